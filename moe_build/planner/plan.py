@@ -1,0 +1,184 @@
+"""The planner: one pure function (spec, target, tokens[, forced choices]) -> Plan.
+
+It evaluates the rules in `rules.py` and turns them into a path and per-stage decisions.
+Nothing else in moe-build decides a fusion: graph builders, the runner and the plugin read
+the returned `Plan`.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable, Mapping, Sequence
+
+from ..errors import MoeBuildError, UnsupportedCombination
+from ..spec import MoESpec
+from ..target import Target
+from . import rules as R
+from .gates import Gate, Plan, StageDecision
+
+PLUGIN_STAGES = ("routing_prologue", "expand_rows", "gemm_kernel", "fc1_activation", "fc2_prequant", "finalize")
+OOTB_STAGES = ("expert_compute",)
+STAGE_CHOICES: dict[str, tuple[str, ...]] = {
+    "routing_prologue": ("fused", "three_step"),
+    "expand_rows": ("prequant_fused", "plain"),
+    "gemm_kernel": ("tma_warp_specialized", "ampere"),
+    "fc1_activation": ("epilogue", "fused_gated", "separate"),
+    "fc2_prequant": ("fused", "separate", "none"),
+    "finalize": ("fused", "separate"),
+    "expert_compute": ("dense_masked", "per_expert_gather"),
+}
+# Which user-facing field a refusing gate is about (for the one-line error).
+GATE_FIELD = {
+    "ootb_weight_only_quant": "quant", "ootb_sm": "sm", "ootb_quant_implemented": "quant", "ootb_lora": "lora",
+    "flavour_sm": "sm", "plugin_output_dtype": "output_dtype", "plugin_fp8_sm": "sm", "plugin_fp4_sm": "sm",
+    "plugin_output_fp8_fp4": "output_dtype",
+}
+
+
+def _refuse(gates: Sequence[Gate], why: str) -> None:
+    for g in gates:
+        if not g.held:
+            raise UnsupportedCombination(GATE_FIELD.get(g.name, g.name),
+                                         f"{why}: {g.name}={g.value} fails '{g.condition}'", g.name, g.source)
+
+
+def _simple(stage: str, fused: str, fallback: str, gates: Sequence[Gate], forced: str | None,
+            summary: Callable[[bool], str]) -> StageDecision:
+    """A stage whose fused choice needs every gate to hold and which does not depend on tokens."""
+    ok = all(g.held for g in gates)
+    choice = fused if ok else fallback
+    if forced is not None:
+        if forced == fused and not ok:
+            _refuse(gates, f"cannot force {stage}={fused}")
+        choice = forced
+    return StageDecision(stage, choice, fallback, tuple(gates), forced=forced is not None,
+                         summary=summary(choice == fused))
+
+
+def _routing_prologue(spec: MoESpec, target: Target, tokens: int, forced: str | None) -> StageDecision:
+    static = [R.prologue_not_wfp4a16(spec), R.prologue_topk(spec), R.prologue_expert_log(spec)]
+    per_tokens = lambda t: [R.prologue_tokens(t), R.prologue_single_block(t), R.prologue_smem(spec, target, t)]
+    gates = static + per_tokens(tokens)
+    # Largest token count for which the token-dependent gates hold (smem grows with tokens).
+    t_max = 0
+    if all(g.held for g in static):
+        t_max = next((t for t in range(R.FUSED_PROLOGUE_MAX_TOKENS, 0, -1)
+                      if all(g.held for g in per_tokens(t))), 0)
+    fused_here = 1 <= tokens <= t_max
+    if forced == "fused" and not fused_here:
+        _refuse(gates, "cannot force routing_prologue=fused")
+    if forced == "three_step" or t_max == 0:
+        return StageDecision("routing_prologue", "three_step", "three_step", tuple(gates), (1, None), None,
+                             forced is not None, "three-step sort/offsets/inverse build of the expert maps")
+    if fused_here:
+        return StageDecision("routing_prologue", "fused", "three_step", tuple(gates), (1, t_max), "three_step",
+                             forced is not None, f"single-block fused expert-map build (tokens 1..{t_max})")
+    return StageDecision("routing_prologue", "three_step", "three_step", tuple(gates), (t_max + 1, None), "fused",
+                         False, f"three-step build above {t_max} tokens (fused at 1..{t_max})")
+
+
+def _expand_rows(spec: MoESpec, forced: str | None) -> StageDecision:
+    gates = [R.expand_w4afp8_without_fp8_input(spec), R.expand_prequant_not_block_scaled(spec)]
+    decision = _simple("expand_rows", "prequant_fused", "plain", gates, forced,
+                       lambda f: "AWQ pre-quant scale applied inside expand" if f else "plain duplicate+permute")
+    act = R.expand_per_expert_act_scale(spec)  # informs, does not decide: NVFP4 x NVFP4 per-expert act scale
+    return StageDecision(decision.stage, decision.choice, decision.fallback, decision.gates + (act,),
+                         forced=decision.forced,
+                         summary=decision.summary + ("; per-expert activation scale" if act.held else ""))
+
+
+def _gemm_kernel(spec: MoESpec, target: Target, forced: str | None) -> StageDecision:
+    return _simple("gemm_kernel", "tma_warp_specialized", "ampere", [R.tma_ws_sm(target), R.tma_ws_specialisation(spec)],
+                   forced, lambda f: "Hopper+ TMA warp-specialized grouped GEMM" if f else "Ampere grouped GEMM")
+
+
+def _fc1_activation(spec: MoESpec, target: Target, gemm_kernel: str, forced: str | None) -> StageDecision:
+    not_tma = R.fc1_not_tma_ws(gemm_kernel)
+    non_gated = R.fc1_non_gated(spec)
+    if non_gated.held:
+        fused, needed = "epilogue", [not_tma]
+        fused_text, separate_text = "activation fused into GEMM1's epilogue", "GEMM1, then a separate activation kernel"
+    else:
+        fused, needed = "fused_gated", [
+            R.fused_gated_activation_kind(spec), R.fused_gated_same_types(spec), R.fused_gated_not_fp32(spec),
+            R.fused_gated_not_fp8(spec), R.fused_gated_sm(target), R.fused_gated_alignment(spec),
+            R.fused_gated_two_byte(spec), not_tma]
+        fused_text, separate_text = ("SM80 fused gated-activation GEMM1 kernel",
+                                     "GEMM1, then a separate gated-activation kernel")
+    if forced not in (None, "separate", fused):
+        raise MoeBuildError("force", f"fc1_activation={forced} does not apply to activation {spec.activation.value}",
+                            ("separate", fused))
+    decision = _simple("fc1_activation", fused, "separate", needed, forced,
+                       lambda f: fused_text if f else separate_text)
+    return replace(decision, gates=(non_gated, *needed))
+
+
+def _fc2_prequant(spec: MoESpec, forced: str | None) -> StageDecision:
+    awq, gated = R.fc2_use_awq(spec), R.fc2_gated(spec)
+    if not awq.held:
+        if forced not in (None, "none"):
+            _refuse([awq], f"cannot force fc2_prequant={forced}")
+        return StageDecision("fc2_prequant", "none", "none", (awq, gated), forced=forced is not None,
+                             summary="no FC2 pre-quant scale")
+    d = _simple("fc2_prequant", "fused", "separate", [awq, gated], forced if forced != "none" else "separate",
+                lambda f: "FC2 pre-quant scale applied in FC1's gated activation" if f
+                else "FC2 pre-quant scale applied before GEMM2")
+    return d
+
+
+def _finalize(spec: MoESpec, target: Target, gemm_kernel: str, forced: str | None) -> StageDecision:
+    gates = [R.finalize_tma_ws(gemm_kernel), R.finalize_sm_not_wfp4a16(spec, target),
+             R.finalize_topk_or_nondeterministic(spec, target), R.finalize_env(target), R.finalize_no_lora(spec),
+             R.finalize_tactic_available(spec)]
+    return _simple("finalize", "fused", "separate", gates, forced,
+                   lambda f: "unpermute + top-k weighting + reduction in GEMM2's epilogue" if f
+                   else "separate finalize kernel after GEMM2")
+
+
+def _expert_compute(spec: MoESpec, forced: str | None) -> StageDecision:
+    return _simple("expert_compute", "dense_masked", "per_expert_gather", [R.ootb_dense_is_cheap(spec)], forced,
+                   lambda f: "every expert on every token, masked by the routing weights" if f
+                   else "per expert: gather its tokens, compute, scatter-add")
+
+
+def _check_forced(path: str, force: Mapping[str, str]) -> None:
+    allowed = PLUGIN_STAGES if path == "plugin" else OOTB_STAGES
+    for stage, choice in force.items():
+        if stage not in allowed:
+            raise MoeBuildError("force", f"stage {stage!r} is not part of the {path} path", allowed)
+        if choice not in STAGE_CHOICES[stage]:
+            raise MoeBuildError("force", f"unknown choice {choice!r} for {stage}", STAGE_CHOICES[stage])
+
+
+def make_plan(spec: MoESpec, target: Target, tokens: int = 1,
+              force: Mapping[str, str] | None = None) -> Plan:
+    """Decide the path and every stage for `spec` on `target` at `tokens` tokens.
+
+    `force` maps stage -> choice to pin a decision (for A/B comparisons): a fallback can always
+    be forced, a fused choice only where all its gates hold, else `UnsupportedCombination`.
+    """
+    if not isinstance(tokens, int) or tokens < 1:
+        raise MoeBuildError("tokens", f"must be a positive integer, got {tokens!r}", "integers >= 1")
+    force = dict(force or {})
+    plugin_gates = [R.moe_plugin_enabled(target), R.flavour_supports_plugins(target)]
+    if all(g.held for g in plugin_gates):
+        checks = [R.plugin_output_dtype_matches(spec), R.plugin_fp8_sm(spec, target), R.plugin_fp4_sm(spec, target),
+                  R.plugin_output_not_fp8_fp4(spec)]
+        _refuse(checks, "the MoE plugin refuses this combination")
+        _check_forced("plugin", force)
+        gemm = _gemm_kernel(spec, target, force.get("gemm_kernel"))
+        stages = (
+            _routing_prologue(spec, target, tokens, force.get("routing_prologue")),
+            _expand_rows(spec, force.get("expand_rows")),
+            gemm,
+            _fc1_activation(spec, target, gemm.choice, force.get("fc1_activation")),
+            _fc2_prequant(spec, force.get("fc2_prequant")),
+            _finalize(spec, target, gemm.choice, force.get("finalize")),
+        )
+        return Plan("plugin", tuple(plugin_gates + checks), stages, tokens, spec.to_dict(), target.to_dict())
+    checks = [R.ootb_not_weight_only(spec), R.ootb_sm_below_100(target), R.flavour_targets_sm(target),
+              R.ootb_quant_implemented(spec), R.ootb_no_lora(spec)]
+    reason = "; ".join(f"{g.name}={g.value} fails '{g.condition}'" for g in plugin_gates if not g.held)
+    _refuse(checks, f"the OOTB path ({reason}) refuses this combination")
+    _check_forced("ootb", force)
+    stages = (_expert_compute(spec, force.get("expert_compute")),)
+    return Plan("ootb", tuple(plugin_gates + checks), stages, tokens, spec.to_dict(), target.to_dict())

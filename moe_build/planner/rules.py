@@ -1,0 +1,310 @@
+"""Every gate of the fusion matrix as one small named rule.
+
+Each rule reads the spec/target (and the token count where the seed's condition does) and
+returns a `Gate`. The comment above each rule quotes the condition it implements; the gate's
+`source` is the seed's `file:line` reference (or `moe-build` for rules of our own).
+"""
+from __future__ import annotations
+
+import math
+
+from ..spec import Activation, DType, MoESpec, OutputDType, Quant
+from ..target import Target
+from .gates import (BUILDER_PY, ENV_UTILS_CPP, ENVIRONMENT, GEMM_DISPATCH_H, MOE_KERNELS_CU, MOE_KERNELS_H,
+                    MOE_PLUGIN_CPP, MOE_PY, OURS, PLUGIN_PY, Gate)
+
+FUSED_PROLOGUE_MAX_TOKENS = 256
+FUSED_PROLOGUE_TOPK = (1, 2, 4, 6, 8)
+FUSED_PROLOGUE_MAX_EXPERT_LOG = 9
+FUSED_PROLOGUE_BLOCK_THREADS = 256
+TMA_WS_SMS = "sm == 90 or 100 <= sm < 120 or sm in (120, 121)"
+OOTB_DENSE_MAX_EXPERTS_PER_TOPK = 4
+
+
+def _src(path: str, *lines: int) -> str:
+    return ", ".join(f"{path}:{n}" for n in lines)
+
+
+# ---- path: plugin vs OOTB ---------------------------------------------------------------------
+
+# use_ootb_moe = (build_config.plugin_config.moe_plugin is None); "disable" maps to None
+def moe_plugin_enabled(t: Target) -> Gate:
+    return Gate("moe_plugin", t.moe_plugin.value, "moe_plugin != disable", t.moe_plugin.value != "disable",
+                f"{_src(BUILDER_PY, 788)}, {_src(PLUGIN_PY, 184, 323)}")
+
+
+# TensorRT-RTX has no add_plugin_v3: plugin layers need full TensorRT
+def flavour_supports_plugins(t: Target) -> Gate:
+    return Gate("flavour_plugin_layers", t.flavour.value, "flavour == tensorrt (TensorRT-RTX has no plugin layers)",
+                t.flavour.supports_plugins, ENVIRONMENT)
+
+
+# MoeOOTB does not support weight-only quant
+def ootb_not_weight_only(s: MoESpec) -> Gate:
+    return Gate("ootb_weight_only_quant", s.quant.value, "quant not in (w8a16, w4a16_awq, wfp4a16)",
+                not s.quant.is_weight_only, _src(MOE_PY, 1229))
+
+
+# MoeOOTB does not support SM >= 100
+def ootb_sm_below_100(t: Target) -> Gate:
+    return Gate("ootb_sm", t.sm, "sm < 100", t.sm < 100, _src(MOE_PY, 1234))
+
+
+# our OOTB graph implements unquantized layers only (quantized OOTB graphs are not built yet)
+def ootb_quant_implemented(s: MoESpec) -> Gate:
+    return Gate("ootb_quant_implemented", s.quant.value, "quant == none", s.quant is Quant.NONE, OURS)
+
+
+# our OOTB graph has no LoRA branch
+def ootb_no_lora(s: MoESpec) -> Gate:
+    return Gate("ootb_lora", s.lora, "not lora", not s.lora, OURS)
+
+
+# TensorRT-RTX ComputeCapability offers SM75, SM80, SM86, SM89, SM120, SM121 only
+def flavour_targets_sm(t: Target) -> Gate:
+    from ..target import RTX_SMS
+    if t.flavour.value == "tensorrt-rtx":
+        return Gate("flavour_sm", t.sm, f"sm in {RTX_SMS}", t.sm in RTX_SMS, ENVIRONMENT)
+    return Gate("flavour_sm", t.sm, "any supported sm (full TensorRT)", True, ENVIRONMENT)
+
+
+# ---- plugin dtype / architecture constraints --------------------------------------------------
+
+def _plugin_input_kind(s: MoESpec) -> str:
+    if s.quant.has_fp4_activations:
+        return "fp4"
+    if s.quant in (Quant.FP8, Quant.FP8_BLOCK) or (s.quant is Quant.W4AFP8 and s.fp8_input):
+        return "fp8"
+    return s.dtype.value
+
+
+# output_type != input_type only allowed when the input is FP8/FP4
+def plugin_output_dtype_matches(s: MoESpec) -> Gate:
+    kind = _plugin_input_kind(s)
+    ok = kind in ("fp8", "fp4") or s.out_dtype.value == kind
+    return Gate("plugin_output_dtype", f"in={kind} out={s.out_dtype.value}",
+                "output dtype == input dtype unless input is fp8/fp4", ok, _src(MOE_PLUGIN_CPP, 258))
+
+
+# FP8 requires SM >= 89
+def plugin_fp8_sm(s: MoESpec, t: Target) -> Gate:
+    uses = s.quant.has_fp8_activations or s.quant is Quant.FP8_BLOCK
+    return Gate("plugin_fp8_sm", f"quant={s.quant.value} sm={t.sm}", "not fp8 or sm >= 89",
+                (not uses) or t.sm >= 89, _src(MOE_PLUGIN_CPP, 260))
+
+
+# FP4 requires SM >= 100
+def plugin_fp4_sm(s: MoESpec, t: Target) -> Gate:
+    uses = s.quant.has_fp4_activations
+    return Gate("plugin_fp4_sm", f"quant={s.quant.value} sm={t.sm}", "not fp4 or sm >= 100",
+                (not uses) or t.sm >= 100, _src(MOE_PLUGIN_CPP, 262))
+
+
+# switch_output_type throws for output_type == kFP8 / kFP4 (no FP8 reduction)
+def plugin_output_not_fp8_fp4(s: MoESpec) -> Gate:
+    return Gate("plugin_output_fp8_fp4", s.out_dtype.value, "output dtype not in (fp8, fp4)",
+                s.out_dtype not in (OutputDType.FP8, OutputDType.FP4), _src(MOE_PLUGIN_CPP, 227, 230))
+
+
+# ---- 3.1 routing prologue ---------------------------------------------------------------------
+
+def fused_prologue_smem_bytes(tokens: int, top_k: int, local_experts: int) -> int:
+    """Dynamic shared memory of our single-block map builder: (key, value) pairs twice (sort
+    ping-pong) for every expanded row, plus the per-expert histogram/offsets."""
+    return 2 * tokens * top_k * 8 + (local_experts + 1) * 4
+
+
+# runner tries the fused prologue only when !use_wfp4a16
+def prologue_not_wfp4a16(s: MoESpec) -> Gate:
+    return Gate("prologue_not_wfp4a16", s.quant.value, "quant != wfp4a16", s.quant is not Quant.WFP4A16,
+                _src(MOE_KERNELS_CU, 3785))
+
+
+# fusedBuildExpertMapsSortFirstToken returns false unless num_tokens <= 256
+def prologue_tokens(tokens: int) -> Gate:
+    return Gate("prologue_tokens", tokens, f"num_tokens <= {FUSED_PROLOGUE_MAX_TOKENS}",
+                tokens <= FUSED_PROLOGUE_MAX_TOKENS, _src(MOE_KERNELS_CU, 477), token_dependent=True)
+
+
+# experts_per_token in {1, 2, 4, 6, 8}
+def prologue_topk(s: MoESpec) -> Gate:
+    return Gate("prologue_top_k", s.top_k, f"top_k in {FUSED_PROLOGUE_TOPK}", s.top_k in FUSED_PROLOGUE_TOPK,
+                _src(MOE_KERNELS_CU, 510, 539))
+
+
+# expert_log = floor(log2(num_experts_per_node + 1)) + 1 <= 9
+def prologue_expert_log(s: MoESpec) -> Gate:
+    expert_log = math.floor(math.log2(s.local_experts + 1)) + 1
+    return Gate("prologue_expert_log", expert_log, "floor(log2(experts_per_node + 1)) + 1 <= 9",
+                expert_log <= FUSED_PROLOGUE_MAX_EXPERT_LOG, _src(MOE_KERNELS_CU, 555, 568))
+
+
+# single-block requirement: blocks == 1
+def prologue_single_block(tokens: int) -> Gate:
+    blocks = -(-tokens // FUSED_PROLOGUE_BLOCK_THREADS)
+    return Gate("prologue_blocks", blocks, f"ceil(num_tokens / {FUSED_PROLOGUE_BLOCK_THREADS}) == 1",
+                blocks == 1, _src(MOE_KERNELS_CU, 432), token_dependent=True)
+
+
+# dynamic shared memory must be below the device limit
+def prologue_smem(s: MoESpec, t: Target, tokens: int) -> Gate:
+    need = fused_prologue_smem_bytes(tokens, s.top_k, s.local_experts)
+    return Gate("prologue_smem", need, f"smem bytes < {t.max_smem_per_block} (sm{t.sm} per-block limit)",
+                need < t.max_smem_per_block, _src(MOE_KERNELS_CU, 453, 454), token_dependent=True)
+
+
+# ---- 3.2 expand rows --------------------------------------------------------------------------
+
+# prequant_scales passed to expandInput only when (use_w4afp8 && !use_fp8_input)
+def expand_w4afp8_without_fp8_input(s: MoESpec) -> Gate:
+    return Gate("expand_w4afp8_not_fp8_input", f"quant={s.quant.value} fp8_input={s.fp8_input}",
+                "quant == w4afp8 and not fp8_input", s.quant is Quant.W4AFP8 and not s.fp8_input,
+                _src(MOE_KERNELS_CU, 3828))
+
+
+# PRE_QUANT_AWQ is mutually exclusive with block scaling (static_assert)
+def expand_prequant_not_block_scaled(s: MoESpec) -> Gate:
+    return Gate("expand_prequant_not_block_scaled", s.quant.value, "quant not block-scaled",
+                not s.quant.is_block_scaled, _src(MOE_KERNELS_CU, 1391))
+
+
+# use_per_expert_act_scale is enabled only for NVFP4 x NVFP4
+def expand_per_expert_act_scale(s: MoESpec) -> Gate:
+    return Gate("expand_per_expert_act_scale", s.quant.value, "quant == nvfp4 (per-expert act scale applies)",
+                s.quant is Quant.NVFP4, _src(MOE_KERNELS_CU, 3820, 3826))
+
+
+# ---- GEMM kernel family (TMA warp-specialized vs Ampere) ---------------------------------------
+
+# supportsTmaWarpSpecialized(sm): sm == 90, 100 <= sm < 120, sm == 120 || 121
+def tma_ws_sm(t: Target) -> Gate:
+    ok = t.sm == 90 or 100 <= t.sm < 120 or t.sm in (120, 121)
+    return Gate("tma_ws_sm", t.sm, TMA_WS_SMS, ok, _src(GEMM_DISPATCH_H, 635))
+
+
+# ... and isValid*Specialisation: our TMA WS grouped GEMM is built for 16-bit (and narrower) types
+def tma_ws_specialisation(s: MoESpec) -> Gate:
+    return Gate("tma_ws_specialisation", s.dtype.value, "dtype != fp32", s.dtype is not DType.FP32,
+                _src(GEMM_DISPATCH_H, 635))
+
+
+# ---- 3.3 FC1 activation -----------------------------------------------------------------------
+
+# non-gated activations run in moeGemmBiasAct's epilogue (non-gated branch)
+def fc1_non_gated(s: MoESpec) -> Gate:
+    return Gate("fc1_non_gated", s.activation.value, "activation not gated", not s.activation.is_gated,
+                _src(MOE_KERNELS_CU, 3186, 3208) + ", " + _src(GEMM_DISPATCH_H, 965))
+
+
+# TMA WS dispatch throws "Unimplemented fusion" for ACTIVATION / GATED_ACTIVATION
+def fc1_not_tma_ws(gemm_kernel: str) -> Gate:
+    return Gate("fc1_not_tma_ws", gemm_kernel, "gemm kernel is not TMA warp-specialized",
+                gemm_kernel != "tma_warp_specialized",
+                _src(GEMM_DISPATCH_H, 774, 665) + ", " + _src(MOE_KERNELS_CU, 3101, 3152))
+
+
+# isFusedGatedActivation: activation in {Swiglu, Geglu}
+def fused_gated_activation_kind(s: MoESpec) -> Gate:
+    return Gate("fused_gated_activation", s.activation.value, "activation in (swiglu, geglu)",
+                s.activation in (Activation.SWIGLU, Activation.GEGLU), _src(GEMM_DISPATCH_H, 656))
+
+
+# T == WeightType (activation dtype equals weight dtype: no weight quantization)
+def fused_gated_same_types(s: MoESpec) -> Gate:
+    return Gate("fused_gated_t_eq_weight", s.quant.value, "activation dtype == weight dtype (quant == none)",
+                s.quant is Quant.NONE, _src(GEMM_DISPATCH_H, 656))
+
+
+# T != float
+def fused_gated_not_fp32(s: MoESpec) -> Gate:
+    return Gate("fused_gated_not_fp32", s.dtype.value, "dtype != fp32", s.dtype is not DType.FP32,
+                _src(GEMM_DISPATCH_H, 656))
+
+
+# !use_fp8
+def fused_gated_not_fp8(s: MoESpec) -> Gate:
+    uses = s.quant in (Quant.FP8, Quant.FP8_BLOCK, Quant.W4AFP8)
+    return Gate("fused_gated_not_fp8", s.quant.value, "not fp8", not uses, _src(GEMM_DISPATCH_H, 656))
+
+
+# SM >= 80
+def fused_gated_sm(t: Target) -> Gate:
+    return Gate("fused_gated_sm", t.sm, "sm >= 80", t.sm >= 80, _src(GEMM_DISPATCH_H, 656))
+
+
+# gemm_k % 64 == 0 && gemm_n % 64 == 0 (K = hidden, N = intermediate)
+def fused_gated_alignment(s: MoESpec) -> Gate:
+    k, n = s.hidden_size, s.intermediate_size
+    return Gate("fused_gated_k_n_mod_64", f"k={k} n={n}", "gemm_k % 64 == 0 and gemm_n % 64 == 0",
+                k % 64 == 0 and n % 64 == 0, _src(GEMM_DISPATCH_H, 656))
+
+
+# fused kernel: A/B both 2-byte, epilogue Silu or FtGelu
+def fused_gated_two_byte(s: MoESpec) -> Gate:
+    ok = s.dtype.itemsize == 2 and s.quant is Quant.NONE
+    return Gate("fused_gated_two_byte", f"{s.dtype.value}/{s.quant.value}", "A and B are 2-byte types",
+                ok, _src(GEMM_DISPATCH_H, 202))
+
+
+# ---- 3.4 FC2 pre-quant scale ------------------------------------------------------------------
+
+# use_awq = fc1.act_scales && fc2.act_scales && !use_wfp4a16
+def fc2_use_awq(s: MoESpec) -> Gate:
+    ok = s.quant.has_act_prequant_scales and s.quant is not Quant.WFP4A16
+    return Gate("use_awq", s.quant.value, "act pre-quant scales present (w4a16_awq, w4afp8) and not wfp4a16",
+                ok, _src(MOE_KERNELS_H, 810))
+
+
+# fuse_fc2_prequant_scale = use_awq && is_gated_activation
+def fc2_gated(s: MoESpec) -> Gate:
+    return Gate("fc2_prequant_gated", s.activation.value, "activation is gated", s.activation.is_gated,
+                _src(MOE_KERNELS_CU, 3865, 3874, 1969, 2028))
+
+
+# ---- 3.5 finalize fusion ----------------------------------------------------------------------
+
+# supportsTmaWarpSpecialized() (the GEMM2 kernel must be TMA WS)
+def finalize_tma_ws(gemm_kernel: str) -> Gate:
+    return Gate("finalize_tma_ws", gemm_kernel, "gemm kernel is TMA warp-specialized",
+                gemm_kernel == "tma_warp_specialized", _src(GEMM_DISPATCH_H, 635))
+
+
+# mayHaveFinalizeFused(): SM >= 90 && !use_wfp4a16
+def finalize_sm_not_wfp4a16(s: MoESpec, t: Target) -> Gate:
+    return Gate("finalize_sm90_not_wfp4a16", f"sm={t.sm} quant={s.quant.value}", "sm >= 90 and quant != wfp4a16",
+                t.sm >= 90 and s.quant is not Quant.WFP4A16, _src(MOE_KERNELS_H, 827, 614))
+
+
+# use_fused_finalize_: experts_per_token < 3 || !mUseDeterministicKernels
+def finalize_topk_or_nondeterministic(s: MoESpec, t: Target) -> Gate:
+    return Gate("finalize_topk_deterministic", f"top_k={s.top_k} deterministic={t.deterministic}",
+                "top_k < 3 or not deterministic", s.top_k < 3 or not t.deterministic, _src(MOE_PLUGIN_CPP, 338))
+
+
+# !TRTLLM_MOE_DISABLE_FINALIZE_FUSION (also MOE_BUILD_DISABLE_FINALIZE_FUSION)
+def finalize_env(t: Target) -> Gate:
+    return Gate("finalize_env", t.finalize_fusion_disabled_by_env,
+                "MOE_BUILD_/TRTLLM_MOE_DISABLE_FINALIZE_FUSION unset", not t.finalize_fusion_disabled_by_env,
+                f"{_src(MOE_PLUGIN_CPP, 338)}, {_src(ENV_UTILS_CPP, 422)}")
+
+
+# !hasLora()
+def finalize_no_lora(s: MoESpec) -> Gate:
+    return Gate("finalize_no_lora", s.lora, "not lora", not s.lora, _src(MOE_PLUGIN_CPP, 338))
+
+
+# runtime must select a GEMM2 tactic with epilogue_fusion_type == FINALIZE (ours: bf16/fp16 unquantized)
+def finalize_tactic_available(s: MoESpec) -> Gate:
+    ok = s.dtype in (DType.BF16, DType.FP16) and s.quant is Quant.NONE
+    return Gate("finalize_tactic", f"{s.dtype.value}/{s.quant.value}",
+                "a FINALIZE-epilogue GEMM2 tactic exists (bf16/fp16, unquantized)", ok,
+                _src(MOE_KERNELS_CU, 4058, 4061, 4067))
+
+
+# ---- OOTB expert compute ----------------------------------------------------------------------
+
+# dense-masked compute wastes num_experts/top_k: take it only while that is at most 4x
+def ootb_dense_is_cheap(s: MoESpec) -> Gate:
+    ratio = s.num_experts / s.top_k
+    return Gate("ootb_dense_waste", round(ratio, 3), f"num_experts / top_k <= {OOTB_DENSE_MAX_EXPERTS_PER_TOPK}",
+                ratio <= OOTB_DENSE_MAX_EXPERTS_PER_TOPK, OURS)
