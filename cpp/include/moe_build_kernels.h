@@ -1,0 +1,110 @@
+/* moe-build fused MoE kernels: the plain C ABI shared by the PyTorch runner, the TensorRT
+ * plugin and the tests. Every entry point takes raw device pointers, sizes and a cudaStream_t,
+ * launches asynchronously, checks its launches, and returns an mb_status (0 = success).
+ * mb_last_error() gives a one-line message for the last failure on the calling thread.
+ *
+ * Row conventions:
+ *   T  = tokens, K = top_k, E = experts on this node, H = hidden, I = intermediate,
+ *   N1 = 2*I for gated activations (rows [0,I) gate, [I,2I) up), else I.
+ *   expanded row  e = t*K + j   (token t's j-th choice)
+ *   permuted row  p in [0, T*K): rows sorted by expert, stable in e.
+ *   permuted_to_unpermuted[p] = e ; unpermuted_to_permuted[e] = p
+ *   expert_first_token_offset[E+1] (int64): expert x owns permuted rows [off[x], off[x+1]).
+ * Weights use the nn.Linear layout [out, in]: w1 [E, N1, H], w2 [E, H, I], row-major.
+ */
+#ifndef MOE_BUILD_KERNELS_H
+#define MOE_BUILD_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef int mb_status;
+enum {
+  MB_OK = 0,
+  MB_ERR_INVALID_ARGUMENT = 1,  /* a size/pointer/enum the kernel cannot take */
+  MB_ERR_UNSUPPORTED = 2,       /* a valid request this build/arch does not implement */
+  MB_ERR_CUDA = 3,              /* a CUDA API or launch error; see mb_last_error() */
+};
+
+enum mb_dtype { MB_FP32 = 0, MB_FP16 = 1, MB_BF16 = 2 };
+enum mb_routing { MB_SOFTMAX_TOPK = 0, MB_TOPK_SOFTMAX = 1, MB_SIGMOID_GROUPED = 2 };
+enum mb_activation {
+  MB_ACT_IDENTITY = 0, MB_ACT_RELU = 1, MB_ACT_SILU = 2, MB_ACT_GELU = 3,
+  MB_ACT_SWIGLU = 4, MB_ACT_GEGLU = 5, MB_ACT_SWIGLU_CLAMP = 6,
+};
+
+const char* mb_last_error(void);
+
+/* routing.cu: logits [T, E] (dtype) -> topk_ids [T, K] int32, topk_weights [T, K] fp32.
+ * correction_bias [E] fp32 or NULL (sigmoid_grouped only: used for selection, not weights). */
+mb_status mb_routing(const void* logits, int dtype, const float* correction_bias, int num_tokens,
+                     int num_experts, int top_k, int method, int renormalize, int num_groups,
+                     int topk_groups, float routed_scaling_factor, int32_t* topk_ids,
+                     float* topk_weights, cudaStream_t stream);
+
+/* prologue_fused.cu: single-block build of the three expert maps; MB_ERR_UNSUPPORTED outside
+ * the fused kernel's limits (T <= 256, K in {1,2,4,6,8}, expert_log <= 9, smem). */
+mb_status mb_build_maps_fused(const int32_t* topk_ids, int num_tokens, int top_k, int num_experts,
+                              int32_t* permuted_to_unpermuted, int32_t* unpermuted_to_permuted,
+                              int64_t* expert_first_token_offset, cudaStream_t stream);
+
+/* prologue_three_step.cu: any T; workspace from mb_build_maps_three_step_workspace(). */
+size_t mb_build_maps_three_step_workspace(int num_tokens, int top_k, int num_experts);
+mb_status mb_build_maps_three_step(const int32_t* topk_ids, int num_tokens, int top_k, int num_experts,
+                                   int32_t* permuted_to_unpermuted, int32_t* unpermuted_to_permuted,
+                                   int64_t* expert_first_token_offset, void* workspace,
+                                   size_t workspace_bytes, cudaStream_t stream);
+
+/* expand_rows.cu: permuted_input[p] = input[e / K] (* prequant_scale[h] if non-NULL),
+ * permuted_weights[p] = topk_weights[e]. prequant_scale [H] fp32 or NULL. */
+mb_status mb_expand_rows(const void* input, int dtype, const int32_t* permuted_to_unpermuted,
+                         const float* topk_weights, const float* prequant_scale, int num_tokens,
+                         int hidden, int top_k, void* permuted_input, float* permuted_weights,
+                         cudaStream_t stream);
+
+/* activation.cu: out[p, :I] = act(in[p, :N1] + b1[expert(p)]) for p < off[E]; non-gated:
+ * N1 = I. b1 [E, N1] or NULL. prequant_scale [I] fp32 or NULL (AWQ FC2 pre-quant, fused). */
+mb_status mb_activation(const void* in, int dtype, const void* b1, const int64_t* expert_first_token_offset,
+                        int num_experts, int64_t max_rows, int inter, int activation, float swiglu_alpha,
+                        float swiglu_limit, const float* prequant_scale, void* out, cudaStream_t stream);
+
+/* finalize.cu: out[t] = sum_j w[t,j] * (gemm2_out[unpermuted_to_permuted[t*K+j]] + b2[ids[t,j]]).
+ * deterministic != 0: fixed reduction order (j ascending), bit-identical across runs. */
+mb_status mb_finalize(const void* gemm2_out, int dtype, const void* b2, const float* topk_weights,
+                      const int32_t* topk_ids, const int32_t* unpermuted_to_permuted, int num_tokens,
+                      int hidden, int top_k, int deterministic, void* out, cudaStream_t stream);
+
+/* gemm_sm80.cu: grouped GEMM C[p] = act(A[p] @ B[x]^T + bias[x]) over expert segments (Ampere
+ * mma.sync path, runs on SM80..SM90). fused_gated: B is [E, 2N, K] and C = gated_act(gate, up)
+ * [rows, N] in one kernel (the SM80 fused gated-activation kernel). */
+size_t mb_grouped_gemm_sm80_workspace(int num_experts);
+mb_status mb_grouped_gemm_sm80(const void* A, const void* B, const void* bias, void* C,
+                               const int64_t* expert_first_token_offset, int num_experts, int64_t max_rows,
+                               int n, int k, int dtype, int activation, int fused_gated, float swiglu_alpha,
+                               float swiglu_limit, void* workspace, size_t workspace_bytes,
+                               cudaStream_t stream);
+
+/* gemm_sm90.cu: TMA warp-specialized grouped GEMM (sm_90a). Plain: C[p] = A[p] @ B[x]^T (+bias).
+ * Finalize: out[t] += topk_weight * (A[p] @ B[x]^T + bias) scattered to the token row of p (out must be
+ * zeroed by the caller; with K < 3 the two fp32 adds commute, so the result is deterministic). */
+size_t mb_grouped_gemm_sm90_workspace(int num_experts, int64_t max_rows, int n, int k);
+mb_status mb_grouped_gemm_sm90(const void* A, const void* B, const void* bias, void* C,
+                               const int64_t* expert_first_token_offset, int num_experts, int64_t max_rows,
+                               int n, int k, int dtype, void* workspace, size_t workspace_bytes,
+                               cudaStream_t stream);
+mb_status mb_grouped_gemm_sm90_finalize(const void* A, const void* B, const void* bias, void* out,
+                                        const int64_t* expert_first_token_offset,
+                                        const int32_t* permuted_to_unpermuted, const float* permuted_weights,
+                                        int num_experts, int64_t max_rows, int num_tokens, int top_k, int n,
+                                        int k, int dtype, void* workspace, size_t workspace_bytes,
+                                        cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MOE_BUILD_KERNELS_H */

@@ -1,0 +1,100 @@
+"""The canonical in-memory layout of one MoE layer's weights.
+
+Every loader (Hugging Face families, random test weights) produces this one layout and every
+consumer (reference, ONNX/TensorRT graph, CUDA runner, plugin) reads it, so layout conversions
+(fused gate_up, transposes, GPT-OSS interleaving) happen once, in the loader.
+
+Layout (nn.Linear convention: [out_features, in_features]):
+- router_weight [E, H]; router_bias [E] or None; correction_bias [E] or None (DeepSeek-V3)
+- w1 [E, N1, H] with N1 = 2*I for gated activations: rows [0, I) are the gate, rows [I, 2I) the up projection
+- b1 [E, N1] or None
+- w2 [E, H, I]; b2 [E, H] or None
+- shared_w1 [N1s, H] (gate rows then up rows), shared_w2 [H, Is], shared_gate [1, H] or None
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Iterator
+
+import torch
+
+from .spec import MoESpec
+
+
+@dataclass
+class MoEWeights:
+    router_weight: torch.Tensor
+    w1: torch.Tensor
+    w2: torch.Tensor
+    router_bias: torch.Tensor | None = None
+    correction_bias: torch.Tensor | None = None
+    b1: torch.Tensor | None = None
+    b2: torch.Tensor | None = None
+    shared_w1: torch.Tensor | None = None
+    shared_w2: torch.Tensor | None = None
+    shared_gate: torch.Tensor | None = None
+
+    def named(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for f in fields(self):
+            t = getattr(self, f.name)
+            if t is not None:
+                yield f.name, t
+
+    def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> "MoEWeights":
+        """Copy to a device/dtype; routing-selection tensors (correction bias) keep fp32 or wider."""
+        out = {}
+        for name, t in self.named():
+            keep = name == "correction_bias" and dtype is not None and dtype != torch.float64
+            out[name] = t.to(device=device, dtype=torch.float32 if keep else dtype)
+        return MoEWeights(**out)
+
+    def check(self, spec: MoESpec) -> None:
+        """Raise MoeBuildError naming the first tensor whose shape does not fit `spec`."""
+        from .errors import MoeBuildError
+        E, H, I = spec.num_experts, spec.hidden_size, spec.intermediate_size
+        n1 = spec.fc1_out_features
+        want: dict[str, tuple[int, ...] | None] = {
+            "router_weight": (E, H), "w1": (E, n1, H), "w2": (E, H, I),
+            "router_bias": (E,) if spec.routing.router_bias else None,
+            "correction_bias": (E,) if spec.routing.correction_bias else None,
+            "b1": (E, n1) if spec.expert_bias else None, "b2": (E, H) if spec.expert_bias else None,
+        }
+        if spec.shared.count:
+            si = spec.shared.intermediate_size
+            want.update(shared_w1=(si * (2 if spec.activation.is_gated else 1), H), shared_w2=(H, si),
+                        shared_gate=(1, H) if spec.shared.sigmoid_gate else None)
+        else:
+            want.update(shared_w1=None, shared_w2=None, shared_gate=None)
+        for name, shape in want.items():
+            t = getattr(self, name)
+            if shape is None and t is not None:
+                raise MoeBuildError(name, "present but the spec does not use it", "absent")
+            if shape is not None and (t is None or tuple(t.shape) != shape):
+                got = None if t is None else tuple(t.shape)
+                raise MoeBuildError(name, f"shape {got} does not match the spec", f"shape {shape}")
+
+    @classmethod
+    def random(cls, spec: MoESpec, seed: int = 0, dtype: torch.dtype = torch.float32,
+               device: str | torch.device = "cpu", scale: float = 1.0) -> "MoEWeights":
+        """Random weights with unit-variance activations through the layer (fan-in scaling)."""
+        g = torch.Generator(device="cpu").manual_seed(seed)
+        E, H, I = spec.num_experts, spec.hidden_size, spec.intermediate_size
+        n1 = spec.fc1_out_features
+
+        def rnd(*shape: int, fan_in: int) -> torch.Tensor:
+            return (torch.randn(*shape, generator=g, dtype=torch.float32) * (scale / fan_in ** 0.5)).to(device, dtype)
+
+        w = cls(router_weight=rnd(E, H, fan_in=H), w1=rnd(E, n1, H, fan_in=H), w2=rnd(E, H, I, fan_in=I))
+        if spec.routing.router_bias:
+            w.router_bias = rnd(E, fan_in=1) * 0.1
+        if spec.routing.correction_bias:
+            w.correction_bias = (torch.randn(E, generator=g) * 0.1).to(device, torch.float32)
+        if spec.expert_bias:
+            w.b1, w.b2 = rnd(E, n1, fan_in=16), rnd(E, H, fan_in=16)
+        if spec.shared.count:
+            si = spec.shared.intermediate_size
+            w.shared_w1 = rnd(si * (2 if spec.activation.is_gated else 1), H, fan_in=H)
+            w.shared_w2 = rnd(H, si, fan_in=si)
+            if spec.shared.sigmoid_gate:
+                w.shared_gate = rnd(1, H, fan_in=H)
+        return w
