@@ -98,15 +98,23 @@ def env_disables_finalize_fusion(environ: Mapping[str, str] | None = None) -> bo
 
 
 def detect_sm() -> int | None:
-    """Compute capability of the local GPU as an SM number, or None without a usable GPU."""
+    """Compute capability of GPU 0 as an SM number, or None without a usable GPU.
+
+    Asks the CUDA driver directly (libcuda through ctypes) rather than importing torch, which
+    would add seconds to every `fusion-report`.
+    """
+    import ctypes
     try:
-        import torch
-    except ImportError:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
         return None
-    if not torch.cuda.is_available():
+    device, major, minor = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+    attr_major, attr_minor = 75, 76  # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR / _MINOR
+    if (cuda.cuInit(0) or cuda.cuDeviceGet(ctypes.byref(device), 0)
+            or cuda.cuDeviceGetAttribute(ctypes.byref(major), attr_major, device)
+            or cuda.cuDeviceGetAttribute(ctypes.byref(minor), attr_minor, device)):
         return None
-    major, minor = torch.cuda.get_device_capability()
-    return major * 10 + minor
+    return major.value * 10 + minor.value
 
 
 def detect_flavour() -> tuple[Flavour, str | None] | None:

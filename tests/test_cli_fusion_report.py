@@ -1,0 +1,136 @@
+"""`moe-build fusion-report` end to end through the real console entry point."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+MIXTRAL_FLAGS = ["--hidden", "4096", "--inter", "14336", "--experts", "8", "--top-k", "2", "--dtype", "bf16"]
+
+
+def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    import os
+    full_env = {k: v for k, v in os.environ.items() if not k.endswith("DISABLE_FINALIZE_FUSION")}
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-m", "moe_build.cli", "fusion-report", *args],
+                          capture_output=True, text=True, env=full_env, timeout=120)
+
+
+def report(*args: str, env: dict | None = None) -> dict:
+    r = run(*args, "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_json_schema_and_hopper_plan():
+    doc = report(*MIXTRAL_FLAGS, "--sm", "90", "--flavour", "tensorrt", "--tokens", "16")
+    assert doc["schema"] == "moe-build.fusion-report/1"
+    assert doc["path"] == "plugin"
+    stages = {s["stage"]: s for s in doc["stages"]}
+    assert list(stages) == ["routing_prologue", "expand_rows", "gemm_kernel", "fc1_activation", "fc2_prequant",
+                            "finalize"]
+    for s in doc["stages"]:
+        assert set(s) >= {"stage", "choice", "fallback", "gates", "token_range"}
+        for g in s["gates"]:
+            assert set(g) >= {"name", "value", "condition", "held", "source"}
+            assert ":" in g["source"] or g["source"] in ("moe-build", "shared/ENVIRONMENT.md")
+    assert stages["finalize"]["choice"] == "fused"
+    assert stages["fc1_activation"]["choice"] == "separate"
+    assert stages["routing_prologue"]["token_range"] == [1, 256]
+
+
+def test_environment_gate_disables_finalize_fusion():
+    for var in ("MOE_BUILD_DISABLE_FINALIZE_FUSION", "TRTLLM_MOE_DISABLE_FINALIZE_FUSION"):
+        doc = report(*MIXTRAL_FLAGS, "--sm", "90", "--flavour", "tensorrt", env={var: "1"})
+        fin = next(s for s in doc["stages"] if s["stage"] == "finalize")
+        assert fin["choice"] == "separate"
+        assert any(g["name"] == "finalize_env" and not g["held"] for g in fin["gates"])
+
+
+def test_rtx_flavour_takes_ootb_and_says_why():
+    doc = report(*MIXTRAL_FLAGS, "--sm", "89", "--flavour", "tensorrt-rtx")
+    assert doc["path"] == "ootb"
+    assert "flavour_plugin_layers" in doc["path_reason"]
+    assert [s["stage"] for s in doc["stages"]] == ["expert_compute"]
+
+
+def test_moe_plugin_disable_takes_ootb():
+    doc = report(*MIXTRAL_FLAGS, "--sm", "89", "--flavour", "tensorrt", "--moe-plugin", "disable")
+    assert doc["path"] == "ootb" and "moe_plugin" in doc["path_reason"]
+
+
+@pytest.mark.parametrize("args,field", [
+    (["--quant", "int3"], "quant"),
+    (["--activation", "swish"], "activation"),
+    (["--dtype", "fp64"], "dtype"),
+    (["--top-k", "9"], "top_k"),
+    (["--hidden", "-5"], "hidden_size"),
+    (["--quant", "fp8", "--sm", "80"], "sm"),
+    (["--sm", "75"], "sm"),
+    (["--flavour", "onnx"], "flavour"),
+    (["--moe-plugin", "maybe"], "moe_plugin"),
+    (["--moe-plugin", "disable", "--quant", "w8a16", "--sm", "89"], "quant"),
+    (["--moe-plugin", "disable", "--sm", "100"], "sm"),
+])
+def test_bad_input_is_one_line_exit_2(args, field):
+    options = dict(zip(MIXTRAL_FLAGS[::2], MIXTRAL_FLAGS[1::2]))
+    options["--flavour"] = "tensorrt"
+    options.update(zip(args[::2], args[1::2]))
+    r = run(*[x for kv in options.items() for x in kv])
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("moe-build: error: ") and field in lines[0], r.stderr
+    assert r.stdout == ""
+
+
+def test_unsupported_combination_names_the_rule():
+    r = run(*MIXTRAL_FLAGS, "--quant", "nvfp4", "--sm", "90", "--flavour", "tensorrt")
+    assert r.returncode == 2 and "plugin_fp4_sm" in r.stderr and "mixtureOfExpertsPlugin.cpp:262" in r.stderr
+
+
+def test_explain_lists_every_gate_with_sources():
+    r = run(*MIXTRAL_FLAGS, "--sm", "90", "--flavour", "tensorrt", "--explain", "finalize")
+    assert r.returncode == 0, r.stderr
+    for name in ("finalize_tma_ws", "finalize_sm90_not_wfp4a16", "finalize_topk_deterministic", "finalize_env",
+                 "finalize_no_lora", "finalize_tactic"):
+        assert name in r.stdout
+    assert "mixtureOfExpertsPlugin.cpp:338" in r.stdout
+    bad = run(*MIXTRAL_FLAGS, "--sm", "90", "--flavour", "tensorrt", "--explain", "nonsense")
+    assert bad.returncode == 2 and "routing_prologue" in bad.stderr
+
+
+def test_markdown_and_table():
+    md = run(*MIXTRAL_FLAGS, "--sm", "80", "--flavour", "tensorrt", "--markdown")
+    assert md.returncode == 0 and "| fc1_activation | fused_gated |" in md.stdout
+    table = run(*MIXTRAL_FLAGS, "--sm", "80", "--flavour", "tensorrt")
+    assert table.returncode == 0 and "fused_gated" in table.stdout and "path: plugin" in table.stdout
+
+
+def test_sweep_covers_the_matrix():
+    r = run(*MIXTRAL_FLAGS, "--flavour", "tensorrt", "--sweep", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    cells = doc["cells"]
+    assert len(cells) == 8 * 3 * 8
+    by = {(c["sm"], c["dtype"], c["quant"]): c for c in cells}
+    assert by[(80, "bf16", "fp8")]["refused_by"] == "plugin_fp8_sm"
+    assert by[(90, "bf16", "nvfp4")]["refused_by"] == "plugin_fp4_sm"
+    assert by[(100, "bf16", "nvfp4")]["path"] == "plugin"
+    assert by[(90, "bf16", "none")]["choices"]["finalize"] == "fused"
+    assert by[(89, "fp16", "none")]["choices"]["fc1_activation"] == "fused_gated"
+    text = run(*MIXTRAL_FLAGS, "--flavour", "tensorrt", "--sweep")
+    assert text.returncode == 0 and "sm120 bf16" in text.stdout
+
+
+def test_force_from_cli():
+    doc = report(*MIXTRAL_FLAGS, "--sm", "90", "--flavour", "tensorrt", "--force", "gemm_kernel=ampere")
+    stages = {s["stage"]: s for s in doc["stages"]}
+    assert stages["gemm_kernel"]["forced"] and stages["fc1_activation"]["choice"] == "fused_gated"
+
+
+def test_default_layer_is_the_tiny_preset(tmp_path: Path):
+    doc = report("--sm", "89", "--flavour", "tensorrt")
+    assert doc["spec"]["hidden_size"] == 64 and doc["spec"]["name"] == "tiny"

@@ -1,0 +1,219 @@
+"""Gate by gate: flip one condition of the seed's fusion matrix and check exactly what changes.
+
+Each row: a base case, one change, the gates whose `held` must flip (and no others), and the
+decisions that must change (and no others). Rows whose change makes the planner refuse name the
+refusing rule instead. The expectations are the seed's conditions, written here by hand.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from moe_build.errors import UnsupportedCombination
+from moe_build.planner import make_plan, rules as R
+from moe_build.planner.gates import Plan
+from moe_build.spec import DType, MoESpec, Quant
+from moe_build.target import Flavour, MoePlugin, Target
+
+MIXTRAL = MoESpec(4096, 14336, 8, 2, dtype=DType.BF16)
+SM90 = Target(sm=90, flavour=Flavour.TENSORRT)
+SM80 = Target(sm=80, flavour=Flavour.TENSORRT)
+SM89 = Target(sm=89, flavour=Flavour.TENSORRT)
+OOTB89 = Target(sm=89, flavour=Flavour.TENSORRT, moe_plugin=MoePlugin.DISABLE)
+
+BASES: dict[str, tuple[MoESpec, Target, int]] = {
+    "hopper": (MIXTRAL, SM90, 16),
+    "ampere": (MIXTRAL, SM80, 16),
+    "ada": (MIXTRAL, SM89, 16),
+    "hopper_top4": (dataclasses.replace(MIXTRAL, top_k=4), SM90, 16),
+    "hopper_256e": (dataclasses.replace(MIXTRAL, num_experts=256), SM90, 16),
+    "hopper_fp8": (dataclasses.replace(MIXTRAL, quant=Quant.FP8), SM90, 16),
+    "hopper_awq": (dataclasses.replace(MIXTRAL, quant=Quant.W4A16_AWQ), SM90, 16),
+    "hopper_w4afp8": (dataclasses.replace(MIXTRAL, quant=Quant.W4AFP8), SM90, 16),
+    "tokens256": (MIXTRAL, SM90, 256),
+    "ootb": (MIXTRAL, OOTB89, 16),
+}
+
+# (gate, base, spec changes, target changes, tokens, force, gates that flip, decisions that change)
+ROWS: list[tuple[str, str, dict, dict, int | None, dict, set[str], dict[str, str]]] = [
+    ("moe_plugin", "hopper", {}, {"moe_plugin": MoePlugin.DISABLE, "sm": 89}, None, {},
+     None, {"path": "ootb"}),
+    ("flavour_plugin_layers", "ada", {}, {"flavour": Flavour.TENSORRT_RTX}, None, {},
+     None, {"path": "ootb"}),
+    ("prologue_tokens", "tokens256", {}, {}, 257, {},
+     {"prologue_tokens", "prologue_blocks"}, {"routing_prologue": "three_step"}),
+    ("prologue_top_k", "hopper", {"top_k": 3}, {}, None, {},
+     {"prologue_top_k"}, {"routing_prologue": "three_step"}),
+    ("prologue_expert_log", "hopper_256e", {"num_experts": 512}, {}, None, {},
+     {"prologue_expert_log"}, {"routing_prologue": "three_step"}),
+    ("prologue_not_wfp4a16", "ampere", {"quant": Quant.WFP4A16}, {}, None, {},
+     {"prologue_not_wfp4a16", "fused_gated_t_eq_weight", "fused_gated_two_byte", "finalize_tactic",
+      "expand_prequant_not_block_scaled"},
+     {"routing_prologue": "three_step", "fc1_activation": "separate"}),
+    ("expand_w4afp8_not_fp8_input", "hopper_w4afp8", {"fp8_input": True}, {}, None, {},
+     {"expand_w4afp8_not_fp8_input"}, {"expand_rows": "plain"}),
+    ("tma_ws_sm", "hopper", {}, {"sm": 89}, None, {},
+     {"tma_ws_sm", "fc1_not_tma_ws", "finalize_tma_ws", "finalize_sm90_not_wfp4a16"},
+     {"gemm_kernel": "ampere", "fc1_activation": "fused_gated", "finalize": "separate"}),
+    ("tma_ws_specialisation", "hopper", {"dtype": DType.FP32}, {}, None, {},
+     {"tma_ws_specialisation", "fc1_not_tma_ws", "finalize_tma_ws", "fused_gated_not_fp32", "fused_gated_two_byte",
+      "finalize_tactic"},
+     {"gemm_kernel": "ampere", "finalize": "separate"}),
+    ("fc1_not_tma_ws", "hopper", {}, {}, None, {"gemm_kernel": "ampere"},
+     {"fc1_not_tma_ws", "finalize_tma_ws"},
+     {"gemm_kernel": "ampere", "fc1_activation": "fused_gated", "finalize": "separate"}),
+    ("fc1_non_gated", "ampere", {"activation": "silu"}, {}, None, {},
+     {"fc1_non_gated", "fc2_prequant_gated"}, {"fc1_activation": "epilogue"}),
+    ("fc1_non_gated_on_tma", "hopper", {"activation": "relu"}, {}, None, {},
+     {"fc1_non_gated", "fc2_prequant_gated"}, {}),
+    ("fused_gated_activation", "ampere", {"activation": "swiglu_clamp"}, {}, None, {},
+     {"fused_gated_activation"}, {"fc1_activation": "separate"}),
+    ("fused_gated_geglu", "ampere", {"activation": "geglu"}, {}, None, {}, set(), {}),
+    ("fused_gated_t_eq_weight", "ampere", {"quant": Quant.W8A16}, {}, None, {},
+     {"fused_gated_t_eq_weight", "fused_gated_two_byte", "finalize_tactic"}, {"fc1_activation": "separate"}),
+    ("fused_gated_not_fp32", "ampere", {"dtype": DType.FP32}, {}, None, {},
+     {"fused_gated_not_fp32", "fused_gated_two_byte", "tma_ws_specialisation", "finalize_tactic"},
+     {"fc1_activation": "separate"}),
+    ("fused_gated_not_fp8", "ada", {"quant": Quant.FP8}, {}, None, {},
+     {"fused_gated_not_fp8", "fused_gated_t_eq_weight", "fused_gated_two_byte", "finalize_tactic"},
+     {"fc1_activation": "separate"}),
+    ("fused_gated_k_n_mod_64", "ampere", {"intermediate_size": 14336 + 32}, {}, None, {},
+     {"fused_gated_k_n_mod_64"}, {"fc1_activation": "separate"}),
+    ("fused_gated_k_mod_64", "ampere", {"hidden_size": 4000}, {}, None, {},
+     {"fused_gated_k_n_mod_64"}, {"fc1_activation": "separate"}),
+    ("use_awq", "hopper_awq", {"quant": Quant.W8A16}, {}, None, {},
+     {"use_awq"}, {"fc2_prequant": "none"}),
+    ("fc2_prequant_gated", "hopper_awq", {"activation": "silu"}, {}, None, {},
+     {"fc2_prequant_gated", "fc1_non_gated"}, {"fc2_prequant": "separate"}),
+    ("finalize_topk_deterministic", "hopper_top4", {}, {"deterministic": True}, None, {},
+     {"finalize_topk_deterministic"}, {"finalize": "separate"}),
+    ("finalize_topk_deterministic_k2", "hopper", {}, {"deterministic": True}, None, {}, set(), {}),
+    ("finalize_env", "hopper", {}, {"finalize_fusion_disabled_by_env": True}, None, {},
+     {"finalize_env"}, {"finalize": "separate"}),
+    ("finalize_no_lora", "hopper", {"lora": True}, {}, None, {},
+     {"finalize_no_lora"}, {"finalize": "separate"}),
+    ("finalize_sm90_not_wfp4a16", "hopper", {"quant": Quant.WFP4A16}, {}, None, {},
+     {"prologue_not_wfp4a16", "finalize_sm90_not_wfp4a16", "fused_gated_t_eq_weight", "fused_gated_two_byte",
+      "finalize_tactic", "expand_prequant_not_block_scaled"},
+     {"routing_prologue": "three_step", "finalize": "separate"}),
+    ("finalize_tactic", "hopper_fp8", {"quant": Quant.NONE}, {}, None, {},
+     {"finalize_tactic", "fused_gated_not_fp8", "fused_gated_t_eq_weight", "fused_gated_two_byte"},
+     {"finalize": "fused"}),
+    ("ootb_dense_waste", "ootb", {"num_experts": 16}, {}, None, {},
+     {"ootb_dense_waste"}, {"expert_compute": "per_expert_gather"}),
+]
+
+# (gate, base, spec changes, target changes): the change makes the planner refuse by this rule.
+REFUSALS: list[tuple[str, str, dict, dict]] = [
+    ("plugin_output_dtype", "hopper", {"output_dtype": "fp16"}, {}),
+    ("plugin_fp8_sm", "ampere", {"quant": Quant.FP8}, {}),
+    ("plugin_fp4_sm", "hopper", {"quant": Quant.NVFP4}, {}),
+    ("plugin_output_fp8_fp4", "hopper_fp8", {"output_dtype": "fp8"}, {}),
+    ("ootb_weight_only_quant", "ootb", {"quant": Quant.W8A16}, {}),
+    ("ootb_sm", "ootb", {}, {"sm": 100}),
+    ("flavour_sm", "ootb", {}, {"sm": 90, "flavour": Flavour.TENSORRT_RTX}),
+    ("ootb_quant_implemented", "ootb", {"quant": Quant.FP8}, {}),
+    ("ootb_lora", "ootb", {"lora": True}, {}),
+]
+
+
+def _apply(base: str, spec_kw: dict, target_kw: dict, tokens: int | None, force: dict | None = None) -> Plan:
+    spec, target, base_tokens = BASES[base]
+    spec = spec.with_overrides(**{k: _coerce(k, v) for k, v in spec_kw.items()}) if spec_kw else spec
+    target = dataclasses.replace(target, **target_kw) if target_kw else target
+    return make_plan(spec, target, tokens or base_tokens, force)
+
+
+def _coerce(key: str, value: Any) -> Any:
+    from moe_build.spec import Activation, OutputDType
+    if key == "activation" and isinstance(value, str):
+        return Activation(value)
+    if key == "output_dtype" and isinstance(value, str):
+        return OutputDType(value)
+    return value
+
+
+def _held(plan: Plan) -> dict[str, bool]:
+    gates = list(plan.path_gates) + [g for s in plan.stages for g in s.gates]
+    return {g.name: g.held for g in gates}
+
+
+def _decisions(plan: Plan) -> dict[str, str]:
+    return {"path": plan.path, **plan.choices()}
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r[0] for r in ROWS])
+def test_flip_changes_exactly_the_expected_decisions(row):
+    name, base, spec_kw, target_kw, tokens, force, flips, changes = row
+    before = _apply(base, {}, {}, None)
+    after = _apply(base, spec_kw, target_kw, tokens, force)
+    b, a = _decisions(before), _decisions(after)
+    changed = {k: a.get(k) for k in set(a) | set(b) if a.get(k) != b.get(k)}
+    if after.path != before.path:
+        assert changed.get("path") == changes["path"]
+        return
+    assert changed == changes, f"{name}: decisions changed {changed}, expected {changes}"
+    hb, ha = _held(before), _held(after)
+    flipped = {g for g in set(hb) & set(ha) if hb[g] != ha[g]}
+    assert flipped == flips, f"{name}: gates flipped {flipped}, expected {flips}"
+
+
+@pytest.mark.parametrize("row", REFUSALS, ids=[r[0] for r in REFUSALS])
+def test_flip_to_refusal_names_the_rule(row):
+    rule, base, spec_kw, target_kw = row
+    _apply(base, {}, {}, None)  # the base itself plans
+    with pytest.raises(UnsupportedCombination) as info:
+        _apply(base, spec_kw, target_kw, None)
+    assert info.value.rule == rule
+    assert info.value.exit_code == 2
+
+
+def test_prologue_smem_gate_against_the_device_limit():
+    spec = dataclasses.replace(MIXTRAL, top_k=8)
+    # 2 * T * K * 8 + (E + 1) * 4 bytes: 800 tokens need 102436 B, over sm89's 99 KiB, under sm90's 227 KiB.
+    assert R.fused_prologue_smem_bytes(800, 8, 8) == 2 * 800 * 8 * 8 + 9 * 4
+    assert not R.prologue_smem(spec, SM89, 800).held
+    assert R.prologue_smem(spec, SM90, 800).held
+    assert R.prologue_smem(spec, SM89, 256).held
+
+
+def test_fused_gated_sm_and_block_scaled_rules_in_isolation():
+    class OldGpu:  # SM75 is outside moe-build's targets, so build the rule input by hand
+        sm = 75
+    assert not R.fused_gated_sm(OldGpu()).held and R.fused_gated_sm(SM80).held
+    assert not R.expand_prequant_not_block_scaled(dataclasses.replace(MIXTRAL, quant=Quant.NVFP4)).held
+    assert R.expand_prequant_not_block_scaled(dataclasses.replace(MIXTRAL, quant=Quant.W4AFP8)).held
+    assert R.expand_per_expert_act_scale(dataclasses.replace(MIXTRAL, quant=Quant.NVFP4)).held
+    assert not R.expand_per_expert_act_scale(dataclasses.replace(MIXTRAL, quant=Quant.FP8)).held
+
+
+def test_every_gate_the_planner_emits_is_covered_by_a_row():
+    covered = {r[0] for r in ROWS} | {r[0] for r in REFUSALS} | {g for r in ROWS for g in (r[6] or set())}
+    covered |= {"prologue_smem", "fused_gated_sm", "expand_prequant_not_block_scaled", "expand_per_expert_act_scale"}
+    emitted: set[str] = set()
+    for base in BASES:
+        plan = _apply(base, {}, {}, None)
+        emitted |= set(_held(plan))
+    emitted |= set(_held(_apply("ootb", {}, {}, None)))
+    assert emitted - covered == set()
+
+
+def test_tma_ws_sm_set_matches_the_seed():
+    held = {sm: R.tma_ws_sm(dataclasses.replace(SM90, sm=sm)).held for sm in (80, 86, 89, 90, 100, 103, 120, 121)}
+    assert held == {80: False, 86: False, 89: False, 90: True, 100: True, 103: True, 120: True, 121: True}
+
+
+def test_expert_log_boundary():
+    # floor(log2(E + 1)) + 1 <= 9  <=>  E + 1 < 512  <=>  E <= 510
+    ok = MoESpec(64, 64, 510, 2)
+    bad = MoESpec(64, 64, 511, 1)
+    assert R.prologue_expert_log(ok).held and R.prologue_expert_log(ok).value == 9
+    assert not R.prologue_expert_log(bad).held and R.prologue_expert_log(bad).value == 10
+
+
+def test_experts_per_node_drives_expert_log():
+    spec = MoESpec(64, 64, 1024, 2, experts_per_node=256)
+    assert R.prologue_expert_log(spec).held
+    assert not R.prologue_expert_log(dataclasses.replace(spec, experts_per_node=None)).held

@@ -1,0 +1,76 @@
+"""Plan-level behaviour: token ranges, forcing, serialisation, purity."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from moe_build.errors import MoeBuildError, UnsupportedCombination
+from moe_build.planner import Plan, make_plan
+from moe_build.spec import MoESpec
+from moe_build.target import Flavour, Target
+
+SPEC = MoESpec(4096, 14336, 8, 2)
+SM90 = Target(sm=90, flavour=Flavour.TENSORRT)
+
+
+@pytest.mark.parametrize("tokens,choice,rng,outside", [
+    (1, "fused", (1, 256), "three_step"),
+    (256, "fused", (1, 256), "three_step"),
+    (257, "three_step", (257, None), "fused"),
+    (8192, "three_step", (257, None), "fused"),
+])
+def test_prologue_token_range(tokens, choice, rng, outside):
+    d = make_plan(SPEC, SM90, tokens).stage("routing_prologue")
+    assert (d.choice, d.token_range, d.choice_outside_range) == (choice, rng, outside)
+    assert d.choice_for(100) == "fused" and d.choice_for(300) == "three_step"
+
+
+def test_prologue_unbounded_three_step_when_a_static_gate_fails():
+    d = make_plan(dataclasses.replace(SPEC, top_k=3), SM90, 1).stage("routing_prologue")
+    assert (d.choice, d.token_range, d.choice_outside_range) == ("three_step", (1, None), None)
+
+
+def test_token_independent_stages_hold_for_all_tokens():
+    plan = make_plan(SPEC, SM90, 7)
+    for name in ("expand_rows", "gemm_kernel", "fc1_activation", "fc2_prequant", "finalize"):
+        assert plan.stage(name).token_range == (1, None)
+
+
+def test_force_fallback_is_always_allowed_and_marked():
+    plan = make_plan(SPEC, SM90, 16, force={"finalize": "separate", "routing_prologue": "three_step"})
+    assert plan.stage("finalize").choice == "separate" and plan.stage("finalize").forced
+    assert plan.stage("routing_prologue").choice == "three_step"
+
+
+def test_force_fused_where_a_gate_fails_is_refused_with_the_gate():
+    with pytest.raises(UnsupportedCombination) as info:
+        make_plan(SPEC, dataclasses.replace(SM90, sm=80), 16, force={"finalize": "fused"})
+    assert info.value.rule == "finalize_tma_ws"
+    with pytest.raises(UnsupportedCombination) as info:
+        make_plan(SPEC, SM90, 300, force={"routing_prologue": "fused"})
+    assert info.value.rule == "prologue_tokens"
+
+
+def test_force_unknown_stage_or_choice():
+    with pytest.raises(MoeBuildError, match="force"):
+        make_plan(SPEC, SM90, 1, force={"expert_compute": "dense_masked"})
+    with pytest.raises(MoeBuildError, match="allowed"):
+        make_plan(SPEC, SM90, 1, force={"finalize": "maybe"})
+
+
+def test_plan_round_trips_through_dict():
+    plan = make_plan(SPEC, SM90, 16, force={"gemm_kernel": "ampere"})
+    again = Plan.from_dict(plan.to_dict())
+    assert again == plan
+
+
+def test_planner_is_pure():
+    a = make_plan(SPEC, SM90, 16).to_dict()
+    b = make_plan(SPEC, SM90, 16).to_dict()
+    assert a == b
+
+
+def test_bad_token_count():
+    with pytest.raises(MoeBuildError, match="tokens"):
+        make_plan(SPEC, SM90, 0)
