@@ -134,3 +134,30 @@ def test_force_from_cli():
 def test_default_layer_is_the_tiny_preset(tmp_path: Path):
     doc = report("--sm", "89", "--flavour", "tensorrt")
     assert doc["spec"]["hidden_size"] == 64 and doc["spec"]["name"] == "tiny"
+
+
+def _checkpoint(tmp_path: Path, config: dict) -> Path:
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_checkpoint_config_drives_the_report(tmp_path: Path):
+    cfg = {"model_type": "qwen3_moe", "hidden_size": 2048, "moe_intermediate_size": 768, "num_experts": 128,
+           "num_experts_per_tok": 8, "norm_topk_prob": True, "hidden_act": "silu", "torch_dtype": "bfloat16",
+           "num_hidden_layers": 2, "intermediate_size": 6144, "decoder_sparse_step": 1, "mlp_only_layers": []}
+    doc = report(str(_checkpoint(tmp_path, cfg)), "--sm", "90", "--flavour", "tensorrt", "--tokens", "300")
+    assert doc["spec"]["num_experts"] == 128 and doc["spec"]["top_k"] == 8 and doc["spec"]["dtype"] == "bf16"
+    stages = {s["stage"]: s["choice"] for s in doc["stages"]}
+    assert stages["routing_prologue"] == "three_step"  # 300 tokens > 256
+    # flags override the checkpoint
+    doc = report(str(tmp_path / "ckpt"), "--sm", "90", "--flavour", "tensorrt", "--dtype", "fp16")
+    assert doc["spec"]["dtype"] == "fp16"
+
+
+def test_not_an_moe_checkpoint_exits_2(tmp_path: Path):
+    cfg = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 2}
+    r = run(str(_checkpoint(tmp_path, cfg)), "--flavour", "tensorrt", "--sm", "90")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.stderr.startswith("moe-build: error: ")
