@@ -110,6 +110,76 @@ def fusion_report(checkpoint: str | None, tokens: int, as_json: bool, markdown: 
         report.render_table(plan, STDOUT)
 
 
+@cli.command("build")
+@click.argument("checkpoint", required=False, type=click.Path())
+@click.option("--layer", type=int, help="Decoder layer index of the MoE layer to build (default: the first).")
+@click.option("--all-layers", is_flag=True, help="One engine per MoE layer of the checkpoint.")
+@layer_options
+@target_options
+@click.option("--min-tokens", "min_tokens", type=int, default=1, show_default=True)
+@click.option("--opt-tokens", "opt_tokens", type=int, default=16, show_default=True)
+@click.option("--max-tokens", "max_tokens", type=int, default=256, show_default=True)
+@click.option("--opt-level", "opt_level", type=int, default=3, show_default=True, help="Builder optimization level.")
+@click.option("--workspace-mb", "workspace_mb", type=int, help="Builder workspace memory pool limit (MiB).")
+@click.option("--timing-cache", "timing_cache", type=click.Path(), help="Timing cache file (reused across builds).")
+@click.option("--out", "out_dir", default="engines", show_default=True, type=click.Path(), help="Output folder.")
+@click.option("--name", help="Engine name (default: preset or checkpoint name, plus the layer).")
+@click.option("--router-logits-input", is_flag=True, help="Take precomputed router logits as an engine input.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random weights (no checkpoint).")
+def build(checkpoint: str | None, layer: int | None, all_layers: bool, min_tokens: int, opt_tokens: int,
+          max_tokens: int, opt_level: int, workspace_mb: int | None, timing_cache: str | None, out_dir: str,
+          name: str | None, router_logits_input: bool, seed: int, **kw: Any) -> None:
+    """Build TensorRT engine(s) + manifests; with no arguments, the embedded tiny default."""
+    from pathlib import Path
+
+    from . import report
+    from .build_job import BuildJob, run_build_jobs
+    from .planner import make_plan
+    from .spec_source import resolve_spec
+    from .target import TokenProfile, resolve_target
+
+    layer_kw, target_kw, force = _split_layer_target(kw)
+    if checkpoint is None and (layer is not None or all_layers):
+        raise MoeBuildError("layer", "--layer/--all-layers need a checkpoint", "CHECKPOINT with --layer N")
+    if layer is not None and all_layers:
+        raise MoeBuildError("layer", "give --layer or --all-layers, not both", "one of --layer, --all-layers")
+    profile = TokenProfile(min=min_tokens, opt=opt_tokens, max=max_tokens)
+    spec = resolve_spec(checkpoint, **layer_kw)
+    target = resolve_target(profile=profile, **target_kw)
+    plan = make_plan(spec, target, opt_tokens, force)
+    report.render_table(plan, STDOUT)
+    jobs = BuildJob.for_source(spec, plan, checkpoint, layer, all_layers, seed, name)
+    results = run_build_jobs(jobs, Path(out_dir), opt_level, workspace_mb, timing_cache, router_logits_input,
+                             STDOUT)
+    for r in results:
+        size_mb = r.engine_path.stat().st_size / 2**20
+        STDOUT.print(f"built {r.engine_path} ({size_mb:.1f} MiB) + {r.manifest_path.name} "
+                     f"in {r.manifest['build']['seconds']:.1f} s")
+
+
+@cli.command("inspect")
+@click.argument("engine", type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable report.")
+def inspect_cmd(engine: str, as_json: bool) -> None:
+    """Show an engine's manifest, I/O and layers, and verify engine, manifest and plan agree."""
+    from .inspect_engine import inspect_engine
+    from .report import render_inspection
+    result = inspect_engine(engine)
+    if as_json:
+        click.echo(json.dumps(result, indent=2, default=str))
+    else:
+        render_inspection(result, STDOUT)
+
+
+@cli.command("bench", context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
+                                        "help_option_names": []})
+@click.pass_context
+def bench_cmd(ctx: click.Context) -> None:
+    """Time the fused runner against its peers on the local GPU (see `moe-build bench --help`)."""
+    from .bench import main as bench_main
+    sys.exit(bench_main(ctx.args))
+
+
 @cli.command("presets")
 def presets_cmd() -> None:
     """List the named layer presets."""

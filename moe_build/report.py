@@ -8,6 +8,7 @@ import dataclasses
 from typing import Any, Iterable
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from .errors import MoeBuildError, UnsupportedCombination
@@ -62,15 +63,16 @@ def render_table(plan: Plan, console: Console) -> None:
     t = plan.target
     title = (f"MoE fusion plan: {plan.spec.get('name', 'moe')} on sm{t['sm']} ({t['flavour']}), "
              f"{plan.tokens} token{'s' if plan.tokens != 1 else ''}")
-    console.print(f"[bold]{title}[/bold]")
-    console.print(f"path: [bold]{plan.path}[/bold] ({_path_reason(plan)})")
+    console.print(f"[bold]{escape(title)}[/bold]")
+    console.print(f"path: [bold]{plan.path}[/bold] ({escape(_path_reason(plan))})")
     table = Table(show_lines=False)
     for col in ("stage", "choice", "fallback", "tokens", "failed gates", "what runs"):
         table.add_column(col)
     for d in plan.stages:
         style = "green" if d.fused else ("yellow" if d.failed_gates() else "")
         table.add_row(STAGE_TITLES.get(d.stage, d.stage), f"[{style}]{d.choice}[/{style}]" if style else d.choice,
-                      d.fallback, _range_text(d), _gate_text(d), d.summary + (" [forced]" if d.forced else ""))
+                      d.fallback, _range_text(d), escape(_gate_text(d)),
+                      escape(d.summary + (" [forced]" if d.forced else "")))
     console.print(table)
 
 
@@ -161,3 +163,28 @@ def render_sweep(cells: list[dict[str, Any]], console: Console) -> None:
                   "gemm_kernel, fc1_activation, fc2_prequant, finalize: F fused, 3 three-step, Q prequant-fused, "
                   "- plain/none, W TMA warp-specialized, A Ampere, E epilogue, G fused gated, S separate; "
                   "OOTB: D dense-masked, P per-expert gather; x = refused by the named rule.")
+
+
+def render_inspection(result: dict[str, Any], console: Console) -> None:
+    """`moe-build inspect`: what was verified, the manifest's key facts, I/O and layers."""
+    spec, target, profile = result["spec"], result["target"], result["profile"]
+    console.print(f"[bold green]verified[/bold green] {result['engine']}: sha256 matches the manifest; "
+                  "manifest, spec and plan agree")
+    console.print(escape(f"flavour {result['flavour']}  target {target}  profile {profile}"))
+    console.print(f"layer {spec['name']}: hidden={spec['hidden_size']} inter={spec['intermediate_size']} "
+                  f"experts={spec['num_experts']} top_k={spec['top_k']} {spec['activation']} {spec['dtype']}; "
+                  f"path {result['plan_path']}, expert compute {result['expert_compute']}")
+    deser = result["deserialised"]
+    if deser.get("available"):
+        io, layers, origin = deser["io"], deser["layers"], "TensorRT engine inspector"
+    else:
+        io = result["recorded"]["inputs"] + result["recorded"]["outputs"]
+        layers, origin = result["recorded"]["layers"], "recorded at build time"
+        console.print(escape(f"not deserialised here: {deser.get('reason', '')}"))
+    table = Table(title=f"I/O tensors ({origin})")
+    for col in ("name", "dtype", "shape"):
+        table.add_column(col)
+    for t in io:
+        table.add_row(escape(str(t.get("name"))), str(t.get("dtype")), escape(str(t.get("shape"))))
+    console.print(table)
+    console.print(f"{len(layers)} layers")

@@ -34,6 +34,7 @@ BASES: dict[str, tuple[MoESpec, Target, int]] = {
     "hopper_w4afp8": (dataclasses.replace(MIXTRAL, quant=Quant.W4AFP8), SM90, 16),
     "tokens256": (MIXTRAL, SM90, 256),
     "ootb": (MIXTRAL, OOTB89, 16),
+    "ootb_many_experts": (dataclasses.replace(MIXTRAL, num_experts=64), OOTB89, 16),
 }
 
 # (gate, base, spec changes, target changes, tokens, force, gates that flip, decisions that change)
@@ -101,8 +102,10 @@ ROWS: list[tuple[str, str, dict, dict, int | None, dict, set[str], dict[str, str
     ("finalize_tactic", "hopper_fp8", {"quant": Quant.NONE}, {}, None, {},
      {"finalize_tactic", "fused_gated_not_fp8", "fused_gated_t_eq_weight", "fused_gated_two_byte"},
      {"finalize": "fused"}),
-    ("ootb_dense_waste", "ootb", {"num_experts": 16}, {}, None, {},
-     {"ootb_dense_waste"}, {"expert_compute": "per_expert_gather"}),
+    ("ootb_gather_pays", "ootb", {"num_experts": 16}, {}, None, {},
+     {"ootb_gather_pays"}, {"expert_compute": "per_expert_gather"}),
+    ("ootb_nonzero", "ootb_many_experts", {}, {"flavour": Flavour.TENSORRT_RTX}, None, {},
+     {"ootb_nonzero", "flavour_plugin_layers"}, {"expert_compute": "dense_masked"}),
 ]
 
 # (gate, base, spec changes, target changes): the change makes the planner refuse by this rule.

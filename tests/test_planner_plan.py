@@ -8,7 +8,7 @@ import pytest
 from moe_build.errors import MoeBuildError, UnsupportedCombination
 from moe_build.planner import Plan, make_plan
 from moe_build.spec import MoESpec
-from moe_build.target import Flavour, Target
+from moe_build.target import Flavour, MoePlugin, Target
 
 SPEC = MoESpec(4096, 14336, 8, 2)
 SM90 = Target(sm=90, flavour=Flavour.TENSORRT)
@@ -74,3 +74,13 @@ def test_planner_is_pure():
 def test_bad_token_count():
     with pytest.raises(MoeBuildError, match="tokens"):
         make_plan(SPEC, SM90, 0)
+
+
+def test_cost_rule_does_not_block_forcing_but_capability_does():
+    ootb = Target(sm=89, flavour=Flavour.TENSORRT, moe_plugin=MoePlugin.DISABLE)
+    d = make_plan(SPEC, ootb, 1, force={"expert_compute": "per_expert_gather"}).stage("expert_compute")
+    assert d.choice == "per_expert_gather" and d.forced  # 8 experts / top-2 does not pay, but it can run
+    rtx = dataclasses.replace(ootb, flavour=Flavour.TENSORRT_RTX)
+    with pytest.raises(UnsupportedCombination) as info:
+        make_plan(SPEC, rtx, 1, force={"expert_compute": "per_expert_gather"})
+    assert info.value.rule == "ootb_nonzero"

@@ -24,7 +24,7 @@ STAGE_CHOICES: dict[str, tuple[str, ...]] = {
     "fc1_activation": ("epilogue", "fused_gated", "separate"),
     "fc2_prequant": ("fused", "separate", "none"),
     "finalize": ("fused", "separate"),
-    "expert_compute": ("dense_masked", "per_expert_gather"),
+    "expert_compute": ("per_expert_gather", "dense_masked"),
 }
 # Which user-facing field a refusing gate is about (for the one-line error).
 GATE_FIELD = {
@@ -42,13 +42,18 @@ def _refuse(gates: Sequence[Gate], why: str) -> None:
 
 
 def _simple(stage: str, fused: str, fallback: str, gates: Sequence[Gate], forced: str | None,
-            summary: Callable[[bool], str]) -> StageDecision:
-    """A stage whose fused choice needs every gate to hold and which does not depend on tokens."""
+            summary: Callable[[bool], str], force_needs: Sequence[Gate] | None = None) -> StageDecision:
+    """A stage whose fused choice needs every gate to hold and which does not depend on tokens.
+
+    Forcing the fused choice needs the gates in `force_needs` (default: all); cost rules, which
+    say when a choice pays rather than whether it can run, are left out so A/B runs can pin it.
+    """
     ok = all(g.held for g in gates)
     choice = fused if ok else fallback
     if forced is not None:
-        if forced == fused and not ok:
-            _refuse(gates, f"cannot force {stage}={fused}")
+        needs = gates if force_needs is None else force_needs
+        if forced == fused and not all(g.held for g in needs):
+            _refuse(needs, f"cannot force {stage}={fused}")
         choice = forced
     return StageDecision(stage, choice, fallback, tuple(gates), forced=forced is not None,
                          summary=summary(choice == fused))
@@ -134,10 +139,11 @@ def _finalize(spec: MoESpec, target: Target, gemm_kernel: str, forced: str | Non
                    else "separate finalize kernel after GEMM2")
 
 
-def _expert_compute(spec: MoESpec, forced: str | None) -> StageDecision:
-    return _simple("expert_compute", "dense_masked", "per_expert_gather", [R.ootb_dense_is_cheap(spec)], forced,
-                   lambda f: "every expert on every token, masked by the routing weights" if f
-                   else "per expert: gather its tokens, compute, scatter-add")
+def _expert_compute(spec: MoESpec, target: Target, forced: str | None) -> StageDecision:
+    nonzero = R.ootb_flavour_has_nonzero(target)
+    return _simple("expert_compute", "per_expert_gather", "dense_masked", [R.ootb_gather_pays(spec), nonzero], forced,
+                   lambda f: "per expert: gather its tokens, compute, scatter-add" if f
+                   else "every expert on every token, masked by the routing weights", force_needs=[nonzero])
 
 
 def _check_forced(path: str, force: Mapping[str, str]) -> None:
@@ -180,5 +186,5 @@ def make_plan(spec: MoESpec, target: Target, tokens: int = 1,
     reason = "; ".join(f"{g.name}={g.value} fails '{g.condition}'" for g in plugin_gates if not g.held)
     _refuse(checks, f"the OOTB path ({reason}) refuses this combination")
     _check_forced("ootb", force)
-    stages = (_expert_compute(spec, force.get("expert_compute")),)
+    stages = (_expert_compute(spec, target, force.get("expert_compute")),)
     return Plan("ootb", tuple(plugin_gates + checks), stages, tokens, spec.to_dict(), target.to_dict())

@@ -303,8 +303,14 @@ def finalize_tactic_available(s: MoESpec) -> Gate:
 
 # ---- OOTB expert compute ----------------------------------------------------------------------
 
-# dense-masked compute wastes num_experts/top_k: take it only while that is at most 4x
-def ootb_dense_is_cheap(s: MoESpec) -> Gate:
+# dense-masked compute wastes num_experts/top_k: gathering per expert pays once that exceeds 4x
+def ootb_gather_pays(s: MoESpec) -> Gate:
     ratio = s.num_experts / s.top_k
-    return Gate("ootb_dense_waste", round(ratio, 3), f"num_experts / top_k <= {OOTB_DENSE_MAX_EXPERTS_PER_TOPK}",
-                ratio <= OOTB_DENSE_MAX_EXPERTS_PER_TOPK, OURS)
+    return Gate("ootb_gather_pays", round(ratio, 3), f"num_experts / top_k > {OOTB_DENSE_MAX_EXPERTS_PER_TOPK}",
+                ratio > OOTB_DENSE_MAX_EXPERTS_PER_TOPK, OURS)
+
+
+# per-expert gathering needs NonZero; TensorRT-RTX 1.7 has no runner for it (docs/add_moe_findings.md)
+def ootb_flavour_has_nonzero(t: Target) -> Gate:
+    return Gate("ootb_nonzero", t.flavour.value, "flavour == tensorrt (TensorRT-RTX has no NonZero runner)",
+                t.flavour.value == "tensorrt", OURS + " (measured, docs/add_moe_findings.md)")

@@ -1,0 +1,323 @@
+"""`moe-build bench`: our fused runner against its peers and the hardware floor, in one process.
+
+Why one process and these rules: peers, variants and ceilings measured side by side on the same
+card in the same state are comparable; medians of CUDA-event timings after warm-up, rotating
+among several input sets so no variant is flattered by a warm cache; every timed variant is
+first checked against the fp64 reference on sampled rows of the very input it is timed on.
+
+floor = max(bytes of the touched experts' weights / measured copy bandwidth,
+            FLOPs / measured bf16 matmul rate), touched experts counted from the actual routing.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+from .bench_peers import grouped_mm_peer, hf_eager_peer, naive_peer, softmax_topk
+from .errors import MoeBuildError
+from .reference import moe_reference
+from .spec import MoESpec, Routing, RoutingMethod
+from .weights import MoEWeights
+
+# (name, H, I, E, top_k, transformers family for the hf_eager peer)
+SHAPES: dict[str, tuple[int, int, int, int, str]] = {
+    "mixtral-8x7b": (4096, 14336, 8, 2, "mixtral"),
+    "qwen3-30b-a3b": (2048, 768, 128, 8, "qwen3_moe"),
+    "deepseek-v2-lite": (2048, 1408, 64, 6, "qwen3_moe"),
+    "gpt-oss-20b": (2880, 2880, 32, 4, "qwen3_moe"),
+}
+TOKENS = (1, 16, 256, 4096)
+# Our runner's variants: the default plan, then each fusion forced off one at a time.
+RUNNER_VARIANTS: dict[str, dict[str, str]] = {
+    "ours": {},
+    "ours:prologue=three_step": {"routing_prologue": "three_step"},
+    "ours:finalize=separate": {"finalize": "separate"},
+    "ours:ampere+fused_gated": {"gemm_kernel": "ampere", "fc1_activation": "fused_gated"},
+    "ours:ampere+fc1=separate": {"gemm_kernel": "ampere", "fc1_activation": "separate"},
+}
+PEERS = ("naive", "grouped_mm", "hf_eager")
+REL_ERR_LIMIT = 1e-2
+CHECK_ROWS = 64
+
+Fn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def bench_spec(name: str) -> MoESpec:
+    H, I, E, K, family = SHAPES[name]
+    return MoESpec(H, I, E, K, routing=Routing(RoutingMethod.SOFTMAX_TOPK, renormalize=True), name=name,
+                   family=family)
+
+
+def _median_ms(fn: Callable[[int], object], iters: int, warmup: int) -> float:
+    """Median CUDA-event time of fn(i) over `iters` calls after `warmup` calls (i rotates the inputs)."""
+    for i in range(warmup):
+        fn(i)
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    for i in range(iters):
+        starts[i].record()
+        fn(i)
+        ends[i].record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+
+
+def measure_ceilings(iters: int = 10) -> dict[str, float]:
+    """Device copy bandwidth (bytes read + written) and bf16 matmul rate, measured here and now."""
+    n = 1 << 30
+    a = torch.empty(n, dtype=torch.uint8, device="cuda").random_()
+    b = torch.empty_like(a)
+    ms = _median_ms(lambda i: b.copy_(a), iters, 3)
+    del a, b
+    m = 8192
+    x = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
+    y = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
+    mm_ms = _median_ms(lambda i: x @ y, iters, 3)
+    return {"copy_bytes_per_s": 2 * n / (ms * 1e-3), "bf16_flops_per_s": 2 * m ** 3 / (mm_ms * 1e-3)}
+
+
+def floor_us(spec: MoESpec, tokens: int, touched_experts: float, ceilings: dict[str, float]) -> dict[str, float]:
+    """The lower bound from the two ceilings (weights of touched experts + activations in/out)."""
+    H, I, N1, K = spec.hidden_size, spec.intermediate_size, spec.fc1_out_features, spec.top_k
+    item = spec.dtype.itemsize
+    nbytes = touched_experts * (N1 * H + H * I) * item + 2 * tokens * H * item
+    flops = 2.0 * tokens * K * (N1 * H + H * I)
+    t_bytes = nbytes / ceilings["copy_bytes_per_s"] * 1e6
+    t_flops = flops / ceilings["bf16_flops_per_s"] * 1e6
+    return {"floor_us": max(t_bytes, t_flops), "bytes": nbytes, "flops": flops, "bytes_us": t_bytes,
+            "flops_us": t_flops, "bound": "bytes" if t_bytes >= t_flops else "flops"}
+
+
+def _device_weights(spec: MoESpec, seed: int) -> MoEWeights:
+    """Random fan-in-scaled weights generated on the GPU (CPU generation of Mixtral takes too long)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    E, H, I, N1 = spec.num_experts, spec.hidden_size, spec.intermediate_size, spec.fc1_out_features
+
+    def rnd(*shape: int, fan_in: int) -> torch.Tensor:
+        t = torch.empty(*shape, device="cuda", dtype=torch.bfloat16)
+        for i in range(shape[0]):  # per expert: keeps the fp32 temporary small
+            t[i] = torch.randn(*shape[1:], device="cuda", generator=g) / math.sqrt(fan_in)
+        return t
+
+    return MoEWeights(router_weight=rnd(E, H, fan_in=H), w1=rnd(E, N1, H, fan_in=H), w2=rnd(E, H, I, fan_in=I))
+
+
+@dataclass
+class InputSet:
+    hidden: torch.Tensor    # [T, H] bf16
+    logits: torch.Tensor    # [T, E] fp32
+    touched: int            # distinct experts this set routes to
+
+
+def _inputs(spec: MoESpec, tokens: int, count: int, seed: int) -> list[InputSet]:
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    sets = []
+    for _ in range(count):
+        h = torch.randn(tokens, spec.hidden_size, device="cuda", generator=g).to(torch.bfloat16)
+        lg = torch.randn(tokens, spec.num_experts, device="cuda", generator=g)
+        _, ids = softmax_topk(spec, lg)
+        sets.append(InputSet(h, lg, int(ids.unique().numel())))
+    return sets
+
+
+def _reference_rows(spec: MoESpec, w64: MoEWeights, inp: InputSet) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp64 reference on sampled rows (first, last, random): tokens are independent, so rows suffice."""
+    T = inp.hidden.shape[0]
+    g = torch.Generator().manual_seed(T)
+    rows = torch.unique(torch.cat([torch.tensor([0, T - 1]), torch.randint(0, T, (CHECK_ROWS,), generator=g)]))
+    rows = rows.to("cuda")
+    return rows, moe_reference(spec, w64, inp.hidden[rows], router_logits=inp.logits[rows])
+
+
+def _check(fn: Fn, inp: InputSet, rows: torch.Tensor, ref: torch.Tensor) -> float:
+    """rel-norm error on the sampled rows; inf if any output element is not finite (unwritten poison)."""
+    out = fn(inp.hidden, inp.logits)
+    torch.cuda.synchronize()
+    if not torch.isfinite(out).all():
+        return math.inf
+    got = out[rows].double().cpu()
+    return float((got - ref).norm() / ref.norm())
+
+
+def _runner_fn(runner: Any, out: torch.Tensor) -> Fn:
+    def run(hidden: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        return runner(hidden, router_logits=logits, out=out[: hidden.shape[0]])
+    return run
+
+
+def bench_shape(name: str, tokens_list: Sequence[int], ceilings: dict[str, float], iters: int, warmup: int,
+                input_sets: int, variants: Sequence[str], log: Callable[[str], None]) -> list[dict[str, Any]]:
+    """Every variant at every token count of one shape; returns one record per (shape, tokens)."""
+    from .runner import MoERunner
+
+    spec = bench_spec(name)
+    t0 = time.time()
+    w = _device_weights(spec, seed=list(SHAPES).index(name))
+    w64 = w.to("cpu", torch.float64)
+    max_tokens = max(tokens_list)
+    fns: dict[str, Fn] = {}
+    runners: dict[str, Any] = {}
+    meta: dict[str, dict[str, Any]] = {}
+    out_buf = torch.empty(max_tokens, spec.hidden_size, device="cuda", dtype=torch.bfloat16)
+    for v in variants:
+        try:
+            if v in RUNNER_VARIANTS:
+                r = runners[v] = MoERunner(spec, w, max_tokens=max_tokens, force=RUNNER_VARIANTS[v] or None)
+                fns[v] = _runner_fn(r, out_buf)
+                meta[v] = {"plan": r.plan.choices()}
+            elif v == "naive":
+                fns[v] = naive_peer(spec, w)
+            elif v == "grouped_mm":
+                fns[v] = grouped_mm_peer(spec, w)
+            elif v == "hf_eager":
+                fns[v], block = hf_eager_peer(spec, w, SHAPES[name][4])
+                meta[v] = {"block": block}
+        except (MoeBuildError, ImportError, RuntimeError, ValueError) as e:
+            meta[v] = {"error": f"{type(e).__name__}: {e}"}
+            log(f"  {name}: {v} unavailable: {e}")
+    log(f"{name}: setup {time.time() - t0:.1f}s")
+    records = []
+    for T in tokens_list:
+        sets = _inputs(spec, T, input_sets, seed=T)
+        touched = statistics.mean(s.touched for s in sets)
+        rows, ref = _reference_rows(spec, w64, sets[0])
+        rec: dict[str, Any] = {"shape": name, "H": spec.hidden_size, "I": spec.intermediate_size,
+                               "E": spec.num_experts, "top_k": spec.top_k, "tokens": T,
+                               "touched_experts": touched, **floor_us(spec, T, touched, ceilings), "variants": {}}
+        for v in variants:
+            entry: dict[str, Any] = dict(meta.get(v, {}))
+            if v in fns:
+                fn = fns[v]
+                try:
+                    out_buf.fill_(float("nan"))
+                    if v in runners:
+                        entry["kernel_sequence"] = runners[v].kernel_sequence(T, "logits")
+                    err = _check(fn, sets[0], rows, ref)
+                    entry["rel_err"] = err
+                    if not err < REL_ERR_LIMIT:
+                        entry["error"] = f"wrong result: rel err {err:.3g} >= {REL_ERR_LIMIT}"
+                    else:
+                        entry["us"] = 1e3 * _median_ms(lambda i: fn(sets[i % len(sets)].hidden,
+                                                                    sets[i % len(sets)].logits), iters, warmup)
+                except Exception as e:  # a failing variant must not take the others down
+                    entry["error"] = f"{type(e).__name__}: {e}"
+            rec["variants"][v] = entry
+        _ratios(rec)
+        records.append(rec)
+        log(_row(rec))
+    del fns, runners, w, w64
+    torch.cuda.empty_cache()
+    return records
+
+
+def _ratios(rec: dict[str, Any]) -> None:
+    """ours/floor, and each peer's time over ours (> 1: we are faster)."""
+    ours = rec["variants"].get("ours", {}).get("us")
+    rec["ours_over_floor"] = ours / rec["floor_us"] if ours else None
+    rec["speedup_vs"] = {v: e["us"] / ours for v, e in rec["variants"].items()
+                         if ours and v != "ours" and e.get("us")}
+
+
+def _row(rec: dict[str, Any]) -> str:
+    cells = [f"{rec['shape']:>16} T={rec['tokens']:<5} floor={rec['floor_us']:8.1f}"]
+    for v, e in rec["variants"].items():
+        cells.append(f"{v}={e['us']:.1f}" if e.get("us") else f"{v}=ERR")
+    return "  ".join(cells)
+
+
+def table(results: dict[str, Any]) -> str:
+    """The short table `device_run.sh` prints last: ours, peers, floor (us) and ratios."""
+    lines = [f"{'shape':<17}{'T':>5}{'floor':>9}{'ours':>9}{'x floor':>8}{'naive':>10}{'grouped':>9}{'hf':>10}"
+             f"  forced-off (us)"]
+    for r in results["points"]:
+        v = r["variants"]
+        us = lambda k: f"{v[k]['us']:.1f}" if v.get(k, {}).get("us") else "-"  # noqa: E731
+        ratio = f"{r['ours_over_floor']:.2f}" if r.get("ours_over_floor") else "-"
+        forced = " ".join(f"{k.split(':', 1)[1]}={us(k)}" for k in v if k.startswith("ours:"))
+        lines.append(f"{r['shape']:<17}{r['tokens']:>5}{r['floor_us']:>9.1f}{us('ours'):>9}{ratio:>8}"
+                     f"{us('naive'):>10}{us('grouped_mm'):>9}{us('hf_eager'):>10}  {forced}")
+    return "\n".join(lines)
+
+
+def plot(results: dict[str, Any], png: Path) -> None:
+    """One panel per shape: time vs tokens for ours, the peers and the floor (log-log)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shapes = list(dict.fromkeys(r["shape"] for r in results["points"]))
+    fig, axes = plt.subplots(1, len(shapes), figsize=(5 * len(shapes), 4), squeeze=False)
+    for ax, shape in zip(axes[0], shapes):
+        pts = [r for r in results["points"] if r["shape"] == shape]
+        xs = [r["tokens"] for r in pts]
+        ax.plot(xs, [r["floor_us"] for r in pts], "k--", label="floor")
+        for v in ("ours",) + PEERS:
+            ys = [r["variants"].get(v, {}).get("us") for r in pts]
+            if any(ys):
+                ax.plot([x for x, y in zip(xs, ys) if y], [y for y in ys if y], "o-", label=v)
+        ax.set(xscale="log", yscale="log", title=shape, xlabel="tokens", ylabel="us (median)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"bf16 SwiGLU MoE layer on {results['device']}")
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+
+
+def run_bench(shapes: Sequence[str] = tuple(SHAPES), tokens_list: Sequence[int] = TOKENS,
+              out_json: Path | None = None, png: Path | None = None, iters: int = 20, warmup: int = 3,
+              input_sets: int = 4, variants: Sequence[str] = tuple(RUNNER_VARIANTS) + PEERS,
+              log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run the whole comparison; write JSON/PNG when paths are given; return the results dict."""
+    if not torch.cuda.is_available():
+        raise MoeBuildError("device", "moe-build bench needs a CUDA GPU", "a machine with an NVIDIA GPU")
+    unknown = [s for s in shapes if s not in SHAPES]
+    if unknown:
+        raise MoeBuildError("shapes", f"unknown {unknown}", sorted(SHAPES))
+    torch.manual_seed(0)
+    ceilings = measure_ceilings()
+    log(f"ceilings: copy {ceilings['copy_bytes_per_s'] / 1e12:.2f} TB/s, "
+        f"bf16 matmul {ceilings['bf16_flops_per_s'] / 1e12:.0f} TFLOP/s")
+    results: dict[str, Any] = {
+        "device": torch.cuda.get_device_name(), "torch": torch.__version__, "ceilings": ceilings,
+        "method": {"iters": iters, "warmup": warmup, "input_sets": input_sets, "stat": "median",
+                   "timer": "cuda events per call", "check": f"fp64 reference on <= {CHECK_ROWS + 2} sampled rows, "
+                                                             f"rel-norm err < {REL_ERR_LIMIT}",
+                   "router_linear": "excluded for every variant (all take fp32 router logits)"},
+        "points": [],
+    }
+    for name in shapes:
+        results["points"] += bench_shape(name, tokens_list, ceilings, iters, warmup, input_sets, variants, log)
+        if out_json is not None:  # partial results survive a time-out
+            Path(out_json).write_text(json.dumps(results, indent=1, default=str))
+    if png is not None:
+        plot(results, Path(png))
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="moe-build bench", description=__doc__.splitlines()[0])
+    p.add_argument("--shapes", default=",".join(SHAPES))
+    p.add_argument("--tokens", default=",".join(map(str, TOKENS)))
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--input-sets", type=int, default=4)
+    p.add_argument("--variants", default=",".join(tuple(RUNNER_VARIANTS) + PEERS))
+    p.add_argument("--json", type=Path, default=Path("bench.json"))
+    p.add_argument("--png", type=Path, default=Path("bench.png"))
+    a = p.parse_args(argv)
+    res = run_bench(a.shapes.split(","), [int(t) for t in a.tokens.split(",")], a.json, a.png, a.iters,
+                    a.warmup, a.input_sets, a.variants.split(","))
+    print(table(res))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

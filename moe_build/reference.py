@@ -1,0 +1,145 @@
+"""Plain PyTorch reference of one MoE layer, the ground truth every engine is checked against.
+
+It favours obviousness over speed: routing per spec.py's RoutingMethod, one dense MLP per
+expert, everything in the requested dtype (fp64 on CPU by default) so its own round-off is
+negligible next to any fp16/bf16 engine.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .errors import MoeBuildError
+from .spec import Activation, MoESpec, RoutingMethod
+from .weights import MoEWeights
+
+
+def _group_mask(spec: MoESpec, choice: torch.Tensor, group_score: str) -> torch.Tensor:
+    """Boolean [T, E] mask of experts in each token's `topk_groups` best groups.
+
+    A group's score is its best expert (DeepSeek-V2 group_limited_greedy) or the sum of its best
+    two (DeepSeek-V3 noaux_tc).
+    """
+    r = spec.routing
+    grouped = choice.view(choice.shape[0], r.num_groups, -1)
+    if group_score == "max":
+        scores = grouped.max(dim=-1).values
+    else:
+        scores = grouped.topk(min(2, grouped.shape[-1]), dim=-1).values.sum(dim=-1)
+    best = scores.topk(r.topk_groups, dim=-1).indices
+    keep = torch.zeros_like(scores, dtype=torch.bool).scatter_(1, best, True)
+    return keep.unsqueeze(-1).expand_as(grouped).reshape_as(choice)
+
+
+def route(spec: MoESpec, logits: torch.Tensor,
+          correction_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Router logits [T, E] -> (expert ids int64 [T, K], weights [T, K]) in the logits' dtype."""
+    r, k = spec.routing, spec.top_k
+    if r.method is RoutingMethod.TOPK_SOFTMAX:
+        top, ids = logits.topk(k, dim=-1)
+        weights = top.softmax(dim=-1)
+    elif r.method is RoutingMethod.SOFTMAX_TOPK:
+        probs = logits.softmax(dim=-1)
+        choice = probs
+        if r.num_groups > 1:
+            choice = probs.masked_fill(~_group_mask(spec, probs, "max"), -math.inf)
+        ids = choice.topk(k, dim=-1).indices
+        weights = probs.gather(1, ids)
+    else:
+        scores = logits.sigmoid()
+        # the correction bias steers which experts are chosen, never their weights
+        choice = scores if correction_bias is None else scores + correction_bias.to(scores.dtype)
+        if r.num_groups > 1:
+            choice = choice.masked_fill(~_group_mask(spec, choice, "top2_sum"), -math.inf)
+        ids = choice.topk(k, dim=-1).indices
+        weights = scores.gather(1, ids)
+    if r.renormalize:  # a no-op for topk_softmax, whose weights already sum to one
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return ids.to(torch.int64), weights * r.routed_scaling_factor
+
+
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+_UNGATED = {Activation.SILU: F.silu, Activation.GELU: _gelu_tanh, Activation.RELU: F.relu,
+            Activation.IDENTITY: lambda x: x}
+
+
+def activate(spec: MoESpec, h: torch.Tensor) -> torch.Tensor:
+    """FC1 output [.., N1] -> [.., I]; gated kinds read gate rows [0, I) and up rows [I, 2I)."""
+    if not spec.activation.is_gated:
+        return _UNGATED[spec.activation](h)
+    gate, up = h.chunk(2, dim=-1)
+    if spec.activation is Activation.SWIGLU:
+        return F.silu(gate) * up
+    if spec.activation is Activation.GEGLU:
+        return _gelu_tanh(gate) * up
+    # GPT-OSS: gate clamped from above only, up on both sides, and up shifted by one
+    limit = spec.swiglu_limit
+    gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+    return gate * torch.sigmoid(spec.swiglu_alpha * gate) * (up + 1)
+
+
+def _mlp(spec: MoESpec, x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
+         b1: torch.Tensor | None = None, b2: torch.Tensor | None = None) -> torch.Tensor:
+    return F.linear(activate(spec, F.linear(x, w1, b1)), w2, b2)
+
+
+def _routed(spec: MoESpec, w: MoEWeights, x: torch.Tensor, ids: torch.Tensor,
+            topk_weights: torch.Tensor) -> torch.Tensor:
+    out = torch.zeros_like(x)
+    for e in ids.unique().tolist():
+        tokens, slot = (ids == e).nonzero(as_tuple=True)
+        y = _mlp(spec, x[tokens], w.w1[e], w.w2[e],
+                 None if w.b1 is None else w.b1[e], None if w.b2 is None else w.b2[e])
+        out.index_add_(0, tokens, y * topk_weights[tokens, slot, None])
+    return out
+
+
+def _shared(spec: MoESpec, w: MoEWeights, x: torch.Tensor) -> torch.Tensor:
+    y = _mlp(spec, x, w.shared_w1, w.shared_w2)
+    if spec.shared.sigmoid_gate:
+        y = y * torch.sigmoid(F.linear(x, w.shared_gate))
+    return y
+
+
+def _check_routing_inputs(spec: MoESpec, tokens: int, logits: torch.Tensor | None,
+                          ids: torch.Tensor | None, weights: torch.Tensor | None) -> None:
+    if (ids is None) != (weights is None):
+        raise MoeBuildError("topk_ids", "topk_ids and topk_weights must be given together", "both or neither")
+    if logits is not None and tuple(logits.shape) != (tokens, spec.num_experts):
+        raise MoeBuildError("router_logits", f"shape {tuple(logits.shape)}", f"shape {(tokens, spec.num_experts)}")
+    for name, t in (("topk_ids", ids), ("topk_weights", weights)):
+        if t is not None and tuple(t.shape) != (tokens, spec.top_k):
+            raise MoeBuildError(name, f"shape {tuple(t.shape)}", f"shape {(tokens, spec.top_k)}")
+    if ids is not None and (ids.min() < 0 or ids.max() >= spec.num_experts):
+        raise MoeBuildError("topk_ids", "expert id out of range", f"0..{spec.num_experts - 1}")
+
+
+def moe_reference(spec: MoESpec, weights: MoEWeights, hidden: torch.Tensor,
+                  router_logits: torch.Tensor | None = None, topk_ids: torch.Tensor | None = None,
+                  topk_weights: torch.Tensor | None = None, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """The layer's output for `hidden` [T, H] or [B, S, H], in `dtype`, same shape as `hidden`.
+
+    Routing can be pinned so an engine is compared on identical expert choices: pass
+    `topk_ids`+`topk_weights` (used as given) or `router_logits` (routed here); otherwise the
+    router runs on `hidden`.
+    """
+    if hidden.shape[-1] != spec.hidden_size or hidden.dim() not in (2, 3):
+        H = spec.hidden_size
+        raise MoeBuildError("hidden", f"shape {tuple(hidden.shape)}", f"[T, {H}] or [B, S, {H}]")
+    weights.check(spec)
+    w = weights.to("cpu", dtype)
+    x = hidden.reshape(-1, spec.hidden_size).to("cpu", dtype)
+    _check_routing_inputs(spec, x.shape[0], router_logits, topk_ids, topk_weights)
+    if topk_ids is None:
+        if router_logits is None:
+            router_logits = F.linear(x, w.router_weight, w.router_bias)
+        topk_ids, topk_weights = route(spec, router_logits.to("cpu", dtype), w.correction_bias)
+    out = _routed(spec, w, x, topk_ids.to("cpu", torch.int64), topk_weights.to("cpu", dtype))
+    if spec.shared.count:
+        out = out + _shared(spec, w, x)
+    return out.reshape(hidden.shape)

@@ -1,0 +1,24 @@
+"""The tensors of one runner call: the caller's inputs/outputs plus this call's workspace views."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .workspace import Workspace
+
+
+@dataclass
+class Batch:
+    """What every step reads and writes; steps mutate buffers, never rebind them."""
+
+    tokens: int
+    hidden: torch.Tensor                 # [T, H], model dtype, contiguous
+    out: torch.Tensor                    # [T, H], model dtype
+    ws: Workspace
+    logits: torch.Tensor | None = None   # [T, E] (caller's or the router GEMM's)
+    topk_ids: torch.Tensor | None = None      # [T, K] int32
+    topk_weights: torch.Tensor | None = None  # [T, K] fp32
+
+    def v(self, name: str) -> torch.Tensor:
+        return self.ws.view(name, self.tokens)

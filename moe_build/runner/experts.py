@@ -1,0 +1,94 @@
+"""The experts (seed 000's FusedMoEExperts): permute, GEMM1 (+activation), GEMM2 (+finalize).
+
+Each method is one step of `sequence.kernel_sequence`; which ones run is the plan's decision.
+When the plan fuses finalize into GEMM2 the experts do the top-k weighting and reduction
+themselves; otherwise GEMM2 writes permuted rows and prepare_finalize's weight_and_reduce
+finishes (seed 000's TopKWeightAndReduce delegate).
+"""
+from __future__ import annotations
+
+from types import ModuleType
+
+import torch
+
+from ..spec import MoESpec
+from ..weights import MoEWeights
+from . import abi
+from .batch import Batch
+from .codes import activation_code
+
+IDENTITY = 0
+
+
+class FusedExperts:
+    """The expert-side steps of one layer; holds device weights, nothing per call."""
+
+    def __init__(self, spec: MoESpec, weights: MoEWeights, kernels: ModuleType) -> None:
+        self.spec = spec
+        self.w = weights
+        self.k = kernels
+        self.act = activation_code(spec.activation)
+
+    # ---- permute ---------------------------------------------------------------------------
+    def prologue_fused(self, b: Batch) -> None:
+        self._maps(b, fused=True)
+
+    def prologue_three_step(self, b: Batch) -> None:
+        self._maps(b, fused=False)
+
+    def _maps(self, b: Batch, fused: bool) -> None:
+        abi.build_maps(fused, b.topk_ids, self.spec.local_experts, b.v("permuted_to_unpermuted"),
+                       b.v("unpermuted_to_permuted"), b.v("expert_offsets"), _opt(b, "prologue_workspace"))
+
+    def expand_rows(self, b: Batch) -> None:
+        self.k.expand_rows(b.hidden, b.v("permuted_to_unpermuted"), b.topk_weights,
+                           permuted_input=b.v("permuted_input"), permuted_weights=b.v("permuted_weights"))
+
+    # ---- GEMM1 -----------------------------------------------------------------------------
+    def gemm1_sm90(self, b: Batch) -> None:
+        """Identity epilogue; bias and activation follow in the separate activation kernel."""
+        abi.gemm_sm90(b.v("permuted_input"), self.w.w1, None, b.v("fc1_out"), b.v("expert_offsets"),
+                      _opt(b, "gemm_workspace"))
+
+    def gemm1_sm80(self, b: Batch) -> None:
+        abi.gemm_sm80(b.v("permuted_input"), self.w.w1, None, b.v("fc1_out"), b.v("expert_offsets"),
+                      _opt(b, "gemm_workspace"), IDENTITY, fused_gated=False)
+
+    def gemm1_sm80_act(self, b: Batch) -> None:
+        self._sm80_into_act(b, fused_gated=False)
+
+    def gemm1_sm80_fused_gated(self, b: Batch) -> None:
+        self._sm80_into_act(b, fused_gated=True)
+
+    def _sm80_into_act(self, b: Batch, fused_gated: bool) -> None:
+        s = self.spec
+        abi.gemm_sm80(b.v("permuted_input"), self.w.w1, self.w.b1, b.v("fc1_act"), b.v("expert_offsets"),
+                      _opt(b, "gemm_workspace"), self.act, fused_gated, s.swiglu_alpha, s.swiglu_limit)
+
+    def activation(self, b: Batch) -> None:
+        s = self.spec
+        self.k.activation(b.v("fc1_out"), b.v("expert_offsets"), self.act, bias=self.w.b1,
+                          swiglu_alpha=s.swiglu_alpha, swiglu_limit=s.swiglu_limit, out=b.v("fc1_act"))
+
+    # ---- GEMM2 -----------------------------------------------------------------------------
+    def zero_output(self, b: Batch) -> None:
+        b.out.zero_()
+
+    def gemm2_sm90_finalize(self, b: Batch) -> None:
+        """Unpermute, top-k weighting (+b2) and reduction inside GEMM2's epilogue, into `out`."""
+        abi.gemm_sm90_finalize(b.v("fc1_act"), self.w.w2, self.w.b2, b.out, b.v("expert_offsets"),
+                               b.v("permuted_to_unpermuted"), b.v("permuted_weights"), self.spec.top_k,
+                               _opt(b, "gemm_workspace"))
+
+    def gemm2_sm90(self, b: Batch) -> None:
+        abi.gemm_sm90(b.v("fc1_act"), self.w.w2, None, b.v("gemm2_out"), b.v("expert_offsets"),
+                      _opt(b, "gemm_workspace"))
+
+    def gemm2_sm80(self, b: Batch) -> None:
+        abi.gemm_sm80(b.v("fc1_act"), self.w.w2, None, b.v("gemm2_out"), b.v("expert_offsets"),
+                      _opt(b, "gemm_workspace"), IDENTITY, fused_gated=False)
+
+
+def _opt(b: Batch, name: str) -> torch.Tensor | None:
+    """A workspace buffer the layout may leave out (zero-byte scratch)."""
+    return b.v(name) if name in b.ws else None

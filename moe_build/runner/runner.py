@@ -1,0 +1,182 @@
+"""MoERunner: one MoE layer executed by our CUDA kernels exactly as its plan says.
+
+The runner never decides a fusion: it asks the planner (`make_plan`, with the caller's
+`force=` which the planner may refuse), turns the plan into steps with `kernel_sequence`
+(resolving the token-dependent routing prologue per call) and launches them on the current
+stream into buffers sized once for `max_tokens`.
+"""
+from __future__ import annotations
+
+from typing import Callable, Mapping
+
+import torch
+
+from .. import kernels
+from ..errors import MoeBuildError
+from ..planner import Plan, make_plan
+from ..spec import MoESpec
+from ..target import Target, resolve_target
+from ..weights import MoEWeights
+from . import abi
+from . import sequence as S
+from .batch import Batch
+from .experts import FusedExperts
+from .graph import GraphedMoE
+from .prepare_finalize import PrepareFinalize
+from .workspace import TORCH_DTYPE, BufferSpec, Workspace, layout_bytes, workspace_layout
+
+
+def require_cuda(device: torch.device | str) -> torch.device:
+    """The runner's kernels exist only on CUDA devices: refuse anything else with one clear line."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        raise MoeBuildError("device", f"the fused runner runs CUDA kernels, got device {str(dev)!r}", "cuda")
+    if not torch.cuda.is_available():
+        raise MoeBuildError("device", "no CUDA device is available (torch.cuda.is_available() is False)",
+                            "a machine with an NVIDIA GPU")
+    return dev
+
+
+class MoERunner:
+    """A callable MoE layer: `runner(hidden, router_logits=None, topk_ids=None, topk_weights=None, out=None)`."""
+
+    def __init__(self, spec: MoESpec, weights: MoEWeights, target: Target | None = None, max_tokens: int = 4096,
+                 force: Mapping[str, str] | None = None, device: torch.device | str = "cuda") -> None:
+        self.device = require_cuda(device)
+        if self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        major, minor = torch.cuda.get_device_capability(self.device)
+        target = target or resolve_target(sm=major * 10 + minor, flavour="tensorrt")
+        if target.sm != major * 10 + minor:
+            raise MoeBuildError("sm", f"the plan targets sm{target.sm} but {self.device} is sm{major}{minor}",
+                                f"sm{major}{minor}")
+        self.spec = spec
+        self.max_tokens = max_tokens
+        self.plan: Plan = make_plan(spec, target, tokens=max_tokens, force=force)
+        S.check_runnable(self.plan)
+        weights.check(spec)
+        self.dtype = TORCH_DTYPE[spec.dtype]
+        self.weights = _to_device(weights, self.device, self.dtype)
+
+        self._workspace: Workspace | None = None   # allocated by the first call not given a workspace
+        deterministic = bool(self.plan.target.get("deterministic", False))
+        self.prepare_finalize = PrepareFinalize(spec, self.weights, kernels, deterministic)
+        self.experts = FusedExperts(spec, self.weights, kernels)
+        self._steps = self._step_table()
+
+    @property
+    def workspace(self) -> Workspace:
+        """The runner's own workspace, sized once for max_tokens (allocated on first use)."""
+        if self._workspace is None:
+            self._workspace = Workspace(runner_layout(self.spec, self.plan, self.max_tokens), self.device)
+        return self._workspace
+
+    def _step_table(self) -> dict[str, Callable[[Batch], None]]:
+        pf, ex = self.prepare_finalize, self.experts
+        return {
+            S.ROUTER_GEMM: pf.router_gemm, S.ROUTING: pf.routing,
+            S.PROLOGUE_FUSED: ex.prologue_fused, S.PROLOGUE_THREE_STEP: ex.prologue_three_step,
+            S.EXPAND_ROWS: ex.expand_rows,
+            S.GEMM1_SM90: ex.gemm1_sm90, S.GEMM1_SM80: ex.gemm1_sm80, S.GEMM1_SM80_ACT: ex.gemm1_sm80_act,
+            S.GEMM1_SM80_FUSED_GATED: ex.gemm1_sm80_fused_gated, S.ACTIVATION: ex.activation,
+            S.ZERO_OUTPUT: ex.zero_output, S.GEMM2_SM90_FINALIZE: ex.gemm2_sm90_finalize,
+            S.GEMM2_SM90: ex.gemm2_sm90, S.GEMM2_SM80: ex.gemm2_sm80,
+            S.FINALIZE: pf.weight_and_reduce, S.SHARED_EXPERTS: pf.shared_experts,
+        }
+
+    def kernel_sequence(self, tokens: int, routing_input: S.RoutingInput = "hidden") -> list[str]:
+        return S.kernel_sequence(self.plan, tokens, routing_input)
+
+    def __call__(self, hidden: torch.Tensor, router_logits: torch.Tensor | None = None,
+                 topk_ids: torch.Tensor | None = None, topk_weights: torch.Tensor | None = None,
+                 out: torch.Tensor | None = None, workspace: torch.Tensor | None = None) -> torch.Tensor:
+        """The layer's output for `hidden` [T, H] or [B, S, H], on the current stream.
+
+        Routing may be pinned with `router_logits` [T, E] or `topk_ids`+`topk_weights` [T, K]
+        (copied into the workspace). `out` (same shape/dtype as hidden) avoids the one
+        allocation a call otherwise makes. `workspace` (flat uint8, >= workspace_bytes(spec,
+        plan, T) bytes, e.g. TensorRT's) replaces the runner's own buffers for this call.
+        """
+        x = self._check_hidden(hidden)
+        T = x.shape[0]
+        if out is None:
+            out = torch.empty_like(hidden)
+        elif out.shape != hidden.shape or out.dtype != self.dtype or out.device != self.device \
+                or not out.is_contiguous():
+            raise MoeBuildError("out", "must be a contiguous tensor shaped and typed like hidden", str(self.dtype))
+        if T == 0:
+            return out
+        ws = self.workspace if workspace is None else Workspace(runner_layout(self.spec, self.plan, T),
+                                                                 flat=workspace)
+        b = Batch(T, x, out.view(T, -1), ws, topk_ids=ws.view("topk_ids", T), topk_weights=ws.view("topk_weights", T))
+        routing_input = self._bind_routing(b, router_logits, topk_ids, topk_weights)
+        self.prepare_finalize.quantize(b)
+        for step in S.kernel_sequence(self.plan, T, routing_input):
+            self._steps[step](b)
+        return out
+
+    def capture_graph(self, tokens: int, routing_input: S.RoutingInput = "hidden") -> GraphedMoE:
+        """A CUDA graph of one call at `tokens` tokens, over static input/output tensors."""
+        return GraphedMoE(self, tokens, routing_input)
+
+    # ---- input checks -------------------------------------------------------------------------
+    def _check_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
+        H = self.spec.hidden_size
+        if hidden.dim() not in (2, 3) or hidden.shape[-1] != H:
+            raise MoeBuildError("hidden", f"shape {tuple(hidden.shape)}", f"[T, {H}] or [B, S, {H}]")
+        if hidden.dtype != self.dtype or hidden.device != self.device or not hidden.is_contiguous():
+            raise MoeBuildError("hidden", f"{hidden.dtype} on {hidden.device} (contiguous={hidden.is_contiguous()})",
+                                f"contiguous {self.dtype} on {self.device}")
+        x = hidden.view(-1, H)
+        if x.shape[0] > self.max_tokens:
+            raise MoeBuildError("tokens", f"{x.shape[0]} exceeds max_tokens={self.max_tokens}",
+                                f"1..{self.max_tokens}")
+        return x
+
+    def _bind_routing(self, b: Batch, logits: torch.Tensor | None, ids: torch.Tensor | None,
+                      weights: torch.Tensor | None) -> S.RoutingInput:
+        T, K, E = b.tokens, self.spec.top_k, self.spec.num_experts
+        if (ids is None) != (weights is None):
+            raise MoeBuildError("topk_ids", "topk_ids and topk_weights must be given together", "both or neither")
+        if ids is not None:
+            if logits is not None:
+                raise MoeBuildError("router_logits", "give router_logits or topk_ids/topk_weights, not both",
+                                    "one of them")
+            for name, t in (("topk_ids", ids), ("topk_weights", weights)):
+                if tuple(t.shape) != (T, K) or t.device != self.device:
+                    raise MoeBuildError(name, f"shape {tuple(t.shape)} on {t.device}", f"[{T}, {K}] on {self.device}")
+            b.topk_ids.copy_(ids)
+            b.topk_weights.copy_(weights)
+            return "topk"
+        if logits is not None:
+            if tuple(logits.shape) != (T, E) or logits.device != self.device or not logits.is_contiguous() \
+                    or logits.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+                raise MoeBuildError("router_logits", f"{tuple(logits.shape)} {logits.dtype} on {logits.device}",
+                                    f"contiguous [{T}, {E}] fp32/fp16/bf16 on {self.device}")
+            b.logits = logits
+            return "logits"
+        return "hidden"
+
+
+def runner_layout(spec: MoESpec, plan: Plan, max_tokens: int) -> dict[str, BufferSpec]:
+    """The runner's buffer layout for calls of up to `max_tokens` tokens, kernel scratch included."""
+    steps = S.steps_up_to(plan, max_tokens)
+    r, E = max_tokens * spec.top_k, spec.local_experts
+    if plan.stage("gemm_kernel").choice == "tma_warp_specialized":  # one scratch shared by GEMM1 and GEMM2
+        gemm = max(abi.sm90_workspace_bytes(E, r, spec.fc1_out_features, spec.hidden_size),
+                   abi.sm90_workspace_bytes(E, r, spec.hidden_size, spec.intermediate_size))
+    else:
+        gemm = abi.sm80_workspace_bytes(E)
+    three = abi.three_step_workspace_bytes(max_tokens, spec.top_k, E) if S.PROLOGUE_THREE_STEP in steps else 0
+    return workspace_layout(spec, steps, max_tokens, gemm_workspace_bytes=gemm, three_step_workspace_bytes=three)
+
+
+def workspace_bytes(spec: MoESpec, plan: Plan, max_tokens: int) -> int:
+    """Bytes of the flat workspace a call of up to `max_tokens` tokens needs (TensorRT's getWorkspaceSize)."""
+    return layout_bytes(runner_layout(spec, plan, max_tokens))
+
+
+def _to_device(weights: MoEWeights, device: torch.device, dtype: torch.dtype) -> MoEWeights:
+    """Weights in the layer dtype on the device, contiguous, converted once."""
+    w = weights.to(device, dtype)
+    return MoEWeights(**{name: t.contiguous() for name, t in w.named()})

@@ -1,0 +1,104 @@
+"""Plan -> the ordered list of steps one runner call launches.
+
+Why a separate pure function: the runner dispatches on exactly this list, so what a plan
+means in kernels is decided (and tested, on a CPU) in one place, and the runner itself never
+chooses a fusion. Token-dependent choices (the routing prologue) are resolved per call with
+`StageDecision.choice_for(tokens)`, never from the token count the plan was made at.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from ..errors import MoeBuildError
+from ..planner import Plan
+
+RoutingInput = Literal["hidden", "logits", "topk"]
+
+# Step names. "gemm1:*" / "gemm2:*" name which grouped GEMM entry point (and mode) runs.
+ROUTER_GEMM = "router_gemm"            # torch matmul: hidden @ router_weight^T (+ bias)
+ROUTING = "routing"                    # mb_routing: logits -> topk ids/weights
+PROLOGUE_FUSED = "prologue:fused"      # mb_build_maps_fused
+PROLOGUE_THREE_STEP = "prologue:three_step"  # mb_build_maps_three_step
+EXPAND_ROWS = "expand_rows"            # mb_expand_rows
+GEMM1_SM90 = "gemm1:sm90"              # TMA WS grouped GEMM, identity epilogue
+GEMM1_SM80 = "gemm1:sm80"              # Ampere grouped GEMM, identity epilogue
+GEMM1_SM80_ACT = "gemm1:sm80_act"      # Ampere grouped GEMM, non-gated activation in the epilogue
+GEMM1_SM80_FUSED_GATED = "gemm1:sm80_fused_gated"  # Ampere fused gated-activation GEMM
+ACTIVATION = "activation"              # mb_activation (separate FC1 activation)
+ZERO_OUTPUT = "zero_output"            # the fused finalize accumulates into a zeroed output
+GEMM2_SM90_FINALIZE = "gemm2:sm90_finalize"  # GEMM2 with unpermute/weighting/reduction in its epilogue
+GEMM2_SM90 = "gemm2:sm90"
+GEMM2_SM80 = "gemm2:sm80"
+FINALIZE = "finalize"                  # mb_finalize (separate top-k weighting and reduction)
+SHARED_EXPERTS = "shared_experts"      # torch matmuls + mb_activation, added to the output
+
+_GEMM1 = {
+    ("tma_warp_specialized", "separate"): [GEMM1_SM90, ACTIVATION],
+    ("ampere", "separate"): [GEMM1_SM80, ACTIVATION],
+    ("ampere", "epilogue"): [GEMM1_SM80_ACT],
+    ("ampere", "fused_gated"): [GEMM1_SM80_FUSED_GATED],
+}
+_GEMM2 = {
+    ("tma_warp_specialized", "fused"): [ZERO_OUTPUT, GEMM2_SM90_FINALIZE],
+    ("tma_warp_specialized", "separate"): [GEMM2_SM90, FINALIZE],
+    ("ampere", "separate"): [GEMM2_SM80, FINALIZE],
+}
+
+
+def check_runnable(plan: Plan) -> None:
+    """Refuse plans this runner has no kernels for, naming the stage (one-line MoeBuildError)."""
+    if plan.path != "plugin":
+        raise MoeBuildError("path", f"the fused runner executes plugin-path plans, this plan is {plan.path!r}",
+                            "plugin (moe_plugin=auto with full TensorRT)")
+    spec = plan.spec
+    if spec.get("quant", "none") != "none":
+        raise MoeBuildError("quant", f"the runner has no quantized kernels yet ({spec['quant']})", "none")
+    if spec.get("lora"):
+        raise MoeBuildError("lora", "the runner has no LoRA branch", "false")
+    if spec.get("experts_per_node") not in (None, spec.get("num_experts")):
+        raise MoeBuildError("experts_per_node", "expert-parallel dispatch/combine is not implemented yet",
+                            "all experts on one node")
+    c = plan.choices()
+    if c["expand_rows"] != "plain" or c["fc2_prequant"] != "none":
+        raise MoeBuildError("expand_rows/fc2_prequant", "pre-quant scales need quantized kernels",
+                            "expand_rows=plain, fc2_prequant=none")
+    if (c["gemm_kernel"], c["fc1_activation"]) not in _GEMM1:
+        raise MoeBuildError("fc1_activation", f"no kernel for {c['fc1_activation']} on {c['gemm_kernel']}",
+                            sorted({f"{g}/{a}" for g, a in _GEMM1}))
+    if (c["gemm_kernel"], c["finalize"]) not in _GEMM2:
+        raise MoeBuildError("finalize", f"no kernel for finalize={c['finalize']} on {c['gemm_kernel']}",
+                            sorted({f"{g}/{f}" for g, f in _GEMM2}))
+
+
+def kernel_sequence(plan: Plan, tokens: int, routing_input: RoutingInput = "hidden") -> list[str]:
+    """The steps one call of `tokens` tokens runs, in launch order.
+
+    `routing_input` says what the caller supplied: hidden states only (the router GEMM runs),
+    router logits (routing runs), or precomputed top-k ids/weights (both are skipped).
+    """
+    check_runnable(plan)
+    if routing_input not in ("hidden", "logits", "topk"):
+        raise MoeBuildError("routing_input", f"unknown value {routing_input!r}", ("hidden", "logits", "topk"))
+    c = plan.choices()
+    steps: list[str] = []
+    if routing_input == "hidden":
+        steps.append(ROUTER_GEMM)
+    if routing_input in ("hidden", "logits"):
+        steps.append(ROUTING)
+    prologue = plan.stage("routing_prologue").choice_for(tokens)
+    steps.append(PROLOGUE_FUSED if prologue == "fused" else PROLOGUE_THREE_STEP)
+    steps.append(EXPAND_ROWS)
+    steps += _GEMM1[(c["gemm_kernel"], c["fc1_activation"])]
+    steps += _GEMM2[(c["gemm_kernel"], c["finalize"])]
+    if plan.spec.get("shared", {}).get("count", 0):
+        steps.append(SHARED_EXPERTS)
+    return steps
+
+
+def steps_up_to(plan: Plan, max_tokens: int) -> set[str]:
+    """Every step some call of 1..max_tokens tokens may run (what the workspace must cover).
+
+    Only the routing prologue depends on tokens, and its fused range always starts at 1, so the
+    two ends of the range cover every choice.
+    """
+    return set(kernel_sequence(plan, 1)) | set(kernel_sequence(plan, max_tokens))

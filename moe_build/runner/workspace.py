@@ -1,0 +1,124 @@
+"""Every intermediate buffer of the fused runner, sized once for `max_tokens` and reused.
+
+Why: a call must not allocate (allocation costs time, fragments the caching allocator and
+breaks CUDA-graph capture), so the layout is computed up front from the spec and the set of
+steps the plan can run, and each call takes leading-row views of these buffers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..spec import DType, MoESpec
+from . import sequence as S
+
+TORCH_DTYPE = {DType.FP32: torch.float32, DType.FP16: torch.float16, DType.BF16: torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class BufferSpec:
+    """Shape and dtype of one buffer; `rows_per_token` says how many leading rows one token uses."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    rows_per_token: int = 0   # 0: not token-indexed (sliced whole)
+
+    @property
+    def nbytes(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n * torch.empty((), dtype=self.dtype).element_size()
+
+
+def workspace_layout(spec: MoESpec, steps: set[str], max_tokens: int, *, gemm_workspace_bytes: int = 0,
+                     three_step_workspace_bytes: int = 0) -> dict[str, BufferSpec]:
+    """Buffers needed by `steps` (from `sequence.steps_up_to`) for calls of up to `max_tokens` tokens.
+
+    The kernel-specific scratch sizes come from the kernel library's own size queries and are
+    passed in, so this function stays pure arithmetic.
+    """
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    M, K, E = max_tokens, spec.top_k, spec.local_experts
+    H, I, N1 = spec.hidden_size, spec.intermediate_size, spec.fc1_out_features
+    R = M * K
+    dt = TORCH_DTYPE[spec.dtype]
+    out: dict[str, BufferSpec] = {
+        "topk_ids": BufferSpec((M, K), torch.int32, 1),
+        "topk_weights": BufferSpec((M, K), torch.float32, 1),
+        "permuted_to_unpermuted": BufferSpec((R,), torch.int32, K),
+        "unpermuted_to_permuted": BufferSpec((R,), torch.int32, K),
+        "expert_offsets": BufferSpec((E + 1,), torch.int64),
+        "permuted_input": BufferSpec((R, H), dt, K),
+        "permuted_weights": BufferSpec((R,), torch.float32, K),
+        "fc1_act": BufferSpec((R, I), dt, K),
+    }
+    if S.ROUTER_GEMM in steps:
+        out["logits"] = BufferSpec((M, E), dt, 1)
+    if S.PROLOGUE_THREE_STEP in steps and three_step_workspace_bytes:
+        out["prologue_workspace"] = BufferSpec((three_step_workspace_bytes,), torch.uint8)
+    if S.ACTIVATION in steps:
+        out["fc1_out"] = BufferSpec((R, N1), dt, K)
+    if S.FINALIZE in steps:
+        out["gemm2_out"] = BufferSpec((R, H), dt, K)
+    if gemm_workspace_bytes:
+        out["gemm_workspace"] = BufferSpec((gemm_workspace_bytes,), torch.uint8)
+    if S.SHARED_EXPERTS in steps:
+        si = spec.shared.intermediate_size
+        n1s = si * (2 if spec.activation.is_gated else 1)
+        out["shared_fc1"] = BufferSpec((M, n1s), dt, 1)
+        out["shared_act"] = BufferSpec((M, si), dt, 1)
+        out["shared_out"] = BufferSpec((M, H), dt, 1)
+        out["shared_offsets"] = BufferSpec((2,), torch.int64)
+        if spec.shared.sigmoid_gate:
+            out["shared_gate"] = BufferSpec((M, 1), dt, 1)
+    return out
+
+
+ALIGN = 256  # bytes: every buffer starts aligned for 16-byte vector loads and TMA descriptors
+
+
+def _aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+def layout_bytes(layout: dict[str, BufferSpec]) -> int:
+    """Bytes of one flat buffer holding every buffer of `layout`, each start aligned to ALIGN."""
+    return sum(_aligned(b.nbytes) for b in layout.values())
+
+
+class Workspace:
+    """The buffers of one layout, carved from one flat byte buffer (owned, or the caller's, e.g.
+    TensorRT's workspace); `view(name, tokens)` gives a call's leading rows."""
+
+    def __init__(self, layout: dict[str, BufferSpec], device: torch.device | str | None = None,
+                 flat: torch.Tensor | None = None) -> None:
+        self.layout = dict(layout)
+        need = layout_bytes(layout)
+        if flat is None:
+            flat = torch.empty(need, dtype=torch.uint8, device=device)
+        if flat.dtype != torch.uint8 or flat.dim() != 1 or not flat.is_contiguous() or flat.numel() < need \
+                or (flat.is_cuda and flat.data_ptr() % ALIGN):  # CUDA allocations are 512-byte aligned
+            raise ValueError(f"workspace: need a contiguous 1-D uint8 buffer of >= {need} bytes aligned to {ALIGN}, "
+                             f"got {flat.dtype} {tuple(flat.shape)}")
+        self.flat = flat
+        self.buffers: dict[str, torch.Tensor] = {}
+        offset = 0
+        for name, b in layout.items():
+            self.buffers[name] = flat[offset: offset + b.nbytes].view(b.dtype).view(b.shape)
+            offset += _aligned(b.nbytes)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.buffers
+
+    def view(self, name: str, tokens: int) -> torch.Tensor:
+        """Leading rows for `tokens` tokens (a view: no allocation, stable address for graphs)."""
+        b = self.layout[name]
+        t = self.buffers[name]
+        return t[: tokens * b.rows_per_token] if b.rows_per_token else t
+
+    @property
+    def nbytes(self) -> int:
+        return layout_bytes(self.layout)

@@ -1,0 +1,519 @@
+"""`MoEPlugin`: the plugin path's fused MoE layer as a TensorRT IPluginV3.
+
+The module has two halves so each can be checked where it can run:
+
+- a TensorRT-free core (input layout, field encoding and validation, shape/format rules,
+  workspace size, `run_enqueue`) that only needs PyTorch. The GPU test calls `run_enqueue`
+  directly, because the GPU machine has no TensorRT of any kind;
+- thin adapters (`plugin_classes(trt)`) that subclass the IPluginV3 interfaces of whichever
+  TensorRT-family module they are given (full `tensorrt`, or `tensorrt_rtx_bindings`, which has
+  the interfaces but no `add_plugin_v3`), and translate TensorRT's descriptors to the core.
+
+Fields: exactly two, `spec` and `plan` (UTF-8 JSON of `MoESpec.to_dict()` / `Plan.to_dict()`).
+Everything else (input order, shapes, dtypes) is derived from the spec, so nothing serialized
+can disagree with them; the plan is checked against the spec and against the planner when
+the fields are decoded, and a plugin is never built from fields that fail those checks.
+
+Inputs, in this order (optional ones present exactly when the spec uses them; T is dynamic):
+  0 hidden          [T, H]        spec dtype
+  1 router_logits   [T, E]        fp32 or spec dtype
+  2 w1              [E, N1, H]    spec dtype (N1 = 2*I for gated activations: gate rows, then up rows)
+  3 w2              [E, H, I]     spec dtype
+    b1              [E, N1]       spec dtype      if spec.expert_bias
+    b2              [E, H]        spec dtype      if spec.expert_bias
+    correction_bias [E]           fp32            if spec.routing.correction_bias
+    shared_w1       [N1s, H]      spec dtype      if spec.shared.count
+    shared_w2       [H, Is]       spec dtype      if spec.shared.count
+    shared_gate     [1, H]        spec dtype      if spec.shared.sigmoid_gate
+Output 0: [T, H] in the spec's output dtype. All tensors linear (row-major, contiguous).
+"""
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from types import ModuleType, SimpleNamespace
+from typing import Any, Mapping, Sequence
+
+import torch
+
+from moe_build.errors import MoeBuildError
+from moe_build.planner import PLAN_SCHEMA_VERSION, Plan, make_plan
+from moe_build.spec import DType, MoESpec, OutputDType, Quant
+from moe_build.target import Target
+from moe_build.weights import MoEWeights
+
+PLUGIN_NAME = "MoEPlugin"
+PLUGIN_NAMESPACE = "moe_build"
+PLUGIN_VERSION = "1"
+FIELD_SPEC = "spec"
+FIELD_PLAN = "plan"
+FIELD_NAMES = (FIELD_SPEC, FIELD_PLAN)
+
+TORCH_DTYPE = {DType.FP32: torch.float32, DType.FP16: torch.float16, DType.BF16: torch.bfloat16}
+TORCH_OUT_DTYPE = {OutputDType.FP32: torch.float32, OutputDType.FP16: torch.float16,
+                   OutputDType.BF16: torch.bfloat16}
+# TensorRT DataType member names of the dtypes the plugin moves (same in both flavours).
+TRT_DTYPE_NAME = {torch.float32: "FLOAT", torch.float16: "HALF", torch.bfloat16: "BF16"}
+# Same-size integer stand-ins: the CUDA array interface has no bf16 typestr, so raw device memory
+# is wrapped as integers of the element size and reinterpreted with `Tensor.view(dtype)`.
+_RAW_TYPESTR = {1: "|u1", 2: "<i2", 4: "<i4"}
+
+
+# ---- input layout and field encoding (pure) ------------------------------------------------
+
+@dataclass(frozen=True)
+class InputSlot:
+    """One plugin input: its name (a `MoEWeights` field for weights), shape and accepted dtypes.
+
+    `shape` uses None for the token dimension; `dtypes[0]` is the dtype `add_moe_plugin` feeds.
+    """
+
+    name: str
+    shape: tuple[int | None, ...]
+    dtypes: tuple[torch.dtype, ...]
+
+
+def input_slots(spec: MoESpec) -> tuple[InputSlot, ...]:
+    """The plugin's inputs for `spec`, in order (see the module docstring)."""
+    model = TORCH_DTYPE[spec.dtype]
+    E, H, I, n1 = spec.num_experts, spec.hidden_size, spec.intermediate_size, spec.fc1_out_features
+    logits = (torch.float32,) if model == torch.float32 else (torch.float32, model)
+    slots = [InputSlot("hidden", (None, H), (model,)), InputSlot("router_logits", (None, E), logits),
+             InputSlot("w1", (E, n1, H), (model,)), InputSlot("w2", (E, H, I), (model,))]
+    if spec.expert_bias:
+        slots += [InputSlot("b1", (E, n1), (model,)), InputSlot("b2", (E, H), (model,))]
+    if spec.routing.correction_bias:  # selection-only bias: MoEWeights keeps it in fp32
+        slots.append(InputSlot("correction_bias", (E,), (torch.float32,)))
+    if spec.shared.count:
+        si = spec.shared.intermediate_size
+        slots += [InputSlot("shared_w1", (si * (2 if spec.activation.is_gated else 1), H), (model,)),
+                  InputSlot("shared_w2", (H, si), (model,))]
+        if spec.shared.sigmoid_gate:
+            slots.append(InputSlot("shared_gate", (1, H), (model,)))
+    return tuple(slots)
+
+
+def output_dtype(spec: MoESpec) -> torch.dtype:
+    """Dtype of the plugin's output; FP8/FP4 outputs are refused (the planner refuses them too)."""
+    if spec.out_dtype not in TORCH_OUT_DTYPE:
+        raise MoeBuildError("output_dtype", f"the MoE plugin does not produce {spec.out_dtype.value}",
+                            [d.value for d in TORCH_OUT_DTYPE])
+    return TORCH_OUT_DTYPE[spec.out_dtype]
+
+
+def forced_choices(plan: Plan) -> dict[str, str]:
+    """The stages the user pinned when the plan was made: re-planning with these reproduces the plan."""
+    return {s.stage: s.choice for s in plan.stages if s.forced}
+
+
+def _canonical_json(data: Mapping[str, Any]) -> bytes:
+    """Deterministic JSON, so equal spec/plans serialize to identical bytes."""
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=False).encode("utf-8")
+
+
+def encode_fields(spec: MoESpec, plan: Plan) -> dict[str, bytes]:
+    """Field name -> bytes for `spec` and `plan`, after checking they describe one plugin layer."""
+    check_spec_and_plan(spec, plan)
+    return {FIELD_SPEC: _canonical_json(spec.to_dict()), FIELD_PLAN: _canonical_json(plan.to_dict())}
+
+
+def _field_error(name: str, problem: str) -> MoeBuildError:
+    return MoeBuildError(f"{PLUGIN_NAME} field {name!r}", problem)
+
+
+def decode_fields(fields: Mapping[str, bytes]) -> tuple[MoESpec, Plan]:
+    """Parse and check the serialized fields; any problem is a one-line `MoeBuildError`."""
+    unknown = sorted(set(fields) - set(FIELD_NAMES))
+    if unknown:
+        raise MoeBuildError(f"{PLUGIN_NAME} fields", f"unknown field(s) {unknown}", FIELD_NAMES)
+    parsed: dict[str, dict[str, Any]] = {}
+    for name in FIELD_NAMES:
+        if name not in fields:
+            raise _field_error(name, "missing")
+        try:
+            value = json.loads(bytes(fields[name]).decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise _field_error(name, f"is not UTF-8 JSON ({exc})") from None
+        if not isinstance(value, dict):
+            raise _field_error(name, f"must be a JSON object, got {type(value).__name__}")
+        parsed[name] = value
+    try:
+        spec = MoESpec.from_dict(parsed[FIELD_SPEC])
+    except MoeBuildError as exc:
+        raise _field_error(FIELD_SPEC, f"describes no valid layer ({exc})") from None
+    except (TypeError, ValueError, KeyError) as exc:
+        raise _field_error(FIELD_SPEC, f"is not a moe-build spec ({type(exc).__name__}: {exc})") from None
+    try:
+        plan = Plan.from_dict(parsed[FIELD_PLAN])
+    except (TypeError, ValueError, KeyError, IndexError) as exc:
+        raise _field_error(FIELD_PLAN, f"is not a moe-build plan ({type(exc).__name__}: {exc})") from None
+    check_spec_and_plan(spec, plan)
+    return spec, plan
+
+
+def check_spec_and_plan(spec: MoESpec, plan: Plan) -> None:
+    """Refuse a spec/plan pair the plugin cannot run as given.
+
+    The plan must be a plugin-path plan for exactly this spec, and it must be what the planner
+    decides for (spec, plan's target, plan's tokens, plan's forced stages): that catches a
+    hand-edited plan and a plan made by a different moe-build, whose choices the runner of this
+    one would not reproduce.
+    """
+    if plan.schema != PLAN_SCHEMA_VERSION:
+        raise _field_error(FIELD_PLAN, f"has schema {plan.schema!r}; this moe-build reads {PLAN_SCHEMA_VERSION!r}")
+    if plan.path != "plugin":
+        raise _field_error(FIELD_PLAN, f"is a {plan.path!r}-path plan; the MoE plugin runs plugin-path plans only")
+    if json.loads(_canonical_json(plan.spec)) != json.loads(_canonical_json(spec.to_dict())):
+        raise _field_error(FIELD_PLAN, "was made for a different spec than the 'spec' field")
+    if spec.quant is not Quant.NONE:
+        raise MoeBuildError("quant", f"the MoE plugin's inputs carry no quantization scales; "
+                            f"{spec.quant.value} is not implemented on the plugin path", "none")
+    if spec.lora:
+        raise MoeBuildError("lora", "the MoE plugin has no LoRA inputs", "false")
+    output_dtype(spec)
+    try:
+        target = Target.from_dict(plan.target)
+    except (TypeError, ValueError, KeyError, MoeBuildError) as exc:
+        raise _field_error(FIELD_PLAN, f"has an invalid target ({type(exc).__name__}: {exc})") from None
+    try:
+        replanned = make_plan(spec, target, plan.tokens, forced_choices(plan))
+        # The runner plans at the profile's max tokens with the same forced stages: it must succeed too.
+        make_plan(spec, target, target.profile.max, forced_choices(plan))
+    except MoeBuildError as exc:
+        raise _field_error(FIELD_PLAN, f"cannot be reproduced by the planner ({exc})") from None
+    if json.loads(_canonical_json(replanned.to_dict())) != json.loads(_canonical_json(plan.to_dict())):
+        differ = [s.stage for s, r in zip(plan.stages, replanned.stages) if s.to_dict() != r.to_dict()]
+        raise _field_error(FIELD_PLAN, "differs from what the planner decides for its spec/target/tokens "
+                           f"(stages {differ or 'path gates'}): tampered or made by another moe-build; rebuild")
+
+
+# ---- build-side rules (pure) ---------------------------------------------------------------
+
+def output_dims(input_dims: Sequence[Sequence[Any]]) -> list[Any]:
+    """Output 0's dims from the inputs' dims: the hidden input's rows and columns.
+
+    Works on any dim representation (ints, or TensorRT's IDimensionExpr), so the same rule
+    serves get_output_shapes (symbolic) and run_enqueue (concrete).
+    """
+    if not input_dims:
+        raise MoeBuildError(PLUGIN_NAME, "has no inputs; the first must be hidden states [T, H]")
+    hidden = list(input_dims[0])
+    if len(hidden) != 2:
+        raise MoeBuildError(PLUGIN_NAME, f"hidden states must be 2-D [T, H], got rank {len(hidden)}")
+    return [hidden[0], hidden[1]]
+
+
+def check_input_dims(spec: MoESpec, dims: Sequence[Sequence[int]]) -> None:
+    """Refuse inputs whose count or static dims do not fit `spec` (-1 marks a dynamic dim).
+
+    The token dimension must be the same (or dynamic) in hidden and router_logits.
+    """
+    slots = input_slots(spec)
+    if len(dims) != len(slots):
+        raise MoeBuildError(PLUGIN_NAME, f"got {len(dims)} inputs, the spec needs {len(slots)}",
+                            [s.name for s in slots])
+    for slot, got in zip(slots, dims):
+        got = tuple(int(d) for d in got)
+        fits = len(got) == len(slot.shape) and all(
+            g == -1 or w is None or g == w for g, w in zip(got, slot.shape))
+        if not fits:
+            want = tuple("T" if w is None else w for w in slot.shape)
+            raise MoeBuildError(f"{PLUGIN_NAME} input {slot.name!r}", f"dims {got} do not fit the spec",
+                                f"shape {want}")
+    rows_hidden, rows_logits = int(dims[0][0]), int(dims[1][0])
+    if -1 not in (rows_hidden, rows_logits) and rows_hidden != rows_logits:
+        raise MoeBuildError(f"{PLUGIN_NAME} input 'router_logits'",
+                            f"has {rows_logits} rows, hidden has {rows_hidden}", "the same token count")
+
+
+def supports_io(spec: MoESpec, pos: int, dtype: torch.dtype | None, linear: bool, num_inputs: int,
+                earlier_dtypes: Sequence[torch.dtype | None] = ()) -> bool:
+    """Whether tensor `pos` (inputs, then the output) may have `dtype` in `linear` format.
+
+    Only the linear format and the exact dtypes of `input_slots`/`output_dtype` are accepted.
+    `dtype` is None for a TensorRT type with no torch equivalent (always refused).
+    """
+    slots = input_slots(spec)
+    if num_inputs != len(slots) or not linear or dtype is None or not 0 <= pos <= num_inputs:
+        return False
+    if pos == num_inputs:
+        return dtype == output_dtype(spec)
+    return dtype in slots[pos].dtypes
+
+
+def workspace_size(spec: MoESpec, plan: Plan, max_tokens: int) -> int:
+    """Bytes of TensorRT workspace for calls of up to `max_tokens` tokens: the runner's own sizing.
+
+    The runner owns its buffer layout (and the kernel library's scratch queries), so the plugin
+    asks it rather than repeating the arithmetic.
+    """
+    from moe_build.runner import workspace_bytes
+    return int(workspace_bytes(spec, plan, max_tokens))
+
+
+def plan_max_tokens(plan: Plan) -> int:
+    """The largest token count the plan was built for (its target's profile): the runner's capacity."""
+    return Target.from_dict(plan.target).profile.max
+
+
+def check_profile(plan: Plan, profile_max_tokens: int) -> None:
+    """Refuse an optimization profile reaching past the plan's: the runner holds no more rows."""
+    if profile_max_tokens > plan_max_tokens(plan):
+        raise MoeBuildError("max_tokens", f"the network's profile allows {profile_max_tokens} tokens, the plan "
+                            f"was made for at most {plan_max_tokens(plan)}", f"<= {plan_max_tokens(plan)}")
+
+
+# ---- enqueue core (PyTorch only) -----------------------------------------------------------
+
+class _DeviceBuffer:
+    """A raw device allocation seen through the CUDA array interface, so torch can wrap it in place."""
+
+    def __init__(self, pointer: int, shape: Sequence[int], itemsize: int):
+        self.__cuda_array_interface__ = {"shape": tuple(int(s) for s in shape), "typestr": _RAW_TYPESTR[itemsize],
+                                         "data": (int(pointer), False), "strides": None, "version": 3}
+
+
+def wrap_device_pointer(pointer: int, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+    """A contiguous CUDA tensor over memory someone else owns (TensorRT's buffers): no copy."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    raw = torch.as_tensor(_DeviceBuffer(pointer, shape, itemsize), device="cuda")
+    return raw.view(dtype)
+
+
+class RunnerCache:
+    """Keeps one runner per set of weight addresses, so enqueue does not rebuild it every call.
+
+    TensorRT keeps constant weights at fixed addresses for an execution context's life; a change
+    of any address (another context, refit to new memory) builds a new runner.
+    """
+
+    def __init__(self) -> None:
+        self._key: tuple[Any, ...] | None = None
+        self._runner: Any = None
+
+    def get(self, key: tuple[Any, ...], make: Any) -> Any:
+        if key != self._key:
+            self._runner, self._key = make(), key
+        return self._runner
+
+
+def run_enqueue(spec: MoESpec, plan: Plan, input_pointers: Sequence[int], input_shapes: Sequence[Sequence[int]],
+                input_dtypes: Sequence[torch.dtype], output_pointer: int, output_dtype_: torch.dtype,
+                workspace_pointer: int, workspace_bytes: int, stream_pointer: int,
+                cache: RunnerCache | None = None) -> None:
+    """The body of `enqueue`, without TensorRT: run the layer on raw device buffers.
+
+    Wraps every pointer as a CUDA tensor (no copies), and runs the runner, made from the plan's
+    target and forced stages, on `stream_pointer` (as a torch ExternalStream) with the
+    `workspace_pointer` buffer as its workspace. Asynchronous like any enqueue: returns once the
+    work is queued. `cache` keeps the runner between calls (a fresh one is made without it).
+    """
+    slots = input_slots(spec)
+    check_input_dims(spec, input_shapes)
+    for slot, dtype in zip(slots, input_dtypes):
+        if dtype not in slot.dtypes:
+            raise MoeBuildError(f"{PLUGIN_NAME} input {slot.name!r}", f"dtype {dtype} not accepted", slot.dtypes)
+    if output_dtype_ != output_dtype(spec):
+        raise MoeBuildError(f"{PLUGIN_NAME} output", f"dtype {output_dtype_} not produced", [output_dtype(spec)])
+    tokens = int(input_shapes[0][0])
+    if tokens == 0:
+        return
+    if tokens > plan_max_tokens(plan):
+        raise MoeBuildError("tokens", f"{tokens} exceeds the plan's profile max", f"1..{plan_max_tokens(plan)}")
+    need = workspace_size(spec, plan, tokens)
+    if workspace_bytes < need:
+        raise MoeBuildError(f"{PLUGIN_NAME} workspace", f"{workspace_bytes} bytes given, {need} needed for "
+                            f"{tokens} tokens", f">= {need}")
+    tensors = {slot.name: wrap_device_pointer(p, shape, dtype)
+               for slot, p, shape, dtype in zip(slots, input_pointers, input_shapes, input_dtypes)}
+    out = wrap_device_pointer(output_pointer, output_dims(input_shapes), output_dtype_)
+    workspace = wrap_device_pointer(workspace_pointer, (workspace_bytes,), torch.uint8)
+    weights = {s.name: tensors[s.name] for s in slots[2:]}
+    key = (torch.cuda.current_device(),) + tuple(t.data_ptr() for t in weights.values())
+    runner = (cache or RunnerCache()).get(key, functools.partial(_make_runner, spec, plan, weights))
+    with torch.cuda.stream(torch.cuda.ExternalStream(stream_pointer)):
+        runner(tensors["hidden"], router_logits=tensors["router_logits"], out=out, workspace=workspace)
+
+
+def _make_runner(spec: MoESpec, plan: Plan, weights: Mapping[str, torch.Tensor]) -> Any:
+    """A runner over TensorRT's weight buffers that reproduces the plan (target + forced stages).
+
+    The runner re-runs the pure planner with exactly the plan's inputs, which `check_spec_and_plan`
+    has already shown to give back this plan, so no choice is made anew here.
+    """
+    from moe_build.runner import MoERunner
+    w1 = weights["w1"]
+    # The plugin receives router logits, so the router's own weight is never read: a zero-stride
+    # placeholder of the right shape satisfies MoEWeights without a real [E, H] tensor.
+    router_weight = torch.zeros((), dtype=w1.dtype, device=w1.device).expand(spec.num_experts, spec.hidden_size)
+    return MoERunner(spec, MoEWeights(router_weight=router_weight, **weights), target=Target.from_dict(plan.target),
+                     max_tokens=plan_max_tokens(plan), force=forced_choices(plan), device=w1.device)
+
+
+# ---- TensorRT adapters ---------------------------------------------------------------------
+
+def torch_dtype_of(trt: ModuleType, trt_dtype: Any) -> torch.dtype | None:
+    """The torch dtype of a TensorRT DataType, None for types the plugin never moves."""
+    for dtype, name in TRT_DTYPE_NAME.items():
+        if trt_dtype == getattr(trt.DataType, name):
+            return dtype
+    return None
+
+
+def trt_dtype_of(trt: ModuleType, dtype: torch.dtype) -> Any:
+    return getattr(trt.DataType, TRT_DTYPE_NAME[dtype])
+
+
+def fields_from_collection(collection: Any) -> dict[str, bytes]:
+    """Name -> raw bytes of a PluginFieldCollection (its `data` arrive as numpy arrays)."""
+    return {str(f.name): bytes(memoryview(f.data).cast("B")) for f in collection}
+
+
+@functools.lru_cache(maxsize=None)
+def plugin_classes(trt: ModuleType) -> SimpleNamespace:
+    """`MoEPlugin` and `MoEPluginCreator` subclassing `trt`'s interfaces (one pair per module)."""
+    import numpy as np
+
+    class MoEPluginImpl(trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt.IPluginV3OneRuntime):
+        """The TensorRT face of the MoE layer; every rule lives in the pure functions above."""
+
+        def __init__(self, spec: MoESpec, plan: Plan):
+            trt.IPluginV3.__init__(self)
+            trt.IPluginV3OneCore.__init__(self)
+            trt.IPluginV3OneBuild.__init__(self)
+            trt.IPluginV3OneRuntime.__init__(self)
+            self.plugin_name, self.plugin_namespace, self.plugin_version = PLUGIN_NAME, PLUGIN_NAMESPACE, PLUGIN_VERSION
+            self.num_outputs = 1
+            self.spec, self.plan = spec, plan
+            # PluginField points into its array without owning it: the plugin owns the field data.
+            self._field_arrays = {name: np.frombuffer(data, dtype=np.int8)
+                                  for name, data in encode_fields(spec, plan).items()}
+            self._cache = RunnerCache()
+
+        # IPluginV3 / core
+        def get_capability_interface(self, capability_type: Any) -> Any:
+            return self
+
+        def clone(self) -> "MoEPluginImpl":
+            return MoEPluginImpl(self.spec, self.plan)
+
+        # build
+        def get_output_data_types(self, input_types: Sequence[Any]) -> list[Any]:
+            return [trt_dtype_of(trt, output_dtype(self.spec))]
+
+        def get_output_shapes(self, inputs: Sequence[Any], shape_inputs: Sequence[Any], expr_builder: Any) -> list[Any]:
+            slots = input_slots(self.spec)
+            ranks = [len(d) for d in inputs]
+            if ranks != [len(s.shape) for s in slots]:
+                raise MoeBuildError(PLUGIN_NAME, f"input ranks {ranks} do not fit the spec",
+                                    [f"{s.name}:{len(s.shape)}" for s in slots])
+            return [trt.DimsExprs(output_dims([[d[i] for i in range(len(d))] for d in inputs]))]
+
+        def supports_format_combination(self, pos: int, in_out: Sequence[Any], num_inputs: int) -> bool:
+            desc = in_out[pos].desc
+            return supports_io(self.spec, pos, torch_dtype_of(trt, desc.type), desc.format == trt.TensorFormat.LINEAR,
+                               num_inputs)
+
+        def configure_plugin(self, inputs: Sequence[Any], outputs: Sequence[Any]) -> None:
+            check_input_dims(self.spec, [tuple(d.desc.dims) for d in inputs])
+            check_profile(self.plan, int(inputs[0].max[0]))
+
+        def get_workspace_size(self, inputs: Sequence[Any], outputs: Sequence[Any]) -> int:
+            return workspace_size(self.spec, self.plan, max(1, int(inputs[0].max[0])))
+
+        def get_valid_tactics(self) -> list[int]:
+            return []  # one implementation per plan: the plan, not TensorRT's timing, picks kernels
+
+        # runtime
+        def set_tactic(self, tactic: int) -> None:
+            pass  # no tactics are offered (get_valid_tactics), so there is nothing to select
+
+        def on_shape_change(self, inputs: Sequence[Any], outputs: Sequence[Any]) -> None:
+            check_input_dims(self.spec, [tuple(d.dims) for d in inputs])
+
+        def attach_to_context(self, resource_context: Any) -> "MoEPluginImpl":
+            return self.clone()  # each execution context gets its own runner cache
+
+        def get_fields_to_serialize(self) -> Any:
+            return trt.PluginFieldCollection([trt.PluginField(name, array, trt.PluginFieldType.CHAR)
+                                              for name, array in self._field_arrays.items()])
+
+        def enqueue(self, input_desc: Sequence[Any], output_desc: Sequence[Any], inputs: Sequence[int],
+                    outputs: Sequence[int], workspace: int, stream: int) -> None:
+            run_enqueue(self.spec, self.plan, list(inputs), [tuple(d.dims) for d in input_desc],
+                        [torch_dtype_of(trt, d.type) for d in input_desc], outputs[0],
+                        torch_dtype_of(trt, output_desc[0].type), workspace,
+                        self._workspace_bytes(input_desc), stream, self._cache)
+
+        def _workspace_bytes(self, input_desc: Sequence[Any]) -> int:
+            """What this call may use: TensorRT passes no size, but it allocated `get_workspace_size` for the
+            profile's max tokens, which covers the (monotonic) need at this call's token count."""
+            return workspace_size(self.spec, self.plan, max(1, int(tuple(input_desc[0].dims)[0])))
+
+    class MoEPluginCreatorImpl(trt.IPluginCreatorV3One):
+        """Makes `MoEPlugin`s from their two fields (at build time and when an engine is loaded)."""
+
+        def __init__(self) -> None:
+            trt.IPluginCreatorV3One.__init__(self)
+            self.name, self.plugin_namespace, self.plugin_version = PLUGIN_NAME, PLUGIN_NAMESPACE, PLUGIN_VERSION
+            self._empty = np.zeros(0, dtype=np.int8)  # PluginField does not own its data
+            self.field_names = trt.PluginFieldCollection([
+                trt.PluginField(name, self._empty, trt.PluginFieldType.CHAR) for name in FIELD_NAMES])
+
+        def create_plugin(self, name: str, field_collection: Any, phase: Any) -> MoEPluginImpl:
+            spec, plan = decode_fields(fields_from_collection(field_collection))
+            return MoEPluginImpl(spec, plan)
+
+    MoEPluginImpl.__name__ = MoEPluginImpl.__qualname__ = "MoEPlugin"
+    MoEPluginCreatorImpl.__name__ = MoEPluginCreatorImpl.__qualname__ = "MoEPluginCreator"
+    return SimpleNamespace(MoEPlugin=MoEPluginImpl, MoEPluginCreator=MoEPluginCreatorImpl)
+
+
+@functools.lru_cache(maxsize=None)
+def register_moe_plugin(trt: ModuleType) -> Any:
+    """Register one `MoEPluginCreator` with `trt`'s plugin registry (idempotent) and return it.
+
+    Engines with the plugin can then be deserialized in this process: TensorRT finds the creator
+    by (name, version, namespace) and rebuilds each plugin from its serialized fields.
+    """
+    creator = plugin_classes(trt).MoEPluginCreator()
+    registry = trt.get_plugin_registry()
+    if not registry.register_creator(creator, PLUGIN_NAMESPACE):
+        existing = registry.get_creator(PLUGIN_NAME, PLUGIN_VERSION, PLUGIN_NAMESPACE)
+        if existing is None:
+            raise MoeBuildError(PLUGIN_NAME, "the plugin registry refused the creator")
+        return existing
+    return creator
+
+
+def add_moe_plugin(network: Any, trt: ModuleType, spec: MoESpec, plan: Plan, hidden: Any, router_logits: Any,
+                   weights: MoEWeights, weights_as_constants: bool = True,
+                   name: str = "moe") -> tuple[Any, list[Any]]:
+    """Insert the MoE plugin layer into `network`; returns (layer, objects to keep alive until built).
+
+    `hidden` [T, H] and `router_logits` [T, E] are network tensors. The expert weights become
+    constant layers (`weights_as_constants`, baked into the engine) or network inputs named
+    `{name}.{weight}` (supplied at run time). TensorRT reads constant data only when the engine is
+    built, so the returned host buffers (and the Python plugin object) must outlive the build.
+    """
+    if not hasattr(network, "add_plugin_v3"):
+        raise MoeBuildError("flavour", "plugin-path engines need full TensorRT: this network has no add_plugin_v3 "
+                            "(TensorRT-RTX has no custom plugin layers); build with --moe-plugin disable", "tensorrt")
+    weights.check(spec)
+    plugin = plugin_classes(trt).MoEPlugin(spec, plan)
+    tensors, keep_alive = [hidden, router_logits], []
+    for slot in input_slots(spec)[2:]:
+        host = getattr(weights, slot.name).detach().to("cpu", slot.dtypes[0]).contiguous()
+        if weights_as_constants:
+            keep_alive.append(host)
+            w = trt.Weights(trt_dtype_of(trt, slot.dtypes[0]), host.data_ptr(), host.numel())
+            layer = network.add_constant(trt.Dims(list(slot.shape)), w)
+            layer.name = f"{name}.{slot.name}"
+            tensors.append(layer.get_output(0))
+        else:
+            tensors.append(network.add_input(f"{name}.{slot.name}", trt_dtype_of(trt, slot.dtypes[0]),
+                                             trt.Dims(list(slot.shape))))
+    layer = network.add_plugin_v3(tensors, [], plugin)
+    layer.name = name
+    return layer, keep_alive + [plugin]

@@ -1,0 +1,124 @@
+"""MoEPlugin's enqueue on a GPU, against the fp64 reference.
+
+The GPU machine has no TensorRT at all, so this calls `run_enqueue`, the TensorRT-free core
+that `MoEPlugin.enqueue` forwards to (the forwarding itself is checked on a CPU in
+tests/test_plugin.py::test_enqueue_adapter_translates_descriptors). Everything TensorRT would
+hand over is real here: raw device pointers (torch tensors' data_ptr), a workspace buffer of the
+size the plugin asks for, and a non-default CUDA stream given as a raw handle.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from moe_build.planner import make_plan
+from moe_build.reference import moe_reference
+from moe_build.spec import Activation, DType, MoESpec, Routing, RoutingMethod, SharedExperts
+from moe_build.target import Flavour, Target, TokenProfile
+from moe_build.weights import MoEWeights
+from plugins import moe_plugin as mp
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+PROFILE = TokenProfile(min=1, opt=16, max=512)
+SPECS = {
+    "bf16_swiglu": MoESpec(hidden_size=256, intermediate_size=128, num_experts=8, top_k=2, dtype=DType.BF16,
+                           routing=Routing(method=RoutingMethod.TOPK_SOFTMAX)),
+    "fp16_full": MoESpec(hidden_size=256, intermediate_size=128, num_experts=16, top_k=4, dtype=DType.FP16,
+                         expert_bias=True,
+                         routing=Routing(method=RoutingMethod.SIGMOID_GROUPED, num_groups=4, topk_groups=2,
+                                         correction_bias=True, renormalize=True, routed_scaling_factor=2.5),
+                         shared=SharedExperts(count=1, intermediate_size=192, sigmoid_gate=True)),
+    "fp32_relu": MoESpec(hidden_size=128, intermediate_size=64, num_experts=4, top_k=1, dtype=DType.FP32,
+                         activation=Activation.RELU),
+}
+# Relative Frobenius error allowed against fp64 (inputs are exact in the model dtype; the rest is
+# the kernels' own rounding of intermediates).
+TOLERANCE = {DType.BF16: 2e-2, DType.FP16: 4e-3, DType.FP32: 1e-4}
+
+
+def device_sm() -> int:
+    major, minor = torch.cuda.get_device_capability()
+    return major * 10 + minor
+
+
+def make_case(name: str, force: dict[str, str], tokens: int, logits_dtype: torch.dtype = torch.float32):
+    spec = SPECS[name]
+    plan = make_plan(spec, Target(sm=device_sm(), flavour=Flavour.TENSORRT, profile=PROFILE), tokens=16, force=force)
+    model = mp.TORCH_DTYPE[spec.dtype]
+    weights = MoEWeights.random(spec, seed=tokens).to("cuda", model)
+    g = torch.Generator().manual_seed(1000 + tokens)
+    hidden = torch.randn(tokens, spec.hidden_size, generator=g).to("cuda", model)
+    logits = torch.randn(tokens, spec.num_experts, generator=g).to("cuda", logits_dtype)
+    return spec, plan, weights, hidden, logits
+
+
+def enqueue(spec, plan, weights, hidden, logits, workspace_tokens=None, cache=None) -> torch.Tensor:
+    """Call the enqueue core as TensorRT would: pointers, descriptors' shapes/dtypes, workspace, stream."""
+    slots = mp.input_slots(spec)
+    inputs = [hidden, logits] + [getattr(weights, s.name) for s in slots[2:]]
+    out = torch.full_like(hidden, float("nan"), dtype=mp.output_dtype(spec))  # poisoned
+    ws_bytes = mp.workspace_size(spec, plan, workspace_tokens or hidden.shape[0])
+    workspace = torch.full((max(ws_bytes, 1),), 0xFF, dtype=torch.uint8, device="cuda")  # poisoned too
+    stream = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    mp.run_enqueue(spec, plan, [t.data_ptr() for t in inputs], [tuple(t.shape) for t in inputs],
+                   [t.dtype for t in inputs], out.data_ptr(), out.dtype, workspace.data_ptr(), ws_bytes,
+                   stream.cuda_stream, cache)
+    stream.synchronize()
+    return out
+
+
+def check(spec, weights, hidden, logits, out) -> None:
+    ref = moe_reference(spec, weights, hidden.cpu(), router_logits=logits.cpu(), dtype=torch.float64)
+    got = out.cpu().double()
+    assert torch.isfinite(got).all(), "the plugin left poisoned (NaN) output rows"
+    err = ((got - ref).norm() / ref.norm()).item()
+    assert err < TOLERANCE[spec.dtype], f"relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("tokens", [1, 37, 300])  # 300 > 256: the three-step prologue runs
+@pytest.mark.parametrize("name, force", [
+    ("bf16_swiglu", {}),
+    ("bf16_swiglu", {"gemm_kernel": "ampere"}),
+    ("bf16_swiglu", {"finalize": "separate"}),
+    ("fp16_full", {}),
+    ("fp32_relu", {}),
+])
+def test_enqueue_matches_reference(name, force, tokens):
+    spec, plan, weights, hidden, logits = make_case(name, force, tokens)
+    check(spec, weights, hidden, logits, enqueue(spec, plan, weights, hidden, logits))
+
+
+def test_router_logits_in_the_model_dtype():
+    spec, plan, weights, hidden, logits = make_case("fp16_full", {}, 24, logits_dtype=torch.float16)
+    check(spec, weights, hidden, logits, enqueue(spec, plan, weights, hidden, logits))
+
+
+def test_runner_is_reused_across_calls_with_the_profile_workspace():
+    """One plugin instance, several token counts, TensorRT's single max-sized workspace."""
+    cache = mp.RunnerCache()
+    spec, plan, weights, _, _ = make_case("bf16_swiglu", {}, 1)
+    runners = set()
+    for tokens in (5, 300, 2):
+        g = torch.Generator().manual_seed(tokens)
+        hidden = torch.randn(tokens, spec.hidden_size, generator=g).to("cuda", torch.bfloat16)
+        logits = torch.randn(tokens, spec.num_experts, generator=g).to("cuda")
+        out = enqueue(spec, plan, weights, hidden, logits, workspace_tokens=PROFILE.max, cache=cache)
+        check(spec, weights, hidden, logits, out)
+        runners.add(id(cache._runner))
+    assert len(runners) == 1
+
+
+def test_too_small_workspace_is_refused():
+    spec, plan, weights, hidden, logits = make_case("bf16_swiglu", {}, 64)
+    need = mp.workspace_size(spec, plan, 64)
+    slots = mp.input_slots(spec)
+    inputs = [hidden, logits] + [getattr(weights, s.name) for s in slots[2:]]
+    out = torch.empty_like(hidden)
+    with pytest.raises(mp.MoeBuildError, match="workspace"):
+        mp.run_enqueue(spec, plan, [t.data_ptr() for t in inputs], [tuple(t.shape) for t in inputs],
+                       [t.dtype for t in inputs], out.data_ptr(), out.dtype, 0, need - 1,
+                       torch.cuda.current_stream().cuda_stream)

@@ -1,0 +1,113 @@
+"""`moe-build build` / `inspect` end to end on the CPU with TensorRT-RTX: real engines, real manifests."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("tensorrt_rtx_bindings")
+transformers = pytest.importorskip("transformers")
+
+pytestmark = pytest.mark.trt
+
+
+def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.endswith("DISABLE_FINALIZE_FUSION")}
+    return subprocess.run([sys.executable, "-m", "moe_build.cli", *args], capture_output=True, text=True,
+                          cwd=cwd, env=env, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def mixtral_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A two-layer tiny Mixtral saved by transformers itself, sharded, in fp16."""
+    cfg = transformers.MixtralConfig(num_attention_heads=2, num_key_value_heads=2, vocab_size=64, num_hidden_layers=2,
+                                     hidden_size=64, intermediate_size=64, num_local_experts=4, num_experts_per_tok=2)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).to(torch.float16)
+    folder = tmp_path_factory.mktemp("mixtral")
+    model.save_pretrained(folder, max_shard_size="40KB")
+    assert (folder / "model.safetensors.index.json").exists()
+    return folder
+
+
+def test_default_build_needs_no_arguments(tmp_path: Path) -> None:
+    r = cli("build", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "path: ootb" in r.stdout and "dense_masked" in r.stdout
+    engine, manifest = tmp_path / "engines" / "tiny.engine", tmp_path / "engines" / "tiny.json"
+    assert engine.stat().st_size > 0
+    m = json.loads(manifest.read_text())
+    assert m["spec"]["name"] == "tiny" and m["plan"]["path"] == "ootb" and m["flavour"]["name"] == "tensorrt-rtx"
+    assert sorted(p.name for p in (tmp_path / "engines").iterdir() if not p.name.startswith("moe-build.")) == \
+        ["tiny.engine", "tiny.json"]
+
+
+def test_checkpoint_layer_build_then_inspect_agrees(mixtral_ckpt: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    r = cli("build", str(mixtral_ckpt), "--layer", "1", "--out", str(out), "--max-tokens", "64", "--opt-tokens", "8")
+    assert r.returncode == 0, r.stderr
+    (engine,) = out.glob("*.engine")
+    assert engine.name.endswith("-layer1.engine")
+    m = json.loads(engine.with_suffix(".json").read_text())
+    assert m["profile"] == {"min": 1, "opt": 8, "max": 64}
+    assert m["spec"]["dtype"] == "fp16" and m["spec"]["num_experts"] == 4
+    r = cli("inspect", str(engine), "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["verified"] and doc["plan_path"] == m["plan"]["path"] and doc["profile"] == m["profile"]
+    assert {t["name"] for t in doc["recorded"]["inputs"]} == {"hidden"}
+    # tamper with the engine: inspect must say so and exit 1
+    data = bytearray(engine.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    engine.write_bytes(bytes(data))
+    r = cli("inspect", str(engine))
+    assert r.returncode == 1 and "sha256" in r.stderr
+
+
+def test_all_layers_builds_one_engine_per_moe_layer(mixtral_ckpt: Path, tmp_path: Path) -> None:
+    r = cli("build", str(mixtral_ckpt), "--all-layers", "--out", str(tmp_path), "--max-tokens", "32")
+    assert r.returncode == 0, r.stderr
+    assert "[1/2]" in r.stdout and "[2/2]" in r.stdout
+    assert sorted(p.name.rsplit("-", 1)[-1] for p in tmp_path.glob("*.engine")) == ["layer0.engine", "layer1.engine"]
+    digests = {json.loads(p.read_text())["weights_sha256"] for p in tmp_path.glob("*.json")
+               if not p.name.startswith("moe-build.")}
+    assert len(digests) == 2  # each layer's own weights
+
+
+@pytest.mark.parametrize("args,field", [
+    (["--quant", "w8a16"], "quant"),
+    (["--min-tokens", "64", "--opt-tokens", "8", "--max-tokens", "1"], "min_tokens"),
+    (["--sm", "90"], "sm"),
+    (["--layer", "3"], "layer"),
+])
+def test_bad_build_inputs_exit_2_and_leave_nothing(args: list[str], field: str, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    needs_ckpt = args[0] == "--layer"
+    r = cli("build", *(["--preset", "tiny"] if not needs_ckpt else []), *args, "--out", str(out))
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert field in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert list(out.iterdir()) == []
+
+
+def test_not_an_moe_checkpoint(tmp_path: Path) -> None:
+    folder = tmp_path / "llama"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64,
+                                                    "intermediate_size": 128, "num_hidden_layers": 1}))
+    out = tmp_path / "out"
+    out.mkdir()
+    r = cli("build", str(folder), "--out", str(out))
+    assert r.returncode == 2 and r.stderr.startswith("moe-build: error: ")
+    assert list(out.iterdir()) == []
+
+
+def test_unwritable_output_folder(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    r = cli("build", "--out", str(blocker / "engines"))
+    assert r.returncode == 2 and "output" in r.stderr, r.stderr

@@ -1,0 +1,180 @@
+"""inspect_engine verification and every runtime step up to execution (no engine can run here)."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from moe_build.engine_builder import BuildOptions, build_engine
+from moe_build.errors import MoeBuildError, VerificationError
+from moe_build.inspect_engine import inspect_engine, verify
+from moe_build.planner import make_plan
+from moe_build.presets import get_preset
+from moe_build.runtime import Engine, check_device, ensure_runnable_here
+from moe_build.target import Flavour, Target, TokenProfile
+from moe_build.weights import MoEWeights
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("tensorrt_rtx_bindings")
+    spec = get_preset("tiny")
+    plan = make_plan(spec, Target(sm=89, flavour=Flavour.TENSORRT_RTX, profile=TokenProfile(1, 4, 32)),
+                     force={"expert_compute": "dense_masked"})
+    out = tmp_path_factory.mktemp("engines")
+    return build_engine(spec, MoEWeights.random(spec), plan, BuildOptions(output_dir=out, progress=False)).engine_path
+
+
+@pytest.fixture
+def copy(built: Path, tmp_path: Path) -> Path:
+    """A private copy of the engine pair that a test may tamper with."""
+    for suffix in (".engine", ".json"):
+        shutil.copy(built.with_suffix(suffix), tmp_path / f"tiny{suffix}")
+    return tmp_path / "tiny.engine"
+
+
+def _edit_manifest(engine: Path, edit: Any) -> None:
+    path = engine.with_suffix(".json")
+    m = json.loads(path.read_text())
+    edit(m)
+    path.write_text(json.dumps(m))
+
+
+@pytest.mark.trt
+def test_inspect_reports_recorded_network_without_deserialising(built: Path) -> None:
+    report = inspect_engine(built.with_suffix(".json"))  # either file of the pair names it
+    assert report["verified"] and report["plan_path"] == "ootb" and report["expert_compute"] == "dense_masked"
+    assert report["recorded"]["inputs"][0]["name"] == "hidden" and report["recorded"]["layers"]
+    if not torch.cuda.is_available():
+        assert report["deserialised"] == {"available": False, "reason": "device: no CUDA device is available; "
+                                          "a TensorRT engine needs an NVIDIA GPU"}
+
+
+@pytest.mark.trt
+def test_tampered_engine_is_refused(copy: Path) -> None:
+    data = bytearray(copy.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    copy.write_bytes(bytes(data))
+    with pytest.raises(VerificationError, match="sha256") as exc:
+        inspect_engine(copy)
+    assert exc.value.exit_code == 1
+
+
+@pytest.mark.trt
+@pytest.mark.parametrize("what,edit", [
+    ("expert_compute", lambda m: m["graph"].update(expert_compute="per_expert_gather")),
+    ("profile", lambda m: m["profile"].update(max=4096)),
+    ("spec", lambda m: m["spec"].update(top_k=1)),
+    ("dtype", lambda m: m["graph"]["inputs"][0].update(dtype="FLOAT")),
+    ("target sm", lambda m: m["target"].update(sm=86)),
+    ("malformed", lambda m: m.pop("plan")),
+])
+def test_manifest_plan_mismatch_is_refused(copy: Path, what: str, edit: Any) -> None:
+    _edit_manifest(copy, edit)
+    with pytest.raises(VerificationError, match=what):
+        verify(copy)
+
+
+@pytest.mark.trt
+def test_missing_manifest_is_refused(copy: Path) -> None:
+    copy.with_suffix(".json").unlink()
+    with pytest.raises(VerificationError, match="does not exist"):
+        inspect_engine(copy)
+
+
+def test_device_refusals_are_one_line() -> None:
+    with pytest.raises(MoeBuildError) as exc:
+        check_device(Flavour.TENSORRT_RTX, 89, 90)
+    assert str(exc.value) == ("device: TensorRT-RTX engines cannot run on compute capability 9.0 "
+                              "(supported: 8.0, 8.6, 8.9, 12.x)")
+    with pytest.raises(MoeBuildError, match="no CUDA device"):
+        check_device(Flavour.TENSORRT_RTX, 89, None)
+    with pytest.raises(MoeBuildError, match="built for compute capability 8.9; this GPU is 12.0"):
+        check_device(Flavour.TENSORRT_RTX, 89, 120)
+    check_device(Flavour.TENSORRT_RTX, 89, 89)
+    check_device(Flavour.TENSORRT, 90, 90)
+
+
+@pytest.mark.trt
+def test_runtime_checks_flavour_version_then_gpu(copy: Path) -> None:
+    manifest, _ = verify(copy)
+    with pytest.raises(MoeBuildError, match="cannot run on compute capability 9.0"):
+        ensure_runnable_here(manifest, detect=lambda: 90)
+    backend, sm = ensure_runnable_here(manifest, detect=lambda: 89)
+    assert sm == 89 and backend.flavour is Flavour.TENSORRT_RTX
+    old = dict(manifest, flavour={"name": "tensorrt-rtx", "version": "1.0.0.0"})
+    with pytest.raises(MoeBuildError, match="installed is"):
+        ensure_runnable_here(old, detect=lambda: 89)
+
+
+@pytest.mark.trt
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_engine_load_without_cuda_refuses_before_deserialising(copy: Path) -> None:
+    with pytest.raises(MoeBuildError, match="no CUDA device"):
+        Engine.load(copy)
+
+
+class FakeContext:
+    """Records what the engine binds; stands in for IExecutionContext."""
+
+    def __init__(self, ok: bool = True):
+        self.ok = ok
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        self.addresses: dict[str, int] = {}
+        self.streams: list[int] = []
+
+    def set_input_shape(self, name: str, shape: tuple[int, ...]) -> bool:
+        self.shapes[name] = shape
+        return True
+
+    def set_tensor_address(self, name: str, ptr: int) -> bool:
+        self.addresses[name] = ptr
+        return True
+
+    def execute_async_v3(self, stream: int) -> bool:
+        self.streams.append(stream)
+        return self.ok
+
+
+@pytest.mark.trt
+def test_engine_binds_inputs_and_preallocated_output(copy: Path) -> None:
+    manifest, _ = verify(copy)
+    ctx = FakeContext()
+    engine = Engine(manifest, ctx, torch.device("cpu"), stream=lambda: 7)
+    hidden = torch.randn(5, 64, dtype=torch.float16)
+    out = engine(hidden)
+    assert out.shape == (5, 64) and out.dtype == torch.float16
+    assert ctx.shapes == {"hidden": (5, 64)} and ctx.streams == [7]
+    assert ctx.addresses == {"hidden": hidden.data_ptr(), "output": engine._out.data_ptr()}
+    assert engine._out.shape == (32, 64)  # sized once for the profile's max tokens
+    engine(torch.randn(32, 64, dtype=torch.float16))
+    assert ctx.addresses["output"] == engine._out.data_ptr()
+
+
+@pytest.mark.trt
+@pytest.mark.parametrize("hidden,logits,match", [
+    (torch.randn(33, 64, dtype=torch.float16), None, "outside the engine's profile"),
+    (torch.randn(4, 64, dtype=torch.float32), None, "float32"),
+    (torch.randn(4, 32, dtype=torch.float16), None, "shape"),
+    (torch.randn(64, 4, dtype=torch.float16).t(), None, "contiguous=False"),
+    (torch.randn(4, 64, dtype=torch.float16), torch.randn(4, 8, dtype=torch.float16), "computes the router"),
+])
+def test_engine_refuses_bad_inputs(copy: Path, hidden: torch.Tensor, logits: torch.Tensor | None,
+                                   match: str) -> None:
+    manifest, _ = verify(copy)
+    ctx = FakeContext()
+    with pytest.raises(MoeBuildError, match=match):
+        Engine(manifest, ctx, torch.device("cpu"), stream=lambda: 0)(hidden, logits)
+    assert ctx.streams == []
+
+
+@pytest.mark.trt
+def test_engine_reports_failed_enqueue(copy: Path) -> None:
+    manifest, _ = verify(copy)
+    engine = Engine(manifest, FakeContext(ok=False), torch.device("cpu"), stream=lambda: 0)
+    with pytest.raises(MoeBuildError, match="enqueue"):
+        engine(torch.randn(2, 64, dtype=torch.float16))

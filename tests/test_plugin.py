@@ -1,0 +1,429 @@
+"""MoEPlugin's build side on a CPU: the pure rules, and the IPluginV3 methods through TensorRT-RTX.
+
+TensorRT-RTX has the IPluginV3 interfaces but no plugin layers, so its classes are instantiated
+and their methods called directly here, with hand-made descriptors. Tests that need the
+bindings skip cleanly without them; the pure-rule tests always run.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from moe_build.errors import MoeBuildError
+from moe_build.planner import make_plan
+from moe_build.spec import Activation, DType, MoESpec, Quant, Routing, RoutingMethod, SharedExperts
+from moe_build.target import Flavour, Target, TokenProfile
+from moe_build.weights import MoEWeights
+from plugins import moe_plugin as mp
+
+PROFILE = TokenProfile(min=1, opt=16, max=512)
+PLAIN = MoESpec(hidden_size=64, intermediate_size=32, num_experts=8, top_k=2, dtype=DType.BF16)
+FULL = MoESpec(hidden_size=64, intermediate_size=32, num_experts=8, top_k=2, dtype=DType.FP16, expert_bias=True,
+               routing=Routing(method=RoutingMethod.SIGMOID_GROUPED, num_groups=2, topk_groups=1,
+                               correction_bias=True),
+               shared=SharedExperts(count=1, intermediate_size=48, sigmoid_gate=True))
+FP32_RELU = MoESpec(hidden_size=64, intermediate_size=32, num_experts=4, top_k=1, dtype=DType.FP32,
+                    activation=Activation.RELU)
+
+
+def target(sm: int = 90) -> Target:
+    return Target(sm=sm, flavour=Flavour.TENSORRT, profile=PROFILE)
+
+
+def plan_for(spec: MoESpec, sm: int = 90, force: dict[str, str] | None = None):
+    return make_plan(spec, target(sm), tokens=16, force=force)
+
+
+@pytest.fixture(scope="module")
+def trt():
+    return pytest.importorskip("tensorrt_rtx_bindings")
+
+
+def plugin(trt, spec: MoESpec = PLAIN, **kw):
+    return mp.plugin_classes(trt).MoEPlugin(spec, plan_for(spec, **kw))
+
+
+# ---- pure rules --------------------------------------------------------------------------------
+
+def test_input_order_plain_spec():
+    slots = mp.input_slots(PLAIN)
+    assert [(s.name, s.shape) for s in slots] == [
+        ("hidden", (None, 64)), ("router_logits", (None, 8)), ("w1", (8, 64, 64)), ("w2", (8, 64, 32))]
+    assert slots[0].dtypes == (torch.bfloat16,)
+    assert slots[1].dtypes == (torch.float32, torch.bfloat16)
+
+
+def test_input_order_follows_optional_weights():
+    slots = mp.input_slots(FULL)
+    assert [s.name for s in slots] == ["hidden", "router_logits", "w1", "w2", "b1", "b2", "correction_bias",
+                                       "shared_w1", "shared_w2", "shared_gate"]
+    by_name = {s.name: s for s in slots}
+    assert by_name["correction_bias"].dtypes == (torch.float32,)
+    assert by_name["shared_w1"].shape == (96, 64) and by_name["shared_gate"].shape == (1, 64)
+    assert by_name["b1"].dtypes == (torch.float16,)
+
+
+def test_input_slots_match_the_canonical_weight_check():
+    """Every weight slot must be what MoEWeights.check demands, or add_moe_plugin would feed wrong shapes."""
+    w = MoEWeights.random(FULL)
+    w.check(FULL)
+    for slot in mp.input_slots(FULL)[2:]:
+        assert tuple(getattr(w, slot.name).shape) == slot.shape
+
+
+def test_fp32_logits_are_the_only_choice_for_fp32_models():
+    assert mp.input_slots(FP32_RELU)[1].dtypes == (torch.float32,)
+    assert mp.input_slots(FP32_RELU)[2].shape == (4, 32, 64)  # non-gated: N1 = I
+
+
+def test_output_dims_take_hidden_rows_and_columns():
+    assert mp.output_dims([(7, 64), (7, 8), (8, 64, 64)]) == [7, 64]
+    sentinel = object()  # works on symbolic dims too: passes the expressions through untouched
+    assert mp.output_dims([(sentinel, 64)])[0] is sentinel
+    with pytest.raises(MoeBuildError, match="rank 3"):
+        mp.output_dims([(1, 7, 64)])
+    with pytest.raises(MoeBuildError, match="no inputs"):
+        mp.output_dims([])
+
+
+def test_check_input_dims():
+    good = [(-1, 64), (-1, 8), (8, 64, 64), (8, 64, 32)]
+    mp.check_input_dims(PLAIN, good)
+    mp.check_input_dims(PLAIN, [(5, 64), (5, 8), (8, 64, 64), (8, 64, 32)])
+    with pytest.raises(MoeBuildError, match="'w2'.*shape \\(8, 64, 32\\)"):
+        mp.check_input_dims(PLAIN, good[:3] + [(8, 32, 64)])
+    with pytest.raises(MoeBuildError, match="got 3 inputs"):
+        mp.check_input_dims(PLAIN, good[:3])
+    with pytest.raises(MoeBuildError, match="router_logits.*5 rows, hidden has 6"):
+        mp.check_input_dims(PLAIN, [(6, 64), (5, 8)] + good[2:])
+
+
+def test_supports_io_table():
+    n = len(mp.input_slots(FULL))
+    fp32, fp16, bf16, i32 = torch.float32, torch.float16, torch.bfloat16, torch.int32
+    want = {0: {fp16}, 1: {fp32, fp16}, 2: {fp16}, 3: {fp16}, 4: {fp16}, 5: {fp16}, 6: {fp32}, 7: {fp16},
+            8: {fp16}, 9: {fp16}, n: {fp16}}
+    for pos, ok in want.items():
+        for dtype in (fp32, fp16, bf16, i32, None):
+            assert mp.supports_io(FULL, pos, dtype, True, n) == (dtype in ok), (pos, dtype)
+            assert not mp.supports_io(FULL, pos, dtype, False, n), (pos, dtype)
+    assert not mp.supports_io(FULL, 0, fp16, True, n - 1)  # wrong input count: nothing fits
+
+
+def test_field_round_trip_is_byte_identical():
+    plan = plan_for(FULL)
+    fields = mp.encode_fields(FULL, plan)
+    assert set(fields) == set(mp.FIELD_NAMES)
+    spec2, plan2 = mp.decode_fields(fields)
+    assert spec2 == FULL and plan2.to_dict() == json.loads(json.dumps(plan.to_dict()))
+    assert mp.encode_fields(spec2, plan2) == fields
+
+
+def test_forced_choices_survive_the_round_trip():
+    plan = plan_for(PLAIN, force={"finalize": "separate"})
+    _, plan2 = mp.decode_fields(mp.encode_fields(PLAIN, plan))
+    assert mp.forced_choices(plan2) == {"finalize": "separate"}
+    assert plan2.stage("finalize").choice == "separate"
+
+
+def _tampered(edit):
+    fields = mp.encode_fields(PLAIN, plan_for(PLAIN))
+    spec, plan = (json.loads(fields[k]) for k in mp.FIELD_NAMES)
+    edit(spec, plan)
+    return {"spec": json.dumps(spec).encode(), "plan": json.dumps(plan).encode()}
+
+
+def _set_choice(plan, stage, choice):
+    next(s for s in plan["stages"] if s["stage"] == stage)["choice"] = choice
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda s, p: _set_choice(p, "finalize", "separate"), "differs from what the planner decides.*finalize"),
+    (lambda s, p: s.update(hidden_size=128), "made for a different spec"),
+    (lambda s, p: (s.update(hidden_size=128), p["spec"].update(hidden_size=128)), "differs from what the planner"),
+    (lambda s, p: s.update(top_k=9), "describes no valid layer.*top_k"),
+    (lambda s, p: s.update(colour="red"), "is not a moe-build spec"),
+    (lambda s, p: p.update(path="ootb"), "'ootb'-path plan"),
+    (lambda s, p: p.update(schema="moe-build.plan/0"), "schema"),
+    (lambda s, p: p["target"].update(sm=7), "invalid target"),
+    (lambda s, p: p.pop("stages"), "is not a moe-build plan"),
+])
+def test_tampered_fields_are_refused(edit, message):
+    with pytest.raises(MoeBuildError, match=message):
+        mp.decode_fields(_tampered(edit))
+
+
+def test_malformed_fields_are_refused():
+    good = mp.encode_fields(PLAIN, plan_for(PLAIN))
+    with pytest.raises(MoeBuildError, match="'plan'.*missing"):
+        mp.decode_fields({"spec": good["spec"]})
+    with pytest.raises(MoeBuildError, match="unknown field"):
+        mp.decode_fields({**good, "tactic": b"1"})
+    with pytest.raises(MoeBuildError, match="'spec'.*not UTF-8 JSON"):
+        mp.decode_fields({**good, "spec": good["spec"][:-1]})
+    with pytest.raises(MoeBuildError, match="must be a JSON object"):
+        mp.decode_fields({**good, "plan": b"[1]"})
+
+
+def test_plugin_refuses_what_its_inputs_cannot_carry():
+    quant = dataclasses.replace(PLAIN, quant=Quant.FP8)
+    with pytest.raises(MoeBuildError, match="quant"):
+        mp.encode_fields(quant, plan_for(quant))
+    lora = dataclasses.replace(PLAIN, lora=True)
+    with pytest.raises(MoeBuildError, match="lora"):
+        mp.encode_fields(lora, plan_for(lora))
+
+
+def test_plan_must_be_reproducible_at_the_profile_max():
+    """A forced fused prologue holds at the plan's 16 tokens but not at the runner's 512: refuse early."""
+    plan = plan_for(PLAIN, force={"routing_prologue": "fused"})
+    with pytest.raises(MoeBuildError, match="cannot be reproduced"):
+        mp.encode_fields(PLAIN, plan)
+
+
+def test_profile_check():
+    plan = plan_for(PLAIN)
+    mp.check_profile(plan, PROFILE.max)
+    with pytest.raises(MoeBuildError, match="allows 513 tokens"):
+        mp.check_profile(plan, PROFILE.max + 1)
+
+
+# ---- the IPluginV3 methods through TensorRT-RTX ------------------------------------------------
+
+def dyn_desc(trt, dims, dtype, fmt=None, max_rows=None):
+    d = trt.DynamicPluginTensorDesc()
+    desc = trt.PluginTensorDesc()
+    desc.dims, desc.type = trt.Dims(list(dims)), dtype
+    desc.format = fmt if fmt is not None else trt.TensorFormat.LINEAR
+    d.desc = desc
+    rows = max_rows if max_rows is not None else dims[0]
+    d.min, d.opt, d.max = (trt.Dims([1 if i == 0 and x == -1 else x for i, x in enumerate(dims)]),
+                           trt.Dims([max(1, x) for x in dims]),
+                           trt.Dims([rows if i == 0 else x for i, x in enumerate(dims)]))
+    return d
+
+
+def io_descs(trt, spec, rows=-1, max_rows=PROFILE.max):
+    slots = mp.input_slots(spec)
+    descs = [dyn_desc(trt, [rows if d is None else d for d in s.shape], mp.trt_dtype_of(trt, s.dtypes[0]),
+                      max_rows=max_rows if s.shape[0] is None else None) for s in slots]
+    out = dyn_desc(trt, [rows, spec.hidden_size], mp.trt_dtype_of(trt, mp.output_dtype(spec)), max_rows=max_rows)
+    return descs, [out]
+
+
+def test_identity_and_capabilities(trt):
+    p = plugin(trt)
+    assert (p.plugin_name, p.plugin_namespace, p.plugin_version, p.num_outputs) == ("MoEPlugin", "moe_build", "1", 1)
+    for cap in (trt.PluginCapabilityType.CORE, trt.PluginCapabilityType.BUILD, trt.PluginCapabilityType.RUNTIME):
+        assert p.get_capability_interface(cap) is p
+    assert isinstance(p, (trt.IPluginV3, trt.IPluginV3OneCore, trt.IPluginV3OneBuild, trt.IPluginV3OneRuntime))
+
+
+@pytest.mark.parametrize("spec, name", [(PLAIN, "BF16"), (FULL, "HALF"), (FP32_RELU, "FLOAT")])
+def test_output_data_types(trt, spec, name):
+    p = plugin(trt, spec)
+    ins = [mp.trt_dtype_of(trt, s.dtypes[0]) for s in mp.input_slots(spec)]
+    assert p.get_output_data_types(ins) == [getattr(trt.DataType, name)]
+
+
+def test_output_shapes_through_dims_exprs(trt):
+    """Real IDimensionExprs only exist inside a TensorRT build (RTX has no plugin layers, and a bare
+    IExprBuilder crashes), so the DimsExprs here hold empty entries: this checks the method's wiring
+    (one 2-D output, rank checks); the row/column rule itself is test_output_dims_*."""
+    p = plugin(trt, FULL)
+    inputs = [trt.DimsExprs(len(s.shape)) for s in mp.input_slots(FULL)]
+    out = p.get_output_shapes(inputs, [], trt.IExprBuilder())
+    assert len(out) == 1 and isinstance(out[0], trt.DimsExprs) and len(out[0]) == 2
+    bad = list(inputs)
+    bad[0] = trt.DimsExprs(3)
+    with pytest.raises(MoeBuildError, match="input ranks"):
+        p.get_output_shapes(bad, [], trt.IExprBuilder())
+
+
+def test_supports_format_combination_table(trt):
+    p = plugin(trt, PLAIN)
+    ins, outs = io_descs(trt, PLAIN)
+    n = len(ins)
+    accepted = {0: {"BF16"}, 1: {"FLOAT", "BF16"}, 2: {"BF16"}, 3: {"BF16"}, 4: {"BF16"}}
+    for pos, ok in accepted.items():
+        for name in ("FLOAT", "HALF", "BF16", "INT32", "INT8", "FP8"):
+            for fmt in (trt.TensorFormat.LINEAR, trt.TensorFormat.CHW32):
+                in_out = ins + outs
+                in_out[pos].desc.type = getattr(trt.DataType, name)
+                in_out[pos].desc.format = fmt
+                got = p.supports_format_combination(pos, in_out, n)
+                assert got == (name in ok and fmt == trt.TensorFormat.LINEAR), (pos, name, fmt)
+
+
+def test_configure_and_shape_change_check_dims(trt):
+    p = plugin(trt, FULL)
+    ins, outs = io_descs(trt, FULL)
+    p.configure_plugin(ins, outs)
+    p.on_shape_change([d.desc for d in io_descs(trt, FULL, rows=9)[0]], [outs[0].desc])
+    wrong = list(ins)
+    wrong[2] = dyn_desc(trt, [8, 32, 64], trt.DataType.HALF)  # w1 without the up rows
+    with pytest.raises(MoeBuildError, match="'w1'"):
+        p.configure_plugin(wrong, outs)
+    with pytest.raises(MoeBuildError, match="'w1'"):
+        p.on_shape_change([d.desc for d in wrong], [outs[0].desc])
+    with pytest.raises(MoeBuildError, match="allows 1024 tokens"):
+        p.configure_plugin(io_descs(trt, FULL, max_rows=1024)[0], outs)
+
+
+def test_workspace_size_asks_for_the_profile_max(trt, monkeypatch):
+    seen = []
+    monkeypatch.setattr(mp, "workspace_size", lambda spec, plan, tokens: seen.append((spec, tokens)) or 4096)
+    p = plugin(trt, PLAIN)
+    ins, outs = io_descs(trt, PLAIN, max_rows=300)
+    assert p.get_workspace_size(ins, outs) == 4096
+    assert seen == [(PLAIN, 300)]
+
+
+def test_workspace_size_is_the_runners():
+    runner = pytest.importorskip("moe_build.runner")
+    if not hasattr(runner, "workspace_bytes"):
+        pytest.skip("moe_build.runner.workspace_bytes(spec, plan, max_tokens) not provided yet")
+    plan = plan_for(PLAIN)
+    small, large = mp.workspace_size(PLAIN, plan, 16), mp.workspace_size(PLAIN, plan, 512)
+    assert small == runner.workspace_bytes(PLAIN, plan, 16)
+    assert 0 < small < large
+
+
+def test_serialization_round_trip_through_the_creator(trt):
+    p = plugin(trt, FULL, force={"finalize": "separate"})
+    fields = p.get_fields_to_serialize()
+    assert [f.name for f in fields] == list(mp.FIELD_NAMES)
+    assert all(f.type == trt.PluginFieldType.CHAR for f in fields)
+    creator = mp.plugin_classes(trt).MoEPluginCreator()
+    for phase in (trt.TensorRTPhase.BUILD, trt.TensorRTPhase.RUNTIME):
+        q = creator.create_plugin("moe", fields, phase)
+        assert q.spec == FULL and q.plan.to_dict() == json.loads(json.dumps(p.plan.to_dict()))
+        assert mp.fields_from_collection(q.get_fields_to_serialize()) == mp.fields_from_collection(fields)
+
+
+def test_creator_refuses_a_tampered_field(trt):
+    fields = mp.fields_from_collection(plugin(trt).get_fields_to_serialize())
+    plan = json.loads(fields["plan"])
+    _set_choice(plan, "gemm_kernel", "ampere")
+    import numpy as np
+    # PluginField does not own its data: keep the arrays alive for as long as the collection is used.
+    arrays = {"spec": np.frombuffer(fields["spec"], dtype=np.int8),
+              "plan": np.frombuffer(json.dumps(plan).encode(), dtype=np.int8)}
+    bad = trt.PluginFieldCollection([trt.PluginField(k, a, trt.PluginFieldType.CHAR) for k, a in arrays.items()])
+    creator = mp.plugin_classes(trt).MoEPluginCreator()
+    with pytest.raises(MoeBuildError, match="MoEPlugin field 'plan'.*gemm_kernel"):
+        creator.create_plugin("moe", bad, trt.TensorRTPhase.RUNTIME)
+
+
+def test_clone_is_independent(trt):
+    p = plugin(trt, FULL)
+    q = p.clone()
+    assert q is not p and type(q) is type(p)
+    assert q.spec == p.spec and q.plan == p.plan and q._cache is not p._cache
+    assert mp.fields_from_collection(q.get_fields_to_serialize()) == mp.fields_from_collection(
+        p.get_fields_to_serialize())
+    attached = p.attach_to_context(None)
+    assert attached is not p and attached.plan == p.plan
+
+
+def test_no_tactics(trt):
+    p = plugin(trt)
+    assert p.get_valid_tactics() == []
+    p.set_tactic(0)
+
+
+def test_registry_lookup(trt):
+    creator = mp.register_moe_plugin(trt)
+    assert mp.register_moe_plugin(trt) is creator
+    registry = trt.get_plugin_registry()
+    found = registry.get_creator("MoEPlugin", "1", "moe_build")
+    assert found is creator
+    assert (found.name, found.plugin_version, found.plugin_namespace) == ("MoEPlugin", "1", "moe_build")
+    assert [f.name for f in found.field_names] == list(mp.FIELD_NAMES)
+    assert registry.get_creator("MoEPlugin", "2", "moe_build") is None
+    assert registry.get_creator("MoEPlugin", "1", "") is None
+    # A second creator for the same key is refused by the registry; registering yields the first.
+    assert mp.register_moe_plugin.__wrapped__(trt) is creator
+
+
+def test_enqueue_adapter_translates_descriptors(trt, monkeypatch):
+    calls = []
+    monkeypatch.setattr(mp, "run_enqueue", lambda *a: calls.append(a))
+    monkeypatch.setattr(mp, "workspace_size", lambda spec, plan, tokens: 1000 + tokens)
+    p = plugin(trt, FULL)
+    ins, outs = io_descs(trt, FULL, rows=5)
+    ptrs = list(range(100, 100 + len(ins)))
+    p.enqueue([d.desc for d in ins], [outs[0].desc], ptrs, [999], 777, 555)
+    (spec, plan, in_ptrs, shapes, dtypes, out_ptr, out_dtype, ws_ptr, ws_bytes, stream, cache), = calls
+    assert spec == FULL and plan == p.plan and in_ptrs == ptrs and out_ptr == 999
+    assert shapes[0] == (5, 64) and shapes[2] == (8, 64, 64) and len(shapes) == len(ins)
+    assert dtypes[:2] == [torch.float16, torch.float32] and out_dtype == torch.float16
+    assert (ws_ptr, ws_bytes, stream) == (777, 1005, 555) and cache is p._cache
+
+
+def test_run_enqueue_checks_before_touching_memory():
+    """The core refuses wrong inputs with a clear line before any pointer is dereferenced (CPU-safe)."""
+    plan = plan_for(PLAIN)
+    shapes = [(4, 64), (4, 8), (8, 64, 64), (8, 64, 32)]
+    dtypes = [torch.bfloat16, torch.float32, torch.bfloat16, torch.bfloat16]
+    args = dict(output_pointer=1, output_dtype_=torch.bfloat16, workspace_pointer=1, workspace_bytes=0,
+                stream_pointer=0)
+    with pytest.raises(MoeBuildError, match="'w1'.*dtype"):
+        mp.run_enqueue(PLAIN, plan, [1] * 4, shapes, dtypes[:2] + [torch.float16, torch.bfloat16], **args)
+    with pytest.raises(MoeBuildError, match="output"):
+        mp.run_enqueue(PLAIN, plan, [1] * 4, shapes, dtypes, **{**args, "output_dtype_": torch.float32})
+    with pytest.raises(MoeBuildError, match="exceeds the plan's profile max"):
+        mp.run_enqueue(PLAIN, plan, [1] * 4, [(513, 64), (513, 8)] + shapes[2:], dtypes, **args)
+    mp.run_enqueue(PLAIN, plan, [0] * 4, [(0, 64), (0, 8)] + shapes[2:], dtypes, **args)  # no tokens: no work
+
+
+class RecordingNetwork:
+    """A TensorRT-RTX network plus the add_plugin_v3 that only full TensorRT has, recording its call."""
+
+    def __init__(self, network):
+        self._network = network
+        self.plugin_call = None
+
+    def __getattr__(self, name):
+        return getattr(self._network, name)
+
+    def add_plugin_v3(self, inputs, shape_inputs, plugin):
+        self.plugin_call = (inputs, shape_inputs, plugin)
+        return type("Layer", (), {"name": ""})()
+
+
+def rtx_network(trt):
+    builder = trt.Builder(trt.Logger(trt.Logger.ERROR))
+    return builder, builder.create_network(0)
+
+
+def test_add_moe_plugin_needs_full_tensorrt(trt):
+    builder, network = rtx_network(trt)
+    assert not hasattr(network, "add_plugin_v3")
+    with pytest.raises(MoeBuildError, match="plugin-path engines need full TensorRT"):
+        mp.add_moe_plugin(network, trt, PLAIN, plan_for(PLAIN), None, None, MoEWeights.random(PLAIN))
+    assert network.num_layers == 0  # refused before touching the network
+
+
+@pytest.mark.parametrize("as_constants", [True, False])
+def test_add_moe_plugin_feeds_inputs_in_order(trt, as_constants):
+    builder, network = rtx_network(trt)
+    net = RecordingNetwork(network)
+    hidden = network.add_input("hidden", trt.DataType.HALF, (-1, 64))
+    logits = network.add_input("logits", trt.DataType.FLOAT, (-1, 8))
+    weights = MoEWeights.random(FULL)
+    layer, keep = mp.add_moe_plugin(net, trt, FULL, plan_for(FULL), hidden, logits, weights,
+                                    weights_as_constants=as_constants)
+    inputs, shape_inputs, plugin_obj = net.plugin_call
+    slots = mp.input_slots(FULL)
+    assert inputs[:2] == [hidden, logits] and shape_inputs == [] and layer.name == "moe"
+    assert plugin_obj.spec == FULL and plugin_obj in keep
+    for slot, tensor in zip(slots[2:], inputs[2:]):
+        assert tuple(tensor.shape) == slot.shape and tensor.dtype == mp.trt_dtype_of(trt, slot.dtypes[0])
+        assert tensor.is_network_input != as_constants
+    if as_constants:
+        hosts = [k for k in keep if isinstance(k, torch.Tensor)]
+        assert torch.equal(hosts[0], weights.w1.to(torch.float16))  # the data baked in is the weight

@@ -1,0 +1,148 @@
+"""What the fused runner decides without a GPU: plan -> kernel sequence, workspace sizing, refusals."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from moe_build.errors import MoeBuildError, UnsupportedCombination
+from moe_build.planner import make_plan
+from moe_build.runner import MoERunner, Workspace, kernel_sequence, layout_bytes, steps_up_to, workspace_layout
+from moe_build.spec import Activation, DType, MoESpec, Quant, SharedExperts
+from moe_build.target import Flavour, Target
+from moe_build.weights import MoEWeights
+
+H100 = Target(sm=90, flavour=Flavour.TENSORRT)
+A100 = Target(sm=80, flavour=Flavour.TENSORRT)
+SWIGLU = MoESpec(256, 512, 8, 2)
+
+
+def test_default_hopper_plan_runs_tma_gemms_separate_activation_and_fused_finalize() -> None:
+    plan = make_plan(SWIGLU, H100, tokens=4096)
+    assert kernel_sequence(plan, 16) == [
+        "router_gemm", "routing", "prologue:fused", "expand_rows", "gemm1:sm90", "activation",
+        "zero_output", "gemm2:sm90_finalize"]
+
+
+def test_routing_prologue_is_resolved_per_call_not_at_plan_tokens() -> None:
+    plan = make_plan(SWIGLU, H100, tokens=4096)
+    assert plan.stage("routing_prologue").choice == "three_step"
+    assert "prologue:fused" in kernel_sequence(plan, 256)
+    assert "prologue:three_step" in kernel_sequence(plan, 257)
+    small = make_plan(SWIGLU, H100, tokens=1)
+    assert "prologue:three_step" in kernel_sequence(small, 8192)
+
+
+def test_top_k_outside_fused_prologue_set_always_three_step() -> None:
+    plan = make_plan(dataclasses.replace(SWIGLU, top_k=3), H100, tokens=16)
+    assert "prologue:three_step" in kernel_sequence(plan, 1)
+
+
+def test_routing_inputs_skip_router_gemm_and_routing() -> None:
+    plan = make_plan(SWIGLU, H100, tokens=16)
+    assert kernel_sequence(plan, 16, "logits")[:2] == ["routing", "prologue:fused"]
+    assert kernel_sequence(plan, 16, "topk")[0] == "prologue:fused"
+    with pytest.raises(MoeBuildError, match="routing_input"):
+        kernel_sequence(plan, 16, "probs")  # type: ignore[arg-type]
+
+
+def test_ampere_kernel_fuses_gated_activation_and_finalizes_separately() -> None:
+    plan = make_plan(SWIGLU, A100, tokens=16)
+    assert kernel_sequence(plan, 16, "topk") == [
+        "prologue:fused", "expand_rows", "gemm1:sm80_fused_gated", "gemm2:sm80", "finalize"]
+    forced = make_plan(SWIGLU, H100, tokens=16, force={"gemm_kernel": "ampere"})
+    assert "gemm1:sm80_fused_gated" in kernel_sequence(forced, 16)
+
+
+def test_forced_fallbacks_change_exactly_their_step() -> None:
+    sep = kernel_sequence(make_plan(SWIGLU, A100, tokens=16, force={"fc1_activation": "separate"}), 16, "topk")
+    assert sep == ["prologue:fused", "expand_rows", "gemm1:sm80", "activation", "gemm2:sm80", "finalize"]
+    fin = kernel_sequence(make_plan(SWIGLU, H100, tokens=16, force={"finalize": "separate"}), 16, "topk")
+    assert fin[-2:] == ["gemm2:sm90", "finalize"] and "zero_output" not in fin
+    three = kernel_sequence(make_plan(SWIGLU, H100, tokens=16, force={"routing_prologue": "three_step"}), 1)
+    assert "prologue:three_step" in three
+
+
+def test_non_gated_activation_uses_the_ampere_epilogue() -> None:
+    spec = dataclasses.replace(SWIGLU, activation=Activation.RELU)
+    assert "gemm1:sm80_act" in kernel_sequence(make_plan(spec, A100, tokens=16), 16)
+    assert kernel_sequence(make_plan(spec, H100, tokens=16), 16)[4:6] == ["gemm1:sm90", "activation"]
+
+
+def test_unaligned_sizes_lose_fused_gated_but_still_run() -> None:
+    spec = MoESpec(200, 300, 8, 2)
+    assert "gemm1:sm80" in kernel_sequence(make_plan(spec, A100, tokens=16), 16)
+
+
+def test_shared_experts_are_added_last() -> None:
+    spec = dataclasses.replace(SWIGLU, shared=SharedExperts(count=1, intermediate_size=128))
+    assert kernel_sequence(make_plan(spec, H100, tokens=16), 16)[-1] == "shared_experts"
+
+
+def test_forcing_a_fusion_whose_gate_fails_is_refused_by_the_planner() -> None:
+    with pytest.raises(UnsupportedCombination):
+        make_plan(SWIGLU, H100, tokens=4096, force={"routing_prologue": "fused"})
+    with pytest.raises(UnsupportedCombination):
+        make_plan(SWIGLU, A100, tokens=16, force={"finalize": "fused"})
+
+
+def test_plans_without_runner_kernels_are_refused() -> None:
+    rtx = Target(sm=89, flavour=Flavour.TENSORRT_RTX)
+    with pytest.raises(MoeBuildError, match="plugin-path"):
+        kernel_sequence(make_plan(SWIGLU, rtx, tokens=16), 16)
+    fp8 = dataclasses.replace(SWIGLU, quant=Quant.FP8)
+    with pytest.raises(MoeBuildError, match="quant"):
+        kernel_sequence(make_plan(fp8, H100, tokens=16), 16)
+
+
+def test_workspace_sizing_math() -> None:
+    spec = MoESpec(256, 512, 8, 2, dtype=DType.BF16)
+    plan = make_plan(spec, H100, tokens=100)
+    layout = workspace_layout(spec, steps_up_to(plan, 100), 100, gemm_workspace_bytes=1000,
+                              three_step_workspace_bytes=0)
+    M, K, E, H, I = 100, 2, 8, 256, 512
+    R = M * K
+    expected = {
+        "logits": M * E * 2, "topk_ids": M * K * 4, "topk_weights": M * K * 4,
+        "permuted_to_unpermuted": R * 4, "unpermuted_to_permuted": R * 4, "expert_offsets": (E + 1) * 8,
+        "permuted_input": R * H * 2, "permuted_weights": R * 4, "fc1_out": R * 2 * I * 2, "fc1_act": R * I * 2,
+        "gemm_workspace": 1000,
+    }
+    assert {n: b.nbytes for n, b in layout.items()} == expected
+    assert layout_bytes(layout) == sum(-(-n // 256) * 256 for n in expected.values())  # 256-byte aligned starts
+
+
+def test_workspace_covers_three_step_and_separate_finalize_when_reachable() -> None:
+    spec = MoESpec(256, 512, 8, 2)
+    plan = make_plan(spec, H100, tokens=1000, force={"finalize": "separate"})
+    layout = workspace_layout(spec, steps_up_to(plan, 1000), 1000, three_step_workspace_bytes=4096)
+    assert layout["prologue_workspace"].nbytes == 4096
+    assert layout["gemm2_out"].shape == (2000, 256) and layout["gemm2_out"].rows_per_token == 2
+    small = workspace_layout(spec, steps_up_to(make_plan(spec, H100, tokens=256), 256), 256,
+                             three_step_workspace_bytes=4096)
+    assert "prologue_workspace" not in small and "gemm2_out" not in small
+
+
+def test_workspace_carves_aligned_views_from_one_flat_buffer() -> None:
+    spec = MoESpec(200, 328, 8, 3, dtype=DType.FP16)
+    layout = workspace_layout(spec, steps_up_to(make_plan(spec, H100, tokens=37), 37), 37,
+                              three_step_workspace_bytes=100)
+    ws = Workspace(layout, "cpu")
+    assert ws.flat.numel() == layout_bytes(layout)
+    for name, b in layout.items():
+        t = ws.buffers[name]
+        assert t.shape == b.shape and t.dtype == b.dtype and (t.data_ptr() - ws.flat.data_ptr()) % 256 == 0
+    assert ws.view("permuted_input", 5).shape == (15, 200) and ws.view("expert_offsets", 5).shape == (9,)
+    with pytest.raises(ValueError, match="workspace"):
+        Workspace(layout, flat=torch.empty(layout_bytes(layout) - 1, dtype=torch.uint8))
+
+
+def test_runner_refuses_to_run_without_cuda() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    spec = MoESpec(64, 128, 4, 2)
+    with pytest.raises(MoeBuildError, match="CUDA"):
+        MoERunner(spec, MoEWeights.random(spec), max_tokens=8)
+    with pytest.raises(MoeBuildError, match="device"):
+        MoERunner(spec, MoEWeights.random(spec), max_tokens=8, device="cpu")
