@@ -44,6 +44,9 @@ RUNNER_VARIANTS: dict[str, dict[str, str]] = {
     "ours:ampere+fc1=separate": {"gemm_kernel": "ampere", "fc1_activation": "separate"},
 }
 PEERS = ("naive", "grouped_mm", "hf_eager")
+# The default runner replayed from CUDA graphs (one per input set): what a deployment that
+# captures its decode step sees, with the per-kernel Python/ctypes launch cost taken out.
+GRAPH_VARIANT = "ours:graph"
 REL_ERR_LIMIT = 1e-2
 CHECK_ROWS = 64
 
@@ -194,7 +197,9 @@ def bench_shape(name: str, tokens_list: Sequence[int], ceilings: dict[str, float
                                "touched_experts": touched, **floor_us(spec, T, touched, ceilings), "variants": {}}
         for v in variants:
             entry: dict[str, Any] = dict(meta.get(v, {}))
-            if v in fns:
+            if v == GRAPH_VARIANT and "ours" in runners:
+                entry.update(_bench_graph(runners["ours"], sets, out_buf, rows, ref, iters, warmup))
+            elif v in fns:
                 fn = fns[v]
                 try:
                     out_buf.fill_(float("nan"))
@@ -218,10 +223,39 @@ def bench_shape(name: str, tokens_list: Sequence[int], ceilings: dict[str, float
     return records
 
 
+def _bench_graph(runner: Any, sets: list[InputSet], out_buf: torch.Tensor, rows: torch.Tensor, ref: torch.Tensor,
+                 iters: int, warmup: int) -> dict[str, Any]:
+    """Capture the default runner once per input set, check set 0's replay, time rotating replays."""
+    T = sets[0].hidden.shape[0]
+    out = out_buf[:T]
+    graphs = []
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture
+        runner(sets[0].hidden, router_logits=sets[0].logits, out=out)
+    torch.cuda.current_stream().wait_stream(side)
+    for s in sets:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            runner(s.hidden, router_logits=s.logits, out=out)
+        graphs.append(g)
+    out_buf.fill_(float("nan"))
+    graphs[0].replay()
+    err = _check(lambda h, lg: out, sets[0], rows, ref)
+    entry: dict[str, Any] = {"rel_err": err, "plan": runner.plan.choices()}
+    if not err < REL_ERR_LIMIT:
+        entry["error"] = f"wrong result: rel err {err:.3g} >= {REL_ERR_LIMIT}"
+    else:
+        entry["us"] = 1e3 * _median_ms(lambda i: graphs[i % len(graphs)].replay(), iters, warmup)
+    return entry
+
+
 def _ratios(rec: dict[str, Any]) -> None:
-    """ours/floor, and each peer's time over ours (> 1: we are faster)."""
+    """ours/floor (eager and graph-replayed), and each peer's time over ours (> 1: we are faster)."""
     ours = rec["variants"].get("ours", {}).get("us")
+    graph = rec["variants"].get(GRAPH_VARIANT, {}).get("us")
     rec["ours_over_floor"] = ours / rec["floor_us"] if ours else None
+    rec["graph_over_floor"] = graph / rec["floor_us"] if graph else None
     rec["speedup_vs"] = {v: e["us"] / ours for v, e in rec["variants"].items()
                          if ours and v != "ours" and e.get("us")}
 
@@ -234,15 +268,16 @@ def _row(rec: dict[str, Any]) -> str:
 
 
 def table(results: dict[str, Any]) -> str:
-    """The short table `device_run.sh` prints last: ours, peers, floor (us) and ratios."""
-    lines = [f"{'shape':<17}{'T':>5}{'floor':>9}{'ours':>9}{'x floor':>8}{'naive':>10}{'grouped':>9}{'hf':>10}"
-             f"  forced-off (us)"]
+    """The short table `device_run.sh` prints last: ours (eager, graph), peers, floor (us) and ratios."""
+    lines = [f"{'shape':<17}{'T':>5}{'floor':>9}{'ours':>9}{'x fl':>6}{'graph':>9}{'x fl':>6}{'naive':>10}"
+             f"{'grouped':>9}{'hf':>10}  forced-off (us)"]
     for r in results["points"]:
         v = r["variants"]
         us = lambda k: f"{v[k]['us']:.1f}" if v.get(k, {}).get("us") else "-"  # noqa: E731
-        ratio = f"{r['ours_over_floor']:.2f}" if r.get("ours_over_floor") else "-"
-        forced = " ".join(f"{k.split(':', 1)[1]}={us(k)}" for k in v if k.startswith("ours:"))
-        lines.append(f"{r['shape']:<17}{r['tokens']:>5}{r['floor_us']:>9.1f}{us('ours'):>9}{ratio:>8}"
+        ratio = lambda k: f"{r[k]:.2f}" if r.get(k) else "-"  # noqa: E731
+        forced = " ".join(f"{k.split(':', 1)[1]}={us(k)}" for k in v if k.startswith("ours:") and k != GRAPH_VARIANT)
+        lines.append(f"{r['shape']:<17}{r['tokens']:>5}{r['floor_us']:>9.1f}{us('ours'):>9}"
+                     f"{ratio('ours_over_floor'):>6}{us(GRAPH_VARIANT):>9}{ratio('graph_over_floor'):>6}"
                      f"{us('naive'):>10}{us('grouped_mm'):>9}{us('hf_eager'):>10}  {forced}")
     return "\n".join(lines)
 
@@ -259,7 +294,7 @@ def plot(results: dict[str, Any], png: Path) -> None:
         pts = [r for r in results["points"] if r["shape"] == shape]
         xs = [r["tokens"] for r in pts]
         ax.plot(xs, [r["floor_us"] for r in pts], "k--", label="floor")
-        for v in ("ours",) + PEERS:
+        for v in ("ours", GRAPH_VARIANT, *PEERS):
             ys = [r["variants"].get(v, {}).get("us") for r in pts]
             if any(ys):
                 ax.plot([x for x, y in zip(xs, ys) if y], [y for y in ys if y], "o-", label=v)
@@ -273,7 +308,7 @@ def plot(results: dict[str, Any], png: Path) -> None:
 
 def run_bench(shapes: Sequence[str] = tuple(SHAPES), tokens_list: Sequence[int] = TOKENS,
               out_json: Path | None = None, png: Path | None = None, iters: int = 20, warmup: int = 3,
-              input_sets: int = 4, variants: Sequence[str] = tuple(RUNNER_VARIANTS) + PEERS,
+              input_sets: int = 4, variants: Sequence[str] = (*RUNNER_VARIANTS, GRAPH_VARIANT, *PEERS),
               log: Callable[[str], None] = print) -> dict[str, Any]:
     """Run the whole comparison; write JSON/PNG when paths are given; return the results dict."""
     if not torch.cuda.is_available():
@@ -309,7 +344,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--input-sets", type=int, default=4)
-    p.add_argument("--variants", default=",".join(tuple(RUNNER_VARIANTS) + PEERS))
+    p.add_argument("--variants", default=",".join((*RUNNER_VARIANTS, GRAPH_VARIANT, *PEERS)))
     p.add_argument("--json", type=Path, default=Path("bench.json"))
     p.add_argument("--png", type=Path, default=Path("bench.png"))
     a = p.parse_args(argv)

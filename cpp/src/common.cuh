@@ -1,0 +1,126 @@
+// Shared helpers of the stage kernels: dtype dispatch, fp32 conversions, 16-byte vectors,
+// and the error capture behind mb_last_error(). Header-only so that every stage .cu stays
+// one self-contained translation unit.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdarg>
+#include <cstdint>
+#include <initializer_list>
+#include <type_traits>
+#include <utility>
+
+#include "moe_build_kernels.h"
+
+namespace mb {
+
+// Records `msg` as the calling thread's last error (read back by mb_last_error) and returns
+// `status`, so call sites read `return fail(MB_ERR_INVALID_ARGUMENT, "...")`.
+mb_status fail(mb_status status, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+
+// Every launch is followed by this: a bad configuration or an earlier asynchronous fault
+// surfaces here as MB_ERR_CUDA naming the kernel, instead of silently later.
+inline mb_status check_launch(const char* kernel) {
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) {
+    return fail(MB_ERR_CUDA, "%s: launch failed: %s (%s)", kernel, cudaGetErrorString(err),
+                cudaGetErrorName(err));
+  }
+  return MB_OK;
+}
+
+#define MB_REQUIRE(cond, ...)                                   \
+  do {                                                          \
+    if (!(cond)) return ::mb::fail(MB_ERR_INVALID_ARGUMENT, __VA_ARGS__); \
+  } while (0)
+
+#define MB_TRY(expr)                    \
+  do {                                  \
+    const mb_status mb_s_ = (expr);     \
+    if (mb_s_ != MB_OK) return mb_s_;   \
+  } while (0)
+
+// ---- element types --------------------------------------------------------------------------
+
+template <typename T> struct TypeTag { using type = T; };
+
+// Calls f(TypeTag<T>{}) with T the C++ type of `dtype`; MB_ERR_INVALID_ARGUMENT otherwise.
+template <typename F>
+mb_status dispatch_dtype(int dtype, const char* who, F&& f) {
+  switch (dtype) {
+    case MB_FP32: return f(TypeTag<float>{});
+    case MB_FP16: return f(TypeTag<__half>{});
+    case MB_BF16: return f(TypeTag<__nv_bfloat16>{});
+    default: return fail(MB_ERR_INVALID_ARGUMENT, "%s: dtype %d is not one of fp32(0), fp16(1), bf16(2)", who, dtype);
+  }
+}
+
+inline size_t dtype_size(int dtype) { return dtype == MB_FP32 ? 4 : 2; }
+
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+// N elements of T moved as one aligned access: N = 16 / sizeof(T) gives the 16-byte loads the
+// memory-bound stages want; N = 1 is the fallback for rows whose byte length is not a multiple
+// of 16 (e.g. hidden 200 in fp32 is fine, hidden 100 in bf16 is not).
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Vec {
+  T v[N];
+};
+
+// Loads/stores N elements through fp32 in accesses of at most 16 bytes (so that e.g. 8 fp32
+// scales matching 8 bf16 activations need only 16-byte alignment, not 32).
+template <typename T, int N>
+__device__ __forceinline__ void load_f32(const T* p, float (&out)[N]) {
+  constexpr int kChunk = (16 / sizeof(T)) < N ? (16 / sizeof(T)) : N;
+#pragma unroll
+  for (int c = 0; c < N; c += kChunk) {
+    const Vec<T, kChunk> x = *reinterpret_cast<const Vec<T, kChunk>*>(p + c);
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) out[c + i] = to_f32(x.v[i]);
+  }
+}
+
+template <typename T, int N>
+__device__ __forceinline__ void store_f32(T* p, const float (&in)[N]) {
+  constexpr int kChunk = (16 / sizeof(T)) < N ? (16 / sizeof(T)) : N;
+#pragma unroll
+  for (int c = 0; c < N; c += kChunk) {
+    Vec<T, kChunk> x;
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) x.v[i] = from_f32<T>(in[c + i]);
+    *reinterpret_cast<Vec<T, kChunk>*>(p + c) = x;
+  }
+}
+
+// Elements per 16-byte vector when every row start (base + k*row_elems) is 16-byte aligned,
+// else 1.
+template <typename T>
+inline int vec_width(int64_t row_elems, std::initializer_list<const void*> ptrs) {
+  constexpr int kWide = 16 / sizeof(T);
+  if ((row_elems * static_cast<int64_t>(sizeof(T))) % 16 != 0) return 1;
+  for (const void* p : ptrs) {
+    if (p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 != 0) return 1;
+  }
+  return kWide;
+}
+
+__device__ __forceinline__ float sigmoid_f32(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// Grid size for a row-per-block kernel over `rows` rows: capped so huge row counts fall back
+// to a grid-stride loop instead of an invalid launch.
+inline unsigned row_grid(int64_t rows) {
+  constexpr int64_t kMaxBlocks = 1 << 20;
+  return static_cast<unsigned>(rows < kMaxBlocks ? rows : kMaxBlocks);
+}
+
+}  // namespace mb

@@ -1,0 +1,402 @@
+"""ctypes binding of `libmoe_build_kernels.so` (cpp/include/moe_build_kernels.h) plus thin torch
+wrappers that validate their tensors and pass raw pointers and the current CUDA stream.
+
+`load_library()` uses `$MOE_BUILD_KERNELS_LIB` when set (a prebuilt library), else builds the
+library on first use through `moe_build.kernel_build` (cached). Every entry point returns an
+mb_status; a non-zero one raises `KernelError` carrying `mb_last_error()`'s message. The
+wrappers allocate outputs they are not given and return them.
+"""
+from __future__ import annotations
+
+import ctypes
+import enum
+import math
+import os
+import threading
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+# ---- enums: values mirror the header (tests/test_kernel_build.py checks they agree) -------------
+
+
+class Status(enum.IntEnum):
+    OK = 0
+    INVALID_ARGUMENT = 1
+    UNSUPPORTED = 2
+    CUDA = 3
+
+
+class DType(enum.IntEnum):
+    FP32 = 0
+    FP16 = 1
+    BF16 = 2
+
+
+class Routing(enum.IntEnum):
+    SOFTMAX_TOPK = 0
+    TOPK_SOFTMAX = 1
+    SIGMOID_GROUPED = 2
+
+
+class Activation(enum.IntEnum):
+    IDENTITY = 0
+    RELU = 1
+    SILU = 2
+    GELU = 3
+    SWIGLU = 4
+    GEGLU = 5
+    SWIGLU_CLAMP = 6
+
+    @property
+    def is_gated(self) -> bool:
+        return self in (Activation.SWIGLU, Activation.GEGLU, Activation.SWIGLU_CLAMP)
+
+
+class KernelError(Exception):
+    """A kernel entry point returned a non-zero mb_status; `status` says which kind."""
+
+    def __init__(self, function: str, status: int, message: str):
+        self.function = function
+        self.status = Status(status) if status in Status._value2member_map_ else status
+        name = self.status.name if isinstance(self.status, Status) else str(status)
+        super().__init__(f"{function} failed ({name}): {message}")
+
+
+# ---- the ABI ----------------------------------------------------------------------------------
+
+_p = ctypes.c_void_p
+_i = ctypes.c_int
+_i64 = ctypes.c_int64
+_f = ctypes.c_float
+_sz = ctypes.c_size_t
+
+# name -> (restype, argtypes), in the header's order.
+SIGNATURES: dict[str, tuple[type, tuple[type, ...]]] = {
+    "mb_last_error": (ctypes.c_char_p, ()),
+    "mb_routing": (_i, (_p, _i, _p, _i, _i, _i, _i, _i, _i, _i, _f, _p, _p, _p)),
+    "mb_build_maps_fused": (_i, (_p, _i, _i, _i, _p, _p, _p, _p)),
+    "mb_build_maps_three_step_workspace": (_sz, (_i, _i, _i)),
+    "mb_build_maps_three_step": (_i, (_p, _i, _i, _i, _p, _p, _p, _p, _sz, _p)),
+    "mb_expand_rows": (_i, (_p, _i, _p, _p, _p, _i, _i, _i, _p, _p, _p)),
+    "mb_activation": (_i, (_p, _i, _p, _p, _i, _i64, _i, _i, _f, _f, _p, _p, _p)),
+    "mb_finalize": (_i, (_p, _i, _p, _p, _p, _p, _i, _i, _i, _i, _p, _p)),
+    "mb_grouped_gemm_sm80_workspace": (_sz, (_i,)),
+    "mb_grouped_gemm_sm80": (_i, (_p, _p, _p, _p, _p, _i, _i64, _i, _i, _i, _i, _i, _f, _f, _p, _sz, _p)),
+    "mb_grouped_gemm_sm90_workspace": (_sz, (_i, _i64, _i, _i)),
+    "mb_grouped_gemm_sm90": (_i, (_p, _p, _p, _p, _p, _i, _i64, _i, _i, _i, _p, _sz, _p)),
+    "mb_grouped_gemm_sm90_finalize": (_i, (_p, _p, _p, _p, _p, _p, _p, _i, _i64, _i, _i, _i, _i, _i, _p, _sz, _p)),
+}
+
+_lib: ctypes.CDLL | None = None
+_lib_lock = threading.Lock()
+
+
+def load_library(path: str | os.PathLike[str] | None = None) -> ctypes.CDLL:
+    """The kernel library with every ABI function's argtypes/restype set. Order of choice: `path`,
+    `$MOE_BUILD_KERNELS_LIB`, else build (or reuse the cached build) via `kernel_build`. The first
+    library loaded is kept for the process; asking for a different path afterwards is an error."""
+    global _lib
+    with _lib_lock:
+        if path is None and _lib is not None:
+            return _lib
+        if path is None:
+            env = os.environ.get("MOE_BUILD_KERNELS_LIB")
+            if env:
+                path = env
+            else:
+                from .kernel_build import build
+                path = build().library
+        resolved = str(Path(path).resolve())
+        if _lib is not None:
+            if _lib._name != resolved:  # type: ignore[attr-defined]
+                raise RuntimeError(f"kernel library already loaded from {_lib._name}, not {resolved}")
+            return _lib
+        lib = ctypes.CDLL(resolved)
+        missing = [name for name in SIGNATURES if not hasattr(lib, name)]
+        if missing:
+            raise RuntimeError(f"{resolved} lacks ABI functions: {', '.join(missing)}")
+        for name, (restype, argtypes) in SIGNATURES.items():
+            fn = getattr(lib, name)
+            fn.restype = restype
+            fn.argtypes = list(argtypes)
+        _lib = lib
+        return lib
+
+
+def last_error() -> str:
+    msg = load_library().mb_last_error()
+    return msg.decode(errors="replace") if msg else ""
+
+
+def _call(name: str, *args: object) -> None:
+    status = getattr(load_library(), name)(*args)
+    if status != Status.OK:
+        raise KernelError(name, status, last_error())
+
+
+# ---- argument checks --------------------------------------------------------------------------
+
+def _dtype_code(t: torch.Tensor, name: str) -> int:
+    codes = {torch.float32: DType.FP32, torch.float16: DType.FP16, torch.bfloat16: DType.BF16}
+    if t.dtype not in codes:
+        raise ValueError(f"{name}: dtype {t.dtype} is not float32, float16 or bfloat16")
+    return int(codes[t.dtype])
+
+
+def _check(t: torch.Tensor | None, name: str, shape: Sequence[int | None] | None = None,
+           dtype: torch.dtype | None = None, device: torch.device | None = None) -> None:
+    """Raise ValueError naming `name` unless `t` is a contiguous CUDA tensor of that shape/dtype
+    (a None in `shape` matches any size) on `device`."""
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if not t.is_cuda:
+        raise ValueError(f"{name}: must be a CUDA tensor, got device {t.device}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name}: on {t.device}, but the other tensors are on {device}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name}: must be contiguous")
+    if dtype is not None and t.dtype != dtype:
+        raise ValueError(f"{name}: dtype must be {dtype}, got {t.dtype}")
+    if shape is not None:
+        ok = t.dim() == len(shape) and all(s is None or s == d for s, d in zip(shape, t.shape))
+        if not ok:
+            want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
+            raise ValueError(f"{name}: shape must be {want}, got {list(t.shape)}")
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def _stream(stream: int | torch.cuda.Stream | None, device: torch.device) -> int:
+    if stream is None:
+        return torch.cuda.current_stream(device).cuda_stream
+    if isinstance(stream, torch.cuda.Stream):
+        return stream.cuda_stream
+    return int(stream)
+
+
+def _enum(value: int | str | enum.IntEnum, cls: type[enum.IntEnum], name: str) -> int:
+    if isinstance(value, str):
+        try:
+            return int(cls[value.upper()])
+        except KeyError:
+            raise ValueError(f"{name}: {value!r} is not one of {', '.join(m.name.lower() for m in cls)}") from None
+    try:
+        return int(cls(int(value)))
+    except ValueError:
+        raise ValueError(f"{name}: {value!r} is not one of {', '.join(m.name.lower() for m in cls)}") from None
+
+
+def _out(t: torch.Tensor | None, name: str, shape: Sequence[int], dtype: torch.dtype,
+         device: torch.device, zero: bool = False) -> torch.Tensor:
+    if t is None:
+        return (torch.zeros if zero else torch.empty)(tuple(shape), dtype=dtype, device=device)
+    _check(t, name, shape, dtype, device)
+    return t
+
+
+# ---- stage wrappers ---------------------------------------------------------------------------
+
+def routing(logits: torch.Tensor, top_k: int, method: int | str | Routing = Routing.SOFTMAX_TOPK,
+            renormalize: bool = False, correction_bias: torch.Tensor | None = None, num_groups: int = 1,
+            topk_groups: int = 1, routed_scaling_factor: float = 1.0, topk_ids: torch.Tensor | None = None,
+            topk_weights: torch.Tensor | None = None, stream: int | torch.cuda.Stream | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [T, E] -> (topk_ids [T, K] int32, topk_weights [T, K] float32)."""
+    _check(logits, "logits", (None, None))
+    dev = logits.device
+    t, e = logits.shape
+    m = _enum(method, Routing, "method")
+    if correction_bias is not None:
+        _check(correction_bias, "correction_bias", (e,), torch.float32, dev)
+    ids = _out(topk_ids, "topk_ids", (t, top_k), torch.int32, dev)
+    w = _out(topk_weights, "topk_weights", (t, top_k), torch.float32, dev)
+    _call("mb_routing", logits.data_ptr(), _dtype_code(logits, "logits"), _ptr(correction_bias), t, e, top_k, m,
+          int(bool(renormalize)), num_groups, topk_groups, routed_scaling_factor, ids.data_ptr(), w.data_ptr(),
+          _stream(stream, dev))
+    return ids, w
+
+
+def _map_outputs(topk_ids: torch.Tensor, num_experts: int, ptu: torch.Tensor | None, utp: torch.Tensor | None,
+                 off: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    _check(topk_ids, "topk_ids", (None, None), torch.int32)
+    if num_experts < 1:
+        raise ValueError(f"num_experts: must be >= 1, got {num_experts}")
+    n, dev = topk_ids.numel(), topk_ids.device
+    return (_out(ptu, "permuted_to_unpermuted", (n,), torch.int32, dev),
+            _out(utp, "unpermuted_to_permuted", (n,), torch.int32, dev),
+            _out(off, "expert_first_token_offset", (num_experts + 1,), torch.int64, dev))
+
+
+def build_maps_fused(topk_ids: torch.Tensor, num_experts: int, permuted_to_unpermuted: torch.Tensor | None = None,
+                     unpermuted_to_permuted: torch.Tensor | None = None,
+                     expert_first_token_offset: torch.Tensor | None = None,
+                     stream: int | torch.cuda.Stream | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """topk_ids [T, K] int32 -> (permuted_to_unpermuted [T*K], unpermuted_to_permuted [T*K],
+    expert_first_token_offset [E+1] int64); KernelError(UNSUPPORTED) outside the fused limits."""
+    ptu, utp, off = _map_outputs(topk_ids, num_experts, permuted_to_unpermuted, unpermuted_to_permuted,
+                                 expert_first_token_offset)
+    t, k = topk_ids.shape
+    _call("mb_build_maps_fused", topk_ids.data_ptr(), t, k, num_experts, ptu.data_ptr(), utp.data_ptr(),
+          off.data_ptr(), _stream(stream, topk_ids.device))
+    return ptu, utp, off
+
+
+def build_maps_three_step(topk_ids: torch.Tensor, num_experts: int,
+                          permuted_to_unpermuted: torch.Tensor | None = None,
+                          unpermuted_to_permuted: torch.Tensor | None = None,
+                          expert_first_token_offset: torch.Tensor | None = None,
+                          stream: int | torch.cuda.Stream | None = None
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Same maps as `build_maps_fused`, for any token count (allocates its workspace)."""
+    ptu, utp, off = _map_outputs(topk_ids, num_experts, permuted_to_unpermuted, unpermuted_to_permuted,
+                                 expert_first_token_offset)
+    t, k = topk_ids.shape
+    ws_bytes = load_library().mb_build_maps_three_step_workspace(t, k, num_experts)
+    ws = torch.empty(max(ws_bytes, 1), dtype=torch.uint8, device=topk_ids.device)
+    _call("mb_build_maps_three_step", topk_ids.data_ptr(), t, k, num_experts, ptu.data_ptr(), utp.data_ptr(),
+          off.data_ptr(), ws.data_ptr(), ws_bytes, _stream(stream, topk_ids.device))
+    return ptu, utp, off
+
+
+def expand_rows(input: torch.Tensor, permuted_to_unpermuted: torch.Tensor, topk_weights: torch.Tensor,
+                prequant_scale: torch.Tensor | None = None, permuted_input: torch.Tensor | None = None,
+                permuted_weights: torch.Tensor | None = None, stream: int | torch.cuda.Stream | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """input [T, H], topk_weights [T, K] -> (permuted_input [T*K, H], permuted_weights [T*K])."""
+    _check(input, "input", (None, None))
+    dev = input.device
+    t, h = input.shape
+    _check(topk_weights, "topk_weights", (t, None), torch.float32, dev)
+    k = topk_weights.shape[1]
+    _check(permuted_to_unpermuted, "permuted_to_unpermuted", (t * k,), torch.int32, dev)
+    if prequant_scale is not None:
+        _check(prequant_scale, "prequant_scale", (h,), torch.float32, dev)
+    pin = _out(permuted_input, "permuted_input", (t * k, h), input.dtype, dev)
+    pw = _out(permuted_weights, "permuted_weights", (t * k,), torch.float32, dev)
+    _call("mb_expand_rows", input.data_ptr(), _dtype_code(input, "input"), permuted_to_unpermuted.data_ptr(),
+          topk_weights.data_ptr(), _ptr(prequant_scale), t, h, k, pin.data_ptr(), pw.data_ptr(), _stream(stream, dev))
+    return pin, pw
+
+
+def activation(input: torch.Tensor, expert_first_token_offset: torch.Tensor,
+               activation: int | str | Activation, bias: torch.Tensor | None = None, swiglu_alpha: float = 1.0,
+               swiglu_limit: float = math.inf, prequant_scale: torch.Tensor | None = None,
+               out: torch.Tensor | None = None, stream: int | torch.cuda.Stream | None = None
+               ) -> torch.Tensor:
+    """input [R, N1] (N1 = 2I for gated activations) -> out [R, I]; rows >= offsets[E] untouched."""
+    act = Activation(_enum(activation, Activation, "activation"))
+    _check(input, "input", (None, None))
+    dev = input.device
+    rows, n1 = input.shape
+    if act.is_gated and n1 % 2:
+        raise ValueError(f"input: gated activation {act.name.lower()} needs an even width, got {n1}")
+    inter = n1 // 2 if act.is_gated else n1
+    _check(expert_first_token_offset, "expert_first_token_offset", (None,), torch.int64, dev)
+    e = expert_first_token_offset.shape[0] - 1
+    if e < 1:
+        raise ValueError("expert_first_token_offset: needs E+1 >= 2 entries")
+    if bias is not None:
+        _check(bias, "bias", (e, n1), input.dtype, dev)
+    if prequant_scale is not None:
+        _check(prequant_scale, "prequant_scale", (inter,), torch.float32, dev)
+    o = _out(out, "out", (rows, inter), input.dtype, dev)
+    _call("mb_activation", input.data_ptr(), _dtype_code(input, "input"), _ptr(bias),
+          expert_first_token_offset.data_ptr(), e, rows, inter, int(act), swiglu_alpha, swiglu_limit,
+          _ptr(prequant_scale), o.data_ptr(), _stream(stream, dev))
+    return o
+
+
+def finalize(gemm2_out: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+             unpermuted_to_permuted: torch.Tensor, bias: torch.Tensor | None = None, deterministic: bool = True,
+             out: torch.Tensor | None = None, stream: int | torch.cuda.Stream | None = None) -> torch.Tensor:
+    """gemm2_out [R >= T*K, H] -> out [T, H] = sum_j w[t,j] * (gemm2_out[utp[t*K+j]] + bias[ids[t,j]])."""
+    _check(gemm2_out, "gemm2_out", (None, None))
+    dev = gemm2_out.device
+    h = gemm2_out.shape[1]
+    _check(topk_weights, "topk_weights", (None, None), torch.float32, dev)
+    t, k = topk_weights.shape
+    _check(topk_ids, "topk_ids", (t, k), torch.int32, dev)
+    _check(unpermuted_to_permuted, "unpermuted_to_permuted", (t * k,), torch.int32, dev)
+    if gemm2_out.shape[0] < t * k:
+        raise ValueError(f"gemm2_out: needs >= {t * k} rows, got {gemm2_out.shape[0]}")
+    if bias is not None:
+        _check(bias, "bias", (None, h), gemm2_out.dtype, dev)
+    o = _out(out, "out", (t, h), gemm2_out.dtype, dev)
+    _call("mb_finalize", gemm2_out.data_ptr(), _dtype_code(gemm2_out, "gemm2_out"), _ptr(bias),
+          topk_weights.data_ptr(), topk_ids.data_ptr(), unpermuted_to_permuted.data_ptr(), t, h, k,
+          int(bool(deterministic)), o.data_ptr(), _stream(stream, dev))
+    return o
+
+
+# ---- GEMM wrappers (kernels in gemm_sm80.cu / gemm_sm90.cu) -----------------------------------
+
+def _gemm_common(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor
+                 ) -> tuple[torch.device, int, int, int, int]:
+    _check(a, "A", (None, None))
+    dev = a.device
+    _check(b, "B", (None, None, a.shape[1]), a.dtype, dev)
+    _check(offsets, "expert_first_token_offset", (b.shape[0] + 1,), torch.int64, dev)
+    return dev, a.shape[0], a.shape[1], b.shape[0], b.shape[1]
+
+
+def grouped_gemm_sm80(a: torch.Tensor, b: torch.Tensor, expert_first_token_offset: torch.Tensor,
+                      activation: int | str | Activation = Activation.IDENTITY, fused_gated: bool = False,
+                      bias: torch.Tensor | None = None, swiglu_alpha: float = 1.0, swiglu_limit: float = math.inf,
+                      c: torch.Tensor | None = None, stream: int | torch.cuda.Stream | None = None
+                      ) -> torch.Tensor:
+    """C[p] = act(A[p] @ B[x]^T + bias[x]); A [R, k], B [E, n, k] (fused_gated: [E, 2n, k]) -> C [R, n]."""
+    dev, rows, k, e, bn = _gemm_common(a, b, expert_first_token_offset)
+    act = _enum(activation, Activation, "activation")
+    if fused_gated and bn % 2:
+        raise ValueError(f"B: fused_gated needs an even output width, got {bn}")
+    n = bn // 2 if fused_gated else bn
+    if bias is not None:
+        _check(bias, "bias", (e, bn), a.dtype, dev)
+    out = _out(c, "C", (rows, n), a.dtype, dev)
+    ws_bytes = load_library().mb_grouped_gemm_sm80_workspace(e)
+    ws = torch.empty(max(ws_bytes, 1), dtype=torch.uint8, device=dev)
+    _call("mb_grouped_gemm_sm80", a.data_ptr(), b.data_ptr(), _ptr(bias), out.data_ptr(),
+          expert_first_token_offset.data_ptr(), e, rows, n, k, _dtype_code(a, "A"), act, int(bool(fused_gated)),
+          swiglu_alpha, swiglu_limit, ws.data_ptr(), ws_bytes, _stream(stream, dev))
+    return out
+
+
+def grouped_gemm_sm90(a: torch.Tensor, b: torch.Tensor, expert_first_token_offset: torch.Tensor,
+                      bias: torch.Tensor | None = None, c: torch.Tensor | None = None,
+                      stream: int | torch.cuda.Stream | None = None) -> torch.Tensor:
+    """C[p] = A[p] @ B[x]^T (+ bias[x]); A [R, k], B [E, n, k] -> C [R, n] (TMA warp-specialized)."""
+    dev, rows, k, e, n = _gemm_common(a, b, expert_first_token_offset)
+    if bias is not None:
+        _check(bias, "bias", (e, n), a.dtype, dev)
+    out = _out(c, "C", (rows, n), a.dtype, dev)
+    ws_bytes = load_library().mb_grouped_gemm_sm90_workspace(e, rows, n, k)
+    ws = torch.empty(max(ws_bytes, 1), dtype=torch.uint8, device=dev)
+    _call("mb_grouped_gemm_sm90", a.data_ptr(), b.data_ptr(), _ptr(bias), out.data_ptr(),
+          expert_first_token_offset.data_ptr(), e, rows, n, k, _dtype_code(a, "A"), ws.data_ptr(), ws_bytes,
+          _stream(stream, dev))
+    return out
+
+
+def grouped_gemm_sm90_finalize(a: torch.Tensor, b: torch.Tensor, expert_first_token_offset: torch.Tensor,
+                               permuted_to_unpermuted: torch.Tensor, permuted_weights: torch.Tensor,
+                               num_tokens: int, top_k: int, bias: torch.Tensor | None = None,
+                               out: torch.Tensor | None = None, stream: int | torch.cuda.Stream | None = None
+                               ) -> torch.Tensor:
+    """out[t] += w[p] * (A[p] @ B[x]^T + bias[x]) for the token t of each permuted row p -> out [T, n].
+    A given `out` must be zeroed by the caller; an allocated one is zeroed here."""
+    dev, rows, k, e, n = _gemm_common(a, b, expert_first_token_offset)
+    _check(permuted_to_unpermuted, "permuted_to_unpermuted", (num_tokens * top_k,), torch.int32, dev)
+    _check(permuted_weights, "permuted_weights", (num_tokens * top_k,), torch.float32, dev)
+    if bias is not None:
+        _check(bias, "bias", (e, n), a.dtype, dev)
+    o = _out(out, "out", (num_tokens, n), a.dtype, dev, zero=True)
+    ws_bytes = load_library().mb_grouped_gemm_sm90_workspace(e, rows, n, k)
+    ws = torch.empty(max(ws_bytes, 1), dtype=torch.uint8, device=dev)
+    _call("mb_grouped_gemm_sm90_finalize", a.data_ptr(), b.data_ptr(), _ptr(bias), o.data_ptr(),
+          expert_first_token_offset.data_ptr(), permuted_to_unpermuted.data_ptr(), permuted_weights.data_ptr(), e,
+          rows, num_tokens, top_k, n, k, _dtype_code(a, "A"), ws.data_ptr(), ws_bytes, _stream(stream, dev))
+    return o

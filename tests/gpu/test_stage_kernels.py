@@ -1,0 +1,338 @@
+"""Stage kernels (routing, both prologues, expand rows, activation, finalize) against fp64 PyTorch
+references written here.
+
+Every case draws fresh random inputs, poisons the outputs (NaN for floats, a sentinel for ints)
+and checks that every element was written. Prologue maps must equal a torch stable sort exactly;
+numeric outputs are compared by ||out - ref|| / ||ref|| with METHOD.md's per-dtype bounds.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+from moe_build import kernels as K  # noqa: E402  (after the skip: loading may build the library)
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+TOL = {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 1e-2}
+TOPKS = (1, 2, 3, 4, 5, 6, 8)
+TOKENS = (1, 255, 256, 257, 8192)
+SENTINEL = -(2 ** 31)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def lib():
+    return K.load_library()
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    assert not torch.isnan(out).any(), "output has NaN (unwritten or poisoned)"
+    return ((out.double() - ref).norm() / ref.norm().clamp_min(1e-300)).item()
+
+
+def nan_like(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    return torch.full(shape, float("nan"), dtype=dtype, device="cuda")
+
+
+def sentinel(shape: tuple[int, ...], dtype: torch.dtype = torch.int32) -> torch.Tensor:
+    return torch.full(shape, SENTINEL, dtype=dtype, device="cuda")
+
+
+def stable_topk(keys: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the k largest per row, equal keys toward the lower index (stable sort)."""
+    return torch.sort(keys, dim=-1, descending=True, stable=True).indices[:, :k]
+
+
+def random_ids(t: int, e: int, k: int) -> torch.Tensor:
+    """k distinct experts per token, as routing produces."""
+    return torch.rand(t, e, device="cuda").argsort(dim=1)[:, :k].to(torch.int32).contiguous()
+
+
+# ---- routing ----------------------------------------------------------------------------------
+
+def ref_group_mask(key: torch.Tensor, groups: int, topk_groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(eligible-expert mask, group scores) for grouped top-k: score = sum of a group's top-2."""
+    t, e = key.shape
+    gscore = key.view(t, groups, e // groups).topk(2, dim=-1).values.sum(-1)
+    chosen = torch.zeros(t, groups, dtype=torch.bool, device=key.device)
+    chosen.scatter_(1, stable_topk(gscore, topk_groups), True)
+    return chosen.repeat_interleave(e // groups, dim=1), gscore
+
+
+def ref_weights(x: torch.Tensor, ids: torch.Tensor, method: K.Routing, renorm: bool, scale: float) -> torch.Tensor:
+    """fp64 routing weights of the experts `ids` for logits x (fp64)."""
+    ids = ids.long()
+    if method is K.Routing.SOFTMAX_TOPK:
+        w = torch.softmax(x, dim=-1).gather(1, ids)
+    elif method is K.Routing.TOPK_SOFTMAX:
+        w = torch.softmax(x.gather(1, ids), dim=-1)
+    else:
+        w = torch.sigmoid(x).gather(1, ids)
+    if renorm and method is not K.Routing.TOPK_SOFTMAX:
+        w = w / w.sum(-1, keepdim=True)
+    return w * scale
+
+
+def run_routing(logits: torch.Tensor, k: int, method: K.Routing, renorm: bool, bias: torch.Tensor | None,
+                groups: int, topk_groups: int, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    t = logits.shape[0]
+    ids, w = sentinel((t, k)), nan_like((t, k), torch.float32)
+    K.routing(logits, k, method, renorm, bias, groups, topk_groups, scale, topk_ids=ids, topk_weights=w)
+    torch.cuda.synchronize()
+    assert (ids != SENTINEL).all() and not torch.isnan(w).any(), "routing left outputs unwritten"
+    assert ((ids >= 0) & (ids < logits.shape[1])).all()
+    assert (ids.sort(dim=1).values.diff(dim=1) != 0).all(), "an expert chosen twice for one token"
+    return ids, w
+
+
+ROUTING_CASES = [
+    # (method, renormalize, groups, topk_groups, scale)
+    (K.Routing.SOFTMAX_TOPK, False, 1, 1, 1.0),
+    (K.Routing.SOFTMAX_TOPK, True, 1, 1, 1.0),
+    (K.Routing.TOPK_SOFTMAX, False, 1, 1, 1.0),
+    (K.Routing.SIGMOID_GROUPED, True, 8, 4, 2.5),   # DeepSeek-V3 style
+    (K.Routing.SIGMOID_GROUPED, False, 1, 1, 1.0),  # plain sigmoid top-k with bias
+]
+
+
+@pytest.mark.parametrize("case", ROUTING_CASES, ids=lambda c: f"{c[0].name.lower()}-renorm{int(c[1])}-g{c[2]}")
+@pytest.mark.parametrize("k", TOPKS)
+def test_routing(case: tuple, k: int) -> None:
+    method, renorm, groups, topk_groups, scale = case
+    for i, t in enumerate(TOKENS):
+        e = (8, 64, 128, 256, 256)[(i + k) % 5]
+        dtype = DTYPES[(i + k) % 3]
+        if groups > 1 and e // groups < 2:
+            e = 64
+        logits = (torch.randn(t, e, device="cuda") * 2).to(dtype)
+        sigmoid = method is K.Routing.SIGMOID_GROUPED
+        bias = torch.randn(e, device="cuda") * 0.1 if sigmoid else None
+        ids, w = run_routing(logits, k, method, renorm, bias, groups, topk_groups, scale)
+
+        x = logits.double()
+        key = torch.sigmoid(x) + bias.double() if sigmoid else x
+        eligible, gscore = (ref_group_mask(key, groups, topk_groups) if groups > 1
+                            else (torch.ones_like(key, dtype=torch.bool), None))
+        ref_ids = stable_topk(key.masked_fill(~eligible, -math.inf), k)
+        if not sigmoid:
+            # Keys are the logits themselves, exact in fp32: the selection must match exactly.
+            assert torch.equal(ids.long(), ref_ids), f"t={t} e={e} dtype={dtype}"
+        else:
+            # Keys are rounded fp32 sums: accept a different choice only at a near-tie.
+            tol = 1e-6
+            sel = key.gather(1, ids.long())
+            assert (sel.diff(dim=1) <= tol).all(), "ids not in descending key order"
+            kth = key.masked_fill(~eligible, -math.inf).sort(dim=1, descending=True).values[:, k - 1:k]
+            clear = torch.ones(t, dtype=torch.bool, device="cuda")
+            if gscore is not None:
+                gs = gscore.sort(dim=1, descending=True).values
+                clear = gs[:, topk_groups - 1] - gs[:, topk_groups] > tol
+                picked_groups = ids.long() // (e // groups)
+                assert (gscore.gather(1, picked_groups) >= gs[:, topk_groups - 1:topk_groups] - tol).all()
+            assert (sel[clear] >= kth[clear] - tol).all(), "a clearly non-top-k expert was chosen"
+            assert (ids.long() != ref_ids).any(dim=1).float().mean() < 0.01
+        assert rel_err(w, ref_weights(x, ids, method, renorm, scale)) < 1e-5
+
+
+@pytest.mark.parametrize("method", list(K.Routing), ids=lambda m: m.name.lower())
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_routing_ties_break_toward_lower_id(method: K.Routing, dtype: torch.dtype) -> None:
+    """Integer logits tie everywhere; the ids must match a stable sort exactly."""
+    t, e, k = 1024, 64, 6
+    sigmoid = method is K.Routing.SIGMOID_GROUPED
+    # Non-negative for sigmoid: sigmoid(a) + sigmoid(-a) == 1 would create group-score ties that
+    # only rounding breaks.
+    logits = torch.randint(0 if sigmoid else -3, 4, (t, e), device="cuda").to(dtype)
+    groups, topk_groups = (8, 3) if sigmoid else (1, 1)
+    ids, _ = run_routing(logits, k, method, True, None, groups, topk_groups, 1.0)
+    key = torch.sigmoid(logits.double()) if sigmoid else logits.double()
+    if sigmoid:
+        eligible, _ = ref_group_mask(key, groups, topk_groups)
+        key = key.masked_fill(~eligible, -math.inf)
+    assert torch.equal(ids.long(), stable_topk(key, k))
+
+
+@pytest.mark.parametrize("e,k", [(1024, 8), (1024, 1024), (512, 300)])
+def test_routing_many_experts(e: int, k: int) -> None:
+    """Large E and K: the per-warp staging passes 48 KB of shared memory at (1024, 1024)."""
+    logits = torch.randn(300, e, device="cuda")
+    ids, w = run_routing(logits, k, K.Routing.SOFTMAX_TOPK, True, None, 1, 1, 1.0)
+    assert torch.equal(ids.long(), stable_topk(logits.double(), k))
+    assert rel_err(w, ref_weights(logits.double(), ids, K.Routing.SOFTMAX_TOPK, True, 1.0)) < 1e-5
+
+
+def test_routing_rejects_bad_arguments() -> None:
+    logits = torch.randn(4, 8, device="cuda")
+    with pytest.raises(K.KernelError, match="top_k") as err:
+        K.routing(logits, 9)
+    assert err.value.status is K.Status.INVALID_ARGUMENT
+    with pytest.raises(K.KernelError, match="num_groups"):
+        K.routing(logits, 2, K.Routing.SIGMOID_GROUPED, num_groups=3, topk_groups=1)
+    with pytest.raises(ValueError, match="logits"):
+        K.routing(logits.cpu(), 2)
+    with pytest.raises(K.KernelError) as err:
+        K.routing(torch.randn(4, 1025, device="cuda"), 2)
+    assert err.value.status is K.Status.UNSUPPORTED
+
+
+# ---- prologue ---------------------------------------------------------------------------------
+
+def ref_maps(ids: torch.Tensor, e: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    key = ids.flatten().long()
+    key = torch.where((key >= 0) & (key < e), key, e)
+    sorted_keys, ptu = torch.sort(key, stable=True)
+    utp = torch.empty_like(ptu)
+    utp[ptu] = torch.arange(ptu.numel(), device=ptu.device)
+    off = torch.searchsorted(sorted_keys, torch.arange(e + 1, device=key.device))
+    return ptu, utp, off
+
+
+def check_maps(build, ids: torch.Tensor, e: int) -> None:
+    ptu, utp, off = build(ids, e)
+    torch.cuda.synchronize()
+    r_ptu, r_utp, r_off = ref_maps(ids, e)
+    assert torch.equal(ptu.long(), r_ptu), "permuted_to_unpermuted"
+    assert torch.equal(utp.long(), r_utp), "unpermuted_to_permuted"
+    assert torch.equal(off, r_off), "expert_first_token_offset"
+
+
+def poisoned(build):
+    """Run a map builder into sentinel-filled outputs (fresh torch.empty memory could already hold
+    the right answer from a previous case)."""
+    def run(ids: torch.Tensor, e: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        n = ids.numel()
+        return build(ids, e, sentinel((n,)), sentinel((n,)), sentinel((e + 1,), torch.int64))
+    return run
+
+
+@pytest.mark.parametrize("k", (1, 2, 4, 6, 8))
+@pytest.mark.parametrize("e", (8, 64, 256, 510))
+@pytest.mark.parametrize("t", (1, 255, 256))
+def test_fused_prologue(t: int, e: int, k: int) -> None:
+    check_maps(poisoned(K.build_maps_fused), random_ids(t, e, k), e)
+    # Wrapper path, and ids of experts on other nodes (outside [0, E)) sorting last.
+    ids = torch.randint(-2, e + 3, (t, k), device="cuda", dtype=torch.int32)
+    check_maps(K.build_maps_fused, ids, e)
+
+
+@pytest.mark.parametrize("k", TOPKS)
+@pytest.mark.parametrize("t", TOKENS)
+def test_three_step_prologue(t: int, k: int) -> None:
+    for e in (8, 256):
+        check_maps(poisoned(K.build_maps_three_step), random_ids(t, e, k), e)
+    # Skewed load (most rows on a few experts) and out-of-node ids.
+    ids = (torch.rand(t, k, device="cuda") ** 4 * 70).to(torch.int32) - 2
+    check_maps(poisoned(K.build_maps_three_step), ids.contiguous(), 64)
+
+
+@pytest.mark.parametrize("t,k,e", [(257, 2, 8), (16, 3, 8), (16, 5, 64), (16, 2, 511), (300, 8, 256)])
+def test_fused_prologue_unsupported(t: int, k: int, e: int) -> None:
+    with pytest.raises(K.KernelError) as err:
+        K.build_maps_fused(random_ids(t, e, k), e)
+    assert err.value.status is K.Status.UNSUPPORTED
+
+
+# ---- expand rows ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("prequant", (False, True), ids=("plain", "prequant"))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("t,h,k", [(1, 4096, 1), (257, 4096, 8), (8192, 2880, 2), (255, 200, 3), (256, 100, 5)])
+def test_expand_rows(t: int, h: int, k: int, dtype: torch.dtype, prequant: bool) -> None:
+    e = 32
+    x = torch.randn(t, h, device="cuda").to(dtype)
+    w = torch.rand(t, k, device="cuda")
+    ptu, _, _ = ref_maps(random_ids(t, e, k), e)
+    ptu = ptu.to(torch.int32)
+    scale = torch.rand(h, device="cuda") + 0.5 if prequant else None
+    out, pw = nan_like((t * k, h), dtype), nan_like((t * k,), torch.float32)
+    K.expand_rows(x, ptu, w, scale, permuted_input=out, permuted_weights=pw)
+    torch.cuda.synchronize()
+    src = ptu.long() // k
+    assert torch.equal(pw, w.flatten()[ptu.long()])
+    if prequant:
+        assert rel_err(out, x.double()[src] * scale.double()) < TOL[dtype]
+    else:
+        assert torch.equal(out, x[src]), "a plain expansion must copy bits"
+
+
+# ---- activation -------------------------------------------------------------------------------
+
+def ref_activation(x: torch.Tensor, act: K.Activation, alpha: float, limit: float) -> torch.Tensor:
+    f = torch.nn.functional
+    if act.is_gated:
+        gate, up = x.chunk(2, dim=-1)
+        if act is K.Activation.SWIGLU:
+            return f.silu(gate) * up
+        if act is K.Activation.GEGLU:
+            return f.gelu(gate, approximate="tanh") * up
+        gate = gate.clamp(max=limit)
+        up = up.clamp(-limit, limit)
+        return (up + 1) * gate * torch.sigmoid(alpha * gate)
+    return {K.Activation.IDENTITY: lambda v: v, K.Activation.RELU: torch.relu, K.Activation.SILU: f.silu,
+            K.Activation.GELU: lambda v: f.gelu(v, approximate="tanh")}[act](x)
+
+
+def random_offsets(e: int, rows: int, filled: int) -> torch.Tensor:
+    """Offsets [E+1] with `filled` rows spread unevenly (some experts empty)."""
+    cuts = torch.sort(torch.randint(0, filled + 1, (e - 1,), device="cuda")).values
+    zero = torch.zeros(1, dtype=torch.int64, device="cuda")
+    return torch.cat([zero, cuts, zero + filled])
+
+
+@pytest.mark.parametrize("act", list(K.Activation), ids=lambda a: a.name.lower())
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("inter,with_bias,prequant", [(2880, True, False), (200, False, True), (4096, True, True),
+                                                      (100, True, False)])
+def test_activation(act: K.Activation, dtype: torch.dtype, inter: int, with_bias: bool, prequant: bool) -> None:
+    e, rows = 16, 1200
+    filled = rows - 37  # rows past off[E] (other nodes' experts) must stay untouched
+    off = random_offsets(e, rows, filled)
+    n1 = 2 * inter if act.is_gated else inter
+    x = (torch.randn(rows, n1, device="cuda") * 3).to(dtype)
+    b = (torch.randn(e, n1, device="cuda") * 0.5).to(dtype) if with_bias else None
+    s = torch.rand(inter, device="cuda") + 0.5 if prequant else None
+    alpha, limit = 1.702, 2.0
+    out = nan_like((rows, inter), dtype)
+    K.activation(x, off, act, b, alpha, limit, s, out=out)
+    torch.cuda.synchronize()
+    xin = x.double()[:filled]
+    if b is not None:
+        expert = torch.searchsorted(off, torch.arange(filled, device="cuda"), right=True) - 1
+        xin = xin + b.double()[expert]
+    ref = ref_activation(xin, act, alpha, limit)
+    if s is not None:
+        ref = ref * s.double()
+    assert rel_err(out[:filled], ref) < TOL[dtype]
+    assert torch.isnan(out[filled:]).all(), "rows past off[E] were written"
+
+
+# ---- finalize ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("t,h,k,with_bias", [(1, 4096, 1, True), (255, 2880, 3, False), (257, 200, 8, True),
+                                             (8192, 4096, 2, True), (256, 100, 5, False)])
+def test_finalize(t: int, h: int, k: int, with_bias: bool, dtype: torch.dtype) -> None:
+    e = 64
+    rows = t * k + 5  # gemm2_out may have spare rows
+    g = torch.randn(rows, h, device="cuda").to(dtype)
+    ids = random_ids(t, e, k)
+    w = torch.rand(t, k, device="cuda")
+    utp = torch.randperm(rows, device="cuda")[: t * k].to(torch.int32)
+    b = torch.randn(e, h, device="cuda").to(dtype) if with_bias else None
+    outs = []
+    for deterministic in (True, True, False):
+        out = nan_like((t, h), dtype)
+        K.finalize(g, w, ids, utp, b, deterministic, out=out)
+        outs.append(out)
+    torch.cuda.synchronize()
+    rowsel = g.double()[utp.long()].view(t, k, h)
+    if b is not None:
+        rowsel = rowsel + b.double()[ids.long()]
+    ref = (w.double().unsqueeze(-1) * rowsel).sum(1)
+    assert rel_err(outs[0], ref) < TOL[dtype]
+    assert torch.equal(outs[0], outs[1]), "deterministic finalize differs between runs"
+    assert torch.equal(outs[0], outs[2]), "the two modes must be bit-identical"
