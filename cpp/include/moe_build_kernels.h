@@ -90,8 +90,11 @@ mb_status mb_grouped_gemm_sm80(const void* A, const void* B, const void* bias, v
                                cudaStream_t stream);
 
 /* gemm_sm90.cu: TMA warp-specialized grouped GEMM (sm_90a). Plain: C[p] = A[p] @ B[x]^T (+bias).
- * Finalize: out[t] += topk_weight * (A[p] @ B[x]^T + bias) scattered to the token row of p (out must be
- * zeroed by the caller; with K < 3 the two fp32 adds commute, so the result is deterministic). */
+ * Finalize: out[t] += topk_weight * (A[p] @ B[x]^T + bias) scattered to the token row of p; out [T, n]
+ * is in `dtype` and must be zeroed by the caller; each element gets top_k atomic adds (packed
+ * 2-element fp16/bf16 atomics), so with top_k < 3 the adds commute and the result is deterministic.
+ * For all GEMM entry points max_rows >= off[E] (e.g. T * top_k) bounds the rows; n, k % 8 == 0;
+ * fp16/bf16 only (fp32: MB_ERR_UNSUPPORTED). A non-9.0 device gets MB_ERR_UNSUPPORTED from sm90. */
 size_t mb_grouped_gemm_sm90_workspace(int num_experts, int64_t max_rows, int n, int k);
 mb_status mb_grouped_gemm_sm90(const void* A, const void* B, const void* bias, void* C,
                                const int64_t* expert_first_token_offset, int num_experts, int64_t max_rows,

@@ -1,0 +1,354 @@
+// Shared by gemm_sm80.cu and gemm_sm90.cu: the mma.sync grouped GEMM over expert segments.
+//
+// One CTA computes a BM x BN tile of one expert's segment. The grid is sized from host-known
+// bounds only (ceil(max_rows / BM) + min(E, max_rows) row tiles, every column tile), and each CTA finds its
+// expert on device with a warp scan over expert_first_token_offset, so a call never syncs with
+// the host and is CUDA-graph capturable; CTAs past the real tile count exit at once.
+//
+// Operand path: cp.async 16-byte copies into a 64-wide XOR-swizzled shared tile (conflict-free
+// ldmatrix), STAGES deep, ldmatrix.x4 fragments, mma.sync m16n8k16 with fp32 accumulators.
+// Epilogues: STORE (bias + activation), GATED (act(gate) * up from B rows [n0, ..) and
+// [N + n0, ..) accumulated in the same CTA), FINALIZE (w[p] * (acc + bias) atomically added to
+// the token row of p; packed 2-element atomics, so with top_k <= 2 into a zeroed output the
+// result is order-independent and bit-reproducible).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "common.cuh"  // mb::fail: the error capture behind mb_last_error()
+#include "moe_build_kernels.h"
+
+namespace mbk {
+
+enum EpilogueKind { EPI_STORE = 0, EPI_GATED = 1, EPI_FINALIZE = 2 };
+
+struct GemmParams {
+  const void* A;        // [rows, K] permuted activations
+  const void* B;        // [E, NB * N, K]
+  const void* bias;     // [E, NB * N] or nullptr
+  void* C;              // STORE/GATED: [rows, N]; FINALIZE: [tokens, N]
+  const int64_t* offsets;  // [E + 1]
+  const int32_t* permuted_to_unpermuted;  // FINALIZE only
+  const float* permuted_weights;          // FINALIZE only
+  int num_experts;
+  int n;
+  int k;
+  int top_k;
+  int activation;
+  float swiglu_alpha;
+  float swiglu_limit;
+};
+
+template <typename T> struct MmaName;
+template <> struct MmaName<__nv_bfloat16> {
+  static constexpr bool kBf16 = true;
+};
+template <> struct MmaName<__half> {
+  static constexpr bool kBf16 = false;
+};
+
+template <typename T> struct Pair;
+template <> struct Pair<__nv_bfloat16> {
+  using type = __nv_bfloat162;
+  static __device__ __forceinline__ type make(float a, float b) { return __floats2bfloat162_rn(a, b); }
+  static __device__ __forceinline__ float2 to_float2(type v) { return __bfloat1622float2(v); }
+};
+template <> struct Pair<__half> {
+  using type = __half2;
+  static __device__ __forceinline__ type make(float a, float b) { return __floats2half2_rn(a, b); }
+  static __device__ __forceinline__ float2 to_float2(type v) { return __half22float2(v); }
+};
+
+__device__ __forceinline__ float act_silu(float x) { return x / (1.f + __expf(-x)); }
+// Exact (erf) GELU, as torch.nn.functional.gelu's default.
+__device__ __forceinline__ float act_gelu(float x) { return 0.5f * x * (1.f + erff(x * 0.70710678118654752f)); }
+
+__device__ __forceinline__ float apply_act(int act, float x) {
+  switch (act) {
+    case MB_ACT_RELU: return fmaxf(x, 0.f);
+    case MB_ACT_SILU: return act_silu(x);
+    case MB_ACT_GELU: return act_gelu(x);
+    default: return x;
+  }
+}
+
+// MB_ACT_SWIGLU_CLAMP is the GPT-OSS form: g = min(gate, limit), u = clamp(up, -limit, limit),
+// out = g * sigmoid(alpha * g) * (u + 1).
+__device__ __forceinline__ float apply_gated(int act, float gate, float up, float alpha, float limit) {
+  switch (act) {
+    case MB_ACT_GEGLU: return act_gelu(gate) * up;
+    case MB_ACT_SWIGLU_CLAMP: {
+      const float g = fminf(gate, limit);
+      const float u = fminf(fmaxf(up, -limit), limit);
+      return g / (1.f + __expf(-alpha * g)) * (u + 1.f);
+    }
+    default: return act_silu(gate) * up;
+  }
+}
+
+__device__ __forceinline__ void cp_async16(uint32_t smem, const void* gmem, bool valid) {
+  // src-size 0 zero-fills the 16 bytes: out-of-range rows/columns/K tail read as zeros.
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+template <bool kBf16>
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (kBf16) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// Maps a global row-tile index to (expert, first row, end row) with one warp: scan the
+// per-expert tile counts 32 experts at a time. Returns false for tiles past the real count.
+template <int BM>
+__device__ __forceinline__ bool find_tile(const int64_t* offsets, int num_experts, int tile, int* expert,
+                                          int64_t* row_begin, int64_t* row_end) {
+  const int lane = threadIdx.x & 31;
+  int before = 0;
+  for (int base = 0; base < num_experts; base += 32) {
+    const int x = base + lane;
+    int64_t lo = 0, hi = 0;
+    int tiles = 0;
+    if (x < num_experts) {
+      lo = offsets[x];
+      hi = offsets[x + 1];
+      tiles = (int)((hi - lo + BM - 1) / BM);
+    }
+    int incl = tiles;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const int v = __shfl_up_sync(0xffffffffu, incl, d);
+      if (lane >= d) incl += v;
+    }
+    const unsigned hit = __ballot_sync(0xffffffffu, tile < before + incl && tiles > 0 && tile >= before + incl - tiles);
+    if (hit) {
+      const int src = __ffs(hit) - 1;
+      const int local = __shfl_sync(0xffffffffu, tile - (before + incl - tiles), src);
+      lo = __shfl_sync(0xffffffffu, lo, src);
+      hi = __shfl_sync(0xffffffffu, hi, src);
+      *expert = base + src;
+      *row_begin = lo + (int64_t)local * BM;
+      *row_end = min(hi, *row_begin + BM);
+      return true;
+    }
+    before += __shfl_sync(0xffffffffu, incl, 31);
+  }
+  return false;
+}
+
+template <int BM_, int BN_, int STAGES_, int WM_, int WN_>
+struct TileConfig {
+  static constexpr int BM = BM_, BN = BN_, BK = 64, STAGES = STAGES_, WM = WM_, WN = WN_;
+  static constexpr int kThreads = WM * WN * 32;
+  static constexpr int WTM = BM / WM, WTN = BN / WN;
+  static constexpr int MI = WTM / 16, NI = WTN / 8;
+  static_assert(WTM % 16 == 0 && WTN % 16 == 0, "warp tile must be whole ldmatrix.x4 blocks");
+  template <int NB> static constexpr int smem_bytes() { return STAGES * (BM + NB * BN) * BK * 2; }
+};
+
+template <typename T, class Cfg, int EPI>
+__global__ void __launch_bounds__(Cfg::kThreads) grouped_mma_kernel(GemmParams p) {
+  constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, STAGES = Cfg::STAGES;
+  constexpr int NB = EPI == EPI_GATED ? 2 : 1;  // B tiles per stage: gate and up for GATED
+  constexpr int MI = Cfg::MI, NI = Cfg::NI;
+  constexpr int A_ELEMS = BM * BK, B_ELEMS = BN * BK, STAGE_ELEMS = A_ELEMS + NB * B_ELEMS;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  __shared__ int s_expert;
+  __shared__ int64_t s_rows[2];
+
+  if (threadIdx.x < 32) {
+    int x;
+    int64_t rb, re;
+    const bool ok = find_tile<BM>(p.offsets, p.num_experts, blockIdx.x, &x, &rb, &re);
+    if (threadIdx.x == 0) {
+      s_expert = ok ? x : -1;
+      s_rows[0] = rb;
+      s_rows[1] = re;
+    }
+  }
+  __syncthreads();
+  const int expert = s_expert;
+  if (expert < 0) return;
+  const int64_t row_begin = s_rows[0], row_end = s_rows[1];
+  const int N = p.n, K = p.k;
+  const int n0 = blockIdx.y * BN;
+
+  const T* A = static_cast<const T*>(p.A) + row_begin * K;
+  const T* B = static_cast<const T*>(p.B) + (int64_t)expert * NB * N * K;
+  const uint32_t smem_base = (uint32_t)__cvta_generic_to_shared(smem_raw);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wm = warp / Cfg::WN, wn = warp % Cfg::WN;
+  const int rows = (int)(row_end - row_begin);
+  const int ktiles = (K + BK - 1) / BK;
+
+  auto load_stage = [&](int stage, int kt) {
+    const uint32_t sA = smem_base + stage * STAGE_ELEMS * 2;
+    const int k0 = kt * BK;
+#pragma unroll
+    for (int c = tid; c < BM * 8; c += Cfg::kThreads) {
+      const int r = c >> 3, kc = c & 7;
+      const bool ok = r < rows && k0 + kc * 8 < K;
+      const T* src = ok ? A + (int64_t)r * K + k0 + kc * 8 : A;
+      cp_async16(sA + (r * BK + ((kc ^ (r & 7)) << 3)) * 2, src, ok);
+    }
+#pragma unroll
+    for (int b = 0; b < NB; ++b) {
+      const uint32_t sB = sA + (A_ELEMS + b * B_ELEMS) * 2;
+#pragma unroll
+      for (int c = tid; c < BN * 8; c += Cfg::kThreads) {
+        const int r = c >> 3, kc = c & 7;
+        const int n = n0 + r;
+        const bool ok = n < N && k0 + kc * 8 < K;
+        const T* src = ok ? B + ((int64_t)b * N + n) * K + k0 + kc * 8 : B;
+        cp_async16(sB + (r * BK + ((kc ^ (r & 7)) << 3)) * 2, src, ok);
+      }
+    }
+  };
+
+  float acc[NB][MI][NI][4];
+#pragma unroll
+  for (int b = 0; b < NB; ++b)
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+      for (int j = 0; j < NI; ++j)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) acc[b][i][j][q] = 0.f;
+
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < ktiles) load_stage(s, s);
+    cp_async_commit();
+  }
+
+  for (int kt = 0; kt < ktiles; ++kt) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();  // stage kt landed for every thread; stage kt-1 fully consumed
+    const int pf = kt + STAGES - 1;
+    if (pf < ktiles) load_stage(pf % STAGES, pf);
+    cp_async_commit();
+
+    const uint32_t sA = smem_base + (kt % STAGES) * STAGE_ELEMS * 2;
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk) {
+      uint32_t af[MI][4];
+#pragma unroll
+      for (int i = 0; i < MI; ++i) {
+        const int r = wm * Cfg::WTM + i * 16 + (lane & 15);
+        const int kc = kk * 2 + (lane >> 4);
+        ldmatrix_x4(af[i], sA + (r * BK + ((kc ^ (r & 7)) << 3)) * 2);
+      }
+#pragma unroll
+      for (int b = 0; b < NB; ++b) {
+        const uint32_t sB = sA + (A_ELEMS + b * B_ELEMS) * 2;
+#pragma unroll
+        for (int j = 0; j < NI; j += 2) {
+          uint32_t bf[4];
+          const int r = wn * Cfg::WTN + j * 8 + (lane & 7) + ((lane >> 4) << 3);
+          const int kc = kk * 2 + ((lane >> 3) & 1);
+          ldmatrix_x4(bf, sB + (r * BK + ((kc ^ (r & 7)) << 3)) * 2);
+#pragma unroll
+          for (int i = 0; i < MI; ++i) {
+            mma16816<MmaName<T>::kBf16>(acc[b][i][j], af[i], bf[0], bf[1]);
+            mma16816<MmaName<T>::kBf16>(acc[b][i][j + 1], af[i], bf[2], bf[3]);
+          }
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();
+
+  using P2 = Pair<T>;
+  const T* bias = p.bias ? static_cast<const T*>(p.bias) + (int64_t)expert * NB * N : nullptr;
+#pragma unroll
+  for (int i = 0; i < MI; ++i) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = wm * Cfg::WTM + i * 16 + (lane >> 2) + h * 8;
+      if (r >= rows) continue;
+      const int64_t prow = row_begin + r;
+      T* out_row;
+      float w = 1.f;
+      if constexpr (EPI == EPI_FINALIZE) {
+        const int e = p.permuted_to_unpermuted[prow];
+        w = p.permuted_weights[prow];
+        out_row = static_cast<T*>(p.C) + (int64_t)(e / p.top_k) * N;
+      } else {
+        out_row = static_cast<T*>(p.C) + prow * N;
+      }
+#pragma unroll
+      for (int j = 0; j < NI; ++j) {
+        const int col = n0 + wn * Cfg::WTN + j * 8 + (lane & 3) * 2;
+        if (col >= N) continue;  // N is even and col is even, so col + 1 < N too
+        float v0 = acc[0][i][j][h * 2], v1 = acc[0][i][j][h * 2 + 1];
+        if (bias) {
+          const float2 bb = P2::to_float2(*reinterpret_cast<const typename P2::type*>(bias + col));
+          v0 += bb.x;
+          v1 += bb.y;
+        }
+        if constexpr (EPI == EPI_GATED) {
+          float u0 = acc[1][i][j][h * 2], u1 = acc[1][i][j][h * 2 + 1];
+          if (bias) {
+            const float2 bu = P2::to_float2(*reinterpret_cast<const typename P2::type*>(bias + N + col));
+            u0 += bu.x;
+            u1 += bu.y;
+          }
+          v0 = apply_gated(p.activation, v0, u0, p.swiglu_alpha, p.swiglu_limit);
+          v1 = apply_gated(p.activation, v1, u1, p.swiglu_alpha, p.swiglu_limit);
+        } else {
+          v0 = apply_act(p.activation, v0);
+          v1 = apply_act(p.activation, v1);
+        }
+        auto* dst = reinterpret_cast<typename P2::type*>(out_row + col);
+        if constexpr (EPI == EPI_FINALIZE) {
+          atomicAdd(dst, P2::make(w * v0, w * v1));
+        } else {
+          *dst = P2::make(v0, v1);
+        }
+      }
+    }
+  }
+}
+
+// Tile shapes, chosen from the host-known average rows per expert (max_rows / E):
+//   <= 16  : decode, weight-bandwidth bound: 16-row tiles, 64 columns, 6 stages of B in flight
+//   <= 64  : 64 x 128 tiles
+//   else   : 128 x 128 tiles (compute bound)
+using CfgSmall = TileConfig<16, 64, 6, 1, 4>;
+using CfgMid = TileConfig<64, 128, 4, 2, 2>;
+using CfgLarge = TileConfig<128, 128, 3, 2, 4>;
+
+enum TileChoice { TILE_SMALL = 0, TILE_MID = 1, TILE_LARGE = 2 };
+
+inline int choose_tile(int64_t max_rows, int num_experts) {
+  const int64_t avg = (max_rows + num_experts - 1) / num_experts;
+  return avg <= 16 ? TILE_SMALL : avg <= 64 ? TILE_MID : TILE_LARGE;
+}
+
+// Validates and launches; defined in gemm_sm80.cu, used by both entry points.
+mb_status launch_grouped_mma(const GemmParams& p, int64_t max_rows, int dtype, int epilogue, int tile,
+                             cudaStream_t stream);
+using ::mb::fail;
+
+}  // namespace mbk

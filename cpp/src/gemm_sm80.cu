@@ -1,0 +1,107 @@
+// Ampere-style (mma.sync / ldmatrix / cp.async) grouped GEMM over expert segments: the
+// mb_grouped_gemm_sm80 entry point, and the launcher that gemm_sm90.cu reuses for decode-sized
+// problems and for its finalize variant. Kernel design: gemm_common.cuh.
+#include <algorithm>
+
+#include "gemm_common.cuh"
+
+namespace mbk {
+
+template <typename T, class Cfg, int EPI>
+static mb_status launch_cfg(const GemmParams& p, int64_t max_rows, cudaStream_t stream) {
+  constexpr int NB = EPI == EPI_GATED ? 2 : 1;
+  constexpr int smem = Cfg::template smem_bytes<NB>();
+  auto kernel = grouped_mma_kernel<T, Cfg, EPI>;
+  // Idempotent and cheap; done on every call so a new device or thread needs no init step.
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess) return fail(MB_ERR_CUDA, "grouped gemm: smem attribute: %s", cudaGetErrorString(err));
+  // sum over experts of ceil(rows_x / BM) <= ceil(max_rows / BM) + (non-empty experts), and at
+  // most min(E, max_rows) experts are non-empty: at decode this keeps dead CTAs few.
+  const int64_t m_tiles = (max_rows + Cfg::BM - 1) / Cfg::BM + std::min<int64_t>(p.num_experts, max_rows);
+  const int n_tiles = (p.n + Cfg::BN - 1) / Cfg::BN;
+  if (m_tiles > INT32_MAX || n_tiles > 65535)
+    return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm: grid too large (m_tiles %lld, n_tiles %d)",
+                     (long long)m_tiles, n_tiles);
+  kernel<<<dim3((unsigned)m_tiles, n_tiles), Cfg::kThreads, smem, stream>>>(p);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return fail(MB_ERR_CUDA, "grouped gemm launch: %s", cudaGetErrorString(err));
+  return MB_OK;
+}
+
+template <typename T, int EPI>
+static mb_status launch_tile(const GemmParams& p, int64_t max_rows, int tile, cudaStream_t stream) {
+  switch (tile) {
+    case TILE_SMALL: return launch_cfg<T, CfgSmall, EPI>(p, max_rows, stream);
+    case TILE_MID: return launch_cfg<T, CfgMid, EPI>(p, max_rows, stream);
+    default: return launch_cfg<T, CfgLarge, EPI>(p, max_rows, stream);
+  }
+}
+
+template <typename T>
+static mb_status launch_epi(const GemmParams& p, int64_t max_rows, int epilogue, int tile, cudaStream_t stream) {
+  switch (epilogue) {
+    case EPI_GATED: return launch_tile<T, EPI_GATED>(p, max_rows, tile, stream);
+    case EPI_FINALIZE: return launch_tile<T, EPI_FINALIZE>(p, max_rows, tile, stream);
+    default: return launch_tile<T, EPI_STORE>(p, max_rows, tile, stream);
+  }
+}
+
+mb_status launch_grouped_mma(const GemmParams& p, int64_t max_rows, int dtype, int epilogue, int tile,
+                             cudaStream_t stream) {
+  if (!p.A || !p.B || !p.C || !p.offsets || p.num_experts <= 0 || max_rows < 0 || p.n <= 0 || p.k <= 0)
+    return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm: null pointer or non-positive size");
+  // 16-byte cp.async rows need K % 8 == 0; the paired epilogue stores need N even. N % 8 keeps
+  // every output/bias row 16-byte aligned as well.
+  if (p.k % 8 != 0 || p.n % 8 != 0)
+    return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm: n (%d) and k (%d) must be multiples of 8", p.n, p.k);
+  if (epilogue == EPI_FINALIZE && (!p.permuted_to_unpermuted || !p.permuted_weights || p.top_k <= 0))
+    return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm finalize: missing maps/weights or top_k <= 0");
+  if (max_rows == 0) return MB_OK;
+  switch (dtype) {
+    case MB_BF16: return launch_epi<__nv_bfloat16>(p, max_rows, epilogue, tile, stream);
+    case MB_FP16: return launch_epi<__half>(p, max_rows, epilogue, tile, stream);
+    case MB_FP32: return fail(MB_ERR_UNSUPPORTED, "grouped gemm: fp32 is not implemented (fp16/bf16 only)");
+    default: return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm: unknown dtype %d", dtype);
+  }
+}
+
+}  // namespace mbk
+
+extern "C" {
+
+size_t mb_grouped_gemm_sm80_workspace(int num_experts) {
+  (void)num_experts;  // the expert lookup runs inside each CTA: no workspace
+  return 0;
+}
+
+mb_status mb_grouped_gemm_sm80(const void* A, const void* B, const void* bias, void* C,
+                               const int64_t* expert_first_token_offset, int num_experts, int64_t max_rows,
+                               int n, int k, int dtype, int activation, int fused_gated, float swiglu_alpha,
+                               float swiglu_limit, void* workspace, size_t workspace_bytes,
+                               cudaStream_t stream) {
+  (void)workspace;
+  (void)workspace_bytes;
+  const bool gated_act =
+      activation == MB_ACT_SWIGLU || activation == MB_ACT_GEGLU || activation == MB_ACT_SWIGLU_CLAMP;
+  if (activation < MB_ACT_IDENTITY || activation > MB_ACT_SWIGLU_CLAMP)
+    return mbk::fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm: unknown activation %d", activation);
+  if (gated_act != (fused_gated != 0))
+    return mbk::fail(MB_ERR_INVALID_ARGUMENT,
+                          "grouped gemm: gated activations need fused_gated=1 and others fused_gated=0");
+  mbk::GemmParams p{};
+  p.A = A;
+  p.B = B;
+  p.bias = bias;
+  p.C = C;
+  p.offsets = expert_first_token_offset;
+  p.num_experts = num_experts;
+  p.n = n;
+  p.k = k;
+  p.activation = activation;
+  p.swiglu_alpha = swiglu_alpha;
+  p.swiglu_limit = swiglu_limit;
+  return mbk::launch_grouped_mma(p, max_rows, dtype, fused_gated ? mbk::EPI_GATED : mbk::EPI_STORE,
+                                 mbk::choose_tile(max_rows, num_experts > 0 ? num_experts : 1), stream);
+}
+
+}  // extern "C"

@@ -1,0 +1,440 @@
+// Hopper (sm_90a) grouped GEMM over expert segments: CUTLASS 3 ptr-array TMA warp-specialized
+// cooperative kernel (wgmma, GroupProblemShape) with our own no-smem epilogue that does either a
+// plain store (+bias) or the MoE finalize (unpermute + top-k weight + bias, atomically reduced
+// into the token's output row).
+//
+// No host sync: a one-block kernel turns expert_first_token_offset into CUTLASS's per-group
+// problem shapes, pointer and stride arrays in the workspace, and CUTLASS is given no host copy
+// of the shapes (it then sizes a persistent grid from the SM count), so a call is CUDA-graph
+// capturable.
+//
+// Path rule (inside each entry point): average rows per expert = ceil(max_rows / E).
+//   <= 8 : the mma.sync kernel of gemm_common.cuh (16-row tiles, 64 columns, 6 cp.async stages).
+//          Decode shapes are weight-bandwidth bound; a 128-row wgmma tile mostly multiplies padding
+//          and the persistent grid has too few CTAs streaming B. Measured on the H200 (bf16):
+//          1 and 16 tokens of Mixtral/Qwen3/DeepSeek-V2-Lite/GPT-OSS (avg 0.06..4 rows) run
+//          1.1-1.6x faster here than on wgmma; 256 tokens (avg 16..64 rows) 1.3-1.9x slower.
+//   else : the CUTLASS wgmma kernel, cooperative 128x256x64 tiles, cluster 1x1 (fastest of
+//          coop 128x128, coop 128x256 and pingpong 128x128 at 256 and 4096 tokens).
+// MB_SM90_GEMM_PATH=mma|wgmma and MB_SM90_WGMMA_TILE=coop128x128|coop128x256|pingpong128x128 in the
+// environment force a path / tile (bench/gemm_bench.py --paths and the tests use them).
+#include <stdlib.h>
+
+#include <algorithm>
+#include <string.h>
+
+#include "gemm_common.cuh"
+
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/epilogue/collective/detail.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/dispatch_policy.hpp"
+#include "cutlass/gemm/group_array_problem_shape.hpp"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+
+namespace mbk {
+namespace {
+
+constexpr int kMmaPathMaxAvgRows = 8;
+
+using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
+using UnderlyingShape = ProblemShape::UnderlyingProblemShape;
+using InternalStrideA = cute::remove_pointer_t<cutlass::detail::TagToStrideA_t<cutlass::layout::RowMajor*>>;
+using InternalStrideB = cute::remove_pointer_t<cutlass::detail::TagToStrideB_t<cutlass::layout::ColumnMajor*>>;
+using InternalStrideD = cute::remove_pointer_t<cutlass::detail::TagToStrideC_t<cutlass::layout::RowMajor*>>;
+
+template <typename T> struct CutlassType;
+template <> struct CutlassType<__nv_bfloat16> { using type = cutlass::bfloat16_t; };
+template <> struct CutlassType<__half> { using type = cutlass::half_t; };
+
+// Operator-style epilogue run by CUTLASS's Sm90TmaWarpSpecializedAdapter (the same hook as its
+// DefaultEpilogueArray): each consumer thread gets its wgmma accumulator fragment and the
+// fragment's (row, column) coordinates in the current group, and writes them itself.
+template <typename T, bool kFinalize>
+class MoeEpilogue {
+ public:
+  using EpilogueSchedule = cutlass::epilogue::PtrArrayNoSmemWarpSpecialized;
+  using DispatchPolicy = EpilogueSchedule;
+  using ElementC = typename CutlassType<T>::type;
+  using ElementD = ElementC;
+  using InternalStrideC = mbk::InternalStrideD;
+  using InternalStrideD = mbk::InternalStrideD;
+  using StrideC = InternalStrideC*;
+  using StrideD = InternalStrideD*;
+  using GmemTiledCopyC = void;
+  using GmemTiledCopyD = void;
+  // GemmUniversalAdapter reads the accumulator type through this.
+  struct ThreadEpilogueOp {
+    using ElementAccumulator = float;
+    using ElementCompute = float;
+    using ElementOutput = ElementD;
+    using ElementD = ElementOutput;
+  };
+  struct SharedStorage {};
+  using TensorMapStorage = SharedStorage;
+
+  struct Arguments {
+    const T* bias = nullptr;        // [E, N] or null
+    T* out = nullptr;               // plain: [rows, N]; finalize: [tokens, N], zeroed by the caller
+    const int64_t* offsets = nullptr;
+    const int32_t* permuted_to_unpermuted = nullptr;
+    const float* permuted_weights = nullptr;
+    int top_k = 1;
+  };
+  using Params = Arguments;
+
+  template <class PS>
+  static constexpr Params to_underlying_arguments(PS const&, Arguments const& args, void*) {
+    return args;
+  }
+  template <class PS>
+  static size_t get_workspace_size(PS const&, Arguments const&, int) {
+    return 0;
+  }
+  template <class PS>
+  static cutlass::Status initialize_workspace(PS const&, Arguments const&, void*, cudaStream_t,
+                                              cutlass::CudaHostAdapter* = nullptr) {
+    return cutlass::Status::kSuccess;
+  }
+  template <class PS>
+  static bool can_implement(PS const&, Arguments const& args) {
+    return args.out != nullptr && args.offsets != nullptr;
+  }
+
+  CUTLASS_HOST_DEVICE MoeEpilogue(Params const& params) : params_(params) {}
+
+  CUTLASS_DEVICE bool is_source_needed() { return false; }
+
+  template <class ProblemShapeMNKL, class BlockShapeMNK, class BlockCoordMNKL, class FrgEngine, class FrgLayout,
+            class TiledMma, class ResidueMNK>
+  CUTLASS_DEVICE void operator()(ProblemShapeMNKL problem_shape_mnkl, BlockShapeMNK blk_shape_mnk,
+                                 BlockCoordMNKL blk_coord_mnkl, cute::Tensor<FrgEngine, FrgLayout> const& acc,
+                                 TiledMma tiled_mma, ResidueMNK, int thread_idx, char*) {
+    using namespace cute;
+    using P2 = Pair<T>;
+    const int M = get<0>(problem_shape_mnkl);
+    const int N = get<1>(problem_shape_mnkl);
+    auto [m_coord, n_coord, k_coord, l_coord] = blk_coord_mnkl;
+    Tensor coords = local_tile(make_identity_tensor(make_shape(M, N)), take<0, 2>(blk_shape_mnk),
+                               make_coord(m_coord, n_coord));
+    Tensor tc = tiled_mma.get_thread_slice(thread_idx).partition_C(coords);
+    const int64_t row0 = params_.offsets[l_coord];
+    const T* bias = params_.bias ? params_.bias + (int64_t)l_coord * N : nullptr;
+    static_assert(size(FrgLayout{}) % 2 == 0, "accumulator fragment holds column pairs");
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(acc); i += 2) {
+      const int m = get<0>(tc(i)), n = get<1>(tc(i));
+      if (m >= M || n >= N) continue;
+      // wgmma fragments hold (row, col), (row, col + 1) as neighbours; N is even, so both fit.
+      float v0 = acc(i), v1 = acc(i + 1);
+      if (bias) {
+        const float2 b = P2::to_float2(*reinterpret_cast<const typename P2::type*>(bias + n));
+        v0 += b.x;
+        v1 += b.y;
+      }
+      const int64_t prow = row0 + m;
+      if constexpr (kFinalize) {
+        const int e = params_.permuted_to_unpermuted[prow];
+        const float w = params_.permuted_weights[prow];
+        T* dst = params_.out + (int64_t)(e / params_.top_k) * N + n;
+        atomicAdd(reinterpret_cast<typename P2::type*>(dst), P2::make(w * v0, w * v1));
+      } else {
+        *reinterpret_cast<typename P2::type*>(params_.out + prow * N + n) = P2::make(v0, v1);
+      }
+    }
+  }
+
+ private:
+  Params params_;
+};
+
+// Mainloop shapes measured against each other on the H200 (bench/gemm_bench.py --paths):
+// cooperative 128x128x64, cooperative 128x256x64, pingpong 128x128x64; all cluster 1x1.
+enum WgmmaTile { WG_COOP_128x128 = 0, WG_COOP_128x256 = 1, WG_PINGPONG_128x128 = 2 };
+constexpr int kDefaultWgmmaTile = WG_COOP_128x256;
+
+template <int kTile> struct WgmmaTileTraits;
+template <> struct WgmmaTileTraits<WG_COOP_128x128> {
+  using Shape = cute::Shape<cute::_128, cute::_128, cute::_64>;
+  using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
+};
+template <> struct WgmmaTileTraits<WG_COOP_128x256> {
+  using Shape = cute::Shape<cute::_128, cute::_256, cute::_64>;
+  using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
+};
+template <> struct WgmmaTileTraits<WG_PINGPONG_128x128> {
+  using Shape = cute::Shape<cute::_128, cute::_128, cute::_64>;
+  using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
+};
+
+template <typename T, bool kFinalize, int kTile>
+struct WgmmaGemm {
+  using Element = typename CutlassType<T>::type;
+  using TileShape = typename WgmmaTileTraits<kTile>::Shape;
+  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
+  using Epilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<MoeEpilogue<T, kFinalize>>;
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, cutlass::layout::RowMajor*, 8, Element,
+      cutlass::layout::ColumnMajor*, 8, float, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<0>, typename WgmmaTileTraits<kTile>::Schedule>::CollectiveOp;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+};
+
+// Workspace: per-group arrays for CUTLASS, then CUTLASS's own workspace (tensormaps, scheduler).
+struct GroupArrays {
+  UnderlyingShape* shapes;
+  const void** ptr_a;
+  const void** ptr_b;
+  InternalStrideA* stride_a;
+  InternalStrideB* stride_b;
+  void* cutlass_workspace;
+  size_t bytes;  // bytes up to cutlass_workspace
+};
+
+inline size_t align256(size_t x) { return (x + 255) & ~size_t(255); }
+
+GroupArrays carve(void* base, int num_experts) {
+  GroupArrays g{};
+  char* p = static_cast<char*>(base);
+  size_t off = 0;
+  auto take = [&](size_t bytes) {
+    char* q = p + off;
+    off = align256(off + bytes);
+    return q;
+  };
+  g.shapes = reinterpret_cast<UnderlyingShape*>(take(sizeof(UnderlyingShape) * num_experts));
+  g.ptr_a = reinterpret_cast<const void**>(take(sizeof(void*) * num_experts));
+  g.ptr_b = reinterpret_cast<const void**>(take(sizeof(void*) * num_experts));
+  g.stride_a = reinterpret_cast<InternalStrideA*>(take(sizeof(InternalStrideA) * num_experts));
+  g.stride_b = reinterpret_cast<InternalStrideB*>(take(sizeof(InternalStrideB) * num_experts));
+  g.cutlass_workspace = p ? p + off : nullptr;
+  g.bytes = off;
+  return g;
+}
+
+__global__ void build_groups_kernel(const int64_t* offsets, int num_experts, int n, int k, int elem_bytes,
+                                    const char* A, const char* B, GroupArrays g) {
+  for (int x = threadIdx.x; x < num_experts; x += blockDim.x) {
+    const int64_t lo = offsets[x];
+    g.shapes[x] = UnderlyingShape(static_cast<int>(offsets[x + 1] - lo), n, k);
+    g.ptr_a[x] = A + lo * k * elem_bytes;
+    g.ptr_b[x] = B + (int64_t)x * n * k * elem_bytes;
+    InternalStrideA sa{};
+    cute::get<0>(sa) = k;
+    g.stride_a[x] = sa;
+    InternalStrideB sb{};
+    cute::get<0>(sb) = k;
+    g.stride_b[x] = sb;
+  }
+}
+
+int sm_count_of_current_device() {
+  int dev = 0, count = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
+  if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) return 0;
+  return count;
+}
+
+template <typename T, bool kFinalize, int kTile>
+typename WgmmaGemm<T, kFinalize, kTile>::Gemm::Arguments make_args(const GroupArrays& g, int num_experts,
+                                                            const typename MoeEpilogue<T, kFinalize>::Arguments& epi,
+                                                            int sm_count) {
+  using G = WgmmaGemm<T, kFinalize, kTile>;
+  using Element = typename G::Element;
+  cutlass::KernelHardwareInfo hw{};
+  cudaGetDevice(&hw.device_id);
+  hw.sm_count = sm_count;
+  return typename G::Gemm::Arguments{
+      cutlass::gemm::GemmUniversalMode::kGrouped,
+      {num_experts, g.shapes, nullptr},
+      {reinterpret_cast<const Element**>(g.ptr_a), g.stride_a, reinterpret_cast<const Element**>(g.ptr_b),
+       g.stride_b},
+      epi,
+      hw};
+}
+
+template <typename T, bool kFinalize, int kTile>
+size_t cutlass_workspace_bytes(int num_experts, int sm_count) {
+  const GroupArrays g = carve(nullptr, num_experts);
+  return WgmmaGemm<T, kFinalize, kTile>::Gemm::get_workspace_size(
+      make_args<T, kFinalize, kTile>(g, num_experts, typename MoeEpilogue<T, kFinalize>::Arguments{}, sm_count));
+}
+
+template <typename T, bool kFinalize>
+size_t max_cutlass_workspace_bytes(int num_experts, int sm_count) {
+  return std::max({cutlass_workspace_bytes<T, kFinalize, WG_COOP_128x128>(num_experts, sm_count),
+                   cutlass_workspace_bytes<T, kFinalize, WG_COOP_128x256>(num_experts, sm_count),
+                   cutlass_workspace_bytes<T, kFinalize, WG_PINGPONG_128x128>(num_experts, sm_count)});
+}
+
+bool device_is_sm90() {
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  // sm_90a code runs on 9.0 only (arch-specific features are not forward compatible).
+  return major == 9 && minor == 0;
+}
+
+int wgmma_tile() {
+  const char* force = getenv("MB_SM90_WGMMA_TILE");
+  if (force && strcmp(force, "coop128x256") == 0) return WG_COOP_128x256;
+  if (force && strcmp(force, "pingpong128x128") == 0) return WG_PINGPONG_128x128;
+  if (force && strcmp(force, "coop128x128") == 0) return WG_COOP_128x128;
+  return kDefaultWgmmaTile;
+}
+
+bool use_mma_path(int64_t max_rows, int num_experts) {
+  const char* force = getenv("MB_SM90_GEMM_PATH");
+  if (force && strcmp(force, "mma") == 0) return true;
+  if (force && strcmp(force, "wgmma") == 0) return false;
+  return (max_rows + num_experts - 1) / num_experts <= kMmaPathMaxAvgRows;
+}
+
+template <typename T, bool kFinalize, int kTile>
+mb_status run_wgmma(const void* A, const void* B, const typename MoeEpilogue<T, kFinalize>::Arguments& epi,
+                    const int64_t* offsets, int num_experts, int n, int k, void* workspace,
+                    size_t workspace_bytes, cudaStream_t stream) {
+  using G = WgmmaGemm<T, kFinalize, kTile>;
+  const int sm_count = sm_count_of_current_device();
+  const GroupArrays g = carve(workspace, num_experts);
+  const size_t need = g.bytes + cutlass_workspace_bytes<T, kFinalize, kTile>(num_experts, sm_count);
+  if (!workspace || workspace_bytes < need)
+    return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm sm90: workspace %zu bytes < %zu needed",
+                     workspace_bytes, need);
+  build_groups_kernel<<<1, 128, 0, stream>>>(offsets, num_experts, n, k, (int)sizeof(T),
+                                             static_cast<const char*>(A), static_cast<const char*>(B), g);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return fail(MB_ERR_CUDA, "grouped gemm sm90 group build: %s", cudaGetErrorString(err));
+  typename G::Gemm gemm;
+  auto args = make_args<T, kFinalize, kTile>(g, num_experts, epi, sm_count);
+  cutlass::Status st = gemm.can_implement(args);
+  if (st != cutlass::Status::kSuccess)
+    return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm sm90: CUTLASS cannot implement (%s)",
+                     cutlassGetStatusString(st));
+  st = gemm.initialize(args, g.cutlass_workspace, stream);
+  if (st == cutlass::Status::kSuccess) st = gemm.run(stream);
+  err = cudaGetLastError();
+  if (st != cutlass::Status::kSuccess || err != cudaSuccess)
+    return fail(MB_ERR_CUDA, "grouped gemm sm90: %s / %s", cutlassGetStatusString(st), cudaGetErrorString(err));
+  return MB_OK;
+}
+
+template <bool kFinalize>
+mb_status dispatch_wgmma(int dtype, const void* A, const void* B, const void* bias, void* out,
+                         const int64_t* offsets, const int32_t* p2u, const float* weights, int top_k,
+                         int num_experts, int n, int k, void* workspace, size_t workspace_bytes,
+                         cudaStream_t stream) {
+  auto go = [&](auto tag) {
+    using T = decltype(tag);
+    typename MoeEpilogue<T, kFinalize>::Arguments epi{static_cast<const T*>(bias), static_cast<T*>(out), offsets,
+                                                      p2u, weights, top_k};
+    switch (wgmma_tile()) {
+      case WG_COOP_128x256:
+        return run_wgmma<T, kFinalize, WG_COOP_128x256>(A, B, epi, offsets, num_experts, n, k, workspace,
+                                                         workspace_bytes, stream);
+      case WG_PINGPONG_128x128:
+        return run_wgmma<T, kFinalize, WG_PINGPONG_128x128>(A, B, epi, offsets, num_experts, n, k, workspace,
+                                                             workspace_bytes, stream);
+      default:
+        return run_wgmma<T, kFinalize, WG_COOP_128x128>(A, B, epi, offsets, num_experts, n, k, workspace,
+                                                         workspace_bytes, stream);
+    }
+  };
+  return dtype == MB_BF16 ? go(__nv_bfloat16{}) : go(__half{});
+}
+
+mb_status check_common(const void* A, const void* B, const void* out, const int64_t* offsets, int num_experts,
+                       int64_t max_rows, int n, int k, int dtype) {
+  if (!device_is_sm90())
+    return fail(MB_ERR_UNSUPPORTED, "grouped gemm sm90: needs a compute capability 9.0 device");
+  if (dtype == MB_FP32) return fail(MB_ERR_UNSUPPORTED, "grouped gemm sm90: fp32 is not implemented");
+  if (dtype != MB_BF16 && dtype != MB_FP16)
+    return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm sm90: unknown dtype %d", dtype);
+  if (!A || !B || !out || !offsets || num_experts <= 0 || max_rows < 0 || n <= 0 || k <= 0)
+    return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm sm90: null pointer or non-positive size");
+  if (n % 8 != 0 || k % 8 != 0)
+    return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm sm90: n (%d) and k (%d) must be multiples of 8", n, k);
+  return MB_OK;
+}
+
+}  // namespace
+}  // namespace mbk
+
+extern "C" {
+
+size_t mb_grouped_gemm_sm90_workspace(int num_experts, int64_t max_rows, int n, int k) {
+  (void)max_rows;
+  (void)n;
+  (void)k;
+  if (num_experts <= 0) return 0;
+  const int sm = mbk::sm_count_of_current_device();
+  size_t cw = 0;
+  cw = std::max(cw, mbk::max_cutlass_workspace_bytes<__nv_bfloat16, false>(num_experts, sm));
+  cw = std::max(cw, mbk::max_cutlass_workspace_bytes<__nv_bfloat16, true>(num_experts, sm));
+  cw = std::max(cw, mbk::max_cutlass_workspace_bytes<__half, false>(num_experts, sm));
+  cw = std::max(cw, mbk::max_cutlass_workspace_bytes<__half, true>(num_experts, sm));
+  return mbk::carve(nullptr, num_experts).bytes + cw;
+}
+
+mb_status mb_grouped_gemm_sm90(const void* A, const void* B, const void* bias, void* C,
+                               const int64_t* expert_first_token_offset, int num_experts, int64_t max_rows,
+                               int n, int k, int dtype, void* workspace, size_t workspace_bytes,
+                               cudaStream_t stream) {
+  mb_status st = mbk::check_common(A, B, C, expert_first_token_offset, num_experts, max_rows, n, k, dtype);
+  if (st != MB_OK || max_rows == 0) return st;
+  if (mbk::use_mma_path(max_rows, num_experts)) {
+    mbk::GemmParams p{};
+    p.A = A;
+    p.B = B;
+    p.bias = bias;
+    p.C = C;
+    p.offsets = expert_first_token_offset;
+    p.num_experts = num_experts;
+    p.n = n;
+    p.k = k;
+    p.activation = MB_ACT_IDENTITY;
+    return mbk::launch_grouped_mma(p, max_rows, dtype, mbk::EPI_STORE, mbk::choose_tile(max_rows, num_experts),
+                                   stream);
+  }
+  return mbk::dispatch_wgmma<false>(dtype, A, B, bias, C, expert_first_token_offset, nullptr, nullptr, 1,
+                                    num_experts, n, k, workspace, workspace_bytes, stream);
+}
+
+mb_status mb_grouped_gemm_sm90_finalize(const void* A, const void* B, const void* bias, void* out,
+                                        const int64_t* expert_first_token_offset,
+                                        const int32_t* permuted_to_unpermuted, const float* permuted_weights,
+                                        int num_experts, int64_t max_rows, int num_tokens, int top_k, int n,
+                                        int k, int dtype, void* workspace, size_t workspace_bytes,
+                                        cudaStream_t stream) {
+  mb_status st = mbk::check_common(A, B, out, expert_first_token_offset, num_experts, max_rows, n, k, dtype);
+  if (st != MB_OK) return st;
+  if (!permuted_to_unpermuted || !permuted_weights || top_k <= 0 || num_tokens < 0)
+    return mbk::fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm sm90 finalize: missing maps/weights or bad top_k");
+  if (max_rows == 0) return MB_OK;
+  if (mbk::use_mma_path(max_rows, num_experts)) {
+    mbk::GemmParams p{};
+    p.A = A;
+    p.B = B;
+    p.bias = bias;
+    p.C = out;
+    p.offsets = expert_first_token_offset;
+    p.permuted_to_unpermuted = permuted_to_unpermuted;
+    p.permuted_weights = permuted_weights;
+    p.num_experts = num_experts;
+    p.n = n;
+    p.k = k;
+    p.top_k = top_k;
+    p.activation = MB_ACT_IDENTITY;
+    return mbk::launch_grouped_mma(p, max_rows, dtype, mbk::EPI_FINALIZE, mbk::choose_tile(max_rows, num_experts),
+                                   stream);
+  }
+  return mbk::dispatch_wgmma<true>(dtype, A, B, bias, out, expert_first_token_offset, permuted_to_unpermuted,
+                                   permuted_weights, top_k, num_experts, n, k, workspace, workspace_bytes, stream);
+}
+
+}  // extern "C"

@@ -1,0 +1,121 @@
+"""ctypes access to the grouped-GEMM entry points for tests/gpu/test_gemm_kernels.py and
+bench/gemm_bench.py, until moe_build/kernels.py (another helper's loader) lands.
+
+The library comes from MB_KERNELS_LIB (a prebuilt .so, e.g. carried to the GPU machine) or is
+built here with nvcc from cpp/src/gemm_sm80.cu, gemm_sm90.cu and status.cu (mb_last_error) into build/.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+MB_FP32, MB_FP16, MB_BF16 = 0, 1, 2
+ACT = {"identity": 0, "relu": 1, "silu": 2, "gelu": 3, "swiglu": 4, "geglu": 5, "swiglu_clamp": 6}
+GATED = ("swiglu", "geglu", "swiglu_clamp")
+DTYPES = {torch.float32: MB_FP32, torch.float16: MB_FP16, torch.bfloat16: MB_BF16}
+
+
+def _cutlass_include() -> str:
+    if os.environ.get("MB_CUTLASS_INCLUDE"):  # a copied include tree, where the wheel is absent
+        return os.environ["MB_CUTLASS_INCLUDE"]
+    import cutlass_library  # the nvidia-cutlass wheel ships the CUTLASS/CuTe headers
+
+    return str(Path(cutlass_library.__file__).parent / "source" / "include")
+
+
+def build_library(out: Path) -> Path:
+    """nvcc-build the two GEMM files into one shared library (both sm_80 and sm_90a code)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cmd = ["nvcc", "-std=c++17", "-O3", "--expt-relaxed-constexpr", "-shared", "-Xcompiler", "-fPIC",
+           "-t", "0", f"-I{REPO / 'cpp/include'}", f"-I{_cutlass_include()}",
+           "-gencode", "arch=compute_80,code=sm_80", "-gencode", "arch=compute_90a,code=sm_90a",
+           *(str(REPO / "cpp/src" / f) for f in ("gemm_sm80.cu", "gemm_sm90.cu", "status.cu")), "-o", str(out)]
+    subprocess.run(cmd, check=True)
+    return out
+
+
+def load() -> ctypes.CDLL:
+    path = os.environ.get("MB_KERNELS_LIB")
+    lib = ctypes.CDLL(path if path else str(build_library(REPO / "build" / "libmb_gemm.so")))
+    vp, i32, i64, f32, sz = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float, ctypes.c_size_t
+    lib.mb_last_error.restype = ctypes.c_char_p
+    lib.mb_grouped_gemm_sm80_workspace.restype = sz
+    lib.mb_grouped_gemm_sm80_workspace.argtypes = [i32]
+    lib.mb_grouped_gemm_sm80.restype = i32
+    lib.mb_grouped_gemm_sm80.argtypes = [vp, vp, vp, vp, vp, i32, i64, i32, i32, i32, i32, i32, f32, f32, vp, sz, vp]
+    lib.mb_grouped_gemm_sm90_workspace.restype = sz
+    lib.mb_grouped_gemm_sm90_workspace.argtypes = [i32, i64, i32, i32]
+    lib.mb_grouped_gemm_sm90.restype = i32
+    lib.mb_grouped_gemm_sm90.argtypes = [vp, vp, vp, vp, vp, i32, i64, i32, i32, i32, vp, sz, vp]
+    lib.mb_grouped_gemm_sm90_finalize.restype = i32
+    lib.mb_grouped_gemm_sm90_finalize.argtypes = [vp, vp, vp, vp, vp, vp, vp, i32, i64, i32, i32, i32, i32, i32,
+                                                  vp, sz, vp]
+    return lib
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def _stream() -> int:
+    return torch.cuda.current_stream().cuda_stream
+
+
+class Gemms:
+    """Thin wrappers: tensors in, status code back; the caller owns every output buffer."""
+
+    def __init__(self, lib: ctypes.CDLL):
+        self.lib = lib
+        self._ws: dict[int, torch.Tensor] = {}
+
+    def error(self) -> str:
+        return self.lib.mb_last_error().decode()
+
+    def workspace_sm90(self, num_experts: int, max_rows: int, n: int, k: int) -> torch.Tensor:
+        size = self.lib.mb_grouped_gemm_sm90_workspace(num_experts, max_rows, n, k)
+        ws = self._ws.get(num_experts)
+        if ws is None or ws.numel() < size:
+            ws = torch.empty(max(size, 1), dtype=torch.uint8, device="cuda")
+            self._ws[num_experts] = ws
+        return ws
+
+    def sm80(self, a, b, bias, c, offsets, max_rows: int, n: int, k: int, act: str,
+             alpha: float = 1.0, limit: float = 0.0) -> int:
+        gated = int(act in GATED)
+        return self.lib.mb_grouped_gemm_sm80(_ptr(a), _ptr(b), _ptr(bias), _ptr(c), _ptr(offsets),
+                                             offsets.numel() - 1, max_rows, n, k, DTYPES[a.dtype], ACT[act],
+                                             gated, alpha, limit, None, 0, _stream())
+
+    def sm90(self, a, b, bias, c, offsets, max_rows: int, n: int, k: int) -> int:
+        e = offsets.numel() - 1
+        ws = self.workspace_sm90(e, max_rows, n, k)
+        return self.lib.mb_grouped_gemm_sm90(_ptr(a), _ptr(b), _ptr(bias), _ptr(c), _ptr(offsets), e, max_rows,
+                                             n, k, DTYPES[a.dtype], _ptr(ws), ws.numel(), _stream())
+
+    def sm90_finalize(self, a, b, bias, out, offsets, p2u, pw, max_rows: int, num_tokens: int, top_k: int,
+                      n: int, k: int) -> int:
+        e = offsets.numel() - 1
+        ws = self.workspace_sm90(e, max_rows, n, k)
+        return self.lib.mb_grouped_gemm_sm90_finalize(
+            _ptr(a), _ptr(b), _ptr(bias), _ptr(out), _ptr(offsets), _ptr(p2u), _ptr(pw), e, max_rows,
+            num_tokens, top_k, n, k, DTYPES[a.dtype], _ptr(ws), ws.numel(), _stream())
+
+
+def route(num_tokens: int, num_experts: int, top_k: int, gen: torch.Generator):
+    """Random distinct top-k experts per token -> (topk_ids, offsets int64 [E+1],
+    permuted_to_unpermuted int32, unpermuted_to_permuted int64), permuted rows stable by expert."""
+    scores = torch.rand(num_tokens, num_experts, generator=gen, device="cuda")
+    ids = scores.topk(top_k, dim=1).indices.to(torch.int32)
+    flat = ids.flatten().long()
+    order = torch.sort(flat, stable=True).indices
+    counts = torch.bincount(flat, minlength=num_experts)
+    offsets = torch.zeros(num_experts + 1, dtype=torch.int64, device="cuda")
+    offsets[1:] = counts.cumsum(0)
+    u2p = torch.empty_like(order)
+    u2p[order] = torch.arange(order.numel(), device="cuda")
+    return ids, offsets, order.to(torch.int32), u2p

@@ -1,0 +1,218 @@
+"""Grouped-GEMM entry points (cpp/src/gemm_sm80.cu, gemm_sm90.cu) against an fp64 reference.
+
+Fresh random data for every case, outputs poisoned with NaN first and checked fully written,
+uneven and empty expert segments, both sm90 paths (mma.sync and CUTLASS wgmma, forced through
+MB_SM90_GEMM_PATH, every wgmma tile through MB_SM90_WGMMA_TILE) and the automatic choice.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+_spec = importlib.util.spec_from_file_location(
+    "gemm_lib", Path(__file__).resolve().parents[2] / "cpp" / "tests" / "gemm_lib.py")
+gemm_lib = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(gemm_lib)
+
+TOL = {torch.bfloat16: 1e-2, torch.float16: 3e-3}
+
+
+@pytest.fixture(scope="module")
+def gemms():
+    return gemm_lib.Gemms(gemm_lib.load())
+
+
+def is_sm90() -> bool:
+    return torch.cuda.get_device_capability() == (9, 0)
+
+
+def segments(num_experts: int, rows: int, gen: torch.Generator) -> torch.Tensor:
+    """Uneven segments with about a quarter of the experts empty; int64 offsets [E+1]."""
+    weights = torch.rand(num_experts, generator=gen, device="cuda") ** 3
+    weights[torch.rand(num_experts, generator=gen, device="cuda") < 0.25] = 0
+    if weights.sum() == 0:
+        weights[0] = 1
+    counts = torch.zeros(num_experts, dtype=torch.int64, device="cuda")
+    if rows:
+        counts += torch.bincount(torch.multinomial(weights, rows, replacement=True, generator=gen),
+                                 minlength=num_experts)
+    offsets = torch.zeros(num_experts + 1, dtype=torch.int64, device="cuda")
+    offsets[1:] = counts.cumsum(0)
+    return offsets
+
+
+def act_ref(name: str, x, up=None, alpha: float = 1.0, limit: float = 0.0):
+    F = torch.nn.functional
+    if name == "identity":
+        return x
+    if name == "relu":
+        return F.relu(x)
+    if name == "silu":
+        return F.silu(x)
+    if name == "gelu":
+        return F.gelu(x)
+    if name == "swiglu":
+        return F.silu(x) * up
+    if name == "geglu":
+        return F.gelu(x) * up
+    g = x.clamp(max=limit)
+    return g * torch.sigmoid(alpha * g) * (up.clamp(-limit, limit) + 1)
+
+
+def reference(a, b, bias, offsets, act: str, alpha: float = 1.0, limit: float = 0.0):
+    """fp64 per-expert loop: act(A[seg] @ B[x]^T + bias[x]) (gated: from the two halves of B)."""
+    off = offsets.tolist()
+    gated = act in gemm_lib.GATED
+    n = b.shape[1] // (2 if gated else 1)
+    out = torch.empty(a.shape[0], n, dtype=torch.float64, device="cuda")
+    for x in range(len(off) - 1):
+        lo, hi = off[x], off[x + 1]
+        if lo == hi:
+            continue
+        y = a[lo:hi].double() @ b[x].double().T
+        if bias is not None:
+            y = y + bias[x].double()
+        out[lo:hi] = act_ref(act, y[:, :n], y[:, n:], alpha, limit) if gated else act_ref(act, y)
+    return out
+
+
+def rel_err(out, ref) -> float:
+    return ((out.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def check(out, ref, dtype):
+    assert not torch.isnan(out).any(), "output has unwritten (NaN-poisoned) or NaN elements"
+    err = rel_err(out, ref)
+    assert err < TOL[dtype], f"rel-norm error {err:.2e} >= {TOL[dtype]:.0e}"
+
+
+def make(rows, e, n_rows_b, k, dtype, gen, with_bias, bias_cols):
+    a = torch.randn(rows, k, generator=gen, device="cuda").to(dtype)
+    b = (torch.randn(e, n_rows_b, k, generator=gen, device="cuda") / k ** 0.5).to(dtype)
+    bias = torch.randn(e, bias_cols, generator=gen, device="cuda").to(dtype) if with_bias else None
+    return a, b, bias
+
+
+# (experts, rows, n, k): every tile size (avg rows/expert <= 16, <= 64, > 64), N/K multiples of
+# 64 and not (2880 = 45*64, 200, 136), single rows and 8192 rows.
+SHAPES = [(8, 1, 256, 128), (8, 100, 200, 136), (8, 500, 2880, 2880), (16, 8192, 512, 256),
+          (128, 8192, 192, 512), (128, 3, 1536, 2048), (64, 1000, 1408, 2048)]
+ACTS = ["identity", "relu", "silu", "gelu"]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_sm80_bias_act(gemms, shape, dtype):
+    e, rows, n, k = shape
+    gen = torch.Generator(device="cuda").manual_seed(hash((shape, str(dtype))) % 2**31)
+    offsets = segments(e, rows, gen)
+    for i, act in enumerate(ACTS):
+        a, b, bias = make(rows, e, n, k, dtype, gen, with_bias=i % 2 == 0, bias_cols=n)
+        c = torch.full((rows, n), float("nan"), dtype=dtype, device="cuda")
+        assert gemms.sm80(a, b, bias, c, offsets, rows, n, k, act) == 0, gemms.error()
+        check(c, reference(a, b, bias, offsets, act), dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_sm80_fused_gated(gemms, shape, dtype):
+    e, rows, n, k = shape
+    gen = torch.Generator(device="cuda").manual_seed(1 + hash((shape, str(dtype))) % 2**31)
+    offsets = segments(e, rows, gen)
+    for i, act in enumerate(gemm_lib.GATED):
+        a, b, bias = make(rows, e, 2 * n, k, dtype, gen, with_bias=i != 1, bias_cols=2 * n)
+        alpha, limit = (1.702, 7.0) if act == "swiglu_clamp" else (1.0, 0.0)
+        c = torch.full((rows, n), float("nan"), dtype=dtype, device="cuda")
+        assert gemms.sm80(a, b, bias, c, offsets, rows, n, k, act, alpha, limit) == 0, gemms.error()
+        check(c, reference(a, b, bias, offsets, act, alpha, limit), dtype)
+
+
+def test_sm80_rejects(gemms):
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    offsets = segments(8, 64, gen)
+    a, b, _ = make(64, 8, 100, 128, torch.bfloat16, gen, False, 0)
+    c = torch.empty(64, 100, dtype=torch.bfloat16, device="cuda")
+    assert gemms.sm80(a, b, None, c, offsets, 64, 100, 128, "identity") == 1  # N % 8 != 0
+    assert gemms.lib.mb_grouped_gemm_sm80(a.data_ptr(), b.data_ptr(), None, c.data_ptr(), offsets.data_ptr(), 8,
+                                          64, 96, 128, 1, 4, 0, 1.0, 0.0, None, 0, 0) == 1  # gated act, not fused
+    af = a.float()
+    assert gemms.sm80(af, b.float(), None, c.float(), offsets, 64, 96, 128, "identity") == 2  # fp32
+
+
+@pytest.fixture(params=["auto", "mma", "wgmma:coop128x128", "wgmma:coop128x256", "wgmma:pingpong128x128"])
+def sm90_path(request):
+    """Forces the sm90 entry points' path (and wgmma tile) through their environment knobs."""
+    if not is_sm90():
+        pytest.skip("sm_90a kernels need a compute capability 9.0 device")
+    keys = ("MB_SM90_GEMM_PATH", "MB_SM90_WGMMA_TILE")
+    saved = {k: os.environ.pop(k, None) for k in keys}
+    if request.param != "auto":
+        path, _, tile = request.param.partition(":")
+        os.environ["MB_SM90_GEMM_PATH"] = path
+        if tile:
+            os.environ["MB_SM90_WGMMA_TILE"] = tile
+    yield request.param
+    for k, v in saved.items():
+        os.environ.pop(k, None)
+        if v is not None:
+            os.environ[k] = v
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_sm90_plain(gemms, sm90_path, shape, dtype):
+    e, rows, n, k = shape
+    gen = torch.Generator(device="cuda").manual_seed(2 + hash((shape, str(dtype), sm90_path)) % 2**31)
+    offsets = segments(e, rows, gen)
+    for with_bias in (True, False):
+        a, b, bias = make(rows, e, n, k, dtype, gen, with_bias, n)
+        c = torch.full((rows, n), float("nan"), dtype=dtype, device="cuda")
+        assert gemms.sm90(a, b, bias, c, offsets, rows, n, k) == 0, gemms.error()
+        check(c, reference(a, b, bias, offsets, "identity"), dtype)
+
+
+# (tokens, experts, top_k, n, k)
+FINALIZE = [(1, 8, 2, 4096, 512), (16, 128, 8, 2048, 768), (300, 64, 6, 2048, 1408), (2048, 8, 2, 512, 1024),
+            (1024, 32, 4, 2880, 2880), (700, 16, 1, 200, 136)]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", FINALIZE)
+def test_sm90_finalize(gemms, sm90_path, case, dtype):
+    t, e, top_k, n, k = case
+    gen = torch.Generator(device="cuda").manual_seed(3 + hash((case, str(dtype), sm90_path)) % 2**31)
+    ids, offsets, p2u, u2p = gemm_lib.route(t, e, top_k, gen)
+    rows = t * top_k
+    a, b, bias = make(rows, e, n, k, dtype, gen, with_bias=t % 2 == 0, bias_cols=n)
+    w = torch.rand(t, top_k, generator=gen, device="cuda")
+    pw = w.flatten()[p2u.long()].contiguous()
+    # reference: out[t] = sum_j w[t,j] * (A[u2p[t*K+j]] @ B[ids[t,j]]^T + bias[ids[t,j]])
+    y = reference(a, b, bias, offsets, "identity")
+    ref = (y[u2p].view(t, top_k, n) * w.double().unsqueeze(-1)).sum(1)
+    outs = []
+    for _ in range(2):
+        out = torch.zeros(t, n, dtype=dtype, device="cuda")
+        assert gemms.sm90_finalize(a, b, bias, out, offsets, p2u, pw, rows, t, top_k, n, k) == 0, gemms.error()
+        check(out, ref, dtype)
+        outs.append(out)
+    if top_k <= 2:
+        assert torch.equal(outs[0], outs[1]), "finalize with top_k <= 2 must be bit-reproducible"
+
+
+def test_sm90_rejects(gemms):
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    offsets = segments(8, 64, gen)
+    a, b, _ = make(64, 8, 96, 128, torch.bfloat16, gen, False, 0)
+    c = torch.empty(64, 96, dtype=torch.bfloat16, device="cuda")
+    if not is_sm90():
+        assert gemms.sm90(a, b, None, c, offsets, 64, 96, 128) == 2
+        return
+    assert gemms.sm90(a, b, None, c, offsets, 64, 96, 120 + 4) == 1  # K % 8 != 0
+    assert gemms.sm90(a.float(), b.float(), None, c.float(), offsets, 64, 96, 128) == 2
