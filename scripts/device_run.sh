@@ -8,6 +8,9 @@
 #   bash scripts/device_run.sh              # build + tests + bench
 #   SKIP_TESTS=1 bash scripts/device_run.sh # build + bench
 #   BENCH_ARGS="--shapes mixtral-8x7b --tokens 1,16" bash scripts/device_run.sh
+#   MOE_BUILD_KERNELS_LIB=build/kernels/libmoe_build_kernels.so bash scripts/device_run.sh
+#       (a library built on the CPU machine with `python -m moe_build.kernel_build --out build/kernels`,
+#        carried with the call: the device has no nvidia-cutlass headers)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/device_out}
@@ -41,7 +44,11 @@ phase() {  # phase NAME SECONDS CMD...: run with a timeout, log to $OUT/NAME.log
   return $rc
 }
 
-phase build "$BUILD_S" "$PY" -m moe_build.kernel_build -j 16
+if [ -n "${MOE_BUILD_KERNELS_LIB:-}" ] && [ -f "$MOE_BUILD_KERNELS_LIB" ]; then
+  echo "build: using the carried library $MOE_BUILD_KERNELS_LIB" | tee "$OUT/build.log" >> "$OUT/phases.txt"
+else
+  phase build "$BUILD_S" "$PY" -m moe_build.kernel_build -j 16
+fi
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   phase gpu_tests "$TESTS_S" "$PY" -m pytest -q -rs tests/gpu --junitxml="$OUT/gpu_tests.xml"
 fi

@@ -1,61 +1,23 @@
-"""ctypes access to the grouped-GEMM entry points for tests/gpu/test_gemm_kernels.py and
-bench/gemm_bench.py, until moe_build/kernels.py (another helper's loader) lands.
-
-The library comes from MB_KERNELS_LIB (a prebuilt .so, e.g. carried to the GPU machine) or is
-built here with nvcc from cpp/src/gemm_sm80.cu, gemm_sm90.cu and status.cu (mb_last_error) into build/.
+"""Status-code-level access to the grouped-GEMM entry points for tests/gpu/test_gemm_kernels.py and
+bench/gemm_bench.py: they need raw status codes and forced paths, not moe_build.kernels' wrappers.
+The library itself (and every argtype) comes from moe_build.kernels.load_library().
 """
 from __future__ import annotations
 
 import ctypes
-import os
-import subprocess
-from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
 MB_FP32, MB_FP16, MB_BF16 = 0, 1, 2
 ACT = {"identity": 0, "relu": 1, "silu": 2, "gelu": 3, "swiglu": 4, "geglu": 5, "swiglu_clamp": 6}
 GATED = ("swiglu", "geglu", "swiglu_clamp")
 DTYPES = {torch.float32: MB_FP32, torch.float16: MB_FP16, torch.bfloat16: MB_BF16}
 
 
-def _cutlass_include() -> str:
-    if os.environ.get("MB_CUTLASS_INCLUDE"):  # a copied include tree, where the wheel is absent
-        return os.environ["MB_CUTLASS_INCLUDE"]
-    import cutlass_library  # the nvidia-cutlass wheel ships the CUTLASS/CuTe headers
-
-    return str(Path(cutlass_library.__file__).parent / "source" / "include")
-
-
-def build_library(out: Path) -> Path:
-    """nvcc-build the two GEMM files into one shared library (both sm_80 and sm_90a code)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    cmd = ["nvcc", "-std=c++17", "-O3", "--expt-relaxed-constexpr", "-shared", "-Xcompiler", "-fPIC",
-           "-t", "0", f"-I{REPO / 'cpp/include'}", f"-I{_cutlass_include()}",
-           "-gencode", "arch=compute_80,code=sm_80", "-gencode", "arch=compute_90a,code=sm_90a",
-           *(str(REPO / "cpp/src" / f) for f in ("gemm_sm80.cu", "gemm_sm90.cu", "status.cu")), "-o", str(out)]
-    subprocess.run(cmd, check=True)
-    return out
-
-
 def load() -> ctypes.CDLL:
-    path = os.environ.get("MB_KERNELS_LIB")
-    lib = ctypes.CDLL(path if path else str(build_library(REPO / "build" / "libmb_gemm.so")))
-    vp, i32, i64, f32, sz = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float, ctypes.c_size_t
-    lib.mb_last_error.restype = ctypes.c_char_p
-    lib.mb_grouped_gemm_sm80_workspace.restype = sz
-    lib.mb_grouped_gemm_sm80_workspace.argtypes = [i32]
-    lib.mb_grouped_gemm_sm80.restype = i32
-    lib.mb_grouped_gemm_sm80.argtypes = [vp, vp, vp, vp, vp, i32, i64, i32, i32, i32, i32, i32, f32, f32, vp, sz, vp]
-    lib.mb_grouped_gemm_sm90_workspace.restype = sz
-    lib.mb_grouped_gemm_sm90_workspace.argtypes = [i32, i64, i32, i32]
-    lib.mb_grouped_gemm_sm90.restype = i32
-    lib.mb_grouped_gemm_sm90.argtypes = [vp, vp, vp, vp, vp, i32, i64, i32, i32, i32, vp, sz, vp]
-    lib.mb_grouped_gemm_sm90_finalize.restype = i32
-    lib.mb_grouped_gemm_sm90_finalize.argtypes = [vp, vp, vp, vp, vp, vp, vp, i32, i64, i32, i32, i32, i32, i32,
-                                                  vp, sz, vp]
-    return lib
+    """The project's kernel library (moe_build.kernels: $MOE_BUILD_KERNELS_LIB or the cached build)."""
+    from moe_build.kernels import load_library
+    return load_library()
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
