@@ -171,6 +171,9 @@ def check_spec_and_plan(spec: MoESpec, plan: Plan) -> None:
                             f"{spec.quant.value} is not implemented on the plugin path", "none")
     if spec.lora:
         raise MoeBuildError("lora", "the MoE plugin has no LoRA inputs", "false")
+    if spec.dtype is DType.FP32:
+        raise MoeBuildError("dtype", "the MoE plugin's grouped GEMMs are fp16/bf16 only (fp32 is not implemented)",
+                            ("fp16", "bf16"))
     output_dtype(spec)
     try:
         target = Target.from_dict(plan.target)

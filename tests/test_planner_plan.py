@@ -84,3 +84,21 @@ def test_cost_rule_does_not_block_forcing_but_capability_does():
     with pytest.raises(UnsupportedCombination) as info:
         make_plan(SPEC, rtx, 1, force={"expert_compute": "per_expert_gather"})
     assert info.value.rule == "ootb_nonzero"
+
+
+@pytest.mark.parametrize("top_k,tokens,choice,rng,outside", [
+    (2, 8192, "fused", (1, None), None),          # top-k <= 2: the FINALIZE tactic at every count
+    (8, 16, "fused", (1, 16), "separate"),        # 16 * 8 = 128 rows
+    (8, 17, "separate", (17, None), "fused"),
+    (6, 21, "fused", (1, 21), "separate"),        # 128 // 6 = 21
+    (4, 4096, "separate", (33, None), "fused"),
+])
+def test_finalize_token_range(top_k, tokens, choice, rng, outside):
+    spec = dataclasses.replace(SPEC, top_k=top_k)
+    d = make_plan(spec, SM90, tokens).stage("finalize")
+    assert (d.choice, d.token_range, d.choice_outside_range) == (choice, rng, outside)
+
+
+def test_finalize_static_gate_failure_means_separate_at_every_count():
+    d = make_plan(SPEC, dataclasses.replace(SM90, sm=89), 1).stage("finalize")
+    assert (d.choice, d.token_range, d.choice_outside_range) == ("separate", (1, None), None)

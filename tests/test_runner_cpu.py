@@ -146,3 +146,21 @@ def test_runner_refuses_to_run_without_cuda() -> None:
         MoERunner(spec, MoEWeights.random(spec), max_tokens=8)
     with pytest.raises(MoeBuildError, match="device"):
         MoERunner(spec, MoEWeights.random(spec), max_tokens=8, device="cpu")
+
+
+def test_fp32_plans_are_refused_by_the_runner():
+    from moe_build.runner import check_runnable
+    spec = MoESpec(256, 128, 8, 2, dtype=DType.FP32)
+    target = Target(sm=90, flavour=Flavour.TENSORRT)
+    with pytest.raises(MoeBuildError) as info:
+        check_runnable(make_plan(spec, target, 4))
+    assert info.value.field == "dtype"
+    check_runnable(make_plan(dataclasses.replace(spec, dtype=DType.BF16), target, 4))
+
+
+def test_finalize_choice_follows_the_token_count():
+    spec = MoESpec(256, 128, 16, 8, dtype=DType.BF16)  # top-8: FINALIZE tactic up to 16 tokens
+    plan = make_plan(spec, Target(sm=90, flavour=Flavour.TENSORRT), 4)
+    assert "gemm2:sm90_finalize" in kernel_sequence(plan, 16, "logits")
+    assert "gemm2:sm90_finalize" not in kernel_sequence(plan, 17, "logits")
+    assert {"gemm2:sm90_finalize", "finalize"} <= steps_up_to(plan, 4096)

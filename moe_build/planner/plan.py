@@ -59,26 +59,38 @@ def _simple(stage: str, fused: str, fallback: str, gates: Sequence[Gate], forced
                          summary=summary(choice == fused))
 
 
+def _token_ranged(stage: str, fused: str, fallback: str, gates: Sequence[Gate], t_max: int | None, tokens: int,
+                  forced: str | None, fused_text: str, fallback_text: str) -> StageDecision:
+    """A stage whose fused choice holds for tokens 1..t_max (None: every count; 0: none).
+
+    The plan is made at one token count, but the runner and plugin see others: the decision
+    carries the range and the choice outside it, so `choice_for(tokens)` needs no re-planning.
+    """
+    fused_here = t_max is None or 1 <= tokens <= t_max
+    if forced == fused and not fused_here:
+        _refuse(gates, f"cannot force {stage}={fused}")
+    if forced == fallback or t_max == 0:
+        return StageDecision(stage, fallback, fallback, tuple(gates), (1, None), None, forced is not None,
+                             fallback_text)
+    if fused_here:
+        bound = "every token count" if t_max is None else f"tokens 1..{t_max}"
+        return StageDecision(stage, fused, fallback, tuple(gates), (1, t_max), None if t_max is None else fallback,
+                             forced is not None, f"{fused_text} ({bound})")
+    return StageDecision(stage, fallback, fallback, tuple(gates), (t_max + 1, None), fused, False,
+                         f"{fallback_text} above {t_max} tokens ({fused} at 1..{t_max})")
+
+
 def _routing_prologue(spec: MoESpec, target: Target, tokens: int, forced: str | None) -> StageDecision:
     static = [R.prologue_not_wfp4a16(spec), R.prologue_topk(spec), R.prologue_expert_log(spec)]
     per_tokens = lambda t: [R.prologue_tokens(t), R.prologue_single_block(t), R.prologue_smem(spec, target, t)]
-    gates = static + per_tokens(tokens)
     # Largest token count for which the token-dependent gates hold (smem grows with tokens).
     t_max = 0
     if all(g.held for g in static):
         t_max = next((t for t in range(R.FUSED_PROLOGUE_MAX_TOKENS, 0, -1)
                       if all(g.held for g in per_tokens(t))), 0)
-    fused_here = 1 <= tokens <= t_max
-    if forced == "fused" and not fused_here:
-        _refuse(gates, "cannot force routing_prologue=fused")
-    if forced == "three_step" or t_max == 0:
-        return StageDecision("routing_prologue", "three_step", "three_step", tuple(gates), (1, None), None,
-                             forced is not None, "three-step sort/offsets/inverse build of the expert maps")
-    if fused_here:
-        return StageDecision("routing_prologue", "fused", "three_step", tuple(gates), (1, t_max), "three_step",
-                             forced is not None, f"single-block fused expert-map build (tokens 1..{t_max})")
-    return StageDecision("routing_prologue", "three_step", "three_step", tuple(gates), (t_max + 1, None), "fused",
-                         False, f"three-step build above {t_max} tokens (fused at 1..{t_max})")
+    return _token_ranged("routing_prologue", "fused", "three_step", static + per_tokens(tokens), t_max, tokens,
+                         forced, "single-block fused expert-map build",
+                         "three-step sort/offsets/inverse build of the expert maps")
 
 
 def _expand_rows(spec: MoESpec, forced: str | None) -> StageDecision:
@@ -130,13 +142,14 @@ def _fc2_prequant(spec: MoESpec, forced: str | None) -> StageDecision:
     return d
 
 
-def _finalize(spec: MoESpec, target: Target, gemm_kernel: str, forced: str | None) -> StageDecision:
-    gates = [R.finalize_tma_ws(gemm_kernel), R.finalize_sm_not_wfp4a16(spec, target),
-             R.finalize_topk_or_nondeterministic(spec, target), R.finalize_env(target), R.finalize_no_lora(spec),
-             R.finalize_tactic_available(spec)]
-    return _simple("finalize", "fused", "separate", gates, forced,
-                   lambda f: "unpermute + top-k weighting + reduction in GEMM2's epilogue" if f
-                   else "separate finalize kernel after GEMM2")
+def _finalize(spec: MoESpec, target: Target, gemm_kernel: str, tokens: int, forced: str | None) -> StageDecision:
+    static = [R.finalize_tma_ws(gemm_kernel), R.finalize_sm_not_wfp4a16(spec, target),
+              R.finalize_topk_or_nondeterministic(spec, target), R.finalize_env(target), R.finalize_no_lora(spec),
+              R.finalize_tactic_available(spec)]
+    t_max = R.finalize_fused_max_tokens(spec) if all(g.held for g in static) else 0
+    return _token_ranged("finalize", "fused", "separate", [*static, R.finalize_tactic_rows(spec, tokens)], t_max,
+                         tokens, forced, "unpermute + top-k weighting + reduction in GEMM2's epilogue",
+                         "separate finalize kernel after GEMM2")
 
 
 def _expert_compute(spec: MoESpec, target: Target, forced: str | None) -> StageDecision:
@@ -178,7 +191,7 @@ def make_plan(spec: MoESpec, target: Target, tokens: int = 1,
             gemm,
             _fc1_activation(spec, target, gemm.choice, force.get("fc1_activation")),
             _fc2_prequant(spec, force.get("fc2_prequant")),
-            _finalize(spec, target, gemm.choice, force.get("finalize")),
+            _finalize(spec, target, gemm.choice, tokens, force.get("finalize")),
         )
         return Plan("plugin", tuple(plugin_gates + checks), stages, tokens, spec.to_dict(), target.to_dict())
     checks = [R.ootb_not_weight_only(spec), R.ootb_sm_below_100(target), R.flavour_targets_sm(target),

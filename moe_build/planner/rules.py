@@ -301,6 +301,24 @@ def finalize_tactic_available(s: MoESpec) -> Gate:
                 _src(MOE_KERNELS_CU, 4058, 4061, 4067))
 
 
+# tactic selection (the FINALIZE GEMM2 tactic must be the one chosen at run time): measured on H200,
+# our FINALIZE epilogue's atomic row updates lose to plain GEMM2 + finalize kernel once top_k > 2
+# and tokens * top_k > 128 (bench: ours vs ours:finalize=separate)
+FINALIZE_FUSED_MAX_ROWS = 128
+
+
+def finalize_fused_max_tokens(s: MoESpec) -> int | None:
+    """Largest token count at which the FINALIZE tactic is selected; None: every count."""
+    return None if s.top_k <= 2 else FINALIZE_FUSED_MAX_ROWS // s.top_k
+
+
+def finalize_tactic_rows(s: MoESpec, tokens: int) -> Gate:
+    bound = finalize_fused_max_tokens(s)
+    return Gate("finalize_tactic_rows", f"top_k={s.top_k} tokens={tokens}",
+                f"top_k <= 2 or tokens * top_k <= {FINALIZE_FUSED_MAX_ROWS}", bound is None or tokens <= bound,
+                f"{_src(MOE_KERNELS_CU, 4058)} (tactic choice; {OURS}, measured)", token_dependent=True)
+
+
 # ---- OOTB expert compute ----------------------------------------------------------------------
 
 # dense-masked compute wastes num_experts/top_k: gathering per expert pays once that exceeds 4x

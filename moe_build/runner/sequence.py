@@ -2,7 +2,7 @@
 
 Why a separate pure function: the runner dispatches on exactly this list, so what a plan
 means in kernels is decided (and tested, on a CPU) in one place, and the runner itself never
-chooses a fusion. Token-dependent choices (the routing prologue) are resolved per call with
+chooses a fusion. Token-dependent choices (routing prologue, finalize) are resolved per call with
 `StageDecision.choice_for(tokens)`, never from the token count the plan was made at.
 """
 from __future__ import annotations
@@ -53,6 +53,9 @@ def check_runnable(plan: Plan) -> None:
     spec = plan.spec
     if spec.get("quant", "none") != "none":
         raise MoeBuildError("quant", f"the runner has no quantized kernels yet ({spec['quant']})", "none")
+    if spec.get("dtype") == "fp32":
+        raise MoeBuildError("dtype", "the runner's grouped GEMMs are fp16/bf16 only (fp32 is not implemented)",
+                            ("fp16", "bf16"))
     if spec.get("lora"):
         raise MoeBuildError("lora", "the runner has no LoRA branch", "false")
     if spec.get("experts_per_node") not in (None, spec.get("num_experts")):
@@ -89,7 +92,7 @@ def kernel_sequence(plan: Plan, tokens: int, routing_input: RoutingInput = "hidd
     steps.append(PROLOGUE_FUSED if prologue == "fused" else PROLOGUE_THREE_STEP)
     steps.append(EXPAND_ROWS)
     steps += _GEMM1[(c["gemm_kernel"], c["fc1_activation"])]
-    steps += _GEMM2[(c["gemm_kernel"], c["finalize"])]
+    steps += _GEMM2[(c["gemm_kernel"], plan.stage("finalize").choice_for(tokens))]
     if plan.spec.get("shared", {}).get("count", 0):
         steps.append(SHARED_EXPERTS)
     return steps
@@ -98,7 +101,7 @@ def kernel_sequence(plan: Plan, tokens: int, routing_input: RoutingInput = "hidd
 def steps_up_to(plan: Plan, max_tokens: int) -> set[str]:
     """Every step some call of 1..max_tokens tokens may run (what the workspace must cover).
 
-    Only the routing prologue depends on tokens, and its fused range always starts at 1, so the
-    two ends of the range cover every choice.
+    Only the routing prologue and finalize depend on tokens, and their fused ranges always start
+    at 1, so the two ends of the range cover every choice.
     """
     return set(kernel_sequence(plan, 1)) | set(kernel_sequence(plan, max_tokens))

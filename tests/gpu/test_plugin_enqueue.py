@@ -31,7 +31,7 @@ SPECS = {
                          routing=Routing(method=RoutingMethod.SIGMOID_GROUPED, num_groups=4, topk_groups=2,
                                          correction_bias=True, renormalize=True, routed_scaling_factor=2.5),
                          shared=SharedExperts(count=1, intermediate_size=192, sigmoid_gate=True)),
-    "fp32_relu": MoESpec(hidden_size=128, intermediate_size=64, num_experts=4, top_k=1, dtype=DType.FP32,
+    "fp16_relu": MoESpec(hidden_size=128, intermediate_size=64, num_experts=4, top_k=1, dtype=DType.FP16,
                          activation=Activation.RELU),
 }
 # Relative Frobenius error allowed against fp64 (inputs are exact in the model dtype; the rest is
@@ -85,7 +85,8 @@ def check(spec, weights, hidden, logits, out) -> None:
     ("bf16_swiglu", {"gemm_kernel": "ampere"}),
     ("bf16_swiglu", {"finalize": "separate"}),
     ("fp16_full", {}),
-    ("fp32_relu", {}),
+    ("fp16_relu", {}),
+    ("fp16_relu", {"gemm_kernel": "ampere"}),  # relu in the Ampere GEMM1 epilogue
 ])
 def test_enqueue_matches_reference(name, force, tokens):
     spec, plan, weights, hidden, logits = make_case(name, force, tokens)
