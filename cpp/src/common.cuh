@@ -60,6 +60,17 @@ mb_status dispatch_dtype(int dtype, const char* who, F&& f) {
 
 inline size_t dtype_size(int dtype) { return dtype == MB_FP32 ? 4 : 2; }
 
+// Inclusive prefix sum over the 32 lanes of a warp (every lane must call it).
+__device__ __forceinline__ int warp_inclusive_scan(int v) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const int o = __shfl_up_sync(0xffffffffu, v, off);
+    if (lane >= off) v += o;
+  }
+  return v;
+}
+
 __device__ __forceinline__ float to_f32(float x) { return x; }
 __device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
 __device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }

@@ -42,6 +42,22 @@ struct GemmParams {
   float swiglu_limit;
 };
 
+// The fields every entry point sets; callers add the finalize maps / swiglu constants they use.
+inline GemmParams gemm_params(const void* A, const void* B, const void* bias, void* C, const int64_t* offsets,
+                              int num_experts, int n, int k, int activation) {
+  GemmParams p{};
+  p.A = A;
+  p.B = B;
+  p.bias = bias;
+  p.C = C;
+  p.offsets = offsets;
+  p.num_experts = num_experts;
+  p.n = n;
+  p.k = k;
+  p.activation = activation;
+  return p;
+}
+
 template <typename T> struct MmaName;
 template <> struct MmaName<__nv_bfloat16> {
   static constexpr bool kBf16 = true;

@@ -88,16 +88,7 @@ mb_status mb_grouped_gemm_sm80(const void* A, const void* B, const void* bias, v
   if (gated_act != (fused_gated != 0))
     return mbk::fail(MB_ERR_INVALID_ARGUMENT,
                           "grouped gemm: gated activations need fused_gated=1 and others fused_gated=0");
-  mbk::GemmParams p{};
-  p.A = A;
-  p.B = B;
-  p.bias = bias;
-  p.C = C;
-  p.offsets = expert_first_token_offset;
-  p.num_experts = num_experts;
-  p.n = n;
-  p.k = k;
-  p.activation = activation;
+  mbk::GemmParams p = mbk::gemm_params(A, B, bias, C, expert_first_token_offset, num_experts, n, k, activation);
   p.swiglu_alpha = swiglu_alpha;
   p.swiglu_limit = swiglu_limit;
   return mbk::launch_grouped_mma(p, max_rows, dtype, fused_gated ? mbk::EPI_GATED : mbk::EPI_STORE,

@@ -388,16 +388,8 @@ mb_status mb_grouped_gemm_sm90(const void* A, const void* B, const void* bias, v
   mb_status st = mbk::check_common(A, B, C, expert_first_token_offset, num_experts, max_rows, n, k, dtype);
   if (st != MB_OK || max_rows == 0) return st;
   if (mbk::use_mma_path(max_rows, num_experts)) {
-    mbk::GemmParams p{};
-    p.A = A;
-    p.B = B;
-    p.bias = bias;
-    p.C = C;
-    p.offsets = expert_first_token_offset;
-    p.num_experts = num_experts;
-    p.n = n;
-    p.k = k;
-    p.activation = MB_ACT_IDENTITY;
+    const mbk::GemmParams p =
+        mbk::gemm_params(A, B, bias, C, expert_first_token_offset, num_experts, n, k, MB_ACT_IDENTITY);
     return mbk::launch_grouped_mma(p, max_rows, dtype, mbk::EPI_STORE, mbk::choose_tile(max_rows, num_experts),
                                    stream);
   }
@@ -417,19 +409,11 @@ mb_status mb_grouped_gemm_sm90_finalize(const void* A, const void* B, const void
     return mbk::fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm sm90 finalize: missing maps/weights or bad top_k");
   if (max_rows == 0) return MB_OK;
   if (mbk::use_mma_path(max_rows, num_experts)) {
-    mbk::GemmParams p{};
-    p.A = A;
-    p.B = B;
-    p.bias = bias;
-    p.C = out;
-    p.offsets = expert_first_token_offset;
+    mbk::GemmParams p =
+        mbk::gemm_params(A, B, bias, out, expert_first_token_offset, num_experts, n, k, MB_ACT_IDENTITY);
     p.permuted_to_unpermuted = permuted_to_unpermuted;
     p.permuted_weights = permuted_weights;
-    p.num_experts = num_experts;
-    p.n = n;
-    p.k = k;
     p.top_k = top_k;
-    p.activation = MB_ACT_IDENTITY;
     return mbk::launch_grouped_mma(p, max_rows, dtype, mbk::EPI_FINALIZE, mbk::choose_tile(max_rows, num_experts),
                                    stream);
   }

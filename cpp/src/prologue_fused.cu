@@ -25,21 +25,11 @@ constexpr int kMaxExpertLog = 9;
 // Exclusive block-wide scan of one int per thread; *total receives the sum.
 __device__ __forceinline__ int block_exclusive_scan(int v, int* warp_sums, int* total) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  int incl = v;
-#pragma unroll
-  for (int off = 1; off < 32; off <<= 1) {
-    const int o = __shfl_up_sync(0xffffffffu, incl, off);
-    if (lane >= off) incl += o;
-  }
+  const int incl = mb::warp_inclusive_scan(v);
   if (lane == 31) warp_sums[warp] = incl;
   __syncthreads();
   if (warp == 0) {
-    int w = lane < kThreads / 32 ? warp_sums[lane] : 0;
-#pragma unroll
-    for (int off = 1; off < 32; off <<= 1) {
-      const int o = __shfl_up_sync(0xffffffffu, w, off);
-      if (lane >= off) w += o;
-    }
+    const int w = mb::warp_inclusive_scan(lane < kThreads / 32 ? warp_sums[lane] : 0);
     if (lane < kThreads / 32) warp_sums[lane] = w;  // inclusive warp prefix
   }
   __syncthreads();

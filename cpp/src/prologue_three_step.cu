@@ -61,21 +61,10 @@ scan_kernel(int32_t* __restrict__ counts, int num_tiles, int E, int64_t* __restr
   for (int base = 0; base <= E; base += kScanThreads) {
     const int x = base + threadIdx.x;
     const int v = x <= E ? start[x] : 0;
-    int incl = v;
-    for (int off = 1; off < 32; off <<= 1) {
-      const int o = __shfl_up_sync(0xffffffffu, incl, off);
-      if (lane >= off) incl += o;
-    }
+    const int incl = mb::warp_inclusive_scan(v);
     if (lane == 31) warp_sums[warp] = incl;
     __syncthreads();
-    if (warp == 0) {
-      int w = warp_sums[lane];
-      for (int off = 1; off < 32; off <<= 1) {
-        const int o = __shfl_up_sync(0xffffffffu, w, off);
-        if (lane >= off) w += o;
-      }
-      warp_sums[lane] = w;
-    }
+    if (warp == 0) warp_sums[lane] = mb::warp_inclusive_scan(warp_sums[lane]);
     __syncthreads();
     const int excl = carry + (warp == 0 ? 0 : warp_sums[warp - 1]) + incl - v;
     __syncthreads();  // everyone has read carry and warp_sums
