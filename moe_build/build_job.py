@@ -59,7 +59,7 @@ class BuildJob:
 
 
 def run_build_jobs(jobs: list[BuildJob], out_dir: Path, opt_level: int, workspace_mb: int | None,
-                   timing_cache: str | None, router_logits_input: bool, console: Console) -> list[BuildResult]:
+                   timing_cache: str | None, routing_input: str, console: Console) -> list[BuildResult]:
     """Build every job in order, announcing each with its position so long runs show progress."""
     results = []
     for i, job in enumerate(jobs, 1):
@@ -68,7 +68,7 @@ def run_build_jobs(jobs: list[BuildJob], out_dir: Path, opt_level: int, workspac
         options = BuildOptions(output_dir=out_dir, name=job.name, optimization_level=opt_level,
                                workspace_bytes=None if workspace_mb is None else workspace_mb * 2**20,
                                timing_cache=Path(timing_cache) if timing_cache else None,
-                               router_logits_input=router_logits_input, weights_sha256=digest)
+                               routing_input=routing_input, weights_sha256=digest)
         console.print(f"[{i}/{len(jobs)}] {job.name}: building ({job.plan.path} path)")
         results.append(build_engine(job.spec, weights, job.plan, options))
     return results

@@ -124,21 +124,25 @@ def fusion_report(checkpoint: str | None, tokens: int, as_json: bool, markdown: 
 @click.option("--timing-cache", "timing_cache", type=click.Path(), help="Timing cache file (reused across builds).")
 @click.option("--out", "out_dir", default="engines", show_default=True, type=click.Path(), help="Output folder.")
 @click.option("--name", help="Engine name (default: preset or checkpoint name, plus the layer).")
-@click.option("--router-logits-input", is_flag=True, help="Take precomputed router logits as an engine input.")
+@click.option("--routing-input", "routing_input", default="hidden", show_default=True,
+              help="hidden|logits|topk: engine inputs besides hidden (router logits, or top-k ids + weights).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random weights (no checkpoint).")
 def build(checkpoint: str | None, layer: int | None, all_layers: bool, min_tokens: int, opt_tokens: int,
           max_tokens: int, opt_level: int, workspace_mb: int | None, timing_cache: str | None, out_dir: str,
-          name: str | None, router_logits_input: bool, seed: int, **kw: Any) -> None:
+          name: str | None, routing_input: str, seed: int, **kw: Any) -> None:
     """Build TensorRT engine(s) + manifests; with no arguments, the embedded tiny default."""
     from pathlib import Path
 
     from . import report
     from .build_job import BuildJob, run_build_jobs
+    from .ootb_graph import ROUTING_INPUTS
     from .planner import make_plan
     from .spec_source import resolve_spec
     from .target import TokenProfile, resolve_target
 
     layer_kw, target_kw, force = _split_layer_target(kw)
+    if routing_input not in ROUTING_INPUTS:
+        raise MoeBuildError("routing_input", f"unknown value {routing_input!r}", ROUTING_INPUTS)
     if checkpoint is None and (layer is not None or all_layers):
         raise MoeBuildError("layer", "--layer/--all-layers need a checkpoint", "CHECKPOINT with --layer N")
     if layer is not None and all_layers:
@@ -149,7 +153,7 @@ def build(checkpoint: str | None, layer: int | None, all_layers: bool, min_token
     plan = make_plan(spec, target, opt_tokens, force)
     report.render_table(plan, STDOUT)
     jobs = BuildJob.for_source(spec, plan, checkpoint, layer, all_layers, seed, name)
-    results = run_build_jobs(jobs, Path(out_dir), opt_level, workspace_mb, timing_cache, router_logits_input,
+    results = run_build_jobs(jobs, Path(out_dir), opt_level, workspace_mb, timing_cache, routing_input,
                              STDOUT)
     for r in results:
         size_mb = r.engine_path.stat().st_size / 2**20

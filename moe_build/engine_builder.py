@@ -42,7 +42,7 @@ class BuildOptions:
     timing_cache: Path | None = None         # default: <output_dir>/moe-build.timing.cache
     use_timing_cache: bool = True
     progress: bool = True
-    router_logits_input: bool = False        # add an engine input for precomputed router logits
+    routing_input: str = "hidden"            # hidden | logits | topk: what the engine takes besides hidden
     weights_sha256: str | None = None        # hash of the source weights; None: hash the tensors
 
 
@@ -173,7 +173,7 @@ def build_engine(spec: MoESpec, weights: MoEWeights, plan: Plan, options: BuildO
     cache_path = (options.timing_cache or output_dir / TIMING_CACHE_NAME) if options.use_timing_cache else None
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(dir=output_dir, prefix=".onnx-") as tmp:
-        onnx_path = export_onnx(spec, weights, plan, Path(tmp) / f"{name}.onnx", options.router_logits_input)
+        onnx_path = export_onnx(spec, weights, plan, Path(tmp) / f"{name}.onnx", options.routing_input)
         onnx_hash = onnx_sha256(onnx_path)
         logger = _Logger.make(backend)
         builder = backend.trt.Builder(logger)
@@ -215,7 +215,7 @@ def build_engine(spec: MoESpec, weights: MoEWeights, plan: Plan, options: BuildO
             "target": {"sm": target.sm, "compute_capability": compute_capability},
             "profile": {"min": p.min, "opt": p.opt, "max": p.max},
             "graph": {"expert_compute": plan.stage("expert_compute").choice,
-                      "router_logits_input": options.router_logits_input, **_describe_network(network)},
+                      "routing_input": options.routing_input, **_describe_network(network)},
             "build": {"seconds": round(seconds, 3), "hostname": socket.gethostname(),
                       "moe_build_version": __version__, "optimization_level": options.optimization_level,
                       "workspace_bytes": options.workspace_bytes,

@@ -6,8 +6,10 @@ ops every TensorRT flavour parses (TopK, MatMul, NonZero, Gather, ScatterND, ele
 Graph contract (documented for the CLI and the runtime):
 - input `hidden` [tokens, hidden_size] in the spec's dtype; `tokens` is dynamic. 2-D because
   the layer is token-wise: a caller with [batch, seq, H] flattens batch*seq into tokens.
-- optional input `router_logits` [tokens, num_experts] in the spec's dtype (when
-  `router_logits_input=True`); otherwise the logits are computed from the router weight.
+- `routing_input` says what else the engine takes: "hidden" (nothing: logits are computed from
+  the router weight), "logits" (`router_logits` [tokens, num_experts] in the spec's dtype), or
+  "topk" (`topk_ids` [tokens, top_k] int32 and `topk_weights` [tokens, top_k] fp32, routing done
+  by the caller).
 - output `output` [tokens, hidden_size] in the spec's output dtype.
 - all weights are initializers in the spec's dtype (the DeepSeek correction bias stays fp32).
 
@@ -39,6 +41,8 @@ OUT_TORCH_DTYPES = {OutputDType.FP32: torch.float32, OutputDType.FP16: torch.flo
                     OutputDType.BF16: torch.bfloat16}
 EXPERT_COMPUTE_CHOICES = ("dense_masked", "per_expert_gather")
 INPUT_HIDDEN, INPUT_LOGITS, OUTPUT = "hidden", "router_logits", "output"
+INPUT_TOPK_IDS, INPUT_TOPK_WEIGHTS = "topk_ids", "topk_weights"
+ROUTING_INPUTS = ("hidden", "logits", "topk")
 ONNX_OPSET = 18
 # Protobuf cannot hold more than 2 GiB; above this many weight bytes, tensors go to external data.
 EXTERNAL_DATA_THRESHOLD = 1 << 30
@@ -106,15 +110,17 @@ class MoELayerModule(nn.Module):
     """The layer as torch ops, written to export cleanly: static expert loop, no Python data
     dependence, dense routing matrix built with one-hot comparisons (no scatter)."""
 
-    def __init__(self, spec: MoESpec, weights: MoEWeights, expert_compute: str, router_logits_input: bool = False):
+    def __init__(self, spec: MoESpec, weights: MoEWeights, expert_compute: str, routing_input: str = "hidden"):
         super().__init__()
+        if routing_input not in ROUTING_INPUTS:
+            raise MoeBuildError("routing_input", f"unknown value {routing_input!r}", ROUTING_INPUTS)
         if expert_compute not in EXPERT_COMPUTE_CHOICES:
             raise MoeBuildError("expert_compute", f"unknown choice {expert_compute!r}", EXPERT_COMPUTE_CHOICES)
         if spec.out_dtype not in OUT_TORCH_DTYPES:
             raise MoeBuildError("output_dtype", f"{spec.out_dtype.value} output is not built by the OOTB graph",
                                 [d.value for d in OUT_TORCH_DTYPES])
         weights.check(spec)
-        self.spec, self.expert_compute, self.router_logits_input = spec, expert_compute, router_logits_input
+        self.spec, self.expert_compute, self.routing_input = spec, expert_compute, routing_input
         self.dtype, self.out_dtype = TORCH_DTYPES[spec.dtype], OUT_TORCH_DTYPES[spec.out_dtype]
         cast = weights.to(dtype=self.dtype)
         # Matrices are stored [in, out] (transposed once here) so the graph has no Transpose nodes.
@@ -125,15 +131,21 @@ class MoELayerModule(nn.Module):
                 t = t.transpose(-1, -2)
             self.register_buffer(name, None if t is None else t.contiguous())
 
-    def forward(self, hidden: torch.Tensor, router_logits: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, routing_a: torch.Tensor | None = None,
+                routing_b: torch.Tensor | None = None) -> torch.Tensor:
+        """(routing_a, routing_b) are (None, None), (router_logits, None) or (topk_ids, topk_weights),
+        per `routing_input` (fixed names rather than *args keep torch.export's dynamic shapes simple)."""
         spec = self.spec
-        if router_logits is None:
-            logits = hidden.float() @ self.router_weight.float()
-            if self.router_bias is not None:
-                logits = logits + self.router_bias.float()
+        if self.routing_input == "topk":
+            ids, weights = routing_a.long(), routing_b.float()
         else:
-            logits = router_logits.float()
-        weights, ids = route_fp32(spec, logits, self.correction_bias)
+            if self.routing_input == "logits":
+                logits = routing_a.float()
+            else:
+                logits = hidden.float() @ self.router_weight.float()
+                if self.router_bias is not None:
+                    logits = logits + self.router_bias.float()
+            weights, ids = route_fp32(spec, logits, self.correction_bias)
         if self.expert_compute == "dense_masked":
             out = self._dense_masked(hidden, weights, ids)
         else:
@@ -207,24 +219,27 @@ def _quiet_exporter() -> Iterator[None]:
 
 
 def export_onnx(spec: MoESpec, weights: MoEWeights, plan: Plan, path: str | os.PathLike[str],
-                router_logits_input: bool = False) -> Path:
+                routing_input: str = "hidden") -> Path:
     """Export the layer to `path` (dynamic tokens, opset 18) and check it with onnx.checker.
 
     Weights above EXTERNAL_DATA_THRESHOLD bytes go to `<path>.data` next to it, because a
     protobuf cannot exceed 2 GiB (Mixtral-sized layers need this).
     """
     path = Path(path)
-    module = MoELayerModule(spec, weights, expert_compute_choice(plan), router_logits_input).eval()
+    module = MoELayerModule(spec, weights, expert_compute_choice(plan), routing_input).eval()
     dtype = TORCH_DTYPES[spec.dtype]
     tokens = torch.export.Dim("tokens", min=1, max=1 << 20)
     example_t = 4
     args: tuple[torch.Tensor, ...] = (torch.randn(example_t, spec.hidden_size, dtype=dtype),)
-    dynamic: dict[str, dict[int, object]] = {"hidden": {0: tokens}}
     names = [INPUT_HIDDEN]
-    if router_logits_input:
+    if routing_input == "logits":
         args += (torch.randn(example_t, spec.num_experts, dtype=dtype),)
-        dynamic["router_logits"] = {0: tokens}
         names.append(INPUT_LOGITS)
+    elif routing_input == "topk":
+        ids = torch.stack([torch.randperm(spec.num_experts)[: spec.top_k] for _ in range(example_t)]).int()
+        args += (ids, torch.rand(example_t, spec.top_k))
+        names += [INPUT_TOPK_IDS, INPUT_TOPK_WEIGHTS]
+    dynamic = tuple({0: tokens} for _ in args)  # every input's first dim is the token count
     with torch.no_grad(), _quiet_exporter():
         program = torch.onnx.export(module, args, dynamo=True, dynamic_shapes=dynamic, input_names=names,
                                     output_names=[OUTPUT], opset_version=ONNX_OPSET, optimize=True,

@@ -15,7 +15,8 @@ import torch
 from .backend import Backend, load_backend
 from .errors import MoeBuildError
 from .inspect_engine import verify
-from .ootb_graph import INPUT_HIDDEN, INPUT_LOGITS, OUT_TORCH_DTYPES, OUTPUT, TORCH_DTYPES
+from .ootb_graph import (INPUT_HIDDEN, INPUT_LOGITS, INPUT_TOPK_IDS, INPUT_TOPK_WEIGHTS, OUT_TORCH_DTYPES, OUTPUT,
+                         TORCH_DTYPES)
 from .spec import MoESpec
 from .target import Flavour
 
@@ -91,10 +92,10 @@ class Engine:
         self._stream = stream
         self.min_tokens, self.max_tokens = manifest["profile"]["min"], manifest["profile"]["max"]
         self.dtype = TORCH_DTYPES[self.spec.dtype]
-        self.takes_logits = bool(manifest["graph"]["router_logits_input"])
+        self.routing_input: str = manifest["graph"]["routing_input"]
         self._out = torch.empty(self.max_tokens, self.spec.hidden_size,
                                 dtype=OUT_TORCH_DTYPES[self.spec.out_dtype], device=device)
-        self._graphs: dict[int, tuple[Any, torch.Tensor, torch.Tensor | None]] = {}
+        self._graphs: dict[int, tuple[Any, dict[str, torch.Tensor]]] = {}
         self._keep: tuple[Any, ...] = ()
 
     @classmethod
@@ -109,57 +110,74 @@ class Engine:
         engine._keep = (cuda_engine,)  # the context needs its engine alive
         return engine
 
-    def _check(self, name: str, t: torch.Tensor, width: int) -> None:
+    def _inputs_spec(self) -> dict[str, tuple[int, torch.dtype]]:
+        """Engine input name -> (width, dtype), from the routing input the engine was built with."""
+        spec = self.spec
+        inputs = {INPUT_HIDDEN: (spec.hidden_size, self.dtype)}
+        if self.routing_input == "logits":
+            inputs[INPUT_LOGITS] = (spec.num_experts, self.dtype)
+        elif self.routing_input == "topk":
+            inputs[INPUT_TOPK_IDS] = (spec.top_k, torch.int32)
+            inputs[INPUT_TOPK_WEIGHTS] = (spec.top_k, torch.float32)
+        return inputs
+
+    def _check(self, name: str, t: torch.Tensor, width: int, dtype: torch.dtype, tokens: int) -> None:
         if t.dim() != 2 or t.shape[1] != width:
             raise MoeBuildError(name, f"shape {tuple(t.shape)}", f"[tokens, {width}]")
         if not self.min_tokens <= t.shape[0] <= self.max_tokens:
             raise MoeBuildError(name, f"{t.shape[0]} tokens is outside the engine's profile",
                                 f"{self.min_tokens}..{self.max_tokens}")
-        if t.dtype != self.dtype or t.device != self.device or not t.is_contiguous():
+        if t.shape[0] != tokens:
+            raise MoeBuildError(name, f"{t.shape[0]} rows but hidden has {tokens}", f"{tokens} rows")
+        if t.dtype != dtype or t.device != self.device or not t.is_contiguous():
             raise MoeBuildError(name, f"{t.dtype} on {t.device} (contiguous={t.is_contiguous()})",
-                                f"contiguous {self.dtype} on {self.device}")
+                                f"contiguous {dtype} on {self.device}")
 
-    def _bind(self, hidden: torch.Tensor, router_logits: torch.Tensor | None) -> torch.Tensor:
+    def _bind(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         """Shapes and addresses for one call; returns the output view."""
-        tokens = hidden.shape[0]
-        out = self._out[:tokens]
-        self.context.set_input_shape(INPUT_HIDDEN, tuple(hidden.shape))
-        self.context.set_tensor_address(INPUT_HIDDEN, hidden.data_ptr())
-        if router_logits is not None:
-            self.context.set_input_shape(INPUT_LOGITS, tuple(router_logits.shape))
-            self.context.set_tensor_address(INPUT_LOGITS, router_logits.data_ptr())
+        out = self._out[:inputs[INPUT_HIDDEN].shape[0]]
+        for name, t in inputs.items():
+            self.context.set_input_shape(name, tuple(t.shape))
+            self.context.set_tensor_address(name, t.data_ptr())
         self.context.set_tensor_address(OUTPUT, out.data_ptr())
         return out
 
-    def __call__(self, hidden: torch.Tensor, router_logits: torch.Tensor | None = None) -> torch.Tensor:
-        """Run the layer on `hidden` [tokens, H] (and precomputed logits when the engine takes them)."""
-        self._check("hidden", hidden, self.spec.hidden_size)
-        if self.takes_logits != (router_logits is not None):
-            raise MoeBuildError("router_logits", "this engine " + ("needs" if self.takes_logits else "computes")
-                                + " the router logits", "given" if self.takes_logits else "omitted")
-        if router_logits is not None:
-            self._check("router_logits", router_logits, self.spec.num_experts)
+    def __call__(self, hidden: torch.Tensor, router_logits: torch.Tensor | None = None,
+                 topk_ids: torch.Tensor | None = None, topk_weights: torch.Tensor | None = None) -> torch.Tensor:
+        """Run the layer on `hidden` [tokens, H] plus what the engine takes: nothing, router logits
+        [tokens, E], or top-k ids [tokens, K] int32 and weights [tokens, K] fp32."""
+        given = {INPUT_HIDDEN: hidden, INPUT_LOGITS: router_logits, INPUT_TOPK_IDS: topk_ids,
+                 INPUT_TOPK_WEIGHTS: topk_weights}
+        expected = self._inputs_spec()
+        for name, t in given.items():
+            if (t is None) == (name in expected):
+                raise MoeBuildError(name, f"this engine (routing input {self.routing_input!r}) "
+                                    + ("needs it" if t is None else "does not take it"),
+                                    ", ".join(expected))
+        inputs = {name: given[name] for name in expected}
+        for name, (width, dtype) in expected.items():
+            self._check(name, inputs[name], width, dtype, hidden.shape[0])
         graph = self._graphs.get(hidden.shape[0])
         if graph is not None:
-            g, static_hidden, static_logits = graph
-            static_hidden.copy_(hidden)
-            if static_logits is not None and router_logits is not None:
-                static_logits.copy_(router_logits)
+            g, static = graph
+            for name, t in inputs.items():
+                static[name].copy_(t)
             g.replay()
             return self._out[:hidden.shape[0]]
-        out = self._bind(hidden, router_logits)
+        out = self._bind(inputs)
         if not self.context.execute_async_v3(self._stream()):
             raise MoeBuildError("engine", "TensorRT failed to enqueue the engine")
         return out
 
     def capture(self, tokens: int) -> None:
         """Record one CUDA graph for `tokens` tokens; later calls with that count replay it."""
-        static_hidden = torch.zeros(tokens, self.spec.hidden_size, dtype=self.dtype, device=self.device)
-        static_logits = (torch.zeros(tokens, self.spec.num_experts, dtype=self.dtype, device=self.device)
-                         if self.takes_logits else None)
-        self(static_hidden, static_logits)  # warm-up outside capture: TensorRT allocates lazily
+        static = {name: torch.zeros(tokens, width, dtype=dtype, device=self.device)
+                  for name, (width, dtype) in self._inputs_spec().items()}
+        if INPUT_TOPK_IDS in static:  # valid expert ids: 0..top_k-1 on every row
+            static[INPUT_TOPK_IDS].copy_(torch.arange(self.spec.top_k, device=self.device).expand(tokens, -1))
+        self(*[static.get(n) for n in (INPUT_HIDDEN, INPUT_LOGITS, INPUT_TOPK_IDS, INPUT_TOPK_WEIGHTS)])  # warm-up
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            self._bind(static_hidden, static_logits)
+            self._bind(static)
             self.context.execute_async_v3(self._stream())
-        self._graphs[tokens] = (graph, static_hidden, static_logits)
+        self._graphs[tokens] = (graph, static)

@@ -63,7 +63,7 @@ def test_bf16_sm86_with_logits_input(tiny_build: tuple[BuildResult, MoEWeights])
     spec = dataclasses.replace(get_preset("tiny"), dtype=DType.BF16, name="tiny-bf16")
     plan = make_plan(spec, _target(86), force={"expert_compute": "dense_masked"})
     r = build_engine(spec, MoEWeights.random(spec), plan,
-                     BuildOptions(output_dir=result.engine_path.parent, progress=False, router_logits_input=True))
+                     BuildOptions(output_dir=result.engine_path.parent, progress=False, routing_input="logits"))
     assert r.manifest["target"]["compute_capability"] == "SM86"
     assert [i["name"] for i in r.manifest["graph"]["inputs"]] == ["hidden", "router_logits"]
     assert r.manifest["graph"]["inputs"][0]["dtype"] == "BF16"

@@ -161,7 +161,7 @@ def test_engine_binds_inputs_and_preallocated_output(copy: Path) -> None:
     (torch.randn(4, 64, dtype=torch.float32), None, "float32"),
     (torch.randn(4, 32, dtype=torch.float16), None, "shape"),
     (torch.randn(64, 4, dtype=torch.float16).t(), None, "contiguous=False"),
-    (torch.randn(4, 64, dtype=torch.float16), torch.randn(4, 8, dtype=torch.float16), "computes the router"),
+    (torch.randn(4, 64, dtype=torch.float16), torch.randn(4, 8, dtype=torch.float16), "does not take it"),
 ])
 def test_engine_refuses_bad_inputs(copy: Path, hidden: torch.Tensor, logits: torch.Tensor | None,
                                    match: str) -> None:
@@ -178,3 +178,28 @@ def test_engine_reports_failed_enqueue(copy: Path) -> None:
     engine = Engine(manifest, FakeContext(ok=False), torch.device("cpu"), stream=lambda: 0)
     with pytest.raises(MoeBuildError, match="enqueue"):
         engine(torch.randn(2, 64, dtype=torch.float16))
+
+
+@pytest.mark.trt
+def test_topk_engine_binds_ids_and_weights(tmp_path: Path) -> None:
+    spec = get_preset("tiny")
+    plan = make_plan(spec, Target(sm=89, flavour=Flavour.TENSORRT_RTX, profile=TokenProfile(1, 4, 16)))
+    result = build_engine(spec, MoEWeights.random(spec), plan,
+                          BuildOptions(output_dir=tmp_path, progress=False, routing_input="topk"))
+    manifest, _ = verify(result.engine_path)
+    assert [(i["name"], i["dtype"]) for i in manifest["graph"]["inputs"]] == \
+        [("hidden", "HALF"), ("topk_ids", "INT32"), ("topk_weights", "FLOAT")]
+    ctx = FakeContext()
+    engine = Engine(manifest, ctx, torch.device("cpu"), stream=lambda: 3)
+    hidden = torch.randn(3, 64, dtype=torch.float16)
+    ids = torch.tensor([[0, 1], [2, 3], [4, 5]], dtype=torch.int32)
+    weights = torch.rand(3, 2)
+    engine(hidden, topk_ids=ids, topk_weights=weights)
+    assert ctx.shapes == {"hidden": (3, 64), "topk_ids": (3, 2), "topk_weights": (3, 2)}
+    assert ctx.addresses["topk_ids"] == ids.data_ptr() and ctx.addresses["topk_weights"] == weights.data_ptr()
+    with pytest.raises(MoeBuildError, match="needs it"):
+        engine(hidden)
+    with pytest.raises(MoeBuildError, match="rows but hidden has"):
+        engine(hidden, topk_ids=ids[:2].contiguous(), topk_weights=weights[:2].contiguous())
+    with pytest.raises(MoeBuildError, match="int32"):
+        engine(hidden, topk_ids=ids.long(), topk_weights=weights)

@@ -43,21 +43,26 @@ def _run(path: Path, spec: MoESpec, feeds: dict[str, torch.Tensor]) -> np.ndarra
     return sess.run(None, {k: v.numpy() for k, v in feeds.items()})[0].astype(np.float64)
 
 
-def _check(tmp_path: Path, spec: MoESpec, expert_compute: str, seed: int, logits_input: bool = False) -> float:
+def _check(tmp_path: Path, spec: MoESpec, expert_compute: str, seed: int, routing_input: str = "hidden") -> float:
     """Export with fresh random weights, run on fresh random tokens, return the norm-wise rel error."""
     dtype = TORCH_DTYPES[spec.dtype]
     weights = MoEWeights.random(spec, seed=seed).to(dtype=dtype)  # the reference sees the rounded weights
     plan = make_plan(spec, TARGET, force={"expert_compute": expert_compute})
-    path = export_onnx(spec, weights, plan, tmp_path / "moe.onnx", router_logits_input=logits_input)
+    path = export_onnx(spec, weights, plan, tmp_path / "moe.onnx", routing_input=routing_input)
     g = torch.Generator().manual_seed(seed + 1)
     hidden = torch.randn(TOKENS, spec.hidden_size, generator=g).to(dtype)
     feeds = {"hidden": hidden}
-    logits = None
-    if logits_input:
-        logits = torch.randn(TOKENS, spec.num_experts, generator=g).to(dtype)
-        feeds["router_logits"] = logits
+    routing: dict[str, torch.Tensor] = {}
+    if routing_input == "logits":
+        routing["router_logits"] = torch.randn(TOKENS, spec.num_experts, generator=g).to(dtype)
+    elif routing_input == "topk":  # distinct experts per token, random positive weights
+        routing["topk_ids"] = torch.stack([torch.randperm(spec.num_experts, generator=g)[: spec.top_k]
+                                           for _ in range(TOKENS)]).int()
+        routing["topk_weights"] = torch.rand(TOKENS, spec.top_k, generator=g)
+    feeds.update(routing)
     got = _run(path, spec, feeds)
-    want = moe_reference(spec, weights, hidden, router_logits=logits).numpy()
+    ref_kw = {k: (v.long() if k == "topk_ids" else v) for k, v in routing.items()}
+    want = moe_reference(spec, weights, hidden, **ref_kw).numpy()
     assert got.shape == want.shape
     return float(np.linalg.norm(got - want) / np.linalg.norm(want))
 
@@ -95,9 +100,10 @@ def test_onnx_matches_reference(tmp_path: Path, name: str) -> None:
 
 
 @pytest.mark.parametrize("expert_compute", ["dense_masked", "per_expert_gather"])
-def test_precomputed_router_logits_input(tmp_path: Path, expert_compute: str) -> None:
+@pytest.mark.parametrize("routing_input", ["logits", "topk"])
+def test_precomputed_routing_inputs(tmp_path: Path, expert_compute: str, routing_input: str) -> None:
     spec = _spec(dtype=DType.FP16, routing=Routing(RoutingMethod.TOPK_SOFTMAX))
-    assert _check(tmp_path, spec, expert_compute, seed=3, logits_input=True) < TOL[DType.FP16]
+    assert _check(tmp_path, spec, expert_compute, seed=3, routing_input=routing_input) < TOL[DType.FP16]
 
 
 def test_graph_follows_plan_and_has_dynamic_tokens(tmp_path: Path) -> None:

@@ -2,7 +2,9 @@
 
 Fresh random data for every case, outputs poisoned with NaN first and checked fully written,
 uneven and empty expert segments, both sm90 paths (mma.sync and CUTLASS wgmma, forced through
-MB_SM90_GEMM_PATH, every wgmma tile through MB_SM90_WGMMA_TILE) and the automatic choice.
+MB_SM90_GEMM_PATH, every wgmma tile through MB_SM90_WGMMA_TILE, the mma.sync split-K counts
+through MB_SM90_SPLIT_K) and the automatic choice. Split-K claims bit-reproducible results, so
+the sm90 tests run every call twice and compare bits where the path claims it.
 """
 from __future__ import annotations
 
@@ -102,8 +104,11 @@ def make(rows, e, n_rows_b, k, dtype, gen, with_bias, bias_cols):
 
 # (experts, rows, n, k): every tile size (avg rows/expert <= 16, <= 64, > 64), N/K multiples of
 # 64 and not (2880 = 45*64, 200, 136), single rows and 8192 rows.
+# Decode shapes with long K ((8, 2, 512, 14336), (8, 5, 264, 1000): K tail, N not a multiple of
+# 64) give the split-K variants room for every forced split count.
 SHAPES = [(8, 1, 256, 128), (8, 100, 200, 136), (8, 500, 2880, 2880), (16, 8192, 512, 256),
-          (128, 8192, 192, 512), (128, 3, 1536, 2048), (64, 1000, 1408, 2048)]
+          (128, 8192, 192, 512), (128, 3, 1536, 2048), (64, 1000, 1408, 2048), (8, 2, 512, 14336),
+          (8, 5, 264, 1000)]
 ACTS = ["identity", "relu", "silu", "gelu"]
 
 
@@ -146,17 +151,21 @@ def test_sm80_rejects(gemms):
     assert gemms.sm80(af, b.float(), None, c.float(), offsets, 64, 96, 128, "identity") == 2  # fp32
 
 
-@pytest.fixture(params=["auto", "mma", "wgmma:coop128x128", "wgmma:coop128x256", "wgmma:pingpong128x128"])
+@pytest.fixture(params=["auto", "mma", "mma:split=1", "mma:split=2", "mma:split=3", "mma:split=8",
+                        "wgmma:coop128x128", "wgmma:coop128x256", "wgmma:pingpong128x128"])
 def sm90_path(request):
-    """Forces the sm90 entry points' path (and wgmma tile) through their environment knobs."""
+    """Forces the sm90 entry points' path (and wgmma tile or mma split-K count) through their
+    environment knobs."""
     if not is_sm90():
         pytest.skip("sm_90a kernels need a compute capability 9.0 device")
-    keys = ("MB_SM90_GEMM_PATH", "MB_SM90_WGMMA_TILE")
+    keys = ("MB_SM90_GEMM_PATH", "MB_SM90_WGMMA_TILE", "MB_SM90_SPLIT_K")
     saved = {k: os.environ.pop(k, None) for k in keys}
     if request.param != "auto":
         path, _, tile = request.param.partition(":")
         os.environ["MB_SM90_GEMM_PATH"] = path
-        if tile:
+        if tile.startswith("split="):
+            os.environ["MB_SM90_SPLIT_K"] = tile[len("split="):]
+        elif tile:
             os.environ["MB_SM90_WGMMA_TILE"] = tile
     yield request.param
     for k, v in saved.items():
@@ -173,14 +182,36 @@ def test_sm90_plain(gemms, sm90_path, shape, dtype):
     offsets = segments(e, rows, gen)
     for with_bias in (True, False):
         a, b, bias = make(rows, e, n, k, dtype, gen, with_bias, n)
-        c = torch.full((rows, n), float("nan"), dtype=dtype, device="cuda")
-        assert gemms.sm90(a, b, bias, c, offsets, rows, n, k) == 0, gemms.error()
-        check(c, reference(a, b, bias, offsets, "identity"), dtype)
+        ref = reference(a, b, bias, offsets, "identity")
+        outs = []
+        for _ in range(2):
+            c = torch.full((rows, n), float("nan"), dtype=dtype, device="cuda")
+            assert gemms.sm90(a, b, bias, c, offsets, rows, n, k) == 0, gemms.error()
+            check(c, ref, dtype)
+            outs.append(c)
+        assert torch.equal(outs[0], outs[1]), "plain grouped GEMM must be bit-reproducible (split-K included)"
+
+
+@pytest.mark.parametrize("shape", [(8, 2, 512, 14336), (128, 3, 1536, 2048)])
+def test_sm90_decode_without_workspace(gemms, shape):
+    """A decode call given no (or too small a) workspace runs unsplit instead of failing."""
+    if not is_sm90():
+        pytest.skip("sm_90a kernels need a compute capability 9.0 device")
+    e, rows, n, k = shape
+    gen = torch.Generator(device="cuda").manual_seed(5 + hash(shape) % 2**31)
+    offsets = segments(e, rows, gen)
+    a, b, bias = make(rows, e, n, k, torch.bfloat16, gen, True, n)
+    c = torch.full((rows, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    st = gemms.lib.mb_grouped_gemm_sm90(a.data_ptr(), b.data_ptr(), bias.data_ptr(), c.data_ptr(),
+                                        offsets.data_ptr(), e, rows, n, k, gemm_lib.MB_BF16, None, 0,
+                                        torch.cuda.current_stream().cuda_stream)
+    assert st == 0, gemms.error()
+    check(c, reference(a, b, bias, offsets, "identity"), torch.bfloat16)
 
 
 # (tokens, experts, top_k, n, k)
 FINALIZE = [(1, 8, 2, 4096, 512), (16, 128, 8, 2048, 768), (300, 64, 6, 2048, 1408), (2048, 8, 2, 512, 1024),
-            (1024, 32, 4, 2880, 2880), (700, 16, 1, 200, 136)]
+            (1024, 32, 4, 2880, 2880), (700, 16, 1, 200, 136), (1, 8, 2, 1024, 14336), (3, 64, 6, 2048, 1408)]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
