@@ -15,6 +15,8 @@ flushed before every run, so expert weights come from HBM as in a real layer). C
                     else ours_layer90 (wgmma GEMM1 + activation)
   tmm_layer       : _grouped_mm GEMM1 + silu*up + _grouped_mm GEMM2 + weighted index_add
   floor           : max(touched expert weight bytes / BW, FLOPs / 790 TFLOP/s) for the GEMMs
+--paths adds forced sm90 paths / wgmma tiles; --splits adds, at 1 and 16 tokens, g1_sm90 and g2_fin
+with the mma.sync split-K count forced to 1, 2, 3, 4, 6, 8 (MB_SM90_SPLIT_K; 1 = unsplit).
 Writes JSON to $OUT/gemm_bench.json (or ./gemm_bench.json) and prints a table last.
 """
 from __future__ import annotations
@@ -36,6 +38,7 @@ _spec.loader.exec_module(gemm_lib)
 SHAPES = {"mixtral": (4096, 14336, 8, 2), "qwen3-30b-a3b": (2048, 768, 128, 8),
           "deepseek-v2-lite": (2048, 1408, 64, 6), "gpt-oss-20b": (2880, 2880, 32, 4)}
 TOKENS = (1, 16, 256, 4096)
+SPLITS = (1, 2, 3, 4, 6, 8)
 PEAK_FLOPS = 790e12
 
 
@@ -128,6 +131,12 @@ def main() -> None:
                     row[f"g2_sm90_{tile}"] = bench_us(g2_sm90)
                 os.environ.pop("MB_SM90_GEMM_PATH")
                 os.environ.pop("MB_SM90_WGMMA_TILE")
+            if "--splits" in sys.argv and t <= 16:  # to place the automatic split-K rule
+                for s in SPLITS:
+                    os.environ["MB_SM90_SPLIT_K"] = str(s)
+                    row[f"g1_sm90_s{s}"] = bench_us(g1_sm90)
+                    row[f"g2_fin_s{s}"] = bench_us(g2_fin)
+                os.environ.pop("MB_SM90_SPLIT_K")
             results.append(row)
             print(json.dumps({k: round(v, 1) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
         del w1, w2
@@ -140,6 +149,13 @@ def main() -> None:
     print(f"{'shape':17}{'T':>5}" + "".join(f"{c:>13}" for c in cols))
     for r in results:
         print(f"{r['shape']:17}{r['tokens']:>5}" + "".join(f"{r[c]:>13.1f}" for c in cols))
+    if "--splits" in sys.argv:
+        print("forced split-K (mma.sync path): g1_sm90 / g2_fin, microseconds")
+        print(f"{'shape':17}{'T':>5}" + "".join(f"{'s' + str(s):>14}" for s in SPLITS))
+        for r in results:
+            if "g1_sm90_s1" in r:
+                print(f"{r['shape']:17}{r['tokens']:>5}" +
+                      "".join(f"{r[f'g1_sm90_s{s}']:>7.1f}/{r[f'g2_fin_s{s}']:<6.1f}" for s in SPLITS))
 
 
 if __name__ == "__main__":

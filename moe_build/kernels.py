@@ -79,7 +79,7 @@ SIGNATURES: dict[str, tuple[type, tuple[type, ...]]] = {
     "mb_build_maps_fused": (_i, (_p, _i, _i, _i, _p, _p, _p, _p)),
     "mb_build_maps_three_step_workspace": (_sz, (_i, _i, _i)),
     "mb_build_maps_three_step": (_i, (_p, _i, _i, _i, _p, _p, _p, _p, _sz, _p)),
-    "mb_expand_rows": (_i, (_p, _i, _p, _p, _p, _i, _i, _i, _p, _p, _p)),
+    "mb_expand_rows": (_i, (_p, _i, _p, _p, _p, _i, _i, _i, _p, _p, _p, _p)),
     "mb_activation": (_i, (_p, _i, _p, _p, _i, _i64, _i, _i, _f, _f, _p, _p, _p)),
     "mb_finalize": (_i, (_p, _i, _p, _p, _p, _p, _i, _i, _i, _i, _p, _p)),
     "mb_grouped_gemm_sm80_workspace": (_sz, (_i,)),
@@ -264,9 +264,11 @@ def build_maps_three_step(topk_ids: torch.Tensor, num_experts: int,
 
 def expand_rows(input: torch.Tensor, permuted_to_unpermuted: torch.Tensor, topk_weights: torch.Tensor,
                 prequant_scale: torch.Tensor | None = None, permuted_input: torch.Tensor | None = None,
-                permuted_weights: torch.Tensor | None = None, stream: int | torch.cuda.Stream | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """input [T, H], topk_weights [T, K] -> (permuted_input [T*K, H], permuted_weights [T*K])."""
+                permuted_weights: torch.Tensor | None = None, zero_out: torch.Tensor | None = None,
+                stream: int | torch.cuda.Stream | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """input [T, H], topk_weights [T, K] -> (permuted_input [T*K, H], permuted_weights [T*K]).
+    `zero_out` [T, H] (input's dtype, not overlapping input), if given, is zeroed by the same launch:
+    the output that grouped_gemm_sm90_finalize accumulates into."""
     _check(input, "input", (None, None))
     dev = input.device
     t, h = input.shape
@@ -277,8 +279,11 @@ def expand_rows(input: torch.Tensor, permuted_to_unpermuted: torch.Tensor, topk_
         _check(prequant_scale, "prequant_scale", (h,), torch.float32, dev)
     pin = _out(permuted_input, "permuted_input", (t * k, h), input.dtype, dev)
     pw = _out(permuted_weights, "permuted_weights", (t * k,), torch.float32, dev)
+    if zero_out is not None:
+        _check(zero_out, "zero_out", (t, h), input.dtype, dev)
     _call("mb_expand_rows", input.data_ptr(), _dtype_code(input, "input"), permuted_to_unpermuted.data_ptr(),
-          topk_weights.data_ptr(), _ptr(prequant_scale), t, h, k, pin.data_ptr(), pw.data_ptr(), _stream(stream, dev))
+          topk_weights.data_ptr(), _ptr(prequant_scale), t, h, k, pin.data_ptr(), pw.data_ptr(), _ptr(zero_out),
+          _stream(stream, dev))
     return pin, pw
 
 

@@ -21,8 +21,8 @@ SWIGLU = MoESpec(256, 512, 8, 2)
 def test_default_hopper_plan_runs_tma_gemms_separate_activation_and_fused_finalize() -> None:
     plan = make_plan(SWIGLU, H100, tokens=4096)
     assert kernel_sequence(plan, 16) == [
-        "router_gemm", "routing", "prologue:fused", "expand_rows", "gemm1:sm90", "activation",
-        "zero_output", "gemm2:sm90_finalize"]
+        "router_gemm", "routing", "prologue:fused", "expand_rows+zero_output", "gemm1:sm90", "activation",
+        "gemm2:sm90_finalize"]
 
 
 def test_routing_prologue_is_resolved_per_call_not_at_plan_tokens() -> None:
@@ -59,7 +59,8 @@ def test_forced_fallbacks_change_exactly_their_step() -> None:
     sep = kernel_sequence(make_plan(SWIGLU, A100, tokens=16, force={"fc1_activation": "separate"}), 16, "topk")
     assert sep == ["prologue:fused", "expand_rows", "gemm1:sm80", "activation", "gemm2:sm80", "finalize"]
     fin = kernel_sequence(make_plan(SWIGLU, H100, tokens=16, force={"finalize": "separate"}), 16, "topk")
-    assert fin[-2:] == ["gemm2:sm90", "finalize"] and "zero_output" not in fin
+    # Only the fused finalize accumulates into `out`, so only it has the expansion zero it.
+    assert fin[-2:] == ["gemm2:sm90", "finalize"] and "expand_rows" in fin and "expand_rows+zero_output" not in fin
     three = kernel_sequence(make_plan(SWIGLU, H100, tokens=16, force={"routing_prologue": "three_step"}), 1)
     assert "prologue:three_step" in three
 

@@ -48,7 +48,7 @@ mb_status mb_routing(const void* logits, int dtype, const float* correction_bias
                      float* topk_weights, cudaStream_t stream);
 
 /* prologue_fused.cu: single-block build of the three expert maps; MB_ERR_UNSUPPORTED outside
- * the fused kernel's limits (T <= 256, K in {1,2,4,6,8}, expert_log <= 9, smem). */
+ * the fused kernel's limits (T <= 256, K in {1,2,4,6,8}, expert_log = floor(log2(E+1))+1 <= 9). */
 mb_status mb_build_maps_fused(const int32_t* topk_ids, int num_tokens, int top_k, int num_experts,
                               int32_t* permuted_to_unpermuted, int32_t* unpermuted_to_permuted,
                               int64_t* expert_first_token_offset, cudaStream_t stream);
@@ -61,11 +61,14 @@ mb_status mb_build_maps_three_step(const int32_t* topk_ids, int num_tokens, int 
                                    size_t workspace_bytes, cudaStream_t stream);
 
 /* expand_rows.cu: permuted_input[p] = input[e / K] (* prequant_scale[h] if non-NULL),
- * permuted_weights[p] = topk_weights[e]. prequant_scale [H] fp32 or NULL. */
+ * permuted_weights[p] = topk_weights[e]. prequant_scale [H] fp32 or NULL.
+ * zero_out [T, H] in dtype or NULL: when given, this launch also sets it to zero. This is where the
+ * zeroed output of mb_grouped_gemm_sm90_finalize comes from (no separate memset launch); it must
+ * not overlap input (MB_ERR_INVALID_ARGUMENT). */
 mb_status mb_expand_rows(const void* input, int dtype, const int32_t* permuted_to_unpermuted,
                          const float* topk_weights, const float* prequant_scale, int num_tokens,
                          int hidden, int top_k, void* permuted_input, float* permuted_weights,
-                         cudaStream_t stream);
+                         void* zero_out, cudaStream_t stream);
 
 /* activation.cu: out[p, :I] = act(in[p, :N1] + b1[expert(p)]) for p < off[E]; non-gated:
  * N1 = I. b1 [E, N1] or NULL. prequant_scale [I] fp32 or NULL (AWQ FC2 pre-quant, fused). */
@@ -91,8 +94,11 @@ mb_status mb_grouped_gemm_sm80(const void* A, const void* B, const void* bias, v
 
 /* gemm_sm90.cu: TMA warp-specialized grouped GEMM (sm_90a). Plain: C[p] = A[p] @ B[x]^T (+bias).
  * Finalize: out[t] += topk_weight * (A[p] @ B[x]^T + bias) scattered to the token row of p; out [T, n]
- * is in `dtype` and must be zeroed by the caller; each element gets top_k atomic adds (packed
+ * is in `dtype` and must be zeroed by the caller (the runner has mb_expand_rows' zero_out do it); each element gets top_k atomic adds (packed
  * 2-element fp16/bf16 atomics), so with top_k < 3 the adds commute and the result is deterministic.
+ * Decode-sized calls may split K through the workspace (fp32 partials summed in a fixed order by
+ * the last split of each tile), which keeps both entry points bit-reproducible; a workspace smaller
+ * than mb_grouped_gemm_sm90_workspace() only turns the split off.
  * For all GEMM entry points max_rows >= off[E] (e.g. T * top_k) bounds the rows; n, k % 8 == 0;
  * fp16/bf16 only (fp32: MB_ERR_UNSUPPORTED). A non-9.0 device gets MB_ERR_UNSUPPORTED from sm90. */
 size_t mb_grouped_gemm_sm90_workspace(int num_experts, int64_t max_rows, int n, int k);

@@ -6,7 +6,9 @@
 //   SWIGLU = silu(gate) * up.  SWIGLU_CLAMP (GPT-OSS): gate = min(gate, limit),
 //   up = clamp(up, -limit, limit), out = (up + 1) * gate * sigmoid(alpha * gate).
 // prequant_scale (AWQ's FC2 pre-quant scale) multiplies the result here so GEMM2's input is
-// written once. One block per row; 16-byte vectors when the row length and pointers allow.
+// written once. Blocks form a (row, column chunk) grid, each thread one 16-byte vector per chunk
+// when the row length and pointers allow: at decode sizes there are only T*K rows (4 to 8 at
+// T=1), and one block per row left each thread walking I/1024 vectors one after another.
 #include "common.cuh"
 
 namespace {
@@ -59,7 +61,7 @@ activation_kernel(const T* __restrict__ in, const T* __restrict__ b1, const int6
     const T* row = in + p * n1;
     const T* bias = b1 ? b1 + expert_of(off, E, p) * n1 : nullptr;
     T* dst = out + p * inter;
-    for (int j = threadIdx.x * VEC; j < inter; j += kThreads * VEC) {
+    for (int j = (blockIdx.y * kThreads + threadIdx.x) * VEC; j < inter; j += gridDim.y * kThreads * VEC) {
       float gate[VEC], up[VEC], r[VEC];
       mb::load_f32<T, VEC>(row + j, gate);
       if constexpr (kGated) mb::load_f32<T, VEC>(row + inter + j, up);
@@ -112,7 +114,10 @@ extern "C" mb_status mb_activation(const void* in, int dtype, const void* b1,
     using T = typename decltype(tag)::type;
     constexpr int kWide = 16 / sizeof(T);
     const bool wide = mb::vec_width<T>(inter, {in, b1, prequant_scale, out}) == kWide;
-    const unsigned grid = mb::row_grid(max_rows);
+    // One column chunk per block of kThreads vectors, so a row's chunks run side by side.
+    const int64_t vec_elems = wide ? kWide : 1;
+    const dim3 grid(mb::row_grid(max_rows), static_cast<unsigned>((inter + kThreads * vec_elems - 1) /
+                                                                  (kThreads * vec_elems)));
     auto launch = [&](auto act_const, auto vec_const) {
       constexpr int ACT = decltype(act_const)::value;
       constexpr int VEC = decltype(vec_const)::value;

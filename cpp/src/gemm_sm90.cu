@@ -9,7 +9,8 @@
 // capturable.
 //
 // Path rule (inside each entry point): average rows per expert = ceil(max_rows / E).
-//   <= 8 : the mma.sync kernel of gemm_common.cuh (16-row tiles, 64 columns, 6 cp.async stages).
+//   <= 8 : the mma.sync kernel of gemm_common.cuh (16-row tiles, 64 columns, 6 cp.async stages,
+//          split-K through the workspace when active experts x N tiles underfill the SMs).
 //          Decode shapes are weight-bandwidth bound; a 128-row wgmma tile mostly multiplies padding
 //          and the persistent grid has too few CTAs streaming B. Measured on the H200 (bf16):
 //          1 and 16 tokens of Mixtral/Qwen3/DeepSeek-V2-Lite/GPT-OSS (avg 0.06..4 rows) run
@@ -378,7 +379,8 @@ size_t mb_grouped_gemm_sm90_workspace(int num_experts, int64_t max_rows, int n, 
   cw = std::max(cw, mbk::max_cutlass_workspace_bytes<__nv_bfloat16, true>(num_experts, sm));
   cw = std::max(cw, mbk::max_cutlass_workspace_bytes<__half, false>(num_experts, sm));
   cw = std::max(cw, mbk::max_cutlass_workspace_bytes<__half, true>(num_experts, sm));
-  return mbk::carve(nullptr, num_experts).bytes + cw;
+  // The mma.sync path's split-K slots and the wgmma path's arrays are never live in one call.
+  return std::max(mbk::carve(nullptr, num_experts).bytes + cw, mbk::mma_split_workspace_bytes());
 }
 
 mb_status mb_grouped_gemm_sm90(const void* A, const void* B, const void* bias, void* C,
@@ -391,7 +393,7 @@ mb_status mb_grouped_gemm_sm90(const void* A, const void* B, const void* bias, v
     const mbk::GemmParams p =
         mbk::gemm_params(A, B, bias, C, expert_first_token_offset, num_experts, n, k, MB_ACT_IDENTITY);
     return mbk::launch_grouped_mma(p, max_rows, dtype, mbk::EPI_STORE, mbk::choose_tile(max_rows, num_experts),
-                                   stream);
+                                   workspace, workspace_bytes, stream);
   }
   return mbk::dispatch_wgmma<false>(dtype, A, B, bias, C, expert_first_token_offset, nullptr, nullptr, 1,
                                     num_experts, n, k, workspace, workspace_bytes, stream);
@@ -415,7 +417,7 @@ mb_status mb_grouped_gemm_sm90_finalize(const void* A, const void* B, const void
     p.permuted_weights = permuted_weights;
     p.top_k = top_k;
     return mbk::launch_grouped_mma(p, max_rows, dtype, mbk::EPI_FINALIZE, mbk::choose_tile(max_rows, num_experts),
-                                   stream);
+                                   workspace, workspace_bytes, stream);
   }
   return mbk::dispatch_wgmma<true>(dtype, A, B, bias, out, expert_first_token_offset, permuted_to_unpermuted,
                                    permuted_weights, top_k, num_experts, n, k, workspace, workspace_bytes, stream);

@@ -1,13 +1,17 @@
 // Routing: logits [T, E] -> topk_ids [T, K] (int32) and topk_weights [T, K] (fp32).
 //
-// One warp per token. The warp stages the token's selection keys in shared memory, then picks
-// the K winners one at a time with a warp-wide argmax (larger key first, lower expert id on
-// ties), so the selection order is fixed and the output deterministic. Keys are chosen so that
-// selection never depends on rounding of a derived quantity where avoidable:
+// One warp per token, everything in registers: lane l holds experts l, l+32, ... (SLOTS = E/32
+// rounded up to a power of two, so E <= 1024 needs at most 32 keys per lane). The K winners are
+// picked one at a time: each lane's best untaken slot, then a warp-wide argmax done as two
+// single-instruction reductions (max of the order-preserving key bits, then min of the ids that
+// hold it), so larger key first, lower expert id on ties: a fixed order and a deterministic
+// output. No shared memory staging, no block-wide barrier, one pass over the logits: at decode
+// sizes the kernel is its launch plus one global round trip. Keys are chosen so that selection
+// never depends on rounding of a derived quantity where avoidable:
 //   softmax_topk : key = logit (softmax is monotone, so the top-k of the probabilities is the
 //                  top-k of the logits, with no rounding ties that the logits do not have);
-//                  weight = exp(x - max) / sum_e exp(x_e - max), optionally renormalised over
-//                  the K chosen.
+//                  weight = exp(x - max) / sum_e exp(x_e - max), or with renormalize
+//                  exp(x - max) / sum over the K chosen (the full-row sum cancels, so it is skipped).
 //   topk_softmax : key = logit; weight = softmax over the K chosen logits.
 //   sigmoid_grouped (DeepSeek-V3): key = sigmoid(x) + correction_bias; with num_groups > 1 only
 //                  the topk_groups groups with the largest (sum of their top-2 keys) are
@@ -23,27 +27,15 @@ namespace {
 using mb::to_f32;
 
 constexpr int kWarpsPerBlock = 4;
-constexpr int kMaxExperts = 1024;  // staging takes up to ~62 bytes of shared memory per expert
+constexpr int kMaxExperts = 1024;  // 32 register slots per lane
+constexpr int kMaxGroups = kMaxExperts / 2;  // groups need >= 2 experts
 
-struct Best {
-  float key;
-  int idx;  // INT_MAX = nothing found yet
-};
-
-// a beats b: larger key, then lower id. A found entry always beats "nothing".
-__device__ __forceinline__ bool beats(const Best& a, const Best& b) {
-  if (a.idx == INT_MAX) return false;
-  if (b.idx == INT_MAX) return true;
-  return a.key > b.key || (a.key == b.key && a.idx < b.idx);
-}
-
-__device__ __forceinline__ Best warp_best(Best b) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) {
-    Best o{__shfl_xor_sync(0xffffffffu, b.key, off), __shfl_xor_sync(0xffffffffu, b.idx, off)};
-    if (beats(o, b)) b = o;
-  }
-  return b;
+// Order-preserving map of a float key to unsigned bits (larger key -> larger bits), with
+// -0 folded onto +0 so that they tie as the float compare says. 0 is below every finite or
+// infinite key and stands for "no candidate".
+__device__ __forceinline__ unsigned key_bits(float k) {
+  const unsigned u = __float_as_uint(k + 0.0f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
 __device__ __forceinline__ float warp_max(float v) {
@@ -58,109 +50,139 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// The best not-yet-taken entry among keys[0..n) (lanes stride the range).
-__device__ __forceinline__ Best select_next(const float* keys, const unsigned char* taken, int n, int lane) {
-  Best b{-FLT_MAX, INT_MAX};
-  for (int i = lane; i < n; i += 32) {
-    const Best c{keys[i], i};
-    if (!taken[i] && beats(c, b)) b = c;
-  }
-  return warp_best(b);
+// Winner of a warp-wide (larger bits, lower id) argmax; bits == 0 means "nothing" on that lane.
+__device__ __forceinline__ int warp_argmax(unsigned bits, int id) {
+  const unsigned best = __reduce_max_sync(0xffffffffu, bits);
+  return static_cast<int>(__reduce_min_sync(0xffffffffu, bits == best && bits != 0 ? static_cast<unsigned>(id)
+                                                                                   : static_cast<unsigned>(INT_MAX)));
 }
 
-template <typename T>
+template <typename T, int SLOTS>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 routing_kernel(const T* __restrict__ logits, const float* __restrict__ bias, int num_tokens, int E, int K,
                int method, int renormalize, int num_groups, int topk_groups, float scale,
                int32_t* __restrict__ topk_ids, float* __restrict__ topk_weights) {
-  extern __shared__ float smem[];
+  // Grouped selection only: per warp, the group scores and the chosen-group flags.
+  __shared__ float group_keys[kWarpsPerBlock][kMaxGroups];
+  __shared__ unsigned char group_taken[kWarpsPerBlock][kMaxGroups];
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  // Per warp: keys[E], group_keys[G], picked weights[K], picked ids[K] (4-byte words), then
-  // the byte flags taken[E], group_taken[G] after all warps' words.
-  const int group_slots = num_groups > 1 ? num_groups : 0;
-  const int words = E + group_slots + 2 * K;
-  float* keys = smem + warp * words;
-  float* group_keys = keys + E;
-  float* picked_w = group_keys + group_slots;
-  int* picked_id = reinterpret_cast<int*>(picked_w + K);
-  unsigned char* taken = reinterpret_cast<unsigned char*>(smem + kWarpsPerBlock * words) +
-                         warp * (E + group_slots);
-  unsigned char* group_taken = taken + E;
 
   for (int64_t t = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp; t < num_tokens;
        t += static_cast<int64_t>(gridDim.x) * kWarpsPerBlock) {
     const T* row = logits + t * E;
+    float x[SLOTS], key[SLOTS];
+    unsigned taken = 0;  // bit s: slot s is chosen, ineligible or past E
     float row_max = -FLT_MAX;
-    for (int i = lane; i < E; i += 32) {
-      const float x = to_f32(row[i]);
-      keys[i] = method == MB_SIGMOID_GROUPED ? mb::sigmoid_f32(x) + (bias ? bias[i] : 0.0f) : x;
-      taken[i] = 0;
-      row_max = fmaxf(row_max, x);
+#pragma unroll
+    for (int s = 0; s < SLOTS; ++s) {
+      const int i = lane + 32 * s;
+      x[s] = i < E ? to_f32(row[i]) : -FLT_MAX;
+      if (i >= E) taken |= 1u << s;
+    }
+#pragma unroll
+    for (int s = 0; s < SLOTS; ++s) {
+      const int i = lane + 32 * s;
+      key[s] = method == MB_SIGMOID_GROUPED && i < E ? mb::sigmoid_f32(x[s]) + (bias ? bias[i] : 0.0f) : x[s];
+      row_max = fmaxf(row_max, x[s]);
     }
     row_max = warp_max(row_max);
-    float denom = 0.0f;
-    if (method == MB_SOFTMAX_TOPK) {
-      for (int i = lane; i < E; i += 32) denom += expf(to_f32(row[i]) - row_max);
-      denom = warp_sum(denom);
+    // Only an un-renormalised softmax_topk needs the full-row denominator.
+    float denom = 1.0f;
+    if (method == MB_SOFTMAX_TOPK && !renormalize) {
+      float d = 0.0f;
+#pragma unroll
+      for (int s = 0; s < SLOTS; ++s) d += (taken >> s) & 1 ? 0.0f : expf(x[s] - row_max);
+      denom = warp_sum(d);
     }
-    __syncwarp();
 
-    if (group_slots > 0) {
-      // Group score = sum of the group's two largest keys; then exclude the experts of every
-      // group outside the topk_groups best (ties toward the lower group id).
+    if (num_groups > 1) {
+      // Group score = sum of the group's two largest keys (merged across lanes as (a >= b)
+      // pairs); then exclude the experts of every group outside the topk_groups best (ties
+      // toward the lower group id).
       const int gsize = E / num_groups;
-      for (int g = lane; g < num_groups; g += 32) {
+      for (int g = 0; g < num_groups; ++g) {
         float a = -FLT_MAX, b = -FLT_MAX;
-        for (int i = g * gsize; i < (g + 1) * gsize; ++i) {
-          const float k = keys[i];
-          if (k > a) { b = a; a = k; } else if (k > b) { b = k; }
+#pragma unroll
+        for (int s = 0; s < SLOTS; ++s) {
+          const int i = lane + 32 * s;
+          if (i < E && i / gsize == g) {
+            if (key[s] > a) { b = a; a = key[s]; } else if (key[s] > b) { b = key[s]; }
+          }
         }
-        group_keys[g] = a + b;
-        group_taken[g] = 0;
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+          const float oa = __shfl_xor_sync(0xffffffffu, a, off), ob = __shfl_xor_sync(0xffffffffu, b, off);
+          b = fmaxf(fminf(a, oa), fmaxf(b, ob));
+          a = fmaxf(a, oa);
+        }
+        if (lane == 0) group_keys[warp][g] = a + b;
       }
+      for (int g = lane; g < num_groups; g += 32) group_taken[warp][g] = 0;
       __syncwarp();
       for (int r = 0; r < topk_groups; ++r) {
-        const Best g = select_next(group_keys, group_taken, num_groups, lane);
-        if (lane == 0) group_taken[g.idx] = 1;
+        unsigned bits = 0;
+        int id = INT_MAX;
+        for (int g = lane; g < num_groups; g += 32) {
+          const unsigned kb = group_taken[warp][g] ? 0u : key_bits(group_keys[warp][g]);
+          if (kb > bits) { bits = kb; id = g; }  // lanes stride g upward: the first of equals wins
+        }
+        const int gbest = warp_argmax(bits, id);
+        if (lane == 0) group_taken[warp][gbest] = 1;
         __syncwarp();
       }
-      // taken[] doubles as "not eligible": experts of the groups that were not picked.
-      for (int i = lane; i < E; i += 32) taken[i] = !group_taken[i / gsize];
-      __syncwarp();
+#pragma unroll
+      for (int s = 0; s < SLOTS; ++s) {
+        const int i = lane + 32 * s;
+        if (i < E && !group_taken[warp][i / gsize]) taken |= 1u << s;
+      }
+      __syncwarp();  // group_* are rewritten by this warp's next token
     }
 
-    // Pick the K winners in order, staging ids and raw weights in shared memory.
+    // Pick the K winners in order. Lane (j % 32) keeps pick j; a full chunk of 32 picks is
+    // parked raw in the output (only when K > 32) and rescaled by its own lane at the end.
     float chosen_sum = 0.0f;
     float top_logit = 0.0f;
+    int my_id = 0;
+    float my_w = 0.0f;
     for (int j = 0; j < K; ++j) {
-      const Best b = select_next(keys, taken, E, lane);
-      const float x = to_f32(row[b.idx]);
+      unsigned bits = 0;
+      int id = INT_MAX;
+      float bx = 0.0f;
+      int bslot = 0;
+#pragma unroll
+      for (int s = 0; s < SLOTS; ++s) {  // ascending ids per lane: the first of equals wins
+        const unsigned kb = (taken >> s) & 1 ? 0u : key_bits(key[s]);
+        if (kb > bits) { bits = kb; id = lane + 32 * s; bx = x[s]; bslot = s; }
+      }
+      const int win = warp_argmax(bits, id);
+      if (id == win) taken |= 1u << bslot;
+      const float wx = __shfl_sync(0xffffffffu, bx, win % 32);
       float w;
       if (method == MB_SOFTMAX_TOPK) {
-        w = expf(x - row_max) / denom;
+        w = expf(wx - row_max) / denom;
       } else if (method == MB_TOPK_SOFTMAX) {
-        if (j == 0) top_logit = x;  // the largest chosen logit, for a stable exp
-        w = expf(x - top_logit);
+        if (j == 0) top_logit = wx;  // the largest chosen logit, for a stable exp
+        w = expf(wx - top_logit);
       } else {
-        w = mb::sigmoid_f32(x);
+        w = mb::sigmoid_f32(wx);
       }
       chosen_sum += w;
-      if (lane == 0) {
-        taken[b.idx] = 1;
-        picked_id[j] = b.idx;
-        picked_w[j] = w;
+      if (lane == j % 32) { my_id = win; my_w = w; }
+      if (j % 32 == 31 && j + 1 < K) {
+        topk_ids[t * K + (j - 31) + lane] = my_id;
+        topk_weights[t * K + (j - 31) + lane] = my_w;
       }
-      __syncwarp();
     }
-    // chosen_sum was accumulated j ascending on every lane; write the K results coalesced.
+    // chosen_sum was accumulated j ascending on every lane, so all lanes agree on f.
     const bool normalise = method == MB_TOPK_SOFTMAX || renormalize;
     const float f = normalise ? scale / chosen_sum : scale;
-    for (int j = lane; j < K; j += 32) {
-      topk_ids[t * K + j] = picked_id[j];
-      topk_weights[t * K + j] = picked_w[j] * f;
+    const int last = (K - 1) / 32 * 32;  // first pick of the chunk still in registers
+    if (last + lane < K) {
+      topk_ids[t * K + last + lane] = my_id;
+      topk_weights[t * K + last + lane] = my_w * f;
     }
-    __syncwarp();
+    for (int j = lane; j < last; j += 32) topk_weights[t * K + j] *= f;  // this lane's own parked writes
   }
 }
 
@@ -203,21 +225,24 @@ extern "C" mb_status mb_routing(const void* logits, int dtype, const float* corr
   if (num_tokens == 0) return MB_OK;
   MB_REQUIRE(logits && topk_ids && topk_weights, "%s: logits, topk_ids and topk_weights must be non-NULL", who);
 
-  const int group_slots = (method == MB_SIGMOID_GROUPED && num_groups > 1) ? num_groups : 0;
-  const size_t smem = kWarpsPerBlock * ((num_experts + group_slots + 2 * top_k) * sizeof(float) +
-                                        (num_experts + group_slots));
+  const bool grouped = method == MB_SIGMOID_GROUPED && num_groups > 1;
+  // One warp per token, four per block.
   const unsigned grid = mb::row_grid((static_cast<int64_t>(num_tokens) + kWarpsPerBlock - 1) / kWarpsPerBlock);
   return mb::dispatch_dtype(dtype, who, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    // Above 48 KB (large E with large K) the block must opt in to more dynamic shared memory.
-    const cudaError_t err = cudaFuncSetAttribute(routing_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 static_cast<int>(smem));
-    if (err != cudaSuccess) {
-      return mb::fail(MB_ERR_CUDA, "%s: shared memory %zu bytes: %s", who, smem, cudaGetErrorString(err));
-    }
-    routing_kernel<T><<<grid, kWarpsPerBlock * 32, smem, stream>>>(
-        static_cast<const T*>(logits), correction_bias, num_tokens, num_experts, top_k, method, renormalize,
-        group_slots ? num_groups : 1, topk_groups, routed_scaling_factor, topk_ids, topk_weights);
-    return mb::check_launch("routing_kernel");
+    auto launch = [&](auto slots_const) {
+      constexpr int SLOTS = decltype(slots_const)::value;
+      routing_kernel<T, SLOTS><<<grid, kWarpsPerBlock * 32, 0, stream>>>(
+          static_cast<const T*>(logits), correction_bias, num_tokens, num_experts, top_k, method, renormalize,
+          grouped ? num_groups : 1, topk_groups, routed_scaling_factor, topk_ids, topk_weights);
+      return mb::check_launch("routing_kernel");
+    };
+    // The fewest register slots per lane that hold E keys (SLOTS * 32 >= E).
+    if (num_experts <= 32) return launch(std::integral_constant<int, 1>{});
+    if (num_experts <= 64) return launch(std::integral_constant<int, 2>{});
+    if (num_experts <= 128) return launch(std::integral_constant<int, 4>{});
+    if (num_experts <= 256) return launch(std::integral_constant<int, 8>{});
+    if (num_experts <= 512) return launch(std::integral_constant<int, 16>{});
+    return launch(std::integral_constant<int, 32>{});
   });
 }

@@ -41,8 +41,16 @@ class FusedExperts:
                        b.v("unpermuted_to_permuted"), b.v("expert_offsets"), _opt(b, "prologue_workspace"))
 
     def expand_rows(self, b: Batch) -> None:
+        self._expand(b, zero_out=None)
+
+    def expand_rows_zero_output(self, b: Batch) -> None:
+        """The expansion, also zeroing `out` for gemm2_sm90_finalize's accumulation (one launch)."""
+        self._expand(b, zero_out=b.out)
+
+    def _expand(self, b: Batch, zero_out: torch.Tensor | None) -> None:
         self.k.expand_rows(b.hidden, b.v("permuted_to_unpermuted"), b.topk_weights,
-                           permuted_input=b.v("permuted_input"), permuted_weights=b.v("permuted_weights"))
+                           permuted_input=b.v("permuted_input"), permuted_weights=b.v("permuted_weights"),
+                           zero_out=zero_out)
 
     # ---- GEMM1 -----------------------------------------------------------------------------
     def gemm1_sm90(self, b: Batch) -> None:
@@ -71,11 +79,9 @@ class FusedExperts:
                           swiglu_alpha=s.swiglu_alpha, swiglu_limit=s.swiglu_limit, out=b.v("fc1_act"))
 
     # ---- GEMM2 -----------------------------------------------------------------------------
-    def zero_output(self, b: Batch) -> None:
-        b.out.zero_()
-
     def gemm2_sm90_finalize(self, b: Batch) -> None:
-        """Unpermute, top-k weighting (+b2) and reduction inside GEMM2's epilogue, into `out`."""
+        """Unpermute, top-k weighting (+b2) and reduction inside GEMM2's epilogue, into `out`
+        (zeroed by expand_rows_zero_output, which the sequence runs before it)."""
         abi.gemm_sm90_finalize(b.v("fc1_act"), self.w.w2, self.w.b2, b.out, b.v("expert_offsets"),
                                b.v("permuted_to_unpermuted"), b.v("permuted_weights"), self.spec.top_k,
                                _opt(b, "gemm_workspace"))

@@ -76,10 +76,10 @@ class MoERunner:
         return {
             S.ROUTER_GEMM: pf.router_gemm, S.ROUTING: pf.routing,
             S.PROLOGUE_FUSED: ex.prologue_fused, S.PROLOGUE_THREE_STEP: ex.prologue_three_step,
-            S.EXPAND_ROWS: ex.expand_rows,
+            S.EXPAND_ROWS: ex.expand_rows, S.EXPAND_ROWS_ZERO_OUTPUT: ex.expand_rows_zero_output,
             S.GEMM1_SM90: ex.gemm1_sm90, S.GEMM1_SM80: ex.gemm1_sm80, S.GEMM1_SM80_ACT: ex.gemm1_sm80_act,
             S.GEMM1_SM80_FUSED_GATED: ex.gemm1_sm80_fused_gated, S.ACTIVATION: ex.activation,
-            S.ZERO_OUTPUT: ex.zero_output, S.GEMM2_SM90_FINALIZE: ex.gemm2_sm90_finalize,
+            S.GEMM2_SM90_FINALIZE: ex.gemm2_sm90_finalize,
             S.GEMM2_SM90: ex.gemm2_sm90, S.GEMM2_SM80: ex.gemm2_sm80,
             S.FINALIZE: pf.weight_and_reduce, S.SHARED_EXPERTS: pf.shared_experts,
         }
@@ -93,7 +93,8 @@ class MoERunner:
         """The layer's output for `hidden` [T, H] or [B, S, H], on the current stream.
 
         Routing may be pinned with `router_logits` [T, E] or `topk_ids`+`topk_weights` [T, K]
-        (copied into the workspace). `out` (same shape/dtype as hidden) avoids the one
+        (copied into the workspace). `out` (same shape/dtype as hidden, not overlapping it:
+        the expansion zeroes it while other blocks still read hidden) avoids the one
         allocation a call otherwise makes. `workspace` (flat uint8, >= workspace_bytes(spec,
         plan, T) bytes, e.g. TensorRT's) replaces the runner's own buffers for this call.
         """

@@ -20,12 +20,14 @@ ROUTING = "routing"                    # mb_routing: logits -> topk ids/weights
 PROLOGUE_FUSED = "prologue:fused"      # mb_build_maps_fused
 PROLOGUE_THREE_STEP = "prologue:three_step"  # mb_build_maps_three_step
 EXPAND_ROWS = "expand_rows"            # mb_expand_rows
+# mb_expand_rows that also zeroes the output the fused finalize accumulates into (its zero_out):
+# the same expansion, with the zeroing memset folded in instead of a launch of its own.
+EXPAND_ROWS_ZERO_OUTPUT = "expand_rows+zero_output"
 GEMM1_SM90 = "gemm1:sm90"              # TMA WS grouped GEMM, identity epilogue
 GEMM1_SM80 = "gemm1:sm80"              # Ampere grouped GEMM, identity epilogue
 GEMM1_SM80_ACT = "gemm1:sm80_act"      # Ampere grouped GEMM, non-gated activation in the epilogue
 GEMM1_SM80_FUSED_GATED = "gemm1:sm80_fused_gated"  # Ampere fused gated-activation GEMM
 ACTIVATION = "activation"              # mb_activation (separate FC1 activation)
-ZERO_OUTPUT = "zero_output"            # the fused finalize accumulates into a zeroed output
 GEMM2_SM90_FINALIZE = "gemm2:sm90_finalize"  # GEMM2 with unpermute/weighting/reduction in its epilogue
 GEMM2_SM90 = "gemm2:sm90"
 GEMM2_SM80 = "gemm2:sm80"
@@ -39,7 +41,7 @@ _GEMM1 = {
     ("ampere", "fused_gated"): [GEMM1_SM80_FUSED_GATED],
 }
 _GEMM2 = {
-    ("tma_warp_specialized", "fused"): [ZERO_OUTPUT, GEMM2_SM90_FINALIZE],
+    ("tma_warp_specialized", "fused"): [GEMM2_SM90_FINALIZE],
     ("tma_warp_specialized", "separate"): [GEMM2_SM90, FINALIZE],
     ("ampere", "separate"): [GEMM2_SM80, FINALIZE],
 }
@@ -90,9 +92,11 @@ def kernel_sequence(plan: Plan, tokens: int, routing_input: RoutingInput = "hidd
         steps.append(ROUTING)
     prologue = plan.stage("routing_prologue").choice_for(tokens)
     steps.append(PROLOGUE_FUSED if prologue == "fused" else PROLOGUE_THREE_STEP)
-    steps.append(EXPAND_ROWS)
+    gemm2 = _GEMM2[(c["gemm_kernel"], plan.stage("finalize").choice_for(tokens))]
+    # GEMM2's finalize epilogue adds into `out`, which the expansion zeroes beforehand.
+    steps.append(EXPAND_ROWS_ZERO_OUTPUT if GEMM2_SM90_FINALIZE in gemm2 else EXPAND_ROWS)
     steps += _GEMM1[(c["gemm_kernel"], c["fc1_activation"])]
-    steps += _GEMM2[(c["gemm_kernel"], plan.stage("finalize").choice_for(tokens))]
+    steps += gemm2
     if plan.spec.get("shared", {}).get("count", 0):
         steps.append(SHARED_EXPERTS)
     return steps

@@ -211,7 +211,7 @@ def poisoned(build):
 
 @pytest.mark.parametrize("k", (1, 2, 4, 6, 8))
 @pytest.mark.parametrize("e", (8, 64, 256, 510))
-@pytest.mark.parametrize("t", (1, 255, 256))
+@pytest.mark.parametrize("t", (1, 16, 255, 256))
 def test_fused_prologue(t: int, e: int, k: int) -> None:
     check_maps(poisoned(K.build_maps_fused), random_ids(t, e, k), e)
     # Wrapper path, and ids of experts on other nodes (outside [0, E)) sorting last.
@@ -257,6 +257,28 @@ def test_expand_rows(t: int, h: int, k: int, dtype: torch.dtype, prequant: bool)
         assert rel_err(out, x.double()[src] * scale.double()) < TOL[dtype]
     else:
         assert torch.equal(out, x[src]), "a plain expansion must copy bits"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("t,h,k", [(1, 2048, 8), (16, 2880, 4), (257, 200, 3), (5, 100, 1)])
+def test_expand_rows_zeroes_output(t: int, h: int, k: int, dtype: torch.dtype) -> None:
+    """zero_out: the finalize GEMM's output is zeroed by the expansion launch, the copy unchanged."""
+    x = torch.randn(t, h, device="cuda").to(dtype)
+    w = torch.rand(t, k, device="cuda")
+    ptu = ref_maps(random_ids(t, 32, k), 32)[0].to(torch.int32)
+    out, pw, z = nan_like((t * k, h), dtype), nan_like((t * k,), torch.float32), nan_like((t, h), dtype)
+    K.expand_rows(x, ptu, w, permuted_input=out, permuted_weights=pw, zero_out=z)
+    torch.cuda.synchronize()
+    assert torch.equal(out, x[ptu.long() // k]) and torch.equal(pw, w.flatten()[ptu.long()])
+    assert (z == 0).all(), "zero_out not fully zeroed"
+
+
+def test_expand_rows_zero_out_must_not_overlap_input() -> None:
+    x = torch.randn(8, 256, device="cuda", dtype=torch.bfloat16)
+    ptu = torch.arange(8, device="cuda", dtype=torch.int32)
+    with pytest.raises(K.KernelError, match="overlap") as err:
+        K.expand_rows(x, ptu, torch.rand(8, 1, device="cuda"), zero_out=x)
+    assert err.value.status is K.Status.INVALID_ARGUMENT
 
 
 # ---- activation -------------------------------------------------------------------------------

@@ -1,0 +1,123 @@
+"""Each non-GEMM stage kernel alone, replayed from a CUDA graph, at decode token counts.
+
+Why graphs: at 1-16 tokens a stage is a few microseconds of GPU work, and what a deployment sees
+is the kernel as a graph node, not the Python/ctypes launch. Each stage is captured REPS times
+back to back in one graph (on one stream, so each copy waits for the previous one as in the
+layer); time per stage = median replay time / REPS. "chain" is the layer's non-GEMM sequence
+(routing, fused prologue, expansion, activation, and the zeroing of `out` for the fused finalize,
+folded into the expansion when the library's mb_expand_rows has zero_out) in one graph, once.
+
+Usage: python bench/stage_bench.py [--shapes a,b] [--tokens 1,16] [--json PATH]
+(set MOE_BUILD_KERNELS_LIB to a prebuilt library on a machine without CUTLASS headers).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from typing import Callable
+
+import torch
+
+from moe_build import kernels as K
+from moe_build.bench import SHAPES
+
+REPS = 20
+REPLAYS = 200
+
+
+def graph_us(fn: Callable[[], object], reps: int) -> float:
+    """Median microseconds of one fn() as a graph node (fn captured `reps` times in one graph)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()  # warm-up outside capture (library load, lazy module init)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            fn()
+    for _ in range(20):
+        g.replay()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(REPLAYS)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(REPLAYS)]
+    for a, b in zip(starts, ends):
+        a.record()
+        g.replay()
+        b.record()
+    torch.cuda.synchronize()
+    return 1e3 * statistics.median(a.elapsed_time(b) for a, b in zip(starts, ends)) / reps
+
+
+def bench_shape(name: str, T: int, has_zero_out: bool) -> dict[str, float]:
+    H, I, E, k, _ = SHAPES[name]
+    dev, dt = "cuda", torch.bfloat16
+    torch.manual_seed(T * 1000 + E)
+    logits = torch.randn(T, E, device=dev).to(dt)
+    hidden = torch.randn(T, H, device=dev).to(dt)
+    ids, w = K.routing(logits, k, K.Routing.SOFTMAX_TOPK, renormalize=True)
+    ptu, utp, off = K.build_maps_fused(ids, E)
+    pin = torch.empty(T * k, H, device=dev, dtype=dt)
+    pw = torch.empty(T * k, device=dev)
+    fc1 = torch.randn(T * k, 2 * I, device=dev).to(dt)
+    act = torch.empty(T * k, I, device=dev, dtype=dt)
+    g2 = torch.randn(T * k, H, device=dev).to(dt)
+    out = torch.empty(T, H, device=dev, dtype=dt)
+    ids_o, w_o = torch.empty_like(ids), torch.empty_like(w)
+    maps = (torch.empty_like(ptu), torch.empty_like(utp), torch.empty_like(off))
+    zero_kw = {"zero_out": out} if has_zero_out else {}
+
+    def chain() -> None:
+        K.routing(logits, k, K.Routing.SOFTMAX_TOPK, renormalize=True, topk_ids=ids_o, topk_weights=w_o)
+        K.build_maps_fused(ids_o, E, *maps)
+        K.expand_rows(hidden, maps[0], w_o, permuted_input=pin, permuted_weights=pw, **zero_kw)
+        K.activation(fc1, maps[2], K.Activation.SWIGLU, out=act)
+        if not has_zero_out:
+            out.zero_()
+
+    one = torch.zeros(1, device=dev)
+    stages: dict[str, Callable[[], object]] = {
+        "empty_node": lambda: one.add_(1),  # the cost of any graph node: the floor for a tiny stage
+        "routing": lambda: K.routing(logits, k, K.Routing.SOFTMAX_TOPK, renormalize=True, topk_ids=ids_o,
+                                     topk_weights=w_o),
+        "prologue_fused": lambda: K.build_maps_fused(ids, E, *maps),
+        "prologue_three_step": lambda: K.build_maps_three_step(ids, E, *maps),
+        "expand_rows": lambda: K.expand_rows(hidden, ptu, w, permuted_input=pin, permuted_weights=pw),
+        "zero_output(memset)": lambda: out.zero_(),
+        "activation": lambda: K.activation(fc1, off, K.Activation.SWIGLU, out=act),
+        "finalize": lambda: K.finalize(g2, w, ids, utp, out=out),
+    }
+    if has_zero_out:
+        stages["expand_rows+zero_out"] = lambda: K.expand_rows(hidden, ptu, w, permuted_input=pin,
+                                                               permuted_weights=pw, zero_out=out)
+    res = {n: graph_us(f, REPS) for n, f in stages.items()}
+    res["chain(non-GEMM)"] = graph_us(chain, 1)
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--tokens", default="1,16")
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    has_zero_out = len(K.SIGNATURES["mb_expand_rows"][1]) == 12
+    K.load_library()
+    cols, table = [], {}
+    for name in a.shapes.split(","):
+        for T in (int(t) for t in a.tokens.split(",")):
+            col = f"{name.split('-')[0]}/T{T}"
+            cols.append(col)
+            table[col] = bench_shape(name, T, has_zero_out)
+    rows = list(next(iter(table.values())))
+    print(f"stage kernels, CUDA-graph node time (us, median), {torch.cuda.get_device_name()}")
+    print(f"{'stage':<22}" + "".join(f"{c:>13}" for c in cols))
+    for r in rows:
+        print(f"{r:<22}" + "".join(f"{table[c].get(r, float('nan')):>13.2f}" for c in cols))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "us": table}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
