@@ -91,7 +91,7 @@ ROWS: list[tuple[str, str, dict, dict, int | None, dict, set[str], dict[str, str
     ("finalize_topk_deterministic", "hopper_top4", {}, {"deterministic": True}, None, {},
      {"finalize_topk_deterministic"}, {"finalize": "separate"}),
     ("finalize_topk_deterministic_k2", "hopper", {}, {"deterministic": True}, None, {}, set(), {}),
-    ("finalize_tactic_rows", "hopper_top4", {}, {}, 33, {},
+    ("finalize_tactic_rows", "hopper_top4", {}, {}, 17, {},
      {"finalize_tactic_rows"}, {"finalize": "separate"}),
     ("finalize_env", "hopper", {}, {"finalize_fusion_disabled_by_env": True}, None, {},
      {"finalize_env"}, {"finalize": "separate"}),

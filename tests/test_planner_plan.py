@@ -88,10 +88,10 @@ def test_cost_rule_does_not_block_forcing_but_capability_does():
 
 @pytest.mark.parametrize("top_k,tokens,choice,rng,outside", [
     (2, 8192, "fused", (1, None), None),          # top-k <= 2: the FINALIZE tactic at every count
-    (8, 16, "fused", (1, 16), "separate"),        # 16 * 8 = 128 rows
-    (8, 17, "separate", (17, None), "fused"),
-    (6, 21, "fused", (1, 21), "separate"),        # 128 // 6 = 21
-    (4, 4096, "separate", (33, None), "fused"),
+    (8, 8, "fused", (1, 8), "separate"),          # 8 * 8 = 64 rows
+    (8, 9, "separate", (9, None), "fused"),
+    (6, 10, "fused", (1, 10), "separate"),        # 64 // 6 = 10
+    (4, 4096, "separate", (17, None), "fused"),
 ])
 def test_finalize_token_range(top_k, tokens, choice, rng, outside):
     spec = dataclasses.replace(SPEC, top_k=top_k)

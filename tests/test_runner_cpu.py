@@ -160,8 +160,8 @@ def test_fp32_plans_are_refused_by_the_runner():
 
 
 def test_finalize_choice_follows_the_token_count():
-    spec = MoESpec(256, 128, 16, 8, dtype=DType.BF16)  # top-8: FINALIZE tactic up to 16 tokens
+    spec = MoESpec(256, 128, 16, 8, dtype=DType.BF16)  # top-8: FINALIZE tactic up to 8 tokens
     plan = make_plan(spec, Target(sm=90, flavour=Flavour.TENSORRT), 4)
-    assert "gemm2:sm90_finalize" in kernel_sequence(plan, 16, "logits")
-    assert "gemm2:sm90_finalize" not in kernel_sequence(plan, 17, "logits")
+    assert "gemm2:sm90_finalize" in kernel_sequence(plan, 8, "logits")
+    assert "gemm2:sm90_finalize" not in kernel_sequence(plan, 9, "logits")
     assert {"gemm2:sm90_finalize", "finalize"} <= steps_up_to(plan, 4096)

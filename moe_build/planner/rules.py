@@ -303,8 +303,8 @@ def finalize_tactic_available(s: MoESpec) -> Gate:
 
 # tactic selection (the FINALIZE GEMM2 tactic must be the one chosen at run time): measured on H200,
 # our FINALIZE epilogue's atomic row updates lose to plain GEMM2 + finalize kernel once top_k > 2
-# and tokens * top_k > 128 (bench: ours vs ours:finalize=separate)
-FINALIZE_FUSED_MAX_ROWS = 128
+# and tokens * top_k > 64 (bench, graph replay: ours vs ours:finalize=separate; docs/measured/bench.json)
+FINALIZE_FUSED_MAX_ROWS = 64
 
 
 def finalize_fused_max_tokens(s: MoESpec) -> int | None:
