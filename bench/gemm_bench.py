@@ -39,6 +39,7 @@ SHAPES = {"mixtral": (4096, 14336, 8, 2), "qwen3-30b-a3b": (2048, 768, 128, 8),
           "deepseek-v2-lite": (2048, 1408, 64, 6), "gpt-oss-20b": (2880, 2880, 32, 4)}
 TOKENS = (1, 16, 256, 4096)
 SPLITS = (1, 2, 3, 4, 6, 8)
+WGMMA_TILES = ("coop128x256", "pingpong64x256")
 PEAK_FLOPS = 790e12
 
 
@@ -124,7 +125,7 @@ def main() -> None:
                 row["g1_sm90_mma"] = bench_us(g1_sm90)
                 row["g2_fin_mma"] = bench_us(g2_fin)
                 os.environ["MB_SM90_GEMM_PATH"] = "wgmma"
-                for tile in ("coop128x128", "coop128x256", "pingpong128x128"):
+                for tile in WGMMA_TILES:
                     os.environ["MB_SM90_WGMMA_TILE"] = tile
                     row[f"g1_sm90_{tile}"] = bench_us(g1_sm90)
                     row[f"g2_fin_{tile}"] = bench_us(g2_fin)
@@ -149,6 +150,12 @@ def main() -> None:
     print(f"{'shape':17}{'T':>5}" + "".join(f"{c:>13}" for c in cols))
     for r in results:
         print(f"{r['shape']:17}{r['tokens']:>5}" + "".join(f"{r[c]:>13.1f}" for c in cols))
+    if "--paths" in sys.argv:
+        print("forced wgmma tiles: g1_sm90 / g2_fin / g2_sm90, microseconds")
+        print(f"{'shape':17}{'T':>5}" + "".join(f"{tile:>22}" for tile in WGMMA_TILES))
+        for r in results:
+            print(f"{r['shape']:17}{r['tokens']:>5}" + "".join(
+                f"{r[f'g1_sm90_{x}']:>8.1f}/{r[f'g2_fin_{x}']:.1f}/{r[f'g2_sm90_{x}']:<6.1f}" for x in WGMMA_TILES))
     if "--splits" in sys.argv:
         print("forced split-K (mma.sync path): g1_sm90 / g2_fin, microseconds")
         print(f"{'shape':17}{'T':>5}" + "".join(f"{'s' + str(s):>14}" for s in SPLITS))

@@ -15,10 +15,11 @@
 //          and the persistent grid has too few CTAs streaming B. Measured on the H200 (bf16):
 //          1 and 16 tokens of Mixtral/Qwen3/DeepSeek-V2-Lite/GPT-OSS (avg 0.06..4 rows) run
 //          1.1-1.6x faster here than on wgmma; 256 tokens (avg 16..64 rows) 1.3-1.9x slower.
-//   else : the CUTLASS wgmma kernel, cooperative 128x256x64 tiles, cluster 1x1 (fastest of
-//          coop 128x128, coop 128x256 and pingpong 128x128 at 256 and 4096 tokens).
-// MB_SM90_GEMM_PATH=mma|wgmma and MB_SM90_WGMMA_TILE=coop128x128|coop128x256|pingpong128x128 in the
-// environment force a path / tile (bench/gemm_bench.py --paths and the tests use them).
+//   else : the CUTLASS wgmma kernel, cluster 1x1: pingpong 64x256 tiles up to 384 average rows per
+//          expert (32 for the finalize epilogue), else cooperative 128x256 (measurements at
+//          WgmmaTile below).
+// MB_SM90_GEMM_PATH=mma|wgmma and MB_SM90_WGMMA_TILE=coop128x256|pingpong64x256 in the environment
+// force a path / tile (bench/gemm_bench.py --paths and the tests use them).
 #include <stdlib.h>
 
 #include <algorithm>
@@ -152,22 +153,31 @@ class MoeEpilogue {
   Params params_;
 };
 
-// Mainloop shapes measured against each other on the H200 (bench/gemm_bench.py --paths):
-// cooperative 128x128x64, cooperative 128x256x64, pingpong 128x128x64; all cluster 1x1.
-enum WgmmaTile { WG_COOP_128x128 = 0, WG_COOP_128x256 = 1, WG_PINGPONG_128x128 = 2 };
-constexpr int kDefaultWgmmaTile = WG_COOP_128x256;
+// Mainloop tiles. Measured on the H200 (bench/gemm_bench.py --paths, 256 and 4096 tokens of the
+// four bench shapes) against cooperative 128x128, pingpong 128x128 and cooperative 128x256 with
+// cluster 2x1 / 1x2 (TMA multicast of B / A), which were dropped: none beat the better of these
+// two by more than the run-to-run spread, except cluster 2x1 on Mixtral's 4096-token finalize.
+//   coop 128x256    : two consumer warpgroups share one 128x256 tile; the most FLOPs per byte
+//                     loaded into shared memory, best when experts have many rows.
+//   pingpong 64x256 : each consumer warpgroup owns a 64-row tile and one's epilogue runs under the
+//                     other's mainloop. Half the row padding per expert (a random-routing expert with
+//                     ~256 rows pads ~1/5 at 128-row tiles, ~1/9 at 64) and a hidden epilogue, which
+//                     matters for short K: 4096 tokens of Qwen3 / DeepSeek-V2-Lite (256 / 384 rows per
+//                     expert) run GEMM1 4-9% and plain GEMM2 7% faster, 256 tokens (16-64 rows) up to 15%.
+//                     It loses with 512+ rows per expert (GPT-OSS GEMM2 at 4096 tokens: 19% slower),
+//                     and in the finalize epilogue once rows per expert reach 64: its atomics outlast a
+//                     short mainloop, so the two warpgroups serialise (Qwen3 4096: 628 vs 486 us).
+enum WgmmaTile { WG_COOP_128x256 = 0, WG_PINGPONG_64x256 = 1 };
+constexpr int64_t kPingpongMaxAvgRows = 384;          // plain store epilogue
+constexpr int64_t kPingpongFinalizeMaxAvgRows = 32;   // finalize (atomic) epilogue
 
 template <int kTile> struct WgmmaTileTraits;
-template <> struct WgmmaTileTraits<WG_COOP_128x128> {
-  using Shape = cute::Shape<cute::_128, cute::_128, cute::_64>;
-  using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
-};
 template <> struct WgmmaTileTraits<WG_COOP_128x256> {
   using Shape = cute::Shape<cute::_128, cute::_256, cute::_64>;
   using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
 };
-template <> struct WgmmaTileTraits<WG_PINGPONG_128x128> {
-  using Shape = cute::Shape<cute::_128, cute::_128, cute::_64>;
+template <> struct WgmmaTileTraits<WG_PINGPONG_64x256> {
+  using Shape = cute::Shape<cute::_64, cute::_256, cute::_64>;
   using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
 };
 
@@ -267,9 +277,8 @@ size_t cutlass_workspace_bytes(int num_experts, int sm_count) {
 
 template <typename T, bool kFinalize>
 size_t max_cutlass_workspace_bytes(int num_experts, int sm_count) {
-  return std::max({cutlass_workspace_bytes<T, kFinalize, WG_COOP_128x128>(num_experts, sm_count),
-                   cutlass_workspace_bytes<T, kFinalize, WG_COOP_128x256>(num_experts, sm_count),
-                   cutlass_workspace_bytes<T, kFinalize, WG_PINGPONG_128x128>(num_experts, sm_count)});
+  return std::max(cutlass_workspace_bytes<T, kFinalize, WG_COOP_128x256>(num_experts, sm_count),
+                  cutlass_workspace_bytes<T, kFinalize, WG_PINGPONG_64x256>(num_experts, sm_count));
 }
 
 bool device_is_sm90() {
@@ -281,12 +290,13 @@ bool device_is_sm90() {
   return major == 9 && minor == 0;
 }
 
-int wgmma_tile() {
+int wgmma_tile(int64_t max_rows, int num_experts, bool finalize) {
   const char* force = getenv("MB_SM90_WGMMA_TILE");
   if (force && strcmp(force, "coop128x256") == 0) return WG_COOP_128x256;
-  if (force && strcmp(force, "pingpong128x128") == 0) return WG_PINGPONG_128x128;
-  if (force && strcmp(force, "coop128x128") == 0) return WG_COOP_128x128;
-  return kDefaultWgmmaTile;
+  if (force && strcmp(force, "pingpong64x256") == 0) return WG_PINGPONG_64x256;
+  const int64_t avg_rows = (max_rows + num_experts - 1) / num_experts;
+  return avg_rows <= (finalize ? kPingpongFinalizeMaxAvgRows : kPingpongMaxAvgRows) ? WG_PINGPONG_64x256
+                                                                                    : WG_COOP_128x256;
 }
 
 bool use_mma_path(int64_t max_rows, int num_experts) {
@@ -328,23 +338,17 @@ mb_status run_wgmma(const void* A, const void* B, const typename MoeEpilogue<T, 
 template <bool kFinalize>
 mb_status dispatch_wgmma(int dtype, const void* A, const void* B, const void* bias, void* out,
                          const int64_t* offsets, const int32_t* p2u, const float* weights, int top_k,
-                         int num_experts, int n, int k, void* workspace, size_t workspace_bytes,
+                         int num_experts, int64_t max_rows, int n, int k, void* workspace, size_t workspace_bytes,
                          cudaStream_t stream) {
   auto go = [&](auto tag) {
     using T = decltype(tag);
     typename MoeEpilogue<T, kFinalize>::Arguments epi{static_cast<const T*>(bias), static_cast<T*>(out), offsets,
                                                       p2u, weights, top_k};
-    switch (wgmma_tile()) {
-      case WG_COOP_128x256:
-        return run_wgmma<T, kFinalize, WG_COOP_128x256>(A, B, epi, offsets, num_experts, n, k, workspace,
-                                                         workspace_bytes, stream);
-      case WG_PINGPONG_128x128:
-        return run_wgmma<T, kFinalize, WG_PINGPONG_128x128>(A, B, epi, offsets, num_experts, n, k, workspace,
-                                                             workspace_bytes, stream);
-      default:
-        return run_wgmma<T, kFinalize, WG_COOP_128x128>(A, B, epi, offsets, num_experts, n, k, workspace,
-                                                         workspace_bytes, stream);
-    }
+    if (wgmma_tile(max_rows, num_experts, kFinalize) == WG_PINGPONG_64x256)
+      return run_wgmma<T, kFinalize, WG_PINGPONG_64x256>(A, B, epi, offsets, num_experts, n, k, workspace,
+                                                          workspace_bytes, stream);
+    return run_wgmma<T, kFinalize, WG_COOP_128x256>(A, B, epi, offsets, num_experts, n, k, workspace,
+                                                     workspace_bytes, stream);
   };
   return dtype == MB_BF16 ? go(__nv_bfloat16{}) : go(__half{});
 }
@@ -396,7 +400,7 @@ mb_status mb_grouped_gemm_sm90(const void* A, const void* B, const void* bias, v
                                    workspace, workspace_bytes, stream);
   }
   return mbk::dispatch_wgmma<false>(dtype, A, B, bias, C, expert_first_token_offset, nullptr, nullptr, 1,
-                                    num_experts, n, k, workspace, workspace_bytes, stream);
+                                    num_experts, max_rows, n, k, workspace, workspace_bytes, stream);
 }
 
 mb_status mb_grouped_gemm_sm90_finalize(const void* A, const void* B, const void* bias, void* out,
@@ -420,7 +424,8 @@ mb_status mb_grouped_gemm_sm90_finalize(const void* A, const void* B, const void
                                    workspace, workspace_bytes, stream);
   }
   return mbk::dispatch_wgmma<true>(dtype, A, B, bias, out, expert_first_token_offset, permuted_to_unpermuted,
-                                   permuted_weights, top_k, num_experts, n, k, workspace, workspace_bytes, stream);
+                                   permuted_weights, top_k, num_experts, max_rows, n, k, workspace, workspace_bytes,
+                                   stream);
 }
 
 }  // extern "C"

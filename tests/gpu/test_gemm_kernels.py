@@ -152,7 +152,7 @@ def test_sm80_rejects(gemms):
 
 
 @pytest.fixture(params=["auto", "mma", "mma:split=1", "mma:split=2", "mma:split=3", "mma:split=8",
-                        "wgmma:coop128x128", "wgmma:coop128x256", "wgmma:pingpong128x128"])
+                        "wgmma:coop128x256", "wgmma:pingpong64x256"])
 def sm90_path(request):
     """Forces the sm90 entry points' path (and wgmma tile or mma split-K count) through their
     environment knobs."""
