@@ -231,6 +231,32 @@ def _map_outputs(topk_ids: torch.Tensor, num_experts: int, ptu: torch.Tensor | N
             _out(off, "expert_first_token_offset", (num_experts + 1,), torch.int64, dev))
 
 
+def _workspace(workspace: torch.Tensor | None, nbytes: int, dev: torch.device) -> tuple[int | None, int]:
+    """(pointer, bytes) of the caller's scratch, or of a fresh one of `nbytes` (NULL when none is
+    needed). The runner passes its preallocated workspace (no allocation per call, stable addresses
+    for CUDA graphs); the kernels check the size themselves (an sm90 workspace below the split-K size
+    only turns splitting off)."""
+    if workspace is None:
+        if nbytes == 0:
+            return None, 0
+        workspace = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+    else:
+        _check(workspace, "workspace", None, None, dev)
+    return workspace.data_ptr(), workspace.numel() * workspace.element_size()
+
+
+def three_step_workspace_bytes(num_tokens: int, top_k: int, num_experts: int) -> int:
+    return int(load_library().mb_build_maps_three_step_workspace(num_tokens, top_k, num_experts))
+
+
+def grouped_gemm_sm80_workspace_bytes(num_experts: int) -> int:
+    return int(load_library().mb_grouped_gemm_sm80_workspace(num_experts))
+
+
+def grouped_gemm_sm90_workspace_bytes(num_experts: int, max_rows: int, n: int, k: int) -> int:
+    return int(load_library().mb_grouped_gemm_sm90_workspace(num_experts, max_rows, n, k))
+
+
 def build_maps_fused(topk_ids: torch.Tensor, num_experts: int, permuted_to_unpermuted: torch.Tensor | None = None,
                      unpermuted_to_permuted: torch.Tensor | None = None,
                      expert_first_token_offset: torch.Tensor | None = None,
@@ -249,16 +275,15 @@ def build_maps_three_step(topk_ids: torch.Tensor, num_experts: int,
                           permuted_to_unpermuted: torch.Tensor | None = None,
                           unpermuted_to_permuted: torch.Tensor | None = None,
                           expert_first_token_offset: torch.Tensor | None = None,
-                          stream: int | torch.cuda.Stream | None = None
+                          workspace: torch.Tensor | None = None, stream: int | torch.cuda.Stream | None = None
                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Same maps as `build_maps_fused`, for any token count (allocates its workspace)."""
+    """Same maps as `build_maps_fused`, for any token count (workspace allocated unless given)."""
     ptu, utp, off = _map_outputs(topk_ids, num_experts, permuted_to_unpermuted, unpermuted_to_permuted,
                                  expert_first_token_offset)
     t, k = topk_ids.shape
-    ws_bytes = load_library().mb_build_maps_three_step_workspace(t, k, num_experts)
-    ws = torch.empty(max(ws_bytes, 1), dtype=torch.uint8, device=topk_ids.device)
+    ws, ws_bytes = _workspace(workspace, three_step_workspace_bytes(t, k, num_experts), topk_ids.device)
     _call("mb_build_maps_three_step", topk_ids.data_ptr(), t, k, num_experts, ptu.data_ptr(), utp.data_ptr(),
-          off.data_ptr(), ws.data_ptr(), ws_bytes, _stream(stream, topk_ids.device))
+          off.data_ptr(), ws, ws_bytes, _stream(stream, topk_ids.device))
     return ptu, utp, off
 
 
@@ -351,8 +376,8 @@ def _gemm_common(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor
 def grouped_gemm_sm80(a: torch.Tensor, b: torch.Tensor, expert_first_token_offset: torch.Tensor,
                       activation: int | str | Activation = Activation.IDENTITY, fused_gated: bool = False,
                       bias: torch.Tensor | None = None, swiglu_alpha: float = 1.0, swiglu_limit: float = math.inf,
-                      c: torch.Tensor | None = None, stream: int | torch.cuda.Stream | None = None
-                      ) -> torch.Tensor:
+                      c: torch.Tensor | None = None, workspace: torch.Tensor | None = None,
+                      stream: int | torch.cuda.Stream | None = None) -> torch.Tensor:
     """C[p] = act(A[p] @ B[x]^T + bias[x]); A [R, k], B [E, n, k] (fused_gated: [E, 2n, k]) -> C [R, n]."""
     dev, rows, k, e, bn = _gemm_common(a, b, expert_first_token_offset)
     act = _enum(activation, Activation, "activation")
@@ -362,26 +387,25 @@ def grouped_gemm_sm80(a: torch.Tensor, b: torch.Tensor, expert_first_token_offse
     if bias is not None:
         _check(bias, "bias", (e, bn), a.dtype, dev)
     out = _out(c, "C", (rows, n), a.dtype, dev)
-    ws_bytes = load_library().mb_grouped_gemm_sm80_workspace(e)
-    ws = torch.empty(max(ws_bytes, 1), dtype=torch.uint8, device=dev)
+    ws, ws_bytes = _workspace(workspace, grouped_gemm_sm80_workspace_bytes(e), dev)
     _call("mb_grouped_gemm_sm80", a.data_ptr(), b.data_ptr(), _ptr(bias), out.data_ptr(),
           expert_first_token_offset.data_ptr(), e, rows, n, k, _dtype_code(a, "A"), act, int(bool(fused_gated)),
-          swiglu_alpha, swiglu_limit, ws.data_ptr(), ws_bytes, _stream(stream, dev))
+          swiglu_alpha, swiglu_limit, ws, ws_bytes, _stream(stream, dev))
     return out
 
 
 def grouped_gemm_sm90(a: torch.Tensor, b: torch.Tensor, expert_first_token_offset: torch.Tensor,
                       bias: torch.Tensor | None = None, c: torch.Tensor | None = None,
-                      stream: int | torch.cuda.Stream | None = None) -> torch.Tensor:
+                      workspace: torch.Tensor | None = None, stream: int | torch.cuda.Stream | None = None
+                      ) -> torch.Tensor:
     """C[p] = A[p] @ B[x]^T (+ bias[x]); A [R, k], B [E, n, k] -> C [R, n] (TMA warp-specialized)."""
     dev, rows, k, e, n = _gemm_common(a, b, expert_first_token_offset)
     if bias is not None:
         _check(bias, "bias", (e, n), a.dtype, dev)
     out = _out(c, "C", (rows, n), a.dtype, dev)
-    ws_bytes = load_library().mb_grouped_gemm_sm90_workspace(e, rows, n, k)
-    ws = torch.empty(max(ws_bytes, 1), dtype=torch.uint8, device=dev)
+    ws, ws_bytes = _workspace(workspace, grouped_gemm_sm90_workspace_bytes(e, rows, n, k), dev)
     _call("mb_grouped_gemm_sm90", a.data_ptr(), b.data_ptr(), _ptr(bias), out.data_ptr(),
-          expert_first_token_offset.data_ptr(), e, rows, n, k, _dtype_code(a, "A"), ws.data_ptr(), ws_bytes,
+          expert_first_token_offset.data_ptr(), e, rows, n, k, _dtype_code(a, "A"), ws, ws_bytes,
           _stream(stream, dev))
     return out
 
@@ -389,8 +413,8 @@ def grouped_gemm_sm90(a: torch.Tensor, b: torch.Tensor, expert_first_token_offse
 def grouped_gemm_sm90_finalize(a: torch.Tensor, b: torch.Tensor, expert_first_token_offset: torch.Tensor,
                                permuted_to_unpermuted: torch.Tensor, permuted_weights: torch.Tensor,
                                num_tokens: int, top_k: int, bias: torch.Tensor | None = None,
-                               out: torch.Tensor | None = None, stream: int | torch.cuda.Stream | None = None
-                               ) -> torch.Tensor:
+                               out: torch.Tensor | None = None, workspace: torch.Tensor | None = None,
+                               stream: int | torch.cuda.Stream | None = None) -> torch.Tensor:
     """out[t] += w[p] * (A[p] @ B[x]^T + bias[x]) for the token t of each permuted row p -> out [T, n].
     A given `out` must be zeroed by the caller; an allocated one is zeroed here."""
     dev, rows, k, e, n = _gemm_common(a, b, expert_first_token_offset)
@@ -399,9 +423,8 @@ def grouped_gemm_sm90_finalize(a: torch.Tensor, b: torch.Tensor, expert_first_to
     if bias is not None:
         _check(bias, "bias", (e, n), a.dtype, dev)
     o = _out(out, "out", (num_tokens, n), a.dtype, dev, zero=True)
-    ws_bytes = load_library().mb_grouped_gemm_sm90_workspace(e, rows, n, k)
-    ws = torch.empty(max(ws_bytes, 1), dtype=torch.uint8, device=dev)
+    ws, ws_bytes = _workspace(workspace, grouped_gemm_sm90_workspace_bytes(e, rows, n, k), dev)
     _call("mb_grouped_gemm_sm90_finalize", a.data_ptr(), b.data_ptr(), _ptr(bias), o.data_ptr(),
           expert_first_token_offset.data_ptr(), permuted_to_unpermuted.data_ptr(), permuted_weights.data_ptr(), e,
-          rows, num_tokens, top_k, n, k, _dtype_code(a, "A"), ws.data_ptr(), ws_bytes, _stream(stream, dev))
+          rows, num_tokens, top_k, n, k, _dtype_code(a, "A"), ws, ws_bytes, _stream(stream, dev))
     return o

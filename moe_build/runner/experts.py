@@ -13,12 +13,8 @@ import torch
 
 from ..spec import MoESpec
 from ..weights import MoEWeights
-from . import abi
 from .batch import Batch
 from .codes import activation_code
-
-IDENTITY = 0
-
 
 class FusedExperts:
     """The expert-side steps of one layer; holds device weights, nothing per call."""
@@ -37,8 +33,14 @@ class FusedExperts:
         self._maps(b, fused=False)
 
     def _maps(self, b: Batch, fused: bool) -> None:
-        abi.build_maps(fused, b.topk_ids, self.spec.local_experts, b.v("permuted_to_unpermuted"),
-                       b.v("unpermuted_to_permuted"), b.v("expert_offsets"), _opt(b, "prologue_workspace"))
+        maps = dict(permuted_to_unpermuted=b.v("permuted_to_unpermuted"),
+                    unpermuted_to_permuted=b.v("unpermuted_to_permuted"),
+                    expert_first_token_offset=b.v("expert_offsets"))
+        if fused:
+            self.k.build_maps_fused(b.topk_ids, self.spec.local_experts, **maps)
+        else:
+            self.k.build_maps_three_step(b.topk_ids, self.spec.local_experts, **maps,
+                                         workspace=_opt(b, "prologue_workspace"))
 
     def expand_rows(self, b: Batch) -> None:
         self._expand(b, zero_out=None)
@@ -55,12 +57,12 @@ class FusedExperts:
     # ---- GEMM1 -----------------------------------------------------------------------------
     def gemm1_sm90(self, b: Batch) -> None:
         """Identity epilogue; bias and activation follow in the separate activation kernel."""
-        abi.gemm_sm90(b.v("permuted_input"), self.w.w1, None, b.v("fc1_out"), b.v("expert_offsets"),
-                      _opt(b, "gemm_workspace"))
+        self.k.grouped_gemm_sm90(b.v("permuted_input"), self.w.w1, b.v("expert_offsets"), c=b.v("fc1_out"),
+                                 workspace=_opt(b, "gemm_workspace"))
 
     def gemm1_sm80(self, b: Batch) -> None:
-        abi.gemm_sm80(b.v("permuted_input"), self.w.w1, None, b.v("fc1_out"), b.v("expert_offsets"),
-                      _opt(b, "gemm_workspace"), IDENTITY, fused_gated=False)
+        self.k.grouped_gemm_sm80(b.v("permuted_input"), self.w.w1, b.v("expert_offsets"), c=b.v("fc1_out"),
+                                 workspace=_opt(b, "gemm_workspace"))
 
     def gemm1_sm80_act(self, b: Batch) -> None:
         self._sm80_into_act(b, fused_gated=False)
@@ -70,8 +72,10 @@ class FusedExperts:
 
     def _sm80_into_act(self, b: Batch, fused_gated: bool) -> None:
         s = self.spec
-        abi.gemm_sm80(b.v("permuted_input"), self.w.w1, self.w.b1, b.v("fc1_act"), b.v("expert_offsets"),
-                      _opt(b, "gemm_workspace"), self.act, fused_gated, s.swiglu_alpha, s.swiglu_limit)
+        self.k.grouped_gemm_sm80(b.v("permuted_input"), self.w.w1, b.v("expert_offsets"), activation=self.act,
+                                 fused_gated=fused_gated, bias=self.w.b1, swiglu_alpha=s.swiglu_alpha,
+                                 swiglu_limit=s.swiglu_limit, c=b.v("fc1_act"),
+                                 workspace=_opt(b, "gemm_workspace"))
 
     def activation(self, b: Batch) -> None:
         s = self.spec
@@ -82,17 +86,18 @@ class FusedExperts:
     def gemm2_sm90_finalize(self, b: Batch) -> None:
         """Unpermute, top-k weighting (+b2) and reduction inside GEMM2's epilogue, into `out`
         (zeroed by expand_rows_zero_output, which the sequence runs before it)."""
-        abi.gemm_sm90_finalize(b.v("fc1_act"), self.w.w2, self.w.b2, b.out, b.v("expert_offsets"),
-                               b.v("permuted_to_unpermuted"), b.v("permuted_weights"), self.spec.top_k,
-                               _opt(b, "gemm_workspace"))
+        self.k.grouped_gemm_sm90_finalize(b.v("fc1_act"), self.w.w2, b.v("expert_offsets"),
+                                          b.v("permuted_to_unpermuted"), b.v("permuted_weights"), b.out.shape[0],
+                                          self.spec.top_k, bias=self.w.b2, out=b.out,
+                                          workspace=_opt(b, "gemm_workspace"))
 
     def gemm2_sm90(self, b: Batch) -> None:
-        abi.gemm_sm90(b.v("fc1_act"), self.w.w2, None, b.v("gemm2_out"), b.v("expert_offsets"),
-                      _opt(b, "gemm_workspace"))
+        self.k.grouped_gemm_sm90(b.v("fc1_act"), self.w.w2, b.v("expert_offsets"), c=b.v("gemm2_out"),
+                                 workspace=_opt(b, "gemm_workspace"))
 
     def gemm2_sm80(self, b: Batch) -> None:
-        abi.gemm_sm80(b.v("fc1_act"), self.w.w2, None, b.v("gemm2_out"), b.v("expert_offsets"),
-                      _opt(b, "gemm_workspace"), IDENTITY, fused_gated=False)
+        self.k.grouped_gemm_sm80(b.v("fc1_act"), self.w.w2, b.v("expert_offsets"), c=b.v("gemm2_out"),
+                                 workspace=_opt(b, "gemm_workspace"))
 
 
 def _opt(b: Batch, name: str) -> torch.Tensor | None:

@@ -17,7 +17,6 @@ from ..planner import Plan, make_plan
 from ..spec import MoESpec
 from ..target import Target, resolve_target
 from ..weights import MoEWeights
-from . import abi
 from . import sequence as S
 from .batch import Batch
 from .experts import FusedExperts
@@ -164,11 +163,11 @@ def runner_layout(spec: MoESpec, plan: Plan, max_tokens: int) -> dict[str, Buffe
     steps = S.steps_up_to(plan, max_tokens)
     r, E = max_tokens * spec.top_k, spec.local_experts
     if plan.stage("gemm_kernel").choice == "tma_warp_specialized":  # one scratch shared by GEMM1 and GEMM2
-        gemm = max(abi.sm90_workspace_bytes(E, r, spec.fc1_out_features, spec.hidden_size),
-                   abi.sm90_workspace_bytes(E, r, spec.hidden_size, spec.intermediate_size))
+        gemm = max(kernels.grouped_gemm_sm90_workspace_bytes(E, r, spec.fc1_out_features, spec.hidden_size),
+                   kernels.grouped_gemm_sm90_workspace_bytes(E, r, spec.hidden_size, spec.intermediate_size))
     else:
-        gemm = abi.sm80_workspace_bytes(E)
-    three = abi.three_step_workspace_bytes(max_tokens, spec.top_k, E) if S.PROLOGUE_THREE_STEP in steps else 0
+        gemm = kernels.grouped_gemm_sm80_workspace_bytes(E)
+    three = kernels.three_step_workspace_bytes(max_tokens, spec.top_k, E) if S.PROLOGUE_THREE_STEP in steps else 0
     return workspace_layout(spec, steps, max_tokens, gemm_workspace_bytes=gemm, three_step_workspace_bytes=three)
 
 
