@@ -230,8 +230,7 @@ def check_input_dims(spec: MoESpec, dims: Sequence[Sequence[int]]) -> None:
                             f"has {rows_logits} rows, hidden has {rows_hidden}", "the same token count")
 
 
-def supports_io(spec: MoESpec, pos: int, dtype: torch.dtype | None, linear: bool, num_inputs: int,
-                earlier_dtypes: Sequence[torch.dtype | None] = ()) -> bool:
+def supports_io(spec: MoESpec, pos: int, dtype: torch.dtype | None, linear: bool, num_inputs: int) -> bool:
     """Whether tensor `pos` (inputs, then the output) may have `dtype` in `linear` format.
 
     Only the linear format and the exact dtypes of `input_slots`/`output_dtype` are accepted.
