@@ -15,8 +15,8 @@ flushed before every run, so expert weights come from HBM as in a real layer). C
                     else ours_layer90 (wgmma GEMM1 + activation)
   tmm_layer       : _grouped_mm GEMM1 + silu*up + _grouped_mm GEMM2 + weighted index_add
   floor           : max(touched expert weight bytes / BW, FLOPs / 790 TFLOP/s) for the GEMMs
---paths adds forced sm90 paths / wgmma tiles; --splits adds, at 1 and 16 tokens, g1_sm90 and g2_fin
-with the mma.sync split-K count forced to 1, 2, 3, 4, 6, 8 (MB_SM90_SPLIT_K; 1 = unsplit).
+--paths adds every forced sm90 path (decode, mma, each wgmma tile); --tokens 1,16 limits the
+token counts.
 Writes JSON to $OUT/gemm_bench.json (or ./gemm_bench.json) and prints a table last.
 """
 from __future__ import annotations
@@ -38,9 +38,12 @@ _spec.loader.exec_module(gemm_lib)
 SHAPES = {"mixtral": (4096, 14336, 8, 2), "qwen3-30b-a3b": (2048, 768, 128, 8),
           "deepseek-v2-lite": (2048, 1408, 64, 6), "gpt-oss-20b": (2880, 2880, 32, 4)}
 TOKENS = (1, 16, 256, 4096)
-SPLITS = (1, 2, 3, 4, 6, 8)
 WGMMA_TILES = ("coop128x256", "pingpong64x256")
+FORCED_PATHS = (("decode", ""), ("mma", ""), *(("wgmma", tile) for tile in WGMMA_TILES))
 PEAK_FLOPS = 790e12
+# --tokens 1,16 limits the token counts (default: all of TOKENS)
+TOKENS_RUN = tuple(int(x) for x in sys.argv[sys.argv.index("--tokens") + 1].split(",")) if "--tokens" in sys.argv \
+    else TOKENS
 
 
 def bench_us(fn) -> float:
@@ -56,7 +59,7 @@ def main() -> None:
     for name, (h, inter, e, top_k) in SHAPES.items():
         w1 = (torch.randn(e, 2 * inter, h, generator=gen, device="cuda", dtype=dt) * h ** -0.5)
         w2 = (torch.randn(e, h, inter, generator=gen, device="cuda", dtype=dt) * inter ** -0.5)
-        for t in TOKENS:
+        for t in TOKENS_RUN:
             ids, offsets, p2u, u2p = gemm_lib.route(t, e, top_k, gen)
             rows = t * top_k
             x = torch.randn(t, h, generator=gen, device="cuda", dtype=dt)
@@ -121,23 +124,16 @@ def main() -> None:
                 row[key] = bench_us(fn)
             row["ours_rule"] = row["ours_layer"] if rows <= 8 * e else row["ours_layer90"]
             if "--paths" in sys.argv:  # forced sm90 paths and wgmma tiles, to place the auto rules
-                os.environ["MB_SM90_GEMM_PATH"] = "mma"
-                row["g1_sm90_mma"] = bench_us(g1_sm90)
-                row["g2_fin_mma"] = bench_us(g2_fin)
-                os.environ["MB_SM90_GEMM_PATH"] = "wgmma"
-                for tile in WGMMA_TILES:
-                    os.environ["MB_SM90_WGMMA_TILE"] = tile
-                    row[f"g1_sm90_{tile}"] = bench_us(g1_sm90)
-                    row[f"g2_fin_{tile}"] = bench_us(g2_fin)
-                    row[f"g2_sm90_{tile}"] = bench_us(g2_sm90)
+                for path, tile in FORCED_PATHS:
+                    os.environ["MB_SM90_GEMM_PATH"] = path
+                    if tile:
+                        os.environ["MB_SM90_WGMMA_TILE"] = tile
+                    tag = tile or path
+                    row[f"g1_sm90_{tag}"] = bench_us(g1_sm90)
+                    row[f"g2_fin_{tag}"] = bench_us(g2_fin)
+                    row[f"g2_sm90_{tag}"] = bench_us(g2_sm90)
+                    os.environ.pop("MB_SM90_WGMMA_TILE", None)
                 os.environ.pop("MB_SM90_GEMM_PATH")
-                os.environ.pop("MB_SM90_WGMMA_TILE")
-            if "--splits" in sys.argv and t <= 16:  # to place the automatic split-K rule
-                for s in SPLITS:
-                    os.environ["MB_SM90_SPLIT_K"] = str(s)
-                    row[f"g1_sm90_s{s}"] = bench_us(g1_sm90)
-                    row[f"g2_fin_s{s}"] = bench_us(g2_fin)
-                os.environ.pop("MB_SM90_SPLIT_K")
             results.append(row)
             print(json.dumps({k: round(v, 1) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
         del w1, w2
@@ -151,19 +147,12 @@ def main() -> None:
     for r in results:
         print(f"{r['shape']:17}{r['tokens']:>5}" + "".join(f"{r[c]:>13.1f}" for c in cols))
     if "--paths" in sys.argv:
-        print("forced wgmma tiles: g1_sm90 / g2_fin / g2_sm90, microseconds")
-        print(f"{'shape':17}{'T':>5}" + "".join(f"{tile:>22}" for tile in WGMMA_TILES))
+        tags = [tile or path for path, tile in FORCED_PATHS]
+        print("forced sm90 paths: g1_sm90 / g2_fin / g2_sm90, microseconds")
+        print(f"{'shape':17}{'T':>5}" + "".join(f"{tag:>22}" for tag in tags))
         for r in results:
             print(f"{r['shape']:17}{r['tokens']:>5}" + "".join(
-                f"{r[f'g1_sm90_{x}']:>8.1f}/{r[f'g2_fin_{x}']:.1f}/{r[f'g2_sm90_{x}']:<6.1f}" for x in WGMMA_TILES))
-    if "--splits" in sys.argv:
-        print("forced split-K (mma.sync path): g1_sm90 / g2_fin, microseconds")
-        print(f"{'shape':17}{'T':>5}" + "".join(f"{'s' + str(s):>14}" for s in SPLITS))
-        for r in results:
-            if "g1_sm90_s1" in r:
-                print(f"{r['shape']:17}{r['tokens']:>5}" +
-                      "".join(f"{r[f'g1_sm90_s{s}']:>7.1f}/{r[f'g2_fin_s{s}']:<6.1f}" for s in SPLITS))
-
+                f"{r[f'g1_sm90_{x}']:>8.1f}/{r[f'g2_fin_{x}']:.1f}/{r[f'g2_sm90_{x}']:<6.1f}" for x in tags))
 
 if __name__ == "__main__":
     main()

@@ -46,7 +46,7 @@ class BuildResult:
     library: Path
     key: str
     cached: bool
-    compile_seconds: dict[str, float] = field(default_factory=dict)
+    compile_seconds: dict[str, float | None] = field(default_factory=dict)  # None: object reused
     link_seconds: float = 0.0
 
 
@@ -108,10 +108,13 @@ def _nvcc_version(nvcc: str) -> str:
     return subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True).stdout
 
 
-def cache_key(archs: Sequence[str], nvcc: str, cutlass_inc: Path) -> str:
-    """sha256 over every source and header, the flags, the CUTLASS version and nvcc's version."""
+def _headers() -> list[Path]:
+    return sorted(SRC_DIR.glob("*.cuh")) + sorted(SRC_DIR.glob("*.h")) + sorted(INCLUDE_DIR.glob("*.h"))
+
+
+def _key(inputs: Sequence[Path], archs: Sequence[str], nvcc: str, cutlass_inc: Path) -> str:
+    """sha256 over the given files, the flags, the CUTLASS version and nvcc's version."""
     h = hashlib.sha256()
-    inputs = sources() + sorted(SRC_DIR.glob("*.cuh")) + sorted(SRC_DIR.glob("*.h")) + sorted(INCLUDE_DIR.glob("*.h"))
     for p in inputs:
         h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
     # The include path itself is not hashed (it differs per virtualenv); its version is.
@@ -122,16 +125,30 @@ def cache_key(archs: Sequence[str], nvcc: str, cutlass_inc: Path) -> str:
     return h.hexdigest()[:20]
 
 
+def cache_key(archs: Sequence[str], nvcc: str, cutlass_inc: Path) -> str:
+    """The library's key: every source and header, the flags, the CUTLASS and nvcc versions."""
+    return _key(sources() + _headers(), archs, nvcc, cutlass_inc)
+
+
 def default_cache_root() -> Path:
     env = os.environ.get("MOE_BUILD_CACHE")
     return Path(env) if env else Path.home() / ".cache" / "moe_build" / "kernels"
 
 
-def _compile_one(nvcc: str, flags: list[str], src: Path, obj: Path) -> float:
+def _compile_one(nvcc: str, flags: list[str], src: Path, obj: Path, cached: Path) -> float | None:
+    """Compiles src to obj, or copies the object cached under its own key (source + every header):
+    editing one kernel file then recompiles that file alone. Returns seconds, None if reused."""
+    if cached.is_file():
+        shutil.copyfile(cached, obj)
+        return None
     start = time.perf_counter()
     proc = subprocess.run([nvcc, *flags, "-c", str(src), "-o", str(obj)], capture_output=True, text=True)
     if proc.returncode != 0:
         raise KernelBuildError(f"nvcc failed on {src.name} (exit {proc.returncode}):\n{proc.stderr.strip()}")
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cached.with_suffix(f".{os.getpid()}.tmp")
+    shutil.copyfile(obj, tmp)
+    os.replace(tmp, cached)
     return time.perf_counter() - start
 
 
@@ -155,11 +172,21 @@ def build(out_dir: Path | None = None, archs: Sequence[str] = DEFAULT_ARCHS, job
     with tempfile.TemporaryDirectory(dir=out, prefix=".build-") as tmp:
         tmp_dir = Path(tmp)
         srcs = sources()
-        times: dict[str, float] = {}
+        headers = _headers()
+        objects = (out if out_dir is not None else default_cache_root()) / "objects"
+        times: dict[str, float | None] = {}
+        cached = {s: objects / f"{s.stem}-{_key([s, *headers], archs, nvcc, cutlass_inc)}.o" for s in srcs}
         with concurrent.futures.ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
-            futures = {pool.submit(_compile_one, nvcc, flags, s, tmp_dir / (s.stem + ".o")): s for s in srcs}
+            futures = {pool.submit(_compile_one, nvcc, flags, s, tmp_dir / (s.stem + ".o"), cached[s]): s
+                       for s in srcs}
             for fut in concurrent.futures.as_completed(futures):
                 times[futures[fut].name] = fut.result()
+        # Older objects of these sources are superseded: keep the cache to one object per source.
+        keep = set(cached.values())
+        for s in srcs:
+            for old in objects.glob(f"{s.stem}-*.o"):
+                if old not in keep:
+                    old.unlink(missing_ok=True)
         start = time.perf_counter()
         tmp_lib = tmp_dir / LIB_NAME
         link = subprocess.run([nvcc, "-shared", *arch_flags(archs), "-o", str(tmp_lib),
@@ -190,7 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"up to date (key {result.key}): {result.library}")
         return 0
     for name, secs in result.compile_seconds.items():
-        print(f"  compiled {name:<28} {secs:7.1f} s")
+        print(f"  compiled {name:<28} {secs:7.1f} s" if secs is not None else f"  reused   {name}")
     print(f"  linked   {LIB_NAME:<28} {result.link_seconds:7.1f} s")
     print(f"built {result.library} (key {result.key}, archs {','.join(archs)}) in {time.perf_counter() - start:.1f} s")
     return 0

@@ -96,9 +96,8 @@ mb_status mb_grouped_gemm_sm80(const void* A, const void* B, const void* bias, v
  * Finalize: out[t] += topk_weight * (A[p] @ B[x]^T + bias) scattered to the token row of p; out [T, n]
  * is in `dtype` and must be zeroed by the caller (the runner has mb_expand_rows' zero_out do it); each element gets top_k atomic adds (packed
  * 2-element fp16/bf16 atomics), so with top_k < 3 the adds commute and the result is deterministic.
- * Decode-sized calls may split K through the workspace (fp32 partials summed in a fixed order by
- * the last split of each tile), which keeps both entry points bit-reproducible; a workspace smaller
- * than mb_grouped_gemm_sm90_workspace() only turns the split off.
+ * Decode-sized calls (few rows per expert) need no workspace and reduce in a fixed order, so the
+ * plain entry points are bit-reproducible; the wgmma path needs mb_grouped_gemm_sm90_workspace().
  * For all GEMM entry points max_rows >= off[E] (e.g. T * top_k) bounds the rows; n, k % 8 == 0;
  * fp16/bf16 only (fp32: MB_ERR_UNSUPPORTED). A non-9.0 device gets MB_ERR_UNSUPPORTED from sm90. */
 size_t mb_grouped_gemm_sm90_workspace(int num_experts, int64_t max_rows, int n, int k);

@@ -11,15 +11,7 @@
 // [N + n0, ..) accumulated in the same CTA), FINALIZE (w[p] * (acc + bias) atomically added to
 // the token row of p; packed 2-element atomics, so with top_k <= 2 into a zeroed output the
 // result is order-independent and bit-reproducible).
-//
-// Split-K (gridDim.z = S > 1, decode only): at decode a GEMM is a weight stream, and a grid of
-// (active experts x N tiles) CTAs can be too small to keep enough loads in flight on every SM
-// (Mixtral GEMM2 at 1 token: 128 CTAs for 132 SMs, K = 14336). Split z covers k-tiles
-// [z * chunk, (z + 1) * chunk). Each split writes its fp32 fragment to a workspace slot, and the
-// last split of a tile to arrive (per-tile counter, zeroed by the launcher) sums the S slots in
-// fixed order z = 0..S-1 and runs the normal epilogue once. The result therefore does not depend
-// on which split finishes last: bit-reproducible, and the finalize epilogue still issues exactly
-// one atomic add per (token row, expert) as without splits.
+
 #pragma once
 
 #include <cuda_bf16.h>
@@ -42,8 +34,6 @@ struct GemmParams {
   const int64_t* offsets;  // [E + 1]
   const int32_t* permuted_to_unpermuted;  // FINALIZE only
   const float* permuted_weights;          // FINALIZE only
-  float4* split_partials;    // split-K only: [tiles][S][NB * MI * NI][threads] fp32 fragments
-  unsigned* split_counters;  // split-K only: [tiles] arrivals, zero at launch
   int num_experts;
   int n;
   int k;
@@ -148,20 +138,30 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], 
 
 // Maps a global row-tile index to (expert, first row, end row) with one warp: scan the
 // per-expert tile counts 32 experts at a time. Returns false for tiles past the real count.
+// The offsets of the first kFindPrefetch * 32 experts are loaded before any scan step, so
+// E <= 256 costs one memory round trip instead of one per 32 experts (at decode, where a GEMM
+// CTA lives a few microseconds, E = 128 paid ~2 us of dependent loads before its first
+// weight load).
+constexpr int kFindPrefetch = 8;
+
 template <int BM>
 __device__ __forceinline__ bool find_tile(const int64_t* offsets, int num_experts, int tile, int* expert,
                                           int64_t* row_begin, int64_t* row_end) {
   const int lane = threadIdx.x & 31;
+  int64_t his[kFindPrefetch];
+#pragma unroll
+  for (int c = 0; c < kFindPrefetch; ++c) {
+    const int x = c * 32 + lane;
+    his[c] = x < num_experts ? offsets[x + 1] : 0;
+  }
+  int64_t prev_hi = offsets[0];  // end of the expert before this chunk's lane 0
   int before = 0;
-  for (int base = 0; base < num_experts; base += 32) {
+  // One chunk of 32 experts [base, base + 32) with their end offsets `hi`; true when found.
+  auto scan = [&](int base, int64_t hi) -> bool {
     const int x = base + lane;
-    int64_t lo = 0, hi = 0;
-    int tiles = 0;
-    if (x < num_experts) {
-      lo = offsets[x];
-      hi = offsets[x + 1];
-      tiles = (int)((hi - lo + BM - 1) / BM);
-    }
+    int64_t lo = __shfl_up_sync(0xffffffffu, hi, 1);
+    if (lane == 0) lo = prev_hi;
+    const int tiles = x < num_experts ? (int)((hi - lo + BM - 1) / BM) : 0;
     int incl = tiles;
 #pragma unroll
     for (int d = 1; d < 32; d <<= 1) {
@@ -180,6 +180,15 @@ __device__ __forceinline__ bool find_tile(const int64_t* offsets, int num_expert
       return true;
     }
     before += __shfl_sync(0xffffffffu, incl, 31);
+    prev_hi = __shfl_sync(0xffffffffu, hi, 31);
+    return false;
+  };
+#pragma unroll
+  for (int c = 0; c < kFindPrefetch; ++c)
+    if (c * 32 < num_experts && scan(c * 32, his[c])) return true;
+  for (int base = kFindPrefetch * 32; base < num_experts; base += 32) {
+    const int x = base + lane;
+    if (scan(base, x < num_experts ? offsets[x + 1] : 0)) return true;
   }
   return false;
 }
@@ -203,7 +212,6 @@ __global__ void __launch_bounds__(Cfg::kThreads) grouped_mma_kernel(GemmParams p
   extern __shared__ __align__(128) unsigned char smem_raw[];
   __shared__ int s_expert;
   __shared__ int64_t s_rows[2];
-  __shared__ bool s_last_split;
 
   if (threadIdx.x < 32) {
     int x;
@@ -228,12 +236,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) grouped_mma_kernel(GemmParams p
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp / Cfg::WN, wn = warp % Cfg::WN;
   const int rows = (int)(row_end - row_begin);
-  // This split's k-tiles; the launcher picks S so that no split is empty.
-  const int splits = gridDim.z;
-  const int chunk = ((K + BK - 1) / BK + splits - 1) / splits;
-  const int kt_begin = blockIdx.z * chunk;
-  const int ktiles = min((K + BK - 1) / BK - kt_begin, chunk);
-
+  const int ktiles = (K + BK - 1) / BK;
   auto load_stage = [&](int stage, int kt) {
     const uint32_t sA = smem_base + stage * STAGE_ELEMS * 2;
     const int k0 = kt * BK;
@@ -270,7 +273,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) grouped_mma_kernel(GemmParams p
 
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < ktiles) load_stage(s, kt_begin + s);
+    if (s < ktiles) load_stage(s, s);
     cp_async_commit();
   }
 
@@ -278,7 +281,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) grouped_mma_kernel(GemmParams p
     cp_async_wait<STAGES - 2>();
     __syncthreads();  // stage kt landed for every thread; stage kt-1 fully consumed
     const int pf = kt + STAGES - 1;
-    if (pf < ktiles) load_stage(pf % STAGES, kt_begin + pf);
+    if (pf < ktiles) load_stage(pf % STAGES, pf);
     cp_async_commit();
 
     const uint32_t sA = smem_base + (kt % STAGES) * STAGE_ELEMS * 2;
@@ -310,48 +313,6 @@ __global__ void __launch_bounds__(Cfg::kThreads) grouped_mma_kernel(GemmParams p
     }
   }
   cp_async_wait<0>();
-
-  if (splits > 1) {
-    // Fragment-major slots (fragment f of thread t at f * threads + t): coalesced 16-byte
-    // stores/loads, and every split of a tile has the same thread -> element map.
-    constexpr int kFrags = NB * MI * NI;
-    const int64_t tile = (int64_t)blockIdx.y * gridDim.x + blockIdx.x;
-    float4* slots = p.split_partials + tile * splits * kFrags * Cfg::kThreads + tid;
-    float4* mine = slots + (int64_t)blockIdx.z * kFrags * Cfg::kThreads;
-#pragma unroll
-    for (int b = 0; b < NB; ++b)
-#pragma unroll
-      for (int i = 0; i < MI; ++i)
-#pragma unroll
-        for (int j = 0; j < NI; ++j)
-          mine[((b * MI + i) * NI + j) * Cfg::kThreads] =
-              make_float4(acc[b][i][j][0], acc[b][i][j][1], acc[b][i][j][2], acc[b][i][j][3]);
-    __threadfence();  // this CTA's slot is visible device-wide before its arrival is counted
-    __syncthreads();
-    if (tid == 0) s_last_split = atomicAdd(p.split_counters + tile, 1u) == (unsigned)splits - 1;
-    __syncthreads();
-    if (!s_last_split) return;
-    __threadfence();  // acquire side: the other splits' slots, published before their arrivals
-#pragma unroll
-    for (int b = 0; b < NB; ++b)
-#pragma unroll
-      for (int i = 0; i < MI; ++i)
-#pragma unroll
-        for (int j = 0; j < NI; ++j) {
-          float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
-          for (int z = 0; z < splits; ++z) {  // fixed order: the same sum whichever split is last
-            const float4 v = __ldcg(slots + ((int64_t)z * kFrags + (b * MI + i) * NI + j) * Cfg::kThreads);
-            sum.x += v.x;
-            sum.y += v.y;
-            sum.z += v.z;
-            sum.w += v.w;
-          }
-          acc[b][i][j][0] = sum.x;
-          acc[b][i][j][1] = sum.y;
-          acc[b][i][j][2] = sum.z;
-          acc[b][i][j][3] = sum.w;
-        }
-  }
 
   using P2 = Pair<T>;
   const T* bias = p.bias ? static_cast<const T*>(p.bias) + (int64_t)expert * NB * N : nullptr;
@@ -422,12 +383,14 @@ inline int choose_tile(int64_t max_rows, int num_experts) {
   return avg <= 16 ? TILE_SMALL : avg <= 64 ? TILE_MID : TILE_LARGE;
 }
 
-// Validates and launches; defined in gemm_sm80.cu, used by both entry points. A workspace of
-// mma_split_workspace_bytes() (or more) lets decode-sized STORE/FINALIZE calls split K; with
-// none (the sm80 entry point) every call runs unsplit.
+// Validates and launches; defined in gemm_sm80.cu, used by both entry points.
 mb_status launch_grouped_mma(const GemmParams& p, int64_t max_rows, int dtype, int epilogue, int tile,
-                             void* workspace, size_t workspace_bytes, cudaStream_t stream);
-size_t mma_split_workspace_bytes();
+                             cudaStream_t stream);
+
+// Defined in gemm_decode.cu: the swap-AB, register-streaming kernel for few rows per expert
+// (STORE, GATED and FINALIZE epilogues as above; no workspace).
+mb_status launch_grouped_decode(const GemmParams& p, int64_t max_rows, int dtype, int epilogue,
+                                cudaStream_t stream);
 using ::mb::fail;
 
 }  // namespace mbk

@@ -9,17 +9,18 @@
 // capturable.
 //
 // Path rule (inside each entry point): average rows per expert = ceil(max_rows / E).
-//   <= 8 : the mma.sync kernel of gemm_common.cuh (16-row tiles, 64 columns, 6 cp.async stages,
-//          split-K through the workspace when active experts x N tiles underfill the SMs).
-//          Decode shapes are weight-bandwidth bound; a 128-row wgmma tile mostly multiplies padding
-//          and the persistent grid has too few CTAs streaming B. Measured on the H200 (bf16):
-//          1 and 16 tokens of Mixtral/Qwen3/DeepSeek-V2-Lite/GPT-OSS (avg 0.06..4 rows) run
-//          1.1-1.6x faster here than on wgmma; 256 tokens (avg 16..64 rows) 1.3-1.9x slower.
+//   <= 8 : the decode kernel of gemm_decode.cu (swap-AB mma.sync, weights streamed straight into
+//          registers). Decode shapes are weight-bandwidth bound; a 128-row wgmma tile mostly
+//          multiplies padding. Measured on the H200 (bf16, bench/decode_probe.py, L2 flushed):
+//          1 token of Mixtral/Qwen3/DeepSeek-V2-Lite GEMM1 121-125 / 20 / 25 us against 148 / 25
+//          / 29 us for the mma.sync tiles of gemm_common.cuh (which it replaced) and 140 / 35 / 38
+//          us for wgmma; 16 tokens within +-3% of mma.sync except Qwen3 (10% faster).
 //   else : the CUTLASS wgmma kernel, cluster 1x1: pingpong 64x256 tiles up to 384 average rows per
 //          expert (32 for the finalize epilogue), else cooperative 128x256 (measurements at
 //          WgmmaTile below).
-// MB_SM90_GEMM_PATH=mma|wgmma and MB_SM90_WGMMA_TILE=coop128x256|pingpong64x256 in the environment
-// force a path / tile (bench/gemm_bench.py --paths and the tests use them).
+// MB_SM90_GEMM_PATH=decode|mma|wgmma and MB_SM90_WGMMA_TILE=coop128x256|pingpong64x256 in the
+// environment force a path / tile (bench/gemm_bench.py --paths and the tests use them; mma is the
+// Ampere tile kernel, kept reachable as the baseline the decode kernel is measured against).
 #include <stdlib.h>
 
 #include <algorithm>
@@ -40,7 +41,7 @@
 namespace mbk {
 namespace {
 
-constexpr int kMmaPathMaxAvgRows = 8;
+constexpr int kDecodePathMaxAvgRows = 8;
 
 using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
 using UnderlyingShape = ProblemShape::UnderlyingProblemShape;
@@ -299,11 +300,14 @@ int wgmma_tile(int64_t max_rows, int num_experts, bool finalize) {
                                                                                     : WG_COOP_128x256;
 }
 
-bool use_mma_path(int64_t max_rows, int num_experts) {
+enum Sm90Path { PATH_DECODE = 0, PATH_MMA = 1, PATH_WGMMA = 2 };
+
+int sm90_path(int64_t max_rows, int num_experts) {
   const char* force = getenv("MB_SM90_GEMM_PATH");
-  if (force && strcmp(force, "mma") == 0) return true;
-  if (force && strcmp(force, "wgmma") == 0) return false;
-  return (max_rows + num_experts - 1) / num_experts <= kMmaPathMaxAvgRows;
+  if (force && strcmp(force, "decode") == 0) return PATH_DECODE;
+  if (force && strcmp(force, "mma") == 0) return PATH_MMA;
+  if (force && strcmp(force, "wgmma") == 0) return PATH_WGMMA;
+  return (max_rows + num_experts - 1) / num_experts <= kDecodePathMaxAvgRows ? PATH_DECODE : PATH_WGMMA;
 }
 
 template <typename T, bool kFinalize, int kTile>
@@ -383,8 +387,7 @@ size_t mb_grouped_gemm_sm90_workspace(int num_experts, int64_t max_rows, int n, 
   cw = std::max(cw, mbk::max_cutlass_workspace_bytes<__nv_bfloat16, true>(num_experts, sm));
   cw = std::max(cw, mbk::max_cutlass_workspace_bytes<__half, false>(num_experts, sm));
   cw = std::max(cw, mbk::max_cutlass_workspace_bytes<__half, true>(num_experts, sm));
-  // The mma.sync path's split-K slots and the wgmma path's arrays are never live in one call.
-  return std::max(mbk::carve(nullptr, num_experts).bytes + cw, mbk::mma_split_workspace_bytes());
+  return mbk::carve(nullptr, num_experts).bytes + cw;  // the decode and mma.sync paths need none
 }
 
 mb_status mb_grouped_gemm_sm90(const void* A, const void* B, const void* bias, void* C,
@@ -393,11 +396,13 @@ mb_status mb_grouped_gemm_sm90(const void* A, const void* B, const void* bias, v
                                cudaStream_t stream) {
   mb_status st = mbk::check_common(A, B, C, expert_first_token_offset, num_experts, max_rows, n, k, dtype);
   if (st != MB_OK || max_rows == 0) return st;
-  if (mbk::use_mma_path(max_rows, num_experts)) {
+  const int path = mbk::sm90_path(max_rows, num_experts);
+  if (path != mbk::PATH_WGMMA) {
     const mbk::GemmParams p =
         mbk::gemm_params(A, B, bias, C, expert_first_token_offset, num_experts, n, k, MB_ACT_IDENTITY);
+    if (path == mbk::PATH_DECODE) return mbk::launch_grouped_decode(p, max_rows, dtype, mbk::EPI_STORE, stream);
     return mbk::launch_grouped_mma(p, max_rows, dtype, mbk::EPI_STORE, mbk::choose_tile(max_rows, num_experts),
-                                   workspace, workspace_bytes, stream);
+                                   stream);
   }
   return mbk::dispatch_wgmma<false>(dtype, A, B, bias, C, expert_first_token_offset, nullptr, nullptr, 1,
                                     num_experts, max_rows, n, k, workspace, workspace_bytes, stream);
@@ -414,14 +419,16 @@ mb_status mb_grouped_gemm_sm90_finalize(const void* A, const void* B, const void
   if (!permuted_to_unpermuted || !permuted_weights || top_k <= 0 || num_tokens < 0)
     return mbk::fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm sm90 finalize: missing maps/weights or bad top_k");
   if (max_rows == 0) return MB_OK;
-  if (mbk::use_mma_path(max_rows, num_experts)) {
+  const int path = mbk::sm90_path(max_rows, num_experts);
+  if (path != mbk::PATH_WGMMA) {
     mbk::GemmParams p =
         mbk::gemm_params(A, B, bias, out, expert_first_token_offset, num_experts, n, k, MB_ACT_IDENTITY);
     p.permuted_to_unpermuted = permuted_to_unpermuted;
     p.permuted_weights = permuted_weights;
     p.top_k = top_k;
+    if (path == mbk::PATH_DECODE) return mbk::launch_grouped_decode(p, max_rows, dtype, mbk::EPI_FINALIZE, stream);
     return mbk::launch_grouped_mma(p, max_rows, dtype, mbk::EPI_FINALIZE, mbk::choose_tile(max_rows, num_experts),
-                                   workspace, workspace_bytes, stream);
+                                   stream);
   }
   return mbk::dispatch_wgmma<true>(dtype, A, B, bias, out, expert_first_token_offset, permuted_to_unpermuted,
                                    permuted_weights, top_k, num_experts, max_rows, n, k, workspace, workspace_bytes,

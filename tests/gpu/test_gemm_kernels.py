@@ -1,9 +1,9 @@
 """Grouped-GEMM entry points (cpp/src/gemm_sm80.cu, gemm_sm90.cu) against an fp64 reference.
 
 Fresh random data for every case, outputs poisoned with NaN first and checked fully written,
-uneven and empty expert segments, both sm90 paths (mma.sync and CUTLASS wgmma, forced through
-MB_SM90_GEMM_PATH, every wgmma tile through MB_SM90_WGMMA_TILE, the mma.sync split-K counts
-through MB_SM90_SPLIT_K) and the automatic choice. Split-K claims bit-reproducible results, so
+uneven and empty expert segments, every path (the decode kernel, mma.sync and CUTLASS wgmma, forced
+through MB_SM90_GEMM_PATH / MB_SM80_GEMM_PATH, every wgmma tile through MB_SM90_WGMMA_TILE, the decode kernel's K-slice counts
+through MB_DECODE_KSPLIT) and the automatic choice. Plain GEMMs claim bit-reproducible results, so
 the sm90 tests run every call twice and compare bits where the path claims it.
 """
 from __future__ import annotations
@@ -105,18 +105,30 @@ def make(rows, e, n_rows_b, k, dtype, gen, with_bias, bias_cols):
 # (experts, rows, n, k): every tile size (avg rows/expert <= 16, <= 64, > 64), N/K multiples of
 # 64 and not (2880 = 45*64, 200, 136), single rows and 8192 rows.
 # Decode shapes with long K ((8, 2, 512, 14336), (8, 5, 264, 1000): K tail, N not a multiple of
-# 64) give the split-K variants room for every forced split count.
+# 64) give the decode kernel's K slices room for every forced slice count.
 SHAPES = [(8, 1, 256, 128), (8, 100, 200, 136), (8, 500, 2880, 2880), (16, 8192, 512, 256),
           (128, 8192, 192, 512), (128, 3, 1536, 2048), (64, 1000, 1408, 2048), (8, 2, 512, 14336),
           (8, 5, 264, 1000)]
 ACTS = ["identity", "relu", "silu", "gelu"]
 
 
+@pytest.fixture(params=["auto", "decode", "mma"])
+def sm80_path(request):
+    """Forces the sm80 entry point's path (decode kernel or mma.sync tiles) through MB_SM80_GEMM_PATH."""
+    saved = os.environ.pop("MB_SM80_GEMM_PATH", None)
+    if request.param != "auto":
+        os.environ["MB_SM80_GEMM_PATH"] = request.param
+    yield request.param
+    os.environ.pop("MB_SM80_GEMM_PATH", None)
+    if saved is not None:
+        os.environ["MB_SM80_GEMM_PATH"] = saved
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("shape", SHAPES)
-def test_sm80_bias_act(gemms, shape, dtype):
+def test_sm80_bias_act(gemms, sm80_path, shape, dtype):
     e, rows, n, k = shape
-    gen = torch.Generator(device="cuda").manual_seed(hash((shape, str(dtype))) % 2**31)
+    gen = torch.Generator(device="cuda").manual_seed(hash((shape, str(dtype), sm80_path)) % 2**31)
     offsets = segments(e, rows, gen)
     for i, act in enumerate(ACTS):
         a, b, bias = make(rows, e, n, k, dtype, gen, with_bias=i % 2 == 0, bias_cols=n)
@@ -127,9 +139,9 @@ def test_sm80_bias_act(gemms, shape, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("shape", SHAPES)
-def test_sm80_fused_gated(gemms, shape, dtype):
+def test_sm80_fused_gated(gemms, sm80_path, shape, dtype):
     e, rows, n, k = shape
-    gen = torch.Generator(device="cuda").manual_seed(1 + hash((shape, str(dtype))) % 2**31)
+    gen = torch.Generator(device="cuda").manual_seed(1 + hash((shape, str(dtype), sm80_path)) % 2**31)
     offsets = segments(e, rows, gen)
     for i, act in enumerate(gemm_lib.GATED):
         a, b, bias = make(rows, e, 2 * n, k, dtype, gen, with_bias=i != 1, bias_cols=2 * n)
@@ -151,20 +163,20 @@ def test_sm80_rejects(gemms):
     assert gemms.sm80(af, b.float(), None, c.float(), offsets, 64, 96, 128, "identity") == 2  # fp32
 
 
-@pytest.fixture(params=["auto", "mma", "mma:split=1", "mma:split=2", "mma:split=3", "mma:split=8",
-                        "wgmma:coop128x256", "wgmma:pingpong64x256"])
+@pytest.fixture(params=["auto", "decode", "decode:ksplit=1", "decode:ksplit=8", "mma", "wgmma:coop128x256",
+                        "wgmma:pingpong64x256"])
 def sm90_path(request):
-    """Forces the sm90 entry points' path (and wgmma tile or mma split-K count) through their
+    """Forces the sm90 entry points' path (and wgmma tile or decode K-slice count) through their
     environment knobs."""
     if not is_sm90():
         pytest.skip("sm_90a kernels need a compute capability 9.0 device")
-    keys = ("MB_SM90_GEMM_PATH", "MB_SM90_WGMMA_TILE", "MB_SM90_SPLIT_K")
+    keys = ("MB_SM90_GEMM_PATH", "MB_SM90_WGMMA_TILE", "MB_DECODE_KSPLIT")
     saved = {k: os.environ.pop(k, None) for k in keys}
     if request.param != "auto":
         path, _, tile = request.param.partition(":")
         os.environ["MB_SM90_GEMM_PATH"] = path
-        if tile.startswith("split="):
-            os.environ["MB_SM90_SPLIT_K"] = tile[len("split="):]
+        if tile.startswith("ksplit="):
+            os.environ["MB_DECODE_KSPLIT"] = tile[len("ksplit="):]
         elif tile:
             os.environ["MB_SM90_WGMMA_TILE"] = tile
     yield request.param
@@ -189,12 +201,12 @@ def test_sm90_plain(gemms, sm90_path, shape, dtype):
             assert gemms.sm90(a, b, bias, c, offsets, rows, n, k) == 0, gemms.error()
             check(c, ref, dtype)
             outs.append(c)
-        assert torch.equal(outs[0], outs[1]), "plain grouped GEMM must be bit-reproducible (split-K included)"
+        assert torch.equal(outs[0], outs[1]), "plain grouped GEMM must be bit-reproducible"
 
 
 @pytest.mark.parametrize("shape", [(8, 2, 512, 14336), (128, 3, 1536, 2048)])
 def test_sm90_decode_without_workspace(gemms, shape):
-    """A decode call given no (or too small a) workspace runs unsplit instead of failing."""
+    """A decode call needs no workspace: given none it runs (the decode kernel) instead of failing."""
     if not is_sm90():
         pytest.skip("sm_90a kernels need a compute capability 9.0 device")
     e, rows, n, k = shape

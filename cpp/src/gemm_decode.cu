@@ -1,0 +1,275 @@
+// Decode grouped GEMM: few token rows per expert, so a GEMM is a stream of expert weights and the
+// kernel's job is to keep HBM busy. Used by both entry points (gemm_sm80.cu, gemm_sm90.cu) when
+// the average rows per expert is small; kernel-internal choice, the plan is not involved.
+//
+// Swap-AB mma.sync: weights are the 16-row "A" operand, tokens the 8-column "B" operand, so one
+// m16n8k16 uses all of its 8 columns for up to 8 tokens instead of padding tokens to 16+ rows.
+// Weights go from HBM straight into registers (16-byte no-L1 loads, no shared-memory staging): a
+// dot product does not care in which order k is summed, so each lane loads 8 consecutive k of
+// its two weight rows and the same 8 k of its token row, and those 8 values fill the lane's
+// fragment slots of two mmas (slots {2q, 2q+1, 2q+8, 2q+9} take k = 8q + {0..3}, then 8q + {4..7}).
+// Four lanes cover 32 consecutive k of a row per step; four steps per load batch give 256-byte
+// contiguous reads per weight row, and a register double buffer keeps a whole batch in flight.
+//
+// CTA = 8 warps = one (expert, chunk of up to 8 token rows, 128 / WK weight rows) unit: WK warps
+// split K into contiguous slices, 8 / WK row groups of 16 rows each; partial sums meet in shared
+// memory and are reduced in fixed warp order (bit-reproducible). The grid is sized from
+// host-known bounds (chunks <= ceil(max_rows / 8) + min(E, max_rows)) and each CTA finds its chunk
+// with find_tile, so no host sync and CUDA-graph capturable; CTAs past the real chunk count exit
+// at once. Experts with more than 8 rows take several chunks (their weights then come from L2).
+// Epilogues as the mma.sync kernel: STORE (bias + activation), GATED (8 gate + the matching 8 up
+// rows per warp, act(gate) * up), FINALIZE (w * (acc + bias) atomically added to the token row).
+#include <stdlib.h>
+
+#include <algorithm>
+
+#include "gemm_common.cuh"
+
+namespace mbk {
+namespace {
+
+constexpr int kDecodeWarps = 8;
+constexpr int kDecodeThreads = kDecodeWarps * 32;
+constexpr int kDecodeTokens = 8;  // token rows per chunk: the mma's 8 columns
+
+// Predicated 16-byte loads (zeros when `valid` is false) as single asm statements: no branch per
+// load, so a batch of U * 4 weight and U * NT token loads is straight-line code and every load is
+// in flight before the batch's first mma (behind a branch per load ptxas sank each load to its
+// use: 48 registers and one load in flight per warp).
+__device__ __forceinline__ uint4 ld_weights(const void* p, bool valid) {
+  // Read once per layer: keep it out of L1, and ask L2 for the whole 256-byte run at once.
+  uint4 v;
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n mov.b32 %0, 0;\n mov.b32 %1, 0;\n mov.b32 %2, 0;\n"
+      " mov.b32 %3, 0;\n @p ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n}\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p), "r"((int)valid));
+  return v;
+}
+__device__ __forceinline__ uint4 ld_tokens(const void* p, bool valid) {
+  uint4 v;
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n mov.b32 %0, 0;\n mov.b32 %1, 0;\n mov.b32 %2, 0;\n"
+      " mov.b32 %3, 0;\n @p ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];\n}\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p), "r"((int)valid));
+  return v;
+}
+
+// WK warps of a CTA split K (each a contiguous slice), the other 8 / WK row groups each own 16
+// weight rows, so a CTA covers R = 128 / WK rows: WK = 1 when there are enough (expert, row block)
+// units to fill the GPU (every warp streams whole rows front to back), more when there are few.
+// A warp's 16 rows: STORE/FINALIZE 16 output features; GATED 8 gate features (fragment rows 0-7)
+// and the same 8 up features (rows 8-15).
+template <typename T, int EPI, int WK>
+__global__ void __launch_bounds__(kDecodeThreads) grouped_decode_kernel(GemmParams p) {
+  constexpr int R = 16 * (kDecodeWarps / WK);                  // weight rows per CTA
+  constexpr int OUT_COLS = EPI == EPI_GATED ? R / 2 : R;       // output columns per CTA
+  constexpr int FEATS = EPI == EPI_GATED ? 8 : 16;             // output features per warp
+  constexpr int U = 4;                                          // k32 steps per load batch
+  __shared__ int s_expert;
+  __shared__ int64_t s_rows[2];
+  __shared__ float s_part[WK][R][kDecodeTokens + 1];
+
+  if (threadIdx.x < 32) {
+    int x;
+    int64_t rb, re;
+    const bool ok = find_tile<kDecodeTokens>(p.offsets, p.num_experts, blockIdx.x, &x, &rb, &re);
+    if (threadIdx.x == 0) {
+      s_expert = ok ? x : -1;
+      s_rows[0] = rb;
+      s_rows[1] = re;
+    }
+  }
+  __syncthreads();
+  const int expert = s_expert;
+  if (expert < 0) return;
+  const int64_t row_begin = s_rows[0];
+  const int rows = (int)(s_rows[1] - row_begin);
+  const int N = p.n, K = p.k;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int q = lane & 3, g = lane >> 2;
+  const int rg = warp / WK, ks = warp % WK;
+  const int col0 = blockIdx.y * OUT_COLS;  // first output column of this CTA
+
+  const T* B = static_cast<const T*>(p.B) + (int64_t)expert * (EPI == EPI_GATED ? 2 : 1) * N * K;
+  const T* wrow[2];
+  bool wok[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int feat = col0 + rg * FEATS + (EPI == EPI_GATED ? g : h * 8 + g);
+    const int brow = EPI == EPI_GATED && h == 1 ? N + feat : feat;
+    wok[h] = feat < N;
+    wrow[h] = B + (int64_t)(wok[h] ? brow : 0) * K;
+  }
+  const bool aok = g < rows;
+  const T* arow = static_cast<const T*>(p.A) + (row_begin + (aok ? g : 0)) * K;
+
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  // This warp's K slice: a multiple of 128 elements (slices start on 256-byte boundaries of the
+  // row, matching the L2::256B reads), the last one shorter (K % 8 == 0, so a lane's 8-element
+  // load is either wholly inside or wholly outside).
+  const int kslice = ((K + WK * 128 - 1) / (WK * 128)) * 128;
+  const int kb = ks * kslice, ke = min(K, kb + kslice);
+  // Register double buffer: batch i + 1 is loaded before batch i's mmas, so a batch's loads are
+  // in flight together whatever order ptxas picks inside an iteration (left to itself it sinks
+  // each load next to its mma: one load in flight per warp).
+  uint4 w[2][U][2], a[2][U];
+  auto load = [&](int buf, int k0) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int k = k0 + u * 32 + q * 8;
+      const bool kin = k < ke;
+      w[buf][u][0] = ld_weights(wrow[0] + k, kin && wok[0]);
+      w[buf][u][1] = ld_weights(wrow[1] + k, kin && wok[1]);
+      a[buf][u] = ld_tokens(arow + k, kin && aok);
+    }
+  };
+  auto compute = [&](int buf) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const uint32_t lo[4] = {w[buf][u][0].x, w[buf][u][1].x, w[buf][u][0].y, w[buf][u][1].y};
+      const uint32_t hi[4] = {w[buf][u][0].z, w[buf][u][1].z, w[buf][u][0].w, w[buf][u][1].w};
+      mma16816<MmaName<T>::kBf16>(acc, lo, a[buf][u].x, a[buf][u].y);
+      mma16816<MmaName<T>::kBf16>(acc, hi, a[buf][u].z, a[buf][u].w);
+    }
+  };
+  if (kb < ke) load(0, kb);
+  for (int k0 = kb; k0 < ke; k0 += 2 * 32 * U) {
+    load(1, k0 + 32 * U);  // predicated off past the slice
+    compute(0);
+    if (k0 + 2 * 32 * U < ke) load(0, k0 + 2 * 32 * U);
+    compute(1);
+  }
+  // Accumulator: fragment rows g and g + 8, tokens 2q and 2q + 1 -> shared.
+#pragma unroll
+  for (int c = 0; c < 4; ++c) s_part[ks][rg * 16 + g + (c >> 1) * 8][2 * q + (c & 1)] = acc[c];
+  __syncthreads();
+
+  using P2 = Pair<T>;
+  const T* bias = p.bias ? static_cast<const T*>(p.bias) + (int64_t)expert * (EPI == EPI_GATED ? 2 : 1) * N
+                         : nullptr;
+  // One thread per (token, output column pair); warp-slice partials summed in fixed order.
+  for (int idx = threadIdx.x; idx < kDecodeTokens * (OUT_COLS / 2); idx += kDecodeThreads) {
+    const int t = idx / (OUT_COLS / 2), c = 2 * (idx % (OUT_COLS / 2));
+    const int col = col0 + c;
+    if (t >= rows || col >= N) continue;  // N and col are even: col + 1 < N too
+    float v[2], up[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      // CTA row of output column c + j (GATED: its gate row; the up row is 8 further)
+      const int r = EPI == EPI_GATED ? ((c + j) / 8) * 16 + (c + j) % 8 : c + j;
+      float s = 0.f, su = 0.f;
+#pragma unroll
+      for (int wi = 0; wi < WK; ++wi) {
+        s += s_part[wi][r][t];
+        if constexpr (EPI == EPI_GATED) su += s_part[wi][r + 8][t];
+      }
+      v[j] = s;
+      up[j] = su;
+    }
+    if (bias) {
+      const float2 b = P2::to_float2(*reinterpret_cast<const typename P2::type*>(bias + col));
+      v[0] += b.x;
+      v[1] += b.y;
+      if constexpr (EPI == EPI_GATED) {
+        const float2 bu = P2::to_float2(*reinterpret_cast<const typename P2::type*>(bias + N + col));
+        up[0] += bu.x;
+        up[1] += bu.y;
+      }
+    }
+    const int64_t prow = row_begin + t;
+    if constexpr (EPI == EPI_GATED) {
+      v[0] = apply_gated(p.activation, v[0], up[0], p.swiglu_alpha, p.swiglu_limit);
+      v[1] = apply_gated(p.activation, v[1], up[1], p.swiglu_alpha, p.swiglu_limit);
+    } else if constexpr (EPI == EPI_STORE) {
+      v[0] = apply_act(p.activation, v[0]);
+      v[1] = apply_act(p.activation, v[1]);
+    }
+    if constexpr (EPI == EPI_FINALIZE) {
+      const float wt = p.permuted_weights[prow];
+      T* dst = static_cast<T*>(p.C) + (int64_t)(p.permuted_to_unpermuted[prow] / p.top_k) * N + col;
+      atomicAdd(reinterpret_cast<typename P2::type*>(dst), P2::make(wt * v[0], wt * v[1]));
+    } else {
+      *reinterpret_cast<typename P2::type*>(static_cast<T*>(p.C) + prow * N + col) = P2::make(v[0], v[1]);
+    }
+  }
+}
+
+template <typename T, int EPI, int WK>
+mb_status launch_wk(const GemmParams& p, int64_t chunks, cudaStream_t stream) {
+  constexpr int OUT_COLS = (EPI == EPI_GATED ? 8 : 16) * (kDecodeWarps / WK);
+  const int64_t col_blocks = (p.n + OUT_COLS - 1) / OUT_COLS;
+  if (chunks > INT32_MAX || col_blocks > 65535)
+    return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm decode: grid too large (chunks %lld, column blocks %lld)",
+                (long long)chunks, (long long)col_blocks);
+  grouped_decode_kernel<T, EPI, WK><<<dim3((unsigned)chunks, (unsigned)col_blocks), kDecodeThreads, 0, stream>>>(p);
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return fail(MB_ERR_CUDA, "grouped gemm decode launch: %s", cudaGetErrorString(err));
+  return MB_OK;
+}
+
+// K slices per CTA, measured on the H200 (bench/decode_probe.py, 1 and 16 tokens of the four bench
+// shapes, WK forced to 1/2/4/8): 2 is best or within 5% of best at most points; 1 loses 5-45%
+// (too few warps per row block); 8 wins only when the grid is small (Mixtral GEMM2 and GPT-OSS at 1
+// token: under one CTA per SM at WK = 2) and loses up to 2x for short K (Qwen3 GEMM2, K = 768).
+// Rule: 2, or 8 when WK = 2 gives fewer CTAs than SMs (non-empty experts <= min(E, max_rows)).
+// MB_DECODE_KSPLIT=1|2|4|8 forces one.
+int choose_wk(const GemmParams& p, int64_t max_rows, int epilogue) {
+  const char* force = getenv("MB_DECODE_KSPLIT");
+  if (force && *force) {
+    const int v = atoi(force);
+    return v >= 8 ? 8 : v >= 4 ? 4 : v >= 2 ? 2 : 1;
+  }
+  int dev = 0, sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+    cudaGetLastError();  // a failed query only costs the choice
+    sms = 132;
+  }
+  const int out_cols = (epilogue == EPI_GATED ? 8 : 16) * (kDecodeWarps / 2);
+  const int64_t ctas = std::min<int64_t>(p.num_experts, max_rows) * ((p.n + out_cols - 1) / out_cols);
+  return ctas < sms ? 8 : 2;
+}
+
+template <typename T, int EPI>
+mb_status launch_epi(const GemmParams& p, int64_t max_rows, cudaStream_t stream) {
+  // sum over experts of ceil(rows_x / 8) <= ceil(max_rows / 8) + (non-empty experts)
+  const int64_t chunks = (max_rows + kDecodeTokens - 1) / kDecodeTokens + std::min<int64_t>(p.num_experts, max_rows);
+  switch (choose_wk(p, max_rows, EPI)) {
+    case 1: return launch_wk<T, EPI, 1>(p, chunks, stream);
+    case 2: return launch_wk<T, EPI, 2>(p, chunks, stream);
+    case 4: return launch_wk<T, EPI, 4>(p, chunks, stream);
+    default: return launch_wk<T, EPI, 8>(p, chunks, stream);
+  }
+}
+
+template <typename T>
+mb_status launch_type(const GemmParams& p, int64_t max_rows, int epilogue, cudaStream_t stream) {
+  switch (epilogue) {
+    case EPI_GATED: return launch_epi<T, EPI_GATED>(p, max_rows, stream);
+    case EPI_FINALIZE: return launch_epi<T, EPI_FINALIZE>(p, max_rows, stream);
+    default: return launch_epi<T, EPI_STORE>(p, max_rows, stream);
+  }
+}
+
+}  // namespace
+
+mb_status launch_grouped_decode(const GemmParams& p, int64_t max_rows, int dtype, int epilogue,
+                                cudaStream_t stream) {
+  if (!p.A || !p.B || !p.C || !p.offsets || p.num_experts <= 0 || max_rows < 0 || p.n <= 0 || p.k <= 0)
+    return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm decode: null pointer or non-positive size");
+  // 16-byte loads of A and B rows need K % 8 == 0; paired output stores need N even.
+  if (p.k % 8 != 0 || p.n % 8 != 0)
+    return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm: n (%d) and k (%d) must be multiples of 8", p.n, p.k);
+  if (epilogue == EPI_FINALIZE && (!p.permuted_to_unpermuted || !p.permuted_weights || p.top_k <= 0))
+    return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm finalize: missing maps/weights or top_k <= 0");
+  if (max_rows == 0) return MB_OK;
+  switch (dtype) {
+    case MB_BF16: return launch_type<__nv_bfloat16>(p, max_rows, epilogue, stream);
+    case MB_FP16: return launch_type<__half>(p, max_rows, epilogue, stream);
+    case MB_FP32: return fail(MB_ERR_UNSUPPORTED, "grouped gemm: fp32 is not implemented (fp16/bf16 only)");
+    default: return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm: unknown dtype %d", dtype);
+  }
+}
+
+}  // namespace mbk
