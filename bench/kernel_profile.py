@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from collections import defaultdict
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from moe_build.bench import SHAPES, TOKENS, _device_weights, bench_spec
+from moe_build.bench import SHAPES, TOKENS, _device_weights, _median_ms, bench_spec
 from moe_build.runner import MoERunner
 from moe_build.runner.graph import GraphedMoE
 
@@ -35,17 +34,7 @@ def short(name: str) -> str:
 
 def profile_point(runner: MoERunner, tokens: int) -> dict[str, object]:
     g = GraphedMoE(runner, tokens, routing_input="logits")
-    for _ in range(20):
-        g.replay()
-    torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(REPLAYS)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(REPLAYS)]
-    for a, b in zip(starts, ends):
-        a.record()
-        g.replay()
-        b.record()
-    torch.cuda.synchronize()
-    total = 1e3 * statistics.median(a.elapsed_time(b) for a, b in zip(starts, ends))
+    total = 1e3 * _median_ms(lambda i: g.replay(), REPLAYS, 20)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(REPLAYS):
             g.replay()

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from typing import Callable
 
 import torch
 
 from moe_build import kernels as K
-from moe_build.bench import SHAPES
+from moe_build.bench import SHAPES, _median_ms
 
 REPS = 20
 REPLAYS = 200
@@ -37,16 +36,7 @@ def graph_us(fn: Callable[[], object], reps: int) -> float:
     with torch.cuda.graph(g):
         for _ in range(reps):
             fn()
-    for _ in range(20):
-        g.replay()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(REPLAYS)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(REPLAYS)]
-    for a, b in zip(starts, ends):
-        a.record()
-        g.replay()
-        b.record()
-    torch.cuda.synchronize()
-    return 1e3 * statistics.median(a.elapsed_time(b) for a, b in zip(starts, ends)) / reps
+    return 1e3 * _median_ms(lambda i: g.replay(), REPLAYS, 20) / reps
 
 
 def bench_shape(name: str, T: int, has_zero_out: bool) -> dict[str, float]:

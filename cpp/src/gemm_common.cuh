@@ -193,6 +193,28 @@ __device__ __forceinline__ bool find_tile(const int64_t* offsets, int num_expert
   return false;
 }
 
+// The CTA's row tile blockIdx.x (warp 0 runs find_tile, the CTA reads the result from shared
+// memory); expert < 0 for CTAs past the real tile count, which then exit.
+struct TileRows {
+  int expert;
+  int64_t begin, end;
+};
+
+template <int BM>
+__device__ __forceinline__ TileRows cta_find_tile(const int64_t* offsets, int num_experts) {
+  __shared__ TileRows s_tile;
+  if (threadIdx.x < 32) {
+    TileRows t;
+    const bool ok = find_tile<BM>(offsets, num_experts, blockIdx.x, &t.expert, &t.begin, &t.end);
+    if (threadIdx.x == 0) {
+      if (!ok) t.expert = -1;
+      s_tile = t;
+    }
+  }
+  __syncthreads();
+  return s_tile;
+}
+
 template <int BM_, int BN_, int STAGES_, int WM_, int WN_>
 struct TileConfig {
   static constexpr int BM = BM_, BN = BN_, BK = 64, STAGES = STAGES_, WM = WM_, WN = WN_;
@@ -210,23 +232,11 @@ __global__ void __launch_bounds__(Cfg::kThreads) grouped_mma_kernel(GemmParams p
   constexpr int MI = Cfg::MI, NI = Cfg::NI;
   constexpr int A_ELEMS = BM * BK, B_ELEMS = BN * BK, STAGE_ELEMS = A_ELEMS + NB * B_ELEMS;
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  __shared__ int s_expert;
-  __shared__ int64_t s_rows[2];
 
-  if (threadIdx.x < 32) {
-    int x;
-    int64_t rb, re;
-    const bool ok = find_tile<BM>(p.offsets, p.num_experts, blockIdx.x, &x, &rb, &re);
-    if (threadIdx.x == 0) {
-      s_expert = ok ? x : -1;
-      s_rows[0] = rb;
-      s_rows[1] = re;
-    }
-  }
-  __syncthreads();
-  const int expert = s_expert;
+  const TileRows tile = cta_find_tile<BM>(p.offsets, p.num_experts);
+  const int expert = tile.expert;
   if (expert < 0) return;
-  const int64_t row_begin = s_rows[0], row_end = s_rows[1];
+  const int64_t row_begin = tile.begin, row_end = tile.end;
   const int N = p.n, K = p.k;
   const int n0 = blockIdx.y * BN;
 
@@ -381,6 +391,44 @@ enum TileChoice { TILE_SMALL = 0, TILE_MID = 1, TILE_LARGE = 2 };
 inline int choose_tile(int64_t max_rows, int num_experts) {
   const int64_t avg = (max_rows + num_experts - 1) / num_experts;
   return avg <= 16 ? TILE_SMALL : avg <= 64 ? TILE_MID : TILE_LARGE;
+}
+
+// The decode kernel (gemm_decode.cu) runs calls averaging at most this many rows per expert, on
+// both entry points (their MB_SM80_GEMM_PATH / MB_SM90_GEMM_PATH can force another path).
+constexpr int64_t kDecodeMaxAvgRows = 8;
+
+inline bool decode_rows_fit(int64_t max_rows, int num_experts) {
+  return num_experts > 0 && (max_rows + num_experts - 1) / num_experts <= kDecodeMaxAvgRows;
+}
+
+inline int sm_count_of_current_device() {
+  int dev = 0, count = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
+  if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) return 0;
+  return count;
+}
+
+// The argument checks every grouped-GEMM launcher makes. 16-byte row loads need K % 8 == 0 and
+// the paired epilogue stores N even; N % 8 keeps every output/bias row 16-byte aligned as well.
+inline mb_status check_grouped_args(const GemmParams& p, int64_t max_rows, int epilogue) {
+  if (!p.A || !p.B || !p.C || !p.offsets || p.num_experts <= 0 || max_rows < 0 || p.n <= 0 || p.k <= 0)
+    return ::mb::fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm: null pointer or non-positive size");
+  if (p.k % 8 != 0 || p.n % 8 != 0)
+    return ::mb::fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm: n (%d) and k (%d) must be multiples of 8", p.n, p.k);
+  if (epilogue == EPI_FINALIZE && (!p.permuted_to_unpermuted || !p.permuted_weights || p.top_k <= 0))
+    return ::mb::fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm finalize: missing maps/weights or top_k <= 0");
+  return MB_OK;
+}
+
+// Calls launch(T{}) with T the 16-bit type of `dtype`; the grouped GEMMs have no fp32 kernels.
+template <typename Launch>
+mb_status dispatch_16bit(int dtype, Launch&& launch) {
+  switch (dtype) {
+    case MB_BF16: return launch(__nv_bfloat16{});
+    case MB_FP16: return launch(__half{});
+    case MB_FP32: return ::mb::fail(MB_ERR_UNSUPPORTED, "grouped gemm: fp32 is not implemented (fp16/bf16 only)");
+    default: return ::mb::fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm: unknown dtype %d", dtype);
+  }
 }
 
 // Validates and launches; defined in gemm_sm80.cu, used by both entry points.

@@ -56,6 +56,11 @@ __device__ __forceinline__ uint4 ld_tokens(const void* p, bool valid) {
   return v;
 }
 
+// Output columns of one CTA: 16 features per row group (GATED: 8 gate + their 8 up rows).
+constexpr int decode_out_cols(int epilogue, int wk) {
+  return (epilogue == EPI_GATED ? 8 : 16) * (kDecodeWarps / wk);
+}
+
 // WK warps of a CTA split K (each a contiguous slice), the other 8 / WK row groups each own 16
 // weight rows, so a CTA covers R = 128 / WK rows: WK = 1 when there are enough (expert, row block)
 // units to fill the GPU (every warp streams whole rows front to back), more when there are few.
@@ -64,28 +69,16 @@ __device__ __forceinline__ uint4 ld_tokens(const void* p, bool valid) {
 template <typename T, int EPI, int WK>
 __global__ void __launch_bounds__(kDecodeThreads) grouped_decode_kernel(GemmParams p) {
   constexpr int R = 16 * (kDecodeWarps / WK);                  // weight rows per CTA
-  constexpr int OUT_COLS = EPI == EPI_GATED ? R / 2 : R;       // output columns per CTA
+  constexpr int OUT_COLS = decode_out_cols(EPI, WK);
   constexpr int FEATS = EPI == EPI_GATED ? 8 : 16;             // output features per warp
   constexpr int U = 4;                                          // k32 steps per load batch
-  __shared__ int s_expert;
-  __shared__ int64_t s_rows[2];
   __shared__ float s_part[WK][R][kDecodeTokens + 1];
 
-  if (threadIdx.x < 32) {
-    int x;
-    int64_t rb, re;
-    const bool ok = find_tile<kDecodeTokens>(p.offsets, p.num_experts, blockIdx.x, &x, &rb, &re);
-    if (threadIdx.x == 0) {
-      s_expert = ok ? x : -1;
-      s_rows[0] = rb;
-      s_rows[1] = re;
-    }
-  }
-  __syncthreads();
-  const int expert = s_expert;
+  const TileRows tile = cta_find_tile<kDecodeTokens>(p.offsets, p.num_experts);
+  const int expert = tile.expert;
   if (expert < 0) return;
-  const int64_t row_begin = s_rows[0];
-  const int rows = (int)(s_rows[1] - row_begin);
+  const int64_t row_begin = tile.begin;
+  const int rows = (int)(tile.end - row_begin);
   const int N = p.n, K = p.k;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int q = lane & 3, g = lane >> 2;
@@ -198,7 +191,7 @@ __global__ void __launch_bounds__(kDecodeThreads) grouped_decode_kernel(GemmPara
 
 template <typename T, int EPI, int WK>
 mb_status launch_wk(const GemmParams& p, int64_t chunks, cudaStream_t stream) {
-  constexpr int OUT_COLS = (EPI == EPI_GATED ? 8 : 16) * (kDecodeWarps / WK);
+  constexpr int OUT_COLS = decode_out_cols(EPI, WK);
   const int64_t col_blocks = (p.n + OUT_COLS - 1) / OUT_COLS;
   if (chunks > INT32_MAX || col_blocks > 65535)
     return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm decode: grid too large (chunks %lld, column blocks %lld)",
@@ -221,14 +214,10 @@ int choose_wk(const GemmParams& p, int64_t max_rows, int epilogue) {
     const int v = atoi(force);
     return v >= 8 ? 8 : v >= 4 ? 4 : v >= 2 ? 2 : 1;
   }
-  int dev = 0, sms = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-    cudaGetLastError();  // a failed query only costs the choice
-    sms = 132;
-  }
-  const int out_cols = (epilogue == EPI_GATED ? 8 : 16) * (kDecodeWarps / 2);
+  const int out_cols = decode_out_cols(epilogue, 2);
   const int64_t ctas = std::min<int64_t>(p.num_experts, max_rows) * ((p.n + out_cols - 1) / out_cols);
-  return ctas < sms ? 8 : 2;
+  const int sms = sm_count_of_current_device();
+  return ctas < (sms > 0 ? sms : 132) ? 8 : 2;  // a failed query: assume an H100/H200's 132 SMs
 }
 
 template <typename T, int EPI>
@@ -243,33 +232,20 @@ mb_status launch_epi(const GemmParams& p, int64_t max_rows, cudaStream_t stream)
   }
 }
 
-template <typename T>
-mb_status launch_type(const GemmParams& p, int64_t max_rows, int epilogue, cudaStream_t stream) {
-  switch (epilogue) {
-    case EPI_GATED: return launch_epi<T, EPI_GATED>(p, max_rows, stream);
-    case EPI_FINALIZE: return launch_epi<T, EPI_FINALIZE>(p, max_rows, stream);
-    default: return launch_epi<T, EPI_STORE>(p, max_rows, stream);
-  }
-}
-
 }  // namespace
 
 mb_status launch_grouped_decode(const GemmParams& p, int64_t max_rows, int dtype, int epilogue,
                                 cudaStream_t stream) {
-  if (!p.A || !p.B || !p.C || !p.offsets || p.num_experts <= 0 || max_rows < 0 || p.n <= 0 || p.k <= 0)
-    return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm decode: null pointer or non-positive size");
-  // 16-byte loads of A and B rows need K % 8 == 0; paired output stores need N even.
-  if (p.k % 8 != 0 || p.n % 8 != 0)
-    return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm: n (%d) and k (%d) must be multiples of 8", p.n, p.k);
-  if (epilogue == EPI_FINALIZE && (!p.permuted_to_unpermuted || !p.permuted_weights || p.top_k <= 0))
-    return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm finalize: missing maps/weights or top_k <= 0");
+  MB_TRY(check_grouped_args(p, max_rows, epilogue));
   if (max_rows == 0) return MB_OK;
-  switch (dtype) {
-    case MB_BF16: return launch_type<__nv_bfloat16>(p, max_rows, epilogue, stream);
-    case MB_FP16: return launch_type<__half>(p, max_rows, epilogue, stream);
-    case MB_FP32: return fail(MB_ERR_UNSUPPORTED, "grouped gemm: fp32 is not implemented (fp16/bf16 only)");
-    default: return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm: unknown dtype %d", dtype);
-  }
+  return dispatch_16bit(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    switch (epilogue) {
+      case EPI_GATED: return launch_epi<T, EPI_GATED>(p, max_rows, stream);
+      case EPI_FINALIZE: return launch_epi<T, EPI_FINALIZE>(p, max_rows, stream);
+      default: return launch_epi<T, EPI_STORE>(p, max_rows, stream);
+    }
+  });
 }
 
 }  // namespace mbk

@@ -52,32 +52,17 @@ static mb_status launch_epi(const GemmParams& p, int64_t max_rows, int epilogue,
 
 mb_status launch_grouped_mma(const GemmParams& p, int64_t max_rows, int dtype, int epilogue, int tile,
                              cudaStream_t stream) {
-  if (!p.A || !p.B || !p.C || !p.offsets || p.num_experts <= 0 || max_rows < 0 || p.n <= 0 || p.k <= 0)
-    return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm: null pointer or non-positive size");
-  // 16-byte cp.async rows need K % 8 == 0; the paired epilogue stores need N even. N % 8 keeps
-  // every output/bias row 16-byte aligned as well.
-  if (p.k % 8 != 0 || p.n % 8 != 0)
-    return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm: n (%d) and k (%d) must be multiples of 8", p.n, p.k);
-  if (epilogue == EPI_FINALIZE && (!p.permuted_to_unpermuted || !p.permuted_weights || p.top_k <= 0))
-    return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm finalize: missing maps/weights or top_k <= 0");
+  MB_TRY(check_grouped_args(p, max_rows, epilogue));
   if (max_rows == 0) return MB_OK;
-  switch (dtype) {
-    case MB_BF16: return launch_epi<__nv_bfloat16>(p, max_rows, epilogue, tile, stream);
-    case MB_FP16: return launch_epi<__half>(p, max_rows, epilogue, tile, stream);
-    case MB_FP32: return fail(MB_ERR_UNSUPPORTED, "grouped gemm: fp32 is not implemented (fp16/bf16 only)");
-    default: return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm: unknown dtype %d", dtype);
-  }
+  return dispatch_16bit(dtype, [&](auto tag) { return launch_epi<decltype(tag)>(p, max_rows, epilogue, tile, stream); });
 }
 
-// The decode kernel (gemm_decode.cu) below this many average rows per expert, as on sm90;
-// MB_SM80_GEMM_PATH=decode|mma forces one (tests, bench).
-constexpr int64_t kDecodeMaxAvgRows = 8;
-
+// MB_SM80_GEMM_PATH=decode|mma forces a path (tests, bench); otherwise decode_rows_fit decides.
 bool sm80_use_decode(int64_t max_rows, int num_experts) {
   const char* force = getenv("MB_SM80_GEMM_PATH");
   if (force && strcmp(force, "decode") == 0) return true;
   if (force && strcmp(force, "mma") == 0) return false;
-  return num_experts > 0 && (max_rows + num_experts - 1) / num_experts <= kDecodeMaxAvgRows;
+  return decode_rows_fit(max_rows, num_experts);
 }
 
 }  // namespace mbk

@@ -41,8 +41,6 @@
 namespace mbk {
 namespace {
 
-constexpr int kDecodePathMaxAvgRows = 8;
-
 using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
 using UnderlyingShape = ProblemShape::UnderlyingProblemShape;
 using InternalStrideA = cute::remove_pointer_t<cutlass::detail::TagToStrideA_t<cutlass::layout::RowMajor*>>;
@@ -244,13 +242,6 @@ __global__ void build_groups_kernel(const int64_t* offsets, int num_experts, int
   }
 }
 
-int sm_count_of_current_device() {
-  int dev = 0, count = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
-  if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) return 0;
-  return count;
-}
-
 template <typename T, bool kFinalize, int kTile>
 typename WgmmaGemm<T, kFinalize, kTile>::Gemm::Arguments make_args(const GroupArrays& g, int num_experts,
                                                             const typename MoeEpilogue<T, kFinalize>::Arguments& epi,
@@ -307,7 +298,7 @@ int sm90_path(int64_t max_rows, int num_experts) {
   if (force && strcmp(force, "decode") == 0) return PATH_DECODE;
   if (force && strcmp(force, "mma") == 0) return PATH_MMA;
   if (force && strcmp(force, "wgmma") == 0) return PATH_WGMMA;
-  return (max_rows + num_experts - 1) / num_experts <= kDecodePathMaxAvgRows ? PATH_DECODE : PATH_WGMMA;
+  return decode_rows_fit(max_rows, num_experts) ? PATH_DECODE : PATH_WGMMA;
 }
 
 template <typename T, bool kFinalize, int kTile>

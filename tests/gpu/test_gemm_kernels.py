@@ -9,7 +9,6 @@ the sm90 tests run every call twice and compare bits where the path claims it.
 from __future__ import annotations
 
 import importlib.util
-import os
 from pathlib import Path
 
 import pytest
@@ -113,15 +112,12 @@ ACTS = ["identity", "relu", "silu", "gelu"]
 
 
 @pytest.fixture(params=["auto", "decode", "mma"])
-def sm80_path(request):
+def sm80_path(request, monkeypatch):
     """Forces the sm80 entry point's path (decode kernel or mma.sync tiles) through MB_SM80_GEMM_PATH."""
-    saved = os.environ.pop("MB_SM80_GEMM_PATH", None)
+    monkeypatch.delenv("MB_SM80_GEMM_PATH", raising=False)
     if request.param != "auto":
-        os.environ["MB_SM80_GEMM_PATH"] = request.param
-    yield request.param
-    os.environ.pop("MB_SM80_GEMM_PATH", None)
-    if saved is not None:
-        os.environ["MB_SM80_GEMM_PATH"] = saved
+        monkeypatch.setenv("MB_SM80_GEMM_PATH", request.param)
+    return request.param
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -165,25 +161,21 @@ def test_sm80_rejects(gemms):
 
 @pytest.fixture(params=["auto", "decode", "decode:ksplit=1", "decode:ksplit=8", "mma", "wgmma:coop128x256",
                         "wgmma:pingpong64x256"])
-def sm90_path(request):
+def sm90_path(request, monkeypatch):
     """Forces the sm90 entry points' path (and wgmma tile or decode K-slice count) through their
     environment knobs."""
     if not is_sm90():
         pytest.skip("sm_90a kernels need a compute capability 9.0 device")
-    keys = ("MB_SM90_GEMM_PATH", "MB_SM90_WGMMA_TILE", "MB_DECODE_KSPLIT")
-    saved = {k: os.environ.pop(k, None) for k in keys}
+    for key in ("MB_SM90_GEMM_PATH", "MB_SM90_WGMMA_TILE", "MB_DECODE_KSPLIT"):
+        monkeypatch.delenv(key, raising=False)
     if request.param != "auto":
         path, _, tile = request.param.partition(":")
-        os.environ["MB_SM90_GEMM_PATH"] = path
+        monkeypatch.setenv("MB_SM90_GEMM_PATH", path)
         if tile.startswith("ksplit="):
-            os.environ["MB_DECODE_KSPLIT"] = tile[len("ksplit="):]
+            monkeypatch.setenv("MB_DECODE_KSPLIT", tile[len("ksplit="):])
         elif tile:
-            os.environ["MB_SM90_WGMMA_TILE"] = tile
-    yield request.param
-    for k, v in saved.items():
-        os.environ.pop(k, None)
-        if v is not None:
-            os.environ[k] = v
+            monkeypatch.setenv("MB_SM90_WGMMA_TILE", tile)
+    return request.param
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
