@@ -1,8 +1,9 @@
 """`moe-build bench`: our fused runner against its peers and the hardware floor, in one process.
 
 Why one process and these rules: peers, variants and ceilings measured side by side on the same
-card in the same state are comparable; medians of CUDA-event timings after warm-up, rotating
-among several input sets so no variant is flattered by a warm cache; every timed variant is
+card in the same state are comparable; medians of CUDA-event timings after warm-up, the variants
+timed in turn (interleaved rounds) so clock drift over the run favours none, rotating among
+several input sets so no variant is flattered by a warm cache; every timed variant is
 first checked against the fp64 reference on sampled rows of the very input it is timed on.
 
 floor = max(bytes of the touched experts' weights / measured copy bandwidth,
@@ -71,6 +72,33 @@ def _median_ms(fn: Callable[[int], object], iters: int, warmup: int) -> float:
         ends[i].record()
     torch.cuda.synchronize()
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+
+
+def _interleaved_median_ms(fns: dict[Any, Callable[[int], object]], iters: int, warmup: int,
+                           rounds: int = 4) -> dict[Any, float]:
+    """Median CUDA-event time of each fn(i), the fns timed in turn: `rounds` rounds of
+    ceil(iters / rounds) calls each, the order rotated every round. Under a power limit the GPU's
+    clock drifts over a run (at 4096 tokens, timing variants one after another put up to 7% between
+    two runs of the same plan, in favour of whichever ran first); interleaved, the drift falls on
+    every variant alike, so the side-by-side ratios compare the kernels, not the moment."""
+    names = list(fns)
+    if not names:
+        return {}
+    for name in names:
+        for i in range(warmup):
+            fns[name](i)
+    per_round = -(-iters // rounds)
+    marks: dict[Any, list[tuple[torch.cuda.Event, torch.cuda.Event]]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            for j in range(per_round):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fns[name](r * per_round + j)
+                end.record()
+                marks[name].append((start, end))
+    torch.cuda.synchronize()
+    return {name: statistics.median(s.elapsed_time(e) for s, e in marks[name]) for name in names}
 
 
 def measure_ceilings(iters: int = 10) -> dict[str, float]:
@@ -195,26 +223,36 @@ def bench_shape(name: str, tokens_list: Sequence[int], ceilings: dict[str, float
         rec: dict[str, Any] = {"shape": name, "H": spec.hidden_size, "I": spec.intermediate_size,
                                "E": spec.num_experts, "top_k": spec.top_k, "tokens": T,
                                "touched_experts": touched, **floor_us(spec, T, touched, ceilings), "variants": {}}
+        timers: dict[tuple[str, str], Callable[[int], object]] = {}
         for v in variants:
             entry: dict[str, Any] = dict(meta.get(v, {}))
-            if v in fns:
-                fn = fns[v]
-                try:
-                    out_buf.fill_(float("nan"))
-                    if v in runners:
-                        entry["kernel_sequence"] = runners[v].kernel_sequence(T, "logits")
-                    err = _check(fn, sets[0], rows, ref)
-                    entry["rel_err"] = err
-                    if not err < REL_ERR_LIMIT:
-                        entry["error"] = f"wrong result: rel err {err:.3g} >= {REL_ERR_LIMIT}"
-                    else:
-                        entry["us"] = 1e3 * _median_ms(lambda i: fn(sets[i % len(sets)].hidden,
-                                                                    sets[i % len(sets)].logits), iters, warmup)
-                        if v in runners:
-                            entry.update(_bench_graph(runners[v], sets, out_buf, rows, ref, iters, warmup))
-                except Exception as e:  # a failing variant must not take the others down
-                    entry["error"] = f"{type(e).__name__}: {e}"
             rec["variants"][v] = entry
+            if v not in fns:
+                continue
+            fn = fns[v]
+            try:
+                out_buf.fill_(float("nan"))
+                if v in runners:
+                    entry["kernel_sequence"] = runners[v].kernel_sequence(T, "logits")
+                err = _check(fn, sets[0], rows, ref)
+                entry["rel_err"] = err
+                if not err < REL_ERR_LIMIT:
+                    entry["error"] = f"wrong result: rel err {err:.3g} >= {REL_ERR_LIMIT}"
+                    continue
+                timers[(v, "us")] = lambda i, fn=fn: fn(sets[i % len(sets)].hidden, sets[i % len(sets)].logits)
+                if v in runners:
+                    checked, replay = _graph_replay(runners[v], sets, out_buf, rows, ref)
+                    entry.update(checked)
+                    if replay is not None:
+                        timers[(v, "graph_us")] = replay
+            except Exception as e:  # a failing variant must not take the others down
+                entry["error"] = f"{type(e).__name__}: {e}"
+        try:
+            for (v, field), ms in _interleaved_median_ms(timers, iters, warmup).items():
+                rec["variants"][v][field] = 1e3 * ms
+        except Exception as e:
+            for v, _ in timers:
+                rec["variants"][v]["error"] = f"timing failed: {type(e).__name__}: {e}"
         _ratios(rec)
         records.append(rec)
         log(_row(rec))
@@ -223,9 +261,10 @@ def bench_shape(name: str, tokens_list: Sequence[int], ceilings: dict[str, float
     return records
 
 
-def _bench_graph(runner: Any, sets: list[InputSet], out_buf: torch.Tensor, rows: torch.Tensor, ref: torch.Tensor,
-                 iters: int, warmup: int) -> dict[str, Any]:
-    """Capture the runner once per input set, check set 0's replay, time rotating replays (graph_us)."""
+def _graph_replay(runner: Any, sets: list[InputSet], out_buf: torch.Tensor, rows: torch.Tensor,
+                  ref: torch.Tensor) -> tuple[dict[str, Any], Callable[[int], object] | None]:
+    """Capture the runner once per input set and check set 0's replay; returns the check's record
+    and a rotating replay to time (None when the replay is wrong)."""
     T = sets[0].hidden.shape[0]
     out = out_buf[:T]
     graphs = []
@@ -238,9 +277,8 @@ def _bench_graph(runner: Any, sets: list[InputSet], out_buf: torch.Tensor, rows:
     graphs[0].replay()
     err = _check(lambda h, lg: out, sets[0], rows, ref)
     if not err < REL_ERR_LIMIT:
-        return {"graph_error": f"wrong result from graph replay: rel err {err:.3g} >= {REL_ERR_LIMIT}"}
-    return {"graph_rel_err": err,
-            "graph_us": 1e3 * _median_ms(lambda i: graphs[i % len(graphs)].replay(), iters, warmup)}
+        return {"graph_error": f"wrong result from graph replay: rel err {err:.3g} >= {REL_ERR_LIMIT}"}, None
+    return {"graph_rel_err": err}, lambda i: graphs[i % len(graphs)].replay()
 
 
 def _ratios(rec: dict[str, Any]) -> None:
@@ -319,7 +357,9 @@ def run_bench(shapes: Sequence[str] = tuple(SHAPES), tokens_list: Sequence[int] 
     results: dict[str, Any] = {
         "device": torch.cuda.get_device_name(), "torch": torch.__version__, "ceilings": ceilings,
         "method": {"iters": iters, "warmup": warmup, "input_sets": input_sets, "stat": "median",
-                   "timer": "cuda events per call", "check": f"fp64 reference on <= {CHECK_ROWS + 2} sampled rows, "
+                   "timer": "cuda events per call",
+                   "order": "variants (eager and graph) timed in turn, 4 rounds, order rotated each round",
+                   "check": f"fp64 reference on <= {CHECK_ROWS + 2} sampled rows, "
                                                              f"rel-norm err < {REL_ERR_LIMIT}",
                    "router_linear": "excluded for every variant (all take fp32 router logits)"},
         "points": [],

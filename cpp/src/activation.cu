@@ -6,14 +6,24 @@
 //   SWIGLU = silu(gate) * up.  SWIGLU_CLAMP (GPT-OSS): gate = min(gate, limit),
 //   up = clamp(up, -limit, limit), out = (up + 1) * gate * sigmoid(alpha * gate).
 // prequant_scale (AWQ's FC2 pre-quant scale) multiplies the result here so GEMM2's input is
-// written once. Blocks form a (row, column chunk) grid, each thread one 16-byte vector per chunk
-// when the row length and pointers allow: at decode sizes there are only T*K rows (4 to 8 at
-// T=1), and one block per row left each thread walking I/1024 vectors one after another.
+// written once. Threads move 16-byte vectors when the row length and pointers allow, else single
+// elements.
+// A warp owns a (row, column chunk) unit, and each lane issues all of its gate and up loads of the
+// chunk (up to kBatch vectors of each, lane-strided so every load is a coalesced warp access)
+// before it computes, and writes each result vector with one 16-byte store (mb::store_f32). The
+// earlier kernel, one 128-thread block per row, ran at ~2.5 TB/s at prefill sizes: intermediate
+// 768 in bf16 left 96 threads moving one gate/up pair each in 32768 tiny blocks, and each result
+// vector went out as eight 2-byte stores. At prefill a chunk is the whole row (up to 32 * kBatch
+// vectors); at decode sizes there are only T*K rows (4 to 8 at T=1), so mb::lane_vectors() narrows the
+// chunks until there are mb::kMinStageWarps units, spreading each row's columns over the SMs instead of
+// leaving a few warps to walk them.
 #include "common.cuh"
 
 namespace {
 
 constexpr int kThreads = 128;
+constexpr int kWarps = kThreads / 32;
+constexpr int kBatch = 4;         // vectors per lane in flight, of the gate and of the up half each
 
 __device__ __forceinline__ float gelu_tanh(float x) {
   constexpr float kSqrt2OverPi = 0.7978845608028654f;
@@ -39,12 +49,22 @@ constexpr bool is_gated(int act) {
   return act == MB_ACT_SWIGLU || act == MB_ACT_GEGLU || act == MB_ACT_SWIGLU_CLAMP;
 }
 
-// The expert owning permuted row p: the last x with off[x] <= p.
-__device__ __forceinline__ int expert_of(const int64_t* off, int E, int64_t p) {
+// The expert owning permuted row p (the last x with off[x] <= p, as a binary search finds it),
+// searched by the whole warp: each round probes 32 evenly spaced offsets at once, so E <= 32 takes
+// one dependent load and E <= 1024 two, where a binary search takes log2(E) (7 L2 round trips at
+// E = 128 in a decode-sized call, where nothing is in L1 yet). Every lane must call it with the
+// same p.
+__device__ __forceinline__ int warp_expert_of(const int64_t* off, int E, int64_t p) {
+  const int lane = threadIdx.x % 32;
   int lo = 0, hi = E;  // invariant: off[lo] <= p < off[hi]
   while (hi - lo > 1) {
-    const int mid = (lo + hi) / 2;
-    if (off[mid] <= p) lo = mid; else hi = mid;
+    const int step = (hi - lo + 31) / 32;
+    const int x = lo + lane * step;
+    const unsigned le = __ballot_sync(0xffffffffu, x < hi && off[x] <= p);
+    // off is nondecreasing, so `le` is a prefix of the lanes: its top lane's probe is the new lo,
+    // and the next probe (or hi) the new hi.
+    lo += le ? (31 - __clz(le)) * step : 0;
+    hi = min(hi, lo + step);
   }
   return lo;
 }
@@ -52,40 +72,67 @@ __device__ __forceinline__ int expert_of(const int64_t* off, int E, int64_t p) {
 template <typename T, int ACT, int VEC>
 __global__ void __launch_bounds__(kThreads)
 activation_kernel(const T* __restrict__ in, const T* __restrict__ b1, const int64_t* __restrict__ off, int E,
-                  int64_t max_rows, int inter, float alpha, float limit, const float* __restrict__ prequant_scale,
-                  T* __restrict__ out) {
+                  int64_t max_rows, int inter, int vpl, int64_t chunks, float alpha, float limit,
+                  const float* __restrict__ prequant_scale, T* __restrict__ out) {
+  using R = mb::Raw<T, VEC>;
   constexpr bool kGated = is_gated(ACT);
   const int64_t n1 = kGated ? 2 * static_cast<int64_t>(inter) : inter;
-  const int64_t valid = off[E] < max_rows ? off[E] : max_rows;
-  for (int64_t p = blockIdx.x; p < valid; p += gridDim.x) {
+  const int lane = threadIdx.x % 32;
+  const int64_t nvec = inter / VEC;
+  // Warps stride over the rows, blockIdx.y over a row's column chunks. off[E] is re-read per row (an
+  // L1 hit) rather than held: a register held across the loop body got spilled around the
+  // out-of-line slow path of the sigmoid's division.
+  for (int64_t p = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; p < max_rows;
+       p += static_cast<int64_t>(gridDim.x) * kWarps) {
+    if (p >= __ldg(off + E)) break;  // rows past off[E]: other nodes' experts
     const T* row = in + p * n1;
-    const T* bias = b1 ? b1 + expert_of(off, E, p) * n1 : nullptr;
     T* dst = out + p * inter;
-    for (int j = (blockIdx.y * kThreads + threadIdx.x) * VEC; j < inter; j += gridDim.y * kThreads * VEC) {
-      float gate[VEC], up[VEC], r[VEC];
-      mb::load_f32<T, VEC>(row + j, gate);
-      if constexpr (kGated) mb::load_f32<T, VEC>(row + inter + j, up);
-      if (bias) {
-        float bg[VEC];
-        mb::load_f32<T, VEC>(bias + j, bg);
+    for (int64_t c = blockIdx.y; c < chunks; c += gridDim.y) {
+      const int64_t v0 = c * 32 * vpl + lane;  // this lane's vectors: v0, v0 + 32, ...
+      auto mine = [&](int i) { return i < vpl && v0 + i * 32 < nvec; };
+      R gate[kBatch], up[kBatch];
 #pragma unroll
-        for (int i = 0; i < VEC; ++i) gate[i] += bg[i];
-        if constexpr (kGated) {
-          float bu[VEC];
-          mb::load_f32<T, VEC>(bias + inter + j, bu);
+      for (int i = 0; i < kBatch; ++i) {
+        if (!mine(i)) continue;
+        const int64_t j = (v0 + i * 32) * VEC;
+        gate[i] = *reinterpret_cast<const R*>(row + j);
+        if constexpr (kGated) up[i] = *reinterpret_cast<const R*>(row + inter + j);
+      }
+      // The bias row is per expert and small (an L2/L1 hit): looked up while the row loads fly.
+      const T* bias = b1 ? b1 + warp_expert_of(off, E, p) * n1 : nullptr;
 #pragma unroll
-          for (int i = 0; i < VEC; ++i) up[i] += bu[i];
+      for (int i = 0; i < kBatch; ++i) {
+        if (!mine(i)) continue;
+        const int64_t j = (v0 + i * 32) * VEC;
+        float g[VEC], x[VEC], r[VEC];
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          g[k] = mb::raw_f32<T>(gate[i], k);
+          x[k] = 0.0f;
+          if constexpr (kGated) x[k] = mb::raw_f32<T>(up[i], k);
         }
-      }
+        if (bias) {
+          float bg[VEC];
+          mb::load_f32<T, VEC>(bias + j, bg);
 #pragma unroll
-      for (int i = 0; i < VEC; ++i) r[i] = apply<ACT>(gate[i], kGated ? up[i] : 0.0f, alpha, limit);
-      if (prequant_scale) {
-        float s[VEC];
-        mb::load_f32<float, VEC>(prequant_scale + j, s);
+          for (int k = 0; k < VEC; ++k) g[k] += bg[k];
+          if constexpr (kGated) {
+            float bu[VEC];
+            mb::load_f32<T, VEC>(bias + inter + j, bu);
 #pragma unroll
-        for (int i = 0; i < VEC; ++i) r[i] *= s[i];
+            for (int k = 0; k < VEC; ++k) x[k] += bu[k];
+          }
+        }
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) r[k] = apply<ACT>(g[k], x[k], alpha, limit);
+        if (prequant_scale) {
+          float s[VEC];
+          mb::load_f32<float, VEC>(prequant_scale + j, s);
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) r[k] *= s[k];
+        }
+        mb::store_f32<T, VEC>(dst + j, r);
       }
-      mb::store_f32<T, VEC>(dst + j, r);
     }
   }
 }
@@ -114,16 +161,17 @@ extern "C" mb_status mb_activation(const void* in, int dtype, const void* b1,
     using T = typename decltype(tag)::type;
     constexpr int kWide = 16 / sizeof(T);
     const bool wide = mb::vec_width<T>(inter, {in, b1, prequant_scale, out}) == kWide;
-    // One column chunk per block of kThreads vectors, so a row's chunks run side by side.
-    const int64_t vec_elems = wide ? kWide : 1;
-    const dim3 grid(mb::row_grid(max_rows), static_cast<unsigned>((inter + kThreads * vec_elems - 1) /
-                                                                  (kThreads * vec_elems)));
+    const int64_t nvec = wide ? inter / kWide : inter;
+    const int vpl = mb::lane_vectors(max_rows, nvec, kBatch);
+    const int64_t chunks = (nvec + 32 * vpl - 1) / (32 * vpl);
+    const dim3 grid(mb::row_grid((max_rows + kWarps - 1) / kWarps),
+                    static_cast<unsigned>(chunks < 65535 ? chunks : 65535));
     auto launch = [&](auto act_const, auto vec_const) {
       constexpr int ACT = decltype(act_const)::value;
       constexpr int VEC = decltype(vec_const)::value;
       activation_kernel<T, ACT, VEC><<<grid, kThreads, 0, stream>>>(
           static_cast<const T*>(in), static_cast<const T*>(b1), expert_first_token_offset, num_experts, max_rows,
-          inter, swiglu_alpha, swiglu_limit, prequant_scale, static_cast<T*>(out));
+          inter, vpl, chunks, swiglu_alpha, swiglu_limit, prequant_scale, static_cast<T*>(out));
       return mb::check_launch("activation_kernel");
     };
     auto by_width = [&](auto act_const) {

@@ -9,6 +9,7 @@
 
 #include <cstdarg>
 #include <cstdint>
+#include <cstring>
 #include <initializer_list>
 #include <type_traits>
 #include <utility>
@@ -101,6 +102,9 @@ __device__ __forceinline__ void load_f32(const T* p, float (&out)[N]) {
   }
 }
 
+// A 16-byte chunk goes out as one st.global.v4 instruction: stored as a Vec (or a uint4 built
+// from one), the compiler split it into per-element stores, eight 2-byte writes per 16 bytes of
+// bf16/fp16. `p` must point to global memory.
 template <typename T, int N>
 __device__ __forceinline__ void store_f32(T* p, const float (&in)[N]) {
   constexpr int kChunk = (16 / sizeof(T)) < N ? (16 / sizeof(T)) : N;
@@ -109,7 +113,39 @@ __device__ __forceinline__ void store_f32(T* p, const float (&in)[N]) {
     Vec<T, kChunk> x;
 #pragma unroll
     for (int i = 0; i < kChunk; ++i) x.v[i] = from_f32<T>(in[c + i]);
-    *reinterpret_cast<Vec<T, kChunk>*>(p + c) = x;
+    if constexpr (kChunk * sizeof(T) == 16) {
+      uint32_t w[4];
+      memcpy(w, &x, sizeof(w));
+      asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p + c), "r"(w[0]), "r"(w[1]), "r"(w[2]),
+                   "r"(w[3])
+                   : "memory");
+    } else {
+      *reinterpret_cast<Vec<T, kChunk>*>(p + c) = x;
+    }
+  }
+}
+
+// A vector's bits as loaded, 16-bit elements left packed in 32-bit words until they are used: held
+// as a Vec of bf16, each element gets its own register right at the load (inside the load's branch
+// when the load is conditional), which waits for the load, so a batch of loads goes out one at a
+// time. Converted element by element by raw_f32.
+template <typename T, int VEC>
+using Raw = std::conditional_t<VEC == 1, T, uint4>;
+
+// Element k of a raw vector, converted by to_f32 as an element of a Vec would be.
+template <typename T>
+__device__ __forceinline__ float raw_f32(T x, int) { return to_f32(x); }
+template <typename T>
+__device__ __forceinline__ float raw_f32(uint4 r, int k) {
+  constexpr int kPerWord = 4 / sizeof(T);
+  const int wi = k / kPerWord;
+  const uint32_t w = wi == 0 ? r.x : wi == 1 ? r.y : wi == 2 ? r.z : r.w;
+  if constexpr (std::is_same_v<T, float>) {
+    return __uint_as_float(w);
+  } else {
+    const auto bits = static_cast<unsigned short>(k % 2 == 0 ? w & 0xffffu : w >> 16);  // little-endian
+    if constexpr (std::is_same_v<T, __half>) return to_f32(__ushort_as_half(bits));
+    else return to_f32(__ushort_as_bfloat16(bits));
   }
 }
 
@@ -132,6 +168,21 @@ __device__ __forceinline__ float sigmoid_f32(float x) { return 1.0f / (1.0f + ex
 inline unsigned row_grid(int64_t rows) {
   constexpr int64_t kMaxBlocks = 1 << 20;
   return static_cast<unsigned>(rows < kMaxBlocks ? rows : kMaxBlocks);
+}
+
+// The warp-per-(row, column chunk) stage kernels (expand_rows, activation, finalize): vectors per
+// lane (<= max_vpl) for chunks of ceil(nvec / (32 * vpl)) vectors per row. Whole rows (max_vpl
+// vectors in flight per lane) when there are enough rows; while rows * chunks < kMinStageWarps
+// (decode sizes: T*K rows) narrower chunks, so the work still spreads over the SMs; then evened
+// out (176 vectors at max_vpl 4 in 2 chunks of 96 and 80, not 128 and 48).
+constexpr int64_t kMinStageWarps = 1024;  // about 8 warps per SM on a 132-SM part
+
+inline int lane_vectors(int64_t rows, int64_t nvec, int max_vpl) {
+  auto chunks = [nvec](int64_t vpl) { return (nvec + 32 * vpl - 1) / (32 * vpl); };
+  int64_t vpl = max_vpl;
+  while (vpl > 1 && rows * chunks(vpl) < kMinStageWarps) vpl /= 2;
+  const int64_t c = chunks(vpl);
+  return static_cast<int>((nvec + 32 * c - 1) / (32 * c));
 }
 
 }  // namespace mb

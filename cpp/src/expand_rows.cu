@@ -1,44 +1,74 @@
 // Expand rows: permuted_input[p] = input[e / K] (* prequant_scale, AWQ's FC1 pre-quant scale,
 // fused here so the activations are read once), permuted_weights[p] = topk_weights[e], with
-// e = permuted_to_unpermuted[p]. One block per permuted row; each thread moves 16-byte vectors
-// when the row length and the pointers allow it (VEC > 1), else single elements.
+// e = permuted_to_unpermuted[p]. Each thread moves 16-byte vectors when the row length and the
+// pointers allow it (VEC > 1), else single elements.
+// A warp, not a block, owns a (row, column chunk) unit, and each lane loads all of its vectors of
+// the chunk (up to kBatch, lane-strided so every load is a coalesced 512-byte warp access) before
+// it stores any. With one 128-thread block per row, a 2048-wide bf16 row gave each thread 2
+// vectors: few bytes in flight per thread and 32768 tiny blocks to schedule at prefill sizes, which
+// held the copy to ~2.7 TB/s. At prefill a chunk is the whole row (up to 32 * kBatch vectors); when
+// the rows are few (decode), mb::lane_vectors() narrows the chunks so that the copy still spreads over
+// at least mb::kMinStageWarps warps across the SMs instead of queueing on a handful of them. The scaled
+// variant writes each vector with one 16-byte store (mb::store_f32), not eight 2-byte ones.
+// The input rows are read top_k times each (once per choice of the token), so they stay ordinary
+// cached loads.
 // zero_out (the [T, H] output that GEMM2's finalize epilogue accumulates into) is zeroed here by
-// the blocks of rows p < T, so the layer needs no separate memset launch before GEMM2: T*K >= T
-// blocks run anyway, and T more rows of stores are small next to the T*K rows copied.
+// the units of rows p < T, so the layer needs no separate memset launch before GEMM2: T*K >= T
+// rows are copied anyway, and T more rows of stores are small next to the T*K rows copied.
 #include "common.cuh"
 
 namespace {
 
 constexpr int kThreads = 128;
+constexpr int kWarps = kThreads / 32;
+constexpr int kBatch = 8;         // vectors per lane in flight: 8 x 16 B, a 2048-wide bf16 row per warp
 
 template <typename T, int VEC, bool SCALE>
 __global__ void __launch_bounds__(kThreads)
 expand_rows_kernel(const T* __restrict__ input, const int32_t* __restrict__ permuted_to_unpermuted,
                    const float* __restrict__ topk_weights, const float* __restrict__ prequant_scale,
-                   int64_t rows, int num_tokens, int hidden, int top_k, T* __restrict__ permuted_input,
-                   float* __restrict__ permuted_weights, T* __restrict__ zero_out) {
-  for (int64_t p = blockIdx.x; p < rows; p += gridDim.x) {
-    if (zero_out != nullptr && p < num_tokens) {
-      const mb::Vec<T, VEC> zero{};
-      for (int h = threadIdx.x * VEC; h < hidden; h += kThreads * VEC) {
-        *reinterpret_cast<mb::Vec<T, VEC>*>(zero_out + p * hidden + h) = zero;
-      }
-    }
-    const int64_t e = permuted_to_unpermuted[p];
-    if (threadIdx.x == 0) permuted_weights[p] = topk_weights[e];
-    const T* src = input + (e / top_k) * hidden;
-    T* dst = permuted_input + p * hidden;
-    for (int h = threadIdx.x * VEC; h < hidden; h += kThreads * VEC) {
-      if constexpr (SCALE) {
-        float x[VEC], s[VEC];
-        mb::load_f32<T, VEC>(src + h, x);
-        mb::load_f32<float, VEC>(prequant_scale + h, s);
+                   int64_t rows, int num_tokens, int hidden, int top_k, int vpl, int64_t chunks,
+                   T* __restrict__ permuted_input, float* __restrict__ permuted_weights, T* __restrict__ zero_out) {
+  using R = mb::Raw<T, VEC>;
+  const int lane = threadIdx.x % 32;
+  const int64_t nvec = hidden / VEC;
+  // Warps stride over the rows, blockIdx.y over a row's column chunks.
+  for (int64_t p = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; p < rows;
+       p += static_cast<int64_t>(gridDim.x) * kWarps) {
+    const int e = permuted_to_unpermuted[p];
+    if (blockIdx.y == 0 && lane == 0) permuted_weights[p] = topk_weights[e];
+    const R* src = reinterpret_cast<const R*>(input + static_cast<int64_t>(e / top_k) * hidden);
+    R* dst = reinterpret_cast<R*>(permuted_input + p * hidden);
+    R* zero = zero_out != nullptr && p < num_tokens ? reinterpret_cast<R*>(zero_out + p * hidden) : nullptr;
+    for (int64_t c = blockIdx.y; c < chunks; c += gridDim.y) {
+      const int64_t v0 = c * 32 * vpl + lane;  // this lane's vectors: v0, v0 + 32, ...
+      auto mine = [&](int i) { return i < vpl && v0 + i * 32 < nvec; };
+      R x[kBatch];
 #pragma unroll
-        for (int i = 0; i < VEC; ++i) x[i] *= s[i];
-        mb::store_f32<T, VEC>(dst + h, x);
-      } else {
-        // A plain copy: move the bits, no conversion.
-        *reinterpret_cast<mb::Vec<T, VEC>*>(dst + h) = *reinterpret_cast<const mb::Vec<T, VEC>*>(src + h);
+      for (int i = 0; i < kBatch; ++i) {
+        if (mine(i)) x[i] = src[v0 + i * 32];
+      }
+      if (zero != nullptr) {
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i) {
+          if (mine(i)) zero[v0 + i * 32] = R{};
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        if (!mine(i)) continue;
+        const int64_t v = v0 + i * 32;
+        if constexpr (SCALE) {
+          float f[VEC], s[VEC];
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) f[k] = mb::raw_f32<T>(x[i], k);
+          mb::load_f32<float, VEC>(prequant_scale + v * VEC, s);
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) f[k] *= s[k];
+          mb::store_f32<T, VEC>(permuted_input + p * hidden + v * VEC, f);
+        } else {
+          dst[v] = x[i];  // a plain copy: move the bits, no conversion
+        }
       }
     }
   }
@@ -60,7 +90,7 @@ extern "C" mb_status mb_expand_rows(const void* input, int dtype, const int32_t*
              "%s: input, permuted_to_unpermuted, topk_weights, permuted_input and permuted_weights must be "
              "non-NULL", who);
   if (zero_out != nullptr) {
-    // Other blocks may still be reading input rows while a block zeroes its output row.
+    // Other warps may still be reading input rows while a warp zeroes its output row.
     const size_t elem = mb::dtype_size(dtype);
     const auto in0 = reinterpret_cast<uintptr_t>(input), out0 = reinterpret_cast<uintptr_t>(zero_out);
     const size_t bytes = static_cast<size_t>(num_tokens) * hidden * elem;
@@ -69,13 +99,17 @@ extern "C" mb_status mb_expand_rows(const void* input, int dtype, const int32_t*
   return mb::dispatch_dtype(dtype, who, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const int vec = mb::vec_width<T>(hidden, {input, permuted_input, prequant_scale, zero_out});
-    const unsigned grid = mb::row_grid(rows);
+    const int64_t nvec = hidden / vec;
+    const int vpl = mb::lane_vectors(rows, nvec, kBatch);
+    const int64_t chunks = (nvec + 32 * vpl - 1) / (32 * vpl);
+    const dim3 grid(mb::row_grid((rows + kWarps - 1) / kWarps),
+                    static_cast<unsigned>(chunks < 65535 ? chunks : 65535));
     auto launch = [&](auto vec_const, auto scale_const) {
       constexpr int VEC = decltype(vec_const)::value;
       constexpr bool SCALE = decltype(scale_const)::value;
       expand_rows_kernel<T, VEC, SCALE><<<grid, kThreads, 0, stream>>>(
           static_cast<const T*>(input), permuted_to_unpermuted, topk_weights, prequant_scale, rows, num_tokens,
-          hidden, top_k, static_cast<T*>(permuted_input), permuted_weights, static_cast<T*>(zero_out));
+          hidden, top_k, vpl, chunks, static_cast<T*>(permuted_input), permuted_weights, static_cast<T*>(zero_out));
       return mb::check_launch("expand_rows_kernel");
     };
     constexpr int kWide = 16 / sizeof(T);

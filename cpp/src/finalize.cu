@@ -1,41 +1,96 @@
 // Finalize: out[t] = sum_j w[t,j] * (gemm2_out[unpermuted_to_permuted[t*K + j]] + b2[ids[t,j]]).
-// One block per token gathers its K rows and sums them in fp32, j ascending, in one thread per
-// column slice. A gather has no cross-thread reduction at all, so its order is fixed: the
-// deterministic and the non-deterministic requests run this same kernel and are bit-identical.
+// Each lane sums its column vectors of a token in fp32, j ascending, acc = fmaf(w, x, acc). A
+// gather has no cross-thread reduction at all, so its order is fixed: the deterministic and the
+// non-deterministic requests run this same kernel and are bit-identical.
 // (The faster scheme for the non-deterministic case, scattering into the token rows from the
 // GEMM2 epilogue, is mb_grouped_gemm_sm90_finalize; as a separate pass, the gather is the
 // cheaper one: each output is written once and no atomics are needed.)
+// A warp owns a (token, column chunk) unit. The K rows are gathered in batches of KB: the batch's
+// indices come in one load per array (lane jj loads slot jj's, then shuffles), and all of the
+// batch's vectors (KB rows x VPT vectors per lane, and the bias rows) are loaded before any is
+// summed, so a lane has KB * VPT = 8 16-byte gathers in flight. The earlier kernel (a block per
+// token, the j loop's bound unknown to the compiler) had about two in flight per thread, each
+// behind its own index load, and wrote each sum as eight 2-byte stores; a sum now goes out as one
+// 16-byte store (mb::store_f32). Small top_k takes more vectors per lane (KB = 2, VPT = 4), so
+// that the gathers in flight stay 8. At decode sizes mb::lane_vectors() narrows the chunks so that the
+// few tokens still spread over the SMs.
 #include "common.cuh"
 
 namespace {
 
 constexpr int kThreads = 128;
+constexpr int kWarps = kThreads / 32;
 
-template <typename T, int VEC>
+template <typename T, int VEC, int KB, int VPT, bool BIAS>
 __global__ void __launch_bounds__(kThreads)
 finalize_kernel(const T* __restrict__ gemm2_out, const T* __restrict__ b2, const float* __restrict__ topk_weights,
                 const int32_t* __restrict__ topk_ids, const int32_t* __restrict__ unpermuted_to_permuted,
-                int num_tokens, int hidden, int top_k, T* __restrict__ out) {
-  for (int64_t t = blockIdx.x; t < num_tokens; t += gridDim.x) {
-    for (int h = threadIdx.x * VEC; h < hidden; h += kThreads * VEC) {
-      float acc[VEC];
+                int num_tokens, int hidden, int top_k, int vpl, int64_t chunks, T* __restrict__ out) {
+  using R = mb::Raw<T, VEC>;
+  const int lane = threadIdx.x % 32;
+  const int64_t nvec = hidden / VEC;
+  // Warps stride over the tokens, blockIdx.y over a row's column chunks. (t is 32-bit: t + stride
+  // < 2^31 + 2^22 cannot wrap, and the 64-bit index took the registers that kept ptxas from a spill.)
+  for (unsigned t = blockIdx.x * kWarps + threadIdx.x / 32; t < static_cast<unsigned>(num_tokens);
+       t += gridDim.x * kWarps) {
+    for (int64_t c = blockIdx.y; c < chunks; c += gridDim.y) {
+      const int64_t v0 = c * 32 * vpl + lane;  // this lane's vectors: v0, v0 + 32, ...
+      auto mine = [&](int i) { return i < vpl && v0 + i * 32 < nvec; };
+      float acc[VPT][VEC];
 #pragma unroll
-      for (int i = 0; i < VEC; ++i) acc[i] = 0.0f;
-      for (int j = 0; j < top_k; ++j) {
-        const int64_t e = t * top_k + j;
-        const float w = topk_weights[e];
-        float x[VEC];
-        mb::load_f32<T, VEC>(gemm2_out + static_cast<int64_t>(unpermuted_to_permuted[e]) * hidden + h, x);
-        if (b2) {
-          float b[VEC];
-          mb::load_f32<T, VEC>(b2 + static_cast<int64_t>(topk_ids[e]) * hidden + h, b);
+      for (int i = 0; i < VPT; ++i) {
 #pragma unroll
-          for (int i = 0; i < VEC; ++i) x[i] += b[i];
+        for (int k = 0; k < VEC; ++k) acc[i][k] = 0.0f;
+      }
+      for (int j0 = 0; j0 < top_k; j0 += KB) {
+        // The batch's indices (lane jj < KB loads slot jj's, one load per array for the warp, then
+        // shuffled to all lanes), then all of its vectors, then the sums: nothing waits for a load
+        // before the batch's last one is out. Slots past top_k re-read the last index, load nothing.
+        const int64_t el = static_cast<int64_t>(t) * top_k + min(j0 + lane % KB, top_k - 1);
+        const int row_l = unpermuted_to_permuted[el];
+        const float w_l = topk_weights[el];
+        const int id_l = BIAS ? topk_ids[el] : 0;
+        float w[KB];
+        const R* src[KB];
+        const R* bias[KB];
+#pragma unroll
+        for (int jj = 0; jj < KB; ++jj) {
+          w[jj] = __shfl_sync(0xffffffffu, w_l, jj);
+          const int row = __shfl_sync(0xffffffffu, row_l, jj);
+          src[jj] = reinterpret_cast<const R*>(gemm2_out + static_cast<int64_t>(row) * hidden);
+          if constexpr (BIAS) {
+            const int id = __shfl_sync(0xffffffffu, id_l, jj);
+            bias[jj] = reinterpret_cast<const R*>(b2 + static_cast<int64_t>(id) * hidden);
+          }
+        }
+        R x[KB][VPT], b[KB][VPT];
+#pragma unroll
+        for (int jj = 0; jj < KB; ++jj) {
+#pragma unroll
+          for (int i = 0; i < VPT; ++i) {
+            if (j0 + jj >= top_k || !mine(i)) continue;
+            x[jj][i] = src[jj][v0 + i * 32];
+            if constexpr (BIAS) b[jj][i] = bias[jj][v0 + i * 32];
+          }
         }
 #pragma unroll
-        for (int i = 0; i < VEC; ++i) acc[i] = fmaf(w, x[i], acc[i]);
+        for (int jj = 0; jj < KB; ++jj) {
+#pragma unroll
+          for (int i = 0; i < VPT; ++i) {
+            if (j0 + jj >= top_k || !mine(i)) continue;
+#pragma unroll
+            for (int k = 0; k < VEC; ++k) {
+              float xk = mb::raw_f32<T>(x[jj][i], k);
+              if constexpr (BIAS) xk += mb::raw_f32<T>(b[jj][i], k);
+              acc[i][k] = fmaf(w[jj], xk, acc[i][k]);
+            }
+          }
+        }
       }
-      mb::store_f32<T, VEC>(out + t * hidden + h, acc);
+#pragma unroll
+      for (int i = 0; i < VPT; ++i) {
+        if (mine(i)) mb::store_f32<T, VEC>(out + static_cast<int64_t>(t) * hidden + (v0 + i * 32) * VEC, acc[i]);
+      }
     }
   }
 }
@@ -58,14 +113,34 @@ extern "C" mb_status mb_finalize(const void* gemm2_out, int dtype, const void* b
     using T = typename decltype(tag)::type;
     constexpr int kWide = 16 / sizeof(T);
     const bool wide = mb::vec_width<T>(hidden, {gemm2_out, b2, out}) == kWide;
-    const unsigned grid = mb::row_grid(num_tokens);
-    auto launch = [&](auto vec_const) {
+    const int64_t nvec = wide ? hidden / kWide : hidden;
+    // K rows per batch and vectors per lane: 8 loads in flight per lane (KB * VPT), the batch
+    // covering top_k = 8 (and 5..7) in one pass, 4 (and 3) and 2 (and 1).
+    const int kb = top_k >= 5 ? 8 : top_k >= 3 ? 4 : 2;
+    const int vpl = mb::lane_vectors(num_tokens, nvec, 8 / kb);
+    const int64_t chunks = (nvec + 32 * vpl - 1) / (32 * vpl);
+    const dim3 grid(mb::row_grid((num_tokens + kWarps - 1) / kWarps),
+                    static_cast<unsigned>(chunks < 65535 ? chunks : 65535));
+    // Separate kernels with and without bias: the bias vectors double the registers of a batch.
+    auto launch = [&](auto vec_const, auto kb_const, auto bias_const) {
       constexpr int VEC = decltype(vec_const)::value;
-      finalize_kernel<T, VEC><<<grid, kThreads, 0, stream>>>(
+      constexpr int KB = decltype(kb_const)::value;
+      constexpr bool BIAS = decltype(bias_const)::value;
+      finalize_kernel<T, VEC, KB, 8 / KB, BIAS><<<grid, kThreads, 0, stream>>>(
           static_cast<const T*>(gemm2_out), static_cast<const T*>(b2), topk_weights, topk_ids,
-          unpermuted_to_permuted, num_tokens, hidden, top_k, static_cast<T*>(out));
+          unpermuted_to_permuted, num_tokens, hidden, top_k, vpl, chunks, static_cast<T*>(out));
       return mb::check_launch("finalize_kernel");
     };
-    return wide ? launch(std::integral_constant<int, kWide>{}) : launch(std::integral_constant<int, 1>{});
+    auto by_bias = [&](auto vec_const, auto kb_const) {
+      return b2 ? launch(vec_const, kb_const, std::true_type{}) : launch(vec_const, kb_const, std::false_type{});
+    };
+    auto by_batch = [&](auto vec_const) {
+      switch (kb) {
+        case 8: return by_bias(vec_const, std::integral_constant<int, 8>{});
+        case 4: return by_bias(vec_const, std::integral_constant<int, 4>{});
+        default: return by_bias(vec_const, std::integral_constant<int, 2>{});
+      }
+    };
+    return wide ? by_batch(std::integral_constant<int, kWide>{}) : by_batch(std::integral_constant<int, 1>{});
   });
 }

@@ -15,10 +15,10 @@
 //          1 token of Mixtral/Qwen3/DeepSeek-V2-Lite GEMM1 121-125 / 20 / 25 us against 148 / 25
 //          / 29 us for the mma.sync tiles of gemm_common.cuh (which it replaced) and 140 / 35 / 38
 //          us for wgmma; 16 tokens within +-3% of mma.sync except Qwen3 (10% faster).
-//   else : the CUTLASS wgmma kernel, cluster 1x1: pingpong 64x256 tiles up to 384 average rows per
-//          expert (32 for the finalize epilogue), else cooperative 128x256 (measurements at
-//          WgmmaTile below).
-// MB_SM90_GEMM_PATH=decode|mma|wgmma and MB_SM90_WGMMA_TILE=coop128x256|pingpong64x256 in the
+//   else : the CUTLASS wgmma kernel, cluster 1x1: for the plain store, pingpong 64x128 tiles up to
+//          32 average rows per expert, pingpong 64x256 up to 384; for the finalize epilogue,
+//          pingpong 64x256 up to 32; else cooperative 128x256 (measurements at WgmmaTile below).
+// MB_SM90_GEMM_PATH=decode|mma|wgmma and MB_SM90_WGMMA_TILE=coop128x256|pingpong64x256|pingpong64x128 in the
 // environment force a path / tile (bench/gemm_bench.py --paths and the tests use them; mma is the
 // Ampere tile kernel, kept reachable as the baseline the decode kernel is measured against).
 #include <stdlib.h>
@@ -166,7 +166,15 @@ class MoeEpilogue {
 //                     It loses with 512+ rows per expert (GPT-OSS GEMM2 at 4096 tokens: 19% slower),
 //                     and in the finalize epilogue once rows per expert reach 64: its atomics outlast a
 //                     short mainloop, so the two warpgroups serialise (Qwen3 4096: 628 vs 486 us).
-enum WgmmaTile { WG_COOP_128x256 = 0, WG_PINGPONG_64x256 = 1 };
+//   pingpong 64x128 : twice the tiles of 64x256. With few rows per expert a GEMM streams the weights
+//                     once and is bandwidth-bound, and more, smaller tiles even out the last wave:
+//                     256 tokens (16-32 rows per expert) of Qwen3 / DeepSeek-V2-Lite / GPT-OSS run
+//                     GEMM1 2-3% and GEMM2 1-2% faster than 64x256 (bench/decode_probe.py --tokens
+//                     256 --variants wgmma:tile=..., L2 flushed; e.g. Qwen3 GEMM1 217.6 vs 218.9-224.5
+//                     us). At 64 rows (Mixtral 256) it loses GEMM1 by 20%, at 4096 tokens by 25-45%.
+//                     Plain store only: the finalize epilogue was not measured with it.
+enum WgmmaTile { WG_COOP_128x256 = 0, WG_PINGPONG_64x256 = 1, WG_PINGPONG_64x128 = 2 };
+constexpr int64_t kNarrowMaxAvgRows = 32;             // pingpong 64x128, plain store epilogue
 constexpr int64_t kPingpongMaxAvgRows = 384;          // plain store epilogue
 constexpr int64_t kPingpongFinalizeMaxAvgRows = 32;   // finalize (atomic) epilogue
 
@@ -177,6 +185,10 @@ template <> struct WgmmaTileTraits<WG_COOP_128x256> {
 };
 template <> struct WgmmaTileTraits<WG_PINGPONG_64x256> {
   using Shape = cute::Shape<cute::_64, cute::_256, cute::_64>;
+  using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
+};
+template <> struct WgmmaTileTraits<WG_PINGPONG_64x128> {
+  using Shape = cute::Shape<cute::_64, cute::_128, cute::_64>;
   using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
 };
 
@@ -269,8 +281,9 @@ size_t cutlass_workspace_bytes(int num_experts, int sm_count) {
 
 template <typename T, bool kFinalize>
 size_t max_cutlass_workspace_bytes(int num_experts, int sm_count) {
-  return std::max(cutlass_workspace_bytes<T, kFinalize, WG_COOP_128x256>(num_experts, sm_count),
-                  cutlass_workspace_bytes<T, kFinalize, WG_PINGPONG_64x256>(num_experts, sm_count));
+  return std::max({cutlass_workspace_bytes<T, kFinalize, WG_COOP_128x256>(num_experts, sm_count),
+                   cutlass_workspace_bytes<T, kFinalize, WG_PINGPONG_64x256>(num_experts, sm_count),
+                   cutlass_workspace_bytes<T, kFinalize, WG_PINGPONG_64x128>(num_experts, sm_count)});
 }
 
 bool device_is_sm90() {
@@ -286,7 +299,9 @@ int wgmma_tile(int64_t max_rows, int num_experts, bool finalize) {
   const char* force = getenv("MB_SM90_WGMMA_TILE");
   if (force && strcmp(force, "coop128x256") == 0) return WG_COOP_128x256;
   if (force && strcmp(force, "pingpong64x256") == 0) return WG_PINGPONG_64x256;
+  if (force && strcmp(force, "pingpong64x128") == 0) return WG_PINGPONG_64x128;
   const int64_t avg_rows = (max_rows + num_experts - 1) / num_experts;
+  if (!finalize && avg_rows <= kNarrowMaxAvgRows) return WG_PINGPONG_64x128;
   return avg_rows <= (finalize ? kPingpongFinalizeMaxAvgRows : kPingpongMaxAvgRows) ? WG_PINGPONG_64x256
                                                                                     : WG_COOP_128x256;
 }
@@ -339,11 +354,17 @@ mb_status dispatch_wgmma(int dtype, const void* A, const void* B, const void* bi
     using T = decltype(tag);
     typename MoeEpilogue<T, kFinalize>::Arguments epi{static_cast<const T*>(bias), static_cast<T*>(out), offsets,
                                                       p2u, weights, top_k};
-    if (wgmma_tile(max_rows, num_experts, kFinalize) == WG_PINGPONG_64x256)
-      return run_wgmma<T, kFinalize, WG_PINGPONG_64x256>(A, B, epi, offsets, num_experts, n, k, workspace,
-                                                          workspace_bytes, stream);
-    return run_wgmma<T, kFinalize, WG_COOP_128x256>(A, B, epi, offsets, num_experts, n, k, workspace,
-                                                     workspace_bytes, stream);
+    switch (wgmma_tile(max_rows, num_experts, kFinalize)) {
+      case WG_PINGPONG_64x256:
+        return run_wgmma<T, kFinalize, WG_PINGPONG_64x256>(A, B, epi, offsets, num_experts, n, k, workspace,
+                                                            workspace_bytes, stream);
+      case WG_PINGPONG_64x128:
+        return run_wgmma<T, kFinalize, WG_PINGPONG_64x128>(A, B, epi, offsets, num_experts, n, k, workspace,
+                                                            workspace_bytes, stream);
+      default:
+        return run_wgmma<T, kFinalize, WG_COOP_128x256>(A, B, epi, offsets, num_experts, n, k, workspace,
+                                                         workspace_bytes, stream);
+    }
   };
   return dtype == MB_BF16 ? go(__nv_bfloat16{}) : go(__half{});
 }

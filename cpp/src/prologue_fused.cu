@@ -2,24 +2,28 @@
 // expert_first_token_offset[E+1] from topk_ids in a single launch (small batches, where the
 // three-step version's three launches dominate).
 //
-// Method: a counting sort, stable in the expanded row. (1) All threads count rows per expert
-// with shared-memory atomics; (2) an exclusive block scan of the E+1 counts gives the offsets;
-// (3) one warp walks the rows in order, 32 at a time: __match_any_sync groups the lanes with
-// the same expert, so a row's place is its expert's running cursor plus the number of equal
-// lanes before it. That is four barriers and one read of topk_ids, where a radix sort needs a
-// block-wide scan per bit of the expert id; step (3) is T*K/32 warp steps (4 at T=16, K=8).
+// Method: a counting sort, stable in the expanded row, with the rows split into 8 contiguous
+// ranges, one per warp. (1) Each warp counts its range's rows per expert into its own row of
+// shared counters; (2) per expert, a scan over the 8 warps gives each warp's start inside the
+// expert's segment, and an exclusive block scan of the E+1 totals gives the offsets; (3) every
+// warp walks its range in order, 32 rows at a time: __match_any_sync groups the lanes with the
+// same expert, so a row's place is its warp's cursor for that expert plus the number of equal
+// lanes before it. That is four barriers and one read of topk_ids. Step (3) used to be one warp
+// walking all T*K rows (64 dependent steps at T=256, K=8: 17 us on an H200, the largest
+// non-GEMM kernel of a 256-token layer); split over 8 warps it is at most 8 steps per warp.
 // Ids outside [0, E) (experts on another node) sort last under the sentinel key E and are left
 // out of the offsets: off[E] counts only this node's rows.
 //
 // Limits (mirrored by moe_build.planner.rules): T <= 256, K in {1,2,4,6,8}, expert_log =
 // floor(log2(E+1)) + 1 <= 9 (so at most 511 counters). Shared memory is static (4 KB of keys,
-// 2 KB of counters); the planner's shared-memory gate (fused_prologue_smem_bytes, sized for an
-// earlier radix sort) stays under 35 KB inside these limits, so it always passes.
+// 16 KB of per-warp counters); the planner's shared-memory gate (fused_prologue_smem_bytes, sized
+// for an earlier radix sort) stays under 35 KB inside these limits, so it always passes.
 #include "common.cuh"
 
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
 constexpr int kMaxTokens = 256;
 constexpr int kMaxTopK = 8;
 constexpr int kMaxExpertLog = 9;
@@ -31,24 +35,42 @@ fused_maps_kernel(const int32_t* __restrict__ topk_ids, int n, int E,
                   int32_t* __restrict__ permuted_to_unpermuted, int32_t* __restrict__ unpermuted_to_permuted,
                   int64_t* __restrict__ expert_first_token_offset) {
   __shared__ int16_t keys[kMaxTokens * kMaxTopK];  // expert of expanded row e, E for other nodes
-  __shared__ int count[kMaxKeys];                   // rows per key, then each key's running cursor
-  __shared__ int warp_sums[kThreads / 32];
+  __shared__ int cursor[kWarps][kMaxKeys];          // per-warp rows per key, then per-warp cursors
+  __shared__ int warp_sums[kWarps];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
 
-  for (int x = tid; x < kMaxKeys; x += kThreads) count[x] = 0;
+  // Only keys 0..E are used: zeroing and scanning all kMaxKeys cost ~0.4 us at decode sizes.
+  for (int i = tid; i < kWarps * (E + 1); i += kThreads) cursor[i / (E + 1)][i % (E + 1)] = 0;
   __syncthreads();
-  for (int e = tid; e < n; e += kThreads) {
+  // This warp's rows: a contiguous range, a multiple of 32 long (the last range may be short).
+  const int per_warp = (n + kWarps * 32 - 1) / (kWarps * 32) * 32;
+  const int e_begin = warp * per_warp, e_end = min(n, e_begin + per_warp);
+  for (int e = e_begin + lane; e < e_end; e += 32) {
     const int x = topk_ids[e];
     const int key = x >= 0 && x < E ? x : E;
     keys[e] = static_cast<int16_t>(key);
-    atomicAdd(&count[key], 1);
+    atomicAdd(&cursor[warp][key], 1);
   }
   __syncthreads();
 
-  // Exclusive scan of count[0..kMaxKeys): thread tid owns kScanPerThread consecutive counters.
+  // Per key: the warps' counts become their exclusive prefix (each warp's start inside the key's
+  // segment); the key's total goes into the block scan. Thread tid owns kScanPerThread keys.
   int c[kScanPerThread], sum = 0;
 #pragma unroll
-  for (int i = 0; i < kScanPerThread; ++i) { c[i] = count[tid * kScanPerThread + i]; sum += c[i]; }
+  for (int i = 0; i < kScanPerThread; ++i) {
+    const int x = tid * kScanPerThread + i;
+    int total = 0;
+    if (x <= E) {
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const int v = cursor[w][x];
+        cursor[w][x] = total;
+        total += v;
+      }
+    }
+    c[i] = total;
+    sum += total;
+  }
   const int incl = mb::warp_inclusive_scan(sum);
   if (lane == 31) warp_sums[warp] = incl;
   __syncthreads();
@@ -57,28 +79,29 @@ fused_maps_kernel(const int32_t* __restrict__ topk_ids, int n, int E,
 #pragma unroll
   for (int i = 0; i < kScanPerThread; ++i) {
     const int x = tid * kScanPerThread + i;
-    count[x] = base;  // the cursor starts at the key's first row
-    if (x <= E) expert_first_token_offset[x] = base;
+    if (x <= E) {
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) cursor[w][x] += base;  // each warp's first row of key x
+      expert_first_token_offset[x] = base;
+    }
     base += c[i];
   }
   __syncthreads();
 
-  if (warp == 0) {
-    for (int e0 = 0; e0 < n; e0 += 32) {
-      const int e = e0 + lane;
-      // Lanes past n take distinct negative keys so they match nobody.
-      const int key = e < n ? keys[e] : -1 - lane;
-      const unsigned peers = __match_any_sync(0xffffffffu, key);
-      const int before = __popc(peers & ((1u << lane) - 1));
-      if (e < n) {
-        const int p = count[key] + before;
-        permuted_to_unpermuted[p] = e;
-        unpermuted_to_permuted[e] = p;
-      }
-      __syncwarp();  // every lane has read the cursor before its group's leader moves it
-      if (e < n && before == 0) count[key] += __popc(peers);
-      __syncwarp();
+  for (int e0 = e_begin; e0 < e_end; e0 += 32) {
+    const int e = e0 + lane;
+    // Lanes past the range take distinct negative keys so they match nobody.
+    const int key = e < e_end ? keys[e] : -1 - lane;
+    const unsigned peers = __match_any_sync(0xffffffffu, key);
+    const int before = __popc(peers & ((1u << lane) - 1));
+    if (e < e_end) {
+      const int p = cursor[warp][key] + before;
+      permuted_to_unpermuted[p] = e;
+      unpermuted_to_permuted[e] = p;
     }
+    __syncwarp();  // every lane has read the cursor before its group's leader moves it
+    if (e < e_end && before == 0) cursor[warp][key] += __popc(peers);
+    __syncwarp();
   }
 }
 

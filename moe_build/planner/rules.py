@@ -109,8 +109,9 @@ def plugin_output_not_fp8_fp4(s: MoESpec) -> Gate:
 # ---- 3.1 routing prologue ---------------------------------------------------------------------
 
 def fused_prologue_smem_bytes(tokens: int, top_k: int, local_experts: int) -> int:
-    """Dynamic shared memory of our single-block map builder: (key, value) pairs twice (sort
-    ping-pong) for every expanded row, plus the per-expert histogram/offsets."""
+    """Shared memory the gate charges a single-block map builder: (key, value) pairs twice (a radix
+    sort's ping-pong) for every expanded row, plus the per-expert histogram/offsets. An upper bound
+    for our counting sort (cpp/src/prologue_fused.cu: 20.5 KB static at any size it accepts)."""
     return 2 * tokens * top_k * 8 + (local_experts + 1) * 4
 
 

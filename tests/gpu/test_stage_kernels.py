@@ -332,11 +332,32 @@ def test_activation(act: K.Activation, dtype: torch.dtype, inter: int, with_bias
     assert torch.isnan(out[filled:]).all(), "rows past off[E] were written"
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("e,rows,filled", [(1, 8, 8), (8, 8, 5), (160, 16, 13), (256, 2048, 2000)])
+def test_activation_bias_of_row_expert(e: int, rows: int, filled: int, dtype: torch.dtype) -> None:
+    """Each row's bias comes from its expert, found by a warp-wide search over off: no search (E=1),
+    one round (E <= 32) and two (E > 32, most experts empty at 16 rows), at decode row counts
+    (where a row's columns are split over several warps) and a prefill-like one; inter 768 is the
+    Qwen3-30B-A3B width."""
+    inter = 768
+    off = random_offsets(e, rows, filled)
+    x = (torch.randn(rows, 2 * inter, device="cuda") * 3).to(dtype)
+    b = (torch.randn(e, 2 * inter, device="cuda") * 0.5).to(dtype)
+    out = nan_like((rows, inter), dtype)
+    K.activation(x, off, K.Activation.SWIGLU, b, out=out)
+    torch.cuda.synchronize()
+    expert = torch.searchsorted(off, torch.arange(filled, device="cuda"), right=True) - 1
+    ref = ref_activation(x.double()[:filled] + b.double()[expert], K.Activation.SWIGLU, 1.0, math.inf)
+    assert rel_err(out[:filled], ref) < TOL[dtype]
+    assert torch.isnan(out[filled:]).all(), "rows past off[E] were written"
+
+
 # ---- finalize ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("t,h,k,with_bias", [(1, 4096, 1, True), (255, 2880, 3, False), (257, 200, 8, True),
-                                             (8192, 4096, 2, True), (256, 100, 5, False)])
+                                             (8192, 4096, 2, True), (256, 100, 5, False), (16, 2048, 4, True),
+                                             (33, 2880, 6, False), (64, 1408, 12, True), (4096, 2048, 8, False)])
 def test_finalize(t: int, h: int, k: int, with_bias: bool, dtype: torch.dtype) -> None:
     e = 64
     rows = t * k + 5  # gemm2_out may have spare rows
@@ -358,3 +379,41 @@ def test_finalize(t: int, h: int, k: int, with_bias: bool, dtype: torch.dtype) -
     assert rel_err(outs[0], ref) < TOL[dtype]
     assert torch.equal(outs[0], outs[1]), "deterministic finalize differs between runs"
     assert torch.equal(outs[0], outs[2]), "the two modes must be bit-identical"
+
+
+# ---- past the grid cap ------------------------------------------------------------------------
+
+BIG = 4 * 2 ** 20 + 40  # more rows (tokens) than the capped grid has warps: the grid-stride loops run
+
+
+def test_expand_rows_past_grid_cap() -> None:
+    t, h, k = BIG // 8, 8, 8
+    x = torch.randn(t, h, device="cuda")
+    w = torch.rand(t, k, device="cuda")
+    ptu = ref_maps(random_ids(t, 16, k), 16)[0].to(torch.int32)
+    out, pw = nan_like((t * k, h), torch.float32), nan_like((t * k,), torch.float32)
+    K.expand_rows(x, ptu, w, permuted_input=out, permuted_weights=pw)
+    torch.cuda.synchronize()
+    assert torch.equal(out, x[ptu.long() // k]) and torch.equal(pw, w.flatten()[ptu.long()])
+
+
+def test_activation_past_grid_cap() -> None:
+    rows, inter, filled = BIG, 8, BIG - 7
+    off = random_offsets(4, rows, filled)
+    x = torch.randn(rows, 2 * inter, device="cuda")
+    out = nan_like((rows, inter), torch.float32)
+    K.activation(x, off, K.Activation.SWIGLU, out=out)
+    torch.cuda.synchronize()
+    assert rel_err(out[:filled], ref_activation(x.double()[:filled], K.Activation.SWIGLU, 1.0, math.inf)) < 1e-5
+    assert torch.isnan(out[filled:]).all(), "rows past off[E] were written"
+
+
+def test_finalize_past_grid_cap() -> None:
+    t, h, k = BIG, 8, 1
+    g = torch.randn(t * k, h, device="cuda")
+    w = torch.rand(t, k, device="cuda")
+    utp = torch.randperm(t * k, device="cuda").to(torch.int32)
+    out = nan_like((t, h), torch.float32)
+    K.finalize(g, w, random_ids(t, 4, k), utp, out=out)
+    torch.cuda.synchronize()
+    assert rel_err(out, (w.double() * g.double()[utp.long()]).view(t, h)) < 1e-6
