@@ -170,9 +170,11 @@ class MoeEpilogue {
 //                     once and is bandwidth-bound, and more, smaller tiles even out the last wave:
 //                     256 tokens (16-32 rows per expert) of Qwen3 / DeepSeek-V2-Lite / GPT-OSS run
 //                     GEMM1 2-3% and GEMM2 1-2% faster than 64x256 (bench/decode_probe.py --tokens
-//                     256 --variants wgmma:tile=..., L2 flushed; e.g. Qwen3 GEMM1 217.6 vs 218.9-224.5
-//                     us). At 64 rows (Mixtral 256) it loses GEMM1 by 20%, at 4096 tokens by 25-45%.
-//                     Plain store only: the finalize epilogue was not measured with it.
+//                     256 --variants wgmma:tile=..., L2 flushed, docs/measured/wgmma_tile_probe.txt;
+//                     e.g. Qwen3 GEMM1 217.6 vs 218.9-224.5 us). Whole layers, graph-replayed in
+//                     alternation with 64x256 forced (bench/kernel_profile.py): DeepSeek-V2-Lite 4 us and
+//                     GPT-OSS 5 us faster, Qwen3 even. At 64 rows (Mixtral 256) it loses GEMM1 by 20%, at
+//                     4096 tokens by 25-45%. Plain store only: the finalize epilogue was not measured with it.
 enum WgmmaTile { WG_COOP_128x256 = 0, WG_PINGPONG_64x256 = 1, WG_PINGPONG_64x128 = 2 };
 constexpr int64_t kNarrowMaxAvgRows = 32;             // pingpong 64x128, plain store epilogue
 constexpr int64_t kPingpongMaxAvgRows = 384;          // plain store epilogue
