@@ -14,15 +14,13 @@
 // earlier kernel, one 128-thread block per row, ran at ~2.5 TB/s at prefill sizes: intermediate
 // 768 in bf16 left 96 threads moving one gate/up pair each in 32768 tiny blocks, and each result
 // vector went out as eight 2-byte stores. At prefill a chunk is the whole row (up to 32 * kBatch
-// vectors); at decode sizes there are only T*K rows (4 to 8 at T=1), so mb::lane_vectors() narrows the
+// vectors); at decode sizes there are only T*K rows (4 to 8 at T=1), so mb::stage_launch() narrows the
 // chunks until there are mb::kMinStageWarps units, spreading each row's columns over the SMs instead of
 // leaving a few warps to walk them.
 #include "common.cuh"
 
 namespace {
 
-constexpr int kThreads = 128;
-constexpr int kWarps = kThreads / 32;
 constexpr int kBatch = 4;         // vectors per lane in flight, of the gate and of the up half each
 
 __device__ __forceinline__ float gelu_tanh(float x) {
@@ -70,7 +68,7 @@ __device__ __forceinline__ int warp_expert_of(const int64_t* off, int E, int64_t
 }
 
 template <typename T, int ACT, int VEC>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(mb::kStageThreads)
 activation_kernel(const T* __restrict__ in, const T* __restrict__ b1, const int64_t* __restrict__ off, int E,
                   int64_t max_rows, int inter, int vpl, int64_t chunks, float alpha, float limit,
                   const float* __restrict__ prequant_scale, T* __restrict__ out) {
@@ -82,8 +80,8 @@ activation_kernel(const T* __restrict__ in, const T* __restrict__ b1, const int6
   // Warps stride over the rows, blockIdx.y over a row's column chunks. off[E] is re-read per row (an
   // L1 hit) rather than held: a register held across the loop body got spilled around the
   // out-of-line slow path of the sigmoid's division.
-  for (int64_t p = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; p < max_rows;
-       p += static_cast<int64_t>(gridDim.x) * kWarps) {
+  for (int64_t p = static_cast<int64_t>(blockIdx.x) * mb::kStageWarps + threadIdx.x / 32; p < max_rows;
+       p += static_cast<int64_t>(gridDim.x) * mb::kStageWarps) {
     if (p >= __ldg(off + E)) break;  // rows past off[E]: other nodes' experts
     const T* row = in + p * n1;
     T* dst = out + p * inter;
@@ -162,16 +160,13 @@ extern "C" mb_status mb_activation(const void* in, int dtype, const void* b1,
     constexpr int kWide = 16 / sizeof(T);
     const bool wide = mb::vec_width<T>(inter, {in, b1, prequant_scale, out}) == kWide;
     const int64_t nvec = wide ? inter / kWide : inter;
-    const int vpl = mb::lane_vectors(max_rows, nvec, kBatch);
-    const int64_t chunks = (nvec + 32 * vpl - 1) / (32 * vpl);
-    const dim3 grid(mb::row_grid((max_rows + kWarps - 1) / kWarps),
-                    static_cast<unsigned>(chunks < 65535 ? chunks : 65535));
+    const mb::StageLaunch shape = mb::stage_launch(max_rows, nvec, kBatch);
     auto launch = [&](auto act_const, auto vec_const) {
       constexpr int ACT = decltype(act_const)::value;
       constexpr int VEC = decltype(vec_const)::value;
-      activation_kernel<T, ACT, VEC><<<grid, kThreads, 0, stream>>>(
+      activation_kernel<T, ACT, VEC><<<shape.grid, mb::kStageThreads, 0, stream>>>(
           static_cast<const T*>(in), static_cast<const T*>(b1), expert_first_token_offset, num_experts, max_rows,
-          inter, vpl, chunks, swiglu_alpha, swiglu_limit, prequant_scale, static_cast<T*>(out));
+          inter, shape.vpl, shape.chunks, swiglu_alpha, swiglu_limit, prequant_scale, static_cast<T*>(out));
       return mb::check_launch("activation_kernel");
     };
     auto by_width = [&](auto act_const) {

@@ -170,19 +170,30 @@ inline unsigned row_grid(int64_t rows) {
   return static_cast<unsigned>(rows < kMaxBlocks ? rows : kMaxBlocks);
 }
 
-// The warp-per-(row, column chunk) stage kernels (expand_rows, activation, finalize): vectors per
-// lane (<= max_vpl) for chunks of ceil(nvec / (32 * vpl)) vectors per row. Whole rows (max_vpl
+// Launch shape of the warp-per-(row, column chunk) stage kernels (expand_rows, activation,
+// finalize): blocks of kStageWarps warps, warps striding over the rows (blockIdx.x), blockIdx.y
+// over a row's column chunks of 32 * vpl vectors (vpl = vectors per lane). Whole rows (max_vpl
 // vectors in flight per lane) when there are enough rows; while rows * chunks < kMinStageWarps
 // (decode sizes: T*K rows) narrower chunks, so the work still spreads over the SMs; then evened
 // out (176 vectors at max_vpl 4 in 2 chunks of 96 and 80, not 128 and 48).
+constexpr int kStageThreads = 128;
+constexpr int kStageWarps = kStageThreads / 32;
 constexpr int64_t kMinStageWarps = 1024;  // about 8 warps per SM on a 132-SM part
 
-inline int lane_vectors(int64_t rows, int64_t nvec, int max_vpl) {
+struct StageLaunch {
+  int vpl;         // vectors per lane
+  int64_t chunks;  // column chunks per row
+  dim3 grid;
+};
+
+inline StageLaunch stage_launch(int64_t rows, int64_t nvec, int max_vpl) {
   auto chunks = [nvec](int64_t vpl) { return (nvec + 32 * vpl - 1) / (32 * vpl); };
   int64_t vpl = max_vpl;
   while (vpl > 1 && rows * chunks(vpl) < kMinStageWarps) vpl /= 2;
   const int64_t c = chunks(vpl);
-  return static_cast<int>((nvec + 32 * c - 1) / (32 * c));
+  vpl = (nvec + 32 * c - 1) / (32 * c);
+  return {static_cast<int>(vpl), c,
+          dim3(row_grid((rows + kStageWarps - 1) / kStageWarps), static_cast<unsigned>(c < 65535 ? c : 65535))};
 }
 
 }  // namespace mb

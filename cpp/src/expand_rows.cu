@@ -7,7 +7,7 @@
 // it stores any. With one 128-thread block per row, a 2048-wide bf16 row gave each thread 2
 // vectors: few bytes in flight per thread and 32768 tiny blocks to schedule at prefill sizes, which
 // held the copy to ~2.7 TB/s. At prefill a chunk is the whole row (up to 32 * kBatch vectors); when
-// the rows are few (decode), mb::lane_vectors() narrows the chunks so that the copy still spreads over
+// the rows are few (decode), mb::stage_launch() narrows the chunks so that the copy still spreads over
 // at least mb::kMinStageWarps warps across the SMs instead of queueing on a handful of them. The scaled
 // variant writes each vector with one 16-byte store (mb::store_f32), not eight 2-byte ones.
 // The input rows are read top_k times each (once per choice of the token), so they stay ordinary
@@ -19,12 +19,10 @@
 
 namespace {
 
-constexpr int kThreads = 128;
-constexpr int kWarps = kThreads / 32;
 constexpr int kBatch = 8;         // vectors per lane in flight: 8 x 16 B, a 2048-wide bf16 row per warp
 
 template <typename T, int VEC, bool SCALE>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(mb::kStageThreads)
 expand_rows_kernel(const T* __restrict__ input, const int32_t* __restrict__ permuted_to_unpermuted,
                    const float* __restrict__ topk_weights, const float* __restrict__ prequant_scale,
                    int64_t rows, int num_tokens, int hidden, int top_k, int vpl, int64_t chunks,
@@ -33,8 +31,8 @@ expand_rows_kernel(const T* __restrict__ input, const int32_t* __restrict__ perm
   const int lane = threadIdx.x % 32;
   const int64_t nvec = hidden / VEC;
   // Warps stride over the rows, blockIdx.y over a row's column chunks.
-  for (int64_t p = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; p < rows;
-       p += static_cast<int64_t>(gridDim.x) * kWarps) {
+  for (int64_t p = static_cast<int64_t>(blockIdx.x) * mb::kStageWarps + threadIdx.x / 32; p < rows;
+       p += static_cast<int64_t>(gridDim.x) * mb::kStageWarps) {
     const int e = permuted_to_unpermuted[p];
     if (blockIdx.y == 0 && lane == 0) permuted_weights[p] = topk_weights[e];
     const R* src = reinterpret_cast<const R*>(input + static_cast<int64_t>(e / top_k) * hidden);
@@ -100,16 +98,14 @@ extern "C" mb_status mb_expand_rows(const void* input, int dtype, const int32_t*
     using T = typename decltype(tag)::type;
     const int vec = mb::vec_width<T>(hidden, {input, permuted_input, prequant_scale, zero_out});
     const int64_t nvec = hidden / vec;
-    const int vpl = mb::lane_vectors(rows, nvec, kBatch);
-    const int64_t chunks = (nvec + 32 * vpl - 1) / (32 * vpl);
-    const dim3 grid(mb::row_grid((rows + kWarps - 1) / kWarps),
-                    static_cast<unsigned>(chunks < 65535 ? chunks : 65535));
+    const mb::StageLaunch shape = mb::stage_launch(rows, nvec, kBatch);
     auto launch = [&](auto vec_const, auto scale_const) {
       constexpr int VEC = decltype(vec_const)::value;
       constexpr bool SCALE = decltype(scale_const)::value;
-      expand_rows_kernel<T, VEC, SCALE><<<grid, kThreads, 0, stream>>>(
+      expand_rows_kernel<T, VEC, SCALE><<<shape.grid, mb::kStageThreads, 0, stream>>>(
           static_cast<const T*>(input), permuted_to_unpermuted, topk_weights, prequant_scale, rows, num_tokens,
-          hidden, top_k, vpl, chunks, static_cast<T*>(permuted_input), permuted_weights, static_cast<T*>(zero_out));
+          hidden, top_k, shape.vpl, shape.chunks, static_cast<T*>(permuted_input), permuted_weights,
+          static_cast<T*>(zero_out));
       return mb::check_launch("expand_rows_kernel");
     };
     constexpr int kWide = 16 / sizeof(T);

@@ -12,17 +12,15 @@
 // token, the j loop's bound unknown to the compiler) had about two in flight per thread, each
 // behind its own index load, and wrote each sum as eight 2-byte stores; a sum now goes out as one
 // 16-byte store (mb::store_f32). Small top_k takes more vectors per lane (KB = 2, VPT = 4), so
-// that the gathers in flight stay 8. At decode sizes mb::lane_vectors() narrows the chunks so that the
+// that the gathers in flight stay 8. At decode sizes mb::stage_launch() narrows the chunks so that the
 // few tokens still spread over the SMs.
 #include "common.cuh"
 
 namespace {
 
-constexpr int kThreads = 128;
-constexpr int kWarps = kThreads / 32;
 
 template <typename T, int VEC, int KB, int VPT, bool BIAS>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(mb::kStageThreads)
 finalize_kernel(const T* __restrict__ gemm2_out, const T* __restrict__ b2, const float* __restrict__ topk_weights,
                 const int32_t* __restrict__ topk_ids, const int32_t* __restrict__ unpermuted_to_permuted,
                 int num_tokens, int hidden, int top_k, int vpl, int64_t chunks, T* __restrict__ out) {
@@ -31,8 +29,8 @@ finalize_kernel(const T* __restrict__ gemm2_out, const T* __restrict__ b2, const
   const int64_t nvec = hidden / VEC;
   // Warps stride over the tokens, blockIdx.y over a row's column chunks. (t is 32-bit: t + stride
   // < 2^31 + 2^22 cannot wrap, and the 64-bit index took the registers that kept ptxas from a spill.)
-  for (unsigned t = blockIdx.x * kWarps + threadIdx.x / 32; t < static_cast<unsigned>(num_tokens);
-       t += gridDim.x * kWarps) {
+  for (unsigned t = blockIdx.x * mb::kStageWarps + threadIdx.x / 32; t < static_cast<unsigned>(num_tokens);
+       t += gridDim.x * mb::kStageWarps) {
     for (int64_t c = blockIdx.y; c < chunks; c += gridDim.y) {
       const int64_t v0 = c * 32 * vpl + lane;  // this lane's vectors: v0, v0 + 32, ...
       auto mine = [&](int i) { return i < vpl && v0 + i * 32 < nvec; };
@@ -117,18 +115,15 @@ extern "C" mb_status mb_finalize(const void* gemm2_out, int dtype, const void* b
     // K rows per batch and vectors per lane: 8 loads in flight per lane (KB * VPT), the batch
     // covering top_k = 8 (and 5..7) in one pass, 4 (and 3) and 2 (and 1).
     const int kb = top_k >= 5 ? 8 : top_k >= 3 ? 4 : 2;
-    const int vpl = mb::lane_vectors(num_tokens, nvec, 8 / kb);
-    const int64_t chunks = (nvec + 32 * vpl - 1) / (32 * vpl);
-    const dim3 grid(mb::row_grid((num_tokens + kWarps - 1) / kWarps),
-                    static_cast<unsigned>(chunks < 65535 ? chunks : 65535));
+    const mb::StageLaunch shape = mb::stage_launch(num_tokens, nvec, 8 / kb);
     // Separate kernels with and without bias: the bias vectors double the registers of a batch.
     auto launch = [&](auto vec_const, auto kb_const, auto bias_const) {
       constexpr int VEC = decltype(vec_const)::value;
       constexpr int KB = decltype(kb_const)::value;
       constexpr bool BIAS = decltype(bias_const)::value;
-      finalize_kernel<T, VEC, KB, 8 / KB, BIAS><<<grid, kThreads, 0, stream>>>(
+      finalize_kernel<T, VEC, KB, 8 / KB, BIAS><<<shape.grid, mb::kStageThreads, 0, stream>>>(
           static_cast<const T*>(gemm2_out), static_cast<const T*>(b2), topk_weights, topk_ids,
-          unpermuted_to_permuted, num_tokens, hidden, top_k, vpl, chunks, static_cast<T*>(out));
+          unpermuted_to_permuted, num_tokens, hidden, top_k, shape.vpl, shape.chunks, static_cast<T*>(out));
       return mb::check_launch("finalize_kernel");
     };
     auto by_bias = [&](auto vec_const, auto kb_const) {
