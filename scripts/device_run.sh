@@ -8,6 +8,7 @@
 #   bash scripts/device_run.sh              # build + tests + bench
 #   SKIP_TESTS=1 bash scripts/device_run.sh # build + bench
 #   BENCH_ARGS="--shapes mixtral-8x7b --tokens 1,16" bash scripts/device_run.sh
+#   GEMM_PROBE=1 bash scripts/device_run.sh  # + the grouped-GEMM tile probe (bench/gemm_rate_probe.py)
 #   MOE_BUILD_KERNELS_LIB=build/kernels/libmoe_build_kernels.so bash scripts/device_run.sh
 #       (a library built on the CPU machine with `python -m moe_build.kernel_build --out build/kernels`,
 #        carried with the call: the device has no nvidia-cutlass headers)
@@ -51,6 +52,13 @@ else
 fi
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   phase gpu_tests "$TESTS_S" "$PY" -m pytest -q -rs tests/gpu --junitxml="$OUT/gpu_tests.xml"
+fi
+# GEMM_PROBE=1: the prefill grouped-GEMM tiles timed side by side (bench/gemm_rate_probe.py) at 4096 and 256 tokens
+if [ "${GEMM_PROBE:-0}" = 1 ]; then
+  for t in 4096 256; do
+    phase "gemm_probe_$t" 120 "$PY" bench/gemm_rate_probe.py --tokens "$t" --json "$OUT/gemm_rate_probe_$t.json" \
+      --tiles auto,coop128x256,pingpong64x256,pingpong64x128,pingpong64x256c2
+  done
 fi
 # shellcheck disable=SC2086
 phase bench "$BENCH_S" "$PY" -m moe_build.bench --json "$OUT/bench.json" --png "$OUT/bench.png" ${BENCH_ARGS:-}

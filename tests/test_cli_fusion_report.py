@@ -26,7 +26,7 @@ def report(*args: str, env: dict | None = None) -> dict:
 
 
 def test_json_schema_and_hopper_plan():
-    doc = report(*MIXTRAL_FLAGS, "--sm", "90", "--flavour", "tensorrt", "--tokens", "16")
+    doc = report(*MIXTRAL_FLAGS, "--sm", "90", "--flavour", "tensorrt", "--tokens", "4")
     assert doc["schema"] == "moe-build.fusion-report/1"
     assert doc["path"] == "plugin"
     stages = {s["stage"]: s for s in doc["stages"]}
@@ -38,6 +38,7 @@ def test_json_schema_and_hopper_plan():
             assert set(g) >= {"name", "value", "condition", "held", "source"}
             assert ":" in g["source"] or g["source"] in ("moe-build", "shared/ENVIRONMENT.md")
     assert stages["finalize"]["choice"] == "fused"
+    assert stages["finalize"]["token_range"] == [1, 4]  # tokens * top_k <= 8
     assert stages["fc1_activation"]["choice"] == "separate"
     assert stages["routing_prologue"]["token_range"] == [1, 256]
 

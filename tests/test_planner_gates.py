@@ -23,15 +23,16 @@ SM80 = Target(sm=80, flavour=Flavour.TENSORRT)
 SM89 = Target(sm=89, flavour=Flavour.TENSORRT)
 OOTB89 = Target(sm=89, flavour=Flavour.TENSORRT, moe_plugin=MoePlugin.DISABLE)
 
+# Hopper bases plan at a decode size, where the FINALIZE tactic holds (tokens * top_k <= 8).
 BASES: dict[str, tuple[MoESpec, Target, int]] = {
-    "hopper": (MIXTRAL, SM90, 16),
+    "hopper": (MIXTRAL, SM90, 4),
     "ampere": (MIXTRAL, SM80, 16),
     "ada": (MIXTRAL, SM89, 16),
-    "hopper_top4": (dataclasses.replace(MIXTRAL, top_k=4), SM90, 16),
-    "hopper_256e": (dataclasses.replace(MIXTRAL, num_experts=256), SM90, 16),
-    "hopper_fp8": (dataclasses.replace(MIXTRAL, quant=Quant.FP8), SM90, 16),
-    "hopper_awq": (dataclasses.replace(MIXTRAL, quant=Quant.W4A16_AWQ), SM90, 16),
-    "hopper_w4afp8": (dataclasses.replace(MIXTRAL, quant=Quant.W4AFP8), SM90, 16),
+    "hopper_top4": (dataclasses.replace(MIXTRAL, top_k=4), SM90, 2),
+    "hopper_256e": (dataclasses.replace(MIXTRAL, num_experts=256), SM90, 4),
+    "hopper_fp8": (dataclasses.replace(MIXTRAL, quant=Quant.FP8), SM90, 4),
+    "hopper_awq": (dataclasses.replace(MIXTRAL, quant=Quant.W4A16_AWQ), SM90, 4),
+    "hopper_w4afp8": (dataclasses.replace(MIXTRAL, quant=Quant.W4AFP8), SM90, 4),
     "tokens256": (MIXTRAL, SM90, 256),
     "ootb": (MIXTRAL, OOTB89, 16),
     "ootb_many_experts": (dataclasses.replace(MIXTRAL, num_experts=64), OOTB89, 16),
@@ -45,7 +46,7 @@ ROWS: list[tuple[str, str, dict, dict, int | None, dict, set[str], dict[str, str
      None, {"path": "ootb"}),
     ("prologue_tokens", "tokens256", {}, {}, 257, {},
      {"prologue_tokens", "prologue_blocks"}, {"routing_prologue": "three_step"}),
-    ("prologue_top_k", "hopper", {"top_k": 3}, {}, None, {},
+    ("prologue_top_k", "hopper", {"top_k": 3}, {}, 2, {},
      {"prologue_top_k"}, {"routing_prologue": "three_step"}),
     ("prologue_expert_log", "hopper_256e", {"num_experts": 512}, {}, None, {},
      {"prologue_expert_log"}, {"routing_prologue": "three_step"}),

@@ -33,7 +33,7 @@ def test_prologue_unbounded_three_step_when_a_static_gate_fails():
 
 def test_token_independent_stages_hold_for_all_tokens():
     plan = make_plan(SPEC, SM90, 7)
-    for name in ("expand_rows", "gemm_kernel", "fc1_activation", "fc2_prequant", "finalize"):
+    for name in ("expand_rows", "gemm_kernel", "fc1_activation", "fc2_prequant"):
         assert plan.stage(name).token_range == (1, None)
 
 
@@ -87,14 +87,16 @@ def test_cost_rule_does_not_block_forcing_but_capability_does():
 
 
 @pytest.mark.parametrize("top_k,tokens,choice,rng,outside", [
-    (2, 8192, "fused", (1, None), None),          # top-k <= 2: the FINALIZE tactic at every count
-    (8, 8, "fused", (1, 8), "separate"),          # 8 * 8 = 64 rows
-    (8, 9, "separate", (9, None), "fused"),
-    (6, 10, "fused", (1, 10), "separate"),        # 64 // 6 = 10
-    (4, 4096, "separate", (17, None), "fused"),
+    (2, 4, "fused", (1, 4), "separate"),          # 4 * 2 = 8 rows
+    (2, 8192, "separate", (5, None), "fused"),
+    (8, 1, "fused", (1, 1), "separate"),          # 8 rows
+    (8, 2, "separate", (2, None), "fused"),
+    (6, 1, "fused", (1, 1), "separate"),          # 8 // 6 = 1
+    (4, 4096, "separate", (3, None), "fused"),
+    (12, 1, "separate", (1, None), None),         # top-k > 8: not at any count
 ])
 def test_finalize_token_range(top_k, tokens, choice, rng, outside):
-    spec = dataclasses.replace(SPEC, top_k=top_k)
+    spec = dataclasses.replace(SPEC, top_k=top_k, num_experts=max(SPEC.num_experts, top_k))
     d = make_plan(spec, SM90, tokens).stage("finalize")
     assert (d.choice, d.token_range, d.choice_outside_range) == (choice, rng, outside)
 

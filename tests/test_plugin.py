@@ -141,7 +141,7 @@ def _set_choice(plan, stage, choice):
 
 
 @pytest.mark.parametrize("edit, message", [
-    (lambda s, p: _set_choice(p, "finalize", "separate"), "differs from what the planner decides.*finalize"),
+    (lambda s, p: _set_choice(p, "finalize", "fused"), "differs from what the planner decides.*finalize"),
     (lambda s, p: s.update(hidden_size=128), "made for a different spec"),
     (lambda s, p: (s.update(hidden_size=128), p["spec"].update(hidden_size=128)), "differs from what the planner"),
     (lambda s, p: s.update(top_k=9), "describes no valid layer.*top_k"),

@@ -20,9 +20,12 @@ SWIGLU = MoESpec(256, 512, 8, 2)
 
 def test_default_hopper_plan_runs_tma_gemms_separate_activation_and_fused_finalize() -> None:
     plan = make_plan(SWIGLU, H100, tokens=4096)
-    assert kernel_sequence(plan, 16) == [
+    assert kernel_sequence(plan, 4) == [
         "router_gemm", "routing", "prologue:fused", "expand_rows+zero_output", "gemm1:sm90", "activation",
-        "gemm2:sm90_finalize"]
+        "gemm2:sm90_finalize"]  # 4 tokens * top-2 = 8 rows: the FINALIZE tactic
+    assert kernel_sequence(plan, 16) == [
+        "router_gemm", "routing", "prologue:fused", "expand_rows", "gemm1:sm90", "activation", "gemm2:sm90",
+        "finalize"]
 
 
 def test_routing_prologue_is_resolved_per_call_not_at_plan_tokens() -> None:
@@ -99,8 +102,8 @@ def test_plans_without_runner_kernels_are_refused() -> None:
 
 def test_workspace_sizing_math() -> None:
     spec = MoESpec(256, 512, 8, 2, dtype=DType.BF16)
-    plan = make_plan(spec, H100, tokens=100)
-    layout = workspace_layout(spec, steps_up_to(plan, 100), 100, gemm_workspace_bytes=1000,
+    plan = make_plan(spec, H100, tokens=4)
+    layout = workspace_layout(spec, steps_up_to(plan, 4), 100, gemm_workspace_bytes=1000,
                               three_step_workspace_bytes=0)
     M, K, E, H, I = 100, 2, 8, 256, 512
     R = M * K
@@ -120,7 +123,7 @@ def test_workspace_covers_three_step_and_separate_finalize_when_reachable() -> N
     layout = workspace_layout(spec, steps_up_to(plan, 1000), 1000, three_step_workspace_bytes=4096)
     assert layout["prologue_workspace"].nbytes == 4096
     assert layout["gemm2_out"].shape == (2000, 256) and layout["gemm2_out"].rows_per_token == 2
-    small = workspace_layout(spec, steps_up_to(make_plan(spec, H100, tokens=256), 256), 256,
+    small = workspace_layout(spec, steps_up_to(make_plan(spec, H100, tokens=4), 4), 4,
                              three_step_workspace_bytes=4096)
     assert "prologue_workspace" not in small and "gemm2_out" not in small
 
@@ -160,8 +163,8 @@ def test_fp32_plans_are_refused_by_the_runner():
 
 
 def test_finalize_choice_follows_the_token_count():
-    spec = MoESpec(256, 128, 16, 8, dtype=DType.BF16)  # top-8: FINALIZE tactic up to 8 tokens
-    plan = make_plan(spec, Target(sm=90, flavour=Flavour.TENSORRT), 4)
-    assert "gemm2:sm90_finalize" in kernel_sequence(plan, 8, "logits")
-    assert "gemm2:sm90_finalize" not in kernel_sequence(plan, 9, "logits")
+    spec = MoESpec(256, 128, 16, 4, dtype=DType.BF16)  # top-4: FINALIZE tactic up to 2 tokens
+    plan = make_plan(spec, Target(sm=90, flavour=Flavour.TENSORRT), 1)
+    assert "gemm2:sm90_finalize" in kernel_sequence(plan, 2, "logits")
+    assert "gemm2:sm90_finalize" not in kernel_sequence(plan, 3, "logits")
     assert {"gemm2:sm90_finalize", "finalize"} <= steps_up_to(plan, 4096)

@@ -15,10 +15,11 @@
 //          1 token of Mixtral/Qwen3/DeepSeek-V2-Lite GEMM1 121-125 / 20 / 25 us against 148 / 25
 //          / 29 us for the mma.sync tiles of gemm_common.cuh (which it replaced) and 140 / 35 / 38
 //          us for wgmma; 16 tokens within +-3% of mma.sync except Qwen3 (10% faster).
-//   else : the CUTLASS wgmma kernel, cluster 1x1: for the plain store, pingpong 64x128 tiles up to
-//          32 average rows per expert, pingpong 64x256 up to 384; for the finalize epilogue,
-//          pingpong 64x256 up to 32; else cooperative 128x256 (measurements at WgmmaTile below).
-// MB_SM90_GEMM_PATH=decode|mma|wgmma and MB_SM90_WGMMA_TILE=coop128x256|pingpong64x256|pingpong64x128 in the
+//   else : the CUTLASS wgmma kernel: for the plain store, pingpong 64x128 tiles up to 32 average
+//          rows per expert, else pingpong 64x256 in 2x1 clusters; for the finalize epilogue,
+//          pingpong 64x256 up to 32, else cooperative 128x256 (measurements at WgmmaTile below).
+// MB_SM90_GEMM_PATH=decode|mma|wgmma and
+// MB_SM90_WGMMA_TILE=coop128x256|pingpong64x256|pingpong64x128|pingpong64x256c2 in the
 // environment force a path / tile (bench/gemm_bench.py --paths and the tests use them; mma is the
 // Ampere tile kernel, kept reachable as the baseline the decode kernel is measured against).
 #include <stdlib.h>
@@ -153,19 +154,27 @@ class MoeEpilogue {
 };
 
 // Mainloop tiles. Measured on the H200 (bench/gemm_bench.py --paths, 256 and 4096 tokens of the
-// four bench shapes) against cooperative 128x128, pingpong 128x128 and cooperative 128x256 with
-// cluster 2x1 / 1x2 (TMA multicast of B / A), which were dropped: none beat the better of these
-// two by more than the run-to-run spread, except cluster 2x1 on Mixtral's 4096-token finalize.
+// four bench shapes) against cooperative 128x128 and pingpong 128x128, which were dropped.
 //   coop 128x256    : two consumer warpgroups share one 128x256 tile; the most FLOPs per byte
-//                     loaded into shared memory, best when experts have many rows.
+//                     loaded into shared memory. Kept for the finalize epilogue past 32 rows per expert.
 //   pingpong 64x256 : each consumer warpgroup owns a 64-row tile and one's epilogue runs under the
-//                     other's mainloop. Half the row padding per expert (a random-routing expert with
-//                     ~256 rows pads ~1/5 at 128-row tiles, ~1/9 at 64) and a hidden epilogue, which
-//                     matters for short K: 4096 tokens of Qwen3 / DeepSeek-V2-Lite (256 / 384 rows per
-//                     expert) run GEMM1 4-9% and plain GEMM2 7% faster, 256 tokens (16-64 rows) up to 15%.
-//                     It loses with 512+ rows per expert (GPT-OSS GEMM2 at 4096 tokens: 19% slower),
-//                     and in the finalize epilogue once rows per expert reach 64: its atomics outlast a
-//                     short mainloop, so the two warpgroups serialise (Qwen3 4096: 628 vs 486 us).
+//                     other's mainloop. Half the row padding per expert of a 128-row tile (a random-
+//                     routing expert with ~256 rows pads ~1/5 at 128-row tiles, ~1/9 at 64) and a hidden
+//                     epilogue. It loses in the finalize epilogue once rows per expert reach 64: its
+//                     atomics outlast a short mainloop, so the two warpgroups serialise (Qwen3 4096: 628
+//                     vs 486 us), so the finalize epilogue runs it only up to 32 rows per expert.
+//   ... in 2x1 clusters (pingpong64x256c2): the two CTAs of a cluster take neighbouring row tiles of
+//                     one expert and TMA-multicast the weight tile they share, so each pulls half of
+//                     it from L2 (every row tile of an expert re-reads the expert's weights; the gain
+//                     grows with the row tiles per expert, which fits L2 traffic being the bound, but
+//                     that was not profiled). Timed interleaved against the single-CTA tiles
+//                     (bench/gemm_rate_probe.py, L2 flushed; docs/measured/gemm_rate_probe_*.json),
+//                     plain store, 4096 tokens: DeepSeek-V2-Lite GEMM1 545 vs 594 us and GEMM2 293 vs
+//                     307, GPT-OSS GEMM1 1001 vs 1049 (coop) and GEMM2 529 vs 535, Mixtral GEMM1 2856
+//                     vs 3023, Qwen3 even (434 vs 425, 273 vs 277); 256 tokens: Mixtral GEMM1 even,
+//                     GEMM2 248 vs 284 (64 rows per expert), and 2-8% slower than 64x128 at 16-32 rows.
+//                     So the plain store uses it past 32 rows per expert. Cooperative 128x256 in 2x1
+//                     clusters lost 8-20% everywhere. The finalize epilogue was not measured with it.
 //   pingpong 64x128 : twice the tiles of 64x256. With few rows per expert a GEMM streams the weights
 //                     once and is bandwidth-bound, and more, smaller tiles even out the last wave:
 //                     256 tokens (16-32 rows per expert) of Qwen3 / DeepSeek-V2-Lite / GPT-OSS run
@@ -175,22 +184,27 @@ class MoeEpilogue {
 //                     alternation with 64x256 forced (bench/kernel_profile.py): DeepSeek-V2-Lite 4 us and
 //                     GPT-OSS 5 us faster, Qwen3 even. At 64 rows (Mixtral 256) it loses GEMM1 by 20%, at
 //                     4096 tokens by 25-45%. Plain store only: the finalize epilogue was not measured with it.
-enum WgmmaTile { WG_COOP_128x256 = 0, WG_PINGPONG_64x256 = 1, WG_PINGPONG_64x128 = 2 };
-constexpr int64_t kNarrowMaxAvgRows = 32;             // pingpong 64x128, plain store epilogue
-constexpr int64_t kPingpongMaxAvgRows = 384;          // plain store epilogue
-constexpr int64_t kPingpongFinalizeMaxAvgRows = 32;   // finalize (atomic) epilogue
+enum WgmmaTile { WG_COOP_128x256 = 0, WG_PINGPONG_64x256 = 1, WG_PINGPONG_64x128 = 2, WG_PINGPONG_64x256_C2 = 3 };
+constexpr int64_t kNarrowMaxAvgRows = 32;             // plain store: pingpong 64x128, else 64x256 cluster 2x1
+constexpr int64_t kPingpongFinalizeMaxAvgRows = 32;   // finalize (atomic) epilogue: pingpong 64x256, else coop
 
 template <int kTile> struct WgmmaTileTraits;
 template <> struct WgmmaTileTraits<WG_COOP_128x256> {
   using Shape = cute::Shape<cute::_128, cute::_256, cute::_64>;
+  using Cluster = cute::Shape<cute::_1, cute::_1, cute::_1>;
   using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
 };
 template <> struct WgmmaTileTraits<WG_PINGPONG_64x256> {
   using Shape = cute::Shape<cute::_64, cute::_256, cute::_64>;
+  using Cluster = cute::Shape<cute::_1, cute::_1, cute::_1>;
   using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
+};
+template <> struct WgmmaTileTraits<WG_PINGPONG_64x256_C2> : WgmmaTileTraits<WG_PINGPONG_64x256> {
+  using Cluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
 };
 template <> struct WgmmaTileTraits<WG_PINGPONG_64x128> {
   using Shape = cute::Shape<cute::_64, cute::_128, cute::_64>;
+  using Cluster = cute::Shape<cute::_1, cute::_1, cute::_1>;
   using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
 };
 
@@ -198,7 +212,7 @@ template <typename T, bool kFinalize, int kTile>
 struct WgmmaGemm {
   using Element = typename CutlassType<T>::type;
   using TileShape = typename WgmmaTileTraits<kTile>::Shape;
-  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
+  using ClusterShape = typename WgmmaTileTraits<kTile>::Cluster;
   using Epilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<MoeEpilogue<T, kFinalize>>;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, cutlass::layout::RowMajor*, 8, Element,
@@ -285,7 +299,8 @@ template <typename T, bool kFinalize>
 size_t max_cutlass_workspace_bytes(int num_experts, int sm_count) {
   return std::max({cutlass_workspace_bytes<T, kFinalize, WG_COOP_128x256>(num_experts, sm_count),
                    cutlass_workspace_bytes<T, kFinalize, WG_PINGPONG_64x256>(num_experts, sm_count),
-                   cutlass_workspace_bytes<T, kFinalize, WG_PINGPONG_64x128>(num_experts, sm_count)});
+                   cutlass_workspace_bytes<T, kFinalize, WG_PINGPONG_64x128>(num_experts, sm_count),
+                   cutlass_workspace_bytes<T, kFinalize, WG_PINGPONG_64x256_C2>(num_experts, sm_count)});
 }
 
 bool device_is_sm90() {
@@ -302,10 +317,10 @@ int wgmma_tile(int64_t max_rows, int num_experts, bool finalize) {
   if (force && strcmp(force, "coop128x256") == 0) return WG_COOP_128x256;
   if (force && strcmp(force, "pingpong64x256") == 0) return WG_PINGPONG_64x256;
   if (force && strcmp(force, "pingpong64x128") == 0) return WG_PINGPONG_64x128;
+  if (force && strcmp(force, "pingpong64x256c2") == 0) return WG_PINGPONG_64x256_C2;
   const int64_t avg_rows = (max_rows + num_experts - 1) / num_experts;
-  if (!finalize && avg_rows <= kNarrowMaxAvgRows) return WG_PINGPONG_64x128;
-  return avg_rows <= (finalize ? kPingpongFinalizeMaxAvgRows : kPingpongMaxAvgRows) ? WG_PINGPONG_64x256
-                                                                                    : WG_COOP_128x256;
+  if (finalize) return avg_rows <= kPingpongFinalizeMaxAvgRows ? WG_PINGPONG_64x256 : WG_COOP_128x256;
+  return avg_rows <= kNarrowMaxAvgRows ? WG_PINGPONG_64x128 : WG_PINGPONG_64x256_C2;
 }
 
 enum Sm90Path { PATH_DECODE = 0, PATH_MMA = 1, PATH_WGMMA = 2 };
@@ -363,6 +378,9 @@ mb_status dispatch_wgmma(int dtype, const void* A, const void* B, const void* bi
       case WG_PINGPONG_64x128:
         return run_wgmma<T, kFinalize, WG_PINGPONG_64x128>(A, B, epi, offsets, num_experts, n, k, workspace,
                                                             workspace_bytes, stream);
+      case WG_PINGPONG_64x256_C2:
+        return run_wgmma<T, kFinalize, WG_PINGPONG_64x256_C2>(A, B, epi, offsets, num_experts, n, k, workspace,
+                                                               workspace_bytes, stream);
       default:
         return run_wgmma<T, kFinalize, WG_COOP_128x256>(A, B, epi, offsets, num_experts, n, k, workspace,
                                                          workspace_bytes, stream);

@@ -302,21 +302,23 @@ def finalize_tactic_available(s: MoESpec) -> Gate:
                 _src(MOE_KERNELS_CU, 4058, 4061, 4067))
 
 
-# tactic selection (the FINALIZE GEMM2 tactic must be the one chosen at run time): measured on H200,
-# our FINALIZE epilogue's atomic row updates lose to plain GEMM2 + finalize kernel once top_k > 2
-# and tokens * top_k > 64 (bench, graph replay: ours vs ours:finalize=separate; docs/measured/bench.json)
-FINALIZE_FUSED_MAX_ROWS = 64
+# tactic selection (the FINALIZE GEMM2 tactic must be the one chosen at run time): measured on H200
+# (bench, graph replay: ours vs ours:finalize=separate, interleaved; docs/measured/bench.json), our
+# FINALIZE epilogue wins only at decode sizes: 1 token of every bench shape (2-8 rows, 0.8-1.7 us). From
+# 32 rows up it ties or loses to the plain GEMM2 (wgmma 64x256 tiles in 2x1 clusters past 32 rows per
+# expert) + finalize kernel: Mixtral 16 tokens 671.0 vs 663.6 us, 256 tokens 776.6 vs 765.6 us.
+FINALIZE_FUSED_MAX_ROWS = 8
 
 
-def finalize_fused_max_tokens(s: MoESpec) -> int | None:
-    """Largest token count at which the FINALIZE tactic is selected; None: every count."""
-    return None if s.top_k <= 2 else FINALIZE_FUSED_MAX_ROWS // s.top_k
+def finalize_fused_max_tokens(s: MoESpec) -> int:
+    """Largest token count at which the FINALIZE tactic is selected (0: none)."""
+    return FINALIZE_FUSED_MAX_ROWS // s.top_k
 
 
 def finalize_tactic_rows(s: MoESpec, tokens: int) -> Gate:
     bound = finalize_fused_max_tokens(s)
     return Gate("finalize_tactic_rows", f"top_k={s.top_k} tokens={tokens}",
-                f"top_k <= 2 or tokens * top_k <= {FINALIZE_FUSED_MAX_ROWS}", bound is None or tokens <= bound,
+                f"tokens * top_k <= {FINALIZE_FUSED_MAX_ROWS}", tokens <= bound,
                 f"{_src(MOE_KERNELS_CU, 4058)} (tactic choice; {OURS}, measured)", token_dependent=True)
 
 

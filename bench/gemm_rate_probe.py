@@ -1,0 +1,100 @@
+"""Prefill grouped-GEMM rates, every variant timed side by side (interleaved rounds, order rotated
+each round, L2 flushed before every call, CUDA events, medians): under the GPU's power limit,
+GEMMs timed one after another drift by up to ~7%, which hides any tile choice worth less.
+
+Per shape and GEMM (GEMM1: x @ W1^T, N = 2I; GEMM2: h @ W2^T, N = H), on the same rows:
+  <tile>   : our sm90 grouped GEMM on random top-k routing, with MB_SM90_WGMMA_TILE=<tile>
+             ("auto" = the library's own rule)
+  uniform  : the auto rule with every expert given exactly rows/E rows (routing skew removed)
+  mm       : torch.mm of all the rows against one expert's weights (cuBLAS; the floor's matmul)
+  tmm      : torch._grouped_mm on the routed segments
+Prints us and TFLOP/s per variant, writes --json (default $OUT/gemm_rate_probe.json).
+Usage: PYTHONPATH=. python bench/gemm_rate_probe.py [--tokens 4096] [--tiles auto,pingpong64x256c2]
+       [--shapes qwen3-30b-a3b,gpt-oss-20b] [--rounds 8] [--json PATH]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+
+import torch
+
+from bench.gemm_bench import SHAPES, gemm_lib
+
+
+def interleaved_us(fns: dict[str, callable], rounds: int, per_round: int) -> dict[str, float]:
+    """Median CUDA-event time (us) of each fn, the fns timed in turn with the order rotated."""
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    names = list(fns)
+    for name in names:  # warm-up (and first-call setup)
+        fns[name]()
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            for _ in range(per_round):
+                flush.zero_()
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fns[name]()
+                end.record()
+                end.synchronize()
+                times[name].append(start.elapsed_time(end) * 1e3)
+    return {name: statistics.median(v) for name, v in times.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, default=4096)
+    ap.add_argument("--tiles", default="auto")
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--per-round", type=int, default=3)
+    ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "gemm_rate_probe.json"))
+    args = ap.parse_args()
+    g = gemm_lib.Gemms(gemm_lib.load())
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    dt = torch.bfloat16
+    results = []
+    for name in args.shapes.split(","):
+        h, inter, e, top_k = SHAPES[name]
+        rows = args.tokens * top_k
+        for gemm, (n, k) in (("g1", (2 * inter, h)), ("g2", (h, inter))):
+            w = torch.randn(e, n, k, generator=gen, device="cuda", dtype=dt) * k ** -0.5
+            a = torch.randn(rows, k, generator=gen, device="cuda", dtype=dt)
+            c = torch.empty(rows, n, device="cuda", dtype=dt)
+            _, routed, _, _ = gemm_lib.route(args.tokens, e, top_k, gen)
+            routed32 = routed[1:].to(torch.int32)
+            uniform = torch.tensor([(rows * i) // e for i in range(e + 1)], dtype=torch.int64, device="cuda")
+
+            def ours(offsets, tile):
+                def fn():
+                    if tile == "auto":
+                        os.environ.pop("MB_SM90_WGMMA_TILE", None)
+                    else:
+                        os.environ["MB_SM90_WGMMA_TILE"] = tile
+                    try:
+                        if g.sm90(a, w, None, c, offsets, rows, n, k) != 0:
+                            raise RuntimeError(g.error())
+                    finally:
+                        os.environ.pop("MB_SM90_WGMMA_TILE", None)
+                return fn
+
+            fns = {tile: ours(routed, tile) for tile in args.tiles.split(",")}
+            fns["uniform"] = ours(uniform, "auto")
+            fns["mm"] = lambda: torch.mm(a, w[0].t(), out=c)
+            fns["tmm"] = lambda: torch._grouped_mm(a, w.transpose(-2, -1), offs=routed32)
+            us = interleaved_us(fns, args.rounds, args.per_round)
+            flops = 2.0 * rows * n * k
+            row = {"shape": name, "gemm": gemm, "n": n, "k": k, "rows": rows, "tokens": args.tokens,
+                   "us": us, "tflops": {key: flops / v / 1e6 for key, v in us.items()}}
+            results.append(row)
+            print(f"{name:17s} {gemm} " + " ".join(f"{key} {v:7.1f}us/{row['tflops'][key]:3.0f}TF"
+                                                   for key, v in us.items()), flush=True)
+    with open(args.json, "w") as f:
+        json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
