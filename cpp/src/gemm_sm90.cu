@@ -169,12 +169,15 @@ class MoeEpilogue {
 //                     grows with the row tiles per expert, which fits L2 traffic being the bound, but
 //                     that was not profiled). Timed interleaved against the single-CTA tiles
 //                     (bench/gemm_rate_probe.py, L2 flushed; docs/measured/gemm_rate_probe_*.json),
-//                     plain store, 4096 tokens: DeepSeek-V2-Lite GEMM1 545 vs 594 us and GEMM2 293 vs
-//                     307, GPT-OSS GEMM1 1001 vs 1049 (coop) and GEMM2 529 vs 535, Mixtral GEMM1 2856
-//                     vs 3023, Qwen3 even (434 vs 425, 273 vs 277); 256 tokens: Mixtral GEMM1 even,
-//                     GEMM2 248 vs 284 (64 rows per expert), and 2-8% slower than 64x128 at 16-32 rows.
-//                     So the plain store uses it past 32 rows per expert. Cooperative 128x256 in 2x1
-//                     clusters lost 8-20% everywhere. The finalize epilogue was not measured with it.
+//                     plain store, 4096 tokens, vs the better of 64x256 / coop 128x256: DeepSeek-V2-Lite
+//                     GEMM1 557 vs 590 us and GEMM2 299 vs 324, GPT-OSS GEMM1 989 vs 1054, Mixtral GEMM1
+//                     2979 vs 3217; even on GPT-OSS GEMM2 (523 vs 516) and Qwen3 (455 vs 461, 278 vs 280).
+//                     256 tokens: Mixtral GEMM1 even, GEMM2 249 vs 293 (64 rows per expert), and 2-8%
+//                     slower than 64x128 at 16-32 rows. So the plain store uses it past 32 rows per
+//                     expert. Cooperative 128x256 in 2x1 clusters lost 10-23% at 4096 tokens (an earlier
+//                     interleaved run). For the finalize epilogue it gave no clear gain (Mixtral, whole
+//                     layer, two runs: 784 vs 786 us at 256 tokens, 5098 vs 5164 at 4096), so that keeps
+//                     its tiles.
 //   pingpong 64x128 : twice the tiles of 64x256. With few rows per expert a GEMM streams the weights
 //                     once and is bandwidth-bound, and more, smaller tiles even out the last wave:
 //                     256 tokens (16-32 rows per expert) of Qwen3 / DeepSeek-V2-Lite / GPT-OSS run
