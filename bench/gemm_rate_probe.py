@@ -17,31 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 
 import torch
 
 from bench.gemm_bench import SHAPES, gemm_lib
-
-
-def interleaved_us(fns: dict[str, callable], rounds: int, per_round: int) -> dict[str, float]:
-    """Median CUDA-event time (us) of each fn, the fns timed in turn with the order rotated."""
-    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-    names = list(fns)
-    for name in names:  # warm-up (and first-call setup)
-        fns[name]()
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            for _ in range(per_round):
-                flush.zero_()
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fns[name]()
-                end.record()
-                end.synchronize()
-                times[name].append(start.elapsed_time(end) * 1e3)
-    return {name: statistics.median(v) for name, v in times.items()}
+from moe_build.bench import _interleaved_median_ms
 
 
 def main() -> None:
@@ -54,6 +34,7 @@ def main() -> None:
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "gemm_rate_probe.json"))
     args = ap.parse_args()
     g = gemm_lib.Gemms(gemm_lib.load())
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     gen = torch.Generator(device="cuda").manual_seed(0)
     dt = torch.bfloat16
     results = []
@@ -85,7 +66,10 @@ def main() -> None:
             fns["uniform"] = ours(uniform, "auto")
             fns["mm"] = lambda: torch.mm(a, w[0].t(), out=c)
             fns["tmm"] = lambda: torch._grouped_mm(a, w.transpose(-2, -1), offs=routed32)
-            us = interleaved_us(fns, args.rounds, args.per_round)
+            ms = _interleaved_median_ms({key: (lambda i, fn=fn: fn()) for key, fn in fns.items()},
+                                        args.rounds * args.per_round, warmup=1, rounds=args.rounds,
+                                        before=flush.zero_)
+            us = {key: 1e3 * v for key, v in ms.items()}
             flops = 2.0 * rows * n * k
             row = {"shape": name, "gemm": gemm, "n": n, "k": k, "rows": rows, "tokens": args.tokens,
                    "us": us, "tflops": {key: flops / v / 1e6 for key, v in us.items()}}

@@ -75,12 +75,13 @@ def _median_ms(fn: Callable[[int], object], iters: int, warmup: int) -> float:
 
 
 def _interleaved_median_ms(fns: dict[Any, Callable[[int], object]], iters: int, warmup: int,
-                           rounds: int = 4) -> dict[Any, float]:
+                           rounds: int = 4, before: Callable[[], object] | None = None) -> dict[Any, float]:
     """Median CUDA-event time of each fn(i), the fns timed in turn: `rounds` rounds of
     ceil(iters / rounds) calls each, the order rotated every round. Under a power limit the GPU's
     clock drifts over a run (at 4096 tokens, timing variants one after another put up to 7% between
     two runs of the same plan, in favour of whichever ran first); interleaved, the drift falls on
-    every variant alike, so the side-by-side ratios compare the kernels, not the moment."""
+    every variant alike, so the side-by-side ratios compare the kernels, not the moment.
+    `before` (e.g. an L2 flush) is enqueued ahead of every timed call, outside its events."""
     names = list(fns)
     if not names:
         return {}
@@ -92,6 +93,8 @@ def _interleaved_median_ms(fns: dict[Any, Callable[[int], object]], iters: int, 
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
             for j in range(per_round):
+                if before is not None:
+                    before()
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
                 fns[name](r * per_round + j)
