@@ -36,11 +36,13 @@ SHAPES: dict[str, tuple[int, int, int, int, str]] = {
     "gpt-oss-20b": (2880, 2880, 32, 4, "qwen3_moe"),
 }
 TOKENS = (1, 16, 256, 4096)
-# Our runner's variants: the default plan, then each fusion forced off one at a time.
+# Our runner's variants: the default plan, then each fusion forced off one at a time, and the fused
+# finalize forced on (the planner turns it on at decode sizes only; this shows what it costs elsewhere).
 RUNNER_VARIANTS: dict[str, dict[str, str]] = {
     "ours": {},
     "ours:prologue=three_step": {"routing_prologue": "three_step"},
     "ours:finalize=separate": {"finalize": "separate"},
+    "ours:finalize=fused": {"finalize": "fused"},
     "ours:ampere+fused_gated": {"gemm_kernel": "ampere", "fc1_activation": "fused_gated"},
     "ours:ampere+fc1=separate": {"gemm_kernel": "ampere", "fc1_activation": "separate"},
 }

@@ -52,6 +52,14 @@ def test_force_fused_where_a_gate_fails_is_refused_with_the_gate():
     assert info.value.rule == "prologue_tokens"
 
 
+def test_force_fused_finalize_overrides_only_the_tactic_gate():
+    plan = make_plan(SPEC, SM90, 4096, force={"finalize": "fused"})
+    d = plan.stage("finalize")
+    assert (d.choice, d.forced, d.token_range) == ("fused", True, (1, None))
+    assert not next(g for g in d.gates if g.name == "finalize_tactic_rows").held
+    assert make_plan(SPEC, SM90, 4096).stage("finalize").choice == "separate"
+
+
 def test_force_unknown_stage_or_choice():
     with pytest.raises(MoeBuildError, match="force"):
         make_plan(SPEC, SM90, 1, force={"expert_compute": "dense_masked"})

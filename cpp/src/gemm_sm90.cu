@@ -52,6 +52,38 @@ template <typename T> struct CutlassType;
 template <> struct CutlassType<__nv_bfloat16> { using type = cutlass::bfloat16_t; };
 template <> struct CutlassType<__half> { using type = cutlass::half_t; };
 
+// v[k] with k known only at run time, without spilling v to local memory.
+__device__ __forceinline__ uint32_t pick4(const uint32_t (&v)[4], int k) {
+  return k == 0 ? v[0] : k == 1 ? v[1] : k == 2 ? v[2] : v[3];
+}
+
+// 4x4 transpose across a lane quad: lane q holds v[s] (s = 0..3); afterwards it holds v[p] = lane
+// p's former v[q]. In round s lane q reads lane q+s, which sends its v[q] (selected by the sender's
+// own lane, so both sides index v at run time).
+__device__ __forceinline__ void quad_transpose(uint32_t (&v)[4], int q) {
+  uint32_t send[4], got[4];
+  CUTLASS_PRAGMA_UNROLL
+  for (int s = 0; s < 4; ++s) send[s] = pick4(v, (q - s) & 3);
+  got[0] = send[0];
+  CUTLASS_PRAGMA_UNROLL
+  for (int s = 1; s < 4; ++s) got[s] = __shfl_sync(0xffffffffu, send[s], (q + s) & 3, 4);
+  CUTLASS_PRAGMA_UNROLL
+  for (int p = 0; p < 4; ++p) v[p] = pick4(got, (p - q) & 3);
+}
+
+// One 16-byte atomic add of eight packed 16-bit values (sm_90 vector red; PTX 8.1).
+template <typename T> __device__ __forceinline__ void red_add_16B(T* dst, const uint32_t (&v)[4]);
+template <> __device__ __forceinline__ void red_add_16B<__nv_bfloat16>(__nv_bfloat16* dst, const uint32_t (&v)[4]) {
+  asm volatile("red.global.add.noftz.v4.bf16x2 [%0], {%1, %2, %3, %4};" ::"l"(dst), "r"(v[0]), "r"(v[1]),
+               "r"(v[2]), "r"(v[3])
+               : "memory");
+}
+template <> __device__ __forceinline__ void red_add_16B<__half>(__half* dst, const uint32_t (&v)[4]) {
+  asm volatile("red.global.add.noftz.v4.f16x2 [%0], {%1, %2, %3, %4};" ::"l"(dst), "r"(v[0]), "r"(v[1]),
+               "r"(v[2]), "r"(v[3])
+               : "memory");
+}
+
 // Operator-style epilogue run by CUTLASS's Sm90TmaWarpSpecializedAdapter (the same hook as its
 // DefaultEpilogueArray): each consumer thread gets its wgmma accumulator fragment and the
 // fragment's (row, column) coordinates in the current group, and writes them itself.
@@ -125,31 +157,73 @@ class MoeEpilogue {
     Tensor tc = tiled_mma.get_thread_slice(thread_idx).partition_C(coords);
     const int64_t row0 = params_.offsets[l_coord];
     const T* bias = params_.bias ? params_.bias + (int64_t)l_coord * N : nullptr;
-    static_assert(size(FrgLayout{}) % 2 == 0, "accumulator fragment holds column pairs");
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < size(acc); i += 2) {
-      const int m = get<0>(tc(i)), n = get<1>(tc(i));
-      if (m >= M || n >= N) continue;
-      // wgmma fragments hold (row, col), (row, col + 1) as neighbours; N is even, so both fit.
-      float v0 = acc(i), v1 = acc(i + 1);
-      if (bias) {
-        const float2 b = P2::to_float2(*reinterpret_cast<const typename P2::type*>(bias + n));
-        v0 += b.x;
-        v1 += b.y;
-      }
-      const int64_t prow = row0 + m;
-      if constexpr (kFinalize) {
-        const int e = params_.permuted_to_unpermuted[prow];
-        const float w = params_.permuted_weights[prow];
-        T* dst = params_.out + (int64_t)(e / params_.top_k) * N + n;
-        atomicAdd(reinterpret_cast<typename P2::type*>(dst), P2::make(w * v0, w * v1));
-      } else {
-        *reinterpret_cast<typename P2::type*>(params_.out + prow * N + n) = P2::make(v0, v1);
+    if constexpr (kFinalize) {
+      finalize_tile(acc, tc, M, N, row0, bias);
+    } else {
+      static_assert(size(FrgLayout{}) % 2 == 0, "accumulator fragment holds column pairs");
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(acc); i += 2) {
+        const int m = get<0>(tc(i)), n = get<1>(tc(i));
+        if (m >= M || n >= N) continue;
+        // wgmma fragments hold (row, col), (row, col + 1) as neighbours; N is even, so both fit.
+        // (Regrouping a quad's pairs into 16-byte stores, as finalize_tile does, made no GEMM faster
+        // and Qwen3's 4096-token GEMM2 40% slower on the H200: the plain store keeps 4-byte stores.)
+        float v0 = acc(i), v1 = acc(i + 1);
+        if (bias) {
+          const float2 b = P2::to_float2(*reinterpret_cast<const typename P2::type*>(bias + n));
+          v0 += b.x;
+          v1 += b.y;
+        }
+        *reinterpret_cast<typename P2::type*>(params_.out + (row0 + m) * N + n) = P2::make(v0, v1);
       }
     }
   }
 
  private:
+  // The finalize epilogue: each row's (acc + bias) * routing weight, atomically added into its
+  // token's output row. wgmma's accumulator layout (CUTLASS CLayout_64xN): value i = v0 + 2*v1 + 4*j
+  // sits at row +8*v1 and column 2*(lane%4) + v0 + 8*j of the thread's rows. So values g + 4s + 2h
+  // (s = 0..3) are one row's pairs in four neighbouring 8-column groups, and a lane quad holds those
+  // groups whole. quad_transpose hands each lane one whole group, added with one 16-byte vector
+  // atomic instead of four 4-byte ones.
+  template <class Acc, class Coords>
+  CUTLASS_DEVICE void finalize_tile(Acc const& acc, Coords const& tc, int M, int N, int64_t row0, const T* bias) {
+    using namespace cute;
+    using P2 = Pair<T>;
+    static_assert(decltype(size(acc))::value % 16 == 0, "accumulator fragment holds groups of four 8-column pairs");
+    const int q = threadIdx.x & 3;
+    CUTLASS_PRAGMA_UNROLL
+    for (int g = 0; g < size(acc); g += 16) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        const int m = get<0>(tc(g + 2 * h));
+        float w = 0.f;
+        T* dst = nullptr;
+        if (m < M) {
+          w = params_.permuted_weights[row0 + m];
+          dst = params_.out + (int64_t)(params_.permuted_to_unpermuted[row0 + m] / params_.top_k) * N;
+        }
+        uint32_t v[4];
+        CUTLASS_PRAGMA_UNROLL
+        for (int s = 0; s < 4; ++s) {
+          const int i = g + 4 * s + 2 * h;
+          const int n = get<1>(tc(i));
+          float v0 = acc(i), v1 = acc(i + 1);
+          if (bias && n < N) {
+            const float2 b = P2::to_float2(*reinterpret_cast<const typename P2::type*>(bias + n));
+            v0 += b.x;
+            v1 += b.y;
+          }
+          const typename P2::type packed = P2::make(w * v0, w * v1);
+          v[s] = *reinterpret_cast<const uint32_t*>(&packed);
+        }
+        quad_transpose(v, q);  // every lane of the quad takes part, in-range or not
+        const int n = get<1>(tc(g + 2 * h)) + 6 * q;  // first column of group q (N is a multiple of 8)
+        if (dst != nullptr && n < N) red_add_16B<T>(dst + n, v);
+      }
+    }
+  }
+
   Params params_;
 };
 
@@ -177,7 +251,11 @@ class MoeEpilogue {
 //                     expert. Cooperative 128x256 in 2x1 clusters lost 10-23% at 4096 tokens (an earlier
 //                     interleaved run). For the finalize epilogue it gave no clear gain (Mixtral, whole
 //                     layer, two runs: 784 vs 786 us at 256 tokens, 5098 vs 5164 at 4096), so that keeps
-//                     its tiles.
+//                     its tiles. CUTLASS's group scheduler rounds each expert's row tiles up to whole
+//                     clusters, so an expert with an odd tile count computes one empty tile (routed vs
+//                     evenly split rows: GPT-OSS GEMM1 957 vs 855 us). Moving each odd last tile into a
+//                     second, single-CTA launch lost 5-12% at 4096 tokens (Qwen3 GEMM1 535 vs 476 us):
+//                     that launch's two or three waves cost more than the empty tiles. Not kept.
 //   pingpong 64x128 : twice the tiles of 64x256. With few rows per expert a GEMM streams the weights
 //                     once and is bandwidth-bound, and more, smaller tiles even out the last wave:
 //                     256 tokens (16-32 rows per expert) of Qwen3 / DeepSeek-V2-Lite / GPT-OSS run

@@ -147,6 +147,11 @@ def _finalize(spec: MoESpec, target: Target, gemm_kernel: str, tokens: int, forc
               R.finalize_topk_or_nondeterministic(spec, target), R.finalize_env(target), R.finalize_no_lora(spec),
               R.finalize_tactic_available(spec)]
     t_max = R.finalize_fused_max_tokens(spec) if all(g.held for g in static) else 0
+    if forced == "fused":
+        # The tactic gate is a measured preference, not a capability: forcing overrides it (as picking
+        # a FINALIZE tactic by hand does in TensorRT-LLM), so the bench can time the fused epilogue anywhere.
+        _refuse(static, "cannot force finalize=fused")
+        t_max = None
     return _token_ranged("finalize", "fused", "separate", [*static, R.finalize_tactic_rows(spec, tokens)], t_max,
                          tokens, forced, "unpermute + top-k weighting + reduction in GEMM2's epilogue",
                          "separate finalize kernel after GEMM2")

@@ -303,10 +303,11 @@ def finalize_tactic_available(s: MoESpec) -> Gate:
 
 
 # tactic selection (the FINALIZE GEMM2 tactic must be the one chosen at run time): measured on H200
-# (bench, graph replay: ours vs ours:finalize=separate, interleaved; docs/measured/bench.json), our
-# FINALIZE epilogue wins only at decode sizes: 1 token of every bench shape (2-8 rows, 1.0-1.7 us). From
-# 32 rows up it ties or loses to the plain GEMM2 (wgmma 64x256 tiles in 2x1 clusters past 32 rows per
-# expert) + finalize kernel: Mixtral 16 tokens 671.0 vs 663.6 us, 256 tokens 776.6 vs 765.6 us.
+# (bench, graph replay, ours:finalize=fused vs ours:finalize=separate, interleaved;
+# docs/measured/bench.json), our FINALIZE epilogue wins only at decode sizes: 1 token (2-8 rows) by
+# 1.7-2.3 us on Qwen3 / DeepSeek / GPT-OSS, even on Mixtral. From 32 rows up it ties or loses to the plain
+# GEMM2 + finalize kernel: 16 tokens even but Mixtral (668.3 vs 662.4 us), 256 tokens 0.9-10.6 us behind,
+# 4096 tokens 22-117 us behind (Qwen3 895.4 vs 829.3).
 FINALIZE_FUSED_MAX_ROWS = 8
 
 
