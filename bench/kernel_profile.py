@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from collections import defaultdict
 
 import torch
@@ -27,7 +28,9 @@ REPLAYS = 50
 def short(name: str) -> str:
     """A kernel's name without template arguments and namespaces (CUTLASS names run to kilobytes)."""
     if "cutlass" in name and "GemmUniversal" in name:
-        return "cutlass_wgmma_gemm" + (":finalize" if "true" in name.split("MoeEpilogue")[-1][:40] else "")
+        # MoeEpilogue<T, kEpi>: gemm_common.cuh's EpilogueKind (0 store, 1 gated, 2 finalize)
+        epi = re.search(r"MoeEpilogue<[^,<>]+,\s*(\d)", name)
+        return "cutlass_wgmma_gemm" + {"1": ":gated", "2": ":finalize"}.get(epi.group(1) if epi else "", "")
     base = name.removeprefix("void ").split("(")[0].split("<")[0]
     return base.split("::")[-1] or name[:40]
 

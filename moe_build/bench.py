@@ -43,6 +43,7 @@ RUNNER_VARIANTS: dict[str, dict[str, str]] = {
     "ours:prologue=three_step": {"routing_prologue": "three_step"},
     "ours:finalize=separate": {"finalize": "separate"},
     "ours:finalize=fused": {"finalize": "fused"},
+    "ours:fc1=separate": {"fc1_activation": "separate"},
     "ours:ampere+fused_gated": {"gemm_kernel": "ampere", "fc1_activation": "fused_gated"},
     "ours:ampere+fc1=separate": {"gemm_kernel": "ampere", "fc1_activation": "separate"},
 }

@@ -87,6 +87,7 @@ SIGNATURES: dict[str, tuple[type, tuple[type, ...]]] = {
     "mb_grouped_gemm_sm90_workspace": (_sz, (_i, _i64, _i, _i)),
     "mb_grouped_gemm_sm90": (_i, (_p, _p, _p, _p, _p, _i, _i64, _i, _i, _i, _p, _sz, _p)),
     "mb_grouped_gemm_sm90_finalize": (_i, (_p, _p, _p, _p, _p, _p, _p, _i, _i64, _i, _i, _i, _i, _i, _p, _sz, _p)),
+    "mb_grouped_gemm_sm90_gated": (_i, (_p, _p, _p, _p, _p, _i, _i64, _i, _i, _i, _i, _f, _f, _p, _sz, _p)),
 }
 
 _lib: ctypes.CDLL | None = None
@@ -428,3 +429,22 @@ def grouped_gemm_sm90_finalize(a: torch.Tensor, b: torch.Tensor, expert_first_to
           expert_first_token_offset.data_ptr(), permuted_to_unpermuted.data_ptr(), permuted_weights.data_ptr(), e,
           rows, num_tokens, top_k, n, k, _dtype_code(a, "A"), ws, ws_bytes, _stream(stream, dev))
     return o
+
+
+def grouped_gemm_sm90_gated(a: torch.Tensor, b: torch.Tensor, expert_first_token_offset: torch.Tensor,
+                            activation: int | str | Activation, bias: torch.Tensor | None = None,
+                            swiglu_alpha: float = 1.0, swiglu_limit: float = math.inf,
+                            c: torch.Tensor | None = None, workspace: torch.Tensor | None = None,
+                            stream: int | torch.cuda.Stream | None = None) -> torch.Tensor:
+    """C[p] = act(gate, up) of A[p] @ B[x]^T (+ bias[x]), the gated activation in GEMM1's epilogue.
+    B [E, 2I, k] and bias [E, 2I] in moe_build.weights.interleave_gate_up's order -> C [R, I]."""
+    dev, rows, k, e, n2 = _gemm_common(a, b, expert_first_token_offset)
+    act = _enum(activation, Activation, "activation")
+    if bias is not None:
+        _check(bias, "bias", (e, n2), a.dtype, dev)
+    out = _out(c, "C", (rows, n2 // 2), a.dtype, dev)
+    ws, ws_bytes = _workspace(workspace, grouped_gemm_sm90_workspace_bytes(e, rows, n2, k), dev)
+    _call("mb_grouped_gemm_sm90_gated", a.data_ptr(), b.data_ptr(), _ptr(bias), out.data_ptr(),
+          expert_first_token_offset.data_ptr(), e, rows, n2 // 2, k, _dtype_code(a, "A"), act, swiglu_alpha,
+          swiglu_limit, ws, ws_bytes, _stream(stream, dev))
+    return out

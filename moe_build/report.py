@@ -111,7 +111,7 @@ def explain(plan: Plan, stage: str) -> str:
 # ---- sweep -------------------------------------------------------------------------------------
 
 CHOICE_ABBREV = {"fused": "F", "three_step": "3", "prequant_fused": "Q", "plain": "-", "tma_warp_specialized": "W",
-                 "ampere": "A", "epilogue": "E", "fused_gated": "G", "separate": "S", "none": "-",
+                 "ampere": "A", "epilogue": "E", "fused_gated": "G", "gated_epilogue": "g", "separate": "S", "none": "-",
                  "dense_masked": "D", "per_expert_gather": "P"}
 
 
@@ -161,7 +161,8 @@ def render_sweep(cells: list[dict[str, Any]], console: Console) -> None:
     console.print(table)
     console.print("P:/O: = plugin/OOTB path; plugin letters in stage order routing_prologue, expand_rows, "
                   "gemm_kernel, fc1_activation, fc2_prequant, finalize: F fused, 3 three-step, Q prequant-fused, "
-                  "- plain/none, W TMA warp-specialized, A Ampere, E epilogue, G fused gated, S separate; "
+                  "- plain/none, W TMA warp-specialized, A Ampere, E epilogue, G fused gated (SM80 kernel), "
+                  "g gated epilogue (sm90 TMA WS, moe-build's own), S separate; "
                   "OOTB: D dense-masked, P per-expert gather; x = refused by the named rule.")
 
 

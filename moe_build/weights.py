@@ -10,6 +10,9 @@ Layout (nn.Linear convention: [out_features, in_features]):
 - b1 [E, N1] or None
 - w2 [E, H, I]; b2 [E, H] or None
 - shared_w1 [N1s, H] (gate rows then up rows), shared_w2 [H, Is], shared_gate [1, H] or None
+
+One kernel reads another order: the sm90 gated GEMM1 epilogue wants W1 / b1 gate/up-interleaved
+(`interleave_gate_up`); the runner converts once, and a plugin engine bakes that order.
 """
 from __future__ import annotations
 
@@ -19,6 +22,18 @@ from typing import Iterator
 import torch
 
 from .spec import MoESpec
+
+
+def interleave_gate_up(w1: torch.Tensor) -> torch.Tensor:
+    """W1 [E, 2I, H] (or b1 [E, 2I]) stacked [gate; up] -> blocks of 16 rows, gate features 8b..8b+7
+    then their up projections: the order in which the sm90 gated epilogue finds a feature's gate and
+    up columns in the same thread's accumulators (cpp/src/gemm_common.cuh, gated_row)."""
+    e, n2 = w1.shape[0], w1.shape[1]
+    if n2 % 16:
+        raise ValueError(f"W1: the gated epilogue interleaves blocks of 8 features, so 2I must be a multiple of 16, "
+                         f"got {n2}")
+    rest = tuple(w1.shape[2:])
+    return w1.reshape(e, 2, n2 // 16, 8, *rest).transpose(1, 2).reshape(e, n2, *rest).contiguous()
 
 
 @dataclass

@@ -17,9 +17,10 @@ the fields are decoded, and a plugin is never built from fields that fail those 
 Inputs, in this order (optional ones present exactly when the spec uses them; T is dynamic):
   0 hidden          [T, H]        spec dtype
   1 router_logits   [T, E]        fp32 or spec dtype
-  2 w1              [E, N1, H]    spec dtype (N1 = 2*I for gated activations: gate rows, then up rows)
+  2 w1              [E, N1, H]    spec dtype (N1 = 2*I for gated activations: gate rows, then up rows;
+                                  gate/up-interleaved when w1_interleaved(plan), see plan_weights)
   3 w2              [E, H, I]     spec dtype
-    b1              [E, N1]       spec dtype      if spec.expert_bias
+    b1              [E, N1]       spec dtype      if spec.expert_bias (in w1's order)
     b2              [E, H]        spec dtype      if spec.expert_bias
     correction_bias [E]           fp32            if spec.routing.correction_bias
     shared_w1       [N1s, H]      spec dtype      if spec.shared.count
@@ -31,7 +32,7 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import ModuleType, SimpleNamespace
 from typing import Any, Mapping, Sequence
 
@@ -41,7 +42,7 @@ from moe_build.errors import MoeBuildError
 from moe_build.planner import PLAN_SCHEMA_VERSION, Plan, make_plan
 from moe_build.spec import DType, MoESpec, OutputDType, Quant
 from moe_build.target import Target
-from moe_build.weights import MoEWeights
+from moe_build.weights import MoEWeights, interleave_gate_up
 
 PLUGIN_NAME = "MoEPlugin"
 PLUGIN_NAMESPACE = "moe_build"
@@ -100,6 +101,20 @@ def output_dtype(spec: MoESpec) -> torch.dtype:
         raise MoeBuildError("output_dtype", f"the MoE plugin does not produce {spec.out_dtype.value}",
                             [d.value for d in TORCH_OUT_DTYPE])
     return TORCH_OUT_DTYPE[spec.out_dtype]
+
+
+def w1_interleaved(plan: Plan) -> bool:
+    """Whether the plugin's w1 / b1 inputs come gate/up-interleaved: when the plan runs the sm90 gated
+    GEMM1 epilogue, which reads that order, so the engine holds one W1 and the runner copies none."""
+    return plan.path == "plugin" and plan.stage("fc1_activation").choice == "gated_epilogue"
+
+
+def plan_weights(plan: Plan, weights: MoEWeights) -> MoEWeights:
+    """The canonical `weights` in the order the plugin's inputs take for `plan` (see w1_interleaved)."""
+    if not w1_interleaved(plan):
+        return weights
+    return replace(weights, w1=interleave_gate_up(weights.w1),
+                   b1=None if weights.b1 is None else interleave_gate_up(weights.b1))
 
 
 def forced_choices(plan: Plan) -> dict[str, str]:
@@ -350,7 +365,8 @@ def _make_runner(spec: MoESpec, plan: Plan, weights: Mapping[str, torch.Tensor])
     # placeholder of the right shape satisfies MoEWeights without a real [E, H] tensor.
     router_weight = torch.zeros((), dtype=w1.dtype, device=w1.device).expand(spec.num_experts, spec.hidden_size)
     return MoERunner(spec, MoEWeights(router_weight=router_weight, **weights), target=Target.from_dict(plan.target),
-                     max_tokens=plan_max_tokens(plan), force=forced_choices(plan), device=w1.device)
+                     max_tokens=plan_max_tokens(plan), force=forced_choices(plan), device=w1.device,
+                     w1_interleaved=w1_interleaved(plan))
 
 
 # ---- TensorRT adapters ---------------------------------------------------------------------
@@ -495,14 +511,15 @@ def add_moe_plugin(network: Any, trt: ModuleType, spec: MoESpec, plan: Plan, hid
     """Insert the MoE plugin layer into `network`; returns (layer, objects to keep alive until built).
 
     `hidden` [T, H] and `router_logits` [T, E] are network tensors. The expert weights become
-    constant layers (`weights_as_constants`, baked into the engine) or network inputs named
-    `{name}.{weight}` (supplied at run time). TensorRT reads constant data only when the engine is
+    constant layers (`weights_as_constants`, baked into the engine, in `plan_weights` order) or
+    network inputs named `{name}.{weight}` (supplied at run time, in that order). TensorRT reads constant data only when the engine is
     built, so the returned host buffers (and the Python plugin object) must outlive the build.
     """
     if not hasattr(network, "add_plugin_v3"):
         raise MoeBuildError("flavour", "plugin-path engines need full TensorRT: this network has no add_plugin_v3 "
                             "(TensorRT-RTX has no custom plugin layers); build with --moe-plugin disable", "tensorrt")
     weights.check(spec)
+    weights = plan_weights(plan, weights)
     plugin = plugin_classes(trt).MoEPlugin(spec, plan)
     tensors, keep_alive = [hidden, router_logits], []
     for slot in input_slots(spec)[2:]:

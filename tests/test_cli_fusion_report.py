@@ -39,7 +39,12 @@ def test_json_schema_and_hopper_plan():
             assert ":" in g["source"] or g["source"] in ("moe-build", "shared/ENVIRONMENT.md")
     assert stages["finalize"]["choice"] == "fused"
     assert stages["finalize"]["token_range"] == [1, 4]  # tokens * top_k <= 8
-    assert stages["fc1_activation"]["choice"] == "separate"
+    # The seed's SM80 fused gated kernel is refused on TMA WS; moe-build's own gated epilogue takes its place.
+    fc1 = stages["fc1_activation"]
+    assert fc1["choice"] == "gated_epilogue" and fc1["fallback"] == "separate"
+    held = {g["name"]: g["held"] for g in fc1["gates"]}
+    assert held["fc1_not_tma_ws"] is False and held["gated_epilogue_tma_ws"] is True
+    assert {g["source"] for g in fc1["gates"] if g["name"].startswith("gated_epilogue")} == {"moe-build"}
     assert stages["routing_prologue"]["token_range"] == [1, 256]
 
 

@@ -426,8 +426,20 @@ def test_add_moe_plugin_feeds_inputs_in_order(trt, as_constants):
         assert tuple(tensor.shape) == slot.shape and tensor.dtype == mp.trt_dtype_of(trt, slot.dtypes[0])
         assert tensor.is_network_input != as_constants
     if as_constants:
-        hosts = [k for k in keep if isinstance(k, torch.Tensor)]
-        assert torch.equal(hosts[0], weights.w1.to(torch.float16))  # the data baked in is the weight
+        # The sm90 plan runs the gated epilogue, so W1 and b1 are baked gate/up-interleaved by 8: row 16b + r
+        # is gate feature 8b + r (r < 8) or up feature 8b + r - 8 (stacked rows I + 8b + r - 8).
+        assert plan_for(FULL).stage("fc1_activation").choice == "gated_epilogue"
+        hosts = dict(zip([slot.name for slot in slots[2:]], [k for k in keep if isinstance(k, torch.Tensor)]))
+        w1, b1, inter = weights.w1.to(torch.float16), weights.b1.to(torch.float16), FULL.intermediate_size
+        rows = [8 * (j // 16) + j % 16 if j % 16 < 8 else inter + 8 * (j // 16) + j % 16 - 8 for j in range(2 * inter)]
+        assert torch.equal(hosts["w1"], w1[:, rows]) and torch.equal(hosts["b1"], b1[:, rows])
+        assert torch.equal(hosts["w2"], weights.w2.to(torch.float16))  # the rest as given
+
+
+def test_plan_weights_keep_the_stacked_order_off_the_gated_epilogue():
+    weights = MoEWeights.random(FULL)
+    for plan in (plan_for(FULL, sm=80), plan_for(FULL, force={"fc1_activation": "separate"})):
+        assert not mp.w1_interleaved(plan) and mp.plan_weights(plan, weights) is weights
 
 
 def test_fp32_spec_is_refused_with_the_field():

@@ -11,21 +11,35 @@ from moe_build.planner import make_plan
 from moe_build.runner import MoERunner, Workspace, kernel_sequence, layout_bytes, steps_up_to, workspace_layout
 from moe_build.spec import Activation, DType, MoESpec, Quant, SharedExperts
 from moe_build.target import Flavour, Target
-from moe_build.weights import MoEWeights
+from moe_build.weights import MoEWeights, interleave_gate_up
 
 H100 = Target(sm=90, flavour=Flavour.TENSORRT)
 A100 = Target(sm=80, flavour=Flavour.TENSORRT)
 SWIGLU = MoESpec(256, 512, 8, 2)
 
 
-def test_default_hopper_plan_runs_tma_gemms_separate_activation_and_fused_finalize() -> None:
+def test_default_hopper_plan_runs_tma_gemms_gated_epilogue_and_fused_finalize() -> None:
     plan = make_plan(SWIGLU, H100, tokens=4096)
     assert kernel_sequence(plan, 4) == [
-        "router_gemm", "routing", "prologue:fused", "expand_rows+zero_output", "gemm1:sm90", "activation",
+        "router_gemm", "routing", "prologue:fused", "expand_rows+zero_output", "gemm1:sm90_gated",
         "gemm2:sm90_finalize"]  # 4 tokens * top-2 = 8 rows: the FINALIZE tactic
     assert kernel_sequence(plan, 16) == [
-        "router_gemm", "routing", "prologue:fused", "expand_rows", "gemm1:sm90", "activation", "gemm2:sm90",
-        "finalize"]
+        "router_gemm", "routing", "prologue:fused", "expand_rows", "gemm1:sm90_gated", "gemm2:sm90", "finalize"]
+    separate = make_plan(SWIGLU, H100, tokens=16, force={"fc1_activation": "separate"})
+    assert kernel_sequence(separate, 16)[4:6] == ["gemm1:sm90", "activation"]
+
+
+def test_interleave_gate_up_puts_each_features_gate_and_up_eight_rows_apart() -> None:
+    e, inter, h = 2, 24, 3
+    w1 = torch.arange(e * 2 * inter * h, dtype=torch.float32).reshape(e, 2 * inter, h)
+    got = interleave_gate_up(w1)
+    for j in range(2 * inter):
+        block, r = divmod(j, 16)
+        src = 8 * block + r if r < 8 else inter + 8 * block + r - 8
+        assert torch.equal(got[:, j], w1[:, src]), j
+    assert torch.equal(interleave_gate_up(w1[..., 0]), got[..., 0])  # b1 [E, 2I] the same way
+    with pytest.raises(ValueError, match="multiple of 16"):
+        interleave_gate_up(torch.zeros(1, 20, 4))
 
 
 def test_routing_prologue_is_resolved_per_call_not_at_plan_tokens() -> None:
@@ -102,7 +116,7 @@ def test_plans_without_runner_kernels_are_refused() -> None:
 
 def test_workspace_sizing_math() -> None:
     spec = MoESpec(256, 512, 8, 2, dtype=DType.BF16)
-    plan = make_plan(spec, H100, tokens=4)
+    plan = make_plan(spec, H100, tokens=4, force={"fc1_activation": "separate"})  # fc1_out: the separate activation's input
     layout = workspace_layout(spec, steps_up_to(plan, 4), 100, gemm_workspace_bytes=1000,
                               three_step_workspace_bytes=0)
     M, K, E, H, I = 100, 2, 8, 256, 512

@@ -111,6 +111,16 @@ mb_status mb_grouped_gemm_sm90_finalize(const void* A, const void* B, const void
                                         int num_experts, int64_t max_rows, int num_tokens, int top_k, int n,
                                         int k, int dtype, void* workspace, size_t workspace_bytes,
                                         cudaStream_t stream);
+/* GEMM1 with the gated activation in its epilogue: C [rows, inter] = act(gate, up) of
+ * A [rows, k] @ B^T (+ bias), B [E, 2 * inter, k] and bias [E, 2 * inter] (or NULL) with the gate
+ * and up rows interleaved in blocks of 8 (rows 16b..16b+7: gate features 8b..8b+7, rows
+ * 16b+8..16b+15: their up projections). activation: MB_ACT_SWIGLU, MB_ACT_GEGLU or
+ * MB_ACT_SWIGLU_CLAMP (with swiglu_alpha / swiglu_limit); inter a multiple of 8. Workspace as
+ * mb_grouped_gemm_sm90_workspace(num_experts, max_rows, 2 * inter, k). */
+mb_status mb_grouped_gemm_sm90_gated(const void* A, const void* B, const void* bias, void* C,
+                                     const int64_t* expert_first_token_offset, int num_experts, int64_t max_rows,
+                                     int inter, int k, int dtype, int activation, float swiglu_alpha,
+                                     float swiglu_limit, void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -1,10 +1,7 @@
 // Activation over the permuted rows: out[p, :I] = act(in[p, :N1] + b1[expert(p)]) for p < off[E]
 // (rows past off[E] belong to experts on other nodes and are neither read nor written).
-// Gated activations read the gate from columns [0, I) and the up projection from [I, 2I).
-//   GELU / GEGLU use the tanh approximation 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3))), as the
-//   GPT-2 style "gelu_new"/"gelu_pytorch_tanh" models and the fused GEMM epilogues do.
-//   SWIGLU = silu(gate) * up.  SWIGLU_CLAMP (GPT-OSS): gate = min(gate, limit),
-//   up = clamp(up, -limit, limit), out = (up + 1) * gate * sigmoid(alpha * gate).
+// Gated activations read the gate from columns [0, I) and the up projection from [I, 2I). The
+// functions themselves are act_math.cuh's, shared with the GEMM epilogues.
 // prequant_scale (AWQ's FC2 pre-quant scale) multiplies the result here so GEMM2's input is
 // written once. Threads move 16-byte vectors when the row length and pointers allow, else single
 // elements.
@@ -17,43 +14,12 @@
 // vectors); at decode sizes there are only T*K rows (4 to 8 at T=1), so mb::stage_launch() narrows the
 // chunks until there are mb::kMinStageWarps units, spreading each row's columns over the SMs instead of
 // leaving a few warps to walk them.
+#include "act_math.cuh"
 #include "common.cuh"
 
 namespace {
 
 constexpr int kBatch = 4;         // vectors per lane in flight, of the gate and of the up half each
-
-__device__ __forceinline__ float gelu_tanh(float x) {
-  constexpr float kSqrt2OverPi = 0.7978845608028654f;
-  return 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * (x + 0.044715f * x * x * x)));
-}
-
-// Sigmoid from the hardware approximations (ex2.approx behind __expf, rcp.approx behind
-// __fdividef): relative error near 1e-6, far inside the bf16/fp16 rounding of the output, in a
-// handful of instructions where expf plus an IEEE divide take tens. At prefill the gated
-// activations were issue-bound on those: GPT-OSS at 4096 tokens moved 3.0 TB/s (94 us) where a
-// copy of the same bytes runs at 4.1 TB/s. For x < -87 the divisor passes 2^126 and __fdividef
-// returns 0, which is the sigmoid there to float precision. Routing keeps the exact sigmoid_f32.
-__device__ __forceinline__ float sigmoid_approx(float x) { return __fdividef(1.0f, 1.0f + __expf(-x)); }
-
-template <int ACT>
-__device__ __forceinline__ float apply(float gate, float up, float alpha, float limit) {
-  if constexpr (ACT == MB_ACT_IDENTITY) return gate;
-  if constexpr (ACT == MB_ACT_RELU) return fmaxf(gate, 0.0f);
-  if constexpr (ACT == MB_ACT_SILU) return gate * sigmoid_approx(gate);
-  if constexpr (ACT == MB_ACT_GELU) return gelu_tanh(gate);
-  if constexpr (ACT == MB_ACT_SWIGLU) return gate * sigmoid_approx(gate) * up;
-  if constexpr (ACT == MB_ACT_GEGLU) return gelu_tanh(gate) * up;
-  if constexpr (ACT == MB_ACT_SWIGLU_CLAMP) {
-    gate = fminf(gate, limit);
-    up = fminf(fmaxf(up, -limit), limit);
-    return (up + 1.0f) * gate * sigmoid_approx(alpha * gate);
-  }
-}
-
-constexpr bool is_gated(int act) {
-  return act == MB_ACT_SWIGLU || act == MB_ACT_GEGLU || act == MB_ACT_SWIGLU_CLAMP;
-}
 
 // The expert owning permuted row p (the last x with off[x] <= p, as a binary search finds it),
 // searched by the whole warp: each round probes 32 evenly spaced offsets at once, so E <= 32 takes
@@ -81,7 +47,7 @@ activation_kernel(const T* __restrict__ in, const T* __restrict__ b1, const int6
                   int64_t max_rows, int inter, int vpl, int64_t chunks, float alpha, float limit,
                   const float* __restrict__ prequant_scale, T* __restrict__ out) {
   using R = mb::Raw<T, VEC>;
-  constexpr bool kGated = is_gated(ACT);
+  constexpr bool kGated = mb::is_gated(ACT);
   const int64_t n1 = kGated ? 2 * static_cast<int64_t>(inter) : inter;
   const int lane = threadIdx.x % 32;
   const int64_t nvec = inter / VEC;
@@ -131,7 +97,7 @@ activation_kernel(const T* __restrict__ in, const T* __restrict__ b1, const int6
           }
         }
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) r[k] = apply<ACT>(g[k], x[k], alpha, limit);
+        for (int k = 0; k < VEC; ++k) r[k] = mb::act_apply<ACT>(g[k], x[k], alpha, limit);
         if (prequant_scale) {
           float s[VEC];
           mb::load_f32<float, VEC>(prequant_scale + j, s);

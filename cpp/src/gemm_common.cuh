@@ -19,6 +19,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "act_math.cuh"
 #include "common.cuh"  // mb::fail: the error capture behind mb_last_error()
 #include "moe_build_kernels.h"
 
@@ -28,8 +29,8 @@ enum EpilogueKind { EPI_STORE = 0, EPI_GATED = 1, EPI_FINALIZE = 2 };
 
 struct GemmParams {
   const void* A;        // [rows, K] permuted activations
-  const void* B;        // [E, NB * N, K]
-  const void* bias;     // [E, NB * N] or nullptr
+  const void* B;        // [E, NB * N, K]; GATED: gate and up rows as gated_row() places them
+  const void* bias;     // [E, NB * N] or nullptr (GATED: the same order as B's rows)
   void* C;              // STORE/GATED: [rows, N]; FINALIZE: [tokens, N]
   const int64_t* offsets;  // [E + 1]
   const int32_t* permuted_to_unpermuted;  // FINALIZE only
@@ -41,7 +42,17 @@ struct GemmParams {
   int activation;
   float swiglu_alpha;
   float swiglu_limit;
+  int gate_up_interleaved;  // GATED: W1 interleaved in blocks of 8 (see gated_row)
 };
+
+// Row of an expert's W1 (and index into its b1) holding output feature f's gate (half 0) or up
+// (half 1) projection. Stacked: [gate; up], N rows each (the checkpoint order). Interleaved: blocks
+// of 16 rows, gate features 8b..8b+7 then up features 8b..8b+7, so that GEMM1 columns c and c + 8
+// (c % 16 < 8) are one feature's gate and up: the layout the sm90 wgmma epilogue needs, where each
+// thread holds columns c and c + 8 of its rows (moe_build/runner/experts.py interleaves W1 once).
+__host__ __device__ __forceinline__ int64_t gated_row(int f, int half, int N, bool interleaved) {
+  return interleaved ? (int64_t)(f >> 3) * 16 + half * 8 + (f & 7) : (int64_t)half * N + f;
+}
 
 // The fields every entry point sets; callers add the finalize maps / swiglu constants they use.
 inline GemmParams gemm_params(const void* A, const void* B, const void* bias, void* C, const int64_t* offsets,
@@ -79,31 +90,9 @@ template <> struct Pair<__half> {
   static __device__ __forceinline__ float2 to_float2(type v) { return __half22float2(v); }
 };
 
-__device__ __forceinline__ float act_silu(float x) { return x / (1.f + __expf(-x)); }
-// Exact (erf) GELU, as torch.nn.functional.gelu's default.
-__device__ __forceinline__ float act_gelu(float x) { return 0.5f * x * (1.f + erff(x * 0.70710678118654752f)); }
-
-__device__ __forceinline__ float apply_act(int act, float x) {
-  switch (act) {
-    case MB_ACT_RELU: return fmaxf(x, 0.f);
-    case MB_ACT_SILU: return act_silu(x);
-    case MB_ACT_GELU: return act_gelu(x);
-    default: return x;
-  }
-}
-
-// MB_ACT_SWIGLU_CLAMP is the GPT-OSS form: g = min(gate, limit), u = clamp(up, -limit, limit),
-// out = g * sigmoid(alpha * g) * (u + 1).
+__device__ __forceinline__ float apply_act(int act, float x) { return mb::act_apply_rt(act, x, 0.f, 0.f, 0.f); }
 __device__ __forceinline__ float apply_gated(int act, float gate, float up, float alpha, float limit) {
-  switch (act) {
-    case MB_ACT_GEGLU: return act_gelu(gate) * up;
-    case MB_ACT_SWIGLU_CLAMP: {
-      const float g = fminf(gate, limit);
-      const float u = fminf(fmaxf(up, -limit), limit);
-      return g / (1.f + __expf(-alpha * g)) * (u + 1.f);
-    }
-    default: return act_silu(gate) * up;
-  }
+  return mb::act_apply_rt(act, gate, up, alpha, limit);
 }
 
 __device__ __forceinline__ void cp_async16(uint32_t smem, const void* gmem, bool valid) {
@@ -265,7 +254,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) grouped_mma_kernel(GemmParams p
         const int r = c >> 3, kc = c & 7;
         const int n = n0 + r;
         const bool ok = n < N && k0 + kc * 8 < K;
-        const T* src = ok ? B + ((int64_t)b * N + n) * K + k0 + kc * 8 : B;
+        const int64_t row = NB == 1 ? n : gated_row(n, b, N, p.gate_up_interleaved);
+        const T* src = ok ? B + row * K + k0 + kc * 8 : B;
         cp_async16(sB + (r * BK + ((kc ^ (r & 7)) << 3)) * 2, src, ok);
       }
     }
@@ -347,15 +337,17 @@ __global__ void __launch_bounds__(Cfg::kThreads) grouped_mma_kernel(GemmParams p
         const int col = n0 + wn * Cfg::WTN + j * 8 + (lane & 3) * 2;
         if (col >= N) continue;  // N is even and col is even, so col + 1 < N too
         float v0 = acc[0][i][j][h * 2], v1 = acc[0][i][j][h * 2 + 1];
+        const bool il = EPI == EPI_GATED && p.gate_up_interleaved;
         if (bias) {
-          const float2 bb = P2::to_float2(*reinterpret_cast<const typename P2::type*>(bias + col));
+          const float2 bb = P2::to_float2(*reinterpret_cast<const typename P2::type*>(bias + gated_row(col, 0, N, il)));
           v0 += bb.x;
           v1 += bb.y;
         }
         if constexpr (EPI == EPI_GATED) {
           float u0 = acc[1][i][j][h * 2], u1 = acc[1][i][j][h * 2 + 1];
           if (bias) {
-            const float2 bu = P2::to_float2(*reinterpret_cast<const typename P2::type*>(bias + N + col));
+            const float2 bu =
+                P2::to_float2(*reinterpret_cast<const typename P2::type*>(bias + gated_row(col, 1, N, il)));
             u0 += bu.x;
             u1 += bu.y;
           }

@@ -87,7 +87,7 @@ __global__ void __launch_bounds__(kDecodeThreads) grouped_decode_kernel(GemmPara
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int feat = col0 + rg * FEATS + (EPI == EPI_GATED ? g : h * 8 + g);
-    const int brow = EPI == EPI_GATED && h == 1 ? N + feat : feat;
+    const int64_t brow = EPI == EPI_GATED ? gated_row(feat, h, N, p.gate_up_interleaved) : feat;
     wok[h] = feat < N;
     wrow[h] = B + (int64_t)(wok[h] ? brow : 0) * K;
   }
@@ -158,11 +158,13 @@ __global__ void __launch_bounds__(kDecodeThreads) grouped_decode_kernel(GemmPara
       up[j] = su;
     }
     if (bias) {
-      const float2 b = P2::to_float2(*reinterpret_cast<const typename P2::type*>(bias + col));
+      const bool il = EPI == EPI_GATED && p.gate_up_interleaved;
+      const float2 b = P2::to_float2(*reinterpret_cast<const typename P2::type*>(bias + gated_row(col, 0, N, il)));
       v[0] += b.x;
       v[1] += b.y;
       if constexpr (EPI == EPI_GATED) {
-        const float2 bu = P2::to_float2(*reinterpret_cast<const typename P2::type*>(bias + N + col));
+        const float2 bu =
+            P2::to_float2(*reinterpret_cast<const typename P2::type*>(bias + gated_row(col, 1, N, il)));
         up[0] += bu.x;
         up[1] += bu.y;
       }

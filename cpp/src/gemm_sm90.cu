@@ -1,7 +1,8 @@
 // Hopper (sm_90a) grouped GEMM over expert segments: CUTLASS 3 ptr-array TMA warp-specialized
-// cooperative kernel (wgmma, GroupProblemShape) with our own no-smem epilogue that does either a
-// plain store (+bias) or the MoE finalize (unpermute + top-k weight + bias, atomically reduced
-// into the token's output row).
+// cooperative kernel (wgmma, GroupProblemShape) with our own no-smem epilogue that does a plain
+// store (+bias), GEMM1's gated activation (act(gate, up) of an interleaved W1, written at half
+// width), or the MoE finalize (unpermute + top-k weight + bias, atomically reduced into the
+// token's output row).
 //
 // No host sync: a one-block kernel turns expert_first_token_offset into CUTLASS's per-group
 // problem shapes, pointer and stride arrays in the workspace, and CUTLASS is given no host copy
@@ -16,8 +17,9 @@
 //          / 29 us for the mma.sync tiles of gemm_common.cuh (which it replaced) and 140 / 35 / 38
 //          us for wgmma; 16 tokens within +-3% of mma.sync except Qwen3 (10% faster).
 //   else : the CUTLASS wgmma kernel: for the plain store, pingpong 64x128 tiles up to 32 average
-//          rows per expert, else pingpong 64x256 in 2x1 clusters; for the finalize epilogue,
-//          pingpong 64x256 up to 32, else cooperative 128x256 (measurements at WgmmaTile below).
+//          rows per expert, else pingpong 64x256 in 2x1 clusters; the gated epilogue the same but
+//          single-CTA pingpong 64x256 from 33 to 384 rows; for the finalize epilogue, pingpong
+//          64x256 up to 32, else cooperative 128x256 (measurements at WgmmaTile below).
 // MB_SM90_GEMM_PATH=decode|mma|wgmma and
 // MB_SM90_WGMMA_TILE=coop128x256|pingpong64x256|pingpong64x128|pingpong64x256c2 in the
 // environment force a path / tile (bench/gemm_bench.py --paths and the tests use them; mma is the
@@ -87,7 +89,7 @@ template <> __device__ __forceinline__ void red_add_16B<__half>(__half* dst, con
 // Operator-style epilogue run by CUTLASS's Sm90TmaWarpSpecializedAdapter (the same hook as its
 // DefaultEpilogueArray): each consumer thread gets its wgmma accumulator fragment and the
 // fragment's (row, column) coordinates in the current group, and writes them itself.
-template <typename T, bool kFinalize>
+template <typename T, int kEpi>
 class MoeEpilogue {
  public:
   using EpilogueSchedule = cutlass::epilogue::PtrArrayNoSmemWarpSpecialized;
@@ -117,6 +119,9 @@ class MoeEpilogue {
     const int32_t* permuted_to_unpermuted = nullptr;
     const float* permuted_weights = nullptr;
     int top_k = 1;
+    int activation = MB_ACT_SWIGLU;  // gated epilogue: act(gate, up), gate_up_interleaved W1 (gated_row)
+    float swiglu_alpha = 1.f;
+    float swiglu_limit = 0.f;
   };
   using Params = Arguments;
 
@@ -157,8 +162,16 @@ class MoeEpilogue {
     Tensor tc = tiled_mma.get_thread_slice(thread_idx).partition_C(coords);
     const int64_t row0 = params_.offsets[l_coord];
     const T* bias = params_.bias ? params_.bias + (int64_t)l_coord * N : nullptr;
-    if constexpr (kFinalize) {
+    if constexpr (kEpi == EPI_FINALIZE) {
       finalize_tile(acc, tc, M, N, row0, bias);
+    } else if constexpr (kEpi == EPI_GATED) {
+      // One branch per tile, not per element: a per-element switch kept the three functions' code
+      // live across the unrolled fragment loop.
+      switch (params_.activation) {
+        case MB_ACT_GEGLU: return gated_tile<MB_ACT_GEGLU>(acc, tc, M, N, row0, bias);
+        case MB_ACT_SWIGLU_CLAMP: return gated_tile<MB_ACT_SWIGLU_CLAMP>(acc, tc, M, N, row0, bias);
+        default: return gated_tile<MB_ACT_SWIGLU>(acc, tc, M, N, row0, bias);
+      }
     } else {
       static_assert(size(FrgLayout{}) % 2 == 0, "accumulator fragment holds column pairs");
       CUTLASS_PRAGMA_UNROLL
@@ -224,6 +237,41 @@ class MoeEpilogue {
     }
   }
 
+  // The gated epilogue: W1 interleaved in blocks of 8 rows (gated_row), so GEMM column c with
+  // c % 16 < 8 is feature (c / 16) * 8 + c % 8's gate and column c + 8 its up projection. Tiles start
+  // at multiples of 128 columns, so in the accumulator layout above values i (8-column group j even)
+  // and i + 4 (group j + 1) are those two columns of one row: each thread has both halves of its
+  // features and writes act(gate, up) pairs straight into the [rows, N / 2] activation.
+  template <int ACT, class Acc, class Coords>
+  CUTLASS_DEVICE void gated_tile(Acc const& acc, Coords const& tc, int M, int N, int64_t row0, const T* bias) {
+    using namespace cute;
+    using P2 = Pair<T>;
+    static_assert(decltype(size(acc))::value % 8 == 0, "accumulator fragment holds pairs of 8-column groups");
+    const int inter = N / 2;
+    const float alpha = params_.swiglu_alpha, limit = params_.swiglu_limit;
+    CUTLASS_PRAGMA_UNROLL
+    for (int g = 0; g < size(acc); g += 8) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        const int i = g + 2 * h;
+        const int m = get<0>(tc(i)), n = get<1>(tc(i));
+        if (m >= M || n >= N) continue;  // N is a multiple of 16: the up column n + 8 is in range too
+        float gate0 = acc(i), gate1 = acc(i + 1), up0 = acc(i + 4), up1 = acc(i + 5);
+        if (bias) {
+          const float2 bg = P2::to_float2(*reinterpret_cast<const typename P2::type*>(bias + n));
+          const float2 bu = P2::to_float2(*reinterpret_cast<const typename P2::type*>(bias + n + 8));
+          gate0 += bg.x;
+          gate1 += bg.y;
+          up0 += bu.x;
+          up1 += bu.y;
+        }
+        const int f = (n >> 4) * 8 + (n & 7);
+        *reinterpret_cast<typename P2::type*>(params_.out + (row0 + m) * inter + f) =
+            P2::make(mb::act_apply<ACT>(gate0, up0, alpha, limit), mb::act_apply<ACT>(gate1, up1, alpha, limit));
+      }
+    }
+  }
+
   Params params_;
 };
 
@@ -256,6 +304,11 @@ class MoeEpilogue {
 //                     evenly split rows: GPT-OSS GEMM1 957 vs 855 us). Moving each odd last tile into a
 //                     second, single-CTA launch lost 5-12% at 4096 tokens (Qwen3 GEMM1 535 vs 476 us):
 //                     that launch's two or three waves cost more than the empty tiles. Not kept.
+//                     Wider clusters lost too (bench/gemm_rate_probe.py, 4096 tokens, plain store, vs this
+//                     tile): pingpong 64x256 in 2x2 clusters 5-12% (Qwen3 GEMM1 504 vs 459 us), cooperative
+//                     128x256 in 1x2 clusters (the A tile multicast instead) 0-11%, in 2x2 clusters 12-28%;
+//                     pingpong 64x192 in 2x1 clusters, which tiles GPT-OSS's N = 2880 without padding, won
+//                     only there (GEMM2 583 vs 600 us) and lost 4-44% elsewhere, so it was not kept.
 //   pingpong 64x128 : twice the tiles of 64x256. With few rows per expert a GEMM streams the weights
 //                     once and is bandwidth-bound, and more, smaller tiles even out the last wave:
 //                     256 tokens (16-32 rows per expert) of Qwen3 / DeepSeek-V2-Lite / GPT-OSS run
@@ -268,6 +321,14 @@ class MoeEpilogue {
 enum WgmmaTile { WG_COOP_128x256 = 0, WG_PINGPONG_64x256 = 1, WG_PINGPONG_64x128 = 2, WG_PINGPONG_64x256_C2 = 3 };
 constexpr int64_t kNarrowMaxAvgRows = 32;             // plain store: pingpong 64x128, else 64x256 cluster 2x1
 constexpr int64_t kPingpongFinalizeMaxAvgRows = 32;   // finalize (atomic) epilogue: pingpong 64x256, else coop
+// The gated epilogue (GEMM1 + act(gate, up)) from 33 to this many average rows per expert runs pingpong
+// 64x256 without a cluster, else as the plain store. Timed interleaved against the 2x1 cluster on the
+// four bench shapes at 1024-8192 tokens (scratch probe, L2 flushed, one H200 run each): single-CTA won at
+// 64-384 rows in 11 of 12 cases (Qwen3 4096 tokens, 256 rows: 435 vs 490 us; DeepSeek-V2-Lite 2048,
+// 192 rows: 317 vs 363; GPT-OSS 1024, 128 rows: 376 vs 429; one even), and split past that: GPT-OSS 512
+// and 1024 rows (1089 vs 1041, 2202 vs 1976) and DeepSeek-V2-Lite 768 rows (1074 vs 1057) keep the
+// cluster, Qwen3 512 rows (806 vs 834) and Mixtral 1024 / 2048 rows (3022 vs 3250, 6057 vs 6191) lose by it.
+constexpr int64_t kGatedSingleCtaMaxAvgRows = 384;
 
 template <int kTile> struct WgmmaTileTraits;
 template <> struct WgmmaTileTraits<WG_COOP_128x256> {
@@ -289,12 +350,12 @@ template <> struct WgmmaTileTraits<WG_PINGPONG_64x128> {
   using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
 };
 
-template <typename T, bool kFinalize, int kTile>
+template <typename T, int kEpi, int kTile>
 struct WgmmaGemm {
   using Element = typename CutlassType<T>::type;
   using TileShape = typename WgmmaTileTraits<kTile>::Shape;
   using ClusterShape = typename WgmmaTileTraits<kTile>::Cluster;
-  using Epilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<MoeEpilogue<T, kFinalize>>;
+  using Epilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<MoeEpilogue<T, kEpi>>;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, cutlass::layout::RowMajor*, 8, Element,
       cutlass::layout::ColumnMajor*, 8, float, TileShape, ClusterShape,
@@ -351,11 +412,11 @@ __global__ void build_groups_kernel(const int64_t* offsets, int num_experts, int
   }
 }
 
-template <typename T, bool kFinalize, int kTile>
-typename WgmmaGemm<T, kFinalize, kTile>::Gemm::Arguments make_args(const GroupArrays& g, int num_experts,
-                                                            const typename MoeEpilogue<T, kFinalize>::Arguments& epi,
+template <typename T, int kEpi, int kTile>
+typename WgmmaGemm<T, kEpi, kTile>::Gemm::Arguments make_args(const GroupArrays& g, int num_experts,
+                                                            const typename MoeEpilogue<T, kEpi>::Arguments& epi,
                                                             int sm_count) {
-  using G = WgmmaGemm<T, kFinalize, kTile>;
+  using G = WgmmaGemm<T, kEpi, kTile>;
   using Element = typename G::Element;
   cutlass::KernelHardwareInfo hw{};
   cudaGetDevice(&hw.device_id);
@@ -369,19 +430,19 @@ typename WgmmaGemm<T, kFinalize, kTile>::Gemm::Arguments make_args(const GroupAr
       hw};
 }
 
-template <typename T, bool kFinalize, int kTile>
+template <typename T, int kEpi, int kTile>
 size_t cutlass_workspace_bytes(int num_experts, int sm_count) {
   const GroupArrays g = carve(nullptr, num_experts);
-  return WgmmaGemm<T, kFinalize, kTile>::Gemm::get_workspace_size(
-      make_args<T, kFinalize, kTile>(g, num_experts, typename MoeEpilogue<T, kFinalize>::Arguments{}, sm_count));
+  return WgmmaGemm<T, kEpi, kTile>::Gemm::get_workspace_size(
+      make_args<T, kEpi, kTile>(g, num_experts, typename MoeEpilogue<T, kEpi>::Arguments{}, sm_count));
 }
 
-template <typename T, bool kFinalize>
+template <typename T, int kEpi>
 size_t max_cutlass_workspace_bytes(int num_experts, int sm_count) {
-  return std::max({cutlass_workspace_bytes<T, kFinalize, WG_COOP_128x256>(num_experts, sm_count),
-                   cutlass_workspace_bytes<T, kFinalize, WG_PINGPONG_64x256>(num_experts, sm_count),
-                   cutlass_workspace_bytes<T, kFinalize, WG_PINGPONG_64x128>(num_experts, sm_count),
-                   cutlass_workspace_bytes<T, kFinalize, WG_PINGPONG_64x256_C2>(num_experts, sm_count)});
+  return std::max({cutlass_workspace_bytes<T, kEpi, WG_COOP_128x256>(num_experts, sm_count),
+                   cutlass_workspace_bytes<T, kEpi, WG_PINGPONG_64x256>(num_experts, sm_count),
+                   cutlass_workspace_bytes<T, kEpi, WG_PINGPONG_64x128>(num_experts, sm_count),
+                   cutlass_workspace_bytes<T, kEpi, WG_PINGPONG_64x256_C2>(num_experts, sm_count)});
 }
 
 bool device_is_sm90() {
@@ -393,15 +454,18 @@ bool device_is_sm90() {
   return major == 9 && minor == 0;
 }
 
-int wgmma_tile(int64_t max_rows, int num_experts, bool finalize) {
+int wgmma_tile(int64_t max_rows, int num_experts, int epilogue) {
   const char* force = getenv("MB_SM90_WGMMA_TILE");
   if (force && strcmp(force, "coop128x256") == 0) return WG_COOP_128x256;
   if (force && strcmp(force, "pingpong64x256") == 0) return WG_PINGPONG_64x256;
   if (force && strcmp(force, "pingpong64x128") == 0) return WG_PINGPONG_64x128;
   if (force && strcmp(force, "pingpong64x256c2") == 0) return WG_PINGPONG_64x256_C2;
   const int64_t avg_rows = (max_rows + num_experts - 1) / num_experts;
-  if (finalize) return avg_rows <= kPingpongFinalizeMaxAvgRows ? WG_PINGPONG_64x256 : WG_COOP_128x256;
-  return avg_rows <= kNarrowMaxAvgRows ? WG_PINGPONG_64x128 : WG_PINGPONG_64x256_C2;
+  if (epilogue == EPI_FINALIZE)
+    return avg_rows <= kPingpongFinalizeMaxAvgRows ? WG_PINGPONG_64x256 : WG_COOP_128x256;
+  if (avg_rows <= kNarrowMaxAvgRows) return WG_PINGPONG_64x128;
+  if (epilogue == EPI_GATED && avg_rows <= kGatedSingleCtaMaxAvgRows) return WG_PINGPONG_64x256;
+  return WG_PINGPONG_64x256_C2;
 }
 
 enum Sm90Path { PATH_DECODE = 0, PATH_MMA = 1, PATH_WGMMA = 2 };
@@ -414,14 +478,20 @@ int sm90_path(int64_t max_rows, int num_experts) {
   return decode_rows_fit(max_rows, num_experts) ? PATH_DECODE : PATH_WGMMA;
 }
 
-template <typename T, bool kFinalize, int kTile>
-mb_status run_wgmma(const void* A, const void* B, const typename MoeEpilogue<T, kFinalize>::Arguments& epi,
+// A call the wgmma path does not take: the decode kernel, or the mma.sync tiles when forced.
+mb_status launch_small(int path, const GemmParams& p, int64_t max_rows, int dtype, int epilogue, cudaStream_t stream) {
+  if (path == PATH_DECODE) return launch_grouped_decode(p, max_rows, dtype, epilogue, stream);
+  return launch_grouped_mma(p, max_rows, dtype, epilogue, choose_tile(max_rows, p.num_experts), stream);
+}
+
+template <typename T, int kEpi, int kTile>
+mb_status run_wgmma(const void* A, const void* B, const typename MoeEpilogue<T, kEpi>::Arguments& epi,
                     const int64_t* offsets, int num_experts, int n, int k, void* workspace,
                     size_t workspace_bytes, cudaStream_t stream) {
-  using G = WgmmaGemm<T, kFinalize, kTile>;
+  using G = WgmmaGemm<T, kEpi, kTile>;
   const int sm_count = sm_count_of_current_device();
   const GroupArrays g = carve(workspace, num_experts);
-  const size_t need = g.bytes + cutlass_workspace_bytes<T, kFinalize, kTile>(num_experts, sm_count);
+  const size_t need = g.bytes + cutlass_workspace_bytes<T, kEpi, kTile>(num_experts, sm_count);
   if (!workspace || workspace_bytes < need)
     return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm sm90: workspace %zu bytes < %zu needed",
                      workspace_bytes, need);
@@ -430,7 +500,7 @@ mb_status run_wgmma(const void* A, const void* B, const typename MoeEpilogue<T, 
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return fail(MB_ERR_CUDA, "grouped gemm sm90 group build: %s", cudaGetErrorString(err));
   typename G::Gemm gemm;
-  auto args = make_args<T, kFinalize, kTile>(g, num_experts, epi, sm_count);
+  auto args = make_args<T, kEpi, kTile>(g, num_experts, epi, sm_count);
   cutlass::Status st = gemm.can_implement(args);
   if (st != cutlass::Status::kSuccess)
     return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm sm90: CUTLASS cannot implement (%s)",
@@ -443,27 +513,28 @@ mb_status run_wgmma(const void* A, const void* B, const typename MoeEpilogue<T, 
   return MB_OK;
 }
 
-template <bool kFinalize>
+template <int kEpi>
 mb_status dispatch_wgmma(int dtype, const void* A, const void* B, const void* bias, void* out,
                          const int64_t* offsets, const int32_t* p2u, const float* weights, int top_k,
                          int num_experts, int64_t max_rows, int n, int k, void* workspace, size_t workspace_bytes,
-                         cudaStream_t stream) {
+                         cudaStream_t stream, int activation = MB_ACT_IDENTITY, float alpha = 1.f,
+                         float limit = 0.f) {
   auto go = [&](auto tag) {
     using T = decltype(tag);
-    typename MoeEpilogue<T, kFinalize>::Arguments epi{static_cast<const T*>(bias), static_cast<T*>(out), offsets,
-                                                      p2u, weights, top_k};
-    switch (wgmma_tile(max_rows, num_experts, kFinalize)) {
+    typename MoeEpilogue<T, kEpi>::Arguments epi{static_cast<const T*>(bias), static_cast<T*>(out), offsets,
+                                                 p2u, weights, top_k, activation, alpha, limit};
+    switch (wgmma_tile(max_rows, num_experts, kEpi)) {
       case WG_PINGPONG_64x256:
-        return run_wgmma<T, kFinalize, WG_PINGPONG_64x256>(A, B, epi, offsets, num_experts, n, k, workspace,
+        return run_wgmma<T, kEpi, WG_PINGPONG_64x256>(A, B, epi, offsets, num_experts, n, k, workspace,
                                                             workspace_bytes, stream);
       case WG_PINGPONG_64x128:
-        return run_wgmma<T, kFinalize, WG_PINGPONG_64x128>(A, B, epi, offsets, num_experts, n, k, workspace,
+        return run_wgmma<T, kEpi, WG_PINGPONG_64x128>(A, B, epi, offsets, num_experts, n, k, workspace,
                                                             workspace_bytes, stream);
       case WG_PINGPONG_64x256_C2:
-        return run_wgmma<T, kFinalize, WG_PINGPONG_64x256_C2>(A, B, epi, offsets, num_experts, n, k, workspace,
+        return run_wgmma<T, kEpi, WG_PINGPONG_64x256_C2>(A, B, epi, offsets, num_experts, n, k, workspace,
                                                                workspace_bytes, stream);
       default:
-        return run_wgmma<T, kFinalize, WG_COOP_128x256>(A, B, epi, offsets, num_experts, n, k, workspace,
+        return run_wgmma<T, kEpi, WG_COOP_128x256>(A, B, epi, offsets, num_experts, n, k, workspace,
                                                          workspace_bytes, stream);
     }
   };
@@ -496,10 +567,17 @@ size_t mb_grouped_gemm_sm90_workspace(int num_experts, int64_t max_rows, int n, 
   if (num_experts <= 0) return 0;
   const int sm = mbk::sm_count_of_current_device();
   size_t cw = 0;
-  cw = std::max(cw, mbk::max_cutlass_workspace_bytes<__nv_bfloat16, false>(num_experts, sm));
-  cw = std::max(cw, mbk::max_cutlass_workspace_bytes<__nv_bfloat16, true>(num_experts, sm));
-  cw = std::max(cw, mbk::max_cutlass_workspace_bytes<__half, false>(num_experts, sm));
-  cw = std::max(cw, mbk::max_cutlass_workspace_bytes<__half, true>(num_experts, sm));
+  for (int epi : {mbk::EPI_STORE, mbk::EPI_GATED, mbk::EPI_FINALIZE}) {
+    auto each = [&](auto tag) {
+      using T = decltype(tag);
+      switch (epi) {
+        case mbk::EPI_STORE: return mbk::max_cutlass_workspace_bytes<T, mbk::EPI_STORE>(num_experts, sm);
+        case mbk::EPI_GATED: return mbk::max_cutlass_workspace_bytes<T, mbk::EPI_GATED>(num_experts, sm);
+        default: return mbk::max_cutlass_workspace_bytes<T, mbk::EPI_FINALIZE>(num_experts, sm);
+      }
+    };
+    cw = std::max({cw, each(__nv_bfloat16{}), each(__half{})});
+  }
   return mbk::carve(nullptr, num_experts).bytes + cw;  // the decode and mma.sync paths need none
 }
 
@@ -513,11 +591,9 @@ mb_status mb_grouped_gemm_sm90(const void* A, const void* B, const void* bias, v
   if (path != mbk::PATH_WGMMA) {
     const mbk::GemmParams p =
         mbk::gemm_params(A, B, bias, C, expert_first_token_offset, num_experts, n, k, MB_ACT_IDENTITY);
-    if (path == mbk::PATH_DECODE) return mbk::launch_grouped_decode(p, max_rows, dtype, mbk::EPI_STORE, stream);
-    return mbk::launch_grouped_mma(p, max_rows, dtype, mbk::EPI_STORE, mbk::choose_tile(max_rows, num_experts),
-                                   stream);
+    return mbk::launch_small(path, p, max_rows, dtype, mbk::EPI_STORE, stream);
   }
-  return mbk::dispatch_wgmma<false>(dtype, A, B, bias, C, expert_first_token_offset, nullptr, nullptr, 1,
+  return mbk::dispatch_wgmma<mbk::EPI_STORE>(dtype, A, B, bias, C, expert_first_token_offset, nullptr, nullptr, 1,
                                     num_experts, max_rows, n, k, workspace, workspace_bytes, stream);
 }
 
@@ -539,13 +615,37 @@ mb_status mb_grouped_gemm_sm90_finalize(const void* A, const void* B, const void
     p.permuted_to_unpermuted = permuted_to_unpermuted;
     p.permuted_weights = permuted_weights;
     p.top_k = top_k;
-    if (path == mbk::PATH_DECODE) return mbk::launch_grouped_decode(p, max_rows, dtype, mbk::EPI_FINALIZE, stream);
-    return mbk::launch_grouped_mma(p, max_rows, dtype, mbk::EPI_FINALIZE, mbk::choose_tile(max_rows, num_experts),
-                                   stream);
+    return mbk::launch_small(path, p, max_rows, dtype, mbk::EPI_FINALIZE, stream);
   }
-  return mbk::dispatch_wgmma<true>(dtype, A, B, bias, out, expert_first_token_offset, permuted_to_unpermuted,
+  return mbk::dispatch_wgmma<mbk::EPI_FINALIZE>(dtype, A, B, bias, out, expert_first_token_offset, permuted_to_unpermuted,
                                    permuted_weights, top_k, num_experts, max_rows, n, k, workspace, workspace_bytes,
                                    stream);
+}
+
+mb_status mb_grouped_gemm_sm90_gated(const void* A, const void* B, const void* bias, void* C,
+                                     const int64_t* expert_first_token_offset, int num_experts, int64_t max_rows,
+                                     int inter, int k, int dtype, int activation, float swiglu_alpha,
+                                     float swiglu_limit, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  if (inter <= 0 || inter % 8 != 0)
+    return mbk::fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm sm90 gated: inter (%d) must be a positive multiple of 8",
+                     inter);
+  if (activation != MB_ACT_SWIGLU && activation != MB_ACT_GEGLU && activation != MB_ACT_SWIGLU_CLAMP)
+    return mbk::fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm sm90 gated: activation %d is not swiglu (%d), geglu (%d) "
+                     "or swiglu_clamp (%d)", activation, MB_ACT_SWIGLU, MB_ACT_GEGLU, MB_ACT_SWIGLU_CLAMP);
+  mb_status st = mbk::check_common(A, B, C, expert_first_token_offset, num_experts, max_rows, 2 * inter, k, dtype);
+  if (st != MB_OK || max_rows == 0) return st;
+  const int path = mbk::sm90_path(max_rows, num_experts);
+  if (path != mbk::PATH_WGMMA) {
+    mbk::GemmParams p =
+        mbk::gemm_params(A, B, bias, C, expert_first_token_offset, num_experts, inter, k, activation);
+    p.swiglu_alpha = swiglu_alpha;
+    p.swiglu_limit = swiglu_limit;
+    p.gate_up_interleaved = 1;
+    return mbk::launch_small(path, p, max_rows, dtype, mbk::EPI_GATED, stream);
+  }
+  return mbk::dispatch_wgmma<mbk::EPI_GATED>(dtype, A, B, bias, C, expert_first_token_offset, nullptr, nullptr, 1,
+                                             num_experts, max_rows, 2 * inter, k, workspace, workspace_bytes, stream,
+                                             activation, swiglu_alpha, swiglu_limit);
 }
 
 }  // extern "C"

@@ -59,6 +59,15 @@ class Gemms:
         return self.lib.mb_grouped_gemm_sm90(_ptr(a), _ptr(b), _ptr(bias), _ptr(c), _ptr(offsets), e, max_rows,
                                              n, k, DTYPES[a.dtype], _ptr(ws), ws.numel(), _stream())
 
+    def sm90_gated(self, a, b, bias, c, offsets, max_rows: int, inter: int, k: int, act: str,
+                   alpha: float = 1.0, limit: float = 0.0) -> int:
+        """b / bias in moe_build.weights.interleave_gate_up's order; c [rows, inter]."""
+        e = offsets.numel() - 1
+        ws = self.workspace_sm90(e, max_rows, 2 * inter, k)
+        return self.lib.mb_grouped_gemm_sm90_gated(_ptr(a), _ptr(b), _ptr(bias), _ptr(c), _ptr(offsets), e, max_rows,
+                                                   inter, k, DTYPES[a.dtype], ACT[act], alpha, limit, _ptr(ws),
+                                                   ws.numel(), _stream())
+
     def sm90_finalize(self, a, b, bias, out, offsets, p2u, pw, max_rows: int, num_tokens: int, top_k: int,
                       n: int, k: int) -> int:
         e = offsets.numel() - 1

@@ -21,7 +21,7 @@ STAGE_CHOICES: dict[str, tuple[str, ...]] = {
     "routing_prologue": ("fused", "three_step"),
     "expand_rows": ("prequant_fused", "plain"),
     "gemm_kernel": ("tma_warp_specialized", "ampere"),
-    "fc1_activation": ("epilogue", "fused_gated", "separate"),
+    "fc1_activation": ("epilogue", "fused_gated", "gated_epilogue", "separate"),
     "fc2_prequant": ("fused", "separate", "none"),
     "finalize": ("fused", "separate"),
     "expert_compute": ("per_expert_gather", "dense_masked"),
@@ -112,21 +112,35 @@ def _fc1_activation(spec: MoESpec, target: Target, gemm_kernel: str, forced: str
     not_tma = R.fc1_not_tma_ws(gemm_kernel)
     non_gated = R.fc1_non_gated(spec)
     if non_gated.held:
-        fused, needed = "epilogue", [not_tma]
-        fused_text, separate_text = "activation fused into GEMM1's epilogue", "GEMM1, then a separate activation kernel"
-    else:
-        fused, needed = "fused_gated", [
-            R.fused_gated_activation_kind(spec), R.fused_gated_same_types(spec), R.fused_gated_not_fp32(spec),
+        if forced not in (None, "separate", "epilogue"):
+            raise MoeBuildError("force", f"fc1_activation={forced} does not apply to activation "
+                                f"{spec.activation.value}", ("separate", "epilogue"))
+        decision = _simple("fc1_activation", "epilogue", "separate", [not_tma], forced,
+                           lambda f: "activation fused into GEMM1's epilogue" if f
+                           else "GEMM1, then a separate activation kernel")
+        return replace(decision, gates=(non_gated, not_tma))
+    if forced not in (None, "separate", "fused_gated", "gated_epilogue"):
+        raise MoeBuildError("force", f"fc1_activation={forced} does not apply to activation {spec.activation.value}",
+                            ("separate", "fused_gated", "gated_epilogue"))
+    # Two fused alternatives, at most one of which can hold: the seed's SM80 kernel (not on a TMA WS
+    # GEMM) and moe-build's gated epilogue (only on one). Both gate sets are reported either way.
+    sm80 = [R.fused_gated_activation_kind(spec), R.fused_gated_same_types(spec), R.fused_gated_not_fp32(spec),
             R.fused_gated_not_fp8(spec), R.fused_gated_sm(target), R.fused_gated_alignment(spec),
             R.fused_gated_two_byte(spec), not_tma]
-        fused_text, separate_text = ("SM80 fused gated-activation GEMM1 kernel",
-                                     "GEMM1, then a separate gated-activation kernel")
-    if forced not in (None, "separate", fused):
-        raise MoeBuildError("force", f"fc1_activation={forced} does not apply to activation {spec.activation.value}",
-                            ("separate", fused))
-    decision = _simple("fc1_activation", fused, "separate", needed, forced,
-                       lambda f: fused_text if f else separate_text)
-    return replace(decision, gates=(non_gated, *needed))
+    ours = [R.gated_epilogue_tma_ws(gemm_kernel), R.gated_epilogue_sm(target), R.gated_epilogue_two_byte(spec),
+            R.gated_epilogue_inter_mod_8(spec)]
+    texts = {"fused_gated": "SM80 fused gated-activation GEMM1 kernel",
+             "gated_epilogue": "gated activation in the TMA warp-specialized GEMM1's epilogue (moe-build's own "
+                               "fusion; W1 gate/up rows interleaved by 8)",
+             "separate": "GEMM1, then a separate gated-activation kernel"}
+    held = {"fused_gated": all(g.held for g in sm80), "gated_epilogue": all(g.held for g in ours)}
+    choice = next((c for c in ("fused_gated", "gated_epilogue") if held[c]), "separate")
+    if forced is not None:
+        if forced != "separate" and not held[forced]:
+            _refuse(sm80 if forced == "fused_gated" else ours, f"cannot force fc1_activation={forced}")
+        choice = forced
+    return StageDecision("fc1_activation", choice, "separate", (non_gated, *sm80, *ours), forced=forced is not None,
+                         summary=texts[choice])
 
 
 def _fc2_prequant(spec: MoESpec, forced: str | None) -> StageDecision:

@@ -247,6 +247,34 @@ def fused_gated_two_byte(s: MoESpec) -> Gate:
                 ok, _src(GEMM_DISPATCH_H, 202))
 
 
+# ---- moe-build's own FC1 fusion on SM90: the gated activation in the TMA WS GEMM1's epilogue ------
+# TensorRT-LLM's TMA WS GEMM has none (fc1_not_tma_ws above). Ours reads W1 with its gate and up rows
+# interleaved in blocks of 8, so each wgmma thread holds both halves of the features it writes.
+
+# gemm kernel is TMA warp-specialized (the epilogue belongs to that GEMM)
+def gated_epilogue_tma_ws(gemm_kernel: str) -> Gate:
+    return Gate("gated_epilogue_tma_ws", gemm_kernel, "gemm kernel is TMA warp-specialized",
+                gemm_kernel == "tma_warp_specialized", OURS)
+
+
+# sm == 90: the gated wgmma epilogue is compiled for sm_90a only
+def gated_epilogue_sm(t: Target) -> Gate:
+    return Gate("gated_epilogue_sm", t.sm, "sm == 90", t.sm == 90, OURS)
+
+
+# fp16/bf16 operands, unquantized: the only wgmma GEMMs built
+def gated_epilogue_two_byte(s: MoESpec) -> Gate:
+    ok = s.dtype.itemsize == 2 and s.quant is Quant.NONE
+    return Gate("gated_epilogue_two_byte", f"{s.dtype.value}/{s.quant.value}", "dtype in (fp16, bf16), quant == none",
+                ok, OURS)
+
+
+# intermediate_size % 8 == 0: W1 interleaves gate and up rows in blocks of 8 features
+def gated_epilogue_inter_mod_8(s: MoESpec) -> Gate:
+    return Gate("gated_epilogue_inter_mod_8", s.intermediate_size, "intermediate_size % 8 == 0",
+                s.intermediate_size % 8 == 0, OURS)
+
+
 # ---- 3.4 FC2 pre-quant scale ------------------------------------------------------------------
 
 # use_awq = fc1.act_scales && fc2.act_scales && !use_wfp4a16
@@ -305,9 +333,10 @@ def finalize_tactic_available(s: MoESpec) -> Gate:
 # tactic selection (the FINALIZE GEMM2 tactic must be the one chosen at run time): measured on H200
 # (bench, graph replay, ours:finalize=fused vs ours:finalize=separate, interleaved;
 # docs/measured/bench.json), our FINALIZE epilogue wins only at decode sizes: 1 token (2-8 rows) by
-# 1.7-2.3 us on Qwen3 / DeepSeek / GPT-OSS, even on Mixtral. From 32 rows up it ties or loses to the plain
-# GEMM2 + finalize kernel: 16 tokens even but Mixtral (668.3 vs 662.4 us), 256 tokens 0.9-10.6 us behind,
-# 4096 tokens 22-117 us behind (Qwen3 895.4 vs 829.3).
+# 1.8-2.0 us on Qwen3 / DeepSeek / GPT-OSS; on Mixtral within 1 us either way over two runs (183.5 vs
+# 182.7 us, 185.5 vs 185.4). From 32 rows up it loses to the plain GEMM2 + finalize kernel: 16 tokens
+# 0.8-6.9 us behind (Mixtral 662.7 vs 655.8), 256 tokens 1.8-10.5 us, 4096 tokens 39-91 us (Qwen3 815.9
+# vs 755.8).
 FINALIZE_FUSED_MAX_ROWS = 8
 
 

@@ -40,7 +40,8 @@ class MoERunner:
     """A callable MoE layer: `runner(hidden, router_logits=None, topk_ids=None, topk_weights=None, out=None)`."""
 
     def __init__(self, spec: MoESpec, weights: MoEWeights, target: Target | None = None, max_tokens: int = 4096,
-                 force: Mapping[str, str] | None = None, device: torch.device | str = "cuda") -> None:
+                 force: Mapping[str, str] | None = None, device: torch.device | str = "cuda",
+                 w1_interleaved: bool = False) -> None:
         self.device = require_cuda(device)
         if self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
@@ -60,7 +61,12 @@ class MoERunner:
         self._workspace: Workspace | None = None   # allocated by the first call not given a workspace
         deterministic = bool(self.plan.target.get("deterministic", False))
         self.prepare_finalize = PrepareFinalize(spec, self.weights, kernels, deterministic)
-        self.experts = FusedExperts(spec, self.weights, kernels)
+        gated_epilogue = self.plan.stage("fc1_activation").choice == "gated_epilogue"
+        if w1_interleaved and not gated_epilogue:
+            raise MoeBuildError("w1_interleaved", "W1 comes gate/up-interleaved, but the plan does not run the sm90 "
+                                "gated epilogue that reads that order", "False, or a plan with "
+                                "fc1_activation=gated_epilogue")
+        self.experts = FusedExperts(spec, self.weights, kernels, gated_epilogue, w1_interleaved)
         self._steps = self._step_table()
 
     @property
@@ -76,7 +82,7 @@ class MoERunner:
             S.ROUTER_GEMM: pf.router_gemm, S.ROUTING: pf.routing,
             S.PROLOGUE_FUSED: ex.prologue_fused, S.PROLOGUE_THREE_STEP: ex.prologue_three_step,
             S.EXPAND_ROWS: ex.expand_rows, S.EXPAND_ROWS_ZERO_OUTPUT: ex.expand_rows_zero_output,
-            S.GEMM1_SM90: ex.gemm1_sm90, S.GEMM1_SM80: ex.gemm1_sm80, S.GEMM1_SM80_ACT: ex.gemm1_sm80_act,
+            S.GEMM1_SM90: ex.gemm1_sm90, S.GEMM1_SM90_GATED: ex.gemm1_sm90_gated, S.GEMM1_SM80: ex.gemm1_sm80, S.GEMM1_SM80_ACT: ex.gemm1_sm80_act,
             S.GEMM1_SM80_FUSED_GATED: ex.gemm1_sm80_fused_gated, S.ACTIVATION: ex.activation,
             S.GEMM2_SM90_FINALIZE: ex.gemm2_sm90_finalize,
             S.GEMM2_SM90: ex.gemm2_sm90, S.GEMM2_SM80: ex.gemm2_sm80,

@@ -24,6 +24,7 @@ EXPAND_ROWS = "expand_rows"            # mb_expand_rows
 # the same expansion, with the zeroing memset folded in instead of a launch of its own.
 EXPAND_ROWS_ZERO_OUTPUT = "expand_rows+zero_output"
 GEMM1_SM90 = "gemm1:sm90"              # TMA WS grouped GEMM, identity epilogue
+GEMM1_SM90_GATED = "gemm1:sm90_gated"  # TMA WS grouped GEMM, gated activation in its epilogue (interleaved W1)
 GEMM1_SM80 = "gemm1:sm80"              # Ampere grouped GEMM, identity epilogue
 GEMM1_SM80_ACT = "gemm1:sm80_act"      # Ampere grouped GEMM, non-gated activation in the epilogue
 GEMM1_SM80_FUSED_GATED = "gemm1:sm80_fused_gated"  # Ampere fused gated-activation GEMM
@@ -36,6 +37,7 @@ SHARED_EXPERTS = "shared_experts"      # torch matmuls + mb_activation, added to
 
 _GEMM1 = {
     ("tma_warp_specialized", "separate"): [GEMM1_SM90, ACTIVATION],
+    ("tma_warp_specialized", "gated_epilogue"): [GEMM1_SM90_GATED],
     ("ampere", "separate"): [GEMM1_SM80, ACTIVATION],
     ("ampere", "epilogue"): [GEMM1_SM80_ACT],
     ("ampere", "fused_gated"): [GEMM1_SM80_FUSED_GATED],

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 torch = pytest.importorskip("torch")
+from moe_build.weights import interleave_gate_up  # noqa: E402  (after the torch skip)
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -57,12 +58,12 @@ def act_ref(name: str, x, up=None, alpha: float = 1.0, limit: float = 0.0):
         return F.relu(x)
     if name == "silu":
         return F.silu(x)
-    if name == "gelu":
-        return F.gelu(x)
+    if name == "gelu":  # the tanh form, as moe_build.reference and every kernel (cpp/src/act_math.cuh)
+        return F.gelu(x, approximate="tanh")
     if name == "swiglu":
         return F.silu(x) * up
     if name == "geglu":
-        return F.gelu(x) * up
+        return F.gelu(x, approximate="tanh") * up
     g = x.clamp(max=limit)
     return g * torch.sigmoid(alpha * g) * (up.clamp(-limit, limit) + 1)
 
@@ -211,6 +212,43 @@ def test_sm90_decode_without_workspace(gemms, shape):
                                         torch.cuda.current_stream().cuda_stream)
     assert st == 0, gemms.error()
     check(c, reference(a, b, bias, offsets, "identity"), torch.bfloat16)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_sm90_gated(gemms, sm90_path, shape, dtype):
+    """GEMM1 with the gated activation in its epilogue, on every path and tile: W1 is handed over
+    gate/up-interleaved, the reference multiplies the stacked W1 (n = the intermediate size here)."""
+    e, rows, n, k = shape
+    gen = torch.Generator(device="cuda").manual_seed(4 + hash((shape, str(dtype), sm90_path)) % 2**31)
+    offsets = segments(e, rows, gen)
+    for i, act in enumerate(gemm_lib.GATED):
+        a, b, bias = make(rows, e, 2 * n, k, dtype, gen, with_bias=i != 1, bias_cols=2 * n)
+        alpha, limit = (1.702, 7.0) if act == "swiglu_clamp" else (1.0, 0.0)
+        ref = reference(a, b, bias, offsets, act, alpha, limit)
+        b_il = interleave_gate_up(b)
+        bias_il = None if bias is None else interleave_gate_up(bias)
+        outs = []
+        for _ in range(2):
+            c = torch.full((rows, n), float("nan"), dtype=dtype, device="cuda")
+            assert gemms.sm90_gated(a, b_il, bias_il, c, offsets, rows, n, k, act, alpha, limit) == 0, gemms.error()
+            check(c, ref, dtype)
+            outs.append(c)
+        assert torch.equal(outs[0], outs[1]), "the gated GEMM (no atomics) must be bit-reproducible"
+
+
+def test_sm90_gated_rejects(gemms):
+    if not is_sm90():
+        pytest.skip("sm_90a kernels need a compute capability 9.0 device")
+    gen = torch.Generator(device="cuda").manual_seed(13)
+    offsets = segments(8, 64, gen)
+    a, b, _ = make(64, 8, 2 * 100, 128, torch.bfloat16, gen, False, 0)
+    c = torch.empty(64, 100, dtype=torch.bfloat16, device="cuda")
+    assert gemms.sm90_gated(a, b, None, c, offsets, 64, 100, 128, "swiglu") == 1  # inter % 8 != 0
+    assert "multiple of 8" in gemms.error()
+    a, b, _ = make(64, 8, 2 * 96, 128, torch.bfloat16, gen, False, 0)
+    assert gemms.sm90_gated(a, b, None, c, offsets, 64, 96, 128, "silu") == 1  # not a gated activation
+    assert "swiglu" in gemms.error()
 
 
 # (tokens, experts, top_k, n, k)

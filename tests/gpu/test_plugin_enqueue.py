@@ -55,10 +55,13 @@ def make_case(name: str, force: dict[str, str], tokens: int, logits_dtype: torch
     return spec, plan, weights, hidden, logits
 
 
-def enqueue(spec, plan, weights, hidden, logits, workspace_tokens=None, cache=None) -> torch.Tensor:
-    """Call the enqueue core as TensorRT would: pointers, descriptors' shapes/dtypes, workspace, stream."""
+def enqueue(spec, plan, weights, hidden, logits, workspace_tokens=None, cache=None, given=None) -> torch.Tensor:
+    """Call the enqueue core as TensorRT would: pointers, descriptors' shapes/dtypes, workspace, stream.
+    `given`: the weight inputs as the engine holds them (default: plan_weights of `weights`, which
+    interleaves W1 for the gated epilogue)."""
     slots = mp.input_slots(spec)
-    inputs = [hidden, logits] + [getattr(weights, s.name) for s in slots[2:]]
+    given = given or mp.plan_weights(plan, weights)
+    inputs = [hidden, logits] + [getattr(given, s.name) for s in slots[2:]]
     out = torch.full_like(hidden, float("nan"), dtype=mp.output_dtype(spec))  # poisoned
     ws_bytes = mp.workspace_size(spec, plan, workspace_tokens or hidden.shape[0])
     workspace = torch.full((max(ws_bytes, 1),), 0xFF, dtype=torch.uint8, device="cuda")  # poisoned too
@@ -84,6 +87,7 @@ def check(spec, weights, hidden, logits, out) -> None:
     ("bf16_swiglu", {}),
     ("bf16_swiglu", {"gemm_kernel": "ampere"}),
     ("bf16_swiglu", {"finalize": "separate"}),
+    ("bf16_swiglu", {"fc1_activation": "separate"}),  # on sm90: stacked W1 and the separate activation
     ("fp16_full", {}),
     ("fp16_relu", {}),
     ("fp16_relu", {"gemm_kernel": "ampere"}),  # relu in the Ampere GEMM1 epilogue
@@ -102,12 +106,13 @@ def test_runner_is_reused_across_calls_with_the_profile_workspace():
     """One plugin instance, several token counts, TensorRT's single max-sized workspace."""
     cache = mp.RunnerCache()
     spec, plan, weights, _, _ = make_case("bf16_swiglu", {}, 1)
+    given = mp.plan_weights(plan, weights)  # one set of engine buffers, as TensorRT keeps them
     runners = set()
     for tokens in (5, 300, 2):
         g = torch.Generator().manual_seed(tokens)
         hidden = torch.randn(tokens, spec.hidden_size, generator=g).to("cuda", torch.bfloat16)
         logits = torch.randn(tokens, spec.num_experts, generator=g).to("cuda")
-        out = enqueue(spec, plan, weights, hidden, logits, workspace_tokens=PROFILE.max, cache=cache)
+        out = enqueue(spec, plan, weights, hidden, logits, workspace_tokens=PROFILE.max, cache=cache, given=given)
         check(spec, weights, hidden, logits, out)
         runners.add(id(cache._runner))
     assert len(runners) == 1

@@ -27,10 +27,11 @@ FORCES = [
     {},
     {"routing_prologue": "three_step"},
     {"finalize": "separate"},
+    {"fc1_activation": "separate"},
     {"gemm_kernel": "ampere"},
     {"gemm_kernel": "ampere", "fc1_activation": "separate"},
 ]
-FORCE_IDS = ["default", "three_step", "finalize_separate", "ampere", "ampere_fc1_separate"]
+FORCE_IDS = ["default", "three_step", "finalize_separate", "fc1_separate", "ampere", "ampere_fc1_separate"]
 BASE = MoESpec(256, 512, 8, 2, routing=Routing(RoutingMethod.SOFTMAX_TOPK, renormalize=True))
 
 
