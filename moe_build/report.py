@@ -111,8 +111,8 @@ def explain(plan: Plan, stage: str) -> str:
 # ---- sweep -------------------------------------------------------------------------------------
 
 CHOICE_ABBREV = {"fused": "F", "three_step": "3", "prequant_fused": "Q", "plain": "-", "tma_warp_specialized": "W",
-                 "ampere": "A", "epilogue": "E", "fused_gated": "G", "gated_epilogue": "g", "separate": "S", "none": "-",
-                 "dense_masked": "D", "per_expert_gather": "P"}
+                 "ampere": "A", "epilogue": "E", "fused_gated": "G", "gated_epilogue": "g", "separate": "S",
+                 "none": "-", "dense_masked": "D", "per_expert_gather": "P"}
 
 
 def sweep(spec: MoESpec, target: Target, tokens: int,

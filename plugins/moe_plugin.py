@@ -512,8 +512,9 @@ def add_moe_plugin(network: Any, trt: ModuleType, spec: MoESpec, plan: Plan, hid
 
     `hidden` [T, H] and `router_logits` [T, E] are network tensors. The expert weights become
     constant layers (`weights_as_constants`, baked into the engine, in `plan_weights` order) or
-    network inputs named `{name}.{weight}` (supplied at run time, in that order). TensorRT reads constant data only when the engine is
-    built, so the returned host buffers (and the Python plugin object) must outlive the build.
+    network inputs named `{name}.{weight}` (supplied at run time, in that order). TensorRT reads
+    constant data only when the engine is built, so the returned host buffers (and the Python plugin
+    object) must outlive the build.
     """
     if not hasattr(network, "add_plugin_v3"):
         raise MoeBuildError("flavour", "plugin-path engines need full TensorRT: this network has no add_plugin_v3 "

@@ -116,7 +116,8 @@ def test_plans_without_runner_kernels_are_refused() -> None:
 
 def test_workspace_sizing_math() -> None:
     spec = MoESpec(256, 512, 8, 2, dtype=DType.BF16)
-    plan = make_plan(spec, H100, tokens=4, force={"fc1_activation": "separate"})  # fc1_out: the separate activation's input
+    # forced separate: fc1_out, the separate activation's input, is in the layout
+    plan = make_plan(spec, H100, tokens=4, force={"fc1_activation": "separate"})
     layout = workspace_layout(spec, steps_up_to(plan, 4), 100, gemm_workspace_bytes=1000,
                               three_step_workspace_bytes=0)
     M, K, E, H, I = 100, 2, 8, 256, 512

@@ -37,7 +37,12 @@ def require_cuda(device: torch.device | str) -> torch.device:
 
 
 class MoERunner:
-    """A callable MoE layer: `runner(hidden, router_logits=None, topk_ids=None, topk_weights=None, out=None)`."""
+    """A callable MoE layer: `runner(hidden, router_logits=None, topk_ids=None, topk_weights=None, out=None)`.
+
+    `w1_interleaved`: the given W1 / b1 already come in `weights.interleave_gate_up`'s order (the
+    plugin's engine buffers); only valid when the plan runs the sm90 gated epilogue. Otherwise that
+    plan makes its own interleaved copy once, here.
+    """
 
     def __init__(self, spec: MoESpec, weights: MoEWeights, target: Target | None = None, max_tokens: int = 4096,
                  force: Mapping[str, str] | None = None, device: torch.device | str = "cuda",
@@ -82,7 +87,8 @@ class MoERunner:
             S.ROUTER_GEMM: pf.router_gemm, S.ROUTING: pf.routing,
             S.PROLOGUE_FUSED: ex.prologue_fused, S.PROLOGUE_THREE_STEP: ex.prologue_three_step,
             S.EXPAND_ROWS: ex.expand_rows, S.EXPAND_ROWS_ZERO_OUTPUT: ex.expand_rows_zero_output,
-            S.GEMM1_SM90: ex.gemm1_sm90, S.GEMM1_SM90_GATED: ex.gemm1_sm90_gated, S.GEMM1_SM80: ex.gemm1_sm80, S.GEMM1_SM80_ACT: ex.gemm1_sm80_act,
+            S.GEMM1_SM90: ex.gemm1_sm90, S.GEMM1_SM90_GATED: ex.gemm1_sm90_gated,
+            S.GEMM1_SM80: ex.gemm1_sm80, S.GEMM1_SM80_ACT: ex.gemm1_sm80_act,
             S.GEMM1_SM80_FUSED_GATED: ex.gemm1_sm80_fused_gated, S.ACTIVATION: ex.activation,
             S.GEMM2_SM90_FINALIZE: ex.gemm2_sm90_finalize,
             S.GEMM2_SM90: ex.gemm2_sm90, S.GEMM2_SM80: ex.gemm2_sm80,
