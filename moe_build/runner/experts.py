@@ -12,29 +12,22 @@ from types import ModuleType
 import torch
 
 from ..spec import MoESpec
-from ..weights import MoEWeights, interleave_gate_up
+from ..weights import MoEWeights
 from .batch import Batch
 from .codes import activation_code
 
 class FusedExperts:
     """The expert-side steps of one layer; holds device weights, nothing per call.
 
-    `w1_gated` / `b1_gated` are W1 / b1 in the gate/up-interleaved order of the sm90 gated
-    epilogue (weights.interleave_gate_up), made once here when the plan runs that epilogue, unless
-    the caller's W1 / b1 already come in that order (`w1_interleaved`: a plugin engine bakes them so).
+    W1 / b1 come in the order the plan's GEMM1 reads: gate/up-interleaved for the sm90 gated
+    epilogue (the runner converts them, weights.interleave_gate_up), stacked otherwise.
     """
 
-    def __init__(self, spec: MoESpec, weights: MoEWeights, kernels: ModuleType, gated_epilogue: bool = False,
-                 w1_interleaved: bool = False) -> None:
+    def __init__(self, spec: MoESpec, weights: MoEWeights, kernels: ModuleType) -> None:
         self.spec = spec
         self.w = weights
         self.k = kernels
         self.act = activation_code(spec.activation)
-        self.w1_gated = self.b1_gated = None
-        if gated_epilogue:
-            prep = (lambda t: t) if w1_interleaved else interleave_gate_up
-            self.w1_gated = prep(weights.w1)
-            self.b1_gated = None if weights.b1 is None else prep(weights.b1)
 
     # ---- permute ---------------------------------------------------------------------------
     def prologue_fused(self, b: Batch) -> None:
@@ -74,8 +67,8 @@ class FusedExperts:
     def gemm1_sm90_gated(self, b: Batch) -> None:
         """act(gate, up) (+b1) in GEMM1's epilogue, straight into fc1_act: no fc1_out round trip."""
         s = self.spec
-        self.k.grouped_gemm_sm90_gated(b.v("permuted_input"), self.w1_gated, b.v("expert_offsets"), self.act,
-                                       bias=self.b1_gated, swiglu_alpha=s.swiglu_alpha, swiglu_limit=s.swiglu_limit,
+        self.k.grouped_gemm_sm90_gated(b.v("permuted_input"), self.w.w1, b.v("expert_offsets"), self.act,
+                                       bias=self.w.b1, swiglu_alpha=s.swiglu_alpha, swiglu_limit=s.swiglu_limit,
                                        c=b.v("fc1_act"), workspace=_opt(b, "gemm_workspace"))
 
     def gemm1_sm80(self, b: Batch) -> None:

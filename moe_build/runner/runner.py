@@ -7,6 +7,7 @@ stream into buffers sized once for `max_tokens`.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable, Mapping
 
 import torch
@@ -16,7 +17,7 @@ from ..errors import MoeBuildError
 from ..planner import Plan, make_plan
 from ..spec import MoESpec
 from ..target import Target, resolve_target
-from ..weights import MoEWeights
+from ..weights import MoEWeights, interleave_gate_up
 from . import sequence as S
 from .batch import Batch
 from .experts import FusedExperts
@@ -39,9 +40,10 @@ def require_cuda(device: torch.device | str) -> torch.device:
 class MoERunner:
     """A callable MoE layer: `runner(hidden, router_logits=None, topk_ids=None, topk_weights=None, out=None)`.
 
-    `w1_interleaved`: the given W1 / b1 already come in `weights.interleave_gate_up`'s order (the
-    plugin's engine buffers); only valid when the plan runs the sm90 gated epilogue. Otherwise that
-    plan makes its own interleaved copy once, here.
+    When the plan runs the sm90 gated epilogue, `self.weights.w1` / `b1` hold W1 / b1 in
+    `weights.interleave_gate_up`'s order (`self.w1_interleaved`), converted once here; the stacked
+    device copy is not kept. `w1_interleaved=True` says the given W1 / b1 already come in that order
+    (the plugin's engine buffers), valid only with such a plan.
     """
 
     def __init__(self, spec: MoESpec, weights: MoEWeights, target: Target | None = None, max_tokens: int = 4096,
@@ -61,17 +63,21 @@ class MoERunner:
         S.check_runnable(self.plan)
         weights.check(spec)
         self.dtype = TORCH_DTYPE[spec.dtype]
+        self.w1_interleaved = self.plan.stage("fc1_activation").choice == "gated_epilogue"
+        if w1_interleaved and not self.w1_interleaved:
+            raise MoeBuildError("w1_interleaved", "W1 comes gate/up-interleaved, but the plan does not run the sm90 "
+                                "gated epilogue that reads that order", "False, or a plan with "
+                                "fc1_activation=gated_epilogue")
         self.weights = _to_device(weights, self.device, self.dtype)
+        if self.w1_interleaved and not w1_interleaved:
+            w = self.weights
+            self.weights = replace(w, w1=interleave_gate_up(w.w1),
+                                   b1=None if w.b1 is None else interleave_gate_up(w.b1))
 
         self._workspace: Workspace | None = None   # allocated by the first call not given a workspace
         deterministic = bool(self.plan.target.get("deterministic", False))
         self.prepare_finalize = PrepareFinalize(spec, self.weights, kernels, deterministic)
-        gated_epilogue = self.plan.stage("fc1_activation").choice == "gated_epilogue"
-        if w1_interleaved and not gated_epilogue:
-            raise MoeBuildError("w1_interleaved", "W1 comes gate/up-interleaved, but the plan does not run the sm90 "
-                                "gated epilogue that reads that order", "False, or a plan with "
-                                "fc1_activation=gated_epilogue")
-        self.experts = FusedExperts(spec, self.weights, kernels, gated_epilogue, w1_interleaved)
+        self.experts = FusedExperts(spec, self.weights, kernels)
         self._steps = self._step_table()
 
     @property

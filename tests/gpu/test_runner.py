@@ -12,7 +12,7 @@ import random
 import pytest
 import torch
 
-from moe_build.errors import UnsupportedCombination
+from moe_build.errors import MoeBuildError, UnsupportedCombination
 from moe_build.reference import moe_reference
 from moe_build.spec import Activation, DType, MoESpec, Routing, RoutingMethod, SharedExperts
 from moe_build.target import Flavour, Target
@@ -205,3 +205,23 @@ def test_external_workspace_matches_own_workspace(force: dict[str, str]) -> None
     assert torch.equal(runner(hidden, router_logits=logits, workspace=flat), own)
     with pytest.raises(ValueError, match="workspace"):
         runner(hidden, router_logits=logits, workspace=flat[:-1])
+
+
+def test_gated_epilogue_runner_keeps_only_the_interleaved_w1() -> None:
+    """With the sm90 gated epilogue the runner converts W1 / b1 once and holds no stacked device copy."""
+    from moe_build.runner import MoERunner
+    from moe_build.weights import interleave_gate_up
+    spec = dataclasses.replace(BASE, expert_bias=True)
+    weights = MoEWeights.random(spec, seed=3)  # on the CPU: the runner makes the device copies
+    runner = MoERunner(spec, weights, target=_target(), max_tokens=64)
+    if runner.plan.stage("fc1_activation").choice != "gated_epilogue":
+        pytest.skip("the gated epilogue is an sm90 plan")
+    dt = _dtype(spec)
+    assert runner.w1_interleaved
+    assert torch.equal(runner.weights.w1.cpu(), interleave_gate_up(weights.w1.to(dt)))
+    assert torch.equal(runner.weights.b1.cpu(), interleave_gate_up(weights.b1.to(dt)))
+    separate = MoERunner(spec, weights, target=_target(), max_tokens=64, force={"fc1_activation": "separate"})
+    assert not separate.w1_interleaved and torch.equal(separate.weights.w1.cpu(), weights.w1.to(dt))
+    with pytest.raises(MoeBuildError, match="w1_interleaved"):
+        MoERunner(spec, weights, target=_target(), max_tokens=64, force={"fc1_activation": "separate"},
+                  w1_interleaved=True)
