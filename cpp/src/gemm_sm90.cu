@@ -309,6 +309,9 @@ class MoeEpilogue {
 //                     128x256 in 1x2 clusters (the A tile multicast instead) 0-11%, in 2x2 clusters 12-28%;
 //                     pingpong 64x192 in 2x1 clusters, which tiles GPT-OSS's N = 2880 without padding, won
 //                     only there (GEMM2 583 vs 600 us) and lost 4-44% elsewhere, so it was not kept.
+//                     CUTLASS's group scheduler order was left at its default (along M, no swizzle): along N
+//                     lost 3-46% on the gated GEMM1 (GPT-OSS 1024 tokens 551 vs 378 us) and swizzle 2 or 4
+//                     moved GEMM1 / GEMM2 by under 2% either way (4096 and 1024 tokens, all four shapes).
 //   pingpong 64x128 : twice the tiles of 64x256. With few rows per expert a GEMM streams the weights
 //                     once and is bandwidth-bound, and more, smaller tiles even out the last wave:
 //                     256 tokens (16-32 rows per expert) of Qwen3 / DeepSeek-V2-Lite / GPT-OSS run
