@@ -16,7 +16,7 @@ One kernel reads another order: the sm90 gated GEMM1 epilogue wants W1 / b1 gate
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Iterator
 
 import torch
@@ -62,6 +62,11 @@ class MoEWeights:
             keep = name == "correction_bias" and dtype is not None and dtype != torch.float64
             out[name] = t.to(device=device, dtype=torch.float32 if keep else dtype)
         return MoEWeights(**out)
+
+    def gate_up_interleaved(self) -> "MoEWeights":
+        """These weights with W1 / b1 in `interleave_gate_up`'s order (the sm90 gated epilogue's)."""
+        return replace(self, w1=interleave_gate_up(self.w1),
+                       b1=None if self.b1 is None else interleave_gate_up(self.b1))
 
     def check(self, spec: MoESpec) -> None:
         """Raise MoeBuildError naming the first tensor whose shape does not fit `spec`."""

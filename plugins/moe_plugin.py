@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from types import ModuleType, SimpleNamespace
 from typing import Any, Mapping, Sequence
 
@@ -42,7 +42,7 @@ from moe_build.errors import MoeBuildError
 from moe_build.planner import PLAN_SCHEMA_VERSION, Plan, make_plan
 from moe_build.spec import DType, MoESpec, OutputDType, Quant
 from moe_build.target import Target
-from moe_build.weights import MoEWeights, interleave_gate_up
+from moe_build.weights import MoEWeights
 
 PLUGIN_NAME = "MoEPlugin"
 PLUGIN_NAMESPACE = "moe_build"
@@ -111,10 +111,7 @@ def w1_interleaved(plan: Plan) -> bool:
 
 def plan_weights(plan: Plan, weights: MoEWeights) -> MoEWeights:
     """The canonical `weights` in the order the plugin's inputs take for `plan` (see w1_interleaved)."""
-    if not w1_interleaved(plan):
-        return weights
-    return replace(weights, w1=interleave_gate_up(weights.w1),
-                   b1=None if weights.b1 is None else interleave_gate_up(weights.b1))
+    return weights.gate_up_interleaved() if w1_interleaved(plan) else weights
 
 
 def forced_choices(plan: Plan) -> dict[str, str]:

@@ -481,12 +481,6 @@ int sm90_path(int64_t max_rows, int num_experts) {
   return decode_rows_fit(max_rows, num_experts) ? PATH_DECODE : PATH_WGMMA;
 }
 
-// A call the wgmma path does not take: the decode kernel, or the mma.sync tiles when forced.
-mb_status launch_small(int path, const GemmParams& p, int64_t max_rows, int dtype, int epilogue, cudaStream_t stream) {
-  if (path == PATH_DECODE) return launch_grouped_decode(p, max_rows, dtype, epilogue, stream);
-  return launch_grouped_mma(p, max_rows, dtype, epilogue, choose_tile(max_rows, p.num_experts), stream);
-}
-
 template <typename T, int kEpi, int kTile>
 mb_status run_wgmma(const void* A, const void* B, const typename MoeEpilogue<T, kEpi>::Arguments& epi,
                     const int64_t* offsets, int num_experts, int n, int k, void* workspace,
@@ -516,32 +510,47 @@ mb_status run_wgmma(const void* A, const void* B, const typename MoeEpilogue<T, 
   return MB_OK;
 }
 
+// The wgmma kernel for the call `p` describes (the same GemmParams the decode and mma.sync paths take;
+// for the gated epilogue p.n is the output width, the GEMM's columns are gate and up: 2 * p.n).
 template <int kEpi>
-mb_status dispatch_wgmma(int dtype, const void* A, const void* B, const void* bias, void* out,
-                         const int64_t* offsets, const int32_t* p2u, const float* weights, int top_k,
-                         int num_experts, int64_t max_rows, int n, int k, void* workspace, size_t workspace_bytes,
-                         cudaStream_t stream, int activation = MB_ACT_IDENTITY, float alpha = 1.f,
-                         float limit = 0.f) {
+mb_status dispatch_wgmma(const GemmParams& p, int64_t max_rows, int dtype, void* workspace, size_t workspace_bytes,
+                         cudaStream_t stream) {
+  const int n = kEpi == EPI_GATED ? 2 * p.n : p.n;
   auto go = [&](auto tag) {
     using T = decltype(tag);
-    typename MoeEpilogue<T, kEpi>::Arguments epi{static_cast<const T*>(bias), static_cast<T*>(out), offsets,
-                                                 p2u, weights, top_k, activation, alpha, limit};
-    switch (wgmma_tile(max_rows, num_experts, kEpi)) {
-      case WG_PINGPONG_64x256:
-        return run_wgmma<T, kEpi, WG_PINGPONG_64x256>(A, B, epi, offsets, num_experts, n, k, workspace,
-                                                            workspace_bytes, stream);
-      case WG_PINGPONG_64x128:
-        return run_wgmma<T, kEpi, WG_PINGPONG_64x128>(A, B, epi, offsets, num_experts, n, k, workspace,
-                                                            workspace_bytes, stream);
-      case WG_PINGPONG_64x256_C2:
-        return run_wgmma<T, kEpi, WG_PINGPONG_64x256_C2>(A, B, epi, offsets, num_experts, n, k, workspace,
-                                                               workspace_bytes, stream);
-      default:
-        return run_wgmma<T, kEpi, WG_COOP_128x256>(A, B, epi, offsets, num_experts, n, k, workspace,
-                                                         workspace_bytes, stream);
+    const typename MoeEpilogue<T, kEpi>::Arguments epi{
+        static_cast<const T*>(p.bias), static_cast<T*>(p.C), p.offsets, p.permuted_to_unpermuted,
+        p.permuted_weights, p.top_k, p.activation, p.swiglu_alpha, p.swiglu_limit};
+    auto run = [&](auto tile) {
+      return run_wgmma<T, kEpi, decltype(tile)::value>(p.A, p.B, epi, p.offsets, p.num_experts, n, p.k, workspace,
+                                                       workspace_bytes, stream);
+    };
+    switch (wgmma_tile(max_rows, p.num_experts, kEpi)) {
+      case WG_PINGPONG_64x256: return run(std::integral_constant<int, WG_PINGPONG_64x256>{});
+      case WG_PINGPONG_64x128: return run(std::integral_constant<int, WG_PINGPONG_64x128>{});
+      case WG_PINGPONG_64x256_C2: return run(std::integral_constant<int, WG_PINGPONG_64x256_C2>{});
+      default: return run(std::integral_constant<int, WG_COOP_128x256>{});
     }
   };
   return dtype == MB_BF16 ? go(__nv_bfloat16{}) : go(__half{});
+}
+
+// Every sm90 entry point, after its checks: the decode kernel, the mma.sync tiles (when forced) or
+// the wgmma kernel, by sm90_path.
+mb_status run_sm90(const GemmParams& p, int64_t max_rows, int dtype, int epilogue, void* workspace,
+                   size_t workspace_bytes, cudaStream_t stream) {
+  switch (sm90_path(max_rows, p.num_experts)) {
+    case PATH_DECODE: return launch_grouped_decode(p, max_rows, dtype, epilogue, stream);
+    case PATH_MMA:
+      return launch_grouped_mma(p, max_rows, dtype, epilogue, choose_tile(max_rows, p.num_experts), stream);
+    default:
+      switch (epilogue) {
+        case EPI_GATED: return dispatch_wgmma<EPI_GATED>(p, max_rows, dtype, workspace, workspace_bytes, stream);
+        case EPI_FINALIZE:
+          return dispatch_wgmma<EPI_FINALIZE>(p, max_rows, dtype, workspace, workspace_bytes, stream);
+        default: return dispatch_wgmma<EPI_STORE>(p, max_rows, dtype, workspace, workspace_bytes, stream);
+      }
+  }
 }
 
 mb_status check_common(const void* A, const void* B, const void* out, const int64_t* offsets, int num_experts,
@@ -590,14 +599,9 @@ mb_status mb_grouped_gemm_sm90(const void* A, const void* B, const void* bias, v
                                cudaStream_t stream) {
   mb_status st = mbk::check_common(A, B, C, expert_first_token_offset, num_experts, max_rows, n, k, dtype);
   if (st != MB_OK || max_rows == 0) return st;
-  const int path = mbk::sm90_path(max_rows, num_experts);
-  if (path != mbk::PATH_WGMMA) {
-    const mbk::GemmParams p =
-        mbk::gemm_params(A, B, bias, C, expert_first_token_offset, num_experts, n, k, MB_ACT_IDENTITY);
-    return mbk::launch_small(path, p, max_rows, dtype, mbk::EPI_STORE, stream);
-  }
-  return mbk::dispatch_wgmma<mbk::EPI_STORE>(dtype, A, B, bias, C, expert_first_token_offset, nullptr, nullptr, 1,
-                                    num_experts, max_rows, n, k, workspace, workspace_bytes, stream);
+  const mbk::GemmParams p =
+      mbk::gemm_params(A, B, bias, C, expert_first_token_offset, num_experts, n, k, MB_ACT_IDENTITY);
+  return mbk::run_sm90(p, max_rows, dtype, mbk::EPI_STORE, workspace, workspace_bytes, stream);
 }
 
 mb_status mb_grouped_gemm_sm90_finalize(const void* A, const void* B, const void* bias, void* out,
@@ -611,18 +615,11 @@ mb_status mb_grouped_gemm_sm90_finalize(const void* A, const void* B, const void
   if (!permuted_to_unpermuted || !permuted_weights || top_k <= 0 || num_tokens < 0)
     return mbk::fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm sm90 finalize: missing maps/weights or bad top_k");
   if (max_rows == 0) return MB_OK;
-  const int path = mbk::sm90_path(max_rows, num_experts);
-  if (path != mbk::PATH_WGMMA) {
-    mbk::GemmParams p =
-        mbk::gemm_params(A, B, bias, out, expert_first_token_offset, num_experts, n, k, MB_ACT_IDENTITY);
-    p.permuted_to_unpermuted = permuted_to_unpermuted;
-    p.permuted_weights = permuted_weights;
-    p.top_k = top_k;
-    return mbk::launch_small(path, p, max_rows, dtype, mbk::EPI_FINALIZE, stream);
-  }
-  return mbk::dispatch_wgmma<mbk::EPI_FINALIZE>(dtype, A, B, bias, out, expert_first_token_offset, permuted_to_unpermuted,
-                                   permuted_weights, top_k, num_experts, max_rows, n, k, workspace, workspace_bytes,
-                                   stream);
+  mbk::GemmParams p = mbk::gemm_params(A, B, bias, out, expert_first_token_offset, num_experts, n, k, MB_ACT_IDENTITY);
+  p.permuted_to_unpermuted = permuted_to_unpermuted;
+  p.permuted_weights = permuted_weights;
+  p.top_k = top_k;
+  return mbk::run_sm90(p, max_rows, dtype, mbk::EPI_FINALIZE, workspace, workspace_bytes, stream);
 }
 
 mb_status mb_grouped_gemm_sm90_gated(const void* A, const void* B, const void* bias, void* C,
@@ -637,18 +634,11 @@ mb_status mb_grouped_gemm_sm90_gated(const void* A, const void* B, const void* b
                      "or swiglu_clamp (%d)", activation, MB_ACT_SWIGLU, MB_ACT_GEGLU, MB_ACT_SWIGLU_CLAMP);
   mb_status st = mbk::check_common(A, B, C, expert_first_token_offset, num_experts, max_rows, 2 * inter, k, dtype);
   if (st != MB_OK || max_rows == 0) return st;
-  const int path = mbk::sm90_path(max_rows, num_experts);
-  if (path != mbk::PATH_WGMMA) {
-    mbk::GemmParams p =
-        mbk::gemm_params(A, B, bias, C, expert_first_token_offset, num_experts, inter, k, activation);
-    p.swiglu_alpha = swiglu_alpha;
-    p.swiglu_limit = swiglu_limit;
-    p.gate_up_interleaved = 1;
-    return mbk::launch_small(path, p, max_rows, dtype, mbk::EPI_GATED, stream);
-  }
-  return mbk::dispatch_wgmma<mbk::EPI_GATED>(dtype, A, B, bias, C, expert_first_token_offset, nullptr, nullptr, 1,
-                                             num_experts, max_rows, 2 * inter, k, workspace, workspace_bytes, stream,
-                                             activation, swiglu_alpha, swiglu_limit);
+  mbk::GemmParams p = mbk::gemm_params(A, B, bias, C, expert_first_token_offset, num_experts, inter, k, activation);
+  p.swiglu_alpha = swiglu_alpha;
+  p.swiglu_limit = swiglu_limit;
+  p.gate_up_interleaved = 1;
+  return mbk::run_sm90(p, max_rows, dtype, mbk::EPI_GATED, workspace, workspace_bytes, stream);
 }
 
 }  // extern "C"

@@ -7,7 +7,6 @@ stream into buffers sized once for `max_tokens`.
 """
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Callable, Mapping
 
 import torch
@@ -17,7 +16,7 @@ from ..errors import MoeBuildError
 from ..planner import Plan, make_plan
 from ..spec import MoESpec
 from ..target import Target, resolve_target
-from ..weights import MoEWeights, interleave_gate_up
+from ..weights import MoEWeights
 from . import sequence as S
 from .batch import Batch
 from .experts import FusedExperts
@@ -70,9 +69,7 @@ class MoERunner:
                                 "fc1_activation=gated_epilogue")
         self.weights = _to_device(weights, self.device, self.dtype)
         if self.w1_interleaved and not w1_interleaved:
-            w = self.weights
-            self.weights = replace(w, w1=interleave_gate_up(w.w1),
-                                   b1=None if w.b1 is None else interleave_gate_up(w.b1))
+            self.weights = self.weights.gate_up_interleaved()
 
         self._workspace: Workspace | None = None   # allocated by the first call not given a workspace
         deterministic = bool(self.plan.target.get("deterministic", False))

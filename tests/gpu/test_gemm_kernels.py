@@ -102,6 +102,15 @@ def make(rows, e, n_rows_b, k, dtype, gen, with_bias, bias_cols):
     return a, b, bias
 
 
+def gated_cases(rows, e, n, k, dtype, gen):
+    """(act, A, stacked B [E, 2n, k], bias or None, alpha, limit) for each gated activation, fresh data
+    each; geglu without bias, GPT-OSS's swiglu_clamp constants."""
+    for i, act in enumerate(gemm_lib.GATED):
+        a, b, bias = make(rows, e, 2 * n, k, dtype, gen, with_bias=i != 1, bias_cols=2 * n)
+        alpha, limit = (1.702, 7.0) if act == "swiglu_clamp" else (1.0, 0.0)
+        yield act, a, b, bias, alpha, limit
+
+
 # (experts, rows, n, k): every tile size (avg rows/expert <= 16, <= 64, > 64), N/K multiples of
 # 64 and not (2880 = 45*64, 200, 136), single rows and 8192 rows.
 # Decode shapes with long K ((8, 2, 512, 14336), (8, 5, 264, 1000): K tail, N not a multiple of
@@ -140,9 +149,7 @@ def test_sm80_fused_gated(gemms, sm80_path, shape, dtype):
     e, rows, n, k = shape
     gen = torch.Generator(device="cuda").manual_seed(1 + hash((shape, str(dtype), sm80_path)) % 2**31)
     offsets = segments(e, rows, gen)
-    for i, act in enumerate(gemm_lib.GATED):
-        a, b, bias = make(rows, e, 2 * n, k, dtype, gen, with_bias=i != 1, bias_cols=2 * n)
-        alpha, limit = (1.702, 7.0) if act == "swiglu_clamp" else (1.0, 0.0)
+    for act, a, b, bias, alpha, limit in gated_cases(rows, e, n, k, dtype, gen):
         c = torch.full((rows, n), float("nan"), dtype=dtype, device="cuda")
         assert gemms.sm80(a, b, bias, c, offsets, rows, n, k, act, alpha, limit) == 0, gemms.error()
         check(c, reference(a, b, bias, offsets, act, alpha, limit), dtype)
@@ -222,9 +229,7 @@ def test_sm90_gated(gemms, sm90_path, shape, dtype):
     e, rows, n, k = shape
     gen = torch.Generator(device="cuda").manual_seed(4 + hash((shape, str(dtype), sm90_path)) % 2**31)
     offsets = segments(e, rows, gen)
-    for i, act in enumerate(gemm_lib.GATED):
-        a, b, bias = make(rows, e, 2 * n, k, dtype, gen, with_bias=i != 1, bias_cols=2 * n)
-        alpha, limit = (1.702, 7.0) if act == "swiglu_clamp" else (1.0, 0.0)
+    for act, a, b, bias, alpha, limit in gated_cases(rows, e, n, k, dtype, gen):
         ref = reference(a, b, bias, offsets, act, alpha, limit)
         b_il = interleave_gate_up(b)
         bias_il = None if bias is None else interleave_gate_up(bias)
