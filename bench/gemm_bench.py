@@ -38,7 +38,7 @@ _spec.loader.exec_module(gemm_lib)
 SHAPES = {"mixtral": (4096, 14336, 8, 2), "qwen3-30b-a3b": (2048, 768, 128, 8),
           "deepseek-v2-lite": (2048, 1408, 64, 6), "gpt-oss-20b": (2880, 2880, 32, 4)}
 TOKENS = (1, 16, 256, 4096)
-WGMMA_TILES = ("coop128x256", "pingpong64x256", "pingpong64x128", "pingpong64x256c2")
+WGMMA_TILES = ("coop128x256", "pingpong64x256", "pingpong64x128", "pingpong64x256c2", "pingpong64x192c2")
 FORCED_PATHS = (("decode", ""), ("mma", ""), *(("wgmma", tile) for tile in WGMMA_TILES))
 PEAK_FLOPS = 790e12
 # --tokens 1,16 limits the token counts (default: all of TOKENS)

@@ -2,7 +2,8 @@
 each round, L2 flushed before every call, CUDA events, medians): under the GPU's power limit,
 GEMMs timed one after another drift by up to ~7%, which hides any tile choice worth less.
 
-Per shape and GEMM (GEMM1: x @ W1^T, N = 2I; GEMM2: h @ W2^T, N = H), on the same rows:
+Per shape and GEMM (GEMM1: x @ W1^T, N = 2I; GEMM2: h @ W2^T, N = H), on the same rows
+(--gated: GEMM1 with the swiglu epilogue the layer runs, writing [rows, I]; mm / tmm stay plain):
   <tile>   : our sm90 grouped GEMM on random top-k routing, with MB_SM90_WGMMA_TILE=<tile>
              ("auto" = the library's own rule)
   uniform  : the auto rule with every expert given exactly rows/E rows (routing skew removed)
@@ -10,7 +11,7 @@ Per shape and GEMM (GEMM1: x @ W1^T, N = 2I; GEMM2: h @ W2^T, N = H), on the sam
   tmm      : torch._grouped_mm on the routed segments
 Prints us and TFLOP/s per variant, writes --json (default $OUT/gemm_rate_probe.json).
 Usage: PYTHONPATH=. python bench/gemm_rate_probe.py [--tokens 4096] [--tiles auto,pingpong64x256c2]
-       [--shapes qwen3-30b-a3b,gpt-oss-20b] [--rounds 8] [--json PATH]
+       [--shapes qwen3-30b-a3b,gpt-oss-20b] [--rounds 8] [--gated] [--json PATH]
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ def main() -> None:
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--per-round", type=int, default=3)
+    ap.add_argument("--gated", action="store_true", help="GEMM1 through the gated (swiglu) epilogue")
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "gemm_rate_probe.json"))
     args = ap.parse_args()
     g = gemm_lib.Gemms(gemm_lib.load())
@@ -45,6 +47,7 @@ def main() -> None:
             w = torch.randn(e, n, k, generator=gen, device="cuda", dtype=dt) * k ** -0.5
             a = torch.randn(rows, k, generator=gen, device="cuda", dtype=dt)
             c = torch.empty(rows, n, device="cuda", dtype=dt)
+            c_gated = torch.empty(rows, n // 2, device="cuda", dtype=dt)
             _, routed, _, _ = gemm_lib.route(args.tokens, e, top_k, gen)
             routed32 = routed[1:].to(torch.int32)
             uniform = torch.tensor([(rows * i) // e for i in range(e + 1)], dtype=torch.int64, device="cuda")
@@ -56,7 +59,11 @@ def main() -> None:
                     else:
                         os.environ["MB_SM90_WGMMA_TILE"] = tile
                     try:
-                        if g.sm90(a, w, None, c, offsets, rows, n, k) != 0:
+                        if gemm == "g1" and args.gated:
+                            st = g.sm90_gated(a, w, None, c_gated, offsets, rows, n // 2, k, "swiglu")
+                        else:
+                            st = g.sm90(a, w, None, c, offsets, rows, n, k)
+                        if st != 0:
                             raise RuntimeError(g.error())
                     finally:
                         os.environ.pop("MB_SM90_WGMMA_TILE", None)

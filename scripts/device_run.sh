@@ -57,7 +57,7 @@ fi
 if [ "${GEMM_PROBE:-0}" = 1 ]; then
   for t in 4096 256; do
     phase "gemm_probe_$t" 120 "$PY" bench/gemm_rate_probe.py --tokens "$t" --json "$OUT/gemm_rate_probe_$t.json" \
-      --tiles auto,coop128x256,pingpong64x256,pingpong64x128,pingpong64x256c2
+      --tiles auto,coop128x256,pingpong64x256,pingpong64x128,pingpong64x256c2,pingpong64x192c2
   done
 fi
 # shellcheck disable=SC2086

@@ -17,16 +17,18 @@
 //          / 29 us for the mma.sync tiles of gemm_common.cuh (which it replaced) and 140 / 35 / 38
 //          us for wgmma; 16 tokens within +-3% of mma.sync except Qwen3 (10% faster).
 //   else : the CUTLASS wgmma kernel: for the plain store, pingpong 64x128 tiles up to 32 average
-//          rows per expert, else pingpong 64x256 in 2x1 clusters; the gated epilogue the same but
+//          rows per expert, else pingpong 64x256 in 2x1 clusters (run as paired units,
+//          gemm_sm90_pairs.cuh; 64x192 where narrow_columns_fit); the gated epilogue the same but
 //          single-CTA pingpong 64x256 from 33 to 384 rows; for the finalize epilogue, pingpong
 //          64x256 up to 32, else cooperative 128x256 (measurements at WgmmaTile below).
 // MB_SM90_GEMM_PATH=decode|mma|wgmma and
-// MB_SM90_WGMMA_TILE=coop128x256|pingpong64x256|pingpong64x128|pingpong64x256c2 in the
+// MB_SM90_WGMMA_TILE=coop128x256|pingpong64x256|pingpong64x128|pingpong64x256c2|pingpong64x192c2 in the
 // environment force a path / tile (bench/gemm_bench.py --paths and the tests use them; mma is the
 // Ampere tile kernel, kept reachable as the baseline the decode kernel is measured against).
 #include <stdlib.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <string.h>
 
 #include "gemm_common.cuh"
@@ -40,6 +42,7 @@
 #include "cutlass/gemm/dispatch_policy.hpp"
 #include "cutlass/gemm/group_array_problem_shape.hpp"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "gemm_sm90_pairs.cuh"
 
 namespace mbk {
 namespace {
@@ -158,7 +161,7 @@ class MoeEpilogue {
     const int N = get<1>(problem_shape_mnkl);
     auto [m_coord, n_coord, k_coord, l_coord] = blk_coord_mnkl;
     Tensor coords = local_tile(make_identity_tensor(make_shape(M, N)), take<0, 2>(blk_shape_mnk),
-                               make_coord(m_coord, n_coord));
+                               make_coord(m_coord & ~kSplitTileFlag, n_coord));
     Tensor tc = tiled_mma.get_thread_slice(thread_idx).partition_C(coords);
     const int64_t row0 = params_.offsets[l_coord];
     const T* bias = params_.bias ? params_.bias + (int64_t)l_coord * N : nullptr;
@@ -303,12 +306,24 @@ class MoeEpilogue {
 //                     clusters, so an expert with an odd tile count computes one empty tile (routed vs
 //                     evenly split rows: GPT-OSS GEMM1 957 vs 855 us). Moving each odd last tile into a
 //                     second, single-CTA launch lost 5-12% at 4096 tokens (Qwen3 GEMM1 535 vs 476 us):
-//                     that launch's two or three waves cost more than the empty tiles. Not kept.
+//                     that launch's two or three waves cost more than the empty tiles. Not kept. Instead
+//                     PairedTileScheduler (gemm_sm90_pairs.cuh) runs an odd last row tile as a split unit
+//                     (the pair's two CTAs on two column tiles, no multicast), so no tile is empty unless
+//                     the column-tile count is odd too. Library with / without it, alternated twice
+//                     (bench/gemm_rate_probe.py, 4096 tokens, plain store, this tile): Mixtral GEMM1 2870
+//                     vs 2914-2986 us and GEMM2 1525 vs 1541-1563, GPT-OSS GEMM1 939-943 vs 950-962,
+//                     Qwen3 GEMM1 468-470 vs 466-482 and GEMM2 279-280 vs 286, DeepSeek-V2-Lite even
+//                     (GEMM2 297-303 vs 291-298); 8192 tokens, gated epilogue: GPT-OSS 1778-1786 vs
+//                     1826-1852, Qwen3 738-744 vs 764-787, DeepSeek-V2-Lite 910-933 vs 932-995, but Qwen3
+//                     GEMM2 (plain, K = 768) 513-519 vs 495-501. Whole layers at 4096 tokens (graph
+//                     replay, two processes each): GPT-OSS 1544-1551 vs 1575-1602 us, Mixtral 4639-4657
+//                     vs 4809-4833, Qwen3 741-750 vs 751-755, DeepSeek-V2-Lite 833-856 vs 839-861.
 //                     Wider clusters lost too (bench/gemm_rate_probe.py, 4096 tokens, plain store, vs this
 //                     tile): pingpong 64x256 in 2x2 clusters 5-12% (Qwen3 GEMM1 504 vs 459 us), cooperative
 //                     128x256 in 1x2 clusters (the A tile multicast instead) 0-11%, in 2x2 clusters 12-28%;
 //                     pingpong 64x192 in 2x1 clusters, which tiles GPT-OSS's N = 2880 without padding, won
-//                     only there (GEMM2 583 vs 600 us) and lost 4-44% elsewhere, so it was not kept.
+//                     only there (GEMM2 583 vs 600 us) and lost 4-44% elsewhere; it runs only where
+//                     narrow_columns_fit (below).
 //                     CUTLASS's group scheduler order was left at its default (along M, no swizzle): along N
 //                     lost 3-46% on the gated GEMM1 (GPT-OSS 1024 tokens 551 vs 378 us) and swizzle 2 or 4
 //                     moved GEMM1 / GEMM2 by under 2% either way (4096 and 1024 tokens, all four shapes).
@@ -321,7 +336,13 @@ class MoeEpilogue {
 //                     alternation with 64x256 forced (bench/kernel_profile.py): DeepSeek-V2-Lite 4 us and
 //                     GPT-OSS 5 us faster, Qwen3 even. At 64 rows (Mixtral 256) it loses GEMM1 by 20%, at
 //                     4096 tokens by 25-45%. Plain store only: the finalize epilogue was not measured with it.
-enum WgmmaTile { WG_COOP_128x256 = 0, WG_PINGPONG_64x256 = 1, WG_PINGPONG_64x128 = 2, WG_PINGPONG_64x256_C2 = 3 };
+enum WgmmaTile {
+  WG_COOP_128x256 = 0,
+  WG_PINGPONG_64x256 = 1,
+  WG_PINGPONG_64x128 = 2,
+  WG_PINGPONG_64x256_C2 = 3,
+  WG_PINGPONG_64x192_C2 = 4
+};
 constexpr int64_t kNarrowMaxAvgRows = 32;             // plain store: pingpong 64x128, else 64x256 cluster 2x1
 constexpr int64_t kPingpongFinalizeMaxAvgRows = 32;   // finalize (atomic) epilogue: pingpong 64x256, else coop
 // The gated epilogue (GEMM1 + act(gate, up)) from 33 to this many average rows per expert runs pingpong
@@ -331,7 +352,23 @@ constexpr int64_t kPingpongFinalizeMaxAvgRows = 32;   // finalize (atomic) epilo
 // 192 rows: 317 vs 363; GPT-OSS 1024, 128 rows: 376 vs 429; one even), and split past that: GPT-OSS 512
 // and 1024 rows (1089 vs 1041, 2202 vs 1976) and DeepSeek-V2-Lite 768 rows (1074 vs 1057) keep the
 // cluster, Qwen3 512 rows (806 vs 834) and Mixtral 1024 / 2048 rows (3022 vs 3250, 6057 vs 6191) lose by it.
+// Re-timed with the paired cluster units (bench/gemm_rate_probe.py --gated, one H200 run): single-CTA
+// still wins at 128-384 rows (Qwen3 4096 tokens 437 vs 451 us, DeepSeek-V2-Lite 507 vs 527) and the
+// cluster past them on GPT-OSS (512 rows 955 vs 1030, 1024 rows 1778-1786 vs 1969-1988) and DeepSeek-V2-
+// Lite (768 rows 910-933 vs 926-946); Qwen3 at 512 rows is even, Mixtral still prefers single-CTA by
+// 0.2-2.5% (512-2048 rows). The bound stays.
 constexpr int64_t kGatedSingleCtaMaxAvgRows = 384;
+// Where the 2x1-cluster tile is chosen, its 192-column variant replaces the 256-column one when 256-wide
+// tiles would pad more than 1/16 of the N columns and 192-wide ones pad none: among the bench shapes
+// only GPT-OSS's N = 2880 (12 tiles of 256 = 3072 columns, 15 of 192). Timed interleaved with paired
+// units (bench/gemm_rate_probe.py, plain and --gated runs, one H200 call): GPT-OSS GEMM2 515.6-517.1 vs
+// 532.1-533.7 us at 4096 tokens and 924.1-929.6 vs 954.1-957.5 at 8192; GPT-OSS GEMM1 (N = 5760, which
+// 256-wide tiles pad by 2.2%) 979 vs 933-954 at 4096, even at 8192; the other shapes, with no padding
+// to save, lose 2-45% (each 64x192 tile re-reads its A rows for fewer columns).
+bool narrow_columns_fit(int n) {
+  const int pad256 = (256 - n % 256) % 256;
+  return n % 192 == 0 && pad256 * 16 > n;
+}
 
 template <int kTile> struct WgmmaTileTraits;
 template <> struct WgmmaTileTraits<WG_COOP_128x256> {
@@ -347,6 +384,9 @@ template <> struct WgmmaTileTraits<WG_PINGPONG_64x256> {
 template <> struct WgmmaTileTraits<WG_PINGPONG_64x256_C2> : WgmmaTileTraits<WG_PINGPONG_64x256> {
   using Cluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
 };
+template <> struct WgmmaTileTraits<WG_PINGPONG_64x192_C2> : WgmmaTileTraits<WG_PINGPONG_64x256_C2> {
+  using Shape = cute::Shape<cute::_64, cute::_192, cute::_64>;
+};
 template <> struct WgmmaTileTraits<WG_PINGPONG_64x128> {
   using Shape = cute::Shape<cute::_64, cute::_128, cute::_64>;
   using Cluster = cute::Shape<cute::_1, cute::_1, cute::_1>;
@@ -359,10 +399,14 @@ struct WgmmaGemm {
   using TileShape = typename WgmmaTileTraits<kTile>::Shape;
   using ClusterShape = typename WgmmaTileTraits<kTile>::Cluster;
   using Epilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<MoeEpilogue<T, kEpi>>;
-  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+  using BuiltMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, cutlass::layout::RowMajor*, 8, Element,
       cutlass::layout::ColumnMajor*, 8, float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<0>, typename WgmmaTileTraits<kTile>::Schedule>::CollectiveOp;
+  // The 2x1-cluster tile runs PairedTileScheduler's units (gemm_sm90_pairs.cuh), whose split units
+  // need PairedMainloop's loads.
+  static constexpr bool kPaired = cute::size<0>(ClusterShape{}) == 2;
+  using Mainloop = std::conditional_t<kPaired, PairedMainloop<BuiltMainloop>, BuiltMainloop>;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 };
@@ -445,7 +489,8 @@ size_t max_cutlass_workspace_bytes(int num_experts, int sm_count) {
   return std::max({cutlass_workspace_bytes<T, kEpi, WG_COOP_128x256>(num_experts, sm_count),
                    cutlass_workspace_bytes<T, kEpi, WG_PINGPONG_64x256>(num_experts, sm_count),
                    cutlass_workspace_bytes<T, kEpi, WG_PINGPONG_64x128>(num_experts, sm_count),
-                   cutlass_workspace_bytes<T, kEpi, WG_PINGPONG_64x256_C2>(num_experts, sm_count)});
+                   cutlass_workspace_bytes<T, kEpi, WG_PINGPONG_64x256_C2>(num_experts, sm_count),
+                   cutlass_workspace_bytes<T, kEpi, WG_PINGPONG_64x192_C2>(num_experts, sm_count)});
 }
 
 bool device_is_sm90() {
@@ -457,18 +502,19 @@ bool device_is_sm90() {
   return major == 9 && minor == 0;
 }
 
-int wgmma_tile(int64_t max_rows, int num_experts, int epilogue) {
+int wgmma_tile(int64_t max_rows, int num_experts, int n, int epilogue) {
   const char* force = getenv("MB_SM90_WGMMA_TILE");
   if (force && strcmp(force, "coop128x256") == 0) return WG_COOP_128x256;
   if (force && strcmp(force, "pingpong64x256") == 0) return WG_PINGPONG_64x256;
   if (force && strcmp(force, "pingpong64x128") == 0) return WG_PINGPONG_64x128;
   if (force && strcmp(force, "pingpong64x256c2") == 0) return WG_PINGPONG_64x256_C2;
+  if (force && strcmp(force, "pingpong64x192c2") == 0) return WG_PINGPONG_64x192_C2;
   const int64_t avg_rows = (max_rows + num_experts - 1) / num_experts;
   if (epilogue == EPI_FINALIZE)
     return avg_rows <= kPingpongFinalizeMaxAvgRows ? WG_PINGPONG_64x256 : WG_COOP_128x256;
   if (avg_rows <= kNarrowMaxAvgRows) return WG_PINGPONG_64x128;
   if (epilogue == EPI_GATED && avg_rows <= kGatedSingleCtaMaxAvgRows) return WG_PINGPONG_64x256;
-  return WG_PINGPONG_64x256_C2;
+  return narrow_columns_fit(n) ? WG_PINGPONG_64x192_C2 : WG_PINGPONG_64x256_C2;
 }
 
 enum Sm90Path { PATH_DECODE = 0, PATH_MMA = 1, PATH_WGMMA = 2 };
@@ -525,10 +571,11 @@ mb_status dispatch_wgmma(const GemmParams& p, int64_t max_rows, int dtype, void*
       return run_wgmma<T, kEpi, decltype(tile)::value>(p.A, p.B, epi, p.offsets, p.num_experts, n, p.k, workspace,
                                                        workspace_bytes, stream);
     };
-    switch (wgmma_tile(max_rows, p.num_experts, kEpi)) {
+    switch (wgmma_tile(max_rows, p.num_experts, n, kEpi)) {
       case WG_PINGPONG_64x256: return run(std::integral_constant<int, WG_PINGPONG_64x256>{});
       case WG_PINGPONG_64x128: return run(std::integral_constant<int, WG_PINGPONG_64x128>{});
       case WG_PINGPONG_64x256_C2: return run(std::integral_constant<int, WG_PINGPONG_64x256_C2>{});
+      case WG_PINGPONG_64x192_C2: return run(std::integral_constant<int, WG_PINGPONG_64x192_C2>{});
       default: return run(std::integral_constant<int, WG_COOP_128x256>{});
     }
   };

@@ -168,7 +168,8 @@ def test_sm80_rejects(gemms):
 
 
 @pytest.fixture(params=["auto", "decode", "decode:ksplit=1", "decode:ksplit=8", "mma", "wgmma:coop128x256",
-                        "wgmma:pingpong64x256", "wgmma:pingpong64x128", "wgmma:pingpong64x256c2"])
+                        "wgmma:pingpong64x256", "wgmma:pingpong64x128", "wgmma:pingpong64x256c2",
+                        "wgmma:pingpong64x192c2"])
 def sm90_path(request, monkeypatch):
     """Forces the sm90 entry points' path (and wgmma tile or decode K-slice count) through their
     environment knobs."""
