@@ -242,9 +242,10 @@ class MoeEpilogue {
 
   // The gated epilogue: W1 interleaved in blocks of 8 rows (gated_row), so GEMM column c with
   // c % 16 < 8 is feature (c / 16) * 8 + c % 8's gate and column c + 8 its up projection. Tiles start
-  // at multiples of 128 columns, so in the accumulator layout above values i (8-column group j even)
-  // and i + 4 (group j + 1) are those two columns of one row: each thread has both halves of its
-  // features and writes act(gate, up) pairs straight into the [rows, N / 2] activation.
+  // at multiples of 16 columns (the tile widths are 128, 192 and 256), so in the accumulator layout
+  // above values i (8-column group j even) and i + 4 (group j + 1) are those two columns of one row:
+  // each thread has both halves of its features and writes act(gate, up) pairs straight into the
+  // [rows, N / 2] activation.
   template <int ACT, class Acc, class Coords>
   CUTLASS_DEVICE void gated_tile(Acc const& acc, Coords const& tc, int M, int N, int64_t row0, const T* bias) {
     using namespace cute;
