@@ -47,7 +47,8 @@ def main() -> None:
             w = torch.randn(e, n, k, generator=gen, device="cuda", dtype=dt) * k ** -0.5
             a = torch.randn(rows, k, generator=gen, device="cuda", dtype=dt)
             c = torch.empty(rows, n, device="cuda", dtype=dt)
-            c_gated = torch.empty(rows, n // 2, device="cuda", dtype=dt)
+            gated = args.gated and gemm == "g1"
+            c_gated = torch.empty(rows, n // 2, device="cuda", dtype=dt) if gated else None
             _, routed, _, _ = gemm_lib.route(args.tokens, e, top_k, gen)
             routed32 = routed[1:].to(torch.int32)
             uniform = torch.tensor([(rows * i) // e for i in range(e + 1)], dtype=torch.int64, device="cuda")
@@ -59,7 +60,7 @@ def main() -> None:
                     else:
                         os.environ["MB_SM90_WGMMA_TILE"] = tile
                     try:
-                        if gemm == "g1" and args.gated:
+                        if gated:
                             st = g.sm90_gated(a, w, None, c_gated, offsets, rows, n // 2, k, "swiglu")
                         else:
                             st = g.sm90(a, w, None, c, offsets, rows, n, k)

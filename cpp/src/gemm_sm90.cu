@@ -317,7 +317,8 @@ class MoeEpilogue {
 //                     (GEMM2 297-303 vs 291-298); 8192 tokens, gated epilogue: GPT-OSS 1778-1786 vs
 //                     1826-1852, Qwen3 738-744 vs 764-787, DeepSeek-V2-Lite 910-933 vs 932-995, but Qwen3
 //                     GEMM2 (plain, K = 768) 513-519 vs 495-501. Whole layers at 4096 tokens (graph
-//                     replay, two processes each): GPT-OSS 1544-1551 vs 1575-1602 us, Mixtral 4639-4657
+//                     replay, two processes each of python -m moe_build.bench --tokens 4096 --variants
+//                     ours --iters 30): GPT-OSS 1544-1551 vs 1575-1602 us, Mixtral 4639-4657
 //                     vs 4809-4833, Qwen3 741-750 vs 751-755, DeepSeek-V2-Lite 833-856 vs 839-861.
 //                     Wider clusters lost too (bench/gemm_rate_probe.py, 4096 tokens, plain store, vs this
 //                     tile): pingpong 64x256 in 2x2 clusters 5-12% (Qwen3 GEMM1 504 vs 459 us), cooperative

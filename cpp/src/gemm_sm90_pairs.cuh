@@ -24,6 +24,7 @@
 
 #include "cute/arch/cluster_sm90.hpp"
 #include "cute/tensor.hpp"
+#include "common.cuh"  // mb::warp_inclusive_scan
 #include "cutlass/gemm/kernel/tile_scheduler.hpp"
 
 namespace mbk {
@@ -116,13 +117,8 @@ class PairedTileScheduler
         tiles_m = (cute::get<0>(s) + tm - 1) / tm;
         tiles_n = (cute::get<1>(s) + tn - 1) / tn;
       }
-      const uint64_t count = pair_units(tiles_m, tiles_n);
-      uint64_t incl = count;
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 1; i < 32; i *= 2) {
-        const uint64_t up = __shfl_up_sync(0xffffffffu, incl, i);
-        if (lane >= i) incl += up;
-      }
+      const int count = static_cast<int>(pair_units(tiles_m, tiles_n));
+      const int incl = mb::warp_inclusive_scan(count);
       const uint32_t hit = __ballot_sync(0xffffffffu, g < groups && unit_ < first + incl);
       const int src = hit ? __ffs(hit) - 1 : 31;
       group_ = __shfl_sync(0xffffffffu, g, src);

@@ -331,12 +331,14 @@ def finalize_tactic_available(s: MoESpec) -> Gate:
 
 
 # tactic selection (the FINALIZE GEMM2 tactic must be the one chosen at run time): measured on H200
-# (bench, graph replay, ours:finalize=fused vs ours:finalize=separate, interleaved;
-# docs/measured/bench.json), our FINALIZE epilogue wins only at decode sizes: 1 token (2-8 rows) by
+# (bench, graph replay, ours:finalize=fused vs ours:finalize=separate, interleaved; the runs before the
+# paired GEMM scheduler), our FINALIZE epilogue wins only at decode sizes: 1 token (2-8 rows) by
 # 1.3-2.3 us on Qwen3 / DeepSeek / GPT-OSS; on Mixtral within 1 us either way over three runs (184.1 vs
 # 183.9 us, 183.5 vs 182.7, 185.5 vs 185.4). From 32 rows up it ties or loses to the plain GEMM2 + finalize
 # kernel: 16 tokens even to 7.2 us behind (Mixtral 665.6 vs 658.3), 256 tokens 3.1-7.9 us behind, 4096
-# tokens 47-379 us behind (Qwen3 823.3 vs 757.4).
+# tokens 47-379 us behind (Qwen3 823.3 vs 757.4). One exception since, in the run after the paired GEMM
+# scheduler (docs/measured/bench.json): Mixtral at 256 tokens, fused 752.2 vs 767.2 us; one run, so the
+# bound stays.
 FINALIZE_FUSED_MAX_ROWS = 8
 
 
