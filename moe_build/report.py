@@ -53,10 +53,14 @@ def report_dict(plan: Plan) -> dict[str, Any]:
 
 
 def _gate_text(d: StageDecision) -> str:
+    """The stage's failed gates. A fused choice the planner made itself (not forced) had every gate
+    of its own hold, so any that failed belong to the other choices of the stage (FC1's SM80 kernel
+    when the TMA WS gated epilogue was chosen): they are marked as such, not shown as the choice's."""
     failed = d.failed_gates()
     if not failed:
         return "all gates hold"
-    return ", ".join(f"{g.name}={g.value}" for g in failed)
+    text = ", ".join(f"{g.name}={g.value}" for g in failed)
+    return f"other choices: {text}" if d.fused and not d.forced else text
 
 
 def render_table(plan: Plan, console: Console) -> None:

@@ -115,6 +115,23 @@ def test_markdown_and_table():
     assert table.returncode == 0 and "fused_gated" in table.stdout and "path: plugin" in table.stdout
 
 
+def test_failed_gates_of_other_choices_are_marked():
+    """On sm90 the gated epilogue is chosen with all of its gates held; the SM80 kernel's gate that
+    failed is shown as another choice's, while a stage left at its fallback shows its own."""
+    md = run(*MIXTRAL_FLAGS, "--sm", "90", "--flavour", "tensorrt", "--tokens", "4096", "--markdown")
+    assert md.returncode == 0, md.stderr
+    rows = {line.split("|")[1].strip(): line for line in md.stdout.splitlines() if line.startswith("| ")}
+    assert "| gated_epilogue | separate |" in rows["fc1_activation"]
+    assert "other choices: fc1_non_gated=swiglu, fc1_not_tma_ws=tma_warp_specialized" in rows["fc1_activation"]
+    assert "| separate | separate |" in rows["finalize"] and "other choices" not in rows["finalize"]
+    assert "finalize_tactic_rows=" in rows["finalize"]
+    forced = run(*MIXTRAL_FLAGS, "--sm", "90", "--flavour", "tensorrt", "--tokens", "4096", "--markdown",
+                 "--force", "finalize=fused")
+    assert forced.returncode == 0, forced.stderr
+    row = next(line for line in forced.stdout.splitlines() if line.startswith("| finalize |"))
+    assert "| fused | separate |" in row and "finalize_tactic_rows=" in row and "other choices" not in row
+
+
 def test_sweep_covers_the_matrix():
     r = run(*MIXTRAL_FLAGS, "--flavour", "tensorrt", "--sweep", "--json")
     assert r.returncode == 0, r.stderr

@@ -12,6 +12,19 @@
 // variant writes each vector with one 16-byte store (mb::store_f32), not eight 2-byte ones.
 // The input rows are read top_k times each (once per choice of the token), so they stay ordinary
 // cached loads.
+// Folding this copy into GEMM1's A loads (the GEMM reading input[e / K] itself) was tried and
+// dropped (H200, 2026-11-21). Hopper TMA cannot gather: a 1-row TMA box lands in the 128-byte
+// swizzled tile exactly where the whole-box load puts it, but one warp issuing per-row TMAs moved
+// 0.57 TB/s over 132 CTAs (0.40 from one thread) against 3.84 TB/s for box loads. A cp.async gather
+// by the producer warp of the CUTLASS ptr-array mainloop gave outputs bit-identical to the GEMM of
+// the expanded rows, but the gated GEMM1 at 4096 tokens ran 2.7-4x slower than this kernel plus the
+// GEMM (interleaved, L2 flushed, a --gather variant of bench/gemm_rate_probe.py that was not kept:
+// Qwen3-30B-A3B 1399 vs 492 us, DeepSeek-V2-Lite 1566 vs 626, GPT-OSS-20B 3061 vs 974, Mixtral
+// 11606 vs 2907), although a lone warp per SM gathers the same rows at 4.4 TB/s outside the GEMM.
+// Two completion schemes (cp.async.mbarrier.arrive; cp.async groups signalled a few stages late)
+// ran alike, and with the copies skipped Qwen3 ran 404 us, so the cost is in the copies inside the
+// mainloop; neither the async-proxy fence nor spilled addresses (rewritten to a few registers)
+// explained it.
 // zero_out (the [T, H] output that GEMM2's finalize epilogue accumulates into) is zeroed here by
 // the units of rows p < T, so the layer needs no separate memset launch before GEMM2: T*K >= T
 // rows are copied anyway, and T more rows of stores are small next to the T*K rows copied.
