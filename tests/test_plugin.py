@@ -14,6 +14,7 @@ import torch
 
 from moe_build.errors import MoeBuildError
 from moe_build.planner import make_plan
+from moe_build.runner.sequence import reads_interleaved_w1
 from moe_build.spec import Activation, DType, MoESpec, Quant, Routing, RoutingMethod, SharedExperts
 from moe_build.target import Flavour, Target, TokenProfile
 from moe_build.weights import MoEWeights
@@ -428,7 +429,8 @@ def test_add_moe_plugin_feeds_inputs_in_order(trt, as_constants):
     if as_constants:
         # The sm90 plan runs the gated epilogue, so W1 and b1 are baked gate/up-interleaved by 8: row 16b + r
         # is gate feature 8b + r (r < 8) or up feature 8b + r - 8 (stacked rows I + 8b + r - 8).
-        assert plan_for(FULL).stage("fc1_activation").choice == "gated_epilogue"
+        plan = plan_for(FULL)
+        assert plan.stage("fc1_activation").choice == "gated_epilogue" and reads_interleaved_w1(plan)
         hosts = dict(zip([slot.name for slot in slots[2:]], [k for k in keep if isinstance(k, torch.Tensor)]))
         w1, b1, inter = weights.w1.to(torch.float16), weights.b1.to(torch.float16), FULL.intermediate_size
         rows = [8 * (j // 16) + j % 16 if j % 16 < 8 else inter + 8 * (j // 16) + j % 16 - 8 for j in range(2 * inter)]
@@ -439,7 +441,7 @@ def test_add_moe_plugin_feeds_inputs_in_order(trt, as_constants):
 def test_plan_weights_keep_the_stacked_order_off_the_gated_epilogue():
     weights = MoEWeights.random(FULL)
     for plan in (plan_for(FULL, sm=80), plan_for(FULL, force={"fc1_activation": "separate"})):
-        assert not mp.w1_interleaved(plan) and mp.plan_weights(plan, weights) is weights
+        assert not reads_interleaved_w1(plan) and mp.plan_weights(plan, weights) is weights
 
 
 def test_fp32_spec_is_refused_with_the_field():

@@ -62,7 +62,7 @@ class MoERunner:
         S.check_runnable(self.plan)
         weights.check(spec)
         self.dtype = TORCH_DTYPE[spec.dtype]
-        self.w1_interleaved = self.plan.stage("fc1_activation").choice == "gated_epilogue"
+        self.w1_interleaved = S.reads_interleaved_w1(self.plan)
         if w1_interleaved and not self.w1_interleaved:
             raise MoeBuildError("w1_interleaved", "W1 comes gate/up-interleaved, but the plan does not run the sm90 "
                                 "gated epilogue that reads that order", "False, or a plan with "

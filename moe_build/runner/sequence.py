@@ -49,6 +49,15 @@ _GEMM2 = {
 }
 
 
+def reads_interleaved_w1(plan: Plan) -> bool:
+    """Whether the plan's GEMM1 step is the sm90 gated epilogue, which reads W1 / b1 in
+    `weights.interleave_gate_up`'s order: the runner converts to it once, plugin engines hold it."""
+    if plan.path != "plugin":
+        return False
+    c = plan.choices()
+    return GEMM1_SM90_GATED in _GEMM1.get((c["gemm_kernel"], c["fc1_activation"]), ())
+
+
 def check_runnable(plan: Plan) -> None:
     """Refuse plans this runner has no kernels for, naming the stage (one-line MoeBuildError)."""
     if plan.path != "plugin":
