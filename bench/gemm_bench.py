@@ -46,6 +46,36 @@ TOKENS_RUN = tuple(int(x) for x in sys.argv[sys.argv.index("--tokens") + 1].spli
     else TOKENS
 
 
+def gemm_problems(shapes: str, tokens: int, gen: torch.Generator):
+    """Each prefill GEMM of each named shape on random top-k routing, as the probes time them:
+    (shape, "g1" | "g2", n, k, rows, w [E, n, k], a [rows, k], expert offsets [E + 1])."""
+    dt = torch.bfloat16
+    for name in shapes.split(","):
+        h, inter, e, top_k = SHAPES[name]
+        rows = tokens * top_k
+        for gemm, (n, k) in (("g1", (2 * inter, h)), ("g2", (h, inter))):
+            w = torch.randn(e, n, k, generator=gen, device="cuda", dtype=dt) * k ** -0.5
+            a = torch.randn(rows, k, generator=gen, device="cuda", dtype=dt)
+            _, routed, _, _ = gemm_lib.route(tokens, e, top_k, gen)
+            yield name, gemm, n, k, rows, w, a, routed
+
+
+def run_sm90_tile(g, tile: str, a, w, out, offsets, rows: int, n: int, k: int, gated: bool) -> None:
+    """One sm90 grouped GEMM at a forced wgmma tile (MB_SM90_WGMMA_TILE; "auto" = the library's rule):
+    out = a @ w^T per expert segment, or with `gated` GEMM1 through the swiglu epilogue into out [rows, n/2]."""
+    if tile == "auto":
+        os.environ.pop("MB_SM90_WGMMA_TILE", None)
+    else:
+        os.environ["MB_SM90_WGMMA_TILE"] = tile
+    try:
+        st = (g.sm90_gated(a, w, None, out, offsets, rows, n // 2, k, "swiglu") if gated
+              else g.sm90(a, w, None, out, offsets, rows, n, k))
+    finally:
+        os.environ.pop("MB_SM90_WGMMA_TILE", None)
+    if st != 0:
+        raise RuntimeError(g.error())
+
+
 def bench_us(fn) -> float:
     return triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median") * 1e3
 

@@ -21,7 +21,7 @@ import os
 
 import torch
 
-from bench.gemm_bench import SHAPES, gemm_lib
+from bench.gemm_bench import SHAPES, gemm_lib, gemm_problems, run_sm90_tile
 from moe_build.bench import _interleaved_median_ms
 
 
@@ -40,50 +40,31 @@ def main() -> None:
     gen = torch.Generator(device="cuda").manual_seed(0)
     dt = torch.bfloat16
     results = []
-    for name in args.shapes.split(","):
-        h, inter, e, top_k = SHAPES[name]
-        rows = args.tokens * top_k
-        for gemm, (n, k) in (("g1", (2 * inter, h)), ("g2", (h, inter))):
-            w = torch.randn(e, n, k, generator=gen, device="cuda", dtype=dt) * k ** -0.5
-            a = torch.randn(rows, k, generator=gen, device="cuda", dtype=dt)
-            c = torch.empty(rows, n, device="cuda", dtype=dt)
-            gated = args.gated and gemm == "g1"
-            c_gated = torch.empty(rows, n // 2, device="cuda", dtype=dt) if gated else None
-            _, routed, _, _ = gemm_lib.route(args.tokens, e, top_k, gen)
-            routed32 = routed[1:].to(torch.int32)
-            uniform = torch.tensor([(rows * i) // e for i in range(e + 1)], dtype=torch.int64, device="cuda")
+    for name, gemm, n, k, rows, w, a, routed in gemm_problems(args.shapes, args.tokens, gen):
+        e = w.shape[0]
+        gated = args.gated and gemm == "g1"
+        c = torch.empty(rows, n, device="cuda", dtype=dt)
+        out = torch.empty(rows, n // 2, device="cuda", dtype=dt) if gated else c
+        routed32 = routed[1:].to(torch.int32)
+        uniform = torch.tensor([(rows * i) // e for i in range(e + 1)], dtype=torch.int64, device="cuda")
 
-            def ours(offsets, tile):
-                def fn():
-                    if tile == "auto":
-                        os.environ.pop("MB_SM90_WGMMA_TILE", None)
-                    else:
-                        os.environ["MB_SM90_WGMMA_TILE"] = tile
-                    try:
-                        if gated:
-                            st = g.sm90_gated(a, w, None, c_gated, offsets, rows, n // 2, k, "swiglu")
-                        else:
-                            st = g.sm90(a, w, None, c, offsets, rows, n, k)
-                        if st != 0:
-                            raise RuntimeError(g.error())
-                    finally:
-                        os.environ.pop("MB_SM90_WGMMA_TILE", None)
-                return fn
+        def ours(offsets, tile):
+            return lambda: run_sm90_tile(g, tile, a, w, out, offsets, rows, n, k, gated)
 
-            fns = {tile: ours(routed, tile) for tile in args.tiles.split(",")}
-            fns["uniform"] = ours(uniform, "auto")
-            fns["mm"] = lambda: torch.mm(a, w[0].t(), out=c)
-            fns["tmm"] = lambda: torch._grouped_mm(a, w.transpose(-2, -1), offs=routed32)
-            ms = _interleaved_median_ms({key: (lambda i, fn=fn: fn()) for key, fn in fns.items()},
-                                        args.rounds * args.per_round, warmup=1, rounds=args.rounds,
-                                        before=flush.zero_)
-            us = {key: 1e3 * v for key, v in ms.items()}
-            flops = 2.0 * rows * n * k
-            row = {"shape": name, "gemm": gemm, "n": n, "k": k, "rows": rows, "tokens": args.tokens,
-                   "us": us, "tflops": {key: flops / v / 1e6 for key, v in us.items()}}
-            results.append(row)
-            print(f"{name:17s} {gemm} " + " ".join(f"{key} {v:7.1f}us/{row['tflops'][key]:3.0f}TF"
-                                                   for key, v in us.items()), flush=True)
+        fns = {tile: ours(routed, tile) for tile in args.tiles.split(",")}
+        fns["uniform"] = ours(uniform, "auto")
+        fns["mm"] = lambda: torch.mm(a, w[0].t(), out=c)
+        fns["tmm"] = lambda: torch._grouped_mm(a, w.transpose(-2, -1), offs=routed32)
+        ms = _interleaved_median_ms({key: (lambda i, fn=fn: fn()) for key, fn in fns.items()},
+                                    args.rounds * args.per_round, warmup=1, rounds=args.rounds,
+                                    before=flush.zero_)
+        us = {key: 1e3 * v for key, v in ms.items()}
+        flops = 2.0 * rows * n * k
+        row = {"shape": name, "gemm": gemm, "n": n, "k": k, "rows": rows, "tokens": args.tokens,
+               "us": us, "tflops": {key: flops / v / 1e6 for key, v in us.items()}}
+        results.append(row)
+        print(f"{name:17s} {gemm} " + " ".join(f"{key} {v:7.1f}us/{row['tflops'][key]:3.0f}TF"
+                                               for key, v in us.items()), flush=True)
     with open(args.json, "w") as f:
         json.dump(results, f, indent=1)
 

@@ -9,6 +9,7 @@
 #   SKIP_TESTS=1 bash scripts/device_run.sh # build + bench
 #   BENCH_ARGS="--shapes mixtral-8x7b --tokens 1,16" bash scripts/device_run.sh
 #   GEMM_PROBE=1 bash scripts/device_run.sh  # + the grouped-GEMM tile probe (bench/gemm_rate_probe.py)
+#   NCU_PROBE=1 bash scripts/device_run.sh   # + Nsight Compute counters of the 4096-token GEMMs (bench/gemm_ncu_probe.py)
 #   MOE_BUILD_KERNELS_LIB=build/kernels/libmoe_build_kernels.so bash scripts/device_run.sh
 #       (a library built on the CPU machine with `python -m moe_build.kernel_build --out build/kernels`,
 #        carried with the call: the device has no nvidia-cutlass headers)
@@ -59,6 +60,11 @@ if [ "${GEMM_PROBE:-0}" = 1 ]; then
     phase "gemm_probe_$t" 120 "$PY" bench/gemm_rate_probe.py --tokens "$t" --json "$OUT/gemm_rate_probe_$t.json" \
       --tiles auto,coop128x256,pingpong64x256,pingpong64x128,pingpong64x256c2,pingpong64x192c2
   done
+fi
+# NCU_PROBE=1: what bounds each 4096-token GEMM (SM / L2 / DRAM throughput under Nsight Compute)
+if [ "${NCU_PROBE:-0}" = 1 ]; then
+  phase gemm_ncu 240 "$PY" bench/gemm_ncu_probe.py --json "$OUT/gemm_ncu_probe.json" \
+    --tiles auto,pingpong64x256,pingpong64x256c2,coop128x256
 fi
 # shellcheck disable=SC2086
 phase bench "$BENCH_S" "$PY" -m moe_build.bench --json "$OUT/bench.json" --png "$OUT/bench.png" ${BENCH_ARGS:-}
