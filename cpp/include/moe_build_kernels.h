@@ -99,6 +99,8 @@ mb_status mb_grouped_gemm_sm80(const void* A, const void* B, const void* bias, v
  * Decode-sized calls (few rows per expert) need no workspace and reduce in a fixed order, so the
  * plain entry points are bit-reproducible; the wgmma path needs mb_grouped_gemm_sm90_workspace().
  * For all GEMM entry points max_rows >= off[E] (e.g. T * top_k) bounds the rows; n, k % 8 == 0;
+ * on the sm90 wgmma path A must hold max_rows rows (its TMA tiles may read rows off[E] .. max_rows - 1,
+ * which reach no output), and max_rows and E * n must fit in int32;
  * fp16/bf16 only (fp32: MB_ERR_UNSUPPORTED). A non-9.0 device gets MB_ERR_UNSUPPORTED from sm90. */
 size_t mb_grouped_gemm_sm90_workspace(int num_experts, int64_t max_rows, int n, int k);
 mb_status mb_grouped_gemm_sm90(const void* A, const void* B, const void* bias, void* C,

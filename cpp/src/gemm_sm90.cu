@@ -1,5 +1,6 @@
 // Hopper (sm_90a) grouped GEMM over expert segments: CUTLASS 3 ptr-array TMA warp-specialized
-// cooperative kernel (wgmma, GroupProblemShape) with our own no-smem epilogue that does a plain
+// kernels (wgmma, GroupProblemShape) whose loads run on fixed TMA descriptors over all experts' rows
+// and weights (gemm_sm90_static_maps.cuh), with our own no-smem epilogue that does a plain
 // store (+bias), GEMM1's gated activation (act(gate, up) of an interleaved W1, written at half
 // width), or the MoE finalize (unpermute + top-k weight + bias, atomically reduced into the
 // token's output row).
@@ -19,7 +20,7 @@
 //   else : the CUTLASS wgmma kernel: for the plain store, pingpong 64x128 tiles up to 32 average
 //          rows per expert, else pingpong 64x256 in 2x1 clusters (run as paired units,
 //          gemm_sm90_pairs.cuh; 64x192 where narrow_columns_fit); the gated epilogue the same but
-//          single-CTA pingpong 64x256 from 33 to 384 rows; for the finalize epilogue, pingpong
+//          single-CTA pingpong 64x256 from 33 to 1024 rows; for the finalize epilogue, pingpong
 //          64x256 up to 32, else cooperative 128x256 (measurements at WgmmaTile below).
 // MB_SM90_GEMM_PATH=decode|mma|wgmma and
 // MB_SM90_WGMMA_TILE=coop128x256|pingpong64x256|pingpong64x128|pingpong64x256c2|pingpong64x192c2 in the
@@ -43,6 +44,7 @@
 #include "cutlass/gemm/group_array_problem_shape.hpp"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "gemm_sm90_pairs.cuh"
+#include "gemm_sm90_static_maps.cuh"
 
 namespace mbk {
 namespace {
@@ -358,8 +360,13 @@ constexpr int64_t kPingpongFinalizeMaxAvgRows = 32;   // finalize (atomic) epilo
 // still wins at 128-384 rows (Qwen3 4096 tokens 437 vs 451 us, DeepSeek-V2-Lite 507 vs 527) and the
 // cluster past them on GPT-OSS (512 rows 955 vs 1030, 1024 rows 1778-1786 vs 1969-1988) and DeepSeek-V2-
 // Lite (768 rows 910-933 vs 926-946); Qwen3 at 512 rows is even, Mixtral still prefers single-CTA by
-// 0.2-2.5% (512-2048 rows). The bound stays.
-constexpr int64_t kGatedSingleCtaMaxAvgRows = 384;
+// 0.2-2.5% (512-2048 rows). The bound stayed at 384 then. With the fixed TMA descriptors
+// (gemm_sm90_static_maps.cuh) the cluster lost its lead at 512-1024 rows (bench/gemm_rate_probe.py
+// --gated --tiles auto,pingpong64x256, one H200 call, single-CTA vs 2x1 cluster): GPT-OSS 512 rows
+// 905.0 vs 927.3 us and 1024 rows 1699.3 vs 1709.5, Qwen3 512 rows 726.7 vs 738.4, Mixtral 512 and 1024
+// rows 1532.4 vs 1579.2 and 2893.3 vs 2967.6; against it DeepSeek-V2-Lite 768 rows 968.4 vs 953.4 and
+// Mixtral 2048 rows 5845.9 vs 5812.5. So the bound is now 1024.
+constexpr int64_t kGatedSingleCtaMaxAvgRows = 1024;
 // Where the 2x1-cluster tile is chosen, its 192-column variant replaces the 256-column one when 256-wide
 // tiles would pad more than 1/16 of the N columns and 192-wide ones pad none: among the bench shapes
 // only GPT-OSS's N = 2880 (12 tiles of 256 = 3072 columns, 15 of 192). Timed interleaved with paired
@@ -405,10 +412,11 @@ struct WgmmaGemm {
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, cutlass::layout::RowMajor*, 8, Element,
       cutlass::layout::ColumnMajor*, 8, float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<0>, typename WgmmaTileTraits<kTile>::Schedule>::CollectiveOp;
-  // The 2x1-cluster tile runs PairedTileScheduler's units (gemm_sm90_pairs.cuh), whose split units
-  // need PairedMainloop's loads.
+  // Fixed TMA descriptors over all experts' rows and weights (gemm_sm90_static_maps.cuh). The 2x1-cluster
+  // tile runs PairedTileScheduler's units (gemm_sm90_pairs.cuh), whose split units need PairedMainloop's loads.
   static constexpr bool kPaired = cute::size<0>(ClusterShape{}) == 2;
-  using Mainloop = std::conditional_t<kPaired, PairedMainloop<BuiltMainloop>, BuiltMainloop>;
+  using StaticMainloop = StaticMapMainloop<BuiltMainloop>;
+  using Mainloop = std::conditional_t<kPaired, PairedMainloop<StaticMainloop>, StaticMainloop>;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 };
@@ -461,22 +469,30 @@ __global__ void build_groups_kernel(const int64_t* offsets, int num_experts, int
   }
 }
 
+// The whole A ([max_rows, k], experts back to back) and B ([num_experts * n, k]) that the fixed TMA
+// descriptors cover; null and zero sizes where only the workspace size is asked.
+struct WholeOperands {
+  const void* A = nullptr;
+  int64_t max_rows = 0;
+  const void* B = nullptr;
+  int n = 0, k = 0;
+};
+
 template <typename T, int kEpi, int kTile>
 typename WgmmaGemm<T, kEpi, kTile>::Gemm::Arguments make_args(const GroupArrays& g, int num_experts,
                                                             const typename MoeEpilogue<T, kEpi>::Arguments& epi,
-                                                            int sm_count) {
+                                                            int sm_count, const WholeOperands& whole = {}) {
   using G = WgmmaGemm<T, kEpi, kTile>;
   using Element = typename G::Element;
   cutlass::KernelHardwareInfo hw{};
   cudaGetDevice(&hw.device_id);
   hw.sm_count = sm_count;
-  return typename G::Gemm::Arguments{
-      cutlass::gemm::GemmUniversalMode::kGrouped,
-      {num_experts, g.shapes, nullptr},
+  typename G::Mainloop::Arguments mainloop{
       {reinterpret_cast<const Element**>(g.ptr_a), g.stride_a, reinterpret_cast<const Element**>(g.ptr_b),
        g.stride_b},
-      epi,
-      hw};
+      whole.A, static_cast<int>(whole.max_rows), whole.B, num_experts * whole.n, whole.k};
+  return typename G::Gemm::Arguments{
+      cutlass::gemm::GemmUniversalMode::kGrouped, {num_experts, g.shapes, nullptr}, mainloop, epi, hw};
 }
 
 template <typename T, int kEpi, int kTile>
@@ -531,7 +547,7 @@ int sm90_path(int64_t max_rows, int num_experts) {
 
 template <typename T, int kEpi, int kTile>
 mb_status run_wgmma(const void* A, const void* B, const typename MoeEpilogue<T, kEpi>::Arguments& epi,
-                    const int64_t* offsets, int num_experts, int n, int k, void* workspace,
+                    const int64_t* offsets, int num_experts, int64_t max_rows, int n, int k, void* workspace,
                     size_t workspace_bytes, cudaStream_t stream) {
   using G = WgmmaGemm<T, kEpi, kTile>;
   const int sm_count = sm_count_of_current_device();
@@ -545,7 +561,10 @@ mb_status run_wgmma(const void* A, const void* B, const typename MoeEpilogue<T, 
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return fail(MB_ERR_CUDA, "grouped gemm sm90 group build: %s", cudaGetErrorString(err));
   typename G::Gemm gemm;
-  auto args = make_args<T, kEpi, kTile>(g, num_experts, epi, sm_count);
+  if (max_rows > INT32_MAX || static_cast<int64_t>(num_experts) * n > INT32_MAX)
+    return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm sm90: max_rows (%lld) and num_experts * n (%lld) must fit int32",
+                static_cast<long long>(max_rows), static_cast<long long>(num_experts) * n);
+  auto args = make_args<T, kEpi, kTile>(g, num_experts, epi, sm_count, WholeOperands{A, max_rows, B, n, k});
   cutlass::Status st = gemm.can_implement(args);
   if (st != cutlass::Status::kSuccess)
     return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm sm90: CUTLASS cannot implement (%s)",
@@ -570,8 +589,8 @@ mb_status dispatch_wgmma(const GemmParams& p, int64_t max_rows, int dtype, void*
         static_cast<const T*>(p.bias), static_cast<T*>(p.C), p.offsets, p.permuted_to_unpermuted,
         p.permuted_weights, p.top_k, p.activation, p.swiglu_alpha, p.swiglu_limit};
     auto run = [&](auto tile) {
-      return run_wgmma<T, kEpi, decltype(tile)::value>(p.A, p.B, epi, p.offsets, p.num_experts, n, p.k, workspace,
-                                                       workspace_bytes, stream);
+      return run_wgmma<T, kEpi, decltype(tile)::value>(p.A, p.B, epi, p.offsets, p.num_experts, max_rows, n, p.k,
+                                                       workspace, workspace_bytes, stream);
     };
     switch (wgmma_tile(max_rows, p.num_experts, n, kEpi)) {
       case WG_PINGPONG_64x256: return run(std::integral_constant<int, WG_PINGPONG_64x256>{});

@@ -166,8 +166,8 @@ struct PairedMainloop : Base {
     if (!cute::elect_one_sync()) return;
     Tensor sA = make_tensor(make_smem_ptr(shared_tensors.smem_A.data()), typename Base::SmemLayoutA{});
     Tensor sB = make_tensor(make_smem_ptr(shared_tensors.smem_B.data()), typename Base::SmemLayoutB{});
-    Tensor gA = get<0>(load_inputs)(_, _, m_coord & ~kSplitTileFlag, _, get<3>(blk_coord));
-    Tensor gB = get<1>(load_inputs)(_, _, get<1>(blk_coord), _, get<3>(blk_coord));
+    Tensor gA = this->tile_a(params, m_coord & ~kSplitTileFlag);
+    Tensor gB = this->tile_b(params, get<1>(blk_coord));
     auto tma_a = params.tma_load_a.get_slice(0);
     auto tma_b0 = params.tma_load_b.get_slice(0);
     auto tma_b1 = params.tma_load_b.get_slice(1);
@@ -183,12 +183,9 @@ struct PairedMainloop : Base {
       pipeline.producer_acquire(smem_pipe_write);
       auto* barrier = pipeline.producer_get_barrier(smem_pipe_write);
       const int stage = smem_pipe_write.index();
-      copy(params.tma_load_a.with(get<0>(input_tensormaps), *barrier, uint16_t(0)), tAgA(_, _, _, *k_tile_iter),
-           tAsA(_, _, _, stage));
-      copy(params.tma_load_b.with(get<1>(input_tensormaps), *barrier, self), tB0gB(_, _, _, *k_tile_iter),
-           tB0sB(_, _, _, stage));
-      copy(params.tma_load_b.with(get<1>(input_tensormaps), *barrier, self), tB1gB(_, _, _, *k_tile_iter),
-           tB1sB(_, _, _, stage));
+      copy(params.tma_load_a.with(*barrier, uint16_t(0)), tAgA(_, _, _, *k_tile_iter), tAsA(_, _, _, stage));
+      copy(params.tma_load_b.with(*barrier, self), tB0gB(_, _, _, *k_tile_iter), tB0sB(_, _, _, stage));
+      copy(params.tma_load_b.with(*barrier, self), tB1gB(_, _, _, *k_tile_iter), tB1sB(_, _, _, stage));
       ++k_tile_iter;
       ++smem_pipe_write;
     }

@@ -243,6 +243,36 @@ def test_sm90_gated(gemms, sm90_path, shape, dtype):
         assert torch.equal(outs[0], outs[1]), "the gated GEMM (no atomics) must be bit-reproducible"
 
 
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("shape", [(16, 1000, 200, 136), (64, 4000, 1408, 2048), (8, 700, 2880, 512)])
+def test_sm90_reads_past_segments_never_reach_outputs(gemms, sm90_path, shape, gated):
+    """The wgmma path's TMA tiles run past an expert's rows into the next expert's (and past off[E] up
+    to max_rows), and past its N columns into the next expert's weights. Poisoned with NaN there (rows
+    after off[E], the weights of experts with no rows), none of it may reach an output: the kept rows
+    match the fp64 reference and the rows past off[E] are left unwritten."""
+    e, used, n, k = shape
+    extra = 77  # rows of A (and C) past off[E], up to max_rows
+    gen = torch.Generator(device="cuda").manual_seed(6 + hash((shape, gated, sm90_path)) % 2**31)
+    counts = segments(e, used, gen).diff()
+    counts[0] += counts[1]  # expert 1 gets no rows, so expert 0's last column tile reads its NaN weights
+    counts[1] = 0
+    offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+    empty = (counts == 0).nonzero().flatten()
+    act = "swiglu" if gated else "identity"
+    a, b, bias = make(used + extra, e, 2 * n if gated else n, k, torch.bfloat16, gen, True, 2 * n if gated else n)
+    ref = reference(a[:used], b, bias, offsets, act)
+    a[used:] = float("nan")
+    b[empty] = float("nan")
+    c = torch.full((used + extra, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    if gated:
+        st = gemms.sm90_gated(a, interleave_gate_up(b), interleave_gate_up(bias), c, offsets, used + extra, n, k, act)
+    else:
+        st = gemms.sm90(a, b, bias, c, offsets, used + extra, n, k)
+    assert st == 0, gemms.error()
+    check(c[:used], ref, torch.bfloat16)
+    assert torch.isnan(c[used:]).all(), "rows past off[E] were written"
+
+
 def test_sm90_gated_rejects(gemms):
     if not is_sm90():
         pytest.skip("sm_90a kernels need a compute capability 9.0 device")

@@ -1,0 +1,133 @@
+// CUTLASS's ptr-array TMA mainloop with one fixed TMA descriptor per operand instead of one patched
+// per group.
+//
+// CUTLASS's grouped mainloop rewrites its A and B tensor maps whenever a CTA moves to another group
+// (address, dims, strides in shared memory, copied out to global memory behind a tensormap release
+// fence, then an acquire fence before the next load). A persistent CTA's consecutive tiles are a grid
+// apart, so nearly every tile starts in another expert and pays that round trip on the producer's
+// critical path. Here every expert's rows already sit in one [rows_a, K] tensor (the expanded
+// activations, experts back to back) and every expert's weights in one [E * N, K] tensor, so the maps
+// are built once on the host over those whole tensors, and a group only moves the tile's origin: row
+// (ptr_A[g] - base_a) / K of A and (ptr_B[g] - base_b) / K of B. A tile that runs past its expert's
+// rows (or columns) reads the next expert's (or, at the end, TMA's zero fill); those rows and columns
+// lie outside the group's M x N, which every MoeEpilogue mode masks, and rows of a GEMM are independent,
+// so the kept outputs are unchanged.
+#pragma once
+
+#include "cute/tensor.hpp"
+
+namespace mbk {
+
+template <class Base>
+struct StaticMapMainloop : Base {
+  using ElementA = typename Base::InternalElementA;
+  using ElementB = typename Base::InternalElementB;
+
+  struct Arguments : Base::Arguments {
+    const void* base_a = nullptr;  // every group's A rows, one row-major [rows_a, k] tensor
+    int rows_a = 0;
+    const void* base_b = nullptr;  // every group's B, one [rows_b, k] tensor (K-major rows)
+    int rows_b = 0;
+    int k = 0;
+  };
+  struct Params : Base::Params {
+    const ElementA* base_a;
+    const ElementB* base_b;
+    int rows_a, rows_b, k;
+  };
+
+  template <class ProblemShape>
+  static Params to_underlying_arguments(ProblemShape shapes, Arguments const& args, void* workspace) {
+    using namespace cute;
+    Params p{Base::to_underlying_arguments(shapes, args, workspace), static_cast<const ElementA*>(args.base_a),
+             static_cast<const ElementB*>(args.base_b), args.rows_a, args.rows_b, args.k};
+    typename Base::InternalStrideA stride_a{};
+    get<0>(stride_a) = args.k;
+    typename Base::InternalStrideB stride_b{};
+    get<0>(stride_b) = args.k;
+    auto a = make_tensor(p.base_a, make_layout(make_shape(args.rows_a, args.k, int32_t(1)), stride_a));
+    auto b = make_tensor(p.base_b, make_layout(make_shape(args.rows_b, args.k, int32_t(1)), stride_b));
+    using TileShape = typename Base::TileShape;
+    using ClusterShape = typename Base::DispatchPolicy::ClusterShape;
+    p.tma_load_a = make_tma_copy(typename Base::GmemTiledCopyA{}, a, typename Base::SmemLayoutA{}(_, _, Int<0>{}),
+                                 make_shape(shape<0>(TileShape{}), shape<2>(TileShape{})), size<1>(ClusterShape{}));
+    p.tma_load_b = make_tma_copy(typename Base::GmemTiledCopyB{}, b, typename Base::SmemLayoutB{}(_, _, Int<0>{}),
+                                 make_shape(shape<1>(TileShape{}), shape<2>(TileShape{})), size<0>(ClusterShape{}));
+    return p;
+  }
+
+  // The kernel's per-group hooks: the maps never change, so there is nothing to patch or fence; a new
+  // group only moves the tile origin (read here, on the producer warp, before the group's first load).
+  template <class... Ts>
+  CUTLASS_DEVICE void tensormaps_perform_update(Ts const&...) {}
+  template <class... Ts>
+  CUTLASS_DEVICE void tensormaps_cp_fence_release(Ts const&...) {}
+  template <class... Ts>
+  CUTLASS_DEVICE void tensormaps_fence_acquire(Ts const&...) {}
+  template <class InputTensors, class ProblemShape_MNKL>
+  CUTLASS_DEVICE InputTensors tensors_perform_update(InputTensors const& input_tensors, Params const& params,
+                                                     ProblemShape_MNKL, int32_t group) {
+    row_a_ = static_cast<int32_t>((params.ptr_A[group] - params.base_a) / params.k);
+    row_b_ = static_cast<int32_t>((params.ptr_B[group] - params.base_b) / params.k);
+    return input_tensors;
+  }
+
+  // The (BLK_M, BLK_K, k) tile m of the current group's A, and (BLK_N, BLK_K, k) tile n of its B.
+  CUTLASS_DEVICE auto tile_a(Params const& params, int32_t m) const {
+    using namespace cute;
+    Tensor mA = domain_offset(make_coord(row_a_, 0, 0),
+                              params.tma_load_a.get_tma_tensor(make_shape(params.rows_a, params.k, int32_t(1))));
+    return local_tile(mA, typename Base::TileShape{}, make_coord(_, _, _), Step<_1, X, _1>{})(_, _, m, _, 0);
+  }
+  CUTLASS_DEVICE auto tile_b(Params const& params, int32_t n) const {
+    using namespace cute;
+    Tensor mB = domain_offset(make_coord(row_b_, 0, 0),
+                              params.tma_load_b.get_tma_tensor(make_shape(params.rows_b, params.k, int32_t(1))));
+    return local_tile(mB, typename Base::TileShape{}, make_coord(_, _, _), Step<X, _1, _1>{})(_, _, n, _, 0);
+  }
+
+  // CUTLASS's load, on the fixed maps at the group's origin.
+  template <class TensorA, class TensorB, class TensorMapA, class TensorMapB, class KTileIterator, class BlockCoord>
+  CUTLASS_DEVICE void load(Params const& params, typename Base::MainloopPipeline pipeline,
+                           typename Base::PipelineState smem_pipe_write, cute::tuple<TensorA, TensorB> const&,
+                           cute::tuple<TensorMapA, TensorMapB> const&, BlockCoord const& blk_coord,
+                           KTileIterator k_tile_iter, int k_tile_count, int, uint32_t block_rank_in_cluster,
+                           typename Base::TensorStorage& shared_tensors) {
+    using namespace cute;
+    if (!cute::elect_one_sync()) return;
+    using ClusterShape = typename Base::DispatchPolicy::ClusterShape;
+    constexpr uint32_t cluster_x = size<0>(ClusterShape{});
+    const uint32_t cx = block_rank_in_cluster % cluster_x, cy = block_rank_in_cluster / cluster_x;
+    Tensor sA = make_tensor(make_smem_ptr(shared_tensors.smem_A.data()), typename Base::SmemLayoutA{});
+    Tensor sB = make_tensor(make_smem_ptr(shared_tensors.smem_B.data()), typename Base::SmemLayoutB{});
+    auto tma_a = params.tma_load_a.get_slice(cy);
+    auto tma_b = params.tma_load_b.get_slice(cx);
+    Tensor tAgA = tma_a.partition_S(tile_a(params, get<0>(blk_coord)));
+    Tensor tAsA = tma_a.partition_D(sA);
+    Tensor tBgB = tma_b.partition_S(tile_b(params, get<1>(blk_coord)));
+    Tensor tBsB = tma_b.partition_D(sB);
+    uint16_t mcast_a = 0, mcast_b = 0;
+    auto block_layout = Layout<ClusterShape>{};  // (m, n) -> block id
+    if constexpr (cute::is_same_v<typename Base::GmemTiledCopyA, SM90_TMA_LOAD_MULTICAST>) {
+      for (int n = 0; n < size<1>(block_layout); ++n) mcast_a |= uint16_t(1) << block_layout(cx, n, Int<0>{});
+    }
+    if constexpr (cute::is_same_v<typename Base::GmemTiledCopyB, SM90_TMA_LOAD_MULTICAST>) {
+      for (int m = 0; m < size<0>(block_layout); ++m) mcast_b |= uint16_t(1) << block_layout(m, cy, Int<0>{});
+    }
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (; k_tile_count > 0; --k_tile_count) {
+      pipeline.producer_acquire(smem_pipe_write);
+      auto* barrier = pipeline.producer_get_barrier(smem_pipe_write);
+      const int stage = smem_pipe_write.index();
+      copy(params.tma_load_a.with(*barrier, mcast_a), tAgA(_, _, _, *k_tile_iter), tAsA(_, _, _, stage));
+      copy(params.tma_load_b.with(*barrier, mcast_b), tBgB(_, _, _, *k_tile_iter), tBsB(_, _, _, stage));
+      ++k_tile_iter;
+      ++smem_pipe_write;
+    }
+  }
+
+ protected:
+  int32_t row_a_ = 0, row_b_ = 0;  // the current group's first row of A and of B
+};
+
+}  // namespace mbk
