@@ -556,14 +556,14 @@ mb_status run_wgmma(const void* A, const void* B, const typename MoeEpilogue<T, 
   if (!workspace || workspace_bytes < need)
     return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm sm90: workspace %zu bytes < %zu needed",
                      workspace_bytes, need);
+  if (max_rows > INT32_MAX || static_cast<int64_t>(num_experts) * n > INT32_MAX)
+    return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm sm90: max_rows (%lld) and num_experts * n (%lld) must fit int32",
+                static_cast<long long>(max_rows), static_cast<long long>(num_experts) * n);
   build_groups_kernel<<<1, 128, 0, stream>>>(offsets, num_experts, n, k, (int)sizeof(T),
                                              static_cast<const char*>(A), static_cast<const char*>(B), g);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return fail(MB_ERR_CUDA, "grouped gemm sm90 group build: %s", cudaGetErrorString(err));
   typename G::Gemm gemm;
-  if (max_rows > INT32_MAX || static_cast<int64_t>(num_experts) * n > INT32_MAX)
-    return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm sm90: max_rows (%lld) and num_experts * n (%lld) must fit int32",
-                static_cast<long long>(max_rows), static_cast<long long>(num_experts) * n);
   auto args = make_args<T, kEpi, kTile>(g, num_experts, epi, sm_count, WholeOperands{A, max_rows, B, n, k});
   cutlass::Status st = gemm.can_implement(args);
   if (st != cutlass::Status::kSuccess)
