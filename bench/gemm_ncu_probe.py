@@ -74,14 +74,11 @@ def child(args: argparse.Namespace) -> None:
 
 
 def summarize(csv_text: str, labels: list[dict]) -> list[dict]:
-    """Pair ncu's kernels, in launch order, with the labels. Our GEMM's one-thread-block group builder
-    (build_groups) is dropped, so every label owns exactly one kernel."""
+    """Pair ncu's kernels, in launch order, with the labels: every GEMM call is one kernel launch."""
     lines = csv_text.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith('"ID"'))
     kernels: dict[str, dict] = {}
     for row in csv.DictReader(io.StringIO("\n".join(lines[start:]))):
-        if "build_groups" in row["Kernel Name"]:
-            continue
         k = kernels.setdefault(row["ID"], {"kernel": row["Kernel Name"][:60]})
         if row["Metric Name"] in METRICS:
             value = float(row["Metric Value"].replace(",", "")) * UNIT_SCALE[row["Metric Unit"]]

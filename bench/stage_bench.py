@@ -4,8 +4,9 @@ Why graphs: at 1-16 tokens a stage is a few microseconds of GPU work, and what a
 is the kernel as a graph node, not the Python/ctypes launch. Each stage is captured REPS times
 back to back in one graph (on one stream, so each copy waits for the previous one as in the
 layer); time per stage = median replay time / REPS. "chain" is the layer's non-GEMM sequence
-(routing, fused prologue, expansion, activation, and the zeroing of `out` for the fused finalize,
-folded into the expansion when the library's mb_expand_rows has zero_out) in one graph, once.
+(routing, the prologue the plan runs at that count (fused up to 256 tokens, else three-step), expansion,
+activation, and the zeroing of `out` for the fused finalize, folded into the expansion when the library's
+mb_expand_rows has zero_out) in one graph, once.
 
 Usage: python bench/stage_bench.py [--shapes a,b] [--tokens 1,16] [--json PATH]
 (set MOE_BUILD_KERNELS_LIB to a prebuilt library on a machine without CUTLASS headers).
@@ -20,6 +21,7 @@ import torch
 
 from moe_build import kernels as K
 from moe_build.bench import SHAPES, _median_ms
+from moe_build.planner.rules import FUSED_PROLOGUE_MAX_TOKENS
 
 REPS = 20
 REPLAYS = 200
@@ -46,7 +48,11 @@ def bench_shape(name: str, T: int, has_zero_out: bool) -> dict[str, float]:
     logits = torch.randn(T, E, device=dev).to(dt)
     hidden = torch.randn(T, H, device=dev).to(dt)
     ids, w = K.routing(logits, k, K.Routing.SOFTMAX_TOPK, renormalize=True)
-    ptu, utp, off = K.build_maps_fused(ids, E)
+    ws = torch.empty(K.three_step_workspace_bytes(T, k, E), device=dev, dtype=torch.uint8)
+    fused = T <= FUSED_PROLOGUE_MAX_TOKENS
+    prologue = (lambda i, m: K.build_maps_fused(i, E, *m)) if fused else \
+        (lambda i, m: K.build_maps_three_step(i, E, *m, workspace=ws))
+    ptu, utp, off = prologue(ids, (None, None, None))
     pin = torch.empty(T * k, H, device=dev, dtype=dt)
     pw = torch.empty(T * k, device=dev)
     fc1 = torch.randn(T * k, 2 * I, device=dev).to(dt)
@@ -59,7 +65,7 @@ def bench_shape(name: str, T: int, has_zero_out: bool) -> dict[str, float]:
 
     def chain() -> None:
         K.routing(logits, k, K.Routing.SOFTMAX_TOPK, renormalize=True, topk_ids=ids_o, topk_weights=w_o)
-        K.build_maps_fused(ids_o, E, *maps)
+        prologue(ids_o, maps)
         K.expand_rows(hidden, maps[0], w_o, permuted_input=pin, permuted_weights=pw, **zero_kw)
         K.activation(fc1, maps[2], K.Activation.SWIGLU, out=act)
         if not has_zero_out:
@@ -70,13 +76,14 @@ def bench_shape(name: str, T: int, has_zero_out: bool) -> dict[str, float]:
         "empty_node": lambda: one.add_(1),  # the cost of any graph node: the floor for a tiny stage
         "routing": lambda: K.routing(logits, k, K.Routing.SOFTMAX_TOPK, renormalize=True, topk_ids=ids_o,
                                      topk_weights=w_o),
-        "prologue_fused": lambda: K.build_maps_fused(ids, E, *maps),
-        "prologue_three_step": lambda: K.build_maps_three_step(ids, E, *maps),
+        "prologue_three_step": lambda: K.build_maps_three_step(ids, E, *maps, workspace=ws),
         "expand_rows": lambda: K.expand_rows(hidden, ptu, w, permuted_input=pin, permuted_weights=pw),
         "zero_output(memset)": lambda: out.zero_(),
         "activation": lambda: K.activation(fc1, off, K.Activation.SWIGLU, out=act),
         "finalize": lambda: K.finalize(g2, w, ids, utp, out=out),
     }
+    if fused:
+        stages["prologue_fused"] = lambda: K.build_maps_fused(ids, E, *maps)
     if has_zero_out:
         stages["expand_rows+zero_out"] = lambda: K.expand_rows(hidden, ptu, w, permuted_input=pin,
                                                                permuted_weights=pw, zero_out=out)
@@ -99,7 +106,7 @@ def main() -> None:
             col = f"{name.split('-')[0]}/T{T}"
             cols.append(col)
             table[col] = bench_shape(name, T, has_zero_out)
-    rows = list(next(iter(table.values())))
+    rows = list(dict.fromkeys(r for col in table.values() for r in col))
     print(f"stage kernels, CUDA-graph node time (us, median), {torch.cuda.get_device_name()}")
     print(f"{'stage':<22}" + "".join(f"{c:>13}" for c in cols))
     for r in rows:

@@ -31,9 +31,8 @@ def _csv(kernels: list[tuple[str, str]]) -> str:
 LABEL = {"shape": "qwen3-30b-a3b", "gemm": "g1", "variant": "auto", "rows": 32768, "n": 1536, "k": 2048}
 
 
-def test_pairs_kernels_with_labels_skipping_the_group_builder_and_scaling_units() -> None:
-    text = _csv([("0", "mbk::build_groups_kernel(const long *)"), ("1", "cutlass::device_kernel<GemmUniversal>"),
-                 ("2", "nvjet_sm90_tst_256x128")])
+def test_pairs_kernels_with_labels_and_scales_units() -> None:
+    text = _csv([("1", "cutlass::device_kernel<GemmUniversal>"), ("2", "nvjet_sm90_tst_256x128")])
     got = summarize(text, [LABEL, {**LABEL, "variant": "mm"}])
     assert [r["variant"] for r in got] == ["auto", "mm"]
     assert got[0]["kernel"].startswith("cutlass::device_kernel") and got[1]["kernel"].startswith("nvjet")

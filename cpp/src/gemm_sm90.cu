@@ -5,10 +5,10 @@
 // width), or the MoE finalize (unpermute + top-k weight + bias, atomically reduced into the
 // token's output row).
 //
-// No host sync: a one-block kernel turns expert_first_token_offset into CUTLASS's per-group
-// problem shapes, pointer and stride arrays in the workspace, and CUTLASS is given no host copy
-// of the shapes (it then sizes a persistent grid from the SM count), so a call is CUDA-graph
-// capturable.
+// No host sync and no setup launch: CUTLASS's grouped problem shape is read on the device straight
+// from expert_first_token_offset (OffsetsProblemShape), the loads find each group's rows and weights
+// from the same offsets, and CUTLASS is given no host copy of the shapes (it then sizes a persistent
+// grid from the SM count), so a call is one CUDA-graph capturable launch.
 //
 // Path rule (inside each entry point): average rows per expert = ceil(max_rows / E).
 //   <= 8 : the decode kernel of gemm_decode.cu (swap-AB mma.sync, weights streamed straight into
@@ -49,10 +49,33 @@
 namespace mbk {
 namespace {
 
-using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
-using UnderlyingShape = ProblemShape::UnderlyingProblemShape;
-using InternalStrideA = cute::remove_pointer_t<cutlass::detail::TagToStrideA_t<cutlass::layout::RowMajor*>>;
-using InternalStrideB = cute::remove_pointer_t<cutlass::detail::TagToStrideB_t<cutlass::layout::ColumnMajor*>>;
+// CUTLASS's grouped problem shape (the interface of cutlass::gemm::GroupProblemShape) computed from
+// the expert offsets: group g is (offsets[g + 1] - offsets[g]) x n x k. CUTLASS's GroupProblemShape
+// reads a per-group shape array, which a one-block kernel had to write before every GEMM (a graph
+// node of its own, ~1.5 us with its gap, twice per layer), along with pointer arrays from which the
+// producer warp derived each group's first row (a dependent load and a 64-bit division per new group);
+// the scheduler reads these two offsets instead, and StaticMapMainloop the first. The GEMMs alone, this
+// against the array version (bench/gemm_rate_probe.py --gated, 4096 tokens, H200, two processes of each
+// alternated), gained more than the launch: DeepSeek-V2-Lite GEMM1 / GEMM2 452-453 / 251-257 us vs 470 /
+// 275-276, Qwen3-30B-A3B 360-368 / 227-228 vs 382-383 / 243-247, GPT-OSS-20B 847-860 / 452-462 vs 871-874 /
+// 468-481 (docs/measured/group_arrays_ab_4096.json; whole layers of both libraries bit-identical at 256
+// and 4096 tokens, one process). Which part accounts for it was not isolated; caching the offsets across
+// the producer warp (a shuffle instead of a load per new group) changed nothing and was not kept.
+struct OffsetsProblemShape {
+  using UnderlyingProblemShape = cute::Shape<int, int, int>;
+  int32_t num_groups = 1;
+  const int64_t* offsets = nullptr;  // device, [num_groups + 1]
+  int n = 0, k = 0;
+
+  CUTLASS_HOST_DEVICE int32_t groups() const { return num_groups; }
+  CUTLASS_DEVICE UnderlyingProblemShape const get_problem_shape(int32_t g) const {
+    return {static_cast<int>(offsets[g + 1] - offsets[g]), n, k};
+  }
+  // No host copy: CUTLASS then sizes a persistent grid and skips its host-side shape checks.
+  CUTLASS_HOST_DEVICE UnderlyingProblemShape const get_host_problem_shape(int32_t = 0) const { return {}; }
+  CUTLASS_HOST_DEVICE bool is_host_problem_shape_available() const { return false; }
+};
+using ProblemShape = OffsetsProblemShape;
 using InternalStrideD = cute::remove_pointer_t<cutlass::detail::TagToStrideC_t<cutlass::layout::RowMajor*>>;
 
 template <typename T> struct CutlassType;
@@ -421,54 +444,6 @@ struct WgmmaGemm {
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 };
 
-// Workspace: per-group arrays for CUTLASS, then CUTLASS's own workspace (tensormaps, scheduler).
-struct GroupArrays {
-  UnderlyingShape* shapes;
-  const void** ptr_a;
-  const void** ptr_b;
-  InternalStrideA* stride_a;
-  InternalStrideB* stride_b;
-  void* cutlass_workspace;
-  size_t bytes;  // bytes up to cutlass_workspace
-};
-
-inline size_t align256(size_t x) { return (x + 255) & ~size_t(255); }
-
-GroupArrays carve(void* base, int num_experts) {
-  GroupArrays g{};
-  char* p = static_cast<char*>(base);
-  size_t off = 0;
-  auto take = [&](size_t bytes) {
-    char* q = p + off;
-    off = align256(off + bytes);
-    return q;
-  };
-  g.shapes = reinterpret_cast<UnderlyingShape*>(take(sizeof(UnderlyingShape) * num_experts));
-  g.ptr_a = reinterpret_cast<const void**>(take(sizeof(void*) * num_experts));
-  g.ptr_b = reinterpret_cast<const void**>(take(sizeof(void*) * num_experts));
-  g.stride_a = reinterpret_cast<InternalStrideA*>(take(sizeof(InternalStrideA) * num_experts));
-  g.stride_b = reinterpret_cast<InternalStrideB*>(take(sizeof(InternalStrideB) * num_experts));
-  g.cutlass_workspace = p ? p + off : nullptr;
-  g.bytes = off;
-  return g;
-}
-
-__global__ void build_groups_kernel(const int64_t* offsets, int num_experts, int n, int k, int elem_bytes,
-                                    const char* A, const char* B, GroupArrays g) {
-  for (int x = threadIdx.x; x < num_experts; x += blockDim.x) {
-    const int64_t lo = offsets[x];
-    g.shapes[x] = UnderlyingShape(static_cast<int>(offsets[x + 1] - lo), n, k);
-    g.ptr_a[x] = A + lo * k * elem_bytes;
-    g.ptr_b[x] = B + (int64_t)x * n * k * elem_bytes;
-    InternalStrideA sa{};
-    cute::get<0>(sa) = k;
-    g.stride_a[x] = sa;
-    InternalStrideB sb{};
-    cute::get<0>(sb) = k;
-    g.stride_b[x] = sb;
-  }
-}
-
 // The whole A ([max_rows, k], experts back to back) and B ([num_experts * n, k]) that the fixed TMA
 // descriptors cover; null and zero sizes where only the workspace size is asked.
 struct WholeOperands {
@@ -479,7 +454,7 @@ struct WholeOperands {
 };
 
 template <typename T, int kEpi, int kTile>
-typename WgmmaGemm<T, kEpi, kTile>::Gemm::Arguments make_args(const GroupArrays& g, int num_experts,
+typename WgmmaGemm<T, kEpi, kTile>::Gemm::Arguments make_args(const int64_t* offsets, int num_experts,
                                                             const typename MoeEpilogue<T, kEpi>::Arguments& epi,
                                                             int sm_count, const WholeOperands& whole = {}) {
   using G = WgmmaGemm<T, kEpi, kTile>;
@@ -487,19 +462,20 @@ typename WgmmaGemm<T, kEpi, kTile>::Gemm::Arguments make_args(const GroupArrays&
   cutlass::KernelHardwareInfo hw{};
   cudaGetDevice(&hw.device_id);
   hw.sm_count = sm_count;
+  // CUTLASS's per-group pointer and stride arrays are never read (StaticMapMainloop takes each group's
+  // origin from the offsets); its host code only needs a 16-byte-aligned address for a placeholder map.
   typename G::Mainloop::Arguments mainloop{
-      {reinterpret_cast<const Element**>(g.ptr_a), g.stride_a, reinterpret_cast<const Element**>(g.ptr_b),
-       g.stride_b},
-      whole.A, static_cast<int>(whole.max_rows), whole.B, num_experts * whole.n, whole.k};
+      {reinterpret_cast<const Element**>(const_cast<void*>(whole.A)), nullptr,
+       reinterpret_cast<const Element**>(const_cast<void*>(whole.B)), nullptr},
+      whole.A, static_cast<int>(whole.max_rows), whole.B, num_experts * whole.n, whole.k, offsets, whole.n};
   return typename G::Gemm::Arguments{
-      cutlass::gemm::GemmUniversalMode::kGrouped, {num_experts, g.shapes, nullptr}, mainloop, epi, hw};
+      cutlass::gemm::GemmUniversalMode::kGrouped, {num_experts, offsets, whole.n, whole.k}, mainloop, epi, hw};
 }
 
 template <typename T, int kEpi, int kTile>
 size_t cutlass_workspace_bytes(int num_experts, int sm_count) {
-  const GroupArrays g = carve(nullptr, num_experts);
   return WgmmaGemm<T, kEpi, kTile>::Gemm::get_workspace_size(
-      make_args<T, kEpi, kTile>(g, num_experts, typename MoeEpilogue<T, kEpi>::Arguments{}, sm_count));
+      make_args<T, kEpi, kTile>(nullptr, num_experts, typename MoeEpilogue<T, kEpi>::Arguments{}, sm_count));
 }
 
 template <typename T, int kEpi>
@@ -551,27 +527,22 @@ mb_status run_wgmma(const void* A, const void* B, const typename MoeEpilogue<T, 
                     size_t workspace_bytes, cudaStream_t stream) {
   using G = WgmmaGemm<T, kEpi, kTile>;
   const int sm_count = sm_count_of_current_device();
-  const GroupArrays g = carve(workspace, num_experts);
-  const size_t need = g.bytes + cutlass_workspace_bytes<T, kEpi, kTile>(num_experts, sm_count);
+  const size_t need = cutlass_workspace_bytes<T, kEpi, kTile>(num_experts, sm_count);
   if (!workspace || workspace_bytes < need)
     return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm sm90: workspace %zu bytes < %zu needed",
                      workspace_bytes, need);
   if (max_rows > INT32_MAX || static_cast<int64_t>(num_experts) * n > INT32_MAX)
     return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm sm90: max_rows (%lld) and num_experts * n (%lld) must fit int32",
                 static_cast<long long>(max_rows), static_cast<long long>(num_experts) * n);
-  build_groups_kernel<<<1, 128, 0, stream>>>(offsets, num_experts, n, k, (int)sizeof(T),
-                                             static_cast<const char*>(A), static_cast<const char*>(B), g);
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) return fail(MB_ERR_CUDA, "grouped gemm sm90 group build: %s", cudaGetErrorString(err));
   typename G::Gemm gemm;
-  auto args = make_args<T, kEpi, kTile>(g, num_experts, epi, sm_count, WholeOperands{A, max_rows, B, n, k});
+  auto args = make_args<T, kEpi, kTile>(offsets, num_experts, epi, sm_count, WholeOperands{A, max_rows, B, n, k});
   cutlass::Status st = gemm.can_implement(args);
   if (st != cutlass::Status::kSuccess)
     return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm sm90: CUTLASS cannot implement (%s)",
                      cutlassGetStatusString(st));
-  st = gemm.initialize(args, g.cutlass_workspace, stream);
+  st = gemm.initialize(args, workspace, stream);
   if (st == cutlass::Status::kSuccess) st = gemm.run(stream);
-  err = cudaGetLastError();
+  const cudaError_t err = cudaGetLastError();
   if (st != cutlass::Status::kSuccess || err != cudaSuccess)
     return fail(MB_ERR_CUDA, "grouped gemm sm90: %s / %s", cutlassGetStatusString(st), cudaGetErrorString(err));
   return MB_OK;
@@ -658,7 +629,7 @@ size_t mb_grouped_gemm_sm90_workspace(int num_experts, int64_t max_rows, int n, 
     };
     cw = std::max({cw, each(__nv_bfloat16{}), each(__half{})});
   }
-  return mbk::carve(nullptr, num_experts).bytes + cw;  // the decode and mma.sync paths need none
+  return cw;  // the decode and mma.sync paths need none
 }
 
 mb_status mb_grouped_gemm_sm90(const void* A, const void* B, const void* bias, void* C,

@@ -8,7 +8,7 @@
 // critical path. Here every expert's rows already sit in one [rows_a, K] tensor (the expanded
 // activations, experts back to back) and every expert's weights in one [E * N, K] tensor, so the maps
 // are built once on the host over those whole tensors, and a group only moves the tile's origin: row
-// (ptr_A[g] - base_a) / K of A and (ptr_B[g] - base_b) / K of B. A tile that runs past its expert's
+// offsets[g] of A (the expert's first permuted row) and row g * N of B. A tile that runs past its expert's
 // rows (or columns) reads the next expert's (or, at the end, TMA's zero fill); those rows and columns
 // lie outside the group's M x N, which every MoeEpilogue mode masks, and rows of a GEMM are independent,
 // so the kept outputs are unchanged.
@@ -29,18 +29,22 @@ struct StaticMapMainloop : Base {
     const void* base_b = nullptr;  // every group's B, one [rows_b, k] tensor (K-major rows)
     int rows_b = 0;
     int k = 0;
+    const int64_t* offsets = nullptr;  // group g's rows of A start at offsets[g]
+    int n = 0;                         // group g's rows of B start at g * n
   };
   struct Params : Base::Params {
     const ElementA* base_a;
     const ElementB* base_b;
     int rows_a, rows_b, k;
+    const int64_t* offsets;
+    int n;
   };
 
   template <class ProblemShape>
   static Params to_underlying_arguments(ProblemShape shapes, Arguments const& args, void* workspace) {
     using namespace cute;
     Params p{Base::to_underlying_arguments(shapes, args, workspace), static_cast<const ElementA*>(args.base_a),
-             static_cast<const ElementB*>(args.base_b), args.rows_a, args.rows_b, args.k};
+             static_cast<const ElementB*>(args.base_b), args.rows_a, args.rows_b, args.k, args.offsets, args.n};
     typename Base::InternalStrideA stride_a{};
     get<0>(stride_a) = args.k;
     typename Base::InternalStrideB stride_b{};
@@ -57,7 +61,8 @@ struct StaticMapMainloop : Base {
   }
 
   // The kernel's per-group hooks: the maps never change, so there is nothing to patch or fence; a new
-  // group only moves the tile origin (read here, on the producer warp, before the group's first load).
+  // group only moves the tile origin (set here, by the whole producer warp, before the group's first
+  // load).
   template <class... Ts>
   CUTLASS_DEVICE void tensormaps_perform_update(Ts const&...) {}
   template <class... Ts>
@@ -67,8 +72,8 @@ struct StaticMapMainloop : Base {
   template <class InputTensors, class ProblemShape_MNKL>
   CUTLASS_DEVICE InputTensors tensors_perform_update(InputTensors const& input_tensors, Params const& params,
                                                      ProblemShape_MNKL, int32_t group) {
-    row_a_ = static_cast<int32_t>((params.ptr_A[group] - params.base_a) / params.k);
-    row_b_ = static_cast<int32_t>((params.ptr_B[group] - params.base_b) / params.k);
+    row_a_ = static_cast<int32_t>(params.offsets[group]);
+    row_b_ = group * params.n;
     return input_tensors;
   }
 

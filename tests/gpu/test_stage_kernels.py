@@ -229,6 +229,15 @@ def test_three_step_prologue(t: int, k: int) -> None:
     check_maps(poisoned(K.build_maps_three_step), ids.contiguous(), 64)
 
 
+@pytest.mark.parametrize("t,k,e", [(40000, 8, 256), (20000, 8, 8), (3000, 6, 4096), (0, 4, 64)])
+def test_three_step_prologue_tilings(t: int, k: int, e: int) -> None:
+    """Tiles past 1024 rows (more rows than 64 such tiles hold), fewer warps per tile (many experts,
+    several rounds per warp), the shared-memory opt-in past 48 KB (4096 experts), and no rows at all."""
+    check_maps(poisoned(K.build_maps_three_step), random_ids(t, e, k), e)
+    skewed = ((torch.rand(t, k, device="cuda") ** 6) * (e + 4)).to(torch.int32) - 2
+    check_maps(poisoned(K.build_maps_three_step), skewed.contiguous(), e)
+
+
 @pytest.mark.parametrize("t,k,e", [(257, 2, 8), (16, 3, 8), (16, 5, 64), (16, 2, 511), (300, 8, 256)])
 def test_fused_prologue_unsupported(t: int, k: int, e: int) -> None:
     with pytest.raises(K.KernelError) as err:
