@@ -72,6 +72,25 @@ __device__ __forceinline__ int warp_inclusive_scan(int v) {
   return v;
 }
 
+// One round of the routing prologues' stable counting-sort scatter (every lane must call it): the
+// lane holds expanded row e of expert `key` (key < 0: no row). Lanes of one expert take consecutive
+// permuted rows from cursor[key] in lane order, write both maps, and the cursor moves past them;
+// a warp walking its rows in order, one round per 32, keeps the sort stable in the expanded row.
+__device__ __forceinline__ void place_round(int key, int e, int* cursor, int32_t* permuted_to_unpermuted,
+                                            int32_t* unpermuted_to_permuted) {
+  const int lane = threadIdx.x % 32;
+  const unsigned same = __match_any_sync(0xffffffffu, key);
+  const int before = __popc(same & ((1u << lane) - 1u));
+  if (key >= 0) {
+    const int p = cursor[key] + before;
+    permuted_to_unpermuted[p] = e;
+    unpermuted_to_permuted[e] = p;
+  }
+  __syncwarp();  // every lane has read the cursor before its group's first lane moves it
+  if (key >= 0 && before == 0) cursor[key] += __popc(same);
+  __syncwarp();
+}
+
 __device__ __forceinline__ float to_f32(float x) { return x; }
 __device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
 __device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }

@@ -1,5 +1,5 @@
 // Hopper (sm_90a) grouped GEMM over expert segments: CUTLASS 3 ptr-array TMA warp-specialized
-// kernels (wgmma, GroupProblemShape) whose loads run on fixed TMA descriptors over all experts' rows
+// kernels (wgmma, grouped problem shapes read from the expert offsets) whose loads run on fixed TMA descriptors over all experts' rows
 // and weights (gemm_sm90_static_maps.cuh), with our own no-smem epilogue that does a plain
 // store (+bias), GEMM1's gated activation (act(gate, up) of an interleaved W1, written at half
 // width), or the MoE finalize (unpermute + top-k weight + bias, atomically reduced into the
@@ -41,7 +41,6 @@
 #include "cutlass/gemm/collective/collective_builder.hpp"
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
 #include "cutlass/gemm/dispatch_policy.hpp"
-#include "cutlass/gemm/group_array_problem_shape.hpp"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "gemm_sm90_pairs.cuh"
 #include "gemm_sm90_static_maps.cuh"

@@ -90,18 +90,7 @@ fused_maps_kernel(const int32_t* __restrict__ topk_ids, int n, int E,
 
   for (int e0 = e_begin; e0 < e_end; e0 += 32) {
     const int e = e0 + lane;
-    // Lanes past the range take distinct negative keys so they match nobody.
-    const int key = e < e_end ? keys[e] : -1 - lane;
-    const unsigned peers = __match_any_sync(0xffffffffu, key);
-    const int before = __popc(peers & ((1u << lane) - 1));
-    if (e < e_end) {
-      const int p = cursor[warp][key] + before;
-      permuted_to_unpermuted[p] = e;
-      unpermuted_to_permuted[e] = p;
-    }
-    __syncwarp();  // every lane has read the cursor before its group's leader moves it
-    if (e < e_end && before == 0) cursor[warp][key] += __popc(peers);
-    __syncwarp();
+    mb::place_round(e < e_end ? keys[e] : -1, e, cursor[warp], permuted_to_unpermuted, unpermuted_to_permuted);
   }
 }
 

@@ -7,9 +7,8 @@
 //      writes the int64 offsets): the tile's x-rows start at the rows of all experts < x plus the
 //      x-rows of earlier tiles. The block's W warps each own a contiguous run of `rounds` rounds of 32
 //      rows; each counts its rows per expert, the counts are prefixed over the warps, and each warp then
-//      walks its rounds in order, ranking equal experts within a round with __match_any_sync, and
-//      writes both maps. Walking in order keeps the sort stable in the expanded row, as the fused
-//      kernel's is.
+//      walks its rounds in order, placing each with mb::place_round (as the fused kernel does), which
+//      writes both maps. Walking in order keeps the sort stable in the expanded row.
 // The scan used to be a one-block launch of its own between the two, and one warp walked each 1024-row
 // tile alone (32 rounds in a row): 11.7 us at 4096 tokens of DeepSeek-V2-Lite and 12.7 of Qwen3-30B-A3B
 // on the H200 (CUDA-graph node time, bench/stage_bench.py --tokens 4096), now 8.1 and 9.6. Every block
@@ -106,20 +105,10 @@ scan_scatter_kernel(const int32_t* __restrict__ ids, int64_t n, int64_t tile, in
     }
   }
   __syncthreads();
-  const unsigned lanes_below = (1u << lane) - 1u;
   for (int r = 0; r < rounds; ++r) {
-    const int64_t e = warp_begin + static_cast<int64_t>(r) * 32 + lane;
-    const int key = e < n ? expert_key(ids[e], E) : -1;
-    const unsigned same = __match_any_sync(0xffffffffu, key);
-    if (key >= 0) {
-      const int p = next[key] + __popc(same & lanes_below);
-      permuted_to_unpermuted[p] = static_cast<int32_t>(e);
-      unpermuted_to_permuted[e] = p;
-    }
-    __syncwarp();
-    // The highest lane of each group advances that expert's counter past the group.
-    if (key >= 0 && (same >> lane) == 1u) next[key] += __popc(same);
-    __syncwarp();
+    const int64_t e = warp_begin + static_cast<int64_t>(r) * 32 + lane;  // < n <= INT32_MAX where used
+    mb::place_round(e < n ? expert_key(ids[e], E) : -1, static_cast<int>(e), next, permuted_to_unpermuted,
+                    unpermuted_to_permuted);
   }
 }
 
