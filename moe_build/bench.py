@@ -2,9 +2,10 @@
 
 Why one process and these rules: peers, variants and ceilings measured side by side on the same
 card in the same state are comparable; medians of CUDA-event timings after warm-up, the variants
-timed in turn (interleaved rounds) so clock drift over the run favours none, rotating among
-several input sets so no variant is flattered by a warm cache; every timed variant is
-first checked against the fp64 reference on sampled rows of the very input it is timed on.
+timed in turn (one call each per round, in a shuffled order) so clock drift over the run favours
+none, those that sync with the host timed apart (their idle gaps speed up whatever follows),
+rotating among several input sets so no variant is flattered by a warm cache; every timed variant
+is first checked against the fp64 reference on sampled rows of the very input it is timed on.
 
 floor = max(bytes of the touched experts' weights / measured copy bandwidth,
             FLOPs / measured bf16 matmul rate), touched experts counted from the actual routing.
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import random
 import statistics
 import time
 from dataclasses import dataclass
@@ -78,31 +80,33 @@ def _median_ms(fn: Callable[[int], object], iters: int, warmup: int) -> float:
 
 
 def _interleaved_median_ms(fns: dict[Any, Callable[[int], object]], iters: int, warmup: int,
-                           rounds: int = 4, before: Callable[[], object] | None = None) -> dict[Any, float]:
-    """Median CUDA-event time of each fn(i), the fns timed in turn: `rounds` rounds of
-    ceil(iters / rounds) calls each, the order rotated every round. Under a power limit the GPU's
-    clock drifts over a run (at 4096 tokens, timing variants one after another put up to 7% between
-    two runs of the same plan, in favour of whichever ran first); interleaved, the drift falls on
-    every variant alike, so the side-by-side ratios compare the kernels, not the moment.
+                           before: Callable[[], object] | None = None, seed: int = 0) -> dict[Any, float]:
+    """Median CUDA-event time of each fn(i) over `iters` rounds; every round calls each fn once, in
+    an order shuffled anew each round (a fixed seed, so a run is repeatable).
+
+    Why shuffled, one call per round: under its power limit the GPU runs faster for a while after any
+    idle gap, so whichever fn sits right after a gap is flattered. Timing the fns in fixed blocks put up
+    to 7% between two runs of one plan at 4096 tokens (whichever ran first won); blocks rotated by one
+    place per round still gave the same fn the place after the host-syncing peers' gaps, and identical
+    Mixtral-4096 plans spread by 14% (4.05 vs 4.61 ms; 4.21-4.40 shuffled; 4.66-4.73 in either order
+    with no syncing fn among them). Shuffled per call, no fn owns a place; callers also keep fns that
+    sync with the host in a group of their own (`bench_shape`).
     `before` (e.g. an L2 flush) is enqueued ahead of every timed call, outside its events."""
     names = list(fns)
-    if not names:
-        return {}
     for name in names:
         for i in range(warmup):
             fns[name](i)
-    per_round = -(-iters // rounds)
+    order = random.Random(seed)
     marks: dict[Any, list[tuple[torch.cuda.Event, torch.cuda.Event]]] = {name: [] for name in names}
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            for j in range(per_round):
-                if before is not None:
-                    before()
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fns[name](r * per_round + j)
-                end.record()
-                marks[name].append((start, end))
+    for r in range(iters):
+        for name in order.sample(names, len(names)):
+            if before is not None:
+                before()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fns[name](r)
+            end.record()
+            marks[name].append((start, end))
     torch.cuda.synchronize()
     return {name: statistics.median(s.elapsed_time(e) for s, e in marks[name]) for name in names}
 
@@ -184,6 +188,23 @@ def _check(fn: Fn, inp: InputSet, rows: torch.Tensor, ref: torch.Tensor) -> floa
     return float((got - ref).norm() / ref.norm())
 
 
+def _syncs_host(fn: Fn, inp: InputSet) -> bool:
+    """Whether fn waits on the GPU from the host (nonzero, .tolist(), bincount's size): such a call
+    idles the GPU, and that gap speeds up whatever runs next, so these are timed apart."""
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        fn(inp.hidden, inp.logits)
+        return False
+    except RuntimeError as e:
+        if "synchronizing" not in str(e):
+            raise
+        return True
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+        torch.cuda.synchronize()
+
+
 def _runner_fn(runner: Any, out: torch.Tensor) -> Fn:
     def run(hidden: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         return runner(hidden, router_logits=logits, out=out[: hidden.shape[0]])
@@ -245,6 +266,7 @@ def bench_shape(name: str, tokens_list: Sequence[int], ceilings: dict[str, float
                 if not err < REL_ERR_LIMIT:
                     entry["error"] = f"wrong result: rel err {err:.3g} >= {REL_ERR_LIMIT}"
                     continue
+                entry["host_sync"] = _syncs_host(fn, sets[0])
                 timers[(v, "us")] = lambda i, fn=fn: fn(sets[i % len(sets)].hidden, sets[i % len(sets)].logits)
                 if v in runners:
                     checked, replay = _graph_replay(runners[v], sets, out_buf, rows, ref)
@@ -254,8 +276,11 @@ def bench_shape(name: str, tokens_list: Sequence[int], ceilings: dict[str, float
             except Exception as e:  # a failing variant must not take the others down
                 entry["error"] = f"{type(e).__name__}: {e}"
         try:
-            for (v, field), ms in _interleaved_median_ms(timers, iters, warmup).items():
-                rec["variants"][v][field] = 1e3 * ms
+            syncing = {v for v, e in rec["variants"].items() if e.get("host_sync")}
+            for group in ({k: f for k, f in timers.items() if k[0] not in syncing},
+                          {k: f for k, f in timers.items() if k[0] in syncing}):
+                for (v, field), ms in _interleaved_median_ms(group, iters, warmup).items():
+                    rec["variants"][v][field] = 1e3 * ms
         except Exception as e:
             for v, _ in timers:
                 rec["variants"][v]["error"] = f"timing failed: {type(e).__name__}: {e}"
@@ -364,7 +389,9 @@ def run_bench(shapes: Sequence[str] = tuple(SHAPES), tokens_list: Sequence[int] 
         "device": torch.cuda.get_device_name(), "torch": torch.__version__, "ceilings": ceilings,
         "method": {"iters": iters, "warmup": warmup, "input_sets": input_sets, "stat": "median",
                    "timer": "cuda events per call",
-                   "order": "variants (eager and graph) timed in turn, 4 rounds, order rotated each round",
+                   "order": "variants (eager and graph) timed in turn, one call each per round, order shuffled "
+                            "each round; variants that sync with the host (host_sync) timed after, "
+                            "as a group of their own",
                    "check": f"fp64 reference on <= {CHECK_ROWS + 2} sampled rows, "
                                                              f"rel-norm err < {REL_ERR_LIMIT}",
                    "router_linear": "excluded for every variant (all take fp32 router logits)"},

@@ -53,7 +53,9 @@ def naive_peer(spec: MoESpec, w: MoEWeights) -> Peer:
 
 
 def grouped_mm_peer(spec: MoESpec, w: MoEWeights) -> Peer:
-    """torch._grouped_mm wants B as [E, K, N]: transposed views of our [E, N, K] weights (no copy)."""
+    """torch._grouped_mm wants B as [E, K, N]: transposed views of our [E, N, K] weights (no copy).
+    The expert counts come from a scatter-add, not torch.bincount (which reads the largest id back to
+    the host): the pipeline never waits on the GPU, as a deployed one would not."""
     _check_peer_spec(spec)
     w1t, w2t = w.w1.transpose(1, 2), w.w2.transpose(1, 2)
     E, K = spec.num_experts, spec.top_k
@@ -63,7 +65,9 @@ def grouped_mm_peer(spec: MoESpec, w: MoEWeights) -> Peer:
         flat = ids.flatten()
         order = torch.argsort(flat, stable=True)
         tok = order // K
-        offs = torch.cumsum(torch.bincount(flat, minlength=E), 0).to(torch.int32)
+        ones = torch.ones_like(flat, dtype=torch.int32)
+        counts = torch.zeros(E, dtype=torch.int32, device=flat.device).scatter_add_(0, flat, ones)
+        offs = torch.cumsum(counts, 0, dtype=torch.int32)
         x = hidden[tok]
         h = torch._grouped_mm(x, w1t, offs=offs)
         gate, up = h.chunk(2, dim=-1)

@@ -1,35 +1,46 @@
 """The bench's interleaved timer (moe_build.bench._interleaved_median_ms) on a real GPU.
 
 What it must guarantee for the side-by-side ratios to mean anything: every fn runs its warm-up and
-the same number of timed calls, each timed call gets its own input index (so the rotation over
-input sets covers them), the order of the fns changes from round to round, and a fn that does
-more GPU work measures longer.
+the same number of timed calls, each round calls every fn once with that round's input index (so
+the rotation over input sets covers them), the order of the fns is shuffled from round to round
+(repeatably), and a fn that does more GPU work measures longer. And `_syncs_host`, which keeps
+host-syncing peers out of the device-bound variants' rounds, tells the two kinds apart.
 """
 from __future__ import annotations
 
 import pytest
 import torch
 
-from moe_build.bench import _interleaved_median_ms
+from moe_build.bench import InputSet, _interleaved_median_ms, _syncs_host
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
-@pytest.mark.parametrize("iters,rounds", [(20, 4), (7, 3), (1, 1)])
-def test_calls_indices_and_order(iters: int, rounds: int) -> None:
+@pytest.mark.parametrize("iters", [20, 7, 1])
+def test_calls_indices_and_order(iters: int) -> None:
     log: list[tuple[str, int]] = []
-    fns = {name: (lambda i, name=name: log.append((name, i))) for name in ("a", "b", "c")}
-    out = _interleaved_median_ms(fns, iters, warmup=2, rounds=rounds)
+    names = ("a", "b", "c", "d")
+    fns = {name: (lambda i, name=name: log.append((name, i))) for name in names}
+    out = _interleaved_median_ms(fns, iters, warmup=2)
     assert set(out) == set(fns) and all(t >= 0.0 for t in out.values())
-    per_round = -(-iters // rounds)
-    timed = log[3 * 2:]  # after each fn's two warm-up calls
-    for name in fns:
-        idx = [i for n, i in timed if n == name]
-        assert idx == list(range(rounds * per_round)), name
-    # each round starts with a different fn (rotation), as far as there are rounds
-    firsts = [timed[r * 3 * per_round][0] for r in range(rounds)]
-    assert firsts == ["a", "b", "c", "a"][:rounds]
+    timed = log[len(names) * 2:]  # after each fn's two warm-up calls
+    rounds = [timed[r * len(names):(r + 1) * len(names)] for r in range(iters)]
+    assert len(timed) == iters * len(names)
+    for r, calls in enumerate(rounds):  # every fn once per round, with that round's input index
+        assert sorted(calls) == [(n, r) for n in names], (r, calls)
+    if iters >= 7:  # the order changes between rounds (shuffled; a fixed order is 1 in 24^6)
+        assert len({tuple(n for n, _ in calls) for calls in rounds}) > 1
+        assert len({calls[0][0] for calls in rounds}) > 1
+
+
+def test_same_seed_same_order() -> None:
+    def order(seed: int) -> list[str]:
+        log: list[str] = []
+        _interleaved_median_ms({n: (lambda i, n=n: log.append(n)) for n in "abcde"}, 10, warmup=0, seed=seed)
+        return log
+    assert order(3) == order(3)
+    assert order(3) != order(4)
 
 
 def test_more_work_measures_longer() -> None:
@@ -43,7 +54,7 @@ def test_more_work_measures_longer() -> None:
 def test_before_runs_ahead_of_every_timed_call_and_is_not_timed() -> None:
     log: list[str] = []
     fns = {name: (lambda i, name=name: log.append(name)) for name in ("a", "b")}
-    _interleaved_median_ms(fns, iters=6, warmup=1, rounds=2, before=lambda: log.append("before"))
+    _interleaved_median_ms(fns, iters=6, warmup=1, before=lambda: log.append("before"))
     timed = log[2:]  # after the two warm-up calls
     assert timed[0::2] == ["before"] * 12  # one before each of the 2 x 6 timed calls
     assert sorted(timed[1::2]) == ["a"] * 6 + ["b"] * 6
@@ -56,3 +67,11 @@ def test_before_runs_ahead_of_every_timed_call_and_is_not_timed() -> None:
 
 def test_no_fns() -> None:
     assert _interleaved_median_ms({}, 10, 2) == {}
+
+
+def test_syncs_host_tells_syncing_fns_apart() -> None:
+    inp = InputSet(torch.randn(8, 16, device="cuda"), torch.randn(8, 4, device="cuda"), touched=4)
+    assert not _syncs_host(lambda h, lg: h * 2 + lg.sum(), inp)
+    assert _syncs_host(lambda h, lg: h[(lg > 0).nonzero()[:, 0]], inp)
+    assert _syncs_host(lambda h, lg: h * float(lg.max()), inp)
+    assert torch.cuda.get_sync_debug_mode() == 0  # restored
