@@ -2,10 +2,14 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
+import threading
+import weakref
 
 import pytest
 import torch
 
+from moe_build import kernels
 from moe_build.errors import MoeBuildError, UnsupportedCombination
 from moe_build.planner import make_plan
 from moe_build.runner import MoERunner, Workspace, kernel_sequence, layout_bytes, steps_up_to, workspace_layout
@@ -155,6 +159,64 @@ def test_workspace_carves_aligned_views_from_one_flat_buffer() -> None:
     assert ws.view("permuted_input", 5).shape == (15, 200) and ws.view("expert_offsets", 5).shape == (9,)
     with pytest.raises(ValueError, match="workspace"):
         Workspace(layout, flat=torch.empty(layout_bytes(layout) - 1, dtype=torch.uint8))
+
+
+def test_workspace_views_are_made_once_per_token_count() -> None:
+    spec = MoESpec(200, 328, 8, 3, dtype=DType.FP16)
+    ws = Workspace(workspace_layout(spec, steps_up_to(make_plan(spec, H100, tokens=37), 37), 37), "cpu")
+    v5 = ws.views(5)
+    assert ws.views(5) is v5 and ws.views(6) is not v5
+    assert set(v5) == set(ws.buffers)
+    for name, t in v5.items():
+        single = ws.view(name, 5)
+        assert t.shape == single.shape and t.data_ptr() == single.data_ptr(), name
+    gone = weakref.ref(ws)
+    gc.disable()
+    try:
+        del ws, v5
+        assert gone() is None  # freed by reference counting: its cache holds no cycle through it
+    finally:
+        gc.enable()
+
+
+def test_trusted_tensors_skips_the_wrapper_checks_in_its_block_and_thread_only() -> None:
+    cpu = torch.zeros(3)
+    with pytest.raises(ValueError, match="x: must be a CUDA tensor"):
+        kernels._check(cpu, "x")
+    seen_in_thread: list[str] = []
+
+    def other_thread() -> None:
+        try:
+            kernels._check(cpu, "y")
+        except ValueError as e:
+            seen_in_thread.append(str(e))
+
+    with kernels.trusted_tensors():
+        kernels._check(cpu, "x")
+        with kernels.trusted_tensors():
+            kernels._check(cpu, "x")
+        kernels._check(cpu, "x")  # the inner block's exit keeps the outer one trusted
+        t = threading.Thread(target=other_thread)
+        t.start()
+        t.join()
+    assert seen_in_thread == ["y: must be a CUDA tensor, got device cpu"]
+    with pytest.raises(ValueError, match="x: must be a CUDA tensor"):
+        kernels._check(cpu, "x")
+
+
+def test_a_given_workspace_skips_the_size_query() -> None:
+    asked: list[int] = []
+
+    def size() -> int:
+        asked.append(1)
+        return 64
+
+    given = torch.empty(128, dtype=torch.uint8)
+    with kernels.trusted_tensors():  # a CPU tensor stands in for the device buffer
+        assert kernels._workspace(given, size, given.device) == (given.data_ptr(), 128)
+    assert asked == []
+    ptr, nbytes = kernels._workspace(None, lambda: 0, torch.device("cpu"))
+    assert (ptr, nbytes) == (None, 0)
 
 
 def test_runner_refuses_to_run_without_cuda() -> None:

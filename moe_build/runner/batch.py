@@ -5,8 +5,6 @@ from dataclasses import dataclass
 
 import torch
 
-from .workspace import Workspace
-
 
 @dataclass
 class Batch:
@@ -15,10 +13,11 @@ class Batch:
     tokens: int
     hidden: torch.Tensor                 # [T, H], model dtype, contiguous
     out: torch.Tensor                    # [T, H], model dtype
-    ws: Workspace
+    views: dict[str, torch.Tensor]       # this call's workspace views (Workspace.views(T))
+    stream: int                          # the CUDA stream every kernel of the call is launched on
     logits: torch.Tensor | None = None   # [T, E] (caller's or the router GEMM's)
     topk_ids: torch.Tensor | None = None      # [T, K] int32
     topk_weights: torch.Tensor | None = None  # [T, K] fp32
 
     def v(self, name: str) -> torch.Tensor:
-        return self.ws.view(name, self.tokens)
+        return self.views[name]

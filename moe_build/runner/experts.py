@@ -41,10 +41,10 @@ class FusedExperts:
                     unpermuted_to_permuted=b.v("unpermuted_to_permuted"),
                     expert_first_token_offset=b.v("expert_offsets"))
         if fused:
-            self.k.build_maps_fused(b.topk_ids, self.spec.local_experts, **maps)
+            self.k.build_maps_fused(b.topk_ids, self.spec.local_experts, **maps, stream=b.stream)
         else:
             self.k.build_maps_three_step(b.topk_ids, self.spec.local_experts, **maps,
-                                         workspace=_opt(b, "prologue_workspace"))
+                                         workspace=_opt(b, "prologue_workspace"), stream=b.stream)
 
     def expand_rows(self, b: Batch) -> None:
         self._expand(b, zero_out=None)
@@ -56,24 +56,24 @@ class FusedExperts:
     def _expand(self, b: Batch, zero_out: torch.Tensor | None) -> None:
         self.k.expand_rows(b.hidden, b.v("permuted_to_unpermuted"), b.topk_weights,
                            permuted_input=b.v("permuted_input"), permuted_weights=b.v("permuted_weights"),
-                           zero_out=zero_out)
+                           zero_out=zero_out, stream=b.stream)
 
     # ---- GEMM1 -----------------------------------------------------------------------------
     def gemm1_sm90(self, b: Batch) -> None:
         """Identity epilogue; bias and activation follow in the separate activation kernel."""
         self.k.grouped_gemm_sm90(b.v("permuted_input"), self.w.w1, b.v("expert_offsets"), c=b.v("fc1_out"),
-                                 workspace=_opt(b, "gemm_workspace"))
+                                 workspace=_opt(b, "gemm_workspace"), stream=b.stream)
 
     def gemm1_sm90_gated(self, b: Batch) -> None:
         """act(gate, up) (+b1) in GEMM1's epilogue, straight into fc1_act: no fc1_out round trip."""
         s = self.spec
         self.k.grouped_gemm_sm90_gated(b.v("permuted_input"), self.w.w1, b.v("expert_offsets"), self.act,
                                        bias=self.w.b1, swiglu_alpha=s.swiglu_alpha, swiglu_limit=s.swiglu_limit,
-                                       c=b.v("fc1_act"), workspace=_opt(b, "gemm_workspace"))
+                                       c=b.v("fc1_act"), workspace=_opt(b, "gemm_workspace"), stream=b.stream)
 
     def gemm1_sm80(self, b: Batch) -> None:
         self.k.grouped_gemm_sm80(b.v("permuted_input"), self.w.w1, b.v("expert_offsets"), c=b.v("fc1_out"),
-                                 workspace=_opt(b, "gemm_workspace"))
+                                 workspace=_opt(b, "gemm_workspace"), stream=b.stream)
 
     def gemm1_sm80_act(self, b: Batch) -> None:
         self._sm80_into_act(b, fused_gated=False)
@@ -86,12 +86,13 @@ class FusedExperts:
         self.k.grouped_gemm_sm80(b.v("permuted_input"), self.w.w1, b.v("expert_offsets"), activation=self.act,
                                  fused_gated=fused_gated, bias=self.w.b1, swiglu_alpha=s.swiglu_alpha,
                                  swiglu_limit=s.swiglu_limit, c=b.v("fc1_act"),
-                                 workspace=_opt(b, "gemm_workspace"))
+                                 workspace=_opt(b, "gemm_workspace"), stream=b.stream)
 
     def activation(self, b: Batch) -> None:
         s = self.spec
         self.k.activation(b.v("fc1_out"), b.v("expert_offsets"), self.act, bias=self.w.b1,
-                          swiglu_alpha=s.swiglu_alpha, swiglu_limit=s.swiglu_limit, out=b.v("fc1_act"))
+                          swiglu_alpha=s.swiglu_alpha, swiglu_limit=s.swiglu_limit, out=b.v("fc1_act"),
+                          stream=b.stream)
 
     # ---- GEMM2 -----------------------------------------------------------------------------
     def gemm2_sm90_finalize(self, b: Batch) -> None:
@@ -100,17 +101,17 @@ class FusedExperts:
         self.k.grouped_gemm_sm90_finalize(b.v("fc1_act"), self.w.w2, b.v("expert_offsets"),
                                           b.v("permuted_to_unpermuted"), b.v("permuted_weights"), b.out.shape[0],
                                           self.spec.top_k, bias=self.w.b2, out=b.out,
-                                          workspace=_opt(b, "gemm_workspace"))
+                                          workspace=_opt(b, "gemm_workspace"), stream=b.stream)
 
     def gemm2_sm90(self, b: Batch) -> None:
         self.k.grouped_gemm_sm90(b.v("fc1_act"), self.w.w2, b.v("expert_offsets"), c=b.v("gemm2_out"),
-                                 workspace=_opt(b, "gemm_workspace"))
+                                 workspace=_opt(b, "gemm_workspace"), stream=b.stream)
 
     def gemm2_sm80(self, b: Batch) -> None:
         self.k.grouped_gemm_sm80(b.v("fc1_act"), self.w.w2, b.v("expert_offsets"), c=b.v("gemm2_out"),
-                                 workspace=_opt(b, "gemm_workspace"))
+                                 workspace=_opt(b, "gemm_workspace"), stream=b.stream)
 
 
 def _opt(b: Batch, name: str) -> torch.Tensor | None:
     """A workspace buffer the layout may leave out (zero-byte scratch)."""
-    return b.v(name) if name in b.ws else None
+    return b.v(name) if name in b.views else None

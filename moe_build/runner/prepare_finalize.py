@@ -42,7 +42,7 @@ class PrepareFinalize:
         self.k.routing(b.logits, self.spec.top_k, method=routing_code(r.method), renormalize=r.renormalize,
                        correction_bias=self.w.correction_bias, num_groups=r.num_groups, topk_groups=r.topk_groups,
                        routed_scaling_factor=r.routed_scaling_factor, topk_ids=b.topk_ids,
-                       topk_weights=b.topk_weights)
+                       topk_weights=b.topk_weights, stream=b.stream)
 
     def quantize(self, b: Batch) -> None:
         """Activation quantization hook: a no-op for bf16/fp16/fp32 layers.
@@ -55,7 +55,7 @@ class PrepareFinalize:
     def weight_and_reduce(self, b: Batch) -> None:
         """out[t] = sum_j w[t,j] * (gemm2_out[row(t,j)] + b2[ids[t,j]]) (plan finalize=separate)."""
         self.k.finalize(b.v("gemm2_out"), b.topk_weights, b.topk_ids, b.v("unpermuted_to_permuted"),
-                        bias=self.w.b2, deterministic=self.deterministic, out=b.out)
+                        bias=self.w.b2, deterministic=self.deterministic, out=b.out, stream=b.stream)
 
     def shared_experts(self, b: Batch) -> None:
         """out += shared MLP(hidden) (* sigmoid gate), through torch matmuls and our activation kernel."""
@@ -66,7 +66,7 @@ class PrepareFinalize:
         offsets.zero_()
         offsets[1].fill_(b.tokens)  # one "expert" owning every row: [0, T)
         self.k.activation(fc1, offsets, activation_code(s.activation), swiglu_alpha=s.swiglu_alpha,
-                          swiglu_limit=s.swiglu_limit, out=act)
+                          swiglu_limit=s.swiglu_limit, out=act, stream=b.stream)
         torch.mm(act, self.w.shared_w2.t(), out=y)
         if s.shared.sigmoid_gate:
             gate = b.v("shared_gate")

@@ -7,6 +7,7 @@ stream into buffers sized once for `max_tokens`.
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable, Mapping
 
 import torch
@@ -23,6 +24,9 @@ from .experts import FusedExperts
 from .graph import GraphedMoE
 from .prepare_finalize import PrepareFinalize
 from .workspace import TORCH_DTYPE, BufferSpec, Workspace, layout_bytes, workspace_layout
+
+
+CACHED_TOKEN_COUNTS = 64
 
 
 def require_cuda(device: torch.device | str) -> torch.device:
@@ -76,6 +80,14 @@ class MoERunner:
         self.prepare_finalize = PrepareFinalize(spec, self.weights, kernels, deterministic)
         self.experts = FusedExperts(spec, self.weights, kernels)
         self._steps = self._step_table()
+        # Per token count, what every call at that count would recompute: its steps, and the layout
+        # of a caller's workspace (kernel size queries). Kept for the last few counts. The cached
+        # functions hold the spec and plan, not the runner: a cycle through `self` would leave a
+        # dropped runner's weights to the cyclic collector instead of freeing them at once.
+        self._sequence = functools.lru_cache(maxsize=CACHED_TOKEN_COUNTS)(
+            functools.partial(_kernel_sequence, self.plan))
+        self._layout = functools.lru_cache(maxsize=CACHED_TOKEN_COUNTS)(
+            functools.partial(runner_layout, spec, self.plan))
 
     @property
     def workspace(self) -> Workspace:
@@ -121,13 +133,17 @@ class MoERunner:
             raise MoeBuildError("out", "must be a contiguous tensor shaped and typed like hidden", str(self.dtype))
         if T == 0:
             return out
-        ws = self.workspace if workspace is None else Workspace(runner_layout(self.spec, self.plan, T),
-                                                                 flat=workspace)
-        b = Batch(T, x, out.view(T, -1), ws, topk_ids=ws.view("topk_ids", T), topk_weights=ws.view("topk_weights", T))
+        ws = self.workspace if workspace is None else Workspace(self._layout(T), flat=workspace)
+        views = ws.views(T)
+        b = Batch(T, x, out.view(T, -1), views, torch.cuda.current_stream(self.device).cuda_stream,
+                  topk_ids=views["topk_ids"], topk_weights=views["topk_weights"])
         routing_input = self._bind_routing(b, router_logits, topk_ids, topk_weights)
         self.prepare_finalize.quantize(b)
-        for step in S.kernel_sequence(self.plan, T, routing_input):
-            self._steps[step](b)
+        # The caller's tensors are checked above and the rest are the runner's own, right by
+        # construction, so the kernel wrappers skip their per-tensor checks.
+        with kernels.trusted_tensors():
+            for step in self._sequence(T, routing_input):
+                self._steps[step](b)
         return out
 
     def capture_graph(self, tokens: int, routing_input: S.RoutingInput = "hidden") -> GraphedMoE:
@@ -171,6 +187,10 @@ class MoERunner:
             b.logits = logits
             return "logits"
         return "hidden"
+
+
+def _kernel_sequence(plan: Plan, tokens: int, routing_input: S.RoutingInput) -> tuple[str, ...]:
+    return tuple(S.kernel_sequence(plan, tokens, routing_input))
 
 
 def runner_layout(spec: MoESpec, plan: Plan, max_tokens: int) -> dict[str, BufferSpec]:

@@ -6,6 +6,7 @@ steps the plan can run, and each call takes leading-row views of these buffers.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -77,6 +78,7 @@ def workspace_layout(spec: MoESpec, steps: set[str], max_tokens: int, *, gemm_wo
     return out
 
 
+VIEW_CACHE_TOKEN_COUNTS = 64  # token counts whose views a Workspace keeps (a decode loop reuses a few)
 ALIGN = 256  # bytes: every buffer starts aligned for 16-byte vector loads and TMA descriptors
 
 
@@ -89,9 +91,19 @@ def layout_bytes(layout: dict[str, BufferSpec]) -> int:
     return sum(_aligned(b.nbytes) for b in layout.values())
 
 
+def _token_view(spec: BufferSpec, buffer: torch.Tensor, tokens: int) -> torch.Tensor:
+    return buffer[: tokens * spec.rows_per_token] if spec.rows_per_token else buffer
+
+
+def _token_views(layout: dict[str, BufferSpec], buffers: dict[str, torch.Tensor], tokens: int
+                 ) -> dict[str, torch.Tensor]:
+    return {name: _token_view(layout[name], buffers[name], tokens) for name in buffers}
+
+
 class Workspace:
     """The buffers of one layout, carved from one flat byte buffer (owned, or the caller's, e.g.
-    TensorRT's workspace); `view(name, tokens)` gives a call's leading rows."""
+    TensorRT's workspace); `view(name, tokens)` gives a call's leading rows, `views(tokens)` all of
+    them (kept for the last token counts: a call then makes no tensor views of its own)."""
 
     def __init__(self, layout: dict[str, BufferSpec], device: torch.device | str | None = None,
                  flat: torch.Tensor | None = None) -> None:
@@ -109,15 +121,16 @@ class Workspace:
         for name, b in layout.items():
             self.buffers[name] = flat[offset: offset + b.nbytes].view(b.dtype).view(b.shape)
             offset += _aligned(b.nbytes)
+        # over the layout and buffers, not `self` (no reference cycle: a dropped workspace frees at once)
+        self.views = functools.lru_cache(maxsize=VIEW_CACHE_TOKEN_COUNTS)(
+            functools.partial(_token_views, self.layout, self.buffers))
 
     def __contains__(self, name: str) -> bool:
         return name in self.buffers
 
     def view(self, name: str, tokens: int) -> torch.Tensor:
         """Leading rows for `tokens` tokens (a view: no allocation, stable address for graphs)."""
-        b = self.layout[name]
-        t = self.buffers[name]
-        return t[: tokens * b.rows_per_token] if b.rows_per_token else t
+        return _token_view(self.layout[name], self.buffers[name], tokens)
 
     @property
     def nbytes(self) -> int:

@@ -7,6 +7,7 @@ same fp32 logits (or top-k) to both sides, so a near-tie cannot pick different e
 from __future__ import annotations
 
 import dataclasses
+import gc
 import random
 
 import pytest
@@ -192,6 +193,27 @@ def test_no_allocation_per_call(force: dict[str, str]) -> None:
         runner(hidden[:tokens], router_logits=logits[:tokens], out=out[:tokens])
     torch.cuda.synchronize()
     assert torch.cuda.memory_allocated() == before
+
+
+def test_a_dropped_runner_frees_its_memory_at_once() -> None:
+    """Reference counting alone frees a runner after calls (its per-token caches hold no cycle
+    through it), so its weights and workspace do not wait for the cyclic collector."""
+    gc.collect()  # earlier tests' cyclic garbage, if any, goes now rather than inside the window
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    runner, _ = _runner(BASE, None, 512, seed=7)
+    hidden, logits = _fixed_inputs(BASE, 300)
+    for tokens in (300, 1):
+        runner(hidden[:tokens], router_logits=logits[:tokens])
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() > before
+    gc.disable()
+    try:
+        del runner, hidden, logits
+        torch.cuda.synchronize()
+        assert torch.cuda.memory_allocated() == before
+    finally:
+        gc.enable()
 
 
 @pytest.mark.parametrize("force", FORCES, ids=FORCE_IDS)
