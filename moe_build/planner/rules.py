@@ -336,9 +336,11 @@ def finalize_tactic_available(s: MoESpec) -> Gate:
 # 1.3-2.3 us on Qwen3 / DeepSeek / GPT-OSS; on Mixtral within 1 us either way over three runs (184.1 vs
 # 183.9 us, 183.5 vs 182.7, 185.5 vs 185.4). From 32 rows up it ties or loses to the plain GEMM2 + finalize
 # kernel: 16 tokens even to 7.2 us behind (Mixtral 665.6 vs 658.3), 256 tokens 3.1-7.9 us behind, 4096
-# tokens 47-379 us behind (Qwen3 823.3 vs 757.4). One exception since, in the run after the paired GEMM
-# scheduler (docs/measured/bench.json): Mixtral at 256 tokens, fused 752.2 vs 767.2 us; one run, so the
-# bound stays.
+# tokens 47-379 us behind (Qwen3 823.3 vs 757.4). One exception in every run since the paired GEMM
+# scheduler: Mixtral at 256 tokens (724.8 vs 744.2 us in docs/measured/bench.json). A 64-1024-token sweep
+# (docs/measured/finalize_sweep_64_1024.json) finds it at that count only, and per-kernel times put it in
+# GEMM2's tile (the FINALIZE epilogue's cooperative 128x256 at 64 rows per expert: 241 us, against 252-268
+# for the plain 2x1-cluster tile), not in the fusion, so the bound stays.
 FINALIZE_FUSED_MAX_ROWS = 8
 
 
