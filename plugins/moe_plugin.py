@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections import OrderedDict
 from dataclasses import dataclass
 from types import ModuleType, SimpleNamespace
 from typing import Any, Mapping, Sequence
@@ -76,6 +77,7 @@ class InputSlot:
     dtypes: tuple[torch.dtype, ...]
 
 
+@functools.lru_cache(maxsize=64)
 def input_slots(spec: MoESpec) -> tuple[InputSlot, ...]:
     """The plugin's inputs for `spec`, in order (see the module docstring)."""
     model = TORCH_DTYPE[spec.dtype]
@@ -287,26 +289,43 @@ class _DeviceBuffer:
 
 def wrap_device_pointer(pointer: int, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
     """A contiguous CUDA tensor over memory someone else owns (TensorRT's buffers): no copy."""
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    raw = torch.as_tensor(_DeviceBuffer(pointer, shape, itemsize), device="cuda")
+    raw = torch.as_tensor(_DeviceBuffer(pointer, shape, dtype.itemsize), device="cuda")
     return raw.view(dtype)
 
 
 class RunnerCache:
-    """Keeps one runner per set of weight addresses, so enqueue does not rebuild it every call.
+    """One execution context's enqueue state: the runner, kept per set of weight addresses, and
+    what enqueues at a token count and buffer addresses seen before would otherwise rebuild (the
+    workspace size, tensors wrapping TensorRT's pointers, the carved workspace, the stream object).
 
     TensorRT keeps constant weights at fixed addresses for an execution context's life; a change
-    of any address (another context, refit to new memory) builds a new runner.
+    of any address (another context, refit to new memory) builds a new runner and drops the rest.
+    Everything kept wraps addresses TensorRT owns; nothing here owns device memory but the runner.
     """
+
+    MEMO_ENTRIES = 64  # per context: a few token counts x a few buffer sets
 
     def __init__(self) -> None:
         self._key: tuple[Any, ...] | None = None
         self._runner: Any = None
+        self._memo: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
 
     def get(self, key: tuple[Any, ...], make: Any) -> Any:
         if key != self._key:
+            if self._key is not None:  # entries made for the previous runner's buffers
+                self._memo.clear()
             self._runner, self._key = make(), key
         return self._runner
+
+    def memo(self, key: tuple[Any, ...], make: Any) -> Any:
+        """make()'s value for `key`, made once while among the last MEMO_ENTRIES keys used."""
+        if key in self._memo:
+            self._memo.move_to_end(key)
+            return self._memo[key]
+        value = self._memo[key] = make()
+        if len(self._memo) > self.MEMO_ENTRIES:
+            self._memo.popitem(last=False)
+        return value
 
 
 def run_enqueue(spec: MoESpec, plan: Plan, input_pointers: Sequence[int], input_shapes: Sequence[Sequence[int]],
@@ -315,10 +334,11 @@ def run_enqueue(spec: MoESpec, plan: Plan, input_pointers: Sequence[int], input_
                 cache: RunnerCache | None = None) -> None:
     """The body of `enqueue`, without TensorRT: run the layer on raw device buffers.
 
-    Wraps every pointer as a CUDA tensor (no copies), and runs the runner, made from the plan's
+    Wraps the pointers as CUDA tensors (no copies), and runs the runner, made from the plan's
     target and forced stages, on `stream_pointer` (as a torch ExternalStream) with the
     `workspace_pointer` buffer as its workspace. Asynchronous like any enqueue: returns once the
-    work is queued. `cache` keeps the runner between calls (a fresh one is made without it).
+    work is queued. `cache` keeps the runner, and the wrappers and carved workspace of addresses
+    seen before, between calls (all are made afresh without it).
     """
     slots = input_slots(spec)
     check_input_dims(spec, input_shapes)
@@ -330,21 +350,33 @@ def run_enqueue(spec: MoESpec, plan: Plan, input_pointers: Sequence[int], input_
     tokens = int(input_shapes[0][0])
     if tokens == 0:
         return
-    if tokens > plan_max_tokens(plan):
-        raise MoeBuildError("tokens", f"{tokens} exceeds the plan's profile max", f"1..{plan_max_tokens(plan)}")
-    need = workspace_size(spec, plan, tokens)
+    cache = cache or RunnerCache()
+    max_tokens = cache.memo(("max_tokens",), lambda: plan_max_tokens(plan))
+    if tokens > max_tokens:
+        raise MoeBuildError("tokens", f"{tokens} exceeds the plan's profile max", f"1..{max_tokens}")
+    # The weights are wrapped only when a runner is made; its key is their addresses.
+    key = (torch.cuda.current_device(),) + tuple(int(p) for p in input_pointers[2:])
+    runner = cache.get(key, lambda: _make_runner(spec, plan, {
+        slot.name: wrap_device_pointer(p, shape, dtype)
+        for slot, p, shape, dtype in zip(slots[2:], input_pointers[2:], input_shapes[2:], input_dtypes[2:])}))
+    need = cache.memo(("workspace_bytes", tokens), lambda: runner.workspace_bytes(tokens))
     if workspace_bytes < need:
         raise MoeBuildError(f"{PLUGIN_NAME} workspace", f"{workspace_bytes} bytes given, {need} needed for "
                             f"{tokens} tokens", f">= {need}")
-    tensors = {slot.name: wrap_device_pointer(p, shape, dtype)
-               for slot, p, shape, dtype in zip(slots, input_pointers, input_shapes, input_dtypes)}
-    out = wrap_device_pointer(output_pointer, output_dims(input_shapes), output_dtype_)
-    workspace = wrap_device_pointer(workspace_pointer, (workspace_bytes,), torch.uint8)
-    weights = {s.name: tensors[s.name] for s in slots[2:]}
-    key = (torch.cuda.current_device(),) + tuple(t.data_ptr() for t in weights.values())
-    runner = (cache or RunnerCache()).get(key, functools.partial(_make_runner, spec, plan, weights))
-    with torch.cuda.stream(torch.cuda.ExternalStream(stream_pointer)):
-        runner(tensors["hidden"], router_logits=tensors["router_logits"], out=out, workspace=workspace)
+
+    def wrapped(pointer: int, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+        shape = tuple(int(d) for d in shape)
+        return cache.memo(("tensor", int(pointer), shape, dtype), lambda: wrap_device_pointer(pointer, shape, dtype))
+
+    hidden = wrapped(input_pointers[0], input_shapes[0], input_dtypes[0])
+    logits = wrapped(input_pointers[1], input_shapes[1], input_dtypes[1])
+    out = wrapped(output_pointer, output_dims(input_shapes), output_dtype_)
+    workspace = cache.memo(("workspace", tokens, int(workspace_pointer), int(workspace_bytes)),
+                           lambda: runner.bind_workspace(
+                               wrap_device_pointer(workspace_pointer, (workspace_bytes,), torch.uint8), tokens))
+    stream = cache.memo(("stream", int(stream_pointer)), lambda: torch.cuda.ExternalStream(stream_pointer))
+    with torch.cuda.stream(stream):
+        runner(hidden, router_logits=logits, out=out, workspace=workspace)
 
 
 def _make_runner(spec: MoESpec, plan: Plan, weights: Mapping[str, torch.Tensor]) -> Any:
@@ -461,7 +493,9 @@ def plugin_classes(trt: ModuleType) -> SimpleNamespace:
         def _workspace_bytes(self, input_desc: Sequence[Any]) -> int:
             """What this call may use: TensorRT passes no size, but it allocated `get_workspace_size` for the
             profile's max tokens, which covers the (monotonic) need at this call's token count."""
-            return workspace_size(self.spec, self.plan, max(1, int(tuple(input_desc[0].dims)[0])))
+            tokens = max(1, int(tuple(input_desc[0].dims)[0]))
+            return self._cache.memo(("plan_workspace_bytes", tokens),
+                                    lambda: workspace_size(self.spec, self.plan, tokens))
 
     class MoEPluginCreatorImpl(trt.IPluginCreatorV3One):
         """Makes `MoEPlugin`s from their two fields (at build time and when an engine is loaded)."""

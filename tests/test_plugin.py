@@ -366,6 +366,27 @@ def test_enqueue_adapter_translates_descriptors(trt, monkeypatch):
     assert (ws_ptr, ws_bytes, stream) == (777, 1005, 555) and cache is p._cache
 
 
+def test_runner_cache_memo_keeps_the_last_entries_and_forgets_them_with_the_runner():
+    cache = mp.RunnerCache()
+    made = []
+
+    def make(value):
+        return lambda: made.append(value) or value
+
+    assert cache.memo(("before",), make("before")) == "before"
+    assert cache.get(("w", 1), make("runner-1")) == "runner-1"
+    assert cache.memo(("before",), make("lost")) == "before"  # the first runner drops nothing
+    assert cache.memo(("a",), make("a")) == "a" and cache.memo(("a",), make("a2")) == "a"
+    for i in range(mp.RunnerCache.MEMO_ENTRIES):
+        cache.memo(("k", i), make(i))
+    assert cache.memo(("k", 0), make("again")) == 0  # still among the last MEMO_ENTRIES keys
+    assert cache.memo(("a",), make("a3")) == "a3"    # the least recently used key was dropped
+    assert cache.get(("w", 1), make("unused")) == "runner-1"
+    assert cache.get(("w", 2), make("runner-2")) == "runner-2"  # new weight addresses: a new runner...
+    assert cache.memo(("k", 0), make("fresh")) == "fresh"        # ...and nothing kept from the old one
+    assert "unused" not in made
+
+
 def test_run_enqueue_checks_before_touching_memory():
     """The core refuses wrong inputs with a clear line before any pointer is dereferenced (CPU-safe)."""
     plan = plan_for(PLAIN)

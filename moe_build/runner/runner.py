@@ -96,6 +96,15 @@ class MoERunner:
             self._workspace = Workspace(runner_layout(self.spec, self.plan, self.max_tokens), self.device)
         return self._workspace
 
+    def workspace_bytes(self, tokens: int) -> int:
+        """Bytes of a caller's flat workspace for a call of `tokens` tokens (as `workspace_bytes()`)."""
+        return layout_bytes(self._layout(tokens))
+
+    def bind_workspace(self, flat: torch.Tensor, tokens: int) -> Workspace:
+        """A caller's flat buffer carved for calls of `tokens` tokens: a caller that reuses one buffer
+        (TensorRT's workspace) carves it once instead of on every call."""
+        return Workspace(self._layout(tokens), flat=flat)
+
     def _step_table(self) -> dict[str, Callable[[Batch], None]]:
         pf, ex = self.prepare_finalize, self.experts
         return {
@@ -115,14 +124,15 @@ class MoERunner:
 
     def __call__(self, hidden: torch.Tensor, router_logits: torch.Tensor | None = None,
                  topk_ids: torch.Tensor | None = None, topk_weights: torch.Tensor | None = None,
-                 out: torch.Tensor | None = None, workspace: torch.Tensor | None = None) -> torch.Tensor:
+                 out: torch.Tensor | None = None, workspace: torch.Tensor | Workspace | None = None) -> torch.Tensor:
         """The layer's output for `hidden` [T, H] or [B, S, H], on the current stream.
 
         Routing may be pinned with `router_logits` [T, E] or `topk_ids`+`topk_weights` [T, K]
         (copied into the workspace). `out` (same shape/dtype as hidden, not overlapping it:
         the expansion zeroes it while other blocks still read hidden) avoids the one
         allocation a call otherwise makes. `workspace` (flat uint8, >= workspace_bytes(spec,
-        plan, T) bytes, e.g. TensorRT's) replaces the runner's own buffers for this call.
+        plan, T) bytes, e.g. TensorRT's, or that buffer already carved by `bind_workspace(flat, T)`)
+        replaces the runner's own buffers for this call.
         """
         x = self._check_hidden(hidden)
         T = x.shape[0]
@@ -133,7 +143,15 @@ class MoERunner:
             raise MoeBuildError("out", "must be a contiguous tensor shaped and typed like hidden", str(self.dtype))
         if T == 0:
             return out
-        ws = self.workspace if workspace is None else Workspace(self._layout(T), flat=workspace)
+        if workspace is None:
+            ws = self.workspace
+        elif isinstance(workspace, Workspace):
+            if workspace.layout != self._layout(T):
+                raise MoeBuildError("workspace", f"carved for another plan or token count, not {T} tokens",
+                                    f"runner.bind_workspace(flat, {T})")
+            ws = workspace
+        else:
+            ws = self.bind_workspace(workspace, T)
         views = ws.views(T)
         b = Batch(T, x, out.view(T, -1), views, torch.cuda.current_stream(self.device).cuda_stream,
                   topk_ids=views["topk_ids"], topk_weights=views["topk_weights"])

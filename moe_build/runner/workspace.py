@@ -7,6 +7,7 @@ steps the plan can run, and each call takes leading-row views of these buffers.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -27,10 +28,7 @@ class BufferSpec:
 
     @property
     def nbytes(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n * torch.empty((), dtype=self.dtype).element_size()
+        return math.prod(self.shape) * self.dtype.itemsize
 
 
 def workspace_layout(spec: MoESpec, steps: set[str], max_tokens: int, *, gemm_workspace_bytes: int = 0,
