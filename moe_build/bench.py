@@ -18,6 +18,7 @@ import math
 import random
 import statistics
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -188,11 +189,17 @@ def _check(fn: Fn, inp: InputSet, rows: torch.Tensor, ref: torch.Tensor) -> floa
     return float((got - ref).norm() / ref.norm())
 
 
+def _sync_debug_mode(mode: str) -> None:
+    with warnings.catch_warnings():  # torch warns that the mode is a prototype on every switch
+        warnings.filterwarnings("ignore", message="Synchronization debug mode")
+        torch.cuda.set_sync_debug_mode(mode)
+
+
 def _syncs_host(fn: Fn, inp: InputSet) -> bool:
     """Whether fn waits on the GPU from the host (nonzero, .tolist(), bincount's size): such a call
     idles the GPU, and that gap speeds up whatever runs next, so these are timed apart."""
     torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
+    _sync_debug_mode("error")
     try:
         fn(inp.hidden, inp.logits)
         return False
@@ -201,7 +208,7 @@ def _syncs_host(fn: Fn, inp: InputSet) -> bool:
             raise
         return True
     finally:
-        torch.cuda.set_sync_debug_mode("default")
+        _sync_debug_mode("default")
         torch.cuda.synchronize()
 
 

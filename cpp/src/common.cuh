@@ -24,6 +24,48 @@ mb_status fail(mb_status status, const char* fmt, ...) __attribute__((format(pri
 
 // Every launch is followed by this: a bad configuration or an earlier asynchronous fault
 // surfaces here as MB_ERR_CUDA naming the kernel, instead of silently later.
+// Programmatic dependent launch (sm_90): a kernel launched with launch_after_trigger() may start
+// while its predecessor in the stream still runs, once every CTA of the predecessor has called
+// let_dependents_start() (or exited). Before wait_for_predecessor() such a kernel may only read what
+// launches before its predecessor wrote (they completed before the predecessor started) and
+// memory nobody writes (weights); wait_for_predecessor() returns once the predecessor has completed
+// and its writes are visible. Both are no-ops below sm_90 and for kernels launched without the
+// attribute.
+__device__ __forceinline__ void let_dependents_start() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wait_for_predecessor() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Launches kernel<<<grid, block, 0, stream>>>(args...), allowed to start early (programmatic stream
+// serialization) where the current device supports it (compute capability >= 9.0).
+template <typename... KArgs, typename... Args>
+inline cudaError_t launch_after_trigger(void (*kernel)(KArgs...), dim3 grid, dim3 block, cudaStream_t stream,
+                                        Args&&... args) {
+  int dev = 0, major = 0;
+  if (cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) ==
+                                                cudaSuccess && major >= 9) {
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+  }
+  kernel<<<grid, block, 0, stream>>>(std::forward<Args>(args)...);
+  return cudaGetLastError();
+}
+
 inline mb_status check_launch(const char* kernel) {
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) {

@@ -41,6 +41,8 @@ expand_rows_kernel(const T* __restrict__ input, const int32_t* __restrict__ perm
                    int64_t rows, int num_tokens, int hidden, int top_k, int vpl, int64_t chunks,
                    T* __restrict__ permuted_input, float* __restrict__ permuted_weights, T* __restrict__ zero_out) {
   using R = mb::Raw<T, VEC>;
+  // A decode GEMM1 may start loading its weights now; it waits for these rows (mb::launch_after_trigger).
+  mb::let_dependents_start();
   const int lane = threadIdx.x % 32;
   const int64_t nvec = hidden / VEC;
   // Warps stride over the rows, blockIdx.y over a row's column chunks.

@@ -104,15 +104,25 @@ __global__ void __launch_bounds__(kDecodeThreads) grouped_decode_kernel(GemmPara
   // in flight together whatever order ptxas picks inside an iteration (left to itself it sinks
   // each load next to its mma: one load in flight per warp).
   uint4 w[2][U][2], a[2][U];
-  auto load = [&](int buf, int k0) {
+  auto load_weights = [&](int buf, int k0) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int k = k0 + u * 32 + q * 8;
       const bool kin = k < ke;
       w[buf][u][0] = ld_weights(wrow[0] + k, kin && wok[0]);
       w[buf][u][1] = ld_weights(wrow[1] + k, kin && wok[1]);
-      a[buf][u] = ld_tokens(arow + k, kin && aok);
     }
+  };
+  auto load_tokens = [&](int buf, int k0) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int k = k0 + u * 32 + q * 8;
+      a[buf][u] = ld_tokens(arow + k, k < ke && aok);
+    }
+  };
+  auto load = [&](int buf, int k0) {
+    load_weights(buf, k0);
+    load_tokens(buf, k0);
   };
   auto compute = [&](int buf) {
 #pragma unroll
@@ -123,7 +133,14 @@ __global__ void __launch_bounds__(kDecodeThreads) grouped_decode_kernel(GemmPara
       mma16816<MmaName<T>::kBf16>(acc, hi, a[buf][u].z, a[buf][u].w);
     }
   };
-  if (kb < ke) load(0, kb);
+  // Launched after a trigger (launch_after_trigger), this CTA may run while the previous kernel
+  // (the expansion, or GEMM1) still writes A: the expert offsets it found its tile with were
+  // written before that kernel started and the weights by nobody, so the first weight batch is
+  // loaded before waiting and only the token rows after.
+  if (kb < ke) load_weights(0, kb);
+  mb::wait_for_predecessor();
+  mb::let_dependents_start();
+  if (kb < ke) load_tokens(0, kb);
   for (int k0 = kb; k0 < ke; k0 += 2 * 32 * U) {
     load(1, k0 + 32 * U);  // predicated off past the slice
     compute(0);
@@ -194,8 +211,9 @@ mb_status launch_wk(const GemmParams& p, int64_t chunks, cudaStream_t stream) {
   if (chunks > INT32_MAX || col_blocks > 65535)
     return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm decode: grid too large (chunks %lld, column blocks %lld)",
                 (long long)chunks, (long long)col_blocks);
-  grouped_decode_kernel<T, EPI, WK><<<dim3((unsigned)chunks, (unsigned)col_blocks), kDecodeThreads, 0, stream>>>(p);
-  const cudaError_t err = cudaGetLastError();
+  const cudaError_t err = mb::launch_after_trigger(grouped_decode_kernel<T, EPI, WK>,
+                                                   dim3((unsigned)chunks, (unsigned)col_blocks),
+                                                   dim3(kDecodeThreads), stream, p);
   if (err != cudaSuccess) return fail(MB_ERR_CUDA, "grouped gemm decode launch: %s", cudaGetErrorString(err));
   return MB_OK;
 }
