@@ -26,7 +26,7 @@ from .prepare_finalize import PrepareFinalize
 from .workspace import TORCH_DTYPE, BufferSpec, Workspace, layout_bytes, workspace_layout
 
 
-CACHED_TOKEN_COUNTS = 64
+CACHED_TOKEN_COUNTS = 64  # token counts whose step list and caller-workspace layout a runner keeps
 
 
 def require_cuda(device: torch.device | str) -> torch.device:
