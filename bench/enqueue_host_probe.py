@@ -10,15 +10,12 @@ Usage: PYTHONPATH=. python bench/enqueue_host_probe.py [--shapes a,b] [--tokens 
 """
 from __future__ import annotations
 
-import argparse
-import cProfile
-import io
-import pstats
-import time
+from collections.abc import Callable
 
 import torch
+from eager_host_probe import host_us, print_profile, probe_args  # bench/, this script's own folder
 
-from moe_build.bench import SHAPES, _device_weights, bench_spec
+from moe_build.bench import _device_weights, bench_spec
 from moe_build.planner import Plan, make_plan
 from moe_build.spec import MoESpec
 from moe_build.target import Flavour, Target
@@ -26,8 +23,9 @@ from moe_build.weights import MoEWeights
 from plugins import moe_plugin as mp
 
 
-def enqueue_loop(spec: MoESpec, plan: Plan, weights: MoEWeights, tokens: int, calls: int) -> float:
-    """Host microseconds per run_enqueue call over `calls` calls (after 20 warm-up calls)."""
+def enqueue_call(spec: MoESpec, plan: Plan, weights: MoEWeights, tokens: int) -> Callable[[], object]:
+    """One run_enqueue call as TensorRT makes it, on buffers made here, with one RunnerCache kept
+    across calls (as a plugin instance keeps it)."""
     slots = mp.input_slots(spec)
     given = mp.plan_weights(plan, weights)
     hidden = torch.randn(tokens, spec.hidden_size, device="cuda").to(mp.TORCH_DTYPE[spec.dtype])
@@ -40,38 +38,24 @@ def enqueue_loop(spec: MoESpec, plan: Plan, weights: MoEWeights, tokens: int, ca
     cache = mp.RunnerCache()
     args = ([t.data_ptr() for t in inputs], [tuple(t.shape) for t in inputs], [t.dtype for t in inputs],
             out.data_ptr(), out.dtype, workspace.data_ptr(), ws_bytes, stream.cuda_stream, cache)
-    for _ in range(20):
+
+    def call() -> None:
         mp.run_enqueue(spec, plan, *args)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        mp.run_enqueue(spec, plan, *args)
-    host = time.perf_counter() - t0
-    torch.cuda.synchronize()
-    return host / calls * 1e6
+    call.keep_alive = (inputs, out, workspace, stream)  # the memory behind args' raw pointers
+    return call
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shapes", default=",".join(SHAPES))
-    ap.add_argument("--tokens", type=int, default=1)
-    ap.add_argument("--calls", type=int, default=500)
-    ap.add_argument("--profile", action="store_true")
-    a = ap.parse_args()
+    a = probe_args(__doc__.splitlines()[0])
     major, minor = torch.cuda.get_device_capability()
     for name in a.shapes.split(","):
         spec = bench_spec(name)
         plan = make_plan(spec, Target(sm=major * 10 + minor, flavour=Flavour.TENSORRT), tokens=a.tokens)
-        weights = _device_weights(spec, 0)
-        us = enqueue_loop(spec, plan, weights, a.tokens, a.calls)
-        print(f"{name:>18} T={a.tokens}: {us:7.1f} us host per enqueue", flush=True)
+        call = enqueue_call(spec, plan, _device_weights(spec, 0), a.tokens)
+        print(f"{name:>18} T={a.tokens}: {host_us(call, a.calls):7.1f} us host per enqueue", flush=True)
         if a.profile:
-            prof = cProfile.Profile()
-            prof.runcall(enqueue_loop, spec, plan, weights, a.tokens, a.calls)
-            text = io.StringIO()
-            pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(15)
-            print(text.getvalue())
-        del weights
+            print_profile(call, a.calls)
+        del call
         torch.cuda.empty_cache()
 
 

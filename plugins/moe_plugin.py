@@ -328,6 +328,12 @@ class RunnerCache:
         return value
 
 
+def cached_workspace_size(cache: RunnerCache, spec: MoESpec, plan: Plan, tokens: int) -> int:
+    """`workspace_size` at `tokens`, kept in `cache`: every enqueue asks for it (the adapter for the
+    bytes it passes, `run_enqueue` for its check), and it rebuilds the runner's layout."""
+    return cache.memo(("workspace_bytes", tokens), lambda: workspace_size(spec, plan, tokens))
+
+
 def run_enqueue(spec: MoESpec, plan: Plan, input_pointers: Sequence[int], input_shapes: Sequence[Sequence[int]],
                 input_dtypes: Sequence[torch.dtype], output_pointer: int, output_dtype_: torch.dtype,
                 workspace_pointer: int, workspace_bytes: int, stream_pointer: int,
@@ -354,15 +360,15 @@ def run_enqueue(spec: MoESpec, plan: Plan, input_pointers: Sequence[int], input_
     max_tokens = cache.memo(("max_tokens",), lambda: plan_max_tokens(plan))
     if tokens > max_tokens:
         raise MoeBuildError("tokens", f"{tokens} exceeds the plan's profile max", f"1..{max_tokens}")
+    need = cached_workspace_size(cache, spec, plan, tokens)
+    if workspace_bytes < need:
+        raise MoeBuildError(f"{PLUGIN_NAME} workspace", f"{workspace_bytes} bytes given, {need} needed for "
+                            f"{tokens} tokens", f">= {need}")
     # The weights are wrapped only when a runner is made; its key is their addresses.
     key = (torch.cuda.current_device(),) + tuple(int(p) for p in input_pointers[2:])
     runner = cache.get(key, lambda: _make_runner(spec, plan, {
         slot.name: wrap_device_pointer(p, shape, dtype)
         for slot, p, shape, dtype in zip(slots[2:], input_pointers[2:], input_shapes[2:], input_dtypes[2:])}))
-    need = cache.memo(("workspace_bytes", tokens), lambda: runner.workspace_bytes(tokens))
-    if workspace_bytes < need:
-        raise MoeBuildError(f"{PLUGIN_NAME} workspace", f"{workspace_bytes} bytes given, {need} needed for "
-                            f"{tokens} tokens", f">= {need}")
 
     def wrapped(pointer: int, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
         shape = tuple(int(d) for d in shape)
@@ -493,9 +499,7 @@ def plugin_classes(trt: ModuleType) -> SimpleNamespace:
         def _workspace_bytes(self, input_desc: Sequence[Any]) -> int:
             """What this call may use: TensorRT passes no size, but it allocated `get_workspace_size` for the
             profile's max tokens, which covers the (monotonic) need at this call's token count."""
-            tokens = max(1, int(tuple(input_desc[0].dims)[0]))
-            return self._cache.memo(("plan_workspace_bytes", tokens),
-                                    lambda: workspace_size(self.spec, self.plan, tokens))
+            return cached_workspace_size(self._cache, self.spec, self.plan, max(1, int(tuple(input_desc[0].dims)[0])))
 
     class MoEPluginCreatorImpl(trt.IPluginCreatorV3One):
         """Makes `MoEPlugin`s from their two fields (at build time and when an engine is loaded)."""

@@ -96,10 +96,6 @@ class MoERunner:
             self._workspace = Workspace(runner_layout(self.spec, self.plan, self.max_tokens), self.device)
         return self._workspace
 
-    def workspace_bytes(self, tokens: int) -> int:
-        """Bytes of a caller's flat workspace for a call of `tokens` tokens (as `workspace_bytes()`)."""
-        return layout_bytes(self._layout(tokens))
-
     def bind_workspace(self, flat: torch.Tensor, tokens: int) -> Workspace:
         """A caller's flat buffer carved for calls of `tokens` tokens: a caller that reuses one buffer
         (TensorRT's workspace) carves it once instead of on every call."""
