@@ -62,11 +62,12 @@ def bench_shape(name: str, T: int, has_zero_out: bool) -> dict[str, float]:
     ids_o, w_o = torch.empty_like(ids), torch.empty_like(w)
     maps = (torch.empty_like(ptu), torch.empty_like(utp), torch.empty_like(off))
     zero_kw = {"zero_out": out} if has_zero_out else {}
+    src_rows = (ptu // k).long()
 
     def chain() -> None:
         K.routing(logits, k, K.Routing.SOFTMAX_TOPK, renormalize=True, topk_ids=ids_o, topk_weights=w_o)
         prologue(ids_o, maps)
-        K.expand_rows(hidden, maps[0], w_o, permuted_input=pin, permuted_weights=pw, **zero_kw)
+        K.expand_rows(hidden, maps[1], w_o, permuted_input=pin, permuted_weights=pw, **zero_kw)
         K.activation(fc1, maps[2], K.Activation.SWIGLU, out=act)
         if not has_zero_out:
             out.zero_()
@@ -77,15 +78,20 @@ def bench_shape(name: str, T: int, has_zero_out: bool) -> dict[str, float]:
         "routing": lambda: K.routing(logits, k, K.Routing.SOFTMAX_TOPK, renormalize=True, topk_ids=ids_o,
                                      topk_weights=w_o),
         "prologue_three_step": lambda: K.build_maps_three_step(ids, E, *maps, workspace=ws),
-        "expand_rows": lambda: K.expand_rows(hidden, ptu, w, permuted_input=pin, permuted_weights=pw),
+        "expand_rows": lambda: K.expand_rows(hidden, utp, w, permuted_input=pin, permuted_weights=pw),
         "zero_output(memset)": lambda: out.zero_(),
         "activation": lambda: K.activation(fc1, off, K.Activation.SWIGLU, out=act),
         "finalize": lambda: K.finalize(g2, w, ids, utp, out=out),
+        # bandwidth references for the two copies above, same bytes: a pure write of the expanded
+        # rows, torch's gather of them, and a plain read + write of the GEMM2 output's size
+        "ref:fill(T*k rows)": lambda: pin.fill_(0),
+        "ref:index_select": lambda: torch.index_select(hidden, 0, src_rows, out=pin),
+        "ref:copy(T*k rows)": lambda: pin.copy_(g2),
     }
     if fused:
         stages["prologue_fused"] = lambda: K.build_maps_fused(ids, E, *maps)
     if has_zero_out:
-        stages["expand_rows+zero_out"] = lambda: K.expand_rows(hidden, ptu, w, permuted_input=pin,
+        stages["expand_rows+zero_out"] = lambda: K.expand_rows(hidden, utp, w, permuted_input=pin,
                                                                permuted_weights=pw, zero_out=out)
     res = {n: graph_us(f, REPS) for n, f in stages.items()}
     res["chain(non-GEMM)"] = graph_us(chain, 1)

@@ -310,11 +310,12 @@ def build_maps_three_step(topk_ids: torch.Tensor, num_experts: int,
     return ptu, utp, off
 
 
-def expand_rows(input: torch.Tensor, permuted_to_unpermuted: torch.Tensor, topk_weights: torch.Tensor,
+def expand_rows(input: torch.Tensor, unpermuted_to_permuted: torch.Tensor, topk_weights: torch.Tensor,
                 prequant_scale: torch.Tensor | None = None, permuted_input: torch.Tensor | None = None,
                 permuted_weights: torch.Tensor | None = None, zero_out: torch.Tensor | None = None,
                 stream: int | torch.cuda.Stream | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """input [T, H], topk_weights [T, K] -> (permuted_input [T*K, H], permuted_weights [T*K]).
+    """input [T, H], topk_weights [T, K] -> (permuted_input [T*K, H], permuted_weights [T*K]): token t's
+    row goes to permuted row unpermuted_to_permuted[t*K + j] for each j (the prologue's inverse map).
     `zero_out` [T, H] (input's dtype, not overlapping input), if given, is zeroed by the same launch:
     the output that grouped_gemm_sm90_finalize accumulates into."""
     _check(input, "input", (None, None))
@@ -322,14 +323,14 @@ def expand_rows(input: torch.Tensor, permuted_to_unpermuted: torch.Tensor, topk_
     t, h = input.shape
     _check(topk_weights, "topk_weights", (t, None), torch.float32, dev)
     k = topk_weights.shape[1]
-    _check(permuted_to_unpermuted, "permuted_to_unpermuted", (t * k,), torch.int32, dev)
+    _check(unpermuted_to_permuted, "unpermuted_to_permuted", (t * k,), torch.int32, dev)
     if prequant_scale is not None:
         _check(prequant_scale, "prequant_scale", (h,), torch.float32, dev)
     pin = _out(permuted_input, "permuted_input", (t * k, h), input.dtype, dev)
     pw = _out(permuted_weights, "permuted_weights", (t * k,), torch.float32, dev)
     if zero_out is not None:
         _check(zero_out, "zero_out", (t, h), input.dtype, dev)
-    _call("mb_expand_rows", input.data_ptr(), _dtype_code(input, "input"), permuted_to_unpermuted.data_ptr(),
+    _call("mb_expand_rows", input.data_ptr(), _dtype_code(input, "input"), unpermuted_to_permuted.data_ptr(),
           topk_weights.data_ptr(), _ptr(prequant_scale), t, h, k, pin.data_ptr(), pw.data_ptr(), _ptr(zero_out),
           _stream(stream, dev))
     return pin, pw

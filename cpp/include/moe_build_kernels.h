@@ -61,11 +61,12 @@ mb_status mb_build_maps_three_step(const int32_t* topk_ids, int num_tokens, int 
                                    size_t workspace_bytes, cudaStream_t stream);
 
 /* expand_rows.cu: permuted_input[p] = input[e / K] (* prequant_scale[h] if non-NULL),
- * permuted_weights[p] = topk_weights[e]. prequant_scale [H] fp32 or NULL.
+ * permuted_weights[p] = topk_weights[e], for p = unpermuted_to_permuted[e] (every e in [0, T*K)).
+ * prequant_scale [H] fp32 or NULL.
  * zero_out [T, H] in dtype or NULL: when given, this launch also sets it to zero. This is where the
  * zeroed output of mb_grouped_gemm_sm90_finalize comes from (no separate memset launch); it must
  * not overlap input (MB_ERR_INVALID_ARGUMENT). */
-mb_status mb_expand_rows(const void* input, int dtype, const int32_t* permuted_to_unpermuted,
+mb_status mb_expand_rows(const void* input, int dtype, const int32_t* unpermuted_to_permuted,
                          const float* topk_weights, const float* prequant_scale, int num_tokens,
                          int hidden, int top_k, void* permuted_input, float* permuted_weights,
                          void* zero_out, cudaStream_t stream);

@@ -166,7 +166,8 @@ __device__ __forceinline__ void load_f32(const T* p, float (&out)[N]) {
 // A 16-byte chunk goes out as one st.global.v4 instruction: stored as a Vec (or a uint4 built
 // from one), the compiler split it into per-element stores, eight 2-byte writes per 16 bytes of
 // bf16/fp16. `p` must point to global memory.
-template <typename T, int N>
+// STREAM: st.global.cs, the evict-first store (see streams_past_l2).
+template <typename T, int N, bool STREAM = false>
 __device__ __forceinline__ void store_f32(T* p, const float (&in)[N]) {
   constexpr int kChunk = (16 / sizeof(T)) < N ? (16 / sizeof(T)) : N;
 #pragma unroll
@@ -177,9 +178,15 @@ __device__ __forceinline__ void store_f32(T* p, const float (&in)[N]) {
     if constexpr (kChunk * sizeof(T) == 16) {
       uint32_t w[4];
       memcpy(w, &x, sizeof(w));
-      asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p + c), "r"(w[0]), "r"(w[1]), "r"(w[2]),
-                   "r"(w[3])
-                   : "memory");
+      if constexpr (STREAM) {
+        asm volatile("st.global.cs.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p + c), "r"(w[0]), "r"(w[1]), "r"(w[2]),
+                     "r"(w[3])
+                     : "memory");
+      } else {
+        asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p + c), "r"(w[0]), "r"(w[1]), "r"(w[2]),
+                     "r"(w[3])
+                     : "memory");
+      }
     } else {
       *reinterpret_cast<Vec<T, kChunk>*>(p + c) = x;
     }
@@ -208,6 +215,42 @@ __device__ __forceinline__ float raw_f32(uint4 r, int k) {
     if constexpr (std::is_same_v<T, __half>) return to_f32(__ushort_as_half(bits));
     else return to_f32(__ushort_as_bfloat16(bits));
   }
+}
+
+// The raw vector of N = VEC elements converted from fp32 (what store_f32 would write).
+template <typename T, int VEC>
+__device__ __forceinline__ Raw<T, VEC> raw_from_f32(const float (&in)[VEC]) {
+  if constexpr (VEC == 1) {
+    return from_f32<T>(in[0]);
+  } else {
+    Vec<T, VEC> x;
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) x.v[i] = from_f32<T>(in[i]);
+    uint4 r;
+    memcpy(&r, &x, sizeof(r));
+    return r;
+  }
+}
+
+// Streaming access (ld/st.global.cs: cached, evict first) for data a layer reads once and that
+// cannot stay in L2 anyway (streams_past_l2): GEMM2's rows read back by finalize at prefill sizes.
+// 16-byte vectors only; single elements keep the plain access. (The expansion's stores were tried
+// too and lost inside the layer: expand_rows.cu.)
+template <bool STREAM, typename R>
+__device__ __forceinline__ R load_raw(const R* p) {
+  if constexpr (STREAM && std::is_same_v<R, uint4>) return __ldcs(p);
+  else return *p;
+}
+
+// Whether `bytes` of a stage's stream exceed the current device's L2 (then the stream goes
+// through the evict-first accesses; smaller ones keep the normal policy, so that the next layer
+// still finds a decode step's output in L2).
+inline bool streams_past_l2(int64_t bytes) {
+  int dev = 0, l2 = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev) != cudaSuccess) {
+    return false;
+  }
+  return bytes > static_cast<int64_t>(l2);
 }
 
 // Elements per 16-byte vector when every row start (base + k*row_elems) is 16-byte aligned,

@@ -1,17 +1,18 @@
-// Expand rows: permuted_input[p] = input[e / K] (* prequant_scale, AWQ's FC1 pre-quant scale,
-// fused here so the activations are read once), permuted_weights[p] = topk_weights[e], with
-// e = permuted_to_unpermuted[p]. Each thread moves 16-byte vectors when the row length and the
-// pointers allow it (VEC > 1), else single elements.
-// A warp, not a block, owns a (row, column chunk) unit, and each lane loads all of its vectors of
-// the chunk (up to kBatch, lane-strided so every load is a coalesced 512-byte warp access) before
-// it stores any. With one 128-thread block per row, a 2048-wide bf16 row gave each thread 2
-// vectors: few bytes in flight per thread and 32768 tiny blocks to schedule at prefill sizes, which
-// held the copy to ~2.7 TB/s. At prefill a chunk is the whole row (up to 32 * kBatch vectors); when
-// the rows are few (decode), mb::stage_launch() narrows the chunks so that the copy still spreads over
-// at least mb::kMinStageWarps warps across the SMs instead of queueing on a handful of them. The scaled
-// variant writes each vector with one 16-byte store (mb::store_f32), not eight 2-byte ones.
-// The input rows are read top_k times each (once per choice of the token), so they stay ordinary
-// cached loads.
+// Expand rows: permuted_input[p] = input[t] (* prequant_scale, AWQ's FC1 pre-quant scale, fused
+// here so the activations are read once), permuted_weights[p] = topk_weights[e], for every expanded
+// row e = t*K + j and its permuted row p = unpermuted_to_permuted[e]. Each thread moves 16-byte
+// vectors when the row length and the pointers allow it (VEC > 1), else single elements.
+// A warp owns a (token, column chunk) unit: each lane loads all of its vectors of the chunk (up to
+// kBatch, lane-strided so every load is a coalesced 512-byte warp access), scales them once, and
+// stores them into each of the token's K permuted rows. At prefill a chunk is the whole row (up to
+// 32 * kBatch vectors); when the tokens are few (decode), mb::stage_launch() narrows the chunks so
+// that the copy still spreads over the SMs, and blockIdx.z splits a token's K rows among warps.
+// The earlier kernel walked the permuted rows (a warp per row p, reading input[e / K]), so every
+// input row was read K times. Per token, 4096 tokens on the H200 take 37-40 us instead of 47-48 in
+// the layer for Qwen3-30B-A3B and 30-31 instead of 39-42 for DeepSeek-V2-Lite (bench/kernel_profile.py,
+// graph replay, old and new library alternated twice). Evict-first stores (mb::streams_past_l2), which
+// ran this kernel alone at 34.5 us in place of 38 (bench/stage_bench.py, the same expansion replayed
+// back to back), took it to 46-47 us inside the layer, so the stores stay plain.
 // Folding this copy into GEMM1's A loads (the GEMM reading input[e / K] itself) was tried and
 // dropped (H200, 2026-11-21). Hopper TMA cannot gather: a 1-row TMA box lands in the 128-byte
 // swizzled tile exactly where the whole-box load puts it, but one warp issuing per-row TMAs moved
@@ -25,9 +26,8 @@
 // ran alike, and with the copies skipped Qwen3 ran 404 us, so the cost is in the copies inside the
 // mainloop; neither the async-proxy fence nor spilled addresses (rewritten to a few registers)
 // explained it.
-// zero_out (the [T, H] output that GEMM2's finalize epilogue accumulates into) is zeroed here by
-// the units of rows p < T, so the layer needs no separate memset launch before GEMM2: T*K >= T
-// rows are copied anyway, and T more rows of stores are small next to the T*K rows copied.
+// zero_out (the [T, H] output that GEMM2's finalize epilogue accumulates into) is zeroed here, each
+// token's row by the warps of its unit, so the layer needs no separate memset launch before GEMM2.
 #include "common.cuh"
 
 namespace {
@@ -36,23 +36,24 @@ constexpr int kBatch = 8;         // vectors per lane in flight: 8 x 16 B, a 204
 
 template <typename T, int VEC, bool SCALE>
 __global__ void __launch_bounds__(mb::kStageThreads)
-expand_rows_kernel(const T* __restrict__ input, const int32_t* __restrict__ permuted_to_unpermuted,
+expand_rows_kernel(const T* __restrict__ input, const int32_t* __restrict__ unpermuted_to_permuted,
                    const float* __restrict__ topk_weights, const float* __restrict__ prequant_scale,
-                   int64_t rows, int num_tokens, int hidden, int top_k, int vpl, int64_t chunks,
-                   T* __restrict__ permuted_input, float* __restrict__ permuted_weights, T* __restrict__ zero_out) {
+                   int num_tokens, int hidden, int top_k, int vpl, int64_t chunks, T* __restrict__ permuted_input,
+                   float* __restrict__ permuted_weights, T* __restrict__ zero_out) {
   using R = mb::Raw<T, VEC>;
   // A decode GEMM1 may start loading its weights now; it waits for these rows (mb::launch_after_trigger).
   mb::let_dependents_start();
   const int lane = threadIdx.x % 32;
   const int64_t nvec = hidden / VEC;
-  // Warps stride over the rows, blockIdx.y over a row's column chunks.
-  for (int64_t p = static_cast<int64_t>(blockIdx.x) * mb::kStageWarps + threadIdx.x / 32; p < rows;
-       p += static_cast<int64_t>(gridDim.x) * mb::kStageWarps) {
-    const int e = permuted_to_unpermuted[p];
-    if (blockIdx.y == 0 && lane == 0) permuted_weights[p] = topk_weights[e];
-    const R* src = reinterpret_cast<const R*>(input + static_cast<int64_t>(e / top_k) * hidden);
-    R* dst = reinterpret_cast<R*>(permuted_input + p * hidden);
-    R* zero = zero_out != nullptr && p < num_tokens ? reinterpret_cast<R*>(zero_out + p * hidden) : nullptr;
+  // Warps stride over the tokens, blockIdx.y over a row's column chunks.
+  for (int64_t t = static_cast<int64_t>(blockIdx.x) * mb::kStageWarps + threadIdx.x / 32; t < num_tokens;
+       t += static_cast<int64_t>(gridDim.x) * mb::kStageWarps) {
+    const int64_t e0 = t * top_k;
+    if (blockIdx.y == 0 && blockIdx.z == 0) {
+      for (int j = lane; j < top_k; j += 32) permuted_weights[unpermuted_to_permuted[e0 + j]] = topk_weights[e0 + j];
+    }
+    const R* src = reinterpret_cast<const R*>(input + t * hidden);
+    R* zero = zero_out != nullptr && blockIdx.z == 0 ? reinterpret_cast<R*>(zero_out + t * hidden) : nullptr;
     for (int64_t c = blockIdx.y; c < chunks; c += gridDim.y) {
       const int64_t v0 = c * 32 * vpl + lane;  // this lane's vectors: v0, v0 + 32, ...
       auto mine = [&](int i) { return i < vpl && v0 + i * 32 < nvec; };
@@ -67,20 +68,29 @@ expand_rows_kernel(const T* __restrict__ input, const int32_t* __restrict__ perm
           if (mine(i)) zero[v0 + i * 32] = R{};
         }
       }
+      if constexpr (SCALE) {
 #pragma unroll
-      for (int i = 0; i < kBatch; ++i) {
-        if (!mine(i)) continue;
-        const int64_t v = v0 + i * 32;
-        if constexpr (SCALE) {
+        for (int i = 0; i < kBatch; ++i) {
+          if (!mine(i)) continue;
           float f[VEC], s[VEC];
+          mb::load_f32<float, VEC>(prequant_scale + (v0 + i * 32) * VEC, s);
 #pragma unroll
-          for (int k = 0; k < VEC; ++k) f[k] = mb::raw_f32<T>(x[i], k);
-          mb::load_f32<float, VEC>(prequant_scale + v * VEC, s);
+          for (int k = 0; k < VEC; ++k) f[k] = mb::raw_f32<T>(x[i], k) * s[k];
+          x[i] = mb::raw_from_f32<T, VEC>(f);
+        }
+      }
+      // The token's permuted rows (this block's share of them, blockIdx.z), 32 at a time: lane jj
+      // loads slot j0 + jj's, then shuffles.
+      for (int j0 = 0; j0 < top_k; j0 += 32) {
+        const int p_l = j0 + lane < top_k ? unpermuted_to_permuted[e0 + j0 + lane] : 0;
+        const int n = top_k - j0 < 32 ? top_k - j0 : 32;
+        for (int jj = blockIdx.z; jj < n; jj += gridDim.z) {
+          const int64_t p = __shfl_sync(0xffffffffu, p_l, jj);
+          R* dst = reinterpret_cast<R*>(permuted_input + p * hidden);
 #pragma unroll
-          for (int k = 0; k < VEC; ++k) f[k] *= s[k];
-          mb::store_f32<T, VEC>(permuted_input + p * hidden + v * VEC, f);
-        } else {
-          dst[v] = x[i];  // a plain copy: move the bits, no conversion
+          for (int i = 0; i < kBatch; ++i) {
+            if (mine(i)) dst[v0 + i * 32] = x[i];  // the bits, no conversion
+          }
         }
       }
     }
@@ -89,7 +99,7 @@ expand_rows_kernel(const T* __restrict__ input, const int32_t* __restrict__ perm
 
 }  // namespace
 
-extern "C" mb_status mb_expand_rows(const void* input, int dtype, const int32_t* permuted_to_unpermuted,
+extern "C" mb_status mb_expand_rows(const void* input, int dtype, const int32_t* unpermuted_to_permuted,
                                     const float* topk_weights, const float* prequant_scale, int num_tokens,
                                     int hidden, int top_k, void* permuted_input, float* permuted_weights,
                                     void* zero_out, cudaStream_t stream) {
@@ -99,8 +109,8 @@ extern "C" mb_status mb_expand_rows(const void* input, int dtype, const int32_t*
   MB_REQUIRE(top_k >= 1, "%s: top_k must be >= 1, got %d", who, top_k);
   const int64_t rows = static_cast<int64_t>(num_tokens) * top_k;
   if (rows == 0) return mb::dispatch_dtype(dtype, who, [](auto) { return MB_OK; });
-  MB_REQUIRE(input && permuted_to_unpermuted && topk_weights && permuted_input && permuted_weights,
-             "%s: input, permuted_to_unpermuted, topk_weights, permuted_input and permuted_weights must be "
+  MB_REQUIRE(input && unpermuted_to_permuted && topk_weights && permuted_input && permuted_weights,
+             "%s: input, unpermuted_to_permuted, topk_weights, permuted_input and permuted_weights must be "
              "non-NULL", who);
   if (zero_out != nullptr) {
     // Other warps may still be reading input rows while a warp zeroes its output row.
@@ -113,13 +123,18 @@ extern "C" mb_status mb_expand_rows(const void* input, int dtype, const int32_t*
     using T = typename decltype(tag)::type;
     const int vec = mb::vec_width<T>(hidden, {input, permuted_input, prequant_scale, zero_out});
     const int64_t nvec = hidden / vec;
-    const mb::StageLaunch shape = mb::stage_launch(rows, nvec, kBatch);
+    mb::StageLaunch shape = mb::stage_launch(num_tokens, nvec, kBatch);
+    // Decode sizes: too few (token, chunk) units to spread over the SMs, so each of a token's K
+    // permuted rows gets its own warps, as in a per-row copy (H200, bench/stage_bench.py: 1.82-1.88 us
+    // per expansion at 1 token against 1.84-2.15 with the K stores in one warp and 1.73-1.76 for the
+    // per-row kernel; 1.95-2.00 at 16 tokens against 1.91-1.96 per row).
+    if (static_cast<int64_t>(num_tokens) * shape.chunks < mb::kMinStageWarps) shape.grid.z = top_k < 32 ? top_k : 32;
     auto launch = [&](auto vec_const, auto scale_const) {
       constexpr int VEC = decltype(vec_const)::value;
       constexpr bool SCALE = decltype(scale_const)::value;
       expand_rows_kernel<T, VEC, SCALE><<<shape.grid, mb::kStageThreads, 0, stream>>>(
-          static_cast<const T*>(input), permuted_to_unpermuted, topk_weights, prequant_scale, rows, num_tokens,
-          hidden, top_k, shape.vpl, shape.chunks, static_cast<T*>(permuted_input), permuted_weights,
+          static_cast<const T*>(input), unpermuted_to_permuted, topk_weights, prequant_scale, num_tokens, hidden,
+          top_k, shape.vpl, shape.chunks, static_cast<T*>(permuted_input), permuted_weights,
           static_cast<T*>(zero_out));
       return mb::check_launch("expand_rows_kernel");
     };

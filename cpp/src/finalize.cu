@@ -14,12 +14,17 @@
 // 16-byte store (mb::store_f32). Small top_k takes more vectors per lane (KB = 2, VPT = 4), so
 // that the gathers in flight stay 8. At decode sizes mb::stage_launch() narrows the chunks so that the
 // few tokens still spread over the SMs.
+// Once GEMM2's rows outgrow L2 (mb::streams_past_l2) they are read, and the sums written, with the
+// evict-first accesses (mb::load_raw, mb::store_f32): in the layer at 4096 tokens on the H200,
+// Qwen3-30B-A3B's finalize takes 35-36 us against 40-41 and DeepSeek-V2-Lite's 33-35 against 36-37
+// (bench/kernel_profile.py, old and new library alternated twice). Replayed alone (bench/stage_bench.py)
+// the streaming loads gained 2.3 us and the stores only together with them another 2.2.
 #include "common.cuh"
 
 namespace {
 
 
-template <typename T, int VEC, int KB, int VPT, bool BIAS>
+template <typename T, int VEC, int KB, int VPT, bool BIAS, bool STREAM>
 __global__ void __launch_bounds__(mb::kStageThreads)
 finalize_kernel(const T* __restrict__ gemm2_out, const T* __restrict__ b2, const float* __restrict__ topk_weights,
                 const int32_t* __restrict__ topk_ids, const int32_t* __restrict__ unpermuted_to_permuted,
@@ -67,7 +72,7 @@ finalize_kernel(const T* __restrict__ gemm2_out, const T* __restrict__ b2, const
 #pragma unroll
           for (int i = 0; i < VPT; ++i) {
             if (j0 + jj >= top_k || !mine(i)) continue;
-            x[jj][i] = src[jj][v0 + i * 32];
+            x[jj][i] = mb::load_raw<STREAM>(src[jj] + v0 + i * 32);
             if constexpr (BIAS) b[jj][i] = bias[jj][v0 + i * 32];
           }
         }
@@ -87,7 +92,7 @@ finalize_kernel(const T* __restrict__ gemm2_out, const T* __restrict__ b2, const
       }
 #pragma unroll
       for (int i = 0; i < VPT; ++i) {
-        if (mine(i)) mb::store_f32<T, VEC>(out + static_cast<int64_t>(t) * hidden + (v0 + i * 32) * VEC, acc[i]);
+        if (mine(i)) mb::store_f32<T, VEC, STREAM>(out + static_cast<int64_t>(t) * hidden + (v0 + i * 32) * VEC, acc[i]);
       }
     }
   }
@@ -116,18 +121,25 @@ extern "C" mb_status mb_finalize(const void* gemm2_out, int dtype, const void* b
     // covering top_k = 8 (and 5..7) in one pass, 4 (and 3) and 2 (and 1).
     const int kb = top_k >= 5 ? 8 : top_k >= 3 ? 4 : 2;
     const mb::StageLaunch shape = mb::stage_launch(num_tokens, nvec, 8 / kb);
+    const bool stream_rows =
+        wide && mb::streams_past_l2(static_cast<int64_t>(num_tokens) * top_k * hidden * static_cast<int64_t>(sizeof(T)));
     // Separate kernels with and without bias: the bias vectors double the registers of a batch.
-    auto launch = [&](auto vec_const, auto kb_const, auto bias_const) {
+    auto launch = [&](auto vec_const, auto kb_const, auto bias_const, auto stream_const) {
       constexpr int VEC = decltype(vec_const)::value;
       constexpr int KB = decltype(kb_const)::value;
       constexpr bool BIAS = decltype(bias_const)::value;
-      finalize_kernel<T, VEC, KB, 8 / KB, BIAS><<<shape.grid, mb::kStageThreads, 0, stream>>>(
+      constexpr bool STREAM = decltype(stream_const)::value;
+      finalize_kernel<T, VEC, KB, 8 / KB, BIAS, STREAM><<<shape.grid, mb::kStageThreads, 0, stream>>>(
           static_cast<const T*>(gemm2_out), static_cast<const T*>(b2), topk_weights, topk_ids,
           unpermuted_to_permuted, num_tokens, hidden, top_k, shape.vpl, shape.chunks, static_cast<T*>(out));
       return mb::check_launch("finalize_kernel");
     };
+    auto by_stream = [&](auto vec_const, auto kb_const, auto bias_const) {
+      return stream_rows ? launch(vec_const, kb_const, bias_const, std::true_type{})
+                         : launch(vec_const, kb_const, bias_const, std::false_type{});
+    };
     auto by_bias = [&](auto vec_const, auto kb_const) {
-      return b2 ? launch(vec_const, kb_const, std::true_type{}) : launch(vec_const, kb_const, std::false_type{});
+      return b2 ? by_stream(vec_const, kb_const, std::true_type{}) : by_stream(vec_const, kb_const, std::false_type{});
     };
     auto by_batch = [&](auto vec_const) {
       switch (kb) {

@@ -54,7 +54,7 @@ class FusedExperts:
         self._expand(b, zero_out=b.out)
 
     def _expand(self, b: Batch, zero_out: torch.Tensor | None) -> None:
-        self.k.expand_rows(b.hidden, b.v("permuted_to_unpermuted"), b.topk_weights,
+        self.k.expand_rows(b.hidden, b.v("unpermuted_to_permuted"), b.topk_weights,
                            permuted_input=b.v("permuted_input"), permuted_weights=b.v("permuted_weights"),
                            zero_out=zero_out, stream=b.stream)
 

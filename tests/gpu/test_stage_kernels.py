@@ -249,16 +249,16 @@ def test_fused_prologue_unsupported(t: int, k: int, e: int) -> None:
 
 @pytest.mark.parametrize("prequant", (False, True), ids=("plain", "prequant"))
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("t,h,k", [(1, 4096, 1), (257, 4096, 8), (8192, 2880, 2), (255, 200, 3), (256, 100, 5)])
+@pytest.mark.parametrize("t,h,k", [(1, 4096, 1), (257, 4096, 8), (8192, 2880, 2), (255, 200, 3), (256, 100, 5),
+                                   (3, 64, 40)])
 def test_expand_rows(t: int, h: int, k: int, dtype: torch.dtype, prequant: bool) -> None:
-    e = 32
+    e = max(32, k)
     x = torch.randn(t, h, device="cuda").to(dtype)
     w = torch.rand(t, k, device="cuda")
-    ptu, _, _ = ref_maps(random_ids(t, e, k), e)
-    ptu = ptu.to(torch.int32)
+    ptu, utp, _ = ref_maps(random_ids(t, e, k), e)
     scale = torch.rand(h, device="cuda") + 0.5 if prequant else None
     out, pw = nan_like((t * k, h), dtype), nan_like((t * k,), torch.float32)
-    K.expand_rows(x, ptu, w, scale, permuted_input=out, permuted_weights=pw)
+    K.expand_rows(x, utp.to(torch.int32), w, scale, permuted_input=out, permuted_weights=pw)
     torch.cuda.synchronize()
     src = ptu.long() // k
     assert torch.equal(pw, w.flatten()[ptu.long()])
@@ -274,19 +274,41 @@ def test_expand_rows_zeroes_output(t: int, h: int, k: int, dtype: torch.dtype) -
     """zero_out: the finalize GEMM's output is zeroed by the expansion launch, the copy unchanged."""
     x = torch.randn(t, h, device="cuda").to(dtype)
     w = torch.rand(t, k, device="cuda")
-    ptu = ref_maps(random_ids(t, 32, k), 32)[0].to(torch.int32)
+    ptu, utp, _ = ref_maps(random_ids(t, 32, k), 32)
     out, pw, z = nan_like((t * k, h), dtype), nan_like((t * k,), torch.float32), nan_like((t, h), dtype)
-    K.expand_rows(x, ptu, w, permuted_input=out, permuted_weights=pw, zero_out=z)
+    K.expand_rows(x, utp.to(torch.int32), w, permuted_input=out, permuted_weights=pw, zero_out=z)
     torch.cuda.synchronize()
     assert torch.equal(out, x[ptu.long() // k]) and torch.equal(pw, w.flatten()[ptu.long()])
     assert (z == 0).all(), "zero_out not fully zeroed"
 
 
+@pytest.mark.parametrize("side", ("below", "above"))
+def test_expand_rows_and_finalize_either_side_of_l2(side: str) -> None:
+    """GEMM2's rows just below and just above the device's L2 size, where finalize switches to its
+    evict-first loads and stores: the same results either side (the rows made by the expansion, so
+    this also checks the expansion at a prefill size)."""
+    h, k, e, dtype = 2048, 8, 64, torch.bfloat16
+    per_token = k * h * 2
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    t = l2 // per_token - 4 if side == "below" else l2 // per_token + 4
+    x = torch.randn(t, h, device="cuda").to(dtype)
+    w = torch.rand(t, k, device="cuda")
+    ids = random_ids(t, e, k)
+    ptu, utp, _ = ref_maps(ids, e)
+    pin, pw = nan_like((t * k, h), dtype), nan_like((t * k,), torch.float32)
+    K.expand_rows(x, utp.to(torch.int32), w, permuted_input=pin, permuted_weights=pw)
+    out = nan_like((t, h), dtype)
+    K.finalize(pin, w, ids, utp.to(torch.int32), out=out)
+    torch.cuda.synchronize()
+    assert torch.equal(pin, x[ptu // k]) and torch.equal(pw, w.flatten()[ptu])
+    assert rel_err(out, w.double().sum(1, keepdim=True) * x.double()) < TOL[dtype]
+
+
 def test_expand_rows_zero_out_must_not_overlap_input() -> None:
     x = torch.randn(8, 256, device="cuda", dtype=torch.bfloat16)
-    ptu = torch.arange(8, device="cuda", dtype=torch.int32)
+    utp = torch.arange(8, device="cuda", dtype=torch.int32)
     with pytest.raises(K.KernelError, match="overlap") as err:
-        K.expand_rows(x, ptu, torch.rand(8, 1, device="cuda"), zero_out=x)
+        K.expand_rows(x, utp, torch.rand(8, 1, device="cuda"), zero_out=x)
     assert err.value.status is K.Status.INVALID_ARGUMENT
 
 
@@ -396,12 +418,12 @@ BIG = 4 * 2 ** 20 + 40  # more rows (tokens) than the capped grid has warps: the
 
 
 def test_expand_rows_past_grid_cap() -> None:
-    t, h, k = BIG // 8, 8, 8
+    t, h, k = BIG, 8, 2  # a warp per token: more tokens than the capped grid has warps
     x = torch.randn(t, h, device="cuda")
     w = torch.rand(t, k, device="cuda")
-    ptu = ref_maps(random_ids(t, 16, k), 16)[0].to(torch.int32)
+    ptu, utp, _ = ref_maps(random_ids(t, 16, k), 16)
     out, pw = nan_like((t * k, h), torch.float32), nan_like((t * k,), torch.float32)
-    K.expand_rows(x, ptu, w, permuted_input=out, permuted_weights=pw)
+    K.expand_rows(x, utp.to(torch.int32), w, permuted_input=out, permuted_weights=pw)
     torch.cuda.synchronize()
     assert torch.equal(out, x[ptu.long() // k]) and torch.equal(pw, w.flatten()[ptu.long()])
 
