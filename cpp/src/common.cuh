@@ -22,8 +22,6 @@ namespace mb {
 // `status`, so call sites read `return fail(MB_ERR_INVALID_ARGUMENT, "...")`.
 mb_status fail(mb_status status, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
 
-// Every launch is followed by this: a bad configuration or an earlier asynchronous fault
-// surfaces here as MB_ERR_CUDA naming the kernel, instead of silently later.
 // Programmatic dependent launch (sm_90): a kernel launched with launch_after_trigger() may start
 // while its predecessor in the stream still runs, once every CTA of the predecessor has called
 // let_dependents_start() (or exited). Before wait_for_predecessor() such a kernel may only read what
@@ -42,14 +40,19 @@ __device__ __forceinline__ void wait_for_predecessor() {
 #endif
 }
 
+// An attribute of the current device; 0 when it cannot be read (no device, a CUDA error).
+inline int device_attribute(cudaDeviceAttr attr) {
+  int dev = 0, value = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&value, attr, dev) != cudaSuccess) return 0;
+  return value;
+}
+
 // Launches kernel<<<grid, block, 0, stream>>>(args...), allowed to start early (programmatic stream
 // serialization) where the current device supports it (compute capability >= 9.0).
 template <typename... KArgs, typename... Args>
 inline cudaError_t launch_after_trigger(void (*kernel)(KArgs...), dim3 grid, dim3 block, cudaStream_t stream,
                                         Args&&... args) {
-  int dev = 0, major = 0;
-  if (cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) ==
-                                                cudaSuccess && major >= 9) {
+  if (device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9) {
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
@@ -66,6 +69,8 @@ inline cudaError_t launch_after_trigger(void (*kernel)(KArgs...), dim3 grid, dim
   return cudaGetLastError();
 }
 
+// Every launch is followed by this: a bad configuration or an earlier asynchronous fault
+// surfaces here as MB_ERR_CUDA naming the kernel, instead of silently later.
 inline mb_status check_launch(const char* kernel) {
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) {
@@ -246,11 +251,8 @@ __device__ __forceinline__ R load_raw(const R* p) {
 // through the evict-first accesses; smaller ones keep the normal policy, so that the next layer
 // still finds a decode step's output in L2).
 inline bool streams_past_l2(int64_t bytes) {
-  int dev = 0, l2 = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev) != cudaSuccess) {
-    return false;
-  }
-  return bytes > static_cast<int64_t>(l2);
+  const int l2 = device_attribute(cudaDevAttrL2CacheSize);
+  return l2 > 0 && bytes > static_cast<int64_t>(l2);
 }
 
 // Elements per 16-byte vector when every row start (base + k*row_elems) is 16-byte aligned,

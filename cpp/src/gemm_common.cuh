@@ -393,13 +393,6 @@ inline bool decode_rows_fit(int64_t max_rows, int num_experts) {
   return num_experts > 0 && (max_rows + num_experts - 1) / num_experts <= kDecodeMaxAvgRows;
 }
 
-inline int sm_count_of_current_device() {
-  int dev = 0, count = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
-  if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) return 0;
-  return count;
-}
-
 // The argument checks every grouped-GEMM launcher makes. 16-byte row loads need K % 8 == 0 and
 // the paired epilogue stores N even; N % 8 keeps every output/bias row 16-byte aligned as well.
 inline mb_status check_grouped_args(const GemmParams& p, int64_t max_rows, int epilogue) {

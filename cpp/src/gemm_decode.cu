@@ -232,7 +232,7 @@ int choose_wk(const GemmParams& p, int64_t max_rows, int epilogue) {
   }
   const int out_cols = decode_out_cols(epilogue, 2);
   const int64_t ctas = std::min<int64_t>(p.num_experts, max_rows) * ((p.n + out_cols - 1) / out_cols);
-  const int sms = sm_count_of_current_device();
+  const int sms = mb::device_attribute(cudaDevAttrMultiProcessorCount);
   return ctas < (sms > 0 ? sms : 132) ? 8 : 2;  // a failed query: assume an H100/H200's 132 SMs
 }
 

@@ -487,12 +487,9 @@ size_t max_cutlass_workspace_bytes(int num_experts, int sm_count) {
 }
 
 bool device_is_sm90() {
-  int dev = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return false;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
   // sm_90a code runs on 9.0 only (arch-specific features are not forward compatible).
-  return major == 9 && minor == 0;
+  return mb::device_attribute(cudaDevAttrComputeCapabilityMajor) == 9 &&
+         mb::device_attribute(cudaDevAttrComputeCapabilityMinor) == 0;
 }
 
 int wgmma_tile(int64_t max_rows, int num_experts, int n, int epilogue) {
@@ -525,7 +522,7 @@ mb_status run_wgmma(const void* A, const void* B, const typename MoeEpilogue<T, 
                     const int64_t* offsets, int num_experts, int64_t max_rows, int n, int k, void* workspace,
                     size_t workspace_bytes, cudaStream_t stream) {
   using G = WgmmaGemm<T, kEpi, kTile>;
-  const int sm_count = sm_count_of_current_device();
+  const int sm_count = mb::device_attribute(cudaDevAttrMultiProcessorCount);
   const size_t need = cutlass_workspace_bytes<T, kEpi, kTile>(num_experts, sm_count);
   if (!workspace || workspace_bytes < need)
     return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm sm90: workspace %zu bytes < %zu needed",
@@ -615,7 +612,7 @@ size_t mb_grouped_gemm_sm90_workspace(int num_experts, int64_t max_rows, int n, 
   (void)n;
   (void)k;
   if (num_experts <= 0) return 0;
-  const int sm = mbk::sm_count_of_current_device();
+  const int sm = mb::device_attribute(cudaDevAttrMultiProcessorCount);
   size_t cw = 0;
   for (int epi : {mbk::EPI_STORE, mbk::EPI_GATED, mbk::EPI_FINALIZE}) {
     auto each = [&](auto tag) {
