@@ -23,7 +23,8 @@ SM80 = Target(sm=80, flavour=Flavour.TENSORRT)
 SM89 = Target(sm=89, flavour=Flavour.TENSORRT)
 OOTB89 = Target(sm=89, flavour=Flavour.TENSORRT, moe_plugin=MoePlugin.DISABLE)
 
-# Hopper bases plan at a decode size, where the FINALIZE tactic holds (tokens * top_k <= 8).
+# Hopper bases plan at a decode size, where the FINALIZE tactic holds (tokens * top_k <= 8; Mixtral's
+# intermediate size, >= 2048, also holds it at any count: tokens256).
 BASES: dict[str, tuple[MoESpec, Target, int]] = {
     "hopper": (MIXTRAL, SM90, 4),
     "ampere": (MIXTRAL, SM80, 16),
@@ -105,7 +106,9 @@ ROWS: list[tuple[str, str, dict, dict, int | None, dict, set[str], dict[str, str
     ("finalize_topk_deterministic", "hopper_top4", {}, {"deterministic": True}, None, {},
      {"finalize_topk_deterministic"}, {"finalize": "separate"}),
     ("finalize_topk_deterministic_k2", "hopper", {}, {"deterministic": True}, None, {}, set(), {}),
-    ("finalize_tactic_rows", "hopper_top4", {}, {}, 17, {},
+    ("finalize_tactic_rows", "hopper_top4", {"intermediate_size": 1408}, {}, 17, {},
+     {"finalize_tactic_rows"}, {"finalize": "separate"}),
+    ("finalize_tactic_inter", "tokens256", {"intermediate_size": 1984}, {}, None, {},
      {"finalize_tactic_rows"}, {"finalize": "separate"}),
     ("finalize_env", "hopper", {}, {"finalize_fusion_disabled_by_env": True}, None, {},
      {"finalize_env"}, {"finalize": "separate"}),

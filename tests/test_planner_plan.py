@@ -53,11 +53,12 @@ def test_force_fused_where_a_gate_fails_is_refused_with_the_gate():
 
 
 def test_force_fused_finalize_overrides_only_the_tactic_gate():
-    plan = make_plan(SPEC, SM90, 4096, force={"finalize": "fused"})
+    narrow = dataclasses.replace(SPEC, intermediate_size=768)
+    plan = make_plan(narrow, SM90, 4096, force={"finalize": "fused"})
     d = plan.stage("finalize")
     assert (d.choice, d.forced, d.token_range) == ("fused", True, (1, None))
     assert not next(g for g in d.gates if g.name == "finalize_tactic_rows").held
-    assert make_plan(SPEC, SM90, 4096).stage("finalize").choice == "separate"
+    assert make_plan(narrow, SM90, 4096).stage("finalize").choice == "separate"
 
 
 def test_force_unknown_stage_or_choice():
@@ -103,10 +104,18 @@ def test_cost_rule_does_not_block_forcing_but_capability_does():
     (4, 4096, "separate", (3, None), "fused"),
     (12, 1, "separate", (1, None), None),         # top-k > 8: not at any count
 ])
-def test_finalize_token_range(top_k, tokens, choice, rng, outside):
-    spec = dataclasses.replace(SPEC, top_k=top_k, num_experts=max(SPEC.num_experts, top_k))
+def test_finalize_token_range_below_2048_intermediate(top_k, tokens, choice, rng, outside):
+    spec = dataclasses.replace(SPEC, intermediate_size=2040, top_k=top_k, num_experts=max(SPEC.num_experts, top_k))
     d = make_plan(spec, SM90, tokens).stage("finalize")
     assert (d.choice, d.token_range, d.choice_outside_range) == (choice, rng, outside)
+
+
+@pytest.mark.parametrize("inter,top_k,tokens", [(2048, 2, 8192), (14336, 12, 1), (2880, 4, 300)])
+def test_finalize_fused_at_every_count_from_2048_intermediate(inter, top_k, tokens):
+    spec = dataclasses.replace(SPEC, intermediate_size=inter, top_k=top_k, num_experts=max(SPEC.num_experts, top_k))
+    d = make_plan(spec, SM90, tokens).stage("finalize")
+    assert (d.choice, d.token_range, d.choice_outside_range) == ("fused", (1, None), None)
+    assert d.choice_for(1) == d.choice_for(1 << 20) == "fused"
 
 
 def test_finalize_static_gate_failure_means_separate_at_every_count():

@@ -20,8 +20,8 @@
 //   else : the CUTLASS wgmma kernel: for the plain store, pingpong 64x128 tiles up to 32 average
 //          rows per expert, else pingpong 64x256 in 2x1 clusters (run as paired units,
 //          gemm_sm90_pairs.cuh; 64x192 where narrow_columns_fit); the gated epilogue the same but
-//          single-CTA pingpong 64x256 from 33 to 1024 rows; for the finalize epilogue, pingpong
-//          64x256 up to 32, else cooperative 128x256 (measurements at WgmmaTile below).
+//          single-CTA pingpong 64x256 from 33 to 1024 rows; the finalize epilogue pingpong 64x256
+//          at every size (measurements at WgmmaTile below).
 // MB_SM90_GEMM_PATH=decode|mma|wgmma and
 // MB_SM90_WGMMA_TILE=coop128x256|pingpong64x256|pingpong64x128|pingpong64x256c2|pingpong64x192c2 in the
 // environment force a path / tile (bench/gemm_bench.py --paths and the tests use them; mma is the
@@ -100,17 +100,17 @@ __device__ __forceinline__ void quad_transpose(uint32_t (&v)[4], int q) {
   for (int p = 0; p < 4; ++p) v[p] = pick4(got, (p - q) & 3);
 }
 
-// One 16-byte atomic add of eight packed 16-bit values (sm_90 vector red; PTX 8.1).
+// One 16-byte atomic add of eight packed 16-bit values (sm_90 vector red; PTX 8.1). No "memory"
+// clobber: the kernel never reads what it reduces into (later readers are ordered by the stream), and
+// the clobber would pin every load of the epilogue (bias, maps) behind the previous atomic.
 template <typename T> __device__ __forceinline__ void red_add_16B(T* dst, const uint32_t (&v)[4]);
 template <> __device__ __forceinline__ void red_add_16B<__nv_bfloat16>(__nv_bfloat16* dst, const uint32_t (&v)[4]) {
   asm volatile("red.global.add.noftz.v4.bf16x2 [%0], {%1, %2, %3, %4};" ::"l"(dst), "r"(v[0]), "r"(v[1]),
-               "r"(v[2]), "r"(v[3])
-               : "memory");
+               "r"(v[2]), "r"(v[3]));
 }
 template <> __device__ __forceinline__ void red_add_16B<__half>(__half* dst, const uint32_t (&v)[4]) {
   asm volatile("red.global.add.noftz.v4.f16x2 [%0], {%1, %2, %3, %4};" ::"l"(dst), "r"(v[0]), "r"(v[1]),
-               "r"(v[2]), "r"(v[3])
-               : "memory");
+               "r"(v[2]), "r"(v[3]));
 }
 
 // Operator-style epilogue run by CUTLASS's Sm90TmaWarpSpecializedAdapter (the same hook as its
@@ -226,6 +226,13 @@ class MoeEpilogue {
   // (s = 0..3) are one row's pairs in four neighbouring 8-column groups, and a lane quad holds those
   // groups whole. quad_transpose hands each lane one whole group, added with one 16-byte vector
   // atomic instead of four 4-byte ones.
+  // A thread's values lie on two rows only (h = v1), whatever g, so each row's weight and output row
+  // are read once per tile, before the column loop. Read inside it (once per 8-column group, after
+  // each atomic, whose memory clobber forbade reusing the loads) they put two dependent global loads
+  // in front of every atomic: with its atomics replaced by nothing, this epilogue still took Qwen3-30B-
+  // A3B's GEMM2 at 4096 tokens to 347-389 us, against 227-268 for the plain store. Hoisted (scratch
+  // probe, GEMM2 alone, L2 flushed, H200, 4096 tokens, pingpong 64x256, before -> after): Qwen3 397 ->
+  // 323 us, DeepSeek-V2-Lite 326 -> 278, GPT-OSS-20B 462 -> 444, Mixtral-8x7B 1439 -> 1427.
   template <class Acc, class Coords>
   CUTLASS_DEVICE void finalize_tile(Acc const& acc, Coords const& tc, int M, int N, int64_t row0, const T* bias) {
     using namespace cute;
@@ -233,16 +240,16 @@ class MoeEpilogue {
     static_assert(decltype(size(acc))::value % 16 == 0, "accumulator fragment holds groups of four 8-column pairs");
     const int q = threadIdx.x & 3;
     CUTLASS_PRAGMA_UNROLL
-    for (int g = 0; g < size(acc); g += 16) {
+    for (int h = 0; h < 2; ++h) {
+      const int m = get<0>(tc(2 * h));
+      float w = 0.f;
+      T* dst = nullptr;
+      if (m < M) {
+        w = params_.permuted_weights[row0 + m];
+        dst = params_.out + (int64_t)(params_.permuted_to_unpermuted[row0 + m] / params_.top_k) * N;
+      }
       CUTLASS_PRAGMA_UNROLL
-      for (int h = 0; h < 2; ++h) {
-        const int m = get<0>(tc(g + 2 * h));
-        float w = 0.f;
-        T* dst = nullptr;
-        if (m < M) {
-          w = params_.permuted_weights[row0 + m];
-          dst = params_.out + (int64_t)(params_.permuted_to_unpermuted[row0 + m] / params_.top_k) * N;
-        }
+      for (int g = 0; g < size(acc); g += 16) {
         uint32_t v[4];
         CUTLASS_PRAGMA_UNROLL
         for (int s = 0; s < 4; ++s) {
@@ -306,13 +313,18 @@ class MoeEpilogue {
 // Mainloop tiles. Measured on the H200 (bench/gemm_bench.py --paths, 256 and 4096 tokens of the
 // four bench shapes) against cooperative 128x128 and pingpong 128x128, which were dropped.
 //   coop 128x256    : two consumer warpgroups share one 128x256 tile; the most FLOPs per byte
-//                     loaded into shared memory. Kept for the finalize epilogue past 32 rows per expert.
+//                     loaded into shared memory. No rule picks it now; it stays reachable through
+//                     MB_SM90_WGMMA_TILE as the probes' baseline (README, "What bounds the 4096-token GEMMs").
 //   pingpong 64x256 : each consumer warpgroup owns a 64-row tile and one's epilogue runs under the
 //                     other's mainloop. Half the row padding per expert of a 128-row tile (a random-
 //                     routing expert with ~256 rows pads ~1/5 at 128-row tiles, ~1/9 at 64) and a hidden
-//                     epilogue. It loses in the finalize epilogue once rows per expert reach 64: its
-//                     atomics outlast a short mainloop, so the two warpgroups serialise (Qwen3 4096: 628
-//                     vs 486 us), so the finalize epilogue runs it only up to 32 rows per expert.
+//                     epilogue. The finalize epilogue runs it at every size: with its row loads hoisted
+//                     (finalize_tile) it beat cooperative 128x256 at 1024 and 4096 tokens on DeepSeek-V2-
+//                     Lite, GPT-OSS-20B and Mixtral (GEMM2 alone, L2 flushed, H200, 4096 tokens: 278 vs
+//                     309 us, 444 vs 537, 1427 vs 1488) and trailed it on Qwen3-30B-A3B (323 vs 314), whose
+//                     plan keeps the separate finalize there. (Before the hoisting, cooperative looked
+//                     better, 350 vs 397 us on Qwen3: the loads in front of each atomic, not the atomics,
+//                     were what serialised the two warpgroups.)
 //   ... in 2x1 clusters (pingpong64x256c2): the two CTAs of a cluster take neighbouring row tiles of
 //                     one expert and TMA-multicast the weight tile they share, so each pulls half of
 //                     it from L2 (every row tile of an expert re-reads the expert's weights; the gain
@@ -326,9 +338,11 @@ class MoeEpilogue {
 //                     slower than 64x128 at 16-32 rows. So the plain store uses it past 32 rows per
 //                     expert. Cooperative 128x256 in 2x1 clusters lost 10-23% at 4096 tokens (an earlier
 //                     interleaved run). For the finalize epilogue it gave no clear gain (Mixtral, whole
-//                     layer, two runs: 784 vs 786 us at 256 tokens, 5098 vs 5164 at 4096), so that keeps
-//                     its tiles. CUTLASS's group scheduler rounds each expert's row tiles up to whole
-//                     clusters, so an expert with an odd tile count computes one empty tile (routed vs
+//                     layer, two runs: 784 vs 786 us at 256 tokens, 5098 vs 5164 at 4096; after its row
+//                     loads were hoisted, GEMM2 alone at 4096 tokens 0.5-3% slower than single-CTA 64x256
+//                     on all four shapes, e.g. Qwen3 333 vs 323 us), so that keeps its tile. CUTLASS's
+//                     group scheduler rounds each expert's row tiles up to whole clusters, so an expert
+//                     with an odd tile count computes one empty tile (routed vs
 //                     evenly split rows: GPT-OSS GEMM1 957 vs 855 us). Moving each odd last tile into a
 //                     second, single-CTA launch lost 5-12% at 4096 tokens (Qwen3 GEMM1 535 vs 476 us):
 //                     that launch's two or three waves cost more than the empty tiles. Not kept. Instead
@@ -370,7 +384,6 @@ enum WgmmaTile {
   WG_PINGPONG_64x192_C2 = 4
 };
 constexpr int64_t kNarrowMaxAvgRows = 32;             // plain store: pingpong 64x128, else 64x256 cluster 2x1
-constexpr int64_t kPingpongFinalizeMaxAvgRows = 32;   // finalize (atomic) epilogue: pingpong 64x256, else coop
 // The gated epilogue (GEMM1 + act(gate, up)) from 33 to this many average rows per expert runs pingpong
 // 64x256 without a cluster, else as the plain store. Timed interleaved against the 2x1 cluster on the
 // four bench shapes at 1024-8192 tokens (scratch probe, L2 flushed, one H200 run each): single-CTA won at
@@ -499,9 +512,8 @@ int wgmma_tile(int64_t max_rows, int num_experts, int n, int epilogue) {
   if (force && strcmp(force, "pingpong64x128") == 0) return WG_PINGPONG_64x128;
   if (force && strcmp(force, "pingpong64x256c2") == 0) return WG_PINGPONG_64x256_C2;
   if (force && strcmp(force, "pingpong64x192c2") == 0) return WG_PINGPONG_64x192_C2;
+  if (epilogue == EPI_FINALIZE) return WG_PINGPONG_64x256;
   const int64_t avg_rows = (max_rows + num_experts - 1) / num_experts;
-  if (epilogue == EPI_FINALIZE)
-    return avg_rows <= kPingpongFinalizeMaxAvgRows ? WG_PINGPONG_64x256 : WG_COOP_128x256;
   if (avg_rows <= kNarrowMaxAvgRows) return WG_PINGPONG_64x128;
   if (epilogue == EPI_GATED && avg_rows <= kGatedSingleCtaMaxAvgRows) return WG_PINGPONG_64x256;
   return narrow_columns_fit(n) ? WG_PINGPONG_64x192_C2 : WG_PINGPONG_64x256_C2;

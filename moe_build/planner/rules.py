@@ -330,29 +330,31 @@ def finalize_tactic_available(s: MoESpec) -> Gate:
                 _src(MOE_KERNELS_CU, 4058, 4061, 4067))
 
 
-# tactic selection (the FINALIZE GEMM2 tactic must be the one chosen at run time): measured on H200
-# (bench, graph replay, ours:finalize=fused vs ours:finalize=separate, interleaved; the runs before the
-# paired GEMM scheduler), our FINALIZE epilogue wins only at decode sizes: 1 token (2-8 rows) by
-# 1.3-2.3 us on Qwen3 / DeepSeek / GPT-OSS; on Mixtral within 1 us either way over three runs (184.1 vs
-# 183.9 us, 183.5 vs 182.7, 185.5 vs 185.4). From 32 rows up it ties or loses to the plain GEMM2 + finalize
-# kernel: 16 tokens even to 7.2 us behind (Mixtral 665.6 vs 658.3), 256 tokens 3.1-7.9 us behind, 4096
-# tokens 47-379 us behind (Qwen3 823.3 vs 757.4). One exception in every run since the paired GEMM
-# scheduler: Mixtral at 256 tokens (724.8 vs 744.2 us in docs/measured/bench.json). A 64-1024-token sweep
-# (docs/measured/finalize_sweep_64_1024.json) finds it at that count only, and per-kernel times put it in
-# GEMM2's tile (the FINALIZE epilogue's cooperative 128x256 at 64 rows per expert: 241 us, against 252-268
-# for the plain 2x1-cluster tile), not in the fusion, so the bound stays.
+# tactic selection (the FINALIZE GEMM2 tactic must be the one chosen at run time), measured on the H200
+# (python -m moe_build.bench --tokens 16,256,512,1024,2048,4096 --variants ours:finalize=fused,
+# ours:finalize=separate, graph replay; fused minus separate over one to three runs): it wins at decode
+# sizes, 1 token (2-8 rows), by 0.7-2.4 us on every bench shape, and past them where GEMM2's K (the
+# intermediate size) is long (a longer mainloop per tile can hide more of the epilogue; not profiled):
+# Mixtral-8x7B (14336) by 17-52 us at 512-2048 tokens and 63-82 at 4096 (16 and 256 tokens: +2.2 and
+# -0.3), GPT-OSS-20B (2880) by 8-20 us at 1024-4096 (16-512 tokens: -0.7 to +4.3). DeepSeek-V2-Lite (1408) wins by 2-14 us at 1024-2048 tokens
+# but loses by 20-64 at 4096; Qwen3-30B-A3B (768) loses from 256 tokens on (3-32 us, 64-134 at 4096).
+# So the bound on intermediate sizes lies between 1408 and 2880; 2048 is taken.
 FINALIZE_FUSED_MAX_ROWS = 8
+FINALIZE_FUSED_MIN_INTER = 2048
 
 
-def finalize_fused_max_tokens(s: MoESpec) -> int:
-    """Largest token count at which the FINALIZE tactic is selected (0: none)."""
+def finalize_fused_max_tokens(s: MoESpec) -> int | None:
+    """Largest token count at which the FINALIZE tactic is selected (None: every count)."""
+    if s.intermediate_size >= FINALIZE_FUSED_MIN_INTER:
+        return None
     return FINALIZE_FUSED_MAX_ROWS // s.top_k
 
 
 def finalize_tactic_rows(s: MoESpec, tokens: int) -> Gate:
     bound = finalize_fused_max_tokens(s)
-    return Gate("finalize_tactic_rows", f"top_k={s.top_k} tokens={tokens}",
-                f"tokens * top_k <= {FINALIZE_FUSED_MAX_ROWS}", tokens <= bound,
+    return Gate("finalize_tactic_rows", f"intermediate_size={s.intermediate_size} top_k={s.top_k} tokens={tokens}",
+                f"intermediate_size >= {FINALIZE_FUSED_MIN_INTER} or tokens * top_k <= {FINALIZE_FUSED_MAX_ROWS}",
+                bound is None or tokens <= bound,
                 f"{_src(MOE_KERNELS_CU, 4058)} (tactic choice; {OURS}, measured)", token_dependent=True)
 
 
