@@ -336,8 +336,9 @@ def finalize_tactic_available(s: MoESpec) -> Gate:
 # sizes, 1 token (2-8 rows), by 0.7-2.4 us on every bench shape, and past them where GEMM2's K (the
 # intermediate size) is long (a longer mainloop per tile can hide more of the epilogue; not profiled):
 # Mixtral-8x7B (14336) by 17-52 us at 512-2048 tokens and 63-82 at 4096 (16 and 256 tokens: +2.2 and
-# -0.3), GPT-OSS-20B (2880) by 8-20 us at 1024-4096 (16-512 tokens: -0.7 to +4.3). DeepSeek-V2-Lite (1408) wins by 2-14 us at 1024-2048 tokens
-# but loses by 20-64 at 4096; Qwen3-30B-A3B (768) loses from 256 tokens on (3-32 us, 64-134 at 4096).
+# -0.3), GPT-OSS-20B (2880) by 8-20 us at 1024-4096 (16-512 tokens: -0.7 to +4.3). DeepSeek-V2-Lite
+# (1408) wins by 2-14 us at 1024-2048 tokens but loses by 20-64 at 4096; Qwen3-30B-A3B (768) loses from
+# 256 tokens on (3-32 us, 64-134 at 4096).
 # So the bound on intermediate sizes lies between 1408 and 2880; 2048 is taken.
 FINALIZE_FUSED_MAX_ROWS = 8
 FINALIZE_FUSED_MIN_INTER = 2048
