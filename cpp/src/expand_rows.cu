@@ -10,9 +10,10 @@
 // The earlier kernel walked the permuted rows (a warp per row p, reading input[e / K]), so every
 // input row was read K times. Per token, 4096 tokens on the H200 take 37-40 us instead of 47-48 in
 // the layer for Qwen3-30B-A3B and 30-32 instead of 39-42 for DeepSeek-V2-Lite (bench/kernel_profile.py,
-// graph replay, old and new library alternated twice in each of two H200 calls). Evict-first stores (mb::streams_past_l2), which
-// ran this kernel alone at 34.5 us in place of 38 (bench/stage_bench.py, the same expansion replayed
-// back to back), took it to 46-47 us inside the layer, so the stores stay plain.
+// graph replay, old and new library alternated twice in each of two H200 calls). Evict-first stores
+// (mb::streams_past_l2), which ran this kernel alone at 34.5 us in place of 38 (bench/stage_bench.py,
+// the same expansion replayed back to back), took it to 46-47 us inside the layer, so the stores stay
+// plain.
 // Folding this copy into GEMM1's A loads (the GEMM reading input[e / K] itself) was tried and
 // dropped (H200, 2026-11-21). Hopper TMA cannot gather: a 1-row TMA box lands in the 128-byte
 // swizzled tile exactly where the whole-box load puts it, but one warp issuing per-row TMAs moved

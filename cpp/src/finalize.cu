@@ -92,7 +92,8 @@ finalize_kernel(const T* __restrict__ gemm2_out, const T* __restrict__ b2, const
       }
 #pragma unroll
       for (int i = 0; i < VPT; ++i) {
-        if (mine(i)) mb::store_f32<T, VEC, STREAM>(out + static_cast<int64_t>(t) * hidden + (v0 + i * 32) * VEC, acc[i]);
+        if (mine(i))
+          mb::store_f32<T, VEC, STREAM>(out + static_cast<int64_t>(t) * hidden + (v0 + i * 32) * VEC, acc[i]);
       }
     }
   }
@@ -121,8 +122,8 @@ extern "C" mb_status mb_finalize(const void* gemm2_out, int dtype, const void* b
     // covering top_k = 8 (and 5..7) in one pass, 4 (and 3) and 2 (and 1).
     const int kb = top_k >= 5 ? 8 : top_k >= 3 ? 4 : 2;
     const mb::StageLaunch shape = mb::stage_launch(num_tokens, nvec, 8 / kb);
-    const bool stream_rows =
-        wide && mb::streams_past_l2(static_cast<int64_t>(num_tokens) * top_k * hidden * static_cast<int64_t>(sizeof(T)));
+    const bool stream_rows = wide && mb::streams_past_l2(static_cast<int64_t>(num_tokens) * top_k * hidden *
+                                                         static_cast<int64_t>(sizeof(T)));
     // Separate kernels with and without bias: the bias vectors double the registers of a batch.
     auto launch = [&](auto vec_const, auto kb_const, auto bias_const, auto stream_const) {
       constexpr int VEC = decltype(vec_const)::value;

@@ -1,9 +1,9 @@
 // Hopper (sm_90a) grouped GEMM over expert segments: CUTLASS 3 ptr-array TMA warp-specialized
-// kernels (wgmma, grouped problem shapes read from the expert offsets) whose loads run on fixed TMA descriptors over all experts' rows
-// and weights (gemm_sm90_static_maps.cuh), with our own no-smem epilogue that does a plain
-// store (+bias), GEMM1's gated activation (act(gate, up) of an interleaved W1, written at half
-// width), or the MoE finalize (unpermute + top-k weight + bias, atomically reduced into the
-// token's output row).
+// kernels (wgmma, grouped problem shapes read from the expert offsets) whose loads run on fixed TMA
+// descriptors over all experts' rows and weights (gemm_sm90_static_maps.cuh), with our own no-smem
+// epilogue that does a plain store (+bias), GEMM1's gated activation (act(gate, up) of an
+// interleaved W1, written at half width), or the MoE finalize (unpermute + top-k weight + bias,
+// atomically reduced into the token's output row).
 //
 // No host sync and no setup launch: CUTLASS's grouped problem shape is read on the device straight
 // from expert_first_token_offset (OffsetsProblemShape), the loads find each group's rows and weights
@@ -342,8 +342,8 @@ class MoeEpilogue {
 //                     loads were hoisted, GEMM2 alone at 4096 tokens 0.5-3% slower than single-CTA 64x256
 //                     on all four shapes, e.g. Qwen3 333 vs 323 us), so that keeps its tile. CUTLASS's
 //                     group scheduler rounds each expert's row tiles up to whole clusters, so an expert
-//                     with an odd tile count computes one empty tile (routed vs
-//                     evenly split rows: GPT-OSS GEMM1 957 vs 855 us). Moving each odd last tile into a
+//                     with an odd tile count computes one empty tile (routed vs evenly split rows:
+//                     GPT-OSS GEMM1 957 vs 855 us). Moving each odd last tile into a
 //                     second, single-CTA launch lost 5-12% at 4096 tokens (Qwen3 GEMM1 535 vs 476 us):
 //                     that launch's two or three waves cost more than the empty tiles. Not kept. Instead
 //                     PairedTileScheduler (gemm_sm90_pairs.cuh) runs an odd last row tile as a split unit

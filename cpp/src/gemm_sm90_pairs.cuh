@@ -140,7 +140,8 @@ class PairedTileScheduler
 };
 
 // The ptr-array TMA mainloop (StaticMapMainloop's, gemm_sm90_static_maps.cuh), except that a split
-// unit's B tile is loaded whole by its own CTA (both multicast slices, addressed to this CTA alone) instead of half by each CTA of the pair.
+// unit's B tile is loaded whole by its own CTA (both multicast slices, addressed to this CTA alone)
+// instead of half by each CTA of the pair.
 // Each CTA's full barrier still expects one A and one B tile; the empty barriers stay cluster-wide,
 // so the two CTAs keep stepping through the pipeline stages together.
 template <class Base>
