@@ -1,4 +1,4 @@
-"""Prefill grouped-GEMM rates, every variant timed side by side (interleaved rounds, order rotated
+"""Prefill grouped-GEMM rates, every variant timed side by side (interleaved rounds, order shuffled
 each round, L2 flushed before every call, CUDA events, medians): under the GPU's power limit,
 GEMMs timed one after another drift by up to ~7%, which hides any tile choice worth less.
 
@@ -11,7 +11,7 @@ Per shape and GEMM (GEMM1: x @ W1^T, N = 2I; GEMM2: h @ W2^T, N = H), on the sam
   tmm      : torch._grouped_mm on the routed segments
 Prints us and TFLOP/s per variant, writes --json (default $OUT/gemm_rate_probe.json).
 Usage: PYTHONPATH=. python bench/gemm_rate_probe.py [--tokens 4096] [--tiles auto,pingpong64x256c2]
-       [--shapes qwen3-30b-a3b,gpt-oss-20b] [--rounds 8] [--gated] [--json PATH]
+       [--shapes qwen3-30b-a3b,gpt-oss-20b] [--iters 24] [--gated] [--json PATH]
 """
 from __future__ import annotations
 
@@ -30,8 +30,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--tiles", default="auto")
     ap.add_argument("--shapes", default=",".join(SHAPES))
-    ap.add_argument("--rounds", type=int, default=8)
-    ap.add_argument("--per-round", type=int, default=3)
+    ap.add_argument("--iters", type=int, default=24, help="timed rounds, each calling every variant once")
     ap.add_argument("--gated", action="store_true", help="GEMM1 through the gated (swiglu) epilogue")
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "gemm_rate_probe.json"))
     args = ap.parse_args()
@@ -56,8 +55,7 @@ def main() -> None:
         fns["mm"] = lambda: torch.mm(a, w[0].t(), out=c)
         fns["tmm"] = lambda: torch._grouped_mm(a, w.transpose(-2, -1), offs=routed32)
         ms = _interleaved_median_ms({key: (lambda i, fn=fn: fn()) for key, fn in fns.items()},
-                                    args.rounds * args.per_round, warmup=1, rounds=args.rounds,
-                                    before=flush.zero_)
+                                    args.iters, warmup=1, before=flush.zero_)
         us = {key: 1e3 * v for key, v in ms.items()}
         flops = 2.0 * rows * n * k
         row = {"shape": name, "gemm": gemm, "n": n, "k": k, "rows": rows, "tokens": args.tokens,

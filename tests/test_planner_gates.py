@@ -23,8 +23,8 @@ SM80 = Target(sm=80, flavour=Flavour.TENSORRT)
 SM89 = Target(sm=89, flavour=Flavour.TENSORRT)
 OOTB89 = Target(sm=89, flavour=Flavour.TENSORRT, moe_plugin=MoePlugin.DISABLE)
 
-# Hopper bases plan at a decode size, where the FINALIZE tactic holds (tokens * top_k <= 8; Mixtral's
-# intermediate size, >= 2048, also holds it at any count: tokens256).
+# Hopper bases plan with Mixtral's intermediate size, >= 2048, where the FINALIZE tactic holds at any
+# token count (below 2048 it holds from 2048 rows, tokens * top_k).
 BASES: dict[str, tuple[MoESpec, Target, int]] = {
     "hopper": (MIXTRAL, SM90, 4),
     "ampere": (MIXTRAL, SM80, 16),

@@ -54,11 +54,11 @@ def test_force_fused_where_a_gate_fails_is_refused_with_the_gate():
 
 def test_force_fused_finalize_overrides_only_the_tactic_gate():
     narrow = dataclasses.replace(SPEC, intermediate_size=768)
-    plan = make_plan(narrow, SM90, 4096, force={"finalize": "fused"})
+    plan = make_plan(narrow, SM90, 64, force={"finalize": "fused"})
     d = plan.stage("finalize")
     assert (d.choice, d.forced, d.token_range) == ("fused", True, (1, None))
     assert not next(g for g in d.gates if g.name == "finalize_tactic_rows").held
-    assert make_plan(narrow, SM90, 4096).stage("finalize").choice == "separate"
+    assert make_plan(narrow, SM90, 64).stage("finalize").choice == "separate"
 
 
 def test_force_unknown_stage_or_choice():
@@ -96,18 +96,22 @@ def test_cost_rule_does_not_block_forcing_but_capability_does():
 
 
 @pytest.mark.parametrize("top_k,tokens,choice,rng,outside", [
-    (2, 4, "fused", (1, 4), "separate"),          # 4 * 2 = 8 rows
-    (2, 8192, "separate", (5, None), "fused"),
-    (8, 1, "fused", (1, 1), "separate"),          # 8 rows
-    (8, 2, "separate", (2, None), "fused"),
-    (6, 1, "fused", (1, 1), "separate"),          # 8 // 6 = 1
-    (4, 4096, "separate", (3, None), "fused"),
-    (12, 1, "separate", (1, None), None),         # top-k > 8: not at any count
+    (2, 1023, "separate", (1, 1023), "fused"),    # 2046 rows
+    (2, 1024, "fused", (1024, None), "separate"),  # 2048 rows
+    (2, 8192, "fused", (1024, None), "separate"),
+    (8, 1, "separate", (1, 255), "fused"),
+    (8, 256, "fused", (256, None), "separate"),
+    (6, 341, "separate", (1, 341), "fused"),      # 2046 rows
+    (6, 342, "fused", (342, None), "separate"),   # 2052 rows
+    (12, 170, "separate", (1, 170), "fused"),     # 2040 rows
+    (12, 171, "fused", (171, None), "separate"),
 ])
 def test_finalize_token_range_below_2048_intermediate(top_k, tokens, choice, rng, outside):
     spec = dataclasses.replace(SPEC, intermediate_size=2040, top_k=top_k, num_experts=max(SPEC.num_experts, top_k))
     d = make_plan(spec, SM90, tokens).stage("finalize")
     assert (d.choice, d.token_range, d.choice_outside_range) == (choice, rng, outside)
+    lo = rng[0] if choice == "fused" else rng[1] + 1  # the first count with the fused epilogue
+    assert (d.choice_for(lo - 1), d.choice_for(lo), d.choice_for(1 << 20)) == ("separate", "fused", "fused")
 
 
 @pytest.mark.parametrize("inter,top_k,tokens", [(2048, 2, 8192), (14336, 12, 1), (2880, 4, 300)])

@@ -24,9 +24,9 @@ SWIGLU = MoESpec(256, 512, 8, 2)
 
 def test_default_hopper_plan_runs_tma_gemms_gated_epilogue_and_fused_finalize() -> None:
     plan = make_plan(SWIGLU, H100, tokens=4096)
-    assert kernel_sequence(plan, 4) == [
-        "router_gemm", "routing", "prologue:fused", "expand_rows+zero_output", "gemm1:sm90_gated",
-        "gemm2:sm90_finalize"]  # 4 tokens * top-2 = 8 rows: the FINALIZE tactic
+    assert kernel_sequence(plan, 1024) == [
+        "router_gemm", "routing", "prologue:three_step", "expand_rows+zero_output", "gemm1:sm90_gated",
+        "gemm2:sm90_finalize"]  # 1024 tokens * top-2 = 2048 rows: the FINALIZE tactic
     assert kernel_sequence(plan, 16) == [
         "router_gemm", "routing", "prologue:fused", "expand_rows", "gemm1:sm90_gated", "gemm2:sm90", "finalize"]
     separate = make_plan(SWIGLU, H100, tokens=16, force={"fc1_activation": "separate"})
@@ -120,8 +120,8 @@ def test_plans_without_runner_kernels_are_refused() -> None:
 
 def test_workspace_sizing_math() -> None:
     spec = MoESpec(256, 512, 8, 2, dtype=DType.BF16)
-    # forced separate: fc1_out, the separate activation's input, is in the layout
-    plan = make_plan(spec, H100, tokens=4, force={"fc1_activation": "separate"})
+    # forced separate activation: fc1_out, its input, is in the layout; forced fused finalize: no gemm2_out
+    plan = make_plan(spec, H100, tokens=4, force={"fc1_activation": "separate", "finalize": "fused"})
     layout = workspace_layout(spec, steps_up_to(plan, 4), 100, gemm_workspace_bytes=1000,
                               three_step_workspace_bytes=0)
     M, K, E, H, I = 100, 2, 8, 256, 512
@@ -142,7 +142,7 @@ def test_workspace_covers_three_step_and_separate_finalize_when_reachable() -> N
     layout = workspace_layout(spec, steps_up_to(plan, 1000), 1000, three_step_workspace_bytes=4096)
     assert layout["prologue_workspace"].nbytes == 4096
     assert layout["gemm2_out"].shape == (2000, 256) and layout["gemm2_out"].rows_per_token == 2
-    small = workspace_layout(spec, steps_up_to(make_plan(spec, H100, tokens=4), 4), 4,
+    small = workspace_layout(spec, steps_up_to(make_plan(spec, H100, tokens=4, force={"finalize": "fused"}), 4), 4,
                              three_step_workspace_bytes=4096)
     assert "prologue_workspace" not in small and "gemm2_out" not in small
 
@@ -240,8 +240,8 @@ def test_fp32_plans_are_refused_by_the_runner():
 
 
 def test_finalize_choice_follows_the_token_count():
-    spec = MoESpec(256, 128, 16, 4, dtype=DType.BF16)  # top-4: FINALIZE tactic up to 2 tokens
+    spec = MoESpec(256, 128, 16, 4, dtype=DType.BF16)  # top-4: FINALIZE tactic from 512 tokens (2048 rows)
     plan = make_plan(spec, Target(sm=90, flavour=Flavour.TENSORRT), 1)
-    assert "gemm2:sm90_finalize" in kernel_sequence(plan, 2, "logits")
-    assert "gemm2:sm90_finalize" not in kernel_sequence(plan, 3, "logits")
+    assert "gemm2:sm90_finalize" not in kernel_sequence(plan, 511, "logits")
+    assert "gemm2:sm90_finalize" in kernel_sequence(plan, 512, "logits")
     assert {"gemm2:sm90_finalize", "finalize"} <= steps_up_to(plan, 4096)

@@ -81,23 +81,26 @@ template <typename T> struct CutlassType;
 template <> struct CutlassType<__nv_bfloat16> { using type = cutlass::bfloat16_t; };
 template <> struct CutlassType<__half> { using type = cutlass::half_t; };
 
-// v[k] with k known only at run time, without spilling v to local memory.
-__device__ __forceinline__ uint32_t pick4(const uint32_t (&v)[4], int k) {
-  return k == 0 ? v[0] : k == 1 ? v[1] : k == 2 ? v[2] : v[3];
-}
-
 // 4x4 transpose across a lane quad: lane q holds v[s] (s = 0..3); afterwards it holds v[p] = lane
-// p's former v[q]. In round s lane q reads lane q+s, which sends its v[q] (selected by the sender's
-// own lane, so both sides index v at run time).
+// p's former v[q]. Two butterfly rounds (partner q ^ 2, then q ^ 1), each trading two values chosen by
+// the lane's own bit, so every step is a shuffle or a select: no value is indexed at run time. (The
+// earlier version picked v[k] for run-time k through chains of compares that nvcc compiled into
+// branches, ~140 instructions per 16-byte group, which left the finalize epilogue longer than the
+// other warpgroup's mainloop on short-K GEMMs.)
 __device__ __forceinline__ void quad_transpose(uint32_t (&v)[4], int q) {
-  uint32_t send[4], got[4];
-  CUTLASS_PRAGMA_UNROLL
-  for (int s = 0; s < 4; ++s) send[s] = pick4(v, (q - s) & 3);
-  got[0] = send[0];
-  CUTLASS_PRAGMA_UNROLL
-  for (int s = 1; s < 4; ++s) got[s] = __shfl_sync(0xffffffffu, send[s], (q + s) & 3, 4);
-  CUTLASS_PRAGMA_UNROLL
-  for (int p = 0; p < 4; ++p) v[p] = pick4(got, (p - q) & 3);
+  const bool hi = q & 2, odd = q & 1;
+  uint32_t r0 = __shfl_xor_sync(0xffffffffu, hi ? v[0] : v[2], 2);
+  uint32_t r1 = __shfl_xor_sync(0xffffffffu, hi ? v[1] : v[3], 2);
+  v[0] = hi ? r0 : v[0];
+  v[1] = hi ? r1 : v[1];
+  v[2] = hi ? v[2] : r0;
+  v[3] = hi ? v[3] : r1;
+  r0 = __shfl_xor_sync(0xffffffffu, odd ? v[0] : v[1], 1);
+  r1 = __shfl_xor_sync(0xffffffffu, odd ? v[2] : v[3], 1);
+  v[0] = odd ? r0 : v[0];
+  v[2] = odd ? r1 : v[2];
+  v[1] = odd ? v[1] : r0;
+  v[3] = odd ? v[3] : r1;
 }
 
 // One 16-byte atomic add of eight packed 16-bit values (sm_90 vector red; PTX 8.1). No "memory"
@@ -174,135 +177,175 @@ class MoeEpilogue {
 
   CUTLASS_DEVICE bool is_source_needed() { return false; }
 
+  // The accumulator layout every mode relies on (CUTLASS's wgmma CLayout_64xN, as partitioned for a
+  // thread of any of the tiles here): value i = v0 + 2*v1 + 4*j (v0, v1 in {0, 1}, j < size(acc) / 4) is
+  // element (m0 + 8*v1, n0 + v0 + 8*j) of the tile, (m0, n0) being the thread's first element. So a
+  // thread has two rows (h = v1) and, per row, one column pair in each 8-column group j, with n0 even.
+  // The modes below address everything from (m0, n0) with compile-time offsets and test rows and
+  // columns with predicates, not branches: one pingpong warpgroup's epilogue must fit under the other's
+  // mainloop, and with one warp per scheduler nothing hides its latency. Before, per-element
+  // coordinates (CuTe's identity-tensor partition: a 64-bit address and a branch per column pair) and a
+  // branchy transpose made the finalize epilogue longer than a short-K mainloop: Qwen3-30B-A3B's GEMM2
+  // at 4096 tokens took 323 us with it, 202 us after, 172 us with no epilogue at all (H200, L2 flushed,
+  // pingpong 64x256, old and new library interleaved in one process; scratch probe); DeepSeek-V2-Lite
+  // 286 -> 239 (216 with none). The gated GEMM1 gained 2-3% (Qwen3 366 -> 358, DeepSeek 452 -> 438,
+  // GPT-OSS-20B 871 -> 852, Mixtral-8x7B 3014 -> 2936 us).
   template <class ProblemShapeMNKL, class BlockShapeMNK, class BlockCoordMNKL, class FrgEngine, class FrgLayout,
             class TiledMma, class ResidueMNK>
   CUTLASS_DEVICE void operator()(ProblemShapeMNKL problem_shape_mnkl, BlockShapeMNK blk_shape_mnk,
                                  BlockCoordMNKL blk_coord_mnkl, cute::Tensor<FrgEngine, FrgLayout> const& acc,
                                  TiledMma tiled_mma, ResidueMNK, int thread_idx, char*) {
     using namespace cute;
-    using P2 = Pair<T>;
+    static_assert(decltype(size(acc))::value % 16 == 0, "accumulator fragment holds groups of four 8-column pairs");
     const int M = get<0>(problem_shape_mnkl);
     const int N = get<1>(problem_shape_mnkl);
     auto [m_coord, n_coord, k_coord, l_coord] = blk_coord_mnkl;
     Tensor coords = local_tile(make_identity_tensor(make_shape(M, N)), take<0, 2>(blk_shape_mnk),
                                make_coord(m_coord & ~kSplitTileFlag, n_coord));
     Tensor tc = tiled_mma.get_thread_slice(thread_idx).partition_C(coords);
-    const int64_t row0 = params_.offsets[l_coord];
+    const Frag f{get<0>(tc(0)), get<1>(tc(0)), M, N, params_.offsets[l_coord]};
     const T* bias = params_.bias ? params_.bias + (int64_t)l_coord * N : nullptr;
+    // One branch per tile, not per element, for the bias and the activation.
     if constexpr (kEpi == EPI_FINALIZE) {
-      finalize_tile(acc, tc, M, N, row0, bias);
+      return bias ? finalize_tile<true>(acc, f, bias) : finalize_tile<false>(acc, f, bias);
     } else if constexpr (kEpi == EPI_GATED) {
-      // One branch per tile, not per element: a per-element switch kept the three functions' code
-      // live across the unrolled fragment loop.
       switch (params_.activation) {
-        case MB_ACT_GEGLU: return gated_tile<MB_ACT_GEGLU>(acc, tc, M, N, row0, bias);
-        case MB_ACT_SWIGLU_CLAMP: return gated_tile<MB_ACT_SWIGLU_CLAMP>(acc, tc, M, N, row0, bias);
-        default: return gated_tile<MB_ACT_SWIGLU>(acc, tc, M, N, row0, bias);
+        case MB_ACT_GEGLU: return bias ? gated_tile<MB_ACT_GEGLU, true>(acc, f, bias)
+                                       : gated_tile<MB_ACT_GEGLU, false>(acc, f, bias);
+        case MB_ACT_SWIGLU_CLAMP: return bias ? gated_tile<MB_ACT_SWIGLU_CLAMP, true>(acc, f, bias)
+                                              : gated_tile<MB_ACT_SWIGLU_CLAMP, false>(acc, f, bias);
+        default: return bias ? gated_tile<MB_ACT_SWIGLU, true>(acc, f, bias)
+                             : gated_tile<MB_ACT_SWIGLU, false>(acc, f, bias);
       }
     } else {
-      static_assert(size(FrgLayout{}) % 2 == 0, "accumulator fragment holds column pairs");
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < size(acc); i += 2) {
-        const int m = get<0>(tc(i)), n = get<1>(tc(i));
-        if (m >= M || n >= N) continue;
-        // wgmma fragments hold (row, col), (row, col + 1) as neighbours; N is even, so both fit.
-        // (Regrouping a quad's pairs into 16-byte stores, as finalize_tile does, made no GEMM faster
-        // and Qwen3's 4096-token GEMM2 40% slower on the H200: the plain store keeps 4-byte stores.)
-        float v0 = acc(i), v1 = acc(i + 1);
-        if (bias) {
-          const float2 b = P2::to_float2(*reinterpret_cast<const typename P2::type*>(bias + n));
-          v0 += b.x;
-          v1 += b.y;
-        }
-        *reinterpret_cast<typename P2::type*>(params_.out + (row0 + m) * N + n) = P2::make(v0, v1);
-      }
+      return bias ? store_tile<true>(acc, f, bias) : store_tile<false>(acc, f, bias);
     }
   }
 
  private:
-  // The finalize epilogue: each row's (acc + bias) * routing weight, atomically added into its
-  // token's output row. wgmma's accumulator layout (CUTLASS CLayout_64xN): value i = v0 + 2*v1 + 4*j
-  // sits at row +8*v1 and column 2*(lane%4) + v0 + 8*j of the thread's rows. So values g + 4s + 2h
-  // (s = 0..3) are one row's pairs in four neighbouring 8-column groups, and a lane quad holds those
-  // groups whole. quad_transpose hands each lane one whole group, added with one 16-byte vector
-  // atomic instead of four 4-byte ones.
-  // A thread's values lie on two rows only (h = v1), whatever g, so each row's weight and output row
-  // are read once per tile, before the column loop. Read inside it (once per 8-column group, after
-  // each atomic, whose memory clobber forbade reusing the loads) they put two dependent global loads
-  // in front of every atomic: with its atomics replaced by nothing, this epilogue still took Qwen3-30B-
-  // A3B's GEMM2 at 4096 tokens to 347-389 us, against 227-268 for the plain store. Hoisted (scratch
-  // probe, GEMM2 alone, L2 flushed, H200, 4096 tokens, pingpong 64x256, before -> after): Qwen3 397 ->
-  // 323 us, DeepSeek-V2-Lite 326 -> 278, GPT-OSS-20B 462 -> 444, Mixtral-8x7B 1439 -> 1427.
-  template <class Acc, class Coords>
-  CUTLASS_DEVICE void finalize_tile(Acc const& acc, Coords const& tc, int M, int N, int64_t row0, const T* bias) {
-    using namespace cute;
+  // A thread's place in the tile: its first element (m0, n0), the group's M x N and first permuted row.
+  struct Frag {
+    int m0, n0, M, N;
+    int64_t row0;
+    __device__ __forceinline__ bool row_in(int h) const { return m0 + 8 * h < M; }
+    __device__ __forceinline__ bool col_in(int j) const { return n0 + 8 * j < N; }  // N even: n + 1 fits too
+  };
+
+  // (acc(i) + bias, acc(i + 1) + bias) for the column pair at n of group j, as floats (the bias read
+  // only for columns in range).
+  template <bool kBias, class Acc>
+  CUTLASS_DEVICE static float2 biased(Acc const& acc, int i, const T* bias, Frag const& f, int j) {
+    float2 v{acc(i), acc(i + 1)};
+    const int n = f.n0 + 8 * j;
+    if (kBias && f.col_in(j)) {
+      const float2 b = Pair<T>::to_float2(*reinterpret_cast<const typename Pair<T>::type*>(bias + n));
+      v.x += b.x;
+      v.y += b.y;
+    }
+    return v;
+  }
+
+  // Row h's column pairs of the four 8-column groups 4g..4g+3 ((acc + bias), times `scale` if kScaled),
+  // packed, then transposed across the lane quad: afterwards lane q holds group 4g + q whole, columns
+  // n0 - 2q + 8q + 32g = n0 + 6q + 32g onwards (values 4 * (4g + s) + 2h are row h's pairs in those
+  // groups, and a quad holds the four groups whole). Every lane of the quad must call it, in range or not.
+  template <bool kBias, bool kScaled, class Acc>
+  CUTLASS_DEVICE static void quad_group(Acc const& acc, Frag const& f, const T* bias, int g, int h, float scale,
+                                        uint32_t (&v)[4]) {
     using P2 = Pair<T>;
-    static_assert(decltype(size(acc))::value % 16 == 0, "accumulator fragment holds groups of four 8-column pairs");
+    CUTLASS_PRAGMA_UNROLL
+    for (int s = 0; s < 4; ++s) {
+      const int j = 4 * g + s;
+      float2 x = biased<kBias>(acc, 4 * j + 2 * h, bias, f, j);
+      if constexpr (kScaled) x = {scale * x.x, scale * x.y};
+      const typename P2::type packed = P2::make(x.x, x.y);
+      v[s] = *reinterpret_cast<const uint32_t*>(&packed);
+    }
+    quad_transpose(v, threadIdx.x & 3);
+  }
+
+  // The plain store: out[row0 + m, n] = acc (+ bias), each lane's whole 8-column group (quad_group)
+  // written with one 16-byte store. Against one 4-byte store per pair, GEMM2 alone at 4096
+  // tokens (H200, L2 flushed, interleaved; scratch probe): Qwen3-30B-A3B 201.6 vs 226.8 us, DeepSeek-
+  // V2-Lite 240.8 vs 252.5, GPT-OSS-20B 473.6 vs 482.4, Mixtral-8x7B 1464.8 vs 1473.1. (With the earlier
+  // transpose, whose run-time indexing compiled into branches, it had been 40% slower on Qwen3.)
+  template <bool kBias, class Acc>
+  CUTLASS_DEVICE void store_tile(Acc const& acc, Frag const& f, const T* bias) {
     const int q = threadIdx.x & 3;
+    T* row[2];
+    CUTLASS_PRAGMA_UNROLL
+    for (int h = 0; h < 2; ++h) row[h] = params_.out + (f.row0 + f.m0 + 8 * h) * f.N + f.n0 + 6 * q;
+    CUTLASS_PRAGMA_UNROLL
+    for (int g = 0; g < cute::size(acc) / 16; ++g) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        uint32_t v[4];
+        quad_group<kBias, false>(acc, f, bias, g, h, 1.f, v);
+        if (f.row_in(h) && f.n0 + 6 * q + 32 * g < f.N)
+          *reinterpret_cast<uint4*>(row[h] + 32 * g) = make_uint4(v[0], v[1], v[2], v[3]);
+      }
+    }
+  }
+
+  // The finalize epilogue: each row's (acc + bias) * routing weight, atomically added into its
+  // token's output row, each lane's whole 8-column group (quad_group) with one 16-byte vector atomic
+  // instead of four 4-byte ones.
+  // Each row's weight and output row are read once per tile, before the column loop. Read inside it
+  // (once per 8-column group, after each atomic, whose memory clobber forbade reusing the loads) they
+  // put two dependent global loads in front of every atomic: Qwen3-30B-A3B's GEMM2 at 4096 tokens took
+  // 397 us with them and 323 without (scratch probe, GEMM2 alone, L2 flushed, H200, pingpong 64x256).
+  template <bool kBias, class Acc>
+  CUTLASS_DEVICE void finalize_tile(Acc const& acc, Frag const& f, const T* bias) {
+    const int q = threadIdx.x & 3;
+    float w[2];
+    T* dst[2];
     CUTLASS_PRAGMA_UNROLL
     for (int h = 0; h < 2; ++h) {
-      const int m = get<0>(tc(2 * h));
-      float w = 0.f;
-      T* dst = nullptr;
-      if (m < M) {
-        w = params_.permuted_weights[row0 + m];
-        dst = params_.out + (int64_t)(params_.permuted_to_unpermuted[row0 + m] / params_.top_k) * N;
+      w[h] = 0.f;
+      dst[h] = nullptr;
+      if (f.row_in(h)) {
+        const int64_t p = f.row0 + f.m0 + 8 * h;
+        w[h] = params_.permuted_weights[p];
+        dst[h] = params_.out + (int64_t)(params_.permuted_to_unpermuted[p] / params_.top_k) * f.N + f.n0 + 6 * q;
       }
+    }
+    CUTLASS_PRAGMA_UNROLL
+    for (int g = 0; g < cute::size(acc) / 16; ++g) {
       CUTLASS_PRAGMA_UNROLL
-      for (int g = 0; g < size(acc); g += 16) {
+      for (int h = 0; h < 2; ++h) {
         uint32_t v[4];
-        CUTLASS_PRAGMA_UNROLL
-        for (int s = 0; s < 4; ++s) {
-          const int i = g + 4 * s + 2 * h;
-          const int n = get<1>(tc(i));
-          float v0 = acc(i), v1 = acc(i + 1);
-          if (bias && n < N) {
-            const float2 b = P2::to_float2(*reinterpret_cast<const typename P2::type*>(bias + n));
-            v0 += b.x;
-            v1 += b.y;
-          }
-          const typename P2::type packed = P2::make(w * v0, w * v1);
-          v[s] = *reinterpret_cast<const uint32_t*>(&packed);
-        }
-        quad_transpose(v, q);  // every lane of the quad takes part, in-range or not
-        const int n = get<1>(tc(g + 2 * h)) + 6 * q;  // first column of group q (N is a multiple of 8)
-        if (dst != nullptr && n < N) red_add_16B<T>(dst + n, v);
+        quad_group<kBias, true>(acc, f, bias, g, h, w[h], v);
+        if (dst[h] != nullptr && f.n0 + 6 * q + 32 * g < f.N) red_add_16B<T>(dst[h] + 32 * g, v);
       }
     }
   }
 
   // The gated epilogue: W1 interleaved in blocks of 8 rows (gated_row), so GEMM column c with
   // c % 16 < 8 is feature (c / 16) * 8 + c % 8's gate and column c + 8 its up projection. Tiles start
-  // at multiples of 16 columns (the tile widths are 128, 192 and 256), so in the accumulator layout
-  // above values i (8-column group j even) and i + 4 (group j + 1) are those two columns of one row:
-  // each thread has both halves of its features and writes act(gate, up) pairs straight into the
-  // [rows, N / 2] activation.
-  template <int ACT, class Acc, class Coords>
-  CUTLASS_DEVICE void gated_tile(Acc const& acc, Coords const& tc, int M, int N, int64_t row0, const T* bias) {
-    using namespace cute;
+  // at multiples of 16 columns (the tile widths are 128, 192 and 256) and n0 % 16 = 2 * (lane % 4) < 8,
+  // so for even j the pair at n0 + 8j is a gate pair (feature f0 + 4j, f0 the feature of n0) and group
+  // j + 1 (values 4 further on) holds its up pair: each thread has both halves of its features and
+  // writes act(gate, up) pairs straight into the [rows, N / 2] activation.
+  template <int ACT, bool kBias, class Acc>
+  CUTLASS_DEVICE void gated_tile(Acc const& acc, Frag const& f, const T* bias) {
     using P2 = Pair<T>;
-    static_assert(decltype(size(acc))::value % 8 == 0, "accumulator fragment holds pairs of 8-column groups");
-    const int inter = N / 2;
+    const int inter = f.N / 2;
     const float alpha = params_.swiglu_alpha, limit = params_.swiglu_limit;
+    const int f0 = (f.n0 >> 4) * 8 + (f.n0 & 7);
+    T* row[2];
     CUTLASS_PRAGMA_UNROLL
-    for (int g = 0; g < size(acc); g += 8) {
+    for (int h = 0; h < 2; ++h) row[h] = params_.out + (f.row0 + f.m0 + 8 * h) * inter + f0;
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < cute::size(acc) / 4; j += 2) {
       CUTLASS_PRAGMA_UNROLL
       for (int h = 0; h < 2; ++h) {
-        const int i = g + 2 * h;
-        const int m = get<0>(tc(i)), n = get<1>(tc(i));
-        if (m >= M || n >= N) continue;  // N is a multiple of 16: the up column n + 8 is in range too
-        float gate0 = acc(i), gate1 = acc(i + 1), up0 = acc(i + 4), up1 = acc(i + 5);
-        if (bias) {
-          const float2 bg = P2::to_float2(*reinterpret_cast<const typename P2::type*>(bias + n));
-          const float2 bu = P2::to_float2(*reinterpret_cast<const typename P2::type*>(bias + n + 8));
-          gate0 += bg.x;
-          gate1 += bg.y;
-          up0 += bu.x;
-          up1 += bu.y;
+        const int i = 4 * j + 2 * h;
+        const float2 gate = biased<kBias>(acc, i, bias, f, j);
+        const float2 up = biased<kBias>(acc, i + 4, bias, f, j + 1);
+        if (f.row_in(h) && f.col_in(j)) {  // N is a multiple of 16: the up column is in range too
+          *reinterpret_cast<typename P2::type*>(row[h] + 4 * j) =
+              P2::make(mb::act_apply<ACT>(gate.x, up.x, alpha, limit), mb::act_apply<ACT>(gate.y, up.y, alpha, limit));
         }
-        const int f = (n >> 4) * 8 + (n & 7);
-        *reinterpret_cast<typename P2::type*>(params_.out + (row0 + m) * inter + f) =
-            P2::make(mb::act_apply<ACT>(gate0, up0, alpha, limit), mb::act_apply<ACT>(gate1, up1, alpha, limit));
       }
     }
   }
@@ -321,10 +364,11 @@ class MoeEpilogue {
 //                     epilogue. The finalize epilogue runs it at every size: with its row loads hoisted
 //                     (finalize_tile) it beat cooperative 128x256 at 1024 and 4096 tokens on DeepSeek-V2-
 //                     Lite, GPT-OSS-20B and Mixtral (GEMM2 alone, L2 flushed, H200, 4096 tokens: 278 vs
-//                     309 us, 444 vs 537, 1427 vs 1488) and trailed it on Qwen3-30B-A3B (323 vs 314), whose
-//                     plan keeps the separate finalize there. (Before the hoisting, cooperative looked
-//                     better, 350 vs 397 us on Qwen3: the loads in front of each atomic, not the atomics,
-//                     were what serialised the two warpgroups.)
+//                     309 us, 444 vs 537, 1427 vs 1488) and trailed it on Qwen3-30B-A3B (323 vs 314); with
+//                     the lean epilogue (MoeEpilogue) Qwen3 runs it in 202 us. (Before the hoisting,
+//                     cooperative looked better, 350 vs 397 us on Qwen3.) Its 2x1-cluster form, retimed
+//                     with the lean epilogue, stays behind (Qwen3 212 vs 205 us, DeepSeek-V2-Lite 251 vs
+//                     250, Mixtral 1466 vs 1450).
 //   ... in 2x1 clusters (pingpong64x256c2): the two CTAs of a cluster take neighbouring row tiles of
 //                     one expert and TMA-multicast the weight tile they share, so each pulls half of
 //                     it from L2 (every row tile of an expert re-reads the expert's weights; the gain

@@ -60,24 +60,31 @@ def _simple(stage: str, fused: str, fallback: str, gates: Sequence[Gate], forced
 
 
 def _token_ranged(stage: str, fused: str, fallback: str, gates: Sequence[Gate], t_max: int | None, tokens: int,
-                  forced: str | None, fused_text: str, fallback_text: str) -> StageDecision:
-    """A stage whose fused choice holds for tokens 1..t_max (None: every count; 0: none).
+                  forced: str | None, fused_text: str, fallback_text: str, t_min: int = 1) -> StageDecision:
+    """A stage whose fused choice holds for tokens t_min..t_max (t_max None: no upper bound; 0: no
+    count), one end of which is open (t_min == 1 or t_max is None).
 
     The plan is made at one token count, but the runner and plugin see others: the decision
     carries the range and the choice outside it, so `choice_for(tokens)` needs no re-planning.
     """
-    fused_here = t_max is None or 1 <= tokens <= t_max
+    assert t_min == 1 or t_max is None, "a fused range is open at one end"
+    fused_here = t_max != 0 and t_min <= tokens and (t_max is None or tokens <= t_max)
     if forced == fused and not fused_here:
         _refuse(gates, f"cannot force {stage}={fused}")
     if forced == fallback or t_max == 0:
         return StageDecision(stage, fallback, fallback, tuple(gates), (1, None), None, forced is not None,
                              fallback_text)
+    every = t_min == 1 and t_max is None
     if fused_here:
-        bound = "every token count" if t_max is None else f"tokens 1..{t_max}"
-        return StageDecision(stage, fused, fallback, tuple(gates), (1, t_max), None if t_max is None else fallback,
+        bound = ("every token count" if every else f"tokens {t_min}..{t_max}" if t_max is not None
+                 else f"from {t_min} tokens")
+        return StageDecision(stage, fused, fallback, tuple(gates), (t_min, t_max), None if every else fallback,
                              forced is not None, f"{fused_text} ({bound})")
-    return StageDecision(stage, fallback, fallback, tuple(gates), (t_max + 1, None), fused, False,
-                         f"{fallback_text} above {t_max} tokens ({fused} at 1..{t_max})")
+    if t_max is not None:
+        return StageDecision(stage, fallback, fallback, tuple(gates), (t_max + 1, None), fused, False,
+                             f"{fallback_text} above {t_max} tokens ({fused} at 1..{t_max})")
+    return StageDecision(stage, fallback, fallback, tuple(gates), (1, t_min - 1), fused, False,
+                         f"{fallback_text} below {t_min} tokens ({fused} from {t_min})")
 
 
 def _routing_prologue(spec: MoESpec, target: Target, tokens: int, forced: str | None) -> StageDecision:
@@ -160,15 +167,16 @@ def _finalize(spec: MoESpec, target: Target, gemm_kernel: str, tokens: int, forc
     static = [R.finalize_tma_ws(gemm_kernel), R.finalize_sm_not_wfp4a16(spec, target),
               R.finalize_topk_or_nondeterministic(spec, target), R.finalize_env(target), R.finalize_no_lora(spec),
               R.finalize_tactic_available(spec)]
-    t_max = R.finalize_fused_max_tokens(spec) if all(g.held for g in static) else 0
+    held = all(g.held for g in static)
+    t_max, t_min = (None, R.finalize_fused_min_tokens(spec)) if held else (0, 1)
     if forced == "fused":
         # The tactic gate is a measured preference, not a capability: forcing overrides it (as picking
         # a FINALIZE tactic by hand does in TensorRT-LLM), so the bench can time the fused epilogue anywhere.
         _refuse(static, "cannot force finalize=fused")
-        t_max = None
+        t_min = 1
     return _token_ranged("finalize", "fused", "separate", [*static, R.finalize_tactic_rows(spec, tokens)], t_max,
                          tokens, forced, "unpermute + top-k weighting + reduction in GEMM2's epilogue",
-                         "separate finalize kernel after GEMM2")
+                         "separate finalize kernel after GEMM2", t_min=t_min)
 
 
 def _expert_compute(spec: MoESpec, target: Target, forced: str | None) -> StageDecision:

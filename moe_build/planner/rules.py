@@ -331,31 +331,30 @@ def finalize_tactic_available(s: MoESpec) -> Gate:
 
 
 # tactic selection (the FINALIZE GEMM2 tactic must be the one chosen at run time), measured on the H200
-# (python -m moe_build.bench --tokens 16,256,512,1024,2048,4096 --variants ours:finalize=fused,
-# ours:finalize=separate, graph replay; fused minus separate over one to three runs): it wins at decode
-# sizes, 1 token (2-8 rows), by 0.7-2.4 us on every bench shape, and past them where GEMM2's K (the
-# intermediate size) is long (a longer mainloop per tile can hide more of the epilogue; not profiled):
-# Mixtral-8x7B (14336) by 17-52 us at 512-2048 tokens and 63-82 at 4096 (16 and 256 tokens: +2.2 and
-# -0.3), GPT-OSS-20B (2880) by 8-20 us at 1024-4096 (16-512 tokens: -0.7 to +4.3). DeepSeek-V2-Lite
-# (1408) wins by 2-14 us at 1024-2048 tokens but loses by 20-64 at 4096; Qwen3-30B-A3B (768) loses from
-# 256 tokens on (3-32 us, 64-134 at 4096).
-# So the bound on intermediate sizes lies between 1408 and 2880; 2048 is taken.
-FINALIZE_FUSED_MAX_ROWS = 8
+# (python -m moe_build.bench --tokens 16,64,256,1024,2048,4096 --variants ours:finalize=fused,
+# ours:finalize=separate, graph replay, fused minus separate; docs/measured/finalize_sweep_lean_epilogue.json)
+# after the epilogue stopped costing more than a short-K mainloop (gemm_sm90.cu, MoeEpilogue): it wins
+# from 1024 tokens on every bench shape, by 5-29 us (Qwen3-30B-A3B 1024 / 2048 / 4096 tokens: -7 / -20 /
+# -21, DeepSeek-V2-Lite -6 / -17 and at 4096 +10 graph-replayed but -22 eager, GPT-OSS-20B -11 / +1 /
+# -25, Mixtral-8x7B -5 / -15 / -29); at 16-256 tokens the two are within 3 us either way. Where GEMM2's
+# K (the intermediate size) is long the earlier sweeps also had it ahead at 512 tokens (Mixtral by 45-52
+# us), so from intermediate size 2048 it holds at every count; below, from 2048 rows (tokens * top_k:
+# Qwen3 from 256 tokens, which won by 2.6 us there, DeepSeek from 342).
 FINALIZE_FUSED_MIN_INTER = 2048
+FINALIZE_FUSED_MIN_ROWS = 2048
 
 
-def finalize_fused_max_tokens(s: MoESpec) -> int | None:
-    """Largest token count at which the FINALIZE tactic is selected (None: every count)."""
+def finalize_fused_min_tokens(s: MoESpec) -> int:
+    """Smallest token count from which the FINALIZE tactic is selected (it holds at every larger one)."""
     if s.intermediate_size >= FINALIZE_FUSED_MIN_INTER:
-        return None
-    return FINALIZE_FUSED_MAX_ROWS // s.top_k
+        return 1
+    return -(-FINALIZE_FUSED_MIN_ROWS // s.top_k)
 
 
 def finalize_tactic_rows(s: MoESpec, tokens: int) -> Gate:
-    bound = finalize_fused_max_tokens(s)
     return Gate("finalize_tactic_rows", f"intermediate_size={s.intermediate_size} top_k={s.top_k} tokens={tokens}",
-                f"intermediate_size >= {FINALIZE_FUSED_MIN_INTER} or tokens * top_k <= {FINALIZE_FUSED_MAX_ROWS}",
-                bound is None or tokens <= bound,
+                f"intermediate_size >= {FINALIZE_FUSED_MIN_INTER} or tokens * top_k >= {FINALIZE_FUSED_MIN_ROWS}",
+                tokens >= finalize_fused_min_tokens(s),
                 f"{_src(MOE_KERNELS_CU, 4058)} (tactic choice; {OURS}, measured)", token_dependent=True)
 
 
