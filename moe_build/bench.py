@@ -238,7 +238,6 @@ def bench_shape(name: str, tokens_list: Sequence[int], ceilings: dict[str, float
             if v in RUNNER_VARIANTS:
                 r = runners[v] = MoERunner(spec, w, max_tokens=max_tokens, force=RUNNER_VARIANTS[v] or None)
                 fns[v] = _runner_fn(r, out_buf)
-                meta[v] = {"plan": r.plan.choices()}
             elif v == "naive":
                 fns[v] = naive_peer(spec, w)
             elif v == "grouped_mm":
@@ -268,6 +267,8 @@ def bench_shape(name: str, tokens_list: Sequence[int], ceilings: dict[str, float
             try:
                 out_buf.fill_(float("nan"))
                 if v in runners:
+                    # the choices at this token count (the plan is made at the largest one)
+                    entry["plan"] = {d.stage: d.choice_for(T) for d in runners[v].plan.stages}
                     entry["kernel_sequence"] = runners[v].kernel_sequence(T, "logits")
                 err = _check(fn, sets[0], rows, ref)
                 entry["rel_err"] = err
