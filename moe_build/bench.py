@@ -268,7 +268,7 @@ def bench_shape(name: str, tokens_list: Sequence[int], ceilings: dict[str, float
                 out_buf.fill_(float("nan"))
                 if v in runners:
                     # the choices at this token count (the plan is made at the largest one)
-                    entry["plan"] = {d.stage: d.choice_for(T) for d in runners[v].plan.stages}
+                    entry["plan"] = runners[v].plan.choices(T)
                     entry["kernel_sequence"] = runners[v].kernel_sequence(T, "logits")
                 err = _check(fn, sets[0], rows, ref)
                 entry["rel_err"] = err

@@ -229,6 +229,8 @@ class MoeEpilogue {
     int64_t row0;
     __device__ __forceinline__ bool row_in(int h) const { return m0 + 8 * h < M; }
     __device__ __forceinline__ bool col_in(int j) const { return n0 + 8 * j < N; }  // N even: n + 1 fits too
+    // Lane q's whole 8-column group of block g after quad_group (N is a multiple of 8).
+    __device__ __forceinline__ bool group_in(int g, int q) const { return n0 + 6 * q + 32 * g < N; }
   };
 
   // (acc(i) + bias, acc(i + 1) + bias) for the column pair at n of group j, as floats (the bias read
@@ -281,7 +283,7 @@ class MoeEpilogue {
       for (int h = 0; h < 2; ++h) {
         uint32_t v[4];
         quad_group<kBias, false>(acc, f, bias, g, h, 1.f, v);
-        if (f.row_in(h) && f.n0 + 6 * q + 32 * g < f.N)
+        if (f.row_in(h) && f.group_in(g, q))
           *reinterpret_cast<uint4*>(row[h] + 32 * g) = make_uint4(v[0], v[1], v[2], v[3]);
       }
     }
@@ -315,7 +317,7 @@ class MoeEpilogue {
       for (int h = 0; h < 2; ++h) {
         uint32_t v[4];
         quad_group<kBias, true>(acc, f, bias, g, h, w[h], v);
-        if (dst[h] != nullptr && f.n0 + 6 * q + 32 * g < f.N) red_add_16B<T>(dst[h] + 32 * g, v);
+        if (dst[h] != nullptr && f.group_in(g, q)) red_add_16B<T>(dst[h] + 32 * g, v);
       }
     }
   }

@@ -104,8 +104,9 @@ class Plan:
                 return s
         raise KeyError(f"plan has no stage {name!r}; stages: {[s.stage for s in self.stages]}")
 
-    def choices(self) -> dict[str, str]:
-        return {s.stage: s.choice for s in self.stages}
+    def choices(self, tokens: int | None = None) -> dict[str, str]:
+        """Each stage's choice: as planned, or at `tokens` (token-dependent stages' `choice_for`)."""
+        return {s.stage: s.choice if tokens is None else s.choice_for(tokens) for s in self.stages}
 
     def to_dict(self) -> dict[str, Any]:
         return {

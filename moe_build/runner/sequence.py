@@ -3,7 +3,7 @@
 Why a separate pure function: the runner dispatches on exactly this list, so what a plan
 means in kernels is decided (and tested, on a CPU) in one place, and the runner itself never
 chooses a fusion. Token-dependent choices (routing prologue, finalize) are resolved per call with
-`StageDecision.choice_for(tokens)`, never from the token count the plan was made at.
+`Plan.choices(tokens)` (each stage's `choice_for`), never from the token count the plan was made at.
 """
 from __future__ import annotations
 
@@ -95,15 +95,14 @@ def kernel_sequence(plan: Plan, tokens: int, routing_input: RoutingInput = "hidd
     check_runnable(plan)
     if routing_input not in ("hidden", "logits", "topk"):
         raise MoeBuildError("routing_input", f"unknown value {routing_input!r}", ("hidden", "logits", "topk"))
-    c = plan.choices()
+    c = plan.choices(tokens)
     steps: list[str] = []
     if routing_input == "hidden":
         steps.append(ROUTER_GEMM)
     if routing_input in ("hidden", "logits"):
         steps.append(ROUTING)
-    prologue = plan.stage("routing_prologue").choice_for(tokens)
-    steps.append(PROLOGUE_FUSED if prologue == "fused" else PROLOGUE_THREE_STEP)
-    gemm2 = _GEMM2[(c["gemm_kernel"], plan.stage("finalize").choice_for(tokens))]
+    steps.append(PROLOGUE_FUSED if c["routing_prologue"] == "fused" else PROLOGUE_THREE_STEP)
+    gemm2 = _GEMM2[(c["gemm_kernel"], c["finalize"])]
     # GEMM2's finalize epilogue adds into `out`, which the expansion zeroes beforehand.
     steps.append(EXPAND_ROWS_ZERO_OUTPUT if GEMM2_SM90_FINALIZE in gemm2 else EXPAND_ROWS)
     steps += _GEMM1[(c["gemm_kernel"], c["fc1_activation"])]
