@@ -26,7 +26,17 @@
 // Two completion schemes (cp.async.mbarrier.arrive; cp.async groups signalled a few stages late)
 // ran alike, and with the copies skipped Qwen3 ran 404 us, so the cost is in the copies inside the
 // mainloop; neither the async-proxy fence nor spilled addresses (rewritten to a few registers)
-// explained it.
+// explained it. Running the copy beside the mainloop was tried too (H200, 2026-11-21): the producer
+// warpgroup's idle epilogue-load warp (made a producer load through CUTLASS's epilogue adapter) copied
+// the rows with bulk TMA, global -> 24 KB of shared-memory staging -> A, claiming pieces in permuted-row
+// order from a global counter, and each expert's first tile waited for a per-expert count of its
+// written rows (release / acquire and async-proxy fences). Bit-exact, but GEMM1 with the copy ran
+// 471.6 us against 397.6 for this kernel + GEMM1 on Qwen3-30B-A3B at 4096 tokens (DeepSeek-V2-Lite
+// 626.1 vs 471.6, GPT-OSS-20B 1162.8 vs 841.0; interleaved, L2 flushed; docs/measured/
+// fused_expand_probe_4096.json): the copy moved ~0.9 TB/s (~150-185 us per CTA), what 24 KB in flight per
+// SM gives at ~3.5 us per piece round trip, and the mainloop's five stages hold the rest of shared
+// memory. (A first version that kept its ring bookkeeping on one lane spent ~1.4 us per piece even with
+// the copies disabled: under the producer warpgroup's 40-register budget it lived in local memory.)
 // zero_out (the [T, H] output that GEMM2's finalize epilogue accumulates into) is zeroed here, each
 // token's row by the warps of its unit, so the layer needs no separate memset launch before GEMM2.
 #include "common.cuh"
