@@ -36,7 +36,8 @@
 // fused_expand_probe_4096.json): the copy moved ~0.9 TB/s (~150-185 us per CTA), what 24 KB in flight per
 // SM gives at ~3.5 us per piece round trip, and the mainloop's five stages hold the rest of shared
 // memory. (A first version that kept its ring bookkeeping on one lane spent ~1.4 us per piece even with
-// the copies disabled: under the producer warpgroup's 40-register budget it lived in local memory.)
+// the copies disabled, most likely because under the producer warpgroup's 40-register budget that state
+// lived in local memory; the SASS was not read.)
 // zero_out (the [T, H] output that GEMM2's finalize epilogue accumulates into) is zeroed here, each
 // token's row by the warps of its unit, so the layer needs no separate memset launch before GEMM2.
 #include "common.cuh"
