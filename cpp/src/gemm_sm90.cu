@@ -8,7 +8,8 @@
 // No host sync and no setup launch: CUTLASS's grouped problem shape is read on the device straight
 // from expert_first_token_offset (OffsetsProblemShape), the loads find each group's rows and weights
 // from the same offsets, and CUTLASS is given no host copy of the shapes (it then sizes a persistent
-// grid from the SM count), so a call is one CUDA-graph capturable launch.
+// grid from the SM count), so a call is one CUDA-graph capturable launch. The finalize GEMM is launched
+// after a trigger (programmatic dependent launch, run_wgmma): it sets up under GEMM1's last tiles.
 //
 // Path rule (inside each entry point): average rows per expert = ceil(max_rows / E).
 //   <= 8 : the decode kernel of gemm_decode.cu (swap-AB mma.sync, weights streamed straight into
@@ -29,6 +30,7 @@
 #include <stdlib.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <type_traits>
 #include <string.h>
 
@@ -325,29 +327,44 @@ class MoeEpilogue {
   // The gated epilogue: W1 interleaved in blocks of 8 rows (gated_row), so GEMM column c with
   // c % 16 < 8 is feature (c / 16) * 8 + c % 8's gate and column c + 8 its up projection. Tiles start
   // at multiples of 16 columns (the tile widths are 128, 192 and 256) and n0 % 16 = 2 * (lane % 4) < 8,
-  // so for even j the pair at n0 + 8j is a gate pair (feature f0 + 4j, f0 the feature of n0) and group
-  // j + 1 (values 4 further on) holds its up pair: each thread has both halves of its features and
-  // writes act(gate, up) pairs straight into the [rows, N / 2] activation.
+  // so for even j the pair at n0 + 8j is a gate pair and group j + 1 (values 4 further on) holds its up
+  // pair: each thread has both halves of its features. A lane quad's act(gate, up) pairs of gate group j
+  // are 8 consecutive features of the [rows, N / 2] activation; four gate groups' pairs are transposed
+  // across the quad (quad_transpose), so each lane writes one group whole with one 16-byte store.
+  // Against one 4-byte store per pair (each filling half of a 32-byte sector), GEMM1 alone at 4096 tokens
+  // (H200, bench/lib_ab_probe.py, outputs bit-identical): Qwen3-30B-A3B 386.7 -> 383.7 us, DeepSeek-V2-
+  // Lite 452.7 -> 451.0, GPT-OSS-20B 834.2 -> 834.6, Mixtral-8x7B 2910.0 -> 2939.9: ~1% where any, so the
+  // stores' share of this epilogue (README: 364.7 us with them, 341.7 without) is not the half sectors.
   template <int ACT, bool kBias, class Acc>
   CUTLASS_DEVICE void gated_tile(Acc const& acc, Frag const& f, const T* bias) {
     using P2 = Pair<T>;
+    static_assert(decltype(cute::size(acc))::value % 32 == 0, "blocks of four gate groups");
     const int inter = f.N / 2;
     const float alpha = params_.swiglu_alpha, limit = params_.swiglu_limit;
-    const int f0 = (f.n0 >> 4) * 8 + (f.n0 & 7);
+    const int q = threadIdx.x & 3;
+    const int nq = f.n0 - 2 * q;  // the quad's first column, a multiple of 16; its first feature is nq / 2
     T* row[2];
     CUTLASS_PRAGMA_UNROLL
-    for (int h = 0; h < 2; ++h) row[h] = params_.out + (f.row0 + f.m0 + 8 * h) * inter + f0;
+    for (int h = 0; h < 2; ++h) row[h] = params_.out + (f.row0 + f.m0 + 8 * h) * inter + nq / 2 + 8 * q;
     CUTLASS_PRAGMA_UNROLL
-    for (int j = 0; j < cute::size(acc) / 4; j += 2) {
+    for (int g = 0; g < cute::size(acc) / 32; ++g) {  // gate groups j = 8g + 2s, s < 4
       CUTLASS_PRAGMA_UNROLL
       for (int h = 0; h < 2; ++h) {
-        const int i = 4 * j + 2 * h;
-        const float2 gate = biased<kBias>(acc, i, bias, f, j);
-        const float2 up = biased<kBias>(acc, i + 4, bias, f, j + 1);
-        if (f.row_in(h) && f.col_in(j)) {  // N is a multiple of 16: the up column is in range too
-          *reinterpret_cast<typename P2::type*>(row[h] + 4 * j) =
+        uint32_t v[4];
+        CUTLASS_PRAGMA_UNROLL
+        for (int s = 0; s < 4; ++s) {
+          const int j = 8 * g + 2 * s, i = 4 * j + 2 * h;
+          const float2 gate = biased<kBias>(acc, i, bias, f, j);
+          const float2 up = biased<kBias>(acc, i + 4, bias, f, j + 1);
+          const typename P2::type packed =
               P2::make(mb::act_apply<ACT>(gate.x, up.x, alpha, limit), mb::act_apply<ACT>(gate.y, up.y, alpha, limit));
+          v[s] = *reinterpret_cast<const uint32_t*>(&packed);
         }
+        quad_transpose(v, q);
+        // Lane q now holds gate group 8g + 2q whole: features nq / 2 + 32g + 8q onwards, from columns
+        // nq + 64g + 16q (N is a multiple of 16: its up columns are in range too).
+        if (f.row_in(h) && nq + 64 * g + 16 * q < f.N)
+          *reinterpret_cast<uint4*>(row[h] + 32 * g) = make_uint4(v[0], v[1], v[2], v[3]);
       }
     }
   }
@@ -595,7 +612,14 @@ mb_status run_wgmma(const void* A, const void* B, const typename MoeEpilogue<T, 
     return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm sm90: CUTLASS cannot implement (%s)",
                      cutlassGetStatusString(st));
   st = gemm.initialize(args, workspace, stream);
-  if (st == cutlass::Status::kSuccess) st = gemm.run(stream);
+  // The finalize GEMM (GEMM2: after GEMM1, or after the activation kernel) is launched after a trigger,
+  // so its CTAs set up under GEMM1's last tiles (StaticMapMainloop::await_inputs). Qwen3-30B-A3B at 4096
+  // tokens, H200, graph replay (bench/kernel_profile.py, two rounds): 614.3 / 613.6 us per layer against
+  // 622.3 / 624.1 launched plainly. GEMM1 launched so after the expansion lost 85-92 us (708.8 / 715.8;
+  // 722.1 / 728.2 with both): its CTAs take SMs while the expansion's blocks drain, and the cause of the
+  // loss was not found, so the gated and plain-store GEMMs keep the plain launch.
+  const bool launch_after_trigger = kEpi == EPI_FINALIZE;
+  if (st == cutlass::Status::kSuccess) st = gemm.run(stream, nullptr, launch_after_trigger);
   const cudaError_t err = cudaGetLastError();
   if (st != cutlass::Status::kSuccess || err != cudaSuccess)
     return fail(MB_ERR_CUDA, "grouped gemm sm90: %s / %s", cutlassGetStatusString(st), cudaGetErrorString(err));
@@ -608,6 +632,9 @@ template <int kEpi>
 mb_status dispatch_wgmma(const GemmParams& p, int64_t max_rows, int dtype, void* workspace, size_t workspace_bytes,
                          cudaStream_t stream) {
   const int n = kEpi == EPI_GATED ? 2 * p.n : p.n;
+  // Every epilogue writes (or atomically adds) 16-byte vectors; n % 8 keeps the rows aligned.
+  if (reinterpret_cast<uintptr_t>(p.C) % 16 != 0)
+    return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm sm90: the output pointer must be 16-byte aligned");
   auto go = [&](auto tag) {
     using T = decltype(tag);
     const typename MoeEpilogue<T, kEpi>::Arguments epi{

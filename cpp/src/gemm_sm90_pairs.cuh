@@ -165,6 +165,7 @@ struct PairedMainloop : Base {
       return;
     }
     if (!cute::elect_one_sync()) return;
+    this->await_inputs();
     Tensor sA = make_tensor(make_smem_ptr(shared_tensors.smem_A.data()), typename Base::SmemLayoutA{});
     Tensor sB = make_tensor(make_smem_ptr(shared_tensors.smem_B.data()), typename Base::SmemLayoutB{});
     Tensor gA = this->tile_a(params, m_coord & ~kSplitTileFlag);

@@ -14,6 +14,7 @@
 // so the kept outputs are unchanged.
 #pragma once
 
+#include "common.cuh"  // mb::let_dependents_start / wait_for_predecessor
 #include "cute/tensor.hpp"
 
 namespace mbk {
@@ -77,6 +78,20 @@ struct StaticMapMainloop : Base {
     return input_tensors;
   }
 
+  // Programmatic dependent launch: before its first load the producer lets the next kernel in the
+  // stream launch (its CTAs find an SM only as this grid's CTAs exit, so they set up under this grid's
+  // last tiles) and, where run_wgmma launched this kernel after a trigger, waits for the previous
+  // kernel, which may still be writing A (without that launch attribute the wait returns at once).
+  // Nothing runs ahead of the wait but what reads memory written before the previous kernel started
+  // (the scheduler's expert offsets): the consumers' mainloops and epilogues, and so every output
+  // write and every read of the routing maps and weights, come after these loads.
+  CUTLASS_DEVICE void await_inputs() {
+    if (inputs_ready_) return;
+    mb::let_dependents_start();
+    mb::wait_for_predecessor();
+    inputs_ready_ = true;
+  }
+
   // The (BLK_M, BLK_K, k) tile m of the current group's A, and (BLK_N, BLK_K, k) tile n of its B.
   CUTLASS_DEVICE auto tile_a(Params const& params, int32_t m) const {
     using namespace cute;
@@ -100,6 +115,7 @@ struct StaticMapMainloop : Base {
                            typename Base::TensorStorage& shared_tensors) {
     using namespace cute;
     if (!cute::elect_one_sync()) return;
+    await_inputs();
     using ClusterShape = typename Base::DispatchPolicy::ClusterShape;
     constexpr uint32_t cluster_x = size<0>(ClusterShape{});
     const uint32_t cx = block_rank_in_cluster % cluster_x, cy = block_rank_in_cluster / cluster_x;
@@ -133,6 +149,7 @@ struct StaticMapMainloop : Base {
 
  protected:
   int32_t row_a_ = 0, row_b_ = 0;  // the current group's first row of A and of B
+  bool inputs_ready_ = false;      // await_inputs() has returned (on the producer's elected thread)
 };
 
 }  // namespace mbk

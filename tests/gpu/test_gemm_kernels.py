@@ -287,6 +287,26 @@ def test_sm90_gated_rejects(gemms):
     assert "swiglu" in gemms.error()
 
 
+@pytest.mark.parametrize("gated", [False, True])
+def test_sm90_wgmma_rejects_a_misaligned_output(gemms, monkeypatch, gated):
+    """The wgmma epilogues store 16-byte vectors: an output 2 bytes off alignment is refused with an
+    error, never written."""
+    if not is_sm90():
+        pytest.skip("sm_90a kernels need a compute capability 9.0 device")
+    monkeypatch.setenv("MB_SM90_GEMM_PATH", "wgmma")
+    gen = torch.Generator(device="cuda").manual_seed(14)
+    rows, e, n, k = 256, 8, 128, 128
+    offsets = segments(e, rows, gen)
+    a, b, _ = make(rows, e, 2 * n if gated else n, k, torch.bfloat16, gen, False, 0)
+    flat = torch.full((rows * n + 1,), float("nan"), dtype=torch.bfloat16, device="cuda")
+    c = flat[1:].view(rows, n)
+    st = gemms.sm90_gated(a, b, None, c, offsets, rows, n, k, "swiglu") if gated else \
+        gemms.sm90(a, b, None, c, offsets, rows, n, k)
+    assert st == 1
+    assert "16-byte aligned" in gemms.error()
+    assert torch.isnan(flat).all()
+
+
 # (tokens, experts, top_k, n, k)
 FINALIZE = [(1, 8, 2, 4096, 512), (16, 128, 8, 2048, 768), (300, 64, 6, 2048, 1408), (2048, 8, 2, 512, 1024),
             (1024, 32, 4, 2880, 2880), (700, 16, 1, 200, 136), (1, 8, 2, 1024, 14336), (3, 64, 6, 2048, 1408)]
