@@ -439,6 +439,10 @@ class MoeEpilogue {
 //                     alternation with 64x256 forced (bench/kernel_profile.py): DeepSeek-V2-Lite 4 us and
 //                     GPT-OSS 5 us faster, Qwen3 even. At 64 rows (Mixtral 256) it loses GEMM1 by 20%, at
 //                     4096 tokens by 25-45%. Plain store only: the finalize epilogue was not measured with it.
+// Tried and dropped: a weights x tokens tile (64 weight rows on wgmma's M, each tile's tokens on N at a
+// run-time width), bit-identical but 34% slower at full width and slower still with short tail tiles
+// (H200, Qwen3-30B-A3B GEMM1, 256 rows per expert: 443 vs 330 us; README, "the swapped tile"; branch
+// swap-ab-experiment).
 enum WgmmaTile {
   WG_COOP_128x256 = 0,
   WG_PINGPONG_64x256 = 1,
