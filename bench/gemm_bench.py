@@ -48,7 +48,8 @@ TOKENS_RUN = tuple(int(x) for x in sys.argv[sys.argv.index("--tokens") + 1].spli
 
 def gemm_problems(shapes: str, tokens: int, gen: torch.Generator):
     """Each prefill GEMM of each named shape on random top-k routing, as the probes time them:
-    (shape, "g1" | "g2", n, k, rows, w [E, n, k], a [rows, k], expert offsets [E + 1])."""
+    (shape, "g1" | "g2", n, k, rows, w [E, n, k], a [rows, k], expert offsets [E + 1],
+    permuted_to_unpermuted [rows] int32)."""
     dt = torch.bfloat16
     for name in shapes.split(","):
         h, inter, e, top_k = SHAPES[name]
@@ -56,20 +57,28 @@ def gemm_problems(shapes: str, tokens: int, gen: torch.Generator):
         for gemm, (n, k) in (("g1", (2 * inter, h)), ("g2", (h, inter))):
             w = torch.randn(e, n, k, generator=gen, device="cuda", dtype=dt) * k ** -0.5
             a = torch.randn(rows, k, generator=gen, device="cuda", dtype=dt)
-            _, routed, _, _ = gemm_lib.route(tokens, e, top_k, gen)
-            yield name, gemm, n, k, rows, w, a, routed
+            _, routed, p2u, _ = gemm_lib.route(tokens, e, top_k, gen)
+            yield name, gemm, n, k, rows, w, a, routed, p2u
 
 
-def run_sm90_tile(g, tile: str, a, w, out, offsets, rows: int, n: int, k: int, gated: bool) -> None:
+def run_sm90_tile(g, tile: str, a, w, out, offsets, rows: int, n: int, k: int, gated: bool,
+                  finalize: tuple | None = None) -> None:
     """One sm90 grouped GEMM at a forced wgmma tile (MB_SM90_WGMMA_TILE; "auto" = the library's rule):
-    out = a @ w^T per expert segment, or with `gated` GEMM1 through the swiglu epilogue into out [rows, n/2]."""
+    out = a @ w^T per expert segment, or with `gated` GEMM1 through the swiglu epilogue into out [rows, n/2],
+    or with `finalize` = (permuted_to_unpermuted, permuted weights, tokens, top_k) GEMM2 through the finalize
+    epilogue, added into out [tokens, n]."""
     if tile == "auto":
         os.environ.pop("MB_SM90_WGMMA_TILE", None)
     else:
         os.environ["MB_SM90_WGMMA_TILE"] = tile
     try:
-        st = (g.sm90_gated(a, w, None, out, offsets, rows, n // 2, k, "swiglu") if gated
-              else g.sm90(a, w, None, out, offsets, rows, n, k))
+        if finalize is not None:
+            p2u, pw, tokens, top_k = finalize
+            st = g.sm90_finalize(a, w, None, out, offsets, p2u, pw, rows, tokens, top_k, n, k)
+        elif gated:
+            st = g.sm90_gated(a, w, None, out, offsets, rows, n // 2, k, "swiglu")
+        else:
+            st = g.sm90(a, w, None, out, offsets, rows, n, k)
     finally:
         os.environ.pop("MB_SM90_WGMMA_TILE", None)
     if st != 0:

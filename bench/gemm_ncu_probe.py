@@ -55,7 +55,7 @@ def child(args: argparse.Namespace) -> None:
     g = gemm_lib.Gemms(gemm_lib.load())
     gen = torch.Generator(device="cuda").manual_seed(0)
     labels = []
-    for name, gemm, n, k, rows, w, a, routed in gemm_problems(args.shapes, args.tokens, gen):
+    for name, gemm, n, k, rows, w, a, routed, _ in gemm_problems(args.shapes, args.tokens, gen):
         c = torch.empty(rows, n, device="cuda", dtype=a.dtype)
         gated = gemm == "g1"
         out = torch.empty(rows, n // 2, device="cuda", dtype=a.dtype) if gated else c

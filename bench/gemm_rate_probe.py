@@ -3,7 +3,8 @@ each round, L2 flushed before every call, CUDA events, medians): under the GPU's
 GEMMs timed one after another drift by up to ~7%, which hides any tile choice worth less.
 
 Per shape and GEMM (GEMM1: x @ W1^T, N = 2I; GEMM2: h @ W2^T, N = H), on the same rows
-(--gated: GEMM1 with the swiglu epilogue the layer runs, writing [rows, I]; mm / tmm stay plain):
+(--gated: GEMM1 with the swiglu epilogue the layer runs, writing [rows, I]; --finalize: GEMM2 with the
+finalize epilogue, added into [tokens, H]; mm / tmm stay plain):
   <tile>   : our sm90 grouped GEMM on random top-k routing, with MB_SM90_WGMMA_TILE=<tile>
              ("auto" = the library's own rule)
   uniform  : the auto rule with every expert given exactly rows/E rows (routing skew removed)
@@ -11,7 +12,7 @@ Per shape and GEMM (GEMM1: x @ W1^T, N = 2I; GEMM2: h @ W2^T, N = H), on the sam
   tmm      : torch._grouped_mm on the routed segments
 Prints us and TFLOP/s per variant, writes --json (default $OUT/gemm_rate_probe.json).
 Usage: PYTHONPATH=. python bench/gemm_rate_probe.py [--tokens 4096] [--tiles auto,pingpong64x256c2]
-       [--shapes qwen3-30b-a3b,gpt-oss-20b] [--iters 24] [--gated] [--json PATH]
+       [--shapes qwen3-30b-a3b,gpt-oss-20b] [--iters 24] [--gated] [--finalize] [--json PATH]
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ def main() -> None:
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--iters", type=int, default=24, help="timed rounds, each calling every variant once")
     ap.add_argument("--gated", action="store_true", help="GEMM1 through the gated (swiglu) epilogue")
+    ap.add_argument("--finalize", action="store_true", help="GEMM2 through the finalize epilogue")
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "gemm_rate_probe.json"))
     args = ap.parse_args()
     g = gemm_lib.Gemms(gemm_lib.load())
@@ -39,16 +41,21 @@ def main() -> None:
     gen = torch.Generator(device="cuda").manual_seed(0)
     dt = torch.bfloat16
     results = []
-    for name, gemm, n, k, rows, w, a, routed in gemm_problems(args.shapes, args.tokens, gen):
+    for name, gemm, n, k, rows, w, a, routed, p2u in gemm_problems(args.shapes, args.tokens, gen):
         e = w.shape[0]
         gated = args.gated and gemm == "g1"
         c = torch.empty(rows, n, device="cuda", dtype=dt)
         out = torch.empty(rows, n // 2, device="cuda", dtype=dt) if gated else c
+        finalize = None
+        if args.finalize and gemm == "g2":
+            out = torch.zeros(args.tokens, n, device="cuda", dtype=dt)
+            pw = torch.rand(rows, generator=gen, device="cuda")
+            finalize = (p2u, pw, args.tokens, SHAPES[name][3])
         routed32 = routed[1:].to(torch.int32)
         uniform = torch.tensor([(rows * i) // e for i in range(e + 1)], dtype=torch.int64, device="cuda")
 
         def ours(offsets, tile):
-            return lambda: run_sm90_tile(g, tile, a, w, out, offsets, rows, n, k, gated)
+            return lambda: run_sm90_tile(g, tile, a, w, out, offsets, rows, n, k, gated, finalize)
 
         fns = {tile: ours(routed, tile) for tile in args.tiles.split(",")}
         fns["uniform"] = ours(uniform, "auto")

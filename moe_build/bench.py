@@ -40,8 +40,8 @@ SHAPES: dict[str, tuple[int, int, int, int, str]] = {
 }
 TOKENS = (1, 16, 256, 4096)
 # Our runner's variants: the default plan, then each fusion forced off one at a time, and the fused
-# finalize forced on (the planner turns it on at every size for intermediate sizes >= 2048, else from
-# 2048 rows, tokens x top-k; this shows what it costs below that).
+# finalize forced on (the planner turns it on at every size for intermediate sizes >= 2048, else past 8
+# rows per expert, tokens x top-k > 8 x experts; this shows what it costs below that).
 RUNNER_VARIANTS: dict[str, dict[str, str]] = {
     "ours": {},
     "ours:prologue=three_step": {"routing_prologue": "three_step"},

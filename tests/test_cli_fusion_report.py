@@ -44,7 +44,7 @@ def test_json_schema_and_hopper_plan():
     narrow = {s["stage"]: s for s in report(*NARROW_FLAGS, "--sm", "90", "--flavour", "tensorrt", "--tokens", "1024")
               ["stages"]}
     assert narrow["finalize"]["choice"] == "fused"
-    assert narrow["finalize"]["token_range"] == [1024, None]  # tokens * top_k >= 2048
+    assert narrow["finalize"]["token_range"] == [257, None]  # tokens * top_k > 8 * 64 experts
     # The seed's SM80 fused gated kernel is refused on TMA WS; moe-build's own gated epilogue takes its place.
     fc1 = stages["fc1_activation"]
     assert fc1["choice"] == "gated_epilogue" and fc1["fallback"] == "separate"
@@ -124,14 +124,14 @@ def test_markdown_and_table():
 def test_failed_gates_of_other_choices_are_marked():
     """On sm90 the gated epilogue is chosen with all of its gates held; the SM80 kernel's gate that
     failed is shown as another choice's, while a stage left at its fallback shows its own."""
-    md = run(*NARROW_FLAGS, "--sm", "90", "--flavour", "tensorrt", "--tokens", "512", "--markdown")
+    md = run(*NARROW_FLAGS, "--sm", "90", "--flavour", "tensorrt", "--tokens", "256", "--markdown")
     assert md.returncode == 0, md.stderr
     rows = {line.split("|")[1].strip(): line for line in md.stdout.splitlines() if line.startswith("| ")}
     assert "| gated_epilogue | separate |" in rows["fc1_activation"]
     assert "other choices: fc1_non_gated=swiglu, fc1_not_tma_ws=tma_warp_specialized" in rows["fc1_activation"]
     assert "| separate | separate |" in rows["finalize"] and "other choices" not in rows["finalize"]
     assert "finalize_tactic_rows=" in rows["finalize"]
-    forced = run(*NARROW_FLAGS, "--sm", "90", "--flavour", "tensorrt", "--tokens", "512", "--markdown",
+    forced = run(*NARROW_FLAGS, "--sm", "90", "--flavour", "tensorrt", "--tokens", "256", "--markdown",
                  "--force", "finalize=fused")
     assert forced.returncode == 0, forced.stderr
     row = next(line for line in forced.stdout.splitlines() if line.startswith("| finalize |"))

@@ -24,7 +24,7 @@ SM89 = Target(sm=89, flavour=Flavour.TENSORRT)
 OOTB89 = Target(sm=89, flavour=Flavour.TENSORRT, moe_plugin=MoePlugin.DISABLE)
 
 # Hopper bases plan with Mixtral's intermediate size, >= 2048, where the FINALIZE tactic holds at any
-# token count (below 2048 it holds from 2048 rows, tokens * top_k).
+# token count (below 2048 it holds past 8 rows per expert, tokens * top_k > 8 * num_experts).
 BASES: dict[str, tuple[MoESpec, Target, int]] = {
     "hopper": (MIXTRAL, SM90, 4),
     "ampere": (MIXTRAL, SM80, 16),
@@ -106,9 +106,9 @@ ROWS: list[tuple[str, str, dict, dict, int | None, dict, set[str], dict[str, str
     ("finalize_topk_deterministic", "hopper_top4", {}, {"deterministic": True}, None, {},
      {"finalize_topk_deterministic"}, {"finalize": "separate"}),
     ("finalize_topk_deterministic_k2", "hopper", {}, {"deterministic": True}, None, {}, set(), {}),
-    ("finalize_tactic_rows", "hopper_top4", {"intermediate_size": 1408}, {}, 17, {},
+    ("finalize_tactic_rows", "hopper_top4", {"intermediate_size": 1408}, {}, 16, {},
      {"finalize_tactic_rows"}, {"finalize": "separate"}),
-    ("finalize_tactic_inter", "tokens256", {"intermediate_size": 1984}, {}, None, {},
+    ("finalize_tactic_inter", "tokens256", {"intermediate_size": 1984}, {}, 32, {},
      {"finalize_tactic_rows"}, {"finalize": "separate"}),
     ("finalize_env", "hopper", {}, {"finalize_fusion_disabled_by_env": True}, None, {},
      {"finalize_env"}, {"finalize": "separate"}),

@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import dataclasses
+import re
+from pathlib import Path
 
 import pytest
 
 from moe_build.errors import MoeBuildError, UnsupportedCombination
-from moe_build.planner import Plan, make_plan
+from moe_build.planner import Plan, make_plan, rules as R
 from moe_build.spec import MoESpec
 from moe_build.target import Flavour, MoePlugin, Target
 
@@ -54,11 +56,11 @@ def test_force_fused_where_a_gate_fails_is_refused_with_the_gate():
 
 def test_force_fused_finalize_overrides_only_the_tactic_gate():
     narrow = dataclasses.replace(SPEC, intermediate_size=768)
-    plan = make_plan(narrow, SM90, 64, force={"finalize": "fused"})
+    plan = make_plan(narrow, SM90, 32, force={"finalize": "fused"})
     d = plan.stage("finalize")
     assert (d.choice, d.forced, d.token_range) == ("fused", True, (1, None))
     assert not next(g for g in d.gates if g.name == "finalize_tactic_rows").held
-    assert make_plan(narrow, SM90, 64).stage("finalize").choice == "separate"
+    assert make_plan(narrow, SM90, 32).stage("finalize").choice == "separate"
 
 
 def test_force_unknown_stage_or_choice():
@@ -95,16 +97,23 @@ def test_cost_rule_does_not_block_forcing_but_capability_does():
     assert info.value.rule == "ootb_nonzero"
 
 
-@pytest.mark.parametrize("top_k,tokens,choice,rng,outside", [
-    (2, 1023, "separate", (1, 1023), "fused"),    # 2046 rows
-    (2, 1024, "fused", (1024, None), "separate"),  # 2048 rows
-    (2, 8192, "fused", (1024, None), "separate"),
-    (8, 1, "separate", (1, 255), "fused"),
-    (8, 256, "fused", (256, None), "separate"),
-    (6, 341, "separate", (1, 341), "fused"),      # 2046 rows
-    (6, 342, "fused", (342, None), "separate"),   # 2052 rows
-    (12, 170, "separate", (1, 170), "fused"),     # 2040 rows
-    (12, 171, "fused", (171, None), "separate"),
+def test_finalize_rule_starts_where_the_gemms_leave_the_decode_kernel():
+    """The narrow shapes' FINALIZE rule is measured against the GEMM path rule; the two bounds must agree."""
+    src = (Path(__file__).resolve().parents[1] / "cpp" / "src" / "gemm_common.cuh").read_text()
+    bound = re.search(r"kDecodeMaxAvgRows\s*=\s*(\d+);", src)
+    assert bound is not None and int(bound.group(1)) == R.DECODE_MAX_ROWS_PER_EXPERT
+
+
+@pytest.mark.parametrize("top_k,tokens,choice,rng,outside", [  # 8 experts (12 for top-12)
+    (2, 32, "separate", (1, 32), "fused"),      # 64 rows: 8 per expert, the decode kernel's last size
+    (2, 33, "fused", (33, None), "separate"),   # 66 rows
+    (2, 8192, "fused", (33, None), "separate"),
+    (8, 1, "separate", (1, 8), "fused"),
+    (8, 9, "fused", (9, None), "separate"),     # 72 rows
+    (6, 10, "separate", (1, 10), "fused"),      # 60 rows
+    (6, 11, "fused", (11, None), "separate"),   # 66 rows
+    (12, 8, "separate", (1, 8), "fused"),       # 96 rows over 12 experts
+    (12, 9, "fused", (9, None), "separate"),
 ])
 def test_finalize_token_range_below_2048_intermediate(top_k, tokens, choice, rng, outside):
     spec = dataclasses.replace(SPEC, intermediate_size=2040, top_k=top_k, num_experts=max(SPEC.num_experts, top_k))

@@ -26,7 +26,7 @@ def test_default_hopper_plan_runs_tma_gemms_gated_epilogue_and_fused_finalize() 
     plan = make_plan(SWIGLU, H100, tokens=4096)
     assert kernel_sequence(plan, 1024) == [
         "router_gemm", "routing", "prologue:three_step", "expand_rows+zero_output", "gemm1:sm90_gated",
-        "gemm2:sm90_finalize"]  # 1024 tokens * top-2 = 2048 rows: the FINALIZE tactic
+        "gemm2:sm90_finalize"]  # 1024 tokens * top-2 over 8 experts: past 8 rows per expert, the FINALIZE tactic
     assert kernel_sequence(plan, 16) == [
         "router_gemm", "routing", "prologue:fused", "expand_rows", "gemm1:sm90_gated", "gemm2:sm90", "finalize"]
     separate = make_plan(SWIGLU, H100, tokens=16, force={"fc1_activation": "separate"})
@@ -240,8 +240,8 @@ def test_fp32_plans_are_refused_by_the_runner():
 
 
 def test_finalize_choice_follows_the_token_count():
-    spec = MoESpec(256, 128, 16, 4, dtype=DType.BF16)  # top-4: FINALIZE tactic from 512 tokens (2048 rows)
+    spec = MoESpec(256, 128, 16, 4, dtype=DType.BF16)  # FINALIZE tactic past 8 rows per expert: from 33 tokens
     plan = make_plan(spec, Target(sm=90, flavour=Flavour.TENSORRT), 1)
-    assert "gemm2:sm90_finalize" not in kernel_sequence(plan, 511, "logits")
-    assert "gemm2:sm90_finalize" in kernel_sequence(plan, 512, "logits")
+    assert "gemm2:sm90_finalize" not in kernel_sequence(plan, 32, "logits")
+    assert "gemm2:sm90_finalize" in kernel_sequence(plan, 33, "logits")
     assert {"gemm2:sm90_finalize", "finalize"} <= steps_up_to(plan, 4096)

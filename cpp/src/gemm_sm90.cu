@@ -21,8 +21,8 @@
 //   else : the CUTLASS wgmma kernel: for the plain store, pingpong 64x128 tiles up to 32 average
 //          rows per expert, else pingpong 64x256 in 2x1 clusters (run as paired units,
 //          gemm_sm90_pairs.cuh; 64x192 where narrow_columns_fit); the gated epilogue the same but
-//          single-CTA pingpong 64x256 from 33 to 1024 rows; the finalize epilogue pingpong 64x256
-//          at every size (measurements at WgmmaTile below).
+//          single-CTA pingpong 64x256 from 33 to 1024 rows; the finalize epilogue pingpong 64x128 up
+//          to 64 rows, else 64x256 (measurements at WgmmaTile below).
 // MB_SM90_GEMM_PATH=decode|mma|wgmma and
 // MB_SM90_WGMMA_TILE=coop128x256|pingpong64x256|pingpong64x128|pingpong64x256c2|pingpong64x192c2 in the
 // environment force a path / tile (bench/gemm_bench.py --paths and the tests use them; mma is the
@@ -380,8 +380,8 @@ class MoeEpilogue {
 //   pingpong 64x256 : each consumer warpgroup owns a 64-row tile and one's epilogue runs under the
 //                     other's mainloop. Half the row padding per expert of a 128-row tile (a random-
 //                     routing expert with ~256 rows pads ~1/5 at 128-row tiles, ~1/9 at 64) and a hidden
-//                     epilogue. The finalize epilogue runs it at every size: with its row loads hoisted
-//                     (finalize_tile) it beat cooperative 128x256 at 1024 and 4096 tokens on DeepSeek-V2-
+//                     epilogue. The finalize epilogue runs it past 64 rows (kFinalizeNarrowMaxAvgRows):
+//                     with its row loads hoisted (finalize_tile) it beat cooperative 128x256 at 1024 and 4096 tokens on DeepSeek-V2-
 //                     Lite, GPT-OSS-20B and Mixtral (GEMM2 alone, L2 flushed, H200, 4096 tokens: 278 vs
 //                     309 us, 444 vs 537, 1427 vs 1488) and trailed it on Qwen3-30B-A3B (323 vs 314); with
 //                     the lean epilogue (MoeEpilogue) Qwen3 runs it in 202 us. (Before the hoisting,
@@ -438,7 +438,7 @@ class MoeEpilogue {
 //                     e.g. Qwen3 GEMM1 217.6 vs 218.9-224.5 us). Whole layers, graph-replayed in
 //                     alternation with 64x256 forced (bench/kernel_profile.py): DeepSeek-V2-Lite 4 us and
 //                     GPT-OSS 5 us faster, Qwen3 even. At 64 rows (Mixtral 256) it loses GEMM1 by 20%, at
-//                     4096 tokens by 25-45%. Plain store only: the finalize epilogue was not measured with it.
+//                     4096 tokens by 25-45%. The finalize epilogue takes it up to 64 rows (kFinalizeNarrowMaxAvgRows).
 // Tried and dropped: a weights x tokens tile (64 weight rows on wgmma's M, each tile's tokens on N at a
 // run-time width), bit-identical but 34% slower at full width and slower still with short tail tiles
 // (H200, Qwen3-30B-A3B GEMM1, 256 rows per expert: 443 vs 330 us; README, "the swapped tile"; branch
@@ -451,6 +451,16 @@ enum WgmmaTile {
   WG_PINGPONG_64x192_C2 = 4
 };
 constexpr int64_t kNarrowMaxAvgRows = 32;             // plain store: pingpong 64x128, else 64x256 cluster 2x1
+// The finalize epilogue runs pingpong 64x128 up to this many average rows per expert, else 64x256. With
+// an expert's rows in one or two row tiles the GEMM streams the weights about once, and twice the column
+// tiles fill the SMs better where there are few experts: Mixtral-8x7B at 256 tokens (64 rows per expert,
+// 8 x 16 tiles of 64x256 for 132 SMs) ran the finalize GEMM2 in 259.4 us against 276.4, while the other
+// bench shapes at 256-1024 tokens with at most 64 rows per expert moved by -1.8 to +1.6 us; from 96 rows
+// the wider tile wins (Mixtral 512 tokens 299.7 vs 313.3 us, GPT-OSS-20B 1024 tokens 176.6 vs 198.2; 4096
+// tokens 16-26%). H200, bench/gemm_rate_probe.py --finalize --tiles auto,pingpong64x128,pingpong64x256c2,
+// L2 flushed, interleaved; the 2x1 cluster was within 3 us of 64x128 at <= 64 rows but lost 13% at Mixtral
+// 512 tokens.
+constexpr int64_t kFinalizeNarrowMaxAvgRows = 64;
 // The gated epilogue (GEMM1 + act(gate, up)) from 33 to this many average rows per expert runs pingpong
 // 64x256 without a cluster, else as the plain store. Timed interleaved against the 2x1 cluster on the
 // four bench shapes at 1024-8192 tokens (scratch probe, L2 flushed, one H200 run each): single-CTA won at
@@ -579,8 +589,8 @@ int wgmma_tile(int64_t max_rows, int num_experts, int n, int epilogue) {
   if (force && strcmp(force, "pingpong64x128") == 0) return WG_PINGPONG_64x128;
   if (force && strcmp(force, "pingpong64x256c2") == 0) return WG_PINGPONG_64x256_C2;
   if (force && strcmp(force, "pingpong64x192c2") == 0) return WG_PINGPONG_64x192_C2;
-  if (epilogue == EPI_FINALIZE) return WG_PINGPONG_64x256;
   const int64_t avg_rows = (max_rows + num_experts - 1) / num_experts;
+  if (epilogue == EPI_FINALIZE) return avg_rows <= kFinalizeNarrowMaxAvgRows ? WG_PINGPONG_64x128 : WG_PINGPONG_64x256;
   if (avg_rows <= kNarrowMaxAvgRows) return WG_PINGPONG_64x128;
   if (epilogue == EPI_GATED && avg_rows <= kGatedSingleCtaMaxAvgRows) return WG_PINGPONG_64x256;
   return narrow_columns_fit(n) ? WG_PINGPONG_64x192_C2 : WG_PINGPONG_64x256_C2;

@@ -331,29 +331,35 @@ def finalize_tactic_available(s: MoESpec) -> Gate:
 
 
 # tactic selection (the FINALIZE GEMM2 tactic must be the one chosen at run time), measured on the H200
-# (python -m moe_build.bench --tokens 16,64,256,1024,2048,4096 --variants ours:finalize=fused,
-# ours:finalize=separate, graph replay, fused minus separate; docs/measured/finalize_sweep_lean_epilogue.json)
-# after the epilogue stopped costing more than a short-K mainloop (gemm_sm90.cu, MoeEpilogue): it wins
-# from 1024 tokens on every bench shape, by 5-29 us (Qwen3-30B-A3B 1024 / 2048 / 4096 tokens: -7 / -20 /
-# -21, DeepSeek-V2-Lite -6 / -17 and at 4096 +10 graph-replayed but -22 eager, GPT-OSS-20B -11 / +1 /
-# -25, Mixtral-8x7B -5 / -15 / -29); at 16-256 tokens the two are within 3 us either way. Where GEMM2's
-# K (the intermediate size) is long the earlier sweeps also had it ahead at 512 tokens (Mixtral by 45-52
-# us), so from intermediate size 2048 it holds at every count; below, from 2048 rows (tokens * top_k:
-# Qwen3 from 256 tokens, which won by 2.6 us there, DeepSeek from 342).
+# with the finalize GEMM on 64x128 tiles up to 64 rows per expert (gemm_sm90.cu), fused minus separate,
+# graph replay, two processes (python -m moe_build.bench --shapes deepseek-v2-lite,qwen3-30b-a3b,gpt-oss-20b
+# --tokens 32,64,128,192,256,384 --variants ours:finalize=fused,ours:finalize=separate;
+# docs/measured/finalize_sweep_narrow_tile_{1,2}.json). Wherever the GEMMs run the wgmma kernel (more than
+# 8 rows per expert on average) it wins by 4-10 us: DeepSeek-V2-Lite 128-384 tokens -6.0 to -7.8,
+# Qwen3-30B-A3B 192-384 -6.5 to -8.3, GPT-OSS-20B 128-384 -4.2 to -9.6 (and at 1024-4096 tokens by 5-29
+# us, docs/measured/finalize_sweep_lean_epilogue.json). On the decode kernel's sizes (at most 8) the
+# separate kernel is 0.6-5.5 us ahead where the intermediate size is below 2048 (Qwen3 32 / 64 / 128 tokens
+# +1.7-2.8 / +2.9-4.0 / +5.2-5.5, DeepSeek 32 / 64 +0.6-2.2); from intermediate size 2048 the two were
+# within 1.5 us there (GPT-OSS 32 / 64 tokens -0.1 to +1.4; 1 and 16 tokens in the full bench runs, GPT-OSS
+# and Mixtral-8x7B, -2.2 to +1.4), so it holds at every count there.
 FINALIZE_FUSED_MIN_INTER = 2048
-FINALIZE_FUSED_MIN_ROWS = 2048
+DECODE_MAX_ROWS_PER_EXPERT = 8  # gemm_common.cuh kDecodeMaxAvgRows: the GEMMs' decode kernel takes these calls
 
 
 def finalize_fused_min_tokens(s: MoESpec) -> int:
-    """Smallest token count from which the FINALIZE tactic is selected (it holds at every larger one)."""
+    """Smallest token count from which the FINALIZE tactic is selected (it holds at every larger one):
+    1 from intermediate size 2048, else the first count past the decode kernel's sizes
+    (tokens * top_k > 8 * num_experts)."""
     if s.intermediate_size >= FINALIZE_FUSED_MIN_INTER:
         return 1
-    return -(-FINALIZE_FUSED_MIN_ROWS // s.top_k)
+    return DECODE_MAX_ROWS_PER_EXPERT * s.num_experts // s.top_k + 1
 
 
 def finalize_tactic_rows(s: MoESpec, tokens: int) -> Gate:
-    return Gate("finalize_tactic_rows", f"intermediate_size={s.intermediate_size} top_k={s.top_k} tokens={tokens}",
-                f"intermediate_size >= {FINALIZE_FUSED_MIN_INTER} or tokens * top_k >= {FINALIZE_FUSED_MIN_ROWS}",
+    return Gate("finalize_tactic_rows",
+                f"intermediate_size={s.intermediate_size} top_k={s.top_k} num_experts={s.num_experts} tokens={tokens}",
+                f"intermediate_size >= {FINALIZE_FUSED_MIN_INTER} or tokens * top_k > "
+                f"{DECODE_MAX_ROWS_PER_EXPERT} * num_experts",
                 tokens >= finalize_fused_min_tokens(s),
                 f"{_src(MOE_KERNELS_CU, 4058)} (tactic choice; {OURS}, measured)", token_dependent=True)
 
