@@ -53,8 +53,9 @@ expand_rows_kernel(const T* __restrict__ input, const int32_t* __restrict__ unpe
                    int num_tokens, int hidden, int top_k, int vpl, int64_t chunks, T* __restrict__ permuted_input,
                    float* __restrict__ permuted_weights, T* __restrict__ zero_out) {
   using R = mb::Raw<T, VEC>;
-  // A decode GEMM1 may start loading its weights now; it waits for these rows (mb::launch_after_trigger).
-  mb::let_dependents_start();
+  // After the wait, a decode GEMM1 may start loading its weights; it waits for these rows
+  // (mb::launch_after_trigger, mb::chain_start).
+  mb::chain_start();
   const int lane = threadIdx.x % 32;
   const int64_t nvec = hidden / VEC;
   // Warps stride over the tokens, blockIdx.y over a row's column chunks.
@@ -144,10 +145,12 @@ extern "C" mb_status mb_expand_rows(const void* input, int dtype, const int32_t*
     auto launch = [&](auto vec_const, auto scale_const) {
       constexpr int VEC = decltype(vec_const)::value;
       constexpr bool SCALE = decltype(scale_const)::value;
-      expand_rows_kernel<T, VEC, SCALE><<<shape.grid, mb::kStageThreads, 0, stream>>>(
-          static_cast<const T*>(input), unpermuted_to_permuted, topk_weights, prequant_scale, num_tokens, hidden,
-          top_k, shape.vpl, shape.chunks, static_cast<T*>(permuted_input), permuted_weights,
-          static_cast<T*>(zero_out));
+      const cudaError_t err = mb::launch_after_trigger(
+          expand_rows_kernel<T, VEC, SCALE>, shape.grid, dim3(mb::kStageThreads), stream, static_cast<const T*>(input),
+          unpermuted_to_permuted, topk_weights, prequant_scale, num_tokens, hidden, top_k, shape.vpl, shape.chunks,
+          static_cast<T*>(permuted_input), permuted_weights, static_cast<T*>(zero_out));
+      if (err != cudaSuccess)
+        return mb::fail(MB_ERR_CUDA, "expand_rows_kernel: launch failed: %s", cudaGetErrorString(err));
       return mb::check_launch("expand_rows_kernel");
     };
     constexpr int kWide = 16 / sizeof(T);

@@ -38,6 +38,7 @@ fused_maps_kernel(const int32_t* __restrict__ topk_ids, int n, int E,
   __shared__ int cursor[kWarps][kMaxKeys];          // per-warp rows per key, then per-warp cursors
   __shared__ int warp_sums[kWarps];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  mb::chain_start();
 
   // Only keys 0..E are used: zeroing and scanning all kMaxKeys cost ~0.4 us at decode sizes.
   for (int i = tid; i < kWarps * (E + 1); i += kThreads) cursor[i / (E + 1)][i % (E + 1)] = 0;
@@ -124,7 +125,9 @@ extern "C" mb_status mb_build_maps_fused(const int32_t* topk_ids, int num_tokens
   if (top_k != 1 && top_k != 2 && top_k != 4 && top_k != 6 && top_k != 8) {
     return mb::fail(MB_ERR_UNSUPPORTED, "%s: top_k=%d is not one of 1, 2, 4, 6, 8", who, top_k);
   }
-  fused_maps_kernel<<<1, kThreads, 0, stream>>>(topk_ids, num_tokens * top_k, num_experts, permuted_to_unpermuted,
-                                                unpermuted_to_permuted, expert_first_token_offset);
+  const cudaError_t err = mb::launch_after_trigger(fused_maps_kernel, dim3(1), dim3(kThreads), stream, topk_ids,
+                                                   num_tokens * top_k, num_experts, permuted_to_unpermuted,
+                                                   unpermuted_to_permuted, expert_first_token_offset);
+  if (err != cudaSuccess) return mb::fail(MB_ERR_CUDA, "fused_maps_kernel: launch failed: %s", cudaGetErrorString(err));
   return mb::check_launch("fused_maps_kernel");
 }

@@ -31,6 +31,7 @@ __device__ __forceinline__ int expert_key(int32_t x, int E) { return x >= 0 && x
 __global__ void __launch_bounds__(kHistThreads)
 histogram_kernel(const int32_t* __restrict__ ids, int64_t n, int64_t tile, int E, int32_t* __restrict__ counts) {
   extern __shared__ int hist[];  // [E+1]
+  mb::chain_start();
   for (int x = threadIdx.x; x <= E; x += blockDim.x) hist[x] = 0;
   __syncthreads();
   const int64_t begin = static_cast<int64_t>(blockIdx.x) * tile;
@@ -54,6 +55,7 @@ scan_scatter_kernel(const int32_t* __restrict__ ids, int64_t n, int64_t tile, in
   int* first = smem;
   int* before = smem + stride;
   int* next = smem + (2 + warp) * stride;  // this warp's row of next[W][E+1]
+  mb::chain_start();
   for (int i = threadIdx.x; i < (2 + W) * stride; i += blockDim.x) smem[i] = 0;
   if (threadIdx.x == 0) carry = 0;
   __syncthreads();
@@ -163,8 +165,10 @@ extern "C" mb_status mb_build_maps_three_step(const int32_t* topk_ids, int num_t
   int32_t* counts = static_cast<int32_t*>(workspace);
   const size_t hist_smem = (static_cast<size_t>(num_experts) + 1) * sizeof(int);
   if (t.num_tiles > 0) {
-    histogram_kernel<<<static_cast<unsigned>(t.num_tiles), kHistThreads, hist_smem, stream>>>(topk_ids, n, t.tile,
-                                                                                            num_experts, counts);
+    const cudaError_t err = mb::launch_after_trigger_smem(histogram_kernel, dim3(static_cast<unsigned>(t.num_tiles)),
+                                                          dim3(kHistThreads), hist_smem, stream, topk_ids, n, t.tile,
+                                                          num_experts, counts);
+    if (err != cudaSuccess) return mb::fail(MB_ERR_CUDA, "histogram_kernel: launch failed: %s", cudaGetErrorString(err));
     MB_TRY(mb::check_launch("histogram_kernel"));
   }
   const int warps = warps_for(num_experts);
@@ -178,9 +182,10 @@ extern "C" mb_status mb_build_maps_three_step(const int32_t* topk_ids, int num_t
   // One block even with no rows: block 0 writes the (all-zero) offsets.
   const unsigned blocks = static_cast<unsigned>(t.num_tiles > 0 ? t.num_tiles : 1);
   const int rounds = static_cast<int>(t.tile / (32 * warps));
-  scan_scatter_kernel<<<blocks, 32 * warps, smem, stream>>>(topk_ids, n, t.tile, rounds,
-                                                           static_cast<int>(t.num_tiles), num_experts, counts,
-                                                           expert_first_token_offset, permuted_to_unpermuted,
-                                                           unpermuted_to_permuted);
+  const cudaError_t err = mb::launch_after_trigger_smem(
+      scan_scatter_kernel, dim3(blocks), dim3(32 * warps), smem, stream, topk_ids, n, t.tile, rounds,
+      static_cast<int>(t.num_tiles), num_experts, static_cast<const int32_t*>(counts), expert_first_token_offset,
+      permuted_to_unpermuted, unpermuted_to_permuted);
+  if (err != cudaSuccess) return mb::fail(MB_ERR_CUDA, "scan_scatter_kernel: launch failed: %s", cudaGetErrorString(err));
   return mb::check_launch("scan_scatter_kernel");
 }

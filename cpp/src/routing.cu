@@ -67,6 +67,7 @@ routing_kernel(const T* __restrict__ logits, const float* __restrict__ bias, int
   __shared__ unsigned char group_taken[kWarpsPerBlock][kMaxGroups];
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
+  mb::chain_start();
 
   for (int64_t t = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp; t < num_tokens;
        t += static_cast<int64_t>(gridDim.x) * kWarpsPerBlock) {
@@ -232,9 +233,11 @@ extern "C" mb_status mb_routing(const void* logits, int dtype, const float* corr
     using T = typename decltype(tag)::type;
     auto launch = [&](auto slots_const) {
       constexpr int SLOTS = decltype(slots_const)::value;
-      routing_kernel<T, SLOTS><<<grid, kWarpsPerBlock * 32, 0, stream>>>(
-          static_cast<const T*>(logits), correction_bias, num_tokens, num_experts, top_k, method, renormalize,
-          grouped ? num_groups : 1, topk_groups, routed_scaling_factor, topk_ids, topk_weights);
+      const cudaError_t err = mb::launch_after_trigger(
+          routing_kernel<T, SLOTS>, dim3(grid), dim3(kWarpsPerBlock * 32), stream, static_cast<const T*>(logits),
+          correction_bias, num_tokens, num_experts, top_k, method, renormalize, grouped ? num_groups : 1,
+          topk_groups, routed_scaling_factor, topk_ids, topk_weights);
+      if (err != cudaSuccess) return mb::fail(MB_ERR_CUDA, "routing_kernel: launch failed: %s", cudaGetErrorString(err));
       return mb::check_launch("routing_kernel");
     };
     // The fewest register slots per lane that hold E keys (SLOTS * 32 >= E).
