@@ -98,6 +98,16 @@ inline mb_status check_launch(const char* kernel) {
   return MB_OK;
 }
 
+// The same after a launch that reports its own error (launch_after_trigger: cudaLaunchKernelEx's
+// result, or the plain launch's error, which reading it has already cleared).
+inline mb_status check_launch(const char* kernel, cudaError_t launch_err) {
+  if (launch_err != cudaSuccess) {
+    return fail(MB_ERR_CUDA, "%s: launch failed: %s (%s)", kernel, cudaGetErrorString(launch_err),
+                cudaGetErrorName(launch_err));
+  }
+  return check_launch(kernel);
+}
+
 #define MB_REQUIRE(cond, ...)                                   \
   do {                                                          \
     if (!(cond)) return ::mb::fail(MB_ERR_INVALID_ARGUMENT, __VA_ARGS__); \

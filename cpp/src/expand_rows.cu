@@ -145,13 +145,10 @@ extern "C" mb_status mb_expand_rows(const void* input, int dtype, const int32_t*
     auto launch = [&](auto vec_const, auto scale_const) {
       constexpr int VEC = decltype(vec_const)::value;
       constexpr bool SCALE = decltype(scale_const)::value;
-      const cudaError_t err = mb::launch_after_trigger(
+      return mb::check_launch("expand_rows_kernel", mb::launch_after_trigger(
           expand_rows_kernel<T, VEC, SCALE>, shape.grid, dim3(mb::kStageThreads), stream, static_cast<const T*>(input),
           unpermuted_to_permuted, topk_weights, prequant_scale, num_tokens, hidden, top_k, shape.vpl, shape.chunks,
-          static_cast<T*>(permuted_input), permuted_weights, static_cast<T*>(zero_out));
-      if (err != cudaSuccess)
-        return mb::fail(MB_ERR_CUDA, "expand_rows_kernel: launch failed: %s", cudaGetErrorString(err));
-      return mb::check_launch("expand_rows_kernel");
+          static_cast<T*>(permuted_input), permuted_weights, static_cast<T*>(zero_out)));
     };
     constexpr int kWide = 16 / sizeof(T);
     using Wide = std::integral_constant<int, kWide>;

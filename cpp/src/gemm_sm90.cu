@@ -381,13 +381,13 @@ class MoeEpilogue {
 //                     other's mainloop. Half the row padding per expert of a 128-row tile (a random-
 //                     routing expert with ~256 rows pads ~1/5 at 128-row tiles, ~1/9 at 64) and a hidden
 //                     epilogue. The finalize epilogue runs it past 64 rows (kFinalizeNarrowMaxAvgRows):
-//                     with its row loads hoisted (finalize_tile) it beat cooperative 128x256 at 1024 and 4096 tokens on DeepSeek-V2-
-//                     Lite, GPT-OSS-20B and Mixtral (GEMM2 alone, L2 flushed, H200, 4096 tokens: 278 vs
-//                     309 us, 444 vs 537, 1427 vs 1488) and trailed it on Qwen3-30B-A3B (323 vs 314); with
-//                     the lean epilogue (MoeEpilogue) Qwen3 runs it in 202 us. (Before the hoisting,
-//                     cooperative looked better, 350 vs 397 us on Qwen3.) Its 2x1-cluster form, retimed
-//                     with the lean epilogue, stays behind (Qwen3 212 vs 205 us, DeepSeek-V2-Lite 251 vs
-//                     250, Mixtral 1466 vs 1450).
+//                     with its row loads hoisted (finalize_tile) it beat cooperative 128x256 at 1024 and
+//                     4096 tokens on DeepSeek-V2-Lite, GPT-OSS-20B and Mixtral (GEMM2 alone, L2 flushed,
+//                     H200, 4096 tokens: 278 vs 309 us, 444 vs 537, 1427 vs 1488) and trailed it on
+//                     Qwen3-30B-A3B (323 vs 314); with the lean epilogue (MoeEpilogue) Qwen3 runs it in
+//                     202 us. (Before the hoisting, cooperative looked better, 350 vs 397 us on Qwen3.)
+//                     Its 2x1-cluster form, retimed with the lean epilogue, stays behind (Qwen3 212 vs
+//                     205 us, DeepSeek-V2-Lite 251 vs 250, Mixtral 1466 vs 1450).
 //   ... in 2x1 clusters (pingpong64x256c2): the two CTAs of a cluster take neighbouring row tiles of
 //                     one expert and TMA-multicast the weight tile they share, so each pulls half of
 //                     it from L2 (every row tile of an expert re-reads the expert's weights; the gain
@@ -590,7 +590,8 @@ int wgmma_tile(int64_t max_rows, int num_experts, int n, int epilogue) {
   if (force && strcmp(force, "pingpong64x256c2") == 0) return WG_PINGPONG_64x256_C2;
   if (force && strcmp(force, "pingpong64x192c2") == 0) return WG_PINGPONG_64x192_C2;
   const int64_t avg_rows = (max_rows + num_experts - 1) / num_experts;
-  if (epilogue == EPI_FINALIZE) return avg_rows <= kFinalizeNarrowMaxAvgRows ? WG_PINGPONG_64x128 : WG_PINGPONG_64x256;
+  if (epilogue == EPI_FINALIZE)
+    return avg_rows <= kFinalizeNarrowMaxAvgRows ? WG_PINGPONG_64x128 : WG_PINGPONG_64x256;
   if (avg_rows <= kNarrowMaxAvgRows) return WG_PINGPONG_64x128;
   if (epilogue == EPI_GATED && avg_rows <= kGatedSingleCtaMaxAvgRows) return WG_PINGPONG_64x256;
   return narrow_columns_fit(n) ? WG_PINGPONG_64x192_C2 : WG_PINGPONG_64x256_C2;

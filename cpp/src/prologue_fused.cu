@@ -125,9 +125,8 @@ extern "C" mb_status mb_build_maps_fused(const int32_t* topk_ids, int num_tokens
   if (top_k != 1 && top_k != 2 && top_k != 4 && top_k != 6 && top_k != 8) {
     return mb::fail(MB_ERR_UNSUPPORTED, "%s: top_k=%d is not one of 1, 2, 4, 6, 8", who, top_k);
   }
-  const cudaError_t err = mb::launch_after_trigger(fused_maps_kernel, dim3(1), dim3(kThreads), stream, topk_ids,
-                                                   num_tokens * top_k, num_experts, permuted_to_unpermuted,
-                                                   unpermuted_to_permuted, expert_first_token_offset);
-  if (err != cudaSuccess) return mb::fail(MB_ERR_CUDA, "fused_maps_kernel: launch failed: %s", cudaGetErrorString(err));
-  return mb::check_launch("fused_maps_kernel");
+  return mb::check_launch("fused_maps_kernel",
+                           mb::launch_after_trigger(fused_maps_kernel, dim3(1), dim3(kThreads), stream, topk_ids,
+                                                    num_tokens * top_k, num_experts, permuted_to_unpermuted,
+                                                    unpermuted_to_permuted, expert_first_token_offset));
 }

@@ -165,11 +165,10 @@ extern "C" mb_status mb_build_maps_three_step(const int32_t* topk_ids, int num_t
   int32_t* counts = static_cast<int32_t*>(workspace);
   const size_t hist_smem = (static_cast<size_t>(num_experts) + 1) * sizeof(int);
   if (t.num_tiles > 0) {
-    const cudaError_t err = mb::launch_after_trigger_smem(histogram_kernel, dim3(static_cast<unsigned>(t.num_tiles)),
-                                                          dim3(kHistThreads), hist_smem, stream, topk_ids, n, t.tile,
-                                                          num_experts, counts);
-    if (err != cudaSuccess) return mb::fail(MB_ERR_CUDA, "histogram_kernel: launch failed: %s", cudaGetErrorString(err));
-    MB_TRY(mb::check_launch("histogram_kernel"));
+    MB_TRY(mb::check_launch("histogram_kernel", mb::launch_after_trigger_smem(
+                                                    histogram_kernel, dim3(static_cast<unsigned>(t.num_tiles)),
+                                                    dim3(kHistThreads), hist_smem, stream, topk_ids, n, t.tile,
+                                                    num_experts, counts)));
   }
   const int warps = warps_for(num_experts);
   const size_t smem = (2 + static_cast<size_t>(warps)) * (num_experts + 1) * sizeof(int);
@@ -182,10 +181,8 @@ extern "C" mb_status mb_build_maps_three_step(const int32_t* topk_ids, int num_t
   // One block even with no rows: block 0 writes the (all-zero) offsets.
   const unsigned blocks = static_cast<unsigned>(t.num_tiles > 0 ? t.num_tiles : 1);
   const int rounds = static_cast<int>(t.tile / (32 * warps));
-  const cudaError_t err = mb::launch_after_trigger_smem(
+  return mb::check_launch("scan_scatter_kernel", mb::launch_after_trigger_smem(
       scan_scatter_kernel, dim3(blocks), dim3(32 * warps), smem, stream, topk_ids, n, t.tile, rounds,
       static_cast<int>(t.num_tiles), num_experts, static_cast<const int32_t*>(counts), expert_first_token_offset,
-      permuted_to_unpermuted, unpermuted_to_permuted);
-  if (err != cudaSuccess) return mb::fail(MB_ERR_CUDA, "scan_scatter_kernel: launch failed: %s", cudaGetErrorString(err));
-  return mb::check_launch("scan_scatter_kernel");
+      permuted_to_unpermuted, unpermuted_to_permuted));
 }

@@ -233,12 +233,10 @@ extern "C" mb_status mb_routing(const void* logits, int dtype, const float* corr
     using T = typename decltype(tag)::type;
     auto launch = [&](auto slots_const) {
       constexpr int SLOTS = decltype(slots_const)::value;
-      const cudaError_t err = mb::launch_after_trigger(
+      return mb::check_launch("routing_kernel", mb::launch_after_trigger(
           routing_kernel<T, SLOTS>, dim3(grid), dim3(kWarpsPerBlock * 32), stream, static_cast<const T*>(logits),
           correction_bias, num_tokens, num_experts, top_k, method, renormalize, grouped ? num_groups : 1,
-          topk_groups, routed_scaling_factor, topk_ids, topk_weights);
-      if (err != cudaSuccess) return mb::fail(MB_ERR_CUDA, "routing_kernel: launch failed: %s", cudaGetErrorString(err));
-      return mb::check_launch("routing_kernel");
+          topk_groups, routed_scaling_factor, topk_ids, topk_weights));
     };
     // The fewest register slots per lane that hold E keys (SLOTS * 32 >= E).
     if (num_experts <= 32) return launch(std::integral_constant<int, 1>{});
