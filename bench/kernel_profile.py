@@ -6,7 +6,8 @@ split between the GEMMs and the small stages. Each (shape, tokens) is captured o
 each kernel's device time is averaged per replay. `total` is the CUDA-event median of a replay,
 so total - sum(kernels) is the time between kernels (launch gaps, ramp-up and tails).
 
-Usage: python bench/kernel_profile.py [--shapes a,b] [--tokens 1,16] [--json PATH]
+Usage: python bench/kernel_profile.py [--shapes a,b] [--tokens 1,16] [--force finalize=separate,...] [--json PATH]
+(--force: the runner's force options, as the bench's "ours:<key>=<value>" variants set them)
 """
 from __future__ import annotations
 
@@ -57,13 +58,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)))
+    ap.add_argument("--force", default="", help="comma-separated key=value plan overrides")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
+    force = dict(kv.split("=", 1) for kv in a.force.split(",") if kv) or None
     tokens = [int(t) for t in a.tokens.split(",")]
-    out: dict[str, object] = {"device": torch.cuda.get_device_name()}
+    out: dict[str, object] = {"device": torch.cuda.get_device_name(), "force": force}
     for name in a.shapes.split(","):
         spec = bench_spec(name)
-        runner = MoERunner(spec, _device_weights(spec, seed=0), max_tokens=max(tokens))
+        runner = MoERunner(spec, _device_weights(spec, seed=0), max_tokens=max(tokens), force=force)
         for T in tokens:
             rec = profile_point(runner, T)
             out[f"{name}/T{T}"] = rec

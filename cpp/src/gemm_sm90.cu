@@ -8,8 +8,9 @@
 // No host sync and no setup launch: CUTLASS's grouped problem shape is read on the device straight
 // from expert_first_token_offset (OffsetsProblemShape), the loads find each group's rows and weights
 // from the same offsets, and CUTLASS is given no host copy of the shapes (it then sizes a persistent
-// grid from the SM count), so a call is one CUDA-graph capturable launch. The finalize GEMM is launched
-// after a trigger (programmatic dependent launch, run_wgmma): it sets up under GEMM1's last tiles.
+// grid from the SM count), so a call is one CUDA-graph capturable launch. Up to 64 rows per expert the
+// finalize GEMM is launched after a trigger (programmatic dependent launch, run_wgmma): it sets up under
+// GEMM1's last tiles.
 //
 // Path rule (inside each entry point): average rows per expert = ceil(max_rows / E).
 //   <= 8 : the decode kernel of gemm_decode.cu (swap-AB mma.sync, weights streamed straight into
@@ -461,6 +462,15 @@ constexpr int64_t kNarrowMaxAvgRows = 32;             // plain store: pingpong 6
 // L2 flushed, interleaved; the 2x1 cluster was within 3 us of 64x128 at <= 64 rows but lost 13% at Mixtral
 // 512 tokens.
 constexpr int64_t kFinalizeNarrowMaxAvgRows = 64;
+// The finalize GEMM is launched after a trigger (its CTAs set up under GEMM1's last tiles) up to this many
+// average rows per expert, else plainly. Measured both ways (bench/kernel_profile.py graph replay, one
+// library with a run-time switch, alternated processes, 2-3 rounds): at 256 tokens (16-64 rows) the early
+// launch gains 3-7 us on the H200 (Qwen3-30B-A3B 306.0-306.8 vs 310.0-310.3, GPT-OSS-20B 393.9-394.6 vs
+// 401.0-401.5) and 1-4 on the H100; at 4096 tokens it is even to 1-2% behind on the H200 (Qwen3 613.3-624.8
+// vs 614.4-615.2, Mixtral-8x7B 4462-4596 vs 4441-4498, GPT-OSS 1426-1456 vs 1419-1442) and far behind on the
+// H100 (Qwen3 779.3-787.2 vs 710.8-716.0, GPT-OSS 1751-1772 vs 1620-1679, Mixtral 5914-6028 vs 5566-5585),
+// for a reason not found.
+constexpr int64_t kFinalizeEarlyLaunchMaxAvgRows = 64;
 // The gated epilogue (GEMM1 + act(gate, up)) from 33 to this many average rows per expert runs pingpong
 // 64x256 without a cluster, else as the plain store. Timed interleaved against the 2x1 cluster on the
 // four bench shapes at 1024-8192 tokens (scratch probe, L2 flushed, one H200 run each): single-CTA won at
@@ -627,13 +637,14 @@ mb_status run_wgmma(const void* A, const void* B, const typename MoeEpilogue<T, 
     return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm sm90: CUTLASS cannot implement (%s)",
                      cutlassGetStatusString(st));
   st = gemm.initialize(args, workspace, stream);
-  // The finalize GEMM (GEMM2: after GEMM1, or after the activation kernel) is launched after a trigger,
-  // so its CTAs set up under GEMM1's last tiles (StaticMapMainloop::await_inputs). Qwen3-30B-A3B at 4096
-  // tokens, H200, graph replay (bench/kernel_profile.py, two rounds): 614.3 / 613.6 us per layer against
-  // 622.3 / 624.1 launched plainly. GEMM1 launched so after the expansion lost 85-92 us (708.8 / 715.8;
-  // 722.1 / 728.2 with both): its CTAs take SMs while the expansion's blocks drain, and the cause of the
-  // loss was not found, so the gated and plain-store GEMMs keep the plain launch.
-  const bool launch_after_trigger = kEpi == EPI_FINALIZE;
+  // The finalize GEMM (GEMM2: after GEMM1, or after the activation kernel) is launched after a trigger up
+  // to kFinalizeEarlyLaunchMaxAvgRows, so its CTAs set up under GEMM1's last tiles
+  // (StaticMapMainloop::await_inputs). GEMM1 launched so after the expansion lost 85-92 us at 4096 tokens
+  // (Qwen3-30B-A3B, H200: 708.8 / 715.8 against ~623), and 7-20 us even when the expansion let it launch
+  // only after its last stores (632.7 / 620.6 vs 612.6 / 613.8; DeepSeek-V2-Lite 743.2 / 731.3 vs 725.8 /
+  // 717.4), so the gated and plain-store GEMMs keep the plain launch.
+  const bool launch_after_trigger =
+      kEpi == EPI_FINALIZE && (max_rows + num_experts - 1) / num_experts <= kFinalizeEarlyLaunchMaxAvgRows;
   if (st == cutlass::Status::kSuccess) st = gemm.run(stream, nullptr, launch_after_trigger);
   const cudaError_t err = cudaGetLastError();
   if (st != cutlass::Status::kSuccess || err != cudaSuccess)
