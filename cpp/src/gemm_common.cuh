@@ -380,8 +380,13 @@ using CfgLarge = TileConfig<128, 128, 3, 2, 4>;
 
 enum TileChoice { TILE_SMALL = 0, TILE_MID = 1, TILE_LARGE = 2 };
 
+// The average rows per expert, rounded up: what every path and tile rule of both entry points reads.
+inline int64_t avg_rows_per_expert(int64_t max_rows, int num_experts) {
+  return (max_rows + num_experts - 1) / num_experts;
+}
+
 inline int choose_tile(int64_t max_rows, int num_experts) {
-  const int64_t avg = (max_rows + num_experts - 1) / num_experts;
+  const int64_t avg = avg_rows_per_expert(max_rows, num_experts);
   return avg <= 16 ? TILE_SMALL : avg <= 64 ? TILE_MID : TILE_LARGE;
 }
 
@@ -390,7 +395,7 @@ inline int choose_tile(int64_t max_rows, int num_experts) {
 constexpr int64_t kDecodeMaxAvgRows = 8;
 
 inline bool decode_rows_fit(int64_t max_rows, int num_experts) {
-  return num_experts > 0 && (max_rows + num_experts - 1) / num_experts <= kDecodeMaxAvgRows;
+  return num_experts > 0 && avg_rows_per_expert(max_rows, num_experts) <= kDecodeMaxAvgRows;
 }
 
 // The argument checks every grouped-GEMM launcher makes. 16-byte row loads need K % 8 == 0 and

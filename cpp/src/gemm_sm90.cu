@@ -599,7 +599,7 @@ int wgmma_tile(int64_t max_rows, int num_experts, int n, int epilogue) {
   if (force && strcmp(force, "pingpong64x128") == 0) return WG_PINGPONG_64x128;
   if (force && strcmp(force, "pingpong64x256c2") == 0) return WG_PINGPONG_64x256_C2;
   if (force && strcmp(force, "pingpong64x192c2") == 0) return WG_PINGPONG_64x192_C2;
-  const int64_t avg_rows = (max_rows + num_experts - 1) / num_experts;
+  const int64_t avg_rows = avg_rows_per_expert(max_rows, num_experts);
   if (epilogue == EPI_FINALIZE)
     return avg_rows <= kFinalizeNarrowMaxAvgRows ? WG_PINGPONG_64x128 : WG_PINGPONG_64x256;
   if (avg_rows <= kNarrowMaxAvgRows) return WG_PINGPONG_64x128;
@@ -644,7 +644,7 @@ mb_status run_wgmma(const void* A, const void* B, const typename MoeEpilogue<T, 
   // only after its last stores (632.7 / 620.6 vs 612.6 / 613.8; DeepSeek-V2-Lite 743.2 / 731.3 vs 725.8 /
   // 717.4), so the gated and plain-store GEMMs keep the plain launch.
   const bool launch_after_trigger =
-      kEpi == EPI_FINALIZE && (max_rows + num_experts - 1) / num_experts <= kFinalizeEarlyLaunchMaxAvgRows;
+      kEpi == EPI_FINALIZE && avg_rows_per_expert(max_rows, num_experts) <= kFinalizeEarlyLaunchMaxAvgRows;
   if (st == cutlass::Status::kSuccess) st = gemm.run(stream, nullptr, launch_after_trigger);
   const cudaError_t err = cudaGetLastError();
   if (st != cutlass::Status::kSuccess || err != cudaSuccess)
