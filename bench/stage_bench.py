@@ -5,8 +5,8 @@ is the kernel as a graph node, not the Python/ctypes launch. Each stage is captu
 back to back in one graph (on one stream, so each copy waits for the previous one as in the
 layer); time per stage = median replay time / REPS. "chain" is the layer's non-GEMM sequence
 (routing, the prologue the plan runs at that count (fused up to 256 tokens, else three-step), expansion,
-activation, and the zeroing of `out` for the fused finalize, folded into the expansion when the library's
-mb_expand_rows has zero_out) in one graph, once.
+activation, and the zeroing of `out` for the fused finalize, folded into the three-step map build or else
+the expansion, as the runner places it) in one graph, once.
 
 Usage: python bench/stage_bench.py [--shapes a,b] [--tokens 1,16] [--json PATH]
 (set MOE_BUILD_KERNELS_LIB to a prebuilt library on a machine without CUTLASS headers).
@@ -61,12 +61,15 @@ def bench_shape(name: str, T: int, has_zero_out: bool) -> dict[str, float]:
     out = torch.empty(T, H, device=dev, dtype=dt)
     ids_o, w_o = torch.empty_like(ids), torch.empty_like(w)
     maps = (torch.empty_like(ptu), torch.empty_like(utp), torch.empty_like(off))
-    zero_kw = {"zero_out": out} if has_zero_out else {}
+    # Where the layer zeroes `out`: the three-step map build where it runs, else the expansion.
+    zero_kw = {"zero_out": out} if has_zero_out and fused else {}
+    chain_prologue = prologue if fused or not has_zero_out else \
+        (lambda i, m: K.build_maps_three_step(i, E, *m, workspace=ws, zero_out=out))
     src_rows = (ptu // k).long()
 
     def chain() -> None:
         K.routing(logits, k, K.Routing.SOFTMAX_TOPK, renormalize=True, topk_ids=ids_o, topk_weights=w_o)
-        prologue(ids_o, maps)
+        chain_prologue(ids_o, maps)
         K.expand_rows(hidden, maps[1], w_o, permuted_input=pin, permuted_weights=pw, **zero_kw)
         K.activation(fc1, maps[2], K.Activation.SWIGLU, out=act)
         if not has_zero_out:
@@ -93,6 +96,8 @@ def bench_shape(name: str, T: int, has_zero_out: bool) -> dict[str, float]:
     if has_zero_out:
         stages["expand_rows+zero_out"] = lambda: K.expand_rows(hidden, utp, w, permuted_input=pin,
                                                                permuted_weights=pw, zero_out=out)
+        stages["prologue_three_step+zero_out"] = lambda: K.build_maps_three_step(ids, E, *maps, workspace=ws,
+                                                                                zero_out=out)
     res = {n: graph_us(f, REPS) for n, f in stages.items()}
     res["chain(non-GEMM)"] = graph_us(chain, 1)
     return res
@@ -104,7 +109,8 @@ def main() -> None:
     ap.add_argument("--tokens", default="1,16")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
-    has_zero_out = len(K.SIGNATURES["mb_expand_rows"][1]) == 12
+    # zero_out in mb_expand_rows and mb_build_maps_three_step (a library and these bindings of one commit)
+    has_zero_out = len(K.SIGNATURES["mb_build_maps_three_step"][1]) == 12
     K.load_library()
     cols, table = [], {}
     for name in a.shapes.split(","):

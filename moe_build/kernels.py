@@ -79,7 +79,7 @@ SIGNATURES: dict[str, tuple[type, tuple[type, ...]]] = {
     "mb_routing": (_i, (_p, _i, _p, _i, _i, _i, _i, _i, _i, _i, _f, _p, _p, _p)),
     "mb_build_maps_fused": (_i, (_p, _i, _i, _i, _p, _p, _p, _p)),
     "mb_build_maps_three_step_workspace": (_sz, (_i, _i, _i)),
-    "mb_build_maps_three_step": (_i, (_p, _i, _i, _i, _p, _p, _p, _p, _sz, _p)),
+    "mb_build_maps_three_step": (_i, (_p, _i, _i, _i, _p, _p, _p, _p, _sz, _p, _sz, _p)),
     "mb_expand_rows": (_i, (_p, _i, _p, _p, _p, _i, _i, _i, _p, _p, _p, _p)),
     "mb_activation": (_i, (_p, _i, _p, _p, _i, _i64, _i, _i, _f, _f, _p, _p, _p)),
     "mb_finalize": (_i, (_p, _i, _p, _p, _p, _p, _i, _i, _i, _i, _p, _p)),
@@ -298,15 +298,21 @@ def build_maps_three_step(topk_ids: torch.Tensor, num_experts: int,
                           permuted_to_unpermuted: torch.Tensor | None = None,
                           unpermuted_to_permuted: torch.Tensor | None = None,
                           expert_first_token_offset: torch.Tensor | None = None,
-                          workspace: torch.Tensor | None = None, stream: int | torch.cuda.Stream | None = None
+                          workspace: torch.Tensor | None = None, zero_out: torch.Tensor | None = None,
+                          stream: int | torch.cuda.Stream | None = None
                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Same maps as `build_maps_fused`, for any token count (workspace allocated unless given)."""
+    """Same maps as `build_maps_fused`, for any token count (workspace allocated unless given).
+    `zero_out` (any contiguous CUDA tensor), if given, is zeroed by the same launch: the output that
+    grouped_gemm_sm90_finalize accumulates into, when the layer builds its maps in three steps."""
     ptu, utp, off = _map_outputs(topk_ids, num_experts, permuted_to_unpermuted, unpermuted_to_permuted,
                                  expert_first_token_offset)
     t, k = topk_ids.shape
     ws, ws_bytes = _workspace(workspace, lambda: three_step_workspace_bytes(t, k, num_experts), topk_ids.device)
+    if zero_out is not None:
+        _check(zero_out, "zero_out", device=topk_ids.device)
+    zero_bytes = zero_out.numel() * zero_out.element_size() if zero_out is not None else 0
     _call("mb_build_maps_three_step", topk_ids.data_ptr(), t, k, num_experts, ptu.data_ptr(), utp.data_ptr(),
-          off.data_ptr(), ws, ws_bytes, _stream(stream, topk_ids.device))
+          off.data_ptr(), ws, ws_bytes, _ptr(zero_out), zero_bytes, _stream(stream, topk_ids.device))
     return ptu, utp, off
 
 

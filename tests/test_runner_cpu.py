@@ -25,8 +25,10 @@ SWIGLU = MoESpec(256, 512, 8, 2)
 def test_default_hopper_plan_runs_tma_gemms_gated_epilogue_and_fused_finalize() -> None:
     plan = make_plan(SWIGLU, H100, tokens=4096)
     assert kernel_sequence(plan, 1024) == [
-        "router_gemm", "routing", "prologue:three_step", "expand_rows+zero_output", "gemm1:sm90_gated",
+        "router_gemm", "routing", "prologue:three_step+zero_output", "expand_rows", "gemm1:sm90_gated",
         "gemm2:sm90_finalize"]  # 1024 tokens * top-2 over 8 experts: past 8 rows per expert, the FINALIZE tactic
+    # the fused prologue (up to 256 tokens) leaves zeroing `out` for the fused finalize to the expansion
+    assert kernel_sequence(plan, 128)[2:4] == ["prologue:fused", "expand_rows+zero_output"]
     assert kernel_sequence(plan, 16) == [
         "router_gemm", "routing", "prologue:fused", "expand_rows", "gemm1:sm90_gated", "gemm2:sm90", "finalize"]
     separate = make_plan(SWIGLU, H100, tokens=16, force={"fc1_activation": "separate"})
@@ -50,9 +52,9 @@ def test_routing_prologue_is_resolved_per_call_not_at_plan_tokens() -> None:
     plan = make_plan(SWIGLU, H100, tokens=4096)
     assert plan.stage("routing_prologue").choice == "three_step"
     assert "prologue:fused" in kernel_sequence(plan, 256)
-    assert "prologue:three_step" in kernel_sequence(plan, 257)
+    assert "prologue:three_step+zero_output" in kernel_sequence(plan, 257)
     small = make_plan(SWIGLU, H100, tokens=1)
-    assert "prologue:three_step" in kernel_sequence(small, 8192)
+    assert "prologue:three_step+zero_output" in kernel_sequence(small, 8192)
 
 
 def test_top_k_outside_fused_prologue_set_always_three_step() -> None:
@@ -80,10 +82,13 @@ def test_forced_fallbacks_change_exactly_their_step() -> None:
     sep = kernel_sequence(make_plan(SWIGLU, A100, tokens=16, force={"fc1_activation": "separate"}), 16, "topk")
     assert sep == ["prologue:fused", "expand_rows", "gemm1:sm80", "activation", "gemm2:sm80", "finalize"]
     fin = kernel_sequence(make_plan(SWIGLU, H100, tokens=16, force={"finalize": "separate"}), 16, "topk")
-    # Only the fused finalize accumulates into `out`, so only it has the expansion zero it.
+    # Only the fused finalize accumulates into `out`, so only it has the expansion (or the three-step
+    # map build) zero it.
     assert fin[-2:] == ["gemm2:sm90", "finalize"] and "expand_rows" in fin and "expand_rows+zero_output" not in fin
+    fin_three = kernel_sequence(make_plan(SWIGLU, H100, tokens=4096, force={"finalize": "separate"}), 4096, "topk")
+    assert fin_three[:2] == ["prologue:three_step", "expand_rows"]
     three = kernel_sequence(make_plan(SWIGLU, H100, tokens=16, force={"routing_prologue": "three_step"}), 1)
-    assert "prologue:three_step" in three
+    assert three[2:4] == ["prologue:three_step", "expand_rows"]  # 1 token: no FINALIZE tactic, separate finalize
 
 
 def test_non_gated_activation_uses_the_ampere_epilogue() -> None:

@@ -53,19 +53,22 @@ mb_status mb_build_maps_fused(const int32_t* topk_ids, int num_tokens, int top_k
                               int32_t* permuted_to_unpermuted, int32_t* unpermuted_to_permuted,
                               int64_t* expert_first_token_offset, cudaStream_t stream);
 
-/* prologue_three_step.cu: any T; workspace from mb_build_maps_three_step_workspace(). */
+/* prologue_three_step.cu: any T; workspace from mb_build_maps_three_step_workspace().
+ * zero_out (zero_bytes bytes) or NULL with zero_bytes 0: when given, this launch also sets it to zero
+ * (the output mb_grouped_gemm_sm90_finalize adds into, zeroed here when the three-step build runs,
+ * else by mb_expand_rows); nothing the map build or a later stage reads before writing it. */
 size_t mb_build_maps_three_step_workspace(int num_tokens, int top_k, int num_experts);
 mb_status mb_build_maps_three_step(const int32_t* topk_ids, int num_tokens, int top_k, int num_experts,
                                    int32_t* permuted_to_unpermuted, int32_t* unpermuted_to_permuted,
                                    int64_t* expert_first_token_offset, void* workspace,
-                                   size_t workspace_bytes, cudaStream_t stream);
+                                   size_t workspace_bytes, void* zero_out, size_t zero_bytes, cudaStream_t stream);
 
 /* expand_rows.cu: permuted_input[p] = input[e / K] (* prequant_scale[h] if non-NULL),
  * permuted_weights[p] = topk_weights[e], for p = unpermuted_to_permuted[e] (every e in [0, T*K)).
  * prequant_scale [H] fp32 or NULL.
  * zero_out [T, H] in dtype or NULL: when given, this launch also sets it to zero. This is where the
- * zeroed output of mb_grouped_gemm_sm90_finalize comes from (no separate memset launch); it must
- * not overlap input (MB_ERR_INVALID_ARGUMENT). */
+ * zeroed output of mb_grouped_gemm_sm90_finalize comes from when the maps were built by
+ * mb_build_maps_fused (no separate memset launch); it must not overlap input (MB_ERR_INVALID_ARGUMENT). */
 mb_status mb_expand_rows(const void* input, int dtype, const int32_t* unpermuted_to_permuted,
                          const float* topk_weights, const float* prequant_scale, int num_tokens,
                          int hidden, int top_k, void* permuted_input, float* permuted_weights,

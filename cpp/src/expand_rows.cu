@@ -39,7 +39,9 @@
 // the copies disabled, most likely because under the producer warpgroup's 40-register budget that state
 // lived in local memory; the SASS was not read.)
 // zero_out (the [T, H] output that GEMM2's finalize epilogue accumulates into) is zeroed here, each
-// token's row by the warps of its unit, so the layer needs no separate memset launch before GEMM2.
+// token's row by the warps of its unit, so the layer needs no separate memset launch before GEMM2. The
+// layer passes it here after the fused map build only; past 256 tokens the three-step map build zeroes
+// the output beside its scans (prologue_three_step.cu), off this bandwidth-bound copy.
 #include "common.cuh"
 
 namespace {

@@ -378,6 +378,14 @@ class MoeEpilogue {
 //   coop 128x256    : two consumer warpgroups share one 128x256 tile; the most FLOPs per byte
 //                     loaded into shared memory. No rule picks it now; it stays reachable through
 //                     MB_SM90_WGMMA_TILE as the probes' baseline (README, "What bounds the 4096-token GEMMs").
+//                     Tried and dropped (2026-11-22): in a tile whose upper 64 rows lie past the expert's
+//                     rows, that warpgroup skipped its wgmma (still waiting for and releasing every stage;
+//                     the scheduler's valid_warpgroup_in_work_tile hook recorded each tile for the
+//                     consumer), so an expert would cost the MMA of 64-row tiles with its weights loaded
+//                     once per 128 rows. Outputs unchanged; on Qwen3-30B-A3B at 4096 tokens the gated
+//                     GEMM1 slowed to 403-404 us from 370-372 (auto 348-352) while the finalize GEMM2
+//                     gained (223-225 from 243; auto 204-210); DeepSeek-V2-Lite even (bench/gemm_rate_probe.py
+//                     --gated --finalize, H200, libraries alternated twice). Neither beat the rule's tiles.
 //   pingpong 64x256 : each consumer warpgroup owns a 64-row tile and one's epilogue runs under the
 //                     other's mainloop. Half the row padding per expert of a 128-row tile (a random-
 //                     routing expert with ~256 rows pads ~1/5 at 128-row tiles, ~1/9 at 64) and a hidden

@@ -15,6 +15,13 @@
 // repeats the scan, over at most kMaxTiles x (E+1) counts (one or two loads per thread at 4096 tokens of
 // the bench shapes): the tile grows past 1024 rows when the rows outnumber kMaxTiles tiles.
 // Ids outside [0, E) use the sentinel key E, sort last and are left out of the offsets.
+// zero_out (the [T, H] output that GEMM2's finalize epilogue accumulates into) is zeroed by extra blocks
+// of the scan + scatter launch, which otherwise fills a fraction of the SMs for ~9 us with
+// latency-bound scans: folded into the expansion instead, the zeroing is 16 MB of the bandwidth-bound
+// copy's writes at 4096 tokens of Qwen3-30B-A3B (H200, bench/stage_bench.py: expansion 38.9 us alone,
+// 45.3 with the zeroing).
+#include <algorithm>
+
 #include "common.cuh"
 
 namespace {
@@ -25,6 +32,7 @@ constexpr int kHistThreads = 256;
 constexpr int kMaxWarps = 32;
 constexpr int64_t kWarpCountBytes = 32 * 1024;  // shared memory for the warps' per-expert counters
 constexpr int kMaxExperts = 8192;
+constexpr int64_t kMaxZeroBlocks = 1024;
 
 __device__ __forceinline__ int expert_key(int32_t x, int E) { return x >= 0 && x < E ? x : E; }
 
@@ -42,12 +50,29 @@ histogram_kernel(const int32_t* __restrict__ ids, int64_t n, int64_t tile, int E
   for (int x = threadIdx.x; x <= E; x += blockDim.x) out[x] = hist[x];
 }
 
+// Zero block z of `zero_blocks` sets its share of [zero_out, zero_out + zero_bytes) to zero: 16-byte
+// stores over the aligned middle, single bytes for the unaligned ends (block 0).
+__device__ void zero_share(unsigned char* zero_out, int64_t zero_bytes, int64_t z, int64_t zero_blocks) {
+  const uintptr_t start = reinterpret_cast<uintptr_t>(zero_out);
+  const int64_t head = std::min<int64_t>(static_cast<int64_t>((16 - start % 16) % 16), zero_bytes);
+  const int64_t vecs = (zero_bytes - head) / 16;
+  uint4* body = reinterpret_cast<uint4*>(zero_out + head);
+  for (int64_t i = z * blockDim.x + threadIdx.x; i < vecs; i += zero_blocks * blockDim.x) body[i] = make_uint4(0, 0, 0, 0);
+  if (z == 0) {
+    const int64_t tail = head + vecs * 16;
+    for (int64_t i = threadIdx.x; i < head; i += blockDim.x) zero_out[i] = 0;
+    for (int64_t i = tail + threadIdx.x; i < zero_bytes; i += blockDim.x) zero_out[i] = 0;
+  }
+}
+
+// Blocks [0, num_tiles) scan and scatter; blocks past them zero zero_out.
 // Shared memory: first[E+1] (an expert's total rows, then its first permuted row), before[E+1] (its
 // rows in earlier tiles), next[W][E+1] (warp w's rows per expert, then its next free permuted row).
 __global__ void __launch_bounds__(kMaxWarps * 32)
 scan_scatter_kernel(const int32_t* __restrict__ ids, int64_t n, int64_t tile, int rounds, int num_tiles, int E,
                     const int32_t* __restrict__ counts, int64_t* __restrict__ offsets,
-                    int32_t* __restrict__ permuted_to_unpermuted, int32_t* __restrict__ unpermuted_to_permuted) {
+                    int32_t* __restrict__ permuted_to_unpermuted, int32_t* __restrict__ unpermuted_to_permuted,
+                    unsigned char* __restrict__ zero_out, int64_t zero_bytes) {
   extern __shared__ int smem[];
   __shared__ int warp_sums[32];
   __shared__ int carry;
@@ -56,6 +81,11 @@ scan_scatter_kernel(const int32_t* __restrict__ ids, int64_t n, int64_t tile, in
   int* before = smem + stride;
   int* next = smem + (2 + warp) * stride;  // this warp's row of next[W][E+1]
   mb::chain_start();
+  const int scan_blocks = num_tiles > 0 ? num_tiles : 1;
+  if (static_cast<int>(blockIdx.x) >= scan_blocks) {
+    zero_share(zero_out, zero_bytes, blockIdx.x - scan_blocks, gridDim.x - scan_blocks);
+    return;
+  }
   for (int i = threadIdx.x; i < (2 + W) * stride; i += blockDim.x) smem[i] = 0;
   if (threadIdx.x == 0) carry = 0;
   __syncthreads();
@@ -145,7 +175,8 @@ extern "C" size_t mb_build_maps_three_step_workspace(int num_tokens, int top_k, 
 extern "C" mb_status mb_build_maps_three_step(const int32_t* topk_ids, int num_tokens, int top_k, int num_experts,
                                               int32_t* permuted_to_unpermuted, int32_t* unpermuted_to_permuted,
                                               int64_t* expert_first_token_offset, void* workspace,
-                                              size_t workspace_bytes, cudaStream_t stream) {
+                                              size_t workspace_bytes, void* zero_out, size_t zero_bytes,
+                                              cudaStream_t stream) {
   const char* who = "mb_build_maps_three_step";
   MB_REQUIRE(num_tokens >= 0, "%s: num_tokens must be >= 0, got %d", who, num_tokens);
   MB_REQUIRE(top_k >= 1, "%s: top_k must be >= 1, got %d", who, top_k);
@@ -161,6 +192,7 @@ extern "C" mb_status mb_build_maps_three_step(const int32_t* topk_ids, int num_t
   MB_REQUIRE(expert_first_token_offset, "%s: expert_first_token_offset must be non-NULL", who);
   MB_REQUIRE(n == 0 || (topk_ids && permuted_to_unpermuted && unpermuted_to_permuted && workspace),
              "%s: topk_ids, both maps and workspace must be non-NULL", who);
+  MB_REQUIRE(zero_out || zero_bytes == 0, "%s: zero_out must be non-NULL when zero_bytes (%zu) > 0", who, zero_bytes);
 
   int32_t* counts = static_cast<int32_t*>(workspace);
   const size_t hist_smem = (static_cast<size_t>(num_experts) + 1) * sizeof(int);
@@ -178,11 +210,16 @@ extern "C" mb_status mb_build_maps_three_step(const int32_t* topk_ids, int num_t
     if (err != cudaSuccess) return mb::fail(MB_ERR_CUDA, "%s: shared memory %zu bytes: %s", who, smem,
                                             cudaGetErrorString(err));
   }
-  // One block even with no rows: block 0 writes the (all-zero) offsets.
-  const unsigned blocks = static_cast<unsigned>(t.num_tiles > 0 ? t.num_tiles : 1);
+  // One block even with no rows: block 0 writes the (all-zero) offsets. Zero blocks: 8 16-byte stores
+  // per thread, at most kMaxZeroBlocks.
+  const int64_t scan_blocks = t.num_tiles > 0 ? t.num_tiles : 1;
+  const int64_t per_zero_block = static_cast<int64_t>(32 * warps) * 16 * 8;
+  const int64_t zero_blocks =
+      std::min<int64_t>((static_cast<int64_t>(zero_bytes) + per_zero_block - 1) / per_zero_block, kMaxZeroBlocks);
   const int rounds = static_cast<int>(t.tile / (32 * warps));
   return mb::check_launch("scan_scatter_kernel", mb::launch_after_trigger_smem(
-      scan_scatter_kernel, dim3(blocks), dim3(32 * warps), smem, stream, topk_ids, n, t.tile, rounds,
-      static_cast<int>(t.num_tiles), num_experts, static_cast<const int32_t*>(counts), expert_first_token_offset,
-      permuted_to_unpermuted, unpermuted_to_permuted));
+      scan_scatter_kernel, dim3(static_cast<unsigned>(scan_blocks + zero_blocks)), dim3(32 * warps), smem, stream,
+      topk_ids, n, t.tile, rounds, static_cast<int>(t.num_tiles), num_experts, static_cast<const int32_t*>(counts),
+      expert_first_token_offset, permuted_to_unpermuted, unpermuted_to_permuted, static_cast<unsigned char*>(zero_out),
+      static_cast<int64_t>(zero_bytes)));
 }

@@ -36,7 +36,11 @@ class FusedExperts:
     def prologue_three_step(self, b: Batch) -> None:
         self._maps(b, fused=False)
 
-    def _maps(self, b: Batch, fused: bool) -> None:
+    def prologue_three_step_zero_output(self, b: Batch) -> None:
+        """The three-step build, also zeroing `out` for gemm2_sm90_finalize's accumulation (one launch)."""
+        self._maps(b, fused=False, zero_out=b.out)
+
+    def _maps(self, b: Batch, fused: bool, zero_out: torch.Tensor | None = None) -> None:
         maps = dict(permuted_to_unpermuted=b.v("permuted_to_unpermuted"),
                     unpermuted_to_permuted=b.v("unpermuted_to_permuted"),
                     expert_first_token_offset=b.v("expert_offsets"))
@@ -44,7 +48,8 @@ class FusedExperts:
             self.k.build_maps_fused(b.topk_ids, self.spec.local_experts, **maps, stream=b.stream)
         else:
             self.k.build_maps_three_step(b.topk_ids, self.spec.local_experts, **maps,
-                                         workspace=_opt(b, "prologue_workspace"), stream=b.stream)
+                                         workspace=_opt(b, "prologue_workspace"), zero_out=zero_out,
+                                         stream=b.stream)
 
     def expand_rows(self, b: Batch) -> None:
         self._expand(b, zero_out=None)

@@ -106,6 +106,7 @@ class MoERunner:
         return {
             S.ROUTER_GEMM: pf.router_gemm, S.ROUTING: pf.routing,
             S.PROLOGUE_FUSED: ex.prologue_fused, S.PROLOGUE_THREE_STEP: ex.prologue_three_step,
+            S.PROLOGUE_THREE_STEP_ZERO_OUTPUT: ex.prologue_three_step_zero_output,
             S.EXPAND_ROWS: ex.expand_rows, S.EXPAND_ROWS_ZERO_OUTPUT: ex.expand_rows_zero_output,
             S.GEMM1_SM90: ex.gemm1_sm90, S.GEMM1_SM90_GATED: ex.gemm1_sm90_gated,
             S.GEMM1_SM80: ex.gemm1_sm80, S.GEMM1_SM80_ACT: ex.gemm1_sm80_act,
@@ -125,7 +126,7 @@ class MoERunner:
 
         Routing may be pinned with `router_logits` [T, E] or `topk_ids`+`topk_weights` [T, K]
         (copied into the workspace). `out` (same shape/dtype as hidden, not overlapping it:
-        the expansion zeroes it while other blocks still read hidden) avoids the one
+        the map build or the expansion zeroes it before every row of hidden is read) avoids the one
         allocation a call otherwise makes. `workspace` (flat uint8, >= workspace_bytes(spec,
         plan, T) bytes, e.g. TensorRT's, or that buffer already carved by `bind_workspace(flat, T)`)
         replaces the runner's own buffers for this call.
@@ -137,6 +138,9 @@ class MoERunner:
         elif out.shape != hidden.shape or out.dtype != self.dtype or out.device != self.device \
                 or not out.is_contiguous():
             raise MoeBuildError("out", "must be a contiguous tensor shaped and typed like hidden", str(self.dtype))
+        elif _overlap(out, hidden):
+            raise MoeBuildError("out", "overlaps hidden, which the layer still reads after zeroing out",
+                                "a buffer apart from hidden")
         if T == 0:
             return out
         if workspace is None:
@@ -207,6 +211,12 @@ def _kernel_sequence(plan: Plan, tokens: int, routing_input: S.RoutingInput) -> 
     return tuple(S.kernel_sequence(plan, tokens, routing_input))
 
 
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two contiguous tensors share any byte."""
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
+
+
 def runner_layout(spec: MoESpec, plan: Plan, max_tokens: int) -> dict[str, BufferSpec]:
     """The runner's buffer layout for calls of up to `max_tokens` tokens, kernel scratch included."""
     steps = S.steps_up_to(plan, max_tokens)
@@ -216,7 +226,7 @@ def runner_layout(spec: MoESpec, plan: Plan, max_tokens: int) -> dict[str, Buffe
                    kernels.grouped_gemm_sm90_workspace_bytes(E, r, spec.hidden_size, spec.intermediate_size))
     else:
         gemm = kernels.grouped_gemm_sm80_workspace_bytes(E)
-    three = kernels.three_step_workspace_bytes(max_tokens, spec.top_k, E) if S.PROLOGUE_THREE_STEP in steps else 0
+    three = kernels.three_step_workspace_bytes(max_tokens, spec.top_k, E) if steps & S.THREE_STEP_PROLOGUES else 0
     return workspace_layout(spec, steps, max_tokens, gemm_workspace_bytes=gemm, three_step_workspace_bytes=three)
 
 

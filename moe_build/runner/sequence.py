@@ -19,6 +19,10 @@ ROUTER_GEMM = "router_gemm"            # torch matmul: hidden @ router_weight^T 
 ROUTING = "routing"                    # mb_routing: logits -> topk ids/weights
 PROLOGUE_FUSED = "prologue:fused"      # mb_build_maps_fused
 PROLOGUE_THREE_STEP = "prologue:three_step"  # mb_build_maps_three_step
+# mb_build_maps_three_step that also zeroes the output the fused finalize accumulates into (its zero_out):
+# extra blocks beside its latency-bound scan, instead of more writes in the bandwidth-bound expansion.
+PROLOGUE_THREE_STEP_ZERO_OUTPUT = "prologue:three_step+zero_output"
+THREE_STEP_PROLOGUES = frozenset({PROLOGUE_THREE_STEP, PROLOGUE_THREE_STEP_ZERO_OUTPUT})  # need its workspace
 EXPAND_ROWS = "expand_rows"            # mb_expand_rows
 # mb_expand_rows that also zeroes the output the fused finalize accumulates into (its zero_out):
 # the same expansion, with the zeroing memset folded in instead of a launch of its own.
@@ -101,10 +105,14 @@ def kernel_sequence(plan: Plan, tokens: int, routing_input: RoutingInput = "hidd
         steps.append(ROUTER_GEMM)
     if routing_input in ("hidden", "logits"):
         steps.append(ROUTING)
-    steps.append(PROLOGUE_FUSED if c["routing_prologue"] == "fused" else PROLOGUE_THREE_STEP)
     gemm2 = _GEMM2[(c["gemm_kernel"], c["finalize"])]
-    # GEMM2's finalize epilogue adds into `out`, which the expansion zeroes beforehand.
-    steps.append(EXPAND_ROWS_ZERO_OUTPUT if GEMM2_SM90_FINALIZE in gemm2 else EXPAND_ROWS)
+    # GEMM2's finalize epilogue adds into `out`, which the three-step map build or else the expansion
+    # zeroes beforehand.
+    zero = GEMM2_SM90_FINALIZE in gemm2
+    if c["routing_prologue"] == "fused":
+        steps += [PROLOGUE_FUSED, EXPAND_ROWS_ZERO_OUTPUT if zero else EXPAND_ROWS]
+    else:
+        steps += [PROLOGUE_THREE_STEP_ZERO_OUTPUT if zero else PROLOGUE_THREE_STEP, EXPAND_ROWS]
     steps += _GEMM1[(c["gemm_kernel"], c["fc1_activation"])]
     steps += gemm2
     if plan.spec.get("shared", {}).get("count", 0):

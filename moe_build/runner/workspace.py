@@ -56,7 +56,7 @@ def workspace_layout(spec: MoESpec, steps: set[str], max_tokens: int, *, gemm_wo
     }
     if S.ROUTER_GEMM in steps:
         out["logits"] = BufferSpec((M, E), dt, 1)
-    if S.PROLOGUE_THREE_STEP in steps and three_step_workspace_bytes:
+    if S.THREE_STEP_PROLOGUES & steps and three_step_workspace_bytes:
         out["prologue_workspace"] = BufferSpec((three_step_workspace_bytes,), torch.uint8)
     if S.ACTIVATION in steps:
         out["fc1_out"] = BufferSpec((R, N1), dt, K)

@@ -247,3 +247,18 @@ def test_gated_epilogue_runner_keeps_only_the_interleaved_w1() -> None:
     with pytest.raises(MoeBuildError, match="w1_interleaved"):
         MoERunner(spec, weights, target=_target(), max_tokens=64, force={"fc1_activation": "separate"},
                   w1_interleaved=True)
+
+
+@pytest.mark.parametrize("tokens", (16, 300))
+def test_out_overlapping_hidden_is_refused(tokens: int) -> None:
+    """Past 256 tokens the three-step map build zeroes `out` before the expansion reads hidden, and no
+    kernel sees both: the runner refuses the overlap itself, at either prologue, naming `out`."""
+    runner, _ = _runner(BASE, None, max_tokens=tokens, seed=5)
+    dt = _dtype(BASE)
+    buf = torch.randn(tokens + 1, BASE.hidden_size, device="cuda").to(dt)
+    hidden, logits = buf[:tokens], torch.randn(tokens, BASE.num_experts, device="cuda").to(dt)
+    before = buf.clone()
+    for out in (buf[:tokens], buf[1:]):
+        with pytest.raises(MoeBuildError, match="out"):
+            runner(hidden, router_logits=logits, out=out)
+    assert torch.equal(buf, before), "a refused call must leave both buffers untouched"

@@ -238,6 +238,27 @@ def test_three_step_prologue_tilings(t: int, k: int, e: int) -> None:
     check_maps(poisoned(K.build_maps_three_step), skewed.contiguous(), e)
 
 
+@pytest.mark.parametrize("t,k,e,h,dtype", [(4096, 8, 128, 2048, torch.bfloat16), (300, 3, 64, 100, torch.float16),
+                                           (1, 1, 8, 7, torch.float16), (3000, 6, 4096, 2816, torch.bfloat16),
+                                           (0, 4, 64, 64, torch.bfloat16)])
+@pytest.mark.parametrize("offset", (0, 1))
+def test_three_step_prologue_zeroes_output(t: int, k: int, e: int, h: int, dtype: torch.dtype, offset: int) -> None:
+    """zero_out: the finalize GEMM's output is zeroed by the map build's extra blocks, exactly its bytes
+    (a view one element into a NaN buffer: unaligned ends, neighbours untouched; 4096 experts leave one
+    warp per block, so the zero blocks stride), and the maps are unchanged."""
+    whole = nan_like((t * h + offset + 9,), dtype)
+    z = whole[offset:offset + t * h].view(t, h)
+
+    def build(ids: torch.Tensor, e: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        n = ids.numel()
+        return K.build_maps_three_step(ids, e, sentinel((n,)), sentinel((n,)), sentinel((e + 1,), torch.int64),
+                                       zero_out=z)
+    check_maps(build, random_ids(t, e, k), e)
+    assert (z == 0).all(), "zero_out not fully zeroed"
+    outside = torch.cat([whole[:offset], whole[offset + t * h:]])
+    assert outside.isnan().all(), "bytes outside zero_out were written"
+
+
 @pytest.mark.parametrize("t,k,e", [(257, 2, 8), (16, 3, 8), (16, 5, 64), (16, 2, 511), (300, 8, 256)])
 def test_fused_prologue_unsupported(t: int, k: int, e: int) -> None:
     with pytest.raises(K.KernelError) as err:
