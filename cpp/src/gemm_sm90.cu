@@ -431,7 +431,10 @@ class MoeEpilogue {
 //                     ours --iters 30): GPT-OSS 1544-1551 vs 1575-1602 us, Mixtral 4639-4657
 //                     vs 4809-4833, Qwen3 741-750 vs 751-755, DeepSeek-V2-Lite 833-856 vs 839-861.
 //                     Wider clusters lost too (bench/gemm_rate_probe.py, 4096 tokens, plain store, vs this
-//                     tile): pingpong 64x256 in 2x2 clusters 5-12% (Qwen3 GEMM1 504 vs 459 us), cooperative
+//                     tile): pingpong 64x256 in 1x2 clusters (the A tile multicast over two column tiles;
+//                     2026-11-22, --gated / --finalize against the rule's tiles, outputs correct) 25-52%
+//                     (Qwen3 gated GEMM1 488 vs 352 us, finalize GEMM2 256-259 vs 206; DeepSeek-V2-Lite and
+//                     Mixtral alike), in 2x2 clusters 5-12% (Qwen3 GEMM1 504 vs 459 us), cooperative
 //                     128x256 in 1x2 clusters (the A tile multicast instead) 0-11%, in 2x2 clusters 12-28%;
 //                     pingpong 64x192 in 2x1 clusters, which tiles GPT-OSS's N = 2880 without padding, won
 //                     only there (GEMM2 583 vs 600 us) and lost 4-44% elsewhere; it runs only where
