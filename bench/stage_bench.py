@@ -41,7 +41,7 @@ def graph_us(fn: Callable[[], object], reps: int) -> float:
     return 1e3 * _median_ms(lambda i: g.replay(), REPLAYS, 20) / reps
 
 
-def bench_shape(name: str, T: int, has_zero_out: bool) -> dict[str, float]:
+def bench_shape(name: str, T: int) -> dict[str, float]:
     H, I, E, k, _ = SHAPES[name]
     dev, dt = "cuda", torch.bfloat16
     torch.manual_seed(T * 1000 + E)
@@ -62,8 +62,8 @@ def bench_shape(name: str, T: int, has_zero_out: bool) -> dict[str, float]:
     ids_o, w_o = torch.empty_like(ids), torch.empty_like(w)
     maps = (torch.empty_like(ptu), torch.empty_like(utp), torch.empty_like(off))
     # Where the layer zeroes `out`: the three-step map build where it runs, else the expansion.
-    zero_kw = {"zero_out": out} if has_zero_out and fused else {}
-    chain_prologue = prologue if fused or not has_zero_out else \
+    zero_kw = {"zero_out": out} if fused else {}
+    chain_prologue = prologue if fused else \
         (lambda i, m: K.build_maps_three_step(i, E, *m, workspace=ws, zero_out=out))
     src_rows = (ptu // k).long()
 
@@ -72,8 +72,6 @@ def bench_shape(name: str, T: int, has_zero_out: bool) -> dict[str, float]:
         chain_prologue(ids_o, maps)
         K.expand_rows(hidden, maps[1], w_o, permuted_input=pin, permuted_weights=pw, **zero_kw)
         K.activation(fc1, maps[2], K.Activation.SWIGLU, out=act)
-        if not has_zero_out:
-            out.zero_()
 
     one = torch.zeros(1, device=dev)
     stages: dict[str, Callable[[], object]] = {
@@ -93,11 +91,10 @@ def bench_shape(name: str, T: int, has_zero_out: bool) -> dict[str, float]:
     }
     if fused:
         stages["prologue_fused"] = lambda: K.build_maps_fused(ids, E, *maps)
-    if has_zero_out:
-        stages["expand_rows+zero_out"] = lambda: K.expand_rows(hidden, utp, w, permuted_input=pin,
-                                                               permuted_weights=pw, zero_out=out)
-        stages["prologue_three_step+zero_out"] = lambda: K.build_maps_three_step(ids, E, *maps, workspace=ws,
-                                                                                zero_out=out)
+    stages["expand_rows+zero_out"] = lambda: K.expand_rows(hidden, utp, w, permuted_input=pin, permuted_weights=pw,
+                                                           zero_out=out)
+    stages["prologue_three_step+zero_out"] = lambda: K.build_maps_three_step(ids, E, *maps, workspace=ws,
+                                                                            zero_out=out)
     res = {n: graph_us(f, REPS) for n, f in stages.items()}
     res["chain(non-GEMM)"] = graph_us(chain, 1)
     return res
@@ -109,15 +106,13 @@ def main() -> None:
     ap.add_argument("--tokens", default="1,16")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
-    # zero_out in mb_expand_rows and mb_build_maps_three_step (a library and these bindings of one commit)
-    has_zero_out = len(K.SIGNATURES["mb_build_maps_three_step"][1]) == 12
     K.load_library()
     cols, table = [], {}
     for name in a.shapes.split(","):
         for T in (int(t) for t in a.tokens.split(",")):
             col = f"{name.split('-')[0]}/T{T}"
             cols.append(col)
-            table[col] = bench_shape(name, T, has_zero_out)
+            table[col] = bench_shape(name, T)
     rows = list(dict.fromkeys(r for col in table.values() for r in col))
     print(f"stage kernels, CUDA-graph node time (us, median), {torch.cuda.get_device_name()}")
     print(f"{'stage':<22}" + "".join(f"{c:>13}" for c in cols))
