@@ -480,7 +480,9 @@ constexpr int64_t kFinalizeNarrowMaxAvgRows = 64;
 // 401.0-401.5) and 1-4 on the H100; at 4096 tokens it is even to 1-2% behind on the H200 (Qwen3 613.3-624.8
 // vs 614.4-615.2, Mixtral-8x7B 4462-4596 vs 4441-4498, GPT-OSS 1426-1456 vs 1419-1442) and far behind on the
 // H100 (Qwen3 779.3-787.2 vs 710.8-716.0, GPT-OSS 1751-1772 vs 1620-1679, Mixtral 5914-6028 vs 5566-5585),
-// for a reason not found.
+// for a reason not found. Also launching it early past 64 rows with per-64-row-block readiness counters
+// from GEMM1's epilogue (so it runs under GEMM1's last wave) was tried and dropped: correct, not faster
+// (README, "GEMM2 under GEMM1's last wave").
 constexpr int64_t kFinalizeEarlyLaunchMaxAvgRows = 64;
 // The gated epilogue (GEMM1 + act(gate, up)) from 33 to this many average rows per expert runs pingpong
 // 64x256 without a cluster, else as the plain store. Timed interleaved against the 2x1 cluster on the
