@@ -9,6 +9,13 @@ is first checked against the fp64 reference on sampled rows of the very input it
 
 floor = max(bytes of the touched experts' weights / measured copy bandwidth,
             FLOPs / measured bf16 matmul rate), touched experts counted from the actual routing.
+The two ceilings are timed at every point among the variants, in the same shuffled rounds, so that
+both run in the power state the variants run in: at 4096 tokens a layer holds the GPU at its power
+limit and the SM clock drops (H200, bench/power_state_probe.py: Qwen3-30B-A3B's layer at 1245-1303 MHz,
+the 8192^3 matmul at 1453-1473 MHz when hot, both at 1980 MHz after an idle gap), so ceilings measured
+once at the start of the run, cool, against variants timed hot would put the difference in power
+state into the ratio. Those start-of-run ("burst") ceilings are still measured and each point also
+reports its ratio to the floor they give.
 """
 from __future__ import annotations
 
@@ -113,18 +120,41 @@ def _interleaved_median_ms(fns: dict[Any, Callable[[int], object]], iters: int, 
     return {name: statistics.median(s.elapsed_time(e) for s, e in marks[name]) for name in names}
 
 
-def measure_ceilings(iters: int = 10) -> dict[str, float]:
-    """Device copy bandwidth (bytes read + written) and bf16 matmul rate, measured here and now."""
-    n = 1 << 30
-    a = torch.empty(n, dtype=torch.uint8, device="cuda").random_()
-    b = torch.empty_like(a)
-    ms = _median_ms(lambda i: b.copy_(a), iters, 3)
-    del a, b
-    m = 8192
-    x = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
-    y = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
-    mm_ms = _median_ms(lambda i: x @ y, iters, 3)
-    return {"copy_bytes_per_s": 2 * n / (ms * 1e-3), "bf16_flops_per_s": 2 * m ** 3 / (mm_ms * 1e-3)}
+class CeilingCalls:
+    """The two ceiling measurements as calls to time: a 1 GiB device copy and an 8192^3 bf16 matmul
+    (into preallocated outputs, so no call allocates), with the work each does."""
+
+    COPY_BYTES = 1 << 30
+    MATMUL_N = 8192
+
+    def __init__(self) -> None:
+        self.src = torch.empty(self.COPY_BYTES, dtype=torch.uint8, device="cuda").random_()
+        self.dst = torch.empty_like(self.src)
+        m = self.MATMUL_N
+        self.x = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
+        self.y = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
+        self.z = torch.empty(m, m, device="cuda", dtype=torch.bfloat16)
+
+    def copy(self, i: int) -> object:
+        return self.dst.copy_(self.src)
+
+    def matmul(self, i: int) -> object:
+        return torch.matmul(self.x, self.y, out=self.z)
+
+    @classmethod
+    def rates(cls, copy_ms: float, matmul_ms: float) -> dict[str, float]:
+        """Ceilings from the two calls' times: copy bytes read + written per second, matmul FLOP/s."""
+        return {"copy_bytes_per_s": 2 * cls.COPY_BYTES / (copy_ms * 1e-3),
+                "bf16_flops_per_s": 2 * cls.MATMUL_N ** 3 / (matmul_ms * 1e-3)}
+
+
+# Timer keys of the ceiling calls among a point's variants.
+CEILING_TIMERS = {("ceiling", "copy_us"): "copy", ("ceiling", "matmul_us"): "matmul"}
+
+
+def measure_ceilings(calls: CeilingCalls, iters: int = 10) -> dict[str, float]:
+    """The ceilings in a burst, here and now (3 warm-up calls, then `iters` timed ones)."""
+    return calls.rates(_median_ms(calls.copy, iters, 3), _median_ms(calls.matmul, iters, 3))
 
 
 def floor_us(spec: MoESpec, tokens: int, touched_experts: float, ceilings: dict[str, float]) -> dict[str, float]:
@@ -219,9 +249,12 @@ def _runner_fn(runner: Any, out: torch.Tensor) -> Fn:
     return run
 
 
-def bench_shape(name: str, tokens_list: Sequence[int], ceilings: dict[str, float], iters: int, warmup: int,
-                input_sets: int, variants: Sequence[str], log: Callable[[str], None]) -> list[dict[str, Any]]:
-    """Every variant at every token count of one shape; returns one record per (shape, tokens)."""
+def bench_shape(name: str, tokens_list: Sequence[int], ceilings: dict[str, float], ceiling_calls: CeilingCalls,
+                iters: int, warmup: int, input_sets: int, variants: Sequence[str],
+                log: Callable[[str], None]) -> list[dict[str, Any]]:
+    """Every variant at every token count of one shape; returns one record per (shape, tokens).
+    `ceilings` are the run's burst ceilings; each point's floor comes from `ceiling_calls` timed
+    among its variants (point_floor)."""
     from .runner import MoERunner
 
     spec = bench_spec(name)
@@ -256,8 +289,9 @@ def bench_shape(name: str, tokens_list: Sequence[int], ceilings: dict[str, float
         rows, ref = _reference_rows(spec, w64, sets[0])
         rec: dict[str, Any] = {"shape": name, "H": spec.hidden_size, "I": spec.intermediate_size,
                                "E": spec.num_experts, "top_k": spec.top_k, "tokens": T,
-                               "touched_experts": touched, **floor_us(spec, T, touched, ceilings), "variants": {}}
-        timers: dict[tuple[str, str], Callable[[int], object]] = {}
+                               "touched_experts": touched, "variants": {}}
+        timers: dict[tuple[str, str], Callable[[int], object]] = {
+            key: getattr(ceiling_calls, call) for key, call in CEILING_TIMERS.items()}
         for v in variants:
             entry: dict[str, Any] = dict(meta.get(v, {}))
             rec["variants"][v] = entry
@@ -284,15 +318,20 @@ def bench_shape(name: str, tokens_list: Sequence[int], ceilings: dict[str, float
                         timers[(v, "graph_us")] = replay
             except Exception as e:  # a failing variant must not take the others down
                 entry["error"] = f"{type(e).__name__}: {e}"
+        medians_ms: dict[tuple[str, str], float] = {}
         try:
             syncing = {v for v, e in rec["variants"].items() if e.get("host_sync")}
             for group in ({k: f for k, f in timers.items() if k[0] not in syncing},
                           {k: f for k, f in timers.items() if k[0] in syncing}):
-                for (v, field), ms in _interleaved_median_ms(group, iters, warmup).items():
-                    rec["variants"][v][field] = 1e3 * ms
+                medians_ms.update(_interleaved_median_ms(group, iters, warmup))
         except Exception as e:
             for v, _ in timers:
-                rec["variants"][v]["error"] = f"timing failed: {type(e).__name__}: {e}"
+                if v in rec["variants"]:
+                    rec["variants"][v]["error"] = f"timing failed: {type(e).__name__}: {e}"
+        for (v, field), ms in medians_ms.items():
+            if v in rec["variants"]:
+                rec["variants"][v][field] = 1e3 * ms
+        rec.update(point_floor(spec, T, touched, medians_ms, ceilings))
         _ratios(rec)
         records.append(rec)
         log(_row(rec))
@@ -321,11 +360,28 @@ def _graph_replay(runner: Any, sets: list[InputSet], out_buf: torch.Tensor, rows
     return {"graph_rel_err": err}, lambda i: graphs[i % len(graphs)].replay()
 
 
+def point_floor(spec: MoESpec, tokens: int, touched: float, medians_ms: dict[tuple[str, str], float],
+                burst: dict[str, float]) -> dict[str, Any]:
+    """A point's floor fields from the ceiling calls' median times among its variants (`medians_ms`,
+    keyed as the timers; `ceilings_source` "side_by_side"), or from the burst ceilings when those
+    calls have no time ("burst"); plus `burst_floor_us`, the floor the run's burst ceilings give."""
+    keys = {call: key for key, call in CEILING_TIMERS.items()}
+    if keys["copy"] in medians_ms and keys["matmul"] in medians_ms:
+        ceilings = CeilingCalls.rates(medians_ms[keys["copy"]], medians_ms[keys["matmul"]])
+        source = "side_by_side"
+    else:
+        ceilings, source = burst, "burst"
+    return {**floor_us(spec, tokens, touched, ceilings), "ceilings": ceilings, "ceilings_source": source,
+            "burst_floor_us": floor_us(spec, tokens, touched, burst)["floor_us"]}
+
+
 def _ratios(rec: dict[str, Any]) -> None:
-    """ours/floor (eager and graph-replayed), and each peer's time over ours eager (> 1: we are faster)."""
+    """ours/floor (eager and graph-replayed; graph also against the burst floor), and each peer's time
+    over ours eager (> 1: we are faster)."""
     ours = rec["variants"].get("ours", {})
     rec["ours_over_floor"] = ours["us"] / rec["floor_us"] if ours.get("us") else None
     rec["graph_over_floor"] = ours["graph_us"] / rec["floor_us"] if ours.get("graph_us") else None
+    rec["graph_over_burst_floor"] = ours["graph_us"] / rec["burst_floor_us"] if ours.get("graph_us") else None
     rec["speedup_vs"] = {v: e["us"] / ours["us"] for v, e in rec["variants"].items()
                          if ours.get("us") and v != "ours" and e.get("us")}
 
@@ -341,9 +397,10 @@ def _row(rec: dict[str, Any]) -> str:
 
 def table(results: dict[str, Any]) -> str:
     """The short table `device_run.sh` prints last (us, medians): ours eager and graph-replayed,
-    peers (eager), floor, and each forced-off variant graph-replayed."""
-    lines = [f"{'shape':<17}{'T':>5}{'floor':>9}{'ours':>9}{'x fl':>6}{'graph':>9}{'x fl':>6}{'naive':>10}"
-             f"{'grouped':>9}{'hf':>10}  forced-off, graph-replayed (us)"]
+    peers (eager), floor, and each forced-off variant graph-replayed. "x fl": over the point's floor
+    (side-by-side ceilings); "x bfl": graph over the floor of the run's burst ceilings."""
+    lines = [f"{'shape':<17}{'T':>5}{'floor':>9}{'ours':>9}{'x fl':>6}{'graph':>9}{'x fl':>6}{'x bfl':>6}"
+             f"{'naive':>10}{'grouped':>9}{'hf':>10}  forced-off, graph-replayed (us)"]
     for r in results["points"]:
         v = r["variants"]
         us = lambda k, f="us": f"{v[k][f]:.1f}" if v.get(k, {}).get(f) else "-"  # noqa: E731
@@ -351,7 +408,7 @@ def table(results: dict[str, Any]) -> str:
         forced = " ".join(f"{k.split(':', 1)[1]}={us(k, 'graph_us')}" for k in v if k.startswith("ours:"))
         lines.append(f"{r['shape']:<17}{r['tokens']:>5}{r['floor_us']:>9.1f}{us('ours'):>9}"
                      f"{ratio('ours_over_floor'):>6}{us('ours', 'graph_us'):>9}{ratio('graph_over_floor'):>6}"
-                     f"{us('naive'):>10}{us('grouped_mm'):>9}{us('hf_eager'):>10}  {forced}")
+                     f"{ratio('graph_over_burst_floor'):>6}{us('naive'):>10}{us('grouped_mm'):>9}{us('hf_eager'):>10}  {forced}")
     return "\n".join(lines)
 
 
@@ -391,8 +448,9 @@ def run_bench(shapes: Sequence[str] = tuple(SHAPES), tokens_list: Sequence[int] 
     if unknown:
         raise MoeBuildError("shapes", f"unknown {unknown}", sorted(SHAPES))
     torch.manual_seed(0)
-    ceilings = measure_ceilings()
-    log(f"ceilings: copy {ceilings['copy_bytes_per_s'] / 1e12:.2f} TB/s, "
+    ceiling_calls = CeilingCalls()
+    ceilings = measure_ceilings(ceiling_calls)
+    log(f"burst ceilings: copy {ceilings['copy_bytes_per_s'] / 1e12:.2f} TB/s, "
         f"bf16 matmul {ceilings['bf16_flops_per_s'] / 1e12:.0f} TFLOP/s")
     results: dict[str, Any] = {
         "device": torch.cuda.get_device_name(), "torch": torch.__version__, "ceilings": ceilings,
@@ -401,13 +459,17 @@ def run_bench(shapes: Sequence[str] = tuple(SHAPES), tokens_list: Sequence[int] 
                    "order": "variants (eager and graph) timed in turn, one call each per round, order shuffled "
                             "each round; variants that sync with the host (host_sync) timed after, "
                             "as a group of their own",
+                   "ceilings": "a 1 GiB copy and an 8192^3 bf16 matmul, timed at every point among its "
+                               "non-syncing variants (the point's floor); also once at the start, cool "
+                               "(burst_floor_us, top-level ceilings)",
                    "check": f"fp64 reference on <= {CHECK_ROWS + 2} sampled rows, "
                                                              f"rel-norm err < {REL_ERR_LIMIT}",
                    "router_linear": "excluded for every variant (all take fp32 router logits)"},
         "points": [],
     }
     for name in shapes:
-        results["points"] += bench_shape(name, tokens_list, ceilings, iters, warmup, input_sets, variants, log)
+        results["points"] += bench_shape(name, tokens_list, ceilings, ceiling_calls, iters, warmup, input_sets,
+                                         variants, log)
         if out_json is not None:  # partial results survive a time-out
             Path(out_json).write_text(json.dumps(results, indent=1, default=str))
     if png is not None:

@@ -10,6 +10,7 @@
 #   BENCH_ARGS="--shapes mixtral-8x7b --tokens 1,16" bash scripts/device_run.sh
 #   GEMM_PROBE=1 bash scripts/device_run.sh  # + the grouped-GEMM tile probe (bench/gemm_rate_probe.py)
 #   NCU_PROBE=1 bash scripts/device_run.sh   # + Nsight Compute counters of the 4096-token GEMMs (bench/gemm_ncu_probe.py)
+#   POWER_PROBE=1 bash scripts/device_run.sh # + the 4096-token layer vs the matmul ceiling, cool and hot (bench/power_state_probe.py)
 #   MOE_BUILD_KERNELS_LIB=build/kernels/libmoe_build_kernels.so bash scripts/device_run.sh
 #       (a library built on the CPU machine with `python -m moe_build.kernel_build --out build/kernels`,
 #        carried with the call: the device has no nvidia-cutlass headers)
@@ -66,6 +67,12 @@ if [ "${NCU_PROBE:-0}" = 1 ]; then
   phase gemm_ncu 240 "$PY" bench/gemm_ncu_probe.py --json "$OUT/gemm_ncu_probe.json" \
     --tiles auto,pingpong64x256,pingpong64x256c2,coop128x256
 fi
+# POWER_PROBE=1: the 4096-token layer and the matmul ceiling after an idle gap and hot (bench/power_state_probe.py)
+if [ "${POWER_PROBE:-0}" = 1 ]; then
+  for s in qwen3-30b-a3b deepseek-v2-lite; do
+    phase "power_$s" 60 "$PY" bench/power_state_probe.py --shape "$s" --json "$OUT/power_state_$s.json"
+  done
+fi
 # shellcheck disable=SC2086
 phase bench "$BENCH_S" "$PY" -m moe_build.bench --json "$OUT/bench.json" --png "$OUT/bench.png" ${BENCH_ARGS:-}
 
@@ -79,4 +86,5 @@ if [ -f "$OUT/bench.json" ]; then
 else
   tail -n 20 "$OUT/bench.log"
 fi
+for f in "$OUT"/power_*.log; do [ -f "$f" ] && { echo "==== $(basename "$f" .log)"; tail -n 5 "$f"; }; done
 echo "==== phases"; cat "$OUT/phases.txt"

@@ -11,7 +11,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from moe_build.bench import InputSet, _interleaved_median_ms, _syncs_host
+from moe_build.bench import (
+    CeilingCalls,
+    InputSet,
+    _interleaved_median_ms,
+    _syncs_host,
+    measure_ceilings,
+)
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -75,3 +81,21 @@ def test_syncs_host_tells_syncing_fns_apart() -> None:
     assert _syncs_host(lambda h, lg: h[(lg > 0).nonzero()[:, 0]], inp)
     assert _syncs_host(lambda h, lg: h * float(lg.max()), inp)
     assert torch.cuda.get_sync_debug_mode() == 0  # restored
+
+
+def test_ceiling_calls_do_their_work_and_give_rates() -> None:
+    """The ceiling calls the bench times at every point: the copy copies every byte, the matmul
+    computes x @ y (fp64 reference on sampled rows, output poisoned first), and burst rates are
+    finite and positive."""
+    calls = CeilingCalls()
+    calls.dst.fill_(0xAB)
+    calls.copy(0)
+    assert torch.equal(calls.dst, calls.src)
+    calls.z.fill_(float("nan"))
+    calls.matmul(0)
+    rows = torch.randint(0, CeilingCalls.MATMUL_N, (8,), device="cuda")
+    ref = calls.x[rows].double() @ calls.y.double()
+    assert torch.isfinite(calls.z).all()
+    assert float((calls.z[rows].double() - ref).norm() / ref.norm()) < 1e-2
+    rates = measure_ceilings(calls, iters=3)
+    assert all(0 < v < float("inf") for v in rates.values()), rates
