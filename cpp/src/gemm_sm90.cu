@@ -336,6 +336,8 @@ class MoeEpilogue {
   // (H200, bench/lib_ab_probe.py, outputs bit-identical): Qwen3-30B-A3B 386.7 -> 383.7 us, DeepSeek-V2-
   // Lite 452.7 -> 451.0, GPT-OSS-20B 834.2 -> 834.6, Mixtral-8x7B 2910.0 -> 2939.9: ~1% where any, so the
   // stores' share of this epilogue (README: 364.7 us with them, 341.7 without) is not the half sectors.
+  // Nor the DRAM writes, and staging the tile in shared memory for one bulk copy per row (tried
+  // 2026-11-22: bit-identical, 0-1% slower) did not take it back; README, "The gated epilogue's share".
   template <int ACT, bool kBias, class Acc>
   CUTLASS_DEVICE void gated_tile(Acc const& acc, Frag const& f, const T* bias) {
     using P2 = Pair<T>;
