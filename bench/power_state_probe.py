@@ -126,8 +126,8 @@ def main() -> None:
         rate = mm_flops / (rec[f"matmul/{state}"]["us"] * 1e-6)
         fl = floor_us(spec, a.tokens, touched, {"copy_bytes_per_s": float("inf"), "bf16_flops_per_s": rate})
         rec[f"floor/{state}"] = {"tflops": rate / 1e12, "flops_floor_us": fl["flops_us"], "flops": fl["flops"]}
-    # Energy: the layer's joules against the matmul's joules for the same FLOPs (both hot). Under the
-    # power limit, time is energy over power, so this is the ratio a hot layer can reach at best.
+    # Energy: the layer's joules against the matmul's joules for the same FLOPs (both hot). Where both
+    # run at the power limit, time is energy over that power, so the hot time ratio tends to this one.
     mm_j_per_flop = rec["matmul/hot"]["joules_per_call"] / mm_flops
     rec["energy_ratio_hot"] = rec["layer/hot"]["joules_per_call"] / (mm_j_per_flop * rec["floor/hot"]["flops"])
     if a.json:
