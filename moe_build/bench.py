@@ -148,8 +148,8 @@ class CeilingCalls:
                 "bf16_flops_per_s": 2 * cls.MATMUL_N ** 3 / (matmul_ms * 1e-3)}
 
 
-# Timer keys of the ceiling calls among a point's variants.
-CEILING_TIMERS = {("ceiling", "copy_us"): "copy", ("ceiling", "matmul_us"): "matmul"}
+# Each ceiling call (a CeilingCalls method) and its timer key among a point's variants.
+CEILING_TIMERS = {"copy": ("ceiling", "copy_us"), "matmul": ("ceiling", "matmul_us")}
 
 
 def measure_ceilings(calls: CeilingCalls, iters: int = 10) -> dict[str, float]:
@@ -291,7 +291,7 @@ def bench_shape(name: str, tokens_list: Sequence[int], ceilings: dict[str, float
                                "E": spec.num_experts, "top_k": spec.top_k, "tokens": T,
                                "touched_experts": touched, "variants": {}}
         timers: dict[tuple[str, str], Callable[[int], object]] = {
-            key: getattr(ceiling_calls, call) for key, call in CEILING_TIMERS.items()}
+            key: getattr(ceiling_calls, call) for call, key in CEILING_TIMERS.items()}
         for v in variants:
             entry: dict[str, Any] = dict(meta.get(v, {}))
             rec["variants"][v] = entry
@@ -365,9 +365,9 @@ def point_floor(spec: MoESpec, tokens: int, touched: float, medians_ms: dict[tup
     """A point's floor fields from the ceiling calls' median times among its variants (`medians_ms`,
     keyed as the timers; `ceilings_source` "side_by_side"), or from the burst ceilings when those
     calls have no time ("burst"); plus `burst_floor_us`, the floor the run's burst ceilings give."""
-    keys = {call: key for key, call in CEILING_TIMERS.items()}
-    if keys["copy"] in medians_ms and keys["matmul"] in medians_ms:
-        ceilings = CeilingCalls.rates(medians_ms[keys["copy"]], medians_ms[keys["matmul"]])
+    copy_key, matmul_key = CEILING_TIMERS["copy"], CEILING_TIMERS["matmul"]
+    if copy_key in medians_ms and matmul_key in medians_ms:
+        ceilings = CeilingCalls.rates(medians_ms[copy_key], medians_ms[matmul_key])
         source = "side_by_side"
     else:
         ceilings, source = burst, "burst"

@@ -20,8 +20,7 @@ from moe_build.bench import (
     point_floor,
 )
 
-COPY_KEY = next(k for k, call in CEILING_TIMERS.items() if call == "copy")
-MATMUL_KEY = next(k for k, call in CEILING_TIMERS.items() if call == "matmul")
+COPY_KEY, MATMUL_KEY = CEILING_TIMERS["copy"], CEILING_TIMERS["matmul"]
 
 
 def layer_floor_us(shape: str, tokens: int, touched: float, copy_bps: float, flops_per_s: float) -> float:
