@@ -37,7 +37,16 @@
 // SM gives at ~3.5 us per piece round trip, and the mainloop's five stages hold the rest of shared
 // memory. (A first version that kept its ring bookkeeping on one lane spent ~1.4 us per piece even with
 // the copies disabled, most likely because under the producer warpgroup's 40-register budget that state
-// lived in local memory; the SASS was not read.)
+// lived in local memory; the SASS was not read.) A third form (2026-11-22, branch gather-aux-warp-
+// experiment) gathered into the mainloop's own stages from CUTLASS's auxiliary load warp (producer warp
+// 1, which the kernel runs over the same tiles and stages when the dispatch policy asks for it): 32 lanes
+// cp.async each stage's 64 x 128-byte swizzled rows and arrive on its full barrier, the TMA warp loads
+// only the weights. Bit-exact, but on the H200 the gated GEMM1 ran 567-786 us against 390-405 for this
+// kernel + GEMM1 (Qwen3-30B-A3B, 4096 tokens; 318 without any A copies), and 1.6x slower even at 256
+// tokens. The cost is per warp: copying half the rows, or splitting them over two warps, took it to
+// 486-514 us; an L1 prefetch two stages ahead to 600-660; evict_last hints and signalling stages late
+// through cp.async groups changed nothing (docs/measured/gather_aux_warp_probe.json). A warp cannot keep
+// enough copies in flight, and CUTLASS's producer warp group has no more free warps.
 // zero_out (the [T, H] output that GEMM2's finalize epilogue accumulates into) is zeroed here, each
 // token's row by the warps of its unit, so the layer needs no separate memset launch before GEMM2. The
 // layer passes it here after the fused map build only; past 256 tokens the three-step map build zeroes
