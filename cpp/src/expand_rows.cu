@@ -41,10 +41,10 @@
 // experiment) gathered into the mainloop's own stages from CUTLASS's auxiliary load warp (producer warp
 // 1, which the kernel runs over the same tiles and stages when the dispatch policy asks for it): 32 lanes
 // cp.async each stage's 64 x 128-byte swizzled rows and arrive on its full barrier, the TMA warp loads
-// only the weights. Bit-exact, but on the H200 the gated GEMM1 ran 567-786 us against 390-405 for this
-// kernel + GEMM1 (Qwen3-30B-A3B, 4096 tokens; 318 without any A copies), and 1.6x slower even at 256
+// only the weights. Bit-exact, but on the H200 the gated GEMM1 ran 567-786 us against 390-413 for this
+// kernel + GEMM1 (Qwen3-30B-A3B, 4096 tokens; 318-339 without any A copies), and 1.6x slower even at 256
 // tokens. The cost is per warp: copying half the rows, or splitting them over two warps, took it to
-// 486-514 us; an L1 prefetch two stages ahead to 600-660; evict_last hints and signalling stages late
+// 469-514 us; an L1 prefetch two stages ahead to 600-662; evict_last hints and signalling stages late
 // through cp.async groups changed nothing (docs/measured/gather_aux_warp_probe.json). A warp cannot keep
 // enough copies in flight, and CUTLASS's producer warp group has no more free warps.
 // zero_out (the [T, H] output that GEMM2's finalize epilogue accumulates into) is zeroed here, each
