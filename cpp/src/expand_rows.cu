@@ -45,8 +45,9 @@
 // kernel + GEMM1 (Qwen3-30B-A3B, 4096 tokens; 318-339 without any A copies), and 1.6x slower even at 256
 // tokens. The cost is per warp: copying half the rows, or splitting them over two warps, took it to
 // 469-514 us; an L1 prefetch two stages ahead to 600-662; evict_last hints and signalling stages late
-// through cp.async groups changed nothing (docs/measured/gather_aux_warp_probe.json). A warp cannot keep
-// enough copies in flight, and CUTLASS's producer warp group has no more free warps.
+// through cp.async groups changed nothing (docs/measured/gather_aux_warp_probe.json). Most likely a warp
+// cannot keep enough copies in flight (inferred, not measured), and CUTLASS's producer warp group has no
+// more free warps.
 // zero_out (the [T, H] output that GEMM2's finalize epilogue accumulates into) is zeroed here, each
 // token's row by the warps of its unit, so the layer needs no separate memset launch before GEMM2. The
 // layer passes it here after the fused map build only; past 256 tokens the three-step map build zeroes
