@@ -25,6 +25,7 @@ import importlib.util
 import json
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -59,6 +60,38 @@ def gemm_problems(shapes: str, tokens: int, gen: torch.Generator):
             a = torch.randn(rows, k, generator=gen, device="cuda", dtype=dt)
             _, routed, p2u, _ = gemm_lib.route(tokens, e, top_k, gen)
             yield name, gemm, n, k, rows, w, a, routed, p2u
+
+
+@dataclass
+class LayerGemms:
+    """One shape's two prefill GEMMs on random top-k routing, as the A/B probes time them: GEMM1 x @ W1^T
+    (W1 [E, 2I, H], its gated epilogue writing [rows, I]) and GEMM2 a2 @ W2^T (W2 [E, H, I]), with the routing
+    maps and weights GEMM2's finalize epilogue needs."""
+    h: int
+    inter: int
+    e: int
+    top_k: int
+    tokens: int
+    rows: int
+    offsets: torch.Tensor
+    p2u: torch.Tensor
+    w1: torch.Tensor
+    w2: torch.Tensor
+    x: torch.Tensor
+    a2: torch.Tensor
+    pw: torch.Tensor
+
+
+def layer_gemms(name: str, tokens: int, gen: torch.Generator, dtype: torch.dtype = torch.bfloat16) -> LayerGemms:
+    h, inter, e, top_k = SHAPES[name]
+    rows = tokens * top_k
+    _, offsets, p2u, _ = gemm_lib.route(tokens, e, top_k, gen)
+    w1 = torch.randn(e, 2 * inter, h, generator=gen, device="cuda", dtype=dtype) * h ** -0.5
+    w2 = torch.randn(e, h, inter, generator=gen, device="cuda", dtype=dtype) * inter ** -0.5
+    x = torch.randn(rows, h, generator=gen, device="cuda", dtype=dtype)
+    a2 = torch.randn(rows, inter, generator=gen, device="cuda", dtype=dtype)
+    pw = torch.rand(rows, generator=gen, device="cuda")
+    return LayerGemms(h, inter, e, top_k, tokens, rows, offsets, p2u, w1, w2, x, a2, pw)
 
 
 def run_sm90_tile(g, tile: str, a, w, out, offsets, rows: int, n: int, k: int, gated: bool,

@@ -17,7 +17,7 @@ import tempfile
 
 import torch
 
-from bench.gemm_bench import SHAPES, gemm_lib
+from bench.gemm_bench import SHAPES, gemm_lib, layer_gemms
 from moe_build.bench import _interleaved_median_ms
 from moe_build.kernels import SIGNATURES
 
@@ -49,14 +49,9 @@ def main() -> None:
     results = {}
     for tokens in (int(t) for t in args.tokens.split(",")):
         for name in args.shapes.split(","):
-            h, inter, e, top_k = SHAPES[name]
-            rows = tokens * top_k
-            _, offsets, p2u, _ = gemm_lib.route(tokens, e, top_k, gen)
-            w1 = torch.randn(e, 2 * inter, h, generator=gen, device="cuda", dtype=dt) * h ** -0.5
-            w2 = torch.randn(e, h, inter, generator=gen, device="cuda", dtype=dt) * inter ** -0.5
-            x = torch.randn(rows, h, generator=gen, device="cuda", dtype=dt)
-            a2 = torch.randn(rows, inter, generator=gen, device="cuda", dtype=dt)
-            pw = torch.rand(rows, generator=gen, device="cuda")
+            p = layer_gemms(name, tokens, gen, dt)
+            h, inter, top_k, rows, offsets, p2u = p.h, p.inter, p.top_k, p.rows, p.offsets, p.p2u
+            w1, w2, x, a2, pw = p.w1, p.w2, p.x, p.a2, p.pw
             outs = {"g1": torch.empty(rows, inter, device="cuda", dtype=dt),
                     "g2": torch.empty(rows, h, device="cuda", dtype=dt),
                     "fin": torch.zeros(tokens, h, device="cuda", dtype=dt)}

@@ -55,6 +55,13 @@ class Activation(enum.IntEnum):
         return self in (Activation.SWIGLU, Activation.GEGLU, Activation.SWIGLU_CLAMP)
 
 
+class WeightLayout(enum.IntEnum):
+    """B's layout for the sm90 GEMM entry points (mb_weight_layout): ROW_MAJOR, or BLOCKED64 as
+    moe_build.weights.block_64x64 writes it (64 x 64 blocks, each contiguous)."""
+    ROW_MAJOR = 0
+    BLOCKED64 = 1
+
+
 class KernelError(Exception):
     """A kernel entry point returned a non-zero mb_status; `status` says which kind."""
 
@@ -86,9 +93,10 @@ SIGNATURES: dict[str, tuple[type, tuple[type, ...]]] = {
     "mb_grouped_gemm_sm80_workspace": (_sz, (_i,)),
     "mb_grouped_gemm_sm80": (_i, (_p, _p, _p, _p, _p, _i, _i64, _i, _i, _i, _i, _i, _f, _f, _p, _sz, _p)),
     "mb_grouped_gemm_sm90_workspace": (_sz, (_i, _i64, _i, _i)),
-    "mb_grouped_gemm_sm90": (_i, (_p, _p, _p, _p, _p, _i, _i64, _i, _i, _i, _p, _sz, _p)),
-    "mb_grouped_gemm_sm90_finalize": (_i, (_p, _p, _p, _p, _p, _p, _p, _i, _i64, _i, _i, _i, _i, _i, _p, _sz, _p)),
-    "mb_grouped_gemm_sm90_gated": (_i, (_p, _p, _p, _p, _p, _i, _i64, _i, _i, _i, _i, _f, _f, _p, _sz, _p)),
+    "mb_grouped_gemm_sm90": (_i, (_p, _p, _p, _p, _p, _i, _i64, _i, _i, _i, _i, _p, _sz, _p)),
+    "mb_grouped_gemm_sm90_finalize": (_i, (_p, _p, _p, _p, _p, _p, _p, _i, _i64, _i, _i, _i, _i, _i, _i, _p, _sz,
+                                           _p)),
+    "mb_grouped_gemm_sm90_gated": (_i, (_p, _p, _p, _p, _p, _i, _i64, _i, _i, _i, _i, _f, _f, _i, _p, _sz, _p)),
 }
 
 _lib: ctypes.CDLL | None = None
@@ -426,17 +434,18 @@ def grouped_gemm_sm80(a: torch.Tensor, b: torch.Tensor, expert_first_token_offse
 
 def grouped_gemm_sm90(a: torch.Tensor, b: torch.Tensor, expert_first_token_offset: torch.Tensor,
                       bias: torch.Tensor | None = None, c: torch.Tensor | None = None,
-                      workspace: torch.Tensor | None = None, stream: int | torch.cuda.Stream | None = None
-                      ) -> torch.Tensor:
-    """C[p] = A[p] @ B[x]^T (+ bias[x]); A [R, k], B [E, n, k] -> C [R, n] (TMA warp-specialized)."""
+                      workspace: torch.Tensor | None = None, stream: int | torch.cuda.Stream | None = None,
+                      weight_layout: int | str | WeightLayout = WeightLayout.ROW_MAJOR) -> torch.Tensor:
+    """C[p] = A[p] @ B[x]^T (+ bias[x]); A [R, k], B [E, n, k] -> C [R, n] (TMA warp-specialized).
+    B's storage is `weight_layout`'s (blocked64: moe_build.weights.block_64x64's; its shape stays [E, n, k])."""
     dev, rows, k, e, n = _gemm_common(a, b, expert_first_token_offset)
     if bias is not None:
         _check(bias, "bias", (e, n), a.dtype, dev)
     out = _out(c, "C", (rows, n), a.dtype, dev)
     ws, ws_bytes = _workspace(workspace, lambda: grouped_gemm_sm90_workspace_bytes(e, rows, n, k), dev)
     _call("mb_grouped_gemm_sm90", a.data_ptr(), b.data_ptr(), _ptr(bias), out.data_ptr(),
-          expert_first_token_offset.data_ptr(), e, rows, n, k, _dtype_code(a, "A"), ws, ws_bytes,
-          _stream(stream, dev))
+          expert_first_token_offset.data_ptr(), e, rows, n, k, _dtype_code(a, "A"),
+          _enum(weight_layout, WeightLayout, "weight_layout"), ws, ws_bytes, _stream(stream, dev))
     return out
 
 
@@ -444,9 +453,10 @@ def grouped_gemm_sm90_finalize(a: torch.Tensor, b: torch.Tensor, expert_first_to
                                permuted_to_unpermuted: torch.Tensor, permuted_weights: torch.Tensor,
                                num_tokens: int, top_k: int, bias: torch.Tensor | None = None,
                                out: torch.Tensor | None = None, workspace: torch.Tensor | None = None,
-                               stream: int | torch.cuda.Stream | None = None) -> torch.Tensor:
+                               stream: int | torch.cuda.Stream | None = None,
+                               weight_layout: int | str | WeightLayout = WeightLayout.ROW_MAJOR) -> torch.Tensor:
     """out[t] += w[p] * (A[p] @ B[x]^T + bias[x]) for the token t of each permuted row p -> out [T, n].
-    A given `out` must be zeroed by the caller; an allocated one is zeroed here."""
+    A given `out` must be zeroed by the caller; an allocated one is zeroed here. B as grouped_gemm_sm90's."""
     dev, rows, k, e, n = _gemm_common(a, b, expert_first_token_offset)
     _check(permuted_to_unpermuted, "permuted_to_unpermuted", (num_tokens * top_k,), torch.int32, dev)
     _check(permuted_weights, "permuted_weights", (num_tokens * top_k,), torch.float32, dev)
@@ -456,7 +466,8 @@ def grouped_gemm_sm90_finalize(a: torch.Tensor, b: torch.Tensor, expert_first_to
     ws, ws_bytes = _workspace(workspace, lambda: grouped_gemm_sm90_workspace_bytes(e, rows, n, k), dev)
     _call("mb_grouped_gemm_sm90_finalize", a.data_ptr(), b.data_ptr(), _ptr(bias), o.data_ptr(),
           expert_first_token_offset.data_ptr(), permuted_to_unpermuted.data_ptr(), permuted_weights.data_ptr(), e,
-          rows, num_tokens, top_k, n, k, _dtype_code(a, "A"), ws, ws_bytes, _stream(stream, dev))
+          rows, num_tokens, top_k, n, k, _dtype_code(a, "A"), _enum(weight_layout, WeightLayout, "weight_layout"),
+          ws, ws_bytes, _stream(stream, dev))
     return o
 
 
@@ -464,9 +475,11 @@ def grouped_gemm_sm90_gated(a: torch.Tensor, b: torch.Tensor, expert_first_token
                             activation: int | str | Activation, bias: torch.Tensor | None = None,
                             swiglu_alpha: float = 1.0, swiglu_limit: float = math.inf,
                             c: torch.Tensor | None = None, workspace: torch.Tensor | None = None,
-                            stream: int | torch.cuda.Stream | None = None) -> torch.Tensor:
+                            stream: int | torch.cuda.Stream | None = None,
+                            weight_layout: int | str | WeightLayout = WeightLayout.ROW_MAJOR) -> torch.Tensor:
     """C[p] = act(gate, up) of A[p] @ B[x]^T (+ bias[x]), the gated activation in GEMM1's epilogue.
-    B [E, 2I, k] and bias [E, 2I] in moe_build.weights.interleave_gate_up's order -> C [R, I]."""
+    B [E, 2I, k] and bias [E, 2I] in moe_build.weights.interleave_gate_up's order (B then stored in
+    `weight_layout`'s layout, as grouped_gemm_sm90's) -> C [R, I]."""
     dev, rows, k, e, n2 = _gemm_common(a, b, expert_first_token_offset)
     act = _enum(activation, Activation, "activation")
     if bias is not None:
@@ -475,5 +488,5 @@ def grouped_gemm_sm90_gated(a: torch.Tensor, b: torch.Tensor, expert_first_token
     ws, ws_bytes = _workspace(workspace, lambda: grouped_gemm_sm90_workspace_bytes(e, rows, n2, k), dev)
     _call("mb_grouped_gemm_sm90_gated", a.data_ptr(), b.data_ptr(), _ptr(bias), out.data_ptr(),
           expert_first_token_offset.data_ptr(), e, rows, n2 // 2, k, _dtype_code(a, "A"), act, swiglu_alpha,
-          swiglu_limit, ws, ws_bytes, _stream(stream, dev))
+          swiglu_limit, _enum(weight_layout, WeightLayout, "weight_layout"), ws, ws_bytes, _stream(stream, dev))
     return out

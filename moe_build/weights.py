@@ -11,8 +11,9 @@ Layout (nn.Linear convention: [out_features, in_features]):
 - w2 [E, H, I]; b2 [E, H] or None
 - shared_w1 [N1s, H] (gate rows then up rows), shared_w2 [H, Is], shared_gate [1, H] or None
 
-One kernel reads another order: the sm90 gated GEMM1 epilogue wants W1 / b1 gate/up-interleaved
-(`interleave_gate_up`); the runner converts once, and a plugin engine bakes that order.
+Two kernel-side orders exist: the sm90 gated GEMM1 epilogue wants W1 / b1 gate/up-interleaved
+(`interleave_gate_up`), and the sm90 GEMMs read W1 / W2 fastest stored in 64 x 64 blocks
+(`block_64x64`); the runner converts once, and a plugin engine bakes those orders.
 """
 from __future__ import annotations
 
@@ -34,6 +35,28 @@ def interleave_gate_up(w1: torch.Tensor) -> torch.Tensor:
                          f"got {n2}")
     rest = tuple(w1.shape[2:])
     return w1.reshape(e, 2, n2 // 16, 8, *rest).transpose(1, 2).reshape(e, n2, *rest).contiguous()
+
+
+BLOCK = 64  # block_64x64's block rows and columns (MB_WEIGHTS_BLOCKED64 in cpp/include/moe_build_kernels.h)
+
+
+def blocks_fit(rows: int, cols: int) -> bool:
+    """Whether a [.., rows, cols] weight tiles into block_64x64's blocks."""
+    return rows % BLOCK == 0 and cols % BLOCK == 0
+
+
+def block_64x64(w: torch.Tensor) -> torch.Tensor:
+    """W [E, n, k] (each expert's rows row-major) -> the same shape with its storage in 64 x 64 blocks:
+    the stacked [E * n, k] rows cut into 64-row, 64-column blocks, each block row-major and contiguous,
+    blocks ordered row block by row block, so element (r, c) sits at
+    ((r // 64) * (k // 64) + c // 64) * 4096 + (r % 64) * 64 + c % 64. Why: an sm90 wgmma tile then
+    loads its weight tile as a few contiguous 8 KB runs instead of 128-byte pieces of 64-256 rows
+    (README, "Weights in 64 x 64 blocks"). The shape is kept so that every shape check still applies;
+    only the sm90 GEMMs, told so (kernels.WeightLayout.BLOCKED64), read it."""
+    e, n, k = w.shape
+    if not blocks_fit(n, k):
+        raise ValueError(f"W: 64 x 64 blocks need rows and columns that are multiples of {BLOCK}, got {n} x {k}")
+    return (w.reshape(e * n // BLOCK, BLOCK, k // BLOCK, BLOCK).transpose(1, 2).contiguous().reshape(e, n, k))
 
 
 @dataclass
@@ -67,6 +90,10 @@ class MoEWeights:
         """These weights with W1 / b1 in `interleave_gate_up`'s order (the sm90 gated epilogue's)."""
         return replace(self, w1=interleave_gate_up(self.w1),
                        b1=None if self.b1 is None else interleave_gate_up(self.b1))
+
+    def blocked_64x64(self) -> "MoEWeights":
+        """These weights with W1 and W2 stored in `block_64x64`'s layout (the sm90 GEMMs' fastest)."""
+        return replace(self, w1=block_64x64(self.w1), w2=block_64x64(self.w2))
 
     def check(self, spec: MoESpec) -> None:
         """Raise MoeBuildError naming the first tensor whose shape does not fit `spec`."""

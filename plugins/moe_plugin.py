@@ -18,8 +18,9 @@ Inputs, in this order (optional ones present exactly when the spec uses them; T 
   0 hidden          [T, H]        spec dtype
   1 router_logits   [T, E]        fp32 or spec dtype
   2 w1              [E, N1, H]    spec dtype (N1 = 2*I for gated activations: gate rows, then up rows;
-                                  gate/up-interleaved when reads_interleaved_w1(plan), see plan_weights)
-  3 w2              [E, H, I]     spec dtype
+                                  gate/up-interleaved when reads_interleaved_w1(plan), then stored in
+                                  64 x 64 blocks when reads_blocked_weights(plan); see plan_weights)
+  3 w2              [E, H, I]     spec dtype (in 64 x 64 blocks when reads_blocked_weights(plan))
     b1              [E, N1]       spec dtype      if spec.expert_bias (in w1's order)
     b2              [E, H]        spec dtype      if spec.expert_bias
     correction_bias [E]           fp32            if spec.routing.correction_bias
@@ -41,7 +42,7 @@ import torch
 
 from moe_build.errors import MoeBuildError
 from moe_build.planner import PLAN_SCHEMA_VERSION, Plan, make_plan
-from moe_build.runner.sequence import reads_interleaved_w1
+from moe_build.runner.sequence import reads_blocked_weights, reads_interleaved_w1
 from moe_build.spec import DType, MoESpec, OutputDType, Quant
 from moe_build.target import Target
 from moe_build.weights import MoEWeights
@@ -108,9 +109,12 @@ def output_dtype(spec: MoESpec) -> torch.dtype:
 
 def plan_weights(plan: Plan, weights: MoEWeights) -> MoEWeights:
     """The canonical `weights` in the order the plugin's inputs take for `plan`: W1 / b1 gate/up-
-    interleaved where the plan's GEMM1 reads that order (reads_interleaved_w1), so the engine holds
-    one W1 and the runner copies none."""
-    return weights.gate_up_interleaved() if reads_interleaved_w1(plan) else weights
+    interleaved where the plan's GEMM1 reads that order (reads_interleaved_w1), then W1 / W2 in 64 x 64
+    blocks where its GEMMs read those (reads_blocked_weights), so the engine holds one W1 and one W2
+    and the runner copies neither."""
+    if reads_interleaved_w1(plan):
+        weights = weights.gate_up_interleaved()
+    return weights.blocked_64x64() if reads_blocked_weights(plan) else weights
 
 
 def forced_choices(plan: Plan) -> dict[str, str]:
@@ -398,7 +402,7 @@ def _make_runner(spec: MoESpec, plan: Plan, weights: Mapping[str, torch.Tensor])
     router_weight = torch.zeros((), dtype=w1.dtype, device=w1.device).expand(spec.num_experts, spec.hidden_size)
     return MoERunner(spec, MoEWeights(router_weight=router_weight, **weights), target=Target.from_dict(plan.target),
                      max_tokens=plan_max_tokens(plan), force=forced_choices(plan), device=w1.device,
-                     w1_interleaved=reads_interleaved_w1(plan))
+                     w1_interleaved=reads_interleaved_w1(plan), weights_blocked=reads_blocked_weights(plan))
 
 
 # ---- TensorRT adapters ---------------------------------------------------------------------

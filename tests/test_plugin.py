@@ -14,10 +14,10 @@ import torch
 
 from moe_build.errors import MoeBuildError
 from moe_build.planner import make_plan
-from moe_build.runner.sequence import reads_interleaved_w1
+from moe_build.runner.sequence import reads_blocked_weights, reads_interleaved_w1
 from moe_build.spec import Activation, DType, MoESpec, Quant, Routing, RoutingMethod, SharedExperts
 from moe_build.target import Flavour, Target, TokenProfile
-from moe_build.weights import MoEWeights
+from moe_build.weights import MoEWeights, block_64x64, interleave_gate_up
 from plugins import moe_plugin as mp
 
 PROFILE = TokenProfile(min=1, opt=16, max=512)
@@ -457,6 +457,22 @@ def test_add_moe_plugin_feeds_inputs_in_order(trt, as_constants):
         rows = [8 * (j // 16) + j % 16 if j % 16 < 8 else inter + 8 * (j // 16) + j % 16 - 8 for j in range(2 * inter)]
         assert torch.equal(hosts["w1"], w1[:, rows]) and torch.equal(hosts["b1"], b1[:, rows])
         assert torch.equal(hosts["w2"], weights.w2.to(torch.float16))  # the rest as given
+
+
+def test_plan_weights_block_w1_and_w2_where_the_sm90_gemms_read_blocks():
+    """Sizes that are multiples of 64 on sm90 and a prefill-sized plan: the engine holds W1 interleaved
+    then blocked, and W2 blocked (one copy each, what the runner is then told it gets); on sm80 they stay
+    row-major."""
+    spec = MoESpec(hidden_size=128, intermediate_size=64, num_experts=4, top_k=2, dtype=DType.FP16)
+    weights = MoEWeights.random(spec)
+    plan = make_plan(spec, target(90), tokens=512)  # 256 rows per expert: a prefill-sized plan
+    assert reads_interleaved_w1(plan) and reads_blocked_weights(plan)
+    assert not reads_blocked_weights(plan_for(spec))  # 16 tokens: decode-sized, row-major
+    given = mp.plan_weights(plan, weights)
+    assert torch.equal(given.w1, block_64x64(interleave_gate_up(weights.w1)))
+    assert torch.equal(given.w2, block_64x64(weights.w2))
+    sm80 = make_plan(spec, target(80), tokens=512)
+    assert not reads_blocked_weights(sm80) and mp.plan_weights(sm80, weights) is weights
 
 
 def test_plan_weights_keep_the_stacked_order_off_the_gated_epilogue():

@@ -13,9 +13,10 @@ from moe_build import kernels
 from moe_build.errors import MoeBuildError, UnsupportedCombination
 from moe_build.planner import make_plan
 from moe_build.runner import MoERunner, Workspace, kernel_sequence, layout_bytes, steps_up_to, workspace_layout
+from moe_build.runner.sequence import reads_blocked_weights
 from moe_build.spec import Activation, DType, MoESpec, Quant, SharedExperts
 from moe_build.target import Flavour, Target
-from moe_build.weights import MoEWeights, interleave_gate_up
+from moe_build.weights import MoEWeights, block_64x64, interleave_gate_up
 
 H100 = Target(sm=90, flavour=Flavour.TENSORRT)
 A100 = Target(sm=80, flavour=Flavour.TENSORRT)
@@ -46,6 +47,45 @@ def test_interleave_gate_up_puts_each_features_gate_and_up_eight_rows_apart() ->
     assert torch.equal(interleave_gate_up(w1[..., 0]), got[..., 0])  # b1 [E, 2I] the same way
     with pytest.raises(ValueError, match="multiple of 16"):
         interleave_gate_up(torch.zeros(1, 20, 4))
+
+
+def test_block_64x64_stores_each_64_by_64_block_contiguously() -> None:
+    """Element (r, c) of the stacked [E * n, k] rows lands at ((r // 64) * (k // 64) + c // 64) * 4096 +
+    (r % 64) * 64 + c % 64 (the address MB_WEIGHTS_BLOCKED64 documents), experts included; the shape stays."""
+    e, n, k = 2, 128, 192
+    w = torch.arange(e * n * k, dtype=torch.float64).reshape(e, n, k)
+    got = block_64x64(w)
+    assert got.shape == w.shape and got.is_contiguous()
+    flat, rows = got.flatten(), w.reshape(e * n, k)
+    for r in (0, 1, 63, 64, 127, 128, 200, 255):
+        for c in (0, 5, 63, 64, 130, 191):
+            assert flat[((r // 64) * (k // 64) + c // 64) * 4096 + (r % 64) * 64 + c % 64] == rows[r, c], (r, c)
+    assert torch.equal(torch.sort(flat).values, torch.sort(w.flatten()).values)  # a permutation
+    with pytest.raises(ValueError, match="multiples of 64"):
+        block_64x64(torch.zeros(1, 96, 128))
+
+
+def test_blocked_weights_follow_the_sm90_gemms_sizes_and_rows() -> None:
+    """W1 / W2 go to 64 x 64 blocks exactly where the plan's GEMMs are the sm90 ones, the hidden and
+    intermediate sizes are multiples of 64 and the plan's tokens give 128 to 384 rows per expert;
+    MoEWeights.blocked_64x64 blocks those two only."""
+    # SWIGLU: tokens * top-2 / 8 experts = tokens / 4 rows per expert
+    assert reads_blocked_weights(make_plan(SWIGLU, H100, tokens=1024))
+    assert reads_blocked_weights(make_plan(SWIGLU, H100, tokens=1024, force={"fc1_activation": "separate"}))
+    assert not reads_blocked_weights(make_plan(SWIGLU, H100, tokens=1024, force={"gemm_kernel": "ampere"}))
+    assert not reads_blocked_weights(make_plan(SWIGLU, A100, tokens=1024))
+    assert not reads_blocked_weights(make_plan(dataclasses.replace(SWIGLU, intermediate_size=96), H100, tokens=1024))
+    assert not reads_blocked_weights(make_plan(dataclasses.replace(SWIGLU, hidden_size=200), H100, tokens=1024))
+    # 128 to 384 rows per expert: 512 to 1536 tokens; a decode-sized or larger runner stays row-major
+    assert not reads_blocked_weights(make_plan(SWIGLU, H100, tokens=16))
+    assert not reads_blocked_weights(make_plan(SWIGLU, H100, tokens=508))
+    assert reads_blocked_weights(make_plan(SWIGLU, H100, tokens=512))
+    assert reads_blocked_weights(make_plan(SWIGLU, H100, tokens=1536))
+    assert not reads_blocked_weights(make_plan(SWIGLU, H100, tokens=1537))
+    weights = MoEWeights.random(dataclasses.replace(SWIGLU, expert_bias=True), seed=1)
+    blocked = weights.blocked_64x64()
+    assert torch.equal(blocked.w1, block_64x64(weights.w1)) and torch.equal(blocked.w2, block_64x64(weights.w2))
+    assert blocked.b1 is weights.b1 and blocked.router_weight is weights.router_weight
 
 
 def test_routing_prologue_is_resolved_per_call_not_at_plan_tokens() -> None:

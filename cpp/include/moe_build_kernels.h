@@ -106,17 +106,26 @@ mb_status mb_grouped_gemm_sm80(const void* A, const void* B, const void* bias, v
  * on the sm90 wgmma path A must hold max_rows rows (its TMA tiles may read rows off[E] .. max_rows - 1,
  * which reach no output), and max_rows and E * n must fit in int32;
  * fp16/bf16 only (fp32: MB_ERR_UNSUPPORTED). A non-9.0 device gets MB_ERR_UNSUPPORTED from sm90. */
+/* Weight layout of the sm90 entry points' B (weight_layout):
+ *   MB_WEIGHTS_ROW_MAJOR: each expert's [n, k] row-major, experts back to back;
+ *   MB_WEIGHTS_BLOCKED64: the stacked [E * n, k] rows in 64 x 64 blocks, each block row-major and
+ *     contiguous, blocks ordered row block by row block: element (r, c) at
+ *     ((r / 64) * (k / 64) + c / 64) * 4096 + (r % 64) * 64 + c % 64 (moe_build.weights.block_64x64).
+ *     A wgmma tile's weight tile is then a few 8 KB runs instead of 128-byte pieces of as many rows.
+ *     Needs n (the gated entry: 2 * inter) and k multiples of 64; the mma.sync path
+ *     (MB_SM90_GEMM_PATH=mma) and the forced pingpong64x192c2 tile refuse it (MB_ERR_UNSUPPORTED). */
+enum mb_weight_layout { MB_WEIGHTS_ROW_MAJOR = 0, MB_WEIGHTS_BLOCKED64 = 1 };
 size_t mb_grouped_gemm_sm90_workspace(int num_experts, int64_t max_rows, int n, int k);
 mb_status mb_grouped_gemm_sm90(const void* A, const void* B, const void* bias, void* C,
                                const int64_t* expert_first_token_offset, int num_experts, int64_t max_rows,
-                               int n, int k, int dtype, void* workspace, size_t workspace_bytes,
-                               cudaStream_t stream);
+                               int n, int k, int dtype, int weight_layout, void* workspace,
+                               size_t workspace_bytes, cudaStream_t stream);
 mb_status mb_grouped_gemm_sm90_finalize(const void* A, const void* B, const void* bias, void* out,
                                         const int64_t* expert_first_token_offset,
                                         const int32_t* permuted_to_unpermuted, const float* permuted_weights,
                                         int num_experts, int64_t max_rows, int num_tokens, int top_k, int n,
-                                        int k, int dtype, void* workspace, size_t workspace_bytes,
-                                        cudaStream_t stream);
+                                        int k, int dtype, int weight_layout, void* workspace,
+                                        size_t workspace_bytes, cudaStream_t stream);
 /* GEMM1 with the gated activation in its epilogue: C [rows, inter] = act(gate, up) of
  * A [rows, k] @ B^T (+ bias), B [E, 2 * inter, k] and bias [E, 2 * inter] (or NULL) with the gate
  * and up rows interleaved in blocks of 8 (rows 16b..16b+7: gate features 8b..8b+7, rows
@@ -126,7 +135,8 @@ mb_status mb_grouped_gemm_sm90_finalize(const void* A, const void* B, const void
 mb_status mb_grouped_gemm_sm90_gated(const void* A, const void* B, const void* bias, void* C,
                                      const int64_t* expert_first_token_offset, int num_experts, int64_t max_rows,
                                      int inter, int k, int dtype, int activation, float swiglu_alpha,
-                                     float swiglu_limit, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+                                     float swiglu_limit, int weight_layout, void* workspace, size_t workspace_bytes,
+                                     cudaStream_t stream);
 
 #ifdef __cplusplus
 }

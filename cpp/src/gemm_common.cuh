@@ -43,7 +43,18 @@ struct GemmParams {
   float swiglu_alpha;
   float swiglu_limit;
   int gate_up_interleaved;  // GATED: W1 interleaved in blocks of 8 (see gated_row)
+  int weights_blocked;      // B in MB_WEIGHTS_BLOCKED64's 64 x 64 blocks (sm90 entry points only)
 };
+
+// Offset of column c of row r (of one expert's [NB * N, K] rows, or of all experts' stacked rows) in B's
+// layout: row-major, or MB_WEIGHTS_BLOCKED64 (64 x 64 blocks, each contiguous, K % 64 == 0). Split into
+// a row part and a column part so that a kernel walking one row adds only the column part per load.
+__host__ __device__ __forceinline__ int64_t weight_row_offset(int64_t r, int K, bool blocked) {
+  return blocked ? (r >> 6) * (K >> 6) * 4096 + (r & 63) * 64 : r * K;
+}
+__host__ __device__ __forceinline__ int64_t weight_col_offset(int c, bool blocked) {
+  return blocked ? (int64_t)(c >> 6) * 4096 + (c & 63) : c;
+}
 
 // Row of an expert's W1 (and index into its b1) holding output feature f's gate (half 0) or up
 // (half 1) projection. Stacked: [gate; up], N rows each (the checkpoint order). Interleaved: blocks

@@ -10,6 +10,9 @@
 // fragment slots of two mmas (slots {2q, 2q+1, 2q+8, 2q+9} take k = 8q + {0..3}, then 8q + {4..7}).
 // Four lanes cover 32 consecutive k of a row per step; four steps per load batch give 256-byte
 // contiguous reads per weight row, and a register double buffer keeps a whole batch in flight.
+// Weights in MB_WEIGHTS_BLOCKED64's 64 x 64 blocks (sm90 entry points) are read the same way, each
+// lane's 8 k at its block's address (weight_row_offset / weight_col_offset): 128-byte runs per row,
+// whose neighbours in the block (the next rows) other lanes read.
 //
 // CTA = 8 warps = one (expert, chunk of up to 8 token rows, 128 / WK weight rows) unit: WK warps
 // split K into contiguous slices, 8 / WK row groups of 16 rows each; partial sums meet in shared
@@ -62,7 +65,7 @@ constexpr int decode_out_cols(int epilogue, int wk) {
 // units to fill the GPU (every warp streams whole rows front to back), more when there are few.
 // A warp's 16 rows: STORE/FINALIZE 16 output features; GATED 8 gate features (fragment rows 0-7)
 // and the same 8 up features (rows 8-15).
-template <typename T, int EPI, int WK>
+template <typename T, int EPI, int WK, bool BLOCKED>
 __global__ void __launch_bounds__(kDecodeThreads) grouped_decode_kernel(GemmParams p) {
   constexpr int R = 16 * (kDecodeWarps / WK);                  // weight rows per CTA
   constexpr int OUT_COLS = decode_out_cols(EPI, WK);
@@ -82,6 +85,9 @@ __global__ void __launch_bounds__(kDecodeThreads) grouped_decode_kernel(GemmPara
   const int col0 = blockIdx.y * OUT_COLS;  // first output column of this CTA
 
   const T* B = static_cast<const T*>(p.B) + (int64_t)expert * (EPI == EPI_GATED ? 2 : 1) * N * K;
+  // The expert's rows start on a 64-row block boundary in the blocked layout too (NB * N % 64 == 0),
+  // so only the offsets inside the expert depend on the layout; a lane's 8 k never cross a block. The
+  // layout is a template parameter: the row-major loads stay the plain row + k.
   const T* wrow[2];
   bool wok[2];
 #pragma unroll
@@ -89,7 +95,7 @@ __global__ void __launch_bounds__(kDecodeThreads) grouped_decode_kernel(GemmPara
     const int feat = col0 + rg * FEATS + (EPI == EPI_GATED ? g : h * 8 + g);
     const int64_t brow = EPI == EPI_GATED ? gated_row(feat, h, N, p.gate_up_interleaved) : feat;
     wok[h] = feat < N;
-    wrow[h] = B + (int64_t)(wok[h] ? brow : 0) * K;
+    wrow[h] = B + weight_row_offset(wok[h] ? brow : 0, K, BLOCKED);
   }
   const bool aok = g < rows;
   const T* arow = static_cast<const T*>(p.A) + (row_begin + (aok ? g : 0)) * K;
@@ -109,8 +115,9 @@ __global__ void __launch_bounds__(kDecodeThreads) grouped_decode_kernel(GemmPara
     for (int u = 0; u < U; ++u) {
       const int k = k0 + u * 32 + q * 8;
       const bool kin = k < ke;
-      w[buf][u][0] = ld_weights(wrow[0] + k, kin && wok[0]);
-      w[buf][u][1] = ld_weights(wrow[1] + k, kin && wok[1]);
+      const int64_t kc = weight_col_offset(k, BLOCKED);
+      w[buf][u][0] = ld_weights(wrow[0] + kc, kin && wok[0]);
+      w[buf][u][1] = ld_weights(wrow[1] + kc, kin && wok[1]);
     }
   };
   auto load_tokens = [&](int buf, int k0) {
@@ -204,14 +211,14 @@ __global__ void __launch_bounds__(kDecodeThreads) grouped_decode_kernel(GemmPara
   }
 }
 
-template <typename T, int EPI, int WK>
+template <typename T, int EPI, int WK, bool BLOCKED>
 mb_status launch_wk(const GemmParams& p, int64_t chunks, cudaStream_t stream) {
   constexpr int OUT_COLS = decode_out_cols(EPI, WK);
   const int64_t col_blocks = (p.n + OUT_COLS - 1) / OUT_COLS;
   if (chunks > INT32_MAX || col_blocks > 65535)
     return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm decode: grid too large (chunks %lld, column blocks %lld)",
                 (long long)chunks, (long long)col_blocks);
-  const cudaError_t err = mb::launch_after_trigger(grouped_decode_kernel<T, EPI, WK>,
+  const cudaError_t err = mb::launch_after_trigger(grouped_decode_kernel<T, EPI, WK, BLOCKED>,
                                                    dim3((unsigned)chunks, (unsigned)col_blocks),
                                                    dim3(kDecodeThreads), stream, p);
   if (err != cudaSuccess) return fail(MB_ERR_CUDA, "grouped gemm decode launch: %s", cudaGetErrorString(err));
@@ -236,16 +243,22 @@ int choose_wk(const GemmParams& p, int64_t max_rows, int epilogue) {
   return ctas < (sms > 0 ? sms : 132) ? 8 : 2;  // a failed query: assume an H100/H200's 132 SMs
 }
 
-template <typename T, int EPI>
-mb_status launch_epi(const GemmParams& p, int64_t max_rows, cudaStream_t stream) {
+template <typename T, int EPI, bool BLOCKED>
+mb_status launch_layout(const GemmParams& p, int64_t max_rows, cudaStream_t stream) {
   // sum over experts of ceil(rows_x / 8) <= ceil(max_rows / 8) + (non-empty experts)
   const int64_t chunks = (max_rows + kDecodeTokens - 1) / kDecodeTokens + std::min<int64_t>(p.num_experts, max_rows);
   switch (choose_wk(p, max_rows, EPI)) {
-    case 1: return launch_wk<T, EPI, 1>(p, chunks, stream);
-    case 2: return launch_wk<T, EPI, 2>(p, chunks, stream);
-    case 4: return launch_wk<T, EPI, 4>(p, chunks, stream);
-    default: return launch_wk<T, EPI, 8>(p, chunks, stream);
+    case 1: return launch_wk<T, EPI, 1, BLOCKED>(p, chunks, stream);
+    case 2: return launch_wk<T, EPI, 2, BLOCKED>(p, chunks, stream);
+    case 4: return launch_wk<T, EPI, 4, BLOCKED>(p, chunks, stream);
+    default: return launch_wk<T, EPI, 8, BLOCKED>(p, chunks, stream);
   }
+}
+
+template <typename T, int EPI>
+mb_status launch_epi(const GemmParams& p, int64_t max_rows, cudaStream_t stream) {
+  return p.weights_blocked ? launch_layout<T, EPI, true>(p, max_rows, stream)
+                           : launch_layout<T, EPI, false>(p, max_rows, stream);
 }
 
 }  // namespace

@@ -21,7 +21,8 @@
 //          us for wgmma; 16 tokens within +-3% of mma.sync except Qwen3 (10% faster).
 //   else : the CUTLASS wgmma kernel: for the plain store, pingpong 64x128 tiles up to 32 average
 //          rows per expert, else pingpong 64x256 in 2x1 clusters (run as paired units,
-//          gemm_sm90_pairs.cuh; 64x192 where narrow_columns_fit); the gated epilogue the same but
+//          gemm_sm90_pairs.cuh; 64x192 where narrow_columns_fit and the weights are row-major, since
+//          its 96-row multicast slices do not tile MB_WEIGHTS_BLOCKED64); the gated epilogue the same but
 //          single-CTA pingpong 64x256 from 33 to 1024 rows; the finalize epilogue pingpong 64x128 up
 //          to 64 rows, else 64x256 (measurements at WgmmaTile below).
 // MB_SM90_GEMM_PATH=decode|mma|wgmma and
@@ -565,6 +566,7 @@ struct WholeOperands {
   int64_t max_rows = 0;
   const void* B = nullptr;
   int n = 0, k = 0;
+  bool b_blocked = false;  // B in MB_WEIGHTS_BLOCKED64's layout
 };
 
 template <typename T, int kEpi, int kTile>
@@ -581,7 +583,8 @@ typename WgmmaGemm<T, kEpi, kTile>::Gemm::Arguments make_args(const int64_t* off
   typename G::Mainloop::Arguments mainloop{
       {reinterpret_cast<const Element**>(const_cast<void*>(whole.A)), nullptr,
        reinterpret_cast<const Element**>(const_cast<void*>(whole.B)), nullptr},
-      whole.A, static_cast<int>(whole.max_rows), whole.B, num_experts * whole.n, whole.k, offsets, whole.n};
+      whole.A, static_cast<int>(whole.max_rows), whole.B, num_experts * whole.n, whole.k, offsets, whole.n,
+      whole.b_blocked};
   return typename G::Gemm::Arguments{
       cutlass::gemm::GemmUniversalMode::kGrouped, {num_experts, offsets, whole.n, whole.k}, mainloop, epi, hw};
 }
@@ -607,7 +610,7 @@ bool device_is_sm90() {
          mb::device_attribute(cudaDevAttrComputeCapabilityMinor) == 0;
 }
 
-int wgmma_tile(int64_t max_rows, int num_experts, int n, int epilogue) {
+int wgmma_tile(int64_t max_rows, int num_experts, int n, int epilogue, bool weights_blocked) {
   const char* force = getenv("MB_SM90_WGMMA_TILE");
   if (force && strcmp(force, "coop128x256") == 0) return WG_COOP_128x256;
   if (force && strcmp(force, "pingpong64x256") == 0) return WG_PINGPONG_64x256;
@@ -619,7 +622,8 @@ int wgmma_tile(int64_t max_rows, int num_experts, int n, int epilogue) {
     return avg_rows <= kFinalizeNarrowMaxAvgRows ? WG_PINGPONG_64x128 : WG_PINGPONG_64x256;
   if (avg_rows <= kNarrowMaxAvgRows) return WG_PINGPONG_64x128;
   if (epilogue == EPI_GATED && avg_rows <= kGatedSingleCtaMaxAvgRows) return WG_PINGPONG_64x256;
-  return narrow_columns_fit(n) ? WG_PINGPONG_64x192_C2 : WG_PINGPONG_64x256_C2;
+  // 64x192 in 2x1 clusters multicasts 96-row weight slices, which blocked weights do not tile.
+  return narrow_columns_fit(n) && !weights_blocked ? WG_PINGPONG_64x192_C2 : WG_PINGPONG_64x256_C2;
 }
 
 enum Sm90Path { PATH_DECODE = 0, PATH_MMA = 1, PATH_WGMMA = 2 };
@@ -633,10 +637,13 @@ int sm90_path(int64_t max_rows, int num_experts) {
 }
 
 template <typename T, int kEpi, int kTile>
-mb_status run_wgmma(const void* A, const void* B, const typename MoeEpilogue<T, kEpi>::Arguments& epi,
+mb_status run_wgmma(const void* A, const void* B, bool b_blocked, const typename MoeEpilogue<T, kEpi>::Arguments& epi,
                     const int64_t* offsets, int num_experts, int64_t max_rows, int n, int k, void* workspace,
                     size_t workspace_bytes, cudaStream_t stream) {
   using G = WgmmaGemm<T, kEpi, kTile>;
+  if (b_blocked && !G::StaticMainloop::kTakesBlocked)
+    return fail(MB_ERR_UNSUPPORTED, "grouped gemm sm90: this wgmma tile cannot read MB_WEIGHTS_BLOCKED64 weights "
+                                    "(its per-CTA weight slice is not whole 64-row blocks)");
   const int sm_count = mb::device_attribute(cudaDevAttrMultiProcessorCount);
   const size_t need = cutlass_workspace_bytes<T, kEpi, kTile>(num_experts, sm_count);
   if (!workspace || workspace_bytes < need)
@@ -646,7 +653,8 @@ mb_status run_wgmma(const void* A, const void* B, const typename MoeEpilogue<T, 
     return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm sm90: max_rows (%lld) and num_experts * n (%lld) must fit int32",
                 static_cast<long long>(max_rows), static_cast<long long>(num_experts) * n);
   typename G::Gemm gemm;
-  auto args = make_args<T, kEpi, kTile>(offsets, num_experts, epi, sm_count, WholeOperands{A, max_rows, B, n, k});
+  auto args =
+      make_args<T, kEpi, kTile>(offsets, num_experts, epi, sm_count, WholeOperands{A, max_rows, B, n, k, b_blocked});
   cutlass::Status st = gemm.can_implement(args);
   if (st != cutlass::Status::kSuccess)
     return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm sm90: CUTLASS cannot implement (%s)",
@@ -682,10 +690,11 @@ mb_status dispatch_wgmma(const GemmParams& p, int64_t max_rows, int dtype, void*
         static_cast<const T*>(p.bias), static_cast<T*>(p.C), p.offsets, p.permuted_to_unpermuted,
         p.permuted_weights, p.top_k, p.activation, p.swiglu_alpha, p.swiglu_limit};
     auto run = [&](auto tile) {
-      return run_wgmma<T, kEpi, decltype(tile)::value>(p.A, p.B, epi, p.offsets, p.num_experts, max_rows, n, p.k,
-                                                       workspace, workspace_bytes, stream);
+      return run_wgmma<T, kEpi, decltype(tile)::value>(p.A, p.B, p.weights_blocked != 0, epi, p.offsets,
+                                                       p.num_experts, max_rows, n, p.k, workspace, workspace_bytes,
+                                                       stream);
     };
-    switch (wgmma_tile(max_rows, p.num_experts, n, kEpi)) {
+    switch (wgmma_tile(max_rows, p.num_experts, n, kEpi, p.weights_blocked != 0)) {
       case WG_PINGPONG_64x256: return run(std::integral_constant<int, WG_PINGPONG_64x256>{});
       case WG_PINGPONG_64x128: return run(std::integral_constant<int, WG_PINGPONG_64x128>{});
       case WG_PINGPONG_64x256_C2: return run(std::integral_constant<int, WG_PINGPONG_64x256_C2>{});
@@ -703,6 +712,9 @@ mb_status run_sm90(const GemmParams& p, int64_t max_rows, int dtype, int epilogu
   switch (sm90_path(max_rows, p.num_experts)) {
     case PATH_DECODE: return launch_grouped_decode(p, max_rows, dtype, epilogue, stream);
     case PATH_MMA:
+      if (p.weights_blocked)
+        return fail(MB_ERR_UNSUPPORTED, "grouped gemm sm90: the mma.sync path (MB_SM90_GEMM_PATH=mma) reads "
+                                        "row-major weights only, not MB_WEIGHTS_BLOCKED64");
       return launch_grouped_mma(p, max_rows, dtype, epilogue, choose_tile(max_rows, p.num_experts), stream);
     default:
       switch (epilogue) {
@@ -715,7 +727,7 @@ mb_status run_sm90(const GemmParams& p, int64_t max_rows, int dtype, int epilogu
 }
 
 mb_status check_common(const void* A, const void* B, const void* out, const int64_t* offsets, int num_experts,
-                       int64_t max_rows, int n, int k, int dtype) {
+                       int64_t max_rows, int n, int k, int dtype, int weight_layout) {
   if (!device_is_sm90())
     return fail(MB_ERR_UNSUPPORTED, "grouped gemm sm90: needs a compute capability 9.0 device");
   if (dtype == MB_FP32) return fail(MB_ERR_UNSUPPORTED, "grouped gemm sm90: fp32 is not implemented");
@@ -725,6 +737,13 @@ mb_status check_common(const void* A, const void* B, const void* out, const int6
     return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm sm90: null pointer or non-positive size");
   if (n % 8 != 0 || k % 8 != 0)
     return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm sm90: n (%d) and k (%d) must be multiples of 8", n, k);
+  if (weight_layout != MB_WEIGHTS_ROW_MAJOR && weight_layout != MB_WEIGHTS_BLOCKED64)
+    return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm sm90: weight_layout %d is not MB_WEIGHTS_ROW_MAJOR (%d) or "
+                "MB_WEIGHTS_BLOCKED64 (%d)", weight_layout, MB_WEIGHTS_ROW_MAJOR, MB_WEIGHTS_BLOCKED64);
+  if (weight_layout == MB_WEIGHTS_BLOCKED64 && (n % 64 != 0 || k % 64 != 0))
+    return fail(MB_ERR_INVALID_ARGUMENT,
+                "grouped gemm sm90: MB_WEIGHTS_BLOCKED64 needs the weight rows per expert (%d) and k (%d) to be "
+                "multiples of 64", n, k);
   return MB_OK;
 }
 
@@ -756,12 +775,13 @@ size_t mb_grouped_gemm_sm90_workspace(int num_experts, int64_t max_rows, int n, 
 
 mb_status mb_grouped_gemm_sm90(const void* A, const void* B, const void* bias, void* C,
                                const int64_t* expert_first_token_offset, int num_experts, int64_t max_rows,
-                               int n, int k, int dtype, void* workspace, size_t workspace_bytes,
+                               int n, int k, int dtype, int weight_layout, void* workspace, size_t workspace_bytes,
                                cudaStream_t stream) {
-  mb_status st = mbk::check_common(A, B, C, expert_first_token_offset, num_experts, max_rows, n, k, dtype);
+  mb_status st =
+      mbk::check_common(A, B, C, expert_first_token_offset, num_experts, max_rows, n, k, dtype, weight_layout);
   if (st != MB_OK || max_rows == 0) return st;
-  const mbk::GemmParams p =
-      mbk::gemm_params(A, B, bias, C, expert_first_token_offset, num_experts, n, k, MB_ACT_IDENTITY);
+  mbk::GemmParams p = mbk::gemm_params(A, B, bias, C, expert_first_token_offset, num_experts, n, k, MB_ACT_IDENTITY);
+  p.weights_blocked = weight_layout == MB_WEIGHTS_BLOCKED64;
   return mbk::run_sm90(p, max_rows, dtype, mbk::EPI_STORE, workspace, workspace_bytes, stream);
 }
 
@@ -769,9 +789,10 @@ mb_status mb_grouped_gemm_sm90_finalize(const void* A, const void* B, const void
                                         const int64_t* expert_first_token_offset,
                                         const int32_t* permuted_to_unpermuted, const float* permuted_weights,
                                         int num_experts, int64_t max_rows, int num_tokens, int top_k, int n,
-                                        int k, int dtype, void* workspace, size_t workspace_bytes,
-                                        cudaStream_t stream) {
-  mb_status st = mbk::check_common(A, B, out, expert_first_token_offset, num_experts, max_rows, n, k, dtype);
+                                        int k, int dtype, int weight_layout, void* workspace,
+                                        size_t workspace_bytes, cudaStream_t stream) {
+  mb_status st =
+      mbk::check_common(A, B, out, expert_first_token_offset, num_experts, max_rows, n, k, dtype, weight_layout);
   if (st != MB_OK) return st;
   if (!permuted_to_unpermuted || !permuted_weights || top_k <= 0 || num_tokens < 0)
     return mbk::fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm sm90 finalize: missing maps/weights or bad top_k");
@@ -780,25 +801,29 @@ mb_status mb_grouped_gemm_sm90_finalize(const void* A, const void* B, const void
   p.permuted_to_unpermuted = permuted_to_unpermuted;
   p.permuted_weights = permuted_weights;
   p.top_k = top_k;
+  p.weights_blocked = weight_layout == MB_WEIGHTS_BLOCKED64;
   return mbk::run_sm90(p, max_rows, dtype, mbk::EPI_FINALIZE, workspace, workspace_bytes, stream);
 }
 
 mb_status mb_grouped_gemm_sm90_gated(const void* A, const void* B, const void* bias, void* C,
                                      const int64_t* expert_first_token_offset, int num_experts, int64_t max_rows,
                                      int inter, int k, int dtype, int activation, float swiglu_alpha,
-                                     float swiglu_limit, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+                                     float swiglu_limit, int weight_layout, void* workspace, size_t workspace_bytes,
+                                     cudaStream_t stream) {
   if (inter <= 0 || inter % 8 != 0)
     return mbk::fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm sm90 gated: inter (%d) must be a positive multiple of 8",
                      inter);
   if (activation != MB_ACT_SWIGLU && activation != MB_ACT_GEGLU && activation != MB_ACT_SWIGLU_CLAMP)
     return mbk::fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm sm90 gated: activation %d is not swiglu (%d), geglu (%d) "
                      "or swiglu_clamp (%d)", activation, MB_ACT_SWIGLU, MB_ACT_GEGLU, MB_ACT_SWIGLU_CLAMP);
-  mb_status st = mbk::check_common(A, B, C, expert_first_token_offset, num_experts, max_rows, 2 * inter, k, dtype);
+  mb_status st = mbk::check_common(A, B, C, expert_first_token_offset, num_experts, max_rows, 2 * inter, k, dtype,
+                                   weight_layout);
   if (st != MB_OK || max_rows == 0) return st;
   mbk::GemmParams p = mbk::gemm_params(A, B, bias, C, expert_first_token_offset, num_experts, inter, k, activation);
   p.swiglu_alpha = swiglu_alpha;
   p.swiglu_limit = swiglu_limit;
   p.gate_up_interleaved = 1;
+  p.weights_blocked = weight_layout == MB_WEIGHTS_BLOCKED64;
   return mbk::run_sm90(p, max_rows, dtype, mbk::EPI_GATED, workspace, workspace_bytes, stream);
 }
 

@@ -169,28 +169,29 @@ struct PairedMainloop : Base {
     Tensor sA = make_tensor(make_smem_ptr(shared_tensors.smem_A.data()), typename Base::SmemLayoutA{});
     Tensor sB = make_tensor(make_smem_ptr(shared_tensors.smem_B.data()), typename Base::SmemLayoutB{});
     Tensor gA = this->tile_a(params, m_coord & ~kSplitTileFlag);
-    Tensor gB = this->tile_b(params, get<1>(blk_coord));
     auto tma_a = params.tma_load_a.get_slice(0);
-    auto tma_b0 = params.tma_load_b.get_slice(0);
-    auto tma_b1 = params.tma_load_b.get_slice(1);
     Tensor tAgA = tma_a.partition_S(gA);
     Tensor tAsA = tma_a.partition_D(sA);
-    Tensor tB0gB = tma_b0.partition_S(gB);
-    Tensor tB0sB = tma_b0.partition_D(sB);
-    Tensor tB1gB = tma_b1.partition_S(gB);
-    Tensor tB1sB = tma_b1.partition_D(sB);
     const uint16_t self = uint16_t(1) << block_rank_in_cluster;
-    CUTLASS_PRAGMA_NO_UNROLL
-    for (; k_tile_count > 0; --k_tile_count) {
-      pipeline.producer_acquire(smem_pipe_write);
-      auto* barrier = pipeline.producer_get_barrier(smem_pipe_write);
-      const int stage = smem_pipe_write.index();
-      copy(params.tma_load_a.with(*barrier, uint16_t(0)), tAgA(_, _, _, *k_tile_iter), tAsA(_, _, _, stage));
-      copy(params.tma_load_b.with(*barrier, self), tB0gB(_, _, _, *k_tile_iter), tB0sB(_, _, _, stage));
-      copy(params.tma_load_b.with(*barrier, self), tB1gB(_, _, _, *k_tile_iter), tB1sB(_, _, _, stage));
-      ++k_tile_iter;
-      ++smem_pipe_write;
-    }
+    this->with_b_tile(params, get<1>(blk_coord), [&](auto const& tma_load_b, auto const& gB) {
+      auto tma_b0 = tma_load_b.get_slice(0);
+      auto tma_b1 = tma_load_b.get_slice(1);
+      Tensor tB0gB = tma_b0.partition_S(gB);
+      Tensor tB0sB = tma_b0.partition_D(sB);
+      Tensor tB1gB = tma_b1.partition_S(gB);
+      Tensor tB1sB = tma_b1.partition_D(sB);
+      CUTLASS_PRAGMA_NO_UNROLL
+      for (; k_tile_count > 0; --k_tile_count) {
+        pipeline.producer_acquire(smem_pipe_write);
+        auto* barrier = pipeline.producer_get_barrier(smem_pipe_write);
+        const int stage = smem_pipe_write.index();
+        copy(params.tma_load_a.with(*barrier, uint16_t(0)), tAgA(_, _, _, *k_tile_iter), tAsA(_, _, _, stage));
+        copy(tma_load_b.with(*barrier, self), tB0gB(_, _, _, *k_tile_iter), tB0sB(_, _, _, stage));
+        copy(tma_load_b.with(*barrier, self), tB1gB(_, _, _, *k_tile_iter), tB1sB(_, _, _, stage));
+        ++k_tile_iter;
+        ++smem_pipe_write;
+      }
+    });
   }
 };
 

@@ -12,6 +12,22 @@
 // rows (or columns) reads the next expert's (or, at the end, TMA's zero fill); those rows and columns
 // lie outside the group's M x N, which every MoeEpilogue mode masks, and rows of a GEMM are independent,
 // so the kept outputs are unchanged.
+//
+// The weights may also come in MB_WEIGHTS_BLOCKED64's layout (64 x 64 blocks, each contiguous): B's
+// map is then built over a hierarchical view of the same [rows_b, k] coordinates, rows (64, rows_b / 64)
+// and columns (64, k / 64), so that a weight tile of 64 * j rows is j contiguous 8 KB runs rather than
+// 64 * j rows of 128 bytes, 2k bytes apart. Same tiles, same shared-memory layout, same outputs (GEMM1
+// bit-identical). Blocked against row-major weights on the H200 (bench/blocked_weights_probe.py and its
+// scratch predecessor, one library, GEMMs L2 flushed and interleaved; docs/measured/
+// blocked_weights_probe.json): at 4096 tokens Qwen3-30B-A3B's gated GEMM1 347.0 vs 358.0 us and finalize
+// GEMM2 200.1 vs 203.4, DeepSeek-V2-Lite 432.2 vs 436.2 and 233.8 vs 239.0; at 256 tokens 0.8-3.5 us less
+// per GEMM. But GPT-OSS-20B's GEMM1 at 4096 tokens (512 rows per expert) ran 925.3 vs 824.4: past a few
+// hundred rows per expert the blocked map loses on the larger experts, for a reason not found, and the
+// decode kernel reads blocked weights 2-4% slower, so the runner blocks the weights only when it is sized
+// for prefill (sequence.BLOCKED_MIN_AVG_ROWS / BLOCKED_MAX_AVG_ROWS, whose comment has the layer figures).
+// Most likely the gain is DRAM locality (each weight tile's first read comes from DRAM); not profiled. A
+// tile whose per-CTA weight slice is not whole 64-row blocks (64x192 in 2x1 clusters: 96 rows) cannot take
+// the blocked map (kTakesBlocked); the tile rule then runs 64x256 in 2x1 clusters.
 #pragma once
 
 #include "common.cuh"  // mb::let_dependents_start / wait_for_predecessor
@@ -23,6 +39,36 @@ template <class Base>
 struct StaticMapMainloop : Base {
   using ElementA = typename Base::InternalElementA;
   using ElementB = typename Base::InternalElementB;
+  using ClusterShape = typename Base::DispatchPolicy::ClusterShape;
+  static constexpr int kTileN = cute::size<1>(typename Base::TileShape{});
+  static constexpr int kTileK = cute::size<2>(typename Base::TileShape{});
+  static constexpr int kBlock = 64;  // MB_WEIGHTS_BLOCKED64's block rows and columns
+  // Each CTA's TMA slice of a weight tile is whole blocks, and a k step is one block column.
+  static constexpr bool kTakesBlocked =
+      (kTileN / cute::size<0>(ClusterShape{})) % kBlock == 0 && kTileK == kBlock;
+
+  // [rows_b, k] in MB_WEIGHTS_BLOCKED64's layout, as a hierarchical (row, column) view.
+  CUTE_HOST_DEVICE static auto blocked_b_layout(int rows_b, int k) {
+    using namespace cute;
+    return make_layout(
+        make_shape(make_shape(Int<kBlock>{}, rows_b / kBlock), make_shape(Int<kBlock>{}, k / kBlock), int32_t(1)),
+        make_stride(make_stride(int64_t(kBlock), int64_t(kBlock) * k), make_stride(_1{}, int64_t(kBlock * kBlock)),
+                    int64_t(0)));
+  }
+  template <class Engine>
+  static auto make_blocked_tma(Engine const* base_b, int rows_b, int k) {
+    using namespace cute;
+    return make_tma_copy(typename Base::GmemTiledCopyB{}, make_tensor(base_b, blocked_b_layout(rows_b, k)),
+                         typename Base::SmemLayoutB{}(_, _, Int<0>{}), make_shape(Int<kTileN>{}, Int<kTileK>{}),
+                         size<0>(ClusterShape{}));
+  }
+  template <bool kTakes, int = 0> struct BlockedTma {
+    using type = decltype(make_blocked_tma(static_cast<ElementB const*>(nullptr), kBlock, kBlock));
+  };
+  template <int D> struct BlockedTma<false, D> {
+    struct type {};  // never built: the tile refuses blocked weights
+  };
+  using TmaBlockedB = typename BlockedTma<kTakesBlocked>::type;
 
   struct Arguments : Base::Arguments {
     const void* base_a = nullptr;  // every group's A rows, one row-major [rows_a, k] tensor
@@ -32,6 +78,7 @@ struct StaticMapMainloop : Base {
     int k = 0;
     const int64_t* offsets = nullptr;  // group g's rows of A start at offsets[g]
     int n = 0;                         // group g's rows of B start at g * n
+    bool b_blocked = false;            // B in MB_WEIGHTS_BLOCKED64's layout (only where kTakesBlocked)
   };
   struct Params : Base::Params {
     const ElementA* base_a;
@@ -39,13 +86,16 @@ struct StaticMapMainloop : Base {
     int rows_a, rows_b, k;
     const int64_t* offsets;
     int n;
+    bool b_blocked;
+    TmaBlockedB tma_load_b_blocked;  // built where b_blocked
   };
 
   template <class ProblemShape>
   static Params to_underlying_arguments(ProblemShape shapes, Arguments const& args, void* workspace) {
     using namespace cute;
     Params p{Base::to_underlying_arguments(shapes, args, workspace), static_cast<const ElementA*>(args.base_a),
-             static_cast<const ElementB*>(args.base_b), args.rows_a, args.rows_b, args.k, args.offsets, args.n};
+             static_cast<const ElementB*>(args.base_b), args.rows_a, args.rows_b, args.k, args.offsets, args.n,
+             args.b_blocked, {}};
     typename Base::InternalStrideA stride_a{};
     get<0>(stride_a) = args.k;
     typename Base::InternalStrideB stride_b{};
@@ -53,11 +103,13 @@ struct StaticMapMainloop : Base {
     auto a = make_tensor(p.base_a, make_layout(make_shape(args.rows_a, args.k, int32_t(1)), stride_a));
     auto b = make_tensor(p.base_b, make_layout(make_shape(args.rows_b, args.k, int32_t(1)), stride_b));
     using TileShape = typename Base::TileShape;
-    using ClusterShape = typename Base::DispatchPolicy::ClusterShape;
     p.tma_load_a = make_tma_copy(typename Base::GmemTiledCopyA{}, a, typename Base::SmemLayoutA{}(_, _, Int<0>{}),
                                  make_shape(shape<0>(TileShape{}), shape<2>(TileShape{})), size<1>(ClusterShape{}));
     p.tma_load_b = make_tma_copy(typename Base::GmemTiledCopyB{}, b, typename Base::SmemLayoutB{}(_, _, Int<0>{}),
                                  make_shape(shape<1>(TileShape{}), shape<2>(TileShape{})), size<0>(ClusterShape{}));
+    if constexpr (kTakesBlocked) {
+      if (args.b_blocked) p.tma_load_b_blocked = make_blocked_tma(p.base_b, args.rows_b, args.k);
+    }
     return p;
   }
 
@@ -105,6 +157,21 @@ struct StaticMapMainloop : Base {
                               params.tma_load_b.get_tma_tensor(make_shape(params.rows_b, params.k, int32_t(1))));
     return local_tile(mB, typename Base::TileShape{}, make_coord(_, _, _), Step<X, _1, _1>{})(_, _, n, _, 0);
   }
+  // The same tile on the blocked map (kTakesBlocked only).
+  CUTLASS_DEVICE auto tile_b_blocked(Params const& params, int32_t n) const {
+    using namespace cute;
+    Tensor mB = domain_offset(make_coord(row_b_, 0, 0), params.tma_load_b_blocked.get_tma_tensor(
+                                                            shape(blocked_b_layout(params.rows_b, params.k))));
+    return local_tile(mB, typename Base::TileShape{}, make_coord(_, _, _), Step<X, _1, _1>{})(_, _, n, _, 0);
+  }
+  // f(B's map, the tile's (BLK_N, BLK_K, k) coordinates) on the map the weights' layout needs.
+  template <class F>
+  CUTLASS_DEVICE void with_b_tile(Params const& params, int32_t n, F&& f) const {
+    if constexpr (kTakesBlocked) {
+      if (params.b_blocked) return f(params.tma_load_b_blocked, tile_b_blocked(params, n));
+    }
+    f(params.tma_load_b, tile_b(params, n));
+  }
 
   // CUTLASS's load, on the fixed maps at the group's origin.
   template <class TensorA, class TensorB, class TensorMapA, class TensorMapB, class KTileIterator, class BlockCoord>
@@ -116,17 +183,13 @@ struct StaticMapMainloop : Base {
     using namespace cute;
     if (!cute::elect_one_sync()) return;
     await_inputs();
-    using ClusterShape = typename Base::DispatchPolicy::ClusterShape;
     constexpr uint32_t cluster_x = size<0>(ClusterShape{});
     const uint32_t cx = block_rank_in_cluster % cluster_x, cy = block_rank_in_cluster / cluster_x;
     Tensor sA = make_tensor(make_smem_ptr(shared_tensors.smem_A.data()), typename Base::SmemLayoutA{});
     Tensor sB = make_tensor(make_smem_ptr(shared_tensors.smem_B.data()), typename Base::SmemLayoutB{});
     auto tma_a = params.tma_load_a.get_slice(cy);
-    auto tma_b = params.tma_load_b.get_slice(cx);
     Tensor tAgA = tma_a.partition_S(tile_a(params, get<0>(blk_coord)));
     Tensor tAsA = tma_a.partition_D(sA);
-    Tensor tBgB = tma_b.partition_S(tile_b(params, get<1>(blk_coord)));
-    Tensor tBsB = tma_b.partition_D(sB);
     uint16_t mcast_a = 0, mcast_b = 0;
     auto block_layout = Layout<ClusterShape>{};  // (m, n) -> block id
     if constexpr (cute::is_same_v<typename Base::GmemTiledCopyA, SM90_TMA_LOAD_MULTICAST>) {
@@ -135,16 +198,21 @@ struct StaticMapMainloop : Base {
     if constexpr (cute::is_same_v<typename Base::GmemTiledCopyB, SM90_TMA_LOAD_MULTICAST>) {
       for (int m = 0; m < size<0>(block_layout); ++m) mcast_b |= uint16_t(1) << block_layout(m, cy, Int<0>{});
     }
-    CUTLASS_PRAGMA_NO_UNROLL
-    for (; k_tile_count > 0; --k_tile_count) {
-      pipeline.producer_acquire(smem_pipe_write);
-      auto* barrier = pipeline.producer_get_barrier(smem_pipe_write);
-      const int stage = smem_pipe_write.index();
-      copy(params.tma_load_a.with(*barrier, mcast_a), tAgA(_, _, _, *k_tile_iter), tAsA(_, _, _, stage));
-      copy(params.tma_load_b.with(*barrier, mcast_b), tBgB(_, _, _, *k_tile_iter), tBsB(_, _, _, stage));
-      ++k_tile_iter;
-      ++smem_pipe_write;
-    }
+    with_b_tile(params, get<1>(blk_coord), [&](auto const& tma_load_b, auto const& gB) {
+      auto tma_b = tma_load_b.get_slice(cx);
+      Tensor tBgB = tma_b.partition_S(gB);
+      Tensor tBsB = tma_b.partition_D(sB);
+      CUTLASS_PRAGMA_NO_UNROLL
+      for (; k_tile_count > 0; --k_tile_count) {
+        pipeline.producer_acquire(smem_pipe_write);
+        auto* barrier = pipeline.producer_get_barrier(smem_pipe_write);
+        const int stage = smem_pipe_write.index();
+        copy(params.tma_load_a.with(*barrier, mcast_a), tAgA(_, _, _, *k_tile_iter), tAsA(_, _, _, stage));
+        copy(tma_load_b.with(*barrier, mcast_b), tBgB(_, _, _, *k_tile_iter), tBsB(_, _, _, stage));
+        ++k_tile_iter;
+        ++smem_pipe_write;
+      }
+    });
   }
 
  protected:

@@ -9,6 +9,7 @@ import ctypes
 import torch
 
 MB_FP32, MB_FP16, MB_BF16 = 0, 1, 2
+LAYOUTS = {"row_major": 0, "blocked64": 1}  # mb_weight_layout: b stored as given, or as weights.block_64x64 writes
 ACT = {"identity": 0, "relu": 1, "silu": 2, "gelu": 3, "swiglu": 4, "geglu": 5, "swiglu_clamp": 6}
 GATED = ("swiglu", "geglu", "swiglu_clamp")
 DTYPES = {torch.float32: MB_FP32, torch.float16: MB_FP16, torch.bfloat16: MB_BF16}
@@ -53,28 +54,28 @@ class Gemms:
                                              offsets.numel() - 1, max_rows, n, k, DTYPES[a.dtype], ACT[act],
                                              gated, alpha, limit, None, 0, _stream())
 
-    def sm90(self, a, b, bias, c, offsets, max_rows: int, n: int, k: int) -> int:
+    def sm90(self, a, b, bias, c, offsets, max_rows: int, n: int, k: int, layout: str = "row_major") -> int:
         e = offsets.numel() - 1
         ws = self.workspace_sm90(e, max_rows, n, k)
         return self.lib.mb_grouped_gemm_sm90(_ptr(a), _ptr(b), _ptr(bias), _ptr(c), _ptr(offsets), e, max_rows,
-                                             n, k, DTYPES[a.dtype], _ptr(ws), ws.numel(), _stream())
+                                             n, k, DTYPES[a.dtype], LAYOUTS[layout], _ptr(ws), ws.numel(), _stream())
 
     def sm90_gated(self, a, b, bias, c, offsets, max_rows: int, inter: int, k: int, act: str,
-                   alpha: float = 1.0, limit: float = 0.0) -> int:
+                   alpha: float = 1.0, limit: float = 0.0, layout: str = "row_major") -> int:
         """b / bias in moe_build.weights.interleave_gate_up's order; c [rows, inter]."""
         e = offsets.numel() - 1
         ws = self.workspace_sm90(e, max_rows, 2 * inter, k)
         return self.lib.mb_grouped_gemm_sm90_gated(_ptr(a), _ptr(b), _ptr(bias), _ptr(c), _ptr(offsets), e, max_rows,
-                                                   inter, k, DTYPES[a.dtype], ACT[act], alpha, limit, _ptr(ws),
-                                                   ws.numel(), _stream())
+                                                   inter, k, DTYPES[a.dtype], ACT[act], alpha, limit, LAYOUTS[layout],
+                                                   _ptr(ws), ws.numel(), _stream())
 
     def sm90_finalize(self, a, b, bias, out, offsets, p2u, pw, max_rows: int, num_tokens: int, top_k: int,
-                      n: int, k: int) -> int:
+                      n: int, k: int, layout: str = "row_major") -> int:
         e = offsets.numel() - 1
         ws = self.workspace_sm90(e, max_rows, n, k)
         return self.lib.mb_grouped_gemm_sm90_finalize(
             _ptr(a), _ptr(b), _ptr(bias), _ptr(out), _ptr(offsets), _ptr(p2u), _ptr(pw), e, max_rows,
-            num_tokens, top_k, n, k, DTYPES[a.dtype], _ptr(ws), ws.numel(), _stream())
+            num_tokens, top_k, n, k, DTYPES[a.dtype], LAYOUTS[layout], _ptr(ws), ws.numel(), _stream())
 
 
 def route(num_tokens: int, num_experts: int, top_k: int, gen: torch.Generator):

@@ -20,14 +20,16 @@ class FusedExperts:
     """The expert-side steps of one layer; holds device weights, nothing per call.
 
     W1 / b1 come in the order the plan's GEMM1 reads: gate/up-interleaved for the sm90 gated
-    epilogue (the runner converts them, weights.interleave_gate_up), stacked otherwise.
+    epilogue (the runner converts them, weights.interleave_gate_up), stacked otherwise; with
+    `weights_blocked` W1 / W2 are stored in weights.block_64x64's layout, which the sm90 GEMMs are told.
     """
 
-    def __init__(self, spec: MoESpec, weights: MoEWeights, kernels: ModuleType) -> None:
+    def __init__(self, spec: MoESpec, weights: MoEWeights, kernels: ModuleType, weights_blocked: bool = False) -> None:
         self.spec = spec
         self.w = weights
         self.k = kernels
         self.act = activation_code(spec.activation)
+        self.layout = kernels.WeightLayout.BLOCKED64 if weights_blocked else kernels.WeightLayout.ROW_MAJOR
 
     # ---- permute ---------------------------------------------------------------------------
     def prologue_fused(self, b: Batch) -> None:
@@ -67,14 +69,15 @@ class FusedExperts:
     def gemm1_sm90(self, b: Batch) -> None:
         """Identity epilogue; bias and activation follow in the separate activation kernel."""
         self.k.grouped_gemm_sm90(b.v("permuted_input"), self.w.w1, b.v("expert_offsets"), c=b.v("fc1_out"),
-                                 workspace=_opt(b, "gemm_workspace"), stream=b.stream)
+                                 workspace=_opt(b, "gemm_workspace"), stream=b.stream, weight_layout=self.layout)
 
     def gemm1_sm90_gated(self, b: Batch) -> None:
         """act(gate, up) (+b1) in GEMM1's epilogue, straight into fc1_act: no fc1_out round trip."""
         s = self.spec
         self.k.grouped_gemm_sm90_gated(b.v("permuted_input"), self.w.w1, b.v("expert_offsets"), self.act,
                                        bias=self.w.b1, swiglu_alpha=s.swiglu_alpha, swiglu_limit=s.swiglu_limit,
-                                       c=b.v("fc1_act"), workspace=_opt(b, "gemm_workspace"), stream=b.stream)
+                                       c=b.v("fc1_act"), workspace=_opt(b, "gemm_workspace"), stream=b.stream,
+                                       weight_layout=self.layout)
 
     def gemm1_sm80(self, b: Batch) -> None:
         self.k.grouped_gemm_sm80(b.v("permuted_input"), self.w.w1, b.v("expert_offsets"), c=b.v("fc1_out"),
@@ -106,11 +109,12 @@ class FusedExperts:
         self.k.grouped_gemm_sm90_finalize(b.v("fc1_act"), self.w.w2, b.v("expert_offsets"),
                                           b.v("permuted_to_unpermuted"), b.v("permuted_weights"), b.out.shape[0],
                                           self.spec.top_k, bias=self.w.b2, out=b.out,
-                                          workspace=_opt(b, "gemm_workspace"), stream=b.stream)
+                                          workspace=_opt(b, "gemm_workspace"), stream=b.stream,
+                                          weight_layout=self.layout)
 
     def gemm2_sm90(self, b: Batch) -> None:
         self.k.grouped_gemm_sm90(b.v("fc1_act"), self.w.w2, b.v("expert_offsets"), c=b.v("gemm2_out"),
-                                 workspace=_opt(b, "gemm_workspace"), stream=b.stream)
+                                 workspace=_opt(b, "gemm_workspace"), stream=b.stream, weight_layout=self.layout)
 
     def gemm2_sm80(self, b: Batch) -> None:
         self.k.grouped_gemm_sm80(b.v("fc1_act"), self.w.w2, b.v("expert_offsets"), c=b.v("gemm2_out"),

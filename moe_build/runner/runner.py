@@ -46,12 +46,15 @@ class MoERunner:
     When the plan runs the sm90 gated epilogue, `self.weights.w1` / `b1` hold W1 / b1 in
     `weights.interleave_gate_up`'s order (`self.w1_interleaved`), converted once here; the stacked
     device copy is not kept. `w1_interleaved=True` says the given W1 / b1 already come in that order
-    (the plugin's engine buffers), valid only with such a plan.
+    (the plugin's engine buffers), valid only with such a plan. Likewise, where the plan's GEMMs are
+    the sm90 ones, the sizes allow and the runner is sized for prefill (`sequence.reads_blocked_weights`),
+    `self.weights.w1` / `w2` are stored in `weights.block_64x64`'s layout (`self.weights_blocked`; after
+    the interleave), and `weights_blocked=True` says the given ones already are.
     """
 
     def __init__(self, spec: MoESpec, weights: MoEWeights, target: Target | None = None, max_tokens: int = 4096,
                  force: Mapping[str, str] | None = None, device: torch.device | str = "cuda",
-                 w1_interleaved: bool = False) -> None:
+                 w1_interleaved: bool = False, weights_blocked: bool = False) -> None:
         self.device = require_cuda(device)
         if self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
@@ -71,14 +74,21 @@ class MoERunner:
             raise MoeBuildError("w1_interleaved", "W1 comes gate/up-interleaved, but the plan does not run the sm90 "
                                 "gated epilogue that reads that order", "False, or a plan with "
                                 "fc1_activation=gated_epilogue")
+        self.weights_blocked = S.reads_blocked_weights(self.plan)
+        if weights_blocked and not self.weights_blocked:
+            raise MoeBuildError("weights_blocked", "W1 / W2 come in 64 x 64 blocks, but the plan's GEMMs do not read "
+                                "that layout", "False, or a plan with gemm_kernel=tma_warp_specialized and hidden "
+                                "and intermediate sizes that are multiples of 64")
         self.weights = _to_device(weights, self.device, self.dtype)
         if self.w1_interleaved and not w1_interleaved:
             self.weights = self.weights.gate_up_interleaved()
+        if self.weights_blocked and not weights_blocked:
+            self.weights = self.weights.blocked_64x64()
 
         self._workspace: Workspace | None = None   # allocated by the first call not given a workspace
         deterministic = bool(self.plan.target.get("deterministic", False))
         self.prepare_finalize = PrepareFinalize(spec, self.weights, kernels, deterministic)
-        self.experts = FusedExperts(spec, self.weights, kernels)
+        self.experts = FusedExperts(spec, self.weights, kernels, weights_blocked=self.weights_blocked)
         self._steps = self._step_table()
         # Per token count, what every call at that count would recompute: its steps, and the layout
         # of a caller's workspace (kernel size queries). Kept for the last few counts. The cached

@@ -11,6 +11,7 @@ from typing import Literal
 
 from ..errors import MoeBuildError
 from ..planner import Plan
+from ..weights import blocks_fit
 
 RoutingInput = Literal["hidden", "logits", "topk"]
 
@@ -60,6 +61,36 @@ def reads_interleaved_w1(plan: Plan) -> bool:
         return False
     c = plan.choices()
     return GEMM1_SM90_GATED in _GEMM1.get((c["gemm_kernel"], c["fc1_activation"]), ())
+
+
+# Weights go to 64 x 64 blocks when the plan's (largest) token count gives BLOCKED_MIN_AVG_ROWS to
+# BLOCKED_MAX_AVG_ROWS average rows per expert: a runner sized for prefill. Blocked against row-major
+# weights, whole layers by graph replay (bench/blocked_weights_probe.py and its scratch predecessor, H200,
+# 2026-11-22; README, "Weights in 64 x 64 blocks"): the wgmma GEMMs gain at 16-384 rows on all four bench
+# shapes (Qwen3-30B-A3B 4096 tokens, 256 rows: 599.7-600.0 vs 611.6-612.8 us; DeepSeek-V2-Lite 384 rows
+# 710.8-715.4 vs 722.3-724.9; GPT-OSS-20B 128 rows 487.5-488.0 vs 500.0-501.0; Mixtral-8x7B 256 rows
+# 1195.6-1203.6 vs 1233.6-1238.1), and lose past it on the larger experts (GPT-OSS 512 rows 1300.6-1369.4
+# vs 1266.2-1272.8, DeepSeek 768 rows 1318.2-1332.2 vs 1307.4-1311.3, Mixtral 1024 rows 4585.8-4840.5 vs
+# 4445.1-4494.4), though not on Qwen3 (512 rows 1057.7-1060.4 vs 1069.5-1072.2); why was not found. The
+# decode kernel (<= 8 rows per expert) reads blocked weights 2-4% slower (1 and 16 tokens: Mixtral
+# 182.9-183.3 vs 177.8-178.1 and 678.9-680.5 vs 666.1-666.7 us, Qwen3 33.2-33.6 vs 32.7-32.8 and
+# 200.8-201.4 vs 196.9-197.3), so runners sized for smaller calls keep row-major weights, and a
+# prefill-sized runner pays that at its decode-sized calls.
+BLOCKED_MIN_AVG_ROWS = 128
+BLOCKED_MAX_AVG_ROWS = 384
+
+
+def reads_blocked_weights(plan: Plan) -> bool:
+    """Whether the plan's GEMMs are the sm90 ones, W1 / W2 tile into 64 x 64 blocks (hidden and
+    intermediate sizes multiples of 64) and the plan's token count gives BLOCKED_MIN_AVG_ROWS to
+    BLOCKED_MAX_AVG_ROWS rows per expert: those GEMMs then read both in `weights.block_64x64`'s layout
+    (the runner converts once, plugin engines hold it)."""
+    if plan.path != "plugin" or plan.choices()["gemm_kernel"] != "tma_warp_specialized":
+        return False
+    spec = plan.spec
+    avg_rows = -(-plan.tokens * spec["top_k"] // spec["num_experts"])
+    return (blocks_fit(spec["hidden_size"], spec["intermediate_size"])
+            and BLOCKED_MIN_AVG_ROWS <= avg_rows <= BLOCKED_MAX_AVG_ROWS)
 
 
 def check_runnable(plan: Plan) -> None:

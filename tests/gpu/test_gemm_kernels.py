@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 torch = pytest.importorskip("torch")
-from moe_build.weights import interleave_gate_up  # noqa: E402  (after the torch skip)
+from moe_build.weights import block_64x64, blocks_fit, interleave_gate_up  # noqa: E402  (after the torch skip)
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -187,19 +187,56 @@ def sm90_path(request, monkeypatch):
     return request.param
 
 
+@pytest.fixture(params=["row_major", "blocked64"])
+def layout(request):
+    """The weights' storage the sm90 entry points are given (mb_weight_layout)."""
+    return request.param
+
+
+def stored(b, layout: str):
+    """B as the entry point reads it under `layout` (the reference keeps using the row-major B); sizes
+    that do not tile into blocks are passed as they are, for the entry point to refuse."""
+    return block_64x64(b) if layout == "blocked64" and blocks_fit(b.shape[1], b.shape[2]) else b
+
+
+def layout_refusal(layout: str, sm90_path: str, rows_b: int, k: int) -> tuple[int, str] | None:
+    """(status, message part) an sm90 entry point must answer for blocked weights it cannot take:
+    rows or k not multiples of 64 (invalid), the mma.sync path or the 96-row multicast slices of
+    pingpong64x192c2 (unsupported); None where it must run."""
+    if layout != "blocked64":
+        return None
+    if rows_b % 64 or k % 64:
+        return 1, "multiples of 64"
+    if sm90_path == "mma":
+        return 2, "row-major weights only"
+    if sm90_path == "wgmma:pingpong64x192c2":
+        return 2, "64-row blocks"
+    return None
+
+
+def assert_refused(status: int, refusal: tuple[int, str], gemms, out) -> None:
+    assert status == refusal[0] and refusal[1] in gemms.error(), (status, gemms.error())
+    assert torch.isnan(out).all() or not out.any(), "a refused call wrote its output"
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("shape", SHAPES)
-def test_sm90_plain(gemms, sm90_path, shape, dtype):
+def test_sm90_plain(gemms, sm90_path, layout, shape, dtype):
     e, rows, n, k = shape
-    gen = torch.Generator(device="cuda").manual_seed(2 + hash((shape, str(dtype), sm90_path)) % 2**31)
+    gen = torch.Generator(device="cuda").manual_seed(2 + hash((shape, str(dtype), sm90_path, layout)) % 2**31)
     offsets = segments(e, rows, gen)
+    refusal = layout_refusal(layout, sm90_path, n, k)
     for with_bias in (True, False):
         a, b, bias = make(rows, e, n, k, dtype, gen, with_bias, n)
         ref = reference(a, b, bias, offsets, "identity")
         outs = []
         for _ in range(2):
             c = torch.full((rows, n), float("nan"), dtype=dtype, device="cuda")
-            assert gemms.sm90(a, b, bias, c, offsets, rows, n, k) == 0, gemms.error()
+            st = gemms.sm90(a, stored(b, layout), bias, c, offsets, rows, n, k, layout)
+            if refusal:
+                assert_refused(st, refusal, gemms, c)
+                return
+            assert st == 0, gemms.error()
             check(c, ref, dtype)
             outs.append(c)
         assert torch.equal(outs[0], outs[1]), "plain grouped GEMM must be bit-reproducible"
@@ -216,20 +253,22 @@ def test_sm90_decode_without_workspace(gemms, shape):
     a, b, bias = make(rows, e, n, k, torch.bfloat16, gen, True, n)
     c = torch.full((rows, n), float("nan"), dtype=torch.bfloat16, device="cuda")
     st = gemms.lib.mb_grouped_gemm_sm90(a.data_ptr(), b.data_ptr(), bias.data_ptr(), c.data_ptr(),
-                                        offsets.data_ptr(), e, rows, n, k, gemm_lib.MB_BF16, None, 0,
-                                        torch.cuda.current_stream().cuda_stream)
+                                        offsets.data_ptr(), e, rows, n, k, gemm_lib.MB_BF16,
+                                        gemm_lib.LAYOUTS["row_major"], None, 0, torch.cuda.current_stream().cuda_stream)
     assert st == 0, gemms.error()
     check(c, reference(a, b, bias, offsets, "identity"), torch.bfloat16)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("shape", SHAPES)
-def test_sm90_gated(gemms, sm90_path, shape, dtype):
+def test_sm90_gated(gemms, sm90_path, layout, shape, dtype):
     """GEMM1 with the gated activation in its epilogue, on every path and tile: W1 is handed over
-    gate/up-interleaved, the reference multiplies the stacked W1 (n = the intermediate size here)."""
+    gate/up-interleaved (then blocked, under blocked64), the reference multiplies the stacked W1
+    (n = the intermediate size here)."""
     e, rows, n, k = shape
-    gen = torch.Generator(device="cuda").manual_seed(4 + hash((shape, str(dtype), sm90_path)) % 2**31)
+    gen = torch.Generator(device="cuda").manual_seed(4 + hash((shape, str(dtype), sm90_path, layout)) % 2**31)
     offsets = segments(e, rows, gen)
+    refusal = layout_refusal(layout, sm90_path, 2 * n, k)
     for act, a, b, bias, alpha, limit in gated_cases(rows, e, n, k, dtype, gen):
         ref = reference(a, b, bias, offsets, act, alpha, limit)
         b_il = interleave_gate_up(b)
@@ -237,7 +276,11 @@ def test_sm90_gated(gemms, sm90_path, shape, dtype):
         outs = []
         for _ in range(2):
             c = torch.full((rows, n), float("nan"), dtype=dtype, device="cuda")
-            assert gemms.sm90_gated(a, b_il, bias_il, c, offsets, rows, n, k, act, alpha, limit) == 0, gemms.error()
+            st = gemms.sm90_gated(a, stored(b_il, layout), bias_il, c, offsets, rows, n, k, act, alpha, limit, layout)
+            if refusal:
+                assert_refused(st, refusal, gemms, c)
+                return
+            assert st == 0, gemms.error()
             check(c, ref, dtype)
             outs.append(c)
         assert torch.equal(outs[0], outs[1]), "the gated GEMM (no atomics) must be bit-reproducible"
@@ -245,14 +288,14 @@ def test_sm90_gated(gemms, sm90_path, shape, dtype):
 
 @pytest.mark.parametrize("gated", [False, True])
 @pytest.mark.parametrize("shape", [(16, 1000, 200, 136), (64, 4000, 1408, 2048), (8, 700, 2880, 512)])
-def test_sm90_reads_past_segments_never_reach_outputs(gemms, sm90_path, shape, gated):
+def test_sm90_reads_past_segments_never_reach_outputs(gemms, sm90_path, layout, shape, gated):
     """The wgmma path's TMA tiles run past an expert's rows into the next expert's (and past off[E] up
     to max_rows), and past its N columns into the next expert's weights. Poisoned with NaN there (rows
     after off[E], the weights of experts with no rows), none of it may reach an output: the kept rows
     match the fp64 reference and the rows past off[E] are left unwritten."""
     e, used, n, k = shape
     extra = 77  # rows of A (and C) past off[E], up to max_rows
-    gen = torch.Generator(device="cuda").manual_seed(6 + hash((shape, gated, sm90_path)) % 2**31)
+    gen = torch.Generator(device="cuda").manual_seed(6 + hash((shape, gated, sm90_path, layout)) % 2**31)
     counts = segments(e, used, gen).diff()
     counts[0] += counts[1]  # expert 1 gets no rows, so expert 0's last column tile reads its NaN weights
     counts[1] = 0
@@ -265,9 +308,14 @@ def test_sm90_reads_past_segments_never_reach_outputs(gemms, sm90_path, shape, g
     b[empty] = float("nan")
     c = torch.full((used + extra, n), float("nan"), dtype=torch.bfloat16, device="cuda")
     if gated:
-        st = gemms.sm90_gated(a, interleave_gate_up(b), interleave_gate_up(bias), c, offsets, used + extra, n, k, act)
+        st = gemms.sm90_gated(a, stored(interleave_gate_up(b), layout), interleave_gate_up(bias), c, offsets,
+                              used + extra, n, k, act, layout=layout)
     else:
-        st = gemms.sm90(a, b, bias, c, offsets, used + extra, n, k)
+        st = gemms.sm90(a, stored(b, layout), bias, c, offsets, used + extra, n, k, layout)
+    refusal = layout_refusal(layout, sm90_path, 2 * n if gated else n, k)
+    if refusal:
+        assert_refused(st, refusal, gemms, c)
+        return
     assert st == 0, gemms.error()
     check(c[:used], ref, torch.bfloat16)
     assert torch.isnan(c[used:]).all(), "rows past off[E] were written"
@@ -314,9 +362,10 @@ FINALIZE = [(1, 8, 2, 4096, 512), (16, 128, 8, 2048, 768), (300, 64, 6, 2048, 14
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("case", FINALIZE)
-def test_sm90_finalize(gemms, sm90_path, case, dtype):
+def test_sm90_finalize(gemms, sm90_path, layout, case, dtype):
     t, e, top_k, n, k = case
-    gen = torch.Generator(device="cuda").manual_seed(3 + hash((case, str(dtype), sm90_path)) % 2**31)
+    gen = torch.Generator(device="cuda").manual_seed(3 + hash((case, str(dtype), sm90_path, layout)) % 2**31)
+    refusal = layout_refusal(layout, sm90_path, n, k)
     ids, offsets, p2u, u2p = gemm_lib.route(t, e, top_k, gen)
     rows = t * top_k
     a, b, bias = make(rows, e, n, k, dtype, gen, with_bias=t % 2 == 0, bias_cols=n)
@@ -328,7 +377,11 @@ def test_sm90_finalize(gemms, sm90_path, case, dtype):
     outs = []
     for _ in range(2):
         out = torch.zeros(t, n, dtype=dtype, device="cuda")
-        assert gemms.sm90_finalize(a, b, bias, out, offsets, p2u, pw, rows, t, top_k, n, k) == 0, gemms.error()
+        st = gemms.sm90_finalize(a, stored(b, layout), bias, out, offsets, p2u, pw, rows, t, top_k, n, k, layout)
+        if refusal:
+            assert_refused(st, refusal, gemms, out)
+            return
+        assert st == 0, gemms.error()
         check(out, ref, dtype)
         outs.append(out)
     if top_k <= 2:
@@ -344,4 +397,9 @@ def test_sm90_rejects(gemms):
         assert gemms.sm90(a, b, None, c, offsets, 64, 96, 128) == 2
         return
     assert gemms.sm90(a, b, None, c, offsets, 64, 96, 120 + 4) == 1  # K % 8 != 0
+    ws = gemms.workspace_sm90(8, 64, 96, 128)
+    assert gemms.lib.mb_grouped_gemm_sm90(a.data_ptr(), b.data_ptr(), None, c.data_ptr(), offsets.data_ptr(), 8, 64,
+                                          96, 128, gemm_lib.MB_BF16, 7, ws.data_ptr(), ws.numel(),
+                                          torch.cuda.current_stream().cuda_stream) == 1  # no such weight layout
+    assert "weight_layout 7" in gemms.error()
     assert gemms.sm90(a.float(), b.float(), None, c.float(), offsets, 64, 96, 128) == 2

@@ -230,23 +230,40 @@ def test_external_workspace_matches_own_workspace(force: dict[str, str]) -> None
 
 
 def test_gated_epilogue_runner_keeps_only_the_interleaved_w1() -> None:
-    """With the sm90 gated epilogue the runner converts W1 / b1 once and holds no stacked device copy."""
+    """With the sm90 gated epilogue the runner converts W1 / b1 once and holds no stacked device copy;
+    sized for prefill (512 tokens: 128 rows per expert) with sm90 GEMMs and sizes that are multiples of
+    64 it also holds W1 / W2 in 64 x 64 blocks (test_every_fusion_combination_matches_reference runs such
+    runners, max_tokens=512, against the reference), and with other sizes, the Ampere GEMMs or a
+    decode-sized runner it keeps them row-major."""
     from moe_build.runner import MoERunner
-    from moe_build.weights import interleave_gate_up
+    from moe_build.weights import block_64x64, interleave_gate_up
     spec = dataclasses.replace(BASE, expert_bias=True)
     weights = MoEWeights.random(spec, seed=3)  # on the CPU: the runner makes the device copies
-    runner = MoERunner(spec, weights, target=_target(), max_tokens=64)
+    runner = MoERunner(spec, weights, target=_target(), max_tokens=512)
     if runner.plan.stage("fc1_activation").choice != "gated_epilogue":
         pytest.skip("the gated epilogue is an sm90 plan")
     dt = _dtype(spec)
-    assert runner.w1_interleaved
-    assert torch.equal(runner.weights.w1.cpu(), interleave_gate_up(weights.w1.to(dt)))
+    assert runner.w1_interleaved and runner.weights_blocked
+    assert torch.equal(runner.weights.w1.cpu(), block_64x64(interleave_gate_up(weights.w1.to(dt))))
     assert torch.equal(runner.weights.b1.cpu(), interleave_gate_up(weights.b1.to(dt)))
-    separate = MoERunner(spec, weights, target=_target(), max_tokens=64, force={"fc1_activation": "separate"})
-    assert not separate.w1_interleaved and torch.equal(separate.weights.w1.cpu(), weights.w1.to(dt))
+    assert torch.equal(runner.weights.w2.cpu(), block_64x64(weights.w2.to(dt)))
+    separate = MoERunner(spec, weights, target=_target(), max_tokens=512, force={"fc1_activation": "separate"})
+    assert not separate.w1_interleaved and separate.weights_blocked
+    assert torch.equal(separate.weights.w1.cpu(), block_64x64(weights.w1.to(dt)))
+    ampere = MoERunner(spec, weights, target=_target(), max_tokens=512, force={"gemm_kernel": "ampere"})
+    assert not ampere.weights_blocked and torch.equal(ampere.weights.w2.cpu(), weights.w2.to(dt))
+    odd = dataclasses.replace(spec, intermediate_size=96)  # 96 % 64 != 0: no blocks
+    odd_runner = MoERunner(odd, MoEWeights.random(odd, seed=4), target=_target(), max_tokens=512)
+    assert not odd_runner.weights_blocked
+    decode = MoERunner(spec, weights, target=_target(), max_tokens=64)  # 16 rows per expert
+    assert decode.w1_interleaved and not decode.weights_blocked
+    assert torch.equal(decode.weights.w1.cpu(), interleave_gate_up(weights.w1.to(dt)))
     with pytest.raises(MoeBuildError, match="w1_interleaved"):
         MoERunner(spec, weights, target=_target(), max_tokens=64, force={"fc1_activation": "separate"},
                   w1_interleaved=True)
+    with pytest.raises(MoeBuildError, match="weights_blocked"):
+        MoERunner(spec, weights, target=_target(), max_tokens=512, force={"gemm_kernel": "ampere"},
+                  weights_blocked=True)
 
 
 @pytest.mark.parametrize("tokens", (16, 300))
