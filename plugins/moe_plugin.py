@@ -19,8 +19,8 @@ Inputs, in this order (optional ones present exactly when the spec uses them; T 
   1 router_logits   [T, E]        fp32 or spec dtype
   2 w1              [E, N1, H]    spec dtype (N1 = 2*I for gated activations: gate rows, then up rows;
                                   gate/up-interleaved when reads_interleaved_w1(plan), then stored in
-                                  64 x 64 blocks when reads_blocked_weights(plan); see plan_weights)
-  3 w2              [E, H, I]     spec dtype (in 64 x 64 blocks when reads_blocked_weights(plan))
+                                  64 x 64 blocks when plan_blocks_weights(plan); see plan_weights)
+  3 w2              [E, H, I]     spec dtype (in 64 x 64 blocks when plan_blocks_weights(plan))
     b1              [E, N1]       spec dtype      if spec.expert_bias (in w1's order)
     b2              [E, H]        spec dtype      if spec.expert_bias
     correction_bias [E]           fp32            if spec.routing.correction_bias
@@ -107,14 +107,20 @@ def output_dtype(spec: MoESpec) -> torch.dtype:
     return TORCH_OUT_DTYPE[spec.out_dtype]
 
 
+def plan_blocks_weights(plan: Plan) -> bool:
+    """Whether the runner `enqueue` makes for `plan` reads W1 / W2 in 64 x 64 blocks: it plans at the
+    profile's max tokens (plan_max_tokens), which may differ from the plan's own token count."""
+    return reads_blocked_weights(plan, plan_max_tokens(plan))
+
+
 def plan_weights(plan: Plan, weights: MoEWeights) -> MoEWeights:
     """The canonical `weights` in the order the plugin's inputs take for `plan`: W1 / b1 gate/up-
     interleaved where the plan's GEMM1 reads that order (reads_interleaved_w1), then W1 / W2 in 64 x 64
-    blocks where its GEMMs read those (reads_blocked_weights), so the engine holds one W1 and one W2
-    and the runner copies neither."""
+    blocks where its runner's GEMMs read those (plan_blocks_weights), so the engine holds one W1 and
+    one W2 and the runner copies neither."""
     if reads_interleaved_w1(plan):
         weights = weights.gate_up_interleaved()
-    return weights.blocked_64x64() if reads_blocked_weights(plan) else weights
+    return weights.blocked_64x64() if plan_blocks_weights(plan) else weights
 
 
 def forced_choices(plan: Plan) -> dict[str, str]:
@@ -402,7 +408,7 @@ def _make_runner(spec: MoESpec, plan: Plan, weights: Mapping[str, torch.Tensor])
     router_weight = torch.zeros((), dtype=w1.dtype, device=w1.device).expand(spec.num_experts, spec.hidden_size)
     return MoERunner(spec, MoEWeights(router_weight=router_weight, **weights), target=Target.from_dict(plan.target),
                      max_tokens=plan_max_tokens(plan), force=forced_choices(plan), device=w1.device,
-                     w1_interleaved=reads_interleaved_w1(plan), weights_blocked=reads_blocked_weights(plan))
+                     w1_interleaved=reads_interleaved_w1(plan), weights_blocked=plan_blocks_weights(plan))
 
 
 # ---- TensorRT adapters ---------------------------------------------------------------------

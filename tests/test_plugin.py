@@ -460,19 +460,23 @@ def test_add_moe_plugin_feeds_inputs_in_order(trt, as_constants):
 
 
 def test_plan_weights_block_w1_and_w2_where_the_sm90_gemms_read_blocks():
-    """Sizes that are multiples of 64 on sm90 and a prefill-sized plan: the engine holds W1 interleaved
-    then blocked, and W2 blocked (one copy each, what the runner is then told it gets); on sm80 they stay
-    row-major."""
+    """Sizes that are multiples of 64 on sm90 and a runner sized for prefill: the engine holds W1
+    interleaved then blocked, and W2 blocked (one copy each, what the runner is then told it gets). The
+    runner plans at the profile's max tokens (512: 256 rows per expert), not at the plan's 16, so that is
+    what decides; with a profile of at most 64 tokens (32 rows) and on sm80 the weights stay row-major."""
     spec = MoESpec(hidden_size=128, intermediate_size=64, num_experts=4, top_k=2, dtype=DType.FP16)
     weights = MoEWeights.random(spec)
-    plan = make_plan(spec, target(90), tokens=512)  # 256 rows per expert: a prefill-sized plan
-    assert reads_interleaved_w1(plan) and reads_blocked_weights(plan)
-    assert not reads_blocked_weights(plan_for(spec))  # 16 tokens: decode-sized, row-major
+    plan = plan_for(spec)
+    assert plan.tokens == 16 and not reads_blocked_weights(plan)  # the plan's own token count: 8 rows
+    assert reads_interleaved_w1(plan) and mp.plan_blocks_weights(plan)
+    small = make_plan(spec, Target(sm=90, flavour=Flavour.TENSORRT, profile=TokenProfile(min=1, opt=16, max=64)),
+                      tokens=16)
+    assert not mp.plan_blocks_weights(small)
     given = mp.plan_weights(plan, weights)
     assert torch.equal(given.w1, block_64x64(interleave_gate_up(weights.w1)))
     assert torch.equal(given.w2, block_64x64(weights.w2))
-    sm80 = make_plan(spec, target(80), tokens=512)
-    assert not reads_blocked_weights(sm80) and mp.plan_weights(sm80, weights) is weights
+    sm80 = plan_for(spec, sm=80)
+    assert not mp.plan_blocks_weights(sm80) and mp.plan_weights(sm80, weights) is weights
 
 
 def test_plan_weights_keep_the_stacked_order_off_the_gated_epilogue():

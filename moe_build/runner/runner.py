@@ -76,9 +76,10 @@ class MoERunner:
                                 "fc1_activation=gated_epilogue")
         self.weights_blocked = S.reads_blocked_weights(self.plan)
         if weights_blocked and not self.weights_blocked:
-            raise MoeBuildError("weights_blocked", "W1 / W2 come in 64 x 64 blocks, but the plan's GEMMs do not read "
-                                "that layout", "False, or a plan with gemm_kernel=tma_warp_specialized and hidden "
-                                "and intermediate sizes that are multiples of 64")
+            raise MoeBuildError("weights_blocked", "W1 / W2 come in 64 x 64 blocks, but this runner's GEMMs do not "
+                                "read that layout", "False, or a plan with gemm_kernel=tma_warp_specialized, hidden "
+                                "and intermediate sizes that are multiples of 64 and max_tokens giving 128-384 rows "
+                                "per expert")
         self.weights = _to_device(weights, self.device, self.dtype)
         if self.w1_interleaved and not w1_interleaved:
             self.weights = self.weights.gate_up_interleaved()

@@ -80,15 +80,17 @@ BLOCKED_MIN_AVG_ROWS = 128
 BLOCKED_MAX_AVG_ROWS = 384
 
 
-def reads_blocked_weights(plan: Plan) -> bool:
+def reads_blocked_weights(plan: Plan, max_tokens: int | None = None) -> bool:
     """Whether the plan's GEMMs are the sm90 ones, W1 / W2 tile into 64 x 64 blocks (hidden and
-    intermediate sizes multiples of 64) and the plan's token count gives BLOCKED_MIN_AVG_ROWS to
-    BLOCKED_MAX_AVG_ROWS rows per expert: those GEMMs then read both in `weights.block_64x64`'s layout
-    (the runner converts once, plugin engines hold it)."""
+    intermediate sizes multiples of 64) and the runner's largest call (`max_tokens`, default the plan's
+    token count, which is the runner's max_tokens) gives BLOCKED_MIN_AVG_ROWS to BLOCKED_MAX_AVG_ROWS rows
+    per expert: those GEMMs then read both in `weights.block_64x64`'s layout (the runner converts once,
+    plugin engines hold it)."""
     if plan.path != "plugin" or plan.choices()["gemm_kernel"] != "tma_warp_specialized":
         return False
     spec = plan.spec
-    avg_rows = -(-plan.tokens * spec["top_k"] // spec["num_experts"])
+    tokens = plan.tokens if max_tokens is None else max_tokens
+    avg_rows = -(-tokens * spec["top_k"] // spec["num_experts"])
     return (blocks_fit(spec["hidden_size"], spec["intermediate_size"])
             and BLOCKED_MIN_AVG_ROWS <= avg_rows <= BLOCKED_MAX_AVG_ROWS)
 
