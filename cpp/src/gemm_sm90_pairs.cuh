@@ -180,17 +180,11 @@ struct PairedMainloop : Base {
       Tensor tB0sB = tma_b0.partition_D(sB);
       Tensor tB1gB = tma_b1.partition_S(gB);
       Tensor tB1sB = tma_b1.partition_D(sB);
-      CUTLASS_PRAGMA_NO_UNROLL
-      for (; k_tile_count > 0; --k_tile_count) {
-        pipeline.producer_acquire(smem_pipe_write);
-        auto* barrier = pipeline.producer_get_barrier(smem_pipe_write);
-        const int stage = smem_pipe_write.index();
-        copy(params.tma_load_a.with(*barrier, uint16_t(0)), tAgA(_, _, _, *k_tile_iter), tAsA(_, _, _, stage));
-        copy(tma_load_b.with(*barrier, self), tB0gB(_, _, _, *k_tile_iter), tB0sB(_, _, _, stage));
-        copy(tma_load_b.with(*barrier, self), tB1gB(_, _, _, *k_tile_iter), tB1sB(_, _, _, stage));
-        ++k_tile_iter;
-        ++smem_pipe_write;
-      }
+      Base::load_k_tiles(pipeline, smem_pipe_write, k_tile_iter, k_tile_count, [&](auto& barrier, auto k, int stage) {
+        copy(params.tma_load_a.with(barrier, uint16_t(0)), tAgA(_, _, _, k), tAsA(_, _, _, stage));
+        copy(tma_load_b.with(barrier, self), tB0gB(_, _, _, k), tB0sB(_, _, _, stage));
+        copy(tma_load_b.with(barrier, self), tB1gB(_, _, _, k), tB1sB(_, _, _, stage));
+      });
     });
   }
 };

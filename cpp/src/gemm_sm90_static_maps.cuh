@@ -173,6 +173,22 @@ struct StaticMapMainloop : Base {
     f(params.tma_load_b, tile_b(params, n));
   }
 
+  // The producer's walk over a tile's k blocks, shared by this load and PairedMainloop's split units:
+  // for each, wait for a free stage, then issue(barrier, k block, stage) starts its copies on that
+  // stage's full barrier.
+  template <class KTileIterator, class Issue>
+  CUTLASS_DEVICE static void load_k_tiles(typename Base::MainloopPipeline& pipeline,
+                                          typename Base::PipelineState& smem_pipe_write, KTileIterator& k_tile_iter,
+                                          int k_tile_count, Issue&& issue) {
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (; k_tile_count > 0; --k_tile_count) {
+      pipeline.producer_acquire(smem_pipe_write);
+      issue(*pipeline.producer_get_barrier(smem_pipe_write), *k_tile_iter, smem_pipe_write.index());
+      ++k_tile_iter;
+      ++smem_pipe_write;
+    }
+  }
+
   // CUTLASS's load, on the fixed maps at the group's origin.
   template <class TensorA, class TensorB, class TensorMapA, class TensorMapB, class KTileIterator, class BlockCoord>
   CUTLASS_DEVICE void load(Params const& params, typename Base::MainloopPipeline pipeline,
@@ -202,16 +218,10 @@ struct StaticMapMainloop : Base {
       auto tma_b = tma_load_b.get_slice(cx);
       Tensor tBgB = tma_b.partition_S(gB);
       Tensor tBsB = tma_b.partition_D(sB);
-      CUTLASS_PRAGMA_NO_UNROLL
-      for (; k_tile_count > 0; --k_tile_count) {
-        pipeline.producer_acquire(smem_pipe_write);
-        auto* barrier = pipeline.producer_get_barrier(smem_pipe_write);
-        const int stage = smem_pipe_write.index();
-        copy(params.tma_load_a.with(*barrier, mcast_a), tAgA(_, _, _, *k_tile_iter), tAsA(_, _, _, stage));
-        copy(tma_load_b.with(*barrier, mcast_b), tBgB(_, _, _, *k_tile_iter), tBsB(_, _, _, stage));
-        ++k_tile_iter;
-        ++smem_pipe_write;
-      }
+      load_k_tiles(pipeline, smem_pipe_write, k_tile_iter, k_tile_count, [&](auto& barrier, auto k, int stage) {
+        copy(params.tma_load_a.with(barrier, mcast_a), tAgA(_, _, _, k), tAsA(_, _, _, stage));
+        copy(tma_load_b.with(barrier, mcast_b), tBgB(_, _, _, k), tBsB(_, _, _, stage));
+      });
     });
   }
 
