@@ -13,10 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import time
 
 import torch
 
+from bench.env_ab_probe import replay_rounds
 from bench.gemm_bench import SHAPES, gemm_lib, layer_gemms
 from moe_build.bench import SHAPES as LAYER_SHAPES
 from moe_build.bench import _device_weights, _interleaved_median_ms, bench_spec
@@ -73,13 +73,7 @@ def layers(name: str, tokens: int, iters: int, rounds: int) -> list[dict]:
     out = {v: gr.replay().float().clone() for v, gr in graphs.items()}
     rel = float((out["blocked64"] - out["row_major"]).norm() / out["row_major"].norm())
     assert rel < 1e-2, f"layers differ between layouts: rel {rel:.2e}"
-    res = []
-    for r in range(rounds):
-        time.sleep(1.0)  # each round from the same idle start
-        ms = _interleaved_median_ms({v: (lambda i, gr=gr: gr.replay()) for v, gr in graphs.items()}, iters,
-                                    warmup=2, seed=r)
-        res.append({v: 1e3 * t for v, t in ms.items()})
-    return res
+    return replay_rounds(graphs, iters, rounds)
 
 
 def main() -> None:

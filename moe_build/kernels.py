@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import enum
+import functools
 import math
 import os
 import threading
@@ -93,10 +94,12 @@ SIGNATURES: dict[str, tuple[type, tuple[type, ...]]] = {
     "mb_grouped_gemm_sm80_workspace": (_sz, (_i,)),
     "mb_grouped_gemm_sm80": (_i, (_p, _p, _p, _p, _p, _i, _i64, _i, _i, _i, _i, _i, _f, _f, _p, _sz, _p)),
     "mb_grouped_gemm_sm90_workspace": (_sz, (_i, _i64, _i, _i)),
+    "mb_grouped_gemm_sm90_placement_ints": (_sz, ()),
+    "mb_grouped_gemm_sm90_placement_recorded": (_i, ()),
     "mb_grouped_gemm_sm90": (_i, (_p, _p, _p, _p, _p, _i, _i64, _i, _i, _i, _i, _p, _sz, _p)),
-    "mb_grouped_gemm_sm90_finalize": (_i, (_p, _p, _p, _p, _p, _p, _p, _i, _i64, _i, _i, _i, _i, _i, _i, _p, _sz,
-                                           _p)),
-    "mb_grouped_gemm_sm90_gated": (_i, (_p, _p, _p, _p, _p, _i, _i64, _i, _i, _i, _i, _f, _f, _i, _p, _sz, _p)),
+    "mb_grouped_gemm_sm90_finalize": (_i, (_p, _p, _p, _p, _p, _p, _p, _i, _i64, _i, _i, _i, _i, _i, _i, _p, _p,
+                                           _sz, _p)),
+    "mb_grouped_gemm_sm90_gated": (_i, (_p, _p, _p, _p, _p, _i, _i64, _i, _i, _i, _i, _f, _f, _i, _p, _p, _sz, _p)),
 }
 
 _lib: ctypes.CDLL | None = None
@@ -260,6 +263,12 @@ def _map_outputs(topk_ids: torch.Tensor, num_experts: int, ptu: torch.Tensor | N
             _out(off, "expert_first_token_offset", (num_experts + 1,), torch.int64, dev))
 
 
+def _placement(placement: torch.Tensor | None, dev: torch.device) -> int | None:
+    if placement is not None:
+        _check(placement, "placement", (gemm_placement_ints(),), torch.int32, dev)
+    return _ptr(placement)
+
+
 def _workspace(workspace: torch.Tensor | None, nbytes: Callable[[], int], dev: torch.device
                ) -> tuple[int | None, int]:
     """(pointer, bytes) of the caller's scratch, or of a fresh one of `nbytes()` bytes (NULL when none
@@ -286,6 +295,19 @@ def grouped_gemm_sm80_workspace_bytes(num_experts: int) -> int:
 
 def grouped_gemm_sm90_workspace_bytes(num_experts: int, max_rows: int, n: int, k: int) -> int:
     return int(load_library().mb_grouped_gemm_sm90_workspace(num_experts, max_rows, n, k))
+
+
+@functools.lru_cache(maxsize=None)
+def gemm_placement_ints() -> int:
+    """int32 elements of one sm90 GEMM claim region (mb_grouped_gemm_sm90_placement_ints)."""
+    return int(load_library().mb_grouped_gemm_sm90_placement_ints())
+
+
+def new_gemm_placement(device: torch.device | str) -> torch.Tensor:
+    """A zeroed claim region for one sm90 gated or finalize GEMM that may run at the same time as another
+    (its `placement`): with it the GEMM is launched after a trigger and starts its CTAs by placement
+    (cpp/include/moe_build_kernels.h). Each call leaves it as the next needs it; give it to no concurrent call."""
+    return torch.zeros(gemm_placement_ints(), dtype=torch.int32, device=device)
 
 
 def build_maps_fused(topk_ids: torch.Tensor, num_experts: int, permuted_to_unpermuted: torch.Tensor | None = None,
@@ -454,9 +476,11 @@ def grouped_gemm_sm90_finalize(a: torch.Tensor, b: torch.Tensor, expert_first_to
                                num_tokens: int, top_k: int, bias: torch.Tensor | None = None,
                                out: torch.Tensor | None = None, workspace: torch.Tensor | None = None,
                                stream: int | torch.cuda.Stream | None = None,
-                               weight_layout: int | str | WeightLayout = WeightLayout.ROW_MAJOR) -> torch.Tensor:
+                               weight_layout: int | str | WeightLayout = WeightLayout.ROW_MAJOR,
+                               placement: torch.Tensor | None = None) -> torch.Tensor:
     """out[t] += w[p] * (A[p] @ B[x]^T + bias[x]) for the token t of each permuted row p -> out [T, n].
-    A given `out` must be zeroed by the caller; an allocated one is zeroed here. B as grouped_gemm_sm90's."""
+    A given `out` must be zeroed by the caller; an allocated one is zeroed here. B as grouped_gemm_sm90's;
+    `placement` from new_gemm_placement (or None: a plain launch)."""
     dev, rows, k, e, n = _gemm_common(a, b, expert_first_token_offset)
     _check(permuted_to_unpermuted, "permuted_to_unpermuted", (num_tokens * top_k,), torch.int32, dev)
     _check(permuted_weights, "permuted_weights", (num_tokens * top_k,), torch.float32, dev)
@@ -467,7 +491,7 @@ def grouped_gemm_sm90_finalize(a: torch.Tensor, b: torch.Tensor, expert_first_to
     _call("mb_grouped_gemm_sm90_finalize", a.data_ptr(), b.data_ptr(), _ptr(bias), o.data_ptr(),
           expert_first_token_offset.data_ptr(), permuted_to_unpermuted.data_ptr(), permuted_weights.data_ptr(), e,
           rows, num_tokens, top_k, n, k, _dtype_code(a, "A"), _enum(weight_layout, WeightLayout, "weight_layout"),
-          ws, ws_bytes, _stream(stream, dev))
+          _placement(placement, dev), ws, ws_bytes, _stream(stream, dev))
     return o
 
 
@@ -476,10 +500,11 @@ def grouped_gemm_sm90_gated(a: torch.Tensor, b: torch.Tensor, expert_first_token
                             swiglu_alpha: float = 1.0, swiglu_limit: float = math.inf,
                             c: torch.Tensor | None = None, workspace: torch.Tensor | None = None,
                             stream: int | torch.cuda.Stream | None = None,
-                            weight_layout: int | str | WeightLayout = WeightLayout.ROW_MAJOR) -> torch.Tensor:
+                            weight_layout: int | str | WeightLayout = WeightLayout.ROW_MAJOR,
+                            placement: torch.Tensor | None = None) -> torch.Tensor:
     """C[p] = act(gate, up) of A[p] @ B[x]^T (+ bias[x]), the gated activation in GEMM1's epilogue.
     B [E, 2I, k] and bias [E, 2I] in moe_build.weights.interleave_gate_up's order (B then stored in
-    `weight_layout`'s layout, as grouped_gemm_sm90's) -> C [R, I]."""
+    `weight_layout`'s layout, as grouped_gemm_sm90's) -> C [R, I]. `placement` as grouped_gemm_sm90_finalize's."""
     dev, rows, k, e, n2 = _gemm_common(a, b, expert_first_token_offset)
     act = _enum(activation, Activation, "activation")
     if bias is not None:
@@ -488,5 +513,6 @@ def grouped_gemm_sm90_gated(a: torch.Tensor, b: torch.Tensor, expert_first_token
     ws, ws_bytes = _workspace(workspace, lambda: grouped_gemm_sm90_workspace_bytes(e, rows, n2, k), dev)
     _call("mb_grouped_gemm_sm90_gated", a.data_ptr(), b.data_ptr(), _ptr(bias), out.data_ptr(),
           expert_first_token_offset.data_ptr(), e, rows, n2 // 2, k, _dtype_code(a, "A"), act, swiglu_alpha,
-          swiglu_limit, _enum(weight_layout, WeightLayout, "weight_layout"), ws, ws_bytes, _stream(stream, dev))
+          swiglu_limit, _enum(weight_layout, WeightLayout, "weight_layout"), _placement(placement, dev), ws, ws_bytes,
+          _stream(stream, dev))
     return out

@@ -21,7 +21,7 @@ HEADER_TEXT = kernel_build.HEADER.read_text()
 
 def header_functions() -> dict[str, int]:
     """Every function the header declares -> its parameter count."""
-    decls = re.findall(r"^\s*(?:mb_status|size_t|const char\s*\*)\s*(mb_\w+)\s*\(([^)]*)\)\s*;", HEADER_TEXT,
+    decls = re.findall(r"^\s*(?:mb_status|size_t|int|const char\s*\*)\s*(mb_\w+)\s*\(([^)]*)\)\s*;", HEADER_TEXT,
                        flags=re.MULTILINE)
     return {name: 0 if params.strip() in ("", "void") else params.count(",") + 1 for name, params in decls}
 

@@ -116,6 +116,17 @@ mb_status mb_grouped_gemm_sm80(const void* A, const void* B, const void* bias, v
  *     (MB_SM90_GEMM_PATH=mma) and the forced pingpong64x192c2 tile refuse it (MB_ERR_UNSUPPORTED). */
 enum mb_weight_layout { MB_WEIGHTS_ROW_MAJOR = 0, MB_WEIGHTS_BLOCKED64 = 1 };
 size_t mb_grouped_gemm_sm90_workspace(int num_experts, int64_t max_rows, int n, int k);
+/* placement (the finalize and gated entry points): NULL, or a claim region of
+ * mb_grouped_gemm_sm90_placement_ints() int32 that is zero before its first use, is given to no call that
+ * may run at the same time as this one; each call leaves it as the next needs it. With it, the one-CTA wgmma tiles
+ * start each CTA at the tiles a plain launch puts on its SM (a record taken once per device, at the first
+ * such call outside a graph capture) and are launched after a trigger (programmatic dependent launch):
+ * their CTAs set up under the previous kernel's last CTAs and wait for it before reading A. The previous
+ * kernel in the stream must not write B, the bias or the expert offsets (the runner's chain writes them
+ * at least one kernel earlier). MB_SM90_LAUNCH=plain in the environment launches plainly. */
+size_t mb_grouped_gemm_sm90_placement_ints(void);
+/* 1 once the current device has its placement record (taken at the first call given a placement), else 0. */
+int mb_grouped_gemm_sm90_placement_recorded(void);
 mb_status mb_grouped_gemm_sm90(const void* A, const void* B, const void* bias, void* C,
                                const int64_t* expert_first_token_offset, int num_experts, int64_t max_rows,
                                int n, int k, int dtype, int weight_layout, void* workspace,
@@ -124,7 +135,7 @@ mb_status mb_grouped_gemm_sm90_finalize(const void* A, const void* B, const void
                                         const int64_t* expert_first_token_offset,
                                         const int32_t* permuted_to_unpermuted, const float* permuted_weights,
                                         int num_experts, int64_t max_rows, int num_tokens, int top_k, int n,
-                                        int k, int dtype, int weight_layout, void* workspace,
+                                        int k, int dtype, int weight_layout, int32_t* placement, void* workspace,
                                         size_t workspace_bytes, cudaStream_t stream);
 /* GEMM1 with the gated activation in its epilogue: C [rows, inter] = act(gate, up) of
  * A [rows, k] @ B^T (+ bias), B [E, 2 * inter, k] and bias [E, 2 * inter] (or NULL) with the gate
@@ -135,8 +146,8 @@ mb_status mb_grouped_gemm_sm90_finalize(const void* A, const void* B, const void
 mb_status mb_grouped_gemm_sm90_gated(const void* A, const void* B, const void* bias, void* C,
                                      const int64_t* expert_first_token_offset, int num_experts, int64_t max_rows,
                                      int inter, int k, int dtype, int activation, float swiglu_alpha,
-                                     float swiglu_limit, int weight_layout, void* workspace, size_t workspace_bytes,
-                                     cudaStream_t stream);
+                                     float swiglu_limit, int weight_layout, int32_t* placement, void* workspace,
+                                     size_t workspace_bytes, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -44,6 +44,7 @@ struct GemmParams {
   float swiglu_limit;
   int gate_up_interleaved;  // GATED: W1 interleaved in blocks of 8 (see gated_row)
   int weights_blocked;      // B in MB_WEIGHTS_BLOCKED64's 64 x 64 blocks (sm90 entry points only)
+  int32_t* placement;       // sm90 gated / finalize: the caller's claim region, or null (gemm_sm90_placement.cuh)
 };
 
 // Offset of column c of row r (of one expert's [NB * N, K] rows, or of all experts' stacked rows) in B's

@@ -28,7 +28,8 @@
 // MB_SM90_GEMM_PATH=decode|mma|wgmma and
 // MB_SM90_WGMMA_TILE=coop128x256|pingpong64x256|pingpong64x128|pingpong64x256c2|pingpong64x192c2 in the
 // environment force a path / tile (bench/gemm_bench.py --paths and the tests use them; mma is the
-// Ampere tile kernel, kept reachable as the baseline the decode kernel is measured against).
+// Ampere tile kernel, kept reachable as the baseline the decode kernel is measured against);
+// MB_SM90_LAUNCH=plain launches every wgmma GEMM plainly and =unplaced never by placement (launch_kind).
 #include <stdlib.h>
 
 #include <algorithm>
@@ -47,6 +48,7 @@
 #include "cutlass/gemm/dispatch_policy.hpp"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "gemm_sm90_pairs.cuh"
+#include "gemm_sm90_placement.cuh"
 #include "gemm_sm90_static_maps.cuh"
 
 namespace mbk {
@@ -482,10 +484,12 @@ constexpr int64_t kFinalizeNarrowMaxAvgRows = 64;
 // launch gains 3-7 us on the H200 (Qwen3-30B-A3B 306.0-306.8 vs 310.0-310.3, GPT-OSS-20B 393.9-394.6 vs
 // 401.0-401.5) and 1-4 on the H100; at 4096 tokens it is even to 1-2% behind on the H200 (Qwen3 613.3-624.8
 // vs 614.4-615.2, Mixtral-8x7B 4462-4596 vs 4441-4498, GPT-OSS 1426-1456 vs 1419-1442) and far behind on the
-// H100 (Qwen3 779.3-787.2 vs 710.8-716.0, GPT-OSS 1751-1772 vs 1620-1679, Mixtral 5914-6028 vs 5566-5585),
-// for a reason not found. Also launching it early past 64 rows with per-64-row-block readiness counters
-// from GEMM1's epilogue (so it runs under GEMM1's last wave) was tried and dropped: correct, not faster
-// (README, "GEMM2 under GEMM1's last wave").
+// H100 (Qwen3 779.3-787.2 vs 710.8-716.0, GPT-OSS 1751-1772 vs 1620-1679, Mixtral 5914-6028 vs 5566-5585):
+// its tiles lost the plain launch's placement (gemm_sm90_placement.cuh). Where the tiles go by placement
+// (launch_kind) both GEMMs launch early at any size; this bound is for the launches without it. Also
+// launching it early past 64 rows with per-64-row-block readiness counters from GEMM1's epilogue (so it
+// runs under GEMM1's last wave) was tried and dropped: correct, not faster (README, "GEMM2 under GEMM1's
+// last wave").
 constexpr int64_t kFinalizeEarlyLaunchMaxAvgRows = 64;
 // The gated epilogue (GEMM1 + act(gate, up)) from 33 to this many average rows per expert runs pingpong
 // 64x256 without a cluster, else as the plain store. Timed interleaved against the 2x1 cluster on the
@@ -557,6 +561,8 @@ struct WgmmaGemm {
   using Mainloop = std::conditional_t<kPaired, PairedMainloop<StaticMainloop>, StaticMainloop>;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+  // One-CTA 64-row tiles take their tiles by placement (gemm_sm90_placement.cuh), so they may launch early.
+  static constexpr bool kPlaced = IsPlacedTileScheduler<typename Kernel::TileScheduler>::value;
 };
 
 // The whole A ([max_rows, k], experts back to back) and B ([num_experts * n, k]) that the fixed TMA
@@ -567,6 +573,7 @@ struct WholeOperands {
   const void* B = nullptr;
   int n = 0, k = 0;
   bool b_blocked = false;  // B in MB_WEIGHTS_BLOCKED64's layout
+  int32_t* claims = nullptr;  // PlacedTileScheduler's claim region where the launch goes by placement
 };
 
 template <typename T, int kEpi, int kTile>
@@ -585,8 +592,14 @@ typename WgmmaGemm<T, kEpi, kTile>::Gemm::Arguments make_args(const int64_t* off
        reinterpret_cast<const Element**>(const_cast<void*>(whole.B)), nullptr},
       whole.A, static_cast<int>(whole.max_rows), whole.B, num_experts * whole.n, whole.k, offsets, whole.n,
       whole.b_blocked};
-  return typename G::Gemm::Arguments{
-      cutlass::gemm::GemmUniversalMode::kGrouped, {num_experts, offsets, whole.n, whole.k}, mainloop, epi, hw};
+  typename G::Kernel::TileScheduler::Arguments scheduler{};
+  if constexpr (G::kPlaced) scheduler.claims = whole.claims;
+  return typename G::Gemm::Arguments{cutlass::gemm::GemmUniversalMode::kGrouped,
+                                     {num_experts, offsets, whole.n, whole.k},
+                                     mainloop,
+                                     epi,
+                                     hw,
+                                     scheduler};
 }
 
 template <typename T, int kEpi, int kTile>
@@ -636,10 +649,43 @@ int sm90_path(int64_t max_rows, int num_experts) {
   return decode_rows_fit(max_rows, num_experts) ? PATH_DECODE : PATH_WGMMA;
 }
 
+// Whether run_wgmma launches a GEMM after a trigger (programmatic dependent launch): its CTAs then set up
+// under the previous kernel's last CTAs, and its producer waits for that kernel before its first load
+// (StaticMapMainloop::await_inputs). The gated GEMM1 (after the expansion) and the finalize GEMM2 (after
+// GEMM1 or the activation kernel) do so where their CTAs start by placement: the caller gives a claim
+// region, the tile is a one-CTA 64-row one and the device has a placement record (gemm_sm90_placement.cuh).
+// Without placement the early launch scatters the tiles and lost far more than it saves at 4096 tokens
+// (README, "Tiles by placement"). Only where one expert's weights of this GEMM fit in L2: Mixtral-8x7B's
+// (117-235 MB) lost with it (whole layers against the unplaced launch, bench/env_ab_probe.py, three rounds:
+// H200 1024 tokens +1.4 to +22 us, 4096 tokens +6 to +10; H100 4096 tokens +138 to +240), for a reason not
+// found, while Qwen3-30B-A3B, DeepSeek-V2-Lite and GPT-OSS-20B (6-33 MB) gained at 1024 and 4096 tokens
+// (H200: Qwen3 4096 tokens 580.9-581.2 vs 586.1-586.4 us). The finalize GEMM also launches early up to
+// kFinalizeEarlyLaunchMaxAvgRows without placement. MB_SM90_LAUNCH=plain in the environment launches every
+// GEMM plainly, MB_SM90_LAUNCH=unplaced never by placement (the probes' baselines).
+inline int64_t l2_bytes() { return mb::device_attribute(cudaDevAttrL2CacheSize); }
+// Below this many average rows per expert the launch by placement was 0.6-1.8 us behind the unplaced one
+// (256 tokens of Qwen3-30B-A3B and DeepSeek-V2-Lite, 16 and 24 rows, H200 and H100, bench/env_ab_probe.py),
+// from 32 rows even or ahead (GPT-OSS-20B at 256 tokens: H200 402.0-402.1 vs 406.0-406.8 us, H100 584.1-584.7
+// vs 582.7-583.7; Mixtral-8x7B, 64 rows: 714.0-715.9 vs 752.7-753.7 and 1020.5-1021.1 vs 1022.5-1024.0).
+constexpr int64_t kPlacedMinAvgRows = 32;
+
+enum class Launch { kPlain, kAfterTrigger, kAfterTriggerPlaced };
+template <int kEpi, bool kPlaced>
+Launch launch_kind(int64_t avg_rows, int64_t expert_weight_bytes, const int32_t* claims, int sm_count,
+                   cudaStream_t stream) {
+  const char* force = getenv("MB_SM90_LAUNCH");
+  if ((force && strcmp(force, "plain") == 0) || kEpi == EPI_STORE) return Launch::kPlain;
+  const bool unplaced = force && strcmp(force, "unplaced") == 0;
+  if (kPlaced && claims != nullptr && !unplaced && avg_rows >= kPlacedMinAvgRows &&
+      expert_weight_bytes <= l2_bytes() && placement_recorded(sm_count, stream))
+    return Launch::kAfterTriggerPlaced;
+  return kEpi == EPI_FINALIZE && avg_rows <= kFinalizeEarlyLaunchMaxAvgRows ? Launch::kAfterTrigger : Launch::kPlain;
+}
+
 template <typename T, int kEpi, int kTile>
 mb_status run_wgmma(const void* A, const void* B, bool b_blocked, const typename MoeEpilogue<T, kEpi>::Arguments& epi,
-                    const int64_t* offsets, int num_experts, int64_t max_rows, int n, int k, void* workspace,
-                    size_t workspace_bytes, cudaStream_t stream) {
+                    const int64_t* offsets, int num_experts, int64_t max_rows, int n, int k, int32_t* claims,
+                    void* workspace, size_t workspace_bytes, cudaStream_t stream) {
   using G = WgmmaGemm<T, kEpi, kTile>;
   if (b_blocked && !G::StaticMainloop::kTakesBlocked)
     return fail(MB_ERR_UNSUPPORTED, "grouped gemm sm90: this wgmma tile cannot read MB_WEIGHTS_BLOCKED64 weights "
@@ -652,23 +698,18 @@ mb_status run_wgmma(const void* A, const void* B, bool b_blocked, const typename
   if (max_rows > INT32_MAX || static_cast<int64_t>(num_experts) * n > INT32_MAX)
     return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm sm90: max_rows (%lld) and num_experts * n (%lld) must fit int32",
                 static_cast<long long>(max_rows), static_cast<long long>(num_experts) * n);
+  const Launch launch = launch_kind<kEpi, G::kPlaced>(avg_rows_per_expert(max_rows, num_experts),
+                                                       int64_t(n) * k * int64_t(sizeof(T)), claims, sm_count, stream);
   typename G::Gemm gemm;
-  auto args =
-      make_args<T, kEpi, kTile>(offsets, num_experts, epi, sm_count, WholeOperands{A, max_rows, B, n, k, b_blocked});
+  auto args = make_args<T, kEpi, kTile>(
+      offsets, num_experts, epi, sm_count,
+      WholeOperands{A, max_rows, B, n, k, b_blocked, launch == Launch::kAfterTriggerPlaced ? claims : nullptr});
   cutlass::Status st = gemm.can_implement(args);
   if (st != cutlass::Status::kSuccess)
     return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm sm90: CUTLASS cannot implement (%s)",
                      cutlassGetStatusString(st));
   st = gemm.initialize(args, workspace, stream);
-  // The finalize GEMM (GEMM2: after GEMM1, or after the activation kernel) is launched after a trigger up
-  // to kFinalizeEarlyLaunchMaxAvgRows, so its CTAs set up under GEMM1's last tiles
-  // (StaticMapMainloop::await_inputs). GEMM1 launched so after the expansion lost 85-92 us at 4096 tokens
-  // (Qwen3-30B-A3B, H200: 708.8 / 715.8 against ~623), and 7-20 us even when the expansion let it launch
-  // only after its last stores (632.7 / 620.6 vs 612.6 / 613.8; DeepSeek-V2-Lite 743.2 / 731.3 vs 725.8 /
-  // 717.4), so the gated and plain-store GEMMs keep the plain launch.
-  const bool launch_after_trigger =
-      kEpi == EPI_FINALIZE && avg_rows_per_expert(max_rows, num_experts) <= kFinalizeEarlyLaunchMaxAvgRows;
-  if (st == cutlass::Status::kSuccess) st = gemm.run(stream, nullptr, launch_after_trigger);
+  if (st == cutlass::Status::kSuccess) st = gemm.run(stream, nullptr, launch != Launch::kPlain);
   const cudaError_t err = cudaGetLastError();
   if (st != cutlass::Status::kSuccess || err != cudaSuccess)
     return fail(MB_ERR_CUDA, "grouped gemm sm90: %s / %s", cutlassGetStatusString(st), cudaGetErrorString(err));
@@ -691,8 +732,8 @@ mb_status dispatch_wgmma(const GemmParams& p, int64_t max_rows, int dtype, void*
         p.permuted_weights, p.top_k, p.activation, p.swiglu_alpha, p.swiglu_limit};
     auto run = [&](auto tile) {
       return run_wgmma<T, kEpi, decltype(tile)::value>(p.A, p.B, p.weights_blocked != 0, epi, p.offsets,
-                                                       p.num_experts, max_rows, n, p.k, workspace, workspace_bytes,
-                                                       stream);
+                                                       p.num_experts, max_rows, n, p.k, p.placement, workspace,
+                                                       workspace_bytes, stream);
     };
     switch (wgmma_tile(max_rows, p.num_experts, n, kEpi, p.weights_blocked != 0)) {
       case WG_PINGPONG_64x256: return run(std::integral_constant<int, WG_PINGPONG_64x256>{});
@@ -773,6 +814,10 @@ size_t mb_grouped_gemm_sm90_workspace(int num_experts, int64_t max_rows, int n, 
   return cw;  // the decode and mma.sync paths need none
 }
 
+size_t mb_grouped_gemm_sm90_placement_ints(void) { return mbk::kPlacementInts; }
+
+int mb_grouped_gemm_sm90_placement_recorded(void) { return mbk::placement_record_exists() ? 1 : 0; }
+
 mb_status mb_grouped_gemm_sm90(const void* A, const void* B, const void* bias, void* C,
                                const int64_t* expert_first_token_offset, int num_experts, int64_t max_rows,
                                int n, int k, int dtype, int weight_layout, void* workspace, size_t workspace_bytes,
@@ -789,7 +834,7 @@ mb_status mb_grouped_gemm_sm90_finalize(const void* A, const void* B, const void
                                         const int64_t* expert_first_token_offset,
                                         const int32_t* permuted_to_unpermuted, const float* permuted_weights,
                                         int num_experts, int64_t max_rows, int num_tokens, int top_k, int n,
-                                        int k, int dtype, int weight_layout, void* workspace,
+                                        int k, int dtype, int weight_layout, int32_t* placement, void* workspace,
                                         size_t workspace_bytes, cudaStream_t stream) {
   mb_status st =
       mbk::check_common(A, B, out, expert_first_token_offset, num_experts, max_rows, n, k, dtype, weight_layout);
@@ -802,14 +847,15 @@ mb_status mb_grouped_gemm_sm90_finalize(const void* A, const void* B, const void
   p.permuted_weights = permuted_weights;
   p.top_k = top_k;
   p.weights_blocked = weight_layout == MB_WEIGHTS_BLOCKED64;
+  p.placement = placement;
   return mbk::run_sm90(p, max_rows, dtype, mbk::EPI_FINALIZE, workspace, workspace_bytes, stream);
 }
 
 mb_status mb_grouped_gemm_sm90_gated(const void* A, const void* B, const void* bias, void* C,
                                      const int64_t* expert_first_token_offset, int num_experts, int64_t max_rows,
                                      int inter, int k, int dtype, int activation, float swiglu_alpha,
-                                     float swiglu_limit, int weight_layout, void* workspace, size_t workspace_bytes,
-                                     cudaStream_t stream) {
+                                     float swiglu_limit, int weight_layout, int32_t* placement, void* workspace,
+                                     size_t workspace_bytes, cudaStream_t stream) {
   if (inter <= 0 || inter % 8 != 0)
     return mbk::fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm sm90 gated: inter (%d) must be a positive multiple of 8",
                      inter);
@@ -824,6 +870,7 @@ mb_status mb_grouped_gemm_sm90_gated(const void* A, const void* B, const void* b
   p.swiglu_limit = swiglu_limit;
   p.gate_up_interleaved = 1;
   p.weights_blocked = weight_layout == MB_WEIGHTS_BLOCKED64;
+  p.placement = placement;
   return mbk::run_sm90(p, max_rows, dtype, mbk::EPI_GATED, workspace, workspace_bytes, stream);
 }
 

@@ -31,6 +31,22 @@ namespace mbk {
 
 constexpr int32_t kSplitTileFlag = 1 << 30;
 
+// What the scheduler warp does with its next tile in CUTLASS's group scheduler (the base's
+// advance_to_next_work after its index step), shared by the schedulers here that replace the tile order:
+// the whole warp acquires the next slot of the pipeline that carries tiles to the other warps, one lane
+// writes the tile there and commits it.
+template <class SchedulerPipeline, class SchedulerPipelineState, class Response, class WorkTileInfo>
+CUTLASS_DEVICE auto publish_work_tile(SchedulerPipeline& pipeline, SchedulerPipelineState state, Response* response,
+                                      WorkTileInfo const& tile) {
+  pipeline.producer_acquire(state);
+  if (cute::elect_one_sync()) {
+    response[state.index()] = tile;
+    cutlass::arch::fence_view_async_shared();
+    pipeline.producer_commit(state);
+  }
+  return cute::make_tuple(tile, true);
+}
+
 struct PairTile {
   int32_t m, n;
   bool split;
@@ -90,14 +106,7 @@ class PairedTileScheduler
   CUTLASS_DEVICE auto advance_to_next_work(SchedulerPipeline& pipeline, SchedulerPipelineState state,
                                            uint32_t advance_count = 1) {
     unit_ += num_clusters_ * advance_count;
-    const WorkTileInfo tile = current_work();
-    pipeline.producer_acquire(state);
-    if (cute::elect_one_sync()) {
-      this->response_ptr_[state.index()] = tile;
-      cutlass::arch::fence_view_async_shared();
-      pipeline.producer_commit(state);
-    }
-    return cute::make_tuple(tile, true);
+    return publish_work_tile(pipeline, state, this->response_ptr_, current_work());
   }
 
  private:

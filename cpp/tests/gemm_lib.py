@@ -47,6 +47,9 @@ class Gemms:
             self._ws[num_experts] = ws
         return ws
 
+    def placement_ints(self) -> int:
+        return int(self.lib.mb_grouped_gemm_sm90_placement_ints())
+
     def sm80(self, a, b, bias, c, offsets, max_rows: int, n: int, k: int, act: str,
              alpha: float = 1.0, limit: float = 0.0) -> int:
         gated = int(act in GATED)
@@ -61,21 +64,23 @@ class Gemms:
                                              n, k, DTYPES[a.dtype], LAYOUTS[layout], _ptr(ws), ws.numel(), _stream())
 
     def sm90_gated(self, a, b, bias, c, offsets, max_rows: int, inter: int, k: int, act: str,
-                   alpha: float = 1.0, limit: float = 0.0, layout: str = "row_major") -> int:
-        """b / bias in moe_build.weights.interleave_gate_up's order; c [rows, inter]."""
+                   alpha: float = 1.0, limit: float = 0.0, layout: str = "row_major", placement=None) -> int:
+        """b / bias in moe_build.weights.interleave_gate_up's order; c [rows, inter]; placement: a zeroed
+        int32 claim region (placement_ints()) for the launch by placement, or None."""
         e = offsets.numel() - 1
         ws = self.workspace_sm90(e, max_rows, 2 * inter, k)
         return self.lib.mb_grouped_gemm_sm90_gated(_ptr(a), _ptr(b), _ptr(bias), _ptr(c), _ptr(offsets), e, max_rows,
                                                    inter, k, DTYPES[a.dtype], ACT[act], alpha, limit, LAYOUTS[layout],
-                                                   _ptr(ws), ws.numel(), _stream())
+                                                   _ptr(placement), _ptr(ws), ws.numel(), _stream())
 
     def sm90_finalize(self, a, b, bias, out, offsets, p2u, pw, max_rows: int, num_tokens: int, top_k: int,
-                      n: int, k: int, layout: str = "row_major") -> int:
+                      n: int, k: int, layout: str = "row_major", placement=None) -> int:
         e = offsets.numel() - 1
         ws = self.workspace_sm90(e, max_rows, n, k)
         return self.lib.mb_grouped_gemm_sm90_finalize(
             _ptr(a), _ptr(b), _ptr(bias), _ptr(out), _ptr(offsets), _ptr(p2u), _ptr(pw), e, max_rows,
-            num_tokens, top_k, n, k, DTYPES[a.dtype], LAYOUTS[layout], _ptr(ws), ws.numel(), _stream())
+            num_tokens, top_k, n, k, DTYPES[a.dtype], LAYOUTS[layout], _ptr(placement), _ptr(ws), ws.numel(),
+            _stream())
 
 
 def route(num_tokens: int, num_experts: int, top_k: int, gen: torch.Generator):

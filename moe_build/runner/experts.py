@@ -30,6 +30,10 @@ class FusedExperts:
         self.k = kernels
         self.act = activation_code(spec.activation)
         self.layout = kernels.WeightLayout.BLOCKED64 if weights_blocked else kernels.WeightLayout.ROW_MAJOR
+        # One claim region per sm90 GEMM that may overlap the other (GEMM2 launches during GEMM1's tail): the
+        # gated and finalize GEMMs then launch after a trigger, by placement (kernels.new_gemm_placement).
+        dev = weights.w1.device
+        self.placement = {"gemm1": kernels.new_gemm_placement(dev), "gemm2": kernels.new_gemm_placement(dev)}
 
     # ---- permute ---------------------------------------------------------------------------
     def prologue_fused(self, b: Batch) -> None:
@@ -77,7 +81,7 @@ class FusedExperts:
         self.k.grouped_gemm_sm90_gated(b.v("permuted_input"), self.w.w1, b.v("expert_offsets"), self.act,
                                        bias=self.w.b1, swiglu_alpha=s.swiglu_alpha, swiglu_limit=s.swiglu_limit,
                                        c=b.v("fc1_act"), workspace=_opt(b, "gemm_workspace"), stream=b.stream,
-                                       weight_layout=self.layout)
+                                       weight_layout=self.layout, placement=self.placement["gemm1"])
 
     def gemm1_sm80(self, b: Batch) -> None:
         self.k.grouped_gemm_sm80(b.v("permuted_input"), self.w.w1, b.v("expert_offsets"), c=b.v("fc1_out"),
@@ -110,7 +114,7 @@ class FusedExperts:
                                           b.v("permuted_to_unpermuted"), b.v("permuted_weights"), b.out.shape[0],
                                           self.spec.top_k, bias=self.w.b2, out=b.out,
                                           workspace=_opt(b, "gemm_workspace"), stream=b.stream,
-                                          weight_layout=self.layout)
+                                          weight_layout=self.layout, placement=self.placement["gemm2"])
 
     def gemm2_sm90(self, b: Batch) -> None:
         self.k.grouped_gemm_sm90(b.v("fc1_act"), self.w.w2, b.v("expert_offsets"), c=b.v("gemm2_out"),

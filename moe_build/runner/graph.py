@@ -19,6 +19,9 @@ class GraphedMoE:
 
     def __init__(self, runner: "MoERunner", tokens: int, routing_input: "RoutingInput" = "hidden") -> None:
         spec, dev = runner.spec, runner.device
+        # The graph replays the runner's kernels on the runner's weights and workspace: holding the
+        # runner keeps that memory alive for as long as the graph can be replayed.
+        self.runner = runner
         self.tokens = tokens
         self.hidden = torch.randn(tokens, spec.hidden_size, device=dev).to(runner.dtype)
         self.out = torch.empty_like(self.hidden)

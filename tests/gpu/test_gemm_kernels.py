@@ -403,3 +403,62 @@ def test_sm90_rejects(gemms):
                                           torch.cuda.current_stream().cuda_stream) == 1  # no such weight layout
     assert "weight_layout 7" in gemms.error()
     assert gemms.sm90(a.float(), b.float(), None, c.float(), offsets, 64, 96, 128) == 2
+
+
+# (tokens, experts, top_k, inter, hidden), all with >= 32 rows per expert (kPlacedMinAvgRows): few tiles
+# (most CTAs have none and exit at once, so a later CTA of the same launch may land on their SM), about a
+# wave, and many waves.
+PLACEMENT = [(160, 8, 2, 256, 256), (500, 16, 4, 512, 512), (4096, 128, 8, 768, 2048)]
+
+
+@pytest.mark.parametrize("case", PLACEMENT)
+def test_sm90_launch_by_placement(gemms, case):
+    """Given claim regions, the gated GEMM1 and the finalize GEMM2 launch after a trigger and start their
+    CTAs by placement: GEMM1 bit-identical to its plain launch and GEMM2 against the fp64 reference, in
+    launches back to back and in CUDA-graph replays (where a kernel's %gridid repeats), each leaving its
+    region's claims zeroed for the next."""
+    if not is_sm90():
+        pytest.skip("sm_90a kernels need a compute capability 9.0 device")
+    t, e, top_k, inter, h = case
+    gen = torch.Generator(device="cuda").manual_seed(17 + hash(case) % 2**31)
+    ids, offsets, p2u, u2p = gemm_lib.route(t, e, top_k, gen)
+    rows, dtype = t * top_k, torch.bfloat16
+    x, w1, _ = make(rows, e, 2 * inter, h, dtype, gen, False, 0)
+    a2, w2, _ = make(rows, e, h, inter, dtype, gen, False, 0)
+    w1_il = interleave_gate_up(w1)
+    w = torch.rand(t, top_k, generator=gen, device="cuda")
+    pw = w.flatten()[p2u.long()].contiguous()
+    ref = (reference(a2, w2, None, offsets, "identity")[u2p].view(t, top_k, h) * w.double().unsqueeze(-1)).sum(1)
+    regions = [torch.zeros(gemms.placement_ints(), dtype=torch.int32, device="cuda") for _ in range(2)]
+
+    def layer(c, out, placed: bool) -> None:
+        out.zero_()
+        st = gemms.sm90_gated(x, w1_il, None, c, offsets, rows, inter, h, "swiglu",
+                              placement=regions[0] if placed else None)
+        assert st == 0, gemms.error()
+        st = gemms.sm90_finalize(a2, w2, None, out, offsets, p2u, pw, rows, t, top_k, h, inter,
+                                 placement=regions[1] if placed else None)
+        assert st == 0, gemms.error()
+
+    plain_c = torch.full((rows, inter), float("nan"), dtype=dtype, device="cuda")
+    layer(plain_c, torch.empty(t, h, dtype=dtype, device="cuda"), placed=False)
+    outs = [(torch.full((rows, inter), float("nan"), dtype=dtype, device="cuda"),
+             torch.full((t, h), float("nan"), dtype=dtype, device="cuda")) for _ in range(3)]
+    for c, out in outs:
+        layer(c, out, placed=True)
+    assert gemms.lib.mb_grouped_gemm_sm90_placement_recorded() == 1, "the first placed call records the placement"
+    graph = torch.cuda.CUDAGraph()
+    g_c = torch.full((rows, inter), float("nan"), dtype=dtype, device="cuda")
+    g_out = torch.full((t, h), float("nan"), dtype=dtype, device="cuda")
+    with torch.cuda.graph(graph):
+        layer(g_c, g_out, placed=True)
+    for _ in range(3):
+        g_c.fill_(float("nan"))
+        graph.replay()
+        outs.append((g_c.clone(), g_out.clone()))
+    torch.cuda.synchronize()
+    for c, out in outs:
+        assert torch.equal(c, plain_c), "GEMM1 launched by placement differs from its plain launch"
+        check(out, ref, dtype)
+    for r in regions:  # slot flags and arrival count: the first half and one ints (then the CTAs' mailboxes)
+        assert not r[: r.numel() // 2 + 1].any(), "a launch by placement left its claim slots or count non-zero"

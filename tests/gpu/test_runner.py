@@ -179,6 +179,26 @@ def test_cuda_graph_replay_equals_eager(force: dict[str, str]) -> None:
     assert torch.equal(replayed, runner(hidden, router_logits=logits))
 
 
+def test_graph_keeps_its_runner_alive() -> None:
+    """The graph's kernels read the runner's weights and workspace: a caller that keeps only the graph
+    (`GraphedMoE(MoERunner(...), tokens)`) must not free them under it."""
+    runner, _ = _runner(BASE, None, 300, seed=8, deterministic=True)
+    graphed = runner.capture_graph(200, "logits")
+    hidden, logits = _fixed_inputs(BASE, 200)
+    expected = runner(hidden, router_logits=logits).clone()
+    gc.collect()
+    torch.cuda.synchronize()
+    held = torch.cuda.memory_allocated()
+    del runner
+    gc.collect()
+    assert torch.cuda.memory_allocated() == held
+    junk = torch.full(((torch.cuda.memory_reserved() - held) // 4,), float("nan"), device="cuda")  # takes freed blocks
+    graphed.hidden.copy_(hidden)
+    graphed.router_logits.copy_(logits)
+    assert torch.equal(graphed.replay(), expected)
+    del junk
+
+
 @pytest.mark.parametrize("force", FORCES, ids=FORCE_IDS)
 def test_no_allocation_per_call(force: dict[str, str]) -> None:
     spec = dataclasses.replace(BASE, shared=SharedExperts(count=1, intermediate_size=128, sigmoid_gate=True))
