@@ -215,9 +215,11 @@ class PlacedTileScheduler
   }
 
  private:
-  // The claim region, where there is one and the grid fits it (a persistent grid is at most the SM count).
+  // The claim region, where there is one and the grid fits it: one-dimensional along x (the mailboxes are
+  // indexed by blockIdx.x; CUTLASS lays a one-CTA-cluster grid out so for the default M-major raster) and
+  // at most kMaxSmIds CTAs (a persistent grid is at most the SM count).
   CUTLASS_DEVICE static int32_t* grid_fits(int32_t* claims) {
-    return uint64_t(gridDim.x) * gridDim.y * gridDim.z <= uint64_t(kMaxSmIds) ? claims : nullptr;
+    return gridDim.y == 1 && gridDim.z == 1 && gridDim.x <= uint32_t(kMaxSmIds) ? claims : nullptr;
   }
 
   int32_t* claims_ = nullptr;  // the region; thread 0's slot reaches the other threads in its mailbox
