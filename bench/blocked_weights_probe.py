@@ -16,7 +16,7 @@ import os
 
 import torch
 
-from bench.env_ab_probe import replay_rounds
+from bench.env_ab_probe import replay_rounds, rounds_text
 from bench.gemm_bench import SHAPES, gemm_lib, layer_gemms
 from moe_build.bench import SHAPES as LAYER_SHAPES
 from moe_build.bench import _device_weights, _interleaved_median_ms, bench_spec
@@ -95,8 +95,7 @@ def main() -> None:
                     f"{k} " + " ".join(f"{v} {u:7.1f}" for v, u in x.items()) for k, x in r.items()), flush=True)
                 torch.cuda.empty_cache()
             rows = rec[f"layer/{tokens}/{name}"] = layers(name, tokens, a.iters, a.rounds)
-            print(f"{name:17s} T={tokens:5d} layer " + " | ".join(
-                " ".join(f"{v} {u:7.1f}" for v, u in x.items()) for x in rows), flush=True)
+            print(f"{name:17s} T={tokens:5d} layer {rounds_text(rows)}", flush=True)
             torch.cuda.empty_cache()
     with open(a.json, "w") as f:
         json.dump(rec, f, indent=1)

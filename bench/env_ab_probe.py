@@ -81,6 +81,11 @@ def replay_rounds(graphs: dict[str, GraphedMoE], iters: int, rounds: int) -> lis
     return out
 
 
+def rounds_text(rows: list[dict[str, float]]) -> str:
+    """replay_rounds' result on one line: 'a 581.0 b 586.2 | a 580.9 b 586.4 | ...'."""
+    return " | ".join(" ".join(f"{v} {u:7.1f}" for v, u in x.items()) for x in rows)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variants", required=True, help="'name=VAR=value,...;name2=...' (an empty list: as is)")
@@ -95,8 +100,7 @@ def main() -> None:
     for tokens in (int(t) for t in a.tokens.split(",")):
         for name in a.shapes.split(","):
             rows = rec[f"{name}/{tokens}"] = layer_ab(name, tokens, variants, a.iters, a.rounds)
-            print(f"{name:17s} T={tokens:5d} " + " | ".join(
-                " ".join(f"{v} {u:7.1f}" for v, u in x.items()) for x in rows), flush=True)
+            print(f"{name:17s} T={tokens:5d} {rounds_text(rows)}", flush=True)
             torch.cuda.empty_cache()
     with open(a.json, "w") as f:
         json.dump(rec, f, indent=1)

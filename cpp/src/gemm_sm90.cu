@@ -662,7 +662,6 @@ int sm90_path(int64_t max_rows, int num_experts) {
 // (H200: Qwen3 4096 tokens 580.9-581.2 vs 586.1-586.4 us). The finalize GEMM also launches early up to
 // kFinalizeEarlyLaunchMaxAvgRows without placement. MB_SM90_LAUNCH=plain in the environment launches every
 // GEMM plainly, MB_SM90_LAUNCH=unplaced never by placement (the probes' baselines).
-inline int64_t l2_bytes() { return mb::device_attribute(cudaDevAttrL2CacheSize); }
 // Below this many average rows per expert the launch by placement was 0.6-1.8 us behind the unplaced one
 // (256 tokens of Qwen3-30B-A3B and DeepSeek-V2-Lite, 16 and 24 rows, H200 and H100, bench/env_ab_probe.py),
 // from 32 rows even or ahead (GPT-OSS-20B at 256 tokens: H200 402.0-402.1 vs 406.0-406.8 us, H100 584.1-584.7
@@ -677,7 +676,7 @@ Launch launch_kind(int64_t avg_rows, int64_t expert_weight_bytes, const int32_t*
   if ((force && strcmp(force, "plain") == 0) || kEpi == EPI_STORE) return Launch::kPlain;
   const bool unplaced = force && strcmp(force, "unplaced") == 0;
   if (kPlaced && claims != nullptr && !unplaced && avg_rows >= kPlacedMinAvgRows &&
-      expert_weight_bytes <= l2_bytes() && placement_recorded(sm_count, stream))
+      expert_weight_bytes <= placement_l2_bytes(sm_count, stream))
     return Launch::kAfterTriggerPlaced;
   return kEpi == EPI_FINALIZE && avg_rows <= kFinalizeEarlyLaunchMaxAvgRows ? Launch::kAfterTrigger : Launch::kPlain;
 }

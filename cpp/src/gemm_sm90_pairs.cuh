@@ -18,6 +18,7 @@
 // blocked order, each cluster a contiguous run of units, so that its tiles stay in one expert and
 // its TMA descriptors rarely change, ran 1.6-1.9x slower on the H200 at 4096 tokens.)
 //
+// The kernel takes this scheduler through gemm_sm90_placement.cuh's TileSchedulerSelector.
 // A split unit is marked with kSplitTileFlag in WorkTileInfo::M_idx (the kernel passes M_idx through
 // idx2crd unchanged to the loads and the epilogue); PairedMainloop and MoeEpilogue strip it.
 #pragma once
@@ -199,14 +200,3 @@ struct PairedMainloop : Base {
 };
 
 }  // namespace mbk
-
-// The ptr-array pingpong kernel takes its scheduler from this selector (it accepts no scheduler
-// tag but the group one), so the 2x1-cluster 64-row tiles, and only they, get PairedTileScheduler.
-// Their mainloop must be a PairedMainloop (WgmmaGemm::kPaired in gemm_sm90.cu).
-namespace cutlass::gemm::kernel::detail {
-template <uint32_t Stages, class GroupProblemShape, class TileN>
-struct TileSchedulerSelector<GroupScheduler, arch::Sm90, cute::Shape<cute::_64, TileN, cute::_64>,
-                             cute::Shape<cute::_2, cute::_1, cute::_1>, Stages, GroupProblemShape> {
-  using Scheduler = mbk::PairedTileScheduler<GroupProblemShape, Stages>;
-};
-}  // namespace cutlass::gemm::kernel::detail

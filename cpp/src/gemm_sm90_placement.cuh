@@ -51,11 +51,24 @@ __global__ void record_placement_kernel() {
   }
 }
 
-// Per device: 0 not tried, 1 recorded, -1 refused (placement_recorded).
+// What the host knows per device: whether it has a checked record (0 not tried, 1 recorded, -1 refused)
+// and, once recorded, the L2 size launch_kind (gemm_sm90.cu) weighs an expert's weights against.
+struct DevicePlacement {
+  int status = 0;
+  int64_t l2_bytes = 0;
+};
 struct PlacementState {
   std::mutex mu;
-  std::vector<int> by_device;
+  std::vector<DevicePlacement> by_device;
 };
+
+// The current device's entry (created on first use), under the state's lock; null without a device.
+inline DevicePlacement* device_placement(PlacementState& ps) {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return nullptr;
+  if (static_cast<int>(ps.by_device.size()) <= dev) ps.by_device.resize(dev + 1);
+  return &ps.by_device[dev];
+}
 inline PlacementState& placement_state() {
   static PlacementState state;
   return state;
@@ -63,29 +76,17 @@ inline PlacementState& placement_state() {
 
 // Whether the current device has a checked record (without taking one).
 inline bool placement_record_exists() {
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return false;
   PlacementState& ps = placement_state();
   std::lock_guard<std::mutex> lock(ps.mu);
-  return dev < static_cast<int>(ps.by_device.size()) && ps.by_device[dev] > 0;
+  const DevicePlacement* d = device_placement(ps);
+  return d != nullptr && d->status > 0;
 }
 
-// Whether the current device has a checked record for launches of `sm_count` CTAs; records it on the
-// first call outside a graph capture (a synchronous round trip, once per device and process).
-inline bool placement_recorded(int sm_count, cudaStream_t stream) {
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return false;
-  PlacementState& ps = placement_state();
-  std::lock_guard<std::mutex> lock(ps.mu);
-  std::vector<int>& state = ps.by_device;
-  if (static_cast<int>(state.size()) <= dev) state.resize(dev + 1, 0);
-  if (state[dev] != 0) return state[dev] > 0;
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone)
-    return false;  // try again on a call that is not captured
-  state[dev] = -1;
-  int smem = 0;
-  if (sm_count <= 0 || sm_count > kMaxSmIds ||
+// Takes the current device's record: one plain launch of `sm_count` one-CTA-per-SM CTAs, then a check that
+// every CTA landed on its own SM. A synchronous round trip on `stream`.
+inline bool take_placement_record(int sm_count, cudaStream_t stream) {
+  int dev = 0, smem = 0;
+  if (sm_count <= 0 || sm_count > kMaxSmIds || cudaGetDevice(&dev) != cudaSuccess ||
       cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
     return false;
   std::vector<int32_t> record(kMaxSmIds, -1);
@@ -108,13 +109,28 @@ inline bool placement_recorded(int sm_count, cudaStream_t stream) {
     seen[cta] = true;
     ++placed;
   }
-  if (placed != sm_count ||
-      cudaMemcpyToSymbolAsync(g_placed_ctas, &sm_count, sizeof(int32_t), 0, cudaMemcpyHostToDevice, stream) !=
-          cudaSuccess ||
-      cudaStreamSynchronize(stream) != cudaSuccess)
-    return false;
-  state[dev] = 1;
-  return true;
+  return placed == sm_count &&
+         cudaMemcpyToSymbolAsync(g_placed_ctas, &sm_count, sizeof(int32_t), 0, cudaMemcpyHostToDevice, stream) ==
+             cudaSuccess &&
+         cudaStreamSynchronize(stream) == cudaSuccess;
+}
+
+// The current device's L2 bytes where it has a checked record for launches of `sm_count` CTAs, else -1.
+// Takes the record on the first call outside a graph capture (once per device and process); later calls
+// only read the entry.
+inline int64_t placement_l2_bytes(int sm_count, cudaStream_t stream) {
+  PlacementState& ps = placement_state();
+  std::lock_guard<std::mutex> lock(ps.mu);
+  DevicePlacement* d = device_placement(ps);
+  if (d == nullptr) return -1;
+  if (d->status == 0) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone)
+      return -1;  // try again on a call that is not captured
+    d->status = take_placement_record(sm_count, stream) ? 1 : -1;
+    d->l2_bytes = mb::device_attribute(cudaDevAttrL2CacheSize);
+  }
+  return d->status > 0 ? d->l2_bytes : -1;
 }
 
 // The claim region of a GEMM launched by placement: kMaxSmIds slot flags and an arrival count, all zero
@@ -233,12 +249,15 @@ struct IsPlacedTileScheduler<PlacedTileScheduler<GroupProblemShape, Stages>> : s
 
 }  // namespace mbk
 
-// The ptr-array pingpong kernel takes its scheduler from this selector: the one-CTA 64-row tiles get
-// PlacedTileScheduler (the 2x1-cluster ones PairedTileScheduler, gemm_sm90_pairs.cuh).
+// The ptr-array pingpong kernel takes its scheduler from this selector (it accepts no scheduler tag but the
+// group one): the 64-row tiles get PlacedTileScheduler in one-CTA clusters and PairedTileScheduler in 2x1
+// clusters, whose mainloop must then be a PairedMainloop (WgmmaGemm::kPaired in gemm_sm90.cu).
 namespace cutlass::gemm::kernel::detail {
-template <uint32_t Stages, class GroupProblemShape, class TileN>
+template <uint32_t Stages, class GroupProblemShape, class TileN, int kClusterM>
 struct TileSchedulerSelector<GroupScheduler, arch::Sm90, cute::Shape<cute::_64, TileN, cute::_64>,
-                             cute::Shape<cute::_1, cute::_1, cute::_1>, Stages, GroupProblemShape> {
-  using Scheduler = mbk::PlacedTileScheduler<GroupProblemShape, Stages>;
+                             cute::Shape<cute::Int<kClusterM>, cute::_1, cute::_1>, Stages, GroupProblemShape> {
+  static_assert(kClusterM == 1 || kClusterM == 2, "64-row tiles run in one-CTA or 2x1 clusters");
+  using Scheduler = std::conditional_t<kClusterM == 2, mbk::PairedTileScheduler<GroupProblemShape, Stages>,
+                                       mbk::PlacedTileScheduler<GroupProblemShape, Stages>>;
 };
 }  // namespace cutlass::gemm::kernel::detail
