@@ -21,7 +21,6 @@ from bench.gemm_bench import SHAPES, gemm_lib, layer_gemms
 from moe_build.bench import SHAPES as LAYER_SHAPES
 from moe_build.bench import _device_weights, _interleaved_median_ms, bench_spec
 from moe_build.runner import MoERunner
-from moe_build.runner import runner as runner_module
 from moe_build.runner.graph import GraphedMoE
 from moe_build.weights import block_64x64
 
@@ -58,14 +57,7 @@ def gemms(name: str, tokens: int, iters: int, flush: torch.Tensor, gen: torch.Ge
 def layers(name: str, tokens: int, iters: int, rounds: int) -> list[dict]:
     """Whole layers at `tokens`: a runner with blocked weights vs one forced to row-major."""
     spec = bench_spec(name)
-    saved = runner_module.S.reads_blocked_weights
-    runners = {}
-    try:
-        for v in LAYOUTS:
-            runner_module.S.reads_blocked_weights = lambda plan, v=v: v == "blocked64"
-            runners[v] = MoERunner(spec, _device_weights(spec, seed=0), max_tokens=tokens)
-    finally:
-        runner_module.S.reads_blocked_weights = saved
+    runners = {v: MoERunner(spec, _device_weights(spec, seed=0), max_tokens=tokens, weight_layout=v) for v in LAYOUTS}
     graphs = {v: GraphedMoE(r, tokens, routing_input="logits") for v, r in runners.items()}
     for v in LAYOUTS[1:]:
         graphs[v].hidden.copy_(graphs["row_major"].hidden)

@@ -42,7 +42,8 @@ def test_binding_matches_header() -> None:
         assert len(kernels.SIGNATURES[name][1]) == count, name
 
 
-@pytest.mark.parametrize("prefix,enum", [("MB_ERR_", kernels.Status), ("MB_ACT_", kernels.Activation)])
+@pytest.mark.parametrize("prefix,enum", [("MB_ERR_", kernels.Status), ("MB_ACT_", kernels.Activation),
+                                         ("MB_WEIGHTS_", kernels.WeightLayout)])
 def test_enums_match_header(prefix: str, enum: type) -> None:
     values = header_enum(prefix)
     if prefix == "MB_ERR_":

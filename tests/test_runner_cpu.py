@@ -13,7 +13,7 @@ from moe_build import kernels
 from moe_build.errors import MoeBuildError, UnsupportedCombination
 from moe_build.planner import make_plan
 from moe_build.runner import MoERunner, Workspace, kernel_sequence, layout_bytes, steps_up_to, workspace_layout
-from moe_build.runner.sequence import reads_blocked_weights
+from moe_build.runner.sequence import chooses_blocked_weights, reads_blocked_weights
 from moe_build.spec import Activation, DType, MoESpec, Quant, SharedExperts
 from moe_build.target import Flavour, Target
 from moe_build.weights import MoEWeights, block_64x64, interleave_gate_up
@@ -86,6 +86,23 @@ def test_blocked_weights_follow_the_sm90_gemms_sizes_and_rows() -> None:
     blocked = weights.blocked_64x64()
     assert torch.equal(blocked.w1, block_64x64(weights.w1)) and torch.equal(blocked.w2, block_64x64(weights.w2))
     assert blocked.b1 is weights.b1 and blocked.router_weight is weights.router_weight
+
+
+def test_weight_layout_overrides_the_rule_where_the_gemms_read_it() -> None:
+    """weight_layout "auto" follows reads_blocked_weights; "row_major" holds anywhere; "blocked64" holds
+    wherever the sm90 GEMMs and 64-multiple sizes allow, whatever the rows, and is refused elsewhere
+    with the field named; an unknown value names the allowed ones."""
+    for tokens in (16, 1024):
+        plan = make_plan(SWIGLU, H100, tokens=tokens)
+        assert chooses_blocked_weights(plan, "auto") == reads_blocked_weights(plan)
+        assert chooses_blocked_weights(plan, "blocked64") and not chooses_blocked_weights(plan, "row_major")
+    for plan in (make_plan(SWIGLU, A100, tokens=1024),
+                 make_plan(dataclasses.replace(SWIGLU, intermediate_size=96), H100, tokens=1024)):
+        assert not chooses_blocked_weights(plan, "row_major")
+        with pytest.raises(MoeBuildError, match="weight_layout.*row_major"):
+            chooses_blocked_weights(plan, "blocked64")
+    with pytest.raises(MoeBuildError, match="weight_layout.*blocked64"):
+        chooses_blocked_weights(make_plan(SWIGLU, H100, tokens=16), "blocked")
 
 
 def test_routing_prologue_is_resolved_per_call_not_at_plan_tokens() -> None:

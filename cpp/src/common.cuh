@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
+#include <map>
+#include <mutex>
 #include <type_traits>
 #include <utility>
 
@@ -40,10 +42,21 @@ __device__ __forceinline__ void wait_for_predecessor() {
 #endif
 }
 
-// An attribute of the current device; 0 when it cannot be read (no device, a CUDA error).
+// An attribute of the current device; 0 when it cannot be read (no device, a CUDA error). The attributes
+// read here (compute capability, SM count, L2 size) are fixed for a device's lifetime and the launch paths
+// read them at every launch, so each (device, attribute) is asked of the driver once.
 inline int device_attribute(cudaDeviceAttr attr) {
-  int dev = 0, value = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&value, attr, dev) != cudaSuccess) return 0;
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
+  static std::mutex mu;
+  static std::map<std::pair<int, int>, int> known;
+  const std::pair<int, int> key{dev, static_cast<int>(attr)};
+  std::lock_guard<std::mutex> lock(mu);
+  const auto it = known.find(key);
+  if (it != known.end()) return it->second;
+  int value = 0;
+  if (cudaDeviceGetAttribute(&value, attr, dev) != cudaSuccess) return 0;
+  known.emplace(key, value);
   return value;
 }
 

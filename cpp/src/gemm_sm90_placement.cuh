@@ -51,11 +51,9 @@ __global__ void record_placement_kernel() {
   }
 }
 
-// What the host knows per device: whether it has a checked record (0 not tried, 1 recorded, -1 refused)
-// and, once recorded, the L2 size launch_kind (gemm_sm90.cu) weighs an expert's weights against.
+// What the host knows per device: whether it has a checked record (0 not tried, 1 recorded, -1 refused).
 struct DevicePlacement {
   int status = 0;
-  int64_t l2_bytes = 0;
 };
 struct PlacementState {
   std::mutex mu;
@@ -128,9 +126,8 @@ inline int64_t placement_l2_bytes(int sm_count, cudaStream_t stream) {
     if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone)
       return -1;  // try again on a call that is not captured
     d->status = take_placement_record(sm_count, stream) ? 1 : -1;
-    d->l2_bytes = mb::device_attribute(cudaDevAttrL2CacheSize);
   }
-  return d->status > 0 ? d->l2_bytes : -1;
+  return d->status > 0 ? mb::device_attribute(cudaDevAttrL2CacheSize) : -1;
 }
 
 // The claim region of a GEMM launched by placement: kMaxSmIds slot flags and an arrival count, all zero

@@ -8,11 +8,15 @@ import ctypes
 
 import torch
 
-MB_FP32, MB_FP16, MB_BF16 = 0, 1, 2
-LAYOUTS = {"row_major": 0, "blocked64": 1}  # mb_weight_layout: b stored as given, or as weights.block_64x64 writes
-ACT = {"identity": 0, "relu": 1, "silu": 2, "gelu": 3, "swiglu": 4, "geglu": 5, "swiglu_clamp": 6}
-GATED = ("swiglu", "geglu", "swiglu_clamp")
-DTYPES = {torch.float32: MB_FP32, torch.float16: MB_FP16, torch.bfloat16: MB_BF16}
+from moe_build.kernels import Activation, DType, WeightLayout
+
+# The header's codes by the names the tests use, from moe_build.kernels' enums (which
+# tests/test_kernel_build.py checks against moe_build_kernels.h), so no value is written twice.
+MB_BF16 = int(DType.BF16)
+LAYOUTS = {layout.name.lower(): int(layout) for layout in WeightLayout}  # row_major, blocked64
+ACT = {act.name.lower(): int(act) for act in Activation}
+GATED = tuple(act.name.lower() for act in Activation if act.is_gated)
+DTYPES = {torch.float32: int(DType.FP32), torch.float16: int(DType.FP16), torch.bfloat16: int(DType.BF16)}
 
 
 def load() -> ctypes.CDLL:

@@ -14,13 +14,26 @@ if TYPE_CHECKING:
     from .sequence import RoutingInput
 
 
+_CAPTURE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def _capture_stream(dev: torch.device) -> torch.cuda.Stream:
+    """One stream per device for every graph's warm-up and capture: the runner keeps a workspace per
+    stream, so the graphs of one runner share the one it allocates for this stream at the first warm-up
+    (as they shared its single workspace before), instead of each graph's own stream adding one."""
+    if dev not in _CAPTURE_STREAMS:
+        _CAPTURE_STREAMS[dev] = torch.cuda.Stream(dev)
+    return _CAPTURE_STREAMS[dev]
+
+
 class GraphedMoE:
     """`hidden` (and `router_logits` or `topk_ids`/`topk_weights`) in, `out` after `replay()`."""
 
     def __init__(self, runner: "MoERunner", tokens: int, routing_input: "RoutingInput" = "hidden") -> None:
         spec, dev = runner.spec, runner.device
-        # The graph replays the runner's kernels on the runner's weights and workspace: holding the
-        # runner keeps that memory alive for as long as the graph can be replayed.
+        # The graph replays the runner's kernels on the runner's weights and its workspace for the capture
+        # stream: holding the runner keeps that memory alive for as long as the graph can be replayed.
+        # Graphs of one runner share that workspace, so replay them on one stream at a time.
         self.runner = runner
         self.tokens = tokens
         self.hidden = torch.randn(tokens, spec.hidden_size, device=dev).to(runner.dtype)
@@ -33,14 +46,14 @@ class GraphedMoE:
             self.topk_ids = kwargs["topk_ids"] = torch.stack(
                 [torch.randperm(spec.num_experts, device=dev)[: spec.top_k] for _ in range(tokens)]).int()
             self.topk_weights = kwargs["topk_weights"] = torch.rand(tokens, spec.top_k, device=dev)
-        side = torch.cuda.Stream(dev)
-        side.wait_stream(torch.cuda.current_stream(dev))
-        with torch.cuda.stream(side):  # warm-up off the capture: library handles, lazy module loads
+        capture = _capture_stream(dev)
+        capture.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(capture):  # warm-up off the capture: library handles, lazy module loads
             runner(self.hidden, out=self.out, **kwargs)
-        torch.cuda.current_stream(dev).wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        with torch.cuda.graph(self.graph, stream=capture):
             runner(self.hidden, out=self.out, **kwargs)
+        torch.cuda.current_stream(dev).wait_stream(capture)
 
     def replay(self) -> torch.Tensor:
         self.graph.replay()

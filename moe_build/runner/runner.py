@@ -49,12 +49,13 @@ class MoERunner:
     (the plugin's engine buffers), valid only with such a plan. Likewise, where the plan's GEMMs are
     the sm90 ones, the sizes allow and the runner is sized for prefill (`sequence.reads_blocked_weights`),
     `self.weights.w1` / `w2` are stored in `weights.block_64x64`'s layout (`self.weights_blocked`; after
-    the interleave), and `weights_blocked=True` says the given ones already are.
+    the interleave), and `weights_blocked=True` says the given ones already are. `weight_layout`
+    ("row_major" / "blocked64") overrides that rule, so both layouts can be timed on one plan.
     """
 
     def __init__(self, spec: MoESpec, weights: MoEWeights, target: Target | None = None, max_tokens: int = 4096,
                  force: Mapping[str, str] | None = None, device: torch.device | str = "cuda",
-                 w1_interleaved: bool = False, weights_blocked: bool = False) -> None:
+                 w1_interleaved: bool = False, weights_blocked: bool = False, weight_layout: str = "auto") -> None:
         self.device = require_cuda(device)
         if self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
@@ -74,19 +75,23 @@ class MoERunner:
             raise MoeBuildError("w1_interleaved", "W1 comes gate/up-interleaved, but the plan does not run the sm90 "
                                 "gated epilogue that reads that order", "False, or a plan with "
                                 "fc1_activation=gated_epilogue")
-        self.weights_blocked = S.reads_blocked_weights(self.plan)
+        self.weights_blocked = S.chooses_blocked_weights(self.plan, weight_layout)
         if weights_blocked and not self.weights_blocked:
             raise MoeBuildError("weights_blocked", "W1 / W2 come in 64 x 64 blocks, but this runner's GEMMs do not "
                                 "read that layout", "False, or a plan with gemm_kernel=tma_warp_specialized, hidden "
                                 "and intermediate sizes that are multiples of 64 and max_tokens giving 128-384 rows "
-                                "per expert")
+                                "per expert (or weight_layout='blocked64')")
         self.weights = _to_device(weights, self.device, self.dtype)
         if self.w1_interleaved and not w1_interleaved:
             self.weights = self.weights.gate_up_interleaved()
         if self.weights_blocked and not weights_blocked:
             self.weights = self.weights.blocked_64x64()
 
-        self._workspace: Workspace | None = None   # allocated by the first call not given a workspace
+        # The runner's own workspaces, one per CUDA stream (by handle), each allocated by the first call on
+        # that stream not given a workspace: calls on two streams may then run at once (two micro-batches
+        # overlapped), where one shared workspace would let each overwrite the other's buffers. Kept for the
+        # runner's lifetime: a captured graph may still use one.
+        self._workspaces: dict[int, Workspace] = {}
         deterministic = bool(self.plan.target.get("deterministic", False))
         self.prepare_finalize = PrepareFinalize(spec, self.weights, kernels, deterministic)
         self.experts = FusedExperts(spec, self.weights, kernels, weights_blocked=self.weights_blocked)
@@ -102,10 +107,14 @@ class MoERunner:
 
     @property
     def workspace(self) -> Workspace:
-        """The runner's own workspace, sized once for max_tokens (allocated on first use)."""
-        if self._workspace is None:
-            self._workspace = Workspace(runner_layout(self.spec, self.plan, self.max_tokens), self.device)
-        return self._workspace
+        """The runner's own workspace for the current stream, sized once for max_tokens (allocated by the
+        first use on that stream, on that stream, so the caching allocator reuses it only in its order)."""
+        stream = torch.cuda.current_stream(self.device).cuda_stream
+        ws = self._workspaces.get(stream)
+        if ws is None:
+            ws = self._workspaces[stream] = Workspace(runner_layout(self.spec, self.plan, self.max_tokens),
+                                                      self.device)
+        return ws
 
     def bind_workspace(self, flat: torch.Tensor, tokens: int) -> Workspace:
         """A caller's flat buffer carved for calls of `tokens` tokens: a caller that reuses one buffer
@@ -133,7 +142,8 @@ class MoERunner:
     def __call__(self, hidden: torch.Tensor, router_logits: torch.Tensor | None = None,
                  topk_ids: torch.Tensor | None = None, topk_weights: torch.Tensor | None = None,
                  out: torch.Tensor | None = None, workspace: torch.Tensor | Workspace | None = None) -> torch.Tensor:
-        """The layer's output for `hidden` [T, H] or [B, S, H], on the current stream.
+        """The layer's output for `hidden` [T, H] or [B, S, H], on the current stream (calls on different
+        streams may overlap: each stream has its own workspace).
 
         Routing may be pinned with `router_logits` [T, E] or `topk_ids`+`topk_weights` [T, K]
         (copied into the workspace). `out` (same shape/dtype as hidden, not overlapping it:

@@ -80,19 +80,42 @@ BLOCKED_MIN_AVG_ROWS = 128
 BLOCKED_MAX_AVG_ROWS = 384
 
 
-def reads_blocked_weights(plan: Plan, max_tokens: int | None = None) -> bool:
-    """Whether the plan's GEMMs are the sm90 ones, W1 / W2 tile into 64 x 64 blocks (hidden and
-    intermediate sizes multiples of 64) and the runner's largest call (`max_tokens`, default the plan's
-    token count, which is the runner's max_tokens) gives BLOCKED_MIN_AVG_ROWS to BLOCKED_MAX_AVG_ROWS rows
-    per expert: those GEMMs then read both in `weights.block_64x64`'s layout (the runner converts once,
-    plugin engines hold it)."""
+def can_read_blocked_weights(plan: Plan) -> bool:
+    """Whether the plan's GEMMs are the sm90 ones and W1 / W2 tile into 64 x 64 blocks (hidden and
+    intermediate sizes multiples of 64): the only GEMMs, and the only sizes, that read that layout."""
     if plan.path != "plugin" or plan.choices()["gemm_kernel"] != "tma_warp_specialized":
+        return False
+    return blocks_fit(plan.spec["hidden_size"], plan.spec["intermediate_size"])
+
+
+def reads_blocked_weights(plan: Plan, max_tokens: int | None = None) -> bool:
+    """Whether the GEMMs can read blocked weights (can_read_blocked_weights) and the runner's largest call
+    (`max_tokens`, default the plan's token count, which is the runner's max_tokens) gives
+    BLOCKED_MIN_AVG_ROWS to BLOCKED_MAX_AVG_ROWS rows per expert: those GEMMs then read both in
+    `weights.block_64x64`'s layout (the runner converts once, plugin engines hold it)."""
+    if not can_read_blocked_weights(plan):
         return False
     spec = plan.spec
     tokens = plan.tokens if max_tokens is None else max_tokens
     avg_rows = -(-tokens * spec["top_k"] // spec["num_experts"])
-    return (blocks_fit(spec["hidden_size"], spec["intermediate_size"])
-            and BLOCKED_MIN_AVG_ROWS <= avg_rows <= BLOCKED_MAX_AVG_ROWS)
+    return BLOCKED_MIN_AVG_ROWS <= avg_rows <= BLOCKED_MAX_AVG_ROWS
+
+
+WEIGHT_LAYOUTS = ("auto", "row_major", "blocked64")
+
+
+def chooses_blocked_weights(plan: Plan, weight_layout: str) -> bool:
+    """The runner's W1 / W2 layout: by the rule (reads_blocked_weights) for "auto", else as asked, so that
+    the layouts can be compared on one plan (bench/blocked_weights_probe.py). "blocked64" where the GEMMs
+    cannot read it is refused, naming the field."""
+    if weight_layout not in WEIGHT_LAYOUTS:
+        raise MoeBuildError("weight_layout", f"unknown weight layout {weight_layout!r}", WEIGHT_LAYOUTS)
+    if weight_layout == "auto":
+        return reads_blocked_weights(plan)
+    if weight_layout == "blocked64" and not can_read_blocked_weights(plan):
+        raise MoeBuildError("weight_layout", "blocked64 needs the sm90 GEMMs (gemm_kernel=tma_warp_specialized) "
+                            "and hidden and intermediate sizes that are multiples of 64", ("auto", "row_major"))
+    return weight_layout == "blocked64"
 
 
 def check_runnable(plan: Plan) -> None:

@@ -42,11 +42,12 @@ def _target(deterministic: bool = False) -> Target:
 
 
 def _runner(spec: MoESpec, force: dict[str, str] | None, max_tokens: int, seed: int,
-            deterministic: bool = False):  # noqa: ANN202
+            deterministic: bool = False, weight_layout: str = "auto"):  # noqa: ANN202
     from moe_build.runner import MoERunner
     weights = MoEWeights.random(spec, seed=seed)
     try:
-        return MoERunner(spec, weights, target=_target(deterministic), max_tokens=max_tokens, force=force), weights
+        return MoERunner(spec, weights, target=_target(deterministic), max_tokens=max_tokens, force=force,
+                         weight_layout=weight_layout), weights
     except UnsupportedCombination as e:
         pytest.skip(f"planner refuses {force} for this spec: {e}")
 
@@ -56,10 +57,10 @@ def _dtype(spec: MoESpec) -> torch.dtype:
 
 
 def check(spec: MoESpec, force: dict[str, str] | None = None, tokens: int = 16, routing_input: str = "logits",
-          max_tokens: int | None = None) -> None:
+          max_tokens: int | None = None, weight_layout: str = "auto") -> None:
     """Run one fresh case and assert rel-norm error < TOL with every output element written."""
     seed = random.SystemRandom().randrange(1 << 30)
-    runner, weights = _runner(spec, force, max_tokens or max(tokens, 1), seed)
+    runner, weights = _runner(spec, force, max_tokens or max(tokens, 1), seed, weight_layout=weight_layout)
     g = torch.Generator(device="cpu").manual_seed(seed + 1)
     hidden = torch.randn(tokens, spec.hidden_size, generator=g).to("cuda", _dtype(spec))
     out = torch.full_like(hidden, float("nan"))
@@ -92,6 +93,16 @@ def check(spec: MoESpec, force: dict[str, str] | None = None, tokens: int = 16, 
 @pytest.mark.parametrize("tokens", [1, 255, 256, 257])
 def test_every_fusion_combination_matches_reference(force: dict[str, str], tokens: int) -> None:
     check(BASE, force, tokens, max_tokens=512)
+
+
+@pytest.mark.parametrize("weight_layout", ["row_major", "blocked64"])
+@pytest.mark.parametrize("tokens,max_tokens", [(1, 16), (255, 512), (257, 512)])
+def test_forced_weight_layout_matches_reference(weight_layout: str, tokens: int, max_tokens: int) -> None:
+    """Either layout forced against the rule (blocked weights in a decode-sized runner, row-major in a
+    prefill-sized one) runs the same GEMMs on them correctly (sm90 GEMMs only read blocked weights)."""
+    if weight_layout == "blocked64" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("blocked weights are read by the sm90 GEMMs only")
+    check(BASE, None, tokens, max_tokens=max_tokens, weight_layout=weight_layout)
 
 
 @pytest.mark.parametrize("force", FORCES, ids=FORCE_IDS)
@@ -278,12 +289,51 @@ def test_gated_epilogue_runner_keeps_only_the_interleaved_w1() -> None:
     decode = MoERunner(spec, weights, target=_target(), max_tokens=64)  # 16 rows per expert
     assert decode.w1_interleaved and not decode.weights_blocked
     assert torch.equal(decode.weights.w1.cpu(), interleave_gate_up(weights.w1.to(dt)))
+    forced = MoERunner(spec, weights, target=_target(), max_tokens=64, weight_layout="blocked64")
+    assert forced.weights_blocked and torch.equal(forced.weights.w2.cpu(), block_64x64(weights.w2.to(dt)))
+    row_major = MoERunner(spec, weights, target=_target(), max_tokens=512, weight_layout="row_major")
+    assert not row_major.weights_blocked and torch.equal(row_major.weights.w2.cpu(), weights.w2.to(dt))
     with pytest.raises(MoeBuildError, match="w1_interleaved"):
         MoERunner(spec, weights, target=_target(), max_tokens=64, force={"fc1_activation": "separate"},
                   w1_interleaved=True)
     with pytest.raises(MoeBuildError, match="weights_blocked"):
         MoERunner(spec, weights, target=_target(), max_tokens=512, force={"gemm_kernel": "ampere"},
                   weights_blocked=True)
+
+
+def test_calls_on_two_streams_may_overlap() -> None:
+    """Two micro-batches through one runner on two streams, queued alternately so that they run at once:
+    each stream gets its own workspace, so each output matches its fp64 reference (with one shared
+    workspace each call would overwrite the other's maps and rows). Graph capture adds one more."""
+    from moe_build.runner import MoERunner
+    seed = random.SystemRandom().randrange(1 << 30)
+    weights = MoEWeights.random(BASE, seed=seed)
+    runner = MoERunner(BASE, weights, target=_target(), max_tokens=512)
+    g = torch.Generator(device="cpu").manual_seed(seed + 1)
+    dt = _dtype(BASE)
+    cases = [(torch.randn(t, BASE.hidden_size, generator=g), torch.randn(t, BASE.num_experts, generator=g))
+             for t in (512, 300)]
+    dev_cases = [(x.to("cuda", dt), logits.cuda()) for x, logits in cases]
+    outs = [torch.full_like(x, float("nan")) for x, _ in dev_cases]
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    torch.cuda.synchronize()
+    for _ in range(8):
+        for stream, (x, logits), out in zip(streams, dev_cases, outs):
+            with torch.cuda.stream(stream):
+                runner(x, router_logits=logits, out=out)
+    torch.cuda.synchronize()
+    for (x, logits), out in zip(cases, outs):
+        ref = moe_reference(BASE, weights, x.to(dt), router_logits=logits)
+        err = float((out.double().cpu() - ref).norm() / ref.norm())
+        assert err < TOL, f"rel err {err:.3g} (seed {seed})"
+    workspaces = {id(runner.workspace)}
+    for stream in streams:
+        with torch.cuda.stream(stream):
+            workspaces.add(id(runner.workspace))
+    assert len(workspaces) == 3, "one workspace per stream"
+    runner.capture_graph(16, "logits").replay()
+    runner.capture_graph(64, "logits").replay()
+    assert len(runner._workspaces) == 4, "graphs share the capture stream's workspace"
 
 
 @pytest.mark.parametrize("tokens", (16, 300))
