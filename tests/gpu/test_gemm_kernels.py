@@ -462,3 +462,53 @@ def test_sm90_launch_by_placement(gemms, case):
         check(out, ref, dtype)
     for r in regions:  # slot flags and arrival count: the first half and one ints (then the CTAs' mailboxes)
         assert not r[: r.numel() // 2 + 1].any(), "a launch by placement left its claim slots or count non-zero"
+
+
+# Rows per expert around whole 64-row tiles: 1, 7, 16, 17 and 63 rows past one, two or four whole tiles,
+# under one tile, exactly whole tiles, and empty.
+TAIL_COUNTS = [65, 71, 80, 81, 127, 135, 272, 63, 0, 17, 64, 144, 1]
+
+
+def row_errors(out, ref) -> torch.Tensor:
+    return (out.double() - ref).norm(dim=1) / ref.norm(dim=1).clamp_min(1e-30)
+
+
+@pytest.mark.parametrize("gated", [True, False])
+def test_sm90_rows_past_whole_tiles(gemms, monkeypatch, gated):
+    """Every row right, each expert's last partly filled tile included, in the gated GEMM1 and the finalize
+    GEMM2 on the pingpong 64x256 tile, row by row against the fp64 reference (so that a wrong last row
+    cannot hide in a whole-output norm)."""
+    if not is_sm90():
+        pytest.skip("sm_90a kernels need a compute capability 9.0 device")
+    monkeypatch.setenv("MB_SM90_GEMM_PATH", "wgmma")
+    monkeypatch.setenv("MB_SM90_WGMMA_TILE", "pingpong64x256")
+    dtype = torch.bfloat16
+    seed = torch.randint(0, 2**31, (1,)).item()
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    counts = torch.tensor(TAIL_COUNTS, dtype=torch.int64, device="cuda")
+    e, rows = counts.numel(), int(counts.sum())
+    offsets = torch.zeros(e + 1, dtype=torch.int64, device="cuda")
+    offsets[1:] = counts.cumsum(0)
+    if gated:
+        n, k = 768, 512
+        a, b, bias = make(rows, e, 2 * n, k, dtype, gen, with_bias=True, bias_cols=2 * n)
+        ref = reference(a, b, bias, offsets, "swiglu")
+        c = torch.full((rows, n), float("nan"), dtype=dtype, device="cuda")
+        st = gemms.sm90_gated(a, interleave_gate_up(b), interleave_gate_up(bias), c, offsets, rows, n, k, "swiglu")
+        assert st == 0, gemms.error()
+        assert not torch.isnan(c).any(), "unwritten (NaN-poisoned) rows"
+        err = row_errors(c, ref)
+    else:
+        n, k = 512, 768
+        a, b, bias = make(rows, e, n, k, dtype, gen, with_bias=True, bias_cols=n)
+        p2u = torch.randperm(rows, generator=gen, device="cuda").to(torch.int32)  # top-1: row p -> token p2u[p]
+        pw = torch.rand(rows, generator=gen, device="cuda")
+        y = reference(a, b, bias, offsets, "identity") * pw.double().unsqueeze(1)
+        ref = torch.empty_like(y)
+        ref[p2u.long()] = y
+        out = torch.zeros(rows, n, dtype=dtype, device="cuda")
+        st = gemms.sm90_finalize(a, b, bias, out, offsets, p2u, pw, rows, rows, 1, n, k)
+        assert st == 0, gemms.error()
+        err = row_errors(out, ref)
+    worst = int(err.argmax())
+    assert err.max() < TOL[dtype], f"row {worst} rel error {float(err.max()):.2e} (seed {seed}, offsets {offsets.tolist()})"
