@@ -109,7 +109,9 @@ class MoERunner:
     def workspace(self) -> Workspace:
         """The runner's own workspace for the current stream, sized once for max_tokens (allocated by the
         first use on that stream, on that stream, so the caching allocator reuses it only in its order)."""
-        stream = torch.cuda.current_stream(self.device).cuda_stream
+        return self._stream_workspace(torch.cuda.current_stream(self.device).cuda_stream)
+
+    def _stream_workspace(self, stream: int) -> Workspace:
         ws = self._workspaces.get(stream)
         if ws is None:
             ws = self._workspaces[stream] = Workspace(runner_layout(self.spec, self.plan, self.max_tokens),
@@ -164,8 +166,9 @@ class MoERunner:
                                 "a buffer apart from hidden")
         if T == 0:
             return out
+        stream = torch.cuda.current_stream(self.device).cuda_stream
         if workspace is None:
-            ws = self.workspace
+            ws = self._stream_workspace(stream)
         elif isinstance(workspace, Workspace):
             if workspace.layout != self._layout(T):
                 raise MoeBuildError("workspace", f"carved for another plan or token count, not {T} tokens",
@@ -174,7 +177,7 @@ class MoERunner:
         else:
             ws = self.bind_workspace(workspace, T)
         views = ws.views(T)
-        b = Batch(T, x, out.view(T, -1), views, torch.cuda.current_stream(self.device).cuda_stream,
+        b = Batch(T, x, out.view(T, -1), views, stream,
                   topk_ids=views["topk_ids"], topk_weights=views["topk_weights"])
         routing_input = self._bind_routing(b, router_logits, topk_ids, topk_weights)
         self.prepare_finalize.quantize(b)
