@@ -18,13 +18,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 
 import torch
 
-from bench.gemm_bench import SHAPES, gemm_lib, run_sm90_tile
+from bench.gemm_bench import SHAPES, WGMMA_TILES, gemm_lib, run_sm90_tile
 from moe_build.bench import _interleaved_median_ms
 
-TILE_ROWS = {"pingpong64x256": 64, "pingpong64x128": 64, "pingpong64x256c2": 64, "coop128x256": 128}
+# Each wgmma tile's rows, from its name (coop128x256 -> 128).
+TILE_ROWS = {t: int(re.search(r"(\d+)x", t).group(1)) for t in WGMMA_TILES}
 
 
 def main() -> None:
