@@ -95,11 +95,11 @@ def layer_gemms(name: str, tokens: int, gen: torch.Generator, dtype: torch.dtype
 
 
 def run_sm90_tile(g, tile: str, a, w, out, offsets, rows: int, n: int, k: int, gated: bool,
-                  finalize: tuple | None = None) -> None:
+                  finalize: tuple | None = None, layout: str = "row_major") -> None:
     """One sm90 grouped GEMM at a forced wgmma tile (MB_SM90_WGMMA_TILE; "auto" = the library's rule):
     out = a @ w^T per expert segment, or with `gated` GEMM1 through the swiglu epilogue into out [rows, n/2],
     or with `finalize` = (permuted_to_unpermuted, permuted weights, tokens, top_k) GEMM2 through the finalize
-    epilogue, added into out [tokens, n]."""
+    epilogue, added into out [tokens, n]. `layout`: w's layout (gemm_lib.LAYOUTS)."""
     if tile == "auto":
         os.environ.pop("MB_SM90_WGMMA_TILE", None)
     else:
@@ -107,11 +107,11 @@ def run_sm90_tile(g, tile: str, a, w, out, offsets, rows: int, n: int, k: int, g
     try:
         if finalize is not None:
             p2u, pw, tokens, top_k = finalize
-            st = g.sm90_finalize(a, w, None, out, offsets, p2u, pw, rows, tokens, top_k, n, k)
+            st = g.sm90_finalize(a, w, None, out, offsets, p2u, pw, rows, tokens, top_k, n, k, layout)
         elif gated:
-            st = g.sm90_gated(a, w, None, out, offsets, rows, n // 2, k, "swiglu")
+            st = g.sm90_gated(a, w, None, out, offsets, rows, n // 2, k, "swiglu", layout=layout)
         else:
-            st = g.sm90(a, w, None, out, offsets, rows, n, k)
+            st = g.sm90(a, w, None, out, offsets, rows, n, k, layout)
     finally:
         os.environ.pop("MB_SM90_WGMMA_TILE", None)
     if st != 0:
