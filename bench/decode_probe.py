@@ -58,7 +58,7 @@ def main() -> None:
     print(f"read (x.sum over {x.numel() * 2 >> 20} MiB): {t:.1f} us = {x.numel() * 2 / t / 1e6:.2f} TB/s")
     t = bench_us(lambda: y.copy_(x))
     print(f"copy: {t:.1f} us = {2 * x.numel() * 2 / t / 1e6:.2f} TB/s (read + write)")
-    del x, y
+    x = y = None  # free the probe buffers (the timed lambdas hold the names)
     g = gemm_lib.Gemms(gemm_lib.load())
     gen = torch.Generator(device="cuda").manual_seed(0)
     dt = torch.bfloat16
@@ -83,7 +83,7 @@ def main() -> None:
                 t2 = bench_us(lambda: g.sm90(a2, w2, None, c2, offsets, rows, h, inter))
                 cells.append(f"{variant} {t1:.1f}({b1 / t1 / 1e6:.2f})/{t2:.1f}({b2 / t2 / 1e6:.2f})")
             print(f"{name:9s} T={tokens:<4d} " + " | ".join(cells), flush=True)
-        del w1, w2
+        w1 = w2 = None  # free this shape's weights before the next shape's
     os.environ.pop("MB_SM90_GEMM_PATH", None)
     for env in KNOBS.values():
         os.environ.pop(env, None)

@@ -208,7 +208,7 @@ def main() -> None:
                 os.environ.pop("MB_SM90_GEMM_PATH")
             results.append(row)
             print(json.dumps({k: round(v, 1) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
-        del w1, w2
+        w1 = w2 = None  # free this shape's weights before the next shape's (closures above hold the names)
         torch.cuda.empty_cache()
     out_dir = Path(os.environ.get("OUT", "."))
     (out_dir / "gemm_bench.json").write_text(json.dumps(results, indent=1))
