@@ -68,7 +68,7 @@ def main() -> None:
             out_all = torch.zeros(args.tokens, n, device="cuda", dtype=dt) if not gated else \
                 torch.empty(rows, n // 2, device="cuda", dtype=dt)
 
-            def part(idx: torch.Tensor, off: torch.Tensor):
+            def part(idx: torch.Tensor | None, off: torch.Tensor):
                 """A part's own rows, output and finalize maps (`idx` None: all rows)."""
                 if idx is None:
                     return a, off, rows, out_all, (p2u, pw, args.tokens, top_k)
