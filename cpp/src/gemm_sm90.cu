@@ -121,6 +121,30 @@ template <> __device__ __forceinline__ void red_add_16B<__half>(__half* dst, con
   asm volatile("red.global.add.noftz.v4.f16x2 [%0], {%1, %2, %3, %4};" ::"l"(dst), "r"(v[0]), "r"(v[1]),
                "r"(v[2]), "r"(v[3]));
 }
+// The same atomic, and the gated epilogue's 16-byte store, under an L2 cache policy (a createpolicy handle,
+// l2_evict_last()). No "memory" clobber either: the kernel never reads what it writes.
+template <typename T> __device__ __forceinline__ void red_add_16B_hint(T* dst, const uint32_t (&v)[4], uint64_t policy);
+template <>
+__device__ __forceinline__ void red_add_16B_hint<__nv_bfloat16>(__nv_bfloat16* dst, const uint32_t (&v)[4],
+                                                               uint64_t policy) {
+  asm volatile("red.global.add.L2::cache_hint.noftz.v4.bf16x2 [%0], {%1, %2, %3, %4}, %5;" ::"l"(dst), "r"(v[0]),
+               "r"(v[1]), "r"(v[2]), "r"(v[3]), "l"(policy));
+}
+template <>
+__device__ __forceinline__ void red_add_16B_hint<__half>(__half* dst, const uint32_t (&v)[4], uint64_t policy) {
+  asm volatile("red.global.add.L2::cache_hint.noftz.v4.f16x2 [%0], {%1, %2, %3, %4}, %5;" ::"l"(dst), "r"(v[0]),
+               "r"(v[1]), "r"(v[2]), "r"(v[3]), "l"(policy));
+}
+__device__ __forceinline__ void store_16B_hint(void* dst, const uint32_t (&v)[4], uint64_t policy) {
+  asm volatile("st.global.L2::cache_hint.v4.b32 [%0], {%1, %2, %3, %4}, %5;" ::"l"(dst), "r"(v[0]), "r"(v[1]),
+               "r"(v[2]), "r"(v[3]), "l"(policy));
+}
+// An L2 policy under which the written lines are evicted after the others (evict_last) in the whole L2.
+__device__ __forceinline__ uint64_t l2_evict_last() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
 
 // Operator-style epilogue run by CUTLASS's Sm90TmaWarpSpecializedAdapter (the same hook as its
 // DefaultEpilogueArray): each consumer thread gets its wgmma accumulator fragment and the
@@ -158,6 +182,7 @@ class MoeEpilogue {
     int activation = MB_ACT_SWIGLU;  // gated epilogue: act(gate, up), gate_up_interleaved W1 (gated_row)
     float swiglu_alpha = 1.f;
     float swiglu_limit = 0.f;
+    bool evict_last = false;  // the gated stores and finalize atomics under L2 evict_last (outputs_evict_last)
   };
   using Params = Arguments;
 
@@ -317,13 +342,20 @@ class MoeEpilogue {
         dst[h] = params_.out + (int64_t)(params_.permuted_to_unpermuted[p] / params_.top_k) * f.N + f.n0 + 6 * q;
       }
     }
+    const uint64_t policy = params_.evict_last ? l2_evict_last() : 0;
     CUTLASS_PRAGMA_UNROLL
     for (int g = 0; g < cute::size(acc) / 16; ++g) {
       CUTLASS_PRAGMA_UNROLL
       for (int h = 0; h < 2; ++h) {
         uint32_t v[4];
         quad_group<kBias, true>(acc, f, bias, g, h, w[h], v);
-        if (dst[h] != nullptr && f.group_in(g, q)) red_add_16B<T>(dst[h] + 32 * g, v);
+        if (dst[h] != nullptr && f.group_in(g, q)) {
+          if (params_.evict_last) {
+            red_add_16B_hint<T>(dst[h] + 32 * g, v, policy);
+          } else {
+            red_add_16B<T>(dst[h] + 32 * g, v);
+          }
+        }
       }
     }
   }
@@ -349,6 +381,7 @@ class MoeEpilogue {
     const float alpha = params_.swiglu_alpha, limit = params_.swiglu_limit;
     const int q = threadIdx.x & 3;
     const int nq = f.n0 - 2 * q;  // the quad's first column, a multiple of 16; its first feature is nq / 2
+    const uint64_t policy = params_.evict_last ? l2_evict_last() : 0;
     T* row[2];
     CUTLASS_PRAGMA_UNROLL
     for (int h = 0; h < 2; ++h) row[h] = params_.out + (f.row0 + f.m0 + 8 * h) * inter + nq / 2 + 8 * q;
@@ -369,8 +402,13 @@ class MoeEpilogue {
         quad_transpose(v, q);
         // Lane q now holds gate group 8g + 2q whole: features nq / 2 + 32g + 8q onwards, from columns
         // nq + 64g + 16q (N is a multiple of 16: its up columns are in range too).
-        if (f.row_in(h) && nq + 64 * g + 16 * q < f.N)
-          *reinterpret_cast<uint4*>(row[h] + 32 * g) = make_uint4(v[0], v[1], v[2], v[3]);
+        if (f.row_in(h) && nq + 64 * g + 16 * q < f.N) {
+          if (params_.evict_last) {
+            store_16B_hint(row[h] + 32 * g, v, policy);
+          } else {
+            *reinterpret_cast<uint4*>(row[h] + 32 * g) = make_uint4(v[0], v[1], v[2], v[3]);
+          }
+        }
       }
     }
   }
@@ -639,6 +677,26 @@ int wgmma_tile(int64_t max_rows, int num_experts, int n, int epilogue, bool weig
   return narrow_columns_fit(n) && !weights_blocked ? WG_PINGPONG_64x192_C2 : WG_PINGPONG_64x256_C2;
 }
 
+// Whether the gated and finalize epilogues write under L2 evict_last (MoeEpilogue::Arguments::evict_last).
+// Both write outputs that are read again soon: the finalize GEMM adds top_k rows into each token's output
+// row, rows that come from experts spread over the whole GEMM, and the gated GEMM1 writes the rows GEMM2
+// reads next. Under plain writes the weights streaming through L2 (Qwen3-30B-A3B: 805 + 402 MB at 4096 tokens,
+// against 16 MB of output and a 50 MB L2) most likely evict those lines between their uses; not profiled.
+// Whole layers, graph replay, interleaved in one process, three rounds each (bench/env_ab_probe.py, H100,
+// 2026-11-27; docs/measured/l2_evict_last_ab_h100.json), both hints against neither: Qwen3 at 4096 tokens
+// 671.2-673.2 us vs 690.8-691.4, DeepSeek-V2-Lite 782.0-786.3 vs 794.3-804.3, GPT-OSS-20B 1402.7-1471.9 vs
+// 1488.6-1528.3, Mixtral-8x7B 4556.1-4717.2 vs 4782.0-5482.6; at 1024 tokens 12-30 us faster on all four, at
+// 256 tokens 5-20 us, at 16 tokens (the decode kernel: no change) even. The finalize hint alone gave Qwen3
+// 15 us at 4096 tokens and Qwen3, DeepSeek-V2-Lite and GPT-OSS-20B 12-22 us at 1024; the gated one 0-28 more
+// (the most on Mixtral). evict_first on either was not ahead. evict_last on the expansion's stores and on the
+// output's zeroing was even at 4096 tokens and within +-4 us elsewhere (docs/measured/
+// l2_expand_zero_ab_h100.json), so those stay plain.
+// MB_SM90_OUTPUT_L2=plain writes plainly (the probes' baseline).
+bool outputs_evict_last() {
+  const char* v = getenv("MB_SM90_OUTPUT_L2");
+  return !(v && strcmp(v, "plain") == 0);
+}
+
 enum Sm90Path { PATH_DECODE = 0, PATH_MMA = 1, PATH_WGMMA = 2 };
 
 int sm90_path(int64_t max_rows, int num_experts) {
@@ -728,7 +786,7 @@ mb_status dispatch_wgmma(const GemmParams& p, int64_t max_rows, int dtype, void*
     using T = decltype(tag);
     const typename MoeEpilogue<T, kEpi>::Arguments epi{
         static_cast<const T*>(p.bias), static_cast<T*>(p.C), p.offsets, p.permuted_to_unpermuted,
-        p.permuted_weights, p.top_k, p.activation, p.swiglu_alpha, p.swiglu_limit};
+        p.permuted_weights, p.top_k, p.activation, p.swiglu_alpha, p.swiglu_limit, outputs_evict_last()};
     auto run = [&](auto tile) {
       return run_wgmma<T, kEpi, decltype(tile)::value>(p.A, p.B, p.weights_blocked != 0, epi, p.offsets,
                                                        p.num_experts, max_rows, n, p.k, p.placement, workspace,

@@ -512,3 +512,33 @@ def test_sm90_rows_past_whole_tiles(gemms, monkeypatch, gated):
         err = row_errors(out, ref)
     worst = int(err.argmax())
     assert err.max() < TOL[dtype], f"row {worst} rel error {float(err.max()):.2e} (seed {seed}, offsets {offsets.tolist()})"
+
+
+def test_sm90_output_l2_policy(gemms, monkeypatch):
+    """The epilogues' L2 evict_last policy (the default) and MB_SM90_OUTPUT_L2=plain write the same values: the
+    gated GEMM1 bit-identical both ways, the finalize GEMM2 against the fp64 reference both ways."""
+    if not is_sm90():
+        pytest.skip("sm_90a kernels need a compute capability 9.0 device")
+    monkeypatch.setenv("MB_SM90_GEMM_PATH", "wgmma")
+    t, e, top_k, inter, h = 1024, 32, 4, 256, 512
+    gen = torch.Generator(device="cuda").manual_seed(31)
+    ids, offsets, p2u, u2p = gemm_lib.route(t, e, top_k, gen)
+    rows, dtype = t * top_k, torch.bfloat16
+    x, w1, _ = make(rows, e, 2 * inter, h, dtype, gen, False, 0)
+    a2, w2, _ = make(rows, e, h, inter, dtype, gen, False, 0)
+    w = torch.rand(t, top_k, generator=gen, device="cuda")
+    pw = w.flatten()[p2u.long()].contiguous()
+    ref = (reference(a2, w2, None, offsets, "identity")[u2p].view(t, top_k, h) * w.double().unsqueeze(-1)).sum(1)
+    gated = {}
+    for policy in ("evict_last", "plain"):
+        if policy == "plain":
+            monkeypatch.setenv("MB_SM90_OUTPUT_L2", "plain")
+        c = torch.full((rows, inter), float("nan"), dtype=dtype, device="cuda")
+        assert gemms.sm90_gated(x, interleave_gate_up(w1), None, c, offsets, rows, inter, h, "swiglu") == 0, gemms.error()
+        out = torch.zeros(t, h, dtype=dtype, device="cuda")
+        assert gemms.sm90_finalize(a2, w2, None, out, offsets, p2u, pw, rows, t, top_k, h, inter) == 0, gemms.error()
+        torch.cuda.synchronize()
+        assert not torch.isnan(c).any(), "unwritten (NaN-poisoned) rows"
+        check(out, ref, dtype)
+        gated[policy] = c
+    assert torch.equal(gated["evict_last"], gated["plain"]), "the L2 policy changed the gated GEMM1's values"
