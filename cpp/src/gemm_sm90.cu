@@ -30,6 +30,8 @@
 // environment force a path / tile (bench/gemm_bench.py --paths and the tests use them; mma is the
 // Ampere tile kernel, kept reachable as the baseline the decode kernel is measured against);
 // MB_SM90_LAUNCH=plain launches every wgmma GEMM plainly and =unplaced never by placement (launch_kind).
+// MB_SM90_OUTPUT_L2=plain writes the gated and finalize outputs without their L2 evict_last policy
+// (outputs_evict_last).
 #include <stdlib.h>
 
 #include <algorithm>
