@@ -111,35 +111,41 @@ __device__ __forceinline__ void quad_transpose(uint32_t (&v)[4], int q) {
   v[3] = odd ? v[3] : r1;
 }
 
-// One 16-byte atomic add of eight packed 16-bit values (sm_90 vector red; PTX 8.1). No "memory"
-// clobber: the kernel never reads what it reduces into (later readers are ordered by the stream), and
+// One 16-byte atomic add of eight packed 16-bit values (sm_90 vector red; PTX 8.1), and the gated epilogue's
+// 16-byte store; where `hinted`, under the L2 cache policy `policy` (a createpolicy handle, l2_evict_last()).
+// No "memory" clobber: the kernel never reads what it writes (later readers are ordered by the stream), and
 // the clobber would pin every load of the epilogue (bias, maps) behind the previous atomic.
-template <typename T> __device__ __forceinline__ void red_add_16B(T* dst, const uint32_t (&v)[4]);
-template <> __device__ __forceinline__ void red_add_16B<__nv_bfloat16>(__nv_bfloat16* dst, const uint32_t (&v)[4]) {
-  asm volatile("red.global.add.noftz.v4.bf16x2 [%0], {%1, %2, %3, %4};" ::"l"(dst), "r"(v[0]), "r"(v[1]),
-               "r"(v[2]), "r"(v[3]));
-}
-template <> __device__ __forceinline__ void red_add_16B<__half>(__half* dst, const uint32_t (&v)[4]) {
-  asm volatile("red.global.add.noftz.v4.f16x2 [%0], {%1, %2, %3, %4};" ::"l"(dst), "r"(v[0]), "r"(v[1]),
-               "r"(v[2]), "r"(v[3]));
-}
-// The same atomic, and the gated epilogue's 16-byte store, under an L2 cache policy (a createpolicy handle,
-// l2_evict_last()). No "memory" clobber either: the kernel never reads what it writes.
-template <typename T> __device__ __forceinline__ void red_add_16B_hint(T* dst, const uint32_t (&v)[4], uint64_t policy);
+template <typename T>
+__device__ __forceinline__ void red_add_16B(T* dst, const uint32_t (&v)[4], bool hinted, uint64_t policy);
 template <>
-__device__ __forceinline__ void red_add_16B_hint<__nv_bfloat16>(__nv_bfloat16* dst, const uint32_t (&v)[4],
-                                                               uint64_t policy) {
-  asm volatile("red.global.add.L2::cache_hint.noftz.v4.bf16x2 [%0], {%1, %2, %3, %4}, %5;" ::"l"(dst), "r"(v[0]),
-               "r"(v[1]), "r"(v[2]), "r"(v[3]), "l"(policy));
+__device__ __forceinline__ void red_add_16B<__nv_bfloat16>(__nv_bfloat16* dst, const uint32_t (&v)[4], bool hinted,
+                                                          uint64_t policy) {
+  if (hinted) {
+    asm volatile("red.global.add.L2::cache_hint.noftz.v4.bf16x2 [%0], {%1, %2, %3, %4}, %5;" ::"l"(dst), "r"(v[0]),
+                 "r"(v[1]), "r"(v[2]), "r"(v[3]), "l"(policy));
+  } else {
+    asm volatile("red.global.add.noftz.v4.bf16x2 [%0], {%1, %2, %3, %4};" ::"l"(dst), "r"(v[0]), "r"(v[1]),
+                 "r"(v[2]), "r"(v[3]));
+  }
 }
 template <>
-__device__ __forceinline__ void red_add_16B_hint<__half>(__half* dst, const uint32_t (&v)[4], uint64_t policy) {
-  asm volatile("red.global.add.L2::cache_hint.noftz.v4.f16x2 [%0], {%1, %2, %3, %4}, %5;" ::"l"(dst), "r"(v[0]),
-               "r"(v[1]), "r"(v[2]), "r"(v[3]), "l"(policy));
+__device__ __forceinline__ void red_add_16B<__half>(__half* dst, const uint32_t (&v)[4], bool hinted,
+                                                   uint64_t policy) {
+  if (hinted) {
+    asm volatile("red.global.add.L2::cache_hint.noftz.v4.f16x2 [%0], {%1, %2, %3, %4}, %5;" ::"l"(dst), "r"(v[0]),
+                 "r"(v[1]), "r"(v[2]), "r"(v[3]), "l"(policy));
+  } else {
+    asm volatile("red.global.add.noftz.v4.f16x2 [%0], {%1, %2, %3, %4};" ::"l"(dst), "r"(v[0]), "r"(v[1]),
+                 "r"(v[2]), "r"(v[3]));
+  }
 }
-__device__ __forceinline__ void store_16B_hint(void* dst, const uint32_t (&v)[4], uint64_t policy) {
-  asm volatile("st.global.L2::cache_hint.v4.b32 [%0], {%1, %2, %3, %4}, %5;" ::"l"(dst), "r"(v[0]), "r"(v[1]),
-               "r"(v[2]), "r"(v[3]), "l"(policy));
+__device__ __forceinline__ void store_16B(void* dst, const uint32_t (&v)[4], bool hinted, uint64_t policy) {
+  if (hinted) {
+    asm volatile("st.global.L2::cache_hint.v4.b32 [%0], {%1, %2, %3, %4}, %5;" ::"l"(dst), "r"(v[0]), "r"(v[1]),
+                 "r"(v[2]), "r"(v[3]), "l"(policy));
+  } else {
+    *reinterpret_cast<uint4*>(dst) = make_uint4(v[0], v[1], v[2], v[3]);
+  }
 }
 // An L2 policy under which the written lines are evicted after the others (evict_last) in the whole L2.
 __device__ __forceinline__ uint64_t l2_evict_last() {
@@ -351,13 +357,7 @@ class MoeEpilogue {
       for (int h = 0; h < 2; ++h) {
         uint32_t v[4];
         quad_group<kBias, true>(acc, f, bias, g, h, w[h], v);
-        if (dst[h] != nullptr && f.group_in(g, q)) {
-          if (params_.evict_last) {
-            red_add_16B_hint<T>(dst[h] + 32 * g, v, policy);
-          } else {
-            red_add_16B<T>(dst[h] + 32 * g, v);
-          }
-        }
+        if (dst[h] != nullptr && f.group_in(g, q)) red_add_16B<T>(dst[h] + 32 * g, v, params_.evict_last, policy);
       }
     }
   }
@@ -404,13 +404,7 @@ class MoeEpilogue {
         quad_transpose(v, q);
         // Lane q now holds gate group 8g + 2q whole: features nq / 2 + 32g + 8q onwards, from columns
         // nq + 64g + 16q (N is a multiple of 16: its up columns are in range too).
-        if (f.row_in(h) && nq + 64 * g + 16 * q < f.N) {
-          if (params_.evict_last) {
-            store_16B_hint(row[h] + 32 * g, v, policy);
-          } else {
-            *reinterpret_cast<uint4*>(row[h] + 32 * g) = make_uint4(v[0], v[1], v[2], v[3]);
-          }
-        }
+        if (f.row_in(h) && nq + 64 * g + 16 * q < f.N) store_16B(row[h] + 32 * g, v, params_.evict_last, policy);
       }
     }
   }
