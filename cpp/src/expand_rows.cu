@@ -47,7 +47,9 @@
 // 469-514 us; an L1 prefetch two stages ahead to 600-662; evict_last hints and signalling stages late
 // through cp.async groups changed nothing (docs/measured/gather_aux_warp_probe.json). Most likely a warp
 // cannot keep enough copies in flight (inferred, not measured), and CUTLASS's producer warp group has no
-// more free warps.
+// more free warps. A fourth form (2026-11-27, H100, branch discard-experiment) let GEMM1's consumer threads
+// load their own rows into registers as wgmma's A operand: even with expand + GEMM1 at 1024 tokens at
+// best, 20-35% slower at 4096 (README, "A fourth form").
 // zero_out (the [T, H] output that GEMM2's finalize epilogue accumulates into) is zeroed here, each
 // token's row by the warps of its unit, so the layer needs no separate memset launch before GEMM2. The
 // layer passes it here after the fused map build only; past 256 tokens the three-step map build zeroes
