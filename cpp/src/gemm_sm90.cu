@@ -111,8 +111,9 @@ __device__ __forceinline__ void quad_transpose(uint32_t (&v)[4], int q) {
   v[3] = odd ? v[3] : r1;
 }
 
-// One 16-byte atomic add of eight packed 16-bit values (sm_90 vector red; PTX 8.1), and the gated epilogue's
-// 16-byte store; where `hinted`, under the L2 cache policy `policy` (a createpolicy handle, l2_evict_last()).
+// One 16-byte atomic add of eight packed 16-bit values (sm_90 vector red; PTX 8.1), and the plain and gated
+// epilogues' 16-byte store; where `hinted`, under the L2 cache policy `policy` (a createpolicy handle,
+// l2_evict_last()).
 // No "memory" clobber: the kernel never reads what it writes (later readers are ordered by the stream), and
 // the clobber would pin every load of the epilogue (bias, maps) behind the previous atomic.
 template <typename T>
@@ -323,7 +324,7 @@ class MoeEpilogue {
         uint32_t v[4];
         quad_group<kBias, false>(acc, f, bias, g, h, 1.f, v);
         if (f.row_in(h) && f.group_in(g, q))
-          *reinterpret_cast<uint4*>(row[h] + 32 * g) = make_uint4(v[0], v[1], v[2], v[3]);
+          store_16B(row[h] + 32 * g, v, false, 0);
       }
     }
   }
