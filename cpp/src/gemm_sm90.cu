@@ -414,7 +414,8 @@ class MoeEpilogue {
 };
 
 // Mainloop tiles. Measured on the H200 (bench/gemm_bench.py --paths, 256 and 4096 tokens of the
-// four bench shapes) against cooperative 128x128 and pingpong 128x128, which were dropped.
+// four bench shapes) against cooperative 128x128 and pingpong 128x128, which were dropped (pingpong
+// 128x128 retimed on the H100 in whole layers, 2026-11-27: ahead only at points no rule separates; README).
 //   coop 128x256    : two consumer warpgroups share one 128x256 tile; the most FLOPs per byte
 //                     loaded into shared memory. No rule picks it now; it stays reachable through
 //                     MB_SM90_WGMMA_TILE as the probes' baseline (README, "What bounds the 4096-token GEMMs").
