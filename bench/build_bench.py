@@ -14,9 +14,10 @@ from pathlib import Path
 
 import torch
 
-from moe_build.engine_builder import BuildOptions, build_engine
+from moe_build.engine.build import build_engine
+from moe_build.engine.options import BuildOptions
 from moe_build.planner import make_plan
-from moe_build.presets import get_preset
+from moe_build.spec.presets import get_preset
 from moe_build.target import Flavour, Target, TokenProfile
 from moe_build.weights import MoEWeights
 

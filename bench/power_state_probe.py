@@ -27,7 +27,8 @@ from collections.abc import Callable
 import pynvml
 import torch
 
-from moe_build.bench import CeilingCalls, _device_weights, bench_spec, floor_us
+from moe_build.bench.timing import CeilingCalls
+from moe_build.bench.workload import bench_spec, device_weights, floor_us
 from moe_build.runner import MoERunner
 from moe_build.runner.graph import GraphedMoE
 
@@ -101,7 +102,7 @@ def main() -> None:
     a = ap.parse_args()
     nvml = Nvml()
     spec = bench_spec(a.shape)
-    runner = MoERunner(spec, _device_weights(spec, seed=0), max_tokens=a.tokens)
+    runner = MoERunner(spec, device_weights(spec, seed=0), max_tokens=a.tokens)
     layer = GraphedMoE(runner, a.tokens, routing_input="logits")
     calls = CeilingCalls()
     mm_flops = 2.0 * CeilingCalls.MATMUL_N ** 3
@@ -124,7 +125,7 @@ def main() -> None:
     touched = spec.num_experts
     for state in ("burst", "hot"):
         rate = mm_flops / (rec[f"matmul/{state}"]["us"] * 1e-6)
-        fl = floor_us(spec, a.tokens, touched, {"copy_bytes_per_s": float("inf"), "bf16_flops_per_s": rate})
+        fl = floor_us(spec, a.tokens, touched, {"bytes_per_s": float("inf"), "bf16_flops_per_s": rate})
         rec[f"floor/{state}"] = {"tflops": rate / 1e12, "flops_floor_us": fl["flops_us"], "flops": fl["flops"]}
     # Energy: the layer's joules against the matmul's joules for the same FLOPs (both hot). Where both
     # run at the power limit, time is energy over that power, so the hot time ratio tends to this one.

@@ -76,24 +76,34 @@ def cli() -> None:
 @click.argument("checkpoint", required=False, type=click.Path())
 @layer_options
 @target_options
-@click.option("--tokens", type=int, default=1, show_default=True, help="Token count to evaluate the plan at.")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable report (schema moe-build.fusion-report/1).")
+@click.option("--tokens", type=int, default=1, show_default=True,
+              help="Token count the table shows each stage's choice at (the bands cover every count).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable report (schema moe-build.fusion-report/2).")
 @click.option("--markdown", is_flag=True, help="Markdown report.")
-@click.option("--sweep", is_flag=True, help="The whole matrix across SMs x dtypes x quant modes for this layer.")
+@click.option("--sweep", is_flag=True, help="The matrix across SMs x dtypes x quant modes for this layer (only the "
+              "ones given, where --sm, --dtype or --quant is).")
 @click.option("--explain", "explain_stage", metavar="STAGE", help="Every gate of one stage (or 'path') and why.")
 def fusion_report(checkpoint: str | None, tokens: int, as_json: bool, markdown: bool, sweep: bool,
                   explain_stage: str | None, **kw: Any) -> None:
     """Print the build plan: path (plugin or OOTB) and each fusion stage with the gates that decided it."""
-    from . import report
-    from .planner import make_plan
-    from .spec_source import resolve_spec
-    from .target import resolve_target
+    from .planner import make_plan, report
+    from .spec import DType, Quant
+    from .spec.source import resolve_spec
+    from .target import MAX_TOKENS, SUPPORTED_SMS, resolve_target
 
+    _one_output(json=as_json, markdown=markdown, explain=explain_stage is not None, sweep=sweep,
+                allowed_pairs={("json", "sweep")})
     layer, target_kw, force = _split_layer_target(kw)
+    if not 1 <= tokens <= MAX_TOKENS:
+        raise MoeBuildError("tokens", f"must be from 1 to {MAX_TOKENS}, got {tokens}", f"1..{MAX_TOKENS}")
     spec = resolve_spec(checkpoint, **layer)
     target = resolve_target(**target_kw)
     if sweep:
-        cells = report.sweep(spec, target, tokens)
+        if force:
+            raise MoeBuildError("force", "--sweep plans every cell without forced stages", "--force or --sweep")
+        cells = report.sweep(spec, target, tokens, sms=(target.sm,) if target_kw["sm"] else SUPPORTED_SMS,
+                             dtypes=(spec.dtype,) if layer["dtype"] else tuple(DType),
+                             quants=(spec.quant,) if layer["quant"] else tuple(Quant))
         if as_json:
             click.echo(json.dumps(report.sweep_dict(cells, spec, target, tokens), indent=2))
         else:
@@ -110,6 +120,16 @@ def fusion_report(checkpoint: str | None, tokens: int, as_json: bool, markdown: 
         report.render_table(plan, STDOUT)
 
 
+def _one_output(allowed_pairs: set[tuple[str, str]], **given: bool) -> None:
+    """Refuse output options that cannot be honoured together, naming both (never pick one silently)."""
+    chosen = sorted(name for name, on in given.items() if on)
+    for i, a in enumerate(chosen):
+        for b in chosen[i + 1:]:
+            if (a, b) not in allowed_pairs:
+                raise MoeBuildError(f"--{a}/--{b}", "these output options cannot be combined",
+                                    "one of --json, --markdown, --explain, --sweep (--sweep --json is allowed)")
+
+
 @cli.command("build")
 @click.argument("checkpoint", required=False, type=click.Path())
 @click.option("--layer", type=int, help="Decoder layer index of the MoE layer to build (default: the first).")
@@ -119,46 +139,147 @@ def fusion_report(checkpoint: str | None, tokens: int, as_json: bool, markdown: 
 @click.option("--min-tokens", "min_tokens", type=int, default=1, show_default=True)
 @click.option("--opt-tokens", "opt_tokens", type=int, default=16, show_default=True)
 @click.option("--max-tokens", "max_tokens", type=int, default=256, show_default=True)
-@click.option("--opt-level", "opt_level", type=int, default=3, show_default=True, help="Builder optimization level.")
+@click.option("--opt-level", "opt_level", type=int, default=3, show_default=True,
+              help="Builder optimization level, 0..5.")
 @click.option("--workspace-mb", "workspace_mb", type=int, help="Builder workspace memory pool limit (MiB).")
-@click.option("--timing-cache", "timing_cache", type=click.Path(), help="Timing cache file (reused across builds).")
+@click.option("--timing-cache", "timing_cache", type=click.Path(),
+              help="Timing cache file, reused across builds (full TensorRT; default: in the output folder).")
 @click.option("--out", "out_dir", default="engines", show_default=True, type=click.Path(), help="Output folder.")
 @click.option("--name", help="Engine name (default: preset or checkpoint name, plus the layer).")
-@click.option("--routing-input", "routing_input", default="hidden", show_default=True,
-              help="hidden|logits|topk: engine inputs besides hidden (router logits, or top-k ids + weights).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random weights (no checkpoint).")
+@click.option("--routing-input", "routing_input",
+              help="hidden|logits|topk: engine inputs besides hidden (router logits, or top-k ids + weights). "
+                   "Default: hidden on the OOTB path, logits on the plugin path (the only one it takes).")
+@click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True,
+              help="Seed of the random weights (no checkpoint).")
 def build(checkpoint: str | None, layer: int | None, all_layers: bool, min_tokens: int, opt_tokens: int,
           max_tokens: int, opt_level: int, workspace_mb: int | None, timing_cache: str | None, out_dir: str,
-          name: str | None, routing_input: str, seed: int, **kw: Any) -> None:
-    """Build TensorRT engine(s) + manifests; with no arguments, the embedded tiny default."""
+          name: str | None, routing_input: str | None, seed: int, **kw: Any) -> None:
+    """Build TensorRT engine(s) + manifests; with no arguments, the embedded tiny default.
+
+    Every refusal (options, layer, plan, a plugin path without full TensorRT) comes before the
+    plan is printed and before any weight is loaded; progress goes to stderr, results to stdout.
+    """
     from pathlib import Path
 
-    from . import report
-    from .build_job import BuildJob, run_build_jobs
-    from .ootb_graph import ROUTING_INPUTS
-    from .planner import make_plan
-    from .spec_source import resolve_spec
+    from .engine.jobs import BuildJob, run_build_jobs
+    from .engine.options import BuildOptions, check_options
+    from .engine.preflight import prepare_build
+    from .planner import make_plan, report
+    from .spec.source import resolve_spec
     from .target import TokenProfile, resolve_target
 
     layer_kw, target_kw, force = _split_layer_target(kw)
-    if routing_input not in ROUTING_INPUTS:
-        raise MoeBuildError("routing_input", f"unknown value {routing_input!r}", ROUTING_INPUTS)
     if checkpoint is None and (layer is not None or all_layers):
         raise MoeBuildError("layer", "--layer/--all-layers need a checkpoint", "CHECKPOINT with --layer N")
     if layer is not None and all_layers:
         raise MoeBuildError("layer", "give --layer or --all-layers, not both", "one of --layer, --all-layers")
+    options = BuildOptions(output_dir=Path(out_dir), optimization_level=opt_level, workspace_mib=workspace_mb,
+                           timing_cache=Path(timing_cache) if timing_cache else None, routing_input=routing_input)
+    check_options(options)
     profile = TokenProfile(min=min_tokens, opt=opt_tokens, max=max_tokens)
     spec = resolve_spec(checkpoint, **layer_kw)
     target = resolve_target(profile=profile, **target_kw)
     plan = make_plan(spec, target, opt_tokens, force)
-    report.render_table(plan, STDOUT)
     jobs = BuildJob.for_source(spec, plan, checkpoint, layer, all_layers, seed, name)
-    results = run_build_jobs(jobs, Path(out_dir), opt_level, workspace_mb, timing_cache, routing_input,
-                             STDOUT)
-    for r in results:
-        size_mb = r.engine_path.stat().st_size / 2**20
-        STDOUT.print(f"built {r.engine_path} ({size_mb:.1f} MiB) + {r.manifest_path.name} "
-                     f"in {r.manifest['build']['seconds']:.1f} s")
+    prepare_build(spec, plan, options)
+    report.render_table(plan, STDOUT)
+    workspace = "TensorRT's default" if workspace_mb is None else f"{workspace_mb} MiB"
+    for i, r in enumerate(run_build_jobs(jobs, options), 1):
+        STDOUT.print(f"[{i}/{len(jobs)}] built {r.engine_path} ({r.engine_path.stat().st_size / 2**20:.1f} MiB) + "
+                     f"{r.manifest_path.name} in {r.manifest['build']['seconds']:.1f} s "
+                     f"(optimization level {opt_level}, workspace {workspace})")
+
+
+@cli.command("export")
+@click.argument("checkpoint", required=False, type=click.Path())
+@click.option("--layer", type=int, help="Decoder layer index of the MoE layer (default: the first).")
+@click.option("--onnx", "onnx_path", required=True, type=click.Path(),
+              help="Where to write the graph; weights over 1 GiB go to PATH.data beside it.")
+@layer_options
+@click.option("--routing-input", "routing_input", default="hidden", show_default=True,
+              help="hidden|logits|topk: the graph's inputs besides hidden (router logits, or top-k ids + weights).")
+@click.option("--sm", type=int, help="Target SM of the plan (default: local GPU, else 89).")
+@click.option("--flavour", help="tensorrt|tensorrt-rtx: the plan's flavour (default: the installed one).")
+@click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True,
+              help="Seed of the random weights (no checkpoint).")
+def export_cmd(checkpoint: str | None, layer: int | None, onnx_path: str, routing_input: str, sm: int | None,
+               flavour: str | None, seed: int, **layer_kw: Any) -> None:
+    """Write one MoE layer's OOTB ONNX graph, the graph an OOTB engine is built from, for other tools
+    (onnxruntime, Polygraphy, ...); with no checkpoint, a preset's or the flags' layer with random weights.
+
+    The graph takes `hidden` [tokens, H] in the layer's dtype (and --routing-input's inputs) and gives
+    `output` [tokens, H]; its expert compute is the plan's for --sm/--flavour. It is written as one unit:
+    a failure or Ctrl-C leaves no file.
+    """
+    from pathlib import Path
+
+    from .engine.jobs import layers_to_build
+    from .graph.export import check_onnx_destination, write_onnx
+    from .graph.ootb import ROUTING_INPUTS
+    from .planner import make_plan
+    from .spec.source import resolve_spec
+    from .target import resolve_target
+    from .weights import MoEWeights
+
+    if checkpoint is None and layer is not None:
+        raise MoeBuildError("layer", "--layer needs a checkpoint", "CHECKPOINT with --layer N")
+    if routing_input not in ROUTING_INPUTS:
+        raise MoeBuildError("routing_input", f"unknown value {routing_input!r}", ROUTING_INPUTS)
+    destination = Path(onnx_path)
+    check_onnx_destination(destination)
+    spec = resolve_spec(checkpoint, **layer_kw)
+    plan = make_plan(spec, resolve_target(sm=sm, flavour=flavour, moe_plugin="disable"))
+    if checkpoint is None:
+        source = f"{spec.name} (random weights, seed {seed})"
+        weights = MoEWeights.random(spec, seed=seed)
+    else:
+        from .weights.checkpoint import load_moe_layer
+        index = layers_to_build(checkpoint, layer, all_layers=False)[0]
+        source = f"{checkpoint} layer {index}"
+        click.echo(f"loading {source}", err=True)
+        weights = load_moe_layer(checkpoint, index).weights
+        weights.check(spec)  # overrides must still fit the checkpoint's tensors
+    click.echo(f"exporting ONNX (expert_compute={plan.stage('expert_compute').choice})", err=True)
+    files = write_onnx(spec, weights, plan, destination, routing_input)
+    sizes = " + ".join(f"{p} ({p.stat().st_size / 2**20:.1f} MiB)" for p in files)
+    click.echo(f"wrote {sizes}: {source}, {spec.dtype.value}, inputs hidden [tokens, {spec.hidden_size}]"
+               f"{'' if routing_input == 'hidden' else ' + ' + routing_input}, output [tokens, {spec.hidden_size}] "
+               f"{spec.out_dtype.value}")
+
+
+@cli.command("check")
+@click.argument("checkpoint", type=click.Path())
+@click.option("--layer", type=int, help="Decoder layer index of the MoE layer (default: the first).")
+@click.option("--tokens", type=int, default=64, show_default=True, help="Random hidden states to run.")
+@click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True,
+              help="Seed of the hidden states.")
+@click.option("--rtol", type=float, help="Relative tolerance per element (default 1e-4; 1e-2 for an fp16 --onnx).")
+@click.option("--atol", type=float, help="Absolute tolerance per element (default: rtol x the RMS of "
+              "transformers' output).")
+@click.option("--onnx", "onnx_path", type=click.Path(),
+              help="Check this graph (from `moe-build export`, --routing-input hidden, fp32 or fp16) instead of "
+                   "a fresh fp32 export.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable result (schema moe-build.check/1).")
+def check_cmd(checkpoint: str, layer: int | None, tokens: int, seed: int, rtol: float | None, atol: float | None,
+              onnx_path: str | None, as_json: bool) -> None:
+    """Check a layer's ONNX graph against the checkpoint's own transformers MoE block.
+
+    Both run on the same seeded random hidden states: the graph with onnxruntime (CPU), transformers'
+    block (its model class on the meta device, only this block loaded through transformers' own key
+    conversions, eager experts) in fp32. The graph is exported in fp32, so the check is of its math
+    (router, top-k, experts, shared experts) on the checkpoint's exact weights; an engine in the
+    layer's 16-bit dtype runs the same graph with casts. Tokens within round-off of an expert tie are
+    left out, and said so. Exit 0 within tolerance, 1 outside it or where the two pick different
+    experts without a tie, 2 for bad input. Needs transformers 5.x, and memory for the layer's weights
+    in fp32 a few times over (and temporary disk for the fp32 graph).
+    """
+    from .check import check_layer, render
+    from .errors import VerificationError
+    result = check_layer(checkpoint, layer, tokens, seed, rtol, atol, onnx_path,
+                         log=lambda line: click.echo(f"check: {line}", err=True))
+    click.echo(json.dumps(result.to_dict(), indent=2) if as_json else render(result))
+    if not result.passed:
+        raise VerificationError(f"check of {checkpoint} layer {result.layer}: {result.failure}")
 
 
 @cli.command("inspect")
@@ -166,8 +287,10 @@ def build(checkpoint: str | None, layer: int | None, all_layers: bool, min_token
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report.")
 def inspect_cmd(engine: str, as_json: bool) -> None:
     """Show an engine's manifest, I/O and layers, and verify engine, manifest and plan agree."""
-    from .inspect_engine import inspect_engine
-    from .report import render_inspection
+    from .engine.inspect import inspect_engine, render_inspection
+    from .engine.manifest import manifest_path_for
+    if not any(p.exists() for p in manifest_path_for(engine)):
+        raise MoeBuildError("engine", f"{engine}: no such engine or manifest", "an .engine file built by moe-build")
     result = inspect_engine(engine)
     if as_json:
         click.echo(json.dumps(result, indent=2, default=str))
@@ -175,26 +298,120 @@ def inspect_cmd(engine: str, as_json: bool) -> None:
         render_inspection(result, STDOUT)
 
 
-@cli.command("bench", context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
-                                        "help_option_names": []})
-@click.pass_context
-def bench_cmd(ctx: click.Context) -> None:
-    """Time the fused runner against its peers on the local GPU (see `moe-build bench --help`)."""
-    from .bench import main as bench_main
-    sys.exit(bench_main(ctx.args))
+@cli.command("bench")
+@click.option("--shapes", default="mixtral-8x7b,qwen3-30b-a3b,deepseek-v2-lite,gpt-oss-20b", show_default=True,
+              help="Comma-separated bench shapes.")
+@click.option("--tokens", default=None, help="Comma-separated token counts (default 1,16,256,4096; with --sweep: "
+              "geometric steps of 1.25 from 1 to 8192 plus both ends of every band of each shape's plan).")
+@click.option("--variants", default=None, help="Comma-separated variants: ours, ours:STAGE=CHOICE[+STAGE=CHOICE] "
+              "(stages forced), naive, grouped_mm, hf_eager (default: ours, each fusion forced off, and the "
+              "peers; with --sweep: ours).")
+@click.option("--sweep", is_flag=True, help="The token sweep: graph replays only, a chart of time over the floor "
+              "against tokens, and the counts that sit far from their neighbours.")
+@click.option("--iters", type=int, default=20, show_default=True, help="Timed rounds per point.")
+@click.option("--warmup", type=int, default=3, show_default=True, help="Warm-up calls per variant.")
+@click.option("--input-sets", "input_sets", type=int, default=4, show_default=True,
+              help="Input sets rotated among (no warm-cache flattery).")
+@click.option("--json", "json_path", type=click.Path(), default=None,
+              help="Where to write the raw results (default bench.json, or sweep.json with --sweep).")
+@click.option("--png", "png_path", type=click.Path(), default=None, help="Chart (matplotlib).")
+def bench_cmd(shapes: str, tokens: str | None, variants: str | None, sweep: bool, iters: int, warmup: int,
+              input_sets: int, json_path: str | None, png_path: str | None) -> None:
+    """Time the fused runner against its peers and the hardware floor on the local GPU."""
+    import json as json_module
+    from pathlib import Path
+
+    from .bench import layer, sweep as sweep_module
+    from .bench.workload import SHAPES, TOKENS
+    names = _csv("shapes", shapes, str)
+    unknown = [n for n in names if n not in SHAPES]
+    if unknown:
+        raise MoeBuildError("shapes", f"unknown {unknown}", sorted(SHAPES))
+    counts = _csv("tokens", tokens, int) if tokens else None
+    if counts is not None and min(counts) < 1:
+        raise MoeBuildError("tokens", f"must be >= 1, got {min(counts)}", "integers >= 1")
+    default_variants = ["ours"] if sweep else [*layer.RUNNER_VARIANTS, *layer.PEERS]
+    chosen = _csv("variants", variants, str) if variants else default_variants
+    for v in chosen:
+        if layer.runner_force(v) is None and v not in layer.PEERS:
+            raise MoeBuildError("variants", f"unknown variant {v!r}", ["ours", "ours:STAGE=CHOICE", *layer.PEERS])
+    out = Path(json_path or ("sweep.json" if sweep else "bench.json"))
+    log = lambda line: click.echo(line, err=True)  # noqa: E731
+    if not sweep:
+        results = layer.run_bench(names, counts or TOKENS, out, Path(png_path) if png_path else None, iters,
+                                  warmup, input_sets, chosen, log=log)
+        click.echo(layer.table(results))
+        return
+    target = sweep_module.device_sweep_target()
+    results = {}
+    for name in names:
+        part = layer.run_bench([name], counts or sweep_module.sweep_counts(name, target), None, None, iters, warmup,
+                               input_sets, chosen, log=log, eager=False)
+        results = part if not results else {**results, "points": results["points"] + part["points"]}
+        out.write_text(json_module.dumps(results, indent=1, default=str))  # partial results survive a time-out
+    if png_path:
+        sweep_module.plot(results, Path(png_path))
+    click.echo(sweep_module.summary(results))
+
+
+def _csv(field: str, text: str, kind: Callable[[str], Any]) -> list[Any]:
+    """A comma-separated option as a list, or a one-line error naming the option."""
+    try:
+        items = [kind(part.strip()) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise MoeBuildError(field, f"cannot read {text!r}", "comma-separated values") from None
+    if not items:
+        raise MoeBuildError(field, "is empty", "comma-separated values")
+    return items
+
+
+@cli.command("kernels")
+@click.option("--out", "out_dir", type=click.Path(), default=None,
+              help="Folder for the library and its build.json (default: the cache, ~/.cache/moe_build/kernels).")
+@click.option("--arch", default="80,90a", show_default=True, help="Comma-separated target architectures.")
+@click.option("-j", "--jobs", type=int, default=None, help="Parallel nvcc processes (default: CPU count).")
+@click.option("--force", is_flag=True, help="Rebuild even where a verified library is there.")
+def kernels_cmd(out_dir: str | None, arch: str, jobs: int | None, force: bool) -> None:
+    """Build the CUDA kernel library ahead of time (needs nvcc and the CUTLASS headers: pip install
+    'moe-build[kernels]'), or find the verified one already built, and say where it is."""
+    from pathlib import Path
+
+    from .kernels.build import KernelBuildError, build_command
+    if jobs is not None and jobs < 1:
+        raise MoeBuildError("jobs", f"must be >= 1, got {jobs}", "integers >= 1")
+    try:
+        build_command(Path(out_dir) if out_dir else None, arch, jobs, force,
+                      echo=lambda line: click.echo(line, err=True))
+    except KernelBuildError as e:
+        raise MoeBuildError("kernels", str(e).splitlines()[0]) from None
 
 
 @cli.command("presets")
 def presets_cmd() -> None:
     """List the named layer presets."""
-    from .presets import PRESETS
+    from .spec.presets import PRESETS
     for name, spec in PRESETS.items():
         click.echo(f"{name:18s} hidden={spec.hidden_size} inter={spec.intermediate_size} experts={spec.num_experts} "
                    f"top_k={spec.top_k} {spec.activation.value} {spec.dtype.value}")
 
 
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, the shell's convention
+EXIT_TERMINATED = 143   # 128 + SIGTERM
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the process is, so that it unwinds like Ctrl-C: every cleanup runs."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise _Terminated()
+
+
 def main() -> None:
-    """Console entry point: one-line errors and the documented exit codes."""
+    """Console entry point: one-line errors and the documented exit codes (2 bad input, 1 failed
+    verification, 130 interrupted, 143 terminated)."""
+    import signal
+    signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         cli.main(standalone_mode=False)
     except MoeBuildError as e:
@@ -203,12 +420,23 @@ def main() -> None:
     except VerificationError as e:
         click.echo(f"moe-build: verification failed: {e}", err=True)
         sys.exit(VerificationError.exit_code)
+    except click.UsageError as e:  # a bad option or argument: one line, like every other input error
+        where = f" {e.ctx.command_path}" if e.ctx is not None else ""
+        click.echo(f"moe-build{where.removeprefix(' moe-build') if where else ''}: error: {e.format_message()}",
+                   err=True)
+        sys.exit(2)
     except click.ClickException as e:
         e.show()
         sys.exit(e.exit_code)
-    except click.Abort:
-        click.echo("moe-build: aborted", err=True)
-        sys.exit(1)
+    except (click.Abort, KeyboardInterrupt) as e:
+        terminated = isinstance(e, _Terminated) or isinstance(e.__cause__, _Terminated)
+        click.echo(f"moe-build: {'terminated' if terminated else 'interrupted'}; nothing half-written is left",
+                   err=True)
+        sys.exit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED)
+    except OSError as e:  # the machine refused: disk full, a name too long, no permission
+        where = f" ({e.filename})" if e.filename else ""
+        click.echo(f"moe-build: error: {e.strerror or e}{where}", err=True)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

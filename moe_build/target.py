@@ -15,8 +15,13 @@ from typing import Any, Mapping
 from .errors import MoeBuildError
 
 SUPPORTED_SMS = (80, 86, 89, 90, 100, 103, 120, 121)
-# TensorRT-RTX 1.7 `ComputeCapability` values (ENVIRONMENT.md); 90 and 100 are absent.
+# TensorRT-RTX 1.7 `ComputeCapability` values (docs/tensorrt_rtx.md); 90 and 100 are absent.
 RTX_SMS = (75, 80, 86, 89, 120, 121)
+RTX_TARGET_SMS = tuple(sm for sm in RTX_SMS if sm in SUPPORTED_SMS)  # what moe-build builds with TensorRT-RTX
+# Multiprocessors and L2 bytes assumed for an SM when no GPU of it is here to ask (the GEMM tactic rules
+# read them): the data-centre part of each generation (A100, RTX 4090-class Ada, H100, B200, RTX 5090).
+DEFAULT_GPU = {80: (108, 40 << 20), 86: (84, 6 << 20), 89: (128, 72 << 20), 90: (132, 50 << 20),
+               100: (148, 126 << 20), 103: (148, 126 << 20), 120: (170, 96 << 20), 121: (48, 24 << 20)}
 # Largest dynamic shared memory one block may opt into, bytes (CUDA programming guide, per arch).
 MAX_SMEM_PER_BLOCK = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024,
                       100: 227 * 1024, 103: 227 * 1024, 120: 99 * 1024, 121: 99 * 1024}
@@ -38,6 +43,9 @@ class MoePlugin(str, enum.Enum):
     DISABLE = "disable"
 
 
+MAX_TOKENS = 1 << 20  # a profile's largest token count: rows (tokens * top_k) stay within int32
+
+
 @dataclass(frozen=True)
 class TokenProfile:
     """Optimization profile over the token dimension."""
@@ -49,8 +57,9 @@ class TokenProfile:
     def __post_init__(self) -> None:
         for name in ("min", "opt", "max"):
             v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
-                raise MoeBuildError(f"{name}_tokens", f"must be a positive integer, got {v!r}", "integers >= 1")
+            if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= MAX_TOKENS:
+                raise MoeBuildError(f"{name}_tokens", f"must be an integer from 1 to {MAX_TOKENS}, got {v!r}",
+                                    f"1..{MAX_TOKENS}")
         if not self.min <= self.opt <= self.max:
             raise MoeBuildError("min_tokens/opt_tokens/max_tokens",
                                 f"need min <= opt <= max, got {self.min}/{self.opt}/{self.max}",
@@ -66,12 +75,19 @@ class Target:
     deterministic: bool = False
     finalize_fusion_disabled_by_env: bool = False
     profile: TokenProfile = TokenProfile()
+    sm_count: int = 0                # multiprocessors (0: DEFAULT_GPU's for the SM)
+    l2_bytes: int = 0                # L2 cache bytes (0: DEFAULT_GPU's for the SM)
     sm_source: str = "flag"          # flag | detected | default
-    flavour_source: str = "flag"     # flag | detected | default
+    flavour_source: str = "flag"     # flag | detected | default | target (why the installed one is not used)
 
     def __post_init__(self) -> None:
         if self.sm not in SUPPORTED_SMS:
             raise MoeBuildError("sm", f"unsupported value {self.sm}", SUPPORTED_SMS)
+        count, l2 = DEFAULT_GPU[self.sm]
+        if not self.sm_count:
+            object.__setattr__(self, "sm_count", count)
+        if not self.l2_bytes:
+            object.__setattr__(self, "l2_bytes", l2)
 
     @property
     def max_smem_per_block(self) -> int:
@@ -97,8 +113,15 @@ def env_disables_finalize_fusion(environ: Mapping[str, str] | None = None) -> bo
     return any(environ.get(name, "").strip() not in ("", "0") for name in FINALIZE_FUSION_ENV)
 
 
-def detect_sm() -> int | None:
-    """Compute capability of GPU 0 as an SM number, or None without a usable GPU.
+@dataclass(frozen=True)
+class DetectedGpu:
+    sm: int
+    sm_count: int
+    l2_bytes: int
+
+
+def detect_gpu() -> DetectedGpu | None:
+    """GPU 0's SM number, multiprocessor count and L2 bytes, or None without a usable GPU.
 
     Asks the CUDA driver directly (libcuda through ctypes) rather than importing torch, which
     would add seconds to every `fusion-report`.
@@ -108,25 +131,44 @@ def detect_sm() -> int | None:
         cuda = ctypes.CDLL("libcuda.so.1")
     except OSError:
         return None
-    device, major, minor = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
-    attr_major, attr_minor = 75, 76  # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR / _MINOR
-    if (cuda.cuInit(0) or cuda.cuDeviceGet(ctypes.byref(device), 0)
-            or cuda.cuDeviceGetAttribute(ctypes.byref(major), attr_major, device)
-            or cuda.cuDeviceGetAttribute(ctypes.byref(minor), attr_minor, device)):
+    device = ctypes.c_int()
+    if cuda.cuInit(0) or cuda.cuDeviceGet(ctypes.byref(device), 0):
         return None
-    return major.value * 10 + minor.value
+    values = []
+    # CU_DEVICE_ATTRIBUTE_ COMPUTE_CAPABILITY_MAJOR, _MINOR, MULTIPROCESSOR_COUNT, L2_CACHE_SIZE
+    for attr in (75, 76, 16, 38):
+        v = ctypes.c_int()
+        if cuda.cuDeviceGetAttribute(ctypes.byref(v), attr, device):
+            return None
+        values.append(v.value)
+    return DetectedGpu(values[0] * 10 + values[1], values[2], values[3])
+
+
+# Each flavour's import name and the distributions that may provide it (their metadata gives the version
+# without importing the module, which takes a second and loads the TensorRT libraries).
+FLAVOUR_MODULES = {Flavour.TENSORRT: ("tensorrt", ("tensorrt", "tensorrt-cu13", "tensorrt-cu12",
+                                                   "tensorrt-cu13-bindings", "tensorrt-cu12-bindings")),
+                   Flavour.TENSORRT_RTX: ("tensorrt_rtx_bindings", ("tensorrt-rtx-cu13-bindings",
+                                                                    "tensorrt-rtx-cu12-bindings"))}
+
+
+def _installed_version(distributions: tuple[str, ...]) -> str | None:
+    import importlib.metadata
+    for name in distributions:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
 
 
 def detect_flavour() -> tuple[Flavour, str | None] | None:
-    """Installed TensorRT flavour and version; full TensorRT wins when both are present."""
-    for flavour, module in ((Flavour.TENSORRT, "tensorrt"), (Flavour.TENSORRT_RTX, "tensorrt_rtx_bindings")):
-        if importlib.util.find_spec(module) is None:
-            continue
-        try:
-            mod = __import__(module)
-            return flavour, getattr(mod, "__version__", None)
-        except Exception:  # a stub or a bindings-only wheel without its libraries
-            continue
+    """The installed TensorRT flavour and its version, full TensorRT first when both are installed.
+    Found by module spec and package metadata, not imported: whether the install works is the engine
+    builder's concern (moe_build.engine.backend.load_backend), not the planner's."""
+    for flavour, (module, distributions) in FLAVOUR_MODULES.items():
+        if importlib.util.find_spec(module) is not None:
+            return flavour, _installed_version(distributions)
     return None
 
 
@@ -134,20 +176,25 @@ def resolve_target(sm: int | None = None, flavour: str | None = None, moe_plugin
                    deterministic: bool = False, profile: TokenProfile | None = None,
                    environ: Mapping[str, str] | None = None) -> Target:
     """Fill the unspecified parts of a target from this machine, recording where each came from."""
-    sm_source = "flag"
+    sm_source, sm_count, l2_bytes = "flag", 0, 0
     if sm is None:
-        sm = detect_sm()
+        gpu = detect_gpu()
         sm_source = "detected"
-        if sm is not None and sm not in SUPPORTED_SMS:
-            raise MoeBuildError("sm", f"detected GPU has SM {sm}, which moe-build does not target; pass --sm",
+        if gpu is not None and gpu.sm not in SUPPORTED_SMS:
+            raise MoeBuildError("sm", f"detected GPU has SM {gpu.sm}, which moe-build does not target; pass --sm",
                                 SUPPORTED_SMS)
-        if sm is None:
+        if gpu is None:
             sm, sm_source = DEFAULT_SM_WITHOUT_GPU, "default"
+        else:
+            sm, sm_count, l2_bytes = gpu.sm, gpu.sm_count, gpu.l2_bytes
     flavour_source, version = "flag", None
     if flavour is None:
         found = detect_flavour()
         if found is None:
             chosen, flavour_source = Flavour.TENSORRT, "default"
+        elif found[0] is Flavour.TENSORRT_RTX and sm not in RTX_SMS:
+            # TensorRT-RTX cannot target this SM: the plan is full TensorRT's, what a user of this GPU builds with
+            chosen, flavour_source = Flavour.TENSORRT, f"target (TensorRT-RTX cannot target sm{sm})"
         else:
             (chosen, version), flavour_source = found, "detected"
     else:
@@ -165,4 +212,5 @@ def resolve_target(sm: int | None = None, flavour: str | None = None, moe_plugin
     return Target(sm=sm, flavour=chosen, flavour_version=version, moe_plugin=plugin,
                   deterministic=deterministic,
                   finalize_fusion_disabled_by_env=env_disables_finalize_fusion(environ),
-                  profile=profile or TokenProfile(), sm_source=sm_source, flavour_source=flavour_source)
+                  profile=profile or TokenProfile(), sm_count=sm_count, l2_bytes=l2_bytes, sm_source=sm_source,
+                  flavour_source=flavour_source)

@@ -18,9 +18,8 @@ Inputs, in this order (optional ones present exactly when the spec uses them; T 
   0 hidden          [T, H]        spec dtype
   1 router_logits   [T, E]        fp32 or spec dtype
   2 w1              [E, N1, H]    spec dtype (N1 = 2*I for gated activations: gate rows, then up rows;
-                                  gate/up-interleaved when reads_interleaved_w1(plan), then stored in
-                                  64 x 64 blocks when plan_blocks_weights(plan); see plan_weights)
-  3 w2              [E, H, I]     spec dtype (in 64 x 64 blocks when plan_blocks_weights(plan))
+                                  in the plan's w1_order and weight_layout: see plan_weights)
+  3 w2              [E, H, I]     spec dtype (in the plan's weight_layout)
     b1              [E, N1]       spec dtype      if spec.expert_bias (in w1's order)
     b2              [E, H]        spec dtype      if spec.expert_bias
     correction_bias [E]           fp32            if spec.routing.correction_bias
@@ -41,8 +40,9 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from moe_build.errors import MoeBuildError
+from moe_build.jsonfile import parse_json_object
 from moe_build.planner import PLAN_SCHEMA_VERSION, Plan, make_plan
-from moe_build.runner.sequence import reads_blocked_weights, reads_interleaved_w1
+from moe_build.runner.sequence import w1_interleaved, weights_blocked
 from moe_build.spec import DType, MoESpec, OutputDType, Quant
 from moe_build.target import Target
 from moe_build.weights import MoEWeights
@@ -107,20 +107,13 @@ def output_dtype(spec: MoESpec) -> torch.dtype:
     return TORCH_OUT_DTYPE[spec.out_dtype]
 
 
-def plan_blocks_weights(plan: Plan) -> bool:
-    """Whether the runner `enqueue` makes for `plan` reads W1 / W2 in 64 x 64 blocks: it plans at the
-    profile's max tokens (plan_max_tokens), which may differ from the plan's own token count."""
-    return reads_blocked_weights(plan, plan_max_tokens(plan))
-
-
 def plan_weights(plan: Plan, weights: MoEWeights) -> MoEWeights:
-    """The canonical `weights` in the order the plugin's inputs take for `plan`: W1 / b1 gate/up-
-    interleaved where the plan's GEMM1 reads that order (reads_interleaved_w1), then W1 / W2 in 64 x 64
-    blocks where its runner's GEMMs read those (plan_blocks_weights), so the engine holds one W1 and
-    one W2 and the runner copies neither."""
-    if reads_interleaved_w1(plan):
+    """The canonical `weights` in the order the plugin's inputs take for `plan`: W1 / b1 in its w1_order
+    (gate/up-interleaved for the sm90 gated epilogue), then W1 / W2 in its weight_layout (64 x 64 blocks
+    or row-major), so the engine holds one W1 and one W2 and the runner copies neither."""
+    if w1_interleaved(plan):
         weights = weights.gate_up_interleaved()
-    return weights.blocked_64x64() if plan_blocks_weights(plan) else weights
+    return weights.blocked_64x64() if weights_blocked(plan) else weights
 
 
 def forced_choices(plan: Plan) -> dict[str, str]:
@@ -152,13 +145,7 @@ def decode_fields(fields: Mapping[str, bytes]) -> tuple[MoESpec, Plan]:
     for name in FIELD_NAMES:
         if name not in fields:
             raise _field_error(name, "missing")
-        try:
-            value = json.loads(bytes(fields[name]).decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise _field_error(name, f"is not UTF-8 JSON ({exc})") from None
-        if not isinstance(value, dict):
-            raise _field_error(name, f"must be a JSON object, got {type(value).__name__}")
-        parsed[name] = value
+        parsed[name] = parse_json_object(bytes(fields[name]), f"{PLUGIN_NAME} field {name!r}", "the field")
     try:
         spec = MoESpec.from_dict(parsed[FIELD_SPEC])
     except MoeBuildError as exc:
@@ -202,8 +189,6 @@ def check_spec_and_plan(spec: MoESpec, plan: Plan) -> None:
         raise _field_error(FIELD_PLAN, f"has an invalid target ({type(exc).__name__}: {exc})") from None
     try:
         replanned = make_plan(spec, target, plan.tokens, forced_choices(plan))
-        # The runner plans at the profile's max tokens with the same forced stages: it must succeed too.
-        make_plan(spec, target, target.profile.max, forced_choices(plan))
     except MoeBuildError as exc:
         raise _field_error(FIELD_PLAN, f"cannot be reproduced by the planner ({exc})") from None
     if json.loads(_canonical_json(replanned.to_dict())) != json.loads(_canonical_json(plan.to_dict())):
@@ -396,19 +381,15 @@ def run_enqueue(spec: MoESpec, plan: Plan, input_pointers: Sequence[int], input_
 
 
 def _make_runner(spec: MoESpec, plan: Plan, weights: Mapping[str, torch.Tensor]) -> Any:
-    """A runner over TensorRT's weight buffers that reproduces the plan (target + forced stages).
-
-    The runner re-runs the pure planner with exactly the plan's inputs, which `check_spec_and_plan`
-    has already shown to give back this plan, so no choice is made anew here.
-    """
+    """A runner over TensorRT's weight buffers (already in the plan's layouts) that runs the plan as it is:
+    `check_spec_and_plan` has shown the planner gives back this plan, so nothing is decided anew here."""
     from moe_build.runner import MoERunner
     w1 = weights["w1"]
     # The plugin receives router logits, so the router's own weight is never read: a zero-stride
     # placeholder of the right shape satisfies MoEWeights without a real [E, H] tensor.
     router_weight = torch.zeros((), dtype=w1.dtype, device=w1.device).expand(spec.num_experts, spec.hidden_size)
-    return MoERunner(spec, MoEWeights(router_weight=router_weight, **weights), target=Target.from_dict(plan.target),
-                     max_tokens=plan_max_tokens(plan), force=forced_choices(plan), device=w1.device,
-                     w1_interleaved=reads_interleaved_w1(plan), weights_blocked=plan_blocks_weights(plan))
+    return MoERunner(spec, MoEWeights(router_weight=router_weight, **weights), plan=plan, device=w1.device,
+                     weights_prepared=True)
 
 
 # ---- TensorRT adapters ---------------------------------------------------------------------
@@ -450,6 +431,7 @@ def plugin_classes(trt: ModuleType) -> SimpleNamespace:
             self._field_arrays = {name: np.frombuffer(data, dtype=np.int8)
                                   for name, data in encode_fields(spec, plan).items()}
             self._cache = RunnerCache()
+            self._workspace_given: int | None = None  # bytes TensorRT allocated (get_workspace_size's answer)
 
         # IPluginV3 / core
         def get_capability_interface(self, capability_type: Any) -> Any:
@@ -480,7 +462,8 @@ def plugin_classes(trt: ModuleType) -> SimpleNamespace:
             check_profile(self.plan, int(inputs[0].max[0]))
 
         def get_workspace_size(self, inputs: Sequence[Any], outputs: Sequence[Any]) -> int:
-            return workspace_size(self.spec, self.plan, max(1, int(inputs[0].max[0])))
+            self._workspace_given = workspace_size(self.spec, self.plan, max(1, int(inputs[0].max[0])))
+            return self._workspace_given
 
         def get_valid_tactics(self) -> list[int]:
             return []  # one implementation per plan: the plan, not TensorRT's timing, picks kernels
@@ -507,9 +490,14 @@ def plugin_classes(trt: ModuleType) -> SimpleNamespace:
                         self._workspace_bytes(input_desc), stream, self._cache)
 
         def _workspace_bytes(self, input_desc: Sequence[Any]) -> int:
-            """What this call may use: TensorRT passes no size, but it allocated `get_workspace_size` for the
-            profile's max tokens, which covers the (monotonic) need at this call's token count."""
-            return cached_workspace_size(self._cache, self.spec, self.plan, max(1, int(tuple(input_desc[0].dims)[0])))
+            """The workspace TensorRT gave: enqueue passes no size, but TensorRT allocates what
+            `get_workspace_size` asked for at the profile's max tokens; an engine built by moe-build has the
+            plan's profile, so a plugin made from an engine's fields computes the same size (run_enqueue then
+            checks this call's need against it)."""
+            if self._workspace_given is None:
+                self._workspace_given = cached_workspace_size(self._cache, self.spec, self.plan,
+                                                              plan_max_tokens(self.plan))
+            return self._workspace_given
 
     class MoEPluginCreatorImpl(trt.IPluginCreatorV3One):
         """Makes `MoEPlugin`s from their two fields (at build time and when an engine is loaded)."""

@@ -1,90 +1,88 @@
 #!/usr/bin/env bash
-# THE one device script: on a fresh GPU machine build the kernel library, run the GPU tests,
-# run the bench, leave JSON/PNG/logs under $OUT, and print a short table last (the device
-# reply carries only the tail of the output). Budgeted to finish inside one 10-minute call:
-# each phase gets a hard timeout, and a failed phase does not stop the ones after it.
+# The one device script: on a fresh GPU machine, use (or build) the kernel library, run the GPU tests, time
+# the layer, and leave JSON/PNG/logs under $OUT, printing a short table last (the device reply carries only
+# the tail of the output). Every phase has a hard timeout; a failed phase does not stop the ones after it.
 #
-# Usage (from the repository root, via the device `run` tool):
-#   bash scripts/device_run.sh              # build + tests + bench
-#   SKIP_TESTS=1 bash scripts/device_run.sh # build + bench
-#   BENCH_ARGS="--shapes mixtral-8x7b --tokens 1,16" bash scripts/device_run.sh
-#   GEMM_PROBE=1 bash scripts/device_run.sh  # + the grouped-GEMM tile probe (bench/gemm_rate_probe.py)
-#   NCU_PROBE=1 bash scripts/device_run.sh   # + Nsight Compute counters of the 4096-token GEMMs (bench/gemm_ncu_probe.py)
-#   POWER_PROBE=1 bash scripts/device_run.sh # + the 4096-token layer vs the matmul ceiling, cool and hot (bench/power_state_probe.py)
-#   MOE_BUILD_KERNELS_LIB=build/kernels/libmoe_build_kernels.so bash scripts/device_run.sh
-#       (a library built on the CPU machine with `python -m moe_build.kernel_build --out build/kernels`,
-#        carried with the call: the device has no nvidia-cutlass headers)
+# Phases, chosen by PHASES (default "tests bench"):
+#   tests  the GPU tests (tests/gpu)
+#   bench  moe-build bench: the four bench shapes at 1/16/256/4096 tokens, ours and its forced-off variants
+#          beside the peers and the floor (BENCH_ARGS adds or overrides options)
+#   sweep  moe-build bench --sweep: the default plan at a dense set of token counts from 1 to 8192
+#          (SWEEP_ARGS adds options, e.g. --variants with forced tactics and --tokens); sweep2 a second one
+#          with SWEEP2_ARGS (sweep2.json)
+#   ab     the layer (ours, graph replay) at the bench points with this tree's library and with a baseline
+#          tree's (AB_BASELINE: a folder holding an older moe_build/, plugins/ and its
+#          libmoe_build_kernels.so), one process of each per round (rounds AB_FIRST..AB_LAST, default 1..2),
+#          alternated; prints old vs new per point over every ab_*.json under $OUT
+#
+# Usage (from the repository root, via the device tool; carry the library built here with
+#   `moe-build kernels --out .device_carry/lib`, since the device has no CUTLASS headers):
+#   MOE_BUILD_KERNELS_LIB=.device_carry/lib/libmoe_build_kernels.so PHASES="tests ab" \
+#     AB_BASELINE=.device_carry/baseline bash scripts/device_run.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# Everything is written under RESULTS and packed into $OUT/results.tgz at the end (the device tool returns
+# at most a few files).
 OUT=${OUT:-$PWD/device_out}
+RESULTS=$(mktemp -d)
 mkdir -p "$OUT"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-# carried wheels (e.g. nvidia-cutlass headers) unpacked on the CPU machine, when present
-[ -d .device_carry/site ] && export PYTHONPATH="$PWD/.device_carry/site:$PYTHONPATH"
 PY=${PY:-python3}
-# CUTLASS headers: kernel_build finds them through the `cutlass_library` package; the device has
-# no pip, so when only the carried headers (.device_carry/cutlass_include) exist, expose them as one.
-if ! "$PY" -c "import cutlass_library" 2>/dev/null && [ -d .device_carry/cutlass_include/cutlass ]; then
-  shim=$(mktemp -d)/site
-  mkdir -p "$shim/cutlass_library/source"
-  touch "$shim/cutlass_library/__init__.py"
-  ln -s "$PWD/.device_carry/cutlass_include" "$shim/cutlass_library/source/include"
-  export PYTHONPATH="$shim:$PYTHONPATH"
-fi
-BUILD_S=${BUILD_S:-200}; TESTS_S=${TESTS_S:-150}; BENCH_S=${BENCH_S:-230}
+PHASES=${PHASES:-tests bench}
+# The device runs the tree in place (no install): moe_build.plugins is the top-level plugins/ folder, as the
+# package's install maps it.
+[ -e moe_build/plugins ] || ln -s ../plugins moe_build/plugins
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw \
-  --format=csv > "$OUT/gpu.csv" 2>&1
+  --format=csv > "$RESULTS/gpu.csv" 2>&1
 "$PY" -c "import torch, transformers; print(torch.__version__, transformers.__version__, torch.cuda.get_device_name())" \
-  > "$OUT/versions.txt" 2>&1
+  > "$RESULTS/versions.txt" 2>&1
 
 phase() {  # phase NAME SECONDS CMD...: run with a timeout, log to $OUT/NAME.log, record rc and time
   local name=$1 limit=$2; shift 2
   local t0=$SECONDS
-  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  timeout "$limit" "$@" > "$RESULTS/$name.log" 2>&1
   local rc=$?
-  echo "$name rc=$rc ${limit}s-limit took=$((SECONDS - t0))s" | tee -a "$OUT/phases.txt"
+  echo "$name rc=$rc ${limit}s-limit took=$((SECONDS - t0))s" | tee -a "$RESULTS/phases.txt"
+  tar -czf "$OUT/results.tgz" -C "$RESULTS" .  # what is done so far comes back even if the call is cut short
   return $rc
 }
+has() { [[ " $PHASES " == *" $1 "* ]]; }
 
-if [ -n "${MOE_BUILD_KERNELS_LIB:-}" ] && [ -f "$MOE_BUILD_KERNELS_LIB" ]; then
-  echo "build: using the carried library $MOE_BUILD_KERNELS_LIB" | tee "$OUT/build.log" >> "$OUT/phases.txt"
+if [ -n "${MOE_BUILD_KERNELS_LIB:-}" ]; then
+  echo "library: $MOE_BUILD_KERNELS_LIB (carried)" >> "$RESULTS/phases.txt"
 else
-  phase build "$BUILD_S" "$PY" -m moe_build.kernel_build -j 16
+  phase build "${BUILD_S:-300}" "$PY" -m moe_build kernels -j 16
 fi
-if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  phase gpu_tests "$TESTS_S" "$PY" -m pytest -q -rs tests/gpu --junitxml="$OUT/gpu_tests.xml"
-fi
-# GEMM_PROBE=1: the prefill grouped-GEMM tiles timed side by side (bench/gemm_rate_probe.py) at 4096 and 256 tokens
-if [ "${GEMM_PROBE:-0}" = 1 ]; then
-  for t in 4096 256; do
-    phase "gemm_probe_$t" 120 "$PY" bench/gemm_rate_probe.py --tokens "$t" --json "$OUT/gemm_rate_probe_$t.json" \
-      --tiles auto,coop128x256,pingpong64x256,pingpong64x128,pingpong64x256c2,pingpong64x192c2
-  done
-fi
-# NCU_PROBE=1: what bounds each 4096-token GEMM (SM / L2 / DRAM throughput under Nsight Compute)
-if [ "${NCU_PROBE:-0}" = 1 ]; then
-  phase gemm_ncu 240 "$PY" bench/gemm_ncu_probe.py --json "$OUT/gemm_ncu_probe.json" \
-    --tiles auto,pingpong64x256,pingpong64x256c2,coop128x256
-fi
-# POWER_PROBE=1: the 4096-token layer and the matmul ceiling after an idle gap and hot (bench/power_state_probe.py)
-if [ "${POWER_PROBE:-0}" = 1 ]; then
-  for s in qwen3-30b-a3b deepseek-v2-lite; do
-    phase "power_$s" 60 "$PY" bench/power_state_probe.py --shape "$s" --json "$OUT/power_state_$s.json"
-  done
-fi
+has tests && phase gpu_tests "${TESTS_S:-240}" "$PY" -m pytest -q -rs -p no:cacheprovider tests/gpu \
+  --junitxml="$RESULTS/gpu_tests.xml"
 # shellcheck disable=SC2086
-phase bench "$BENCH_S" "$PY" -m moe_build.bench --json "$OUT/bench.json" --png "$OUT/bench.png" ${BENCH_ARGS:-}
-
-echo "==== build (tail)";     tail -n 5 "$OUT/build.log"
-[ -f "$OUT/gpu_tests.log" ] && { echo "==== gpu tests (tail)"; tail -n 25 "$OUT/gpu_tests.log"; }
-echo "==== gpu";              cat "$OUT/gpu.csv" "$OUT/versions.txt"
-echo "==== bench (us, median; x floor = ours/floor)"
-if [ -f "$OUT/bench.json" ]; then
-  "$PY" -c "import json,sys; from moe_build.bench import table; print(table(json.load(open(sys.argv[1]))))" \
-    "$OUT/bench.json"
-else
-  tail -n 20 "$OUT/bench.log"
+has sweep && phase sweep "${SWEEP_S:-420}" "$PY" -m moe_build bench --sweep --json "$RESULTS/sweep.json" \
+  --png "$RESULTS/sweep.png" ${SWEEP_ARGS:-}
+if has ab; then
+  base=${AB_BASELINE:?AB_BASELINE must name the baseline tree}
+  for round in $(seq "${AB_FIRST:-1}" "${AB_LAST:-2}"); do
+    phase "ab_new_$round" "${AB_S:-150}" "$PY" -m moe_build bench --variants ours --input-sets 2 \
+      --json "$RESULTS/ab_new_$round.json"
+    # from the baseline's folder: `python -m` puts the working directory first on the path
+    phase "ab_old_$round" "${AB_S:-150}" env -C "$base" PYTHONPATH=. MOE_BUILD_KERNELS_LIB="$PWD/$base/libmoe_build_kernels.so" \
+      "$PY" -m moe_build bench --variants ours --input-sets 2 --json "$RESULTS/ab_old_$round.json" --png "$RESULTS/ab_old.png"
+  done
 fi
-for f in "$OUT"/power_*.log; do [ -f "$f" ] && { echo "==== $(basename "$f" .log)"; tail -n 5 "$f"; }; done
-echo "==== phases"; cat "$OUT/phases.txt"
+
+# shellcheck disable=SC2086
+has sweep2 && phase sweep2 "${SWEEP_S:-420}" "$PY" -m moe_build bench --sweep --json "$RESULTS/sweep2.json" \
+  --png "$RESULTS/sweep2.png" ${SWEEP2_ARGS:-}
+# shellcheck disable=SC2086
+has bench && phase bench "${BENCH_S:-300}" "$PY" -m moe_build bench --json "$RESULTS/bench.json" --png "$RESULTS/bench.png" \
+  ${BENCH_ARGS:-}
+[ -f "$RESULTS/gpu_tests.log" ] && { echo "==== gpu tests (tail)"; tail -n 15 "$RESULTS/gpu_tests.log"; }
+echo "==== gpu";  cat "$RESULTS/gpu.csv" "$RESULTS/versions.txt"
+[ -f "$RESULTS/bench.json" ] && { echo "==== bench (us, median)";
+  "$PY" -c "import json,sys; from moe_build.bench.layer import table; print(table(json.load(open(sys.argv[1]))))" \
+    "$RESULTS/bench.json"; }
+[ -f "$RESULTS/sweep.json" ] && { echo "==== sweep"; tail -n 12 "$RESULTS/sweep.log"; }
+[ -f "$RESULTS/sweep2.json" ] && { echo "==== sweep2"; tail -n 12 "$RESULTS/sweep2.log"; }
+has ab && "$PY" -m moe_build.bench.compare "$RESULTS"/ab_old_*.json -- "$RESULTS"/ab_new_*.json | tee "$RESULTS/ab_table.txt"
+echo "==== phases"; cat "$RESULTS/phases.txt"
+tar -czf "$OUT/results.tgz" -C "$RESULTS" .

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from moe_build.checkpoint import INDEX_FILE, SINGLE_FILE, load_moe_layer
+from moe_build.weights.checkpoint import INDEX_FILE, SINGLE_FILE, load_moe_layer
 from moe_build.errors import MoeBuildError
 from moe_build.reference import moe_reference
 from moe_build.weights import MoEWeights

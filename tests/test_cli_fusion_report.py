@@ -29,29 +29,33 @@ def report(*args: str, env: dict | None = None) -> dict:
 
 def test_json_schema_and_hopper_plan():
     doc = report(*MIXTRAL_FLAGS, "--sm", "90", "--flavour", "tensorrt", "--tokens", "4")
-    assert doc["schema"] == "moe-build.fusion-report/1"
+    assert doc["schema"] == "moe-build.fusion-report/2"
     assert doc["path"] == "plugin"
     stages = {s["stage"]: s for s in doc["stages"]}
     assert list(stages) == ["routing_prologue", "expand_rows", "gemm_kernel", "fc1_activation", "fc2_prequant",
-                            "finalize"]
+                            "finalize", "w1_order", "weight_layout", "gemm1_tactic", "gemm2_tactic"]
     for s in doc["stages"]:
-        assert set(s) >= {"stage", "choice", "fallback", "gates", "token_range"}
+        assert set(s) >= {"stage", "choice", "fallback", "gates", "bands"}
+        assert s["bands"][0][0] == 1 and s["bands"][-1][1] is None  # every token count from 1
+        assert all(a[1] + 1 == b[0] for a, b in zip(s["bands"], s["bands"][1:]))  # no gap, no overlap
         for g in s["gates"]:
             assert set(g) >= {"name", "value", "condition", "held", "source"}
-            assert ":" in g["source"] or g["source"] in ("moe-build", "shared/ENVIRONMENT.md")
+            assert ":" in g["source"] or g["source"].startswith("moe-build") or g["source"].startswith("docs/")
     assert stages["finalize"]["choice"] == "fused"
-    assert stages["finalize"]["token_range"] == [1, None]  # intermediate_size >= 2048
+    assert stages["finalize"]["bands"] == [[1, None, "fused"]]  # intermediate_size >= 2048
     narrow = {s["stage"]: s for s in report(*NARROW_FLAGS, "--sm", "90", "--flavour", "tensorrt", "--tokens", "1024")
               ["stages"]}
     assert narrow["finalize"]["choice"] == "fused"
-    assert narrow["finalize"]["token_range"] == [257, None]  # tokens * top_k > 8 * 64 experts
+    # 64 experts, top-2, intermediate 1408: fused up to 32 rows (16 tokens), separate on the decode kernel's
+    # sizes, fused from 5 rows per expert (129 tokens)
+    assert narrow["finalize"]["bands"] == [[1, 16, "fused"], [17, 128, "separate"], [129, None, "fused"]]
     # The seed's SM80 fused gated kernel is refused on TMA WS; moe-build's own gated epilogue takes its place.
     fc1 = stages["fc1_activation"]
     assert fc1["choice"] == "gated_epilogue" and fc1["fallback"] == "separate"
     held = {g["name"]: g["held"] for g in fc1["gates"]}
     assert held["fc1_not_tma_ws"] is False and held["gated_epilogue_tma_ws"] is True
     assert {g["source"] for g in fc1["gates"] if g["name"].startswith("gated_epilogue")} == {"moe-build"}
-    assert stages["routing_prologue"]["token_range"] == [1, 256]
+    assert stages["routing_prologue"]["bands"] == [[1, 256, "fused"], [257, None, "three_step"]]
 
 
 def test_environment_gate_disables_finalize_fusion():
@@ -124,14 +128,14 @@ def test_markdown_and_table():
 def test_failed_gates_of_other_choices_are_marked():
     """On sm90 the gated epilogue is chosen with all of its gates held; the SM80 kernel's gate that
     failed is shown as another choice's, while a stage left at its fallback shows its own."""
-    md = run(*NARROW_FLAGS, "--sm", "90", "--flavour", "tensorrt", "--tokens", "256", "--markdown")
+    md = run(*NARROW_FLAGS, "--sm", "90", "--flavour", "tensorrt", "--tokens", "64", "--markdown")
     assert md.returncode == 0, md.stderr
     rows = {line.split("|")[1].strip(): line for line in md.stdout.splitlines() if line.startswith("| ")}
     assert "| gated_epilogue | separate |" in rows["fc1_activation"]
     assert "other choices: fc1_non_gated=swiglu, fc1_not_tma_ws=tma_warp_specialized" in rows["fc1_activation"]
     assert "| separate | separate |" in rows["finalize"] and "other choices" not in rows["finalize"]
     assert "finalize_tactic_rows=" in rows["finalize"]
-    forced = run(*NARROW_FLAGS, "--sm", "90", "--flavour", "tensorrt", "--tokens", "256", "--markdown",
+    forced = run(*NARROW_FLAGS, "--sm", "90", "--flavour", "tensorrt", "--tokens", "64", "--markdown",
                  "--force", "finalize=fused")
     assert forced.returncode == 0, forced.stderr
     row = next(line for line in forced.stdout.splitlines() if line.startswith("| finalize |"))
@@ -139,7 +143,8 @@ def test_failed_gates_of_other_choices_are_marked():
 
 
 def test_sweep_covers_the_matrix():
-    r = run(*MIXTRAL_FLAGS, "--flavour", "tensorrt", "--sweep", "--json")
+    undtyped = [f for f in MIXTRAL_FLAGS if f not in ("--dtype", "bf16")]
+    r = run(*undtyped, "--flavour", "tensorrt", "--sweep", "--json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     cells = doc["cells"]
@@ -152,6 +157,19 @@ def test_sweep_covers_the_matrix():
     assert by[(89, "fp16", "none")]["choices"]["fc1_activation"] == "fused_gated"
     text = run(*MIXTRAL_FLAGS, "--flavour", "tensorrt", "--sweep")
     assert text.returncode == 0 and "sm120 bf16" in text.stdout
+
+
+def test_sweep_keeps_to_the_sm_dtype_and_quant_given():
+    """--sm, --dtype and --quant restrict the sweep to what they name (it never ignores them)."""
+    doc = report(*MIXTRAL_FLAGS, "--flavour", "tensorrt", "--sweep", "--sm", "90", "--quant", "fp8")
+    assert [(c["sm"], c["dtype"], c["quant"]) for c in doc["cells"]] == [(90, "bf16", "fp8")]
+
+
+@pytest.mark.parametrize("options", [("--json", "--markdown"), ("--explain", "finalize", "--json"),
+                                     ("--sweep", "--markdown"), ("--sweep", "--explain", "path")])
+def test_conflicting_output_options_are_refused(options):
+    r = run(*options)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "cannot be combined" in r.stderr
 
 
 def test_force_from_cli():

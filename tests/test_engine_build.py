@@ -1,30 +1,135 @@
-"""Real TensorRT-RTX builds of the tiny spec: manifest contents, atomic writes, refusals."""
+"""Engine builds through Polygraphy's loaders: real TensorRT-RTX builds of the tiny spec, the plugin
+path through a full-TensorRT double, manifest contents, atomic publishing, refusals.
+
+The double (`full_tensorrt_double`) is `tensorrt_rtx_bindings` dressed as the module `tensorrt`:
+its networks gain the `add_plugin_v3` only full TensorRT has (recorded, and standing in with an
+identity layer so the network stays buildable) and its builder records the build. Polygraphy binds
+one TensorRT module per process, so the plugin-path build runs this file as a script in a fresh
+process (`python tests/test_engine_build.py OUT`), where `tensorrt` is the double from the start.
+"""
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.util
+import io
 import json
 import os
+import subprocess
+import sys
+import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from moe_build import engine_builder
-from moe_build.engine_builder import BuildOptions, BuildResult, build_engine
+from moe_build import outputs
+from moe_build.engine import networks, publish
+from moe_build.engine.build import BuildResult, build_engine
+from moe_build.engine.manifest import verify
+from moe_build.engine.options import BuildOptions
+from moe_build.engine.progress import LineProgress
 from moe_build.errors import MoeBuildError, UnsupportedCombination
-from moe_build.ootb_graph import weights_sha256
-from moe_build.planner import make_plan
-from moe_build.presets import get_preset
+from moe_build.graph.ootb import weights_sha256
+from moe_build.planner import Plan, make_plan
 from moe_build.spec import DType
+from moe_build.spec.presets import get_preset
 from moe_build.target import Flavour, Target, TokenProfile
 from moe_build.weights import MoEWeights
 
-pytestmark = pytest.mark.trt
 PROFILE = TokenProfile(1, 8, 64)
+DOUBLE_VERSION = "10.13.0.35"  # what the double reports: a full TensorRT version Polygraphy accepts
 
 
-def _target(sm: int = 89) -> Target:
-    return Target(sm=sm, flavour=Flavour.TENSORRT_RTX, profile=PROFILE)
+def _target(sm: int = 89, flavour: Flavour = Flavour.TENSORRT_RTX) -> Target:
+    return Target(sm=sm, flavour=flavour, profile=PROFILE)
+
+
+def _tiny_plan(expert_compute: str = "dense_masked") -> Plan:
+    return make_plan(get_preset("tiny"), _target(), force={"expert_compute": expert_compute})
+
+
+def _plugin_plan() -> Plan:
+    plan = make_plan(get_preset("tiny"), _target(flavour=Flavour.TENSORRT), tokens=8)
+    assert plan.path == "plugin"
+    return plan
+
+
+def _options(out: Path, **kw: Any) -> BuildOptions:
+    return BuildOptions(output_dir=out, progress=False, **kw)
+
+
+# ---- the full-TensorRT double (runs in its own process) ---------------------------------------
+
+def full_tensorrt_double(calls: dict[str, list[Any]]) -> types.ModuleType:
+    """`tensorrt_rtx_bindings` as the module `tensorrt`, recording add_plugin_v3 and the build in `calls`."""
+    import tensorrt_rtx_bindings as rtx
+
+    class RecordingNetwork:
+        """An RTX network plus full TensorRT's add_plugin_v3 (as tests/test_plugin.py's double)."""
+
+        def __init__(self, network: Any):
+            self.network = network
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.network, name)
+
+        def __iter__(self) -> Any:
+            return iter(self.network)
+
+        def __len__(self) -> int:
+            return len(self.network)
+
+        def add_plugin_v3(self, inputs: list[Any], shape_inputs: list[Any], plugin: Any) -> Any:
+            calls["plugin"].append({"inputs": [(t.name, t.dtype.name, list(t.shape)) for t in inputs],
+                                    "plugin": type(plugin).__name__, "fields": sorted(
+                                        f.name for f in plugin.get_fields_to_serialize())})
+            return self.network.add_identity(inputs[0])  # a real layer, so the network stays buildable
+
+    class Builder:
+        def __init__(self, logger: Any):
+            self.builder = rtx.Builder(logger)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.builder, name)
+
+        def create_network(self, flags: int = 0) -> RecordingNetwork:
+            return RecordingNetwork(self.builder.create_network(flags))
+
+        def build_serialized_network(self, network: RecordingNetwork, config: Any) -> Any:
+            strongly_typed = network.get_flag(rtx.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+            calls["build"].append({"layers": [(network.get_layer(i).name, network.get_layer(i).type.name)
+                                              for i in range(network.num_layers)],
+                                   "optimization_level": config.builder_optimization_level,
+                                   "strongly_typed": strongly_typed})
+            return self.builder.build_serialized_network(network.network, config)
+
+    double = types.ModuleType("tensorrt")
+    double.__dict__.update({k: getattr(rtx, k) for k in dir(rtx) if not k.startswith("__")})
+    double.__version__ = DOUBLE_VERSION
+    double.Builder, double.INetworkDefinition = Builder, RecordingNetwork
+    return double
+
+
+def build_plugin_engine_with_double(out: Path) -> dict[str, Any]:
+    """The plugin-path build of the tiny spec with the double as full TensorRT (fresh process only)."""
+    calls: dict[str, list[Any]] = {"plugin": [], "build": []}
+    sys.modules["tensorrt"] = full_tensorrt_double(calls)
+    from moe_build.engine.polygraphy_trt import RTX_ENV, bound_module_name
+    spec = get_preset("tiny")
+    progress = io.StringIO()
+    with LineProgress("tiny", progress) as lines:
+        result = build_engine(spec, MoEWeights.random(spec, seed=2), _plugin_plan(),
+                              BuildOptions(output_dir=out, workspace_mib=16), lines)
+    import polygraphy.backend.trt.loader as loader
+    return {"calls": calls, "manifest": result.manifest, "engine_path": str(result.engine_path),
+            "progress": progress.getvalue().splitlines(), "bound": bound_module_name(),
+            "env": os.environ[RTX_ENV], "polygraphy_trt_version": loader.trt.__version__}
+
+
+# ---- OOTB builds: real TensorRT-RTX engines -----------------------------------------------------
+
+pytestmark = pytest.mark.trt
 
 
 @pytest.fixture(scope="module")
@@ -32,16 +137,15 @@ def tiny_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[BuildResult, M
     pytest.importorskip("tensorrt_rtx_bindings")
     spec = get_preset("tiny")
     weights = MoEWeights.random(spec, seed=1)
-    plan = make_plan(spec, _target(), force={"expert_compute": "dense_masked"})
     out = tmp_path_factory.mktemp("engines")
-    return build_engine(spec, weights, plan, BuildOptions(output_dir=out, progress=False)), weights
+    return build_engine(spec, weights, _tiny_plan(), _options(out)), weights
 
 
 def test_manifest_records_the_build(tiny_build: tuple[BuildResult, MoEWeights]) -> None:
     result, weights = tiny_build
     m = json.loads(result.manifest_path.read_text())
     engine = result.engine_path.read_bytes()
-    assert result.engine_path.name == "tiny.engine" and m["engine_file"] == "tiny.engine"
+    assert result.engine_path.name == "tiny.engine" and m["engine_file"] == "tiny.engine" and m == result.manifest
     assert m["engine_sha256"] == hashlib.sha256(engine).hexdigest() and m["engine_bytes"] == len(engine)
     assert m["weights_sha256"] == weights_sha256(weights)
     assert len(m["onnx_sha256"]) == 64
@@ -51,62 +155,217 @@ def test_manifest_records_the_build(tiny_build: tuple[BuildResult, MoEWeights]) 
     assert m["profile"] == {"min": 1, "opt": 8, "max": 64}
     assert m["spec"] == get_preset("tiny").to_dict() and m["plan"]["spec"] == m["spec"]
     assert m["plan"]["path"] == "ootb" and m["graph"]["expert_compute"] == "dense_masked"
+    assert "plugin" not in m["graph"] and m["graph"]["routing_input"] == "hidden"
     assert m["graph"]["inputs"] == [{"name": "hidden", "dtype": "HALF", "shape": [-1, 64]}]
     assert m["graph"]["outputs"][0]["name"] == "output" and m["graph"]["layers"]
     assert m["build"]["seconds"] > 0 and m["build"]["hostname"] and m["build"]["moe_build_version"]
     assert m["build"]["timing_cache"] is None  # timing-cache operations are no-ops in TensorRT-RTX
     assert sorted(p.name for p in result.engine_path.parent.iterdir()) == ["tiny.engine", "tiny.json"]
+    assert verify(result.engine_path)[1] == engine  # the hashes verify
 
 
-def test_bf16_sm86_with_logits_input(tiny_build: tuple[BuildResult, MoEWeights]) -> None:
+def test_ootb_build_went_through_polygraphy_bound_to_tensorrt_rtx(tiny_build: tuple[BuildResult, MoEWeights]) -> None:
+    import polygraphy.backend.trt.loader as loader
+    import tensorrt_rtx_bindings
+    from moe_build.engine.polygraphy_trt import RTX_ENV, bound_module_name
+    assert bound_module_name() == "tensorrt_rtx" and os.environ[RTX_ENV] == "1"
+    assert sys.modules["tensorrt_rtx"] is tensorrt_rtx_bindings
+    assert loader.trt.__version__ == tensorrt_rtx_bindings.__version__
+
+
+def test_a_second_flavour_in_one_process_is_refused(tiny_build: tuple[BuildResult, MoEWeights]) -> None:
+    from moe_build.engine.backend import Backend
+    from moe_build.engine.polygraphy_trt import polygraphy_loaders
+    with pytest.raises(MoeBuildError, match="bound to `tensorrt_rtx` in this process.*separate process"):
+        polygraphy_loaders(Backend(Flavour.TENSORRT, types.ModuleType("tensorrt")))
+
+
+def test_polygraphy_imported_first_by_someone_else_still_builds(tmp_path: Path) -> None:
+    """Polygraphy's TensorRT backend already imported in RTX mode (env set by the user), before any
+    moe-build build: the binding adopts it, and supplies the `tensorrt_rtx` name it will import."""
+    pytest.importorskip("tensorrt_rtx_bindings")
+    code = ("import polygraphy.backend.trt, sys; from pathlib import Path; "
+            "from moe_build.engine.build import build_engine; from moe_build.engine.options import BuildOptions; "
+            "from moe_build.spec.presets import get_preset; from moe_build.weights import MoEWeights; "
+            "import test_engine_build as t; spec = get_preset('tiny'); "
+            "r = build_engine(spec, MoEWeights.random(spec), t._tiny_plan(), "
+            "BuildOptions(output_dir=Path(sys.argv[1]), progress=False)); print(r.manifest['flavour']['name'])")
+    path = os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "POLYGRAPHY_USE_TENSORRT_RTX": "1", "PYTHONPATH": path})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip() == "tensorrt-rtx" and (tmp_path / "tiny.engine").exists()
+
+
+def test_bf16_sm86_with_logits_input_and_options(tiny_build: tuple[BuildResult, MoEWeights]) -> None:
     result, _ = tiny_build
     spec = dataclasses.replace(get_preset("tiny"), dtype=DType.BF16, name="tiny-bf16")
     plan = make_plan(spec, _target(86), force={"expert_compute": "dense_masked"})
     r = build_engine(spec, MoEWeights.random(spec), plan,
-                     BuildOptions(output_dir=result.engine_path.parent, progress=False, routing_input="logits"))
+                     _options(result.engine_path.parent, routing_input="logits", optimization_level=1,
+                              workspace_mib=8))
     assert r.manifest["target"]["compute_capability"] == "SM86"
     assert [i["name"] for i in r.manifest["graph"]["inputs"]] == ["hidden", "router_logits"]
     assert r.manifest["graph"]["inputs"][0]["dtype"] == "BF16"
-    assert r.manifest["build"]["optimization_level"] == 3
+    assert r.manifest["build"]["optimization_level"] == 1 and r.manifest["build"]["workspace_bytes"] == 8 << 20
 
 
-def _tiny_plan(expert_compute: str = "dense_masked"):  # noqa: ANN202 - a Plan
-    return make_plan(get_preset("tiny"), _target(), force={"expert_compute": expert_compute})
+def test_every_phase_is_shown(tmp_path: Path) -> None:
+    pytest.importorskip("tensorrt_rtx_bindings")
+    spec, stream = get_preset("tiny"), io.StringIO()
+    with LineProgress("tiny", stream) as progress:
+        build_engine(spec, MoEWeights.random(spec), _tiny_plan(), _options(tmp_path), progress)
+    lines = stream.getvalue().splitlines()
+    ours = [line for line in lines if "TensorRT:" not in line]
+    assert ours == ["tiny: exporting ONNX", "tiny: parsing ONNX", "tiny: building engine (TensorRT)",
+                    "tiny: writing engine + manifest"]
+    assert "tiny:   TensorRT: Building engine" in lines  # TensorRT's own top-level phase, one line
 
 
-@pytest.mark.parametrize("fail_at", ["manifest_write", "second_replace"])
-def test_failed_build_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fail_at: str) -> None:
+# ---- atomic publishing ------------------------------------------------------------------------
+
+def _fail_parse(spec: Any, weights: Any, plan: Any, path: Path, routing_input: str) -> Path:
+    Path(path).write_bytes(b"not an onnx model")
+    return Path(path)
+
+
+def _interrupt(*args: Any, **kwargs: Any) -> Any:
+    raise KeyboardInterrupt
+
+
+class CtrlCInTensorRT(LineProgress):
+    """Ctrl-C arriving while TensorRT optimizes the graph (in its progress-monitor callback)."""
+
+    def trt_step(self, name: str, step: int) -> None:
+        if name == "Optimizing graph":
+            raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("fail_at", ["parse", "export_interrupted", "trt_build_interrupted", "manifest_write",
+                                     "commit_interrupted"])
+def test_failed_or_interrupted_build_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    fail_at: str) -> None:
     pytest.importorskip("tensorrt_rtx_bindings")
     spec = get_preset("tiny")
-    if fail_at == "manifest_write":
-        real_write = engine_builder._write_bytes
+    expected: type[BaseException] = MoeBuildError
+    progress = CtrlCInTensorRT("tiny", io.StringIO()) if fail_at == "trt_build_interrupted" else None
+    if fail_at == "trt_build_interrupted":
+        expected = KeyboardInterrupt  # TensorRT cancels the build; the build re-raises the interrupt
+    elif fail_at == "parse":
+        monkeypatch.setattr(networks, "export_onnx", _fail_parse)
+    elif fail_at == "export_interrupted":
+        monkeypatch.setattr(networks, "export_onnx", _interrupt)
+        expected = KeyboardInterrupt
+    elif fail_at == "manifest_write":
+        real_write = publish._write_temp
 
-        def write(path: Path, data: bytes) -> None:
-            if ".tiny.json." in path.name:
+        def write(folder: Path, final_name: str, data: bytes) -> Path:
+            if final_name.endswith(".json"):
                 raise OSError("disk full")
-            real_write(path, data)
-        monkeypatch.setattr(engine_builder, "_write_bytes", write)
+            return real_write(folder, final_name, data)
+        monkeypatch.setattr(publish, "_write_temp", write)
+        expected = OSError
     else:
         real_replace, calls = os.replace, []
 
-        def replace(src: str, dst: str) -> None:
+        def replace(src: Any, dst: Any) -> None:
             calls.append(dst)
-            if len(calls) == 2:
-                raise OSError("disk full")
+            if len(calls) == 2:  # the engine is in place; the manifest's rename is the commit
+                raise KeyboardInterrupt
             real_replace(src, dst)
-        monkeypatch.setattr(engine_builder.os, "replace", replace)
-    with pytest.raises(OSError, match="disk full"):
-        build_engine(spec, MoEWeights.random(spec), _tiny_plan(),
-                     BuildOptions(output_dir=tmp_path, progress=False, use_timing_cache=False))
+        monkeypatch.setattr(publish.os, "replace", replace)
+        expected = KeyboardInterrupt
+    with pytest.raises(expected) as exc:
+        build_engine(spec, MoEWeights.random(spec), _tiny_plan(), _options(tmp_path), progress)
+    if fail_at == "parse":
+        assert exc.value.field == "build" and "ONNX" in str(exc.value) and len(str(exc.value).splitlines()) == 1
     assert list(tmp_path.iterdir()) == []
 
 
+def test_rebuild_replaces_the_pair(tiny_build: tuple[BuildResult, MoEWeights], tmp_path: Path) -> None:
+    result, _ = tiny_build
+    for suffix in (".engine", ".json"):
+        (tmp_path / f"tiny{suffix}").write_bytes(result.engine_path.with_suffix(suffix).read_bytes())
+    spec = get_preset("tiny")
+    r = build_engine(spec, MoEWeights.random(spec, seed=9), _tiny_plan(), _options(tmp_path))
+    assert r.manifest["weights_sha256"] != result.manifest["weights_sha256"]
+    assert verify(tmp_path / "tiny.engine")[0] == r.manifest
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny.engine", "tiny.json"]
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_stale_temps_of_dead_processes_are_swept(tmp_path: Path) -> None:
+    pytest.importorskip("tensorrt_rtx_bindings")
+    dead, me = _dead_pid(), os.getpid()
+    start = outputs.process_start(me) or 0
+    stale_file = tmp_path / f"{outputs.TEMP_PREFIX}{dead}-123-ab12cd34.tiny.engine"
+    stale_dir = tmp_path / f"{outputs.TEMP_PREFIX}{dead}-123-xyz.onnx"
+    reused_pid = tmp_path / f"{outputs.TEMP_PREFIX}{me}-{start + 1}-ab12cd34.tiny.json"  # our PID, not our start
+    live = tmp_path / f"{outputs.TEMP_PREFIX}{me}-{start}-ab12cd34.other.engine"
+    unrelated = tmp_path / ".moe-build-tmp-notes.txt"
+    for path in (stale_file, reused_pid, live, unrelated):
+        path.write_bytes(b"x")
+    stale_dir.mkdir()
+    (stale_dir / "tiny.onnx").write_bytes(b"x")
+    spec = get_preset("tiny")
+    build_engine(spec, MoEWeights.random(spec), _tiny_plan(), _options(tmp_path))
+    left = sorted(p.name for p in tmp_path.iterdir())
+    if outputs.process_start(me) is None:  # no /proc: a live PID keeps its files whatever their start time
+        assert left == sorted([live.name, reused_pid.name, unrelated.name, "tiny.engine", "tiny.json"])
+    else:
+        assert left == sorted([live.name, unrelated.name, "tiny.engine", "tiny.json"])
+
+
+# ---- refusals before any work -----------------------------------------------------------------
+
+class UnreadableWeights:
+    """Weights that fail if anything touches them: a refusal must come first."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"weights.{name} was read before the refusal")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorrt") is not None, reason="full TensorRT is installed here")
+def test_plugin_path_without_full_tensorrt_is_refused_before_any_work(tmp_path: Path) -> None:
+    spec = get_preset("tiny")
+    out = tmp_path / "engines"
+    with pytest.raises(MoeBuildError) as exc:
+        build_engine(spec, UnreadableWeights(), _plugin_plan(), _options(out))  # type: ignore[arg-type]
+    text = str(exc.value)
+    assert exc.value.field == "path" and exc.value.exit_code == 2 and len(text.splitlines()) == 1
+    assert "plugin path, which needs full TensorRT (add_plugin_v3); TensorRT is not installed here" in text
+    assert "pip install 'moe-build[trt]'" in text and "--flavour tensorrt-rtx --sm 89" in text
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("options,field", [
+    ({"optimization_level": 6}, "opt_level"),
+    ({"workspace_mib": 0}, "workspace_mb"),
+    ({"routing_input": "router"}, "routing_input"),
+])
+def test_bad_options_are_refused_before_any_work(tmp_path: Path, options: dict[str, Any], field: str) -> None:
+    pytest.importorskip("tensorrt_rtx_bindings")
+    with pytest.raises(MoeBuildError) as exc:
+        build_engine(get_preset("tiny"), UnreadableWeights(), _tiny_plan(),  # type: ignore[arg-type]
+                     _options(tmp_path / "o", **options))
+    assert exc.value.field == field
+    if field == "workspace_mb":
+        assert "0 MiB" in str(exc.value)
+    assert not (tmp_path / "o").exists()
+
+
 def test_unwritable_output_folder(tmp_path: Path) -> None:
+    pytest.importorskip("tensorrt_rtx_bindings")
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
-    spec = get_preset("tiny")
     with pytest.raises(MoeBuildError) as exc:
-        build_engine(spec, MoEWeights.random(spec), _tiny_plan(), BuildOptions(output_dir=blocker / "engines"))
+        build_engine(get_preset("tiny"), UnreadableWeights(), _tiny_plan(),  # type: ignore[arg-type]
+                     _options(blocker / "engines"))
     assert exc.value.field == "output" and exc.value.exit_code == 2
 
 
@@ -117,7 +376,7 @@ def test_min_greater_than_max_profile_is_refused() -> None:
 
 
 def test_per_expert_gather_is_refused_on_rtx_by_the_planner() -> None:
-    # TensorRT-RTX has no NonZero runner (docs/add_moe_findings.md), so the planner never asks for it there.
+    # TensorRT-RTX has no NonZero runner (docs/tensorrt_rtx.md), so the planner never asks for it there.
     spec = dataclasses.replace(get_preset("tiny"), num_experts=64)
     rtx = Target(sm=89, flavour=Flavour.TENSORRT_RTX)
     assert make_plan(spec, rtx).stage("expert_compute").choice == "dense_masked"
@@ -129,19 +388,71 @@ def test_per_expert_gather_is_refused_on_rtx_by_the_planner() -> None:
 def test_plan_for_another_spec_is_refused(tmp_path: Path) -> None:
     spec = dataclasses.replace(get_preset("tiny"), top_k=1)
     with pytest.raises(MoeBuildError) as exc:
-        build_engine(spec, MoEWeights.random(spec), _tiny_plan(), BuildOptions(output_dir=tmp_path))
+        build_engine(spec, MoEWeights.random(spec), _tiny_plan(), _options(tmp_path))
     assert exc.value.field == "plan"
 
 
 def test_progress_monitor_drives_rich_tasks() -> None:
-    from moe_build.backend import load_backend
-    from moe_build.progress import make_monitor, make_progress
     pytest.importorskip("tensorrt_rtx_bindings")
-    progress = make_progress()
-    monitor = make_monitor(load_backend("tensorrt-rtx"), progress)
-    monitor.phase_start("Building", None, 3)
-    assert monitor.step_complete("Building", 1) is True
-    (task,) = progress.tasks
-    assert task.total == 3 and task.completed == 2
-    monitor.phase_finish("Building")
-    assert progress.tasks == []
+    from rich.console import Console
+
+    from moe_build.engine.backend import load_backend
+    from moe_build.engine.progress import RichProgress, make_monitor
+    progress = RichProgress("tiny", Console(file=io.StringIO(), force_terminal=True))
+    with progress:
+        progress.begin("building engine (TensorRT)")
+        monitor = make_monitor(load_backend("tensorrt-rtx"), progress)
+        monitor.phase_start("Building engine", None, 3)
+        assert monitor.step_complete("Building engine", 1) is True
+        phase, trt_phase = progress._progress.tasks
+        assert trt_phase.total == 3 and trt_phase.completed == 2 and phase.total is None
+        monitor.phase_finish("Building engine")
+        assert [t.description for t in progress._progress.tasks] == ["tiny: building engine (TensorRT)"]
+    assert progress._progress.tasks[0].finished
+
+
+# ---- the plugin path through the full-TensorRT double -----------------------------------------
+
+@pytest.fixture(scope="module")
+def plugin_build(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    pytest.importorskip("tensorrt_rtx_bindings")
+    out = tmp_path_factory.mktemp("plugin-engines")
+    r = subprocess.run([sys.executable, __file__, str(out)], capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "POLYGRAPHY_USE_TENSORRT_RTX": "1"})  # the binding must override it
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_plugin_path_goes_through_the_loaders_to_the_builder(plugin_build: dict[str, Any]) -> None:
+    calls = plugin_build["calls"]
+    assert plugin_build["bound"] == "tensorrt" and plugin_build["env"] == "0"  # Polygraphy on full TensorRT
+    assert plugin_build["polygraphy_trt_version"] == DOUBLE_VERSION
+    (plugin,) = calls["plugin"]
+    assert plugin["plugin"] == "MoEPlugin" and plugin["fields"] == ["plan", "spec"]
+    assert plugin["inputs"][:2] == [["hidden", "HALF", [-1, 64]], ["router_logits", "HALF", [-1, 8]]]
+    assert [name for name, _, _ in plugin["inputs"][2:]] == ["moe.w1_output", "moe.w2_output"]
+    (build,) = calls["build"]
+    assert build["strongly_typed"] and build["optimization_level"] == 3
+    assert [layer for layer in build["layers"] if layer[1] == "CONSTANT"] == [["moe.w1", "CONSTANT"],
+                                                                              ["moe.w2", "CONSTANT"]]
+    assert plugin_build["progress"][0] == "tiny: adding the MoE plugin layer"
+    assert plugin_build["progress"][-1] == "tiny: writing engine + manifest"
+
+
+def test_plugin_manifest_records_the_plan_whole(plugin_build: dict[str, Any]) -> None:
+    m, plan = plugin_build["manifest"], _plugin_plan()
+    assert m["plan"] == json.loads(json.dumps(plan.to_dict()))
+    assert m["flavour"] == {"name": "tensorrt", "version": DOUBLE_VERSION} and m["onnx_sha256"] is None
+    assert m["target"] == {"sm": 89, "compute_capability": None}  # full TensorRT builds for the GPU it runs on
+    graph = m["graph"]
+    assert "expert_compute" not in graph and graph["routing_input"] == "logits"
+    assert graph["plugin"] == {"name": "MoEPlugin", "namespace": "moe_build", "version": "1", "weights": "constants",
+                               "choices": plan.choices()}
+    assert {"weight_layout", "w1_order", "gemm1_tactic", "gemm2_tactic"} <= set(graph["plugin"]["choices"])
+    assert m["build"]["workspace_bytes"] == 16 << 20
+    manifest, _ = verify(plugin_build["engine_path"])  # path-aware consistency holds, hashes verify
+    assert manifest == m
+
+
+if __name__ == "__main__":
+    print(json.dumps(build_plugin_engine_with_double(Path(sys.argv[1]))))

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from moe_build.errors import MoeBuildError
-from moe_build.hf_config import moe_layer_indices, spec_from_hf_config
-from moe_build.presets import PRESETS, get_preset
+from moe_build.spec.hf_config import moe_layer_indices, spec_from_hf_config
+from moe_build.spec.presets import PRESETS, get_preset
 from moe_build.spec import Activation, DType, RoutingMethod
 
 transformers = pytest.importorskip("transformers")

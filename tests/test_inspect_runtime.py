@@ -1,20 +1,28 @@
-"""inspect_engine verification and every runtime step up to execution (no engine can run here)."""
+"""inspect_engine verification and rendering, and every runtime step up to execution (no engine can run here)."""
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from rich.console import Console
 
-from moe_build.engine_builder import BuildOptions, build_engine
+from moe_build.engine.build import build_engine
+from moe_build.engine.inspect import inspect_engine, render_inspection
+from moe_build.engine.manifest import make_manifest, verify
+from moe_build.engine.options import BuildOptions
+from moe_build.engine.publish import publish_pair
+from moe_build.engine.runtime import Engine, check_device, ensure_runnable_here
 from moe_build.errors import MoeBuildError, VerificationError
-from moe_build.inspect_engine import inspect_engine, verify
 from moe_build.planner import make_plan
-from moe_build.presets import get_preset
-from moe_build.runtime import Engine, check_device, ensure_runnable_here
+from moe_build.spec.presets import get_preset
 from moe_build.target import Flavour, Target, TokenProfile
 from moe_build.weights import MoEWeights
 
@@ -72,11 +80,23 @@ def test_tampered_engine_is_refused(copy: Path) -> None:
     ("dtype", lambda m: m["graph"]["inputs"][0].update(dtype="FLOAT")),
     ("target sm", lambda m: m["target"].update(sm=86)),
     ("malformed", lambda m: m.pop("plan")),
+    ("malformed", lambda m: m.update(graph=5)),
+    ("malformed", lambda m: m["graph"].update(inputs=["hidden"])),
 ])
 def test_manifest_plan_mismatch_is_refused(copy: Path, what: str, edit: Any) -> None:
     _edit_manifest(copy, edit)
     with pytest.raises(VerificationError, match=what):
         verify(copy)
+
+
+@pytest.mark.trt
+@pytest.mark.parametrize("content,problem", [(b"\xff\xfe", "not UTF-8"), (b"[1]", "holds a list"),
+                                             (b'{"schema":', "not valid JSON")])
+def test_unreadable_manifest_is_a_verification_failure(copy: Path, content: bytes, problem: str) -> None:
+    copy.with_suffix(".json").write_bytes(content)
+    with pytest.raises(VerificationError, match=f"cannot read manifest .*{problem}") as exc:
+        inspect_engine(copy)
+    assert exc.value.exit_code == 1
 
 
 @pytest.mark.trt
@@ -203,3 +223,125 @@ def test_topk_engine_binds_ids_and_weights(tmp_path: Path) -> None:
         engine(hidden, topk_ids=ids[:2].contiguous(), topk_weights=weights[:2].contiguous())
     with pytest.raises(MoeBuildError, match="int32"):
         engine(hidden, topk_ids=ids.long(), topk_weights=weights)
+
+
+# ---- rendering ------------------------------------------------------------------------------------
+
+def _rendered(report: dict[str, Any]) -> str:
+    console = Console(file=io.StringIO(), width=160, force_terminal=False)
+    render_inspection(report, console)
+    return console.file.getvalue()
+
+
+@pytest.mark.trt
+def test_inspect_renders_for_humans(built: Path) -> None:
+    report = inspect_engine(built)
+    text = _rendered(report)
+    assert text.startswith(f"verified {built}: sha256 matches the manifest")
+    assert "{'" not in text and "': " not in text  # no Python dict reprs
+    assert "tensorrt-rtx" in text and "SM 8.9 (SM89)" in text and "1..32 tokens, optimized for 4" in text
+    assert "ootb: expert compute dense_masked" in text
+    assert "I/O tensors (recorded at build time)" in text and "[tokens, 64]" in text
+    layers = report["recorded"]["layers"]
+    assert f"{len(layers)} layers (recorded at build time)" in text
+    assert all(layer["name"] in text and layer["type"] in text for layer in layers)
+
+
+# ---- the plugin path's manifest ------------------------------------------------------------------
+
+PLUGIN_TARGET = Target(sm=89, flavour=Flavour.TENSORRT, profile=TokenProfile(1, 4, 32))
+
+
+def _plugin_pair(folder: Path, edit: Any = None) -> Path:
+    """A plugin-path engine pair as the builder writes it (the engine bytes are a stand-in: nothing
+    here deserialises them, and no machine here has full TensorRT to build a real one)."""
+    spec = get_preset("tiny")
+    plan = make_plan(spec, PLUGIN_TARGET, tokens=4)
+    assert plan.path == "plugin"
+    graph = {"routing_input": "logits",
+             "inputs": [{"name": "hidden", "dtype": "HALF", "shape": [-1, 64]},
+                        {"name": "router_logits", "dtype": "HALF", "shape": [-1, 8]}],
+             "outputs": [{"name": "output", "dtype": "HALF", "shape": [-1, 64]}],
+             "layers": [{"name": "moe.w1", "type": "CONSTANT"}, {"name": "moe.w2", "type": "CONSTANT"},
+                        {"name": "moe", "type": "PLUGIN_V3"}],
+             "plugin": {"name": "MoEPlugin", "namespace": "moe_build", "version": "1", "weights": "constants",
+                        "choices": plan.choices()}}
+    engine = b"plugin engine stand-in"
+    manifest = make_manifest(name="tiny-plugin", engine=engine, spec=spec, plan=plan,
+                             flavour={"name": "tensorrt", "version": "10.13.0.35"}, sm=89, compute_capability=None,
+                             graph=graph, onnx_sha256=None, weights_sha256="0" * 64,
+                             build={"seconds": 1.0, "hostname": "h", "moe_build_version": "0.1.0",
+                                    "optimization_level": 3, "workspace_bytes": None, "timing_cache": None})
+    if edit is not None:
+        edit(manifest)
+    return publish_pair(folder, "tiny-plugin", engine, json.dumps(manifest).encode())[0]
+
+
+def test_plugin_manifest_verifies_and_renders(tmp_path: Path) -> None:
+    engine = _plugin_pair(tmp_path)
+    manifest, _ = verify(engine)
+    report = inspect_engine(engine)
+    assert report["plan_path"] == "plugin" and report["expert_compute"] is None
+    assert report["stages"] == manifest["graph"]["plugin"]["choices"]
+    assert report["deserialised"]["available"] is False  # no full TensorRT / GPU here: said, not hidden
+    text = _rendered(report)
+    assert "plugin: MoEPlugin v1 (moe_build), weights as constants" in text and "routing input  logits" in text
+    assert "plugin stages (from the plan)" in text
+    assert all(f"{stage}" in text and choice in text for stage, choice in report["stages"].items())
+    assert "PLUGIN_V3" in text and "{'" not in text
+
+
+def _set_choice(m: dict[str, Any], stage: str, choice: str) -> None:
+    m["graph"]["plugin"]["choices"][stage] = choice
+
+
+@pytest.mark.parametrize("what,edit", [
+    ("plugin stage choices", lambda m: _set_choice(m, "gemm1_tactic", "prefill:ksplit1:plain:plain")),
+    ("plugin stage choices", lambda m: _set_choice(m, "weight_layout", "blocked64")),
+    ("path", lambda m: m["graph"].update(expert_compute="dense_masked")),
+    ("path", lambda m: m["graph"].pop("plugin")),
+    ("routing_input", lambda m: m["graph"].update(routing_input="hidden")),
+    ("flavour", lambda m: m["flavour"].update(name="tensorrt-rtx")),
+])
+def test_plugin_manifest_plan_mismatch_is_refused(tmp_path: Path, what: str, edit: Any) -> None:
+    with pytest.raises(VerificationError, match=f"disagree on {what}"):
+        verify(_plugin_pair(tmp_path, edit))
+
+
+@pytest.mark.trt
+def test_ootb_manifest_claiming_a_plugin_is_refused(copy: Path) -> None:
+    _edit_manifest(copy, lambda m: m["graph"].update(plugin={"choices": {}}))
+    with pytest.raises(VerificationError, match="disagree on path"):
+        verify(copy)
+
+
+# ---- reading while a build publishes ------------------------------------------------------------
+
+@pytest.mark.trt
+def test_verify_rereads_a_pair_republished_while_reading(copy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A build that publishes between the reader's manifest and engine reads (publish.py) must not
+    look like tampering: the manifest changed, so verify reads the pair again."""
+    old, _ = verify(copy)
+    new_engine = copy.read_bytes() + b"rebuilt"
+    new = dict(old, engine_bytes=len(new_engine),
+               engine_sha256=hashlib.sha256(new_engine).hexdigest())
+    real_read_bytes, reads = Path.read_bytes, []
+
+    def read_bytes(self: Path) -> bytes:
+        if self == copy:  # the engine: the first read finds a new pair published under the reader
+            if not reads:
+                publish_pair(copy.parent, copy.stem, new_engine, json.dumps(new).encode())
+            reads.append(self)
+        return real_read_bytes(self)
+    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    manifest, engine = verify(copy)
+    assert manifest == new and engine == new_engine and len(reads) == 2
+
+
+def test_runtime_does_not_import_inspect() -> None:
+    """The old inspect <-> runtime cycle is gone: runtime reads manifests through manifest.py."""
+    code = ("import sys, moe_build.engine.runtime; "
+            "print('moe_build.engine.inspect' in sys.modules, 'moe_build.engine.manifest' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["False", "True"]

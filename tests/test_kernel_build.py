@@ -1,20 +1,30 @@
-"""The kernel library builds with nvcc and exports exactly the C ABI of moe_build_kernels.h, and
-the ctypes binding agrees with the header (function names, argument counts, enum values).
+"""The kernel library builds with nvcc and exports exactly the C ABI of moe_build_kernels.h, the ctypes
+binding agrees with the header (function names, argument counts, enum values, the tactic struct), the
+library decides nothing from the environment, and a built library is found and checked without the
+toolchain.
 
-Needs nvcc and the nvidia-cutlass headers, not a GPU: CI compiles every cpp/src/*.cu here, so a
-kernel that does not compile fails CI. The build is cached (one per session at most; the
-CUTLASS GEMM sources take about a minute each on two cores).
+The real build needs nvcc and the nvidia-cutlass headers, not a GPU: CI compiles every cpp/src/**/*.cu
+here, so a kernel that does not compile fails CI. It is cached (one per session at most; the CUTLASS
+GEMM source takes a few minutes on two cores). The cache tests run a stand-in nvcc on small fake files
+under a temporary $MOE_BUILD_CACHE.
 """
 from __future__ import annotations
 
 import ctypes
+import json
 import re
 import shutil
+import stat
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from moe_build import kernel_build, kernels
+from moe_build import kernels
+from moe_build.errors import MoeBuildError
+from moe_build.kernels import build as kernel_build
+from moe_build.kernels import library
 
 HEADER_TEXT = kernel_build.HEADER.read_text()
 
@@ -30,6 +40,14 @@ def header_enum(prefix: str) -> dict[str, int]:
     return {m.group(1): int(m.group(2)) for m in re.finditer(rf"\b{prefix}(\w+)\s*=\s*(\d+)", HEADER_TEXT)}
 
 
+def header_struct(name: str) -> list[tuple[str, str]]:
+    """(C type, field name) of each field of `typedef struct name { ... } name;`, in order."""
+    body = re.search(rf"typedef struct {name}\s*\{{(.*?)\}}\s*{name}\s*;", HEADER_TEXT, flags=re.DOTALL)
+    assert body, f"struct {name} not found in the header"
+    text = re.sub(r"/\*.*?\*/", "", body.group(1), flags=re.DOTALL)
+    return [(m.group(1), m.group(2)) for m in re.finditer(r"(\w+)\s+(\w+)\s*;", text)]
+
+
 def test_header_parses() -> None:
     funcs = header_functions()
     assert "mb_last_error" in funcs and "mb_routing" in funcs and len(funcs) >= 13
@@ -43,7 +61,9 @@ def test_binding_matches_header() -> None:
 
 
 @pytest.mark.parametrize("prefix,enum", [("MB_ERR_", kernels.Status), ("MB_ACT_", kernels.Activation),
-                                         ("MB_WEIGHTS_", kernels.WeightLayout)])
+                                         ("MB_WEIGHTS_", kernels.WeightLayout), ("MB_GEMM_", kernels.GemmKernel),
+                                         ("MB_TILE_", kernels.GemmTile), ("MB_LAUNCH_", kernels.GemmLaunch),
+                                         ("MB_OUTPUT_L2_", kernels.OutputL2)])
 def test_enums_match_header(prefix: str, enum: type) -> None:
     values = header_enum(prefix)
     if prefix == "MB_ERR_":
@@ -57,13 +77,221 @@ def test_dtype_and_routing_enums_match_header(enum: type) -> None:
     assert {m.name: m.value for m in enum} == {m.name: values.get(m.name) for m in enum}
 
 
-def test_missing_nvcc_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tactic_struct_matches_header() -> None:
+    """mb_gemm_tactic's fields, in order and as int32, are GemmTacticStruct's: it is passed by value."""
+    fields = header_struct("mb_gemm_tactic")
+    assert [name for _, name in fields] == [name for name, _ in kernels.GemmTacticStruct._fields_]
+    assert all(ctype == "int32_t" for ctype, _ in fields)
+    assert all(ct is ctypes.c_int32 for _, ct in kernels.GemmTacticStruct._fields_)
+
+
+def test_every_gemm_entry_point_takes_a_tactic() -> None:
+    for name in ("mb_grouped_gemm_sm80", "mb_grouped_gemm_sm90", "mb_grouped_gemm_sm90_finalize",
+                 "mb_grouped_gemm_sm90_gated"):
+        assert kernels.GemmTacticStruct in kernels.SIGNATURES[name][1], name
+
+
+def test_library_reads_no_environment() -> None:
+    """The planner chooses every tactic: no source of the library reads an environment variable."""
+    readers = [p.relative_to(kernel_build.SRC_DIR).as_posix() for p in sorted(kernel_build.SRC_DIR.rglob("*"))
+               if p.is_file() and "getenv" in p.read_text(errors="replace")]
+    assert not readers, f"getenv in {readers}"
+
+
+def test_sources_and_objects_are_found_recursively() -> None:
+    names = [kernel_build.source_name(s) for s in kernel_build.sources()]
+    assert "gemm/sm90_abi.cu" in names and "stages/fc1_activation.cu" in names and "common/status.cu" in names
+    stems = [kernel_build.object_stem(s) for s in kernel_build.sources()]
+    assert len(set(stems)) == len(stems) and "gemm_sm90_abi" in stems
+    headers = {h.relative_to(kernel_build.CPP_DIR).as_posix() for h in kernel_build.headers()}
+    assert {"include/moe_build_kernels.h", "src/common/common.cuh", "src/gemm/mma.cuh"} <= headers
+
+
+# ---- finding a built library (CPU, a stand-in nvcc) -----------------------------------------------
+
+FAKE_NVCC = """#!{python}
+import pathlib, sys
+args = sys.argv[1:]
+if args == ["--version"]:
+    print("nvcc: NVIDIA (R) Cuda compiler driver")
+    print("Cuda compilation tools, release 99.9, V99.9.1")
+    sys.exit(0)
+out = pathlib.Path(args[args.index("-o") + 1])
+out.write_bytes(b"not an ELF file: " + " ".join(args).encode())
+"""
+
+
+@pytest.fixture
+def cache_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = tmp_path / "cache"
+    monkeypatch.setenv("MOE_BUILD_CACHE", str(root))
+    monkeypatch.delenv("MOE_BUILD_KERNELS_LIB", raising=False)
+    monkeypatch.setattr(library, "_lib", None)
+    return root
+
+
+@pytest.fixture
+def fake_toolchain(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A stand-in nvcc (writes small fake objects and libraries) and an empty CUTLASS include dir."""
+    nvcc = tmp_path / "bin" / "nvcc"
+    nvcc.parent.mkdir()
+    nvcc.write_text(FAKE_NVCC.format(python=sys.executable))
+    nvcc.chmod(nvcc.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setattr(kernel_build, "find_nvcc", lambda: str(nvcc))
+    monkeypatch.setattr(kernel_build, "cutlass_include_dir", lambda: tmp_path / "cutlass")
+    return nvcc
+
+
+def no_toolchain(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse() -> None:
+        raise AssertionError("the toolchain was asked for")
+    monkeypatch.setattr(kernel_build, "find_nvcc", refuse)
+    monkeypatch.setattr(kernel_build, "cutlass_include_dir", refuse)
+    monkeypatch.setattr(kernel_build, "nvcc_version", refuse)
+
+
+def test_cache_key_needs_no_toolchain(monkeypatch: pytest.MonkeyPatch) -> None:
+    no_toolchain(monkeypatch)
+    key = kernel_build.cache_key(kernel_build.DEFAULT_ARCHS)
+    assert re.fullmatch(r"[0-9a-f]{20}", key)
+    assert kernel_build.cache_key(("80",)) != key
+
+
+def test_build_writes_a_stamp_and_reports_progress(cache_root: Path, fake_toolchain: Path) -> None:
+    lines: list[str] = []
+    result = kernel_build.build(progress=lines.append)
+    assert not result.cached and result.library == cache_root / result.key / kernel_build.LIB_NAME
+    stamp = json.loads((result.library.parent / kernel_build.STAMP_NAME).read_text())
+    assert stamp["key"] == result.key and stamp["sha256"] == kernel_build.file_sha256(result.library)
+    assert stamp["nvcc"] == "Cuda compilation tools, release 99.9, V99.9.1"
+    assert stamp["archs"] == list(kernel_build.DEFAULT_ARCHS) and stamp["cutlass"] and stamp["created"]
+    for src in kernel_build.sources():
+        name = kernel_build.source_name(src)
+        assert f"compiling {name}" in lines
+        assert any(re.fullmatch(rf"compiled {re.escape(name)} in \d+\.\d s", line) for line in lines), name
+    assert lines[-1] == "linking"
+    assert set(result.compile_seconds) == {kernel_build.source_name(s) for s in kernel_build.sources()}
+    objects = sorted(p.name for p in (cache_root / "objects").iterdir())
+    assert len(objects) == len(kernel_build.sources()) and any(o.startswith("gemm_sm90_abi-") for o in objects)
+
+
+def test_cached_library_is_found_without_the_toolchain(cache_root: Path, fake_toolchain: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    built = kernel_build.build()
+    no_toolchain(monkeypatch)
+    lines: list[str] = []
+    again = kernel_build.build(progress=lines.append)
+    assert again.cached and again.library == built.library and again.key == built.key
+    assert lines == [f"cached: {built.library}"]
+
+
+def test_a_tampered_library_is_refused(cache_root: Path, fake_toolchain: Path,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    built = kernel_build.build()
+    built.library.write_bytes(built.library.read_bytes() + b"\0")
+    with pytest.raises(kernel_build.KernelBuildError) as err:
+        kernel_build.verify_library(built.library)
+    assert str(built.library) in str(err.value) and "does not match" in str(err.value)
+    assert "\n" not in str(err.value)
+    with pytest.raises(kernel_build.KernelBuildError, match="does not match") as err:
+        library.load_library(built.library)
+    assert "\n" not in str(err.value)
+    no_toolchain(monkeypatch)
+
+    def missing_nvcc() -> str:
+        raise kernel_build.KernelBuildError("nvcc not found: put the CUDA toolkit's nvcc on PATH")
+    monkeypatch.setattr(kernel_build, "find_nvcc", missing_nvcc)
+    with pytest.raises(kernel_build.KernelBuildError) as err:
+        kernel_build.build()
+    message = str(err.value)
+    assert str(built.library) in message and "does not match" in message and "nvcc not found" in message
+    assert "\n" not in message
+
+
+def test_a_tampered_library_is_rebuilt_where_it_can_be(cache_root: Path, fake_toolchain: Path) -> None:
+    built = kernel_build.build()
+    built.library.write_bytes(b"tampered")
+    lines: list[str] = []
+    again = kernel_build.build(progress=lines.append)
+    assert not again.cached and again.library == built.library
+    assert lines[0].startswith(f"rebuilding: {built.library}") and "does not match" in lines[0]
+    assert kernel_build.verify_library(again.library).sha256 == kernel_build.file_sha256(again.library)
+    assert all(line.startswith("reused ") for line in lines if " gemm/" in line or " stages/" in line)
+
+
+def test_a_library_without_its_stamp_is_rebuilt(cache_root: Path, fake_toolchain: Path) -> None:
+    built = kernel_build.build()
+    (built.library.parent / kernel_build.STAMP_NAME).unlink()
+    again = kernel_build.build()
+    assert not again.cached
+    kernel_build.verify_library(again.library)
+
+
+def test_prebuilt_library_needs_its_stamp(cache_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    lib = tmp_path / "prebuilt" / kernel_build.LIB_NAME
+    lib.parent.mkdir()
+    lib.write_bytes(b"a library")
+    monkeypatch.setenv("MOE_BUILD_KERNELS_LIB", str(lib))
+    no_toolchain(monkeypatch)
+    with pytest.raises(kernel_build.KernelBuildError) as err:
+        library.load_library()
+    message = str(err.value)
+    assert "\n" not in message
+    assert f"MOE_BUILD_KERNELS_LIB={lib}" in message and kernel_build.STAMP_NAME in message
+    assert "moe-build kernels --out DIR" in message
+    # A stamp of other bytes is refused the same way; a matching one passes the check (and only then
+    # is the file handed to the dynamic loader, which rejects these bytes).
+    stamp = kernel_build.BuildStamp("k", "0" * 64, "nvcc", "cutlass", ("90a",), "now")
+    stamp.write(lib.with_name(kernel_build.STAMP_NAME))
+    with pytest.raises(kernel_build.KernelBuildError, match="does not match"):
+        library.load_library()
+    kernel_build.BuildStamp("k", kernel_build.file_sha256(lib), "nvcc", "cutlass", ("90a",), "now").write(
+        lib.with_name(kernel_build.STAMP_NAME))
+    assert kernel_build.verify_library(lib).key == "k"
+    with pytest.raises(OSError):
+        library.load_library()
+
+
+def test_build_command_ends_with_the_library(cache_root: Path, fake_toolchain: Path, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "out"
+    lines: list[str] = []
+    lib = kernel_build.build_command(out, "80,90a", jobs=2, echo=lines.append)
+    assert lib == out / kernel_build.LIB_NAME and kernel_build.verify_library(lib)
+    assert lines[-1].startswith("library (built in ") and lines[-1].endswith(f": {lib}")
+    no_toolchain(monkeypatch)
+    lines.clear()
+    assert kernel_build.build_command(out, ("80", "90a"), echo=lines.append) == lib
+    assert lines == [f"cached: {lib}", lines[-1]] and lines[-1].endswith(f": {lib}")
+    with pytest.raises(kernel_build.KernelBuildError, match="--arch"):
+        kernel_build.build_command(out, "sm90", echo=lines.append)
+
+
+def test_kernels_command(cache_root: Path, fake_toolchain: Path, tmp_path: Path) -> None:
+    """`moe-build kernels --out DIR` builds there with progress on stderr and ends saying where; a toolchain
+    failure is the CLI's one-line error (exit 2)."""
+    from click.testing import CliRunner
+
+    from moe_build.cli import cli
+    out = tmp_path / "out"
+    r = CliRunner().invoke(cli, ["kernels", "--out", str(out), "--arch", "90a", "-j", "1"])
+    assert r.exit_code == 0, r.output
+    printed = r.stderr.strip().splitlines()
+    assert "compiling gemm/sm90_abi.cu" in printed and printed[-1].endswith(str(out / kernel_build.LIB_NAME))
+    assert json.loads((out / kernel_build.STAMP_NAME).read_text())["archs"] == ["90a"]
+    bad = CliRunner().invoke(cli, ["kernels", "--out", str(out), "--arch", "sm90"], standalone_mode=False)
+    assert isinstance(bad.exception, MoeBuildError) and "--arch" in str(bad.exception)
+
+
+def test_missing_nvcc_is_a_clear_error(cache_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", "/nonexistent")
     for var in ("CUDACXX", "CUDA_HOME", "CUDA_PATH"):
         monkeypatch.delenv(var, raising=False)
     with pytest.raises(kernel_build.KernelBuildError, match="nvcc not found"):
         kernel_build.build()
 
+
+# ---- the real build (nvcc and the CUTLASS headers) ----------------------------------------------
 
 def _toolchain_ready() -> bool:
     try:
@@ -97,12 +325,20 @@ def test_library_exports_every_header_function(built: kernel_build.BuildResult) 
 
 @needs_nvcc
 @pytest.mark.slow
-def test_rebuild_is_cached(built: kernel_build.BuildResult) -> None:
+def test_built_library_matches_its_stamp(built: kernel_build.BuildResult) -> None:
+    stamp = kernel_build.verify_library(built.library)
+    assert stamp.key == built.key and stamp.archs == kernel_build.DEFAULT_ARCHS
+    assert "release" in stamp.nvcc
+
+
+@needs_nvcc
+@pytest.mark.slow
+def test_rebuild_is_cached(built: kernel_build.BuildResult, monkeypatch: pytest.MonkeyPatch) -> None:
+    no_toolchain(monkeypatch)
     again = kernel_build.build()
     assert again.cached and again.library == built.library and again.key == built.key
 
 
-@needs_nvcc
 def test_bad_arch_is_rejected() -> None:
     with pytest.raises(kernel_build.KernelBuildError, match="--arch"):
         kernel_build.arch_flags(["sm90"])

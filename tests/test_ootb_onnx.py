@@ -1,19 +1,28 @@
 """The OOTB ONNX graph against the fp64 reference, one export per routing/activation/shared variant.
 
-fp32/fp16 graphs run in onnxruntime; onnxruntime's CPU provider has no bf16 kernels, so bf16
-graphs run in ONNX's own reference evaluator (onnx.reference).
+The comparison runs through Polygraphy's Comparator: the exported graph in one runner (onnxruntime,
+or ONNX's own reference evaluator for bf16, which onnxruntime's CPU provider cannot run), and
+`moe_reference` in fp64 in another, on fresh random inputs. Each output must pass Polygraphy's
+element-wise check (per element, |got - want| <= ELEMENTWISE_TOL * rms(want) or <= ELEMENTWISE_TOL
+* |want|) and the norm-wise bound ||got - want|| / ||want|| < TOL.
 """
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
 import torch
+from polygraphy.backend.base import BaseRunner
+from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
+from polygraphy.common import TensorMetadata
+from polygraphy.comparator import Comparator, SimpleCompareFunc
+from polygraphy.logger import G_LOGGER
 
 from moe_build.errors import MoeBuildError
-from moe_build.ootb_graph import TORCH_DTYPES, export_onnx
+from moe_build.graph.ootb import TORCH_DTYPES, export_onnx
 from moe_build.planner import make_plan
 from moe_build.reference import moe_reference
 from moe_build.spec import Activation, DType, MoESpec, Routing, RoutingMethod, SharedExperts
@@ -21,6 +30,9 @@ from moe_build.target import Flavour, MoePlugin, Target
 from moe_build.weights import MoEWeights
 
 TOL = {DType.FP32: 1e-5, DType.FP16: 1e-2, DType.BF16: 1e-2}
+# Per element: bf16's unit roundoff (2^-8) is 8x fp16's, and its GEMMs round every intermediate, so
+# its worst element sits near 3 bf16 ulps (measured 1.1e-2); 4e-2 is about 10 ulps.
+ELEMENTWISE_TOL = {DType.FP32: 1e-5, DType.FP16: 1e-2, DType.BF16: 4e-2}
 TOKENS = 13  # differs from the export's example batch, so the dynamic token dim is exercised
 # The ONNX graph is flavour-independent; full TensorRT (plugin disabled) admits both expert-compute choices.
 TARGET = Target(sm=89, flavour=Flavour.TENSORRT, moe_plugin=MoePlugin.DISABLE)
@@ -32,39 +44,90 @@ def _spec(**kw: object) -> MoESpec:
     return MoESpec(**base)  # type: ignore[arg-type]
 
 
-def _run(path: Path, spec: MoESpec, feeds: dict[str, torch.Tensor]) -> np.ndarray:
-    if spec.dtype is DType.BF16:
-        import ml_dtypes
+def _metadata(feeds: dict[str, torch.Tensor]) -> TensorMetadata:
+    """The feeds' names and dtypes, with a dynamic token dimension."""
+    meta = TensorMetadata()
+    for name, t in feeds.items():
+        meta.add(name, t.dtype, (None, *t.shape[1:]))
+    return meta
+
+
+class ReferenceRunner(BaseRunner):
+    """`moe_reference` in fp64 as a Polygraphy runner: the expected output, computed without the graph."""
+
+    def __init__(self, spec: MoESpec, weights: MoEWeights, feeds: dict[str, torch.Tensor]):
+        super().__init__(name="moe_reference-fp64")
+        self.spec, self.weights, self.meta = spec, weights, _metadata(feeds)
+
+    def get_input_metadata_impl(self) -> TensorMetadata:
+        return self.meta
+
+    def infer_impl(self, feed_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        start = time.perf_counter()
+        routing = {k: (v.long() if k == "topk_ids" else v) for k, v in feed_dict.items() if k != "hidden"}
+        out = moe_reference(self.spec, self.weights, feed_dict["hidden"], **routing)
+        self.inference_time = time.perf_counter() - start
+        return {"output": out}
+
+
+class OnnxReferenceEvaluatorRunner(BaseRunner):
+    """The graph in ONNX's own evaluator (onnx.reference): it runs bf16, which onnxruntime's CPU
+    provider does not; bf16 crosses into numpy as ml_dtypes.bfloat16."""
+
+    def __init__(self, path: Path, feeds: dict[str, torch.Tensor]):
+        super().__init__(name="onnx-reference-evaluator")
+        self.path, self.meta = path, _metadata(feeds)
+
+    def activate_impl(self) -> None:
         from onnx.reference import ReferenceEvaluator
-        arrays = {k: v.float().numpy().astype(ml_dtypes.bfloat16) for k, v in feeds.items()}
-        return np.asarray(ReferenceEvaluator(str(path)).run(None, arrays)[0], dtype=np.float64)
-    import onnxruntime as ort
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    return sess.run(None, {k: v.numpy() for k, v in feeds.items()})[0].astype(np.float64)
+        self.evaluator = ReferenceEvaluator(str(self.path))
+
+    def get_input_metadata_impl(self) -> TensorMetadata:
+        return self.meta
+
+    def infer_impl(self, feed_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        import ml_dtypes
+
+        def numpy(t: torch.Tensor) -> np.ndarray:
+            return t.float().numpy().astype(ml_dtypes.bfloat16) if t.dtype == torch.bfloat16 else t.numpy()
+
+        start = time.perf_counter()
+        (out,) = self.evaluator.run(None, {k: numpy(v) for k, v in feed_dict.items()})
+        self.inference_time = time.perf_counter() - start
+        return {"output": torch.from_numpy(np.asarray(out, dtype=np.float32))}
+
+
+def _graph_runner(path: Path, spec: MoESpec, feeds: dict[str, torch.Tensor]) -> BaseRunner:
+    if spec.dtype is DType.BF16:
+        return OnnxReferenceEvaluatorRunner(path, feeds)
+    return OnnxrtRunner(SessionFromOnnx(str(path), providers=["CPUExecutionProvider"]))
 
 
 def _check(tmp_path: Path, spec: MoESpec, expert_compute: str, seed: int, routing_input: str = "hidden") -> float:
-    """Export with fresh random weights, run on fresh random tokens, return the norm-wise rel error."""
+    """Export with fresh random weights, compare on fresh random tokens (Polygraphy's element-wise check,
+    asserted here), and return the norm-wise relative error."""
     dtype = TORCH_DTYPES[spec.dtype]
     weights = MoEWeights.random(spec, seed=seed).to(dtype=dtype)  # the reference sees the rounded weights
     plan = make_plan(spec, TARGET, force={"expert_compute": expert_compute})
     path = export_onnx(spec, weights, plan, tmp_path / "moe.onnx", routing_input=routing_input)
     g = torch.Generator().manual_seed(seed + 1)
-    hidden = torch.randn(TOKENS, spec.hidden_size, generator=g).to(dtype)
-    feeds = {"hidden": hidden}
-    routing: dict[str, torch.Tensor] = {}
+    feeds = {"hidden": torch.randn(TOKENS, spec.hidden_size, generator=g).to(dtype)}
     if routing_input == "logits":
-        routing["router_logits"] = torch.randn(TOKENS, spec.num_experts, generator=g).to(dtype)
+        feeds["router_logits"] = torch.randn(TOKENS, spec.num_experts, generator=g).to(dtype)
     elif routing_input == "topk":  # distinct experts per token, random positive weights
-        routing["topk_ids"] = torch.stack([torch.randperm(spec.num_experts, generator=g)[: spec.top_k]
-                                           for _ in range(TOKENS)]).int()
-        routing["topk_weights"] = torch.rand(TOKENS, spec.top_k, generator=g)
-    feeds.update(routing)
-    got = _run(path, spec, feeds)
-    ref_kw = {k: (v.long() if k == "topk_ids" else v) for k, v in routing.items()}
-    want = moe_reference(spec, weights, hidden, **ref_kw).numpy()
-    assert got.shape == want.shape
-    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
+        feeds["topk_ids"] = torch.stack([torch.randperm(spec.num_experts, generator=g)[: spec.top_k]
+                                         for _ in range(TOKENS)]).int()
+        feeds["topk_weights"] = torch.rand(TOKENS, spec.top_k, generator=g)
+    with G_LOGGER.verbosity(G_LOGGER.ERROR):
+        results = Comparator.run([_graph_runner(path, spec, feeds), ReferenceRunner(spec, weights, feeds)],
+                                 data_loader=[feeds])
+        (_, (graph_out,)), (_, (want_out,)) = results.items()
+        got, want = graph_out["output"].double(), want_out["output"]
+        assert got.shape == want.shape == (TOKENS, spec.hidden_size)
+        tol, rms = ELEMENTWISE_TOL[spec.dtype], float(want.pow(2).mean().sqrt())
+        accuracy = Comparator.compare_accuracy(results, compare_func=SimpleCompareFunc(rtol=tol, atol=tol * rms))
+    assert accuracy, f"element-wise: some |got - want| exceed both {tol * rms:.2e} and {tol:.0e} * |want|"
+    return float(torch.linalg.norm(got - want) / torch.linalg.norm(want))
 
 
 CASES = {

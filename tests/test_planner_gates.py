@@ -14,6 +14,7 @@ import pytest
 from moe_build.errors import UnsupportedCombination
 from moe_build.planner import make_plan, rules as R
 from moe_build.planner.gates import Plan
+from moe_build.planner.plan import FUSION_STAGES, OOTB_STAGES
 from moe_build.spec import DType, MoESpec, Quant
 from moe_build.target import Flavour, MoePlugin, Target
 
@@ -106,10 +107,15 @@ ROWS: list[tuple[str, str, dict, dict, int | None, dict, set[str], dict[str, str
     ("finalize_topk_deterministic", "hopper_top4", {}, {"deterministic": True}, None, {},
      {"finalize_topk_deterministic"}, {"finalize": "separate"}),
     ("finalize_topk_deterministic_k2", "hopper", {}, {"deterministic": True}, None, {}, set(), {}),
-    ("finalize_tactic_rows", "hopper_top4", {"intermediate_size": 1408}, {}, 16, {},
+    # below intermediate size 2048: separate on the decode kernel's sizes (256 experts, top-2: 17..512 tokens)
+    ("finalize_tactic_rows", "hopper_256e", {"intermediate_size": 1408}, {}, 64, {},
      {"finalize_tactic_rows"}, {"finalize": "separate"}),
-    ("finalize_tactic_inter", "tokens256", {"intermediate_size": 1984}, {}, 32, {},
+    ("finalize_tactic_inter", "hopper_256e", {"intermediate_size": 1984}, {}, 200, {},
      {"finalize_tactic_rows"}, {"finalize": "separate"}),
+    # ... but fused on the smallest calls (tokens * top_k <= 32) and past 4 rows per expert (with 8 experts
+    # every call of more than 32 rows has more than 4 rows per expert)
+    ("finalize_tactic_small_calls", "hopper_256e", {"intermediate_size": 1408}, {}, 16, {}, set(), {}),
+    ("finalize_tactic_few_experts", "hopper", {"intermediate_size": 1408}, {}, 64, {}, set(), {}),
     ("finalize_env", "hopper", {}, {"finalize_fusion_disabled_by_env": True}, None, {},
      {"finalize_env"}, {"finalize": "separate"}),
     ("finalize_no_lora", "hopper", {"lora": True}, {}, None, {},
@@ -158,13 +164,18 @@ def _coerce(key: str, value: Any) -> Any:
     return value
 
 
+# The seed's matrix: the plugin path's fusion stages and the OOTB stage. The weight layouts and GEMM
+# tactics that follow from them have tests of their own (test_planner_plan.py, test_planner_tactics.py).
+MATRIX_STAGES = set(FUSION_STAGES) | set(OOTB_STAGES)
+
+
 def _held(plan: Plan) -> dict[str, bool]:
-    gates = list(plan.path_gates) + [g for s in plan.stages for g in s.gates]
+    gates = list(plan.path_gates) + [g for s in plan.stages if s.stage in MATRIX_STAGES for g in s.gates]
     return {g.name: g.held for g in gates}
 
 
 def _decisions(plan: Plan) -> dict[str, str]:
-    return {"path": plan.path, **plan.choices()}
+    return {"path": plan.path, **{s: c for s, c in plan.choices().items() if s in MATRIX_STAGES}}
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r[0] for r in ROWS])

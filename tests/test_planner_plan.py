@@ -1,14 +1,13 @@
-"""Plan-level behaviour: token ranges, forcing, serialisation, purity."""
+"""Plan-level behaviour: token bands, forcing, serialisation, purity."""
 from __future__ import annotations
 
 import dataclasses
-import re
-from pathlib import Path
 
 import pytest
 
 from moe_build.errors import MoeBuildError, UnsupportedCombination
 from moe_build.planner import Plan, make_plan, rules as R
+from moe_build.planner.gates import StageDecision
 from moe_build.spec import MoESpec
 from moe_build.target import Flavour, MoePlugin, Target
 
@@ -16,27 +15,26 @@ SPEC = MoESpec(4096, 14336, 8, 2)
 SM90 = Target(sm=90, flavour=Flavour.TENSORRT)
 
 
-@pytest.mark.parametrize("tokens,choice,rng,outside", [
-    (1, "fused", (1, 256), "three_step"),
-    (256, "fused", (1, 256), "three_step"),
-    (257, "three_step", (257, None), "fused"),
-    (8192, "three_step", (257, None), "fused"),
-])
-def test_prologue_token_range(tokens, choice, rng, outside):
+def bands(d: StageDecision) -> list[list]:
+    return [b.to_list() for b in d.bands]
+
+
+@pytest.mark.parametrize("tokens,choice", [(1, "fused"), (256, "fused"), (257, "three_step"), (8192, "three_step")])
+def test_prologue_bands(tokens, choice):
     d = make_plan(SPEC, SM90, tokens).stage("routing_prologue")
-    assert (d.choice, d.token_range, d.choice_outside_range) == (choice, rng, outside)
+    assert d.choice == choice and bands(d) == [[1, 256, "fused"], [257, None, "three_step"]]
     assert d.choice_for(100) == "fused" and d.choice_for(300) == "three_step"
 
 
-def test_prologue_unbounded_three_step_when_a_static_gate_fails():
+def test_prologue_three_step_at_every_count_when_a_static_gate_fails():
     d = make_plan(dataclasses.replace(SPEC, top_k=3), SM90, 1).stage("routing_prologue")
-    assert (d.choice, d.token_range, d.choice_outside_range) == ("three_step", (1, None), None)
+    assert d.choice == "three_step" and bands(d) == [[1, None, "three_step"]]
 
 
 def test_token_independent_stages_hold_for_all_tokens():
     plan = make_plan(SPEC, SM90, 7)
-    for name in ("expand_rows", "gemm_kernel", "fc1_activation", "fc2_prequant"):
-        assert plan.stage(name).token_range == (1, None)
+    for name in ("expand_rows", "gemm_kernel", "fc1_activation", "fc2_prequant", "w1_order", "weight_layout"):
+        assert bands(plan.stage(name)) == [[1, None, plan.stage(name).choice]]
 
 
 def test_force_fallback_is_always_allowed_and_marked():
@@ -55,10 +53,10 @@ def test_force_fused_where_a_gate_fails_is_refused_with_the_gate():
 
 
 def test_force_fused_finalize_overrides_only_the_tactic_gate():
-    narrow = dataclasses.replace(SPEC, intermediate_size=768)
+    narrow = dataclasses.replace(SPEC, intermediate_size=768, num_experts=64)  # separate at 17..128 tokens
     plan = make_plan(narrow, SM90, 32, force={"finalize": "fused"})
     d = plan.stage("finalize")
-    assert (d.choice, d.forced, d.token_range) == ("fused", True, (1, None))
+    assert (d.choice, d.forced, bands(d)) == ("fused", True, [[1, None, "fused"]])
     assert not next(g for g in d.gates if g.name == "finalize_tactic_rows").held
     assert make_plan(narrow, SM90, 32).stage("finalize").choice == "separate"
 
@@ -97,40 +95,44 @@ def test_cost_rule_does_not_block_forcing_but_capability_does():
     assert info.value.rule == "ootb_nonzero"
 
 
-def test_finalize_rule_starts_where_the_gemms_leave_the_decode_kernel():
-    """The narrow shapes' FINALIZE rule is measured against the GEMM path rule; the two bounds must agree."""
-    src = (Path(__file__).resolve().parents[1] / "cpp" / "src" / "gemm_common.cuh").read_text()
-    bound = re.search(r"kDecodeMaxAvgRows\s*=\s*(\d+);", src)
-    assert bound is not None and int(bound.group(1)) == R.DECODE_MAX_ROWS_PER_EXPERT
+def test_finalize_rule_follows_where_gemm2_leaves_the_decode_kernel():
+    """Below intermediate size 2048 the fused finalize starts again exactly where GEMM2, with that epilogue,
+    leaves the decode kernel (past 4 rows per expert): the two rules are measured together."""
+    narrow = dataclasses.replace(SPEC, intermediate_size=768, num_experts=64)
+    plan = make_plan(narrow, SM90, 1)
+    last_separate = max(b.hi for b in plan.stage("finalize").bands if b.choice == "separate")
+    gemm2 = plan.stage("gemm2_tactic")
+    assert gemm2.choice_for(last_separate).startswith("decode:")
+    assert gemm2.choice_for(last_separate + 1).startswith("wgmma:")
 
 
-@pytest.mark.parametrize("top_k,tokens,choice,rng,outside", [  # 8 experts (12 for top-12)
-    (2, 32, "separate", (1, 32), "fused"),      # 64 rows: 8 per expert, the decode kernel's last size
-    (2, 33, "fused", (33, None), "separate"),   # 66 rows
-    (2, 8192, "fused", (33, None), "separate"),
-    (8, 1, "separate", (1, 8), "fused"),
-    (8, 9, "fused", (9, None), "separate"),     # 72 rows
-    (6, 10, "separate", (1, 10), "fused"),      # 60 rows
-    (6, 11, "fused", (11, None), "separate"),   # 66 rows
-    (12, 8, "separate", (1, 8), "fused"),       # 96 rows over 12 experts
-    (12, 9, "fused", (9, None), "separate"),
+@pytest.mark.parametrize("experts,top_k,bands", [
+    (64, 2, [[1, 16, "fused"], [17, 128, "separate"], [129, None, "fused"]]),   # 32 rows; 4 rows per expert
+    (64, 8, [[1, 4, "fused"], [5, 32, "separate"], [33, None, "fused"]]),
+    (64, 6, [[1, 5, "fused"], [6, 42, "separate"], [43, None, "fused"]]),      # 30 rows; 252 = 4 x 63 rows
+    (64, 12, [[1, 2, "fused"], [3, 21, "separate"], [22, None, "fused"]]),
+    (128, 8, [[1, 4, "fused"], [5, 64, "separate"], [65, None, "fused"]]),     # Qwen3-30B-A3B's routing
+    (8, 2, [[1, None, "fused"]]),  # 8 experts: past 32 rows every call has more than 4 rows per expert
 ])
-def test_finalize_token_range_below_2048_intermediate(top_k, tokens, choice, rng, outside):
-    spec = dataclasses.replace(SPEC, intermediate_size=2040, top_k=top_k, num_experts=max(SPEC.num_experts, top_k))
-    d = make_plan(spec, SM90, tokens).stage("finalize")
-    assert (d.choice, d.token_range, d.choice_outside_range) == (choice, rng, outside)
-    lo = rng[0] if choice == "fused" else rng[1] + 1  # the first count with the fused epilogue
-    assert (d.choice_for(lo - 1), d.choice_for(lo), d.choice_for(1 << 20)) == ("separate", "fused", "fused")
+def test_finalize_bands_below_2048_intermediate(experts, top_k, bands):
+    spec = dataclasses.replace(SPEC, intermediate_size=2040, top_k=top_k, num_experts=experts)
+    for tokens in (1, 16, 300):
+        d = make_plan(spec, SM90, tokens).stage("finalize")
+        assert [b.to_list() for b in d.bands] == bands
+        assert d.choice == d.choice_for(tokens)
+    for lo, hi, choice in bands:  # the rule itself at both ends of each band
+        for t in (lo, hi or 1 << 20):
+            assert R.finalize_fused_at(spec, t) == (choice == "fused"), t
 
 
 @pytest.mark.parametrize("inter,top_k,tokens", [(2048, 2, 8192), (14336, 12, 1), (2880, 4, 300)])
 def test_finalize_fused_at_every_count_from_2048_intermediate(inter, top_k, tokens):
     spec = dataclasses.replace(SPEC, intermediate_size=inter, top_k=top_k, num_experts=max(SPEC.num_experts, top_k))
     d = make_plan(spec, SM90, tokens).stage("finalize")
-    assert (d.choice, d.token_range, d.choice_outside_range) == ("fused", (1, None), None)
+    assert (d.choice, bands(d)) == ("fused", [[1, None, "fused"]])
     assert d.choice_for(1) == d.choice_for(1 << 20) == "fused"
 
 
 def test_finalize_static_gate_failure_means_separate_at_every_count():
     d = make_plan(SPEC, dataclasses.replace(SM90, sm=89), 1).stage("finalize")
-    assert (d.choice, d.token_range, d.choice_outside_range) == ("separate", (1, None), None)
+    assert (d.choice, bands(d)) == ("separate", [[1, None, "separate"]])

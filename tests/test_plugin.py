@@ -14,11 +14,11 @@ import torch
 
 from moe_build.errors import MoeBuildError
 from moe_build.planner import make_plan
-from moe_build.runner.sequence import reads_blocked_weights, reads_interleaved_w1
+from moe_build.runner.sequence import w1_interleaved, weights_blocked
 from moe_build.spec import Activation, DType, MoESpec, Quant, Routing, RoutingMethod, SharedExperts
 from moe_build.target import Flavour, Target, TokenProfile
 from moe_build.weights import MoEWeights, block_64x64, interleave_gate_up
-from plugins import moe_plugin as mp
+from moe_build.plugins import moe_plugin as mp
 
 PROFILE = TokenProfile(min=1, opt=16, max=512)
 PLAIN = MoESpec(hidden_size=64, intermediate_size=32, num_experts=8, top_k=2, dtype=DType.BF16)
@@ -142,7 +142,7 @@ def _set_choice(plan, stage, choice):
 
 
 @pytest.mark.parametrize("edit, message", [
-    (lambda s, p: _set_choice(p, "finalize", "fused"), "differs from what the planner decides.*finalize"),
+    (lambda s, p: _set_choice(p, "finalize", "separate"), "differs from what the planner decides.*finalize"),
     (lambda s, p: s.update(hidden_size=128), "made for a different spec"),
     (lambda s, p: (s.update(hidden_size=128), p["spec"].update(hidden_size=128)), "differs from what the planner"),
     (lambda s, p: s.update(top_k=9), "describes no valid layer.*top_k"),
@@ -163,10 +163,17 @@ def test_malformed_fields_are_refused():
         mp.decode_fields({"spec": good["spec"]})
     with pytest.raises(MoeBuildError, match="unknown field"):
         mp.decode_fields({**good, "tactic": b"1"})
-    with pytest.raises(MoeBuildError, match="'spec'.*not UTF-8 JSON"):
+    with pytest.raises(MoeBuildError, match="'spec'.*not valid JSON"):
         mp.decode_fields({**good, "spec": good["spec"][:-1]})
-    with pytest.raises(MoeBuildError, match="must be a JSON object"):
+    with pytest.raises(MoeBuildError, match="'spec'.*not UTF-8"):
+        mp.decode_fields({**good, "spec": b"\xff" + good["spec"]})
+    with pytest.raises(MoeBuildError, match="'plan'.*not an object"):
         mp.decode_fields({**good, "plan": b"[1]"})
+    with pytest.raises(MoeBuildError, match="'plan'.*nested too deeply"):
+        mp.decode_fields({**good, "plan": b"[" * 100_000 + b"]" * 100_000})
+    with pytest.raises(MoeBuildError, match="'spec'.*hidden_size.*1..65536"):
+        spec = json.loads(good["spec"])
+        mp.decode_fields({**good, "spec": json.dumps({**spec, "hidden_size": 1 << 40}).encode()})
 
 
 def test_plugin_refuses_what_its_inputs_cannot_carry():
@@ -178,11 +185,14 @@ def test_plugin_refuses_what_its_inputs_cannot_carry():
         mp.encode_fields(lora, plan_for(lora))
 
 
-def test_plan_must_be_reproducible_at_the_profile_max():
-    """A forced fused prologue holds at the plan's 16 tokens but not at the runner's 512: refuse early."""
+def test_a_forced_fused_prologue_still_covers_the_whole_profile():
+    """A forced fused prologue holds at the plan's 16 tokens but not past 256: its bands take the three-step
+    prologue there, so the runner has a kernel at every count of the 512-token profile, and the fields
+    round-trip (the planner reproduces the forced plan)."""
     plan = plan_for(PLAIN, force={"routing_prologue": "fused"})
-    with pytest.raises(MoeBuildError, match="cannot be reproduced"):
-        mp.encode_fields(PLAIN, plan)
+    d = plan.stage("routing_prologue")
+    assert d.forced and d.choice_for(256) == "fused" and d.choice_for(PROFILE.max) == "three_step"
+    assert mp.decode_fields(mp.encode_fields(PLAIN, plan))[1] == plan
 
 
 def test_profile_check():
@@ -363,7 +373,22 @@ def test_enqueue_adapter_translates_descriptors(trt, monkeypatch):
     assert spec == FULL and plan == p.plan and in_ptrs == ptrs and out_ptr == 999
     assert shapes[0] == (5, 64) and shapes[2] == (8, 64, 64) and len(shapes) == len(ins)
     assert dtypes[:2] == [torch.float16, torch.float32] and out_dtype == torch.float16
-    assert (ws_ptr, ws_bytes, stream) == (777, 1005, 555) and cache is p._cache
+    # the workspace TensorRT gave: what the plugin asks for at the profile's max tokens (512 here), not the
+    # need at this call's 5 tokens, so that run_enqueue's check compares the two
+    assert (ws_ptr, ws_bytes, stream) == (777, 1000 + PROFILE.max, 555) and cache is p._cache
+    p.get_workspace_size(ins, outs)  # a build-time answer (the profile's max of its inputs) is what is given
+    p.enqueue([d.desc for d in ins], [outs[0].desc], ptrs, [999], 777, 555)
+    assert calls[-1][8] == 1000 + int(ins[0].max[0])
+
+
+def test_run_enqueue_refuses_a_workspace_smaller_than_the_call_needs(monkeypatch):
+    monkeypatch.setattr(mp, "workspace_size", lambda spec, plan, tokens: 1000 + tokens)
+    plan = plan_for(FULL)
+    shapes = [(5, 64) if slot.shape[0] is None else slot.shape for slot in mp.input_slots(FULL)]
+    shapes[1] = (5, FULL.num_experts)
+    dtypes = [slot.dtypes[0] for slot in mp.input_slots(FULL)]
+    with pytest.raises(MoeBuildError, match="workspace.*1004 bytes given, 1005 needed"):
+        mp.run_enqueue(FULL, plan, [1] * len(shapes), shapes, dtypes, 2, torch.float16, 3, 1004, 4)
 
 
 def test_runner_cache_memo_keeps_the_last_entries_and_forgets_them_with_the_runner():
@@ -451,7 +476,7 @@ def test_add_moe_plugin_feeds_inputs_in_order(trt, as_constants):
         # The sm90 plan runs the gated epilogue, so W1 and b1 are baked gate/up-interleaved by 8: row 16b + r
         # is gate feature 8b + r (r < 8) or up feature 8b + r - 8 (stacked rows I + 8b + r - 8).
         plan = plan_for(FULL)
-        assert plan.stage("fc1_activation").choice == "gated_epilogue" and reads_interleaved_w1(plan)
+        assert plan.stage("fc1_activation").choice == "gated_epilogue" and w1_interleaved(plan)
         hosts = dict(zip([slot.name for slot in slots[2:]], [k for k in keep if isinstance(k, torch.Tensor)]))
         w1, b1, inter = weights.w1.to(torch.float16), weights.b1.to(torch.float16), FULL.intermediate_size
         rows = [8 * (j // 16) + j % 16 if j % 16 < 8 else inter + 8 * (j // 16) + j % 16 - 8 for j in range(2 * inter)]
@@ -460,29 +485,28 @@ def test_add_moe_plugin_feeds_inputs_in_order(trt, as_constants):
 
 
 def test_plan_weights_block_w1_and_w2_where_the_sm90_gemms_read_blocks():
-    """Sizes that are multiples of 64 on sm90 and a runner sized for prefill: the engine holds W1
+    """Sizes that are multiples of 64 on sm90 and an engine sized for prefill: the engine holds W1
     interleaved then blocked, and W2 blocked (one copy each, what the runner is then told it gets). The
-    runner plans at the profile's max tokens (512: 256 rows per expert), not at the plan's 16, so that is
-    what decides; with a profile of at most 64 tokens (32 rows) and on sm80 the weights stay row-major."""
+    plan's weight_layout is decided at the profile's max tokens (512: 256 rows per expert), not at the
+    plan's 16; with a profile of at most 64 tokens (32 rows) and on sm80 the weights stay row-major."""
     spec = MoESpec(hidden_size=128, intermediate_size=64, num_experts=4, top_k=2, dtype=DType.FP16)
     weights = MoEWeights.random(spec)
     plan = plan_for(spec)
-    assert plan.tokens == 16 and not reads_blocked_weights(plan)  # the plan's own token count: 8 rows
-    assert reads_interleaved_w1(plan) and mp.plan_blocks_weights(plan)
+    assert plan.tokens == 16 and w1_interleaved(plan) and weights_blocked(plan)
     small = make_plan(spec, Target(sm=90, flavour=Flavour.TENSORRT, profile=TokenProfile(min=1, opt=16, max=64)),
                       tokens=16)
-    assert not mp.plan_blocks_weights(small)
+    assert not weights_blocked(small)
     given = mp.plan_weights(plan, weights)
     assert torch.equal(given.w1, block_64x64(interleave_gate_up(weights.w1)))
     assert torch.equal(given.w2, block_64x64(weights.w2))
     sm80 = plan_for(spec, sm=80)
-    assert not mp.plan_blocks_weights(sm80) and mp.plan_weights(sm80, weights) is weights
+    assert not weights_blocked(sm80) and mp.plan_weights(sm80, weights) is weights
 
 
 def test_plan_weights_keep_the_stacked_order_off_the_gated_epilogue():
     weights = MoEWeights.random(FULL)
     for plan in (plan_for(FULL, sm=80), plan_for(FULL, force={"fc1_activation": "separate"})):
-        assert not reads_interleaved_w1(plan) and mp.plan_weights(plan, weights) is weights
+        assert not w1_interleaved(plan) and mp.plan_weights(plan, weights) is weights
 
 
 def test_fp32_spec_is_refused_with_the_field():

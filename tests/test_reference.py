@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from moe_build.checkpoint import LoadedLayer, load_moe_layer, load_moe_layers
+from moe_build.weights.checkpoint import LoadedLayer, load_moe_layer, load_moe_layers
 from moe_build.errors import MoeBuildError
 from moe_build.reference import moe_reference, route
 from moe_build.spec import Activation, MoESpec, Routing, RoutingMethod, SharedExperts

@@ -13,9 +13,9 @@ from moe_build import kernels
 from moe_build.errors import MoeBuildError, UnsupportedCombination
 from moe_build.planner import make_plan
 from moe_build.runner import MoERunner, Workspace, kernel_sequence, layout_bytes, steps_up_to, workspace_layout
-from moe_build.runner.sequence import chooses_blocked_weights, reads_blocked_weights
+from moe_build.runner.sequence import w1_interleaved, weights_blocked
 from moe_build.spec import Activation, DType, MoESpec, Quant, SharedExperts
-from moe_build.target import Flavour, Target
+from moe_build.target import Flavour, Target, TokenProfile
 from moe_build.weights import MoEWeights, block_64x64, interleave_gate_up
 
 H100 = Target(sm=90, flavour=Flavour.TENSORRT)
@@ -23,17 +23,21 @@ A100 = Target(sm=80, flavour=Flavour.TENSORRT)
 SWIGLU = MoESpec(256, 512, 8, 2)
 
 
+SWIGLU_64E = MoESpec(256, 512, 64, 2)  # finalize below intermediate size 2048: separate at 17..128 tokens
+
+
 def test_default_hopper_plan_runs_tma_gemms_gated_epilogue_and_fused_finalize() -> None:
-    plan = make_plan(SWIGLU, H100, tokens=4096)
+    plan = make_plan(SWIGLU_64E, H100, tokens=4096)
     assert kernel_sequence(plan, 1024) == [
-        "router_gemm", "routing", "prologue:three_step+zero_output", "expand_rows", "gemm1:sm90_gated",
-        "gemm2:sm90_finalize"]  # 1024 tokens * top-2 over 8 experts: past 8 rows per expert, the FINALIZE tactic
+        "router_gemm", "routing", "routing_prologue:three_step+zero_output", "expand_rows", "gemm1:sm90_gated",
+        "gemm2:sm90_finalize"]  # 1024 tokens * top-2 over 64 experts: past 4 rows per expert, the FINALIZE tactic
     # the fused prologue (up to 256 tokens) leaves zeroing `out` for the fused finalize to the expansion
-    assert kernel_sequence(plan, 128)[2:4] == ["prologue:fused", "expand_rows+zero_output"]
-    assert kernel_sequence(plan, 16) == [
-        "router_gemm", "routing", "prologue:fused", "expand_rows", "gemm1:sm90_gated", "gemm2:sm90", "finalize"]
-    separate = make_plan(SWIGLU, H100, tokens=16, force={"fc1_activation": "separate"})
-    assert kernel_sequence(separate, 16)[4:6] == ["gemm1:sm90", "activation"]
+    assert kernel_sequence(plan, 129)[2:4] == ["routing_prologue:fused", "expand_rows+zero_output"]
+    assert kernel_sequence(plan, 64) == [
+        "router_gemm", "routing", "routing_prologue:fused", "expand_rows", "gemm1:sm90_gated", "gemm2:sm90", "finalize"]
+    assert kernel_sequence(plan, 16)[-1] == "gemm2:sm90_finalize"  # 32 rows: the smallest calls fuse it again
+    separate = make_plan(SWIGLU_64E, H100, tokens=16, force={"fc1_activation": "separate"})
+    assert kernel_sequence(separate, 16)[4:6] == ["gemm1:sm90", "fc1_activation"]
 
 
 def test_interleave_gate_up_puts_each_features_gate_and_up_eight_rows_apart() -> None:
@@ -65,64 +69,75 @@ def test_block_64x64_stores_each_64_by_64_block_contiguously() -> None:
         block_64x64(torch.zeros(1, 96, 128))
 
 
-def test_blocked_weights_follow_the_sm90_gemms_sizes_and_rows() -> None:
-    """W1 / W2 go to 64 x 64 blocks exactly where the plan's GEMMs are the sm90 ones, the hidden and
-    intermediate sizes are multiples of 64 and the plan's tokens give 128 to 384 rows per expert;
-    MoEWeights.blocked_64x64 blocks those two only."""
+def _serving(max_tokens: int, base: Target = H100) -> Target:
+    return dataclasses.replace(base, profile=TokenProfile(1, min(16, max_tokens), max_tokens))
+
+
+def test_blocked_weights_follow_the_sm90_gemms_sizes_and_the_largest_call() -> None:
+    """The weight_layout stage puts W1 / W2 in 64 x 64 blocks exactly where the plan's GEMMs are the sm90
+    ones, the hidden and intermediate sizes are multiples of 64 and the profile's max tokens give 128 to
+    384 rows per expert (a prefill-sized engine or runner); MoEWeights.blocked_64x64 blocks those two only."""
     # SWIGLU: tokens * top-2 / 8 experts = tokens / 4 rows per expert
-    assert reads_blocked_weights(make_plan(SWIGLU, H100, tokens=1024))
-    assert reads_blocked_weights(make_plan(SWIGLU, H100, tokens=1024, force={"fc1_activation": "separate"}))
-    assert not reads_blocked_weights(make_plan(SWIGLU, H100, tokens=1024, force={"gemm_kernel": "ampere"}))
-    assert not reads_blocked_weights(make_plan(SWIGLU, A100, tokens=1024))
-    assert not reads_blocked_weights(make_plan(dataclasses.replace(SWIGLU, intermediate_size=96), H100, tokens=1024))
-    assert not reads_blocked_weights(make_plan(dataclasses.replace(SWIGLU, hidden_size=200), H100, tokens=1024))
-    # 128 to 384 rows per expert: 512 to 1536 tokens; a decode-sized or larger runner stays row-major
-    assert not reads_blocked_weights(make_plan(SWIGLU, H100, tokens=16))
-    assert not reads_blocked_weights(make_plan(SWIGLU, H100, tokens=508))
-    assert reads_blocked_weights(make_plan(SWIGLU, H100, tokens=512))
-    assert reads_blocked_weights(make_plan(SWIGLU, H100, tokens=1536))
-    assert not reads_blocked_weights(make_plan(SWIGLU, H100, tokens=1537))
+    def blocked(spec: MoESpec = SWIGLU, target: Target = _serving(1024), **force: str) -> bool:
+        return weights_blocked(make_plan(spec, target, tokens=16, force=force))
+    assert blocked()
+    assert blocked(fc1_activation="separate")
+    assert not blocked(gemm_kernel="ampere")
+    assert not blocked(target=_serving(1024, A100))
+    assert not blocked(dataclasses.replace(SWIGLU, intermediate_size=96))
+    assert not blocked(dataclasses.replace(SWIGLU, hidden_size=200))
+    # 128 to 384 rows per expert: 512 to 1536 tokens; a decode-sized or larger profile stays row-major
+    assert [blocked(target=_serving(t)) for t in (16, 508, 512, 1536, 1537)] == [False, False, True, True, False]
     weights = MoEWeights.random(dataclasses.replace(SWIGLU, expert_bias=True), seed=1)
-    blocked = weights.blocked_64x64()
-    assert torch.equal(blocked.w1, block_64x64(weights.w1)) and torch.equal(blocked.w2, block_64x64(weights.w2))
-    assert blocked.b1 is weights.b1 and blocked.router_weight is weights.router_weight
+    blocked_w = weights.blocked_64x64()
+    assert torch.equal(blocked_w.w1, block_64x64(weights.w1)) and torch.equal(blocked_w.w2, block_64x64(weights.w2))
+    assert blocked_w.b1 is weights.b1 and blocked_w.router_weight is weights.router_weight
 
 
-def test_weight_layout_overrides_the_rule_where_the_gemms_read_it() -> None:
-    """weight_layout "auto" follows reads_blocked_weights; "row_major" holds anywhere; "blocked64" holds
-    wherever the sm90 GEMMs and 64-multiple sizes allow, whatever the rows, and is refused elsewhere
-    with the field named; an unknown value names the allowed ones."""
-    for tokens in (16, 1024):
-        plan = make_plan(SWIGLU, H100, tokens=tokens)
-        assert chooses_blocked_weights(plan, "auto") == reads_blocked_weights(plan)
-        assert chooses_blocked_weights(plan, "blocked64") and not chooses_blocked_weights(plan, "row_major")
-    for plan in (make_plan(SWIGLU, A100, tokens=1024),
-                 make_plan(dataclasses.replace(SWIGLU, intermediate_size=96), H100, tokens=1024)):
-        assert not chooses_blocked_weights(plan, "row_major")
-        with pytest.raises(MoeBuildError, match="weight_layout.*row_major"):
-            chooses_blocked_weights(plan, "blocked64")
+def test_weight_layout_can_be_forced_where_the_gemms_read_it() -> None:
+    """--force weight_layout=row_major holds anywhere; blocked64 wherever the sm90 GEMMs and 64-multiple
+    sizes allow, whatever the rows, and is refused elsewhere naming the failing gate."""
+    for max_tokens in (16, 1024):
+        target = _serving(max_tokens)
+        assert weights_blocked(make_plan(SWIGLU, target, 16, force={"weight_layout": "blocked64"}))
+        assert not weights_blocked(make_plan(SWIGLU, target, 16, force={"weight_layout": "row_major"}))
+    for spec, target, gate in ((SWIGLU, _serving(1024, A100), "blocked_gemm_kernel"),
+                               (dataclasses.replace(SWIGLU, intermediate_size=96), _serving(1024), "blocked_sizes")):
+        assert not weights_blocked(make_plan(spec, target, 16, force={"weight_layout": "row_major"}))
+        with pytest.raises(UnsupportedCombination) as info:
+            make_plan(spec, target, 16, force={"weight_layout": "blocked64"})
+        assert info.value.rule == gate
     with pytest.raises(MoeBuildError, match="weight_layout.*blocked64"):
-        chooses_blocked_weights(make_plan(SWIGLU, H100, tokens=16), "blocked")
+        make_plan(SWIGLU, H100, 16, force={"weight_layout": "blocked"})
+
+
+def test_w1_order_follows_the_gated_epilogue() -> None:
+    assert w1_interleaved(make_plan(SWIGLU, H100, 16))  # sm90: gated activation in GEMM1's epilogue
+    assert not w1_interleaved(make_plan(SWIGLU, H100, 16, force={"fc1_activation": "separate"}))
+    assert not w1_interleaved(make_plan(SWIGLU, A100, 16))  # the SM80 fused gated kernel reads [gate; up]
+    with pytest.raises(MoeBuildError, match="w1_order"):
+        make_plan(SWIGLU, H100, 16, force={"w1_order": "stacked"})
 
 
 def test_routing_prologue_is_resolved_per_call_not_at_plan_tokens() -> None:
     plan = make_plan(SWIGLU, H100, tokens=4096)
     assert plan.stage("routing_prologue").choice == "three_step"
-    assert "prologue:fused" in kernel_sequence(plan, 256)
-    assert "prologue:three_step+zero_output" in kernel_sequence(plan, 257)
+    assert "routing_prologue:fused" in kernel_sequence(plan, 256)
+    assert "routing_prologue:three_step+zero_output" in kernel_sequence(plan, 257)
     small = make_plan(SWIGLU, H100, tokens=1)
-    assert "prologue:three_step+zero_output" in kernel_sequence(small, 8192)
+    assert "routing_prologue:three_step+zero_output" in kernel_sequence(small, 8192)
 
 
 def test_top_k_outside_fused_prologue_set_always_three_step() -> None:
     plan = make_plan(dataclasses.replace(SWIGLU, top_k=3), H100, tokens=16)
-    assert "prologue:three_step" in kernel_sequence(plan, 1)
+    for tokens in (1, 16, 300):
+        assert kernel_sequence(plan, tokens)[2].startswith("routing_prologue:three_step")
 
 
 def test_routing_inputs_skip_router_gemm_and_routing() -> None:
     plan = make_plan(SWIGLU, H100, tokens=16)
-    assert kernel_sequence(plan, 16, "logits")[:2] == ["routing", "prologue:fused"]
-    assert kernel_sequence(plan, 16, "topk")[0] == "prologue:fused"
+    assert kernel_sequence(plan, 16, "logits")[:2] == ["routing", "routing_prologue:fused"]
+    assert kernel_sequence(plan, 16, "topk")[0] == "routing_prologue:fused"
     with pytest.raises(MoeBuildError, match="routing_input"):
         kernel_sequence(plan, 16, "probs")  # type: ignore[arg-type]
 
@@ -130,28 +145,28 @@ def test_routing_inputs_skip_router_gemm_and_routing() -> None:
 def test_ampere_kernel_fuses_gated_activation_and_finalizes_separately() -> None:
     plan = make_plan(SWIGLU, A100, tokens=16)
     assert kernel_sequence(plan, 16, "topk") == [
-        "prologue:fused", "expand_rows", "gemm1:sm80_fused_gated", "gemm2:sm80", "finalize"]
+        "routing_prologue:fused", "expand_rows", "gemm1:sm80_fused_gated", "gemm2:sm80", "finalize"]
     forced = make_plan(SWIGLU, H100, tokens=16, force={"gemm_kernel": "ampere"})
     assert "gemm1:sm80_fused_gated" in kernel_sequence(forced, 16)
 
 
 def test_forced_fallbacks_change_exactly_their_step() -> None:
     sep = kernel_sequence(make_plan(SWIGLU, A100, tokens=16, force={"fc1_activation": "separate"}), 16, "topk")
-    assert sep == ["prologue:fused", "expand_rows", "gemm1:sm80", "activation", "gemm2:sm80", "finalize"]
+    assert sep == ["routing_prologue:fused", "expand_rows", "gemm1:sm80", "fc1_activation", "gemm2:sm80", "finalize"]
     fin = kernel_sequence(make_plan(SWIGLU, H100, tokens=16, force={"finalize": "separate"}), 16, "topk")
     # Only the fused finalize accumulates into `out`, so only it has the expansion (or the three-step
     # map build) zero it.
     assert fin[-2:] == ["gemm2:sm90", "finalize"] and "expand_rows" in fin and "expand_rows+zero_output" not in fin
     fin_three = kernel_sequence(make_plan(SWIGLU, H100, tokens=4096, force={"finalize": "separate"}), 4096, "topk")
-    assert fin_three[:2] == ["prologue:three_step", "expand_rows"]
-    three = kernel_sequence(make_plan(SWIGLU, H100, tokens=16, force={"routing_prologue": "three_step"}), 1)
-    assert three[2:4] == ["prologue:three_step", "expand_rows"]  # 1 token: no FINALIZE tactic, separate finalize
+    assert fin_three[:2] == ["routing_prologue:three_step", "expand_rows"]
+    three = kernel_sequence(make_plan(SWIGLU_64E, H100, tokens=16, force={"routing_prologue": "three_step"}), 64)
+    assert three[2:4] == ["routing_prologue:three_step", "expand_rows"]  # 64 tokens: separate finalize, no zeroing
 
 
 def test_non_gated_activation_uses_the_ampere_epilogue() -> None:
     spec = dataclasses.replace(SWIGLU, activation=Activation.RELU)
     assert "gemm1:sm80_act" in kernel_sequence(make_plan(spec, A100, tokens=16), 16)
-    assert kernel_sequence(make_plan(spec, H100, tokens=16), 16)[4:6] == ["gemm1:sm90", "activation"]
+    assert kernel_sequence(make_plan(spec, H100, tokens=16), 16)[4:6] == ["gemm1:sm90", "fc1_activation"]
 
 
 def test_unaligned_sizes_lose_fused_gated_but_still_run() -> None:
@@ -244,26 +259,26 @@ def test_workspace_views_are_made_once_per_token_count() -> None:
 def test_trusted_tensors_skips_the_wrapper_checks_in_its_block_and_thread_only() -> None:
     cpu = torch.zeros(3)
     with pytest.raises(ValueError, match="x: must be a CUDA tensor"):
-        kernels._check(cpu, "x")
+        kernels.ops._check(cpu, "x")
     seen_in_thread: list[str] = []
 
     def other_thread() -> None:
         try:
-            kernels._check(cpu, "y")
+            kernels.ops._check(cpu, "y")
         except ValueError as e:
             seen_in_thread.append(str(e))
 
     with kernels.trusted_tensors():
-        kernels._check(cpu, "x")
+        kernels.ops._check(cpu, "x")
         with kernels.trusted_tensors():
-            kernels._check(cpu, "x")
-        kernels._check(cpu, "x")  # the inner block's exit keeps the outer one trusted
+            kernels.ops._check(cpu, "x")
+        kernels.ops._check(cpu, "x")  # the inner block's exit keeps the outer one trusted
         t = threading.Thread(target=other_thread)
         t.start()
         t.join()
     assert seen_in_thread == ["y: must be a CUDA tensor, got device cpu"]
     with pytest.raises(ValueError, match="x: must be a CUDA tensor"):
-        kernels._check(cpu, "x")
+        kernels.ops._check(cpu, "x")
 
 
 def test_a_given_workspace_skips_the_size_query() -> None:
@@ -275,9 +290,9 @@ def test_a_given_workspace_skips_the_size_query() -> None:
 
     given = torch.empty(128, dtype=torch.uint8)
     with kernels.trusted_tensors():  # a CPU tensor stands in for the device buffer
-        assert kernels._workspace(given, size, given.device) == (given.data_ptr(), 128)
+        assert kernels.ops._workspace(given, size, given.device) == (given.data_ptr(), 128)
     assert asked == []
-    ptr, nbytes = kernels._workspace(None, lambda: 0, torch.device("cpu"))
+    ptr, nbytes = kernels.ops._workspace(None, lambda: 0, torch.device("cpu"))
     assert (ptr, nbytes) == (None, 0)
 
 
@@ -302,8 +317,10 @@ def test_fp32_plans_are_refused_by_the_runner():
 
 
 def test_finalize_choice_follows_the_token_count():
-    spec = MoESpec(256, 128, 16, 4, dtype=DType.BF16)  # FINALIZE tactic past 8 rows per expert: from 33 tokens
+    # 16 experts, top-4: the FINALIZE tactic up to 32 rows (8 tokens) and past 4 rows per expert (from 17 tokens)
+    spec = MoESpec(256, 128, 16, 4, dtype=DType.BF16)
     plan = make_plan(spec, Target(sm=90, flavour=Flavour.TENSORRT), 1)
-    assert "gemm2:sm90_finalize" not in kernel_sequence(plan, 32, "logits")
-    assert "gemm2:sm90_finalize" in kernel_sequence(plan, 33, "logits")
+    fused = ["gemm2:sm90_finalize" in kernel_sequence(plan, t, "logits") for t in (8, 9, 16, 17)]
+    assert fused == [True, False, False, True]
     assert {"gemm2:sm90_finalize", "finalize"} <= steps_up_to(plan, 4096)
+    assert "finalize" not in steps_up_to(plan, 8)  # the workspace covers only the steps its counts reach

@@ -40,103 +40,151 @@ enum mb_activation {
 
 const char* mb_last_error(void);
 
-/* routing.cu: logits [T, E] (dtype) -> topk_ids [T, K] int32, topk_weights [T, K] fp32.
+/* stages/routing.cu: logits [T, E] (dtype) -> topk_ids [T, K] int32, topk_weights [T, K] fp32.
  * correction_bias [E] fp32 or NULL (sigmoid_grouped only: used for selection, not weights). */
 mb_status mb_routing(const void* logits, int dtype, const float* correction_bias, int num_tokens,
                      int num_experts, int top_k, int method, int renormalize, int num_groups,
                      int topk_groups, float routed_scaling_factor, int32_t* topk_ids,
                      float* topk_weights, cudaStream_t stream);
 
-/* prologue_fused.cu: single-block build of the three expert maps; MB_ERR_UNSUPPORTED outside
+/* stages/routing_prologue_fused.cu: single-block build of the three expert maps; MB_ERR_UNSUPPORTED outside
  * the fused kernel's limits (T <= 256, K in {1,2,4,6,8}, expert_log = floor(log2(E+1))+1 <= 9). */
-mb_status mb_build_maps_fused(const int32_t* topk_ids, int num_tokens, int top_k, int num_experts,
-                              int32_t* permuted_to_unpermuted, int32_t* unpermuted_to_permuted,
-                              int64_t* expert_first_token_offset, cudaStream_t stream);
+mb_status mb_routing_prologue_fused(const int32_t* topk_ids, int num_tokens, int top_k, int num_experts,
+                                    int32_t* permuted_to_unpermuted, int32_t* unpermuted_to_permuted,
+                                    int64_t* expert_first_token_offset, cudaStream_t stream);
 
-/* prologue_three_step.cu: any T; workspace from mb_build_maps_three_step_workspace().
+/* stages/routing_prologue_three_step.cu: any T; workspace from mb_routing_prologue_three_step_workspace().
  * zero_out (zero_bytes bytes) or NULL with zero_bytes 0: when given, this launch also sets it to zero
- * (the output mb_grouped_gemm_sm90_finalize adds into, zeroed here when the three-step build runs,
+ * (the output mb_grouped_gemm_sm90_finalize adds into, zeroed here when the three-step prologue runs,
  * else by mb_expand_rows); nothing the map build or a later stage reads before writing it. */
-size_t mb_build_maps_three_step_workspace(int num_tokens, int top_k, int num_experts);
-mb_status mb_build_maps_three_step(const int32_t* topk_ids, int num_tokens, int top_k, int num_experts,
-                                   int32_t* permuted_to_unpermuted, int32_t* unpermuted_to_permuted,
-                                   int64_t* expert_first_token_offset, void* workspace,
-                                   size_t workspace_bytes, void* zero_out, size_t zero_bytes, cudaStream_t stream);
+size_t mb_routing_prologue_three_step_workspace(int num_tokens, int top_k, int num_experts);
+mb_status mb_routing_prologue_three_step(const int32_t* topk_ids, int num_tokens, int top_k, int num_experts,
+                                         int32_t* permuted_to_unpermuted, int32_t* unpermuted_to_permuted,
+                                         int64_t* expert_first_token_offset, void* workspace,
+                                         size_t workspace_bytes, void* zero_out, size_t zero_bytes,
+                                         cudaStream_t stream);
 
-/* expand_rows.cu: permuted_input[p] = input[e / K] (* prequant_scale[h] if non-NULL),
+/* stages/expand_rows.cu: permuted_input[p] = input[e / K] (* prequant_scale[h] if non-NULL),
  * permuted_weights[p] = topk_weights[e], for p = unpermuted_to_permuted[e] (every e in [0, T*K)).
  * prequant_scale [H] fp32 or NULL.
  * zero_out [T, H] in dtype or NULL: when given, this launch also sets it to zero. This is where the
  * zeroed output of mb_grouped_gemm_sm90_finalize comes from when the maps were built by
- * mb_build_maps_fused (no separate memset launch); it must not overlap input (MB_ERR_INVALID_ARGUMENT). */
+ * mb_routing_prologue_fused (no separate memset launch); it must not overlap input (MB_ERR_INVALID_ARGUMENT). */
 mb_status mb_expand_rows(const void* input, int dtype, const int32_t* unpermuted_to_permuted,
                          const float* topk_weights, const float* prequant_scale, int num_tokens,
                          int hidden, int top_k, void* permuted_input, float* permuted_weights,
                          void* zero_out, cudaStream_t stream);
 
-/* activation.cu: out[p, :I] = act(in[p, :N1] + b1[expert(p)]) for p < off[E]; non-gated:
+/* stages/fc1_activation.cu: out[p, :I] = act(in[p, :N1] + b1[expert(p)]) for p < off[E]; non-gated:
  * N1 = I. b1 [E, N1] or NULL. prequant_scale [I] fp32 or NULL (AWQ FC2 pre-quant, fused). */
-mb_status mb_activation(const void* in, int dtype, const void* b1, const int64_t* expert_first_token_offset,
-                        int num_experts, int64_t max_rows, int inter, int activation, float swiglu_alpha,
-                        float swiglu_limit, const float* prequant_scale, void* out, cudaStream_t stream);
+mb_status mb_fc1_activation(const void* in, int dtype, const void* b1, const int64_t* expert_first_token_offset,
+                            int num_experts, int64_t max_rows, int inter, int activation, float swiglu_alpha,
+                            float swiglu_limit, const float* prequant_scale, void* out, cudaStream_t stream);
 
-/* finalize.cu: out[t] = sum_j w[t,j] * (gemm2_out[unpermuted_to_permuted[t*K+j]] + b2[ids[t,j]]).
+/* stages/finalize.cu: out[t] = sum_j w[t,j] * (gemm2_out[unpermuted_to_permuted[t*K+j]] + b2[ids[t,j]]).
  * deterministic != 0: fixed reduction order (j ascending), bit-identical across runs. */
 mb_status mb_finalize(const void* gemm2_out, int dtype, const void* b2, const float* topk_weights,
                       const int32_t* topk_ids, const int32_t* unpermuted_to_permuted, int num_tokens,
                       int hidden, int top_k, int deterministic, void* out, cudaStream_t stream);
 
-/* gemm_sm80.cu: grouped GEMM C[p] = act(A[p] @ B[x]^T + bias[x]) over expert segments (Ampere
- * mma.sync path, runs on SM80..SM90). fused_gated: B is [E, 2N, K] and C = gated_act(gate, up)
- * [rows, N] in one kernel (the SM80 fused gated-activation kernel). */
-size_t mb_grouped_gemm_sm80_workspace(int num_experts);
-mb_status mb_grouped_gemm_sm80(const void* A, const void* B, const void* bias, void* C,
-                               const int64_t* expert_first_token_offset, int num_experts, int64_t max_rows,
-                               int n, int k, int dtype, int activation, int fused_gated, float swiglu_alpha,
-                               float swiglu_limit, void* workspace, size_t workspace_bytes,
-                               cudaStream_t stream);
+/* ---- grouped GEMMs over expert segments ------------------------------------------------------------
+ * C[p] = A[p] @ B[x]^T for the permuted rows p of expert x (expert_first_token_offset), in one of three
+ * epilogues per entry point: plain store (+ bias), gated activation (GEMM1: act(gate, up) written at
+ * half width) or finalize (GEMM2: unpermute + top-k weight + bias, added into the token's output row).
+ *
+ * How a GEMM runs is its tactic, an argument of every entry point: moe-build's planner chooses it per
+ * GEMM and token-count band from its table of measured rules (moe_build/planner/tactics.py) and the
+ * plan records it; the library never chooses one and reads no environment. A tactic the entry point
+ * cannot run (a kernel of another architecture, a tile that does not take the weight layout, a
+ * placement without a gated or finalize epilogue) is MB_ERR_UNSUPPORTED or MB_ERR_INVALID_ARGUMENT. */
+enum mb_gemm_kernel {
+  MB_GEMM_DECODE = 0,  /* gemm/decode.cu: swap-AB mma.sync, weights streamed into registers (few rows) */
+  MB_GEMM_MMA = 1,     /* gemm/mma.cuh: cp.async + ldmatrix + mma.sync tiles (sm_80 and later) */
+  MB_GEMM_WGMMA = 2,   /* gemm/sm90_*: CUTLASS 3 TMA warp-specialized wgmma kernels (sm_90a, sm90 entry points) */
+};
+enum mb_gemm_tile {
+  MB_TILE_NONE = 0,                /* the decode kernel (no tile) */
+  MB_TILE_MMA_16x64 = 1,           /* mma.sync tiles, BM x BN */
+  MB_TILE_MMA_64x128 = 2,
+  MB_TILE_MMA_128x128 = 3,
+  MB_TILE_COOP_128x256 = 4,        /* wgmma: cooperative 128 x 256 */
+  MB_TILE_PINGPONG_64x256 = 5,     /* wgmma: pingpong 64 x 256 */
+  MB_TILE_PINGPONG_64x128 = 6,     /* wgmma: pingpong 64 x 128 */
+  MB_TILE_PINGPONG_64x256_C2 = 7,  /* wgmma: pingpong 64 x 256 in 2x1 clusters (weight tile multicast) */
+  MB_TILE_PINGPONG_64x192_C2 = 8,  /* wgmma: pingpong 64 x 192 in 2x1 clusters (row-major weights only) */
+};
+enum mb_gemm_launch {
+  MB_LAUNCH_PLAIN = 0,          /* an ordinary launch */
+  MB_LAUNCH_AFTER_TRIGGER = 1,  /* programmatic dependent launch: CTAs set up under the previous kernel's tail
+                                   and wait for it before reading A (decode, wgmma; plain below sm_90) */
+  MB_LAUNCH_PLACED = 2,         /* wgmma pingpong 64x256 / 64x128 with the gated or finalize epilogue: after a
+                                   trigger, each CTA starting at the tiles a plain launch puts on its SM
+                                   (needs the caller's `placement` region) */
+};
+enum mb_output_l2 {
+  MB_OUTPUT_L2_PLAIN = 0,       /* ordinary stores */
+  MB_OUTPUT_L2_EVICT_LAST = 1,  /* wgmma gated / finalize epilogues: outputs written under L2 evict_last */
+};
+typedef struct mb_gemm_tactic {
+  int32_t kernel;     /* enum mb_gemm_kernel */
+  int32_t tile;       /* enum mb_gemm_tile: MB_TILE_NONE for decode, an MMA tile for mma, a wgmma tile for wgmma */
+  int32_t k_split;    /* decode: K slices per CTA, 1, 2, 4 or 8; 0 for the other kernels */
+  int32_t launch;     /* enum mb_gemm_launch: mma PLAIN; decode PLAIN or AFTER_TRIGGER; wgmma any (PLACED as above) */
+  int32_t output_l2;  /* enum mb_output_l2: EVICT_LAST only for the wgmma gated and finalize epilogues */
+} mb_gemm_tactic;
 
-/* gemm_sm90.cu: TMA warp-specialized grouped GEMM (sm_90a). Plain: C[p] = A[p] @ B[x]^T (+bias).
- * Finalize: out[t] += topk_weight * (A[p] @ B[x]^T + bias) scattered to the token row of p; out [T, n]
- * is in `dtype` and must be zeroed by the caller (the runner has mb_expand_rows' zero_out do it); each element gets top_k atomic adds (packed
- * 2-element fp16/bf16 atomics), so with top_k < 3 the adds commute and the result is deterministic.
- * Decode-sized calls (few rows per expert) need no workspace and reduce in a fixed order, so the
- * plain entry points are bit-reproducible; the wgmma path needs mb_grouped_gemm_sm90_workspace().
- * For all GEMM entry points max_rows >= off[E] (e.g. T * top_k) bounds the rows; n, k % 8 == 0;
- * on the sm90 wgmma path A must hold max_rows rows (its TMA tiles may read rows off[E] .. max_rows - 1,
- * which reach no output), and max_rows and E * n must fit in int32;
- * fp16/bf16 only (fp32: MB_ERR_UNSUPPORTED). A non-9.0 device gets MB_ERR_UNSUPPORTED from sm90. */
-/* Weight layout of the sm90 entry points' B (weight_layout):
+/* Weight layout of B (weight_layout), the sm90 entry points:
  *   MB_WEIGHTS_ROW_MAJOR: each expert's [n, k] row-major, experts back to back;
  *   MB_WEIGHTS_BLOCKED64: the stacked [E * n, k] rows in 64 x 64 blocks, each block row-major and
  *     contiguous, blocks ordered row block by row block: element (r, c) at
  *     ((r / 64) * (k / 64) + c / 64) * 4096 + (r % 64) * 64 + c % 64 (moe_build.weights.block_64x64).
  *     A wgmma tile's weight tile is then a few 8 KB runs instead of 128-byte pieces of as many rows.
- *     Needs n (the gated entry: 2 * inter) and k multiples of 64; the mma.sync path
- *     (MB_SM90_GEMM_PATH=mma) and the forced pingpong64x192c2 tile refuse it (MB_ERR_UNSUPPORTED). */
+ *     Needs n (the gated entry: 2 * inter) and k multiples of 64; the mma tiles and the wgmma
+ *     pingpong 64x192 in 2x1 clusters refuse it (MB_ERR_UNSUPPORTED). */
 enum mb_weight_layout { MB_WEIGHTS_ROW_MAJOR = 0, MB_WEIGHTS_BLOCKED64 = 1 };
+
+/* gemm/sm80.cu: C[p] = act(A[p] @ B[x]^T + bias[x]) (sm_80 and later; tactic kernel DECODE or MMA).
+ * fused_gated: B is [E, 2N, K] (gate rows, then up rows) and C = gated_act(gate, up) [rows, N] in one
+ * kernel (the SM80 fused gated-activation kernel). No workspace. */
+size_t mb_grouped_gemm_sm80_workspace(int num_experts);
+mb_status mb_grouped_gemm_sm80(const void* A, const void* B, const void* bias, void* C,
+                               const int64_t* expert_first_token_offset, int num_experts, int64_t max_rows,
+                               int n, int k, int dtype, int activation, int fused_gated, float swiglu_alpha,
+                               float swiglu_limit, mb_gemm_tactic tactic, void* workspace, size_t workspace_bytes,
+                               cudaStream_t stream);
+
+/* gemm/sm90_abi.cu: the sm90 entry points (a non-9.0 device gets MB_ERR_UNSUPPORTED). Plain:
+ * C[p] = A[p] @ B[x]^T (+bias). Finalize: out[t] += topk_weight * (A[p] @ B[x]^T + bias) scattered to the
+ * token row of p; out [T, n] is in `dtype` and must be zeroed by the caller (the runner has mb_expand_rows'
+ * zero_out do it); each element gets top_k atomic adds (packed 2-element fp16/bf16 atomics), so with
+ * top_k < 3 the adds commute and the result is deterministic. The decode kernel needs no workspace and
+ * reduces in a fixed order (bit-reproducible); the wgmma kernels need mb_grouped_gemm_sm90_workspace().
+ * For every GEMM entry point max_rows >= off[E] (e.g. T * top_k) bounds the rows; n, k % 8 == 0; with
+ * the wgmma kernels A must hold max_rows rows (its TMA tiles may read rows off[E] .. max_rows - 1, which
+ * reach no output), and max_rows and E * n must fit in int32; fp16/bf16 only (fp32: MB_ERR_UNSUPPORTED). */
 size_t mb_grouped_gemm_sm90_workspace(int num_experts, int64_t max_rows, int n, int k);
 /* placement (the finalize and gated entry points): NULL, or a claim region of
- * mb_grouped_gemm_sm90_placement_ints() int32 that is zero before its first use, is given to no call that
- * may run at the same time as this one; each call leaves it as the next needs it. With it, the one-CTA wgmma tiles
- * start each CTA at the tiles a plain launch puts on its SM (a record taken once per device, at the first
- * such call outside a graph capture) and are launched after a trigger (programmatic dependent launch):
- * their CTAs set up under the previous kernel's last CTAs and wait for it before reading A. The previous
- * kernel in the stream must not write B, the bias or the expert offsets (the runner's chain writes them
- * at least one kernel earlier). MB_SM90_LAUNCH=plain in the environment launches plainly. */
+ * mb_grouped_gemm_sm90_placement_ints() int32 that is zero before its first use and is given to no call that
+ * may run at the same time as this one; each call leaves it as the next needs it. A tactic with
+ * MB_LAUNCH_PLACED needs it (else MB_ERR_INVALID_ARGUMENT): its CTAs start at the tiles a plain launch puts
+ * on their SM, from a record taken once per device at the first such call outside a graph capture; until
+ * that record exists (a first call inside a capture) the call launches plainly.
+ * The previous kernel in the stream must not write B, the bias or the expert offsets (the runner's chain
+ * writes them at least one kernel earlier). */
 size_t mb_grouped_gemm_sm90_placement_ints(void);
-/* 1 once the current device has its placement record (taken at the first call given a placement), else 0. */
+/* 1 once the current device has its placement record (taken at the first placed call), else 0. */
 int mb_grouped_gemm_sm90_placement_recorded(void);
 mb_status mb_grouped_gemm_sm90(const void* A, const void* B, const void* bias, void* C,
                                const int64_t* expert_first_token_offset, int num_experts, int64_t max_rows,
-                               int n, int k, int dtype, int weight_layout, void* workspace,
+                               int n, int k, int dtype, int weight_layout, mb_gemm_tactic tactic, void* workspace,
                                size_t workspace_bytes, cudaStream_t stream);
 mb_status mb_grouped_gemm_sm90_finalize(const void* A, const void* B, const void* bias, void* out,
                                         const int64_t* expert_first_token_offset,
                                         const int32_t* permuted_to_unpermuted, const float* permuted_weights,
                                         int num_experts, int64_t max_rows, int num_tokens, int top_k, int n,
-                                        int k, int dtype, int weight_layout, int32_t* placement, void* workspace,
-                                        size_t workspace_bytes, cudaStream_t stream);
+                                        int k, int dtype, int weight_layout, mb_gemm_tactic tactic,
+                                        int32_t* placement, void* workspace, size_t workspace_bytes,
+                                        cudaStream_t stream);
 /* GEMM1 with the gated activation in its epilogue: C [rows, inter] = act(gate, up) of
  * A [rows, k] @ B^T (+ bias), B [E, 2 * inter, k] and bias [E, 2 * inter] (or NULL) with the gate
  * and up rows interleaved in blocks of 8 (rows 16b..16b+7: gate features 8b..8b+7, rows
@@ -146,8 +194,9 @@ mb_status mb_grouped_gemm_sm90_finalize(const void* A, const void* B, const void
 mb_status mb_grouped_gemm_sm90_gated(const void* A, const void* B, const void* bias, void* C,
                                      const int64_t* expert_first_token_offset, int num_experts, int64_t max_rows,
                                      int inter, int k, int dtype, int activation, float swiglu_alpha,
-                                     float swiglu_limit, int weight_layout, int32_t* placement, void* workspace,
-                                     size_t workspace_bytes, cudaStream_t stream);
+                                     float swiglu_limit, int weight_layout, mb_gemm_tactic tactic,
+                                     int32_t* placement, void* workspace, size_t workspace_bytes,
+                                     cudaStream_t stream);
 
 #ifdef __cplusplus
 }

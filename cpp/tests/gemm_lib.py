@@ -1,6 +1,7 @@
-"""Status-code-level access to the grouped-GEMM entry points for tests/gpu/test_gemm_kernels.py and
-bench/gemm_bench.py: they need raw status codes and forced paths, not moe_build.kernels' wrappers.
-The library itself (and every argtype) comes from moe_build.kernels.load_library().
+"""Status-code-level access to the grouped-GEMM entry points for tests/gpu/test_gemm_kernels.py and the
+bench scripts: raw status codes, and any tactic (also ones the wrappers cannot spell, such as enum values
+outside their enums), not moe_build.kernels' exceptions. The library itself (and every argtype) comes
+from moe_build.kernels.load_library().
 """
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import ctypes
 
 import torch
 
-from moe_build.kernels import Activation, DType, WeightLayout
+from moe_build.kernels import Activation, DType, GemmTacticStruct, WeightLayout, tactic_struct
+from moe_build.planner.tactics import GemmTactic
 
 # The header's codes by the names the tests use, from moe_build.kernels' enums (which
 # tests/test_kernel_build.py checks against moe_build_kernels.h), so no value is written twice.
@@ -18,11 +20,18 @@ ACT = {act.name.lower(): int(act) for act in Activation}
 GATED = tuple(act.name.lower() for act in Activation if act.is_gated)
 DTYPES = {torch.float32: int(DType.FP32), torch.float16: int(DType.FP16), torch.bfloat16: int(DType.BF16)}
 
+Tactic = GemmTactic | str | GemmTacticStruct
+
 
 def load() -> ctypes.CDLL:
     """The project's kernel library (moe_build.kernels: $MOE_BUILD_KERNELS_LIB or the cached build)."""
     from moe_build.kernels import load_library
     return load_library()
+
+
+def as_struct(tactic: Tactic) -> GemmTacticStruct:
+    """The mb_gemm_tactic an entry point takes: a plan's tactic, its name, or a struct as it is."""
+    return tactic if isinstance(tactic, GemmTacticStruct) else tactic_struct(tactic)
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
@@ -34,7 +43,7 @@ def _stream() -> int:
 
 
 class Gemms:
-    """Thin wrappers: tensors in, status code back; the caller owns every output buffer."""
+    """Thin wrappers: tensors and a tactic in, status code back; the caller owns every output buffer."""
 
     def __init__(self, lib: ctypes.CDLL):
         self.lib = lib
@@ -55,36 +64,40 @@ class Gemms:
         return int(self.lib.mb_grouped_gemm_sm90_placement_ints())
 
     def sm80(self, a, b, bias, c, offsets, max_rows: int, n: int, k: int, act: str,
-             alpha: float = 1.0, limit: float = 0.0) -> int:
+             alpha: float = 1.0, limit: float = 0.0, *, tactic: Tactic) -> int:
         gated = int(act in GATED)
         return self.lib.mb_grouped_gemm_sm80(_ptr(a), _ptr(b), _ptr(bias), _ptr(c), _ptr(offsets),
                                              offsets.numel() - 1, max_rows, n, k, DTYPES[a.dtype], ACT[act],
-                                             gated, alpha, limit, None, 0, _stream())
+                                             gated, alpha, limit, as_struct(tactic), None, 0, _stream())
 
-    def sm90(self, a, b, bias, c, offsets, max_rows: int, n: int, k: int, layout: str = "row_major") -> int:
+    def sm90(self, a, b, bias, c, offsets, max_rows: int, n: int, k: int, layout: str = "row_major", *,
+             tactic: Tactic) -> int:
         e = offsets.numel() - 1
         ws = self.workspace_sm90(e, max_rows, n, k)
         return self.lib.mb_grouped_gemm_sm90(_ptr(a), _ptr(b), _ptr(bias), _ptr(c), _ptr(offsets), e, max_rows,
-                                             n, k, DTYPES[a.dtype], LAYOUTS[layout], _ptr(ws), ws.numel(), _stream())
+                                             n, k, DTYPES[a.dtype], LAYOUTS[layout], as_struct(tactic), _ptr(ws),
+                                             ws.numel(), _stream())
 
     def sm90_gated(self, a, b, bias, c, offsets, max_rows: int, inter: int, k: int, act: str,
-                   alpha: float = 1.0, limit: float = 0.0, layout: str = "row_major", placement=None) -> int:
+                   alpha: float = 1.0, limit: float = 0.0, layout: str = "row_major", placement=None, *,
+                   tactic: Tactic) -> int:
         """b / bias in moe_build.weights.interleave_gate_up's order; c [rows, inter]; placement: a zeroed
-        int32 claim region (placement_ints()) for the launch by placement, or None."""
+        int32 claim region (placement_ints()) for a placed tactic, or None."""
         e = offsets.numel() - 1
         ws = self.workspace_sm90(e, max_rows, 2 * inter, k)
         return self.lib.mb_grouped_gemm_sm90_gated(_ptr(a), _ptr(b), _ptr(bias), _ptr(c), _ptr(offsets), e, max_rows,
                                                    inter, k, DTYPES[a.dtype], ACT[act], alpha, limit, LAYOUTS[layout],
-                                                   _ptr(placement), _ptr(ws), ws.numel(), _stream())
+                                                   as_struct(tactic), _ptr(placement), _ptr(ws), ws.numel(),
+                                                   _stream())
 
     def sm90_finalize(self, a, b, bias, out, offsets, p2u, pw, max_rows: int, num_tokens: int, top_k: int,
-                      n: int, k: int, layout: str = "row_major", placement=None) -> int:
+                      n: int, k: int, layout: str = "row_major", placement=None, *, tactic: Tactic) -> int:
         e = offsets.numel() - 1
         ws = self.workspace_sm90(e, max_rows, n, k)
         return self.lib.mb_grouped_gemm_sm90_finalize(
             _ptr(a), _ptr(b), _ptr(bias), _ptr(out), _ptr(offsets), _ptr(p2u), _ptr(pw), e, max_rows,
-            num_tokens, top_k, n, k, DTYPES[a.dtype], LAYOUTS[layout], _ptr(placement), _ptr(ws), ws.numel(),
-            _stream())
+            num_tokens, top_k, n, k, DTYPES[a.dtype], LAYOUTS[layout], as_struct(tactic), _ptr(placement), _ptr(ws),
+            ws.numel(), _stream())
 
 
 def route(num_tokens: int, num_experts: int, top_k: int, gen: torch.Generator):

@@ -4,19 +4,21 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-PLAN_SCHEMA_VERSION = "moe-build.plan/1"
+PLAN_SCHEMA_VERSION = "moe-build.plan/2"
 
-# The seed's reference prefixes, abbreviated as the seed cites them.
-MOE_KERNELS_CU = "cpp/tensorrt_llm/kernels/cutlass_kernels/moe_gemm/moe_kernels.cu"
-MOE_KERNELS_H = "cpp/tensorrt_llm/kernels/cutlass_kernels/include/moe_kernels.h"
-GEMM_DISPATCH_H = "cpp/tensorrt_llm/kernels/cutlass_kernels/moe_gemm/moe_gemm_template_dispatch.h"
-MOE_PLUGIN_CPP = "cpp/tensorrt_llm/plugins/mixtureOfExperts/mixtureOfExpertsPlugin.cpp"
-ENV_UTILS_CPP = "cpp/tensorrt_llm/common/envUtils.cpp"
-PLUGIN_PY = "tensorrt_llm/plugin/plugin.py"
-BUILDER_PY = "tensorrt_llm/builder.py"
-MOE_PY = "tensorrt_llm/layers/moe.py"
-OURS = "moe-build"          # a rule of ours, not the seed's (documented in README)
-ENVIRONMENT = "shared/ENVIRONMENT.md"
+# Upstream sources of the fusion matrix's conditions: files of the TensorRT-LLM repository (NVIDIA/TensorRT-LLM),
+# cited as file:line; the prefix keeps them apart from this repository's own files.
+UPSTREAM = "TensorRT-LLM "
+MOE_KERNELS_CU = UPSTREAM + "cpp/tensorrt_llm/kernels/cutlass_kernels/moe_gemm/moe_kernels.cu"
+MOE_KERNELS_H = UPSTREAM + "cpp/tensorrt_llm/kernels/cutlass_kernels/include/moe_kernels.h"
+GEMM_DISPATCH_H = UPSTREAM + "cpp/tensorrt_llm/kernels/cutlass_kernels/moe_gemm/moe_gemm_template_dispatch.h"
+MOE_PLUGIN_CPP = UPSTREAM + "cpp/tensorrt_llm/plugins/mixtureOfExperts/mixtureOfExpertsPlugin.cpp"
+ENV_UTILS_CPP = UPSTREAM + "cpp/tensorrt_llm/common/envUtils.cpp"
+PLUGIN_PY = UPSTREAM + "tensorrt_llm/plugin/plugin.py"
+BUILDER_PY = UPSTREAM + "tensorrt_llm/builder.py"
+MOE_PY = UPSTREAM + "tensorrt_llm/layers/moe.py"
+OURS = "moe-build"          # a rule of ours, not the seed's (README, "The planner and the fusion matrix")
+RTX_FACTS = "docs/tensorrt_rtx.md"  # what TensorRT-RTX 1.7 can and cannot do, as measured
 
 
 @dataclass(frozen=True)
@@ -35,28 +37,51 @@ class Gate:
 
 
 @dataclass(frozen=True)
+class Band:
+    """One range of token counts, `lo`..`hi` inclusive (`hi` None: no upper end), and the stage's choice there."""
+
+    lo: int
+    hi: int | None
+    choice: str
+
+    def holds(self, tokens: int) -> bool:
+        return self.lo <= tokens and (self.hi is None or tokens <= self.hi)
+
+    def to_list(self) -> list[Any]:
+        return [self.lo, self.hi, self.choice]
+
+
+@dataclass(frozen=True)
 class StageDecision:
     """The choice for one stage of the fusion matrix, with the gates that made it.
 
-    `token_range` is the inclusive token-count range over which `choice` holds ([lo, None] is
-    unbounded); outside it the stage takes `choice_outside_range`.
+    `choice` is the choice at the plan's token count. `bands` cover every token count from 1 in order,
+    each with the stage's choice over it; a stage that does not depend on tokens has one band. The
+    runner and the plugin see every count of their profile, so they read `choice_for(tokens)`, never
+    re-plan.
     """
 
     stage: str
     choice: str
     fallback: str
     gates: tuple[Gate, ...]
-    token_range: tuple[int, int | None] = (1, None)
-    choice_outside_range: str | None = None
+    bands: tuple[Band, ...] = ()
     forced: bool = False
     summary: str = ""
 
+    def __post_init__(self) -> None:
+        if not self.bands:
+            object.__setattr__(self, "bands", (Band(1, None, self.choice),))
+
     def choice_for(self, tokens: int) -> str:
-        lo, hi = self.token_range
-        if lo <= tokens and (hi is None or tokens <= hi):
-            return self.choice
-        assert self.choice_outside_range is not None, f"{self.stage}: no choice outside {self.token_range}"
-        return self.choice_outside_range
+        for band in self.bands:
+            if band.holds(tokens):
+                return band.choice
+        raise ValueError(f"{self.stage}: no band holds {tokens} tokens")
+
+    @property
+    def token_dependent(self) -> bool:
+        return len(self.bands) > 1
 
     @property
     def fused(self) -> bool:
@@ -70,8 +95,7 @@ class StageDecision:
             "stage": self.stage,
             "choice": self.choice,
             "fallback": self.fallback,
-            "token_range": list(self.token_range),
-            "choice_outside_range": self.choice_outside_range,
+            "bands": [b.to_list() for b in self.bands],
             "forced": self.forced,
             "summary": self.summary,
             "gates": [g.to_dict() for g in self.gates],
@@ -81,9 +105,8 @@ class StageDecision:
     def from_dict(cls, d: dict[str, Any]) -> "StageDecision":
         return cls(stage=d["stage"], choice=d["choice"], fallback=d["fallback"],
                    gates=tuple(Gate(**g) for g in d["gates"]),
-                   token_range=(d["token_range"][0], d["token_range"][1]),
-                   choice_outside_range=d.get("choice_outside_range"), forced=d.get("forced", False),
-                   summary=d.get("summary", ""))
+                   bands=tuple(Band(int(lo), None if hi is None else int(hi), str(c)) for lo, hi, c in d["bands"]),
+                   forced=d.get("forced", False), summary=d.get("summary", ""))
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,15 @@ from ..errors import MoeBuildError, UnsupportedCombination
 from ..spec import MoESpec
 from ..target import Target
 from . import rules as R
-from .gates import Gate, Plan, StageDecision
+from . import tactics as T
+from .gates import OURS, Band, Gate, Plan, StageDecision
 
-PLUGIN_STAGES = ("routing_prologue", "expand_rows", "gemm_kernel", "fc1_activation", "fc2_prequant", "finalize")
+# The plugin path's stages: the seed's fusion matrix, then the weight layouts and the two GEMMs' tactics
+# that follow from it (moe-build's own: what the kernels are told, never decided by them).
+FUSION_STAGES = ("routing_prologue", "expand_rows", "gemm_kernel", "fc1_activation", "fc2_prequant", "finalize")
+LAYOUT_STAGES = ("w1_order", "weight_layout")
+TACTIC_STAGES = ("gemm1_tactic", "gemm2_tactic")
+PLUGIN_STAGES = FUSION_STAGES + LAYOUT_STAGES + TACTIC_STAGES
 OOTB_STAGES = ("expert_compute",)
 STAGE_CHOICES: dict[str, tuple[str, ...]] = {
     "routing_prologue": ("fused", "three_step"),
@@ -24,8 +30,10 @@ STAGE_CHOICES: dict[str, tuple[str, ...]] = {
     "fc1_activation": ("epilogue", "fused_gated", "gated_epilogue", "separate"),
     "fc2_prequant": ("fused", "separate", "none"),
     "finalize": ("fused", "separate"),
+    "w1_order": ("gate_up_interleaved", "stacked"),
+    "weight_layout": ("blocked64", "row_major"),
     "expert_compute": ("per_expert_gather", "dense_masked"),
-}
+}  # the tactic stages take any tactic name (tactics.GemmTactic.parse) the GEMM can run
 # Which user-facing field a refusing gate is about (for the one-line error).
 GATE_FIELD = {
     "ootb_weight_only_quant": "quant", "ootb_sm": "sm", "ootb_quant_implemented": "quant", "ootb_lora": "lora",
@@ -62,29 +70,29 @@ def _simple(stage: str, fused: str, fallback: str, gates: Sequence[Gate], forced
 def _token_ranged(stage: str, fused: str, fallback: str, gates: Sequence[Gate], t_max: int | None, tokens: int,
                   forced: str | None, fused_text: str, fallback_text: str, t_min: int = 1) -> StageDecision:
     """A stage whose fused choice holds for tokens t_min..t_max (t_max None: no upper bound; 0: no
-    count), one end of which is open (t_min == 1 or t_max is None).
+    count), one end of which is open (t_min == 1 or t_max is None), and the fallback elsewhere.
 
     The plan is made at one token count, but the runner and plugin see others: the decision
-    carries the range and the choice outside it, so `choice_for(tokens)` needs no re-planning.
+    carries bands over every count, so `choice_for(tokens)` needs no re-planning.
     """
     assert t_min == 1 or t_max is None, "a fused range is open at one end"
     fused_here = t_max != 0 and t_min <= tokens and (t_max is None or tokens <= t_max)
     if forced == fused and not fused_here:
         _refuse(gates, f"cannot force {stage}={fused}")
     if forced == fallback or t_max == 0:
-        return StageDecision(stage, fallback, fallback, tuple(gates), (1, None), None, forced is not None,
-                             fallback_text)
-    every = t_min == 1 and t_max is None
-    if fused_here:
-        bound = ("every token count" if every else f"tokens {t_min}..{t_max}" if t_max is not None
-                 else f"from {t_min} tokens")
-        return StageDecision(stage, fused, fallback, tuple(gates), (t_min, t_max), None if every else fallback,
-                             forced is not None, f"{fused_text} ({bound})")
-    if t_max is not None:
-        return StageDecision(stage, fallback, fallback, tuple(gates), (t_max + 1, None), fused, False,
-                             f"{fallback_text} above {t_max} tokens ({fused} at 1..{t_max})")
-    return StageDecision(stage, fallback, fallback, tuple(gates), (1, t_min - 1), fused, False,
-                         f"{fallback_text} below {t_min} tokens ({fused} from {t_min})")
+        return StageDecision(stage, fallback, fallback, tuple(gates), forced=forced is not None, summary=fallback_text)
+    if t_max is None and t_min == 1:
+        bands: tuple[Band, ...] = (Band(1, None, fused),)
+        bound = "every token count"
+    elif t_max is not None:
+        bands = (Band(1, t_max, fused), Band(t_max + 1, None, fallback))
+        bound = f"tokens 1..{t_max}, {fallback} above"
+    else:
+        bands = (Band(1, t_min - 1, fallback), Band(t_min, None, fused))
+        bound = f"from {t_min} tokens, {fallback} below"
+    choice = fused if fused_here else fallback
+    text = fused_text if fused_here else fallback_text
+    return StageDecision(stage, choice, fallback, tuple(gates), bands, forced is not None, f"{text} ({bound})")
 
 
 def _routing_prologue(spec: MoESpec, target: Target, tokens: int, forced: str | None) -> StageDecision:
@@ -167,16 +175,94 @@ def _finalize(spec: MoESpec, target: Target, gemm_kernel: str, tokens: int, forc
     static = [R.finalize_tma_ws(gemm_kernel), R.finalize_sm_not_wfp4a16(spec, target),
               R.finalize_topk_or_nondeterministic(spec, target), R.finalize_env(target), R.finalize_no_lora(spec),
               R.finalize_tactic_available(spec)]
-    held = all(g.held for g in static)
-    t_max, t_min = (None, R.finalize_fused_min_tokens(spec)) if held else (0, 1)
+    gates = (*static, R.finalize_tactic_rows(spec, tokens))
+    fused_text = "unpermute + top-k weighting + reduction in GEMM2's epilogue"
+    separate_text = "separate finalize kernel after GEMM2"
     if forced == "fused":
         # The tactic gate is a measured preference, not a capability: forcing overrides it (as picking
         # a FINALIZE tactic by hand does in TensorRT-LLM), so the bench can time the fused epilogue anywhere.
         _refuse(static, "cannot force finalize=fused")
-        t_min = 1
-    return _token_ranged("finalize", "fused", "separate", [*static, R.finalize_tactic_rows(spec, tokens)], t_max,
-                         tokens, forced, "unpermute + top-k weighting + reduction in GEMM2's epilogue",
-                         "separate finalize kernel after GEMM2", t_min=t_min)
+        return StageDecision("finalize", "fused", "separate", gates, forced=True, summary=f"{fused_text} (every count)")
+    if forced == "separate" or not all(g.held for g in static):
+        return StageDecision("finalize", "separate", "separate", gates, forced=forced is not None,
+                             summary=separate_text)
+    bands = tuple(Band(lo, hi, "fused" if fused else "separate") for lo, hi, fused in R.finalize_fused_bands(spec))
+    choice = next(b.choice for b in bands if b.holds(tokens))
+    where = "every count" if len(bands) == 1 else "; ".join(
+        f"{b.choice} {b.lo}{'+' if b.hi is None else f'-{b.hi}'}" for b in bands)
+    return StageDecision("finalize", choice, "separate", gates, bands,
+                         summary=f"{fused_text if choice == 'fused' else separate_text} ({where})")
+
+
+def _w1_order(fc1_activation: str) -> StageDecision:
+    gate = R.w1_interleaved(fc1_activation)
+    choice = "gate_up_interleaved" if gate.held else "stacked"
+    return StageDecision("w1_order", choice, "stacked", (gate,),
+                         summary="W1 / b1 gate and up rows interleaved in blocks of 8 features" if gate.held
+                         else "W1 / b1 as the checkpoint stacks them (gate rows, then up rows)")
+
+
+def _weight_layout(spec: MoESpec, target: Target, gemm_kernel: str, forced: str | None) -> StageDecision:
+    capable = [R.blocked_gemm_kernel(gemm_kernel), R.blocked_sizes(spec)]
+    return _simple("weight_layout", "blocked64", "row_major", capable + [R.blocked_rows_pay(spec, target)], forced,
+                   lambda f: "W1 / W2 stored in 64 x 64 blocks (the sm90 GEMMs' prefill layout)" if f
+                   else "W1 / W2 row-major per expert", force_needs=capable)
+
+
+def _gemm_calls(spec: MoESpec, target: Target, choices: Mapping[str, str]) -> dict[str, T.GemmCall]:
+    """The two grouped GEMMs of the layer as the tactic rules see them."""
+    entry = "sm90" if choices["gemm_kernel"] == "tma_warp_specialized" else "sm80"
+    gated1 = choices["fc1_activation"] in ("gated_epilogue", "fused_gated")
+    common = dict(sm=target.sm, entry=entry, experts=spec.local_experts, top_k=spec.top_k, itemsize=spec.dtype.itemsize,
+                  weights_blocked=choices["weight_layout"] == "blocked64", sm_count=target.sm_count,
+                  l2_bytes=target.l2_bytes)
+    return {"gemm1_tactic": T.GemmCall(epilogue="gated" if gated1 else "store", n=spec.fc1_out_features,
+                                       k=spec.hidden_size, **common),
+            "gemm2_tactic": T.GemmCall(epilogue="finalize" if choices["finalize"] == "fused" else "store",
+                                       n=spec.hidden_size, k=spec.intermediate_size, **common)}
+
+
+def _tactic(stage: str, call: T.GemmCall, finalize: StageDecision | None, tokens: int,
+            forced: str | None) -> StageDecision:
+    """A GEMM's tactic in bands over every token count (tactics.tactic_bands), or the forced one at all.
+
+    GEMM2's epilogue follows the finalize stage, which is itself token-dependent: its bands are cut
+    where finalize changes, each part planned with that part's epilogue.
+    """
+    gemm = "GEMM1" if stage == "gemm1_tactic" else "GEMM2"
+    gates = (Gate(f"{stage}_call", f"sm={call.sm} entry={call.entry} epilogue={call.epilogue} n={call.n} k={call.k} "
+                  f"experts={call.experts} top_k={call.top_k} blocked={call.weights_blocked} "
+                  f"sms={call.sm_count} l2={call.l2_bytes >> 20} MiB",
+                  "tactic table: moe_build/planner/tactics.py", True, OURS, token_dependent=True),)
+    if forced is not None:
+        tactic = T.GemmTactic.parse(forced)
+        parts = [(call, 1, None)] if finalize is None else [
+            (_with_epilogue(call, b.choice), b.lo, b.hi) for b in finalize.bands]
+        for part, _, _ in parts:
+            problem = T.tactic_problem(part, tactic)
+            if problem is not None:
+                raise MoeBuildError("force", f"{stage}={forced}: {problem}")
+        return StageDecision(stage, tactic.name, tactic.name, gates, forced=True, summary=f"{gemm} as forced")
+    parts = [(call, 1, None)] if finalize is None else [
+        (_with_epilogue(call, b.choice), b.lo, b.hi) for b in finalize.bands]
+    bands: list[Band] = []
+    for part, lo, hi in parts:
+        for t_lo, t_hi, tactic in T.tactic_bands(part):
+            a, b = max(lo, t_lo), t_hi if hi is None else (hi if t_hi is None else min(hi, t_hi))
+            if b is not None and a > b:
+                continue
+            if bands and bands[-1].choice == tactic.name:
+                bands[-1] = Band(bands[-1].lo, b, tactic.name)
+            else:
+                bands.append(Band(a, b, tactic.name))
+    here = next(band.choice for band in bands if band.holds(tokens))
+    # A tactic has no fused and fallback form: the fallback shown is the choice itself.
+    return StageDecision(stage, here, here, gates, tuple(bands),
+                         summary=f"{gemm}: {len(bands)} tactic band{'s' if len(bands) > 1 else ''} by rows per expert")
+
+
+def _with_epilogue(call: T.GemmCall, finalize_choice: str) -> T.GemmCall:
+    return replace(call, epilogue="finalize" if finalize_choice == "fused" else "store")
 
 
 def _expert_compute(spec: MoESpec, target: Target, forced: str | None) -> StageDecision:
@@ -191,7 +277,9 @@ def _check_forced(path: str, force: Mapping[str, str]) -> None:
     for stage, choice in force.items():
         if stage not in allowed:
             raise MoeBuildError("force", f"stage {stage!r} is not part of the {path} path", allowed)
-        if choice not in STAGE_CHOICES[stage]:
+        if stage in TACTIC_STAGES:
+            T.GemmTactic.parse(choice)
+        elif choice not in STAGE_CHOICES[stage]:
             raise MoeBuildError("force", f"unknown choice {choice!r} for {stage}", STAGE_CHOICES[stage])
 
 
@@ -211,14 +299,26 @@ def make_plan(spec: MoESpec, target: Target, tokens: int = 1,
                   R.plugin_output_not_fp8_fp4(spec)]
         _refuse(checks, "the MoE plugin refuses this combination")
         _check_forced("plugin", force)
+        if "w1_order" in force:
+            raise MoeBuildError("force", "w1_order follows fc1_activation; force that stage instead",
+                                [s for s in PLUGIN_STAGES if s != "w1_order"])
         gemm = _gemm_kernel(spec, target, force.get("gemm_kernel"))
+        fc1 = _fc1_activation(spec, target, gemm.choice, force.get("fc1_activation"))
+        finalize = _finalize(spec, target, gemm.choice, tokens, force.get("finalize"))
+        layout = _weight_layout(spec, target, gemm.choice, force.get("weight_layout"))
+        calls = _gemm_calls(spec, target, {"gemm_kernel": gemm.choice, "fc1_activation": fc1.choice,
+                                           "finalize": finalize.choice, "weight_layout": layout.choice})
         stages = (
             _routing_prologue(spec, target, tokens, force.get("routing_prologue")),
             _expand_rows(spec, force.get("expand_rows")),
             gemm,
-            _fc1_activation(spec, target, gemm.choice, force.get("fc1_activation")),
+            fc1,
             _fc2_prequant(spec, force.get("fc2_prequant")),
-            _finalize(spec, target, gemm.choice, tokens, force.get("finalize")),
+            finalize,
+            _w1_order(fc1.choice),
+            layout,
+            _tactic("gemm1_tactic", calls["gemm1_tactic"], None, tokens, force.get("gemm1_tactic")),
+            _tactic("gemm2_tactic", calls["gemm2_tactic"], finalize, tokens, force.get("gemm2_tactic")),
         )
         return Plan("plugin", tuple(plugin_gates + checks), stages, tokens, spec.to_dict(), target.to_dict())
     checks = [R.ootb_not_weight_only(spec), R.ootb_sm_below_100(target), R.flavour_targets_sm(target),

@@ -10,8 +10,10 @@ import math
 
 from ..spec import Activation, DType, MoESpec, OutputDType, Quant
 from ..target import Target
-from .gates import (BUILDER_PY, ENV_UTILS_CPP, ENVIRONMENT, GEMM_DISPATCH_H, MOE_KERNELS_CU, MOE_KERNELS_H,
+from ..weights.blocks import blocks_fit
+from .gates import (BUILDER_PY, ENV_UTILS_CPP, RTX_FACTS, GEMM_DISPATCH_H, MOE_KERNELS_CU, MOE_KERNELS_H,
                     MOE_PLUGIN_CPP, MOE_PY, OURS, PLUGIN_PY, Gate)
+from .tactics import FINALIZE_DECODE_MAX_AVG_ROWS
 
 FUSED_PROLOGUE_MAX_TOKENS = 256
 FUSED_PROLOGUE_TOPK = (1, 2, 4, 6, 8)
@@ -36,7 +38,7 @@ def moe_plugin_enabled(t: Target) -> Gate:
 # TensorRT-RTX has no add_plugin_v3: plugin layers need full TensorRT
 def flavour_supports_plugins(t: Target) -> Gate:
     return Gate("flavour_plugin_layers", t.flavour.value, "flavour == tensorrt (TensorRT-RTX has no plugin layers)",
-                t.flavour.supports_plugins, ENVIRONMENT)
+                t.flavour.supports_plugins, RTX_FACTS)
 
 
 # MoeOOTB does not support weight-only quant
@@ -60,12 +62,13 @@ def ootb_no_lora(s: MoESpec) -> Gate:
     return Gate("ootb_lora", s.lora, "not lora", not s.lora, OURS)
 
 
-# TensorRT-RTX ComputeCapability offers SM75, SM80, SM86, SM89, SM120, SM121 only
+# TensorRT-RTX ComputeCapability offers SM75, SM80, SM86, SM89, SM120, SM121 only (of which moe-build targets
+# all but SM75)
 def flavour_targets_sm(t: Target) -> Gate:
-    from ..target import RTX_SMS
+    from ..target import RTX_TARGET_SMS
     if t.flavour.value == "tensorrt-rtx":
-        return Gate("flavour_sm", t.sm, f"sm in {RTX_SMS}", t.sm in RTX_SMS, ENVIRONMENT)
-    return Gate("flavour_sm", t.sm, "any supported sm (full TensorRT)", True, ENVIRONMENT)
+        return Gate("flavour_sm", t.sm, f"sm in {RTX_TARGET_SMS}", t.sm in RTX_TARGET_SMS, RTX_FACTS)
+    return Gate("flavour_sm", t.sm, "any supported sm (full TensorRT)", True, RTX_FACTS)
 
 
 # ---- plugin dtype / architecture constraints --------------------------------------------------
@@ -111,7 +114,7 @@ def plugin_output_not_fp8_fp4(s: MoESpec) -> Gate:
 def fused_prologue_smem_bytes(tokens: int, top_k: int, local_experts: int) -> int:
     """Shared memory the gate charges a single-block map builder: (key, value) pairs twice (a radix
     sort's ping-pong) for every expanded row, plus the per-expert histogram/offsets. An upper bound
-    for our counting sort (cpp/src/prologue_fused.cu: 20.5 KB static at any size it accepts)."""
+    for our counting sort (cpp/src/stages/routing_prologue_fused.cu: 20.5 KB static at any size it accepts)."""
     return 2 * tokens * top_k * 8 + (local_experts + 1) * 4
 
 
@@ -330,38 +333,83 @@ def finalize_tactic_available(s: MoESpec) -> Gate:
                 _src(MOE_KERNELS_CU, 4058, 4061, 4067))
 
 
-# tactic selection (the FINALIZE GEMM2 tactic must be the one chosen at run time), measured on the H200
-# with the finalize GEMM on 64x128 tiles up to 64 rows per expert (gemm_sm90.cu), fused minus separate,
-# graph replay, two processes (python -m moe_build.bench --shapes deepseek-v2-lite,qwen3-30b-a3b,gpt-oss-20b
-# --tokens 32,64,128,192,256,384 --variants ours:finalize=fused,ours:finalize=separate;
-# docs/measured/finalize_sweep_narrow_tile_{1,2}.json). Wherever the GEMMs run the wgmma kernel (more than
-# 8 rows per expert on average) it wins by 4-10 us: DeepSeek-V2-Lite 128-384 tokens -6.0 to -7.8,
-# Qwen3-30B-A3B 192-384 -6.5 to -8.3, GPT-OSS-20B 128-384 -4.2 to -9.6 (and at 1024-4096 tokens by 5-29
-# us, docs/measured/finalize_sweep_lean_epilogue.json). On the decode kernel's sizes (at most 8) the
-# separate kernel is 0.6-5.5 us ahead where the intermediate size is below 2048 (Qwen3 32 / 64 / 128 tokens
-# +1.7-2.8 / +2.9-4.0 / +5.2-5.5, DeepSeek 32 / 64 +0.6-2.2); from intermediate size 2048 the two were
-# within 1.5 us there (GPT-OSS 32 / 64 tokens -0.1 to +1.4; 1 and 16 tokens in the full bench runs, GPT-OSS
-# and Mixtral-8x7B, -2.2 to +1.4), so it holds at every count there.
+# tactic selection (the FINALIZE GEMM2 tactic must be the one chosen at run time), measured on the H200:
+# from intermediate size 2048 the fused epilogue is ahead or within 1.5 us at every count. Below it, fused
+# where GEMM2 runs the wgmma kernel (past 4 rows per expert, tactics.FINALIZE_DECODE_MAX_AVG_ROWS; there it
+# wins by 4-10 us, DeepSeek-V2-Lite, Qwen3-30B-A3B and GPT-OSS-20B at 128-384 tokens, 5-29 us at 1024-4096),
+# and on the smallest calls (tokens * top_k <= 32), where the separate kernel's launch costs more than the
+# epilogue's atomics (token sweep: Qwen3 1 / 2 tokens 32.3 / 52.4 us vs 34.4 / 54.8, DeepSeek 1 token 39.2
+# vs 41.1; 3-4 tokens 2% ahead); separate between, where it was 0.5-1% ahead (docs/experiments.md, "Rules
+# and their evidence").
 FINALIZE_FUSED_MIN_INTER = 2048
-DECODE_MAX_ROWS_PER_EXPERT = 8  # gemm_common.cuh kDecodeMaxAvgRows: the GEMMs' decode kernel takes these calls
+FINALIZE_FUSED_MAX_ROWS = 32
 
 
-def finalize_fused_min_tokens(s: MoESpec) -> int:
-    """Smallest token count from which the FINALIZE tactic is selected (it holds at every larger one):
-    1 from intermediate size 2048, else the first count past the decode kernel's sizes
-    (tokens * top_k > 8 * num_experts)."""
+def finalize_fused_at(s: MoESpec, tokens: int) -> bool:
+    """Whether the FINALIZE tactic is the one selected at `tokens` (the rule above)."""
     if s.intermediate_size >= FINALIZE_FUSED_MIN_INTER:
-        return 1
-    return DECODE_MAX_ROWS_PER_EXPERT * s.num_experts // s.top_k + 1
+        return True
+    rows = tokens * s.top_k
+    return rows <= FINALIZE_FUSED_MAX_ROWS or -(-rows // s.local_experts) > FINALIZE_DECODE_MAX_AVG_ROWS
+
+
+def finalize_fused_bands(s: MoESpec) -> tuple[tuple[int, int | None, bool], ...]:
+    """`finalize_fused_at` as bands of token counts from 1: (first, last or None, fused)."""
+    if s.intermediate_size >= FINALIZE_FUSED_MIN_INTER:
+        return ((1, None, True),)
+    small = FINALIZE_FUSED_MAX_ROWS // s.top_k                               # last count of the smallest calls
+    decode = FINALIZE_DECODE_MAX_AVG_ROWS * s.local_experts // s.top_k     # last count on the decode kernel
+    if small >= decode:
+        return ((1, None, True),)
+    head = ((1, small, True),) if small >= 1 else ()
+    return (*head, (small + 1, decode, False), (decode + 1, None, True))
 
 
 def finalize_tactic_rows(s: MoESpec, tokens: int) -> Gate:
     return Gate("finalize_tactic_rows",
                 f"intermediate_size={s.intermediate_size} top_k={s.top_k} num_experts={s.num_experts} tokens={tokens}",
-                f"intermediate_size >= {FINALIZE_FUSED_MIN_INTER} or tokens * top_k > "
-                f"{DECODE_MAX_ROWS_PER_EXPERT} * num_experts",
-                tokens >= finalize_fused_min_tokens(s),
+                f"intermediate_size >= {FINALIZE_FUSED_MIN_INTER} or tokens * top_k <= {FINALIZE_FUSED_MAX_ROWS} "
+                f"or tokens * top_k > {FINALIZE_DECODE_MAX_AVG_ROWS} * num_experts",
+                finalize_fused_at(s, tokens),
                 f"{_src(MOE_KERNELS_CU, 4058)} (tactic choice; {OURS}, measured)", token_dependent=True)
+
+
+# ---- weight layouts (moe-build's own) ---------------------------------------------------------
+
+# W1 / b1 gate/up-interleaved in blocks of 8 features exactly when GEMM1 runs the gated epilogue
+def w1_interleaved(fc1_activation: str) -> Gate:
+    return Gate("w1_gated_epilogue", fc1_activation, "fc1_activation == gated_epilogue",
+                fc1_activation == "gated_epilogue", OURS)
+
+
+# 64 x 64 weight blocks are read only by the sm90 GEMMs (gemm_kernel == tma_warp_specialized)
+def blocked_gemm_kernel(gemm_kernel: str) -> Gate:
+    return Gate("blocked_gemm_kernel", gemm_kernel, "gemm kernel is TMA warp-specialized",
+                gemm_kernel == "tma_warp_specialized", OURS)
+
+
+# ... and only where hidden and intermediate sizes are multiples of 64 (whole blocks)
+def blocked_sizes(s: MoESpec) -> Gate:
+    return Gate("blocked_sizes", f"hidden={s.hidden_size} inter={s.intermediate_size}",
+                "hidden_size % 64 == 0 and intermediate_size % 64 == 0", blocks_fit(s.hidden_size, s.intermediate_size),
+                OURS)
+
+
+# blocked weights pay where the largest call (the profile's max tokens) gives 128-384 average rows per
+# expert: whole layers by graph replay, H200, the wgmma GEMMs gain at 128-384 rows on all four bench shapes
+# (Qwen3-30B-A3B 4096 tokens, 256 rows: 599.7-600.0 vs 611.6-612.8 us; GPT-OSS-20B 128 rows 487.5-488.0 vs
+# 500.0-501.0) and lose past it on the larger experts (GPT-OSS 512 rows 1300.6-1369.4 vs 1266.2-1272.8,
+# Mixtral-8x7B 1024 rows 4585.8-4840.5 vs 4445.1-4494.4); the decode kernel reads them 2-4% slower, which
+# a prefill-sized runner pays at its decode-sized calls (weights cannot change layout per call).
+BLOCKED_MIN_AVG_ROWS = 128
+BLOCKED_MAX_AVG_ROWS = 384
+
+
+def blocked_rows_pay(s: MoESpec, t: Target) -> Gate:
+    avg = -(-t.profile.max * s.top_k // s.local_experts)
+    return Gate("blocked_rows_pay", f"max_tokens={t.profile.max} avg_rows={avg}",
+                f"{BLOCKED_MIN_AVG_ROWS} <= ceil(max_tokens * top_k / experts) <= {BLOCKED_MAX_AVG_ROWS}",
+                BLOCKED_MIN_AVG_ROWS <= avg <= BLOCKED_MAX_AVG_ROWS, OURS)
 
 
 # ---- OOTB expert compute ----------------------------------------------------------------------
@@ -373,7 +421,7 @@ def ootb_gather_pays(s: MoESpec) -> Gate:
                 ratio > OOTB_DENSE_MAX_EXPERTS_PER_TOPK, OURS)
 
 
-# per-expert gathering needs NonZero; TensorRT-RTX 1.7 has no runner for it (docs/add_moe_findings.md)
+# per-expert gathering needs NonZero; TensorRT-RTX 1.7 has no runner for it (docs/tensorrt_rtx.md)
 def ootb_flavour_has_nonzero(t: Target) -> Gate:
     return Gate("ootb_nonzero", t.flavour.value, "flavour == tensorrt (TensorRT-RTX has no NonZero runner)",
-                t.flavour.value == "tensorrt", OURS + " (measured, docs/add_moe_findings.md)")
+                t.flavour.value == "tensorrt", f"{OURS} (measured, {RTX_FACTS})")

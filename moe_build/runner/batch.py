@@ -15,6 +15,8 @@ class Batch:
     out: torch.Tensor                    # [T, H], model dtype
     views: dict[str, torch.Tensor]       # this call's workspace views (Workspace.views(T))
     stream: int                          # the CUDA stream every kernel of the call is launched on
+    gemm1_tactic: object                 # the plan's tactics at this token count (kernels.tactic_struct)
+    gemm2_tactic: object
     logits: torch.Tensor | None = None   # [T, E] (caller's or the router GEMM's)
     topk_ids: torch.Tensor | None = None      # [T, K] int32
     topk_weights: torch.Tensor | None = None  # [T, K] fp32

@@ -14,21 +14,21 @@ import torch
 from ..spec import MoESpec
 from ..weights import MoEWeights
 from .batch import Batch
-from .codes import activation_code
+
 
 class FusedExperts:
     """The expert-side steps of one layer; holds device weights, nothing per call.
 
-    W1 / b1 come in the order the plan's GEMM1 reads: gate/up-interleaved for the sm90 gated
-    epilogue (the runner converts them, weights.interleave_gate_up), stacked otherwise; with
-    `weights_blocked` W1 / W2 are stored in weights.block_64x64's layout, which the sm90 GEMMs are told.
+    W1 / b1 come in the plan's w1_order (gate/up-interleaved for the sm90 gated epilogue) and W1 / W2 in
+    its weight_layout (64 x 64 blocks, which the sm90 GEMMs are told); each GEMM runs the tactic the plan
+    gives at the call's token count (`Batch.gemm1_tactic` / `gemm2_tactic`).
     """
 
-    def __init__(self, spec: MoESpec, weights: MoEWeights, kernels: ModuleType, weights_blocked: bool = False) -> None:
+    def __init__(self, spec: MoESpec, weights: MoEWeights, kernels: ModuleType, weights_blocked: bool) -> None:
         self.spec = spec
         self.w = weights
         self.k = kernels
-        self.act = activation_code(spec.activation)
+        self.act = spec.activation.value
         self.layout = kernels.WeightLayout.BLOCKED64 if weights_blocked else kernels.WeightLayout.ROW_MAJOR
         # One claim region per sm90 GEMM that may overlap the other (GEMM2 launches during GEMM1's tail): the
         # gated and finalize GEMMs then launch after a trigger, by placement (kernels.new_gemm_placement).
@@ -43,7 +43,7 @@ class FusedExperts:
         self._maps(b, fused=False)
 
     def prologue_three_step_zero_output(self, b: Batch) -> None:
-        """The three-step build, also zeroing `out` for gemm2_sm90_finalize's accumulation (one launch)."""
+        """The three-step prologue, also zeroing `out` for gemm2_sm90_finalize's accumulation (one launch)."""
         self._maps(b, fused=False, zero_out=b.out)
 
     def _maps(self, b: Batch, fused: bool, zero_out: torch.Tensor | None = None) -> None:
@@ -51,9 +51,9 @@ class FusedExperts:
                     unpermuted_to_permuted=b.v("unpermuted_to_permuted"),
                     expert_first_token_offset=b.v("expert_offsets"))
         if fused:
-            self.k.build_maps_fused(b.topk_ids, self.spec.local_experts, **maps, stream=b.stream)
+            self.k.routing_prologue_fused(b.topk_ids, self.spec.local_experts, **maps, stream=b.stream)
         else:
-            self.k.build_maps_three_step(b.topk_ids, self.spec.local_experts, **maps,
+            self.k.routing_prologue_three_step(b.topk_ids, self.spec.local_experts, **maps,
                                          workspace=_opt(b, "prologue_workspace"), zero_out=zero_out,
                                          stream=b.stream)
 
@@ -73,7 +73,8 @@ class FusedExperts:
     def gemm1_sm90(self, b: Batch) -> None:
         """Identity epilogue; bias and activation follow in the separate activation kernel."""
         self.k.grouped_gemm_sm90(b.v("permuted_input"), self.w.w1, b.v("expert_offsets"), c=b.v("fc1_out"),
-                                 workspace=_opt(b, "gemm_workspace"), stream=b.stream, weight_layout=self.layout)
+                                 workspace=_opt(b, "gemm_workspace"), stream=b.stream, weight_layout=self.layout,
+                                 tactic=b.gemm1_tactic)
 
     def gemm1_sm90_gated(self, b: Batch) -> None:
         """act(gate, up) (+b1) in GEMM1's epilogue, straight into fc1_act: no fc1_out round trip."""
@@ -81,11 +82,12 @@ class FusedExperts:
         self.k.grouped_gemm_sm90_gated(b.v("permuted_input"), self.w.w1, b.v("expert_offsets"), self.act,
                                        bias=self.w.b1, swiglu_alpha=s.swiglu_alpha, swiglu_limit=s.swiglu_limit,
                                        c=b.v("fc1_act"), workspace=_opt(b, "gemm_workspace"), stream=b.stream,
-                                       weight_layout=self.layout, placement=self.placement["gemm1"])
+                                       weight_layout=self.layout, placement=self.placement["gemm1"],
+                                       tactic=b.gemm1_tactic)
 
     def gemm1_sm80(self, b: Batch) -> None:
         self.k.grouped_gemm_sm80(b.v("permuted_input"), self.w.w1, b.v("expert_offsets"), c=b.v("fc1_out"),
-                                 workspace=_opt(b, "gemm_workspace"), stream=b.stream)
+                                 workspace=_opt(b, "gemm_workspace"), stream=b.stream, tactic=b.gemm1_tactic)
 
     def gemm1_sm80_act(self, b: Batch) -> None:
         self._sm80_into_act(b, fused_gated=False)
@@ -98,11 +100,11 @@ class FusedExperts:
         self.k.grouped_gemm_sm80(b.v("permuted_input"), self.w.w1, b.v("expert_offsets"), activation=self.act,
                                  fused_gated=fused_gated, bias=self.w.b1, swiglu_alpha=s.swiglu_alpha,
                                  swiglu_limit=s.swiglu_limit, c=b.v("fc1_act"),
-                                 workspace=_opt(b, "gemm_workspace"), stream=b.stream)
+                                 workspace=_opt(b, "gemm_workspace"), stream=b.stream, tactic=b.gemm1_tactic)
 
-    def activation(self, b: Batch) -> None:
+    def fc1_activation(self, b: Batch) -> None:
         s = self.spec
-        self.k.activation(b.v("fc1_out"), b.v("expert_offsets"), self.act, bias=self.w.b1,
+        self.k.fc1_activation(b.v("fc1_out"), b.v("expert_offsets"), self.act, bias=self.w.b1,
                           swiglu_alpha=s.swiglu_alpha, swiglu_limit=s.swiglu_limit, out=b.v("fc1_act"),
                           stream=b.stream)
 
@@ -114,15 +116,17 @@ class FusedExperts:
                                           b.v("permuted_to_unpermuted"), b.v("permuted_weights"), b.out.shape[0],
                                           self.spec.top_k, bias=self.w.b2, out=b.out,
                                           workspace=_opt(b, "gemm_workspace"), stream=b.stream,
-                                          weight_layout=self.layout, placement=self.placement["gemm2"])
+                                          weight_layout=self.layout, placement=self.placement["gemm2"],
+                                          tactic=b.gemm2_tactic)
 
     def gemm2_sm90(self, b: Batch) -> None:
         self.k.grouped_gemm_sm90(b.v("fc1_act"), self.w.w2, b.v("expert_offsets"), c=b.v("gemm2_out"),
-                                 workspace=_opt(b, "gemm_workspace"), stream=b.stream, weight_layout=self.layout)
+                                 workspace=_opt(b, "gemm_workspace"), stream=b.stream, weight_layout=self.layout,
+                                 tactic=b.gemm2_tactic)
 
     def gemm2_sm80(self, b: Batch) -> None:
         self.k.grouped_gemm_sm80(b.v("fc1_act"), self.w.w2, b.v("expert_offsets"), c=b.v("gemm2_out"),
-                                 workspace=_opt(b, "gemm_workspace"), stream=b.stream)
+                                 workspace=_opt(b, "gemm_workspace"), stream=b.stream, tactic=b.gemm2_tactic)
 
 
 def _opt(b: Batch, name: str) -> torch.Tensor | None:

@@ -5,13 +5,24 @@ addresses, so one captured call replays correctly after the static inputs are re
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from .runner import MoERunner
-    from .sequence import RoutingInput
+from ..spec import MoESpec
+from .sequence import RoutingInput
+
+
+class Runner(Protocol):
+    """What a graph needs of the runner it captures (moe_build.runner.MoERunner)."""
+
+    spec: MoESpec
+    device: torch.device
+    dtype: torch.dtype
+
+    def __call__(self, hidden: torch.Tensor, router_logits: torch.Tensor | None = None,
+                 topk_ids: torch.Tensor | None = None, topk_weights: torch.Tensor | None = None,
+                 out: torch.Tensor | None = None) -> torch.Tensor: ...
 
 
 _CAPTURE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
@@ -29,7 +40,7 @@ def _capture_stream(dev: torch.device) -> torch.cuda.Stream:
 class GraphedMoE:
     """`hidden` (and `router_logits` or `topk_ids`/`topk_weights`) in, `out` after `replay()`."""
 
-    def __init__(self, runner: "MoERunner", tokens: int, routing_input: "RoutingInput" = "hidden") -> None:
+    def __init__(self, runner: Runner, tokens: int, routing_input: RoutingInput = "hidden") -> None:
         spec, dev = runner.spec, runner.device
         # The graph replays the runner's kernels on the runner's weights and its workspace for the capture
         # stream: holding the runner keeps that memory alive for as long as the graph can be replayed.

@@ -1,6 +1,6 @@
 """Prepare and finalize around the experts (seed 000's FusedMoEPrepareAndFinalize).
 
-prepare: router GEMM and routing (top-k ids/weights), then the activation-quantization hook.
+prepare: router GEMM and routing (top-k ids/weights).
 finalize: the top-k weighting and reduction when the experts did not do it in GEMM2's
 epilogue (plan finalize=separate), and the always-on shared experts. Expert-parallel
 dispatch/combine belongs here too when it exists, which is why these steps are kept apart
@@ -15,7 +15,6 @@ import torch
 from ..spec import MoESpec
 from ..weights import MoEWeights
 from .batch import Batch
-from .codes import activation_code, routing_code
 
 
 class PrepareFinalize:
@@ -39,17 +38,10 @@ class PrepareFinalize:
 
     def routing(self, b: Batch) -> None:
         r = self.spec.routing
-        self.k.routing(b.logits, self.spec.top_k, method=routing_code(r.method), renormalize=r.renormalize,
+        self.k.routing(b.logits, self.spec.top_k, method=r.method.value, renormalize=r.renormalize,
                        correction_bias=self.w.correction_bias, num_groups=r.num_groups, topk_groups=r.topk_groups,
                        routed_scaling_factor=r.routed_scaling_factor, topk_ids=b.topk_ids,
                        topk_weights=b.topk_weights, stream=b.stream)
-
-    def quantize(self, b: Batch) -> None:
-        """Activation quantization hook: a no-op for bf16/fp16/fp32 layers.
-
-        FP8 layers would quantize `b.hidden` into a workspace buffer here (and record its scale)
-        before the experts' expand step reads it.
-        """
 
     # ---- finalize -------------------------------------------------------------------------
     def weight_and_reduce(self, b: Batch) -> None:
@@ -65,7 +57,7 @@ class PrepareFinalize:
         torch.mm(b.hidden, self.w.shared_w1.t(), out=fc1)
         offsets.zero_()
         offsets[1].fill_(b.tokens)  # one "expert" owning every row: [0, T)
-        self.k.activation(fc1, offsets, activation_code(s.activation), swiglu_alpha=s.swiglu_alpha,
+        self.k.fc1_activation(fc1, offsets, s.activation.value, swiglu_alpha=s.swiglu_alpha,
                           swiglu_limit=s.swiglu_limit, out=act, stream=b.stream)
         torch.mm(act, self.w.shared_w2.t(), out=y)
         if s.shared.sigmoid_gate:

@@ -1,12 +1,13 @@
 """MoERunner: one MoE layer executed by our CUDA kernels exactly as its plan says.
 
-The runner never decides a fusion: it asks the planner (`make_plan`, with the caller's
-`force=` which the planner may refuse), turns the plan into steps with `kernel_sequence`
-(resolving the token-dependent routing prologue per call) and launches them on the current
-stream into buffers sized once for `max_tokens`.
+The runner never decides a fusion, a weight layout or a GEMM tactic: it runs a plan (the caller's, e.g.
+the plugin's from an engine, or one made here by the pure planner for this GPU, with the caller's
+`force=`), turns it into steps with `kernel_sequence` and the tactics of the call's token count, and
+launches them on the current stream into buffers sized once for the plan's max tokens.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Callable, Mapping
 
@@ -16,7 +17,7 @@ from .. import kernels
 from ..errors import MoeBuildError
 from ..planner import Plan, make_plan
 from ..spec import MoESpec
-from ..target import Target, resolve_target
+from ..target import Flavour, Target, TokenProfile
 from ..weights import MoEWeights
 from . import sequence as S
 from .batch import Batch
@@ -26,7 +27,7 @@ from .prepare_finalize import PrepareFinalize
 from .workspace import TORCH_DTYPE, BufferSpec, Workspace, layout_bytes, workspace_layout
 
 
-CACHED_TOKEN_COUNTS = 64  # token counts whose step list and caller-workspace layout a runner keeps
+CACHED_TOKEN_COUNTS = 64  # token counts whose steps, tactics and caller-workspace layout a runner keeps
 
 
 def require_cuda(device: torch.device | str) -> torch.device:
@@ -40,52 +41,59 @@ def require_cuda(device: torch.device | str) -> torch.device:
     return dev
 
 
+def device_target(device: torch.device, max_tokens: int, base: Target | None = None) -> Target:
+    """The target of a runner on `device` serving 1..max_tokens tokens: the device's SM, multiprocessor
+    count and L2 size (what the tactic rules read), or `base`'s where given, with the runner's profile."""
+    props = torch.cuda.get_device_properties(device)
+    sm = props.major * 10 + props.minor
+    profile = TokenProfile(1, min(16, max_tokens), max_tokens)
+    if base is not None:
+        return dataclasses.replace(base, profile=profile)
+    return Target(sm=sm, flavour=Flavour.TENSORRT, profile=profile, sm_count=props.multi_processor_count,
+                  l2_bytes=props.L2_cache_size, sm_source="detected")
+
+
 class MoERunner:
     """A callable MoE layer: `runner(hidden, router_logits=None, topk_ids=None, topk_weights=None, out=None)`.
 
-    When the plan runs the sm90 gated epilogue, `self.weights.w1` / `b1` hold W1 / b1 in
-    `weights.interleave_gate_up`'s order (`self.w1_interleaved`), converted once here; the stacked
-    device copy is not kept. `w1_interleaved=True` says the given W1 / b1 already come in that order
-    (the plugin's engine buffers), valid only with such a plan. Likewise, where the plan's GEMMs are
-    the sm90 ones, the sizes allow and the runner is sized for prefill (`sequence.reads_blocked_weights`),
-    `self.weights.w1` / `w2` are stored in `weights.block_64x64`'s layout (`self.weights_blocked`; after
-    the interleave), and `weights_blocked=True` says the given ones already are. `weight_layout`
-    ("row_major" / "blocked64") overrides that rule, so both layouts can be timed on one plan.
+    `plan` runs as given (checked against `spec` and the device); without one, the runner plans for this
+    device (or `target`) and `max_tokens` with `force`. `self.weights` holds W1 / b1 in the plan's w1_order
+    and W1 / W2 in its weight_layout, converted once here; `weights_prepared=True` says the given weights
+    already are (an engine's buffers).
     """
 
     def __init__(self, spec: MoESpec, weights: MoEWeights, target: Target | None = None, max_tokens: int = 4096,
                  force: Mapping[str, str] | None = None, device: torch.device | str = "cuda",
-                 w1_interleaved: bool = False, weights_blocked: bool = False, weight_layout: str = "auto") -> None:
+                 plan: Plan | None = None, weights_prepared: bool = False) -> None:
         self.device = require_cuda(device)
         if self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         major, minor = torch.cuda.get_device_capability(self.device)
-        target = target or resolve_target(sm=major * 10 + minor, flavour="tensorrt")
-        if target.sm != major * 10 + minor:
-            raise MoeBuildError("sm", f"the plan targets sm{target.sm} but {self.device} is sm{major}{minor}",
+        if plan is None:
+            if not isinstance(max_tokens, int) or max_tokens < 1:
+                raise MoeBuildError("max_tokens", f"must be a positive integer, got {max_tokens!r}", "integers >= 1")
+            plan = make_plan(spec, device_target(self.device, max_tokens, target), tokens=max_tokens, force=force)
+        elif force:
+            raise MoeBuildError("force", "a given plan already holds its forced stages", "plan or force, not both")
+        elif plan.spec != spec.to_dict():
+            raise MoeBuildError("plan", "was made for a different spec", "a plan from make_plan(spec, ...)")
+        if plan.target["sm"] != major * 10 + minor:
+            raise MoeBuildError("sm", f"the plan targets sm{plan.target['sm']} but {self.device} is sm{major}{minor}",
                                 f"sm{major}{minor}")
-        self.spec = spec
-        self.max_tokens = max_tokens
-        self.plan: Plan = make_plan(spec, target, tokens=max_tokens, force=force)
-        S.check_runnable(self.plan)
+        S.check_runnable(plan)
         weights.check(spec)
+        self.spec = spec
+        self.plan: Plan = plan
+        self.max_tokens = int(plan.target["profile"]["max"])
         self.dtype = TORCH_DTYPE[spec.dtype]
-        self.w1_interleaved = S.reads_interleaved_w1(self.plan)
-        if w1_interleaved and not self.w1_interleaved:
-            raise MoeBuildError("w1_interleaved", "W1 comes gate/up-interleaved, but the plan does not run the sm90 "
-                                "gated epilogue that reads that order", "False, or a plan with "
-                                "fc1_activation=gated_epilogue")
-        self.weights_blocked = S.chooses_blocked_weights(self.plan, weight_layout)
-        if weights_blocked and not self.weights_blocked:
-            raise MoeBuildError("weights_blocked", "W1 / W2 come in 64 x 64 blocks, but this runner's GEMMs do not "
-                                "read that layout", "False, or a plan with gemm_kernel=tma_warp_specialized, hidden "
-                                "and intermediate sizes that are multiples of 64 and max_tokens giving 128-384 rows "
-                                "per expert (or weight_layout='blocked64')")
+        self.w1_interleaved = S.w1_interleaved(plan)
+        self.weights_blocked = S.weights_blocked(plan)
         self.weights = _to_device(weights, self.device, self.dtype)
-        if self.w1_interleaved and not w1_interleaved:
-            self.weights = self.weights.gate_up_interleaved()
-        if self.weights_blocked and not weights_blocked:
-            self.weights = self.weights.blocked_64x64()
+        if not weights_prepared:
+            if self.w1_interleaved:
+                self.weights = self.weights.gate_up_interleaved()
+            if self.weights_blocked:
+                self.weights = self.weights.blocked_64x64()
 
         # The runner's own workspaces, one per CUDA stream (by handle), each allocated by the first call on
         # that stream not given a workspace: calls on two streams may then run at once (two micro-batches
@@ -96,12 +104,11 @@ class MoERunner:
         self.prepare_finalize = PrepareFinalize(spec, self.weights, kernels, deterministic)
         self.experts = FusedExperts(spec, self.weights, kernels, weights_blocked=self.weights_blocked)
         self._steps = self._step_table()
-        # Per token count, what every call at that count would recompute: its steps, and the layout
-        # of a caller's workspace (kernel size queries). Kept for the last few counts. The cached
-        # functions hold the spec and plan, not the runner: a cycle through `self` would leave a
-        # dropped runner's weights to the cyclic collector instead of freeing them at once.
-        self._sequence = functools.lru_cache(maxsize=CACHED_TOKEN_COUNTS)(
-            functools.partial(_kernel_sequence, self.plan))
+        # Per token count, what every call at that count would recompute: its steps and tactics, and the
+        # layout of a caller's workspace (kernel size queries). Kept for the last few counts. The cached
+        # functions hold the spec and plan, not the runner: a cycle through `self` would leave a dropped
+        # runner's weights to the cyclic collector instead of freeing them at once.
+        self._call_plan = functools.lru_cache(maxsize=CACHED_TOKEN_COUNTS)(functools.partial(_call_plan, self.plan))
         self._layout = functools.lru_cache(maxsize=CACHED_TOKEN_COUNTS)(
             functools.partial(runner_layout, spec, self.plan))
 
@@ -132,7 +139,7 @@ class MoERunner:
             S.EXPAND_ROWS: ex.expand_rows, S.EXPAND_ROWS_ZERO_OUTPUT: ex.expand_rows_zero_output,
             S.GEMM1_SM90: ex.gemm1_sm90, S.GEMM1_SM90_GATED: ex.gemm1_sm90_gated,
             S.GEMM1_SM80: ex.gemm1_sm80, S.GEMM1_SM80_ACT: ex.gemm1_sm80_act,
-            S.GEMM1_SM80_FUSED_GATED: ex.gemm1_sm80_fused_gated, S.ACTIVATION: ex.activation,
+            S.GEMM1_SM80_FUSED_GATED: ex.gemm1_sm80_fused_gated, S.FC1_ACTIVATION: ex.fc1_activation,
             S.GEMM2_SM90_FINALIZE: ex.gemm2_sm90_finalize,
             S.GEMM2_SM90: ex.gemm2_sm90, S.GEMM2_SM80: ex.gemm2_sm80,
             S.FINALIZE: pf.weight_and_reduce, S.SHARED_EXPERTS: pf.shared_experts,
@@ -177,14 +184,15 @@ class MoERunner:
         else:
             ws = self.bind_workspace(workspace, T)
         views = ws.views(T)
-        b = Batch(T, x, out.view(T, -1), views, stream,
+        routing_input = _routing_input(router_logits, topk_ids)
+        steps, gemm1_tactic, gemm2_tactic = self._call_plan(T, routing_input)
+        b = Batch(T, x, out.view(T, -1), views, stream, gemm1_tactic, gemm2_tactic,
                   topk_ids=views["topk_ids"], topk_weights=views["topk_weights"])
-        routing_input = self._bind_routing(b, router_logits, topk_ids, topk_weights)
-        self.prepare_finalize.quantize(b)
+        self._bind_routing(b, router_logits, topk_ids, topk_weights)
         # The caller's tensors are checked above and the rest are the runner's own, right by
         # construction, so the kernel wrappers skip their per-tensor checks.
         with kernels.trusted_tensors():
-            for step in self._sequence(T, routing_input):
+            for step in steps:
                 self._steps[step](b)
         return out
 
@@ -207,7 +215,7 @@ class MoERunner:
         return x
 
     def _bind_routing(self, b: Batch, logits: torch.Tensor | None, ids: torch.Tensor | None,
-                      weights: torch.Tensor | None) -> S.RoutingInput:
+                      weights: torch.Tensor | None) -> None:
         T, K, E = b.tokens, self.spec.top_k, self.spec.num_experts
         if (ids is None) != (weights is None):
             raise MoeBuildError("topk_ids", "topk_ids and topk_weights must be given together", "both or neither")
@@ -220,19 +228,24 @@ class MoERunner:
                     raise MoeBuildError(name, f"shape {tuple(t.shape)} on {t.device}", f"[{T}, {K}] on {self.device}")
             b.topk_ids.copy_(ids)
             b.topk_weights.copy_(weights)
-            return "topk"
+            return
         if logits is not None:
             if tuple(logits.shape) != (T, E) or logits.device != self.device or not logits.is_contiguous() \
                     or logits.dtype not in (torch.float32, torch.float16, torch.bfloat16):
                 raise MoeBuildError("router_logits", f"{tuple(logits.shape)} {logits.dtype} on {logits.device}",
                                     f"contiguous [{T}, {E}] fp32/fp16/bf16 on {self.device}")
             b.logits = logits
-            return "logits"
-        return "hidden"
 
 
-def _kernel_sequence(plan: Plan, tokens: int, routing_input: S.RoutingInput) -> tuple[str, ...]:
-    return tuple(S.kernel_sequence(plan, tokens, routing_input))
+def _routing_input(logits: torch.Tensor | None, ids: torch.Tensor | None) -> S.RoutingInput:
+    return "topk" if ids is not None else "logits" if logits is not None else "hidden"
+
+
+def _call_plan(plan: Plan, tokens: int, routing_input: S.RoutingInput) -> tuple[tuple[str, ...], object, object]:
+    """One call's steps and its two GEMM tactics (as the kernels take them), read off the plan's bands."""
+    choices = plan.choices(tokens)
+    return (tuple(S.kernel_sequence(plan, tokens, routing_input)), kernels.tactic_struct(choices["gemm1_tactic"]),
+            kernels.tactic_struct(choices["gemm2_tactic"]))
 
 
 def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:

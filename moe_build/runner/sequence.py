@@ -1,9 +1,9 @@
-"""Plan -> the ordered list of steps one runner call launches.
+"""Plan -> the ordered steps one runner call launches, and the GEMM tactics they run with.
 
-Why a separate pure function: the runner dispatches on exactly this list, so what a plan
-means in kernels is decided (and tested, on a CPU) in one place, and the runner itself never
-chooses a fusion. Token-dependent choices (routing prologue, finalize) are resolved per call with
-`Plan.choices(tokens)` (each stage's `choice_for`), never from the token count the plan was made at.
+Why a separate pure function: the runner dispatches on exactly this list, so what a plan means in
+kernels is decided (and tested, on a CPU) in one place, and the runner itself never chooses a fusion.
+Token-dependent choices (routing prologue, finalize, the GEMM tactics) are read per call from the plan's
+bands (`Plan.choices(tokens)`), never from the token count the plan was made at.
 """
 from __future__ import annotations
 
@@ -11,39 +11,38 @@ from typing import Literal
 
 from ..errors import MoeBuildError
 from ..planner import Plan
-from ..weights import blocks_fit
 
 RoutingInput = Literal["hidden", "logits", "topk"]
 
-# Step names. "gemm1:*" / "gemm2:*" name which grouped GEMM entry point (and mode) runs.
+# Step names: the planner's stage and choice (the kernel library's entry points carry the same names).
 ROUTER_GEMM = "router_gemm"            # torch matmul: hidden @ router_weight^T (+ bias)
 ROUTING = "routing"                    # mb_routing: logits -> topk ids/weights
-PROLOGUE_FUSED = "prologue:fused"      # mb_build_maps_fused
-PROLOGUE_THREE_STEP = "prologue:three_step"  # mb_build_maps_three_step
-# mb_build_maps_three_step that also zeroes the output the fused finalize accumulates into (its zero_out):
+PROLOGUE_FUSED = "routing_prologue:fused"            # mb_routing_prologue_fused
+PROLOGUE_THREE_STEP = "routing_prologue:three_step"  # mb_routing_prologue_three_step
+# the three-step prologue that also zeroes the output the fused finalize accumulates into (its zero_out):
 # extra blocks beside its latency-bound scan, instead of more writes in the bandwidth-bound expansion.
-PROLOGUE_THREE_STEP_ZERO_OUTPUT = "prologue:three_step+zero_output"
+PROLOGUE_THREE_STEP_ZERO_OUTPUT = "routing_prologue:three_step+zero_output"
 THREE_STEP_PROLOGUES = frozenset({PROLOGUE_THREE_STEP, PROLOGUE_THREE_STEP_ZERO_OUTPUT})  # need its workspace
 EXPAND_ROWS = "expand_rows"            # mb_expand_rows
-# mb_expand_rows that also zeroes the output the fused finalize accumulates into (its zero_out):
-# the same expansion, with the zeroing memset folded in instead of a launch of its own.
+# the expansion that also zeroes the output the fused finalize accumulates into (its zero_out): the same
+# expansion, with the zeroing folded in instead of a launch of its own.
 EXPAND_ROWS_ZERO_OUTPUT = "expand_rows+zero_output"
-GEMM1_SM90 = "gemm1:sm90"              # TMA WS grouped GEMM, identity epilogue
-GEMM1_SM90_GATED = "gemm1:sm90_gated"  # TMA WS grouped GEMM, gated activation in its epilogue (interleaved W1)
-GEMM1_SM80 = "gemm1:sm80"              # Ampere grouped GEMM, identity epilogue
-GEMM1_SM80_ACT = "gemm1:sm80_act"      # Ampere grouped GEMM, non-gated activation in the epilogue
-GEMM1_SM80_FUSED_GATED = "gemm1:sm80_fused_gated"  # Ampere fused gated-activation GEMM
-ACTIVATION = "activation"              # mb_activation (separate FC1 activation)
+GEMM1_SM90 = "gemm1:sm90"              # sm90 grouped GEMM, plain store
+GEMM1_SM90_GATED = "gemm1:sm90_gated"  # sm90 grouped GEMM, gated activation in its epilogue (interleaved W1)
+GEMM1_SM80 = "gemm1:sm80"              # sm80 grouped GEMM, plain store
+GEMM1_SM80_ACT = "gemm1:sm80_act"      # sm80 grouped GEMM, non-gated activation in the epilogue
+GEMM1_SM80_FUSED_GATED = "gemm1:sm80_fused_gated"  # sm80 fused gated-activation GEMM
+FC1_ACTIVATION = "fc1_activation"      # mb_fc1_activation (the separate FC1 activation)
 GEMM2_SM90_FINALIZE = "gemm2:sm90_finalize"  # GEMM2 with unpermute/weighting/reduction in its epilogue
 GEMM2_SM90 = "gemm2:sm90"
 GEMM2_SM80 = "gemm2:sm80"
-FINALIZE = "finalize"                  # mb_finalize (separate top-k weighting and reduction)
-SHARED_EXPERTS = "shared_experts"      # torch matmuls + mb_activation, added to the output
+FINALIZE = "finalize"                  # mb_finalize (the separate top-k weighting and reduction)
+SHARED_EXPERTS = "shared_experts"      # torch matmuls + mb_fc1_activation, added to the output
 
 _GEMM1 = {
-    ("tma_warp_specialized", "separate"): [GEMM1_SM90, ACTIVATION],
+    ("tma_warp_specialized", "separate"): [GEMM1_SM90, FC1_ACTIVATION],
     ("tma_warp_specialized", "gated_epilogue"): [GEMM1_SM90_GATED],
-    ("ampere", "separate"): [GEMM1_SM80, ACTIVATION],
+    ("ampere", "separate"): [GEMM1_SM80, FC1_ACTIVATION],
     ("ampere", "epilogue"): [GEMM1_SM80_ACT],
     ("ampere", "fused_gated"): [GEMM1_SM80_FUSED_GATED],
 }
@@ -54,68 +53,14 @@ _GEMM2 = {
 }
 
 
-def reads_interleaved_w1(plan: Plan) -> bool:
-    """Whether the plan's GEMM1 step is the sm90 gated epilogue, which reads W1 / b1 in
-    `weights.interleave_gate_up`'s order: the runner converts to it once, plugin engines hold it."""
-    if plan.path != "plugin":
-        return False
-    c = plan.choices()
-    return GEMM1_SM90_GATED in _GEMM1.get((c["gemm_kernel"], c["fc1_activation"]), ())
+def w1_interleaved(plan: Plan) -> bool:
+    """Whether the plan's W1 / b1 come gate/up-interleaved (its w1_order stage)."""
+    return plan.stage("w1_order").choice == "gate_up_interleaved"
 
 
-# Weights go to 64 x 64 blocks when the plan's (largest) token count gives BLOCKED_MIN_AVG_ROWS to
-# BLOCKED_MAX_AVG_ROWS average rows per expert: a runner sized for prefill. Blocked against row-major
-# weights, whole layers by graph replay (bench/blocked_weights_probe.py and its scratch predecessor, H200,
-# 2026-11-22; README, "Weights in 64 x 64 blocks"): the wgmma GEMMs gain at 16-384 rows on all four bench
-# shapes (Qwen3-30B-A3B 4096 tokens, 256 rows: 599.7-600.0 vs 611.6-612.8 us; DeepSeek-V2-Lite 384 rows
-# 710.8-715.4 vs 722.3-724.9; GPT-OSS-20B 128 rows 487.5-488.0 vs 500.0-501.0; Mixtral-8x7B 256 rows
-# 1195.6-1203.6 vs 1233.6-1238.1), and lose past it on the larger experts (GPT-OSS 512 rows 1300.6-1369.4
-# vs 1266.2-1272.8, DeepSeek 768 rows 1318.2-1332.2 vs 1307.4-1311.3, Mixtral 1024 rows 4585.8-4840.5 vs
-# 4445.1-4494.4), though not on Qwen3 (512 rows 1057.7-1060.4 vs 1069.5-1072.2); why was not found. The
-# decode kernel (<= 8 rows per expert) reads blocked weights 2-4% slower (1 and 16 tokens: Mixtral
-# 182.9-183.3 vs 177.8-178.1 and 678.9-680.5 vs 666.1-666.7 us, Qwen3 33.2-33.6 vs 32.7-32.8 and
-# 200.8-201.4 vs 196.9-197.3), so runners sized for smaller calls keep row-major weights, and a
-# prefill-sized runner pays that at its decode-sized calls.
-BLOCKED_MIN_AVG_ROWS = 128
-BLOCKED_MAX_AVG_ROWS = 384
-
-
-def can_read_blocked_weights(plan: Plan) -> bool:
-    """Whether the plan's GEMMs are the sm90 ones and W1 / W2 tile into 64 x 64 blocks (hidden and
-    intermediate sizes multiples of 64): the only GEMMs, and the only sizes, that read that layout."""
-    if plan.path != "plugin" or plan.choices()["gemm_kernel"] != "tma_warp_specialized":
-        return False
-    return blocks_fit(plan.spec["hidden_size"], plan.spec["intermediate_size"])
-
-
-def reads_blocked_weights(plan: Plan, max_tokens: int | None = None) -> bool:
-    """Whether the GEMMs can read blocked weights (can_read_blocked_weights) and the runner's largest call
-    (`max_tokens`, default the plan's token count, which is the runner's max_tokens) gives
-    BLOCKED_MIN_AVG_ROWS to BLOCKED_MAX_AVG_ROWS rows per expert: those GEMMs then read both in
-    `weights.block_64x64`'s layout (the runner converts once, plugin engines hold it)."""
-    if not can_read_blocked_weights(plan):
-        return False
-    spec = plan.spec
-    tokens = plan.tokens if max_tokens is None else max_tokens
-    avg_rows = -(-tokens * spec["top_k"] // spec["num_experts"])
-    return BLOCKED_MIN_AVG_ROWS <= avg_rows <= BLOCKED_MAX_AVG_ROWS
-
-
-WEIGHT_LAYOUTS = ("auto", "row_major", "blocked64")
-
-
-def chooses_blocked_weights(plan: Plan, weight_layout: str) -> bool:
-    """The runner's W1 / W2 layout: by the rule (reads_blocked_weights) for "auto", else as asked, so that
-    the layouts can be compared on one plan (bench/blocked_weights_probe.py). "blocked64" where the GEMMs
-    cannot read it is refused, naming the field."""
-    if weight_layout not in WEIGHT_LAYOUTS:
-        raise MoeBuildError("weight_layout", f"unknown weight layout {weight_layout!r}", WEIGHT_LAYOUTS)
-    if weight_layout == "auto":
-        return reads_blocked_weights(plan)
-    if weight_layout == "blocked64" and not can_read_blocked_weights(plan):
-        raise MoeBuildError("weight_layout", "blocked64 needs the sm90 GEMMs (gemm_kernel=tma_warp_specialized) "
-                            "and hidden and intermediate sizes that are multiples of 64", ("auto", "row_major"))
-    return weight_layout == "blocked64"
+def weights_blocked(plan: Plan) -> bool:
+    """Whether the plan's W1 / W2 are stored in 64 x 64 blocks (its weight_layout stage)."""
+    return plan.stage("weight_layout").choice == "blocked64"
 
 
 def check_runnable(plan: Plan) -> None:
@@ -162,7 +107,7 @@ def kernel_sequence(plan: Plan, tokens: int, routing_input: RoutingInput = "hidd
     if routing_input in ("hidden", "logits"):
         steps.append(ROUTING)
     gemm2 = _GEMM2[(c["gemm_kernel"], c["finalize"])]
-    # GEMM2's finalize epilogue adds into `out`, which the three-step map build or else the expansion
+    # GEMM2's finalize epilogue adds into `out`, which the three-step prologue or else the expansion
     # zeroes beforehand.
     zero = GEMM2_SM90_FINALIZE in gemm2
     if c["routing_prologue"] == "fused":
@@ -177,9 +122,7 @@ def kernel_sequence(plan: Plan, tokens: int, routing_input: RoutingInput = "hidd
 
 
 def steps_up_to(plan: Plan, max_tokens: int) -> set[str]:
-    """Every step some call of 1..max_tokens tokens may run (what the workspace must cover).
-
-    Only the routing prologue and finalize depend on tokens, and their fused ranges always start
-    at 1, so the two ends of the range cover every choice.
-    """
-    return set(kernel_sequence(plan, 1)) | set(kernel_sequence(plan, max_tokens))
+    """Every step some call of 1..max_tokens tokens may run (what the workspace must cover): the steps at
+    the first token count of every band of the token-dependent stages that starts within the range."""
+    counts = {1, max_tokens} | {b.lo for s in plan.stages for b in s.bands if b.lo <= max_tokens}
+    return set().union(*(kernel_sequence(plan, t) for t in counts))

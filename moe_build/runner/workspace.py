@@ -58,7 +58,7 @@ def workspace_layout(spec: MoESpec, steps: set[str], max_tokens: int, *, gemm_wo
         out["logits"] = BufferSpec((M, E), dt, 1)
     if S.THREE_STEP_PROLOGUES & steps and three_step_workspace_bytes:
         out["prologue_workspace"] = BufferSpec((three_step_workspace_bytes,), torch.uint8)
-    if S.ACTIVATION in steps:
+    if S.FC1_ACTIVATION in steps:
         out["fc1_out"] = BufferSpec((R, N1), dt, K)
     if S.FINALIZE in steps:
         out["gemm2_out"] = BufferSpec((R, H), dt, K)

@@ -1,4 +1,4 @@
-"""The bench's peers (moe_build.bench_peers) on a real GPU: each computes the layer (fp64 reference,
+"""The bench's peers (moe_build.bench.peers) on a real GPU: each computes the layer (fp64 reference,
 fresh random data, routing pinned by the same fp32 logits), and the ones that must not wait on the
 GPU from the host do not, since `moe-build bench` times host-syncing fns apart from the rest.
 """
@@ -9,14 +9,15 @@ import random
 import pytest
 import torch
 
-from moe_build.bench import InputSet, _syncs_host
-from moe_build.bench_peers import Peer, grouped_mm_peer, hf_eager_peer, naive_peer
+from moe_build.bench.timing import syncs_host
+from moe_build.bench.peers import Peer, grouped_mm_peer, hf_eager_peer, naive_peer
 from moe_build.reference import moe_reference
 from moe_build.spec import MoESpec, Routing, RoutingMethod
 from moe_build.weights import MoEWeights
 
 pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+              pytest.mark.skipif(not torch.cuda.is_available(),
+                                 reason="needs a CUDA GPU (scripts/device_run.sh runs these on one)")]
 
 SPEC = MoESpec(256, 192, 16, 4, routing=Routing(RoutingMethod.SOFTMAX_TOPK, renormalize=True))
 TOL = 1e-2
@@ -51,6 +52,7 @@ def test_peer_matches_reference(name: str, tokens: int) -> None:
 @pytest.mark.parametrize("name,syncs", [("grouped_mm", False), ("naive", True)])
 def test_host_sync(name: str, syncs: bool) -> None:
     w = MoEWeights.random(SPEC, seed=0).to("cuda", torch.bfloat16)
-    inp = InputSet(torch.randn(64, SPEC.hidden_size, device="cuda").to(torch.bfloat16),
-                   torch.randn(64, SPEC.num_experts, device="cuda"), touched=SPEC.num_experts)
-    assert _syncs_host(_peer(name, w), inp) is syncs
+    hidden = torch.randn(64, SPEC.hidden_size, device="cuda").to(torch.bfloat16)
+    logits = torch.randn(64, SPEC.num_experts, device="cuda")
+    peer = _peer(name, w)
+    assert syncs_host(lambda: peer(hidden, logits)) is syncs

@@ -16,11 +16,11 @@ from moe_build.reference import moe_reference
 from moe_build.spec import Activation, DType, MoESpec, Routing, RoutingMethod, SharedExperts
 from moe_build.target import Flavour, Target, TokenProfile
 from moe_build.weights import MoEWeights
-from plugins import moe_plugin as mp
+from moe_build.plugins import moe_plugin as mp
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
-    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+    pytest.skip("needs a CUDA GPU (scripts/device_run.sh runs these on one)", allow_module_level=True)
 
 PROFILE = TokenProfile(min=1, opt=16, max=512)
 SPECS = {

@@ -20,7 +20,8 @@ from moe_build.target import Flavour, Target
 from moe_build.weights import MoEWeights
 
 pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+              pytest.mark.skipif(not torch.cuda.is_available(),
+                                 reason="needs a CUDA GPU (scripts/device_run.sh runs these on one)")]
 
 TOL = 1e-2
 # Every plan-path combination the runner has kernels for on this GPU (the planner refuses the rest).
@@ -42,12 +43,11 @@ def _target(deterministic: bool = False) -> Target:
 
 
 def _runner(spec: MoESpec, force: dict[str, str] | None, max_tokens: int, seed: int,
-            deterministic: bool = False, weight_layout: str = "auto"):  # noqa: ANN202
+            deterministic: bool = False):  # noqa: ANN202
     from moe_build.runner import MoERunner
     weights = MoEWeights.random(spec, seed=seed)
     try:
-        return MoERunner(spec, weights, target=_target(deterministic), max_tokens=max_tokens, force=force,
-                         weight_layout=weight_layout), weights
+        return MoERunner(spec, weights, target=_target(deterministic), max_tokens=max_tokens, force=force), weights
     except UnsupportedCombination as e:
         pytest.skip(f"planner refuses {force} for this spec: {e}")
 
@@ -57,10 +57,10 @@ def _dtype(spec: MoESpec) -> torch.dtype:
 
 
 def check(spec: MoESpec, force: dict[str, str] | None = None, tokens: int = 16, routing_input: str = "logits",
-          max_tokens: int | None = None, weight_layout: str = "auto") -> None:
+          max_tokens: int | None = None) -> None:
     """Run one fresh case and assert rel-norm error < TOL with every output element written."""
     seed = random.SystemRandom().randrange(1 << 30)
-    runner, weights = _runner(spec, force, max_tokens or max(tokens, 1), seed, weight_layout=weight_layout)
+    runner, weights = _runner(spec, force, max_tokens or max(tokens, 1), seed)
     g = torch.Generator(device="cpu").manual_seed(seed + 1)
     hidden = torch.randn(tokens, spec.hidden_size, generator=g).to("cuda", _dtype(spec))
     out = torch.full_like(hidden, float("nan"))
@@ -102,7 +102,32 @@ def test_forced_weight_layout_matches_reference(weight_layout: str, tokens: int,
     prefill-sized one) runs the same GEMMs on them correctly (sm90 GEMMs only read blocked weights)."""
     if weight_layout == "blocked64" and torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("blocked weights are read by the sm90 GEMMs only")
-    check(BASE, None, tokens, max_tokens=max_tokens, weight_layout=weight_layout)
+    check(BASE, {"weight_layout": weight_layout}, tokens, max_tokens=max_tokens)
+
+
+def _band_edges(spec: MoESpec, max_tokens: int) -> list[int]:
+    """Both ends of every tactic band of both GEMMs within 1..max_tokens (the counts where a tactic starts
+    or stops), for the device's own plan."""
+    from moe_build.planner import make_plan
+    from moe_build.runner.runner import device_target
+    plan = make_plan(spec, device_target(torch.device("cuda"), max_tokens), max_tokens)
+    edges = {1, max_tokens}
+    for stage in ("gemm1_tactic", "gemm2_tactic"):
+        for band in plan.stage(stage).bands:
+            edges |= {t for t in (band.lo, band.hi) if t is not None and t <= max_tokens}
+    return sorted(edges)
+
+
+# 64 experts, top-6 (DeepSeek-V2-Lite's routing at a small size): avg rows = ceil(tokens * 6 / 64), so
+# 1..2048 tokens cross the decode kernel, both wgmma pingpong tiles, placement and the finalize bands.
+BANDED = MoESpec(512, 384, 64, 6, routing=Routing(RoutingMethod.SOFTMAX_TOPK, renormalize=True))
+
+
+@pytest.mark.parametrize("tokens", _band_edges(BANDED, 2048) if torch.cuda.is_available() else [1])
+def test_every_tactic_band_of_the_plan_matches_reference(tokens: int) -> None:
+    """The runner at each end of each tactic band the planner gives this device: every tactic the plan
+    can pick for the layer, at the counts where a rule switches, against the fp64 reference."""
+    check(BANDED, None, tokens, max_tokens=2048)
 
 
 @pytest.mark.parametrize("force", FORCES, ids=FORCE_IDS)
@@ -289,16 +314,17 @@ def test_gated_epilogue_runner_keeps_only_the_interleaved_w1() -> None:
     decode = MoERunner(spec, weights, target=_target(), max_tokens=64)  # 16 rows per expert
     assert decode.w1_interleaved and not decode.weights_blocked
     assert torch.equal(decode.weights.w1.cpu(), interleave_gate_up(weights.w1.to(dt)))
-    forced = MoERunner(spec, weights, target=_target(), max_tokens=64, weight_layout="blocked64")
+    forced = MoERunner(spec, weights, target=_target(), max_tokens=64, force={"weight_layout": "blocked64"})
     assert forced.weights_blocked and torch.equal(forced.weights.w2.cpu(), block_64x64(weights.w2.to(dt)))
-    row_major = MoERunner(spec, weights, target=_target(), max_tokens=512, weight_layout="row_major")
+    row_major = MoERunner(spec, weights, target=_target(), max_tokens=512, force={"weight_layout": "row_major"})
     assert not row_major.weights_blocked and torch.equal(row_major.weights.w2.cpu(), weights.w2.to(dt))
-    with pytest.raises(MoeBuildError, match="w1_interleaved"):
-        MoERunner(spec, weights, target=_target(), max_tokens=64, force={"fc1_activation": "separate"},
-                  w1_interleaved=True)
-    with pytest.raises(MoeBuildError, match="weights_blocked"):
-        MoERunner(spec, weights, target=_target(), max_tokens=512, force={"gemm_kernel": "ampere"},
-                  weights_blocked=True)
+    # a runner given a plan runs it as it is: weights already in its layouts are taken as they are
+    prepared = MoERunner(spec, runner.weights, plan=runner.plan, weights_prepared=True)
+    assert prepared.weights.w1.data_ptr() == runner.weights.w1.data_ptr()
+    with pytest.raises(MoeBuildError, match="force"):
+        MoERunner(spec, weights, plan=runner.plan, force={"finalize": "separate"})
+    with pytest.raises(MoeBuildError, match="plan"):
+        MoERunner(odd, MoEWeights.random(odd, seed=4), plan=runner.plan)
 
 
 def test_calls_on_two_streams_may_overlap() -> None:

@@ -1,5 +1,5 @@
-"""Stage kernels (routing, both prologues, expand rows, activation, finalize) against fp64 PyTorch
-references written here.
+"""Stage kernels (routing, both routing prologues, expand rows, FC1 activation, finalize; cpp/src/stages/)
+against fp64 PyTorch references written here.
 
 Every case draws fresh random inputs, poisons the outputs (NaN for floats, a sentinel for ints)
 and checks that every element was written. Prologue maps must equal a torch stable sort exactly;
@@ -13,7 +13,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+              pytest.mark.skipif(not torch.cuda.is_available(),
+                                 reason="needs a CUDA GPU (scripts/device_run.sh runs these on one)")]
 
 from moe_build import kernels as K  # noqa: E402  (after the skip: loading may build the library)
 
@@ -179,7 +180,7 @@ def test_routing_rejects_bad_arguments() -> None:
     assert err.value.status is K.Status.UNSUPPORTED
 
 
-# ---- prologue ---------------------------------------------------------------------------------
+# ---- routing prologues ------------------------------------------------------------------------
 
 def ref_maps(ids: torch.Tensor, e: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     key = ids.flatten().long()
@@ -212,37 +213,38 @@ def poisoned(build):
 @pytest.mark.parametrize("k", (1, 2, 4, 6, 8))
 @pytest.mark.parametrize("e", (8, 64, 256, 510))
 @pytest.mark.parametrize("t", (1, 16, 255, 256))
-def test_fused_prologue(t: int, e: int, k: int) -> None:
-    check_maps(poisoned(K.build_maps_fused), random_ids(t, e, k), e)
+def test_routing_prologue_fused(t: int, e: int, k: int) -> None:
+    check_maps(poisoned(K.routing_prologue_fused), random_ids(t, e, k), e)
     # Wrapper path, and ids of experts on other nodes (outside [0, E)) sorting last.
     ids = torch.randint(-2, e + 3, (t, k), device="cuda", dtype=torch.int32)
-    check_maps(K.build_maps_fused, ids, e)
+    check_maps(K.routing_prologue_fused, ids, e)
 
 
 @pytest.mark.parametrize("k", TOPKS)
 @pytest.mark.parametrize("t", TOKENS)
-def test_three_step_prologue(t: int, k: int) -> None:
+def test_routing_prologue_three_step(t: int, k: int) -> None:
     for e in (8, 256):
-        check_maps(poisoned(K.build_maps_three_step), random_ids(t, e, k), e)
+        check_maps(poisoned(K.routing_prologue_three_step), random_ids(t, e, k), e)
     # Skewed load (most rows on a few experts) and out-of-node ids.
     ids = (torch.rand(t, k, device="cuda") ** 4 * 70).to(torch.int32) - 2
-    check_maps(poisoned(K.build_maps_three_step), ids.contiguous(), 64)
+    check_maps(poisoned(K.routing_prologue_three_step), ids.contiguous(), 64)
 
 
 @pytest.mark.parametrize("t,k,e", [(40000, 8, 256), (20000, 8, 8), (3000, 6, 4096), (0, 4, 64)])
-def test_three_step_prologue_tilings(t: int, k: int, e: int) -> None:
+def test_routing_prologue_three_step_tilings(t: int, k: int, e: int) -> None:
     """Tiles past 1024 rows (more rows than 64 such tiles hold), fewer warps per tile (many experts,
     several rounds per warp), the shared-memory opt-in past 48 KB (4096 experts), and no rows at all."""
-    check_maps(poisoned(K.build_maps_three_step), random_ids(t, e, k), e)
+    check_maps(poisoned(K.routing_prologue_three_step), random_ids(t, e, k), e)
     skewed = ((torch.rand(t, k, device="cuda") ** 6) * (e + 4)).to(torch.int32) - 2
-    check_maps(poisoned(K.build_maps_three_step), skewed.contiguous(), e)
+    check_maps(poisoned(K.routing_prologue_three_step), skewed.contiguous(), e)
 
 
 @pytest.mark.parametrize("t,k,e,h,dtype", [(4096, 8, 128, 2048, torch.bfloat16), (300, 3, 64, 100, torch.float16),
                                            (1, 1, 8, 7, torch.float16), (3000, 6, 4096, 2816, torch.bfloat16),
                                            (0, 4, 64, 64, torch.bfloat16)])
 @pytest.mark.parametrize("offset", (0, 1))
-def test_three_step_prologue_zeroes_output(t: int, k: int, e: int, h: int, dtype: torch.dtype, offset: int) -> None:
+def test_routing_prologue_three_step_zeroes_output(t: int, k: int, e: int, h: int, dtype: torch.dtype,
+                                                   offset: int) -> None:
     """zero_out: the finalize GEMM's output is zeroed by the map build's extra blocks, exactly its bytes
     (a view one element into a NaN buffer: unaligned ends, neighbours untouched; 4096 experts leave one
     warp per block, so the zero blocks stride), and the maps are unchanged."""
@@ -251,8 +253,8 @@ def test_three_step_prologue_zeroes_output(t: int, k: int, e: int, h: int, dtype
 
     def build(ids: torch.Tensor, e: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         n = ids.numel()
-        return K.build_maps_three_step(ids, e, sentinel((n,)), sentinel((n,)), sentinel((e + 1,), torch.int64),
-                                       zero_out=z)
+        return K.routing_prologue_three_step(ids, e, sentinel((n,)), sentinel((n,)),
+                                             sentinel((e + 1,), torch.int64), zero_out=z)
     check_maps(build, random_ids(t, e, k), e)
     assert (z == 0).all(), "zero_out not fully zeroed"
     outside = torch.cat([whole[:offset], whole[offset + t * h:]])
@@ -260,9 +262,9 @@ def test_three_step_prologue_zeroes_output(t: int, k: int, e: int, h: int, dtype
 
 
 @pytest.mark.parametrize("t,k,e", [(257, 2, 8), (16, 3, 8), (16, 5, 64), (16, 2, 511), (300, 8, 256)])
-def test_fused_prologue_unsupported(t: int, k: int, e: int) -> None:
+def test_routing_prologue_fused_unsupported(t: int, k: int, e: int) -> None:
     with pytest.raises(K.KernelError) as err:
-        K.build_maps_fused(random_ids(t, e, k), e)
+        K.routing_prologue_fused(random_ids(t, e, k), e)
     assert err.value.status is K.Status.UNSUPPORTED
 
 
@@ -333,7 +335,7 @@ def test_expand_rows_zero_out_must_not_overlap_input() -> None:
     assert err.value.status is K.Status.INVALID_ARGUMENT
 
 
-# ---- activation -------------------------------------------------------------------------------
+# ---- FC1 activation ---------------------------------------------------------------------------
 
 def ref_activation(x: torch.Tensor, act: K.Activation, alpha: float, limit: float) -> torch.Tensor:
     f = torch.nn.functional
@@ -361,7 +363,7 @@ def random_offsets(e: int, rows: int, filled: int) -> torch.Tensor:
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("inter,with_bias,prequant", [(2880, True, False), (200, False, True), (4096, True, True),
                                                       (100, True, False)])
-def test_activation(act: K.Activation, dtype: torch.dtype, inter: int, with_bias: bool, prequant: bool) -> None:
+def test_fc1_activation(act: K.Activation, dtype: torch.dtype, inter: int, with_bias: bool, prequant: bool) -> None:
     e, rows = 16, 1200
     filled = rows - 37  # rows past off[E] (other nodes' experts) must stay untouched
     off = random_offsets(e, rows, filled)
@@ -371,7 +373,7 @@ def test_activation(act: K.Activation, dtype: torch.dtype, inter: int, with_bias
     s = torch.rand(inter, device="cuda") + 0.5 if prequant else None
     alpha, limit = 1.702, 2.0
     out = nan_like((rows, inter), dtype)
-    K.activation(x, off, act, b, alpha, limit, s, out=out)
+    K.fc1_activation(x, off, act, b, alpha, limit, s, out=out)
     torch.cuda.synchronize()
     xin = x.double()[:filled]
     if b is not None:
@@ -386,7 +388,7 @@ def test_activation(act: K.Activation, dtype: torch.dtype, inter: int, with_bias
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("e,rows,filled", [(1, 8, 8), (8, 8, 5), (160, 16, 13), (256, 2048, 2000)])
-def test_activation_bias_of_row_expert(e: int, rows: int, filled: int, dtype: torch.dtype) -> None:
+def test_fc1_activation_bias_of_row_expert(e: int, rows: int, filled: int, dtype: torch.dtype) -> None:
     """Each row's bias comes from its expert, found by a warp-wide search over off: no search (E=1),
     one round (E <= 32) and two (E > 32, most experts empty at 16 rows), at decode row counts
     (where a row's columns are split over several warps) and a prefill-like one; inter 768 is the
@@ -396,7 +398,7 @@ def test_activation_bias_of_row_expert(e: int, rows: int, filled: int, dtype: to
     x = (torch.randn(rows, 2 * inter, device="cuda") * 3).to(dtype)
     b = (torch.randn(e, 2 * inter, device="cuda") * 0.5).to(dtype)
     out = nan_like((rows, inter), dtype)
-    K.activation(x, off, K.Activation.SWIGLU, b, out=out)
+    K.fc1_activation(x, off, K.Activation.SWIGLU, b, out=out)
     torch.cuda.synchronize()
     expert = torch.searchsorted(off, torch.arange(filled, device="cuda"), right=True) - 1
     ref = ref_activation(x.double()[:filled] + b.double()[expert], K.Activation.SWIGLU, 1.0, math.inf)
@@ -449,12 +451,12 @@ def test_expand_rows_past_grid_cap() -> None:
     assert torch.equal(out, x[ptu.long() // k]) and torch.equal(pw, w.flatten()[ptu.long()])
 
 
-def test_activation_past_grid_cap() -> None:
+def test_fc1_activation_past_grid_cap() -> None:
     rows, inter, filled = BIG, 8, BIG - 7
     off = random_offsets(4, rows, filled)
     x = torch.randn(rows, 2 * inter, device="cuda")
     out = nan_like((rows, inter), torch.float32)
-    K.activation(x, off, K.Activation.SWIGLU, out=out)
+    K.fc1_activation(x, off, K.Activation.SWIGLU, out=out)
     torch.cuda.synchronize()
     assert rel_err(out[:filled], ref_activation(x.double()[:filled], K.Activation.SWIGLU, 1.0, math.inf)) < 1e-5
     assert torch.isnan(out[filled:]).all(), "rows past off[E] were written"

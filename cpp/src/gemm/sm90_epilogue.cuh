@@ -1,0 +1,330 @@
+// The wgmma GEMMs' epilogue (MoeEpilogue): no shared memory, each consumer thread writes its own
+// accumulator fragment as a plain store (+ bias), GEMM1's gated activation (act(gate, up) of an
+// interleaved W1, written at half width) or the MoE finalize (unpermute + top-k weight + bias, atomically
+// reduced into the token's output row), with the 16-byte store / vector-atomic helpers they use.
+#pragma once
+
+#include <cstdint>
+
+#include "common/act_math.cuh"
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/epilogue/collective/detail.hpp"
+#include "gemm/mma.cuh"           // EpilogueKind, Pair
+#include "gemm/sm90_pairs.cuh"    // kSplitTileFlag
+
+namespace mbk {
+
+using InternalStrideD = cute::remove_pointer_t<cutlass::detail::TagToStrideC_t<cutlass::layout::RowMajor*>>;
+
+template <typename T> struct CutlassType;
+template <> struct CutlassType<__nv_bfloat16> { using type = cutlass::bfloat16_t; };
+template <> struct CutlassType<__half> { using type = cutlass::half_t; };
+
+// 4x4 transpose across a lane quad: lane q holds v[s] (s = 0..3); afterwards it holds v[p] = lane
+// p's former v[q]. Two butterfly rounds (partner q ^ 2, then q ^ 1), each trading two values chosen by
+// the lane's own bit, so every step is a shuffle or a select: no value is indexed at run time (indexing
+// v[k] by a run-time k compiles into branches, too long to hide under the other warpgroup's mainloop).
+__device__ __forceinline__ void quad_transpose(uint32_t (&v)[4], int q) {
+  const bool hi = q & 2, odd = q & 1;
+  uint32_t r0 = __shfl_xor_sync(0xffffffffu, hi ? v[0] : v[2], 2);
+  uint32_t r1 = __shfl_xor_sync(0xffffffffu, hi ? v[1] : v[3], 2);
+  v[0] = hi ? r0 : v[0];
+  v[1] = hi ? r1 : v[1];
+  v[2] = hi ? v[2] : r0;
+  v[3] = hi ? v[3] : r1;
+  r0 = __shfl_xor_sync(0xffffffffu, odd ? v[0] : v[1], 1);
+  r1 = __shfl_xor_sync(0xffffffffu, odd ? v[2] : v[3], 1);
+  v[0] = odd ? r0 : v[0];
+  v[2] = odd ? r1 : v[2];
+  v[1] = odd ? v[1] : r0;
+  v[3] = odd ? v[3] : r1;
+}
+
+// One 16-byte atomic add of eight packed 16-bit values (sm_90 vector red; PTX 8.1), and the plain and gated
+// epilogues' 16-byte store; where `hinted`, under the L2 cache policy `policy` (a createpolicy handle,
+// l2_evict_last()).
+// No "memory" clobber: the kernel never reads what it writes (later readers are ordered by the stream), and
+// the clobber would pin every load of the epilogue (bias, maps) behind the previous atomic.
+template <typename T>
+__device__ __forceinline__ void red_add_16B(T* dst, const uint32_t (&v)[4], bool hinted, uint64_t policy);
+template <>
+__device__ __forceinline__ void red_add_16B<__nv_bfloat16>(__nv_bfloat16* dst, const uint32_t (&v)[4], bool hinted,
+                                                          uint64_t policy) {
+  if (hinted) {
+    asm volatile("red.global.add.L2::cache_hint.noftz.v4.bf16x2 [%0], {%1, %2, %3, %4}, %5;" ::"l"(dst), "r"(v[0]),
+                 "r"(v[1]), "r"(v[2]), "r"(v[3]), "l"(policy));
+  } else {
+    asm volatile("red.global.add.noftz.v4.bf16x2 [%0], {%1, %2, %3, %4};" ::"l"(dst), "r"(v[0]), "r"(v[1]),
+                 "r"(v[2]), "r"(v[3]));
+  }
+}
+template <>
+__device__ __forceinline__ void red_add_16B<__half>(__half* dst, const uint32_t (&v)[4], bool hinted,
+                                                   uint64_t policy) {
+  if (hinted) {
+    asm volatile("red.global.add.L2::cache_hint.noftz.v4.f16x2 [%0], {%1, %2, %3, %4}, %5;" ::"l"(dst), "r"(v[0]),
+                 "r"(v[1]), "r"(v[2]), "r"(v[3]), "l"(policy));
+  } else {
+    asm volatile("red.global.add.noftz.v4.f16x2 [%0], {%1, %2, %3, %4};" ::"l"(dst), "r"(v[0]), "r"(v[1]),
+                 "r"(v[2]), "r"(v[3]));
+  }
+}
+__device__ __forceinline__ void store_16B(void* dst, const uint32_t (&v)[4], bool hinted, uint64_t policy) {
+  if (hinted) {
+    asm volatile("st.global.L2::cache_hint.v4.b32 [%0], {%1, %2, %3, %4}, %5;" ::"l"(dst), "r"(v[0]), "r"(v[1]),
+                 "r"(v[2]), "r"(v[3]), "l"(policy));
+  } else {
+    *reinterpret_cast<uint4*>(dst) = make_uint4(v[0], v[1], v[2], v[3]);
+  }
+}
+// An L2 policy under which the written lines are evicted after the others (evict_last) in the whole L2.
+__device__ __forceinline__ uint64_t l2_evict_last() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+
+// Operator-style epilogue run by CUTLASS's Sm90TmaWarpSpecializedAdapter (the same hook as its
+// DefaultEpilogueArray): each consumer thread gets its wgmma accumulator fragment and the
+// fragment's (row, column) coordinates in the current group, and writes them itself.
+template <typename T, int kEpi>
+class MoeEpilogue {
+ public:
+  using EpilogueSchedule = cutlass::epilogue::PtrArrayNoSmemWarpSpecialized;
+  using DispatchPolicy = EpilogueSchedule;
+  using ElementC = typename CutlassType<T>::type;
+  using ElementD = ElementC;
+  using InternalStrideC = mbk::InternalStrideD;
+  using InternalStrideD = mbk::InternalStrideD;
+  using StrideC = InternalStrideC*;
+  using StrideD = InternalStrideD*;
+  using GmemTiledCopyC = void;
+  using GmemTiledCopyD = void;
+  // GemmUniversalAdapter reads the accumulator type through this.
+  struct ThreadEpilogueOp {
+    using ElementAccumulator = float;
+    using ElementCompute = float;
+    using ElementOutput = ElementD;
+    using ElementD = ElementOutput;
+  };
+  struct SharedStorage {};
+  using TensorMapStorage = SharedStorage;
+
+  struct Arguments {
+    const T* bias = nullptr;        // [E, N] or null
+    T* out = nullptr;               // plain: [rows, N]; finalize: [tokens, N], zeroed by the caller
+    const int64_t* offsets = nullptr;
+    const int32_t* permuted_to_unpermuted = nullptr;
+    const float* permuted_weights = nullptr;
+    int top_k = 1;
+    int activation = MB_ACT_SWIGLU;  // gated epilogue: act(gate, up), gate_up_interleaved W1 (gated_row)
+    float swiglu_alpha = 1.f;
+    float swiglu_limit = 0.f;
+    bool evict_last = false;  // the gated stores and finalize atomics under L2 evict_last (MB_OUTPUT_L2_EVICT_LAST)
+  };
+  using Params = Arguments;
+
+  template <class PS>
+  static constexpr Params to_underlying_arguments(PS const&, Arguments const& args, void*) {
+    return args;
+  }
+  template <class PS>
+  static size_t get_workspace_size(PS const&, Arguments const&, int) {
+    return 0;
+  }
+  template <class PS>
+  static cutlass::Status initialize_workspace(PS const&, Arguments const&, void*, cudaStream_t,
+                                              cutlass::CudaHostAdapter* = nullptr) {
+    return cutlass::Status::kSuccess;
+  }
+  template <class PS>
+  static bool can_implement(PS const&, Arguments const& args) {
+    return args.out != nullptr && args.offsets != nullptr;
+  }
+
+  CUTLASS_HOST_DEVICE MoeEpilogue(Params const& params) : params_(params) {}
+
+  CUTLASS_DEVICE bool is_source_needed() { return false; }
+
+  // The accumulator layout every mode relies on (CUTLASS's wgmma CLayout_64xN, as partitioned for a
+  // thread of any of the tiles here): value i = v0 + 2*v1 + 4*j (v0, v1 in {0, 1}, j < size(acc) / 4) is
+  // element (m0 + 8*v1, n0 + v0 + 8*j) of the tile, (m0, n0) being the thread's first element. So a
+  // thread has two rows (h = v1) and, per row, one column pair in each 8-column group j, with n0 even.
+  // The modes below address everything from (m0, n0) with compile-time offsets and test rows and
+  // columns with predicates, not branches: one pingpong warpgroup's epilogue must fit under the other's
+  // mainloop, and with one warp per scheduler nothing hides its latency (per-element coordinates, a
+  // 64-bit address and a branch per column pair, do not fit under a short-K mainloop).
+  template <class ProblemShapeMNKL, class BlockShapeMNK, class BlockCoordMNKL, class FrgEngine, class FrgLayout,
+            class TiledMma, class ResidueMNK>
+  CUTLASS_DEVICE void operator()(ProblemShapeMNKL problem_shape_mnkl, BlockShapeMNK blk_shape_mnk,
+                                 BlockCoordMNKL blk_coord_mnkl, cute::Tensor<FrgEngine, FrgLayout> const& acc,
+                                 TiledMma tiled_mma, ResidueMNK, int thread_idx, char*) {
+    using namespace cute;
+    static_assert(decltype(size(acc))::value % 16 == 0, "accumulator fragment holds groups of four 8-column pairs");
+    const int M = get<0>(problem_shape_mnkl);
+    const int N = get<1>(problem_shape_mnkl);
+    auto [m_coord, n_coord, k_coord, l_coord] = blk_coord_mnkl;
+    Tensor coords = local_tile(make_identity_tensor(make_shape(M, N)), take<0, 2>(blk_shape_mnk),
+                               make_coord(m_coord & ~kSplitTileFlag, n_coord));
+    Tensor tc = tiled_mma.get_thread_slice(thread_idx).partition_C(coords);
+    const Frag f{get<0>(tc(0)), get<1>(tc(0)), M, N, params_.offsets[l_coord]};
+    const T* bias = params_.bias ? params_.bias + (int64_t)l_coord * N : nullptr;
+    // One branch per tile, not per element, for the bias and the activation.
+    if constexpr (kEpi == EPI_FINALIZE) {
+      return bias ? finalize_tile<true>(acc, f, bias) : finalize_tile<false>(acc, f, bias);
+    } else if constexpr (kEpi == EPI_GATED) {
+      switch (params_.activation) {
+        case MB_ACT_GEGLU: return bias ? gated_tile<MB_ACT_GEGLU, true>(acc, f, bias)
+                                       : gated_tile<MB_ACT_GEGLU, false>(acc, f, bias);
+        case MB_ACT_SWIGLU_CLAMP: return bias ? gated_tile<MB_ACT_SWIGLU_CLAMP, true>(acc, f, bias)
+                                              : gated_tile<MB_ACT_SWIGLU_CLAMP, false>(acc, f, bias);
+        default: return bias ? gated_tile<MB_ACT_SWIGLU, true>(acc, f, bias)
+                             : gated_tile<MB_ACT_SWIGLU, false>(acc, f, bias);
+      }
+    } else {
+      return bias ? store_tile<true>(acc, f, bias) : store_tile<false>(acc, f, bias);
+    }
+  }
+
+ private:
+  // A thread's place in the tile: its first element (m0, n0), the group's M x N and first permuted row.
+  struct Frag {
+    int m0, n0, M, N;
+    int64_t row0;
+    __device__ __forceinline__ bool row_in(int h) const { return m0 + 8 * h < M; }
+    __device__ __forceinline__ bool col_in(int j) const { return n0 + 8 * j < N; }  // N even: n + 1 fits too
+    // Lane q's whole 8-column group of block g after quad_group (N is a multiple of 8).
+    __device__ __forceinline__ bool group_in(int g, int q) const { return n0 + 6 * q + 32 * g < N; }
+  };
+
+  // (acc(i) + bias, acc(i + 1) + bias) for the column pair at n of group j, as floats (the bias read
+  // only for columns in range).
+  template <bool kBias, class Acc>
+  CUTLASS_DEVICE static float2 biased(Acc const& acc, int i, const T* bias, Frag const& f, int j) {
+    float2 v{acc(i), acc(i + 1)};
+    const int n = f.n0 + 8 * j;
+    if (kBias && f.col_in(j)) {
+      const float2 b = Pair<T>::to_float2(*reinterpret_cast<const typename Pair<T>::type*>(bias + n));
+      v.x += b.x;
+      v.y += b.y;
+    }
+    return v;
+  }
+
+  // Row h's column pairs of the four 8-column groups 4g..4g+3 ((acc + bias), times `scale` if kScaled),
+  // packed, then transposed across the lane quad: afterwards lane q holds group 4g + q whole, columns
+  // n0 - 2q + 8q + 32g = n0 + 6q + 32g onwards (values 4 * (4g + s) + 2h are row h's pairs in those
+  // groups, and a quad holds the four groups whole). Every lane of the quad must call it, in range or not.
+  template <bool kBias, bool kScaled, class Acc>
+  CUTLASS_DEVICE static void quad_group(Acc const& acc, Frag const& f, const T* bias, int g, int h, float scale,
+                                        uint32_t (&v)[4]) {
+    using P2 = Pair<T>;
+    CUTLASS_PRAGMA_UNROLL
+    for (int s = 0; s < 4; ++s) {
+      const int j = 4 * g + s;
+      float2 x = biased<kBias>(acc, 4 * j + 2 * h, bias, f, j);
+      if constexpr (kScaled) x = {scale * x.x, scale * x.y};
+      const typename P2::type packed = P2::make(x.x, x.y);
+      v[s] = *reinterpret_cast<const uint32_t*>(&packed);
+    }
+    quad_transpose(v, threadIdx.x & 3);
+  }
+
+  // The plain store: out[row0 + m, n] = acc (+ bias), each lane's whole 8-column group (quad_group)
+  // written with one 16-byte store instead of four 4-byte ones.
+  template <bool kBias, class Acc>
+  CUTLASS_DEVICE void store_tile(Acc const& acc, Frag const& f, const T* bias) {
+    const int q = threadIdx.x & 3;
+    T* row[2];
+    CUTLASS_PRAGMA_UNROLL
+    for (int h = 0; h < 2; ++h) row[h] = params_.out + (f.row0 + f.m0 + 8 * h) * f.N + f.n0 + 6 * q;
+    CUTLASS_PRAGMA_UNROLL
+    for (int g = 0; g < cute::size(acc) / 16; ++g) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        uint32_t v[4];
+        quad_group<kBias, false>(acc, f, bias, g, h, 1.f, v);
+        if (f.row_in(h) && f.group_in(g, q))
+          store_16B(row[h] + 32 * g, v, false, 0);
+      }
+    }
+  }
+
+  // The finalize epilogue: each row's (acc + bias) * routing weight, atomically added into its
+  // token's output row, each lane's whole 8-column group (quad_group) with one 16-byte vector atomic
+  // instead of four 4-byte ones.
+  // Each row's weight and output row are read once per tile, before the column loop, so that no
+  // dependent global loads sit in front of the atomics.
+  template <bool kBias, class Acc>
+  CUTLASS_DEVICE void finalize_tile(Acc const& acc, Frag const& f, const T* bias) {
+    const int q = threadIdx.x & 3;
+    float w[2];
+    T* dst[2];
+    CUTLASS_PRAGMA_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      w[h] = 0.f;
+      dst[h] = nullptr;
+      if (f.row_in(h)) {
+        const int64_t p = f.row0 + f.m0 + 8 * h;
+        w[h] = params_.permuted_weights[p];
+        dst[h] = params_.out + (int64_t)(params_.permuted_to_unpermuted[p] / params_.top_k) * f.N + f.n0 + 6 * q;
+      }
+    }
+    const uint64_t policy = params_.evict_last ? l2_evict_last() : 0;
+    CUTLASS_PRAGMA_UNROLL
+    for (int g = 0; g < cute::size(acc) / 16; ++g) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        uint32_t v[4];
+        quad_group<kBias, true>(acc, f, bias, g, h, w[h], v);
+        if (dst[h] != nullptr && f.group_in(g, q)) red_add_16B<T>(dst[h] + 32 * g, v, params_.evict_last, policy);
+      }
+    }
+  }
+
+  // The gated epilogue: W1 interleaved in blocks of 8 rows (gated_row), so GEMM column c with
+  // c % 16 < 8 is feature (c / 16) * 8 + c % 8's gate and column c + 8 its up projection. Tiles start
+  // at multiples of 16 columns (the tile widths are 128, 192 and 256) and n0 % 16 = 2 * (lane % 4) < 8,
+  // so for even j the pair at n0 + 8j is a gate pair and group j + 1 (values 4 further on) holds its up
+  // pair: each thread has both halves of its features. A lane quad's act(gate, up) pairs of gate group j
+  // are 8 consecutive features of the [rows, N / 2] activation; four gate groups' pairs are transposed
+  // across the quad (quad_transpose), so each lane writes one group whole with one 16-byte store.
+  template <int ACT, bool kBias, class Acc>
+  CUTLASS_DEVICE void gated_tile(Acc const& acc, Frag const& f, const T* bias) {
+    using P2 = Pair<T>;
+    static_assert(decltype(cute::size(acc))::value % 32 == 0, "blocks of four gate groups");
+    const int inter = f.N / 2;
+    const float alpha = params_.swiglu_alpha, limit = params_.swiglu_limit;
+    const int q = threadIdx.x & 3;
+    const int nq = f.n0 - 2 * q;  // the quad's first column, a multiple of 16; its first feature is nq / 2
+    const uint64_t policy = params_.evict_last ? l2_evict_last() : 0;
+    T* row[2];
+    CUTLASS_PRAGMA_UNROLL
+    for (int h = 0; h < 2; ++h) row[h] = params_.out + (f.row0 + f.m0 + 8 * h) * inter + nq / 2 + 8 * q;
+    CUTLASS_PRAGMA_UNROLL
+    for (int g = 0; g < cute::size(acc) / 32; ++g) {  // gate groups j = 8g + 2s, s < 4
+      CUTLASS_PRAGMA_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        uint32_t v[4];
+        CUTLASS_PRAGMA_UNROLL
+        for (int s = 0; s < 4; ++s) {
+          const int j = 8 * g + 2 * s, i = 4 * j + 2 * h;
+          const float2 gate = biased<kBias>(acc, i, bias, f, j);
+          const float2 up = biased<kBias>(acc, i + 4, bias, f, j + 1);
+          const typename P2::type packed =
+              P2::make(mb::act_apply<ACT>(gate.x, up.x, alpha, limit), mb::act_apply<ACT>(gate.y, up.y, alpha, limit));
+          v[s] = *reinterpret_cast<const uint32_t*>(&packed);
+        }
+        quad_transpose(v, q);
+        // Lane q now holds gate group 8g + 2q whole: features nq / 2 + 32g + 8q onwards, from columns
+        // nq + 64g + 16q (N is a multiple of 16: its up columns are in range too).
+        if (f.row_in(h) && nq + 64 * g + 16 * q < f.N) store_16B(row[h] + 32 * g, v, params_.evict_last, policy);
+      }
+    }
+  }
+
+  Params params_;
+};
+
+}  // namespace mbk

@@ -1,0 +1,156 @@
+// FC1 activation over the permuted rows: out[p, :I] = act(in[p, :N1] + b1[expert(p)]) for p < off[E]
+// (rows past off[E] belong to experts on other nodes and are neither read nor written).
+// Gated activations read the gate from columns [0, I) and the up projection from [I, 2I). The
+// functions themselves are common/act_math.cuh's, shared with the GEMM epilogues.
+// prequant_scale (AWQ's FC2 pre-quant scale) multiplies the result here so GEMM2's input is
+// written once. Threads move 16-byte vectors when the row length and pointers allow, else single
+// elements.
+// A warp owns a (row, column chunk) unit, and each lane issues all of its gate and up loads of the
+// chunk (up to kBatch vectors of each, lane-strided so every load is a coalesced warp access)
+// before it computes, and writes each result vector with one 16-byte store (mb::store_f32). At
+// prefill a chunk is the whole row (up to 32 * kBatch vectors); at decode sizes there are only T*K
+// rows (4 to 8 at T=1), so mb::stage_launch() narrows the chunks until there are mb::kMinStageWarps
+// units, spreading each row's columns over the SMs instead of leaving a few warps to walk them.
+#include "common/act_math.cuh"
+#include "common/common.cuh"
+
+namespace {
+
+constexpr int kBatch = 4;         // vectors per lane in flight, of the gate and of the up half each
+
+// The expert owning permuted row p (the last x with off[x] <= p, as a binary search finds it),
+// searched by the whole warp: each round probes 32 evenly spaced offsets at once, so E <= 32 takes
+// one dependent load and E <= 1024 two, where a binary search takes log2(E) (7 L2 round trips at
+// E = 128 in a decode-sized call, where nothing is in L1 yet). Every lane must call it with the
+// same p.
+__device__ __forceinline__ int warp_expert_of(const int64_t* off, int E, int64_t p) {
+  const int lane = threadIdx.x % 32;
+  int lo = 0, hi = E;  // invariant: off[lo] <= p < off[hi]
+  while (hi - lo > 1) {
+    const int step = (hi - lo + 31) / 32;
+    const int x = lo + lane * step;
+    const unsigned le = __ballot_sync(0xffffffffu, x < hi && off[x] <= p);
+    // off is nondecreasing, so `le` is a prefix of the lanes: its top lane's probe is the new lo,
+    // and the next probe (or hi) the new hi.
+    lo += le ? (31 - __clz(le)) * step : 0;
+    hi = min(hi, lo + step);
+  }
+  return lo;
+}
+
+template <typename T, int ACT, int VEC>
+__global__ void __launch_bounds__(mb::kStageThreads)
+fc1_activation_kernel(const T* __restrict__ in, const T* __restrict__ b1, const int64_t* __restrict__ off, int E,
+                  int64_t max_rows, int inter, int vpl, int64_t chunks, float alpha, float limit,
+                  const float* __restrict__ prequant_scale, T* __restrict__ out) {
+  using R = mb::Raw<T, VEC>;
+  constexpr bool kGated = mb::is_gated(ACT);
+  const int64_t n1 = kGated ? 2 * static_cast<int64_t>(inter) : inter;
+  const int lane = threadIdx.x % 32;
+  const int64_t nvec = inter / VEC;
+  // Warps stride over the rows, blockIdx.y over a row's column chunks. off[E] is re-read per row (an
+  // L1 hit) rather than held in a register across the loop body.
+  for (int64_t p = static_cast<int64_t>(blockIdx.x) * mb::kStageWarps + threadIdx.x / 32; p < max_rows;
+       p += static_cast<int64_t>(gridDim.x) * mb::kStageWarps) {
+    if (p >= __ldg(off + E)) break;  // rows past off[E]: other nodes' experts
+    const T* row = in + p * n1;
+    T* dst = out + p * inter;
+    for (int64_t c = blockIdx.y; c < chunks; c += gridDim.y) {
+      const int64_t v0 = c * 32 * vpl + lane;  // this lane's vectors: v0, v0 + 32, ...
+      auto mine = [&](int i) { return i < vpl && v0 + i * 32 < nvec; };
+      R gate[kBatch], up[kBatch];
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        if (!mine(i)) continue;
+        const int64_t j = (v0 + i * 32) * VEC;
+        gate[i] = *reinterpret_cast<const R*>(row + j);
+        if constexpr (kGated) up[i] = *reinterpret_cast<const R*>(row + inter + j);
+      }
+      // The bias row is per expert and small (an L2/L1 hit): looked up while the row loads fly.
+      const T* bias = b1 ? b1 + warp_expert_of(off, E, p) * n1 : nullptr;
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        if (!mine(i)) continue;
+        const int64_t j = (v0 + i * 32) * VEC;
+        float g[VEC], x[VEC], r[VEC];
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          g[k] = mb::raw_f32<T>(gate[i], k);
+          x[k] = 0.0f;
+          if constexpr (kGated) x[k] = mb::raw_f32<T>(up[i], k);
+        }
+        if (bias) {
+          float bg[VEC];
+          mb::load_f32<T, VEC>(bias + j, bg);
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) g[k] += bg[k];
+          if constexpr (kGated) {
+            float bu[VEC];
+            mb::load_f32<T, VEC>(bias + inter + j, bu);
+#pragma unroll
+            for (int k = 0; k < VEC; ++k) x[k] += bu[k];
+          }
+        }
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) r[k] = mb::act_apply<ACT>(g[k], x[k], alpha, limit);
+        if (prequant_scale) {
+          float s[VEC];
+          mb::load_f32<float, VEC>(prequant_scale + j, s);
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) r[k] *= s[k];
+        }
+        mb::store_f32<T, VEC>(dst + j, r);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" mb_status mb_fc1_activation(const void* in, int dtype, const void* b1,
+                                       const int64_t* expert_first_token_offset, int num_experts, int64_t max_rows,
+                                       int inter, int activation, float swiglu_alpha, float swiglu_limit,
+                                       const float* prequant_scale, void* out, cudaStream_t stream) {
+  const char* who = "mb_fc1_activation";
+  MB_REQUIRE(num_experts >= 1, "%s: num_experts must be >= 1, got %d", who, num_experts);
+  MB_REQUIRE(max_rows >= 0, "%s: max_rows must be >= 0, got %lld", who, static_cast<long long>(max_rows));
+  MB_REQUIRE(inter >= 1, "%s: inter must be >= 1, got %d", who, inter);
+  MB_REQUIRE(activation >= MB_ACT_IDENTITY && activation <= MB_ACT_SWIGLU_CLAMP,
+             "%s: activation %d is not in [0, 6]", who, activation);
+  if (activation == MB_ACT_SWIGLU_CLAMP) {
+    MB_REQUIRE(swiglu_limit > 0.0f, "%s: swiglu_limit must be > 0 (inf for none), got %g", who, swiglu_limit);
+    MB_REQUIRE(swiglu_alpha == swiglu_alpha, "%s: swiglu_alpha is NaN", who);
+  }
+  MB_REQUIRE(expert_first_token_offset, "%s: expert_first_token_offset must be non-NULL", who);
+  if (max_rows == 0) return mb::dispatch_dtype(dtype, who, [](auto) { return MB_OK; });
+  MB_REQUIRE(in && out, "%s: in and out must be non-NULL", who);
+
+  return mb::dispatch_dtype(dtype, who, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    constexpr int kWide = 16 / sizeof(T);
+    const bool wide = mb::vec_width<T>(inter, {in, b1, prequant_scale, out}) == kWide;
+    const int64_t nvec = wide ? inter / kWide : inter;
+    const mb::StageLaunch shape = mb::stage_launch(max_rows, nvec, kBatch);
+    auto launch = [&](auto act_const, auto vec_const) {
+      constexpr int ACT = decltype(act_const)::value;
+      constexpr int VEC = decltype(vec_const)::value;
+      fc1_activation_kernel<T, ACT, VEC><<<shape.grid, mb::kStageThreads, 0, stream>>>(
+          static_cast<const T*>(in), static_cast<const T*>(b1), expert_first_token_offset, num_experts, max_rows,
+          inter, shape.vpl, shape.chunks, swiglu_alpha, swiglu_limit, prequant_scale, static_cast<T*>(out));
+      return mb::check_launch("fc1_activation_kernel");
+    };
+    auto by_width = [&](auto act_const) {
+      return wide ? launch(act_const, std::integral_constant<int, kWide>{})
+                  : launch(act_const, std::integral_constant<int, 1>{});
+    };
+    switch (activation) {
+      case MB_ACT_IDENTITY: return by_width(std::integral_constant<int, MB_ACT_IDENTITY>{});
+      case MB_ACT_RELU: return by_width(std::integral_constant<int, MB_ACT_RELU>{});
+      case MB_ACT_SILU: return by_width(std::integral_constant<int, MB_ACT_SILU>{});
+      case MB_ACT_GELU: return by_width(std::integral_constant<int, MB_ACT_GELU>{});
+      case MB_ACT_SWIGLU: return by_width(std::integral_constant<int, MB_ACT_SWIGLU>{});
+      case MB_ACT_GEGLU: return by_width(std::integral_constant<int, MB_ACT_GEGLU>{});
+      default: return by_width(std::integral_constant<int, MB_ACT_SWIGLU_CLAMP>{});
+    }
+  });
+}

@@ -1,0 +1,259 @@
+// Routing: logits [T, E] -> topk_ids [T, K] (int32) and topk_weights [T, K] (fp32).
+//
+// One warp per token, everything in registers: lane l holds experts l, l+32, ... (SLOTS = E/32
+// rounded up to a power of two, so E <= 1024 needs at most 32 keys per lane). The K winners are
+// picked one at a time: each lane's best untaken slot, then a warp-wide argmax done as two
+// single-instruction reductions (max of the order-preserving key bits, then min of the ids that
+// hold it), so larger key first, lower expert id on ties: a fixed order and a deterministic
+// output. No shared memory staging, no block-wide barrier, one pass over the logits: at decode
+// sizes the kernel is its launch plus one global round trip. Keys are chosen so that selection
+// never depends on rounding of a derived quantity where avoidable:
+//   softmax_topk : key = logit (softmax is monotone, so the top-k of the probabilities is the
+//                  top-k of the logits, with no rounding ties that the logits do not have);
+//                  weight = exp(x - max) / sum_e exp(x_e - max), or with renormalize
+//                  exp(x - max) / sum over the K chosen (the full-row sum cancels, so it is skipped).
+//   topk_softmax : key = logit; weight = softmax over the K chosen logits.
+//   sigmoid_grouped (DeepSeek-V3): key = sigmoid(x) + correction_bias; with num_groups > 1 only
+//                  the topk_groups groups with the largest (sum of their top-2 keys) are
+//                  eligible; weight = the UNbiased sigmoid(x), optionally renormalised.
+// Every method then multiplies the weights by routed_scaling_factor (pass 1 for none).
+#include <cfloat>
+#include <climits>
+
+#include "common/common.cuh"
+
+namespace {
+
+using mb::to_f32;
+
+constexpr int kWarpsPerBlock = 4;
+constexpr int kMaxExperts = 1024;  // 32 register slots per lane
+constexpr int kMaxGroups = kMaxExperts / 2;  // groups need >= 2 experts
+
+// Order-preserving map of a float key to unsigned bits (larger key -> larger bits), with
+// -0 folded onto +0 so that they tie as the float compare says. 0 is below every finite or
+// infinite key and stands for "no candidate".
+__device__ __forceinline__ unsigned key_bits(float k) {
+  const unsigned u = __float_as_uint(k + 0.0f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+  return v;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+
+// Winner of a warp-wide (larger bits, lower id) argmax; bits == 0 means "nothing" on that lane.
+__device__ __forceinline__ int warp_argmax(unsigned bits, int id) {
+  const unsigned best = __reduce_max_sync(0xffffffffu, bits);
+  return static_cast<int>(__reduce_min_sync(0xffffffffu, bits == best && bits != 0 ? static_cast<unsigned>(id)
+                                                                                   : static_cast<unsigned>(INT_MAX)));
+}
+
+template <typename T, int SLOTS>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+routing_kernel(const T* __restrict__ logits, const float* __restrict__ bias, int num_tokens, int E, int K,
+               int method, int renormalize, int num_groups, int topk_groups, float scale,
+               int32_t* __restrict__ topk_ids, float* __restrict__ topk_weights) {
+  // Grouped selection only: per warp, the group scores and the chosen-group flags.
+  __shared__ float group_keys[kWarpsPerBlock][kMaxGroups];
+  __shared__ unsigned char group_taken[kWarpsPerBlock][kMaxGroups];
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  mb::chain_start();
+
+  for (int64_t t = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp; t < num_tokens;
+       t += static_cast<int64_t>(gridDim.x) * kWarpsPerBlock) {
+    const T* row = logits + t * E;
+    float x[SLOTS], key[SLOTS];
+    unsigned taken = 0;  // bit s: slot s is chosen, ineligible or past E
+    float row_max = -FLT_MAX;
+#pragma unroll
+    for (int s = 0; s < SLOTS; ++s) {
+      const int i = lane + 32 * s;
+      x[s] = i < E ? to_f32(row[i]) : -FLT_MAX;
+      if (i >= E) taken |= 1u << s;
+    }
+#pragma unroll
+    for (int s = 0; s < SLOTS; ++s) {
+      const int i = lane + 32 * s;
+      key[s] = method == MB_SIGMOID_GROUPED && i < E ? mb::sigmoid_f32(x[s]) + (bias ? bias[i] : 0.0f) : x[s];
+      row_max = fmaxf(row_max, x[s]);
+    }
+    row_max = warp_max(row_max);
+    // Only an un-renormalised softmax_topk needs the full-row denominator.
+    float denom = 1.0f;
+    if (method == MB_SOFTMAX_TOPK && !renormalize) {
+      float d = 0.0f;
+#pragma unroll
+      for (int s = 0; s < SLOTS; ++s) d += (taken >> s) & 1 ? 0.0f : expf(x[s] - row_max);
+      denom = warp_sum(d);
+    }
+
+    if (num_groups > 1) {
+      // Group score = sum of the group's two largest keys (merged across lanes as (a >= b)
+      // pairs); then exclude the experts of every group outside the topk_groups best (ties
+      // toward the lower group id).
+      const int gsize = E / num_groups;
+      for (int g = 0; g < num_groups; ++g) {
+        float a = -FLT_MAX, b = -FLT_MAX;
+#pragma unroll
+        for (int s = 0; s < SLOTS; ++s) {
+          const int i = lane + 32 * s;
+          if (i < E && i / gsize == g) {
+            if (key[s] > a) { b = a; a = key[s]; } else if (key[s] > b) { b = key[s]; }
+          }
+        }
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+          const float oa = __shfl_xor_sync(0xffffffffu, a, off), ob = __shfl_xor_sync(0xffffffffu, b, off);
+          b = fmaxf(fminf(a, oa), fmaxf(b, ob));
+          a = fmaxf(a, oa);
+        }
+        if (lane == 0) group_keys[warp][g] = a + b;
+      }
+      for (int g = lane; g < num_groups; g += 32) group_taken[warp][g] = 0;
+      __syncwarp();
+      for (int r = 0; r < topk_groups; ++r) {
+        unsigned bits = 0;
+        int id = INT_MAX;
+        for (int g = lane; g < num_groups; g += 32) {
+          const unsigned kb = group_taken[warp][g] ? 0u : key_bits(group_keys[warp][g]);
+          if (kb > bits) { bits = kb; id = g; }  // lanes stride g upward: the first of equals wins
+        }
+        const int gbest = warp_argmax(bits, id);
+        if (lane == 0) group_taken[warp][gbest] = 1;
+        __syncwarp();
+      }
+#pragma unroll
+      for (int s = 0; s < SLOTS; ++s) {
+        const int i = lane + 32 * s;
+        if (i < E && !group_taken[warp][i / gsize]) taken |= 1u << s;
+      }
+      __syncwarp();  // group_* are rewritten by this warp's next token
+    }
+
+    // Pick the K winners in order. The keys' order bits are made once per token (0: taken,
+    // ineligible or past E), and a pick only selects: lane (j % 32) keeps pick j's id, and the
+    // weights of a chunk of 32 picks are computed at its end by the lanes holding them, in parallel
+    // (made inside the loop, each key's bits and each pick's weight made the kernel issue-bound).
+    unsigned kb[SLOTS];
+#pragma unroll
+    for (int s = 0; s < SLOTS; ++s) kb[s] = (taken >> s) & 1 ? 0u : key_bits(key[s]);
+    float chosen_sum = 0.0f;
+    float top_logit = 0.0f;
+    int my_id = 0;
+    float my_w = 0.0f;
+    for (int j = 0; j < K; ++j) {
+      unsigned bits = 0;
+      int bslot = 0;
+#pragma unroll
+      for (int s = 0; s < SLOTS; ++s) {  // ascending ids per lane: the first of equals wins
+        if (kb[s] > bits) { bits = kb[s]; bslot = s; }
+      }
+      const int win = warp_argmax(bits, lane + 32 * bslot);
+      const bool won = lane + 32 * bslot == win;  // only the winner's lane holds id win
+#pragma unroll
+      for (int s = 0; s < SLOTS; ++s) kb[s] = won && s == bslot ? 0u : kb[s];
+      if (lane == j % 32) my_id = win;
+      if (j % 32 != 31 && j + 1 < K) continue;
+      // Chunk [j0, j] is complete: lane l < n fetches pick j0 + l's logit from the lane holding it.
+      const int j0 = j / 32 * 32, n = j - j0 + 1;
+      float wx = 0.0f;
+#pragma unroll
+      for (int s = 0; s < SLOTS; ++s) {
+        const float v = __shfl_sync(0xffffffffu, x[s], my_id % 32);
+        wx = s == my_id / 32 ? v : wx;
+      }
+      if (j0 == 0) top_logit = __shfl_sync(0xffffffffu, wx, 0);  // the largest chosen logit
+      float w = 0.0f;
+      if (lane < n) {
+        if (method == MB_SOFTMAX_TOPK) w = expf(wx - row_max) / denom;
+        else if (method == MB_TOPK_SOFTMAX) w = expf(wx - top_logit);  // stable: wx <= top_logit
+        else w = mb::sigmoid_f32(wx);
+      }
+      chosen_sum += warp_sum(w);  // a butterfly: every lane gets the same bits, run after run
+      my_w = w;
+      if (j + 1 < K && lane < n) {  // parked raw, rescaled below by this lane
+        topk_ids[t * K + j0 + lane] = my_id;
+        topk_weights[t * K + j0 + lane] = w;
+      }
+    }
+    const bool normalise = method == MB_TOPK_SOFTMAX || renormalize;
+    const float f = normalise ? scale / chosen_sum : scale;
+    const int last = (K - 1) / 32 * 32;  // first pick of the chunk still in registers
+    if (last + lane < K) {
+      topk_ids[t * K + last + lane] = my_id;
+      topk_weights[t * K + last + lane] = my_w * f;
+    }
+    for (int j = lane; j < last; j += 32) topk_weights[t * K + j] *= f;  // this lane's own parked writes
+  }
+}
+
+}  // namespace
+
+extern "C" mb_status mb_routing(const void* logits, int dtype, const float* correction_bias, int num_tokens,
+                                int num_experts, int top_k, int method, int renormalize, int num_groups,
+                                int topk_groups, float routed_scaling_factor, int32_t* topk_ids,
+                                float* topk_weights, cudaStream_t stream) {
+  const char* who = "mb_routing";
+  MB_REQUIRE(num_tokens >= 0, "%s: num_tokens must be >= 0, got %d", who, num_tokens);
+  MB_REQUIRE(num_experts >= 1, "%s: num_experts must be >= 1, got %d", who, num_experts);
+  MB_REQUIRE(top_k >= 1 && top_k <= num_experts, "%s: top_k must be in [1, num_experts=%d], got %d", who,
+             num_experts, top_k);
+  MB_REQUIRE(method == MB_SOFTMAX_TOPK || method == MB_TOPK_SOFTMAX || method == MB_SIGMOID_GROUPED,
+             "%s: method %d is not softmax_topk(0), topk_softmax(1) or sigmoid_grouped(2)", who, method);
+  MB_REQUIRE(routed_scaling_factor > 0.0f && routed_scaling_factor <= FLT_MAX,
+             "%s: routed_scaling_factor must be finite and > 0 (1 for none), got %g", who,
+             routed_scaling_factor);
+  if (method == MB_SIGMOID_GROUPED) {
+    MB_REQUIRE(num_groups >= 1 && num_experts % num_groups == 0,
+               "%s: num_groups must be >= 1 and divide num_experts=%d, got %d", who, num_experts, num_groups);
+    if (num_groups > 1) {
+      const int gsize = num_experts / num_groups;
+      MB_REQUIRE(gsize >= 2, "%s: grouped top-k sums each group's top-2 scores, so groups need >= 2 experts "
+                 "(num_experts=%d, num_groups=%d)", who, num_experts, num_groups);
+      MB_REQUIRE(topk_groups >= 1 && topk_groups <= num_groups && top_k <= topk_groups * gsize,
+                 "%s: topk_groups must be in [1, num_groups=%d] and keep >= top_k=%d experts eligible, got %d",
+                 who, num_groups, top_k, topk_groups);
+    }
+  } else {
+    MB_REQUIRE(correction_bias == nullptr, "%s: correction_bias is only used by sigmoid_grouped", who);
+    MB_REQUIRE(num_groups <= 1, "%s: grouped selection is only defined for sigmoid_grouped (num_groups=%d)",
+               who, num_groups);
+  }
+  if (num_experts > kMaxExperts) {
+    return mb::fail(MB_ERR_UNSUPPORTED, "%s: num_experts=%d exceeds this kernel's %d", who, num_experts,
+                    kMaxExperts);
+  }
+  if (num_tokens == 0) return MB_OK;
+  MB_REQUIRE(logits && topk_ids && topk_weights, "%s: logits, topk_ids and topk_weights must be non-NULL", who);
+
+  const bool grouped = method == MB_SIGMOID_GROUPED && num_groups > 1;
+  // One warp per token, four per block.
+  const unsigned grid = mb::row_grid((static_cast<int64_t>(num_tokens) + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  return mb::dispatch_dtype(dtype, who, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    auto launch = [&](auto slots_const) {
+      constexpr int SLOTS = decltype(slots_const)::value;
+      return mb::check_launch("routing_kernel", mb::launch_after_trigger(
+          routing_kernel<T, SLOTS>, dim3(grid), dim3(kWarpsPerBlock * 32), stream, static_cast<const T*>(logits),
+          correction_bias, num_tokens, num_experts, top_k, method, renormalize, grouped ? num_groups : 1,
+          topk_groups, routed_scaling_factor, topk_ids, topk_weights));
+    };
+    // The fewest register slots per lane that hold E keys (SLOTS * 32 >= E).
+    if (num_experts <= 32) return launch(std::integral_constant<int, 1>{});
+    if (num_experts <= 64) return launch(std::integral_constant<int, 2>{});
+    if (num_experts <= 128) return launch(std::integral_constant<int, 4>{});
+    if (num_experts <= 256) return launch(std::integral_constant<int, 8>{});
+    if (num_experts <= 512) return launch(std::integral_constant<int, 16>{});
+    return launch(std::integral_constant<int, 32>{});
+  });
+}

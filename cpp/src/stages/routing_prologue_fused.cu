@@ -1,0 +1,133 @@
+// Fused routing prologue: one block builds permuted_to_unpermuted, its inverse and the int64
+// expert_first_token_offset[E+1] from topk_ids in a single launch (small batches, where the
+// three-step version's three launches dominate).
+//
+// Method: a counting sort, stable in the expanded row, with the rows split into 8 contiguous
+// ranges, one per warp. (1) Each warp counts its range's rows per expert into its own row of
+// shared counters; (2) per expert, a scan over the 8 warps gives each warp's start inside the
+// expert's segment, and an exclusive block scan of the E+1 totals gives the offsets; (3) every
+// warp walks its range in order, 32 rows at a time: __match_any_sync groups the lanes with the
+// same expert, so a row's place is its warp's cursor for that expert plus the number of equal
+// lanes before it. That is four barriers and one read of topk_ids, and step (3) is at most 8
+// dependent steps per warp (T*K / 8 rows, 32 at a time).
+// Ids outside [0, E) (experts on another node) sort last under the sentinel key E and are left
+// out of the offsets: off[E] counts only this node's rows.
+//
+// Limits (mirrored by moe_build.planner.rules): T <= 256, K in {1,2,4,6,8}, expert_log =
+// floor(log2(E+1)) + 1 <= 9 (so at most 511 counters). Shared memory is static (4 KB of keys,
+// 16 KB of per-warp counters); the planner's shared-memory gate (fused_prologue_smem_bytes, sized
+// for an earlier radix sort) stays under 35 KB inside these limits, so it always passes.
+#include "common/common.cuh"
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kMaxTokens = 256;
+constexpr int kMaxTopK = 8;
+constexpr int kMaxExpertLog = 9;
+constexpr int kMaxKeys = 1 << kMaxExpertLog;  // E + 1 < 2^9 counters
+constexpr int kScanPerThread = kMaxKeys / kThreads;
+
+__global__ void __launch_bounds__(kThreads)
+fused_maps_kernel(const int32_t* __restrict__ topk_ids, int n, int E,
+                  int32_t* __restrict__ permuted_to_unpermuted, int32_t* __restrict__ unpermuted_to_permuted,
+                  int64_t* __restrict__ expert_first_token_offset) {
+  __shared__ int16_t keys[kMaxTokens * kMaxTopK];  // expert of expanded row e, E for other nodes
+  __shared__ int cursor[kWarps][kMaxKeys];          // per-warp rows per key, then per-warp cursors
+  __shared__ int warp_sums[kWarps];
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  mb::chain_start();
+
+  // Only keys 0..E are used, so only they are zeroed and scanned (all kMaxKeys would cost time at decode
+  // sizes).
+  for (int i = tid; i < kWarps * (E + 1); i += kThreads) cursor[i / (E + 1)][i % (E + 1)] = 0;
+  __syncthreads();
+  // This warp's rows: a contiguous range, a multiple of 32 long (the last range may be short).
+  const int per_warp = (n + kWarps * 32 - 1) / (kWarps * 32) * 32;
+  const int e_begin = warp * per_warp, e_end = min(n, e_begin + per_warp);
+  for (int e = e_begin + lane; e < e_end; e += 32) {
+    const int x = topk_ids[e];
+    const int key = x >= 0 && x < E ? x : E;
+    keys[e] = static_cast<int16_t>(key);
+    atomicAdd(&cursor[warp][key], 1);
+  }
+  __syncthreads();
+
+  // Per key: the warps' counts become their exclusive prefix (each warp's start inside the key's
+  // segment); the key's total goes into the block scan. Thread tid owns kScanPerThread keys.
+  int c[kScanPerThread], sum = 0;
+#pragma unroll
+  for (int i = 0; i < kScanPerThread; ++i) {
+    const int x = tid * kScanPerThread + i;
+    int total = 0;
+    if (x <= E) {
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const int v = cursor[w][x];
+        cursor[w][x] = total;
+        total += v;
+      }
+    }
+    c[i] = total;
+    sum += total;
+  }
+  const int incl = mb::warp_inclusive_scan(sum);
+  if (lane == 31) warp_sums[warp] = incl;
+  __syncthreads();
+  int base = incl - sum;
+  for (int w = 0; w < warp; ++w) base += warp_sums[w];
+#pragma unroll
+  for (int i = 0; i < kScanPerThread; ++i) {
+    const int x = tid * kScanPerThread + i;
+    if (x <= E) {
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) cursor[w][x] += base;  // each warp's first row of key x
+      expert_first_token_offset[x] = base;
+    }
+    base += c[i];
+  }
+  __syncthreads();
+
+  for (int e0 = e_begin; e0 < e_end; e0 += 32) {
+    const int e = e0 + lane;
+    mb::place_round(e < e_end ? keys[e] : -1, e, cursor[warp], permuted_to_unpermuted, unpermuted_to_permuted);
+  }
+}
+
+int expert_log(int num_experts) {
+  int log = 0;
+  for (unsigned v = static_cast<unsigned>(num_experts) + 1; v > 1; v >>= 1) ++log;  // floor(log2(E+1))
+  return log + 1;
+}
+
+}  // namespace
+
+extern "C" mb_status mb_routing_prologue_fused(const int32_t* topk_ids, int num_tokens, int top_k,
+                                               int num_experts, int32_t* permuted_to_unpermuted,
+                                               int32_t* unpermuted_to_permuted, int64_t* expert_first_token_offset,
+                                               cudaStream_t stream) {
+  const char* who = "mb_routing_prologue_fused";
+  MB_REQUIRE(num_tokens >= 0, "%s: num_tokens must be >= 0, got %d", who, num_tokens);
+  MB_REQUIRE(top_k >= 1, "%s: top_k must be >= 1, got %d", who, top_k);
+  MB_REQUIRE(num_experts >= 1, "%s: num_experts must be >= 1, got %d", who, num_experts);
+  MB_REQUIRE(expert_first_token_offset, "%s: expert_first_token_offset must be non-NULL", who);
+  MB_REQUIRE(num_tokens == 0 || (topk_ids && permuted_to_unpermuted && unpermuted_to_permuted),
+             "%s: topk_ids and both maps must be non-NULL", who);
+  if (num_tokens > kMaxTokens) {
+    return mb::fail(MB_ERR_UNSUPPORTED, "%s: num_tokens=%d exceeds the single-block limit %d", who, num_tokens,
+                    kMaxTokens);
+  }
+  const int log = expert_log(num_experts);
+  if (log > kMaxExpertLog) {
+    return mb::fail(MB_ERR_UNSUPPORTED, "%s: expert_log=%d for num_experts=%d exceeds %d", who, log, num_experts,
+                    kMaxExpertLog);
+  }
+  if (top_k != 1 && top_k != 2 && top_k != 4 && top_k != 6 && top_k != 8) {
+    return mb::fail(MB_ERR_UNSUPPORTED, "%s: top_k=%d is not one of 1, 2, 4, 6, 8", who, top_k);
+  }
+  return mb::check_launch("fused_maps_kernel",
+                           mb::launch_after_trigger(fused_maps_kernel, dim3(1), dim3(kThreads), stream, topk_ids,
+                                                    num_tokens * top_k, num_experts, permuted_to_unpermuted,
+                                                    unpermuted_to_permuted, expert_first_token_offset));
+}

@@ -1,0 +1,4 @@
+"""`python -m moe_build ...` is the `moe-build` command."""
+from .cli import main
+
+main()

@@ -1,0 +1,289 @@
+"""`moe-build bench`: our fused runner against its peers and the hardware floor, in one process.
+
+Why one process: peers, variants and ceilings measured side by side on the same card in the same state
+are comparable. Timing follows `timing` (medians of CUDA events, shuffled interleaved rounds, host-syncing
+fns apart, ceilings timed among the variants of every point); inputs rotate among several sets so no
+variant is flattered by a warm cache; every timed variant is first checked against the fp64 reference on
+sampled rows of the very input it is timed on, and its graph replay is checked too.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+from ..errors import MoeBuildError
+from ..spec import MoESpec
+from .peers import grouped_mm_peer, hf_eager_peer, naive_peer
+from .timing import CEILING_TIMERS, CeilingCalls, ceiling_rates, interleaved_median_ms, measure_ceilings, syncs_host
+from .workload import (CHECK_ROWS, REL_ERR_LIMIT, SHAPES, TOKENS, Fn, InputSet, bench_spec, device_weights, floor_us,
+                       make_inputs, reference_rows, rel_err)
+
+# Our runner's variants: "ours" (the default plan) or "ours:STAGE=CHOICE[+STAGE=CHOICE...]" (those stages
+# forced, e.g. "ours:gemm1_tactic=wgmma:pingpong64x128:plain:evict_last"). The default set: each fusion
+# forced off one at a time, and the fused finalize forced on (the planner turns it on at every size for
+# intermediate sizes >= 2048, else past 8 rows per expert; this shows what it costs below that).
+RUNNER_VARIANTS = ("ours", "ours:routing_prologue=three_step", "ours:finalize=separate", "ours:finalize=fused",
+                   "ours:fc1_activation=separate", "ours:gemm_kernel=ampere+fc1_activation=fused_gated",
+                   "ours:gemm_kernel=ampere+fc1_activation=separate")
+PEERS = ("naive", "grouped_mm", "hf_eager")
+
+
+def runner_force(variant: str) -> dict[str, str] | None:
+    """The stages a runner variant forces ({} for "ours"), or None when `variant` is not a runner variant."""
+    if variant == "ours":
+        return {}
+    if not variant.startswith("ours:"):
+        return None
+    force: dict[str, str] = {}
+    for item in variant[len("ours:"):].split("+"):
+        stage, sep, choice = item.partition("=")
+        if not sep or not stage or not choice:
+            raise MoeBuildError("variants", f"{variant!r}: expected ours:STAGE=CHOICE[+STAGE=CHOICE]",
+                                "ours, ours:STAGE=CHOICE, " + ", ".join(PEERS))
+        force[stage] = choice
+    return force
+
+
+# Every runner variant is also replayed from CUDA graphs (one per input set), recorded as "graph_us": what
+# a deployment that captures its step sees, without the per-kernel Python/ctypes launch cost, so fused and
+# unfused variants compare on the GPU work alone. `eager=False` times the graph replays only (the sweep).
+def _runner_fn(runner: Any, out: torch.Tensor) -> Fn:
+    def run(hidden: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        return runner(hidden, router_logits=logits, out=out[: hidden.shape[0]])
+    return run
+
+
+def bench_shape(name: str, tokens_list: Sequence[int], ceilings: dict[str, float], ceiling_calls: CeilingCalls,
+                iters: int, warmup: int, input_sets: int, variants: Sequence[str],
+                log: Callable[[str], None], eager: bool = True) -> list[dict[str, Any]]:
+    """Every variant at every token count of one shape; returns one record per (shape, tokens).
+    `ceilings` are the run's burst ceilings; each point's floor comes from `ceiling_calls` timed
+    among its variants (point_floor)."""
+    from ..runner import MoERunner
+
+    spec = bench_spec(name)
+    t0 = time.time()
+    w = device_weights(spec, seed=list(SHAPES).index(name))
+    w64 = w.to("cpu", torch.float64)
+    max_tokens = max(tokens_list)
+    fns: dict[str, Fn] = {}
+    runners: dict[str, Any] = {}
+    meta: dict[str, dict[str, Any]] = {}
+    out_buf = torch.empty(max_tokens, spec.hidden_size, device="cuda", dtype=torch.bfloat16)
+    for v in variants:
+        try:
+            force = runner_force(v)
+            if force is not None:
+                r = runners[v] = MoERunner(spec, w, max_tokens=max_tokens, force=force or None)
+                fns[v] = _runner_fn(r, out_buf)
+            elif v == "naive":
+                fns[v] = naive_peer(spec, w)
+            elif v == "grouped_mm":
+                fns[v] = grouped_mm_peer(spec, w)
+            elif v == "hf_eager":
+                fns[v], block = hf_eager_peer(spec, w, SHAPES[name][4])
+                meta[v] = {"block": block}
+        except (MoeBuildError, ImportError, RuntimeError, ValueError) as e:
+            meta[v] = {"error": f"{type(e).__name__}: {e}"}
+            log(f"  {name}: {v} unavailable: {e}")
+    log(f"{name}: setup {time.time() - t0:.1f}s")
+    records = []
+    for T in tokens_list:
+        sets = make_inputs(spec, T, input_sets, seed=T)
+        touched = statistics.mean(s.touched for s in sets)
+        rows, ref = reference_rows(spec, w64, sets[0])
+        rec: dict[str, Any] = {"shape": name, "H": spec.hidden_size, "I": spec.intermediate_size,
+                               "E": spec.num_experts, "top_k": spec.top_k, "tokens": T,
+                               "touched_experts": touched, "variants": {}}
+        timers: dict[tuple[str, str], Callable[[int], object]] = {
+            key: getattr(ceiling_calls, call) for call, key in CEILING_TIMERS.items()}
+        for v in variants:
+            entry: dict[str, Any] = dict(meta.get(v, {}))
+            rec["variants"][v] = entry
+            if v not in fns:
+                continue
+            fn = fns[v]
+            try:
+                out_buf.fill_(float("nan"))
+                if v in runners:
+                    # the choices at this token count (the plan is made at the largest one)
+                    entry["plan"] = runners[v].plan.choices(T)
+                    entry["kernel_sequence"] = runners[v].kernel_sequence(T, "logits")
+                err = rel_err(fn(sets[0].hidden, sets[0].logits), rows, ref)
+                entry["rel_err"] = err
+                if not err < REL_ERR_LIMIT:
+                    entry["error"] = f"wrong result: rel err {err:.3g} >= {REL_ERR_LIMIT}"
+                    continue
+                if eager or v not in runners:
+                    entry["host_sync"] = syncs_host(lambda: fn(sets[0].hidden, sets[0].logits))
+                    timers[(v, "us")] = lambda i, fn=fn: fn(sets[i % len(sets)].hidden, sets[i % len(sets)].logits)
+                if v in runners:
+                    checked, replay = _graph_replay(runners[v], sets, out_buf, rows, ref)
+                    entry.update(checked)
+                    if replay is not None:
+                        timers[(v, "graph_us")] = replay
+            except Exception as e:  # a failing variant must not take the others down
+                entry["error"] = f"{type(e).__name__}: {e}"
+        medians_ms: dict[tuple[str, str], float] = {}
+        try:
+            syncing = {v for v, e in rec["variants"].items() if e.get("host_sync")}
+            for group in ({k: f for k, f in timers.items() if k[0] not in syncing},
+                          {k: f for k, f in timers.items() if k[0] in syncing}):
+                medians_ms.update(interleaved_median_ms(group, iters, warmup))
+        except Exception as e:
+            for v, _ in timers:
+                if v in rec["variants"]:
+                    rec["variants"][v]["error"] = f"timing failed: {type(e).__name__}: {e}"
+        for (v, field), ms in medians_ms.items():
+            if v in rec["variants"]:
+                rec["variants"][v][field] = 1e3 * ms
+        rec.update(point_floor(spec, T, touched, medians_ms, ceilings))
+        ratios(rec)
+        records.append(rec)
+        log(_row(rec))
+    del fns, runners, w, w64
+    torch.cuda.empty_cache()
+    return records
+
+
+def _graph_replay(runner: Any, sets: list[InputSet], out_buf: torch.Tensor, rows: torch.Tensor,
+                  ref: torch.Tensor) -> tuple[dict[str, Any], Callable[[int], object] | None]:
+    """Capture the runner once per input set and check set 0's replay; returns the check's record
+    and a rotating replay to time (None when the replay is wrong)."""
+    T = sets[0].hidden.shape[0]
+    out = out_buf[:T]
+    graphs = []
+    for s in sets:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            runner(s.hidden, router_logits=s.logits, out=out)
+        graphs.append(g)
+    out_buf.fill_(float("nan"))
+    graphs[0].replay()
+    err = rel_err(out, rows, ref)
+    if not err < REL_ERR_LIMIT:
+        return {"graph_error": f"wrong result from graph replay: rel err {err:.3g} >= {REL_ERR_LIMIT}"}, None
+    return {"graph_rel_err": err}, lambda i: graphs[i % len(graphs)].replay()
+
+
+def point_floor(spec: MoESpec, tokens: int, touched: float, medians_ms: dict[tuple[str, str], float],
+                burst: dict[str, float]) -> dict[str, Any]:
+    """A point's floor fields from the ceiling calls' median times among its variants (`medians_ms`,
+    keyed as the timers; `ceilings_source` "side_by_side"), or from the burst ceilings when those
+    calls have no time ("burst"); plus `burst_floor_us`, the floor the run's burst ceilings give."""
+    side_by_side = ceiling_rates(medians_ms)
+    ceilings, source = (side_by_side, "side_by_side") if side_by_side is not None else (burst, "burst")
+    return {**floor_us(spec, tokens, touched, ceilings), "ceilings": ceilings, "ceilings_source": source,
+            "burst_floor_us": floor_us(spec, tokens, touched, burst)["floor_us"]}
+
+
+def ratios(rec: dict[str, Any]) -> None:
+    """ours/floor (eager and graph-replayed; graph also against the burst floor), and each peer's time
+    over ours eager (> 1: we are faster)."""
+    ours = rec["variants"].get("ours", {})
+    rec["ours_over_floor"] = ours["us"] / rec["floor_us"] if ours.get("us") else None
+    rec["graph_over_floor"] = ours["graph_us"] / rec["floor_us"] if ours.get("graph_us") else None
+    rec["graph_over_burst_floor"] = ours["graph_us"] / rec["burst_floor_us"] if ours.get("graph_us") else None
+    rec["speedup_vs"] = {v: e["us"] / ours["us"] for v, e in rec["variants"].items()
+                         if ours.get("us") and v != "ours" and e.get("us")}
+
+
+def _row(rec: dict[str, Any]) -> str:
+    cells = [f"{rec['shape']:>16} T={rec['tokens']:<5} floor={rec['floor_us']:8.1f}"]
+    for v, e in rec["variants"].items():
+        if e.get("us"):
+            cells.append(f"{v}={e['us']:.1f}")
+        elif e.get("error") or e.get("graph_error"):
+            cells.append(f"{v}=ERR")
+        if e.get("graph_us"):
+            cells.append(f"{v}@graph={e['graph_us']:.1f}")
+    return "  ".join(cells)
+
+
+def table(results: dict[str, Any]) -> str:
+    """The short table `device_run.sh` prints last (us, medians): ours eager and graph-replayed,
+    peers (eager), floor, and each forced-off variant graph-replayed. "x fl": over the point's floor
+    (side-by-side ceilings); "x bfl": graph over the floor of the run's burst ceilings."""
+    lines = [f"{'shape':<17}{'T':>5}{'floor':>9}{'ours':>9}{'x fl':>6}{'graph':>9}{'x fl':>6}{'x bfl':>6}"
+             f"{'naive':>10}{'grouped':>9}{'hf':>10}  forced-off, graph-replayed (us)"]
+    for r in results["points"]:
+        v = r["variants"]
+        us = lambda k, f="us": f"{v[k][f]:.1f}" if v.get(k, {}).get(f) else "-"  # noqa: E731
+        ratio = lambda k: f"{r[k]:.2f}" if r.get(k) else "-"  # noqa: E731
+        forced = " ".join(f"{k.split(':', 1)[1]}={us(k, 'graph_us')}" for k in v if k.startswith("ours:"))
+        lines.append(f"{r['shape']:<17}{r['tokens']:>5}{r['floor_us']:>9.1f}{us('ours'):>9}"
+                     f"{ratio('ours_over_floor'):>6}{us('ours', 'graph_us'):>9}{ratio('graph_over_floor'):>6}"
+                     f"{ratio('graph_over_burst_floor'):>6}{us('naive'):>10}{us('grouped_mm'):>9}{us('hf_eager'):>10}  {forced}")
+    return "\n".join(lines)
+
+
+def plot(results: dict[str, Any], png: Path) -> None:
+    """One panel per shape: time vs tokens for ours, the peers and the floor (log-log)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shapes = list(dict.fromkeys(r["shape"] for r in results["points"]))
+    fig, axes = plt.subplots(1, len(shapes), figsize=(5 * len(shapes), 4), squeeze=False)
+    for ax, shape in zip(axes[0], shapes):
+        pts = [r for r in results["points"] if r["shape"] == shape]
+        xs = [r["tokens"] for r in pts]
+        ax.plot(xs, [r["floor_us"] for r in pts], "k--", label="floor")
+        lines = [("ours", "us", "ours (eager)"), ("ours", "graph_us", "ours (graph replay)")]
+        for v, field, label in lines + [(p, "us", p) for p in PEERS]:
+            ys = [r["variants"].get(v, {}).get(field) for r in pts]
+            if any(ys):
+                ax.plot([x for x, y in zip(xs, ys) if y], [y for y in ys if y], "o-", label=label)
+        ax.set(xscale="log", yscale="log", title=shape, xlabel="tokens", ylabel="us (median)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"bf16 SwiGLU MoE layer on {results['device']}")
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+
+
+def run_bench(shapes: Sequence[str] = tuple(SHAPES), tokens_list: Sequence[int] = TOKENS,
+              out_json: Path | None = None, png: Path | None = None, iters: int = 20, warmup: int = 3,
+              input_sets: int = 4, variants: Sequence[str] = (*RUNNER_VARIANTS, *PEERS),
+              log: Callable[[str], None] = print, eager: bool = True) -> dict[str, Any]:
+    """Run the whole comparison; write JSON/PNG when paths are given; return the results dict."""
+    if not torch.cuda.is_available():
+        raise MoeBuildError("device", "moe-build bench needs a CUDA GPU", "a machine with an NVIDIA GPU")
+    unknown = [s for s in shapes if s not in SHAPES]
+    if unknown:
+        raise MoeBuildError("shapes", f"unknown {unknown}", sorted(SHAPES))
+    torch.manual_seed(0)
+    ceiling_calls = CeilingCalls()
+    ceilings = measure_ceilings(ceiling_calls)
+    log(f"burst ceilings: copy {ceilings['copy_bytes_per_s'] / 1e12:.2f} TB/s, "
+        f"read {ceilings['read_bytes_per_s'] / 1e12:.2f} TB/s, "
+        f"bf16 matmul {ceilings['bf16_flops_per_s'] / 1e12:.0f} TFLOP/s")
+    results: dict[str, Any] = {
+        "device": torch.cuda.get_device_name(), "torch": torch.__version__, "ceilings": ceilings,
+        "method": {"iters": iters, "warmup": warmup, "input_sets": input_sets, "stat": "median",
+                   "timer": "cuda events per call",
+                   "order": "variants (eager and graph) timed in turn, one call each per round, order shuffled "
+                            "each round; variants that sync with the host (host_sync) timed after, "
+                            "as a group of their own",
+                   "ceilings": "a 1 GiB copy, a read-only sum of 1 GiB and an 8192^3 bf16 matmul, timed at "
+                               "every point among its non-syncing variants (the point's floor uses the higher "
+                               "of the copy and read rates); also once at the start, cool (burst_floor_us, "
+                               "top-level ceilings)",
+                   "check": f"fp64 reference on <= {CHECK_ROWS + 2} sampled rows, "
+                                                             f"rel-norm err < {REL_ERR_LIMIT}",
+                   "router_linear": "excluded for every variant (all take fp32 router logits)"},
+        "points": [],
+    }
+    for name in shapes:
+        results["points"] += bench_shape(name, tokens_list, ceilings, ceiling_calls, iters, warmup, input_sets,
+                                         variants, log, eager)
+        if out_json is not None:  # partial results survive a time-out
+            Path(out_json).write_text(json.dumps(results, indent=1, default=str))
+    if png is not None:
+        plot(results, Path(png))
+    return results

@@ -1,0 +1,149 @@
+"""Describe a verified engine: the report `moe-build inspect` prints (or dumps with --json).
+
+Why both sources: TensorRT's EngineInspector needs a deserialised engine, which needs a GPU the
+flavour supports; on machines without one the report shows what the builder recorded (I/O,
+layers, plan) and says that deserialisation was unavailable, never pretending otherwise.
+Verification itself (sha256, manifest against plan) is manifest.py's; loading is runtime.py's.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from ..errors import MoeBuildError
+from ..planner import Plan
+from .manifest import manifest_path_for, verify
+from .runtime import deserialize, ensure_runnable_here
+
+
+def _inspector_layers(info: dict[str, Any]) -> list[dict[str, str]]:
+    """The engine inspector's layers as {name, type}: objects (Name, LayerType) at detailed
+    profiling verbosity, which Polygraphy's config sets; bare names otherwise."""
+    layers = []
+    for layer in info.get("Layers", []):
+        if isinstance(layer, dict):
+            layers.append({"name": str(layer.get("Name", "")), "type": str(layer.get("LayerType", ""))})
+        else:
+            layers.append({"name": str(layer), "type": ""})
+    return layers
+
+
+def _inspect_deserialised(manifest: dict[str, Any], engine: bytes) -> dict[str, Any]:
+    """TensorRT's own view of the engine, or why it cannot be had on this machine."""
+    try:
+        backend, sm = ensure_runnable_here(manifest)
+    except MoeBuildError as exc:
+        return {"available": False, "reason": str(exc)}
+    cuda_engine = deserialize(backend, engine, manifest["plan"]["path"])
+    io = []
+    for i in range(cuda_engine.num_io_tensors):
+        name = cuda_engine.get_tensor_name(i)
+        io.append({"name": name, "mode": cuda_engine.get_tensor_mode(name).name.lower(),
+                   "dtype": cuda_engine.get_tensor_dtype(name).name, "shape": list(cuda_engine.get_tensor_shape(name))})
+    info = json.loads(cuda_engine.create_engine_inspector().get_engine_information(
+        backend.trt.LayerInformationFormat.JSON))
+    return {"available": True, "device_sm": sm, "io": io, "layers": _inspector_layers(info)}
+
+
+def inspect_engine(path: str | Path) -> dict[str, Any]:
+    """Verify the engine/manifest pair and return the report (what `moe-build inspect` prints)."""
+    manifest, engine = verify(path)
+    graph, plan = manifest["graph"], manifest["plan"]
+    return {
+        "verified": True,
+        "engine": str(manifest_path_for(path)[0]),
+        "engine_sha256": manifest["engine_sha256"],
+        "engine_bytes": manifest["engine_bytes"],
+        "flavour": manifest["flavour"],
+        "target": manifest["target"],
+        "profile": manifest["profile"],
+        "spec": manifest["spec"],
+        "plan_path": plan["path"],
+        "stages": Plan.from_dict(plan).choices(),
+        "expert_compute": graph.get("expert_compute"),
+        "plugin": graph.get("plugin"),
+        "routing_input": graph["routing_input"],
+        "recorded": {"inputs": [{**t, "mode": "input"} for t in graph["inputs"]],
+                     "outputs": [{**t, "mode": "output"} for t in graph["outputs"]], "layers": graph["layers"]},
+        "deserialised": _inspect_deserialised(manifest, engine),
+        "build": manifest["build"],
+    }
+
+
+# ---- rendering -------------------------------------------------------------------------------
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
+
+
+def _shape(dims: Sequence[int]) -> str:
+    """[-1, 64] as [tokens, 64]: the only dynamic dimension of these engines is the token count."""
+    return "[" + ", ".join("tokens" if d == -1 else str(d) for d in dims) + "]"
+
+
+def _facts(result: dict[str, Any]) -> Table:
+    spec, target, profile, build = result["spec"], result["target"], result["profile"], result["build"]
+    flavour = result["flavour"]
+    sm = target["sm"]
+    cc = f" ({target['compute_capability']})" if target.get("compute_capability") else ""
+    path = result["plan_path"]
+    if path == "ootb":
+        path_text = f"ootb: expert compute {result['expert_compute']}"
+    else:
+        plugin = result["plugin"]
+        path_text = (f"plugin: {plugin['name']} v{plugin['version']} ({plugin['namespace']}), "
+                     f"weights as {plugin['weights']}")
+    workspace = build.get("workspace_bytes")
+    rows = [
+        ("engine", f"{Path(result['engine']).name}, {_size(result['engine_bytes'])}, "
+                   f"sha256 {result['engine_sha256'][:16]}..."),
+        ("flavour", f"{flavour['name']} {flavour['version']}, SM {sm // 10}.{sm % 10}{cc}"),
+        ("profile", f"{profile['min']}..{profile['max']} tokens, optimized for {profile['opt']}"),
+        ("layer", f"{spec['name']}: hidden {spec['hidden_size']}, intermediate {spec['intermediate_size']}, "
+                  f"{spec['num_experts']} experts, top-{spec['top_k']}, {spec['activation']}, {spec['dtype']}"),
+        ("path", path_text),
+        ("routing input", result["routing_input"]),
+        ("built", f"in {build['seconds']:.1f} s on {build['hostname']} by moe-build {build['moe_build_version']}, "
+                  f"optimization level {build['optimization_level']}, workspace "
+                  + ("TensorRT's default" if workspace is None else f"{workspace // 2**20} MiB")),
+    ]
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="bold")
+    table.add_column()
+    for key, value in rows:
+        table.add_row(key, escape(value))
+    return table
+
+
+def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> Table:
+    table = Table(title=title, title_justify="left")
+    for column in columns:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*(escape(cell) for cell in row))
+    return table
+
+
+def render_inspection(result: dict[str, Any], console: Console) -> None:
+    """`moe-build inspect`: what was verified, the manifest's facts, the plan, I/O and layers."""
+    console.print(f"[bold green]verified[/bold green] {escape(result['engine'])}: sha256 matches the manifest; "
+                  "manifest, spec and plan agree")
+    console.print(_facts(result))
+    if result["plan_path"] == "plugin":
+        console.print(_table("plugin stages (from the plan)", ("stage", "choice"), list(result["stages"].items())))
+    deser = result["deserialised"]
+    if deser.get("available"):
+        io, layers, origin = deser["io"], deser["layers"], "TensorRT engine inspector"
+    else:
+        recorded = result["recorded"]
+        io, layers, origin = recorded["inputs"] + recorded["outputs"], recorded["layers"], "recorded at build time"
+        console.print(escape(f"not deserialised here: {deser.get('reason', '')}"))
+    console.print(_table(f"I/O tensors ({origin})", ("name", "mode", "dtype", "shape"),
+                         [(t["name"], t["mode"], t["dtype"], _shape(t["shape"])) for t in io]))
+    console.print(_table(f"{len(layers)} layers ({origin})", ("#", "name", "type"),
+                         [(str(i), layer["name"], layer["type"]) for i, layer in enumerate(layers)]))

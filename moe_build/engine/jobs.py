@@ -1,0 +1,95 @@
+"""What `moe-build build` builds: one job per engine, weights loaded lazily one layer at a time.
+
+A job pairs a name, the planned spec and a loader of its weights; `run_build_jobs` hands each
+to the engine builder in turn, so `--all-layers` never holds more than one layer in memory.
+Making the jobs reads only the checkpoint's config (the layer index is checked there), so a
+wrong `--layer` is refused before any weight is read.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+from ..errors import MoeBuildError
+from ..planner import Plan
+from ..spec import MoESpec
+from ..weights import MoEWeights
+from .build import BuildResult, build_engine
+from .options import BuildOptions
+from .progress import make_build_progress
+
+WeightsLoader = Callable[[], tuple[MoEWeights, str | None]]
+
+
+def safe_name(text: str) -> str:
+    """A file-name-safe engine name (checkpoint names may hold '/' from the hub id)."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._") or "moe"
+
+
+def layers_to_build(checkpoint: str, layer: int | None, all_layers: bool) -> list[int]:
+    """Decoder layer indices to build from the checkpoint's config: all MoE layers, the one asked
+    for (refused unless it is an MoE layer), or the first."""
+    from ..spec.hf_config import moe_layer_indices
+    indices = moe_layer_indices(checkpoint)
+    if all_layers:
+        return indices
+    if layer is None:
+        return indices[:1]
+    if layer not in indices:
+        raise MoeBuildError("layer", f"decoder layer {layer} is not an MoE layer of {checkpoint}", indices)
+    return [layer]
+
+
+@dataclass(frozen=True)
+class BuildJob:
+    name: str
+    spec: MoESpec
+    plan: Plan
+    load: WeightsLoader
+    source: str
+
+    @classmethod
+    def for_source(cls, spec: MoESpec, plan: Plan, checkpoint: str | None, layer: int | None, all_layers: bool,
+                   seed: int, name: str | None) -> list["BuildJob"]:
+        """Jobs for a checkpoint (one layer, the first MoE layer, or all) or for random weights."""
+        if checkpoint is None:
+            def random_weights() -> tuple[MoEWeights, str | None]:
+                return MoEWeights.random(spec, seed=seed), None  # the builder hashes the tensors
+            return [cls(safe_name(name or spec.name), spec, plan, random_weights, f"random weights (seed {seed})")]
+
+        base = safe_name(name or spec.name)
+
+        def loader(index: int) -> WeightsLoader:
+            def load() -> tuple[MoEWeights, str | None]:
+                from ..weights.checkpoint import load_moe_layer
+                loaded = load_moe_layer(checkpoint, index)
+                loaded.weights.check(spec)  # CLI overrides must still fit the checkpoint's tensors
+                return loaded.weights, loaded.sha256
+            return load
+
+        return [cls(f"{base}-layer{i}", spec, plan, loader(i), f"{checkpoint} layer {i}")
+                for i in layers_to_build(checkpoint, layer, all_layers)]
+
+
+def run_build_jobs(jobs: list[BuildJob], options: BuildOptions) -> list[BuildResult]:
+    """Build every job in order; each shows its phases (from loading its weights to writing) on
+    stderr, labelled with its position so long runs show how far they are."""
+    results: list[BuildResult] = []
+    for i, job in enumerate(jobs, 1):
+        try:
+            with make_build_progress(options.progress, f"[{i}/{len(jobs)}] {job.name}") as progress:
+                progress.begin(f"loading weights ({job.source})")
+                weights, digest = job.load()
+                job_options = dataclasses.replace(options, name=job.name, weights_sha256=digest)
+                results.append(build_engine(job.spec, weights, job.plan, job_options, progress))
+        except MoeBuildError as exc:
+            if not results:
+                raise
+            # Each engine is published whole as it is built: say which ones this run leaves, so that a
+            # failure at layer k is never mistaken for all-or-nothing.
+            built = ", ".join(r.engine_path.name for r in results)
+            raise MoeBuildError(exc.field, f"{exc.problem} (at {job.name}, {i} of {len(jobs)}; the {len(results)} "
+                                f"built before it are complete and kept: {built})", exc.allowed) from None
+    return results

@@ -1,0 +1,179 @@
+"""The manifest next to every engine: what it was built from, and the checks that it still says so.
+
+Why one module for both: the fields written at build time are the fields verified before an
+engine is inspected or loaded. Schema `moe-build.manifest/2` (/2: the plan inside is `moe-build.plan/2`,
+with token bands, weight layouts and GEMM tactics):
+- name, engine_file, engine_sha256, engine_bytes: the engine it describes (content-addressed);
+- onnx_sha256 (OOTB; null on the plugin path, which has no ONNX), weights_sha256;
+- spec, and the plan recorded whole (path, every stage with its gates; on the plugin path this
+  includes the weight layout and the two GEMM tactics the runner will use);
+- flavour {name, version}, target {sm, compute_capability}, profile {min, opt, max};
+- graph: routing_input, inputs, outputs, layers, and the path's own record: `expert_compute`
+  (OOTB) or `plugin` {name, namespace, version, weights, choices} (plugin path);
+- build: seconds, hostname, moe_build_version, optimization_level, workspace_bytes,
+  timing_cache, created_unix.
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+from typing import Any
+
+from ..errors import MoeBuildError, VerificationError
+from ..jsonfile import read_json_object
+from ..planner import Plan
+from ..spec import MoESpec
+
+MANIFEST_SCHEMA = "moe-build.manifest/2"
+# TensorRT DataType names of the graph's input for each spec dtype.
+TRT_DTYPE_NAMES = {"fp32": "FLOAT", "fp16": "HALF", "bf16": "BF16"}
+PATHS = ("ootb", "plugin")
+READ_ATTEMPTS = 3  # re-reads when a build publishes the pair while it is being read
+
+
+def manifest_path_for(path: str | Path) -> tuple[Path, Path]:
+    """(engine, manifest) paths from either of the two files' paths."""
+    path = Path(path)
+    base = path.with_suffix("") if path.suffix in (".engine", ".json") else path
+    return base.with_suffix(".engine"), base.with_suffix(".json")
+
+
+def describe_network(network: Any) -> dict[str, Any]:
+    """What inspect shows where the engine cannot be deserialised: I/O and the layer list."""
+    def tensor(t: Any) -> dict[str, Any]:
+        return {"name": t.name, "dtype": t.dtype.name, "shape": list(t.shape)}
+
+    return {
+        "inputs": [tensor(network.get_input(i)) for i in range(network.num_inputs)],
+        "outputs": [tensor(network.get_output(i)) for i in range(network.num_outputs)],
+        "layers": [{"name": network.get_layer(i).name, "type": network.get_layer(i).type.name}
+                   for i in range(network.num_layers)],
+    }
+
+
+def make_manifest(*, name: str, engine: bytes, spec: MoESpec, plan: Plan, flavour: dict[str, str],
+                  sm: int, compute_capability: str | None, graph: dict[str, Any], onnx_sha256: str | None,
+                  weights_sha256: str, build: dict[str, Any]) -> dict[str, Any]:
+    """The manifest of a freshly built engine (the schema above)."""
+    target = plan.target
+    return {
+        "schema": MANIFEST_SCHEMA,
+        "name": name,
+        "engine_file": f"{name}.engine",
+        "engine_sha256": hashlib.sha256(engine).hexdigest(),
+        "engine_bytes": len(engine),
+        "onnx_sha256": onnx_sha256,
+        "weights_sha256": weights_sha256,
+        "spec": spec.to_dict(),
+        "plan": plan.to_dict(),
+        "flavour": flavour,
+        "target": {"sm": sm, "compute_capability": compute_capability},
+        "profile": dict(target["profile"]),
+        "graph": graph,
+        "build": {**build, "created_unix": int(time.time())},
+    }
+
+
+def _disagree(what: str, manifest_value: object, plan_value: object) -> VerificationError:
+    return VerificationError(f"manifest and plan disagree on {what}: {manifest_value!r} vs {plan_value!r}")
+
+
+def _check_path_record(plan: Plan, graph: dict[str, Any]) -> None:
+    """The graph's record of its path against the plan: OOTB's expert compute, or the plugin's
+    stage choices (layouts and tactics included) and its router-logits input."""
+    if plan.path == "ootb":
+        if "plugin" in graph:
+            raise _disagree("path", "plugin engine", plan.path)
+        if plan.stage("expert_compute").choice != graph.get("expert_compute"):
+            raise _disagree("expert_compute", graph.get("expert_compute"), plan.stage("expert_compute").choice)
+        return
+    plugin = graph.get("plugin")
+    if not isinstance(plugin, dict) or "expert_compute" in graph:
+        raise _disagree("path", "ootb engine", plan.path)
+    if plugin.get("choices") != plan.choices():
+        raise _disagree("plugin stage choices", plugin.get("choices"), plan.choices())
+    if graph.get("routing_input") != "logits":
+        raise _disagree("routing_input", graph.get("routing_input"), "logits (the MoE plugin takes router logits)")
+
+
+def check_consistency(manifest: dict[str, Any]) -> Plan:
+    """Manifest fields against the plan they claim to come from (path, spec, dtype, profile,
+    target, flavour, and the path's own record). Returns the parsed plan."""
+    if manifest.get("schema") != MANIFEST_SCHEMA:
+        raise VerificationError(f"manifest schema {manifest.get('schema')!r} is not {MANIFEST_SCHEMA!r}: the engine was "
+                                "built by another moe-build; rebuild it")
+    try:
+        plan = Plan.from_dict(manifest["plan"])
+        spec = MoESpec.from_dict(manifest["spec"])
+        graph, profile, target = manifest["graph"], manifest["profile"], manifest["target"]
+        flavour = manifest["flavour"]["name"]
+        for section, value in (("graph", graph), ("profile", profile), ("target", target)):
+            if not isinstance(value, dict):
+                raise TypeError(f"{section} is a {type(value).__name__}, not an object")
+        if not all(isinstance(t, dict) and "name" in t for t in graph.get("inputs", [])):
+            raise TypeError("graph inputs are not {name, dtype, shape} objects")
+    except (KeyError, TypeError, ValueError, MoeBuildError) as exc:
+        raise VerificationError(f"manifest is incomplete or malformed: {type(exc).__name__}: {exc}") from None
+    if plan.path not in PATHS:
+        raise VerificationError(f"manifest records an unknown path {plan.path!r} (known: {', '.join(PATHS)})")
+    if plan.spec != manifest["spec"]:
+        raise _disagree("spec", manifest["spec"], plan.spec)
+    if plan.target.get("profile") != profile:
+        raise _disagree("profile", profile, plan.target.get("profile"))
+    if plan.target.get("sm") != target.get("sm"):
+        raise _disagree("target sm", target.get("sm"), plan.target.get("sm"))
+    if plan.target.get("flavour") != flavour:
+        raise _disagree("flavour", flavour, plan.target.get("flavour"))
+    _check_path_record(plan, graph)
+    hidden = next((t for t in graph.get("inputs", []) if t["name"] == "hidden"), None)
+    if hidden is None or hidden["dtype"] != TRT_DTYPE_NAMES[spec.dtype.value]:
+        raise _disagree("dtype", None if hidden is None else hidden["dtype"], spec.dtype.value)
+    return plan
+
+
+def _stat_key(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _read_pair(engine_path: Path, manifest_path: Path) -> tuple[dict[str, Any], bytes, str, bool]:
+    """(manifest, engine bytes, engine sha256, whether the manifest changed while being read)."""
+    before = _stat_key(manifest_path)
+    if before is None or not engine_path.is_file():
+        missing = manifest_path if before is None else engine_path
+        raise VerificationError(f"{missing} does not exist (an engine needs its manifest next to it)")
+    try:
+        manifest = read_json_object(manifest_path, "manifest")
+    except MoeBuildError as exc:  # unreadable, not UTF-8, not JSON, not an object: not a manifest we wrote
+        raise VerificationError(f"cannot read manifest {manifest_path}: {exc.problem}") from None
+    try:
+        engine = engine_path.read_bytes()
+    except OSError as exc:
+        raise VerificationError(f"cannot read engine {engine_path}: {exc}") from None
+    return manifest, engine, hashlib.sha256(engine).hexdigest(), _stat_key(manifest_path) != before
+
+
+def verify(path: str | Path) -> tuple[dict[str, Any], bytes]:
+    """Read manifest + engine, check the engine's sha256 and the manifest/plan agreement.
+
+    A pair replaced by a concurrent build (publish.py) is read again. Raises VerificationError
+    (exit 1) on a missing, tampered or mismatched pair.
+    """
+    engine_path, manifest_path = manifest_path_for(path)
+    for attempt in range(READ_ATTEMPTS):
+        manifest, engine, digest, republished = _read_pair(engine_path, manifest_path)
+        if digest == manifest.get("engine_sha256") or not republished:
+            break
+        time.sleep(0.05 * (attempt + 1))
+    if digest != manifest.get("engine_sha256"):
+        raise VerificationError(f"{engine_path.name}: sha256 {digest[:16]}... does not match the manifest's "
+                                f"{str(manifest.get('engine_sha256'))[:16]}... (engine modified or swapped)")
+    if manifest.get("engine_file") != engine_path.name:
+        raise VerificationError(f"manifest describes {manifest.get('engine_file')!r}, not {engine_path.name!r}")
+    check_consistency(manifest)
+    return manifest, engine
+

@@ -1,0 +1,117 @@
+"""The C ABI of `libmoe_build_kernels.so` (cpp/include/moe_build_kernels.h) as ctypes declarations.
+
+Every enum and struct mirrors the header value for value; tests/test_kernel_build.py parses the header
+and checks that they agree, and that SIGNATURES lists exactly the functions it declares.
+"""
+from __future__ import annotations
+
+import ctypes
+import enum
+
+
+class Status(enum.IntEnum):
+    OK = 0
+    INVALID_ARGUMENT = 1
+    UNSUPPORTED = 2
+    CUDA = 3
+
+
+class DType(enum.IntEnum):
+    FP32 = 0
+    FP16 = 1
+    BF16 = 2
+
+
+class Routing(enum.IntEnum):
+    SOFTMAX_TOPK = 0
+    TOPK_SOFTMAX = 1
+    SIGMOID_GROUPED = 2
+
+
+class Activation(enum.IntEnum):
+    IDENTITY = 0
+    RELU = 1
+    SILU = 2
+    GELU = 3
+    SWIGLU = 4
+    GEGLU = 5
+    SWIGLU_CLAMP = 6
+
+    @property
+    def is_gated(self) -> bool:
+        return self in (Activation.SWIGLU, Activation.GEGLU, Activation.SWIGLU_CLAMP)
+
+
+class WeightLayout(enum.IntEnum):
+    """B's layout for the sm90 GEMM entry points (mb_weight_layout)."""
+    ROW_MAJOR = 0
+    BLOCKED64 = 1
+
+
+class GemmKernel(enum.IntEnum):
+    """mb_gemm_kernel: which grouped-GEMM kernel a tactic runs."""
+    DECODE = 0
+    MMA = 1
+    WGMMA = 2
+
+
+class GemmTile(enum.IntEnum):
+    """mb_gemm_tile (MB_TILE_*): the tile of the mma or wgmma kernel; NONE for decode."""
+    NONE = 0
+    MMA_16x64 = 1
+    MMA_64x128 = 2
+    MMA_128x128 = 3
+    COOP_128x256 = 4
+    PINGPONG_64x256 = 5
+    PINGPONG_64x128 = 6
+    PINGPONG_64x256_C2 = 7
+    PINGPONG_64x192_C2 = 8
+
+
+class GemmLaunch(enum.IntEnum):
+    """mb_gemm_launch (MB_LAUNCH_*)."""
+    PLAIN = 0
+    AFTER_TRIGGER = 1
+    PLACED = 2
+
+
+class OutputL2(enum.IntEnum):
+    """mb_output_l2 (MB_OUTPUT_L2_*)."""
+    PLAIN = 0
+    EVICT_LAST = 1
+
+
+class GemmTacticStruct(ctypes.Structure):
+    """mb_gemm_tactic, passed by value to every grouped-GEMM entry point."""
+    _fields_ = [("kernel", ctypes.c_int32), ("tile", ctypes.c_int32), ("k_split", ctypes.c_int32),
+                ("launch", ctypes.c_int32), ("output_l2", ctypes.c_int32)]
+
+
+_p = ctypes.c_void_p
+_i = ctypes.c_int
+_i64 = ctypes.c_int64
+_f = ctypes.c_float
+_sz = ctypes.c_size_t
+_t = GemmTacticStruct
+
+# name -> (restype, argtypes), in the header's order.
+SIGNATURES: dict[str, tuple[type, tuple[type, ...]]] = {
+    "mb_last_error": (ctypes.c_char_p, ()),
+    "mb_routing": (_i, (_p, _i, _p, _i, _i, _i, _i, _i, _i, _i, _f, _p, _p, _p)),
+    "mb_routing_prologue_fused": (_i, (_p, _i, _i, _i, _p, _p, _p, _p)),
+    "mb_routing_prologue_three_step_workspace": (_sz, (_i, _i, _i)),
+    "mb_routing_prologue_three_step": (_i, (_p, _i, _i, _i, _p, _p, _p, _p, _sz, _p, _sz, _p)),
+    "mb_expand_rows": (_i, (_p, _i, _p, _p, _p, _i, _i, _i, _p, _p, _p, _p)),
+    "mb_fc1_activation": (_i, (_p, _i, _p, _p, _i, _i64, _i, _i, _f, _f, _p, _p, _p)),
+    "mb_finalize": (_i, (_p, _i, _p, _p, _p, _p, _i, _i, _i, _i, _p, _p)),
+    "mb_grouped_gemm_sm80_workspace": (_sz, (_i,)),
+    "mb_grouped_gemm_sm80": (_i, (_p, _p, _p, _p, _p, _i, _i64, _i, _i, _i, _i, _i, _f, _f, _t, _p, _sz, _p)),
+    "mb_grouped_gemm_sm90_workspace": (_sz, (_i, _i64, _i, _i)),
+    "mb_grouped_gemm_sm90_placement_ints": (_sz, ()),
+    "mb_grouped_gemm_sm90_placement_recorded": (_i, ()),
+    "mb_grouped_gemm_sm90": (_i, (_p, _p, _p, _p, _p, _i, _i64, _i, _i, _i, _i, _t, _p, _sz, _p)),
+    "mb_grouped_gemm_sm90_finalize": (_i, (_p, _p, _p, _p, _p, _p, _p, _i, _i64, _i, _i, _i, _i, _i, _i, _t, _p,
+                                           _p, _sz, _p)),
+    "mb_grouped_gemm_sm90_gated": (_i, (_p, _p, _p, _p, _p, _i, _i64, _i, _i, _i, _i, _f, _f, _i, _t, _p, _p, _sz,
+                                        _p)),
+}

@@ -1,0 +1,409 @@
+"""Torch wrappers of the kernel library's entry points: each validates its tensors and passes raw
+pointers and the current CUDA stream. The wrappers allocate outputs they are not given and return them;
+a failing entry point raises `KernelError` (library.call)."""
+from __future__ import annotations
+
+import contextlib
+import enum
+import functools
+import math
+import threading
+from typing import Callable, Iterator, Sequence
+
+import torch
+
+from ..planner.tactics import GemmTactic
+from .abi import (Activation, DType, GemmKernel, GemmLaunch, GemmTacticStruct, GemmTile, OutputL2, Routing,
+                  WeightLayout)
+from .library import call, load_library
+
+# ---- argument checks --------------------------------------------------------------------------
+
+_trust = threading.local()
+
+
+@contextlib.contextmanager
+def trusted_tensors() -> Iterator[None]:
+    """Inside this block the wrappers skip their per-tensor checks (`_check`). For a caller whose
+    tensors are right by construction and who checks its own inputs once per call: the runner, on
+    its own workspace views and weights. Those checks were about a quarter of an eager decode call's
+    host time (25 per call). The kernels' own argument checks still run."""
+    before = getattr(_trust, "on", False)
+    _trust.on = True
+    try:
+        yield
+    finally:
+        _trust.on = before
+
+
+def _dtype_code(t: torch.Tensor, name: str) -> int:
+    codes = {torch.float32: DType.FP32, torch.float16: DType.FP16, torch.bfloat16: DType.BF16}
+    if t.dtype not in codes:
+        raise ValueError(f"{name}: dtype {t.dtype} is not float32, float16 or bfloat16")
+    return int(codes[t.dtype])
+
+
+def _check(t: torch.Tensor | None, name: str, shape: Sequence[int | None] | None = None,
+           dtype: torch.dtype | None = None, device: torch.device | None = None) -> None:
+    """Raise ValueError naming `name` unless `t` is a contiguous CUDA tensor of that shape/dtype
+    (a None in `shape` matches any size) on `device`. Skipped inside `trusted_tensors()`."""
+    if getattr(_trust, "on", False):
+        return
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if not t.is_cuda:
+        raise ValueError(f"{name}: must be a CUDA tensor, got device {t.device}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name}: on {t.device}, but the other tensors are on {device}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name}: must be contiguous")
+    if dtype is not None and t.dtype != dtype:
+        raise ValueError(f"{name}: dtype must be {dtype}, got {t.dtype}")
+    if shape is not None:
+        ok = t.dim() == len(shape) and all(s is None or s == d for s, d in zip(shape, t.shape))
+        if not ok:
+            want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
+            raise ValueError(f"{name}: shape must be {want}, got {list(t.shape)}")
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def _stream(stream: int | torch.cuda.Stream | None, device: torch.device) -> int:
+    if stream is None:
+        return torch.cuda.current_stream(device).cuda_stream
+    if isinstance(stream, torch.cuda.Stream):
+        return stream.cuda_stream
+    return int(stream)
+
+
+def _enum(value: int | str | enum.IntEnum, cls: type[enum.IntEnum], name: str) -> int:
+    if isinstance(value, str):
+        try:
+            return int(cls[value.upper()])
+        except KeyError:
+            raise ValueError(f"{name}: {value!r} is not one of {', '.join(m.name.lower() for m in cls)}") from None
+    try:
+        return int(cls(int(value)))
+    except ValueError:
+        raise ValueError(f"{name}: {value!r} is not one of {', '.join(m.name.lower() for m in cls)}") from None
+
+
+def _out(t: torch.Tensor | None, name: str, shape: Sequence[int], dtype: torch.dtype,
+         device: torch.device, zero: bool = False) -> torch.Tensor:
+    if t is None:
+        return (torch.zeros if zero else torch.empty)(tuple(shape), dtype=dtype, device=device)
+    _check(t, name, shape, dtype, device)
+    return t
+
+
+# ---- stage wrappers ---------------------------------------------------------------------------
+
+def routing(logits: torch.Tensor, top_k: int, method: int | str | Routing = Routing.SOFTMAX_TOPK,
+            renormalize: bool = False, correction_bias: torch.Tensor | None = None, num_groups: int = 1,
+            topk_groups: int = 1, routed_scaling_factor: float = 1.0, topk_ids: torch.Tensor | None = None,
+            topk_weights: torch.Tensor | None = None, stream: int | torch.cuda.Stream | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [T, E] -> (topk_ids [T, K] int32, topk_weights [T, K] float32)."""
+    _check(logits, "logits", (None, None))
+    dev = logits.device
+    t, e = logits.shape
+    m = _enum(method, Routing, "method")
+    if correction_bias is not None:
+        _check(correction_bias, "correction_bias", (e,), torch.float32, dev)
+    ids = _out(topk_ids, "topk_ids", (t, top_k), torch.int32, dev)
+    w = _out(topk_weights, "topk_weights", (t, top_k), torch.float32, dev)
+    call("mb_routing", logits.data_ptr(), _dtype_code(logits, "logits"), _ptr(correction_bias), t, e, top_k, m,
+          int(bool(renormalize)), num_groups, topk_groups, routed_scaling_factor, ids.data_ptr(), w.data_ptr(),
+          _stream(stream, dev))
+    return ids, w
+
+
+def _map_outputs(topk_ids: torch.Tensor, num_experts: int, ptu: torch.Tensor | None, utp: torch.Tensor | None,
+                 off: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    _check(topk_ids, "topk_ids", (None, None), torch.int32)
+    if num_experts < 1:
+        raise ValueError(f"num_experts: must be >= 1, got {num_experts}")
+    n, dev = topk_ids.numel(), topk_ids.device
+    return (_out(ptu, "permuted_to_unpermuted", (n,), torch.int32, dev),
+            _out(utp, "unpermuted_to_permuted", (n,), torch.int32, dev),
+            _out(off, "expert_first_token_offset", (num_experts + 1,), torch.int64, dev))
+
+
+def _placement(placement: torch.Tensor | None, dev: torch.device) -> int | None:
+    if placement is not None:
+        _check(placement, "placement", (gemm_placement_ints(),), torch.int32, dev)
+    return _ptr(placement)
+
+
+def _workspace(workspace: torch.Tensor | None, nbytes: Callable[[], int], dev: torch.device
+               ) -> tuple[int | None, int]:
+    """(pointer, bytes) of the caller's scratch, or of a fresh one of `nbytes()` bytes (NULL when none
+    is needed; the size query runs only then). The runner passes its preallocated workspace (no
+    allocation per call, stable addresses for CUDA graphs); the kernels check the size themselves
+    (an sm90 workspace below the split-K size only turns splitting off)."""
+    if workspace is None:
+        size = nbytes()
+        if size == 0:
+            return None, 0
+        workspace = torch.empty(size, dtype=torch.uint8, device=dev)
+    else:
+        _check(workspace, "workspace", None, None, dev)
+    return workspace.data_ptr(), workspace.numel() * workspace.element_size()
+
+
+def three_step_workspace_bytes(num_tokens: int, top_k: int, num_experts: int) -> int:
+    return int(load_library().mb_routing_prologue_three_step_workspace(num_tokens, top_k, num_experts))
+
+
+def grouped_gemm_sm80_workspace_bytes(num_experts: int) -> int:
+    return int(load_library().mb_grouped_gemm_sm80_workspace(num_experts))
+
+
+def grouped_gemm_sm90_workspace_bytes(num_experts: int, max_rows: int, n: int, k: int) -> int:
+    return int(load_library().mb_grouped_gemm_sm90_workspace(num_experts, max_rows, n, k))
+
+
+@functools.lru_cache(maxsize=None)
+def gemm_placement_ints() -> int:
+    """int32 elements of one sm90 GEMM claim region (mb_grouped_gemm_sm90_placement_ints)."""
+    return int(load_library().mb_grouped_gemm_sm90_placement_ints())
+
+
+def new_gemm_placement(device: torch.device | str) -> torch.Tensor:
+    """A zeroed claim region for one sm90 gated or finalize GEMM that may run at the same time as another
+    (its `placement`), which a tactic with launch "placed" needs: that GEMM then starts its CTAs by placement
+    (cpp/include/moe_build_kernels.h). Each call leaves it as the next needs it; give it to no concurrent call."""
+    return torch.zeros(gemm_placement_ints(), dtype=torch.int32, device=device)
+
+
+def routing_prologue_fused(topk_ids: torch.Tensor, num_experts: int, permuted_to_unpermuted: torch.Tensor | None = None,
+                     unpermuted_to_permuted: torch.Tensor | None = None,
+                     expert_first_token_offset: torch.Tensor | None = None,
+                     stream: int | torch.cuda.Stream | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """topk_ids [T, K] int32 -> (permuted_to_unpermuted [T*K], unpermuted_to_permuted [T*K],
+    expert_first_token_offset [E+1] int64); KernelError(UNSUPPORTED) outside the fused limits."""
+    ptu, utp, off = _map_outputs(topk_ids, num_experts, permuted_to_unpermuted, unpermuted_to_permuted,
+                                 expert_first_token_offset)
+    t, k = topk_ids.shape
+    call("mb_routing_prologue_fused", topk_ids.data_ptr(), t, k, num_experts, ptu.data_ptr(), utp.data_ptr(),
+          off.data_ptr(), _stream(stream, topk_ids.device))
+    return ptu, utp, off
+
+
+def routing_prologue_three_step(topk_ids: torch.Tensor, num_experts: int,
+                          permuted_to_unpermuted: torch.Tensor | None = None,
+                          unpermuted_to_permuted: torch.Tensor | None = None,
+                          expert_first_token_offset: torch.Tensor | None = None,
+                          workspace: torch.Tensor | None = None, zero_out: torch.Tensor | None = None,
+                          stream: int | torch.cuda.Stream | None = None
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Same maps as `routing_prologue_fused`, for any token count (workspace allocated unless given).
+    `zero_out` (any contiguous CUDA tensor), if given, is zeroed by the same launch: the output that
+    grouped_gemm_sm90_finalize accumulates into, when the layer builds its maps in three steps."""
+    ptu, utp, off = _map_outputs(topk_ids, num_experts, permuted_to_unpermuted, unpermuted_to_permuted,
+                                 expert_first_token_offset)
+    t, k = topk_ids.shape
+    ws, ws_bytes = _workspace(workspace, lambda: three_step_workspace_bytes(t, k, num_experts), topk_ids.device)
+    if zero_out is not None:
+        _check(zero_out, "zero_out", device=topk_ids.device)
+    zero_bytes = zero_out.numel() * zero_out.element_size() if zero_out is not None else 0
+    call("mb_routing_prologue_three_step", topk_ids.data_ptr(), t, k, num_experts, ptu.data_ptr(), utp.data_ptr(),
+          off.data_ptr(), ws, ws_bytes, _ptr(zero_out), zero_bytes, _stream(stream, topk_ids.device))
+    return ptu, utp, off
+
+
+def expand_rows(input: torch.Tensor, unpermuted_to_permuted: torch.Tensor, topk_weights: torch.Tensor,
+                prequant_scale: torch.Tensor | None = None, permuted_input: torch.Tensor | None = None,
+                permuted_weights: torch.Tensor | None = None, zero_out: torch.Tensor | None = None,
+                stream: int | torch.cuda.Stream | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """input [T, H], topk_weights [T, K] -> (permuted_input [T*K, H], permuted_weights [T*K]): token t's
+    row goes to permuted row unpermuted_to_permuted[t*K + j] for each j (the prologue's inverse map).
+    `zero_out` [T, H] (input's dtype, not overlapping input), if given, is zeroed by the same launch:
+    the output that grouped_gemm_sm90_finalize accumulates into."""
+    _check(input, "input", (None, None))
+    dev = input.device
+    t, h = input.shape
+    _check(topk_weights, "topk_weights", (t, None), torch.float32, dev)
+    k = topk_weights.shape[1]
+    _check(unpermuted_to_permuted, "unpermuted_to_permuted", (t * k,), torch.int32, dev)
+    if prequant_scale is not None:
+        _check(prequant_scale, "prequant_scale", (h,), torch.float32, dev)
+    pin = _out(permuted_input, "permuted_input", (t * k, h), input.dtype, dev)
+    pw = _out(permuted_weights, "permuted_weights", (t * k,), torch.float32, dev)
+    if zero_out is not None:
+        _check(zero_out, "zero_out", (t, h), input.dtype, dev)
+    call("mb_expand_rows", input.data_ptr(), _dtype_code(input, "input"), unpermuted_to_permuted.data_ptr(),
+          topk_weights.data_ptr(), _ptr(prequant_scale), t, h, k, pin.data_ptr(), pw.data_ptr(), _ptr(zero_out),
+          _stream(stream, dev))
+    return pin, pw
+
+
+def fc1_activation(input: torch.Tensor, expert_first_token_offset: torch.Tensor,
+               activation: int | str | Activation, bias: torch.Tensor | None = None, swiglu_alpha: float = 1.0,
+               swiglu_limit: float = math.inf, prequant_scale: torch.Tensor | None = None,
+               out: torch.Tensor | None = None, stream: int | torch.cuda.Stream | None = None
+               ) -> torch.Tensor:
+    """input [R, N1] (N1 = 2I for gated activations) -> out [R, I]; rows >= offsets[E] untouched."""
+    act = Activation(_enum(activation, Activation, "activation"))
+    _check(input, "input", (None, None))
+    dev = input.device
+    rows, n1 = input.shape
+    if act.is_gated and n1 % 2:
+        raise ValueError(f"input: gated activation {act.name.lower()} needs an even width, got {n1}")
+    inter = n1 // 2 if act.is_gated else n1
+    _check(expert_first_token_offset, "expert_first_token_offset", (None,), torch.int64, dev)
+    e = expert_first_token_offset.shape[0] - 1
+    if e < 1:
+        raise ValueError("expert_first_token_offset: needs E+1 >= 2 entries")
+    if bias is not None:
+        _check(bias, "bias", (e, n1), input.dtype, dev)
+    if prequant_scale is not None:
+        _check(prequant_scale, "prequant_scale", (inter,), torch.float32, dev)
+    o = _out(out, "out", (rows, inter), input.dtype, dev)
+    call("mb_fc1_activation", input.data_ptr(), _dtype_code(input, "input"), _ptr(bias),
+          expert_first_token_offset.data_ptr(), e, rows, inter, int(act), swiglu_alpha, swiglu_limit,
+          _ptr(prequant_scale), o.data_ptr(), _stream(stream, dev))
+    return o
+
+
+def finalize(gemm2_out: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+             unpermuted_to_permuted: torch.Tensor, bias: torch.Tensor | None = None, deterministic: bool = True,
+             out: torch.Tensor | None = None, stream: int | torch.cuda.Stream | None = None) -> torch.Tensor:
+    """gemm2_out [R >= T*K, H] -> out [T, H] = sum_j w[t,j] * (gemm2_out[utp[t*K+j]] + bias[ids[t,j]])."""
+    _check(gemm2_out, "gemm2_out", (None, None))
+    dev = gemm2_out.device
+    h = gemm2_out.shape[1]
+    _check(topk_weights, "topk_weights", (None, None), torch.float32, dev)
+    t, k = topk_weights.shape
+    _check(topk_ids, "topk_ids", (t, k), torch.int32, dev)
+    _check(unpermuted_to_permuted, "unpermuted_to_permuted", (t * k,), torch.int32, dev)
+    if gemm2_out.shape[0] < t * k:
+        raise ValueError(f"gemm2_out: needs >= {t * k} rows, got {gemm2_out.shape[0]}")
+    if bias is not None:
+        _check(bias, "bias", (None, h), gemm2_out.dtype, dev)
+    o = _out(out, "out", (t, h), gemm2_out.dtype, dev)
+    call("mb_finalize", gemm2_out.data_ptr(), _dtype_code(gemm2_out, "gemm2_out"), _ptr(bias),
+          topk_weights.data_ptr(), topk_ids.data_ptr(), unpermuted_to_permuted.data_ptr(), t, h, k,
+          int(bool(deterministic)), o.data_ptr(), _stream(stream, dev))
+    return o
+
+
+# ---- GEMM wrappers (cpp/src/gemm/) ---------------------------------------------------------------
+
+_TILES = {"none": GemmTile.NONE, "16x64": GemmTile.MMA_16x64, "64x128": GemmTile.MMA_64x128,
+          "128x128": GemmTile.MMA_128x128, "coop128x256": GemmTile.COOP_128x256,
+          "pingpong64x256": GemmTile.PINGPONG_64x256, "pingpong64x128": GemmTile.PINGPONG_64x128,
+          "pingpong64x256c2": GemmTile.PINGPONG_64x256_C2, "pingpong64x192c2": GemmTile.PINGPONG_64x192_C2}
+
+
+def tactic_struct(tactic: GemmTactic | str | GemmTacticStruct) -> GemmTacticStruct:
+    """The mb_gemm_tactic of a plan's tactic (or its name, or the struct itself); the entry points take it by
+    value. The runner converts each band's tactic once and passes the struct."""
+    if isinstance(tactic, GemmTacticStruct):
+        return tactic
+    return _struct_of(GemmTactic.parse(tactic) if isinstance(tactic, str) else tactic)
+
+
+@functools.lru_cache(maxsize=256)
+def _struct_of(t: GemmTactic) -> GemmTacticStruct:
+    return GemmTacticStruct(GemmKernel[t.kernel.upper()], _TILES[t.tile], t.k_split,
+                            GemmLaunch[t.launch.upper()], OutputL2[t.output_l2.upper()])
+
+
+def _gemm_common(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor
+                 ) -> tuple[torch.device, int, int, int, int]:
+    _check(a, "A", (None, None))
+    dev = a.device
+    _check(b, "B", (None, None, a.shape[1]), a.dtype, dev)
+    _check(offsets, "expert_first_token_offset", (b.shape[0] + 1,), torch.int64, dev)
+    return dev, a.shape[0], a.shape[1], b.shape[0], b.shape[1]
+
+
+def grouped_gemm_sm80(a: torch.Tensor, b: torch.Tensor, expert_first_token_offset: torch.Tensor,
+                      activation: int | str | Activation = Activation.IDENTITY, fused_gated: bool = False,
+                      bias: torch.Tensor | None = None, swiglu_alpha: float = 1.0, swiglu_limit: float = math.inf,
+                      c: torch.Tensor | None = None, workspace: torch.Tensor | None = None,
+                      stream: int | torch.cuda.Stream | None = None, *, tactic: GemmTactic | str) -> torch.Tensor:
+    """C[p] = act(A[p] @ B[x]^T + bias[x]); A [R, k], B [E, n, k] (fused_gated: [E, 2n, k]) -> C [R, n],
+    run as `tactic` (a decode or mma tactic)."""
+    dev, rows, k, e, bn = _gemm_common(a, b, expert_first_token_offset)
+    act = _enum(activation, Activation, "activation")
+    if fused_gated and bn % 2:
+        raise ValueError(f"B: fused_gated needs an even output width, got {bn}")
+    n = bn // 2 if fused_gated else bn
+    if bias is not None:
+        _check(bias, "bias", (e, bn), a.dtype, dev)
+    out = _out(c, "C", (rows, n), a.dtype, dev)
+    ws, ws_bytes = _workspace(workspace, lambda: grouped_gemm_sm80_workspace_bytes(e), dev)
+    call("mb_grouped_gemm_sm80", a.data_ptr(), b.data_ptr(), _ptr(bias), out.data_ptr(),
+          expert_first_token_offset.data_ptr(), e, rows, n, k, _dtype_code(a, "A"), act, int(bool(fused_gated)),
+          swiglu_alpha, swiglu_limit, tactic_struct(tactic), ws, ws_bytes, _stream(stream, dev))
+    return out
+
+
+def grouped_gemm_sm90(a: torch.Tensor, b: torch.Tensor, expert_first_token_offset: torch.Tensor,
+                      bias: torch.Tensor | None = None, c: torch.Tensor | None = None,
+                      workspace: torch.Tensor | None = None, stream: int | torch.cuda.Stream | None = None,
+                      weight_layout: int | str | WeightLayout = WeightLayout.ROW_MAJOR, *,
+                      tactic: GemmTactic | str) -> torch.Tensor:
+    """C[p] = A[p] @ B[x]^T (+ bias[x]); A [R, k], B [E, n, k] -> C [R, n], run as `tactic`.
+    B's storage is `weight_layout`'s (blocked64: moe_build.weights.block_64x64's; its shape stays [E, n, k])."""
+    dev, rows, k, e, n = _gemm_common(a, b, expert_first_token_offset)
+    if bias is not None:
+        _check(bias, "bias", (e, n), a.dtype, dev)
+    out = _out(c, "C", (rows, n), a.dtype, dev)
+    ws, ws_bytes = _workspace(workspace, lambda: grouped_gemm_sm90_workspace_bytes(e, rows, n, k), dev)
+    call("mb_grouped_gemm_sm90", a.data_ptr(), b.data_ptr(), _ptr(bias), out.data_ptr(),
+          expert_first_token_offset.data_ptr(), e, rows, n, k, _dtype_code(a, "A"),
+          _enum(weight_layout, WeightLayout, "weight_layout"), tactic_struct(tactic), ws, ws_bytes,
+          _stream(stream, dev))
+    return out
+
+
+def grouped_gemm_sm90_finalize(a: torch.Tensor, b: torch.Tensor, expert_first_token_offset: torch.Tensor,
+                               permuted_to_unpermuted: torch.Tensor, permuted_weights: torch.Tensor,
+                               num_tokens: int, top_k: int, bias: torch.Tensor | None = None,
+                               out: torch.Tensor | None = None, workspace: torch.Tensor | None = None,
+                               stream: int | torch.cuda.Stream | None = None,
+                               weight_layout: int | str | WeightLayout = WeightLayout.ROW_MAJOR,
+                               placement: torch.Tensor | None = None, *, tactic: GemmTactic | str) -> torch.Tensor:
+    """out[t] += w[p] * (A[p] @ B[x]^T + bias[x]) for the token t of each permuted row p -> out [T, n].
+    A given `out` must be zeroed by the caller; an allocated one is zeroed here. B as grouped_gemm_sm90's;
+    `placement` from new_gemm_placement (needed by a placed tactic)."""
+    dev, rows, k, e, n = _gemm_common(a, b, expert_first_token_offset)
+    _check(permuted_to_unpermuted, "permuted_to_unpermuted", (num_tokens * top_k,), torch.int32, dev)
+    _check(permuted_weights, "permuted_weights", (num_tokens * top_k,), torch.float32, dev)
+    if bias is not None:
+        _check(bias, "bias", (e, n), a.dtype, dev)
+    o = _out(out, "out", (num_tokens, n), a.dtype, dev, zero=True)
+    ws, ws_bytes = _workspace(workspace, lambda: grouped_gemm_sm90_workspace_bytes(e, rows, n, k), dev)
+    call("mb_grouped_gemm_sm90_finalize", a.data_ptr(), b.data_ptr(), _ptr(bias), o.data_ptr(),
+          expert_first_token_offset.data_ptr(), permuted_to_unpermuted.data_ptr(), permuted_weights.data_ptr(), e,
+          rows, num_tokens, top_k, n, k, _dtype_code(a, "A"), _enum(weight_layout, WeightLayout, "weight_layout"),
+          tactic_struct(tactic), _placement(placement, dev), ws, ws_bytes, _stream(stream, dev))
+    return o
+
+
+def grouped_gemm_sm90_gated(a: torch.Tensor, b: torch.Tensor, expert_first_token_offset: torch.Tensor,
+                            activation: int | str | Activation, bias: torch.Tensor | None = None,
+                            swiglu_alpha: float = 1.0, swiglu_limit: float = math.inf,
+                            c: torch.Tensor | None = None, workspace: torch.Tensor | None = None,
+                            stream: int | torch.cuda.Stream | None = None,
+                            weight_layout: int | str | WeightLayout = WeightLayout.ROW_MAJOR,
+                            placement: torch.Tensor | None = None, *, tactic: GemmTactic | str) -> torch.Tensor:
+    """C[p] = act(gate, up) of A[p] @ B[x]^T (+ bias[x]), the gated activation in GEMM1's epilogue.
+    B [E, 2I, k] and bias [E, 2I] in moe_build.weights.interleave_gate_up's order (B then stored in
+    `weight_layout`'s layout, as grouped_gemm_sm90's) -> C [R, I]. `placement` as grouped_gemm_sm90_finalize's."""
+    dev, rows, k, e, n2 = _gemm_common(a, b, expert_first_token_offset)
+    act = _enum(activation, Activation, "activation")
+    if bias is not None:
+        _check(bias, "bias", (e, n2), a.dtype, dev)
+    out = _out(c, "C", (rows, n2 // 2), a.dtype, dev)
+    ws, ws_bytes = _workspace(workspace, lambda: grouped_gemm_sm90_workspace_bytes(e, rows, n2, k), dev)
+    call("mb_grouped_gemm_sm90_gated", a.data_ptr(), b.data_ptr(), _ptr(bias), out.data_ptr(),
+          expert_first_token_offset.data_ptr(), e, rows, n2 // 2, k, _dtype_code(a, "A"), act, swiglu_alpha,
+          swiglu_limit, _enum(weight_layout, WeightLayout, "weight_layout"), tactic_struct(tactic),
+          _placement(placement, dev), ws, ws_bytes, _stream(stream, dev))
+    return out

@@ -1,0 +1,303 @@
+"""GEMM tactics: how each grouped GEMM runs at each token count, from one table of measured rules.
+
+A tactic names the kernel (decode | mma | wgmma), its tile (or the decode kernel's K slices), how it is
+launched and how its outputs are written to L2. The kernel library runs exactly the tactic it is given
+(cpp/include/moe_build_kernels.h, mb_gemm_tactic); this module is the only place that chooses one. The
+rules read the GEMM's shape and the average rows per expert, ceil(tokens * top_k / experts), so each
+GEMM's tactic is a function of the token count: `tactic_bands` turns it into bands of token counts,
+which the plan records and the runner looks up per call.
+
+Each rule is one small function under a comment quoting its condition and the measurement behind it
+(docs/performance.md has the token sweep that checks the whole table; docs/experiments.md what was tried
+and dropped).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from ..errors import MoeBuildError
+
+KERNELS = ("decode", "mma", "wgmma")
+MMA_TILES = ("16x64", "64x128", "128x128")
+WGMMA_TILES = ("coop128x256", "pingpong64x256", "pingpong64x128", "pingpong64x256c2", "pingpong64x192c2")
+K_SPLITS = (1, 2, 4, 8)
+LAUNCHES = ("plain", "after_trigger", "placed")
+OUTPUT_L2 = ("plain", "evict_last")
+EPILOGUES = ("store", "gated", "finalize")
+# wgmma tiles whose CTAs can start by placement: the one-CTA 64-row pingpong tiles.
+PLACED_TILES = ("pingpong64x256", "pingpong64x128")
+# wgmma tiles that read weights in 64 x 64 blocks: each CTA's weight slice must be whole blocks.
+BLOCKED_TILES = ("coop128x256", "pingpong64x256", "pingpong64x128", "pingpong64x256c2")
+
+
+@dataclass(frozen=True)
+class GemmTactic:
+    """One grouped GEMM's tactic; `name` is its spelling in plans, reports and --force."""
+
+    kernel: str          # decode | mma | wgmma
+    tile: str            # "none" (decode) | an MMA_TILES entry (mma) | a WGMMA_TILES entry (wgmma)
+    k_split: int         # decode: K slices per CTA (K_SPLITS); 0 for the other kernels
+    launch: str          # plain | after_trigger | placed
+    output_l2: str       # plain | evict_last
+
+    @property
+    def name(self) -> str:
+        tile = f"ksplit{self.k_split}" if self.kernel == "decode" else self.tile
+        return f"{self.kernel}:{tile}:{self.launch}:{self.output_l2}"
+
+    @classmethod
+    def parse(cls, name: str) -> "GemmTactic":
+        """The tactic spelled `name` (KERNEL:TILE:LAUNCH:OUTPUT_L2, decode's TILE being ksplitN)."""
+        parts = name.split(":")
+        form = "KERNEL:TILE:LAUNCH:OUTPUT_L2, e.g. wgmma:pingpong64x128:plain:plain or decode:ksplit2:plain:plain"
+        if len(parts) != 4:
+            raise MoeBuildError("force", f"tactic {name!r} is not {form}", form)
+        kernel, tile, launch, l2 = parts
+        if kernel not in KERNELS:
+            raise MoeBuildError("force", f"tactic {name!r}: unknown kernel {kernel!r}", KERNELS)
+        if kernel == "decode":
+            splits = {f"ksplit{k}": k for k in K_SPLITS}
+            if tile not in splits:
+                raise MoeBuildError("force", f"tactic {name!r}: the decode kernel's tile is its K split", list(splits))
+            tactic = cls(kernel, "none", splits[tile], launch, l2)
+        else:
+            tiles = MMA_TILES if kernel == "mma" else WGMMA_TILES
+            if tile not in tiles:
+                raise MoeBuildError("force", f"tactic {name!r}: unknown {kernel} tile {tile!r}", tiles)
+            tactic = cls(kernel, tile, 0, launch, l2)
+        if launch not in LAUNCHES:
+            raise MoeBuildError("force", f"tactic {name!r}: unknown launch {launch!r}", LAUNCHES)
+        if l2 not in OUTPUT_L2:
+            raise MoeBuildError("force", f"tactic {name!r}: unknown output_l2 {l2!r}", OUTPUT_L2)
+        return tactic
+
+
+@dataclass(frozen=True)
+class GemmCall:
+    """What the rules read about one grouped GEMM of a layer: the target SM and which entry point runs it
+    (sm90 or sm80), its epilogue, its shape per expert (n output columns, k), the experts and top_k, the
+    weight layout, and the GPU's multiprocessor count and L2 size."""
+
+    sm: int
+    entry: str           # sm90 (TMA warp-specialized GEMMs) | sm80 (Ampere GEMMs)
+    epilogue: str        # store | gated | finalize
+    n: int               # the GEMM's columns per expert (gated: gate and up, 2 * intermediate)
+    k: int
+    experts: int
+    top_k: int
+    itemsize: int
+    weights_blocked: bool
+    sm_count: int
+    l2_bytes: int
+
+    @property
+    def expert_weight_bytes(self) -> int:
+        return self.n * self.k * self.itemsize
+
+
+class RowCount:
+    """A GEMM call's rows at one token count (tokens * top_k, and their average per expert), recording
+    every threshold a rule compares them with: `next_change` is then the smallest larger token count at
+    which any answer the rules gave here can change, so the rules' result is constant up to it."""
+
+    def __init__(self, tokens: int, top_k: int, experts: int) -> None:
+        self.tokens, self.top_k, self.experts = tokens, top_k, experts
+        self.rows = tokens * top_k
+        self.avg = -(-self.rows // experts)
+        self.next_change: int | None = None
+
+    def _flips_at(self, tokens: int) -> None:
+        if tokens > self.tokens and (self.next_change is None or tokens < self.next_change):
+            self.next_change = tokens
+
+    def avg_at_most(self, rows: int) -> bool:
+        """ceil(tokens * top_k / experts) <= rows, which holds up to tokens = floor(rows * experts / top_k)."""
+        self._flips_at(rows * self.experts // self.top_k + 1)
+        return self.avg <= rows
+
+    def rows_below(self, rows: int) -> bool:
+        """tokens * top_k < rows, which holds below tokens = ceil(rows / top_k)."""
+        self._flips_at(-(-rows // self.top_k))
+        return self.rows < rows
+
+
+# ---- the rules --------------------------------------------------------------------------------
+
+# kernel: the decode kernel while the average rows per expert <= 8, else the tiled kernel of the entry
+# point (wgmma on sm90, mma on sm80). Decode shapes are weight-bandwidth bound and a 64- or 128-row tile
+# mostly multiplies padding. H200, bf16, L2 flushed: 1 token of Mixtral / Qwen3-30B-A3B / DeepSeek-V2-Lite
+# GEMM1 121-125 / 20 / 25 us on the decode kernel, 148 / 25 / 29 on mma tiles and 140 / 35 / 38 on wgmma.
+# GEMM2 with the finalize epilogue leaves the decode kernel past 4 rows: whole layers, token sweep with the
+# tactics forced, H200 (docs/performance.md, "Token sweep"): at 8 rows per expert the wgmma finalize GEMM2
+# took Qwen3-30B-A3B 128 tokens to 335.5 us from 367.8, GPT-OSS-20B 64 tokens 438.0 from 465.1, Mixtral-8x7B
+# 32 tokens 719.2 from 769.2; at 6 rows Mixtral 23 tokens 673.8 from 710.6, Qwen3 91 tokens 309.2 from 323.8;
+# at 4 rows and below the two were within 2% (GPT-OSS 32 tokens 1-2% behind on wgmma). GEMM1 keeps the
+# decode kernel to 8 rows: wgmma was 5-30% behind there on every shape.
+DECODE_MAX_AVG_ROWS = 8
+FINALIZE_DECODE_MAX_AVG_ROWS = 4
+
+
+def kernel_rule(call: GemmCall, rows: RowCount) -> str:
+    limit = FINALIZE_DECODE_MAX_AVG_ROWS if call.epilogue == "finalize" else DECODE_MAX_AVG_ROWS
+    if rows.avg_at_most(limit):
+        return "decode"
+    return "wgmma" if call.entry == "sm90" else "mma"
+
+
+# decode K slices per CTA: 2, or 8 where 2 slices give fewer CTAs than SMs (non-empty experts at most
+# min(experts, rows), times the column blocks). H200, 1 and 16 tokens of the bench shapes, each split
+# forced: 2 is best or within 5% of best at most points; 1 loses 5-45% (too few warps per row block);
+# 8 wins only when the grid is small (Mixtral GEMM2 and GPT-OSS-20B at 1 token) and loses up to 2x for
+# short K (Qwen3-30B-A3B GEMM2, K = 768).
+DECODE_WARPS = 8  # gemm/decode.cu kDecodeWarps: a CTA covers (gated ? 8 : 16) * (8 / k_split) columns
+
+
+def decode_k_split_rule(call: GemmCall, rows: RowCount) -> int:
+    gated = call.epilogue == "gated"
+    out_cols = call.n // 2 if gated else call.n  # the gated epilogue writes one column per gate/up pair
+    cols_per_cta = (8 if gated else 16) * (DECODE_WARPS // 2)
+    column_blocks = -(-out_cols // cols_per_cta)
+    # ctas = min(experts, rows) * column_blocks < sm_count, i.e. rows below ceil(sm_count / column_blocks)
+    # while that stays within the experts
+    few = -(-call.sm_count // column_blocks)
+    if few > call.experts:
+        return 8
+    return 8 if rows.rows_below(few) else 2
+
+
+# mma tile: 16x64 up to 16 average rows per expert, 64x128 up to 64, else 128x128.
+MMA_SMALL_MAX_AVG_ROWS = 16
+MMA_MID_MAX_AVG_ROWS = 64
+
+
+def mma_tile_rule(call: GemmCall, rows: RowCount) -> str:
+    if rows.avg_at_most(MMA_SMALL_MAX_AVG_ROWS):
+        return "16x64"
+    return "64x128" if rows.avg_at_most(MMA_MID_MAX_AVG_ROWS) else "128x128"
+
+
+# wgmma tile, plain store: pingpong 64x128 up to 32 average rows per expert (twice the tiles of 64x256:
+# with few rows a GEMM streams the weights once and more, smaller tiles even out the last wave; 256 tokens
+# of Qwen3 / DeepSeek-V2-Lite / GPT-OSS-20B GEMM1 2-3% and GEMM2 1-2% faster than 64x256, H200), else
+# pingpong 64x256 in 2x1 clusters (the cluster's CTAs share one weight tile by TMA multicast: at 4096
+# tokens DeepSeek-V2-Lite GEMM1 557 vs 590 us, GPT-OSS-20B 989 vs 1054, Mixtral 2979 vs 3217 against the
+# best one-CTA tile), as 64x192 where narrow_columns_fit.
+NARROW_MAX_AVG_ROWS = 32
+# wgmma tile, gated epilogue: one-CTA pingpong 64x256 from 33 to 1024 average rows (against the 2x1
+# cluster, H200: Qwen3 4096 tokens 437 vs 451 us, GPT-OSS 512 rows 905 vs 927, Mixtral 512 / 1024 rows
+# 1532 vs 1579 and 2893 vs 2968), else as the plain store.
+GATED_SINGLE_CTA_MAX_AVG_ROWS = 1024
+# wgmma tile, finalize epilogue: pingpong 64x128 up to 64 average rows (Mixtral 256 tokens, 8 x 16 tiles
+# of 64x256 for 132 SMs: GEMM2 259.4 vs 276.4 us), else pingpong 64x256 (from 96 rows: Mixtral 512 tokens
+# 299.7 vs 313.3, GPT-OSS-20B 1024 tokens 176.6 vs 198.2; the 2x1 cluster gave no clear gain here).
+FINALIZE_NARROW_MAX_AVG_ROWS = 64
+
+
+def narrow_columns_fit(n: int) -> bool:
+    """64x192 tiles pad none of n's columns where 256-wide ones would pad more than 1/16 of them (among
+    the bench shapes only GPT-OSS-20B's N = 2880: GEMM2 at 4096 tokens 515.6-517.1 vs 532.1-533.7 us; every
+    other shape, with no padding to save, loses 2-45%)."""
+    pad256 = (256 - n % 256) % 256
+    return n % 192 == 0 and pad256 * 16 > n
+
+
+def wgmma_tile_rule(call: GemmCall, rows: RowCount) -> str:
+    if call.epilogue == "finalize":
+        return "pingpong64x128" if rows.avg_at_most(FINALIZE_NARROW_MAX_AVG_ROWS) else "pingpong64x256"
+    if rows.avg_at_most(NARROW_MAX_AVG_ROWS):
+        return "pingpong64x128"
+    if call.epilogue == "gated" and rows.avg_at_most(GATED_SINGLE_CTA_MAX_AVG_ROWS):
+        return "pingpong64x256"
+    # 64x192 in 2x1 clusters multicasts 96-row weight slices, which 64 x 64 weight blocks do not tile
+    return "pingpong64x192c2" if narrow_columns_fit(call.n) and not call.weights_blocked else "pingpong64x256c2"
+
+
+# wgmma launch: the gated GEMM1 and the finalize GEMM2 start by placement (after a trigger, each CTA at
+# the tiles a plain launch puts on its SM) from 32 average rows per expert, on the one-CTA pingpong tiles,
+# where one expert's weights of the GEMM fit in L2 (Qwen3-30B-A3B at 4096 tokens 580.9-581.2 vs 586.1-586.4
+# us on the H200; Mixtral-8x7B's 117-235 MB experts lost with it: H100 4096 tokens +138 to +240 us). Below
+# 32 rows placement was 0.6-1.8 us behind the unplaced launch; there the finalize GEMM still launches after
+# a trigger up to 64 rows (256 tokens: Qwen3 306.0-306.8 vs 310.0-310.3 us, GPT-OSS-20B 393.9-394.6 vs
+# 401.0-401.5), and every other wgmma GEMM plainly (launched early without placement, past 64 rows, the
+# finalize GEMM lost up to 10% on the H100: its tiles lost the plain launch's layout over the chip).
+PLACED_MIN_AVG_ROWS = 32
+FINALIZE_EARLY_MAX_AVG_ROWS = 64
+
+
+def wgmma_launch_rule(call: GemmCall, rows: RowCount, tile: str) -> str:
+    if call.epilogue == "store":
+        return "plain"
+    if (tile in PLACED_TILES and call.expert_weight_bytes <= call.l2_bytes
+            and not rows.avg_at_most(PLACED_MIN_AVG_ROWS - 1)):
+        return "placed"
+    if call.epilogue == "finalize" and rows.avg_at_most(FINALIZE_EARLY_MAX_AVG_ROWS):
+        return "after_trigger"
+    return "plain"
+
+
+# output L2 policy: the wgmma gated and finalize epilogues write under evict_last. Both write what is read
+# again soon (GEMM2 reads GEMM1's rows next; the finalize adds top_k rows into each output row from experts
+# spread over the whole GEMM), while the weights stream through L2. H100, whole layers at 4096 tokens: Qwen3
+# 671.2-673.2 us vs 690.8-691.4, DeepSeek-V2-Lite 782.0-786.3 vs 794.3-804.3, Mixtral 4556-4717 vs 4782-5483;
+# 12-30 us faster at 1024 tokens and 5-20 at 256 on all four bench shapes.
+def output_l2_rule(call: GemmCall, kernel: str) -> str:
+    return "evict_last" if kernel == "wgmma" and call.epilogue != "store" else "plain"
+
+
+# decode launch: after a trigger from sm90 on (its CTAs load weights while the expansion finishes; the
+# attribute does not exist below sm90).
+def decode_launch_rule(call: GemmCall) -> str:
+    return "after_trigger" if call.sm >= 90 else "plain"
+
+
+def choose_tactic(call: GemmCall, rows: RowCount) -> GemmTactic:
+    """The table: every rule above, in order, for one GEMM at one token count."""
+    kernel = kernel_rule(call, rows)
+    if kernel == "decode":
+        return GemmTactic("decode", "none", decode_k_split_rule(call, rows), decode_launch_rule(call), "plain")
+    if kernel == "mma":
+        return GemmTactic("mma", mma_tile_rule(call, rows), 0, "plain", "plain")
+    tile = wgmma_tile_rule(call, rows)
+    return GemmTactic("wgmma", tile, 0, wgmma_launch_rule(call, rows, tile), output_l2_rule(call, kernel))
+
+
+def tactic_bands(call: GemmCall, rule: Callable[[GemmCall, RowCount], GemmTactic] = choose_tactic
+                 ) -> list[tuple[int, int | None, GemmTactic]]:
+    """(first token count, last or None, tactic) bands covering every token count from 1, adjacent
+    bands of one tactic merged: each band ends where a threshold the rules compared could flip."""
+    bands: list[tuple[int, int | None, GemmTactic]] = []
+    tokens: int | None = 1
+    while tokens is not None:
+        rows = RowCount(tokens, call.top_k, call.experts)
+        tactic = rule(call, rows)
+        last = None if rows.next_change is None else rows.next_change - 1
+        if bands and bands[-1][2] == tactic:
+            bands[-1] = (bands[-1][0], last, tactic)
+        else:
+            bands.append((tokens, last, tactic))
+        tokens = rows.next_change
+    return bands
+
+
+# ---- what a tactic needs ----------------------------------------------------------------------
+
+def tactic_problem(call: GemmCall, tactic: GemmTactic) -> str | None:
+    """Why `call` cannot run `tactic` (the library would refuse it), or None if it can."""
+    if tactic.kernel == "wgmma" and call.entry != "sm90":
+        return "the wgmma kernel runs only in the sm90 GEMMs (gemm_kernel=tma_warp_specialized)"
+    if tactic.kernel == "mma" and call.weights_blocked:
+        return "the mma tiles read row-major weights only (weight_layout=row_major)"
+    if tactic.kernel == "wgmma" and call.weights_blocked and tactic.tile not in BLOCKED_TILES:
+        return f"wgmma {tactic.tile} cannot read 64 x 64 weight blocks (weight_layout=row_major)"
+    if tactic.launch == "placed" and not (tactic.kernel == "wgmma" and tactic.tile in PLACED_TILES
+                                          and call.epilogue != "store"):
+        return (f"a placed launch needs a wgmma {' or '.join(PLACED_TILES)} tile with the gated or finalize "
+                "epilogue")
+    if tactic.launch == "after_trigger" and tactic.kernel == "mma":
+        return "the mma tiles launch plainly"
+    if tactic.output_l2 == "evict_last" and not (tactic.kernel == "wgmma" and call.epilogue != "store"):
+        return "evict_last outputs are the wgmma gated and finalize epilogues' only"
+    if (tactic.kernel == "decode") != (tactic.k_split in K_SPLITS):
+        return "the decode kernel takes a K split of 1, 2, 4 or 8, the other kernels none"
+    return None

@@ -1,0 +1,6 @@
+"""The layer spec: what one MoE layer computes, and where a spec comes from (checkpoint, preset, flags)."""
+from .layer import (Activation, DType, MoESpec, OutputDType, Quant, Routing, RoutingMethod, SharedExperts,
+                    validate)
+
+__all__ = ["Activation", "DType", "MoESpec", "OutputDType", "Quant", "Routing", "RoutingMethod", "SharedExperts",
+           "validate"]

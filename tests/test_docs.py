@@ -1,0 +1,71 @@
+"""Every path a document names exists, and nothing a user reads cites a file outside the repository.
+
+Documents: README.md, docs/*.md, bench/README.md, engines/README.md. Paths are markdown link targets
+(relative ones) and code-formatted words that look like repository paths; both are resolved against the
+document's folder and the repository root. Citations a user sees also come from the planner's gates
+(`fusion-report` prints each gate's source): a source that names a repository file must name one that exists.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from moe_build.planner import make_plan
+from moe_build.spec.presets import PRESETS
+from moe_build.target import Flavour, MoePlugin, Target
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = sorted([ROOT / "README.md", ROOT / "bench" / "README.md", ROOT / "engines" / "README.md",
+               *(ROOT / "docs").glob("*.md")])
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+CODE = re.compile(r"`([^`\s]+)`")
+PATHLIKE = re.compile(r"^[\w.\-/]+(/|\.(py|md|json|png|txt|cu|cuh|h|sh|toml|cfg|yml))$")
+OUTSIDE = ("shared/", "ENVIRONMENT.md", "../shared")
+
+
+def _exists(doc: Path, target: str) -> bool:
+    target = target.split("#", 1)[0]
+    return not target or (doc.parent / target).exists() or (ROOT / target).exists()
+
+
+def _named_paths(doc: Path) -> list[str]:
+    text = doc.read_text()
+    links = [t for t in LINK.findall(text) if not re.match(r"^[a-z]+:", t) and not t.startswith("#")]
+    code = [t for t in CODE.findall(text) if PATHLIKE.match(t) and "/" in t and not t.startswith(("/", "~", "$"))]
+    return links + code
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=[str(d.relative_to(ROOT)) for d in DOCS])
+def test_every_named_path_exists(doc: Path) -> None:
+    missing = sorted({t for t in _named_paths(doc) if not _exists(doc, t)})
+    assert not missing, f"{doc.relative_to(ROOT)} names paths that do not exist: {missing}"
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=[str(d.relative_to(ROOT)) for d in DOCS])
+def test_no_document_cites_files_outside_the_repository(doc: Path) -> None:
+    text = doc.read_text()
+    assert not [o for o in OUTSIDE if o in text], doc
+
+
+def test_the_readme_stays_short() -> None:
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 300
+
+
+def test_every_gate_source_that_names_a_repository_file_exists() -> None:
+    """fusion-report prints each gate's source: TensorRT-LLM's file:line (upstream), "moe-build", or a file of
+    this repository, which must exist."""
+    targets = [Target(sm=sm, flavour=flavour, moe_plugin=plugin) for sm in (80, 89, 90)
+               for flavour in (Flavour.TENSORRT, Flavour.TENSORRT_RTX) for plugin in (MoePlugin.AUTO, MoePlugin.DISABLE)
+               if flavour is Flavour.TENSORRT or sm != 90]
+    sources = set()
+    for spec in PRESETS.values():
+        for target in targets:
+            plan = make_plan(spec, target, 16)
+            sources |= {g.source for g in plan.path_gates} | {g.source for s in plan.stages for g in s.gates}
+    ours = [part for s in sources for part in s.split(", ") if not part.startswith("TensorRT-LLM ")]
+    named = {m for s in ours for m in re.findall(r"(?:docs|moe_build|cpp)/[\w./-]+", s)}
+    assert named, "expected some gate sources to name repository files"
+    assert all((ROOT / m).exists() for m in named), sorted(m for m in named if not (ROOT / m).exists())
+    assert not [s for s in sources if any(o in s for o in OUTSIDE)]

@@ -1,0 +1,185 @@
+"""The GEMM tactic table (moe_build/planner/tactics.py) and the tactic stages of the plan.
+
+What must hold: the bands a plan records give, at every token count, the tactic the rules give at that
+count (no count falls between bands or into the wrong one); the rules say what their comments say at the
+thresholds (expected values written here from the documented conditions); tactic names round-trip; a
+forced tactic holds at every count and one the GEMM cannot run is refused naming the field.
+"""
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+
+from moe_build.errors import MoeBuildError
+from moe_build.planner import make_plan
+from moe_build.planner.tactics import GemmCall, GemmTactic, RowCount, choose_tactic, tactic_bands, tactic_problem
+from moe_build.spec import MoESpec
+from moe_build.target import Flavour, Target, TokenProfile
+
+H100 = Target(sm=90, flavour=Flavour.TENSORRT, sm_count=132, l2_bytes=50 << 20)
+A100 = Target(sm=80, flavour=Flavour.TENSORRT, sm_count=108, l2_bytes=40 << 20)
+QWEN3 = MoESpec(2048, 768, 128, 8)       # 128 experts, top-8: avg rows = ceil(tokens / 16)
+MIXTRAL = MoESpec(4096, 14336, 8, 2)     # 8 experts, top-2: avg rows = ceil(tokens / 4)
+GPT_OSS = MoESpec(2880, 2880, 32, 4)     # avg rows = ceil(tokens / 8)
+
+
+def call(**kw: object) -> GemmCall:
+    base = dict(sm=90, entry="sm90", epilogue="gated", n=1536, k=2048, experts=128, top_k=8, itemsize=2,
+                weights_blocked=False, sm_count=132, l2_bytes=50 << 20)
+    return GemmCall(**{**base, **kw})  # type: ignore[arg-type]
+
+
+def at(c: GemmCall, tokens: int) -> str:
+    return choose_tactic(c, RowCount(tokens, c.top_k, c.experts)).name
+
+
+def random_call(rng: random.Random) -> GemmCall:
+    """A GEMM the planner could make: the sm90 entry on sm90 only, the finalize epilogue and 64 x 64 weight
+    blocks with it only (the weight_layout and finalize stages' gates)."""
+    entry = rng.choice(["sm80", "sm90"])
+    sm = 90 if entry == "sm90" else rng.choice([80, 86, 89, 90])
+    return call(sm=sm, entry=entry, epilogue=rng.choice(["store", "gated"] + (["finalize"] if entry == "sm90" else [])),
+                n=rng.choice([128, 1536, 2880, 5760, 28672]), k=rng.choice([256, 768, 2048, 4096]),
+                experts=rng.choice([4, 8, 16, 32, 60, 64, 128, 256]), top_k=rng.choice([1, 2, 4, 6, 8, 12]),
+                weights_blocked=entry == "sm90" and rng.random() < 0.3, sm_count=rng.choice([84, 108, 132]),
+                l2_bytes=rng.choice([6, 40, 50, 60]) << 20)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_bands_give_the_rules_answer_at_every_count(seed: int) -> None:
+    rng = random.Random(seed)
+    c = random_call(rng)
+    bands = tactic_bands(c)
+    assert bands[0][0] == 1 and bands[-1][1] is None
+    assert all(a[1] is not None and a[1] + 1 == b[0] for a, b in zip(bands, bands[1:]))
+    assert all(a[2] != b[2] for a, b in zip(bands, bands[1:]))  # adjacent bands differ
+    counts = list(range(1, 4097)) + [rng.randrange(4097, 1 << 20) for _ in range(500)]
+    for t in counts:
+        band = next(b for b in bands if b[0] <= t and (b[1] is None or t <= b[1]))
+        assert band[2] == choose_tactic(c, RowCount(t, c.top_k, c.experts)), (c, t)
+
+
+def test_kernel_and_tiles_at_the_documented_thresholds() -> None:
+    gated = call()  # Qwen3-30B-A3B GEMM1: 128 experts, top-8, gated epilogue
+    assert at(gated, 128) == "decode:ksplit2:after_trigger:plain"        # 8 rows per expert
+    assert at(gated, 129) == "wgmma:pingpong64x128:plain:evict_last"     # 9 rows: the wgmma kernel
+    assert at(gated, 512) == "wgmma:pingpong64x128:placed:evict_last"    # 32 rows: placed from 32
+    assert at(gated, 513) == "wgmma:pingpong64x256:placed:evict_last"    # 33 rows: one-CTA 64x256
+    assert at(gated, 16384) == "wgmma:pingpong64x256:placed:evict_last"  # 1024 rows
+    assert at(gated, 16385) == "wgmma:pingpong64x256c2:plain:evict_last"  # 1025 rows: 2x1 clusters
+    store = call(epilogue="store", n=2048, k=768)
+    assert at(store, 512) == "wgmma:pingpong64x128:plain:plain"
+    assert at(store, 513) == "wgmma:pingpong64x256c2:plain:plain"       # past 32 rows
+    fin = call(epilogue="finalize", n=2048, k=768)
+    assert at(fin, 64) == "decode:ksplit2:after_trigger:plain"            # 4 rows
+    assert at(fin, 65) == "wgmma:pingpong64x128:after_trigger:evict_last"  # 5 rows: the finalize GEMM leaves decode
+    assert at(fin, 129) == "wgmma:pingpong64x128:after_trigger:evict_last"
+    assert at(fin, 1024) == "wgmma:pingpong64x128:placed:evict_last"    # 64 rows
+    assert at(fin, 1025) == "wgmma:pingpong64x256:placed:evict_last"
+
+
+def test_placement_needs_an_expert_that_fits_in_l2() -> None:
+    mixtral_gemm1 = call(n=2 * 14336, k=4096, experts=8, top_k=2)       # 235 MB per expert
+    assert at(mixtral_gemm1, 4096) == "wgmma:pingpong64x256:plain:evict_last"
+    small_l2 = call(l2_bytes=4 << 20)                                    # Qwen3 GEMM1: 6.3 MB per expert
+    assert at(small_l2, 4096).split(":")[2] == "plain" and at(call(), 4096).split(":")[2] == "placed"
+
+
+def test_narrow_columns_and_blocked_weights() -> None:
+    gpt_oss_gemm2 = call(epilogue="store", n=2880, k=2880, experts=32, top_k=4)
+    assert at(gpt_oss_gemm2, 4096) == "wgmma:pingpong64x192c2:plain:plain"  # 2880 = 15 x 192
+    assert at(dataclasses.replace(gpt_oss_gemm2, weights_blocked=True), 4096) == "wgmma:pingpong64x256c2:plain:plain"
+    assert at(call(epilogue="store", n=4096, k=14336, experts=8, top_k=2), 4096) == "wgmma:pingpong64x256c2:plain:plain"
+
+
+def test_decode_k_split_follows_the_grid_size() -> None:
+    # Mixtral GEMM2 (store, n = 4096): 16 columns x 4 warp groups = 64 columns a CTA, 64 column blocks;
+    # 132 SMs: 8 slices while min(8 experts, rows) * 64 < 132, i.e. rows < 3 (one token of top-2).
+    mixtral_gemm2 = call(epilogue="store", n=4096, k=14336, experts=8, top_k=2)
+    assert at(mixtral_gemm2, 1) == "decode:ksplit8:after_trigger:plain"
+    assert at(mixtral_gemm2, 2) == "decode:ksplit2:after_trigger:plain"
+    # a small grid at any count: 4 experts x 2 column blocks < 132 CTAs
+    tiny = call(epilogue="store", n=128, k=256, experts=4, top_k=2)
+    assert {at(tiny, t) for t in (1, 8, 16)} == {"decode:ksplit8:after_trigger:plain"}
+
+
+def test_sm80_entry_runs_decode_then_mma_tiles() -> None:
+    c = call(sm=80, entry="sm80", epilogue="store", n=2048, k=768)
+    assert at(c, 128) == "decode:ksplit2:plain:plain"
+    assert [at(c, t) for t in (129, 256, 257, 1024, 1025)] == [
+        "mma:16x64:plain:plain", "mma:16x64:plain:plain", "mma:64x128:plain:plain", "mma:64x128:plain:plain",
+        "mma:128x128:plain:plain"]
+    assert at(dataclasses.replace(c, sm=90), 1) == "decode:ksplit2:after_trigger:plain"  # forced ampere on Hopper
+
+
+@pytest.mark.parametrize("name", ["decode:ksplit1:plain:plain", "decode:ksplit8:after_trigger:plain",
+                                  "mma:128x128:plain:plain", "wgmma:coop128x256:plain:plain",
+                                  "wgmma:pingpong64x192c2:after_trigger:evict_last"])
+def test_tactic_names_round_trip(name: str) -> None:
+    assert GemmTactic.parse(name).name == name
+
+
+@pytest.mark.parametrize("name,field", [("wgmma:pingpong64x128:plain", "KERNEL:TILE"), ("tpu:x:plain:plain", "kernel"),
+                                        ("decode:64x128:plain:plain", "ksplit"), ("mma:64x64:plain:plain", "tile"),
+                                        ("wgmma:pingpong64x128:soon:plain", "launch"),
+                                        ("wgmma:pingpong64x128:plain:l1", "output_l2")])
+def test_bad_tactic_names_are_one_line_errors(name: str, field: str) -> None:
+    with pytest.raises(MoeBuildError, match=field) as info:
+        GemmTactic.parse(name)
+    assert info.value.field == "force" and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("c,name,problem", [
+    (call(entry="sm80"), "wgmma:pingpong64x128:plain:plain", "sm90 GEMMs"),
+    (call(weights_blocked=True), "mma:64x128:plain:plain", "row-major"),
+    (call(weights_blocked=True), "wgmma:pingpong64x192c2:plain:plain", "64 x 64"),
+    (call(epilogue="store"), "wgmma:pingpong64x128:placed:plain", "placed launch"),
+    (call(), "wgmma:pingpong64x256c2:placed:evict_last", "placed launch"),
+    (call(epilogue="store"), "wgmma:pingpong64x128:plain:evict_last", "evict_last"),
+    (call(), "decode:ksplit2:plain:evict_last", "evict_last"),
+    (call(), "mma:64x128:after_trigger:plain", "plainly"),
+])
+def test_tactics_a_gemm_cannot_run(c: GemmCall, name: str, problem: str) -> None:
+    assert problem in (tactic_problem(c, GemmTactic.parse(name)) or "")
+
+
+def test_every_rule_tactic_is_runnable() -> None:
+    rng = random.Random(7)
+    for _ in range(200):
+        c = random_call(rng)
+        for _, _, tactic in tactic_bands(c):
+            assert tactic_problem(c, tactic) is None, (c, tactic)
+
+
+def test_plan_records_tactic_bands_for_both_gemms() -> None:
+    plan = make_plan(QWEN3, dataclasses.replace(H100, profile=TokenProfile(1, 16, 4096)), 256)
+    g1, g2 = plan.stage("gemm1_tactic"), plan.stage("gemm2_tactic")
+    assert g1.choice == g1.choice_for(256) == "wgmma:pingpong64x128:plain:evict_last"
+    assert g1.choice_for(1) == "decode:ksplit2:after_trigger:plain"
+    # GEMM2's epilogue follows the finalize stage: fused at 1-4 tokens (decode, the finalize epilogue),
+    # separate (a plain-store GEMM2, decode to 8 rows) at 5-64, fused past 4 rows per expert (wgmma from 65)
+    fin = plan.stage("finalize")
+    assert [fin.choice_for(t) for t in (4, 5, 64, 65)] == ["fused", "separate", "separate", "fused"]
+    assert g2.choice_for(4).startswith("decode:") and g2.choice_for(64).startswith("decode:")
+    assert g2.choice_for(65) == "wgmma:pingpong64x128:after_trigger:evict_last"
+
+
+def test_forced_tactic_holds_at_every_count_and_is_checked() -> None:
+    forced = make_plan(MIXTRAL, H100, 16, force={"gemm1_tactic": "wgmma:coop128x256:plain:evict_last"})
+    d = forced.stage("gemm1_tactic")
+    assert d.forced and [b.to_list() for b in d.bands] == [[1, None, "wgmma:coop128x256:plain:evict_last"]]
+    with pytest.raises(MoeBuildError, match="gemm1_tactic.*sm90 GEMMs") as info:
+        make_plan(MIXTRAL, A100, 16, force={"gemm1_tactic": "wgmma:pingpong64x128:plain:plain"})
+    assert info.value.field == "force"
+    with pytest.raises(MoeBuildError, match="gemm2_tactic.*placed"):  # GEMM2 is a plain store below 129 tokens
+        make_plan(QWEN3, H100, 16, force={"gemm2_tactic": "wgmma:pingpong64x128:placed:evict_last"})
+
+
+def test_tactics_follow_the_target_gpu() -> None:
+    """The tactic rules read the multiprocessor count and L2 size, so they are part of the target (recorded
+    in the plan): a smaller L2 turns GPT-OSS-20B's GEMM1 placement off."""
+    big = make_plan(GPT_OSS, H100, 4096).stage("gemm1_tactic").choice
+    small = make_plan(GPT_OSS, dataclasses.replace(H100, l2_bytes=24 << 20), 4096).stage("gemm1_tactic").choice
+    assert big.split(":")[2] == "placed" and small.split(":")[2] == "plain"
