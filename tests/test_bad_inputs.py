@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 from safetensors.torch import save_file
@@ -214,3 +215,36 @@ def test_all_layers_failure_names_the_engines_it_kept(tmp_path: Path, monkeypatc
     with pytest.raises(MoeBuildError) as err:
         run_build_jobs(layer_jobs[2:], options)
     assert "built before it" not in str(err.value)
+
+
+# --- the machine refuses -------------------------------------------------------------------------------------
+
+def test_engine_name_too_long_for_a_file_is_refused_first(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    r = cli("build", "--name", "x" * 300, "--out", str(out))
+    assert_one_line_refusal(r, "name", "300 bytes", "at most 160")
+    assert r.stdout == "" and not out.exists()
+
+
+@pytest.fixture
+def full_disk(tmp_path: Path) -> Iterator[Path]:
+    """A real 128 KiB tmpfs: room for the folder, not for the tiny engine's ONNX export."""
+    folder = tmp_path / "small"
+    folder.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=128k", "tmpfs", str(folder)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("mounting a size-capped tmpfs needs root (the simulated disk-full test in "
+                    "test_engine_build.py runs everywhere)")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)
+
+
+@pytest.mark.trt
+def test_disk_full_is_one_line_and_leaves_nothing(full_disk: Path) -> None:
+    pytest.importorskip("tensorrt_rtx_bindings")
+    out = full_disk / "engines"
+    r = cli("build", "--out", str(out))
+    assert_one_line_refusal(r, "output: No space left on device while building tiny")
+    assert list(full_disk.rglob("*")) in ([], [out])  # at most the (empty) folder it was asked to create

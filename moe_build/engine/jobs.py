@@ -23,6 +23,11 @@ from .progress import make_build_progress
 WeightsLoader = Callable[[], tuple[MoEWeights, str | None]]
 
 
+# An engine's file names add ".engine"/".json" and, while written, a temporary prefix of ~50 characters;
+# most file systems hold 255 bytes per name.
+MAX_ENGINE_NAME = 160
+
+
 def safe_name(text: str) -> str:
     """A file-name-safe engine name (checkpoint names may hold '/' from the hub id)."""
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._") or "moe"
@@ -54,12 +59,11 @@ class BuildJob:
     def for_source(cls, spec: MoESpec, plan: Plan, checkpoint: str | None, layer: int | None, all_layers: bool,
                    seed: int, name: str | None) -> list["BuildJob"]:
         """Jobs for a checkpoint (one layer, the first MoE layer, or all) or for random weights."""
+        base = safe_name(name or spec.name)
         if checkpoint is None:
             def random_weights() -> tuple[MoEWeights, str | None]:
                 return MoEWeights.random(spec, seed=seed), None  # the builder hashes the tensors
-            return [cls(safe_name(name or spec.name), spec, plan, random_weights, f"random weights (seed {seed})")]
-
-        base = safe_name(name or spec.name)
+            return _named([cls(base, spec, plan, random_weights, f"random weights (seed {seed})")])
 
         def loader(index: int) -> WeightsLoader:
             def load() -> tuple[MoEWeights, str | None]:
@@ -69,8 +73,17 @@ class BuildJob:
                 return loaded.weights, loaded.sha256
             return load
 
-        return [cls(f"{base}-layer{i}", spec, plan, loader(i), f"{checkpoint} layer {i}")
-                for i in layers_to_build(checkpoint, layer, all_layers)]
+        return _named([cls(f"{base}-layer{i}", spec, plan, loader(i), f"{checkpoint} layer {i}")
+                       for i in layers_to_build(checkpoint, layer, all_layers)])
+
+
+def _named(jobs: list[BuildJob]) -> list[BuildJob]:
+    """The jobs, once every engine name fits a file name (refused before any weight is read)."""
+    for job in jobs:
+        if len(job.name.encode()) > MAX_ENGINE_NAME:
+            raise MoeBuildError("name", f"the engine name {job.name[:24]}... is {len(job.name.encode())} bytes, "
+                                "too long for a file name with its suffixes", f"at most {MAX_ENGINE_NAME} bytes")
+    return jobs
 
 
 def run_build_jobs(jobs: list[BuildJob], options: BuildOptions) -> list[BuildResult]:
@@ -83,7 +96,12 @@ def run_build_jobs(jobs: list[BuildJob], options: BuildOptions) -> list[BuildRes
                 progress.begin(f"loading weights ({job.source})")
                 weights, digest = job.load()
                 job_options = dataclasses.replace(options, name=job.name, weights_sha256=digest)
-                results.append(build_engine(job.spec, weights, job.plan, job_options, progress))
+                try:
+                    results.append(build_engine(job.spec, weights, job.plan, job_options, progress))
+                except OSError as exc:  # the machine refused: disk full, a name too long, no permission
+                    where = exc.filename or options.output_dir
+                    raise MoeBuildError("output", f"{exc.strerror or exc} while building {job.name} ({where})") \
+                        from None
         except MoeBuildError as exc:
             if not results:
                 raise
