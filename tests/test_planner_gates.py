@@ -14,7 +14,7 @@ import pytest
 from moe_build.errors import UnsupportedCombination
 from moe_build.planner import make_plan, rules as R
 from moe_build.planner.gates import Plan
-from moe_build.planner.plan import FUSION_STAGES, OOTB_STAGES
+from moe_build.planner.plan import MATRIX_STAGES
 from moe_build.spec import DType, MoESpec, Quant
 from moe_build.target import Flavour, MoePlugin, Target
 
@@ -25,7 +25,7 @@ SM89 = Target(sm=89, flavour=Flavour.TENSORRT)
 OOTB89 = Target(sm=89, flavour=Flavour.TENSORRT, moe_plugin=MoePlugin.DISABLE)
 
 # Hopper bases plan with Mixtral's intermediate size, >= 2048, where the FINALIZE tactic holds at any
-# token count (below 2048 it holds past 8 rows per expert, tokens * top_k > 8 * num_experts).
+# token count (below 2048 it holds past 4 rows per expert, tokens * top_k > 4 * experts_per_node).
 BASES: dict[str, tuple[MoESpec, Target, int]] = {
     "hopper": (MIXTRAL, SM90, 4),
     "ampere": (MIXTRAL, SM80, 16),
@@ -164,9 +164,8 @@ def _coerce(key: str, value: Any) -> Any:
     return value
 
 
-# The seed's matrix: the plugin path's fusion stages and the OOTB stage. The weight layouts and GEMM
-# tactics that follow from them have tests of their own (test_planner_plan.py, test_planner_tactics.py).
-MATRIX_STAGES = set(FUSION_STAGES) | set(OOTB_STAGES)
+# The seed's matrix (plan.MATRIX_STAGES): the plugin path's fusion stages and the OOTB stage. The weight layouts
+# and GEMM tactics that follow from them have tests of their own (test_planner_plan.py, test_planner_tactics.py).
 
 
 def _held(plan: Plan) -> dict[str, bool]:

@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..errors import MoeBuildError
+from ..planner import parse_force
 from ..spec import MoESpec
 from .peers import grouped_mm_peer, hf_eager_peer, naive_peer
 from .timing import CEILING_TIMERS, CeilingCalls, ceiling_rates, interleaved_median_ms, measure_ceilings, syncs_host
@@ -39,14 +40,11 @@ def runner_force(variant: str) -> dict[str, str] | None:
         return {}
     if not variant.startswith("ours:"):
         return None
-    force: dict[str, str] = {}
-    for item in variant[len("ours:"):].split("+"):
-        stage, sep, choice = item.partition("=")
-        if not sep or not stage or not choice:
-            raise MoeBuildError("variants", f"{variant!r}: expected ours:STAGE=CHOICE[+STAGE=CHOICE]",
-                                "ours, ours:STAGE=CHOICE, " + ", ".join(PEERS))
-        force[stage] = choice
-    return force
+    items = variant[len("ours:"):].split("+")
+    if not all(stage and choice for stage, _, choice in (item.partition("=") for item in items)):
+        raise MoeBuildError("variants", f"{variant!r}: expected ours:STAGE=CHOICE[+STAGE=CHOICE]",
+                            "ours, ours:STAGE=CHOICE, " + ", ".join(PEERS))
+    return parse_force(items, field="variants")
 
 
 # Every runner variant is also replayed from CUDA graphs (one per input set), recorded as "graph_us": what

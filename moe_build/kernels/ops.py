@@ -12,7 +12,7 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
-from ..planner.tactics import GemmTactic
+from ..planner.tactics import MMA_TILES, WGMMA_TILES, GemmTactic
 from .abi import (Activation, DType, GemmKernel, GemmLaunch, GemmTacticStruct, GemmTile, OutputL2, Routing,
                   WeightLayout)
 from .library import call, load_library
@@ -292,10 +292,11 @@ def finalize(gemm2_out: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torc
 
 # ---- GEMM wrappers (cpp/src/gemm/) ---------------------------------------------------------------
 
-_TILES = {"none": GemmTile.NONE, "16x64": GemmTile.MMA_16x64, "64x128": GemmTile.MMA_64x128,
-          "128x128": GemmTile.MMA_128x128, "coop128x256": GemmTile.COOP_128x256,
-          "pingpong64x256": GemmTile.PINGPONG_64x256, "pingpong64x128": GemmTile.PINGPONG_64x128,
-          "pingpong64x256c2": GemmTile.PINGPONG_64x256_C2, "pingpong64x192c2": GemmTile.PINGPONG_64x192_C2}
+# A tactic's tile -> mb_gemm_tile, matched by name (mma "16x64" is MMA_16x64, wgmma "pingpong64x256c2" is
+# PINGPONG_64x256_C2): a tile added to tactics.py without its enum member fails here, at import.
+_TILE_MEMBERS = {m.name.lower().replace("_", ""): m for m in GemmTile}
+_TILES = {tile: _TILE_MEMBERS[prefix + tile]
+          for prefix, tiles in (("", ("none",)), ("mma", MMA_TILES), ("", WGMMA_TILES)) for tile in tiles}
 
 
 def tactic_struct(tactic: GemmTactic | str | GemmTacticStruct) -> GemmTacticStruct:

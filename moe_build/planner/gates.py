@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Iterable, Sequence
 
 PLAN_SCHEMA_VERSION = "moe-build.plan/2"
 
@@ -49,6 +49,16 @@ class Band:
 
     def to_list(self) -> list[Any]:
         return [self.lo, self.hi, self.choice]
+
+
+def bands_text(bands: Sequence[Band], sep: str = "; ", choice_first: bool = False) -> str:
+    """Bands as "1-256 fused; 257+ three_step" (a one-count band as "7 fused"), or with `choice_first` as
+    finalize's summary has them: "fused 1-16; separate 17-128; fused 129+" (a one-count band "fused 7-7")."""
+    def span(b: Band) -> str:
+        if b.hi is None:
+            return f"{b.lo}+"
+        return f"{b.lo}" if b.hi == b.lo and not choice_first else f"{b.lo}-{b.hi}"
+    return sep.join(f"{b.choice} {span(b)}" if choice_first else f"{span(b)} {b.choice}" for b in bands)
 
 
 @dataclass(frozen=True)
@@ -126,6 +136,15 @@ class Plan:
             if s.stage == name:
                 return s
         raise KeyError(f"plan has no stage {name!r}; stages: {[s.stage for s in self.stages]}")
+
+    def band_edges(self, max_tokens: int, stages: Iterable[str] | None = None,
+                   starts_only: bool = False) -> list[int]:
+        """The token counts within 1..max_tokens where a band of `stages` (default every stage) starts or
+        ends (`starts_only`: starts), ascending: the counts at which some rule switches. 1 is always one
+        (every stage's first band starts there); max_tokens only where a band starts or ends there."""
+        names = None if stages is None else set(stages)
+        return sorted({t for s in self.stages if names is None or s.stage in names for b in s.bands
+                       for t in ((b.lo,) if starts_only else (b.lo, b.hi)) if t is not None and 1 <= t <= max_tokens})
 
     def choices(self, tokens: int | None = None) -> dict[str, str]:
         """Each stage's choice: as planned, or at `tokens` (token-dependent stages' `choice_for`)."""

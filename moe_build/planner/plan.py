@@ -7,14 +7,14 @@ the returned `Plan`.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from ..errors import MoeBuildError, UnsupportedCombination
 from ..spec import MoESpec
 from ..target import Target
 from . import rules as R
 from . import tactics as T
-from .gates import OURS, Band, Gate, Plan, StageDecision
+from .gates import OURS, Band, Gate, Plan, StageDecision, bands_text
 
 # The plugin path's stages: the seed's fusion matrix, then the weight layouts and the two GEMMs' tactics
 # that follow from it (moe-build's own: what the kernels are told, never decided by them).
@@ -23,6 +23,7 @@ LAYOUT_STAGES = ("w1_order", "weight_layout")
 TACTIC_STAGES = ("gemm1_tactic", "gemm2_tactic")
 PLUGIN_STAGES = FUSION_STAGES + LAYOUT_STAGES + TACTIC_STAGES
 OOTB_STAGES = ("expert_compute",)
+MATRIX_STAGES = FUSION_STAGES + OOTB_STAGES  # the seed's fusion matrix: both paths' fusion stages
 STAGE_CHOICES: dict[str, tuple[str, ...]] = {
     "routing_prologue": ("fused", "three_step"),
     "expand_rows": ("prequant_fused", "plain"),
@@ -68,28 +69,24 @@ def _simple(stage: str, fused: str, fallback: str, gates: Sequence[Gate], forced
 
 
 def _token_ranged(stage: str, fused: str, fallback: str, gates: Sequence[Gate], t_max: int | None, tokens: int,
-                  forced: str | None, fused_text: str, fallback_text: str, t_min: int = 1) -> StageDecision:
-    """A stage whose fused choice holds for tokens t_min..t_max (t_max None: no upper bound; 0: no
-    count), one end of which is open (t_min == 1 or t_max is None), and the fallback elsewhere.
+                  forced: str | None, fused_text: str, fallback_text: str) -> StageDecision:
+    """A stage whose fused choice holds for tokens 1..t_max (t_max None: no upper bound; 0: no count),
+    and the fallback above.
 
     The plan is made at one token count, but the runner and plugin see others: the decision
     carries bands over every count, so `choice_for(tokens)` needs no re-planning.
     """
-    assert t_min == 1 or t_max is None, "a fused range is open at one end"
-    fused_here = t_max != 0 and t_min <= tokens and (t_max is None or tokens <= t_max)
+    fused_here = t_max != 0 and (t_max is None or tokens <= t_max)
     if forced == fused and not fused_here:
         _refuse(gates, f"cannot force {stage}={fused}")
     if forced == fallback or t_max == 0:
         return StageDecision(stage, fallback, fallback, tuple(gates), forced=forced is not None, summary=fallback_text)
-    if t_max is None and t_min == 1:
+    if t_max is None:
         bands: tuple[Band, ...] = (Band(1, None, fused),)
         bound = "every token count"
-    elif t_max is not None:
+    else:
         bands = (Band(1, t_max, fused), Band(t_max + 1, None, fallback))
         bound = f"tokens 1..{t_max}, {fallback} above"
-    else:
-        bands = (Band(1, t_min - 1, fallback), Band(t_min, None, fused))
-        bound = f"from {t_min} tokens, {fallback} below"
     choice = fused if fused_here else fallback
     text = fused_text if fused_here else fallback_text
     return StageDecision(stage, choice, fallback, tuple(gates), bands, forced is not None, f"{text} ({bound})")
@@ -186,10 +183,10 @@ def _finalize(spec: MoESpec, target: Target, gemm_kernel: str, tokens: int, forc
     if forced == "separate" or not all(g.held for g in static):
         return StageDecision("finalize", "separate", "separate", gates, forced=forced is not None,
                              summary=separate_text)
-    bands = tuple(Band(lo, hi, "fused" if fused else "separate") for lo, hi, fused in R.finalize_fused_bands(spec))
+    fused_at = T.token_bands(spec.top_k, spec.local_experts, lambda rows: R.finalize_fused(spec, rows))
+    bands = tuple(Band(lo, hi, "fused" if fused else "separate") for lo, hi, fused in fused_at)
     choice = next(b.choice for b in bands if b.holds(tokens))
-    where = "every count" if len(bands) == 1 else "; ".join(
-        f"{b.choice} {b.lo}{'+' if b.hi is None else f'-{b.hi}'}" for b in bands)
+    where = "every count" if len(bands) == 1 else bands_text(bands, choice_first=True)
     return StageDecision("finalize", choice, "separate", gates, bands,
                          summary=f"{fused_text if choice == 'fused' else separate_text} ({where})")
 
@@ -210,7 +207,8 @@ def _weight_layout(spec: MoESpec, target: Target, gemm_kernel: str, forced: str 
 
 
 def _gemm_calls(spec: MoESpec, target: Target, choices: Mapping[str, str]) -> dict[str, T.GemmCall]:
-    """The two grouped GEMMs of the layer as the tactic rules see them."""
+    """The two grouped GEMMs of the layer as the tactic rules see them at the plan's token count (GEMM2's
+    epilogue is the finalize stage's choice there; `_tactic` follows it over every count)."""
     entry = "sm90" if choices["gemm_kernel"] == "tma_warp_specialized" else "sm80"
     gated1 = choices["fc1_activation"] in ("gated_epilogue", "fused_gated")
     common = dict(sm=target.sm, entry=entry, experts=spec.local_experts, top_k=spec.top_k, itemsize=spec.dtype.itemsize,
@@ -218,51 +216,47 @@ def _gemm_calls(spec: MoESpec, target: Target, choices: Mapping[str, str]) -> di
                   l2_bytes=target.l2_bytes)
     return {"gemm1_tactic": T.GemmCall(epilogue="gated" if gated1 else "store", n=spec.fc1_out_features,
                                        k=spec.hidden_size, **common),
-            "gemm2_tactic": T.GemmCall(epilogue="finalize" if choices["finalize"] == "fused" else "store",
+            "gemm2_tactic": T.GemmCall(epilogue=_gemm2_epilogue(choices["finalize"]),
                                        n=spec.hidden_size, k=spec.intermediate_size, **common)}
 
 
-def _tactic(stage: str, call: T.GemmCall, finalize: StageDecision | None, tokens: int,
-            forced: str | None) -> StageDecision:
-    """A GEMM's tactic in bands over every token count (tactics.tactic_bands), or the forced one at all.
+def _gemm2_epilogue(finalize_choice: str) -> str:
+    return "finalize" if finalize_choice == "fused" else "store"
 
-    GEMM2's epilogue follows the finalize stage, which is itself token-dependent: its bands are cut
-    where finalize changes, each part planned with that part's epilogue.
+
+def _choice_at(d: StageDecision, rows: T.RowCount) -> str:
+    """`d`'s choice at `rows`' token count, its band's end recorded as a threshold."""
+    return next(b.choice for b in d.bands if b.hi is None or rows.tokens_at_most(b.hi))
+
+
+def _tactic(stage: str, call: T.GemmCall, finalize: StageDecision | None, tokens: int,
+            forced: T.GemmTactic | None) -> StageDecision:
+    """A GEMM's tactic in bands over every token count (tactics.token_bands), or the forced one at all.
+
+    GEMM2's epilogue follows the finalize stage, which is itself token-dependent: at each count the
+    rules see the epilogue of finalize's band there, and the bands also end where finalize changes.
     """
     gemm = "GEMM1" if stage == "gemm1_tactic" else "GEMM2"
     gates = (Gate(f"{stage}_call", f"sm={call.sm} entry={call.entry} epilogue={call.epilogue} n={call.n} k={call.k} "
                   f"experts={call.experts} top_k={call.top_k} blocked={call.weights_blocked} "
                   f"sms={call.sm_count} l2={call.l2_bytes >> 20} MiB",
                   "tactic table: moe_build/planner/tactics.py", True, OURS, token_dependent=True),)
+
+    def call_at(rows: T.RowCount) -> T.GemmCall:
+        return call if finalize is None else replace(call, epilogue=_gemm2_epilogue(_choice_at(finalize, rows)))
+
     if forced is not None:
-        tactic = T.GemmTactic.parse(forced)
-        parts = [(call, 1, None)] if finalize is None else [
-            (_with_epilogue(call, b.choice), b.lo, b.hi) for b in finalize.bands]
-        for part, _, _ in parts:
-            problem = T.tactic_problem(part, tactic)
+        for _, _, part in T.token_bands(call.top_k, call.experts, call_at):
+            problem = T.tactic_problem(part, forced)
             if problem is not None:
-                raise MoeBuildError("force", f"{stage}={forced}: {problem}")
-        return StageDecision(stage, tactic.name, tactic.name, gates, forced=True, summary=f"{gemm} as forced")
-    parts = [(call, 1, None)] if finalize is None else [
-        (_with_epilogue(call, b.choice), b.lo, b.hi) for b in finalize.bands]
-    bands: list[Band] = []
-    for part, lo, hi in parts:
-        for t_lo, t_hi, tactic in T.tactic_bands(part):
-            a, b = max(lo, t_lo), t_hi if hi is None else (hi if t_hi is None else min(hi, t_hi))
-            if b is not None and a > b:
-                continue
-            if bands and bands[-1].choice == tactic.name:
-                bands[-1] = Band(bands[-1].lo, b, tactic.name)
-            else:
-                bands.append(Band(a, b, tactic.name))
+                raise MoeBuildError("force", f"{stage}={forced.name}: {problem}")
+        return StageDecision(stage, forced.name, forced.name, gates, forced=True, summary=f"{gemm} as forced")
+    bands = tuple(Band(lo, hi, tactic.name) for lo, hi, tactic in
+                  T.token_bands(call.top_k, call.experts, lambda rows: T.choose_tactic(call_at(rows), rows)))
     here = next(band.choice for band in bands if band.holds(tokens))
     # A tactic has no fused and fallback form: the fallback shown is the choice itself.
-    return StageDecision(stage, here, here, gates, tuple(bands),
+    return StageDecision(stage, here, here, gates, bands,
                          summary=f"{gemm}: {len(bands)} tactic band{'s' if len(bands) > 1 else ''} by rows per expert")
-
-
-def _with_epilogue(call: T.GemmCall, finalize_choice: str) -> T.GemmCall:
-    return replace(call, epilogue="finalize" if finalize_choice == "fused" else "store")
 
 
 def _expert_compute(spec: MoESpec, target: Target, forced: str | None) -> StageDecision:
@@ -272,15 +266,33 @@ def _expert_compute(spec: MoESpec, target: Target, forced: str | None) -> StageD
                    else "every expert on every token, masked by the routing weights", force_needs=[nonzero])
 
 
-def _check_forced(path: str, force: Mapping[str, str]) -> None:
+def parse_force(items: Iterable[str], field: str = "force") -> dict[str, str]:
+    """STAGE=CHOICE items as {stage: choice} (a later item of a stage wins); an item without "=" is refused.
+    Which stages and choices exist is make_plan's to check."""
+    force: dict[str, str] = {}
+    for item in items:
+        stage, sep, choice = item.partition("=")
+        if not sep:
+            raise MoeBuildError(field, f"expected STAGE=CHOICE, got {item!r}", "STAGE=CHOICE")
+        force[stage] = choice
+    return force
+
+
+def _check_forced(path: str, force: Mapping[str, str]) -> dict[str, T.GemmTactic]:
+    """Refuse a forced stage the path lacks or a choice the stage has not; returns the forced tactics, parsed."""
     allowed = PLUGIN_STAGES if path == "plugin" else OOTB_STAGES
+    tactics = {}
     for stage, choice in force.items():
         if stage not in allowed:
             raise MoeBuildError("force", f"stage {stage!r} is not part of the {path} path", allowed)
         if stage in TACTIC_STAGES:
-            T.GemmTactic.parse(choice)
+            tactics[stage] = T.GemmTactic.parse(choice)
         elif choice not in STAGE_CHOICES[stage]:
             raise MoeBuildError("force", f"unknown choice {choice!r} for {stage}", STAGE_CHOICES[stage])
+    if "w1_order" in force:
+        raise MoeBuildError("force", "w1_order follows fc1_activation; force that stage instead",
+                            [s for s in PLUGIN_STAGES if s != "w1_order"])
+    return tactics
 
 
 def make_plan(spec: MoESpec, target: Target, tokens: int = 1,
@@ -298,10 +310,7 @@ def make_plan(spec: MoESpec, target: Target, tokens: int = 1,
         checks = [R.plugin_output_dtype_matches(spec), R.plugin_fp8_sm(spec, target), R.plugin_fp4_sm(spec, target),
                   R.plugin_output_not_fp8_fp4(spec)]
         _refuse(checks, "the MoE plugin refuses this combination")
-        _check_forced("plugin", force)
-        if "w1_order" in force:
-            raise MoeBuildError("force", "w1_order follows fc1_activation; force that stage instead",
-                                [s for s in PLUGIN_STAGES if s != "w1_order"])
+        tactics = _check_forced("plugin", force)
         gemm = _gemm_kernel(spec, target, force.get("gemm_kernel"))
         fc1 = _fc1_activation(spec, target, gemm.choice, force.get("fc1_activation"))
         finalize = _finalize(spec, target, gemm.choice, tokens, force.get("finalize"))
@@ -317,8 +326,8 @@ def make_plan(spec: MoESpec, target: Target, tokens: int = 1,
             finalize,
             _w1_order(fc1.choice),
             layout,
-            _tactic("gemm1_tactic", calls["gemm1_tactic"], None, tokens, force.get("gemm1_tactic")),
-            _tactic("gemm2_tactic", calls["gemm2_tactic"], finalize, tokens, force.get("gemm2_tactic")),
+            _tactic("gemm1_tactic", calls["gemm1_tactic"], None, tokens, tactics.get("gemm1_tactic")),
+            _tactic("gemm2_tactic", calls["gemm2_tactic"], finalize, tokens, tactics.get("gemm2_tactic")),
         )
         return Plan("plugin", tuple(plugin_gates + checks), stages, tokens, spec.to_dict(), target.to_dict())
     checks = [R.ootb_not_weight_only(spec), R.ootb_sm_below_100(target), R.flavour_targets_sm(target),

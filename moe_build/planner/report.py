@@ -13,7 +13,8 @@ from rich.table import Table
 
 from ..errors import MoeBuildError, UnsupportedCombination
 from . import PLAN_SCHEMA_VERSION, Plan, StageDecision, make_plan
-from .plan import FUSION_STAGES
+from .gates import bands_text
+from .plan import MATRIX_STAGES
 from ..spec import DType, MoESpec, Quant
 from ..target import SUPPORTED_SMS, Target
 
@@ -29,10 +30,7 @@ STAGE_TITLES = {
 
 def _bands_text(d: StageDecision, sep: str = "; ") -> str:
     """The stage's bands, e.g. "1-256 fused; 257+ three_step", or "all" for a token-independent stage."""
-    if not d.token_dependent:
-        return "all"
-    return sep.join(f"{b.lo}{'+' if b.hi is None else '' if b.hi == b.lo else f'-{b.hi}'} {b.choice}"
-                    for b in d.bands)
+    return bands_text(d.bands, sep) if d.token_dependent else "all"
 
 
 def _path_reason(plan: Plan) -> str:
@@ -140,7 +138,7 @@ def sweep(spec: MoESpec, target: Target, tokens: int,
                                                          fp8_input=False),
                                      dataclasses.replace(target, sm=sm), tokens)
                     cell.update(path=plan.path, choices={s: c for s, c in plan.choices().items()
-                                                         if s in FUSION_STAGES or s == "expert_compute"})
+                                                         if s in MATRIX_STAGES})
                 except UnsupportedCombination as e:
                     cell.update(path=None, refused_by=e.rule, source=e.source, error=str(e))
                 cells.append(cell)

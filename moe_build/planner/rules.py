@@ -13,7 +13,7 @@ from ..target import Target
 from ..weights.blocks import blocks_fit
 from .gates import (BUILDER_PY, ENV_UTILS_CPP, RTX_FACTS, GEMM_DISPATCH_H, MOE_KERNELS_CU, MOE_KERNELS_H,
                     MOE_PLUGIN_CPP, MOE_PY, OURS, PLUGIN_PY, Gate)
-from .tactics import FINALIZE_DECODE_MAX_AVG_ROWS
+from .tactics import FINALIZE_DECODE_MAX_AVG_ROWS, RowCount
 
 FUSED_PROLOGUE_MAX_TOKENS = 256
 FUSED_PROLOGUE_TOPK = (1, 2, 4, 6, 8)
@@ -345,31 +345,23 @@ FINALIZE_FUSED_MIN_INTER = 2048
 FINALIZE_FUSED_MAX_ROWS = 32
 
 
+def finalize_fused(s: MoESpec, rows: RowCount) -> bool:
+    """Whether the FINALIZE tactic is the one selected at `rows` (the rule above)."""
+    return (s.intermediate_size >= FINALIZE_FUSED_MIN_INTER or rows.rows_below(FINALIZE_FUSED_MAX_ROWS + 1)
+            or not rows.avg_at_most(FINALIZE_DECODE_MAX_AVG_ROWS))
+
+
 def finalize_fused_at(s: MoESpec, tokens: int) -> bool:
-    """Whether the FINALIZE tactic is the one selected at `tokens` (the rule above)."""
-    if s.intermediate_size >= FINALIZE_FUSED_MIN_INTER:
-        return True
-    rows = tokens * s.top_k
-    return rows <= FINALIZE_FUSED_MAX_ROWS or -(-rows // s.local_experts) > FINALIZE_DECODE_MAX_AVG_ROWS
-
-
-def finalize_fused_bands(s: MoESpec) -> tuple[tuple[int, int | None, bool], ...]:
-    """`finalize_fused_at` as bands of token counts from 1: (first, last or None, fused)."""
-    if s.intermediate_size >= FINALIZE_FUSED_MIN_INTER:
-        return ((1, None, True),)
-    small = FINALIZE_FUSED_MAX_ROWS // s.top_k                               # last count of the smallest calls
-    decode = FINALIZE_DECODE_MAX_AVG_ROWS * s.local_experts // s.top_k     # last count on the decode kernel
-    if small >= decode:
-        return ((1, None, True),)
-    head = ((1, small, True),) if small >= 1 else ()
-    return (*head, (small + 1, decode, False), (decode + 1, None, True))
+    """`finalize_fused` at `tokens` tokens (its bands: tactics.token_bands)."""
+    return finalize_fused(s, RowCount(tokens, s.top_k, s.local_experts))
 
 
 def finalize_tactic_rows(s: MoESpec, tokens: int) -> Gate:
     return Gate("finalize_tactic_rows",
-                f"intermediate_size={s.intermediate_size} top_k={s.top_k} num_experts={s.num_experts} tokens={tokens}",
+                f"intermediate_size={s.intermediate_size} top_k={s.top_k} experts_per_node={s.local_experts} "
+                f"tokens={tokens}",
                 f"intermediate_size >= {FINALIZE_FUSED_MIN_INTER} or tokens * top_k <= {FINALIZE_FUSED_MAX_ROWS} "
-                f"or tokens * top_k > {FINALIZE_DECODE_MAX_AVG_ROWS} * num_experts",
+                f"or tokens * top_k > {FINALIZE_DECODE_MAX_AVG_ROWS} * experts_per_node",
                 finalize_fused_at(s, tokens),
                 f"{_src(MOE_KERNELS_CU, 4058)} (tactic choice; {OURS}, measured)", token_dependent=True)
 

@@ -14,7 +14,7 @@ and dropped).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, TypeVar
 
 from ..errors import MoeBuildError
 
@@ -91,6 +91,10 @@ class GemmCall:
     sm_count: int
     l2_bytes: int
 
+    def __post_init__(self) -> None:
+        if self.epilogue not in EPILOGUES:
+            raise ValueError(f"GemmCall epilogue {self.epilogue!r} is not one of {', '.join(EPILOGUES)}")
+
     @property
     def expert_weight_bytes(self) -> int:
         return self.n * self.k * self.itemsize
@@ -120,6 +124,11 @@ class RowCount:
         """tokens * top_k < rows, which holds below tokens = ceil(rows / top_k)."""
         self._flips_at(-(-rows // self.top_k))
         return self.rows < rows
+
+    def tokens_at_most(self, tokens: int) -> bool:
+        """tokens <= `tokens` (e.g. within a band of another stage), which holds up to it."""
+        self._flips_at(tokens + 1)
+        return self.tokens <= tokens
 
 
 # ---- the rules --------------------------------------------------------------------------------
@@ -262,22 +271,29 @@ def choose_tactic(call: GemmCall, rows: RowCount) -> GemmTactic:
     return GemmTactic("wgmma", tile, 0, wgmma_launch_rule(call, rows, tile), output_l2_rule(call, kernel))
 
 
-def tactic_bands(call: GemmCall, rule: Callable[[GemmCall, RowCount], GemmTactic] = choose_tactic
-                 ) -> list[tuple[int, int | None, GemmTactic]]:
-    """(first token count, last or None, tactic) bands covering every token count from 1, adjacent
-    bands of one tactic merged: each band ends where a threshold the rules compared could flip."""
-    bands: list[tuple[int, int | None, GemmTactic]] = []
+X = TypeVar("X")
+
+
+def token_bands(top_k: int, experts: int, rule: Callable[[RowCount], X]) -> list[tuple[int, int | None, X]]:
+    """(first token count, last or None, answer) bands of `rule` covering every token count from 1, adjacent
+    bands of one answer merged: each band ends where a threshold the rule compared could flip."""
+    bands: list[tuple[int, int | None, X]] = []
     tokens: int | None = 1
     while tokens is not None:
-        rows = RowCount(tokens, call.top_k, call.experts)
-        tactic = rule(call, rows)
+        rows = RowCount(tokens, top_k, experts)
+        answer = rule(rows)
         last = None if rows.next_change is None else rows.next_change - 1
-        if bands and bands[-1][2] == tactic:
-            bands[-1] = (bands[-1][0], last, tactic)
+        if bands and bands[-1][2] == answer:
+            bands[-1] = (bands[-1][0], last, answer)
         else:
-            bands.append((tokens, last, tactic))
+            bands.append((tokens, last, answer))
         tokens = rows.next_change
     return bands
+
+
+def tactic_bands(call: GemmCall) -> list[tuple[int, int | None, GemmTactic]]:
+    """The table's tactics for `call` (choose_tactic) as token_bands."""
+    return token_bands(call.top_k, call.experts, lambda rows: choose_tactic(call, rows))
 
 
 # ---- what a tactic needs ----------------------------------------------------------------------

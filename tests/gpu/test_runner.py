@@ -111,11 +111,7 @@ def _band_edges(spec: MoESpec, max_tokens: int) -> list[int]:
     from moe_build.planner import make_plan
     from moe_build.runner.runner import device_target
     plan = make_plan(spec, device_target(torch.device("cuda"), max_tokens), max_tokens)
-    edges = {1, max_tokens}
-    for stage in ("gemm1_tactic", "gemm2_tactic"):
-        for band in plan.stage(stage).bands:
-            edges |= {t for t in (band.lo, band.hi) if t is not None and t <= max_tokens}
-    return sorted(edges)
+    return sorted({max_tokens, *plan.band_edges(max_tokens, ("gemm1_tactic", "gemm2_tactic"))})
 
 
 # 64 experts, top-6 (DeepSeek-V2-Lite's routing at a small size): avg rows = ceil(tokens * 6 / 64), so
