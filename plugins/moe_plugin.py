@@ -42,7 +42,7 @@ import torch
 from moe_build.errors import MoeBuildError
 from moe_build.jsonfile import parse_json_object
 from moe_build.planner import PLAN_SCHEMA_VERSION, Plan, make_plan
-from moe_build.runner.sequence import w1_interleaved, weights_blocked
+from moe_build.runner import sequence
 from moe_build.spec import DType, MoESpec, OutputDType, Quant
 from moe_build.target import Target
 from moe_build.weights import MoEWeights
@@ -108,12 +108,10 @@ def output_dtype(spec: MoESpec) -> torch.dtype:
 
 
 def plan_weights(plan: Plan, weights: MoEWeights) -> MoEWeights:
-    """The canonical `weights` in the order the plugin's inputs take for `plan`: W1 / b1 in its w1_order
-    (gate/up-interleaved for the sm90 gated epilogue), then W1 / W2 in its weight_layout (64 x 64 blocks
-    or row-major), so the engine holds one W1 and one W2 and the runner copies neither."""
-    if w1_interleaved(plan):
-        weights = weights.gate_up_interleaved()
-    return weights.blocked_64x64() if weights_blocked(plan) else weights
+    """The canonical `weights` in the order the plugin's inputs take for `plan` (`sequence.plan_weights`: W1 / b1
+    in its w1_order, then W1 / W2 in its weight_layout), so the engine holds one W1 and one W2 and the runner
+    copies neither."""
+    return sequence.plan_weights(plan, weights)
 
 
 def forced_choices(plan: Plan) -> dict[str, str]:

@@ -5,6 +5,7 @@ import dataclasses
 import gc
 import threading
 import weakref
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -13,9 +14,10 @@ from moe_build import kernels
 from moe_build.errors import MoeBuildError, UnsupportedCombination
 from moe_build.planner import make_plan
 from moe_build.runner import MoERunner, Workspace, kernel_sequence, layout_bytes, steps_up_to, workspace_layout
+from moe_build.runner.runner import device_target, serving_target
 from moe_build.runner.sequence import w1_interleaved, weights_blocked
 from moe_build.spec import Activation, DType, MoESpec, Quant, SharedExperts
-from moe_build.target import Flavour, Target, TokenProfile
+from moe_build.target import FINALIZE_FUSION_ENV, Flavour, Target, TokenProfile
 from moe_build.weights import MoEWeights, block_64x64, interleave_gate_up
 
 H100 = Target(sm=90, flavour=Flavour.TENSORRT)
@@ -70,7 +72,36 @@ def test_block_64x64_stores_each_64_by_64_block_contiguously() -> None:
 
 
 def _serving(max_tokens: int, base: Target = H100) -> Target:
-    return dataclasses.replace(base, profile=TokenProfile(1, min(16, max_tokens), max_tokens))
+    return serving_target(base, max_tokens)
+
+
+def test_the_runners_device_target_honours_the_finalize_fusion_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A runner (and the sweep) plans for `resolve_target`'s full-TensorRT target of the device's SM, with the
+    device's multiprocessors and L2 and the serving profile: MOE_BUILD_/TRTLLM_MOE_DISABLE_FINALIZE_FUSION
+    then turns the fused finalize off in its plans as in an engine's. A given base is only re-profiled."""
+    from moe_build.bench.sweep import device_sweep_target
+    props = SimpleNamespace(major=9, minor=0, multi_processor_count=114, L2_cache_size=48 << 20)
+    asked: list[object] = []
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: asked.append(device) or props)
+    for name in FINALIZE_FUSION_ENV:
+        monkeypatch.delenv(name, raising=False)
+    cuda0 = torch.device("cuda", 0)
+    plain = device_target(cuda0, 4096)
+    assert not plain.finalize_fusion_disabled_by_env and asked == [cuda0]
+    assert (plain.sm, plain.flavour, plain.sm_count, plain.l2_bytes, plain.sm_source) == (
+        90, Flavour.TENSORRT, 114, 48 << 20, "detected")
+    assert plain.profile == TokenProfile(1, 16, 4096) and device_target(cuda0, 8).profile == TokenProfile(1, 8, 8)
+    assert make_plan(SWIGLU_64E, plain, tokens=16).choices(16)["finalize"] == "fused"
+    for name in FINALIZE_FUSION_ENV:
+        monkeypatch.setenv(name, "1")
+        target = device_target(cuda0, 4096)
+        assert target.finalize_fusion_disabled_by_env
+        assert target == dataclasses.replace(plain, finalize_fusion_disabled_by_env=True)
+        assert device_sweep_target(4096) == target
+        assert make_plan(SWIGLU_64E, target, tokens=16).choices(16)["finalize"] == "separate"
+        monkeypatch.delenv(name)
+    asked.clear()
+    assert device_target(cuda0, 8, H100) == serving_target(H100, 8) and not asked
 
 
 def test_blocked_weights_follow_the_sm90_gemms_sizes_and_the_largest_call() -> None:

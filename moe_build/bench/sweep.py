@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..planner import make_plan
-from ..target import Flavour, Target, TokenProfile
+from ..target import Target
 from .workload import bench_spec
 
 SWEEP_MAX_TOKENS = 8192
@@ -34,12 +34,7 @@ def geometric_counts(lo: int = 1, hi: int = SWEEP_MAX_TOKENS, step: float = GEOM
 def band_edges(shape: str, target: Target, hi: int = SWEEP_MAX_TOKENS) -> list[int]:
     """Both ends of every token band of the default plan of `shape` on `target` up to `hi`: the counts
     where some rule switches (a tactic, the routing prologue, the finalize epilogue)."""
-    plan = make_plan(bench_spec(shape), target, hi)
-    edges = set()
-    for stage in plan.stages:
-        for band in stage.bands:
-            edges |= {t for t in (band.lo, band.hi) if t is not None and 1 <= t <= hi}
-    return sorted(edges)
+    return make_plan(bench_spec(shape), target, hi).band_edges(hi)
 
 
 def sweep_counts(shape: str, target: Target, hi: int = SWEEP_MAX_TOKENS) -> list[int]:
@@ -47,11 +42,12 @@ def sweep_counts(shape: str, target: Target, hi: int = SWEEP_MAX_TOKENS) -> list
 
 
 def device_sweep_target(hi: int = SWEEP_MAX_TOKENS) -> Target:
-    """This GPU as the runner sees it, serving 1..hi tokens (what `band_edges` must plan for)."""
+    """This GPU as the runner sees it, serving 1..hi tokens (what `band_edges` must plan for): the runner's
+    own `device_target`, so the two cannot drift apart."""
     import torch
-    props = torch.cuda.get_device_properties(0)
-    return Target(sm=props.major * 10 + props.minor, flavour=Flavour.TENSORRT, profile=TokenProfile(1, 16, hi),
-                  sm_count=props.multi_processor_count, l2_bytes=props.L2_cache_size)
+
+    from ..runner.runner import device_target
+    return device_target(torch.device("cuda", 0), hi)
 
 
 def outliers(points: Sequence[dict[str, Any]], variant: str = "ours",

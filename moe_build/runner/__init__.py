@@ -1,6 +1,6 @@
 """The fused MoE runner: our CUDA kernels composed exactly as a plan says (PyTorch-callable).
 
-Split as in vLLM's modular fused MoE: prepare_finalize (routing, quantization hook, top-k
+Split as in vLLM's modular fused MoE: prepare_finalize (router GEMM, routing, top-k
 weight/reduce, shared experts) around experts (permute, GEMM1, GEMM2), over a workspace sized
 once. `kernel_sequence` is the single plan -> steps mapping the runner executes. Importing
 this package needs no GPU; constructing a `MoERunner` does.

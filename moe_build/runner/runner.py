@@ -17,7 +17,7 @@ from .. import kernels
 from ..errors import MoeBuildError
 from ..planner import Plan, make_plan
 from ..spec import MoESpec
-from ..target import Flavour, Target, TokenProfile
+from ..target import Target, TokenProfile, resolve_target
 from ..weights import MoEWeights
 from . import sequence as S
 from .batch import Batch
@@ -41,16 +41,21 @@ def require_cuda(device: torch.device | str) -> torch.device:
     return dev
 
 
+def serving_target(base: Target, max_tokens: int) -> Target:
+    """`base` with the profile of a runner serving 1..max_tokens tokens (opt: 16, or max_tokens if fewer)."""
+    return dataclasses.replace(base, profile=TokenProfile(1, min(16, max_tokens), max_tokens))
+
+
 def device_target(device: torch.device, max_tokens: int, base: Target | None = None) -> Target:
-    """The target of a runner on `device` serving 1..max_tokens tokens: the device's SM, multiprocessor
-    count and L2 size (what the tactic rules read), or `base`'s where given, with the runner's profile."""
-    props = torch.cuda.get_device_properties(device)
-    sm = props.major * 10 + props.minor
-    profile = TokenProfile(1, min(16, max_tokens), max_tokens)
-    if base is not None:
-        return dataclasses.replace(base, profile=profile)
-    return Target(sm=sm, flavour=Flavour.TENSORRT, profile=profile, sm_count=props.multi_processor_count,
-                  l2_bytes=props.L2_cache_size, sm_source="detected")
+    """The target of a runner on `device` serving 1..max_tokens tokens: `base` where given, else full TensorRT
+    on the device's SM as `resolve_target` fills it (the environment's gates included) with the device's
+    multiprocessor count and L2 size (what the tactic rules read); either with the runner's profile."""
+    if base is None:
+        props = torch.cuda.get_device_properties(device)
+        resolved = resolve_target(sm=props.major * 10 + props.minor, flavour="tensorrt")
+        base = dataclasses.replace(resolved, sm_count=props.multi_processor_count, l2_bytes=props.L2_cache_size,
+                                   sm_source="detected")
+    return serving_target(base, max_tokens)
 
 
 class MoERunner:
@@ -90,10 +95,7 @@ class MoERunner:
         self.weights_blocked = S.weights_blocked(plan)
         self.weights = _to_device(weights, self.device, self.dtype)
         if not weights_prepared:
-            if self.w1_interleaved:
-                self.weights = self.weights.gate_up_interleaved()
-            if self.weights_blocked:
-                self.weights = self.weights.blocked_64x64()
+            self.weights = S.plan_weights(plan, self.weights)
 
         # The runner's own workspaces, one per CUDA stream (by handle), each allocated by the first call on
         # that stream not given a workspace: calls on two streams may then run at once (two micro-batches
@@ -156,7 +158,8 @@ class MoERunner:
 
         Routing may be pinned with `router_logits` [T, E] or `topk_ids`+`topk_weights` [T, K]
         (copied into the workspace). `out` (same shape/dtype as hidden, not overlapping it:
-        the map build or the expansion zeroes it before every row of hidden is read) avoids the one
+        where GEMM2 finalizes in its epilogue, the three-step routing prologue or the expansion zeroes it
+        before every row of hidden is read) avoids the one
         allocation a call otherwise makes. `workspace` (flat uint8, >= workspace_bytes(spec,
         plan, T) bytes, e.g. TensorRT's, or that buffer already carved by `bind_workspace(flat, T)`)
         replaces the runner's own buffers for this call.

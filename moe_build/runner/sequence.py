@@ -7,10 +7,13 @@ bands (`Plan.choices(tokens)`), never from the token count the plan was made at.
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from ..errors import MoeBuildError
 from ..planner import Plan
+
+if TYPE_CHECKING:
+    from ..weights import MoEWeights
 
 RoutingInput = Literal["hidden", "logits", "topk"]
 
@@ -124,5 +127,14 @@ def kernel_sequence(plan: Plan, tokens: int, routing_input: RoutingInput = "hidd
 def steps_up_to(plan: Plan, max_tokens: int) -> set[str]:
     """Every step some call of 1..max_tokens tokens may run (what the workspace must cover): the steps at
     the first token count of every band of the token-dependent stages that starts within the range."""
-    counts = {1, max_tokens} | {b.lo for s in plan.stages for b in s.bands if b.lo <= max_tokens}
+    counts = {max_tokens, *plan.band_edges(max_tokens, starts_only=True)}
     return set().union(*(kernel_sequence(plan, t) for t in counts))
+
+
+def plan_weights(plan: Plan, weights: MoEWeights) -> MoEWeights:
+    """The canonical `weights` in the order `plan` runs them: W1 / b1 in its w1_order (gate/up-interleaved for
+    the sm90 gated epilogue), then W1 / W2 in its weight_layout (64 x 64 blocks or row-major). `weights` itself
+    where the plan keeps both as they are."""
+    if w1_interleaved(plan):
+        weights = weights.gate_up_interleaved()
+    return weights.blocked_64x64() if weights_blocked(plan) else weights
