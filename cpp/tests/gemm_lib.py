@@ -29,11 +29,6 @@ def load() -> ctypes.CDLL:
     return load_library()
 
 
-def as_struct(tactic: Tactic) -> GemmTacticStruct:
-    """The mb_gemm_tactic an entry point takes: a plan's tactic, its name, or a struct as it is."""
-    return tactic if isinstance(tactic, GemmTacticStruct) else tactic_struct(tactic)
-
-
 def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
@@ -68,14 +63,14 @@ class Gemms:
         gated = int(act in GATED)
         return self.lib.mb_grouped_gemm_sm80(_ptr(a), _ptr(b), _ptr(bias), _ptr(c), _ptr(offsets),
                                              offsets.numel() - 1, max_rows, n, k, DTYPES[a.dtype], ACT[act],
-                                             gated, alpha, limit, as_struct(tactic), None, 0, _stream())
+                                             gated, alpha, limit, tactic_struct(tactic), None, 0, _stream())
 
     def sm90(self, a, b, bias, c, offsets, max_rows: int, n: int, k: int, layout: str = "row_major", *,
              tactic: Tactic) -> int:
         e = offsets.numel() - 1
         ws = self.workspace_sm90(e, max_rows, n, k)
         return self.lib.mb_grouped_gemm_sm90(_ptr(a), _ptr(b), _ptr(bias), _ptr(c), _ptr(offsets), e, max_rows,
-                                             n, k, DTYPES[a.dtype], LAYOUTS[layout], as_struct(tactic), _ptr(ws),
+                                             n, k, DTYPES[a.dtype], LAYOUTS[layout], tactic_struct(tactic), _ptr(ws),
                                              ws.numel(), _stream())
 
     def sm90_gated(self, a, b, bias, c, offsets, max_rows: int, inter: int, k: int, act: str,
@@ -87,7 +82,7 @@ class Gemms:
         ws = self.workspace_sm90(e, max_rows, 2 * inter, k)
         return self.lib.mb_grouped_gemm_sm90_gated(_ptr(a), _ptr(b), _ptr(bias), _ptr(c), _ptr(offsets), e, max_rows,
                                                    inter, k, DTYPES[a.dtype], ACT[act], alpha, limit, LAYOUTS[layout],
-                                                   as_struct(tactic), _ptr(placement), _ptr(ws), ws.numel(),
+                                                   tactic_struct(tactic), _ptr(placement), _ptr(ws), ws.numel(),
                                                    _stream())
 
     def sm90_finalize(self, a, b, bias, out, offsets, p2u, pw, max_rows: int, num_tokens: int, top_k: int,
@@ -96,7 +91,7 @@ class Gemms:
         ws = self.workspace_sm90(e, max_rows, n, k)
         return self.lib.mb_grouped_gemm_sm90_finalize(
             _ptr(a), _ptr(b), _ptr(bias), _ptr(out), _ptr(offsets), _ptr(p2u), _ptr(pw), e, max_rows,
-            num_tokens, top_k, n, k, DTYPES[a.dtype], LAYOUTS[layout], as_struct(tactic), _ptr(placement), _ptr(ws),
+            num_tokens, top_k, n, k, DTYPES[a.dtype], LAYOUTS[layout], tactic_struct(tactic), _ptr(placement), _ptr(ws),
             ws.numel(), _stream())
 
 

@@ -246,7 +246,7 @@ def test_sm80_rejects(gemms):
     c = torch.empty(64, 100, dtype=torch.bfloat16, device="cuda")
     assert gemms.sm80(a, b, None, c, offsets, 64, 100, 128, "identity", tactic=tactic) == INVALID  # N % 8 != 0
     assert gemms.lib.mb_grouped_gemm_sm80(a.data_ptr(), b.data_ptr(), None, c.data_ptr(), offsets.data_ptr(), 8,
-                                          64, 96, 128, 1, 4, 0, 1.0, 0.0, gemm_lib.as_struct(tactic), None, 0,
+                                          64, 96, 128, 1, 4, 0, 1.0, 0.0, K.tactic_struct(tactic), None, 0,
                                           0) == INVALID  # gated act, not fused
     af = a.float()
     assert gemms.sm80(af, b.float(), None, c.float(), offsets, 64, 96, 128, "identity",
@@ -330,7 +330,7 @@ def test_sm90_decode_without_workspace(gemms, shape):
     assert tactic.kernel == "decode", tactic.name
     st = gemms.lib.mb_grouped_gemm_sm90(a.data_ptr(), b.data_ptr(), bias.data_ptr(), c.data_ptr(),
                                         offsets.data_ptr(), e, rows, n, k, gemm_lib.MB_BF16,
-                                        gemm_lib.LAYOUTS["row_major"], gemm_lib.as_struct(tactic), None, 0,
+                                        gemm_lib.LAYOUTS["row_major"], K.tactic_struct(tactic), None, 0,
                                         torch.cuda.current_stream().cuda_stream)
     assert st == 0, gemms.error()
     check(c, reference(a, b, bias, offsets, "identity"), torch.bfloat16)
@@ -497,7 +497,7 @@ def test_sm90_rejects(gemms):
     assert err.value.status is INVALID
     ws = gemms.workspace_sm90(8, 64, 96, 128)
     assert gemms.lib.mb_grouped_gemm_sm90(a.data_ptr(), b.data_ptr(), None, c.data_ptr(), offsets.data_ptr(), 8, 64,
-                                          96, 128, gemm_lib.MB_BF16, 7, gemm_lib.as_struct(tactic), ws.data_ptr(),
+                                          96, 128, gemm_lib.MB_BF16, 7, K.tactic_struct(tactic), ws.data_ptr(),
                                           ws.numel(), torch.cuda.current_stream().cuda_stream) == INVALID
     assert "weight_layout 7" in gemms.error()
     with pytest.raises(K.KernelError) as err:

@@ -61,11 +61,12 @@ inline int device_attribute(cudaDeviceAttr attr) {
 }
 
 // Launches kernel<<<grid, block, smem, stream>>>(args...), allowed to start early (programmatic stream
-// serialization) where the current device supports it (compute capability >= 9.0).
+// serialization) where `after_trigger` is set and the current device supports it (compute capability
+// >= 9.0); a plain launch otherwise.
 template <typename... KArgs, typename... Args>
 inline cudaError_t launch_after_trigger_smem(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
-                                             cudaStream_t stream, Args&&... args) {
-  if (device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9) {
+                                             cudaStream_t stream, bool after_trigger, Args&&... args) {
+  if (after_trigger && device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9) {
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
@@ -84,7 +85,7 @@ inline cudaError_t launch_after_trigger_smem(void (*kernel)(KArgs...), dim3 grid
 template <typename... KArgs, typename... Args>
 inline cudaError_t launch_after_trigger(void (*kernel)(KArgs...), dim3 grid, dim3 block, cudaStream_t stream,
                                         Args&&... args) {
-  return launch_after_trigger_smem(kernel, grid, block, 0, stream, std::forward<Args>(args)...);
+  return launch_after_trigger_smem(kernel, grid, block, 0, stream, true, std::forward<Args>(args)...);
 }
 
 // The routing and prologue chain (routing, the map builds, the expansion) is launched after a trigger

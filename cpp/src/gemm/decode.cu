@@ -219,13 +219,7 @@ mb_status launch_wk(const GemmParams& p, int64_t chunks, bool after_trigger, cud
                 (long long)chunks, (long long)col_blocks);
   auto kernel = grouped_decode_kernel<T, EPI, WK, BLOCKED>;
   const dim3 grid((unsigned)chunks, (unsigned)col_blocks), block(kDecodeThreads);
-  cudaError_t err;
-  if (after_trigger) {
-    err = mb::launch_after_trigger(kernel, grid, block, stream, p);
-  } else {
-    kernel<<<grid, block, 0, stream>>>(p);
-    err = cudaGetLastError();
-  }
+  const cudaError_t err = mb::launch_after_trigger_smem(kernel, grid, block, 0, stream, after_trigger, p);
   if (err != cudaSuccess) return fail(MB_ERR_CUDA, "grouped gemm decode launch: %s", cudaGetErrorString(err));
   return MB_OK;
 }

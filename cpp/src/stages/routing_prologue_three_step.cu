@@ -218,7 +218,7 @@ extern "C" mb_status mb_routing_prologue_three_step(const int32_t* topk_ids, int
   if (t.num_tiles > 0) {
     MB_TRY(mb::check_launch("histogram_kernel", mb::launch_after_trigger_smem(
                                                     histogram_kernel, dim3(static_cast<unsigned>(t.num_tiles)),
-                                                    dim3(kHistThreads), hist_smem, stream, topk_ids, n, t.tile,
+                                                    dim3(kHistThreads), hist_smem, stream, true, topk_ids, n, t.tile,
                                                     num_experts, counts)));
   }
   const int warps = warps_for(num_experts);
@@ -237,7 +237,7 @@ extern "C" mb_status mb_routing_prologue_three_step(const int32_t* topk_ids, int
       std::min<int64_t>((static_cast<int64_t>(zero_bytes) + per_zero_block - 1) / per_zero_block, kMaxZeroBlocks);
   const int rounds = static_cast<int>(t.tile / (32 * warps));
   return mb::check_launch("scan_scatter_kernel", mb::launch_after_trigger_smem(
-      scan_scatter_kernel, dim3(static_cast<unsigned>(scan_blocks + zero_blocks)), dim3(32 * warps), smem, stream,
+      scan_scatter_kernel, dim3(static_cast<unsigned>(scan_blocks + zero_blocks)), dim3(32 * warps), smem, stream, true,
       topk_ids, n, t.tile, rounds, static_cast<int>(t.num_tiles), num_experts, static_cast<const int32_t*>(counts),
       expert_first_token_offset, permuted_to_unpermuted, unpermuted_to_permuted, static_cast<unsigned char*>(zero_out),
       static_cast<int64_t>(zero_bytes)));
