@@ -142,27 +142,6 @@ def _find_block(model: torch.nn.Module, layer: int) -> tuple[str, str]:
     return found.pop()
 
 
-def _checkpoint_keys(folder: Path) -> dict[str, Path]:
-    """Tensor name -> shard file, from the index or the single file's header (moe-build's loader, which
-    reads the same layer's tensors next, refuses a shard that is missing or lies outside the folder)."""
-    from safetensors import safe_open
-
-    from .jsonfile import read_json_object
-    from .weights.checkpoint import INDEX_FILE, SINGLE_FILE
-    index = folder / INDEX_FILE
-    if index.is_file():
-        weight_map = read_json_object(index, INDEX_FILE).get("weight_map")
-        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-            raise MoeBuildError(f"{INDEX_FILE} weight_map", "must map tensor names to shard file names",
-                                "an object of strings")
-        return {k: folder / v for k, v in weight_map.items()}
-    if not (folder / SINGLE_FILE).is_file():
-        raise MoeBuildError(SINGLE_FILE, f"no {SINGLE_FILE} or {INDEX_FILE} in {folder}",
-                            "a Hugging Face safetensors checkpoint folder")
-    with safe_open(str(folder / SINGLE_FILE), framework="pt") as f:
-        return dict.fromkeys(f.keys(), folder / SINGLE_FILE)
-
-
 @dataclass
 class TransformersBlock:
     """The decoder layer's MoE part as transformers computes it: the block, plus LAYER_LEVEL_PARTS."""
@@ -230,6 +209,8 @@ class TransformersBlockSource:
         from transformers.modeling_utils import LoadStateDictConfig
         from transformers.quantizers.auto import get_hf_quantizer
         from transformers.utils.generic import ContextManagers
+
+        from .weights.checkpoint import checkpoint_shards
         try:
             config = transformers.AutoConfig.from_pretrained(folder)
             model_class = _model_class(config)
@@ -250,7 +231,7 @@ class TransformersBlockSource:
         renamings = [m for m in mapping if isinstance(m, WeightRenaming)]
         converters = [m for m in mapping if isinstance(m, WeightConverter)]
         in_memory, prefixes = model.state_dict(), tuple(p + "." for p in parts)
-        wanted = {k: shard for k, shard in _checkpoint_keys(folder).items()
+        wanted = {k: shard for k, shard in checkpoint_shards(folder).items()
                   if rename_source_key(k, renamings, converters, model.base_model_prefix, in_memory)[0]
                   .startswith(prefixes)}
         return cls(model, parts, wanted,
@@ -411,17 +392,14 @@ def check_layer(checkpoint: str, layer: int | None = None, tokens: int = 64, see
                 log: Log = lambda line: None) -> CheckResult:
     """Run the check (module docstring). Refusals that need no weights (MoeBuildError) come before any is read."""
     from .graph.ootb import TORCH_DTYPES
-    from .spec.hf_config import moe_layer_indices
+    from .spec.hf_config import select_moe_layers
     from .spec.source import resolve_spec
     from .weights.checkpoint import load_moe_layer
 
     _refuse_bad_numbers(tokens, rtol, atol)
     folder = Path(checkpoint)
     spec = resolve_spec(folder)
-    indices = moe_layer_indices(folder)
-    layer = indices[0] if layer is None else layer
-    if layer not in indices:
-        raise MoeBuildError("layer", f"decoder layer {layer} is not an MoE layer of {checkpoint}", indices)
+    layer = select_moe_layers(folder, layer, all_layers=False)[0]
     dtype = DType.FP32 if onnx is None else given_graph_dtype(Path(onnx), spec)
     rtol = DEFAULT_RTOL[dtype] if rtol is None else rtol
     hidden = torch.randn(tokens, spec.hidden_size, generator=torch.Generator().manual_seed(seed))

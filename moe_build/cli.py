@@ -57,13 +57,8 @@ def _split_layer_target(kw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, A
                   "fp8_input", "lora", "experts_per_node")
     layer = {k: kw.pop(k) for k in layer_keys}
     target = {k: kw.pop(k) for k in ("sm", "flavour", "moe_plugin", "deterministic")}
-    force = {}
-    for item in kw.pop("force"):
-        stage, sep, choice = item.partition("=")
-        if not sep:
-            raise MoeBuildError("force", f"expected STAGE=CHOICE, got {item!r}", "STAGE=CHOICE")
-        force[stage] = choice
-    return layer, target, force
+    from .planner import parse_force
+    return layer, target, parse_force(kw.pop("force"))
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -213,18 +208,17 @@ def export_cmd(checkpoint: str | None, layer: int | None, onnx_path: str, routin
     """
     from pathlib import Path
 
-    from .engine.jobs import layers_to_build
     from .graph.export import check_onnx_destination, write_onnx
-    from .graph.ootb import ROUTING_INPUTS
+    from .graph.ootb import check_routing_input
     from .planner import make_plan
+    from .spec.hf_config import select_moe_layers
     from .spec.source import resolve_spec
     from .target import resolve_target
     from .weights import MoEWeights
 
     if checkpoint is None and layer is not None:
         raise MoeBuildError("layer", "--layer needs a checkpoint", "CHECKPOINT with --layer N")
-    if routing_input not in ROUTING_INPUTS:
-        raise MoeBuildError("routing_input", f"unknown value {routing_input!r}", ROUTING_INPUTS)
+    check_routing_input(routing_input)
     destination = Path(onnx_path)
     check_onnx_destination(destination)
     spec = resolve_spec(checkpoint, **layer_kw)
@@ -234,7 +228,7 @@ def export_cmd(checkpoint: str | None, layer: int | None, onnx_path: str, routin
         weights = MoEWeights.random(spec, seed=seed)
     else:
         from .weights.checkpoint import load_moe_layer
-        index = layers_to_build(checkpoint, layer, all_layers=False)[0]
+        index = select_moe_layers(checkpoint, layer, all_layers=False)[0]
         source = f"{checkpoint} layer {index}"
         click.echo(f"loading {source}", err=True)
         weights = load_moe_layer(checkpoint, index).weights

@@ -94,3 +94,11 @@ def check_writable_folder(field: str, folder: Path) -> None:
     if not os.access(existing, os.W_OK | os.X_OK):
         what = "is not writable" if existing == folder else f"cannot be created ({existing} is not writable)"
         raise MoeBuildError(field, f"{folder} {what}")
+
+
+def make_folder(field: str, folder: Path) -> None:
+    """Create `folder` (and its parents) or refuse in one line naming `field`."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise MoeBuildError(field, f"cannot create {folder}: {exc.strerror or exc}") from None

@@ -56,23 +56,24 @@ else
 fi
 has tests && phase gpu_tests "${TESTS_S:-240}" "$PY" -m pytest -q -rs -p no:cacheprovider tests/gpu \
   --junitxml="$RESULTS/gpu_tests.xml"
-# shellcheck disable=SC2086
-has sweep && phase sweep "${SWEEP_S:-420}" "$PY" -m moe_build bench --sweep --json "$RESULTS/sweep.json" \
-  --png "$RESULTS/sweep.png" ${SWEEP_ARGS:-}
+sweep_phase() {  # sweep_phase NAME ARGS: the phase NAME, a sweep written to NAME.json / NAME.png, ARGS word-split
+  # shellcheck disable=SC2086
+  phase "$1" "${SWEEP_S:-420}" "$PY" -m moe_build bench --sweep --json "$RESULTS/$1.json" --png "$RESULTS/$1.png" $2
+}
+has sweep && sweep_phase sweep "${SWEEP_ARGS:-}"
 if has ab; then
   base=${AB_BASELINE:?AB_BASELINE must name the baseline tree}
+  [[ $base == /* ]] || base=$PWD/$base  # relative to the repository root; the old side runs from inside it
   for round in $(seq "${AB_FIRST:-1}" "${AB_LAST:-2}"); do
     phase "ab_new_$round" "${AB_S:-150}" "$PY" -m moe_build bench --variants ours --input-sets 2 \
       --json "$RESULTS/ab_new_$round.json"
     # from the baseline's folder: `python -m` puts the working directory first on the path
-    phase "ab_old_$round" "${AB_S:-150}" env -C "$base" PYTHONPATH=. MOE_BUILD_KERNELS_LIB="$PWD/$base/libmoe_build_kernels.so" \
-      "$PY" -m moe_build bench --variants ours --input-sets 2 --json "$RESULTS/ab_old_$round.json" --png "$RESULTS/ab_old.png"
+    phase "ab_old_$round" "${AB_S:-150}" env -C "$base" PYTHONPATH=. MOE_BUILD_KERNELS_LIB="$base/libmoe_build_kernels.so" \
+      "$PY" -m moe_build bench --variants ours --input-sets 2 --json "$RESULTS/ab_old_$round.json"
   done
 fi
 
-# shellcheck disable=SC2086
-has sweep2 && phase sweep2 "${SWEEP_S:-420}" "$PY" -m moe_build bench --sweep --json "$RESULTS/sweep2.json" \
-  --png "$RESULTS/sweep2.png" ${SWEEP2_ARGS:-}
+has sweep2 && sweep_phase sweep2 "${SWEEP2_ARGS:-}"
 # shellcheck disable=SC2086
 has bench && phase bench "${BENCH_S:-300}" "$PY" -m moe_build bench --json "$RESULTS/bench.json" --png "$RESULTS/bench.png" \
   ${BENCH_ARGS:-}

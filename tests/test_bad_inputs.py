@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from safetensors.torch import save_file
 import torch
+from cli_process import run_moe_build
+from safetensors.torch import save_file
 
 from moe_build.engine.jobs import BuildJob, run_build_jobs
 from moe_build.errors import MoeBuildError
@@ -27,9 +28,7 @@ MIXTRAL_CONFIG = {"model_type": "mixtral", "hidden_size": 64, "intermediate_size
                   "torch_dtype": "float16", "hidden_act": "silu"}
 
 
-def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "moe_build", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=600)
+cli = run_moe_build
 
 
 def assert_one_line_refusal(r: subprocess.CompletedProcess, *needles: str) -> None:

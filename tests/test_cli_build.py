@@ -3,25 +3,18 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from cli_process import run_moe_build
 
 pytest.importorskip("tensorrt_rtx_bindings")
 transformers = pytest.importorskip("transformers")
 
 pytestmark = pytest.mark.trt
-
-
-def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.endswith("DISABLE_FINALIZE_FUSION")}
-    return subprocess.run([sys.executable, "-m", "moe_build.cli", *args], capture_output=True, text=True,
-                          cwd=cwd, env=env, timeout=600)
+cli = run_moe_build
 
 
 @pytest.fixture(scope="module")

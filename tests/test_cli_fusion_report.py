@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_process import run_moe_build
 
 MIXTRAL_FLAGS = ["--hidden", "4096", "--inter", "14336", "--experts", "8", "--top-k", "2", "--dtype", "bf16"]
 # Below the intermediate size from which the FINALIZE tactic holds at every token count (2048).
@@ -14,11 +14,7 @@ NARROW_FLAGS = ["--hidden", "2048", "--inter", "1408", "--experts", "64", "--top
 
 
 def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    import os
-    full_env = {k: v for k, v in os.environ.items() if not k.endswith("DISABLE_FINALIZE_FUSION")}
-    full_env.update(env or {})
-    return subprocess.run([sys.executable, "-m", "moe_build.cli", "fusion-report", *args],
-                          capture_output=True, text=True, env=full_env, timeout=120)
+    return run_moe_build("fusion-report", *args, env=env, timeout=120)
 
 
 def report(*args: str, env: dict | None = None) -> dict:

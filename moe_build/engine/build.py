@@ -27,7 +27,7 @@ from polygraphy.backend.base import BaseLoader
 from .. import __version__
 from ..errors import MoeBuildError
 from ..graph.ootb import onnx_sha256, weights_sha256
-from ..outputs import scratch_folder, sweep_stale_temps
+from ..outputs import make_folder, scratch_folder, sweep_stale_temps
 from ..planner import Plan
 from ..spec import MoESpec
 from ..weights import MoEWeights
@@ -84,13 +84,6 @@ def _path_record(plan: Plan) -> dict[str, Any]:
                        "weights": "constants", "choices": plan.choices()}}
 
 
-def _make_folder(field: str, folder: Path) -> None:
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise MoeBuildError(field, f"cannot create {folder}: {exc.strerror or exc}") from None
-
-
 def build_engine(spec: MoESpec, weights: MoEWeights, plan: Plan, options: BuildOptions = BuildOptions(),
                  progress: BuildProgress | None = None) -> BuildResult:
     """Build the engine the plan describes (OOTB or plugin path) and publish engine + manifest.
@@ -106,10 +99,10 @@ def build_engine(spec: MoESpec, weights: MoEWeights, plan: Plan, options: BuildO
     name = options.name or spec.name
     folder = Path(options.output_dir)
     cache = options.timing_cache_path() if chain.backend.has_timing_cache else None
-    _make_folder("output", folder)
+    make_folder("output", folder)
     sweep_stale_temps(folder)
     if cache is not None:
-        _make_folder("timing_cache", cache.parent)
+        make_folder("timing_cache", cache.parent)
     with contextlib.ExitStack() as stack:
         if progress is None:
             progress = stack.enter_context(make_build_progress(options.progress, name))
@@ -130,7 +123,7 @@ def _run(chain: Toolchain, spec: MoESpec, weights: MoEWeights, plan: Plan, optio
         onnx_file = None if scratch is None else scratch / f"{name}.onnx"
         record = NetworkRecord()
         network = RecordNetwork(_network(chain, spec, weights, plan, onnx_file, progress), record)
-        config = BeginPhase(progress, "building engine (TensorRT)", engine_config(chain, options, progress))
+        config = BeginPhase(progress, "building engine (TensorRT)", engine_config(chain, options, progress, cache))
         engine = chain.loaders.EngineBytesFromNetwork(network, config,
                                                       save_timing_cache=None if cache is None else str(cache))
 

@@ -9,6 +9,7 @@ the progress monitor.
 """
 from __future__ import annotations
 
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -38,15 +39,15 @@ class TokenProfileConfig(BaseLoader):
         return self._create_config(profiles=[profile], **self._kwargs)(builder, network)
 
 
-def engine_config(chain: Toolchain, options: BuildOptions, progress: BuildProgress) -> TokenProfileConfig:
-    """The config loader for one build."""
+def engine_config(chain: Toolchain, options: BuildOptions, progress: BuildProgress,
+                  timing_cache: Path | None) -> TokenProfileConfig:
+    """The config loader for one build; `timing_cache` is the build's (None where the flavour has none)."""
     backend = chain.backend
     kwargs: dict[str, Any] = {"builder_optimization_level": options.optimization_level}
     if options.workspace_bytes is not None:
         kwargs["memory_pool_limits"] = {backend.trt.MemoryPoolType.WORKSPACE: options.workspace_bytes}
-    cache = options.timing_cache_path()
-    if cache is not None and backend.has_timing_cache and cache.exists():
-        kwargs["load_timing_cache"] = str(cache)
+    if timing_cache is not None and timing_cache.exists():
+        kwargs["load_timing_cache"] = str(timing_cache)
     if chain.compute_capability is not None:
         kwargs["compute_capabilities"] = [chain.compute_capability]
     monitor = progress.monitor(backend)

@@ -18,7 +18,6 @@ from rich.table import Table
 from ..errors import MoeBuildError
 from ..planner import Plan
 from .manifest import manifest_path_for, verify
-from .runtime import deserialize, ensure_runnable_here
 
 
 def _inspector_layers(info: dict[str, Any]) -> list[dict[str, str]]:
@@ -35,6 +34,7 @@ def _inspector_layers(info: dict[str, Any]) -> list[dict[str, str]]:
 
 def _inspect_deserialised(manifest: dict[str, Any], engine: bytes) -> dict[str, Any]:
     """TensorRT's own view of the engine, or why it cannot be had on this machine."""
+    from .runtime import deserialize, ensure_runnable_here  # torch: only once the pair has verified
     try:
         backend, sm = ensure_runnable_here(manifest)
     except MoeBuildError as exc:

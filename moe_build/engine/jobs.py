@@ -33,20 +33,6 @@ def safe_name(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._") or "moe"
 
 
-def layers_to_build(checkpoint: str, layer: int | None, all_layers: bool) -> list[int]:
-    """Decoder layer indices to build from the checkpoint's config: all MoE layers, the one asked
-    for (refused unless it is an MoE layer), or the first."""
-    from ..spec.hf_config import moe_layer_indices
-    indices = moe_layer_indices(checkpoint)
-    if all_layers:
-        return indices
-    if layer is None:
-        return indices[:1]
-    if layer not in indices:
-        raise MoeBuildError("layer", f"decoder layer {layer} is not an MoE layer of {checkpoint}", indices)
-    return [layer]
-
-
 @dataclass(frozen=True)
 class BuildJob:
     name: str
@@ -59,6 +45,7 @@ class BuildJob:
     def for_source(cls, spec: MoESpec, plan: Plan, checkpoint: str | None, layer: int | None, all_layers: bool,
                    seed: int, name: str | None) -> list["BuildJob"]:
         """Jobs for a checkpoint (one layer, the first MoE layer, or all) or for random weights."""
+        from ..spec.hf_config import select_moe_layers
         base = safe_name(name or spec.name)
         if checkpoint is None:
             def random_weights() -> tuple[MoEWeights, str | None]:
@@ -74,7 +61,7 @@ class BuildJob:
             return load
 
         return _named([cls(f"{base}-layer{i}", spec, plan, loader(i), f"{checkpoint} layer {i}")
-                       for i in layers_to_build(checkpoint, layer, all_layers)])
+                       for i in select_moe_layers(checkpoint, layer, all_layers)])
 
 
 def _named(jobs: list[BuildJob]) -> list[BuildJob]:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import MoeBuildError
-from ..graph.ootb import ROUTING_INPUTS
+from ..graph.ootb import check_routing_input
 from ..outputs import check_writable_folder
 
 OPTIMIZATION_LEVELS = range(0, 6)   # TensorRT builder optimization levels
@@ -31,7 +31,6 @@ class BuildOptions:
     optimization_level: int = 3              # TensorRT builder optimization level 0..5
     workspace_mib: int | None = None         # memory pool limit for the workspace, MiB; None: TensorRT default
     timing_cache: Path | None = None         # default: <output_dir>/moe-build.timing.cache (full TensorRT)
-    use_timing_cache: bool = True
     progress: bool = True
     routing_input: str | None = None         # hidden | logits | topk; None: the path's default
     weights_sha256: str | None = None        # hash of the source weights; None: hash the tensors
@@ -43,9 +42,7 @@ class BuildOptions:
     def routing_input_for(self, path: str) -> str:
         return self.routing_input or DEFAULT_ROUTING_INPUT[path]
 
-    def timing_cache_path(self) -> Path | None:
-        if not self.use_timing_cache:
-            return None
+    def timing_cache_path(self) -> Path:
         return self.timing_cache or Path(self.output_dir) / TIMING_CACHE_NAME
 
 
@@ -57,12 +54,11 @@ def check_options(options: BuildOptions, path: str | None = None) -> None:
         raise MoeBuildError("workspace_mb",
                             f"{options.workspace_mib} MiB is not a workspace size TensorRT can be given",
                             f"1..{MAX_WORKSPACE_MIB} MiB")
-    if options.routing_input is not None and options.routing_input not in ROUTING_INPUTS:
-        raise MoeBuildError("routing_input", f"unknown value {options.routing_input!r}", ROUTING_INPUTS)
+    if options.routing_input is not None:
+        check_routing_input(options.routing_input)
     if path == "plugin" and options.routing_input_for(path) not in PLUGIN_ROUTING_INPUTS:
         raise MoeBuildError("routing_input", f"{options.routing_input!r} is not an input of a plugin-path engine: "
                             "the MoE plugin has no router GEMM and takes router logits", PLUGIN_ROUTING_INPUTS)
     check_writable_folder("output", Path(options.output_dir))
-    cache = options.timing_cache_path() if options.timing_cache is not None else None
-    if cache is not None:
-        check_writable_folder("timing_cache", cache.parent)
+    if options.timing_cache is not None:
+        check_writable_folder("timing_cache", options.timing_cache.parent)

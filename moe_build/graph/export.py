@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 from ..errors import MoeBuildError
-from ..outputs import check_writable_folder, fsync_path, scratch_folder, sweep_stale_temps
+from ..outputs import check_writable_folder, fsync_path, make_folder, scratch_folder, sweep_stale_temps
 from ..planner import Plan
 from ..spec import MoESpec
 from ..weights import MoEWeights
@@ -37,10 +37,7 @@ def write_onnx(spec: MoESpec, weights: MoEWeights, plan: Plan, path: str | os.Pa
     path = Path(path)
     check_onnx_destination(path)
     folder = path.parent
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise MoeBuildError("onnx", f"cannot create {folder}: {exc.strerror or exc}") from None
+    make_folder("onnx", folder)
     sweep_stale_temps(folder)
     with scratch_folder(folder, ".onnx") as scratch:
         staged = export_onnx(spec, weights, plan, scratch / path.name, routing_input)

@@ -48,6 +48,12 @@ ONNX_OPSET = 18
 EXTERNAL_DATA_THRESHOLD = 1 << 30
 
 
+def check_routing_input(routing_input: str) -> None:
+    """Refuse a routing input the graph does not take."""
+    if routing_input not in ROUTING_INPUTS:
+        raise MoeBuildError("routing_input", f"unknown value {routing_input!r}", ROUTING_INPUTS)
+
+
 def apply_activation(spec: MoESpec, h: torch.Tensor, inter: int) -> torch.Tensor:
     """FC1 output [..., N1] -> activated [..., I]; gated layouts put the gate rows first."""
     act = spec.activation
@@ -112,8 +118,7 @@ class MoELayerModule(nn.Module):
 
     def __init__(self, spec: MoESpec, weights: MoEWeights, expert_compute: str, routing_input: str = "hidden"):
         super().__init__()
-        if routing_input not in ROUTING_INPUTS:
-            raise MoeBuildError("routing_input", f"unknown value {routing_input!r}", ROUTING_INPUTS)
+        check_routing_input(routing_input)
         if expert_compute not in EXPERT_COMPUTE_CHOICES:
             raise MoeBuildError("expert_compute", f"unknown choice {expert_compute!r}", EXPERT_COMPUTE_CHOICES)
         if spec.out_dtype not in OUT_TORCH_DTYPES:

@@ -172,16 +172,6 @@ def _minimax(f: _Fields) -> dict[str, Any]:
     return _mixtral(f)
 
 
-def _granitemoe(shared_default: int) -> Callable[[_Fields], dict[str, Any]]:
-    """Granite-MoE-Shared, -Hybrid and -SWA: the shared MLP sits beside the block in the decoder layer and reads
-    the same input, so layer output = routed + shared (the residual multiplier acts outside)."""
-    def parse(f: _Fields) -> dict[str, Any]:
-        spec = _mixtral(f)
-        spec["shared"] = _shared(1, f.int("shared_intermediate_size", default=shared_default, minimum=0))
-        return spec
-    return parse
-
-
 def _aria(f: _Fields) -> dict[str, Any]:
     """Aria: routed experts are always SiLU-gated while its shared experts use hidden_act; one spec holds one
     activation, so hidden_act must be SiLU too."""
@@ -254,14 +244,15 @@ def _norm_topk(default: bool, inter: str = "moe_intermediate_size") -> Callable[
     return parse
 
 
-def _with_shared(parse: Callable[[_Fields], dict[str, Any]], default: int,
-                 gated: bool = True) -> Callable[[_Fields], dict[str, Any]]:
-    """Plus Qwen2-MoE's shared expert of shared_expert_intermediate_size, its output scaled by
-    sigmoid(x @ w_gate) (Lara-mini's has no gate)."""
+def _with_shared(parse: Callable[[_Fields], dict[str, Any]], default: int, gated: bool = True,
+                 key: str = "shared_expert_intermediate_size") -> Callable[[_Fields], dict[str, Any]]:
+    """Plus Qwen2-MoE's shared expert of `key`'s size, its output scaled by sigmoid(x @ w_gate)
+    (Lara-mini's has no gate). Granite-MoE-Shared, -Hybrid and -SWA: an ungated shared MLP of
+    shared_intermediate_size beside the block in the decoder layer, reading the same input, so
+    layer output = routed + shared (the residual multiplier acts outside)."""
     def parse_shared(f: _Fields) -> dict[str, Any]:
         spec = parse(f)
-        spec["shared"] = _shared(1, f.int("shared_expert_intermediate_size", default=default, minimum=0),
-                                 sigmoid_gate=gated)
+        spec["shared"] = _shared(1, f.int(key, default=default, minimum=0), sigmoid_gate=gated)
         return spec
     return parse_shared
 
@@ -409,11 +400,6 @@ def _mimo_v2_flash(f: _Fields) -> dict[str, Any]:
     return spec
 
 
-def _exaone_moe(f: _Fields) -> dict[str, Any]:
-    return _deepseek_v3_like(f, renorm=_ds_renorm(f, True), scale=f.float("routed_scaling_factor", default=2.5),
-                             groups=_ds_groups(f, 1, 1))
-
-
 def _afmoe(f: _Fields) -> dict[str, Any]:
     """AFMoE (Arcee Trinity): sigmoid + expert_bias selection, always renormalised, scaled by route_scale."""
     common = _common(f, ("num_experts",), ("moe_intermediate_size",))
@@ -503,7 +489,7 @@ def _step3p5(f: _Fields) -> dict[str, Any]:
     act(gate) and up with per-layer limits (swiglu_limits, swiglu_limits_shared); a clamp after the activation
     is not in the spec, so every MoE layer's limits must be unset (0 or null)."""
     _no_mlp_bias(f)
-    moe_layers = _layer_types(_step_layers)(f)
+    moe_layers = _STEP_MOE_LAYERS(f)
     for key in ("swiglu_limits", "swiglu_limits_shared"):
         limits = f.data.get(key) or []
         if not isinstance(limits, list):
@@ -659,8 +645,9 @@ _DEEPSEEK_V3 = _Family(_deepseek_v3, _deepseek_layers(0))
 _GLM4_MOE = _Family(_ds_family(True, 1.0), _first_dense("first_k_dense_replace", 1))
 _DOTS3_NOTE = _Family(_dots3_note, _layer_types(_layer_freq(1)))
 _MINIMAX_M3 = _Family(_minimax_m3, _layer_types(_layer_flags))
-_GRANITE_SHARED = _Family(_granitemoe(0))
-_STEP3P5 = _Family(_step3p5, _layer_types(_step_layers))
+_GRANITE_SHARED = _Family(_with_shared(_mixtral, 0, gated=False, key="shared_intermediate_size"))
+_STEP_MOE_LAYERS = _layer_types(_step_layers)
+_STEP3P5 = _Family(_step3p5, _STEP_MOE_LAYERS)
 
 _FAMILIES: dict[str, _Family] = {
     # top-k logits -> softmax over k
@@ -669,7 +656,8 @@ _FAMILIES: dict[str, _Family] = {
     "granitemoe": _Family(_mixtral),  # its shared-MLP variants are the next three
     "granitemoeshared": _GRANITE_SHARED,
     "granitemoe_swa": _GRANITE_SHARED,
-    "granitemoehybrid": _Family(_granitemoe(1024), _granite_hybrid_layers),
+    "granitemoehybrid": _Family(_with_shared(_mixtral, 1024, gated=False, key="shared_intermediate_size"),
+                                 _granite_hybrid_layers),
     "aria_text": _ARIA,
     "aria": _multimodal(_ARIA),
     "hunyuan_v1_moe": _Family(_hunyuan_v1_moe),
@@ -715,7 +703,7 @@ _FAMILIES: dict[str, _Family] = {
     "kimi_linear": _Family(_ds_family(True, 2.446), _layer_types(_first_dense("first_k_dense_replace", 1))),
     "bailing_hybrid": _Family(_ds_family(True, 2.5, (8, 4)), _layer_types(_first_dense("first_k_dense_replace", 2))),
     "mimo_v2_flash": _Family(_mimo_v2_flash, _layer_types(_leading_dense(1))),
-    "exaone_moe": _Family(_exaone_moe, _layer_types(_first_dense("first_k_dense_replace", 1))),
+    "exaone_moe": _Family(_ds_family(True, 2.5), _layer_types(_first_dense("first_k_dense_replace", 1))),
     "beam": _Family(_beam, _layer_types(_leading_dense(3))),
     "axk2": _Family(_axk2, _layer_types(_layer_freq(1))),
     # sigmoid, other selection / scaling rules
@@ -883,3 +871,17 @@ def moe_layer_indices(config: ConfigSource) -> list[int]:
             raise MoeBuildError("num_hidden_layers", "no decoder layer is an MoE layer, so this is not an MoE model",
                                 "a config with at least one MoE layer")
     return indices
+
+
+def select_moe_layers(config: ConfigSource, layer: int | None, all_layers: bool) -> list[int]:
+    """The decoder layers a command works on: every MoE layer, decoder layer `layer` (refused unless
+    it is an MoE layer), or the first MoE layer. Reads only the config, so a wrong `layer` is
+    refused before any weight is read."""
+    indices = moe_layer_indices(config)
+    if all_layers:
+        return indices
+    if layer is None:
+        return indices[:1]
+    if layer not in indices:
+        raise MoeBuildError("layer", f"decoder layer {layer} is not an MoE layer of {config}", indices)
+    return [layer]

@@ -148,12 +148,6 @@ class MoESpec:
         return self.output_dtype if self.output_dtype is not None else OutputDType(self.dtype.value)
 
     @property
-    def expert_weight_bytes(self) -> int:
-        """Bytes of every expert's W1 and W2 in the layer dtype (what an engine or runner holds)."""
-        return self.num_experts * (self.fc1_out_features + self.intermediate_size) * self.hidden_size * \
-            self.dtype.itemsize
-
-    @property
     def fc1_out_features(self) -> int:
         """GEMM1's N: gate and up stacked for gated activations."""
         return self.intermediate_size * (2 if self.activation.is_gated else 1)

@@ -25,7 +25,7 @@ from safetensors import SafetensorError, safe_open
 
 from ..errors import MoeBuildError
 from ..jsonfile import read_json_object
-from ..spec.hf_config import moe_layer_indices, spec_from_hf_config
+from ..spec.hf_config import select_moe_layers, spec_from_hf_config
 from ..spec import MoESpec
 from .layout import MoEWeights
 
@@ -444,27 +444,27 @@ def _load(ck: _Checkpoint, spec: MoESpec, layer: int) -> LoadedLayer:
     return LoadedLayer(spec=spec, layer=layer, weights=weights, sha256=ck.hasher.hexdigest(), tensors=tuple(ck.read))
 
 
-def _layers(folder: Path, layer: int | None) -> tuple[MoESpec, list[int]]:
-    spec, indices = spec_from_hf_config(folder), moe_layer_indices(folder)
-    if layer is None:
-        return spec, indices
-    if layer not in indices:
-        raise MoeBuildError("layer", f"decoder layer {layer} is not an MoE layer", indices)
-    return spec, [layer]
+def checkpoint_shards(folder: Path) -> dict[str, Path]:
+    """Tensor name -> shard file, from the index or the single file's header, refused as the loader
+    refuses it (a malformed index, a shard outside the folder, no weights file)."""
+    with contextlib.ExitStack() as stack:
+        return {name: folder / shard for name, shard in _Checkpoint(folder, stack).shard_of.items()}
+
+
+def _load_layers(folder: Path, indices: list[int]) -> list[LoadedLayer]:
+    spec = spec_from_hf_config(folder)
+    with contextlib.ExitStack() as stack:
+        ck = _Checkpoint(folder, stack)
+        return [_load(ck, spec, i) for i in indices]
 
 
 def load_moe_layers(folder: str | os.PathLike, layer: int | None = None) -> list[LoadedLayer]:
     """Every MoE layer of the checkpoint (or only decoder layer `layer`), tensors in their stored dtype."""
     path = Path(folder)
-    spec, indices = _layers(path, layer)
-    with contextlib.ExitStack() as stack:
-        ck = _Checkpoint(path, stack)
-        return [_load(ck, spec, i) for i in indices]
+    return _load_layers(path, select_moe_layers(path, layer, all_layers=layer is None))
 
 
 def load_moe_layer(folder: str | os.PathLike, layer: int | None = None) -> LoadedLayer:
     """One MoE layer: decoder layer `layer`, or the first MoE layer when None."""
     path = Path(folder)
-    if layer is None:
-        layer = moe_layer_indices(path)[0]
-    return load_moe_layers(path, layer)[0]
+    return _load_layers(path, select_moe_layers(path, layer, all_layers=False))[0]
