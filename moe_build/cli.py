@@ -73,7 +73,7 @@ def cli() -> None:
 @target_options
 @click.option("--tokens", type=int, default=1, show_default=True,
               help="Token count the table shows each stage's choice at (the bands cover every count).")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable report (schema moe-build.fusion-report/2).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable report (schema moe-build.fusion-report/3).")
 @click.option("--markdown", is_flag=True, help="Markdown report.")
 @click.option("--sweep", is_flag=True, help="The matrix across SMs x dtypes x quant modes for this layer (only the "
               "ones given, where --sm, --dtype or --quant is).")
@@ -293,8 +293,8 @@ def inspect_cmd(engine: str, as_json: bool) -> None:
 
 
 @cli.command("bench")
-@click.option("--shapes", default="mixtral-8x7b,qwen3-30b-a3b,deepseek-v2-lite,gpt-oss-20b", show_default=True,
-              help="Comma-separated bench shapes.")
+@click.option("--shapes", default=None, help="Comma-separated bench shapes (default mixtral-8x7b,qwen3-30b-a3b,"
+              "deepseek-v2-lite,gpt-oss-20b; with --quant also deepseek-v3).")
 @click.option("--tokens", default=None, help="Comma-separated token counts (default 1,16,256,4096; with --sweep: "
               "geometric steps of 1.25 from 1 to 8192 plus both ends of every band of each shape's plan).")
 @click.option("--variants", default=None, help="Comma-separated variants: ours, ours:STAGE=CHOICE[+STAGE=CHOICE] "
@@ -302,6 +302,10 @@ def inspect_cmd(engine: str, as_json: bool) -> None:
               "peers; with --sweep: ours).")
 @click.option("--sweep", is_flag=True, help="The token sweep: graph replays only, a chart of time over the floor "
               "against tokens, and the counts that sit far from their neighbours.")
+@click.option("--quant", default="none", show_default=True, help="none (bf16 layers), or fp8, fp8_block or both "
+              "comma-separated: the FP8 bench (variants ours, ours:fc1_input_quant=separate, "
+              "ours:fc2_input_quant=separate, ours_bf16, scaled_grouped_mm, grouped_mm_dequant; JSON default "
+              "bench_fp8.json).")
 @click.option("--iters", type=int, default=20, show_default=True, help="Timed rounds per point.")
 @click.option("--warmup", type=int, default=3, show_default=True, help="Warm-up calls per variant.")
 @click.option("--input-sets", "input_sets", type=int, default=4, show_default=True,
@@ -309,28 +313,40 @@ def inspect_cmd(engine: str, as_json: bool) -> None:
 @click.option("--json", "json_path", type=click.Path(), default=None,
               help="Where to write the raw results (default bench.json, or sweep.json with --sweep).")
 @click.option("--png", "png_path", type=click.Path(), default=None, help="Chart (matplotlib).")
-def bench_cmd(shapes: str, tokens: str | None, variants: str | None, sweep: bool, iters: int, warmup: int,
-              input_sets: int, json_path: str | None, png_path: str | None) -> None:
+def bench_cmd(shapes: str | None, tokens: str | None, variants: str | None, sweep: bool, quant: str, iters: int,
+              warmup: int, input_sets: int, json_path: str | None, png_path: str | None) -> None:
     """Time the fused runner against its peers and the hardware floor on the local GPU."""
     import json as json_module
     from pathlib import Path
 
-    from .bench import layer, sweep as sweep_module
-    from .bench.workload import SHAPES, TOKENS
-    names = _csv("shapes", shapes, str)
-    unknown = [n for n in names if n not in SHAPES]
+    from .bench import fp8_layer, layer, sweep as sweep_module
+    from .bench.workload import FP8_SHAPES, SHAPES, TOKENS
+    quants = fp8_layer.parse_quants(quant)
+    known = FP8_SHAPES if quants else tuple(SHAPES)
+    names = _csv("shapes", shapes, str) if shapes is not None else list(known)
+    unknown = [n for n in names if n not in known]
     if unknown:
-        raise MoeBuildError("shapes", f"unknown {unknown}", sorted(SHAPES))
+        raise MoeBuildError("shapes", f"unknown {unknown}", sorted(known))
     counts = _csv("tokens", tokens, int) if tokens else None
     if counts is not None and min(counts) < 1:
         raise MoeBuildError("tokens", f"must be >= 1, got {min(counts)}", "integers >= 1")
+    log = lambda line: click.echo(line, err=True)  # noqa: E731
+    if quants:
+        if sweep:
+            raise MoeBuildError("quant", "the token sweep times bf16 layers only", "none with --sweep")
+        chosen = _csv("variants", variants, str) if variants else list(fp8_layer.FP8_VARIANTS)
+        fp8_layer.check_variants(chosen)
+        results = fp8_layer.run_fp8_bench(quants, names, counts or TOKENS, Path(json_path or "bench_fp8.json"),
+                                          Path(png_path) if png_path else None, iters, warmup, input_sets, chosen,
+                                          log=log)
+        click.echo(fp8_layer.table(results))
+        return
     default_variants = ["ours"] if sweep else [*layer.RUNNER_VARIANTS, *layer.PEERS]
     chosen = _csv("variants", variants, str) if variants else default_variants
     for v in chosen:
         if layer.runner_force(v) is None and v not in layer.PEERS:
             raise MoeBuildError("variants", f"unknown variant {v!r}", ["ours", "ours:STAGE=CHOICE", *layer.PEERS])
     out = Path(json_path or ("sweep.json" if sweep else "bench.json"))
-    log = lambda line: click.echo(line, err=True)  # noqa: E731
     if not sweep:
         results = layer.run_bench(names, counts or TOKENS, out, Path(png_path) if png_path else None, iters,
                                   warmup, input_sets, chosen, log=log)

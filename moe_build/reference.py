@@ -1,6 +1,7 @@
 """Plain PyTorch reference of one MoE layer, the ground truth every engine is checked against.
 
-It favours obviousness over speed: routing per spec.py's RoutingMethod, one dense MLP per
+FP8 layers: weights dequantized exactly and activations quantized exactly as moe_build/weights/fp8.py
+says, so the reference is the same quantized math in fp64. It favours obviousness over speed: routing per spec.py's RoutingMethod, one dense MLP per
 expert, everything in the requested dtype (fp64 on CPU by default) so its own round-off is
 negligible next to any fp16/bf16 engine.
 """
@@ -14,6 +15,7 @@ import torch.nn.functional as F
 from .errors import MoeBuildError
 from .spec import Activation, MoESpec, RoutingMethod
 from .weights import MoEWeights
+from .weights.fp8 import Fp8Scales, activation_group, fake_quantize_rows
 
 
 def _group_mask(spec: MoESpec, choice: torch.Tensor, group_score: str) -> torch.Tensor:
@@ -89,12 +91,21 @@ def _mlp(spec: MoESpec, x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
 
 
 def _routed(spec: MoESpec, w: MoEWeights, x: torch.Tensor, ids: torch.Tensor,
-            topk_weights: torch.Tensor) -> torch.Tensor:
+            topk_weights: torch.Tensor, fp8: Fp8Scales | None) -> torch.Tensor:
+    """The routed experts' weighted sum; with FP8 experts each GEMM input goes through the exact FP8
+    activation quantization of moe_build/weights/fp8.py (weights arrive dequantized exactly)."""
+    def gemm_input(t: torch.Tensor, static: torch.Tensor | None) -> torch.Tensor:
+        if fp8 is None:
+            return t
+        return fake_quantize_rows(t, static, activation_group(fp8.granularity), t.dtype)
+
     out = torch.zeros_like(x)
+    x_in = gemm_input(x, None if fp8 is None else fp8.a1_scale)
     for e in ids.unique().tolist():
         tokens, slot = (ids == e).nonzero(as_tuple=True)
-        y = _mlp(spec, x[tokens], w.w1[e], w.w2[e],
-                 None if w.b1 is None else w.b1[e], None if w.b2 is None else w.b2[e])
+        h = activate(spec, F.linear(x_in[tokens], w.w1[e], None if w.b1 is None else w.b1[e]))
+        y = F.linear(gemm_input(h, None if fp8 is None else fp8.a2_scale), w.w2[e],
+                     None if w.b2 is None else w.b2[e])
         out.index_add_(0, tokens, y * topk_weights[tokens, slot, None])
     return out
 
@@ -132,14 +143,14 @@ def moe_reference(spec: MoESpec, weights: MoEWeights, hidden: torch.Tensor,
         H = spec.hidden_size
         raise MoeBuildError("hidden", f"shape {tuple(hidden.shape)}", f"[T, {H}] or [B, S, {H}]")
     weights.check(spec)
-    w = weights.to("cpu", dtype)
+    w = weights.to("cpu").dequantized(dtype)
     x = hidden.reshape(-1, spec.hidden_size).to("cpu", dtype)
     _check_routing_inputs(spec, x.shape[0], router_logits, topk_ids, topk_weights)
     if topk_ids is None:
         if router_logits is None:
             router_logits = F.linear(x, w.router_weight, w.router_bias)
         topk_ids, topk_weights = route(spec, router_logits.to("cpu", dtype), w.correction_bias)
-    out = _routed(spec, w, x, topk_ids.to("cpu", torch.int64), topk_weights.to("cpu", dtype))
+    out = _routed(spec, w, x, topk_ids.to("cpu", torch.int64), topk_weights.to("cpu", dtype), weights.fp8)
     if spec.shared.count:
         out = out + _shared(spec, w, x)
     return out.reshape(hidden.shape)

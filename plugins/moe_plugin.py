@@ -10,16 +10,21 @@ The module has two halves so each can be checked where it can run:
   the interfaces but no `add_plugin_v3`), and translate TensorRT's descriptors to the core.
 
 Fields: exactly two, `spec` and `plan` (UTF-8 JSON of `MoESpec.to_dict()` / `Plan.to_dict()`).
-Everything else (input order, shapes, dtypes) is derived from the spec, so nothing serialized
-can disagree with them; the plan is checked against the spec and against the planner when
-the fields are decoded, and a plugin is never built from fields that fail those checks.
+Everything else (input order, shapes, dtypes, the FP8 scales' granularity) is derived from the spec,
+so nothing serialized can disagree with them; the plan is checked against the spec and against the
+planner when the fields are decoded, and a plugin is never built from fields that fail those checks.
 
 Inputs, in this order (optional ones present exactly when the spec uses them; T is dynamic):
   0 hidden          [T, H]        spec dtype
   1 router_logits   [T, E]        fp32 or spec dtype
-  2 w1              [E, N1, H]    spec dtype (N1 = 2*I for gated activations: gate rows, then up rows;
-                                  in the plan's w1_order and weight_layout: see plan_weights)
-  3 w2              [E, H, I]     spec dtype (in the plan's weight_layout)
+  2 w1              [E, N1, H]    spec dtype, FP8 (e4m3) for quant fp8 / fp8_block (N1 = 2*I for gated
+                                  activations: gate rows, then up rows; in the plan's w1_order and
+                                  weight_layout: see plan_weights)
+  3 w2              [E, H, I]     spec dtype, FP8 for quant fp8 / fp8_block (in the plan's weight_layout)
+    fp8.w1_scale    fp32          if quant fp8: [E, N1] (channel); fp8_block: [E, ceil(N1/128), ceil(H/128)]
+    fp8.w2_scale    fp32          if quant fp8: [E, H] (channel);  fp8_block: [E, ceil(H/128), ceil(I/128)]
+    fp8.a1_scale    [1] fp32      if quant fp8 with act_scale static (GEMM1's input scale)
+    fp8.a2_scale    [1] fp32      if quant fp8 with act_scale static (GEMM2's input scale)
     b1              [E, N1]       spec dtype      if spec.expert_bias (in w1's order)
     b2              [E, H]        spec dtype      if spec.expert_bias
     correction_bias [E]           fp32            if spec.routing.correction_bias
@@ -43,9 +48,10 @@ from moe_build.errors import MoeBuildError
 from moe_build.jsonfile import parse_json_object
 from moe_build.planner import PLAN_SCHEMA_VERSION, Plan, make_plan
 from moe_build.runner import sequence
-from moe_build.spec import DType, MoESpec, OutputDType, Quant
+from moe_build.spec import ActScale, DType, MoESpec, OutputDType, Quant
 from moe_build.target import Target
 from moe_build.weights import MoEWeights
+from moe_build.weights.fp8 import FP8_DTYPE, Fp8Scales, ScaleGranularity, blocks
 
 PLUGIN_NAME = "MoEPlugin"
 PLUGIN_NAMESPACE = "moe_build"
@@ -58,8 +64,11 @@ TORCH_DTYPE = {DType.FP32: torch.float32, DType.FP16: torch.float16, DType.BF16:
 TORCH_OUT_DTYPE = {OutputDType.FP32: torch.float32, OutputDType.FP16: torch.float16,
                    OutputDType.BF16: torch.bfloat16}
 # TensorRT DataType member names of the dtypes the plugin moves (same in both flavours).
-TRT_DTYPE_NAME = {torch.float32: "FLOAT", torch.float16: "HALF", torch.bfloat16: "BF16"}
-# Same-size integer stand-ins: the CUDA array interface has no bf16 typestr, so raw device memory
+TRT_DTYPE_NAME = {torch.float32: "FLOAT", torch.float16: "HALF", torch.bfloat16: "BF16", FP8_DTYPE: "FP8"}
+# Quant modes whose weights and scales the plugin's inputs carry.
+PLUGIN_QUANTS = (Quant.NONE, Quant.FP8, Quant.FP8_BLOCK)
+FP8_SLOT_PREFIX = "fp8."  # scale slots are named as MoEWeights.named() names the Fp8Scales tensors
+# Same-size integer stand-ins: the CUDA array interface has no bf16 or e4m3 typestr, so raw device memory
 # is wrapped as integers of the element size and reinterpreted with `Tensor.view(dtype)`.
 _RAW_TYPESTR = {1: "|u1", 2: "<i2", 4: "<i4"}
 
@@ -68,7 +77,8 @@ _RAW_TYPESTR = {1: "|u1", 2: "<i2", 4: "<i4"}
 
 @dataclass(frozen=True)
 class InputSlot:
-    """One plugin input: its name (a `MoEWeights` field for weights), shape and accepted dtypes.
+    """One plugin input: its name (for weights and scales, as `MoEWeights.named()` names the tensor), shape
+    and accepted dtypes.
 
     `shape` uses None for the token dimension; `dtypes[0]` is the dtype `add_moe_plugin` feeds.
     """
@@ -78,14 +88,32 @@ class InputSlot:
     dtypes: tuple[torch.dtype, ...]
 
 
+def scale_granularity(spec: MoESpec) -> ScaleGranularity | None:
+    """The granularity of the weight scales among the plugin's inputs (None: unquantized).
+
+    Implied by the quant mode, so no field can disagree with it: `plan_weights` turns per-tensor
+    scales into per-channel ones (what the FP8 GEMM's rowwise mode reads), so fp8 layers always carry
+    CHANNEL scales, and fp8_block layers BLOCK128 scales (MoEWeights.check allows no other).
+    """
+    if spec.quant is Quant.FP8:
+        return ScaleGranularity.CHANNEL
+    if spec.quant is Quant.FP8_BLOCK:
+        return ScaleGranularity.BLOCK128
+    return None
+
+
 @functools.lru_cache(maxsize=64)
 def input_slots(spec: MoESpec) -> tuple[InputSlot, ...]:
     """The plugin's inputs for `spec`, in order (see the module docstring)."""
     model = TORCH_DTYPE[spec.dtype]
     E, H, I, n1 = spec.num_experts, spec.hidden_size, spec.intermediate_size, spec.fc1_out_features
     logits = (torch.float32,) if model == torch.float32 else (torch.float32, model)
+    granularity = scale_granularity(spec)
+    expert = model if granularity is None else FP8_DTYPE
     slots = [InputSlot("hidden", (None, H), (model,)), InputSlot("router_logits", (None, E), logits),
-             InputSlot("w1", (E, n1, H), (model,)), InputSlot("w2", (E, H, I), (model,))]
+             InputSlot("w1", (E, n1, H), (expert,)), InputSlot("w2", (E, H, I), (expert,))]
+    if granularity is not None:
+        slots += _scale_slots(spec, granularity)
     if spec.expert_bias:
         slots += [InputSlot("b1", (E, n1), (model,)), InputSlot("b2", (E, H), (model,))]
     if spec.routing.correction_bias:  # selection-only bias: MoEWeights keeps it in fp32
@@ -97,6 +125,19 @@ def input_slots(spec: MoESpec) -> tuple[InputSlot, ...]:
         if spec.shared.sigmoid_gate:
             slots.append(InputSlot("shared_gate", (1, H), (model,)))
     return tuple(slots)
+
+
+def _scale_slots(spec: MoESpec, granularity: ScaleGranularity) -> list[InputSlot]:
+    """The fp32 scale inputs of an FP8 layer in the shapes the runner reads after `plan_weights`; the static
+    activation scales (fp32 scalars in Fp8Scales) as one-element tensors, since TensorRT inputs have a shape."""
+    E, H, I, n1 = spec.num_experts, spec.hidden_size, spec.intermediate_size, spec.fc1_out_features
+    if granularity is ScaleGranularity.BLOCK128:
+        w1, w2 = (E, blocks(n1), blocks(H)), (E, blocks(H), blocks(I))
+    else:
+        w1, w2 = (E, n1), (E, H)
+    names = ["w1_scale", "w2_scale"] + (["a1_scale", "a2_scale"] if spec.act_scale is ActScale.STATIC else [])
+    shapes = [w1, w2, (1,), (1,)]
+    return [InputSlot(FP8_SLOT_PREFIX + n, shape, (torch.float32,)) for n, shape in zip(names, shapes)]
 
 
 def output_dtype(spec: MoESpec) -> torch.dtype:
@@ -172,9 +213,9 @@ def check_spec_and_plan(spec: MoESpec, plan: Plan) -> None:
         raise _field_error(FIELD_PLAN, f"is a {plan.path!r}-path plan; the MoE plugin runs plugin-path plans only")
     if json.loads(_canonical_json(plan.spec)) != json.loads(_canonical_json(spec.to_dict())):
         raise _field_error(FIELD_PLAN, "was made for a different spec than the 'spec' field")
-    if spec.quant is not Quant.NONE:
-        raise MoeBuildError("quant", f"the MoE plugin's inputs carry no quantization scales; "
-                            f"{spec.quant.value} is not implemented on the plugin path", "none")
+    if spec.quant not in PLUGIN_QUANTS:
+        raise MoeBuildError("quant", f"the MoE plugin's inputs carry no {spec.quant.value} weights or scales",
+                            [q.value for q in PLUGIN_QUANTS])
     if spec.lora:
         raise MoeBuildError("lora", "the MoE plugin has no LoRA inputs", "false")
     if spec.dtype is DType.FP32:
@@ -380,13 +421,22 @@ def run_enqueue(spec: MoESpec, plan: Plan, input_pointers: Sequence[int], input_
 
 def _make_runner(spec: MoESpec, plan: Plan, weights: Mapping[str, torch.Tensor]) -> Any:
     """A runner over TensorRT's weight buffers (already in the plan's layouts) that runs the plan as it is:
-    `check_spec_and_plan` has shown the planner gives back this plan, so nothing is decided anew here."""
+    `check_spec_and_plan` has shown the planner gives back this plan, so nothing is decided anew here.
+    `weights` maps slot names to tensors; the `fp8.*` scales become the layer's Fp8Scales."""
     from moe_build.runner import MoERunner
-    w1 = weights["w1"]
+    device = weights["w1"].device
     # The plugin receives router logits, so the router's own weight is never read: a zero-stride
     # placeholder of the right shape satisfies MoEWeights without a real [E, H] tensor.
-    router_weight = torch.zeros((), dtype=w1.dtype, device=w1.device).expand(spec.num_experts, spec.hidden_size)
-    return MoERunner(spec, MoEWeights(router_weight=router_weight, **weights), plan=plan, device=w1.device,
+    router_weight = torch.zeros((), dtype=TORCH_DTYPE[spec.dtype], device=device).expand(
+        spec.num_experts, spec.hidden_size)
+    tensors = {n: t for n, t in weights.items() if not n.startswith(FP8_SLOT_PREFIX)}
+    granularity = scale_granularity(spec)
+    fp8 = None
+    if granularity is not None:
+        scale = {n[len(FP8_SLOT_PREFIX):]: t for n, t in weights.items() if n.startswith(FP8_SLOT_PREFIX)}
+        fp8 = Fp8Scales(granularity, scale["w1_scale"], scale["w2_scale"], scale.get("a1_scale"),
+                        scale.get("a2_scale"))
+    return MoERunner(spec, MoEWeights(router_weight=router_weight, fp8=fp8, **tensors), plan=plan, device=device,
                      weights_prepared=True)
 
 
@@ -540,19 +590,22 @@ def add_moe_plugin(network: Any, trt: ModuleType, spec: MoESpec, plan: Plan, hid
 
     `hidden` [T, H] and `router_logits` [T, E] are network tensors. The expert weights become
     constant layers (`weights_as_constants`, baked into the engine, in `plan_weights` order) or
-    network inputs named `{name}.{weight}` (supplied at run time, in that order). TensorRT reads
-    constant data only when the engine is built, so the returned host buffers (and the Python plugin
-    object) must outlive the build.
+    network inputs named `{name}.{weight}` (supplied at run time, in that order). FP8 experts go in
+    as they are stored: W1 / W2 as DataType.FP8 weights (`trt.Weights` takes the e4m3 bytes with that
+    type; a constant's output type is its weights' type) and their scales as fp32, so the engine holds
+    the checkpoint's numbers and nothing is dequantized. TensorRT reads constant data only when the
+    engine is built, so the returned host buffers (and the Python plugin object) must outlive the build.
     """
     if not hasattr(network, "add_plugin_v3"):
         raise MoeBuildError("flavour", "plugin-path engines need full TensorRT: this network has no add_plugin_v3 "
                             "(TensorRT-RTX has no custom plugin layers); build with --moe-plugin disable", "tensorrt")
     weights.check(spec)
-    weights = plan_weights(plan, weights)
+    given = dict(plan_weights(plan, weights).named())
     plugin = plugin_classes(trt).MoEPlugin(spec, plan)
     tensors, keep_alive = [hidden, router_logits], []
     for slot in input_slots(spec)[2:]:
-        host = getattr(weights, slot.name).detach().to("cpu", slot.dtypes[0]).contiguous()
+        # check() has shown every shape fits the spec; reshape only gives a scalar activation scale its [1].
+        host = given[slot.name].detach().to("cpu", slot.dtypes[0]).reshape(slot.shape).contiguous()
         if weights_as_constants:
             keep_alive.append(host)
             w = trt.Weights(trt_dtype_of(trt, slot.dtypes[0]), host.data_ptr(), host.numel())

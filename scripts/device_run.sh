@@ -4,7 +4,7 @@
 # the tail of the output). Every phase has a hard timeout; a failed phase does not stop the ones after it.
 #
 # Phases, chosen by PHASES (default "tests bench"):
-#   tests  the GPU tests (tests/gpu)
+#   tests  the GPU tests (GPU_TESTS, default tests/gpu: pytest paths or node ids, word-split)
 #   bench  moe-build bench: the four bench shapes at 1/16/256/4096 tokens, ours and its forced-off variants
 #          beside the peers and the floor (BENCH_ARGS adds or overrides options)
 #   sweep  moe-build bench --sweep: the default plan at a dense set of token counts from 1 to 8192
@@ -15,6 +15,9 @@
 #          libmoe_build_kernels.so), one process of each per round (rounds AB_FIRST..AB_LAST, default 1..2),
 #          alternated; prints old vs new per point over every ab_*.json under $OUT
 #
+# FP8 checkpoints made by a real producer tool (tests/gpu/test_runner_fp8_checkpoints.py): write them here with
+#   `python scripts/make_fp8_tool_checkpoints.py .device_carry/fp8_tool_checkpoints`, carry the folder and set
+#   MOE_BUILD_FP8_TOOL_CHECKPOINTS=.device_carry/fp8_tool_checkpoints (the device lacks the tool).
 # Usage (from the repository root, via the device tool; carry the library built here with
 #   `moe-build kernels --out .device_carry/lib`, since the device has no CUTLASS headers):
 #   MOE_BUILD_KERNELS_LIB=.device_carry/lib/libmoe_build_kernels.so PHASES="tests ab" \
@@ -54,7 +57,8 @@ if [ -n "${MOE_BUILD_KERNELS_LIB:-}" ]; then
 else
   phase build "${BUILD_S:-300}" "$PY" -m moe_build kernels -j 16
 fi
-has tests && phase gpu_tests "${TESTS_S:-240}" "$PY" -m pytest -q -rs -p no:cacheprovider tests/gpu \
+# shellcheck disable=SC2086
+has tests && phase gpu_tests "${TESTS_S:-240}" "$PY" -m pytest -q -rs -p no:cacheprovider ${GPU_TESTS:-tests/gpu} \
   --junitxml="$RESULTS/gpu_tests.xml"
 sweep_phase() {  # sweep_phase NAME ARGS: the phase NAME, a sweep written to NAME.json / NAME.png, ARGS word-split
   # shellcheck disable=SC2086

@@ -160,24 +160,42 @@ def test_flags_layer_is_named_by_its_shape(tmp_path: Path) -> None:
 def test_interrupted_build_leaves_the_folder_as_it_was(tmp_path: Path, sig: signal.Signals, code: int,
                                                        word: str) -> None:
     pytest.importorskip("tensorrt_rtx_bindings")
-    out = tmp_path / "out"
-    out.mkdir()
-    (out / "keep.txt").write_text("a user's file")
+    # The tiny engine builds in well under a second: a signal sent once TensorRT reports it is building can
+    # arrive after the build has finished (exit 0, engine published). That race says nothing about the
+    # property under test, so such a run is repeated in a fresh folder; every interrupted run is checked.
+    for attempt in range(ATTEMPTS):
+        out = tmp_path / f"out{attempt}"
+        out.mkdir()
+        (out / "keep.txt").write_text("a user's file")
+        rc, seen, rest = _build_interrupted(out, sig)
+        if rc == 0:
+            continue
+        assert rc == code, (seen, rest)
+        assert f"moe-build: {word}; nothing half-written is left" in rest and "Traceback" not in rest
+        assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
+        return
+    pytest.fail(f"the build finished before the signal in all {ATTEMPTS} attempts")
+
+
+ATTEMPTS = 5
+
+
+def _build_interrupted(out: Path, sig: signal.Signals) -> tuple[int, list[str], str]:
+    """Build the tiny preset into `out`, sending `sig` once TensorRT is building (the longest phase, with temp
+    state around); the exit code, the progress lines before the signal and the rest of stderr."""
     proc = subprocess.Popen([sys.executable, "-m", "moe_build", "build", "--preset", "tiny", "--out", str(out)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
     seen = []
     deadline = time.monotonic() + 300
-    for line in proc.stderr:  # wait until TensorRT is building: the longest phase, with temp state around
+    for line in proc.stderr:
         seen.append(line)
         if "building engine" in line or time.monotonic() > deadline:
             break
     assert any("building engine" in line for line in seen), seen
     os.kill(proc.pid, sig)
     rest = proc.stderr.read()
-    assert proc.wait(timeout=120) == code, (seen, rest)
-    assert f"moe-build: {word}; nothing half-written is left" in rest and "Traceback" not in rest
-    assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
+    return proc.wait(timeout=120), seen, rest
 
 
 # --- --all-layers stops at the first failing layer and says what it kept -------------------------------------

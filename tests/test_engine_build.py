@@ -3,12 +3,14 @@ path through a full-TensorRT double, manifest contents, atomic publishing, refus
 
 The double (`full_tensorrt_double`) is `tensorrt_rtx_bindings` dressed as the module `tensorrt`:
 its networks gain the `add_plugin_v3` only full TensorRT has (recorded, and standing in with an
-identity layer so the network stays buildable) and its builder records the build. Polygraphy binds
-one TensorRT module per process, so the plugin-path build runs this file as a script in a fresh
-process (`python tests/test_engine_build.py OUT`), where `tensorrt` is the double from the start.
+identity layer so the network stays buildable), its `Weights` record the bytes each constant is made
+from, and its builder records the build. Polygraphy binds one TensorRT module per process, so the
+plugin-path builds (the tiny spec, and its FP8 variant) run this file as a script in a fresh process
+(`python tests/test_engine_build.py OUT`), where `tensorrt` is the double from the start.
 """
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import hashlib
 import importlib.util
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from moe_build import outputs
 from moe_build.engine import networks, publish
@@ -32,10 +35,11 @@ from moe_build.engine.progress import LineProgress
 from moe_build.errors import MoeBuildError, UnsupportedCombination
 from moe_build.graph.ootb import weights_sha256
 from moe_build.planner import Plan, make_plan
-from moe_build.spec import DType
+from moe_build.spec import ActScale, DType, MoESpec, Quant
 from moe_build.spec.presets import get_preset
 from moe_build.target import Flavour, Target, TokenProfile
 from moe_build.weights import MoEWeights
+from moe_build.weights.fp8 import ScaleGranularity
 
 PROFILE = TokenProfile(1, 8, 64)
 DOUBLE_VERSION = "10.13.0.35"  # what the double reports: a full TensorRT version Polygraphy accepts
@@ -49,10 +53,18 @@ def _tiny_plan(expert_compute: str = "dense_masked") -> Plan:
     return make_plan(get_preset("tiny"), _target(), force={"expert_compute": expert_compute})
 
 
-def _plugin_plan() -> Plan:
-    plan = make_plan(get_preset("tiny"), _target(flavour=Flavour.TENSORRT), tokens=8)
+def _plugin_plan(spec: MoESpec | None = None) -> Plan:
+    plan = make_plan(spec or get_preset("tiny"), _target(flavour=Flavour.TENSORRT), tokens=8)
     assert plan.path == "plugin"
     return plan
+
+
+def _fp8_plugin_case() -> tuple[MoESpec, MoEWeights]:
+    """The tiny spec with FP8 experts: per-tensor weight scales, static activation scales (every scale input)."""
+    spec = dataclasses.replace(get_preset("tiny"), quant=Quant.FP8, act_scale=ActScale.STATIC, name="tiny-fp8")
+    weights = MoEWeights.random(spec, seed=3).quantized_fp8(ScaleGranularity.TENSOR, static=True, a1_scale=0.02,
+                                                            a2_scale=0.03)
+    return spec, weights
 
 
 def _options(out: Path, **kw: Any) -> BuildOptions:
@@ -61,9 +73,21 @@ def _options(out: Path, **kw: Any) -> BuildOptions:
 
 # ---- the full-TensorRT double (runs in its own process) ---------------------------------------
 
+# bytes per element of the DataTypes the plugin's constants use
+ITEMSIZE = {"FP8": 1, "HALF": 2, "BF16": 2, "FLOAT": 4}
+
+
 def full_tensorrt_double(calls: dict[str, list[Any]]) -> types.ModuleType:
-    """`tensorrt_rtx_bindings` as the module `tensorrt`, recording add_plugin_v3 and the build in `calls`."""
+    """`tensorrt_rtx_bindings` as the module `tensorrt`, recording add_plugin_v3, the constants' weights
+    (type, size and sha256 of the bytes they point to) and the build in `calls`."""
     import tensorrt_rtx_bindings as rtx
+
+    def weights(*args: Any) -> Any:
+        if len(args) == 3:  # (DataType, pointer, count): what add_moe_plugin makes its constants from
+            dtype, pointer, count = args
+            data = ctypes.string_at(pointer, count * ITEMSIZE[dtype.name])
+            calls["weights"].append([dtype.name, len(data), hashlib.sha256(data).hexdigest()])
+        return rtx.Weights(*args)
 
     class RecordingNetwork:
         """An RTX network plus full TensorRT's add_plugin_v3 (as tests/test_plugin.py's double)."""
@@ -107,24 +131,32 @@ def full_tensorrt_double(calls: dict[str, list[Any]]) -> types.ModuleType:
     double = types.ModuleType("tensorrt")
     double.__dict__.update({k: getattr(rtx, k) for k in dir(rtx) if not k.startswith("__")})
     double.__version__ = DOUBLE_VERSION
-    double.Builder, double.INetworkDefinition = Builder, RecordingNetwork
+    double.Builder, double.INetworkDefinition, double.Weights = Builder, RecordingNetwork, weights
     return double
 
 
-def build_plugin_engine_with_double(out: Path) -> dict[str, Any]:
-    """The plugin-path build of the tiny spec with the double as full TensorRT (fresh process only)."""
-    calls: dict[str, list[Any]] = {"plugin": [], "build": []}
+def build_plugin_engines_with_double(out: Path) -> dict[str, dict[str, Any]]:
+    """The plugin-path builds of the tiny spec ("unquantized") and of its FP8 variant ("fp8") with the
+    double as full TensorRT, one after the other in this process (fresh process only)."""
+    calls: dict[str, list[Any]] = {"plugin": [], "build": [], "weights": []}
     sys.modules["tensorrt"] = full_tensorrt_double(calls)
     from moe_build.engine.polygraphy_trt import RTX_ENV, bound_module_name
-    spec = get_preset("tiny")
-    progress = io.StringIO()
-    with LineProgress("tiny", progress) as lines:
-        result = build_engine(spec, MoEWeights.random(spec, seed=2), _plugin_plan(),
-                              BuildOptions(output_dir=out, workspace_mib=16), lines)
-    import polygraphy.backend.trt.loader as loader
-    return {"calls": calls, "manifest": result.manifest, "engine_path": str(result.engine_path),
-            "progress": progress.getvalue().splitlines(), "bound": bound_module_name(),
-            "env": os.environ[RTX_ENV], "polygraphy_trt_version": loader.trt.__version__}
+    tiny = get_preset("tiny")
+    results = {}
+    for key, (spec, weights) in {"unquantized": (tiny, MoEWeights.random(tiny, seed=2)),
+                                 "fp8": _fp8_plugin_case()}.items():
+        for recorded in calls.values():
+            recorded.clear()
+        progress = io.StringIO()
+        with LineProgress(spec.name, progress) as lines:
+            result = build_engine(spec, weights, _plugin_plan(spec), BuildOptions(output_dir=out, workspace_mib=16),
+                                  lines)
+        import polygraphy.backend.trt.loader as loader
+        results[key] = {"calls": json.loads(json.dumps(calls)), "manifest": result.manifest,
+                        "engine_path": str(result.engine_path), "progress": progress.getvalue().splitlines(),
+                        "bound": bound_module_name(), "env": os.environ[RTX_ENV],
+                        "polygraphy_trt_version": loader.trt.__version__}
+    return results
 
 
 # ---- OOTB builds: real TensorRT-RTX engines -----------------------------------------------------
@@ -414,13 +446,18 @@ def test_progress_monitor_drives_rich_tasks() -> None:
 # ---- the plugin path through the full-TensorRT double -----------------------------------------
 
 @pytest.fixture(scope="module")
-def plugin_build(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def plugin_builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     pytest.importorskip("tensorrt_rtx_bindings")
     out = tmp_path_factory.mktemp("plugin-engines")
     r = subprocess.run([sys.executable, __file__, str(out)], capture_output=True, text=True, timeout=600,
                        env={**os.environ, "POLYGRAPHY_USE_TENSORRT_RTX": "1"})  # the binding must override it
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def plugin_build(plugin_builds: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    return plugin_builds["unquantized"]
 
 
 def test_plugin_path_goes_through_the_loaders_to_the_builder(plugin_build: dict[str, Any]) -> None:
@@ -454,5 +491,38 @@ def test_plugin_manifest_records_the_plan_whole(plugin_build: dict[str, Any]) ->
     assert manifest == m
 
 
+def test_fp8_plugin_build_bakes_fp8_weights_and_fp32_scales(plugin_builds: dict[str, dict[str, Any]]) -> None:
+    """The FP8 layer through the loaders: W1 / W2 become FP8 constants holding the checkpoint's e4m3 bytes,
+    the scales fp32 constants (per-tensor weight scales repeated per channel), all in the plugin's slot order,
+    and the manifest records the quant mode with the checkpoint's granularity."""
+    from moe_build.plugins import moe_plugin as mp
+    fp8 = plugin_builds["fp8"]
+    spec, weights = _fp8_plugin_case()
+    plan = _plugin_plan(spec)
+    slots = mp.input_slots(spec)[2:]
+    (plugin,) = fp8["calls"]["plugin"]
+    assert plugin["inputs"][:2] == [["hidden", "HALF", [-1, 64]], ["router_logits", "HALF", [-1, 8]]]
+    assert plugin["inputs"][2:] == [[f"moe.{s.name}_output", "FP8" if s.name in ("w1", "w2") else "FLOAT",
+                                     list(s.shape)] for s in slots]
+    assert [s.name for s in slots] == ["w1", "w2", "fp8.w1_scale", "fp8.w2_scale", "fp8.a1_scale", "fp8.a2_scale"]
+    planned = dict(mp.plan_weights(plan, weights).named())
+
+    def record(name: str, dtype: str) -> list[Any]:
+        data = planned[name].contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        return [dtype, len(data), hashlib.sha256(data).hexdigest()]
+
+    assert fp8["calls"]["weights"] == [record(s.name, "FP8" if s.name in ("w1", "w2") else "FLOAT") for s in slots]
+    raw = weights.w1.contiguous().view(torch.uint8).numpy().tobytes()  # the stored e4m3 bytes, as given
+    assert fp8["calls"]["weights"][0] == ["FP8", len(raw), hashlib.sha256(raw).hexdigest()]
+    assert planned["fp8.w1_scale"].shape == (8, 256)  # one scale per output row of W1 (N1 = 2 * 128)
+    (build,) = fp8["calls"]["build"]
+    assert [name for name, kind in build["layers"] if kind == "CONSTANT"] == [f"moe.{s.name}" for s in slots]
+    m = fp8["manifest"]
+    assert m["quant"] == {"mode": "fp8", "weight_scale_granularity": "tensor", "act_scale": "static"}
+    assert m["spec"]["quant"] == "fp8" and m["graph"]["plugin"]["choices"] == plan.choices()
+    assert m["weights_sha256"] == weights_sha256(weights)
+    assert verify(fp8["engine_path"])[0] == m
+
+
 if __name__ == "__main__":
-    print(json.dumps(build_plugin_engine_with_double(Path(sys.argv[1]))))
+    print(json.dumps(build_plugin_engines_with_double(Path(sys.argv[1]))))

@@ -143,7 +143,8 @@ REFUSALS: list[tuple[str, str, dict, dict]] = [
     ("ootb_weight_only_quant", "ootb", {"quant": Quant.W8A16}, {}),
     ("ootb_sm", "ootb", {}, {"sm": 100}),
     ("flavour_sm", "ootb", {}, {"sm": 90, "flavour": Flavour.TENSORRT_RTX}),
-    ("ootb_quant_implemented", "ootb", {"quant": Quant.FP8}, {}),
+    ("ootb_quant_implemented", "ootb", {"quant": Quant.W4AFP8}, {}),
+    ("ootb_fp8_sm", "ootb", {"quant": Quant.FP8}, {"sm": 86}),
     ("ootb_lora", "ootb", {"lora": True}, {}),
 ]
 

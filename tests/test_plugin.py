@@ -15,9 +15,10 @@ import torch
 from moe_build.errors import MoeBuildError
 from moe_build.planner import make_plan
 from moe_build.runner.sequence import w1_interleaved, weights_blocked
-from moe_build.spec import Activation, DType, MoESpec, Quant, Routing, RoutingMethod, SharedExperts
+from moe_build.spec import ActScale, Activation, DType, MoESpec, Quant, Routing, RoutingMethod, SharedExperts
 from moe_build.target import Flavour, Target, TokenProfile
 from moe_build.weights import MoEWeights, block_64x64, interleave_gate_up
+from moe_build.weights.fp8 import FP8_DTYPE, ScaleGranularity
 from moe_build.plugins import moe_plugin as mp
 
 PROFILE = TokenProfile(min=1, opt=16, max=512)
@@ -177,8 +178,8 @@ def test_malformed_fields_are_refused():
 
 
 def test_plugin_refuses_what_its_inputs_cannot_carry():
-    quant = dataclasses.replace(PLAIN, quant=Quant.FP8)
-    with pytest.raises(MoeBuildError, match="quant"):
+    quant = dataclasses.replace(PLAIN, quant=Quant.W8A16)  # int8 weights: no inputs for them yet
+    with pytest.raises(MoeBuildError, match="no w8a16 weights or scales.*none, fp8, fp8_block"):
         mp.encode_fields(quant, plan_for(quant))
     lora = dataclasses.replace(PLAIN, lora=True)
     with pytest.raises(MoeBuildError, match="lora"):
@@ -515,3 +516,273 @@ def test_fp32_spec_is_refused_with_the_field():
     with pytest.raises(MoeBuildError) as info:
         mp.check_spec_and_plan(spec, plan)
     assert info.value.field == "dtype"
+
+
+# ---- FP8 layers (quant fp8 / fp8_block): FP8 weights and fp32 scales as plugin inputs -----------------
+
+# mode -> (quant, act_scale, the checkpoint's weight-scale granularity). Sizes: N1 = 160 and I = 80 are not
+# multiples of 128, so block scales cover partial blocks; no two scale shapes coincide.
+FP8_MODES = {
+    "tensor_static": (Quant.FP8, ActScale.STATIC, ScaleGranularity.TENSOR),
+    "tensor_dynamic": (Quant.FP8, ActScale.DYNAMIC, ScaleGranularity.TENSOR),
+    "channel": (Quant.FP8, ActScale.DYNAMIC, ScaleGranularity.CHANNEL),
+    "block128": (Quant.FP8_BLOCK, ActScale.DYNAMIC, ScaleGranularity.BLOCK128),
+}
+FP32, BF16 = (torch.float32,), (torch.bfloat16,)
+# the scale slots of each mode: per-tensor scales arrive as per-channel ones (plan_weights)
+FP8_SCALE_SLOTS = {
+    "tensor_static": [("fp8.w1_scale", (4, 160), FP32), ("fp8.w2_scale", (4, 320), FP32),
+                      ("fp8.a1_scale", (1,), FP32), ("fp8.a2_scale", (1,), FP32)],
+    "tensor_dynamic": [("fp8.w1_scale", (4, 160), FP32), ("fp8.w2_scale", (4, 320), FP32)],
+    "channel": [("fp8.w1_scale", (4, 160), FP32), ("fp8.w2_scale", (4, 320), FP32)],
+    "block128": [("fp8.w1_scale", (4, 2, 3), FP32), ("fp8.w2_scale", (4, 3, 1), FP32)],
+}
+
+
+def fp8_case(mode: str, seed: int = 0) -> tuple[MoESpec, MoEWeights]:
+    """An FP8 layer of `mode` with random canonical weights (static activation scales 0.02 / 0.03)."""
+    quant, act_scale, granularity = FP8_MODES[mode]
+    spec = MoESpec(hidden_size=320, intermediate_size=80, num_experts=4, top_k=2, dtype=DType.BF16,
+                   expert_bias=True, quant=quant, act_scale=act_scale)
+    weights = MoEWeights.random(spec, seed=seed, dtype=torch.bfloat16).quantized_fp8(
+        granularity, static=act_scale is ActScale.STATIC, a1_scale=0.02, a2_scale=0.03)
+    return spec, weights
+
+
+def raw_bytes(t: torch.Tensor) -> bytes:
+    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+@pytest.mark.parametrize("mode", FP8_MODES)
+def test_fp8_input_slots(mode):
+    """The fixed order: hidden, logits, FP8 W1 / W2, their scales (then the static activation scales), then
+    the optional model-dtype weights; scale shapes as the runner reads them after plan_weights."""
+    spec, _ = fp8_case(mode)
+    fp8 = (FP8_DTYPE,)
+    want = [("hidden", (None, 320), BF16), ("router_logits", (None, 4), (torch.float32, torch.bfloat16)),
+            ("w1", (4, 160, 320), fp8), ("w2", (4, 320, 80), fp8), *FP8_SCALE_SLOTS[mode],
+            ("b1", (4, 160), BF16), ("b2", (4, 320), BF16)]
+    assert [(s.name, s.shape, s.dtypes) for s in mp.input_slots(spec)] == want
+    block = FP8_MODES[mode][0] is Quant.FP8_BLOCK
+    assert mp.scale_granularity(spec) is (ScaleGranularity.BLOCK128 if block else ScaleGranularity.CHANNEL)
+
+
+@pytest.mark.parametrize("mode", FP8_MODES)
+def test_fp8_slots_fit_the_planned_weights(mode):
+    """What add_moe_plugin feeds (plan_weights of canonical FP8 weights) fits every slot and passes the
+    canonical check, with the granularity the plugin derives from the quant mode."""
+    spec, weights = fp8_case(mode)
+    planned = mp.plan_weights(plan_for(spec), weights)
+    planned.check(spec)
+    assert planned.fp8.granularity is mp.scale_granularity(spec)
+    named = dict(planned.named())
+    for slot in mp.input_slots(spec)[2:]:
+        t = named[slot.name]
+        assert t.dtype == slot.dtypes[0], slot.name
+        assert tuple(t.shape) == slot.shape or (slot.shape == (1,) and t.numel() == 1), slot.name
+
+
+@pytest.mark.parametrize("mode", FP8_MODES)
+def test_fp8_fields_round_trip(mode):
+    spec, _ = fp8_case(mode)
+    plan = plan_for(spec)
+    fields = mp.encode_fields(spec, plan)
+    spec2, plan2 = mp.decode_fields(fields)
+    assert spec2 == spec and (spec2.quant, spec2.act_scale) == FP8_MODES[mode][:2]
+    assert plan2.to_dict() == json.loads(json.dumps(plan.to_dict()))
+    assert mp.encode_fields(spec2, plan2) == fields
+    assert mp.input_slots(spec2) == mp.input_slots(spec)
+
+
+@pytest.mark.parametrize("mode", FP8_MODES)
+def test_fp8_supports_io_takes_exactly_each_slots_dtype(mode):
+    spec, _ = fp8_case(mode)
+    slots = mp.input_slots(spec)
+    n = len(slots)
+    candidates = (torch.float32, torch.float16, torch.bfloat16, FP8_DTYPE, torch.int8, torch.int32, None)
+    for pos in range(n + 1):
+        ok = set(slots[pos].dtypes) if pos < n else {torch.bfloat16}
+        for dtype in candidates:
+            assert mp.supports_io(spec, pos, dtype, True, n) == (dtype in ok), (pos, dtype)
+    by_name = {s.name: i for i, s in enumerate(slots)}
+    assert mp.supports_io(spec, by_name["w1"], FP8_DTYPE, True, n)
+    assert not mp.supports_io(spec, by_name["w1"], torch.bfloat16, True, n)
+    assert not mp.supports_io(spec, by_name["fp8.w2_scale"], FP8_DTYPE, True, n)
+
+
+def test_fp8_supports_format_combination_translates_fp8(trt):
+    spec, _ = fp8_case("tensor_static")
+    p = mp.plugin_classes(trt).MoEPlugin(spec, plan_for(spec))
+    ins, outs = io_descs(trt, spec)
+    n = len(ins)
+    names = ("FLOAT", "HALF", "BF16", "FP8", "INT8", "INT32")
+    for pos, slot in enumerate(list(mp.input_slots(spec)) + [None]):
+        ok = {mp.trt_dtype_of(trt, d) for d in (slot.dtypes if slot else (torch.bfloat16,))}
+        for name in names:
+            in_out = ins + outs
+            in_out[pos].desc.type = getattr(trt.DataType, name)
+            assert p.supports_format_combination(pos, in_out, n) == (getattr(trt.DataType, name) in ok), (pos, name)
+    assert mp.torch_dtype_of(trt, trt.DataType.FP8) == FP8_DTYPE and mp.trt_dtype_of(trt, FP8_DTYPE) == trt.DataType.FP8
+
+
+def _good_dims(spec: MoESpec, rows: int = -1) -> list[tuple[int, ...]]:
+    return [tuple(rows if d is None else d for d in s.shape) for s in mp.input_slots(spec)]
+
+
+@pytest.mark.parametrize("mode, slot, dims, want", [
+    ("block128", "fp8.w1_scale", (4, 160), "(4, 2, 3)"),     # channel scales for a block-scaled layer
+    ("block128", "fp8.w2_scale", (4, 3, 2), "(4, 3, 1)"),
+    ("tensor_dynamic", "fp8.w1_scale", (4,), "(4, 160)"),   # per-tensor scales must arrive per channel
+    ("channel", "fp8.w2_scale", (4, 160), "(4, 320)"),
+    ("tensor_static", "fp8.a2_scale", (2,), "(1,)"),
+])
+def test_fp8_check_input_dims_names_the_scale_slot(mode, slot, dims, want):
+    spec, _ = fp8_case(mode)
+    good = _good_dims(spec)
+    mp.check_input_dims(spec, good)
+    bad = list(good)
+    bad[[s.name for s in mp.input_slots(spec)].index(slot)] = dims
+    with pytest.raises(MoeBuildError) as info:
+        mp.check_input_dims(spec, bad)
+    text = str(info.value)
+    assert len(text.splitlines()) == 1 and f"MoEPlugin input {slot!r}" in text and f"shape {want}" in text
+
+
+def test_fp8_check_input_dims_counts_the_activation_scales():
+    static, _ = fp8_case("tensor_static")
+    dynamic, _ = fp8_case("tensor_dynamic")
+    with pytest.raises(MoeBuildError, match="got 10 inputs, the spec needs 8"):
+        mp.check_input_dims(dynamic, _good_dims(static))
+    with pytest.raises(MoeBuildError, match="got 8 inputs, the spec needs 10"):
+        mp.check_input_dims(static, _good_dims(dynamic))
+
+
+def test_fp8_configure_plugin_refuses_a_wrong_scale_shape(trt):
+    spec, _ = fp8_case("block128")
+    p = mp.plugin_classes(trt).MoEPlugin(spec, plan_for(spec))
+    ins, outs = io_descs(trt, spec)
+    p.configure_plugin(ins, outs)
+    wrong = list(ins)
+    wrong[4] = dyn_desc(trt, [4, 160], trt.DataType.FLOAT)
+    with pytest.raises(MoeBuildError, match="'fp8.w1_scale'.*shape \\(4, 2, 3\\)"):
+        p.configure_plugin(wrong, outs)
+    with pytest.raises(MoeBuildError, match="'fp8.w1_scale'"):
+        p.on_shape_change([d.desc for d in wrong], [outs[0].desc])
+
+
+@pytest.mark.parametrize("mode", FP8_MODES)
+def test_fp8_workspace_size_is_the_runners(mode):
+    from moe_build.runner import workspace_bytes
+    spec, _ = fp8_case(mode)
+    plan = plan_for(spec)
+    sizes = [mp.workspace_size(spec, plan, t) for t in (1, 16, PROFILE.max)]
+    assert sizes == [workspace_bytes(spec, plan, t) for t in (1, 16, PROFILE.max)]
+    assert 0 < sizes[0] <= sizes[1] < sizes[2]
+
+
+def test_fp8_run_enqueue_checks_dtypes_before_touching_memory():
+    spec, _ = fp8_case("tensor_static")
+    plan = plan_for(spec)
+    slots = mp.input_slots(spec)
+    shapes = _good_dims(spec, rows=4)
+    dtypes = [s.dtypes[0] for s in slots]
+    args = dict(output_pointer=1, output_dtype_=torch.bfloat16, workspace_pointer=1, workspace_bytes=0,
+                stream_pointer=0)
+    for name, dtype in (("w1", torch.bfloat16), ("fp8.w1_scale", torch.bfloat16), ("fp8.a1_scale", FP8_DTYPE)):
+        bad = list(dtypes)
+        bad[[s.name for s in slots].index(name)] = dtype
+        with pytest.raises(MoeBuildError, match=f"'{name}'.*dtype"):
+            mp.run_enqueue(spec, plan, [1] * len(slots), shapes, bad, **args)
+
+
+@pytest.mark.parametrize("mode", FP8_MODES)
+def test_fp8_runner_is_made_from_the_plan_with_the_scale_inputs(mode, monkeypatch):
+    """What enqueue builds, on the CPU: the slot tensors as they are (no copy, no re-decision) in an
+    MoEWeights whose Fp8Scales have the plugin's granularity, the plan given, weights_prepared=True."""
+    import moe_build.runner as runner_module
+    made = []
+
+    class RecordingRunner:
+        def __init__(self, spec, weights, **kw):
+            made.append((spec, weights, kw))
+
+    monkeypatch.setattr(runner_module, "MoERunner", RecordingRunner)
+    spec, weights = fp8_case(mode)
+    plan = plan_for(spec)
+    planned = dict(mp.plan_weights(plan, weights).named())
+    given = {s.name: planned[s.name].reshape(s.shape) for s in mp.input_slots(spec)[2:]}
+    mp._make_runner(spec, plan, given)
+    (got_spec, w, kw), = made
+    assert got_spec == spec and kw == {"plan": plan, "device": given["w1"].device, "weights_prepared": True}
+    assert w.w1 is given["w1"] and w.w2 is given["w2"] and w.b1 is given["b1"] and w.b2 is given["b2"]
+    assert w.fp8.granularity is mp.scale_granularity(spec)
+    assert w.fp8.w1_scale is given["fp8.w1_scale"] and w.fp8.w2_scale is given["fp8.w2_scale"]
+    assert w.fp8.a1_scale is given.get("fp8.a1_scale") and w.fp8.a2_scale is given.get("fp8.a2_scale")
+    assert w.fp8.static == (FP8_MODES[mode][1] is ActScale.STATIC)
+    assert w.router_weight.shape == (4, 320) and w.router_weight.dtype == torch.bfloat16
+    w.check(spec)
+
+
+def recording_trt(trt, record: list):
+    """`trt` whose `Weights(dtype, pointer, count)` also records (dtype, the bytes at pointer): what a
+    constant layer will hold (TensorRT-RTX cannot give FP8 weights back as an array)."""
+    import ctypes
+    import types
+    module = types.ModuleType("recording_trt")
+    module.__dict__.update({k: getattr(trt, k) for k in dir(trt) if not k.startswith("__")})
+
+    def weights(dtype, pointer, count):
+        record.append((dtype, ctypes.string_at(pointer, count * mp.torch_dtype_of(trt, dtype).itemsize)))
+        return trt.Weights(dtype, pointer, count)
+
+    module.Weights = weights
+    return module
+
+
+@pytest.mark.parametrize("mode", FP8_MODES)
+def test_add_moe_plugin_bakes_fp8_constants(trt, mode):
+    spec, weights = fp8_case(mode)
+    plan = plan_for(spec)
+    record: list = []
+    builder, network = rtx_network(trt)
+    net = RecordingNetwork(network)
+    hidden = network.add_input("hidden", trt.DataType.BF16, (-1, 320))
+    logits = network.add_input("logits", trt.DataType.FLOAT, (-1, 4))
+    layer, keep = mp.add_moe_plugin(net, recording_trt(trt, record), spec, plan, hidden, logits, weights)
+    inputs, _, plugin_obj = net.plugin_call
+    slots = mp.input_slots(spec)[2:]
+    assert plugin_obj.spec == spec and plugin_obj in keep and inputs[:2] == [hidden, logits]
+    assert [d for d, _ in record] == [mp.trt_dtype_of(trt, s.dtypes[0]) for s in slots]
+    names = [network.get_layer(i).name for i in range(network.num_layers)]
+    assert names == [f"moe.{s.name}" for s in slots]
+    planned = dict(mp.plan_weights(plan, weights).named())
+    for slot, tensor, (_, data) in zip(slots, inputs[2:], record):
+        assert tensor.dtype == mp.trt_dtype_of(trt, slot.dtypes[0]) and tuple(tensor.shape) == slot.shape
+        assert not tensor.is_network_input
+        assert data == raw_bytes(planned[slot.name]), slot.name
+    baked = {s.name: data for s, (_, data) in zip(slots, record)}
+    # the FP8 weights exactly as given (FP8 plans keep W1 stacked and row-major) ...
+    assert trt.DataType.FP8 == inputs[2].dtype == inputs[3].dtype
+    assert baked["w1"] == raw_bytes(weights.w1) and baked["w2"] == raw_bytes(weights.w2)
+    # ... and their scales: per-tensor ones repeated per output row, the others as given
+    f = weights.fp8
+    if f.granularity is ScaleGranularity.TENSOR:
+        assert baked["fp8.w1_scale"] == raw_bytes(f.w1_scale.repeat_interleave(160))
+        assert baked["fp8.w2_scale"] == raw_bytes(f.w2_scale.repeat_interleave(320))
+    else:
+        assert baked["fp8.w1_scale"] == raw_bytes(f.w1_scale) and baked["fp8.w2_scale"] == raw_bytes(f.w2_scale)
+    if f.static:
+        assert baked["fp8.a1_scale"] == raw_bytes(torch.tensor([0.02])) and len(baked["fp8.a2_scale"]) == 4
+
+
+def test_add_moe_plugin_fp8_weights_as_network_inputs(trt):
+    spec, weights = fp8_case("block128")
+    builder, network = rtx_network(trt)
+    net = RecordingNetwork(network)
+    hidden = network.add_input("hidden", trt.DataType.BF16, (-1, 320))
+    logits = network.add_input("logits", trt.DataType.FLOAT, (-1, 4))
+    mp.add_moe_plugin(net, trt, spec, plan_for(spec), hidden, logits, weights, weights_as_constants=False)
+    inputs = net.plugin_call[0][2:]
+    assert [(t.name, t.dtype, tuple(t.shape)) for t in inputs] == [
+        (f"moe.{s.name}", mp.trt_dtype_of(trt, s.dtypes[0]), s.shape) for s in mp.input_slots(spec)[2:]]
+    assert inputs[0].dtype == trt.DataType.FP8 and inputs[2].dtype == trt.DataType.FLOAT

@@ -221,9 +221,31 @@ def test_plans_without_runner_kernels_are_refused() -> None:
     rtx = Target(sm=89, flavour=Flavour.TENSORRT_RTX)
     with pytest.raises(MoeBuildError, match="plugin-path"):
         kernel_sequence(make_plan(SWIGLU, rtx, tokens=16), 16)
-    fp8 = dataclasses.replace(SWIGLU, quant=Quant.FP8)
+    awq = dataclasses.replace(SWIGLU, quant=Quant.W4A16_AWQ)
     with pytest.raises(MoeBuildError, match="quant"):
-        kernel_sequence(make_plan(fp8, H100, tokens=16), 16)
+        kernel_sequence(make_plan(awq, H100, tokens=16), 16)
+
+
+@pytest.mark.parametrize("quant", [Quant.FP8, Quant.FP8_BLOCK])
+def test_fp8_plans_run_fp8_steps_where_the_plan_quantizes(quant: Quant) -> None:
+    """GEMM1's FP8 input in the expansion or by a quantize step before it, GEMM2's in the activation or
+    after it, as the plan's fc1_input_quant / fc2_input_quant say; the FP8 GEMMs store plainly."""
+    spec = dataclasses.replace(SWIGLU, quant=quant)
+    fused = kernel_sequence(make_plan(spec, H100, tokens=16), 16)
+    assert fused[2:] == ["routing_prologue:fused", "expand_rows:fp8", "gemm1:fp8", "fc1_activation:fp8", "gemm2:fp8",
+                         "finalize"]
+    separate = make_plan(spec, H100, tokens=16, force={"fc1_input_quant": "separate", "fc2_input_quant": "separate"})
+    assert kernel_sequence(separate, 16)[2:] == [
+        "routing_prologue:fused", "fc1_input_quant:separate", "expand_rows:fp8_prequantized", "gemm1:fp8",
+        "fc1_activation", "fc2_input_quant:separate", "gemm2:fp8", "finalize"]
+    layout = workspace_layout(spec, steps_up_to(separate, 16), 16)
+    assert layout["permuted_input"].dtype == torch.float8_e4m3fn and layout["fc2_input"].dtype == torch.float8_e4m3fn
+    kb = -(-SWIGLU.hidden_size // 128)
+    assert layout["input_scales"].shape == ((16, kb) if quant is Quant.FP8_BLOCK else (16,))
+    assert "fc1_act" in layout  # the separate quantize step reads the 16-bit activation
+    assert "fc1_act" not in workspace_layout(spec, steps_up_to(make_plan(spec, H100, tokens=16), 16), 16)
+    with pytest.raises(MoeBuildError, match="fc1_input_quant"):
+        make_plan(SWIGLU, H100, tokens=16, force={"fc1_input_quant": "separate"})
 
 
 def test_workspace_sizing_math() -> None:

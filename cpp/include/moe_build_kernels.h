@@ -87,6 +87,54 @@ mb_status mb_finalize(const void* gemm2_out, int dtype, const void* b2, const fl
                       const int32_t* topk_ids, const int32_t* unpermuted_to_permuted, int num_tokens,
                       int hidden, int top_k, int deterministic, void* out, cudaStream_t stream);
 
+/* ---- FP8 activation quantization (issue 46): the FP8 GEMMs' inputs ---------------------------------
+ * A row of `cols` fp16/bf16 values x becomes e4m3 bytes q = e4m3(x / s) and fp32 scales, bit for bit
+ * moe_build/weights/fp8.py's quantize_rows: x / s an IEEE fp32 division of x's fp32 value, rounded to
+ * nearest even and saturated to +-448 (q * s dequantizes). The scale s and the scales written:
+ *   static_scale != NULL (one fp32 in device memory; group must be 0): s = *static_scale, and every row's
+ *     scale entry is that value, scales [rows] (the GEMMs always read a per-row array);
+ *   static_scale == NULL, group 0: per row, s = max(amax(|x_row|), 1e-12) / 448 in fp32 (an IEEE division),
+ *     scales [rows];
+ *   static_scale == NULL, group 128: per row and 128-column group (the last may be partial), s as above
+ *     over the group, scales [rows, ceil(cols / 128)] row-major (the GEMMs' MB_FP8_BLOCK128 scale_a).
+ * dtype MB_FP16 or MB_BF16 (MB_FP32: MB_ERR_UNSUPPORTED). Inputs are finite (NaN and inf: no contract). */
+
+/* stages/quantize_fp8.cu: out [rows, cols] e4m3 and out_scales, the quantization of in [rows, cols] (dtype):
+ * the unfused step, before mb_expand_rows_fp8_prequantized. */
+mb_status mb_quantize_fp8(const void* in, int dtype, int64_t rows, int cols, const float* static_scale, int group,
+                          uint8_t* out, float* out_scales, cudaStream_t stream);
+
+/* stages/expand_rows.cu: mb_expand_rows with the rows quantized as they are copied: permuted_input [T*K, H]
+ * e4m3 and permuted_scales (the layout above, one scale row per permuted row) with row p the quantization
+ * of input[e / K], permuted_weights[p] = topk_weights[e], for p = unpermuted_to_permuted[e]: a token's row
+ * is read and quantized once and its bytes and scales stored K times (at decode sizes the K rows are split
+ * among blocks, each quantizing the row). zero_out [T, H] in dtype or NULL, as mb_expand_rows' (it must not
+ * overlap input: MB_ERR_INVALID_ARGUMENT). No prequant_scale. */
+mb_status mb_expand_rows_fp8(const void* input, int dtype, const int32_t* unpermuted_to_permuted,
+                             const float* topk_weights, int num_tokens, int hidden, int top_k,
+                             const float* static_scale, int group, uint8_t* permuted_input, float* permuted_scales,
+                             float* permuted_weights, void* zero_out, cudaStream_t stream);
+/* The same expansion of rows mb_quantize_fp8 quantized: input_fp8 [T, H] e4m3 and input_scales
+ * [T, scale_cols] (scale_cols 1, or ceil(H / 128) for group 128) copied to permuted_input [T*K, H] and
+ * permuted_scales [T*K, scale_cols]. zero_out [T, H] in zero_dtype (MB_FP32, MB_FP16 or MB_BF16) or NULL
+ * (zero_dtype is then not read); it must not overlap input_fp8. */
+mb_status mb_expand_rows_fp8_prequantized(const uint8_t* input_fp8, const float* input_scales, int scale_cols,
+                                          const int32_t* unpermuted_to_permuted, const float* topk_weights,
+                                          int num_tokens, int hidden, int top_k, uint8_t* permuted_input,
+                                          float* permuted_scales, float* permuted_weights, void* zero_out,
+                                          int zero_dtype, cudaStream_t stream);
+
+/* stages/fc1_activation.cu: GEMM2's FP8 input in the activation step: for p < off[E], the values
+ * mb_fc1_activation computes (act(in[p, :N1] + b1[expert(p)]), rounded to dtype as it writes them) quantized
+ * into out [max_rows, inter] e4m3 and out_scales (the layout above, rows = max_rows), so this equals
+ * mb_fc1_activation then mb_quantize_fp8 bit for bit. Rows past off[E] and their scales are not written.
+ * No prequant_scale. */
+mb_status mb_fc1_activation_fp8(const void* in, int dtype, const void* b1, const int64_t* expert_first_token_offset,
+                                int num_experts, int64_t max_rows, int inter, int activation, float swiglu_alpha,
+                                float swiglu_limit, const float* static_scale, int group, uint8_t* out,
+                                float* out_scales, cudaStream_t stream);
+/* ---- end of FP8 activation quantization ------------------------------------------------------------ */
+
 /* ---- grouped GEMMs over expert segments ------------------------------------------------------------
  * C[p] = A[p] @ B[x]^T for the permuted rows p of expert x (expert_first_token_offset), in one of three
  * epilogues per entry point: plain store (+ bias), gated activation (GEMM1: act(gate, up) written at
@@ -112,6 +160,7 @@ enum mb_gemm_tile {
   MB_TILE_PINGPONG_64x128 = 6,     /* wgmma: pingpong 64 x 128 */
   MB_TILE_PINGPONG_64x256_C2 = 7,  /* wgmma: pingpong 64 x 256 in 2x1 clusters (weight tile multicast) */
   MB_TILE_PINGPONG_64x192_C2 = 8,  /* wgmma: pingpong 64 x 192 in 2x1 clusters (row-major weights only) */
+  MB_TILE_COOP_128x128 = 9,        /* wgmma: cooperative 128 x 128 (the FP8 GEMM only) */
 };
 enum mb_gemm_launch {
   MB_LAUNCH_PLAIN = 0,          /* an ordinary launch */
@@ -197,6 +246,26 @@ mb_status mb_grouped_gemm_sm90_gated(const void* A, const void* B, const void* b
                                      float swiglu_limit, int weight_layout, mb_gemm_tactic tactic,
                                      int32_t* placement, void* workspace, size_t workspace_bytes,
                                      cudaStream_t stream);
+
+/* ---- FP8 grouped GEMM ------------------------------------------------------------------------------
+ * gemm/fp8_abi.cu: C[p] = A[p] @ B[x]^T, scaled, (+ bias[x]) for the permuted rows p of expert x, with A
+ * [max_rows, k] and B [E, n, k] in e4m3 (one byte each, B row-major per expert), fp32 accumulation and
+ * C [max_rows, n] and bias [E, n] in dtype (MB_BF16 or MB_FP16: no FP8 output). The scales
+ * (moe_build/weights/fp8.py says how checkpoints' scales become these):
+ *   MB_FP8_ROWWISE : C[p, c] = scale_a[p] * scale_b[x, c] * sum_k A[p, k] B[x, c, k];
+ *                    scale_a [max_rows], scale_b [E, n] (per-tensor weight scales repeated per column);
+ *   MB_FP8_BLOCK128: C[p, c] = sum_kb scale_a[p, kb] * scale_b[x, c / 128, kb] * (the 128-k block kb's sum);
+ *                    scale_a [max_rows, ceil(k / 128)], scale_b [E, ceil(n / 128), ceil(k / 128)], row-major.
+ * Tactic kernels: MB_GEMM_DECODE (mma.sync e4m3, compute capability 8.9 and later; k_split 1, 2, 4 or 8)
+ * and MB_GEMM_WGMMA (compute capability 9.0; tiles MB_TILE_COOP_128x128 and MB_TILE_PINGPONG_64x128, and
+ * MB_TILE_COOP_128x256 with MB_FP8_ROWWISE; launch PLAIN or AFTER_TRIGGER). n and k multiples of 16; A, B, C 16-byte aligned; the wgmma kernel
+ * needs mb_grouped_gemm_fp8_workspace() bytes (the decode kernel none), and A must hold max_rows rows. */
+enum mb_fp8_scaling { MB_FP8_ROWWISE = 0, MB_FP8_BLOCK128 = 1 };
+size_t mb_grouped_gemm_fp8_workspace(int num_experts, int64_t max_rows, int n, int k);
+mb_status mb_grouped_gemm_fp8(const void* A, const float* scale_a, const void* B, const float* scale_b, int scaling,
+                              const void* bias, void* C, const int64_t* expert_first_token_offset, int num_experts,
+                              int64_t max_rows, int n, int k, int dtype, mb_gemm_tactic tactic, void* workspace,
+                              size_t workspace_bytes, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -18,9 +18,9 @@ import torch
 
 from ..errors import MoeBuildError
 from ..planner import parse_force
-from ..spec import MoESpec
+from ..spec import MoESpec, Quant
 from .peers import grouped_mm_peer, hf_eager_peer, naive_peer
-from .timing import CEILING_TIMERS, CeilingCalls, ceiling_rates, interleaved_median_ms, measure_ceilings, syncs_host
+from .timing import CeilingCalls, ceiling_rates, interleaved_median_ms, measure_ceilings, syncs_host
 from .workload import (CHECK_ROWS, REL_ERR_LIMIT, SHAPES, TOKENS, Fn, InputSet, bench_spec, device_weights, floor_us,
                        make_inputs, reference_rows, rel_err)
 
@@ -32,6 +32,7 @@ RUNNER_VARIANTS = ("ours", "ours:routing_prologue=three_step", "ours:finalize=se
                    "ours:fc1_activation=separate", "ours:gemm_kernel=ampere+fc1_activation=fused_gated",
                    "ours:gemm_kernel=ampere+fc1_activation=separate")
 PEERS = ("naive", "grouped_mm", "hf_eager")
+Timers = dict[tuple[str, str], Callable[[int], object]]  # (variant or "ceiling", field) -> fn(input index)
 
 
 def runner_force(variant: str) -> dict[str, str] | None:
@@ -50,7 +51,7 @@ def runner_force(variant: str) -> dict[str, str] | None:
 # Every runner variant is also replayed from CUDA graphs (one per input set), recorded as "graph_us": what
 # a deployment that captures its step sees, without the per-kernel Python/ctypes launch cost, so fused and
 # unfused variants compare on the GPU work alone. `eager=False` times the graph replays only (the sweep).
-def _runner_fn(runner: Any, out: torch.Tensor) -> Fn:
+def runner_fn(runner: Any, out: torch.Tensor) -> Fn:
     def run(hidden: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         return runner(hidden, router_logits=logits, out=out[: hidden.shape[0]])
     return run
@@ -78,7 +79,7 @@ def bench_shape(name: str, tokens_list: Sequence[int], ceilings: dict[str, float
             force = runner_force(v)
             if force is not None:
                 r = runners[v] = MoERunner(spec, w, max_tokens=max_tokens, force=force or None)
-                fns[v] = _runner_fn(r, out_buf)
+                fns[v] = runner_fn(r, out_buf)
             elif v == "naive":
                 fns[v] = naive_peer(spec, w)
             elif v == "grouped_mm":
@@ -98,61 +99,78 @@ def bench_shape(name: str, tokens_list: Sequence[int], ceilings: dict[str, float
         rec: dict[str, Any] = {"shape": name, "H": spec.hidden_size, "I": spec.intermediate_size,
                                "E": spec.num_experts, "top_k": spec.top_k, "tokens": T,
                                "touched_experts": touched, "variants": {}}
-        timers: dict[tuple[str, str], Callable[[int], object]] = {
-            key: getattr(ceiling_calls, call) for call, key in CEILING_TIMERS.items()}
+        timers = ceiling_calls.timers()
         for v in variants:
             entry: dict[str, Any] = dict(meta.get(v, {}))
             rec["variants"][v] = entry
-            if v not in fns:
-                continue
-            fn = fns[v]
-            try:
-                out_buf.fill_(float("nan"))
-                if v in runners:
-                    # the choices at this token count (the plan is made at the largest one)
-                    entry["plan"] = runners[v].plan.choices(T)
-                    entry["kernel_sequence"] = runners[v].kernel_sequence(T, "logits")
-                err = rel_err(fn(sets[0].hidden, sets[0].logits), rows, ref)
-                entry["rel_err"] = err
-                if not err < REL_ERR_LIMIT:
-                    entry["error"] = f"wrong result: rel err {err:.3g} >= {REL_ERR_LIMIT}"
-                    continue
-                if eager or v not in runners:
-                    entry["host_sync"] = syncs_host(lambda: fn(sets[0].hidden, sets[0].logits))
-                    timers[(v, "us")] = lambda i, fn=fn: fn(sets[i % len(sets)].hidden, sets[i % len(sets)].logits)
-                if v in runners:
-                    checked, replay = _graph_replay(runners[v], sets, out_buf, rows, ref)
-                    entry.update(checked)
-                    if replay is not None:
-                        timers[(v, "graph_us")] = replay
-            except Exception as e:  # a failing variant must not take the others down
-                entry["error"] = f"{type(e).__name__}: {e}"
-        medians_ms: dict[tuple[str, str], float] = {}
-        try:
-            syncing = {v for v, e in rec["variants"].items() if e.get("host_sync")}
-            for group in ({k: f for k, f in timers.items() if k[0] not in syncing},
-                          {k: f for k, f in timers.items() if k[0] in syncing}):
-                medians_ms.update(interleaved_median_ms(group, iters, warmup))
-        except Exception as e:
-            for v, _ in timers:
-                if v in rec["variants"]:
-                    rec["variants"][v]["error"] = f"timing failed: {type(e).__name__}: {e}"
-        for (v, field), ms in medians_ms.items():
-            if v in rec["variants"]:
-                rec["variants"][v][field] = 1e3 * ms
+            if v in fns:
+                check_variant(v, fns[v], runners.get(v), entry, sets, out_buf, rows, ref, REL_ERR_LIMIT, eager,
+                              timers)
+        medians_ms = time_variants(rec, timers, iters, warmup)
         rec.update(point_floor(spec, T, touched, medians_ms, ceilings))
         ratios(rec)
         records.append(rec)
-        log(_row(rec))
+        log(point_line(rec))
     del fns, runners, w, w64
     torch.cuda.empty_cache()
     return records
 
 
+def check_variant(v: str, fn: Fn, runner: Any | None, entry: dict[str, Any], sets: list[InputSet],
+                  out_buf: torch.Tensor, rows: torch.Tensor, ref: torch.Tensor, limit: float, eager: bool,
+                  timers: Timers) -> None:
+    """Check variant `v` on input set 0 against `ref` on `rows` (rel err < `limit`), then add its timers:
+    the eager call (unless a runner is timed by graph replay only, `eager` False) and, for a runner, its
+    checked graph replays. Results and failures are written into `entry`: a failing variant must not
+    take the others down."""
+    T = sets[0].hidden.shape[0]
+    try:
+        out_buf.fill_(float("nan"))
+        if runner is not None:
+            # the choices at this token count (the plan is made at the largest one)
+            entry["plan"] = runner.plan.choices(T)
+            entry["kernel_sequence"] = runner.kernel_sequence(T, "logits")
+        err = rel_err(fn(sets[0].hidden, sets[0].logits), rows, ref)
+        entry["rel_err"] = err
+        if not err < limit:
+            entry["error"] = f"wrong result: rel err {err:.3g} >= {limit}"
+            return
+        if eager or runner is None:
+            entry["host_sync"] = syncs_host(lambda: fn(sets[0].hidden, sets[0].logits))
+            timers[(v, "us")] = lambda i: fn(sets[i % len(sets)].hidden, sets[i % len(sets)].logits)
+        if runner is not None:
+            checked, replay = _graph_replay(runner, sets, out_buf, rows, ref, limit)
+            entry.update(checked)
+            if replay is not None:
+                timers[(v, "graph_us")] = replay
+    except Exception as e:
+        entry["error"] = f"{type(e).__name__}: {e}"
+
+
+def time_variants(rec: dict[str, Any], timers: Timers, iters: int, warmup: int) -> dict[tuple[str, str], float]:
+    """Time every timer of a point (timing's interleaved rounds; host-syncing variants as a group of their
+    own), write each variant's medians (us) into rec["variants"], and return all medians (ms, the ceiling
+    calls' included) by timer key."""
+    medians_ms: dict[tuple[str, str], float] = {}
+    try:
+        syncing = {v for v, e in rec["variants"].items() if e.get("host_sync")}
+        for group in ({k: f for k, f in timers.items() if k[0] not in syncing},
+                      {k: f for k, f in timers.items() if k[0] in syncing}):
+            medians_ms.update(interleaved_median_ms(group, iters, warmup))
+    except Exception as e:
+        for v, _ in timers:
+            if v in rec["variants"]:
+                rec["variants"][v]["error"] = f"timing failed: {type(e).__name__}: {e}"
+    for (v, field), ms in medians_ms.items():
+        if v in rec["variants"]:
+            rec["variants"][v][field] = 1e3 * ms
+    return medians_ms
+
+
 def _graph_replay(runner: Any, sets: list[InputSet], out_buf: torch.Tensor, rows: torch.Tensor,
-                  ref: torch.Tensor) -> tuple[dict[str, Any], Callable[[int], object] | None]:
-    """Capture the runner once per input set and check set 0's replay; returns the check's record
-    and a rotating replay to time (None when the replay is wrong)."""
+                  ref: torch.Tensor, limit: float) -> tuple[dict[str, Any], Callable[[int], object] | None]:
+    """Capture the runner once per input set and check set 0's replay (rel err < `limit`); returns the
+    check's record and a rotating replay to time (None when the replay is wrong)."""
     T = sets[0].hidden.shape[0]
     out = out_buf[:T]
     graphs = []
@@ -164,8 +182,8 @@ def _graph_replay(runner: Any, sets: list[InputSet], out_buf: torch.Tensor, rows
     out_buf.fill_(float("nan"))
     graphs[0].replay()
     err = rel_err(out, rows, ref)
-    if not err < REL_ERR_LIMIT:
-        return {"graph_error": f"wrong result from graph replay: rel err {err:.3g} >= {REL_ERR_LIMIT}"}, None
+    if not err < limit:
+        return {"graph_error": f"wrong result from graph replay: rel err {err:.3g} >= {limit}"}, None
     return {"graph_rel_err": err}, lambda i: graphs[i % len(graphs)].replay()
 
 
@@ -174,7 +192,7 @@ def point_floor(spec: MoESpec, tokens: int, touched: float, medians_ms: dict[tup
     """A point's floor fields from the ceiling calls' median times among its variants (`medians_ms`,
     keyed as the timers; `ceilings_source` "side_by_side"), or from the burst ceilings when those
     calls have no time ("burst"); plus `burst_floor_us`, the floor the run's burst ceilings give."""
-    side_by_side = ceiling_rates(medians_ms)
+    side_by_side = ceiling_rates(medians_ms, fp8=spec.quant in (Quant.FP8, Quant.FP8_BLOCK))
     ceilings, source = (side_by_side, "side_by_side") if side_by_side is not None else (burst, "burst")
     return {**floor_us(spec, tokens, touched, ceilings), "ceilings": ceilings, "ceilings_source": source,
             "burst_floor_us": floor_us(spec, tokens, touched, burst)["floor_us"]}
@@ -191,7 +209,9 @@ def ratios(rec: dict[str, Any]) -> None:
                          if ours.get("us") and v != "ours" and e.get("us")}
 
 
-def _row(rec: dict[str, Any]) -> str:
+def point_line(rec: dict[str, Any]) -> str:
+    """One point's progress line: its floor and every variant's eager and graph-replayed time (ERR where
+    it failed its check)."""
     cells = [f"{rec['shape']:>16} T={rec['tokens']:<5} floor={rec['floor_us']:8.1f}"]
     for v, e in rec["variants"].items():
         if e.get("us"):

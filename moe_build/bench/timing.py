@@ -8,10 +8,10 @@ scripts that compare two forms of one stage). Why each rule:
   order flatters whichever fn follows a gap (identical Mixtral plans spread by 14% in fixed blocks);
 - fns that wait on the GPU from the host (`syncs_host`) are timed in a group of their own: their idle
   gaps speed up whatever runs next;
-- the ceilings (a device copy, a large read-only reduction and a bf16 matmul) are timed among the fns
-  they are compared with, so both run in the same power state (at 4096 tokens a layer holds the GPU at
-  its power limit and the SM clock drops); a read alone runs faster than a copy on HBM, so the byte
-  floor uses the higher of the two.
+- the ceilings (a device copy, a large read-only reduction and a bf16 matmul; for FP8 layers also an
+  e4m3 matmul) are timed among the fns they are compared with, so both run in the same power state (at
+  4096 tokens a layer holds the GPU at its power limit and the SM clock drops); a read alone runs faster
+  than a copy on HBM, so the byte floor uses the higher of the two.
 """
 from __future__ import annotations
 
@@ -85,12 +85,18 @@ def syncs_host(call: Callable[[], object]) -> bool:
 
 class CeilingCalls:
     """The ceiling measurements as calls to time: a 1 GiB device copy, a read-only sum of the same
-    1 GiB, and an 8192^3 bf16 matmul (into preallocated outputs, so no call allocates)."""
+    1 GiB, an 8192^3 bf16 matmul, and with `fp8` an 8192^3 e4m3 matmul (into preallocated outputs, so
+    no call allocates).
+
+    The FP8 matmul is torch._scaled_mm with tensor-wise fp32 scales and fp32 accumulation promoted as
+    our FP8 GEMMs promote it (use_fast_accum=False): the tensor-core rate at the accuracy the FP8 layer
+    keeps, which is what an FP8 layer's FLOPs can at best run at."""
 
     COPY_BYTES = 1 << 30
     MATMUL_N = 8192
 
-    def __init__(self) -> None:
+    def __init__(self, fp8: bool = False) -> None:
+        self.fp8 = fp8
         self.src = torch.empty(self.COPY_BYTES, dtype=torch.uint8, device="cuda").random_()
         self.dst = torch.empty_like(self.src)
         self.sum_out = torch.empty((), dtype=torch.float32, device="cuda")
@@ -98,6 +104,10 @@ class CeilingCalls:
         self.x = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
         self.y = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
         self.z = torch.empty(m, m, device="cuda", dtype=torch.bfloat16)
+        if fp8:
+            self.x8 = self.x.to(torch.float8_e4m3fn)
+            self.y8 = self.y.to(torch.float8_e4m3fn).t()  # column-major: _scaled_mm's second operand
+            self.unit_scale = torch.ones((), device="cuda", dtype=torch.float32)
 
     def copy(self, i: int) -> object:
         return self.dst.copy_(self.src)
@@ -108,29 +118,49 @@ class CeilingCalls:
     def matmul(self, i: int) -> object:
         return torch.matmul(self.x, self.y, out=self.z)
 
+    def fp8_matmul(self, i: int) -> object:
+        return torch._scaled_mm(self.x8, self.y8, self.unit_scale, self.unit_scale, out_dtype=torch.bfloat16,
+                                use_fast_accum=False, out=self.z)
+
+    def timers(self) -> dict[tuple[str, str], Callable[[int], object]]:
+        """Each ceiling call under its timer key, to time among a point's variants (FP8 only with `fp8`)."""
+        names = [*CEILING_TIMERS, FP8_CEILING] if self.fp8 else list(CEILING_TIMERS)
+        return {TIMER_KEYS[name]: getattr(self, name) for name in names}
+
     @classmethod
-    def rates(cls, copy_ms: float, read_ms: float, matmul_ms: float) -> dict[str, float]:
+    def rates(cls, copy_ms: float, read_ms: float, matmul_ms: float,
+              fp8_matmul_ms: float | None = None) -> dict[str, float]:
         """Ceilings from the calls' times: copy bytes read + written per second, read-only bytes per
-        second, matmul FLOP/s, and the byte rate the floor uses (the higher of copy and read)."""
+        second, matmul FLOP/s, the byte rate the floor uses (the higher of copy and read), and with an
+        FP8 matmul time its FLOP/s ("fp8_flops_per_s")."""
         copy = 2 * cls.COPY_BYTES / (copy_ms * 1e-3)
         read = cls.COPY_BYTES / (read_ms * 1e-3)
-        return {"copy_bytes_per_s": copy, "read_bytes_per_s": read, "bytes_per_s": max(copy, read),
-                "bf16_flops_per_s": 2 * cls.MATMUL_N ** 3 / (matmul_ms * 1e-3)}
+        flops = 2 * cls.MATMUL_N ** 3
+        rates = {"copy_bytes_per_s": copy, "read_bytes_per_s": read, "bytes_per_s": max(copy, read),
+                 "bf16_flops_per_s": flops / (matmul_ms * 1e-3)}
+        if fp8_matmul_ms is not None:
+            rates["fp8_flops_per_s"] = flops / (fp8_matmul_ms * 1e-3)
+        return rates
 
 
-# Each ceiling call (a CeilingCalls method) and its timer key among a point's variants.
+# Each ceiling call (a CeilingCalls method) and its timer key among a point's variants; the FP8 matmul
+# is timed in FP8 runs only.
 CEILING_TIMERS = {"copy": ("ceiling", "copy_us"), "read": ("ceiling", "read_us"), "matmul": ("ceiling", "matmul_us")}
+FP8_CEILING = "fp8_matmul"
+TIMER_KEYS = {**CEILING_TIMERS, FP8_CEILING: ("ceiling", "fp8_matmul_us")}
 
 
-def ceiling_rates(medians_ms: Mapping[Any, float]) -> dict[str, float] | None:
-    """The ceilings from the ceiling calls' medians among a point's timers, None if any is missing."""
-    keys = [CEILING_TIMERS[c] for c in ("copy", "read", "matmul")]
-    if not all(k in medians_ms for k in keys):
+def ceiling_rates(medians_ms: Mapping[Any, float], fp8: bool = False) -> dict[str, float] | None:
+    """The ceilings from the ceiling calls' medians among a point's timers, None if any is missing (the
+    FP8 matmul's counts only with `fp8`)."""
+    names = [*CEILING_TIMERS, FP8_CEILING] if fp8 else list(CEILING_TIMERS)
+    if not all(TIMER_KEYS[name] in medians_ms for name in names):
         return None
-    return CeilingCalls.rates(*(medians_ms[k] for k in keys))
+    return CeilingCalls.rates(*(medians_ms[TIMER_KEYS[name]] for name in names))
 
 
 def measure_ceilings(calls: CeilingCalls, iters: int = 10) -> dict[str, float]:
     """The ceilings in a burst, here and now (3 warm-up calls, then `iters` timed ones)."""
     return calls.rates(median_ms(calls.copy, iters, 3), median_ms(calls.read, iters, 3),
-                       median_ms(calls.matmul, iters, 3))
+                       median_ms(calls.matmul, iters, 3),
+                       median_ms(calls.fp8_matmul, iters, 3) if calls.fp8 else None)

@@ -136,6 +136,7 @@ def _run(chain: Toolchain, spec: MoESpec, weights: MoEWeights, plan: Plan, optio
                 graph={"routing_input": chain.routing_input, **record.description, **_path_record(plan)},
                 onnx_sha256=None if onnx_file is None else onnx_sha256(onnx_file),
                 weights_sha256=options.weights_sha256 or weights_sha256(weights),
+                weight_scale_granularity=None if weights.fp8 is None else weights.fp8.granularity.value,
                 build={"seconds": round(time.perf_counter() - start, 3), "hostname": socket.gethostname(),
                        "moe_build_version": __version__, "optimization_level": options.optimization_level,
                        "workspace_bytes": options.workspace_bytes,

@@ -63,6 +63,7 @@ def inspect_engine(path: str | Path) -> dict[str, Any]:
         "target": manifest["target"],
         "profile": manifest["profile"],
         "spec": manifest["spec"],
+        "quant": manifest["quant"],
         "plan_path": plan["path"],
         "stages": Plan.from_dict(plan).choices(),
         "expert_compute": graph.get("expert_compute"),
@@ -86,6 +87,14 @@ def _shape(dims: Sequence[int]) -> str:
     return "[" + ", ".join("tokens" if d == -1 else str(d) for d in dims) + "]"
 
 
+def _quant_text(quant: dict[str, Any]) -> str:
+    """The quant record in words: 'fp8: channel weight scales, dynamic activation scales', or 'none'."""
+    if quant["mode"] == "none":
+        return "none"
+    return (f"{quant['mode']}: {quant['weight_scale_granularity']} weight scales, "
+            f"{quant['act_scale']} activation scales")
+
+
 def _facts(result: dict[str, Any]) -> Table:
     spec, target, profile, build = result["spec"], result["target"], result["profile"], result["build"]
     flavour = result["flavour"]
@@ -106,6 +115,7 @@ def _facts(result: dict[str, Any]) -> Table:
         ("profile", f"{profile['min']}..{profile['max']} tokens, optimized for {profile['opt']}"),
         ("layer", f"{spec['name']}: hidden {spec['hidden_size']}, intermediate {spec['intermediate_size']}, "
                   f"{spec['num_experts']} experts, top-{spec['top_k']}, {spec['activation']}, {spec['dtype']}"),
+        ("quant", _quant_text(result["quant"])),
         ("path", path_text),
         ("routing input", result["routing_input"]),
         ("built", f"in {build['seconds']:.1f} s on {build['hostname']} by moe-build {build['moe_build_version']}, "

@@ -14,8 +14,9 @@ from typing import Callable
 
 from ..errors import MoeBuildError
 from ..planner import Plan
-from ..spec import MoESpec
+from ..spec import ActScale, MoESpec, Quant
 from ..weights import MoEWeights
+from ..weights.fp8 import ScaleGranularity
 from .build import BuildResult, build_engine
 from .options import BuildOptions
 from .progress import make_build_progress
@@ -26,6 +27,21 @@ WeightsLoader = Callable[[], tuple[MoEWeights, str | None]]
 # An engine's file names add ".engine"/".json" and, while written, a temporary prefix of ~50 characters;
 # most file systems hold 255 bytes per name.
 MAX_ENGINE_NAME = 160
+
+
+# Random FP8 experts get the scales most FP8 checkpoints carry: one per expert matrix for fp8 (ModelOpt's),
+# 128 x 128 blocks for fp8_block (DeepSeek-V3's).
+RANDOM_FP8_SCALES = {Quant.FP8: ScaleGranularity.TENSOR, Quant.FP8_BLOCK: ScaleGranularity.BLOCK128}
+
+
+def random_weights(spec: MoESpec, seed: int) -> MoEWeights:
+    """Random weights of `spec`, FP8 experts quantized (RANDOM_FP8_SCALES; static activation scales 1.0) so
+    that an FP8 engine builds without a checkpoint."""
+    weights = MoEWeights.random(spec, seed=seed)
+    granularity = RANDOM_FP8_SCALES.get(spec.quant)
+    if granularity is None:
+        return weights
+    return weights.quantized_fp8(granularity, static=spec.act_scale is ActScale.STATIC)
 
 
 def safe_name(text: str) -> str:
@@ -48,9 +64,9 @@ class BuildJob:
         from ..spec.hf_config import select_moe_layers
         base = safe_name(name or spec.name)
         if checkpoint is None:
-            def random_weights() -> tuple[MoEWeights, str | None]:
-                return MoEWeights.random(spec, seed=seed), None  # the builder hashes the tensors
-            return _named([cls(base, spec, plan, random_weights, f"random weights (seed {seed})")])
+            def load_random() -> tuple[MoEWeights, str | None]:
+                return random_weights(spec, seed), None  # the builder hashes the tensors
+            return _named([cls(base, spec, plan, load_random, f"random weights (seed {seed})")])
 
         def loader(index: int) -> WeightsLoader:
             def load() -> tuple[MoEWeights, str | None]:

@@ -1,12 +1,15 @@
 """The manifest next to every engine: what it was built from, and the checks that it still says so.
 
 Why one module for both: the fields written at build time are the fields verified before an
-engine is inspected or loaded. Schema `moe-build.manifest/2` (/2: the plan inside is `moe-build.plan/2`,
-with token bands, weight layouts and GEMM tactics):
+engine is inspected or loaded. Schema `moe-build.manifest/3` (/3: the plan inside is `moe-build.plan/3`,
+with token bands, weight layouts, GEMM tactics and the FP8 activation-quantization stages):
 - name, engine_file, engine_sha256, engine_bytes: the engine it describes (content-addressed);
 - onnx_sha256 (OOTB; null on the plugin path, which has no ONNX), weights_sha256;
 - spec, and the plan recorded whole (path, every stage with its gates; on the plugin path this
   includes the weight layout and the two GEMM tactics the runner will use);
+- quant {mode, weight_scale_granularity, act_scale}: the quant mode, and for FP8 experts the weights'
+  scale granularity (tensor, channel, block128) and whether activation scales are static (in the
+  engine) or dynamic (computed per row or 128-group at run time); null where unquantized;
 - flavour {name, version}, target {sm, compute_capability}, profile {min, opt, max};
 - graph: routing_input, inputs, outputs, layers, and the path's own record: `expert_compute`
   (OOTB) or `plugin` {name, namespace, version, weights, choices} (plugin path);
@@ -23,12 +26,15 @@ from typing import Any
 from ..errors import MoeBuildError, VerificationError
 from ..jsonfile import read_json_object
 from ..planner import Plan
-from ..spec import MoESpec
+from ..spec import MoESpec, Quant
 
-MANIFEST_SCHEMA = "moe-build.manifest/2"
+MANIFEST_SCHEMA = "moe-build.manifest/3"
 # TensorRT DataType names of the graph's input for each spec dtype.
 TRT_DTYPE_NAMES = {"fp32": "FLOAT", "fp16": "HALF", "bf16": "BF16"}
 PATHS = ("ootb", "plugin")
+FP8_QUANTS = (Quant.FP8, Quant.FP8_BLOCK)
+# Weight-scale granularities each quant mode's weights can carry (moe_build/weights/fp8.py).
+GRANULARITIES = {Quant.FP8: ("tensor", "channel"), Quant.FP8_BLOCK: ("block128",)}
 READ_ATTEMPTS = 3  # re-reads when a build publishes the pair while it is being read
 
 
@@ -52,9 +58,18 @@ def describe_network(network: Any) -> dict[str, Any]:
     }
 
 
+def quant_record(spec: MoESpec, weight_scale_granularity: str | None) -> dict[str, Any]:
+    """The manifest's `quant` (the schema above): what a reader of the engine must know of its numbers
+    that the spec alone does not say (the weights' scale granularity)."""
+    fp8 = spec.quant in FP8_QUANTS
+    return {"mode": spec.quant.value, "weight_scale_granularity": weight_scale_granularity if fp8 else None,
+            "act_scale": spec.act_scale.value if fp8 else None}
+
+
 def make_manifest(*, name: str, engine: bytes, spec: MoESpec, plan: Plan, flavour: dict[str, str],
                   sm: int, compute_capability: str | None, graph: dict[str, Any], onnx_sha256: str | None,
-                  weights_sha256: str, build: dict[str, Any]) -> dict[str, Any]:
+                  weights_sha256: str, build: dict[str, Any],
+                  weight_scale_granularity: str | None = None) -> dict[str, Any]:
     """The manifest of a freshly built engine (the schema above)."""
     target = plan.target
     return {
@@ -66,6 +81,7 @@ def make_manifest(*, name: str, engine: bytes, spec: MoESpec, plan: Plan, flavou
         "onnx_sha256": onnx_sha256,
         "weights_sha256": weights_sha256,
         "spec": spec.to_dict(),
+        "quant": quant_record(spec, weight_scale_granularity),
         "plan": plan.to_dict(),
         "flavour": flavour,
         "target": {"sm": sm, "compute_capability": compute_capability},
@@ -97,6 +113,22 @@ def _check_path_record(plan: Plan, graph: dict[str, Any]) -> None:
         raise _disagree("routing_input", graph.get("routing_input"), "logits (the MoE plugin takes router logits)")
 
 
+def _check_quant(spec: MoESpec, quant: Any) -> None:
+    """The quant record against the spec: the same mode and activation scales, and a granularity the mode's
+    weights can have."""
+    if not isinstance(quant, dict):
+        raise VerificationError(f"manifest is incomplete or malformed: quant is a {type(quant).__name__}, "
+                                "not an object")
+    if quant.get("mode") != spec.quant.value:
+        raise _disagree("quant", quant.get("mode"), spec.quant.value)
+    fp8 = spec.quant in FP8_QUANTS
+    if quant.get("act_scale") != (spec.act_scale.value if fp8 else None):
+        raise _disagree("act_scale", quant.get("act_scale"), spec.act_scale.value if fp8 else None)
+    allowed = GRANULARITIES.get(spec.quant, (None,))
+    if quant.get("weight_scale_granularity") not in allowed:
+        raise _disagree("weight_scale_granularity", quant.get("weight_scale_granularity"), allowed)
+
+
 def check_consistency(manifest: dict[str, Any]) -> Plan:
     """Manifest fields against the plan they claim to come from (path, spec, dtype, profile,
     target, flavour, and the path's own record). Returns the parsed plan."""
@@ -126,6 +158,7 @@ def check_consistency(manifest: dict[str, Any]) -> Plan:
     if plan.target.get("flavour") != flavour:
         raise _disagree("flavour", flavour, plan.target.get("flavour"))
     _check_path_record(plan, graph)
+    _check_quant(spec, manifest.get("quant"))
     hidden = next((t for t in graph.get("inputs", []) if t["name"] == "hidden"), None)
     if hidden is None or hidden["dtype"] != TRT_DTYPE_NAMES[spec.dtype.value]:
         raise _disagree("dtype", None if hidden is None else hidden["dtype"], spec.dtype.value)

@@ -45,7 +45,8 @@ class ExportOnnx(BaseLoader):
 
 class MoePluginNetwork(BaseLoader):
     """(builder, network, keep-alive): `hidden` [T, H] and `router_logits` [T, E] inputs in the spec's
-    dtype, the MoE plugin layer with the weights as constants, its output marked as `output`."""
+    dtype, the MoE plugin layer with the weights as constants (FP8 experts: FP8 W1 / W2 and fp32 scale
+    constants, in `moe_plugin.input_slots` order), its output marked as `output`."""
 
     def __init__(self, network: NetworkLoader, trt: ModuleType, spec: MoESpec, plan: Plan, weights: MoEWeights,
                  progress: BuildProgress):

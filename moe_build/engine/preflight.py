@@ -62,7 +62,7 @@ def prepare_build(spec: MoESpec, plan: Plan, options: BuildOptions) -> Toolchain
     check_options(options, plan.path)
     if plan.path == "plugin":
         from ..plugins.moe_plugin import check_spec_and_plan
-        check_spec_and_plan(spec, plan)  # quantization, LoRA, fp32: what the plugin's inputs cannot carry
+        check_spec_and_plan(spec, plan)  # quant modes without kernels, LoRA, fp32: what the plugin cannot run
     compute_capability = backend.compute_capability(target.sm)
     return Toolchain(backend=backend, loaders=polygraphy_loaders(backend), create_config=config_loader_class(backend),
                      target=target, routing_input=options.routing_input_for(plan.path),

@@ -11,11 +11,14 @@ Graph contract (documented for the CLI and the runtime):
   "topk" (`topk_ids` [tokens, top_k] int32 and `topk_weights` [tokens, top_k] fp32, routing done
   by the caller).
 - output `output` [tokens, hidden_size] in the spec's output dtype.
-- all weights are initializers in the spec's dtype (the DeepSeek correction bias stays fp32).
+- all weights are initializers in the spec's dtype (the DeepSeek correction bias stays fp32), except
+  FP8 experts (quant fp8 / fp8_block): their W1 / W2 stay FP8 initializers with fp32 scales, read
+  through DequantizeLinear, and each expert GEMM's input goes through Q/DQ (fp8_qdq.py; opset 21).
 
 Routing (logits, softmax/sigmoid, top-k, group selection) runs in fp32 on the exact
 spec-dtype values: rounding the logits to 16 bits would flip near-tied expert choices, which
-no tolerance can absorb. Expert GEMMs run in the spec's dtype.
+no tolerance can absorb. Expert GEMMs run in the spec's dtype (FP8 experts: in fp32 on the
+dequantized FP8 values, so the scales stay exact).
 """
 from __future__ import annotations
 
@@ -35,6 +38,7 @@ from ..errors import MoeBuildError
 from ..planner import Plan
 from ..spec import Activation, DType, MoESpec, OutputDType, RoutingMethod
 from ..weights import MoEWeights
+from .fp8_qdq import FP8_ONNX_OPSET, TRANSLATIONS, Fp8Experts
 
 TORCH_DTYPES = {DType.FP32: torch.float32, DType.FP16: torch.float16, DType.BF16: torch.bfloat16}
 OUT_TORCH_DTYPES = {OutputDType.FP32: torch.float32, OutputDType.FP16: torch.float16,
@@ -128,10 +132,11 @@ class MoELayerModule(nn.Module):
         self.spec, self.expert_compute, self.routing_input = spec, expert_compute, routing_input
         self.dtype, self.out_dtype = TORCH_DTYPES[spec.dtype], OUT_TORCH_DTYPES[spec.out_dtype]
         cast = weights.to(dtype=self.dtype)
+        self.fp8 = None if weights.fp8 is None else Fp8Experts(cast, per_expert=expert_compute == "per_expert_gather")
         # Matrices are stored [in, out] (transposed once here) so the graph has no Transpose nodes.
         for name in ("router_weight", "w1", "w2", "shared_w1", "shared_w2", "shared_gate",
                      "router_bias", "correction_bias", "b1", "b2"):
-            t = getattr(cast, name)
+            t = None if self.fp8 is not None and name in ("w1", "w2") else getattr(cast, name)
             if t is not None and name in ("router_weight", "w1", "w2", "shared_w1", "shared_w2", "shared_gate"):
                 t = t.transpose(-1, -2)
             self.register_buffer(name, None if t is None else t.contiguous())
@@ -159,24 +164,38 @@ class MoELayerModule(nn.Module):
             out = out + self._shared(hidden).float()
         return out.to(self.out_dtype)
 
+    def _weight(self, name: str, e: int | None = None) -> torch.Tensor:
+        """W1 / W2 [in, out] of expert e, or all [E, in, out]: FP8 ones dequantized in fp32."""
+        if self.fp8 is not None:
+            return self.fp8.weight(name, e)
+        w = getattr(self, name)
+        return w if e is None else w[e]
+
+    def _gemm_input(self, x: torch.Tensor, gemm: int) -> torch.Tensor:
+        """GEMM `gemm`'s (1 or 2) input as it sees it: x itself, or FP8-quantized and back in fp32."""
+        return x if self.fp8 is None else self.fp8.quantize_input(x, gemm)
+
     def _expert_mlp(self, x: torch.Tensor, e: int) -> torch.Tensor:
-        h = x @ self.w1[e]
+        """Expert e on rows x that are already GEMM1's input (`_gemm_input(., 1)`)."""
+        h = x @ self._weight("w1", e)
         if self.b1 is not None:
-            h = h + self.b1[e]
-        y = apply_activation(self.spec, h, self.spec.intermediate_size) @ self.w2[e]
-        return y + self.b2[e] if self.b2 is not None else y
+            h = h + self.b1[e].to(h.dtype)
+        act = apply_activation(self.spec, h, self.spec.intermediate_size)
+        y = self._gemm_input(act, 2) @ self._weight("w2", e)
+        return y + self.b2[e].to(y.dtype) if self.b2 is not None else y
 
     def _dense_masked(self, hidden: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """Every expert on every token; the [T, E] routing matrix is zero off the top-k."""
         experts = torch.arange(self.spec.num_experts, device=hidden.device)
         onehot = (ids.unsqueeze(-1) == experts).to(weights.dtype)                 # [T, k, E]
         dense = (onehot * weights.unsqueeze(-1)).sum(dim=1)                       # [T, E] fp32
-        h = torch.matmul(hidden.unsqueeze(0), self.w1)                            # [E, T, N1]
+        h = torch.matmul(self._gemm_input(hidden, 1).unsqueeze(0), self._weight("w1"))  # [E, T, N1]
         if self.b1 is not None:
-            h = h + self.b1.unsqueeze(1)
-        y = torch.matmul(apply_activation(self.spec, h, self.spec.intermediate_size), self.w2)
+            h = h + self.b1.unsqueeze(1).to(h.dtype)
+        act = apply_activation(self.spec, h, self.spec.intermediate_size)
+        y = torch.matmul(self._gemm_input(act, 2), self._weight("w2"))
         if self.b2 is not None:
-            y = y + self.b2.unsqueeze(1)                                          # [E, T, H]
+            y = y + self.b2.unsqueeze(1).to(y.dtype)                              # [E, T, H]
         # Weighted reduction in fp32: more accurate, and it keeps the final cast to the output dtype
         # a real node (a no-op cast of an already-16-bit sum is dropped by the exporter, leaving fp32).
         return (y.float() * dense.t().unsqueeze(-1)).sum(dim=0)
@@ -185,11 +204,12 @@ class MoELayerModule(nn.Module):
         """Per expert: gather the tokens that chose it, run its MLP, add back in place. A token
         picks an expert at most once, so each update writes distinct rows (no scatter reduction)."""
         out = torch.zeros_like(hidden, dtype=torch.float32)
+        x = self._gemm_input(hidden, 1)  # quantized once per token, as each row feeds several experts
         for e in range(self.spec.num_experts):
             chosen = ids == e                                                     # [T, k]
             tokens = torch.nonzero(chosen.any(dim=-1)).squeeze(-1)               # [n_e]
             w = (weights * chosen.to(weights.dtype)).sum(dim=-1)[tokens]          # [n_e]
-            y = self._expert_mlp(hidden[tokens], e).float() * w.unsqueeze(-1)
+            y = self._expert_mlp(x[tokens], e).float() * w.unsqueeze(-1)
             out = out.index_put((tokens,), out[tokens] + y)
         return out
 
@@ -225,7 +245,7 @@ def _quiet_exporter() -> Iterator[None]:
 
 def export_onnx(spec: MoESpec, weights: MoEWeights, plan: Plan, path: str | os.PathLike[str],
                 routing_input: str = "hidden") -> Path:
-    """Export the layer to `path` (dynamic tokens, opset 18) and check it with onnx.checker.
+    """Export the layer to `path` (dynamic tokens, opset 18; 21 with FP8 experts) and check it with onnx.checker.
 
     Weights above EXTERNAL_DATA_THRESHOLD bytes go to `<path>.data` next to it, because a
     protobuf cannot exceed 2 GiB (Mixtral-sized layers need this).
@@ -247,8 +267,9 @@ def export_onnx(spec: MoESpec, weights: MoEWeights, plan: Plan, path: str | os.P
     dynamic = tuple({0: tokens} for _ in args)  # every input's first dim is the token count
     with torch.no_grad(), _quiet_exporter():
         program = torch.onnx.export(module, args, dynamo=True, dynamic_shapes=dynamic, input_names=names,
-                                    output_names=[OUTPUT], opset_version=ONNX_OPSET, optimize=True,
-                                    verbose=False)
+                                    output_names=[OUTPUT], optimize=True, verbose=False,
+                                    opset_version=ONNX_OPSET if weights.fp8 is None else FP8_ONNX_OPSET,
+                                    custom_translation_table=None if weights.fp8 is None else TRANSLATIONS)
     weight_bytes = sum(t.numel() for _, t in weights.named()) * spec.dtype.itemsize
     external = weight_bytes > EXTERNAL_DATA_THRESHOLD
     path.parent.mkdir(parents=True, exist_ok=True)

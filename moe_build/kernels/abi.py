@@ -66,6 +66,13 @@ class GemmTile(enum.IntEnum):
     PINGPONG_64x128 = 6
     PINGPONG_64x256_C2 = 7
     PINGPONG_64x192_C2 = 8
+    COOP_128x128 = 9
+
+
+class Fp8Scaling(enum.IntEnum):
+    """mb_fp8_scaling: the FP8 GEMM's scales (per row and column, or per 128-k block)."""
+    ROWWISE = 0
+    BLOCK128 = 1
 
 
 class GemmLaunch(enum.IntEnum):
@@ -104,6 +111,12 @@ SIGNATURES: dict[str, tuple[type, tuple[type, ...]]] = {
     "mb_expand_rows": (_i, (_p, _i, _p, _p, _p, _i, _i, _i, _p, _p, _p, _p)),
     "mb_fc1_activation": (_i, (_p, _i, _p, _p, _i, _i64, _i, _i, _f, _f, _p, _p, _p)),
     "mb_finalize": (_i, (_p, _i, _p, _p, _p, _p, _i, _i, _i, _i, _p, _p)),
+    # FP8 activation quantization (issue 46; stages/quantize_fp8.cu, expand_rows.cu, fc1_activation.cu)
+    "mb_quantize_fp8": (_i, (_p, _i, _i64, _i, _p, _i, _p, _p, _p)),
+    "mb_expand_rows_fp8": (_i, (_p, _i, _p, _p, _i, _i, _i, _p, _i, _p, _p, _p, _p, _p)),
+    "mb_expand_rows_fp8_prequantized": (_i, (_p, _p, _i, _p, _p, _i, _i, _i, _p, _p, _p, _p, _i, _p)),
+    "mb_fc1_activation_fp8": (_i, (_p, _i, _p, _p, _i, _i64, _i, _i, _f, _f, _p, _i, _p, _p, _p)),
+    # end of FP8 activation quantization
     "mb_grouped_gemm_sm80_workspace": (_sz, (_i,)),
     "mb_grouped_gemm_sm80": (_i, (_p, _p, _p, _p, _p, _i, _i64, _i, _i, _i, _i, _i, _f, _f, _t, _p, _sz, _p)),
     "mb_grouped_gemm_sm90_workspace": (_sz, (_i, _i64, _i, _i)),
@@ -114,4 +127,6 @@ SIGNATURES: dict[str, tuple[type, tuple[type, ...]]] = {
                                            _p, _sz, _p)),
     "mb_grouped_gemm_sm90_gated": (_i, (_p, _p, _p, _p, _p, _i, _i64, _i, _i, _i, _i, _f, _f, _i, _t, _p, _p, _sz,
                                         _p)),
+    "mb_grouped_gemm_fp8_workspace": (_sz, (_i, _i64, _i, _i)),
+    "mb_grouped_gemm_fp8": (_i, (_p, _p, _p, _p, _i, _p, _p, _p, _i, _i64, _i, _i, _i, _t, _p, _sz, _p)),
 }

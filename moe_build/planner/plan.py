@@ -10,7 +10,7 @@ from dataclasses import replace
 from typing import Callable, Iterable, Mapping, Sequence
 
 from ..errors import MoeBuildError, UnsupportedCombination
-from ..spec import MoESpec
+from ..spec import MoESpec, Quant
 from ..target import Target
 from . import rules as R
 from . import tactics as T
@@ -19,9 +19,10 @@ from .gates import OURS, Band, Gate, Plan, StageDecision, bands_text
 # The plugin path's stages: the seed's fusion matrix, then the weight layouts and the two GEMMs' tactics
 # that follow from it (moe-build's own: what the kernels are told, never decided by them).
 FUSION_STAGES = ("routing_prologue", "expand_rows", "gemm_kernel", "fc1_activation", "fc2_prequant", "finalize")
+ACT_QUANT_STAGES = ("fc1_input_quant", "fc2_input_quant")
 LAYOUT_STAGES = ("w1_order", "weight_layout")
 TACTIC_STAGES = ("gemm1_tactic", "gemm2_tactic")
-PLUGIN_STAGES = FUSION_STAGES + LAYOUT_STAGES + TACTIC_STAGES
+PLUGIN_STAGES = FUSION_STAGES + ACT_QUANT_STAGES + LAYOUT_STAGES + TACTIC_STAGES
 OOTB_STAGES = ("expert_compute",)
 MATRIX_STAGES = FUSION_STAGES + OOTB_STAGES  # the seed's fusion matrix: both paths' fusion stages
 STAGE_CHOICES: dict[str, tuple[str, ...]] = {
@@ -31,6 +32,8 @@ STAGE_CHOICES: dict[str, tuple[str, ...]] = {
     "fc1_activation": ("epilogue", "fused_gated", "gated_epilogue", "separate"),
     "fc2_prequant": ("fused", "separate", "none"),
     "finalize": ("fused", "separate"),
+    "fc1_input_quant": ("expand_rows", "separate", "none"),
+    "fc2_input_quant": ("fc1_activation", "separate", "none"),
     "w1_order": ("gate_up_interleaved", "stacked"),
     "weight_layout": ("blocked64", "row_major"),
     "expert_compute": ("per_expert_gather", "dense_masked"),
@@ -39,6 +42,7 @@ STAGE_CHOICES: dict[str, tuple[str, ...]] = {
 GATE_FIELD = {
     "ootb_weight_only_quant": "quant", "ootb_sm": "sm", "ootb_quant_implemented": "quant", "ootb_lora": "lora",
     "flavour_sm": "sm", "plugin_output_dtype": "output_dtype", "plugin_fp8_sm": "sm", "plugin_fp4_sm": "sm",
+    "ootb_fp8_sm": "sm",
     "plugin_output_fp8_fp4": "output_dtype",
 }
 
@@ -191,6 +195,33 @@ def _finalize(spec: MoESpec, target: Target, gemm_kernel: str, tokens: int, forc
                          summary=f"{fused_text if choice == 'fused' else separate_text} ({where})")
 
 
+def _act_quant(stage: str, fused: str, gates: Sequence[Gate], forced: str | None, fused_text: str,
+               separate_text: str) -> StageDecision:
+    """An FP8 activation-quantization stage: `fused` where every gate holds, else a separate quantize kernel;
+    "none" for a layer without FP8 GEMMs (the first gate)."""
+    if not gates[0].held:
+        if forced not in (None, "none"):
+            _refuse(gates[:1], f"cannot force {stage}={forced}")
+        return StageDecision(stage, "none", "none", tuple(gates), forced=forced is not None,
+                             summary="no FP8 activations")
+    if forced == "none":
+        raise MoeBuildError("force", f"{stage}=none: FP8 GEMMs need FP8 inputs", (fused, "separate"))
+    return _simple(stage, fused, "separate", gates, forced, lambda f: fused_text if f else separate_text)
+
+
+def _fc1_input_quant(spec: MoESpec, forced: str | None) -> StageDecision:
+    return _act_quant("fc1_input_quant", "expand_rows", [R.input_quant_fp8(spec)], forced,
+                      "GEMM1's input quantized to FP8 while rows are expanded",
+                      "GEMM1's input quantized to FP8 by a separate kernel, then expanded")
+
+
+def _fc2_input_quant(spec: MoESpec, fc1_activation: str, forced: str | None) -> StageDecision:
+    return _act_quant("fc2_input_quant", "fc1_activation",
+                      [R.input_quant_fp8(spec), R.fc2_quant_in_activation(fc1_activation)], forced,
+                      "GEMM2's input quantized to FP8 in the activation kernel",
+                      "GEMM2's input quantized to FP8 by a separate kernel after the activation")
+
+
 def _w1_order(fc1_activation: str) -> StageDecision:
     gate = R.w1_interleaved(fc1_activation)
     choice = "gate_up_interleaved" if gate.held else "stacked"
@@ -200,7 +231,7 @@ def _w1_order(fc1_activation: str) -> StageDecision:
 
 
 def _weight_layout(spec: MoESpec, target: Target, gemm_kernel: str, forced: str | None) -> StageDecision:
-    capable = [R.blocked_gemm_kernel(gemm_kernel), R.blocked_sizes(spec)]
+    capable = [R.blocked_gemm_kernel(gemm_kernel), R.blocked_sizes(spec), R.blocked_not_fp8(spec)]
     return _simple("weight_layout", "blocked64", "row_major", capable + [R.blocked_rows_pay(spec, target)], forced,
                    lambda f: "W1 / W2 stored in 64 x 64 blocks (the sm90 GEMMs' prefill layout)" if f
                    else "W1 / W2 row-major per expert", force_needs=capable)
@@ -211,9 +242,11 @@ def _gemm_calls(spec: MoESpec, target: Target, choices: Mapping[str, str]) -> di
     epilogue is the finalize stage's choice there; `_tactic` follows it over every count)."""
     entry = "sm90" if choices["gemm_kernel"] == "tma_warp_specialized" else "sm80"
     gated1 = choices["fc1_activation"] in ("gated_epilogue", "fused_gated")
-    common = dict(sm=target.sm, entry=entry, experts=spec.local_experts, top_k=spec.top_k, itemsize=spec.dtype.itemsize,
+    fp8 = {Quant.FP8: "rowwise", Quant.FP8_BLOCK: "block128"}.get(spec.quant, "none")
+    common = dict(sm=target.sm, entry=entry, experts=spec.local_experts, top_k=spec.top_k,
+                  itemsize=1 if fp8 != "none" else spec.dtype.itemsize,
                   weights_blocked=choices["weight_layout"] == "blocked64", sm_count=target.sm_count,
-                  l2_bytes=target.l2_bytes)
+                  l2_bytes=target.l2_bytes, fp8=fp8)
     return {"gemm1_tactic": T.GemmCall(epilogue="gated" if gated1 else "store", n=spec.fc1_out_features,
                                        k=spec.hidden_size, **common),
             "gemm2_tactic": T.GemmCall(epilogue=_gemm2_epilogue(choices["finalize"]),
@@ -324,6 +357,8 @@ def make_plan(spec: MoESpec, target: Target, tokens: int = 1,
             fc1,
             _fc2_prequant(spec, force.get("fc2_prequant")),
             finalize,
+            _fc1_input_quant(spec, force.get("fc1_input_quant")),
+            _fc2_input_quant(spec, fc1.choice, force.get("fc2_input_quant")),
             _w1_order(fc1.choice),
             layout,
             _tactic("gemm1_tactic", calls["gemm1_tactic"], None, tokens, tactics.get("gemm1_tactic")),
@@ -331,7 +366,7 @@ def make_plan(spec: MoESpec, target: Target, tokens: int = 1,
         )
         return Plan("plugin", tuple(plugin_gates + checks), stages, tokens, spec.to_dict(), target.to_dict())
     checks = [R.ootb_not_weight_only(spec), R.ootb_sm_below_100(target), R.flavour_targets_sm(target),
-              R.ootb_quant_implemented(spec), R.ootb_no_lora(spec)]
+              R.ootb_quant_implemented(spec), R.ootb_fp8_sm(spec, target), R.ootb_no_lora(spec)]
     reason = "; ".join(f"{g.name}={g.value} fails '{g.condition}'" for g in plugin_gates if not g.held)
     _refuse(checks, f"the OOTB path ({reason}) refuses this combination")
     _check_forced("ootb", force)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from ..spec import Activation, DType, MoESpec, OutputDType, Quant
-from ..target import Target
+from ..target import Flavour, Target
 from ..weights.blocks import blocks_fit
 from .gates import (BUILDER_PY, ENV_UTILS_CPP, RTX_FACTS, GEMM_DISPATCH_H, MOE_KERNELS_CU, MOE_KERNELS_H,
                     MOE_PLUGIN_CPP, MOE_PY, OURS, PLUGIN_PY, Gate)
@@ -47,14 +47,24 @@ def ootb_not_weight_only(s: MoESpec) -> Gate:
                 not s.quant.is_weight_only, _src(MOE_PY, 1229))
 
 
-# MoeOOTB does not support SM >= 100
+# MoeOOTB does not support SM >= 100 (TensorRT-LLM's layers; TensorRT-RTX builds our ONNX graph for SM 120/121)
 def ootb_sm_below_100(t: Target) -> Gate:
-    return Gate("ootb_sm", t.sm, "sm < 100", t.sm < 100, _src(MOE_PY, 1234))
+    rtx = t.flavour is Flavour.TENSORRT_RTX
+    return Gate("ootb_sm", t.sm, "sm < 100 or flavour == tensorrt-rtx", t.sm < 100 or rtx,
+                f"{_src(MOE_PY, 1234)}, {RTX_FACTS}")
 
 
-# our OOTB graph implements unquantized layers only (quantized OOTB graphs are not built yet)
+# our OOTB graph implements unquantized and FP8 (fp8, fp8_block) layers (other quantized OOTB graphs are not built yet)
 def ootb_quant_implemented(s: MoESpec) -> Gate:
-    return Gate("ootb_quant_implemented", s.quant.value, "quant == none", s.quant is Quant.NONE, OURS)
+    return Gate("ootb_quant_implemented", s.quant.value, "quant in (none, fp8, fp8_block)",
+                s.quant in (Quant.NONE, Quant.FP8, Quant.FP8_BLOCK), OURS)
+
+
+# FP8 requires SM >= 89
+def ootb_fp8_sm(s: MoESpec, t: Target) -> Gate:
+    uses = s.quant in (Quant.FP8, Quant.FP8_BLOCK)
+    return Gate("ootb_fp8_sm", f"quant={s.quant.value} sm={t.sm}", "not fp8 or sm >= 89", (not uses) or t.sm >= 89,
+                f"{_src(MOE_PLUGIN_CPP, 260)}, {RTX_FACTS}")
 
 
 # our OOTB graph has no LoRA branch
@@ -402,6 +412,30 @@ def blocked_rows_pay(s: MoESpec, t: Target) -> Gate:
     return Gate("blocked_rows_pay", f"max_tokens={t.profile.max} avg_rows={avg}",
                 f"{BLOCKED_MIN_AVG_ROWS} <= ceil(max_tokens * top_k / experts) <= {BLOCKED_MAX_AVG_ROWS}",
                 BLOCKED_MIN_AVG_ROWS <= avg <= BLOCKED_MAX_AVG_ROWS, OURS)
+
+
+# FP8 weights are read row-major: the FP8 GEMMs (cpp/src/gemm/fp8_*.cu) have no 64 x 64 block maps
+def blocked_not_fp8(s: MoESpec) -> Gate:
+    return Gate("blocked_not_fp8", s.quant.value, "quant not in (fp8, fp8_block)", not _fp8_activations(s), OURS)
+
+
+# ---- FP8 activation quantization (moe-build's own) -------------------------------------------
+
+def _fp8_activations(s: MoESpec) -> bool:
+    return s.quant in (Quant.FP8, Quant.FP8_BLOCK)
+
+
+# GEMM1's input rows are quantized to FP8 where they are duplicated and permuted (one pass over the
+# tokens) when the layer runs FP8 GEMMs: quant in (fp8, fp8_block)
+def input_quant_fp8(s: MoESpec) -> Gate:
+    return Gate("fp8_gemms", s.quant.value, "quant in (fp8, fp8_block)", _fp8_activations(s), OURS)
+
+
+# GEMM2's input is quantized to FP8 inside the activation step when that step runs as its own kernel:
+# fc1_activation == separate (a fused gated epilogue writes 16-bit rows)
+def fc2_quant_in_activation(fc1_activation: str) -> Gate:
+    return Gate("fc1_activation_kernel", fc1_activation, "fc1_activation == separate", fc1_activation == "separate",
+                OURS)
 
 
 # ---- OOTB expert compute ----------------------------------------------------------------------

@@ -20,7 +20,12 @@ from ..errors import MoeBuildError
 
 KERNELS = ("decode", "mma", "wgmma")
 MMA_TILES = ("16x64", "64x128", "128x128")
-WGMMA_TILES = ("coop128x256", "pingpong64x256", "pingpong64x128", "pingpong64x256c2", "pingpong64x192c2")
+WGMMA_TILES = ("coop128x256", "pingpong64x256", "pingpong64x128", "pingpong64x256c2", "pingpong64x192c2",
+               "coop128x128")
+FP8_SCALINGS = ("none", "rowwise", "block128")  # the GEMM's FP8 scales (mb_fp8_scaling), none for 16-bit
+# The FP8 GEMM's wgmma tiles by scaling (gemm/fp8_sm90.cu); coop128x128 is the FP8 GEMM's only.
+FP8_WGMMA_TILES = {"rowwise": ("coop128x128", "coop128x256", "pingpong64x128"),
+                   "block128": ("coop128x128", "pingpong64x128")}
 K_SPLITS = (1, 2, 4, 8)
 LAUNCHES = ("plain", "after_trigger", "placed")
 OUTPUT_L2 = ("plain", "evict_last")
@@ -90,10 +95,13 @@ class GemmCall:
     weights_blocked: bool
     sm_count: int
     l2_bytes: int
+    fp8: str = "none"    # FP8_SCALINGS: the FP8 GEMM (e4m3 operands, plain store) with these scales
 
     def __post_init__(self) -> None:
         if self.epilogue not in EPILOGUES:
             raise ValueError(f"GemmCall epilogue {self.epilogue!r} is not one of {', '.join(EPILOGUES)}")
+        if self.fp8 not in FP8_SCALINGS:
+            raise ValueError(f"GemmCall fp8 {self.fp8!r} is not one of {', '.join(FP8_SCALINGS)}")
 
     @property
     def expert_weight_bytes(self) -> int:
@@ -148,10 +156,63 @@ FINALIZE_DECODE_MAX_AVG_ROWS = 4
 
 
 def kernel_rule(call: GemmCall, rows: RowCount) -> str:
+    if call.fp8 != "none":
+        return fp8_kernel_rule(call, rows)
     limit = FINALIZE_DECODE_MAX_AVG_ROWS if call.epilogue == "finalize" else DECODE_MAX_AVG_ROWS
     if rows.avg_at_most(limit):
         return "decode"
     return "wgmma" if call.entry == "sm90" else "mma"
+
+
+# FP8 kernel (bench/fp8_tactics_probe.py, H200, the bench shapes' GEMMs at 1 and 16 tokens, L2 flushed):
+# rowwise scales keep the decode kernel to 16 average rows per expert and 255 rows in all (16 tokens, 32-128
+# rows: Qwen3-30B-A3B GEMM1 72 vs 78 us on the best wgmma tile, GEMM2 42 vs 52, DeepSeek-V2-Lite GEMM1 88 vs
+# 95, Mixtral-8x7B GEMM1 239 vs 272; from 2048 rows the wgmma tiles were measured alone); block-128 scales leave it from 64 rows in all (its per-block scale loads cost more: 16 tokens of
+# Qwen3 GEMM1 80 vs 74 on pingpong 64x128, GEMM2 55 vs 44, DeepSeek-V2-Lite 96 vs 90, while Mixtral's 32
+# rows stay on decode, 257 vs 271). Where there is no FP8 wgmma kernel (the sm80 entry: SM 8.9 runs the
+# decode kernel only; the mma tiles have no FP8 form) the decode kernel runs at every count.
+FP8_ROWWISE_DECODE_MAX_AVG_ROWS = 16
+FP8_ROWWISE_DECODE_ROWS = 256
+FP8_BLOCK_DECODE_ROWS = 64
+
+
+def fp8_kernel_rule(call: GemmCall, rows: RowCount) -> str:
+    if call.entry != "sm90":
+        return "decode"
+    if call.fp8 == "block128":
+        return "decode" if rows.rows_below(FP8_BLOCK_DECODE_ROWS) else "wgmma"
+    few = rows.avg_at_most(FP8_ROWWISE_DECODE_MAX_AVG_ROWS) and rows.rows_below(FP8_ROWWISE_DECODE_ROWS)
+    return "decode" if few else "wgmma"
+
+
+# FP8 decode K slices: 1, doubled while the CTAs (non-empty experts times column blocks) are fewer than two
+# per SM and each warp's K slice stays at least 2048 bytes, up to 8. Same probe: short K loses by splitting
+# (1 token of Qwen3 GEMM1, K = 2048: 13.7 / 15.9 / 16.7 us at 1 / 2 / 4 slices, block scales), a long K with
+# few experts gains (Mixtral GEMM2, K = 14336, 1 token: 58.8 / 46.6 / 39.5 us at 1 / 2 / 4, rowwise).
+FP8_DECODE_MIN_SLICE_BYTES = 2048
+
+
+def fp8_decode_k_split_rule(call: GemmCall, rows: RowCount) -> int:
+    experts = min(call.experts, max(rows.rows, 1))
+    k_split = 1
+    while k_split < 8 and call.k // (2 * k_split) >= FP8_DECODE_MIN_SLICE_BYTES:
+        column_blocks = -(-call.n // (16 * (DECODE_WARPS // k_split)))
+        if experts * column_blocks >= 2 * call.sm_count:
+            break
+        k_split *= 2
+    return k_split
+
+
+# FP8 wgmma tile: pingpong 64x128 up to 32 average rows per expert, else cooperative 128x128 (same probe:
+# 256 tokens of Qwen3 GEMM1, 16 rows, 120 vs 147 us rowwise, DeepSeek-V2-Lite, 24 rows, 112 vs 135; Mixtral
+# GEMM1 at 64 rows 293 vs 312 (block: 275 vs 315); 4096 tokens of Qwen3 GEMM1 301 vs 320, Mixtral 2040 vs
+# 2695; one loss: Qwen3 GEMM2 rowwise at 4096 tokens, 221 vs 207). Cooperative 128x256 (rowwise only: CUTLASS's
+# blockwise mainloop takes one weight-scale block per tile column) was 1.8-2.2x slower everywhere.
+FP8_NARROW_MAX_AVG_ROWS = 32
+
+
+def fp8_wgmma_tile_rule(call: GemmCall, rows: RowCount) -> str:
+    return "pingpong64x128" if rows.avg_at_most(FP8_NARROW_MAX_AVG_ROWS) else "coop128x128"
 
 
 # decode K slices per CTA: 2, or 8 where 2 slices give fewer CTAs than SMs (non-empty experts at most
@@ -212,6 +273,8 @@ def narrow_columns_fit(n: int) -> bool:
 
 
 def wgmma_tile_rule(call: GemmCall, rows: RowCount) -> str:
+    if call.fp8 != "none":
+        return fp8_wgmma_tile_rule(call, rows)
     if call.epilogue == "finalize":
         return "pingpong64x128" if rows.avg_at_most(FINALIZE_NARROW_MAX_AVG_ROWS) else "pingpong64x256"
     if rows.avg_at_most(NARROW_MAX_AVG_ROWS):
@@ -264,7 +327,8 @@ def choose_tactic(call: GemmCall, rows: RowCount) -> GemmTactic:
     """The table: every rule above, in order, for one GEMM at one token count."""
     kernel = kernel_rule(call, rows)
     if kernel == "decode":
-        return GemmTactic("decode", "none", decode_k_split_rule(call, rows), decode_launch_rule(call), "plain")
+        k_split = fp8_decode_k_split_rule(call, rows) if call.fp8 != "none" else decode_k_split_rule(call, rows)
+        return GemmTactic("decode", "none", k_split, decode_launch_rule(call), "plain")
     if kernel == "mma":
         return GemmTactic("mma", mma_tile_rule(call, rows), 0, "plain", "plain")
     tile = wgmma_tile_rule(call, rows)
@@ -302,6 +366,12 @@ def tactic_problem(call: GemmCall, tactic: GemmTactic) -> str | None:
     """Why `call` cannot run `tactic` (the library would refuse it), or None if it can."""
     if tactic.kernel == "wgmma" and call.entry != "sm90":
         return "the wgmma kernel runs only in the sm90 GEMMs (gemm_kernel=tma_warp_specialized)"
+    if call.fp8 != "none":
+        fp8_problem = _fp8_tactic_problem(call, tactic)
+        if fp8_problem is not None:
+            return fp8_problem
+    elif tactic.kernel == "wgmma" and tactic.tile == "coop128x128":
+        return "wgmma coop128x128 is the FP8 GEMM's tile"
     if tactic.kernel == "mma" and call.weights_blocked:
         return "the mma tiles read row-major weights only (weight_layout=row_major)"
     if tactic.kernel == "wgmma" and call.weights_blocked and tactic.tile not in BLOCKED_TILES:
@@ -316,4 +386,15 @@ def tactic_problem(call: GemmCall, tactic: GemmTactic) -> str | None:
         return "evict_last outputs are the wgmma gated and finalize epilogues' only"
     if (tactic.kernel == "decode") != (tactic.k_split in K_SPLITS):
         return "the decode kernel takes a K split of 1, 2, 4 or 8, the other kernels none"
+    return None
+
+
+def _fp8_tactic_problem(call: GemmCall, tactic: GemmTactic) -> str | None:
+    """Why the FP8 GEMM (gemm/fp8_abi.cu) cannot run `tactic`, or None."""
+    if tactic.kernel == "mma":
+        return "the mma tiles have no FP8 kernel (decode or wgmma)"
+    if tactic.kernel == "wgmma" and tactic.tile not in FP8_WGMMA_TILES[call.fp8]:
+        return f"the FP8 wgmma kernel's {call.fp8} tiles are {', '.join(FP8_WGMMA_TILES[call.fp8])}"
+    if tactic.launch == "placed" or tactic.output_l2 != "plain":
+        return "the FP8 GEMM launches plainly or after a trigger, with plain outputs"
     return None

@@ -13,7 +13,9 @@ import torch
 
 from ..spec import MoESpec
 from ..weights import MoEWeights
+from ..weights.fp8 import FP8_GROUP, ScaleGranularity
 from .batch import Batch
+from .workspace import TORCH_DTYPE
 
 
 class FusedExperts:
@@ -34,6 +36,15 @@ class FusedExperts:
         # gated and finalize GEMMs then launch after a trigger, by placement (kernels.new_gemm_placement).
         dev = weights.w1.device
         self.placement = {"gemm1": kernels.new_gemm_placement(dev), "gemm2": kernels.new_gemm_placement(dev)}
+        # FP8 layers: the GEMMs' scaling, the activation scales (static: one per GEMM input; None: dynamic,
+        # per row or per 128 columns) and the output dtype (moe_build/weights/fp8.py).
+        f = weights.fp8
+        block = f is not None and f.granularity is ScaleGranularity.BLOCK128
+        self.fp8_scaling = kernels.Fp8Scaling.BLOCK128 if block else kernels.Fp8Scaling.ROWWISE
+        self.fp8_group = FP8_GROUP if block else None
+        self.a1_scale = None if f is None else f.a1_scale
+        self.a2_scale = None if f is None else f.a2_scale
+        self.out_dtype = TORCH_DTYPE[spec.dtype]
 
     # ---- permute ---------------------------------------------------------------------------
     def prologue_fused(self, b: Batch) -> None:
@@ -107,6 +118,47 @@ class FusedExperts:
         self.k.fc1_activation(b.v("fc1_out"), b.v("expert_offsets"), self.act, bias=self.w.b1,
                           swiglu_alpha=s.swiglu_alpha, swiglu_limit=s.swiglu_limit, out=b.v("fc1_act"),
                           stream=b.stream)
+
+    # ---- FP8: GEMM inputs quantized where the plan says, e4m3 GEMMs -------------------------------
+    def expand_rows_fp8(self, b: Batch) -> None:
+        """The expansion, each token's row quantized once and written to its top_k permuted rows."""
+        self.k.expand_rows_fp8(b.hidden, b.v("unpermuted_to_permuted"), b.topk_weights, static_scale=self.a1_scale,
+                               group=self.fp8_group, permuted_input=b.v("permuted_input"),
+                               permuted_scales=b.v("permuted_input_scales"), permuted_weights=b.v("permuted_weights"),
+                               stream=b.stream)
+
+    def quantize_input(self, b: Batch) -> None:
+        self.k.quantize_fp8(b.hidden, static_scale=self.a1_scale, group=self.fp8_group, out=b.v("input_fp8"),
+                            out_scales=b.v("input_scales"), stream=b.stream)
+
+    def expand_rows_fp8_prequantized(self, b: Batch) -> None:
+        self.k.expand_rows_fp8_prequantized(b.v("input_fp8"), b.v("input_scales"), b.v("unpermuted_to_permuted"),
+                                            b.topk_weights, permuted_input=b.v("permuted_input"),
+                                            permuted_scales=b.v("permuted_input_scales"),
+                                            permuted_weights=b.v("permuted_weights"), stream=b.stream)
+
+    def gemm1_fp8(self, b: Batch) -> None:
+        self.k.grouped_gemm_fp8(b.v("permuted_input"), b.v("permuted_input_scales"), self.w.w1, self.w.fp8.w1_scale,
+                                b.v("expert_offsets"), self.fp8_scaling, out_dtype=self.out_dtype, c=b.v("fc1_out"),
+                                workspace=_opt(b, "gemm_workspace"), stream=b.stream, tactic=b.gemm1_tactic)
+
+    def fc1_activation_fp8(self, b: Batch) -> None:
+        """The activation (+b1) with GEMM2's FP8 input written in the same pass."""
+        s = self.spec
+        self.k.fc1_activation_fp8(b.v("fc1_out"), b.v("expert_offsets"), self.act, bias=self.w.b1,
+                                  swiglu_alpha=s.swiglu_alpha, swiglu_limit=s.swiglu_limit,
+                                  static_scale=self.a2_scale, group=self.fp8_group, out=b.v("fc2_input"),
+                                  out_scales=b.v("fc2_input_scales"), stream=b.stream)
+
+    def quantize_fc2_input(self, b: Batch) -> None:
+        self.k.quantize_fp8(b.v("fc1_act"), static_scale=self.a2_scale, group=self.fp8_group, out=b.v("fc2_input"),
+                            out_scales=b.v("fc2_input_scales"), stream=b.stream)
+
+    def gemm2_fp8(self, b: Batch) -> None:
+        self.k.grouped_gemm_fp8(b.v("fc2_input"), b.v("fc2_input_scales"), self.w.w2, self.w.fp8.w2_scale,
+                                b.v("expert_offsets"), self.fp8_scaling, out_dtype=self.out_dtype,
+                                c=b.v("gemm2_out"), workspace=_opt(b, "gemm_workspace"), stream=b.stream,
+                                tactic=b.gemm2_tactic)
 
     # ---- GEMM2 -----------------------------------------------------------------------------
     def gemm2_sm90_finalize(self, b: Batch) -> None:

@@ -145,6 +145,10 @@ class MoERunner:
             S.GEMM2_SM90_FINALIZE: ex.gemm2_sm90_finalize,
             S.GEMM2_SM90: ex.gemm2_sm90, S.GEMM2_SM80: ex.gemm2_sm80,
             S.FINALIZE: pf.weight_and_reduce, S.SHARED_EXPERTS: pf.shared_experts,
+            S.EXPAND_ROWS_FP8: ex.expand_rows_fp8, S.QUANTIZE_INPUT: ex.quantize_input,
+            S.EXPAND_ROWS_FP8_PREQUANTIZED: ex.expand_rows_fp8_prequantized, S.GEMM1_FP8: ex.gemm1_fp8,
+            S.FC1_ACTIVATION_FP8: ex.fc1_activation_fp8, S.QUANTIZE_FC2_INPUT: ex.quantize_fc2_input,
+            S.GEMM2_FP8: ex.gemm2_fp8,
         }
 
     def kernel_sequence(self, tokens: int, routing_input: S.RoutingInput = "hidden") -> list[str]:
@@ -261,7 +265,10 @@ def runner_layout(spec: MoESpec, plan: Plan, max_tokens: int) -> dict[str, Buffe
     """The runner's buffer layout for calls of up to `max_tokens` tokens, kernel scratch included."""
     steps = S.steps_up_to(plan, max_tokens)
     r, E = max_tokens * spec.top_k, spec.local_experts
-    if plan.stage("gemm_kernel").choice == "tma_warp_specialized":  # one scratch shared by GEMM1 and GEMM2
+    if S.is_fp8(plan):
+        gemm = max(kernels.grouped_gemm_fp8_workspace_bytes(E, r, spec.fc1_out_features, spec.hidden_size),
+                   kernels.grouped_gemm_fp8_workspace_bytes(E, r, spec.hidden_size, spec.intermediate_size))
+    elif plan.stage("gemm_kernel").choice == "tma_warp_specialized":  # one scratch shared by GEMM1 and GEMM2
         gemm = max(kernels.grouped_gemm_sm90_workspace_bytes(E, r, spec.fc1_out_features, spec.hidden_size),
                    kernels.grouped_gemm_sm90_workspace_bytes(E, r, spec.hidden_size, spec.intermediate_size))
     else:
@@ -277,5 +284,4 @@ def workspace_bytes(spec: MoESpec, plan: Plan, max_tokens: int) -> int:
 
 def _to_device(weights: MoEWeights, device: torch.device, dtype: torch.dtype) -> MoEWeights:
     """Weights in the layer dtype on the device, contiguous, converted once."""
-    w = weights.to(device, dtype)
-    return MoEWeights(**{name: t.contiguous() for name, t in w.named()})
+    return weights.to(device, dtype).contiguous()

@@ -40,6 +40,14 @@ GEMM2_SM90_FINALIZE = "gemm2:sm90_finalize"  # GEMM2 with unpermute/weighting/re
 GEMM2_SM90 = "gemm2:sm90"
 GEMM2_SM80 = "gemm2:sm80"
 FINALIZE = "finalize"                  # mb_finalize (the separate top-k weighting and reduction)
+# FP8 layers (quant fp8 / fp8_block): e4m3 GEMMs with plain stores, their inputs quantized where the plan says
+EXPAND_ROWS_FP8 = "expand_rows:fp8"    # mb_expand_rows_fp8: GEMM1's input quantized as it is expanded
+QUANTIZE_INPUT = "fc1_input_quant:separate"  # mb_quantize_fp8 on the tokens, then ...
+EXPAND_ROWS_FP8_PREQUANTIZED = "expand_rows:fp8_prequantized"  # ... mb_expand_rows_fp8_prequantized
+GEMM1_FP8 = "gemm1:fp8"                # mb_grouped_gemm_fp8
+FC1_ACTIVATION_FP8 = "fc1_activation:fp8"  # mb_fc1_activation_fp8: GEMM2's input quantized in the activation
+QUANTIZE_FC2_INPUT = "fc2_input_quant:separate"  # mb_quantize_fp8 after mb_fc1_activation
+GEMM2_FP8 = "gemm2:fp8"                # mb_grouped_gemm_fp8
 SHARED_EXPERTS = "shared_experts"      # torch matmuls + mb_fc1_activation, added to the output
 
 _GEMM1 = {
@@ -66,14 +74,22 @@ def weights_blocked(plan: Plan) -> bool:
     return plan.stage("weight_layout").choice == "blocked64"
 
 
+RUNNABLE_QUANT = ("none", "fp8", "fp8_block")
+
+
+def is_fp8(plan: Plan) -> bool:
+    """Whether the plan runs FP8 GEMMs (its activation-quantization stages say where their inputs are made)."""
+    return plan.stage("fc1_input_quant").choice != "none"
+
+
 def check_runnable(plan: Plan) -> None:
     """Refuse plans this runner has no kernels for, naming the stage (one-line MoeBuildError)."""
     if plan.path != "plugin":
         raise MoeBuildError("path", f"the fused runner executes plugin-path plans, this plan is {plan.path!r}",
                             "plugin (moe_plugin=auto with full TensorRT)")
     spec = plan.spec
-    if spec.get("quant", "none") != "none":
-        raise MoeBuildError("quant", f"the runner has no quantized kernels yet ({spec['quant']})", "none")
+    if spec.get("quant", "none") not in RUNNABLE_QUANT:
+        raise MoeBuildError("quant", f"the runner has no {spec['quant']} kernels yet", RUNNABLE_QUANT)
     if spec.get("dtype") == "fp32":
         raise MoeBuildError("dtype", "the runner's grouped GEMMs are fp16/bf16 only (fp32 is not implemented)",
                             ("fp16", "bf16"))
@@ -83,6 +99,9 @@ def check_runnable(plan: Plan) -> None:
         raise MoeBuildError("experts_per_node", "expert-parallel dispatch/combine is not implemented yet",
                             "all experts on one node")
     c = plan.choices()
+    if is_fp8(plan) and (c["fc1_activation"], c["finalize"]) != ("separate", "separate"):
+        raise MoeBuildError("fc1_activation/finalize", "the FP8 GEMMs store plainly: their activation and finalize "
+                            "run as kernels of their own", "fc1_activation=separate, finalize=separate")
     if c["expand_rows"] != "plain" or c["fc2_prequant"] != "none":
         raise MoeBuildError("expand_rows/fc2_prequant", "pre-quant scales need quantized kernels",
                             "expand_rows=plain, fc2_prequant=none")
@@ -109,6 +128,8 @@ def kernel_sequence(plan: Plan, tokens: int, routing_input: RoutingInput = "hidd
         steps.append(ROUTER_GEMM)
     if routing_input in ("hidden", "logits"):
         steps.append(ROUTING)
+    if is_fp8(plan):
+        return steps + _fp8_steps(plan, c)
     gemm2 = _GEMM2[(c["gemm_kernel"], c["finalize"])]
     # GEMM2's finalize epilogue adds into `out`, which the three-step prologue or else the expansion
     # zeroes beforehand.
@@ -119,6 +140,20 @@ def kernel_sequence(plan: Plan, tokens: int, routing_input: RoutingInput = "hidd
         steps += [PROLOGUE_THREE_STEP_ZERO_OUTPUT if zero else PROLOGUE_THREE_STEP, EXPAND_ROWS]
     steps += _GEMM1[(c["gemm_kernel"], c["fc1_activation"])]
     steps += gemm2
+    if plan.spec.get("shared", {}).get("count", 0):
+        steps.append(SHARED_EXPERTS)
+    return steps
+
+
+def _fp8_steps(plan: Plan, c: dict[str, str]) -> list[str]:
+    """An FP8 layer's steps after routing: maps, GEMM1's FP8 input (quantized in the expansion or before it),
+    GEMM1, the activation with GEMM2's FP8 input (quantized in it or after it), GEMM2, the finalize."""
+    steps = [PROLOGUE_FUSED if c["routing_prologue"] == "fused" else PROLOGUE_THREE_STEP]
+    steps += [EXPAND_ROWS_FP8] if c["fc1_input_quant"] == "expand_rows" else [QUANTIZE_INPUT,
+                                                                               EXPAND_ROWS_FP8_PREQUANTIZED]
+    steps.append(GEMM1_FP8)
+    steps += [FC1_ACTIVATION_FP8] if c["fc2_input_quant"] == "fc1_activation" else [FC1_ACTIVATION, QUANTIZE_FC2_INPUT]
+    steps += [GEMM2_FP8, FINALIZE]
     if plan.spec.get("shared", {}).get("count", 0):
         steps.append(SHARED_EXPERTS)
     return steps
@@ -137,4 +172,6 @@ def plan_weights(plan: Plan, weights: MoEWeights) -> MoEWeights:
     where the plan keeps both as they are."""
     if w1_interleaved(plan):
         weights = weights.gate_up_interleaved()
+    if weights.fp8 is not None:
+        weights = weights.fp8_channel_scales()  # the FP8 GEMM's rowwise mode reads one scale per column
     return weights.blocked_64x64() if weights_blocked(plan) else weights

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..spec import DType, MoESpec
+from ..spec import DType, MoESpec, Quant
 from . import sequence as S
 
 TORCH_DTYPE = {DType.FP32: torch.float32, DType.FP16: torch.float16, DType.BF16: torch.bfloat16}
@@ -54,11 +54,15 @@ def workspace_layout(spec: MoESpec, steps: set[str], max_tokens: int, *, gemm_wo
         "permuted_weights": BufferSpec((R,), torch.float32, K),
         "fc1_act": BufferSpec((R, I), dt, K),
     }
+    if S.GEMM1_FP8 in steps:
+        out.update(_fp8_buffers(spec, steps, max_tokens))
+        if S.FC1_ACTIVATION not in steps:  # the activation writes GEMM2's FP8 input straight away
+            del out["fc1_act"]
     if S.ROUTER_GEMM in steps:
         out["logits"] = BufferSpec((M, E), dt, 1)
     if S.THREE_STEP_PROLOGUES & steps and three_step_workspace_bytes:
         out["prologue_workspace"] = BufferSpec((three_step_workspace_bytes,), torch.uint8)
-    if S.FC1_ACTIVATION in steps:
+    if S.FC1_ACTIVATION in steps or S.FC1_ACTIVATION_FP8 in steps:
         out["fc1_out"] = BufferSpec((R, N1), dt, K)
     if S.FINALIZE in steps:
         out["gemm2_out"] = BufferSpec((R, H), dt, K)
@@ -73,6 +77,25 @@ def workspace_layout(spec: MoESpec, steps: set[str], max_tokens: int, *, gemm_wo
         out["shared_offsets"] = BufferSpec((2,), torch.int64)
         if spec.shared.sigmoid_gate:
             out["shared_gate"] = BufferSpec((M, 1), dt, 1)
+    return out
+
+
+def _fp8_buffers(spec: MoESpec, steps: set[str], max_tokens: int) -> dict[str, BufferSpec]:
+    """An FP8 layer's GEMM inputs (e4m3 rows and their fp32 scales, one per row or per 128 columns:
+    moe_build/weights/fp8.py), replacing the 16-bit permuted_input; fc1_act stays 16-bit where the separate
+    quantize step reads it."""
+    M, K, H, I = max_tokens, spec.top_k, spec.hidden_size, spec.intermediate_size
+    R = M * K
+
+    def scales(rows: int, cols: int, per_token: int) -> BufferSpec:
+        shape = (rows, -(-cols // 128)) if spec.quant is Quant.FP8_BLOCK else (rows,)
+        return BufferSpec(shape, torch.float32, per_token)
+
+    out = {"permuted_input": BufferSpec((R, H), torch.float8_e4m3fn, K), "permuted_input_scales": scales(R, H, K),
+           "fc2_input": BufferSpec((R, I), torch.float8_e4m3fn, K), "fc2_input_scales": scales(R, I, K)}
+    if S.QUANTIZE_INPUT in steps:
+        out["input_fp8"] = BufferSpec((M, H), torch.float8_e4m3fn, 1)
+        out["input_scales"] = scales(M, H, 1)
     return out
 
 

@@ -10,6 +10,10 @@ checkpoint never computes silently different math.
 Multimodal models keep their language model's config under `text_config` (Qwen3-Omni under
 `thinker_config.text_config`); the spec is that language model's MoE layer, and its family stays the
 top-level `model_type` so the checkpoint loader knows where those layers live.
+
+FP8 checkpoints set the spec's `quant` and `act_scale` from their quantization description (`_fp8_quant`):
+the experts then stay FP8 from the file to the kernels, so a description that moe-build cannot run
+exactly is refused rather than read as something else.
 """
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 from ..errors import MoeBuildError
 from ..jsonfile import read_json_object
-from .layer import Activation, DType, MoESpec, Routing, RoutingMethod, SharedExperts
+from .layer import ActScale, Activation, DType, MoESpec, Quant, Routing, RoutingMethod, SharedExperts
 
 ConfigSource = Mapping[str, Any] | str | os.PathLike
 
@@ -780,6 +784,185 @@ REFUSED: dict[str, tuple[str, str]] = {
 }
 
 
+# ---- FP8 checkpoints: quant and act_scale from the producer's quantization description ------------------------
+
+MODELOPT_CONFIG = "hf_quant_config.json"  # NVIDIA ModelOpt's description, beside config.json
+_Fp8 = tuple[Quant, ActScale]
+_BLOCK = [128, 128]                        # the one weight block moe-build's FP8 kernels scale by
+
+
+def _fp8_method(q: Mapping[str, Any]) -> _Fp8:
+    """quant_method "fp8": DeepSeek-V3 and the Qwen3 -FP8 releases ({"quant_method": "fp8", "fmt": "e4m3",
+    "weight_block_size": [128, 128], "activation_scheme": "dynamic"}); without weight_block_size (or null) one
+    scale per weight matrix, as vLLM reads AutoFP8 checkpoints, with static or dynamic activations."""
+    g = _Fields(q)
+    if q.get("fmt") is not None:
+        g.choice("fmt", ("e4m3",))
+    if q.get("expert_dtype") is not None:
+        g.choice("expert_dtype", ("fp8",))
+    act = ActScale(g.choice("activation_scheme", ("dynamic", "static"), default="dynamic"))
+    block = q.get("weight_block_size")
+    if block is None:
+        return Quant.FP8, act
+    if not isinstance(block, (list, tuple)) or list(block) != _BLOCK:
+        raise MoeBuildError("weight_block_size", f"{block!r}: moe-build's FP8 kernels scale 128 x 128 weight blocks",
+                            "[128, 128], null (one scale per matrix)")
+    if act is ActScale.STATIC:
+        raise MoeBuildError("activation_scheme", "static with 128 x 128 weight blocks: fp8_block quantizes "
+                            "activations per 1 x 128 group at run time", "dynamic")
+    return Quant.FP8_BLOCK, ActScale.DYNAMIC
+
+
+# ModelOpt's FP8 algorithms: FP8 is per-tensor weights with calibrated input scales; FP8_PER_CHANNEL_PER_TOKEN
+# is per-row weight scales with dynamic per-token activations.
+_MODELOPT_FP8: dict[str, _Fp8] = {"FP8": (Quant.FP8, ActScale.STATIC),
+                                  "FP8_PER_CHANNEL_PER_TOKEN": (Quant.FP8, ActScale.DYNAMIC)}
+
+
+def _modelopt(q: Mapping[str, Any]) -> _Fp8 | None:
+    """NVIDIA ModelOpt (`quant_algo`); None for its algorithms without FP8. Its other FP8 algorithms (block-wise
+    weight-only, FP8 mixed with FP4 or INT4, MXFP8) are refused."""
+    algo = q.get("quant_algo")
+    if isinstance(algo, str) and algo in _MODELOPT_FP8:
+        return _MODELOPT_FP8[algo]
+    layers = q.get("quantized_layers") if algo == "MIXED_PRECISION" else None
+    algos = [v.get("quant_algo") for v in layers.values() if isinstance(v, Mapping)] \
+        if isinstance(layers, Mapping) else [algo]
+    if any(isinstance(a, str) and "FP8" in a.upper() for a in algos):
+        raise MoeBuildError("quant_algo", f"{algo!r} is not an FP8 scheme moe-build runs", list(_MODELOPT_FP8))
+    return None
+
+
+def _is_float8(args: Any) -> bool:
+    return isinstance(args, Mapping) and args.get("type") == "float" and args.get("num_bits") == 8
+
+
+def _ct_weights(w: Mapping[str, Any]) -> Quant:
+    """compressed-tensors weight args of an FP8 group (key names relative to it, for the caller to prefix)."""
+    if not _is_float8(w):
+        raise MoeBuildError("num_bits", f"{w.get('num_bits')}-bit {w.get('type')} weights with FP8 activations",
+                            "8-bit float weights")
+    _Fields(w).same("symmetric", True, "FP8 weights carry no zero point")
+    _Fields(w).same("dynamic", False, "FP8 weights are quantized ahead of time")
+    strategy = _Fields(w).choice("strategy", ("tensor", "channel", "block"))
+    if strategy != "block":
+        return Quant.FP8
+    if list(w.get("block_structure") or ()) != _BLOCK:
+        raise MoeBuildError("block_structure", f"{w.get('block_structure')!r}: moe-build's FP8 kernels scale "
+                            "128 x 128 weight blocks", "[128, 128]")
+    return Quant.FP8_BLOCK
+
+
+def _ct_activations(a: Mapping[str, Any], quant: Quant) -> ActScale:
+    """compressed-tensors input activation args: static per tensor, dynamic per token (per-tensor and per-channel
+    weights) or dynamic per 1 x 128 group (block weights), the schemes moe-build's FP8 kernels compute."""
+    if not _is_float8(a):
+        raise MoeBuildError("num_bits", f"{a.get('num_bits')}-bit {a.get('type')} activations", "8-bit float")
+    f = _Fields(a)
+    f.same("symmetric", True, "FP8 activations carry no zero point")
+    dynamic = f.bool("dynamic")
+    if quant is Quant.FP8_BLOCK:
+        f.same("dynamic", True, "block weights go with activations quantized per 1 x 128 group at run time")
+        f.same("group_size", 128, "activations are quantized per 1 x 128 group")
+    strategy, why = (("group", "activations of 128 x 128 block weights are scaled per 1 x 128 group")
+                     if quant is Quant.FP8_BLOCK else
+                     ("token", "dynamic activation scales are per token") if dynamic else
+                     ("tensor", "static activation scales are one per tensor"))
+    if a.get("strategy") != strategy:
+        raise MoeBuildError("strategy", f"{a.get('strategy')!r}: moe-build's {why}", strategy)
+    return ActScale.DYNAMIC if dynamic else ActScale.STATIC
+
+
+def _compressed_tensors(q: Mapping[str, Any]) -> _Fp8 | None:
+    """compressed-tensors / llm-compressor: one config group of 8-bit float weights and activations stored
+    `float-quantized`; None when no group quantizes to 8-bit float. Several groups are refused, since moe-build
+    would have to match their targets to module names to know which one the experts follow."""
+    groups = q.get("config_groups") or {}
+    if not isinstance(groups, Mapping):
+        raise MoeBuildError("config_groups", f"must be an object, got {groups!r}", "an object of groups")
+    fp8 = [name for name, g in groups.items() if isinstance(g, Mapping) and
+           (_is_float8(g.get("weights")) or _is_float8(g.get("input_activations")))]
+    if not fp8:
+        return None
+    if len(groups) > 1:
+        raise MoeBuildError("config_groups", f"{len(groups)} groups ({', '.join(groups)}): moe-build reads one FP8 "
+                            "scheme for every expert", "one config group")
+    group = groups[fp8[0]]
+    fmt = group.get("format") or q.get("format")
+    if fmt != "float-quantized":
+        raise MoeBuildError("format", f"{fmt!r} is not how compressed-tensors stores FP8 weights", "float-quantized")
+    _Fields(q).same("quantization_status", "compressed", "the weights are stored unquantized")
+    with _prefixed(f"config_groups.{fp8[0]}"):
+        if group.get("output_activations") is not None:
+            raise MoeBuildError("output_activations", "quantized layer outputs are not supported", "null")
+        if not isinstance(group.get("weights"), Mapping):
+            raise MoeBuildError("weights", "absent: FP8 activations with unquantized weights", "8-bit float weights")
+        with _prefixed("weights"):
+            quant = _ct_weights(group["weights"])
+        if not isinstance(group.get("input_activations"), Mapping):
+            raise MoeBuildError("input_activations", "absent: weight-only FP8 (16-bit activations) is not run by "
+                                "moe-build's FP8 kernels", "8-bit float input_activations")
+        with _prefixed("input_activations"):
+            act = _ct_activations(group["input_activations"], quant)
+    return quant, act
+
+
+_FP8_METHODS: dict[str, Callable[[Mapping[str, Any]], _Fp8 | None]] = {
+    "fp8": _fp8_method, "modelopt": _modelopt, "compressed-tensors": _compressed_tensors}
+
+
+def _refused_fbgemm(q: Mapping[str, Any]) -> _Fp8:
+    raise MoeBuildError("quant_method", "'fbgemm_fp8' clamps its dynamic activation scales "
+                        "(activation_scale_ub), which moe-build's FP8 kernels do not", list(_FP8_METHODS))
+
+
+_QUANT_METHODS = {**_FP8_METHODS, "fbgemm_fp8": _refused_fbgemm}
+
+
+@contextmanager
+def _prefixed(prefix: str) -> Iterator[None]:
+    """Name the keys a parser reports by their path from where it looked (quantization_config.fmt)."""
+    try:
+        yield
+    except MoeBuildError as exc:
+        raise MoeBuildError(f"{prefix}.{exc.field}", exc.problem, exc.allowed) from None
+
+
+def _modelopt_file(source: ConfigSource) -> dict[str, Any] | None:
+    """ModelOpt's hf_quant_config.json beside config.json, when the config came from a file and it is there."""
+    if isinstance(source, Mapping):
+        return None
+    path = Path(source)
+    path = (path if path.is_dir() else path.parent) / MODELOPT_CONFIG
+    return read_json_object(path, MODELOPT_CONFIG) if path.is_file() else None
+
+
+def _fp8_quant(data: Mapping[str, Any], family: str, source: ConfigSource) -> _Fp8 | None:
+    """(quant, act_scale) of an FP8 checkpoint from its quantization_config (top level, else the language
+    model's sub-config) or ModelOpt's hf_quant_config.json; None for an unquantized checkpoint or another
+    quantization, which leaves the spec's quant none as before."""
+    text = _text_fields(data, family).data
+    path = ".".join((*_FAMILIES[family].text, "quantization_config"))
+    for where, q in (("quantization_config", data.get("quantization_config")),
+                     (path, text.get("quantization_config"))):
+        if q is None:
+            continue
+        if not isinstance(q, Mapping):
+            raise MoeBuildError(where, f"must be an object, got {q!r}", "an object")
+        method = q.get("quant_method")
+        parse = _QUANT_METHODS.get(method) if isinstance(method, str) else None
+        with _prefixed(where):
+            return None if parse is None else parse(q)
+    stored = _modelopt_file(source)
+    if stored is None:
+        return None
+    q = stored.get("quantization")
+    with _prefixed(f"{MODELOPT_CONFIG} quantization"):
+        if not isinstance(q, Mapping):
+            raise MoeBuildError("quant_algo", "missing: no quantization object", "an object with quant_algo")
+        return _modelopt(q)
+
+
 def _family(data: Mapping[str, Any]) -> str:
     model_type = data.get("model_type")
     if model_type is None:
@@ -852,10 +1035,12 @@ def spec_from_hf_config(config: ConfigSource) -> MoESpec:
     family = _family(data)
     moe_layer_indices(data)  # a config whose layers are all dense is not an MoE model
     fields = _text_fields(data, family)
+    fp8 = _fp8_quant(data, family, config)
+    quant = {} if fp8 is None else dict(quant=fp8[0], act_scale=fp8[1])
     with _keys_of(family):
         spec = _FAMILIES[family].parse(fields)
         try:
-            return MoESpec(**spec, family=family, name=_name(data, config, family))
+            return MoESpec(**spec, **quant, family=family, name=_name(data, config, family))
         except MoeBuildError as exc:
             raise MoeBuildError(_config_key(fields.data, exc.field), exc.problem, exc.allowed) from None
 

@@ -89,6 +89,13 @@ class Quant(str, enum.Enum):
         return self in (Quant.FP8_BLOCK, Quant.NVFP4, Quant.WFP4A16)
 
 
+class ActScale(str, enum.Enum):
+    """How FP8 activations get their scale (moe_build/weights/fp8.py has the exact rule)."""
+
+    STATIC = "static"    # one calibrated per-tensor scale per GEMM input, stored in the checkpoint
+    DYNAMIC = "dynamic"  # amax / 448 per token row (fp8) or per 1 x 128 token group (fp8_block), at run time
+
+
 @dataclass(frozen=True)
 class Routing:
     """How router logits become (expert ids, weights) per token."""
@@ -127,6 +134,7 @@ class MoESpec:
     output_dtype: OutputDType | None = None   # None: same as dtype
     quant: Quant = Quant.NONE
     fp8_input: bool = False                   # W4AFP8 only: activations already arrive in FP8
+    act_scale: ActScale = ActScale.DYNAMIC    # FP8 activations: static (calibrated) or dynamic scales
     swiglu_alpha: float = 1.702               # swiglu_clamp only
     swiglu_limit: float = 7.0                 # swiglu_clamp only
     quant_group_size: int = 128               # group-wise schemes
@@ -164,6 +172,7 @@ class MoESpec:
         data["activation"] = Activation(data.get("activation", "swiglu"))
         data["dtype"] = DType(data.get("dtype", "bf16"))
         data["quant"] = Quant(data.get("quant", "none"))
+        data["act_scale"] = ActScale(data.get("act_scale", "dynamic"))
         if data.get("output_dtype") is not None:
             data["output_dtype"] = OutputDType(data["output_dtype"])
         return cls(**data)
@@ -253,6 +262,8 @@ def validate(spec: MoESpec) -> None:
         _positive("shared_intermediate_size", s.intermediate_size)
     if not s.count and (s.intermediate_size or s.sigmoid_gate):
         raise MoeBuildError("shared_count", "shared-expert fields set but count is 0", "count >= 1")
+    if spec.act_scale is ActScale.STATIC and spec.quant is Quant.FP8_BLOCK:
+        raise MoeBuildError("act_scale", "fp8_block quantizes activations per 1 x 128 group at run time", "dynamic")
     if spec.fp8_input and spec.quant is not Quant.W4AFP8:
         raise MoeBuildError("fp8_input", "only meaningful for w4afp8 quantization", "quant=w4afp8")
     _finite("swiglu_alpha", spec.swiglu_alpha)

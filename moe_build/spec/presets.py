@@ -6,7 +6,7 @@ The model presets copy the published config.json of each model (the same values
 from __future__ import annotations
 
 from ..errors import MoeBuildError
-from .layer import Activation, DType, MoESpec, Routing, RoutingMethod, SharedExperts
+from .layer import Activation, DType, MoESpec, Quant, Routing, RoutingMethod, SharedExperts
 
 _TOPK_SOFTMAX = Routing(RoutingMethod.TOPK_SOFTMAX)
 
@@ -22,7 +22,7 @@ PRESETS: dict[str, MoESpec] = {
     "deepseek-v3": MoESpec(7168, 2048, 256, 8,
                            routing=Routing(RoutingMethod.SIGMOID_GROUPED, renormalize=True, num_groups=8,
                                            topk_groups=4, routed_scaling_factor=2.5, correction_bias=True),
-                           shared=SharedExperts(count=1, intermediate_size=2048),
+                           shared=SharedExperts(count=1, intermediate_size=2048), quant=Quant.FP8_BLOCK,
                            name="deepseek-v3", family="deepseek_v3"),
     "gpt-oss-20b": MoESpec(2880, 2880, 32, 4, activation=Activation.SWIGLU_CLAMP, expert_bias=True,
                            routing=Routing(RoutingMethod.TOPK_SOFTMAX, router_bias=True),

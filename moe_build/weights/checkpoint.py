@@ -10,6 +10,9 @@ model's state_dict. Most families store 2-D per-expert matrices (`experts.N.gate
 matrices, told apart by their shapes); multimodal models keep the language model's layers under their
 own prefix. GPT-OSS (fused, gate/up interleaved, released as MXFP4 `_blocks`/`_scales`, dequantized
 here exactly) and DBRX (experts as [E * I, H] slices) have loaders of their own.
+
+FP8 checkpoints (the spec's quant fp8 or fp8_block, from the config) keep their routed experts in FP8, read by
+`fp8_checkpoint` at the same places of the same layouts; their shared experts are dequantized to the model dtype.
 """
 from __future__ import annotations
 
@@ -27,6 +30,8 @@ from ..errors import MoeBuildError
 from ..jsonfile import read_json_object
 from ..spec.hf_config import select_moe_layers, spec_from_hf_config
 from ..spec import MoESpec
+from .fp8 import Fp8Scales
+from .fp8_checkpoint import Part, dense_weight, fp8_experts, is_fp8
 from .layout import MoEWeights
 
 SINGLE_FILE = "model.safetensors"
@@ -103,14 +108,25 @@ class _Checkpoint:
     def has(self, name: str) -> bool:
         return name in self.shard_of
 
-    def shape(self, name: str) -> tuple[int, ...] | None:
-        """The stored shape of `name` (header only), None when absent."""
+    def _header(self, name: str) -> tuple[tuple[int, ...], str] | None:
+        """The stored shape and dtype of `name` (header only), None when absent."""
         if name not in self.shard_of:
             return None
         try:
-            return tuple(self._open(self.shard_of[name], name).get_slice(name).get_shape())
+            sliced = self._open(self.shard_of[name], name).get_slice(name)
         except SafetensorError:
             return None
+        return tuple(sliced.get_shape()), sliced.get_dtype()
+
+    def shape(self, name: str) -> tuple[int, ...] | None:
+        """The stored shape of `name`, None when absent."""
+        header = self._header(name)
+        return None if header is None else header[0]
+
+    def dtype(self, name: str) -> str | None:
+        """The safetensors dtype name of `name` (F32, BF16, F8_E4M3, ...), None when absent."""
+        header = self._header(name)
+        return None if header is None else header[1]
 
     def get(self, name: str, shape: tuple[int, ...], dtypes: tuple[str, ...] = _FLOAT_DTYPES) -> torch.Tensor:
         """Read one tensor after checking its header, so a bad tensor is reported before any bulk read."""
@@ -135,11 +151,12 @@ class _Checkpoint:
         """Digest name, dtype, shape and raw bytes, so any change to a source tensor changes the digest."""
         header = f"{name}|{tensor.dtype}|{tuple(tensor.shape)}\n".encode()
         self.hasher.update(header)
-        self.hasher.update(tensor.contiguous().view(torch.uint8).numpy().tobytes())
+        self.hasher.update(tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())  # 0-d scales too
         self.read.append(name)
 
 
 _Pair = tuple[torch.Tensor, torch.Tensor]
+_Experts = tuple[torch.Tensor, torch.Tensor, Fp8Scales | None]  # w1, w2 and, for FP8 experts, their scales
 
 
 def _join(*parts: str) -> str:
@@ -189,25 +206,36 @@ def _first(ck: _Checkpoint, names: list[str]) -> str:
     return next((n for n in names if ck.has(n)), names[0])
 
 
-def _per_expert(ck: _Checkpoint, base: str, names: tuple[str, str, str], spec: MoESpec) -> _Pair:
+def _per_expert(ck: _Checkpoint, base: str, names: tuple[str, str, str], spec: MoESpec) -> _Experts:
     """w1 [E, 2I, H] and w2 [E, H, I] from 2-D per-expert gate/up/down matrices."""
     H, I = spec.hidden_size, spec.intermediate_size
     gate, up, down = names
+    if is_fp8(spec):
+        def part(name: str, shape: tuple[int, int]) -> Part:
+            return Part(tuple(f"{base}.{e}.{name}.weight" for e in range(spec.num_experts)), shape)
+        return fp8_experts(ck, [part(gate, (I, H)), part(up, (I, H))], part(down, (H, I)), spec)
     w1, w2 = [], []
     for e in range(spec.num_experts):
         w1.append(torch.cat([ck.get(f"{base}.{e}.{gate}.weight", (I, H)), ck.get(f"{base}.{e}.{up}.weight", (I, H))]))
         w2.append(ck.get(f"{base}.{e}.{down}.weight", (H, I)))
-    return torch.stack(w1), torch.stack(w2)
+    return torch.stack(w1), torch.stack(w2), None
 
 
-def _routed_experts(ck: _Checkpoint, layout: _Layout, block: str, spec: MoESpec) -> _Pair:
-    """Stacked experts if the checkpoint holds them, else per-expert matrices, as canonical w1 / w2."""
+def _routed_experts(ck: _Checkpoint, layout: _Layout, block: str, spec: MoESpec) -> _Experts:
+    """Stacked experts if the checkpoint holds them, else per-expert matrices, as canonical w1 / w2 (FP8 ones with
+    their scales). Stacked FP8 experts are read in nn.Linear form, the one transformers 5.x holds them in."""
     E, H, I = spec.num_experts, spec.hidden_size, spec.intermediate_size
     for fused in layout.fused:
         gate_up, down = _join(block, fused.gate_up), _join(block, fused.down)
         if fused.up is not None and ck.has(gate_up):
-            return (torch.cat([ck.get(gate_up, (E, I, H)), ck.get(_join(block, fused.up), (E, I, H))], dim=1),
-                    ck.get(down, (E, H, I)))
+            up = _join(block, fused.up)
+            if is_fp8(spec):
+                return fp8_experts(ck, [Part((gate_up,), (E, I, H)), Part((up,), (E, I, H))],
+                                   Part((down,), (E, H, I)), spec)
+            return (torch.cat([ck.get(gate_up, (E, I, H)), ck.get(up, (E, I, H))], dim=1), ck.get(down, (E, H, I)),
+                    None)
+        if ck.has(gate_up) and is_fp8(spec):
+            return fp8_experts(ck, [Part((gate_up,), (E, 2 * I, H))], Part((down,), (E, H, I)), spec)
         if ck.has(gate_up):
             shapes = (ck.shape(gate_up), ck.shape(down))
             if shapes == ((E, H, 2 * I), (E, I, H)):
@@ -218,8 +246,8 @@ def _routed_experts(ck: _Checkpoint, layout: _Layout, block: str, spec: MoESpec)
                 matmul = fused.matmul
             if matmul:
                 return (ck.get(gate_up, (E, H, 2 * I)).transpose(1, 2).contiguous(),
-                        ck.get(down, (E, I, H)).transpose(1, 2).contiguous())
-            return ck.get(gate_up, (E, 2 * I, H)), ck.get(down, (E, H, I))
+                        ck.get(down, (E, I, H)).transpose(1, 2).contiguous(), None)
+            return ck.get(gate_up, (E, 2 * I, H)), ck.get(down, (E, H, I)), None
     if layout.per_expert is None:
         fused = layout.fused[0]
         raise MoeBuildError(_join(block, fused.gate_up), "missing from the checkpoint",
@@ -228,18 +256,21 @@ def _routed_experts(ck: _Checkpoint, layout: _Layout, block: str, spec: MoESpec)
 
 
 def _shared_mlp(ck: _Checkpoint, layout: _Layout, layer: str, module: str, spec: MoESpec) -> _Pair:
-    """shared_w1 [2Is, H] (gate rows, then up) and shared_w2 [H, Is], stored split or stacked."""
+    """shared_w1 [2Is, H] (gate rows, then up) and shared_w2 [H, Is], stored split or stacked (FP8 ones
+    dequantized to the model dtype: `dense_weight`)."""
     H, Is = spec.hidden_size, spec.shared.intermediate_size
     bases = [_join(layer, *path.format(block=module).split(".")) for path in layout.shared]
     if layout.shared_fused:
         gate_up, down = layout.shared_fused
         base = next((b for b in bases if ck.has(f"{b}.{gate_up}.weight")), None)
         if base is not None:
-            return ck.get(f"{base}.{gate_up}.weight", (2 * Is, H)), ck.get(f"{base}.{down}.weight", (H, Is))
+            return (dense_weight(ck, f"{base}.{gate_up}.weight", (2 * Is, H), spec),
+                    dense_weight(ck, f"{base}.{down}.weight", (H, Is), spec))
     gate, up, down = layout.shared_proj
     base = _first(ck, [f"{b}.{gate}.weight" for b in bases]).removesuffix(f".{gate}.weight")
-    w1 = torch.cat([ck.get(f"{base}.{gate}.weight", (Is, H)), ck.get(f"{base}.{up}.weight", (Is, H))])
-    return w1, ck.get(f"{base}.{down}.weight", (H, Is))
+    w1 = torch.cat([dense_weight(ck, f"{base}.{gate}.weight", (Is, H), spec),
+                    dense_weight(ck, f"{base}.{up}.weight", (Is, H), spec)])
+    return w1, dense_weight(ck, f"{base}.{down}.weight", (H, Is), spec)
 
 
 def _find_block(ck: _Checkpoint, layout: _Layout, index: int) -> tuple[str, str, str]:
@@ -258,8 +289,8 @@ def _load_layout(layout: _Layout) -> Callable[[_Checkpoint, int, MoESpec], MoEWe
         block = _join(layer, module)
         router = ck.get(router_name, (E, H))
         router_bias = ck.get(_join(block, layout.router_bias), (E,)) if spec.routing.router_bias else None
-        w1, w2 = _routed_experts(ck, layout, block, spec)
-        w = MoEWeights(router_weight=router, router_bias=router_bias, w1=w1, w2=w2)
+        w1, w2, fp8 = _routed_experts(ck, layout, block, spec)
+        w = MoEWeights(router_weight=router, router_bias=router_bias, w1=w1, w2=w2, fp8=fp8)
         if spec.expert_bias:
             w.b1 = ck.get(_join(block, layout.expert_bias[0]), (E, spec.fc1_out_features))
             w.b2 = ck.get(_join(block, layout.expert_bias[1]), (E, H))

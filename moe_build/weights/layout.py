@@ -10,6 +10,8 @@ Layout (nn.Linear convention: [out_features, in_features]):
 - b1 [E, N1] or None
 - w2 [E, H, I]; b2 [E, H] or None
 - shared_w1 [N1s, H] (gate rows then up rows), shared_w2 [H, Is], shared_gate [1, H] or None
+- fp8: None, or the scales of FP8 experts (w1 / w2 then float8_e4m3fn; moe_build/weights/fp8.py). The
+  router, biases and shared experts stay in the model dtype.
 
 Two kernel-side orders exist: the sm90 gated GEMM1 epilogue wants W1 / b1 gate/up-interleaved
 (`interleave_gate_up`), and the sm90 GEMMs read W1 / W2 fastest stored in 64 x 64 blocks
@@ -24,6 +26,7 @@ import torch
 
 from ..spec import MoESpec
 from .blocks import BLOCK, blocks_fit
+from .fp8 import FP8_DTYPE, Fp8Scales, ScaleGranularity, quantize_weight
 
 
 def interleave_gate_up(w1: torch.Tensor) -> torch.Tensor:
@@ -64,20 +67,73 @@ class MoEWeights:
     shared_w1: torch.Tensor | None = None
     shared_w2: torch.Tensor | None = None
     shared_gate: torch.Tensor | None = None
+    fp8: Fp8Scales | None = None
 
     def named(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Every tensor, FP8 scales included (as fp8.w1_scale, ...)."""
         for f in fields(self):
             t = getattr(self, f.name)
-            if t is not None:
+            if isinstance(t, torch.Tensor):
                 yield f.name, t
+        if self.fp8 is not None:
+            for name in ("w1_scale", "w2_scale", "a1_scale", "a2_scale"):
+                t = getattr(self.fp8, name)
+                if t is not None:
+                    yield f"fp8.{name}", t
 
     def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> "MoEWeights":
-        """Copy to a device/dtype; routing-selection tensors (correction bias) keep fp32 or wider."""
-        out = {}
-        for name, t in self.named():
-            keep = name == "correction_bias" and dtype is not None and dtype != torch.float64
-            out[name] = t.to(device=device, dtype=torch.float32 if keep else dtype)
-        return MoEWeights(**out)
+        """Copy to a device/dtype; routing-selection tensors (correction bias) keep fp32 or wider, FP8
+        expert weights stay FP8 and their scales fp32."""
+        out: dict[str, object] = {}
+        for f in fields(self):
+            t = getattr(self, f.name)
+            if not isinstance(t, torch.Tensor):
+                continue
+            keep = f.name == "correction_bias" and dtype is not None and dtype != torch.float64
+            fp8 = t.dtype == FP8_DTYPE
+            out[f.name] = t.to(device=device, dtype=None if fp8 else torch.float32 if keep else dtype)
+        return MoEWeights(**out, fp8=None if self.fp8 is None else self.fp8.to(device))
+
+    def contiguous(self) -> "MoEWeights":
+        """These weights with every tensor (FP8 scales included) contiguous."""
+        out = {f.name: getattr(self, f.name).contiguous() for f in fields(self)
+               if isinstance(getattr(self, f.name), torch.Tensor)}
+        fp8 = self.fp8
+        if fp8 is not None:
+            fp8 = replace(fp8, **{n: None if getattr(fp8, n) is None else getattr(fp8, n).contiguous()
+                                  for n in ("w1_scale", "w2_scale", "a1_scale", "a2_scale")})
+        return replace(self, **out, fp8=fp8)
+
+    def fp8_channel_scales(self) -> "MoEWeights":
+        """FP8 weights whose per-tensor scales are repeated per output row (CHANNEL granularity, the same
+        dequantized weights): what the FP8 GEMM's rowwise mode reads. Other scales are kept."""
+        f = self.fp8
+        if f is None or f.granularity is not ScaleGranularity.TENSOR:
+            return self
+        e, n1, n2 = self.w1.shape[0], self.w1.shape[1], self.w2.shape[1]
+        return replace(self, fp8=replace(f, granularity=ScaleGranularity.CHANNEL,
+                                         w1_scale=f.w1_scale.reshape(e, 1).expand(e, n1).contiguous(),
+                                         w2_scale=f.w2_scale.reshape(e, 1).expand(e, n2).contiguous()))
+
+    def dequantized(self, dtype: torch.dtype = torch.float64) -> "MoEWeights":
+        """These weights with FP8 experts dequantized exactly (for references and peers, never for a runner)."""
+        if self.fp8 is None:
+            return self.to(dtype=dtype)
+        from .fp8 import dequantize_weight
+        f = self.fp8
+        return replace(self.to(dtype=dtype), fp8=None,
+                       w1=dequantize_weight(self.w1, f.w1_scale, f.granularity, dtype),
+                       w2=dequantize_weight(self.w2, f.w2_scale, f.granularity, dtype))
+
+    def quantized_fp8(self, granularity: ScaleGranularity, static: bool = False,
+                      a1_scale: float = 1.0, a2_scale: float = 1.0) -> "MoEWeights":
+        """These float weights with W1 / W2 quantized to FP8 of `granularity` (amax / 448 scales): random
+        FP8 layers for tests and benchmarks. static: also give calibrated activation scales."""
+        w1, s1 = quantize_weight(self.w1, granularity)
+        w2, s2 = quantize_weight(self.w2, granularity)
+        a1 = torch.tensor(a1_scale, dtype=torch.float32, device=s1.device) if static else None
+        a2 = torch.tensor(a2_scale, dtype=torch.float32, device=s1.device) if static else None
+        return replace(self, w1=w1, w2=w2, fp8=Fp8Scales(granularity, s1, s2, a1, a2))
 
     def gate_up_interleaved(self) -> "MoEWeights":
         """These weights with W1 / b1 in `interleave_gate_up`'s order (the sm90 gated epilogue's)."""
@@ -105,6 +161,7 @@ class MoEWeights:
                         shared_gate=(1, H) if spec.shared.sigmoid_gate else None)
         else:
             want.update(shared_w1=None, shared_w2=None, shared_gate=None)
+        self._check_fp8(spec)
         for name, shape in want.items():
             t = getattr(self, name)
             if shape is None and t is not None:
@@ -112,6 +169,42 @@ class MoEWeights:
             if shape is not None and (t is None or tuple(t.shape) != shape):
                 got = None if t is None else tuple(t.shape)
                 raise MoeBuildError(name, f"shape {got} does not match the spec", f"shape {shape}")
+
+    def _check_fp8(self, spec: MoESpec) -> None:
+        from ..errors import MoeBuildError
+        from ..spec import ActScale, Quant
+        fp8_spec = spec.quant in (Quant.FP8, Quant.FP8_BLOCK)
+        if self.fp8 is None:
+            if fp8_spec:
+                raise MoeBuildError("w1", f"quant={spec.quant.value} needs FP8 expert weights with scales",
+                                    "float8_e4m3fn W1 / W2 and their scales")
+            return
+        if not fp8_spec:
+            raise MoeBuildError("quant", f"FP8 expert weights given for quant={spec.quant.value}", "fp8, fp8_block")
+        f = self.fp8
+        block = f.granularity is ScaleGranularity.BLOCK128
+        if block != (spec.quant is Quant.FP8_BLOCK):
+            raise MoeBuildError("quant", f"{spec.quant.value} with {f.granularity.value} weight scales",
+                                "fp8_block with block128 scales, fp8 with tensor or channel scales")
+        if f.static != (spec.act_scale is ActScale.STATIC) or (f.a1_scale is None) != (f.a2_scale is None):
+            raise MoeBuildError("act_scale", f"{spec.act_scale.value} but the weights carry "
+                                f"{'static' if f.static else 'no'} activation scales", "a1_scale and a2_scale "
+                                "for static, neither for dynamic")
+        for name in ("w1", "w2"):
+            t = getattr(self, name)
+            if t.dtype != FP8_DTYPE:
+                raise MoeBuildError(name, f"dtype {t.dtype} with FP8 scales", "float8_e4m3fn")
+        n1, H, I, E = spec.fc1_out_features, spec.hidden_size, spec.intermediate_size, spec.num_experts
+        for name, shape in f.expected_shapes(E, n1, H, I).items():
+            got = tuple(getattr(f, name).shape)
+            if got != shape:
+                raise MoeBuildError(name, f"shape {got} does not match {f.granularity.value} scales of the spec",
+                                    f"shape {shape}")
+        for name in ("a1_scale", "a2_scale"):
+            t = getattr(f, name)
+            if t is not None and (t.numel() != 1 or not bool(torch.isfinite(t).all()) or not bool((t > 0).all())):
+                raise MoeBuildError(name, "a static activation scale must be one finite number > 0",
+                                    "a positive fp32 scalar")
 
     @classmethod
     def random(cls, spec: MoESpec, seed: int = 0, dtype: torch.dtype = torch.float32,

@@ -1,4 +1,4 @@
-"""MoEPlugin's enqueue on a GPU, against the fp64 reference.
+"""MoEPlugin's enqueue on a GPU, against the fp64 reference (FP8 layers: against MoERunner, bit for bit).
 
 The GPU machine has no TensorRT at all, so this calls `run_enqueue`, the TensorRT-free core
 that `MoEPlugin.enqueue` forwards to (the forwarding itself is checked on a CPU in
@@ -8,14 +8,17 @@ size the plugin asks for, and a non-default CUDA stream given as a raw handle.
 """
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 
 from moe_build.planner import make_plan
 from moe_build.reference import moe_reference
-from moe_build.spec import Activation, DType, MoESpec, Routing, RoutingMethod, SharedExperts
+from moe_build.spec import ActScale, Activation, DType, MoESpec, Quant, Routing, RoutingMethod, SharedExperts
 from moe_build.target import Flavour, Target, TokenProfile
 from moe_build.weights import MoEWeights
+from moe_build.weights.fp8 import ScaleGranularity
 from moe_build.plugins import moe_plugin as mp
 
 pytestmark = pytest.mark.gpu
@@ -59,9 +62,8 @@ def enqueue(spec, plan, weights, hidden, logits, workspace_tokens=None, cache=No
     """Call the enqueue core as TensorRT would: pointers, descriptors' shapes/dtypes, workspace, stream.
     `given`: the weight inputs as the engine holds them (default: plan_weights of `weights`, which
     interleaves W1 for the gated epilogue)."""
-    slots = mp.input_slots(spec)
     given = given or mp.plan_weights(plan, weights)
-    inputs = [hidden, logits] + [getattr(given, s.name) for s in slots[2:]]
+    inputs = [hidden, logits] + slot_tensors(spec, given)
     out = torch.full_like(hidden, float("nan"), dtype=mp.output_dtype(spec))  # poisoned
     ws_bytes = mp.workspace_size(spec, plan, workspace_tokens or hidden.shape[0])
     workspace = torch.full((max(ws_bytes, 1),), 0xFF, dtype=torch.uint8, device="cuda")  # poisoned too
@@ -72,6 +74,12 @@ def enqueue(spec, plan, weights, hidden, logits, workspace_tokens=None, cache=No
                    stream.cuda_stream, cache)
     stream.synchronize()
     return out
+
+
+def slot_tensors(spec, given: MoEWeights) -> list[torch.Tensor]:
+    """The weight inputs in slot order, as TensorRT holds them (a scalar activation scale as its [1] view)."""
+    named = dict(given.named())
+    return [named[s.name].reshape(s.shape) for s in mp.input_slots(spec)[2:]]
 
 
 def check(spec, weights, hidden, logits, out) -> None:
@@ -123,9 +131,7 @@ def test_repeated_enqueues_on_the_same_buffers_see_new_inputs():
     the cached wrappers and carved workspace are reused (no wrapper is made after the first call)."""
     cache = mp.RunnerCache()
     spec, plan, weights, hidden, logits = make_case("bf16_swiglu", {}, 37)
-    slots = mp.input_slots(spec)
-    given = mp.plan_weights(plan, weights)
-    inputs = [hidden, logits] + [getattr(given, s.name) for s in slots[2:]]
+    inputs = [hidden, logits] + slot_tensors(spec, mp.plan_weights(plan, weights))
     out = torch.empty_like(hidden)
     ws_bytes = mp.workspace_size(spec, plan, PROFILE.max)
     workspace = torch.empty(ws_bytes, dtype=torch.uint8, device="cuda")
@@ -150,10 +156,70 @@ def test_repeated_enqueues_on_the_same_buffers_see_new_inputs():
 def test_too_small_workspace_is_refused():
     spec, plan, weights, hidden, logits = make_case("bf16_swiglu", {}, 64)
     need = mp.workspace_size(spec, plan, 64)
-    slots = mp.input_slots(spec)
-    inputs = [hidden, logits] + [getattr(weights, s.name) for s in slots[2:]]
+    inputs = [hidden, logits] + slot_tensors(spec, weights)
     out = torch.empty_like(hidden)
     with pytest.raises(mp.MoeBuildError, match="workspace"):
         mp.run_enqueue(spec, plan, [t.data_ptr() for t in inputs], [tuple(t.shape) for t in inputs],
                        [t.dtype for t in inputs], out.data_ptr(), out.dtype, 0, need - 1,
                        torch.cuda.current_stream().cuda_stream)
+
+
+# ---- FP8 layers: the plugin's FP8 weight and scale inputs run exactly what MoERunner runs ------------------
+
+FP8_MODES = {  # mode -> (quant, act_scale, the checkpoint's weight-scale granularity)
+    "tensor_static": (Quant.FP8, ActScale.STATIC, ScaleGranularity.TENSOR),
+    "tensor_dynamic": (Quant.FP8, ActScale.DYNAMIC, ScaleGranularity.TENSOR),
+    "channel": (Quant.FP8, ActScale.DYNAMIC, ScaleGranularity.CHANNEL),
+    "block128": (Quant.FP8_BLOCK, ActScale.DYNAMIC, ScaleGranularity.BLOCK128),
+}
+FP8_SPECS = {
+    "plain": MoESpec(hidden_size=256, intermediate_size=512, num_experts=8, top_k=2, dtype=DType.BF16,
+                     routing=Routing(RoutingMethod.SOFTMAX_TOPK, renormalize=True)),
+    # every optional input beside the scales, sizes off multiples of 128 (partial scale blocks)
+    "full": MoESpec(hidden_size=208, intermediate_size=336, num_experts=16, top_k=4, dtype=DType.FP16,
+                    expert_bias=True,
+                    routing=Routing(method=RoutingMethod.SIGMOID_GROUPED, num_groups=4, topk_groups=2,
+                                    correction_bias=True, renormalize=True, routed_scaling_factor=2.5),
+                    shared=SharedExperts(count=1, intermediate_size=192, sigmoid_gate=True)),
+}
+
+
+def check_fp8_against_runner(name: str, mode: str, force: dict[str, str], tokens: int) -> None:
+    """Fresh random FP8 weights and inputs: run_enqueue over the engine's buffers (plan_weights' order, the
+    scales as plugin inputs) must write exactly the output of MoERunner given the canonical weights and the
+    same plan, every element (both outputs NaN-poisoned, the plugin's workspace poisoned too)."""
+    from moe_build.runner import MoERunner
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("FP8 kernels need compute capability 8.9 or later")
+    quant, act_scale, granularity = FP8_MODES[mode]
+    spec = FP8_SPECS[name].with_overrides(quant=quant, act_scale=act_scale)
+    seed = random.SystemRandom().randrange(1 << 30)
+    model = mp.TORCH_DTYPE[spec.dtype]
+    weights = MoEWeights.random(spec, seed=seed).quantized_fp8(
+        granularity, static=act_scale is ActScale.STATIC, a1_scale=4.5 / 448, a2_scale=3.0 / 448).to("cuda", model)
+    plan = make_plan(spec, Target(sm=device_sm(), flavour=Flavour.TENSORRT, profile=PROFILE), tokens=16, force=force)
+    g = torch.Generator().manual_seed(seed + 1)
+    hidden = torch.randn(tokens, spec.hidden_size, generator=g).to("cuda", model)
+    logits = torch.randn(tokens, spec.num_experts, generator=g).to("cuda")
+    got = enqueue(spec, plan, weights, hidden, logits)
+    runner = MoERunner(spec, weights, plan=plan, device="cuda")
+    want = torch.full_like(hidden, float("nan"))
+    runner(hidden, router_logits=logits, out=want)
+    torch.cuda.synchronize()
+    assert not want.isnan().any() and not got.isnan().any(), f"an output element was not written (seed {seed})"
+    differ = (got != want).sum().item()
+    assert differ == 0, f"{differ} of {got.numel()} elements differ from MoERunner's (seed {seed}, steps " \
+                        f"{runner.kernel_sequence(tokens, 'logits')})"
+
+
+@pytest.mark.parametrize("tokens", [1, 37, 300])  # 300 > 256: the three-step prologue runs
+@pytest.mark.parametrize("force", [{}, {"fc1_input_quant": "separate", "fc2_input_quant": "separate"}],
+                         ids=["fused_quant", "separate_quant"])
+@pytest.mark.parametrize("mode", FP8_MODES)
+def test_fp8_enqueue_equals_the_runner(mode, force, tokens):
+    check_fp8_against_runner("plain", mode, force, tokens)
+
+
+@pytest.mark.parametrize("mode", FP8_MODES)
+def test_fp8_enqueue_with_every_optional_input(mode):
+    check_fp8_against_runner("full", mode, {}, 37)

@@ -27,29 +27,11 @@
 #include "gemm/sm90_epilogue.cuh"
 #include "gemm/sm90_pairs.cuh"
 #include "gemm/sm90_placement.cuh"
+#include "gemm/sm90_problem_shape.cuh"
 #include "gemm/sm90_static_maps.cuh"
 
 namespace mbk {
 
-// CUTLASS's grouped problem shape (the interface of cutlass::gemm::GroupProblemShape) computed from
-// the expert offsets: group g is (offsets[g + 1] - offsets[g]) x n x k. The scheduler reads these two
-// offsets and StaticMapMainloop the first, where CUTLASS's GroupProblemShape reads a per-group shape
-// array (and its mainloop per-group pointer arrays) that a kernel would have to write before every GEMM.
-struct OffsetsProblemShape {
-  using UnderlyingProblemShape = cute::Shape<int, int, int>;
-  int32_t num_groups = 1;
-  const int64_t* offsets = nullptr;  // device, [num_groups + 1]
-  int n = 0, k = 0;
-
-  CUTLASS_HOST_DEVICE int32_t groups() const { return num_groups; }
-  CUTLASS_DEVICE UnderlyingProblemShape const get_problem_shape(int32_t g) const {
-    return {static_cast<int>(offsets[g + 1] - offsets[g]), n, k};
-  }
-  // No host copy: CUTLASS then sizes a persistent grid and skips its host-side shape checks.
-  CUTLASS_HOST_DEVICE UnderlyingProblemShape const get_host_problem_shape(int32_t = 0) const { return {}; }
-  CUTLASS_HOST_DEVICE bool is_host_problem_shape_available() const { return false; }
-};
-using ProblemShape = OffsetsProblemShape;
 
 // The wgmma tiles of the tactic (MB_TILE_*): tile shape, cluster shape and kernel schedule.
 //   coop 128x256      : two consumer warpgroups share one 128x256 tile.
@@ -223,6 +205,8 @@ mb_status dispatch_wgmma(const GemmParams& p, int64_t max_rows, int dtype, const
       case MB_TILE_PINGPONG_64x128: return run(std::integral_constant<int, MB_TILE_PINGPONG_64x128>{});
       case MB_TILE_PINGPONG_64x256_C2: return run(std::integral_constant<int, MB_TILE_PINGPONG_64x256_C2>{});
       case MB_TILE_PINGPONG_64x192_C2: return run(std::integral_constant<int, MB_TILE_PINGPONG_64x192_C2>{});
+      case MB_TILE_COOP_128x128:
+        return fail(MB_ERR_UNSUPPORTED, "grouped gemm sm90: tile coop128x128 is the FP8 GEMM's (mb_grouped_gemm_fp8)");
       default: return run(std::integral_constant<int, MB_TILE_COOP_128x256>{});  // MB_TILE_COOP_128x256
     }
   };

@@ -88,8 +88,11 @@ __device__ __forceinline__ uint64_t l2_evict_last() {
 // Operator-style epilogue run by CUTLASS's Sm90TmaWarpSpecializedAdapter (the same hook as its
 // DefaultEpilogueArray): each consumer thread gets its wgmma accumulator fragment and the
 // fragment's (row, column) coordinates in the current group, and writes them itself.
-template <typename T, int kEpi>
+// kFp8Rowwise (plain store only): the accumulators are FP8 products, scaled here by the row's and the
+// column's scale (MB_FP8_ROWWISE, gemm/fp8.cuh) before the bias.
+template <typename T, int kEpi, bool kFp8Rowwise = false>
 class MoeEpilogue {
+  static_assert(!kFp8Rowwise || kEpi == EPI_STORE, "FP8 row/column scales: plain store only");
  public:
   using EpilogueSchedule = cutlass::epilogue::PtrArrayNoSmemWarpSpecialized;
   using DispatchPolicy = EpilogueSchedule;
@@ -122,6 +125,8 @@ class MoeEpilogue {
     float swiglu_alpha = 1.f;
     float swiglu_limit = 0.f;
     bool evict_last = false;  // the gated stores and finalize atomics under L2 evict_last (MB_OUTPUT_L2_EVICT_LAST)
+    const float* row_scale = nullptr;  // kFp8Rowwise: [rows] per permuted row
+    const float* col_scale = nullptr;  // kFp8Rowwise: [E, N] per expert and output column
   };
   using Params = Arguments;
 
@@ -182,6 +187,9 @@ class MoeEpilogue {
         default: return bias ? gated_tile<MB_ACT_SWIGLU, true>(acc, f, bias)
                              : gated_tile<MB_ACT_SWIGLU, false>(acc, f, bias);
       }
+    } else if constexpr (kFp8Rowwise) {
+      const float* col_scale = params_.col_scale + (int64_t)l_coord * N;
+      return bias ? scaled_store_tile<true>(acc, f, bias, col_scale) : scaled_store_tile<false>(acc, f, bias, col_scale);
     } else {
       return bias ? store_tile<true>(acc, f, bias) : store_tile<false>(acc, f, bias);
     }
@@ -247,6 +255,48 @@ class MoeEpilogue {
         quad_group<kBias, false>(acc, f, bias, g, h, 1.f, v);
         if (f.row_in(h) && f.group_in(g, q))
           store_16B(row[h] + 32 * g, v, false, 0);
+      }
+    }
+  }
+
+  // The plain store of FP8 products: out[row0 + m, n] = acc * row_scale[m] * col_scale[n] (+ bias), as
+  // store_tile writes it. The column scales of a thread's column pairs serve both of its rows.
+  template <bool kBias, class Acc>
+  CUTLASS_DEVICE void scaled_store_tile(Acc const& acc, Frag const& f, const T* bias, const float* col_scale) {
+    using P2 = Pair<T>;
+    const int q = threadIdx.x & 3;
+    T* row[2];
+    float rs[2];
+    CUTLASS_PRAGMA_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      row[h] = params_.out + (f.row0 + f.m0 + 8 * h) * f.N + f.n0 + 6 * q;
+      rs[h] = f.row_in(h) ? params_.row_scale[f.row0 + f.m0 + 8 * h] : 0.f;
+    }
+    CUTLASS_PRAGMA_UNROLL
+    for (int g = 0; g < cute::size(acc) / 16; ++g) {
+      float2 cs[4];
+      CUTLASS_PRAGMA_UNROLL
+      for (int s = 0; s < 4; ++s) {
+        const int j = 4 * g + s;
+        cs[s] = f.col_in(j) ? *reinterpret_cast<const float2*>(col_scale + f.n0 + 8 * j) : float2{0.f, 0.f};
+      }
+      CUTLASS_PRAGMA_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        uint32_t v[4];
+        CUTLASS_PRAGMA_UNROLL
+        for (int s = 0; s < 4; ++s) {
+          const int j = 4 * g + s, i = 4 * j + 2 * h;
+          float2 x{acc(i) * rs[h] * cs[s].x, acc(i + 1) * rs[h] * cs[s].y};
+          if (kBias && f.col_in(j)) {
+            const float2 b = P2::to_float2(*reinterpret_cast<const typename P2::type*>(bias + f.n0 + 8 * j));
+            x.x += b.x;
+            x.y += b.y;
+          }
+          const typename P2::type packed = P2::make(x.x, x.y);
+          v[s] = *reinterpret_cast<const uint32_t*>(&packed);
+        }
+        quad_transpose(v, q);
+        if (f.row_in(h) && f.group_in(g, q)) store_16B(row[h] + 32 * g, v, false, 0);
       }
     }
   }

@@ -22,14 +22,27 @@
 #pragma once
 
 #include "common/common.cuh"  // mb::let_dependents_start / wait_for_predecessor
+#include <type_traits>
+
 #include "cute/tensor.hpp"
 
 namespace mbk {
 
+// The element type a collective's TMA maps are built over: its InternalElementA / B where it names one
+// (CUTLASS's 16-bit and blockwise FP8 collectives), else ElementA / B (its FP8 collective).
+template <class C, class = void> struct MapElementA { using type = typename C::ElementA; };
+template <class C> struct MapElementA<C, std::void_t<typename C::InternalElementA>> {
+  using type = typename C::InternalElementA;
+};
+template <class C, class = void> struct MapElementB { using type = typename C::ElementB; };
+template <class C> struct MapElementB<C, std::void_t<typename C::InternalElementB>> {
+  using type = typename C::InternalElementB;
+};
+
 template <class Base>
 struct StaticMapMainloop : Base {
-  using ElementA = typename Base::InternalElementA;
-  using ElementB = typename Base::InternalElementB;
+  using ElementA = typename MapElementA<Base>::type;
+  using ElementB = typename MapElementB<Base>::type;
   using ClusterShape = typename Base::DispatchPolicy::ClusterShape;
   static constexpr int kTileN = cute::size<1>(typename Base::TileShape{});
   static constexpr int kTileK = cute::size<2>(typename Base::TileShape{});
@@ -180,10 +193,11 @@ struct StaticMapMainloop : Base {
     }
   }
 
-  // CUTLASS's load, on the fixed maps at the group's origin.
-  template <class TensorA, class TensorB, class TensorMapA, class TensorMapB, class KTileIterator, class BlockCoord>
+  // CUTLASS's load, on the fixed maps at the group's origin (the collective's load inputs are not used:
+  // A and B come from the fixed maps, and a blockwise collective's scales from its auxiliary load).
+  template <class LoadInputs, class TensorMapA, class TensorMapB, class KTileIterator, class BlockCoord>
   CUTLASS_DEVICE void load(Params const& params, typename Base::MainloopPipeline pipeline,
-                           typename Base::PipelineState smem_pipe_write, cute::tuple<TensorA, TensorB> const&,
+                           typename Base::PipelineState smem_pipe_write, LoadInputs const&,
                            cute::tuple<TensorMapA, TensorMapB> const&, BlockCoord const& blk_coord,
                            KTileIterator k_tile_iter, int k_tile_count, int, uint32_t block_rank_in_cluster,
                            typename Base::TensorStorage& shared_tensors) {

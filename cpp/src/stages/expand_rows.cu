@@ -14,7 +14,15 @@
 // token's row by the warps of its unit, so the layer needs no separate memset launch before GEMM2. The
 // layer passes it here after the fused map build only; past 256 tokens the three-step map build zeroes
 // the output beside its scans (routing_prologue_three_step.cu), off this bandwidth-bound copy.
+//
+// FP8 (issue 46): mb_expand_rows_fp8 writes the permuted rows as e4m3 bytes and scales
+// (common/fp8_quantize.cuh's rule), a block per token: the block quantizes the token's row once (one read,
+// one amax) and stores its bytes and scales into each of the token's K permuted rows; at decode sizes
+// blockIdx.z splits the K rows among blocks, each of which recomputes the row's scale (an L2 read). The
+// unfused alternative, mb_expand_rows_fp8_prequantized, copies rows mb_quantize_fp8 already quantized: a
+// block per token, each thread holding kBatch 16-byte pieces of the row and storing them K times.
 #include "common/common.cuh"
+#include "common/fp8_quantize.cuh"
 
 namespace {
 
@@ -84,6 +92,134 @@ expand_rows_kernel(const T* __restrict__ input, const int32_t* __restrict__ unpe
   }
 }
 
+// zero_out is zeroed while other warps may still read input rows: the two must not overlap.
+mb_status check_disjoint(const char* who, const void* input, size_t input_bytes, const void* zero_out,
+                         size_t zero_bytes) {
+  const auto in0 = reinterpret_cast<uintptr_t>(input), out0 = reinterpret_cast<uintptr_t>(zero_out);
+  MB_REQUIRE(out0 + zero_bytes <= in0 || in0 + input_bytes <= out0, "%s: zero_out must not overlap input", who);
+  return MB_OK;
+}
+
+// ---- FP8 (issue 46) ------------------------------------------------------------------------------
+
+namespace fp8 = mb::fp8;
+
+// blockIdx.z's share of a token's K permuted rows: z splits them among blocks while tokens * warps per
+// token leave fewer than mb::kMinStageWarps warps (decode sizes).
+unsigned copy_split(int num_tokens, int threads, int top_k) {
+  const bool few = static_cast<int64_t>(num_tokens) * (threads / 32) < mb::kMinStageWarps;
+  return static_cast<unsigned>(few ? (top_k < 32 ? top_k : 32) : 1);
+}
+
+// The e4m3 destination of a token's row: its permuted rows of this block's share (j = blockIdx.z,
+// + gridDim.z, ...), their scales, and (block z 0) the token's zero_out row.
+template <typename T>
+struct PermutedRows {
+  const int32_t* unpermuted_to_permuted;
+  int64_t e0;  // the token's first expanded row
+  int top_k;
+  int64_t cols, scale_cols;
+  bool whole;
+  uint8_t* rows;
+  float* scales;
+  T* zero;  // the token's zero_out row, or null
+  __device__ __forceinline__ void store(int64_t t0, const fp8::Bytes (&q)[fp8::kUnits]) const {
+    const int64_t units = (cols + fp8::kVec - 1) / fp8::kVec;
+    if (zero != nullptr) {
+#pragma unroll
+      for (int i = 0; i < fp8::kUnits; ++i) {
+        if (fp8::unit_index(t0, i) < units) fp8::zero_unit<T>(zero, fp8::unit_index(t0, i), cols, whole);
+      }
+    }
+    for (int j = blockIdx.z; j < top_k; j += gridDim.z) {
+      uint8_t* dst = rows + static_cast<int64_t>(__ldg(unpermuted_to_permuted + e0 + j)) * cols;
+#pragma unroll
+      for (int i = 0; i < fp8::kUnits; ++i) {
+        if (fp8::unit_index(t0, i) < units) fp8::store_unit(dst, fp8::unit_index(t0, i), cols, whole, q[i]);
+      }
+    }
+  }
+  __device__ __forceinline__ void scale(int64_t g, float s) const {
+    for (int j = blockIdx.z; j < top_k; j += gridDim.z) {
+      scales[static_cast<int64_t>(__ldg(unpermuted_to_permuted + e0 + j)) * scale_cols + g] = s;
+    }
+  }
+};
+
+template <typename T>
+__global__ void __launch_bounds__(fp8::kMaxThreads)
+expand_rows_fp8_kernel(const T* __restrict__ input, const int32_t* __restrict__ unpermuted_to_permuted,
+                       const float* __restrict__ topk_weights, int num_tokens, int hidden, int top_k, fp8::Mode mode,
+                       bool whole, const float* __restrict__ static_scale, int64_t scale_cols,
+                       uint8_t* __restrict__ permuted_input, float* __restrict__ permuted_scales,
+                       float* __restrict__ permuted_weights, T* __restrict__ zero_out) {
+  mb::chain_start();
+  for (int64_t t = blockIdx.x; t < num_tokens; t += gridDim.x) {
+    const int64_t e0 = t * top_k;
+    if (blockIdx.z == 0) {
+      for (int j = threadIdx.x; j < top_k; j += blockDim.x) {
+        permuted_weights[unpermuted_to_permuted[e0 + j]] = topk_weights[e0 + j];
+      }
+    }
+    fp8::RowSource<T> src{input + t * hidden, hidden, whole};
+    const PermutedRows<T> dst{unpermuted_to_permuted, e0, top_k, hidden, scale_cols, whole, permuted_input,
+                              permuted_scales,
+                              zero_out != nullptr && blockIdx.z == 0 ? zero_out + t * hidden : nullptr};
+    fp8::quantize_row<T>(src, dst, hidden, mode, static_scale);
+  }
+}
+
+constexpr int kPrequantThreads = 256;
+
+// Rows of `hidden` e4m3 bytes moved in pieces of W bytes (16, or 1 where the row length or a pointer does
+// not allow 16); zero_out's row is zero_row_bytes long (a multiple of W).
+template <int W>
+__global__ void __launch_bounds__(kPrequantThreads)
+expand_rows_fp8_prequantized_kernel(const uint8_t* __restrict__ input, const float* __restrict__ input_scales,
+                                    int scale_cols, const int32_t* __restrict__ unpermuted_to_permuted,
+                                    const float* __restrict__ topk_weights, int num_tokens, int hidden, int top_k,
+                                    uint8_t* __restrict__ permuted_input, float* __restrict__ permuted_scales,
+                                    float* __restrict__ permuted_weights, uint8_t* __restrict__ zero_out,
+                                    int64_t zero_row_bytes) {
+  using P = std::conditional_t<W == 16, uint4, uint8_t>;
+  mb::chain_start();
+  const int64_t pieces = hidden / W;
+  for (int64_t t = blockIdx.x; t < num_tokens; t += gridDim.x) {
+    const int64_t e0 = t * top_k;
+    if (blockIdx.z == 0) {
+      for (int j = threadIdx.x; j < top_k; j += blockDim.x) {
+        permuted_weights[unpermuted_to_permuted[e0 + j]] = topk_weights[e0 + j];
+      }
+      if (zero_out != nullptr) {
+        P* zero = reinterpret_cast<P*>(zero_out + t * zero_row_bytes);
+        for (int64_t c = threadIdx.x; c < zero_row_bytes / W; c += blockDim.x) zero[c] = P{};
+      }
+    }
+    const P* src = reinterpret_cast<const P*>(input + t * hidden);
+    for (int64_t t0 = 0; t0 < pieces; t0 += static_cast<int64_t>(kBatch) * blockDim.x) {
+      P v[kBatch];
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        const int64_t c = t0 + static_cast<int64_t>(i) * blockDim.x + threadIdx.x;
+        if (c < pieces) v[i] = src[c];
+      }
+      for (int j = blockIdx.z; j < top_k; j += gridDim.z) {
+        P* dst = reinterpret_cast<P*>(permuted_input + static_cast<int64_t>(__ldg(unpermuted_to_permuted + e0 + j)) *
+                                                       hidden);
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i) {
+          const int64_t c = t0 + static_cast<int64_t>(i) * blockDim.x + threadIdx.x;
+          if (c < pieces) dst[c] = v[i];
+        }
+      }
+    }
+    for (int j = blockIdx.z; j < top_k; j += gridDim.z) {
+      float* dst = permuted_scales + static_cast<int64_t>(__ldg(unpermuted_to_permuted + e0 + j)) * scale_cols;
+      for (int g = threadIdx.x; g < scale_cols; g += blockDim.x) dst[g] = input_scales[t * scale_cols + g];
+    }
+  }
+}
+
 }  // namespace
 
 extern "C" mb_status mb_expand_rows(const void* input, int dtype, const int32_t* unpermuted_to_permuted,
@@ -100,11 +236,8 @@ extern "C" mb_status mb_expand_rows(const void* input, int dtype, const int32_t*
              "%s: input, unpermuted_to_permuted, topk_weights, permuted_input and permuted_weights must be "
              "non-NULL", who);
   if (zero_out != nullptr) {
-    // Other warps may still be reading input rows while a warp zeroes its output row.
-    const size_t elem = mb::dtype_size(dtype);
-    const auto in0 = reinterpret_cast<uintptr_t>(input), out0 = reinterpret_cast<uintptr_t>(zero_out);
-    const size_t bytes = static_cast<size_t>(num_tokens) * hidden * elem;
-    MB_REQUIRE(out0 + bytes <= in0 || in0 + bytes <= out0, "%s: zero_out must not overlap input", who);
+    const size_t bytes = static_cast<size_t>(num_tokens) * hidden * mb::dtype_size(dtype);
+    MB_TRY(check_disjoint(who, input, bytes, zero_out, bytes));
   }
   return mb::dispatch_dtype(dtype, who, [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -130,4 +263,78 @@ extern "C" mb_status mb_expand_rows(const void* input, int dtype, const int32_t*
     }
     return vec == kWide ? launch(Wide{}, std::false_type{}) : launch(One{}, std::false_type{});
   });
+}
+
+// ---- FP8 (issue 46) ------------------------------------------------------------------------------
+
+extern "C" mb_status mb_expand_rows_fp8(const void* input, int dtype, const int32_t* unpermuted_to_permuted,
+                                        const float* topk_weights, int num_tokens, int hidden, int top_k,
+                                        const float* static_scale, int group, uint8_t* permuted_input,
+                                        float* permuted_scales, float* permuted_weights, void* zero_out,
+                                        cudaStream_t stream) {
+  const char* who = "mb_expand_rows_fp8";
+  MB_REQUIRE(num_tokens >= 0, "%s: num_tokens must be >= 0, got %d", who, num_tokens);
+  MB_REQUIRE(hidden >= 1, "%s: hidden must be >= 1, got %d", who, hidden);
+  MB_REQUIRE(top_k >= 1, "%s: top_k must be >= 1, got %d", who, top_k);
+  fp8::Mode mode;
+  MB_TRY(fp8::mode_of(static_scale, group, who, &mode));
+  if (num_tokens == 0) return fp8::dispatch_half(dtype, who, [](auto) { return MB_OK; });
+  MB_REQUIRE(input && unpermuted_to_permuted && topk_weights && permuted_input && permuted_scales && permuted_weights,
+             "%s: input, unpermuted_to_permuted, topk_weights, permuted_input, permuted_scales and permuted_weights "
+             "must be non-NULL", who);
+  if (zero_out != nullptr) {
+    const size_t bytes = static_cast<size_t>(num_tokens) * hidden * mb::dtype_size(dtype);
+    MB_TRY(check_disjoint(who, input, bytes, zero_out, bytes));
+  }
+  return fp8::dispatch_half(dtype, who, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const int threads = fp8::row_threads(hidden);
+    const dim3 grid(mb::row_grid(num_tokens), 1, copy_split(num_tokens, threads, top_k));
+    return mb::check_launch("expand_rows_fp8_kernel", mb::launch_after_trigger(
+        expand_rows_fp8_kernel<T>, grid, dim3(threads), stream, static_cast<const T*>(input), unpermuted_to_permuted,
+        topk_weights, num_tokens, hidden, top_k, mode, fp8::whole_units(hidden, {input, zero_out}, {permuted_input}),
+        static_scale, fp8::scale_cols(mode, hidden), permuted_input, permuted_scales, permuted_weights,
+        static_cast<T*>(zero_out)));
+  });
+}
+
+extern "C" mb_status mb_expand_rows_fp8_prequantized(const uint8_t* input_fp8, const float* input_scales,
+                                                     int scale_cols, const int32_t* unpermuted_to_permuted,
+                                                     const float* topk_weights, int num_tokens, int hidden,
+                                                     int top_k, uint8_t* permuted_input, float* permuted_scales,
+                                                     float* permuted_weights, void* zero_out, int zero_dtype,
+                                                     cudaStream_t stream) {
+  const char* who = "mb_expand_rows_fp8_prequantized";
+  MB_REQUIRE(num_tokens >= 0, "%s: num_tokens must be >= 0, got %d", who, num_tokens);
+  MB_REQUIRE(hidden >= 1, "%s: hidden must be >= 1, got %d", who, hidden);
+  MB_REQUIRE(top_k >= 1, "%s: top_k must be >= 1, got %d", who, top_k);
+  const int groups = (hidden + fp8::kGroup - 1) / fp8::kGroup;
+  MB_REQUIRE(scale_cols == 1 || scale_cols == groups, "%s: scale_cols must be 1 or ceil(hidden / 128) = %d, got %d",
+             who, groups, scale_cols);
+  if (zero_out != nullptr) {
+    MB_REQUIRE(zero_dtype == MB_FP32 || zero_dtype == MB_FP16 || zero_dtype == MB_BF16,
+               "%s: zero_dtype %d is not one of fp32(0), fp16(1), bf16(2)", who, zero_dtype);
+  }
+  if (num_tokens == 0) return MB_OK;
+  MB_REQUIRE(input_fp8 && input_scales && unpermuted_to_permuted && topk_weights && permuted_input &&
+             permuted_scales && permuted_weights, "%s: input_fp8, input_scales, unpermuted_to_permuted, topk_weights, "
+             "permuted_input, permuted_scales and permuted_weights must be non-NULL", who);
+  const int64_t zero_row_bytes = zero_out != nullptr ? static_cast<int64_t>(hidden) * mb::dtype_size(zero_dtype) : 0;
+  if (zero_out != nullptr) {
+    MB_TRY(check_disjoint(who, input_fp8, static_cast<size_t>(num_tokens) * hidden, zero_out,
+                          static_cast<size_t>(num_tokens) * zero_row_bytes));
+  }
+  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const bool wide = hidden % 16 == 0 && aligned(input_fp8) && aligned(permuted_input) && aligned(zero_out);
+  const int64_t pieces = wide ? hidden / 16 : hidden;
+  const int64_t warps = (pieces + 32 * kBatch - 1) / (32 * kBatch);
+  const int threads = static_cast<int>(warps * 32 < kPrequantThreads ? warps * 32 : kPrequantThreads);
+  const dim3 grid(mb::row_grid(num_tokens), 1, copy_split(num_tokens, threads, top_k));
+  auto launch = [&](auto kernel) {
+    return mb::check_launch("expand_rows_fp8_prequantized_kernel", mb::launch_after_trigger(
+        kernel, grid, dim3(threads), stream, input_fp8, input_scales, scale_cols, unpermuted_to_permuted,
+        topk_weights, num_tokens, hidden, top_k, permuted_input, permuted_scales, permuted_weights,
+        static_cast<uint8_t*>(zero_out), zero_row_bytes));
+  };
+  return wide ? launch(expand_rows_fp8_prequantized_kernel<16>) : launch(expand_rows_fp8_prequantized_kernel<1>);
 }

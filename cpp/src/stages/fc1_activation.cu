@@ -11,8 +11,14 @@
 // prefill a chunk is the whole row (up to 32 * kBatch vectors); at decode sizes there are only T*K
 // rows (4 to 8 at T=1), so mb::stage_launch() narrows the chunks until there are mb::kMinStageWarps
 // units, spreading each row's columns over the SMs instead of leaving a few warps to walk them.
+//
+// FP8 (issue 46): mb_fc1_activation_fp8 writes GEMM2's input as e4m3 rows and scales instead
+// (common/fp8_quantize.cuh's rule), a block per row: the activated values come from the same function
+// as mb_fc1_activation's (activate below), rounded to dtype as mb_fc1_activation stores them, then
+// quantized, so the fused step equals mb_fc1_activation followed by mb_quantize_fp8 bit for bit.
 #include "common/act_math.cuh"
 #include "common/common.cuh"
+#include "common/fp8_quantize.cuh"
 
 namespace {
 
@@ -36,6 +42,24 @@ __device__ __forceinline__ int warp_expert_of(const int64_t* off, int E, int64_t
     hi = min(hi, lo + step);
   }
   return lo;
+}
+
+// The activation both kernels compute, elementwise in fp32: act(g + bg, x + bu), g the gate and x the up
+// projection (gated activations; else unused) of VEC columns, bg and bu their bias where the row's expert
+// has one (has_bias; else nothing is added: adding a zero would turn a -0 into +0).
+template <int ACT, int VEC>
+__device__ __forceinline__ void activate(float (&g)[VEC], float (&x)[VEC], bool has_bias, const float (&bg)[VEC],
+                                         const float (&bu)[VEC], float alpha, float limit, float (&r)[VEC]) {
+  if (has_bias) {
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) g[k] += bg[k];
+    if constexpr (mb::is_gated(ACT)) {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) x[k] += bu[k];
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) r[k] = mb::act_apply<ACT>(g[k], x[k], alpha, limit);
 }
 
 template <typename T, int ACT, int VEC>
@@ -72,7 +96,7 @@ fc1_activation_kernel(const T* __restrict__ in, const T* __restrict__ b1, const 
       for (int i = 0; i < kBatch; ++i) {
         if (!mine(i)) continue;
         const int64_t j = (v0 + i * 32) * VEC;
-        float g[VEC], x[VEC], r[VEC];
+        float g[VEC], x[VEC], bg[VEC], bu[VEC], r[VEC];
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
           g[k] = mb::raw_f32<T>(gate[i], k);
@@ -80,19 +104,10 @@ fc1_activation_kernel(const T* __restrict__ in, const T* __restrict__ b1, const 
           if constexpr (kGated) x[k] = mb::raw_f32<T>(up[i], k);
         }
         if (bias) {
-          float bg[VEC];
           mb::load_f32<T, VEC>(bias + j, bg);
-#pragma unroll
-          for (int k = 0; k < VEC; ++k) g[k] += bg[k];
-          if constexpr (kGated) {
-            float bu[VEC];
-            mb::load_f32<T, VEC>(bias + inter + j, bu);
-#pragma unroll
-            for (int k = 0; k < VEC; ++k) x[k] += bu[k];
-          }
+          if constexpr (kGated) mb::load_f32<T, VEC>(bias + inter + j, bu);
         }
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) r[k] = mb::act_apply<ACT>(g[k], x[k], alpha, limit);
+        activate<ACT, VEC>(g, x, bias != nullptr, bg, bu, alpha, limit, r);
         if (prequant_scale) {
           float s[VEC];
           mb::load_f32<float, VEC>(prequant_scale + j, s);
@@ -105,13 +120,87 @@ fc1_activation_kernel(const T* __restrict__ in, const T* __restrict__ b1, const 
   }
 }
 
-}  // namespace
+// ---- FP8 (issue 46) ------------------------------------------------------------------------------
 
-extern "C" mb_status mb_fc1_activation(const void* in, int dtype, const void* b1,
-                                       const int64_t* expert_first_token_offset, int num_experts, int64_t max_rows,
-                                       int inter, int activation, float swiglu_alpha, float swiglu_limit,
-                                       const float* prequant_scale, void* out, cudaStream_t stream) {
-  const char* who = "mb_fc1_activation";
+namespace fp8 = mb::fp8;
+
+// fp8::quantize_row's source for permuted row p: unit u is the activation of columns [8u, 8u + 8) computed
+// by activate() and rounded to T, the values mb_fc1_activation stores.
+template <typename T, int ACT>
+struct ActivatedRow {
+  static constexpr bool kGated = mb::is_gated(ACT);
+  struct Payload {
+    uint4 gate, up;
+  };
+  const T* row;  // in[p]: the gate columns [0, inter), then (gated) the up columns [inter, 2 * inter)
+  const T* b1;
+  const int64_t* off;
+  int E;
+  int64_t p;
+  int inter;
+  bool whole;
+  float alpha, limit;
+  const T* bias;  // the row's expert's b1 row or null, set by begin()
+
+  __device__ __forceinline__ Payload fetch(int64_t u) const {
+    Payload x;
+    x.gate = fp8::load_unit<T>(row, u, inter, whole);
+    x.up = kGated ? fp8::load_unit<T>(row + inter, u, inter, whole) : uint4{0u, 0u, 0u, 0u};
+    return x;
+  }
+  // The bias row is per expert and small (an L2/L1 hit): looked up while the first loads fly.
+  __device__ __forceinline__ void begin() {
+    const int64_t n1 = kGated ? 2 * static_cast<int64_t>(inter) : inter;
+    bias = b1 ? b1 + warp_expert_of(off, E, p) * n1 : nullptr;
+  }
+  __device__ __forceinline__ uint4 unit(const Payload& x, int64_t u) const {
+    float g[fp8::kVec], v[fp8::kVec], bg[fp8::kVec], bu[fp8::kVec], r[fp8::kVec];
+#pragma unroll
+    for (int k = 0; k < fp8::kVec; ++k) {
+      g[k] = mb::raw_f32<T>(x.gate, k);
+      v[k] = kGated ? mb::raw_f32<T>(x.up, k) : 0.0f;
+    }
+    if (bias) {
+      const uint4 b = fp8::load_unit<T>(bias, u, inter, whole);
+#pragma unroll
+      for (int k = 0; k < fp8::kVec; ++k) bg[k] = mb::raw_f32<T>(b, k);
+      if constexpr (kGated) {
+        const uint4 c = fp8::load_unit<T>(bias + inter, u, inter, whole);
+#pragma unroll
+        for (int k = 0; k < fp8::kVec; ++k) bu[k] = mb::raw_f32<T>(c, k);
+      }
+    }
+    activate<ACT, fp8::kVec>(g, v, bias != nullptr, bg, bu, alpha, limit, r);
+    if (!whole) {
+      // Columns past the row's end are none of the row's: zeros, which leave a partial group's amax as it is.
+#pragma unroll
+      for (int k = 0; k < fp8::kVec; ++k) {
+        if (u * fp8::kVec + k >= inter) r[k] = 0.0f;
+      }
+    }
+    return mb::raw_from_f32<T, fp8::kVec>(r);
+  }
+};
+
+// A block per permuted row p < off[E] (blocks stride over the rows).
+template <typename T, int ACT>
+__global__ void __launch_bounds__(fp8::kMaxThreads)
+fc1_activation_fp8_kernel(const T* __restrict__ in, const T* __restrict__ b1, const int64_t* __restrict__ off, int E,
+                          int64_t max_rows, int inter, float alpha, float limit, fp8::Mode mode, bool whole,
+                          const float* __restrict__ static_scale, int64_t scale_cols, uint8_t* __restrict__ out,
+                          float* __restrict__ out_scales) {
+  const int64_t n1 = mb::is_gated(ACT) ? 2 * static_cast<int64_t>(inter) : inter;
+  for (int64_t p = blockIdx.x; p < max_rows; p += gridDim.x) {
+    if (p >= __ldg(off + E)) break;  // rows past off[E]: other nodes' experts
+    ActivatedRow<T, ACT> src{in + p * n1, b1, off, E, p, inter, whole, alpha, limit, nullptr};
+    const fp8::RowDest dst{out + p * inter, out_scales + p * scale_cols, inter, whole};
+    fp8::quantize_row<T>(src, dst, inter, mode, static_scale);
+  }
+}
+
+// The argument checks both activation entry points make.
+mb_status check_arguments(const char* who, const int64_t* expert_first_token_offset, int num_experts, int64_t max_rows,
+                          int inter, int activation, float swiglu_alpha, float swiglu_limit) {
   MB_REQUIRE(num_experts >= 1, "%s: num_experts must be >= 1, got %d", who, num_experts);
   MB_REQUIRE(max_rows >= 0, "%s: max_rows must be >= 0, got %lld", who, static_cast<long long>(max_rows));
   MB_REQUIRE(inter >= 1, "%s: inter must be >= 1, got %d", who, inter);
@@ -122,6 +211,32 @@ extern "C" mb_status mb_fc1_activation(const void* in, int dtype, const void* b1
     MB_REQUIRE(swiglu_alpha == swiglu_alpha, "%s: swiglu_alpha is NaN", who);
   }
   MB_REQUIRE(expert_first_token_offset, "%s: expert_first_token_offset must be non-NULL", who);
+  return MB_OK;
+}
+
+// Calls f(std::integral_constant<int, activation>{}) (activation checked by check_arguments).
+template <typename F>
+mb_status dispatch_activation(int activation, F&& f) {
+  switch (activation) {
+    case MB_ACT_IDENTITY: return f(std::integral_constant<int, MB_ACT_IDENTITY>{});
+    case MB_ACT_RELU: return f(std::integral_constant<int, MB_ACT_RELU>{});
+    case MB_ACT_SILU: return f(std::integral_constant<int, MB_ACT_SILU>{});
+    case MB_ACT_GELU: return f(std::integral_constant<int, MB_ACT_GELU>{});
+    case MB_ACT_SWIGLU: return f(std::integral_constant<int, MB_ACT_SWIGLU>{});
+    case MB_ACT_GEGLU: return f(std::integral_constant<int, MB_ACT_GEGLU>{});
+    default: return f(std::integral_constant<int, MB_ACT_SWIGLU_CLAMP>{});
+  }
+}
+
+}  // namespace
+
+extern "C" mb_status mb_fc1_activation(const void* in, int dtype, const void* b1,
+                                       const int64_t* expert_first_token_offset, int num_experts, int64_t max_rows,
+                                       int inter, int activation, float swiglu_alpha, float swiglu_limit,
+                                       const float* prequant_scale, void* out, cudaStream_t stream) {
+  const char* who = "mb_fc1_activation";
+  MB_TRY(check_arguments(who, expert_first_token_offset, num_experts, max_rows, inter, activation, swiglu_alpha,
+                         swiglu_limit));
   if (max_rows == 0) return mb::dispatch_dtype(dtype, who, [](auto) { return MB_OK; });
   MB_REQUIRE(in && out, "%s: in and out must be non-NULL", who);
 
@@ -139,18 +254,37 @@ extern "C" mb_status mb_fc1_activation(const void* in, int dtype, const void* b1
           inter, shape.vpl, shape.chunks, swiglu_alpha, swiglu_limit, prequant_scale, static_cast<T*>(out));
       return mb::check_launch("fc1_activation_kernel");
     };
-    auto by_width = [&](auto act_const) {
+    return dispatch_activation(activation, [&](auto act_const) {
       return wide ? launch(act_const, std::integral_constant<int, kWide>{})
                   : launch(act_const, std::integral_constant<int, 1>{});
-    };
-    switch (activation) {
-      case MB_ACT_IDENTITY: return by_width(std::integral_constant<int, MB_ACT_IDENTITY>{});
-      case MB_ACT_RELU: return by_width(std::integral_constant<int, MB_ACT_RELU>{});
-      case MB_ACT_SILU: return by_width(std::integral_constant<int, MB_ACT_SILU>{});
-      case MB_ACT_GELU: return by_width(std::integral_constant<int, MB_ACT_GELU>{});
-      case MB_ACT_SWIGLU: return by_width(std::integral_constant<int, MB_ACT_SWIGLU>{});
-      case MB_ACT_GEGLU: return by_width(std::integral_constant<int, MB_ACT_GEGLU>{});
-      default: return by_width(std::integral_constant<int, MB_ACT_SWIGLU_CLAMP>{});
-    }
+    });
+  });
+}
+
+extern "C" mb_status mb_fc1_activation_fp8(const void* in, int dtype, const void* b1,
+                                           const int64_t* expert_first_token_offset, int num_experts,
+                                           int64_t max_rows, int inter, int activation, float swiglu_alpha,
+                                           float swiglu_limit, const float* static_scale, int group, uint8_t* out,
+                                           float* out_scales, cudaStream_t stream) {
+  const char* who = "mb_fc1_activation_fp8";
+  MB_TRY(check_arguments(who, expert_first_token_offset, num_experts, max_rows, inter, activation, swiglu_alpha,
+                         swiglu_limit));
+  fp8::Mode mode;
+  MB_TRY(fp8::mode_of(static_scale, group, who, &mode));
+  if (max_rows == 0) return fp8::dispatch_half(dtype, who, [](auto) { return MB_OK; });
+  MB_REQUIRE(in && out && out_scales, "%s: in, out and out_scales must be non-NULL", who);
+
+  return fp8::dispatch_half(dtype, who, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const bool whole = fp8::whole_units(inter, {in, b1}, {out});
+    const int threads = fp8::row_threads(inter);
+    const int64_t scale_cols = fp8::scale_cols(mode, inter);
+    return dispatch_activation(activation, [&](auto act_const) {
+      constexpr int ACT = decltype(act_const)::value;
+      fc1_activation_fp8_kernel<T, ACT><<<mb::row_grid(max_rows), threads, 0, stream>>>(
+          static_cast<const T*>(in), static_cast<const T*>(b1), expert_first_token_offset, num_experts, max_rows,
+          inter, swiglu_alpha, swiglu_limit, mode, whole, static_scale, scale_cols, out, out_scales);
+      return mb::check_launch("fc1_activation_fp8_kernel");
+    });
   });
 }

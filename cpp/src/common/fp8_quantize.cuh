@@ -1,0 +1,285 @@
+// FP8 (e4m3) quantization of activation rows, shared by the stage kernels that write an FP8 GEMM's input:
+// stages/quantize_fp8.cu (mb_quantize_fp8), stages/expand_rows.cu (mb_expand_rows_fp8) and
+// stages/fc1_activation.cu (mb_fc1_activation_fp8). They compute bit for bit what
+// moe_build/weights/fp8.py's quantize_rows computes:
+//   q = e4m3(x / s), x the fp32 value of an fp16/bf16 element, x / s an IEEE fp32 division (__fdiv_rn, which
+//   no compiler flag turns into a multiply by 1 / s), rounded to nearest even and saturated to +-448
+//   (cvt.rn.satfinite: what quantize_rows' clamp(-448, 448) and round-to-nearest-even cast give);
+//   s the static scale, or dynamic max(amax, 1e-12) / 448 (again an IEEE division), amax the largest |x| of
+//   the row (kPerRow) or of its 128-column group (kPerGroup; the last group may be partial).
+// Inputs are finite: for NaN and inf there is no contract (fmaxf skips a NaN in amax, where torch's amax
+// propagates it; the sign of a NaN from inf / inf differs between a CPU and a GPU).
+//
+// A block quantizes a row. Its threads own units of kVec = 8 consecutive elements, moved with one 16-byte
+// load and one 8-byte store where the row allows it (`whole`), else element by element (a row length that
+// is not a multiple of 8, or unaligned pointers). A tile is kUnits * blockDim.x units: unit
+// t0 + i * blockDim.x + threadIdx.x for i < kUnits, so each load instruction of a warp is coalesced, a
+// thread has kUnits loads in flight, and a 128-column group is 16 consecutive lanes of one warp (its amax
+// is a 4-step shuffle reduction). kPerRow needs the whole row's amax before the first store: the first tile
+// (16384 columns at 512 threads) stays in registers across the block reduction, so rows up to that width
+// are read once; the units of longer rows past the first tile are read again (from L2) after it.
+// The mode and the unit width are arguments, not template parameters: a kernel holds one copy of its
+// source's loads and math (the activation kernel's are large, and it has one kernel per activation).
+#pragma once
+
+#include <cuda_fp8.h>
+
+#include "common/common.cuh"
+
+namespace mb {
+namespace fp8 {
+
+constexpr float kMax = 448.0f;         // largest finite e4m3
+constexpr float kAmaxFloor = 1e-12f;   // an all-zero row or group gets this amax, not a zero scale
+constexpr int kGroup = 128;            // the per-group scales' column group
+constexpr int kVec = 8;                // elements per unit: 16 bytes of fp16/bf16, 8 bytes of e4m3
+constexpr int kGroupLanes = kGroup / kVec;  // units (lanes of one warp) per group
+constexpr int kUnits = 4;              // units per thread per tile
+constexpr int kMaxThreads = 512;
+
+enum Mode { kStatic = 0, kPerRow = 1, kPerGroup = 2 };
+
+// ---- host side --------------------------------------------------------------------------------
+
+// The mode of a call's (static_scale, group); MB_ERR_INVALID_ARGUMENT for a group other than 0 and 128, or a
+// static scale with group 128.
+inline mb_status mode_of(const float* static_scale, int group, const char* who, Mode* mode) {
+  MB_REQUIRE(group == 0 || group == kGroup, "%s: group must be 0 (per row) or 128, got %d", who, group);
+  MB_REQUIRE(static_scale == nullptr || group == 0, "%s: a static scale takes group 0, got %d", who, group);
+  *mode = static_scale != nullptr ? kStatic : group != 0 ? kPerGroup : kPerRow;
+  return MB_OK;
+}
+
+// fp32 scales per row: one, or one per 128-column group.
+inline int64_t scale_cols(Mode mode, int64_t cols) { return mode == kPerGroup ? (cols + kGroup - 1) / kGroup : 1; }
+
+// Threads per block for rows of `cols` elements: enough for one tile to cover the row, at most kMaxThreads.
+inline int row_threads(int64_t cols) {
+  const int64_t units = (cols + kVec - 1) / kVec;
+  const int64_t threads = (units + kUnits - 1) / kUnits;
+  const int64_t warps = (threads + 31) / 32;
+  return static_cast<int>(warps * 32 < kMaxThreads ? warps * 32 : kMaxThreads);
+}
+
+// Whether rows of `cols` elements move in whole units: cols a multiple of kVec, the fp16/bf16 pointers
+// 16-byte aligned and the e4m3 ones 8-byte aligned (NULL pointers ignored).
+inline bool whole_units(int64_t cols, std::initializer_list<const void*> in16,
+                        std::initializer_list<const void*> out8) {
+  if (cols % kVec != 0) return false;
+  for (const void* p : in16) {
+    if (p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  }
+  for (const void* p : out8) {
+    if (p != nullptr && reinterpret_cast<uintptr_t>(p) % 8 != 0) return false;
+  }
+  return true;
+}
+
+// Calls f(TypeTag<T>{}) for fp16 and bf16; fp32 is MB_ERR_UNSUPPORTED (the FP8 GEMMs read and write
+// fp16/bf16 only), anything else MB_ERR_INVALID_ARGUMENT.
+template <typename F>
+mb_status dispatch_half(int dtype, const char* who, F&& f) {
+  switch (dtype) {
+    case MB_FP16: return f(TypeTag<__half>{});
+    case MB_BF16: return f(TypeTag<__nv_bfloat16>{});
+    case MB_FP32: return fail(MB_ERR_UNSUPPORTED, "%s: FP8 quantization takes fp16 or bf16 rows, not fp32", who);
+    default: return fail(MB_ERR_INVALID_ARGUMENT, "%s: dtype %d is not one of fp16(1), bf16(2)", who, dtype);
+  }
+}
+
+// ---- device side ------------------------------------------------------------------------------
+
+// A unit's e4m3 bytes, element k in byte k.
+using Bytes = uint2;
+
+// Unit u of tile t0 for the calling thread.
+__device__ __forceinline__ int64_t unit_index(int64_t t0, int i) {
+  return t0 + static_cast<int64_t>(i) * blockDim.x + threadIdx.x;
+}
+
+// Unit u of a row of `cols` elements as its packed bits (zero past cols).
+template <typename T>
+__device__ __forceinline__ uint4 load_unit(const T* row, int64_t u, int64_t cols, bool whole) {
+  if (whole) return *reinterpret_cast<const uint4*>(row + u * kVec);
+  Vec<T, kVec> x;
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) {
+    const int64_t c = u * kVec + k;
+    x.v[k] = c < cols ? row[c] : from_f32<T>(0.0f);
+  }
+  uint4 r;
+  memcpy(&r, &x, sizeof(r));
+  return r;
+}
+
+// Unit u's bytes into an e4m3 row of `cols` bytes.
+__device__ __forceinline__ void store_unit(uint8_t* row, int64_t u, int64_t cols, bool whole, Bytes q) {
+  if (whole) {
+    *reinterpret_cast<Bytes*>(row + u * kVec) = q;
+    return;
+  }
+  uint8_t b[kVec];
+  memcpy(b, &q, sizeof(b));
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) {
+    if (u * kVec + k < cols) row[u * kVec + k] = b[k];
+  }
+}
+
+// Zeros for unit u of a row of `cols` elements of T.
+template <typename T>
+__device__ __forceinline__ void zero_unit(T* row, int64_t u, int64_t cols, bool whole) {
+  if (whole) {
+    *reinterpret_cast<uint4*>(row + u * kVec) = uint4{0u, 0u, 0u, 0u};
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) {
+    if (u * kVec + k < cols) row[u * kVec + k] = from_f32<T>(0.0f);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ float unit_amax(uint4 x) {
+  float m = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) m = fmaxf(m, fabsf(raw_f32<T>(x, k)));
+  return m;
+}
+
+__device__ __forceinline__ float dynamic_scale(float amax) { return __fdiv_rn(fmaxf(amax, kAmaxFloor), kMax); }
+
+template <typename T>
+__device__ __forceinline__ Bytes quantize_unit(uint4 x, float s) {
+  uint32_t w[2] = {0u, 0u};
+#pragma unroll
+  for (int k = 0; k < kVec; k += 2) {
+    const float2 f = make_float2(__fdiv_rn(raw_f32<T>(x, k), s), __fdiv_rn(raw_f32<T>(x, k + 1), s));
+    const uint32_t pair = __nv_cvt_float2_to_fp8x2(f, __NV_SATFINITE, __NV_E4M3);  // element k in the low byte
+    w[k / 4] |= pair << (8 * (k % 4));
+  }
+  return Bytes{w[0], w[1]};
+}
+
+// The largest v of the block (every thread must call it; it synchronizes the block twice).
+__device__ __forceinline__ float block_max(float v) {
+  __shared__ float warp_max[32];
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = v;
+  __syncthreads();
+  float m = 0.0f;
+  for (unsigned w = 0; w < blockDim.x / 32; ++w) m = fmaxf(m, warp_max[w]);
+  __syncthreads();  // every warp has read warp_max before a later row's call writes it
+  return m;
+}
+
+// Quantizes one row of `cols` fp16/bf16 values (T) produced by `src` into the e4m3 row(s) and scales of `dst`.
+// Every thread of the block must call it with the same row. static_scale: kStatic's device scalar.
+//   Src: Payload fetch(int64_t u) const: issues unit u's loads (u in the row);
+//        void begin(): once per row, after the first tile's fetches are issued (work that may overlap them);
+//        uint4 unit(const Payload&, int64_t u) const: unit u's values, packed T (zero past the row's end).
+//   Dst: void store(int64_t t0, const Bytes (&q)[kUnits]) const: tile t0's units (those in the row);
+//        void scale(int64_t g, float s) const: the scale of group g (0 for kStatic and kPerRow).
+template <typename T, typename Src, typename Dst>
+__device__ __forceinline__ void quantize_row(Src& src, const Dst& dst, int64_t cols, Mode mode,
+                                             const float* static_scale) {
+  const int64_t units = (cols + kVec - 1) / kVec;
+  const int64_t tile = static_cast<int64_t>(kUnits) * blockDim.x;
+  bool begun = false;
+  float row_s = 0.0f;  // kStatic's and (after pass 0) kPerRow's scale
+  if (mode == kStatic) {
+    row_s = *static_scale;
+    if (threadIdx.x == 0) dst.scale(0, row_s);
+  }
+  float amax = 0.0f;
+  uint4 keep[kUnits];  // kPerRow: the first tile, held from pass 0 to pass 1
+  // kPerRow makes two passes over the row, its amax (pass 0) then the stores (pass 1); the others one.
+  // The loop bounds are the block's, so every lane of a warp takes part in the shuffles.
+  for (int pass = mode == kPerRow ? 0 : 1; pass < 2; ++pass) {
+    for (int64_t t0 = 0; t0 < units; t0 += tile) {
+      uint4 x[kUnits];
+      if (pass == 1 && mode == kPerRow && t0 == 0) {
+#pragma unroll
+        for (int i = 0; i < kUnits; ++i) x[i] = keep[i];
+      } else {
+        typename Src::Payload pay[kUnits];
+#pragma unroll
+        for (int i = 0; i < kUnits; ++i) {
+          if (unit_index(t0, i) < units) pay[i] = src.fetch(unit_index(t0, i));
+        }
+        if (!begun) {
+          src.begin();
+          begun = true;
+        }
+#pragma unroll
+        for (int i = 0; i < kUnits; ++i) {
+          const int64_t u = unit_index(t0, i);
+          x[i] = u < units ? src.unit(pay[i], u) : uint4{0u, 0u, 0u, 0u};
+        }
+        if (pass == 0) {
+#pragma unroll
+          for (int i = 0; i < kUnits; ++i) {
+            amax = fmaxf(amax, unit_amax<T>(x[i]));
+            if (t0 == 0) keep[i] = x[i];
+          }
+          continue;
+        }
+      }
+      Bytes q[kUnits];
+#pragma unroll
+      for (int i = 0; i < kUnits; ++i) {
+        float s = row_s;
+        if (mode == kPerGroup) {
+          // A group is kGroupLanes aligned lanes (t0 and blockDim.x are multiples of 32); units past the
+          // row's end are zeros, so a partial last group's amax is its elements'.
+          float a = unit_amax<T>(x[i]);
+#pragma unroll
+          for (int off = kGroupLanes / 2; off > 0; off /= 2) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, off));
+          s = dynamic_scale(a);
+          const int64_t u = unit_index(t0, i);
+          if (u < units && u % kGroupLanes == 0) dst.scale(u / kGroupLanes, s);
+        }
+        q[i] = quantize_unit<T>(x[i], s);
+      }
+      dst.store(t0, q);
+    }
+    if (pass == 0) {
+      row_s = dynamic_scale(block_max(amax));
+      if (threadIdx.x == 0) dst.scale(0, row_s);
+    }
+  }
+}
+
+// ---- the plain row source and destination ---------------------------------------------------
+
+// A row of `cols` fp16/bf16 values as they are.
+template <typename T>
+struct RowSource {
+  using Payload = uint4;
+  const T* row;
+  int64_t cols;
+  bool whole;
+  __device__ __forceinline__ uint4 fetch(int64_t u) const { return load_unit<T>(row, u, cols, whole); }
+  __device__ __forceinline__ void begin() {}
+  __device__ __forceinline__ uint4 unit(uint4 x, int64_t) const { return x; }
+};
+
+// One e4m3 row of `cols` bytes and its scales.
+struct RowDest {
+  uint8_t* row;
+  float* scales;
+  int64_t cols;
+  bool whole;
+  __device__ __forceinline__ void store(int64_t t0, const Bytes (&q)[kUnits]) const {
+    const int64_t units = (cols + kVec - 1) / kVec;
+#pragma unroll
+    for (int i = 0; i < kUnits; ++i) {
+      if (unit_index(t0, i) < units) store_unit(row, unit_index(t0, i), cols, whole, q[i]);
+    }
+  }
+  __device__ __forceinline__ void scale(int64_t g, float s) const { scales[g] = s; }
+};
+
+}  // namespace fp8
+}  // namespace mb

@@ -1,0 +1,42 @@
+// The FP8 grouped GEMM (mb_grouped_gemm_fp8): what its kernels share. A and B are e4m3 bytes, the
+// accumulation fp32, the output bf16/fp16 (+ bias); the scales follow the call's mb_fp8_scaling:
+//   MB_FP8_ROWWISE : C[p, c] = sa[p] * sb[x, c] * sum_k A[p, k] B[x, c, k]       sa [max_rows], sb [E, n]
+//   MB_FP8_BLOCK128: C[p, c] = sum_kb sa[p, kb] * sb[x, c / 128, kb] * sum_{k in kb} A[p, k] B[x, c, k]
+//                    sa [max_rows, ceil(k / 128)], sb [E, ceil(n / 128), ceil(k / 128)], both row-major
+// (moe_build/weights/fp8.py: per-tensor and per-channel weight scales arrive as sb [E, n], a static or a
+// per-token activation scale as sa [max_rows]; block-128 as DeepSeek-V3 stores it).
+#pragma once
+
+#include <cstdint>
+
+#include "common/common.cuh"
+#include "moe_build_kernels.h"
+
+namespace mbk {
+
+constexpr int kFp8Block = 128;  // MB_FP8_BLOCK128's block side (k blocks of A and B, n blocks of B)
+
+struct Fp8GemmParams {
+  const uint8_t* A;      // [max_rows, k] e4m3, the permuted rows of every expert back to back
+  const float* scale_a;  // as the scaling says
+  const uint8_t* B;      // [E, n, k] e4m3, row-major per expert
+  const float* scale_b;  // as the scaling says
+  const void* bias;      // [E, n] in the output dtype, or null
+  void* C;               // [max_rows, n] in the output dtype; rows past off[E] are not written
+  const int64_t* offsets;  // [E + 1]
+  int num_experts;
+  int n, k;
+  int scaling;  // enum mb_fp8_scaling
+};
+
+__host__ __device__ __forceinline__ int fp8_k_blocks(int k) { return (k + kFp8Block - 1) / kFp8Block; }
+
+// gemm/fp8_decode.cu: the swap-AB mma.sync e4m3 kernel (sm_89+), tactic kernel MB_GEMM_DECODE.
+mb_status launch_fp8_decode(const Fp8GemmParams& p, int64_t max_rows, int dtype, int k_split, bool after_trigger,
+                            cudaStream_t stream);
+// gemm/fp8_sm90.cu: the wgmma kernel (sm_90a), tactic kernel MB_GEMM_WGMMA, and its workspace.
+size_t fp8_wgmma_workspace_bytes(int num_experts);
+mb_status run_fp8_wgmma(const Fp8GemmParams& p, int64_t max_rows, int dtype, const mb_gemm_tactic& tactic,
+                        void* workspace, size_t workspace_bytes, cudaStream_t stream);
+
+}  // namespace mbk

@@ -1,0 +1,230 @@
+// FP8 decode grouped GEMM (mb_grouped_gemm_fp8, tactic kernel MB_GEMM_DECODE; sm_89 and later): few token
+// rows per expert, so the GEMM is a stream of e4m3 weights and the kernel's job is to keep HBM busy, as
+// the 16-bit decode kernel (gemm/decode.cu) does, whose layout this follows.
+//
+// Swap-AB mma.sync m16n8k32 e4m3 (fp32 accumulators): weights are the 16-row "A" operand, tokens the
+// 8-column "B" operand. Each lane loads 16 consecutive k (16 bytes) of its two weight rows and the same
+// 16 k of its token row; a dot product does not care in which order k is summed, so bytes 0-3 / 4-7
+// fill the lane's k slots {4q..4q+3} / {16+4q..16+4q+3} of one mma and bytes 8-15 those of a second,
+// identically for weights and tokens. Four lanes cover 64 consecutive k per step; four steps per load
+// batch give 256-byte contiguous reads per weight row, and a register double buffer keeps a whole batch
+// (and its scales) in flight.
+//
+// Scales (gemm/fp8.cuh): ROWWISE multiplies the fp32 sums by sa[row] * sb[expert, column] at the end;
+// BLOCK128 sums each 128-k block (two steps) into a partial that is scaled by sa[row, kb] *
+// sb[expert, column / 128, kb] and added to the accumulator (a warp's 16 weight rows lie in one
+// 128-row block), so no block's sum is rounded before its scale, as the block-scaled reference does.
+//
+// CTA = 8 warps = one (expert, chunk of up to 8 token rows, 128 / WK weight rows) unit; WK warps split K
+// into slices of whole 128-k blocks; partial sums meet in shared memory and are reduced in fixed warp
+// order (bit-reproducible). The grid is sized from host-known bounds and each CTA finds its chunk with
+// cta_find_tile: no host sync, CUDA-graph capturable.
+#include <algorithm>
+
+#include "gemm/fp8.cuh"
+#include "gemm/loads.cuh"
+#include "gemm/mma.cuh"
+
+namespace mbk {
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr int kTokens = 8;  // token rows per chunk: the mma's 8 columns
+constexpr int kStepK = 64;  // k per step: 4 lanes x 16 bytes
+constexpr int kSteps = 4;   // steps per load batch: 256 bytes of each weight row
+
+__device__ __forceinline__ void mma_e4m3(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+  __trap();  // never launched: the entry point refuses devices below compute capability 8.9
+#endif
+}
+
+__device__ __forceinline__ float ld_scale(const float* p, bool valid) { return valid ? __ldg(p) : 0.f; }
+
+template <typename T, int SCALING, int WK>
+__global__ void __launch_bounds__(kThreads) fp8_decode_kernel(Fp8GemmParams p) {
+  constexpr int R = 16 * (kWarps / WK);  // weight rows (output columns) per CTA
+  constexpr bool kBlock = SCALING == MB_FP8_BLOCK128;
+  __shared__ float s_part[WK][R][kTokens + 1];
+
+  const TileRows tile = cta_find_tile<kTokens>(p.offsets, p.num_experts);
+  const int expert = tile.expert;
+  if (expert < 0) return;
+  const int64_t row_begin = tile.begin;
+  const int rows = (int)(tile.end - row_begin);
+  const int N = p.n, K = p.k, kbn = fp8_k_blocks(K);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int q = lane & 3, g = lane >> 2;
+  const int rg = warp / WK, ks = warp % WK;
+  const int col0 = blockIdx.y * R;  // first output column of this CTA
+  const int r0 = col0 + rg * 16 + g;  // the lane's weight rows r0 and r0 + 8
+  const bool wok0 = r0 < N, wok1 = r0 + 8 < N;
+  const uint8_t* B = p.B + (int64_t)expert * N * K;
+  const uint8_t* wrow0 = B + (int64_t)(wok0 ? r0 : 0) * K;
+  const uint8_t* wrow1 = B + (int64_t)(wok1 ? r0 + 8 : 0) * K;
+  const bool aok = g < rows;
+  const uint8_t* arow = p.A + (row_begin + (aok ? g : 0)) * K;
+  // BLOCK128: the lane's weight-scale row (its two rows share a 128-row block) and token-scale rows.
+  const float* sb_row = p.scale_b + ((int64_t)expert * fp8_k_blocks(N) + min(r0, N - 1) / kFp8Block) * kbn;
+  const float* sa_row[2];
+  bool tok_ok[2];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    tok_ok[j] = 2 * q + j < rows;
+    sa_row[j] = p.scale_a + (row_begin + (tok_ok[j] ? 2 * q + j : 0)) * (kBlock ? kbn : 1);
+  }
+
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  // This warp's K slice: whole 128-k blocks (the last slice shorter; K % 16 == 0, so a lane's 16-byte
+  // load is wholly inside or wholly outside).
+  const int kslice = ((K + WK * kFp8Block - 1) / (WK * kFp8Block)) * kFp8Block;
+  const int kb = ks * kslice, ke = min(K, kb + kslice);
+  uint4 w[2][kSteps][2], a[2][kSteps];
+  float sb[2][2], sa[2][2][2];  // [buffer][128-k block of the batch][token]
+  auto load_weights = [&](int buf, int k0) {
+#pragma unroll
+    for (int u = 0; u < kSteps; ++u) {
+      const int k = k0 + u * kStepK + q * 16;
+      w[buf][u][0] = ld_weights(wrow0 + k, k < ke && wok0);
+      w[buf][u][1] = ld_weights(wrow1 + k, k < ke && wok1);
+    }
+    if constexpr (kBlock) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) sb[buf][h] = ld_scale(sb_row + k0 / kFp8Block + h, k0 + h * kFp8Block < ke);
+    }
+  };
+  auto load_tokens = [&](int buf, int k0) {
+#pragma unroll
+    for (int u = 0; u < kSteps; ++u) {
+      const int k = k0 + u * kStepK + q * 16;
+      a[buf][u] = ld_tokens(arow + k, k < ke && aok);
+    }
+    if constexpr (kBlock) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+          sa[buf][h][j] = ld_scale(sa_row[j] + k0 / kFp8Block + h, k0 + h * kFp8Block < ke && tok_ok[j]);
+    }
+  };
+  auto compute = [&](int buf) {
+    float part[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int u = 0; u < kSteps; ++u) {
+      const uint32_t lo[4] = {w[buf][u][0].x, w[buf][u][1].x, w[buf][u][0].y, w[buf][u][1].y};
+      const uint32_t hi[4] = {w[buf][u][0].z, w[buf][u][1].z, w[buf][u][0].w, w[buf][u][1].w};
+      if constexpr (kBlock) {
+        mma_e4m3(part, lo, a[buf][u].x, a[buf][u].y);
+        mma_e4m3(part, hi, a[buf][u].z, a[buf][u].w);
+        if (u & 1) {  // a 128-k block is complete: scale it into the accumulator
+          const int h = u >> 1;
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            acc[c] += part[c] * sb[buf][h] * sa[buf][h][c & 1];
+            part[c] = 0.f;
+          }
+        }
+      } else {
+        mma_e4m3(acc, lo, a[buf][u].x, a[buf][u].y);
+        mma_e4m3(acc, hi, a[buf][u].z, a[buf][u].w);
+      }
+    }
+  };
+  // Launched after a trigger, this CTA may run while the previous kernel still writes A and its scales:
+  // the weights and their scales are loaded before waiting, the token rows after.
+  if (kb < ke) load_weights(0, kb);
+  mb::wait_for_predecessor();
+  mb::let_dependents_start();
+  if (kb < ke) load_tokens(0, kb);
+  constexpr int kBatch = kSteps * kStepK;
+  for (int k0 = kb; k0 < ke; k0 += 2 * kBatch) {
+    if (k0 + kBatch < ke) {
+      load_weights(1, k0 + kBatch);
+      load_tokens(1, k0 + kBatch);
+    }
+    compute(0);
+    if (k0 + kBatch >= ke) break;
+    if (k0 + 2 * kBatch < ke) {
+      load_weights(0, k0 + 2 * kBatch);
+      load_tokens(0, k0 + 2 * kBatch);
+    }
+    compute(1);
+  }
+  // Accumulator: fragment rows g and g + 8, tokens 2q and 2q + 1 -> shared.
+#pragma unroll
+  for (int c = 0; c < 4; ++c) s_part[ks][rg * 16 + g + (c >> 1) * 8][2 * q + (c & 1)] = acc[c];
+  __syncthreads();
+
+  using P2 = Pair<T>;
+  const T* bias = p.bias ? static_cast<const T*>(p.bias) + (int64_t)expert * N : nullptr;
+  // One thread per (token, output column pair); warp-slice partials summed in fixed order.
+  for (int idx = threadIdx.x; idx < kTokens * (R / 2); idx += kThreads) {
+    const int t = idx / (R / 2), c = 2 * (idx % (R / 2));
+    const int col = col0 + c;
+    if (t >= rows || col >= N) continue;  // N and col are even: col + 1 < N too
+    const int64_t prow = row_begin + t;
+    float v[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      float s = 0.f;
+#pragma unroll
+      for (int wi = 0; wi < WK; ++wi) s += s_part[wi][c + j][t];
+      if constexpr (!kBlock) s *= p.scale_a[prow] * p.scale_b[(int64_t)expert * N + col + j];
+      v[j] = s;
+    }
+    if (bias) {
+      const float2 b = P2::to_float2(*reinterpret_cast<const typename P2::type*>(bias + col));
+      v[0] += b.x;
+      v[1] += b.y;
+    }
+    *reinterpret_cast<typename P2::type*>(static_cast<T*>(p.C) + prow * N + col) = P2::make(v[0], v[1]);
+  }
+}
+
+template <typename T, int SCALING, int WK>
+mb_status launch_wk(const Fp8GemmParams& p, int64_t chunks, bool after_trigger, cudaStream_t stream) {
+  constexpr int R = 16 * (kWarps / WK);
+  const int64_t col_blocks = (p.n + R - 1) / R;
+  if (chunks > INT32_MAX || col_blocks > 65535)
+    return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm fp8 decode: grid too large (chunks %lld, column blocks %lld)",
+                (long long)chunks, (long long)col_blocks);
+  const dim3 grid((unsigned)chunks, (unsigned)col_blocks), block(kThreads);
+  const cudaError_t err =
+      mb::launch_after_trigger_smem(fp8_decode_kernel<T, SCALING, WK>, grid, block, 0, stream, after_trigger, p);
+  if (err != cudaSuccess) return fail(MB_ERR_CUDA, "grouped gemm fp8 decode launch: %s", cudaGetErrorString(err));
+  return MB_OK;
+}
+
+template <typename T, int SCALING>
+mb_status launch_scaling(const Fp8GemmParams& p, int64_t chunks, int k_split, bool after_trigger,
+                         cudaStream_t stream) {
+  switch (k_split) {
+    case 1: return launch_wk<T, SCALING, 1>(p, chunks, after_trigger, stream);
+    case 2: return launch_wk<T, SCALING, 2>(p, chunks, after_trigger, stream);
+    case 4: return launch_wk<T, SCALING, 4>(p, chunks, after_trigger, stream);
+    default: return launch_wk<T, SCALING, 8>(p, chunks, after_trigger, stream);
+  }
+}
+
+}  // namespace
+
+mb_status launch_fp8_decode(const Fp8GemmParams& p, int64_t max_rows, int dtype, int k_split, bool after_trigger,
+                            cudaStream_t stream) {
+  if (max_rows == 0) return MB_OK;
+  // sum over experts of ceil(rows_x / 8) <= ceil(max_rows / 8) + (non-empty experts)
+  const int64_t chunks = (max_rows + kTokens - 1) / kTokens + std::min<int64_t>(p.num_experts, max_rows);
+  return dispatch_16bit(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    return p.scaling == MB_FP8_BLOCK128 ? launch_scaling<T, MB_FP8_BLOCK128>(p, chunks, k_split, after_trigger, stream)
+                                        : launch_scaling<T, MB_FP8_ROWWISE>(p, chunks, k_split, after_trigger, stream);
+  });
+}
+
+}  // namespace mbk

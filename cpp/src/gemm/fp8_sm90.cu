@@ -1,0 +1,237 @@
+// FP8 wgmma grouped GEMM (mb_grouped_gemm_fp8, tactic kernel MB_GEMM_WGMMA; sm_90a): CUTLASS 3's
+// ptr-array TMA warp-specialized FP8 mainloops on the same fixed TMA maps over all experts' rows and
+// weights as the 16-bit kernels (gemm/sm90_static_maps.cuh), grouped shapes read from the expert
+// offsets (OffsetsProblemShape), MoeEpilogue's plain store. fp32 accumulation in both scalings:
+//   MB_FP8_ROWWISE : CUTLASS's FP8 mainloop, which adds wgmma's partial sums into fp32 registers every
+//                    128 k (its promotion interval 4 x k32), then MoeEpilogue<.., kFp8Rowwise> scales each
+//                    output by its row's and column's scale;
+//   MB_FP8_BLOCK128: CUTLASS's blockwise-scaling FP8 mainloop: each 128-k block's wgmma sum is scaled by
+//                    sa[row, kb] * sb[expert, n / 128, kb] as it is added into fp32 registers; its scales
+//                    come by cp.async from a producer warp of their own, from the group's scale rows
+//                    (StaticMapBlockwise below sets them where the group changes).
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/epilogue/collective/detail.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/dispatch_policy.hpp"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "gemm/fp8.cuh"
+#include "gemm/sm90_epilogue.cuh"
+#include "gemm/sm90_problem_shape.cuh"
+#include "gemm/sm90_static_maps.cuh"
+#include "gemm/tactic.cuh"
+
+namespace mbk {
+namespace {
+
+using Fp8Element = cutlass::float_e4m3_t;
+constexpr int kFp8Alignment = 16;  // elements per 16-byte TMA access
+
+// MB_FP8_BLOCK128's scale layouts: K-major, i.e. sa [rows, kb] and sb [E, nb, kb] row-major.
+using BlockScaleConfig =
+    cutlass::detail::Sm90BlockwiseScaleConfig<1, kFp8Block, kFp8Block, cute::GMMA::Major::K, cute::GMMA::Major::K>;
+using LayoutSFA = decltype(BlockScaleConfig::deduce_layoutSFA());
+using LayoutSFB = decltype(BlockScaleConfig::deduce_layoutSFB());
+
+// The blockwise mainloop on the fixed maps: StaticMapMainloop's A / B loads, and where a producer warp
+// moves to another group, the group's scale tensors (its first scale row of A, its experts' scale
+// blocks of B), which the collective's auxiliary load then copies.
+template <class Base>
+struct StaticMapBlockwise : StaticMapMainloop<Base> {
+  using Static = StaticMapMainloop<Base>;
+  struct Arguments : Static::Arguments {
+    const float* scale_a = nullptr;  // [rows_a, kb]
+    const float* scale_b = nullptr;  // [E, nb, kb]
+  };
+  struct Params : Static::Params {
+    const float* scale_a;
+    const float* scale_b;
+  };
+  template <class ProblemShape>
+  static Params to_underlying_arguments(ProblemShape shapes, Arguments const& args, void* workspace) {
+    return Params{Static::to_underlying_arguments(shapes, args, workspace), args.scale_a, args.scale_b};
+  }
+  template <class InputTensors, class ProblemShape_MNKL>
+  CUTLASS_DEVICE auto tensors_perform_update(InputTensors const& input_tensors, Params const& params,
+                                             ProblemShape_MNKL shape, int32_t group) {
+    Static::tensors_perform_update(input_tensors, params, shape, group);
+    const int64_t kb = fp8_k_blocks(params.k), nb = fp8_k_blocks(params.n);
+    return Base::load_init(shape, params, params.scale_a + this->row_a_ * kb, params.scale_b + group * nb * kb);
+  }
+};
+
+// The FP8 tiles, k blocks of 128 (128 bytes). CUTLASS's blockwise mainloop takes one weight-scale
+// block per tile column (its accumulator scaling has no 256-column form), so coop 128x256 is rowwise only.
+template <int kTile> struct Fp8TileTraits;
+template <> struct Fp8TileTraits<MB_TILE_COOP_128x128> {
+  using Shape = cute::Shape<cute::_128, cute::_128, cute::_128>;
+  using Rowwise = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
+  using Block = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise;
+};
+template <> struct Fp8TileTraits<MB_TILE_COOP_128x256> {
+  using Shape = cute::Shape<cute::_128, cute::_256, cute::_128>;
+  using Rowwise = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
+  using Block = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise;
+};
+template <> struct Fp8TileTraits<MB_TILE_PINGPONG_64x128> {
+  using Shape = cute::Shape<cute::_64, cute::_128, cute::_128>;
+  using Rowwise = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
+  using Block = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpongFP8Blockwise;
+};
+
+template <typename T, int kScaling, int kTile>
+struct Fp8Wgmma {
+  static constexpr bool kBlock = kScaling == MB_FP8_BLOCK128;
+  using Tile = Fp8TileTraits<kTile>;
+  using Cluster = cute::Shape<cute::_1, cute::_1, cute::_1>;
+  using Epi = MoeEpilogue<T, EPI_STORE, !kBlock>;
+  using Epilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<Epi>;
+  using LayoutA = std::conditional_t<kBlock, cute::tuple<cutlass::layout::RowMajor*, LayoutSFA*>,
+                                     cutlass::layout::RowMajor*>;
+  using LayoutB = std::conditional_t<kBlock, cute::tuple<cutlass::layout::ColumnMajor*, LayoutSFB*>,
+                                     cutlass::layout::ColumnMajor*>;
+  using Built = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Fp8Element, LayoutA, kFp8Alignment, Fp8Element, LayoutB,
+      kFp8Alignment, float, typename Tile::Shape, Cluster, cutlass::gemm::collective::StageCountAutoCarveout<0>,
+      std::conditional_t<kBlock, typename Tile::Block, typename Tile::Rowwise>>::CollectiveOp;
+  using Mainloop = std::conditional_t<kBlock, StaticMapBlockwise<Built>, StaticMapMainloop<Built>>;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+};
+
+template <typename T, int kScaling, int kTile>
+typename Fp8Wgmma<T, kScaling, kTile>::Gemm::Arguments fp8_args(const Fp8GemmParams& p, int64_t max_rows,
+                                                                int sm_count) {
+  using G = Fp8Wgmma<T, kScaling, kTile>;
+  cutlass::KernelHardwareInfo hw{};
+  cudaGetDevice(&hw.device_id);
+  hw.sm_count = sm_count;
+  // CUTLASS's per-group pointer arrays are never read (the fixed maps and the offsets replace them); its
+  // host code only needs a 16-byte-aligned address for a placeholder map.
+  using Element = Fp8Element;
+  typename StaticMapMainloop<typename G::Built>::Arguments fixed{};
+  static_cast<typename G::Built::Arguments&>(fixed).ptr_A =
+      reinterpret_cast<const Element**>(const_cast<uint8_t*>(p.A));
+  static_cast<typename G::Built::Arguments&>(fixed).ptr_B =
+      reinterpret_cast<const Element**>(const_cast<uint8_t*>(p.B));
+  fixed.base_a = p.A;
+  fixed.rows_a = static_cast<int>(max_rows);
+  fixed.base_b = p.B;
+  fixed.rows_b = p.num_experts * p.n;
+  fixed.k = p.k;
+  fixed.offsets = p.offsets;
+  fixed.n = p.n;
+  typename G::Mainloop::Arguments mainloop{};
+  static_cast<typename StaticMapMainloop<typename G::Built>::Arguments&>(mainloop) = fixed;
+  if constexpr (G::kBlock) {
+    mainloop.scale_a = p.scale_a;
+    mainloop.scale_b = p.scale_b;
+  }
+  typename G::Epi::Arguments epi{};
+  epi.bias = static_cast<const T*>(p.bias);
+  epi.out = static_cast<T*>(p.C);
+  epi.offsets = p.offsets;
+  if constexpr (!G::kBlock) {
+    epi.row_scale = p.scale_a;
+    epi.col_scale = p.scale_b;
+  }
+  return typename G::Gemm::Arguments{cutlass::gemm::GemmUniversalMode::kGrouped,
+                                     {p.num_experts, p.offsets, p.n, p.k},
+                                     mainloop,
+                                     epi,
+                                     hw,
+                                     {}};
+}
+
+template <typename T, int kScaling, int kTile>
+size_t fp8_cutlass_workspace(int num_experts, int sm_count) {
+  Fp8GemmParams none{};
+  none.num_experts = num_experts;
+  return Fp8Wgmma<T, kScaling, kTile>::Gemm::get_workspace_size(fp8_args<T, kScaling, kTile>(none, 0, sm_count));
+}
+
+template <typename T, int kScaling, int kTile>
+mb_status run_tile(const Fp8GemmParams& p, int64_t max_rows, bool after_trigger, void* workspace,
+                   size_t workspace_bytes, cudaStream_t stream) {
+  using G = Fp8Wgmma<T, kScaling, kTile>;
+  const int sm_count = mb::device_attribute(cudaDevAttrMultiProcessorCount);
+  const size_t need = fp8_cutlass_workspace<T, kScaling, kTile>(p.num_experts, sm_count);
+  if (!workspace || workspace_bytes < need)
+    return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm fp8: workspace %zu bytes < %zu needed", workspace_bytes, need);
+  typename G::Gemm gemm;
+  auto args = fp8_args<T, kScaling, kTile>(p, max_rows, sm_count);
+  cutlass::Status st = gemm.can_implement(args);
+  if (st != cutlass::Status::kSuccess)
+    return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm fp8: CUTLASS cannot implement (%s)", cutlassGetStatusString(st));
+  st = gemm.initialize(args, workspace, stream);
+  if (st == cutlass::Status::kSuccess) st = gemm.run(stream, nullptr, after_trigger);
+  const cudaError_t err = cudaGetLastError();
+  if (st != cutlass::Status::kSuccess || err != cudaSuccess)
+    return fail(MB_ERR_CUDA, "grouped gemm fp8: %s / %s", cutlassGetStatusString(st), cudaGetErrorString(err));
+  return MB_OK;
+}
+
+template <typename T, int kScaling>
+mb_status run_scaling(const Fp8GemmParams& p, int64_t max_rows, int tile, bool after_trigger, void* workspace,
+                      size_t workspace_bytes, cudaStream_t stream) {
+  switch (tile) {
+    case MB_TILE_PINGPONG_64x128:
+      return run_tile<T, kScaling, MB_TILE_PINGPONG_64x128>(p, max_rows, after_trigger, workspace, workspace_bytes,
+                                                            stream);
+    case MB_TILE_COOP_128x256:
+      if constexpr (kScaling == MB_FP8_ROWWISE)
+        return run_tile<T, kScaling, MB_TILE_COOP_128x256>(p, max_rows, after_trigger, workspace, workspace_bytes,
+                                                           stream);
+      return fail(MB_ERR_UNSUPPORTED, "grouped gemm fp8: tile coop128x256 takes rowwise scales only (block128: "
+                                      "coop128x128 or pingpong64x128)");
+    default:
+      return run_tile<T, kScaling, MB_TILE_COOP_128x128>(p, max_rows, after_trigger, workspace, workspace_bytes,
+                                                         stream);
+  }
+}
+
+}  // namespace
+
+size_t fp8_wgmma_workspace_bytes(int num_experts) {
+  const int sm = mb::device_attribute(cudaDevAttrMultiProcessorCount);
+  size_t most = 0;
+  auto each = [&](auto tag) {
+    using T = decltype(tag);
+    most = std::max({most, fp8_cutlass_workspace<T, MB_FP8_ROWWISE, MB_TILE_COOP_128x256>(num_experts, sm),
+                     fp8_cutlass_workspace<T, MB_FP8_ROWWISE, MB_TILE_COOP_128x128>(num_experts, sm),
+                     fp8_cutlass_workspace<T, MB_FP8_ROWWISE, MB_TILE_PINGPONG_64x128>(num_experts, sm),
+                     fp8_cutlass_workspace<T, MB_FP8_BLOCK128, MB_TILE_COOP_128x128>(num_experts, sm),
+                     fp8_cutlass_workspace<T, MB_FP8_BLOCK128, MB_TILE_PINGPONG_64x128>(num_experts, sm)});
+  };
+  each(__nv_bfloat16{});
+  each(__half{});
+  return most;
+}
+
+mb_status run_fp8_wgmma(const Fp8GemmParams& p, int64_t max_rows, int dtype, const mb_gemm_tactic& tactic,
+                        void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  if (tactic.tile != MB_TILE_COOP_128x128 && tactic.tile != MB_TILE_COOP_128x256 &&
+      tactic.tile != MB_TILE_PINGPONG_64x128)
+    return fail(MB_ERR_UNSUPPORTED, "grouped gemm fp8: the wgmma kernel has the tiles coop128x128, coop128x256 and "
+                                    "pingpong64x128, not %s", tile_name(tactic.tile));
+  if (max_rows > INT32_MAX || static_cast<int64_t>(p.num_experts) * p.n > INT32_MAX)
+    return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm fp8: max_rows and num_experts * n must fit int32");
+  if (max_rows == 0) return MB_OK;
+  const bool after_trigger = tactic.launch == MB_LAUNCH_AFTER_TRIGGER;
+  auto go = [&](auto tag) {
+    using T = decltype(tag);
+    return p.scaling == MB_FP8_BLOCK128
+               ? run_scaling<T, MB_FP8_BLOCK128>(p, max_rows, tactic.tile, after_trigger, workspace, workspace_bytes,
+                                                 stream)
+               : run_scaling<T, MB_FP8_ROWWISE>(p, max_rows, tactic.tile, after_trigger, workspace, workspace_bytes,
+                                                stream);
+  };
+  return dtype == MB_BF16 ? go(__nv_bfloat16{}) : go(__half{});
+}
+
+}  // namespace mbk

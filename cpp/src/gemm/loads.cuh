@@ -1,0 +1,29 @@
+// The decode GEMMs' global loads (gemm/decode.cu, gemm/fp8_decode.cu): 16-byte loads straight into registers,
+// predicated instead of branched.
+#pragma once
+
+#include <cstdint>
+
+namespace mbk {
+
+// Predicated 16-byte loads (zeros when `valid` is false) as single asm statements: no branch per
+// load, so a batch of U * 4 weight and U * NT token loads is straight-line code and every load is
+// in flight before the batch's first mma (behind a branch per load ptxas sank each load to its
+// use: 48 registers and one load in flight per warp).
+// The asm of one such load with cache qualifiers QUAL (a string literal: asm takes no run-time text).
+#define MB_PREDICATED_LD16(QUAL, p, valid)                                                               \
+  uint4 v;                                                                                              \
+  asm volatile(                                                                                         \
+      "{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n mov.b32 %0, 0;\n mov.b32 %1, 0;\n mov.b32 %2, 0;\n"    \
+      " mov.b32 %3, 0;\n @p ld.global.nc" QUAL ".v4.u32 {%0,%1,%2,%3}, [%4];\n}\n"                          \
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)                                                      \
+      : "l"(p), "r"((int)(valid)));                                                                     \
+  return v
+// Weights are read once per layer: kept out of L1, and L2 is asked for the whole 256-byte run at once.
+__device__ __forceinline__ uint4 ld_weights(const void* p, bool valid) {
+  MB_PREDICATED_LD16(".L1::no_allocate.L2::256B", p, valid);
+}
+__device__ __forceinline__ uint4 ld_tokens(const void* p, bool valid) { MB_PREDICATED_LD16("", p, valid); }
+#undef MB_PREDICATED_LD16
+
+}  // namespace mbk

@@ -1,0 +1,362 @@
+"""FP8 activation quantization kernels (issue 46): mb_quantize_fp8, mb_expand_rows_fp8,
+mb_expand_rows_fp8_prequantized and mb_fc1_activation_fp8 against moe_build.weights.fp8.quantize_rows, bit
+for bit: the e4m3 bytes (compared as bytes, so -0 and +0 differ) and the fp32 scales (compared as bits).
+
+The reference is quantize_rows run by torch on the CPU copy of the same (fresh random) data. On a CUDA
+tensor torch computes quantize_rows' dynamic scale `amax / 448` (a division by a Python scalar) as
+`amax * (1 / 448)` (ATen's div_true_kernel_cuda multiplies by the reciprocal of a CPU scalar), which
+differs from the IEEE division fp8.py's docstring specifies in about half of all scales; torch on the CPU
+divides. The kernels follow the rule, so the CPU's quantize_rows is the exact reference; everything else
+in it (amax, x / s by a tensor, the round-to-nearest-even cast) is the same on both devices.
+
+Every output is poisoned first (0xFF bytes, a NaN in e4m3, which no finite input produces; NaN scales),
+so an element left unwritten fails the comparison. The data: rows and columns of magnitudes spread over
+e^+-6 (small elements round to e4m3 subnormals or to zero), rows of zeros (the 1e-12 amax floor), rows
+below the floor, rows of huge values, and a static scale that saturates many elements at +-448.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(),
+                                 reason="needs a CUDA GPU (scripts/device_run.sh runs these on one)")]
+
+from moe_build import kernels as K  # noqa: E402  (after the skip: loading may build the library)
+from moe_build.kernels import ops  # noqa: E402
+from moe_build.weights.fp8 import quantize_rows  # noqa: E402
+
+DTYPES = (torch.bfloat16, torch.float16)
+MODES = ("static", "row", "group128")
+E4M3 = torch.float8_e4m3fn
+BIG = 2 ** 20 + 37  # more rows than the capped grid (2^20 blocks) has blocks: the row loops stride
+
+
+@pytest.fixture(scope="module", autouse=True)
+def lib():
+    return K.load_library()
+
+
+# ---- data, reference, comparison ----------------------------------------------------------------
+
+def fresh(rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
+    x = torch.randn(rows, cols, device="cuda")
+    x *= torch.exp(torch.randn(rows, 1, device="cuda") * 2)
+    x *= torch.exp(torch.randn(1, cols, device="cuda") * 2)
+    x[3::17] = 0.0                      # all-zero rows: amax floored at 1e-12
+    x[5::19] *= 1e-35 if dtype == torch.bfloat16 else 1e-9  # below the floor (fp16: underflow to zeros)
+    x[2::13] *= 3e4                     # huge rows
+    lim = 6e4 if dtype == torch.float16 else 3e38
+    return x.clamp(-lim, lim).to(dtype)
+
+
+def static_scale(mode: str) -> torch.Tensor | None:
+    # Not a power of two; elements beyond 448 * s = 5.5 saturate, below 2^-6 * s are e4m3 subnormals.
+    return torch.tensor(0.0123, device="cuda") if mode == "static" else None
+
+
+def group_of(mode: str) -> int | None:
+    return 128 if mode == "group128" else None
+
+
+def reference(x: torch.Tensor, mode: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """quantize_rows(x) on the CPU (see the module docstring), on x's device: (q [R, C], scales as the
+    kernels write them: [R] or [R, ceil(C / 128)])."""
+    s_static = static_scale(mode)
+    q, s = quantize_rows(x.cpu(), None if s_static is None else s_static.cpu(), group_of(mode))
+    s = s.reshape(-1) if mode != "group128" else s
+    return q.to(x.device), s.to(x.device)
+
+
+def poisoned_fp8(*shape: int) -> torch.Tensor:
+    return torch.full(shape, 0xFF, dtype=torch.uint8, device="cuda").view(E4M3)
+
+
+def poisoned_scales(*shape: int) -> torch.Tensor:
+    return torch.full(shape, math.nan, dtype=torch.float32, device="cuda")
+
+
+def scale_shape(rows: int, cols: int, mode: str) -> tuple[int, ...]:
+    return (rows, -(-cols // 128)) if mode == "group128" else (rows,)
+
+
+def assert_bytes_equal(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    g = got.view(torch.uint8) if got.dtype == E4M3 else got.view(torch.int32)
+    w = want.view(torch.uint8) if want.dtype == E4M3 else want.view(torch.int32)
+    assert g.shape == w.shape, f"{what}: shape {list(g.shape)} != {list(w.shape)}"
+    bad = (g != w).nonzero()
+    if bad.numel():
+        i = tuple(bad[0].tolist())
+        raise AssertionError(f"{what}: {bad.shape[0]} of {g.numel()} elements differ; first at {i}: "
+                             f"{got[i].float().item()!r} (bits {g[i].item():#x}) != {want[i].float().item()!r} "
+                             f"(bits {w[i].item():#x})")
+
+
+def check_quantized(q: torch.Tensor, s: torch.Tensor, x: torch.Tensor, mode: str, what: str) -> None:
+    ref_q, ref_s = reference(x, mode)
+    assert q.dtype == E4M3 and s.dtype == torch.float32
+    assert_bytes_equal(q, ref_q, f"{what}: q")
+    assert_bytes_equal(s, ref_s, f"{what}: scales")
+
+
+# ---- mb_quantize_fp8 ----------------------------------------------------------------------------
+
+# (rows, cols): a decode row; a row not a multiple of 8 or 16 columns (element loads and stores); a
+# partial last group (2880 = 22.5 * 128); a multiple of 8 but not 16 (8-byte stores, a group of 8
+# columns); one tile exactly (16384 = 512 threads * 4 units * 8); past one tile (the per-row scale's
+# second read); tiny rows and a single column.
+SHAPES = [(1, 7168), (37, 100), (257, 2880), (33, 136), (16, 16384), (5, 20000), (300, 64), (9, 1)]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("rows,cols", SHAPES)
+def test_quantize_fp8(rows: int, cols: int, dtype: torch.dtype, mode: str) -> None:
+    x = fresh(rows, cols, dtype)
+    q, s = poisoned_fp8(rows, cols), poisoned_scales(*scale_shape(rows, cols, mode))
+    got_q, got_s = ops.quantize_fp8(x, static_scale(mode), group_of(mode), out=q, out_scales=s)
+    torch.cuda.synchronize()
+    assert got_q is q and got_s is s
+    check_quantized(q, s, x, mode, f"{rows}x{cols} {dtype} {mode}")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_quantize_fp8_unaligned(mode: str) -> None:
+    """Rows whose pointers are not 16 (input) or 8 (output) byte aligned, with a width that would allow
+    whole units: the element path."""
+    rows, cols = 65, 1024
+    x_buf = torch.empty(rows * cols + 1, dtype=torch.bfloat16, device="cuda")
+    x = x_buf[1:].view(rows, cols)
+    x.copy_(fresh(rows, cols, torch.bfloat16))
+    q_buf = poisoned_fp8(rows * cols + 3)
+    q = q_buf[3:].view(rows, cols)
+    s = poisoned_scales(*scale_shape(rows, cols, mode))
+    ops.quantize_fp8(x, static_scale(mode), group_of(mode), out=q, out_scales=s)
+    torch.cuda.synchronize()
+    check_quantized(q, s, x, mode, f"unaligned {mode}")
+    assert (q_buf[:3].view(torch.uint8) == 0xFF).all(), "bytes before out were written"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_quantize_fp8_past_grid_cap(mode: str) -> None:
+    x = fresh(BIG, 8, torch.float16)
+    q, s = poisoned_fp8(BIG, 8), poisoned_scales(*scale_shape(BIG, 8, mode))
+    ops.quantize_fp8(x, static_scale(mode), group_of(mode), out=q, out_scales=s)
+    torch.cuda.synchronize()
+    check_quantized(q, s, x, mode, f"{BIG} rows {mode}")
+
+
+def test_quantize_fp8_allocates_outputs() -> None:
+    x = fresh(40, 300, torch.bfloat16)
+    q, s = ops.quantize_fp8(x, group=128)
+    torch.cuda.synchronize()
+    assert q.shape == (40, 300) and s.shape == (40, 3)
+    check_quantized(q, s, x, "group128", "allocated outputs")
+
+
+def test_quantize_fp8_rejects_bad_arguments() -> None:
+    x = fresh(4, 256, torch.bfloat16)
+    with pytest.raises(K.KernelError) as err:
+        ops.quantize_fp8(x.float())
+    assert err.value.status is K.Status.UNSUPPORTED
+    with pytest.raises(ValueError, match="group"):
+        ops.quantize_fp8(x, group=64)
+    with pytest.raises(ValueError, match="group"):
+        ops.quantize_fp8(x, torch.tensor(1.0, device="cuda"), group=128)
+    # The library's own checks, past the wrapper's.
+    q, s = poisoned_fp8(4, 256), poisoned_scales(4, 2)
+    call = K.load_library().mb_quantize_fp8
+    stream = torch.cuda.current_stream().cuda_stream
+    assert call(x.data_ptr(), int(K.DType.BF16), 4, 256, None, 64, q.data_ptr(), s.data_ptr(), stream) == 1
+    one = torch.tensor(1.0, device="cuda")
+    assert call(x.data_ptr(), int(K.DType.BF16), 4, 256, one.data_ptr(), 128, q.data_ptr(), s.data_ptr(),
+                stream) == 1
+
+
+# ---- mb_expand_rows_fp8 and mb_expand_rows_fp8_prequantized -----------------------------------
+
+def random_maps(t: int, e: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(permuted_to_unpermuted, unpermuted_to_permuted) int64 of k distinct random experts per token,
+    sorted stably by expert as the routing prologues sort them."""
+    ids = torch.rand(t, e, device="cuda").argsort(dim=1)[:, :k]
+    ptu = torch.sort(ids.flatten(), stable=True).indices
+    utp = torch.empty_like(ptu)
+    utp[ptu] = torch.arange(ptu.numel(), device="cuda")
+    return ptu, utp
+
+
+# (tokens, hidden, top_k): decode (K rows split among blocks), element path, a partial last group at
+# prefill, a width past one tile, more than 32 copies per token, no split.
+EXPAND_SHAPES = [(1, 7168, 8), (5, 100, 3), (257, 2880, 6), (3, 20000, 2), (40, 136, 40), (2048, 2048, 8)]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("t,h,k", EXPAND_SHAPES)
+def test_expand_rows_fp8(t: int, h: int, k: int, dtype: torch.dtype, mode: str) -> None:
+    """Equals quantize-then-permute, and the unfused pair (mb_quantize_fp8, then the prequantized
+    expansion) writes the same bytes; zero_out is zeroed by both."""
+    x = fresh(t, h, dtype)
+    w = torch.rand(t, k, device="cuda")
+    ptu, utp = random_maps(t, max(64, k), k)
+    ref_q, ref_s = reference(x, mode)
+    src = ptu // k
+    want_w = w.flatten()[ptu]
+
+    pin, ps, pw = poisoned_fp8(t * k, h), poisoned_scales(*scale_shape(t * k, h, mode)), poisoned_scales(t * k)
+    z = poisoned_scales(t, h).to(dtype)
+    ops.expand_rows_fp8(x, utp.to(torch.int32), w, static_scale(mode), group_of(mode), permuted_input=pin,
+                        permuted_scales=ps, permuted_weights=pw, zero_out=z)
+    torch.cuda.synchronize()
+    what = f"fused {t}x{h} k={k} {dtype} {mode}"
+    assert_bytes_equal(pin, ref_q[src], f"{what}: q")
+    assert_bytes_equal(ps, ref_s[src], f"{what}: scales")
+    assert torch.equal(pw, want_w), f"{what}: permuted_weights"
+    assert (z == 0).all(), f"{what}: zero_out not fully zeroed"
+
+    q, s = ops.quantize_fp8(x, static_scale(mode), group_of(mode))
+    pin2, ps2, pw2 = poisoned_fp8(t * k, h), poisoned_scales(*scale_shape(t * k, h, mode)), poisoned_scales(t * k)
+    z2 = poisoned_scales(t, h)  # zero_out of another dtype than the layer's: only its size matters here
+    ops.expand_rows_fp8_prequantized(q, s, utp.to(torch.int32), w, permuted_input=pin2, permuted_scales=ps2,
+                                     permuted_weights=pw2, zero_out=z2)
+    torch.cuda.synchronize()
+    what = f"prequantized {t}x{h} k={k} {dtype} {mode}"
+    assert_bytes_equal(pin2, ref_q[src], f"{what}: q")
+    assert_bytes_equal(ps2, ref_s[src], f"{what}: scales")
+    assert torch.equal(pw2, want_w), f"{what}: permuted_weights"
+    assert (z2 == 0).all(), f"{what}: zero_out not fully zeroed"
+
+
+@pytest.mark.parametrize("mode", ("row", "group128"))
+def test_expand_rows_fp8_unaligned(mode: str) -> None:
+    """Input, permuted rows and zero_out off their 16-byte alignment: the element paths of both."""
+    t, h, k = 33, 512, 4
+    x_buf = torch.empty(t * h + 1, dtype=torch.float16, device="cuda")
+    x = x_buf[1:].view(t, h)
+    x.copy_(fresh(t, h, torch.float16))
+    w = torch.rand(t, k, device="cuda")
+    ptu, utp = random_maps(t, 16, k)
+    ref_q, ref_s = reference(x, mode)
+    for prequantized in (False, True):
+        pin_buf = poisoned_fp8(t * k * h + 1)
+        pin = pin_buf[1:].view(t * k, h)
+        ps, pw = poisoned_scales(*scale_shape(t * k, h, mode)), poisoned_scales(t * k)
+        z_buf = torch.full((t * h + 1,), math.nan, dtype=torch.float16, device="cuda")
+        z = z_buf[1:].view(t, h)
+        if prequantized:
+            q_buf = poisoned_fp8(t * h + 1)
+            q = q_buf[1:].view(t, h)
+            _, s = ops.quantize_fp8(x, None, group_of(mode), out=q)
+            ops.expand_rows_fp8_prequantized(q, s, utp.to(torch.int32), w, pin, ps, pw, zero_out=z)
+        else:
+            ops.expand_rows_fp8(x, utp.to(torch.int32), w, None, group_of(mode), pin, ps, pw, zero_out=z)
+        torch.cuda.synchronize()
+        what = f"unaligned {mode} prequantized={prequantized}"
+        assert_bytes_equal(pin, ref_q[ptu // k], f"{what}: q")
+        assert_bytes_equal(ps, ref_s[ptu // k], f"{what}: scales")
+        assert torch.equal(pw, w.flatten()[ptu]), f"{what}: permuted_weights"
+        assert (z == 0).all() and z_buf[:1].isnan().all(), f"{what}: zero_out"
+
+
+def test_expand_rows_fp8_past_grid_cap() -> None:
+    t, h, k = BIG, 8, 2
+    x = fresh(t, h, torch.bfloat16)
+    w = torch.rand(t, k, device="cuda")
+    ptu, utp = random_maps(t, 8, k)
+    ref_q, ref_s = reference(x, "row")
+    pin, ps, pw = poisoned_fp8(t * k, h), poisoned_scales(t * k), poisoned_scales(t * k)
+    ops.expand_rows_fp8(x, utp.to(torch.int32), w, permuted_input=pin, permuted_scales=ps, permuted_weights=pw)
+    torch.cuda.synchronize()
+    assert_bytes_equal(pin, ref_q[ptu // k], "q")
+    assert_bytes_equal(ps, ref_s[ptu // k], "scales")
+    assert torch.equal(pw, w.flatten()[ptu])
+
+
+def test_expand_rows_fp8_zero_out_must_not_overlap_input() -> None:
+    x = fresh(8, 256, torch.bfloat16)
+    utp = torch.arange(8, device="cuda", dtype=torch.int32)
+    w = torch.rand(8, 1, device="cuda")
+    with pytest.raises(K.KernelError, match="overlap") as err:
+        ops.expand_rows_fp8(x, utp, w, zero_out=x)
+    assert err.value.status is K.Status.INVALID_ARGUMENT
+    # zero_out [8, 256] bf16 whose first half holds the e4m3 input.
+    z = torch.empty(8, 256, dtype=torch.bfloat16, device="cuda")
+    q, s = ops.quantize_fp8(x, out=z.view(-1).view(torch.uint8)[: 8 * 256].view(E4M3).view(8, 256))
+    with pytest.raises(K.KernelError, match="overlap") as err:
+        ops.expand_rows_fp8_prequantized(q, s, utp, w, zero_out=z)
+    assert err.value.status is K.Status.INVALID_ARGUMENT
+
+
+# ---- mb_fc1_activation_fp8 ------------------------------------------------------------------------
+
+def random_offsets(e: int, filled: int) -> torch.Tensor:
+    """Offsets [E+1] with `filled` rows spread unevenly (some experts empty)."""
+    cuts = torch.sort(torch.randint(0, filled + 1, (e - 1,), device="cuda")).values
+    zero = torch.zeros(1, dtype=torch.int64, device="cuda")
+    return torch.cat([zero, cuts, zero + filled])
+
+
+# (inter, bias): a partial last group at a GPT-OSS width, the element path (100 columns), the
+# Qwen3-30B-A3B width, a multiple of 8 with a group of 8 columns at the end.
+FC1_SHAPES = [(2880, True), (100, True), (768, False), (4104, False)]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("act", list(K.Activation), ids=lambda a: a.name.lower())
+def test_fc1_activation_fp8(act: K.Activation, dtype: torch.dtype, mode: str) -> None:
+    """Equals quantize_rows(fc1_activation(...)) for every activation, with and without bias: the fused
+    step computes the activation through the same device function as mb_fc1_activation and rounds it to
+    dtype as mb_fc1_activation stores it, so the two agree bit for bit (no tolerance)."""
+    e, rows = 16, 600
+    filled = rows - 37  # rows past off[E] (other nodes' experts) must stay untouched
+    alpha, limit = 1.702, 7.0
+    for inter, with_bias in FC1_SHAPES:
+        off = random_offsets(e, filled)
+        n1 = 2 * inter if act.is_gated else inter
+        x = (torch.randn(rows, n1, device="cuda") * 3).to(dtype)
+        x[4::23] *= 8.0  # larger rows (no fp16 overflow in a gated product); a static scale saturates past 5.5
+        b = (torch.randn(e, n1, device="cuda") * 0.5).to(dtype) if with_bias else None
+        q, s = poisoned_fp8(rows, inter), poisoned_scales(*scale_shape(rows, inter, mode))
+        ops.fc1_activation_fp8(x, off, act, b, alpha, limit, static_scale(mode), group_of(mode), out=q, out_scales=s)
+        h = K.fc1_activation(x, off, act, b, alpha, limit)
+        torch.cuda.synchronize()
+        what = f"{act.name.lower()} inter={inter} bias={with_bias} {dtype} {mode}"
+        check_quantized(q[:filled], s[:filled], h[:filled], mode, what)
+        assert (q[filled:].view(torch.uint8) == 0xFF).all(), f"{what}: rows past off[E] were written"
+        assert s[filled:].isnan().all(), f"{what}: scales of rows past off[E] were written"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_fc1_activation_fp8_wide_rows(mode: str) -> None:
+    """inter 20000 (past one tile: the per-row scale reads the rest of the row twice), at decode row counts
+    (8 rows, one expert's worth and an empty expert), with an unaligned input (the element path) too."""
+    e, rows, filled, inter = 3, 8, 6, 20000
+    off = torch.tensor([0, 4, 4, filled], dtype=torch.int64, device="cuda")
+    for offset in (0, 1):
+        buf = torch.empty(rows * 2 * inter + offset, dtype=torch.bfloat16, device="cuda")
+        x = buf[offset:].view(rows, 2 * inter)
+        x.copy_(torch.randn(rows, 2 * inter, device="cuda") * 3)
+        b = (torch.randn(e, 2 * inter, device="cuda") * 0.5).to(torch.bfloat16)
+        q, s = poisoned_fp8(rows, inter), poisoned_scales(*scale_shape(rows, inter, mode))
+        ops.fc1_activation_fp8(x, off, K.Activation.SWIGLU, b, static_scale=static_scale(mode), group=group_of(mode),
+                               out=q, out_scales=s)
+        h = K.fc1_activation(x, off, K.Activation.SWIGLU, b)
+        torch.cuda.synchronize()
+        check_quantized(q[:filled], s[:filled], h[:filled], mode, f"inter {inter} offset {offset} {mode}")
+        assert (q[filled:].view(torch.uint8) == 0xFF).all() and s[filled:].isnan().all()
+
+
+def test_fc1_activation_fp8_past_grid_cap() -> None:
+    rows, inter, filled = BIG, 8, BIG - 7
+    off = random_offsets(4, filled)
+    x = torch.randn(rows, 2 * inter, device="cuda").to(torch.bfloat16)
+    q, s = poisoned_fp8(rows, inter), poisoned_scales(rows)
+    ops.fc1_activation_fp8(x, off, K.Activation.SWIGLU, out=q, out_scales=s)
+    h = K.fc1_activation(x, off, K.Activation.SWIGLU)
+    torch.cuda.synchronize()
+    check_quantized(q[:filled], s[:filled], h[:filled], "row", "past the grid cap")
+    assert (q[filled:].view(torch.uint8) == 0xFF).all() and s[filled:].isnan().all()
