@@ -256,7 +256,8 @@ mb_status mb_grouped_gemm_sm90_gated(const void* A, const void* B, const void* b
  *                    scale_a [max_rows], scale_b [E, n] (per-tensor weight scales repeated per column);
  *   MB_FP8_BLOCK128: C[p, c] = sum_kb scale_a[p, kb] * scale_b[x, c / 128, kb] * (the 128-k block kb's sum);
  *                    scale_a [max_rows, ceil(k / 128)], scale_b [E, ceil(n / 128), ceil(k / 128)], row-major.
- * Tactic kernels: MB_GEMM_DECODE (mma.sync e4m3, compute capability 8.9 and later; k_split 1, 2, 4 or 8)
+ * Tactic kernels: MB_GEMM_DECODE (mma.sync e4m3, compute capability 8.9 and later; k_split 1, 2, 4 or 8; an
+ * SM 8.9 GPU needs a library built with sm_89 code, else MB_ERR_UNSUPPORTED)
  * and MB_GEMM_WGMMA (compute capability 9.0; tiles MB_TILE_COOP_128x128 and MB_TILE_PINGPONG_64x128, and
  * MB_TILE_COOP_128x256 with MB_FP8_ROWWISE; launch PLAIN or AFTER_TRIGGER). n and k multiples of 16; A, B, C 16-byte aligned; the wgmma kernel
  * needs mb_grouped_gemm_fp8_workspace() bytes (the decode kernel none), and A must hold max_rows rows. */

@@ -26,7 +26,7 @@ stored.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import Protocol, Sequence
 
 import torch
 
@@ -34,8 +34,14 @@ from ..errors import MoeBuildError
 from ..spec import ActScale, DType, MoESpec, Quant
 from .fp8 import FP8_GROUP, Fp8Scales, ScaleGranularity, blocks, dequantize_weight
 
-if TYPE_CHECKING:
-    from .checkpoint import _Checkpoint
+class _Checkpoint(Protocol):
+    """What these readers take from the checkpoint reader (moe_build/weights/checkpoint.py's): named tensors'
+    presence, stored shape and dtype, and checked reads."""
+
+    def has(self, name: str) -> bool: ...
+    def shape(self, name: str) -> tuple[int, ...] | None: ...
+    def dtype(self, name: str) -> str | None: ...
+    def get(self, name: str, shape: tuple[int, ...], dtypes: tuple[str, ...] = ...) -> torch.Tensor: ...
 
 WEIGHT_DTYPES = ("F8_E4M3",)
 SCALE_DTYPES = ("F32", "BF16", "F16", "F8_E8M0")  # safetensors names; each converts to fp32 exactly

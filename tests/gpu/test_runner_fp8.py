@@ -6,7 +6,9 @@ except that its 16-bit intermediates (GEMM1's output and the activation, rounded
 GEMM2's input is quantized) can move a value across an e4m3 rounding boundary: one e4m3 step (2^-3
 relative) on that element. A torch emulation of exactly those roundings differs from the reference by
 1.0-1.6% (relative L2 over the output) and at most 2.9% on one token (H 256-2048, I 200-768, top-k 2-8,
-every scale granularity), so the bounds are twice that: 3% over the output, 6% per token. Every output
+every scale granularity), so the bounds are twice that: 3% over the output, 6% per token (an output of
+fewer than 16 tokens is held to the per-token bound only: 3% is a bound on the average; one H200 run saw a
+single token at 3.2%). Every output
 element must be written (outputs poisoned with NaN), fresh random data per case, routing pinned by
 giving both sides the same logits.
 """
@@ -29,6 +31,7 @@ pytestmark = [pytest.mark.gpu,
                                  reason="needs a CUDA GPU (scripts/device_run.sh runs these on one)")]
 
 REL_TOL, TOKEN_TOL = 0.03, 0.06
+AVERAGE_MIN_TOKENS = 16
 # (quant, weight scales, activation scales): per-tensor static (ModelOpt), per-tensor and per-channel
 # dynamic (compressed-tensors), block-128 (DeepSeek-V3)
 MODES = [(Quant.FP8, ScaleGranularity.TENSOR, ActScale.STATIC), (Quant.FP8, ScaleGranularity.TENSOR, ActScale.DYNAMIC),
@@ -89,7 +92,7 @@ def check(base: MoESpec, mode, force: dict[str, str] | None = None, tokens: int 
     got = out.double().cpu()
     rel = ((got - ref).norm() / ref.norm()).item()
     per_token = ((got - ref).norm(dim=1) / ref.norm(dim=1).clamp_min(1e-30)).max().item()
-    assert rel < REL_TOL and per_token < TOKEN_TOL, \
+    assert rel < (REL_TOL if tokens >= AVERAGE_MIN_TOKENS else TOKEN_TOL) and per_token < TOKEN_TOL, \
         f"rel {rel:.4f} (bound {REL_TOL}), worst token {per_token:.4f} (bound {TOKEN_TOL}), seed {seed}, " \
         f"steps {runner.kernel_sequence(tokens, 'logits')}"
 

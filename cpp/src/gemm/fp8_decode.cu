@@ -213,10 +213,31 @@ mb_status launch_scaling(const Fp8GemmParams& p, int64_t chunks, int k_split, bo
   }
 }
 
+// The SASS architecture the runtime picked for this kernel on the current device: a library built without
+// sm_89 code runs its sm_80 image on an SM 8.9 GPU, where the e4m3 mma does not exist (the kernel body is
+// compiled for 8.9 and later only). Cached per device.
+int fp8_decode_binary_version() {
+  thread_local int device = -1, version = 0;
+  int current = 0;
+  if (cudaGetDevice(&current) != cudaSuccess) return 0;
+  if (current != device) {
+    cudaFuncAttributes attr{};
+    version = cudaFuncGetAttributes(&attr, fp8_decode_kernel<__nv_bfloat16, MB_FP8_ROWWISE, 1>) == cudaSuccess
+                  ? attr.binaryVersion
+                  : 0;
+    device = current;
+  }
+  return version;
+}
+
 }  // namespace
 
 mb_status launch_fp8_decode(const Fp8GemmParams& p, int64_t max_rows, int dtype, int k_split, bool after_trigger,
                             cudaStream_t stream) {
+  const int binary = fp8_decode_binary_version();
+  if (binary < 89)
+    return fail(MB_ERR_UNSUPPORTED, "grouped gemm fp8 decode: this library has no sm_89+ code for this GPU (it runs "
+                                    "the sm_%d image); build it with `moe-build kernels --arch 80,89,90a`", binary);
   if (max_rows == 0) return MB_OK;
   // sum over experts of ceil(rows_x / 8) <= ceil(max_rows / 8) + (non-empty experts)
   const int64_t chunks = (max_rows + kTokens - 1) / kTokens + std::min<int64_t>(p.num_experts, max_rows);
