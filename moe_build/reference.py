@@ -143,7 +143,7 @@ def moe_reference(spec: MoESpec, weights: MoEWeights, hidden: torch.Tensor,
         H = spec.hidden_size
         raise MoeBuildError("hidden", f"shape {tuple(hidden.shape)}", f"[T, {H}] or [B, S, {H}]")
     weights.check(spec)
-    w = weights.to("cpu").dequantized(dtype)
+    w = weights.dequantized(dtype, "cpu")
     x = hidden.reshape(-1, spec.hidden_size).to("cpu", dtype)
     _check_routing_inputs(spec, x.shape[0], router_logits, topk_ids, topk_weights)
     if topk_ids is None:

@@ -22,7 +22,7 @@ from cli_process import run_moe_build
 from moe_build.bench import fp8_layer
 from moe_build.bench.layer import point_floor
 from moe_build.bench.timing import TIMER_KEYS, CeilingCalls, ceiling_rates
-from moe_build.bench.workload import (FP8_SHAPES, InputSet, bench_spec, check_rows, dequantized_bf16,
+from moe_build.bench.workload import (FP8_SHAPES, InputSet, bench_spec, check_rows,
                                       expert_elements, floor_us, fp8_bench_spec, reference_by_experts)
 from moe_build.errors import MoeBuildError
 from moe_build.planner import make_plan
@@ -255,7 +255,7 @@ def test_reference_by_experts_equals_the_whole_layer(routing: Routing, granulari
     for chunk in (1, 5 * expert_elements(spec), 1 << 40):  # top_k experts a chunk, a few, all at once
         got = reference_by_experts(spec, w, inp, rows, chunk=chunk)
         assert float((got - whole).abs().max()) <= 1e-12 * float(whole.abs().max()), (chunk, seed)
-    w16 = dequantized_bf16(w)
+    w16 = w.dequantized(torch.bfloat16)
     spec16 = spec.with_overrides(quant=Quant.NONE)
     whole16 = moe_reference(spec16, w16, inp.hidden[rows], router_logits=inp.logits[rows])
     got16 = reference_by_experts(spec16, w16, inp, rows, chunk=1)
@@ -264,7 +264,7 @@ def test_reference_by_experts_equals_the_whole_layer(routing: Routing, granulari
 
 def test_dequantized_bf16_is_the_exact_dequantization_rounded_once() -> None:
     spec, w = _fp8_layer(ROUTINGS[0], ScaleGranularity.BLOCK128, seed=5)
-    w16 = dequantized_bf16(w)
+    w16 = w.dequantized(torch.bfloat16)
     exact = w.dequantized(torch.float64)
     assert w16.fp8 is None and w16.w1.dtype == torch.bfloat16
     assert torch.equal(w16.w1, exact.w1.to(torch.bfloat16)) and torch.equal(w16.w2, exact.w2.to(torch.bfloat16))

@@ -34,7 +34,7 @@ from .layer import check_variant, point_line, point_floor, runner_fn, runner_for
 from .peers import grouped_mm_peer, rowwise_fp8_weights, scaled_grouped_mm_peer
 from .timing import CeilingCalls, measure_ceilings
 from .workload import (CHECK_ROWS, FP8_REL_ERR_LIMIT, FP8_SHAPES, REF_WEIGHT_ELEMENTS, REL_ERR_LIMIT, TOKENS, Fn, bench_spec,
-                       check_rows, dequantized_bf16, device_fp8_weights, floor_us, fp8_bench_spec, make_inputs,
+                       check_rows, device_fp8_weights, floor_us, fp8_bench_spec, make_inputs,
                        reference_by_experts, rel_err)
 
 QUANTS = {q.value: q for q in (Quant.FP8, Quant.FP8_BLOCK)}
@@ -98,7 +98,7 @@ def bench_fp8_shape(name: str, quant: Quant, tokens_list: Sequence[int], ceiling
     t0 = time.time()
     w = device_fp8_weights(spec, seed=list(FP8_SHAPES).index(name))
     block = w.fp8.granularity is ScaleGranularity.BLOCK128
-    w16 = dequantized_bf16(w) if set(variants) & set(BF16_VARIANTS) else None
+    w16 = w.dequantized(torch.bfloat16) if set(variants) & set(BF16_VARIANTS) else None
     w_row = rowwise_fp8_weights(w) if "scaled_grouped_mm" in variants else None
     max_tokens = max(tokens_list)
     out_buf = torch.empty(max_tokens, spec.hidden_size, device="cuda", dtype=torch.bfloat16)

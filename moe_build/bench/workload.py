@@ -17,7 +17,7 @@ from ..reference import moe_reference, route
 from ..spec import ActScale, MoESpec, Quant, Routing, RoutingMethod, SharedExperts
 from ..spec.presets import PRESETS
 from ..weights import MoEWeights
-from ..weights.fp8 import FP8_DTYPE, Fp8Scales, ScaleGranularity, blocks, dequantize_weight, quantize_weight
+from ..weights.fp8 import FP8_DTYPE, Fp8Scales, ScaleGranularity, blocks, quantize_weight
 from .peers import peer_routing
 
 # name -> (H, I, E, top_k, transformers family for the hf_eager peer)
@@ -99,22 +99,6 @@ def device_fp8_weights(spec: MoESpec, seed: int) -> MoEWeights:
     router = (torch.randn(E, H, device="cuda", generator=g) / math.sqrt(H)).to(torch.bfloat16)
     bias = 0.1 * torch.randn(E, device="cuda", generator=g) if spec.routing.correction_bias else None
     return MoEWeights(router_weight=router, w1=w1, w2=w2, correction_bias=bias, fp8=Fp8Scales(granularity, s1, s2))
-
-
-def dequantized_bf16(w: MoEWeights) -> MoEWeights:
-    """FP8 weights dequantized exactly (fp64) and rounded once to bf16, one expert at a time: the weights of
-    the bf16 comparisons (our bf16 runner, the dequantized grouped GEMM) and of their reference."""
-    f = w.fp8
-    if f is None:
-        raise ValueError("dequantized_bf16 needs FP8 weights")
-
-    def deq(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-        out = torch.empty(q.shape, device=q.device, dtype=torch.bfloat16)
-        for e in range(q.shape[0]):
-            out[e:e + 1] = dequantize_weight(q[e:e + 1], scale[e:e + 1], f.granularity, torch.float64)
-        return out
-
-    return replace(w, w1=deq(w.w1, f.w1_scale), w2=deq(w.w2, f.w2_scale), fp8=None)
 
 
 @dataclass

@@ -115,15 +115,24 @@ class MoEWeights:
                                          w1_scale=f.w1_scale.reshape(e, 1).expand(e, n1).contiguous(),
                                          w2_scale=f.w2_scale.reshape(e, 1).expand(e, n2).contiguous()))
 
-    def dequantized(self, dtype: torch.dtype = torch.float64) -> "MoEWeights":
-        """These weights with FP8 experts dequantized exactly (for references and peers, never for a runner)."""
-        if self.fp8 is None:
-            return self.to(dtype=dtype)
+    def dequantized(self, dtype: torch.dtype = torch.float64,
+                    device: torch.device | str | None = None) -> "MoEWeights":
+        """These weights on `device` in `dtype`, FP8 experts dequantized (for references and peers, never for a
+        runner): each e4m3 value times its fp32 scale, exact in fp64, rounded once to `dtype`; one expert at a
+        time, so no float copy of every expert exists beside the result (DeepSeek-V3's would be tens of GB)."""
+        base = self.to(device, dtype)  # FP8 W1 / W2 move as they are
+        f = base.fp8
+        if f is None:
+            return base
         from .fp8 import dequantize_weight
-        f = self.fp8
-        return replace(self.to(dtype=dtype), fp8=None,
-                       w1=dequantize_weight(self.w1, f.w1_scale, f.granularity, dtype),
-                       w2=dequantize_weight(self.w2, f.w2_scale, f.granularity, dtype))
+
+        def one_by_one(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+            out = torch.empty(q.shape, dtype=dtype, device=q.device)
+            for e in range(q.shape[0]):
+                out[e:e + 1] = dequantize_weight(q[e:e + 1], scale[e:e + 1], f.granularity, torch.float64)
+            return out
+
+        return replace(base, fp8=None, w1=one_by_one(base.w1, f.w1_scale), w2=one_by_one(base.w2, f.w2_scale))
 
     def quantized_fp8(self, granularity: ScaleGranularity, static: bool = False,
                       a1_scale: float = 1.0, a2_scale: float = 1.0) -> "MoEWeights":

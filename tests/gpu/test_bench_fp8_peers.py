@@ -19,7 +19,7 @@ import torch
 
 from moe_build.bench.peers import grouped_mm_peer, rowwise_fp8_weights, scaled_grouped_mm_peer
 from moe_build.bench.timing import CeilingCalls, measure_ceilings, syncs_host
-from moe_build.bench.workload import (InputSet, check_rows, dequantized_bf16, device_fp8_weights, fp8_bench_spec,
+from moe_build.bench.workload import (InputSet, check_rows, device_fp8_weights, fp8_bench_spec,
                                       reference_by_experts)
 from moe_build.reference import moe_reference
 from moe_build.spec import ActScale, MoESpec, Quant, Routing, RoutingMethod
@@ -80,7 +80,7 @@ def test_scaled_grouped_mm_matches_reference(granularity: ScaleGranularity, rout
 def test_dequant_peer_matches_bf16_reference(granularity: ScaleGranularity, routing: str, tokens: int) -> None:
     need_sm90()
     spec, w, hidden, logits, seed = _case(routing, granularity, tokens)
-    w16 = dequantized_bf16(w.to("cuda", torch.bfloat16))
+    w16 = w.dequantized(torch.bfloat16, "cuda")
     spec16 = spec.with_overrides(quant=Quant.NONE)
     got = grouped_mm_peer(spec16, w16)(hidden.cuda(), logits.cuda())
     ref = moe_reference(spec16, w16.to("cpu"), hidden, router_logits=logits)
