@@ -30,9 +30,9 @@ import torch
 from ..errors import MoeBuildError
 from ..spec import Quant
 from ..weights.fp8 import ScaleGranularity
-from .layer import check_variant, point_line, point_floor, runner_fn, runner_force, time_variants
+from .layer import check_variant, point_line, point_floor, runner_fn, runner_force, time_panel, time_variants
 from .peers import grouped_mm_peer, rowwise_fp8_weights, scaled_grouped_mm_peer
-from .timing import CeilingCalls, measure_ceilings
+from .timing import CeilingCalls, ceilings_text, measure_ceilings
 from .workload import (CHECK_ROWS, FP8_REL_ERR_LIMIT, FP8_SHAPES, REF_WEIGHT_ELEMENTS, REL_ERR_LIMIT, TOKENS, Fn, bench_spec,
                        check_rows, device_fp8_weights, floor_us, fp8_bench_spec, make_inputs,
                        reference_by_experts, rel_err)
@@ -267,16 +267,7 @@ def plot(results: dict[str, Any], png: Path) -> None:
     for row, quant in zip(axes, quants):
         for ax, shape in zip(row, shapes):
             pts = [p for p in results["points"] if p["quant"] == quant and p["shape"] == shape]
-            xs = [p["tokens"] for p in pts]
-            if pts:
-                ax.plot(xs, [p["floor_us"] for p in pts], "k--", label="FP8 floor")
-            for v, field, label in lines:
-                ys = [p["variants"].get(v, {}).get(field) for p in pts]
-                if any(ys):
-                    ax.plot([x for x, y in zip(xs, ys) if y], [y for y in ys if y], "o-", label=label)
-            ax.set(xscale="log", yscale="log", title=f"{shape} {quant}", xlabel="tokens", ylabel="us (median)")
-            ax.grid(True, which="both", alpha=0.3)
-            ax.legend(fontsize=7)
+            time_panel(ax, pts, lines, "FP8 floor", f"{shape} {quant}", fontsize=7)
     fig.suptitle(f"FP8 SwiGLU MoE layer on {results['device']}")
     fig.tight_layout()
     fig.savefig(png, dpi=110)
@@ -300,10 +291,7 @@ def run_fp8_bench(quants: Sequence[Quant], shapes: Sequence[str] = FP8_SHAPES, t
     torch.manual_seed(0)
     ceiling_calls = CeilingCalls(fp8=True)
     ceilings = measure_ceilings(ceiling_calls)
-    log(f"burst ceilings: copy {ceilings['copy_bytes_per_s'] / 1e12:.2f} TB/s, "
-        f"read {ceilings['read_bytes_per_s'] / 1e12:.2f} TB/s, "
-        f"bf16 matmul {ceilings['bf16_flops_per_s'] / 1e12:.0f} TFLOP/s, "
-        f"e4m3 matmul {ceilings['fp8_flops_per_s'] / 1e12:.0f} TFLOP/s")
+    log(ceilings_text(ceilings))
     results: dict[str, Any] = {
         "device": torch.cuda.get_device_name(), "torch": torch.__version__, "ceilings": ceilings,
         "quant": [q.value for q in quants],

@@ -20,7 +20,7 @@ from ..errors import MoeBuildError
 from ..planner import parse_force
 from ..spec import MoESpec, Quant
 from .peers import grouped_mm_peer, hf_eager_peer, naive_peer
-from .timing import CeilingCalls, ceiling_rates, interleaved_median_ms, measure_ceilings, syncs_host
+from .timing import CeilingCalls, ceiling_rates, ceilings_text, interleaved_median_ms, measure_ceilings, syncs_host
 from .workload import (CHECK_ROWS, REL_ERR_LIMIT, SHAPES, TOKENS, Fn, InputSet, bench_spec, device_weights, floor_us,
                        make_inputs, reference_rows, rel_err)
 
@@ -240,6 +240,22 @@ def table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def time_panel(ax: Any, pts: Sequence[dict[str, Any]], series: Sequence[tuple[str, str, str]], floor_label: str,
+               title: str, fontsize: int) -> None:
+    """One log-log panel of bench points over tokens: the floor dashed, then each (variant, field, label) series
+    where it was timed (the bf16 and the FP8 bench draw theirs with it)."""
+    xs = [p["tokens"] for p in pts]
+    if pts:
+        ax.plot(xs, [p["floor_us"] for p in pts], "k--", label=floor_label)
+    for v, field, label in series:
+        ys = [p["variants"].get(v, {}).get(field) for p in pts]
+        if any(ys):
+            ax.plot([x for x, y in zip(xs, ys) if y], [y for y in ys if y], "o-", label=label)
+    ax.set(xscale="log", yscale="log", title=title, xlabel="tokens", ylabel="us (median)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=fontsize)
+
+
 def plot(results: dict[str, Any], png: Path) -> None:
     """One panel per shape: time vs tokens for ours, the peers and the floor (log-log)."""
     import matplotlib
@@ -248,18 +264,9 @@ def plot(results: dict[str, Any], png: Path) -> None:
 
     shapes = list(dict.fromkeys(r["shape"] for r in results["points"]))
     fig, axes = plt.subplots(1, len(shapes), figsize=(5 * len(shapes), 4), squeeze=False)
+    series = [("ours", "us", "ours (eager)"), ("ours", "graph_us", "ours (graph replay)"), *((p, "us", p) for p in PEERS)]
     for ax, shape in zip(axes[0], shapes):
-        pts = [r for r in results["points"] if r["shape"] == shape]
-        xs = [r["tokens"] for r in pts]
-        ax.plot(xs, [r["floor_us"] for r in pts], "k--", label="floor")
-        lines = [("ours", "us", "ours (eager)"), ("ours", "graph_us", "ours (graph replay)")]
-        for v, field, label in lines + [(p, "us", p) for p in PEERS]:
-            ys = [r["variants"].get(v, {}).get(field) for r in pts]
-            if any(ys):
-                ax.plot([x for x, y in zip(xs, ys) if y], [y for y in ys if y], "o-", label=label)
-        ax.set(xscale="log", yscale="log", title=shape, xlabel="tokens", ylabel="us (median)")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
+        time_panel(ax, [r for r in results["points"] if r["shape"] == shape], series, "floor", shape, fontsize=8)
     fig.suptitle(f"bf16 SwiGLU MoE layer on {results['device']}")
     fig.tight_layout()
     fig.savefig(png, dpi=120)
@@ -278,9 +285,7 @@ def run_bench(shapes: Sequence[str] = tuple(SHAPES), tokens_list: Sequence[int] 
     torch.manual_seed(0)
     ceiling_calls = CeilingCalls()
     ceilings = measure_ceilings(ceiling_calls)
-    log(f"burst ceilings: copy {ceilings['copy_bytes_per_s'] / 1e12:.2f} TB/s, "
-        f"read {ceilings['read_bytes_per_s'] / 1e12:.2f} TB/s, "
-        f"bf16 matmul {ceilings['bf16_flops_per_s'] / 1e12:.0f} TFLOP/s")
+    log(ceilings_text(ceilings))
     results: dict[str, Any] = {
         "device": torch.cuda.get_device_name(), "torch": torch.__version__, "ceilings": ceilings,
         "method": {"iters": iters, "warmup": warmup, "input_sets": input_sets, "stat": "median",

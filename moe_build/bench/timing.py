@@ -159,6 +159,15 @@ def ceiling_rates(medians_ms: Mapping[Any, float], fp8: bool = False) -> dict[st
     return CeilingCalls.rates(*(medians_ms[TIMER_KEYS[name]] for name in names))
 
 
+def ceilings_text(ceilings: Mapping[str, float]) -> str:
+    """The burst ceilings as the bench logs them (the e4m3 matmul rate where it was timed)."""
+    text = (f"burst ceilings: copy {ceilings['copy_bytes_per_s'] / 1e12:.2f} TB/s, "
+            f"read {ceilings['read_bytes_per_s'] / 1e12:.2f} TB/s, "
+            f"bf16 matmul {ceilings['bf16_flops_per_s'] / 1e12:.0f} TFLOP/s")
+    fp8 = ceilings.get("fp8_flops_per_s")
+    return text + (f", e4m3 matmul {fp8 / 1e12:.0f} TFLOP/s" if fp8 else "")
+
+
 def measure_ceilings(calls: CeilingCalls, iters: int = 10) -> dict[str, float]:
     """The ceilings in a burst, here and now (3 warm-up calls, then `iters` timed ones)."""
     return calls.rates(median_ms(calls.copy, iters, 3), median_ms(calls.read, iters, 3),
