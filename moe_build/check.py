@@ -35,7 +35,7 @@ from polygraphy.comparator import Comparator, SimpleCompareFunc
 from polygraphy.logger import G_LOGGER
 
 from .errors import MoeBuildError
-from .spec import DType, MoESpec
+from .spec import DType, MoESpec, Quant
 from .weights import MoEWeights
 
 SCHEMA = "moe-build.check/1"
@@ -365,11 +365,30 @@ def given_graph_dtype(path: Path, spec: MoESpec) -> DType:
     return _ONNX_DTYPES[tensor.elem_type]
 
 
+def _dense_equivalent(spec: MoESpec, weights: MoEWeights) -> tuple[MoESpec, MoEWeights]:
+    """A weight-only quantized layer as the same dense math, for the OOTB graph (which has no weight-only path):
+    experts dequantized exactly (woq.py), AWQ pre-quant scales folded into the columns they multiply
+    ((x * p) @ W^T = x @ (W * p)^T, in fp64), rounded once to fp32. W4AFP8's FP8 activations have no dense form."""
+    q = weights.woq
+    if spec.quant is Quant.W4AFP8:
+        raise MoeBuildError("checkpoint", "w4afp8 quantizes the experts' inputs to FP8, which the check's fp32 graph "
+                            "does not express", "unquantized, FP8, w4a16_awq, w8a16 or wfp4a16 checkpoints")
+    dense = weights.dequantized(torch.float64)
+    w1, w2 = dense.w1, dense.w2
+    if q.fc1_act_scale is not None:
+        w1 = w1 * q.fc1_act_scale.to(torch.float64)
+        w2 = w2 * q.fc2_act_scale.to(torch.float64)
+    converted = dataclasses.replace(weights.to(dtype=torch.float32), woq=None, w1=w1.float(), w2=w2.float())
+    return dataclasses.replace(spec, quant=Quant.NONE), converted
+
+
 def _export_fp32(spec: MoESpec, weights: MoEWeights, folder: Path, log: Log) -> tuple[Path, str]:
     """The layer's graph in fp32 (what the build exports, less the casts of a 16-bit engine)."""
     from .graph.ootb import export_onnx
     from .planner import make_plan
     from .target import DEFAULT_SM_WITHOUT_GPU, Flavour, MoePlugin, Target
+    if weights.woq is not None:
+        spec, weights = _dense_equivalent(spec, weights)
     spec32 = dataclasses.replace(spec, dtype=DType.FP32, output_dtype=None)
     plan = make_plan(spec32, Target(sm=DEFAULT_SM_WITHOUT_GPU, flavour=Flavour.TENSORRT, moe_plugin=MoePlugin.DISABLE))
     choice = plan.stage("expert_compute").choice

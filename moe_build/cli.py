@@ -31,7 +31,8 @@ def layer_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--output-dtype", "output_dtype", help="Layer output dtype (default: --dtype)."),
         click.option("--fp8-input", "fp8_input", is_flag=True, help="W4AFP8: activations arrive in FP8."),
         click.option("--lora", is_flag=True, help="The layer carries LoRA adapters."),
-        click.option("--experts-per-node", "experts_per_node", type=int, help="Experts on this node (EP)."),
+        click.option("--ep-size", "ep_size", type=int, help="Expert parallelism: ranks the experts are split over."),
+        click.option("--ep-rank", "ep_rank", type=int, help="Build only this rank (default: every rank)."),
     ]
     for option in reversed(options):
         f = option(f)
@@ -54,7 +55,7 @@ def target_options(f: Callable[..., Any]) -> Callable[..., Any]:
 
 def _split_layer_target(kw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, str]]:
     layer_keys = ("preset", "hidden", "inter", "experts", "top_k", "activation", "dtype", "quant", "output_dtype",
-                  "fp8_input", "lora", "experts_per_node")
+                  "fp8_input", "lora", "ep_size", "ep_rank")
     layer = {k: kw.pop(k) for k in layer_keys}
     target = {k: kw.pop(k) for k in ("sm", "flavour", "moe_plugin", "deterministic")}
     from .planner import parse_force
@@ -73,7 +74,7 @@ def cli() -> None:
 @target_options
 @click.option("--tokens", type=int, default=1, show_default=True,
               help="Token count the table shows each stage's choice at (the bands cover every count).")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable report (schema moe-build.fusion-report/3).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable report (schema moe-build.fusion-report/4).")
 @click.option("--markdown", is_flag=True, help="Markdown report.")
 @click.option("--sweep", is_flag=True, help="The matrix across SMs x dtypes x quant modes for this layer (only the "
               "ones given, where --sm, --dtype or --quant is).")
@@ -153,12 +154,15 @@ def build(checkpoint: str | None, layer: int | None, all_layers: bool, min_token
 
     Every refusal (options, layer, plan, a plugin path without full TensorRT) comes before the
     plan is printed and before any weight is loaded; progress goes to stderr, results to stdout.
+    With --ep-size N: one engine + manifest per rank (or only --ep-rank's) in OUT/NAME/rank<r>/, each
+    from its own plan and holding only its experts' weights.
     """
     from pathlib import Path
 
     from .engine.jobs import BuildJob, run_build_jobs
     from .engine.options import BuildOptions, check_options
     from .engine.preflight import prepare_build
+    from .engine.ranks import split_ranks
     from .planner import make_plan, report
     from .spec.source import resolve_spec
     from .target import TokenProfile, resolve_target
@@ -172,15 +176,18 @@ def build(checkpoint: str | None, layer: int | None, all_layers: bool, min_token
                            timing_cache=Path(timing_cache) if timing_cache else None, routing_input=routing_input)
     check_options(options)
     profile = TokenProfile(min=min_tokens, opt=opt_tokens, max=max_tokens)
-    spec = resolve_spec(checkpoint, **layer_kw)
+    spec, ranks = split_ranks(resolve_spec(checkpoint, **layer_kw))
     target = resolve_target(profile=profile, **target_kw)
     plan = make_plan(spec, target, opt_tokens, force)
-    jobs = BuildJob.for_source(spec, plan, checkpoint, layer, all_layers, seed, name)
-    prepare_build(spec, plan, options)
+    rank_plans = [(r, make_plan(spec.for_rank(r), target, opt_tokens, force)) for r in ranks]
+    jobs = BuildJob.for_source(spec, plan, checkpoint, layer, all_layers, seed, name, rank_plans)
+    for s, p in [(spec, plan)] + [(spec.for_rank(r), p) for r, p in rank_plans]:
+        prepare_build(s, p, options)
     report.render_table(plan, STDOUT)
     workspace = "TensorRT's default" if workspace_mb is None else f"{workspace_mb} MiB"
+    total = len(jobs) * max(1, len(ranks))
     for i, r in enumerate(run_build_jobs(jobs, options), 1):
-        STDOUT.print(f"[{i}/{len(jobs)}] built {r.engine_path} ({r.engine_path.stat().st_size / 2**20:.1f} MiB) + "
+        STDOUT.print(f"[{i}/{total}] built {r.engine_path} ({r.engine_path.stat().st_size / 2**20:.1f} MiB) + "
                      f"{r.manifest_path.name} in {r.manifest['build']['seconds']:.1f} s "
                      f"(optimization level {opt_level}, workspace {workspace})")
 
@@ -206,6 +213,7 @@ def export_cmd(checkpoint: str | None, layer: int | None, onnx_path: str, routin
     `output` [tokens, H]; its expert compute is the plan's for --sm/--flavour. It is written as one unit:
     a failure or Ctrl-C leaves no file.
     """
+    import dataclasses
     from pathlib import Path
 
     from .graph.export import check_onnx_destination, write_onnx
@@ -225,14 +233,16 @@ def export_cmd(checkpoint: str | None, layer: int | None, onnx_path: str, routin
     plan = make_plan(spec, resolve_target(sm=sm, flavour=flavour, moe_plugin="disable"))
     if checkpoint is None:
         source = f"{spec.name} (random weights, seed {seed})"
-        weights = MoEWeights.random(spec, seed=seed)
+        weights = MoEWeights.random(spec, seed=seed)  # the whole layer's, as a checkpoint's
     else:
         from .weights.checkpoint import load_moe_layer
         index = select_moe_layers(checkpoint, layer, all_layers=False)[0]
         source = f"{checkpoint} layer {index}"
         click.echo(f"loading {source}", err=True)
         weights = load_moe_layer(checkpoint, index).weights
-        weights.check(spec)  # overrides must still fit the checkpoint's tensors
+        weights.check(dataclasses.replace(spec, ep_rank=None))  # overrides must still fit the checkpoint's tensors
+    if spec.ep_rank is not None:  # --ep-rank: that rank's graph (its experts only, its partial sum)
+        weights = weights.for_rank(spec, spec.ep_rank)
     click.echo(f"exporting ONNX (expert_compute={plan.stage('expert_compute').choice})", err=True)
     files = write_onnx(spec, weights, plan, destination, routing_input)
     sizes = " + ".join(f"{p} ({p.stat().st_size / 2**20:.1f} MiB)" for p in files)
@@ -280,14 +290,14 @@ def check_cmd(checkpoint: str, layer: int | None, tokens: int, seed: int, rtol: 
 @click.argument("engine", type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report.")
 def inspect_cmd(engine: str, as_json: bool) -> None:
-    """Show an engine's manifest, I/O and layers, and verify engine, manifest and plan agree."""
-    from .engine.inspect import inspect_engine, render_inspection
-    from .engine.manifest import manifest_path_for
-    if not any(p.exists() for p in manifest_path_for(engine)):
-        raise MoeBuildError("engine", f"{engine}: no such engine or manifest", "an .engine file built by moe-build")
-    result = inspect_engine(engine)
+    """Show an engine's manifest, I/O and layers, and verify engine, manifest and plan agree; for an
+    expert-parallel layer's folder (OUT/NAME with rank<r>/ subfolders), every rank and its experts."""
+    from .engine.inspect import inspect_path, render_group, render_inspection
+    result = inspect_path(engine)
     if as_json:
         click.echo(json.dumps(result, indent=2, default=str))
+    elif "ranks" in result:
+        render_group(result, STDOUT)
     else:
         render_inspection(result, STDOUT)
 
@@ -373,6 +383,28 @@ def _csv(field: str, text: str, kind: Callable[[str], Any]) -> list[Any]:
     if not items:
         raise MoeBuildError(field, "is empty", "comma-separated values")
     return items
+
+
+@cli.command("bench-ep")
+@click.option("--nproc", type=int, default=None, help="GPUs (ranks) to spread over (default: every visible GPU).")
+@click.option("--iters", type=int, default=20, show_default=True, help="Timed calls per point.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the results here.")
+def bench_ep_cmd(nproc: int | None, iters: int, json_path: str | None) -> None:
+    """Expert parallelism on this host's GPUs: dispatch + combine against worst-case all-to-all and the link,
+    the whole layer against one GPU, and the memory the exact sizes save (one process per GPU, torchrun)."""
+    import os
+    import subprocess
+
+    import torch
+    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    n = have if nproc is None else nproc
+    if n < 2 or n > have:
+        raise MoeBuildError("nproc", f"{n} ranks on a machine with {have} CUDA GPUs", f"2..{max(have, 2)}")
+    env = {**os.environ, "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+           "NVSHMEM_DISABLE_NVLS": "1"}
+    args = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}", "-m",
+            "moe_build.bench.ep", str(iters)] + ([os.path.abspath(json_path)] if json_path else [])
+    raise SystemExit(subprocess.run(args, env=env).returncode)
 
 
 @cli.command("kernels")

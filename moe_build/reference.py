@@ -1,7 +1,10 @@
 """Plain PyTorch reference of one MoE layer, the ground truth every engine is checked against.
 
 FP8 layers: weights dequantized exactly and activations quantized exactly as moe_build/weights/fp8.py
-says, so the reference is the same quantized math in fp64. It favours obviousness over speed: routing per spec.py's RoutingMethod, one dense MLP per
+says, so the reference is the same quantized math in fp64. Weight-only quantized layers (moe_build/weights/woq.py):
+weights dequantized exactly, GEMM1's input multiplied by the AWQ pre-quant scale and GEMM2's (the activated rows) by
+its own, in the reference dtype, as TensorRT-LLM's MoE applies them; W4AFP8 then quantizes those products to FP8 by
+fp8.py's rule (static input scales, else per row). It favours obviousness over speed: routing per spec.py's RoutingMethod, one dense MLP per
 expert, everything in the requested dtype (fp64 on CPU by default) so its own round-off is
 negligible next to any fp16/bf16 engine.
 """
@@ -13,9 +16,10 @@ import torch
 import torch.nn.functional as F
 
 from .errors import MoeBuildError
-from .spec import Activation, MoESpec, RoutingMethod
+from .spec import Activation, MoESpec, Quant, RoutingMethod
 from .weights import MoEWeights
 from .weights.fp8 import Fp8Scales, activation_group, fake_quantize_rows
+from .weights.woq import WoqWeights
 
 
 def _group_mask(spec: MoESpec, choice: torch.Tensor, group_score: str) -> torch.Tensor:
@@ -90,11 +94,26 @@ def _mlp(spec: MoESpec, x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
     return F.linear(activate(spec, F.linear(x, w1, b1)), w2, b2)
 
 
+def _woq_input(spec: MoESpec, woq: WoqWeights, t: torch.Tensor, gemm: int) -> torch.Tensor:
+    """GEMM `gemm`'s (1 or 2) input of a weight-only quantized layer: times its AWQ pre-quant scale, then (W4AFP8)
+    through the FP8 activation quantization."""
+    pre = woq.fc1_act_scale if gemm == 1 else woq.fc2_act_scale
+    if pre is not None:
+        t = t * pre.to(t.device, t.dtype)
+    if spec.quant is Quant.W4AFP8:
+        static = woq.a1_scale if gemm == 1 else woq.a2_scale
+        t = fake_quantize_rows(t, None if static is None else static.to(t.device), None, t.dtype)
+    return t
+
+
 def _routed(spec: MoESpec, w: MoEWeights, x: torch.Tensor, ids: torch.Tensor,
-            topk_weights: torch.Tensor, fp8: Fp8Scales | None) -> torch.Tensor:
+            topk_weights: torch.Tensor, fp8: Fp8Scales | None, woq: WoqWeights | None = None) -> torch.Tensor:
     """The routed experts' weighted sum; with FP8 experts each GEMM input goes through the exact FP8
-    activation quantization of moe_build/weights/fp8.py (weights arrive dequantized exactly)."""
-    def gemm_input(t: torch.Tensor, static: torch.Tensor | None) -> torch.Tensor:
+    activation quantization of moe_build/weights/fp8.py (weights arrive dequantized exactly), with weight-only
+    quantized ones through `_woq_input`."""
+    def gemm_input(t: torch.Tensor, static: torch.Tensor | None, gemm: int = 1) -> torch.Tensor:
+        if woq is not None:
+            return _woq_input(spec, woq, t, gemm)
         if fp8 is None:
             return t
         return fake_quantize_rows(t, static, activation_group(fp8.granularity), t.dtype)
@@ -104,7 +123,7 @@ def _routed(spec: MoESpec, w: MoEWeights, x: torch.Tensor, ids: torch.Tensor,
     for e in ids.unique().tolist():
         tokens, slot = (ids == e).nonzero(as_tuple=True)
         h = activate(spec, F.linear(x_in[tokens], w.w1[e], None if w.b1 is None else w.b1[e]))
-        y = F.linear(gemm_input(h, None if fp8 is None else fp8.a2_scale), w.w2[e],
+        y = F.linear(gemm_input(h, None if fp8 is None else fp8.a2_scale, 2), w.w2[e],
                      None if w.b2 is None else w.b2[e])
         out.index_add_(0, tokens, y * topk_weights[tokens, slot, None])
     return out
@@ -150,7 +169,8 @@ def moe_reference(spec: MoESpec, weights: MoEWeights, hidden: torch.Tensor,
         if router_logits is None:
             router_logits = F.linear(x, w.router_weight, w.router_bias)
         topk_ids, topk_weights = route(spec, router_logits.to("cpu", dtype), w.correction_bias)
-    out = _routed(spec, w, x, topk_ids.to("cpu", torch.int64), topk_weights.to("cpu", dtype), weights.fp8)
+    out = _routed(spec, w, x, topk_ids.to("cpu", torch.int64), topk_weights.to("cpu", dtype), weights.fp8,
+                  weights.woq)
     if spec.shared.count:
         out = out + _shared(spec, w, x)
     return out.reshape(hidden.shape)

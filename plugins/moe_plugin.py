@@ -9,12 +9,19 @@ The module has two halves so each can be checked where it can run:
   TensorRT-family module they are given (full `tensorrt`, or `tensorrt_rtx_bindings`, which has
   the interfaces but no `add_plugin_v3`), and translate TensorRT's descriptors to the core.
 
-Fields: exactly two, `spec` and `plan` (UTF-8 JSON of `MoESpec.to_dict()` / `Plan.to_dict()`).
-Everything else (input order, shapes, dtypes, the FP8 scales' granularity) is derived from the spec,
-so nothing serialized can disagree with them; the plan is checked against the spec and against the
-planner when the fields are decoded, and a plugin is never built from fields that fail those checks.
+Fields: `spec` and `plan` (UTF-8 JSON of `MoESpec.to_dict()` / `Plan.to_dict()`), and `ep_size` / `ep_rank`
+(UTF-8 JSON integers, TensorRT-LLM's MoE plugin's names for expert parallelism; ep_rank null for a whole
+layer): they repeat the spec's so that a tool reading an engine's plugin fields sees the rank without parsing
+the spec, and are refused where they disagree with it. Everything else (input order, shapes, dtypes, the FP8
+scales' granularity) is derived from the spec, so nothing serialized can disagree with them; the plan is
+checked against the spec and against the planner when the fields are decoded, and a plugin is never built
+from fields that fail those checks. A plan whose `dispatch` is not `none` (expert parallelism) is serialized
+and read back, but no runner is made from it: a rank's experts run only through
+moe_build.runner.expert_parallel.ExpertParallelMoE, which needs a process group.
 
-Inputs, in this order (optional ones present exactly when the spec uses them; T is dynamic):
+Inputs, in this order (optional ones present exactly when the spec uses them; T is dynamic; E is the experts
+the layer holds, spec.stored_experts: one rank's under expert parallelism, the router's logits and correction
+bias still covering all num_experts):
   0 hidden          [T, H]        spec dtype
   1 router_logits   [T, E]        fp32 or spec dtype
   2 w1              [E, N1, H]    spec dtype, FP8 (e4m3) for quant fp8 / fp8_block (N1 = 2*I for gated
@@ -58,7 +65,9 @@ PLUGIN_NAMESPACE = "moe_build"
 PLUGIN_VERSION = "1"
 FIELD_SPEC = "spec"
 FIELD_PLAN = "plan"
-FIELD_NAMES = (FIELD_SPEC, FIELD_PLAN)
+FIELD_EP_SIZE = "ep_size"
+FIELD_EP_RANK = "ep_rank"
+FIELD_NAMES = (FIELD_SPEC, FIELD_PLAN, FIELD_EP_SIZE, FIELD_EP_RANK)
 
 TORCH_DTYPE = {DType.FP32: torch.float32, DType.FP16: torch.float16, DType.BF16: torch.bfloat16}
 TORCH_OUT_DTYPE = {OutputDType.FP32: torch.float32, OutputDType.FP16: torch.float16,
@@ -106,18 +115,18 @@ def scale_granularity(spec: MoESpec) -> ScaleGranularity | None:
 def input_slots(spec: MoESpec) -> tuple[InputSlot, ...]:
     """The plugin's inputs for `spec`, in order (see the module docstring)."""
     model = TORCH_DTYPE[spec.dtype]
-    E, H, I, n1 = spec.num_experts, spec.hidden_size, spec.intermediate_size, spec.fc1_out_features
+    E, H, I, n1 = spec.stored_experts, spec.hidden_size, spec.intermediate_size, spec.fc1_out_features
     logits = (torch.float32,) if model == torch.float32 else (torch.float32, model)
     granularity = scale_granularity(spec)
     expert = model if granularity is None else FP8_DTYPE
-    slots = [InputSlot("hidden", (None, H), (model,)), InputSlot("router_logits", (None, E), logits),
+    slots = [InputSlot("hidden", (None, H), (model,)), InputSlot("router_logits", (None, spec.num_experts), logits),
              InputSlot("w1", (E, n1, H), (expert,)), InputSlot("w2", (E, H, I), (expert,))]
     if granularity is not None:
         slots += _scale_slots(spec, granularity)
     if spec.expert_bias:
         slots += [InputSlot("b1", (E, n1), (model,)), InputSlot("b2", (E, H), (model,))]
     if spec.routing.correction_bias:  # selection-only bias: MoEWeights keeps it in fp32
-        slots.append(InputSlot("correction_bias", (E,), (torch.float32,)))
+        slots.append(InputSlot("correction_bias", (spec.num_experts,), (torch.float32,)))
     if spec.shared.count:
         si = spec.shared.intermediate_size
         slots += [InputSlot("shared_w1", (si * (2 if spec.activation.is_gated else 1), H), (model,)),
@@ -130,7 +139,7 @@ def input_slots(spec: MoESpec) -> tuple[InputSlot, ...]:
 def _scale_slots(spec: MoESpec, granularity: ScaleGranularity) -> list[InputSlot]:
     """The fp32 scale inputs of an FP8 layer in the shapes the runner reads after `plan_weights`; the static
     activation scales (fp32 scalars in Fp8Scales) as one-element tensors, since TensorRT inputs have a shape."""
-    E, H, I, n1 = spec.num_experts, spec.hidden_size, spec.intermediate_size, spec.fc1_out_features
+    E, H, I, n1 = spec.stored_experts, spec.hidden_size, spec.intermediate_size, spec.fc1_out_features
     if granularity is ScaleGranularity.BLOCK128:
         w1, w2 = (E, blocks(n1), blocks(H)), (E, blocks(H), blocks(I))
     else:
@@ -168,7 +177,8 @@ def _canonical_json(data: Mapping[str, Any]) -> bytes:
 def encode_fields(spec: MoESpec, plan: Plan) -> dict[str, bytes]:
     """Field name -> bytes for `spec` and `plan`, after checking they describe one plugin layer."""
     check_spec_and_plan(spec, plan)
-    return {FIELD_SPEC: _canonical_json(spec.to_dict()), FIELD_PLAN: _canonical_json(plan.to_dict())}
+    return {FIELD_SPEC: _canonical_json(spec.to_dict()), FIELD_PLAN: _canonical_json(plan.to_dict()),
+            FIELD_EP_SIZE: json.dumps(spec.ep_size).encode(), FIELD_EP_RANK: json.dumps(spec.ep_rank).encode()}
 
 
 def _field_error(name: str, problem: str) -> MoeBuildError:
@@ -181,7 +191,7 @@ def decode_fields(fields: Mapping[str, bytes]) -> tuple[MoESpec, Plan]:
     if unknown:
         raise MoeBuildError(f"{PLUGIN_NAME} fields", f"unknown field(s) {unknown}", FIELD_NAMES)
     parsed: dict[str, dict[str, Any]] = {}
-    for name in FIELD_NAMES:
+    for name in (FIELD_SPEC, FIELD_PLAN):  # the ep fields are read against the spec (_check_ep_fields)
         if name not in fields:
             raise _field_error(name, "missing")
         parsed[name] = parse_json_object(bytes(fields[name]), f"{PLUGIN_NAME} field {name!r}", "the field")
@@ -196,7 +206,23 @@ def decode_fields(fields: Mapping[str, bytes]) -> tuple[MoESpec, Plan]:
     except (TypeError, ValueError, KeyError, IndexError) as exc:
         raise _field_error(FIELD_PLAN, f"is not a moe-build plan ({type(exc).__name__}: {exc})") from None
     check_spec_and_plan(spec, plan)
+    _check_ep_fields(spec, fields)
     return spec, plan
+
+
+def _check_ep_fields(spec: MoESpec, fields: Mapping[str, bytes]) -> None:
+    """`ep_size` / `ep_rank` as JSON integers (ep_rank null: the whole layer), equal to the spec's."""
+    for name, want in ((FIELD_EP_SIZE, spec.ep_size), (FIELD_EP_RANK, spec.ep_rank)):
+        if name not in fields:
+            raise _field_error(name, "missing")
+        try:
+            got = json.loads(bytes(fields[name]).decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            raise _field_error(name, "is not a JSON integer") from None
+        if got is not None and (isinstance(got, bool) or not isinstance(got, int)):
+            raise _field_error(name, f"is {got!r}, not an integer")
+        if got != want:
+            raise _field_error(name, f"is {got!r} but the 'spec' field says {name}={want!r}")
 
 
 def check_spec_and_plan(spec: MoESpec, plan: Plan) -> None:
@@ -419,10 +445,22 @@ def run_enqueue(spec: MoESpec, plan: Plan, input_pointers: Sequence[int], input_
         runner(hidden, router_logits=logits, out=out, workspace=workspace)
 
 
+def check_local_dispatch(plan: Plan) -> None:
+    """Refuse (one line) a runner for a plan whose experts are split over ranks: the exchange of tokens needs a
+    process group, which only ExpertParallelMoE holds."""
+    choice = plan.stage("dispatch").choice
+    if choice != "none":
+        raise MoeBuildError("dispatch", f"{choice}: the plugin runs a rank's experts only through "
+                            "moe_build.runner.expert_parallel.ExpertParallelMoE, which needs a process group (per-rank "
+                            "OOTB engines build with --moe-plugin disable)", "none")
+
+
 def _make_runner(spec: MoESpec, plan: Plan, weights: Mapping[str, torch.Tensor]) -> Any:
     """A runner over TensorRT's weight buffers (already in the plan's layouts) that runs the plan as it is:
     `check_spec_and_plan` has shown the planner gives back this plan, so nothing is decided anew here.
-    `weights` maps slot names to tensors; the `fp8.*` scales become the layer's Fp8Scales."""
+    `weights` maps slot names to tensors; the `fp8.*` scales become the layer's Fp8Scales. A plan that splits the
+    experts over ranks (dispatch not `none`) is refused: the plugin builds nothing distributed."""
+    check_local_dispatch(plan)
     from moe_build.runner import MoERunner
     device = weights["w1"].device
     # The plugin receives router logits, so the router's own weight is never read: a zero-stride
@@ -548,7 +586,7 @@ def plugin_classes(trt: ModuleType) -> SimpleNamespace:
             return self._workspace_given
 
     class MoEPluginCreatorImpl(trt.IPluginCreatorV3One):
-        """Makes `MoEPlugin`s from their two fields (at build time and when an engine is loaded)."""
+        """Makes `MoEPlugin`s from their fields (at build time and when an engine is loaded)."""
 
         def __init__(self) -> None:
             trt.IPluginCreatorV3One.__init__(self)

@@ -28,6 +28,7 @@ cd "$(dirname "$0")/.."
 # at most a few files).
 OUT=${OUT:-$PWD/device_out}
 RESULTS=$(mktemp -d)
+export MOE_BUILD_GPU_RESULTS=$RESULTS  # tests that keep measured data (tests/gpu/test_expert_parallel.py) write it here
 mkdir -p "$OUT"
 PY=${PY:-python3}
 PHASES=${PHASES:-tests bench}

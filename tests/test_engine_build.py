@@ -465,7 +465,7 @@ def test_plugin_path_goes_through_the_loaders_to_the_builder(plugin_build: dict[
     assert plugin_build["bound"] == "tensorrt" and plugin_build["env"] == "0"  # Polygraphy on full TensorRT
     assert plugin_build["polygraphy_trt_version"] == DOUBLE_VERSION
     (plugin,) = calls["plugin"]
-    assert plugin["plugin"] == "MoEPlugin" and plugin["fields"] == ["plan", "spec"]
+    assert plugin["plugin"] == "MoEPlugin" and plugin["fields"] == ["ep_rank", "ep_size", "plan", "spec"]
     assert plugin["inputs"][:2] == [["hidden", "HALF", [-1, 64]], ["router_logits", "HALF", [-1, 8]]]
     assert [name for name, _, _ in plugin["inputs"][2:]] == ["moe.w1_output", "moe.w2_output"]
     (build,) = calls["build"]

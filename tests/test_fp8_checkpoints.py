@@ -523,7 +523,7 @@ def test_what_the_fp8_descriptions_mean() -> None:
     assert quant(MODELOPT_CONFIG_QUANT) == ("fp8", "static")
     assert quant({"quant_method": "modelopt", "quant_algo": "FP8_PER_CHANNEL_PER_TOKEN"}) == ("fp8", "dynamic")
     assert quant(_ct_config()) == ("fp8", "dynamic")
-    assert quant({"quant_method": "mxfp4"}) == ("none", "dynamic")  # not FP8: as before
+    assert quant({"quant_method": "mxfp4"}) == ("wfp4a16", "dynamic")  # not FP8: weight-only (woq_config)
     assert quant({"quant_method": "modelopt", "quant_algo": "NVFP4"}) == ("none", "dynamic")
 
 

@@ -247,7 +247,7 @@ def test_expert_log_boundary():
     assert not R.prologue_expert_log(bad).held and R.prologue_expert_log(bad).value == 10
 
 
-def test_experts_per_node_drives_expert_log():
-    spec = MoESpec(64, 64, 1024, 2, experts_per_node=256)
+def test_ep_size_drives_expert_log():
+    spec = MoESpec(64, 64, 1024, 2, ep_size=4)
     assert R.prologue_expert_log(spec).held
-    assert not R.prologue_expert_log(dataclasses.replace(spec, experts_per_node=None)).held
+    assert not R.prologue_expert_log(dataclasses.replace(spec, ep_size=1)).held

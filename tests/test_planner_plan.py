@@ -136,3 +136,62 @@ def test_finalize_fused_at_every_count_from_2048_intermediate(inter, top_k, toke
 def test_finalize_static_gate_failure_means_separate_at_every_count():
     d = make_plan(SPEC, dataclasses.replace(SM90, sm=89), 1).stage("finalize")
     assert (d.choice, bands(d)) == ("separate", [[1, None, "separate"]])
+
+
+# ---- expert parallelism: the dispatch stage ------------------------------------------------------------
+
+@pytest.mark.parametrize("moe_plugin, expected", [("auto", "nvlink"), ("disable", "allreduce")])
+def test_dispatch_follows_ep_size_and_path(moe_plugin, expected):
+    target = Target(sm=90 if moe_plugin == "auto" else 89, flavour=Flavour.TENSORRT, moe_plugin=MoePlugin(moe_plugin))
+    single = make_plan(MoESpec(256, 128, 16, 4), target, 8)
+    assert single.stage("dispatch").choice == "none"
+    assert not single.stage("dispatch").gates[0].held
+    ep = make_plan(MoESpec(256, 128, 16, 4, ep_size=4), target, 8)
+    d = ep.stage("dispatch")
+    assert d.choice == expected and all(g.held for g in d.gates) and d.gates[0].name == "ep_parallel"
+    assert "4 experts per rank" in d.summary or "its 4 experts" in d.summary
+    with pytest.raises(MoeBuildError) as info:
+        make_plan(MoESpec(256, 128, 16, 4, ep_size=4), target, 8, force={"dispatch": "none"})
+    assert info.value.field == "force"
+    with pytest.raises(MoeBuildError) as info:
+        make_plan(MoESpec(256, 128, 16, 4), target, 8, force={"dispatch": expected})
+    assert info.value.field == "force"
+
+
+def test_dispatch_over_nvlink_within_one_domain_else_nccl():
+    target = Target(sm=90, flavour=Flavour.TENSORRT)
+    eight = make_plan(MoESpec(256, 128, 64, 4, ep_size=8), target, 8).stage("dispatch")
+    sixteen = make_plan(MoESpec(256, 128, 64, 4, ep_size=16), target, 8).stage("dispatch")
+    assert (eight.choice, sixteen.choice) == ("nvlink", "nccl")
+    assert [(g.name, g.held) for g in sixteen.gates] == [("ep_parallel", True), ("ep_nvlink_domain", False)]
+    forced = make_plan(MoESpec(256, 128, 64, 4, ep_size=8), target, 8, force={"dispatch": "nccl"})
+    assert forced.stage("dispatch").choice == "nccl" and forced.stage("dispatch").forced
+    with pytest.raises(MoeBuildError):
+        make_plan(MoESpec(256, 128, 64, 4, ep_size=16), target, 8, force={"dispatch": "nvlink"})
+
+
+def test_ep_plans_use_the_experts_per_rank():
+    # 1024 experts: floor(log2(1025)) + 1 = 11 > 9 refuses the fused prologue; 256 per rank (4 ranks) allows it.
+    target = Target(sm=90, flavour=Flavour.TENSORRT)
+    whole = make_plan(MoESpec(256, 128, 1024, 2), target, 8)
+    split = make_plan(MoESpec(256, 128, 1024, 2, ep_size=4, ep_rank=3), target, 8)
+    assert whole.stage("routing_prologue").choice == "three_step"
+    assert split.stage("routing_prologue").choice == "fused"
+
+
+@pytest.mark.parametrize("kw, field", [({"ep_size": 3}, "ep_size"), ({"ep_size": 0}, "ep_size"),
+                                        ({"ep_size": 4, "ep_rank": 4}, "ep_rank"),
+                                        ({"ep_size": 4, "ep_rank": -1}, "ep_rank"),
+                                        ({"ep_size": 4, "ep_rank": True}, "ep_rank")])
+def test_ep_fields_are_checked(kw, field):
+    with pytest.raises(MoeBuildError) as info:
+        MoESpec(256, 128, 16, 4, **kw)
+    assert info.value.field == field
+
+
+def test_rank_spec_holds_its_experts():
+    spec = MoESpec(256, 128, 16, 4, ep_size=4)
+    assert (spec.local_experts, spec.stored_experts, spec.first_local_expert) == (4, 16, 0)
+    r2 = spec.for_rank(2)
+    assert (r2.local_experts, r2.stored_experts, r2.first_local_expert) == (4, 4, 8)
+    assert MoESpec.from_dict(r2.to_dict()) == r2

@@ -133,7 +133,7 @@ def test_forced_choices_survive_the_round_trip():
 
 def _tampered(edit):
     fields = mp.encode_fields(PLAIN, plan_for(PLAIN))
-    spec, plan = (json.loads(fields[k]) for k in mp.FIELD_NAMES)
+    spec, plan = (json.loads(fields[k]) for k in (mp.FIELD_SPEC, mp.FIELD_PLAN))
     edit(spec, plan)
     return {"spec": json.dumps(spec).encode(), "plan": json.dumps(plan).encode()}
 

@@ -19,6 +19,7 @@ from moe_build.runner.sequence import w1_interleaved, weights_blocked
 from moe_build.spec import Activation, DType, MoESpec, Quant, SharedExperts
 from moe_build.target import FINALIZE_FUSION_ENV, Flavour, Target, TokenProfile
 from moe_build.weights import MoEWeights, block_64x64, interleave_gate_up
+from moe_build.weights.fp8 import ScaleGranularity
 
 H100 = Target(sm=90, flavour=Flavour.TENSORRT)
 A100 = Target(sm=80, flavour=Flavour.TENSORRT)
@@ -377,3 +378,42 @@ def test_finalize_choice_follows_the_token_count():
     assert fused == [True, False, False, True]
     assert {"gemm2:sm90_finalize", "finalize"} <= steps_up_to(plan, 4096)
     assert "finalize" not in steps_up_to(plan, 8)  # the workspace covers only the steps its counts reach
+
+
+# ---- expert parallelism: a rank's experts run on dispatched rows, the rest where the tokens live -----------
+
+def test_expert_parallel_rank_runs_its_experts_on_routed_rows_without_shared_experts() -> None:
+    spec = MoESpec(256, 256, 16, 2, shared=SharedExperts(1, 128), ep_size=4)
+    whole = make_plan(spec, H100, 8)
+    with pytest.raises(MoeBuildError, match="one rank per process") as info:
+        kernel_sequence(whole, 8, "topk")
+    assert info.value.field == "ep_rank"
+    rank = make_plan(spec.for_rank(1), H100, 8)
+    steps = kernel_sequence(rank, 8, "topk")
+    assert "shared_experts" not in steps and "router_gemm" not in steps and "routing" not in steps
+    assert steps[-1] in ("gemm2:sm90_finalize", "finalize")
+    with pytest.raises(MoeBuildError) as info:
+        kernel_sequence(rank, 8, "hidden")
+    assert info.value.field == "routing_input"
+    single = make_plan(dataclasses.replace(spec, ep_size=1), H100, 8)
+    assert kernel_sequence(single, 8)[-1] == "shared_experts"
+    # the rank's buffers index its 4 experts; the router's logits (where the tokens live) all 16
+    layout = workspace_layout(spec.for_rank(1), {"router_gemm", "routing"}, 8)
+    assert layout["expert_offsets"].shape == (5,) and layout["logits"].shape == (8, 16)
+
+
+def test_weights_for_rank_hold_its_experts_and_the_whole_router() -> None:
+    spec = MoESpec(64, 32, 8, 2, expert_bias=True, shared=SharedExperts(1, 32), ep_size=4)
+    w = MoEWeights.random(spec, seed=3)
+    r2 = w.for_rank(spec, 2)
+    assert torch.equal(r2.w1, w.w1[4:6]) and torch.equal(r2.w2, w.w2[4:6])
+    assert torch.equal(r2.b1, w.b1[4:6]) and torch.equal(r2.b2, w.b2[4:6])
+    assert r2.router_weight is w.router_weight and r2.shared_w1 is w.shared_w1
+    r2.check(spec.for_rank(2))
+    with pytest.raises(MoeBuildError) as info:
+        r2.check(spec)  # the whole group's spec wants every expert
+    assert info.value.field == "w1"
+    fp8 = MoEWeights.random(dataclasses.replace(spec, expert_bias=False), seed=4).quantized_fp8(
+        ScaleGranularity.CHANNEL)
+    f2 = fp8.for_rank(spec, 3)
+    assert torch.equal(f2.fp8.w1_scale, fp8.fp8.w1_scale[6:8]) and f2.w1.shape[0] == 2

@@ -81,11 +81,51 @@ mb_status mb_fc1_activation(const void* in, int dtype, const void* b1, const int
                             int num_experts, int64_t max_rows, int inter, int activation, float swiglu_alpha,
                             float swiglu_limit, const float* prequant_scale, void* out, cudaStream_t stream);
 
-/* stages/finalize.cu: out[t] = sum_j w[t,j] * (gemm2_out[unpermuted_to_permuted[t*K+j]] + b2[ids[t,j]]).
+/* stages/finalize.cu: out[t] = sum_j w[t,j] * (gemm2_out[unpermuted_to_permuted[t*K+j]] + b2[ids[t,j]]),
+ * over the pairs with 0 <= ids[t,j] < num_experts (expert parallelism: the others are another rank's;
+ * num_experts 0: every pair, and topk_ids may be NULL without b2).
  * deterministic != 0: fixed reduction order (j ascending), bit-identical across runs. */
 mb_status mb_finalize(const void* gemm2_out, int dtype, const void* b2, const float* topk_weights,
                       const int32_t* topk_ids, const int32_t* unpermuted_to_permuted, int num_tokens,
-                      int hidden, int top_k, int deterministic, void* out, cudaStream_t stream);
+                      int hidden, int top_k, int num_experts, int deterministic, void* out, cudaStream_t stream);
+
+/* ---- expert parallelism: the token side of dispatch and combine (stages/ep_dispatch.cu) -----------------
+ * mb_ep_layout: rank d holds experts [d * experts_per_rank, (d + 1) * experts_per_rank) (ep_size <= 32); token
+ * t goes once to every rank holding one of its top-k experts. send_counts [ep_size]: rows for each rank;
+ * send_tokens [<= T * ep_size]: the token of each send row, rows grouped by rank (rank ascending), tokens
+ * ascending within a rank; token_slots [T, ep_size]: token t's send row for rank d, or -1.
+ * mb_ep_combine: out[t] = sum over d ascending with token_slots[t, d] >= 0 of returned[token_slots[t, d]],
+ * in fp32, rounded once (returned [rows, hidden] and out [T, hidden] in dtype). */
+mb_status mb_ep_layout(const int32_t* topk_ids, int num_tokens, int top_k, int ep_size, int experts_per_rank,
+                       int32_t* send_counts, int32_t* send_tokens, int32_t* token_slots, cudaStream_t stream);
+mb_status mb_ep_combine(const void* returned, int dtype, const int32_t* token_slots, int num_tokens, int hidden,
+                        int ep_size, void* out, cudaStream_t stream);
+
+/* stages/ep_nvlink.cu: the `nvlink` dispatch and combine over buffers every rank maps (symmetric memory).
+ * A rank's symmetric buffer holds recv_rows [ep][cap][H] (dtype), recv_meta [ep][cap][2K] int32 (K global
+ * expert ids, then K fp32 weights' bits), recv_counts [ep][2] int32 (rows from source s, and their first send
+ * row in s's send order) and returned [ep * cap][H]; peer_* are device arrays of ep_size pointers, entry d
+ * rank d's buffer of that kind. cap >= the tokens of any call (a source sends a token at most once to a rank).
+ * mb_ep_nvlink_dispatch: mb_ep_layout's send rows (send_counts, send_tokens; at most max_send_rows) written
+ * into peer d's recv slots [rank][0..), and peer d's recv_counts[rank].
+ * mb_ep_nvlink_gather: after a barrier, the received rows as one dense block of `capacity` rows, sources in
+ * rank order: out_hidden [capacity][H], out_ids [capacity][K] (local ids: global - first_expert where in
+ * [0, local_experts), else -1), out_weights, src_rank / src_row [capacity] (where its partial output goes;
+ * src_rank -1 past the received rows, whose ids are all -1); *received = min(rows, capacity) and *overflow =
+ * (rows > capacity): rows past the capacity are dropped, their sources' returned rows set to zero (peer_returned
+ * as mb_ep_nvlink_return's), nothing else is written.
+ * mb_ep_nvlink_return: partial [rows][H] row j written into rank src_rank[j]'s returned[src_row[j]]. */
+mb_status mb_ep_nvlink_dispatch(const void* hidden, int dtype, const int32_t* topk_ids, const float* topk_weights,
+                                int hidden_size, int top_k, int rank, int ep_size, int cap, const int32_t* send_counts,
+                                const int32_t* send_tokens, int max_send_rows, void* const* peer_rows,
+                                int32_t* const* peer_meta, int32_t* const* peer_counts, cudaStream_t stream);
+mb_status mb_ep_nvlink_gather(const void* recv_rows, int dtype, const int32_t* recv_meta, const int32_t* recv_counts,
+                              int ep_size, int cap, int hidden_size, int top_k, int first_expert, int local_experts,
+                              int capacity, void* out_hidden, int32_t* out_ids, float* out_weights, int32_t* src_rank,
+                              int32_t* src_row, int32_t* received, int32_t* overflow, void* const* peer_returned,
+                              cudaStream_t stream);
+mb_status mb_ep_nvlink_return(const void* partial, int dtype, const int32_t* src_rank, const int32_t* src_row,
+                              int rows, int hidden_size, void* const* peer_returned, cudaStream_t stream);
 
 /* ---- FP8 activation quantization (issue 46): the FP8 GEMMs' inputs ---------------------------------
  * A row of `cols` fp16/bf16 values x becomes e4m3 bytes q = e4m3(x / s) and fp32 scales, bit for bit

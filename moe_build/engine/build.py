@@ -9,7 +9,9 @@ The steps are Polygraphy-style loaders, composed lazily and run by the last one:
 
 `prepare_build` runs first, so every refusal that needs no weights comes before any work.
 Outputs: `<output_dir>/<name>.engine` and `<output_dir>/<name>.json`; a failed or interrupted
-build leaves neither, and no temporary file.
+build leaves neither, and no temporary file. One rank of an expert-parallel layer (spec.ep_rank set,
+weights `MoEWeights.for_rank`, its own plan) is built the same way; jobs.py points `output_dir` at the
+rank's folder (ranks.py), and the manifest's `ep` record says which rank and experts it holds.
 """
 from __future__ import annotations
 

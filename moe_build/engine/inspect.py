@@ -4,6 +4,8 @@ Why both sources: TensorRT's EngineInspector needs a deserialised engine, which 
 flavour supports; on machines without one the report shows what the builder recorded (I/O,
 layers, plan) and says that deserialisation was unavailable, never pretending otherwise.
 Verification itself (sha256, manifest against plan) is manifest.py's; loading is runtime.py's.
+An expert-parallel layer's folder (`<out>/<name>/` with `rank<r>/` subfolders, ranks.py) is inspected as a
+group: every rank verified, listed with its experts, and the ranks checked to be one layer's split.
 """
 from __future__ import annotations
 
@@ -15,9 +17,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ..errors import MoeBuildError
+from ..errors import MoeBuildError, VerificationError
 from ..planner import Plan
 from .manifest import manifest_path_for, verify
+from .ranks import RANK_FOLDER, rank_folders
 
 
 def _inspector_layers(info: dict[str, Any]) -> list[dict[str, str]]:
@@ -73,7 +76,48 @@ def inspect_engine(path: str | Path) -> dict[str, Any]:
                      "outputs": [{**t, "mode": "output"} for t in graph["outputs"]], "layers": graph["layers"]},
         "deserialised": _inspect_deserialised(manifest, engine),
         "build": manifest["build"],
+        "ep": manifest["ep"],
     }
+
+
+def inspect_path(path: str | Path) -> dict[str, Any]:
+    """`moe-build inspect PATH`: an engine or manifest file (or their common stem), one rank's folder
+    (`.../<name>/rank<r>`), or an expert-parallel layer's folder with rank subfolders (`inspect_group`)."""
+    path = Path(path)
+    if path.is_dir():
+        if RANK_FOLDER.match(path.name) and not rank_folders(path):
+            return inspect_engine(path / f"{path.parent.name}.engine")
+        return inspect_group(path)
+    if not any(p.exists() for p in manifest_path_for(path)):
+        raise MoeBuildError("engine", f"{path}: no such engine or manifest", "an .engine file built by moe-build")
+    return inspect_engine(path)
+
+
+def inspect_group(folder: str | Path) -> dict[str, Any]:
+    """Every rank of an expert-parallel layer's folder, verified (exit 1 if any is not), and the ranks checked to
+    split one layer: each rank folder holds its own rank's engine, all of one ep size and one spec. Ranks not
+    built here (a build with --ep-rank) are listed as missing, not refused."""
+    folder = Path(folder)
+    found = rank_folders(folder)
+    if not found:
+        raise MoeBuildError("engine", f"{folder} is a folder without rank<r> subfolders",
+                            "an .engine file, or an expert-parallel layer's folder (moe-build build --ep-size N)")
+    ranks = [inspect_engine(sub / f"{folder.name}.engine") for _, sub in found]
+    for (rank, sub), result in zip(found, ranks):
+        ep = result["ep"]
+        if ep is None or ep["rank"] != rank:
+            holds = "a layer on one GPU" if ep is None else f"rank {ep['rank']}'s engine"
+            raise VerificationError(f"{sub} holds {holds}, not rank {rank}'s")
+    size = ranks[0]["ep"]["size"]
+    whole = {k: v for k, v in ranks[0]["spec"].items() if k != "ep_rank"}
+    for (_, sub), result in zip(found, ranks):
+        if result["ep"]["size"] != size or {k: v for k, v in result["spec"].items() if k != "ep_rank"} != whole:
+            raise VerificationError(f"{sub} and {found[0][1]} are not ranks of one layer (ep size "
+                                    f"{result['ep']['size']} vs {size}, or another spec): a stale rank folder of "
+                                    "an earlier build?")
+    present = {rank for rank, _ in found}
+    return {"verified": True, "group": str(folder), "ep_size": size, "ranks": ranks,
+            "missing": [r for r in range(size) if r not in present]}
 
 
 # ---- rendering -------------------------------------------------------------------------------
@@ -93,6 +137,15 @@ def _quant_text(quant: dict[str, Any]) -> str:
         return "none"
     return (f"{quant['mode']}: {quant['weight_scale_granularity']} weight scales, "
             f"{quant['act_scale']} activation scales")
+
+
+def ep_text(ep: dict[str, Any]) -> str:
+    """The ep record in words: 'rank 1 of 4: experts 32..63; ...' (last expert inclusive)."""
+    first, end = ep["experts"]
+    text = f"rank {ep['rank']} of {ep['size']}: experts {first}..{end - 1}"
+    if ep["dispatch"] == "allreduce":
+        return text + f"; output is this rank's partial sum: add the {ep['size']} ranks' outputs (allreduce)"
+    return text + f"; dispatch {ep['dispatch']}"
 
 
 def _facts(result: dict[str, Any]) -> Table:
@@ -117,6 +170,7 @@ def _facts(result: dict[str, Any]) -> Table:
                   f"{spec['num_experts']} experts, top-{spec['top_k']}, {spec['activation']}, {spec['dtype']}"),
         ("quant", _quant_text(result["quant"])),
         ("path", path_text),
+        *([("expert parallel", ep_text(result["ep"]))] if result["ep"] is not None else []),
         ("routing input", result["routing_input"]),
         ("built", f"in {build['seconds']:.1f} s on {build['hostname']} by moe-build {build['moe_build_version']}, "
                   f"optimization level {build['optimization_level']}, workspace "
@@ -157,3 +211,24 @@ def render_inspection(result: dict[str, Any], console: Console) -> None:
                          [(t["name"], t["mode"], t["dtype"], _shape(t["shape"])) for t in io]))
     console.print(_table(f"{len(layers)} layers ({origin})", ("#", "name", "type"),
                          [(str(i), layer["name"], layer["type"]) for i, layer in enumerate(layers)]))
+
+
+def render_group(result: dict[str, Any], console: Console) -> None:
+    """`moe-build inspect` of an expert-parallel layer's folder: every rank with its experts, then the facts
+    the ranks share (those of the first rank found)."""
+    ranks, size = result["ranks"], result["ep_size"]
+    console.print(f"[bold green]verified[/bold green] {escape(result['group'])}: {len(ranks)} of {size} ranks, "
+                  "each engine's sha256 matches its manifest; manifests, specs and plans agree")
+    rows = []
+    for r in ranks:
+        first, end = r["ep"]["experts"]
+        rows.append((str(r["ep"]["rank"]), f"{first}..{end - 1}", r["engine"], _size(r["engine_bytes"]),
+                     r["engine_sha256"][:16] + "...", r["ep"]["dispatch"]))
+    console.print(_table(f"expert-parallel over {size} ranks", ("rank", "experts", "engine", "size", "sha256",
+                                                                  "dispatch"), rows))
+    if ranks[0]["ep"]["dispatch"] == "allreduce":
+        console.print(f"each engine's output is its rank's partial sum: add the {size} ranks' outputs (allreduce)")
+    if result["missing"]:
+        console.print(escape(f"not built here: rank(s) {', '.join(map(str, result['missing']))} of {size}"))
+    console.print(f"rank {ranks[0]['ep']['rank']}'s manifest:")
+    console.print(_facts(ranks[0]))

@@ -1,8 +1,9 @@
 """The manifest next to every engine: what it was built from, and the checks that it still says so.
 
 Why one module for both: the fields written at build time are the fields verified before an
-engine is inspected or loaded. Schema `moe-build.manifest/3` (/3: the plan inside is `moe-build.plan/3`,
-with token bands, weight layouts, GEMM tactics and the FP8 activation-quantization stages):
+engine is inspected or loaded. Schema `moe-build.manifest/4` (/4: the plan inside is `moe-build.plan/4`, with
+token bands, weight layouts, GEMM tactics, the FP8 activation-quantization stages and expert parallelism's
+`dispatch`; and the `ep` record):
 - name, engine_file, engine_sha256, engine_bytes: the engine it describes (content-addressed);
 - onnx_sha256 (OOTB; null on the plugin path, which has no ONNX), weights_sha256;
 - spec, and the plan recorded whole (path, every stage with its gates; on the plugin path this
@@ -14,7 +15,13 @@ with token bands, weight layouts, GEMM tactics and the FP8 activation-quantizati
 - graph: routing_input, inputs, outputs, layers, and the path's own record: `expert_compute`
   (OOTB) or `plugin` {name, namespace, version, weights, choices} (plugin path);
 - build: seconds, hostname, moe_build_version, optimization_level, workspace_bytes,
-  timing_cache, created_unix.
+  timing_cache, created_unix;
+- ep: null for a layer on one GPU (ep_size 1), else {size, rank, experts: [first, last_exclusive], dispatch}:
+  the engine is rank `rank` of `size` and holds the weights of global experts first .. last_exclusive - 1
+  only; dispatch is the plan's (`allreduce`, OOTB: the engine computes its experts over every token and its
+  output is this rank's partial sum, which the ranks add; `nvlink` / `nccl`, plugin: tokens travel to their
+  experts' ranks and back through ExpertParallelMoE). Why a record of its own: a reader must know an engine's output
+  is not the layer's before using it, without re-deriving it from the spec.
 """
 from __future__ import annotations
 
@@ -28,7 +35,7 @@ from ..jsonfile import read_json_object
 from ..planner import Plan
 from ..spec import MoESpec, Quant
 
-MANIFEST_SCHEMA = "moe-build.manifest/3"
+MANIFEST_SCHEMA = "moe-build.manifest/4"
 # TensorRT DataType names of the graph's input for each spec dtype.
 TRT_DTYPE_NAMES = {"fp32": "FLOAT", "fp16": "HALF", "bf16": "BF16"}
 PATHS = ("ootb", "plugin")
@@ -66,6 +73,19 @@ def quant_record(spec: MoESpec, weight_scale_granularity: str | None) -> dict[st
             "act_scale": spec.act_scale.value if fp8 else None}
 
 
+def ep_record(spec: MoESpec, plan: Plan) -> dict[str, Any] | None:
+    """The manifest's `ep` (the schema above): None for ep_size 1; else the rank, its experts and the plan's
+    dispatch. An engine is always one rank's, so a spec of an expert-parallel layer without its rank is refused."""
+    if spec.ep_size == 1:
+        return None
+    if spec.ep_rank is None:
+        raise MoeBuildError("ep_rank", f"an engine of an expert-parallel layer (ep_size={spec.ep_size}) is one "
+                            "rank's", f"0..{spec.ep_size - 1}")
+    first = spec.first_local_expert
+    return {"size": spec.ep_size, "rank": spec.ep_rank, "experts": [first, first + spec.local_experts],
+            "dispatch": plan.stage("dispatch").choice}
+
+
 def make_manifest(*, name: str, engine: bytes, spec: MoESpec, plan: Plan, flavour: dict[str, str],
                   sm: int, compute_capability: str | None, graph: dict[str, Any], onnx_sha256: str | None,
                   weights_sha256: str, build: dict[str, Any],
@@ -88,6 +108,7 @@ def make_manifest(*, name: str, engine: bytes, spec: MoESpec, plan: Plan, flavou
         "profile": dict(target["profile"]),
         "graph": graph,
         "build": {**build, "created_unix": int(time.time())},
+        "ep": ep_record(spec, plan),
     }
 
 
@@ -129,6 +150,28 @@ def _check_quant(spec: MoESpec, quant: Any) -> None:
         raise _disagree("weight_scale_granularity", quant.get("weight_scale_granularity"), allowed)
 
 
+def _check_ep(spec: MoESpec, plan: Plan, manifest: dict[str, Any]) -> None:
+    """The ep record against the spec and the plan: present (an object) exactly for ep_size > 1, and equal to
+    what `ep_record` makes of them (size, rank, experts, dispatch)."""
+    if "ep" not in manifest:
+        raise VerificationError("manifest is incomplete or malformed: KeyError: 'ep'")
+    got = manifest["ep"]
+    if got is not None and not isinstance(got, dict):
+        raise VerificationError(f"manifest is incomplete or malformed: ep is a {type(got).__name__}, not an object")
+    try:
+        want = ep_record(spec, plan)
+    except MoeBuildError:
+        raise _disagree("ep_rank", spec.ep_rank, f"a rank of ep_size={spec.ep_size}") from None
+    if got == want:
+        return
+    if got is None or want is None:
+        raise _disagree("expert parallelism (ep)", got, want)
+    for key in ("size", "rank", "experts", "dispatch"):
+        if got.get(key) != want[key]:
+            raise _disagree(f"ep {key}", got.get(key), want[key])
+    raise _disagree("ep", got, want)  # an unknown key
+
+
 def check_consistency(manifest: dict[str, Any]) -> Plan:
     """Manifest fields against the plan they claim to come from (path, spec, dtype, profile,
     target, flavour, and the path's own record). Returns the parsed plan."""
@@ -159,6 +202,7 @@ def check_consistency(manifest: dict[str, Any]) -> Plan:
         raise _disagree("flavour", flavour, plan.target.get("flavour"))
     _check_path_record(plan, graph)
     _check_quant(spec, manifest.get("quant"))
+    _check_ep(spec, plan, manifest)
     hidden = next((t for t in graph.get("inputs", []) if t["name"] == "hidden"), None)
     if hidden is None or hidden["dtype"] != TRT_DTYPE_NAMES[spec.dtype.value]:
         raise _disagree("dtype", None if hidden is None else hidden["dtype"], spec.dtype.value)

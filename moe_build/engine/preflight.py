@@ -61,8 +61,9 @@ def prepare_build(spec: MoESpec, plan: Plan, options: BuildOptions) -> Toolchain
     backend = _backend_for(plan, target)
     check_options(options, plan.path)
     if plan.path == "plugin":
-        from ..plugins.moe_plugin import check_spec_and_plan
+        from ..plugins.moe_plugin import check_local_dispatch, check_spec_and_plan
         check_spec_and_plan(spec, plan)  # quant modes without kernels, LoRA, fp32: what the plugin cannot run
+        check_local_dispatch(plan)  # an expert-parallel rank needs a process group the plugin does not have
     compute_capability = backend.compute_capability(target.sm)
     return Toolchain(backend=backend, loaders=polygraphy_loaders(backend), create_config=config_loader_class(backend),
                      target=target, routing_input=options.routing_input_for(plan.path),

@@ -11,6 +11,11 @@ Graph contract (documented for the CLI and the runtime):
   "topk" (`topk_ids` [tokens, top_k] int32 and `topk_weights` [tokens, top_k] fp32, routing done
   by the caller).
 - output `output` [tokens, hidden_size] in the spec's output dtype.
+- expert parallelism (spec.ep_rank set): the graph of one rank routes over all num_experts (the router
+  is whole) and computes only its local_experts experts (global ids first_local_expert ..); `output` is
+  then that rank's partial sum (each token's weighted sum over its top-k experts that live on the rank,
+  rank 0 also adding the shared experts), and the ranks' outputs add up to the layer's (dispatch
+  `allreduce`: no collective is inside an engine).
 - all weights are initializers in the spec's dtype (the DeepSeek correction bias stays fp32), except
   FP8 experts (quant fp8 / fp8_block): their W1 / W2 stay FP8 initializers with fp32 scales, read
   through DequantizeLinear, and each expert GEMM's input goes through Q/DQ (fp8_qdq.py; opset 21).
@@ -130,6 +135,10 @@ class MoELayerModule(nn.Module):
                                 [d.value for d in OUT_TORCH_DTYPES])
         weights.check(spec)
         self.spec, self.expert_compute, self.routing_input = spec, expert_compute, routing_input
+        # The experts whose weights are held (local index j is global expert first + j); a whole layer: all.
+        self.first, self.count = spec.first_local_expert, spec.stored_experts
+        # Each rank sees every token, so only one rank may add the shared experts for the sum to be the layer's.
+        self.adds_shared = bool(spec.shared.count) and not spec.ep_rank
         self.dtype, self.out_dtype = TORCH_DTYPES[spec.dtype], OUT_TORCH_DTYPES[spec.out_dtype]
         cast = weights.to(dtype=self.dtype)
         self.fp8 = None if weights.fp8 is None else Fp8Experts(cast, per_expert=expert_compute == "per_expert_gather")
@@ -137,6 +146,8 @@ class MoELayerModule(nn.Module):
         for name in ("router_weight", "w1", "w2", "shared_w1", "shared_w2", "shared_gate",
                      "router_bias", "correction_bias", "b1", "b2"):
             t = None if self.fp8 is not None and name in ("w1", "w2") else getattr(cast, name)
+            if name.startswith("shared_") and not self.adds_shared:
+                t = None  # another rank adds the shared experts: this graph need not carry them
             if t is not None and name in ("router_weight", "w1", "w2", "shared_w1", "shared_w2", "shared_gate"):
                 t = t.transpose(-1, -2)
             self.register_buffer(name, None if t is None else t.contiguous())
@@ -160,12 +171,13 @@ class MoELayerModule(nn.Module):
             out = self._dense_masked(hidden, weights, ids)
         else:
             out = self._per_expert_gather(hidden, weights, ids)
-        if spec.shared.count:
+        if self.adds_shared:
             out = out + self._shared(hidden).float()
         return out.to(self.out_dtype)
 
     def _weight(self, name: str, e: int | None = None) -> torch.Tensor:
-        """W1 / W2 [in, out] of expert e, or all [E, in, out]: FP8 ones dequantized in fp32."""
+        """W1 / W2 [in, out] of held expert e (a local index), or all held [count, in, out]: FP8 ones
+        dequantized in fp32."""
         if self.fp8 is not None:
             return self.fp8.weight(name, e)
         w = getattr(self, name)
@@ -176,7 +188,7 @@ class MoELayerModule(nn.Module):
         return x if self.fp8 is None else self.fp8.quantize_input(x, gemm)
 
     def _expert_mlp(self, x: torch.Tensor, e: int) -> torch.Tensor:
-        """Expert e on rows x that are already GEMM1's input (`_gemm_input(., 1)`)."""
+        """Held expert e (a local index) on rows x that are already GEMM1's input (`_gemm_input(., 1)`)."""
         h = x @ self._weight("w1", e)
         if self.b1 is not None:
             h = h + self.b1[e].to(h.dtype)
@@ -185,10 +197,11 @@ class MoELayerModule(nn.Module):
         return y + self.b2[e].to(y.dtype) if self.b2 is not None else y
 
     def _dense_masked(self, hidden: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """Every expert on every token; the [T, E] routing matrix is zero off the top-k."""
-        experts = torch.arange(self.spec.num_experts, device=hidden.device)
-        onehot = (ids.unsqueeze(-1) == experts).to(weights.dtype)                 # [T, k, E]
-        dense = (onehot * weights.unsqueeze(-1)).sum(dim=1)                       # [T, E] fp32
+        """Every held expert on every token; the [T, count] routing matrix (columns: the held experts' global
+        ids) is zero off the top-k, so a token's experts on other ranks add nothing here."""
+        experts = torch.arange(self.first, self.first + self.count, device=hidden.device)
+        onehot = (ids.unsqueeze(-1) == experts).to(weights.dtype)                 # [T, k, count]
+        dense = (onehot * weights.unsqueeze(-1)).sum(dim=1)                       # [T, count] fp32
         h = torch.matmul(self._gemm_input(hidden, 1).unsqueeze(0), self._weight("w1"))  # [E, T, N1]
         if self.b1 is not None:
             h = h + self.b1.unsqueeze(1).to(h.dtype)
@@ -201,15 +214,15 @@ class MoELayerModule(nn.Module):
         return (y.float() * dense.t().unsqueeze(-1)).sum(dim=0)
 
     def _per_expert_gather(self, hidden: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """Per expert: gather the tokens that chose it, run its MLP, add back in place. A token
-        picks an expert at most once, so each update writes distinct rows (no scatter reduction)."""
+        """Per held expert: gather the tokens that chose it (by its global id), run its MLP, add back in
+        place. A token picks an expert at most once, so each update writes distinct rows (no scatter reduction)."""
         out = torch.zeros_like(hidden, dtype=torch.float32)
         x = self._gemm_input(hidden, 1)  # quantized once per token, as each row feeds several experts
-        for e in range(self.spec.num_experts):
-            chosen = ids == e                                                     # [T, k]
+        for j in range(self.count):
+            chosen = ids == self.first + j                                        # [T, k]
             tokens = torch.nonzero(chosen.any(dim=-1)).squeeze(-1)               # [n_e]
             w = (weights * chosen.to(weights.dtype)).sum(dim=-1)[tokens]          # [n_e]
-            y = self._expert_mlp(x[tokens], e).float() * w.unsqueeze(-1)
+            y = self._expert_mlp(x[tokens], j).float() * w.unsqueeze(-1)
             out = out.index_put((tokens,), out[tokens] + y)
         return out
 

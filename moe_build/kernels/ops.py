@@ -277,8 +277,10 @@ def fc1_activation(input: torch.Tensor, expert_first_token_offset: torch.Tensor,
 
 def finalize(gemm2_out: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
              unpermuted_to_permuted: torch.Tensor, bias: torch.Tensor | None = None, deterministic: bool = True,
-             out: torch.Tensor | None = None, stream: int | torch.cuda.Stream | None = None) -> torch.Tensor:
-    """gemm2_out [R >= T*K, H] -> out [T, H] = sum_j w[t,j] * (gemm2_out[utp[t*K+j]] + bias[ids[t,j]])."""
+             out: torch.Tensor | None = None, stream: int | torch.cuda.Stream | None = None,
+             num_experts: int = 0) -> torch.Tensor:
+    """gemm2_out [R >= T*K, H] -> out [T, H] = sum_j w[t,j] * (gemm2_out[utp[t*K+j]] + bias[ids[t,j]]), over the
+    pairs whose id is in [0, num_experts) (this rank's experts; the default 0 counts every pair)."""
     _check(gemm2_out, "gemm2_out", (None, None))
     dev = gemm2_out.device
     h = gemm2_out.shape[1]
@@ -293,8 +295,109 @@ def finalize(gemm2_out: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torc
     o = _out(out, "out", (t, h), gemm2_out.dtype, dev)
     call("mb_finalize", gemm2_out.data_ptr(), _dtype_code(gemm2_out, "gemm2_out"), _ptr(bias),
           topk_weights.data_ptr(), topk_ids.data_ptr(), unpermuted_to_permuted.data_ptr(), t, h, k,
-          int(bool(deterministic)), o.data_ptr(), _stream(stream, dev))
+          int(num_experts), int(bool(deterministic)), o.data_ptr(), _stream(stream, dev))
     return o
+
+
+# ---- expert parallelism: the token side of dispatch and combine (cpp/src/stages/ep_dispatch.cu) ------
+
+def ep_layout(topk_ids: torch.Tensor, ep_size: int, experts_per_rank: int, send_counts: torch.Tensor | None = None,
+              send_tokens: torch.Tensor | None = None, token_slots: torch.Tensor | None = None,
+              stream: int | torch.cuda.Stream | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """topk_ids [T, K] -> (send_counts [ep_size], send_tokens [T * ep_size], token_slots [T, ep_size]) int32: rows
+    for each rank, the token of each send row (grouped by rank, tokens ascending; only the first
+    sum(send_counts) are written) and token t's send row for rank d (-1: not sent)."""
+    _check(topk_ids, "topk_ids", (None, None), torch.int32)
+    dev = topk_ids.device
+    t, k = topk_ids.shape
+    counts = _out(send_counts, "send_counts", (ep_size,), torch.int32, dev)
+    rows = _out(send_tokens, "send_tokens", (t * ep_size,), torch.int32, dev)
+    slots = _out(token_slots, "token_slots", (t, ep_size), torch.int32, dev)
+    call("mb_ep_layout", topk_ids.data_ptr(), t, k, ep_size, experts_per_rank, counts.data_ptr(), rows.data_ptr(),
+         slots.data_ptr(), _stream(stream, dev))
+    return counts, rows, slots
+
+
+def ep_combine(returned: torch.Tensor, token_slots: torch.Tensor, out: torch.Tensor | None = None,
+               stream: int | torch.cuda.Stream | None = None) -> torch.Tensor:
+    """returned [rows, H] (the ranks' partial rows, in send-row order) -> out [T, H]: each token's rows summed in
+    rank order, in fp32, rounded once."""
+    _check(returned, "returned", (None, None))
+    dev = returned.device
+    _check(token_slots, "token_slots", (None, None), torch.int32, dev)
+    t, ep = token_slots.shape
+    h = returned.shape[1]
+    o = _out(out, "out", (t, h), returned.dtype, dev)
+    call("mb_ep_combine", returned.data_ptr(), _dtype_code(returned, "returned"), token_slots.data_ptr(), t, h, ep,
+         o.data_ptr(), _stream(stream, dev))
+    return o
+
+
+def ep_nvlink_dispatch(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, rank: int,
+                       cap: int, send_counts: torch.Tensor, send_tokens: torch.Tensor, peer_rows: torch.Tensor,
+                       peer_meta: torch.Tensor, peer_counts: torch.Tensor,
+                       stream: int | torch.cuda.Stream | None = None) -> None:
+    """ep_layout's send rows of `hidden` [T, H] (with their ids and weights) written into every peer's recv slots
+    for this rank, over NVLink; peer_* are int64 device tensors [ep_size] of the peers' buffer addresses."""
+    _check(hidden, "hidden", (None, None))
+    dev = hidden.device
+    t, h = hidden.shape
+    k = topk_ids.shape[1]
+    _check(topk_ids, "topk_ids", (t, k), torch.int32, dev)
+    _check(topk_weights, "topk_weights", (t, k), torch.float32, dev)
+    ep = send_counts.shape[0]
+    _check(send_counts, "send_counts", (ep,), torch.int32, dev)
+    for name, ptrs in (("peer_rows", peer_rows), ("peer_meta", peer_meta), ("peer_counts", peer_counts)):
+        _check(ptrs, name, (ep,), torch.int64, dev)
+    call("mb_ep_nvlink_dispatch", hidden.data_ptr(), _dtype_code(hidden, "hidden"), topk_ids.data_ptr(),
+         topk_weights.data_ptr(), h, k, rank, ep, cap, send_counts.data_ptr(), send_tokens.data_ptr(), t * ep,
+         peer_rows.data_ptr(), peer_meta.data_ptr(), peer_counts.data_ptr(), _stream(stream, dev))
+
+
+def ep_nvlink_gather(recv_rows: torch.Tensor, recv_meta: torch.Tensor, recv_counts: torch.Tensor, cap: int,
+                     first_expert: int, local_experts: int, out_hidden: torch.Tensor, out_ids: torch.Tensor,
+                     out_weights: torch.Tensor, src_rank: torch.Tensor, src_row: torch.Tensor,
+                     received: torch.Tensor, overflow: torch.Tensor, peer_returned: torch.Tensor,
+                     stream: int | torch.cuda.Stream | None = None) -> None:
+    """The rows this rank received (its recv slots, [ep * cap, H]) as one dense block of out_hidden's rows (the
+    capacity), with local ids, weights and where each row's partial output goes; `received` [1] and `overflow` [1]
+    int32 written on the device; rows past the capacity send their sources (peer_returned) a zero row."""
+    dev = recv_rows.device
+    ep = recv_counts.shape[0]
+    h = recv_rows.shape[1]
+    capacity = out_hidden.shape[0]
+    k = out_ids.shape[1]
+    _check(recv_rows, "recv_rows", (ep * cap, h))
+    _check(recv_meta, "recv_meta", (ep * cap, 2 * k), torch.int32, dev)
+    _check(recv_counts, "recv_counts", (ep, 2), torch.int32, dev)
+    _check(out_hidden, "out_hidden", (capacity, h), recv_rows.dtype, dev)
+    _check(out_ids, "out_ids", (capacity, k), torch.int32, dev)
+    _check(out_weights, "out_weights", (capacity, k), torch.float32, dev)
+    for name, t in (("src_rank", src_rank), ("src_row", src_row)):
+        _check(t, name, (capacity,), torch.int32, dev)
+    for name, t in (("received", received), ("overflow", overflow)):
+        _check(t, name, (1,), torch.int32, dev)
+    _check(peer_returned, "peer_returned", (ep,), torch.int64, dev)
+    call("mb_ep_nvlink_gather", recv_rows.data_ptr(), _dtype_code(recv_rows, "recv_rows"), recv_meta.data_ptr(),
+         recv_counts.data_ptr(), ep, cap, h, k, first_expert, local_experts, capacity, out_hidden.data_ptr(),
+         out_ids.data_ptr(), out_weights.data_ptr(), src_rank.data_ptr(), src_row.data_ptr(), received.data_ptr(),
+         overflow.data_ptr(), peer_returned.data_ptr(), _stream(stream, dev))
+
+
+def ep_nvlink_return(partial: torch.Tensor, src_rank: torch.Tensor, src_row: torch.Tensor,
+                     peer_returned: torch.Tensor, stream: int | torch.cuda.Stream | None = None) -> None:
+    """Row j of `partial` [rows, H] written into rank src_rank[j]'s returned rows at src_row[j] (src_rank -1:
+    none), over NVLink."""
+    _check(partial, "partial", (None, None))
+    dev = partial.device
+    rows, h = partial.shape
+    for name, t in (("src_rank", src_rank), ("src_row", src_row)):
+        _check(t, name, (None,), torch.int32, dev)
+        if t.shape[0] < rows:
+            raise ValueError(f"{name}: needs >= {rows} entries, got {t.shape[0]}")
+    _check(peer_returned, "peer_returned", (None,), torch.int64, dev)
+    call("mb_ep_nvlink_return", partial.data_ptr(), _dtype_code(partial, "partial"), src_rank.data_ptr(),
+         src_row.data_ptr(), rows, h, peer_returned.data_ptr(), _stream(stream, dev))
 
 
 # ---- FP8 activation quantization (issue 46; cpp/include/moe_build_kernels.h) -----------------------

@@ -22,9 +22,10 @@ FUSION_STAGES = ("routing_prologue", "expand_rows", "gemm_kernel", "fc1_activati
 ACT_QUANT_STAGES = ("fc1_input_quant", "fc2_input_quant")
 LAYOUT_STAGES = ("w1_order", "weight_layout")
 TACTIC_STAGES = ("gemm1_tactic", "gemm2_tactic")
-PLUGIN_STAGES = FUSION_STAGES + ACT_QUANT_STAGES + LAYOUT_STAGES + TACTIC_STAGES
-OOTB_STAGES = ("expert_compute",)
-MATRIX_STAGES = FUSION_STAGES + OOTB_STAGES  # the seed's fusion matrix: both paths' fusion stages
+EP_STAGES = ("dispatch",)  # how tokens reach the ranks holding their experts, and come back
+PLUGIN_STAGES = FUSION_STAGES + ACT_QUANT_STAGES + LAYOUT_STAGES + TACTIC_STAGES + EP_STAGES
+OOTB_STAGES = ("expert_compute",) + EP_STAGES
+MATRIX_STAGES = FUSION_STAGES + ("expert_compute",)  # the seed's fusion matrix: both paths' fusion stages
 STAGE_CHOICES: dict[str, tuple[str, ...]] = {
     "routing_prologue": ("fused", "three_step"),
     "expand_rows": ("prequant_fused", "plain"),
@@ -37,6 +38,7 @@ STAGE_CHOICES: dict[str, tuple[str, ...]] = {
     "w1_order": ("gate_up_interleaved", "stacked"),
     "weight_layout": ("blocked64", "row_major"),
     "expert_compute": ("per_expert_gather", "dense_masked"),
+    "dispatch": ("nvlink", "nccl", "allreduce", "none"),
 }  # the tactic stages take any tactic name (tactics.GemmTactic.parse) the GEMM can run
 # Which user-facing field a refusing gate is about (for the one-line error).
 GATE_FIELD = {
@@ -47,11 +49,18 @@ GATE_FIELD = {
 }
 
 
+# What a user can do about a refusing gate, where there is something (appended to the one-line error).
+GATE_HINT = {
+    "ootb_weight_only_quant": "--quant none builds it with the experts dequantized exactly to the model dtype",
+}
+
+
 def _refuse(gates: Sequence[Gate], why: str) -> None:
     for g in gates:
         if not g.held:
+            hint = f"; {GATE_HINT[g.name]}" if g.name in GATE_HINT else ""
             raise UnsupportedCombination(GATE_FIELD.get(g.name, g.name),
-                                         f"{why}: {g.name}={g.value} fails '{g.condition}'", g.name, g.source)
+                                         f"{why}: {g.name}={g.value} fails '{g.condition}'{hint}", g.name, g.source)
 
 
 def _simple(stage: str, fused: str, fallback: str, gates: Sequence[Gate], forced: str | None,
@@ -299,6 +308,32 @@ def _expert_compute(spec: MoESpec, target: Target, forced: str | None) -> StageD
                    else "every expert on every token, masked by the routing weights", force_needs=[nonzero])
 
 
+def _dispatch(spec: MoESpec, path: str, forced: str | None) -> StageDecision:
+    """Expert parallelism's data movement. The plugin path's runner sends each token to the ranks holding its
+    experts and back: written straight into the peers' memory where the ranks share an NVLink domain (seed 004),
+    else the two-phase NCCL all-to-all (seed 003); an OOTB engine has no collective inside, so each rank's engine
+    computes its own experts over every token and the ranks' outputs are summed (an all-reduce)."""
+    ep = R.ep_parallel(spec)
+    if path == "ootb":
+        gates: tuple[Gate, ...] = (ep,)
+        allowed = ("allreduce",) if ep.held else ("none",)
+    else:
+        gates = (ep, R.ep_one_nvlink_domain(spec))
+        allowed = (("nvlink", "nccl") if gates[1].held else ("nccl",)) if ep.held else ("none",)
+    if forced is not None and forced not in allowed:
+        raise MoeBuildError("force", f"dispatch={forced} does not apply to the {path} path with "
+                            f"ep_size={spec.ep_size}", allowed)
+    choice = forced or allowed[0]
+    texts = {"none": "every expert on one GPU",
+             "nvlink": f"rows written straight into the other GPUs' memory over NVLink, and back "
+                       f"({spec.local_experts} experts per rank)",
+             "nccl": f"tokens to the ranks holding their experts and back: counts exchanged first, rows sized "
+                     f"exactly, NCCL all-to-all ({spec.local_experts} experts per rank)",
+             "allreduce": f"each rank's engine computes its {spec.local_experts} experts over every token; "
+                          f"the ranks' outputs are summed"}
+    return StageDecision("dispatch", choice, allowed[-1], gates, forced=forced is not None, summary=texts[choice])
+
+
 def parse_force(items: Iterable[str], field: str = "force") -> dict[str, str]:
     """STAGE=CHOICE items as {stage: choice} (a later item of a stage wins); an item without "=" is refused.
     Which stages and choices exist is make_plan's to check."""
@@ -363,6 +398,7 @@ def make_plan(spec: MoESpec, target: Target, tokens: int = 1,
             layout,
             _tactic("gemm1_tactic", calls["gemm1_tactic"], None, tokens, tactics.get("gemm1_tactic")),
             _tactic("gemm2_tactic", calls["gemm2_tactic"], finalize, tokens, tactics.get("gemm2_tactic")),
+            _dispatch(spec, "plugin", force.get("dispatch")),
         )
         return Plan("plugin", tuple(plugin_gates + checks), stages, tokens, spec.to_dict(), target.to_dict())
     checks = [R.ootb_not_weight_only(spec), R.ootb_sm_below_100(target), R.flavour_targets_sm(target),
@@ -370,5 +406,5 @@ def make_plan(spec: MoESpec, target: Target, tokens: int = 1,
     reason = "; ".join(f"{g.name}={g.value} fails '{g.condition}'" for g in plugin_gates if not g.held)
     _refuse(checks, f"the OOTB path ({reason}) refuses this combination")
     _check_forced("ootb", force)
-    stages = (_expert_compute(spec, target, force.get("expert_compute")),)
+    stages = (_expert_compute(spec, target, force.get("expert_compute")), _dispatch(spec, "ootb", force.get("dispatch")))
     return Plan("ootb", tuple(plugin_gates + checks), stages, tokens, spec.to_dict(), target.to_dict())

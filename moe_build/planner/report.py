@@ -18,8 +18,8 @@ from .plan import MATRIX_STAGES
 from ..spec import DType, MoESpec, Quant
 from ..target import SUPPORTED_SMS, Target
 
-REPORT_SCHEMA_VERSION = "moe-build.fusion-report/3"
-SWEEP_SCHEMA_VERSION = "moe-build.fusion-sweep/3"
+REPORT_SCHEMA_VERSION = "moe-build.fusion-report/4"
+SWEEP_SCHEMA_VERSION = "moe-build.fusion-sweep/4"
 STAGE_TITLES = {
     "routing_prologue": "routing prologue", "expand_rows": "expand rows", "gemm_kernel": "GEMM kernel",
     "fc1_activation": "FC1 activation", "fc2_prequant": "FC2 pre-quant", "finalize": "finalize",
@@ -66,11 +66,22 @@ def _gate_text(d: StageDecision) -> str:
     return f"other choices: {text}" if d.fused and not d.forced else text
 
 
+def _ep_text(spec: dict) -> str:
+    """", expert-parallel over N ranks (rank r): E / N experts each" for a split layer, else nothing."""
+    size = int(spec.get("ep_size", 1))
+    if size == 1:
+        return ""
+    rank = spec.get("ep_rank")
+    which = f" (rank {rank})" if rank is not None else ""
+    return f", expert-parallel over {size} ranks{which}: {int(spec['num_experts']) // size} experts each"
+
+
 def render_table(plan: Plan, console: Console) -> None:
     t = plan.target
     source = str(t.get("flavour_source", ""))
     why = f", as {source[len('target ('):-1]}" if source.startswith("target (") else ""
-    title = (f"MoE fusion plan: {plan.spec.get('name', 'moe')} on sm{t['sm']} ({t['flavour']}{why}), "
+    title = (f"MoE fusion plan: {plan.spec.get('name', 'moe')}{_ep_text(plan.spec)} on sm{t['sm']} "
+             f"({t['flavour']}{why}), "
              f"{plan.tokens} token{'s' if plan.tokens != 1 else ''}")
     console.print(f"[bold]{escape(title)}[/bold]")
     console.print(f"path: [bold]{plan.path}[/bold] ({escape(_path_reason(plan))})")
@@ -87,7 +98,7 @@ def render_table(plan: Plan, console: Console) -> None:
 
 def render_markdown(plan: Plan) -> str:
     t = plan.target
-    lines = [f"# MoE fusion plan: {plan.spec.get('name', 'moe')}", "",
+    lines = [f"# MoE fusion plan: {plan.spec.get('name', 'moe')}{_ep_text(plan.spec)}", "",
              f"- target: sm{t['sm']}, {t['flavour']} {t.get('flavour_version') or ''}".rstrip(),
              f"- tokens: {plan.tokens}", f"- path: **{plan.path}** ({_path_reason(plan)})", "",
              "| stage | choice | fallback | by tokens | failed gates | what runs |", "|---|---|---|---|---|---|"]

@@ -438,6 +438,23 @@ def fc2_quant_in_activation(fc1_activation: str) -> Gate:
                 OURS)
 
 
+# ---- expert parallelism (moe-build's own; TensorRT-LLM's MoE ep_size / ep_rank settings) ----------
+
+# the experts are split over ranks, each rank holding num_experts / ep_size of them: ep_size > 1
+def ep_parallel(s: MoESpec) -> Gate:
+    return Gate("ep_parallel", f"ep_size={s.ep_size} experts_per_rank={s.local_experts}", "ep_size > 1",
+                s.ep_size > 1, OURS)
+
+
+# the ranks map each other's memory over NVLink only within one NVLink domain (an HGX board's 8 GPUs):
+# ep_size <= 8
+EP_NVLINK_DOMAIN = 8
+
+
+def ep_one_nvlink_domain(s: MoESpec) -> Gate:
+    return Gate("ep_nvlink_domain", s.ep_size, f"ep_size <= {EP_NVLINK_DOMAIN}", s.ep_size <= EP_NVLINK_DOMAIN, OURS)
+
+
 # ---- OOTB expert compute ----------------------------------------------------------------------
 
 # dense-masked compute wastes num_experts/top_k: gathering per expert pays once that exceeds 4x

@@ -45,9 +45,11 @@ class PrepareFinalize:
 
     # ---- finalize -------------------------------------------------------------------------
     def weight_and_reduce(self, b: Batch) -> None:
-        """out[t] = sum_j w[t,j] * (gemm2_out[row(t,j)] + b2[ids[t,j]]) (plan finalize=separate)."""
+        """out[t] = sum_j w[t,j] * (gemm2_out[row(t,j)] + b2[ids[t,j]]) over this rank's experts (plan
+        finalize=separate; with expert parallelism the ids of other ranks' experts are out of range)."""
         self.k.finalize(b.v("gemm2_out"), b.topk_weights, b.topk_ids, b.v("unpermuted_to_permuted"),
-                        bias=self.w.b2, deterministic=self.deterministic, out=b.out, stream=b.stream)
+                        bias=self.w.b2, deterministic=self.deterministic, out=b.out, stream=b.stream,
+                        num_experts=self.spec.local_experts)
 
     def shared_experts(self, b: Batch) -> None:
         """out += shared MLP(hidden) (* sigmoid gate), through torch matmuls and our activation kernel."""

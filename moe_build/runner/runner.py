@@ -168,7 +168,7 @@ class MoERunner:
         plan, T) bytes, e.g. TensorRT's, or that buffer already carved by `bind_workspace(flat, T)`)
         replaces the runner's own buffers for this call.
         """
-        x = self._check_hidden(hidden)
+        x = self.check_hidden(hidden)
         T = x.shape[0]
         if out is None:
             out = torch.empty_like(hidden)
@@ -195,7 +195,7 @@ class MoERunner:
         steps, gemm1_tactic, gemm2_tactic = self._call_plan(T, routing_input)
         b = Batch(T, x, out.view(T, -1), views, stream, gemm1_tactic, gemm2_tactic,
                   topk_ids=views["topk_ids"], topk_weights=views["topk_weights"])
-        self._bind_routing(b, router_logits, topk_ids, topk_weights)
+        self.bind_routing(b, router_logits, topk_ids, topk_weights)
         # The caller's tensors are checked above and the rest are the runner's own, right by
         # construction, so the kernel wrappers skip their per-tensor checks.
         with kernels.trusted_tensors():
@@ -208,7 +208,9 @@ class MoERunner:
         return GraphedMoE(self, tokens, routing_input)
 
     # ---- input checks -------------------------------------------------------------------------
-    def _check_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
+    def check_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
+        """`hidden` as [T, H] rows, refused in one line unless contiguous, of this layer's dtype and device, and
+        within max_tokens."""
         H = self.spec.hidden_size
         if hidden.dim() not in (2, 3) or hidden.shape[-1] != H:
             raise MoeBuildError("hidden", f"shape {tuple(hidden.shape)}", f"[T, {H}] or [B, S, {H}]")
@@ -221,8 +223,10 @@ class MoERunner:
                                 f"1..{self.max_tokens}")
         return x
 
-    def _bind_routing(self, b: Batch, logits: torch.Tensor | None, ids: torch.Tensor | None,
-                      weights: torch.Tensor | None) -> None:
+    def bind_routing(self, b: Batch, logits: torch.Tensor | None, ids: torch.Tensor | None,
+                     weights: torch.Tensor | None) -> None:
+        """The caller's pinned routing, checked, into the call: top-k ids / weights copied into b's, or the
+        router logits bound as b.logits (routing then runs on them); nothing where neither is given."""
         T, K, E = b.tokens, self.spec.top_k, self.spec.num_experts
         if (ids is None) != (weights is None):
             raise MoeBuildError("topk_ids", "topk_ids and topk_weights must be given together", "both or neither")

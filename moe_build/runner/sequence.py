@@ -95,9 +95,10 @@ def check_runnable(plan: Plan) -> None:
                             ("fp16", "bf16"))
     if spec.get("lora"):
         raise MoeBuildError("lora", "the runner has no LoRA branch", "false")
-    if spec.get("experts_per_node") not in (None, spec.get("num_experts")):
-        raise MoeBuildError("experts_per_node", "expert-parallel dispatch/combine is not implemented yet",
-                            "all experts on one node")
+    if spec.get("ep_size", 1) > 1 and spec.get("ep_rank") is None:
+        raise MoeBuildError("ep_rank", f"an expert-parallel layer runs one rank per process; this plan is for the "
+                            f"whole group of {spec['ep_size']}", f"a rank's plan (spec.for_rank(r), r in "
+                            f"0..{spec['ep_size'] - 1})")
     c = plan.choices()
     if is_fp8(plan) and (c["fc1_activation"], c["finalize"]) != ("separate", "separate"):
         raise MoeBuildError("fc1_activation/finalize", "the FP8 GEMMs store plainly: their activation and finalize "
@@ -113,15 +114,25 @@ def check_runnable(plan: Plan) -> None:
                             sorted({f"{g}/{f}" for g, f in _GEMM2}))
 
 
+def expert_parallel(plan: Plan) -> bool:
+    """Whether the plan's tokens travel to other ranks' experts (its dispatch stage)."""
+    return plan.stage("dispatch").choice != "none"
+
+
 def kernel_sequence(plan: Plan, tokens: int, routing_input: RoutingInput = "hidden") -> list[str]:
     """The steps one call of `tokens` tokens runs, in launch order.
 
     `routing_input` says what the caller supplied: hidden states only (the router GEMM runs),
-    router logits (routing runs), or precomputed top-k ids/weights (both are skipped).
+    router logits (routing runs), or precomputed top-k ids/weights (both are skipped). An expert-parallel
+    plan's runner computes this rank's experts over the rows dispatched to it, which arrive routed
+    ("topk"); the routing and the shared experts run where the tokens live (runner/expert_parallel.py).
     """
     check_runnable(plan)
     if routing_input not in ("hidden", "logits", "topk"):
         raise MoeBuildError("routing_input", f"unknown value {routing_input!r}", ("hidden", "logits", "topk"))
+    if expert_parallel(plan) and routing_input != "topk":
+        raise MoeBuildError("routing_input", "an expert-parallel rank's experts take dispatched rows, already "
+                            "routed", ("topk",))
     c = plan.choices(tokens)
     steps: list[str] = []
     if routing_input == "hidden":
@@ -140,9 +151,12 @@ def kernel_sequence(plan: Plan, tokens: int, routing_input: RoutingInput = "hidd
         steps += [PROLOGUE_THREE_STEP_ZERO_OUTPUT if zero else PROLOGUE_THREE_STEP, EXPAND_ROWS]
     steps += _GEMM1[(c["gemm_kernel"], c["fc1_activation"])]
     steps += gemm2
-    if plan.spec.get("shared", {}).get("count", 0):
-        steps.append(SHARED_EXPERTS)
-    return steps
+    return steps + _shared_experts(plan)
+
+
+def _shared_experts(plan: Plan) -> list[str]:
+    """The shared experts, where the tokens are: here, unless the experts' rows were dispatched from elsewhere."""
+    return [SHARED_EXPERTS] if plan.spec.get("shared", {}).get("count", 0) and not expert_parallel(plan) else []
 
 
 def _fp8_steps(plan: Plan, c: dict[str, str]) -> list[str]:
@@ -154,16 +168,15 @@ def _fp8_steps(plan: Plan, c: dict[str, str]) -> list[str]:
     steps.append(GEMM1_FP8)
     steps += [FC1_ACTIVATION_FP8] if c["fc2_input_quant"] == "fc1_activation" else [FC1_ACTIVATION, QUANTIZE_FC2_INPUT]
     steps += [GEMM2_FP8, FINALIZE]
-    if plan.spec.get("shared", {}).get("count", 0):
-        steps.append(SHARED_EXPERTS)
-    return steps
+    return steps + _shared_experts(plan)
 
 
 def steps_up_to(plan: Plan, max_tokens: int) -> set[str]:
     """Every step some call of 1..max_tokens tokens may run (what the workspace must cover): the steps at
     the first token count of every band of the token-dependent stages that starts within the range."""
     counts = {max_tokens, *plan.band_edges(max_tokens, starts_only=True)}
-    return set().union(*(kernel_sequence(plan, t) for t in counts))
+    routing_input: RoutingInput = "topk" if expert_parallel(plan) else "hidden"
+    return set().union(*(kernel_sequence(plan, t, routing_input) for t in counts))
 
 
 def plan_weights(plan: Plan, weights: MoEWeights) -> MoEWeights:

@@ -59,7 +59,7 @@ def workspace_layout(spec: MoESpec, steps: set[str], max_tokens: int, *, gemm_wo
         if S.FC1_ACTIVATION not in steps:  # the activation writes GEMM2's FP8 input straight away
             del out["fc1_act"]
     if S.ROUTER_GEMM in steps:
-        out["logits"] = BufferSpec((M, E), dt, 1)
+        out["logits"] = BufferSpec((M, spec.num_experts), dt, 1)  # the router scores every expert
     if S.THREE_STEP_PROLOGUES & steps and three_step_workspace_bytes:
         out["prologue_workspace"] = BufferSpec((three_step_workspace_bytes,), torch.uint8)
     if S.FC1_ACTIVATION in steps or S.FC1_ACTIVATION_FP8 in steps:

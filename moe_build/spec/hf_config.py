@@ -13,7 +13,9 @@ top-level `model_type` so the checkpoint loader knows where those layers live.
 
 FP8 checkpoints set the spec's `quant` and `act_scale` from their quantization description (`_fp8_quant`):
 the experts then stay FP8 from the file to the kernels, so a description that moe-build cannot run
-exactly is refused rather than read as something else.
+exactly is refused rather than read as something else. Weight-only quantized ones (AWQ, compressed-tensors int,
+ModelOpt W4A16/W4A8-AWQ and W8A16, GPT-OSS's MXFP4) set `quant` and `quant_group_size` the same way
+(`_woq_quant`, spec/woq_config.py).
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from typing import Any, Callable, Iterator, Mapping
 from ..errors import MoeBuildError
 from ..jsonfile import read_json_object
 from .layer import ActScale, Activation, DType, MoESpec, Quant, Routing, RoutingMethod, SharedExperts
+from .woq_config import Woq, is_int, woq_description
 
 ConfigSource = Mapping[str, Any] | str | os.PathLike
 
@@ -880,8 +883,8 @@ def _compressed_tensors(q: Mapping[str, Any]) -> _Fp8 | None:
     groups = q.get("config_groups") or {}
     if not isinstance(groups, Mapping):
         raise MoeBuildError("config_groups", f"must be an object, got {groups!r}", "an object of groups")
-    fp8 = [name for name, g in groups.items() if isinstance(g, Mapping) and
-           (_is_float8(g.get("weights")) or _is_float8(g.get("input_activations")))]
+    fp8 = [name for name, g in groups.items() if isinstance(g, Mapping) and  # int weights: woq_config's W4AFP8
+           (_is_float8(g.get("weights")) or (_is_float8(g.get("input_activations")) and not is_int(g.get("weights"))))]
     if not fp8:
         return None
     if len(groups) > 1:
@@ -963,6 +966,24 @@ def _fp8_quant(data: Mapping[str, Any], family: str, source: ConfigSource) -> _F
         return _modelopt(q)
 
 
+def _woq_quant(data: Mapping[str, Any], family: str, source: ConfigSource) -> Woq | None:
+    """(quant, group size, act_scale) of a weight-only quantized checkpoint (spec/woq_config.py), read from the same
+    places as `_fp8_quant`; None where the checkpoint is not weight-only quantized."""
+    text = _text_fields(data, family).data
+    path = ".".join((*_FAMILIES[family].text, "quantization_config"))
+    for where, q in (("quantization_config", data.get("quantization_config")),
+                     (path, text.get("quantization_config"))):
+        if isinstance(q, Mapping):
+            with _prefixed(where):
+                return woq_description(q)
+    stored = _modelopt_file(source)
+    q = None if stored is None else stored.get("quantization")
+    if not isinstance(q, Mapping):
+        return None
+    with _prefixed(f"{MODELOPT_CONFIG} quantization"):
+        return woq_description(q, modelopt_file=True)
+
+
 def _family(data: Mapping[str, Any]) -> str:
     model_type = data.get("model_type")
     if model_type is None:
@@ -1037,6 +1058,9 @@ def spec_from_hf_config(config: ConfigSource) -> MoESpec:
     fields = _text_fields(data, family)
     fp8 = _fp8_quant(data, family, config)
     quant = {} if fp8 is None else dict(quant=fp8[0], act_scale=fp8[1])
+    woq = None if fp8 is not None else _woq_quant(data, family, config)
+    if woq is not None:
+        quant = dict(quant=woq[0], quant_group_size=woq[1], act_scale=woq[2])
     with _keys_of(family):
         spec = _FAMILIES[family].parse(fields)
         try:

@@ -139,7 +139,8 @@ class MoESpec:
     swiglu_limit: float = 7.0                 # swiglu_clamp only
     quant_group_size: int = 128               # group-wise schemes
     lora: bool = False
-    experts_per_node: int | None = None       # None: all experts on one node
+    ep_size: int = 1                          # expert parallelism: the experts split evenly over ep_size ranks
+    ep_rank: int | None = None                # the rank this spec is for; None: the whole group (all experts)
     name: str = "moe"
     family: str = "custom"
 
@@ -149,7 +150,22 @@ class MoESpec:
     # Derived facts -----------------------------------------------------------------
     @property
     def local_experts(self) -> int:
-        return self.experts_per_node if self.experts_per_node is not None else self.num_experts
+        """Experts on one rank (TensorRT-LLM's num_experts_per_node): what the per-rank kernels index."""
+        return self.num_experts // self.ep_size
+
+    @property
+    def first_local_expert(self) -> int:
+        """The global id of this rank's first expert (rank r holds [r * local, (r + 1) * local))."""
+        return (self.ep_rank or 0) * self.local_experts
+
+    @property
+    def stored_experts(self) -> int:
+        """Experts whose weights a layer of this spec holds: one rank's, or all where ep_rank is None."""
+        return self.local_experts if self.ep_rank is not None else self.num_experts
+
+    def for_rank(self, rank: int) -> "MoESpec":
+        """This layer as rank `rank` of its expert-parallel group runs it."""
+        return dataclasses.replace(self, ep_rank=rank)
 
     @property
     def out_dtype(self) -> OutputDType:
@@ -207,7 +223,7 @@ def _plain(value: Any) -> Any:
 # a TensorRT dimension holds.
 MAX_SIZES = {"hidden_size": 1 << 16, "intermediate_size": 1 << 18, "num_experts": 1024, "top_k": 64,
              "quant_group_size": 1 << 12, "num_groups": 1024, "topk_groups": 1024, "shared_count": 64,
-             "shared_intermediate_size": 1 << 20, "experts_per_node": 1024}
+             "shared_intermediate_size": 1 << 20, "ep_size": 1024}
 
 
 def _positive(name: str, value: int) -> None:
@@ -231,11 +247,14 @@ def validate(spec: MoESpec) -> None:
     if spec.top_k > spec.num_experts:
         raise MoeBuildError("top_k", f"{spec.top_k} exceeds num_experts={spec.num_experts}",
                             f"1..{spec.num_experts}")
-    if spec.experts_per_node is not None:
-        _positive("experts_per_node", spec.experts_per_node)
-        if spec.num_experts % spec.experts_per_node:
-            raise MoeBuildError("experts_per_node", f"{spec.experts_per_node} does not divide "
-                                f"num_experts={spec.num_experts}", "divisors of num_experts")
+    _positive("ep_size", spec.ep_size)
+    if spec.num_experts % spec.ep_size:
+        raise MoeBuildError("ep_size", f"{spec.ep_size} does not divide num_experts={spec.num_experts}",
+                            "divisors of num_experts")
+    if spec.ep_rank is not None and (isinstance(spec.ep_rank, bool) or not isinstance(spec.ep_rank, int)
+                                     or not 0 <= spec.ep_rank < spec.ep_size):
+        raise MoeBuildError("ep_rank", f"{spec.ep_rank!r} is not a rank of ep_size={spec.ep_size}",
+                            f"0..{spec.ep_size - 1}")
     r = spec.routing
     _positive("num_groups", r.num_groups)
     _positive("topk_groups", r.topk_groups)

@@ -36,7 +36,8 @@ def config_path(checkpoint: str | Path) -> Path:
 def resolve_spec(checkpoint: str | Path | None = None, preset: str | None = None, *, hidden: int | None = None,
                  inter: int | None = None, experts: int | None = None, top_k: int | None = None,
                  activation: str | None = None, dtype: str | None = None, quant: str | None = None,
-                 output_dtype: str | None = None, lora: bool | None = None, experts_per_node: int | None = None,
+                 output_dtype: str | None = None, lora: bool | None = None, ep_size: int | None = None,
+                 ep_rank: int | None = None,
                  fp8_input: bool | None = None) -> MoESpec:
     """Base spec (checkpoint > preset > flags > embedded default), then the flags as overrides."""
     if checkpoint is not None and preset is not None:
@@ -45,7 +46,7 @@ def resolve_spec(checkpoint: str | Path | None = None, preset: str | None = None
         hidden_size=hidden, intermediate_size=inter, num_experts=experts, top_k=top_k,
         activation=parse_enum("activation", Activation, activation), dtype=parse_enum("dtype", DType, dtype),
         quant=parse_enum("quant", Quant, quant), output_dtype=parse_enum("output_dtype", OutputDType, output_dtype),
-        lora=lora or None, experts_per_node=experts_per_node, fp8_input=fp8_input or None)
+        lora=lora or None, ep_size=ep_size, ep_rank=ep_rank, fp8_input=fp8_input or None)
     if checkpoint is not None:
         from .hf_config import spec_from_hf_config
         base = spec_from_hf_config(config_path(checkpoint))

@@ -13,6 +13,9 @@ here exactly) and DBRX (experts as [E * I, H] slices) have loaders of their own.
 
 FP8 checkpoints (the spec's quant fp8 or fp8_block, from the config) keep their routed experts in FP8, read by
 `fp8_checkpoint` at the same places of the same layouts; their shared experts are dequantized to the model dtype.
+Weight-only quantized checkpoints (w4a16_awq, w8a16, w4afp8, wfp4a16) keep their routed experts packed, read by
+`woq_checkpoint` into woq.py's canonical form; GPT-OSS's MXFP4 experts stay MXFP4 (wfp4a16) unless the spec's quant
+is overridden to none, when they are dequantized exactly (woq.dequantize_matrix); shared experts are dequantized.
 """
 from __future__ import annotations
 
@@ -29,17 +32,16 @@ from safetensors import SafetensorError, safe_open
 from ..errors import MoeBuildError
 from ..jsonfile import read_json_object
 from ..spec.hf_config import select_moe_layers, spec_from_hf_config
-from ..spec import MoESpec
+from ..spec import MoESpec, Quant
 from .fp8 import Fp8Scales
 from .fp8_checkpoint import Part, dense_weight, fp8_experts, is_fp8
 from .layout import MoEWeights
+from .woq import MXFP4_GROUP, WoqKind, WoqWeights
+from .woq_checkpoint import is_woq, mxfp4_matrix, woq_dense_weight, woq_experts
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 _FLOAT_DTYPES = ("F32", "F16", "BF16")  # safetensors names of plain float32/float16/bfloat16
-# FP4 (e2m1) code points, indexed by the 4-bit code; MXFP4 packs two per byte, low nibble first
-_FP4_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
-_MXFP4_BLOCK = 32  # values sharing one power-of-two scale
 
 
 @dataclass(frozen=True)
@@ -156,7 +158,8 @@ class _Checkpoint:
 
 
 _Pair = tuple[torch.Tensor, torch.Tensor]
-_Experts = tuple[torch.Tensor, torch.Tensor, Fp8Scales | None]  # w1, w2 and, for FP8 experts, their scales
+# w1, w2 and, for FP8 experts, their scales; for weight-only quantized ones, the WoqWeights w1 / w2 belong to
+_Experts = tuple[torch.Tensor, torch.Tensor, Fp8Scales | WoqWeights | None]
 
 
 def _join(*parts: str) -> str:
@@ -210,6 +213,11 @@ def _per_expert(ck: _Checkpoint, base: str, names: tuple[str, str, str], spec: M
     """w1 [E, 2I, H] and w2 [E, H, I] from 2-D per-expert gate/up/down matrices."""
     H, I = spec.hidden_size, spec.intermediate_size
     gate, up, down = names
+    if is_woq(spec):
+        def woq_part(name: str, shape: tuple[int, int]) -> Part:
+            return Part(tuple(f"{base}.{e}.{name}.weight" for e in range(spec.num_experts)), shape)
+        q = woq_experts(ck, [woq_part(gate, (I, H)), woq_part(up, (I, H))], woq_part(down, (H, I)), spec)
+        return q.w1, q.w2, q
     if is_fp8(spec):
         def part(name: str, shape: tuple[int, int]) -> Part:
             return Part(tuple(f"{base}.{e}.{name}.weight" for e in range(spec.num_experts)), shape)
@@ -227,6 +235,8 @@ def _routed_experts(ck: _Checkpoint, layout: _Layout, block: str, spec: MoESpec)
     E, H, I = spec.num_experts, spec.hidden_size, spec.intermediate_size
     for fused in layout.fused:
         gate_up, down = _join(block, fused.gate_up), _join(block, fused.down)
+        if is_woq(spec) and ck.has(gate_up):  # refused by name: weight-only experts are read per expert
+            woq_experts(ck, [Part((gate_up,), (E, 2 * I, H))], Part((down,), (E, H, I)), spec)
         if fused.up is not None and ck.has(gate_up):
             up = _join(block, fused.up)
             if is_fp8(spec):
@@ -264,13 +274,18 @@ def _shared_mlp(ck: _Checkpoint, layout: _Layout, layer: str, module: str, spec:
         gate_up, down = layout.shared_fused
         base = next((b for b in bases if ck.has(f"{b}.{gate_up}.weight")), None)
         if base is not None:
-            return (dense_weight(ck, f"{base}.{gate_up}.weight", (2 * Is, H), spec),
-                    dense_weight(ck, f"{base}.{down}.weight", (H, Is), spec))
+            return (_dense_weight(ck, f"{base}.{gate_up}.weight", (2 * Is, H), spec),
+                    _dense_weight(ck, f"{base}.{down}.weight", (H, Is), spec))
     gate, up, down = layout.shared_proj
     base = _first(ck, [f"{b}.{gate}.weight" for b in bases]).removesuffix(f".{gate}.weight")
-    w1 = torch.cat([dense_weight(ck, f"{base}.{gate}.weight", (Is, H), spec),
-                    dense_weight(ck, f"{base}.{up}.weight", (Is, H), spec)])
-    return w1, dense_weight(ck, f"{base}.{down}.weight", (H, Is), spec)
+    w1 = torch.cat([_dense_weight(ck, f"{base}.{gate}.weight", (Is, H), spec),
+                    _dense_weight(ck, f"{base}.{up}.weight", (Is, H), spec)])
+    return w1, _dense_weight(ck, f"{base}.{down}.weight", (H, Is), spec)
+
+
+def _dense_weight(ck: _Checkpoint, name: str, shape: tuple[int, int], spec: MoESpec) -> torch.Tensor:
+    """A dense MLP weight beside the experts, dequantized to the model dtype where it is stored quantized."""
+    return woq_dense_weight(ck, name, shape, spec) if is_woq(spec) else dense_weight(ck, name, shape, spec)
 
 
 def _find_block(ck: _Checkpoint, layout: _Layout, index: int) -> tuple[str, str, str]:
@@ -289,8 +304,10 @@ def _load_layout(layout: _Layout) -> Callable[[_Checkpoint, int, MoESpec], MoEWe
         block = _join(layer, module)
         router = ck.get(router_name, (E, H))
         router_bias = ck.get(_join(block, layout.router_bias), (E,)) if spec.routing.router_bias else None
-        w1, w2, fp8 = _routed_experts(ck, layout, block, spec)
-        w = MoEWeights(router_weight=router, router_bias=router_bias, w1=w1, w2=w2, fp8=fp8)
+        w1, w2, quant = _routed_experts(ck, layout, block, spec)
+        w = MoEWeights(router_weight=router, router_bias=router_bias, w1=w1, w2=w2,
+                       fp8=quant if isinstance(quant, Fp8Scales) else None,
+                       woq=quant if isinstance(quant, WoqWeights) else None)
         if spec.expert_bias:
             w.b1 = ck.get(_join(block, layout.expert_bias[0]), (E, spec.fc1_out_features))
             w.b2 = ck.get(_join(block, layout.expert_bias[1]), (E, H))
@@ -314,48 +331,40 @@ def _deinterleave_rows(w: torch.Tensor) -> torch.Tensor:
     return torch.cat([w[:, 0::2], w[:, 1::2]], dim=1).contiguous()
 
 
-def _mxfp4(ck: _Checkpoint, name: str, rows: int, cols: int, experts: int, dtype: torch.dtype) -> torch.Tensor:
-    """Dequantize `name`_blocks [E, rows, cols/32, 16] u8 + `name`_scales [E, rows, cols/32] u8 (exponent
-    biased by 127) to [E, rows, cols]. Exact in bf16/fp32: FP4 values times powers of two."""
-    if cols % _MXFP4_BLOCK:
-        raise MoeBuildError(name + "_blocks", f"{cols} columns are not whole MXFP4 blocks", "multiples of 32")
-    groups = cols // _MXFP4_BLOCK
-    blocks = ck.get(name + "_blocks", (experts, rows, groups, _MXFP4_BLOCK // 2), ("U8",))
-    scales = ck.get(name + "_scales", (experts, rows, groups), ("U8",))
-    lut = torch.tensor(_FP4_E2M1, dtype=torch.float32)
-    out = torch.empty(experts, rows, cols, dtype=dtype)
-    for e in range(experts):  # one expert at a time bounds the fp32 scratch to one matrix
-        codes = torch.stack([blocks[e] & 0x0F, blocks[e] >> 4], dim=-1).long()
-        values = lut[codes].reshape(rows, groups, _MXFP4_BLOCK)
-        out[e] = torch.ldexp(values, scales[e].int().unsqueeze(-1) - 127).reshape(rows, cols).to(dtype)
-    return out
-
-
-def _gpt_oss_experts(ck: _Checkpoint, base: str, spec: MoESpec, dtype: torch.dtype) -> _Pair:
-    """w1 [E, 2I, H] with gate/up rows still interleaved, and w2 [E, H, I].
-
-    Plain checkpoints hold x @ W matrices (gate_up_proj [E, H, 2I], down_proj [E, I, H]); the
-    released MXFP4 ones hold nn.Linear-oriented blocks ([E, 2I, H/32, 16] and [E, H, I/32, 16]).
-    """
+def _gpt_oss_mxfp4(ck: _Checkpoint, base: str, spec: MoESpec, b1: torch.Tensor) -> tuple[WoqWeights | None, _Pair]:
+    """Released GPT-OSS experts, MXFP4 in nn.Linear orientation (gate_up_proj_blocks [E, 2I, H/32, 16] with gate and
+    up rows interleaved, down_proj_blocks [E, H, I/32, 16]): kept as canonical MXFP4 (wfp4a16) with W1's rows put in
+    canonical order (whole rows move, so every byte and exponent stays as stored), or, where the spec's quant was
+    overridden to none, dequantized exactly to the dtype of the (never quantized) biases."""
     E, H, I = spec.num_experts, spec.hidden_size, spec.intermediate_size
-    if not ck.has(f"{base}.gate_up_proj") and ck.has(f"{base}.gate_up_proj_blocks"):
-        return _mxfp4(ck, f"{base}.gate_up_proj", 2 * I, H, E, dtype), _mxfp4(ck, f"{base}.down_proj", H, I, E, dtype)
-    w1 = ck.get(f"{base}.gate_up_proj", (E, H, 2 * I)).transpose(1, 2)
-    return w1, ck.get(f"{base}.down_proj", (E, I, H)).transpose(1, 2).contiguous()
+    q1, s1 = (_deinterleave_rows(t) for t in mxfp4_matrix(ck, f"{base}.gate_up_proj", 2 * I, H, E))
+    q2, s2 = mxfp4_matrix(ck, f"{base}.down_proj", H, I, E)
+    woq = WoqWeights(WoqKind.MXFP4, MXFP4_GROUP, q1, q2, s1, s2)
+    if spec.quant is Quant.WFP4A16:
+        return woq, (woq.w1, woq.w2)
+    if spec.quant is not Quant.NONE:
+        raise MoeBuildError("quant", f"{spec.quant.value}: GPT-OSS's experts are stored MXFP4", "wfp4a16, none")
+    return None, (woq.dense("w1", b1.dtype), woq.dense("w2", b1.dtype))
 
 
 def _load_gpt_oss(ck: _Checkpoint, index: int, spec: MoESpec) -> MoEWeights:
-    """GPT-OSS: router with bias; fused experts with interleaved gate/up and per-expert biases.
-    MXFP4 experts are dequantized to the dtype of their (never quantized) biases."""
+    """GPT-OSS: router with bias; fused experts with interleaved gate/up and per-expert biases. Plain checkpoints
+    hold x @ W matrices (gate_up_proj [E, H, 2I], down_proj [E, I, H]); released ones MXFP4 (`_gpt_oss_mxfp4`)."""
     block = f"model.layers.{index}.mlp"
     E, H, I = spec.num_experts, spec.hidden_size, spec.intermediate_size
     router = ck.get(f"{block}.router.weight", (E, H))
     router_bias = ck.get(f"{block}.router.bias", (E,))
     b1 = ck.get(f"{block}.experts.gate_up_proj_bias", (E, 2 * I))
     b2 = ck.get(f"{block}.experts.down_proj_bias", (E, H))
-    w1, w2 = _gpt_oss_experts(ck, f"{block}.experts", spec, b1.dtype)
-    return MoEWeights(router_weight=router, router_bias=router_bias, w1=_deinterleave_rows(w1), b1=_deinterleave(b1),
-                      w2=w2, b2=b2)
+    base = f"{block}.experts"
+    woq = None
+    if spec.quant is Quant.WFP4A16 or (not ck.has(f"{base}.gate_up_proj") and ck.has(f"{base}.gate_up_proj_blocks")):
+        woq, (w1, w2) = _gpt_oss_mxfp4(ck, base, spec, b1)
+    else:
+        w1 = _deinterleave_rows(ck.get(f"{base}.gate_up_proj", (E, H, 2 * I)).transpose(1, 2))
+        w2 = ck.get(f"{base}.down_proj", (E, I, H)).transpose(1, 2).contiguous()
+    return MoEWeights(router_weight=router, router_bias=router_bias, w1=w1, b1=_deinterleave(b1), w2=w2, b2=b2,
+                      woq=woq)
 
 
 def _load_dbrx(ck: _Checkpoint, index: int, spec: MoESpec) -> MoEWeights:

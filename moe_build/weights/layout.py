@@ -9,6 +9,8 @@ Layout (nn.Linear convention: [out_features, in_features]):
 - w1 [E, N1, H] with N1 = 2*I for gated activations: rows [0, I) are the gate, rows [I, 2I) the up projection
 - b1 [E, N1] or None
 - w2 [E, H, I]; b2 [E, H] or None
+- weight-only quantized experts (`woq`, moe_build/weights/woq.py): w1 / w2 are its packed int4 / int8 / MXFP4
+  data (the same tensors as woq.w1 / woq.w2), dequantized only by `dequantized()`
 - shared_w1 [N1s, H] (gate rows then up rows), shared_w2 [H, Is], shared_gate [1, H] or None
 - fp8: None, or the scales of FP8 experts (w1 / w2 then float8_e4m3fn; moe_build/weights/fp8.py). The
   router, biases and shared experts stay in the model dtype.
@@ -27,6 +29,7 @@ import torch
 from ..spec import MoESpec
 from .blocks import BLOCK, blocks_fit
 from .fp8 import FP8_DTYPE, Fp8Scales, ScaleGranularity, quantize_weight
+from .woq import WoqWeights
 
 
 def interleave_gate_up(w1: torch.Tensor) -> torch.Tensor:
@@ -68,9 +71,11 @@ class MoEWeights:
     shared_w2: torch.Tensor | None = None
     shared_gate: torch.Tensor | None = None
     fp8: Fp8Scales | None = None
+    # weight-only quantized experts (woq.py): w1 / w2 above are then the same packed tensors as woq.w1 / woq.w2
+    woq: WoqWeights | None = None
 
     def named(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Every tensor, FP8 scales included (as fp8.w1_scale, ...)."""
+        """Every tensor, FP8 scales included (as fp8.w1_scale, ...), weight-only scales as woq.w1_scale, ..."""
         for f in fields(self):
             t = getattr(self, f.name)
             if isinstance(t, torch.Tensor):
@@ -80,19 +85,24 @@ class MoEWeights:
                 t = getattr(self.fp8, name)
                 if t is not None:
                     yield f"fp8.{name}", t
+        if self.woq is not None:
+            yield from ((f"woq.{n}", t) for n, t in self.woq.named() if n not in ("w1", "w2"))
 
     def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> "MoEWeights":
         """Copy to a device/dtype; routing-selection tensors (correction bias) keep fp32 or wider, FP8
-        expert weights stay FP8 and their scales fp32."""
+        expert weights stay FP8 and their scales fp32, weight-only quantized ones keep every stored dtype."""
         out: dict[str, object] = {}
+        woq = None if self.woq is None else self.woq.map(lambda t: t.to(device=device))
         for f in fields(self):
             t = getattr(self, f.name)
-            if not isinstance(t, torch.Tensor):
+            if not isinstance(t, torch.Tensor) or (woq is not None and f.name in ("w1", "w2")):
                 continue
             keep = f.name == "correction_bias" and dtype is not None and dtype != torch.float64
             fp8 = t.dtype == FP8_DTYPE
             out[f.name] = t.to(device=device, dtype=None if fp8 else torch.float32 if keep else dtype)
-        return MoEWeights(**out, fp8=None if self.fp8 is None else self.fp8.to(device))
+        if woq is not None:
+            out.update(w1=woq.w1, w2=woq.w2)
+        return MoEWeights(**out, fp8=None if self.fp8 is None else self.fp8.to(device), woq=woq)
 
     def contiguous(self) -> "MoEWeights":
         """These weights with every tensor (FP8 scales included) contiguous."""
@@ -102,7 +112,10 @@ class MoEWeights:
         if fp8 is not None:
             fp8 = replace(fp8, **{n: None if getattr(fp8, n) is None else getattr(fp8, n).contiguous()
                                   for n in ("w1_scale", "w2_scale", "a1_scale", "a2_scale")})
-        return replace(self, **out, fp8=fp8)
+        woq = None if self.woq is None else self.woq.map(torch.Tensor.contiguous)
+        if woq is not None:
+            out.update(w1=woq.w1, w2=woq.w2)
+        return replace(self, **out, fp8=fp8, woq=woq)
 
     def fp8_channel_scales(self) -> "MoEWeights":
         """FP8 weights whose per-tensor scales are repeated per output row (CHANNEL granularity, the same
@@ -120,7 +133,9 @@ class MoEWeights:
         """These weights on `device` in `dtype`, FP8 experts dequantized (for references and peers, never for a
         runner): each e4m3 value times its fp32 scale, exact in fp64, rounded once to `dtype`; one expert at a
         time, so no float copy of every expert exists beside the result (DeepSeek-V3's would be tens of GB)."""
-        base = self.to(device, dtype)  # FP8 W1 / W2 move as they are
+        base = self.to(device, dtype)  # FP8 and weight-only quantized W1 / W2 move as they are
+        if base.woq is not None:
+            return replace(base, woq=None, w1=base.woq.dense("w1", dtype), w2=base.woq.dense("w2", dtype))
         f = base.fp8
         if f is None:
             return base
@@ -144,6 +159,20 @@ class MoEWeights:
         a2 = torch.tensor(a2_scale, dtype=torch.float32, device=s1.device) if static else None
         return replace(self, w1=w1, w2=w2, fp8=Fp8Scales(granularity, s1, s2, a1, a2))
 
+    def for_rank(self, spec: MoESpec, rank: int) -> "MoEWeights":
+        """The weights rank `rank` of `spec`'s expert-parallel group holds: its experts' W1 / b1 / W2 / b2 (and
+        FP8 weight scales), the router and shared experts whole (every rank routes and runs the shared experts
+        for its own tokens). Views, not copies."""
+        n, first = spec.local_experts, rank * spec.local_experts
+        mine = slice(first, first + n)
+
+        def cut(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t[mine]
+
+        fp8 = None if self.fp8 is None else replace(self.fp8, w1_scale=self.fp8.w1_scale[mine],
+                                                     w2_scale=self.fp8.w2_scale[mine])
+        return replace(self, w1=self.w1[mine], w2=self.w2[mine], b1=cut(self.b1), b2=cut(self.b2), fp8=fp8)
+
     def gate_up_interleaved(self) -> "MoEWeights":
         """These weights with W1 / b1 in `interleave_gate_up`'s order (the sm90 gated epilogue's)."""
         return replace(self, w1=interleave_gate_up(self.w1),
@@ -157,12 +186,13 @@ class MoEWeights:
         """Raise MoeBuildError naming the first tensor whose shape does not fit `spec`."""
         from ..errors import MoeBuildError
         E, H, I = spec.num_experts, spec.hidden_size, spec.intermediate_size
+        S = spec.stored_experts  # one rank's experts (ep_rank set), else all
         n1 = spec.fc1_out_features
         want: dict[str, tuple[int, ...] | None] = {
-            "router_weight": (E, H), "w1": (E, n1, H), "w2": (E, H, I),
+            "router_weight": (E, H), "w1": (S, n1, H), "w2": (S, H, I),
             "router_bias": (E,) if spec.routing.router_bias else None,
             "correction_bias": (E,) if spec.routing.correction_bias else None,
-            "b1": (E, n1) if spec.expert_bias else None, "b2": (E, H) if spec.expert_bias else None,
+            "b1": (S, n1) if spec.expert_bias else None, "b2": (S, H) if spec.expert_bias else None,
         }
         if spec.shared.count:
             si = spec.shared.intermediate_size
@@ -171,6 +201,9 @@ class MoEWeights:
         else:
             want.update(shared_w1=None, shared_w2=None, shared_gate=None)
         self._check_fp8(spec)
+        self._check_woq(spec)
+        if self.woq is not None:  # W1 / W2 are the packed data, checked by _check_woq
+            want.pop("w1"), want.pop("w2")
         for name, shape in want.items():
             t = getattr(self, name)
             if shape is None and t is not None:
@@ -178,6 +211,43 @@ class MoEWeights:
             if shape is not None and (t is None or tuple(t.shape) != shape):
                 got = None if t is None else tuple(t.shape)
                 raise MoeBuildError(name, f"shape {got} does not match the spec", f"shape {shape}")
+
+    def _check_woq(self, spec: MoESpec) -> None:
+        """Weight-only quantized experts present exactly where the spec's quant says so, of its kind, shapes and
+        scales (woq.py's contract; WoqWeights validated its own consistency when it was made)."""
+        from ..errors import MoeBuildError
+        from ..spec import ActScale, Quant
+        from .woq import WoqKind
+        kinds = {Quant.W4A16_AWQ: WoqKind.INT4, Quant.W4AFP8: WoqKind.INT4, Quant.W8A16: WoqKind.INT8,
+                 Quant.WFP4A16: WoqKind.MXFP4}
+        q = self.woq
+        if q is None:
+            if spec.quant in kinds:
+                raise MoeBuildError("w1", f"quant={spec.quant.value} needs weight-only quantized expert weights",
+                                    f"{kinds[spec.quant].value} W1 / W2 with their scales (moe_build/weights/woq.py)")
+            return
+        if kinds.get(spec.quant) is not q.kind:
+            raise MoeBuildError("quant", f"{q.kind.value} expert weights given for quant={spec.quant.value}",
+                                [k.value for k, v in kinds.items() if v is q.kind])
+        if self.w1 is not q.w1 or self.w2 is not q.w2:
+            raise MoeBuildError("w1", "W1 / W2 are not the weight-only quantized data woq holds", "woq.w1 / woq.w2")
+        grouped = q.kind is not WoqKind.INT8 and q.group_size is not None
+        if grouped and q.group_size != spec.quant_group_size:
+            raise MoeBuildError("quant_group_size", f"{spec.quant_group_size} but the weights are quantized in groups "
+                                f"of {q.group_size}", str(q.group_size))
+        static = spec.quant is Quant.W4AFP8 and spec.act_scale is ActScale.STATIC
+        if (q.a1_scale is not None) != static:
+            raise MoeBuildError("act_scale", f"quant={spec.quant.value} act_scale={spec.act_scale.value} but the "
+                                f"weights carry {'static FP8 input' if q.a1_scale is not None else 'no input'} "
+                                "scales", "a1_scale / a2_scale exactly for w4afp8 with static activations")
+        if q.fc1_act_scale is not None and not spec.quant.has_act_prequant_scales:
+            raise MoeBuildError("woq.fc1_act_scale", f"AWQ pre-quant scales given for quant={spec.quant.value}",
+                                "w4a16_awq, w4afp8")
+        n1, H, I, E = spec.fc1_out_features, spec.hidden_size, spec.intermediate_size, spec.num_experts
+        for name, shape in q.expected_shapes(E, n1, H, I).items():
+            t = getattr(q, name)
+            if t is not None and tuple(t.shape) != shape:
+                raise MoeBuildError(f"woq.{name}", f"shape {tuple(t.shape)} does not match the spec", f"shape {shape}")
 
     def _check_fp8(self, spec: MoESpec) -> None:
         from ..errors import MoeBuildError
@@ -203,7 +273,7 @@ class MoEWeights:
             t = getattr(self, name)
             if t.dtype != FP8_DTYPE:
                 raise MoeBuildError(name, f"dtype {t.dtype} with FP8 scales", "float8_e4m3fn")
-        n1, H, I, E = spec.fc1_out_features, spec.hidden_size, spec.intermediate_size, spec.num_experts
+        n1, H, I, E = spec.fc1_out_features, spec.hidden_size, spec.intermediate_size, spec.stored_experts
         for name, shape in f.expected_shapes(E, n1, H, I).items():
             got = tuple(getattr(f, name).shape)
             if got != shape:
@@ -240,3 +310,4 @@ class MoEWeights:
             if spec.shared.sigmoid_gate:
                 w.shared_gate = rnd(1, H, fan_in=H)
         return w
+

@@ -1,4 +1,6 @@
-// Finalize: out[t] = sum_j w[t,j] * (gemm2_out[unpermuted_to_permuted[t*K + j]] + b2[ids[t,j]]).
+// Finalize: out[t] = sum_j w[t,j] * (gemm2_out[unpermuted_to_permuted[t*K + j]] + b2[ids[t,j]]), over the pairs
+// whose expert is on this rank (0 <= ids[t,j] < num_experts; with num_experts 0, every pair): under expert
+// parallelism the others were sorted past this rank's rows (their gemm2_out rows hold nothing) and are skipped.
 // Each lane sums its column vectors of a token in fp32, j ascending, acc = fmaf(w, x, acc). A
 // gather has no cross-thread reduction at all, so its order is fixed: the deterministic and the
 // non-deterministic requests run this same kernel and are bit-identical.
@@ -18,11 +20,12 @@
 
 namespace {
 
-template <typename T, int VEC, int KB, int VPT, bool BIAS, bool STREAM>
+template <typename T, int VEC, int KB, int VPT, bool BIAS, bool LOCAL, bool STREAM>
 __global__ void __launch_bounds__(mb::kStageThreads)
 finalize_kernel(const T* __restrict__ gemm2_out, const T* __restrict__ b2, const float* __restrict__ topk_weights,
                 const int32_t* __restrict__ topk_ids, const int32_t* __restrict__ unpermuted_to_permuted,
-                int num_tokens, int hidden, int top_k, int vpl, int64_t chunks, T* __restrict__ out) {
+                int num_tokens, int hidden, int top_k, int num_experts, int vpl, int64_t chunks,
+                T* __restrict__ out) {
   using R = mb::Raw<T, VEC>;
   const int lane = threadIdx.x % 32;
   const int64_t nvec = hidden / VEC;
@@ -46,26 +49,26 @@ finalize_kernel(const T* __restrict__ gemm2_out, const T* __restrict__ b2, const
         const int64_t el = static_cast<int64_t>(t) * top_k + min(j0 + lane % KB, top_k - 1);
         const int row_l = unpermuted_to_permuted[el];
         const float w_l = topk_weights[el];
-        const int id_l = BIAS ? topk_ids[el] : 0;
+        const int id_l = BIAS || LOCAL ? topk_ids[el] : 0;
         float w[KB];
+        bool here[KB];  // the pair exists and its expert is on this rank
         const R* src[KB];
         const R* bias[KB];
 #pragma unroll
         for (int jj = 0; jj < KB; ++jj) {
           w[jj] = __shfl_sync(0xffffffffu, w_l, jj);
           const int row = __shfl_sync(0xffffffffu, row_l, jj);
+          const int id = __shfl_sync(0xffffffffu, id_l, jj);
+          here[jj] = j0 + jj < top_k && (!LOCAL || (id >= 0 && id < num_experts));
           src[jj] = reinterpret_cast<const R*>(gemm2_out + static_cast<int64_t>(row) * hidden);
-          if constexpr (BIAS) {
-            const int id = __shfl_sync(0xffffffffu, id_l, jj);
-            bias[jj] = reinterpret_cast<const R*>(b2 + static_cast<int64_t>(id) * hidden);
-          }
+          if constexpr (BIAS) bias[jj] = reinterpret_cast<const R*>(b2 + static_cast<int64_t>(id) * hidden);
         }
         R x[KB][VPT], b[KB][VPT];
 #pragma unroll
         for (int jj = 0; jj < KB; ++jj) {
 #pragma unroll
           for (int i = 0; i < VPT; ++i) {
-            if (j0 + jj >= top_k || !mine(i)) continue;
+            if (!here[jj] || !mine(i)) continue;
             x[jj][i] = mb::load_raw<STREAM>(src[jj] + v0 + i * 32);
             if constexpr (BIAS) b[jj][i] = bias[jj][v0 + i * 32];
           }
@@ -74,7 +77,7 @@ finalize_kernel(const T* __restrict__ gemm2_out, const T* __restrict__ b2, const
         for (int jj = 0; jj < KB; ++jj) {
 #pragma unroll
           for (int i = 0; i < VPT; ++i) {
-            if (j0 + jj >= top_k || !mine(i)) continue;
+            if (!here[jj] || !mine(i)) continue;
 #pragma unroll
             for (int k = 0; k < VEC; ++k) {
               float xk = mb::raw_f32<T>(x[jj][i], k);
@@ -97,16 +100,19 @@ finalize_kernel(const T* __restrict__ gemm2_out, const T* __restrict__ b2, const
 
 extern "C" mb_status mb_finalize(const void* gemm2_out, int dtype, const void* b2, const float* topk_weights,
                                  const int32_t* topk_ids, const int32_t* unpermuted_to_permuted, int num_tokens,
-                                 int hidden, int top_k, int deterministic, void* out, cudaStream_t stream) {
+                                 int hidden, int top_k, int num_experts, int deterministic, void* out,
+                                 cudaStream_t stream) {
   (void)deterministic;  // both modes are the fixed-order gather (see the top of this file)
   const char* who = "mb_finalize";
   MB_REQUIRE(num_tokens >= 0, "%s: num_tokens must be >= 0, got %d", who, num_tokens);
   MB_REQUIRE(hidden >= 1, "%s: hidden must be >= 1, got %d", who, hidden);
   MB_REQUIRE(top_k >= 1, "%s: top_k must be >= 1, got %d", who, top_k);
+  MB_REQUIRE(num_experts >= 0, "%s: num_experts must be >= 0, got %d", who, num_experts);
   if (num_tokens == 0) return mb::dispatch_dtype(dtype, who, [](auto) { return MB_OK; });
   MB_REQUIRE(gemm2_out && topk_weights && unpermuted_to_permuted && out,
              "%s: gemm2_out, topk_weights, unpermuted_to_permuted and out must be non-NULL", who);
-  MB_REQUIRE(!b2 || topk_ids, "%s: topk_ids must be non-NULL when b2 is given", who);
+  MB_REQUIRE((!b2 && num_experts == 0) || topk_ids, "%s: topk_ids must be non-NULL when b2 or num_experts is given",
+             who);
   return mb::dispatch_dtype(dtype, who, [&](auto tag) {
     using T = typename decltype(tag)::type;
     constexpr int kWide = 16 / sizeof(T);
@@ -119,19 +125,25 @@ extern "C" mb_status mb_finalize(const void* gemm2_out, int dtype, const void* b
     const bool stream_rows = wide && mb::streams_past_l2(static_cast<int64_t>(num_tokens) * top_k * hidden *
                                                          static_cast<int64_t>(sizeof(T)));
     // Separate kernels with and without bias: the bias vectors double the registers of a batch.
-    auto launch = [&](auto vec_const, auto kb_const, auto bias_const, auto stream_const) {
+    auto launch = [&](auto vec_const, auto kb_const, auto bias_const, auto local_const, auto stream_const) {
       constexpr int VEC = decltype(vec_const)::value;
       constexpr int KB = decltype(kb_const)::value;
       constexpr bool BIAS = decltype(bias_const)::value;
+      constexpr bool LOCAL = decltype(local_const)::value;
       constexpr bool STREAM = decltype(stream_const)::value;
-      finalize_kernel<T, VEC, KB, 8 / KB, BIAS, STREAM><<<shape.grid, mb::kStageThreads, 0, stream>>>(
+      finalize_kernel<T, VEC, KB, 8 / KB, BIAS, LOCAL, STREAM><<<shape.grid, mb::kStageThreads, 0, stream>>>(
           static_cast<const T*>(gemm2_out), static_cast<const T*>(b2), topk_weights, topk_ids,
-          unpermuted_to_permuted, num_tokens, hidden, top_k, shape.vpl, shape.chunks, static_cast<T*>(out));
+          unpermuted_to_permuted, num_tokens, hidden, top_k, num_experts, shape.vpl, shape.chunks,
+          static_cast<T*>(out));
       return mb::check_launch("finalize_kernel");
     };
+    auto by_local = [&](auto vec_const, auto kb_const, auto bias_const, auto stream_const) {
+      return num_experts ? launch(vec_const, kb_const, bias_const, std::true_type{}, stream_const)
+                         : launch(vec_const, kb_const, bias_const, std::false_type{}, stream_const);
+    };
     auto by_stream = [&](auto vec_const, auto kb_const, auto bias_const) {
-      return stream_rows ? launch(vec_const, kb_const, bias_const, std::true_type{})
-                         : launch(vec_const, kb_const, bias_const, std::false_type{});
+      return stream_rows ? by_local(vec_const, kb_const, bias_const, std::true_type{})
+                         : by_local(vec_const, kb_const, bias_const, std::false_type{});
     };
     auto by_bias = [&](auto vec_const, auto kb_const) {
       return b2 ? by_stream(vec_const, kb_const, std::true_type{}) : by_stream(vec_const, kb_const, std::false_type{});

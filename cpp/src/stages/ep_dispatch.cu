@@ -1,0 +1,164 @@
+// Expert parallelism's two token-side stages around the all-to-alls (moe_build/runner/dispatch/nccl.py):
+//   mb_ep_layout : phase one of the two-phase dispatch. From the top-k ids, which ranks each token goes to
+//                  (rank d holds experts [d * experts_per_rank, (d + 1) * experts_per_rank)); a token goes
+//                  once to every rank holding at least one of its experts. The send rows are grouped by
+//                  rank, tokens ascending within a rank; the layout is kept (send_tokens, token_slots), so
+//                  the payload gather and the combine never sort again.
+//   mb_ep_combine: the reduction after the return all-to-all: out[t] = sum over ranks d ascending of the
+//                  partial row returned by d (fp32, one rounding), so the order never depends on timing.
+// The layout runs in one block of 1024 threads that walks the tokens in chunks of 1024 twice: first the
+// totals per rank (so every rank's segment start is known), then each chunk's rows in token order:
+// per rank, a warp ballot gives a lane's place in its warp, one thread per rank prefixes the warps' counts.
+// One block is enough: it is a scan of T * ep_size bits (8K tokens: 8 chunks).
+#include <algorithm>
+
+#include "common/common.cuh"
+
+namespace {
+
+constexpr int kLayoutThreads = 1024;
+constexpr int kLayoutWarps = kLayoutThreads / 32;
+constexpr int kMaxRanks = 32;  // a token's ranks are one 32-bit mask
+
+// The ranks token t goes to, as a bit mask (ids outside [0, ep * per_rank) go nowhere).
+__device__ __forceinline__ uint32_t rank_mask(const int32_t* ids, int t, int top_k, int ep, int per_rank) {
+  uint32_t m = 0;
+  for (int j = 0; j < top_k; ++j) {
+    const int x = ids[static_cast<int64_t>(t) * top_k + j];
+    if (x >= 0 && x < ep * per_rank) m |= 1u << (x / per_rank);
+  }
+  return m;
+}
+
+__global__ void __launch_bounds__(kLayoutThreads)
+ep_layout_kernel(const int32_t* __restrict__ ids, int num_tokens, int top_k, int ep, int per_rank,
+                 int32_t* __restrict__ send_counts, int32_t* __restrict__ send_tokens,
+                 int32_t* __restrict__ token_slots) {
+  __shared__ int total[kMaxRanks];                  // rows per rank (pass 1), then its segment start
+  __shared__ int warp_rows[kLayoutWarps][kMaxRanks];  // this chunk: rows per (warp, rank), then their first slot
+  __shared__ int placed[kMaxRanks];                 // rows of each rank placed by earlier chunks
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (threadIdx.x < kMaxRanks) total[threadIdx.x] = placed[threadIdx.x] = 0;
+  __syncthreads();
+  for (int t0 = 0; t0 < num_tokens; t0 += kLayoutThreads) {
+    const int t = t0 + threadIdx.x;
+    const uint32_t m = t < num_tokens ? rank_mask(ids, t, top_k, ep, per_rank) : 0;
+    for (int d = 0; d < ep; ++d) {
+      const unsigned b = __ballot_sync(0xffffffffu, (m >> d) & 1u);
+      if (lane == 0 && b) atomicAdd(&total[d], __popc(b));
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int start = 0;
+    for (int d = 0; d < ep; ++d) {
+      send_counts[d] = total[d];
+      const int n = total[d];
+      total[d] = start;
+      start += n;
+    }
+  }
+  __syncthreads();
+  const unsigned below = (1u << lane) - 1u;
+  for (int t0 = 0; t0 < num_tokens; t0 += kLayoutThreads) {
+    const int t = t0 + threadIdx.x;
+    const uint32_t m = t < num_tokens ? rank_mask(ids, t, top_k, ep, per_rank) : 0;
+    for (int d = 0; d < ep; ++d) {
+      const unsigned b = __ballot_sync(0xffffffffu, (m >> d) & 1u);
+      if (lane == 0) warp_rows[warp][d] = __popc(b);
+    }
+    __syncthreads();
+    if (threadIdx.x < ep) {  // one thread per rank: the warps' first slots, in warp order
+      const int d = threadIdx.x;
+      int at = total[d] + placed[d];
+      for (int w = 0; w < kLayoutWarps; ++w) {
+        const int n = warp_rows[w][d];
+        warp_rows[w][d] = at;
+        at += n;
+      }
+      placed[d] = at - total[d];
+    }
+    __syncthreads();
+    for (int d = 0; d < ep; ++d) {
+      const unsigned b = __ballot_sync(0xffffffffu, (m >> d) & 1u);
+      if (t < num_tokens) {
+        int slot = -1;
+        if ((m >> d) & 1u) {
+          slot = warp_rows[warp][d] + __popc(b & below);
+          send_tokens[slot] = t;
+        }
+        token_slots[static_cast<int64_t>(t) * ep + d] = slot;
+      }
+    }
+    __syncthreads();  // the next chunk rewrites warp_rows
+  }
+}
+
+// A warp per (token, column chunk): the ranks' rows of the token summed in rank order, in fp32.
+template <typename T, int VEC>
+__global__ void __launch_bounds__(mb::kStageThreads)
+ep_combine_kernel(const T* __restrict__ returned, const int32_t* __restrict__ token_slots, int num_tokens,
+                  int hidden, int ep, T* __restrict__ out) {
+  using R = mb::Raw<T, VEC>;
+  const int lane = threadIdx.x % 32;
+  const int64_t nvec = hidden / VEC;
+  for (int64_t t = blockIdx.x * static_cast<int64_t>(mb::kStageWarps) + threadIdx.x / 32; t < num_tokens;
+       t += static_cast<int64_t>(gridDim.x) * mb::kStageWarps) {
+    const int32_t* slots = token_slots + t * ep;
+    for (int64_t v = lane; v < nvec; v += 32) {
+      float acc[VEC];
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) acc[k] = 0.0f;
+      for (int d = 0; d < ep; ++d) {
+        const int slot = slots[d];
+        if (slot < 0) continue;
+        const R x = reinterpret_cast<const R*>(returned + static_cast<int64_t>(slot) * hidden)[v];
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) acc[k] += mb::raw_f32<T>(x, k);
+      }
+      mb::store_f32<T, VEC>(out + t * hidden + v * VEC, acc);
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" mb_status mb_ep_layout(const int32_t* topk_ids, int num_tokens, int top_k, int ep_size,
+                                  int experts_per_rank, int32_t* send_counts, int32_t* send_tokens,
+                                  int32_t* token_slots, cudaStream_t stream) {
+  const char* who = "mb_ep_layout";
+  MB_REQUIRE(num_tokens >= 0, "%s: num_tokens must be >= 0, got %d", who, num_tokens);
+  MB_REQUIRE(top_k >= 1, "%s: top_k must be >= 1, got %d", who, top_k);
+  MB_REQUIRE(ep_size >= 1 && ep_size <= kMaxRanks, "%s: ep_size must be in 1..%d, got %d", who, kMaxRanks, ep_size);
+  MB_REQUIRE(experts_per_rank >= 1, "%s: experts_per_rank must be >= 1, got %d", who, experts_per_rank);
+  MB_REQUIRE(send_counts && (num_tokens == 0 || (topk_ids && send_tokens && token_slots)),
+             "%s: topk_ids, send_counts, send_tokens and token_slots must be non-NULL", who);
+  ep_layout_kernel<<<1, kLayoutThreads, 0, stream>>>(topk_ids, num_tokens, top_k, ep_size, experts_per_rank,
+                                                     send_counts, send_tokens, token_slots);
+  return mb::check_launch("ep_layout_kernel");
+}
+
+extern "C" mb_status mb_ep_combine(const void* returned, int dtype, const int32_t* token_slots, int num_tokens,
+                                   int hidden, int ep_size, void* out, cudaStream_t stream) {
+  const char* who = "mb_ep_combine";
+  MB_REQUIRE(num_tokens >= 0, "%s: num_tokens must be >= 0, got %d", who, num_tokens);
+  MB_REQUIRE(hidden >= 1, "%s: hidden must be >= 1, got %d", who, hidden);
+  MB_REQUIRE(ep_size >= 1 && ep_size <= kMaxRanks, "%s: ep_size must be in 1..%d, got %d", who, kMaxRanks, ep_size);
+  if (num_tokens == 0) return mb::dispatch_dtype(dtype, who, [](auto) { return MB_OK; });
+  MB_REQUIRE(token_slots && out, "%s: token_slots and out must be non-NULL", who);
+  return mb::dispatch_dtype(dtype, who, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    constexpr int kWide = 16 / sizeof(T);
+    const bool wide = mb::vec_width<T>(hidden, {returned, out}) == kWide;
+    const int blocks = static_cast<int>(std::min<int64_t>((num_tokens + mb::kStageWarps - 1) / mb::kStageWarps,
+                                                          65535));
+    if (wide) {
+      ep_combine_kernel<T, kWide><<<blocks, mb::kStageThreads, 0, stream>>>(
+          static_cast<const T*>(returned), token_slots, num_tokens, hidden, ep_size, static_cast<T*>(out));
+    } else {
+      ep_combine_kernel<T, 1><<<blocks, mb::kStageThreads, 0, stream>>>(
+          static_cast<const T*>(returned), token_slots, num_tokens, hidden, ep_size, static_cast<T*>(out));
+    }
+    return mb::check_launch("ep_combine_kernel");
+  });
+}

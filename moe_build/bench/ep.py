@@ -1,0 +1,229 @@
+"""`moe-build bench-ep`: expert parallelism on the GPUs of one host, one process per GPU (torchrun).
+
+Timed per rank with CUDA events, each point's median over its iterations, the slowest rank's reported (the
+all-to-alls make every rank wait for the slowest). Each point is timed beside its ceiling, in the same run:
+- `link`: a large equal-split all_to_all_single (256 MiB per rank): the fabric's all-to-all bandwidth, the
+  physical ceiling a dispatch can reach;
+- `dispatch+combine`, ours (`nvlink`: rows written into the peers' memory, blocking mode; `nccl`: counts first, exact sizes; both send a token's row once per rank) against plain all_to_all_single
+  with worst-case buffers (every rank sends each of its tokens to every rank, T rows per destination, no
+  counts): time and algorithm bandwidth (rows another rank needed x hidden x 2 bytes, there and back, over
+  the time);
+- the whole layer (`ExpertParallelMoE`) against the single-GPU runner holding every expert, same tokens per
+  GPU (the single GPU runs one rank's tokens);
+- memory: the peak bytes a dispatch + combine allocates at a large token count, against the worst-case
+  preallocation (ep_size x tokens rows received, the same returned).
+Routing is uniform random top-k (every rank draws its own), so rows per destination follow the real spread.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+from dataclasses import replace
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from .. import kernels
+from ..spec import MoESpec
+from ..weights import MoEWeights
+
+DISPATCH_TOKENS = (1, 16, 128, 512, 1024, 4096)
+DISPATCH_HIDDEN = (2048, 7168)
+LAYER_TOKENS = (1, 16, 256, 4096)
+# (name, hidden, intermediate, experts, top_k): Qwen3-30B-A3B and a DeepSeek-V3-shaped layer, bf16
+LAYERS = (("qwen3-30b-a3b", 2048, 768, 128, 8), ("deepseek-v3-shaped", 7168, 2048, 256, 8))
+MEMORY_TOKENS = 131072
+
+
+def _time(fn: Callable[[], object], iters: int, warmup: int = 3) -> float:
+    """Median ms of fn over iters calls on this rank (each started together after a barrier), the max over
+    ranks."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        dist.barrier()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    t = torch.tensor([statistics.median(times)], device="cuda")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def _routing(tokens: int, experts: int, top_k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    scores = torch.rand(tokens, experts, device="cuda", generator=g)
+    ids = scores.topk(top_k, dim=1).indices.int()
+    return ids, torch.rand(tokens, top_k, device="cuda", generator=g)
+
+
+def link_bandwidth(iters: int) -> dict:
+    ep = dist.get_world_size()
+    n = (256 << 20) // 2 // ep * ep
+    x = torch.empty(n, dtype=torch.bfloat16, device="cuda")
+    y = torch.empty_like(x)
+    ms = _time(lambda: dist.all_to_all_single(y, x), iters)
+    moved = 2 * n * (ep - 1) / ep  # bytes leaving (and reaching) each rank
+    return {"bytes_per_rank": 2 * n, "ms": ms, "gb_s": moved / ms / 1e6}
+
+
+def dispatch_points(spec: MoESpec, token_counts: tuple[int, ...], iters: int) -> list[dict]:
+    """Ours (dispatch + combine, no expert compute between), each backend (made once, for the largest count),
+    against worst-case all_to_all_single, at each token count."""
+    from ..runner.dispatch import NcclDispatch, NvlinkDispatch
+    rank, ep, H = dist.get_rank(), dist.get_world_size(), spec.hidden_size
+    backends = {"nccl": NcclDispatch(spec, kernels), "nvlink": NvlinkDispatch(spec, kernels, max(token_counts))}
+    points = []
+    for tokens in token_counts:
+        hidden = torch.randn(tokens, H, device="cuda", dtype=torch.bfloat16)
+        ids, w = _routing(tokens, spec.num_experts, spec.top_k, 1000 + rank)
+        out = torch.empty_like(hidden)
+
+        def ours(d) -> Callable[[], None]:  # noqa: ANN001
+            def call() -> None:
+                got = d.dispatch(hidden, ids, w)  # noqa: B023
+                d.combine(got.hidden, got, out)  # noqa: B023
+            return call
+
+        send_worst = hidden.repeat(ep, 1)  # T rows to every rank: nothing counted, nothing exchanged first
+        recv_worst = torch.empty_like(send_worst)
+
+        def worst() -> None:
+            dist.all_to_all_single(recv_worst, send_worst)  # noqa: B023
+            dist.all_to_all_single(send_worst, recv_worst)  # noqa: B023
+
+        sent = backends["nccl"].dispatch(hidden, ids, w).send_splits
+        needed = torch.tensor([sum(s for r, s in enumerate(sent) if r != rank)], device="cuda", dtype=torch.float64)
+        dist.all_reduce(needed, op=dist.ReduceOp.MAX)
+        moved = 2 * float(needed.item()) * 2 * H  # bytes of rows another rank needed, there and back (busiest)
+        point = {"hidden": H, "tokens": tokens, "top_k": spec.top_k, "experts": spec.num_experts,
+                 "rows_sent_busiest_rank": int(needed.item())}
+        for name, fn in [*((n, ours(d)) for n, d in backends.items()), ("worst_case", worst)]:
+            ms = _time(fn, iters)
+            point[f"{name}_ms"] = ms
+            point[f"{name}_algbw_gb_s"] = moved / ms / 1e6
+        _progress(f"dispatch H={H} T={tokens}: " + " ".join(f"{n} {1e3 * point[f'{n}_ms']:.1f} us"
+                                                          for n in (*backends, "worst_case")))
+        points.append(point)
+    return points
+
+
+def _progress(line: str) -> None:
+    if dist.get_rank() == 0:
+        print(line, file=sys.stderr, flush=True)
+
+
+def random_weights(spec: MoESpec, seed: int) -> MoEWeights:
+    """Random bf16 weights made on the GPU (a DeepSeek-V3-shaped layer's 22 GB would take minutes on a CPU),
+    scaled by fan-in like MoEWeights.random."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    E, H, I = spec.num_experts, spec.hidden_size, spec.intermediate_size
+
+    def rnd(*shape: int) -> torch.Tensor:
+        return (torch.randn(*shape, device="cuda", generator=g, dtype=torch.bfloat16) / shape[-1] ** 0.5)
+
+    return MoEWeights(router_weight=rnd(E, H), w1=rnd(E, spec.fc1_out_features, H), w2=rnd(E, H, I))
+
+
+def layer_point(name: str, spec: MoESpec, weights: MoEWeights, tokens: int, iters: int) -> dict:
+    from ..runner import MoERunner
+    from ..runner.expert_parallel import rank_layer
+    rank = dist.get_rank()
+    hidden = torch.randn(tokens, spec.hidden_size, device="cuda", dtype=torch.bfloat16)
+    ids, w = _routing(tokens, spec.num_experts, spec.top_k, 2000 + rank)
+    point = {"layer": name, "tokens_per_gpu": tokens, "dual_batch_overlap": "not implemented"}
+    for backend in ("nvlink", "nccl"):
+        layer = rank_layer(spec, weights, rank, max_tokens=tokens, force={"dispatch": backend})
+        point[f"ep_{backend}_ms"] = _time(lambda: layer(hidden, topk_ids=ids, topk_weights=w), iters)  # noqa: B023
+        layer = None  # its weight copy and symmetric buffers go before the next one's
+        torch.cuda.empty_cache()
+    single = MoERunner(replace(spec, ep_size=1), weights, max_tokens=tokens)
+    point["single_gpu_ms"] = _time(lambda: single(hidden, topk_ids=ids, topk_weights=w), iters)
+    _progress(f"layer {name} T={tokens}: " + " ".join(f"{k} {1e3 * v:.1f} us" for k, v in point.items()
+                                                     if k.endswith("_ms")))
+    return point
+
+
+def memory_point(spec: MoESpec, tokens: int) -> dict:
+    """Peak bytes one dispatch + combine allocates, against the worst case preallocated."""
+    from ..runner.dispatch import NcclDispatch
+    rank, ep, H = dist.get_rank(), dist.get_world_size(), spec.hidden_size
+    d = NcclDispatch(spec, kernels)
+    hidden = torch.randn(tokens, H, device="cuda", dtype=torch.bfloat16)
+    ids, w = _routing(tokens, spec.num_experts, spec.top_k, 3000 + rank)
+    out = torch.empty_like(hidden)
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    got = d.dispatch(hidden, ids, w)
+    d.combine(got.hidden, got, out)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    worst = 2 * ep * tokens * H * 2  # ep * T rows received, as many returned
+    t = torch.tensor([peak], device="cuda", dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return {"tokens": tokens, "hidden": H, "top_k": spec.top_k, "peak_bytes_ours": int(t.item()),
+            "worst_case_bytes": worst}
+
+
+def run(iters: int, out_path: str | None) -> dict:
+    rank, ep = dist.get_rank(), dist.get_world_size()
+    result: dict = {"world": ep, "gpu": torch.cuda.get_device_name(), "link": link_bandwidth(iters)}
+    result["dispatch"] = []
+    for H in DISPATCH_HIDDEN:
+        experts = 128 if H == 2048 else 256
+        spec = MoESpec(H, 256, experts, 8, ep_size=ep, ep_rank=rank)
+        result["dispatch"] += dispatch_points(spec, DISPATCH_TOKENS, iters)
+    result["memory"] = [memory_point(MoESpec(2048, 256, 128, k, ep_size=ep, ep_rank=rank), MEMORY_TOKENS)
+                        for k in (8, 2)]
+    result["layers"] = []
+    for name, H, inter, experts, top_k in LAYERS:
+        spec = MoESpec(H, inter, experts, top_k, ep_size=ep, name=name)
+        weights = random_weights(spec, seed=7)
+        for tokens in LAYER_TOKENS:
+            result["layers"].append(layer_point(name, spec, weights, tokens, iters))
+            torch.cuda.empty_cache()  # the point's two layers (their weight copies) are gone
+        del weights
+    if rank == 0:
+        if out_path:
+            with open(out_path, "w") as f:
+                json.dump(result, f, indent=1)
+        print(table(result))
+    return result
+
+
+def table(r: dict) -> str:
+    lines = [f"{r['world']} x {r['gpu']}: all-to-all link {r['link']['gb_s']:.0f} GB/s per rank",
+             "dispatch+combine (us): hidden tokens | nvlink nccl worst-case | nvlink GB/s"]
+    for p in r["dispatch"]:
+        lines.append(f"  {p['hidden']:5d} {p['tokens']:5d} | {1e3 * p['nvlink_ms']:8.1f} {1e3 * p['nccl_ms']:8.1f} "
+                     f"{1e3 * p['worst_case_ms']:8.1f} | {p['nvlink_algbw_gb_s']:7.1f}")
+    for m in r["memory"]:
+        lines.append(f"memory at {m['tokens']} tokens/rank top-{m['top_k']}: ours {m['peak_bytes_ours'] / 2**20:.0f} "
+                     f"MiB, worst case {m['worst_case_bytes'] / 2**20:.0f} MiB")
+    lines.append("layer (us): name tokens/GPU | EP nvlink, EP nccl, single GPU")
+    for p in r["layers"]:
+        lines.append(f"  {p['layer']:20s} {p['tokens_per_gpu']:5d} | {1e3 * p['ep_nvlink_ms']:8.1f} "
+                     f"{1e3 * p['ep_nccl_ms']:8.1f} {1e3 * p['single_gpu_ms']:8.1f}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    """Entry point of one rank (under torchrun)."""
+    dist.init_process_group("nccl")
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", dist.get_rank())))
+    iters = int(sys.argv[1]) if len(sys.argv) > 1 else 20
+    run(iters, sys.argv[2] if len(sys.argv) > 2 else None)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""The `nvlink` dispatch: rows written straight into the other GPUs' memory over NVLink (seed 004's intra-node
+design), through buffers every rank of the group maps: torch's symmetric memory (multicast stays off).
+
+Each rank allocates once, for `max_tokens` tokens per call: recv slots for every source (ep_size x max_tokens
+rows, the worst case: a token goes at most once to a rank), their ids / weights, the counts, and the returned
+partial rows. A call: `mb_ep_layout` (the ranks each token goes to), `mb_ep_nvlink_dispatch` (the rows into
+the peers' slots), a barrier, `mb_ep_nvlink_gather` (the received rows made dense, with local expert ids and
+where each goes back); after the experts, `mb_ep_nvlink_return` (partials into their sources' returned rows),
+a barrier, `mb_ep_combine`. No collective and no allocation per call.
+
+Blocking mode (recv_capacity None) reads the received row count to the host after the first barrier (the one
+synchronization) and gathers exactly that many rows. Non-blocking mode gathers a fixed `recv_capacity` rows
+(seed 004's num_permuted_tokens): rows past the received ones route nowhere, rows past the capacity are
+dropped (their tokens get a zero row back from this rank: they lack its experts' part) and set `overflow` (a
+device flag, per call) — nothing else is touched; with no host synchronization
+the whole layer can be captured in a CUDA graph.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+
+import torch
+import torch.distributed as dist
+
+from ...errors import MoeBuildError
+from ...spec import MoESpec
+
+ALIGN = 256  # bytes: every region of the symmetric buffer starts aligned for 16-byte vectors
+
+
+def _aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+@dataclass
+class NvlinkDispatched:
+    """One nvlink dispatch's received rows and what its combine needs (seed 004's `handle`)."""
+
+    hidden: torch.Tensor          # [R or capacity, H] received rows, sources in rank order
+    topk_ids: torch.Tensor        # [.., K] int32 local expert ids, -1 for other ranks' experts (and empty rows)
+    topk_weights: torch.Tensor    # [.., K] fp32
+    src_rank: torch.Tensor        # [..] int32: the rank each row came from (-1: no row)
+    src_row: torch.Tensor         # [..] int32: its send row there (where its partial output goes)
+    token_slots: torch.Tensor     # [T, ep_size] int32: this rank's tokens' send rows, -1 where not sent
+
+
+class NvlinkDispatch:
+    """Dispatch and combine for one rank of `spec`'s group over NVLink-mapped buffers of every rank in `group`
+    (all on one NVLink domain). `recv_capacity`: None for the blocking mode, else the rows gathered per call."""
+
+    def __init__(self, spec: MoESpec, kernels: ModuleType, max_tokens: int, group: dist.ProcessGroup | None = None,
+                 recv_capacity: int | None = None, device: torch.device | str = "cuda") -> None:
+        import torch.distributed._symmetric_memory as symm_mem
+        self.spec, self.k = spec, kernels
+        self.group = group or dist.group.WORLD
+        self.ep, self.rank = spec.ep_size, spec.ep_rank
+        if dist.get_world_size(self.group) != self.ep or dist.get_rank(self.group) != self.rank:
+            raise MoeBuildError("ep_rank", f"this process is rank {dist.get_rank(self.group)} of "
+                                f"{dist.get_world_size(self.group)}, the spec is rank {self.rank} of {self.ep}",
+                                "a process group of ep_size ranks, this process at ep_rank")
+        if recv_capacity is not None and recv_capacity < 1:
+            raise MoeBuildError("recv_capacity", f"must be a positive row count, got {recv_capacity!r}",
+                                "integers >= 1, or None (blocking)")
+        self.cap, self.capacity = max_tokens, recv_capacity
+        H, K, ep, dev = spec.hidden_size, spec.top_k, self.ep, torch.device(device)
+        from ..workspace import TORCH_DTYPE
+        dtype = TORCH_DTYPE[spec.dtype]
+        regions = {"recv_rows": ((ep * self.cap, H), dtype), "recv_meta": ((ep * self.cap, 2 * K), torch.int32),
+                   "recv_counts": ((ep, 2), torch.int32), "returned": ((ep * self.cap, H), dtype)}
+        offsets, total = {}, 0
+        for name, (shape, dt) in regions.items():
+            offsets[name] = total
+            total += _aligned(int(torch.Size(shape).numel()) * dt.itemsize)
+        self.buffer = symm_mem.empty(total, dtype=torch.uint8, device=dev)
+        self.handle = symm_mem.rendezvous(self.buffer, self.group.group_name)
+        self.local = {name: self.buffer[offsets[name]: offsets[name] + int(torch.Size(shape).numel()) * dt.itemsize]
+                      .view(dt).view(shape) for name, (shape, dt) in regions.items()}
+        ptrs = list(self.handle.buffer_ptrs)
+        self.peers = {name: torch.tensor([p + offsets[name] for p in ptrs], dtype=torch.int64, device=dev)
+                      for name in regions}
+        self.local["recv_counts"].zero_()
+        # per call, sized once: the layout's outputs and (non-blocking) the gathered rows
+        self.counts = torch.empty(ep, dtype=torch.int32, device=dev)
+        self.send_tokens = torch.empty(max_tokens * ep, dtype=torch.int32, device=dev)
+        self.token_slots = torch.empty(max_tokens, ep, dtype=torch.int32, device=dev)
+        self.received = torch.zeros(1, dtype=torch.int32, device=dev)
+        self.overflow = torch.zeros(1, dtype=torch.int32, device=dev)
+        self._dense = None if recv_capacity is None else self._dense_rows(recv_capacity, dtype, dev)
+        self.handle.barrier(channel=0)  # every rank's buffer is zeroed before any rank writes into it
+
+    def _dense_rows(self, rows: int, dtype: torch.dtype, dev: torch.device) -> dict[str, torch.Tensor]:
+        H, K = self.spec.hidden_size, self.spec.top_k
+        return {"hidden": torch.empty(rows, H, dtype=dtype, device=dev),
+                "ids": torch.empty(rows, K, dtype=torch.int32, device=dev),
+                "weights": torch.empty(rows, K, dtype=torch.float32, device=dev),
+                "src_rank": torch.empty(rows, dtype=torch.int32, device=dev),
+                "src_row": torch.empty(rows, dtype=torch.int32, device=dev)}
+
+    def dispatch(self, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> NvlinkDispatched:
+        T = hidden.shape[0]
+        if T > self.cap:
+            raise MoeBuildError("tokens", f"{T} exceeds the dispatch's max_tokens={self.cap}", f"0..{self.cap}")
+        counts, send_tokens, slots = self.k.ep_layout(topk_ids, self.ep, self.spec.local_experts, self.counts,
+                                                      self.send_tokens[: T * self.ep], self.token_slots[:T])
+        self.k.ep_nvlink_dispatch(hidden, topk_ids, topk_weights, self.rank, self.cap, counts, send_tokens,
+                                  self.peers["recv_rows"], self.peers["recv_meta"], self.peers["recv_counts"])
+        self.handle.barrier(channel=0)  # every rank's rows have landed
+        if self._dense is None:
+            rows = int(self.local["recv_counts"][:, 0].sum())  # blocking: the one host synchronization
+            dense = self._dense_rows(rows, hidden.dtype, hidden.device)
+        else:
+            dense = self._dense
+        self.k.ep_nvlink_gather(self.local["recv_rows"], self.local["recv_meta"], self.local["recv_counts"], self.cap,
+                                self.spec.first_local_expert, self.spec.local_experts, dense["hidden"], dense["ids"],
+                                dense["weights"], dense["src_rank"], dense["src_row"], self.received, self.overflow,
+                                self.peers["returned"])
+        return NvlinkDispatched(dense["hidden"], dense["ids"], dense["weights"], dense["src_rank"], dense["src_row"],
+                                slots)
+
+    def combine(self, partial: torch.Tensor, d: NvlinkDispatched, out: torch.Tensor) -> torch.Tensor:
+        self.k.ep_nvlink_return(partial, d.src_rank, d.src_row, self.peers["returned"])
+        self.handle.barrier(channel=0)  # every partial row is back
+        return self.k.ep_combine(self.local["returned"], d.token_slots, out=out)

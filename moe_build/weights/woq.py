@@ -1,0 +1,228 @@
+"""Weight-only quantized expert weights (int4, int8, MXFP4): the storage contract and the exact dequantization.
+
+Every weight-only piece of moe-build follows this one file, as every FP8 piece follows fp8.py: the checkpoint
+readers (woq_checkpoint.py) convert each producer's packing into the ONE canonical form below, exactly (no value is
+rounded on load), the fp64 reference dequantizes with `dequantize_expert`, and later kernels read this form.
+
+W1 [E, N1, H] and W2 [E, H, I] in nn.Linear [out, in] order (W1: gate rows then up rows, layout.py), stored as
+- INT4:  uint8 [E, out, in/2], two unsigned 4-bit codes u in [0, 15] per byte along the input dimension, the low
+         nibble the even column. w = (u - z) * s, z the group's zero point: `*_zero` uint8 [E, out, in/group] in
+         [0, 15] for asymmetric producers (AutoAWQ, compressed-tensors asymmetric), else the implicit z = 8 (every
+         symmetric producer's signed int4 q in [-8, 7] is stored as u = q + 8, which is the same number exactly);
+- INT8:  int8 [E, out, in], symmetric: w = q * s (no zero points);
+- MXFP4: uint8 [E, out, in/2], two e2m1 codes per byte (low nibble the even column, OCP MX order), with `*_scale`
+         uint8 [E, out, in/32] the e8m0 exponents: w = e2m1(code) * 2^(e - 127) (GPT-OSS's `_blocks` / `_scales`).
+Scales of INT4 / INT8 are fp32 [E, out, in/group], or [E, out, 1] for one scale per output channel
+(group_size None); every producer stores fp16, bf16 or fp32 scales, each of which converts to fp32 exactly, so the
+canonical fp32 scale is the stored number.
+
+Activations: `fc1_act_scale` fp32 [H] and `fc2_act_scale` fp32 [I] are the AWQ pre-quant scales (ModelOpt's
+`pre_quant_scale`): GEMM1's input is x * fc1_act_scale and GEMM2's input the activated rows * fc2_act_scale, as
+TensorRT-LLM's MoE applies them (one vector per layer: ModelOpt shares the experts' input quantizer). W4AFP8 layers
+quantize those products to FP8 by fp8.py's rule, with the static `a1_scale` / `a2_scale` (fp32 []) or per row
+when None. `w1_scale_2` / `w2_scale_2` (fp32 [E]) are ModelOpt W4A8-AWQ's per-matrix `weight_scale_2`, the FP8
+range of the int4 products that kernels rescale by; the dequantized weight is (u - z) * s without it, exactly what
+ModelOpt's export quantized (round(w / weight_scale), modelopt/torch/export/quant_utils.py:813).
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, replace
+from typing import Callable
+
+import torch
+
+from ..errors import MoeBuildError
+
+MXFP4_GROUP = 32          # values per e8m0 exponent (OCP MX)
+E8M0_BIAS = 127
+E8M0_NAN = 255            # the one e8m0 code that is not a power of two
+INT4_ZERO = 8             # the implicit zero point of symmetric int4 (u = q + 8)
+# e2m1 (FP4) values indexed by their 4-bit code: sign bit 3, then two exponent bits and one mantissa bit
+E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+GROUP_SIZES = (32, 64, 128)  # int4 groups moe-build reads (TensorRT-LLM's W4A16 / W4AFP8 kernels take these)
+
+
+class WoqKind(str, enum.Enum):
+    INT4 = "int4"
+    INT8 = "int8"
+    MXFP4 = "mxfp4"
+
+    @property
+    def packed(self) -> bool:
+        """Two values per byte along the input dimension."""
+        return self is not WoqKind.INT8
+
+
+_DATA_DTYPE = {WoqKind.INT4: torch.uint8, WoqKind.INT8: torch.int8, WoqKind.MXFP4: torch.uint8}
+_TENSORS = ("w1", "w2", "w1_scale", "w2_scale", "w1_zero", "w2_zero", "fc1_act_scale", "fc2_act_scale",
+            "a1_scale", "a2_scale", "w1_scale_2", "w2_scale_2")
+
+
+def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
+    """4-bit codes [..., n] (any integer dtype, values 0..15, n even) -> uint8 [..., n/2], low nibble = even column."""
+    c = codes.to(torch.uint8)
+    return (c[..., 0::2] | (c[..., 1::2] << 4)).contiguous()
+
+
+def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
+    """uint8 [..., n/2] -> the 4-bit codes [..., n] as uint8 (pack_nibbles' inverse)."""
+    return torch.stack([packed & 0x0F, packed >> 4], dim=-1).reshape(*packed.shape[:-1], packed.shape[-1] * 2)
+
+
+def _per_column(t: torch.Tensor, cols: int) -> torch.Tensor:
+    """A per-group tensor [out, groups] repeated over each group's columns -> [out, cols]."""
+    return t.repeat_interleave(cols // t.shape[-1], dim=-1)
+
+
+def dequantize_matrix(kind: WoqKind, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None) -> torch.Tensor:
+    """One stored matrix [out, in(/2)] -> fp64 [out, in]: (u - z) * s, q * s or e2m1 * 2^(e - 127), each product
+    computed in fp64 from the stored numbers (exact: a 4- or 8-bit integer or an e2m1 value times an fp32 scale or a
+    power of two fits fp64's mantissa)."""
+    if kind is WoqKind.MXFP4:
+        lut = torch.tensor(E2M1, dtype=torch.float64, device=q.device)
+        values = lut[unpack_nibbles(q).long()]
+        return torch.ldexp(values, _per_column(scale.to(torch.int64) - E8M0_BIAS, values.shape[-1]).to(torch.float64))
+    if kind is WoqKind.INT8:
+        return q.to(torch.float64) * _per_column(scale.to(torch.float64), q.shape[-1])
+    u = unpack_nibbles(q).to(torch.float64)
+    z = torch.full_like(scale, INT4_ZERO, dtype=torch.float64) if zero is None else zero.to(torch.float64)
+    return (u - _per_column(z, u.shape[-1])) * _per_column(scale.to(torch.float64), u.shape[-1])
+
+
+@dataclass(frozen=True)
+class WoqWeights:
+    """One layer's weight-only quantized experts in the canonical form (module docstring). Constructing one
+    validates every tensor, so a WoqWeights that exists is internally consistent."""
+
+    kind: WoqKind
+    group_size: int | None           # input columns per scale; None: one scale per output channel
+    w1: torch.Tensor
+    w2: torch.Tensor
+    w1_scale: torch.Tensor
+    w2_scale: torch.Tensor
+    w1_zero: torch.Tensor | None = None
+    w2_zero: torch.Tensor | None = None
+    fc1_act_scale: torch.Tensor | None = None
+    fc2_act_scale: torch.Tensor | None = None
+    a1_scale: torch.Tensor | None = None
+    a2_scale: torch.Tensor | None = None
+    w1_scale_2: torch.Tensor | None = None
+    w2_scale_2: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+    @property
+    def experts(self) -> int:
+        return self.w1.shape[0]
+
+    def in_features(self, name: str) -> int:
+        """The dense input width of W1 ("w1") or W2 ("w2")."""
+        t = getattr(self, name)
+        return t.shape[-1] * (2 if self.kind.packed else 1)
+
+    def named(self) -> list[tuple[str, torch.Tensor]]:
+        """Every tensor present, by field name."""
+        return [(n, getattr(self, n)) for n in _TENSORS if getattr(self, n) is not None]
+
+    def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "WoqWeights":
+        """These weights with `fn` applied to every tensor (device moves, contiguous copies)."""
+        return replace(self, **{n: fn(t) for n, t in self.named()})
+
+    def dequantized_w(self, name: str, e: int) -> torch.Tensor:
+        """Expert e's W1 or W2 ("w1" / "w2") dense in fp64 [out, in]."""
+        zero = getattr(self, f"{name}_zero")
+        return dequantize_matrix(self.kind, getattr(self, name)[e], getattr(self, f"{name}_scale")[e],
+                                 None if zero is None else zero[e])
+
+    def dense(self, name: str, dtype: torch.dtype) -> torch.Tensor:
+        """W1 or W2 ("w1" / "w2") of every expert dequantized exactly and rounded once to `dtype`, one expert at a
+        time so that no fp64 copy of every expert exists beside the result."""
+        t = getattr(self, name)
+        out = torch.empty((self.experts, t.shape[1], self.in_features(name)), dtype=dtype, device=t.device)
+        for e in range(self.experts):
+            out[e] = self.dequantized_w(name, e).to(dtype)
+        return out
+
+    def expected_shapes(self, experts: int, n1: int, hidden: int, inter: int) -> dict[str, tuple[int, ...]]:
+        """The shape each tensor must have for W1 [experts, n1, hidden] and W2 [experts, hidden, inter]."""
+        def data(out: int, cols: int) -> tuple[int, ...]:
+            return (experts, out, cols // 2 if self.kind.packed else cols)
+
+        def scales(out: int, cols: int) -> tuple[int, ...]:
+            return (experts, out, 1 if self.group_size is None else cols // self.group_size)
+        return {"w1": data(n1, hidden), "w2": data(hidden, inter), "w1_scale": scales(n1, hidden),
+                "w2_scale": scales(hidden, inter), "w1_zero": scales(n1, hidden), "w2_zero": scales(hidden, inter),
+                "fc1_act_scale": (hidden,), "fc2_act_scale": (inter,), "a1_scale": (), "a2_scale": (),
+                "w1_scale_2": (experts,), "w2_scale_2": (experts,)}
+
+
+def _refuse(name: str, problem: str, allowed: str) -> None:
+    raise MoeBuildError(f"woq.{name}", problem, allowed)
+
+
+def _positive_finite(name: str, t: torch.Tensor) -> None:
+    if t.dtype != torch.float32:
+        _refuse(name, f"dtype {t.dtype}", "torch.float32")
+    if not bool((torch.isfinite(t) & (t > 0)).all()):
+        _refuse(name, "holds a scale that is not a finite number > 0", "finite scales > 0")
+
+
+def validate(w: WoqWeights) -> None:
+    """Refuse, in one line naming the tensor (woq.<field>), weights that break the module docstring's contract."""
+    kind = w.kind
+    if not isinstance(kind, WoqKind):
+        _refuse("kind", f"{kind!r}", ", ".join(k.value for k in WoqKind))
+    for name in ("w1", "w2"):
+        t = getattr(w, name)
+        if t.dtype != _DATA_DTYPE[kind] or t.dim() != 3:
+            _refuse(name, f"{kind.value} data must be {_DATA_DTYPE[kind]} [E, out, in{'/2' if kind.packed else ''}], "
+                    f"got {t.dtype} {tuple(t.shape)}", str(_DATA_DTYPE[kind]))
+    g = w.group_size
+    if kind is WoqKind.MXFP4 and g != MXFP4_GROUP:
+        _refuse("group_size", f"{g}: MXFP4 shares one exponent per {MXFP4_GROUP} values", str(MXFP4_GROUP))
+    if kind is WoqKind.INT4 and g is not None and g not in GROUP_SIZES:
+        _refuse("group_size", f"{g}", f"{', '.join(map(str, GROUP_SIZES))} or per channel")
+    if kind is WoqKind.INT8 and g is not None and (g <= 0 or g % 2):
+        _refuse("group_size", f"{g}", "a positive even group size or per channel")
+    e, n1 = w.w1.shape[0], w.w1.shape[1]
+    hidden, inter = w.in_features("w1"), w.in_features("w2")
+    for name, cols in (("w1", hidden), ("w2", inter)):
+        if g is not None and cols % g:
+            _refuse(f"{name}_scale", f"{cols} input columns are not whole groups of {g}", f"multiples of {g}")
+    want = w.expected_shapes(e, n1, hidden, inter)
+    for name in _TENSORS:
+        t = getattr(w, name)
+        if t is not None and tuple(t.shape) != want[name]:
+            _refuse(name, f"shape {tuple(t.shape)} does not fit W1 {(e, n1, hidden)} and W2 "
+                    f"{(e, hidden, inter)}", f"shape {want[name]}")
+    for name in ("w1_scale", "w2_scale"):
+        t = getattr(w, name)
+        if kind is WoqKind.MXFP4:
+            if t.dtype != torch.uint8 or bool((t == E8M0_NAN).any()):
+                _refuse(name, f"MXFP4 exponents must be uint8 e8m0 codes other than {E8M0_NAN} (NaN), "
+                        f"got {t.dtype}", "uint8 0..254")
+        elif t.dtype != torch.float32 or not bool(torch.isfinite(t).all()):
+            _refuse(name, f"group scales must be finite fp32, got {t.dtype}", "torch.float32")
+    for name in ("w1_zero", "w2_zero"):
+        t = getattr(w, name)
+        if t is None:
+            continue
+        if kind is not WoqKind.INT4:
+            _refuse(name, f"{kind.value} weights are symmetric and carry no zero points", "None")
+        if t.dtype != torch.uint8 or bool((t > 15).any()):
+            _refuse(name, f"int4 zero points must be uint8 in 0..15, got {t.dtype}", "uint8 0..15")
+    if (w.w1_zero is None) != (w.w2_zero is None):
+        _refuse("w2_zero" if w.w2_zero is None else "w1_zero", "zero points on one GEMM only", "both or neither")
+    for first, second in (("fc1_act_scale", "fc2_act_scale"), ("a1_scale", "a2_scale"), ("w1_scale_2", "w2_scale_2")):
+        a, b = getattr(w, first), getattr(w, second)
+        if (a is None) != (b is None):
+            _refuse(second if b is None else first, f"given without {first if a is None else second}",
+                    "both or neither")
+        for name, t in ((first, a), (second, b)):
+            if t is not None:
+                _positive_finite(name, t)
+    if kind is WoqKind.MXFP4 and (w.fc1_act_scale is not None or w.a1_scale is not None or w.w1_scale_2 is not None):
+        _refuse("fc1_act_scale", "MXFP4 (wfp4a16) layers carry no activation or second-level scales", "None")
+
