@@ -133,23 +133,27 @@ def random_weights(spec: MoESpec, seed: int) -> MoEWeights:
     return MoEWeights(router_weight=rnd(E, H), w1=rnd(E, spec.fc1_out_features, H), w2=rnd(E, H, I))
 
 
-def layer_point(name: str, spec: MoESpec, weights: MoEWeights, tokens: int, iters: int) -> dict:
+def layer_points(name: str, spec: MoESpec, weights: MoEWeights, token_counts: tuple[int, ...],
+                 iters: int) -> list[dict]:
+    """The EP layer (each backend) and the single-GPU runner, each made once for the largest count (a
+    DeepSeek-V3-shaped layer's weight copies take seconds), timed at every count."""
     from ..runner import MoERunner
     from ..runner.expert_parallel import rank_layer
-    rank = dist.get_rank()
-    hidden = torch.randn(tokens, spec.hidden_size, device="cuda", dtype=torch.bfloat16)
-    ids, w = _routing(tokens, spec.num_experts, spec.top_k, 2000 + rank)
-    point = {"layer": name, "tokens_per_gpu": tokens, "dual_batch_overlap": "not implemented"}
-    for backend in ("nvlink", "nccl"):
-        layer = rank_layer(spec, weights, rank, max_tokens=tokens, force={"dispatch": backend})
-        point[f"ep_{backend}_ms"] = _time(lambda: layer(hidden, topk_ids=ids, topk_weights=w), iters)  # noqa: B023
-        layer = None  # its weight copy and symmetric buffers go before the next one's
-        torch.cuda.empty_cache()
-    single = MoERunner(replace(spec, ep_size=1), weights, max_tokens=tokens)
-    point["single_gpu_ms"] = _time(lambda: single(hidden, topk_ids=ids, topk_weights=w), iters)
-    _progress(f"layer {name} T={tokens}: " + " ".join(f"{k} {1e3 * v:.1f} us" for k, v in point.items()
-                                                     if k.endswith("_ms")))
-    return point
+    rank, most = dist.get_rank(), max(token_counts)
+    calls = {f"ep_{b}": rank_layer(spec, weights, rank, max_tokens=most, force={"dispatch": b})
+             for b in ("nvlink", "nccl")}
+    calls["single_gpu"] = MoERunner(replace(spec, ep_size=1), weights, max_tokens=most)
+    points = []
+    for tokens in token_counts:
+        hidden = torch.randn(tokens, spec.hidden_size, device="cuda", dtype=torch.bfloat16)
+        ids, w = _routing(tokens, spec.num_experts, spec.top_k, 2000 + rank)
+        point = {"layer": name, "tokens_per_gpu": tokens, "dual_batch_overlap": "not implemented"}
+        for key, layer in calls.items():
+            point[f"{key}_ms"] = _time(lambda: layer(hidden, topk_ids=ids, topk_weights=w), iters)  # noqa: B023
+        _progress(f"layer {name} T={tokens}: " + " ".join(f"{k} {1e3 * v:.1f} us" for k, v in point.items()
+                                                         if k.endswith("_ms")))
+        points.append(point)
+    return points
 
 
 def memory_point(spec: MoESpec, tokens: int) -> dict:
@@ -177,6 +181,7 @@ def memory_point(spec: MoESpec, tokens: int) -> dict:
 def run(iters: int, out_path: str | None) -> dict:
     rank, ep = dist.get_rank(), dist.get_world_size()
     result: dict = {"world": ep, "gpu": torch.cuda.get_device_name(), "link": link_bandwidth(iters)}
+    _progress(f"link: all-to-all {result['link']['gb_s']:.0f} GB/s per rank")
     result["dispatch"] = []
     for H in DISPATCH_HIDDEN:
         experts = 128 if H == 2048 else 256
@@ -184,14 +189,13 @@ def run(iters: int, out_path: str | None) -> dict:
         result["dispatch"] += dispatch_points(spec, DISPATCH_TOKENS, iters)
     result["memory"] = [memory_point(MoESpec(2048, 256, 128, k, ep_size=ep, ep_rank=rank), MEMORY_TOKENS)
                         for k in (8, 2)]
+    for m in result["memory"]:
+        _progress(f"memory top-{m['top_k']}: ours {m['peak_bytes_ours']} B, worst case {m['worst_case_bytes']} B")
     result["layers"] = []
     for name, H, inter, experts, top_k in LAYERS:
         spec = MoESpec(H, inter, experts, top_k, ep_size=ep, name=name)
-        weights = random_weights(spec, seed=7)
-        for tokens in LAYER_TOKENS:
-            result["layers"].append(layer_point(name, spec, weights, tokens, iters))
-            torch.cuda.empty_cache()  # the point's two layers (their weight copies) are gone
-        del weights
+        result["layers"] += layer_points(name, spec, random_weights(spec, seed=7), LAYER_TOKENS, iters)
+        torch.cuda.empty_cache()  # the shape's layers (their weight copies) are gone
     if rank == 0:
         if out_path:
             with open(out_path, "w") as f:
