@@ -581,3 +581,28 @@ def test_int4_packing_under_w8a16_is_refused(tmp_path: Path) -> None:
         checkpoint._load(checkpoint._Checkpoint(folder, stack), resolve_spec(folder, quant="w8a16"), 0)
     assert err.value.field == f"{_E}.0.gate_proj.qweight" and "AutoAWQ" in str(err.value)
     assert "\n" not in str(err.value)
+
+
+def test_an_expert_parallel_rank_holds_its_experts_packed_and_scaled() -> None:
+    """MoEWeights.for_rank cuts the packed data, scales, zeros and per-expert second scales to the rank's experts,
+    keeps the layer's AWQ pre-quant scales, and the rank's dequantized experts are the whole layer's rows."""
+    from moe_build.spec import MoESpec, Quant
+    from moe_build.weights import MoEWeights
+    from moe_build.weights.woq import WoqWeights
+    g = torch.Generator().manual_seed(3)
+    spec = MoESpec(64, 32, 4, 2, quant=Quant.W4A16_AWQ, quant_group_size=32, ep_size=2)
+    E, n1, H, I = 4, 64, 64, 32
+    woq = WoqWeights(WoqKind.INT4, 32, torch.randint(0, 256, (E, n1, H // 2), generator=g, dtype=torch.uint8),
+                     torch.randint(0, 256, (E, H, I // 2), generator=g, dtype=torch.uint8),
+                     torch.rand(E, n1, H // 32, generator=g), torch.rand(E, H, I // 32, generator=g),
+                     torch.randint(0, 16, (E, n1, H // 32), generator=g, dtype=torch.uint8),
+                     torch.randint(0, 16, (E, H, I // 32), generator=g, dtype=torch.uint8),
+                     fc1_act_scale=torch.rand(H, generator=g) + 0.5, fc2_act_scale=torch.rand(I, generator=g) + 0.5)
+    whole = MoEWeights(router_weight=torch.randn(E, H, generator=g), w1=woq.w1, w2=woq.w2, woq=woq)
+    whole.check(spec)
+    rank = whole.for_rank(spec, 1)
+    rank.check(spec.for_rank(1))
+    assert rank.w1 is rank.woq.w1 and torch.equal(rank.woq.w1_zero, woq.w1_zero[2:4])
+    assert rank.woq.fc1_act_scale is woq.fc1_act_scale
+    dense_whole, dense_rank = whole.dequantized(), rank.dequantized()
+    assert torch.equal(dense_rank.w1, dense_whole.w1[2:4]) and torch.equal(dense_rank.w2, dense_whole.w2[2:4])

@@ -171,7 +171,9 @@ class MoEWeights:
 
         fp8 = None if self.fp8 is None else replace(self.fp8, w1_scale=self.fp8.w1_scale[mine],
                                                      w2_scale=self.fp8.w2_scale[mine])
-        return replace(self, w1=self.w1[mine], w2=self.w2[mine], b1=cut(self.b1), b2=cut(self.b2), fp8=fp8)
+        woq = None if self.woq is None else self.woq.experts_slice(mine)
+        w1, w2 = (self.w1[mine], self.w2[mine]) if woq is None else (woq.w1, woq.w2)
+        return replace(self, w1=w1, w2=w2, b1=cut(self.b1), b2=cut(self.b2), fp8=fp8, woq=woq)
 
     def gate_up_interleaved(self) -> "MoEWeights":
         """These weights with W1 / b1 in `interleave_gate_up`'s order (the sm90 gated epilogue's)."""
@@ -243,7 +245,7 @@ class MoEWeights:
         if q.fc1_act_scale is not None and not spec.quant.has_act_prequant_scales:
             raise MoeBuildError("woq.fc1_act_scale", f"AWQ pre-quant scales given for quant={spec.quant.value}",
                                 "w4a16_awq, w4afp8")
-        n1, H, I, E = spec.fc1_out_features, spec.hidden_size, spec.intermediate_size, spec.num_experts
+        n1, H, I, E = spec.fc1_out_features, spec.hidden_size, spec.intermediate_size, spec.stored_experts
         for name, shape in q.expected_shapes(E, n1, H, I).items():
             t = getattr(q, name)
             if t is not None and tuple(t.shape) != shape:

@@ -126,6 +126,12 @@ class WoqWeights:
         """Every tensor present, by field name."""
         return [(n, getattr(self, n)) for n in _TENSORS if getattr(self, n) is not None]
 
+    def experts_slice(self, experts: slice) -> "WoqWeights":
+        """These weights for the experts in `experts` only (one expert-parallel rank's): every per-expert tensor
+        cut, the per-layer activation scales kept. Views, not copies."""
+        per_expert = ("w1", "w2", "w1_scale", "w2_scale", "w1_zero", "w2_zero", "w1_scale_2", "w2_scale_2")
+        return replace(self, **{n: t[experts] for n, t in self.named() if n in per_expert})
+
     def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "WoqWeights":
         """These weights with `fn` applied to every tensor (device moves, contiguous copies)."""
         return replace(self, **{n: fn(t) for n, t in self.named()})
