@@ -14,6 +14,8 @@
 #          tree's (AB_BASELINE: a folder holding an older moe_build/, plugins/ and its
 #          libmoe_build_kernels.so), one process of each per round (rounds AB_FIRST..AB_LAST, default 1..2),
 #          alternated; prints old vs new per point over every ab_*.json under $OUT
+#   bench_ep  moe-build bench-ep on every GPU of the host (a 2- or 4-GPU kind): expert-parallel dispatch +
+#          combine, memory, and the layer against one GPU (BENCH_EP_ARGS adds options)
 #
 # FP8 checkpoints made by a real producer tool (tests/gpu/test_runner_fp8_checkpoints.py): write them here with
 #   `python scripts/make_fp8_tool_checkpoints.py .device_carry/fp8_tool_checkpoints`, carry the folder and set
@@ -80,6 +82,9 @@ fi
 
 has sweep2 && sweep_phase sweep2 "${SWEEP2_ARGS:-}"
 # shellcheck disable=SC2086
+has bench_ep && phase bench_ep "${BENCH_EP_S:-400}" env NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
+  NVSHMEM_DISABLE_NVLS=1 "$PY" -m moe_build bench-ep --json "$RESULTS/bench_ep.json" ${BENCH_EP_ARGS:-}
+# shellcheck disable=SC2086
 has bench && phase bench "${BENCH_S:-300}" "$PY" -m moe_build bench --json "$RESULTS/bench.json" --png "$RESULTS/bench.png" \
   ${BENCH_ARGS:-}
 [ -f "$RESULTS/gpu_tests.log" ] && { echo "==== gpu tests (tail)"; tail -n 15 "$RESULTS/gpu_tests.log"; }
@@ -87,6 +92,8 @@ echo "==== gpu";  cat "$RESULTS/gpu.csv" "$RESULTS/versions.txt"
 [ -f "$RESULTS/bench.json" ] && { echo "==== bench (us, median)";
   "$PY" -c "import json,sys; from moe_build.bench.layer import table; print(table(json.load(open(sys.argv[1]))))" \
     "$RESULTS/bench.json"; }
+[ -f "$RESULTS/bench_ep.log" ] && { echo "==== bench-ep"; grep -v "Warning\|warn(\|return func\|OMP_NUM\|\*\*\*" \
+  "$RESULTS/bench_ep.log" | tail -n 40; }
 [ -f "$RESULTS/sweep.json" ] && { echo "==== sweep"; tail -n 12 "$RESULTS/sweep.log"; }
 [ -f "$RESULTS/sweep2.json" ] && { echo "==== sweep2"; tail -n 12 "$RESULTS/sweep2.log"; }
 has ab && "$PY" -m moe_build.bench.compare "$RESULTS"/ab_old_*.json -- "$RESULTS"/ab_new_*.json | tee "$RESULTS/ab_table.txt"
