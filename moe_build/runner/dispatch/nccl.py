@@ -18,6 +18,7 @@ from types import ModuleType
 import torch
 import torch.distributed as dist
 
+from ...errors import MoeBuildError
 from ...spec import MoESpec
 
 
@@ -48,7 +49,6 @@ class NcclDispatch:
         self.first = spec.first_local_expert
         self.local = spec.local_experts
         if dist.get_world_size(group) != self.ep or dist.get_rank(group) != spec.ep_rank:
-            from ...errors import MoeBuildError
             raise MoeBuildError("ep_rank", f"this process is rank {dist.get_rank(group)} of "
                                 f"{dist.get_world_size(group)}, the spec is rank {spec.ep_rank} of {self.ep}",
                                 "a process group of ep_size ranks, this process at ep_rank")
