@@ -447,7 +447,8 @@ def ep_parallel(s: MoESpec) -> Gate:
 
 
 # the ranks map each other's memory over NVLink only within one NVLink domain (an HGX board's 8 GPUs):
-# ep_size <= 8
+# ep_size <= 8. Where it holds, nvlink is the choice: dispatch + combine 224-645 us against nccl's 460-767 us
+# on 2 H200s at 1-4096 tokens, hidden 2048 and 7168 (docs/performance.md, "Expert parallelism")
 EP_NVLINK_DOMAIN = 8
 
 
