@@ -308,6 +308,22 @@ mb_status mb_grouped_gemm_fp8(const void* A, const float* scale_a, const void* B
                               int64_t max_rows, int n, int k, int dtype, mb_gemm_tactic tactic, void* workspace,
                               size_t workspace_bytes, cudaStream_t stream);
 
+/* ---- weight-only grouped GEMM (issue 47) ----------------------------------------------------------
+ * gemm/woq_decode.cu: C[p] = A[p] @ dequant(B[x])^T (+ bias[x]) for the permuted rows p of expert x; A
+ * [max_rows, k] and C [max_rows, n] in dtype (MB_BF16 or MB_FP16), B in moe_build/weights/woq.py's forms:
+ *   MB_WOQ_INT4 : uint8 [E, n, k/2] 4-bit codes u (low nibble the even column), w = (u - z) * s, s fp32
+ *                 [E, n, k/group] (group 0: [E, n, 1]), z uint8 of the same shape or 8 where zeros is NULL;
+ *   MB_WOQ_INT8 : int8 [E, n, k], w = q * s (s as above; no zeros);
+ *   MB_WOQ_MXFP4: uint8 [E, n, k/2] e2m1 codes, scales uint8 e8m0 [E, n, k/32] (group 32), w = e2m1 * 2^(e-127).
+ * The weight is rounded once to dtype before the mma; fp32 accumulation. Groups 32, 64 or 128 dividing k
+ * (or 0); n % 16 == 0, k % 32 == 0; A, B, C 16-byte aligned. Tactic: the decode kernel only (MB_GEMM_DECODE,
+ * k_split 1, 2, 4 or 8, launch plain or after a trigger), for the few rows per expert of decode; no workspace. */
+enum mb_woq_kind { MB_WOQ_INT4 = 0, MB_WOQ_INT8 = 1, MB_WOQ_MXFP4 = 2 };
+mb_status mb_grouped_gemm_woq(const void* A, const void* B, int kind, const void* scales, const uint8_t* zeros,
+                              int group, const void* bias, void* C, const int64_t* expert_first_token_offset,
+                              int num_experts, int64_t max_rows, int n, int k, int dtype, mb_gemm_tactic tactic,
+                              cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

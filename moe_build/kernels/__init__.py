@@ -1,22 +1,24 @@
 """The CUDA kernel library: its C ABI (`abi`), building it with nvcc (`build`), loading it (`library`) and
 one torch wrapper per entry point (`ops`)."""
 from .abi import (SIGNATURES, Activation, DType, Fp8Scaling, GemmKernel, GemmLaunch, GemmTacticStruct, GemmTile, OutputL2,
-                  Routing, Status, WeightLayout)
+                  Routing, Status, WeightLayout, WoqKind)
 from .library import KernelError, last_error, load_library
 from .ops import (ep_combine, ep_layout, ep_nvlink_dispatch, ep_nvlink_gather, ep_nvlink_return, expand_rows, expand_rows_fp8, expand_rows_fp8_prequantized, fc1_activation, fc1_activation_fp8,
                   finalize, quantize_fp8, gemm_placement_ints, grouped_gemm_fp8,
                   grouped_gemm_fp8_workspace_bytes, grouped_gemm_sm80,
                   grouped_gemm_sm80_workspace_bytes, grouped_gemm_sm90, grouped_gemm_sm90_finalize,
-                  grouped_gemm_sm90_gated, grouped_gemm_sm90_workspace_bytes, new_gemm_placement, routing,
+                  grouped_gemm_sm90_gated, grouped_gemm_sm90_workspace_bytes, grouped_gemm_woq, new_gemm_placement,
+                  routing,
                   routing_prologue_fused, routing_prologue_three_step, tactic_struct, three_step_workspace_bytes,
                   trusted_tensors)
 
 __all__ = ["SIGNATURES", "Activation", "DType", "Fp8Scaling", "GemmKernel", "GemmLaunch", "GemmTacticStruct", "GemmTile",
-           "OutputL2", "Routing", "Status", "WeightLayout", "KernelError", "last_error", "load_library",
+           "OutputL2", "Routing", "Status", "WeightLayout", "WoqKind", "KernelError", "last_error", "load_library",
            "ep_combine", "ep_layout", "ep_nvlink_dispatch", "ep_nvlink_gather", "ep_nvlink_return", "expand_rows", "expand_rows_fp8", "expand_rows_fp8_prequantized", "fc1_activation", "fc1_activation_fp8",
            "finalize", "quantize_fp8", "gemm_placement_ints", "grouped_gemm_fp8",
            "grouped_gemm_fp8_workspace_bytes", "grouped_gemm_sm80",
            "grouped_gemm_sm80_workspace_bytes", "grouped_gemm_sm90", "grouped_gemm_sm90_finalize",
-           "grouped_gemm_sm90_gated", "grouped_gemm_sm90_workspace_bytes", "new_gemm_placement", "routing",
+           "grouped_gemm_sm90_gated", "grouped_gemm_sm90_workspace_bytes", "grouped_gemm_woq", "new_gemm_placement",
+           "routing",
            "routing_prologue_fused", "routing_prologue_three_step", "tactic_struct", "three_step_workspace_bytes",
            "trusted_tensors"]

@@ -69,6 +69,13 @@ class GemmTile(enum.IntEnum):
     COOP_128x128 = 9
 
 
+class WoqKind(enum.IntEnum):
+    """mb_woq_kind: how the weight-only GEMM's B is stored (moe_build/weights/woq.py's kinds)."""
+    INT4 = 0
+    INT8 = 1
+    MXFP4 = 2
+
+
 class Fp8Scaling(enum.IntEnum):
     """mb_fp8_scaling: the FP8 GEMM's scales (per row and column, or per 128-k block)."""
     ROWWISE = 0
@@ -134,4 +141,5 @@ SIGNATURES: dict[str, tuple[type, tuple[type, ...]]] = {
                                         _p)),
     "mb_grouped_gemm_fp8_workspace": (_sz, (_i, _i64, _i, _i)),
     "mb_grouped_gemm_fp8": (_i, (_p, _p, _p, _p, _i, _p, _p, _p, _i, _i64, _i, _i, _i, _t, _p, _sz, _p)),
+    "mb_grouped_gemm_woq": (_i, (_p, _p, _i, _p, _p, _i, _p, _p, _p, _i, _i64, _i, _i, _i, _t, _p)),
 }

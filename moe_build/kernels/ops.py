@@ -13,7 +13,7 @@ from typing import Callable, Iterator, Sequence
 import torch
 
 from ..planner.tactics import MMA_TILES, WGMMA_TILES, GemmTactic
-from .abi import (Activation, DType, Fp8Scaling, GemmKernel, GemmLaunch, GemmTacticStruct, GemmTile, OutputL2,
+from .abi import (Activation, DType, Fp8Scaling, GemmKernel, GemmLaunch, GemmTacticStruct, GemmTile, OutputL2, WoqKind,
                   Routing, WeightLayout)
 from .library import call, load_library
 
@@ -693,4 +693,33 @@ def grouped_gemm_fp8(a: torch.Tensor, scale_a: torch.Tensor, b: torch.Tensor, sc
          _ptr(bias), out.data_ptr(), expert_first_token_offset.data_ptr(), e, rows, n, k,
          int(DType.BF16 if out_dtype == torch.bfloat16 else DType.FP16), tactic_struct(tactic), ws, ws_bytes,
          _stream(stream, dev))
+    return out
+
+
+# ---- weight-only grouped GEMM (issue 47; cpp/src/gemm/woq_decode.cu) ---------------------------------------
+
+def grouped_gemm_woq(a: torch.Tensor, b: torch.Tensor, kind: int | str | WoqKind, scales: torch.Tensor,
+                     expert_first_token_offset: torch.Tensor, group: int, zeros: torch.Tensor | None = None,
+                     bias: torch.Tensor | None = None, c: torch.Tensor | None = None,
+                     stream: int | torch.cuda.Stream | None = None, *, tactic: GemmTactic | str) -> torch.Tensor:
+    """C[p] = A[p] @ dequant(B[x])^T (+ bias[x]): A [R, k] bf16/fp16, B in moe_build/weights/woq.py's packed form
+    of `kind` ([E, n, k/2] uint8 for int4 / mxfp4, [E, n, k] int8), scales fp32 [E, n, k/group] ([E, n, 1] for
+    group 0; uint8 e8m0 [E, n, k/32] for mxfp4), int4 zeros uint8 like the scales or None -> C [R, n]."""
+    _check(a, "A", (None, None))
+    dev, rows, k = a.device, a.shape[0], a.shape[1]
+    mode = WoqKind(_enum(kind, WoqKind, "kind"))
+    packed = mode is not WoqKind.INT8
+    _check(b, "B", (None, None, k // 2 if packed else k), torch.uint8 if packed else torch.int8, dev)
+    e, n = b.shape[0], b.shape[1]
+    _check(expert_first_token_offset, "expert_first_token_offset", (e + 1,), torch.int64, dev)
+    groups = k // 32 if mode is WoqKind.MXFP4 else (1 if group == 0 else k // group)
+    _check(scales, "scales", (e, n, groups), torch.uint8 if mode is WoqKind.MXFP4 else torch.float32, dev)
+    if zeros is not None:
+        _check(zeros, "zeros", (e, n, groups), torch.uint8, dev)
+    if bias is not None:
+        _check(bias, "bias", (e, n), a.dtype, dev)
+    out = _out(c, "C", (rows, n), a.dtype, dev)
+    call("mb_grouped_gemm_woq", a.data_ptr(), b.data_ptr(), int(mode), scales.data_ptr(), _ptr(zeros), group,
+         _ptr(bias), out.data_ptr(), expert_first_token_offset.data_ptr(), e, rows, n, k, _dtype_code(a, "A"),
+         tactic_struct(tactic), _stream(stream, dev))
     return out
