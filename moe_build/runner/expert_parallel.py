@@ -21,7 +21,7 @@ from . import sequence as S
 from .batch import Batch
 from .dispatch import NcclDispatch, NvlinkDispatch
 from .prepare_finalize import PrepareFinalize
-from .runner import MoERunner, device_target, require_cuda, workspace_bytes
+from .runner import MoERunner, device_target, require_cuda
 from .workspace import Workspace, workspace_layout
 
 
@@ -67,7 +67,7 @@ class ExpertParallelMoE:
         # non-blocking: the experts' rows, output and workspace are fixed, sized once
         self._fixed = None if recv_capacity is None else (
             torch.empty(recv_capacity, spec.hidden_size, dtype=self.experts.dtype, device=self.device),
-            torch.empty(workspace_bytes(spec, plan, recv_capacity), dtype=torch.uint8, device=self.device))
+            torch.empty(self.experts.workspace_bytes(recv_capacity), dtype=torch.uint8, device=self.device))
         deterministic = bool(plan.target.get("deterministic", False))
         self.prepare_finalize = PrepareFinalize(spec, self.weights, kernels, deterministic)
         # Where the tokens live: the router's logits, the routed ids / weights and the shared experts' buffers.
@@ -106,7 +106,7 @@ class ExpertParallelMoE:
             partial = torch.empty_like(d.hidden)
         if rows:
             if self._fixed is None:
-                flat = torch.empty(workspace_bytes(self.spec, self.plan, rows), dtype=torch.uint8, device=self.device)
+                flat = torch.empty(self.experts.workspace_bytes(rows), dtype=torch.uint8, device=self.device)
             self.experts(d.hidden, topk_ids=d.topk_ids, topk_weights=d.topk_weights, out=partial, workspace=flat)
         self.dispatcher.combine(partial, d, out)
         if self.spec.shared.count and T:

@@ -127,6 +127,10 @@ class MoERunner:
                                                       self.device)
         return ws
 
+    def workspace_bytes(self, tokens: int) -> int:
+        """Bytes of the flat workspace a call of `tokens` tokens takes (bind_workspace's), from the kept layouts."""
+        return layout_bytes(self._layout(tokens))
+
     def bind_workspace(self, flat: torch.Tensor, tokens: int) -> Workspace:
         """A caller's flat buffer carved for calls of `tokens` tokens: a caller that reuses one buffer
         (TensorRT's workspace) carves it once instead of on every call."""

@@ -21,17 +21,12 @@
 // exit at once. Experts with more than 8 rows take several chunks (their weights then come from L2).
 // Epilogues as the mma.sync kernel: STORE (bias + activation), GATED (8 gate + the matching 8 up
 // rows per warp, act(gate) * up), FINALIZE (w * (acc + bias) atomically added to the token row).
-#include <algorithm>
-
+#include "gemm/decode_launch.cuh"
 #include "gemm/loads.cuh"
 #include "gemm/mma.cuh"
 
 namespace mbk {
 namespace {
-
-constexpr int kDecodeWarps = 8;
-constexpr int kDecodeThreads = kDecodeWarps * 32;
-constexpr int kDecodeTokens = 8;  // token rows per chunk: the mma's 8 columns
 
 // Output columns of one CTA: 16 features per row group (GATED: 8 gate + their 8 up rows).
 constexpr int decode_out_cols(int epilogue, int wk) {
@@ -191,30 +186,13 @@ __global__ void __launch_bounds__(kDecodeThreads) grouped_decode_kernel(GemmPara
 
 // Launched after a trigger, the kernel loads its first weights under the previous kernel's tail (see the
 // wait in the kernel); launched plainly, that wait returns at once.
-template <typename T, int EPI, int WK, bool BLOCKED>
-mb_status launch_wk(const GemmParams& p, int64_t chunks, bool after_trigger, cudaStream_t stream) {
-  constexpr int OUT_COLS = decode_out_cols(EPI, WK);
-  const int64_t col_blocks = (p.n + OUT_COLS - 1) / OUT_COLS;
-  if (chunks > INT32_MAX || col_blocks > 65535)
-    return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm decode: grid too large (chunks %lld, column blocks %lld)",
-                (long long)chunks, (long long)col_blocks);
-  auto kernel = grouped_decode_kernel<T, EPI, WK, BLOCKED>;
-  const dim3 grid((unsigned)chunks, (unsigned)col_blocks), block(kDecodeThreads);
-  const cudaError_t err = mb::launch_after_trigger_smem(kernel, grid, block, 0, stream, after_trigger, p);
-  if (err != cudaSuccess) return fail(MB_ERR_CUDA, "grouped gemm decode launch: %s", cudaGetErrorString(err));
-  return MB_OK;
-}
-
 template <typename T, int EPI, bool BLOCKED>
 mb_status launch_layout(const GemmParams& p, int64_t max_rows, int k_split, bool after_trigger, cudaStream_t stream) {
-  // sum over experts of ceil(rows_x / 8) <= ceil(max_rows / 8) + (non-empty experts)
-  const int64_t chunks = (max_rows + kDecodeTokens - 1) / kDecodeTokens + std::min<int64_t>(p.num_experts, max_rows);
-  switch (k_split) {
-    case 1: return launch_wk<T, EPI, 1, BLOCKED>(p, chunks, after_trigger, stream);
-    case 2: return launch_wk<T, EPI, 2, BLOCKED>(p, chunks, after_trigger, stream);
-    case 4: return launch_wk<T, EPI, 4, BLOCKED>(p, chunks, after_trigger, stream);
-    default: return launch_wk<T, EPI, 8, BLOCKED>(p, chunks, after_trigger, stream);
-  }
+  return by_k_split(k_split, [&](auto wk) {
+    constexpr int WK = decltype(wk)::value;
+    return launch_decode(grouped_decode_kernel<T, EPI, WK, BLOCKED>, p, p.n, decode_out_cols(EPI, WK),
+                         decode_chunks(max_rows, p.num_experts), after_trigger, stream, "grouped gemm decode");
+  });
 }
 
 template <typename T, int EPI>

@@ -15,8 +15,6 @@ int compute_capability() {
          mb::device_attribute(cudaDevAttrComputeCapabilityMinor);
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 mb_status check_fp8_args(const Fp8GemmParams& p, int64_t max_rows, int dtype) {
   const char* who = "grouped gemm fp8";
   if (dtype != MB_BF16 && dtype != MB_FP16)

@@ -19,8 +19,7 @@
 // into slices of whole 128-k blocks; partial sums meet in shared memory and are reduced in fixed warp
 // order (bit-reproducible). The grid is sized from host-known bounds and each CTA finds its chunk with
 // cta_find_tile: no host sync, CUDA-graph capturable.
-#include <algorithm>
-
+#include "gemm/decode_launch.cuh"
 #include "gemm/fp8.cuh"
 #include "gemm/loads.cuh"
 #include "gemm/mma.cuh"
@@ -28,9 +27,6 @@
 namespace mbk {
 namespace {
 
-constexpr int kWarps = 8;
-constexpr int kThreads = kWarps * 32;
-constexpr int kTokens = 8;  // token rows per chunk: the mma's 8 columns
 constexpr int kStepK = 64;  // k per step: 4 lanes x 16 bytes
 constexpr int kSteps = 4;   // steps per load batch: 256 bytes of each weight row
 
@@ -49,12 +45,12 @@ __device__ __forceinline__ void mma_e4m3(float (&c)[4], const uint32_t (&a)[4], 
 __device__ __forceinline__ float ld_scale(const float* p, bool valid) { return valid ? __ldg(p) : 0.f; }
 
 template <typename T, int SCALING, int WK>
-__global__ void __launch_bounds__(kThreads) fp8_decode_kernel(Fp8GemmParams p) {
-  constexpr int R = 16 * (kWarps / WK);  // weight rows (output columns) per CTA
+__global__ void __launch_bounds__(kDecodeThreads) fp8_decode_kernel(Fp8GemmParams p) {
+  constexpr int R = 16 * (kDecodeWarps / WK);  // weight rows (output columns) per CTA
   constexpr bool kBlock = SCALING == MB_FP8_BLOCK128;
-  __shared__ float s_part[WK][R][kTokens + 1];
+  __shared__ float s_part[WK][R][kDecodeTokens + 1];
 
-  const TileRows tile = cta_find_tile<kTokens>(p.offsets, p.num_experts);
+  const TileRows tile = cta_find_tile<kDecodeTokens>(p.offsets, p.num_experts);
   const int expert = tile.expert;
   if (expert < 0) return;
   const int64_t row_begin = tile.begin;
@@ -165,7 +161,7 @@ __global__ void __launch_bounds__(kThreads) fp8_decode_kernel(Fp8GemmParams p) {
   using P2 = Pair<T>;
   const T* bias = p.bias ? static_cast<const T*>(p.bias) + (int64_t)expert * N : nullptr;
   // One thread per (token, output column pair); warp-slice partials summed in fixed order.
-  for (int idx = threadIdx.x; idx < kTokens * (R / 2); idx += kThreads) {
+  for (int idx = threadIdx.x; idx < kDecodeTokens * (R / 2); idx += kDecodeThreads) {
     const int t = idx / (R / 2), c = 2 * (idx % (R / 2));
     const int col = col0 + c;
     if (t >= rows || col >= N) continue;  // N and col are even: col + 1 < N too
@@ -188,29 +184,14 @@ __global__ void __launch_bounds__(kThreads) fp8_decode_kernel(Fp8GemmParams p) {
   }
 }
 
-template <typename T, int SCALING, int WK>
-mb_status launch_wk(const Fp8GemmParams& p, int64_t chunks, bool after_trigger, cudaStream_t stream) {
-  constexpr int R = 16 * (kWarps / WK);
-  const int64_t col_blocks = (p.n + R - 1) / R;
-  if (chunks > INT32_MAX || col_blocks > 65535)
-    return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm fp8 decode: grid too large (chunks %lld, column blocks %lld)",
-                (long long)chunks, (long long)col_blocks);
-  const dim3 grid((unsigned)chunks, (unsigned)col_blocks), block(kThreads);
-  const cudaError_t err =
-      mb::launch_after_trigger_smem(fp8_decode_kernel<T, SCALING, WK>, grid, block, 0, stream, after_trigger, p);
-  if (err != cudaSuccess) return fail(MB_ERR_CUDA, "grouped gemm fp8 decode launch: %s", cudaGetErrorString(err));
-  return MB_OK;
-}
-
 template <typename T, int SCALING>
 mb_status launch_scaling(const Fp8GemmParams& p, int64_t chunks, int k_split, bool after_trigger,
                          cudaStream_t stream) {
-  switch (k_split) {
-    case 1: return launch_wk<T, SCALING, 1>(p, chunks, after_trigger, stream);
-    case 2: return launch_wk<T, SCALING, 2>(p, chunks, after_trigger, stream);
-    case 4: return launch_wk<T, SCALING, 4>(p, chunks, after_trigger, stream);
-    default: return launch_wk<T, SCALING, 8>(p, chunks, after_trigger, stream);
-  }
+  return by_k_split(k_split, [&](auto wk) {
+    constexpr int WK = decltype(wk)::value;
+    return launch_decode(fp8_decode_kernel<T, SCALING, WK>, p, p.n, 16 * (kDecodeWarps / WK), chunks, after_trigger,
+                         stream, "grouped gemm fp8 decode");
+  });
 }
 
 // The SASS architecture the runtime picked for this kernel on the current device: a library built without
@@ -239,8 +220,7 @@ mb_status launch_fp8_decode(const Fp8GemmParams& p, int64_t max_rows, int dtype,
     return fail(MB_ERR_UNSUPPORTED, "grouped gemm fp8 decode: this library has no sm_89+ code for this GPU (it runs "
                                     "the sm_%d image); build it with `moe-build kernels --arch 80,89,90a`", binary);
   if (max_rows == 0) return MB_OK;
-  // sum over experts of ceil(rows_x / 8) <= ceil(max_rows / 8) + (non-empty experts)
-  const int64_t chunks = (max_rows + kTokens - 1) / kTokens + std::min<int64_t>(p.num_experts, max_rows);
+  const int64_t chunks = decode_chunks(max_rows, p.num_experts);
   return dispatch_16bit(dtype, [&](auto tag) {
     using T = decltype(tag);
     return p.scaling == MB_FP8_BLOCK128 ? launch_scaling<T, MB_FP8_BLOCK128>(p, chunks, k_split, after_trigger, stream)

@@ -401,6 +401,9 @@ inline mb_status check_grouped_args(const GemmParams& p, int64_t max_rows, int e
   return MB_OK;
 }
 
+// Whether a pointer allows 16-byte vector loads and TMA (the FP8 and weight-only GEMMs require it of A, B, C).
+inline bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
 // Calls launch(T{}) with T the 16-bit type of `dtype`; the grouped GEMMs have no fp32 kernels.
 template <typename Launch>
 mb_status dispatch_16bit(int dtype, Launch&& launch) {

@@ -16,18 +16,15 @@
 // which physical k fills which fragment slot as long as a lane's weights and tokens agree, and the lane's
 // token row is read at the same k. A lane's 32 k lie in one scale group (groups are 32, 64 or 128 and the
 // batches start on multiples of 128), so a batch needs one scale (and zero) per weight row.
-#include <algorithm>
 #include <cstdint>
 
+#include "gemm/decode_launch.cuh"
 #include "gemm/loads.cuh"
 #include "gemm/mma.cuh"
 
 namespace mbk {
 namespace {
 
-constexpr int kWoqWarps = 8;
-constexpr int kWoqThreads = kWoqWarps * 32;
-constexpr int kWoqTokens = 8;  // token rows per chunk: the mma's 8 columns
 constexpr int kMxfp4Group = 32;
 
 struct WoqGemmParams {
@@ -78,14 +75,14 @@ __device__ __forceinline__ void dequant8(const uint4* raw, int u, float scale, f
 }
 
 template <typename T, int KIND, int WK>
-__global__ void __launch_bounds__(kWoqThreads) grouped_woq_decode_kernel(WoqGemmParams p) {
-  constexpr int R = 16 * (kWoqWarps / WK);  // weight rows per CTA (= output columns)
+__global__ void __launch_bounds__(kDecodeThreads) grouped_woq_decode_kernel(WoqGemmParams p) {
+  constexpr int R = 16 * (kDecodeWarps / WK);  // weight rows per CTA (= output columns)
   constexpr int U = 4;                       // k32 steps per batch (128 k)
   constexpr int RAW = KIND == MB_WOQ_INT8 ? 2 : 1;  // 16-byte weight loads per row per batch
-  __shared__ float s_part[WK][R][kWoqTokens + 1];
+  __shared__ float s_part[WK][R][kDecodeTokens + 1];
   using P2 = Pair<T>;
 
-  const TileRows tile = cta_find_tile<kWoqTokens>(p.offsets, p.num_experts);
+  const TileRows tile = cta_find_tile<kDecodeTokens>(p.offsets, p.num_experts);
   const int expert = tile.expert;
   if (expert < 0) return;
   const int64_t row_begin = tile.begin;
@@ -178,7 +175,7 @@ __global__ void __launch_bounds__(kWoqThreads) grouped_woq_decode_kernel(WoqGemm
 
   const T* bias = p.bias ? static_cast<const T*>(p.bias) + static_cast<int64_t>(expert) * N : nullptr;
   // One thread per (token, output column pair); the K slices' partials summed in fixed order.
-  for (int idx = threadIdx.x; idx < kWoqTokens * (R / 2); idx += kWoqThreads) {
+  for (int idx = threadIdx.x; idx < kDecodeTokens * (R / 2); idx += kDecodeThreads) {
     const int t = idx / (R / 2), c = 2 * (idx % (R / 2));
     const int col = col0 + c;
     if (t >= rows || col >= N) continue;  // N even: col + 1 < N too
@@ -199,33 +196,14 @@ __global__ void __launch_bounds__(kWoqThreads) grouped_woq_decode_kernel(WoqGemm
   }
 }
 
-template <typename T, int KIND, int WK>
-mb_status launch_wk(const WoqGemmParams& p, int64_t chunks, bool after_trigger, cudaStream_t stream) {
-  constexpr int R = 16 * (kWoqWarps / WK);
-  const int64_t col_blocks = (p.n + R - 1) / R;
-  if (chunks > INT32_MAX || col_blocks > 65535)
-    return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm woq: grid too large (chunks %lld, column blocks %lld)",
-                static_cast<long long>(chunks), static_cast<long long>(col_blocks));
-  const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>(col_blocks)), block(kWoqThreads);
-  const cudaError_t err = mb::launch_after_trigger_smem(grouped_woq_decode_kernel<T, KIND, WK>, grid, block, 0, stream,
-                                                        after_trigger, p);
-  if (err != cudaSuccess) return fail(MB_ERR_CUDA, "grouped gemm woq launch: %s", cudaGetErrorString(err));
-  return mb::check_launch("grouped_woq_decode_kernel");
-}
-
 template <typename T, int KIND>
 mb_status launch_kind(const WoqGemmParams& p, int64_t max_rows, int k_split, bool after_trigger, cudaStream_t stream) {
-  // sum over experts of ceil(rows_x / 8) <= ceil(max_rows / 8) + (non-empty experts)
-  const int64_t chunks = (max_rows + kWoqTokens - 1) / kWoqTokens + std::min<int64_t>(p.num_experts, max_rows);
-  switch (k_split) {
-    case 1: return launch_wk<T, KIND, 1>(p, chunks, after_trigger, stream);
-    case 2: return launch_wk<T, KIND, 2>(p, chunks, after_trigger, stream);
-    case 4: return launch_wk<T, KIND, 4>(p, chunks, after_trigger, stream);
-    default: return launch_wk<T, KIND, 8>(p, chunks, after_trigger, stream);
-  }
+  return by_k_split(k_split, [&](auto wk) {
+    constexpr int WK = decltype(wk)::value;
+    return launch_decode(grouped_woq_decode_kernel<T, KIND, WK>, p, p.n, 16 * (kDecodeWarps / WK),
+                         decode_chunks(max_rows, p.num_experts), after_trigger, stream, "grouped gemm woq");
+  });
 }
-
-bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
 mb_status check_woq_args(const WoqGemmParams& p, int64_t max_rows, const mb_gemm_tactic& t) {
   const char* who = "grouped gemm woq";

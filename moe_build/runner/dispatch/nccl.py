@@ -18,8 +18,8 @@ from types import ModuleType
 import torch
 import torch.distributed as dist
 
-from ...errors import MoeBuildError
 from ...spec import MoESpec
+from .group import rank_group
 
 
 @dataclass
@@ -44,14 +44,10 @@ class NcclDispatch:
     def __init__(self, spec: MoESpec, kernels: ModuleType, group: dist.ProcessGroup | None = None) -> None:
         self.spec = spec
         self.k = kernels
-        self.group = group
+        self.group = rank_group(spec, group)
         self.ep = spec.ep_size
         self.first = spec.first_local_expert
         self.local = spec.local_experts
-        if dist.get_world_size(group) != self.ep or dist.get_rank(group) != spec.ep_rank:
-            raise MoeBuildError("ep_rank", f"this process is rank {dist.get_rank(group)} of "
-                                f"{dist.get_world_size(group)}, the spec is rank {spec.ep_rank} of {self.ep}",
-                                "a process group of ep_size ranks, this process at ep_rank")
 
     def dispatch(self, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
         """Send each token of `hidden` [T, H] with its top-k ids [T, K] (global) and weights to the ranks holding

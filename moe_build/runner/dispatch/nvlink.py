@@ -25,12 +25,8 @@ import torch.distributed as dist
 
 from ...errors import MoeBuildError
 from ...spec import MoESpec
-
-ALIGN = 256  # bytes: every region of the symmetric buffer starts aligned for 16-byte vectors
-
-
-def _aligned(n: int) -> int:
-    return -(-n // ALIGN) * ALIGN
+from ..workspace import TORCH_DTYPE, BufferSpec, Workspace, layout_bytes
+from .group import rank_group
 
 
 @dataclass
@@ -53,30 +49,23 @@ class NvlinkDispatch:
                  recv_capacity: int | None = None, device: torch.device | str = "cuda") -> None:
         import torch.distributed._symmetric_memory as symm_mem
         self.spec, self.k = spec, kernels
-        self.group = group or dist.group.WORLD
+        self.group = rank_group(spec, group)
         self.ep, self.rank = spec.ep_size, spec.ep_rank
-        if dist.get_world_size(self.group) != self.ep or dist.get_rank(self.group) != self.rank:
-            raise MoeBuildError("ep_rank", f"this process is rank {dist.get_rank(self.group)} of "
-                                f"{dist.get_world_size(self.group)}, the spec is rank {self.rank} of {self.ep}",
-                                "a process group of ep_size ranks, this process at ep_rank")
         if recv_capacity is not None and recv_capacity < 1:
             raise MoeBuildError("recv_capacity", f"must be a positive row count, got {recv_capacity!r}",
                                 "integers >= 1, or None (blocking)")
         self.cap, self.capacity = max_tokens, recv_capacity
         H, K, ep, dev = spec.hidden_size, spec.top_k, self.ep, torch.device(device)
-        from ..workspace import TORCH_DTYPE
         dtype = TORCH_DTYPE[spec.dtype]
-        regions = {"recv_rows": ((ep * self.cap, H), dtype), "recv_meta": ((ep * self.cap, 2 * K), torch.int32),
-                   "recv_counts": ((ep, 2), torch.int32), "returned": ((ep * self.cap, H), dtype)}
-        offsets, total = {}, 0
-        for name, (shape, dt) in regions.items():
-            offsets[name] = total
-            total += _aligned(int(torch.Size(shape).numel()) * dt.itemsize)
-        self.buffer = symm_mem.empty(total, dtype=torch.uint8, device=dev)
+        # the symmetric buffer carved as a runner workspace is (each region 256-byte aligned), every rank alike
+        regions = {"recv_rows": BufferSpec((ep * self.cap, H), dtype),
+                   "recv_meta": BufferSpec((ep * self.cap, 2 * K), torch.int32),
+                   "recv_counts": BufferSpec((ep, 2), torch.int32), "returned": BufferSpec((ep * self.cap, H), dtype)}
+        self.buffer = symm_mem.empty(layout_bytes(regions), dtype=torch.uint8, device=dev)
         self.handle = symm_mem.rendezvous(self.buffer, self.group.group_name)
-        self.local = {name: self.buffer[offsets[name]: offsets[name] + int(torch.Size(shape).numel()) * dt.itemsize]
-                      .view(dt).view(shape) for name, (shape, dt) in regions.items()}
+        self.local = Workspace(regions, flat=self.buffer).buffers
         ptrs = list(self.handle.buffer_ptrs)
+        offsets = {name: t.data_ptr() - self.buffer.data_ptr() for name, t in self.local.items()}
         self.peers = {name: torch.tensor([p + offsets[name] for p in ptrs], dtype=torch.int64, device=dev)
                       for name in regions}
         self.local["recv_counts"].zero_()

@@ -1,0 +1,50 @@
+// What the swap-AB decode kernels (gemm/decode.cu, gemm/fp8_decode.cu, gemm/woq_decode.cu) share on the host:
+// CTAs of 8 warps, one per (expert, chunk of up to 8 token rows, block of output columns), the grid sized from
+// host-known bounds (no host synchronization: CUDA-graph capturable; CTAs past the real chunk count exit), and
+// the K split chosen at compile time.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "gemm/mma.cuh"
+
+namespace mbk {
+
+constexpr int kDecodeWarps = 8;
+constexpr int kDecodeThreads = kDecodeWarps * 32;
+constexpr int kDecodeTokens = 8;  // token rows per chunk: the mma's 8 columns
+
+// Chunks to launch: sum over experts of ceil(rows_x / 8) <= ceil(max_rows / 8) + (non-empty experts).
+inline int64_t decode_chunks(int64_t max_rows, int num_experts) {
+  return (max_rows + kDecodeTokens - 1) / kDecodeTokens + std::min<int64_t>(num_experts, max_rows);
+}
+
+// `kernel(p)` over (chunks, ceil(n / out_cols)) CTAs of kDecodeThreads, after a trigger or plainly; `who`
+// names the GEMM in the error.
+template <typename Params>
+mb_status launch_decode(void (*kernel)(Params), const Params& p, int n, int out_cols, int64_t chunks,
+                        bool after_trigger, cudaStream_t stream, const char* who) {
+  const int64_t col_blocks = (n + out_cols - 1) / out_cols;
+  if (chunks > INT32_MAX || col_blocks > 65535)
+    return fail(MB_ERR_INVALID_ARGUMENT, "%s: grid too large (chunks %lld, column blocks %lld)", who,
+                (long long)chunks, (long long)col_blocks);
+  const dim3 grid((unsigned)chunks, (unsigned)col_blocks), block(kDecodeThreads);
+  const cudaError_t err = mb::launch_after_trigger_smem(kernel, grid, block, 0, stream, after_trigger, p);
+  if (err != cudaSuccess) return fail(MB_ERR_CUDA, "%s launch: %s", who, cudaGetErrorString(err));
+  return MB_OK;
+}
+
+// f(std::integral_constant<int, WK>{}) for k_split 1, 2 or 4, else 8 (the callers have checked it).
+template <typename F>
+mb_status by_k_split(int k_split, F&& f) {
+  switch (k_split) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    default: return f(std::integral_constant<int, 8>{});
+  }
+}
+
+}  // namespace mbk
