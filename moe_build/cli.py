@@ -315,7 +315,8 @@ def inspect_cmd(engine: str, as_json: bool) -> None:
 @click.option("--quant", default="none", show_default=True, help="none (bf16 layers), or fp8, fp8_block or both "
               "comma-separated: the FP8 bench (variants ours, ours:fc1_input_quant=separate, "
               "ours:fc2_input_quant=separate, ours_bf16, scaled_grouped_mm, grouped_mm_dequant; JSON default "
-              "bench_fp8.json).")
+              "bench_fp8.json), or w4a16_awq, w8a16, wfp4a16 comma-separated: the weight-only bench (ours, the AWQ "
+              "fusion forced off, ours_bf16, grouped_mm_dequant; JSON default bench_woq.json).")
 @click.option("--iters", type=int, default=20, show_default=True, help="Timed rounds per point.")
 @click.option("--warmup", type=int, default=3, show_default=True, help="Warm-up calls per variant.")
 @click.option("--input-sets", "input_sets", type=int, default=4, show_default=True,
@@ -329,8 +330,22 @@ def bench_cmd(shapes: str | None, tokens: str | None, variants: str | None, swee
     import json as json_module
     from pathlib import Path
 
-    from .bench import fp8_layer, layer, sweep as sweep_module
+    from .bench import fp8_layer, layer, sweep as sweep_module, woq_layer
     from .bench.workload import FP8_SHAPES, SHAPES, TOKENS
+    woq_quants = [woq_layer.QUANTS[q.strip()] for q in quant.split(",") if q.strip() in woq_layer.QUANTS]
+    if woq_quants:
+        if len(woq_quants) != len([q for q in quant.split(",") if q.strip()]):
+            raise MoeBuildError("quant", f"{quant!r} mixes weight-only modes with others",
+                                f"weight-only modes only: {', '.join(woq_layer.QUANTS)}")
+        if sweep or variants:
+            raise MoeBuildError("quant", "the weight-only bench runs its fixed variants, without --sweep or --variants",
+                                "no --sweep / --variants with weight-only modes")
+        names = _csv("shapes", shapes, str) if shapes is not None else list(SHAPES)
+        counts = _csv("tokens", tokens, int) if tokens else list(TOKENS)
+        results = woq_layer.run_woq_bench(woq_quants, names, counts, Path(json_path or "bench_woq.json"), iters,
+                                          warmup, input_sets, log=lambda line: click.echo(line, err=True))
+        click.echo(woq_layer.table(results))
+        return
     quants = fp8_layer.parse_quants(quant)
     known = FP8_SHAPES if quants else tuple(SHAPES)
     names = _csv("shapes", shapes, str) if shapes is not None else list(known)
@@ -391,7 +406,8 @@ def _csv(field: str, text: str, kind: Callable[[str], Any]) -> list[Any]:
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the results here.")
 def bench_ep_cmd(nproc: int | None, iters: int, json_path: str | None) -> None:
     """Expert parallelism on this host's GPUs: dispatch + combine against worst-case all-to-all and the link,
-    the whole layer against one GPU, and the memory the exact sizes save (one process per GPU, torchrun)."""
+    the whole layer (dual-batch overlap off and on) against one GPU, and the memory the exact sizes save (one
+    process per GPU, torchrun)."""
     import os
     import subprocess
 

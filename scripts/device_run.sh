@@ -14,6 +14,8 @@
 #          tree's (AB_BASELINE: a folder holding an older moe_build/, plugins/ and its
 #          libmoe_build_kernels.so), one process of each per round (rounds AB_FIRST..AB_LAST, default 1..2),
 #          alternated; prints old vs new per point over every ab_*.json under $OUT
+#   bench_woq  moe-build bench --quant w4a16_awq,w8a16,wfp4a16: the weight-only layers beside our bf16 runner
+#          (BENCH_WOQ_ARGS adds options, e.g. --shapes / --tokens)
 #   bench_ep  moe-build bench-ep on every GPU of the host (a 2- or 4-GPU kind): expert-parallel dispatch +
 #          combine, memory, and the layer against one GPU (BENCH_EP_ARGS adds options)
 #
@@ -85,6 +87,9 @@ has sweep2 && sweep_phase sweep2 "${SWEEP2_ARGS:-}"
 has bench_ep && phase bench_ep "${BENCH_EP_S:-400}" env NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
   NVSHMEM_DISABLE_NVLS=1 "$PY" -m moe_build bench-ep --json "$RESULTS/bench_ep.json" ${BENCH_EP_ARGS:-}
 # shellcheck disable=SC2086
+has bench_woq && phase bench_woq "${BENCH_WOQ_S:-400}" "$PY" -m moe_build bench --quant w4a16_awq,w8a16,wfp4a16 \
+  --json "$RESULTS/bench_woq.json" ${BENCH_WOQ_ARGS:-}
+# shellcheck disable=SC2086
 has bench && phase bench "${BENCH_S:-300}" "$PY" -m moe_build bench --json "$RESULTS/bench.json" --png "$RESULTS/bench.png" \
   ${BENCH_ARGS:-}
 [ -f "$RESULTS/gpu_tests.log" ] && { echo "==== gpu tests (tail)"; tail -n 15 "$RESULTS/gpu_tests.log"; }
@@ -92,6 +97,8 @@ echo "==== gpu";  cat "$RESULTS/gpu.csv" "$RESULTS/versions.txt"
 [ -f "$RESULTS/bench.json" ] && { echo "==== bench (us, median)";
   "$PY" -c "import json,sys; from moe_build.bench.layer import table; print(table(json.load(open(sys.argv[1]))))" \
     "$RESULTS/bench.json"; }
+[ -f "$RESULTS/bench_woq.log" ] && { echo "==== bench --quant weight-only (us, median)";
+  grep -A 200 "^quant " "$RESULTS/bench_woq.log"; }
 [ -f "$RESULTS/bench_ep.log" ] && { echo "==== bench-ep"; grep -v "Warning\|warn(\|return func\|OMP_NUM\|\*\*\*" \
   "$RESULTS/bench_ep.log" | tail -n 40; }
 [ -f "$RESULTS/sweep.json" ] && { echo "==== sweep"; tail -n 12 "$RESULTS/sweep.log"; }

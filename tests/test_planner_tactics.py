@@ -149,8 +149,30 @@ def test_every_rule_tactic_is_runnable() -> None:
     rng = random.Random(7)
     for _ in range(200):
         c = random_call(rng)
-        for _, _, tactic in tactic_bands(c):
-            assert tactic_problem(c, tactic) is None, (c, tactic)
+        for woq in ("none", "int4", "int8", "mxfp4"):
+            c = dataclasses.replace(c, woq=woq, epilogue="store", weights_blocked=False) if woq != "none" else c
+            for _, _, tactic in tactic_bands(c):
+                assert tactic_problem(c, tactic) is None, (c, tactic)
+
+
+def test_weight_only_gemms_run_decode_then_the_woq_mma_tiles() -> None:
+    """Decode to 8 average rows per expert, the 64-row woq tile to 64, then the 128-row one; the K split from the
+    stored bytes per weight row (int4: half a byte per weight, so Qwen3's GEMM1 K of 2048 is 1 KiB: no split)."""
+    c = call(epilogue="store", woq="int4")
+    assert [at(c, t) for t in (1, 128, 129, 1024, 1025)] == [
+        "decode:ksplit1:after_trigger:plain", "decode:ksplit1:after_trigger:plain", "mma:64x128:plain:plain",
+        "mma:64x128:plain:plain", "mma:128x128:plain:plain"]
+    # 14 KiB int8 rows: split while a slice keeps 2 KiB and 2 experts x the column blocks stay under 2 per SM
+    mixtral_down = call(epilogue="store", woq="int8", itemsize=1, n=4096, k=14336, experts=8, top_k=2)
+    assert at(mixtral_down, 1) == "decode:ksplit4:after_trigger:plain"
+    assert call(woq="int4", n=4096, k=4096).expert_weight_bytes == 4096 * 4096 // 2
+
+
+@pytest.mark.parametrize("name, problem", [("wgmma:pingpong64x128:plain:plain", "no wgmma"),
+                                           ("mma:16x64:plain:plain", "tiles are 64x128, 128x128"),
+                                           ("decode:ksplit2:placed:plain", "plainly or after a trigger")])
+def test_tactics_the_weight_only_gemm_cannot_run(name: str, problem: str) -> None:
+    assert problem in (tactic_problem(call(epilogue="store", woq="mxfp4"), GemmTactic.parse(name)) or "")
 
 
 def test_plan_records_tactic_bands_for_both_gemms() -> None:

@@ -222,9 +222,31 @@ def test_plans_without_runner_kernels_are_refused() -> None:
     rtx = Target(sm=89, flavour=Flavour.TENSORRT_RTX)
     with pytest.raises(MoeBuildError, match="plugin-path"):
         kernel_sequence(make_plan(SWIGLU, rtx, tokens=16), 16)
-    awq = dataclasses.replace(SWIGLU, quant=Quant.W4A16_AWQ)
-    with pytest.raises(MoeBuildError, match="quant"):
-        kernel_sequence(make_plan(awq, H100, tokens=16), 16)
+    for quant in (Quant.W4AFP8, Quant.NVFP4):  # no W4AFP8 / NVFP4 kernels yet
+        spec = dataclasses.replace(SWIGLU, quant=quant)
+        with pytest.raises(MoeBuildError, match="quant"):
+            kernel_sequence(make_plan(spec, Target(sm=100, flavour=Flavour.TENSORRT), tokens=16), 16)
+
+
+@pytest.mark.parametrize("quant, fc2", [(Quant.W4A16_AWQ, "fused"), (Quant.W8A16, "none"), (Quant.WFP4A16, "none")])
+def test_weight_only_plans_run_the_woq_gemms_and_the_awq_steps_the_plan_names(quant: Quant, fc2: str) -> None:
+    """GEMM1 / GEMM2 on the weight-only kernel with plain stores, the separate activation and finalize; AWQ
+    layers scale GEMM1's expanded rows (the expansion fuses it for W4AFP8 only) and GEMM2's input in the
+    activation (fc2_prequant=fused) or after it (separate); the others have no pre-quant step."""
+    spec = dataclasses.replace(SWIGLU, quant=quant)
+    plan = make_plan(spec, H100, tokens=16)
+    assert plan.stage("fc2_prequant").choice == fc2 and plan.stage("expand_rows").choice == "plain"
+    steps = kernel_sequence(plan, 16, "logits")
+    awq = ["fc1_prequant:separate"] if fc2 != "none" else []
+    act = ["fc1_activation:fc2_prequant"] if fc2 == "fused" else ["fc1_activation"]
+    assert steps[2:] == ["expand_rows", *awq, "gemm1:woq", *act, "gemm2:woq", "finalize"]
+    if fc2 == "fused":
+        separate = make_plan(spec, H100, tokens=16, force={"fc2_prequant": "separate"})
+        assert kernel_sequence(separate, 16)[-4:] == ["fc1_activation", "fc2_prequant:separate", "gemm2:woq",
+                                                      "finalize"]
+    layout = workspace_layout(spec, steps_up_to(plan, 16), 16)
+    assert {"fc1_out", "fc1_act", "gemm2_out"} <= set(layout) and "gemm_workspace" not in layout
+    assert plan.stage("weight_layout").choice == "row_major"  # the weight-only GEMMs read row-major data
 
 
 @pytest.mark.parametrize("quant", [Quant.FP8, Quant.FP8_BLOCK])

@@ -95,11 +95,12 @@ mb_status mb_finalize(const void* gemm2_out, int dtype, const void* b2, const fl
  * send_tokens [<= T * ep_size]: the token of each send row, rows grouped by rank (rank ascending), tokens
  * ascending within a rank; token_slots [T, ep_size]: token t's send row for rank d, or -1.
  * mb_ep_combine: out[t] = sum over d ascending with token_slots[t, d] >= 0 of returned[token_slots[t, d]],
- * in fp32, rounded once (returned [rows, hidden] and out [T, hidden] in dtype). */
+ * in fp32, rounded once (returned [rows, hidden] and out [T, hidden] in dtype). max_sms: 0 for the default
+ * grid, else at most that many blocks (so at most that many SMs); the result does not depend on it. */
 mb_status mb_ep_layout(const int32_t* topk_ids, int num_tokens, int top_k, int ep_size, int experts_per_rank,
                        int32_t* send_counts, int32_t* send_tokens, int32_t* token_slots, cudaStream_t stream);
 mb_status mb_ep_combine(const void* returned, int dtype, const int32_t* token_slots, int num_tokens, int hidden,
-                        int ep_size, void* out, cudaStream_t stream);
+                        int ep_size, void* out, int max_sms, cudaStream_t stream);
 
 /* stages/ep_nvlink.cu: the `nvlink` dispatch and combine over buffers every rank maps (symmetric memory).
  * A rank's symmetric buffer holds recv_rows [ep][cap][H] (dtype), recv_meta [ep][cap][2K] int32 (K global
@@ -114,18 +115,21 @@ mb_status mb_ep_combine(const void* returned, int dtype, const int32_t* token_sl
  * src_rank -1 past the received rows, whose ids are all -1); *received = min(rows, capacity) and *overflow =
  * (rows > capacity): rows past the capacity are dropped, their sources' returned rows set to zero (peer_returned
  * as mb_ep_nvlink_return's), nothing else is written.
- * mb_ep_nvlink_return: partial [rows][H] row j written into rank src_rank[j]'s returned[src_row[j]]. */
+ * mb_ep_nvlink_return: partial [rows][H] row j written into rank src_rank[j]'s returned[src_row[j]].
+ * max_sms (all three): 0 for the default grid, else at most that many blocks, so the kernel occupies at most that
+ * many SMs (the rest stay free for compute beside it); the rows written do not depend on it. */
 mb_status mb_ep_nvlink_dispatch(const void* hidden, int dtype, const int32_t* topk_ids, const float* topk_weights,
                                 int hidden_size, int top_k, int rank, int ep_size, int cap, const int32_t* send_counts,
                                 const int32_t* send_tokens, int max_send_rows, void* const* peer_rows,
-                                int32_t* const* peer_meta, int32_t* const* peer_counts, cudaStream_t stream);
+                                int32_t* const* peer_meta, int32_t* const* peer_counts, int max_sms,
+                                cudaStream_t stream);
 mb_status mb_ep_nvlink_gather(const void* recv_rows, int dtype, const int32_t* recv_meta, const int32_t* recv_counts,
                               int ep_size, int cap, int hidden_size, int top_k, int first_expert, int local_experts,
                               int capacity, void* out_hidden, int32_t* out_ids, float* out_weights, int32_t* src_rank,
                               int32_t* src_row, int32_t* received, int32_t* overflow, void* const* peer_returned,
-                              cudaStream_t stream);
+                              int max_sms, cudaStream_t stream);
 mb_status mb_ep_nvlink_return(const void* partial, int dtype, const int32_t* src_rank, const int32_t* src_row,
-                              int rows, int hidden_size, void* const* peer_returned, cudaStream_t stream);
+                              int rows, int hidden_size, void* const* peer_returned, int max_sms, cudaStream_t stream);
 
 /* ---- FP8 activation quantization (issue 46): the FP8 GEMMs' inputs ---------------------------------
  * A row of `cols` fp16/bf16 values x becomes e4m3 bytes q = e4m3(x / s) and fp32 scales, bit for bit
@@ -218,7 +222,8 @@ typedef struct mb_gemm_tactic {
   int32_t kernel;     /* enum mb_gemm_kernel */
   int32_t tile;       /* enum mb_gemm_tile: MB_TILE_NONE for decode, an MMA tile for mma, a wgmma tile for wgmma */
   int32_t k_split;    /* decode: K slices per CTA, 1, 2, 4 or 8; 0 for the other kernels */
-  int32_t launch;     /* enum mb_gemm_launch: mma PLAIN; decode PLAIN or AFTER_TRIGGER; wgmma any (PLACED as above) */
+  int32_t launch;     /* enum mb_gemm_launch: mma PLAIN (the weight-only GEMM's also AFTER_TRIGGER); decode PLAIN or
+                         AFTER_TRIGGER; wgmma any (PLACED as above) */
   int32_t output_l2;  /* enum mb_output_l2: EVICT_LAST only for the wgmma gated and finalize epilogues */
 } mb_gemm_tactic;
 
@@ -309,15 +314,21 @@ mb_status mb_grouped_gemm_fp8(const void* A, const float* scale_a, const void* B
                               size_t workspace_bytes, cudaStream_t stream);
 
 /* ---- weight-only grouped GEMM (issue 47) ----------------------------------------------------------
- * gemm/woq_decode.cu: C[p] = A[p] @ dequant(B[x])^T (+ bias[x]) for the permuted rows p of expert x; A
+ * gemm/woq_abi.cu: C[p] = A[p] @ dequant(B[x])^T (+ bias[x]) for the permuted rows p of expert x; A
  * [max_rows, k] and C [max_rows, n] in dtype (MB_BF16 or MB_FP16), B in moe_build/weights/woq.py's forms:
  *   MB_WOQ_INT4 : uint8 [E, n, k/2] 4-bit codes u (low nibble the even column), w = (u - z) * s, s fp32
- *                 [E, n, k/group] (group 0: [E, n, 1]), z uint8 of the same shape or 8 where zeros is NULL;
+ *                 [E, n, k/group] (group 0: [E, n, 1]), z uint8 of the same shape (a 4-bit zero point, 0..15)
+ *                 or 8 where zeros is NULL;
  *   MB_WOQ_INT8 : int8 [E, n, k], w = q * s (s as above; no zeros);
  *   MB_WOQ_MXFP4: uint8 [E, n, k/2] e2m1 codes, scales uint8 e8m0 [E, n, k/32] (group 32), w = e2m1 * 2^(e-127).
- * The weight is rounded once to dtype before the mma; fp32 accumulation. Groups 32, 64 or 128 dividing k
- * (or 0); n % 16 == 0, k % 32 == 0; A, B, C 16-byte aligned. Tactic: the decode kernel only (MB_GEMM_DECODE,
- * k_split 1, 2, 4 or 8, launch plain or after a trigger), for the few rows per expert of decode; no workspace. */
+ * The weight is rounded once to dtype before the mma (the mma kernel's int4 weights: d * s_hi + d * s_lo with
+ * s split into two dtype values, which may differ from the fp32 product's rounding by one unit in the last
+ * place); fp32 accumulation. Groups 32, 64 or 128 dividing k (or 0); n % 16 == 0, k % 32 == 0; A, B, C 16-byte
+ * aligned; no workspace. Tactics (launch PLAIN or AFTER_TRIGGER, output_l2 PLAIN; else MB_ERR_UNSUPPORTED):
+ *   MB_GEMM_DECODE (gemm/woq_decode.cu): k_split 1, 2, 4 or 8; up to 8 rows per CTA, for the few rows per
+ *     expert of decode;
+ *   MB_GEMM_MMA (gemm/woq_mma.cu): tile MB_TILE_MMA_64x128 or MB_TILE_MMA_128x128 (token rows x output
+ *     columns per CTA; each CTA dequantizes its weight tile once per 64 token rows), for many rows per expert. */
 enum mb_woq_kind { MB_WOQ_INT4 = 0, MB_WOQ_INT8 = 1, MB_WOQ_MXFP4 = 2 };
 mb_status mb_grouped_gemm_woq(const void* A, const void* B, int kind, const void* scales, const uint8_t* zeros,
                               int group, const void* bias, void* C, const int64_t* expert_first_token_offset,

@@ -8,14 +8,15 @@ all-to-alls make every rank wait for the slowest). Each point is timed beside it
   with worst-case buffers (every rank sends each of its tokens to every rank, T rows per destination, no
   counts): time and algorithm bandwidth (rows another rank needed x hidden x 2 bytes, there and back, over
   the time);
-- the whole layer (`ExpertParallelMoE`) against the single-GPU runner holding every expert, same tokens per
-  GPU (the single GPU runs one rank's tokens);
+- the whole layer (`ExpertParallelMoE`, each backend, with dual-batch overlap off and on) against the
+  single-GPU runner holding every expert, same tokens per GPU (the single GPU runs one rank's tokens);
 - memory: the peak bytes a dispatch + combine allocates at a large token count, against the worst-case
   preallocation (ep_size x tokens rows received, the same returned).
 Routing is uniform random top-k (every rank draws its own), so rows per destination follow the real spread.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import statistics
@@ -135,25 +136,33 @@ def random_weights(spec: MoESpec, seed: int) -> MoEWeights:
 
 def layer_points(name: str, spec: MoESpec, weights: MoEWeights, token_counts: tuple[int, ...],
                  iters: int) -> list[dict]:
-    """The EP layer (each backend) and the single-GPU runner, each made once for the largest count (a
-    DeepSeek-V3-shaped layer's weight copies take seconds), timed at every count."""
+    """The EP layer (each backend, dual-batch overlap off and on) and the single-GPU runner, each made once for
+    the largest count (a DeepSeek-V3-shaped layer's weight copies take seconds) and timed at every count, then
+    freed before the next is made (five weight copies of that layer at once would not fit beside each other)."""
     from ..runner import MoERunner
     from ..runner.expert_parallel import rank_layer
     rank, most = dist.get_rank(), max(token_counts)
-    calls = {f"ep_{b}": rank_layer(spec, weights, rank, max_tokens=most, force={"dispatch": b})
-             for b in ("nvlink", "nccl")}
-    calls["single_gpu"] = MoERunner(replace(spec, ep_size=1), weights, max_tokens=most)
-    points = []
-    for tokens in token_counts:
-        hidden = torch.randn(tokens, spec.hidden_size, device="cuda", dtype=torch.bfloat16)
-        ids, w = _routing(tokens, spec.num_experts, spec.top_k, 2000 + rank)
-        point = {"layer": name, "tokens_per_gpu": tokens, "dual_batch_overlap": "not implemented"}
-        for key, layer in calls.items():
-            point[f"{key}_ms"] = _time(lambda: layer(hidden, topk_ids=ids, topk_weights=w), iters)  # noqa: B023
-        _progress(f"layer {name} T={tokens}: " + " ".join(f"{k} {1e3 * v:.1f} us" for k, v in point.items()
-                                                         if k.endswith("_ms")))
-        points.append(point)
+    makers: dict[str, Callable[[], Callable[..., object]]] = {
+        f"ep_{b}{'_overlap' if overlap else ''}": functools.partial(
+            rank_layer, spec, weights, rank, max_tokens=most, force={"dispatch": b}, overlap=overlap)
+        for b in ("nvlink", "nccl") for overlap in (False, True)}
+    makers["single_gpu"] = functools.partial(MoERunner, replace(spec, ep_size=1), weights, max_tokens=most)
+    inputs = {t: (torch.randn(t, spec.hidden_size, device="cuda", dtype=torch.bfloat16),
+                  *_routing(t, spec.num_experts, spec.top_k, 2000 + rank)) for t in token_counts}
+    points = [{"layer": name, "tokens_per_gpu": t} for t in token_counts]
+    for key, make in makers.items():
+        _time_layer(key, make(), points, inputs, iters)
+        torch.cuda.empty_cache()  # that layer (its weight copies) is gone
     return points
+
+
+def _time_layer(key: str, layer: Callable[..., object], points: list[dict],
+                inputs: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]], iters: int) -> None:
+    """`layer` timed at every point's token count, into the point's `{key}_ms`."""
+    for point in points:
+        hidden, ids, w = inputs[point["tokens_per_gpu"]]
+        point[f"{key}_ms"] = _time(lambda: layer(hidden, topk_ids=ids, topk_weights=w), iters)  # noqa: B023
+        _progress(f"layer {point['layer']} T={point['tokens_per_gpu']} {key}: {1e3 * point[f'{key}_ms']:.1f} us")
 
 
 def memory_point(spec: MoESpec, tokens: int) -> dict:
@@ -213,10 +222,11 @@ def table(r: dict) -> str:
     for m in r["memory"]:
         lines.append(f"memory at {m['tokens']} tokens/rank top-{m['top_k']}: ours {m['peak_bytes_ours'] / 2**20:.0f} "
                      f"MiB, worst case {m['worst_case_bytes'] / 2**20:.0f} MiB")
-    lines.append("layer (us): name tokens/GPU | EP nvlink, EP nccl, single GPU")
+    lines.append("layer (us): name tokens/GPU | EP nvlink, overlapped | EP nccl, overlapped | single GPU")
     for p in r["layers"]:
         lines.append(f"  {p['layer']:20s} {p['tokens_per_gpu']:5d} | {1e3 * p['ep_nvlink_ms']:8.1f} "
-                     f"{1e3 * p['ep_nccl_ms']:8.1f} {1e3 * p['single_gpu_ms']:8.1f}")
+                     f"{1e3 * p['ep_nvlink_overlap_ms']:8.1f} | {1e3 * p['ep_nccl_ms']:8.1f} "
+                     f"{1e3 * p['ep_nccl_overlap_ms']:8.1f} | {1e3 * p['single_gpu_ms']:8.1f}")
     return "\n".join(lines)
 
 

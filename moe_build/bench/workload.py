@@ -33,6 +33,9 @@ FP8_ONLY_SHAPES = ("deepseek-v3",)
 FP8_SHAPES = (*SHAPES, *FP8_ONLY_SHAPES)
 TOKENS = (1, 16, 256, 4096)
 REL_ERR_LIMIT = 1e-2
+# Weight-only layers against their reference: one more rounding on each weight and each pre-quant product
+# (tests/gpu/test_runner_woq.py bounds it at 2e-2).
+WOQ_REL_ERR_LIMIT = 2e-2
 # FP8 layers against the FP8 reference: their 16-bit intermediates can move a value across an e4m3
 # rounding step (tests/gpu/test_runner_fp8.py measures 1.0-1.6% and bounds it at 3%).
 FP8_REL_ERR_LIMIT = 0.03
@@ -190,8 +193,9 @@ def reference_by_experts(spec: MoESpec, w: MoEWeights, inp: InputSet, rows: torc
         sub_ids = torch.where(slot >= 0, slot, slot.max(dim=1, keepdim=True).values)
         sub_weights = torch.where(slot >= 0, weights[inside], 0.0)
         f = w.fp8
-        sub_w = MoEWeights(router_weight=_take(w.router_weight, experts), w1=_take(w.w1, experts),
-                           w2=_take(w.w2, experts),
+        woq = None if w.woq is None else w.woq.experts_slice(experts.to(w.w1.device)).map(torch.Tensor.cpu)
+        w1, w2 = (_take(w.w1, experts), _take(w.w2, experts)) if woq is None else (woq.w1, woq.w2)
+        sub_w = MoEWeights(router_weight=_take(w.router_weight, experts), w1=w1, w2=w2, woq=woq,
                            fp8=None if f is None else Fp8Scales(f.granularity, _take(f.w1_scale, experts),
                                                                 _take(f.w2_scale, experts),
                                                                 None if f.a1_scale is None else f.a1_scale.cpu(),
@@ -210,7 +214,7 @@ def rel_err(out: torch.Tensor, rows: torch.Tensor, ref: torch.Tensor) -> float:
     return float((got - ref).norm() / ref.norm())
 
 
-def expert_bytes(spec: MoESpec) -> int:
+def layer_expert_bytes(spec: MoESpec) -> int:
     """Bytes a GEMM pass reads of one expert: W1 and W2 in the weight dtype, and for FP8 layers the fp32
     scales the FP8 GEMMs read with them (per output channel for fp8, whose tensor scales the runner
     repeats per channel; per 128 x 128 block for fp8_block)."""
@@ -222,15 +226,18 @@ def expert_bytes(spec: MoESpec) -> int:
     return (N1 * H + H * I) * spec.dtype.itemsize
 
 
-def floor_us(spec: MoESpec, tokens: int, touched_experts: float, ceilings: dict[str, float]) -> dict[str, float]:
+def floor_us(spec: MoESpec, tokens: int, touched_experts: float, ceilings: dict[str, float],
+             expert_bytes: int | None = None) -> dict[str, float]:
     """The lower bound from the ceilings, in one place for every bench: the bytes the layer cannot avoid
-    moving (the touched experts' weights, expert_bytes, + activations in and out) over the byte ceiling,
+    moving (the touched experts' weights, layer_expert_bytes, + activations in and out) over the byte ceiling,
     and its FLOPs over the matmul ceiling of its GEMMs' input type (the e4m3 rate, `fp8_flops_per_s`, for
-    FP8 layers; bf16 otherwise), whichever takes longer. Why: no kernel moves bytes faster than the
+    FP8 layers; bf16 otherwise), whichever takes longer. `expert_bytes` replaces layer_expert_bytes where the
+    caller knows the stored bytes better (weight-only layers: their data, scales and zero points). Why: no kernel moves bytes faster than the
     measured byte ceiling nor multiplies faster than the measured matmul, so the layer can beat neither."""
     H, I, N1, K = spec.hidden_size, spec.intermediate_size, spec.fc1_out_features, spec.top_k
     item = spec.dtype.itemsize
-    nbytes = touched_experts * expert_bytes(spec) + 2 * tokens * H * item
+    stored = expert_bytes if expert_bytes is not None else layer_expert_bytes(spec)
+    nbytes = touched_experts * stored + 2 * tokens * H * item
     flops = 2.0 * tokens * K * (N1 * H + H * I)
     fp8 = spec.quant in (Quant.FP8, Quant.FP8_BLOCK)
     t_bytes = nbytes / ceilings["bytes_per_s"] * 1e6

@@ -301,6 +301,15 @@ def finalize(gemm2_out: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torc
 
 # ---- expert parallelism: the token side of dispatch and combine (cpp/src/stages/ep_dispatch.cu) ------
 
+def _max_sms(sms: int | None) -> int:
+    """The kernels' `max_sms` argument: 0 for their own grid (None), else the cap, a positive int."""
+    if sms is None:
+        return 0
+    if isinstance(sms, bool) or not isinstance(sms, int) or sms < 1:
+        raise ValueError(f"sms: must be a positive int or None, got {sms!r}")
+    return sms
+
+
 def ep_layout(topk_ids: torch.Tensor, ep_size: int, experts_per_rank: int, send_counts: torch.Tensor | None = None,
               send_tokens: torch.Tensor | None = None, token_slots: torch.Tensor | None = None,
               stream: int | torch.cuda.Stream | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -319,9 +328,9 @@ def ep_layout(topk_ids: torch.Tensor, ep_size: int, experts_per_rank: int, send_
 
 
 def ep_combine(returned: torch.Tensor, token_slots: torch.Tensor, out: torch.Tensor | None = None,
-               stream: int | torch.cuda.Stream | None = None) -> torch.Tensor:
+               stream: int | torch.cuda.Stream | None = None, sms: int | None = None) -> torch.Tensor:
     """returned [rows, H] (the ranks' partial rows, in send-row order) -> out [T, H]: each token's rows summed in
-    rank order, in fp32, rounded once."""
+    rank order, in fp32, rounded once; `sms` caps the grid at that many blocks (None: the kernel's own)."""
     _check(returned, "returned", (None, None))
     dev = returned.device
     _check(token_slots, "token_slots", (None, None), torch.int32, dev)
@@ -329,16 +338,17 @@ def ep_combine(returned: torch.Tensor, token_slots: torch.Tensor, out: torch.Ten
     h = returned.shape[1]
     o = _out(out, "out", (t, h), returned.dtype, dev)
     call("mb_ep_combine", returned.data_ptr(), _dtype_code(returned, "returned"), token_slots.data_ptr(), t, h, ep,
-         o.data_ptr(), _stream(stream, dev))
+         o.data_ptr(), _max_sms(sms), _stream(stream, dev))
     return o
 
 
 def ep_nvlink_dispatch(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, rank: int,
                        cap: int, send_counts: torch.Tensor, send_tokens: torch.Tensor, peer_rows: torch.Tensor,
                        peer_meta: torch.Tensor, peer_counts: torch.Tensor,
-                       stream: int | torch.cuda.Stream | None = None) -> None:
+                       stream: int | torch.cuda.Stream | None = None, sms: int | None = None) -> None:
     """ep_layout's send rows of `hidden` [T, H] (with their ids and weights) written into every peer's recv slots
-    for this rank, over NVLink; peer_* are int64 device tensors [ep_size] of the peers' buffer addresses."""
+    for this rank, over NVLink; peer_* are int64 device tensors [ep_size] of the peers' buffer addresses; `sms`
+    caps the grid at that many blocks (None: the kernel's own)."""
     _check(hidden, "hidden", (None, None))
     dev = hidden.device
     t, h = hidden.shape
@@ -351,17 +361,18 @@ def ep_nvlink_dispatch(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weight
         _check(ptrs, name, (ep,), torch.int64, dev)
     call("mb_ep_nvlink_dispatch", hidden.data_ptr(), _dtype_code(hidden, "hidden"), topk_ids.data_ptr(),
          topk_weights.data_ptr(), h, k, rank, ep, cap, send_counts.data_ptr(), send_tokens.data_ptr(), t * ep,
-         peer_rows.data_ptr(), peer_meta.data_ptr(), peer_counts.data_ptr(), _stream(stream, dev))
+         peer_rows.data_ptr(), peer_meta.data_ptr(), peer_counts.data_ptr(), _max_sms(sms), _stream(stream, dev))
 
 
 def ep_nvlink_gather(recv_rows: torch.Tensor, recv_meta: torch.Tensor, recv_counts: torch.Tensor, cap: int,
                      first_expert: int, local_experts: int, out_hidden: torch.Tensor, out_ids: torch.Tensor,
                      out_weights: torch.Tensor, src_rank: torch.Tensor, src_row: torch.Tensor,
                      received: torch.Tensor, overflow: torch.Tensor, peer_returned: torch.Tensor,
-                     stream: int | torch.cuda.Stream | None = None) -> None:
+                     stream: int | torch.cuda.Stream | None = None, sms: int | None = None) -> None:
     """The rows this rank received (its recv slots, [ep * cap, H]) as one dense block of out_hidden's rows (the
     capacity), with local ids, weights and where each row's partial output goes; `received` [1] and `overflow` [1]
-    int32 written on the device; rows past the capacity send their sources (peer_returned) a zero row."""
+    int32 written on the device; rows past the capacity send their sources (peer_returned) a zero row. `sms` caps
+    the grid at that many blocks (None: the kernel's own)."""
     dev = recv_rows.device
     ep = recv_counts.shape[0]
     h = recv_rows.shape[1]
@@ -381,13 +392,14 @@ def ep_nvlink_gather(recv_rows: torch.Tensor, recv_meta: torch.Tensor, recv_coun
     call("mb_ep_nvlink_gather", recv_rows.data_ptr(), _dtype_code(recv_rows, "recv_rows"), recv_meta.data_ptr(),
          recv_counts.data_ptr(), ep, cap, h, k, first_expert, local_experts, capacity, out_hidden.data_ptr(),
          out_ids.data_ptr(), out_weights.data_ptr(), src_rank.data_ptr(), src_row.data_ptr(), received.data_ptr(),
-         overflow.data_ptr(), peer_returned.data_ptr(), _stream(stream, dev))
+         overflow.data_ptr(), peer_returned.data_ptr(), _max_sms(sms), _stream(stream, dev))
 
 
 def ep_nvlink_return(partial: torch.Tensor, src_rank: torch.Tensor, src_row: torch.Tensor,
-                     peer_returned: torch.Tensor, stream: int | torch.cuda.Stream | None = None) -> None:
+                     peer_returned: torch.Tensor, stream: int | torch.cuda.Stream | None = None,
+                     sms: int | None = None) -> None:
     """Row j of `partial` [rows, H] written into rank src_rank[j]'s returned rows at src_row[j] (src_rank -1:
-    none), over NVLink."""
+    none), over NVLink; `sms` caps the grid at that many blocks (None: the kernel's own)."""
     _check(partial, "partial", (None, None))
     dev = partial.device
     rows, h = partial.shape
@@ -397,7 +409,7 @@ def ep_nvlink_return(partial: torch.Tensor, src_rank: torch.Tensor, src_row: tor
             raise ValueError(f"{name}: needs >= {rows} entries, got {t.shape[0]}")
     _check(peer_returned, "peer_returned", (None,), torch.int64, dev)
     call("mb_ep_nvlink_return", partial.data_ptr(), _dtype_code(partial, "partial"), src_rank.data_ptr(),
-         src_row.data_ptr(), rows, h, peer_returned.data_ptr(), _stream(stream, dev))
+         src_row.data_ptr(), rows, h, peer_returned.data_ptr(), _max_sms(sms), _stream(stream, dev))
 
 
 # ---- FP8 activation quantization (issue 46; cpp/include/moe_build_kernels.h) -----------------------
@@ -696,7 +708,7 @@ def grouped_gemm_fp8(a: torch.Tensor, scale_a: torch.Tensor, b: torch.Tensor, sc
     return out
 
 
-# ---- weight-only grouped GEMM (issue 47; cpp/src/gemm/woq_decode.cu) ---------------------------------------
+# ---- weight-only grouped GEMM (issue 47; cpp/src/gemm/woq_abi.cu) ------------------------------------------
 
 def grouped_gemm_woq(a: torch.Tensor, b: torch.Tensor, kind: int | str | WoqKind, scales: torch.Tensor,
                      expert_first_token_offset: torch.Tensor, group: int, zeros: torch.Tensor | None = None,
@@ -704,7 +716,8 @@ def grouped_gemm_woq(a: torch.Tensor, b: torch.Tensor, kind: int | str | WoqKind
                      stream: int | torch.cuda.Stream | None = None, *, tactic: GemmTactic | str) -> torch.Tensor:
     """C[p] = A[p] @ dequant(B[x])^T (+ bias[x]): A [R, k] bf16/fp16, B in moe_build/weights/woq.py's packed form
     of `kind` ([E, n, k/2] uint8 for int4 / mxfp4, [E, n, k] int8), scales fp32 [E, n, k/group] ([E, n, 1] for
-    group 0; uint8 e8m0 [E, n, k/32] for mxfp4), int4 zeros uint8 like the scales or None -> C [R, n]."""
+    group 0; uint8 e8m0 [E, n, k/32] for mxfp4), int4 zeros uint8 like the scales or None -> C [R, n]. `tactic`:
+    the decode kernel (decode:ksplitN) for a few rows per expert, the mma tiles (mma:64x128, mma:128x128) for many."""
     _check(a, "A", (None, None))
     dev, rows, k = a.device, a.shape[0], a.shape[1]
     mode = WoqKind(_enum(kind, WoqKind, "kind"))

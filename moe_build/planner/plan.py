@@ -240,7 +240,7 @@ def _w1_order(fc1_activation: str) -> StageDecision:
 
 
 def _weight_layout(spec: MoESpec, target: Target, gemm_kernel: str, forced: str | None) -> StageDecision:
-    capable = [R.blocked_gemm_kernel(gemm_kernel), R.blocked_sizes(spec), R.blocked_not_fp8(spec)]
+    capable = [R.blocked_gemm_kernel(gemm_kernel), R.blocked_sizes(spec), R.blocked_unquantized(spec)]
     return _simple("weight_layout", "blocked64", "row_major", capable + [R.blocked_rows_pay(spec, target)], forced,
                    lambda f: "W1 / W2 stored in 64 x 64 blocks (the sm90 GEMMs' prefill layout)" if f
                    else "W1 / W2 row-major per expert", force_needs=capable)
@@ -252,10 +252,11 @@ def _gemm_calls(spec: MoESpec, target: Target, choices: Mapping[str, str]) -> di
     entry = "sm90" if choices["gemm_kernel"] == "tma_warp_specialized" else "sm80"
     gated1 = choices["fc1_activation"] in ("gated_epilogue", "fused_gated")
     fp8 = {Quant.FP8: "rowwise", Quant.FP8_BLOCK: "block128"}.get(spec.quant, "none")
+    woq = {Quant.W4A16_AWQ: "int4", Quant.W8A16: "int8", Quant.WFP4A16: "mxfp4"}.get(spec.quant, "none")
     common = dict(sm=target.sm, entry=entry, experts=spec.local_experts, top_k=spec.top_k,
-                  itemsize=1 if fp8 != "none" else spec.dtype.itemsize,
+                  itemsize=1 if fp8 != "none" or woq == "int8" else spec.dtype.itemsize,
                   weights_blocked=choices["weight_layout"] == "blocked64", sm_count=target.sm_count,
-                  l2_bytes=target.l2_bytes, fp8=fp8)
+                  l2_bytes=target.l2_bytes, fp8=fp8, woq=woq)
     return {"gemm1_tactic": T.GemmCall(epilogue="gated" if gated1 else "store", n=spec.fc1_out_features,
                                        k=spec.hidden_size, **common),
             "gemm2_tactic": T.GemmCall(epilogue=_gemm2_epilogue(choices["finalize"]),

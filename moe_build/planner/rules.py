@@ -414,9 +414,10 @@ def blocked_rows_pay(s: MoESpec, t: Target) -> Gate:
                 BLOCKED_MIN_AVG_ROWS <= avg <= BLOCKED_MAX_AVG_ROWS, OURS)
 
 
-# FP8 weights are read row-major: the FP8 GEMMs (cpp/src/gemm/fp8_*.cu) have no 64 x 64 block maps
-def blocked_not_fp8(s: MoESpec) -> Gate:
-    return Gate("blocked_not_fp8", s.quant.value, "quant not in (fp8, fp8_block)", not _fp8_activations(s), OURS)
+# quantized weights are read row-major: the FP8 and weight-only GEMMs (cpp/src/gemm/fp8_*.cu, woq_*.cu) have no
+# 64 x 64 block maps
+def blocked_unquantized(s: MoESpec) -> Gate:
+    return Gate("blocked_unquantized", s.quant.value, "quant == none", s.quant is Quant.NONE, OURS)
 
 
 # ---- FP8 activation quantization (moe-build's own) -------------------------------------------

@@ -23,6 +23,9 @@ MMA_TILES = ("16x64", "64x128", "128x128")
 WGMMA_TILES = ("coop128x256", "pingpong64x256", "pingpong64x128", "pingpong64x256c2", "pingpong64x192c2",
                "coop128x128")
 FP8_SCALINGS = ("none", "rowwise", "block128")  # the GEMM's FP8 scales (mb_fp8_scaling), none for 16-bit
+WOQ_KINDS = ("none", "int4", "int8", "mxfp4")  # the weight-only GEMM's stored weights (mb_woq_kind), none otherwise
+# The weight-only GEMM's kernels (gemm/woq_abi.cu): decode, and mma.sync tiles of token rows x output columns.
+WOQ_MMA_TILES = ("64x128", "128x128")
 # The FP8 GEMM's wgmma tiles by scaling (gemm/fp8_sm90.cu); coop128x128 is the FP8 GEMM's only.
 FP8_WGMMA_TILES = {"rowwise": ("coop128x128", "coop128x256", "pingpong64x128"),
                    "block128": ("coop128x128", "pingpong64x128")}
@@ -96,16 +99,20 @@ class GemmCall:
     sm_count: int
     l2_bytes: int
     fp8: str = "none"    # FP8_SCALINGS: the FP8 GEMM (e4m3 operands, plain store) with these scales
+    woq: str = "none"    # WOQ_KINDS: the weight-only GEMM (16-bit activations, plain store) with these weights
 
     def __post_init__(self) -> None:
         if self.epilogue not in EPILOGUES:
             raise ValueError(f"GemmCall epilogue {self.epilogue!r} is not one of {', '.join(EPILOGUES)}")
         if self.fp8 not in FP8_SCALINGS:
             raise ValueError(f"GemmCall fp8 {self.fp8!r} is not one of {', '.join(FP8_SCALINGS)}")
+        if self.woq not in WOQ_KINDS:
+            raise ValueError(f"GemmCall woq {self.woq!r} is not one of {', '.join(WOQ_KINDS)}")
 
     @property
     def expert_weight_bytes(self) -> int:
-        return self.n * self.k * self.itemsize
+        """One expert's weight bytes as stored (4-bit weights: half a byte each)."""
+        return self.n * self.k // 2 if self.woq in ("int4", "mxfp4") else self.n * self.k * self.itemsize
 
 
 class RowCount:
@@ -158,6 +165,8 @@ FINALIZE_DECODE_MAX_AVG_ROWS = 4
 def kernel_rule(call: GemmCall, rows: RowCount) -> str:
     if call.fp8 != "none":
         return fp8_kernel_rule(call, rows)
+    if call.woq != "none":
+        return woq_kernel_rule(call, rows)
     limit = FINALIZE_DECODE_MAX_AVG_ROWS if call.epilogue == "finalize" else DECODE_MAX_AVG_ROWS
     if rows.avg_at_most(limit):
         return "decode"
@@ -213,6 +222,38 @@ FP8_NARROW_MAX_AVG_ROWS = 32
 
 def fp8_wgmma_tile_rule(call: GemmCall, rows: RowCount) -> str:
     return "pingpong64x128" if rows.avg_at_most(FP8_NARROW_MAX_AVG_ROWS) else "coop128x128"
+
+
+# Weight-only kernel: the decode kernel while the average rows per expert <= 8 (its CTAs take 8 token rows and
+# read their weights once: beyond that each further 8 rows read the expert's weights again), else the mma
+# tiles that dequantize each weight once per 64 or 128 token rows.
+WOQ_DECODE_MAX_AVG_ROWS = 8
+
+
+def woq_kernel_rule(call: GemmCall, rows: RowCount) -> str:
+    return "decode" if rows.avg_at_most(WOQ_DECODE_MAX_AVG_ROWS) else "mma"
+
+
+# Weight-only decode K slices: as the FP8 decode kernel's rule on the stored weight bytes (a slice of at
+# least 2048 bytes per warp; more slices while the CTAs are fewer than two per SM).
+def woq_decode_k_split_rule(call: GemmCall, rows: RowCount) -> int:
+    experts = min(call.experts, max(rows.rows, 1))
+    row_bytes = call.expert_weight_bytes // call.n
+    k_split = 1
+    while k_split < 8 and row_bytes // (2 * k_split) >= FP8_DECODE_MIN_SLICE_BYTES:
+        column_blocks = -(-call.n // (16 * (DECODE_WARPS // k_split)))
+        if experts * column_blocks >= 2 * call.sm_count:
+            break
+        k_split *= 2
+    return k_split
+
+
+# Weight-only mma tile: 64 token rows up to 64 average rows per expert, else 128.
+WOQ_NARROW_MAX_AVG_ROWS = 64
+
+
+def woq_mma_tile_rule(call: GemmCall, rows: RowCount) -> str:
+    return "64x128" if rows.avg_at_most(WOQ_NARROW_MAX_AVG_ROWS) else "128x128"
 
 
 # decode K slices per CTA: 2, or 8 where 2 slices give fewer CTAs than SMs (non-empty experts at most
@@ -327,10 +368,12 @@ def choose_tactic(call: GemmCall, rows: RowCount) -> GemmTactic:
     """The table: every rule above, in order, for one GEMM at one token count."""
     kernel = kernel_rule(call, rows)
     if kernel == "decode":
-        k_split = fp8_decode_k_split_rule(call, rows) if call.fp8 != "none" else decode_k_split_rule(call, rows)
+        k_split = (fp8_decode_k_split_rule(call, rows) if call.fp8 != "none" else
+                   woq_decode_k_split_rule(call, rows) if call.woq != "none" else decode_k_split_rule(call, rows))
         return GemmTactic("decode", "none", k_split, decode_launch_rule(call), "plain")
     if kernel == "mma":
-        return GemmTactic("mma", mma_tile_rule(call, rows), 0, "plain", "plain")
+        tile = woq_mma_tile_rule(call, rows) if call.woq != "none" else mma_tile_rule(call, rows)
+        return GemmTactic("mma", tile, 0, "plain", "plain")
     tile = wgmma_tile_rule(call, rows)
     return GemmTactic("wgmma", tile, 0, wgmma_launch_rule(call, rows, tile), output_l2_rule(call, kernel))
 
@@ -370,6 +413,10 @@ def tactic_problem(call: GemmCall, tactic: GemmTactic) -> str | None:
         fp8_problem = _fp8_tactic_problem(call, tactic)
         if fp8_problem is not None:
             return fp8_problem
+    elif call.woq != "none":
+        woq_problem = _woq_tactic_problem(tactic)
+        if woq_problem is not None:
+            return woq_problem
     elif tactic.kernel == "wgmma" and tactic.tile == "coop128x128":
         return "wgmma coop128x128 is the FP8 GEMM's tile"
     if tactic.kernel == "mma" and call.weights_blocked:
@@ -397,4 +444,15 @@ def _fp8_tactic_problem(call: GemmCall, tactic: GemmTactic) -> str | None:
         return f"the FP8 wgmma kernel's {call.fp8} tiles are {', '.join(FP8_WGMMA_TILES[call.fp8])}"
     if tactic.launch == "placed" or tactic.output_l2 != "plain":
         return "the FP8 GEMM launches plainly or after a trigger, with plain outputs"
+    return None
+
+
+def _woq_tactic_problem(tactic: GemmTactic) -> str | None:
+    """Why the weight-only GEMM (gemm/woq_abi.cu) cannot run `tactic`, or None."""
+    if tactic.kernel == "wgmma":
+        return "the weight-only GEMM has no wgmma kernel (decode or mma)"
+    if tactic.kernel == "mma" and tactic.tile not in WOQ_MMA_TILES:
+        return f"the weight-only mma kernel's tiles are {', '.join(WOQ_MMA_TILES)}"
+    if tactic.launch == "placed" or tactic.output_l2 != "plain":
+        return "the weight-only GEMM launches plainly or after a trigger, with plain outputs"
     return None

@@ -5,8 +5,24 @@ The layer is seed 000's split: prepare (router and routing, where the tokens liv
 experts, fed the dispatched rows already routed), combine (their partial rows back, summed per token), and
 finalize's shared experts, again where the tokens live. Every rank calls it with its own tokens, at the same
 time (the all-to-alls are collective).
+
+Dual-batch overlap (`overlap=True`, seed 001): a call's tokens are split in two micro-batches, each with its own
+dispatch state (dispatcher, received rows, the experts' output and workspace, the shared experts' buffers),
+run on two CUDA streams forked from the caller's and joined back to it with events, so that one micro-batch's
+dispatch or combine (NVLink / NCCL traffic) runs while the other's experts compute:
+
+    caller's stream: routing | D0 | E0 | C0 S0 |               (join)
+    side stream    :               | D1 | E1 | C1 S1 |
+                                (D1 after D0, E1 after E0)
+
+D = dispatch, E = the rank's experts, C = combine, S = shared experts. The host issues the steps in one order
+on every rank (D0, E0, D1, C0, S0, E1, C1, S1), whatever its token count: each micro-batch's dispatcher pairs
+its barriers / all-to-alls only with the same micro-batch's on the other ranks, and a micro-batch without
+tokens still takes part (the peers may send it rows).
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -19,10 +35,47 @@ from ..target import Target
 from ..weights import MoEWeights
 from . import sequence as S
 from .batch import Batch
-from .dispatch import NcclDispatch, NvlinkDispatch
+from .dispatch import Dispatched, NcclDispatch, NvlinkDispatch, NvlinkDispatched
 from .prepare_finalize import PrepareFinalize
 from .runner import MoERunner, device_target, require_cuda
 from .workspace import Workspace, workspace_layout
+
+Dispatcher = NcclDispatch | NvlinkDispatch
+Received = Dispatched | NvlinkDispatched
+
+
+def micro_batch_spans(tokens: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The token ranges [lo, hi) of an overlapped call's two micro-batches: halves, the first taking the odd
+    token (so one token leaves the second empty)."""
+    half = (tokens + 1) // 2
+    return (0, half), (half, tokens)
+
+
+def micro_batch_capacity(recv_capacity: int, max_tokens: int) -> int:
+    """Rows each micro-batch gathers in the non-blocking nvlink mode: recv_capacity's share for a micro-batch of
+    at most ceil(max_tokens / 2) tokens, rounded up, so recv_capacity = ep_size * max_tokens (room for every
+    row) still never overflows."""
+    return -(-recv_capacity * micro_batch_spans(max_tokens)[0][1] // max_tokens)
+
+
+def check_options(overlap: object, dispatch_sms: object, combine_sms: object) -> None:
+    """The layer's switches, refused in one line before anything is built."""
+    if not isinstance(overlap, bool):
+        raise MoeBuildError("overlap", f"must be a bool, got {overlap!r}", (True, False))
+    for field, sms in (("dispatch_sms", dispatch_sms), ("combine_sms", combine_sms)):
+        if sms is not None and (isinstance(sms, bool) or not isinstance(sms, int) or sms < 1):
+            raise MoeBuildError(field, f"must be a positive SM count, got {sms!r}",
+                                "integers >= 1, or None (the kernels' own grid)")
+
+
+@dataclass
+class _MicroBatch:
+    """What one in-flight micro-batch owns: its dispatcher (symmetric buffers and barriers of its own), the
+    experts' fixed output rows and workspace (non-blocking nvlink) and the shared experts' buffers."""
+
+    dispatcher: Dispatcher
+    fixed: tuple[torch.Tensor, torch.Tensor] | None   # (partial rows, the experts' flat workspace)
+    shared: Workspace | None
 
 
 class ExpertParallelMoE:
@@ -30,19 +83,33 @@ class ExpertParallelMoE:
     `ep_size`-rank group.
 
     `spec` is the rank's (`MoESpec.for_rank`), `weights` the rank's (`MoEWeights.for_rank`: its experts, the
-    router and shared experts whole). `max_tokens` bounds a call's tokens on this rank; the experts may receive
+    router and shared experts whole). `max_tokens` (the same on every rank: the nvlink dispatch lays its peers'
+    receive slots out by it) bounds a call's tokens on this rank; the experts may receive
     up to `ep_size` times as many rows (every rank's every token), so their plan covers that range, while
     their buffers are sized per call from the exchanged counts. With the `nvlink` dispatch, `recv_capacity`
     (rows) selects its non-blocking mode: the experts always run on that many received rows (rows past the
     received ones route nowhere; rows past it are dropped and `overflow` is set), with no host synchronization,
     so a call can be captured in a CUDA graph.
+
+    `overlap=True` runs each call as two micro-batches on two streams (dual-batch overlap, see the module
+    docstring), so one micro-batch's dispatch and combine hide behind the other's expert compute; the per-token
+    math is the non-overlapped call's (its GEMMs see half the rows, so a bf16 rounding may fall otherwise). It
+    works with both dispatches and stays graph-capturable in the non-blocking nvlink mode, where each
+    micro-batch gathers `micro_batch_capacity(recv_capacity, max_tokens)` rows and drops (and flags) rows past
+    that on its own. Every rank of the group must choose the same `overlap`.
+
+    `dispatch_sms` / `combine_sms` (nvlink dispatch only; None: the kernels' own grid) cap the SMs the dispatch
+    side (rows into the peers, the gather) and the combine side (partials back, the per-token sum) occupy: at
+    most that many blocks, one SM each, leaving the rest to expert compute running beside them (overlap).
     """
 
     def __init__(self, spec: MoESpec, weights: MoEWeights, group: dist.ProcessGroup | None = None,
                  max_tokens: int = 4096, target: Target | None = None, device: torch.device | str = "cuda",
-                 force: dict[str, str] | None = None, recv_capacity: int | None = None) -> None:
+                 force: dict[str, str] | None = None, recv_capacity: int | None = None, overlap: bool = False,
+                 dispatch_sms: int | None = None, combine_sms: int | None = None) -> None:
         if spec.ep_rank is None:
             raise MoeBuildError("ep_rank", "an expert-parallel layer is built per rank", f"0..{spec.ep_size - 1}")
+        check_options(overlap, dispatch_sms, combine_sms)
         self.device = require_cuda(device)
         if self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
@@ -57,24 +124,48 @@ class ExpertParallelMoE:
         if recv_capacity is not None and (backend != "nvlink" or not 1 <= recv_capacity <= max_tokens * spec.ep_size):
             raise MoeBuildError("recv_capacity", f"{recv_capacity!r} with dispatch={backend}",
                                 f"1..{max_tokens * spec.ep_size} rows with the nvlink dispatch, or None")
+        for field, sms in (("dispatch_sms", dispatch_sms), ("combine_sms", combine_sms)):
+            if sms is not None and backend != "nvlink":
+                raise MoeBuildError(field, f"{sms!r} with dispatch={backend}: NCCL sizes its own kernels",
+                                    "an SM count with the nvlink dispatch, or None")
         self.plan: Plan = plan
         self.experts = MoERunner(spec, weights, plan=plan, device=self.device)
         self.weights = self.experts.weights
         self.recv_capacity = recv_capacity
-        self.dispatcher: NcclDispatch | NvlinkDispatch = (
-            NvlinkDispatch(spec, kernels, max_tokens, group, recv_capacity, self.device) if backend == "nvlink"
-            else NcclDispatch(spec, kernels, group))
-        # non-blocking: the experts' rows, output and workspace are fixed, sized once
-        self._fixed = None if recv_capacity is None else (
-            torch.empty(recv_capacity, spec.hidden_size, dtype=self.experts.dtype, device=self.device),
-            torch.empty(self.experts.workspace_bytes(recv_capacity), dtype=torch.uint8, device=self.device))
+        self.overlap = overlap
         deterministic = bool(plan.target.get("deterministic", False))
         self.prepare_finalize = PrepareFinalize(spec, self.weights, kernels, deterministic)
-        # Where the tokens live: the router's logits, the routed ids / weights and the shared experts' buffers.
-        source_steps = {S.ROUTER_GEMM, S.ROUTING} | ({S.SHARED_EXPERTS} if spec.shared.count else set())
-        layout = {k: v for k, v in workspace_layout(spec, source_steps, max_tokens).items()
-                  if k in ("topk_ids", "topk_weights", "logits") or k.startswith("shared_")}
-        self._source = Workspace(layout, self.device)
+        # Where the tokens live: the router's logits and the routed ids / weights, for the whole call (routed once,
+        # then sliced per micro-batch, so a token's routing never depends on the split).
+        steps = {S.ROUTER_GEMM, S.ROUTING} | ({S.SHARED_EXPERTS} if spec.shared.count else set())
+        self._source = Workspace({k: v for k, v in workspace_layout(spec, steps, max_tokens).items()
+                                  if k in ("topk_ids", "topk_weights", "logits")}, self.device)
+        part_tokens = micro_batch_spans(max_tokens)[0][1] if overlap else max_tokens
+        capacity = None if recv_capacity is None else (
+            micro_batch_capacity(recv_capacity, max_tokens) if overlap else recv_capacity)
+        self._parts = [self._micro_batch(backend, part_tokens, capacity, group, steps, dispatch_sms, combine_sms)
+                       for _ in range(2 if overlap else 1)]
+        if overlap:
+            self._side = torch.cuda.Stream(self.device)
+            self._dispatched, self._computed = torch.cuda.Event(), torch.cuda.Event()
+            self._overflow = torch.zeros(1, dtype=torch.int32, device=self.device)
+
+    def _micro_batch(self, backend: str, tokens: int, capacity: int | None, group: dist.ProcessGroup | None,
+                     steps: set[str], dispatch_sms: int | None, combine_sms: int | None) -> _MicroBatch:
+        """One micro-batch's own state for calls of up to `tokens` tokens (the whole call without overlap)."""
+        spec = self.spec
+        dispatcher: Dispatcher = (
+            NvlinkDispatch(spec, kernels, tokens, group, capacity, self.device, dispatch_sms, combine_sms)
+            if backend == "nvlink" else NcclDispatch(spec, kernels, group))
+        # non-blocking: the experts' rows, output and workspace are fixed, sized once
+        fixed = None if capacity is None else (
+            torch.empty(capacity, spec.hidden_size, dtype=self.experts.dtype, device=self.device),
+            torch.empty(self.experts.workspace_bytes(capacity), dtype=torch.uint8, device=self.device))
+        shared = None
+        if spec.shared.count:
+            layout = workspace_layout(spec, steps, tokens)
+            shared = Workspace({k: v for k, v in layout.items() if k.startswith("shared_")}, self.device)
+        return _MicroBatch(dispatcher, fixed, shared)
 
     def __call__(self, hidden: torch.Tensor, router_logits: torch.Tensor | None = None,
                  topk_ids: torch.Tensor | None = None, topk_weights: torch.Tensor | None = None,
@@ -98,30 +189,76 @@ class ExpertParallelMoE:
             if router_logits is None:
                 self.prepare_finalize.router_gemm(b)
             self.prepare_finalize.routing(b)
-        d = self.dispatcher.dispatch(x, b.topk_ids, b.topk_weights)
+        if self.overlap:
+            self._overlapped(b)
+        else:
+            part = self._parts[0]
+            d = self._dispatch(part, b, 0, T)
+            self._finish(part, b, d, self._experts(part, d), 0, T)
+        return result
+
+    def _overlapped(self, b: Batch) -> None:
+        """The two micro-batches, issued in the order of the module docstring (the same on every rank): the side
+        stream forks from the caller's after the routing and joins it before the call returns, through events
+        only (no host synchronization of its own), so a CUDA graph captures both streams."""
+        main, side = torch.cuda.current_stream(self.device), self._side
+        first, second = self._parts
+        (lo0, hi0), (lo1, hi1) = micro_batch_spans(b.tokens)
+        side.wait_stream(main)  # fork: the routed ids and weights are there
+        d0 = self._dispatch(first, b, lo0, hi0)
+        self._dispatched.record(main)
+        p0 = self._experts(first, d0)
+        self._computed.record(main)
+        with torch.cuda.stream(side):
+            side.wait_event(self._dispatched)  # one dispatch at a time: D0 gets the links to itself
+            d1 = self._dispatch(second, b, lo1, hi1)
+        self._finish(first, b, d0, p0, lo0, hi0)  # C0 + S0 beside E1
+        with torch.cuda.stream(side):
+            # one expert computation at a time: the runner's GEMM placement regions serve one call at once
+            # (experts.py), and two would only split the SMs
+            side.wait_event(self._computed)
+            self._finish(second, b, d1, self._experts(second, d1), lo1, hi1)
+        main.wait_stream(side)  # join
+        if self.recv_capacity is not None:
+            torch.maximum(first.dispatcher.overflow, second.dispatcher.overflow, out=self._overflow)
+
+    def _dispatch(self, part: _MicroBatch, b: Batch, lo: int, hi: int) -> Received:
+        """Tokens [lo, hi) of the call to the ranks holding their experts, on the current stream (collective:
+        called for every micro-batch, however few tokens it has)."""
+        return part.dispatcher.dispatch(b.hidden[lo:hi], b.topk_ids[lo:hi], b.topk_weights[lo:hi])
+
+    def _experts(self, part: _MicroBatch, d: Received) -> torch.Tensor:
+        """This rank's experts over the rows `d` received, on the current stream: their partial output rows."""
         rows = d.hidden.shape[0]
-        if self._fixed is not None:
-            partial, flat = self._fixed
+        if part.fixed is not None:
+            partial, flat = part.fixed
         else:
             partial = torch.empty_like(d.hidden)
         if rows:
-            if self._fixed is None:
+            if part.fixed is None:
                 flat = torch.empty(self.experts.workspace_bytes(rows), dtype=torch.uint8, device=self.device)
             self.experts(d.hidden, topk_ids=d.topk_ids, topk_weights=d.topk_weights, out=partial, workspace=flat)
-        self.dispatcher.combine(partial, d, out)
-        if self.spec.shared.count and T:
-            self.prepare_finalize.shared_experts(b)
-        return result
+        return partial
+
+    def _finish(self, part: _MicroBatch, b: Batch, d: Received, partial: torch.Tensor, lo: int, hi: int) -> None:
+        """Combine (collective) into out[lo:hi], then the shared experts of those tokens, on the current stream."""
+        out = b.out[lo:hi]
+        part.dispatcher.combine(partial, d, out)
+        if part.shared is not None and hi > lo:
+            stream = torch.cuda.current_stream(self.device).cuda_stream
+            self.prepare_finalize.shared_experts(Batch(hi - lo, b.hidden[lo:hi], out, part.shared.views(hi - lo),
+                                                       stream, None, None))
 
     @property
     def overflow(self) -> torch.Tensor | None:
         """The last call's overflow flag ([1] int32 on the device: 1 where received rows past recv_capacity were
-        dropped); None outside the non-blocking nvlink mode."""
-        return self.dispatcher.overflow if self.recv_capacity is not None else None
+        dropped, by either micro-batch with overlap); None outside the non-blocking nvlink mode."""
+        if self.recv_capacity is None:
+            return None
+        return self._overflow if self.overlap else self._parts[0].dispatcher.overflow
 
 
 def rank_layer(spec: MoESpec, weights: MoEWeights, rank: int, **kwargs: object) -> ExpertParallelMoE:
     """Rank `rank`'s layer from the whole layer's spec and weights (every expert), as a test or a single-host
     deployment holds them."""
     return ExpertParallelMoE(spec.for_rank(rank), weights.for_rank(spec, rank), **kwargs)  # type: ignore[arg-type]
-

@@ -45,6 +45,9 @@ class FusedExperts:
         self.a1_scale = None if f is None else f.a1_scale
         self.a2_scale = None if f is None else f.a2_scale
         self.out_dtype = TORCH_DTYPE[spec.dtype]
+        # Weight-only layers: the stored weights and how the GEMMs read them (moe_build/weights/woq.py).
+        q = weights.woq
+        self.woq_group = 0 if q is None or q.group_size is None else q.group_size
 
     # ---- permute ---------------------------------------------------------------------------
     def prologue_fused(self, b: Batch) -> None:
@@ -159,6 +162,40 @@ class FusedExperts:
                                 b.v("expert_offsets"), self.fp8_scaling, out_dtype=self.out_dtype,
                                 c=b.v("gemm2_out"), workspace=_opt(b, "gemm_workspace"), stream=b.stream,
                                 tactic=b.gemm2_tactic)
+
+    # ---- weight-only: 16-bit activations, weights dequantized in the GEMMs -------------------------
+    def fc1_prequant(self, b: Batch) -> None:
+        """GEMM1's input rows times the AWQ FC1 pre-quant scale, in place (once per expanded row, as the
+        fused expansion would; nothing where the checkpoint folded its scales into the weights before)."""
+        scale = self.w.woq.fc1_act_scale
+        if scale is not None:
+            b.v("permuted_input").mul_(scale)
+
+    def gemm1_woq(self, b: Batch) -> None:
+        self._woq_gemm(b, "w1", b.v("permuted_input"), b.v("fc1_out"), None, b.gemm1_tactic)
+
+    def fc1_activation_prequant(self, b: Batch) -> None:
+        """The activation (+b1) with the AWQ FC2 pre-quant scale applied to its output in the same pass."""
+        s = self.spec
+        self.k.fc1_activation(b.v("fc1_out"), b.v("expert_offsets"), self.act, bias=self.w.b1,
+                              swiglu_alpha=s.swiglu_alpha, swiglu_limit=s.swiglu_limit,
+                              prequant_scale=self.w.woq.fc2_act_scale, out=b.v("fc1_act"), stream=b.stream)
+
+    def fc2_prequant(self, b: Batch) -> None:
+        """GEMM2's input rows times the AWQ FC2 pre-quant scale, in place (the unfused alternative)."""
+        scale = self.w.woq.fc2_act_scale
+        if scale is not None:
+            b.v("fc1_act").mul_(scale)
+
+    def gemm2_woq(self, b: Batch) -> None:
+        self._woq_gemm(b, "w2", b.v("fc1_act"), b.v("gemm2_out"), None, b.gemm2_tactic)
+
+    def _woq_gemm(self, b: Batch, name: str, a: torch.Tensor, c: torch.Tensor, bias: torch.Tensor | None,
+                  tactic: object) -> None:
+        q = self.w.woq
+        zeros = getattr(q, f"{name}_zero")
+        self.k.grouped_gemm_woq(a, getattr(q, name), q.kind.value, getattr(q, f"{name}_scale"), b.v("expert_offsets"),
+                                self.woq_group, zeros=zeros, bias=bias, c=c, tactic=tactic, stream=b.stream)
 
     # ---- GEMM2 -----------------------------------------------------------------------------
     def gemm2_sm90_finalize(self, b: Batch) -> None:

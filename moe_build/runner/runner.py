@@ -153,6 +153,9 @@ class MoERunner:
             S.EXPAND_ROWS_FP8_PREQUANTIZED: ex.expand_rows_fp8_prequantized, S.GEMM1_FP8: ex.gemm1_fp8,
             S.FC1_ACTIVATION_FP8: ex.fc1_activation_fp8, S.QUANTIZE_FC2_INPUT: ex.quantize_fc2_input,
             S.GEMM2_FP8: ex.gemm2_fp8,
+            S.FC1_PREQUANT: ex.fc1_prequant, S.GEMM1_WOQ: ex.gemm1_woq,
+            S.FC1_ACTIVATION_PREQUANT: ex.fc1_activation_prequant, S.FC2_PREQUANT: ex.fc2_prequant,
+            S.GEMM2_WOQ: ex.gemm2_woq,
         }
 
     def kernel_sequence(self, tokens: int, routing_input: S.RoutingInput = "hidden") -> list[str]:
@@ -273,7 +276,9 @@ def runner_layout(spec: MoESpec, plan: Plan, max_tokens: int) -> dict[str, Buffe
     """The runner's buffer layout for calls of up to `max_tokens` tokens, kernel scratch included."""
     steps = S.steps_up_to(plan, max_tokens)
     r, E = max_tokens * spec.top_k, spec.local_experts
-    if S.is_fp8(plan):
+    if S.is_weight_only(plan):  # the weight-only GEMMs take no scratch
+        gemm = 0
+    elif S.is_fp8(plan):
         gemm = max(kernels.grouped_gemm_fp8_workspace_bytes(E, r, spec.fc1_out_features, spec.hidden_size),
                    kernels.grouped_gemm_fp8_workspace_bytes(E, r, spec.hidden_size, spec.intermediate_size))
     elif plan.stage("gemm_kernel").choice == "tma_warp_specialized":  # one scratch shared by GEMM1 and GEMM2

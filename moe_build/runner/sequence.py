@@ -48,6 +48,13 @@ GEMM1_FP8 = "gemm1:fp8"                # mb_grouped_gemm_fp8
 FC1_ACTIVATION_FP8 = "fc1_activation:fp8"  # mb_fc1_activation_fp8: GEMM2's input quantized in the activation
 QUANTIZE_FC2_INPUT = "fc2_input_quant:separate"  # mb_quantize_fp8 after mb_fc1_activation
 GEMM2_FP8 = "gemm2:fp8"                # mb_grouped_gemm_fp8
+# Weight-only layers (quant w8a16 / w4a16_awq / wfp4a16): 16-bit activations, GEMMs that dequantize their weights
+FC1_PREQUANT = "fc1_prequant:separate"  # GEMM1's input rows times the AWQ FC1 pre-quant scale (expand_rows=plain)
+GEMM1_WOQ = "gemm1:woq"                # mb_grouped_gemm_woq
+# mb_fc1_activation with the AWQ FC2 pre-quant scale applied to its output (fc2_prequant=fused)
+FC1_ACTIVATION_PREQUANT = "fc1_activation:fc2_prequant"
+FC2_PREQUANT = "fc2_prequant:separate"  # GEMM2's input rows times the AWQ FC2 pre-quant scale
+GEMM2_WOQ = "gemm2:woq"                # mb_grouped_gemm_woq
 SHARED_EXPERTS = "shared_experts"      # torch matmuls + mb_fc1_activation, added to the output
 
 _GEMM1 = {
@@ -74,12 +81,18 @@ def weights_blocked(plan: Plan) -> bool:
     return plan.stage("weight_layout").choice == "blocked64"
 
 
-RUNNABLE_QUANT = ("none", "fp8", "fp8_block")
+RUNNABLE_QUANT = ("none", "fp8", "fp8_block", "w8a16", "w4a16_awq", "wfp4a16")
+WEIGHT_ONLY_QUANT = ("w8a16", "w4a16_awq", "wfp4a16")
 
 
 def is_fp8(plan: Plan) -> bool:
     """Whether the plan runs FP8 GEMMs (its activation-quantization stages say where their inputs are made)."""
     return plan.stage("fc1_input_quant").choice != "none"
+
+
+def is_weight_only(plan: Plan) -> bool:
+    """Whether the plan runs the weight-only GEMMs (16-bit activations, quantized weights)."""
+    return plan.spec.get("quant", "none") in WEIGHT_ONLY_QUANT
 
 
 def check_runnable(plan: Plan) -> None:
@@ -100,12 +113,15 @@ def check_runnable(plan: Plan) -> None:
                             f"whole group of {spec['ep_size']}", f"a rank's plan (spec.for_rank(r), r in "
                             f"0..{spec['ep_size'] - 1})")
     c = plan.choices()
-    if is_fp8(plan) and (c["fc1_activation"], c["finalize"]) != ("separate", "separate"):
-        raise MoeBuildError("fc1_activation/finalize", "the FP8 GEMMs store plainly: their activation and finalize "
-                            "run as kernels of their own", "fc1_activation=separate, finalize=separate")
-    if c["expand_rows"] != "plain" or c["fc2_prequant"] != "none":
-        raise MoeBuildError("expand_rows/fc2_prequant", "pre-quant scales need quantized kernels",
-                            "expand_rows=plain, fc2_prequant=none")
+    if (is_fp8(plan) or is_weight_only(plan)) and (c["fc1_activation"], c["finalize"]) != ("separate", "separate"):
+        raise MoeBuildError("fc1_activation/finalize", "the FP8 and weight-only GEMMs store plainly: their "
+                            "activation and finalize run as kernels of their own",
+                            "fc1_activation=separate, finalize=separate")
+    if c["expand_rows"] != "plain":
+        raise MoeBuildError("expand_rows", "the AWQ pre-quant scale in the expansion belongs to W4AFP8, which has "
+                            "no kernels yet", "plain")
+    if c["fc2_prequant"] != "none" and not is_weight_only(plan):
+        raise MoeBuildError("fc2_prequant", "pre-quant scales need quantized kernels", "none")
     if (c["gemm_kernel"], c["fc1_activation"]) not in _GEMM1:
         raise MoeBuildError("fc1_activation", f"no kernel for {c['fc1_activation']} on {c['gemm_kernel']}",
                             sorted({f"{g}/{a}" for g, a in _GEMM1}))
@@ -141,6 +157,8 @@ def kernel_sequence(plan: Plan, tokens: int, routing_input: RoutingInput = "hidd
         steps.append(ROUTING)
     if is_fp8(plan):
         return steps + _fp8_steps(plan, c)
+    if is_weight_only(plan):
+        return steps + _weight_only_steps(plan, c)
     gemm2 = _GEMM2[(c["gemm_kernel"], c["finalize"])]
     # GEMM2's finalize epilogue adds into `out`, which the three-step prologue or else the expansion
     # zeroes beforehand.
@@ -168,6 +186,20 @@ def _fp8_steps(plan: Plan, c: dict[str, str]) -> list[str]:
     steps.append(GEMM1_FP8)
     steps += [FC1_ACTIVATION_FP8] if c["fc2_input_quant"] == "fc1_activation" else [FC1_ACTIVATION, QUANTIZE_FC2_INPUT]
     steps += [GEMM2_FP8, FINALIZE]
+    return steps + _shared_experts(plan)
+
+
+def _weight_only_steps(plan: Plan, c: dict[str, str]) -> list[str]:
+    """A weight-only layer's steps after routing: maps, the expansion (then GEMM1's AWQ pre-quant scale, where
+    the layer has AWQ scales: the matrix fuses it into the expansion for W4AFP8 only), GEMM1, the activation
+    with GEMM2's AWQ pre-quant scale in it or after it, GEMM2, the finalize."""
+    steps = [PROLOGUE_FUSED if c["routing_prologue"] == "fused" else PROLOGUE_THREE_STEP, EXPAND_ROWS]
+    if c["fc2_prequant"] != "none":  # the plan's use_awq gate: the layer carries both AWQ scales
+        steps.append(FC1_PREQUANT)
+    steps.append(GEMM1_WOQ)
+    steps += {"fused": [FC1_ACTIVATION_PREQUANT], "separate": [FC1_ACTIVATION, FC2_PREQUANT],
+              "none": [FC1_ACTIVATION]}[c["fc2_prequant"]]
+    steps += [GEMM2_WOQ, FINALIZE]
     return steps + _shared_experts(plan)
 
 

@@ -62,7 +62,7 @@ def workspace_layout(spec: MoESpec, steps: set[str], max_tokens: int, *, gemm_wo
         out["logits"] = BufferSpec((M, spec.num_experts), dt, 1)  # the router scores every expert
     if S.THREE_STEP_PROLOGUES & steps and three_step_workspace_bytes:
         out["prologue_workspace"] = BufferSpec((three_step_workspace_bytes,), torch.uint8)
-    if S.FC1_ACTIVATION in steps or S.FC1_ACTIVATION_FP8 in steps:
+    if steps & {S.FC1_ACTIVATION, S.FC1_ACTIVATION_FP8, S.FC1_ACTIVATION_PREQUANT}:
         out["fc1_out"] = BufferSpec((R, N1), dt, K)
     if S.FINALIZE in steps:
         out["gemm2_out"] = BufferSpec((R, H), dt, K)

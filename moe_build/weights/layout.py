@@ -29,7 +29,7 @@ import torch
 from ..spec import MoESpec
 from .blocks import BLOCK, blocks_fit
 from .fp8 import FP8_DTYPE, Fp8Scales, ScaleGranularity, quantize_weight
-from .woq import WoqWeights
+from .woq import MXFP4_GROUP, WoqKind, WoqWeights, quantize_matrix
 
 
 def interleave_gate_up(w1: torch.Tensor) -> torch.Tensor:
@@ -158,6 +158,21 @@ class MoEWeights:
         a1 = torch.tensor(a1_scale, dtype=torch.float32, device=s1.device) if static else None
         a2 = torch.tensor(a2_scale, dtype=torch.float32, device=s1.device) if static else None
         return replace(self, w1=w1, w2=w2, fp8=Fp8Scales(granularity, s1, s2, a1, a2))
+
+    def quantized_woq(self, kind: WoqKind, group_size: int | None, asymmetric: bool = False,
+                      awq: bool = False, seed: int = 0) -> "MoEWeights":
+        """These float weights with W1 / W2 quantized weight-only (woq.quantize_matrix): random weight-only layers
+        for tests and benchmarks. awq: also random AWQ pre-quant scales in [0.5, 2) for both GEMM inputs."""
+        q1, s1, z1 = quantize_matrix(kind, self.w1, group_size, asymmetric)
+        q2, s2, z2 = quantize_matrix(kind, self.w2, group_size, asymmetric)
+        pre = {}
+        if awq:
+            g = torch.Generator().manual_seed(seed)
+            pre = {name: (0.5 + 1.5 * torch.rand(n, generator=g)).to(self.w1.device)
+                   for name, n in (("fc1_act_scale", self.w1.shape[-1]), ("fc2_act_scale", self.w2.shape[-1]))}
+        group = MXFP4_GROUP if kind is WoqKind.MXFP4 else group_size
+        woq = WoqWeights(kind, group, q1, q2, s1, s2, z1, z2, **pre)
+        return replace(self, w1=q1, w2=q2, woq=woq)
 
     def for_rank(self, spec: MoESpec, rank: int) -> "MoEWeights":
         """The weights rank `rank` of `spec`'s expert-parallel group holds: its experts' W1 / b1 / W2 / b2 (and

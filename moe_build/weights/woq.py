@@ -90,6 +90,36 @@ def dequantize_matrix(kind: WoqKind, q: torch.Tensor, scale: torch.Tensor, zero:
     return (u - _per_column(z, u.shape[-1])) * _per_column(scale.to(torch.float64), u.shape[-1])
 
 
+def quantize_matrix(kind: WoqKind, w: torch.Tensor, group: int | None, asymmetric: bool = False
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Float weights [..., out, in] -> (data, scale, zero) in the canonical form, round-to-nearest per group of
+    `group` input columns (None: per output channel; MXFP4 always 32): random quantized layers for tests and
+    benchmarks (checkpoints come quantized by their producers). int4: symmetric (z = 8) or, with `asymmetric`,
+    min/max with a zero point as AutoAWQ's; int8: symmetric; MXFP4: the e8m0 exponent of amax / 6 rounded up."""
+    cols = w.shape[-1]
+    size = MXFP4_GROUP if kind is WoqKind.MXFP4 else (group or cols)
+    g = w.float().reshape(*w.shape[:-1], cols // size, size)
+    if kind is WoqKind.MXFP4:
+        e = torch.ceil(torch.log2(g.abs().amax(-1).clamp_min(2.0 ** -126) / 6.0)).clamp(-127, 127)
+        lut = torch.tensor(E2M1[:8], dtype=torch.float32, device=w.device)
+        x = (g / torch.exp2(e)[..., None]).clamp(-6.0, 6.0)
+        code = (x.abs()[..., None] - lut).abs().argmin(-1) | ((x < 0).to(torch.int64) << 3)
+        return pack_nibbles(code.reshape(w.shape)), (e + E8M0_BIAS).to(torch.uint8), None
+    if kind is WoqKind.INT8:
+        scale = (g.abs().amax(-1) / 127.0).clamp_min(1e-8)
+        q = torch.round(g / scale[..., None]).clamp(-127, 127)
+        return q.reshape(w.shape).to(torch.int8), scale, None
+    if asymmetric:
+        lo, hi = g.amin(-1).clamp_max(0.0), g.amax(-1).clamp_min(0.0)
+        scale = ((hi - lo) / 15.0).clamp_min(1e-8)
+        zero = torch.round(-lo / scale).clamp(0, 15)
+        u = (torch.round(g / scale[..., None]) + zero[..., None]).clamp(0, 15)
+        return pack_nibbles(u.reshape(w.shape)), scale, zero.to(torch.uint8)
+    scale = (g.abs().amax(-1) / 7.0).clamp_min(1e-8)
+    u = torch.round(g / scale[..., None]).clamp(-8, 7) + INT4_ZERO
+    return pack_nibbles(u.reshape(w.shape)), scale, None
+
+
 @dataclass(frozen=True)
 class WoqWeights:
     """One layer's weight-only quantized experts in the canonical form (module docstring). Constructing one
@@ -126,9 +156,9 @@ class WoqWeights:
         """Every tensor present, by field name."""
         return [(n, getattr(self, n)) for n in _TENSORS if getattr(self, n) is not None]
 
-    def experts_slice(self, experts: slice) -> "WoqWeights":
-        """These weights for the experts in `experts` only (one expert-parallel rank's): every per-expert tensor
-        cut, the per-layer activation scales kept. Views, not copies."""
+    def experts_slice(self, experts: slice | torch.Tensor) -> "WoqWeights":
+        """These weights for the experts in `experts` only (a slice: one expert-parallel rank's, as views; an index
+        tensor: a reference's chunk, as copies): every per-expert tensor cut, the per-layer activation scales kept."""
         per_expert = ("w1", "w2", "w1_scale", "w2_scale", "w1_zero", "w2_zero", "w1_scale_2", "w2_scale_2")
         return replace(self, **{n: t[experts] for n, t in self.named() if n in per_expert})
 

@@ -11,7 +11,11 @@ tokens and pinned routing; the rank's ExpertParallelMoE output (NaN-poisoned bef
   runner is not claimed; a deterministic plan's EP output is bit-identical from run to run.
 Routing variants: random top-k, skewed (every token to rank 0's experts: the other ranks receive nothing),
 and one rank receiving nothing (no token picks the last rank's experts). Deterministic plans are also run
-twice and must be bit-identical. Rank 0 writes every case's errors to OUT.json; any failure raises (exit 1).
+twice and must be bit-identical. Dual-batch overlap cases (two micro-batches on two streams) are also held
+against the same layer without overlap (rel-norm < RUNNER_TOL: the same math per token, GEMMs over half the
+rows), where neither drops a row; `ragged` cases give rank 0 one token (its second micro-batch empty) while
+the others have many, and `sms` cases cap the nvlink kernels' grids at 1 or 3 blocks. Rank 0 writes every
+case's errors to OUT.json; any failure raises (exit 1).
 """
 from __future__ import annotations
 
@@ -27,7 +31,8 @@ import torch.distributed as dist
 
 from moe_build.reference import moe_reference
 from moe_build.runner import MoERunner
-from moe_build.runner.expert_parallel import rank_layer
+from moe_build.runner.expert_parallel import (ExpertParallelMoE, micro_batch_capacity, micro_batch_spans,
+                                              rank_layer)
 from moe_build.spec import Activation, MoESpec, Routing, RoutingMethod, SharedExperts
 from moe_build.target import Flavour, Target
 from moe_build.weights import MoEWeights
@@ -51,39 +56,73 @@ def _routing(spec: MoESpec, tokens: int, how: str, seed: int, rank: int) -> tupl
     return ids.int(), torch.rand(tokens, spec.top_k, generator=g)
 
 
-def run_case(spec: MoESpec, tokens: int, how: str, backend: str, capacity: int | None = None,
-             deterministic: bool = False) -> dict:
-    """One case on this rank; `capacity` (nvlink only): the non-blocking mode's received rows per call."""
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One expert-parallel case, the same on every rank."""
+
+    spec: MoESpec
+    tokens: int                        # tokens per rank (the layers' max_tokens: every rank sizes alike)
+    how: str = "random"                # routing variant (_routing)
+    backend: str = "nvlink"
+    capacity: int | None = None        # nvlink non-blocking: received rows per call
+    deterministic: bool = False
+    overlap: bool = False              # dual-batch overlap
+    sms: tuple[int, int] | None = None  # nvlink (dispatch_sms, combine_sms)
+    ragged: bool = False               # rank 0 has one token, the others `tokens`
+
+    def tokens_of(self, rank: int) -> int:
+        return 1 if self.ragged and rank == 0 else self.tokens
+
+    def spans(self, rank: int, overlap: bool) -> tuple[tuple[int, int], ...]:
+        """Rank `rank`'s micro-batches as token ranges (one without overlap)."""
+        n = self.tokens_of(rank)
+        return micro_batch_spans(n) if overlap else ((0, n),)
+
+    def rows_kept(self, overlap: bool) -> int:
+        """Received rows each micro-batch keeps (non-blocking)."""
+        assert self.capacity is not None
+        return micro_batch_capacity(self.capacity, max(self.tokens, 1)) if overlap else self.capacity
+
+    def layer(self, weights: MoEWeights, rank: int, target: Target, overlap: bool) -> ExpertParallelMoE:
+        dispatch_sms, combine_sms = self.sms or (None, None)
+        return rank_layer(self.spec, weights, rank, max_tokens=max(self.tokens, 1), target=target,
+                          force={"dispatch": self.backend}, recv_capacity=self.capacity, overlap=overlap,
+                          dispatch_sms=dispatch_sms, combine_sms=combine_sms)
+
+
+def run_case(case: Case) -> dict:
+    """One case on this rank."""
+    spec, how, backend, capacity = case.spec, case.how, case.backend, case.capacity
     rank, world = dist.get_rank(), dist.get_world_size()
     seed_t = torch.tensor([random.SystemRandom().randrange(1 << 30)], device="cuda")
     dist.broadcast(seed_t, 0)
     seed = int(seed_t.item())
     weights = MoEWeights.random(spec, seed=seed)
+    tokens = case.tokens_of(rank)
     g = torch.Generator().manual_seed(seed + 1 + rank)
     hidden = torch.randn(tokens, spec.hidden_size, generator=g).to("cuda", torch.bfloat16)
     ids, w = _routing(spec, tokens, how, seed, rank)
     ids_d, w_d = ids.cuda(), w.cuda()
-    target = _target(deterministic)
-    layer = rank_layer(spec, weights, rank, max_tokens=max(tokens, 1), target=target, force={"dispatch": backend},
-                       recv_capacity=capacity)
+    target = _target(case.deterministic)
+    layer = case.layer(weights, rank, target, case.overlap)
     out = torch.full_like(hidden, float("nan"))
     layer(hidden, topk_ids=ids_d, topk_weights=w_d, out=out)
     torch.cuda.synchronize()
-    case = (f"{spec.name} T={tokens} K={spec.top_k} E={spec.num_experts} {how} {backend} capacity={capacity} "
-            f"det={deterministic} seed={seed}")
-    assert torch.isfinite(out).all(), f"rank {rank}: unwritten/non-finite output ({case})"
-    if deterministic:
+    desc = (f"{spec.name} T={tokens} K={spec.top_k} E={spec.num_experts} {how} {backend} capacity={capacity} "
+            f"det={case.deterministic} overlap={case.overlap} sms={case.sms} ragged={case.ragged} seed={seed}")
+    assert torch.isfinite(out).all(), f"rank {rank}: unwritten/non-finite output ({desc})"
+    if case.deterministic:
         again = torch.full_like(hidden, float("nan"))
         layer(hidden, topk_ids=ids_d, topk_weights=w_d, out=again)
-        assert torch.equal(out, again), f"rank {rank}: deterministic EP run not bit-identical ({case})"
-    result = {"case": case, "rank": rank, "world": world, "tokens": tokens, "backend": backend}
+        assert torch.equal(out, again), f"rank {rank}: deterministic EP run not bit-identical ({desc})"
+    result = {"case": desc, "rank": rank, "world": world, "tokens": tokens, "backend": backend,
+              "overlap": case.overlap}
     kept = w
     if capacity is not None:
-        dropped = _dropped_pairs(spec, tokens, how, seed, capacity)
+        dropped = _dropped_pairs(case, seed, case.overlap)
         overflowed = int(layer.overflow.item())
         result["overflow"] = overflowed
-        received = _received_rows(spec, tokens, how, seed)
-        assert overflowed == int(received[rank] > capacity), f"rank {rank}: overflow flag {overflowed} ({case})"
+        assert overflowed == _overflows(case, seed, case.overlap), f"rank {rank}: overflow flag {overflowed} ({desc})"
         kept = torch.where(dropped, torch.zeros_like(w), w)  # a dropped row's experts add nothing to its token
     if tokens:
         single = MoERunner(dataclasses.replace(spec, ep_size=1), weights, target=target, max_tokens=tokens)
@@ -91,43 +130,83 @@ def run_case(spec: MoESpec, tokens: int, how: str, backend: str, capacity: int |
         ref = moe_reference(spec, weights, hidden.cpu(), topk_ids=ids, topk_weights=kept)
         o, a = out.double().cpu(), alone.double().cpu()
         if float(ref.norm()) == 0.0:  # every pair of this rank's tokens was dropped (overflow): exact zeros
-            assert float(o.abs().max()) == 0.0, f"rank {rank}: nonzero output where every row was dropped ({case})"
+            assert float(o.abs().max()) == 0.0, f"rank {rank}: nonzero output where every row was dropped ({desc})"
             ref, a = ref + 1, a + 1  # the errors below then measure the exact zeros against ones
             o = o + 1
         result["rel_err_reference"] = float((o - ref).norm() / ref.norm())
         result["rel_err_runner"] = float((o - a).norm() / a.norm())
-        assert result["rel_err_reference"] < REF_TOL, f"rank {rank}: {result} ({case})"
-        assert result["rel_err_runner"] < RUNNER_TOL, f"rank {rank}: {result} ({case})"
-    if capacity is not None and backend == "nvlink" and tokens:
+        assert result["rel_err_reference"] < REF_TOL, f"rank {rank}: {result} ({desc})"
+        assert result["rel_err_runner"] < RUNNER_TOL, f"rank {rank}: {result} ({desc})"
+    if case.overlap:  # every rank builds and calls the plain layer (collective), whatever its tokens
+        err = _against_plain(case, weights, rank, target, hidden, ids_d, w_d, out, seed)
+        if err is not None:
+            result["rel_err_plain"] = err
+    if capacity is not None and backend == "nvlink" and case.tokens:
         result["graph_rel_err"] = _graph_replay(layer, spec, tokens, how, seed, out)
     return result
 
 
-def _destinations(spec: MoESpec, tokens: int, how: str, seed: int, src: int) -> list[list[int]]:
+def _against_plain(case: Case, weights: MoEWeights, rank: int, target: Target, hidden: torch.Tensor,
+                   ids: torch.Tensor, w: torch.Tensor, overlapped: torch.Tensor, seed: int) -> float | None:
+    """The same layer without overlap on the same tokens: the overlapped output must match it (rel-norm <
+    RUNNER_TOL) wherever no row of this rank's tokens is dropped by either (None: not compared)."""
+    plain = case.layer(weights, rank, target, overlap=False)
+    out = torch.full_like(hidden, float("nan"))
+    plain(hidden, topk_ids=ids, topk_weights=w, out=out)
+    torch.cuda.synchronize()
+    drops = case.capacity is not None and any(_dropped_pairs(case, seed, o).any() for o in (True, False))
+    if drops or not hidden.shape[0]:
+        return None
+    err = float((overlapped.double() - out.double()).norm() / out.double().norm())
+    assert err < RUNNER_TOL, f"rank {rank}: overlap differs from the plain layer by {err:.3g} ({case}, seed {seed})"
+    return err
+
+
+def _destinations(case: Case, seed: int, src: int) -> list[list[int]]:
     """For each rank d, the tokens of rank `src` sent to d (ascending): those with an expert on d."""
-    ids, _ = _routing(spec, tokens, how, seed, src)
+    spec = case.spec
+    ids, _ = _routing(spec, case.tokens_of(src), case.how, seed, src)
     n = spec.local_experts
-    return [[t for t in range(tokens) if any(d * n <= int(x) < (d + 1) * n for x in ids[t])]
+    return [[t for t in range(len(ids)) if any(d * n <= int(x) < (d + 1) * n for x in ids[t])]
             for d in range(spec.ep_size)]
 
 
-def _received_rows(spec: MoESpec, tokens: int, how: str, seed: int) -> list[int]:
-    sent = [_destinations(spec, tokens, how, seed, s) for s in range(spec.ep_size)]
-    return [sum(len(sent[s][d]) for s in range(spec.ep_size)) for d in range(spec.ep_size)]
+def _sent(case: Case, seed: int, overlap: bool) -> list[list[list[list[int]]]]:
+    """[micro-batch][source s][destination d]: the tokens of s's micro-batch sent to d (micro-batch m of every
+    rank pairs with micro-batch m of the others)."""
+    ep = case.spec.ep_size
+    dests = [_destinations(case, seed, s) for s in range(ep)]
+    out = []
+    for m in range(len(case.spans(0, overlap))):
+        per_source = []
+        for s in range(ep):
+            lo, hi = case.spans(s, overlap)[m]
+            per_source.append([[t for t in dests[s][d] if lo <= t < hi] for d in range(ep)])
+        out.append(per_source)
+    return out
 
 
-def _dropped_pairs(spec: MoESpec, tokens: int, how: str, seed: int, capacity: int) -> torch.Tensor:
+def _overflows(case: Case, seed: int, overlap: bool) -> int:
+    """1 where a micro-batch of this rank received more rows than it keeps."""
+    rank, ep = dist.get_rank(), case.spec.ep_size
+    keep = case.rows_kept(overlap)
+    return int(any(sum(len(sent[s][rank]) for s in range(ep)) > keep for sent in _sent(case, seed, overlap)))
+
+
+def _dropped_pairs(case: Case, seed: int, overlap: bool) -> torch.Tensor:
     """[T, K] bool for this rank's tokens: the pair's expert sits on a rank that dropped the token's row (a
-    receiver keeps the first `capacity` rows, sources in rank order, each source's in token order)."""
+    receiver's micro-batch keeps its first rows_kept rows, sources in rank order, each source's in token order)."""
+    spec = case.spec
     rank, n = dist.get_rank(), spec.local_experts
-    ids, _ = _routing(spec, tokens, how, seed, rank)
-    sent = [_destinations(spec, tokens, how, seed, s) for s in range(spec.ep_size)]
-    dropped = torch.zeros(tokens, spec.top_k, dtype=torch.bool)
-    for d in range(spec.ep_size):
-        before = sum(len(sent[s][d]) for s in range(rank))
-        for i, t in enumerate(sent[rank][d]):
-            if before + i >= capacity:
-                dropped[t] |= (ids[t] >= d * n) & (ids[t] < (d + 1) * n)
+    ids, _ = _routing(spec, case.tokens_of(rank), case.how, seed, rank)
+    keep = case.rows_kept(overlap)
+    dropped = torch.zeros(len(ids), spec.top_k, dtype=torch.bool)
+    for sent in _sent(case, seed, overlap):
+        for d in range(spec.ep_size):
+            before = sum(len(sent[s][d]) for s in range(rank))
+            for i, t in enumerate(sent[rank][d]):
+                if before + i >= keep:
+                    dropped[t] |= (ids[t] >= d * n) & (ids[t] < (d + 1) * n)
     return dropped
 
 
@@ -164,8 +243,8 @@ def _graph_replay(layer, spec: MoESpec, tokens: int, how: str, seed: int, eager:
     return err
 
 
-def cases(world: int) -> list[tuple[MoESpec, int, str, str, int | None, bool]]:
-    """(spec, tokens per rank, routing, backend, non-blocking capacity, deterministic)."""
+def cases(world: int) -> list[Case]:
+    """The cases of a `world`-rank run, in order (every rank runs the same list)."""
     base = MoESpec(256, 384, 8 * world, 2, routing=Routing(RoutingMethod.SOFTMAX_TOPK, renormalize=True),
                    ep_size=world, name="ep")
     wide = MoESpec(512, 256, 64 * world, 8, ep_size=world, name="ep-wide")  # 64 experts per rank, top-8
@@ -175,16 +254,30 @@ def cases(world: int) -> list[tuple[MoESpec, int, str, str, int | None, bool]]:
     out = []
     for backend in ("nvlink", "nccl"):
         for tokens in (1, 255, 256, 257, 8192):
-            out.append((base, tokens, "random", backend, None, False))
+            out.append(Case(base, tokens, backend=backend))
         for top_k in (1, 3, 4, 6, 8):
-            out.append((base.with_overrides(top_k=top_k), 200, "random", backend, None, False))
-        out += [(wide, 1000, "random", backend, None, False), (wide, 64, "skewed", backend, None, False),
-                (wide, 64, "last_rank_idle", backend, None, False), (shared, 100, "random", backend, None, False),
-                (gelu, 77, "random", backend, None, False), (base, 300, "random", backend, None, True),
-                (base, 0, "random", backend, None, False)]  # a rank with no tokens still takes part
+            out.append(Case(base.with_overrides(top_k=top_k), 200, backend=backend))
+        out += [Case(wide, 1000, backend=backend), Case(wide, 64, "skewed", backend),
+                Case(wide, 64, "last_rank_idle", backend), Case(shared, 100, backend=backend),
+                Case(gelu, 77, backend=backend), Case(base, 300, backend=backend, deterministic=True),
+                Case(base, 0, backend=backend)]  # a rank with no tokens still takes part
     # non-blocking nvlink: room for every row, then too little room (overflow), then skewed into one rank
-    out += [(base, 100, "random", "nvlink", 100 * world, False), (wide, 64, "random", "nvlink", 40, False),
-            (wide, 64, "skewed", "nvlink", 64 * world - 3, False)]
+    out += [Case(base, 100, capacity=100 * world), Case(wide, 64, capacity=40),
+            Case(wide, 64, "skewed", capacity=64 * world - 3)]
+    # dual-batch overlap, both dispatches: one token (the second micro-batch empty), an odd count, a large one,
+    # skewed routing, shared experts, no tokens, a deterministic plan, and rank 0 with one token beside many
+    for backend in ("nvlink", "nccl"):
+        out += [Case(base, 1, backend=backend, overlap=True), Case(base, 257, backend=backend, overlap=True),
+                Case(base, 2048, backend=backend, overlap=True), Case(wide, 64, "skewed", backend, overlap=True),
+                Case(shared, 101, backend=backend, overlap=True), Case(base, 0, backend=backend, overlap=True),
+                Case(base, 300, backend=backend, deterministic=True, overlap=True),
+                Case(base, 200, backend=backend, overlap=True, ragged=True)]
+    # overlap in the non-blocking nvlink mode (each replayed from a CUDA graph): room for every row, overflow,
+    # skewed; then the SM caps (1 and 3 blocks), blocking and non-blocking, with and without overlap
+    out += [Case(base, 100, capacity=100 * world, overlap=True), Case(wide, 65, capacity=40, overlap=True),
+            Case(wide, 64, "skewed", capacity=64 * world - 3, overlap=True),
+            Case(base, 257, sms=(1, 1)), Case(wide, 64, capacity=40, sms=(3, 1)),
+            Case(base, 100, capacity=100 * world, overlap=True, sms=(1, 3))]
     return out
 
 
@@ -194,8 +287,8 @@ def main() -> None:
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
     results = []
     start = time.perf_counter()
-    for spec, tokens, how, backend, capacity, det in cases(dist.get_world_size()):
-        results.append(run_case(spec, tokens, how, backend, capacity, det))
+    for case in cases(dist.get_world_size()):
+        results.append(run_case(case))
     gathered: list[list[dict]] = [[] for _ in range(dist.get_world_size())]
     dist.all_gather_object(gathered, results)
     if rank == 0:

@@ -100,3 +100,92 @@ def test_finalize_skips_other_ranks_experts(bias: bool) -> None:
     got = out.double().cpu()
     assert torch.isfinite(got).all(), f"seed {seed}"
     assert ((got - want).abs() <= 2.0 ** -8 * want.abs() + 1e-5).all(), f"seed {seed}"
+
+
+# ---- the nvlink kernels on any grid: `ep` ranks simulated on one GPU ------------------------------------------
+# Each simulated rank's "symmetric" buffers are ordinary device tensors and the peer tables hold their addresses,
+# so the kernels run the whole exchange (dispatch, gather, the experts as a scale by rank + 1, return, combine) in
+# stream order, where the real layer puts its barriers. Default grid against max_sms 1 and 3: the same bits.
+
+def _nvlink_exchange(ep: int, tokens: int, hidden: int, capacity: int | None, sms: int | None, seed: int,
+                     per_rank: int = 2, top_k: int = 2) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    bf16 = torch.bfloat16
+    xs = [torch.randn(tokens, hidden, generator=g).to("cuda", bf16) for _ in range(ep)]
+    ids = [_ids(tokens, top_k, ep * per_rank, g).cuda() for _ in range(ep)]
+    ws = [torch.rand(tokens, top_k, generator=g).cuda() for _ in range(ep)]
+    bufs = [{"recv_rows": torch.full((ep * tokens, hidden), 7.0, dtype=bf16, device="cuda"),
+             "recv_meta": torch.full((ep * tokens, 2 * top_k), -7, dtype=torch.int32, device="cuda"),
+             "recv_counts": torch.zeros(ep, 2, dtype=torch.int32, device="cuda"),
+             "returned": torch.full((ep * tokens, hidden), 3.0, dtype=bf16, device="cuda")} for _ in range(ep)]
+    peers = {name: torch.tensor([b[name].data_ptr() for b in bufs], dtype=torch.int64, device="cuda")
+             for name in bufs[0]}
+    layouts = [K.ep_layout(ids[r], ep, per_rank) for r in range(ep)]
+    for r, (counts, send_tokens, _) in enumerate(layouts):
+        K.ep_nvlink_dispatch(xs[r], ids[r], ws[r], r, tokens, counts, send_tokens, peers["recv_rows"],
+                             peers["recv_meta"], peers["recv_counts"], sms=sms)
+    gathered = []
+    for r in range(ep):
+        rows = capacity if capacity is not None else int(bufs[r]["recv_counts"][:, 0].sum())
+        d = {"hidden": torch.full((rows, hidden), 5.0, dtype=bf16, device="cuda"),
+             "ids": torch.full((rows, top_k), -9, dtype=torch.int32, device="cuda"),
+             "weights": torch.full((rows, top_k), -1.0, device="cuda"),
+             "src_rank": torch.full((rows,), -9, dtype=torch.int32, device="cuda"),
+             "src_row": torch.full((rows,), -9, dtype=torch.int32, device="cuda"),
+             "received": torch.full((1,), -9, dtype=torch.int32, device="cuda"),
+             "overflow": torch.full((1,), -9, dtype=torch.int32, device="cuda")}
+        K.ep_nvlink_gather(bufs[r]["recv_rows"], bufs[r]["recv_meta"], bufs[r]["recv_counts"], tokens, r * per_rank,
+                           per_rank, d["hidden"], d["ids"], d["weights"], d["src_rank"], d["src_row"], d["received"],
+                           d["overflow"], peers["returned"], sms=sms)
+        gathered.append(d)
+    for r in range(ep):  # this rank's "experts": its received rows times r + 1
+        partial = (gathered[r]["hidden"].float() * (r + 1)).to(bf16)
+        K.ep_nvlink_return(partial, gathered[r]["src_rank"], gathered[r]["src_row"], peers["returned"], sms=sms)
+    outs = [K.ep_combine(bufs[r]["returned"], layouts[r][2], out=torch.full_like(xs[r], float("nan")), sms=sms)
+            for r in range(ep)]
+    return {"xs": xs, "ids": ids, "gathered": gathered, "outs": outs}
+
+
+def _expected_outs(xs: list[torch.Tensor], ids: list[torch.Tensor], per_rank: int, capacity: int | None
+                   ) -> tuple[list[torch.Tensor], list[int]]:
+    """Each source's tokens summed over the ranks that kept its row (a receiver keeps its first `capacity` rows,
+    sources in rank order, tokens in order) of (row * (d + 1)) in bf16, in fp32 in rank order; and each rank's
+    received row count."""
+    ep = len(xs)
+    sent = [[((i.cpu() >= d * per_rank) & (i.cpu() < (d + 1) * per_rank)).any(dim=1).nonzero().flatten().tolist()
+             for d in range(ep)] for i in ids]
+    received = [sum(len(sent[s][d]) for s in range(ep)) for d in range(ep)]
+    outs = [torch.zeros(x.shape, dtype=torch.float32) for x in xs]
+    for s in range(ep):
+        for d in range(ep):
+            before = sum(len(sent[p][d]) for p in range(s))
+            kept = [t for i, t in enumerate(sent[s][d]) if capacity is None or before + i < capacity]
+            outs[s][kept] += (xs[s][kept].float() * (d + 1)).to(torch.bfloat16).float().cpu()
+    return outs, received
+
+
+@pytest.mark.parametrize("sms", [1, 3])
+# blocking; non-blocking with every rank overflowing (about 540 rows arrive), and with room to spare
+@pytest.mark.parametrize("capacity", [None, 200, 700])
+@pytest.mark.parametrize("hidden", [256, 100])  # 16-byte vectors; single elements
+def test_nvlink_kernels_give_the_same_rows_on_a_capped_grid(sms: int, capacity: int | None, hidden: int) -> None:
+    seed = random.SystemRandom().randrange(1 << 30)
+    ep, tokens, per_rank = 3, 300, 2
+    full = _nvlink_exchange(ep, tokens, hidden, capacity, None, seed, per_rank)
+    capped = _nvlink_exchange(ep, tokens, hidden, capacity, sms, seed, per_rank)
+    for r in range(ep):
+        for name, t in full["gathered"][r].items():
+            assert torch.equal(t, capped["gathered"][r][name]), f"rank {r} {name}, max_sms {sms}, seed {seed}"
+        assert torch.equal(full["outs"][r], capped["outs"][r]), f"rank {r} out, max_sms {sms}, seed {seed}"
+    want, received = _expected_outs(capped["xs"], capped["ids"], per_rank, capacity)
+    for r in range(ep):
+        d = capped["gathered"][r]
+        keep = received[r] if capacity is None else min(received[r], capacity)
+        assert int(d["received"]) == keep and int(d["overflow"]) == int(capacity is not None and received[r] > capacity)
+        assert (d["src_rank"][keep:] == -1).all() and (d["ids"][keep:] == -1).all(), f"seed {seed}"
+        got = capped["outs"][r].double().cpu()
+        w = want[r].to(torch.bfloat16).double()
+        assert torch.isfinite(got).all(), f"rank {r}: unwritten output, seed {seed}"
+        assert ((got - w).abs() <= 2.0 ** -8 * w.abs() + 1e-6).all(), f"rank {r}, max_sms {sms}, seed {seed}"
+    if capacity is not None:  # the two non-blocking cases cover what they claim: dropped rows, then empty rows
+        assert all((r > capacity) == (capacity == 200) for r in received), (received, capacity)

@@ -29,9 +29,14 @@ def test_expert_parallel_matches_single_gpu_and_reference(ranks: int, tmp_path: 
                         str(WORKER), str(out)], env=env, capture_output=True, text=True, timeout=1200)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     doc = json.loads(out.read_text())
-    assert doc["world"] == ranks and len(doc["cases"]) == ranks * 37
+    assert doc["world"] == ranks and len(doc["cases"]) == ranks * 59
     checked = [c for c in doc["cases"] if c["tokens"]]
     assert checked and all(c["rel_err_runner"] < 2 * 2.0 ** -8 and c["rel_err_reference"] < 1e-2 for c in checked)
     assert {c["backend"] for c in checked} == {"nvlink", "nccl"}
     assert any(c.get("overflow") == 1 for c in checked) and any(c.get("overflow") == 0 for c in checked)
     assert any("graph_rel_err" in c for c in checked)
+    # dual-batch overlap ran on both dispatches, held against the same layer without it, and graph-replayed
+    overlapped = [c for c in checked if c["overlap"]]
+    assert {c["backend"] for c in overlapped if "rel_err_plain" in c} == {"nvlink", "nccl"}
+    assert all(c["rel_err_plain"] < 2 * 2.0 ** -8 for c in overlapped if "rel_err_plain" in c)
+    assert any("graph_rel_err" in c for c in overlapped) and any(c.get("overflow") == 1 for c in overlapped)

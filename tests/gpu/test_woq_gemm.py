@@ -1,13 +1,16 @@
-"""The weight-only grouped GEMM (mb_grouped_gemm_woq) against an fp64 reference, every kind, group and K split.
+"""The weight-only grouped GEMM (mb_grouped_gemm_woq) against an fp64 reference: both kernels (decode with every K
+split, mma with both tiles), every kind and group.
 
 Fresh random packed weights in moe_build/weights/woq.py's canonical forms for every case; the reference
 dequantizes them with woq.py's exact rule (`dequantize_matrix`, fp64) and multiplies in fp64. Outputs are
 poisoned with NaN first: every row of an expert must be written and rows past the last expert left alone.
-Uneven and empty expert segments (up to 40 rows: several 8-row chunks), n and k on and off multiples of 128.
+Uneven and empty expert segments: up to 40 rows for the decode kernel (several 8-row chunks), up to 700 for the
+mma kernel (several 64- and 128-row tiles, a partial last one, and 40 experts), n and k on and off multiples of 128.
 
 Error bound, per output element: |C - ref| <= 2^-8 (|ref| + S), S = sum_k |a_k w_k|. The kernel rounds each
 dequantized weight to the activation type (2^-9 relative for bf16, 2^-12 for fp16) and sums in fp32; the
-output is rounded once more (2^-9 |ref|). Both terms doubled for slack; fp16 is held to the same bound.
+output is rounded once more (2^-9 |ref|). Both terms doubled for slack; fp16 is held to the same bound. (The mma
+kernel's int4 weights may land one unit in the last place from the fp32 product's rounding: inside the slack.)
 """
 from __future__ import annotations
 
@@ -25,9 +28,9 @@ pytestmark = [pytest.mark.gpu,
 
 
 def case(kind: WoqKind, counts: list[int], n: int, k: int, group: int, zeros: bool, bias: bool,
-         dtype: torch.dtype, seed: int, pad_rows: int = 5):
+         dtype: torch.dtype, seed: int, pad_rows: int = 5, e8m0: tuple[int, int] = (120, 130)):
     """Operands for experts with `counts` rows each (plus `pad_rows` rows past the last expert) and the fp64
-    reference output of every expert's rows."""
+    reference output of every expert's rows; MXFP4 scale exponents drawn from [e8m0[0], e8m0[1])."""
     g = torch.Generator().manual_seed(seed)
     e, rows = len(counts), sum(counts) + pad_rows
     a = torch.randn(rows, k, generator=g).to(dtype)
@@ -37,7 +40,7 @@ def case(kind: WoqKind, counts: list[int], n: int, k: int, group: int, zeros: bo
         b = torch.randint(0, 256, (e, n, k // 2), generator=g, dtype=torch.uint8)
     groups = k // 32 if kind is WoqKind.MXFP4 else (1 if group == 0 else k // group)
     if kind is WoqKind.MXFP4:
-        scales = torch.randint(120, 130, (e, n, groups), generator=g, dtype=torch.uint8)  # 2^-7 .. 2^2
+        scales = torch.randint(*e8m0, (e, n, groups), generator=g, dtype=torch.uint8)  # default 2^-7 .. 2^2
     else:
         scales = torch.rand(e, n, groups, generator=g) * 0.02 + 1e-3
     z = torch.randint(0, 16, (e, n, groups), generator=g, dtype=torch.uint8) if zeros else None
@@ -58,15 +61,21 @@ def case(kind: WoqKind, counts: list[int], n: int, k: int, group: int, zeros: bo
     return dev, ref, mag, int(off[-1])
 
 
-def run(kind: WoqKind, counts: list[int], n: int, k: int, group: int, zeros: bool = False, bias: bool = False,
-        dtype: torch.dtype = torch.bfloat16, tactic: str = "decode:ksplit1:plain:plain") -> None:
-    seed = random.SystemRandom().randrange(1 << 30)
-    dev, ref, mag, used = case(kind, counts, n, k, group, zeros, bias, dtype, seed)
-    c = torch.full((ref.shape[0], n), float("nan"), dtype=dtype, device="cuda")
+def gemm(dev: dict, kind: WoqKind, group: int, rows: int, n: int, dtype: torch.dtype, tactic: str) -> torch.Tensor:
+    """The kernel's output for case()'s device operands, into a NaN-poisoned C, as fp64 on the CPU."""
+    c = torch.full((rows, n), float("nan"), dtype=dtype, device="cuda")
     K.grouped_gemm_woq(dev["a"], dev["b"], kind.value, dev["scales"], dev["off"], group, zeros=dev["zeros"],
                        bias=dev["bias"], c=c, tactic=tactic)
     torch.cuda.synchronize()
-    got = c.double().cpu()
+    return c.double().cpu()
+
+
+def run(kind: WoqKind, counts: list[int], n: int, k: int, group: int, zeros: bool = False, bias: bool = False,
+        dtype: torch.dtype = torch.bfloat16, tactic: str = "decode:ksplit1:plain:plain",
+        e8m0: tuple[int, int] = (120, 130)) -> None:
+    seed = random.SystemRandom().randrange(1 << 30)
+    dev, ref, mag, used = case(kind, counts, n, k, group, zeros, bias, dtype, seed, e8m0=e8m0)
+    got = gemm(dev, kind, group, ref.shape[0], n, dtype, tactic)
     where = f"(seed {seed}, {kind.value}, counts {counts}, n {n}, k {k}, group {group}, {tactic})"
     assert torch.isfinite(got[:used]).all(), f"unwritten rows {where}"
     assert torch.isnan(got[used:]).all(), f"rows past the last expert written {where}"
@@ -103,9 +112,77 @@ def test_bias_dtype_launch_and_sizes_off_128(dtype: torch.dtype, launch: str) ->
         tactic=f"decode:ksplit2:{launch}:plain")
 
 
+# Many rows per expert for the mma tiles: empty, single-row, 64-row tiles on and off their edges, several tiles;
+# and 40 experts (the expert lookup scans 32 at a time).
+MMA_COUNTS = {"many": [0, 1, 63, 64, 65, 200, 700], "40-experts": [(37 * i) % 71 for i in range(40)]}
+MMA_TILES = ["64x128", "128x128"]
+
+
+@pytest.mark.parametrize("tile", MMA_TILES)
+@pytest.mark.parametrize("group, zeros, n, k", [(32, False, 2880, 352), (64, True, 208, 2880), (128, True, 208, 384),
+                                                (0, False, 208, 352), (0, True, 144, 2880)])
+def test_int4_mma_against_fp64(tile: str, group: int, zeros: bool, n: int, k: int) -> None:
+    run(WoqKind.INT4, MMA_COUNTS["many"], n, k, group, zeros=zeros, tactic=f"mma:{tile}:plain:plain")
+
+
+@pytest.mark.parametrize("tile", MMA_TILES)
+def test_int4_mma_many_experts(tile: str) -> None:
+    run(WoqKind.INT4, MMA_COUNTS["40-experts"], 208, 352, 32, zeros=True, tactic=f"mma:{tile}:plain:plain")
+
+
+@pytest.mark.parametrize("tile", MMA_TILES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("group, n, k", [(0, 208, 2880), (128, 2880, 384)])
+def test_int8_mma_against_fp64(tile: str, dtype: torch.dtype, group: int, n: int, k: int) -> None:
+    run(WoqKind.INT8, MMA_COUNTS["many"], n, k, group, dtype=dtype, tactic=f"mma:{tile}:plain:plain")
+
+
+# e8m0 120..129: scales up to 2^2, some above 2^1 (the kernel's fp32 path for those stages); 100..128: all at most
+# 2^1 (its 16-bit path throughout).
+@pytest.mark.parametrize("tile", MMA_TILES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("e8m0", [(120, 130), (100, 129)], ids=["e120-129", "e100-128"])
+@pytest.mark.parametrize("n, k", [(2880, 352), (208, 2880)])
+def test_mxfp4_mma_against_fp64(tile: str, dtype: torch.dtype, e8m0: tuple[int, int], n: int, k: int) -> None:
+    run(WoqKind.MXFP4, MMA_COUNTS["many"], n, k, 32, dtype=dtype, tactic=f"mma:{tile}:plain:plain", e8m0=e8m0)
+
+
+@pytest.mark.parametrize("tile", MMA_TILES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("launch", ["plain", "after_trigger"])
+def test_mma_bias_dtype_launch_and_sizes_off_128(tile: str, dtype: torch.dtype, launch: str) -> None:
+    run(WoqKind.INT4, MMA_COUNTS["many"], 208, 352, 32, zeros=True, bias=True, dtype=dtype,
+        tactic=f"mma:{tile}:{launch}:plain")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case_args", [(WoqKind.INT4, 128, True, (120, 130)), (WoqKind.INT8, 0, False, (120, 130)),
+                                       (WoqKind.MXFP4, 32, False, (120, 130)), (WoqKind.MXFP4, 32, False, (100, 129))],
+                         ids=["int4", "int8", "mxfp4", "mxfp4-small-scales"])
+def test_decode_and_mma_agree(dtype: torch.dtype, case_args: tuple) -> None:
+    """The two kernels on the same operands: the same rows written, and values within one output rounding
+    (2^-7 |C|) plus 2^-12 S (fp32 summation orders; the mma kernel's int4 weights one unit in the last place off
+    the fp32 product's rounding at times)."""
+    kind, group, zeros, e8m0 = case_args
+    seed = random.SystemRandom().randrange(1 << 30)
+    counts = [5, 0, 130, 64, 9]
+    dev, ref, mag, used = case(kind, counts, 208, 2880 if group != 128 else 2944, group, zeros, True, dtype, seed,
+                               e8m0=e8m0)
+    rows, n = ref.shape
+    decode = gemm(dev, kind, group, rows, n, dtype, "decode:ksplit2:plain:plain")
+    for tile in MMA_TILES:
+        got = gemm(dev, kind, group, rows, n, dtype, f"mma:{tile}:plain:plain")
+        where = f"(seed {seed}, {kind.value}, {tile}, {dtype})"
+        assert torch.equal(torch.isnan(got), torch.isnan(decode)), f"rows written differ {where}"
+        excess = (got[:used] - decode[:used]).abs() - 2.0 ** -7 * decode[:used].abs() - 2.0 ** -12 * mag[:used]
+        assert float(excess.max()) <= 0, f"decode and mma differ by {float(excess.max()):.3g} past it {where}"
+
+
 @pytest.mark.parametrize("change, words", [
     (dict(k=320, group=128), "group"), (dict(n=120), "multiple of 16"), (dict(k=336), "multiple"),
-    (dict(tactic="mma:128x128:plain:plain"), "decode kernel")])
+    (dict(tactic="wgmma:coop128x128:plain:plain"), "no kernel for tactic wgmma coop128x128"),
+    (dict(tactic="mma:16x64:plain:plain"), "no kernel for tactic mma 16x64"),
+    (dict(tactic="decode:ksplit1:plain:evict_last"), "no kernel for tactic decode none")])
 def test_refusals_name_the_problem(change: dict, words: str) -> None:
     args = dict(n=128, k=256, group=64, tactic="decode:ksplit1:plain:plain")
     args.update(change)

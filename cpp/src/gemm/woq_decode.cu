@@ -1,12 +1,12 @@
-// Weight-only grouped GEMM, decode kernel (mb_grouped_gemm_woq, issue 47): C[p] = A[p] @ dequant(B[x])^T
-// (+ bias[x]) for the permuted rows p of expert x, with A in bf16/fp16 and B in moe_build/weights/woq.py's
-// packed forms, dequantized in registers; fp32 accumulation (mma.sync m16n8k16 in A's type).
+// Weight-only grouped GEMM, decode kernel (tactic kernel MB_GEMM_DECODE; the operation, the stored forms and the
+// launch are gemm/woq.cuh's and gemm/woq_abi.cu's): for the few rows per expert of decode.
 //   MB_WOQ_INT4 : B uint8 [E, n, k/2], two 4-bit codes u per byte (low nibble the even column);
 //                 w = (u - z) * s, s fp32 [E, n, k/group] (group 0: [E, n, 1]), z uint8 of the same shape, or
 //                 8 when zeros is NULL (symmetric int4 stored as q + 8);
 //   MB_WOQ_INT8 : B int8 [E, n, k]; w = q * s;
 //   MB_WOQ_MXFP4: B uint8 [E, n, k/2] e2m1 codes, scales uint8 e8m0 [E, n, k/32]; w = e2m1(u) * 2^(e - 127).
-// The dequantized weight is rounded once to A's type before the mma (as TensorRT-LLM's mixed-input GEMMs do).
+// The dequantized weight is computed in fp32 and rounded once to A's type before the mma (as TensorRT-LLM's
+// mixed-input GEMMs do).
 //
 // The layout of gemm/decode.cu (swap-AB: weights are the 16-row A operand, up to 8 token rows the B
 // operand; CTA = 8 warps = (expert, chunk of <= 8 rows, 128 / WK weight rows); WK warps split K; partial
@@ -21,35 +21,10 @@
 #include "gemm/decode_launch.cuh"
 #include "gemm/loads.cuh"
 #include "gemm/mma.cuh"
+#include "gemm/woq.cuh"
 
 namespace mbk {
 namespace {
-
-constexpr int kMxfp4Group = 32;
-
-struct WoqGemmParams {
-  const void* A;           // [max_rows, k] in T
-  const uint8_t* B;        // as the kind says
-  const void* scales;      // fp32, or uint8 e8m0 for MXFP4
-  const uint8_t* zeros;    // INT4 only, or null
-  const void* bias;        // [E, n] in T, or null
-  void* C;                 // [max_rows, n] in T
-  const int64_t* offsets;  // [E + 1]
-  int num_experts;
-  int n, k;
-  int group;  // k per scale; 0: one scale per output row (INT4 / INT8)
-  int kind;   // enum mb_woq_kind
-};
-
-// e2m1 value of a 4-bit code: sign bit 3, exponent bits 2-1, mantissa bit 0 (OCP MX).
-__device__ __forceinline__ float e2m1(uint32_t c) {
-  const uint32_t mag = c & 7u;
-  const float v = mag < 2u   ? 0.5f * mag
-                  : mag < 4u ? 1.0f + 0.5f * (mag - 2u)
-                  : mag < 6u ? 2.0f + (mag - 4u)
-                             : 4.0f + 2.0f * (mag - 6u);
-  return (c & 8u) ? -v : v;
-}
 
 // The 8 weights of one step (physical k = 32q + 8u + i) of one row, dequantized to fp32.
 template <int KIND>
@@ -205,50 +180,18 @@ mb_status launch_kind(const WoqGemmParams& p, int64_t max_rows, int k_split, boo
   });
 }
 
-mb_status check_woq_args(const WoqGemmParams& p, int64_t max_rows, const mb_gemm_tactic& t) {
-  const char* who = "grouped gemm woq";
-  if (p.kind != MB_WOQ_INT4 && p.kind != MB_WOQ_INT8 && p.kind != MB_WOQ_MXFP4)
-    return fail(MB_ERR_INVALID_ARGUMENT, "%s: kind %d is not int4 (%d), int8 (%d) or mxfp4 (%d)", who, p.kind,
-                MB_WOQ_INT4, MB_WOQ_INT8, MB_WOQ_MXFP4);
-  if (!p.A || !p.B || !p.C || !p.scales || !p.offsets || p.num_experts <= 0 || max_rows < 0 || p.n <= 0 || p.k <= 0)
-    return fail(MB_ERR_INVALID_ARGUMENT, "%s: null pointer or non-positive size", who);
-  if (p.n % 16 != 0 || p.k % 32 != 0)
-    return fail(MB_ERR_INVALID_ARGUMENT, "%s: n (%d) must be a multiple of 16 and k (%d) of 32", who, p.n, p.k);
-  const bool group_ok = p.kind == MB_WOQ_MXFP4 ? p.group == kMxfp4Group
-                                               : (p.group == 0 || ((p.group == 32 || p.group == 64 || p.group == 128) &&
-                                                                   p.k % p.group == 0));
-  if (!group_ok)
-    return fail(MB_ERR_INVALID_ARGUMENT, "%s: group %d with k %d (int4/int8: 0, or 32, 64 or 128 dividing k; mxfp4: 32)",
-                who, p.group, p.k);
-  if (p.zeros && p.kind != MB_WOQ_INT4)
-    return fail(MB_ERR_INVALID_ARGUMENT, "%s: zero points exist for int4 only", who);
-  if (!aligned16(p.A) || !aligned16(p.B) || !aligned16(p.C))
-    return fail(MB_ERR_INVALID_ARGUMENT, "%s: A, B and C must be 16-byte aligned", who);
-  if (t.kernel != MB_GEMM_DECODE || (t.k_split != 1 && t.k_split != 2 && t.k_split != 4 && t.k_split != 8) ||
-      (t.launch != MB_LAUNCH_PLAIN && t.launch != MB_LAUNCH_AFTER_TRIGGER))
-    return fail(MB_ERR_UNSUPPORTED, "%s: only the decode kernel (k_split 1, 2, 4 or 8; launch plain or after_trigger) "
-                "exists", who);
-  return MB_OK;
-}
-
 }  // namespace
-}  // namespace mbk
 
-extern "C" mb_status mb_grouped_gemm_woq(const void* A, const void* B, int kind, const void* scales,
-                                         const uint8_t* zeros, int group, const void* bias, void* C,
-                                         const int64_t* expert_first_token_offset, int num_experts, int64_t max_rows,
-                                         int n, int k, int dtype, mb_gemm_tactic tactic, cudaStream_t stream) {
-  const mbk::WoqGemmParams p{A, static_cast<const uint8_t*>(B), scales, zeros, bias, C, expert_first_token_offset,
-                             num_experts, n, k, group, kind};
-  MB_TRY(mbk::check_woq_args(p, max_rows, tactic));
-  if (max_rows == 0) return MB_OK;
-  const bool after = tactic.launch == MB_LAUNCH_AFTER_TRIGGER;
-  return mbk::dispatch_16bit(dtype, [&](auto tag) {
+mb_status launch_woq_decode(const WoqGemmParams& p, int64_t max_rows, int dtype, int k_split, bool after_trigger,
+                            cudaStream_t stream) {
+  return dispatch_16bit(dtype, [&](auto tag) {
     using T = decltype(tag);
-    switch (kind) {
-      case MB_WOQ_INT8: return mbk::launch_kind<T, MB_WOQ_INT8>(p, max_rows, tactic.k_split, after, stream);
-      case MB_WOQ_MXFP4: return mbk::launch_kind<T, MB_WOQ_MXFP4>(p, max_rows, tactic.k_split, after, stream);
-      default: return mbk::launch_kind<T, MB_WOQ_INT4>(p, max_rows, tactic.k_split, after, stream);
+    switch (p.kind) {
+      case MB_WOQ_INT8: return launch_kind<T, MB_WOQ_INT8>(p, max_rows, k_split, after_trigger, stream);
+      case MB_WOQ_MXFP4: return launch_kind<T, MB_WOQ_MXFP4>(p, max_rows, k_split, after_trigger, stream);
+      default: return launch_kind<T, MB_WOQ_INT4>(p, max_rows, k_split, after_trigger, stream);
     }
   });
 }
+
+}  // namespace mbk

@@ -5,7 +5,9 @@
 //                  rank, tokens ascending within a rank; the layout is kept (send_tokens, token_slots), so
 //                  the payload gather and the combine never sort again.
 //   mb_ep_combine: the reduction after the return all-to-all: out[t] = sum over ranks d ascending of the
-//                  partial row returned by d (fp32, one rounding), so the order never depends on timing.
+//                  partial row returned by d (fp32, one rounding), so the order never depends on timing. Its
+//                  warps stride over the tokens, so a caller's max_sms (> 0) may cap the grid at that many
+//                  blocks (SMs) with the same result.
 // The layout runs in one block of 1024 threads that walks the tokens in chunks of 1024 twice: first the
 // totals per rank (so every rank's segment start is known), then each chunk's rows in token order:
 // per rank, a warp ballot gives a lane's place in its warp, one thread per rank prefixes the warps' counts.
@@ -139,9 +141,10 @@ extern "C" mb_status mb_ep_layout(const int32_t* topk_ids, int num_tokens, int t
 }
 
 extern "C" mb_status mb_ep_combine(const void* returned, int dtype, const int32_t* token_slots, int num_tokens,
-                                   int hidden, int ep_size, void* out, cudaStream_t stream) {
+                                   int hidden, int ep_size, void* out, int max_sms, cudaStream_t stream) {
   const char* who = "mb_ep_combine";
   MB_REQUIRE(num_tokens >= 0, "%s: num_tokens must be >= 0, got %d", who, num_tokens);
+  MB_REQUIRE(max_sms >= 0, "%s: max_sms must be >= 0 (0: the default grid), got %d", who, max_sms);
   MB_REQUIRE(hidden >= 1, "%s: hidden must be >= 1, got %d", who, hidden);
   MB_REQUIRE(ep_size >= 1 && ep_size <= kMaxRanks, "%s: ep_size must be in 1..%d, got %d", who, kMaxRanks, ep_size);
   if (num_tokens == 0) return mb::dispatch_dtype(dtype, who, [](auto) { return MB_OK; });
@@ -150,8 +153,9 @@ extern "C" mb_status mb_ep_combine(const void* returned, int dtype, const int32_
     using T = typename decltype(tag)::type;
     constexpr int kWide = 16 / sizeof(T);
     const bool wide = mb::vec_width<T>(hidden, {returned, out}) == kWide;
-    const int blocks = static_cast<int>(std::min<int64_t>((num_tokens + mb::kStageWarps - 1) / mb::kStageWarps,
-                                                          65535));
+    int64_t grid = std::min<int64_t>((num_tokens + mb::kStageWarps - 1) / mb::kStageWarps, 65535);
+    if (max_sms > 0) grid = std::min<int64_t>(grid, max_sms);
+    const int blocks = static_cast<int>(grid);
     if (wide) {
       ep_combine_kernel<T, kWide><<<blocks, mb::kStageThreads, 0, stream>>>(
           static_cast<const T*>(returned), token_slots, num_tokens, hidden, ep_size, static_cast<T*>(out));

@@ -13,6 +13,9 @@
 //                          each row came from; rows past the received count get ids -1 (they add nothing), rows
 //                          past the capacity are dropped and raise the overflow flag (nothing else is written).
 //   mb_ep_nvlink_return  : each dense row's partial output written into its source's `returned` at its send row.
+// Every kernel loops over its rows with a grid stride, so the grid is free: by default a block per kStageWarps rows,
+// at most 8 blocks per SM; a caller's max_sms (> 0) caps it at that many blocks, i.e. SMs (a block runs on one SM),
+// leaving the others to expert compute running beside the exchange (dual-batch overlap).
 #include <algorithm>
 
 #include "common/common.cuh"
@@ -131,9 +134,12 @@ nvlink_return_kernel(const T* __restrict__ partial, const int32_t* __restrict__ 
   }
 }
 
-int grid_for(int64_t rows, int sms) {
-  const int64_t want = (rows + mb::kStageWarps - 1) / mb::kStageWarps;
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(want, static_cast<int64_t>(sms) * 8)));
+// The grid of a row loop: a block per kStageWarps rows, at most 8 per SM, at most max_sms where given (> 0).
+int grid_for(int64_t rows, int max_sms) {
+  const int64_t sms = mb::device_attribute(cudaDevAttrMultiProcessorCount);
+  int64_t grid = std::min<int64_t>((rows + mb::kStageWarps - 1) / mb::kStageWarps, sms * 8);
+  if (max_sms > 0) grid = std::min<int64_t>(grid, max_sms);
+  return static_cast<int>(std::max<int64_t>(1, grid));
 }
 
 // Calls f(TypeTag<T>, VEC) with 16-byte vectors where every row start allows them (the symmetric buffers are
@@ -154,7 +160,7 @@ extern "C" mb_status mb_ep_nvlink_dispatch(const void* hidden, int dtype, const 
                                            const float* topk_weights, int hidden_size, int top_k, int rank,
                                            int ep_size, int cap, const int32_t* send_counts,
                                            const int32_t* send_tokens, int max_send_rows, void* const* peer_rows,
-                                           int32_t* const* peer_meta, int32_t* const* peer_counts,
+                                           int32_t* const* peer_meta, int32_t* const* peer_counts, int max_sms,
                                            cudaStream_t stream) {
   const char* who = "mb_ep_nvlink_dispatch";
   MB_REQUIRE(ep_size >= 1 && ep_size <= kMaxRanks, "%s: ep_size must be in 1..%d, got %d", who, kMaxRanks, ep_size);
@@ -162,10 +168,10 @@ extern "C" mb_status mb_ep_nvlink_dispatch(const void* hidden, int dtype, const 
   MB_REQUIRE(hidden_size >= 1 && top_k >= 1 && cap >= 0 && max_send_rows >= 0,
              "%s: hidden_size, top_k must be >= 1 and cap, max_send_rows >= 0", who);
   MB_REQUIRE(send_counts && peer_rows && peer_meta && peer_counts, "%s: a pointer argument is NULL", who);
-  const int sms = mb::device_attribute(cudaDevAttrMultiProcessorCount);
+  MB_REQUIRE(max_sms >= 0, "%s: max_sms must be >= 0 (0: the default grid), got %d", who, max_sms);
   return by_width(dtype, hidden_size, {hidden}, who, [&](auto tag, auto vec) {
     using T = typename decltype(tag)::type;
-    nvlink_dispatch_kernel<T, decltype(vec)::value><<<grid_for(max_send_rows, sms), mb::kStageThreads, 0, stream>>>(
+    nvlink_dispatch_kernel<T, decltype(vec)::value><<<grid_for(max_send_rows, max_sms), mb::kStageThreads, 0, stream>>>(
         static_cast<const T*>(hidden), topk_ids, topk_weights, hidden_size, top_k, rank, ep_size, cap, send_counts,
         send_tokens, reinterpret_cast<T* const*>(peer_rows), peer_meta, peer_counts);
     return mb::check_launch("nvlink_dispatch_kernel");
@@ -177,17 +183,17 @@ extern "C" mb_status mb_ep_nvlink_gather(const void* recv_rows, int dtype, const
                                          int first_expert, int local_experts, int capacity, void* out_hidden,
                                          int32_t* out_ids, float* out_weights, int32_t* src_rank, int32_t* src_row,
                                          int32_t* received, int32_t* overflow, void* const* peer_returned,
-                                         cudaStream_t stream) {
+                                         int max_sms, cudaStream_t stream) {
   const char* who = "mb_ep_nvlink_gather";
   MB_REQUIRE(ep_size >= 1 && ep_size <= kMaxRanks, "%s: ep_size must be in 1..%d, got %d", who, kMaxRanks, ep_size);
   MB_REQUIRE(hidden_size >= 1 && top_k >= 1 && cap >= 0 && capacity >= 0 && local_experts >= 1,
              "%s: sizes out of range", who);
   MB_REQUIRE(recv_counts && received && overflow && peer_returned,
              "%s: recv_counts, received, overflow and peer_returned must be non-NULL", who);
-  const int sms = mb::device_attribute(cudaDevAttrMultiProcessorCount);
+  MB_REQUIRE(max_sms >= 0, "%s: max_sms must be >= 0 (0: the default grid), got %d", who, max_sms);
   return by_width(dtype, hidden_size, {recv_rows, out_hidden}, who, [&](auto tag, auto vec) {
     using T = typename decltype(tag)::type;
-    nvlink_gather_kernel<T, decltype(vec)::value><<<grid_for(capacity, sms), mb::kStageThreads, 0, stream>>>(
+    nvlink_gather_kernel<T, decltype(vec)::value><<<grid_for(capacity, max_sms), mb::kStageThreads, 0, stream>>>(
         static_cast<const T*>(recv_rows), recv_meta, recv_counts, ep_size, cap, hidden_size, top_k, first_expert,
         local_experts, capacity, static_cast<T*>(out_hidden), out_ids, out_weights, src_rank, src_row, received,
         overflow, reinterpret_cast<T* const*>(peer_returned));
@@ -197,15 +203,15 @@ extern "C" mb_status mb_ep_nvlink_gather(const void* recv_rows, int dtype, const
 
 extern "C" mb_status mb_ep_nvlink_return(const void* partial, int dtype, const int32_t* src_rank,
                                          const int32_t* src_row, int rows, int hidden_size,
-                                         void* const* peer_returned, cudaStream_t stream) {
+                                         void* const* peer_returned, int max_sms, cudaStream_t stream) {
   const char* who = "mb_ep_nvlink_return";
   MB_REQUIRE(rows >= 0 && hidden_size >= 1, "%s: rows must be >= 0 and hidden_size >= 1", who);
+  MB_REQUIRE(max_sms >= 0, "%s: max_sms must be >= 0 (0: the default grid), got %d", who, max_sms);
   if (rows == 0) return mb::dispatch_dtype(dtype, who, [](auto) { return MB_OK; });
   MB_REQUIRE(partial && src_rank && src_row && peer_returned, "%s: a pointer argument is NULL", who);
-  const int sms = mb::device_attribute(cudaDevAttrMultiProcessorCount);
   return by_width(dtype, hidden_size, {partial}, who, [&](auto tag, auto vec) {
     using T = typename decltype(tag)::type;
-    nvlink_return_kernel<T, decltype(vec)::value><<<grid_for(rows, sms), mb::kStageThreads, 0, stream>>>(
+    nvlink_return_kernel<T, decltype(vec)::value><<<grid_for(rows, max_sms), mb::kStageThreads, 0, stream>>>(
         static_cast<const T*>(partial), src_rank, src_row, rows, hidden_size,
         reinterpret_cast<T* const*>(peer_returned));
     return mb::check_launch("nvlink_return_kernel");

@@ -14,6 +14,11 @@ synchronization) and gathers exactly that many rows. Non-blocking mode gathers a
 dropped (their tokens get a zero row back from this rank: they lack its experts' part) and set `overflow` (a
 device flag, per call) — nothing else is touched; with no host synchronization
 the whole layer can be captured in a CUDA graph.
+
+`dispatch_sms` / `combine_sms` cap the grids of the dispatch side (mb_ep_nvlink_dispatch, mb_ep_nvlink_gather) and
+of the combine side (mb_ep_nvlink_return, mb_ep_combine) at that many blocks, so they occupy at most that many SMs
+while expert compute runs beside them (dual-batch overlap); None leaves the kernels' own grids. Their loops stride
+over the grid, so any grid gives the same rows.
 """
 from __future__ import annotations
 
@@ -43,10 +48,14 @@ class NvlinkDispatched:
 
 class NvlinkDispatch:
     """Dispatch and combine for one rank of `spec`'s group over NVLink-mapped buffers of every rank in `group`
-    (all on one NVLink domain). `recv_capacity`: None for the blocking mode, else the rows gathered per call."""
+    (all on one NVLink domain). `recv_capacity`: None for the blocking mode, else the rows gathered per call;
+    `dispatch_sms` / `combine_sms`: the SM caps of the module docstring (None: the kernels' own grids). An
+    instance's barriers signal through its own buffer's signal pad (torch ties one to each symmetric allocation),
+    so two instances in flight at once (dual-batch overlap's two micro-batches) never pair each other's."""
 
     def __init__(self, spec: MoESpec, kernels: ModuleType, max_tokens: int, group: dist.ProcessGroup | None = None,
-                 recv_capacity: int | None = None, device: torch.device | str = "cuda") -> None:
+                 recv_capacity: int | None = None, device: torch.device | str = "cuda",
+                 dispatch_sms: int | None = None, combine_sms: int | None = None) -> None:
         import torch.distributed._symmetric_memory as symm_mem
         self.spec, self.k = spec, kernels
         self.group = rank_group(spec, group)
@@ -55,6 +64,7 @@ class NvlinkDispatch:
             raise MoeBuildError("recv_capacity", f"must be a positive row count, got {recv_capacity!r}",
                                 "integers >= 1, or None (blocking)")
         self.cap, self.capacity = max_tokens, recv_capacity
+        self.dispatch_sms, self.combine_sms = dispatch_sms, combine_sms
         H, K, ep, dev = spec.hidden_size, spec.top_k, self.ep, torch.device(device)
         dtype = TORCH_DTYPE[spec.dtype]
         # the symmetric buffer carved as a runner workspace is (each region 256-byte aligned), every rank alike
@@ -93,7 +103,8 @@ class NvlinkDispatch:
         counts, send_tokens, slots = self.k.ep_layout(topk_ids, self.ep, self.spec.local_experts, self.counts,
                                                       self.send_tokens[: T * self.ep], self.token_slots[:T])
         self.k.ep_nvlink_dispatch(hidden, topk_ids, topk_weights, self.rank, self.cap, counts, send_tokens,
-                                  self.peers["recv_rows"], self.peers["recv_meta"], self.peers["recv_counts"])
+                                  self.peers["recv_rows"], self.peers["recv_meta"], self.peers["recv_counts"],
+                                  sms=self.dispatch_sms)
         self.handle.barrier(channel=0)  # every rank's rows have landed
         if self._dense is None:
             rows = int(self.local["recv_counts"][:, 0].sum())  # blocking: the one host synchronization
@@ -103,11 +114,11 @@ class NvlinkDispatch:
         self.k.ep_nvlink_gather(self.local["recv_rows"], self.local["recv_meta"], self.local["recv_counts"], self.cap,
                                 self.spec.first_local_expert, self.spec.local_experts, dense["hidden"], dense["ids"],
                                 dense["weights"], dense["src_rank"], dense["src_row"], self.received, self.overflow,
-                                self.peers["returned"])
+                                self.peers["returned"], sms=self.dispatch_sms)
         return NvlinkDispatched(dense["hidden"], dense["ids"], dense["weights"], dense["src_rank"], dense["src_row"],
                                 slots)
 
     def combine(self, partial: torch.Tensor, d: NvlinkDispatched, out: torch.Tensor) -> torch.Tensor:
-        self.k.ep_nvlink_return(partial, d.src_rank, d.src_row, self.peers["returned"])
+        self.k.ep_nvlink_return(partial, d.src_rank, d.src_row, self.peers["returned"], sms=self.combine_sms)
         self.handle.barrier(channel=0)  # every partial row is back
-        return self.k.ep_combine(self.local["returned"], d.token_slots, out=out)
+        return self.k.ep_combine(self.local["returned"], d.token_slots, out=out, sms=self.combine_sms)

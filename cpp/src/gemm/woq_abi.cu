@@ -1,0 +1,62 @@
+// The weight-only grouped-GEMM entry point (mb_grouped_gemm_woq): the argument and tactic checks, then the tactic's
+// kernel: gemm/woq_decode.cu (MB_GEMM_DECODE, a few rows per expert) or gemm/woq_mma.cu (MB_GEMM_MMA, many).
+#include <cstdint>
+
+#include "gemm/mma.cuh"
+#include "gemm/tactic.cuh"
+#include "gemm/woq.cuh"
+
+namespace mbk {
+namespace {
+
+bool woq_tactic_ok(const mb_gemm_tactic& t) {
+  const bool decode = t.kernel == MB_GEMM_DECODE && t.tile == MB_TILE_NONE &&
+                      (t.k_split == 1 || t.k_split == 2 || t.k_split == 4 || t.k_split == 8);
+  const bool mma = t.kernel == MB_GEMM_MMA && (t.tile == MB_TILE_MMA_64x128 || t.tile == MB_TILE_MMA_128x128) &&
+                   t.k_split == 0;
+  return (decode || mma) && (t.launch == MB_LAUNCH_PLAIN || t.launch == MB_LAUNCH_AFTER_TRIGGER) &&
+         t.output_l2 == MB_OUTPUT_L2_PLAIN;
+}
+
+mb_status check_woq_args(const WoqGemmParams& p, int64_t max_rows, const mb_gemm_tactic& t) {
+  const char* who = "grouped gemm woq";
+  if (p.kind != MB_WOQ_INT4 && p.kind != MB_WOQ_INT8 && p.kind != MB_WOQ_MXFP4)
+    return fail(MB_ERR_INVALID_ARGUMENT, "%s: kind %d is not int4 (%d), int8 (%d) or mxfp4 (%d)", who, p.kind,
+                MB_WOQ_INT4, MB_WOQ_INT8, MB_WOQ_MXFP4);
+  if (!p.A || !p.B || !p.C || !p.scales || !p.offsets || p.num_experts <= 0 || max_rows < 0 || p.n <= 0 || p.k <= 0)
+    return fail(MB_ERR_INVALID_ARGUMENT, "%s: null pointer or non-positive size", who);
+  if (p.n % 16 != 0 || p.k % 32 != 0)
+    return fail(MB_ERR_INVALID_ARGUMENT, "%s: n (%d) must be a multiple of 16 and k (%d) of 32", who, p.n, p.k);
+  const bool group_ok = p.kind == MB_WOQ_MXFP4 ? p.group == kMxfp4Group
+                                               : (p.group == 0 || ((p.group == 32 || p.group == 64 || p.group == 128) &&
+                                                                   p.k % p.group == 0));
+  if (!group_ok)
+    return fail(MB_ERR_INVALID_ARGUMENT, "%s: group %d with k %d (int4/int8: 0, or 32, 64 or 128 dividing k; mxfp4: 32)",
+                who, p.group, p.k);
+  if (p.zeros && p.kind != MB_WOQ_INT4)
+    return fail(MB_ERR_INVALID_ARGUMENT, "%s: zero points exist for int4 only", who);
+  if (!aligned16(p.A) || !aligned16(p.B) || !aligned16(p.C))
+    return fail(MB_ERR_INVALID_ARGUMENT, "%s: A, B and C must be 16-byte aligned", who);
+  if (!woq_tactic_ok(t))
+    return fail(MB_ERR_UNSUPPORTED, "%s: no kernel for tactic %s %s (k_split %d, launch %d, output_l2 %d): the decode "
+                "kernel (k_split 1, 2, 4 or 8) or the mma kernel (tile 64x128 or 128x128), launched plain or "
+                "after_trigger, with plain outputs", who, kernel_name(t.kernel), tile_name(t.tile), t.k_split,
+                t.launch, t.output_l2);
+  return MB_OK;
+}
+
+}  // namespace
+}  // namespace mbk
+
+extern "C" mb_status mb_grouped_gemm_woq(const void* A, const void* B, int kind, const void* scales,
+                                         const uint8_t* zeros, int group, const void* bias, void* C,
+                                         const int64_t* expert_first_token_offset, int num_experts, int64_t max_rows,
+                                         int n, int k, int dtype, mb_gemm_tactic tactic, cudaStream_t stream) {
+  const mbk::WoqGemmParams p{A, static_cast<const uint8_t*>(B), scales, zeros, bias, C, expert_first_token_offset,
+                             num_experts, n, k, group, kind};
+  MB_TRY(mbk::check_woq_args(p, max_rows, tactic));
+  if (max_rows == 0) return MB_OK;
+  const bool after = tactic.launch == MB_LAUNCH_AFTER_TRIGGER;
+  if (tactic.kernel == MB_GEMM_MMA) return mbk::launch_woq_mma(p, max_rows, dtype, tactic.tile, after, stream);
+  return mbk::launch_woq_decode(p, max_rows, dtype, tactic.k_split, after, stream);
+}

@@ -1,0 +1,157 @@
+"""The fused runner on weight-only layers (quant w4a16_awq / w8a16 / wfp4a16) against the fp64 reference, on a GPU.
+
+The reference (moe_build.reference) dequantizes the stored int4 / int8 / MXFP4 weights exactly (woq.py's rule) and
+applies the AWQ pre-quant scales in fp64. The runner computes the same math with 16-bit roundings: each dequantized
+weight rounded once to the activation type (2^-9 relative in bf16), the pre-quant products, GEMM1's output and the
+activation rounded to bf16 before GEMM2, fp32 sums. These are the bf16 runner's roundings plus one on the weights
+and one on each scaled input, so the bound is the bf16 runner's (tests/gpu/test_runner.py: 1e-2 relative L2 over
+the output) doubled: 2e-2, and 4e-2 on any one token. Every output element must be written (outputs poisoned with
+NaN), fresh random data per case, routing pinned by giving both sides the same logits.
+"""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from moe_build.errors import UnsupportedCombination
+from moe_build.reference import moe_reference
+from moe_build.spec import Activation, DType, MoESpec, Quant, Routing, RoutingMethod
+from moe_build.target import Flavour, Target
+from moe_build.weights import MoEWeights
+from moe_build.weights.woq import WoqKind
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(),
+                                 reason="needs a CUDA GPU (scripts/device_run.sh runs these on one)")]
+
+REL_TOL, TOKEN_TOL = 2e-2, 4e-2
+# (quant, stored kind, group size, zero points, AWQ pre-quant scales)
+MODES = [(Quant.W4A16_AWQ, WoqKind.INT4, 128, True, True), (Quant.W4A16_AWQ, WoqKind.INT4, 64, False, True),
+         (Quant.W4A16_AWQ, WoqKind.INT4, 32, True, False), (Quant.W8A16, WoqKind.INT8, None, False, False),
+         (Quant.W8A16, WoqKind.INT8, 128, False, False), (Quant.WFP4A16, WoqKind.MXFP4, 32, False, False)]
+MODE_IDS = ["int4_g128_zeros_awq", "int4_g64_awq", "int4_g32_zeros", "int8_channel", "int8_g128", "mxfp4"]
+# the AWQ FC2 pre-quant fusion and its unfused alternative, and the prologue's two forms
+FORCES = [{}, {"fc2_prequant": "separate"}, {"routing_prologue": "three_step"}]
+FORCE_IDS = ["default", "fc2_prequant_separate", "three_step"]
+BASE = MoESpec(256, 512, 8, 2, routing=Routing(RoutingMethod.SOFTMAX_TOPK, renormalize=True))
+
+
+def _target(deterministic: bool = False) -> Target:
+    major, minor = torch.cuda.get_device_capability()
+    return Target(sm=major * 10 + minor, flavour=Flavour.TENSORRT, deterministic=deterministic)
+
+
+def _dtype(spec: MoESpec) -> torch.dtype:
+    return {DType.BF16: torch.bfloat16, DType.FP16: torch.float16}[spec.dtype]
+
+
+def woq_case(base: MoESpec, mode: tuple, seed: int) -> tuple[MoESpec, MoEWeights]:
+    """A weight-only layer of `base`'s shape: random float weights quantized round-to-nearest (woq.quantize_matrix)."""
+    quant, kind, group, zeros, awq = mode
+    spec = base.with_overrides(quant=quant, quant_group_size=group or 128)
+    return spec, MoEWeights.random(base, seed=seed).quantized_woq(kind, group, asymmetric=zeros, awq=awq, seed=seed)
+
+
+def check(base: MoESpec, mode: tuple, force: dict[str, str] | None = None, tokens: int = 16,
+          max_tokens: int | None = None) -> None:
+    from moe_build.runner import MoERunner
+    seed = random.SystemRandom().randrange(1 << 30)
+    spec, weights = woq_case(base, mode, seed)
+    try:
+        runner = MoERunner(spec, weights, target=_target(), max_tokens=max_tokens or tokens, force=force)
+    except UnsupportedCombination as e:
+        pytest.skip(f"planner refuses {force} for this spec: {e}")
+    g = torch.Generator().manual_seed(seed + 1)
+    hidden = torch.randn(tokens, spec.hidden_size, generator=g).to("cuda", _dtype(spec))
+    logits = torch.randn(tokens, spec.num_experts, generator=g)
+    out = torch.full_like(hidden, float("nan"))
+    runner(hidden, router_logits=logits.cuda(), out=out)
+    torch.cuda.synchronize()
+    steps = runner.kernel_sequence(tokens, "logits")
+    assert not out.isnan().any(), f"output element not written (seed {seed}, steps {steps})"
+    ref = moe_reference(spec, weights, hidden.cpu(), router_logits=logits)
+    got = out.double().cpu()
+    rel = ((got - ref).norm() / ref.norm()).item()
+    per_token = ((got - ref).norm(dim=1) / ref.norm(dim=1).clamp_min(1e-30)).max().item()
+    assert rel < REL_TOL and per_token < TOKEN_TOL, \
+        f"rel {rel:.4f} (bound {REL_TOL}), worst token {per_token:.4f} (bound {TOKEN_TOL}), seed {seed}, steps {steps}"
+
+
+def test_awq_plan_runs_the_fused_fc2_prequant_and_the_separate_fc1_scale() -> None:
+    """What the plan says is what runs: the matrix's FC2 pre-quant fusion for AWQ with a gated activation, GEMM1's
+    scale on the expanded rows (the expansion fuses it for W4AFP8 only), and the unfused alternative when forced."""
+    from moe_build.runner import MoERunner
+    spec, weights = woq_case(BASE, MODES[0], 0)
+    steps = MoERunner(spec, weights, target=_target(), max_tokens=16).kernel_sequence(16)
+    assert steps[steps.index("expand_rows") + 1] == "fc1_prequant:separate"
+    assert "fc1_activation:fc2_prequant" in steps and "fc2_prequant:separate" not in steps
+    forced = MoERunner(spec, weights, target=_target(), max_tokens=16, force={"fc2_prequant": "separate"})
+    assert forced.kernel_sequence(16)[-4:] == ["fc1_activation", "fc2_prequant:separate", "gemm2:woq", "finalize"]
+
+
+# every mode with every force its plan can take (the FC2 pre-quant stage exists with AWQ scales only)
+FORCED = [pytest.param(m, f, id=f"{mid}-{fid}") for m, mid in zip(MODES, MODE_IDS) for f, fid in zip(FORCES, FORCE_IDS)
+          if m[4] or "fc2_prequant" not in f]
+
+
+@pytest.mark.parametrize("mode, force", FORCED)
+@pytest.mark.parametrize("tokens", [1, 255, 256, 257])
+def test_every_mode_and_fusion(mode: tuple, force: dict[str, str], tokens: int) -> None:
+    check(BASE, mode, force, tokens)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+def test_many_tokens(mode: tuple) -> None:
+    check(BASE.with_overrides(num_experts=16, top_k=4), mode, tokens=8192)
+
+
+@pytest.mark.parametrize("mode", MODES[:1] + MODES[3:], ids=MODE_IDS[:1] + MODE_IDS[3:])
+@pytest.mark.parametrize("activation", list(Activation), ids=[a.value for a in Activation])
+def test_all_activations(mode: tuple, activation: Activation) -> None:
+    check(BASE.with_overrides(activation=activation), mode, tokens=64)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+@pytest.mark.parametrize("top_k", [1, 2, 3, 4, 6, 8])
+def test_top_k(mode: tuple, top_k: int) -> None:
+    check(BASE.with_overrides(num_experts=16, top_k=top_k), mode, tokens=64)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+@pytest.mark.parametrize("experts,tokens", [(8, 1), (64, 257), (128, 256), (256, 1024)])
+def test_expert_counts(mode: tuple, experts: int, tokens: int) -> None:
+    check(BASE.with_overrides(num_experts=experts, top_k=8), mode, tokens=tokens)
+
+
+SIZES = [(128, 192), (384, 128), (640, 384), (192, 320), (2048, 768)]
+# every mode at every size its group divides (a group of columns must divide both GEMMs' K, as in any checkpoint)
+SIZED = [pytest.param(m, h, i, id=f"{mid}-{h}-{i}") for m, mid in zip(MODES, MODE_IDS) for h, i in SIZES
+         if not m[2] or (h % m[2] == 0 and i % m[2] == 0)]
+
+
+@pytest.mark.parametrize("mode, hidden, inter", SIZED)
+@pytest.mark.parametrize("tokens", [3, 600])
+def test_sizes_on_and_off_multiples_of_128(mode: tuple, hidden: int, inter: int, tokens: int) -> None:
+    check(BASE.with_overrides(hidden_size=hidden, intermediate_size=inter), mode, tokens=tokens)
+
+
+@pytest.mark.parametrize("mode", MODES[:1] + MODES[5:], ids=MODE_IDS[:1] + MODE_IDS[5:])
+def test_expert_bias_fp16_and_clamped_swiglu(mode: tuple) -> None:
+    spec = BASE.with_overrides(expert_bias=True, dtype=DType.FP16, activation=Activation.SWIGLU_CLAMP)
+    check(spec, mode, tokens=40)
+
+
+@pytest.mark.parametrize("mode", MODES[:1], ids=MODE_IDS[:1])
+def test_cuda_graph_replay_equals_eager(mode: tuple) -> None:
+    from moe_build.runner import MoERunner
+    spec, weights = woq_case(BASE, mode, 3)
+    runner = MoERunner(spec, weights, target=_target(deterministic=True), max_tokens=64)
+    hidden = torch.randn(64, spec.hidden_size, device="cuda").to(_dtype(spec))
+    logits = torch.randn(64, spec.num_experts, device="cuda")
+    graphed = runner.capture_graph(64, "logits")
+    graphed.hidden.copy_(hidden)
+    graphed.router_logits.copy_(logits)
+    replayed = graphed.replay().clone()
+    assert torch.equal(replayed, runner(hidden, router_logits=logits))
