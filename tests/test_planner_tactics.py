@@ -156,15 +156,17 @@ def test_every_rule_tactic_is_runnable() -> None:
 
 
 def test_weight_only_gemms_run_decode_then_the_woq_mma_tiles() -> None:
-    """Decode to 8 average rows per expert, the 64-row woq tile to 64, then the 128-row one; the K split from the
-    stored bytes per weight row (int4: half a byte per weight, so Qwen3's GEMM1 K of 2048 is 1 KiB: no split)."""
-    c = call(epilogue="store", woq="int4")
-    assert [at(c, t) for t in (1, 128, 129, 1024, 1025)] == [
-        "decode:ksplit1:after_trigger:plain", "decode:ksplit1:after_trigger:plain", "mma:64x128:plain:plain",
-        "mma:64x128:plain:plain", "mma:128x128:plain:plain"]
-    # 14 KiB int8 rows: split while a slice keeps 2 KiB and 2 experts x the column blocks stay under 2 per SM
+    """Decode to 8 average rows per expert, the 64-row woq tile to 64, then the 128-row one; the decode K split
+    doubled while the CTAs (non-empty experts x column blocks) fit one per SM."""
+    c = call(epilogue="store", woq="int4")  # Qwen3-30B-A3B's GEMM1: 8 experts x 12 blocks of 128 columns at 1 token
+    assert [at(c, t) for t in (1, 2, 128, 129, 1024, 1025)] == [
+        "decode:ksplit2:after_trigger:plain", "decode:ksplit1:after_trigger:plain",
+        "decode:ksplit1:after_trigger:plain", "mma:64x128:plain:plain", "mma:64x128:plain:plain",
+        "mma:128x128:plain:plain"]
+    # Mixtral's GEMM2 at 1 token: 2 experts x 32 / 64 / 128 column blocks at 1 / 2 / 4 slices
     mixtral_down = call(epilogue="store", woq="int8", itemsize=1, n=4096, k=14336, experts=8, top_k=2)
     assert at(mixtral_down, 1) == "decode:ksplit4:after_trigger:plain"
+    assert at(dataclasses.replace(mixtral_down, sm_count=100), 1) == "decode:ksplit2:after_trigger:plain"
     assert call(woq="int4", n=4096, k=4096).expert_weight_bytes == 4096 * 4096 // 2
 
 

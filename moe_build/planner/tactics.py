@@ -226,7 +226,10 @@ def fp8_wgmma_tile_rule(call: GemmCall, rows: RowCount) -> str:
 
 # Weight-only kernel: the decode kernel while the average rows per expert <= 8 (its CTAs take 8 token rows and
 # read their weights once: beyond that each further 8 rows read the expert's weights again), else the mma
-# tiles that dequantize each weight once per 64 or 128 token rows.
+# tiles that dequantize each weight once per 64 or 128 token rows. bench/woq_tactics_probe.py, H200, int4 group
+# 128 and MXFP4, L2 flushed, best decode split against best tile: at 4-6 average rows decode (Qwen3-30B-A3B GEMM1
+# at 64 tokens 120 vs 232 us, DeepSeek-V2-Lite GEMM1 125 vs 210, Mixtral-8x7B GEMM1 at 16 tokens 258 vs 534), at 16
+# and more the tiles (Mixtral GEMM1 at 64 tokens 498 vs 606, Qwen3 GEMM1 at 256 tokens 234 vs 271).
 WOQ_DECODE_MAX_AVG_ROWS = 8
 
 
@@ -234,16 +237,16 @@ def woq_kernel_rule(call: GemmCall, rows: RowCount) -> str:
     return "decode" if rows.avg_at_most(WOQ_DECODE_MAX_AVG_ROWS) else "mma"
 
 
-# Weight-only decode K slices: as the FP8 decode kernel's rule on the stored weight bytes (a slice of at
-# least 2048 bytes per warp; more slices while the CTAs are fewer than two per SM).
+# Weight-only decode K slices: 1, doubled (up to 8) while the CTAs, non-empty experts times the column blocks at
+# the current split, stay within one per SM. Same probe: at 1 token Mixtral GEMM2 (2 experts, 32 column blocks)
+# 77.5 / 64.6 / 41.2 / 42.9 us at 1 / 2 / 4 / 8 slices, Qwen3 GEMM1 (8 experts x 12 blocks) 19.0 / 15.6 / 16.7 /
+# 16.8, DeepSeek-V2-Lite GEMM1 (6 x 22) 21.2 / 16.6 / 17.7 / 20.1, Mixtral GEMM1 (2 x 224) 72.7 / 80.8 / 80.9 /
+# 87.0; at 16 and 64 tokens one slice was best on every GEMM but MXFP4 Mixtral GEMM2 at 16 tokens (210 at 1,
+# 158 at 4; int4 there: 131 at 1).
 def woq_decode_k_split_rule(call: GemmCall, rows: RowCount) -> int:
     experts = min(call.experts, max(rows.rows, 1))
-    row_bytes = call.expert_weight_bytes // call.n
     k_split = 1
-    while k_split < 8 and row_bytes // (2 * k_split) >= FP8_DECODE_MIN_SLICE_BYTES:
-        column_blocks = -(-call.n // (16 * (DECODE_WARPS // k_split)))
-        if experts * column_blocks >= 2 * call.sm_count:
-            break
+    while k_split < 8 and experts * -(-call.n // (16 * (DECODE_WARPS // k_split))) <= call.sm_count:
         k_split *= 2
     return k_split
 

@@ -9,8 +9,8 @@ mma kernel (several 64- and 128-row tiles, a partial last one, and 40 experts), 
 
 Error bound, per output element: |C - ref| <= 2^-8 (|ref| + S), S = sum_k |a_k w_k|. The kernel rounds each
 dequantized weight to the activation type (2^-9 relative for bf16, 2^-12 for fp16) and sums in fp32; the
-output is rounded once more (2^-9 |ref|). Both terms doubled for slack; fp16 is held to the same bound. (The mma
-kernel's int4 weights may land one unit in the last place from the fp32 product's rounding: inside the slack.)
+output is rounded once more (2^-9 |ref|). Both terms doubled for slack; fp16 is held to the same bound. (Both
+kernels' int4 weights may land one unit in the last place from the fp32 product's rounding: inside the slack.)
 """
 from __future__ import annotations
 

@@ -5,8 +5,10 @@
 //                 8 when zeros is NULL (symmetric int4 stored as q + 8);
 //   MB_WOQ_INT8 : B int8 [E, n, k]; w = q * s;
 //   MB_WOQ_MXFP4: B uint8 [E, n, k/2] e2m1 codes, scales uint8 e8m0 [E, n, k/32]; w = e2m1(u) * 2^(e - 127).
-// The dequantized weight is computed in fp32 and rounded once to A's type before the mma (as TensorRT-LLM's
-// mixed-input GEMMs do).
+// The dequantized weight is rounded once to A's type before the mma (gemm/woq.cuh's dequantization, shared with
+// gemm/woq_mma.cu: int4 through the magic-number conversion and the split scale, within one unit in the last
+// place of the rounded fp32 product; MXFP4 by a 16-bit multiply by a power of two, exact, or in fp32 for a batch
+// where a warp's scale exceeds 2^1; int8 in fp32).
 //
 // The layout of gemm/decode.cu (swap-AB: weights are the 16-row A operand, up to 8 token rows the B
 // operand; CTA = 8 warps = (expert, chunk of <= 8 rows, 128 / WK weight rows); WK warps split K; partial
@@ -16,6 +18,14 @@
 // which physical k fills which fragment slot as long as a lane's weights and tokens agree, and the lane's
 // token row is read at the same k. A lane's 32 k lie in one scale group (groups are 32, 64 or 128 and the
 // batches start on multiples of 128), so a batch needs one scale (and zero) per weight row.
+//
+// Weights stream from HBM once, so the kernel is built to keep bytes in flight: 128 bytes of weights per lane
+// (with their scales and zeros) sit in a register ring of kStages batches, each slot refilled with the batch
+// kStages ahead as soon as its batch is spent: an int4 / MXFP4 lane has 3-4 batches of 32 bytes requested at any
+// time (96-128 bytes, against 32 with a double buffer), at 2 CTAs per SM (launch bounds: <= 128 registers) 48-64
+// KB per SM, what ~4 TB/s needs at HBM's loaded latency of ~1.5 us (~45 KB per SM); int8's 64-byte batches fit
+// two slots in the same registers (64-128 bytes). The tokens (L1/L2-resident, read by every warp of the CTA) are
+// only double-buffered, one batch ahead.
 #include <cstdint>
 
 #include "gemm/decode_launch.cuh"
@@ -26,33 +36,16 @@
 namespace mbk {
 namespace {
 
-// The 8 weights of one step (physical k = 32q + 8u + i) of one row, dequantized to fp32.
+// Batches of weights in the register ring: 128 bytes of weights per lane, 4 batches of int4 / MXFP4 or 2 of int8.
 template <int KIND>
-__device__ __forceinline__ void dequant8(const uint4* raw, int u, float scale, float zero, float (&v)[8]) {
-  if constexpr (KIND == MB_WOQ_INT8) {
-    const uint4& r = raw[u >> 1];
-    const uint32_t words[4] = {r.x, r.y, r.z, r.w};
-    const uint32_t lo = words[(u & 1) * 2], hi = words[(u & 1) * 2 + 1];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const uint32_t byte = ((i < 4 ? lo : hi) >> (8 * (i & 3))) & 0xffu;
-      v[i] = static_cast<float>(static_cast<int8_t>(byte)) * scale;
-    }
-  } else {
-    const uint32_t words[4] = {raw[0].x, raw[0].y, raw[0].z, raw[0].w};
-    const uint32_t w = words[u];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const uint32_t c = (w >> (4 * i)) & 0xfu;
-      v[i] = KIND == MB_WOQ_MXFP4 ? e2m1(c) * scale : (static_cast<float>(c) - zero) * scale;
-    }
-  }
-}
+constexpr int kStages = KIND == MB_WOQ_INT8 ? 2 : 4;
 
 template <typename T, int KIND, int WK>
-__global__ void __launch_bounds__(kDecodeThreads) grouped_woq_decode_kernel(WoqGemmParams p) {
+__global__ void __launch_bounds__(kDecodeThreads, 2) grouped_woq_decode_kernel(WoqGemmParams p) {
   constexpr int R = 16 * (kDecodeWarps / WK);  // weight rows per CTA (= output columns)
   constexpr int U = 4;                       // k32 steps per batch (128 k)
+  constexpr int S = kStages<KIND>;
+  static_assert(S % 2 == 0, "the token double buffer is indexed by the ring slot's parity");
   constexpr int RAW = KIND == MB_WOQ_INT8 ? 2 : 1;  // 16-byte weight loads per row per batch
   __shared__ float s_part[WK][R][kDecodeTokens + 1];
   using P2 = Pair<T>;
@@ -67,17 +60,21 @@ __global__ void __launch_bounds__(kDecodeThreads) grouped_woq_decode_kernel(WoqG
   const int q = lane & 3, g = lane >> 2;
   const int rg = warp / WK, ks = warp % WK;
   const int col0 = blockIdx.y * R;
-  // k per scale: MXFP4's fixed 32, or the group, or all of K (one scale per row)
-  const int group = KIND == MB_WOQ_MXFP4 ? kMxfp4Group : (p.group ? p.group : K);
-  const int groups = K / group;
+  // A lane's k to its scale group: k >> shift (MXFP4's 32, or the group), or group 0's one scale per row.
+  const int group_shift = KIND == MB_WOQ_MXFP4 || p.group == 32 ? 5 : p.group == 64 ? 6 : 7;
+  const int group_mask = KIND == MB_WOQ_MXFP4 || p.group ? -1 : 0;
+  const int groups = KIND == MB_WOQ_MXFP4 ? K / kMxfp4Group : (p.group ? K / p.group : 1);
 
-  int64_t wrow[2];  // expert-wide row index of the lane's two weight rows
+  const uint8_t* wptr[2];  // the lane's two weight rows, their scale (and zero) rows
+  int64_t srow[2];
   bool wok[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int feat = col0 + rg * 16 + h * 8 + g;
     wok[h] = feat < N;
-    wrow[h] = static_cast<int64_t>(expert) * N + (wok[h] ? feat : 0);
+    const int64_t wrow = static_cast<int64_t>(expert) * N + (wok[h] ? feat : 0);
+    wptr[h] = p.B + wrow * (KIND == MB_WOQ_INT8 ? K : K / 2);
+    srow[h] = wrow * groups;
   }
   const bool aok = g < rows;
   const T* arow = static_cast<const T*>(p.A) + (row_begin + (aok ? g : 0)) * K;
@@ -86,26 +83,21 @@ __global__ void __launch_bounds__(kDecodeThreads) grouped_woq_decode_kernel(WoqG
   const int kslice = ((K + WK * 128 - 1) / (WK * 128)) * 128;
   const int kb = ks * kslice, ke = min(K, kb + kslice);
 
-  uint4 w[2][2][RAW], a[2][U];
-  float sc[2][2], zr[2][2];
-  auto load_weights = [&](int buf, int k0) {
+  uint4 w[S][2][RAW], a[2][U];
+  uint32_t sv[S][2], zv[S][2];  // the stored scale and zero of each slot's rows
+  auto load_weights = [&](int slot, int k0) {
     const int k = k0 + 32 * q;  // this lane's 32 k
     const bool kin = k < ke;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const bool ok = kin && wok[h];
-      const int64_t byte = KIND == MB_WOQ_INT8 ? wrow[h] * K + k : (wrow[h] * K + k) / 2;
+      const uint8_t* src = wptr[h] + (KIND == MB_WOQ_INT8 ? k : k / 2);
 #pragma unroll
-      for (int r = 0; r < RAW; ++r) w[buf][h][r] = ld_weights(p.B + byte + 16 * r, ok);
-      const int64_t si = wrow[h] * groups + (ok ? k / group : 0);
-      if constexpr (KIND == MB_WOQ_MXFP4) {
-        const int e = ok ? static_cast<const uint8_t*>(p.scales)[si] : 127;
-        sc[buf][h] = ldexpf(1.0f, e - 127);
-        zr[buf][h] = 0.f;
-      } else {
-        sc[buf][h] = ok ? static_cast<const float*>(p.scales)[si] : 0.f;
-        zr[buf][h] = KIND == MB_WOQ_INT4 ? (p.zeros && ok ? static_cast<float>(p.zeros[si]) : 8.f) : 0.f;
-      }
+      for (int r = 0; r < RAW; ++r) w[slot][h][r] = ld_weights(src + 16 * r, ok);
+      const int64_t si = srow[h] + ((k >> group_shift) & group_mask);
+      sv[slot][h] = KIND == MB_WOQ_MXFP4 ? ld_u8(static_cast<const uint8_t*>(p.scales) + si, ok)
+                                         : ld_b32(static_cast<const float*>(p.scales) + si, ok);
+      zv[slot][h] = KIND == MB_WOQ_INT4 && p.zeros ? ld_u8(p.zeros + si, ok) : 8u;
     }
   };
   auto load_tokens = [&](int buf, int k0) {
@@ -113,35 +105,58 @@ __global__ void __launch_bounds__(kDecodeThreads) grouped_woq_decode_kernel(WoqG
 #pragma unroll
     for (int u = 0; u < U; ++u) a[buf][u] = ld_tokens(arow + k + 8 * u, k < ke && aok);
   };
-  auto compute = [&](int buf) {
+  auto compute = [&](int slot, int buf) {
+    RowConsts rc[2];
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      float v0[8], v1[8];
-      dequant8<KIND>(w[buf][0], u, sc[buf][0], zr[buf][0], v0);
-      dequant8<KIND>(w[buf][1], u, sc[buf][1], zr[buf][1], v1);
-      auto pack = [](float x, float y) {
-        const typename P2::type t = P2::make(x, y);
-        return *reinterpret_cast<const uint32_t*>(&t);
-      };
-      const uint32_t lo[4] = {pack(v0[0], v0[1]), pack(v1[0], v1[1]), pack(v0[2], v0[3]), pack(v1[2], v1[3])};
-      const uint32_t hi[4] = {pack(v0[4], v0[5]), pack(v1[4], v1[5]), pack(v0[6], v0[7]), pack(v1[6], v1[7])};
-      mma16816<MmaName<T>::kBf16>(acc, lo, a[buf][u].x, a[buf][u].y);
-      mma16816<MmaName<T>::kBf16>(acc, hi, a[buf][u].z, a[buf][u].w);
+    for (int h = 0; h < 2; ++h) rc[h] = row_consts<KIND>(woq_consts<T, KIND>(sv[slot][h], zv[slot][h]));
+    auto run = [&](auto fast_tag) {
+      constexpr bool kFast = decltype(fast_tag)::value;
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        uint32_t frag[2][4];  // k 8u + 0..3 and 8u + 4..7: {row g, row g + 8, row g, row g + 8}
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint4& r = w[slot][h][KIND == MB_WOQ_INT8 ? u >> 1 : 0];
+          const uint32_t words[4] = {r.x, r.y, r.z, r.w};
+          uint32_t pairs[4];
+          dequant_step<T, KIND, kFast>(words[u], make_uint2(words[(u & 1) * 2], words[(u & 1) * 2 + 1]), rc[h],
+                                       pairs);
+          frag[0][h] = pairs[0];
+          frag[0][2 + h] = pairs[1];
+          frag[1][h] = pairs[2];
+          frag[1][2 + h] = pairs[3];
+        }
+        mma16816<MmaName<T>::kBf16>(acc, frag[0], a[buf][u].x, a[buf][u].y);
+        mma16816<MmaName<T>::kBf16>(acc, frag[1], a[buf][u].z, a[buf][u].w);
+      }
+    };
+    if constexpr (KIND == MB_WOQ_MXFP4) {
+      if (__all_sync(0xffffffffu, rc[0].a && rc[1].a)) {
+        run(std::true_type{});
+      } else {
+        run(std::false_type{});
+      }
+    } else {
+      run(std::true_type{});
     }
   };
-  if (kb < ke) load_weights(0, kb);
+  // Weights and their constants (nothing upstream writes them) are requested before waiting for the kernel that
+  // writes A; loads past the slice are predicated off.
+#pragma unroll
+  for (int s = 0; s < S; ++s) load_weights(s, kb + 128 * s);
   mb::wait_for_predecessor();
   mb::let_dependents_start();
-  if (kb < ke) load_tokens(0, kb);
-  for (int k0 = kb; k0 < ke; k0 += 2 * 128) {
-    load_weights(1, k0 + 128);  // predicated off past the slice
-    load_tokens(1, k0 + 128);
-    compute(0);
-    if (k0 + 256 < ke) {
-      load_weights(0, k0 + 256);
-      load_tokens(0, k0 + 256);
+  load_tokens(0, kb);
+  for (int k0 = kb; k0 < ke; k0 += S * 128) {
+#pragma unroll
+    for (int s = 0; s < S; ++s) {
+      const int kc = k0 + 128 * s;
+      if (kc < ke) {  // warp-uniform
+        load_tokens((s + 1) & 1, kc + 128);
+        compute(s, s & 1);
+        load_weights(s, kc + 128 * S);
+      }
     }
-    compute(1);
   }
   // Accumulator: fragment rows g and g + 8, tokens 2q and 2q + 1 -> shared.
 #pragma unroll

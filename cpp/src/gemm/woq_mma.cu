@@ -24,18 +24,9 @@
 // After the mainloop the fp32 accumulators go through shared memory (rows padded by 4 floats), and each warp
 // stores whole 256-byte token rows with the bias added: one rounding of acc + bias, as the decode kernel.
 //
-// Dequantization, per pair of consecutive k (one byte of int4 / MXFP4, both halves of one 32-bit register):
-//   int4 : the two nibbles into the mantissas of 128 (bf16) / 1024 (fp16), minus 128 + z / 1024 + z (exact: a
-//          small integer d = u - z, z a 4-bit zero point); w = fma(d, s_hi, d * s_lo), s_hi = s rounded to T and
-//          s_lo = s - s_hi rounded to T: d * s carried to 2^-16 of itself (fp16: to s_lo's subnormal steps,
-//          2^-25) and rounded once to T, at most one unit in the last place from the decode kernel's rounding of
-//          the fp32 product (bf16: ~0.1% of weights; fp16: ~1.5% at s ~ 1e-2, more for smaller scales). Five
-//          instructions a pair against nine for the fp32 product and its conversion: at these tiles the
-//          mainloop's budget is instruction issue beside the mma, not memory;
-//   mxfp4: the code's bits placed into T as e2m1 * 2^-126 (bf16) / 2^-14 (fp16), then one multiply by a power of
-//          two (exact, rounded once where the result is subnormal); where a warp's stage has a scale beyond 2^1
-//          (e8m0 > 128, the multiplier would overflow T) that stage computes e2m1 * 2^(e - 127) in fp32 instead;
-//   int8 : q * s in fp32, rounded once (exactly the decode kernel's arithmetic).
+// Dequantization (gemm/woq.cuh's): each weight once per warp per stage, with its row's constants from shared
+// memory; at these tiles the mainloop's budget is instruction issue beside the mma, not memory. MXFP4 takes the
+// fp32 path for a stage where any multiplier of the warp's rows does not fit T.
 #include <algorithm>
 #include <cstdint>
 
@@ -69,145 +60,6 @@ struct WoqTile {
   // Row tiles per raster group: 1024 token rows, whose k-slices stay in L2 while the group's column blocks pass.
   static constexpr int kRasterTiles = 1024 / BM;
 };
-
-// What the dequantization needs of the 16-bit type T.
-template <typename T> struct Woq16;
-template <> struct Woq16<__nv_bfloat16> {
-  static constexpr uint32_t kMagic = 0x43004300u;  // 128 in both halves: a nibble in its mantissa is 128 + u
-  static constexpr float kMagicValue = 128.f;
-  static constexpr uint32_t kOne = 0x3f803f80u;
-  static constexpr int kE2m1Shift = 6;             // code bits 0-2 to the top mantissa bit, the exponent's low two
-  static constexpr uint32_t kE2m1Mask = 0x01c001c0u;
-  static constexpr int kE2m1Exp = 126;             // the placed code is e2m1 * 2^-126
-  static constexpr int kMinExp = -133;             // the smallest power of two in T
-  static __device__ __forceinline__ uint32_t bits(float f) { return __bfloat16_as_ushort(__float2bfloat16_rn(f)); }
-  static __device__ __forceinline__ float value(uint32_t b) {
-    return __bfloat162float(__ushort_as_bfloat16(static_cast<unsigned short>(b)));
-  }
-};
-template <> struct Woq16<__half> {
-  static constexpr uint32_t kMagic = 0x64006400u;  // 1024
-  static constexpr float kMagicValue = 1024.f;
-  static constexpr uint32_t kOne = 0x3c003c00u;
-  static constexpr int kE2m1Shift = 9;
-  static constexpr uint32_t kE2m1Mask = 0x0e000e00u;
-  static constexpr int kE2m1Exp = 14;
-  static constexpr int kMinExp = -24;
-  static __device__ __forceinline__ uint32_t bits(float f) { return __half_as_ushort(__float2half_rn(f)); }
-  static __device__ __forceinline__ float value(uint32_t b) {
-    return __half2float(__ushort_as_half(static_cast<unsigned short>(b)));
-  }
-};
-
-constexpr uint32_t kNegZero2 = 0x80008000u;  // -0 in both halves: fma(a, b, -0) is the product a * b
-
-// a * b + c on two packed T, rounded once (fma.rn: the same on sm_80 and sm_90).
-template <typename T>
-__device__ __forceinline__ uint32_t fma2(uint32_t a, uint32_t b, uint32_t c) {
-  uint32_t d;
-  if constexpr (MmaName<T>::kBf16) {
-    asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-  } else {
-    asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-  }
-  return d;
-}
-
-template <typename T>
-__device__ __forceinline__ uint32_t pack_rn(float lo, float hi) {
-  const typename Pair<T>::type t = Pair<T>::make(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&t);
-}
-
-// Predicated 4-byte and 1-byte loads (0 where `valid` is false) as single asm statements, so that the next stage's
-// constants are requested before the stage's mma and waited for after them.
-__device__ __forceinline__ uint32_t ld_b32(const void* ptr, bool valid) {
-  uint32_t v;
-  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n mov.b32 %0, 0;\n @p ld.global.nc.b32 %0, [%1];\n}\n"
-               : "=r"(v)
-               : "l"(ptr), "r"((int)valid));
-  return v;
-}
-__device__ __forceinline__ uint32_t ld_u8(const void* ptr, bool valid) {
-  uint32_t v;
-  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n mov.b32 %0, 0;\n @p ld.global.nc.u8 %0, [%1];\n}\n"
-               : "=r"(v)
-               : "l"(ptr), "r"((int)valid));
-  return v;
-}
-
-// The 8 bytes of one (weight row, scale group) the dequantization reads, from the stored scale s (fp32 bits, or
-// the e8m0 byte) and zero z:
-//   int4 : {s_hi | s_lo << 16, -(magic + z) in both halves};
-//   int8 : {s, 0};
-//   mxfp4: {2^(e - 127 + placement) in both halves, or 0 where that exceeds T (e > 128), 2^(e - 127) as fp32}.
-template <typename T, int KIND>
-__device__ __forceinline__ uint2 woq_consts(uint32_t s, uint32_t z) {
-  using H = Woq16<T>;
-  if constexpr (KIND == MB_WOQ_INT4) {
-    const float sf = __uint_as_float(s);
-    const uint32_t hi = H::bits(sf);
-    const uint32_t lo = H::bits(sf - H::value(hi));  // exact difference (Sterbenz)
-    const uint32_t nz = H::bits(-(H::kMagicValue + static_cast<float>(z)));
-    return make_uint2(hi | (lo << 16), nz | (nz << 16));
-  } else if constexpr (KIND == MB_WOQ_INT8) {
-    return make_uint2(s, 0u);
-  } else {
-    const int e = static_cast<int>(s);
-    uint32_t a2 = 0u;
-    if (e <= 128) {
-      // A result below T's smallest subnormal rounds to zero either way: the multiplier is clamped there (fp16).
-      const uint32_t a = H::bits(ldexpf(1.f, max(e - 127 + H::kE2m1Exp, H::kMinExp)));
-      a2 = a | (a << 16);
-    }
-    return make_uint2(a2, __float_as_uint(ldexpf(1.f, e - 127)));
-  }
-}
-
-// A weight row's constants for one stage, as the dequantization reads them: int4 {s_hi pair, s_lo pair,
-// -(magic + z) pair}; int8 {fp32 s}; mxfp4 {multiplier pair, fp32 2^(e - 127)}.
-struct RowConsts {
-  uint32_t a, b, c;
-};
-
-// The four packed pairs (k = 8u + {0,1}, {2,3}, {4,5}, {6,7} of the lane's 32) of one weight row at step u: `w` is
-// the row's 32-bit word of the step (int4 / MXFP4: 8 codes, low nibble first), `w8` the int8 row's two words of it.
-// kFast: MXFP4's 16-bit multiply (every multiplier of the warp's stage fits T), else its fp32 arithmetic.
-template <typename T, int KIND, bool kFast>
-__device__ __forceinline__ void dequant_step(uint32_t w, uint2 w8, const RowConsts& c, uint32_t (&out)[4]) {
-  using H = Woq16<T>;
-  if constexpr (KIND == MB_WOQ_INT8) {
-    const float s = __uint_as_float(c.a);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const uint32_t biased = (j < 2 ? w8.x : w8.y) ^ 0x80808080u;  // q + 128 per byte
-      const uint32_t b = (j & 1) * 2;
-      // 2^23 + (q + 128) as fp32 bits, then the exact subtraction: q
-      const float q0 = __uint_as_float(__byte_perm(biased, 0x4b000000u, 0x7440u | b)) - 8388736.f;
-      const float q1 = __uint_as_float(__byte_perm(biased, 0x4b000000u, 0x7440u | (b + 1))) - 8388736.f;
-      out[j] = pack_rn<T>(q0 * s, q1 * s);
-    }
-  } else {
-    const uint32_t ws = w >> 4;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      // byte j's low nibble (the even k) to bits 0-3, its high nibble to bits 16-19
-      const uint32_t p = __byte_perm(w, ws, 0x0400u + 0x0101u * j);
-      if constexpr (KIND == MB_WOQ_INT4) {
-        const uint32_t d = fma2<T>((p & 0x000f000fu) | H::kMagic, H::kOne, c.c);
-        out[j] = fma2<T>(d, c.a, fma2<T>(d, c.b, kNegZero2));
-      } else if constexpr (kFast) {
-        const uint32_t x = ((p << H::kE2m1Shift) & H::kE2m1Mask) | ((p << 12) & 0x80008000u);
-        out[j] = fma2<T>(x, c.a, kNegZero2);
-      } else {
-        // bf16 placement (e2m1 * 2^-126), widened to fp32: e2m1 * 2^(e - 127) as the decode kernel computes it
-        const uint32_t x = ((p << 6) & 0x01c001c0u) | ((p << 12) & 0x80008000u);
-        const float two126 = __uint_as_float(0x7e800000u), s = __uint_as_float(c.b);
-        out[j] = pack_rn<T>(__uint_as_float(x << 16) * two126 * s, __uint_as_float(x & 0xffff0000u) * two126 * s);
-      }
-    }
-  }
-}
 
 template <typename T, int KIND, int BM>
 __global__ void __launch_bounds__(WoqTile<BM, KIND>::kThreads)
@@ -331,14 +183,7 @@ __global__ void __launch_bounds__(WoqTile<BM, KIND>::kThreads)
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint2 v = sc[(wc + 16 * mt + 8 * h + g) * kSlots + slot];
-        if constexpr (KIND == MB_WOQ_INT4) {
-          rc[mt][h] = RowConsts{__byte_perm(v.x, 0u, 0x1010u), __byte_perm(v.x, 0u, 0x3232u), v.y};
-        } else {
-          rc[mt][h] = RowConsts{v.x, v.y, 0u};
-        }
-      }
+      for (int h = 0; h < 2; ++h) rc[mt][h] = row_consts<KIND>(sc[(wc + 16 * mt + 8 * h + g) * kSlots + slot]);
     auto run = [&](auto fast_tag) {
       constexpr bool kFast = decltype(fast_tag)::value;
       uint4 raw[2][2];  // int4 / MXFP4: the lane's 16 bytes of each row; int8: the step pair's 16

@@ -1,0 +1,53 @@
+"""The weight-only grouped GEMM (mb_grouped_gemm_woq) under every tactic, int4 (group 128, zero points) and MXFP4, on
+the bench shapes' GEMMs at 1, 16, 64 and 256 tokens, L2 flushed before each call, median of 20, beside the bf16
+grouped GEMM's decode kernel and the time the stored bytes take at the measured read rate: the evidence for the
+weight-only rules in moe_build/planner/tactics.py. Writes woq_gemm_probe.json to $OUT (or the working directory).
+
+    MOE_BUILD_KERNELS_LIB=.../libmoe_build_kernels.so python bench/woq_tactics_probe.py
+"""
+import json, os, torch
+from moe_build import kernels as K
+from moe_build.weights.woq import WoqKind
+
+def tms(fn, iters=20):
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    for _ in range(3): fn()
+    ts = []
+    for _ in range(iters):
+        flush.zero_(); s, e = torch.cuda.Event(True), torch.cuda.Event(True)
+        s.record(); fn(); e.record(); torch.cuda.synchronize(); ts.append(s.elapsed_time(e) * 1000)
+    ts.sort(); return ts[len(ts) // 2]
+
+big = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+read_bps = big.numel() / (tms(lambda: big.view(torch.float32).sum()) * 1e-6)  # a read-only reduction
+gemms = {"qwen3_g1": (128, 8, 1536, 2048), "qwen3_g2": (128, 8, 2048, 768), "mixtral_g1": (8, 2, 28672, 4096),
+         "mixtral_g2": (8, 2, 4096, 14336), "dsv2_g1": (64, 6, 2816, 2048)}
+rows = []
+for name, (E, topk, n, k) in gemms.items():
+    for kind, group in ((WoqKind.INT4, 128), (WoqKind.MXFP4, 32)):
+        b = torch.randint(0, 256, (E, n, k // 2), dtype=torch.uint8, device="cuda")
+        if kind is WoqKind.INT4:
+            scales, zeros = torch.rand(E, n, k // group, device="cuda") * 0.01, torch.randint(0, 16, (E, n, k // group), dtype=torch.uint8, device="cuda")
+        else:
+            scales, zeros = torch.randint(118, 126, (E, n, k // 32), dtype=torch.uint8, device="cuda"), None
+        w16 = torch.randn(E, n, k, device="cuda").to(torch.bfloat16) if kind is WoqKind.INT4 else None
+        for tokens in (1, 16, 64, 256):
+            R = tokens * topk
+            ids = torch.randint(0, E, (R,), device="cuda")
+            counts = torch.bincount(ids, minlength=E)
+            off = torch.zeros(E + 1, dtype=torch.int64, device="cuda"); off[1:] = counts.cumsum(0)
+            a = torch.randn(R, k, device="cuda").to(torch.bfloat16)
+            c = torch.empty(R, n, dtype=torch.bfloat16, device="cuda")
+            touched = int((counts > 0).sum())
+            stored = touched * (n * k // 2 + scales[0].numel() * scales.element_size() + (0 if zeros is None else zeros[0].numel()))
+            tacs = [f"decode:ksplit{s}:after_trigger:plain" for s in (1, 2, 4, 8)] + \
+                   ([f"mma:{t}:plain:plain" for t in ("64x128", "128x128")] if tokens >= 16 else [])
+            res = {t: round(tms(lambda: K.grouped_gemm_woq(a, b, kind.value, scales, off, group, zeros=zeros, c=c, tactic=t)), 1)
+                   for t in tacs}
+            if w16 is not None and tokens <= 16:
+                res["bf16_decode_ksplit2"] = round(tms(lambda: K.grouped_gemm_sm90(a, w16, off, c=c, tactic="decode:ksplit2:after_trigger:plain")), 1)
+            floor = round(stored / read_bps * 1e6, 1)
+            best = min((t for t in res if not t.startswith("bf16")), key=res.get)
+            print(name, kind.value, tokens, "floor", floor, res, "best", best, flush=True)
+            rows.append(dict(gemm=name, kind=kind.value, tokens=tokens, floor_us=floor, times=res))
+json.dump(dict(read_bytes_per_s=read_bps, rows=rows), open(os.path.join(os.environ.get("OUT", "."), "woq_gemm_probe.json"), "w"), indent=1)
