@@ -439,3 +439,22 @@ def test_weights_for_rank_hold_its_experts_and_the_whole_router() -> None:
         ScaleGranularity.CHANNEL)
     f2 = fp8.for_rank(spec, 3)
     assert torch.equal(f2.fp8.w1_scale, fp8.fp8.w1_scale[6:8]) and f2.w1.shape[0] == 2
+
+
+def test_each_stream_gets_its_own_gemm_placement_regions() -> None:
+    """A placed GEMM's claim region serves one call at a time, and calls on two streams may run at once (each has
+    its own workspace): so each (stream, GEMM) gets its own region, made once and kept."""
+    from moe_build.runner.batch import Batch
+    from moe_build.runner.experts import FusedExperts
+    made: list[torch.Tensor] = []
+    fake = SimpleNamespace(new_gemm_placement=lambda dev: made.append(torch.zeros(4, dtype=torch.int32)) or made[-1],
+                           WeightLayout=kernels.WeightLayout, Fp8Scaling=kernels.Fp8Scaling)
+    experts = FusedExperts(SWIGLU, MoEWeights.random(SWIGLU, seed=0), fake, weights_blocked=False)  # type: ignore[arg-type]
+
+    def batch(stream: int) -> Batch:
+        return Batch(1, torch.zeros(1, 256), torch.zeros(1, 256), {}, stream, None, None)
+    first = {g: experts.placement(batch(7), g) for g in ("gemm1", "gemm2")}
+    assert first["gemm1"] is not first["gemm2"]
+    assert experts.placement(batch(7), "gemm1") is first["gemm1"]  # kept: each call leaves it as the next needs it
+    other = experts.placement(batch(9), "gemm1")
+    assert other is not first["gemm1"] and len(made) == 3

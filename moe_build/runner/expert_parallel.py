@@ -214,8 +214,8 @@ class ExpertParallelMoE:
             d1 = self._dispatch(second, b, lo1, hi1)
         self._finish(first, b, d0, p0, lo0, hi0)  # C0 + S0 beside E1
         with torch.cuda.stream(side):
-            # one expert computation at a time: the runner's GEMM placement regions serve one call at once
-            # (experts.py), and two would only split the SMs
+            # one expert computation at a time: two would only split the SMs, and the placed GEMMs lay their tiles
+            # out for a GPU of their own
             side.wait_event(self._computed)
             self._finish(second, b, d1, self._experts(second, d1), lo1, hi1)
         main.wait_stream(side)  # join

@@ -33,9 +33,11 @@ class FusedExperts:
         self.act = spec.activation.value
         self.layout = kernels.WeightLayout.BLOCKED64 if weights_blocked else kernels.WeightLayout.ROW_MAJOR
         # One claim region per sm90 GEMM that may overlap the other (GEMM2 launches during GEMM1's tail): the
-        # gated and finalize GEMMs then launch after a trigger, by placement (kernels.new_gemm_placement).
-        dev = weights.w1.device
-        self.placement = {"gemm1": kernels.new_gemm_placement(dev), "gemm2": kernels.new_gemm_placement(dev)}
+        # gated and finalize GEMMs then launch after a trigger, by placement (kernels.new_gemm_placement). A region
+        # serves one call at a time, so each CUDA stream gets its own pair (made at its first placed GEMM), as it
+        # gets its own workspace: calls on two streams may run at once.
+        self.device = weights.w1.device
+        self._placements: dict[tuple[int, str], torch.Tensor] = {}
         # FP8 layers: the GEMMs' scaling, the activation scales (static: one per GEMM input; None: dynamic,
         # per row or per 128 columns) and the output dtype (moe_build/weights/fp8.py).
         f = weights.fp8
@@ -48,6 +50,15 @@ class FusedExperts:
         # Weight-only layers: the stored weights and how the GEMMs read them (moe_build/weights/woq.py).
         q = weights.woq
         self.woq_group = 0 if q is None or q.group_size is None else q.group_size
+
+    def placement(self, b: Batch, gemm: str) -> torch.Tensor:
+        """The claim region of `gemm` ("gemm1" / "gemm2") for calls on b's stream (zeroed on that stream when
+        first made)."""
+        key = (b.stream, gemm)
+        region = self._placements.get(key)
+        if region is None:
+            region = self._placements[key] = self.k.new_gemm_placement(self.device)
+        return region
 
     # ---- permute ---------------------------------------------------------------------------
     def prologue_fused(self, b: Batch) -> None:
@@ -96,7 +107,7 @@ class FusedExperts:
         self.k.grouped_gemm_sm90_gated(b.v("permuted_input"), self.w.w1, b.v("expert_offsets"), self.act,
                                        bias=self.w.b1, swiglu_alpha=s.swiglu_alpha, swiglu_limit=s.swiglu_limit,
                                        c=b.v("fc1_act"), workspace=_opt(b, "gemm_workspace"), stream=b.stream,
-                                       weight_layout=self.layout, placement=self.placement["gemm1"],
+                                       weight_layout=self.layout, placement=self.placement(b, "gemm1"),
                                        tactic=b.gemm1_tactic)
 
     def gemm1_sm80(self, b: Batch) -> None:
@@ -205,7 +216,7 @@ class FusedExperts:
                                           b.v("permuted_to_unpermuted"), b.v("permuted_weights"), b.out.shape[0],
                                           self.spec.top_k, bias=self.w.b2, out=b.out,
                                           workspace=_opt(b, "gemm_workspace"), stream=b.stream,
-                                          weight_layout=self.layout, placement=self.placement["gemm2"],
+                                          weight_layout=self.layout, placement=self.placement(b, "gemm2"),
                                           tactic=b.gemm2_tactic)
 
     def gemm2_sm90(self, b: Batch) -> None:
