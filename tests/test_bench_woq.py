@@ -1,0 +1,70 @@
+"""The weight-only bench's pure parts on a CPU: its layers (group sizes that divide every K), the stored bytes its
+floor counts (worked by hand), the targets it marks, and its one-line refusals (the timing runs on a GPU only)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cli_process import run_moe_build
+from moe_build.bench import woq_layer
+from moe_build.bench.workload import SHAPES, bench_spec
+from moe_build.spec import Quant
+from moe_build.weights import MoEWeights
+from moe_build.weights.woq import WoqKind
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_bench_layers_have_groups_that_divide_both_gemms_k(name: str) -> None:
+    spec = bench_spec(name)
+    group = woq_layer.layer_group(spec, Quant.W4A16_AWQ)
+    assert spec.hidden_size % group == 0 and spec.intermediate_size % group == 0
+    assert group == (64 if name == "gpt-oss-20b" else 128)  # GPT-OSS-20B's 2880 = 22.5 x 128 = 45 x 64
+    assert woq_layer.layer_group(spec, Quant.W8A16) is None and woq_layer.layer_group(spec, Quant.WFP4A16) == 32
+
+
+def test_stored_bytes_by_hand() -> None:
+    """int4 group 128 with zero points, W1 [2, 256, 256] / W2 [2, 256, 128]: per expert (256*256 + 256*128) / 2 data
+    bytes, 4-byte scales and 1-byte zeros per (row, group): 256 * 2 + 256 * 1 groups."""
+    base = bench_spec("qwen3-30b-a3b").with_overrides(hidden_size=256, intermediate_size=128, num_experts=8, top_k=2)
+    w = MoEWeights.random(base, seed=0).quantized_woq(WoqKind.INT4, 128, asymmetric=True, awq=True)
+    data = (256 * 256 + 256 * 128) // 2
+    groups = 256 * (256 // 128) + 256 * (128 // 128)
+    assert woq_layer.stored_expert_bytes(w.woq) == data + 4 * groups + groups
+
+
+def _record(tokens: int, floor: float, ours: float, bf16: float, forced: float | None = None) -> dict:
+    variants = {"ours": {"graph_us": ours, "us": ours + 10}, "ours_bf16": {"graph_us": bf16}}
+    if forced is not None:
+        variants["ours:fc2_prequant=separate"] = {"graph_us": forced}
+    return {"tokens": tokens, "floor_us": floor, "variants": variants}
+
+
+def test_targets_follow_the_issue() -> None:
+    """Within 1.3x of the floor (or floor + 25 us) at 1 and 16 tokens, faster than bf16 at 256, within 1.25x of bf16
+    at 4096, and each forced-off fusion timed against ours."""
+    cases = [(_record(1, 10.0, 34.0, 50.0), "floor", True), (_record(16, 100.0, 131.0, 400.0), "floor", False),
+             (_record(256, 100.0, 300.0, 299.0), "vs_bf16", False), (_record(4096, 1e3, 1240.0, 1000.0), "vs_bf16", True),
+             (_record(4096, 1e3, 1260.0, 1000.0), "vs_bf16", False)]
+    for rec, target, met in cases:
+        woq_layer.woq_ratios(rec)
+        assert rec["targets"][target]["met"] is met, (rec["tokens"], rec["targets"])
+    rec = _record(16, 100.0, 120.0, 400.0, forced=126.0)
+    woq_layer.woq_ratios(rec)
+    assert rec["targets"]["fusions"]["ours:fc2_prequant=separate"]["wins"] is True
+    assert rec["ratios"]["forced_over_ours"]["ours:fc2_prequant=separate"] == pytest.approx(1.05)
+
+
+@pytest.mark.parametrize("args, field", [(("--quant", "w4a16_awq,fp8"), "quant"),
+                                         (("--quant", "w8a16", "--sweep"), "quant"),
+                                         (("--quant", "wfp4a16", "--variants", "ours"), "quant")])
+def test_bad_weight_only_bench_options_are_one_line_errors(args: tuple[str, ...], field: str) -> None:
+    r = run_moe_build("bench", *args, timeout=120)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"moe-build: error: {field}:"), r.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU the command would run the bench")
+def test_weight_only_bench_without_a_gpu_says_so() -> None:
+    r = run_moe_build("bench", "--quant", "w4a16_awq", "--tokens", "1", timeout=120)
+    assert r.returncode == 2 and r.stderr.strip().startswith("moe-build: error: device:"), r.stderr
