@@ -21,7 +21,9 @@
 #
 # FP8 checkpoints made by a real producer tool (tests/gpu/test_runner_fp8_checkpoints.py): write them here with
 #   `python scripts/make_fp8_tool_checkpoints.py .device_carry/fp8_tool_checkpoints`, carry the folder and set
-#   MOE_BUILD_FP8_TOOL_CHECKPOINTS=.device_carry/fp8_tool_checkpoints (the device lacks the tool).
+#   MOE_BUILD_FP8_TOOL_CHECKPOINTS=.device_carry/fp8_tool_checkpoints (the device lacks the tool). Weight-only ones
+#   likewise (tests/gpu/test_runner_woq_checkpoints.py): `python scripts/make_woq_tool_checkpoints.py
+#   .device_carry/woq_tool_checkpoints`, carried, with MOE_BUILD_WOQ_TOOL_CHECKPOINTS=.device_carry/woq_tool_checkpoints.
 # Usage (from the repository root, via the device tool; carry the library built here with
 #   `moe-build kernels --out .device_carry/lib`, since the device has no CUTLASS headers):
 #   MOE_BUILD_KERNELS_LIB=.device_carry/lib/libmoe_build_kernels.so PHASES="tests ab" \
