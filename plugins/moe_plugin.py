@@ -32,6 +32,15 @@ bias still covering all num_experts):
     fp8.w2_scale    fp32          if quant fp8: [E, H] (channel);  fp8_block: [E, ceil(H/128), ceil(I/128)]
     fp8.a1_scale    [1] fp32      if quant fp8 with act_scale static (GEMM1's input scale)
     fp8.a2_scale    [1] fp32      if quant fp8 with act_scale static (GEMM2's input scale)
+  weight-only layers (w4a16_awq, w8a16, wfp4a16; moe_build/weights/woq.py's storage) instead of 2 and 3:
+  2 w1              [E, N1, H/2]  uint8 (two 4-bit codes a byte: int4 or MXFP4), or [E, N1, H] int8 (w8a16)
+  3 w2              [E, H, I/2]   uint8, or [E, H, I] int8
+    woq.w1_scale    [E, N1, G1]   fp32 (MXFP4: uint8 e8m0), G1 = H / group (1 where spec.quant_per_channel)
+    woq.w2_scale    [E, H, G2]    likewise, G2 = I / group
+    woq.w1_zero     [E, N1, G1]   uint8      if spec.quant_zero_points (int4 zero points)
+    woq.w2_zero     [E, H, G2]    uint8      if spec.quant_zero_points
+    woq.fc1_act_scale [H]         fp32       if spec.quant_prequant_scales (AWQ pre-quant scales)
+    woq.fc2_act_scale [I]         fp32       if spec.quant_prequant_scales
     b1              [E, N1]       spec dtype      if spec.expert_bias (in w1's order)
     b2              [E, H]        spec dtype      if spec.expert_bias
     correction_bias [E]           fp32            if spec.routing.correction_bias
@@ -59,6 +68,7 @@ from moe_build.spec import ActScale, DType, MoESpec, OutputDType, Quant
 from moe_build.target import Target
 from moe_build.weights import MoEWeights
 from moe_build.weights.fp8 import FP8_DTYPE, Fp8Scales, ScaleGranularity, blocks
+from moe_build.weights.woq import MXFP4_GROUP, WoqKind, WoqWeights
 
 PLUGIN_NAME = "MoEPlugin"
 PLUGIN_NAMESPACE = "moe_build"
@@ -73,10 +83,13 @@ TORCH_DTYPE = {DType.FP32: torch.float32, DType.FP16: torch.float16, DType.BF16:
 TORCH_OUT_DTYPE = {OutputDType.FP32: torch.float32, OutputDType.FP16: torch.float16,
                    OutputDType.BF16: torch.bfloat16}
 # TensorRT DataType member names of the dtypes the plugin moves (same in both flavours).
-TRT_DTYPE_NAME = {torch.float32: "FLOAT", torch.float16: "HALF", torch.bfloat16: "BF16", FP8_DTYPE: "FP8"}
+TRT_DTYPE_NAME = {torch.float32: "FLOAT", torch.float16: "HALF", torch.bfloat16: "BF16", FP8_DTYPE: "FP8",
+                  torch.uint8: "UINT8", torch.int8: "INT8"}
 # Quant modes whose weights and scales the plugin's inputs carry.
-PLUGIN_QUANTS = (Quant.NONE, Quant.FP8, Quant.FP8_BLOCK)
+PLUGIN_QUANTS = (Quant.NONE, Quant.FP8, Quant.FP8_BLOCK, Quant.W8A16, Quant.W4A16_AWQ, Quant.WFP4A16)
 FP8_SLOT_PREFIX = "fp8."  # scale slots are named as MoEWeights.named() names the Fp8Scales tensors
+WOQ_SLOT_PREFIX = "woq."  # and the weight-only scales, zero points and pre-quant scales (WoqWeights' fields)
+WOQ_KIND = {Quant.W4A16_AWQ: WoqKind.INT4, Quant.W8A16: WoqKind.INT8, Quant.WFP4A16: WoqKind.MXFP4}
 # Same-size integer stand-ins: the CUDA array interface has no bf16 or e4m3 typestr, so raw device memory
 # is wrapped as integers of the element size and reinterpreted with `Tensor.view(dtype)`.
 _RAW_TYPESTR = {1: "|u1", 2: "<i2", 4: "<i4"}
@@ -118,9 +131,13 @@ def input_slots(spec: MoESpec) -> tuple[InputSlot, ...]:
     E, H, I, n1 = spec.stored_experts, spec.hidden_size, spec.intermediate_size, spec.fc1_out_features
     logits = (torch.float32,) if model == torch.float32 else (torch.float32, model)
     granularity = scale_granularity(spec)
-    expert = model if granularity is None else FP8_DTYPE
-    slots = [InputSlot("hidden", (None, H), (model,)), InputSlot("router_logits", (None, spec.num_experts), logits),
-             InputSlot("w1", (E, n1, H), (expert,)), InputSlot("w2", (E, H, I), (expert,))]
+    kind = WOQ_KIND.get(spec.quant)
+    slots = [InputSlot("hidden", (None, H), (model,)), InputSlot("router_logits", (None, spec.num_experts), logits)]
+    if kind is not None:
+        slots += _woq_slots(spec, kind)
+    else:
+        expert = model if granularity is None else FP8_DTYPE
+        slots += [InputSlot("w1", (E, n1, H), (expert,)), InputSlot("w2", (E, H, I), (expert,))]
     if granularity is not None:
         slots += _scale_slots(spec, granularity)
     if spec.expert_bias:
@@ -147,6 +164,37 @@ def _scale_slots(spec: MoESpec, granularity: ScaleGranularity) -> list[InputSlot
     names = ["w1_scale", "w2_scale"] + (["a1_scale", "a2_scale"] if spec.act_scale is ActScale.STATIC else [])
     shapes = [w1, w2, (1,), (1,)]
     return [InputSlot(FP8_SLOT_PREFIX + n, shape, (torch.float32,)) for n, shape in zip(names, shapes)]
+
+
+def woq_group(spec: MoESpec) -> int | None:
+    """Input columns per weight scale of a weight-only layer (None: one per output channel), from its spec."""
+    if spec.quant is Quant.WFP4A16:
+        return MXFP4_GROUP
+    return None if spec.quant_per_channel else spec.quant_group_size
+
+
+def _woq_slots(spec: MoESpec, kind: WoqKind) -> list[InputSlot]:
+    """A weight-only layer's expert inputs as woq.py stores them: W1 / W2 packed (two 4-bit codes a byte) or int8,
+    their scales (fp32, or e8m0 bytes for MXFP4), int4 zero points where the spec has them, and the AWQ pre-quant
+    scales where it has those."""
+    E, H, I, n1 = spec.stored_experts, spec.hidden_size, spec.intermediate_size, spec.fc1_out_features
+    data = torch.int8 if kind is WoqKind.INT8 else torch.uint8
+    per_byte = 1 if kind is WoqKind.INT8 else 2
+    group = woq_group(spec)
+
+    def groups(cols: int) -> int:
+        return 1 if group is None else cols // group
+    scale = torch.uint8 if kind is WoqKind.MXFP4 else torch.float32
+    slots = [InputSlot("w1", (E, n1, H // per_byte), (data,)), InputSlot("w2", (E, H, I // per_byte), (data,)),
+             InputSlot(WOQ_SLOT_PREFIX + "w1_scale", (E, n1, groups(H)), (scale,)),
+             InputSlot(WOQ_SLOT_PREFIX + "w2_scale", (E, H, groups(I)), (scale,))]
+    if spec.quant_zero_points:
+        slots += [InputSlot(WOQ_SLOT_PREFIX + "w1_zero", (E, n1, groups(H)), (torch.uint8,)),
+                  InputSlot(WOQ_SLOT_PREFIX + "w2_zero", (E, H, groups(I)), (torch.uint8,))]
+    if spec.quant_prequant_scales:
+        slots += [InputSlot(WOQ_SLOT_PREFIX + "fc1_act_scale", (H,), (torch.float32,)),
+                  InputSlot(WOQ_SLOT_PREFIX + "fc2_act_scale", (I,), (torch.float32,))]
+    return slots
 
 
 def output_dtype(spec: MoESpec) -> torch.dtype:
@@ -467,15 +515,18 @@ def _make_runner(spec: MoESpec, plan: Plan, weights: Mapping[str, torch.Tensor])
     # placeholder of the right shape satisfies MoEWeights without a real [E, H] tensor.
     router_weight = torch.zeros((), dtype=TORCH_DTYPE[spec.dtype], device=device).expand(
         spec.num_experts, spec.hidden_size)
-    tensors = {n: t for n, t in weights.items() if not n.startswith(FP8_SLOT_PREFIX)}
+    tensors = {n: t for n, t in weights.items() if not n.startswith((FP8_SLOT_PREFIX, WOQ_SLOT_PREFIX))}
     granularity = scale_granularity(spec)
-    fp8 = None
+    fp8 = woq = None
     if granularity is not None:
         scale = {n[len(FP8_SLOT_PREFIX):]: t for n, t in weights.items() if n.startswith(FP8_SLOT_PREFIX)}
         fp8 = Fp8Scales(granularity, scale["w1_scale"], scale["w2_scale"], scale.get("a1_scale"),
                         scale.get("a2_scale"))
-    return MoERunner(spec, MoEWeights(router_weight=router_weight, fp8=fp8, **tensors), plan=plan, device=device,
-                     weights_prepared=True)
+    if spec.quant in WOQ_KIND:
+        stored = {n[len(WOQ_SLOT_PREFIX):]: t for n, t in weights.items() if n.startswith(WOQ_SLOT_PREFIX)}
+        woq = WoqWeights(WOQ_KIND[spec.quant], woq_group(spec), tensors["w1"], tensors["w2"], **stored)
+    return MoERunner(spec, MoEWeights(router_weight=router_weight, fp8=fp8, woq=woq, **tensors), plan=plan,
+                     device=device, weights_prepared=True)
 
 
 # ---- TensorRT adapters ---------------------------------------------------------------------

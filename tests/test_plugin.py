@@ -178,8 +178,8 @@ def test_malformed_fields_are_refused():
 
 
 def test_plugin_refuses_what_its_inputs_cannot_carry():
-    quant = dataclasses.replace(PLAIN, quant=Quant.W8A16)  # int8 weights: no inputs for them yet
-    with pytest.raises(MoeBuildError, match="no w8a16 weights or scales.*none, fp8, fp8_block"):
+    quant = dataclasses.replace(PLAIN, quant=Quant.W4AFP8)  # int4 weights with FP8 activations: no kernels yet
+    with pytest.raises(MoeBuildError, match="no w4afp8 weights or scales.*none, fp8, fp8_block, w8a16, w4a16_awq"):
         mp.encode_fields(quant, plan_for(quant))
     lora = dataclasses.replace(PLAIN, lora=True)
     with pytest.raises(MoeBuildError, match="lora"):
@@ -786,3 +786,79 @@ def test_add_moe_plugin_fp8_weights_as_network_inputs(trt):
     assert [(t.name, t.dtype, tuple(t.shape)) for t in inputs] == [
         (f"moe.{s.name}", mp.trt_dtype_of(trt, s.dtypes[0]), s.shape) for s in mp.input_slots(spec)[2:]]
     assert inputs[0].dtype == trt.DataType.FP8 and inputs[2].dtype == trt.DataType.FLOAT
+
+
+# weight-only layers: (quant, stored kind, group (None: per channel), zero points, AWQ pre-quant scales)
+WOQ_MODES = {"awq_g64_zeros": (Quant.W4A16_AWQ, 64, True, True), "int4_g32": (Quant.W4A16_AWQ, 32, False, False),
+             "int8_channel": (Quant.W8A16, None, False, False), "mxfp4": (Quant.WFP4A16, 32, False, False)}
+
+
+def woq_case(mode: str, seed: int = 0) -> tuple[MoESpec, MoEWeights]:
+    """A weight-only layer of `mode` with random weights quantized to woq.py's canonical storage."""
+    from moe_build.plugins.moe_plugin import WOQ_KIND
+    quant, group, zeros, awq = WOQ_MODES[mode]
+    base = MoESpec(hidden_size=320, intermediate_size=64, num_experts=4, top_k=2, dtype=DType.BF16, expert_bias=True)
+    weights = MoEWeights.random(base, seed=seed, dtype=torch.bfloat16).quantized_woq(
+        WOQ_KIND[quant], group, asymmetric=zeros, awq=awq, seed=seed)
+    spec = base.with_overrides(quant=quant, quant_group_size=group or 128, **weights.woq.storage_flags())
+    return spec, weights
+
+
+@pytest.mark.parametrize("mode", WOQ_MODES)
+def test_woq_input_slots(mode):
+    """hidden, logits, the stored W1 / W2 (packed uint8 or int8), their scales, the zero points and the AWQ
+    pre-quant scales where the spec says the checkpoint has them, then the model-dtype biases."""
+    spec, _ = woq_case(mode)
+    quant, group, zeros, awq = WOQ_MODES[mode]
+    packed = quant is not Quant.W8A16
+    data = (torch.uint8,) if packed else (torch.int8,)
+    scale = (torch.uint8,) if quant is Quant.WFP4A16 else (torch.float32,)
+    g1, g2 = (1, 1) if group is None else (320 // group, 64 // group)
+    h, i = (160, 32) if packed else (320, 64)
+    want = [("hidden", (None, 320), BF16), ("router_logits", (None, 4), (torch.float32, torch.bfloat16)),
+            ("w1", (4, 128, h), data), ("w2", (4, 320, i), data), ("woq.w1_scale", (4, 128, g1), scale),
+            ("woq.w2_scale", (4, 320, g2), scale)]
+    if zeros:
+        want += [("woq.w1_zero", (4, 128, g1), (torch.uint8,)), ("woq.w2_zero", (4, 320, g2), (torch.uint8,))]
+    if awq:
+        want += [("woq.fc1_act_scale", (320,), (torch.float32,)), ("woq.fc2_act_scale", (64,), (torch.float32,))]
+    want += [("b1", (4, 128), BF16), ("b2", (4, 320), BF16)]
+    assert [(s.name, s.shape, s.dtypes) for s in mp.input_slots(spec)] == want
+
+
+@pytest.mark.parametrize("mode", WOQ_MODES)
+def test_woq_slots_fit_the_planned_weights(mode):
+    """What add_moe_plugin feeds (plan_weights of canonical weight-only weights) fits every slot, in order, and
+    passes the canonical check; the slots hold every stored tensor."""
+    spec, weights = woq_case(mode)
+    planned = mp.plan_weights(plan_for(spec), weights)
+    planned.check(spec)
+    named = dict(planned.named())
+    slots = mp.input_slots(spec)[2:]
+    for slot in slots:
+        t = named[slot.name]
+        assert t.dtype == slot.dtypes[0] and tuple(t.shape) == slot.shape, slot.name
+    stored = {f"woq.{n}" for n, _ in weights.woq.named() if n not in ("w1", "w2")}
+    assert stored <= {s.name for s in slots}
+
+
+@pytest.mark.parametrize("mode", WOQ_MODES)
+def test_woq_fields_round_trip(mode):
+    spec, _ = woq_case(mode)
+    plan = plan_for(spec)
+    fields = mp.encode_fields(spec, plan)
+    spec2, plan2 = mp.decode_fields(fields)
+    assert spec2 == spec and mp.input_slots(spec2) == mp.input_slots(spec)
+    assert mp.encode_fields(spec2, plan2) == fields
+
+
+def test_woq_supports_io_takes_the_stored_byte_types(trt):
+    spec, _ = woq_case("awq_g64_zeros")
+    slots = mp.input_slots(spec)
+    by_name = {s.name: i for i, s in enumerate(slots)}
+    n = len(slots)
+    assert mp.supports_io(spec, by_name["w1"], torch.uint8, True, n)
+    assert not mp.supports_io(spec, by_name["w1"], torch.int8, True, n)
+    assert mp.supports_io(spec, by_name["woq.w1_zero"], torch.uint8, True, n)
+    assert not mp.supports_io(spec, by_name["woq.w1_scale"], torch.uint8, True, n)
+    assert mp.torch_dtype_of(trt, trt.DataType.UINT8) == torch.uint8 and mp.trt_dtype_of(trt, torch.int8) == trt.DataType.INT8

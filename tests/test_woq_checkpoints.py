@@ -590,7 +590,8 @@ def test_an_expert_parallel_rank_holds_its_experts_packed_and_scaled() -> None:
     from moe_build.weights import MoEWeights
     from moe_build.weights.woq import WoqWeights
     g = torch.Generator().manual_seed(3)
-    spec = MoESpec(64, 32, 4, 2, quant=Quant.W4A16_AWQ, quant_group_size=32, ep_size=2)
+    spec = MoESpec(64, 32, 4, 2, quant=Quant.W4A16_AWQ, quant_group_size=32, ep_size=2, quant_zero_points=True,
+                   quant_prequant_scales=True)
     E, n1, H, I = 4, 64, 64, 32
     woq = WoqWeights(WoqKind.INT4, 32, torch.randint(0, 256, (E, n1, H // 2), generator=g, dtype=torch.uint8),
                      torch.randint(0, 256, (E, H, I // 2), generator=g, dtype=torch.uint8),

@@ -60,7 +60,10 @@ def layer_group(spec: MoESpec, quant: Quant) -> int | None:
 
 
 def woq_bench_spec(name: str, quant: Quant) -> MoESpec:
-    return bench_spec(name).with_overrides(quant=quant, quant_group_size=layer_group(bench_spec(name), quant) or 128)
+    _, _, zeros, awq = WOQ_LAYERS[quant]
+    group = layer_group(bench_spec(name), quant)
+    return bench_spec(name).with_overrides(quant=quant, quant_group_size=group or 128, quant_zero_points=zeros,
+                                           quant_per_channel=group is None, quant_prequant_scales=awq)
 
 
 def stored_expert_bytes(w: WoqWeights) -> int:

@@ -1060,7 +1060,7 @@ def spec_from_hf_config(config: ConfigSource) -> MoESpec:
     quant = {} if fp8 is None else dict(quant=fp8[0], act_scale=fp8[1])
     woq = None if fp8 is not None else _woq_quant(data, family, config)
     if woq is not None:
-        quant = dict(quant=woq[0], quant_group_size=woq[1], act_scale=woq[2])
+        quant = dict(quant=woq[0], quant_group_size=woq[1], act_scale=woq[2], **woq[3])
     with _keys_of(family):
         spec = _FAMILIES[family].parse(fields)
         try:

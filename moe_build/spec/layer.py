@@ -118,6 +118,13 @@ class SharedExperts:
     sigmoid_gate: bool = False         # Qwen2-MoE: output scaled by sigmoid(x @ w_gate)
 
 
+# The weight-only storage flags of MoESpec and the quants whose experts can be stored so: int4 zero points,
+# one int scale per output channel, AWQ pre-quant scales.
+WOQ_STORAGE_QUANTS = {"quant_zero_points": (Quant.W4A16_AWQ, Quant.W4AFP8),
+                      "quant_per_channel": (Quant.W8A16, Quant.W4A16_AWQ),
+                      "quant_prequant_scales": (Quant.W4A16_AWQ, Quant.W4AFP8)}
+
+
 @dataclass(frozen=True)
 class MoESpec:
     """One MoE layer. Immutable; build variants with `dataclasses.replace` or `with_overrides`."""
@@ -138,6 +145,11 @@ class MoESpec:
     swiglu_alpha: float = 1.702               # swiglu_clamp only
     swiglu_limit: float = 7.0                 # swiglu_clamp only
     quant_group_size: int = 128               # group-wise schemes
+    # weight-only layers: how the checkpoint stores its experts (moe_build/weights/woq.py), what the MoE plugin's
+    # inputs follow: int4 zero points (asymmetric), one scale per output channel (no groups), AWQ pre-quant scales
+    quant_zero_points: bool = False
+    quant_per_channel: bool = False
+    quant_prequant_scales: bool = False
     lora: bool = False
     ep_size: int = 1                          # expert parallelism: the experts split evenly over ep_size ranks
     ep_rank: int | None = None                # the rank this spec is for; None: the whole group (all experts)
@@ -145,6 +157,11 @@ class MoESpec:
     family: str = "custom"
 
     def __post_init__(self) -> None:
+        # The storage flags describe weight-only experts only: another quant (e.g. a checkpoint's overridden with
+        # --quant none, its experts then dequantized) clears them.
+        for name, quants in WOQ_STORAGE_QUANTS.items():
+            if getattr(self, name) is True and self.quant not in quants:
+                object.__setattr__(self, name, False)
         validate(self)
 
     # Derived facts -----------------------------------------------------------------
@@ -239,6 +256,14 @@ def _finite(name: str, value: float) -> None:
         raise MoeBuildError(name, f"must be a finite number, got {value!r}", "finite numbers")
 
 
+def _check_woq_storage(spec: MoESpec) -> None:
+    """The weight-only storage flags are booleans (MoESpec clears them for quants without such storage)."""
+    for name in WOQ_STORAGE_QUANTS:
+        value = getattr(spec, name)
+        if not isinstance(value, bool):
+            raise MoeBuildError(name, f"must be true or false, got {value!r}", "true, false")
+
+
 def validate(spec: MoESpec) -> None:
     """Reject specs that describe no real layer, or one too large to build. Hardware/quant support is the
     planner's job."""
@@ -285,6 +310,7 @@ def validate(spec: MoESpec) -> None:
         raise MoeBuildError("act_scale", "fp8_block quantizes activations per 1 x 128 group at run time", "dynamic")
     if spec.fp8_input and spec.quant is not Quant.W4AFP8:
         raise MoeBuildError("fp8_input", "only meaningful for w4afp8 quantization", "quant=w4afp8")
+    _check_woq_storage(spec)
     _finite("swiglu_alpha", spec.swiglu_alpha)
     _finite("swiglu_limit", spec.swiglu_limit)
     if spec.activation is Activation.SWIGLU_CLAMP and not (spec.swiglu_limit > 0 and spec.swiglu_alpha > 0):

@@ -17,7 +17,9 @@ from typing import Any, Mapping
 from ..errors import MoeBuildError
 from .layer import ActScale, Quant
 
-Woq = tuple[Quant, int, ActScale]  # quant, quant_group_size, act_scale
+# quant, quant_group_size, act_scale, and how the experts are stored: the spec's quant_zero_points /
+# quant_per_channel / quant_prequant_scales flags that are true
+Woq = tuple[Quant, int, ActScale, dict[str, bool]]
 GROUP_SIZES = (32, 64, 128)        # woq.GROUP_SIZES (not imported: the spec package does not import torch)
 MXFP4_GROUP = 32
 PER_CHANNEL = 128                  # the spec's default group size, kept where weights have one scale per channel
@@ -36,11 +38,12 @@ def _awq(q: Mapping[str, Any]) -> Woq:
     version = str(q.get("version", "gemm")).lower()
     if version != "gemm":
         raise MoeBuildError("version", f"{q.get('version')!r}: moe-build reads AutoAWQ's GEMM packing only", "gemm")
-    return Quant.W4A16_AWQ, _group_size("group_size", q.get("group_size", 128)), ActScale.DYNAMIC
+    zeros = {"quant_zero_points": True} if q.get("zero_point", True) else {}
+    return Quant.W4A16_AWQ, _group_size("group_size", q.get("group_size", 128)), ActScale.DYNAMIC, zeros
 
 
 def _mxfp4(q: Mapping[str, Any]) -> Woq:
-    return Quant.WFP4A16, MXFP4_GROUP, ActScale.DYNAMIC
+    return Quant.WFP4A16, MXFP4_GROUP, ActScale.DYNAMIC, {}
 
 
 _MODELOPT = {"W4A16_AWQ": Quant.W4A16_AWQ, "W4A8_AWQ": Quant.W4AFP8, "W8A16": Quant.W8A16}
@@ -61,7 +64,7 @@ def _modelopt(q: Mapping[str, Any]) -> Woq | None:
         return None
     quant = _MODELOPT[algo]
     if quant is Quant.W8A16:
-        return quant, PER_CHANNEL, ActScale.DYNAMIC
+        return quant, PER_CHANNEL, ActScale.DYNAMIC, {"quant_per_channel": True}
     if q.get("has_zero_point"):
         raise MoeBuildError("has_zero_point", "ModelOpt int4 AWQ with zero points", "false")
     group = q.get("group_size")
@@ -69,8 +72,9 @@ def _modelopt(q: Mapping[str, Any]) -> Woq | None:
     if group is None and isinstance(groups, Mapping):
         found = [g.get("weights", {}).get("group_size") for g in groups.values() if isinstance(g, Mapping)]
         group = next((x for x in found if x is not None), None)
+    # ModelOpt's AWQ export writes each expert linear's pre_quant_scale
     return quant, _group_size("group_size", 128 if group is None else group), \
-        ActScale.STATIC if quant is Quant.W4AFP8 else ActScale.DYNAMIC
+        ActScale.STATIC if quant is Quant.W4AFP8 else ActScale.DYNAMIC, {"quant_prequant_scales": True}
 
 
 def is_int(args: Any) -> bool:
@@ -137,16 +141,19 @@ def _compressed_tensors(q: Mapping[str, Any]) -> Woq | None:
             raise MoeBuildError(f"{where}.weights.group_size", f"{group_size!r}", "a positive even group size")
     else:
         raise MoeBuildError(f"{where}.weights.strategy", f"{strategy!r} int weights", "group, channel")
+    storage = {"quant_per_channel": strategy == "channel", "quant_zero_points": w.get("symmetric", True) is not True}
+    storage = {k: v for k, v in storage.items() if v}
     if act is not None:
-        return Quant.W4AFP8, group_size, act
-    return (Quant.W4A16_AWQ if bits == 4 else Quant.W8A16), group_size, ActScale.DYNAMIC
+        return Quant.W4AFP8, group_size, act, storage
+    return (Quant.W4A16_AWQ if bits == 4 else Quant.W8A16), group_size, ActScale.DYNAMIC, storage
 
 
 WOQ_METHODS = {"awq": _awq, "mxfp4": _mxfp4, "modelopt": _modelopt, "compressed-tensors": _compressed_tensors}
 
 
 def woq_description(q: Mapping[str, Any], modelopt_file: bool = False) -> Woq | None:
-    """(quant, group size, act_scale) of a quantization description, None where it is not weight-only quantized.
+    """(quant, group size, act_scale, storage flags) of a quantization description, None where it is not weight-only
+    quantized.
     modelopt_file: `q` is hf_quant_config.json's `quantization` object, which names no quant_method."""
     if modelopt_file:
         return _modelopt(q)

@@ -252,6 +252,12 @@ class MoEWeights:
         if grouped and q.group_size != spec.quant_group_size:
             raise MoeBuildError("quant_group_size", f"{spec.quant_group_size} but the weights are quantized in groups "
                                 f"of {q.group_size}", str(q.group_size))
+        what = {"quant_zero_points": "int4 zero points", "quant_per_channel": "one scale per output channel",
+                "quant_prequant_scales": "AWQ pre-quant scales"}
+        for name, has in q.storage_flags().items():
+            if getattr(spec, name) != has:
+                raise MoeBuildError(name, f"{getattr(spec, name)} but the weights {'have' if has else 'have no'} "
+                                    f"{what[name]}", "true" if has else "false")
         static = spec.quant is Quant.W4AFP8 and spec.act_scale is ActScale.STATIC
         if (q.a1_scale is not None) != static:
             raise MoeBuildError("act_scale", f"quant={spec.quant.value} act_scale={spec.act_scale.value} but the "

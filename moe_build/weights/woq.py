@@ -156,6 +156,11 @@ class WoqWeights:
         """Every tensor present, by field name."""
         return [(n, getattr(self, n)) for n in _TENSORS if getattr(self, n) is not None]
 
+    def storage_flags(self) -> dict[str, bool]:
+        """How these experts are stored, as the MoESpec flags that say it (which the spec must agree with)."""
+        return {"quant_zero_points": self.w1_zero is not None, "quant_per_channel": self.group_size is None,
+                "quant_prequant_scales": self.fc1_act_scale is not None}
+
     def experts_slice(self, experts: slice | torch.Tensor) -> "WoqWeights":
         """These weights for the experts in `experts` only (a slice: one expert-parallel rank's, as views; an index
         tensor: a reference's chunk, as copies): every per-expert tensor cut, the per-layer activation scales kept."""

@@ -50,8 +50,8 @@ def _dtype(spec: MoESpec) -> torch.dtype:
 def woq_case(base: MoESpec, mode: tuple, seed: int) -> tuple[MoESpec, MoEWeights]:
     """A weight-only layer of `base`'s shape: random float weights quantized round-to-nearest (woq.quantize_matrix)."""
     quant, kind, group, zeros, awq = mode
-    spec = base.with_overrides(quant=quant, quant_group_size=group or 128)
-    return spec, MoEWeights.random(base, seed=seed).quantized_woq(kind, group, asymmetric=zeros, awq=awq, seed=seed)
+    weights = MoEWeights.random(base, seed=seed).quantized_woq(kind, group, asymmetric=zeros, awq=awq, seed=seed)
+    return base.with_overrides(quant=quant, quant_group_size=group or 128, **weights.woq.storage_flags()), weights
 
 
 def check(base: MoESpec, mode: tuple, force: dict[str, str] | None = None, tokens: int = 16,
