@@ -19,6 +19,7 @@ from moe_build.spec import ActScale, Activation, DType, MoESpec, Quant, Routing,
 from moe_build.target import Flavour, Target, TokenProfile
 from moe_build.weights import MoEWeights
 from moe_build.weights.fp8 import ScaleGranularity
+from moe_build.weights.woq import WoqKind
 from moe_build.plugins import moe_plugin as mp
 
 pytestmark = pytest.mark.gpu
@@ -223,3 +224,44 @@ def test_fp8_enqueue_equals_the_runner(mode, force, tokens):
 @pytest.mark.parametrize("mode", FP8_MODES)
 def test_fp8_enqueue_with_every_optional_input(mode):
     check_fp8_against_runner("full", mode, {}, 37)
+
+
+# ---- weight-only layers: the plugin's stored-weight inputs run exactly what MoERunner runs -------------------
+
+WOQ_MODES = {  # mode -> (quant, stored kind, group (None: per channel), zero points, AWQ pre-quant scales)
+    "awq_g64_zeros": (Quant.W4A16_AWQ, WoqKind.INT4, 64, True, True),
+    "int4_g128": (Quant.W4A16_AWQ, WoqKind.INT4, 128, False, False),
+    "int8_channel": (Quant.W8A16, WoqKind.INT8, None, False, False),
+    "mxfp4": (Quant.WFP4A16, WoqKind.MXFP4, 32, False, False),
+}
+
+
+def check_woq_against_runner(name: str, mode: str, tokens: int) -> None:
+    """Fresh random weight-only experts and inputs: run_enqueue over the engine's buffers (the stored W1 / W2 and
+    their scales, zero points and pre-quant scales as plugin inputs) must write exactly MoERunner's output."""
+    from moe_build.runner import MoERunner
+    quant, kind, group, zeros, awq = WOQ_MODES[mode]
+    base = FP8_SPECS[name]
+    seed = random.SystemRandom().randrange(1 << 30)
+    model = mp.TORCH_DTYPE[base.dtype]
+    weights = MoEWeights.random(base, seed=seed).quantized_woq(kind, group, asymmetric=zeros, awq=awq,
+                                                               seed=seed).to("cuda", model)
+    spec = base.with_overrides(quant=quant, quant_group_size=group or 128, **weights.woq.storage_flags())
+    plan = make_plan(spec, Target(sm=device_sm(), flavour=Flavour.TENSORRT, profile=PROFILE), tokens=16)
+    g = torch.Generator().manual_seed(seed + 1)
+    hidden = torch.randn(tokens, spec.hidden_size, generator=g).to("cuda", model)
+    logits = torch.randn(tokens, spec.num_experts, generator=g).to("cuda")
+    got = enqueue(spec, plan, weights, hidden, logits)
+    runner = MoERunner(spec, weights, plan=plan, device="cuda")
+    want = torch.full_like(hidden, float("nan"))
+    runner(hidden, router_logits=logits, out=want)
+    torch.cuda.synchronize()
+    assert not want.isnan().any() and not got.isnan().any(), f"an output element was not written (seed {seed})"
+    differ = (got != want).sum().item()
+    assert differ == 0, f"{differ} of {got.numel()} elements differ from MoERunner's (seed {seed})"
+
+
+@pytest.mark.parametrize("tokens", [1, 300])
+@pytest.mark.parametrize("mode", WOQ_MODES)
+def test_woq_enqueue_equals_the_runner(mode, tokens):
+    check_woq_against_runner("plain", mode, tokens)
