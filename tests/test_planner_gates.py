@@ -33,7 +33,7 @@ BASES: dict[str, tuple[MoESpec, Target, int]] = {
     "hopper_top4": (dataclasses.replace(MIXTRAL, top_k=4), SM90, 2),
     "hopper_256e": (dataclasses.replace(MIXTRAL, num_experts=256), SM90, 4),
     "hopper_fp8": (dataclasses.replace(MIXTRAL, quant=Quant.FP8), SM90, 4),
-    "hopper_awq": (dataclasses.replace(MIXTRAL, quant=Quant.W4A16_AWQ), SM90, 4),
+    "hopper_awq": (dataclasses.replace(MIXTRAL, quant=Quant.W4A16_AWQ, quant_prequant_scales=True), SM90, 4),
     "hopper_w4afp8": (dataclasses.replace(MIXTRAL, quant=Quant.W4AFP8), SM90, 4),
     "tokens256": (MIXTRAL, SM90, 256),
     "ootb": (MIXTRAL, OOTB89, 16),
@@ -101,6 +101,9 @@ ROWS: list[tuple[str, str, dict, dict, int | None, dict, set[str], dict[str, str
     ("gated_epilogue_swiglu_clamp", "hopper", {"activation": "swiglu_clamp"}, {}, None, {},
      {"fused_gated_activation"}, {}),
     ("use_awq", "hopper_awq", {"quant": Quant.W8A16}, {}, None, {},
+     {"use_awq"}, {"fc2_prequant": "none"}),
+    # AutoAWQ and compressed-tensors fold the AWQ scales into the weights: no pre-quant scales to apply
+    ("use_awq", "hopper_awq", {"quant_prequant_scales": False}, {}, None, {},
      {"use_awq"}, {"fc2_prequant": "none"}),
     ("fc2_prequant_gated", "hopper_awq", {"activation": "silu"}, {}, None, {},
      {"fc2_prequant_gated", "fc1_non_gated"}, {"fc2_prequant": "separate"}),

@@ -233,7 +233,7 @@ def test_weight_only_plans_run_the_woq_gemms_and_the_awq_steps_the_plan_names(qu
     """GEMM1 / GEMM2 on the weight-only kernel with plain stores, the separate activation and finalize; AWQ
     layers scale GEMM1's expanded rows (the expansion fuses it for W4AFP8 only) and GEMM2's input in the
     activation (fc2_prequant=fused) or after it (separate); the others have no pre-quant step."""
-    spec = dataclasses.replace(SWIGLU, quant=quant)
+    spec = dataclasses.replace(SWIGLU, quant=quant, quant_prequant_scales=quant is Quant.W4A16_AWQ)
     plan = make_plan(spec, H100, tokens=16)
     assert plan.stage("fc2_prequant").choice == fc2 and plan.stage("expand_rows").choice == "plain"
     steps = kernel_sequence(plan, 16, "logits")

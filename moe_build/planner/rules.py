@@ -292,8 +292,9 @@ def gated_epilogue_inter_mod_8(s: MoESpec) -> Gate:
 
 # use_awq = fc1.act_scales && fc2.act_scales && !use_wfp4a16
 def fc2_use_awq(s: MoESpec) -> Gate:
-    ok = s.quant.has_act_prequant_scales and s.quant is not Quant.WFP4A16
-    return Gate("use_awq", s.quant.value, "act pre-quant scales present (w4a16_awq, w4afp8) and not wfp4a16",
+    ok = s.quant.has_act_prequant_scales and s.quant_prequant_scales and s.quant is not Quant.WFP4A16
+    return Gate("use_awq", f"{s.quant.value} prequant_scales={s.quant_prequant_scales}",
+                "act pre-quant scales present (a w4a16_awq / w4afp8 checkpoint that stores them) and not wfp4a16",
                 ok, _src(MOE_KERNELS_H, 810))
 
 
