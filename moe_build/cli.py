@@ -30,6 +30,14 @@ def layer_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--quant", help="none|fp8|fp8_block|w8a16|w4a16_awq|w4afp8|nvfp4|wfp4a16"),
         click.option("--output-dtype", "output_dtype", help="Layer output dtype (default: --dtype)."),
         click.option("--fp8-input", "fp8_input", is_flag=True, help="W4AFP8: activations arrive in FP8."),
+        click.option("--group-size", "group_size", type=int,
+                     help="Group-wise quant: input columns per weight scale (a checkpoint's config sets it)."),
+        click.option("--zero-points", "zero_points", is_flag=True,
+                     help="w4a16_awq / w4afp8: int4 weights with zero points (AutoAWQ, asymmetric)."),
+        click.option("--per-channel", "per_channel", is_flag=True,
+                     help="w8a16 / w4a16_awq: one weight scale per output channel."),
+        click.option("--prequant-scales", "prequant_scales", is_flag=True,
+                     help="w4a16_awq / w4afp8: AWQ pre-quant scales stored (ModelOpt's pre_quant_scale)."),
         click.option("--lora", is_flag=True, help="The layer carries LoRA adapters."),
         click.option("--ep-size", "ep_size", type=int, help="Expert parallelism: ranks the experts are split over."),
         click.option("--ep-rank", "ep_rank", type=int, help="Build only this rank (default: every rank)."),
@@ -55,7 +63,8 @@ def target_options(f: Callable[..., Any]) -> Callable[..., Any]:
 
 def _split_layer_target(kw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, str]]:
     layer_keys = ("preset", "hidden", "inter", "experts", "top_k", "activation", "dtype", "quant", "output_dtype",
-                  "fp8_input", "lora", "ep_size", "ep_rank")
+                  "fp8_input", "group_size", "zero_points", "per_channel", "prequant_scales", "lora", "ep_size",
+                  "ep_rank")
     layer = {k: kw.pop(k) for k in layer_keys}
     target = {k: kw.pop(k) for k in ("sm", "flavour", "moe_plugin", "deterministic")}
     from .planner import parse_force

@@ -131,6 +131,10 @@ def test_bad_build_flags_are_one_line_and_write_nothing(tmp_path: Path, args: li
     (["--json", "--markdown"], ("--json", "--markdown")),
     (["--explain", "no_stage"], ("no_stage",)),
     (["--sm", "75"], ("sm", "90")),
+    (["--quant", "w8a16", "--zero-points"], ("quant_zero_points", "w4a16_awq, w4afp8")),
+    (["--prequant-scales"], ("quant_prequant_scales", "quant=none")),
+    (["--quant", "w4a16_awq", "--group-size", "48"], ("group_size", "48", "32, 64, 128")),
+    (["--group-size", "64"], ("group_size", "quant=none")),
 ])
 def test_bad_report_flags_are_one_line(args: list[str], needles: tuple[str, ...]) -> None:
     r = cli("fusion-report", "--preset", "tiny", *args)
@@ -265,3 +269,17 @@ def test_disk_full_is_one_line_and_leaves_nothing(full_disk: Path) -> None:
     r = cli("build", "--out", str(out))
     assert_one_line_refusal(r, "output: No space left on device while building tiny")
     assert list(full_disk.rglob("*")) in ([], [out])  # at most the (empty) folder it was asked to create
+
+
+def test_weight_only_storage_flags_reach_the_plan() -> None:
+    """--group-size / --zero-points / --prequant-scales describe a flags-only weight-only layer as a checkpoint's
+    config would; the stored pre-quant scales turn the AWQ FC2 fusion on (use_awq), their absence off."""
+    import json
+    base = ["fusion-report", "--preset", "tiny", "--sm", "90", "--quant", "w4a16_awq", "--json"]
+    with_scales = json.loads(cli(*base, "--group-size", "32", "--zero-points", "--prequant-scales").stdout)
+    assert {k: with_scales["spec"][k] for k in ("quant_group_size", "quant_zero_points", "quant_prequant_scales")} \
+        == {"quant_group_size": 32, "quant_zero_points": True, "quant_prequant_scales": True}
+    stages = {s["stage"]: s["choice"] for s in with_scales["stages"]}
+    assert stages["fc2_prequant"] == "fused"
+    folded = json.loads(cli(*base).stdout)
+    assert {s["stage"]: s["choice"] for s in folded["stages"]}["fc2_prequant"] == "none"
