@@ -68,7 +68,7 @@ from moe_build.spec import ActScale, DType, MoESpec, OutputDType, Quant
 from moe_build.target import Target
 from moe_build.weights import MoEWeights
 from moe_build.weights.fp8 import FP8_DTYPE, Fp8Scales, ScaleGranularity, blocks
-from moe_build.weights.woq import MXFP4_GROUP, WoqKind, WoqWeights
+from moe_build.weights.woq import MXFP4_GROUP, QUANT_KIND, WoqKind, WoqWeights
 
 PLUGIN_NAME = "MoEPlugin"
 PLUGIN_NAMESPACE = "moe_build"
@@ -89,7 +89,6 @@ TRT_DTYPE_NAME = {torch.float32: "FLOAT", torch.float16: "HALF", torch.bfloat16:
 PLUGIN_QUANTS = (Quant.NONE, Quant.FP8, Quant.FP8_BLOCK, Quant.W8A16, Quant.W4A16_AWQ, Quant.WFP4A16)
 FP8_SLOT_PREFIX = "fp8."  # scale slots are named as MoEWeights.named() names the Fp8Scales tensors
 WOQ_SLOT_PREFIX = "woq."  # and the weight-only scales, zero points and pre-quant scales (WoqWeights' fields)
-WOQ_KIND = {Quant.W4A16_AWQ: WoqKind.INT4, Quant.W8A16: WoqKind.INT8, Quant.WFP4A16: WoqKind.MXFP4}
 # Same-size integer stand-ins: the CUDA array interface has no bf16 or e4m3 typestr, so raw device memory
 # is wrapped as integers of the element size and reinterpreted with `Tensor.view(dtype)`.
 _RAW_TYPESTR = {1: "|u1", 2: "<i2", 4: "<i4"}
@@ -131,7 +130,7 @@ def input_slots(spec: MoESpec) -> tuple[InputSlot, ...]:
     E, H, I, n1 = spec.stored_experts, spec.hidden_size, spec.intermediate_size, spec.fc1_out_features
     logits = (torch.float32,) if model == torch.float32 else (torch.float32, model)
     granularity = scale_granularity(spec)
-    kind = WOQ_KIND.get(spec.quant)
+    kind = QUANT_KIND.get(spec.quant)
     slots = [InputSlot("hidden", (None, H), (model,)), InputSlot("router_logits", (None, spec.num_experts), logits)]
     if kind is not None:
         slots += _woq_slots(spec, kind)
@@ -522,9 +521,9 @@ def _make_runner(spec: MoESpec, plan: Plan, weights: Mapping[str, torch.Tensor])
         scale = {n[len(FP8_SLOT_PREFIX):]: t for n, t in weights.items() if n.startswith(FP8_SLOT_PREFIX)}
         fp8 = Fp8Scales(granularity, scale["w1_scale"], scale["w2_scale"], scale.get("a1_scale"),
                         scale.get("a2_scale"))
-    if spec.quant in WOQ_KIND:
+    if spec.quant in QUANT_KIND:
         stored = {n[len(WOQ_SLOT_PREFIX):]: t for n, t in weights.items() if n.startswith(WOQ_SLOT_PREFIX)}
-        woq = WoqWeights(WOQ_KIND[spec.quant], woq_group(spec), tensors["w1"], tensors["w2"], **stored)
+        woq = WoqWeights(QUANT_KIND[spec.quant], woq_group(spec), tensors["w1"], tensors["w2"], **stored)
     return MoERunner(spec, MoEWeights(router_weight=router_weight, fp8=fp8, woq=woq, **tensors), plan=plan,
                      device=device, weights_prepared=True)
 

@@ -795,11 +795,11 @@ WOQ_MODES = {"awq_g64_zeros": (Quant.W4A16_AWQ, 64, True, True), "int4_g32": (Qu
 
 def woq_case(mode: str, seed: int = 0) -> tuple[MoESpec, MoEWeights]:
     """A weight-only layer of `mode` with random weights quantized to woq.py's canonical storage."""
-    from moe_build.plugins.moe_plugin import WOQ_KIND
+    from moe_build.weights.woq import QUANT_KIND
     quant, group, zeros, awq = WOQ_MODES[mode]
     base = MoESpec(hidden_size=320, intermediate_size=64, num_experts=4, top_k=2, dtype=DType.BF16, expert_bias=True)
     weights = MoEWeights.random(base, seed=seed, dtype=torch.bfloat16).quantized_woq(
-        WOQ_KIND[quant], group, asymmetric=zeros, awq=awq, seed=seed)
+        QUANT_KIND[quant], group, asymmetric=zeros, awq=awq, seed=seed)
     spec = base.with_overrides(quant=quant, quant_group_size=group or 128, **weights.woq.storage_flags())
     return spec, weights
 

@@ -177,10 +177,8 @@ class FusedExperts:
     # ---- weight-only: 16-bit activations, weights dequantized in the GEMMs -------------------------
     def fc1_prequant(self, b: Batch) -> None:
         """GEMM1's input rows times the AWQ FC1 pre-quant scale, in place (once per expanded row, as the
-        fused expansion would; nothing where the checkpoint folded its scales into the weights before)."""
-        scale = self.w.woq.fc1_act_scale
-        if scale is not None:
-            b.v("permuted_input").mul_(scale)
+        fused expansion would). The plan runs it only where the checkpoint stores the scales (use_awq)."""
+        b.v("permuted_input").mul_(self.w.woq.fc1_act_scale)
 
     def gemm1_woq(self, b: Batch) -> None:
         self._woq_gemm(b, "w1", b.v("permuted_input"), b.v("fc1_out"), None, b.gemm1_tactic)
@@ -194,9 +192,7 @@ class FusedExperts:
 
     def fc2_prequant(self, b: Batch) -> None:
         """GEMM2's input rows times the AWQ FC2 pre-quant scale, in place (the unfused alternative)."""
-        scale = self.w.woq.fc2_act_scale
-        if scale is not None:
-            b.v("fc1_act").mul_(scale)
+        b.v("fc1_act").mul_(self.w.woq.fc2_act_scale)
 
     def gemm2_woq(self, b: Batch) -> None:
         self._woq_gemm(b, "w2", b.v("fc1_act"), b.v("gemm2_out"), None, b.gemm2_tactic)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Literal
 
 from ..errors import MoeBuildError
 from ..planner import Plan
+from ..spec import Quant
 
 if TYPE_CHECKING:
     from ..weights import MoEWeights
@@ -82,7 +83,6 @@ def weights_blocked(plan: Plan) -> bool:
 
 
 RUNNABLE_QUANT = ("none", "fp8", "fp8_block", "w8a16", "w4a16_awq", "wfp4a16")
-WEIGHT_ONLY_QUANT = ("w8a16", "w4a16_awq", "wfp4a16")
 
 
 def is_fp8(plan: Plan) -> bool:
@@ -92,7 +92,7 @@ def is_fp8(plan: Plan) -> bool:
 
 def is_weight_only(plan: Plan) -> bool:
     """Whether the plan runs the weight-only GEMMs (16-bit activations, quantized weights)."""
-    return plan.spec.get("quant", "none") in WEIGHT_ONLY_QUANT
+    return Quant(plan.spec.get("quant", "none")).is_weight_only
 
 
 def check_runnable(plan: Plan) -> None:

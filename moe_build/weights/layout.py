@@ -29,7 +29,7 @@ import torch
 from ..spec import MoESpec
 from .blocks import BLOCK, blocks_fit
 from .fp8 import FP8_DTYPE, Fp8Scales, ScaleGranularity, quantize_weight
-from .woq import MXFP4_GROUP, WoqKind, WoqWeights, quantize_matrix
+from .woq import MXFP4_GROUP, QUANT_KIND, WoqKind, WoqWeights, quantize_matrix
 
 
 def interleave_gate_up(w1: torch.Tensor) -> torch.Tensor:
@@ -234,18 +234,15 @@ class MoEWeights:
         scales (woq.py's contract; WoqWeights validated its own consistency when it was made)."""
         from ..errors import MoeBuildError
         from ..spec import ActScale, Quant
-        from .woq import WoqKind
-        kinds = {Quant.W4A16_AWQ: WoqKind.INT4, Quant.W4AFP8: WoqKind.INT4, Quant.W8A16: WoqKind.INT8,
-                 Quant.WFP4A16: WoqKind.MXFP4}
         q = self.woq
         if q is None:
-            if spec.quant in kinds:
+            if spec.quant in QUANT_KIND:
                 raise MoeBuildError("w1", f"quant={spec.quant.value} needs weight-only quantized expert weights",
-                                    f"{kinds[spec.quant].value} W1 / W2 with their scales (moe_build/weights/woq.py)")
+                                    f"{QUANT_KIND[spec.quant].value} W1 / W2 with their scales (moe_build/weights/woq.py)")
             return
-        if kinds.get(spec.quant) is not q.kind:
+        if QUANT_KIND.get(spec.quant) is not q.kind:
             raise MoeBuildError("quant", f"{q.kind.value} expert weights given for quant={spec.quant.value}",
-                                [k.value for k, v in kinds.items() if v is q.kind])
+                                [k.value for k, v in QUANT_KIND.items() if v is q.kind])
         if self.w1 is not q.w1 or self.w2 is not q.w2:
             raise MoeBuildError("w1", "W1 / W2 are not the weight-only quantized data woq holds", "woq.w1 / woq.w2")
         grouped = q.kind is not WoqKind.INT8 and q.group_size is not None

@@ -33,6 +33,7 @@ from typing import Callable
 import torch
 
 from ..errors import MoeBuildError
+from ..spec import Quant
 
 MXFP4_GROUP = 32          # values per e8m0 exponent (OCP MX)
 E8M0_BIAS = 127
@@ -54,6 +55,9 @@ class WoqKind(str, enum.Enum):
         return self is not WoqKind.INT8
 
 
+# The stored kind of each weight-only quant's experts (W4AFP8's int4 weights take FP8 activations).
+QUANT_KIND = {Quant.W4A16_AWQ: WoqKind.INT4, Quant.W4AFP8: WoqKind.INT4, Quant.W8A16: WoqKind.INT8,
+              Quant.WFP4A16: WoqKind.MXFP4}
 _DATA_DTYPE = {WoqKind.INT4: torch.uint8, WoqKind.INT8: torch.int8, WoqKind.MXFP4: torch.uint8}
 _TENSORS = ("w1", "w2", "w1_scale", "w2_scale", "w1_zero", "w2_zero", "fc1_act_scale", "fc2_act_scale",
             "a1_scale", "a2_scale", "w1_scale_2", "w2_scale_2")
