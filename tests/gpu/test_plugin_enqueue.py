@@ -185,20 +185,12 @@ FP8_SPECS = {
 }
 
 
-def check_fp8_against_runner(name: str, mode: str, force: dict[str, str], tokens: int) -> None:
-    """Fresh random FP8 weights and inputs: run_enqueue over the engine's buffers (plan_weights' order, the
-    scales as plugin inputs) must write exactly the output of MoERunner given the canonical weights and the
-    same plan, every element (both outputs NaN-poisoned, the plugin's workspace poisoned too)."""
+def assert_enqueue_equals_runner(spec, plan, weights, tokens: int, seed: int) -> None:
+    """run_enqueue over the engine's buffers (plan_weights' order, scales and the rest as plugin inputs) writes
+    exactly the output of MoERunner given the canonical weights and the same plan, every element (both outputs
+    NaN-poisoned, the plugin's workspace poisoned too), on fresh inputs drawn from `seed`."""
     from moe_build.runner import MoERunner
-    if torch.cuda.get_device_capability() < (8, 9):
-        pytest.skip("FP8 kernels need compute capability 8.9 or later")
-    quant, act_scale, granularity = FP8_MODES[mode]
-    spec = FP8_SPECS[name].with_overrides(quant=quant, act_scale=act_scale)
-    seed = random.SystemRandom().randrange(1 << 30)
     model = mp.TORCH_DTYPE[spec.dtype]
-    weights = MoEWeights.random(spec, seed=seed).quantized_fp8(
-        granularity, static=act_scale is ActScale.STATIC, a1_scale=4.5 / 448, a2_scale=3.0 / 448).to("cuda", model)
-    plan = make_plan(spec, Target(sm=device_sm(), flavour=Flavour.TENSORRT, profile=PROFILE), tokens=16, force=force)
     g = torch.Generator().manual_seed(seed + 1)
     hidden = torch.randn(tokens, spec.hidden_size, generator=g).to("cuda", model)
     logits = torch.randn(tokens, spec.num_experts, generator=g).to("cuda")
@@ -211,6 +203,22 @@ def check_fp8_against_runner(name: str, mode: str, force: dict[str, str], tokens
     differ = (got != want).sum().item()
     assert differ == 0, f"{differ} of {got.numel()} elements differ from MoERunner's (seed {seed}, steps " \
                         f"{runner.kernel_sequence(tokens, 'logits')})"
+
+
+def check_fp8_against_runner(name: str, mode: str, force: dict[str, str], tokens: int) -> None:
+    """Fresh random FP8 weights and inputs: run_enqueue over the engine's buffers (plan_weights' order, the
+    scales as plugin inputs) must write exactly the output of MoERunner given the canonical weights and the
+    same plan, every element (both outputs NaN-poisoned, the plugin's workspace poisoned too)."""
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("FP8 kernels need compute capability 8.9 or later")
+    quant, act_scale, granularity = FP8_MODES[mode]
+    spec = FP8_SPECS[name].with_overrides(quant=quant, act_scale=act_scale)
+    seed = random.SystemRandom().randrange(1 << 30)
+    model = mp.TORCH_DTYPE[spec.dtype]
+    weights = MoEWeights.random(spec, seed=seed).quantized_fp8(
+        granularity, static=act_scale is ActScale.STATIC, a1_scale=4.5 / 448, a2_scale=3.0 / 448).to("cuda", model)
+    plan = make_plan(spec, Target(sm=device_sm(), flavour=Flavour.TENSORRT, profile=PROFILE), tokens=16, force=force)
+    assert_enqueue_equals_runner(spec, plan, weights, tokens, seed)
 
 
 @pytest.mark.parametrize("tokens", [1, 37, 300])  # 300 > 256: the three-step prologue runs
@@ -239,7 +247,6 @@ WOQ_MODES = {  # mode -> (quant, stored kind, group (None: per channel), zero po
 def check_woq_against_runner(name: str, mode: str, tokens: int) -> None:
     """Fresh random weight-only experts and inputs: run_enqueue over the engine's buffers (the stored W1 / W2 and
     their scales, zero points and pre-quant scales as plugin inputs) must write exactly MoERunner's output."""
-    from moe_build.runner import MoERunner
     quant, kind, group, zeros, awq = WOQ_MODES[mode]
     base = FP8_SPECS[name]
     seed = random.SystemRandom().randrange(1 << 30)
@@ -248,17 +255,7 @@ def check_woq_against_runner(name: str, mode: str, tokens: int) -> None:
                                                                seed=seed).to("cuda", model)
     spec = base.with_overrides(quant=quant, quant_group_size=group or 128, **weights.woq.storage_flags())
     plan = make_plan(spec, Target(sm=device_sm(), flavour=Flavour.TENSORRT, profile=PROFILE), tokens=16)
-    g = torch.Generator().manual_seed(seed + 1)
-    hidden = torch.randn(tokens, spec.hidden_size, generator=g).to("cuda", model)
-    logits = torch.randn(tokens, spec.num_experts, generator=g).to("cuda")
-    got = enqueue(spec, plan, weights, hidden, logits)
-    runner = MoERunner(spec, weights, plan=plan, device="cuda")
-    want = torch.full_like(hidden, float("nan"))
-    runner(hidden, router_logits=logits, out=want)
-    torch.cuda.synchronize()
-    assert not want.isnan().any() and not got.isnan().any(), f"an output element was not written (seed {seed})"
-    differ = (got != want).sum().item()
-    assert differ == 0, f"{differ} of {got.numel()} elements differ from MoERunner's (seed {seed})"
+    assert_enqueue_equals_runner(spec, plan, weights, tokens, seed)
 
 
 @pytest.mark.parametrize("tokens", [1, 300])

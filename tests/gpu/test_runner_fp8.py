@@ -18,11 +18,9 @@ import random
 
 import pytest
 import torch
+from runner_against_reference import device_target, errors_against_reference, torch_dtype
 
-from moe_build.errors import UnsupportedCombination
-from moe_build.reference import moe_reference
 from moe_build.spec import ActScale, Activation, DType, MoESpec, Quant, Routing, RoutingMethod
-from moe_build.target import Flavour, Target
 from moe_build.weights import MoEWeights
 from moe_build.weights.fp8 import ScaleGranularity
 
@@ -50,15 +48,6 @@ def need_fp8() -> None:
         pytest.skip("FP8 kernels need compute capability 8.9 or later")
 
 
-def _target(deterministic: bool = False) -> Target:
-    major, minor = torch.cuda.get_device_capability()
-    return Target(sm=major * 10 + minor, flavour=Flavour.TENSORRT, deterministic=deterministic)
-
-
-def _dtype(spec: MoESpec) -> torch.dtype:
-    return {DType.BF16: torch.bfloat16, DType.FP16: torch.float16}[spec.dtype]
-
-
 def fp8_case(base: MoESpec, mode: tuple[Quant, ScaleGranularity, ActScale], seed: int
              ) -> tuple[MoESpec, MoEWeights]:
     """An FP8 layer of `base`'s shape: random float weights quantized with amax / 448 scales; static
@@ -73,28 +62,13 @@ def fp8_case(base: MoESpec, mode: tuple[Quant, ScaleGranularity, ActScale], seed
 
 def check(base: MoESpec, mode, force: dict[str, str] | None = None, tokens: int = 16,
           max_tokens: int | None = None) -> None:
-    from moe_build.runner import MoERunner
     need_fp8()
     seed = random.SystemRandom().randrange(1 << 30)
     spec, weights = fp8_case(base, mode, seed)
-    try:
-        runner = MoERunner(spec, weights, target=_target(), max_tokens=max_tokens or tokens, force=force)
-    except UnsupportedCombination as e:
-        pytest.skip(f"planner refuses {force} for this spec: {e}")
-    g = torch.Generator().manual_seed(seed + 1)
-    hidden = torch.randn(tokens, spec.hidden_size, generator=g).to("cuda", _dtype(spec))
-    logits = torch.randn(tokens, spec.num_experts, generator=g)
-    out = torch.full_like(hidden, float("nan"))
-    runner(hidden, router_logits=logits.cuda(), out=out)
-    torch.cuda.synchronize()
-    assert not out.isnan().any(), f"output element not written (seed {seed})"
-    ref = moe_reference(spec, weights, hidden.cpu(), router_logits=logits)
-    got = out.double().cpu()
-    rel = ((got - ref).norm() / ref.norm()).item()
-    per_token = ((got - ref).norm(dim=1) / ref.norm(dim=1).clamp_min(1e-30)).max().item()
-    assert rel < (REL_TOL if tokens >= AVERAGE_MIN_TOKENS else TOKEN_TOL) and per_token < TOKEN_TOL, \
-        f"rel {rel:.4f} (bound {REL_TOL}), worst token {per_token:.4f} (bound {TOKEN_TOL}), seed {seed}, " \
-        f"steps {runner.kernel_sequence(tokens, 'logits')}"
+    e = errors_against_reference(spec, weights, seed, tokens, force, max_tokens)
+    assert e.rel < (REL_TOL if tokens >= AVERAGE_MIN_TOKENS else TOKEN_TOL) and e.per_token < TOKEN_TOL, \
+        f"rel {e.rel:.4f} (bound {REL_TOL}), worst token {e.per_token:.4f} (bound {TOKEN_TOL}), seed {seed}, " \
+        f"steps {e.steps}"
 
 
 @pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
@@ -154,8 +128,8 @@ def test_cuda_graph_replay_equals_eager(mode) -> None:
     from moe_build.runner import MoERunner
     need_fp8()
     spec, weights = fp8_case(BASE, mode, 3)
-    runner = MoERunner(spec, weights, target=_target(deterministic=True), max_tokens=64)
-    hidden = torch.randn(64, spec.hidden_size, device="cuda").to(_dtype(spec))
+    runner = MoERunner(spec, weights, target=device_target(deterministic=True), max_tokens=64)
+    hidden = torch.randn(64, spec.hidden_size, device="cuda").to(torch_dtype(spec))
     logits = torch.randn(64, spec.num_experts, device="cuda")
     graphed = runner.capture_graph(64, "logits")
     graphed.hidden.copy_(hidden)

@@ -14,11 +14,9 @@ import random
 
 import pytest
 import torch
+from runner_against_reference import device_target, errors_against_reference, torch_dtype
 
-from moe_build.errors import UnsupportedCombination
-from moe_build.reference import moe_reference
 from moe_build.spec import Activation, DType, MoESpec, Quant, Routing, RoutingMethod
-from moe_build.target import Flavour, Target
 from moe_build.weights import MoEWeights
 from moe_build.weights.woq import WoqKind
 
@@ -38,15 +36,6 @@ FORCE_IDS = ["default", "fc2_prequant_separate", "three_step"]
 BASE = MoESpec(256, 512, 8, 2, routing=Routing(RoutingMethod.SOFTMAX_TOPK, renormalize=True))
 
 
-def _target(deterministic: bool = False) -> Target:
-    major, minor = torch.cuda.get_device_capability()
-    return Target(sm=major * 10 + minor, flavour=Flavour.TENSORRT, deterministic=deterministic)
-
-
-def _dtype(spec: MoESpec) -> torch.dtype:
-    return {DType.BF16: torch.bfloat16, DType.FP16: torch.float16}[spec.dtype]
-
-
 def woq_case(base: MoESpec, mode: tuple, seed: int) -> tuple[MoESpec, MoEWeights]:
     """A weight-only layer of `base`'s shape: random float weights quantized round-to-nearest (woq.quantize_matrix)."""
     quant, kind, group, zeros, awq = mode
@@ -56,27 +45,12 @@ def woq_case(base: MoESpec, mode: tuple, seed: int) -> tuple[MoESpec, MoEWeights
 
 def check(base: MoESpec, mode: tuple, force: dict[str, str] | None = None, tokens: int = 16,
           max_tokens: int | None = None) -> None:
-    from moe_build.runner import MoERunner
     seed = random.SystemRandom().randrange(1 << 30)
     spec, weights = woq_case(base, mode, seed)
-    try:
-        runner = MoERunner(spec, weights, target=_target(), max_tokens=max_tokens or tokens, force=force)
-    except UnsupportedCombination as e:
-        pytest.skip(f"planner refuses {force} for this spec: {e}")
-    g = torch.Generator().manual_seed(seed + 1)
-    hidden = torch.randn(tokens, spec.hidden_size, generator=g).to("cuda", _dtype(spec))
-    logits = torch.randn(tokens, spec.num_experts, generator=g)
-    out = torch.full_like(hidden, float("nan"))
-    runner(hidden, router_logits=logits.cuda(), out=out)
-    torch.cuda.synchronize()
-    steps = runner.kernel_sequence(tokens, "logits")
-    assert not out.isnan().any(), f"output element not written (seed {seed}, steps {steps})"
-    ref = moe_reference(spec, weights, hidden.cpu(), router_logits=logits)
-    got = out.double().cpu()
-    rel = ((got - ref).norm() / ref.norm()).item()
-    per_token = ((got - ref).norm(dim=1) / ref.norm(dim=1).clamp_min(1e-30)).max().item()
-    assert rel < REL_TOL and per_token < TOKEN_TOL, \
-        f"rel {rel:.4f} (bound {REL_TOL}), worst token {per_token:.4f} (bound {TOKEN_TOL}), seed {seed}, steps {steps}"
+    e = errors_against_reference(spec, weights, seed, tokens, force, max_tokens)
+    assert e.rel < REL_TOL and e.per_token < TOKEN_TOL, \
+        f"rel {e.rel:.4f} (bound {REL_TOL}), worst token {e.per_token:.4f} (bound {TOKEN_TOL}), seed {seed}, " \
+        f"steps {e.steps}"
 
 
 def test_awq_plan_runs_the_fused_fc2_prequant_and_the_separate_fc1_scale() -> None:
@@ -84,10 +58,10 @@ def test_awq_plan_runs_the_fused_fc2_prequant_and_the_separate_fc1_scale() -> No
     scale on the expanded rows (the expansion fuses it for W4AFP8 only), and the unfused alternative when forced."""
     from moe_build.runner import MoERunner
     spec, weights = woq_case(BASE, MODES[0], 0)
-    steps = MoERunner(spec, weights, target=_target(), max_tokens=16).kernel_sequence(16)
+    steps = MoERunner(spec, weights, target=device_target(), max_tokens=16).kernel_sequence(16)
     assert steps[steps.index("expand_rows") + 1] == "fc1_prequant:separate"
     assert "fc1_activation:fc2_prequant" in steps and "fc2_prequant:separate" not in steps
-    forced = MoERunner(spec, weights, target=_target(), max_tokens=16, force={"fc2_prequant": "separate"})
+    forced = MoERunner(spec, weights, target=device_target(), max_tokens=16, force={"fc2_prequant": "separate"})
     assert forced.kernel_sequence(16)[-4:] == ["fc1_activation", "fc2_prequant:separate", "gemm2:woq", "finalize"]
 
 
@@ -147,8 +121,8 @@ def test_expert_bias_fp16_and_clamped_swiglu(mode: tuple) -> None:
 def test_cuda_graph_replay_equals_eager(mode: tuple) -> None:
     from moe_build.runner import MoERunner
     spec, weights = woq_case(BASE, mode, 3)
-    runner = MoERunner(spec, weights, target=_target(deterministic=True), max_tokens=64)
-    hidden = torch.randn(64, spec.hidden_size, device="cuda").to(_dtype(spec))
+    runner = MoERunner(spec, weights, target=device_target(deterministic=True), max_tokens=64)
+    hidden = torch.randn(64, spec.hidden_size, device="cuda").to(torch_dtype(spec))
     logits = torch.randn(64, spec.num_experts, device="cuda")
     graphed = runner.capture_graph(64, "logits")
     graphed.hidden.copy_(hidden)

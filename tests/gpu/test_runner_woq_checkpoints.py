@@ -20,11 +20,9 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
+from tool_checkpoint_run import rel, run_tool_checkpoint
 
 from moe_build.reference import moe_reference
-from moe_build.target import Flavour, Target
-from moe_build.weights.checkpoint import load_moe_layer
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(),
@@ -38,10 +36,6 @@ REL_TOL, TOKEN_TOL = 0.02, 0.04
 TOKENS = 48
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
-
-
 def test_the_tool_checkpoints_are_here() -> None:
     """Without the carried folder every case below would be absent, not passed: say so instead."""
     if FOLDER is None:
@@ -52,33 +46,11 @@ def test_the_tool_checkpoints_are_here() -> None:
 
 @pytest.mark.parametrize("case", CASES)
 def test_tool_checkpoint_through_the_runner(case: str) -> None:
-    from moe_build.runner import MoERunner
-    transformers = pytest.importorskip("transformers")
-    loaded = load_moe_layer(FOLDER / case / "woq")
-    assert loaded.weights.woq is not None, f"{case}: the experts did not stay quantized"
-    model = transformers.AutoModelForCausalLM.from_pretrained(FOLDER / case / "dequantized",
-                                                              dtype=torch.float32).eval()
-    block = model.model.layers[loaded.layer].mlp
-    g = torch.Generator().manual_seed(sum(map(ord, case)))
-    x = torch.randn(TOKENS, loaded.spec.hidden_size, generator=g).to(torch.bfloat16)
-    gate = block.gate if hasattr(block, "gate") else block.router
-    with torch.no_grad():
-        logits = F.linear(x.float(), gate.weight.float())
-        hf = block(x.float()[None])
-    hf = (hf[0] if isinstance(hf, tuple) else hf)[0]
-
-    major, minor = torch.cuda.get_device_capability()
-    runner = MoERunner(loaded.spec, loaded.weights, target=Target(sm=major * 10 + minor, flavour=Flavour.TENSORRT),
-                       max_tokens=TOKENS)
-    out = torch.full((TOKENS, loaded.spec.hidden_size), float("nan"), dtype=torch.bfloat16, device="cuda")
-    runner(x.cuda(), router_logits=logits.cuda(), out=out)
-    torch.cuda.synchronize()
-    got = out.cpu()
-    assert not got.isnan().any(), "an output element was not written"
-
-    tool = _rel(got, hf)
+    r = run_tool_checkpoint(FOLDER / case, "woq", TOKENS)
+    assert r.loaded.weights.woq is not None, f"{case}: the experts did not stay quantized"
+    tool = rel(r.runner, r.transformers)
     assert tool < TOOL_BOUND, f"{case}: {tool:.4f} from transformers on the dequantized twin"
-    ref = moe_reference(loaded.spec, loaded.weights, x, router_logits=logits)
-    per_token = ((got.double() - ref).norm(dim=1) / ref.norm(dim=1).clamp_min(1e-30)).max().item()
-    assert _rel(got, ref) < REL_TOL and per_token < TOKEN_TOL, \
-        f"{case}: rel {_rel(got, ref):.4f}, worst token {per_token:.4f} against the fp64 reference"
+    ref = moe_reference(r.loaded.spec, r.loaded.weights, r.x, router_logits=r.logits)
+    per_token = ((r.runner.double() - ref).norm(dim=1) / ref.norm(dim=1).clamp_min(1e-30)).max().item()
+    assert rel(r.runner, ref) < REL_TOL and per_token < TOKEN_TOL, \
+        f"{case}: rel {rel(r.runner, ref):.4f}, worst token {per_token:.4f} against the fp64 reference"
