@@ -5,18 +5,11 @@ moe_build/planner/tactics.py. Writes fp8_gemm_probe.json to $OUT (or the working
     MOE_BUILD_KERNELS_LIB=.../libmoe_build_kernels.so python bench/fp8_tactics_probe.py
 """
 import json, os, torch
+from gemm_probe_timing import tms
 from moe_build import kernels as K
 from moe_build.kernels.abi import Fp8Scaling
 from moe_build.kernels.ops import fp8_scale_shapes
 
-def tms(fn, iters=20):
-    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-    for _ in range(3): fn()
-    ts = []
-    for _ in range(iters):
-        flush.zero_(); s, e = torch.cuda.Event(True), torch.cuda.Event(True)
-        s.record(); fn(); e.record(); torch.cuda.synchronize(); ts.append(s.elapsed_time(e) * 1000)
-    ts.sort(); return ts[len(ts) // 2]
 
 gemms = {"qwen3_g1": (128, 8, 1536, 2048), "qwen3_g2": (128, 8, 2048, 768), "mixtral_g1": (8, 2, 28672, 4096),
          "mixtral_g2": (8, 2, 4096, 14336), "dsv2_g1": (64, 6, 2816, 2048)}

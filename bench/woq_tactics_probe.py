@@ -6,17 +6,10 @@ weight-only rules in moe_build/planner/tactics.py. Writes woq_gemm_probe.json to
     MOE_BUILD_KERNELS_LIB=.../libmoe_build_kernels.so python bench/woq_tactics_probe.py
 """
 import json, os, torch
+from gemm_probe_timing import tms
 from moe_build import kernels as K
 from moe_build.weights.woq import WoqKind
 
-def tms(fn, iters=20):
-    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-    for _ in range(3): fn()
-    ts = []
-    for _ in range(iters):
-        flush.zero_(); s, e = torch.cuda.Event(True), torch.cuda.Event(True)
-        s.record(); fn(); e.record(); torch.cuda.synchronize(); ts.append(s.elapsed_time(e) * 1000)
-    ts.sort(); return ts[len(ts) // 2]
 
 big = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
 read_bps = big.numel() / (tms(lambda: big.view(torch.float32).sum()) * 1e-6)  # a read-only reduction

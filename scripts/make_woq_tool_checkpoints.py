@@ -18,31 +18,21 @@ compares it with transformers on the dequantized one.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import sys
 from pathlib import Path
 
 import torch
+from checkpoint_writers import load_writers
 from safetensors.torch import load_file, save_file
 
-ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = ("qwen3_moe", "mixtral", "deepseek_v3")
 FORMATS = ("ct_w4a16_g32", "ct_w4a16_asym_g64", "ct_w8a16", "modelopt_int4_g64", "autoawq_g64")
 
 
-def _writers():  # noqa: ANN202 (the test module, loaded as a library)
-    sys.path.insert(0, str(ROOT / "tests"))
-    spec = importlib.util.spec_from_file_location("woq_checkpoint_writers", ROOT / "tests" / "test_woq_checkpoints.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up while the class is made
-    spec.loader.exec_module(module)
-    return module
-
-
 def write(out: Path) -> list[Path]:
-    m = _writers()
+    m = load_writers("test_woq_checkpoints.py", "woq_checkpoint_writers")
     made = []
     for family_name in FAMILIES:
         family = m.FAMILIES[family_name]
