@@ -128,10 +128,14 @@ class FusedExperts:
                                  workspace=_opt(b, "gemm_workspace"), stream=b.stream, tactic=b.gemm1_tactic)
 
     def fc1_activation(self, b: Batch) -> None:
+        self._activation(b, None)
+
+    def _activation(self, b: Batch, prequant_scale: torch.Tensor | None) -> None:
+        """fc1_out -> act(+b1) in fc1_act, times GEMM2's pre-quant scale where one is given."""
         s = self.spec
         self.k.fc1_activation(b.v("fc1_out"), b.v("expert_offsets"), self.act, bias=self.w.b1,
-                          swiglu_alpha=s.swiglu_alpha, swiglu_limit=s.swiglu_limit, out=b.v("fc1_act"),
-                          stream=b.stream)
+                              swiglu_alpha=s.swiglu_alpha, swiglu_limit=s.swiglu_limit, prequant_scale=prequant_scale,
+                              out=b.v("fc1_act"), stream=b.stream)
 
     # ---- FP8: GEMM inputs quantized where the plan says, e4m3 GEMMs -------------------------------
     def expand_rows_fp8(self, b: Batch) -> None:
@@ -181,28 +185,24 @@ class FusedExperts:
         b.v("permuted_input").mul_(self.w.woq.fc1_act_scale)
 
     def gemm1_woq(self, b: Batch) -> None:
-        self._woq_gemm(b, "w1", b.v("permuted_input"), b.v("fc1_out"), None, b.gemm1_tactic)
+        self._woq_gemm(b, "w1", b.v("permuted_input"), b.v("fc1_out"), b.gemm1_tactic)
 
     def fc1_activation_prequant(self, b: Batch) -> None:
         """The activation (+b1) with the AWQ FC2 pre-quant scale applied to its output in the same pass."""
-        s = self.spec
-        self.k.fc1_activation(b.v("fc1_out"), b.v("expert_offsets"), self.act, bias=self.w.b1,
-                              swiglu_alpha=s.swiglu_alpha, swiglu_limit=s.swiglu_limit,
-                              prequant_scale=self.w.woq.fc2_act_scale, out=b.v("fc1_act"), stream=b.stream)
+        self._activation(b, self.w.woq.fc2_act_scale)
 
     def fc2_prequant(self, b: Batch) -> None:
         """GEMM2's input rows times the AWQ FC2 pre-quant scale, in place (the unfused alternative)."""
         b.v("fc1_act").mul_(self.w.woq.fc2_act_scale)
 
     def gemm2_woq(self, b: Batch) -> None:
-        self._woq_gemm(b, "w2", b.v("fc1_act"), b.v("gemm2_out"), None, b.gemm2_tactic)
+        self._woq_gemm(b, "w2", b.v("fc1_act"), b.v("gemm2_out"), b.gemm2_tactic)
 
-    def _woq_gemm(self, b: Batch, name: str, a: torch.Tensor, c: torch.Tensor, bias: torch.Tensor | None,
-                  tactic: object) -> None:
+    def _woq_gemm(self, b: Batch, name: str, a: torch.Tensor, c: torch.Tensor, tactic: object) -> None:
+        """W1 or W2 ("w1" / "w2") as stored, plain store: b1 is added by the activation, b2 by the finalize."""
         q = self.w.woq
-        zeros = getattr(q, f"{name}_zero")
         self.k.grouped_gemm_woq(a, getattr(q, name), q.kind.value, getattr(q, f"{name}_scale"), b.v("expert_offsets"),
-                                self.woq_group, zeros=zeros, bias=bias, c=c, tactic=tactic, stream=b.stream)
+                                self.woq_group, zeros=getattr(q, f"{name}_zero"), c=c, tactic=tactic, stream=b.stream)
 
     # ---- GEMM2 -----------------------------------------------------------------------------
     def gemm2_sm90_finalize(self, b: Batch) -> None:
