@@ -411,9 +411,12 @@ def _csv(field: str, text: str, kind: Callable[[str], Any]) -> list[Any]:
 
 @cli.command("bench-ep")
 @click.option("--nproc", type=int, default=None, help="GPUs (ranks) to spread over (default: every visible GPU).")
-@click.option("--iters", type=int, default=20, show_default=True, help="Timed calls per point.")
+@click.option("--iters", type=int, default=20, show_default=True,
+              help="Timed rounds per point, each of 10 calls back to back.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the results here.")
-def bench_ep_cmd(nproc: int | None, iters: int, json_path: str | None) -> None:
+@click.option("--layers", default=None, help="Comma-separated layers to time whole (default: every one: "
+              "qwen3-30b-a3b,deepseek-v3-shaped).")
+def bench_ep_cmd(nproc: int | None, iters: int, json_path: str | None, layers: str | None) -> None:
     """Expert parallelism on this host's GPUs: dispatch + combine against worst-case all-to-all and the link,
     the whole layer (dual-batch overlap off and on) against one GPU, and the memory the exact sizes save (one
     process per GPU, torchrun)."""
@@ -421,6 +424,13 @@ def bench_ep_cmd(nproc: int | None, iters: int, json_path: str | None) -> None:
     import subprocess
 
     import torch
+
+    from .bench.ep import LAYERS
+    known = [name for name, *_ in LAYERS]
+    chosen = known if layers is None else _csv("layers", layers, str)
+    for name in chosen:
+        if name not in known:
+            raise MoeBuildError("layers", f"unknown layer {name!r}", known)
     have = torch.cuda.device_count() if torch.cuda.is_available() else 0
     n = have if nproc is None else nproc
     if n < 2 or n > have:
@@ -428,7 +438,7 @@ def bench_ep_cmd(nproc: int | None, iters: int, json_path: str | None) -> None:
     env = {**os.environ, "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
            "NVSHMEM_DISABLE_NVLS": "1"}
     args = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}", "-m",
-            "moe_build.bench.ep", str(iters)] + ([os.path.abspath(json_path)] if json_path else [])
+            "moe_build.bench.ep", str(iters), os.path.abspath(json_path) if json_path else "", ",".join(chosen)]
     raise SystemExit(subprocess.run(args, env=env).returncode)
 
 

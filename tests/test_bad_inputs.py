@@ -142,6 +142,16 @@ def test_bad_report_flags_are_one_line(args: list[str], needles: tuple[str, ...]
     assert r.stdout == ""
 
 
+@pytest.mark.parametrize("args,needles", [
+    (["--layers", "mixtral"], ("layers", "mixtral", "qwen3-30b-a3b, deepseek-v3-shaped")),
+    (["--layers", ","], ("layers", "empty")),
+])
+def test_bad_bench_ep_flags_are_one_line_before_any_gpu_is_asked_for(args: list[str], needles: tuple[str, ...]) -> None:
+    r = cli("bench-ep", *args)
+    assert_one_line_refusal(r, *needles)
+    assert r.stdout == ""
+
+
 def test_unknown_command_is_one_line() -> None:
     assert_one_line_refusal(cli("buidl"), "buidl")
 

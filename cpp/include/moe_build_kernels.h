@@ -105,31 +105,39 @@ mb_status mb_ep_combine(const void* returned, int dtype, const int32_t* token_sl
 /* stages/ep_nvlink.cu: the `nvlink` dispatch and combine over buffers every rank maps (symmetric memory).
  * A rank's symmetric buffer holds recv_rows [ep][cap][H] (dtype), recv_meta [ep][cap][2K] int32 (K global
  * expert ids, then K fp32 weights' bits), recv_counts [ep][2] int32 (rows from source s, and their first send
- * row in s's send order) and returned [ep * cap][H]; peer_* are device arrays of ep_size pointers, entry d
- * rank d's buffer of that kind. cap >= the tokens of any call (a source sends a token at most once to a rank).
+ * row in s's send order), returned [ep * cap][H] and flags [2][ep] int32 (zero before the first call); peer_* are
+ * device arrays of ep_size pointers, entry d rank d's buffer of that kind. cap >= the tokens of any call (a
+ * source sends a token at most once to a rank). `done` (dispatch, return): a local int32 counter, zero before the
+ * first call and left zero by every call; one per kernel kind and instance in flight.
  * mb_ep_nvlink_dispatch: mb_ep_layout's send rows (send_counts, send_tokens; at most max_send_rows) written
- * into peer d's recv slots [rank][0..), and peer d's recv_counts[rank].
- * mb_ep_nvlink_gather: after a barrier, the received rows as one dense block of `capacity` rows, sources in
- * rank order: out_hidden [capacity][H], out_ids [capacity][K] (local ids: global - first_expert where in
- * [0, local_experts), else -1), out_weights, src_rank / src_row [capacity] (where its partial output goes;
- * src_rank -1 past the received rows, whose ids are all -1); *received = min(rows, capacity) and *overflow =
- * (rows > capacity): rows past the capacity are dropped, their sources' returned rows set to zero (peer_returned
- * as mb_ep_nvlink_return's), nothing else is written.
- * mb_ep_nvlink_return: partial [rows][H] row j written into rank src_rank[j]'s returned[src_row[j]].
- * max_sms (all three): 0 for the default grid, else at most that many blocks, so the kernel occupies at most that
- * many SMs (the rest stay free for compute beside it); the rows written do not depend on it. */
+ * into peer d's recv slots [rank][0..), and peer d's recv_counts[rank]; then peer d's flags[0][rank] = 1.
+ * mb_ep_nvlink_wait: waits until flags[0..ep_size) (this rank's flags[0] or flags[1]) are all 1, then sets
+ * them to 0; one block, waiting as long as the peers take (as NCCL's kernels do).
+ * mb_ep_nvlink_gather: after mb_ep_nvlink_wait(flags[0]), the received rows as one dense block of `capacity`
+ * rows, sources in rank order: out_hidden [capacity][H], out_ids [capacity][K] (local ids: global - first_expert
+ * where in [0, local_experts), else -1), out_weights, src_rank / src_row [capacity] (where its partial output
+ * goes; src_rank -1 past the received rows, whose ids are all -1); *received = min(rows, capacity) and
+ * *overflow = (rows > capacity): rows past the capacity are dropped, their sources' returned rows set to zero
+ * (peer_returned as mb_ep_nvlink_return's), nothing else is written.
+ * mb_ep_nvlink_return: partial [rows][H] row j written into rank src_rank[j]'s returned[src_row[j]]; then every
+ * peer's flags[1][rank] = 1 (also with no rows). mb_ep_combine follows mb_ep_nvlink_wait(flags[1]).
+ * max_sms (dispatch, gather, return): 0 for the default grid, else at most that many blocks, so the kernel
+ * occupies at most that many SMs (the rest stay free for compute beside it); the rows written do not depend on
+ * it. */
 mb_status mb_ep_nvlink_dispatch(const void* hidden, int dtype, const int32_t* topk_ids, const float* topk_weights,
                                 int hidden_size, int top_k, int rank, int ep_size, int cap, const int32_t* send_counts,
                                 const int32_t* send_tokens, int max_send_rows, void* const* peer_rows,
-                                int32_t* const* peer_meta, int32_t* const* peer_counts, int max_sms,
-                                cudaStream_t stream);
+                                int32_t* const* peer_meta, int32_t* const* peer_counts, int32_t* const* peer_flags,
+                                int32_t* done, int max_sms, cudaStream_t stream);
+mb_status mb_ep_nvlink_wait(int32_t* flags, int ep_size, cudaStream_t stream);
 mb_status mb_ep_nvlink_gather(const void* recv_rows, int dtype, const int32_t* recv_meta, const int32_t* recv_counts,
                               int ep_size, int cap, int hidden_size, int top_k, int first_expert, int local_experts,
                               int capacity, void* out_hidden, int32_t* out_ids, float* out_weights, int32_t* src_rank,
                               int32_t* src_row, int32_t* received, int32_t* overflow, void* const* peer_returned,
                               int max_sms, cudaStream_t stream);
 mb_status mb_ep_nvlink_return(const void* partial, int dtype, const int32_t* src_rank, const int32_t* src_row,
-                              int rows, int hidden_size, void* const* peer_returned, int max_sms, cudaStream_t stream);
+                              int rows, int hidden_size, void* const* peer_returned, int rank, int ep_size,
+                              int32_t* const* peer_flags, int32_t* done, int max_sms, cudaStream_t stream);
 
 /* ---- FP8 activation quantization (issue 46): the FP8 GEMMs' inputs ---------------------------------
  * A row of `cols` fp16/bf16 values x becomes e4m3 bytes q = e4m3(x / s) and fp32 scales, bit for bit

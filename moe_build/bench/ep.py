@@ -1,13 +1,17 @@
 """`moe-build bench-ep`: expert parallelism on the GPUs of one host, one process per GPU (torchrun).
 
-Timed per rank with CUDA events, each point's median over its iterations, the slowest rank's reported (the
-all-to-alls make every rank wait for the slowest). Each point is timed beside its ceiling, in the same run:
+Timed per rank with CUDA events in rounds of calls issued back to back (each round started together after a
+barrier), each point's median per call over its rounds, the slowest rank's reported (the all-to-alls make every
+rank wait for the slowest). Paths that synchronize with the host (the blocking dispatches: exact sizes come from
+the counts) are called eagerly; the rest are also replayed from CUDA graphs, as a serving engine runs decode.
+Each point is timed beside its ceiling, in the same run:
 - `link`: a large equal-split all_to_all_single (256 MiB per rank): the fabric's all-to-all bandwidth, the
   physical ceiling a dispatch can reach;
-- `dispatch+combine`, ours (`nvlink`: rows written into the peers' memory, blocking mode; `nccl`: counts first, exact sizes; both send a token's row once per rank) against plain all_to_all_single
-  with worst-case buffers (every rank sends each of its tokens to every rank, T rows per destination, no
-  counts): time and algorithm bandwidth (rows another rank needed x hidden x 2 bytes, there and back, over
-  the time);
+- `dispatch+combine`, ours (`nvlink`: rows written into the peers' memory, blocking and non-blocking; `nccl`:
+  counts first, exact sizes; both send a token's row once per rank) against plain all_to_all_single with
+  worst-case buffers (every rank sends each of its tokens to every rank, T rows per destination, no counts),
+  there and back: time and algorithm bandwidth (rows another rank needed x hidden x 2 bytes, there and back,
+  over the time);
 - the whole layer (`ExpertParallelMoE`, each backend, with dual-batch overlap off and on) against the
   single-GPU runner holding every expert, same tokens per GPU (the single GPU runs one rank's tokens);
 - memory: the peak bytes a dispatch + combine allocates at a large token count, against the worst-case
@@ -39,24 +43,55 @@ LAYERS = (("qwen3-30b-a3b", 2048, 768, 128, 8), ("deepseek-v3-shaped", 7168, 204
 MEMORY_TOKENS = 131072
 
 
-def _time(fn: Callable[[], object], iters: int, warmup: int = 3) -> float:
-    """Median ms of fn over iters calls on this rank (each started together after a barrier), the max over
-    ranks."""
-    for _ in range(warmup):
-        fn()
+CALLS = 10  # calls per timed round, back to back
+
+
+def _rounds(issue: Callable[[], None], iters: int) -> float:
+    """Median ms per call over `iters` rounds of CALLS calls issued back to back by `issue` (each round started
+    together after a barrier, the GPU idle), the slowest rank's: host launch costs count only where they keep the
+    GPU waiting, as in a serving loop."""
     times = []
     for _ in range(iters):
         dist.barrier()
         torch.cuda.synchronize()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn()
+        for _ in range(CALLS):
+            issue()
         end.record()
         torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
+        times.append(start.elapsed_time(end) / CALLS)
     t = torch.tensor([statistics.median(times)], device="cuda")
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return float(t.item())
+
+
+def _time(fn: Callable[[], object], iters: int, warmup: int = 3) -> float:
+    """Eager calls of fn (host-synchronizing paths: the blocking dispatches): ms per call, see _rounds."""
+    for _ in range(warmup):
+        fn()
+    return _rounds(fn, iters)
+
+
+def _time_graph(fn: Callable[[], object], iters: int) -> float:
+    """fn captured once in a CUDA graph (every rank together) and replayed: ms per replay, see _rounds. The
+    non-blocking nvlink mode and fixed-size all-to-alls capture; this is how a serving engine runs decode."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()  # warm-up on the capture stream
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    dist.barrier()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    torch.cuda.synchronize()
+    dist.barrier()
+    graph.replay()
+    ms = _rounds(graph.replay, iters)
+    del graph
+    return ms
 
 
 def _routing(tokens: int, experts: int, top_k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,11 +112,13 @@ def link_bandwidth(iters: int) -> dict:
 
 
 def dispatch_points(spec: MoESpec, token_counts: tuple[int, ...], iters: int) -> list[dict]:
-    """Ours (dispatch + combine, no expert compute between), each backend (made once, for the largest count),
-    against worst-case all_to_all_single, at each token count."""
+    """Ours (dispatch + combine, no expert compute between) against worst-case all_to_all_single, at each token
+    count: the blocking backends called eagerly (each made once, for the largest count), the non-blocking
+    `nvlink` mode (gathering ep_size x tokens rows: never overflows) and the all-to-alls replayed from CUDA
+    graphs."""
     from ..runner.dispatch import NcclDispatch, NvlinkDispatch
     rank, ep, H = dist.get_rank(), dist.get_world_size(), spec.hidden_size
-    backends = {"nccl": NcclDispatch(spec, kernels), "nvlink": NvlinkDispatch(spec, kernels, max(token_counts))}
+    blocking = {"nccl": NcclDispatch(spec, kernels), "nvlink": NvlinkDispatch(spec, kernels, max(token_counts))}
     points = []
     for tokens in token_counts:
         hidden = torch.randn(tokens, H, device="cuda", dtype=torch.bfloat16)
@@ -101,18 +138,21 @@ def dispatch_points(spec: MoESpec, token_counts: tuple[int, ...], iters: int) ->
             dist.all_to_all_single(recv_worst, send_worst)  # noqa: B023
             dist.all_to_all_single(send_worst, recv_worst)  # noqa: B023
 
-        sent = backends["nccl"].dispatch(hidden, ids, w).send_splits
+        sent = blocking["nccl"].dispatch(hidden, ids, w).send_splits
         needed = torch.tensor([sum(s for r, s in enumerate(sent) if r != rank)], device="cuda", dtype=torch.float64)
         dist.all_reduce(needed, op=dist.ReduceOp.MAX)
         moved = 2 * float(needed.item()) * 2 * H  # bytes of rows another rank needed, there and back (busiest)
         point = {"hidden": H, "tokens": tokens, "top_k": spec.top_k, "experts": spec.num_experts,
                  "rows_sent_busiest_rank": int(needed.item())}
-        for name, fn in [*((n, ours(d)) for n, d in backends.items()), ("worst_case", worst)]:
-            ms = _time(fn, iters)
+        non_blocking = NvlinkDispatch(spec, kernels, tokens, recv_capacity=ep * tokens)
+        timed = [*((n, _time(ours(d), iters)) for n, d in blocking.items()),
+                 ("nvlink_graph", _time_graph(ours(non_blocking), iters)),
+                 ("worst_case", _time(worst, iters)), ("worst_case_graph", _time_graph(worst, iters))]
+        del non_blocking
+        for name, ms in timed:
             point[f"{name}_ms"] = ms
             point[f"{name}_algbw_gb_s"] = moved / ms / 1e6
-        _progress(f"dispatch H={H} T={tokens}: " + " ".join(f"{n} {1e3 * point[f'{n}_ms']:.1f} us"
-                                                          for n in (*backends, "worst_case")))
+        _progress(f"dispatch H={H} T={tokens}: " + " ".join(f"{n} {1e3 * ms:.1f} us" for n, ms in timed))
         points.append(point)
     return points
 
@@ -136,33 +176,54 @@ def random_weights(spec: MoESpec, seed: int) -> MoEWeights:
 
 def layer_points(name: str, spec: MoESpec, weights: MoEWeights, token_counts: tuple[int, ...],
                  iters: int) -> list[dict]:
-    """The EP layer (each backend, dual-batch overlap off and on) and the single-GPU runner, each made once for
-    the largest count (a DeepSeek-V3-shaped layer's weight copies take seconds) and timed at every count, then
-    freed before the next is made (five weight copies of that layer at once would not fit beside each other)."""
+    """The EP layer against the single-GPU runner holding every expert, same tokens per GPU. Called eagerly: the
+    blocking `nvlink` and `nccl` layers (and `nccl` with dual-batch overlap), each made once for the largest
+    count (a DeepSeek-V3-shaped layer's weight copies take seconds). Replayed from CUDA graphs: the non-blocking
+    `nvlink` layer with overlap off and on, made per count with room for every row it may receive (ep_size x
+    tokens: never overflows), and the single-GPU runner. Each layer is freed before the next is made (five
+    weight copies of that layer at once would not fit beside each other)."""
     from ..runner import MoERunner
     from ..runner.expert_parallel import rank_layer
-    rank, most = dist.get_rank(), max(token_counts)
-    makers: dict[str, Callable[[], Callable[..., object]]] = {
-        f"ep_{b}{'_overlap' if overlap else ''}": functools.partial(
-            rank_layer, spec, weights, rank, max_tokens=most, force={"dispatch": b}, overlap=overlap)
-        for b in ("nvlink", "nccl") for overlap in (False, True)}
-    makers["single_gpu"] = functools.partial(MoERunner, replace(spec, ep_size=1), weights, max_tokens=most)
+    rank, ep, most = dist.get_rank(), spec.ep_size, max(token_counts)
+    eager: dict[str, Callable[[], Callable[..., object]]] = {
+        key: functools.partial(rank_layer, spec, weights, rank, max_tokens=most, force={"dispatch": b},
+                               overlap=overlap)
+        for key, b, overlap in (("ep_nvlink", "nvlink", False), ("ep_nccl", "nccl", False),
+                                ("ep_nccl_overlap", "nccl", True))}
     inputs = {t: (torch.randn(t, spec.hidden_size, device="cuda", dtype=torch.bfloat16),
                   *_routing(t, spec.num_experts, spec.top_k, 2000 + rank)) for t in token_counts}
     points = [{"layer": name, "tokens_per_gpu": t} for t in token_counts]
-    for key, make in makers.items():
-        _time_layer(key, make(), points, inputs, iters)
+    for key, make in eager.items():
+        layer = make()
+        for point in points:
+            _time_layer(key, layer, point, inputs, iters, graph=False)
+        del layer
         torch.cuda.empty_cache()  # that layer (its weight copies) is gone
+    for overlap in (False, True):
+        key = f"ep_nvlink{'_overlap' if overlap else ''}_graph"
+        for point in points:
+            t = point["tokens_per_gpu"]
+            layer = rank_layer(spec, weights, rank, max_tokens=t, force={"dispatch": "nvlink"}, overlap=overlap,
+                               recv_capacity=ep * t)
+            _time_layer(key, layer, point, inputs, iters, graph=True)
+            del layer
+            torch.cuda.empty_cache()
+    single = MoERunner(replace(spec, ep_size=1), weights, max_tokens=most)
+    for point in points:
+        _time_layer("single_gpu_graph", single, point, inputs, iters, graph=True)
+    del single
+    torch.cuda.empty_cache()
     return points
 
 
-def _time_layer(key: str, layer: Callable[..., object], points: list[dict],
-                inputs: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]], iters: int) -> None:
-    """`layer` timed at every point's token count, into the point's `{key}_ms`."""
-    for point in points:
-        hidden, ids, w = inputs[point["tokens_per_gpu"]]
-        point[f"{key}_ms"] = _time(lambda: layer(hidden, topk_ids=ids, topk_weights=w), iters)  # noqa: B023
-        _progress(f"layer {point['layer']} T={point['tokens_per_gpu']} {key}: {1e3 * point[f'{key}_ms']:.1f} us")
+def _time_layer(key: str, layer: Callable[..., object], point: dict,
+                inputs: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]], iters: int, graph: bool) -> None:
+    """`layer` timed at the point's token count (eagerly or replayed from a CUDA graph), into its `{key}_ms`."""
+    hidden, ids, w = inputs[point["tokens_per_gpu"]]
+    out = torch.empty_like(hidden)
+    call = functools.partial(layer, hidden, topk_ids=ids, topk_weights=w, out=out)
+    point[f"{key}_ms"] = (_time_graph if graph else _time)(call, iters)
+    _progress(f"layer {point['layer']} T={point['tokens_per_gpu']} {key}: {1e3 * point[f'{key}_ms']:.1f} us")
 
 
 def memory_point(spec: MoESpec, tokens: int) -> dict:
@@ -187,7 +248,7 @@ def memory_point(spec: MoESpec, tokens: int) -> dict:
             "worst_case_bytes": worst}
 
 
-def run(iters: int, out_path: str | None) -> dict:
+def run(iters: int, out_path: str | None, layers: tuple[str, ...] = tuple(name for name, *_ in LAYERS)) -> dict:
     rank, ep = dist.get_rank(), dist.get_world_size()
     result: dict = {"world": ep, "gpu": torch.cuda.get_device_name(), "link": link_bandwidth(iters)}
     _progress(f"link: all-to-all {result['link']['gb_s']:.0f} GB/s per rank")
@@ -201,7 +262,7 @@ def run(iters: int, out_path: str | None) -> dict:
     for m in result["memory"]:
         _progress(f"memory top-{m['top_k']}: ours {m['peak_bytes_ours']} B, worst case {m['worst_case_bytes']} B")
     result["layers"] = []
-    for name, H, inter, experts, top_k in LAYERS:
+    for name, H, inter, experts, top_k in (layer for layer in LAYERS if layer[0] in layers):
         spec = MoESpec(H, inter, experts, top_k, ep_size=ep, name=name)
         result["layers"] += layer_points(name, spec, random_weights(spec, seed=7), LAYER_TOKENS, iters)
         torch.cuda.empty_cache()  # the shape's layers (their weight copies) are gone
@@ -215,18 +276,22 @@ def run(iters: int, out_path: str | None) -> dict:
 
 def table(r: dict) -> str:
     lines = [f"{r['world']} x {r['gpu']}: all-to-all link {r['link']['gb_s']:.0f} GB/s per rank",
-             "dispatch+combine (us): hidden tokens | nvlink nccl worst-case | nvlink GB/s"]
+             "dispatch+combine (us; eager | graph): hidden tokens | nvlink nccl worst-case | nvlink worst-case "
+             "| nvlink graph GB/s"]
     for p in r["dispatch"]:
-        lines.append(f"  {p['hidden']:5d} {p['tokens']:5d} | {1e3 * p['nvlink_ms']:8.1f} {1e3 * p['nccl_ms']:8.1f} "
-                     f"{1e3 * p['worst_case_ms']:8.1f} | {p['nvlink_algbw_gb_s']:7.1f}")
+        lines.append(f"  {p['hidden']:5d} {p['tokens']:5d} | {1e3 * p['nvlink_ms']:7.1f} {1e3 * p['nccl_ms']:7.1f} "
+                     f"{1e3 * p['worst_case_ms']:7.1f} | {1e3 * p['nvlink_graph_ms']:7.1f} "
+                     f"{1e3 * p['worst_case_graph_ms']:7.1f} | {p['nvlink_graph_algbw_gb_s']:6.1f}")
     for m in r["memory"]:
         lines.append(f"memory at {m['tokens']} tokens/rank top-{m['top_k']}: ours {m['peak_bytes_ours'] / 2**20:.0f} "
                      f"MiB, worst case {m['worst_case_bytes'] / 2**20:.0f} MiB")
-    lines.append("layer (us): name tokens/GPU | EP nvlink, overlapped | EP nccl, overlapped | single GPU")
+    lines.append("layer (us; eager | graph): name tokens/GPU | EP nvlink, nccl, nccl overlapped | "
+                 "EP nvlink, overlapped | single GPU")
     for p in r["layers"]:
-        lines.append(f"  {p['layer']:20s} {p['tokens_per_gpu']:5d} | {1e3 * p['ep_nvlink_ms']:8.1f} "
-                     f"{1e3 * p['ep_nvlink_overlap_ms']:8.1f} | {1e3 * p['ep_nccl_ms']:8.1f} "
-                     f"{1e3 * p['ep_nccl_overlap_ms']:8.1f} | {1e3 * p['single_gpu_ms']:8.1f}")
+        lines.append(f"  {p['layer']:20s} {p['tokens_per_gpu']:5d} | {1e3 * p['ep_nvlink_ms']:7.1f} "
+                     f"{1e3 * p['ep_nccl_ms']:7.1f} {1e3 * p['ep_nccl_overlap_ms']:7.1f} | "
+                     f"{1e3 * p['ep_nvlink_graph_ms']:7.1f} {1e3 * p['ep_nvlink_overlap_graph_ms']:7.1f} | "
+                     f"{1e3 * p['single_gpu_graph_ms']:7.1f}")
     return "\n".join(lines)
 
 
@@ -235,7 +300,9 @@ def main() -> None:
     dist.init_process_group("nccl")
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", dist.get_rank())))
     iters = int(sys.argv[1]) if len(sys.argv) > 1 else 20
-    run(iters, sys.argv[2] if len(sys.argv) > 2 else None)
+    out_path = sys.argv[2] if len(sys.argv) > 2 and sys.argv[2] else None
+    layers = tuple(sys.argv[3].split(",")) if len(sys.argv) > 3 else tuple(name for name, *_ in LAYERS)
+    run(iters, out_path, layers)
     dist.destroy_process_group()
 
 

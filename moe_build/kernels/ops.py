@@ -344,11 +344,13 @@ def ep_combine(returned: torch.Tensor, token_slots: torch.Tensor, out: torch.Ten
 
 def ep_nvlink_dispatch(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, rank: int,
                        cap: int, send_counts: torch.Tensor, send_tokens: torch.Tensor, peer_rows: torch.Tensor,
-                       peer_meta: torch.Tensor, peer_counts: torch.Tensor,
-                       stream: int | torch.cuda.Stream | None = None, sms: int | None = None) -> None:
+                       peer_meta: torch.Tensor, peer_counts: torch.Tensor, peer_flags: torch.Tensor,
+                       done: torch.Tensor, stream: int | torch.cuda.Stream | None = None,
+                       sms: int | None = None) -> None:
     """ep_layout's send rows of `hidden` [T, H] (with their ids and weights) written into every peer's recv slots
-    for this rank, over NVLink; peer_* are int64 device tensors [ep_size] of the peers' buffer addresses; `sms`
-    caps the grid at that many blocks (None: the kernel's own)."""
+    for this rank, over NVLink, then every peer's flags[0][rank] raised; peer_* are int64 device tensors
+    [ep_size] of the peers' buffer addresses, `done` a [1] int32 counter (zero, and left zero); `sms` caps the
+    grid at that many blocks (None: the kernel's own)."""
     _check(hidden, "hidden", (None, None))
     dev = hidden.device
     t, h = hidden.shape
@@ -357,11 +359,21 @@ def ep_nvlink_dispatch(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weight
     _check(topk_weights, "topk_weights", (t, k), torch.float32, dev)
     ep = send_counts.shape[0]
     _check(send_counts, "send_counts", (ep,), torch.int32, dev)
-    for name, ptrs in (("peer_rows", peer_rows), ("peer_meta", peer_meta), ("peer_counts", peer_counts)):
+    for name, ptrs in (("peer_rows", peer_rows), ("peer_meta", peer_meta), ("peer_counts", peer_counts),
+                       ("peer_flags", peer_flags)):
         _check(ptrs, name, (ep,), torch.int64, dev)
+    _check(done, "done", (1,), torch.int32, dev)
     call("mb_ep_nvlink_dispatch", hidden.data_ptr(), _dtype_code(hidden, "hidden"), topk_ids.data_ptr(),
          topk_weights.data_ptr(), h, k, rank, ep, cap, send_counts.data_ptr(), send_tokens.data_ptr(), t * ep,
-         peer_rows.data_ptr(), peer_meta.data_ptr(), peer_counts.data_ptr(), _max_sms(sms), _stream(stream, dev))
+         peer_rows.data_ptr(), peer_meta.data_ptr(), peer_counts.data_ptr(), peer_flags.data_ptr(), done.data_ptr(),
+         _max_sms(sms), _stream(stream, dev))
+
+
+def ep_nvlink_wait(flags: torch.Tensor, stream: int | torch.cuda.Stream | None = None) -> None:
+    """Waits on the device (one block) until every entry of `flags` (one kind of this rank's flags: [ep_size]
+    int32, contiguous) is raised by its source, then lowers them."""
+    _check(flags, "flags", (None,), torch.int32)
+    call("mb_ep_nvlink_wait", flags.data_ptr(), flags.shape[0], _stream(stream, flags.device))
 
 
 def ep_nvlink_gather(recv_rows: torch.Tensor, recv_meta: torch.Tensor, recv_counts: torch.Tensor, cap: int,
@@ -396,10 +408,11 @@ def ep_nvlink_gather(recv_rows: torch.Tensor, recv_meta: torch.Tensor, recv_coun
 
 
 def ep_nvlink_return(partial: torch.Tensor, src_rank: torch.Tensor, src_row: torch.Tensor,
-                     peer_returned: torch.Tensor, stream: int | torch.cuda.Stream | None = None,
-                     sms: int | None = None) -> None:
+                     peer_returned: torch.Tensor, rank: int, peer_flags: torch.Tensor, done: torch.Tensor,
+                     stream: int | torch.cuda.Stream | None = None, sms: int | None = None) -> None:
     """Row j of `partial` [rows, H] written into rank src_rank[j]'s returned rows at src_row[j] (src_rank -1:
-    none), over NVLink; `sms` caps the grid at that many blocks (None: the kernel's own)."""
+    none), over NVLink, then every peer's flags[1][rank] raised (with no rows too); `done` a [1] int32 counter
+    (zero, and left zero); `sms` caps the grid at that many blocks (None: the kernel's own)."""
     _check(partial, "partial", (None, None))
     dev = partial.device
     rows, h = partial.shape
@@ -407,9 +420,13 @@ def ep_nvlink_return(partial: torch.Tensor, src_rank: torch.Tensor, src_row: tor
         _check(t, name, (None,), torch.int32, dev)
         if t.shape[0] < rows:
             raise ValueError(f"{name}: needs >= {rows} entries, got {t.shape[0]}")
-    _check(peer_returned, "peer_returned", (None,), torch.int64, dev)
+    ep = peer_returned.shape[0]
+    for name, ptrs in (("peer_returned", peer_returned), ("peer_flags", peer_flags)):
+        _check(ptrs, name, (ep,), torch.int64, dev)
+    _check(done, "done", (1,), torch.int32, dev)
     call("mb_ep_nvlink_return", partial.data_ptr(), _dtype_code(partial, "partial"), src_rank.data_ptr(),
-         src_row.data_ptr(), rows, h, peer_returned.data_ptr(), _max_sms(sms), _stream(stream, dev))
+         src_row.data_ptr(), rows, h, peer_returned.data_ptr(), rank, ep, peer_flags.data_ptr(), done.data_ptr(),
+         _max_sms(sms), _stream(stream, dev))
 
 
 # ---- FP8 activation quantization (issue 46; cpp/include/moe_build_kernels.h) -----------------------

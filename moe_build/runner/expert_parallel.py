@@ -17,7 +17,7 @@ dispatch or combine (NVLink / NCCL traffic) runs while the other's experts compu
 
 D = dispatch, E = the rank's experts, C = combine, S = shared experts. The host issues the steps in one order
 on every rank (D0, E0, D1, C0, S0, E1, C1, S1), whatever its token count: each micro-batch's dispatcher pairs
-its barriers / all-to-alls only with the same micro-batch's on the other ranks, and a micro-batch without
+its signals / all-to-alls only with the same micro-batch's on the other ranks, and a micro-batch without
 tokens still takes part (the peers may send it rows).
 """
 from __future__ import annotations
@@ -70,7 +70,7 @@ def check_options(overlap: object, dispatch_sms: object, combine_sms: object) ->
 
 @dataclass
 class _MicroBatch:
-    """What one in-flight micro-batch owns: its dispatcher (symmetric buffers and barriers of its own), the
+    """What one in-flight micro-batch owns: its dispatcher (symmetric buffers and signals of its own), the
     experts' fixed output rows and workspace (non-blocking nvlink) and the shared experts' buffers."""
 
     dispatcher: Dispatcher

@@ -47,7 +47,8 @@ def test_layout_groups_rows_by_rank_in_token_order(ep: int, tokens: int, top_k: 
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-@pytest.mark.parametrize("hidden", [256, 100])
+# one column chunk (vectors; single elements), several with a partial last one (vectors; single elements)
+@pytest.mark.parametrize("hidden", [256, 100, 2056, 1001])
 def test_combine_sums_each_tokens_rows_in_rank_order(dtype: torch.dtype, hidden: int) -> None:
     seed = random.SystemRandom().randrange(1 << 30)
     g = torch.Generator().manual_seed(seed)
@@ -117,13 +118,20 @@ def _nvlink_exchange(ep: int, tokens: int, hidden: int, capacity: int | None, sm
     bufs = [{"recv_rows": torch.full((ep * tokens, hidden), 7.0, dtype=bf16, device="cuda"),
              "recv_meta": torch.full((ep * tokens, 2 * top_k), -7, dtype=torch.int32, device="cuda"),
              "recv_counts": torch.zeros(ep, 2, dtype=torch.int32, device="cuda"),
-             "returned": torch.full((ep * tokens, hidden), 3.0, dtype=bf16, device="cuda")} for _ in range(ep)]
+             "returned": torch.full((ep * tokens, hidden), 3.0, dtype=bf16, device="cuda"),
+             "flags": torch.zeros(2, ep, dtype=torch.int32, device="cuda")} for _ in range(ep)]
+    done = torch.zeros(ep, 2, 1, dtype=torch.int32, device="cuda")  # each rank's dispatch / return block counters
     peers = {name: torch.tensor([b[name].data_ptr() for b in bufs], dtype=torch.int64, device="cuda")
              for name in bufs[0]}
     layouts = [K.ep_layout(ids[r], ep, per_rank) for r in range(ep)]
     for r, (counts, send_tokens, _) in enumerate(layouts):
         K.ep_nvlink_dispatch(xs[r], ids[r], ws[r], r, tokens, counts, send_tokens, peers["recv_rows"],
-                             peers["recv_meta"], peers["recv_counts"], sms=sms)
+                             peers["recv_meta"], peers["recv_counts"], peers["flags"], done[r, 0], sms=sms)
+    torch.cuda.synchronize()
+    # every source raised its dispatch flag on every rank; the waits (stream order: already raised) lower them
+    assert all((b["flags"][0] == 1).all() for b in bufs) and (done == 0).all()
+    for b in bufs:
+        K.ep_nvlink_wait(b["flags"][0])
     gathered = []
     for r in range(ep):
         rows = capacity if capacity is not None else int(bufs[r]["recv_counts"][:, 0].sum())
@@ -140,7 +148,14 @@ def _nvlink_exchange(ep: int, tokens: int, hidden: int, capacity: int | None, sm
         gathered.append(d)
     for r in range(ep):  # this rank's "experts": its received rows times r + 1
         partial = (gathered[r]["hidden"].float() * (r + 1)).to(bf16)
-        K.ep_nvlink_return(partial, gathered[r]["src_rank"], gathered[r]["src_row"], peers["returned"], sms=sms)
+        K.ep_nvlink_return(partial, gathered[r]["src_rank"], gathered[r]["src_row"], peers["returned"], r,
+                           peers["flags"], done[r, 1], sms=sms)
+    torch.cuda.synchronize()
+    assert all((b["flags"][1] == 1).all() and (b["flags"][0] == 0).all() for b in bufs) and (done == 0).all()
+    for b in bufs:
+        K.ep_nvlink_wait(b["flags"][1])
+    torch.cuda.synchronize()
+    assert all((b["flags"] == 0).all() for b in bufs)
     outs = [K.ep_combine(bufs[r]["returned"], layouts[r][2], out=torch.full_like(xs[r], float("nan")), sms=sms)
             for r in range(ep)]
     return {"xs": xs, "ids": ids, "gathered": gathered, "outs": outs}
@@ -167,7 +182,8 @@ def _expected_outs(xs: list[torch.Tensor], ids: list[torch.Tensor], per_rank: in
 @pytest.mark.parametrize("sms", [1, 3])
 # blocking; non-blocking with every rank overflowing (about 540 rows arrive), and with room to spare
 @pytest.mark.parametrize("capacity", [None, 200, 700])
-@pytest.mark.parametrize("hidden", [256, 100])  # 16-byte vectors; single elements
+# one column chunk (16-byte vectors; single elements), several with a partial last one (vectors; single elements)
+@pytest.mark.parametrize("hidden", [256, 100, 2056, 1001])
 def test_nvlink_kernels_give_the_same_rows_on_a_capped_grid(sms: int, capacity: int | None, hidden: int) -> None:
     seed = random.SystemRandom().randrange(1 << 30)
     ep, tokens, per_rank = 3, 300, 2

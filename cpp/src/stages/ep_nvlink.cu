@@ -1,21 +1,35 @@
 // Expert parallelism's `nvlink` dispatch and combine (moe_build/runner/dispatch/nvlink.py): every rank's
 // buffers are mapped into every other rank's address space (symmetric memory over NVLink, no multicast), so
 // the rows are written straight into the peers' memory by these kernels, with no collective and no host
-// round trip; a barrier (torch's symmetric-memory barrier, between these launches) orders the writes.
+// round trip.
 // Per rank, in its symmetric buffer: recv_rows [ep][cap][H] and recv_meta [ep][cap][2K] (slot [s][i]: the
 // i-th row source s sent here: its hidden row, its K global expert ids and K weights' bits), recv_counts
-// [ep][2] (source s's row count here, and where those rows start in s's send order), and returned [ep * cap][H]
-// (the partial output of each row this rank sent, at its send-row index, for mb_ep_combine).
-//   mb_ep_nvlink_dispatch: the send rows of mb_ep_layout written into the peers' recv slots, a warp per row;
-//                          block 0 also writes each peer's recv_counts entry for this rank.
-//   mb_ep_nvlink_gather  : (after the barrier) the received rows made one dense [capacity][H] block, sources in
+// [ep][2] (source s's row count here, and where those rows start in s's send order), returned [ep * cap][H]
+// (the partial output of each row this rank sent, at its send-row index, for mb_ep_combine) and flags [2][ep]
+// (flags[0][s]: source s's rows have all landed here; flags[1][s]: s has returned every partial row it owes
+// here).
+//   mb_ep_nvlink_dispatch: the send rows of mb_ep_layout written into the peers' recv slots; block 0 also writes
+//                          each peer's recv_counts entry for this rank; the last block to finish raises
+//                          flags[0][rank] on every peer.
+//   mb_ep_nvlink_wait    : one block waits until every source's flag of one kind is raised here, then lowers
+//                          them (for the next call).
+//   mb_ep_nvlink_gather  : (after the wait) the received rows made one dense [capacity][H] block, sources in
 //                          rank order, with local expert ids (-1: another rank's expert), weights, and where
 //                          each row came from; rows past the received count get ids -1 (they add nothing), rows
 //                          past the capacity are dropped and raise the overflow flag (nothing else is written).
-//   mb_ep_nvlink_return  : each dense row's partial output written into its source's `returned` at its send row.
-// Every kernel loops over its rows with a grid stride, so the grid is free: by default a block per kStageWarps rows,
-// at most 8 blocks per SM; a caller's max_sms (> 0) caps it at that many blocks, i.e. SMs (a block runs on one SM),
-// leaving the others to expert compute running beside the exchange (dual-batch overlap).
+//   mb_ep_nvlink_return  : each dense row's partial output written into its source's `returned` at its send row;
+//                          the last block raises flags[1][rank] on every peer.
+// Signals: every thread fences its writes (system scope), each block counts itself on a local counter; the block
+// that counts last resets the counter and stores 1 with release semantics into the peers' flags; the wait loads
+// them with acquire semantics. A flag is lowered by its owner's wait before that owner signals anything further
+// in the call, and a source raises it again only in its next call, after its combine has waited for this rank:
+// the 0/1 flags never race. The waiting is one block (one SM), so a wait in flight never starves the kernels of
+// a second micro-batch beside it (dual-batch overlap).
+// Rows move in chunks of 32 lanes x kUnroll vectors, a warp per (row, chunk), every lane holding kUnroll vectors in
+// flight: a decode step's few rows still spread over many warps. Every kernel loops over its chunks with a grid
+// stride, so the grid is free: by default a block per kStageWarps chunks, at most 8 blocks per SM; a caller's
+// max_sms (> 0) caps it at that many blocks, i.e. SMs (a block runs on one SM), leaving the others to expert
+// compute running beside the exchange (dual-batch overlap).
 #include <algorithm>
 
 #include "common/common.cuh"
@@ -23,13 +37,69 @@
 namespace {
 
 constexpr int kMaxRanks = 32;
+constexpr int kUnroll = 4;                       // vectors a lane holds in flight
 
+// Chunks of 32 * kUnroll vectors in a row of `hidden` elements.
+template <int VEC>
+__host__ __device__ constexpr int chunks_per_row(int hidden) {
+  return (hidden / VEC + 32 * kUnroll - 1) / (32 * kUnroll);
+}
+
+// Chunk `c` of a row, src -> dst: every lane loads its kUnroll vectors first, then stores them.
 template <typename T, int VEC>
-__device__ __forceinline__ void copy_row(const T* __restrict__ src, T* __restrict__ dst, int hidden, int lane) {
+__device__ __forceinline__ void copy_chunk(const T* __restrict__ src, T* __restrict__ dst, int hidden, int c,
+                                           int lane) {
   using V = mb::Vec<T, VEC>;
   const V* s = reinterpret_cast<const V*>(src);
   V* d = reinterpret_cast<V*>(dst);
-  for (int v = lane; v < hidden / VEC; v += 32) d[v] = s[v];
+  const int n = hidden / VEC, v0 = c * 32 * kUnroll + lane;
+  V buf[kUnroll];
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u)
+    if (v0 + 32 * u < n) buf[u] = s[v0 + 32 * u];
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u)
+    if (v0 + 32 * u < n) d[v0 + 32 * u] = buf[u];
+}
+
+// Chunk `c` of a row set to zero.
+template <typename T, int VEC>
+__device__ __forceinline__ void zero_chunk(T* __restrict__ dst, int hidden, int c, int lane) {
+  const int n = hidden / VEC, v0 = c * 32 * kUnroll + lane;
+  mb::Vec<T, VEC> z;
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) z.v[k] = mb::from_f32<T>(0.0f);
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u)
+    if (v0 + 32 * u < n) reinterpret_cast<mb::Vec<T, VEC>*>(dst)[v0 + 32 * u] = z;
+}
+
+__device__ __forceinline__ void store_release_sys(int32_t* p, int32_t v) {
+  asm volatile("st.release.sys.global.b32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ int32_t load_acquire_sys(const int32_t* p) {
+  int32_t v;
+  asm volatile("ld.acquire.sys.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// The end of a signalling kernel, called by every thread of every block: once every block's writes are visible
+// system-wide, flag [slot] of every peer is raised (by the last block to get here, which also resets `done`).
+__device__ __forceinline__ void signal_peers(int32_t* const* __restrict__ peer_flags, int slot, int ep,
+                                             int32_t* __restrict__ done) {
+  __threadfence_system();  // this thread's writes (rows, meta, counts) before the count below
+  __syncthreads();
+  __shared__ bool last;
+  if (threadIdx.x == 0) last = atomicAdd(done, 1) == static_cast<int>(gridDim.x) - 1;
+  __syncthreads();
+  if (!last) return;
+  if (threadIdx.x == 0) {
+    *done = 0;
+    __threadfence_system();  // every block's writes, seen through their counts, before the flags
+  }
+  __syncthreads();
+  if (threadIdx.x < ep) store_release_sys(peer_flags[threadIdx.x] + slot, 1);
 }
 
 template <typename T, int VEC>
@@ -37,7 +107,8 @@ __global__ void __launch_bounds__(mb::kStageThreads)
 nvlink_dispatch_kernel(const T* __restrict__ hidden, const int32_t* __restrict__ ids, const float* __restrict__ weights,
                        int hidden_size, int top_k, int rank, int ep, int cap, const int32_t* __restrict__ send_counts,
                        const int32_t* __restrict__ send_tokens, T* const* __restrict__ peer_rows,
-                       int32_t* const* __restrict__ peer_meta, int32_t* const* __restrict__ peer_counts) {
+                       int32_t* const* __restrict__ peer_meta, int32_t* const* __restrict__ peer_counts,
+                       int32_t* const* __restrict__ peer_flags, int32_t* __restrict__ done) {
   __shared__ int start[kMaxRanks + 1];
   if (threadIdx.x == 0) {
     start[0] = 0;
@@ -49,21 +120,34 @@ nvlink_dispatch_kernel(const T* __restrict__ hidden, const int32_t* __restrict__
     peer_counts[d][2 * rank] = send_counts[d];
     peer_counts[d][2 * rank + 1] = start[d];
   }
-  const int lane = threadIdx.x % 32;
-  const int n = start[ep];
-  for (int i = blockIdx.x * mb::kStageWarps + threadIdx.x / 32; i < n; i += gridDim.x * mb::kStageWarps) {
+  const int lane = threadIdx.x % 32, chunks = chunks_per_row<VEC>(hidden_size);
+  const int64_t items = static_cast<int64_t>(start[ep]) * chunks;
+  for (int64_t it = blockIdx.x * static_cast<int64_t>(mb::kStageWarps) + threadIdx.x / 32; it < items;
+       it += static_cast<int64_t>(gridDim.x) * mb::kStageWarps) {
+    const int i = static_cast<int>(it / chunks), c = static_cast<int>(it % chunks);
     int d = 0;
     while (start[d + 1] <= i) ++d;
     const int64_t slot = static_cast<int64_t>(rank) * cap + (i - start[d]);
     const int t = send_tokens[i];
-    copy_row<T, VEC>(hidden + static_cast<int64_t>(t) * hidden_size, peer_rows[d] + slot * hidden_size,
-                     hidden_size, lane);
-    int32_t* meta = peer_meta[d] + slot * 2 * top_k;
-    for (int j = lane; j < top_k; j += 32) {
-      meta[j] = ids[static_cast<int64_t>(t) * top_k + j];
-      meta[top_k + j] = __float_as_int(weights[static_cast<int64_t>(t) * top_k + j]);
+    copy_chunk<T, VEC>(hidden + static_cast<int64_t>(t) * hidden_size, peer_rows[d] + slot * hidden_size,
+                       hidden_size, c, lane);
+    if (c == 0) {
+      int32_t* meta = peer_meta[d] + slot * 2 * top_k;
+      for (int j = lane; j < top_k; j += 32) {
+        meta[j] = ids[static_cast<int64_t>(t) * top_k + j];
+        meta[top_k + j] = __float_as_int(weights[static_cast<int64_t>(t) * top_k + j]);
+      }
     }
   }
+  signal_peers(peer_flags, rank, ep, done);
+}
+
+// Waits as long as the peers take, as NCCL's kernels do: a peer may reach the call long after this rank (still
+// loading its weights); a peer that died is the process group's watchdog's to report.
+__global__ void nvlink_wait_kernel(int32_t* __restrict__ flags, int ep) {
+  if (threadIdx.x >= ep) return;
+  while (load_acquire_sys(flags + threadIdx.x) == 0) __nanosleep(100);
+  flags[threadIdx.x] = 0;
 }
 
 template <typename T, int VEC>
@@ -84,39 +168,46 @@ nvlink_gather_kernel(const T* __restrict__ recv_rows, const int32_t* __restrict_
     }
   }
   __syncthreads();
-  const int lane = threadIdx.x % 32;
-  const int rows = max(capacity, start[ep]);
-  for (int j = blockIdx.x * mb::kStageWarps + threadIdx.x / 32; j < rows; j += gridDim.x * mb::kStageWarps) {
+  const int lane = threadIdx.x % 32, chunks = chunks_per_row<VEC>(hidden_size);
+  const int64_t items = static_cast<int64_t>(max(capacity, start[ep])) * chunks;
+  for (int64_t it = blockIdx.x * static_cast<int64_t>(mb::kStageWarps) + threadIdx.x / 32; it < items;
+       it += static_cast<int64_t>(gridDim.x) * mb::kStageWarps) {
+    const int j = static_cast<int>(it / chunks), c = static_cast<int>(it % chunks);
     if (j >= capacity) {  // dropped: its source gets a zero row back (the token lacks this rank's part, no more)
       int s = 0;
       while (start[s + 1] <= j) ++s;
-      T* back = peer_returned[s] + static_cast<int64_t>(recv_counts[2 * s + 1] + j - start[s]) * hidden_size;
-      for (int v = lane; v < hidden_size; v += 32) back[v] = mb::from_f32<T>(0.0f);
+      zero_chunk<T, VEC>(peer_returned[s] + static_cast<int64_t>(recv_counts[2 * s + 1] + j - start[s]) * hidden_size,
+                         hidden_size, c, lane);
+      __threadfence_system();  // seen by the source before this rank's return signal (a later kernel) is
       continue;
     }
     if (j >= start[ep]) {  // no row here: it routes nowhere
-      for (int k = lane; k < top_k; k += 32) {
-        out_ids[static_cast<int64_t>(j) * top_k + k] = -1;
-        out_weights[static_cast<int64_t>(j) * top_k + k] = 0.0f;
+      if (c == 0) {
+        for (int k = lane; k < top_k; k += 32) {
+          out_ids[static_cast<int64_t>(j) * top_k + k] = -1;
+          out_weights[static_cast<int64_t>(j) * top_k + k] = 0.0f;
+        }
+        if (lane == 0) src_rank[j] = -1;
       }
-      if (lane == 0) src_rank[j] = -1;
       continue;
     }
     int s = 0;
     while (start[s + 1] <= j) ++s;
     const int i = j - start[s];
     const int64_t slot = static_cast<int64_t>(s) * cap + i;
-    copy_row<T, VEC>(recv_rows + slot * hidden_size, out_hidden + static_cast<int64_t>(j) * hidden_size, hidden_size,
-                     lane);
-    const int32_t* meta = recv_meta + slot * 2 * top_k;
-    for (int k = lane; k < top_k; k += 32) {
-      const int x = meta[k] - first_expert;
-      out_ids[static_cast<int64_t>(j) * top_k + k] = x >= 0 && x < local_experts ? x : -1;
-      out_weights[static_cast<int64_t>(j) * top_k + k] = __int_as_float(meta[top_k + k]);
-    }
-    if (lane == 0) {
-      src_rank[j] = s;
-      src_row[j] = recv_counts[2 * s + 1] + i;
+    copy_chunk<T, VEC>(recv_rows + slot * hidden_size, out_hidden + static_cast<int64_t>(j) * hidden_size,
+                       hidden_size, c, lane);
+    if (c == 0) {
+      const int32_t* meta = recv_meta + slot * 2 * top_k;
+      for (int k = lane; k < top_k; k += 32) {
+        const int x = meta[k] - first_expert;
+        out_ids[static_cast<int64_t>(j) * top_k + k] = x >= 0 && x < local_experts ? x : -1;
+        out_weights[static_cast<int64_t>(j) * top_k + k] = __int_as_float(meta[top_k + k]);
+      }
+      if (lane == 0) {
+        src_rank[j] = s;
+        src_row[j] = recv_counts[2 * s + 1] + i;
+      }
     }
   }
 }
@@ -124,20 +215,26 @@ nvlink_gather_kernel(const T* __restrict__ recv_rows, const int32_t* __restrict_
 template <typename T, int VEC>
 __global__ void __launch_bounds__(mb::kStageThreads)
 nvlink_return_kernel(const T* __restrict__ partial, const int32_t* __restrict__ src_rank,
-                     const int32_t* __restrict__ src_row, int rows, int hidden_size, T* const* __restrict__ peer_returned) {
-  const int lane = threadIdx.x % 32;
-  for (int j = blockIdx.x * mb::kStageWarps + threadIdx.x / 32; j < rows; j += gridDim.x * mb::kStageWarps) {
+                     const int32_t* __restrict__ src_row, int rows, int hidden_size, T* const* __restrict__ peer_returned,
+                     int rank, int ep, int32_t* const* __restrict__ peer_flags, int32_t* __restrict__ done) {
+  const int lane = threadIdx.x % 32, chunks = chunks_per_row<VEC>(hidden_size);
+  const int64_t items = static_cast<int64_t>(rows) * chunks;
+  for (int64_t it = blockIdx.x * static_cast<int64_t>(mb::kStageWarps) + threadIdx.x / 32; it < items;
+       it += static_cast<int64_t>(gridDim.x) * mb::kStageWarps) {
+    const int j = static_cast<int>(it / chunks), c = static_cast<int>(it % chunks);
     const int s = src_rank[j];
     if (s < 0) continue;
-    copy_row<T, VEC>(partial + static_cast<int64_t>(j) * hidden_size,
-                     peer_returned[s] + static_cast<int64_t>(src_row[j]) * hidden_size, hidden_size, lane);
+    copy_chunk<T, VEC>(partial + static_cast<int64_t>(j) * hidden_size,
+                       peer_returned[s] + static_cast<int64_t>(src_row[j]) * hidden_size, hidden_size, c, lane);
   }
+  signal_peers(peer_flags, ep + rank, ep, done);
 }
 
-// The grid of a row loop: a block per kStageWarps rows, at most 8 per SM, at most max_sms where given (> 0).
-int grid_for(int64_t rows, int max_sms) {
+// The grid of a chunk loop over `rows` rows: a block per kStageWarps chunks, at most 8 per SM, at most max_sms
+// where given (> 0); at least one block (the signalling kernels run, and signal, with nothing to move).
+int grid_for(int64_t rows, int chunks, int max_sms) {
   const int64_t sms = mb::device_attribute(cudaDevAttrMultiProcessorCount);
-  int64_t grid = std::min<int64_t>((rows + mb::kStageWarps - 1) / mb::kStageWarps, sms * 8);
+  int64_t grid = std::min<int64_t>((rows * chunks + mb::kStageWarps - 1) / mb::kStageWarps, sms * 8);
   if (max_sms > 0) grid = std::min<int64_t>(grid, max_sms);
   return static_cast<int>(std::max<int64_t>(1, grid));
 }
@@ -160,22 +257,34 @@ extern "C" mb_status mb_ep_nvlink_dispatch(const void* hidden, int dtype, const 
                                            const float* topk_weights, int hidden_size, int top_k, int rank,
                                            int ep_size, int cap, const int32_t* send_counts,
                                            const int32_t* send_tokens, int max_send_rows, void* const* peer_rows,
-                                           int32_t* const* peer_meta, int32_t* const* peer_counts, int max_sms,
+                                           int32_t* const* peer_meta, int32_t* const* peer_counts,
+                                           int32_t* const* peer_flags, int32_t* done, int max_sms,
                                            cudaStream_t stream) {
   const char* who = "mb_ep_nvlink_dispatch";
   MB_REQUIRE(ep_size >= 1 && ep_size <= kMaxRanks, "%s: ep_size must be in 1..%d, got %d", who, kMaxRanks, ep_size);
   MB_REQUIRE(rank >= 0 && rank < ep_size, "%s: rank %d is not in 0..%d", who, rank, ep_size - 1);
   MB_REQUIRE(hidden_size >= 1 && top_k >= 1 && cap >= 0 && max_send_rows >= 0,
              "%s: hidden_size, top_k must be >= 1 and cap, max_send_rows >= 0", who);
-  MB_REQUIRE(send_counts && peer_rows && peer_meta && peer_counts, "%s: a pointer argument is NULL", who);
+  MB_REQUIRE(send_counts && peer_rows && peer_meta && peer_counts && peer_flags && done,
+             "%s: a pointer argument is NULL", who);
   MB_REQUIRE(max_sms >= 0, "%s: max_sms must be >= 0 (0: the default grid), got %d", who, max_sms);
   return by_width(dtype, hidden_size, {hidden}, who, [&](auto tag, auto vec) {
     using T = typename decltype(tag)::type;
-    nvlink_dispatch_kernel<T, decltype(vec)::value><<<grid_for(max_send_rows, max_sms), mb::kStageThreads, 0, stream>>>(
+    constexpr int kVec = decltype(vec)::value;
+    nvlink_dispatch_kernel<T, kVec><<<grid_for(max_send_rows, chunks_per_row<kVec>(hidden_size), max_sms),
+                                      mb::kStageThreads, 0, stream>>>(
         static_cast<const T*>(hidden), topk_ids, topk_weights, hidden_size, top_k, rank, ep_size, cap, send_counts,
-        send_tokens, reinterpret_cast<T* const*>(peer_rows), peer_meta, peer_counts);
+        send_tokens, reinterpret_cast<T* const*>(peer_rows), peer_meta, peer_counts, peer_flags, done);
     return mb::check_launch("nvlink_dispatch_kernel");
   });
+}
+
+extern "C" mb_status mb_ep_nvlink_wait(int32_t* flags, int ep_size, cudaStream_t stream) {
+  const char* who = "mb_ep_nvlink_wait";
+  MB_REQUIRE(ep_size >= 1 && ep_size <= kMaxRanks, "%s: ep_size must be in 1..%d, got %d", who, kMaxRanks, ep_size);
+  MB_REQUIRE(flags, "%s: flags is NULL", who);
+  nvlink_wait_kernel<<<1, 32, 0, stream>>>(flags, ep_size);
+  return mb::check_launch("nvlink_wait_kernel");
 }
 
 extern "C" mb_status mb_ep_nvlink_gather(const void* recv_rows, int dtype, const int32_t* recv_meta,
@@ -193,7 +302,9 @@ extern "C" mb_status mb_ep_nvlink_gather(const void* recv_rows, int dtype, const
   MB_REQUIRE(max_sms >= 0, "%s: max_sms must be >= 0 (0: the default grid), got %d", who, max_sms);
   return by_width(dtype, hidden_size, {recv_rows, out_hidden}, who, [&](auto tag, auto vec) {
     using T = typename decltype(tag)::type;
-    nvlink_gather_kernel<T, decltype(vec)::value><<<grid_for(capacity, max_sms), mb::kStageThreads, 0, stream>>>(
+    constexpr int kVec = decltype(vec)::value;
+    nvlink_gather_kernel<T, kVec><<<grid_for(capacity, chunks_per_row<kVec>(hidden_size), max_sms),
+                                    mb::kStageThreads, 0, stream>>>(
         static_cast<const T*>(recv_rows), recv_meta, recv_counts, ep_size, cap, hidden_size, top_k, first_expert,
         local_experts, capacity, static_cast<T*>(out_hidden), out_ids, out_weights, src_rank, src_row, received,
         overflow, reinterpret_cast<T* const*>(peer_returned));
@@ -203,17 +314,24 @@ extern "C" mb_status mb_ep_nvlink_gather(const void* recv_rows, int dtype, const
 
 extern "C" mb_status mb_ep_nvlink_return(const void* partial, int dtype, const int32_t* src_rank,
                                          const int32_t* src_row, int rows, int hidden_size,
-                                         void* const* peer_returned, int max_sms, cudaStream_t stream) {
+                                         void* const* peer_returned, int rank, int ep_size,
+                                         int32_t* const* peer_flags, int32_t* done, int max_sms,
+                                         cudaStream_t stream) {
   const char* who = "mb_ep_nvlink_return";
   MB_REQUIRE(rows >= 0 && hidden_size >= 1, "%s: rows must be >= 0 and hidden_size >= 1", who);
+  MB_REQUIRE(ep_size >= 1 && ep_size <= kMaxRanks, "%s: ep_size must be in 1..%d, got %d", who, kMaxRanks, ep_size);
+  MB_REQUIRE(rank >= 0 && rank < ep_size, "%s: rank %d is not in 0..%d", who, rank, ep_size - 1);
   MB_REQUIRE(max_sms >= 0, "%s: max_sms must be >= 0 (0: the default grid), got %d", who, max_sms);
-  if (rows == 0) return mb::dispatch_dtype(dtype, who, [](auto) { return MB_OK; });
-  MB_REQUIRE(partial && src_rank && src_row && peer_returned, "%s: a pointer argument is NULL", who);
+  MB_REQUIRE(peer_returned && peer_flags && done && (rows == 0 || (partial && src_rank && src_row)),
+             "%s: a pointer argument is NULL", who);
+  // launched with no rows too: the peers wait for its signal
   return by_width(dtype, hidden_size, {partial}, who, [&](auto tag, auto vec) {
     using T = typename decltype(tag)::type;
-    nvlink_return_kernel<T, decltype(vec)::value><<<grid_for(rows, max_sms), mb::kStageThreads, 0, stream>>>(
+    constexpr int kVec = decltype(vec)::value;
+    nvlink_return_kernel<T, kVec><<<grid_for(rows, chunks_per_row<kVec>(hidden_size), max_sms), mb::kStageThreads,
+                                    0, stream>>>(
         static_cast<const T*>(partial), src_rank, src_row, rows, hidden_size,
-        reinterpret_cast<T* const*>(peer_returned));
+        reinterpret_cast<T* const*>(peer_returned), rank, ep_size, peer_flags, done);
     return mb::check_launch("nvlink_return_kernel");
   });
 }

@@ -2,13 +2,15 @@
 design), through buffers every rank of the group maps: torch's symmetric memory (multicast stays off).
 
 Each rank allocates once, for `max_tokens` tokens per call: recv slots for every source (ep_size x max_tokens
-rows, the worst case: a token goes at most once to a rank), their ids / weights, the counts, and the returned
-partial rows. A call: `mb_ep_layout` (the ranks each token goes to), `mb_ep_nvlink_dispatch` (the rows into
-the peers' slots), a barrier, `mb_ep_nvlink_gather` (the received rows made dense, with local expert ids and
-where each goes back); after the experts, `mb_ep_nvlink_return` (partials into their sources' returned rows),
-a barrier, `mb_ep_combine`. No collective and no allocation per call.
+rows, the worst case: a token goes at most once to a rank), their ids / weights, the counts, the returned
+partial rows, and two flags per source. A call: `mb_ep_layout` (the ranks each token goes to),
+`mb_ep_nvlink_dispatch` (the rows into the peers' slots, then a flag raised on each peer), `mb_ep_nvlink_wait`
+(one block waits for every source's flag), `mb_ep_nvlink_gather` (the received rows made dense, with local expert
+ids and where each goes back); after the experts, `mb_ep_nvlink_return` (partials into their sources' returned
+rows, then a flag on each peer), `mb_ep_nvlink_wait`, `mb_ep_combine`. No collective, no barrier kernel and no
+allocation per call: each rank waits only for the signals it needs, one SM spinning.
 
-Blocking mode (recv_capacity None) reads the received row count to the host after the first barrier (the one
+Blocking mode (recv_capacity None) reads the received row count to the host after the first wait (the one
 synchronization) and gathers exactly that many rows. Non-blocking mode gathers a fixed `recv_capacity` rows
 (seed 004's num_permuted_tokens): rows past the received ones route nowhere, rows past the capacity are
 dropped (their tokens get a zero row back from this rank: they lack its experts' part) and set `overflow` (a
@@ -50,8 +52,8 @@ class NvlinkDispatch:
     """Dispatch and combine for one rank of `spec`'s group over NVLink-mapped buffers of every rank in `group`
     (all on one NVLink domain). `recv_capacity`: None for the blocking mode, else the rows gathered per call;
     `dispatch_sms` / `combine_sms`: the SM caps of the module docstring (None: the kernels' own grids). An
-    instance's barriers signal through its own buffer's signal pad (torch ties one to each symmetric allocation),
-    so two instances in flight at once (dual-batch overlap's two micro-batches) never pair each other's."""
+    instance signals through its own buffer's flags and counters, so two instances in flight at once (dual-batch
+    overlap's two micro-batches) never take each other's signals."""
 
     def __init__(self, spec: MoESpec, kernels: ModuleType, max_tokens: int, group: dist.ProcessGroup | None = None,
                  recv_capacity: int | None = None, device: torch.device | str = "cuda",
@@ -70,7 +72,8 @@ class NvlinkDispatch:
         # the symmetric buffer carved as a runner workspace is (each region 256-byte aligned), every rank alike
         regions = {"recv_rows": BufferSpec((ep * self.cap, H), dtype),
                    "recv_meta": BufferSpec((ep * self.cap, 2 * K), torch.int32),
-                   "recv_counts": BufferSpec((ep, 2), torch.int32), "returned": BufferSpec((ep * self.cap, H), dtype)}
+                   "recv_counts": BufferSpec((ep, 2), torch.int32), "returned": BufferSpec((ep * self.cap, H), dtype),
+                   "flags": BufferSpec((2, ep), torch.int32)}  # [0][s]: s's rows are here; [1][s]: s's partials
         self.buffer = symm_mem.empty(layout_bytes(regions), dtype=torch.uint8, device=dev)
         self.handle = symm_mem.rendezvous(self.buffer, self.group.group_name)
         self.local = Workspace(regions, flat=self.buffer).buffers
@@ -79,6 +82,8 @@ class NvlinkDispatch:
         self.peers = {name: torch.tensor([p + offsets[name] for p in ptrs], dtype=torch.int64, device=dev)
                       for name in regions}
         self.local["recv_counts"].zero_()
+        self.local["flags"].zero_()
+        self.done = torch.zeros(2, 1, dtype=torch.int32, device=dev)  # the signalling kernels' block counters
         # per call, sized once: the layout's outputs and (non-blocking) the gathered rows
         self.counts = torch.empty(ep, dtype=torch.int32, device=dev)
         self.send_tokens = torch.empty(max_tokens * ep, dtype=torch.int32, device=dev)
@@ -86,7 +91,10 @@ class NvlinkDispatch:
         self.received = torch.zeros(1, dtype=torch.int32, device=dev)
         self.overflow = torch.zeros(1, dtype=torch.int32, device=dev)
         self._dense = None if recv_capacity is None else self._dense_rows(recv_capacity, dtype, dev)
-        self.handle.barrier(channel=0)  # every rank's buffer is zeroed before any rank writes into it
+        # every rank's buffer is zeroed before any rank writes into it: a host barrier over the group, so no state
+        # of torch's own signal pads (shared by whatever used the allocation before) takes part in our protocol
+        torch.cuda.synchronize(dev)
+        dist.barrier(group=self.group, device_ids=[dev.index if dev.index is not None else torch.cuda.current_device()])
 
     def _dense_rows(self, rows: int, dtype: torch.dtype, dev: torch.device) -> dict[str, torch.Tensor]:
         H, K = self.spec.hidden_size, self.spec.top_k
@@ -104,8 +112,8 @@ class NvlinkDispatch:
                                                       self.send_tokens[: T * self.ep], self.token_slots[:T])
         self.k.ep_nvlink_dispatch(hidden, topk_ids, topk_weights, self.rank, self.cap, counts, send_tokens,
                                   self.peers["recv_rows"], self.peers["recv_meta"], self.peers["recv_counts"],
-                                  sms=self.dispatch_sms)
-        self.handle.barrier(channel=0)  # every rank's rows have landed
+                                  self.peers["flags"], self.done[0], sms=self.dispatch_sms)
+        self.k.ep_nvlink_wait(self.local["flags"][0])  # every source's rows have landed here
         if self._dense is None:
             rows = int(self.local["recv_counts"][:, 0].sum())  # blocking: the one host synchronization
             dense = self._dense_rows(rows, hidden.dtype, hidden.device)
@@ -119,6 +127,7 @@ class NvlinkDispatch:
                                 slots)
 
     def combine(self, partial: torch.Tensor, d: NvlinkDispatched, out: torch.Tensor) -> torch.Tensor:
-        self.k.ep_nvlink_return(partial, d.src_rank, d.src_row, self.peers["returned"], sms=self.combine_sms)
-        self.handle.barrier(channel=0)  # every partial row is back
+        self.k.ep_nvlink_return(partial, d.src_rank, d.src_row, self.peers["returned"], self.rank, self.peers["flags"],
+                                self.done[1], sms=self.combine_sms)
+        self.k.ep_nvlink_wait(self.local["flags"][1])  # every partial row owed here is back
         return self.k.ep_combine(self.local["returned"], d.token_slots, out=out, sms=self.combine_sms)

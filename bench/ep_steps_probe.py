@@ -1,0 +1,102 @@
+"""Where a non-blocking `nvlink` dispatch + combine spends its time, kernel by kernel (torchrun, one process per GPU).
+
+Each point's dispatch + combine (and the Qwen3-30B-A3B EP layer at 1 token) is captured in a CUDA graph, replayed
+back to back under torch.profiler; per kernel name: calls and device time per replay, the slowest rank's, beside
+the replay's time from CUDA events (the gap between the two is launch latency and idle time between kernels).
+
+    torchrun --standalone --nproc-per-node=4 bench/ep_steps_probe.py out.json
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections import defaultdict
+
+import torch
+import torch.distributed as dist
+
+from moe_build import kernels
+from moe_build.bench.ep import _routing, random_weights
+from moe_build.runner.dispatch import NvlinkDispatch
+from moe_build.runner.expert_parallel import rank_layer
+from moe_build.spec import MoESpec
+
+REPLAYS = 20
+POINTS = ((7168, 1), (7168, 128), (7168, 4096), (2048, 1))
+
+
+def profile(fn, label: str) -> dict:  # noqa: ANN001
+    """fn captured once, replayed REPLAYS times under the profiler: per-kernel us per replay, replay us."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    dist.barrier()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    torch.cuda.synchronize()
+    dist.barrier()
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    dist.barrier()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        start.record()
+        for _ in range(REPLAYS):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+    kernels_us: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            k = kernels_us[e.name[:60]]
+            k[0] += 1
+            k[1] += e.device_time_total
+    row = {"label": label, "replay_us": 1e3 * start.elapsed_time(end) / REPLAYS,
+           "kernels": {n: {"calls": c / REPLAYS, "us": t / REPLAYS} for n, (c, t) in kernels_us.items()}}
+    rows = [None] * dist.get_world_size()
+    dist.all_gather_object(rows, row)
+    return max(rows, key=lambda r: r["replay_us"])  # type: ignore[arg-type,return-value]
+
+
+def main() -> None:
+    dist.init_process_group("nccl")
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", dist.get_rank())))
+    rank, ep = dist.get_rank(), dist.get_world_size()
+    results = []
+    for H, T in POINTS:
+        spec = MoESpec(H, 256, 128 if H == 2048 else 256, 8, ep_size=ep, ep_rank=rank)
+        d = NvlinkDispatch(spec, kernels, T, recv_capacity=ep * T)
+        hidden = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
+        ids, w = _routing(T, spec.num_experts, spec.top_k, 1000 + rank)
+        out = torch.empty_like(hidden)
+
+        def call() -> None:
+            got = d.dispatch(hidden, ids, w)  # noqa: B023
+            d.combine(got.hidden, got, out)  # noqa: B023
+        results.append(profile(call, f"dispatch+combine H={H} T={T}"))
+    spec = MoESpec(2048, 768, 128, 8, ep_size=ep, name="qwen3-30b-a3b")
+    weights = random_weights(spec, seed=7)
+    layer = rank_layer(spec, weights, rank, max_tokens=1, force={"dispatch": "nvlink"}, recv_capacity=ep)
+    hidden = torch.randn(1, 2048, device="cuda", dtype=torch.bfloat16)
+    ids, w = _routing(1, 128, 8, 2000 + rank)
+    out = torch.empty_like(hidden)
+    results.append(profile(lambda: layer(hidden, topk_ids=ids, topk_weights=w, out=out), "qwen3 EP layer T=1"))
+    if rank == 0:
+        with open(sys.argv[1], "w") as f:
+            json.dump(results, f, indent=1)
+        for r in results:
+            total = sum(k["us"] for k in r["kernels"].values())
+            print(f"{r['label']}: replay {r['replay_us']:.1f} us, kernels {total:.1f} us")
+            for n, k in sorted(r["kernels"].items(), key=lambda x: -x[1]["us"]):
+                print(f"    {k['us']:8.1f} us  x{k['calls']:.0f}  {n}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
