@@ -449,8 +449,10 @@ def ep_parallel(s: MoESpec) -> Gate:
 
 
 # the ranks map each other's memory over NVLink only within one NVLink domain (an HGX board's 8 GPUs):
-# ep_size <= 8. Where it holds, nvlink is the choice: dispatch + combine 224-645 us against nccl's 460-767 us
-# on 2 H200s at 1-4096 tokens, hidden 2048 and 7168 (docs/performance.md, "Expert parallelism")
+# ep_size <= 8. Where it holds, nvlink is the choice: on 4 H200s a dispatch + combine takes 31-34 us for 1-16
+# tokens per rank replayed from a CUDA graph and 0.25-2.0 ms called eagerly at 1-4096 tokens, against nccl's
+# 0.5-1.5 ms (eager only: its exact sizes come from the counts on the host), hidden 2048 and 7168
+# (docs/performance.md, "Expert parallelism (4 x H200, CUDA-graph replay)")
 EP_NVLINK_DOMAIN = 8
 
 
