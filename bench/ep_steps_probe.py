@@ -9,7 +9,6 @@ the replay's time from CUDA events (the gap between the two is launch latency an
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections import defaultdict
 
@@ -17,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from moe_build import kernels
-from moe_build.bench.ep import _routing, random_weights
+from moe_build.bench.ep import capture, dispatch_spec, exchange, init_rank, random_routing, random_weights
 from moe_build.runner.dispatch import NvlinkDispatch
 from moe_build.runner.expert_parallel import rank_layer
 from moe_build.spec import MoESpec
@@ -28,18 +27,7 @@ POINTS = ((7168, 1), (7168, 128), (7168, 4096), (2048, 1))
 
 def profile(fn, label: str) -> dict:  # noqa: ANN001
     """fn captured once, replayed REPLAYS times under the profiler: per-kernel us per replay, replay us."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    dist.barrier()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    torch.cuda.synchronize()
-    dist.barrier()
+    graph = capture(fn)
     for _ in range(3):
         graph.replay()
     torch.cuda.synchronize()
@@ -65,26 +53,21 @@ def profile(fn, label: str) -> dict:  # noqa: ANN001
 
 
 def main() -> None:
-    dist.init_process_group("nccl")
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", dist.get_rank())))
+    init_rank()
     rank, ep = dist.get_rank(), dist.get_world_size()
     results = []
     for H, T in POINTS:
-        spec = MoESpec(H, 256, 128 if H == 2048 else 256, 8, ep_size=ep, ep_rank=rank)
+        spec = dispatch_spec(H)
         d = NvlinkDispatch(spec, kernels, T, recv_capacity=ep * T)
         hidden = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
-        ids, w = _routing(T, spec.num_experts, spec.top_k, 1000 + rank)
-        out = torch.empty_like(hidden)
-
-        def call() -> None:
-            got = d.dispatch(hidden, ids, w)  # noqa: B023
-            d.combine(got.hidden, got, out)  # noqa: B023
-        results.append(profile(call, f"dispatch+combine H={H} T={T}"))
+        ids, w = random_routing(T, spec.num_experts, spec.top_k, 1000 + rank)
+        results.append(profile(exchange(d, hidden, ids, w, torch.empty_like(hidden)),
+                               f"dispatch+combine H={H} T={T}"))
     spec = MoESpec(2048, 768, 128, 8, ep_size=ep, name="qwen3-30b-a3b")
     weights = random_weights(spec, seed=7)
     layer = rank_layer(spec, weights, rank, max_tokens=1, force={"dispatch": "nvlink"}, recv_capacity=ep)
     hidden = torch.randn(1, 2048, device="cuda", dtype=torch.bfloat16)
-    ids, w = _routing(1, 128, 8, 2000 + rank)
+    ids, w = random_routing(1, 128, 8, 2000 + rank)
     out = torch.empty_like(hidden)
     results.append(profile(lambda: layer(hidden, topk_ids=ids, topk_weights=w, out=out), "qwen3 EP layer T=1"))
     if rank == 0:

@@ -73,9 +73,9 @@ def _time(fn: Callable[[], object], iters: int, warmup: int = 3) -> float:
     return _rounds(fn, iters)
 
 
-def _time_graph(fn: Callable[[], object], iters: int) -> float:
-    """fn captured once in a CUDA graph (every rank together) and replayed: ms per replay, see _rounds. The
-    non-blocking nvlink mode and fixed-size all-to-alls capture; this is how a serving engine runs decode."""
+def capture(fn: Callable[[], object]) -> torch.cuda.CUDAGraph:
+    """fn warmed up on a side stream, then captured in a CUDA graph, every rank together (the exchanges inside
+    pair with the other ranks' replays)."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -88,13 +88,31 @@ def _time_graph(fn: Callable[[], object], iters: int) -> float:
         fn()
     torch.cuda.synchronize()
     dist.barrier()
+    return graph
+
+
+def time_graph(fn: Callable[[], object], iters: int) -> float:
+    """fn captured once in a CUDA graph (every rank together) and replayed: ms per replay, see _rounds. The
+    non-blocking nvlink mode and fixed-size all-to-alls capture; this is how a serving engine runs decode."""
+    graph = capture(fn)
     graph.replay()
     ms = _rounds(graph.replay, iters)
     del graph
     return ms
 
 
-def _routing(tokens: int, experts: int, top_k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+def exchange(d: object, hidden: torch.Tensor, ids: torch.Tensor, w: torch.Tensor,
+             out: torch.Tensor) -> Callable[[], None]:
+    """One dispatch + combine of `hidden` through dispatcher `d` (either backend), no expert compute between:
+    the received rows go back as they came."""
+    def call() -> None:
+        got = d.dispatch(hidden, ids, w)  # type: ignore[attr-defined]
+        d.combine(got.hidden, got, out)  # type: ignore[attr-defined]
+    return call
+
+
+def random_routing(tokens: int, experts: int, top_k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Uniform random top-k ids (distinct per token) and weights on this GPU, from `seed` (each rank its own)."""
     g = torch.Generator(device="cuda").manual_seed(seed)
     scores = torch.rand(tokens, experts, device="cuda", generator=g)
     ids = scores.topk(top_k, dim=1).indices.int()
@@ -122,15 +140,8 @@ def dispatch_points(spec: MoESpec, token_counts: tuple[int, ...], iters: int) ->
     points = []
     for tokens in token_counts:
         hidden = torch.randn(tokens, H, device="cuda", dtype=torch.bfloat16)
-        ids, w = _routing(tokens, spec.num_experts, spec.top_k, 1000 + rank)
+        ids, w = random_routing(tokens, spec.num_experts, spec.top_k, 1000 + rank)
         out = torch.empty_like(hidden)
-
-        def ours(d) -> Callable[[], None]:  # noqa: ANN001
-            def call() -> None:
-                got = d.dispatch(hidden, ids, w)  # noqa: B023
-                d.combine(got.hidden, got, out)  # noqa: B023
-            return call
-
         send_worst = hidden.repeat(ep, 1)  # T rows to every rank: nothing counted, nothing exchanged first
         recv_worst = torch.empty_like(send_worst)
 
@@ -145,9 +156,9 @@ def dispatch_points(spec: MoESpec, token_counts: tuple[int, ...], iters: int) ->
         point = {"hidden": H, "tokens": tokens, "top_k": spec.top_k, "experts": spec.num_experts,
                  "rows_sent_busiest_rank": int(needed.item())}
         non_blocking = NvlinkDispatch(spec, kernels, tokens, recv_capacity=ep * tokens)
-        timed = [*((n, _time(ours(d), iters)) for n, d in blocking.items()),
-                 ("nvlink_graph", _time_graph(ours(non_blocking), iters)),
-                 ("worst_case", _time(worst, iters)), ("worst_case_graph", _time_graph(worst, iters))]
+        timed = [*((n, _time(exchange(d, hidden, ids, w, out), iters)) for n, d in blocking.items()),
+                 ("nvlink_graph", time_graph(exchange(non_blocking, hidden, ids, w, out), iters)),
+                 ("worst_case", _time(worst, iters)), ("worst_case_graph", time_graph(worst, iters))]
         del non_blocking
         for name, ms in timed:
             point[f"{name}_ms"] = ms
@@ -191,7 +202,7 @@ def layer_points(name: str, spec: MoESpec, weights: MoEWeights, token_counts: tu
         for key, b, overlap in (("ep_nvlink", "nvlink", False), ("ep_nccl", "nccl", False),
                                 ("ep_nccl_overlap", "nccl", True))}
     inputs = {t: (torch.randn(t, spec.hidden_size, device="cuda", dtype=torch.bfloat16),
-                  *_routing(t, spec.num_experts, spec.top_k, 2000 + rank)) for t in token_counts}
+                  *random_routing(t, spec.num_experts, spec.top_k, 2000 + rank)) for t in token_counts}
     points = [{"layer": name, "tokens_per_gpu": t} for t in token_counts]
     for key, make in eager.items():
         layer = make()
@@ -222,7 +233,7 @@ def _time_layer(key: str, layer: Callable[..., object], point: dict,
     hidden, ids, w = inputs[point["tokens_per_gpu"]]
     out = torch.empty_like(hidden)
     call = functools.partial(layer, hidden, topk_ids=ids, topk_weights=w, out=out)
-    point[f"{key}_ms"] = (_time_graph if graph else _time)(call, iters)
+    point[f"{key}_ms"] = (time_graph if graph else _time)(call, iters)
     _progress(f"layer {point['layer']} T={point['tokens_per_gpu']} {key}: {1e3 * point[f'{key}_ms']:.1f} us")
 
 
@@ -232,7 +243,7 @@ def memory_point(spec: MoESpec, tokens: int) -> dict:
     rank, ep, H = dist.get_rank(), dist.get_world_size(), spec.hidden_size
     d = NcclDispatch(spec, kernels)
     hidden = torch.randn(tokens, H, device="cuda", dtype=torch.bfloat16)
-    ids, w = _routing(tokens, spec.num_experts, spec.top_k, 3000 + rank)
+    ids, w = random_routing(tokens, spec.num_experts, spec.top_k, 3000 + rank)
     out = torch.empty_like(hidden)
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
@@ -248,14 +259,26 @@ def memory_point(spec: MoESpec, tokens: int) -> dict:
             "worst_case_bytes": worst}
 
 
+def dispatch_spec(hidden: int) -> MoESpec:
+    """This rank's spec for the dispatch points at `hidden`: top-k 8 over Qwen3's 128 experts at hidden 2048,
+    DeepSeek-V3's 256 otherwise (the intermediate size plays no part in an exchange)."""
+    return MoESpec(hidden, 256, 128 if hidden == 2048 else 256, 8, ep_size=dist.get_world_size(),
+                   ep_rank=dist.get_rank())
+
+
+def init_rank() -> None:
+    """This process's rank under torchrun: the NCCL group, and its GPU."""
+    dist.init_process_group("nccl")
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", dist.get_rank())))
+
+
 def run(iters: int, out_path: str | None, layers: tuple[str, ...] = tuple(name for name, *_ in LAYERS)) -> dict:
     rank, ep = dist.get_rank(), dist.get_world_size()
     result: dict = {"world": ep, "gpu": torch.cuda.get_device_name(), "link": link_bandwidth(iters)}
     _progress(f"link: all-to-all {result['link']['gb_s']:.0f} GB/s per rank")
     result["dispatch"] = []
     for H in DISPATCH_HIDDEN:
-        experts = 128 if H == 2048 else 256
-        spec = MoESpec(H, 256, experts, 8, ep_size=ep, ep_rank=rank)
+        spec = dispatch_spec(H)
         result["dispatch"] += dispatch_points(spec, DISPATCH_TOKENS, iters)
     result["memory"] = [memory_point(MoESpec(2048, 256, 128, k, ep_size=ep, ep_rank=rank), MEMORY_TOKENS)
                         for k in (8, 2)]
@@ -297,8 +320,7 @@ def table(r: dict) -> str:
 
 def main() -> None:
     """Entry point of one rank (under torchrun)."""
-    dist.init_process_group("nccl")
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", dist.get_rank())))
+    init_rank()
     iters = int(sys.argv[1]) if len(sys.argv) > 1 else 20
     out_path = sys.argv[2] if len(sys.argv) > 2 and sys.argv[2] else None
     layers = tuple(sys.argv[3].split(",")) if len(sys.argv) > 3 else tuple(name for name, *_ in LAYERS)
