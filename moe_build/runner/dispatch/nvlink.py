@@ -91,8 +91,8 @@ class NvlinkDispatch:
         self.received = torch.zeros(1, dtype=torch.int32, device=dev)
         self.overflow = torch.zeros(1, dtype=torch.int32, device=dev)
         self._dense = None if recv_capacity is None else self._dense_rows(recv_capacity, dtype, dev)
-        # every rank's buffer is zeroed before any rank writes into it: a host barrier over the group, so no state
-        # of torch's own signal pads (shared by whatever used the allocation before) takes part in our protocol
+        # every rank's buffer is zeroed before any rank writes into it: a host barrier over the group (torch's
+        # signal-pad barrier here hung one rank after many short-lived symmetric buffers: docs/performance.md)
         torch.cuda.synchronize(dev)
         dist.barrier(group=self.group, device_ids=[dev.index if dev.index is not None else torch.cuda.current_device()])
 
