@@ -39,6 +39,9 @@ bias still covering all num_experts):
     woq.w2_scale    [E, H, G2]    likewise, G2 = I / group
     woq.w1_zero     [E, N1, G1]   uint8      if spec.quant_zero_points (int4 zero points)
     woq.w2_zero     [E, H, G2]    uint8      if spec.quant_zero_points
+  (every uint8 input crosses TensorRT as INT8, the same bytes, read back as uint8 by the plugin: a constant layer
+  refuses UINT8 weights, "invalid weights type of UInt8" in TensorRT-RTX 1.7's network API, which full
+  TensorRT's shares; tests/test_engine_build.py builds such a layer through it)
     woq.fc1_act_scale [H]         fp32       if spec.quant_prequant_scales (AWQ pre-quant scales)
     woq.fc2_act_scale [I]         fp32       if spec.quant_prequant_scales
     b1              [E, N1]       spec dtype      if spec.expert_bias (in w1's order)
@@ -84,7 +87,7 @@ TORCH_OUT_DTYPE = {OutputDType.FP32: torch.float32, OutputDType.FP16: torch.floa
                    OutputDType.BF16: torch.bfloat16}
 # TensorRT DataType member names of the dtypes the plugin moves (same in both flavours).
 TRT_DTYPE_NAME = {torch.float32: "FLOAT", torch.float16: "HALF", torch.bfloat16: "BF16", FP8_DTYPE: "FP8",
-                  torch.uint8: "UINT8", torch.int8: "INT8"}
+                  torch.int8: "INT8"}
 # Quant modes whose weights and scales the plugin's inputs carry.
 PLUGIN_QUANTS = (Quant.NONE, Quant.FP8, Quant.FP8_BLOCK, Quant.W8A16, Quant.W4A16_AWQ, Quant.WFP4A16)
 FP8_SLOT_PREFIX = "fp8."  # scale slots are named as MoEWeights.named() names the Fp8Scales tensors
@@ -101,12 +104,23 @@ class InputSlot:
     """One plugin input: its name (for weights and scales, as `MoEWeights.named()` names the tensor), shape
     and accepted dtypes.
 
-    `shape` uses None for the token dimension; `dtypes[0]` is the dtype `add_moe_plugin` feeds.
+    `shape` uses None for the token dimension; `dtypes[0]` is the dtype `add_moe_plugin` feeds. `stored`: the
+    dtype moe-build keeps these bytes in, where TensorRT carries them as another type of the same size (uint8
+    as INT8), else None.
     """
 
     name: str
     shape: tuple[int | None, ...]
     dtypes: tuple[torch.dtype, ...]
+    stored: torch.dtype | None = None
+
+    def carried(self, t: torch.Tensor) -> torch.Tensor:
+        """`t` (in the stored dtype) as TensorRT carries it: the same bytes, no conversion."""
+        return t if self.stored is None else t.view(self.dtypes[0])
+
+    def as_stored(self, t: torch.Tensor) -> torch.Tensor:
+        """TensorRT's buffer `t` read back in the stored dtype: the same bytes."""
+        return t if self.stored is None else t.view(self.stored)
 
 
 def scale_granularity(spec: MoESpec) -> ScaleGranularity | None:
@@ -183,13 +197,18 @@ def _woq_slots(spec: MoESpec, kind: WoqKind) -> list[InputSlot]:
 
     def groups(cols: int) -> int:
         return 1 if group is None else cols // group
+
+    def slot(name: str, shape: tuple[int, ...], dtype: torch.dtype) -> InputSlot:
+        if dtype is torch.uint8:  # as INT8 through TensorRT (the module docstring)
+            return InputSlot(name, shape, (torch.int8,), stored=torch.uint8)
+        return InputSlot(name, shape, (dtype,))
     scale = torch.uint8 if kind is WoqKind.MXFP4 else torch.float32
-    slots = [InputSlot("w1", (E, n1, H // per_byte), (data,)), InputSlot("w2", (E, H, I // per_byte), (data,)),
-             InputSlot(WOQ_SLOT_PREFIX + "w1_scale", (E, n1, groups(H)), (scale,)),
-             InputSlot(WOQ_SLOT_PREFIX + "w2_scale", (E, H, groups(I)), (scale,))]
+    slots = [slot("w1", (E, n1, H // per_byte), data), slot("w2", (E, H, I // per_byte), data),
+             slot(WOQ_SLOT_PREFIX + "w1_scale", (E, n1, groups(H)), scale),
+             slot(WOQ_SLOT_PREFIX + "w2_scale", (E, H, groups(I)), scale)]
     if spec.quant_zero_points:
-        slots += [InputSlot(WOQ_SLOT_PREFIX + "w1_zero", (E, n1, groups(H)), (torch.uint8,)),
-                  InputSlot(WOQ_SLOT_PREFIX + "w2_zero", (E, H, groups(I)), (torch.uint8,))]
+        slots += [slot(WOQ_SLOT_PREFIX + "w1_zero", (E, n1, groups(H)), torch.uint8),
+                  slot(WOQ_SLOT_PREFIX + "w2_zero", (E, H, groups(I)), torch.uint8)]
     if spec.quant_prequant_scales:
         slots += [InputSlot(WOQ_SLOT_PREFIX + "fc1_act_scale", (H,), (torch.float32,)),
                   InputSlot(WOQ_SLOT_PREFIX + "fc2_act_scale", (I,), (torch.float32,))]
@@ -474,7 +493,7 @@ def run_enqueue(spec: MoESpec, plan: Plan, input_pointers: Sequence[int], input_
     # The weights are wrapped only when a runner is made; its key is their addresses.
     key = (torch.cuda.current_device(),) + tuple(int(p) for p in input_pointers[2:])
     runner = cache.get(key, lambda: _make_runner(spec, plan, {
-        slot.name: wrap_device_pointer(p, shape, dtype)
+        slot.name: slot.as_stored(wrap_device_pointer(p, shape, dtype))
         for slot, p, shape, dtype in zip(slots[2:], input_pointers[2:], input_shapes[2:], input_dtypes[2:])}))
 
     def wrapped(pointer: int, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
@@ -693,7 +712,8 @@ def add_moe_plugin(network: Any, trt: ModuleType, spec: MoESpec, plan: Plan, hid
     tensors, keep_alive = [hidden, router_logits], []
     for slot in input_slots(spec)[2:]:
         # check() has shown every shape fits the spec; reshape only gives a scalar activation scale its [1].
-        host = given[slot.name].detach().to("cpu", slot.dtypes[0]).reshape(slot.shape).contiguous()
+        stored = given[slot.name].detach().to("cpu", slot.stored or slot.dtypes[0])
+        host = slot.carried(stored.reshape(slot.shape).contiguous())
         if weights_as_constants:
             keep_alive.append(host)
             w = trt.Weights(trt_dtype_of(trt, slot.dtypes[0]), host.data_ptr(), host.numel())

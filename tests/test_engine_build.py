@@ -32,7 +32,7 @@ from moe_build.engine.build import BuildResult, build_engine
 from moe_build.engine.manifest import verify
 from moe_build.engine.options import BuildOptions
 from moe_build.engine.progress import LineProgress
-from moe_build.errors import MoeBuildError, UnsupportedCombination
+from moe_build.errors import MoeBuildError, UnsupportedCombination, VerificationError
 from moe_build.graph.ootb import weights_sha256
 from moe_build.planner import Plan, make_plan
 from moe_build.spec import ActScale, DType, MoESpec, Quant
@@ -40,6 +40,7 @@ from moe_build.spec.presets import get_preset
 from moe_build.target import Flavour, Target, TokenProfile
 from moe_build.weights import MoEWeights
 from moe_build.weights.fp8 import ScaleGranularity
+from moe_build.weights.woq import WoqKind
 
 PROFILE = TokenProfile(1, 8, 64)
 DOUBLE_VERSION = "10.13.0.35"  # what the double reports: a full TensorRT version Polygraphy accepts
@@ -67,6 +68,16 @@ def _fp8_plugin_case() -> tuple[MoESpec, MoEWeights]:
     return spec, weights
 
 
+def _woq_plugin_case() -> tuple[MoESpec, MoEWeights]:
+    """The tiny spec with W4A16 AWQ experts as AutoAWQ stores them: int4 in groups of 32 with zero points, and
+    AWQ pre-quant scales."""
+    tiny = get_preset("tiny")
+    weights = MoEWeights.random(tiny, seed=4).quantized_woq(WoqKind.INT4, 32, asymmetric=True, awq=True, seed=4)
+    spec = dataclasses.replace(tiny, quant=Quant.W4A16_AWQ, quant_group_size=32, name="tiny-awq",
+                               **weights.woq.storage_flags())
+    return spec, weights
+
+
 def _options(out: Path, **kw: Any) -> BuildOptions:
     return BuildOptions(output_dir=out, progress=False, **kw)
 
@@ -74,7 +85,7 @@ def _options(out: Path, **kw: Any) -> BuildOptions:
 # ---- the full-TensorRT double (runs in its own process) ---------------------------------------
 
 # bytes per element of the DataTypes the plugin's constants use
-ITEMSIZE = {"FP8": 1, "HALF": 2, "BF16": 2, "FLOAT": 4}
+ITEMSIZE = {"FP8": 1, "INT8": 1, "HALF": 2, "BF16": 2, "FLOAT": 4}
 
 
 def full_tensorrt_double(calls: dict[str, list[Any]]) -> types.ModuleType:
@@ -136,15 +147,15 @@ def full_tensorrt_double(calls: dict[str, list[Any]]) -> types.ModuleType:
 
 
 def build_plugin_engines_with_double(out: Path) -> dict[str, dict[str, Any]]:
-    """The plugin-path builds of the tiny spec ("unquantized") and of its FP8 variant ("fp8") with the
-    double as full TensorRT, one after the other in this process (fresh process only)."""
+    """The plugin-path builds of the tiny spec ("unquantized") and of its FP8 ("fp8") and W4A16 AWQ ("woq")
+    variants with the double as full TensorRT, one after the other in this process (fresh process only)."""
     calls: dict[str, list[Any]] = {"plugin": [], "build": [], "weights": []}
     sys.modules["tensorrt"] = full_tensorrt_double(calls)
     from moe_build.engine.polygraphy_trt import RTX_ENV, bound_module_name
     tiny = get_preset("tiny")
     results = {}
     for key, (spec, weights) in {"unquantized": (tiny, MoEWeights.random(tiny, seed=2)),
-                                 "fp8": _fp8_plugin_case()}.items():
+                                 "fp8": _fp8_plugin_case(), "woq": _woq_plugin_case()}.items():
         for recorded in calls.values():
             recorded.clear()
         progress = io.StringIO()
@@ -518,10 +529,55 @@ def test_fp8_plugin_build_bakes_fp8_weights_and_fp32_scales(plugin_builds: dict[
     (build,) = fp8["calls"]["build"]
     assert [name for name, kind in build["layers"] if kind == "CONSTANT"] == [f"moe.{s.name}" for s in slots]
     m = fp8["manifest"]
-    assert m["quant"] == {"mode": "fp8", "weight_scale_granularity": "tensor", "act_scale": "static"}
+    assert m["quant"] == {"mode": "fp8", "weight_scale_granularity": "tensor", "act_scale": "static",
+                          "weight_storage": None}
     assert m["spec"]["quant"] == "fp8" and m["graph"]["plugin"]["choices"] == plan.choices()
     assert m["weights_sha256"] == weights_sha256(weights)
     assert verify(fp8["engine_path"])[0] == m
+
+
+def test_woq_plugin_build_records_the_stored_form(plugin_builds: dict[str, dict[str, Any]], tmp_path: Path) -> None:
+    """A weight-only layer through the loaders: W1 / W2 baked as the packed uint8 codes as loaded, and the
+    manifest's quant record names that stored form (kind, packing, group, zero points, pre-quant scales), which
+    verify() holds against the spec: a manifest claiming another form is refused."""
+    woq = plugin_builds["woq"]
+    spec, weights = _woq_plugin_case()
+    (plugin,) = woq["calls"]["plugin"]
+    # the uint8 codes, scales' zero points cross as INT8 constants (TensorRT's constants take no UINT8)
+    assert [(name, dtype) for name, dtype, _ in plugin["inputs"][2:]] == [
+        ("moe.w1_output", "INT8"), ("moe.w2_output", "INT8"), ("moe.woq.w1_scale_output", "FLOAT"),
+        ("moe.woq.w2_scale_output", "FLOAT"), ("moe.woq.w1_zero_output", "INT8"), ("moe.woq.w2_zero_output", "INT8"),
+        ("moe.woq.fc1_act_scale_output", "FLOAT"), ("moe.woq.fc2_act_scale_output", "FLOAT")]
+    raw = weights.woq.w1.contiguous().numpy().tobytes()  # the codes as the reader stored them, byte for byte
+    assert woq["calls"]["weights"][0] == ["INT8", len(raw), hashlib.sha256(raw).hexdigest()]
+    zeros = weights.woq.w1_zero.contiguous().numpy().tobytes()
+    assert woq["calls"]["weights"][4] == ["INT8", len(zeros), hashlib.sha256(zeros).hexdigest()]
+    m = woq["manifest"]
+    assert m["quant"] == {"mode": "w4a16_awq", "weight_scale_granularity": "group32", "act_scale": None,
+                          "weight_storage": {"kind": "int4",
+                                             "weights": "uint8 [E, out, in/2], two codes a byte, the low nibble "
+                                                        "the even column",
+                                             "scales": "fp32 [E, out, in/32]",
+                                             "zero_points": "uint8 [E, out, in/32] in 0..15",
+                                             "prequant_scales": "fp32 [hidden], [intermediate]",
+                                             "granularity": "group32"}}
+    assert verify(woq["engine_path"])[0] == m
+    from rich.console import Console
+
+    from moe_build.engine.inspect import inspect_engine, render_inspection
+    console = Console(file=io.StringIO(), width=160, force_terminal=False)
+    render_inspection(inspect_engine(woq["engine_path"]), console)
+    assert "w4a16_awq: int4 weights, group32 scales, zero points, pre-quant scales" in console.file.getvalue()
+    engine = Path(woq["engine_path"])
+    for field, value in (("zero_points", "none: 8 implied"), ("kind", "int8")):
+        folder = tmp_path / field
+        folder.mkdir()
+        (folder / engine.name).write_bytes(engine.read_bytes())
+        tampered = json.loads(json.dumps(m))
+        tampered["quant"]["weight_storage"][field] = value
+        (folder / engine.with_suffix(".json").name).write_text(json.dumps(tampered))
+        with pytest.raises(VerificationError, match="weight_storage"):
+            verify(folder / engine.name)
 
 
 if __name__ == "__main__":

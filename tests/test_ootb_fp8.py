@@ -221,7 +221,8 @@ def test_cli_builds_a_tensorrt_rtx_fp8_engine(sm: str, quant: str, granularity: 
                       "--max-tokens", "64", "--out", str(tmp_path))
     assert r.returncode == 0, r.stderr[-3000:]
     m = json.loads((tmp_path / "fp8.json").read_text())
-    assert m["quant"] == {"mode": quant, "weight_scale_granularity": granularity, "act_scale": "dynamic"}
+    assert m["quant"] == {"mode": quant, "weight_scale_granularity": granularity, "act_scale": "dynamic",
+                          "weight_storage": None}
     assert m["target"] == {"sm": int(sm), "compute_capability": f"SM{sm}"} and m["flavour"]["name"] == "tensorrt-rtx"
     assert m["graph"]["inputs"] == [{"name": "hidden", "dtype": "BF16", "shape": [-1, 200]}]
     layers = [layer["type"] for layer in m["graph"]["layers"]]
@@ -239,7 +240,8 @@ def test_static_channel_engine_records_its_quant(tmp_path: Path) -> None:
     case = dataclasses.replace(case, static=True, base=base)
     plan = make_plan(case.spec, Target(sm=89, flavour=Flavour.TENSORRT_RTX, profile=TokenProfile(1, 8, 64)))
     result = build_engine(case.spec, case.weights(0), plan, BuildOptions(output_dir=tmp_path, progress=False))
-    assert result.manifest["quant"] == {"mode": "fp8", "weight_scale_granularity": "channel", "act_scale": "static"}
+    assert result.manifest["quant"] == {"mode": "fp8", "weight_scale_granularity": "channel", "act_scale": "static",
+                                       "weight_storage": None}
     manifest, _ = verify(result.engine_path)
     assert manifest["quant"] == result.manifest["quant"]
     assert inspect_engine(result.engine_path)["quant"]["act_scale"] == "static"

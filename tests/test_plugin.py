@@ -807,23 +807,27 @@ def woq_case(mode: str, seed: int = 0) -> tuple[MoESpec, MoEWeights]:
 @pytest.mark.parametrize("mode", WOQ_MODES)
 def test_woq_input_slots(mode):
     """hidden, logits, the stored W1 / W2 (packed uint8 or int8), their scales, the zero points and the AWQ
-    pre-quant scales where the spec says the checkpoint has them, then the model-dtype biases."""
+    pre-quant scales where the spec says the checkpoint has them, then the model-dtype biases; every uint8 tensor
+    carried as INT8 (TensorRT's constants take no UINT8), stored as uint8."""
     spec, _ = woq_case(mode)
     quant, group, zeros, awq = WOQ_MODES[mode]
     packed = quant is not Quant.W8A16
-    data = (torch.uint8,) if packed else (torch.int8,)
-    scale = (torch.uint8,) if quant is Quant.WFP4A16 else (torch.float32,)
+    byte = ((torch.int8,), torch.uint8)  # carried as int8, stored as uint8
+    data = byte if packed else ((torch.int8,), None)
+    scale = byte if quant is Quant.WFP4A16 else ((torch.float32,), None)
+    fp32 = ((torch.float32,), None)
     g1, g2 = (1, 1) if group is None else (320 // group, 64 // group)
     h, i = (160, 32) if packed else (320, 64)
-    want = [("hidden", (None, 320), BF16), ("router_logits", (None, 4), (torch.float32, torch.bfloat16)),
+    want = [("hidden", (None, 320), (BF16, None)),
+            ("router_logits", (None, 4), ((torch.float32, torch.bfloat16), None)),
             ("w1", (4, 128, h), data), ("w2", (4, 320, i), data), ("woq.w1_scale", (4, 128, g1), scale),
             ("woq.w2_scale", (4, 320, g2), scale)]
     if zeros:
-        want += [("woq.w1_zero", (4, 128, g1), (torch.uint8,)), ("woq.w2_zero", (4, 320, g2), (torch.uint8,))]
+        want += [("woq.w1_zero", (4, 128, g1), byte), ("woq.w2_zero", (4, 320, g2), byte)]
     if awq:
-        want += [("woq.fc1_act_scale", (320,), (torch.float32,)), ("woq.fc2_act_scale", (64,), (torch.float32,))]
-    want += [("b1", (4, 128), BF16), ("b2", (4, 320), BF16)]
-    assert [(s.name, s.shape, s.dtypes) for s in mp.input_slots(spec)] == want
+        want += [("woq.fc1_act_scale", (320,), fp32), ("woq.fc2_act_scale", (64,), fp32)]
+    want += [("b1", (4, 128), (BF16, None)), ("b2", (4, 320), (BF16, None))]
+    assert [(s.name, s.shape, (s.dtypes, s.stored)) for s in mp.input_slots(spec)] == want
 
 
 @pytest.mark.parametrize("mode", WOQ_MODES)
@@ -837,7 +841,10 @@ def test_woq_slots_fit_the_planned_weights(mode):
     slots = mp.input_slots(spec)[2:]
     for slot in slots:
         t = named[slot.name]
-        assert t.dtype == slot.dtypes[0] and tuple(t.shape) == slot.shape, slot.name
+        assert t.dtype == (slot.stored or slot.dtypes[0]) and tuple(t.shape) == slot.shape, slot.name
+        carried = slot.carried(t)  # what TensorRT holds: the same bytes, and back
+        assert carried.dtype == slot.dtypes[0] and carried.data_ptr() == t.data_ptr(), slot.name
+        assert torch.equal(slot.as_stored(carried), t), slot.name
     stored = {f"woq.{n}" for n, _ in weights.woq.named() if n not in ("w1", "w2")}
     assert stored <= {s.name for s in slots}
 
@@ -852,13 +859,15 @@ def test_woq_fields_round_trip(mode):
     assert mp.encode_fields(spec2, plan2) == fields
 
 
-def test_woq_supports_io_takes_the_stored_byte_types(trt):
+def test_woq_supports_io_takes_the_carried_byte_types(trt):
+    """The packed codes and zero points are accepted as INT8 only (the type TensorRT carries them in), the fp32
+    scales as fp32 only; TensorRT's UINT8 is not a type the plugin moves."""
     spec, _ = woq_case("awq_g64_zeros")
     slots = mp.input_slots(spec)
     by_name = {s.name: i for i, s in enumerate(slots)}
     n = len(slots)
-    assert mp.supports_io(spec, by_name["w1"], torch.uint8, True, n)
-    assert not mp.supports_io(spec, by_name["w1"], torch.int8, True, n)
-    assert mp.supports_io(spec, by_name["woq.w1_zero"], torch.uint8, True, n)
-    assert not mp.supports_io(spec, by_name["woq.w1_scale"], torch.uint8, True, n)
-    assert mp.torch_dtype_of(trt, trt.DataType.UINT8) == torch.uint8 and mp.trt_dtype_of(trt, torch.int8) == trt.DataType.INT8
+    assert mp.supports_io(spec, by_name["w1"], torch.int8, True, n)
+    assert not mp.supports_io(spec, by_name["w1"], torch.uint8, True, n)
+    assert mp.supports_io(spec, by_name["woq.w1_zero"], torch.int8, True, n)
+    assert not mp.supports_io(spec, by_name["woq.w1_scale"], torch.int8, True, n)
+    assert mp.torch_dtype_of(trt, trt.DataType.UINT8) is None and mp.trt_dtype_of(trt, torch.int8) == trt.DataType.INT8

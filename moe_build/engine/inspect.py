@@ -132,11 +132,17 @@ def _shape(dims: Sequence[int]) -> str:
 
 
 def _quant_text(quant: dict[str, Any]) -> str:
-    """The quant record in words: 'fp8: channel weight scales, dynamic activation scales', or 'none'."""
+    """The quant record in words: 'fp8: channel weight scales, dynamic activation scales', 'w4a16_awq: int4
+    weights, group128 scales, zero points, pre-quant scales', or 'none'."""
     if quant["mode"] == "none":
         return "none"
-    return (f"{quant['mode']}: {quant['weight_scale_granularity']} weight scales, "
-            f"{quant['act_scale']} activation scales")
+    storage = quant.get("weight_storage")
+    if storage is None:
+        return (f"{quant['mode']}: {quant['weight_scale_granularity']} weight scales, "
+                f"{quant['act_scale']} activation scales")
+    extras = [name for name, key in (("zero points", "zero_points"), ("pre-quant scales", "prequant_scales"))
+              if storage[key] is not None and not str(storage[key]).startswith("none")]
+    return ", ".join([f"{quant['mode']}: {storage['kind']} weights", f"{storage['granularity']} scales", *extras])
 
 
 def ep_text(ep: dict[str, Any]) -> str:

@@ -1,16 +1,19 @@
 """The manifest next to every engine: what it was built from, and the checks that it still says so.
 
 Why one module for both: the fields written at build time are the fields verified before an
-engine is inspected or loaded. Schema `moe-build.manifest/4` (/4: the plan inside is `moe-build.plan/4`, with
+engine is inspected or loaded. Schema `moe-build.manifest/5` (/4: the plan inside is `moe-build.plan/4`, with
 token bands, weight layouts, GEMM tactics, the FP8 activation-quantization stages and expert parallelism's
-`dispatch`; and the `ep` record):
+`dispatch`; and the `ep` record; /5: the weight-only experts' stored form):
 - name, engine_file, engine_sha256, engine_bytes: the engine it describes (content-addressed);
 - onnx_sha256 (OOTB; null on the plugin path, which has no ONNX), weights_sha256;
 - spec, and the plan recorded whole (path, every stage with its gates; on the plugin path this
   includes the weight layout and the two GEMM tactics the runner will use);
-- quant {mode, weight_scale_granularity, act_scale}: the quant mode, and for FP8 experts the weights'
-  scale granularity (tensor, channel, block128) and whether activation scales are static (in the
-  engine) or dynamic (computed per row or 128-group at run time); null where unquantized;
+- quant {mode, weight_scale_granularity, act_scale, weight_storage}: the quant mode; for FP8 experts the
+  weights' scale granularity (tensor, channel, block128) and whether activation scales are static (in the
+  engine) or dynamic (computed per row or 128-group at run time); for weight-only experts (w4a16_awq, w8a16,
+  w4afp8, wfp4a16) the granularity (channel, group32 / 64 / 128) and `weight_storage`, the canonical form the
+  checkpoint was converted to once, on load, which the kernels read as it is (moe_build/weights/woq.py:
+  stored_form); null where it does not apply;
 - flavour {name, version}, target {sm, compute_capability}, profile {min, opt, max};
 - graph: routing_input, inputs, outputs, layers, and the path's own record: `expert_compute`
   (OOTB) or `plugin` {name, namespace, version, weights, choices} (plugin path);
@@ -34,8 +37,9 @@ from ..errors import MoeBuildError, VerificationError
 from ..jsonfile import read_json_object
 from ..planner import Plan
 from ..spec import MoESpec, Quant
+from ..weights.woq import QUANT_KIND, stored_form
 
-MANIFEST_SCHEMA = "moe-build.manifest/4"
+MANIFEST_SCHEMA = "moe-build.manifest/5"
 # TensorRT DataType names of the graph's input for each spec dtype.
 TRT_DTYPE_NAMES = {"fp32": "FLOAT", "fp16": "HALF", "bf16": "BF16"}
 PATHS = ("ootb", "plugin")
@@ -67,10 +71,13 @@ def describe_network(network: Any) -> dict[str, Any]:
 
 def quant_record(spec: MoESpec, weight_scale_granularity: str | None) -> dict[str, Any]:
     """The manifest's `quant` (the schema above): what a reader of the engine must know of its numbers
-    that the spec alone does not say (the weights' scale granularity)."""
+    that the spec alone does not say (FP8: the weights' scale granularity, given; weight-only: the stored form,
+    from the spec)."""
     fp8 = spec.quant in FP8_QUANTS
-    return {"mode": spec.quant.value, "weight_scale_granularity": weight_scale_granularity if fp8 else None,
-            "act_scale": spec.act_scale.value if fp8 else None}
+    storage = stored_form(spec) if spec.quant in QUANT_KIND else None
+    granularity = weight_scale_granularity if fp8 else None if storage is None else storage["granularity"]
+    return {"mode": spec.quant.value, "weight_scale_granularity": granularity,
+            "act_scale": spec.act_scale.value if fp8 else None, "weight_storage": storage}
 
 
 def ep_record(spec: MoESpec, plan: Plan) -> dict[str, Any] | None:
@@ -135,8 +142,8 @@ def _check_path_record(plan: Plan, graph: dict[str, Any]) -> None:
 
 
 def _check_quant(spec: MoESpec, quant: Any) -> None:
-    """The quant record against the spec: the same mode and activation scales, and a granularity the mode's
-    weights can have."""
+    """The quant record against the spec: the same mode and activation scales, a granularity the mode's
+    weights can have, and (weight-only) the stored form the spec implies."""
     if not isinstance(quant, dict):
         raise VerificationError(f"manifest is incomplete or malformed: quant is a {type(quant).__name__}, "
                                 "not an object")
@@ -145,9 +152,12 @@ def _check_quant(spec: MoESpec, quant: Any) -> None:
     fp8 = spec.quant in FP8_QUANTS
     if quant.get("act_scale") != (spec.act_scale.value if fp8 else None):
         raise _disagree("act_scale", quant.get("act_scale"), spec.act_scale.value if fp8 else None)
-    allowed = GRANULARITIES.get(spec.quant, (None,))
+    want = quant_record(spec, None)
+    allowed = GRANULARITIES.get(spec.quant, (want["weight_scale_granularity"],))
     if quant.get("weight_scale_granularity") not in allowed:
         raise _disagree("weight_scale_granularity", quant.get("weight_scale_granularity"), allowed)
+    if quant.get("weight_storage") != want["weight_storage"]:
+        raise _disagree("weight_storage", quant.get("weight_storage"), want["weight_storage"])
 
 
 def _check_ep(spec: MoESpec, plan: Plan, manifest: dict[str, Any]) -> None:

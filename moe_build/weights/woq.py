@@ -33,7 +33,7 @@ from typing import Callable
 import torch
 
 from ..errors import MoeBuildError
-from ..spec import Quant
+from ..spec import MoESpec, Quant
 
 MXFP4_GROUP = 32          # values per e8m0 exponent (OCP MX)
 E8M0_BIAS = 127
@@ -61,6 +61,32 @@ QUANT_KIND = {Quant.W4A16_AWQ: WoqKind.INT4, Quant.W4AFP8: WoqKind.INT4, Quant.W
 _DATA_DTYPE = {WoqKind.INT4: torch.uint8, WoqKind.INT8: torch.int8, WoqKind.MXFP4: torch.uint8}
 _TENSORS = ("w1", "w2", "w1_scale", "w2_scale", "w1_zero", "w2_zero", "fc1_act_scale", "fc2_act_scale",
             "a1_scale", "a2_scale", "w1_scale_2", "w2_scale_2")
+
+
+def stored_form(spec: MoESpec) -> dict[str, str | None]:
+    """The canonical form above for `spec`'s weight-only experts, in words: what every reader converts the
+    producer's packing to, once, when the checkpoint is loaded, and what the kernels and the plugin's inputs hold
+    (engine manifests record it). Where the spec's quant is not weight-only: a one-line refusal."""
+    kind = QUANT_KIND.get(spec.quant)
+    if kind is None:
+        raise MoeBuildError("quant", f"{spec.quant.value} experts are not weight-only quantized",
+                            [q.value for q in QUANT_KIND])
+    g = MXFP4_GROUP if kind is WoqKind.MXFP4 else spec.quant_group_size
+    per_channel = kind is not WoqKind.MXFP4 and spec.quant_per_channel
+    columns = "1" if per_channel else f"in/{g}"
+    if kind is WoqKind.MXFP4:
+        scales = f"uint8 e8m0 exponents [E, out, in/{g}]"
+    else:
+        scales = f"fp32 [E, out, {columns}]"
+    zeros = None
+    if kind is WoqKind.INT4:
+        zeros = f"uint8 [E, out, {columns}] in 0..15" if spec.quant_zero_points else f"none: {INT4_ZERO} implied"
+    return {"kind": kind.value,
+            "weights": "int8 [E, out, in]" if kind is WoqKind.INT8 else
+                       "uint8 [E, out, in/2], two codes a byte, the low nibble the even column",
+            "scales": scales, "zero_points": zeros,
+            "prequant_scales": "fp32 [hidden], [intermediate]" if spec.quant_prequant_scales else None,
+            "granularity": "channel" if per_channel else f"group{g}"}
 
 
 def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:

@@ -78,9 +78,10 @@ def enqueue(spec, plan, weights, hidden, logits, workspace_tokens=None, cache=No
 
 
 def slot_tensors(spec, given: MoEWeights) -> list[torch.Tensor]:
-    """The weight inputs in slot order, as TensorRT holds them (a scalar activation scale as its [1] view)."""
+    """The weight inputs in slot order, as TensorRT holds them (a scalar activation scale as its [1] view, uint8
+    bytes as INT8)."""
     named = dict(given.named())
-    return [named[s.name].reshape(s.shape) for s in mp.input_slots(spec)[2:]]
+    return [s.carried(named[s.name].reshape(s.shape)) for s in mp.input_slots(spec)[2:]]
 
 
 def check(spec, weights, hidden, logits, out) -> None:
