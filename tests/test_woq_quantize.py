@@ -1,13 +1,17 @@
 """woq.quantize_matrix (random weight-only layers for tests and benchmarks): its output is the canonical form that
 woq.dequantize_matrix reads, and each dequantized weight is within half a quantization step of the float weight
 (int4 with zero points: one step, the zero point itself being rounded), the step computed here from the stored
-scale, independently of the quantizer's arithmetic."""
+scale, independently of the quantizer's arithmetic. And woq.stored_form, that canonical form in words for a spec
+(what engine manifests record), against the words written here for each quant."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from moe_build.weights.woq import E8M0_BIAS, WoqKind, dequantize_matrix, quantize_matrix, unpack_nibbles
+from moe_build.errors import MoeBuildError
+from moe_build.spec import MoESpec, Quant
+from moe_build.weights.woq import (E8M0_BIAS, WoqKind, dequantize_matrix, quantize_matrix, stored_form,
+                                   unpack_nibbles)
 
 
 @pytest.mark.parametrize("kind, group, asymmetric", [(WoqKind.INT4, 128, False), (WoqKind.INT4, 32, True),
@@ -29,3 +33,38 @@ def test_quantized_weights_dequantize_to_within_a_step(kind: WoqKind, group: int
         assert ((d - w[e].double()).abs() <= step * (1 + 1e-6)).all()
     if kind is WoqKind.INT4 and not asymmetric:
         assert int(unpack_nibbles(q).min()) >= 0 and int(unpack_nibbles(q).max()) <= 15
+
+
+# ---- the stored form an engine's manifest records (woq.stored_form) -----------------------------------------
+
+@pytest.mark.parametrize("quant, flags, want", [
+    (Quant.W4A16_AWQ, {"quant_group_size": 64, "quant_zero_points": True, "quant_prequant_scales": True},
+     {"kind": "int4", "scales": "fp32 [E, out, in/64]", "zero_points": "uint8 [E, out, in/64] in 0..15",
+      "prequant_scales": "fp32 [hidden], [intermediate]", "granularity": "group64"}),
+    (Quant.W4A16_AWQ, {"quant_group_size": 128},
+     {"kind": "int4", "scales": "fp32 [E, out, in/128]", "zero_points": None, "prequant_scales": None,
+      "granularity": "group128"}),
+    (Quant.W8A16, {"quant_per_channel": True},
+     {"kind": "int8", "scales": "fp32 [E, out, 1]", "zero_points": None, "prequant_scales": None,
+      "granularity": "channel"}),
+    (Quant.WFP4A16, {},
+     {"kind": "mxfp4", "scales": "uint8 e8m0 exponents [E, out, in/32]", "zero_points": None,
+      "prequant_scales": None, "granularity": "group32"}),
+    (Quant.W4AFP8, {"quant_group_size": 128, "quant_prequant_scales": True},
+     {"kind": "int4", "scales": "fp32 [E, out, in/128]", "zero_points": None,
+      "prequant_scales": "fp32 [hidden], [intermediate]", "granularity": "group128"}),
+])
+def test_stored_form_says_what_the_readers_store(quant: Quant, flags: dict, want: dict) -> None:
+    got = stored_form(MoESpec(256, 128, 4, 2, quant=quant, **flags))
+    assert {k: v for k, v in got.items() if k != "weights"} == want
+    packed = "uint8 [E, out, in/2], two codes a byte, the low nibble the even column"
+    if quant is Quant.W8A16:
+        assert got["weights"] == "int8 [E, out, in]"
+    else:  # symmetric int4 says its implied zero point; asymmetric int4 and MXFP4 do not have one to say
+        implied = quant in (Quant.W4A16_AWQ, Quant.W4AFP8) and not flags.get("quant_zero_points")
+        assert got["weights"] == packed + (", zero point 8" if implied else "")
+
+
+def test_stored_form_of_a_layer_not_weight_only_is_refused() -> None:
+    with pytest.raises(MoeBuildError, match="quant"):
+        stored_form(MoESpec(256, 128, 4, 2, quant=Quant.FP8))

@@ -141,7 +141,7 @@ def _quant_text(quant: dict[str, Any]) -> str:
         return (f"{quant['mode']}: {quant['weight_scale_granularity']} weight scales, "
                 f"{quant['act_scale']} activation scales")
     extras = [name for name, key in (("zero points", "zero_points"), ("pre-quant scales", "prequant_scales"))
-              if storage[key] is not None and not str(storage[key]).startswith("none")]
+              if storage[key] is not None]
     return ", ".join([f"{quant['mode']}: {storage['kind']} weights", f"{storage['granularity']} scales", *extras])
 
 

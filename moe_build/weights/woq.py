@@ -78,12 +78,11 @@ def stored_form(spec: MoESpec) -> dict[str, str | None]:
         scales = f"uint8 e8m0 exponents [E, out, in/{g}]"
     else:
         scales = f"fp32 [E, out, {columns}]"
-    zeros = None
-    if kind is WoqKind.INT4:
-        zeros = f"uint8 [E, out, {columns}] in 0..15" if spec.quant_zero_points else f"none: {INT4_ZERO} implied"
-    return {"kind": kind.value,
-            "weights": "int8 [E, out, in]" if kind is WoqKind.INT8 else
-                       "uint8 [E, out, in/2], two codes a byte, the low nibble the even column",
+    zeros = f"uint8 [E, out, {columns}] in 0..15" if kind is WoqKind.INT4 and spec.quant_zero_points else None
+    weights = "uint8 [E, out, in/2], two codes a byte, the low nibble the even column"
+    if kind is WoqKind.INT4 and zeros is None:
+        weights += f", zero point {INT4_ZERO}"
+    return {"kind": kind.value, "weights": "int8 [E, out, in]" if kind is WoqKind.INT8 else weights,
             "scales": scales, "zero_points": zeros,
             "prequant_scales": "fp32 [hidden], [intermediate]" if spec.quant_prequant_scales else None,
             "granularity": "channel" if per_channel else f"group{g}"}
