@@ -35,7 +35,7 @@ from moe_build.engine.progress import LineProgress
 from moe_build.errors import MoeBuildError, UnsupportedCombination, VerificationError
 from moe_build.graph.ootb import weights_sha256
 from moe_build.planner import Plan, make_plan
-from moe_build.spec import ActScale, DType, MoESpec, Quant
+from moe_build.spec import ActScale, DType, MoESpec, Quant, Routing, RoutingMethod, SharedExperts
 from moe_build.spec.presets import get_preset
 from moe_build.target import Flavour, Target, TokenProfile
 from moe_build.weights import MoEWeights
@@ -68,14 +68,31 @@ def _fp8_plugin_case() -> tuple[MoESpec, MoEWeights]:
     return spec, weights
 
 
-def _woq_plugin_case() -> tuple[MoESpec, MoEWeights]:
-    """The tiny spec with W4A16 AWQ experts as AutoAWQ stores them: int4 in groups of 32 with zero points, and
-    AWQ pre-quant scales."""
+# weight-only plugin builds: name -> (quant, stored kind, group (None: per channel), zero points, AWQ scales)
+WOQ_BUILDS = {"woq": (Quant.W4A16_AWQ, WoqKind.INT4, 32, True, True),
+              "w8a16": (Quant.W8A16, WoqKind.INT8, None, False, False),
+              "mxfp4": (Quant.WFP4A16, WoqKind.MXFP4, 32, False, False)}
+
+
+def _woq_plugin_case(name: str = "woq") -> tuple[MoESpec, MoEWeights]:
+    """The tiny spec with weight-only experts of WOQ_BUILDS[name]: "woq" as AutoAWQ stores them (int4 in groups of
+    32 with zero points, and AWQ pre-quant scales), "w8a16" int8 per channel, "mxfp4" as GPT-OSS stores them."""
+    quant, kind, group, zeros, awq = WOQ_BUILDS[name]
     tiny = get_preset("tiny")
-    weights = MoEWeights.random(tiny, seed=4).quantized_woq(WoqKind.INT4, 32, asymmetric=True, awq=True, seed=4)
-    spec = dataclasses.replace(tiny, quant=Quant.W4A16_AWQ, quant_group_size=32, name="tiny-awq",
+    weights = MoEWeights.random(tiny, seed=4).quantized_woq(kind, group, asymmetric=zeros, awq=awq, seed=4)
+    spec = dataclasses.replace(tiny, quant=quant, quant_group_size=group or 128, name=f"tiny-{name}",
                                **weights.woq.storage_flags())
     return spec, weights
+
+
+def _full_plugin_case() -> tuple[MoESpec, MoEWeights]:
+    """Every optional plugin input of an unquantized layer: expert biases, grouped sigmoid routing with a
+    correction bias, a shared expert with its sigmoid gate (DeepSeek-style)."""
+    spec = dataclasses.replace(get_preset("tiny"), expert_bias=True, name="tiny-full",
+                               routing=Routing(RoutingMethod.SIGMOID_GROUPED, num_groups=4, topk_groups=2,
+                                               correction_bias=True, renormalize=True, routed_scaling_factor=2.5),
+                               shared=SharedExperts(count=1, intermediate_size=96, sigmoid_gate=True))
+    return spec, MoEWeights.random(spec, seed=6)
 
 
 def _options(out: Path, **kw: Any) -> BuildOptions:
@@ -147,7 +164,7 @@ def full_tensorrt_double(calls: dict[str, list[Any]]) -> types.ModuleType:
 
 
 def build_plugin_engines_with_double(out: Path) -> dict[str, dict[str, Any]]:
-    """The plugin-path builds of the tiny spec ("unquantized") and of its FP8 ("fp8") and W4A16 AWQ ("woq")
+    """The plugin-path builds of the tiny spec ("unquantized") and of its FP8 ("fp8") and weight-only (WOQ_BUILDS)
     variants with the double as full TensorRT, one after the other in this process (fresh process only)."""
     calls: dict[str, list[Any]] = {"plugin": [], "build": [], "weights": []}
     sys.modules["tensorrt"] = full_tensorrt_double(calls)
@@ -155,7 +172,8 @@ def build_plugin_engines_with_double(out: Path) -> dict[str, dict[str, Any]]:
     tiny = get_preset("tiny")
     results = {}
     for key, (spec, weights) in {"unquantized": (tiny, MoEWeights.random(tiny, seed=2)),
-                                 "fp8": _fp8_plugin_case(), "woq": _woq_plugin_case()}.items():
+                                 "fp8": _fp8_plugin_case(), "full": _full_plugin_case(),
+                                 **{n: _woq_plugin_case(n) for n in WOQ_BUILDS}}.items():
         for recorded in calls.values():
             recorded.clear()
         progress = io.StringIO()
@@ -578,6 +596,41 @@ def test_woq_plugin_build_records_the_stored_form(plugin_builds: dict[str, dict[
         (folder / engine.with_suffix(".json").name).write_text(json.dumps(tampered))
         with pytest.raises(VerificationError, match="weight_storage"):
             verify(folder / engine.name)
+
+
+def test_every_optional_input_builds(plugin_builds: dict[str, dict[str, Any]]) -> None:
+    """Biases, the correction bias and the shared expert with its gate go in as constants in the plugin's slot
+    order, each holding the given tensor's bytes in the slot's dtype, and the manifest verifies."""
+    from moe_build.plugins import moe_plugin as mp
+    build = plugin_builds["full"]
+    spec, weights = _full_plugin_case()
+    slots = mp.input_slots(spec)[2:]
+    assert [s.name for s in slots] == ["w1", "w2", "b1", "b2", "correction_bias", "shared_w1", "shared_w2",
+                                       "shared_gate"]
+    (plugin,) = build["calls"]["plugin"]
+    assert [name for name, _, _ in plugin["inputs"][2:]] == [f"moe.{s.name}_output" for s in slots]
+    planned = dict(mp.plan_weights(_plugin_plan(spec), weights).named())
+    for slot, got in zip(slots, build["calls"]["weights"]):
+        data = planned[slot.name].to(slot.dtypes[0]).contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        assert got[1:] == [len(data), hashlib.sha256(data).hexdigest()], slot.name
+    assert verify(build["engine_path"])[0] == build["manifest"]
+
+
+@pytest.mark.parametrize("name, weight_type, scale_type", [("w8a16", "INT8", "FLOAT"), ("mxfp4", "INT8", "INT8")])
+def test_other_weight_only_plugin_builds_verify(plugin_builds: dict[str, dict[str, Any]], name: str,
+                                                weight_type: str, scale_type: str) -> None:
+    """int8 per-channel and MXFP4 experts build through the loaders too: W1 / W2 and the e8m0 exponents as INT8
+    constants holding the stored bytes, and a manifest whose stored form verify() holds against the spec."""
+    build = plugin_builds[name]
+    spec, weights = _woq_plugin_case(name)
+    (plugin,) = build["calls"]["plugin"]
+    assert [dtype for _, dtype, _ in plugin["inputs"][2:6]] == [weight_type, weight_type, scale_type, scale_type]
+    raw = weights.woq.w2_scale.contiguous().numpy().tobytes()
+    assert build["calls"]["weights"][3] == [scale_type, len(raw), hashlib.sha256(raw).hexdigest()]
+    m = build["manifest"]
+    assert m["quant"]["weight_storage"]["kind"] == WOQ_BUILDS[name][1].value
+    assert m["quant"]["weight_scale_granularity"] == ("channel" if name == "w8a16" else "group32")
+    assert verify(build["engine_path"])[0] == m
 
 
 if __name__ == "__main__":
