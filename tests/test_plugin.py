@@ -871,3 +871,31 @@ def test_woq_supports_io_takes_the_carried_byte_types(trt):
     assert mp.supports_io(spec, by_name["woq.w1_zero"], torch.int8, True, n)
     assert not mp.supports_io(spec, by_name["woq.w1_scale"], torch.int8, True, n)
     assert mp.torch_dtype_of(trt, trt.DataType.UINT8) is None and mp.trt_dtype_of(trt, torch.int8) == trt.DataType.INT8
+
+
+@pytest.mark.parametrize("mode", WOQ_MODES)
+@pytest.mark.parametrize("as_constants", [True, False])
+def test_add_moe_plugin_feeds_woq_experts_as_stored(trt, mode, as_constants):
+    """A weight-only layer into a real (TensorRT-RTX) network: every input in slot order with its slot's shape;
+    the uint8 bytes (packed codes, e8m0 scales, zero points) as INT8, since a constant layer refuses UINT8 weights,
+    holding the stored bytes exactly (constants), or as INT8 network inputs of those shapes."""
+    spec, weights = woq_case(mode)
+    plan = plan_for(spec)
+    record: list = []
+    builder, network = rtx_network(trt)
+    net = RecordingNetwork(network)
+    hidden = network.add_input("hidden", trt.DataType.BF16, (-1, 320))
+    logits = network.add_input("logits", trt.DataType.FLOAT, (-1, 4))
+    mp.add_moe_plugin(net, recording_trt(trt, record), spec, plan, hidden, logits, weights,
+                      weights_as_constants=as_constants)
+    inputs = net.plugin_call[0][2:]
+    slots = mp.input_slots(spec)[2:]
+    stored = dict(mp.plan_weights(plan, weights).named())
+    for slot, tensor in zip(slots, inputs):
+        byte = stored[slot.name].dtype in (torch.uint8, torch.int8)
+        assert tensor.dtype == (trt.DataType.INT8 if byte else mp.trt_dtype_of(trt, slot.dtypes[0])), slot.name
+        assert tuple(tensor.shape) == slot.shape and tensor.is_network_input != as_constants, slot.name
+    if as_constants:
+        assert [data for _, data in record] == [raw_bytes(stored[s.name]) for s in slots]
+    else:
+        assert record == [] and [t.name for t in inputs] == [f"moe.{s.name}" for s in slots]
