@@ -449,6 +449,15 @@ def rtx_network(trt):
     return builder, builder.create_network(0)
 
 
+def plugin_network(trt, hidden_size: int, experts: int):
+    """(builder, the recording network, hidden [T, hidden_size] bf16, logits [T, experts] fp32): a real TensorRT-RTX
+    network ready for add_moe_plugin (the builder kept alive beside it)."""
+    builder, network = rtx_network(trt)
+    hidden = network.add_input("hidden", trt.DataType.BF16, (-1, hidden_size))
+    logits = network.add_input("logits", trt.DataType.FLOAT, (-1, experts))
+    return builder, RecordingNetwork(network), hidden, logits
+
+
 def test_add_moe_plugin_needs_full_tensorrt(trt):
     builder, network = rtx_network(trt)
     assert not hasattr(network, "add_plugin_v3")
@@ -744,16 +753,13 @@ def test_add_moe_plugin_bakes_fp8_constants(trt, mode):
     spec, weights = fp8_case(mode)
     plan = plan_for(spec)
     record: list = []
-    builder, network = rtx_network(trt)
-    net = RecordingNetwork(network)
-    hidden = network.add_input("hidden", trt.DataType.BF16, (-1, 320))
-    logits = network.add_input("logits", trt.DataType.FLOAT, (-1, 4))
+    builder, net, hidden, logits = plugin_network(trt, 320, 4)
     layer, keep = mp.add_moe_plugin(net, recording_trt(trt, record), spec, plan, hidden, logits, weights)
     inputs, _, plugin_obj = net.plugin_call
     slots = mp.input_slots(spec)[2:]
     assert plugin_obj.spec == spec and plugin_obj in keep and inputs[:2] == [hidden, logits]
     assert [d for d, _ in record] == [mp.trt_dtype_of(trt, s.dtypes[0]) for s in slots]
-    names = [network.get_layer(i).name for i in range(network.num_layers)]
+    names = [net.get_layer(i).name for i in range(net.num_layers)]
     assert names == [f"moe.{s.name}" for s in slots]
     planned = dict(mp.plan_weights(plan, weights).named())
     for slot, tensor, (_, data) in zip(slots, inputs[2:], record):
@@ -777,10 +783,7 @@ def test_add_moe_plugin_bakes_fp8_constants(trt, mode):
 
 def test_add_moe_plugin_fp8_weights_as_network_inputs(trt):
     spec, weights = fp8_case("block128")
-    builder, network = rtx_network(trt)
-    net = RecordingNetwork(network)
-    hidden = network.add_input("hidden", trt.DataType.BF16, (-1, 320))
-    logits = network.add_input("logits", trt.DataType.FLOAT, (-1, 4))
+    builder, net, hidden, logits = plugin_network(trt, 320, 4)
     mp.add_moe_plugin(net, trt, spec, plan_for(spec), hidden, logits, weights, weights_as_constants=False)
     inputs = net.plugin_call[0][2:]
     assert [(t.name, t.dtype, tuple(t.shape)) for t in inputs] == [
@@ -882,10 +885,7 @@ def test_add_moe_plugin_feeds_woq_experts_as_stored(trt, mode, as_constants):
     spec, weights = woq_case(mode)
     plan = plan_for(spec)
     record: list = []
-    builder, network = rtx_network(trt)
-    net = RecordingNetwork(network)
-    hidden = network.add_input("hidden", trt.DataType.BF16, (-1, 320))
-    logits = network.add_input("logits", trt.DataType.FLOAT, (-1, 4))
+    builder, net, hidden, logits = plugin_network(trt, 320, 4)
     mp.add_moe_plugin(net, recording_trt(trt, record), spec, plan, hidden, logits, weights,
                       weights_as_constants=as_constants)
     inputs = net.plugin_call[0][2:]
