@@ -15,14 +15,12 @@ through the runner and compares it with transformers on the dequantized one.
 """
 from __future__ import annotations
 
-import json
-import shutil
-import sys
+from itertools import product
 from pathlib import Path
 
 import torch
-from checkpoint_writers import load_writers
-from safetensors.torch import load_file, save_file
+from checkpoint_writers import load_writers, main, write_cases
+from safetensors.torch import load_file
 
 FAMILIES = ("qwen3_moe", "mixtral", "deepseek_v3")
 PRESETS = ("ct_fp8", "ct_fp8_dynamic", "ct_fp8_block")  # static per-tensor, dynamic per-channel, block-128
@@ -31,30 +29,17 @@ SCALE_SUFFIXES = (".weight_scale", ".input_scale")
 
 def write(out: Path) -> list[Path]:
     m = load_writers("test_fp8_checkpoints.py", "fp8_checkpoint_writers")
-    made = []
-    for family_name in FAMILIES:
+
+    def case(family_name: str, preset: str, fp8: Path) -> dict[str, torch.Tensor]:
         family = m.FAMILIES[family_name]
-        for preset in PRESETS:
-            case = out / f"{family_name}-{preset}"
-            shutil.rmtree(case, ignore_errors=True)
-            fp8, plain = case / "fp8", case / "dequantized"
-            fp8.mkdir(parents=True)
-            _, written = m._fp8_checkpoint(family, preset, fp8)
-            tensors = load_file(fp8 / m.SINGLE_FILE)
-            dequantized = {name: t for name, t in tensors.items() if not name.endswith(SCALE_SUFFIXES)}
-            for name in family.matrices():
-                dequantized[name] = written.dequantize(name).to(torch.bfloat16).contiguous()
-            plain.mkdir()
-            save_file(dequantized, plain / m.SINGLE_FILE, metadata={"format": "pt"})
-            config = json.loads((fp8 / "config.json").read_text())
-            config.pop("quantization_config")
-            (plain / "config.json").write_text(json.dumps(config, indent=1))
-            made.append(case)
-    return made
+        _, written = m._fp8_checkpoint(family, preset, fp8)
+        tensors = load_file(fp8 / m.SINGLE_FILE)
+        dequantized = {name: t for name, t in tensors.items() if not name.endswith(SCALE_SUFFIXES)}
+        for name in family.matrices():
+            dequantized[name] = written.dequantize(name).to(torch.bfloat16).contiguous()
+        return dequantized
+    return write_cases(out, product(FAMILIES, PRESETS), "fp8", m.SINGLE_FILE, case)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit(f"usage: python {Path(__file__).name} OUT_DIR")
-    for case in write(Path(sys.argv[1])):
-        print(case)
+    main(write)

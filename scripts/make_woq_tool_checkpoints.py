@@ -18,14 +18,12 @@ compares it with transformers on the dequantized one.
 """
 from __future__ import annotations
 
-import json
-import shutil
-import sys
+from itertools import product
 from pathlib import Path
 
 import torch
-from checkpoint_writers import load_writers
-from safetensors.torch import load_file, save_file
+from checkpoint_writers import load_writers, main, write_cases
+from safetensors.torch import load_file
 
 FAMILIES = ("qwen3_moe", "mixtral", "deepseek_v3")
 FORMATS = ("ct_w4a16_g32", "ct_w4a16_asym_g64", "ct_w8a16", "modelopt_int4_g64", "autoawq_g64")
@@ -33,34 +31,21 @@ FORMATS = ("ct_w4a16_g32", "ct_w4a16_asym_g64", "ct_w8a16", "modelopt_int4_g64",
 
 def write(out: Path) -> list[Path]:
     m = load_writers("test_woq_checkpoints.py", "woq_checkpoint_writers")
-    made = []
-    for family_name in FAMILIES:
+
+    def case(family_name: str, fmt: str, woq: Path) -> dict[str, torch.Tensor]:
         family = m.FAMILIES[family_name]
-        for fmt in FORMATS:
-            case = out / f"{family_name}-{fmt}"
-            shutil.rmtree(case, ignore_errors=True)
-            woq, plain = case / "woq", case / "dequantized"
-            woq.mkdir(parents=True)
-            m._saved(family, woq)
-            original = load_file(woq / m.SINGLE_FILE)
-            written = m._rewrite(woq, lambda tensors: m.FORMATS[fmt](family, tensors, woq))
-            dense = dict(original)
-            for name, exact in written.exact.items():
-                w = written.theirs.get(name, exact).double()
-                if name in written.pre:
-                    w = w * written.pre[name].double()
-                dense[name] = w.to(torch.bfloat16).contiguous()
-            plain.mkdir()
-            save_file(dense, plain / m.SINGLE_FILE, metadata={"format": "pt"})
-            config = json.loads((woq / "config.json").read_text())
-            config.pop("quantization_config", None)
-            (plain / "config.json").write_text(json.dumps(config, indent=1))
-            made.append(case)
-    return made
+        m._saved(family, woq)
+        original = load_file(woq / m.SINGLE_FILE)
+        written = m._rewrite(woq, lambda tensors: m.FORMATS[fmt](family, tensors, woq))
+        dense = dict(original)
+        for name, exact in written.exact.items():
+            w = written.theirs.get(name, exact).double()
+            if name in written.pre:
+                w = w * written.pre[name].double()
+            dense[name] = w.to(torch.bfloat16).contiguous()
+        return dense
+    return write_cases(out, product(FAMILIES, FORMATS), "woq", m.SINGLE_FILE, case)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit(f"usage: python {Path(__file__).name} OUT_DIR")
-    for case in write(Path(sys.argv[1])):
-        print(case)
+    main(write)
