@@ -39,11 +39,11 @@ bias still covering all num_experts):
     woq.w2_scale    [E, H, G2]    likewise, G2 = I / group
     woq.w1_zero     [E, N1, G1]   uint8      if spec.quant_zero_points (int4 zero points)
     woq.w2_zero     [E, H, G2]    uint8      if spec.quant_zero_points
-  (every uint8 input crosses TensorRT as INT8, the same bytes, read back as uint8 by the plugin: a constant layer
-  refuses UINT8 weights, "invalid weights type of UInt8" in TensorRT-RTX 1.7's network API, which full
-  TensorRT's shares; tests/test_engine_build.py builds such a layer through it)
     woq.fc1_act_scale [H]         fp32       if spec.quant_prequant_scales (AWQ pre-quant scales)
     woq.fc2_act_scale [I]         fp32       if spec.quant_prequant_scales
+  (every uint8 input crosses TensorRT as INT8, the same bytes, and the plugin reads it back as uint8: a constant
+  layer refuses UINT8 weights, "invalid weights type of UInt8" from TensorRT-RTX 1.7's network API, and TensorRT
+  gives UINT8 no role but network I/O; tests/test_engine_build.py builds such layers through that API)
     b1              [E, N1]       spec dtype      if spec.expert_bias (in w1's order)
     b2              [E, H]        spec dtype      if spec.expert_bias
     correction_bias [E]           fp32            if spec.routing.correction_bias
