@@ -75,8 +75,11 @@ def quant_record(spec: MoESpec, weight_scale_granularity: str | None) -> dict[st
     from the spec)."""
     fp8 = spec.quant in FP8_QUANTS
     storage = stored_form(spec) if spec.quant in QUANT_KIND else None
-    granularity = weight_scale_granularity if fp8 else None if storage is None else storage["granularity"]
-    return {"mode": spec.quant.value, "weight_scale_granularity": granularity,
+    if storage is not None:
+        weight_scale_granularity = storage["granularity"]
+    elif not fp8:
+        weight_scale_granularity = None
+    return {"mode": spec.quant.value, "weight_scale_granularity": weight_scale_granularity,
             "act_scale": spec.act_scale.value if fp8 else None, "weight_storage": storage}
 
 
@@ -149,10 +152,9 @@ def _check_quant(spec: MoESpec, quant: Any) -> None:
                                 "not an object")
     if quant.get("mode") != spec.quant.value:
         raise _disagree("quant", quant.get("mode"), spec.quant.value)
-    fp8 = spec.quant in FP8_QUANTS
-    if quant.get("act_scale") != (spec.act_scale.value if fp8 else None):
-        raise _disagree("act_scale", quant.get("act_scale"), spec.act_scale.value if fp8 else None)
-    want = quant_record(spec, None)
+    want = quant_record(spec, None)  # FP8's granularity comes from the weights: any of GRANULARITIES' below
+    if quant.get("act_scale") != want["act_scale"]:
+        raise _disagree("act_scale", quant.get("act_scale"), want["act_scale"])
     allowed = GRANULARITIES.get(spec.quant, (want["weight_scale_granularity"],))
     if quant.get("weight_scale_granularity") not in allowed:
         raise _disagree("weight_scale_granularity", quant.get("weight_scale_granularity"), allowed)
