@@ -18,3 +18,10 @@ def run_moe_build(*args: str, cwd: Path | None = None, env: dict[str, str] | Non
     full_env.update(env or {})
     return subprocess.run([sys.executable, "-m", "moe_build", *args], capture_output=True, text=True, cwd=cwd,
                           env=full_env, timeout=timeout)
+
+
+def assert_one_line_error(r: subprocess.CompletedProcess, field: str) -> None:
+    """Exit 2 and stderr exactly one line, the error naming `field`: `moe-build: error: {field}: ...`."""
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"moe-build: error: {field}:"), r.stderr

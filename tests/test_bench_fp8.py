@@ -18,7 +18,7 @@ import random
 import pytest
 import torch
 
-from cli_process import run_moe_build
+from cli_process import assert_one_line_error, run_moe_build
 from moe_build.bench import fp8_layer
 from moe_build.bench.layer import point_floor
 from moe_build.bench.timing import TIMER_KEYS, CeilingCalls, ceiling_rates
@@ -132,9 +132,7 @@ def test_parse_quants_refuses(text: str) -> None:
 ])
 def test_cli_refuses_bad_values_on_one_line(args: list[str], field: str) -> None:
     r = run_moe_build("bench", *args, timeout=120)
-    assert r.returncode == 2, r.stderr
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"moe-build: error: {field}:"), r.stderr
+    assert_one_line_error(r, field)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU the command would run the bench")

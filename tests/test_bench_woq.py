@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cli_process import run_moe_build
+from cli_process import assert_one_line_error, run_moe_build
 from moe_build.bench import woq_layer
 from moe_build.bench.workload import SHAPES, bench_spec
 from moe_build.spec import Quant
@@ -59,9 +59,7 @@ def test_targets_follow_the_issue() -> None:
                                          (("--quant", "wfp4a16", "--variants", "ours"), "quant")])
 def test_bad_weight_only_bench_options_are_one_line_errors(args: tuple[str, ...], field: str) -> None:
     r = run_moe_build("bench", *args, timeout=120)
-    assert r.returncode == 2, r.stderr
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"moe-build: error: {field}:"), r.stderr
+    assert_one_line_error(r, field)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU the command would run the bench")
