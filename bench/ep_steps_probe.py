@@ -22,7 +22,7 @@ from moe_build.runner.expert_parallel import rank_layer
 from moe_build.spec import MoESpec
 
 REPLAYS = 20
-POINTS = ((7168, 1), (7168, 128), (7168, 4096), (2048, 1))
+POINTS = ((7168, 1), (7168, 128), (7168, 512), (7168, 4096), (2048, 1))
 
 
 def profile(fn, label: str) -> dict:  # noqa: ANN001

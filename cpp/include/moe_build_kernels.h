@@ -113,15 +113,21 @@ mb_status mb_ep_combine(const void* returned, int dtype, const int32_t* token_sl
  * into peer d's recv slots [rank][0..), and peer d's recv_counts[rank]; then peer d's flags[0][rank] = 1.
  * mb_ep_nvlink_wait: waits until flags[0..ep_size) (this rank's flags[0] or flags[1]) are all 1, then sets
  * them to 0; one block, waiting as long as the peers take (as NCCL's kernels do).
- * mb_ep_nvlink_gather: after mb_ep_nvlink_wait(flags[0]), the received rows as one dense block of `capacity`
+ * mb_ep_nvlink_gather: after mb_ep_nvlink_wait(flags[0]), or where wait_flags (this rank's flags[0]) is given
+ * waiting for them itself in every block (wait_seen: a local int32 counter as `done`), the received rows as one
+ * dense block of `capacity`
  * rows, sources in rank order: out_hidden [capacity][H], out_ids [capacity][K] (local ids: global - first_expert
  * where in [0, local_experts), else -1), out_weights, src_rank / src_row [capacity] (where its partial output
  * goes; src_rank -1 past the received rows, whose ids are all -1); *received = min(rows, capacity) and
  * *overflow = (rows > capacity): rows past the capacity are dropped, their sources' returned rows set to zero
  * (peer_returned as mb_ep_nvlink_return's), nothing else is written.
  * mb_ep_nvlink_return: partial [rows][H] row j written into rank src_rank[j]'s returned[src_row[j]]; then every
- * peer's flags[1][rank] = 1 (also with no rows). mb_ep_combine follows mb_ep_nvlink_wait(flags[1]).
- * max_sms (dispatch, gather, return): 0 for the default grid, else at most that many blocks, so the kernel
+ * peer's flags[1][rank] = 1 (also with no rows). mb_ep_combine follows mb_ep_nvlink_wait(flags[1]), or
+ * mb_ep_nvlink_combine does both: it waits for flags[1] in every block (seen: a local counter as `done`), lowers
+ * them, and sums as mb_ep_combine (launched with no tokens too).
+ * Waiting in every block of a kernel saves a launch but holds the SMs it spins on: with a second micro-batch in
+ * flight beside it (dual-batch overlap), wait with mb_ep_nvlink_wait's one block instead.
+ * max_sms (dispatch, gather, return, combine): 0 for the default grid, else at most that many blocks, so the kernel
  * occupies at most that many SMs (the rest stay free for compute beside it); the rows written do not depend on
  * it. */
 mb_status mb_ep_nvlink_dispatch(const void* hidden, int dtype, const int32_t* topk_ids, const float* topk_weights,
@@ -134,10 +140,12 @@ mb_status mb_ep_nvlink_gather(const void* recv_rows, int dtype, const int32_t* r
                               int ep_size, int cap, int hidden_size, int top_k, int first_expert, int local_experts,
                               int capacity, void* out_hidden, int32_t* out_ids, float* out_weights, int32_t* src_rank,
                               int32_t* src_row, int32_t* received, int32_t* overflow, void* const* peer_returned,
-                              int max_sms, cudaStream_t stream);
+                              int32_t* wait_flags, int32_t* wait_seen, int max_sms, cudaStream_t stream);
 mb_status mb_ep_nvlink_return(const void* partial, int dtype, const int32_t* src_rank, const int32_t* src_row,
                               int rows, int hidden_size, void* const* peer_returned, int rank, int ep_size,
                               int32_t* const* peer_flags, int32_t* done, int max_sms, cudaStream_t stream);
+mb_status mb_ep_nvlink_combine(const void* returned, int dtype, const int32_t* token_slots, int num_tokens, int hidden,
+                               int ep_size, void* out, int32_t* flags, int32_t* seen, int max_sms, cudaStream_t stream);
 
 /* ---- FP8 activation quantization (issue 46): the FP8 GEMMs' inputs ---------------------------------
  * A row of `cols` fp16/bf16 values x becomes e4m3 bytes q = e4m3(x / s) and fp32 scales, bit for bit

@@ -380,11 +380,14 @@ def ep_nvlink_gather(recv_rows: torch.Tensor, recv_meta: torch.Tensor, recv_coun
                      first_expert: int, local_experts: int, out_hidden: torch.Tensor, out_ids: torch.Tensor,
                      out_weights: torch.Tensor, src_rank: torch.Tensor, src_row: torch.Tensor,
                      received: torch.Tensor, overflow: torch.Tensor, peer_returned: torch.Tensor,
-                     stream: int | torch.cuda.Stream | None = None, sms: int | None = None) -> None:
+                     stream: int | torch.cuda.Stream | None = None, sms: int | None = None,
+                     wait: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
     """The rows this rank received (its recv slots, [ep * cap, H]) as one dense block of out_hidden's rows (the
     capacity), with local ids, weights and where each row's partial output goes; `received` [1] and `overflow` [1]
     int32 written on the device; rows past the capacity send their sources (peer_returned) a zero row. `sms` caps
-    the grid at that many blocks (None: the kernel's own)."""
+    the grid at that many blocks (None: the kernel's own). `wait` = (flags [ep] int32: this rank's flags[0], seen
+    [1] int32: a zero counter, left zero): every block first waits for the flags, and they are lowered (None: after
+    ep_nvlink_wait)."""
     dev = recv_rows.device
     ep = recv_counts.shape[0]
     h = recv_rows.shape[1]
@@ -401,10 +404,21 @@ def ep_nvlink_gather(recv_rows: torch.Tensor, recv_meta: torch.Tensor, recv_coun
     for name, t in (("received", received), ("overflow", overflow)):
         _check(t, name, (1,), torch.int32, dev)
     _check(peer_returned, "peer_returned", (ep,), torch.int64, dev)
+    flags, seen = _wait_args(wait, ep, dev)
     call("mb_ep_nvlink_gather", recv_rows.data_ptr(), _dtype_code(recv_rows, "recv_rows"), recv_meta.data_ptr(),
          recv_counts.data_ptr(), ep, cap, h, k, first_expert, local_experts, capacity, out_hidden.data_ptr(),
          out_ids.data_ptr(), out_weights.data_ptr(), src_rank.data_ptr(), src_row.data_ptr(), received.data_ptr(),
-         overflow.data_ptr(), peer_returned.data_ptr(), _max_sms(sms), _stream(stream, dev))
+         overflow.data_ptr(), peer_returned.data_ptr(), flags, seen, _max_sms(sms), _stream(stream, dev))
+
+
+def _wait_args(wait: tuple[torch.Tensor, torch.Tensor] | None, ep: int, dev: torch.device) -> tuple[int, int]:
+    """The (flags, seen) addresses of a kernel that waits for its flags itself (0, 0: it does not)."""
+    if wait is None:
+        return 0, 0
+    flags, seen = wait
+    _check(flags, "flags", (ep,), torch.int32, dev)
+    _check(seen, "seen", (1,), torch.int32, dev)
+    return flags.data_ptr(), seen.data_ptr()
 
 
 def ep_nvlink_return(partial: torch.Tensor, src_rank: torch.Tensor, src_row: torch.Tensor,
@@ -427,6 +441,24 @@ def ep_nvlink_return(partial: torch.Tensor, src_rank: torch.Tensor, src_row: tor
     call("mb_ep_nvlink_return", partial.data_ptr(), _dtype_code(partial, "partial"), src_rank.data_ptr(),
          src_row.data_ptr(), rows, h, peer_returned.data_ptr(), rank, ep, peer_flags.data_ptr(), done.data_ptr(),
          _max_sms(sms), _stream(stream, dev))
+
+
+def ep_nvlink_combine(returned: torch.Tensor, token_slots: torch.Tensor, flags: torch.Tensor, seen: torch.Tensor,
+                      out: torch.Tensor | None = None, stream: int | torch.cuda.Stream | None = None,
+                      sms: int | None = None) -> torch.Tensor:
+    """ep_nvlink_wait(flags) and ep_combine in one kernel: every block waits until this rank's flags[1] (`flags`
+    [ep] int32) are raised, the last lowers them (`seen` [1] int32: a zero counter, left zero), then each token's
+    returned rows are summed in rank order, in fp32. Launched with no tokens too (its wait lowers the flags)."""
+    _check(returned, "returned", (None, None))
+    dev = returned.device
+    _check(token_slots, "token_slots", (None, None), torch.int32, dev)
+    t, ep = token_slots.shape
+    h = returned.shape[1]
+    o = _out(out, "out", (t, h), returned.dtype, dev)
+    f, s = _wait_args((flags, seen), ep, dev)
+    call("mb_ep_nvlink_combine", returned.data_ptr(), _dtype_code(returned, "returned"), token_slots.data_ptr(), t, h,
+         ep, o.data_ptr(), f, s, _max_sms(sms), _stream(stream, dev))
+    return o
 
 
 # ---- FP8 activation quantization (issue 46; cpp/include/moe_build_kernels.h) -----------------------

@@ -155,7 +155,8 @@ class ExpertParallelMoE:
         """One micro-batch's own state for calls of up to `tokens` tokens (the whole call without overlap)."""
         spec = self.spec
         dispatcher: Dispatcher = (
-            NvlinkDispatch(spec, kernels, tokens, group, capacity, self.device, dispatch_sms, combine_sms)
+            NvlinkDispatch(spec, kernels, tokens, group, capacity, self.device, dispatch_sms, combine_sms,
+                           waits_in_kernels=not self.overlap)
             if backend == "nvlink" else NcclDispatch(spec, kernels, group))
         # non-blocking: the experts' rows, output and workspace are fixed, sized once
         fixed = None if capacity is None else (

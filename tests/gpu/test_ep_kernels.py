@@ -107,9 +107,11 @@ def test_finalize_skips_other_ranks_experts(bias: bool) -> None:
 # Each simulated rank's "symmetric" buffers are ordinary device tensors and the peer tables hold their addresses,
 # so the kernels run the whole exchange (dispatch, gather, the experts as a scale by rank + 1, return, combine) in
 # stream order, where the real layer puts its barriers. Default grid against max_sms 1 and 3: the same bits.
+# `in_kernels`: the non-blocking gather and the combine wait for their flags themselves (every block; the last
+# lowers them), else the one-block wait kernel runs before each.
 
 def _nvlink_exchange(ep: int, tokens: int, hidden: int, capacity: int | None, sms: int | None, seed: int,
-                     per_rank: int = 2, top_k: int = 2) -> dict:
+                     per_rank: int = 2, top_k: int = 2, in_kernels: bool = False) -> dict:
     g = torch.Generator().manual_seed(seed)
     bf16 = torch.bfloat16
     xs = [torch.randn(tokens, hidden, generator=g).to("cuda", bf16) for _ in range(ep)]
@@ -121,6 +123,7 @@ def _nvlink_exchange(ep: int, tokens: int, hidden: int, capacity: int | None, sm
              "returned": torch.full((ep * tokens, hidden), 3.0, dtype=bf16, device="cuda"),
              "flags": torch.zeros(2, ep, dtype=torch.int32, device="cuda")} for _ in range(ep)]
     done = torch.zeros(ep, 2, 1, dtype=torch.int32, device="cuda")  # each rank's dispatch / return block counters
+    seen = torch.zeros(ep, 2, 1, dtype=torch.int32, device="cuda")  # each rank's gather / combine wait counters
     peers = {name: torch.tensor([b[name].data_ptr() for b in bufs], dtype=torch.int64, device="cuda")
              for name in bufs[0]}
     layouts = [K.ep_layout(ids[r], ep, per_rank) for r in range(ep)]
@@ -130,8 +133,10 @@ def _nvlink_exchange(ep: int, tokens: int, hidden: int, capacity: int | None, sm
     torch.cuda.synchronize()
     # every source raised its dispatch flag on every rank; the waits (stream order: already raised) lower them
     assert all((b["flags"][0] == 1).all() for b in bufs) and (done == 0).all()
-    for b in bufs:
-        K.ep_nvlink_wait(b["flags"][0])
+    gather_waits = in_kernels and capacity is not None  # the blocking mode reads the counts after a wait kernel
+    if not gather_waits:
+        for b in bufs:
+            K.ep_nvlink_wait(b["flags"][0])
     gathered = []
     for r in range(ep):
         rows = capacity if capacity is not None else int(bufs[r]["recv_counts"][:, 0].sum())
@@ -144,7 +149,8 @@ def _nvlink_exchange(ep: int, tokens: int, hidden: int, capacity: int | None, sm
              "overflow": torch.full((1,), -9, dtype=torch.int32, device="cuda")}
         K.ep_nvlink_gather(bufs[r]["recv_rows"], bufs[r]["recv_meta"], bufs[r]["recv_counts"], tokens, r * per_rank,
                            per_rank, d["hidden"], d["ids"], d["weights"], d["src_rank"], d["src_row"], d["received"],
-                           d["overflow"], peers["returned"], sms=sms)
+                           d["overflow"], peers["returned"], sms=sms,
+                           wait=(bufs[r]["flags"][0], seen[r, 0]) if gather_waits else None)
         gathered.append(d)
     for r in range(ep):  # this rank's "experts": its received rows times r + 1
         partial = (gathered[r]["hidden"].float() * (r + 1)).to(bf16)
@@ -152,12 +158,16 @@ def _nvlink_exchange(ep: int, tokens: int, hidden: int, capacity: int | None, sm
                            peers["flags"], done[r, 1], sms=sms)
     torch.cuda.synchronize()
     assert all((b["flags"][1] == 1).all() and (b["flags"][0] == 0).all() for b in bufs) and (done == 0).all()
-    for b in bufs:
-        K.ep_nvlink_wait(b["flags"][1])
+    if in_kernels:
+        outs = [K.ep_nvlink_combine(bufs[r]["returned"], layouts[r][2], bufs[r]["flags"][1], seen[r, 1],
+                                    out=torch.full_like(xs[r], float("nan")), sms=sms) for r in range(ep)]
+    else:
+        for b in bufs:
+            K.ep_nvlink_wait(b["flags"][1])
+        outs = [K.ep_combine(bufs[r]["returned"], layouts[r][2], out=torch.full_like(xs[r], float("nan")), sms=sms)
+                for r in range(ep)]
     torch.cuda.synchronize()
-    assert all((b["flags"] == 0).all() for b in bufs)
-    outs = [K.ep_combine(bufs[r]["returned"], layouts[r][2], out=torch.full_like(xs[r], float("nan")), sms=sms)
-            for r in range(ep)]
+    assert all((b["flags"] == 0).all() for b in bufs) and (seen == 0).all()
     return {"xs": xs, "ids": ids, "gathered": gathered, "outs": outs}
 
 
@@ -184,11 +194,13 @@ def _expected_outs(xs: list[torch.Tensor], ids: list[torch.Tensor], per_rank: in
 @pytest.mark.parametrize("capacity", [None, 200, 700])
 # one column chunk (16-byte vectors; single elements), several with a partial last one (vectors; single elements)
 @pytest.mark.parametrize("hidden", [256, 100, 2056, 1001])
-def test_nvlink_kernels_give_the_same_rows_on_a_capped_grid(sms: int, capacity: int | None, hidden: int) -> None:
+@pytest.mark.parametrize("in_kernels", [False, True])
+def test_nvlink_kernels_give_the_same_rows_on_a_capped_grid(sms: int, capacity: int | None, hidden: int,
+                                                            in_kernels: bool) -> None:
     seed = random.SystemRandom().randrange(1 << 30)
     ep, tokens, per_rank = 3, 300, 2
-    full = _nvlink_exchange(ep, tokens, hidden, capacity, None, seed, per_rank)
-    capped = _nvlink_exchange(ep, tokens, hidden, capacity, sms, seed, per_rank)
+    full = _nvlink_exchange(ep, tokens, hidden, capacity, None, seed, per_rank, in_kernels=in_kernels)
+    capped = _nvlink_exchange(ep, tokens, hidden, capacity, sms, seed, per_rank, in_kernels=in_kernels)
     for r in range(ep):
         for name, t in full["gathered"][r].items():
             assert torch.equal(t, capped["gathered"][r][name]), f"rank {r} {name}, max_sms {sms}, seed {seed}"

@@ -4,9 +4,8 @@
 //                  once to every rank holding at least one of its experts. The send rows are grouped by
 //                  rank, tokens ascending within a rank; the layout is kept (send_tokens, token_slots), so
 //                  the payload gather and the combine never sort again.
-//   mb_ep_combine: the reduction after the return all-to-all: out[t] = sum over ranks d ascending of the
-//                  partial row returned by d (fp32, one rounding), so the order never depends on timing. Its
-//                  warps stride over (token, column chunk) pairs, so a caller's max_sms (> 0) may cap the grid at
+//   mb_ep_combine: the reduction after the return all-to-all (stages/ep_combine.cuh: per token, the ranks'
+//                  partial rows in rank order, fp32, one rounding); a caller's max_sms (> 0) may cap the grid at
 //                  that many blocks (SMs) with the same result.
 // The layout runs in one block of 1024 threads that walks the tokens in chunks of 1024 twice: first the
 // totals per rank (so every rank's segment start is known), then each chunk's rows in token order:
@@ -15,6 +14,7 @@
 #include <algorithm>
 
 #include "common/common.cuh"
+#include "stages/ep_combine.cuh"
 
 namespace {
 
@@ -96,53 +96,11 @@ ep_layout_kernel(const int32_t* __restrict__ ids, int num_tokens, int top_k, int
   }
 }
 
-// A warp per (token, column chunk of 32 lanes x kCombineUnroll vectors): the ranks' rows of the token summed in
-// rank order, in fp32; each lane loads its kCombineUnroll vectors of a rank's row before adding them, so a decode
-// step's one token still spreads over many warps with many loads in flight.
-constexpr int kCombineUnroll = 4;
-
-template <int VEC>
-__host__ __device__ constexpr int combine_chunks(int hidden) {
-  return (hidden / VEC + 32 * kCombineUnroll - 1) / (32 * kCombineUnroll);
-}
-
 template <typename T, int VEC>
 __global__ void __launch_bounds__(mb::kStageThreads)
 ep_combine_kernel(const T* __restrict__ returned, const int32_t* __restrict__ token_slots, int num_tokens,
                   int hidden, int ep, T* __restrict__ out) {
-  using R = mb::Raw<T, VEC>;
-  const int lane = threadIdx.x % 32, chunks = combine_chunks<VEC>(hidden);
-  const int nvec = hidden / VEC;
-  const int64_t items = static_cast<int64_t>(num_tokens) * chunks;
-  for (int64_t it = blockIdx.x * static_cast<int64_t>(mb::kStageWarps) + threadIdx.x / 32; it < items;
-       it += static_cast<int64_t>(gridDim.x) * mb::kStageWarps) {
-    const int64_t t = it / chunks;
-    const int v0 = static_cast<int>(it % chunks) * 32 * kCombineUnroll + lane;
-    const int32_t* slots = token_slots + t * ep;
-    float acc[kCombineUnroll][VEC];
-#pragma unroll
-    for (int u = 0; u < kCombineUnroll; ++u)
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) acc[u][k] = 0.0f;
-    for (int d = 0; d < ep; ++d) {
-      const int slot = slots[d];
-      if (slot < 0) continue;
-      const R* row = reinterpret_cast<const R*>(returned + static_cast<int64_t>(slot) * hidden);
-      R x[kCombineUnroll];
-#pragma unroll
-      for (int u = 0; u < kCombineUnroll; ++u)
-        if (v0 + 32 * u < nvec) x[u] = row[v0 + 32 * u];
-#pragma unroll
-      for (int u = 0; u < kCombineUnroll; ++u)
-        if (v0 + 32 * u < nvec) {
-#pragma unroll
-          for (int k = 0; k < VEC; ++k) acc[u][k] += mb::raw_f32<T>(x[u], k);
-        }
-    }
-#pragma unroll
-    for (int u = 0; u < kCombineUnroll; ++u)
-      if (v0 + 32 * u < nvec) mb::store_f32<T, VEC>(out + t * hidden + (v0 + 32 * u) * VEC, acc[u]);
-  }
+  mbk::combine_tokens<T, VEC>(returned, token_slots, num_tokens, hidden, ep, out);
 }
 
 }  // namespace
@@ -174,18 +132,14 @@ extern "C" mb_status mb_ep_combine(const void* returned, int dtype, const int32_
   return mb::dispatch_dtype(dtype, who, [&](auto tag) {
     using T = typename decltype(tag)::type;
     constexpr int kWide = 16 / sizeof(T);
-    const bool wide = mb::vec_width<T>(hidden, {returned, out}) == kWide;
-    const int64_t items = static_cast<int64_t>(num_tokens) * (wide ? combine_chunks<kWide>(hidden) : combine_chunks<1>(hidden));
-    int64_t grid = std::min<int64_t>((items + mb::kStageWarps - 1) / mb::kStageWarps,
-                                     8LL * mb::device_attribute(cudaDevAttrMultiProcessorCount));
-    if (max_sms > 0) grid = std::min<int64_t>(grid, max_sms);
-    const int blocks = static_cast<int>(grid);
-    if (wide) {
-      ep_combine_kernel<T, kWide><<<blocks, mb::kStageThreads, 0, stream>>>(
-          static_cast<const T*>(returned), token_slots, num_tokens, hidden, ep_size, static_cast<T*>(out));
+    if (mb::vec_width<T>(hidden, {returned, out}) == kWide) {
+      ep_combine_kernel<T, kWide><<<mbk::chunk_grid(int64_t{num_tokens} * mbk::combine_chunks<kWide>(hidden), max_sms),
+                                    mb::kStageThreads, 0, stream>>>(static_cast<const T*>(returned), token_slots,
+                                                                    num_tokens, hidden, ep_size, static_cast<T*>(out));
     } else {
-      ep_combine_kernel<T, 1><<<blocks, mb::kStageThreads, 0, stream>>>(
-          static_cast<const T*>(returned), token_slots, num_tokens, hidden, ep_size, static_cast<T*>(out));
+      ep_combine_kernel<T, 1><<<mbk::chunk_grid(int64_t{num_tokens} * mbk::combine_chunks<1>(hidden), max_sms),
+                                mb::kStageThreads, 0, stream>>>(static_cast<const T*>(returned), token_slots,
+                                                                num_tokens, hidden, ep_size, static_cast<T*>(out));
     }
     return mb::check_launch("ep_combine_kernel");
   });

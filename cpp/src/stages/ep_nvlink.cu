@@ -12,19 +12,23 @@
 //                          each peer's recv_counts entry for this rank; the last block to finish raises
 //                          flags[0][rank] on every peer.
 //   mb_ep_nvlink_wait    : one block waits until every source's flag of one kind is raised here, then lowers
-//                          them (for the next call).
-//   mb_ep_nvlink_gather  : (after the wait) the received rows made one dense [capacity][H] block, sources in
+//                          them (for the next call): the blocking mode's wait before it reads the received count.
+//   mb_ep_nvlink_gather  : (after the wait, or waiting itself where given the flags) the received rows made one dense [capacity][H] block, sources in
 //                          rank order, with local expert ids (-1: another rank's expert), weights, and where
 //                          each row came from; rows past the received count get ids -1 (they add nothing), rows
 //                          past the capacity are dropped and raise the overflow flag (nothing else is written).
 //   mb_ep_nvlink_return  : each dense row's partial output written into its source's `returned` at its send row;
 //                          the last block raises flags[1][rank] on every peer.
-// Signals: every thread fences its writes (system scope), each block counts itself on a local counter; the block
-// that counts last resets the counter and stores 1 with release semantics into the peers' flags; the wait loads
-// them with acquire semantics. A flag is lowered by its owner's wait before that owner signals anything further
-// in the call, and a source raises it again only in its next call, after its combine has waited for this rank:
-// the 0/1 flags never race. The waiting is one block (one SM), so a wait in flight never starves the kernels of
-// a second micro-batch beside it (dual-batch overlap).
+//   mb_ep_nvlink_combine : waits for flags[1] (every partial owed here), then mb_ep_combine's per-token sum.
+// Signals (stages/ep_signal.cuh): the dispatch and return kernels end by raising their flag on every peer
+// (signal_peers); the kernels that read what a flag guards start by waiting for it in every block, the last block
+// lowering it (wait_peers): the non-blocking gather waits for the rows, mb_ep_nvlink_combine for the partials.
+// mb_ep_nvlink_wait (one block) serves the blocking mode, which reads the received count on the host before the
+// gather. Only the flags' 0/1 store and load cross the GPUs besides the rows: no barrier, no collective.
+// Order: the rows go out starting with those for the next rank (rank + 1, + 2, ..., wrapping around), so that
+// while the grid walks them each rank writes mostly to a different peer, and no rank's NVLink ingress takes every
+// sender's rows at once (in send-row order every rank would write to rank 0 first, then to rank 1, ...). The
+// return walks its rows from about where source rank + 1's begin, to the same end.
 // Rows move in chunks of 32 lanes x kUnroll vectors, a warp per (row, chunk), every lane holding kUnroll vectors in
 // flight: a decode step's few rows still spread over many warps. Every kernel loops over its chunks with a grid
 // stride, so the grid is free: by default a block per kStageWarps chunks, at most 8 blocks per SM; a caller's
@@ -33,6 +37,8 @@
 #include <algorithm>
 
 #include "common/common.cuh"
+#include "stages/ep_combine.cuh"
+#include "stages/ep_signal.cuh"
 
 namespace {
 
@@ -74,34 +80,6 @@ __device__ __forceinline__ void zero_chunk(T* __restrict__ dst, int hidden, int 
     if (v0 + 32 * u < n) reinterpret_cast<mb::Vec<T, VEC>*>(dst)[v0 + 32 * u] = z;
 }
 
-__device__ __forceinline__ void store_release_sys(int32_t* p, int32_t v) {
-  asm volatile("st.release.sys.global.b32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
-__device__ __forceinline__ int32_t load_acquire_sys(const int32_t* p) {
-  int32_t v;
-  asm volatile("ld.acquire.sys.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
-// The end of a signalling kernel, called by every thread of every block: once every block's writes are visible
-// system-wide, flag [slot] of every peer is raised (by the last block to get here, which also resets `done`).
-__device__ __forceinline__ void signal_peers(int32_t* const* __restrict__ peer_flags, int slot, int ep,
-                                             int32_t* __restrict__ done) {
-  __threadfence_system();  // this thread's writes (rows, meta, counts) before the count below
-  __syncthreads();
-  __shared__ bool last;
-  if (threadIdx.x == 0) last = atomicAdd(done, 1) == static_cast<int>(gridDim.x) - 1;
-  __syncthreads();
-  if (!last) return;
-  if (threadIdx.x == 0) {
-    *done = 0;
-    __threadfence_system();  // every block's writes, seen through their counts, before the flags
-  }
-  __syncthreads();
-  if (threadIdx.x < ep) store_release_sys(peer_flags[threadIdx.x] + slot, 1);
-}
-
 template <typename T, int VEC>
 __global__ void __launch_bounds__(mb::kStageThreads)
 nvlink_dispatch_kernel(const T* __restrict__ hidden, const int32_t* __restrict__ ids, const float* __restrict__ weights,
@@ -121,10 +99,11 @@ nvlink_dispatch_kernel(const T* __restrict__ hidden, const int32_t* __restrict__
     peer_counts[d][2 * rank + 1] = start[d];
   }
   const int lane = threadIdx.x % 32, chunks = chunks_per_row<VEC>(hidden_size);
-  const int64_t items = static_cast<int64_t>(start[ep]) * chunks;
+  const int rows = start[ep], first = start[(rank + 1) % ep];
+  const int64_t items = static_cast<int64_t>(rows) * chunks;
   for (int64_t it = blockIdx.x * static_cast<int64_t>(mb::kStageWarps) + threadIdx.x / 32; it < items;
        it += static_cast<int64_t>(gridDim.x) * mb::kStageWarps) {
-    const int i = static_cast<int>(it / chunks), c = static_cast<int>(it % chunks);
+    const int i = static_cast<int>((it / chunks + first) % rows), c = static_cast<int>(it % chunks);
     int d = 0;
     while (start[d + 1] <= i) ++d;
     const int64_t slot = static_cast<int64_t>(rank) * cap + (i - start[d]);
@@ -139,14 +118,13 @@ nvlink_dispatch_kernel(const T* __restrict__ hidden, const int32_t* __restrict__
       }
     }
   }
-  signal_peers(peer_flags, rank, ep, done);
+  mbk::signal_peers(peer_flags, rank, ep, done);
 }
 
-// Waits as long as the peers take, as NCCL's kernels do: a peer may reach the call long after this rank (still
-// loading its weights); a peer that died is the process group's watchdog's to report.
+// The blocking mode's wait: one block, as wait_peers without a counter.
 __global__ void nvlink_wait_kernel(int32_t* __restrict__ flags, int ep) {
   if (threadIdx.x >= ep) return;
-  while (load_acquire_sys(flags + threadIdx.x) == 0) __nanosleep(100);
+  while (mbk::load_acquire_sys(flags + threadIdx.x) == 0) __nanosleep(64);
   flags[threadIdx.x] = 0;
 }
 
@@ -157,8 +135,10 @@ nvlink_gather_kernel(const T* __restrict__ recv_rows, const int32_t* __restrict_
                      int first_expert, int local_experts, int capacity, T* __restrict__ out_hidden,
                      int32_t* __restrict__ out_ids, float* __restrict__ out_weights, int32_t* __restrict__ src_rank,
                      int32_t* __restrict__ src_row, int32_t* __restrict__ received, int32_t* __restrict__ overflow,
-                     T* const* __restrict__ peer_returned) {
+                     T* const* __restrict__ peer_returned, int32_t* __restrict__ wait_flags,
+                     int32_t* __restrict__ wait_seen) {
   __shared__ int start[kMaxRanks + 1];
+  if (wait_flags) mbk::wait_peers(wait_flags, ep, wait_seen);  // the rows and counts below have landed
   if (threadIdx.x == 0) {
     start[0] = 0;
     for (int s = 0; s < ep; ++s) start[s + 1] = start[s] + recv_counts[2 * s];
@@ -219,25 +199,29 @@ nvlink_return_kernel(const T* __restrict__ partial, const int32_t* __restrict__ 
                      int rank, int ep, int32_t* const* __restrict__ peer_flags, int32_t* __restrict__ done) {
   const int lane = threadIdx.x % 32, chunks = chunks_per_row<VEC>(hidden_size);
   const int64_t items = static_cast<int64_t>(rows) * chunks;
+  // about where source rank + 1's rows start (sources are in rank order, about rows / ep each)
+  const int first = static_cast<int>(static_cast<int64_t>(rows) * ((rank + 1) % ep) / ep);
   for (int64_t it = blockIdx.x * static_cast<int64_t>(mb::kStageWarps) + threadIdx.x / 32; it < items;
        it += static_cast<int64_t>(gridDim.x) * mb::kStageWarps) {
-    const int j = static_cast<int>(it / chunks), c = static_cast<int>(it % chunks);
+    const int j = static_cast<int>((it / chunks + first) % rows), c = static_cast<int>(it % chunks);
     const int s = src_rank[j];
     if (s < 0) continue;
     copy_chunk<T, VEC>(partial + static_cast<int64_t>(j) * hidden_size,
                        peer_returned[s] + static_cast<int64_t>(src_row[j]) * hidden_size, hidden_size, c, lane);
   }
-  signal_peers(peer_flags, ep + rank, ep, done);
+  mbk::signal_peers(peer_flags, ep + rank, ep, done);
 }
 
-// The grid of a chunk loop over `rows` rows: a block per kStageWarps chunks, at most 8 per SM, at most max_sms
-// where given (> 0); at least one block (the signalling kernels run, and signal, with nothing to move).
-int grid_for(int64_t rows, int chunks, int max_sms) {
-  const int64_t sms = mb::device_attribute(cudaDevAttrMultiProcessorCount);
-  int64_t grid = std::min<int64_t>((rows * chunks + mb::kStageWarps - 1) / mb::kStageWarps, sms * 8);
-  if (max_sms > 0) grid = std::min<int64_t>(grid, max_sms);
-  return static_cast<int>(std::max<int64_t>(1, grid));
+template <typename T, int VEC>
+__global__ void __launch_bounds__(mb::kStageThreads)
+nvlink_combine_kernel(const T* __restrict__ returned, const int32_t* __restrict__ token_slots, int num_tokens,
+                      int hidden, int ep, T* __restrict__ out, int32_t* __restrict__ flags, int32_t* __restrict__ seen) {
+  mbk::wait_peers(flags, ep, seen);  // every partial row owed here is back
+  mbk::combine_tokens<T, VEC>(returned, token_slots, num_tokens, hidden, ep, out);
 }
+
+// The grid of a chunk loop over `rows` rows (stages/ep_combine.cuh's chunk_grid).
+int grid_for(int64_t rows, int chunks, int max_sms) { return mbk::chunk_grid(rows * chunks, max_sms); }
 
 // Calls f(TypeTag<T>, VEC) with 16-byte vectors where every row start allows them (the symmetric buffers are
 // 16-byte aligned; `local` are this call's own row arrays), else single elements.
@@ -292,13 +276,14 @@ extern "C" mb_status mb_ep_nvlink_gather(const void* recv_rows, int dtype, const
                                          int first_expert, int local_experts, int capacity, void* out_hidden,
                                          int32_t* out_ids, float* out_weights, int32_t* src_rank, int32_t* src_row,
                                          int32_t* received, int32_t* overflow, void* const* peer_returned,
-                                         int max_sms, cudaStream_t stream) {
+                                         int32_t* wait_flags, int32_t* wait_seen, int max_sms, cudaStream_t stream) {
   const char* who = "mb_ep_nvlink_gather";
   MB_REQUIRE(ep_size >= 1 && ep_size <= kMaxRanks, "%s: ep_size must be in 1..%d, got %d", who, kMaxRanks, ep_size);
   MB_REQUIRE(hidden_size >= 1 && top_k >= 1 && cap >= 0 && capacity >= 0 && local_experts >= 1,
              "%s: sizes out of range", who);
   MB_REQUIRE(recv_counts && received && overflow && peer_returned,
              "%s: recv_counts, received, overflow and peer_returned must be non-NULL", who);
+  MB_REQUIRE(!wait_flags || wait_seen, "%s: waiting on wait_flags needs its wait_seen counter", who);
   MB_REQUIRE(max_sms >= 0, "%s: max_sms must be >= 0 (0: the default grid), got %d", who, max_sms);
   return by_width(dtype, hidden_size, {recv_rows, out_hidden}, who, [&](auto tag, auto vec) {
     using T = typename decltype(tag)::type;
@@ -307,7 +292,7 @@ extern "C" mb_status mb_ep_nvlink_gather(const void* recv_rows, int dtype, const
                                     mb::kStageThreads, 0, stream>>>(
         static_cast<const T*>(recv_rows), recv_meta, recv_counts, ep_size, cap, hidden_size, top_k, first_expert,
         local_experts, capacity, static_cast<T*>(out_hidden), out_ids, out_weights, src_rank, src_row, received,
-        overflow, reinterpret_cast<T* const*>(peer_returned));
+        overflow, reinterpret_cast<T* const*>(peer_returned), wait_flags, wait_seen);
     return mb::check_launch("nvlink_gather_kernel");
   });
 }
@@ -333,5 +318,26 @@ extern "C" mb_status mb_ep_nvlink_return(const void* partial, int dtype, const i
         static_cast<const T*>(partial), src_rank, src_row, rows, hidden_size,
         reinterpret_cast<T* const*>(peer_returned), rank, ep_size, peer_flags, done);
     return mb::check_launch("nvlink_return_kernel");
+  });
+}
+
+extern "C" mb_status mb_ep_nvlink_combine(const void* returned, int dtype, const int32_t* token_slots, int num_tokens,
+                                          int hidden, int ep_size, void* out, int32_t* flags, int32_t* seen,
+                                          int max_sms, cudaStream_t stream) {
+  const char* who = "mb_ep_nvlink_combine";
+  MB_REQUIRE(num_tokens >= 0 && hidden >= 1, "%s: num_tokens must be >= 0 and hidden >= 1", who);
+  MB_REQUIRE(ep_size >= 1 && ep_size <= kMaxRanks, "%s: ep_size must be in 1..%d, got %d", who, kMaxRanks, ep_size);
+  MB_REQUIRE(max_sms >= 0, "%s: max_sms must be >= 0 (0: the default grid), got %d", who, max_sms);
+  MB_REQUIRE(flags && seen && (num_tokens == 0 || (returned && token_slots && out)), "%s: a pointer argument is NULL",
+             who);
+  // launched with no tokens too: its wait lowers the flags for the next call
+  return by_width(dtype, hidden, {returned, out}, who, [&](auto tag, auto vec) {
+    using T = typename decltype(tag)::type;
+    constexpr int kVec = decltype(vec)::value;
+    nvlink_combine_kernel<T, kVec><<<mbk::chunk_grid(int64_t{num_tokens} * mbk::combine_chunks<kVec>(hidden), max_sms),
+                                     mb::kStageThreads, 0, stream>>>(static_cast<const T*>(returned), token_slots,
+                                                                     num_tokens, hidden, ep_size, static_cast<T*>(out),
+                                                                     flags, seen);
+    return mb::check_launch("nvlink_combine_kernel");
   });
 }

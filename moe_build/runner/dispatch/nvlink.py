@@ -4,11 +4,15 @@ design), through buffers every rank of the group maps: torch's symmetric memory 
 Each rank allocates once, for `max_tokens` tokens per call: recv slots for every source (ep_size x max_tokens
 rows, the worst case: a token goes at most once to a rank), their ids / weights, the counts, the returned
 partial rows, and two flags per source. A call: `mb_ep_layout` (the ranks each token goes to),
-`mb_ep_nvlink_dispatch` (the rows into the peers' slots, then a flag raised on each peer), `mb_ep_nvlink_wait`
-(one block waits for every source's flag), `mb_ep_nvlink_gather` (the received rows made dense, with local expert
-ids and where each goes back); after the experts, `mb_ep_nvlink_return` (partials into their sources' returned
-rows, then a flag on each peer), `mb_ep_nvlink_wait`, `mb_ep_combine`. No collective, no barrier kernel and no
-allocation per call: each rank waits only for the signals it needs, one SM spinning.
+`mb_ep_nvlink_dispatch` (the rows into the peers' slots, then a flag raised on each peer), `mb_ep_nvlink_gather`
+(once every source's flag is up: the received rows made dense, with local expert ids and where each goes back);
+after the experts, `mb_ep_nvlink_return` (partials into their sources' returned rows, then a flag on each peer),
+`mb_ep_nvlink_combine` (once every partial owed here is back: the per-token sum). No collective, no barrier kernel
+and no allocation per call: each rank waits only for the signals it needs.
+
+Who waits: with `waits_in_kernels` (the default) the gather (non-blocking mode) and the combine wait for their
+flags in every block, two launches fewer per call; else `mb_ep_nvlink_wait`, one block, runs before each, so that
+a second micro-batch's kernels (dual-batch overlap) always find SMs beside a kernel still waiting.
 
 Blocking mode (recv_capacity None) reads the received row count to the host after the first wait (the one
 synchronization) and gathers exactly that many rows. Non-blocking mode gathers a fixed `recv_capacity` rows
@@ -18,7 +22,7 @@ device flag, per call) — nothing else is touched; with no host synchronization
 the whole layer can be captured in a CUDA graph.
 
 `dispatch_sms` / `combine_sms` cap the grids of the dispatch side (mb_ep_nvlink_dispatch, mb_ep_nvlink_gather) and
-of the combine side (mb_ep_nvlink_return, mb_ep_combine) at that many blocks, so they occupy at most that many SMs
+of the combine side (mb_ep_nvlink_return, the combine) at that many blocks, so they occupy at most that many SMs
 while expert compute runs beside them (dual-batch overlap); None leaves the kernels' own grids. Their loops stride
 over the grid, so any grid gives the same rows.
 """
@@ -53,11 +57,13 @@ class NvlinkDispatch:
     (all on one NVLink domain). `recv_capacity`: None for the blocking mode, else the rows gathered per call;
     `dispatch_sms` / `combine_sms`: the SM caps of the module docstring (None: the kernels' own grids). An
     instance signals through its own buffer's flags and counters, so two instances in flight at once (dual-batch
-    overlap's two micro-batches) never take each other's signals."""
+    overlap's two micro-batches) never take each other's signals. `waits_in_kernels`: who waits for the flags
+    (module docstring); an instance with another in flight beside it must pass False."""
 
     def __init__(self, spec: MoESpec, kernels: ModuleType, max_tokens: int, group: dist.ProcessGroup | None = None,
                  recv_capacity: int | None = None, device: torch.device | str = "cuda",
-                 dispatch_sms: int | None = None, combine_sms: int | None = None) -> None:
+                 dispatch_sms: int | None = None, combine_sms: int | None = None,
+                 waits_in_kernels: bool = True) -> None:
         import torch.distributed._symmetric_memory as symm_mem
         self.spec, self.k = spec, kernels
         self.group = rank_group(spec, group)
@@ -84,6 +90,8 @@ class NvlinkDispatch:
         self.local["recv_counts"].zero_()
         self.local["flags"].zero_()
         self.done = torch.zeros(2, 1, dtype=torch.int32, device=dev)  # the signalling kernels' block counters
+        self.seen = torch.zeros(2, 1, dtype=torch.int32, device=dev)  # the waiting kernels' block counters
+        self.waits_in_kernels = waits_in_kernels
         # per call, sized once: the layout's outputs and (non-blocking) the gathered rows
         self.counts = torch.empty(ep, dtype=torch.int32, device=dev)
         self.send_tokens = torch.empty(max_tokens * ep, dtype=torch.int32, device=dev)
@@ -113,21 +121,29 @@ class NvlinkDispatch:
         self.k.ep_nvlink_dispatch(hidden, topk_ids, topk_weights, self.rank, self.cap, counts, send_tokens,
                                   self.peers["recv_rows"], self.peers["recv_meta"], self.peers["recv_counts"],
                                   self.peers["flags"], self.done[0], sms=self.dispatch_sms)
-        self.k.ep_nvlink_wait(self.local["flags"][0])  # every source's rows have landed here
+        landed = (self.local["flags"][0], self.seen[0])  # every source's rows are here once these are up
         if self._dense is None:
+            self.k.ep_nvlink_wait(landed[0])
             rows = int(self.local["recv_counts"][:, 0].sum())  # blocking: the one host synchronization
-            dense = self._dense_rows(rows, hidden.dtype, hidden.device)
+            dense, wait = self._dense_rows(rows, hidden.dtype, hidden.device), None
+        elif self.waits_in_kernels:
+            dense, wait = self._dense, landed
         else:
-            dense = self._dense
+            self.k.ep_nvlink_wait(landed[0])
+            dense, wait = self._dense, None
         self.k.ep_nvlink_gather(self.local["recv_rows"], self.local["recv_meta"], self.local["recv_counts"], self.cap,
                                 self.spec.first_local_expert, self.spec.local_experts, dense["hidden"], dense["ids"],
                                 dense["weights"], dense["src_rank"], dense["src_row"], self.received, self.overflow,
-                                self.peers["returned"], sms=self.dispatch_sms)
+                                self.peers["returned"], sms=self.dispatch_sms, wait=wait)
         return NvlinkDispatched(dense["hidden"], dense["ids"], dense["weights"], dense["src_rank"], dense["src_row"],
                                 slots)
 
     def combine(self, partial: torch.Tensor, d: NvlinkDispatched, out: torch.Tensor) -> torch.Tensor:
         self.k.ep_nvlink_return(partial, d.src_rank, d.src_row, self.peers["returned"], self.rank, self.peers["flags"],
                                 self.done[1], sms=self.combine_sms)
-        self.k.ep_nvlink_wait(self.local["flags"][1])  # every partial row owed here is back
+        back = self.local["flags"][1]  # every partial row owed here is back once these are up
+        if self.waits_in_kernels:
+            return self.k.ep_nvlink_combine(self.local["returned"], d.token_slots, back, self.seen[1], out=out,
+                                            sms=self.combine_sms)
+        self.k.ep_nvlink_wait(back)
         return self.k.ep_combine(self.local["returned"], d.token_slots, out=out, sms=self.combine_sms)
