@@ -5,8 +5,9 @@ What it must guarantee: an FP8 point's floor counts one byte per weight element 
 FP8 GEMMs read (per output channel for fp8, per 128 x 128 block for fp8_block) and divides the FLOPs by
 the e4m3 matmul rate, timed side by side like the other ceilings (falling back to the burst ones and
 saying so); a bf16 run's ceilings gain no FP8 field; bad --quant values and combinations are refused on
-one line with exit 2 before any GPU work; the default FP8 variants are ours, each FP8 fusion forced off
-(a plan the planner accepts for every FP8 bench layer) and the three comparisons; and the reference
+one line with exit 2 before any GPU work; the default FP8 variants are ours, each fusion forced off
+(the FP8 input quantizations and the finalize: a plan the planner accepts for every FP8 bench layer, forcing
+off what the default plan fuses at some bench token count) and the three comparisons; and the reference
 that reads only the touched experts, a chunk at a time, equals moe_reference on the whole layer.
 Expected floor values are worked out by hand from the definitions.
 """
@@ -22,7 +23,7 @@ from cli_process import assert_one_line_error, run_moe_build
 from moe_build.bench import fp8_layer
 from moe_build.bench.layer import point_floor
 from moe_build.bench.timing import TIMER_KEYS, CeilingCalls, ceiling_rates
-from moe_build.bench.workload import (FP8_SHAPES, InputSet, bench_spec, check_rows,
+from moe_build.bench.workload import (FP8_SHAPES, TOKENS, InputSet, bench_spec, check_rows,
                                       expert_elements, floor_us, fp8_bench_spec, reference_by_experts)
 from moe_build.errors import MoeBuildError
 from moe_build.planner import make_plan
@@ -144,7 +145,8 @@ def test_cli_accepts_good_values_up_to_the_device() -> None:
 
 def test_default_fp8_variants() -> None:
     assert fp8_layer.FP8_VARIANTS == ("ours", "ours:fc1_input_quant=separate", "ours:fc2_input_quant=separate",
-                                      "ours_bf16", "scaled_grouped_mm", "grouped_mm_dequant")
+                                      "ours:finalize=separate", "ours_bf16", "scaled_grouped_mm",
+                                      "grouped_mm_dequant")
     fp8_layer.check_variants([*fp8_layer.FP8_VARIANTS, "ours:fc1_input_quant=separate+fc2_input_quant=separate"])
     for bad in ("naive", "grouped_mm", "hf_eager", "ours_fp8"):
         with pytest.raises(MoeBuildError):
@@ -154,15 +156,17 @@ def test_default_fp8_variants() -> None:
 @pytest.mark.parametrize("quant", [Quant.FP8, Quant.FP8_BLOCK])
 @pytest.mark.parametrize("shape", FP8_SHAPES)
 def test_forced_off_variants_are_plans_the_default_fuses(shape: str, quant: Quant) -> None:
-    """Each forced-off variant forces a stage the default plan fuses, on the sm90 runner's target."""
+    """Each forced-off variant forces its stage at every bench token count, on the sm90 runner's target, and
+    the default plan fuses that stage at one of them at least (finalize is token-dependent)."""
     spec = fp8_bench_spec(shape, quant)
     target = dataclasses.replace(Target(sm=90, flavour=Flavour.TENSORRT), profile=TokenProfile(1, 16, 4096))
-    default = make_plan(spec, target, 4096).choices(16)
+    default = make_plan(spec, target, 4096)
     for variant in fp8_layer.FP8_RUNNER_VARIANTS[1:]:
         force = fp8_layer.runner_force(variant)
-        forced = make_plan(spec, target, 4096, force=force).choices(16)
+        forced = make_plan(spec, target, 4096, force=force)
         for stage, choice in force.items():
-            assert forced[stage] == choice != default[stage], (variant, default[stage])
+            assert all(forced.choices(t)[stage] == choice for t in TOKENS), variant
+            assert any(default.choices(t)[stage] != choice for t in TOKENS), variant
 
 
 def test_deepseek_v3_bench_layer() -> None:
@@ -174,24 +178,25 @@ def test_deepseek_v3_bench_layer() -> None:
     assert fp8_bench_spec("deepseek-v3", Quant.FP8_BLOCK).quant is Quant.FP8_BLOCK
 
 
-def _point(tokens: int, floor: float, ours: float, bf16: float, sgm: float, forced: tuple[float, float],
+def _point(tokens: int, floor: float, ours: float, bf16: float, sgm: float, forced: tuple[float, float, float],
            plan: dict[str, str]) -> dict:
     rec = {"tokens": tokens, "floor_us": floor, "burst_floor_us": 0.9 * floor,
            "variants": {"ours": {"us": ours + 5.0, "graph_us": ours, "plan": plan},
                         "ours:fc1_input_quant=separate": {"graph_us": forced[0]},
                         "ours:fc2_input_quant=separate": {"graph_us": forced[1]},
+                        "ours:finalize=separate": {"graph_us": forced[2]},
                         "ours_bf16": {"graph_us": bf16}, "scaled_grouped_mm": {"us": sgm},
                         "grouped_mm_dequant": {}}}
     fp8_layer.fp8_ratios(rec)
     return rec
 
 
-FUSED = {"fc1_input_quant": "expand_rows", "fc2_input_quant": "fc1_activation"}
+FUSED = {"fc1_input_quant": "expand_rows", "fc2_input_quant": "fc1_activation", "finalize": "fused"}
 
 
 def test_ratios_and_targets_small_point() -> None:
     # floor 10 us: the target is floor + 25 = 35 us (1.25 x 10 is smaller); ours 30 meets it; eager 35
-    rec = _point(16, 10.0, 30.0, 36.0, 70.0, (33.0, 27.0), FUSED)
+    rec = _point(16, 10.0, 30.0, 36.0, 70.0, (33.0, 27.0, 31.5), FUSED)
     r, t = rec["ratios"], rec["targets"]
     assert r["ours_over_floor"] == pytest.approx(3.0) and r["ours_eager_over_floor"] == pytest.approx(3.5)
     assert r["ours_over_burst_floor"] == pytest.approx(30.0 / 9.0)
@@ -199,30 +204,35 @@ def test_ratios_and_targets_small_point() -> None:
     assert r["scaled_grouped_mm_over_ours"] == pytest.approx(2.0)  # eager over eager
     assert r["grouped_mm_dequant_over_ours"] is None
     assert r["forced_over_ours"] == {"ours:fc1_input_quant=separate": pytest.approx(1.1),
-                                     "ours:fc2_input_quant=separate": pytest.approx(0.9)}
+                                     "ours:fc2_input_quant=separate": pytest.approx(0.9),
+                                     "ours:finalize=separate": pytest.approx(1.05)}
     assert t["floor"] == {"limit_us": pytest.approx(35.0), "met": True}
     assert "vs_bf16" not in t and t["vs_scaled_grouped_mm"] == {"met": True}
     assert t["fusions"] == {"ours:fc1_input_quant=separate": {"on": True, "wins": True},
-                            "ours:fc2_input_quant=separate": {"on": True, "wins": False}}
+                            "ours:fc2_input_quant=separate": {"on": True, "wins": False},
+                            "ours:finalize=separate": {"on": True, "wins": True}}
 
 
 def test_ratios_and_targets_large_point() -> None:
     # 4096 tokens: no floor target; ours_bf16 / ours = 1.5 < 1.6 misses; slower than the peer (eager
-    # 1005 vs 900); the plan has fc2_input_quant separate already, so that variant is not a fusion turned on
-    rec = _point(4096, 500.0, 1000.0, 1500.0, 900.0, (1100.0, 1000.0), {**FUSED, "fc2_input_quant": "separate"})
+    # 1005 vs 900); the plan has fc2_input_quant and finalize separate already, so those variants are not
+    # fusions turned on
+    rec = _point(4096, 500.0, 1000.0, 1500.0, 900.0, (1100.0, 1000.0, 990.0),
+                 {**FUSED, "fc2_input_quant": "separate", "finalize": "separate"})
     t = rec["targets"]
     assert "floor" not in t
     assert t["vs_bf16"] == {"at_least": 1.6, "met": False}
     assert t["vs_scaled_grouped_mm"] == {"met": False}
     assert t["fusions"]["ours:fc2_input_quant=separate"] == {"on": False, "wins": None}
+    assert t["fusions"]["ours:finalize=separate"] == {"on": False, "wins": None}
     # the floor target at 1.25 x where the floor is large
-    big = _point(256, 400.0, 510.0, 900.0, 2000.0, (520.0, 515.0), FUSED)["targets"]["floor"]
+    big = _point(256, 400.0, 510.0, 900.0, 2000.0, (520.0, 515.0, 512.0), FUSED)["targets"]["floor"]
     assert big == {"limit_us": pytest.approx(500.0), "met": False}
 
 
 def test_table_lists_every_point() -> None:
-    pts = [{**_point(16, 10.0, 30.0, 36.0, 70.0, (33.0, 27.0), FUSED), "quant": "fp8", "shape": "qwen3-30b-a3b"},
-           {**_point(4096, 500.0, 1000.0, 1500.0, 900.0, (1100.0, 1000.0), FUSED), "quant": "fp8_block",
+    pts = [{**_point(16, 10.0, 30.0, 36.0, 70.0, (33.0, 27.0, 31.5), FUSED), "quant": "fp8", "shape": "qwen3-30b-a3b"},
+           {**_point(4096, 500.0, 1000.0, 1500.0, 900.0, (1100.0, 1000.0, 990.0), FUSED), "quant": "fp8_block",
             "shape": "deepseek-v3"}]
     text = fp8_layer.table({"points": pts})
     lines = text.splitlines()

@@ -55,6 +55,25 @@ def test_json_schema_and_hopper_plan():
     assert stages["routing_prologue"]["bands"] == [[1, 256, "fused"], [257, None, "three_step"]]
 
 
+@pytest.mark.parametrize("quant", ["fp8", "fp8_block"])
+def test_fp8_layers_fuse_the_finalize_with_its_gates_shown(quant: str):
+    """The FP8 GEMM2 has a FINALIZE tactic (mb_grouped_gemm_fp8_finalize): the report shows the decision with
+    the gate that admits it, the same bands as a 16-bit layer's, and forcing separate still plans."""
+    doc = report(*NARROW_FLAGS, "--quant", quant, "--sm", "90", "--flavour", "tensorrt", "--tokens", "1024")
+    fin = next(s for s in doc["stages"] if s["stage"] == "finalize")
+    assert fin["choice"] == "fused"
+    assert fin["bands"] == [[1, 16, "fused"], [17, 128, "separate"], [129, None, "fused"]]
+    tactic = next(g for g in fin["gates"] if g["name"] == "finalize_tactic")
+    assert tactic["held"] is True and tactic["value"] == f"bf16/{quant}"
+    forced = report(*NARROW_FLAGS, "--quant", quant, "--sm", "90", "--flavour", "tensorrt", "--tokens", "1024",
+                    "--force", "finalize=separate")
+    assert next(s for s in forced["stages"] if s["stage"] == "finalize")["choice"] == "separate"
+    weight_only = report(*NARROW_FLAGS, "--quant", "w8a16", "--sm", "90", "--flavour", "tensorrt")
+    fin = next(s for s in weight_only["stages"] if s["stage"] == "finalize")
+    assert fin["choice"] == "separate"
+    assert next(g for g in fin["gates"] if g["name"] == "finalize_tactic")["held"] is False
+
+
 def test_environment_gate_disables_finalize_fusion():
     for var in ("MOE_BUILD_DISABLE_FINALIZE_FUSION", "TRTLLM_MOE_DISABLE_FINALIZE_FUSION"):
         doc = report(*MIXTRAL_FLAGS, "--sm", "90", "--flavour", "tensorrt", env={var: "1"})

@@ -15,7 +15,7 @@ import pytest
 from moe_build.errors import MoeBuildError
 from moe_build.planner import make_plan
 from moe_build.planner.tactics import GemmCall, GemmTactic, RowCount, choose_tactic, tactic_bands, tactic_problem
-from moe_build.spec import MoESpec
+from moe_build.spec import MoESpec, Quant
 from moe_build.target import Flavour, Target, TokenProfile
 
 H100 = Target(sm=90, flavour=Flavour.TENSORRT, sm_count=132, l2_bytes=50 << 20)
@@ -153,6 +153,41 @@ def test_every_rule_tactic_is_runnable() -> None:
             c = dataclasses.replace(c, woq=woq, epilogue="store", weights_blocked=False) if woq != "none" else c
             for _, _, tactic in tactic_bands(c):
                 assert tactic_problem(c, tactic) is None, (c, tactic)
+        # FP8 GEMMs: row-major weights, the plain store or (GEMM2 on the sm90 entry) the finalize epilogue
+        for fp8 in ("rowwise", "block128"):
+            epilogue = rng.choice(["store", "finalize"]) if c.entry == "sm90" else "store"
+            f = dataclasses.replace(c, fp8=fp8, itemsize=1, epilogue=epilogue, weights_blocked=False)
+            for _, _, tactic in tactic_bands(f):
+                assert tactic_problem(f, tactic) is None, (f, tactic)
+
+
+def test_fp8_finalize_gemm2_tactics() -> None:
+    """The FP8 GEMM2 with the finalize epilogue keeps the FP8 kernel and tile thresholds (decode while rowwise
+    has <= 16 rows per expert and < 256 rows, block128 < 64 rows; pingpong64x128 to 32 rows per expert, then
+    coop128x128), launches after a trigger to 64 rows per expert and plainly above, never by placement (at 32
+    rows a 16-bit finalize GEMM2 would be placed), and writes under evict_last on the wgmma kernel."""
+    qwen3_down = call(epilogue="finalize", n=2048, k=768, itemsize=1, fp8="rowwise")  # avg rows ceil(tokens / 16)
+    assert [at(qwen3_down, t) for t in (31, 32, 512, 513, 1024, 1025)] == [
+        "decode:ksplit1:after_trigger:plain", "wgmma:pingpong64x128:after_trigger:evict_last",
+        "wgmma:pingpong64x128:after_trigger:evict_last", "wgmma:coop128x128:after_trigger:evict_last",
+        "wgmma:coop128x128:after_trigger:evict_last", "wgmma:coop128x128:plain:evict_last"]
+    assert at(dataclasses.replace(qwen3_down, fp8="none", itemsize=2), 512) == "wgmma:pingpong64x128:placed:evict_last"
+    block = dataclasses.replace(qwen3_down, fp8="block128")  # decode below 64 rows: 7 tokens
+    assert [at(block, t) for t in (7, 8)] == ["decode:ksplit1:after_trigger:plain",
+                                              "wgmma:pingpong64x128:after_trigger:evict_last"]
+    assert at(dataclasses.replace(qwen3_down, epilogue="store"), 1025) == "wgmma:coop128x128:plain:plain"
+
+
+@pytest.mark.parametrize("c,name,problem", [
+    (call(epilogue="finalize", fp8="rowwise"), "wgmma:pingpong64x128:placed:evict_last", "plainly or after a trigger"),
+    (call(epilogue="store", fp8="rowwise"), "wgmma:coop128x128:plain:evict_last", "evict_last"),
+    (call(epilogue="finalize", fp8="block128"), "wgmma:coop128x256:plain:evict_last", "block128 tiles"),
+    (call(epilogue="finalize", fp8="rowwise"), "mma:64x128:plain:plain", "no FP8 kernel"),
+])
+def test_tactics_the_fp8_gemm_cannot_run(c: GemmCall, name: str, problem: str) -> None:
+    assert problem in (tactic_problem(c, GemmTactic.parse(name)) or "")
+    assert tactic_problem(call(epilogue="finalize", fp8="rowwise"),
+                          GemmTactic.parse("wgmma:coop128x256:after_trigger:evict_last")) is None
 
 
 def test_weight_only_gemms_run_decode_then_the_woq_mma_tiles() -> None:
@@ -188,6 +223,19 @@ def test_plan_records_tactic_bands_for_both_gemms() -> None:
     assert [fin.choice_for(t) for t in (4, 5, 64, 65)] == ["fused", "separate", "separate", "fused"]
     assert g2.choice_for(4).startswith("decode:") and g2.choice_for(64).startswith("decode:")
     assert g2.choice_for(65) == "wgmma:pingpong64x128:after_trigger:evict_last"
+
+
+def test_fp8_plan_gemm2_follows_the_finalize_bands() -> None:
+    """An FP8 layer's finalize takes the 16-bit thresholds (fused at 1-4 tokens of Qwen3-30B-A3B, separate at
+    5-64, fused from 65) and its GEMM2 the FP8 tactics of the epilogue in each band."""
+    plan = make_plan(dataclasses.replace(QWEN3, quant=Quant.FP8), H100, 256)
+    fin, g2 = plan.stage("finalize"), plan.stage("gemm2_tactic")
+    assert [fin.choice_for(t) for t in (4, 5, 64, 65)] == ["fused", "separate", "separate", "fused"]
+    assert g2.choice_for(4) == "decode:ksplit1:after_trigger:plain"
+    assert g2.choice_for(64) == "wgmma:pingpong64x128:plain:plain"  # 512 rows: wgmma, plain store
+    assert g2.choice_for(65) == "wgmma:pingpong64x128:after_trigger:evict_last"
+    separate = make_plan(dataclasses.replace(QWEN3, quant=Quant.FP8), H100, 256, force={"finalize": "separate"})
+    assert separate.stage("gemm2_tactic").choice_for(65) == "wgmma:pingpong64x128:plain:plain"
 
 
 def test_forced_tactic_holds_at_every_count_and_is_checked() -> None:

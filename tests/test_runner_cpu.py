@@ -252,12 +252,14 @@ def test_weight_only_plans_run_the_woq_gemms_and_the_awq_steps_the_plan_names(qu
 @pytest.mark.parametrize("quant", [Quant.FP8, Quant.FP8_BLOCK])
 def test_fp8_plans_run_fp8_steps_where_the_plan_quantizes(quant: Quant) -> None:
     """GEMM1's FP8 input in the expansion or by a quantize step before it, GEMM2's in the activation or
-    after it, as the plan's fc1_input_quant / fc2_input_quant say; the FP8 GEMMs store plainly."""
+    after it, as the plan's fc1_input_quant / fc2_input_quant say (finalize forced separate here: the
+    fused finalize has a test of its own)."""
     spec = dataclasses.replace(SWIGLU, quant=quant)
-    fused = kernel_sequence(make_plan(spec, H100, tokens=16), 16)
+    fused = kernel_sequence(make_plan(spec, H100, tokens=16, force={"finalize": "separate"}), 16)
     assert fused[2:] == ["routing_prologue:fused", "expand_rows:fp8", "gemm1:fp8", "fc1_activation:fp8", "gemm2:fp8",
                          "finalize"]
-    separate = make_plan(spec, H100, tokens=16, force={"fc1_input_quant": "separate", "fc2_input_quant": "separate"})
+    separate = make_plan(spec, H100, tokens=16, force={"fc1_input_quant": "separate", "fc2_input_quant": "separate",
+                                                       "finalize": "separate"})
     assert kernel_sequence(separate, 16)[2:] == [
         "routing_prologue:fused", "fc1_input_quant:separate", "expand_rows:fp8_prequantized", "gemm1:fp8",
         "fc1_activation", "fc2_input_quant:separate", "gemm2:fp8", "finalize"]
@@ -269,6 +271,33 @@ def test_fp8_plans_run_fp8_steps_where_the_plan_quantizes(quant: Quant) -> None:
     assert "fc1_act" not in workspace_layout(spec, steps_up_to(make_plan(spec, H100, tokens=16), 16), 16)
     with pytest.raises(MoeBuildError, match="fc1_input_quant"):
         make_plan(SWIGLU, H100, tokens=16, force={"fc1_input_quant": "separate"})
+
+
+@pytest.mark.parametrize("quant", [Quant.FP8, Quant.FP8_BLOCK])
+def test_fp8_plans_fuse_the_finalize_into_gemm2_where_the_plan_says(quant: Quant) -> None:
+    """finalize=fused: GEMM2 on the FP8 finalize entry point, into the output the three-step prologue zeroes, or
+    else the FP8 expansion (either of the two); finalize=separate: GEMM2's plain store, then the finalize kernel,
+    nothing zeroed. Token-dependent as for 16-bit layers (SWIGLU_64E: separate at 17..128 tokens)."""
+    spec = dataclasses.replace(SWIGLU, quant=quant)
+    tail = ["gemm1:fp8", "fc1_activation:fp8", "gemm2:fp8_finalize"]
+    plan = make_plan(spec, H100, tokens=16)
+    assert plan.stage("finalize").choice == "fused"
+    assert kernel_sequence(plan, 16)[2:] == ["routing_prologue:fused", "expand_rows:fp8+zero_output", *tail]
+    assert "gemm2_out" not in workspace_layout(spec, steps_up_to(plan, 16), 16)
+    prequantized = make_plan(spec, H100, tokens=16, force={"fc1_input_quant": "separate"})
+    assert kernel_sequence(prequantized, 16)[2:] == [
+        "routing_prologue:fused", "fc1_input_quant:separate", "expand_rows:fp8_prequantized+zero_output", *tail]
+    three_step = make_plan(spec, H100, tokens=16, force={"routing_prologue": "three_step"})
+    assert kernel_sequence(three_step, 16)[2:] == ["routing_prologue:three_step+zero_output", "expand_rows:fp8",
+                                                   *tail]
+    separate = make_plan(spec, H100, tokens=16, force={"finalize": "separate", "routing_prologue": "three_step"})
+    assert kernel_sequence(separate, 16)[2:] == ["routing_prologue:three_step", "expand_rows:fp8", "gemm1:fp8",
+                                                 "fc1_activation:fp8", "gemm2:fp8", "finalize"]
+    spec64 = dataclasses.replace(SWIGLU_64E, quant=quant)
+    banded = make_plan(spec64, H100, tokens=16)
+    assert [kernel_sequence(banded, t)[-1] for t in (16, 17, 128, 129)] == [
+        "gemm2:fp8_finalize", "finalize", "finalize", "gemm2:fp8_finalize"]
+    assert "gemm2_out" in workspace_layout(spec64, steps_up_to(banded, 4096), 4096)
 
 
 def test_workspace_sizing_math() -> None:

@@ -226,9 +226,9 @@ enum mb_gemm_launch {
   MB_LAUNCH_PLAIN = 0,          /* an ordinary launch */
   MB_LAUNCH_AFTER_TRIGGER = 1,  /* programmatic dependent launch: CTAs set up under the previous kernel's tail
                                    and wait for it before reading A (decode, wgmma; plain below sm_90) */
-  MB_LAUNCH_PLACED = 2,         /* wgmma pingpong 64x256 / 64x128 with the gated or finalize epilogue: after a
-                                   trigger, each CTA starting at the tiles a plain launch puts on its SM
-                                   (needs the caller's `placement` region) */
+  MB_LAUNCH_PLACED = 2,         /* wgmma pingpong 64x256 / 64x128 of the 16-bit sm90 entry points with the
+                                   gated or finalize epilogue: after a trigger, each CTA starting at the tiles a
+                                   plain launch puts on its SM (needs the caller's `placement` region) */
 };
 enum mb_output_l2 {
   MB_OUTPUT_L2_PLAIN = 0,       /* ordinary stores */
@@ -320,14 +320,30 @@ mb_status mb_grouped_gemm_sm90_gated(const void* A, const void* B, const void* b
  * Tactic kernels: MB_GEMM_DECODE (mma.sync e4m3, compute capability 8.9 and later; k_split 1, 2, 4 or 8; an
  * SM 8.9 GPU needs a library built with sm_89 code, else MB_ERR_UNSUPPORTED)
  * and MB_GEMM_WGMMA (compute capability 9.0; tiles MB_TILE_COOP_128x128 and MB_TILE_PINGPONG_64x128, and
- * MB_TILE_COOP_128x256 with MB_FP8_ROWWISE; launch PLAIN or AFTER_TRIGGER). n and k multiples of 16; A, B, C 16-byte aligned; the wgmma kernel
- * needs mb_grouped_gemm_fp8_workspace() bytes (the decode kernel none), and A must hold max_rows rows. */
+ * MB_TILE_COOP_128x256 with MB_FP8_ROWWISE; launch PLAIN or AFTER_TRIGGER, never PLACED). n and k multiples of
+ * 16; A, B, C 16-byte aligned; the wgmma kernel needs mb_grouped_gemm_fp8_workspace() bytes (the decode kernel
+ * none), and A must hold max_rows rows. */
 enum mb_fp8_scaling { MB_FP8_ROWWISE = 0, MB_FP8_BLOCK128 = 1 };
 size_t mb_grouped_gemm_fp8_workspace(int num_experts, int64_t max_rows, int n, int k);
 mb_status mb_grouped_gemm_fp8(const void* A, const float* scale_a, const void* B, const float* scale_b, int scaling,
                               const void* bias, void* C, const int64_t* expert_first_token_offset, int num_experts,
                               int64_t max_rows, int n, int k, int dtype, mb_gemm_tactic tactic, void* workspace,
                               size_t workspace_bytes, cudaStream_t stream);
+/* The FP8 GEMM2 with the finalize epilogue, as mb_grouped_gemm_sm90_finalize's for 16-bit GEMMs:
+ * out[t] += permuted_weights[p] * (C[p] + bias[x]) for the token t = permuted_to_unpermuted[p] / top_k of each
+ * permuted row p < off[E], C[p] the scaled product above (MB_FP8_ROWWISE: scaled before the bias; MB_FP8_BLOCK128:
+ * by the mainloop). out [num_tokens, n] in dtype, 16-byte aligned, must be zeroed by the caller (the runner has
+ * the expansion's or the three-step prologue's zero_out do it); each element gets top_k packed 2-element
+ * fp16/bf16 atomic adds, so with top_k < 3 the adds commute and the result is deterministic. The same kernels,
+ * tactics and workspace as mb_grouped_gemm_fp8, and output_l2 EVICT_LAST with the wgmma kernel (its atomics under
+ * L2 evict_last). */
+mb_status mb_grouped_gemm_fp8_finalize(const void* A, const float* scale_a, const void* B, const float* scale_b,
+                                       int scaling, const void* bias, void* out,
+                                       const int64_t* expert_first_token_offset,
+                                       const int32_t* permuted_to_unpermuted, const float* permuted_weights,
+                                       int num_experts, int64_t max_rows, int num_tokens, int top_k, int n, int k,
+                                       int dtype, mb_gemm_tactic tactic, void* workspace, size_t workspace_bytes,
+                                       cudaStream_t stream);
 
 /* ---- weight-only grouped GEMM (issue 47) ----------------------------------------------------------
  * gemm/woq_abi.cu: C[p] = A[p] @ dequant(B[x])^T (+ bias[x]) for the permuted rows p of expert x; A

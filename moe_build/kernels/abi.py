@@ -145,5 +145,7 @@ SIGNATURES: dict[str, tuple[type, tuple[type, ...]]] = {
                                         _p)),
     "mb_grouped_gemm_fp8_workspace": (_sz, (_i, _i64, _i, _i)),
     "mb_grouped_gemm_fp8": (_i, (_p, _p, _p, _p, _i, _p, _p, _p, _i, _i64, _i, _i, _i, _t, _p, _sz, _p)),
+    "mb_grouped_gemm_fp8_finalize": (_i, (_p, _p, _p, _p, _i, _p, _p, _p, _p, _p, _i, _i64, _i, _i, _i, _i, _i, _t,
+                                          _p, _sz, _p)),
     "mb_grouped_gemm_woq": (_i, (_p, _p, _i, _p, _p, _i, _p, _p, _p, _i, _i64, _i, _i, _i, _t, _p)),
 }

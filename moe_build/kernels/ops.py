@@ -728,13 +728,10 @@ def fp8_scale_shapes(scaling: Fp8Scaling, rows: int, experts: int, n: int, k: in
     return (rows, kb), (experts, -(-n // 128), kb)
 
 
-def grouped_gemm_fp8(a: torch.Tensor, scale_a: torch.Tensor, b: torch.Tensor, scale_b: torch.Tensor,
-                     expert_first_token_offset: torch.Tensor, scaling: int | str | Fp8Scaling,
-                     out_dtype: torch.dtype = torch.bfloat16, bias: torch.Tensor | None = None,
-                     c: torch.Tensor | None = None, workspace: torch.Tensor | None = None,
-                     stream: int | torch.cuda.Stream | None = None, *, tactic: GemmTactic | str) -> torch.Tensor:
-    """C[p] = scaled A[p] @ B[x]^T (+ bias[x]); A [R, k] and B [E, n, k] float8_e4m3fn, scales fp32 as
-    `scaling` says (fp8_scale_shapes) -> C [R, n] in out_dtype (bf16 or fp16), run as `tactic`."""
+def _fp8_gemm_args(a: torch.Tensor, scale_a: torch.Tensor, b: torch.Tensor, scale_b: torch.Tensor,
+                   expert_first_token_offset: torch.Tensor, scaling: int | str | Fp8Scaling, out_dtype: torch.dtype,
+                   bias: torch.Tensor | None) -> tuple[torch.device, int, int, int, int, Fp8Scaling]:
+    """What both FP8 GEMM wrappers check: (device, rows, k, experts, n, scaling)."""
     _check(a, "A", (None, None), torch.float8_e4m3fn)
     dev, rows, k = a.device, a.shape[0], a.shape[1]
     _check(b, "B", (None, None, k), torch.float8_e4m3fn, dev)
@@ -748,6 +745,18 @@ def grouped_gemm_fp8(a: torch.Tensor, scale_a: torch.Tensor, b: torch.Tensor, sc
         raise ValueError(f"out_dtype: {out_dtype} is not bfloat16 or float16 (the FP8 GEMM has no FP8 output)")
     if bias is not None:
         _check(bias, "bias", (e, n), out_dtype, dev)
+    return dev, rows, k, e, n, mode
+
+
+def grouped_gemm_fp8(a: torch.Tensor, scale_a: torch.Tensor, b: torch.Tensor, scale_b: torch.Tensor,
+                     expert_first_token_offset: torch.Tensor, scaling: int | str | Fp8Scaling,
+                     out_dtype: torch.dtype = torch.bfloat16, bias: torch.Tensor | None = None,
+                     c: torch.Tensor | None = None, workspace: torch.Tensor | None = None,
+                     stream: int | torch.cuda.Stream | None = None, *, tactic: GemmTactic | str) -> torch.Tensor:
+    """C[p] = scaled A[p] @ B[x]^T (+ bias[x]); A [R, k] and B [E, n, k] float8_e4m3fn, scales fp32 as
+    `scaling` says (fp8_scale_shapes) -> C [R, n] in out_dtype (bf16 or fp16), run as `tactic`."""
+    dev, rows, k, e, n, mode = _fp8_gemm_args(a, scale_a, b, scale_b, expert_first_token_offset, scaling, out_dtype,
+                                              bias)
     out = _out(c, "C", (rows, n), out_dtype, dev)
     ws, ws_bytes = _workspace(workspace, lambda: grouped_gemm_fp8_workspace_bytes(e, rows, n, k), dev)
     call("mb_grouped_gemm_fp8", a.data_ptr(), scale_a.data_ptr(), b.data_ptr(), scale_b.data_ptr(), int(mode),
@@ -755,6 +764,30 @@ def grouped_gemm_fp8(a: torch.Tensor, scale_a: torch.Tensor, b: torch.Tensor, sc
          int(DType.BF16 if out_dtype == torch.bfloat16 else DType.FP16), tactic_struct(tactic), ws, ws_bytes,
          _stream(stream, dev))
     return out
+
+
+def grouped_gemm_fp8_finalize(a: torch.Tensor, scale_a: torch.Tensor, b: torch.Tensor, scale_b: torch.Tensor,
+                              expert_first_token_offset: torch.Tensor, permuted_to_unpermuted: torch.Tensor,
+                              permuted_weights: torch.Tensor, num_tokens: int, top_k: int,
+                              scaling: int | str | Fp8Scaling, out_dtype: torch.dtype = torch.bfloat16,
+                              bias: torch.Tensor | None = None, out: torch.Tensor | None = None,
+                              workspace: torch.Tensor | None = None, stream: int | torch.cuda.Stream | None = None,
+                              *, tactic: GemmTactic | str) -> torch.Tensor:
+    """out[t] += w[p] * (scaled A[p] @ B[x]^T + bias[x]) for the token t of each permuted row p -> out [T, n]
+    (grouped_gemm_sm90_finalize's epilogue on grouped_gemm_fp8's product). A given `out` must be zeroed by the
+    caller; an allocated one is zeroed here."""
+    dev, rows, k, e, n, mode = _fp8_gemm_args(a, scale_a, b, scale_b, expert_first_token_offset, scaling, out_dtype,
+                                              bias)
+    _check(permuted_to_unpermuted, "permuted_to_unpermuted", (num_tokens * top_k,), torch.int32, dev)
+    _check(permuted_weights, "permuted_weights", (num_tokens * top_k,), torch.float32, dev)
+    o = _out(out, "out", (num_tokens, n), out_dtype, dev, zero=True)
+    ws, ws_bytes = _workspace(workspace, lambda: grouped_gemm_fp8_workspace_bytes(e, rows, n, k), dev)
+    call("mb_grouped_gemm_fp8_finalize", a.data_ptr(), scale_a.data_ptr(), b.data_ptr(), scale_b.data_ptr(),
+         int(mode), _ptr(bias), o.data_ptr(), expert_first_token_offset.data_ptr(), permuted_to_unpermuted.data_ptr(),
+         permuted_weights.data_ptr(), e, rows, num_tokens, top_k, n, k,
+         int(DType.BF16 if out_dtype == torch.bfloat16 else DType.FP16), tactic_struct(tactic), ws, ws_bytes,
+         _stream(stream, dev))
+    return o
 
 
 # ---- weight-only grouped GEMM (issue 47; cpp/src/gemm/woq_abi.cu) ------------------------------------------

@@ -336,15 +336,20 @@ def finalize_no_lora(s: MoESpec) -> Gate:
     return Gate("finalize_no_lora", s.lora, "not lora", not s.lora, _src(MOE_PLUGIN_CPP, 338))
 
 
-# runtime must select a GEMM2 tactic with epilogue_fusion_type == FINALIZE (ours: bf16/fp16 unquantized)
+# runtime must select a GEMM2 tactic with epilogue_fusion_type == FINALIZE (ours: bf16/fp16, unquantized or
+# fp8 / fp8_block: mb_grouped_gemm_sm90_finalize and mb_grouped_gemm_fp8_finalize)
+FINALIZE_TACTIC_QUANTS = (Quant.NONE, Quant.FP8, Quant.FP8_BLOCK)
+
+
 def finalize_tactic_available(s: MoESpec) -> Gate:
-    ok = s.dtype in (DType.BF16, DType.FP16) and s.quant is Quant.NONE
+    ok = s.dtype in (DType.BF16, DType.FP16) and s.quant in FINALIZE_TACTIC_QUANTS
     return Gate("finalize_tactic", f"{s.dtype.value}/{s.quant.value}",
-                "a FINALIZE-epilogue GEMM2 tactic exists (bf16/fp16, unquantized)", ok,
+                "a FINALIZE-epilogue GEMM2 tactic exists (bf16/fp16; quant none, fp8 or fp8_block)", ok,
                 _src(MOE_KERNELS_CU, 4058, 4061, 4067))
 
 
-# tactic selection (the FINALIZE GEMM2 tactic must be the one chosen at run time), measured on the H200:
+# tactic selection (the FINALIZE GEMM2 tactic must be the one chosen at run time), measured on the H200
+# for bf16 layers (FP8 layers take the same thresholds; FP8's were not measured yet):
 # from intermediate size 2048 the fused epilogue is ahead or within 1.5 us at every count. Below it, fused
 # where GEMM2 runs the wgmma kernel (past 4 rows per expert, tactics.FINALIZE_DECODE_MAX_AVG_ROWS; there it
 # wins by 4-10 us, DeepSeek-V2-Lite, Qwen3-30B-A3B and GPT-OSS-20B at 128-384 tokens, 5-29 us at 1024-4096),

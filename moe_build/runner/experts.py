@@ -140,20 +140,35 @@ class FusedExperts:
     # ---- FP8: GEMM inputs quantized where the plan says, e4m3 GEMMs -------------------------------
     def expand_rows_fp8(self, b: Batch) -> None:
         """The expansion, each token's row quantized once and written to its top_k permuted rows."""
+        self._expand_fp8(b, zero_out=None)
+
+    def expand_rows_fp8_zero_output(self, b: Batch) -> None:
+        """The FP8 expansion, also zeroing `out` for gemm2_fp8_finalize's accumulation (one launch)."""
+        self._expand_fp8(b, zero_out=b.out)
+
+    def _expand_fp8(self, b: Batch, zero_out: torch.Tensor | None) -> None:
         self.k.expand_rows_fp8(b.hidden, b.v("unpermuted_to_permuted"), b.topk_weights, static_scale=self.a1_scale,
                                group=self.fp8_group, permuted_input=b.v("permuted_input"),
                                permuted_scales=b.v("permuted_input_scales"), permuted_weights=b.v("permuted_weights"),
-                               stream=b.stream)
+                               zero_out=zero_out, stream=b.stream)
 
     def quantize_input(self, b: Batch) -> None:
         self.k.quantize_fp8(b.hidden, static_scale=self.a1_scale, group=self.fp8_group, out=b.v("input_fp8"),
                             out_scales=b.v("input_scales"), stream=b.stream)
 
     def expand_rows_fp8_prequantized(self, b: Batch) -> None:
+        self._expand_fp8_prequantized(b, zero_out=None)
+
+    def expand_rows_fp8_prequantized_zero_output(self, b: Batch) -> None:
+        """The expansion of the quantized tokens, also zeroing `out` for gemm2_fp8_finalize (one launch)."""
+        self._expand_fp8_prequantized(b, zero_out=b.out)
+
+    def _expand_fp8_prequantized(self, b: Batch, zero_out: torch.Tensor | None) -> None:
         self.k.expand_rows_fp8_prequantized(b.v("input_fp8"), b.v("input_scales"), b.v("unpermuted_to_permuted"),
                                             b.topk_weights, permuted_input=b.v("permuted_input"),
                                             permuted_scales=b.v("permuted_input_scales"),
-                                            permuted_weights=b.v("permuted_weights"), stream=b.stream)
+                                            permuted_weights=b.v("permuted_weights"), zero_out=zero_out,
+                                            stream=b.stream)
 
     def gemm1_fp8(self, b: Batch) -> None:
         self.k.grouped_gemm_fp8(b.v("permuted_input"), b.v("permuted_input_scales"), self.w.w1, self.w.fp8.w1_scale,
@@ -177,6 +192,15 @@ class FusedExperts:
                                 b.v("expert_offsets"), self.fp8_scaling, out_dtype=self.out_dtype,
                                 c=b.v("gemm2_out"), workspace=_opt(b, "gemm_workspace"), stream=b.stream,
                                 tactic=b.gemm2_tactic)
+
+    def gemm2_fp8_finalize(self, b: Batch) -> None:
+        """GEMM2 with the unpermute, top-k weighting (+b2) and reduction in its epilogue, into `out` (zeroed by the
+        three-step prologue or the FP8 expansion, which the sequence runs before it)."""
+        self.k.grouped_gemm_fp8_finalize(b.v("fc2_input"), b.v("fc2_input_scales"), self.w.w2, self.w.fp8.w2_scale,
+                                         b.v("expert_offsets"), b.v("permuted_to_unpermuted"),
+                                         b.v("permuted_weights"), b.out.shape[0], self.spec.top_k, self.fp8_scaling,
+                                         out_dtype=self.out_dtype, bias=self.w.b2, out=b.out,
+                                         workspace=_opt(b, "gemm_workspace"), stream=b.stream, tactic=b.gemm2_tactic)
 
     # ---- weight-only: 16-bit activations, weights dequantized in the GEMMs -------------------------
     def fc1_prequant(self, b: Batch) -> None:

@@ -41,14 +41,18 @@ GEMM2_SM90_FINALIZE = "gemm2:sm90_finalize"  # GEMM2 with unpermute/weighting/re
 GEMM2_SM90 = "gemm2:sm90"
 GEMM2_SM80 = "gemm2:sm80"
 FINALIZE = "finalize"                  # mb_finalize (the separate top-k weighting and reduction)
-# FP8 layers (quant fp8 / fp8_block): e4m3 GEMMs with plain stores, their inputs quantized where the plan says
+# FP8 layers (quant fp8 / fp8_block): e4m3 GEMMs, their inputs quantized where the plan says
 EXPAND_ROWS_FP8 = "expand_rows:fp8"    # mb_expand_rows_fp8: GEMM1's input quantized as it is expanded
 QUANTIZE_INPUT = "fc1_input_quant:separate"  # mb_quantize_fp8 on the tokens, then ...
 EXPAND_ROWS_FP8_PREQUANTIZED = "expand_rows:fp8_prequantized"  # ... mb_expand_rows_fp8_prequantized
+# the two FP8 expansions that also zero the output GEMM2_FP8_FINALIZE accumulates into (their zero_out)
+EXPAND_ROWS_FP8_ZERO_OUTPUT = "expand_rows:fp8+zero_output"
+EXPAND_ROWS_FP8_PREQUANTIZED_ZERO_OUTPUT = "expand_rows:fp8_prequantized+zero_output"
 GEMM1_FP8 = "gemm1:fp8"                # mb_grouped_gemm_fp8
 FC1_ACTIVATION_FP8 = "fc1_activation:fp8"  # mb_fc1_activation_fp8: GEMM2's input quantized in the activation
 QUANTIZE_FC2_INPUT = "fc2_input_quant:separate"  # mb_quantize_fp8 after mb_fc1_activation
 GEMM2_FP8 = "gemm2:fp8"                # mb_grouped_gemm_fp8
+GEMM2_FP8_FINALIZE = "gemm2:fp8_finalize"  # mb_grouped_gemm_fp8_finalize: the finalize in GEMM2's epilogue
 # Weight-only layers (quant w8a16 / w4a16_awq / wfp4a16): 16-bit activations, GEMMs that dequantize their weights
 FC1_PREQUANT = "fc1_prequant:separate"  # GEMM1's input rows times the AWQ FC1 pre-quant scale (expand_rows=plain)
 GEMM1_WOQ = "gemm1:woq"                # mb_grouped_gemm_woq
@@ -113,10 +117,12 @@ def check_runnable(plan: Plan) -> None:
                             f"whole group of {spec['ep_size']}", f"a rank's plan (spec.for_rank(r), r in "
                             f"0..{spec['ep_size'] - 1})")
     c = plan.choices()
-    if (is_fp8(plan) or is_weight_only(plan)) and (c["fc1_activation"], c["finalize"]) != ("separate", "separate"):
-        raise MoeBuildError("fc1_activation/finalize", "the FP8 and weight-only GEMMs store plainly: their "
-                            "activation and finalize run as kernels of their own",
-                            "fc1_activation=separate, finalize=separate")
+    if (is_fp8(plan) or is_weight_only(plan)) and c["fc1_activation"] != "separate":
+        raise MoeBuildError("fc1_activation", "the FP8 and weight-only GEMM1s store plainly: the activation runs as "
+                            "a kernel of its own", "separate")
+    if is_weight_only(plan) and c["finalize"] != "separate":
+        raise MoeBuildError("finalize", "the weight-only GEMM2 stores plainly: the finalize runs as a kernel of its "
+                            "own", "separate")
     if c["expand_rows"] != "plain":
         raise MoeBuildError("expand_rows", "the AWQ pre-quant scale in the expansion belongs to W4AFP8, which has "
                             "no kernels yet", "plain")
@@ -179,13 +185,21 @@ def _shared_experts(plan: Plan) -> list[str]:
 
 def _fp8_steps(plan: Plan, c: dict[str, str]) -> list[str]:
     """An FP8 layer's steps after routing: maps, GEMM1's FP8 input (quantized in the expansion or before it),
-    GEMM1, the activation with GEMM2's FP8 input (quantized in it or after it), GEMM2, the finalize."""
-    steps = [PROLOGUE_FUSED if c["routing_prologue"] == "fused" else PROLOGUE_THREE_STEP]
-    steps += [EXPAND_ROWS_FP8] if c["fc1_input_quant"] == "expand_rows" else [QUANTIZE_INPUT,
-                                                                               EXPAND_ROWS_FP8_PREQUANTIZED]
+    GEMM1, the activation with GEMM2's FP8 input (quantized in it or after it), then GEMM2 with the finalize in
+    its epilogue (into the output the three-step prologue or else the expansion zeroes, as for 16-bit layers)
+    or GEMM2 and the separate finalize."""
+    fused = c["finalize"] == "fused"
+    if c["routing_prologue"] == "fused":
+        steps, zero = [PROLOGUE_FUSED], fused
+    else:
+        steps, zero = [PROLOGUE_THREE_STEP_ZERO_OUTPUT if fused else PROLOGUE_THREE_STEP], False
+    if c["fc1_input_quant"] == "expand_rows":
+        steps.append(EXPAND_ROWS_FP8_ZERO_OUTPUT if zero else EXPAND_ROWS_FP8)
+    else:
+        steps += [QUANTIZE_INPUT, EXPAND_ROWS_FP8_PREQUANTIZED_ZERO_OUTPUT if zero else EXPAND_ROWS_FP8_PREQUANTIZED]
     steps.append(GEMM1_FP8)
     steps += [FC1_ACTIVATION_FP8] if c["fc2_input_quant"] == "fc1_activation" else [FC1_ACTIVATION, QUANTIZE_FC2_INPUT]
-    steps += [GEMM2_FP8, FINALIZE]
+    steps += [GEMM2_FP8_FINALIZE] if fused else [GEMM2_FP8, FINALIZE]
     return steps + _shared_experts(plan)
 
 

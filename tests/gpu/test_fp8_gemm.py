@@ -1,4 +1,5 @@
-"""The FP8 grouped GEMM (mb_grouped_gemm_fp8) against an fp64 reference, every kernel and tile as a tactic.
+"""The FP8 grouped GEMM (mb_grouped_gemm_fp8, and mb_grouped_gemm_fp8_finalize below) against an fp64 reference,
+every kernel and tile as a tactic.
 
 Fresh random e4m3 operands and positive fp32 scales for every case; the reference dequantizes them exactly
 (every e4m3 value times an fp32 scale is exact in fp64) and multiplies in fp64, per 128-k block for the
@@ -175,4 +176,156 @@ def test_refusals():
     assert info.value.status == K.Status.UNSUPPORTED
     with pytest.raises(K.KernelError) as info:
         K.grouped_gemm_fp8(a, sa, b, sb, off, Fp8Scaling.ROWWISE, tactic="wgmma:coop128x256:placed:plain")
+    assert info.value.status == K.Status.INVALID_ARGUMENT
+
+
+# ---- GEMM2 with the finalize epilogue (mb_grouped_gemm_fp8_finalize) --------------------------------------
+#
+# Routing: tokens pick top_k distinct experts among LOCAL experts (two of them never picked: empty segments;
+# one picked about 20 times as often as the others: its segment runs to hundreds of rows) and REMOTE ones
+# (another rank's: their permuted rows are sorted after the local experts', past off[E], and must reach no
+# output). The expected output is computed here in fp64 from `reference` above: each permuted row's scaled
+# product (+ bias) times its routing weight, added into its token's row. Outputs are pre-zeroed (the kernel
+# adds into them); a token whose experts are all remote must stay exactly zero, and a pre-filled output
+# must come back as that fill plus the same sum (the kernel adds, it does not store).
+#
+# Error bound, per output element, with M1 = sum_j |w_j ref_j| and M2 = sum_j |w_j| S_j over the token's
+# local rows j: |out - ref| <= (2^-8 + top_k 2^-9) M1 + c M2. The first term is the store bound above on each
+# weighted row (its bf16 / fp16 rounding before the atomic add, and the scale products' fp32 rounding); the
+# second is the bf16 atomics: each of the top_k adds rounds the running sum (at most M1) to bf16, in whichever
+# order the rows arrive; c is the accumulation term of the store bound (2^-12 decode, 2^-10 wgmma).
+
+LOCAL, REMOTE, EMPTY, HEAVY = 10, 4, (2, 7), 4
+
+
+def routed(tokens: int, top_k: int, seed: int) -> tuple[torch.Tensor, list[int]]:
+    """(permuted_to_unpermuted [tokens * top_k] int32 on the GPU, rows of each local expert): the expanded rows
+    t * top_k + j sorted by expert, stable, remote experts last."""
+    gen = torch.Generator().manual_seed(seed)
+    probs = torch.rand(LOCAL + REMOTE, generator=gen) + 0.05
+    probs[list(EMPTY)] = 0.0
+    probs[HEAVY] *= 20.0
+    ids = torch.multinomial(probs.expand(tokens, -1), top_k, replacement=False, generator=gen).flatten()
+    order = torch.sort(ids, stable=True).indices
+    counts = torch.bincount(ids, minlength=LOCAL + REMOTE)[:LOCAL].tolist()
+    return order.to(torch.int32).cuda(), counts
+
+
+def finalize_case(tokens: int, top_k: int, n: int, k: int, scaling: Fp8Scaling, seed: int, with_bias: bool,
+                  out_dtype=torch.bfloat16):
+    ptu, counts = routed(tokens, top_k, seed)
+    a, sa, b, sb, off = case(counts, n, k, scaling, seed, pad_rows=tokens * top_k - sum(counts))
+    gen = torch.Generator().manual_seed(seed + 2)
+    weights = torch.rand(tokens * top_k, generator=gen).cuda()
+    bias = (torch.randn(LOCAL, n, generator=gen) * 0.1).to(out_dtype).cuda() if with_bias else None
+    return a, sa, b, sb, off, ptu, weights, bias
+
+
+def finalize_reference(a, sa, b, sb, off, ptu, weights, bias, scaling, tokens: int, top_k: int):
+    """(out, M1, M2, tokens with no local row) in fp64: see the bound above."""
+    rows, mag = reference(a, sa, b, sb, off, scaling, bias)
+    used = int(off[-1])
+    token = (ptu.cpu().long() // top_k)[:used]
+    w = weights.cpu().double()[:used, None]
+    n = b.shape[1]
+    out, m1, m2 = (torch.zeros(tokens, n, dtype=torch.float64).index_add_(0, token, x)
+                   for x in (w * rows[:used], w.abs() * rows[:used].abs(), w.abs() * mag[:used]))
+    untouched = torch.ones(tokens, dtype=torch.bool)
+    untouched[token] = False
+    return out, m1, m2, untouched
+
+
+def run_finalize_and_check(tokens: int, top_k: int, n: int, k: int, scaling: Fp8Scaling, tactic: str,
+                           with_bias: bool = False, out_dtype=torch.bfloat16, seed: int = 0, prefill: bool = False):
+    a, sa, b, sb, off, ptu, weights, bias = finalize_case(tokens, top_k, n, k, scaling, seed, with_bias, out_dtype)
+    fill = (torch.randn(tokens, n, generator=torch.Generator().manual_seed(seed + 3)).to(out_dtype).cuda()
+            if prefill else torch.zeros(tokens, n, dtype=out_dtype, device="cuda"))
+    out = fill.clone()
+    K.grouped_gemm_fp8_finalize(a, sa, b, sb, off, ptu, weights, tokens, top_k, scaling, out_dtype=out_dtype,
+                                bias=bias, out=out, tactic=tactic)
+    torch.cuda.synchronize()
+    ref, m1, m2, untouched = finalize_reference(a, sa, b, sb, off, ptu, weights, bias, scaling, tokens, top_k)
+    got = out.double().cpu() - fill.double().cpu()  # exact: the fill is added to, then taken off in fp64
+    assert torch.equal(out.cpu()[untouched], fill.cpu()[untouched]), "a token without local rows was written"
+    c = 2.0 ** -12 if tactic.startswith("decode") else 2.0 ** -10
+    # a pre-filled output's running sums include the fill: each add's rounding grows by 2^-9 |fill|
+    bound = (2.0 ** -8 + top_k * 2.0 ** -9) * m1 + c * m2 + top_k * 2.0 ** -9 * fill.double().cpu().abs() + 1e-30
+    worst = ((got - ref).abs() / bound).max().item()
+    assert worst <= 1.0, f"error {worst:.2f}x the bound ({tactic}, {scaling.name}, n={n}, k={k}, top_k={top_k})"
+
+
+# (top_k, tokens): rows per local expert from 0 (the empty ones, and most at 3 tokens) to hundreds (the heavy
+# one at 300 tokens: more than two 128-row tiles)
+FINALIZE_ROUTES = [(1, 300), (2, 300), (3, 40), (8, 3), (8, 40)]
+FINALIZE_SHAPES = [(256, 512), (272, 400), (2048, 768)]  # n, k on and off multiples of 128
+WGMMA_CASES = [(s, t) for s in SCALINGS for t in WGMMA_TILES[s]]
+
+
+@pytest.mark.parametrize("scaling", SCALINGS, ids=lambda s: s.name.lower())
+@pytest.mark.parametrize("n,k", FINALIZE_SHAPES)
+@pytest.mark.parametrize("k_split", [1, 4])
+@pytest.mark.parametrize("top_k,tokens", FINALIZE_ROUTES)
+@pytest.mark.parametrize("with_bias", [False, True], ids=["nobias", "bias"])
+def test_finalize_decode(scaling, n, k, k_split, top_k, tokens, with_bias):
+    need((8, 9))
+    launch = "after_trigger" if capability() >= (9, 0) else "plain"
+    run_finalize_and_check(tokens, top_k, n, k, scaling, f"decode:ksplit{k_split}:{launch}:plain", with_bias,
+                           seed=n + k + top_k * 7 + tokens)
+
+
+@pytest.mark.parametrize("scaling,tile", WGMMA_CASES, ids=[f"{s.name.lower()}-{t}" for s, t in WGMMA_CASES])
+@pytest.mark.parametrize("n,k", FINALIZE_SHAPES)
+@pytest.mark.parametrize("top_k,tokens", FINALIZE_ROUTES)
+@pytest.mark.parametrize("with_bias", [False, True], ids=["nobias", "bias"])
+def test_finalize_wgmma(scaling, tile, n, k, top_k, tokens, with_bias):
+    need((9, 0), exact=True)
+    run_finalize_and_check(tokens, top_k, n, k, scaling, f"wgmma:{tile}:plain:plain", with_bias,
+                           seed=n * 3 + k + top_k * 7 + tokens)
+
+
+@pytest.mark.parametrize("scaling", SCALINGS, ids=lambda s: s.name.lower())
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("tactic", ["decode:ksplit2:after_trigger:plain", "wgmma:coop128x128:after_trigger:evict_last",
+                                    "wgmma:pingpong64x128:after_trigger:evict_last"])
+def test_finalize_dtype_trigger_evict_last_and_prefill(scaling, out_dtype, tactic):
+    """The runner's launches (after a trigger, evict_last atomics) in both output dtypes, into a pre-filled out."""
+    need((9, 0), exact=True)
+    run_finalize_and_check(40, 2, 256, 384, scaling, tactic, with_bias=True, out_dtype=out_dtype, seed=11,
+                           prefill=True)
+
+
+@pytest.mark.parametrize("scaling", SCALINGS, ids=lambda s: s.name.lower())
+@pytest.mark.parametrize("tokens", [1, 16, 31, 32, 512, 1025])
+def test_finalize_planner_tactic(scaling, tokens):
+    """The tactic the planner picks for a Qwen3-shaped GEMM2 with the finalize epilogue (n 2048, k 768) at each
+    token count, routed over LOCAL experts (rows per expert from tokens * top_k / 12)."""
+    need((9, 0), exact=True)
+    top_k, n, k = 8, 2048, 768
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    call = GemmCall(sm=90, entry="sm90", epilogue="finalize", n=n, k=k, experts=LOCAL, top_k=top_k, itemsize=1,
+                    weights_blocked=False, sm_count=props.multi_processor_count, l2_bytes=props.L2_cache_size,
+                    fp8="rowwise" if scaling is Fp8Scaling.ROWWISE else "block128")
+    tactic = choose_tactic(call, RowCount(tokens, top_k, LOCAL))
+    run_finalize_and_check(tokens, top_k, n, k, scaling, tactic.name, seed=tokens)
+
+
+def test_finalize_refusals():
+    need((9, 0), exact=True)
+    a, sa, b, sb, off, ptu, weights, _ = finalize_case(8, 2, 256, 256, Fp8Scaling.ROWWISE, 0, False)
+    args = (a, sa, b, sb, off, ptu, weights, 8, 2, Fp8Scaling.ROWWISE)
+    for tactic, status in [("wgmma:pingpong64x128:placed:plain", K.Status.INVALID_ARGUMENT),
+                           ("decode:ksplit1:plain:evict_last", K.Status.INVALID_ARGUMENT),
+                           ("mma:64x128:plain:plain", K.Status.UNSUPPORTED)]:
+        with pytest.raises(K.KernelError) as info:
+            K.grouped_gemm_fp8_finalize(*args, tactic=tactic)
+        assert info.value.status == status, tactic
+    a, sa, b, sb, off, ptu, weights, _ = finalize_case(8, 2, 256, 256, Fp8Scaling.BLOCK128, 0, False)
+    with pytest.raises(K.KernelError) as info:
+        K.grouped_gemm_fp8_finalize(a, sa, b, sb, off, ptu, weights, 8, 2, Fp8Scaling.BLOCK128,
+                                    tactic="wgmma:coop128x256:plain:plain")
+    assert info.value.status == K.Status.UNSUPPORTED
+    # evict_last is the finalize epilogue's: the plain store refuses it
+    a, sa, b, sb, off = case([4, 4], 256, 256, Fp8Scaling.ROWWISE, 0)
+    with pytest.raises(K.KernelError) as info:
+        K.grouped_gemm_fp8(a, sa, b, sb, off, Fp8Scaling.ROWWISE, tactic="wgmma:coop128x128:plain:evict_last")
     assert info.value.status == K.Status.INVALID_ARGUMENT

@@ -36,11 +36,17 @@ MODES = [(Quant.FP8, ScaleGranularity.TENSOR, ActScale.STATIC), (Quant.FP8, Scal
          (Quant.FP8, ScaleGranularity.CHANNEL, ActScale.DYNAMIC),
          (Quant.FP8_BLOCK, ScaleGranularity.BLOCK128, ActScale.DYNAMIC)]
 MODE_IDS = ["tensor_static", "tensor_dynamic", "channel_dynamic", "block128"]
-# the activation-quantization fusions and their unfused alternatives
+# the activation-quantization fusions, the finalize in GEMM2's epilogue (BASE's default plan fuses it at every
+# token count: with 8 experts a call of more than 32 rows has more than 4 per expert) and their unfused
+# alternatives; the fused finalize's output is zeroed by the FP8 expansion (either) or the three-step prologue
 QUANT_FORCES = [{}, {"fc1_input_quant": "separate"}, {"fc2_input_quant": "separate"},
-                {"fc1_input_quant": "separate", "fc2_input_quant": "separate", "routing_prologue": "three_step"}]
-QUANT_FORCE_IDS = ["fused", "input_separate", "fc2_separate", "both_separate_three_step"]
+                {"fc1_input_quant": "separate", "fc2_input_quant": "separate", "routing_prologue": "three_step"},
+                {"finalize": "separate"},
+                {"finalize": "separate", "fc1_input_quant": "separate", "routing_prologue": "three_step"}]
+QUANT_FORCE_IDS = ["fused", "input_separate", "fc2_separate", "both_separate_three_step", "finalize_separate",
+                   "finalize_separate_input_separate_three_step"]
 BASE = MoESpec(256, 512, 8, 2, routing=Routing(RoutingMethod.SOFTMAX_TOPK, renormalize=True))
+FUSED_GEMM2, SEPARATE_GEMM2 = "gemm2:fp8_finalize", "gemm2:fp8"  # runner/sequence.py's step names
 
 
 def need_fp8() -> None:
@@ -61,7 +67,8 @@ def fp8_case(base: MoESpec, mode: tuple[Quant, ScaleGranularity, ActScale], seed
 
 
 def check(base: MoESpec, mode, force: dict[str, str] | None = None, tokens: int = 16,
-          max_tokens: int | None = None) -> None:
+          max_tokens: int | None = None) -> list[str]:
+    """Run one fresh case against the reference; returns the steps the runner ran."""
     need_fp8()
     seed = random.SystemRandom().randrange(1 << 30)
     spec, weights = fp8_case(base, mode, seed)
@@ -69,6 +76,7 @@ def check(base: MoESpec, mode, force: dict[str, str] | None = None, tokens: int 
     assert e.rel < (REL_TOL if tokens >= AVERAGE_MIN_TOKENS else TOKEN_TOL) and e.per_token < TOKEN_TOL, \
         f"rel {e.rel:.4f} (bound {REL_TOL}), worst token {e.per_token:.4f} (bound {TOKEN_TOL}), seed {seed}, " \
         f"steps {e.steps}"
+    return e.steps
 
 
 @pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
@@ -76,6 +84,32 @@ def check(base: MoESpec, mode, force: dict[str, str] | None = None, tokens: int 
 @pytest.mark.parametrize("tokens", [1, 255, 256, 257])
 def test_every_mode_and_fusion(mode, force, tokens: int) -> None:
     check(BASE, mode, force, tokens)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+@pytest.mark.parametrize("finalize", ["fused", "separate"])
+@pytest.mark.parametrize("tokens", [1, 64, 600])
+def test_finalize_fused_and_forced_separate(mode, finalize: str, tokens: int) -> None:
+    """The same layer with the finalize in GEMM2's epilogue (the sm90 default here) and forced separate (what
+    the bench's forced-off column runs); the fused one needs the wgmma kernel's device (sm90: the finalize
+    gates' TMA warp-specialized GEMM), the separate one runs on any FP8 device. The same bounds hold for both:
+    the epilogue's atomics add at most top_k bf16 roundings (2^-9 relative each) per element over the separate
+    kernel's single rounding of its fp32 sum."""
+    if finalize == "fused" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the fused FP8 finalize is planned for the sm90 GEMMs")
+    steps = check(BASE.with_overrides(num_experts=16, expert_bias=True), mode, {"finalize": finalize}, tokens)
+    assert (FUSED_GEMM2 if finalize == "fused" else SEPARATE_GEMM2) in steps, steps
+
+
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+def test_finalize_bands_in_one_runner(mode) -> None:
+    """64 experts, top-2, intermediate 512: the plan fuses the finalize at 1-16 and 129+ tokens, separate between
+    (the 16-bit thresholds); one runner made for 600 tokens switches per call."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the fused FP8 finalize is planned for the sm90 GEMMs")
+    base = BASE.with_overrides(num_experts=64)
+    for tokens, gemm2 in [(16, FUSED_GEMM2), (64, SEPARATE_GEMM2), (600, FUSED_GEMM2)]:
+        assert gemm2 in check(base, mode, tokens=tokens, max_tokens=600), tokens
 
 
 @pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)

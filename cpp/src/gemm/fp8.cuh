@@ -1,5 +1,7 @@
-// The FP8 grouped GEMM (mb_grouped_gemm_fp8): what its kernels share. A and B are e4m3 bytes, the
-// accumulation fp32, the output bf16/fp16 (+ bias); the scales follow the call's mb_fp8_scaling:
+// The FP8 grouped GEMM (mb_grouped_gemm_fp8, and mb_grouped_gemm_fp8_finalize with the finalize epilogue):
+// what its kernels share. A and B are e4m3 bytes, the accumulation fp32, the output bf16/fp16 (+ bias; the
+// finalize epilogue times the routing weight, added into the token's output row); the scales follow the
+// call's mb_fp8_scaling:
 //   MB_FP8_ROWWISE : C[p, c] = sa[p] * sb[x, c] * sum_k A[p, k] B[x, c, k]       sa [max_rows], sb [E, n]
 //   MB_FP8_BLOCK128: C[p, c] = sum_kb sa[p, kb] * sb[x, c / 128, kb] * sum_{k in kb} A[p, k] B[x, c, k]
 //                    sa [max_rows, ceil(k / 128)], sb [E, ceil(n / 128), ceil(k / 128)], both row-major
@@ -10,6 +12,7 @@
 #include <cstdint>
 
 #include "common/common.cuh"
+#include "gemm/mma.cuh"  // EpilogueKind
 #include "moe_build_kernels.h"
 
 namespace mbk {
@@ -22,16 +25,23 @@ struct Fp8GemmParams {
   const uint8_t* B;      // [E, n, k] e4m3, row-major per expert
   const float* scale_b;  // as the scaling says
   const void* bias;      // [E, n] in the output dtype, or null
-  void* C;               // [max_rows, n] in the output dtype; rows past off[E] are not written
+  void* C;               // store: [max_rows, n] in the output dtype, rows past off[E] not written;
+                         // finalize: [tokens, n], zeroed by the caller, added into
   const int64_t* offsets;  // [E + 1]
   int num_experts;
   int n, k;
   int scaling;  // enum mb_fp8_scaling
+  int epilogue = EPI_STORE;                         // EPI_STORE or EPI_FINALIZE (EpilogueKind)
+  const int32_t* permuted_to_unpermuted = nullptr;  // finalize: expanded row of each permuted row (/ top_k: token)
+  const float* permuted_weights = nullptr;          // finalize: routing weight of each permuted row
+  int top_k = 1;                                    // finalize
+  bool evict_last = false;                          // finalize, wgmma: atomics under L2 evict_last
 };
 
 __host__ __device__ __forceinline__ int fp8_k_blocks(int k) { return (k + kFp8Block - 1) / kFp8Block; }
 
-// gemm/fp8_decode.cu: the swap-AB mma.sync e4m3 kernel (sm_89+), tactic kernel MB_GEMM_DECODE.
+// gemm/fp8_decode.cu: the swap-AB mma.sync e4m3 kernel (sm_89+), tactic kernel MB_GEMM_DECODE. Both
+// launchers run p.epilogue.
 mb_status launch_fp8_decode(const Fp8GemmParams& p, int64_t max_rows, int dtype, int k_split, bool after_trigger,
                             cudaStream_t stream);
 // gemm/fp8_sm90.cu: the wgmma kernel (sm_90a), tactic kernel MB_GEMM_WGMMA, and its workspace.

@@ -1,6 +1,7 @@
-// The FP8 grouped-GEMM entry points (mb_grouped_gemm_fp8 and its workspace query): argument checks, the
-// tactic's check (gemm/tactic.cuh), then the tactic's kernel: gemm/fp8_decode.cu (mma.sync e4m3, compute
-// capability 8.9 and later) or gemm/fp8_sm90.cu (wgmma, 9.0 only). The mma tiles have no FP8 form.
+// The FP8 grouped-GEMM entry points (mb_grouped_gemm_fp8, mb_grouped_gemm_fp8_finalize and their workspace
+// query): argument checks, the tactic's check (gemm/tactic.cuh), then the tactic's kernel: gemm/fp8_decode.cu
+// (mma.sync e4m3, compute capability 8.9 and later) or gemm/fp8_sm90.cu (wgmma, 9.0 only), each with the
+// plain store or the finalize epilogue. The mma tiles have no FP8 form.
 #include <cstdint>
 
 #include "gemm/fp8.cuh"
@@ -15,8 +16,7 @@ int compute_capability() {
          mb::device_attribute(cudaDevAttrComputeCapabilityMinor);
 }
 
-mb_status check_fp8_args(const Fp8GemmParams& p, int64_t max_rows, int dtype) {
-  const char* who = "grouped gemm fp8";
+mb_status check_fp8_args(const Fp8GemmParams& p, int64_t max_rows, int dtype, const char* who) {
   if (dtype != MB_BF16 && dtype != MB_FP16)
     return fail(dtype == MB_FP32 ? MB_ERR_UNSUPPORTED : MB_ERR_INVALID_ARGUMENT,
                 "%s: output dtype %d is not bf16 (%d) or fp16 (%d)", who, dtype, MB_BF16, MB_FP16);
@@ -31,6 +31,30 @@ mb_status check_fp8_args(const Fp8GemmParams& p, int64_t max_rows, int dtype) {
   if (!aligned16(p.A) || !aligned16(p.B) || !aligned16(p.C))
     return fail(MB_ERR_INVALID_ARGUMENT, "%s: A, B and C must be 16-byte aligned", who);
   return MB_OK;
+}
+
+// Both entry points after their own checks: the tactic's check, then its kernel with p's epilogue. The FP8
+// wgmma kernel takes no placement (its tiles are not the placed scheduler's): a placed launch is refused
+// before check_tactic, which would ask for a placement region.
+mb_status run_fp8(const Fp8GemmParams& p, int64_t max_rows, int dtype, const mb_gemm_tactic& tactic, void* workspace,
+                  size_t workspace_bytes, cudaStream_t stream, const char* who) {
+  const int cc = compute_capability();
+  if (tactic.launch == MB_LAUNCH_PLACED)
+    return fail(MB_ERR_INVALID_ARGUMENT, "%s: the FP8 kernels launch plainly or after a trigger (tactic launch "
+                "placed)", who);
+  MB_TRY(check_tactic(tactic, TacticSite{who, cc == 90, p.epilogue, nullptr}));
+  switch (tactic.kernel) {
+    case MB_GEMM_DECODE:
+      if (cc < 89)
+        return fail(MB_ERR_UNSUPPORTED, "%s: needs compute capability 8.9 or later (this device: %d.%d)", who,
+                    cc / 10, cc % 10);
+      return launch_fp8_decode(p, max_rows, dtype, tactic.k_split, tactic.launch == MB_LAUNCH_AFTER_TRIGGER,
+                               stream);
+    case MB_GEMM_WGMMA:
+      return run_fp8_wgmma(p, max_rows, dtype, tactic, workspace, workspace_bytes, stream);
+    default:
+      return fail(MB_ERR_UNSUPPORTED, "%s: the mma tiles have no FP8 kernel (decode or wgmma)", who);
+  }
 }
 
 }  // namespace
@@ -50,23 +74,32 @@ mb_status mb_grouped_gemm_fp8(const void* A, const float* scale_a, const void* B
                               const void* bias, void* C, const int64_t* expert_first_token_offset, int num_experts,
                               int64_t max_rows, int n, int k, int dtype, mb_gemm_tactic tactic, void* workspace,
                               size_t workspace_bytes, cudaStream_t stream) {
+  const char* who = "grouped gemm fp8";
   const mbk::Fp8GemmParams p{static_cast<const uint8_t*>(A), scale_a, static_cast<const uint8_t*>(B), scale_b, bias,
                              C, expert_first_token_offset, num_experts, n, k, scaling};
-  MB_TRY(mbk::check_fp8_args(p, max_rows, dtype));
-  const int cc = mbk::compute_capability();
-  MB_TRY(mbk::check_tactic(tactic, mbk::TacticSite{"grouped gemm fp8", cc == 90, mbk::EPI_STORE, nullptr}));
-  switch (tactic.kernel) {
-    case MB_GEMM_DECODE:
-      if (cc < 89)
-        return mbk::fail(MB_ERR_UNSUPPORTED, "grouped gemm fp8: needs compute capability 8.9 or later (this device: %d.%d)",
-                    cc / 10, cc % 10);
-      return mbk::launch_fp8_decode(p, max_rows, dtype, tactic.k_split, tactic.launch == MB_LAUNCH_AFTER_TRIGGER,
-                                    stream);
-    case MB_GEMM_WGMMA:
-      return mbk::run_fp8_wgmma(p, max_rows, dtype, tactic, workspace, workspace_bytes, stream);
-    default:
-      return mbk::fail(MB_ERR_UNSUPPORTED, "grouped gemm fp8: the mma tiles have no FP8 kernel (decode or wgmma)");
-  }
+  MB_TRY(mbk::check_fp8_args(p, max_rows, dtype, who));
+  return mbk::run_fp8(p, max_rows, dtype, tactic, workspace, workspace_bytes, stream, who);
+}
+
+mb_status mb_grouped_gemm_fp8_finalize(const void* A, const float* scale_a, const void* B, const float* scale_b,
+                                       int scaling, const void* bias, void* out,
+                                       const int64_t* expert_first_token_offset,
+                                       const int32_t* permuted_to_unpermuted, const float* permuted_weights,
+                                       int num_experts, int64_t max_rows, int num_tokens, int top_k, int n, int k,
+                                       int dtype, mb_gemm_tactic tactic, void* workspace, size_t workspace_bytes,
+                                       cudaStream_t stream) {
+  const char* who = "grouped gemm fp8 finalize";
+  mbk::Fp8GemmParams p{static_cast<const uint8_t*>(A), scale_a, static_cast<const uint8_t*>(B), scale_b, bias,
+                       out, expert_first_token_offset, num_experts, n, k, scaling};
+  MB_TRY(mbk::check_fp8_args(p, max_rows, dtype, who));
+  if (!permuted_to_unpermuted || !permuted_weights || top_k <= 0 || num_tokens < 0)
+    return mbk::fail(MB_ERR_INVALID_ARGUMENT, "%s: missing maps/weights or bad top_k", who);
+  p.epilogue = mbk::EPI_FINALIZE;
+  p.permuted_to_unpermuted = permuted_to_unpermuted;
+  p.permuted_weights = permuted_weights;
+  p.top_k = top_k;
+  p.evict_last = tactic.output_l2 == MB_OUTPUT_L2_EVICT_LAST;
+  return mbk::run_fp8(p, max_rows, dtype, tactic, workspace, workspace_bytes, stream, who);
 }
 
 }  // extern "C"

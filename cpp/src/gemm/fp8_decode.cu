@@ -15,6 +15,9 @@
 // sb[expert, column / 128, kb] and added to the accumulator (a warp's 16 weight rows lie in one
 // 128-row block), so no block's sum is rounded before its scale, as the block-scaled reference does.
 //
+// Epilogues (p.epilogue): the plain store, or the finalize (as gemm/decode.cu's): each output pair times its
+// row's routing weight, added with one packed 2-element atomic into the token's output row.
+//
 // CTA = 8 warps = one (expert, chunk of up to 8 token rows, 128 / WK weight rows) unit; WK warps split K
 // into slices of whole 128-k blocks; partial sums meet in shared memory and are reduced in fixed warp
 // order (bit-reproducible). The grid is sized from host-known bounds and each CTA finds its chunk with
@@ -44,7 +47,7 @@ __device__ __forceinline__ void mma_e4m3(float (&c)[4], const uint32_t (&a)[4], 
 
 __device__ __forceinline__ float ld_scale(const float* p, bool valid) { return valid ? __ldg(p) : 0.f; }
 
-template <typename T, int SCALING, int WK>
+template <typename T, int SCALING, int WK, int EPI>
 __global__ void __launch_bounds__(kDecodeThreads) fp8_decode_kernel(Fp8GemmParams p) {
   constexpr int R = 16 * (kDecodeWarps / WK);  // weight rows (output columns) per CTA
   constexpr bool kBlock = SCALING == MB_FP8_BLOCK128;
@@ -180,18 +183,32 @@ __global__ void __launch_bounds__(kDecodeThreads) fp8_decode_kernel(Fp8GemmParam
       v[0] += b.x;
       v[1] += b.y;
     }
-    *reinterpret_cast<typename P2::type*>(static_cast<T*>(p.C) + prow * N + col) = P2::make(v[0], v[1]);
+    if constexpr (EPI == EPI_FINALIZE) {
+      const float wt = p.permuted_weights[prow];
+      T* dst = static_cast<T*>(p.C) + (int64_t)(p.permuted_to_unpermuted[prow] / p.top_k) * N + col;
+      atomicAdd(reinterpret_cast<typename P2::type*>(dst), P2::make(wt * v[0], wt * v[1]));
+    } else {
+      *reinterpret_cast<typename P2::type*>(static_cast<T*>(p.C) + prow * N + col) = P2::make(v[0], v[1]);
+    }
   }
+}
+
+template <typename T, int SCALING, int EPI>
+mb_status launch_epilogue(const Fp8GemmParams& p, int64_t chunks, int k_split, bool after_trigger,
+                          cudaStream_t stream) {
+  return by_k_split(k_split, [&](auto wk) {
+    constexpr int WK = decltype(wk)::value;
+    return launch_decode(fp8_decode_kernel<T, SCALING, WK, EPI>, p, p.n, 16 * (kDecodeWarps / WK), chunks,
+                         after_trigger, stream, "grouped gemm fp8 decode");
+  });
 }
 
 template <typename T, int SCALING>
 mb_status launch_scaling(const Fp8GemmParams& p, int64_t chunks, int k_split, bool after_trigger,
                          cudaStream_t stream) {
-  return by_k_split(k_split, [&](auto wk) {
-    constexpr int WK = decltype(wk)::value;
-    return launch_decode(fp8_decode_kernel<T, SCALING, WK>, p, p.n, 16 * (kDecodeWarps / WK), chunks, after_trigger,
-                         stream, "grouped gemm fp8 decode");
-  });
+  return p.epilogue == EPI_FINALIZE
+             ? launch_epilogue<T, SCALING, EPI_FINALIZE>(p, chunks, k_split, after_trigger, stream)
+             : launch_epilogue<T, SCALING, EPI_STORE>(p, chunks, k_split, after_trigger, stream);
 }
 
 // The SASS architecture the runtime picked for this kernel on the current device: a library built without
@@ -203,9 +220,8 @@ int fp8_decode_binary_version() {
   if (cudaGetDevice(&current) != cudaSuccess) return 0;
   if (current != device) {
     cudaFuncAttributes attr{};
-    version = cudaFuncGetAttributes(&attr, fp8_decode_kernel<__nv_bfloat16, MB_FP8_ROWWISE, 1>) == cudaSuccess
-                  ? attr.binaryVersion
-                  : 0;
+    const auto kernel = fp8_decode_kernel<__nv_bfloat16, MB_FP8_ROWWISE, 1, EPI_STORE>;
+    version = cudaFuncGetAttributes(&attr, kernel) == cudaSuccess ? attr.binaryVersion : 0;
     device = current;
   }
   return version;

@@ -1,10 +1,11 @@
 // FP8 wgmma grouped GEMM (mb_grouped_gemm_fp8, tactic kernel MB_GEMM_WGMMA; sm_90a): CUTLASS 3's
 // ptr-array TMA warp-specialized FP8 mainloops on the same fixed TMA maps over all experts' rows and
 // weights as the 16-bit kernels (gemm/sm90_static_maps.cuh), grouped shapes read from the expert
-// offsets (OffsetsProblemShape), MoeEpilogue's plain store. fp32 accumulation in both scalings:
+// offsets (OffsetsProblemShape), MoeEpilogue's plain store or finalize (p.epilogue). fp32 accumulation in
+// both scalings:
 //   MB_FP8_ROWWISE : CUTLASS's FP8 mainloop, which adds wgmma's partial sums into fp32 registers every
 //                    128 k (its promotion interval 4 x k32), then MoeEpilogue<.., kFp8Rowwise> scales each
-//                    output by its row's and column's scale;
+//                    output by its row's and column's scale (before the bias and the routing weight);
 //   MB_FP8_BLOCK128: CUTLASS's blockwise-scaling FP8 mainloop: each 128-k block's wgmma sum is scaled by
 //                    sa[row, kb] * sb[expert, n / 128, kb] as it is added into fp32 registers; its scales
 //                    come by cp.async from a producer warp of their own, from the group's scale rows
@@ -84,12 +85,12 @@ template <> struct Fp8TileTraits<MB_TILE_PINGPONG_64x128> {
   using Block = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpongFP8Blockwise;
 };
 
-template <typename T, int kScaling, int kTile>
+template <typename T, int kScaling, int kTile, int kEpi>
 struct Fp8Wgmma {
   static constexpr bool kBlock = kScaling == MB_FP8_BLOCK128;
   using Tile = Fp8TileTraits<kTile>;
   using Cluster = cute::Shape<cute::_1, cute::_1, cute::_1>;
-  using Epi = MoeEpilogue<T, EPI_STORE, !kBlock>;
+  using Epi = MoeEpilogue<T, kEpi, !kBlock>;
   using Epilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<Epi>;
   using LayoutA = std::conditional_t<kBlock, cute::tuple<cutlass::layout::RowMajor*, LayoutSFA*>,
                                      cutlass::layout::RowMajor*>;
@@ -104,10 +105,10 @@ struct Fp8Wgmma {
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 };
 
-template <typename T, int kScaling, int kTile>
-typename Fp8Wgmma<T, kScaling, kTile>::Gemm::Arguments fp8_args(const Fp8GemmParams& p, int64_t max_rows,
-                                                                int sm_count) {
-  using G = Fp8Wgmma<T, kScaling, kTile>;
+template <typename T, int kScaling, int kTile, int kEpi>
+typename Fp8Wgmma<T, kScaling, kTile, kEpi>::Gemm::Arguments fp8_args(const Fp8GemmParams& p, int64_t max_rows,
+                                                                      int sm_count) {
+  using G = Fp8Wgmma<T, kScaling, kTile, kEpi>;
   cutlass::KernelHardwareInfo hw{};
   cudaGetDevice(&hw.device_id);
   hw.sm_count = sm_count;
@@ -136,6 +137,10 @@ typename Fp8Wgmma<T, kScaling, kTile>::Gemm::Arguments fp8_args(const Fp8GemmPar
   epi.bias = static_cast<const T*>(p.bias);
   epi.out = static_cast<T*>(p.C);
   epi.offsets = p.offsets;
+  epi.permuted_to_unpermuted = p.permuted_to_unpermuted;
+  epi.permuted_weights = p.permuted_weights;
+  epi.top_k = p.top_k;
+  epi.evict_last = p.evict_last;
   if constexpr (!G::kBlock) {
     epi.row_scale = p.scale_a;
     epi.col_scale = p.scale_b;
@@ -148,23 +153,24 @@ typename Fp8Wgmma<T, kScaling, kTile>::Gemm::Arguments fp8_args(const Fp8GemmPar
                                      {}};
 }
 
-template <typename T, int kScaling, int kTile>
+template <typename T, int kScaling, int kTile, int kEpi>
 size_t fp8_cutlass_workspace(int num_experts, int sm_count) {
   Fp8GemmParams none{};
   none.num_experts = num_experts;
-  return Fp8Wgmma<T, kScaling, kTile>::Gemm::get_workspace_size(fp8_args<T, kScaling, kTile>(none, 0, sm_count));
+  return Fp8Wgmma<T, kScaling, kTile, kEpi>::Gemm::get_workspace_size(
+      fp8_args<T, kScaling, kTile, kEpi>(none, 0, sm_count));
 }
 
-template <typename T, int kScaling, int kTile>
+template <typename T, int kScaling, int kTile, int kEpi>
 mb_status run_tile(const Fp8GemmParams& p, int64_t max_rows, bool after_trigger, void* workspace,
                    size_t workspace_bytes, cudaStream_t stream) {
-  using G = Fp8Wgmma<T, kScaling, kTile>;
+  using G = Fp8Wgmma<T, kScaling, kTile, kEpi>;
   const int sm_count = mb::device_attribute(cudaDevAttrMultiProcessorCount);
-  const size_t need = fp8_cutlass_workspace<T, kScaling, kTile>(p.num_experts, sm_count);
+  const size_t need = fp8_cutlass_workspace<T, kScaling, kTile, kEpi>(p.num_experts, sm_count);
   if (!workspace || workspace_bytes < need)
     return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm fp8: workspace %zu bytes < %zu needed", workspace_bytes, need);
   typename G::Gemm gemm;
-  auto args = fp8_args<T, kScaling, kTile>(p, max_rows, sm_count);
+  auto args = fp8_args<T, kScaling, kTile, kEpi>(p, max_rows, sm_count);
   cutlass::Status st = gemm.can_implement(args);
   if (st != cutlass::Status::kSuccess)
     return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm fp8: CUTLASS cannot implement (%s)", cutlassGetStatusString(st));
@@ -176,23 +182,33 @@ mb_status run_tile(const Fp8GemmParams& p, int64_t max_rows, bool after_trigger,
   return MB_OK;
 }
 
-template <typename T, int kScaling>
+template <typename T, int kScaling, int kEpi>
 mb_status run_scaling(const Fp8GemmParams& p, int64_t max_rows, int tile, bool after_trigger, void* workspace,
                       size_t workspace_bytes, cudaStream_t stream) {
   switch (tile) {
     case MB_TILE_PINGPONG_64x128:
-      return run_tile<T, kScaling, MB_TILE_PINGPONG_64x128>(p, max_rows, after_trigger, workspace, workspace_bytes,
-                                                            stream);
+      return run_tile<T, kScaling, MB_TILE_PINGPONG_64x128, kEpi>(p, max_rows, after_trigger, workspace,
+                                                                  workspace_bytes, stream);
     case MB_TILE_COOP_128x256:
       if constexpr (kScaling == MB_FP8_ROWWISE)
-        return run_tile<T, kScaling, MB_TILE_COOP_128x256>(p, max_rows, after_trigger, workspace, workspace_bytes,
-                                                           stream);
+        return run_tile<T, kScaling, MB_TILE_COOP_128x256, kEpi>(p, max_rows, after_trigger, workspace,
+                                                                 workspace_bytes, stream);
       return fail(MB_ERR_UNSUPPORTED, "grouped gemm fp8: tile coop128x256 takes rowwise scales only (block128: "
                                       "coop128x128 or pingpong64x128)");
     default:
-      return run_tile<T, kScaling, MB_TILE_COOP_128x128>(p, max_rows, after_trigger, workspace, workspace_bytes,
-                                                         stream);
+      return run_tile<T, kScaling, MB_TILE_COOP_128x128, kEpi>(p, max_rows, after_trigger, workspace,
+                                                               workspace_bytes, stream);
   }
+}
+
+template <typename T, int kEpi>
+mb_status run_epilogue(const Fp8GemmParams& p, int64_t max_rows, int tile, bool after_trigger, void* workspace,
+                       size_t workspace_bytes, cudaStream_t stream) {
+  return p.scaling == MB_FP8_BLOCK128
+             ? run_scaling<T, MB_FP8_BLOCK128, kEpi>(p, max_rows, tile, after_trigger, workspace, workspace_bytes,
+                                                     stream)
+             : run_scaling<T, MB_FP8_ROWWISE, kEpi>(p, max_rows, tile, after_trigger, workspace, workspace_bytes,
+                                                    stream);
 }
 
 }  // namespace
@@ -200,16 +216,21 @@ mb_status run_scaling(const Fp8GemmParams& p, int64_t max_rows, int tile, bool a
 size_t fp8_wgmma_workspace_bytes(int num_experts) {
   const int sm = mb::device_attribute(cudaDevAttrMultiProcessorCount);
   size_t most = 0;
-  auto each = [&](auto tag) {
+  auto each = [&](auto tag, auto epi) {
     using T = decltype(tag);
-    most = std::max({most, fp8_cutlass_workspace<T, MB_FP8_ROWWISE, MB_TILE_COOP_128x256>(num_experts, sm),
-                     fp8_cutlass_workspace<T, MB_FP8_ROWWISE, MB_TILE_COOP_128x128>(num_experts, sm),
-                     fp8_cutlass_workspace<T, MB_FP8_ROWWISE, MB_TILE_PINGPONG_64x128>(num_experts, sm),
-                     fp8_cutlass_workspace<T, MB_FP8_BLOCK128, MB_TILE_COOP_128x128>(num_experts, sm),
-                     fp8_cutlass_workspace<T, MB_FP8_BLOCK128, MB_TILE_PINGPONG_64x128>(num_experts, sm)});
+    constexpr int E = decltype(epi)::value;
+    most = std::max({most, fp8_cutlass_workspace<T, MB_FP8_ROWWISE, MB_TILE_COOP_128x256, E>(num_experts, sm),
+                     fp8_cutlass_workspace<T, MB_FP8_ROWWISE, MB_TILE_COOP_128x128, E>(num_experts, sm),
+                     fp8_cutlass_workspace<T, MB_FP8_ROWWISE, MB_TILE_PINGPONG_64x128, E>(num_experts, sm),
+                     fp8_cutlass_workspace<T, MB_FP8_BLOCK128, MB_TILE_COOP_128x128, E>(num_experts, sm),
+                     fp8_cutlass_workspace<T, MB_FP8_BLOCK128, MB_TILE_PINGPONG_64x128, E>(num_experts, sm)});
   };
-  each(__nv_bfloat16{});
-  each(__half{});
+  using Store = std::integral_constant<int, EPI_STORE>;
+  using Finalize = std::integral_constant<int, EPI_FINALIZE>;
+  each(__nv_bfloat16{}, Store{});
+  each(__half{}, Store{});
+  each(__nv_bfloat16{}, Finalize{});
+  each(__half{}, Finalize{});
   return most;
 }
 
@@ -225,11 +246,11 @@ mb_status run_fp8_wgmma(const Fp8GemmParams& p, int64_t max_rows, int dtype, con
   const bool after_trigger = tactic.launch == MB_LAUNCH_AFTER_TRIGGER;
   auto go = [&](auto tag) {
     using T = decltype(tag);
-    return p.scaling == MB_FP8_BLOCK128
-               ? run_scaling<T, MB_FP8_BLOCK128>(p, max_rows, tactic.tile, after_trigger, workspace, workspace_bytes,
-                                                 stream)
-               : run_scaling<T, MB_FP8_ROWWISE>(p, max_rows, tactic.tile, after_trigger, workspace, workspace_bytes,
-                                                stream);
+    return p.epilogue == EPI_FINALIZE
+               ? run_epilogue<T, EPI_FINALIZE>(p, max_rows, tactic.tile, after_trigger, workspace, workspace_bytes,
+                                               stream)
+               : run_epilogue<T, EPI_STORE>(p, max_rows, tactic.tile, after_trigger, workspace, workspace_bytes,
+                                            stream);
   };
   return dtype == MB_BF16 ? go(__nv_bfloat16{}) : go(__half{});
 }

@@ -88,11 +88,11 @@ __device__ __forceinline__ uint64_t l2_evict_last() {
 // Operator-style epilogue run by CUTLASS's Sm90TmaWarpSpecializedAdapter (the same hook as its
 // DefaultEpilogueArray): each consumer thread gets its wgmma accumulator fragment and the
 // fragment's (row, column) coordinates in the current group, and writes them itself.
-// kFp8Rowwise (plain store only): the accumulators are FP8 products, scaled here by the row's and the
-// column's scale (MB_FP8_ROWWISE, gemm/fp8.cuh) before the bias.
+// kFp8Rowwise (plain store and finalize): the accumulators are FP8 products, scaled here by the row's and
+// the column's scale (MB_FP8_ROWWISE, gemm/fp8.cuh) before the bias (and the finalize's routing weight).
 template <typename T, int kEpi, bool kFp8Rowwise = false>
 class MoeEpilogue {
-  static_assert(!kFp8Rowwise || kEpi == EPI_STORE, "FP8 row/column scales: plain store only");
+  static_assert(!kFp8Rowwise || kEpi != EPI_GATED, "FP8 row/column scales: plain store and finalize only");
  public:
   using EpilogueSchedule = cutlass::epilogue::PtrArrayNoSmemWarpSpecialized;
   using DispatchPolicy = EpilogueSchedule;
@@ -175,9 +175,10 @@ class MoeEpilogue {
     Tensor tc = tiled_mma.get_thread_slice(thread_idx).partition_C(coords);
     const Frag f{get<0>(tc(0)), get<1>(tc(0)), M, N, params_.offsets[l_coord]};
     const T* bias = params_.bias ? params_.bias + (int64_t)l_coord * N : nullptr;
+    const float* col_scale = kFp8Rowwise ? params_.col_scale + (int64_t)l_coord * N : nullptr;
     // One branch per tile, not per element, for the bias and the activation.
     if constexpr (kEpi == EPI_FINALIZE) {
-      return bias ? finalize_tile<true>(acc, f, bias) : finalize_tile<false>(acc, f, bias);
+      return bias ? finalize_tile<true>(acc, f, bias, col_scale) : finalize_tile<false>(acc, f, bias, col_scale);
     } else if constexpr (kEpi == EPI_GATED) {
       switch (params_.activation) {
         case MB_ACT_GEGLU: return bias ? gated_tile<MB_ACT_GEGLU, true>(acc, f, bias)
@@ -187,11 +188,8 @@ class MoeEpilogue {
         default: return bias ? gated_tile<MB_ACT_SWIGLU, true>(acc, f, bias)
                              : gated_tile<MB_ACT_SWIGLU, false>(acc, f, bias);
       }
-    } else if constexpr (kFp8Rowwise) {
-      const float* col_scale = params_.col_scale + (int64_t)l_coord * N;
-      return bias ? scaled_store_tile<true>(acc, f, bias, col_scale) : scaled_store_tile<false>(acc, f, bias, col_scale);
     } else {
-      return bias ? store_tile<true>(acc, f, bias) : store_tile<false>(acc, f, bias);
+      return bias ? store_tile<true>(acc, f, bias, col_scale) : store_tile<false>(acc, f, bias, col_scale);
     }
   }
 
@@ -206,11 +204,9 @@ class MoeEpilogue {
     __device__ __forceinline__ bool group_in(int g, int q) const { return n0 + 6 * q + 32 * g < N; }
   };
 
-  // (acc(i) + bias, acc(i + 1) + bias) for the column pair at n of group j, as floats (the bias read
-  // only for columns in range).
-  template <bool kBias, class Acc>
-  CUTLASS_DEVICE static float2 biased(Acc const& acc, int i, const T* bias, Frag const& f, int j) {
-    float2 v{acc(i), acc(i + 1)};
+  // v + bias for the column pair at n of group j (the bias read only for columns in range).
+  template <bool kBias>
+  CUTLASS_DEVICE static float2 biased(float2 v, const T* bias, Frag const& f, int j) {
     const int n = f.n0 + 8 * j;
     if (kBias && f.col_in(j)) {
       const float2 b = Pair<T>::to_float2(*reinterpret_cast<const typename Pair<T>::type*>(bias + n));
@@ -220,97 +216,79 @@ class MoeEpilogue {
     return v;
   }
 
-  // Row h's column pairs of the four 8-column groups 4g..4g+3 ((acc + bias), times `scale` if kScaled),
-  // packed, then transposed across the lane quad: afterwards lane q holds group 4g + q whole, columns
-  // n0 - 2q + 8q + 32g = n0 + 6q + 32g onwards (values 4 * (4g + s) + 2h are row h's pairs in those
-  // groups, and a quad holds the four groups whole). Every lane of the quad must call it, in range or not.
-  template <bool kBias, bool kScaled, class Acc>
-  CUTLASS_DEVICE static void quad_group(Acc const& acc, Frag const& f, const T* bias, int g, int h, float scale,
-                                        uint32_t (&v)[4]) {
-    using P2 = Pair<T>;
+  // kFp8Rowwise: the row scales of a thread's two rows and the column scales of the four column pairs of
+  // groups 4g..4g+3, which serve both rows; read once per tile (rows) and once per group block (columns),
+  // and only in range (1 elsewhere, and for the 16-bit GEMMs, which read none).
+  CUTLASS_DEVICE void row_scales(Frag const& f, float (&rs)[2]) const {
+    CUTLASS_PRAGMA_UNROLL
+    for (int h = 0; h < 2; ++h) rs[h] = kFp8Rowwise && f.row_in(h) ? params_.row_scale[f.row0 + f.m0 + 8 * h] : 1.f;
+  }
+  CUTLASS_DEVICE static void col_scales(Frag const& f, const float* col_scale, int g, float2 (&cs)[4]) {
     CUTLASS_PRAGMA_UNROLL
     for (int s = 0; s < 4; ++s) {
       const int j = 4 * g + s;
-      float2 x = biased<kBias>(acc, 4 * j + 2 * h, bias, f, j);
-      if constexpr (kScaled) x = {scale * x.x, scale * x.y};
+      cs[s] = kFp8Rowwise && f.col_in(j) ? *reinterpret_cast<const float2*>(col_scale + f.n0 + 8 * j)
+                                         : float2{1.f, 1.f};
+    }
+  }
+
+  // Row h's column pairs of the four 8-column groups 4g..4g+3, each (acc (* rs * cs where kFp8Rowwise)
+  // + bias) (* `weight` where kWeighted), packed, then transposed across the lane quad: afterwards lane q
+  // holds group 4g + q whole, columns n0 - 2q + 8q + 32g = n0 + 6q + 32g onwards (values 4 * (4g + s) + 2h
+  // are row h's pairs in those groups, and a quad holds the four groups whole). Every lane of the quad must
+  // call it, in range or not.
+  template <bool kBias, bool kWeighted, class Acc>
+  CUTLASS_DEVICE static void quad_group(Acc const& acc, Frag const& f, const T* bias, int g, int h, float rs,
+                                        const float2 (&cs)[4], float weight, uint32_t (&v)[4]) {
+    using P2 = Pair<T>;
+    CUTLASS_PRAGMA_UNROLL
+    for (int s = 0; s < 4; ++s) {
+      const int j = 4 * g + s, i = 4 * j + 2 * h;
+      float2 x{acc(i), acc(i + 1)};
+      if constexpr (kFp8Rowwise) x = {x.x * rs * cs[s].x, x.y * rs * cs[s].y};
+      x = biased<kBias>(x, bias, f, j);
+      if constexpr (kWeighted) x = {weight * x.x, weight * x.y};
       const typename P2::type packed = P2::make(x.x, x.y);
       v[s] = *reinterpret_cast<const uint32_t*>(&packed);
     }
     quad_transpose(v, threadIdx.x & 3);
   }
 
-  // The plain store: out[row0 + m, n] = acc (+ bias), each lane's whole 8-column group (quad_group)
-  // written with one 16-byte store instead of four 4-byte ones.
+  // The plain store: out[row0 + m, n] = acc (* row_scale[m] * col_scale[n] for FP8 products) (+ bias),
+  // each lane's whole 8-column group (quad_group) written with one 16-byte store instead of four 4-byte ones.
   template <bool kBias, class Acc>
-  CUTLASS_DEVICE void store_tile(Acc const& acc, Frag const& f, const T* bias) {
+  CUTLASS_DEVICE void store_tile(Acc const& acc, Frag const& f, const T* bias, const float* col_scale) {
     const int q = threadIdx.x & 3;
     T* row[2];
+    float rs[2];
+    row_scales(f, rs);
     CUTLASS_PRAGMA_UNROLL
     for (int h = 0; h < 2; ++h) row[h] = params_.out + (f.row0 + f.m0 + 8 * h) * f.N + f.n0 + 6 * q;
     CUTLASS_PRAGMA_UNROLL
     for (int g = 0; g < cute::size(acc) / 16; ++g) {
+      float2 cs[4];
+      col_scales(f, col_scale, g, cs);
       CUTLASS_PRAGMA_UNROLL
       for (int h = 0; h < 2; ++h) {
         uint32_t v[4];
-        quad_group<kBias, false>(acc, f, bias, g, h, 1.f, v);
+        quad_group<kBias, false>(acc, f, bias, g, h, rs[h], cs, 1.f, v);
         if (f.row_in(h) && f.group_in(g, q))
           store_16B(row[h] + 32 * g, v, false, 0);
       }
     }
   }
 
-  // The plain store of FP8 products: out[row0 + m, n] = acc * row_scale[m] * col_scale[n] (+ bias), as
-  // store_tile writes it. The column scales of a thread's column pairs serve both of its rows.
-  template <bool kBias, class Acc>
-  CUTLASS_DEVICE void scaled_store_tile(Acc const& acc, Frag const& f, const T* bias, const float* col_scale) {
-    using P2 = Pair<T>;
-    const int q = threadIdx.x & 3;
-    T* row[2];
-    float rs[2];
-    CUTLASS_PRAGMA_UNROLL
-    for (int h = 0; h < 2; ++h) {
-      row[h] = params_.out + (f.row0 + f.m0 + 8 * h) * f.N + f.n0 + 6 * q;
-      rs[h] = f.row_in(h) ? params_.row_scale[f.row0 + f.m0 + 8 * h] : 0.f;
-    }
-    CUTLASS_PRAGMA_UNROLL
-    for (int g = 0; g < cute::size(acc) / 16; ++g) {
-      float2 cs[4];
-      CUTLASS_PRAGMA_UNROLL
-      for (int s = 0; s < 4; ++s) {
-        const int j = 4 * g + s;
-        cs[s] = f.col_in(j) ? *reinterpret_cast<const float2*>(col_scale + f.n0 + 8 * j) : float2{0.f, 0.f};
-      }
-      CUTLASS_PRAGMA_UNROLL
-      for (int h = 0; h < 2; ++h) {
-        uint32_t v[4];
-        CUTLASS_PRAGMA_UNROLL
-        for (int s = 0; s < 4; ++s) {
-          const int j = 4 * g + s, i = 4 * j + 2 * h;
-          float2 x{acc(i) * rs[h] * cs[s].x, acc(i + 1) * rs[h] * cs[s].y};
-          if (kBias && f.col_in(j)) {
-            const float2 b = P2::to_float2(*reinterpret_cast<const typename P2::type*>(bias + f.n0 + 8 * j));
-            x.x += b.x;
-            x.y += b.y;
-          }
-          const typename P2::type packed = P2::make(x.x, x.y);
-          v[s] = *reinterpret_cast<const uint32_t*>(&packed);
-        }
-        quad_transpose(v, q);
-        if (f.row_in(h) && f.group_in(g, q)) store_16B(row[h] + 32 * g, v, false, 0);
-      }
-    }
-  }
-
-  // The finalize epilogue: each row's (acc + bias) * routing weight, atomically added into its
-  // token's output row, each lane's whole 8-column group (quad_group) with one 16-byte vector atomic
-  // instead of four 4-byte ones.
-  // Each row's weight and output row are read once per tile, before the column loop, so that no
+  // The finalize epilogue: each row's (acc (* row_scale * col_scale for FP8 products) + bias) * routing
+  // weight, atomically added into its token's output row, each lane's whole 8-column group (quad_group)
+  // with one 16-byte vector atomic instead of four 4-byte ones.
+  // Each row's weight, scale and output row are read once per tile, before the column loop, so that no
   // dependent global loads sit in front of the atomics.
   template <bool kBias, class Acc>
-  CUTLASS_DEVICE void finalize_tile(Acc const& acc, Frag const& f, const T* bias) {
+  CUTLASS_DEVICE void finalize_tile(Acc const& acc, Frag const& f, const T* bias, const float* col_scale) {
     const int q = threadIdx.x & 3;
-    float w[2];
+    float w[2], rs[2];
     T* dst[2];
+    row_scales(f, rs);
     CUTLASS_PRAGMA_UNROLL
     for (int h = 0; h < 2; ++h) {
       w[h] = 0.f;
@@ -324,10 +302,12 @@ class MoeEpilogue {
     const uint64_t policy = params_.evict_last ? l2_evict_last() : 0;
     CUTLASS_PRAGMA_UNROLL
     for (int g = 0; g < cute::size(acc) / 16; ++g) {
+      float2 cs[4];
+      col_scales(f, col_scale, g, cs);
       CUTLASS_PRAGMA_UNROLL
       for (int h = 0; h < 2; ++h) {
         uint32_t v[4];
-        quad_group<kBias, true>(acc, f, bias, g, h, w[h], v);
+        quad_group<kBias, true>(acc, f, bias, g, h, rs[h], cs, w[h], v);
         if (dst[h] != nullptr && f.group_in(g, q)) red_add_16B<T>(dst[h] + 32 * g, v, params_.evict_last, policy);
       }
     }
@@ -360,8 +340,8 @@ class MoeEpilogue {
         CUTLASS_PRAGMA_UNROLL
         for (int s = 0; s < 4; ++s) {
           const int j = 8 * g + 2 * s, i = 4 * j + 2 * h;
-          const float2 gate = biased<kBias>(acc, i, bias, f, j);
-          const float2 up = biased<kBias>(acc, i + 4, bias, f, j + 1);
+          const float2 gate = biased<kBias>({acc(i), acc(i + 1)}, bias, f, j);
+          const float2 up = biased<kBias>({acc(i + 4), acc(i + 5)}, bias, f, j + 1);
           const typename P2::type packed =
               P2::make(mb::act_apply<ACT>(gate.x, up.x, alpha, limit), mb::act_apply<ACT>(gate.y, up.y, alpha, limit));
           v[s] = *reinterpret_cast<const uint32_t*>(&packed);
