@@ -324,8 +324,8 @@ def inspect_cmd(engine: str, as_json: bool) -> None:
 @click.option("--quant", default="none", show_default=True, help="none (bf16 layers), or fp8, fp8_block or both "
               "comma-separated: the FP8 bench (variants ours, ours:fc1_input_quant=separate, "
               "ours:fc2_input_quant=separate, ours_bf16, scaled_grouped_mm, grouped_mm_dequant; JSON default "
-              "bench_fp8.json), or w4a16_awq, w8a16, wfp4a16 comma-separated: the weight-only bench (ours, the AWQ "
-              "fusion forced off, ours_bf16, grouped_mm_dequant; JSON default bench_woq.json).")
+              "bench_fp8.json), or w4a16_awq, w8a16, wfp4a16, w4afp8 comma-separated: the weight-only bench (ours, the AWQ "
+              "fusions forced off, ours_bf16, grouped_mm_dequant; JSON default bench_woq.json).")
 @click.option("--iters", type=int, default=20, show_default=True, help="Timed rounds per point.")
 @click.option("--warmup", type=int, default=3, show_default=True, help="Warm-up calls per variant.")
 @click.option("--input-sets", "input_sets", type=int, default=4, show_default=True,

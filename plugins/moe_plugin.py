@@ -32,7 +32,8 @@ bias still covering all num_experts):
     fp8.w2_scale    fp32          if quant fp8: [E, H] (channel);  fp8_block: [E, ceil(H/128), ceil(I/128)]
     fp8.a1_scale    [1] fp32      if quant fp8 with act_scale static (GEMM1's input scale)
     fp8.a2_scale    [1] fp32      if quant fp8 with act_scale static (GEMM2's input scale)
-  weight-only layers (w4a16_awq, w8a16, wfp4a16; moe_build/weights/woq.py's storage) instead of 2 and 3:
+  weight-only layers (w4a16_awq, w8a16, wfp4a16, and w4afp8's int4 weights; moe_build/weights/woq.py's storage)
+  instead of 2 and 3:
   2 w1              [E, N1, H/2]  uint8 (two 4-bit codes a byte: int4 or MXFP4), or [E, N1, H] int8 (w8a16)
   3 w2              [E, H, I/2]   uint8, or [E, H, I] int8
     woq.w1_scale    [E, N1, G1]   fp32 (MXFP4: uint8 e8m0), G1 = H / group (1 where spec.quant_per_channel)
@@ -41,6 +42,8 @@ bias still covering all num_experts):
     woq.w2_zero     [E, H, G2]    uint8      if spec.quant_zero_points
     woq.fc1_act_scale [H]         fp32       if spec.quant_prequant_scales (AWQ pre-quant scales)
     woq.fc2_act_scale [I]         fp32       if spec.quant_prequant_scales
+    woq.a1_scale    [1] fp32      if quant w4afp8 with act_scale static (GEMM1's FP8 input scale)
+    woq.a2_scale    [1] fp32      if quant w4afp8 with act_scale static (GEMM2's FP8 input scale)
   (every uint8 input crosses TensorRT as INT8, the same bytes, and the plugin reads it back as uint8: a constant
   layer refuses UINT8 weights, "invalid weights type of UInt8" from TensorRT-RTX 1.7's network API, and TensorRT
   gives UINT8 no role but network I/O; tests/test_engine_build.py builds such layers through that API)
@@ -89,7 +92,7 @@ TORCH_OUT_DTYPE = {OutputDType.FP32: torch.float32, OutputDType.FP16: torch.floa
 TRT_DTYPE_NAME = {torch.float32: "FLOAT", torch.float16: "HALF", torch.bfloat16: "BF16", FP8_DTYPE: "FP8",
                   torch.int8: "INT8"}
 # Quant modes whose weights and scales the plugin's inputs carry.
-PLUGIN_QUANTS = (Quant.NONE, Quant.FP8, Quant.FP8_BLOCK, Quant.W8A16, Quant.W4A16_AWQ, Quant.WFP4A16)
+PLUGIN_QUANTS = (Quant.NONE, Quant.FP8, Quant.FP8_BLOCK, Quant.W8A16, Quant.W4A16_AWQ, Quant.WFP4A16, Quant.W4AFP8)
 FP8_SLOT_PREFIX = "fp8."  # scale slots are named as MoEWeights.named() names the Fp8Scales tensors
 WOQ_SLOT_PREFIX = "woq."  # and the weight-only scales, zero points and pre-quant scales (WoqWeights' fields)
 # Same-size integer stand-ins: the CUDA array interface has no bf16 or e4m3 typestr, so raw device memory
@@ -188,8 +191,8 @@ def woq_group(spec: MoESpec) -> int | None:
 
 def _woq_slots(spec: MoESpec, kind: WoqKind) -> list[InputSlot]:
     """A weight-only layer's expert inputs as woq.py stores them: W1 / W2 packed (two 4-bit codes a byte) or int8,
-    their scales (fp32, or e8m0 bytes for MXFP4), int4 zero points where the spec has them, and the AWQ pre-quant
-    scales where it has those."""
+    their scales (fp32, or e8m0 bytes for MXFP4), int4 zero points where the spec has them, the AWQ pre-quant
+    scales where it has those, and W4AFP8's static FP8 input scales where its activations have them."""
     E, H, I, n1 = spec.stored_experts, spec.hidden_size, spec.intermediate_size, spec.fc1_out_features
     data = torch.int8 if kind is WoqKind.INT8 else torch.uint8
     per_byte = 1 if kind is WoqKind.INT8 else 2
@@ -212,6 +215,8 @@ def _woq_slots(spec: MoESpec, kind: WoqKind) -> list[InputSlot]:
     if spec.quant_prequant_scales:
         slots += [InputSlot(WOQ_SLOT_PREFIX + "fc1_act_scale", (H,), (torch.float32,)),
                   InputSlot(WOQ_SLOT_PREFIX + "fc2_act_scale", (I,), (torch.float32,))]
+    if spec.quant is Quant.W4AFP8 and spec.act_scale is ActScale.STATIC:  # fp32 scalars in WoqWeights
+        slots += [InputSlot(WOQ_SLOT_PREFIX + n, (1,), (torch.float32,)) for n in ("a1_scale", "a2_scale")]
     return slots
 
 
@@ -310,6 +315,8 @@ def check_spec_and_plan(spec: MoESpec, plan: Plan) -> None:
                             [q.value for q in PLUGIN_QUANTS])
     if spec.lora:
         raise MoeBuildError("lora", "the MoE plugin has no LoRA inputs", "false")
+    if spec.fp8_input:
+        raise MoeBuildError("fp8_input", "the MoE plugin's hidden input is in the spec's 16-bit dtype", "false")
     if spec.dtype is DType.FP32:
         raise MoeBuildError("dtype", "the MoE plugin's grouped GEMMs are fp16/bf16 only (fp32 is not implemented)",
                             ("fp16", "bf16"))
@@ -542,6 +549,7 @@ def _make_runner(spec: MoESpec, plan: Plan, weights: Mapping[str, torch.Tensor])
                         scale.get("a2_scale"))
     if spec.quant in QUANT_KIND:
         stored = {n[len(WOQ_SLOT_PREFIX):]: t for n, t in weights.items() if n.startswith(WOQ_SLOT_PREFIX)}
+        stored.update({n: stored[n].reshape(()) for n in ("a1_scale", "a2_scale") if n in stored})  # [1] -> []
         woq = WoqWeights(QUANT_KIND[spec.quant], woq_group(spec), tensors["w1"], tensors["w2"], **stored)
     return MoERunner(spec, MoEWeights(router_weight=router_weight, fp8=fp8, woq=woq, **tensors), plan=plan,
                      device=device, weights_prepared=True)

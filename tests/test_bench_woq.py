@@ -7,8 +7,11 @@ import torch
 
 from cli_process import assert_one_line_error, run_moe_build
 from moe_build.bench import woq_layer
+from moe_build.bench.layer import runner_force
 from moe_build.bench.workload import SHAPES, bench_spec
-from moe_build.spec import Quant
+from moe_build.planner import make_plan
+from moe_build.spec import ActScale, Quant
+from moe_build.target import Flavour, Target
 from moe_build.weights import MoEWeights
 from moe_build.weights.woq import WoqKind
 
@@ -20,6 +23,24 @@ def test_bench_layers_have_groups_that_divide_both_gemms_k(name: str) -> None:
     assert spec.hidden_size % group == 0 and spec.intermediate_size % group == 0
     assert group == (64 if name == "gpt-oss-20b" else 128)  # GPT-OSS-20B's 2880 = 22.5 x 128 = 45 x 64
     assert woq_layer.layer_group(spec, Quant.W8A16) is None and woq_layer.layer_group(spec, Quant.WFP4A16) == 32
+    assert woq_layer.layer_group(spec, Quant.W4AFP8) == group
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_w4afp8_bench_layers_plan_the_fused_expansion_and_time_it_forced_off(name: str) -> None:
+    """W4AFP8 as ModelOpt's W4A8_AWQ stores it (static FP8 input scales, AWQ scales): its default plan fuses the FC1
+    pre-quant scale into the expansion (the column "ours"), and the bench's forced-off columns plan the plain
+    expansion and the separate FC2 scale, each the only change."""
+    spec = woq_layer.woq_bench_spec(name, Quant.W4AFP8)
+    assert spec.act_scale is ActScale.STATIC and spec.quant_prequant_scales and not spec.quant_zero_points
+    target = Target(sm=90, flavour=Flavour.TENSORRT)
+    default = make_plan(spec, target, tokens=16).choices()
+    assert (default["expand_rows"], default["fc2_prequant"]) == ("prequant_fused", "fused")
+    assert woq_layer.FORCED[Quant.W4AFP8] == ("ours:expand_rows=plain", "ours:fc2_prequant=separate")
+    for variant in woq_layer.FORCED[Quant.W4AFP8]:
+        force = runner_force(variant)
+        forced = make_plan(spec, target, tokens=16, force=force).choices()
+        assert {k for k in default if forced[k] != default[k]} == set(force)
 
 
 def test_stored_bytes_by_hand() -> None:
@@ -54,7 +75,7 @@ def test_targets_follow_the_issue() -> None:
     assert rec["ratios"]["forced_over_ours"]["ours:fc2_prequant=separate"] == pytest.approx(1.05)
 
 
-@pytest.mark.parametrize("args, field", [(("--quant", "w4a16_awq,fp8"), "quant"),
+@pytest.mark.parametrize("args, field", [(("--quant", "w4a16_awq,fp8"), "quant"), (("--quant", "w4afp8,fp8"), "quant"),
                                          (("--quant", "w8a16", "--sweep"), "quant"),
                                          (("--quant", "wfp4a16", "--variants", "ours"), "quant")])
 def test_bad_weight_only_bench_options_are_one_line_errors(args: tuple[str, ...], field: str) -> None:

@@ -63,7 +63,8 @@ def test_binding_matches_header() -> None:
 @pytest.mark.parametrize("prefix,enum", [("MB_ERR_", kernels.Status), ("MB_ACT_", kernels.Activation),
                                          ("MB_WEIGHTS_", kernels.WeightLayout), ("MB_GEMM_", kernels.GemmKernel),
                                          ("MB_TILE_", kernels.GemmTile), ("MB_LAUNCH_", kernels.GemmLaunch),
-                                         ("MB_OUTPUT_L2_", kernels.OutputL2), ("MB_WOQ_", kernels.WoqKind)])
+                                         ("MB_OUTPUT_L2_", kernels.OutputL2), ("MB_WOQ_", kernels.WoqKind),
+                                         ("MB_INPUT_", kernels.WoqInput)])
 def test_enums_match_header(prefix: str, enum: type) -> None:
     values = header_enum(prefix)
     if prefix == "MB_ERR_":

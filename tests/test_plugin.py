@@ -178,9 +178,12 @@ def test_malformed_fields_are_refused():
 
 
 def test_plugin_refuses_what_its_inputs_cannot_carry():
-    quant = dataclasses.replace(PLAIN, quant=Quant.W4AFP8)  # int4 weights with FP8 activations: no kernels yet
-    with pytest.raises(MoeBuildError, match="no w4afp8 weights or scales.*none, fp8, fp8_block, w8a16, w4a16_awq"):
-        mp.encode_fields(quant, plan_for(quant))
+    quant = dataclasses.replace(PLAIN, quant=Quant.NVFP4)  # FP4 weights and activations: no kernels
+    with pytest.raises(MoeBuildError, match="no nvfp4 weights or scales.*none, fp8, fp8_block, w8a16, w4a16_awq"):
+        mp.encode_fields(quant, plan_for(quant, sm=100))
+    fp8_hidden = dataclasses.replace(PLAIN, quant=Quant.W4AFP8, fp8_input=True)
+    with pytest.raises(MoeBuildError, match="fp8_input.*16-bit"):
+        mp.encode_fields(fp8_hidden, plan_for(fp8_hidden))
     lora = dataclasses.replace(PLAIN, lora=True)
     with pytest.raises(MoeBuildError, match="lora"):
         mp.encode_fields(lora, plan_for(lora))

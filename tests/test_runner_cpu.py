@@ -16,7 +16,7 @@ from moe_build.planner import make_plan
 from moe_build.runner import MoERunner, Workspace, kernel_sequence, layout_bytes, steps_up_to, workspace_layout
 from moe_build.runner.runner import device_target, serving_target
 from moe_build.runner.sequence import w1_interleaved, weights_blocked
-from moe_build.spec import Activation, DType, MoESpec, Quant, SharedExperts
+from moe_build.spec import ActScale, Activation, DType, MoESpec, Quant, SharedExperts
 from moe_build.target import FINALIZE_FUSION_ENV, Flavour, Target, TokenProfile
 from moe_build.weights import MoEWeights, block_64x64, interleave_gate_up
 from moe_build.weights.fp8 import ScaleGranularity
@@ -222,10 +222,61 @@ def test_plans_without_runner_kernels_are_refused() -> None:
     rtx = Target(sm=89, flavour=Flavour.TENSORRT_RTX)
     with pytest.raises(MoeBuildError, match="plugin-path"):
         kernel_sequence(make_plan(SWIGLU, rtx, tokens=16), 16)
-    for quant in (Quant.W4AFP8, Quant.NVFP4):  # no W4AFP8 / NVFP4 kernels yet
-        spec = dataclasses.replace(SWIGLU, quant=quant)
-        with pytest.raises(MoeBuildError, match="quant"):
-            kernel_sequence(make_plan(spec, Target(sm=100, flavour=Flavour.TENSORRT), tokens=16), 16)
+    spec = dataclasses.replace(SWIGLU, quant=Quant.NVFP4)  # no NVFP4 kernels
+    with pytest.raises(MoeBuildError, match="quant"):
+        kernel_sequence(make_plan(spec, Target(sm=100, flavour=Flavour.TENSORRT), tokens=16), 16)
+    fp8_hidden = dataclasses.replace(SWIGLU, quant=Quant.W4AFP8, fp8_input=True)  # the gate's other side
+    plan = make_plan(fp8_hidden, H100, tokens=16)
+    assert plan.stage("expand_rows").choice == "plain"
+    with pytest.raises(MoeBuildError, match=r"^fp8_input: .*FP8 hidden states have no kernels \(allowed: false\)$"):
+        kernel_sequence(plan, 16)
+
+
+W4AFP8_STEPS = {
+    # (expand_rows, fc2_prequant) -> the steps after the prologue
+    ("prequant_fused", "fused"): ["expand_rows:prequant_fp8", "gemm1:w4afp8", "fc1_activation:fc2_prequant_fp8"],
+    ("plain", "fused"): ["expand_rows:16bit", "fc1_prequant:fp8", "gemm1:w4afp8", "fc1_activation:fc2_prequant_fp8"],
+    ("prequant_fused", "separate"): ["expand_rows:prequant_fp8", "gemm1:w4afp8", "fc1_activation",
+                                     "fc2_prequant:fp8"],
+    ("plain", "separate"): ["expand_rows:16bit", "fc1_prequant:fp8", "gemm1:w4afp8", "fc1_activation",
+                            "fc2_prequant:fp8"],
+}
+
+
+@pytest.mark.parametrize("expand, fc2", list(W4AFP8_STEPS))
+def test_w4afp8_plans_run_the_fusions_the_plan_names(expand: str, fc2: str) -> None:
+    """W4AFP8 (ModelOpt's W4A8_AWQ): by default the matrix fuses the FC1 pre-quant scale into the expansion
+    (gates expand_w4afp8_not_fp8_input, expand_prequant_not_block_scaled) and the FC2 one into the gated activation
+    (use_awq, gated), both writing e4m3 rows; each forced off runs the plain step and a quantize kernel after it.
+    GEMMs on the weight-only kernels with the int4 tactic rules, plain stores, separate finalize."""
+    spec = dataclasses.replace(SWIGLU, quant=Quant.W4AFP8, act_scale=ActScale.STATIC, quant_prequant_scales=True)
+    force = {k: v for k, v in (("expand_rows", expand), ("fc2_prequant", fc2)) if v not in ("prequant_fused", "fused")}
+    plan = make_plan(spec, H100, tokens=16, force=force)
+    assert (plan.stage("expand_rows").choice, plan.stage("fc2_prequant").choice) == (expand, fc2)
+    if not force:
+        assert {g.name for g in plan.stage("expand_rows").gates if g.held} >= {
+            "expand_w4afp8_not_fp8_input", "expand_prequant_not_block_scaled"}
+    steps = kernel_sequence(plan, 16)
+    assert steps[2:] == ["routing_prologue:fused", *W4AFP8_STEPS[expand, fc2], "gemm2:w4afp8", "finalize"]
+    layout = workspace_layout(spec, steps_up_to(plan, 16), 16)
+    assert layout["permuted_input"].dtype == torch.float8_e4m3fn and layout["fc2_input"].dtype == torch.float8_e4m3fn
+    assert layout["permuted_input_scales"].shape == (32,) and layout["fc2_input_scales"].shape == (32,)
+    assert ("expanded_input" in layout) == (expand == "plain") and ("fc1_act" in layout) == (fc2 == "separate")
+    assert "gemm_workspace" not in layout
+    for tokens in (16, 4096):  # the int4 weight-only tactics (decode, then the mma tiles), never wgmma
+        choices = plan.choices(tokens)
+        assert choices["gemm1_tactic"].split(":")[0] == ("decode" if tokens == 16 else "mma")
+        assert choices["gemm2_tactic"].split(":")[0] == ("decode" if tokens == 16 else "mma")
+
+
+def test_w4afp8_without_awq_scales_quantizes_in_the_activation() -> None:
+    """A W4AFP8 checkpoint without pre-quant scales (compressed-tensors, per-token FP8): the expansion still
+    quantizes (there is no scale to fuse, the gate holds), the activation writes GEMM2's e4m3 input."""
+    spec = dataclasses.replace(SWIGLU, quant=Quant.W4AFP8)
+    plan = make_plan(spec, H100, tokens=16)
+    assert plan.stage("fc2_prequant").choice == "none"
+    assert kernel_sequence(plan, 16)[3:] == ["expand_rows:prequant_fp8", "gemm1:w4afp8", "fc1_activation:fp8",
+                                             "gemm2:w4afp8", "finalize"]
 
 
 @pytest.mark.parametrize("quant, fc2", [(Quant.W4A16_AWQ, "fused"), (Quant.W8A16, "none"), (Quant.WFP4A16, "none")])

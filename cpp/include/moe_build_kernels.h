@@ -157,21 +157,28 @@ mb_status mb_ep_nvlink_combine(const void* returned, int dtype, const int32_t* t
  *     scales [rows];
  *   static_scale == NULL, group 128: per row and 128-column group (the last may be partial), s as above
  *     over the group, scales [rows, ceil(cols / 128)] row-major (the GEMMs' MB_FP8_BLOCK128 scale_a).
- * dtype MB_FP16 or MB_BF16 (MB_FP32: MB_ERR_UNSUPPORTED). Inputs are finite (NaN and inf: no contract). */
+ * dtype MB_FP16 or MB_BF16 (MB_FP32: MB_ERR_UNSUPPORTED). Inputs are finite (NaN and inf: no contract).
+ * prequant_scale (W4AFP8's AWQ pre-quant scale, fp32 [cols] in device memory) or NULL: where given, x is each
+ * element's fp32 value times prequant_scale[c], one fp32 multiply (rounded once), for the amax and the division
+ * alike; what the fp64 reference quantizes after converting its exact product to fp32. */
 
 /* stages/quantize_fp8.cu: out [rows, cols] e4m3 and out_scales, the quantization of in [rows, cols] (dtype):
- * the unfused step, before mb_expand_rows_fp8_prequantized. */
-mb_status mb_quantize_fp8(const void* in, int dtype, int64_t rows, int cols, const float* static_scale, int group,
-                          uint8_t* out, float* out_scales, cudaStream_t stream);
+ * the unfused step, before mb_expand_rows_fp8_prequantized, or after a plain expansion or activation where a
+ * W4AFP8 plan leaves the pre-quant scale out of them. */
+mb_status mb_quantize_fp8(const void* in, int dtype, int64_t rows, int cols, const float* prequant_scale,
+                          const float* static_scale, int group, uint8_t* out, float* out_scales, cudaStream_t stream);
 
 /* stages/expand_rows.cu: mb_expand_rows with the rows quantized as they are copied: permuted_input [T*K, H]
  * e4m3 and permuted_scales (the layout above, one scale row per permuted row) with row p the quantization
  * of input[e / K], permuted_weights[p] = topk_weights[e], for p = unpermuted_to_permuted[e]: a token's row
  * is read and quantized once and its bytes and scales stored K times (at decode sizes the K rows are split
  * among blocks, each quantizing the row). zero_out [T, H] in dtype or NULL, as mb_expand_rows' (it must not
- * overlap input: MB_ERR_INVALID_ARGUMENT). No prequant_scale. */
+ * overlap input: MB_ERR_INVALID_ARGUMENT). prequant_scale [H] or NULL as above: W4AFP8's AWQ FC1 pre-quant scale
+ * fused into the expansion (expand_rows=prequant_fused); equal, bit for bit, to mb_expand_rows then
+ * mb_quantize_fp8 with the same scale. */
 mb_status mb_expand_rows_fp8(const void* input, int dtype, const int32_t* unpermuted_to_permuted,
-                             const float* topk_weights, int num_tokens, int hidden, int top_k,
+                             const float* topk_weights, const float* prequant_scale, int num_tokens, int hidden,
+                             int top_k,
                              const float* static_scale, int group, uint8_t* permuted_input, float* permuted_scales,
                              float* permuted_weights, void* zero_out, cudaStream_t stream);
 /* The same expansion of rows mb_quantize_fp8 quantized: input_fp8 [T, H] e4m3 and input_scales
@@ -188,11 +195,12 @@ mb_status mb_expand_rows_fp8_prequantized(const uint8_t* input_fp8, const float*
  * mb_fc1_activation computes (act(in[p, :N1] + b1[expert(p)]), rounded to dtype as it writes them) quantized
  * into out [max_rows, inter] e4m3 and out_scales (the layout above, rows = max_rows), so this equals
  * mb_fc1_activation then mb_quantize_fp8 bit for bit. Rows past off[E] and their scales are not written.
- * No prequant_scale. */
+ * prequant_scale [inter] or NULL as above (W4AFP8's AWQ FC2 pre-quant scale, fc2_prequant=fused) multiplies the
+ * rounded activated values; then this equals mb_fc1_activation then mb_quantize_fp8 with that scale. */
 mb_status mb_fc1_activation_fp8(const void* in, int dtype, const void* b1, const int64_t* expert_first_token_offset,
                                 int num_experts, int64_t max_rows, int inter, int activation, float swiglu_alpha,
-                                float swiglu_limit, const float* static_scale, int group, uint8_t* out,
-                                float* out_scales, cudaStream_t stream);
+                                float swiglu_limit, const float* prequant_scale, const float* static_scale, int group,
+                                uint8_t* out, float* out_scales, cudaStream_t stream);
 /* ---- end of FP8 activation quantization ------------------------------------------------------------ */
 
 /* ---- grouped GEMMs over expert segments ------------------------------------------------------------
@@ -360,12 +368,21 @@ mb_status mb_grouped_gemm_fp8_finalize(const void* A, const float* scale_a, cons
  *   MB_GEMM_DECODE (gemm/woq_decode.cu): k_split 1, 2, 4 or 8; up to 8 rows per CTA, for the few rows per
  *     expert of decode;
  *   MB_GEMM_MMA (gemm/woq_mma.cu): tile MB_TILE_MMA_64x128 or MB_TILE_MMA_128x128 (token rows x output
- *     columns per CTA; each CTA dequantizes its weight tile once per 64 token rows), for many rows per expert. */
+ *     columns per CTA; each CTA dequantizes its weight tile once per 64 token rows), for many rows per expert.
+ * A's type (a_type), W4AFP8's FP8 activations beside the weight-only GEMM's 16-bit ones:
+ *   MB_INPUT_DTYPE: A in dtype; scale_a NULL;
+ *   MB_INPUT_E4M3 : A e4m3 [max_rows, k] (one byte each, as mb_expand_rows_fp8 / mb_fc1_activation_fp8 write it)
+ *                   with fp32 scale_a [max_rows]: C[p] = scale_a[p] * (A[p] @ dequant(B[x])^T) (+ bias[x]). Each
+ *                   e4m3 value is converted exactly to dtype on its way to the mma (every finite e4m3 value is an
+ *                   fp16 and a bf16 value), the weights dequantized as above, fp32 accumulation, the scale applied
+ *                   to the fp32 sum. Int4 weights only (MB_WOQ_INT4; else MB_ERR_UNSUPPORTED); any SM 8.0 and later
+ *                   (the conversion is integer and 16-bit arithmetic, no FP8 instruction). */
 enum mb_woq_kind { MB_WOQ_INT4 = 0, MB_WOQ_INT8 = 1, MB_WOQ_MXFP4 = 2 };
-mb_status mb_grouped_gemm_woq(const void* A, const void* B, int kind, const void* scales, const uint8_t* zeros,
-                              int group, const void* bias, void* C, const int64_t* expert_first_token_offset,
-                              int num_experts, int64_t max_rows, int n, int k, int dtype, mb_gemm_tactic tactic,
-                              cudaStream_t stream);
+enum mb_woq_input { MB_INPUT_DTYPE = 0, MB_INPUT_E4M3 = 1 };
+mb_status mb_grouped_gemm_woq(const void* A, int a_type, const float* scale_a, const void* B, int kind,
+                              const void* scales, const uint8_t* zeros, int group, const void* bias, void* C,
+                              const int64_t* expert_first_token_offset, int num_experts, int64_t max_rows, int n,
+                              int k, int dtype, mb_gemm_tactic tactic, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

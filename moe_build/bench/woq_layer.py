@@ -1,13 +1,17 @@
-"""`moe-build bench --quant w4a16_awq|w8a16|wfp4a16`: our weight-only layer against our bf16 layer, PyTorch's bf16
-grouped GEMM on the dequantized weights and the quantized-byte floor, in one process.
+"""`moe-build bench --quant w4a16_awq|w8a16|wfp4a16|w4afp8`: our weight-only layer (and W4AFP8's, int4 weights with
+FP8 activations) against our bf16 layer, PyTorch's bf16 grouped GEMM on the dequantized weights and the
+quantized-byte floor, in one process.
 
 Timed and checked as the FP8 bench (fp8_layer.py: shuffled interleaved rounds, ceilings among the variants, every
 variant and graph replay checked first against an fp64 reference on sampled rows). What differs:
 - the layers (WOQ_LAYERS): each bench shape with weight-only experts, random fan-in-scaled weights quantized
   round-to-nearest (woq.quantize_matrix): W4A16 AWQ as AutoAWQ stores it (int4, group 128, zero points) with AWQ
-  pre-quant scales, W8A16 per output channel, WFP4A16 as GPT-OSS stores it (MXFP4, e8m0 scales per 32);
-- the variants: "ours" (default plan) and, for AWQ, the FC2 pre-quant fusion forced off; "ours_bf16" (our bf16
-  runner on the weights dequantized to bf16) and "grouped_mm_dequant" (bf16 torch._grouped_mm on them);
+  pre-quant scales, W8A16 per output channel, WFP4A16 as GPT-OSS stores it (MXFP4, e8m0 scales per 32), W4AFP8 as
+  ModelOpt's W4A8_AWQ stores it (int4 group 128, AWQ pre-quant scales, static FP8 input scales);
+- the variants: "ours" (default plan) and, for AWQ, the FC2 pre-quant fusion forced off, for W4AFP8 also the FC1
+  pre-quant fusion in the expansion (expand_rows=plain: a 16-bit expansion, then a kernel that scales and quantizes);
+  "ours_bf16" (our bf16 runner on the weights dequantized to bf16) and "grouped_mm_dequant" (bf16 torch._grouped_mm
+  on them);
 - the floor: the stored weight bytes (weights + scales + zero points) over the byte ceiling, FLOPs over the bf16
   matmul rate.
 """
@@ -23,14 +27,14 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..errors import MoeBuildError
-from ..spec import MoESpec, Quant
+from ..spec import ActScale, MoESpec, Quant
 from ..weights import MoEWeights
 from ..weights.woq import WoqKind, WoqWeights, quantize_matrix
 from .layer import check_variant, point_floor, point_line, runner_fn, runner_force, time_variants
 from .peers import grouped_mm_peer
 from .timing import CeilingCalls, ceilings_text, measure_ceilings
-from .workload import (REL_ERR_LIMIT, SHAPES, TOKENS, WOQ_REL_ERR_LIMIT, Fn, bench_spec, check_rows, floor_us, make_inputs,
-                       reference_by_experts)
+from .workload import (REL_ERR_LIMIT, SHAPES, TOKENS, W4AFP8_REL_ERR_LIMIT, WOQ_REL_ERR_LIMIT, Fn, bench_spec, check_rows,
+                       floor_us, make_inputs, reference_by_experts)
 
 # quant -> (stored kind, group size (None: per output channel; int4: the largest of 128, 64, 32 that divides both
 # GEMMs' K, e.g. 64 for GPT-OSS-20B's 2880), zero points, AWQ pre-quant scales)
@@ -38,10 +42,15 @@ WOQ_LAYERS: dict[Quant, tuple[WoqKind, int | None, bool, bool]] = {
     Quant.W4A16_AWQ: (WoqKind.INT4, 128, True, True),
     Quant.W8A16: (WoqKind.INT8, None, False, False),
     Quant.WFP4A16: (WoqKind.MXFP4, 32, False, False),
+    Quant.W4AFP8: (WoqKind.INT4, 128, False, True),
 }
 QUANTS = {q.value: q for q in WOQ_LAYERS}
-# the forced-off fusions, per quant: the AWQ FC2 pre-quant scale in the activation
-FORCED = {Quant.W4A16_AWQ: ("ours:fc2_prequant=separate",)}
+# the forced-off fusions, per quant: the AWQ FC2 pre-quant scale in the activation; W4AFP8's FC1 one in the expansion
+FORCED = {Quant.W4A16_AWQ: ("ours:fc2_prequant=separate",),
+          Quant.W4AFP8: ("ours:expand_rows=plain", "ours:fc2_prequant=separate")}
+# W4AFP8's static FP8 input scales, for the bench's unit-variance tokens: GEMM1's input up to ~4.5 sigma times an AWQ
+# scale below 2, the activation's up to ~3 times one below 2, saturating above (tests/gpu/test_runner_w4afp8.py's)
+W4AFP8_INPUT_SCALES = (6.0 / 448, 4.0 / 448)
 OTHERS = ("ours_bf16", "grouped_mm_dequant")
 # Targets printed per point (issue 47; never asserted): ours (graph replay) within FLOOR_RATIO of the floor or the
 # floor + FLOOR_SLACK_US at <= FLOOR_TARGET_MAX_TOKENS tokens; faster than ours_bf16 at 256; within BF16_RATIO of
@@ -62,8 +71,9 @@ def layer_group(spec: MoESpec, quant: Quant) -> int | None:
 def woq_bench_spec(name: str, quant: Quant) -> MoESpec:
     _, _, zeros, awq = WOQ_LAYERS[quant]
     group = layer_group(bench_spec(name), quant)
+    static = {"act_scale": ActScale.STATIC} if quant is Quant.W4AFP8 else {}
     return bench_spec(name).with_overrides(quant=quant, quant_group_size=group or 128, quant_zero_points=zeros,
-                                           quant_per_channel=group is None, quant_prequant_scales=awq)
+                                           quant_per_channel=group is None, quant_prequant_scales=awq, **static)
 
 
 def stored_expert_bytes(w: WoqWeights) -> int:
@@ -89,6 +99,9 @@ def device_woq_weights(spec: MoESpec, quant: Quant, seed: int) -> MoEWeights:
     if awq:
         pre = {"fc1_act_scale": 0.5 + 1.5 * torch.rand(H, device="cuda", generator=g),
                "fc2_act_scale": 0.5 + 1.5 * torch.rand(I, device="cuda", generator=g)}
+    if quant is Quant.W4AFP8:
+        pre.update(a1_scale=torch.tensor(W4AFP8_INPUT_SCALES[0], device="cuda"),
+                   a2_scale=torch.tensor(W4AFP8_INPUT_SCALES[1], device="cuda"))
     woq = WoqWeights(kind, 32 if kind is WoqKind.MXFP4 else group, q1, q2, s1, s2, z1, z2, **pre)
     router = (torch.randn(E, H, device="cuda", generator=g) / math.sqrt(H)).to(torch.bfloat16)
     return MoEWeights(router_weight=router, w1=q1, w2=q2, woq=woq)
@@ -146,8 +159,9 @@ def bench_woq_shape(name: str, quant: Quant, tokens_list: Sequence[int], ceiling
             rec["variants"][v] = entry
             if v in fns:
                 kind = "woq" if v.startswith("ours") and v != "ours_bf16" else "bf16"
-                check_variant(v, fns[v], runners.get(v), entry, sets, out_buf, rows, refs[kind],
-                              WOQ_REL_ERR_LIMIT if kind == "woq" else REL_ERR_LIMIT, True, timers)
+                limit = (W4AFP8_REL_ERR_LIMIT if quant is Quant.W4AFP8 else WOQ_REL_ERR_LIMIT) if kind == "woq" \
+                    else REL_ERR_LIMIT
+                check_variant(v, fns[v], runners.get(v), entry, sets, out_buf, rows, refs[kind], limit, True, timers)
         medians_ms = time_variants(rec, timers, iters, warmup)
         rec.update(point_floor(spec16, T, touched, medians_ms, ceilings))
         rec["bf16_floor_us"] = rec["floor_us"]
@@ -234,8 +248,8 @@ def run_woq_bench(quants: Sequence[Quant], shapes: Sequence[str] = tuple(SHAPES)
                             "and out) / the higher of copy and read rates, FLOPs / bf16 matmul rate); "
                             "bf16_floor_us: the same layer in bf16",
                    "check": f"fp64 references on sampled rows, rel-norm err < {WOQ_REL_ERR_LIMIT} for ours against "
-                            f"the weight-only layer's, < {REL_ERR_LIMIT} for the bf16 variants against the "
-                            "dequantized bf16 layer's",
+                            f"the weight-only layer's (w4afp8: < {W4AFP8_REL_ERR_LIMIT}), < {REL_ERR_LIMIT} for the "
+                            "bf16 variants against the dequantized bf16 layer's",
                    "ratios": "runners graph replay over graph replay; the torch peer eager over ours eager"},
         "points": [],
     }

@@ -39,6 +39,9 @@ WOQ_REL_ERR_LIMIT = 2e-2
 # FP8 layers against the FP8 reference: their 16-bit intermediates can move a value across an e4m3
 # rounding step (tests/gpu/test_runner_fp8.py measures 1.0-1.6% and bounds it at 3%).
 FP8_REL_ERR_LIMIT = 0.03
+# W4AFP8 layers (int4 weights, FP8 activations): both roundings, the FP8 steps dominating (tests/gpu/
+# test_runner_w4afp8.py: a CPU emulation measures 1.3-2.0% and the test bounds it at 4%).
+W4AFP8_REL_ERR_LIMIT = 0.04
 CHECK_ROWS = 64
 # The FP8 bench's fp64 references read only the experts their rows route to, dequantized on the CPU:
 # rows are kept while those experts hold at most REF_WEIGHT_ELEMENTS weight elements (DeepSeek-V3's 256

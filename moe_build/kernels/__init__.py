@@ -1,7 +1,7 @@
 """The CUDA kernel library: its C ABI (`abi`), building it with nvcc (`build`), loading it (`library`) and
 one torch wrapper per entry point (`ops`)."""
 from .abi import (SIGNATURES, Activation, DType, Fp8Scaling, GemmKernel, GemmLaunch, GemmTacticStruct, GemmTile, OutputL2,
-                  Routing, Status, WeightLayout, WoqKind)
+                  Routing, Status, WeightLayout, WoqInput, WoqKind)
 from .library import KernelError, last_error, load_library
 from .ops import (ep_combine, ep_layout, ep_nvlink_combine, ep_nvlink_dispatch, ep_nvlink_gather, ep_nvlink_return, ep_nvlink_wait, expand_rows, expand_rows_fp8, expand_rows_fp8_prequantized, fc1_activation, fc1_activation_fp8,
                   finalize, quantize_fp8, gemm_placement_ints, grouped_gemm_fp8, grouped_gemm_fp8_finalize,
@@ -13,7 +13,7 @@ from .ops import (ep_combine, ep_layout, ep_nvlink_combine, ep_nvlink_dispatch, 
                   trusted_tensors)
 
 __all__ = ["SIGNATURES", "Activation", "DType", "Fp8Scaling", "GemmKernel", "GemmLaunch", "GemmTacticStruct", "GemmTile",
-           "OutputL2", "Routing", "Status", "WeightLayout", "WoqKind", "KernelError", "last_error", "load_library",
+           "OutputL2", "Routing", "Status", "WeightLayout", "WoqInput", "WoqKind", "KernelError", "last_error", "load_library",
            "ep_combine", "ep_layout", "ep_nvlink_combine", "ep_nvlink_dispatch", "ep_nvlink_gather", "ep_nvlink_return", "ep_nvlink_wait", "expand_rows", "expand_rows_fp8", "expand_rows_fp8_prequantized", "fc1_activation", "fc1_activation_fp8",
            "finalize", "quantize_fp8", "gemm_placement_ints", "grouped_gemm_fp8", "grouped_gemm_fp8_finalize",
            "grouped_gemm_fp8_workspace_bytes", "grouped_gemm_sm80",

@@ -76,6 +76,12 @@ class WoqKind(enum.IntEnum):
     MXFP4 = 2
 
 
+class WoqInput(enum.IntEnum):
+    """mb_woq_input (MB_INPUT_*): the weight-only GEMM's A, in the call's dtype or e4m3 with per-row scales (W4AFP8)."""
+    DTYPE = 0
+    E4M3 = 1
+
+
 class Fp8Scaling(enum.IntEnum):
     """mb_fp8_scaling: the FP8 GEMM's scales (per row and column, or per 128-k block)."""
     ROWWISE = 0
@@ -128,10 +134,10 @@ SIGNATURES: dict[str, tuple[type, tuple[type, ...]]] = {
     "mb_ep_nvlink_return": (_i, (_p, _i, _p, _p, _i, _i, _p, _i, _i, _p, _p, _i, _p)),
     "mb_ep_nvlink_combine": (_i, (_p, _i, _p, _i, _i, _i, _p, _p, _p, _i, _p)),
     # FP8 activation quantization (issue 46; stages/quantize_fp8.cu, expand_rows.cu, fc1_activation.cu)
-    "mb_quantize_fp8": (_i, (_p, _i, _i64, _i, _p, _i, _p, _p, _p)),
-    "mb_expand_rows_fp8": (_i, (_p, _i, _p, _p, _i, _i, _i, _p, _i, _p, _p, _p, _p, _p)),
+    "mb_quantize_fp8": (_i, (_p, _i, _i64, _i, _p, _p, _i, _p, _p, _p)),
+    "mb_expand_rows_fp8": (_i, (_p, _i, _p, _p, _p, _i, _i, _i, _p, _i, _p, _p, _p, _p, _p)),
     "mb_expand_rows_fp8_prequantized": (_i, (_p, _p, _i, _p, _p, _i, _i, _i, _p, _p, _p, _p, _i, _p)),
-    "mb_fc1_activation_fp8": (_i, (_p, _i, _p, _p, _i, _i64, _i, _i, _f, _f, _p, _i, _p, _p, _p)),
+    "mb_fc1_activation_fp8": (_i, (_p, _i, _p, _p, _i, _i64, _i, _i, _f, _f, _p, _p, _i, _p, _p, _p)),
     # end of FP8 activation quantization
     "mb_grouped_gemm_sm80_workspace": (_sz, (_i,)),
     "mb_grouped_gemm_sm80": (_i, (_p, _p, _p, _p, _p, _i, _i64, _i, _i, _i, _i, _i, _f, _f, _t, _p, _sz, _p)),
@@ -147,5 +153,5 @@ SIGNATURES: dict[str, tuple[type, tuple[type, ...]]] = {
     "mb_grouped_gemm_fp8": (_i, (_p, _p, _p, _p, _i, _p, _p, _p, _i, _i64, _i, _i, _i, _t, _p, _sz, _p)),
     "mb_grouped_gemm_fp8_finalize": (_i, (_p, _p, _p, _p, _i, _p, _p, _p, _p, _p, _i, _i64, _i, _i, _i, _i, _i, _t,
                                           _p, _sz, _p)),
-    "mb_grouped_gemm_woq": (_i, (_p, _p, _i, _p, _p, _i, _p, _p, _p, _i, _i64, _i, _i, _i, _t, _p)),
+    "mb_grouped_gemm_woq": (_i, (_p, _i, _p, _p, _i, _p, _p, _i, _p, _p, _p, _i, _i64, _i, _i, _i, _t, _p)),
 }

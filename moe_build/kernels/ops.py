@@ -13,8 +13,8 @@ from typing import Callable, Iterator, Sequence
 import torch
 
 from ..planner.tactics import MMA_TILES, WGMMA_TILES, GemmTactic
-from .abi import (Activation, DType, Fp8Scaling, GemmKernel, GemmLaunch, GemmTacticStruct, GemmTile, OutputL2, WoqKind,
-                  Routing, WeightLayout)
+from .abi import (Activation, DType, Fp8Scaling, GemmKernel, GemmLaunch, GemmTacticStruct, GemmTile, OutputL2, WoqInput,
+                  WoqKind, Routing, WeightLayout)
 from .library import call, load_library
 
 # ---- argument checks --------------------------------------------------------------------------
@@ -484,19 +484,30 @@ def _fp8_scale_shape(rows: int, cols: int, group: int) -> tuple[int, ...]:
     return (rows,) if group == 0 else (rows, -(-cols // 128))
 
 
+def _prequant(prequant_scale: torch.Tensor | None, cols: int, dev: torch.device) -> int | None:
+    """The pointer of an AWQ pre-quant scale (fp32 [cols]: W4AFP8's GEMM inputs are x * scale before they are
+    quantized), after its check, or None."""
+    if prequant_scale is not None:
+        _check(prequant_scale, "prequant_scale", (cols,), torch.float32, dev)
+    return _ptr(prequant_scale)
+
+
 def quantize_fp8(input: torch.Tensor, static_scale: torch.Tensor | None = None, group: int | None = None,
                  out: torch.Tensor | None = None, out_scales: torch.Tensor | None = None,
-                 stream: int | torch.cuda.Stream | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 stream: int | torch.cuda.Stream | None = None, *, prequant_scale: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """input [R, C] fp16/bf16 -> (q [R, C] float8_e4m3fn, scales fp32 [R] or [R, ceil(C / 128)]):
     quantize_rows(input, static_scale, group). static_scale None: dynamic, per row (group None) or per
-    128 columns (group 128)."""
+    128 columns (group 128). prequant_scale fp32 [C]: quantize_rows(input.float() * prequant_scale, ...)
+    (W4AFP8's AWQ pre-quant scale, one fp32 product per element)."""
     _check(input, "input", (None, None))
     dev = input.device
     rows, cols = input.shape
     g = _fp8_group(static_scale, group, dev)
+    pre = _prequant(prequant_scale, cols, dev)
     q = _out(out, "out", (rows, cols), torch.float8_e4m3fn, dev)
     s = _out(out_scales, "out_scales", _fp8_scale_shape(rows, cols, g), torch.float32, dev)
-    call("mb_quantize_fp8", input.data_ptr(), _dtype_code(input, "input"), rows, cols, _ptr(static_scale), g,
+    call("mb_quantize_fp8", input.data_ptr(), _dtype_code(input, "input"), rows, cols, pre, _ptr(static_scale), g,
           q.data_ptr(), s.data_ptr(), _stream(stream, dev))
     return q, s
 
@@ -514,23 +525,24 @@ def expand_rows_fp8(input: torch.Tensor, unpermuted_to_permuted: torch.Tensor, t
                     static_scale: torch.Tensor | None = None, group: int | None = None,
                     permuted_input: torch.Tensor | None = None, permuted_scales: torch.Tensor | None = None,
                     permuted_weights: torch.Tensor | None = None, zero_out: torch.Tensor | None = None,
-                    stream: int | torch.cuda.Stream | None = None
+                    stream: int | torch.cuda.Stream | None = None, *, prequant_scale: torch.Tensor | None = None
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """expand_rows with the rows quantized as quantize_fp8 quantizes them: input [T, H] fp16/bf16 ->
     (permuted_input [T*K, H] float8_e4m3fn, permuted_scales [T*K] or [T*K, ceil(H / 128)], permuted_weights
-    [T*K]). `zero_out` as expand_rows'."""
+    [T*K]). `zero_out` as expand_rows'; `prequant_scale` [H] as quantize_fp8's (expand_rows=prequant_fused)."""
     _check(input, "input", (None, None))
     dev = input.device
     t, h = input.shape
     k = _expansion_maps(t, topk_weights, unpermuted_to_permuted, dev)
     g = _fp8_group(static_scale, group, dev)
+    pre = _prequant(prequant_scale, h, dev)
     pin = _out(permuted_input, "permuted_input", (t * k, h), torch.float8_e4m3fn, dev)
     ps = _out(permuted_scales, "permuted_scales", _fp8_scale_shape(t * k, h, g), torch.float32, dev)
     pw = _out(permuted_weights, "permuted_weights", (t * k,), torch.float32, dev)
     if zero_out is not None:
         _check(zero_out, "zero_out", (t, h), input.dtype, dev)
     call("mb_expand_rows_fp8", input.data_ptr(), _dtype_code(input, "input"), unpermuted_to_permuted.data_ptr(),
-          topk_weights.data_ptr(), t, h, k, _ptr(static_scale), g, pin.data_ptr(), ps.data_ptr(), pw.data_ptr(),
+          topk_weights.data_ptr(), pre, t, h, k, _ptr(static_scale), g, pin.data_ptr(), ps.data_ptr(), pw.data_ptr(),
           _ptr(zero_out), _stream(stream, dev))
     return pin, ps, pw
 
@@ -575,18 +587,21 @@ def fc1_activation_fp8(input: torch.Tensor, expert_first_token_offset: torch.Ten
                        swiglu_alpha: float = 1.0, swiglu_limit: float = math.inf,
                        static_scale: torch.Tensor | None = None, group: int | None = None,
                        out: torch.Tensor | None = None, out_scales: torch.Tensor | None = None,
-                       stream: int | torch.cuda.Stream | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                       stream: int | torch.cuda.Stream | None = None, *, prequant_scale: torch.Tensor | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """fc1_activation's rows quantized as quantize_fp8 quantizes them (GEMM2's FP8 input in one pass):
     input [R, N1] fp16/bf16 -> (out [R, I] float8_e4m3fn, out_scales [R] or [R, ceil(I / 128)]);
-    rows >= offsets[E] and their scales untouched."""
+    rows >= offsets[E] and their scales untouched. `prequant_scale` [I] as quantize_fp8's, on the activated rows
+    (fc2_prequant=fused)."""
     act, dev, rows, inter = _activation_args(input, expert_first_token_offset, activation, bias)
     e = expert_first_token_offset.shape[0] - 1
     g = _fp8_group(static_scale, group, dev)
+    pre = _prequant(prequant_scale, inter, dev)
     q = _out(out, "out", (rows, inter), torch.float8_e4m3fn, dev)
     s = _out(out_scales, "out_scales", _fp8_scale_shape(rows, inter, g), torch.float32, dev)
     call("mb_fc1_activation_fp8", input.data_ptr(), _dtype_code(input, "input"), _ptr(bias),
           expert_first_token_offset.data_ptr(), e, rows, inter, int(act), swiglu_alpha, swiglu_limit,
-          _ptr(static_scale), g, q.data_ptr(), s.data_ptr(), _stream(stream, dev))
+          pre, _ptr(static_scale), g, q.data_ptr(), s.data_ptr(), _stream(stream, dev))
     return q, s
 
 
@@ -795,13 +810,23 @@ def grouped_gemm_fp8_finalize(a: torch.Tensor, scale_a: torch.Tensor, b: torch.T
 def grouped_gemm_woq(a: torch.Tensor, b: torch.Tensor, kind: int | str | WoqKind, scales: torch.Tensor,
                      expert_first_token_offset: torch.Tensor, group: int, zeros: torch.Tensor | None = None,
                      bias: torch.Tensor | None = None, c: torch.Tensor | None = None,
-                     stream: int | torch.cuda.Stream | None = None, *, tactic: GemmTactic | str) -> torch.Tensor:
+                     stream: int | torch.cuda.Stream | None = None, *, tactic: GemmTactic | str,
+                     scale_a: torch.Tensor | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """C[p] = A[p] @ dequant(B[x])^T (+ bias[x]): A [R, k] bf16/fp16, B in moe_build/weights/woq.py's packed form
     of `kind` ([E, n, k/2] uint8 for int4 / mxfp4, [E, n, k] int8), scales fp32 [E, n, k/group] ([E, n, 1] for
     group 0; uint8 e8m0 [E, n, k/32] for mxfp4), int4 zeros uint8 like the scales or None -> C [R, n]. `tactic`:
-    the decode kernel (decode:ksplitN) for a few rows per expert, the mma tiles (mma:64x128, mma:128x128) for many."""
-    _check(a, "A", (None, None))
+    the decode kernel (decode:ksplitN) for a few rows per expert, the mma tiles (mma:64x128, mma:128x128) for many.
+    W4AFP8: A float8_e4m3fn with `scale_a` fp32 [R] (C[p] = scale_a[p] * A[p] @ dequant(B[x])^T (+ bias)), int4
+    weights, C in `out_dtype` (bf16 or fp16, required then; else A's dtype)."""
+    fp8 = scale_a is not None
+    _check(a, "A", (None, None), torch.float8_e4m3fn if fp8 else None)
     dev, rows, k = a.device, a.shape[0], a.shape[1]
+    if fp8:
+        _check(scale_a, "scale_a", (rows,), torch.float32, dev)
+        if out_dtype not in (torch.bfloat16, torch.float16):
+            raise ValueError(f"out_dtype: {out_dtype} is not bfloat16 or float16 (e4m3 A needs the output dtype)")
+    else:
+        out_dtype = a.dtype
     mode = WoqKind(_enum(kind, WoqKind, "kind"))
     packed = mode is not WoqKind.INT8
     _check(b, "B", (None, None, k // 2 if packed else k), torch.uint8 if packed else torch.int8, dev)
@@ -812,9 +837,10 @@ def grouped_gemm_woq(a: torch.Tensor, b: torch.Tensor, kind: int | str | WoqKind
     if zeros is not None:
         _check(zeros, "zeros", (e, n, groups), torch.uint8, dev)
     if bias is not None:
-        _check(bias, "bias", (e, n), a.dtype, dev)
-    out = _out(c, "C", (rows, n), a.dtype, dev)
-    call("mb_grouped_gemm_woq", a.data_ptr(), b.data_ptr(), int(mode), scales.data_ptr(), _ptr(zeros), group,
-         _ptr(bias), out.data_ptr(), expert_first_token_offset.data_ptr(), e, rows, n, k, _dtype_code(a, "A"),
-         tactic_struct(tactic), _stream(stream, dev))
+        _check(bias, "bias", (e, n), out_dtype, dev)
+    out = _out(c, "C", (rows, n), out_dtype, dev)
+    call("mb_grouped_gemm_woq", a.data_ptr(), int(WoqInput.E4M3 if fp8 else WoqInput.DTYPE), _ptr(scale_a),
+         b.data_ptr(), int(mode), scales.data_ptr(), _ptr(zeros), group, _ptr(bias), out.data_ptr(),
+         expert_first_token_offset.data_ptr(), e, rows, n, k, _dtype_code(out, "C"), tactic_struct(tactic),
+         _stream(stream, dev))
     return out

@@ -205,30 +205,35 @@ def _finalize(spec: MoESpec, target: Target, gemm_kernel: str, tokens: int, forc
 
 
 def _act_quant(stage: str, fused: str, gates: Sequence[Gate], forced: str | None, fused_text: str,
-               separate_text: str) -> StageDecision:
+               separate_text: str, none_text: str = "no FP8 activations") -> StageDecision:
     """An FP8 activation-quantization stage: `fused` where every gate holds, else a separate quantize kernel;
     "none" for a layer without FP8 GEMMs (the first gate)."""
     if not gates[0].held:
         if forced not in (None, "none"):
             _refuse(gates[:1], f"cannot force {stage}={forced}")
-        return StageDecision(stage, "none", "none", tuple(gates), forced=forced is not None,
-                             summary="no FP8 activations")
+        return StageDecision(stage, "none", "none", tuple(gates), forced=forced is not None, summary=none_text)
     if forced == "none":
         raise MoeBuildError("force", f"{stage}=none: FP8 GEMMs need FP8 inputs", (fused, "separate"))
     return _simple(stage, fused, "separate", gates, forced, lambda f: fused_text if f else separate_text)
 
 
+# W4AFP8's FP8 GEMM inputs are made where its pre-quant stages say (the scale applied, then quantized)
+W4AFP8_INPUT_TEXT = "W4AFP8: quantized to FP8 where {} says (times the AWQ pre-quant scale where there is one)"
+
+
 def _fc1_input_quant(spec: MoESpec, forced: str | None) -> StageDecision:
     return _act_quant("fc1_input_quant", "expand_rows", [R.input_quant_fp8(spec)], forced,
                       "GEMM1's input quantized to FP8 while rows are expanded",
-                      "GEMM1's input quantized to FP8 by a separate kernel, then expanded")
+                      "GEMM1's input quantized to FP8 by a separate kernel, then expanded",
+                      *([W4AFP8_INPUT_TEXT.format("expand_rows")] if spec.quant is Quant.W4AFP8 else []))
 
 
 def _fc2_input_quant(spec: MoESpec, fc1_activation: str, forced: str | None) -> StageDecision:
     return _act_quant("fc2_input_quant", "fc1_activation",
                       [R.input_quant_fp8(spec), R.fc2_quant_in_activation(fc1_activation)], forced,
                       "GEMM2's input quantized to FP8 in the activation kernel",
-                      "GEMM2's input quantized to FP8 by a separate kernel after the activation")
+                      "GEMM2's input quantized to FP8 by a separate kernel after the activation",
+                      *([W4AFP8_INPUT_TEXT.format("fc2_prequant")] if spec.quant is Quant.W4AFP8 else []))
 
 
 def _w1_order(fc1_activation: str) -> StageDecision:
@@ -252,7 +257,9 @@ def _gemm_calls(spec: MoESpec, target: Target, choices: Mapping[str, str]) -> di
     entry = "sm90" if choices["gemm_kernel"] == "tma_warp_specialized" else "sm80"
     gated1 = choices["fc1_activation"] in ("gated_epilogue", "fused_gated")
     fp8 = {Quant.FP8: "rowwise", Quant.FP8_BLOCK: "block128"}.get(spec.quant, "none")
-    woq = {Quant.W4A16_AWQ: "int4", Quant.W8A16: "int8", Quant.WFP4A16: "mxfp4"}.get(spec.quant, "none")
+    # W4AFP8's GEMMs are the weight-only ones with e4m3 activations read as 16-bit (gemm/woq.cuh): the int4 rules
+    woq = {Quant.W4A16_AWQ: "int4", Quant.W4AFP8: "int4", Quant.W8A16: "int8",
+           Quant.WFP4A16: "mxfp4"}.get(spec.quant, "none")
     common = dict(sm=target.sm, entry=entry, experts=spec.local_experts, top_k=spec.top_k,
                   itemsize=1 if fp8 != "none" or woq == "int8" else spec.dtype.itemsize,
                   weights_blocked=choices["weight_layout"] == "blocked64", sm_count=target.sm_count,

@@ -44,12 +44,14 @@ class FusedExperts:
         block = f is not None and f.granularity is ScaleGranularity.BLOCK128
         self.fp8_scaling = kernels.Fp8Scaling.BLOCK128 if block else kernels.Fp8Scaling.ROWWISE
         self.fp8_group = FP8_GROUP if block else None
-        self.a1_scale = None if f is None else f.a1_scale
-        self.a2_scale = None if f is None else f.a2_scale
         self.out_dtype = TORCH_DTYPE[spec.dtype]
-        # Weight-only layers: the stored weights and how the GEMMs read them (moe_build/weights/woq.py).
+        # Weight-only layers: the stored weights and how the GEMMs read them (moe_build/weights/woq.py); W4AFP8's
+        # static input scales are the woq weights' (None: per row at run time, as for FP8 layers).
         q = weights.woq
         self.woq_group = 0 if q is None or q.group_size is None else q.group_size
+        scales = f if f is not None else q
+        self.a1_scale = None if scales is None else scales.a1_scale
+        self.a2_scale = None if scales is None else scales.a2_scale
 
     def placement(self, b: Batch, gemm: str) -> torch.Tensor:
         """The claim region of `gemm` ("gemm1" / "gemm2") for calls on b's stream (zeroed on that stream when
@@ -227,6 +229,56 @@ class FusedExperts:
         q = self.w.woq
         self.k.grouped_gemm_woq(a, getattr(q, name), q.kind.value, getattr(q, f"{name}_scale"), b.v("expert_offsets"),
                                 self.woq_group, zeros=getattr(q, f"{name}_zero"), c=c, tactic=tactic, stream=b.stream)
+
+    # ---- W4AFP8: e4m3 inputs (times the AWQ pre-quant scales) where the plan says, weight-only GEMMs ----------
+    def expand_rows_prequant_fp8(self, b: Batch) -> None:
+        """The expansion with the FC1 pre-quant scale and the FP8 quantization in it (expand_rows=prequant_fused)."""
+        self.k.expand_rows_fp8(b.hidden, b.v("unpermuted_to_permuted"), b.topk_weights, static_scale=self.a1_scale,
+                               permuted_input=b.v("permuted_input"), permuted_scales=b.v("permuted_input_scales"),
+                               permuted_weights=b.v("permuted_weights"), stream=b.stream,
+                               prequant_scale=self.w.woq.fc1_act_scale)
+
+    def expand_rows_16bit(self, b: Batch) -> None:
+        """The plain expansion into 16-bit rows, which fc1_prequant_fp8 scales and quantizes next."""
+        self.k.expand_rows(b.hidden, b.v("unpermuted_to_permuted"), b.topk_weights,
+                           permuted_input=b.v("expanded_input"), permuted_weights=b.v("permuted_weights"),
+                           stream=b.stream)
+
+    def fc1_prequant_fp8(self, b: Batch) -> None:
+        """The expanded rows times the FC1 pre-quant scale, quantized (the unfused alternative: the same bytes)."""
+        self.k.quantize_fp8(b.v("expanded_input"), static_scale=self.a1_scale, out=b.v("permuted_input"),
+                            out_scales=b.v("permuted_input_scales"), stream=b.stream,
+                            prequant_scale=self.w.woq.fc1_act_scale)
+
+    def gemm1_w4afp8(self, b: Batch) -> None:
+        self._w4afp8_gemm(b, "w1", b.v("permuted_input"), b.v("permuted_input_scales"), b.v("fc1_out"),
+                          b.gemm1_tactic)
+
+    def fc1_activation_prequant_fp8(self, b: Batch) -> None:
+        """The activation (+b1) with the FC2 pre-quant scale and GEMM2's FP8 quantization in the same pass."""
+        s = self.spec
+        self.k.fc1_activation_fp8(b.v("fc1_out"), b.v("expert_offsets"), self.act, bias=self.w.b1,
+                                  swiglu_alpha=s.swiglu_alpha, swiglu_limit=s.swiglu_limit,
+                                  static_scale=self.a2_scale, out=b.v("fc2_input"),
+                                  out_scales=b.v("fc2_input_scales"), stream=b.stream,
+                                  prequant_scale=self.w.woq.fc2_act_scale)
+
+    def fc2_prequant_fp8(self, b: Batch) -> None:
+        """The activated rows times the FC2 pre-quant scale, quantized (fc2_prequant=separate)."""
+        self.k.quantize_fp8(b.v("fc1_act"), static_scale=self.a2_scale, out=b.v("fc2_input"),
+                            out_scales=b.v("fc2_input_scales"), stream=b.stream,
+                            prequant_scale=self.w.woq.fc2_act_scale)
+
+    def gemm2_w4afp8(self, b: Batch) -> None:
+        self._w4afp8_gemm(b, "w2", b.v("fc2_input"), b.v("fc2_input_scales"), b.v("gemm2_out"), b.gemm2_tactic)
+
+    def _w4afp8_gemm(self, b: Batch, name: str, a: torch.Tensor, scale_a: torch.Tensor, c: torch.Tensor,
+                     tactic: object) -> None:
+        """W1 or W2 as stored, on e4m3 rows and their scales, plain store (b1 in the activation, b2 in the finalize)."""
+        q = self.w.woq
+        self.k.grouped_gemm_woq(a, getattr(q, name), q.kind.value, getattr(q, f"{name}_scale"), b.v("expert_offsets"),
+                                self.woq_group, zeros=getattr(q, f"{name}_zero"), c=c, tactic=tactic, stream=b.stream,
+                                scale_a=scale_a, out_dtype=self.out_dtype)
 
     # ---- GEMM2 -----------------------------------------------------------------------------
     def gemm2_sm90_finalize(self, b: Batch) -> None:

@@ -60,6 +60,16 @@ GEMM1_WOQ = "gemm1:woq"                # mb_grouped_gemm_woq
 FC1_ACTIVATION_PREQUANT = "fc1_activation:fc2_prequant"
 FC2_PREQUANT = "fc2_prequant:separate"  # GEMM2's input rows times the AWQ FC2 pre-quant scale
 GEMM2_WOQ = "gemm2:woq"                # mb_grouped_gemm_woq
+# W4AFP8 layers (int4 weights, e4m3 activations with static or per-row scales, AWQ pre-quant scales where stored):
+# the weight-only GEMMs reading e4m3 inputs, made where the plan's expand_rows and fc2_prequant say
+EXPAND_ROWS_PREQUANT_FP8 = "expand_rows:prequant_fp8"  # mb_expand_rows_fp8 with the FC1 pre-quant scale (fused)
+EXPAND_ROWS_16BIT = "expand_rows:16bit"  # mb_expand_rows into a 16-bit buffer (expand_rows=plain), then ...
+FC1_PREQUANT_FP8 = "fc1_prequant:fp8"  # ... mb_quantize_fp8 with the FC1 pre-quant scale on the expanded rows
+GEMM1_W4AFP8 = "gemm1:w4afp8"          # mb_grouped_gemm_woq, e4m3 A
+# mb_fc1_activation_fp8 with the FC2 pre-quant scale (fc2_prequant=fused); without AWQ scales FC1_ACTIVATION_FP8
+FC1_ACTIVATION_PREQUANT_FP8 = "fc1_activation:fc2_prequant_fp8"
+FC2_PREQUANT_FP8 = "fc2_prequant:fp8"  # mb_quantize_fp8 with the FC2 pre-quant scale after mb_fc1_activation
+GEMM2_W4AFP8 = "gemm2:w4afp8"          # mb_grouped_gemm_woq, e4m3 A
 SHARED_EXPERTS = "shared_experts"      # torch matmuls + mb_fc1_activation, added to the output
 
 _GEMM1 = {
@@ -86,7 +96,7 @@ def weights_blocked(plan: Plan) -> bool:
     return plan.stage("weight_layout").choice == "blocked64"
 
 
-RUNNABLE_QUANT = ("none", "fp8", "fp8_block", "w8a16", "w4a16_awq", "wfp4a16")
+RUNNABLE_QUANT = ("none", "fp8", "fp8_block", "w8a16", "w4a16_awq", "wfp4a16", "w4afp8")
 
 
 def is_fp8(plan: Plan) -> bool:
@@ -97,6 +107,11 @@ def is_fp8(plan: Plan) -> bool:
 def is_weight_only(plan: Plan) -> bool:
     """Whether the plan runs the weight-only GEMMs (16-bit activations, quantized weights)."""
     return Quant(plan.spec.get("quant", "none")).is_weight_only
+
+
+def is_w4afp8(plan: Plan) -> bool:
+    """Whether the plan runs the weight-only GEMMs on e4m3 activations (int4 weights, quant w4afp8)."""
+    return Quant(plan.spec.get("quant", "none")) is Quant.W4AFP8
 
 
 def check_runnable(plan: Plan) -> None:
@@ -116,17 +131,20 @@ def check_runnable(plan: Plan) -> None:
         raise MoeBuildError("ep_rank", f"an expert-parallel layer runs one rank per process; this plan is for the "
                             f"whole group of {spec['ep_size']}", f"a rank's plan (spec.for_rank(r), r in "
                             f"0..{spec['ep_size'] - 1})")
+    if spec.get("fp8_input"):
+        raise MoeBuildError("fp8_input", "the runner's W4AFP8 layers take 16-bit hidden states and quantize them "
+                            "(with the AWQ pre-quant scale) themselves; FP8 hidden states have no kernels", "false")
     c = plan.choices()
-    if (is_fp8(plan) or is_weight_only(plan)) and c["fc1_activation"] != "separate":
+    quantized = is_fp8(plan) or is_weight_only(plan) or is_w4afp8(plan)
+    if quantized and c["fc1_activation"] != "separate":
         raise MoeBuildError("fc1_activation", "the FP8 and weight-only GEMM1s store plainly: the activation runs as "
                             "a kernel of its own", "separate")
-    if is_weight_only(plan) and c["finalize"] != "separate":
+    if (is_weight_only(plan) or is_w4afp8(plan)) and c["finalize"] != "separate":
         raise MoeBuildError("finalize", "the weight-only GEMM2 stores plainly: the finalize runs as a kernel of its "
                             "own", "separate")
-    if c["expand_rows"] != "plain":
-        raise MoeBuildError("expand_rows", "the AWQ pre-quant scale in the expansion belongs to W4AFP8, which has "
-                            "no kernels yet", "plain")
-    if c["fc2_prequant"] != "none" and not is_weight_only(plan):
+    if c["expand_rows"] != "plain" and not is_w4afp8(plan):
+        raise MoeBuildError("expand_rows", "the AWQ pre-quant scale in the expansion belongs to W4AFP8", "plain")
+    if c["fc2_prequant"] != "none" and not (is_weight_only(plan) or is_w4afp8(plan)):
         raise MoeBuildError("fc2_prequant", "pre-quant scales need quantized kernels", "none")
     if (c["gemm_kernel"], c["fc1_activation"]) not in _GEMM1:
         raise MoeBuildError("fc1_activation", f"no kernel for {c['fc1_activation']} on {c['gemm_kernel']}",
@@ -165,6 +183,8 @@ def kernel_sequence(plan: Plan, tokens: int, routing_input: RoutingInput = "hidd
         return steps + _fp8_steps(plan, c)
     if is_weight_only(plan):
         return steps + _weight_only_steps(plan, c)
+    if is_w4afp8(plan):
+        return steps + _w4afp8_steps(plan, c)
     gemm2 = _GEMM2[(c["gemm_kernel"], c["finalize"])]
     # GEMM2's finalize epilogue adds into `out`, which the three-step prologue or else the expansion
     # zeroes beforehand.
@@ -214,6 +234,21 @@ def _weight_only_steps(plan: Plan, c: dict[str, str]) -> list[str]:
     steps += {"fused": [FC1_ACTIVATION_PREQUANT], "separate": [FC1_ACTIVATION, FC2_PREQUANT],
               "none": [FC1_ACTIVATION]}[c["fc2_prequant"]]
     steps += [GEMM2_WOQ, FINALIZE]
+    return steps + _shared_experts(plan)
+
+
+def _w4afp8_steps(plan: Plan, c: dict[str, str]) -> list[str]:
+    """A W4AFP8 layer's steps after routing: maps; GEMM1's e4m3 input, times the FC1 pre-quant scale where the
+    layer has one, written by the expansion (expand_rows=prequant_fused) or by a quantize kernel after a plain
+    16-bit expansion; GEMM1; GEMM2's e4m3 input, times the FC2 pre-quant scale, written by the activation
+    (fc2_prequant=fused, or none: no scale) or by a quantize kernel after it (separate); GEMM2; the finalize."""
+    steps = [PROLOGUE_FUSED if c["routing_prologue"] == "fused" else PROLOGUE_THREE_STEP]
+    steps += [EXPAND_ROWS_PREQUANT_FP8] if c["expand_rows"] == "prequant_fused" else [EXPAND_ROWS_16BIT,
+                                                                                       FC1_PREQUANT_FP8]
+    steps.append(GEMM1_W4AFP8)
+    steps += {"fused": [FC1_ACTIVATION_PREQUANT_FP8], "separate": [FC1_ACTIVATION, FC2_PREQUANT_FP8],
+              "none": [FC1_ACTIVATION_FP8]}[c["fc2_prequant"]]
+    steps += [GEMM2_W4AFP8, FINALIZE]
     return steps + _shared_experts(plan)
 
 

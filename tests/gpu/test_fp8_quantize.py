@@ -71,6 +71,22 @@ def reference(x: torch.Tensor, mode: str) -> tuple[torch.Tensor, torch.Tensor]:
     return q.to(x.device), s.to(x.device)
 
 
+def prequant_scale(cols: int) -> torch.Tensor:
+    """An AWQ pre-quant scale [cols] as ModelOpt's W4A8_AWQ exports store them: positive, spread over [0.25, 4),
+    not powers of two (so the products are rounded)."""
+    return torch.exp2(torch.rand(cols, device="cuda") * 4 - 2) * 1.07
+
+
+def reference_prequant(x: torch.Tensor, pre: torch.Tensor, mode: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """reference() of x times the pre-quant scale as the fp64 reference (moe_build/reference.py) forms it: the
+    exact product (a 16-bit value times an fp32 one fits fp64) converted to fp32 by quantize_rows."""
+    s_static = static_scale(mode)
+    prod = x.cpu().double() * pre.cpu().double()
+    q, s = quantize_rows(prod, None if s_static is None else s_static.cpu(), group_of(mode))
+    s = s.reshape(-1) if mode != "group128" else s
+    return q.to(x.device), s.to(x.device)
+
+
 def poisoned_fp8(*shape: int) -> torch.Tensor:
     return torch.full(shape, 0xFF, dtype=torch.uint8, device="cuda").view(E4M3)
 
@@ -95,8 +111,9 @@ def assert_bytes_equal(got: torch.Tensor, want: torch.Tensor, what: str) -> None
                              f"(bits {w[i].item():#x})")
 
 
-def check_quantized(q: torch.Tensor, s: torch.Tensor, x: torch.Tensor, mode: str, what: str) -> None:
-    ref_q, ref_s = reference(x, mode)
+def check_quantized(q: torch.Tensor, s: torch.Tensor, x: torch.Tensor, mode: str, what: str,
+                    prequant: torch.Tensor | None = None) -> None:
+    ref_q, ref_s = reference(x, mode) if prequant is None else reference_prequant(x, prequant, mode)
     assert q.dtype == E4M3 and s.dtype == torch.float32
     assert_bytes_equal(q, ref_q, f"{what}: q")
     assert_bytes_equal(s, ref_s, f"{what}: scales")
@@ -170,10 +187,12 @@ def test_quantize_fp8_rejects_bad_arguments() -> None:
     q, s = poisoned_fp8(4, 256), poisoned_scales(4, 2)
     call = K.load_library().mb_quantize_fp8
     stream = torch.cuda.current_stream().cuda_stream
-    assert call(x.data_ptr(), int(K.DType.BF16), 4, 256, None, 64, q.data_ptr(), s.data_ptr(), stream) == 1
+    assert call(x.data_ptr(), int(K.DType.BF16), 4, 256, None, None, 64, q.data_ptr(), s.data_ptr(), stream) == 1
     one = torch.tensor(1.0, device="cuda")
-    assert call(x.data_ptr(), int(K.DType.BF16), 4, 256, one.data_ptr(), 128, q.data_ptr(), s.data_ptr(),
+    assert call(x.data_ptr(), int(K.DType.BF16), 4, 256, None, one.data_ptr(), 128, q.data_ptr(), s.data_ptr(),
                 stream) == 1
+    with pytest.raises(ValueError, match="prequant_scale"):
+        ops.quantize_fp8(x, prequant_scale=torch.ones(255, device="cuda"))
 
 
 # ---- mb_expand_rows_fp8 and mb_expand_rows_fp8_prequantized -----------------------------------
@@ -360,3 +379,75 @@ def test_fc1_activation_fp8_past_grid_cap() -> None:
     torch.cuda.synchronize()
     check_quantized(q[:filled], s[:filled], h[:filled], "row", "past the grid cap")
     assert (q[filled:].view(torch.uint8) == 0xFF).all() and s[filled:].isnan().all()
+
+
+# ---- the AWQ pre-quant scale (W4AFP8): in the quantization, the expansion and the activation -------------
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("rows,cols", [(300, 2048), (7, 100), (33, 20000), (5, 136)])
+def test_quantize_fp8_prequant(rows: int, cols: int, dtype: torch.dtype, mode: str) -> None:
+    """x times the pre-quant scale, then quantized: bit for bit the fp64 reference's exact product converted to
+    fp32 and quantized (one fp32 multiply on the GPU rounds that same exact product once); the element path
+    (100 columns), a width past one tile, whole units."""
+    x, pre = fresh(rows, cols, dtype), prequant_scale(cols)
+    q, s = poisoned_fp8(rows, cols), poisoned_scales(*scale_shape(rows, cols, mode))
+    ops.quantize_fp8(x, static_scale(mode), group_of(mode), out=q, out_scales=s, prequant_scale=pre)
+    torch.cuda.synchronize()
+    check_quantized(q, s, x, mode, f"prequant {rows}x{cols} {dtype} {mode}", prequant=pre)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("t,h,k", EXPAND_SHAPES)
+def test_expand_rows_fp8_prequant_equals_plain_expansion_then_quantize(t: int, h: int, k: int, dtype: torch.dtype,
+                                                                       mode: str) -> None:
+    """expand_rows=prequant_fused (the scale in the expansion) writes what the reference quantizes, and the same
+    bytes and scales as its plain alternative: mb_expand_rows into 16-bit rows, then mb_quantize_fp8 with the scale
+    on the expanded rows (the runner's expand_rows:16bit + fc1_prequant:fp8)."""
+    x, pre = fresh(t, h, dtype), prequant_scale(h)
+    w = torch.rand(t, k, device="cuda")
+    ptu, utp = random_maps(t, max(64, k), k)
+    ref_q, ref_s = reference_prequant(x, pre, mode)
+    src = ptu // k
+    pin, ps, pw = poisoned_fp8(t * k, h), poisoned_scales(*scale_shape(t * k, h, mode)), poisoned_scales(t * k)
+    ops.expand_rows_fp8(x, utp.to(torch.int32), w, static_scale(mode), group_of(mode), permuted_input=pin,
+                        permuted_scales=ps, permuted_weights=pw, prequant_scale=pre)
+    expanded, _ = K.expand_rows(x, utp.to(torch.int32), w)
+    q, s = poisoned_fp8(t * k, h), poisoned_scales(*scale_shape(t * k, h, mode))
+    ops.quantize_fp8(expanded, static_scale(mode), group_of(mode), out=q, out_scales=s, prequant_scale=pre)
+    torch.cuda.synchronize()
+    what = f"{t}x{h} k={k} {dtype} {mode}"
+    assert_bytes_equal(pin, ref_q[src], f"fused {what}: q")
+    assert_bytes_equal(ps, ref_s[src], f"fused {what}: scales")
+    assert torch.equal(pw, w.flatten()[ptu]), f"fused {what}: permuted_weights"
+    assert_bytes_equal(q, pin, f"plain then quantize {what}: q")
+    assert_bytes_equal(s, ps, f"plain then quantize {what}: scales")
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("act", list(K.Activation), ids=lambda a: a.name.lower())
+def test_fc1_activation_fp8_prequant(act: K.Activation, dtype: torch.dtype, mode: str) -> None:
+    """fc2_prequant=fused (the FC2 pre-quant scale in the activation) equals its separate alternative bit for bit:
+    mb_fc1_activation, then mb_quantize_fp8 with the scale (the runner's fc1_activation + fc2_prequant:fp8), and
+    both equal the reference's quantization of (activation rounded to dtype) x scale."""
+    e, rows = 16, 600
+    filled = rows - 37
+    for inter, with_bias in FC1_SHAPES:
+        off = random_offsets(e, filled)
+        n1 = 2 * inter if act.is_gated else inter
+        x = (torch.randn(rows, n1, device="cuda") * 3).to(dtype)
+        b = (torch.randn(e, n1, device="cuda") * 0.5).to(dtype) if with_bias else None
+        pre = prequant_scale(inter)
+        q, s = poisoned_fp8(rows, inter), poisoned_scales(*scale_shape(rows, inter, mode))
+        ops.fc1_activation_fp8(x, off, act, b, 1.702, 7.0, static_scale(mode), group_of(mode), out=q, out_scales=s,
+                               prequant_scale=pre)
+        h = K.fc1_activation(x, off, act, b, 1.702, 7.0)
+        q2, s2 = ops.quantize_fp8(h[:filled], static_scale(mode), group_of(mode), prequant_scale=pre)
+        torch.cuda.synchronize()
+        what = f"prequant {act.name.lower()} inter={inter} bias={with_bias} {dtype} {mode}"
+        check_quantized(q[:filled], s[:filled], h[:filled], mode, what, prequant=pre)
+        assert_bytes_equal(q2, q[:filled], f"{what}: separate q")
+        assert_bytes_equal(s2, s[:filled], f"{what}: separate scales")
+        assert (q[filled:].view(torch.uint8) == 0xFF).all(), f"{what}: rows past off[E] were written"

@@ -11,6 +11,11 @@ Error bound, per output element: |C - ref| <= 2^-8 (|ref| + S), S = sum_k |a_k w
 dequantized weight to the activation type (2^-9 relative for bf16, 2^-12 for fp16) and sums in fp32; the
 output is rounded once more (2^-9 |ref|). Both terms doubled for slack; fp16 is held to the same bound. (Both
 kernels' int4 weights may land one unit in the last place from the fp32 product's rounding: inside the slack.)
+
+W4AFP8 (A e4m3 with a per-row fp32 scale, int4 weights): the reference is scale_a[p] * (A8[p] @ W^T) in fp64. The
+kernels convert every e4m3 value to the 16-bit type exactly, so their error sources are the 16-bit GEMM's, plus one
+fp32 rounding of the scaled sum (2^-24): the same bound, S taken over the scaled activations. The e4m3 data spans
+subnormals (2^-9) to 448, both signs and zeros, so a conversion off by a bit pattern fails it.
 """
 from __future__ import annotations
 
@@ -27,13 +32,24 @@ pytestmark = [pytest.mark.gpu,
                                  reason="needs a CUDA GPU (scripts/device_run.sh runs these on one)")]
 
 
+def e4m3_rows(rows: int, k: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """(A8 float8_e4m3fn [rows, k], scale_a fp32 [rows]): magnitudes from e4m3 subnormals to 448 (every exponent
+    and mantissa pattern turns up), both signs, exact zeros; scales in [0.002, 0.05)."""
+    x = torch.randn(rows, k, generator=g) * torch.exp2(torch.randint(-12, 9, (rows, k), generator=g).float())
+    x[:, 5::31] = 0.0
+    a8 = x.clamp(-448, 448).to(torch.float8_e4m3fn)
+    return a8, torch.rand(rows, generator=g) * 0.048 + 0.002
+
+
 def case(kind: WoqKind, counts: list[int], n: int, k: int, group: int, zeros: bool, bias: bool,
-         dtype: torch.dtype, seed: int, pad_rows: int = 5, e8m0: tuple[int, int] = (120, 130)):
+         dtype: torch.dtype, seed: int, pad_rows: int = 5, e8m0: tuple[int, int] = (120, 130), e4m3: bool = False):
     """Operands for experts with `counts` rows each (plus `pad_rows` rows past the last expert) and the fp64
-    reference output of every expert's rows; MXFP4 scale exponents drawn from [e8m0[0], e8m0[1])."""
+    reference output of every expert's rows; MXFP4 scale exponents drawn from [e8m0[0], e8m0[1]). e4m3: A as W4AFP8's
+    GEMMs take it (e4m3_rows), the reference's A the scaled values."""
     g = torch.Generator().manual_seed(seed)
     e, rows = len(counts), sum(counts) + pad_rows
-    a = torch.randn(rows, k, generator=g).to(dtype)
+    a8, scale_a = e4m3_rows(rows, k, g) if e4m3 else (None, None)
+    a = torch.randn(rows, k, generator=g).to(dtype) if not e4m3 else a8.double() * scale_a.double()[:, None]
     if kind is WoqKind.INT8:
         b = torch.randint(-128, 128, (e, n, k), generator=g, dtype=torch.int8)
     else:
@@ -56,7 +72,8 @@ def case(kind: WoqKind, counts: list[int], n: int, k: int, group: int, zeros: bo
         ax = a[lo:hi].double()
         ref[lo:hi] = ax @ w.t() + (0 if bias_t is None else bias_t[x].double())
         mag[lo:hi] = ax.abs() @ w.abs().t()
-    dev = {"a": a.cuda(), "b": b.cuda(), "scales": scales.cuda(), "zeros": None if z is None else z.cuda(),
+    dev = {"a": (a8 if e4m3 else a).cuda(), "scale_a": None if scale_a is None else scale_a.cuda(), "b": b.cuda(),
+           "scales": scales.cuda(), "zeros": None if z is None else z.cuda(),
            "bias": None if bias_t is None else bias_t.cuda(), "off": off.cuda()}
     return dev, ref, mag, int(off[-1])
 
@@ -65,18 +82,20 @@ def gemm(dev: dict, kind: WoqKind, group: int, rows: int, n: int, dtype: torch.d
     """The kernel's output for case()'s device operands, into a NaN-poisoned C, as fp64 on the CPU."""
     c = torch.full((rows, n), float("nan"), dtype=dtype, device="cuda")
     K.grouped_gemm_woq(dev["a"], dev["b"], kind.value, dev["scales"], dev["off"], group, zeros=dev["zeros"],
-                       bias=dev["bias"], c=c, tactic=tactic)
+                       bias=dev["bias"], c=c, tactic=tactic, scale_a=dev["scale_a"],
+                       out_dtype=dtype if dev["scale_a"] is not None else None)
     torch.cuda.synchronize()
     return c.double().cpu()
 
 
 def run(kind: WoqKind, counts: list[int], n: int, k: int, group: int, zeros: bool = False, bias: bool = False,
         dtype: torch.dtype = torch.bfloat16, tactic: str = "decode:ksplit1:plain:plain",
-        e8m0: tuple[int, int] = (120, 130)) -> None:
+        e8m0: tuple[int, int] = (120, 130), e4m3: bool = False) -> None:
     seed = random.SystemRandom().randrange(1 << 30)
-    dev, ref, mag, used = case(kind, counts, n, k, group, zeros, bias, dtype, seed, e8m0=e8m0)
+    dev, ref, mag, used = case(kind, counts, n, k, group, zeros, bias, dtype, seed, e8m0=e8m0, e4m3=e4m3)
     got = gemm(dev, kind, group, ref.shape[0], n, dtype, tactic)
-    where = f"(seed {seed}, {kind.value}, counts {counts}, n {n}, k {k}, group {group}, {tactic})"
+    where = f"(seed {seed}, {kind.value}{' e4m3 A' if e4m3 else ''}, counts {counts}, n {n}, k {k}, group {group}, " \
+            f"{tactic})"
     assert torch.isfinite(got[:used]).all(), f"unwritten rows {where}"
     assert torch.isnan(got[used:]).all(), f"rows past the last expert written {where}"
     excess = (got[:used] - ref[:used]).abs() - 2.0 ** -8 * (ref[:used].abs() + mag[:used])
@@ -176,6 +195,54 @@ def test_decode_and_mma_agree(dtype: torch.dtype, case_args: tuple) -> None:
         assert torch.equal(torch.isnan(got), torch.isnan(decode)), f"rows written differ {where}"
         excess = (got[:used] - decode[:used]).abs() - 2.0 ** -7 * decode[:used].abs() - 2.0 ** -12 * mag[:used]
         assert float(excess.max()) <= 0, f"decode and mma differ by {float(excess.max()):.3g} past it {where}"
+
+
+# ---- W4AFP8: e4m3 activations with per-row scales, int4 weights ------------------------------------------------
+
+@pytest.mark.parametrize("k_split", [1, 2, 4, 8])
+@pytest.mark.parametrize("counts", COUNTS, ids=["1", "3-0-5-8", "9-0-16-1-40-2", "0-0-7"])
+@pytest.mark.parametrize("group, zeros", [(32, False), (64, True), (128, False)])
+def test_w4afp8_decode_against_fp64(k_split: int, counts: list[int], group: int, zeros: bool) -> None:
+    run(WoqKind.INT4, counts, 256, 512, group, zeros=zeros, tactic=f"decode:ksplit{k_split}:plain:plain", e4m3=True)
+
+
+@pytest.mark.parametrize("tile", MMA_TILES)
+@pytest.mark.parametrize("group, zeros, n, k", [(32, False, 2880, 352), (64, True, 208, 2880), (128, False, 208, 384),
+                                                (128, True, 144, 2944)])
+def test_w4afp8_mma_against_fp64(tile: str, group: int, zeros: bool, n: int, k: int) -> None:
+    run(WoqKind.INT4, MMA_COUNTS["many"], n, k, group, zeros=zeros, tactic=f"mma:{tile}:plain:plain", e4m3=True)
+
+
+@pytest.mark.parametrize("tactic", ["decode:ksplit2:after_trigger:plain", "mma:64x128:after_trigger:plain",
+                                    "mma:128x128:plain:plain"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_w4afp8_bias_dtype_and_many_experts(tactic: str, dtype: torch.dtype) -> None:
+    """fp16 output (e4m3 values are exact in fp16 too), the bias after the row scale, 40 experts."""
+    run(WoqKind.INT4, MMA_COUNTS["40-experts"], 208, 352, 32, zeros=True, bias=True, dtype=dtype, tactic=tactic,
+        e4m3=True)
+
+
+def test_w4afp8_refusals() -> None:
+    """e4m3 A takes int4 weights and needs its scales; the wrapper wants the output dtype."""
+    a = torch.zeros(8, 256, dtype=torch.float8_e4m3fn, device="cuda")
+    sa = torch.ones(8, device="cuda")
+    b8 = torch.zeros(2, 128, 256, dtype=torch.int8, device="cuda")
+    scales = torch.ones(2, 128, 1, device="cuda")
+    off = torch.tensor([0, 4, 8], dtype=torch.int64, device="cuda")
+    with pytest.raises(K.KernelError, match="e4m3 activations take int4 weights"):
+        K.grouped_gemm_woq(a, b8, "int8", scales, off, 0, tactic="decode:ksplit1:plain:plain", scale_a=sa,
+                           out_dtype=torch.bfloat16)
+    b4 = torch.zeros(2, 128, 128, dtype=torch.uint8, device="cuda")
+    with pytest.raises(ValueError, match="out_dtype"):
+        K.grouped_gemm_woq(a, b4, "int4", scales, off, 0, tactic="decode:ksplit1:plain:plain", scale_a=sa)
+    call = K.load_library().mb_grouped_gemm_woq
+    c = torch.empty(8, 128, dtype=torch.bfloat16, device="cuda")
+    stream = torch.cuda.current_stream().cuda_stream
+    for a_type, sa_ptr in ((int(K.WoqInput.E4M3), None), (int(K.WoqInput.DTYPE), sa.data_ptr()), (7, None)):
+        status = call(a.data_ptr(), a_type, sa_ptr, b4.data_ptr(), int(K.WoqKind.INT4), scales.data_ptr(), None, 0,
+                      None, c.data_ptr(), off.data_ptr(), 2, 8, 128, 256, int(K.DType.BF16),
+                      K.tactic_struct("decode:ksplit1:plain:plain"), stream)
+        assert status == int(K.Status.INVALID_ARGUMENT), (a_type, status)
 
 
 @pytest.mark.parametrize("change, words", [

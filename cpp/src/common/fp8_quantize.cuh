@@ -7,6 +7,10 @@
 //   (cvt.rn.satfinite: what quantize_rows' clamp(-448, 448) and round-to-nearest-even cast give);
 //   s the static scale, or dynamic max(amax, 1e-12) / 448 (again an IEEE division), amax the largest |x| of
 //   the row (kPerRow) or of its 128-column group (kPerGroup; the last group may be partial).
+// With an AWQ pre-quant scale p (fp32 [cols], W4AFP8's GEMM inputs) x is the element times p[c] instead, one fp32
+// multiply: the exact product of a 16-bit value and an fp32 one rounded once to fp32, which is what the fp64
+// reference's product gives when quantize_rows converts it to fp32 (moe_build/reference.py, _woq_input). Without
+// one x is the element itself (the kernels multiply by 1, which changes no value).
 // Inputs are finite: for NaN and inf there is no contract (fmaxf skips a NaN in amax, where torch's amax
 // propagates it; the sign of a NaN from inf / inf differs between a CPU and a GPU).
 //
@@ -139,22 +143,45 @@ __device__ __forceinline__ void zero_unit(T* row, int64_t u, int64_t cols, bool 
   }
 }
 
+// Unit u's pre-quant scales from `prequant` (fp32 [cols]; 1 past the row's end, where the units are zeros), or ones
+// where there is none.
+__device__ __forceinline__ void load_prequant(const float* prequant, int64_t u, int64_t cols, bool whole,
+                                              float (&p)[kVec]) {
+  if (prequant == nullptr || u * kVec >= cols) {
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) p[k] = 1.0f;
+  } else if (whole) {
+    const float4 a = *reinterpret_cast<const float4*>(prequant + u * kVec);
+    const float4 b = *reinterpret_cast<const float4*>(prequant + u * kVec + 4);
+    p[0] = a.x, p[1] = a.y, p[2] = a.z, p[3] = a.w, p[4] = b.x, p[5] = b.y, p[6] = b.z, p[7] = b.w;
+  } else {
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) p[k] = u * kVec + k < cols ? prequant[u * kVec + k] : 1.0f;
+  }
+}
+
+// Element k of unit x as the quantization sees it: its fp32 value times its pre-quant scale (module comment).
 template <typename T>
-__device__ __forceinline__ float unit_amax(uint4 x) {
+__device__ __forceinline__ float scaled(uint4 x, int k, const float (&p)[kVec]) {
+  return __fmul_rn(raw_f32<T>(x, k), p[k]);
+}
+
+template <typename T>
+__device__ __forceinline__ float unit_amax(uint4 x, const float (&p)[kVec]) {
   float m = 0.0f;
 #pragma unroll
-  for (int k = 0; k < kVec; ++k) m = fmaxf(m, fabsf(raw_f32<T>(x, k)));
+  for (int k = 0; k < kVec; ++k) m = fmaxf(m, fabsf(scaled<T>(x, k, p)));
   return m;
 }
 
 __device__ __forceinline__ float dynamic_scale(float amax) { return __fdiv_rn(fmaxf(amax, kAmaxFloor), kMax); }
 
 template <typename T>
-__device__ __forceinline__ Bytes quantize_unit(uint4 x, float s) {
+__device__ __forceinline__ Bytes quantize_unit(uint4 x, float s, const float (&p)[kVec]) {
   uint32_t w[2] = {0u, 0u};
 #pragma unroll
   for (int k = 0; k < kVec; k += 2) {
-    const float2 f = make_float2(__fdiv_rn(raw_f32<T>(x, k), s), __fdiv_rn(raw_f32<T>(x, k + 1), s));
+    const float2 f = make_float2(__fdiv_rn(scaled<T>(x, k, p), s), __fdiv_rn(scaled<T>(x, k + 1, p), s));
     const uint32_t pair = __nv_cvt_float2_to_fp8x2(f, __NV_SATFINITE, __NV_E4M3);  // element k in the low byte
     w[k / 4] |= pair << (8 * (k % 4));
   }
@@ -175,7 +202,8 @@ __device__ __forceinline__ float block_max(float v) {
 }
 
 // Quantizes one row of `cols` fp16/bf16 values (T) produced by `src` into the e4m3 row(s) and scales of `dst`.
-// Every thread of the block must call it with the same row. static_scale: kStatic's device scalar.
+// Every thread of the block must call it with the same row. static_scale: kStatic's device scalar; prequant: the
+// AWQ pre-quant scale (fp32 [cols], 16-byte aligned where `whole`), or null.
 //   Src: Payload fetch(int64_t u) const: issues unit u's loads (u in the row);
 //        void begin(): once per row, after the first tile's fetches are issued (work that may overlap them);
 //        uint4 unit(const Payload&, int64_t u) const: unit u's values, packed T (zero past the row's end).
@@ -183,7 +211,7 @@ __device__ __forceinline__ float block_max(float v) {
 //        void scale(int64_t g, float s) const: the scale of group g (0 for kStatic and kPerRow).
 template <typename T, typename Src, typename Dst>
 __device__ __forceinline__ void quantize_row(Src& src, const Dst& dst, int64_t cols, Mode mode,
-                                             const float* static_scale) {
+                                             const float* static_scale, const float* prequant, bool whole) {
   const int64_t units = (cols + kVec - 1) / kVec;
   const int64_t tile = static_cast<int64_t>(kUnits) * blockDim.x;
   bool begun = false;
@@ -220,7 +248,9 @@ __device__ __forceinline__ void quantize_row(Src& src, const Dst& dst, int64_t c
         if (pass == 0) {
 #pragma unroll
           for (int i = 0; i < kUnits; ++i) {
-            amax = fmaxf(amax, unit_amax<T>(x[i]));
+            float p[kVec];
+            load_prequant(prequant, unit_index(t0, i), cols, whole, p);
+            amax = fmaxf(amax, unit_amax<T>(x[i], p));
             if (t0 == 0) keep[i] = x[i];
           }
           continue;
@@ -229,18 +259,20 @@ __device__ __forceinline__ void quantize_row(Src& src, const Dst& dst, int64_t c
       Bytes q[kUnits];
 #pragma unroll
       for (int i = 0; i < kUnits; ++i) {
+        float p[kVec];
+        load_prequant(prequant, unit_index(t0, i), cols, whole, p);
         float s = row_s;
         if (mode == kPerGroup) {
           // A group is kGroupLanes aligned lanes (t0 and blockDim.x are multiples of 32); units past the
           // row's end are zeros, so a partial last group's amax is its elements'.
-          float a = unit_amax<T>(x[i]);
+          float a = unit_amax<T>(x[i], p);
 #pragma unroll
           for (int off = kGroupLanes / 2; off > 0; off /= 2) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, off));
           s = dynamic_scale(a);
           const int64_t u = unit_index(t0, i);
           if (u < units && u % kGroupLanes == 0) dst.scale(u / kGroupLanes, s);
         }
-        q[i] = quantize_unit<T>(x[i], s);
+        q[i] = quantize_unit<T>(x[i], s, p);
       }
       dst.store(t0, q);
     }

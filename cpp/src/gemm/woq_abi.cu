@@ -1,5 +1,6 @@
 // The weight-only grouped-GEMM entry point (mb_grouped_gemm_woq): the argument and tactic checks, then the tactic's
-// kernel: gemm/woq_decode.cu (MB_GEMM_DECODE, a few rows per expert) or gemm/woq_mma.cu (MB_GEMM_MMA, many).
+// kernel: gemm/woq_decode.cu (MB_GEMM_DECODE, a few rows per expert) or gemm/woq_mma.cu (MB_GEMM_MMA, many), each
+// with 16-bit activations or (W4AFP8) e4m3 ones and their per-row scales.
 #include <cstdint>
 
 #include "gemm/mma.cuh"
@@ -18,8 +19,15 @@ bool woq_tactic_ok(const mb_gemm_tactic& t) {
          t.output_l2 == MB_OUTPUT_L2_PLAIN;
 }
 
-mb_status check_woq_args(const WoqGemmParams& p, int64_t max_rows, const mb_gemm_tactic& t) {
+mb_status check_woq_args(const WoqGemmParams& p, int a_type, int64_t max_rows, const mb_gemm_tactic& t) {
   const char* who = "grouped gemm woq";
+  if (a_type != MB_INPUT_DTYPE && a_type != MB_INPUT_E4M3)
+    return fail(MB_ERR_INVALID_ARGUMENT, "%s: a_type %d is not dtype (%d) or e4m3 (%d)", who, a_type, MB_INPUT_DTYPE,
+                MB_INPUT_E4M3);
+  if ((a_type == MB_INPUT_E4M3) != (p.scale_a != nullptr))
+    return fail(MB_ERR_INVALID_ARGUMENT, "%s: scale_a is given with an e4m3 A and only then", who);
+  if (a_type == MB_INPUT_E4M3 && p.kind != MB_WOQ_INT4)
+    return fail(MB_ERR_UNSUPPORTED, "%s: e4m3 activations take int4 weights (W4AFP8), not kind %d", who, p.kind);
   if (p.kind != MB_WOQ_INT4 && p.kind != MB_WOQ_INT8 && p.kind != MB_WOQ_MXFP4)
     return fail(MB_ERR_INVALID_ARGUMENT, "%s: kind %d is not int4 (%d), int8 (%d) or mxfp4 (%d)", who, p.kind,
                 MB_WOQ_INT4, MB_WOQ_INT8, MB_WOQ_MXFP4);
@@ -48,13 +56,14 @@ mb_status check_woq_args(const WoqGemmParams& p, int64_t max_rows, const mb_gemm
 }  // namespace
 }  // namespace mbk
 
-extern "C" mb_status mb_grouped_gemm_woq(const void* A, const void* B, int kind, const void* scales,
-                                         const uint8_t* zeros, int group, const void* bias, void* C,
-                                         const int64_t* expert_first_token_offset, int num_experts, int64_t max_rows,
-                                         int n, int k, int dtype, mb_gemm_tactic tactic, cudaStream_t stream) {
-  const mbk::WoqGemmParams p{A, static_cast<const uint8_t*>(B), scales, zeros, bias, C, expert_first_token_offset,
-                             num_experts, n, k, group, kind};
-  MB_TRY(mbk::check_woq_args(p, max_rows, tactic));
+extern "C" mb_status mb_grouped_gemm_woq(const void* A, int a_type, const float* scale_a, const void* B, int kind,
+                                         const void* scales, const uint8_t* zeros, int group, const void* bias,
+                                         void* C, const int64_t* expert_first_token_offset, int num_experts,
+                                         int64_t max_rows, int n, int k, int dtype, mb_gemm_tactic tactic,
+                                         cudaStream_t stream) {
+  const mbk::WoqGemmParams p{A, scale_a, static_cast<const uint8_t*>(B), scales, zeros, bias, C,
+                             expert_first_token_offset, num_experts, n, k, group, kind};
+  MB_TRY(mbk::check_woq_args(p, a_type, max_rows, tactic));
   if (max_rows == 0) return MB_OK;
   const bool after = tactic.launch == MB_LAUNCH_AFTER_TRIGGER;
   if (tactic.kernel == MB_GEMM_MMA) return mbk::launch_woq_mma(p, max_rows, dtype, tactic.tile, after, stream);

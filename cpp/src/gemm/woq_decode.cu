@@ -26,6 +26,10 @@
 // KB per SM, what ~4 TB/s needs at HBM's loaded latency of ~1.5 us (~45 KB per SM); int8's 64-byte batches fit
 // two slots in the same registers (64-128 bytes). The tokens (L1/L2-resident, read by every warp of the CTA) are
 // only double-buffered, one batch ahead.
+//
+// e4m3 tokens (A8, W4AFP8): a lane's 32 k of its token row are 32 bytes, two 16-byte loads per batch (half the
+// registers of 16-bit tokens), turned into T step by step just before the mma (gemm/woq.cuh, e4m3_pairs); the
+// token row's scale multiplies the summed partials before the bias.
 #include <cstdint>
 
 #include "gemm/decode_launch.cuh"
@@ -40,7 +44,7 @@ namespace {
 template <int KIND>
 constexpr int kStages = KIND == MB_WOQ_INT8 ? 2 : 4;
 
-template <typename T, int KIND, int WK>
+template <typename T, int KIND, int WK, bool A8>
 __global__ void __launch_bounds__(kDecodeThreads, 2) grouped_woq_decode_kernel(WoqGemmParams p) {
   constexpr int R = 16 * (kDecodeWarps / WK);  // weight rows per CTA (= output columns)
   constexpr int U = 4;                       // k32 steps per batch (128 k)
@@ -77,13 +81,16 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) grouped_woq_decode_kernel(W
     srow[h] = wrow * groups;
   }
   const bool aok = g < rows;
-  const T* arow = static_cast<const T*>(p.A) + (row_begin + (aok ? g : 0)) * K;
+  const int64_t arow_index = row_begin + (aok ? g : 0);
+  const T* arow = static_cast<const T*>(p.A) + arow_index * K;
+  const uint8_t* arow8 = static_cast<const uint8_t*>(p.A) + arow_index * K;  // A8: the token row's bytes
 
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   const int kslice = ((K + WK * 128 - 1) / (WK * 128)) * 128;
   const int kb = ks * kslice, ke = min(K, kb + kslice);
 
-  uint4 w[S][2][RAW], a[2][U];
+  constexpr int AU = A8 ? 2 : U;  // 16-byte token loads per batch: 32 e4m3 bytes, or four steps of 8 T
+  uint4 w[S][2][RAW], a[2][AU];
   uint32_t sv[S][2], zv[S][2];  // the stored scale and zero of each slot's rows
   auto load_weights = [&](int slot, int k0) {
     const int k = k0 + 32 * q;  // this lane's 32 k
@@ -102,8 +109,13 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) grouped_woq_decode_kernel(W
   };
   auto load_tokens = [&](int buf, int k0) {
     const int k = k0 + 32 * q;
+    if constexpr (A8) {
 #pragma unroll
-    for (int u = 0; u < U; ++u) a[buf][u] = ld_tokens(arow + k + 8 * u, k < ke && aok);
+      for (int j = 0; j < AU; ++j) a[buf][j] = ld_tokens(arow8 + k + 16 * j, k < ke && aok);
+    } else {
+#pragma unroll
+      for (int u = 0; u < U; ++u) a[buf][u] = ld_tokens(arow + k + 8 * u, k < ke && aok);
+    }
   };
   auto compute = [&](int slot, int buf) {
     RowConsts rc[2];
@@ -126,8 +138,15 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) grouped_woq_decode_kernel(W
           frag[1][h] = pairs[2];
           frag[1][2 + h] = pairs[3];
         }
-        mma16816<MmaName<T>::kBf16>(acc, frag[0], a[buf][u].x, a[buf][u].y);
-        mma16816<MmaName<T>::kBf16>(acc, frag[1], a[buf][u].z, a[buf][u].w);
+        uint4 tok;  // the token row's 8 T at step u's k
+        if constexpr (A8) {
+          const uint4& r8 = a[buf][u >> 1];
+          tok = u & 1 ? e4m3_pairs<T>(r8.z, r8.w) : e4m3_pairs<T>(r8.x, r8.y);
+        } else {
+          tok = a[buf][u];
+        }
+        mma16816<MmaName<T>::kBf16>(acc, frag[0], tok.x, tok.y);
+        mma16816<MmaName<T>::kBf16>(acc, frag[1], tok.z, tok.w);
       }
     };
     if constexpr (KIND == MB_WOQ_MXFP4) {
@@ -177,6 +196,11 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) grouped_woq_decode_kernel(W
       for (int wi = 0; wi < WK; ++wi) s += s_part[wi][c + j][t];
       v[j] = s;
     }
+    if constexpr (A8) {
+      const float sa = p.scale_a[row_begin + t];
+      v[0] *= sa;
+      v[1] *= sa;
+    }
     if (bias) {
       const float2 b = P2::to_float2(*reinterpret_cast<const typename P2::type*>(bias + col));
       v[0] += b.x;
@@ -186,11 +210,11 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) grouped_woq_decode_kernel(W
   }
 }
 
-template <typename T, int KIND>
+template <typename T, int KIND, bool A8 = false>
 mb_status launch_kind(const WoqGemmParams& p, int64_t max_rows, int k_split, bool after_trigger, cudaStream_t stream) {
   return by_k_split(k_split, [&](auto wk) {
     constexpr int WK = decltype(wk)::value;
-    return launch_decode(grouped_woq_decode_kernel<T, KIND, WK>, p, p.n, 16 * (kDecodeWarps / WK),
+    return launch_decode(grouped_woq_decode_kernel<T, KIND, WK, A8>, p, p.n, 16 * (kDecodeWarps / WK),
                          decode_chunks(max_rows, p.num_experts), after_trigger, stream, "grouped gemm woq");
   });
 }
@@ -201,6 +225,7 @@ mb_status launch_woq_decode(const WoqGemmParams& p, int64_t max_rows, int dtype,
                             cudaStream_t stream) {
   return dispatch_16bit(dtype, [&](auto tag) {
     using T = decltype(tag);
+    if (p.scale_a) return launch_kind<T, MB_WOQ_INT4, true>(p, max_rows, k_split, after_trigger, stream);  // W4AFP8
     switch (p.kind) {
       case MB_WOQ_INT8: return launch_kind<T, MB_WOQ_INT8>(p, max_rows, k_split, after_trigger, stream);
       case MB_WOQ_MXFP4: return launch_kind<T, MB_WOQ_MXFP4>(p, max_rows, k_split, after_trigger, stream);

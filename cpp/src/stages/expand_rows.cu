@@ -18,7 +18,9 @@
 // FP8 (issue 46): mb_expand_rows_fp8 writes the permuted rows as e4m3 bytes and scales
 // (common/fp8_quantize.cuh's rule), a block per token: the block quantizes the token's row once (one read,
 // one amax) and stores its bytes and scales into each of the token's K permuted rows; at decode sizes
-// blockIdx.z splits the K rows among blocks, each of which recomputes the row's scale (an L2 read). The
+// blockIdx.z splits the K rows among blocks, each of which recomputes the row's scale (an L2 read). W4AFP8
+// layers (expand_rows=prequant_fused) pass the AWQ FC1 pre-quant scale, which multiplies each element before it is
+// quantized (fp8_quantize.cuh): the seed's pre-quant fusion, the scaled row never stored in 16 bits. The
 // unfused alternative, mb_expand_rows_fp8_prequantized, copies rows mb_quantize_fp8 already quantized: a
 // block per token, each thread holding kBatch 16-byte pieces of the row and storing them K times.
 #include "common/common.cuh"
@@ -149,7 +151,8 @@ struct PermutedRows {
 template <typename T>
 __global__ void __launch_bounds__(fp8::kMaxThreads)
 expand_rows_fp8_kernel(const T* __restrict__ input, const int32_t* __restrict__ unpermuted_to_permuted,
-                       const float* __restrict__ topk_weights, int num_tokens, int hidden, int top_k, fp8::Mode mode,
+                       const float* __restrict__ topk_weights, const float* __restrict__ prequant_scale,
+                       int num_tokens, int hidden, int top_k, fp8::Mode mode,
                        bool whole, const float* __restrict__ static_scale, int64_t scale_cols,
                        uint8_t* __restrict__ permuted_input, float* __restrict__ permuted_scales,
                        float* __restrict__ permuted_weights, T* __restrict__ zero_out) {
@@ -165,7 +168,7 @@ expand_rows_fp8_kernel(const T* __restrict__ input, const int32_t* __restrict__ 
     const PermutedRows<T> dst{unpermuted_to_permuted, e0, top_k, hidden, scale_cols, whole, permuted_input,
                               permuted_scales,
                               zero_out != nullptr && blockIdx.z == 0 ? zero_out + t * hidden : nullptr};
-    fp8::quantize_row<T>(src, dst, hidden, mode, static_scale);
+    fp8::quantize_row<T>(src, dst, hidden, mode, static_scale, prequant_scale, whole);
   }
 }
 
@@ -268,7 +271,8 @@ extern "C" mb_status mb_expand_rows(const void* input, int dtype, const int32_t*
 // ---- FP8 (issue 46) ------------------------------------------------------------------------------
 
 extern "C" mb_status mb_expand_rows_fp8(const void* input, int dtype, const int32_t* unpermuted_to_permuted,
-                                        const float* topk_weights, int num_tokens, int hidden, int top_k,
+                                        const float* topk_weights, const float* prequant_scale, int num_tokens,
+                                        int hidden, int top_k,
                                         const float* static_scale, int group, uint8_t* permuted_input,
                                         float* permuted_scales, float* permuted_weights, void* zero_out,
                                         cudaStream_t stream) {
@@ -292,7 +296,8 @@ extern "C" mb_status mb_expand_rows_fp8(const void* input, int dtype, const int3
     const dim3 grid(mb::row_grid(num_tokens), 1, copy_split(num_tokens, threads, top_k));
     return mb::check_launch("expand_rows_fp8_kernel", mb::launch_after_trigger(
         expand_rows_fp8_kernel<T>, grid, dim3(threads), stream, static_cast<const T*>(input), unpermuted_to_permuted,
-        topk_weights, num_tokens, hidden, top_k, mode, fp8::whole_units(hidden, {input, zero_out}, {permuted_input}),
+        topk_weights, prequant_scale, num_tokens, hidden, top_k, mode,
+        fp8::whole_units(hidden, {input, zero_out, prequant_scale}, {permuted_input}),
         static_scale, fp8::scale_cols(mode, hidden), permuted_input, permuted_scales, permuted_weights,
         static_cast<T*>(zero_out)));
   });

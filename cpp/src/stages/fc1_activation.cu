@@ -15,7 +15,9 @@
 // FP8 (issue 46): mb_fc1_activation_fp8 writes GEMM2's input as e4m3 rows and scales instead
 // (common/fp8_quantize.cuh's rule), a block per row: the activated values come from the same function
 // as mb_fc1_activation's (activate below), rounded to dtype as mb_fc1_activation stores them, then
-// quantized, so the fused step equals mb_fc1_activation followed by mb_quantize_fp8 bit for bit.
+// quantized, so the fused step equals mb_fc1_activation followed by mb_quantize_fp8 bit for bit. W4AFP8 layers
+// (fc2_prequant=fused) pass the AWQ FC2 pre-quant scale, which multiplies those rounded values before they are
+// quantized (fp8_quantize.cuh): equal, bit for bit, to mb_fc1_activation then mb_quantize_fp8 with the same scale.
 #include "common/act_math.cuh"
 #include "common/common.cuh"
 #include "common/fp8_quantize.cuh"
@@ -186,7 +188,8 @@ struct ActivatedRow {
 template <typename T, int ACT>
 __global__ void __launch_bounds__(fp8::kMaxThreads)
 fc1_activation_fp8_kernel(const T* __restrict__ in, const T* __restrict__ b1, const int64_t* __restrict__ off, int E,
-                          int64_t max_rows, int inter, float alpha, float limit, fp8::Mode mode, bool whole,
+                          int64_t max_rows, int inter, float alpha, float limit,
+                          const float* __restrict__ prequant_scale, fp8::Mode mode, bool whole,
                           const float* __restrict__ static_scale, int64_t scale_cols, uint8_t* __restrict__ out,
                           float* __restrict__ out_scales) {
   const int64_t n1 = mb::is_gated(ACT) ? 2 * static_cast<int64_t>(inter) : inter;
@@ -194,7 +197,7 @@ fc1_activation_fp8_kernel(const T* __restrict__ in, const T* __restrict__ b1, co
     if (p >= __ldg(off + E)) break;  // rows past off[E]: other nodes' experts
     ActivatedRow<T, ACT> src{in + p * n1, b1, off, E, p, inter, whole, alpha, limit, nullptr};
     const fp8::RowDest dst{out + p * inter, out_scales + p * scale_cols, inter, whole};
-    fp8::quantize_row<T>(src, dst, inter, mode, static_scale);
+    fp8::quantize_row<T>(src, dst, inter, mode, static_scale, prequant_scale, whole);
   }
 }
 
@@ -264,8 +267,9 @@ extern "C" mb_status mb_fc1_activation(const void* in, int dtype, const void* b1
 extern "C" mb_status mb_fc1_activation_fp8(const void* in, int dtype, const void* b1,
                                            const int64_t* expert_first_token_offset, int num_experts,
                                            int64_t max_rows, int inter, int activation, float swiglu_alpha,
-                                           float swiglu_limit, const float* static_scale, int group, uint8_t* out,
-                                           float* out_scales, cudaStream_t stream) {
+                                           float swiglu_limit, const float* prequant_scale,
+                                           const float* static_scale, int group, uint8_t* out, float* out_scales,
+                                           cudaStream_t stream) {
   const char* who = "mb_fc1_activation_fp8";
   MB_TRY(check_arguments(who, expert_first_token_offset, num_experts, max_rows, inter, activation, swiglu_alpha,
                          swiglu_limit));
@@ -276,14 +280,14 @@ extern "C" mb_status mb_fc1_activation_fp8(const void* in, int dtype, const void
 
   return fp8::dispatch_half(dtype, who, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    const bool whole = fp8::whole_units(inter, {in, b1}, {out});
+    const bool whole = fp8::whole_units(inter, {in, b1, prequant_scale}, {out});
     const int threads = fp8::row_threads(inter);
     const int64_t scale_cols = fp8::scale_cols(mode, inter);
     return dispatch_activation(activation, [&](auto act_const) {
       constexpr int ACT = decltype(act_const)::value;
       fc1_activation_fp8_kernel<T, ACT><<<mb::row_grid(max_rows), threads, 0, stream>>>(
           static_cast<const T*>(in), static_cast<const T*>(b1), expert_first_token_offset, num_experts, max_rows,
-          inter, swiglu_alpha, swiglu_limit, mode, whole, static_scale, scale_cols, out, out_scales);
+          inter, swiglu_alpha, swiglu_limit, prequant_scale, mode, whole, static_scale, scale_cols, out, out_scales);
       return mb::check_launch("fc1_activation_fp8_kernel");
     });
   });

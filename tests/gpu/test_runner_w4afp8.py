@@ -1,0 +1,188 @@
+"""The fused runner on W4AFP8 layers (int4 weights, FP8 e4m3 activations, AWQ pre-quant scales: ModelOpt's W4A8_AWQ,
+and compressed-tensors' W4AFP8 without pre-quant scales) against the fp64 reference, on a GPU.
+
+The reference (moe_build.reference) dequantizes the int4 weights exactly, multiplies each GEMM's input by its AWQ
+pre-quant scale in fp64 and quantizes the product to e4m3 by moe_build/weights/fp8.py's rule (the static input
+scale, else per row). GEMM1's e4m3 input is the reference's bit for bit (the runner's fp32 product of a bf16 value
+and an fp32 scale is the exact product rounded once to fp32, which is what quantize_rows makes of the reference's
+fp64 product; tests/gpu/test_fp8_quantize.py checks those bytes). Past it the runner rounds: each dequantized weight
+to bf16 / fp16 (2^-9 relative), GEMM1's output and the activation to the 16-bit type before GEMM2's input is
+quantized, so an element of GEMM2's input near an e4m3 rounding boundary can land one e4m3 step (2^-3 relative)
+from the reference's, and the output is rounded once more. A torch emulation of exactly those roundings on a CPU
+differed from the reference by 1.3-2.0% (relative L2 over 64 tokens' output) and at most 3.9% on one token (H
+128-2048, I 192-768, top-k 1-8, static and dynamic scales, with and without AWQ scales and zero points, swiglu and
+gelu), so the bounds are twice that: 4% over the output, 8% per token (an output of fewer than 16 tokens is held to
+the per-token bound only: 4% bounds an average). The fusions and their unfused alternatives compute the same bytes
+(the pre-quant scale applied by the same fp32 multiply before the same quantization), so their outputs must be
+equal bit for bit with the deterministic finalize. Every output element must be written (outputs poisoned with NaN),
+fresh random data per case, routing pinned by giving both sides the same logits.
+"""
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+import torch
+from runner_against_reference import device_target, errors_against_reference, torch_dtype
+
+from moe_build.spec import ActScale, Activation, DType, MoESpec, Quant, Routing, RoutingMethod
+from moe_build.weights import MoEWeights
+from moe_build.weights.woq import WoqKind
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(),
+                                 reason="needs a CUDA GPU (scripts/device_run.sh runs these on one)")]
+
+REL_TOL, TOKEN_TOL = 0.04, 0.08
+AVERAGE_MIN_TOKENS = 16
+# (group size, zero points, AWQ pre-quant scales, static input scales): ModelOpt W4A8_AWQ (group 128, static), the
+# same at groups 64 / 32 with zero points or per-row scales, compressed-tensors W4AFP8 (no AWQ scales, per-token FP8
+# activations, with and without zero points)
+MODES = [(128, False, True, True), (64, True, True, True), (32, False, True, False), (128, True, False, False),
+         (64, False, False, True)]
+MODE_IDS = ["g128_awq_static", "g64_zeros_awq_static", "g32_awq_dynamic", "g128_zeros_dynamic", "g64_static"]
+# the pre-quant fusions (expand_rows=prequant_fused, fc2_prequant=fused) and their unfused alternatives
+FORCES = [{}, {"expand_rows": "plain"}, {"fc2_prequant": "separate"},
+          {"expand_rows": "plain", "fc2_prequant": "separate", "routing_prologue": "three_step"}]
+FORCE_IDS = ["fused", "expand_plain", "fc2_separate", "both_unfused_three_step"]
+BASE = MoESpec(256, 512, 8, 2, routing=Routing(RoutingMethod.SOFTMAX_TOPK, renormalize=True))
+# Static input scales for unit-variance tokens: GEMM1's input up to ~4.5 sigma times a pre-quant scale below 2 (AWQ
+# scales here are in [0.5, 2)), the activation's up to ~3 (times one below 2), saturating above as calibrated ones do.
+STATIC = {True: (6.0 / 448, 4.0 / 448), False: (4.5 / 448, 3.0 / 448)}
+
+
+def need_fp8() -> None:
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("W4AFP8 layers need compute capability 8.9 or later (the plan's plugin_fp8_sm gate)")
+
+
+def w4afp8_case(base: MoESpec, mode: tuple, seed: int) -> tuple[MoESpec, MoEWeights]:
+    """A W4AFP8 layer of `base`'s shape: random float weights quantized to int4 round-to-nearest, random AWQ
+    pre-quant scales where the mode has them, the static input scales above where it has those."""
+    group, zeros, awq, static = mode
+    weights = MoEWeights.random(base, seed=seed).quantized_woq(WoqKind.INT4, group, asymmetric=zeros, awq=awq,
+                                                               seed=seed)
+    if static:
+        a1, a2 = STATIC[awq]
+        woq = dataclasses.replace(weights.woq, a1_scale=torch.tensor(a1), a2_scale=torch.tensor(a2))
+        weights = dataclasses.replace(weights, woq=woq)
+    spec = base.with_overrides(quant=Quant.W4AFP8, quant_group_size=group,
+                               act_scale=ActScale.STATIC if static else ActScale.DYNAMIC, **weights.woq.storage_flags())
+    return spec, weights
+
+
+def check(base: MoESpec, mode: tuple, force: dict[str, str] | None = None, tokens: int = 16,
+          max_tokens: int | None = None) -> None:
+    need_fp8()
+    seed = random.SystemRandom().randrange(1 << 30)
+    spec, weights = w4afp8_case(base, mode, seed)
+    e = errors_against_reference(spec, weights, seed, tokens, force, max_tokens)
+    where = f"seed {seed}, steps {e.steps}"
+    assert e.per_token < TOKEN_TOL, f"worst token {e.per_token:.4f} (bound {TOKEN_TOL}), {where}"
+    if tokens >= AVERAGE_MIN_TOKENS:
+        assert e.rel < REL_TOL, f"rel {e.rel:.4f} (bound {REL_TOL}), {where}"
+
+
+def applies(mode: tuple, force: dict[str, str]) -> bool:
+    """The FC2 pre-quant stage exists with AWQ scales only."""
+    return mode[2] or "fc2_prequant" not in force
+
+
+FORCED = [pytest.param(m, f, id=f"{mid}-{fid}") for m, mid in zip(MODES, MODE_IDS) for f, fid in zip(FORCES, FORCE_IDS)
+          if applies(m, f)]
+
+
+def test_the_plan_runs_the_fused_prequant_expansion_and_its_alternative() -> None:
+    """What the plan says is what runs: the matrix's pre-quant expansion and FC2 fusion by default, the plain
+    expansion plus a quantize step, and the activation plus one, when forced off."""
+    need_fp8()
+    from moe_build.runner import MoERunner
+    spec, weights = w4afp8_case(BASE, MODES[0], 0)
+    steps = MoERunner(spec, weights, target=device_target(), max_tokens=16).kernel_sequence(16)
+    assert "expand_rows:prequant_fp8" in steps and "fc1_activation:fc2_prequant_fp8" in steps
+    forced = MoERunner(spec, weights, target=device_target(), max_tokens=16,
+                       force={"expand_rows": "plain", "fc2_prequant": "separate"}).kernel_sequence(16)
+    assert forced[3:] == ["expand_rows:16bit", "fc1_prequant:fp8", "gemm1:w4afp8", "fc1_activation", "fc2_prequant:fp8",
+                          "gemm2:w4afp8", "finalize"]
+
+
+@pytest.mark.parametrize("mode", MODES[:1] + MODES[2:4], ids=MODE_IDS[:1] + MODE_IDS[2:4])
+@pytest.mark.parametrize("tokens", [1, 200, 3000])
+def test_fusions_equal_their_unfused_alternatives_bit_for_bit(mode: tuple, tokens: int) -> None:
+    """The fused pre-quant steps and the unfused ones feed the GEMMs the same e4m3 bytes and scales: with the
+    deterministic finalize the outputs are equal (decode and mma tactics alike)."""
+    need_fp8()
+    from moe_build.runner import MoERunner
+    spec, weights = w4afp8_case(BASE, mode, tokens)
+    target = device_target(deterministic=True)
+    hidden = torch.randn(tokens, spec.hidden_size, device="cuda").to(torch_dtype(spec))
+    logits = torch.randn(tokens, spec.num_experts, device="cuda")
+    outs = [MoERunner(spec, weights, target=target, max_tokens=tokens, force=f)(hidden, router_logits=logits)
+            for f in FORCES if applies(mode, f)]
+    for f, out in zip([f for f in FORCES if applies(mode, f)][1:], outs[1:]):
+        assert torch.equal(out, outs[0]), f"forced {f} differs from the fused plan"
+
+
+@pytest.mark.parametrize("mode, force", FORCED)
+@pytest.mark.parametrize("tokens", [1, 255, 256, 257])
+def test_every_mode_and_fusion(mode: tuple, force: dict[str, str], tokens: int) -> None:
+    check(BASE, mode, force, tokens)
+
+
+@pytest.mark.parametrize("force", FORCES[:2], ids=FORCE_IDS[:2])
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+def test_many_tokens(mode: tuple, force: dict[str, str]) -> None:
+    check(BASE.with_overrides(num_experts=16, top_k=4), mode, force, tokens=8192)
+
+
+@pytest.mark.parametrize("mode", [MODES[0], MODES[3]], ids=[MODE_IDS[0], MODE_IDS[3]])
+@pytest.mark.parametrize("activation", list(Activation), ids=[a.value for a in Activation])
+def test_all_activations(mode: tuple, activation: Activation) -> None:
+    """Non-gated activations take fc2_prequant=separate (the matrix fuses the FC2 scale into gated ones only)."""
+    check(BASE.with_overrides(activation=activation), mode, tokens=64)
+
+
+@pytest.mark.parametrize("mode", MODES[:1] + MODES[2:4], ids=MODE_IDS[:1] + MODE_IDS[2:4])
+@pytest.mark.parametrize("top_k", [1, 2, 3, 4, 6, 8])
+def test_top_k(mode: tuple, top_k: int) -> None:
+    check(BASE.with_overrides(num_experts=16, top_k=top_k), mode, tokens=64)
+
+
+@pytest.mark.parametrize("mode", MODES[:1] + MODES[3:4], ids=MODE_IDS[:1] + MODE_IDS[3:4])
+@pytest.mark.parametrize("experts,tokens", [(8, 1), (64, 257), (128, 256), (256, 1024)])
+def test_expert_counts(mode: tuple, experts: int, tokens: int) -> None:
+    check(BASE.with_overrides(num_experts=experts, top_k=8), mode, tokens=tokens)
+
+
+SIZES = [(128, 192), (384, 128), (640, 384), (192, 320), (2048, 768)]
+# every mode at every size its group divides (a group of columns must divide both GEMMs' K, as in any checkpoint)
+SIZED = [pytest.param(m, h, i, id=f"{mid}-{h}-{i}") for m, mid in zip(MODES, MODE_IDS) for h, i in SIZES
+         if h % m[0] == 0 and i % m[0] == 0]
+
+
+@pytest.mark.parametrize("mode, hidden, inter", SIZED)
+@pytest.mark.parametrize("tokens", [3, 600])
+def test_sizes_on_and_off_multiples_of_128(mode: tuple, hidden: int, inter: int, tokens: int) -> None:
+    check(BASE.with_overrides(hidden_size=hidden, intermediate_size=inter), mode, tokens=tokens)
+
+
+@pytest.mark.parametrize("force", FORCES[:3], ids=FORCE_IDS[:3])
+@pytest.mark.parametrize("mode", MODES[:2], ids=MODE_IDS[:2])
+def test_expert_bias_fp16_and_clamped_swiglu(mode: tuple, force: dict[str, str]) -> None:
+    spec = BASE.with_overrides(expert_bias=True, dtype=DType.FP16, activation=Activation.SWIGLU_CLAMP)
+    check(spec, mode, force, tokens=40)
+
+
+def test_cuda_graph_replay_equals_eager() -> None:
+    need_fp8()
+    from moe_build.runner import MoERunner
+    spec, weights = w4afp8_case(BASE, MODES[0], 3)
+    runner = MoERunner(spec, weights, target=device_target(deterministic=True), max_tokens=64)
+    hidden = torch.randn(64, spec.hidden_size, device="cuda").to(torch_dtype(spec))
+    logits = torch.randn(64, spec.num_experts, device="cuda")
+    graphed = runner.capture_graph(64, "logits")
+    graphed.hidden.copy_(hidden)
+    graphed.router_logits.copy_(logits)
+    replayed = graphed.replay().clone()
+    assert torch.equal(replayed, runner(hidden, router_logits=logits))
