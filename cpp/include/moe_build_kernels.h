@@ -120,7 +120,11 @@ mb_status mb_ep_combine(const void* returned, int dtype, const int32_t* token_sl
  * where in [0, local_experts), else -1), out_weights, src_rank / src_row [capacity] (where its partial output
  * goes; src_rank -1 past the received rows, whose ids are all -1); *received = min(rows, capacity) and
  * *overflow = (rows > capacity): rows past the capacity are dropped, their sources' returned rows set to zero
- * (peer_returned as mb_ep_nvlink_return's), nothing else is written.
+ * (peer_returned as mb_ep_nvlink_return's), nothing else is written. in_place != 0: capacity must be
+ * ep_size * cap (every slot), out_hidden is not read: row j is recv_rows' slot j (source j / cap), read there by
+ * the experts; only out_ids,
+ * out_weights, src_rank / src_row (src_rank -1 for a slot past its source's count) are written, *received = the
+ * rows that arrived, *overflow = 0.
  * mb_ep_nvlink_return: partial [rows][H] row j written into rank src_rank[j]'s returned[src_row[j]]; then every
  * peer's flags[1][rank] = 1 (also with no rows). mb_ep_combine follows mb_ep_nvlink_wait(flags[1]), or
  * mb_ep_nvlink_combine does both: it waits for flags[1] in every block (seen: a local counter as `done`), lowers
@@ -138,9 +142,10 @@ mb_status mb_ep_nvlink_dispatch(const void* hidden, int dtype, const int32_t* to
 mb_status mb_ep_nvlink_wait(int32_t* flags, int ep_size, cudaStream_t stream);
 mb_status mb_ep_nvlink_gather(const void* recv_rows, int dtype, const int32_t* recv_meta, const int32_t* recv_counts,
                               int ep_size, int cap, int hidden_size, int top_k, int first_expert, int local_experts,
-                              int capacity, void* out_hidden, int32_t* out_ids, float* out_weights, int32_t* src_rank,
-                              int32_t* src_row, int32_t* received, int32_t* overflow, void* const* peer_returned,
-                              int32_t* wait_flags, int32_t* wait_seen, int max_sms, cudaStream_t stream);
+                              int capacity, int in_place, void* out_hidden, int32_t* out_ids, float* out_weights,
+                              int32_t* src_rank, int32_t* src_row, int32_t* received, int32_t* overflow,
+                              void* const* peer_returned, int32_t* wait_flags, int32_t* wait_seen, int max_sms,
+                              cudaStream_t stream);
 mb_status mb_ep_nvlink_return(const void* partial, int dtype, const int32_t* src_rank, const int32_t* src_row,
                               int rows, int hidden_size, void* const* peer_returned, int rank, int ep_size,
                               int32_t* const* peer_flags, int32_t* done, int max_sms, cudaStream_t stream);

@@ -129,8 +129,8 @@ SIGNATURES: dict[str, tuple[type, tuple[type, ...]]] = {
     "mb_ep_combine": (_i, (_p, _i, _p, _i, _i, _i, _p, _i, _p)),
     "mb_ep_nvlink_dispatch": (_i, (_p, _i, _p, _p, _i, _i, _i, _i, _i, _p, _p, _i, _p, _p, _p, _p, _p, _i, _p)),
     "mb_ep_nvlink_wait": (_i, (_p, _i, _p)),
-    "mb_ep_nvlink_gather": (_i, (_p, _i, _p, _p, _i, _i, _i, _i, _i, _i, _i, _p, _p, _p, _p, _p, _p, _p, _p, _p,
-                                 _p, _i, _p)),
+    "mb_ep_nvlink_gather": (_i, (_p, _i, _p, _p, _i, _i, _i, _i, _i, _i, _i, _i, _p, _p, _p, _p, _p, _p, _p, _p,
+                                 _p, _p, _i, _p)),
     "mb_ep_nvlink_return": (_i, (_p, _i, _p, _p, _i, _i, _p, _i, _i, _p, _p, _i, _p)),
     "mb_ep_nvlink_combine": (_i, (_p, _i, _p, _i, _i, _i, _p, _p, _p, _i, _p)),
     # FP8 activation quantization (issue 46; stages/quantize_fp8.cu, expand_rows.cu, fc1_activation.cu)

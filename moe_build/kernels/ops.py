@@ -377,26 +377,29 @@ def ep_nvlink_wait(flags: torch.Tensor, stream: int | torch.cuda.Stream | None =
 
 
 def ep_nvlink_gather(recv_rows: torch.Tensor, recv_meta: torch.Tensor, recv_counts: torch.Tensor, cap: int,
-                     first_expert: int, local_experts: int, out_hidden: torch.Tensor, out_ids: torch.Tensor,
+                     first_expert: int, local_experts: int, out_hidden: torch.Tensor | None, out_ids: torch.Tensor,
                      out_weights: torch.Tensor, src_rank: torch.Tensor, src_row: torch.Tensor,
                      received: torch.Tensor, overflow: torch.Tensor, peer_returned: torch.Tensor,
                      stream: int | torch.cuda.Stream | None = None, sms: int | None = None,
                      wait: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
     """The rows this rank received (its recv slots, [ep * cap, H]) as one dense block of out_hidden's rows (the
     capacity), with local ids, weights and where each row's partial output goes; `received` [1] and `overflow` [1]
-    int32 written on the device; rows past the capacity send their sources (peer_returned) a zero row. `sms` caps
+    int32 written on the device; rows past the capacity send their sources (peer_returned) a zero row. out_hidden
+    None: in place, the rows are recv_rows' every slot (capacity ep * cap), only ids, weights and origins written
+    (`received`: the rows that arrived). `sms` caps
     the grid at that many blocks (None: the kernel's own). `wait` = (flags [ep] int32: this rank's flags[0], seen
     [1] int32: a zero counter, left zero): every block first waits for the flags, and they are lowered (None: after
     ep_nvlink_wait)."""
     dev = recv_rows.device
     ep = recv_counts.shape[0]
     h = recv_rows.shape[1]
-    capacity = out_hidden.shape[0]
+    capacity = ep * cap if out_hidden is None else out_hidden.shape[0]
     k = out_ids.shape[1]
     _check(recv_rows, "recv_rows", (ep * cap, h))
     _check(recv_meta, "recv_meta", (ep * cap, 2 * k), torch.int32, dev)
     _check(recv_counts, "recv_counts", (ep, 2), torch.int32, dev)
-    _check(out_hidden, "out_hidden", (capacity, h), recv_rows.dtype, dev)
+    if out_hidden is not None:
+        _check(out_hidden, "out_hidden", (capacity, h), recv_rows.dtype, dev)
     _check(out_ids, "out_ids", (capacity, k), torch.int32, dev)
     _check(out_weights, "out_weights", (capacity, k), torch.float32, dev)
     for name, t in (("src_rank", src_rank), ("src_row", src_row)):
@@ -406,7 +409,8 @@ def ep_nvlink_gather(recv_rows: torch.Tensor, recv_meta: torch.Tensor, recv_coun
     _check(peer_returned, "peer_returned", (ep,), torch.int64, dev)
     flags, seen = _wait_args(wait, ep, dev)
     call("mb_ep_nvlink_gather", recv_rows.data_ptr(), _dtype_code(recv_rows, "recv_rows"), recv_meta.data_ptr(),
-         recv_counts.data_ptr(), ep, cap, h, k, first_expert, local_experts, capacity, out_hidden.data_ptr(),
+         recv_counts.data_ptr(), ep, cap, h, k, first_expert, local_experts, capacity, int(out_hidden is None),
+         0 if out_hidden is None else out_hidden.data_ptr(),
          out_ids.data_ptr(), out_weights.data_ptr(), src_rank.data_ptr(), src_row.data_ptr(), received.data_ptr(),
          overflow.data_ptr(), peer_returned.data_ptr(), flags, seen, _max_sms(sms), _stream(stream, dev))
 

@@ -349,7 +349,8 @@ def finalize_tactic_available(s: MoESpec) -> Gate:
 
 
 # tactic selection (the FINALIZE GEMM2 tactic must be the one chosen at run time), measured on the H200
-# for bf16 layers (FP8 layers take the same thresholds; FP8's were not measured yet):
+# for bf16 layers (FP8 layers take the same thresholds; FP8 measured only at 1, 16 and 4096 tokens of Qwen3-30B-A3B
+# and DeepSeek-V2-Lite: fused wins 4-9% where it is chosen but at DeepSeek-V2-Lite 1 token, -1%; docs/performance.md):
 # from intermediate size 2048 the fused epilogue is ahead or within 1.5 us at every count. Below it, fused
 # where GEMM2 runs the wgmma kernel (past 4 rows per expert, tactics.FINALIZE_DECODE_MAX_AVG_ROWS; there it
 # wins by 4-10 us, DeepSeek-V2-Lite, Qwen3-30B-A3B and GPT-OSS-20B at 128-384 tokens, 5-29 us at 1024-4096),
@@ -454,10 +455,10 @@ def ep_parallel(s: MoESpec) -> Gate:
 
 
 # the ranks map each other's memory over NVLink only within one NVLink domain (an HGX board's 8 GPUs):
-# ep_size <= 8. Where it holds, nvlink is the choice: on 4 H200s a dispatch + combine takes 31-34 us for 1-16
-# tokens per rank replayed from a CUDA graph and 0.25-2.0 ms called eagerly at 1-4096 tokens, against nccl's
-# 0.5-1.5 ms (eager only: its exact sizes come from the counts on the host), hidden 2048 and 7168
-# (docs/performance.md, "Expert parallelism (4 x H200, CUDA-graph replay)")
+# ep_size <= 8. Where it holds, nvlink is the choice: on 4 H200s a dispatch + combine takes 26-33 us for 1-16
+# tokens per rank replayed from a CUDA graph (1.0 ms at 4096 tokens of hidden 7168, 312 GB/s) and 0.35-1.5 ms
+# called eagerly at 1-4096 tokens, against nccl's 0.7-1.5 ms (eager only: its exact sizes come from the counts on
+# the host), hidden 2048 and 7168 (docs/performance.md, "Expert parallelism (4 x H200, CUDA-graph replay)")
 EP_NVLINK_DOMAIN = 8
 
 

@@ -138,9 +138,10 @@ def _nvlink_exchange(ep: int, tokens: int, hidden: int, capacity: int | None, sm
         for b in bufs:
             K.ep_nvlink_wait(b["flags"][0])
     gathered = []
+    in_place = capacity == ep * tokens  # room for every slot: the rows stay where they landed
     for r in range(ep):
         rows = capacity if capacity is not None else int(bufs[r]["recv_counts"][:, 0].sum())
-        d = {"hidden": torch.full((rows, hidden), 5.0, dtype=bf16, device="cuda"),
+        d = {"hidden": bufs[r]["recv_rows"] if in_place else torch.full((rows, hidden), 5.0, dtype=bf16, device="cuda"),
              "ids": torch.full((rows, top_k), -9, dtype=torch.int32, device="cuda"),
              "weights": torch.full((rows, top_k), -1.0, device="cuda"),
              "src_rank": torch.full((rows,), -9, dtype=torch.int32, device="cuda"),
@@ -148,7 +149,7 @@ def _nvlink_exchange(ep: int, tokens: int, hidden: int, capacity: int | None, sm
              "received": torch.full((1,), -9, dtype=torch.int32, device="cuda"),
              "overflow": torch.full((1,), -9, dtype=torch.int32, device="cuda")}
         K.ep_nvlink_gather(bufs[r]["recv_rows"], bufs[r]["recv_meta"], bufs[r]["recv_counts"], tokens, r * per_rank,
-                           per_rank, d["hidden"], d["ids"], d["weights"], d["src_rank"], d["src_row"], d["received"],
+                           per_rank, None if in_place else d["hidden"], d["ids"], d["weights"], d["src_rank"], d["src_row"], d["received"],
                            d["overflow"], peers["returned"], sms=sms,
                            wait=(bufs[r]["flags"][0], seen[r, 0]) if gather_waits else None)
         gathered.append(d)
@@ -168,7 +169,8 @@ def _nvlink_exchange(ep: int, tokens: int, hidden: int, capacity: int | None, sm
                 for r in range(ep)]
     torch.cuda.synchronize()
     assert all((b["flags"] == 0).all() for b in bufs) and (seen == 0).all()
-    return {"xs": xs, "ids": ids, "gathered": gathered, "outs": outs}
+    counts = [[int(n) for n in b["recv_counts"][:, 0].tolist()] for b in bufs]
+    return {"xs": xs, "ids": ids, "gathered": gathered, "outs": outs, "counts": counts}
 
 
 def _expected_outs(xs: list[torch.Tensor], ids: list[torch.Tensor], per_rank: int, capacity: int | None
@@ -190,8 +192,9 @@ def _expected_outs(xs: list[torch.Tensor], ids: list[torch.Tensor], per_rank: in
 
 
 @pytest.mark.parametrize("sms", [1, 3])
-# blocking; non-blocking with every rank overflowing (about 540 rows arrive), and with room to spare
-@pytest.mark.parametrize("capacity", [None, 200, 700])
+# blocking; non-blocking with every rank overflowing (about 540 rows arrive), with room to spare, and with room for
+# every slot (3 x 300: in place)
+@pytest.mark.parametrize("capacity", [None, 200, 700, 900])
 # one column chunk (16-byte vectors; single elements), several with a partial last one (vectors; single elements)
 @pytest.mark.parametrize("hidden", [256, 100, 2056, 1001])
 @pytest.mark.parametrize("in_kernels", [False, True])
@@ -210,10 +213,17 @@ def test_nvlink_kernels_give_the_same_rows_on_a_capped_grid(sms: int, capacity: 
         d = capped["gathered"][r]
         keep = received[r] if capacity is None else min(received[r], capacity)
         assert int(d["received"]) == keep and int(d["overflow"]) == int(capacity is not None and received[r] > capacity)
-        assert (d["src_rank"][keep:] == -1).all() and (d["ids"][keep:] == -1).all(), f"seed {seed}"
+        if capacity == ep * tokens:  # in place: source s's rows are slots s * tokens onwards, the rest route nowhere
+            counts = capped["counts"][r]
+            want_src = torch.cat([torch.tensor([s] * n + [-1] * (tokens - n), dtype=torch.int32)
+                                  for s, n in enumerate(counts)])
+            assert torch.equal(d["src_rank"].cpu(), want_src) and sum(counts) == keep, f"seed {seed}"
+            assert (d["ids"][d["src_rank"] < 0] == -1).all(), f"seed {seed}"
+        else:
+            assert (d["src_rank"][keep:] == -1).all() and (d["ids"][keep:] == -1).all(), f"seed {seed}"
         got = capped["outs"][r].double().cpu()
         w = want[r].to(torch.bfloat16).double()
         assert torch.isfinite(got).all(), f"rank {r}: unwritten output, seed {seed}"
         assert ((got - w).abs() <= 2.0 ** -8 * w.abs() + 1e-6).all(), f"rank {r}, max_sms {sms}, seed {seed}"
-    if capacity is not None:  # the two non-blocking cases cover what they claim: dropped rows, then empty rows
+    if capacity is not None:  # the non-blocking cases cover what they claim: dropped rows, then empty rows
         assert all((r > capacity) == (capacity == 200) for r in received), (received, capacity)

@@ -232,7 +232,9 @@ def test_fp8_enqueue_equals_the_runner(mode, force, tokens):
 
 @pytest.mark.parametrize("mode", FP8_MODES)
 def test_fp8_enqueue_with_every_optional_input(mode):
-    check_fp8_against_runner("full", mode, {}, 37)
+    # finalize separate: with top_k 4 the fused finalize's atomic adds land in any order, so two runs differ in the
+    # last bit (with top_k 2, above, two adds into zero commute and the fused finalize is compared exactly)
+    check_fp8_against_runner("full", mode, {"finalize": "separate"}, 37)
 
 
 # ---- weight-only layers: the plugin's stored-weight inputs run exactly what MoERunner runs -------------------

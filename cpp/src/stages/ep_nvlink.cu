@@ -13,10 +13,12 @@
 //                          flags[0][rank] on every peer.
 //   mb_ep_nvlink_wait    : one block waits until every source's flag of one kind is raised here, then lowers
 //                          them (for the next call): the blocking mode's wait before it reads the received count.
-//   mb_ep_nvlink_gather  : (after the wait, or waiting itself where given the flags) the received rows made one dense [capacity][H] block, sources in
-//                          rank order, with local expert ids (-1: another rank's expert), weights, and where
-//                          each row came from; rows past the received count get ids -1 (they add nothing), rows
-//                          past the capacity are dropped and raise the overflow flag (nothing else is written).
+//   mb_ep_nvlink_gather  : (after the wait, or waiting itself where given the flags) the received rows made one
+//                          dense [capacity][H] block, sources in rank order, with local expert ids (-1: another
+//                          rank's expert), weights, and where each row came from; rows past the received count get
+//                          ids -1 (they add nothing), rows past the capacity are dropped and raise the overflow
+//                          flag (nothing else is written). In place (capacity = every slot): no row moves, the
+//                          experts read the slots, and only the ids, weights and origins are written.
 //   mb_ep_nvlink_return  : each dense row's partial output written into its source's `returned` at its send row;
 //                          the last block raises flags[1][rank] on every peer.
 //   mb_ep_nvlink_combine : waits for flags[1] (every partial owed here), then mb_ep_combine's per-token sum.
@@ -192,6 +194,38 @@ nvlink_gather_kernel(const T* __restrict__ recv_rows, const int32_t* __restrict_
   }
 }
 
+// The gather in place (capacity = ep * cap: room for every slot): the experts read the recv slots themselves, row
+// j being slot j (source j / cap's (j % cap)-th row), so no row moves; only each slot's ids, weights and where its
+// partial goes back are written, a thread per slot (a slot past its source's count routes nowhere).
+__global__ void __launch_bounds__(mb::kStageThreads)
+nvlink_slots_kernel(const int32_t* __restrict__ recv_meta, const int32_t* __restrict__ recv_counts, int ep, int cap,
+                    int top_k, int first_expert, int local_experts, int32_t* __restrict__ out_ids,
+                    float* __restrict__ out_weights, int32_t* __restrict__ src_rank, int32_t* __restrict__ src_row,
+                    int32_t* __restrict__ received, int32_t* __restrict__ overflow, int32_t* __restrict__ wait_flags,
+                    int32_t* __restrict__ wait_seen) {
+  if (wait_flags) mbk::wait_peers(wait_flags, ep, wait_seen);  // the counts and meta below have landed
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    int rows = 0;
+    for (int s = 0; s < ep; ++s) rows += recv_counts[2 * s];
+    *received = rows;
+    *overflow = 0;
+  }
+  const int64_t slots = static_cast<int64_t>(ep) * cap;
+  for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < slots;
+       j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int s = static_cast<int>(j / cap), i = static_cast<int>(j % cap);
+    const bool here = i < recv_counts[2 * s];
+    const int32_t* meta = recv_meta + j * 2 * top_k;
+    for (int k = 0; k < top_k; ++k) {
+      const int x = here ? meta[k] - first_expert : -1;
+      out_ids[j * top_k + k] = x >= 0 && x < local_experts ? x : -1;
+      out_weights[j * top_k + k] = here ? __int_as_float(meta[top_k + k]) : 0.0f;
+    }
+    src_rank[j] = here ? s : -1;
+    if (here) src_row[j] = recv_counts[2 * s + 1] + i;
+  }
+}
+
 template <typename T, int VEC>
 __global__ void __launch_bounds__(mb::kStageThreads)
 nvlink_return_kernel(const T* __restrict__ partial, const int32_t* __restrict__ src_rank,
@@ -273,7 +307,8 @@ extern "C" mb_status mb_ep_nvlink_wait(int32_t* flags, int ep_size, cudaStream_t
 
 extern "C" mb_status mb_ep_nvlink_gather(const void* recv_rows, int dtype, const int32_t* recv_meta,
                                          const int32_t* recv_counts, int ep_size, int cap, int hidden_size, int top_k,
-                                         int first_expert, int local_experts, int capacity, void* out_hidden,
+                                         int first_expert, int local_experts, int capacity, int in_place,
+                                         void* out_hidden,
                                          int32_t* out_ids, float* out_weights, int32_t* src_rank, int32_t* src_row,
                                          int32_t* received, int32_t* overflow, void* const* peer_returned,
                                          int32_t* wait_flags, int32_t* wait_seen, int max_sms, cudaStream_t stream) {
@@ -285,6 +320,18 @@ extern "C" mb_status mb_ep_nvlink_gather(const void* recv_rows, int dtype, const
              "%s: recv_counts, received, overflow and peer_returned must be non-NULL", who);
   MB_REQUIRE(!wait_flags || wait_seen, "%s: waiting on wait_flags needs its wait_seen counter", who);
   MB_REQUIRE(max_sms >= 0, "%s: max_sms must be >= 0 (0: the default grid), got %d", who, max_sms);
+  if (in_place) {
+    MB_REQUIRE(static_cast<int64_t>(capacity) == static_cast<int64_t>(ep_size) * cap,
+               "%s: in place the capacity is every slot, ep_size * cap = %lld, got %d", who,
+               static_cast<long long>(ep_size) * cap, capacity);
+    const int slots_per_block = mb::kStageThreads;
+    nvlink_slots_kernel<<<mbk::chunk_grid((static_cast<int64_t>(capacity) + slots_per_block - 1) / slots_per_block *
+                                              mb::kStageWarps, max_sms),
+                          mb::kStageThreads, 0, stream>>>(recv_meta, recv_counts, ep_size, cap, top_k, first_expert,
+                                                          local_experts, out_ids, out_weights, src_rank, src_row,
+                                                          received, overflow, wait_flags, wait_seen);
+    return mb::check_launch("nvlink_slots_kernel");
+  }
   return by_width(dtype, hidden_size, {recv_rows, out_hidden}, who, [&](auto tag, auto vec) {
     using T = typename decltype(tag)::type;
     constexpr int kVec = decltype(vec)::value;

@@ -19,7 +19,9 @@ synchronization) and gathers exactly that many rows. Non-blocking mode gathers a
 (seed 004's num_permuted_tokens): rows past the received ones route nowhere, rows past the capacity are
 dropped (their tokens get a zero row back from this rank: they lack its experts' part) and set `overflow` (a
 device flag, per call) — nothing else is touched; with no host synchronization
-the whole layer can be captured in a CUDA graph.
+the whole layer can be captured in a CUDA graph. With room for every slot (recv_capacity = ep_size x
+max_tokens) nothing can overflow and no row is copied: the experts read the receive slots in place, slot by
+slot (empty slots route nowhere), and the gather writes only their ids, weights and origins.
 
 `dispatch_sms` / `combine_sms` cap the grids of the dispatch side (mb_ep_nvlink_dispatch, mb_ep_nvlink_gather) and
 of the combine side (mb_ep_nvlink_return, the combine) at that many blocks, so they occupy at most that many SMs
@@ -98,15 +100,18 @@ class NvlinkDispatch:
         self.token_slots = torch.empty(max_tokens, ep, dtype=torch.int32, device=dev)
         self.received = torch.zeros(1, dtype=torch.int32, device=dev)
         self.overflow = torch.zeros(1, dtype=torch.int32, device=dev)
-        self._dense = None if recv_capacity is None else self._dense_rows(recv_capacity, dtype, dev)
+        # room for every slot: the experts read the slots in place (no row is copied)
+        self.in_place = recv_capacity == ep * self.cap
+        self._dense = None if recv_capacity is None else self._dense_rows(recv_capacity, dtype, dev, self.in_place)
         # every rank's buffer is zeroed before any rank writes into it: a host barrier over the group (torch's
         # signal-pad barrier here hung one rank after many short-lived symmetric buffers: docs/performance.md)
         torch.cuda.synchronize(dev)
         dist.barrier(group=self.group, device_ids=[dev.index if dev.index is not None else torch.cuda.current_device()])
 
-    def _dense_rows(self, rows: int, dtype: torch.dtype, dev: torch.device) -> dict[str, torch.Tensor]:
+    def _dense_rows(self, rows: int, dtype: torch.dtype, dev: torch.device, in_place: bool = False
+                    ) -> dict[str, torch.Tensor]:
         H, K = self.spec.hidden_size, self.spec.top_k
-        return {"hidden": torch.empty(rows, H, dtype=dtype, device=dev),
+        return {"hidden": self.local["recv_rows"] if in_place else torch.empty(rows, H, dtype=dtype, device=dev),
                 "ids": torch.empty(rows, K, dtype=torch.int32, device=dev),
                 "weights": torch.empty(rows, K, dtype=torch.float32, device=dev),
                 "src_rank": torch.empty(rows, dtype=torch.int32, device=dev),
@@ -132,7 +137,8 @@ class NvlinkDispatch:
             self.k.ep_nvlink_wait(landed[0])
             dense, wait = self._dense, None
         self.k.ep_nvlink_gather(self.local["recv_rows"], self.local["recv_meta"], self.local["recv_counts"], self.cap,
-                                self.spec.first_local_expert, self.spec.local_experts, dense["hidden"], dense["ids"],
+                                self.spec.first_local_expert, self.spec.local_experts,
+                                None if self._dense is not None and self.in_place else dense["hidden"], dense["ids"],
                                 dense["weights"], dense["src_rank"], dense["src_row"], self.received, self.overflow,
                                 self.peers["returned"], sms=self.dispatch_sms, wait=wait)
         return NvlinkDispatched(dense["hidden"], dense["ids"], dense["weights"], dense["src_rank"], dense["src_row"],
