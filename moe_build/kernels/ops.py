@@ -331,15 +331,21 @@ def ep_combine(returned: torch.Tensor, token_slots: torch.Tensor, out: torch.Ten
                stream: int | torch.cuda.Stream | None = None, sms: int | None = None) -> torch.Tensor:
     """returned [rows, H] (the ranks' partial rows, in send-row order) -> out [T, H]: each token's rows summed in
     rank order, in fp32, rounded once; `sms` caps the grid at that many blocks (None: the kernel's own)."""
+    dev, t, ep, h, o = _combine_args(returned, token_slots, out)
+    call("mb_ep_combine", returned.data_ptr(), _dtype_code(returned, "returned"), token_slots.data_ptr(), t, h, ep,
+         o.data_ptr(), _max_sms(sms), _stream(stream, dev))
+    return o
+
+
+def _combine_args(returned: torch.Tensor, token_slots: torch.Tensor, out: torch.Tensor | None
+                  ) -> tuple[torch.device, int, int, int, torch.Tensor]:
+    """A combine's checked arguments: (device, tokens, ep_size, hidden, the output [T, H])."""
     _check(returned, "returned", (None, None))
     dev = returned.device
     _check(token_slots, "token_slots", (None, None), torch.int32, dev)
     t, ep = token_slots.shape
     h = returned.shape[1]
-    o = _out(out, "out", (t, h), returned.dtype, dev)
-    call("mb_ep_combine", returned.data_ptr(), _dtype_code(returned, "returned"), token_slots.data_ptr(), t, h, ep,
-         o.data_ptr(), _max_sms(sms), _stream(stream, dev))
-    return o
+    return dev, t, ep, h, _out(out, "out", (t, h), returned.dtype, dev)
 
 
 def ep_nvlink_dispatch(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, rank: int,
@@ -453,12 +459,7 @@ def ep_nvlink_combine(returned: torch.Tensor, token_slots: torch.Tensor, flags: 
     """ep_nvlink_wait(flags) and ep_combine in one kernel: every block waits until this rank's flags[1] (`flags`
     [ep] int32) are raised, the last lowers them (`seen` [1] int32: a zero counter, left zero), then each token's
     returned rows are summed in rank order, in fp32. Launched with no tokens too (its wait lowers the flags)."""
-    _check(returned, "returned", (None, None))
-    dev = returned.device
-    _check(token_slots, "token_slots", (None, None), torch.int32, dev)
-    t, ep = token_slots.shape
-    h = returned.shape[1]
-    o = _out(out, "out", (t, h), returned.dtype, dev)
+    dev, t, ep, h, o = _combine_args(returned, token_slots, out)
     f, s = _wait_args((flags, seen), ep, dev)
     call("mb_ep_nvlink_combine", returned.data_ptr(), _dtype_code(returned, "returned"), token_slots.data_ptr(), t, h,
          ep, o.data_ptr(), f, s, _max_sms(sms), _stream(stream, dev))

@@ -23,6 +23,19 @@ def torch_dtype(spec: MoESpec) -> torch.dtype:
     return {DType.BF16: torch.bfloat16, DType.FP16: torch.float16}[spec.dtype]
 
 
+def assert_graph_replay_equals_eager(spec: MoESpec, weights: MoEWeights, tokens: int = 64) -> None:
+    """A deterministic-target runner's CUDA-graph replay writes exactly its eager call's output, on fresh inputs."""
+    from moe_build.runner import MoERunner
+    runner = MoERunner(spec, weights, target=device_target(deterministic=True), max_tokens=tokens)
+    hidden = torch.randn(tokens, spec.hidden_size, device="cuda").to(torch_dtype(spec))
+    logits = torch.randn(tokens, spec.num_experts, device="cuda")
+    graphed = runner.capture_graph(tokens, "logits")
+    graphed.hidden.copy_(hidden)
+    graphed.router_logits.copy_(logits)
+    replayed = graphed.replay().clone()
+    assert torch.equal(replayed, runner(hidden, router_logits=logits))
+
+
 class Errors(NamedTuple):
     rel: float         # relative L2 error over the whole output
     per_token: float   # the worst token's relative L2 error

@@ -18,7 +18,7 @@ import random
 
 import pytest
 import torch
-from runner_against_reference import device_target, errors_against_reference, torch_dtype
+from runner_against_reference import assert_graph_replay_equals_eager, errors_against_reference
 
 from moe_build.spec import ActScale, Activation, DType, MoESpec, Quant, Routing, RoutingMethod
 from moe_build.weights import MoEWeights
@@ -159,14 +159,6 @@ def test_expert_bias_fp16_and_clamped_swiglu(mode) -> None:
 
 @pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
 def test_cuda_graph_replay_equals_eager(mode) -> None:
-    from moe_build.runner import MoERunner
     need_fp8()
     spec, weights = fp8_case(BASE, mode, 3)
-    runner = MoERunner(spec, weights, target=device_target(deterministic=True), max_tokens=64)
-    hidden = torch.randn(64, spec.hidden_size, device="cuda").to(torch_dtype(spec))
-    logits = torch.randn(64, spec.num_experts, device="cuda")
-    graphed = runner.capture_graph(64, "logits")
-    graphed.hidden.copy_(hidden)
-    graphed.router_logits.copy_(logits)
-    replayed = graphed.replay().clone()
-    assert torch.equal(replayed, runner(hidden, router_logits=logits))
+    assert_graph_replay_equals_eager(spec, weights)

@@ -24,7 +24,8 @@ import random
 
 import pytest
 import torch
-from runner_against_reference import device_target, errors_against_reference, torch_dtype
+from runner_against_reference import (assert_graph_replay_equals_eager, device_target, errors_against_reference,
+                                      torch_dtype)
 
 from moe_build.spec import ActScale, Activation, DType, MoESpec, Quant, Routing, RoutingMethod
 from moe_build.weights import MoEWeights
@@ -176,13 +177,5 @@ def test_expert_bias_fp16_and_clamped_swiglu(mode: tuple, force: dict[str, str])
 
 def test_cuda_graph_replay_equals_eager() -> None:
     need_fp8()
-    from moe_build.runner import MoERunner
     spec, weights = w4afp8_case(BASE, MODES[0], 3)
-    runner = MoERunner(spec, weights, target=device_target(deterministic=True), max_tokens=64)
-    hidden = torch.randn(64, spec.hidden_size, device="cuda").to(torch_dtype(spec))
-    logits = torch.randn(64, spec.num_experts, device="cuda")
-    graphed = runner.capture_graph(64, "logits")
-    graphed.hidden.copy_(hidden)
-    graphed.router_logits.copy_(logits)
-    replayed = graphed.replay().clone()
-    assert torch.equal(replayed, runner(hidden, router_logits=logits))
+    assert_graph_replay_equals_eager(spec, weights)
