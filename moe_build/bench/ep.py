@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from .. import kernels
+from .ep_targets import ep_targets, summary
 from ..spec import MoESpec
 from ..weights import MoEWeights
 
@@ -290,6 +291,7 @@ def run(iters: int, out_path: str | None, layers: tuple[str, ...] = tuple(name f
         result["layers"] += layer_points(name, spec, random_weights(spec, seed=7), LAYER_TOKENS, iters)
         torch.cuda.empty_cache()  # the shape's layers (their weight copies) are gone
     if rank == 0:
+        result["targets"] = ep_targets(result)
         if out_path:
             with open(out_path, "w") as f:
                 json.dump(result, f, indent=1)
@@ -315,6 +317,7 @@ def table(r: dict) -> str:
                      f"{1e3 * p['ep_nccl_ms']:7.1f} {1e3 * p['ep_nccl_overlap_ms']:7.1f} | "
                      f"{1e3 * p['ep_nvlink_graph_ms']:7.1f} {1e3 * p['ep_nvlink_overlap_graph_ms']:7.1f} | "
                      f"{1e3 * p['single_gpu_graph_ms']:7.1f}")
+    lines.append(summary(ep_targets(r)))
     return "\n".join(lines)
 
 
