@@ -5,6 +5,10 @@
 #
 # Phases, chosen by PHASES (default "tests bench"):
 #   tests  the GPU tests (GPU_TESTS, default tests/gpu: pytest paths or node ids, word-split)
+#   tests_split  the single-GPU test files (GPU_TESTS, default every tests/gpu/test_*.py but the multi-GPU
+#          test_expert_parallel.py) dealt over every GPU of the host, one pytest per GPU side by side, each with
+#          OMP_NUM_THREADS = cores / GPUs (without it their fp64 references slowed each other many times over);
+#          logs gpu_tests_split_<gpu>.log; on a 4-GPU kind about a quarter of the `tests` time
 #   bench  moe-build bench: the four bench shapes at 1/16/256/4096 tokens, ours and its forced-off variants
 #          beside the peers and the floor (BENCH_ARGS adds or overrides options)
 #   sweep  moe-build bench --sweep: the default plan at a dense set of token counts from 1 to 8192
@@ -67,6 +71,27 @@ fi
 # shellcheck disable=SC2086
 has tests && phase gpu_tests "${TESTS_S:-240}" "$PY" -m pytest -q -rs -p no:cacheprovider ${GPU_TESTS:-tests/gpu} \
   --junitxml="$RESULTS/gpu_tests.xml"
+if has tests_split; then
+  gpus=${GPUS:-$(nvidia-smi -L 2>/dev/null | wc -l)}
+  [ "$gpus" -ge 1 ] || gpus=1
+  # shellcheck disable=SC2086,SC2207
+  files=($(ls ${GPU_TESTS:-$(ls tests/gpu/test_*.py | grep -v test_expert_parallel.py)}))
+  t0=$SECONDS
+  for g in $(seq 0 $((gpus - 1))); do
+    group=()
+    for j in "${!files[@]}"; do (( j % gpus == g )) && group+=("${files[$j]}"); done
+    [ ${#group[@]} -gt 0 ] || continue
+    CUDA_VISIBLE_DEVICES=$g OMP_NUM_THREADS=$(( $(nproc) / gpus > 0 ? $(nproc) / gpus : 1 )) \
+      timeout "${TESTS_S:-240}" "$PY" -m pytest -q -rs -p no:cacheprovider "${group[@]}" \
+      > "$RESULTS/gpu_tests_split_$g.log" 2>&1 &
+  done
+  wait
+  for log in "$RESULTS"/gpu_tests_split_*.log; do
+    echo "gpu_tests_split $(basename "$log" .log): $(tail -n 1 "$log")" | tee -a "$RESULTS/phases.txt"
+  done
+  echo "gpu_tests_split ${TESTS_S:-240}s-limit took=$((SECONDS - t0))s" | tee -a "$RESULTS/phases.txt"
+  tar -czf "$OUT/results.tgz" -C "$RESULTS" .
+fi
 sweep_phase() {  # sweep_phase NAME ARGS: the phase NAME, a sweep written to NAME.json / NAME.png, ARGS word-split
   # shellcheck disable=SC2086
   phase "$1" "${SWEEP_S:-420}" "$PY" -m moe_build bench --sweep --json "$RESULTS/$1.json" --png "$RESULTS/$1.png" $2
@@ -95,6 +120,9 @@ has bench_woq && phase bench_woq "${BENCH_WOQ_S:-400}" "$PY" -m moe_build bench 
 has bench && phase bench "${BENCH_S:-300}" "$PY" -m moe_build bench --json "$RESULTS/bench.json" --png "$RESULTS/bench.png" \
   ${BENCH_ARGS:-}
 [ -f "$RESULTS/gpu_tests.log" ] && { echo "==== gpu tests (tail)"; tail -n 15 "$RESULTS/gpu_tests.log"; }
+for log in "$RESULTS"/gpu_tests_split_*.log; do
+  [ -f "$log" ] && { echo "==== $(basename "$log" .log)"; grep -E "^(FAILED|ERROR)" "$log" | head -n 10; tail -n 1 "$log"; }
+done
 echo "==== gpu";  cat "$RESULTS/gpu.csv" "$RESULTS/versions.txt"
 [ -f "$RESULTS/bench.json" ] && { echo "==== bench (us, median)";
   "$PY" -c "import json,sys; from moe_build.bench.layer import table; print(table(json.load(open(sys.argv[1]))))" \
