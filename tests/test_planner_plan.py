@@ -195,3 +195,22 @@ def test_rank_spec_holds_its_experts():
     r2 = spec.for_rank(2)
     assert (r2.local_experts, r2.stored_experts, r2.first_local_expert) == (4, 4, 8)
     assert MoESpec.from_dict(r2.to_dict()) == r2
+
+
+@pytest.mark.parametrize("quant", ["fp8", "fp8_block"])
+def test_fp8_gemm2_input_quantized_separately_at_one_token_only(quant: str) -> None:
+    """rules.FC2_QUANT_FUSED_MIN_TOKENS: a separate quantize kernel at 1 token, the activation kernel from 2 on, as
+    bands over every count (one plan serves both); forcing either choice holds at every count."""
+    from moe_build.spec import Quant
+    spec = MoESpec(hidden_size=2048, intermediate_size=768, num_experts=128, top_k=8, quant=Quant(quant))
+    for tokens, here in ((1, "separate"), (2, "fc1_activation"), (4096, "fc1_activation")):
+        d = make_plan(spec, SM90, tokens=tokens).stage("fc2_input_quant")
+        assert d.choice == here, tokens
+        assert [(b.lo, b.hi, b.choice) for b in d.bands] == [(1, 1, "separate"), (2, None, "fc1_activation")]
+        gate = next(g for g in d.gates if g.name == "fc2_quant_fused_tokens")
+        assert (gate.value, gate.held) == (str(tokens), tokens >= 2)
+    for forced in ("separate", "fc1_activation"):
+        d = make_plan(spec, SM90, tokens=1, force={"fc2_input_quant": forced}).stage("fc2_input_quant")
+        assert d.choice == forced and {b.choice for b in d.bands} == {forced}
+    plain = make_plan(dataclasses.replace(spec, quant=Quant.NONE), SM90).stage("fc2_input_quant")
+    assert plain.choice == "none"

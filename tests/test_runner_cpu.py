@@ -319,7 +319,14 @@ def test_fp8_plans_run_fp8_steps_where_the_plan_quantizes(quant: Quant) -> None:
     kb = -(-SWIGLU.hidden_size // 128)
     assert layout["input_scales"].shape == ((16, kb) if quant is Quant.FP8_BLOCK else (16,))
     assert "fc1_act" in layout  # the separate quantize step reads the 16-bit activation
-    assert "fc1_act" not in workspace_layout(spec, steps_up_to(make_plan(spec, H100, tokens=16), 16), 16)
+    fused_everywhere = make_plan(spec, H100, tokens=16, force={"fc2_input_quant": "fc1_activation"})
+    assert "fc1_act" not in workspace_layout(spec, steps_up_to(fused_everywhere, 16), 16)
+    # the default plan quantizes GEMM2's input separately at 1 token (rules.FC2_QUANT_FUSED_MIN_TOKENS), in the
+    # activation from 2 on: one runner runs both, so its workspace covers both
+    default = make_plan(spec, H100, tokens=16, force={"finalize": "separate"})
+    assert kernel_sequence(default, 1)[-4:] == ["fc1_activation", "fc2_input_quant:separate", "gemm2:fp8", "finalize"]
+    assert kernel_sequence(default, 2)[-3:] == ["fc1_activation:fp8", "gemm2:fp8", "finalize"]
+    assert "fc1_act" in workspace_layout(spec, steps_up_to(default, 16), 16)
     with pytest.raises(MoeBuildError, match="fc1_input_quant"):
         make_plan(SWIGLU, H100, tokens=16, force={"fc1_input_quant": "separate"})
 

@@ -228,12 +228,21 @@ def _fc1_input_quant(spec: MoESpec, forced: str | None) -> StageDecision:
                       *([W4AFP8_INPUT_TEXT.format("expand_rows")] if spec.quant is Quant.W4AFP8 else []))
 
 
-def _fc2_input_quant(spec: MoESpec, fc1_activation: str, forced: str | None) -> StageDecision:
-    return _act_quant("fc2_input_quant", "fc1_activation",
-                      [R.input_quant_fp8(spec), R.fc2_quant_in_activation(fc1_activation)], forced,
-                      "GEMM2's input quantized to FP8 in the activation kernel",
-                      "GEMM2's input quantized to FP8 by a separate kernel after the activation",
-                      *([W4AFP8_INPUT_TEXT.format("fc2_prequant")] if spec.quant is Quant.W4AFP8 else []))
+def _fc2_input_quant(spec: MoESpec, fc1_activation: str, tokens: int, forced: str | None) -> StageDecision:
+    """In the activation kernel where it can run there, from FC2_QUANT_FUSED_MIN_TOKENS tokens on (bands over
+    every count); forced, the same choice at every count."""
+    gates = [R.input_quant_fp8(spec), R.fc2_quant_in_activation(fc1_activation)]
+    fused_text = "GEMM2's input quantized to FP8 in the activation kernel"
+    separate_text = "GEMM2's input quantized to FP8 by a separate kernel after the activation"
+    if forced is not None or not all(g.held for g in gates):
+        return _act_quant("fc2_input_quant", "fc1_activation", gates, forced, fused_text, separate_text,
+                          *([W4AFP8_INPUT_TEXT.format("fc2_prequant")] if spec.quant is Quant.W4AFP8 else []))
+    lo = R.FC2_QUANT_FUSED_MIN_TOKENS
+    bands = (Band(1, lo - 1, "separate"), Band(lo, None, "fc1_activation"))
+    choice = next(b.choice for b in bands if b.holds(tokens))
+    return StageDecision("fc2_input_quant", choice, "separate", (*gates, R.fc2_quant_fused_tokens(tokens)), bands,
+                         summary=f"{fused_text if choice == 'fc1_activation' else separate_text} "
+                                 f"({bands_text(bands, choice_first=True)})")
 
 
 def _w1_order(fc1_activation: str) -> StageDecision:
@@ -401,7 +410,7 @@ def make_plan(spec: MoESpec, target: Target, tokens: int = 1,
             _fc2_prequant(spec, force.get("fc2_prequant")),
             finalize,
             _fc1_input_quant(spec, force.get("fc1_input_quant")),
-            _fc2_input_quant(spec, fc1.choice, force.get("fc2_input_quant")),
+            _fc2_input_quant(spec, fc1.choice, tokens, force.get("fc2_input_quant")),
             _w1_order(fc1.choice),
             layout,
             _tactic("gemm1_tactic", calls["gemm1_tactic"], None, tokens, tactics.get("gemm1_tactic")),

@@ -446,6 +446,18 @@ def fc2_quant_in_activation(fc1_activation: str) -> Gate:
                 OURS)
 
 
+# ... and pays from 2 tokens on: at 1 token the activation kernel's fused quantization (a block per row, top_k rows)
+# lost 1-9% to the separate quantize kernel on every bench shape but DeepSeek-V3 (where it won by 1%), fp8 and
+# fp8_block, whole layers replayed on the H200 (Qwen3-30B-A3B 33.3 vs 31.8 us, DeepSeek-V2-Lite 40.1 vs 36.5), and
+# won 0-4% at 16 tokens (docs/performance.md, "FP8 layers"): tokens >= FC2_QUANT_FUSED_MIN_TOKENS
+FC2_QUANT_FUSED_MIN_TOKENS = 2
+
+
+def fc2_quant_fused_tokens(tokens: int) -> Gate:
+    return Gate("fc2_quant_fused_tokens", str(tokens), f"tokens >= {FC2_QUANT_FUSED_MIN_TOKENS}",
+                tokens >= FC2_QUANT_FUSED_MIN_TOKENS, OURS)
+
+
 # ---- expert parallelism (moe-build's own; TensorRT-LLM's MoE ep_size / ep_rank settings) ----------
 
 # the experts are split over ranks, each rank holding num_experts / ep_size of them: ep_size > 1
