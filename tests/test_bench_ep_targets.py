@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from moe_build.bench.ep import LAYER_HIDDEN
 from moe_build.bench.ep_targets import ep_targets, summary
 
 RESULT = Path(__file__).parent.parent / "docs/measured/h200x4-2026-11-28-ep-in-place/bench_ep.json"
@@ -12,7 +13,7 @@ RESULT = Path(__file__).parent.parent / "docs/measured/h200x4-2026-11-28-ep-in-p
 
 def _by_target() -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = {}
-    for t in ep_targets(json.loads(RESULT.read_text())):
+    for t in ep_targets(json.loads(RESULT.read_text()), LAYER_HIDDEN):
         out.setdefault(t["target"], []).append(t)
     return out
 
@@ -43,6 +44,6 @@ def test_verdicts_of_the_measured_run() -> None:
 
 
 def test_summary_counts() -> None:
-    line = summary(ep_targets(json.loads(RESULT.read_text())))
+    line = summary(ep_targets(json.loads(RESULT.read_text()), LAYER_HIDDEN))
     assert line == ("targets (issue 49): one_all_to_all 0 of 6; link_ceiling 2 of 2; never_slower_nvlink 12 of 12; "
                     "never_slower_nccl 0 of 12; overlap_hides_half 0 of 2; met 14 of 34")

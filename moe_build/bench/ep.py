@@ -42,6 +42,7 @@ LAYER_TOKENS = (1, 16, 256, 4096)
 # (name, hidden, intermediate, experts, top_k): Qwen3-30B-A3B and a DeepSeek-V3-shaped layer, bf16
 LAYERS = (("qwen3-30b-a3b", 2048, 768, 128, 8), ("deepseek-v3-shaped", 7168, 2048, 256, 8))
 MEMORY_TOKENS = 131072
+LAYER_HIDDEN = {name: hidden for name, hidden, *_ in LAYERS}
 
 
 CALLS = 10  # calls per timed round, back to back
@@ -291,7 +292,7 @@ def run(iters: int, out_path: str | None, layers: tuple[str, ...] = tuple(name f
         result["layers"] += layer_points(name, spec, random_weights(spec, seed=7), LAYER_TOKENS, iters)
         torch.cuda.empty_cache()  # the shape's layers (their weight copies) are gone
     if rank == 0:
-        result["targets"] = ep_targets(result)
+        result["targets"] = ep_targets(result, LAYER_HIDDEN)
         if out_path:
             with open(out_path, "w") as f:
                 json.dump(result, f, indent=1)
@@ -317,7 +318,7 @@ def table(r: dict) -> str:
                      f"{1e3 * p['ep_nccl_ms']:7.1f} {1e3 * p['ep_nccl_overlap_ms']:7.1f} | "
                      f"{1e3 * p['ep_nvlink_graph_ms']:7.1f} {1e3 * p['ep_nvlink_overlap_graph_ms']:7.1f} | "
                      f"{1e3 * p['single_gpu_graph_ms']:7.1f}")
-    lines.append(summary(ep_targets(r)))
+    lines.append(summary(ep_targets(r, LAYER_HIDDEN)))
     return "\n".join(lines)
 
 

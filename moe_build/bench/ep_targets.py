@@ -12,6 +12,7 @@ says itself which it met. Pure: no torch, no GPU.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 ONE_ALL_TO_ALL_MAX_TOKENS = 128
@@ -20,16 +21,15 @@ LINK_RATIO = 1.15
 OVERLAP_MIN_TOKENS = 1024
 OVERLAP_HIDDEN_SHARE = 0.5
 TARGETS = ("one_all_to_all", "link_ceiling", "never_slower_nvlink", "never_slower_nccl", "overlap_hides_half")
-# the bench's layers and their hidden sizes (moe_build/bench/ep.py's LAYERS), to find a layer's exchange time
-LAYER_HIDDEN = {"qwen3-30b-a3b": 2048, "deepseek-v3-shaped": 7168}
 
 
 def _target(name: str, point: str, value: float, limit: float, met: bool) -> dict[str, Any]:
     return {"target": name, "point": point, "value": value, "limit": limit, "met": met}
 
 
-def ep_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every target at every point it applies to: {target, point, value, limit, met} (times in us)."""
+def ep_targets(result: dict[str, Any], layer_hidden: Mapping[str, int]) -> list[dict[str, Any]]:
+    """Every target at every point it applies to: {target, point, value, limit, met} (times in us);
+    `layer_hidden`: each bench layer's hidden size (ep.py's LAYERS), to find its exchange time."""
     out: list[dict[str, Any]] = []
     link = result["link"]["gb_s"]
     exchange_us = {}
@@ -46,7 +46,7 @@ def ep_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
         nccl, worst = 1e3 * p["nccl_ms"], 1e3 * p["worst_case_ms"]
         out.append(_target("never_slower_nccl", at, nccl, worst, nccl <= worst))
     for p in result["layers"]:
-        exchange = exchange_us.get((LAYER_HIDDEN.get(p["layer"]), p["tokens_per_gpu"]))
+        exchange = exchange_us.get((layer_hidden.get(p["layer"]), p["tokens_per_gpu"]))
         if p["tokens_per_gpu"] < OVERLAP_MIN_TOKENS or exchange is None:
             continue
         hidden = 1e3 * (p["ep_nvlink_graph_ms"] - p["ep_nvlink_overlap_graph_ms"])

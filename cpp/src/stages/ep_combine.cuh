@@ -1,7 +1,7 @@
 // Expert parallelism's per-token sum of the partial rows that came back (mb_ep_combine after the nccl return
 // all-to-all, mb_ep_nvlink_combine after the nvlink return's signals): out[t] = sum over ranks d ascending of the
 // partial row returned by d, in fp32, rounded once, so the order never depends on timing.
-// A warp per (token, column chunk of 32 lanes x kCombineUnroll vectors); each lane loads its kCombineUnroll vectors
+// A warp per (token, column chunk of 32 lanes x kChunkUnroll vectors); each lane loads its kChunkUnroll vectors
 // of a rank's row before adding them, so a decode step's one token still spreads over many warps with many loads
 // in flight. The warps stride over the items, so any grid gives the same result (chunk_grid).
 #pragma once
@@ -13,47 +13,49 @@
 
 namespace mbk {
 
-constexpr int kCombineUnroll = 4;
+// The chunks every expert-parallel copy and sum walks (here and in stages/ep_nvlink.cu): 32 lanes x kChunkUnroll
+// vectors of a row, each lane holding kChunkUnroll vectors in flight.
+constexpr int kChunkUnroll = 4;
 
 template <int VEC>
-__host__ __device__ constexpr int combine_chunks(int hidden) {
-  return (hidden / VEC + 32 * kCombineUnroll - 1) / (32 * kCombineUnroll);
+__host__ __device__ constexpr int chunks_per_row(int hidden) {
+  return (hidden / VEC + 32 * kChunkUnroll - 1) / (32 * kChunkUnroll);
 }
 
 template <typename T, int VEC>
 __device__ __forceinline__ void combine_tokens(const T* __restrict__ returned, const int32_t* __restrict__ token_slots,
                                                int num_tokens, int hidden, int ep, T* __restrict__ out) {
   using R = mb::Raw<T, VEC>;
-  const int lane = threadIdx.x % 32, chunks = combine_chunks<VEC>(hidden);
+  const int lane = threadIdx.x % 32, chunks = chunks_per_row<VEC>(hidden);
   const int nvec = hidden / VEC;
   const int64_t items = static_cast<int64_t>(num_tokens) * chunks;
   for (int64_t it = blockIdx.x * static_cast<int64_t>(mb::kStageWarps) + threadIdx.x / 32; it < items;
        it += static_cast<int64_t>(gridDim.x) * mb::kStageWarps) {
     const int64_t t = it / chunks;
-    const int v0 = static_cast<int>(it % chunks) * 32 * kCombineUnroll + lane;
+    const int v0 = static_cast<int>(it % chunks) * 32 * kChunkUnroll + lane;
     const int32_t* slots = token_slots + t * ep;
-    float acc[kCombineUnroll][VEC];
+    float acc[kChunkUnroll][VEC];
 #pragma unroll
-    for (int u = 0; u < kCombineUnroll; ++u)
+    for (int u = 0; u < kChunkUnroll; ++u)
 #pragma unroll
       for (int k = 0; k < VEC; ++k) acc[u][k] = 0.0f;
     for (int d = 0; d < ep; ++d) {
       const int slot = slots[d];
       if (slot < 0) continue;
       const R* row = reinterpret_cast<const R*>(returned + static_cast<int64_t>(slot) * hidden);
-      R x[kCombineUnroll];
+      R x[kChunkUnroll];
 #pragma unroll
-      for (int u = 0; u < kCombineUnroll; ++u)
+      for (int u = 0; u < kChunkUnroll; ++u)
         if (v0 + 32 * u < nvec) x[u] = row[v0 + 32 * u];
 #pragma unroll
-      for (int u = 0; u < kCombineUnroll; ++u)
+      for (int u = 0; u < kChunkUnroll; ++u)
         if (v0 + 32 * u < nvec) {
 #pragma unroll
           for (int k = 0; k < VEC; ++k) acc[u][k] += mb::raw_f32<T>(x[u], k);
         }
     }
 #pragma unroll
-    for (int u = 0; u < kCombineUnroll; ++u)
+    for (int u = 0; u < kChunkUnroll; ++u)
       if (v0 + 32 * u < nvec) mb::store_f32<T, VEC>(out + t * hidden + (v0 + 32 * u) * VEC, acc[u]);
   }
 }

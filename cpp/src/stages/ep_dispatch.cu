@@ -133,11 +133,11 @@ extern "C" mb_status mb_ep_combine(const void* returned, int dtype, const int32_
     using T = typename decltype(tag)::type;
     constexpr int kWide = 16 / sizeof(T);
     if (mb::vec_width<T>(hidden, {returned, out}) == kWide) {
-      ep_combine_kernel<T, kWide><<<mbk::chunk_grid(int64_t{num_tokens} * mbk::combine_chunks<kWide>(hidden), max_sms),
+      ep_combine_kernel<T, kWide><<<mbk::chunk_grid(int64_t{num_tokens} * mbk::chunks_per_row<kWide>(hidden), max_sms),
                                     mb::kStageThreads, 0, stream>>>(static_cast<const T*>(returned), token_slots,
                                                                     num_tokens, hidden, ep_size, static_cast<T*>(out));
     } else {
-      ep_combine_kernel<T, 1><<<mbk::chunk_grid(int64_t{num_tokens} * mbk::combine_chunks<1>(hidden), max_sms),
+      ep_combine_kernel<T, 1><<<mbk::chunk_grid(int64_t{num_tokens} * mbk::chunks_per_row<1>(hidden), max_sms),
                                 mb::kStageThreads, 0, stream>>>(static_cast<const T*>(returned), token_slots,
                                                                 num_tokens, hidden, ep_size, static_cast<T*>(out));
     }

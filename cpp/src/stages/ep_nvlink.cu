@@ -31,8 +31,8 @@
 // while the grid walks them each rank writes mostly to a different peer, and no rank's NVLink ingress takes every
 // sender's rows at once (in send-row order every rank would write to rank 0 first, then to rank 1, ...). The
 // return walks its rows from about where source rank + 1's begin, to the same end.
-// Rows move in chunks of 32 lanes x kUnroll vectors, a warp per (row, chunk), every lane holding kUnroll vectors in
-// flight: a decode step's few rows still spread over many warps. Every kernel loops over its chunks with a grid
+// Rows move in chunks of 32 lanes x kChunkUnroll vectors (stages/ep_combine.cuh), a warp per (row, chunk), every
+// lane holding kChunkUnroll vectors in flight: a decode step's few rows still spread over many warps. Every kernel loops over its chunks with a grid
 // stride, so the grid is free: by default a block per kStageWarps chunks, at most 8 blocks per SM; a caller's
 // max_sms (> 0) caps it at that many blocks, i.e. SMs (a block runs on one SM), leaving the others to expert
 // compute running beside the exchange (dual-batch overlap).
@@ -45,40 +45,35 @@
 namespace {
 
 constexpr int kMaxRanks = 32;
-constexpr int kUnroll = 4;                       // vectors a lane holds in flight
+using mbk::chunks_per_row;  // chunks of 32 lanes x kChunkUnroll vectors (stages/ep_combine.cuh)
+using mbk::kChunkUnroll;
 
-// Chunks of 32 * kUnroll vectors in a row of `hidden` elements.
-template <int VEC>
-__host__ __device__ constexpr int chunks_per_row(int hidden) {
-  return (hidden / VEC + 32 * kUnroll - 1) / (32 * kUnroll);
-}
-
-// Chunk `c` of a row, src -> dst: every lane loads its kUnroll vectors first, then stores them.
+// Chunk `c` of a row, src -> dst: every lane loads its kChunkUnroll vectors first, then stores them.
 template <typename T, int VEC>
 __device__ __forceinline__ void copy_chunk(const T* __restrict__ src, T* __restrict__ dst, int hidden, int c,
                                            int lane) {
   using V = mb::Vec<T, VEC>;
   const V* s = reinterpret_cast<const V*>(src);
   V* d = reinterpret_cast<V*>(dst);
-  const int n = hidden / VEC, v0 = c * 32 * kUnroll + lane;
-  V buf[kUnroll];
+  const int n = hidden / VEC, v0 = c * 32 * kChunkUnroll + lane;
+  V buf[kChunkUnroll];
 #pragma unroll
-  for (int u = 0; u < kUnroll; ++u)
+  for (int u = 0; u < kChunkUnroll; ++u)
     if (v0 + 32 * u < n) buf[u] = s[v0 + 32 * u];
 #pragma unroll
-  for (int u = 0; u < kUnroll; ++u)
+  for (int u = 0; u < kChunkUnroll; ++u)
     if (v0 + 32 * u < n) d[v0 + 32 * u] = buf[u];
 }
 
 // Chunk `c` of a row set to zero.
 template <typename T, int VEC>
 __device__ __forceinline__ void zero_chunk(T* __restrict__ dst, int hidden, int c, int lane) {
-  const int n = hidden / VEC, v0 = c * 32 * kUnroll + lane;
+  const int n = hidden / VEC, v0 = c * 32 * kChunkUnroll + lane;
   mb::Vec<T, VEC> z;
 #pragma unroll
   for (int k = 0; k < VEC; ++k) z.v[k] = mb::from_f32<T>(0.0f);
 #pragma unroll
-  for (int u = 0; u < kUnroll; ++u)
+  for (int u = 0; u < kChunkUnroll; ++u)
     if (v0 + 32 * u < n) reinterpret_cast<mb::Vec<T, VEC>*>(dst)[v0 + 32 * u] = z;
 }
 
@@ -381,7 +376,7 @@ extern "C" mb_status mb_ep_nvlink_combine(const void* returned, int dtype, const
   return by_width(dtype, hidden, {returned, out}, who, [&](auto tag, auto vec) {
     using T = typename decltype(tag)::type;
     constexpr int kVec = decltype(vec)::value;
-    nvlink_combine_kernel<T, kVec><<<mbk::chunk_grid(int64_t{num_tokens} * mbk::combine_chunks<kVec>(hidden), max_sms),
+    nvlink_combine_kernel<T, kVec><<<mbk::chunk_grid(int64_t{num_tokens} * mbk::chunks_per_row<kVec>(hidden), max_sms),
                                      mb::kStageThreads, 0, stream>>>(static_cast<const T*>(returned), token_slots,
                                                                      num_tokens, hidden, ep_size, static_cast<T*>(out),
                                                                      flags, seen);

@@ -138,7 +138,7 @@ class NvlinkDispatch:
             dense, wait = self._dense, None
         self.k.ep_nvlink_gather(self.local["recv_rows"], self.local["recv_meta"], self.local["recv_counts"], self.cap,
                                 self.spec.first_local_expert, self.spec.local_experts,
-                                None if self._dense is not None and self.in_place else dense["hidden"], dense["ids"],
+                                None if self.in_place else dense["hidden"], dense["ids"],
                                 dense["weights"], dense["src_rank"], dense["src_row"], self.received, self.overflow,
                                 self.peers["returned"], sms=self.dispatch_sms, wait=wait)
         return NvlinkDispatched(dense["hidden"], dense["ids"], dense["weights"], dense["src_rank"], dense["src_row"],
