@@ -20,6 +20,8 @@
 #          alternated; prints old vs new per point over every ab_*.json under $OUT
 #   bench_woq  moe-build bench --quant w4a16_awq,w8a16,wfp4a16: the weight-only layers beside our bf16 runner
 #          (BENCH_WOQ_ARGS adds options, e.g. --shapes / --tokens)
+#   probes  the single-GPU probes of bench/ named in PROBES (default "fp8_tactics_probe woq_tactics_probe
+#          layer_steps_probe"), each writing its JSON under the results (PROBES_S seconds each, default 240)
 #   bench_ep  moe-build bench-ep on every GPU of the host (a 2- or 4-GPU kind): expert-parallel dispatch +
 #          combine, memory, and the layer against one GPU (BENCH_EP_ARGS adds options)
 #
@@ -110,6 +112,12 @@ if has ab; then
 fi
 
 has sweep2 && sweep_phase sweep2 "${SWEEP2_ARGS:-}"
+if has probes; then
+  for probe in ${PROBES:-fp8_tactics_probe woq_tactics_probe layer_steps_probe}; do
+    # the probes write their JSON to $OUT (here: the results folder); bench/ holds their shared timing module
+    phase "$probe" "${PROBES_S:-240}" env OUT="$RESULTS" PYTHONPATH="$PWD/bench:$PYTHONPATH" "$PY" "bench/$probe.py"
+  done
+fi
 # shellcheck disable=SC2086
 has bench_ep && phase bench_ep "${BENCH_EP_S:-400}" env NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
   NVSHMEM_DISABLE_NVLS=1 "$PY" -m moe_build bench-ep --json "$RESULTS/bench_ep.json" ${BENCH_EP_ARGS:-}
@@ -134,5 +142,10 @@ echo "==== gpu";  cat "$RESULTS/gpu.csv" "$RESULTS/versions.txt"
 [ -f "$RESULTS/sweep.json" ] && { echo "==== sweep"; tail -n 12 "$RESULTS/sweep.log"; }
 [ -f "$RESULTS/sweep2.json" ] && { echo "==== sweep2"; tail -n 12 "$RESULTS/sweep2.log"; }
 has ab && "$PY" -m moe_build.bench.compare "$RESULTS"/ab_old_*.json -- "$RESULTS"/ab_new_*.json | tee "$RESULTS/ab_table.txt"
+if has probes; then
+  for probe in ${PROBES:-fp8_tactics_probe woq_tactics_probe layer_steps_probe}; do
+    echo "==== $probe (tail)"; tail -n "${PROBE_TAIL:-25}" "$RESULTS/$probe.log"
+  done
+fi
 echo "==== phases"; cat "$RESULTS/phases.txt"
 tar -czf "$OUT/results.tgz" -C "$RESULTS" .

@@ -369,6 +369,26 @@ def test_fc1_activation_fp8_wide_rows(mode: str) -> None:
         assert (q[filled:].view(torch.uint8) == 0xFF).all() and s[filled:].isnan().all()
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("inter", [14336, 30000])
+def test_fc1_activation_fp8_staged_ring(inter: int, mode: str) -> None:
+    """Many more rows than blocks at Mixtral-8x7B's width (the staged kernel's ring of three rows in shared memory,
+    past the default 48 KB, each block taking several rows in turn), and a width whose two rows do not fit a block's
+    shared memory (30000: the block-per-row kernel), with rows past off[E] and empty experts."""
+    e, rows = 8, 700
+    filled = rows - 11
+    off = random_offsets(e, filled)
+    x = (torch.randn(rows, 2 * inter, device="cuda") * 3).to(torch.bfloat16)
+    b = (torch.randn(e, 2 * inter, device="cuda") * 0.5).to(torch.bfloat16)
+    q, s = poisoned_fp8(rows, inter), poisoned_scales(*scale_shape(rows, inter, mode))
+    ops.fc1_activation_fp8(x, off, K.Activation.SWIGLU, b, static_scale=static_scale(mode), group=group_of(mode),
+                           out=q, out_scales=s)
+    h = K.fc1_activation(x, off, K.Activation.SWIGLU, b)
+    torch.cuda.synchronize()
+    check_quantized(q[:filled], s[:filled], h[:filled], mode, f"inter {inter} {mode}")
+    assert (q[filled:].view(torch.uint8) == 0xFF).all() and s[filled:].isnan().all()
+
+
 def test_fc1_activation_fp8_past_grid_cap() -> None:
     rows, inter, filled = BIG, 8, BIG - 7
     off = random_offsets(4, filled)

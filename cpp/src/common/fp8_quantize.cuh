@@ -2,8 +2,9 @@
 // stages/quantize_fp8.cu (mb_quantize_fp8), stages/expand_rows.cu (mb_expand_rows_fp8) and
 // stages/fc1_activation.cu (mb_fc1_activation_fp8). They compute bit for bit what
 // moe_build/weights/fp8.py's quantize_rows computes:
-//   q = e4m3(x / s), x the fp32 value of an fp16/bf16 element, x / s an IEEE fp32 division (__fdiv_rn, which
-//   no compiler flag turns into a multiply by 1 / s), rounded to nearest even and saturated to +-448
+//   q = e4m3(x / s), x the fp32 value of an fp16/bf16 element, x / s the IEEE fp32 quotient (quotient() below
+//   computes the correctly rounded quotient; no compiler flag changes it), rounded to nearest even and saturated
+//   to +-448
 //   (cvt.rn.satfinite: what quantize_rows' clamp(-448, 448) and round-to-nearest-even cast give);
 //   s the static scale, or dynamic max(amax, 1e-12) / 448 (again an IEEE division), amax the largest |x| of
 //   the row (kPerRow) or of its 128-column group (kPerGroup; the last group may be partial).
@@ -176,12 +177,27 @@ __device__ __forceinline__ float unit_amax(uint4 x, const float (&p)[kVec]) {
 
 __device__ __forceinline__ float dynamic_scale(float amax) { return __fdiv_rn(fmaxf(amax, kAmaxFloor), kMax); }
 
+// v / s rounded as an IEEE division rounds it, for the quantization (result saturated to +-448, and zero below
+// 2^-10), from y = 1 / s correctly rounded: q = |v| * y is within an ulp of |v| / s, and one step q + (|v| - q * s) * y
+// with the remainder exact in an fma rounds to |v| / s correctly (Markstein's theorem, e.g. Muller et al.,
+// Handbook of Floating-Point Arithmetic, 2nd ed., section 4.7.2), in five instructions where __fdiv_rn takes
+// about a dozen with its range checks (the activation kernel is issue-bound at prefill). q is capped at 1024
+// first: a quotient past the cap saturates either way, and the step never meets inf - inf. The sign is v's, so
+// -0 stays -0. The theorem needs no underflow: only quotients far below e4m3's smallest subnormal underflow,
+// and they quantize to a signed zero either way.
+__device__ __forceinline__ float quotient(float v, float s, float y) {
+  const float q = fminf(__fmul_rn(fabsf(v), y), 1024.0f);
+  const float r = __fmaf_rn(-q, s, fabsf(v));
+  return copysignf(__fmaf_rn(r, y, q), v);
+}
+
 template <typename T>
 __device__ __forceinline__ Bytes quantize_unit(uint4 x, float s, const float (&p)[kVec]) {
+  const float y = __frcp_rn(s);
   uint32_t w[2] = {0u, 0u};
 #pragma unroll
   for (int k = 0; k < kVec; k += 2) {
-    const float2 f = make_float2(__fdiv_rn(scaled<T>(x, k, p), s), __fdiv_rn(scaled<T>(x, k + 1, p), s));
+    const float2 f = make_float2(quotient(scaled<T>(x, k, p), s, y), quotient(scaled<T>(x, k + 1, p), s, y));
     const uint32_t pair = __nv_cvt_float2_to_fp8x2(f, __NV_SATFINITE, __NV_E4M3);  // element k in the low byte
     w[k / 4] |= pair << (8 * (k % 4));
   }

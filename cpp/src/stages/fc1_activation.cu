@@ -18,6 +18,13 @@
 // quantized, so the fused step equals mb_fc1_activation followed by mb_quantize_fp8 bit for bit. W4AFP8 layers
 // (fc2_prequant=fused) pass the AWQ FC2 pre-quant scale, which multiplies those rounded values before they are
 // quantized (fp8_quantize.cuh): equal, bit for bit, to mb_fc1_activation then mb_quantize_fp8 with the same scale.
+// Rows that move in whole 16-byte units (every layer's, in practice) take the staged kernel instead: a persistent
+// block copies rows into a ring of shared-memory stages with cp.async, kStages - 1 rows ahead of the row it
+// activates and quantizes, so that an SM always has loads in flight. The block-per-row kernel holds its row in
+// registers (117 a thread: one 448-thread block per SM at Mixtral-8x7B's width), so each SM alternated between
+// waiting on its loads and computing with none in flight: 355 us for Mixtral-8x7B's 8192 rows x 14336 columns on an
+// H200, whose bytes take about 140 (bench/layer_steps_probe.py). Both compute each unit with activated_unit() and
+// quantize it with fp8_quantize.cuh's functions, so they write the same bytes.
 #include "common/act_math.cuh"
 #include "common/common.cuh"
 #include "common/fp8_quantize.cuh"
@@ -126,8 +133,41 @@ fc1_activation_kernel(const T* __restrict__ in, const T* __restrict__ b1, const 
 
 namespace fp8 = mb::fp8;
 
-// fp8::quantize_row's source for permuted row p: unit u is the activation of columns [8u, 8u + 8) computed
-// by activate() and rounded to T, the values mb_fc1_activation stores.
+// Unit u (columns [8u, 8u + 8)) of a row's activation from its gate and up units (packed T; up unused for
+// ungated activations), computed by activate() and rounded to T, the values mb_fc1_activation stores. bias: the
+// row's expert's b1 row or null.
+template <typename T, int ACT>
+__device__ __forceinline__ uint4 activated_unit(uint4 gate, uint4 up, const T* bias, int64_t u, int inter, bool whole,
+                                                float alpha, float limit) {
+  constexpr bool kGated = mb::is_gated(ACT);
+  float g[fp8::kVec], v[fp8::kVec], bg[fp8::kVec], bu[fp8::kVec], r[fp8::kVec];
+#pragma unroll
+  for (int k = 0; k < fp8::kVec; ++k) {
+    g[k] = mb::raw_f32<T>(gate, k);
+    v[k] = kGated ? mb::raw_f32<T>(up, k) : 0.0f;
+  }
+  if (bias) {
+    const uint4 b = fp8::load_unit<T>(bias, u, inter, whole);
+#pragma unroll
+    for (int k = 0; k < fp8::kVec; ++k) bg[k] = mb::raw_f32<T>(b, k);
+    if constexpr (kGated) {
+      const uint4 c = fp8::load_unit<T>(bias + inter, u, inter, whole);
+#pragma unroll
+      for (int k = 0; k < fp8::kVec; ++k) bu[k] = mb::raw_f32<T>(c, k);
+    }
+  }
+  activate<ACT, fp8::kVec>(g, v, bias != nullptr, bg, bu, alpha, limit, r);
+  if (!whole) {
+    // Columns past the row's end are none of the row's: zeros, which leave a partial group's amax as it is.
+#pragma unroll
+    for (int k = 0; k < fp8::kVec; ++k) {
+      if (u * fp8::kVec + k >= inter) r[k] = 0.0f;
+    }
+  }
+  return mb::raw_from_f32<T, fp8::kVec>(r);
+}
+
+// fp8::quantize_row's source for permuted row p: unit u is activated_unit()'s.
 template <typename T, int ACT>
 struct ActivatedRow {
   static constexpr bool kGated = mb::is_gated(ACT);
@@ -156,31 +196,7 @@ struct ActivatedRow {
     bias = b1 ? b1 + warp_expert_of(off, E, p) * n1 : nullptr;
   }
   __device__ __forceinline__ uint4 unit(const Payload& x, int64_t u) const {
-    float g[fp8::kVec], v[fp8::kVec], bg[fp8::kVec], bu[fp8::kVec], r[fp8::kVec];
-#pragma unroll
-    for (int k = 0; k < fp8::kVec; ++k) {
-      g[k] = mb::raw_f32<T>(x.gate, k);
-      v[k] = kGated ? mb::raw_f32<T>(x.up, k) : 0.0f;
-    }
-    if (bias) {
-      const uint4 b = fp8::load_unit<T>(bias, u, inter, whole);
-#pragma unroll
-      for (int k = 0; k < fp8::kVec; ++k) bg[k] = mb::raw_f32<T>(b, k);
-      if constexpr (kGated) {
-        const uint4 c = fp8::load_unit<T>(bias + inter, u, inter, whole);
-#pragma unroll
-        for (int k = 0; k < fp8::kVec; ++k) bu[k] = mb::raw_f32<T>(c, k);
-      }
-    }
-    activate<ACT, fp8::kVec>(g, v, bias != nullptr, bg, bu, alpha, limit, r);
-    if (!whole) {
-      // Columns past the row's end are none of the row's: zeros, which leave a partial group's amax as it is.
-#pragma unroll
-      for (int k = 0; k < fp8::kVec; ++k) {
-        if (u * fp8::kVec + k >= inter) r[k] = 0.0f;
-      }
-    }
-    return mb::raw_from_f32<T, fp8::kVec>(r);
+    return activated_unit<T, ACT>(x.gate, x.up, bias, u, inter, whole, alpha, limit);
   }
 };
 
@@ -199,6 +215,151 @@ fc1_activation_fp8_kernel(const T* __restrict__ in, const T* __restrict__ b1, co
     const fp8::RowDest dst{out + p * inter, out_scales + p * scale_cols, inter, whole};
     fp8::quantize_row<T>(src, dst, inter, mode, static_scale, prequant_scale, whole);
   }
+}
+
+// The staged kernel's copies: 16 bytes global -> shared with cp.async (L2 only: each row is read once), a
+// group committed per row, and a wait for all but the newest N groups.
+__device__ __forceinline__ void stage_copy16(void* smem, const void* gmem) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void stage_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void stage_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Whole rows only (fp8::whole_units). Blocks take rows blockIdx.x, + gridDim.x, ... (persistent: the grid is what
+// fits on the GPU at once); a row's kStages - 1 successors are being copied into the ring while it is computed.
+// One pass over a row's units: kStatic and kPerGroup quantize and store each unit as it is activated; kPerRow
+// writes the activated unit back over its gate unit in the ring (only the thread that wrote it reads it again)
+// and stores in a second pass, after the row's amax.
+// Its blocks, in whole warps: a thread per four units of the row where an SM holds two rings or more, so that
+// many rows are in flight per SM; a thread per two where the ring takes the SM's shared memory alone (Mixtral-8x7B's
+// 14336 columns), so that its one block has up to 32 warps to hide its math's latency. H200, 4096 tokens
+// (bench/layer_steps_probe.py): Mixtral-8x7B 323 us at four units a thread, 290 at two; Qwen3-30B-A3B (768
+// columns) 57 at four, 66 at two; DeepSeek-V2-Lite (1408) 79 and 80.
+constexpr int kStagedMaxThreads = 1024;
+inline int staged_threads(int64_t units, bool ring_alone) {
+  const int64_t per_thread = ring_alone ? 2 : 4;
+  const int64_t warps = (units + 32 * per_thread - 1) / (32 * per_thread);
+  return static_cast<int>(warps * 32 < kStagedMaxThreads ? warps * 32 : kStagedMaxThreads);
+}
+
+template <typename T, int ACT, int kStages>
+__global__ void __launch_bounds__(kStagedMaxThreads)
+fc1_activation_fp8_staged_kernel(const T* __restrict__ in, const T* __restrict__ b1, const int64_t* __restrict__ off,
+                                 int E, int64_t max_rows, int inter, float alpha, float limit,
+                                 const float* __restrict__ prequant_scale, fp8::Mode mode,
+                                 const float* __restrict__ static_scale, int64_t scale_cols,
+                                 uint8_t* __restrict__ out, float* __restrict__ out_scales) {
+  extern __shared__ uint4 ring[];  // kStages rows of row_units 16-byte units
+  constexpr bool kGated = mb::is_gated(ACT);
+  const int64_t units = inter / fp8::kVec;
+  const int64_t row_units = kGated ? 2 * units : units;
+  const int64_t n1 = kGated ? 2 * static_cast<int64_t>(inter) : inter;
+  const int64_t filled = __ldg(off + E);
+  const int64_t rows = filled < max_rows ? filled : max_rows;  // rows past off[E]: other nodes' experts
+  const float static_s = mode == fp8::kStatic ? *static_scale : 0.0f;
+  auto fetch = [&](int64_t p, int stage) {
+    if (p < rows) {
+      const uint4* src = reinterpret_cast<const uint4*>(in + p * n1);
+      uint4* dst = ring + stage * row_units;
+      for (int64_t u = threadIdx.x; u < row_units; u += blockDim.x) stage_copy16(dst + u, src + u);
+    }
+    stage_commit();  // a group per row, empty or not, so that every thread's wait counts the same rows
+  };
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) fetch(blockIdx.x + static_cast<int64_t>(s) * gridDim.x, s);
+  int stage = 0;
+  for (int64_t p = blockIdx.x; p < rows; p += gridDim.x) {
+    fetch(p + static_cast<int64_t>(kStages - 1) * gridDim.x, (stage + kStages - 1) % kStages);
+    stage_wait<kStages - 1>();
+    __syncthreads();  // every thread's copies of row p have landed
+    uint4* gate = ring + stage * row_units;
+    const uint4* up = gate + units;
+    const T* bias = b1 ? b1 + warp_expert_of(off, E, p) * n1 : nullptr;
+    uint8_t* dst = out + p * inter;
+    float* scales = out_scales + p * scale_cols;
+    if (mode == fp8::kStatic && threadIdx.x == 0) scales[0] = static_s;
+    float amax = 0.0f;
+    // The bounds are the block's (t0 steps by blockDim.x, a multiple of 32), so every lane of a warp takes part in
+    // the group shuffles and a 128-column group is 16 aligned lanes.
+    for (int64_t t0 = 0; t0 < units; t0 += blockDim.x) {
+      const int64_t u = t0 + threadIdx.x;
+      const bool mine = u < units;
+      const uint4 x = mine ? activated_unit<T, ACT>(gate[u], kGated ? up[u] : uint4{0u, 0u, 0u, 0u}, bias, u, inter,
+                                                     true, alpha, limit)
+                           : uint4{0u, 0u, 0u, 0u};
+      float pq[fp8::kVec];
+      fp8::load_prequant(prequant_scale, u, inter, true, pq);
+      if (mode == fp8::kPerRow) {
+        if (mine) {
+          gate[u] = x;
+          amax = fmaxf(amax, fp8::unit_amax<T>(x, pq));
+        }
+        continue;
+      }
+      float s = static_s;
+      if (mode == fp8::kPerGroup) {
+        float a = fp8::unit_amax<T>(x, pq);
+#pragma unroll
+        for (int o = fp8::kGroupLanes / 2; o > 0; o /= 2) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+        s = fp8::dynamic_scale(a);
+        if (mine && u % fp8::kGroupLanes == 0) scales[u / fp8::kGroupLanes] = s;
+      }
+      if (mine) fp8::store_unit(dst, u, inter, true, fp8::quantize_unit<T>(x, s, pq));
+    }
+    if (mode == fp8::kPerRow) {
+      const float s = fp8::dynamic_scale(fp8::block_max(amax));
+      if (threadIdx.x == 0) scales[0] = s;
+      for (int64_t u = threadIdx.x; u < units; u += blockDim.x) {
+        float pq[fp8::kVec];
+        fp8::load_prequant(prequant_scale, u, inter, true, pq);
+        fp8::store_unit(dst, u, inter, true, fp8::quantize_unit<T>(gate[u], s, pq));
+      }
+    }
+    __syncthreads();  // every thread is done with the stage before the next iteration copies a row into it
+    stage = (stage + 1) % kStages;
+  }
+  stage_wait<0>();
+}
+
+// Launches the staged kernel where a ring of at least two rows fits in a block's shared memory (three where they
+// fit); false where none does (rows wider than about 28K gated columns), for the block-per-row kernel to run.
+template <typename T, int ACT>
+mb_status launch_staged(const T* in, const T* b1, const int64_t* off, int E, int64_t max_rows, int inter, float alpha,
+                        float limit, const float* prequant_scale, fp8::Mode mode, const float* static_scale,
+                        int64_t scale_cols, uint8_t* out, float* out_scales, cudaStream_t stream, bool* launched) {
+  const int64_t units = inter / fp8::kVec;
+  const size_t stage_bytes = static_cast<size_t>(mb::is_gated(ACT) ? 2 * units : units) * 16;
+  const size_t limit_bytes = static_cast<size_t>(mb::device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)) -
+                             32 * sizeof(float);  // fp8::block_max's static array
+  const size_t sm_bytes = static_cast<size_t>(mb::device_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor));
+  auto go = [&](auto kernel, int stages) -> mb_status {
+    const size_t smem = stages * stage_bytes;
+    const int threads = staged_threads(units, 2 * smem > sm_bytes);
+    if (smem > 48 * 1024) {
+      const cudaError_t err =
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+      if (err != cudaSuccess)
+        return mb::fail(MB_ERR_CUDA, "mb_fc1_activation_fp8: shared memory %zu bytes: %s", smem,
+                        cudaGetErrorString(err));
+    }
+    int per_sm = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) != cudaSuccess || per_sm < 1)
+      per_sm = 1;
+    const int64_t resident = static_cast<int64_t>(per_sm) * mb::device_attribute(cudaDevAttrMultiProcessorCount);
+    const unsigned grid = static_cast<unsigned>(max_rows < resident ? max_rows : resident);
+    kernel<<<grid, threads, smem, stream>>>(in, b1, off, E, max_rows, inter, alpha, limit, prequant_scale, mode,
+                                            static_scale, scale_cols, out, out_scales);
+    *launched = true;
+    return mb::check_launch("fc1_activation_fp8_staged_kernel");
+  };
+  *launched = false;
+  if (3 * stage_bytes <= limit_bytes) return go(fc1_activation_fp8_staged_kernel<T, ACT, 3>, 3);
+  if (2 * stage_bytes <= limit_bytes) return go(fc1_activation_fp8_staged_kernel<T, ACT, 2>, 2);
+  return MB_OK;
 }
 
 // The argument checks both activation entry points make.
@@ -285,6 +446,14 @@ extern "C" mb_status mb_fc1_activation_fp8(const void* in, int dtype, const void
     const int64_t scale_cols = fp8::scale_cols(mode, inter);
     return dispatch_activation(activation, [&](auto act_const) {
       constexpr int ACT = decltype(act_const)::value;
+      if (whole) {
+        bool launched = false;
+        const mb_status st = launch_staged<T, ACT>(
+            static_cast<const T*>(in), static_cast<const T*>(b1), expert_first_token_offset, num_experts, max_rows,
+            inter, swiglu_alpha, swiglu_limit, prequant_scale, mode, static_scale, scale_cols, out, out_scales, stream,
+            &launched);
+        if (st != MB_OK || launched) return st;
+      }
       fc1_activation_fp8_kernel<T, ACT><<<mb::row_grid(max_rows), threads, 0, stream>>>(
           static_cast<const T*>(in), static_cast<const T*>(b1), expert_first_token_offset, num_experts, max_rows,
           inter, swiglu_alpha, swiglu_limit, prequant_scale, mode, whole, static_scale, scale_cols, out, out_scales);

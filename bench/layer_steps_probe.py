@@ -1,0 +1,90 @@
+"""Where a single-GPU layer spends its time, kernel by kernel: bf16, fp8 and fp8_block layers of the bench shapes
+at a few token counts, each call captured in a CUDA graph and replayed back to back under torch.profiler.
+Per kernel name: calls and device time per replay, beside the replay's time from CUDA events (the gap is launch
+latency and idle time between kernels). The evidence for which non-GEMM step of a layer to fuse or speed up next.
+
+    MOE_BUILD_KERNELS_LIB=.../libmoe_build_kernels.so python bench/layer_steps_probe.py [out.json]
+    (LAYER_STEPS_SHAPES / LAYER_STEPS_TOKENS / LAYER_STEPS_QUANTS: comma-separated overrides)
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections import defaultdict
+
+import torch
+
+from moe_build.bench.workload import bench_spec, device_fp8_weights, device_weights, fp8_bench_spec, make_inputs
+from moe_build.runner import MoERunner
+from moe_build.spec import Quant
+
+REPLAYS = 20
+SHAPES = os.environ.get("LAYER_STEPS_SHAPES", "qwen3-30b-a3b,mixtral-8x7b,deepseek-v2-lite").split(",")
+TOKENS = [int(t) for t in os.environ.get("LAYER_STEPS_TOKENS", "1,256,4096").split(",")]
+QUANTS = os.environ.get("LAYER_STEPS_QUANTS", "bf16,fp8,fp8_block").split(",")
+
+
+def short(name: str) -> str:
+    """A kernel's name cut to what tells the steps apart (CUTLASS's template names run to kilobytes)."""
+    if "cutlass" in name:
+        return "cutlass " + ("fp8 " if "float_e4m3" in name else "") + name[:50] + " .. " + name[-50:]
+    return name.replace("(anonymous namespace)::", "").split("(")[0][:90]
+
+
+def profile(runner: MoERunner, hidden: torch.Tensor, logits: torch.Tensor) -> dict:
+    out = torch.empty_like(hidden)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            runner(hidden, router_logits=logits, out=out)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        runner(hidden, router_logits=logits, out=out)
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        start.record()
+        for _ in range(REPLAYS):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+    per: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            k = per[short(e.name)]
+            k[0] += 1
+            k[1] += e.device_time_total
+    return {"replay_us": 1e3 * start.elapsed_time(end) / REPLAYS,
+            "kernels": {n: {"calls": c / REPLAYS, "us": t / REPLAYS} for n, (c, t) in per.items()}}
+
+
+def main() -> None:
+    results = []
+    for name in SHAPES:
+        for quant in QUANTS:
+            spec = bench_spec(name) if quant == "bf16" else fp8_bench_spec(name, Quant(quant))
+            w = device_weights(spec, seed=1) if quant == "bf16" else device_fp8_weights(spec, seed=1)
+            runner = MoERunner(spec, w, max_tokens=max(TOKENS))
+            for T in TOKENS:
+                s = make_inputs(spec, T, 1, seed=T, correction_bias=w.correction_bias)[0]
+                r = profile(runner, s.hidden, s.logits)
+                r.update(shape=name, quant=quant, tokens=T)
+                results.append(r)
+                total = sum(k["us"] for k in r["kernels"].values())
+                print(f"{name} {quant} T={T}: replay {r['replay_us']:.1f} us, kernels {total:.1f} us", flush=True)
+                for n, k in sorted(r["kernels"].items(), key=lambda x: -x[1]["us"]):
+                    print(f"    {k['us']:8.1f} us  x{k['calls']:.0f}  {n}", flush=True)
+            del runner, w
+            torch.cuda.empty_cache()
+    path = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.environ.get("OUT", "."), "layer_steps.json")
+    with open(path, "w") as f:
+        json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
