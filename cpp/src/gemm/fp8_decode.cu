@@ -48,7 +48,7 @@ __device__ __forceinline__ void mma_e4m3(float (&c)[4], const uint32_t (&a)[4], 
 __device__ __forceinline__ float ld_scale(const float* p, bool valid) { return valid ? __ldg(p) : 0.f; }
 
 template <typename T, int SCALING, int WK, int EPI>
-__global__ void __launch_bounds__(kDecodeThreads) fp8_decode_kernel(Fp8GemmParams p) {
+__global__ void __launch_bounds__(kDecodeThreads, 2) fp8_decode_kernel(Fp8GemmParams p) {
   constexpr int R = 16 * (kDecodeWarps / WK);  // weight rows (output columns) per CTA
   constexpr bool kBlock = SCALING == MB_FP8_BLOCK128;
   __shared__ float s_part[WK][R][kDecodeTokens + 1];
