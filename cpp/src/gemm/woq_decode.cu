@@ -5,6 +5,11 @@
 //                 8 when zeros is NULL (symmetric int4 stored as q + 8);
 //   MB_WOQ_INT8 : B int8 [E, n, k]; w = q * s;
 //   MB_WOQ_MXFP4: B uint8 [E, n, k/2] e2m1 codes, scales uint8 e8m0 [E, n, k/32]; w = e2m1(u) * 2^(e - 127).
+// INT4 with group 128 or one scale per row (group 0), the common case, skips the scale in the dequantization: the mma
+// takes the exact integers u - z in T and each 128-k batch's fp32 sums are multiplied by the row's scale after it
+// (int4_codes below; 3 instructions a pair instead of 5, so a warp's main loop is ~820 instructions per 4 KB of
+// weights instead of ~1100, sm_90a: the int4 kernel was issue-bound, not HBM-bound; the weight is then not rounded
+// to T, within the same error bound). Otherwise:
 // The dequantized weight is rounded once to A's type before the mma (gemm/woq.cuh's dequantization, shared with
 // gemm/woq_mma.cu: int4 through the magic-number conversion and the split scale, within one unit in the last
 // place of the rounded fp32 product; MXFP4 by a 16-bit multiply by a power of two, exact, or in fp32 for a batch
@@ -43,6 +48,18 @@ namespace {
 // Batches of weights in the register ring: 128 bytes of weights per lane, 4 batches of int4 / MXFP4 or 2 of int8.
 template <int KIND>
 constexpr int kStages = KIND == MB_WOQ_INT8 ? 2 : 4;
+
+// One step's four pairs of int4 codes of one row as the exact integers u - z in T (gemm/woq.cuh's nibble placement
+// without the scale): byte j's nibbles into the magic's mantissa, then one packed add of zm = -(magic + z).
+template <typename T>
+__device__ __forceinline__ void int4_codes(uint32_t w, uint32_t zm, uint32_t (&out)[4]) {
+  const uint32_t ws = w >> 4;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const uint32_t p = __byte_perm(w, ws, 0x0400u + 0x0101u * j);
+    out[j] = fma2<T>(and_or<0x000f000fu, Woq16<T>::kMagic>(p), Woq16<T>::kOne, zm);
+  }
+}
 
 template <typename T, int KIND, int WK, bool A8>
 __global__ void __launch_bounds__(kDecodeThreads, 2) grouped_woq_decode_kernel(WoqGemmParams p) {
@@ -117,12 +134,19 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) grouped_woq_decode_kernel(W
       for (int u = 0; u < U; ++u) a[buf][u] = ld_tokens(arow + k + 8 * u, k < ke && aok);
     }
   };
-  auto compute = [&](int slot, int buf) {
+  // INT4 with one scale per 128-k batch and row (group 128, or 0: per channel): the mma takes the exact integers
+  // u - z and the batch's fp32 sums are scaled afterwards, so the dequantization is 3 instructions a pair (byte
+  // permute, mask-or, one packed add) instead of 5; the weight is not rounded to T at all (closer to the fp64
+  // reference than the rounded product). Groups of 32 or 64 split a batch between lanes and keep the scaled path.
+  auto compute = [&](int slot, int buf, auto post_tag) {
     RowConsts rc[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) rc[h] = row_consts<KIND>(woq_consts<T, KIND>(sv[slot][h], zv[slot][h]));
+    constexpr bool kPost = decltype(post_tag)::value;
     auto run = [&](auto fast_tag) {
-      constexpr bool kFast = decltype(fast_tag)::value;
+      [[maybe_unused]] constexpr bool kFast = decltype(fast_tag)::value;  // MXFP4 only
+      float part[4] = {0.f, 0.f, 0.f, 0.f};
+      float(&sum)[4] = kPost ? part : acc;
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         uint32_t frag[2][4];  // k 8u + 0..3 and 8u + 4..7: {row g, row g + 8, row g, row g + 8}
@@ -131,8 +155,12 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) grouped_woq_decode_kernel(W
           const uint4& r = w[slot][h][KIND == MB_WOQ_INT8 ? u >> 1 : 0];
           const uint32_t words[4] = {r.x, r.y, r.z, r.w};
           uint32_t pairs[4];
-          dequant_step<T, KIND, kFast>(words[u], make_uint2(words[(u & 1) * 2], words[(u & 1) * 2 + 1]), rc[h],
-                                       pairs);
+          if constexpr (kPost) {
+            int4_codes<T>(words[u], rc[h].c, pairs);  // rc.c: -(magic + z) in both halves
+          } else {
+            dequant_step<T, KIND, kFast>(words[u], make_uint2(words[(u & 1) * 2], words[(u & 1) * 2 + 1]), rc[h],
+                                         pairs);
+          }
           frag[0][h] = pairs[0];
           frag[0][2 + h] = pairs[1];
           frag[1][h] = pairs[2];
@@ -145,8 +173,12 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) grouped_woq_decode_kernel(W
         } else {
           tok = a[buf][u];
         }
-        mma16816<MmaName<T>::kBf16>(acc, frag[0], tok.x, tok.y);
-        mma16816<MmaName<T>::kBf16>(acc, frag[1], tok.z, tok.w);
+        mma16816<MmaName<T>::kBf16>(sum, frag[0], tok.x, tok.y);
+        mma16816<MmaName<T>::kBf16>(sum, frag[1], tok.z, tok.w);
+      }
+      if constexpr (kPost) {  // accumulator c: row g (c < 2) or g + 8
+#pragma unroll
+        for (int c = 0; c < 4; ++c) acc[c] = fmaf(part[c], __uint_as_float(sv[slot][c >> 1]), acc[c]);
       }
     };
     if constexpr (KIND == MB_WOQ_MXFP4) {
@@ -166,16 +198,24 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) grouped_woq_decode_kernel(W
   mb::wait_for_predecessor();
   mb::let_dependents_start();
   load_tokens(0, kb);
-  for (int k0 = kb; k0 < ke; k0 += S * 128) {
+  auto stream = [&](auto post_tag) {
+    for (int k0 = kb; k0 < ke; k0 += S * 128) {
 #pragma unroll
-    for (int s = 0; s < S; ++s) {
-      const int kc = k0 + 128 * s;
-      if (kc < ke) {  // warp-uniform
-        load_tokens((s + 1) & 1, kc + 128);
-        compute(s, s & 1);
-        load_weights(s, kc + 128 * S);
+      for (int s = 0; s < S; ++s) {
+        const int kc = k0 + 128 * s;
+        if (kc < ke) {  // warp-uniform
+          load_tokens((s + 1) & 1, kc + 128);
+          compute(s, s & 1, post_tag);
+          load_weights(s, kc + 128 * S);
+        }
       }
     }
+  };
+  // The choice is CTA-uniform: one loop per path, no branch per batch.
+  if (KIND == MB_WOQ_INT4 && (p.group == 0 || p.group == 128)) {
+    stream(std::integral_constant<bool, KIND == MB_WOQ_INT4>{});
+  } else {
+    stream(std::false_type{});
   }
   // Accumulator: fragment rows g and g + 8, tokens 2q and 2q + 1 -> shared.
 #pragma unroll
