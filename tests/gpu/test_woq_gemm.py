@@ -112,6 +112,20 @@ def test_int4_against_fp64(k_split: int, counts: list[int], group: int, zeros: b
     run(WoqKind.INT4, counts, 256, 512, group, zeros=zeros, tactic=f"decode:ksplit{k_split}:plain:plain")
 
 
+# INT4 with group 128 or 0 takes the decode kernel's scaled-after-the-mma path: 1 to 16 rows per expert and empty
+# experts, n off multiples of 128 (and of 64), k of 3 and 13 128-k batches (the 4-batch ring partly filled, and
+# wrapped) and one off a multiple of 128 (group 0: the last batch partly past k), both 16-bit types, e4m3 A.
+@pytest.mark.parametrize("k_split", [1, 2, 4, 8])
+@pytest.mark.parametrize("group, zeros, n, k", [(128, True, 208, 384), (128, False, 144, 1664), (0, True, 208, 352),
+                                                (0, False, 144, 1696)])
+@pytest.mark.parametrize("dtype, e4m3", [(torch.bfloat16, False), (torch.float16, False), (torch.bfloat16, True)],
+                         ids=["bf16", "fp16", "e4m3"])
+def test_int4_scaled_after_mma(k_split: int, group: int, zeros: bool, n: int, k: int, dtype: torch.dtype,
+                               e4m3: bool) -> None:
+    run(WoqKind.INT4, [1, 0, 16, 9, 8, 2, 0], n, k, group, zeros=zeros, bias=True, dtype=dtype,
+        tactic=f"decode:ksplit{k_split}:plain:plain", e4m3=e4m3)
+
+
 @pytest.mark.parametrize("k_split", [1, 2, 8])
 @pytest.mark.parametrize("group", [0, 128])
 def test_int8_against_fp64(k_split: int, group: int) -> None:

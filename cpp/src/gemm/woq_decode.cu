@@ -119,8 +119,11 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) grouped_woq_decode_kernel(W
 #pragma unroll
       for (int r = 0; r < RAW; ++r) w[slot][h][r] = ld_weights(src + 16 * r, ok);
       const int64_t si = srow[h] + ((k >> group_shift) & group_mask);
+      // One scale per row (group 0) is read by every lane, also one whose k is past the slice: the scaled-after
+      // path multiplies each lane's share of the mma's sums (all four lanes' k) by the lane's copy of the scale.
+      const bool sok = wok[h] && (kin || group_mask == 0);
       sv[slot][h] = KIND == MB_WOQ_MXFP4 ? ld_u8(static_cast<const uint8_t*>(p.scales) + si, ok)
-                                         : ld_b32(static_cast<const float*>(p.scales) + si, ok);
+                                         : ld_b32(static_cast<const float*>(p.scales) + si, sok);
       zv[slot][h] = KIND == MB_WOQ_INT4 && p.zeros ? ld_u8(p.zeros + si, ok) : 8u;
     }
   };
