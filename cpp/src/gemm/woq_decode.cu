@@ -86,16 +86,23 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) grouped_woq_decode_kernel(W
   const int group_mask = KIND == MB_WOQ_MXFP4 || p.group ? -1 : 0;
   const int groups = KIND == MB_WOQ_MXFP4 ? K / kMxfp4Group : (p.group ? K / p.group : 1);
 
-  const uint8_t* wptr[2];  // the lane's two weight rows, their scale (and zero) rows
-  int64_t srow[2];
+  // The lane's two weight rows and their scale and zero rows, as pointers made once: a batch's scale and zero
+  // addresses are one add each, and the zero is one predicated load (no branch on p.zeros per batch).
+  const uint8_t* wptr[2];
+  const uint8_t* sptr[2];
+  const uint8_t* zptr[2];
   bool wok[2];
+  const bool has_zeros = KIND == MB_WOQ_INT4 && p.zeros != nullptr;
+  const uint32_t zero_default = has_zeros ? 0u : 8u;  // symmetric int4 is stored as q + 8
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int feat = col0 + rg * 16 + h * 8 + g;
     wok[h] = feat < N;
     const int64_t wrow = static_cast<int64_t>(expert) * N + (wok[h] ? feat : 0);
     wptr[h] = p.B + wrow * (KIND == MB_WOQ_INT8 ? K : K / 2);
-    srow[h] = wrow * groups;
+    const int64_t srow = wrow * groups;
+    sptr[h] = static_cast<const uint8_t*>(p.scales) + srow * (KIND == MB_WOQ_MXFP4 ? 1 : 4);
+    zptr[h] = has_zeros ? p.zeros + srow : sptr[h];  // not read without zeros
   }
   const bool aok = g < rows;
   const int64_t arow_index = row_begin + (aok ? g : 0);
@@ -118,13 +125,12 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) grouped_woq_decode_kernel(W
       const uint8_t* src = wptr[h] + (KIND == MB_WOQ_INT8 ? k : k / 2);
 #pragma unroll
       for (int r = 0; r < RAW; ++r) w[slot][h][r] = ld_weights(src + 16 * r, ok);
-      const int64_t si = srow[h] + ((k >> group_shift) & group_mask);
+      const int gi = (k >> group_shift) & group_mask;
       // One scale per row (group 0) is read by every lane, also one whose k is past the slice: the scaled-after
       // path multiplies each lane's share of the mma's sums (all four lanes' k) by the lane's copy of the scale.
       const bool sok = wok[h] && (kin || group_mask == 0);
-      sv[slot][h] = KIND == MB_WOQ_MXFP4 ? ld_u8(static_cast<const uint8_t*>(p.scales) + si, ok)
-                                         : ld_b32(static_cast<const float*>(p.scales) + si, sok);
-      zv[slot][h] = KIND == MB_WOQ_INT4 && p.zeros ? ld_u8(p.zeros + si, ok) : 8u;
+      sv[slot][h] = KIND == MB_WOQ_MXFP4 ? ld_u8(sptr[h] + gi, ok) : ld_b32(sptr[h] + 4 * gi, sok);
+      zv[slot][h] = KIND == MB_WOQ_INT4 ? ld_u8(zptr[h] + gi, ok && has_zeros) | zero_default : 8u;
     }
   };
   auto load_tokens = [&](int buf, int k0) {
