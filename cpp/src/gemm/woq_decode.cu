@@ -51,6 +51,20 @@ constexpr int kStages = KIND == MB_WOQ_INT8 ? 2 : 4;
 
 // One step's four pairs of int4 codes of one row as the exact integers u - z in T (gemm/woq.cuh's nibble placement
 // without the scale): byte j's nibbles into the magic's mantissa, then one packed add of zm = -(magic + z).
+// One step's four pairs of MXFP4 codes of one row in bf16 (the 16-bit path: `mult` = the row's power of two, in
+// both halves): gemm/woq.cuh's placement ((p << 6) & 0x01c001c0) | ((p << 12) & 0x80008000) as a mask of the two
+// nibbles, one multiply by 2^6 + 2^12 and one mask. The two shifted copies of the nibbles occupy disjoint bits (6-9
+// and 12-15 of each half), so their sum carries nothing: bits 6-8 hold the code's exponent and mantissa, bit 15 its
+// sign. (fp16's placement shifts by 9 and 12, whose copies overlap: it keeps gemm/woq.cuh's.)
+__device__ __forceinline__ void mxfp4_codes_bf16(uint32_t w, uint32_t mult, uint32_t (&out)[4]) {
+  const uint32_t ws = w >> 4;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const uint32_t p = __byte_perm(w, ws, 0x0400u + 0x0101u * j) & 0x000f000fu;  // the other bytes are w's byte 0
+    out[j] = fma2<__nv_bfloat16>((p * 0x1040u) & 0x81c081c0u, mult, kNegZero2);
+  }
+}
+
 template <typename T>
 __device__ __forceinline__ void int4_codes(uint32_t w, uint32_t zm, uint32_t (&out)[4]) {
   const uint32_t ws = w >> 4;
@@ -166,6 +180,8 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) grouped_woq_decode_kernel(W
           uint32_t pairs[4];
           if constexpr (kPost) {
             int4_codes<T>(words[u], rc[h].c, pairs);  // rc.c: -(magic + z) in both halves
+          } else if constexpr (KIND == MB_WOQ_MXFP4 && kFast && MmaName<T>::kBf16) {
+            mxfp4_codes_bf16(words[u], rc[h].a, pairs);
           } else {
             dequant_step<T, KIND, kFast>(words[u], make_uint2(words[(u & 1) * 2], words[(u & 1) * 2 + 1]), rc[h],
                                          pairs);
