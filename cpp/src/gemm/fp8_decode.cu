@@ -67,18 +67,14 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) fp8_decode_kernel(Fp8GemmPa
   const bool wok0 = r0 < N, wok1 = r0 + 8 < N;
   const uint8_t* B = p.B + (int64_t)expert * N * K;
   const uint8_t* wrow0 = B + (int64_t)(wok0 ? r0 : 0) * K;
-  const uint8_t* wrow1 = B + (int64_t)(wok1 ? r0 + 8 : 0) * K;
+  const uint8_t* wrow1 = wrow0 + 8 * K;  // read only where wok1 (then wok0 too)
   const bool aok = g < rows;
   const uint8_t* arow = p.A + (row_begin + (aok ? g : 0)) * K;
   // BLOCK128: the lane's weight-scale row (its two rows share a 128-row block) and token-scale rows.
   const float* sb_row = p.scale_b + ((int64_t)expert * fp8_k_blocks(N) + min(r0, N - 1) / kFp8Block) * kbn;
-  const float* sa_row[2];
-  bool tok_ok[2];
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    tok_ok[j] = 2 * q + j < rows;
-    sa_row[j] = p.scale_a + (row_begin + (tok_ok[j] ? 2 * q + j : 0)) * (kBlock ? kbn : 1);
-  }
+  // The lane's two token-scale rows 2q and 2q + 1 (adjacent: one pointer and a stride).
+  const bool tok_ok0 = 2 * q < rows, tok_ok1 = 2 * q + 1 < rows;
+  const float* sa_row = p.scale_a + (row_begin + (tok_ok0 ? 2 * q : 0)) * (kBlock ? kbn : 1);
 
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   // This warp's K slice: whole 128-k blocks (the last slice shorter; K % 16 == 0, so a lane's 16-byte
@@ -108,9 +104,11 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) fp8_decode_kernel(Fp8GemmPa
     if constexpr (kBlock) {
 #pragma unroll
       for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int j = 0; j < 2; ++j)
-          sa[buf][h][j] = ld_scale(sa_row[j] + k0 / kFp8Block + h, k0 + h * kFp8Block < ke && tok_ok[j]);
+        {
+          const bool kin = k0 + h * kFp8Block < ke;
+          sa[buf][h][0] = ld_scale(sa_row + k0 / kFp8Block + h, kin && tok_ok0);
+          sa[buf][h][1] = ld_scale(sa_row + kbn + k0 / kFp8Block + h, kin && tok_ok1);
+        }
     }
   };
   auto compute = [&](int buf) {
