@@ -18,6 +18,11 @@
 // Epilogues (p.epilogue): the plain store, or the finalize (as gemm/decode.cu's): each output pair times its
 // row's routing weight, added with one packed 2-element atomic into the token's output row.
 //
+// Two CTAs per SM (launch bounds: <= 128 registers): 16 warps each with a batch or two of weights requested, and one
+// CTA's prologue and epilogue covered by the other's stream. BLOCK128 wanted 168 registers (one CTA per SM, 8 warps:
+// 5-40% slower than ROWWISE in the 2026-11-28 probe); at 128 it spills 84-160 bytes, L1-resident loads that the
+// kernel has the issue slots for (it issues ~1 instruction a clock per SM at the read rate).
+//
 // CTA = 8 warps = one (expert, chunk of up to 8 token rows, 128 / WK weight rows) unit; WK warps split K
 // into slices of whole 128-k blocks; partial sums meet in shared memory and are reduced in fixed warp
 // order (bit-reproducible). The grid is sized from host-known bounds and each CTA finds its chunk with
