@@ -7,9 +7,10 @@
 //   MB_WOQ_MXFP4: B uint8 [E, n, k/2] e2m1 codes, scales uint8 e8m0 [E, n, k/32]; w = e2m1(u) * 2^(e - 127).
 // INT4 with group 128 or one scale per row (group 0), the common case, skips the scale in the dequantization: the mma
 // takes the exact integers u - z in T and each 128-k batch's fp32 sums are multiplied by the row's scale after it
-// (int4_codes below; 3 instructions a pair instead of 5, so a warp's main loop is ~820 instructions per 4 KB of
-// weights instead of ~1100, sm_90a: the int4 kernel was issue-bound, not HBM-bound; the weight is then not rounded
-// to T, within the same error bound). Otherwise:
+// (int4_codes below; 3 instructions a pair instead of 5: a warp's main loop is 742 instructions per 4 KB of weights
+// instead of 1098 on sm_90a, where at the read rate 1098 would be 4.4 a clock per SM, more than the SM issues: the
+// int4 kernel was issue-bound, not HBM-bound; the weight is then not rounded to T, within the same error bound).
+// Otherwise:
 // The dequantized weight is rounded once to A's type before the mma (gemm/woq.cuh's dequantization, shared with
 // gemm/woq_mma.cu: int4 through the magic-number conversion and the split scale, within one unit in the last
 // place of the rounded fp32 product; MXFP4 by a 16-bit multiply by a power of two, exact, or in fp32 for a batch
@@ -49,8 +50,6 @@ namespace {
 template <int KIND>
 constexpr int kStages = KIND == MB_WOQ_INT8 ? 2 : 4;
 
-// One step's four pairs of int4 codes of one row as the exact integers u - z in T (gemm/woq.cuh's nibble placement
-// without the scale): byte j's nibbles into the magic's mantissa, then one packed add of zm = -(magic + z).
 // One step's four pairs of MXFP4 codes of one row in bf16 (the 16-bit path: `mult` = the row's power of two, in
 // both halves): gemm/woq.cuh's placement ((p << 6) & 0x01c001c0) | ((p << 12) & 0x80008000) as a mask of the two
 // nibbles, one multiply by 2^6 + 2^12 and one mask. The two shifted copies of the nibbles occupy disjoint bits (6-9
@@ -65,6 +64,8 @@ __device__ __forceinline__ void mxfp4_codes_bf16(uint32_t w, uint32_t mult, uint
   }
 }
 
+// One step's four pairs of int4 codes of one row as the exact integers u - z in T (gemm/woq.cuh's nibble placement
+// without the scale): byte j's nibbles into the magic's mantissa, then one packed add of zm = -(magic + z).
 template <typename T>
 __device__ __forceinline__ void int4_codes(uint32_t w, uint32_t zm, uint32_t (&out)[4]) {
   const uint32_t ws = w >> 4;
