@@ -44,26 +44,28 @@ def read_rate() -> float:
 
 
 def decode_table(rows: list[dict], key: str, old: list[dict] | None, read_bps: float) -> None:
-    """The decode tactics at 1 and 16 tokens: the best one's time and the touched experts' stored bytes over it as a
-    fraction of the read rate; with `old` (the same rows from an older library), its best beside it."""
+    """The decode tactics at 1 and 16 tokens: the touched experts' stored bytes over each K split's time as a fraction
+    of the read rate, and the best one's time; with `old` (the same rows from an older library), its best beside it."""
     print(f"\nread rate {read_bps / 1e12:.2f} TB/s; decode at 1 and 16 tokens: touched experts' weights + scales "
-          f"(+ zeros) / best decode time, as a fraction of the read rate")
+          f"(+ zeros) / time, as a fraction of the read rate, per K split, and the best")
     old_by = {(r["gemm"], r[key], r["tokens"]): r for r in old or []}
-    print(f"{'gemm':<11} {key:<9} {'tok':>3} {'MB':>7} {'floor us':>8} {'best decode':<12} {'us':>7} {'rate':>5}" +
-          ("   old: best        us    rate" if old else ""))
+    print(f"{'gemm':<11} {key:<9} {'tok':>3} {'MB':>7} {'floor us':>8}  ks1   ks2   ks4   ks8  {'best':<8} {'us':>7}" +
+          ("   old: best      us   rate" if old else ""))
     for r in rows:
-        dec = {t: v for t, v in r["times"].items() if t.startswith("decode:")}
+        dec = {t.split(":")[1]: v for t, v in r["times"].items() if t.startswith("decode:")}
         if r["tokens"] > 16 or not dec:
             continue
-        best = min(dec, key=dec.get)
         floor = r["bytes"] / read_bps * 1e6
-        line = (f"{r['gemm']:<11} {r[key]:<9} {r['tokens']:>3} {r['bytes'] / 1e6:>7.1f} {floor:>8.1f} "
-                f"{best.split(':')[1]:<12} {dec[best]:>7.1f} {floor / dec[best]:>5.0%}")
+        best = min(dec, key=dec.get)
+        fr = "".join(f"{floor / dec[t]:>5.0%} " if t in dec else "    - " for t in ("ksplit1", "ksplit2", "ksplit4",
+                                                                                  "ksplit8"))
+        line = (f"{r['gemm']:<11} {r[key]:<9} {r['tokens']:>3} {r['bytes'] / 1e6:>7.1f} {floor:>8.1f} {fr} "
+                f"{best:<8} {dec[best]:>7.1f}")
         o = old_by.get((r["gemm"], r[key], r["tokens"]))
         if o:
-            odec = {t: v for t, v in o["times"].items() if t.startswith("decode:")}
+            odec = {t.split(":")[1]: v for t, v in o["times"].items() if t.startswith("decode:")}
             ob = min(odec, key=odec.get)
-            line += f"   {ob.split(':')[1]:<12} {odec[ob]:>7.1f} {floor / odec[ob]:>5.0%}"
+            line += f"   {ob:<8} {odec[ob]:>7.1f} {floor / odec[ob]:>5.0%}"
         print(line)
 
 
