@@ -126,6 +126,15 @@ def test_int4_scaled_after_mma(k_split: int, group: int, zeros: bool, n: int, k:
         tactic=f"decode:ksplit{k_split}:plain:plain", e4m3=e4m3)
 
 
+# INT8 with group 128 or 0 takes the same path (the mma on q, the scale after it): as above, without zero points.
+@pytest.mark.parametrize("k_split", [1, 2, 4, 8])
+@pytest.mark.parametrize("group, n, k", [(128, 208, 1664), (0, 144, 352), (0, 208, 1696)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_int8_scaled_after_mma(k_split: int, group: int, n: int, k: int, dtype: torch.dtype) -> None:
+    run(WoqKind.INT8, [1, 0, 16, 9, 8, 2, 0], n, k, group, bias=True, dtype=dtype,
+        tactic=f"decode:ksplit{k_split}:plain:plain")
+
+
 @pytest.mark.parametrize("k_split", [1, 2, 8])
 @pytest.mark.parametrize("group", [0, 128])
 def test_int8_against_fp64(k_split: int, group: int) -> None:

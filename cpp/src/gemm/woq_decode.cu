@@ -5,8 +5,8 @@
 //                 8 when zeros is NULL (symmetric int4 stored as q + 8);
 //   MB_WOQ_INT8 : B int8 [E, n, k]; w = q * s;
 //   MB_WOQ_MXFP4: B uint8 [E, n, k/2] e2m1 codes, scales uint8 e8m0 [E, n, k/32]; w = e2m1(u) * 2^(e - 127).
-// INT4 with group 128 or one scale per row (group 0), the common case, skips the scale in the dequantization: the mma
-// takes the exact integers u - z in T and each 128-k batch's fp32 sums are multiplied by the row's scale after it
+// INT4 and INT8 with group 128 or one scale per row (group 0), the common cases, skip the scale in the dequantization:
+// the mma takes the exact integers u - z (q) in T and each 128-k batch's fp32 sums are multiplied by the row's scale after it
 // (int4_codes below; 3 instructions a pair instead of 5: a warp's main loop is 742 instructions per 4 KB of weights
 // instead of 1098 on sm_90a, where at the read rate 1098 would be 4.4 a clock per SM, more than the SM issues: the
 // int4 kernel was issue-bound, not HBM-bound; the weight is then not rounded to T, within the same error bound).
@@ -73,6 +73,20 @@ __device__ __forceinline__ void int4_codes(uint32_t w, uint32_t zm, uint32_t (&o
   for (int j = 0; j < 4; ++j) {
     const uint32_t p = __byte_perm(w, ws, 0x0400u + 0x0101u * j);
     out[j] = fma2<T>(and_or<0x000f000fu, Woq16<T>::kMagic>(p), Woq16<T>::kOne, zm);
+  }
+}
+
+// One step's four pairs of int8 codes of one row as the exact integers q in T (gemm/woq.cuh's int8 conversion without
+// the scale: 2^23 + q + 128 as fp32 bits, minus 2^23 + 128, packed exactly): `w8` the row's two words of the step.
+template <typename T>
+__device__ __forceinline__ void int8_codes(uint2 w8, uint32_t (&out)[4]) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const uint32_t biased = (j < 2 ? w8.x : w8.y) ^ 0x80808080u;  // q + 128 per byte
+    const uint32_t b = (j & 1) * 2;
+    const float q0 = __uint_as_float(__byte_perm(biased, 0x4b000000u, 0x7440u | b)) - 8388736.f;
+    const float q1 = __uint_as_float(__byte_perm(biased, 0x4b000000u, 0x7440u | (b + 1))) - 8388736.f;
+    out[j] = pack_rn<T>(q0, q1);
   }
 }
 
@@ -158,10 +172,11 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) grouped_woq_decode_kernel(W
       for (int u = 0; u < U; ++u) a[buf][u] = ld_tokens(arow + k + 8 * u, k < ke && aok);
     }
   };
-  // INT4 with one scale per 128-k batch and row (group 128, or 0: per channel): the mma takes the exact integers
-  // u - z and the batch's fp32 sums are scaled afterwards, so the dequantization is 3 instructions a pair (byte
-  // permute, mask-or, one packed add) instead of 5; the weight is not rounded to T at all (closer to the fp64
-  // reference than the rounded product). Groups of 32 or 64 split a batch between lanes and keep the scaled path.
+  // INT4 and INT8 with one scale per 128-k batch and row (group 128, or 0: per channel): the mma takes the exact
+  // integers (u - z, or q) and the batch's fp32 sums are scaled afterwards, so int4's dequantization is 3
+  // instructions a pair (byte permute, mask-or, one packed add) instead of 5, int8's 5 instead of 7 (no fp32
+  // multiplies); the weight is not rounded to T at all (closer to the fp64 reference than the rounded product).
+  // Groups of 32 or 64 split a batch between lanes and keep the scaled path.
   auto compute = [&](int slot, int buf, auto post_tag) {
     RowConsts rc[2];
 #pragma unroll
@@ -179,7 +194,9 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) grouped_woq_decode_kernel(W
           const uint4& r = w[slot][h][KIND == MB_WOQ_INT8 ? u >> 1 : 0];
           const uint32_t words[4] = {r.x, r.y, r.z, r.w};
           uint32_t pairs[4];
-          if constexpr (kPost) {
+          if constexpr (kPost && KIND == MB_WOQ_INT8) {
+            int8_codes<T>(make_uint2(words[(u & 1) * 2], words[(u & 1) * 2 + 1]), pairs);
+          } else if constexpr (kPost) {
             int4_codes<T>(words[u], rc[h].c, pairs);  // rc.c: -(magic + z) in both halves
           } else if constexpr (KIND == MB_WOQ_MXFP4 && kFast && MmaName<T>::kBf16) {
             mxfp4_codes_bf16(words[u], rc[h].a, pairs);
@@ -238,8 +255,9 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) grouped_woq_decode_kernel(W
     }
   };
   // The choice is CTA-uniform: one loop per path, no branch per batch.
-  if (KIND == MB_WOQ_INT4 && (p.group == 0 || p.group == 128)) {
-    stream(std::integral_constant<bool, KIND == MB_WOQ_INT4>{});
+  constexpr bool kCanPost = KIND == MB_WOQ_INT4 || KIND == MB_WOQ_INT8;
+  if (kCanPost && (p.group == 0 || p.group == 128)) {
+    stream(std::integral_constant<bool, kCanPost>{});
   } else {
     stream(std::false_type{});
   }
