@@ -10,7 +10,9 @@ mma kernel (several 64- and 128-row tiles, a partial last one, and 40 experts), 
 Error bound, per output element: |C - ref| <= 2^-8 (|ref| + S), S = sum_k |a_k w_k|. The kernel rounds each
 dequantized weight to the activation type (2^-9 relative for bf16, 2^-12 for fp16) and sums in fp32; the
 output is rounded once more (2^-9 |ref|). Both terms doubled for slack; fp16 is held to the same bound. (Both
-kernels' int4 weights may land one unit in the last place from the fp32 product's rounding: inside the slack.)
+kernels' int4 weights may land one unit in the last place from the fp32 product's rounding: inside the slack. The
+decode kernel's int4 and int8 with group 128 or 0 do not round the weights at all: the mma takes the integers and
+the scale multiplies the fp32 sums.)
 
 W4AFP8 (A e4m3 with a per-row fp32 scale, int4 weights): the reference is scale_a[p] * (A8[p] @ W^T) in fp64. The
 kernels convert every e4m3 value to the 16-bit type exactly, so their error sources are the 16-bit GEMM's, plus one
@@ -204,8 +206,12 @@ def test_mma_bias_dtype_launch_and_sizes_off_128(tile: str, dtype: torch.dtype, 
 def test_decode_and_mma_agree(dtype: torch.dtype, case_args: tuple) -> None:
     """The two kernels on the same operands: the same rows written, and values within one output rounding
     (2^-7 |C|) plus 2^-12 S (fp32 summation orders; the mma kernel's int4 weights one unit in the last place off
-    the fp32 product's rounding at times)."""
+    the fp32 product's rounding at times), plus, for int4 and int8 with group 128 or 0, u S with u the unit roundoff
+    of the 16-bit type (2^-8 bf16, 2^-11 fp16): there the decode kernel scales after the mma and does not round the
+    weights, the mma kernel does (emulated on the CPU for this case, bf16: up to 0.88 of the bound without that term)."""
     kind, group, zeros, e8m0 = case_args
+    unrounded = kind in (WoqKind.INT4, WoqKind.INT8) and group in (0, 128)
+    u = (2.0 ** -8 if dtype == torch.bfloat16 else 2.0 ** -11) if unrounded else 0.0
     seed = random.SystemRandom().randrange(1 << 30)
     counts = [5, 0, 130, 64, 9]
     dev, ref, mag, used = case(kind, counts, 208, 2880 if group != 128 else 2944, group, zeros, True, dtype, seed,
@@ -216,7 +222,7 @@ def test_decode_and_mma_agree(dtype: torch.dtype, case_args: tuple) -> None:
         got = gemm(dev, kind, group, rows, n, dtype, f"mma:{tile}:plain:plain")
         where = f"(seed {seed}, {kind.value}, {tile}, {dtype})"
         assert torch.equal(torch.isnan(got), torch.isnan(decode)), f"rows written differ {where}"
-        excess = (got[:used] - decode[:used]).abs() - 2.0 ** -7 * decode[:used].abs() - 2.0 ** -12 * mag[:used]
+        excess = (got[:used] - decode[:used]).abs() - 2.0 ** -7 * decode[:used].abs() - (2.0 ** -12 + u) * mag[:used]
         assert float(excess.max()) <= 0, f"decode and mma differ by {float(excess.max()):.3g} past it {where}"
 
 
