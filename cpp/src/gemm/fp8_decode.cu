@@ -108,12 +108,11 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) fp8_decode_kernel(Fp8GemmPa
     }
     if constexpr (kBlock) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
-        {
-          const bool kin = k0 + h * kFp8Block < ke;
-          sa[buf][h][0] = ld_scale(sa_row + k0 / kFp8Block + h, kin && tok_ok0);
-          sa[buf][h][1] = ld_scale(sa_row + kbn + k0 / kFp8Block + h, kin && tok_ok1);
-        }
+      for (int h = 0; h < 2; ++h) {
+        const bool kin = k0 + h * kFp8Block < ke;
+        sa[buf][h][0] = ld_scale(sa_row + k0 / kFp8Block + h, kin && tok_ok0);
+        sa[buf][h][1] = ld_scale(sa_row + kbn + k0 / kFp8Block + h, kin && tok_ok1);
+      }
     }
   };
   auto compute = [&](int buf) {
