@@ -1,13 +1,84 @@
-"""The timing the GEMM tactic probes share (bench/fp8_tactics_probe.py, bench/woq_tactics_probe.py): one call's
-GPU time with L2 flushed before it, median of `iters`, in microseconds."""
+"""What the GEMM tactic probes share (bench/fp8_tactics_probe.py, bench/woq_tactics_probe.py): one call's GPU time
+with L2 flushed before it, the read rate measured in the same process, the decode table, and the side-by-side run
+of an older library.
+
+The flush reads 256 MB (a sum) instead of writing it: a written flush leaves L2 (50 MB on an H100/H200) full of
+dirty lines, and the timed call then pays their write-back while it streams its weights, ~12 us at 4.3 TB/s, which
+is most of the gap between a 1-token decode GEMM and its byte floor. MB_PROBE_FLUSH=write restores the written flush
+(the probes' JSON before 2026-11-29 were measured so)."""
+import json, os, subprocess, sys, tempfile
 import torch
+
+_flush: torch.Tensor | None = None
+
+
+def _flush_l2() -> None:
+    global _flush
+    if os.environ.get("MB_PROBE_FLUSH") == "write":
+        if _flush is None or _flush.dtype != torch.uint8:
+            _flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+        _flush.zero_()
+        return
+    if _flush is None or _flush.dtype != torch.float32:
+        _flush = torch.ones(64 << 20, dtype=torch.float32, device="cuda")
+    _flush.sum()
 
 
 def tms(fn, iters=20):
-    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    """Median GPU time of fn() in microseconds, L2 flushed before each call."""
     for _ in range(3): fn()
     ts = []
     for _ in range(iters):
-        flush.zero_(); s, e = torch.cuda.Event(True), torch.cuda.Event(True)
+        _flush_l2(); s, e = torch.cuda.Event(True), torch.cuda.Event(True)
         s.record(); fn(); e.record(); torch.cuda.synchronize(); ts.append(s.elapsed_time(e) * 1000)
     ts.sort(); return ts[len(ts) // 2]
+
+
+def read_rate() -> float:
+    """HBM read rate in bytes/s: the faster of two read-only fp32 sums over 2 GiB of ones (a whole-tensor sum and a
+    row sum), median of 10 each, over initialized memory (woq_gemm_probe.json of 2026-11-28 recorded 247 GB/s from a
+    sum over 1 GiB of torch.empty: not an HBM rate, hence the two forms and the printed value to check)."""
+    x = torch.ones(512 << 20, dtype=torch.float32, device="cuda")
+    best = min(tms(lambda: x.sum(), iters=10), tms(lambda: x.view(-1, 4096).sum(dim=1), iters=10))
+    return (2 << 30) / (best * 1e-6)
+
+
+def decode_table(rows: list[dict], key: str, old: list[dict] | None, read_bps: float) -> None:
+    """The decode tactics at 1 and 16 tokens: the touched experts' stored bytes over each K split's time as a fraction
+    of the read rate, and the best one's time; with `old` (the same rows from an older library), its best beside it."""
+    print(f"\nread rate {read_bps / 1e12:.2f} TB/s; decode at 1 and 16 tokens: touched experts' weights + scales "
+          f"(+ zeros) / time, as a fraction of the read rate, per K split, and the best")
+    old_by = {(r["gemm"], r[key], r["tokens"]): r for r in old or []}
+    print(f"{'gemm':<11} {key:<9} {'tok':>3} {'MB':>7} {'floor us':>8}  ks1   ks2   ks4   ks8  {'best':<8} {'us':>7}" +
+          ("   old: best      us   rate" if old else ""))
+    for r in rows:
+        dec = {t.split(":")[1]: v for t, v in r["times"].items() if t.startswith("decode:")}
+        if r["tokens"] > 16 or not dec:
+            continue
+        floor = r["bytes"] / read_bps * 1e6
+        best = min(dec, key=dec.get)
+        fr = "".join(f"{floor / dec[t]:>5.0%} " if t in dec else "    - " for t in ("ksplit1", "ksplit2", "ksplit4",
+                                                                                  "ksplit8"))
+        line = (f"{r['gemm']:<11} {r[key]:<9} {r['tokens']:>3} {r['bytes'] / 1e6:>7.1f} {floor:>8.1f} {fr} "
+                f"{best:<8} {dec[best]:>7.1f}")
+        o = old_by.get((r["gemm"], r[key], r["tokens"]))
+        if o:
+            odec = {t.split(":")[1]: v for t, v in o["times"].items() if t.startswith("decode:")}
+            ob = min(odec, key=odec.get)
+            line += f"   {ob:<8} {odec[ob]:>7.1f} {floor / odec[ob]:>5.0%}"
+        print(line)
+
+
+def run_old(script: str, out_name: str) -> list[dict] | None:
+    """With MB_PROBE_OLD_LIB set (a library path, build.json beside it), the probe `script` once more on that library
+    in a child process (one library per process), its rows returned for the side-by-side table; else None."""
+    old_lib = os.environ.get("MB_PROBE_OLD_LIB")
+    if not old_lib:
+        return None
+    with tempfile.TemporaryDirectory() as d:
+        env = {k: v for k, v in os.environ.items() if k != "MB_PROBE_OLD_LIB"}
+        env.update(MOE_BUILD_KERNELS_LIB=old_lib, OUT=d)
+        print(f"\n--- the same probe on the old library {old_lib} ---", flush=True)
+        subprocess.run([sys.executable, script], env=env, check=True)
+        data = json.load(open(os.path.join(d, out_name)))
+    return data["rows"] if isinstance(data, dict) else data

@@ -1,18 +1,20 @@
 """The weight-only grouped GEMM (mb_grouped_gemm_woq) under every tactic, int4 (group 128, zero points) and MXFP4, on
 the bench shapes' GEMMs at 1, 16, 64 and 256 tokens, L2 flushed before each call, median of 20, beside the bf16
-grouped GEMM's decode kernel and the time the stored bytes take at the measured read rate: the evidence for the
-weight-only rules in moe_build/planner/tactics.py. Writes woq_gemm_probe.json to $OUT (or the working directory).
+grouped GEMM's decode kernel and the time the stored bytes take at the read rate measured here (a read-only sum over
+2 GiB): the evidence for the weight-only rules in moe_build/planner/tactics.py. Writes woq_gemm_probe.json to $OUT (or
+the working directory); ends with the decode table (gemm_probe_timing.decode_table: achieved read rate of the best
+decode tactic at 1 and 16 tokens).
 
     MOE_BUILD_KERNELS_LIB=.../libmoe_build_kernels.so python bench/woq_tactics_probe.py
+    MB_PROBE_OLD_LIB=.../old/libmoe_build_kernels.so ...   # also runs it on an older library, side by side
 """
 import json, os, torch
-from gemm_probe_timing import tms
+from gemm_probe_timing import decode_table, read_rate, run_old, tms
 from moe_build import kernels as K
 from moe_build.weights.woq import WoqKind
 
 
-big = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-read_bps = big.numel() / (tms(lambda: big.view(torch.float32).sum()) * 1e-6)  # a read-only reduction
+read_bps = read_rate()
 gemms = {"qwen3_g1": (128, 8, 1536, 2048), "qwen3_g2": (128, 8, 2048, 768), "mixtral_g1": (8, 2, 28672, 4096),
          "mixtral_g2": (8, 2, 4096, 14336), "dsv2_g1": (64, 6, 2816, 2048)}
 rows = []
@@ -42,5 +44,6 @@ for name, (E, topk, n, k) in gemms.items():
             floor = round(stored / read_bps * 1e6, 1)
             best = min((t for t in res if not t.startswith("bf16")), key=res.get)
             print(name, kind.value, tokens, "floor", floor, res, "best", best, flush=True)
-            rows.append(dict(gemm=name, kind=kind.value, tokens=tokens, floor_us=floor, times=res))
+            rows.append(dict(gemm=name, kind=kind.value, tokens=tokens, bytes=stored, floor_us=floor, times=res))
 json.dump(dict(read_bytes_per_s=read_bps, rows=rows), open(os.path.join(os.environ.get("OUT", "."), "woq_gemm_probe.json"), "w"), indent=1)
+decode_table(rows, "kind", run_old(__file__, "woq_gemm_probe.json"), read_bps)

@@ -18,6 +18,11 @@
 // Epilogues (p.epilogue): the plain store, or the finalize (as gemm/decode.cu's): each output pair times its
 // row's routing weight, added with one packed 2-element atomic into the token's output row.
 //
+// Two CTAs per SM (launch bounds: <= 128 registers): 16 warps each with a batch or two of weights requested, and one
+// CTA's prologue and epilogue covered by the other's stream. BLOCK128 wanted 168 registers (one CTA per SM, 8 warps:
+// 5-40% slower than ROWWISE in the 2026-11-28 probe); at 128 it spills 84-160 bytes, L1-resident loads that the
+// kernel has the issue slots for (it issues ~1 instruction a clock per SM at the read rate).
+//
 // CTA = 8 warps = one (expert, chunk of up to 8 token rows, 128 / WK weight rows) unit; WK warps split K
 // into slices of whole 128-k blocks; partial sums meet in shared memory and are reduced in fixed warp
 // order (bit-reproducible). The grid is sized from host-known bounds and each CTA finds its chunk with
@@ -48,7 +53,7 @@ __device__ __forceinline__ void mma_e4m3(float (&c)[4], const uint32_t (&a)[4], 
 __device__ __forceinline__ float ld_scale(const float* p, bool valid) { return valid ? __ldg(p) : 0.f; }
 
 template <typename T, int SCALING, int WK, int EPI>
-__global__ void __launch_bounds__(kDecodeThreads) fp8_decode_kernel(Fp8GemmParams p) {
+__global__ void __launch_bounds__(kDecodeThreads, 2) fp8_decode_kernel(Fp8GemmParams p) {
   constexpr int R = 16 * (kDecodeWarps / WK);  // weight rows (output columns) per CTA
   constexpr bool kBlock = SCALING == MB_FP8_BLOCK128;
   __shared__ float s_part[WK][R][kDecodeTokens + 1];
@@ -67,18 +72,14 @@ __global__ void __launch_bounds__(kDecodeThreads) fp8_decode_kernel(Fp8GemmParam
   const bool wok0 = r0 < N, wok1 = r0 + 8 < N;
   const uint8_t* B = p.B + (int64_t)expert * N * K;
   const uint8_t* wrow0 = B + (int64_t)(wok0 ? r0 : 0) * K;
-  const uint8_t* wrow1 = B + (int64_t)(wok1 ? r0 + 8 : 0) * K;
+  const uint8_t* wrow1 = wrow0 + 8 * K;  // read only where wok1 (then wok0 too)
   const bool aok = g < rows;
   const uint8_t* arow = p.A + (row_begin + (aok ? g : 0)) * K;
   // BLOCK128: the lane's weight-scale row (its two rows share a 128-row block) and token-scale rows.
   const float* sb_row = p.scale_b + ((int64_t)expert * fp8_k_blocks(N) + min(r0, N - 1) / kFp8Block) * kbn;
-  const float* sa_row[2];
-  bool tok_ok[2];
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    tok_ok[j] = 2 * q + j < rows;
-    sa_row[j] = p.scale_a + (row_begin + (tok_ok[j] ? 2 * q + j : 0)) * (kBlock ? kbn : 1);
-  }
+  // The lane's two token-scale rows 2q and 2q + 1 (adjacent: one pointer and a stride).
+  const bool tok_ok0 = 2 * q < rows, tok_ok1 = 2 * q + 1 < rows;
+  const float* sa_row = p.scale_a + (row_begin + (tok_ok0 ? 2 * q : 0)) * (kBlock ? kbn : 1);
 
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   // This warp's K slice: whole 128-k blocks (the last slice shorter; K % 16 == 0, so a lane's 16-byte
@@ -107,10 +108,11 @@ __global__ void __launch_bounds__(kDecodeThreads) fp8_decode_kernel(Fp8GemmParam
     }
     if constexpr (kBlock) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int j = 0; j < 2; ++j)
-          sa[buf][h][j] = ld_scale(sa_row[j] + k0 / kFp8Block + h, k0 + h * kFp8Block < ke && tok_ok[j]);
+      for (int h = 0; h < 2; ++h) {
+        const bool kin = k0 + h * kFp8Block < ke;
+        sa[buf][h][0] = ld_scale(sa_row + k0 / kFp8Block + h, kin && tok_ok0);
+        sa[buf][h][1] = ld_scale(sa_row + kbn + k0 / kFp8Block + h, kin && tok_ok1);
+      }
     }
   };
   auto compute = [&](int buf) {
