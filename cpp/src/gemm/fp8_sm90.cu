@@ -65,6 +65,14 @@ struct StaticMapBlockwise : StaticMapMainloop<Base> {
     const int64_t kb = fp8_k_blocks(params.k), nb = fp8_k_blocks(params.n);
     return Base::load_init(shape, params, params.scale_a + this->row_a_ * kb, params.scale_b + group * nb * kb);
   }
+  // The scales' producer warp reads scale_a, which the previous kernel writes (the activation quantization,
+  // which lets this kernel launch as it starts): like the A / B producer it waits for that kernel before its
+  // first copy (await_inputs; at once where the GEMM was not launched after a trigger).
+  template <class... Args>
+  CUTLASS_DEVICE void load_auxiliary(Args&&... args) {
+    this->await_inputs();
+    Base::load_auxiliary(static_cast<Args&&>(args)...);
+  }
 };
 
 // The FP8 tiles, k blocks of 128 (128 bytes): tile shape, cluster shape, the kernel schedules of both
