@@ -86,6 +86,21 @@ def test_tactic_struct_matches_header() -> None:
     assert all(ct is ctypes.c_int32 for _, ct in kernels.GemmTacticStruct._fields_)
 
 
+def test_tile_names_are_the_planners() -> None:
+    """tile_name (gemm/tactic.cuh, the library's messages) spells every mb_gemm_tile as the planner does, and the
+    tactic struct of each planner tile carries that enum value."""
+    from moe_build.kernels.ops import tactic_struct
+    from moe_build.planner.tactics import MMA_TILES, WGMMA_TILES
+    text = (kernel_build.SRC_DIR / "gemm" / "tactic.cuh").read_text()
+    spelled = {kernels.GemmTile[m.group(1)]: m.group(2)
+               for m in re.finditer(r'case MB_TILE_(\w+): return "([^"]+)";', text)}
+    assert set(spelled) == set(kernels.GemmTile)
+    for tile in WGMMA_TILES:
+        assert spelled[kernels.GemmTile(tactic_struct(f"wgmma:{tile}:plain:plain").tile)] == tile
+    for tile in MMA_TILES:
+        assert spelled[kernels.GemmTile(tactic_struct(f"mma:{tile}:plain:plain").tile)] == tile
+
+
 def test_every_gemm_entry_point_takes_a_tactic() -> None:
     for name in ("mb_grouped_gemm_sm80", "mb_grouped_gemm_sm90", "mb_grouped_gemm_sm90_finalize",
                  "mb_grouped_gemm_sm90_gated"):

@@ -116,7 +116,9 @@ def test_sm80_entry_runs_decode_then_mma_tiles() -> None:
 
 @pytest.mark.parametrize("name", ["decode:ksplit1:plain:plain", "decode:ksplit8:after_trigger:plain",
                                   "mma:128x128:plain:plain", "wgmma:coop128x256:plain:plain",
-                                  "wgmma:pingpong64x192c2:after_trigger:evict_last"])
+                                  "wgmma:pingpong64x192c2:after_trigger:evict_last",
+                                  "wgmma:coop128x128c2:after_trigger:evict_last", "wgmma:coop128x192:plain:plain",
+                                  "wgmma:coop128x192c2:after_trigger:plain"])
 def test_tactic_names_round_trip(name: str) -> None:
     assert GemmTactic.parse(name).name == name
 
@@ -183,11 +185,29 @@ def test_fp8_finalize_gemm2_tactics() -> None:
     (call(epilogue="store", fp8="rowwise"), "wgmma:coop128x128:plain:evict_last", "evict_last"),
     (call(epilogue="finalize", fp8="block128"), "wgmma:coop128x256:plain:evict_last", "block128 tiles"),
     (call(epilogue="finalize", fp8="rowwise"), "mma:64x128:plain:plain", "no FP8 kernel"),
+    (call(epilogue="store", fp8="block128"), "wgmma:coop128x192:plain:plain", "block128 tiles"),
+    (call(epilogue="finalize", fp8="block128"), "wgmma:coop128x192c2:plain:evict_last", "block128 tiles"),
+    (call(epilogue="finalize", fp8="rowwise"), "wgmma:coop128x128c2:placed:evict_last", "plainly or after a trigger"),
+    (call(epilogue="store", fp8="rowwise"), "wgmma:coop128x192c2:plain:evict_last", "evict_last"),
+    (call(epilogue="store", fp8="rowwise"), "wgmma:pingpong64x256c2:plain:plain", "rowwise tiles"),
 ])
 def test_tactics_the_fp8_gemm_cannot_run(c: GemmCall, name: str, problem: str) -> None:
     assert problem in (tactic_problem(c, GemmTactic.parse(name)) or "")
     assert tactic_problem(call(epilogue="finalize", fp8="rowwise"),
                           GemmTactic.parse("wgmma:coop128x256:after_trigger:evict_last")) is None
+
+
+@pytest.mark.parametrize("fp8,tile", [("rowwise", "coop128x128c2"), ("rowwise", "coop128x192"),
+                                      ("rowwise", "coop128x192c2"), ("block128", "coop128x128c2")])
+@pytest.mark.parametrize("epilogue", ["store", "finalize"])
+def test_the_fp8_gemm_runs_its_wide_tiles(fp8: str, tile: str, epilogue: str) -> None:
+    """The 2x1-cluster and 128x192 FP8 tiles can be forced (the rules do not choose them) with either epilogue,
+    plainly or after a trigger; the 16-bit GEMMs refuse them."""
+    f = call(epilogue=epilogue, fp8=fp8, itemsize=1)
+    l2 = "evict_last" if epilogue == "finalize" else "plain"
+    for launch in ("plain", "after_trigger"):
+        assert tactic_problem(f, GemmTactic.parse(f"wgmma:{tile}:{launch}:{l2}")) is None
+    assert "FP8 GEMM's tile" in (tactic_problem(call(), GemmTactic.parse(f"wgmma:{tile}:plain:plain")) or "")
 
 
 def test_weight_only_gemms_run_decode_then_the_woq_mma_tiles() -> None:

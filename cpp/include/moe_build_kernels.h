@@ -234,6 +234,9 @@ enum mb_gemm_tile {
   MB_TILE_PINGPONG_64x256_C2 = 7,  /* wgmma: pingpong 64 x 256 in 2x1 clusters (weight tile multicast) */
   MB_TILE_PINGPONG_64x192_C2 = 8,  /* wgmma: pingpong 64 x 192 in 2x1 clusters (row-major weights only) */
   MB_TILE_COOP_128x128 = 9,        /* wgmma: cooperative 128 x 128 (the FP8 GEMM only) */
+  MB_TILE_COOP_128x128_C2 = 10,    /* wgmma: cooperative 128 x 128 in 2x1 clusters (weight tile multicast; FP8 only) */
+  MB_TILE_COOP_128x192 = 11,       /* wgmma: cooperative 128 x 192 (the FP8 GEMM only, rowwise scales) */
+  MB_TILE_COOP_128x192_C2 = 12,    /* wgmma: cooperative 128 x 192 in 2x1 clusters (FP8 only, rowwise scales) */
 };
 enum mb_gemm_launch {
   MB_LAUNCH_PLAIN = 0,          /* an ordinary launch */
@@ -332,8 +335,10 @@ mb_status mb_grouped_gemm_sm90_gated(const void* A, const void* B, const void* b
  *                    scale_a [max_rows, ceil(k / 128)], scale_b [E, ceil(n / 128), ceil(k / 128)], row-major.
  * Tactic kernels: MB_GEMM_DECODE (mma.sync e4m3, compute capability 8.9 and later; k_split 1, 2, 4 or 8; an
  * SM 8.9 GPU needs a library built with sm_89 code, else MB_ERR_UNSUPPORTED)
- * and MB_GEMM_WGMMA (compute capability 9.0; tiles MB_TILE_COOP_128x128 and MB_TILE_PINGPONG_64x128, and
- * MB_TILE_COOP_128x256 with MB_FP8_ROWWISE; launch PLAIN or AFTER_TRIGGER, never PLACED). n and k multiples of
+ * and MB_GEMM_WGMMA (compute capability 9.0; tiles MB_TILE_COOP_128x128, MB_TILE_COOP_128x128_C2 and
+ * MB_TILE_PINGPONG_64x128, and MB_TILE_COOP_128x256, MB_TILE_COOP_128x192 and MB_TILE_COOP_128x192_C2 with
+ * MB_FP8_ROWWISE; the _C2 tiles run in 2x1 clusters whose two CTAs share, by TMA multicast, the weight tile
+ * of neighbouring row tiles of one expert; launch PLAIN or AFTER_TRIGGER, never PLACED). n and k multiples of
  * 16; A, B, C 16-byte aligned; the wgmma kernel needs mb_grouped_gemm_fp8_workspace() bytes (the decode kernel
  * none), and A must hold max_rows rows. */
 enum mb_fp8_scaling { MB_FP8_ROWWISE = 0, MB_FP8_BLOCK128 = 1 };

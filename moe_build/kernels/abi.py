@@ -67,6 +67,9 @@ class GemmTile(enum.IntEnum):
     PINGPONG_64x256_C2 = 7
     PINGPONG_64x192_C2 = 8
     COOP_128x128 = 9
+    COOP_128x128_C2 = 10
+    COOP_128x192 = 11
+    COOP_128x192_C2 = 12
 
 
 class WoqKind(enum.IntEnum):

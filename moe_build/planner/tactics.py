@@ -21,14 +21,19 @@ from ..errors import MoeBuildError
 KERNELS = ("decode", "mma", "wgmma")
 MMA_TILES = ("16x64", "64x128", "128x128")
 WGMMA_TILES = ("coop128x256", "pingpong64x256", "pingpong64x128", "pingpong64x256c2", "pingpong64x192c2",
-               "coop128x128")
+               "coop128x128", "coop128x128c2", "coop128x192", "coop128x192c2")
 FP8_SCALINGS = ("none", "rowwise", "block128")  # the GEMM's FP8 scales (mb_fp8_scaling), none for 16-bit
 WOQ_KINDS = ("none", "int4", "int8", "mxfp4")  # the weight-only GEMM's stored weights (mb_woq_kind), none otherwise
 # The weight-only GEMM's kernels (gemm/woq_abi.cu): decode, and mma.sync tiles of token rows x output columns.
 WOQ_MMA_TILES = ("64x128", "128x128")
-# The FP8 GEMM's wgmma tiles by scaling (gemm/fp8_sm90.cu); coop128x128 is the FP8 GEMM's only.
-FP8_WGMMA_TILES = {"rowwise": ("coop128x128", "coop128x256", "pingpong64x128"),
-                   "block128": ("coop128x128", "pingpong64x128")}
+# The FP8 GEMM's wgmma tiles by scaling (gemm/fp8_sm90.cu): the blockwise mainloop's tiles are 128 columns
+# wide; the c2 tiles run in 2x1 clusters that multicast their weight tile. The rules choose only the first
+# three (as measured); the others are there to be forced and probed (bench/fp8_tactics_probe.py).
+FP8_WGMMA_TILES = {"rowwise": ("coop128x128", "coop128x256", "pingpong64x128", "coop128x128c2", "coop128x192",
+                               "coop128x192c2"),
+                   "block128": ("coop128x128", "pingpong64x128", "coop128x128c2")}
+# The wgmma tiles that only the FP8 GEMM has (its k blocks of 128; the 16-bit kernels' are 64).
+FP8_ONLY_TILES = ("coop128x128", "coop128x128c2", "coop128x192", "coop128x192c2")
 K_SPLITS = (1, 2, 4, 8)
 LAUNCHES = ("plain", "after_trigger", "placed")
 OUTPUT_L2 = ("plain", "evict_last")
@@ -426,8 +431,8 @@ def tactic_problem(call: GemmCall, tactic: GemmTactic) -> str | None:
         woq_problem = _woq_tactic_problem(tactic)
         if woq_problem is not None:
             return woq_problem
-    elif tactic.kernel == "wgmma" and tactic.tile == "coop128x128":
-        return "wgmma coop128x128 is the FP8 GEMM's tile"
+    elif tactic.kernel == "wgmma" and tactic.tile in FP8_ONLY_TILES:
+        return f"wgmma {tactic.tile} is the FP8 GEMM's tile"
     if tactic.kernel == "mma" and call.weights_blocked:
         return "the mma tiles read row-major weights only (weight_layout=row_major)"
     if tactic.kernel == "wgmma" and call.weights_blocked and tactic.tile not in BLOCKED_TILES:

@@ -5,7 +5,8 @@ Fresh random e4m3 operands and positive fp32 scales for every case; the referenc
 (every e4m3 value times an fp32 scale is exact in fp64) and multiplies in fp64, per 128-k block for the
 block-scaled mode exactly as the header defines it. Outputs are poisoned with NaN first: every row of an
 expert is checked written and rows past the last expert's untouched. Uneven and empty expert segments,
-n and k on and off multiples of 128.
+n and k on and off multiples of 128 (and multiples of 128 but not of 256: odd counts of 128-column tiles
+and k blocks).
 
 Error bound, per output element: |C - ref| <= 2^-8 |ref| + c S, S = sum_k |a_k b_k| (scaled). The first
 term is the bf16 / fp16 rounding of the output (2^-9, doubled for the scale products' fp32 rounding); the
@@ -108,7 +109,7 @@ def run_and_check(counts, n, k, scaling, tactic, out_dtype=torch.bfloat16, with_
     assert worst <= 1.0, f"error {worst:.2f}x the bound ({tactic}, {scaling.name}, n={n}, k={k})"
 
 
-SHAPES = [(256, 512), (272, 400), (768, 2048), (2048, 768)]
+SHAPES = [(256, 512), (272, 400), (768, 2048), (2048, 768), (384, 640)]
 COUNTS = {"uneven": [3, 0, 17, 1, 0, 9, 40, 2], "one": [1], "wide": [255, 0, 257, 130]}
 SCALINGS = [Fp8Scaling.ROWWISE, Fp8Scaling.BLOCK128]
 
@@ -123,13 +124,16 @@ def test_decode(scaling, n, k, k_split, counts):
     run_and_check(COUNTS[counts], n, k, scaling, f"decode:ksplit{k_split}:{launch}:plain", seed=n + k + k_split)
 
 
-WGMMA_TILES = {Fp8Scaling.ROWWISE: ["coop128x128", "coop128x256", "pingpong64x128"],
-               Fp8Scaling.BLOCK128: ["coop128x128", "pingpong64x128"]}
+WGMMA_TILES = {Fp8Scaling.ROWWISE: ["coop128x128", "coop128x256", "pingpong64x128", "coop128x128c2", "coop128x192",
+                                    "coop128x192c2"],
+               Fp8Scaling.BLOCK128: ["coop128x128", "pingpong64x128", "coop128x128c2"]}
+# The tiles that read fewer L2 bytes per FLOP: 2x1 clusters multicasting the weight tile, and 128 x 192.
+WIDE_TILES = ["coop128x128c2", "coop128x192", "coop128x192c2"]
 
 
 @pytest.mark.parametrize("scaling", SCALINGS, ids=lambda s: s.name.lower())
 @pytest.mark.parametrize("n,k", SHAPES)
-@pytest.mark.parametrize("tile", ["coop128x128", "coop128x256", "pingpong64x128"])
+@pytest.mark.parametrize("tile", WGMMA_TILES[Fp8Scaling.ROWWISE])
 @pytest.mark.parametrize("counts", ["uneven", "wide"])
 def test_wgmma(scaling, n, k, tile, counts):
     need((9, 0), exact=True)
@@ -258,7 +262,7 @@ def run_finalize_and_check(tokens: int, top_k: int, n: int, k: int, scaling: Fp8
 # (top_k, tokens): rows per local expert from 0 (the empty ones, and most at 3 tokens) to hundreds (the heavy
 # one at 300 tokens: more than two 128-row tiles)
 FINALIZE_ROUTES = [(1, 300), (2, 300), (3, 40), (8, 3), (8, 40)]
-FINALIZE_SHAPES = [(256, 512), (272, 400), (2048, 768)]  # n, k on and off multiples of 128
+FINALIZE_SHAPES = [(256, 512), (272, 400), (2048, 768), (384, 640)]  # n, k on and off multiples of 128 (and 256)
 WGMMA_CASES = [(s, t) for s in SCALINGS for t in WGMMA_TILES[s]]
 
 
@@ -310,6 +314,31 @@ def test_finalize_planner_tactic(scaling, tokens):
     run_finalize_and_check(tokens, top_k, n, k, scaling, tactic.name, seed=tokens)
 
 
+WIDE_CASES = [(s, t) for s in SCALINGS for t in WIDE_TILES if t in WGMMA_TILES[s]]
+# Rows per expert against 128-row tiles: 3, 2, 5 and 1 row tiles (odd counts: a split unit per column pair in
+# 2x1 clusters), none a multiple of 128 but the last, two experts empty.
+WIDE_COUNTS = [300, 0, 129, 513, 1, 0, 128]
+
+
+@pytest.mark.parametrize("scaling,tile", WIDE_CASES, ids=[f"{s.name.lower()}-{t}" for s, t in WIDE_CASES])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("epilogue", ["store", "finalize"])
+@pytest.mark.parametrize("n,k", [(384, 640), (640, 384)])
+def test_wide_tiles_dtypes_and_epilogues(scaling, tile, out_dtype, epilogue, n, k):
+    """The 2x1-cluster and 128x192 tiles in both output dtypes and both epilogues, launched as the runner
+    launches them (after a trigger; finalize under evict_last into a pre-filled output), with a bias, on n and k
+    that are multiples of 128 but not of 256 (3 or 5 column tiles of 128, 2 or 4 of 192: a cluster's split unit
+    with one empty tile) and experts with odd row-tile counts and none."""
+    need((9, 0), exact=True)
+    seed = n + k + WIDE_TILES.index(tile) * 5 + (out_dtype == torch.float16)
+    if epilogue == "store":
+        run_and_check(WIDE_COUNTS, n, k, scaling, f"wgmma:{tile}:after_trigger:plain", out_dtype=out_dtype,
+                      with_bias=True, seed=seed)
+    else:
+        run_finalize_and_check(300, 2, n, k, scaling, f"wgmma:{tile}:after_trigger:evict_last", with_bias=True,
+                               out_dtype=out_dtype, seed=seed, prefill=True)
+
+
 def test_finalize_refusals():
     need((9, 0), exact=True)
     a, sa, b, sb, off, ptu, weights, _ = finalize_case(8, 2, 256, 256, Fp8Scaling.ROWWISE, 0, False)
@@ -321,10 +350,11 @@ def test_finalize_refusals():
             K.grouped_gemm_fp8_finalize(*args, tactic=tactic)
         assert info.value.status == status, tactic
     a, sa, b, sb, off, ptu, weights, _ = finalize_case(8, 2, 256, 256, Fp8Scaling.BLOCK128, 0, False)
-    with pytest.raises(K.KernelError) as info:
-        K.grouped_gemm_fp8_finalize(a, sa, b, sb, off, ptu, weights, 8, 2, Fp8Scaling.BLOCK128,
-                                    tactic="wgmma:coop128x256:plain:plain")
-    assert info.value.status == K.Status.UNSUPPORTED
+    for tile in ("coop128x256", "coop128x192", "coop128x192c2"):  # rowwise only
+        with pytest.raises(K.KernelError) as info:
+            K.grouped_gemm_fp8_finalize(a, sa, b, sb, off, ptu, weights, 8, 2, Fp8Scaling.BLOCK128,
+                                        tactic=f"wgmma:{tile}:plain:plain")
+        assert info.value.status == K.Status.UNSUPPORTED, tile
     # evict_last is the finalize epilogue's: the plain store refuses it
     a, sa, b, sb, off = case([4, 4], 256, 256, Fp8Scaling.ROWWISE, 0)
     with pytest.raises(K.KernelError) as info:

@@ -23,6 +23,7 @@
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "gemm/fp8.cuh"
 #include "gemm/sm90_epilogue.cuh"
+#include "gemm/sm90_pairs.cuh"  // ClusterMainloop, and PairedTileScheduler for the 2x1-cluster tiles
 #include "gemm/sm90_problem_shape.cuh"
 #include "gemm/sm90_static_maps.cuh"
 #include "gemm/tactic.cuh"
@@ -64,32 +65,67 @@ struct StaticMapBlockwise : StaticMapMainloop<Base> {
     const int64_t kb = fp8_k_blocks(params.k), nb = fp8_k_blocks(params.n);
     return Base::load_init(shape, params, params.scale_a + this->row_a_ * kb, params.scale_b + group * nb * kb);
   }
+  // The scales' producer warp reads scale_a, which the previous kernel writes (the activation quantization,
+  // which lets this kernel launch as it starts): like the A / B producer it waits for that kernel before its
+  // first copy (await_inputs; at once where the GEMM was not launched after a trigger).
+  template <class... Args>
+  CUTLASS_DEVICE void load_auxiliary(Args&&... args) {
+    this->await_inputs();
+    Base::load_auxiliary(static_cast<Args&&>(args)...);
+  }
 };
 
-// The FP8 tiles, k blocks of 128 (128 bytes). CUTLASS's blockwise mainloop takes one weight-scale
-// block per tile column (its accumulator scaling has no 256-column form), so coop 128x256 is rowwise only.
+// The FP8 tiles, k blocks of 128 (128 bytes): tile shape, cluster shape, the kernel schedules of both
+// scalings and whether the blockwise mainloop takes the tile. That mainloop scales the accumulators by
+// weight-scale blocks of 128 columns and has no form for 256 columns (or 192, not whole blocks), so coop
+// 128x256 and 128x192 are rowwise only.
+//
+// At the FP8 tensor rate a 128 x 128 x 128 tile's 32 KB of A and B per 512 clocks is ~64 bytes per clock per
+// SM from L2, more than L2 delivers to every SM at once; the wider and clustered tiles read fewer bytes per
+// FLOP while keeping the promoted fp32 accumulation (its second accumulator doubles the registers, so a
+// 64 x 256 warpgroup tile, coop 128x256, does not fit them):
+//   coop 128x128 in 2x1 clusters: the cluster's two CTAs take neighbouring row tiles of one expert and
+//                                 TMA-multicast their weight tile (PairedTileScheduler's units,
+//                                 gemm/sm90_pairs.cuh): 24 KB per 512 clocks, ~48 B/clock;
+//   coop 128x192                : 64 x 192 per warpgroup, 96 + 96 accumulator registers: 40 KB per 768
+//                                 clocks, ~53 B/clock;
+//   coop 128x192 in 2x1 clusters: both: 28 KB per 768 clocks, ~37 B/clock.
 template <int kTile> struct Fp8TileTraits;
 template <> struct Fp8TileTraits<MB_TILE_COOP_128x128> {
   using Shape = cute::Shape<cute::_128, cute::_128, cute::_128>;
+  using Cluster = cute::Shape<cute::_1, cute::_1, cute::_1>;
   using Rowwise = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
   using Block = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise;
+  static constexpr bool kTakesBlock128 = true;
 };
-template <> struct Fp8TileTraits<MB_TILE_COOP_128x256> {
+template <> struct Fp8TileTraits<MB_TILE_COOP_128x256> : Fp8TileTraits<MB_TILE_COOP_128x128> {
   using Shape = cute::Shape<cute::_128, cute::_256, cute::_128>;
-  using Rowwise = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
-  using Block = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise;
+  static constexpr bool kTakesBlock128 = false;
 };
 template <> struct Fp8TileTraits<MB_TILE_PINGPONG_64x128> {
   using Shape = cute::Shape<cute::_64, cute::_128, cute::_128>;
+  using Cluster = cute::Shape<cute::_1, cute::_1, cute::_1>;
   using Rowwise = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
   using Block = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpongFP8Blockwise;
+  static constexpr bool kTakesBlock128 = true;
+};
+template <> struct Fp8TileTraits<MB_TILE_COOP_128x128_C2> : Fp8TileTraits<MB_TILE_COOP_128x128> {
+  using Cluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
+};
+template <> struct Fp8TileTraits<MB_TILE_COOP_128x192> : Fp8TileTraits<MB_TILE_COOP_128x128> {
+  using Shape = cute::Shape<cute::_128, cute::_192, cute::_128>;
+  static constexpr bool kTakesBlock128 = false;
+};
+template <> struct Fp8TileTraits<MB_TILE_COOP_128x192_C2> : Fp8TileTraits<MB_TILE_COOP_128x192> {
+  using Cluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
 };
 
 template <typename T, int kScaling, int kTile, int kEpi>
 struct Fp8Wgmma {
   static constexpr bool kBlock = kScaling == MB_FP8_BLOCK128;
   using Tile = Fp8TileTraits<kTile>;
-  using Cluster = cute::Shape<cute::_1, cute::_1, cute::_1>;
+  static_assert(!kBlock || Tile::kTakesBlock128, "the blockwise mainloop's tiles are 128 columns wide");
+  using Cluster = typename Tile::Cluster;
   using Epi = MoeEpilogue<T, kEpi, !kBlock>;
   using Epilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<Epi>;
   using LayoutA = std::conditional_t<kBlock, cute::tuple<cutlass::layout::RowMajor*, LayoutSFA*>,
@@ -100,7 +136,8 @@ struct Fp8Wgmma {
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Fp8Element, LayoutA, kFp8Alignment, Fp8Element, LayoutB,
       kFp8Alignment, float, typename Tile::Shape, Cluster, cutlass::gemm::collective::StageCountAutoCarveout<0>,
       std::conditional_t<kBlock, typename Tile::Block, typename Tile::Rowwise>>::CollectiveOp;
-  using Mainloop = std::conditional_t<kBlock, StaticMapBlockwise<Built>, StaticMapMainloop<Built>>;
+  // The fixed maps (and the blockwise scales' group origins); PairedMainloop's loads in 2x1 clusters.
+  using Mainloop = ClusterMainloop<std::conditional_t<kBlock, StaticMapBlockwise<Built>, StaticMapMainloop<Built>>>;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 };
@@ -185,19 +222,21 @@ mb_status run_tile(const Fp8GemmParams& p, int64_t max_rows, bool after_trigger,
 template <typename T, int kScaling, int kEpi>
 mb_status run_scaling(const Fp8GemmParams& p, int64_t max_rows, int tile, bool after_trigger, void* workspace,
                       size_t workspace_bytes, cudaStream_t stream) {
+  auto run = [&](auto tag) {
+    constexpr int kTile = decltype(tag)::value;
+    if constexpr (kScaling == MB_FP8_BLOCK128 && !Fp8TileTraits<kTile>::kTakesBlock128)
+      return fail(MB_ERR_UNSUPPORTED, "grouped gemm fp8: tile %s takes rowwise scales only (block128: coop128x128, "
+                                      "coop128x128c2 or pingpong64x128)", tile_name(kTile));
+    else
+      return run_tile<T, kScaling, kTile, kEpi>(p, max_rows, after_trigger, workspace, workspace_bytes, stream);
+  };
   switch (tile) {
-    case MB_TILE_PINGPONG_64x128:
-      return run_tile<T, kScaling, MB_TILE_PINGPONG_64x128, kEpi>(p, max_rows, after_trigger, workspace,
-                                                                  workspace_bytes, stream);
-    case MB_TILE_COOP_128x256:
-      if constexpr (kScaling == MB_FP8_ROWWISE)
-        return run_tile<T, kScaling, MB_TILE_COOP_128x256, kEpi>(p, max_rows, after_trigger, workspace,
-                                                                 workspace_bytes, stream);
-      return fail(MB_ERR_UNSUPPORTED, "grouped gemm fp8: tile coop128x256 takes rowwise scales only (block128: "
-                                      "coop128x128 or pingpong64x128)");
-    default:
-      return run_tile<T, kScaling, MB_TILE_COOP_128x128, kEpi>(p, max_rows, after_trigger, workspace,
-                                                               workspace_bytes, stream);
+    case MB_TILE_PINGPONG_64x128: return run(std::integral_constant<int, MB_TILE_PINGPONG_64x128>{});
+    case MB_TILE_COOP_128x256: return run(std::integral_constant<int, MB_TILE_COOP_128x256>{});
+    case MB_TILE_COOP_128x128_C2: return run(std::integral_constant<int, MB_TILE_COOP_128x128_C2>{});
+    case MB_TILE_COOP_128x192: return run(std::integral_constant<int, MB_TILE_COOP_128x192>{});
+    case MB_TILE_COOP_128x192_C2: return run(std::integral_constant<int, MB_TILE_COOP_128x192_C2>{});
+    default: return run(std::integral_constant<int, MB_TILE_COOP_128x128>{});  // MB_TILE_COOP_128x128
   }
 }
 
@@ -222,8 +261,12 @@ size_t fp8_wgmma_workspace_bytes(int num_experts) {
     most = std::max({most, fp8_cutlass_workspace<T, MB_FP8_ROWWISE, MB_TILE_COOP_128x256, E>(num_experts, sm),
                      fp8_cutlass_workspace<T, MB_FP8_ROWWISE, MB_TILE_COOP_128x128, E>(num_experts, sm),
                      fp8_cutlass_workspace<T, MB_FP8_ROWWISE, MB_TILE_PINGPONG_64x128, E>(num_experts, sm),
+                     fp8_cutlass_workspace<T, MB_FP8_ROWWISE, MB_TILE_COOP_128x128_C2, E>(num_experts, sm),
+                     fp8_cutlass_workspace<T, MB_FP8_ROWWISE, MB_TILE_COOP_128x192, E>(num_experts, sm),
+                     fp8_cutlass_workspace<T, MB_FP8_ROWWISE, MB_TILE_COOP_128x192_C2, E>(num_experts, sm),
                      fp8_cutlass_workspace<T, MB_FP8_BLOCK128, MB_TILE_COOP_128x128, E>(num_experts, sm),
-                     fp8_cutlass_workspace<T, MB_FP8_BLOCK128, MB_TILE_PINGPONG_64x128, E>(num_experts, sm)});
+                     fp8_cutlass_workspace<T, MB_FP8_BLOCK128, MB_TILE_PINGPONG_64x128, E>(num_experts, sm),
+                     fp8_cutlass_workspace<T, MB_FP8_BLOCK128, MB_TILE_COOP_128x128_C2, E>(num_experts, sm)});
   };
   using Store = std::integral_constant<int, EPI_STORE>;
   using Finalize = std::integral_constant<int, EPI_FINALIZE>;
@@ -236,10 +279,17 @@ size_t fp8_wgmma_workspace_bytes(int num_experts) {
 
 mb_status run_fp8_wgmma(const Fp8GemmParams& p, int64_t max_rows, int dtype, const mb_gemm_tactic& tactic,
                         void* workspace, size_t workspace_bytes, cudaStream_t stream) {
-  if (tactic.tile != MB_TILE_COOP_128x128 && tactic.tile != MB_TILE_COOP_128x256 &&
-      tactic.tile != MB_TILE_PINGPONG_64x128)
-    return fail(MB_ERR_UNSUPPORTED, "grouped gemm fp8: the wgmma kernel has the tiles coop128x128, coop128x256 and "
-                                    "pingpong64x128, not %s", tile_name(tactic.tile));
+  switch (tactic.tile) {
+    case MB_TILE_COOP_128x128:
+    case MB_TILE_COOP_128x128_C2:
+    case MB_TILE_COOP_128x192:
+    case MB_TILE_COOP_128x192_C2:
+    case MB_TILE_COOP_128x256:
+    case MB_TILE_PINGPONG_64x128: break;
+    default:
+      return fail(MB_ERR_UNSUPPORTED, "grouped gemm fp8: the wgmma kernel has the tiles coop128x128, coop128x128c2, "
+                  "coop128x192, coop128x192c2, coop128x256 and pingpong64x128, not %s", tile_name(tactic.tile));
+  }
   if (max_rows > INT32_MAX || static_cast<int64_t>(p.num_experts) * p.n > INT32_MAX)
     return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm fp8: max_rows and num_experts * n must fit int32");
   if (max_rows == 0) return MB_OK;

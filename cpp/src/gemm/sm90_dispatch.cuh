@@ -29,6 +29,7 @@
 #include "gemm/sm90_placement.cuh"
 #include "gemm/sm90_problem_shape.cuh"
 #include "gemm/sm90_static_maps.cuh"
+#include "gemm/tactic.cuh"  // tile_name
 
 namespace mbk {
 
@@ -76,11 +77,10 @@ struct WgmmaGemm {
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, cutlass::layout::RowMajor*, 8, Element,
       cutlass::layout::ColumnMajor*, 8, float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<0>, typename WgmmaTileTraits<kTile>::Schedule>::CollectiveOp;
-  // Fixed TMA descriptors over all experts' rows and weights (gemm/sm90_static_maps.cuh). The 2x1-cluster
-  // tiles run PairedTileScheduler's units (gemm/sm90_pairs.cuh), whose split units need PairedMainloop's loads.
-  static constexpr bool kPaired = cute::size<0>(ClusterShape{}) == 2;
+  // Fixed TMA descriptors over all experts' rows and weights (gemm/sm90_static_maps.cuh); the 2x1-cluster
+  // tiles' loads are PairedMainloop's (ClusterMainloop, gemm/sm90_pairs.cuh).
   using StaticMainloop = StaticMapMainloop<BuiltMainloop>;
-  using Mainloop = std::conditional_t<kPaired, PairedMainloop<StaticMainloop>, StaticMainloop>;
+  using Mainloop = ClusterMainloop<StaticMainloop>;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
   // One-CTA 64-row tiles can take their tiles by placement (gemm/sm90_placement.cuh): MB_LAUNCH_PLACED.
@@ -206,7 +206,11 @@ mb_status dispatch_wgmma(const GemmParams& p, int64_t max_rows, int dtype, const
       case MB_TILE_PINGPONG_64x256_C2: return run(std::integral_constant<int, MB_TILE_PINGPONG_64x256_C2>{});
       case MB_TILE_PINGPONG_64x192_C2: return run(std::integral_constant<int, MB_TILE_PINGPONG_64x192_C2>{});
       case MB_TILE_COOP_128x128:
-        return fail(MB_ERR_UNSUPPORTED, "grouped gemm sm90: tile coop128x128 is the FP8 GEMM's (mb_grouped_gemm_fp8)");
+      case MB_TILE_COOP_128x128_C2:
+      case MB_TILE_COOP_128x192:
+      case MB_TILE_COOP_128x192_C2:
+        return fail(MB_ERR_UNSUPPORTED, "grouped gemm sm90: tile %s is the FP8 GEMM's (mb_grouped_gemm_fp8)",
+                    tile_name(tactic.tile));
       default: return run(std::integral_constant<int, MB_TILE_COOP_128x256>{});  // MB_TILE_COOP_128x256
     }
   };

@@ -1,6 +1,7 @@
-// Work units for the 2x1-cluster wgmma tiles (pingpong 64x256 or 64x192 in 2x1 clusters) without empty tiles.
+// Work units for the 2x1-cluster wgmma tiles (16-bit pingpong 64x256 or 64x192, FP8 cooperative 128x128 or
+// 128x192, each in 2x1 clusters) without empty tiles.
 //
-// In a 2x1 cluster the two CTAs take neighbouring 64-row tiles of one expert and TMA-multicast the
+// In a 2x1 cluster the two CTAs take neighbouring row tiles of one expert and TMA-multicast the
 // weight tile they share. CUTLASS's group scheduler rounds each expert's row tiles up to whole
 // clusters, so an expert with an odd row-tile count runs one all-padding tile per column tile: with
 // random routing about half the experts, ~1/2 tile per expert.
@@ -15,10 +16,13 @@
 // Clusters take units strided by the cluster count, as CUTLASS's scheduler takes tiles, so the
 // clusters running at one time work on neighbouring units and share weight tiles through L2.
 //
-// The kernel takes this scheduler through gemm/sm90_placement.cuh's TileSchedulerSelector.
+// Every ptr-array kernel in 2x1 clusters takes this scheduler (TileSchedulerSelector at the end).
 // A split unit is marked with kSplitTileFlag in WorkTileInfo::M_idx (the kernel passes M_idx through
-// idx2crd unchanged to the loads and the epilogue); PairedMainloop and MoeEpilogue strip it.
+// idx2crd unchanged to the loads and the epilogue); PairedMainloop (its A / B loads and a blockwise-scaled
+// collective's scale loads) and MoeEpilogue strip it.
 #pragma once
+
+#include <type_traits>
 
 #include "cute/arch/cluster_sm90.hpp"
 #include "cute/tensor.hpp"
@@ -157,10 +161,9 @@ struct PairedMainloop : Base {
                     cute::size<1>(typename Base::DispatchPolicy::ClusterShape{}) == 1,
                 "PairedMainloop pairs the CTAs of a 2x1 cluster");
 
-  template <class TensorA, class TensorB, class TensorMapA, class TensorMapB, class KTileIterator, class BlockCoord>
+  template <class LoadInputs, class TensorMapA, class TensorMapB, class KTileIterator, class BlockCoord>
   CUTLASS_DEVICE void load(typename Base::Params const& params, typename Base::MainloopPipeline pipeline,
-                           typename Base::PipelineState smem_pipe_write,
-                           cute::tuple<TensorA, TensorB> const& load_inputs,
+                           typename Base::PipelineState smem_pipe_write, LoadInputs const& load_inputs,
                            cute::tuple<TensorMapA, TensorMapB> const& input_tensormaps, BlockCoord const& blk_coord,
                            KTileIterator k_tile_iter, int k_tile_count, int thread_idx, uint32_t block_rank_in_cluster,
                            typename Base::TensorStorage& shared_tensors) {
@@ -194,6 +197,37 @@ struct PairedMainloop : Base {
       });
     });
   }
+
+  // A blockwise-scaled collective's scale loads (its auxiliary producer warp: cp.async by each CTA for its
+  // own tile, no multicast) on the unit's row tile: a split unit's without its flag.
+  template <class LoadInputs, class BlockCoord, class... Rest>
+  CUTLASS_DEVICE void load_auxiliary(typename Base::Params const& params, typename Base::MainloopPipeline pipeline,
+                                     typename Base::PipelineState smem_pipe_write, LoadInputs const& load_inputs,
+                                     BlockCoord const& blk_coord, Rest&&... rest) {
+    using cute::get;
+    Base::load_auxiliary(params, pipeline, smem_pipe_write, load_inputs,
+                         cute::make_coord(get<0>(blk_coord) & ~kSplitTileFlag, get<1>(blk_coord), get<2>(blk_coord),
+                                          get<3>(blk_coord)),
+                         static_cast<Rest&&>(rest)...);
+  }
 };
 
+// The mainloop a tile's kernel runs over its static-map mainloop `Static` (gemm/sm90_static_maps.cuh): in
+// 2x1 clusters the kernel runs PairedTileScheduler's units (TileSchedulerSelector below),
+// whose split units need PairedMainloop's loads; in one-CTA clusters `Static` itself.
+template <class Static>
+using ClusterMainloop = std::conditional_t<cute::size<0>(typename Static::DispatchPolicy::ClusterShape{}) == 2,
+                                           PairedMainloop<Static>, Static>;
+
 }  // namespace mbk
+
+// The ptr-array kernels take their scheduler from this selector (they accept no scheduler tag but the group
+// one): every tile in 2x1 clusters (16-bit pingpong, FP8 cooperative) runs PairedTileScheduler's units, so
+// its mainloop must be a PairedMainloop (ClusterMainloop above).
+namespace cutlass::gemm::kernel::detail {
+template <uint32_t Stages, class GroupProblemShape, class TileShape>
+struct TileSchedulerSelector<GroupScheduler, arch::Sm90, TileShape, cute::Shape<cute::_2, cute::_1, cute::_1>, Stages,
+                             GroupProblemShape> {
+  using Scheduler = mbk::PairedTileScheduler<GroupProblemShape, Stages>;
+};
+}  // namespace cutlass::gemm::kernel::detail

@@ -243,15 +243,13 @@ struct IsPlacedTileScheduler<PlacedTileScheduler<GroupProblemShape, Stages>> : s
 
 }  // namespace mbk
 
-// The ptr-array pingpong kernel takes its scheduler from this selector (it accepts no scheduler tag but the
-// group one): the 64-row tiles get PlacedTileScheduler in one-CTA clusters and PairedTileScheduler in 2x1
-// clusters, whose mainloop must then be a PairedMainloop (WgmmaGemm::kPaired in gemm/sm90_dispatch.cuh).
+// The ptr-array kernels take their scheduler from this selector (they accept no scheduler tag but the group
+// one): the 16-bit 64-row tiles get PlacedTileScheduler in one-CTA clusters (tiles in 2x1 clusters get
+// PairedTileScheduler, gemm/sm90_pairs.cuh; other one-CTA tiles keep CUTLASS's group scheduler).
 namespace cutlass::gemm::kernel::detail {
-template <uint32_t Stages, class GroupProblemShape, class TileN, int kClusterM>
+template <uint32_t Stages, class GroupProblemShape, class TileN>
 struct TileSchedulerSelector<GroupScheduler, arch::Sm90, cute::Shape<cute::_64, TileN, cute::_64>,
-                             cute::Shape<cute::Int<kClusterM>, cute::_1, cute::_1>, Stages, GroupProblemShape> {
-  static_assert(kClusterM == 1 || kClusterM == 2, "64-row tiles run in one-CTA or 2x1 clusters");
-  using Scheduler = std::conditional_t<kClusterM == 2, mbk::PairedTileScheduler<GroupProblemShape, Stages>,
-                                       mbk::PlacedTileScheduler<GroupProblemShape, Stages>>;
+                             cute::Shape<cute::_1, cute::_1, cute::_1>, Stages, GroupProblemShape> {
+  using Scheduler = mbk::PlacedTileScheduler<GroupProblemShape, Stages>;
 };
 }  // namespace cutlass::gemm::kernel::detail

@@ -12,6 +12,8 @@
 
 namespace mbk {
 
+constexpr int kLastTile = MB_TILE_COOP_128x192_C2;  // the last mb_gemm_tile; the wgmma tiles run up to it
+
 // The tile's name in the planner's spelling (moe_build/planner/tactics.py), for messages.
 inline const char* tile_name(int tile) {
   switch (tile) {
@@ -25,6 +27,9 @@ inline const char* tile_name(int tile) {
     case MB_TILE_PINGPONG_64x256_C2: return "pingpong64x256c2";
     case MB_TILE_PINGPONG_64x192_C2: return "pingpong64x192c2";
     case MB_TILE_COOP_128x128: return "coop128x128";
+    case MB_TILE_COOP_128x128_C2: return "coop128x128c2";
+    case MB_TILE_COOP_128x192: return "coop128x192";
+    case MB_TILE_COOP_128x192_C2: return "coop128x192c2";
     default: return "?";
   }
 }
@@ -46,7 +51,7 @@ inline bool tile_of_kernel(int kernel, int tile) {
   switch (kernel) {
     case MB_GEMM_DECODE: return tile == MB_TILE_NONE;
     case MB_GEMM_MMA: return tile >= MB_TILE_MMA_16x64 && tile <= MB_TILE_MMA_128x128;
-    default: return tile >= MB_TILE_COOP_128x256 && tile <= MB_TILE_COOP_128x128;
+    default: return tile >= MB_TILE_COOP_128x256 && tile <= kLastTile;
   }
 }
 
@@ -64,9 +69,9 @@ inline mb_status check_tactic(const mb_gemm_tactic& t, const TacticSite& site) {
   if (t.kernel < MB_GEMM_DECODE || t.kernel > MB_GEMM_WGMMA)
     return fail(MB_ERR_INVALID_ARGUMENT, "%s: tactic kernel %d is not decode (%d), mma (%d) or wgmma (%d)", who,
                 t.kernel, MB_GEMM_DECODE, MB_GEMM_MMA, MB_GEMM_WGMMA);
-  if (t.tile < MB_TILE_NONE || t.tile > MB_TILE_COOP_128x128)
+  if (t.tile < MB_TILE_NONE || t.tile > kLastTile)
     return fail(MB_ERR_INVALID_ARGUMENT, "%s: tactic tile %d is not an mb_gemm_tile (%d to %d)", who, t.tile,
-                MB_TILE_NONE, MB_TILE_COOP_128x128);
+                MB_TILE_NONE, kLastTile);
   if (t.launch < MB_LAUNCH_PLAIN || t.launch > MB_LAUNCH_PLACED)
     return fail(MB_ERR_INVALID_ARGUMENT, "%s: tactic launch %d is not plain (%d), after_trigger (%d) or placed (%d)",
                 who, t.launch, MB_LAUNCH_PLAIN, MB_LAUNCH_AFTER_TRIGGER, MB_LAUNCH_PLACED);
