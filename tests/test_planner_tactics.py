@@ -275,3 +275,27 @@ def test_tactics_follow_the_target_gpu() -> None:
     big = make_plan(GPT_OSS, H100, 4096).stage("gemm1_tactic").choice
     small = make_plan(GPT_OSS, dataclasses.replace(H100, l2_bytes=24 << 20), 4096).stage("gemm1_tactic").choice
     assert big.split(":")[2] == "placed" and small.split(":")[2] == "plain"
+
+
+def test_fp8_wide_tile_and_decode_slices() -> None:
+    """Rowwise FP8 GEMMs take coop128x192 past 128 average rows per expert (block-128 ones stay on coop128x128),
+    and the FP8 decode kernel splits K while each warp's slice keeps 1024 bytes, up to 8 slices, whatever the
+    token count (Mixtral GEMM1, K = 4096: 4, as 8 would leave 512 bytes; GEMM2, K = 14336: 8; Qwen3 GEMM2,
+    K = 768: none)."""
+    up = call(epilogue="store", n=1536, k=2048, itemsize=1, fp8="rowwise")  # avg rows ceil(tokens / 16)
+    assert [at(up, t) for t in (2048, 2049, 4096)] == [
+        "wgmma:coop128x128:plain:plain", "wgmma:coop128x192:plain:plain", "wgmma:coop128x192:plain:plain"]
+    assert at(dataclasses.replace(up, fp8="block128"), 4096) == "wgmma:coop128x128:plain:plain"
+    mixtral_up = call(epilogue="store", n=28672, k=4096, experts=8, top_k=2, itemsize=1, fp8="rowwise")
+    assert [at(mixtral_up, t) for t in (1, 16)] == ["decode:ksplit4:after_trigger:plain"] * 2
+    assert at(dataclasses.replace(mixtral_up, n=4096, k=14336), 1) == "decode:ksplit8:after_trigger:plain"
+    assert at(call(epilogue="store", n=2048, k=768, itemsize=1, fp8="rowwise"), 1) == "decode:ksplit1:after_trigger:plain"
+
+
+def test_fp8_block_decode_slices_keep_the_cta_bound() -> None:
+    """Block-128 FP8 decode GEMMs split K only while their CTAs are fewer than two per SM and slices keep 2048
+    bytes: Mixtral GEMM1 (2 experts x 224 column blocks at 1 token) stays unsplit where rowwise takes 4 slices."""
+    mixtral_up = call(epilogue="store", n=28672, k=4096, experts=8, top_k=2, itemsize=1, fp8="block128")
+    assert [at(mixtral_up, t) for t in (1, 16)] == ["decode:ksplit1:after_trigger:plain"] * 2
+    mixtral_down = dataclasses.replace(mixtral_up, n=4096, k=14336)  # 2 x 32 CTAs at 1 token: 4 slices
+    assert at(mixtral_down, 1) == "decode:ksplit4:after_trigger:plain"

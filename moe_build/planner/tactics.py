@@ -201,19 +201,29 @@ def fp8_kernel_rule(call: GemmCall, rows: RowCount) -> str:
     return "decode" if few else "wgmma"
 
 
-# FP8 decode K slices: 1, doubled while the CTAs (non-empty experts times column blocks) are fewer than two
-# per SM and each warp's K slice stays at least 2048 bytes, up to 8. Same probe: short K loses by splitting
-# (1 token of Qwen3 GEMM1, K = 2048: 13.7 / 15.9 / 16.7 us at 1 / 2 / 4 slices, block scales), a long K with
-# few experts gains (Mixtral GEMM2, K = 14336, 1 token: 58.8 / 46.6 / 39.5 us at 1 / 2 / 4, rowwise).
-FP8_DECODE_MIN_SLICE_BYTES = 2048
+# FP8 decode K slices, rowwise scales: 1, doubled while each warp's K slice stays at least 1024 bytes, up to 8.
+# bench/fp8_tactics_probe.py, H200, L2 flushed by a read (docs/measured/h200x2-2026-11-28-tiles-decode): 1 token
+# of Mixtral GEMM1 (K = 4096) 69.3 / 66.4 / 64.4 / 68.1 us at 1 / 2 / 4 / 8 slices, GEMM2 (K = 14336) 37.7 at 4
+# and 38.3 at 8 (the rule's 8; 59 unsplit), DeepSeek-V2-Lite GEMM1 (K = 2048) 19.7 / 15.8 at 1 / 2; 16 tokens of
+# Mixtral GEMM1 234.0 / 230.7 / 224.9 at 1 / 2 / 4; a slice under 1024 bytes lost everywhere (Qwen3-30B-A3B
+# GEMM2, K = 768: 44.9 us unsplit, 60.0 at 2 slices of 384).
+# Block-128 scales split less: doubled only while the CTAs (non-empty experts times column blocks) are fewer than
+# two per SM and each slice stays at least 2048 bytes (each slice loads its own scale rows). Its first probe
+# (written L2 flush, docs/measured/h200-2026-11-28-fp8): 1 token of Qwen3 GEMM1 13.7 / 15.9 / 16.7 us at 1 / 2 /
+# 4 slices, Mixtral GEMM1 74.3 / 73.3 / 81.0; and in the layer the rowwise rule cost Mixtral-8x7B block-128 7 us
+# at 1 token and 52 at 16 (moe-build bench, docs/measured/h200-2026-11-28-fp8-tiles/bench_fp8.json).
+FP8_DECODE_MIN_SLICE_BYTES = 1024
+FP8_BLOCK_DECODE_MIN_SLICE_BYTES = 2048
 
 
 def fp8_decode_k_split_rule(call: GemmCall, rows: RowCount) -> int:
+    block = call.fp8 == "block128"
+    min_slice = FP8_BLOCK_DECODE_MIN_SLICE_BYTES if block else FP8_DECODE_MIN_SLICE_BYTES
     experts = min(call.experts, max(rows.rows, 1))
     k_split = 1
-    while k_split < 8 and call.k // (2 * k_split) >= FP8_DECODE_MIN_SLICE_BYTES:
+    while k_split < 8 and call.k // (2 * k_split) >= min_slice:
         column_blocks = -(-call.n // (16 * (DECODE_WARPS // k_split)))
-        if experts * column_blocks >= 2 * call.sm_count:
+        if block and experts * column_blocks >= 2 * call.sm_count:
             break
         k_split *= 2
     return k_split
@@ -222,14 +232,24 @@ def fp8_decode_k_split_rule(call: GemmCall, rows: RowCount) -> int:
 # FP8 wgmma tile: pingpong 64x128 up to 32 average rows per expert, else cooperative 128x128 (same probe:
 # 256 tokens of Qwen3 GEMM1, 16 rows, 120 vs 147 us rowwise, DeepSeek-V2-Lite, 24 rows, 112 vs 135; Mixtral
 # GEMM1 at 64 rows 293 vs 312 (block: 275 vs 315); 4096 tokens of Qwen3 GEMM1 301 vs 320, Mixtral 2040 vs
-# 2695; one loss: Qwen3 GEMM2 rowwise at 4096 tokens, 221 vs 207). Cooperative 128x256 (rowwise only: CUTLASS's
-# blockwise mainloop takes one weight-scale block per tile column) was 1.8-2.2x slower everywhere. The finalize
-# epilogue takes the same tiles (FP8's finalize tiles were not measured yet).
+# 2695; one loss: Qwen3 GEMM2 rowwise at 4096 tokens, 221 vs 207). Rowwise scales take cooperative 128x192 past
+# 128 average rows: it reads a third fewer bytes from L2 per FLOP than 128x128, which at the FP8 rate is what
+# limits 128x128 (docs/experiments.md), and still holds the promoted accumulators in registers; at 256 to 1024
+# rows it was 5-9% faster than 128x128 on every GEMM measured (Qwen3 GEMM1 266 vs 292 us, GEMM2 210 vs 225,
+# Mixtral GEMM1 1917 vs 2016, GEMM2 838 vs 883, DeepSeek-V2-Lite GEMM1 343 vs 369), at 64 rows 0.5-2% (GEMM1)
+# and 24% (GEMM2) slower (docs/measured/h200x2-2026-11-28-tiles-decode). Block-128 scales stay on 128x128: its
+# blockwise mainloop has no 192-column form, and in 2x1 clusters it won on two GEMMs and lost on one. The
+# finalize epilogue takes the same tiles (FP8's finalize tiles were not measured yet).
 FP8_NARROW_MAX_AVG_ROWS = 32
+FP8_WIDE_MIN_AVG_ROWS = 129
 
 
 def fp8_wgmma_tile_rule(call: GemmCall, rows: RowCount) -> str:
-    return "pingpong64x128" if rows.avg_at_most(FP8_NARROW_MAX_AVG_ROWS) else "coop128x128"
+    if rows.avg_at_most(FP8_NARROW_MAX_AVG_ROWS):
+        return "pingpong64x128"
+    if call.fp8 == "rowwise" and not rows.avg_at_most(FP8_WIDE_MIN_AVG_ROWS - 1):
+        return "coop128x192"
+    return "coop128x128"
 
 
 # Weight-only kernel: the decode kernel while the average rows per expert <= 8 (its CTAs take 8 token rows and

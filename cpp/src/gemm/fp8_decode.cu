@@ -18,11 +18,6 @@
 // Epilogues (p.epilogue): the plain store, or the finalize (as gemm/decode.cu's): each output pair times its
 // row's routing weight, added with one packed 2-element atomic into the token's output row.
 //
-// Two CTAs per SM (launch bounds: <= 128 registers): 16 warps each with a batch or two of weights requested, and one
-// CTA's prologue and epilogue covered by the other's stream. BLOCK128 wanted 168 registers (one CTA per SM, 8 warps:
-// 5-40% slower than ROWWISE in the 2026-11-28 probe); at 128 it spills 84-160 bytes, L1-resident loads that the
-// kernel has the issue slots for (it issues ~1 instruction a clock per SM at the read rate).
-//
 // CTA = 8 warps = one (expert, chunk of up to 8 token rows, 128 / WK weight rows) unit; WK warps split K
 // into slices of whole 128-k blocks; partial sums meet in shared memory and are reduced in fixed warp
 // order (bit-reproducible). The grid is sized from host-known bounds and each CTA finds its chunk with
@@ -53,7 +48,7 @@ __device__ __forceinline__ void mma_e4m3(float (&c)[4], const uint32_t (&a)[4], 
 __device__ __forceinline__ float ld_scale(const float* p, bool valid) { return valid ? __ldg(p) : 0.f; }
 
 template <typename T, int SCALING, int WK, int EPI>
-__global__ void __launch_bounds__(kDecodeThreads, 2) fp8_decode_kernel(Fp8GemmParams p) {
+__global__ void __launch_bounds__(kDecodeThreads) fp8_decode_kernel(Fp8GemmParams p) {
   constexpr int R = 16 * (kDecodeWarps / WK);  // weight rows (output columns) per CTA
   constexpr bool kBlock = SCALING == MB_FP8_BLOCK128;
   __shared__ float s_part[WK][R][kDecodeTokens + 1];

@@ -5,12 +5,6 @@
 //                 8 when zeros is NULL (symmetric int4 stored as q + 8);
 //   MB_WOQ_INT8 : B int8 [E, n, k]; w = q * s;
 //   MB_WOQ_MXFP4: B uint8 [E, n, k/2] e2m1 codes, scales uint8 e8m0 [E, n, k/32]; w = e2m1(u) * 2^(e - 127).
-// INT4 and INT8 with group 128 or one scale per row (group 0), the common cases, skip the scale in the dequantization:
-// the mma takes the exact integers u - z (q) in T and each 128-k batch's fp32 sums are multiplied by the row's scale after it
-// (int4_codes below; 3 instructions a pair instead of 5: a warp's main loop is 742 instructions per 4 KB of weights
-// instead of 1098 on sm_90a, where at the read rate 1098 would be 4.4 a clock per SM, more than the SM issues: the
-// int4 kernel was issue-bound, not HBM-bound; the weight is then not rounded to T, within the same error bound).
-// Otherwise:
 // The dequantized weight is rounded once to A's type before the mma (gemm/woq.cuh's dequantization, shared with
 // gemm/woq_mma.cu: int4 through the magic-number conversion and the split scale, within one unit in the last
 // place of the rounded fp32 product; MXFP4 by a 16-bit multiply by a power of two, exact, or in fp32 for a batch
@@ -50,46 +44,6 @@ namespace {
 template <int KIND>
 constexpr int kStages = KIND == MB_WOQ_INT8 ? 2 : 4;
 
-// One step's four pairs of MXFP4 codes of one row in bf16 (the 16-bit path: `mult` = the row's power of two, in
-// both halves): gemm/woq.cuh's placement ((p << 6) & 0x01c001c0) | ((p << 12) & 0x80008000) as a mask of the two
-// nibbles, one multiply by 2^6 + 2^12 and one mask. The two shifted copies of the nibbles occupy disjoint bits (6-9
-// and 12-15 of each half), so their sum carries nothing: bits 6-8 hold the code's exponent and mantissa, bit 15 its
-// sign. (fp16's placement shifts by 9 and 12, whose copies overlap: it keeps gemm/woq.cuh's.)
-__device__ __forceinline__ void mxfp4_codes_bf16(uint32_t w, uint32_t mult, uint32_t (&out)[4]) {
-  const uint32_t ws = w >> 4;
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const uint32_t p = __byte_perm(w, ws, 0x0400u + 0x0101u * j) & 0x000f000fu;  // the other bytes are w's byte 0
-    out[j] = fma2<__nv_bfloat16>((p * 0x1040u) & 0x81c081c0u, mult, kNegZero2);
-  }
-}
-
-// One step's four pairs of int4 codes of one row as the exact integers u - z in T (gemm/woq.cuh's nibble placement
-// without the scale): byte j's nibbles into the magic's mantissa, then one packed add of zm = -(magic + z).
-template <typename T>
-__device__ __forceinline__ void int4_codes(uint32_t w, uint32_t zm, uint32_t (&out)[4]) {
-  const uint32_t ws = w >> 4;
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const uint32_t p = __byte_perm(w, ws, 0x0400u + 0x0101u * j);
-    out[j] = fma2<T>(and_or<0x000f000fu, Woq16<T>::kMagic>(p), Woq16<T>::kOne, zm);
-  }
-}
-
-// One step's four pairs of int8 codes of one row as the exact integers q in T (gemm/woq.cuh's int8 conversion without
-// the scale: 2^23 + q + 128 as fp32 bits, minus 2^23 + 128, packed exactly): `w8` the row's two words of the step.
-template <typename T>
-__device__ __forceinline__ void int8_codes(uint2 w8, uint32_t (&out)[4]) {
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const uint32_t biased = (j < 2 ? w8.x : w8.y) ^ 0x80808080u;  // q + 128 per byte
-    const uint32_t b = (j & 1) * 2;
-    const float q0 = __uint_as_float(__byte_perm(biased, 0x4b000000u, 0x7440u | b)) - 8388736.f;
-    const float q1 = __uint_as_float(__byte_perm(biased, 0x4b000000u, 0x7440u | (b + 1))) - 8388736.f;
-    out[j] = pack_rn<T>(q0, q1);
-  }
-}
-
 template <typename T, int KIND, int WK, bool A8>
 __global__ void __launch_bounds__(kDecodeThreads, 2) grouped_woq_decode_kernel(WoqGemmParams p) {
   constexpr int R = 16 * (kDecodeWarps / WK);  // weight rows per CTA (= output columns)
@@ -115,23 +69,16 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) grouped_woq_decode_kernel(W
   const int group_mask = KIND == MB_WOQ_MXFP4 || p.group ? -1 : 0;
   const int groups = KIND == MB_WOQ_MXFP4 ? K / kMxfp4Group : (p.group ? K / p.group : 1);
 
-  // The lane's two weight rows and their scale and zero rows, as pointers made once: a batch's scale and zero
-  // addresses are one add each, and the zero is one predicated load (no branch on p.zeros per batch).
-  const uint8_t* wptr[2];
-  const uint8_t* sptr[2];
-  const uint8_t* zptr[2];
+  const uint8_t* wptr[2];  // the lane's two weight rows, their scale (and zero) rows
+  int64_t srow[2];
   bool wok[2];
-  const bool has_zeros = KIND == MB_WOQ_INT4 && p.zeros != nullptr;
-  const uint32_t zero_default = has_zeros ? 0u : 8u;  // symmetric int4 is stored as q + 8
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int feat = col0 + rg * 16 + h * 8 + g;
     wok[h] = feat < N;
     const int64_t wrow = static_cast<int64_t>(expert) * N + (wok[h] ? feat : 0);
     wptr[h] = p.B + wrow * (KIND == MB_WOQ_INT8 ? K : K / 2);
-    const int64_t srow = wrow * groups;
-    sptr[h] = static_cast<const uint8_t*>(p.scales) + srow * (KIND == MB_WOQ_MXFP4 ? 1 : 4);
-    zptr[h] = has_zeros ? p.zeros + srow : sptr[h];  // not read without zeros
+    srow[h] = wrow * groups;
   }
   const bool aok = g < rows;
   const int64_t arow_index = row_begin + (aok ? g : 0);
@@ -154,12 +101,10 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) grouped_woq_decode_kernel(W
       const uint8_t* src = wptr[h] + (KIND == MB_WOQ_INT8 ? k : k / 2);
 #pragma unroll
       for (int r = 0; r < RAW; ++r) w[slot][h][r] = ld_weights(src + 16 * r, ok);
-      const int gi = (k >> group_shift) & group_mask;
-      // One scale per row (group 0) is read by every lane, also one whose k is past the slice: the scaled-after
-      // path multiplies each lane's share of the mma's sums (all four lanes' k) by the lane's copy of the scale.
-      const bool sok = wok[h] && (kin || group_mask == 0);
-      sv[slot][h] = KIND == MB_WOQ_MXFP4 ? ld_u8(sptr[h] + gi, ok) : ld_b32(sptr[h] + 4 * gi, sok);
-      zv[slot][h] = KIND == MB_WOQ_INT4 ? ld_u8(zptr[h] + gi, ok && has_zeros) | zero_default : 8u;
+      const int64_t si = srow[h] + ((k >> group_shift) & group_mask);
+      sv[slot][h] = KIND == MB_WOQ_MXFP4 ? ld_u8(static_cast<const uint8_t*>(p.scales) + si, ok)
+                                         : ld_b32(static_cast<const float*>(p.scales) + si, ok);
+      zv[slot][h] = KIND == MB_WOQ_INT4 && p.zeros ? ld_u8(p.zeros + si, ok) : 8u;
     }
   };
   auto load_tokens = [&](int buf, int k0) {
@@ -172,20 +117,12 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) grouped_woq_decode_kernel(W
       for (int u = 0; u < U; ++u) a[buf][u] = ld_tokens(arow + k + 8 * u, k < ke && aok);
     }
   };
-  // INT4 and INT8 with one scale per 128-k batch and row (group 128, or 0: per channel): the mma takes the exact
-  // integers (u - z, or q) and the batch's fp32 sums are scaled afterwards, so int4's dequantization is 3
-  // instructions a pair (byte permute, mask-or, one packed add) instead of 5, int8's 5 instead of 7 (no fp32
-  // multiplies); the weight is not rounded to T at all (closer to the fp64 reference than the rounded product).
-  // Groups of 32 or 64 split a batch between lanes and keep the scaled path.
-  auto compute = [&](int slot, int buf, auto post_tag) {
+  auto compute = [&](int slot, int buf) {
     RowConsts rc[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) rc[h] = row_consts<KIND>(woq_consts<T, KIND>(sv[slot][h], zv[slot][h]));
-    constexpr bool kPost = decltype(post_tag)::value;
     auto run = [&](auto fast_tag) {
-      [[maybe_unused]] constexpr bool kFast = decltype(fast_tag)::value;  // MXFP4 only
-      float part[4] = {0.f, 0.f, 0.f, 0.f};
-      float(&sum)[4] = kPost ? part : acc;
+      constexpr bool kFast = decltype(fast_tag)::value;
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         uint32_t frag[2][4];  // k 8u + 0..3 and 8u + 4..7: {row g, row g + 8, row g, row g + 8}
@@ -194,16 +131,8 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) grouped_woq_decode_kernel(W
           const uint4& r = w[slot][h][KIND == MB_WOQ_INT8 ? u >> 1 : 0];
           const uint32_t words[4] = {r.x, r.y, r.z, r.w};
           uint32_t pairs[4];
-          if constexpr (kPost && KIND == MB_WOQ_INT8) {
-            int8_codes<T>(make_uint2(words[(u & 1) * 2], words[(u & 1) * 2 + 1]), pairs);
-          } else if constexpr (kPost) {
-            int4_codes<T>(words[u], rc[h].c, pairs);  // rc.c: -(magic + z) in both halves
-          } else if constexpr (KIND == MB_WOQ_MXFP4 && kFast && MmaName<T>::kBf16) {
-            mxfp4_codes_bf16(words[u], rc[h].a, pairs);
-          } else {
-            dequant_step<T, KIND, kFast>(words[u], make_uint2(words[(u & 1) * 2], words[(u & 1) * 2 + 1]), rc[h],
-                                         pairs);
-          }
+          dequant_step<T, KIND, kFast>(words[u], make_uint2(words[(u & 1) * 2], words[(u & 1) * 2 + 1]), rc[h],
+                                       pairs);
           frag[0][h] = pairs[0];
           frag[0][2 + h] = pairs[1];
           frag[1][h] = pairs[2];
@@ -216,12 +145,8 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) grouped_woq_decode_kernel(W
         } else {
           tok = a[buf][u];
         }
-        mma16816<MmaName<T>::kBf16>(sum, frag[0], tok.x, tok.y);
-        mma16816<MmaName<T>::kBf16>(sum, frag[1], tok.z, tok.w);
-      }
-      if constexpr (kPost) {  // accumulator c: row g (c < 2) or g + 8
-#pragma unroll
-        for (int c = 0; c < 4; ++c) acc[c] = fmaf(part[c], __uint_as_float(sv[slot][c >> 1]), acc[c]);
+        mma16816<MmaName<T>::kBf16>(acc, frag[0], tok.x, tok.y);
+        mma16816<MmaName<T>::kBf16>(acc, frag[1], tok.z, tok.w);
       }
     };
     if constexpr (KIND == MB_WOQ_MXFP4) {
@@ -241,25 +166,16 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) grouped_woq_decode_kernel(W
   mb::wait_for_predecessor();
   mb::let_dependents_start();
   load_tokens(0, kb);
-  auto stream = [&](auto post_tag) {
-    for (int k0 = kb; k0 < ke; k0 += S * 128) {
+  for (int k0 = kb; k0 < ke; k0 += S * 128) {
 #pragma unroll
-      for (int s = 0; s < S; ++s) {
-        const int kc = k0 + 128 * s;
-        if (kc < ke) {  // warp-uniform
-          load_tokens((s + 1) & 1, kc + 128);
-          compute(s, s & 1, post_tag);
-          load_weights(s, kc + 128 * S);
-        }
+    for (int s = 0; s < S; ++s) {
+      const int kc = k0 + 128 * s;
+      if (kc < ke) {  // warp-uniform
+        load_tokens((s + 1) & 1, kc + 128);
+        compute(s, s & 1);
+        load_weights(s, kc + 128 * S);
       }
     }
-  };
-  // The choice is CTA-uniform: one loop per path, no branch per batch.
-  constexpr bool kCanPost = KIND == MB_WOQ_INT4 || KIND == MB_WOQ_INT8;
-  if (kCanPost && (p.group == 0 || p.group == 128)) {
-    stream(std::integral_constant<bool, kCanPost>{});
-  } else {
-    stream(std::false_type{});
   }
   // Accumulator: fragment rows g and g + 8, tokens 2q and 2q + 1 -> shared.
 #pragma unroll
