@@ -3,8 +3,8 @@ with L2 flushed before it, the read rate measured in the same process, the decod
 of an older library.
 
 The flush reads 256 MB (a sum) instead of writing it: a written flush leaves L2 (50 MB on an H100/H200) full of
-dirty lines, and the timed call then pays their write-back while it streams its weights, ~12 us at 4.3 TB/s, which
-is most of the gap between a 1-token decode GEMM and its byte floor. MB_PROBE_FLUSH=write restores the written flush
+dirty lines, and the timed call then pays their write-back while it streams its weights (Mixtral's FP8 GEMM1 at 1
+token: 68.5 us with the written flush, 64.4 with the read one, on two H200s). MB_PROBE_FLUSH=write restores the written flush
 (docs/measured/h200-2026-11-28-fp8 and h200-2026-11-28-woq were measured so)."""
 import json, os, subprocess, sys, tempfile
 import torch
