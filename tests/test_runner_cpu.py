@@ -261,12 +261,32 @@ def test_w4afp8_plans_run_the_fusions_the_plan_names(expand: str, fc2: str) -> N
     layout = workspace_layout(spec, steps_up_to(plan, 16), 16)
     assert layout["permuted_input"].dtype == torch.float8_e4m3fn and layout["fc2_input"].dtype == torch.float8_e4m3fn
     assert layout["permuted_input_scales"].shape == (32,) and layout["fc2_input_scales"].shape == (32,)
-    assert ("expanded_input" in layout) == (expand == "plain") and ("fc1_act" in layout) == (fc2 == "separate")
+    # fc1_act: the separate step's rows, which the default plan's 1-token band (separate) needs too
+    assert ("expanded_input" in layout) == (expand == "plain") and "fc1_act" in layout
     assert "gemm_workspace" not in layout
     for tokens in (16, 4096):  # the int4 weight-only tactics (decode, then the mma tiles), never wgmma
         choices = plan.choices(tokens)
         assert choices["gemm1_tactic"].split(":")[0] == ("decode" if tokens == 16 else "mma")
         assert choices["gemm2_tactic"].split(":")[0] == ("decode" if tokens == 16 else "mma")
+
+
+def test_w4afp8_fc2_prequant_is_separate_at_one_token() -> None:
+    """W4AFP8's FC2 pre-quant fusion (scale and FP8 quantization in the activation kernel) runs from 2 tokens on
+    (rules.FC2_QUANT_FUSED_MIN_TOKENS, gate fc2_quant_fused_tokens); at 1 token the activation, then the scale-and-
+    quantize kernel. Forced, one choice at every count."""
+    spec = dataclasses.replace(SWIGLU, quant=Quant.W4AFP8, act_scale=ActScale.STATIC, quant_prequant_scales=True)
+    plan = make_plan(spec, H100, tokens=16)
+    d = plan.stage("fc2_prequant")
+    assert [b.to_list() for b in d.bands] == [[1, 1, "separate"], [2, None, "fused"]]
+    assert [d.choice_for(t) for t in (1, 2, 4096)] == ["separate", "fused", "fused"]
+    assert kernel_sequence(plan, 1)[4:7] == ["gemm1:w4afp8", "fc1_activation", "fc2_prequant:fp8"]
+    assert kernel_sequence(plan, 2)[4:6] == ["gemm1:w4afp8", "fc1_activation:fc2_prequant_fp8"]
+    assert "fc2_quant_fused_tokens" in {g.name for g in make_plan(spec, H100, tokens=1).stage("fc2_prequant").gates}
+    forced = make_plan(spec, H100, tokens=16, force={"fc2_prequant": "separate"}).stage("fc2_prequant")
+    assert forced.forced and forced.choice_for(4096) == "separate"
+    awq = make_plan(dataclasses.replace(spec, quant=Quant.W4A16_AWQ), H100, tokens=1).stage("fc2_prequant")
+    # W4A16 AWQ: no FP8 quantization in it, fused at every count
+    assert awq.choice == "fused" and [b.to_list() for b in awq.bands] == [[1, None, "fused"]]
 
 
 def test_w4afp8_without_awq_scales_quantizes_in_the_activation() -> None:

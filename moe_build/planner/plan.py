@@ -168,17 +168,27 @@ def _fc1_activation(spec: MoESpec, target: Target, gemm_kernel: str, forced: str
                          summary=texts[choice])
 
 
-def _fc2_prequant(spec: MoESpec, forced: str | None) -> StageDecision:
+def _fc2_prequant(spec: MoESpec, tokens: int, forced: str | None) -> StageDecision:
+    """The seed's fusion where its gates hold; W4AFP8, whose fused activation also quantizes GEMM2's input to FP8,
+    from FC2_QUANT_FUSED_MIN_TOKENS tokens on (bands over every count), as FP8 layers' fc2_input_quant."""
     awq, gated = R.fc2_use_awq(spec), R.fc2_gated(spec)
     if not awq.held:
         if forced not in (None, "none"):
             _refuse([awq], f"cannot force fc2_prequant={forced}")
         return StageDecision("fc2_prequant", "none", "none", (awq, gated), forced=forced is not None,
                              summary="no FC2 pre-quant scale")
+    fused_text, separate_text = "FC2 pre-quant scale applied in FC1's gated activation", \
+        "FC2 pre-quant scale applied before GEMM2"
     d = _simple("fc2_prequant", "fused", "separate", [awq, gated], forced if forced != "none" else "separate",
-                lambda f: "FC2 pre-quant scale applied in FC1's gated activation" if f
-                else "FC2 pre-quant scale applied before GEMM2")
-    return d
+                lambda f: fused_text if f else separate_text)
+    if spec.quant is not Quant.W4AFP8 or forced is not None or d.choice != "fused":
+        return d
+    lo = R.FC2_QUANT_FUSED_MIN_TOKENS
+    bands = (Band(1, lo - 1, "separate"), Band(lo, None, "fused"))
+    choice = next(b.choice for b in bands if b.holds(tokens))
+    return StageDecision("fc2_prequant", choice, "separate", (awq, gated, R.fc2_quant_fused_tokens(tokens)), bands,
+                         summary=f"{fused_text if choice == 'fused' else separate_text} "
+                                 f"({bands_text(bands, choice_first=True)})")
 
 
 def _finalize(spec: MoESpec, target: Target, gemm_kernel: str, tokens: int, forced: str | None) -> StageDecision:
@@ -407,7 +417,7 @@ def make_plan(spec: MoESpec, target: Target, tokens: int = 1,
             _expand_rows(spec, force.get("expand_rows")),
             gemm,
             fc1,
-            _fc2_prequant(spec, force.get("fc2_prequant")),
+            _fc2_prequant(spec, tokens, force.get("fc2_prequant")),
             finalize,
             _fc1_input_quant(spec, force.get("fc1_input_quant")),
             _fc2_input_quant(spec, fc1.choice, tokens, force.get("fc2_input_quant")),

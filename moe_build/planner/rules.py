@@ -449,7 +449,11 @@ def fc2_quant_in_activation(fc1_activation: str) -> Gate:
 # ... and pays from 2 tokens on: at 1 token the activation kernel's fused quantization (a block per row, top_k rows)
 # lost 1-9% to the separate quantize kernel on every bench shape but DeepSeek-V3 (where it won by 1%), fp8 and
 # fp8_block, whole layers replayed on the H200 (Qwen3-30B-A3B 33.3 vs 31.8 us, DeepSeek-V2-Lite 40.1 vs 36.5), and
-# won 0-4% at 16 tokens (docs/performance.md, "FP8 layers"): tokens >= FC2_QUANT_FUSED_MIN_TOKENS
+# won 0-4% at 16 tokens (docs/performance.md, "FP8 layers"): tokens >= FC2_QUANT_FUSED_MIN_TOKENS.
+# W4AFP8's fc2_prequant=fused (the FC2 pre-quant scale and the FP8 quantization in the activation kernel) takes the
+# same band: at 1 token it lost 4-13% to the separate scale-and-quantize kernel on all four bench shapes in both of
+# its runs (H200, docs/measured/h200-2026-11-28-w4afp8: Qwen3-30B-A3B 36.4 vs 33.9 us, DeepSeek-V2-Lite 40.4 vs
+# 37.6 with the staged activation kernel), and was within 3% either way at 16 tokens.
 FC2_QUANT_FUSED_MIN_TOKENS = 2
 
 
