@@ -27,8 +27,9 @@ WOQ_KINDS = ("none", "int4", "int8", "mxfp4")  # the weight-only GEMM's stored w
 # The weight-only GEMM's kernels (gemm/woq_abi.cu): decode, and mma.sync tiles of token rows x output columns.
 WOQ_MMA_TILES = ("64x128", "128x128")
 # The FP8 GEMM's wgmma tiles by scaling (gemm/fp8_sm90.cu): the blockwise mainloop's tiles are 128 columns
-# wide; the c2 tiles run in 2x1 clusters that multicast their weight tile. The rules choose only the first
-# three (as measured); the others are there to be forced and probed (bench/fp8_tactics_probe.py).
+# wide; the c2 tiles run in 2x1 clusters that multicast their weight tile. The rules choose coop128x128,
+# pingpong64x128 and coop128x192 (as measured); the others are there to be forced and probed
+# (bench/fp8_tactics_probe.py).
 FP8_WGMMA_TILES = {"rowwise": ("coop128x128", "coop128x256", "pingpong64x128", "coop128x128c2", "coop128x192",
                                "coop128x192c2"),
                    "block128": ("coop128x128", "pingpong64x128", "coop128x128c2")}
@@ -236,7 +237,7 @@ def fp8_decode_k_split_rule(call: GemmCall, rows: RowCount) -> int:
 # 128 average rows: it reads a third fewer bytes from L2 per FLOP than 128x128, which at the FP8 rate is what
 # limits 128x128 (docs/experiments.md), and still holds the promoted accumulators in registers; at 256 to 1024
 # rows it was 5-9% faster than 128x128 on every GEMM measured (Qwen3 GEMM1 266 vs 292 us, GEMM2 210 vs 225,
-# Mixtral GEMM1 1917 vs 2016, GEMM2 838 vs 883, DeepSeek-V2-Lite GEMM1 343 vs 369), at 64 rows 0.5-2% (GEMM1)
+# Mixtral GEMM1 1917 vs 2016, GEMM2 838 vs 883, DeepSeek-V2-Lite GEMM1 343 vs 369), at 64 rows 2% (Mixtral GEMM1)
 # and 24% (GEMM2) slower (docs/measured/h200x2-2026-11-28-tiles-decode). Block-128 scales stay on 128x128: its
 # blockwise mainloop has no 192-column form, and in 2x1 clusters it won on two GEMMs and lost on one. The
 # finalize epilogue takes the same tiles (FP8's finalize tiles were not measured yet).
