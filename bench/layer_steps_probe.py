@@ -33,6 +33,9 @@ def short(name: str) -> str:
 
 
 def profile(runner: MoERunner, hidden: torch.Tensor, logits: torch.Tensor) -> dict:
+    """One call of `runner` warmed up on a side stream (its workspace made before capture), captured in a CUDA
+    graph and replayed REPLAYS times under the profiler: kernel times per replay by short() name, and the replay's
+    own time from events."""
     out = torch.empty_like(hidden)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
