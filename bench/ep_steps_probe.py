@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 import sys
-from collections import defaultdict
 
 import torch
 import torch.distributed as dist
+from graph_kernel_times import kernel_times, print_kernel_times
 
 from moe_build import kernels
 from moe_build.bench.ep import capture, dispatch_spec, exchange, init_rank, random_routing, random_weights
@@ -32,21 +32,7 @@ def profile(fn, label: str) -> dict:  # noqa: ANN001
         graph.replay()
     torch.cuda.synchronize()
     dist.barrier()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        start.record()
-        for _ in range(REPLAYS):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-    kernels_us: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            k = kernels_us[e.name[:60]]
-            k[0] += 1
-            k[1] += e.device_time_total
-    row = {"label": label, "replay_us": 1e3 * start.elapsed_time(end) / REPLAYS,
-           "kernels": {n: {"calls": c / REPLAYS, "us": t / REPLAYS} for n, (c, t) in kernels_us.items()}}
+    row = {"label": label, **kernel_times(graph, REPLAYS, lambda name: name[:60])}
     rows = [None] * dist.get_world_size()
     dist.all_gather_object(rows, row)
     return max(rows, key=lambda r: r["replay_us"])  # type: ignore[arg-type,return-value]
@@ -74,10 +60,7 @@ def main() -> None:
         with open(sys.argv[1], "w") as f:
             json.dump(results, f, indent=1)
         for r in results:
-            total = sum(k["us"] for k in r["kernels"].values())
-            print(f"{r['label']}: replay {r['replay_us']:.1f} us, kernels {total:.1f} us")
-            for n, k in sorted(r["kernels"].items(), key=lambda x: -x[1]["us"]):
-                print(f"    {k['us']:8.1f} us  x{k['calls']:.0f}  {n}")
+            print_kernel_times(r["label"], r)
     dist.destroy_process_group()
 
 

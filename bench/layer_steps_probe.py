@@ -11,9 +11,8 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections import defaultdict
-
 import torch
+from graph_kernel_times import kernel_times, print_kernel_times
 
 from moe_build.bench.workload import bench_spec, device_fp8_weights, device_weights, fp8_bench_spec, make_inputs
 from moe_build.runner import MoERunner
@@ -49,22 +48,7 @@ def profile(runner: MoERunner, hidden: torch.Tensor, logits: torch.Tensor) -> di
     for _ in range(3):
         graph.replay()
     torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        start.record()
-        for _ in range(REPLAYS):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-    per: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            k = per[short(e.name)]
-            k[0] += 1
-            k[1] += e.device_time_total
-    return {"replay_us": 1e3 * start.elapsed_time(end) / REPLAYS,
-            "kernels": {n: {"calls": c / REPLAYS, "us": t / REPLAYS} for n, (c, t) in per.items()}}
-
+    return kernel_times(graph, REPLAYS, short)
 
 def main() -> None:
     results = []
@@ -78,10 +62,7 @@ def main() -> None:
                 r = profile(runner, s.hidden, s.logits)
                 r.update(shape=name, quant=quant, tokens=T)
                 results.append(r)
-                total = sum(k["us"] for k in r["kernels"].values())
-                print(f"{name} {quant} T={T}: replay {r['replay_us']:.1f} us, kernels {total:.1f} us", flush=True)
-                for n, k in sorted(r["kernels"].items(), key=lambda x: -x[1]["us"]):
-                    print(f"    {k['us']:8.1f} us  x{k['calls']:.0f}  {n}", flush=True)
+                print_kernel_times(f"{name} {quant} T={T}", r)
             del runner, w
             torch.cuda.empty_cache()
     path = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.environ.get("OUT", "."), "layer_steps.json")

@@ -1,0 +1,37 @@
+"""What the kernel-by-kernel probes share (bench/layer_steps_probe.py, bench/ep_steps_probe.py): a captured CUDA
+graph replayed back to back under torch.profiler, its kernels' device time per replay by name, beside the replays'
+own time from CUDA events (the gap between the two is launch latency and idle time between kernels)."""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Callable
+
+import torch
+
+
+def kernel_times(graph: torch.cuda.CUDAGraph, replays: int, name_of: Callable[[str], str]) -> dict:
+    """`graph` (warmed up) replayed `replays` times under the profiler: {"replay_us": its time per replay,
+    "kernels": {name_of(kernel name): {"calls", "us"} per replay}}."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+    per: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            k = per[name_of(e.name)]
+            k[0] += 1
+            k[1] += e.device_time_total
+    return {"replay_us": 1e3 * start.elapsed_time(end) / replays,
+            "kernels": {n: {"calls": c / replays, "us": t / replays} for n, (c, t) in per.items()}}
+
+
+def print_kernel_times(label: str, r: dict) -> None:
+    """One kernel_times result: the replay and the kernels' total, then each kernel, slowest first."""
+    total = sum(k["us"] for k in r["kernels"].values())
+    print(f"{label}: replay {r['replay_us']:.1f} us, kernels {total:.1f} us", flush=True)
+    for n, k in sorted(r["kernels"].items(), key=lambda x: -x[1]["us"]):
+        print(f"    {k['us']:8.1f} us  x{k['calls']:.0f}  {n}", flush=True)
