@@ -349,6 +349,20 @@ def test_fc1_activation_fp8(act: K.Activation, dtype: torch.dtype, mode: str) ->
         assert s[filled:].isnan().all(), f"{what}: scales of rows past off[E] were written"
 
 
+def check_swiglu_fp8(x: torch.Tensor, off: torch.Tensor, b: torch.Tensor | None, mode: str, filled: int,
+                     what: str) -> None:
+    """mb_fc1_activation_fp8 (SwiGLU) on poisoned outputs equals quantize_rows of mb_fc1_activation's rows, and
+    rows past off[E] (`filled`) keep their poison."""
+    rows, inter = x.shape[0], x.shape[1] // 2
+    q, s = poisoned_fp8(rows, inter), poisoned_scales(*scale_shape(rows, inter, mode))
+    ops.fc1_activation_fp8(x, off, K.Activation.SWIGLU, b, static_scale=static_scale(mode), group=group_of(mode),
+                           out=q, out_scales=s)
+    h = K.fc1_activation(x, off, K.Activation.SWIGLU, b)
+    torch.cuda.synchronize()
+    check_quantized(q[:filled], s[:filled], h[:filled], mode, what)
+    assert (q[filled:].view(torch.uint8) == 0xFF).all() and s[filled:].isnan().all()
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_fc1_activation_fp8_wide_rows(mode: str) -> None:
     """inter 20000 (past one tile: the per-row scale reads the rest of the row twice), at decode row counts
@@ -360,13 +374,7 @@ def test_fc1_activation_fp8_wide_rows(mode: str) -> None:
         x = buf[offset:].view(rows, 2 * inter)
         x.copy_(torch.randn(rows, 2 * inter, device="cuda") * 3)
         b = (torch.randn(e, 2 * inter, device="cuda") * 0.5).to(torch.bfloat16)
-        q, s = poisoned_fp8(rows, inter), poisoned_scales(*scale_shape(rows, inter, mode))
-        ops.fc1_activation_fp8(x, off, K.Activation.SWIGLU, b, static_scale=static_scale(mode), group=group_of(mode),
-                               out=q, out_scales=s)
-        h = K.fc1_activation(x, off, K.Activation.SWIGLU, b)
-        torch.cuda.synchronize()
-        check_quantized(q[:filled], s[:filled], h[:filled], mode, f"inter {inter} offset {offset} {mode}")
-        assert (q[filled:].view(torch.uint8) == 0xFF).all() and s[filled:].isnan().all()
+        check_swiglu_fp8(x, off, b, mode, filled, f"inter {inter} offset {offset} {mode}")
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -380,25 +388,14 @@ def test_fc1_activation_fp8_staged_ring(inter: int, mode: str) -> None:
     off = random_offsets(e, filled)
     x = (torch.randn(rows, 2 * inter, device="cuda") * 3).to(torch.bfloat16)
     b = (torch.randn(e, 2 * inter, device="cuda") * 0.5).to(torch.bfloat16)
-    q, s = poisoned_fp8(rows, inter), poisoned_scales(*scale_shape(rows, inter, mode))
-    ops.fc1_activation_fp8(x, off, K.Activation.SWIGLU, b, static_scale=static_scale(mode), group=group_of(mode),
-                           out=q, out_scales=s)
-    h = K.fc1_activation(x, off, K.Activation.SWIGLU, b)
-    torch.cuda.synchronize()
-    check_quantized(q[:filled], s[:filled], h[:filled], mode, f"inter {inter} {mode}")
-    assert (q[filled:].view(torch.uint8) == 0xFF).all() and s[filled:].isnan().all()
+    check_swiglu_fp8(x, off, b, mode, filled, f"inter {inter} {mode}")
 
 
 def test_fc1_activation_fp8_past_grid_cap() -> None:
     rows, inter, filled = BIG, 8, BIG - 7
     off = random_offsets(4, filled)
     x = torch.randn(rows, 2 * inter, device="cuda").to(torch.bfloat16)
-    q, s = poisoned_fp8(rows, inter), poisoned_scales(rows)
-    ops.fc1_activation_fp8(x, off, K.Activation.SWIGLU, out=q, out_scales=s)
-    h = K.fc1_activation(x, off, K.Activation.SWIGLU)
-    torch.cuda.synchronize()
-    check_quantized(q[:filled], s[:filled], h[:filled], "row", "past the grid cap")
-    assert (q[filled:].view(torch.uint8) == 0xFF).all() and s[filled:].isnan().all()
+    check_swiglu_fp8(x, off, None, "row", filled, "past the grid cap")
 
 
 # ---- the AWQ pre-quant scale (W4AFP8): in the quantization, the expansion and the activation -------------
