@@ -183,11 +183,19 @@ def _fc2_prequant(spec: MoESpec, tokens: int, forced: str | None) -> StageDecisi
                 lambda f: fused_text if f else separate_text)
     if spec.quant is not Quant.W4AFP8 or forced is not None or d.choice != "fused":
         return d
+    return _fc2_quant_bands("fc2_prequant", "fused", (awq, gated), tokens, fused_text, separate_text)
+
+
+def _fc2_quant_bands(stage: str, fused: str, gates: Sequence[Gate], tokens: int, fused_text: str,
+                     separate_text: str) -> StageDecision:
+    """`stage` separate below FC2_QUANT_FUSED_MIN_TOKENS tokens and `fused` from there on, where GEMM2's input is
+    quantized to FP8 (FP8's fc2_input_quant, W4AFP8's fc2_prequant): bands over every count, gate
+    fc2_quant_fused_tokens at `tokens`."""
     lo = R.FC2_QUANT_FUSED_MIN_TOKENS
-    bands = (Band(1, lo - 1, "separate"), Band(lo, None, "fused"))
+    bands = (Band(1, lo - 1, "separate"), Band(lo, None, fused))
     choice = next(b.choice for b in bands if b.holds(tokens))
-    return StageDecision("fc2_prequant", choice, "separate", (awq, gated, R.fc2_quant_fused_tokens(tokens)), bands,
-                         summary=f"{fused_text if choice == 'fused' else separate_text} "
+    return StageDecision(stage, choice, "separate", (*gates, R.fc2_quant_fused_tokens(tokens)), bands,
+                         summary=f"{fused_text if choice == fused else separate_text} "
                                  f"({bands_text(bands, choice_first=True)})")
 
 
@@ -247,12 +255,7 @@ def _fc2_input_quant(spec: MoESpec, fc1_activation: str, tokens: int, forced: st
     if forced is not None or not all(g.held for g in gates):
         return _act_quant("fc2_input_quant", "fc1_activation", gates, forced, fused_text, separate_text,
                           *([W4AFP8_INPUT_TEXT.format("fc2_prequant")] if spec.quant is Quant.W4AFP8 else []))
-    lo = R.FC2_QUANT_FUSED_MIN_TOKENS
-    bands = (Band(1, lo - 1, "separate"), Band(lo, None, "fc1_activation"))
-    choice = next(b.choice for b in bands if b.holds(tokens))
-    return StageDecision("fc2_input_quant", choice, "separate", (*gates, R.fc2_quant_fused_tokens(tokens)), bands,
-                         summary=f"{fused_text if choice == 'fc1_activation' else separate_text} "
-                                 f"({bands_text(bands, choice_first=True)})")
+    return _fc2_quant_bands("fc2_input_quant", "fc1_activation", gates, tokens, fused_text, separate_text)
 
 
 def _w1_order(fc1_activation: str) -> StageDecision:
