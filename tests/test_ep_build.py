@@ -179,7 +179,7 @@ def test_ep_build_writes_one_engine_per_rank(built: tuple[Path, object]) -> None
         assert f"[1/1] tiny rank {rank} of 2: exporting ONNX" in r.stderr
         assert f"[1/1] tiny rank {rank} of 2: writing engine + manifest" in r.stderr
     m0, m1 = (json.loads((out / f"tiny/rank{k}/tiny.json").read_text()) for k in (0, 1))
-    assert m0["schema"] == m1["schema"] == "moe-build.manifest/5"
+    assert m0["schema"] == m1["schema"] == "moe-build.manifest/6"
     assert m0["ep"] == {"size": 2, "rank": 0, "experts": [0, 4], "dispatch": "allreduce"}
     assert m1["ep"] == {"size": 2, "rank": 1, "experts": [4, 8], "dispatch": "allreduce"}
     assert m0["weights_sha256"] != m1["weights_sha256"] and m0["engine_sha256"] != m1["engine_sha256"]
@@ -352,3 +352,55 @@ def test_plugin_path_build_of_an_expert_parallel_rank_is_refused_before_loading_
     whole = dataclasses.replace(PLUGIN_SPEC, ep_size=1)
     with pytest.raises(AttributeError):  # a single-GPU plan passes the checks and reaches the backend
         preflight.prepare_build(whole, make_plan(whole, PLUGIN_TARGET, tokens=16), BuildOptions())
+
+
+# ---- the ep_format stage (moe_build/planner/plan.py:_ep_format): how rows reach a rank's experts -------------
+
+def _format(spec: MoESpec, deterministic: bool = False, **force: str) -> object:
+    target = dataclasses.replace(PLUGIN_TARGET, deterministic=deterministic)
+    return make_plan(spec, target, tokens=16, force=force or None)
+
+
+def test_ep_format_is_contiguous_unless_deterministic_and_none_without_ep() -> None:
+    rank = PLUGIN_SPEC.for_rank(0)
+    assert _format(dataclasses.replace(PLUGIN_SPEC, ep_size=1)).stage("ep_format").choice == "none"
+    assert _format(rank).stage("ep_format").choice == "contiguous"
+    assert _format(rank, dispatch="nccl").stage("ep_format").choice == "contiguous"
+    det = _format(rank, deterministic=True)
+    assert det.stage("ep_format").choice == "permuted"
+    # the tokens' ranks do the finalize: GEMM2 stores plainly on the experts' rank
+    assert det.stage("finalize").choice == "separate"
+    assert {g.name: g.held for g in det.stage("finalize").gates}["finalize_where_experts_run"] is False
+    assert _format(rank, ep_format="batched").stage("ep_format").choice == "batched"
+    # both dispatches have the grouped formats
+    assert _format(rank, deterministic=True, dispatch="nccl").stage("ep_format").choice == "permuted"
+    assert _format(rank, dispatch="nccl", ep_format="batched").stage("ep_format").choice == "batched"
+
+
+@pytest.mark.parametrize("change, gate", [({"expert_bias": True}, "ep_unpermute_no_fc2_bias"),
+                                          ({"quant": Quant.FP8}, "ep_unpermute_16bit")])
+def test_grouped_formats_need_a_16bit_layer_without_fc2_bias(change: dict, gate: str) -> None:
+    spec = dataclasses.replace(PLUGIN_SPEC, **change).for_rank(1)
+    plan = _format(spec, deterministic=True)
+    assert plan.stage("ep_format").choice == "contiguous"
+    assert {g.name: g.held for g in plan.stage("ep_format").gates}[gate] is False
+    with pytest.raises(MoeBuildError) as info:
+        _format(spec, ep_format="permuted")
+    assert info.value.field == "force" and gate in str(info.value) and "\n" not in str(info.value)
+    assert info.value.exit_code == 2
+
+
+def test_grouped_formats_refused_without_ep() -> None:
+    with pytest.raises(MoeBuildError, match="ep_format=permuted does not apply with dispatch=none"):
+        _format(dataclasses.replace(PLUGIN_SPEC, ep_size=1), ep_format="permuted")
+
+
+def test_deterministic_16bit_plans_keep_the_tiled_gemm_at_every_count() -> None:
+    """The decode kernel's K slices would make a row's output depend on the batch: deterministic plans never take
+    it (tactics.kernel_rule); the same layer planned without the request does, at decode sizes."""
+    spec = MoESpec(hidden_size=2048, intermediate_size=768, num_experts=128, top_k=8, dtype=DType.BF16)
+    for stage in ("gemm1_tactic", "gemm2_tactic"):
+        loose = _format(spec).stage(stage)
+        strict = _format(spec, deterministic=True).stage(stage)
+        assert loose.bands[0].choice.startswith("decode:")
+        assert all(not b.choice.startswith("decode:") for b in strict.bands), strict.bands

@@ -30,6 +30,9 @@ def weights() -> MoEWeights:
     ({"dispatch_sms": 0}, "dispatch_sms"), ({"dispatch_sms": -2}, "dispatch_sms"),
     ({"dispatch_sms": 2.5}, "dispatch_sms"), ({"dispatch_sms": True}, "dispatch_sms"),
     ({"combine_sms": 0}, "combine_sms"), ({"combine_sms": "8"}, "combine_sms"),
+    ({"pad_multiple": 0}, "pad_multiple"), ({"pad_multiple": 2.0}, "pad_multiple"),
+    ({"pad_multiple": True}, "pad_multiple"), ({"expert_capacity": 0}, "expert_capacity"),
+    ({"expert_capacity": "64"}, "expert_capacity"),
 ])
 def test_bad_switches_are_refused_in_one_line_before_anything_is_built(weights: MoEWeights, kwargs: dict,
                                                                        field: str) -> None:
@@ -72,3 +75,20 @@ def test_kernel_sm_cap_argument() -> None:
     for bad in (0, -1, True, 2.0):
         with pytest.raises(ValueError, match="sms"):
             ops._max_sms(bad)
+
+
+@pytest.mark.parametrize("force, kwargs, field", [
+    ({}, {"expert_capacity": 16}, "expert_capacity"),                         # contiguous: no max rows
+    ({"ep_format": "batched"}, {}, "expert_capacity"),                        # batched needs its max rows
+    ({}, {"pad_multiple": 8}, "pad_multiple"),                                # padding is the permuted format's
+    ({"ep_format": "batched"}, {"expert_capacity": 16, "pad_multiple": 8}, "pad_multiple"),
+    ({"ep_format": "permuted"}, {"recv_capacity": 16}, "recv_capacity"),      # sized on the device, no capacity
+])
+def test_format_settings_must_match_the_plans_format(weights: MoEWeights, force: dict, kwargs: dict, field: str,
+                                                    monkeypatch) -> None:
+    """Refused in one line from the plan alone, before any buffer or collective."""
+    monkeypatch.setattr(ep, "require_cuda", lambda device: torch.device("cuda", 0))
+    with pytest.raises(MoeBuildError) as info:
+        ExpertParallelMoE(SPEC.for_rank(0), weights.for_rank(SPEC, 0), max_tokens=8, target=H100,
+                          force={"dispatch": "nvlink", **force}, **kwargs)
+    assert info.value.field == field and "\n" not in str(info.value)

@@ -122,6 +122,10 @@ ROWS: list[tuple[str, str, dict, dict, int | None, dict, set[str], dict[str, str
      {"finalize_env"}, {"finalize": "separate"}),
     ("finalize_no_lora", "hopper", {"lora": True}, {}, None, {},
      {"finalize_no_lora"}, {"finalize": "separate"}),
+    # moe-build's own: an expert-parallel rank whose rows arrive grouped by expert returns every (token, k) row, and
+    # the tokens' ranks do the finalize
+    ("finalize_where_experts_run", "hopper", {"ep_size": 2, "ep_rank": 0}, {}, None, {"ep_format": "permuted"},
+     {"finalize_where_experts_run"}, {"finalize": "separate"}),
     ("finalize_sm90_not_wfp4a16", "hopper", {"quant": Quant.WFP4A16}, {}, None, {},
      {"prologue_not_wfp4a16", "finalize_sm90_not_wfp4a16", "fused_gated_t_eq_weight", "fused_gated_two_byte",
       "finalize_tactic", "expand_prequant_not_block_scaled", "gated_epilogue_two_byte"},

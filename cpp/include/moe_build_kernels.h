@@ -103,9 +103,10 @@ mb_status mb_ep_combine(const void* returned, int dtype, const int32_t* token_sl
                         int ep_size, void* out, int max_sms, cudaStream_t stream);
 
 /* stages/ep_nvlink.cu: the `nvlink` dispatch and combine over buffers every rank maps (symmetric memory).
- * A rank's symmetric buffer holds recv_rows [ep][cap][H] (dtype), recv_meta [ep][cap][2K] int32 (K global
- * expert ids, then K fp32 weights' bits), recv_counts [ep][2] int32 (rows from source s, and their first send
- * row in s's send order), returned [ep * cap][H] and flags [2][ep] int32 (zero before the first call); peer_* are
+ * A rank's symmetric buffer holds recv_rows [ep][cap][H] (dtype), recv_meta [ep][cap][2K + 1] int32 (K global
+ * expert ids, then K fp32 weights' bits, then the row's token index in its source's call), recv_counts [ep][2]
+ * int32 (rows from source s, and their first send row in s's send order), returned [max(ep, K) * cap][H] and
+ * flags [2][ep] int32 (zero before the first call); peer_* are
  * device arrays of ep_size pointers, entry d rank d's buffer of that kind. cap >= the tokens of any call (a
  * source sends a token at most once to a rank). `done` (dispatch, return): a local int32 counter, zero before the
  * first call and left zero by every call; one per kernel kind and instance in flight.
@@ -125,8 +126,9 @@ mb_status mb_ep_combine(const void* returned, int dtype, const int32_t* token_sl
  * the experts; only out_ids,
  * out_weights, src_rank / src_row (src_rank -1 for a slot past its source's count) are written, *received = the
  * rows that arrived, *overflow = 0.
- * mb_ep_nvlink_return: partial [rows][H] row j written into rank src_rank[j]'s returned[src_row[j]]; then every
- * peer's flags[1][rank] = 1 (also with no rows). mb_ep_combine follows mb_ep_nvlink_wait(flags[1]), or
+ * mb_ep_nvlink_return: partial [rows][H] row j (j < *rows_limit where rows_limit is given) written into rank
+ * src_rank[j]'s returned[src_row[j]] (src_rank[j] -1: nowhere); then every peer's flags[1][rank] = 1 (also with
+ * no rows). mb_ep_combine follows mb_ep_nvlink_wait(flags[1]), or
  * mb_ep_nvlink_combine does both: it waits for flags[1] in every block (seen: a local counter as `done`), lowers
  * them, and sums as mb_ep_combine (launched with no tokens too).
  * Waiting in every block of a kernel saves a launch but holds the SMs it spins on: with a second micro-batch in
@@ -147,10 +149,35 @@ mb_status mb_ep_nvlink_gather(const void* recv_rows, int dtype, const int32_t* r
                               void* const* peer_returned, int32_t* wait_flags, int32_t* wait_seen, int max_sms,
                               cudaStream_t stream);
 mb_status mb_ep_nvlink_return(const void* partial, int dtype, const int32_t* src_rank, const int32_t* src_row,
-                              int rows, int hidden_size, void* const* peer_returned, int rank, int ep_size,
-                              int32_t* const* peer_flags, int32_t* done, int max_sms, cudaStream_t stream);
+                              int rows, const int64_t* rows_limit, int hidden_size, void* const* peer_returned,
+                              int rank, int ep_size, int32_t* const* peer_flags, int32_t* done, int max_sms,
+                              cudaStream_t stream);
 mb_status mb_ep_nvlink_combine(const void* returned, int dtype, const int32_t* token_slots, int num_tokens, int hidden,
                                int ep_size, void* out, int32_t* flags, int32_t* seen, int max_sms, cudaStream_t stream);
+
+/* stages/ep_permute.cu: dispatch_with_permute's receiving side (seed 004): the rows in this rank's recv slots (as
+ * mb_ep_nvlink_gather reads them) expanded to one row per (row, local expert) pair, grouped by local expert:
+ * expert e's rows are [expert_offsets[e], expert_offsets[e] + expert_counts[e]) of `rows`, the group
+ * expert_offsets[e + 1] - expert_offsets[e] rows long: expert_counts[e] rounded up to pad_multiple (contiguous,
+ * expert_capacity 0), or expert_capacity (batched; pad_multiple must be 1), pairs past it dropped.
+ * mb_ep_permute_layout (one block; where wait_flags (this rank's flags[0]) is given it waits for them and lowers
+ * them, wait_seen a zero local counter): expert_offsets [local_experts + 1] int64, expert_counts [local_experts]
+ * int32, pair_row [ep * cap * K] int32 (slot j's pair k: its row, -1 for another rank's expert, -2 dropped; written
+ * for received slots only), row_src_rank / row_return [rows] int32 (the row's source rank, -1 for padding, and its
+ * pair's index token * K + k in the source's returned, for mb_ep_nvlink_return), *overflow = (a pair was dropped).
+ * The order of a group's rows is not fixed (no row's expert output depends on it).
+ * mb_ep_permute_rows (after the layout): each received row copied to its pairs' rows; a dropped pair's source gets
+ * a zero row at returned[token * K + k] (peer_returned as mb_ep_nvlink_return's; NULL: none). max_sms as above.
+ * cap 0 (both): the received rows are dense, each source's right after the previous one's (the nccl dispatch's
+ * exact sizes), recv_meta [rows][2K + 1]; mb_ep_permute_rows then sizes its grid for max_rows rows. */
+mb_status mb_ep_permute_layout(const int32_t* recv_meta, const int32_t* recv_counts, int ep_size, int cap, int top_k,
+                               int first_expert, int local_experts, int pad_multiple, int expert_capacity,
+                               int64_t* expert_offsets, int32_t* expert_counts, int32_t* pair_row,
+                               int32_t* row_src_rank, int32_t* row_return, int32_t* overflow, int32_t* wait_flags,
+                               int32_t* wait_seen, cudaStream_t stream);
+mb_status mb_ep_permute_rows(const void* recv_rows, int dtype, const int32_t* recv_meta, const int32_t* recv_counts,
+                             int ep_size, int cap, int max_rows, int hidden_size, int top_k, const int32_t* pair_row,
+                             void* rows, void* const* peer_returned, int max_sms, cudaStream_t stream);
 
 /* ---- FP8 activation quantization (issue 46): the FP8 GEMMs' inputs ---------------------------------
  * A row of `cols` fp16/bf16 values x becomes e4m3 bytes q = e4m3(x / s) and fp32 scales, bit for bit

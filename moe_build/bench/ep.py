@@ -190,7 +190,8 @@ def random_weights(spec: MoESpec, seed: int) -> MoEWeights:
 def layer_points(name: str, spec: MoESpec, weights: MoEWeights, token_counts: tuple[int, ...],
                  iters: int) -> list[dict]:
     """The EP layer against the single-GPU runner holding every expert, same tokens per GPU. Called eagerly: the
-    blocking `nvlink` and `nccl` layers (and `nccl` with dual-batch overlap), each made once for the largest
+    blocking `nvlink` and `nccl` layers (and `nccl` with dual-batch overlap) and both in the permuted format
+    (`nvlink`'s without a host synchronization), each made once for the largest
     count (a DeepSeek-V3-shaped layer's weight copies take seconds). Replayed from CUDA graphs: the non-blocking
     `nvlink` layer with overlap off and on, made per count with room for every row it may receive (ep_size x
     tokens: never overflows), and the single-GPU runner. Each layer is freed before the next is made (five
@@ -199,10 +200,13 @@ def layer_points(name: str, spec: MoESpec, weights: MoEWeights, token_counts: tu
     from ..runner.expert_parallel import rank_layer
     rank, ep, most = dist.get_rank(), spec.ep_size, max(token_counts)
     eager: dict[str, Callable[[], Callable[..., object]]] = {
-        key: functools.partial(rank_layer, spec, weights, rank, max_tokens=most, force={"dispatch": b},
-                               overlap=overlap)
-        for key, b, overlap in (("ep_nvlink", "nvlink", False), ("ep_nccl", "nccl", False),
-                                ("ep_nccl_overlap", "nccl", True))}
+        key: functools.partial(rank_layer, spec, weights, rank, max_tokens=most,
+                               force={"dispatch": b, "ep_format": fmt}, overlap=overlap)
+        for key, b, overlap, fmt in (("ep_nvlink", "nvlink", False, "contiguous"),
+                                     ("ep_nccl", "nccl", False, "contiguous"),
+                                     ("ep_nccl_overlap", "nccl", True, "contiguous"),
+                                     ("ep_nvlink_permuted", "nvlink", False, "permuted"),
+                                     ("ep_nccl_permuted", "nccl", False, "permuted"))}
     inputs = {t: (torch.randn(t, spec.hidden_size, device="cuda", dtype=torch.bfloat16),
                   *random_routing(t, spec.num_experts, spec.top_k, 2000 + rank)) for t in token_counts}
     points = [{"layer": name, "tokens_per_gpu": t} for t in token_counts]
@@ -212,12 +216,15 @@ def layer_points(name: str, spec: MoESpec, weights: MoEWeights, token_counts: tu
             _time_layer(key, layer, point, inputs, iters, graph=False)
         del layer
         torch.cuda.empty_cache()  # that layer (its weight copies) is gone
-    for overlap in (False, True):
-        key = f"ep_nvlink{'_overlap' if overlap else ''}_graph"
+    # the contiguous format with room for every row, with overlap off and on, and the permuted format (rows land
+    # grouped by expert; every (token, k) row comes back: the deterministic plans' format)
+    graphed = (("ep_nvlink_graph", False, "contiguous"), ("ep_nvlink_overlap_graph", True, "contiguous"),
+               ("ep_nvlink_permuted_graph", False, "permuted"))
+    for key, overlap, fmt in graphed:
         for point in points:
             t = point["tokens_per_gpu"]
-            layer = rank_layer(spec, weights, rank, max_tokens=t, force={"dispatch": "nvlink"}, overlap=overlap,
-                               recv_capacity=ep * t)
+            layer = rank_layer(spec, weights, rank, max_tokens=t, force={"dispatch": "nvlink", "ep_format": fmt},
+                               overlap=overlap, recv_capacity=ep * t if fmt == "contiguous" else None)
             _time_layer(key, layer, point, inputs, iters, graph=True)
             del layer
             torch.cuda.empty_cache()
@@ -311,13 +318,14 @@ def table(r: dict) -> str:
     for m in r["memory"]:
         lines.append(f"memory at {m['tokens']} tokens/rank top-{m['top_k']}: ours {m['peak_bytes_ours'] / 2**20:.0f} "
                      f"MiB, worst case {m['worst_case_bytes'] / 2**20:.0f} MiB")
-    lines.append("layer (us; eager | graph): name tokens/GPU | EP nvlink, nccl, nccl overlapped | "
-                 "EP nvlink, overlapped | single GPU")
+    lines.append("layer (us; eager | graph): name tokens/GPU | EP nvlink, nccl, nccl overlapped, nvlink permuted, "
+                 "nccl permuted | EP nvlink, overlapped, permuted | single GPU")
     for p in r["layers"]:
         lines.append(f"  {p['layer']:20s} {p['tokens_per_gpu']:5d} | {1e3 * p['ep_nvlink_ms']:7.1f} "
-                     f"{1e3 * p['ep_nccl_ms']:7.1f} {1e3 * p['ep_nccl_overlap_ms']:7.1f} | "
-                     f"{1e3 * p['ep_nvlink_graph_ms']:7.1f} {1e3 * p['ep_nvlink_overlap_graph_ms']:7.1f} | "
-                     f"{1e3 * p['single_gpu_graph_ms']:7.1f}")
+                     f"{1e3 * p['ep_nccl_ms']:7.1f} {1e3 * p['ep_nccl_overlap_ms']:7.1f} "
+                     f"{1e3 * p['ep_nvlink_permuted_ms']:7.1f} {1e3 * p['ep_nccl_permuted_ms']:7.1f} | "
+                     f"{1e3 * p['ep_nvlink_graph_ms']:7.1f} {1e3 * p['ep_nvlink_overlap_graph_ms']:7.1f} "
+                     f"{1e3 * p['ep_nvlink_permuted_graph_ms']:7.1f} | {1e3 * p['single_gpu_graph_ms']:7.1f}")
     lines.append(summary(ep_targets(r, LAYER_HIDDEN)))
     return "\n".join(lines)
 

@@ -134,8 +134,11 @@ SIGNATURES: dict[str, tuple[type, tuple[type, ...]]] = {
     "mb_ep_nvlink_wait": (_i, (_p, _i, _p)),
     "mb_ep_nvlink_gather": (_i, (_p, _i, _p, _p, _i, _i, _i, _i, _i, _i, _i, _i, _p, _p, _p, _p, _p, _p, _p, _p,
                                  _p, _p, _i, _p)),
-    "mb_ep_nvlink_return": (_i, (_p, _i, _p, _p, _i, _i, _p, _i, _i, _p, _p, _i, _p)),
+    "mb_ep_nvlink_return": (_i, (_p, _i, _p, _p, _i, _p, _i, _p, _i, _i, _p, _p, _i, _p)),
     "mb_ep_nvlink_combine": (_i, (_p, _i, _p, _i, _i, _i, _p, _p, _p, _i, _p)),
+    # dispatch_with_permute (stages/ep_permute.cu)
+    "mb_ep_permute_layout": (_i, (_p, _p, _i, _i, _i, _i, _i, _i, _i, _p, _p, _p, _p, _p, _p, _p, _p, _p)),
+    "mb_ep_permute_rows": (_i, (_p, _i, _p, _p, _i, _i, _i, _i, _i, _p, _p, _p, _i, _p)),
     # FP8 activation quantization (issue 46; stages/quantize_fp8.cu, expand_rows.cu, fc1_activation.cu)
     "mb_quantize_fp8": (_i, (_p, _i, _i64, _i, _p, _p, _i, _p, _p, _p)),
     "mb_expand_rows_fp8": (_i, (_p, _i, _p, _p, _p, _i, _i, _i, _p, _i, _p, _p, _p, _p, _p)),

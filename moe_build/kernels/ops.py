@@ -402,7 +402,7 @@ def ep_nvlink_gather(recv_rows: torch.Tensor, recv_meta: torch.Tensor, recv_coun
     capacity = ep * cap if out_hidden is None else out_hidden.shape[0]
     k = out_ids.shape[1]
     _check(recv_rows, "recv_rows", (ep * cap, h))
-    _check(recv_meta, "recv_meta", (ep * cap, 2 * k), torch.int32, dev)
+    _check(recv_meta, "recv_meta", (ep * cap, 2 * k + 1), torch.int32, dev)
     _check(recv_counts, "recv_counts", (ep, 2), torch.int32, dev)
     if out_hidden is not None:
         _check(out_hidden, "out_hidden", (capacity, h), recv_rows.dtype, dev)
@@ -433,10 +433,12 @@ def _wait_args(wait: tuple[torch.Tensor, torch.Tensor] | None, ep: int, dev: tor
 
 def ep_nvlink_return(partial: torch.Tensor, src_rank: torch.Tensor, src_row: torch.Tensor,
                      peer_returned: torch.Tensor, rank: int, peer_flags: torch.Tensor, done: torch.Tensor,
-                     stream: int | torch.cuda.Stream | None = None, sms: int | None = None) -> None:
+                     stream: int | torch.cuda.Stream | None = None, sms: int | None = None,
+                     rows_limit: torch.Tensor | None = None) -> None:
     """Row j of `partial` [rows, H] written into rank src_rank[j]'s returned rows at src_row[j] (src_rank -1:
     none), over NVLink, then every peer's flags[1][rank] raised (with no rows too); `done` a [1] int32 counter
-    (zero, and left zero); `sms` caps the grid at that many blocks (None: the kernel's own)."""
+    (zero, and left zero); `sms` caps the grid at that many blocks (None: the kernel's own); `rows_limit` (an int64
+    on the device, e.g. a permuted layout's expert_offsets[E]): only the rows before it go back."""
     _check(partial, "partial", (None, None))
     dev = partial.device
     rows, h = partial.shape
@@ -448,9 +450,11 @@ def ep_nvlink_return(partial: torch.Tensor, src_rank: torch.Tensor, src_row: tor
     for name, ptrs in (("peer_returned", peer_returned), ("peer_flags", peer_flags)):
         _check(ptrs, name, (ep,), torch.int64, dev)
     _check(done, "done", (1,), torch.int32, dev)
+    if rows_limit is not None:
+        _check(rows_limit, "rows_limit", (1,), torch.int64, dev)
     call("mb_ep_nvlink_return", partial.data_ptr(), _dtype_code(partial, "partial"), src_rank.data_ptr(),
-         src_row.data_ptr(), rows, h, peer_returned.data_ptr(), rank, ep, peer_flags.data_ptr(), done.data_ptr(),
-         _max_sms(sms), _stream(stream, dev))
+         src_row.data_ptr(), rows, 0 if rows_limit is None else rows_limit.data_ptr(), h, peer_returned.data_ptr(),
+         rank, ep, peer_flags.data_ptr(), done.data_ptr(), _max_sms(sms), _stream(stream, dev))
 
 
 def ep_nvlink_combine(returned: torch.Tensor, token_slots: torch.Tensor, flags: torch.Tensor, seen: torch.Tensor,
@@ -464,6 +468,60 @@ def ep_nvlink_combine(returned: torch.Tensor, token_slots: torch.Tensor, flags: 
     call("mb_ep_nvlink_combine", returned.data_ptr(), _dtype_code(returned, "returned"), token_slots.data_ptr(), t, h,
          ep, o.data_ptr(), f, s, _max_sms(sms), _stream(stream, dev))
     return o
+
+
+# ---- dispatch_with_permute: the receiving side (cpp/src/stages/ep_permute.cu) ----------------------
+
+def ep_permute_layout(recv_meta: torch.Tensor, recv_counts: torch.Tensor, cap: int, top_k: int, first_expert: int,
+                      expert_offsets: torch.Tensor, expert_counts: torch.Tensor, pair_row: torch.Tensor,
+                      row_src_rank: torch.Tensor, row_return: torch.Tensor, overflow: torch.Tensor,
+                      pad_multiple: int = 1, expert_capacity: int = 0,
+                      wait: tuple[torch.Tensor, torch.Tensor] | None = None,
+                      stream: int | torch.cuda.Stream | None = None) -> None:
+    """The received rows' (row, local expert) pairs laid out by expert, on the device (one block): expert_offsets
+    [E + 1] int64 (groups padded to pad_multiple, or expert_capacity rows each where > 0: batched), expert_counts
+    [E] int32, pair_row [slots * K] int32 (-1 elsewhere, -2 dropped), row_src_rank / row_return [rows] int32
+    (where each row's expert output goes back; -1 for padding), overflow [1] int32. `wait` as ep_nvlink_gather's.
+    cap 0: the received rows are dense (recv_meta [rows, 2K + 1], sources one after another: nccl's)."""
+    dev = recv_meta.device
+    ep = recv_counts.shape[0]
+    e = expert_counts.shape[0]
+    slots = ep * cap if cap else recv_meta.shape[0]
+    _check(recv_meta, "recv_meta", (slots, 2 * top_k + 1), torch.int32, dev)
+    _check(recv_counts, "recv_counts", (ep, 2), torch.int32, dev)
+    _check(expert_offsets, "expert_offsets", (e + 1,), torch.int64, dev)
+    _check(expert_counts, "expert_counts", (e,), torch.int32, dev)
+    _check(pair_row, "pair_row", (slots * top_k,), torch.int32, dev)
+    _check(row_src_rank, "row_src_rank", (None,), torch.int32, dev)
+    _check(row_return, "row_return", (row_src_rank.shape[0],), torch.int32, dev)
+    _check(overflow, "overflow", (1,), torch.int32, dev)
+    flags, seen = _wait_args(wait, ep, dev)
+    call("mb_ep_permute_layout", recv_meta.data_ptr(), recv_counts.data_ptr(), ep, cap, top_k, first_expert, e,
+         pad_multiple, expert_capacity, expert_offsets.data_ptr(), expert_counts.data_ptr(), pair_row.data_ptr(),
+         row_src_rank.data_ptr(), row_return.data_ptr(), overflow.data_ptr(), flags, seen, _stream(stream, dev))
+
+
+def ep_permute_rows(recv_rows: torch.Tensor, recv_meta: torch.Tensor, recv_counts: torch.Tensor, cap: int,
+                    pair_row: torch.Tensor, rows: torch.Tensor, peer_returned: torch.Tensor | None,
+                    stream: int | torch.cuda.Stream | None = None, sms: int | None = None) -> None:
+    """After ep_permute_layout: each received row (recv_rows [ep * cap, H], or with cap 0 the dense [rows, H])
+    copied into `rows` at its pairs' rows; a dropped pair's source gets a zero row back (peer_returned as
+    ep_nvlink_return's; None: nothing is sent back)."""
+    dev = recv_rows.device
+    ep = recv_counts.shape[0]
+    h = recv_rows.shape[1]
+    k = (recv_meta.shape[1] - 1) // 2
+    slots = ep * cap if cap else recv_rows.shape[0]
+    _check(recv_rows, "recv_rows", (slots, h))
+    _check(recv_meta, "recv_meta", (slots, 2 * k + 1), torch.int32, dev)
+    _check(recv_counts, "recv_counts", (ep, 2), torch.int32, dev)
+    _check(pair_row, "pair_row", (slots * k,), torch.int32, dev)
+    _check(rows, "rows", (None, h), recv_rows.dtype, dev)
+    if peer_returned is not None:
+        _check(peer_returned, "peer_returned", (ep,), torch.int64, dev)
+    call("mb_ep_permute_rows", recv_rows.data_ptr(), _dtype_code(recv_rows, "recv_rows"), recv_meta.data_ptr(),
+         recv_counts.data_ptr(), ep, cap, slots, h, k, pair_row.data_ptr(), rows.data_ptr(), _ptr(peer_returned),
+         _max_sms(sms), _stream(stream, dev))
 
 
 # ---- FP8 activation quantization (issue 46; cpp/include/moe_build_kernels.h) -----------------------

@@ -23,7 +23,9 @@ ACT_QUANT_STAGES = ("fc1_input_quant", "fc2_input_quant")
 LAYOUT_STAGES = ("w1_order", "weight_layout")
 TACTIC_STAGES = ("gemm1_tactic", "gemm2_tactic")
 EP_STAGES = ("dispatch",)  # how tokens reach the ranks holding their experts, and come back
-PLUGIN_STAGES = FUSION_STAGES + ACT_QUANT_STAGES + LAYOUT_STAGES + TACTIC_STAGES + EP_STAGES
+# how the dispatched rows reach a rank's experts (seed 000's formats) and their outputs come back
+EP_FORMAT_STAGES = ("ep_format",)
+PLUGIN_STAGES = FUSION_STAGES + ACT_QUANT_STAGES + LAYOUT_STAGES + TACTIC_STAGES + EP_STAGES + EP_FORMAT_STAGES
 OOTB_STAGES = ("expert_compute",) + EP_STAGES
 MATRIX_STAGES = FUSION_STAGES + ("expert_compute",)  # the seed's fusion matrix: both paths' fusion stages
 STAGE_CHOICES: dict[str, tuple[str, ...]] = {
@@ -39,6 +41,7 @@ STAGE_CHOICES: dict[str, tuple[str, ...]] = {
     "weight_layout": ("blocked64", "row_major"),
     "expert_compute": ("per_expert_gather", "dense_masked"),
     "dispatch": ("nvlink", "nccl", "allreduce", "none"),
+    "ep_format": ("permuted", "batched", "contiguous", "none"),
 }  # the tactic stages take any tactic name (tactics.GemmTactic.parse) the GEMM can run
 # Which user-facing field a refusing gate is about (for the one-line error).
 GATE_FIELD = {
@@ -199,10 +202,11 @@ def _fc2_quant_bands(stage: str, fused: str, gates: Sequence[Gate], tokens: int,
                                  f"({bands_text(bands, choice_first=True)})")
 
 
-def _finalize(spec: MoESpec, target: Target, gemm_kernel: str, tokens: int, forced: str | None) -> StageDecision:
+def _finalize(spec: MoESpec, target: Target, gemm_kernel: str, tokens: int, forced: str | None,
+              ep_format: str) -> StageDecision:
     static = [R.finalize_tma_ws(gemm_kernel), R.finalize_sm_not_wfp4a16(spec, target),
               R.finalize_topk_or_nondeterministic(spec, target), R.finalize_env(target), R.finalize_no_lora(spec),
-              R.finalize_tactic_available(spec)]
+              R.finalize_tactic_available(spec), R.finalize_where_experts_run(ep_format)]
     gates = (*static, R.finalize_tactic_rows(spec, tokens))
     fused_text = "unpermute + top-k weighting + reduction in GEMM2's epilogue"
     separate_text = "separate finalize kernel after GEMM2"
@@ -285,7 +289,7 @@ def _gemm_calls(spec: MoESpec, target: Target, choices: Mapping[str, str]) -> di
     common = dict(sm=target.sm, entry=entry, experts=spec.local_experts, top_k=spec.top_k,
                   itemsize=1 if fp8 != "none" or woq == "int8" else spec.dtype.itemsize,
                   weights_blocked=choices["weight_layout"] == "blocked64", sm_count=target.sm_count,
-                  l2_bytes=target.l2_bytes, fp8=fp8, woq=woq)
+                  l2_bytes=target.l2_bytes, fp8=fp8, woq=woq, deterministic=target.deterministic)
     return {"gemm1_tactic": T.GemmCall(epilogue="gated" if gated1 else "store", n=spec.fc1_out_features,
                                        k=spec.hidden_size, **common),
             "gemm2_tactic": T.GemmCall(epilogue=_gemm2_epilogue(choices["finalize"]),
@@ -311,7 +315,7 @@ def _tactic(stage: str, call: T.GemmCall, finalize: StageDecision | None, tokens
     gemm = "GEMM1" if stage == "gemm1_tactic" else "GEMM2"
     gates = (Gate(f"{stage}_call", f"sm={call.sm} entry={call.entry} epilogue={call.epilogue} n={call.n} k={call.k} "
                   f"experts={call.experts} top_k={call.top_k} blocked={call.weights_blocked} "
-                  f"sms={call.sm_count} l2={call.l2_bytes >> 20} MiB",
+                  f"sms={call.sm_count} l2={call.l2_bytes >> 20} MiB deterministic={call.deterministic}",
                   "tactic table: moe_build/planner/tactics.py", True, OURS, token_dependent=True),)
 
     def call_at(rows: T.RowCount) -> T.GemmCall:
@@ -364,6 +368,38 @@ def _dispatch(spec: MoESpec, path: str, forced: str | None) -> StageDecision:
     return StageDecision("dispatch", choice, allowed[-1], gates, forced=forced is not None, summary=texts[choice])
 
 
+def _ep_format(spec: MoESpec, target: Target, dispatch: str, forced: str | None) -> StageDecision:
+    """The format the dispatched rows reach a rank's experts in (seed 000), and how their outputs come back.
+    contiguous: the received rows with their top-k ids, expanded by the experts' own prologue, each row's
+    partial sum returned; permuted / batched (the nvlink dispatch's dispatch_with_permute, seed 004): the rows
+    land grouped by local expert (padded to pad_multiple, or experts x max rows), the experts run their GEMMs
+    only, and every (token, k) row goes back to the token's rank, which weights and sums them in k order. Both
+    dispatches have all three."""
+    exchanged = dispatch in ("nvlink", "nccl")
+    gates: tuple[Gate, ...] = ()
+    if not exchanged:
+        allowed: tuple[str, ...] = ("none",)
+    else:
+        det = R.ep_unpermute_deterministic(target)
+        able = (R.ep_unpermute_no_fc2_bias(spec), R.ep_unpermute_16bit(spec))
+        gates = (det, *able)
+        allowed = (("permuted", "batched", "contiguous") if det.held else ("contiguous", "permuted", "batched")) \
+            if all(g.held for g in able) else ("contiguous",)
+    if forced is not None and forced not in allowed:
+        why = "; ".join(f"{g.name}={g.value} fails '{g.condition}'" for g in gates if not g.held and g.name != "ep_unpermute_deterministic")
+        raise MoeBuildError("force", f"ep_format={forced} does not apply with dispatch={dispatch}"
+                            + (f" ({why})" if why else ""), allowed)
+    choice = forced or allowed[0]
+    texts = {"none": "no rows are exchanged",
+             "contiguous": "received rows with their top-k ids; each rank returns one partial sum per token",
+             "permuted": "rows land grouped by local expert (dispatch_with_permute); every (token, k) output "
+                         "goes back and the token's rank sums them in k order (combine_with_unpermute)",
+             "batched": "rows land as local experts x max rows with per-expert counts; every (token, k) output "
+                        "goes back and the token's rank sums them in k order"}
+    return StageDecision("ep_format", choice, allowed[-1] if exchanged else "none", gates,
+                         forced=forced is not None, summary=texts[choice])
+
+
 def parse_force(items: Iterable[str], field: str = "force") -> dict[str, str]:
     """STAGE=CHOICE items as {stage: choice} (a later item of a stage wins); an item without "=" is refused.
     Which stages and choices exist is make_plan's to check."""
@@ -411,7 +447,9 @@ def make_plan(spec: MoESpec, target: Target, tokens: int = 1,
         tactics = _check_forced("plugin", force)
         gemm = _gemm_kernel(spec, target, force.get("gemm_kernel"))
         fc1 = _fc1_activation(spec, target, gemm.choice, force.get("fc1_activation"))
-        finalize = _finalize(spec, target, gemm.choice, tokens, force.get("finalize"))
+        dispatch = _dispatch(spec, "plugin", force.get("dispatch"))
+        ep_format = _ep_format(spec, target, dispatch.choice, force.get("ep_format"))
+        finalize = _finalize(spec, target, gemm.choice, tokens, force.get("finalize"), ep_format.choice)
         layout = _weight_layout(spec, target, gemm.choice, force.get("weight_layout"))
         calls = _gemm_calls(spec, target, {"gemm_kernel": gemm.choice, "fc1_activation": fc1.choice,
                                            "finalize": finalize.choice, "weight_layout": layout.choice})
@@ -428,7 +466,8 @@ def make_plan(spec: MoESpec, target: Target, tokens: int = 1,
             layout,
             _tactic("gemm1_tactic", calls["gemm1_tactic"], None, tokens, tactics.get("gemm1_tactic")),
             _tactic("gemm2_tactic", calls["gemm2_tactic"], finalize, tokens, tactics.get("gemm2_tactic")),
-            _dispatch(spec, "plugin", force.get("dispatch")),
+            dispatch,
+            ep_format,
         )
         return Plan("plugin", tuple(plugin_gates + checks), stages, tokens, spec.to_dict(), target.to_dict())
     checks = [R.ootb_not_weight_only(spec), R.ootb_sm_below_100(target), R.flavour_targets_sm(target),

@@ -18,7 +18,7 @@ from .plan import MATRIX_STAGES
 from ..spec import DType, MoESpec, Quant
 from ..target import SUPPORTED_SMS, Target
 
-REPORT_SCHEMA_VERSION = "moe-build.fusion-report/4"
+REPORT_SCHEMA_VERSION = "moe-build.fusion-report/5"
 SWEEP_SCHEMA_VERSION = "moe-build.fusion-sweep/4"
 STAGE_TITLES = {
     "routing_prologue": "routing prologue", "expand_rows": "expand rows", "gemm_kernel": "GEMM kernel",

@@ -336,6 +336,13 @@ def finalize_no_lora(s: MoESpec) -> Gate:
     return Gate("finalize_no_lora", s.lora, "not lora", not s.lora, _src(MOE_PLUGIN_CPP, 338))
 
 
+# the experts' rank does the finalize only in the contiguous format (or on one GPU); the permuted formats
+# return every (token, k) row and the tokens' ranks weight and sum them: ep_format not permuted / batched
+def finalize_where_experts_run(ep_format: str) -> Gate:
+    return Gate("finalize_where_experts_run", f"ep_format={ep_format}", "ep_format not in (permuted, batched)",
+                ep_format not in ("permuted", "batched"), OURS)
+
+
 # runtime must select a GEMM2 tactic with epilogue_fusion_type == FINALIZE (ours: bf16/fp16, unquantized or
 # fp8 / fp8_block: mb_grouped_gemm_sm90_finalize and mb_grouped_gemm_fp8_finalize)
 FINALIZE_TACTIC_QUANTS = (Quant.NONE, Quant.FP8, Quant.FP8_BLOCK)
@@ -480,6 +487,24 @@ EP_NVLINK_DOMAIN = 8
 
 def ep_one_nvlink_domain(s: MoESpec) -> Gate:
     return Gate("ep_nvlink_domain", s.ep_size, f"ep_size <= {EP_NVLINK_DOMAIN}", s.ep_size <= EP_NVLINK_DOMAIN, OURS)
+
+
+# deterministic: every (token, k) expert output goes back to the token's rank, which sums them in k order as one
+# GPU's separate finalize does (the contiguous format's partial sums per rank would add them in another order)
+def ep_unpermute_deterministic(t: Target) -> Gate:
+    return Gate("ep_unpermute_deterministic", f"deterministic={t.deterministic}", "deterministic",
+                t.deterministic, OURS)
+
+
+# the permuted formats add FC2's bias at the token's rank, which holds only its own experts' b2: no expert bias
+def ep_unpermute_no_fc2_bias(s: MoESpec) -> Gate:
+    return Gate("ep_unpermute_no_fc2_bias", f"expert_bias={s.expert_bias}", "not expert_bias", not s.expert_bias,
+                OURS)
+
+
+# the permuted formats' experts run the 16-bit GEMMs alone (no quantization steps between them yet): quant none
+def ep_unpermute_16bit(s: MoESpec) -> Gate:
+    return Gate("ep_unpermute_16bit", f"quant={s.quant.value}", "quant == none", s.quant.value == "none", OURS)
 
 
 # ---- OOTB expert compute ----------------------------------------------------------------------

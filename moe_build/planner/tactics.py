@@ -106,6 +106,7 @@ class GemmCall:
     l2_bytes: int
     fp8: str = "none"    # FP8_SCALINGS: the FP8 GEMM (e4m3 operands; plain store or finalize) with these scales
     woq: str = "none"    # WOQ_KINDS: the weight-only GEMM (16-bit activations, plain store) with these weights
+    deterministic: bool = False  # the target's deterministic request (a row's output independent of the batch)
 
     def __post_init__(self) -> None:
         if self.epilogue not in EPILOGUES:
@@ -164,6 +165,10 @@ class RowCount:
 # 32 tokens 719.2 from 769.2; at 6 rows Mixtral 23 tokens 673.8 from 710.6, Qwen3 91 tokens 309.2 from 323.8;
 # at 4 rows and below the two were within 2% (GPT-OSS 32 tokens 1-2% behind on wgmma). GEMM1 keeps the
 # decode kernel to 8 rows: wgmma was 5-30% behind there on every shape.
+# Deterministic 16-bit layers keep the tiled kernel at every count: the decode kernel sums its K slices in
+# another order than the tiles' one K loop, so a row's output would change with how many rows share its expert
+# (one GPU against an expert-parallel rank's received rows, or one batch size against another), while every tile
+# of one kernel sums K in the same order whatever the rows around it.
 DECODE_MAX_AVG_ROWS = 8
 FINALIZE_DECODE_MAX_AVG_ROWS = 4
 
@@ -174,7 +179,7 @@ def kernel_rule(call: GemmCall, rows: RowCount) -> str:
     if call.woq != "none":
         return woq_kernel_rule(call, rows)
     limit = FINALIZE_DECODE_MAX_AVG_ROWS if call.epilogue == "finalize" else DECODE_MAX_AVG_ROWS
-    if rows.avg_at_most(limit):
+    if not call.deterministic and rows.avg_at_most(limit):
         return "decode"
     return "wgmma" if call.entry == "sm90" else "mma"
 

@@ -35,13 +35,14 @@ from ..target import Target
 from ..weights import MoEWeights
 from . import sequence as S
 from .batch import Batch
-from .dispatch import Dispatched, NcclDispatch, NvlinkDispatch, NvlinkDispatched
+from .dispatch import Dispatched, NcclDispatch, NvlinkDispatch, NvlinkDispatched, PermutedDispatched, PermuteLayout
 from .prepare_finalize import PrepareFinalize
 from .runner import MoERunner, device_target, require_cuda
 from .workspace import Workspace, workspace_layout
 
 Dispatcher = NcclDispatch | NvlinkDispatch
-Received = Dispatched | NvlinkDispatched
+Received = Dispatched | NvlinkDispatched | PermutedDispatched
+GROUPED_FORMATS = ("permuted", "batched")  # the plan's ep_formats whose rows arrive grouped by expert
 
 
 def micro_batch_spans(tokens: int) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -58,10 +59,17 @@ def micro_batch_capacity(recv_capacity: int, max_tokens: int) -> int:
     return -(-recv_capacity * micro_batch_spans(max_tokens)[0][1] // max_tokens)
 
 
-def check_options(overlap: object, dispatch_sms: object, combine_sms: object) -> None:
+def check_options(overlap: object, dispatch_sms: object, combine_sms: object, pad_multiple: object = 1,
+                  expert_capacity: object = None) -> None:
     """The layer's switches, refused in one line before anything is built."""
     if not isinstance(overlap, bool):
         raise MoeBuildError("overlap", f"must be a bool, got {overlap!r}", (True, False))
+    if isinstance(pad_multiple, bool) or not isinstance(pad_multiple, int) or pad_multiple < 1:
+        raise MoeBuildError("pad_multiple", f"must be a positive row count, got {pad_multiple!r}", "integers >= 1")
+    if expert_capacity is not None and (isinstance(expert_capacity, bool) or not isinstance(expert_capacity, int)
+                                        or expert_capacity < 1):
+        raise MoeBuildError("expert_capacity", f"must be a positive row count, got {expert_capacity!r}",
+                            "integers >= 1, or None")
     for field, sms in (("dispatch_sms", dispatch_sms), ("combine_sms", combine_sms)):
         if sms is not None and (isinstance(sms, bool) or not isinstance(sms, int) or sms < 1):
             raise MoeBuildError(field, f"must be a positive SM count, got {sms!r}",
@@ -98,6 +106,13 @@ class ExpertParallelMoE:
     micro-batch gathers `micro_batch_capacity(recv_capacity, max_tokens)` rows and drops (and flags) rows past
     that on its own. Every rank of the group must choose the same `overlap`.
 
+    The plan's ep_format says how the rows reach this rank's experts: contiguous (the received rows with their
+    top-k ids, each rank's partial sum per token returned), or grouped by local expert through the nvlink
+    dispatch_with_permute (permuted: groups padded to `pad_multiple` rows; batched: `expert_capacity` rows per
+    expert, pairs past it dropped and flagged in `overflow`), the experts running their GEMMs alone and every
+    (token, k) output going back to be weighted and summed in k order where the token lives (bit for bit the
+    single-GPU layer's separate finalize; the planner takes it for deterministic targets).
+
     `dispatch_sms` / `combine_sms` (nvlink dispatch only; None: the kernels' own grid) cap the SMs the dispatch
     side (rows into the peers, the gather) and the combine side (partials back, the per-token sum) occupy: at
     most that many blocks, one SM each, leaving the rest to expert compute running beside them (overlap).
@@ -106,10 +121,11 @@ class ExpertParallelMoE:
     def __init__(self, spec: MoESpec, weights: MoEWeights, group: dist.ProcessGroup | None = None,
                  max_tokens: int = 4096, target: Target | None = None, device: torch.device | str = "cuda",
                  force: dict[str, str] | None = None, recv_capacity: int | None = None, overlap: bool = False,
-                 dispatch_sms: int | None = None, combine_sms: int | None = None) -> None:
+                 dispatch_sms: int | None = None, combine_sms: int | None = None, pad_multiple: int = 1,
+                 expert_capacity: int | None = None) -> None:
         if spec.ep_rank is None:
             raise MoeBuildError("ep_rank", "an expert-parallel layer is built per rank", f"0..{spec.ep_size - 1}")
-        check_options(overlap, dispatch_sms, combine_sms)
+        check_options(overlap, dispatch_sms, combine_sms, pad_multiple, expert_capacity)
         self.device = require_cuda(device)
         if self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
@@ -128,6 +144,18 @@ class ExpertParallelMoE:
             if sms is not None and backend != "nvlink":
                 raise MoeBuildError(field, f"{sms!r} with dispatch={backend}: NCCL sizes its own kernels",
                                     "an SM count with the nvlink dispatch, or None")
+        fmt = plan.stage("ep_format").choice
+        self.layout = None if fmt not in GROUPED_FORMATS else PermuteLayout(
+            pad_multiple, 0 if expert_capacity is None else expert_capacity)
+        if (fmt == "batched") != (expert_capacity is not None):
+            raise MoeBuildError("expert_capacity", f"{expert_capacity!r} with ep_format={fmt}",
+                                "max rows per expert with the batched format (force ep_format=batched), else None")
+        if pad_multiple != 1 and fmt != "permuted":
+            raise MoeBuildError("pad_multiple", f"{pad_multiple} with ep_format={fmt}",
+                                "1, or any row count with the permuted format")
+        if recv_capacity is not None and self.layout is not None:
+            raise MoeBuildError("recv_capacity", f"{recv_capacity} with ep_format={fmt}: its layout is sized on the "
+                                "device, with no host synchronization", "None")
         self.plan: Plan = plan
         self.experts = MoERunner(spec, weights, plan=plan, device=self.device)
         self.weights = self.experts.weights
@@ -156,12 +184,19 @@ class ExpertParallelMoE:
         spec = self.spec
         dispatcher: Dispatcher = (
             NvlinkDispatch(spec, kernels, tokens, group, capacity, self.device, dispatch_sms, combine_sms,
-                           waits_in_kernels=not self.overlap)
-            if backend == "nvlink" else NcclDispatch(spec, kernels, group))
-        # non-blocking: the experts' rows, output and workspace are fixed, sized once
-        fixed = None if capacity is None else (
-            torch.empty(capacity, spec.hidden_size, dtype=self.experts.dtype, device=self.device),
-            torch.empty(self.experts.workspace_bytes(capacity), dtype=torch.uint8, device=self.device))
+                           waits_in_kernels=not self.overlap, unpermute=self.layout)
+            if backend == "nvlink" else NcclDispatch(spec, kernels, group, unpermute=self.layout))
+        # non-blocking: the experts' rows, output and workspace are fixed, sized once (nvlink's grouped formats:
+        # the layout's rows, top_k rows to a workspace token); the nccl dispatch sizes them per call
+        if self.layout is not None and backend == "nvlink":
+            rows = self.layout.rows(spec.ep_size, tokens, spec.top_k, spec.local_experts)
+            fixed = (torch.empty(rows, spec.hidden_size, dtype=self.experts.dtype, device=self.device),
+                     torch.empty(self.experts.workspace_bytes(rows // spec.top_k), dtype=torch.uint8,
+                                 device=self.device))
+        else:
+            fixed = None if capacity is None else (
+                torch.empty(capacity, spec.hidden_size, dtype=self.experts.dtype, device=self.device),
+                torch.empty(self.experts.workspace_bytes(capacity), dtype=torch.uint8, device=self.device))
         shared = None
         if spec.shared.count:
             layout = workspace_layout(spec, steps, tokens)
@@ -220,16 +255,24 @@ class ExpertParallelMoE:
             side.wait_event(self._computed)
             self._finish(second, b, d1, self._experts(second, d1), lo1, hi1)
         main.wait_stream(side)  # join
-        if self.recv_capacity is not None:
-            torch.maximum(first.dispatcher.overflow, second.dispatcher.overflow, out=self._overflow)
 
     def _dispatch(self, part: _MicroBatch, b: Batch, lo: int, hi: int) -> Received:
         """Tokens [lo, hi) of the call to the ranks holding their experts, on the current stream (collective:
         called for every micro-batch, however few tokens it has)."""
+        if self.layout is not None:
+            return part.dispatcher.dispatch_with_permute(b.hidden[lo:hi], b.topk_ids[lo:hi], b.topk_weights[lo:hi])
         return part.dispatcher.dispatch(b.hidden[lo:hi], b.topk_ids[lo:hi], b.topk_weights[lo:hi])
 
     def _experts(self, part: _MicroBatch, d: Received) -> torch.Tensor:
         """This rank's experts over the rows `d` received, on the current stream: their partial output rows."""
+        if isinstance(d, PermutedDispatched):
+            if part.fixed is not None:
+                partial, flat = part.fixed
+            else:
+                partial = torch.empty_like(d.rows)
+                flat = torch.empty(self.experts.workspace_bytes(d.rows.shape[0] // self.spec.top_k),
+                                   dtype=torch.uint8, device=self.device)
+            return self.experts.grouped_experts(d.rows, d.expert_offsets, partial, flat)
         rows = d.hidden.shape[0]
         if part.fixed is not None:
             partial, flat = part.fixed
@@ -244,7 +287,10 @@ class ExpertParallelMoE:
     def _finish(self, part: _MicroBatch, b: Batch, d: Received, partial: torch.Tensor, lo: int, hi: int) -> None:
         """Combine (collective) into out[lo:hi], then the shared experts of those tokens, on the current stream."""
         out = b.out[lo:hi]
-        part.dispatcher.combine(partial, d, out)
+        if isinstance(d, PermutedDispatched):
+            part.dispatcher.combine_with_unpermute(partial, d, b.topk_ids[lo:hi], b.topk_weights[lo:hi], out)
+        else:
+            part.dispatcher.combine(partial, d, out)
         if part.shared is not None and hi > lo:
             stream = torch.cuda.current_stream(self.device).cuda_stream
             self.prepare_finalize.shared_experts(Batch(hi - lo, b.hidden[lo:hi], out, part.shared.views(hi - lo),
@@ -252,11 +298,21 @@ class ExpertParallelMoE:
 
     @property
     def overflow(self) -> torch.Tensor | None:
-        """The last call's overflow flag ([1] int32 on the device: 1 where received rows past recv_capacity were
-        dropped, by either micro-batch with overlap); None outside the non-blocking nvlink mode."""
-        if self.recv_capacity is None:
+        """The last call's overflow flag ([1] int32 on the device: 1 where received rows past recv_capacity, or the
+        batched format's pairs past an expert's max rows, were dropped, by either micro-batch with overlap); None
+        where nothing can be dropped."""
+        if self.layout is not None:
+            if not self.layout.expert_capacity:
+                return None
+            flags = [part.dispatcher.unpermute_overflow for part in self._parts]
+        elif self.recv_capacity is None:
             return None
-        return self._overflow if self.overlap else self._parts[0].dispatcher.overflow
+        else:
+            flags = [part.dispatcher.overflow for part in self._parts]
+        if self.overlap:
+            torch.maximum(flags[0], flags[1], out=self._overflow)
+            return self._overflow
+        return flags[0]
 
 
 def rank_layer(spec: MoESpec, weights: MoEWeights, rank: int, **kwargs: object) -> ExpertParallelMoE:

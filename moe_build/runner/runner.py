@@ -216,6 +216,33 @@ class MoERunner:
                 self._steps[step](b)
         return out
 
+    def grouped_experts(self, rows: torch.Tensor, expert_offsets: torch.Tensor, out: torch.Tensor,
+                        workspace: torch.Tensor) -> torch.Tensor:
+        """Every expert's GEMM1 (+ activation) and GEMM2 over `rows` [P, H] already grouped by expert (expert e's
+        rows from expert_offsets[e] to [e + 1], int64 on the device, as dispatch_with_permute lays them out): each
+        row's expert output into `out` [P, H], unweighted, on the current stream; no host synchronization, so the
+        call can be captured in a CUDA graph. P must be a multiple of top_k (the workspace's rows per token);
+        `workspace` (flat uint8, workspace_bytes(P // top_k)) holds the intermediate rows. The plan's ep_format
+        must be permuted or batched (sequence.grouped_sequence)."""
+        K, H = self.spec.top_k, self.spec.hidden_size
+        P = rows.shape[0]
+        if rows.dim() != 2 or rows.shape[1] != H or P % K or rows.dtype != self.dtype or not rows.is_contiguous():
+            raise MoeBuildError("rows", f"{tuple(rows.shape)} {rows.dtype}", f"contiguous [a multiple of {K}, {H}] "
+                                f"{self.dtype}")
+        if out.shape != rows.shape or out.dtype != rows.dtype or not out.is_contiguous():
+            raise MoeBuildError("out", f"{tuple(out.shape)} {out.dtype}", f"contiguous {tuple(rows.shape)} {rows.dtype}")
+        tokens = P // K
+        steps = S.grouped_sequence(self.plan, tokens)
+        choices = self.plan.choices(tokens)
+        views = dict(self.bind_workspace(workspace, tokens).views(tokens))
+        views.update(permuted_input=rows, expert_offsets=expert_offsets, gemm2_out=out)
+        stream = torch.cuda.current_stream(self.device).cuda_stream
+        b = Batch(tokens, rows, out, views, stream, kernels.tactic_struct(choices["gemm1_tactic"]),
+                  kernels.tactic_struct(choices["gemm2_tactic"]))
+        for step in steps:
+            self._steps[step](b)
+        return out
+
     def capture_graph(self, tokens: int, routing_input: S.RoutingInput = "hidden") -> GraphedMoE:
         """A CUDA graph of one call at `tokens` tokens, over static input/output tensors."""
         return GraphedMoE(self, tokens, routing_input)

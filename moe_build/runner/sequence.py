@@ -198,6 +198,21 @@ def kernel_sequence(plan: Plan, tokens: int, routing_input: RoutingInput = "hidd
     return steps + _shared_experts(plan)
 
 
+def grouped_sequence(plan: Plan, tokens: int) -> list[str]:
+    """The steps of a rank's experts over rows that arrive grouped by expert (the plan's ep_format permuted or
+    batched: dispatch_with_permute laid them out and gave the expert offsets): GEMM1 (+ its activation) and
+    GEMM2 storing every row's expert output, at the tactics of `tokens`; no prologue, no expansion and no
+    finalize (the tokens' ranks weight and sum the rows)."""
+    check_runnable(plan)
+    fmt = plan.stage("ep_format").choice
+    if fmt not in ("permuted", "batched"):
+        raise MoeBuildError("ep_format", f"the plan's experts take {fmt} rows, not rows grouped by expert",
+                            ("permuted", "batched"))
+    c = plan.choices(tokens)
+    gemm2 = GEMM2_SM90 if c["gemm_kernel"] == "tma_warp_specialized" else GEMM2_SM80
+    return _GEMM1[(c["gemm_kernel"], c["fc1_activation"])] + [gemm2]
+
+
 def _shared_experts(plan: Plan) -> list[str]:
     """The shared experts, where the tokens are: here, unless the experts' rows were dispatched from elsewhere."""
     return [SHARED_EXPERTS] if plan.spec.get("shared", {}).get("count", 0) and not expert_parallel(plan) else []

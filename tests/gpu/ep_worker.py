@@ -8,7 +8,14 @@ tokens and pinned routing; the rank's ExpertParallelMoE output (NaN-poisoned bef
   where bf16 roundings fall (the EP path rounds each rank's partial sum before adding the ranks' sums, and
   its GEMMs may run another tactic for their row counts, so an intermediate bf16 rounding can fall the other
   way), measured 4e-3 at worst: rel-norm < RUNNER_TOL, two bf16 roundings. Bit-identity with the single-GPU
-  runner is not claimed; a deterministic plan's EP output is bit-identical from run to run.
+  runner is claimed for deterministic plans, on both dispatches (their ep_format is permuted: every (token, k)
+  row comes back and the token's rank sums them in k order, as the single-GPU runner's separate finalize does,
+  and the GEMMs keep one kernel at every count); any deterministic plan's EP output is bit-identical from run
+  to run.
+Grouped formats (the nvlink dispatch_with_permute, forced): permuted (groups padded to pad_multiple) and batched
+(experts x max rows); a batched case that overflows an expert's rows must raise the flag, and the tokens none of
+whose pairs went to an overflowing expert must still match the reference (which pairs past the max rows are
+dropped follows the order the layout kernel's atomics take).
 Routing variants: random top-k, skewed (every token to rank 0's experts: the other ranks receive nothing),
 and one rank receiving nothing (no token picks the last rank's experts). Deterministic plans are also run
 twice and must be bit-identical. Dual-batch overlap cases (two micro-batches on two streams) are also held
@@ -69,6 +76,9 @@ class Case:
     overlap: bool = False              # dual-batch overlap
     sms: tuple[int, int] | None = None  # nvlink (dispatch_sms, combine_sms)
     ragged: bool = False               # rank 0 has one token, the others `tokens`
+    fmt: str | None = None             # forced ep_format (None: the plan's)
+    pad: int = 1                       # permuted: pad_multiple
+    expert_cap: int | None = None      # batched: max rows per expert
 
     def tokens_of(self, rank: int) -> int:
         return 1 if self.ragged and rank == 0 else self.tokens
@@ -85,9 +95,22 @@ class Case:
 
     def layer(self, weights: MoEWeights, rank: int, target: Target, overlap: bool) -> ExpertParallelMoE:
         dispatch_sms, combine_sms = self.sms or (None, None)
+        force = {"dispatch": self.backend, **({"ep_format": self.fmt} if self.fmt else {})}
         return rank_layer(self.spec, weights, rank, max_tokens=max(self.tokens, 1), target=target,
-                          force={"dispatch": self.backend}, recv_capacity=self.capacity, overlap=overlap,
-                          dispatch_sms=dispatch_sms, combine_sms=combine_sms)
+                          force=force, recv_capacity=self.capacity, overlap=overlap,
+                          dispatch_sms=dispatch_sms, combine_sms=combine_sms, pad_multiple=self.pad,
+                          expert_capacity=self.expert_cap)
+
+    def overflowing_experts(self, seed: int) -> set[int]:
+        """Batched: the global experts more (token, k) pairs chose than max rows (no overlap)."""
+        if self.expert_cap is None:
+            return set()
+        counts: dict[int, int] = {}
+        for src in range(self.spec.ep_size):
+            ids, _ = _routing(self.spec, self.tokens_of(src), self.how, seed, src)
+            for x in ids.flatten().tolist():
+                counts[x] = counts.get(x, 0) + 1
+        return {x for x, c in counts.items() if c > self.expert_cap}
 
 
 def run_case(case: Case) -> dict:
@@ -109,26 +132,45 @@ def run_case(case: Case) -> dict:
     layer(hidden, topk_ids=ids_d, topk_weights=w_d, out=out)
     torch.cuda.synchronize()
     desc = (f"{spec.name} T={tokens} K={spec.top_k} E={spec.num_experts} {how} {backend} capacity={capacity} "
-            f"det={case.deterministic} overlap={case.overlap} sms={case.sms} ragged={case.ragged} seed={seed}")
+            f"det={case.deterministic} overlap={case.overlap} sms={case.sms} ragged={case.ragged} "
+            f"format={layer.plan.stage('ep_format').choice} pad={case.pad} expert_cap={case.expert_cap} seed={seed}")
     assert torch.isfinite(out).all(), f"rank {rank}: unwritten/non-finite output ({desc})"
     if case.deterministic:
         again = torch.full_like(hidden, float("nan"))
         layer(hidden, topk_ids=ids_d, topk_weights=w_d, out=again)
         assert torch.equal(out, again), f"rank {rank}: deterministic EP run not bit-identical ({desc})"
+    fmt = layer.plan.stage("ep_format").choice
     result = {"case": desc, "rank": rank, "world": world, "tokens": tokens, "backend": backend,
-              "overlap": case.overlap}
+              "overlap": case.overlap, "format": fmt}
     kept = w
+    rows = torch.ones(tokens, dtype=torch.bool)  # the token rows compared
+    if case.expert_cap is not None:
+        hot = case.overflowing_experts(seed)
+        mine = range(rank * spec.local_experts, (rank + 1) * spec.local_experts)
+        result["overflow"] = overflowed = int(layer.overflow.item())
+        assert overflowed == int(any(x in hot for x in mine)), f"rank {rank}: overflow flag {overflowed} ({desc})"
+        rows = torch.tensor([not any(int(x) in hot for x in ids[t]) for t in range(tokens)], dtype=torch.bool)
     if capacity is not None:
         dropped = _dropped_pairs(case, seed, case.overlap)
         overflowed = int(layer.overflow.item())
         result["overflow"] = overflowed
         assert overflowed == _overflows(case, seed, case.overlap), f"rank {rank}: overflow flag {overflowed} ({desc})"
         kept = torch.where(dropped, torch.zeros_like(w), w)  # a dropped row's experts add nothing to its token
-    if tokens:
-        single = MoERunner(dataclasses.replace(spec, ep_size=1), weights, target=target, max_tokens=tokens)
+    if tokens and rows.any():
+        # deterministic + permuted: the single-GPU layer with its finalize separate (a top-2 plan may fuse it, whose
+        # bf16 atomic adds round twice), which the EP layer then equals bit for bit
+        exact = case.deterministic and fmt == "permuted"
+        single = MoERunner(dataclasses.replace(spec, ep_size=1), weights, target=target, max_tokens=tokens,
+                           force={"finalize": "separate"} if exact else None)
         alone = single(hidden, topk_ids=ids_d, topk_weights=kept.cuda())
+        if exact:
+            assert torch.equal(out, alone), (f"rank {rank}: deterministic EP output not bit-identical to the "
+                                             f"single-GPU runner: max diff {(out.float() - alone.float()).abs().max()}"
+                                             f" ({desc})")
+            result["bit_identical"] = True
         ref = moe_reference(spec, weights, hidden.cpu(), topk_ids=ids, topk_weights=kept)
-        o, a = out.double().cpu(), alone.double().cpu()
+        o, a = out.double().cpu()[rows], alone.double().cpu()[rows]
+        ref = ref[rows]
         if float(ref.norm()) == 0.0:  # every pair of this rank's tokens was dropped (overflow): exact zeros
             assert float(o.abs().max()) == 0.0, f"rank {rank}: nonzero output where every row was dropped ({desc})"
             ref, a = ref + 1, a + 1  # the errors below then measure the exact zeros against ones
@@ -141,7 +183,8 @@ def run_case(case: Case) -> dict:
         err = _against_plain(case, weights, rank, target, hidden, ids_d, w_d, out, seed)
         if err is not None:
             result["rel_err_plain"] = err
-    if capacity is not None and backend == "nvlink" and case.tokens:
+    no_sync = capacity is not None or (fmt in ("permuted", "batched") and not result.get("overflow"))
+    if no_sync and backend == "nvlink" and case.tokens:
         result["graph_rel_err"] = _graph_replay(layer, spec, tokens, how, seed, out)
     return result
 
@@ -278,6 +321,29 @@ def cases(world: int) -> list[Case]:
             Case(wide, 64, "skewed", capacity=64 * world - 3, overlap=True),
             Case(base, 257, sms=(1, 1)), Case(wide, 64, capacity=40, sms=(3, 1)),
             Case(base, 100, capacity=100 * world, overlap=True, sms=(1, 3))]
+    # grouped formats (nvlink dispatch_with_permute): permuted, padded and not, skewed, idle ranks, no tokens, top-k
+    # 1 to 8, many tokens; batched with room and overflowing; overlap; SM caps; deterministic plans (permuted by
+    # the planner) bit-identical to the single-GPU runner at 1 to 8192 tokens and top-k 1 to 8
+    out += [Case(base, 257, fmt="permuted"), Case(wide, 1000, fmt="permuted", pad=64),
+            Case(wide, 64, "skewed", fmt="permuted", pad=8), Case(wide, 64, "last_rank_idle", fmt="permuted"),
+            Case(base, 0, fmt="permuted"), Case(base.with_overrides(top_k=1), 100, fmt="permuted", pad=128),
+            Case(base, 8192, fmt="permuted"), Case(shared, 100, fmt="permuted"),
+            Case(base, 100, fmt="batched", expert_cap=100 * world), Case(wide, 64, fmt="batched", expert_cap=6),
+            Case(base, 257, fmt="permuted", overlap=True), Case(wide, 64, fmt="batched", expert_cap=64 * world,
+                                                                  overlap=True),
+            Case(wide, 64, fmt="permuted", sms=(1, 3))]
+    for tokens, top_k in ((1, 2), (255, 8), (256, 3), (257, 1), (8192, 8), (1000, 6)):
+        out.append(Case(wide.with_overrides(top_k=top_k), tokens, deterministic=True))
+    out.append(Case(base, 300, deterministic=True, overlap=True))
+    # the nccl dispatch's grouped formats (dense rows, exact sizes): permuted padded, skewed, idle, no tokens,
+    # batched with room and overflowing, overlap, and deterministic plans bit-identical at 1 to 8192 tokens
+    out += [Case(base, 257, "random", "nccl", fmt="permuted", pad=8), Case(wide, 64, "skewed", "nccl", fmt="permuted"),
+            Case(wide, 64, "last_rank_idle", "nccl", fmt="permuted"), Case(base, 0, backend="nccl", fmt="permuted"),
+            Case(base, 100, backend="nccl", fmt="batched", expert_cap=100 * world),
+            Case(wide, 64, backend="nccl", fmt="batched", expert_cap=6),
+            Case(base, 257, backend="nccl", fmt="permuted", overlap=True)]
+    for tokens, top_k in ((1, 2), (255, 8), (8192, 8)):
+        out.append(Case(wide.with_overrides(top_k=top_k), tokens, backend="nccl", deterministic=True))
     return out
 
 

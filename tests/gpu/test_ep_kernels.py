@@ -118,7 +118,7 @@ def _nvlink_exchange(ep: int, tokens: int, hidden: int, capacity: int | None, sm
     ids = [_ids(tokens, top_k, ep * per_rank, g).cuda() for _ in range(ep)]
     ws = [torch.rand(tokens, top_k, generator=g).cuda() for _ in range(ep)]
     bufs = [{"recv_rows": torch.full((ep * tokens, hidden), 7.0, dtype=bf16, device="cuda"),
-             "recv_meta": torch.full((ep * tokens, 2 * top_k), -7, dtype=torch.int32, device="cuda"),
+             "recv_meta": torch.full((ep * tokens, 2 * top_k + 1), -7, dtype=torch.int32, device="cuda"),
              "recv_counts": torch.zeros(ep, 2, dtype=torch.int32, device="cuda"),
              "returned": torch.full((ep * tokens, hidden), 3.0, dtype=bf16, device="cuda"),
              "flags": torch.zeros(2, ep, dtype=torch.int32, device="cuda")} for _ in range(ep)]
@@ -227,3 +227,124 @@ def test_nvlink_kernels_give_the_same_rows_on_a_capped_grid(sms: int, capacity: 
         assert ((got - w).abs() <= 2.0 ** -8 * w.abs() + 1e-6).all(), f"rank {r}, max_sms {sms}, seed {seed}"
     if capacity is not None:  # the non-blocking cases cover what they claim: dropped rows, then empty rows
         assert all((r > capacity) == (capacity == 200) for r in received), (received, capacity)
+
+
+# ---- dispatch_with_permute's layout (stages/ep_permute.cu): `ep` ranks simulated on one GPU, as above ------------
+# After the dispatch, each rank lays its received (row, local expert) pairs out by expert: every group holds exactly
+# the pairs that chose its expert (checked as (source, token, k) sets against the routing), padded to pad_multiple
+# (contiguous) or fixed at expert_capacity rows (batched, the rest dropped and flagged); every row's copy is its
+# token's hidden row; padding rows go back nowhere. Then each row, scaled by (its global expert + 1) as the
+# "experts", goes back to (token * K + k) at its source, and the source's mb_finalize with the identity map sums the
+# K rows: against an fp64 expectation.
+
+def _ids_distinct(tokens: int, top_k: int, experts: int, g: torch.Generator) -> torch.Tensor:
+    return torch.stack([torch.randperm(experts, generator=g)[:top_k] for _ in range(tokens)]).int() if tokens else \
+        torch.empty(0, top_k, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("pad,expert_capacity", [(1, 0), (8, 0), (128, 0), (1, 4), (1, 1000)])
+@pytest.mark.parametrize("tokens,top_k,hidden", [(1, 2, 256), (300, 8, 1001), (97, 3, 2056)])
+@pytest.mark.parametrize("dense", [False, True])  # the nvlink receive slots, or nccl's dense rows (cap 0)
+def test_permute_layout_groups_every_pair_by_expert(pad: int, expert_capacity: int, tokens: int, top_k: int,
+                                                    hidden: int, dense: bool) -> None:
+    seed = random.SystemRandom().randrange(1 << 30)
+    g = torch.Generator().manual_seed(seed)
+    ep, per_rank, bf16 = 3, 8, torch.bfloat16
+    E = ep * per_rank
+    xs = [torch.randn(tokens, hidden, generator=g).to("cuda", bf16) for _ in range(ep)]
+    ids = [_ids_distinct(tokens, top_k, E, g).cuda() for _ in range(ep)]
+    ws = [torch.rand(tokens, top_k, generator=g).cuda() for _ in range(ep)]
+    bufs = [{"recv_rows": torch.full((ep * tokens, hidden), 7.0, dtype=bf16, device="cuda"),
+             "recv_meta": torch.full((ep * tokens, 2 * top_k + 1), -7, dtype=torch.int32, device="cuda"),
+             "recv_counts": torch.zeros(ep, 2, dtype=torch.int32, device="cuda"),
+             "returned": torch.full((top_k * tokens, hidden), float("nan"), dtype=bf16, device="cuda"),
+             "flags": torch.zeros(2, ep, dtype=torch.int32, device="cuda")} for _ in range(ep)]
+    done = torch.zeros(ep, 2, 1, dtype=torch.int32, device="cuda")
+    seen = torch.zeros(ep, 1, dtype=torch.int32, device="cuda")
+    peers = {name: torch.tensor([b[name].data_ptr() for b in bufs], dtype=torch.int64, device="cuda")
+             for name in bufs[0]}
+    for r in range(ep):
+        counts, send_tokens, _ = K.ep_layout(ids[r], ep, per_rank)
+        K.ep_nvlink_dispatch(xs[r], ids[r], ws[r], r, tokens, counts, send_tokens, peers["recv_rows"],
+                             peers["recv_meta"], peers["recv_counts"], peers["flags"], done[r, 0])
+    rows_cap = per_rank * expert_capacity if expert_capacity else ep * tokens * top_k + per_rank * (pad - 1)
+    if dense:  # each rank's received rows source after source, as nccl's exact-size all-to-all lands them
+        torch.cuda.synchronize()
+        for b in bufs:
+            K.ep_nvlink_wait(b["flags"][0])
+            n = b["recv_counts"][:, 0].tolist()
+            b["dense_rows"] = torch.cat([b["recv_rows"][s * tokens: s * tokens + c] for s, c in enumerate(n)])
+            b["dense_meta"] = torch.cat([b["recv_meta"][s * tokens: s * tokens + c] for s, c in enumerate(n)])
+            b["dense_counts"] = torch.stack([b["recv_counts"][:, 0], torch.zeros_like(b["recv_counts"][:, 0])],
+                                            dim=1).contiguous()
+    lay = []
+    for r in range(ep):
+        slots = bufs[r]["dense_rows"].shape[0] if dense else ep * tokens
+        d = {"offsets": torch.full((per_rank + 1,), -9, dtype=torch.int64, device="cuda"),
+             "counts": torch.full((per_rank,), -9, dtype=torch.int32, device="cuda"),
+             "pair_row": torch.full((slots * top_k,), -9, dtype=torch.int32, device="cuda"),
+             "src": torch.full((rows_cap,), -9, dtype=torch.int32, device="cuda"),
+             "ret": torch.full((rows_cap,), -9, dtype=torch.int32, device="cuda"),
+             "overflow": torch.full((1,), -9, dtype=torch.int32, device="cuda"),
+             "rows": torch.full((rows_cap, hidden), float("nan"), dtype=bf16, device="cuda")}
+        if dense:
+            b = bufs[r]
+            K.ep_permute_layout(b["dense_meta"], b["dense_counts"], 0, top_k, r * per_rank, d["offsets"], d["counts"],
+                                d["pair_row"], d["src"], d["ret"], d["overflow"], pad_multiple=pad,
+                                expert_capacity=expert_capacity)
+            K.ep_permute_rows(b["dense_rows"], b["dense_meta"], b["dense_counts"], 0, d["pair_row"], d["rows"], None)
+        else:
+            K.ep_permute_layout(bufs[r]["recv_meta"], bufs[r]["recv_counts"], tokens, top_k, r * per_rank,
+                                d["offsets"], d["counts"], d["pair_row"], d["src"], d["ret"], d["overflow"],
+                                pad_multiple=pad, expert_capacity=expert_capacity,
+                                wait=(bufs[r]["flags"][0], seen[r]))
+            K.ep_permute_rows(bufs[r]["recv_rows"], bufs[r]["recv_meta"], bufs[r]["recv_counts"], tokens,
+                              d["pair_row"], d["rows"], peers["returned"])
+        lay.append(d)
+    torch.cuda.synchronize()
+    ids_c = [i.cpu() for i in ids]
+    for r in range(ep):
+        d = {k: v.cpu() for k, v in lay[r].items()}
+        offsets, counts, src, ret = d["offsets"].tolist(), d["counts"].tolist(), d["src"], d["ret"]
+        over = False
+        for e in range(per_rank):
+            x = r * per_rank + e
+            want = {(s, t, k) for s in range(ep) for t in range(tokens) for k in range(top_k) if ids_c[s][t, k] == x}
+            lo, size = offsets[e], offsets[e + 1] - offsets[e]
+            if expert_capacity:
+                assert lo == e * expert_capacity and size == expert_capacity, f"seed {seed}"
+                assert counts[e] == min(len(want), expert_capacity), f"seed {seed}"
+                over |= len(want) > expert_capacity
+            else:
+                assert lo % pad == 0 and size == -(-len(want) // pad) * pad and counts[e] == len(want), f"seed {seed}"
+            got = {(int(src[i]), int(ret[i]) // top_k, int(ret[i]) % top_k) for i in range(lo, lo + counts[e])}
+            assert got <= want and len(got) == counts[e], f"rank {r} expert {e}: rows {got} of pairs {want}, seed {seed}"
+            assert (src[lo + counts[e]: lo + size] == -1).all(), f"padding rows must go back nowhere, seed {seed}"
+            for i in range(lo, lo + counts[e]):
+                s, t = int(src[i]), int(ret[i]) // top_k
+                assert torch.equal(d["rows"][i], xs[s][t].cpu()), f"rank {r} row {i}, seed {seed}"
+        assert int(d["overflow"]) == int(over), f"seed {seed}"
+    for r in range(ep):  # the "experts": each row times (its global expert + 1), then back to its source
+        d = lay[r]
+        scale = torch.zeros(rows_cap, 1, device="cuda")
+        for e in range(per_rank):
+            scale[int(d["offsets"][e]): int(d["offsets"][e + 1])] = r * per_rank + e + 1
+        expert_out = (d["rows"].float().nan_to_num() * scale).to(bf16)
+        K.ep_nvlink_return(expert_out, d["src"], d["ret"], peers["returned"], r, peers["flags"], done[r, 1],
+                           rows_limit=d["offsets"][per_rank:])
+    torch.cuda.synchronize()
+    identity = torch.arange(tokens * top_k, dtype=torch.int32, device="cuda")
+    for r in range(ep):
+        K.ep_nvlink_wait(bufs[r]["flags"][1])
+        out = K.finalize(bufs[r]["returned"], ws[r], ids[r], identity, out=torch.full_like(xs[r], float("nan")))
+        torch.cuda.synchronize()
+        if expert_capacity and any(int(lay[d]["overflow"]) for d in range(ep)):
+            continue  # which pairs an overflowing expert kept follows the atomics; the layout checks above hold
+        want = torch.zeros(tokens, hidden, dtype=torch.float64)
+        for t in range(tokens):
+            for k in range(top_k):
+                row = (xs[r][t].float() * (int(ids_c[r][t, k]) + 1)).to(bf16).double().cpu()
+                want[t] += ws[r][t, k].double().cpu() * row
+        got = out.double().cpu()
+        assert torch.isfinite(got).all(), f"rank {r}: unwritten output, seed {seed}"
+        assert ((got - want).abs() <= 2.0 ** -8 * want.abs() + 1e-5).all(), f"rank {r}, seed {seed}"

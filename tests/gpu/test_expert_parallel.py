@@ -29,7 +29,7 @@ def test_expert_parallel_matches_single_gpu_and_reference(ranks: int, tmp_path: 
                         str(WORKER), str(out)], env=env, capture_output=True, text=True, timeout=1200)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     doc = json.loads(out.read_text())
-    assert doc["world"] == ranks and len(doc["cases"]) == ranks * 59
+    assert doc["world"] == ranks and len(doc["cases"]) == ranks * 89
     checked = [c for c in doc["cases"] if c["tokens"]]
     assert checked and all(c["rel_err_runner"] < 2 * 2.0 ** -8 and c["rel_err_reference"] < 1e-2 for c in checked)
     assert {c["backend"] for c in checked} == {"nvlink", "nccl"}
@@ -40,3 +40,11 @@ def test_expert_parallel_matches_single_gpu_and_reference(ranks: int, tmp_path: 
     assert {c["backend"] for c in overlapped if "rel_err_plain" in c} == {"nvlink", "nccl"}
     assert all(c["rel_err_plain"] < 2 * 2.0 ** -8 for c in overlapped if "rel_err_plain" in c)
     assert any("graph_rel_err" in c for c in overlapped) and any(c.get("overflow") == 1 for c in overlapped)
+    # the grouped formats ran, graph-replayed, the batched one overflowing too; deterministic plans bit-identical
+    assert {"permuted", "batched"} <= {c["format"] for c in checked}
+    assert any("graph_rel_err" in c for c in checked if c["format"] == "permuted")
+    assert any(c.get("overflow") == 1 for c in checked if c["format"] == "batched")
+    assert sum(bool(c.get("bit_identical")) for c in checked) >= ranks * 12
+    grouped = {(c["backend"], c["format"]) for c in checked}
+    assert {("nvlink", "permuted"), ("nvlink", "batched"), ("nccl", "permuted"), ("nccl", "batched")} <= grouped
+    assert {c["backend"] for c in checked if c.get("bit_identical")} == {"nvlink", "nccl"}

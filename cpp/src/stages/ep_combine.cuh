@@ -13,13 +13,62 @@
 
 namespace mbk {
 
-// The chunks every expert-parallel copy and sum walks (here and in stages/ep_nvlink.cu): 32 lanes x kChunkUnroll
-// vectors of a row, each lane holding kChunkUnroll vectors in flight.
+// The chunks every expert-parallel copy and sum walks (here, stages/ep_nvlink.cu and stages/ep_permute.cu): 32
+// lanes x kChunkUnroll vectors of a row, each lane holding kChunkUnroll vectors in flight.
 constexpr int kChunkUnroll = 4;
 
 template <int VEC>
 __host__ __device__ constexpr int chunks_per_row(int hidden) {
   return (hidden / VEC + 32 * kChunkUnroll - 1) / (32 * kChunkUnroll);
+}
+
+// int32s per received row's meta (recv_meta): its K global expert ids, its K weights' bits, and its token index in
+// the source's call (where combine_with_unpermute's rows go back: the source's returned[token * K + k]).
+__host__ __device__ constexpr int meta_ints(int top_k) { return 2 * top_k + 1; }
+
+// Chunk `c` of a row, loaded: every lane's kChunkUnroll vectors (those inside the row).
+template <typename T, int VEC>
+struct Chunk {
+  mb::Vec<T, VEC> v[kChunkUnroll];
+};
+
+template <typename T, int VEC>
+__device__ __forceinline__ Chunk<T, VEC> load_chunk(const T* __restrict__ src, int hidden, int c, int lane) {
+  const mb::Vec<T, VEC>* s = reinterpret_cast<const mb::Vec<T, VEC>*>(src);
+  const int n = hidden / VEC, v0 = c * 32 * kChunkUnroll + lane;
+  Chunk<T, VEC> buf;
+#pragma unroll
+  for (int u = 0; u < kChunkUnroll; ++u)
+    if (v0 + 32 * u < n) buf.v[u] = s[v0 + 32 * u];
+  return buf;
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ void store_chunk(const Chunk<T, VEC>& buf, T* __restrict__ dst, int hidden, int c,
+                                            int lane) {
+  mb::Vec<T, VEC>* d = reinterpret_cast<mb::Vec<T, VEC>*>(dst);
+  const int n = hidden / VEC, v0 = c * 32 * kChunkUnroll + lane;
+#pragma unroll
+  for (int u = 0; u < kChunkUnroll; ++u)
+    if (v0 + 32 * u < n) d[v0 + 32 * u] = buf.v[u];
+}
+
+// Chunk `c` of a row, src -> dst: every lane loads its kChunkUnroll vectors first, then stores them.
+template <typename T, int VEC>
+__device__ __forceinline__ void copy_chunk(const T* __restrict__ src, T* __restrict__ dst, int hidden, int c,
+                                           int lane) {
+  store_chunk<T, VEC>(load_chunk<T, VEC>(src, hidden, c, lane), dst, hidden, c, lane);
+}
+
+// Chunk `c` of a row set to zero.
+template <typename T, int VEC>
+__device__ __forceinline__ void zero_chunk(T* __restrict__ dst, int hidden, int c, int lane) {
+  Chunk<T, VEC> z;
+#pragma unroll
+  for (int u = 0; u < kChunkUnroll; ++u)
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) z.v[u].v[k] = mb::from_f32<T>(0.0f);
+  store_chunk<T, VEC>(z, dst, hidden, c, lane);
 }
 
 template <typename T, int VEC>

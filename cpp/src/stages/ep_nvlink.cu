@@ -2,10 +2,12 @@
 // buffers are mapped into every other rank's address space (symmetric memory over NVLink, no multicast), so
 // the rows are written straight into the peers' memory by these kernels, with no collective and no host
 // round trip.
-// Per rank, in its symmetric buffer: recv_rows [ep][cap][H] and recv_meta [ep][cap][2K] (slot [s][i]: the
-// i-th row source s sent here: its hidden row, its K global expert ids and K weights' bits), recv_counts
+// Per rank, in its symmetric buffer: recv_rows [ep][cap][H] and recv_meta [ep][cap][2K + 1] (slot [s][i]: the
+// i-th row source s sent here: its hidden row, its K global expert ids, K weights' bits and its token index
+// there), recv_counts
 // [ep][2] (source s's row count here, and where those rows start in s's send order), returned [ep * cap][H]
-// (the partial output of each row this rank sent, at its send-row index, for mb_ep_combine) and flags [2][ep]
+// (the partial output of each row this rank sent, at its send-row index, for mb_ep_combine; with
+// combine_with_unpermute, stages/ep_permute.cu, each (token, k) pair's expert output at token * K + k) and flags [2][ep]
 // (flags[0][s]: source s's rows have all landed here; flags[1][s]: s has returned every partial row it owes
 // here).
 //   mb_ep_nvlink_dispatch: the send rows of mb_ep_layout written into the peers' recv slots; block 0 also writes
@@ -19,8 +21,9 @@
 //                          ids -1 (they add nothing), rows past the capacity are dropped and raise the overflow
 //                          flag (nothing else is written). In place (capacity = every slot): no row moves, the
 //                          experts read the slots, and only the ids, weights and origins are written.
-//   mb_ep_nvlink_return  : each dense row's partial output written into its source's `returned` at its send row;
-//                          the last block raises flags[1][rank] on every peer.
+//   mb_ep_nvlink_return  : each dense row's partial output written into its source's `returned` at its send row
+//                          (the rows before *rows_limit only, where given: a permuted layout's rows end on the
+//                          device); the last block raises flags[1][rank] on every peer.
 //   mb_ep_nvlink_combine : waits for flags[1] (every partial owed here), then mb_ep_combine's per-token sum.
 // Signals (stages/ep_signal.cuh): the dispatch and return kernels end by raising their flag on every peer
 // (signal_peers); the kernels that read what a flag guards start by waiting for it in every block, the last block
@@ -46,36 +49,9 @@ namespace {
 
 constexpr int kMaxRanks = 32;
 using mbk::chunks_per_row;  // chunks of 32 lanes x kChunkUnroll vectors (stages/ep_combine.cuh)
-using mbk::kChunkUnroll;
-
-// Chunk `c` of a row, src -> dst: every lane loads its kChunkUnroll vectors first, then stores them.
-template <typename T, int VEC>
-__device__ __forceinline__ void copy_chunk(const T* __restrict__ src, T* __restrict__ dst, int hidden, int c,
-                                           int lane) {
-  using V = mb::Vec<T, VEC>;
-  const V* s = reinterpret_cast<const V*>(src);
-  V* d = reinterpret_cast<V*>(dst);
-  const int n = hidden / VEC, v0 = c * 32 * kChunkUnroll + lane;
-  V buf[kChunkUnroll];
-#pragma unroll
-  for (int u = 0; u < kChunkUnroll; ++u)
-    if (v0 + 32 * u < n) buf[u] = s[v0 + 32 * u];
-#pragma unroll
-  for (int u = 0; u < kChunkUnroll; ++u)
-    if (v0 + 32 * u < n) d[v0 + 32 * u] = buf[u];
-}
-
-// Chunk `c` of a row set to zero.
-template <typename T, int VEC>
-__device__ __forceinline__ void zero_chunk(T* __restrict__ dst, int hidden, int c, int lane) {
-  const int n = hidden / VEC, v0 = c * 32 * kChunkUnroll + lane;
-  mb::Vec<T, VEC> z;
-#pragma unroll
-  for (int k = 0; k < VEC; ++k) z.v[k] = mb::from_f32<T>(0.0f);
-#pragma unroll
-  for (int u = 0; u < kChunkUnroll; ++u)
-    if (v0 + 32 * u < n) reinterpret_cast<mb::Vec<T, VEC>*>(dst)[v0 + 32 * u] = z;
-}
+using mbk::copy_chunk;
+using mbk::meta_ints;
+using mbk::zero_chunk;
 
 template <typename T, int VEC>
 __global__ void __launch_bounds__(mb::kStageThreads)
@@ -108,11 +84,12 @@ nvlink_dispatch_kernel(const T* __restrict__ hidden, const int32_t* __restrict__
     copy_chunk<T, VEC>(hidden + static_cast<int64_t>(t) * hidden_size, peer_rows[d] + slot * hidden_size,
                        hidden_size, c, lane);
     if (c == 0) {
-      int32_t* meta = peer_meta[d] + slot * 2 * top_k;
+      int32_t* meta = peer_meta[d] + slot * meta_ints(top_k);
       for (int j = lane; j < top_k; j += 32) {
         meta[j] = ids[static_cast<int64_t>(t) * top_k + j];
         meta[top_k + j] = __float_as_int(weights[static_cast<int64_t>(t) * top_k + j]);
       }
+      if (lane == 0) meta[2 * top_k] = t;
     }
   }
   mbk::signal_peers(peer_flags, rank, ep, done);
@@ -175,7 +152,7 @@ nvlink_gather_kernel(const T* __restrict__ recv_rows, const int32_t* __restrict_
     copy_chunk<T, VEC>(recv_rows + slot * hidden_size, out_hidden + static_cast<int64_t>(j) * hidden_size,
                        hidden_size, c, lane);
     if (c == 0) {
-      const int32_t* meta = recv_meta + slot * 2 * top_k;
+      const int32_t* meta = recv_meta + slot * meta_ints(top_k);
       for (int k = lane; k < top_k; k += 32) {
         const int x = meta[k] - first_expert;
         out_ids[static_cast<int64_t>(j) * top_k + k] = x >= 0 && x < local_experts ? x : -1;
@@ -210,7 +187,7 @@ nvlink_slots_kernel(const int32_t* __restrict__ recv_meta, const int32_t* __rest
        j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int s = static_cast<int>(j / cap), i = static_cast<int>(j % cap);
     const bool here = i < recv_counts[2 * s];
-    const int32_t* meta = recv_meta + j * 2 * top_k;
+    const int32_t* meta = recv_meta + j * meta_ints(top_k);
     for (int k = 0; k < top_k; ++k) {
       const int x = here ? meta[k] - first_expert : -1;
       out_ids[j * top_k + k] = x >= 0 && x < local_experts ? x : -1;
@@ -224,8 +201,10 @@ nvlink_slots_kernel(const int32_t* __restrict__ recv_meta, const int32_t* __rest
 template <typename T, int VEC>
 __global__ void __launch_bounds__(mb::kStageThreads)
 nvlink_return_kernel(const T* __restrict__ partial, const int32_t* __restrict__ src_rank,
-                     const int32_t* __restrict__ src_row, int rows, int hidden_size, T* const* __restrict__ peer_returned,
+                     const int32_t* __restrict__ src_row, int rows, const int64_t* __restrict__ rows_limit,
+                     int hidden_size, T* const* __restrict__ peer_returned,
                      int rank, int ep, int32_t* const* __restrict__ peer_flags, int32_t* __restrict__ done) {
+  if (rows_limit) rows = static_cast<int>(min(static_cast<int64_t>(rows), *rows_limit));
   const int lane = threadIdx.x % 32, chunks = chunks_per_row<VEC>(hidden_size);
   const int64_t items = static_cast<int64_t>(rows) * chunks;
   // about where source rank + 1's rows start (sources are in rank order, about rows / ep each)
@@ -340,8 +319,8 @@ extern "C" mb_status mb_ep_nvlink_gather(const void* recv_rows, int dtype, const
 }
 
 extern "C" mb_status mb_ep_nvlink_return(const void* partial, int dtype, const int32_t* src_rank,
-                                         const int32_t* src_row, int rows, int hidden_size,
-                                         void* const* peer_returned, int rank, int ep_size,
+                                         const int32_t* src_row, int rows, const int64_t* rows_limit,
+                                         int hidden_size, void* const* peer_returned, int rank, int ep_size,
                                          int32_t* const* peer_flags, int32_t* done, int max_sms,
                                          cudaStream_t stream) {
   const char* who = "mb_ep_nvlink_return";
@@ -357,7 +336,7 @@ extern "C" mb_status mb_ep_nvlink_return(const void* partial, int dtype, const i
     constexpr int kVec = decltype(vec)::value;
     nvlink_return_kernel<T, kVec><<<grid_for(rows, chunks_per_row<kVec>(hidden_size), max_sms), mb::kStageThreads,
                                     0, stream>>>(
-        static_cast<const T*>(partial), src_rank, src_row, rows, hidden_size,
+        static_cast<const T*>(partial), src_rank, src_row, rows, rows_limit, hidden_size,
         reinterpret_cast<T* const*>(peer_returned), rank, ep_size, peer_flags, done);
     return mb::check_launch("nvlink_return_kernel");
   });

@@ -9,6 +9,13 @@ rank's every token arriving (ep_size * tokens rows).
 Phase two (payload): `all_to_all_single` with those split sizes moves the rows, then their top-k ids and
 weights (one int32 tensor). Combine is the reverse all-to-all of the experts' partial rows (each already
 the weighted sum over the receiving rank's experts), summed per token in rank order by `mb_ep_combine`.
+
+dispatch_with_permute / combine_with_unpermute (the plan's ep_format permuted or batched, an instance made with
+`unpermute=PermuteLayout(...)`): the same two phases, each row's meta also carrying its token index; the rows
+land dense, source after source, and `mb_ep_permute_layout` / `mb_ep_permute_rows` (cap 0: dense) group them by
+local expert as for the nvlink dispatch. Back, every row's expert output travels to its token's rank with its
+index token * K + k (its count exchanged first: a batched layout may have dropped pairs), lands there in a
+zeroed buffer, and `mb_finalize` weights and sums each token's K rows in k order, as one GPU's separate finalize.
 """
 from __future__ import annotations
 
@@ -18,8 +25,10 @@ from types import ModuleType
 import torch
 import torch.distributed as dist
 
+from ...errors import MoeBuildError
 from ...spec import MoESpec
 from .group import rank_group
+from .nvlink import PermutedDispatched, PermuteLayout
 
 
 @dataclass
@@ -41,13 +50,16 @@ class Dispatched:
 class NcclDispatch:
     """Dispatch and combine for one rank of `spec`'s expert-parallel group over `group` (NCCL)."""
 
-    def __init__(self, spec: MoESpec, kernels: ModuleType, group: dist.ProcessGroup | None = None) -> None:
+    def __init__(self, spec: MoESpec, kernels: ModuleType, group: dist.ProcessGroup | None = None,
+                 unpermute: PermuteLayout | None = None) -> None:
         self.spec = spec
         self.k = kernels
         self.group = rank_group(spec, group)
         self.ep = spec.ep_size
         self.first = spec.first_local_expert
         self.local = spec.local_experts
+        self.unpermute = unpermute
+        self.unpermute_overflow: torch.Tensor | None = None  # the last grouped call's (batched: pairs dropped)
 
     def dispatch(self, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
         """Send each token of `hidden` [T, H] with its top-k ids [T, K] (global) and weights to the ranks holding
@@ -72,6 +84,74 @@ class NcclDispatch:
         local_ids = torch.where((ids >= 0) & (ids < self.local), ids, torch.full_like(ids, -1))
         weights = recv_meta[:, K:].contiguous().view(torch.float32)
         return Dispatched(recv_hidden, local_ids.contiguous(), weights, send_splits, recv_splits, slots)
+
+    def _exchange_counts(self, counts: torch.Tensor) -> tuple[list[int], list[int], torch.Tensor]:
+        """Phase one: rows for each rank -> (send splits, receive splits, the receive counts on the device)."""
+        recv_counts = torch.empty_like(counts)
+        dist.all_to_all_single(recv_counts, counts, group=self.group)
+        both = torch.cat([counts, recv_counts]).tolist()  # the synchronization: exact sizes follow
+        return both[: self.ep], both[self.ep:], recv_counts
+
+    def dispatch_with_permute(self, hidden: torch.Tensor, topk_ids: torch.Tensor,
+                              topk_weights: torch.Tensor) -> PermutedDispatched:
+        """`hidden` [T, H]'s tokens to the ranks holding their experts, received here grouped by local expert (the
+        instance's PermuteLayout), every buffer sized exactly for this call."""
+        if self.unpermute is None:
+            raise MoeBuildError("unpermute", "this dispatch was made without a permute layout",
+                                "NcclDispatch(..., unpermute=PermuteLayout(...))")
+        T, K = topk_ids.shape
+        dev, H, E = hidden.device, hidden.shape[1], self.local
+        counts, send_tokens, _ = self.k.ep_layout(topk_ids, self.ep, self.local)
+        send_splits, recv_splits, recv_counts = self._exchange_counts(counts)
+        n_send, n_recv = sum(send_splits), sum(recv_splits)
+        rows = send_tokens[:n_send]
+        token = torch.arange(T, dtype=torch.int32, device=dev).unsqueeze(1)
+        meta = torch.cat([topk_ids, topk_weights.view(torch.int32), token], dim=1)  # [T, 2K + 1]
+        recv_hidden = torch.empty((n_recv, H), dtype=hidden.dtype, device=dev)
+        recv_meta = torch.empty((n_recv, 2 * K + 1), dtype=torch.int32, device=dev)
+        dist.all_to_all_single(recv_hidden, hidden.index_select(0, rows), recv_splits, send_splits, group=self.group)
+        dist.all_to_all_single(recv_meta, meta.index_select(0, rows), recv_splits, send_splits, group=self.group)
+        layout = self.unpermute
+        P = layout.rows(1, n_recv, K, E)  # the dense rows as one source's
+        d = PermutedDispatched(torch.empty((P, H), dtype=hidden.dtype, device=dev),
+                               torch.empty(E + 1, dtype=torch.int64, device=dev),
+                               torch.empty(E, dtype=torch.int32, device=dev),
+                               torch.full((P,), -1, dtype=torch.int32, device=dev),  # rows past the layout: none
+                               torch.empty(P, dtype=torch.int32, device=dev),
+                               torch.empty(1, dtype=torch.int32, device=dev))
+        pair_row = torch.empty(n_recv * K, dtype=torch.int32, device=dev)
+        dense_counts = torch.stack([recv_counts, torch.zeros_like(recv_counts)], dim=1).contiguous()
+        self.k.ep_permute_layout(recv_meta, dense_counts, 0, K, self.first, d.expert_offsets, d.expert_counts,
+                                 pair_row, d.row_src_rank, d.row_return, d.overflow,
+                                 pad_multiple=layout.pad_multiple, expert_capacity=layout.expert_capacity)
+        if n_recv:
+            self.k.ep_permute_rows(recv_hidden, recv_meta, dense_counts, 0, pair_row, d.rows, None)
+        self.unpermute_overflow = d.overflow
+        return d
+
+    def combine_with_unpermute(self, expert_out: torch.Tensor, d: PermutedDispatched, topk_ids: torch.Tensor,
+                               topk_weights: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """Every row's expert output `expert_out` [P, H] back to its token's rank (with its token * K + k), there
+        into a zeroed [T * K, H] (a dropped pair stays zero), then each token's K rows weighted and summed in k
+        order into `out` [T, H] (topk_ids / topk_weights: this rank's tokens' [T, K], global ids)."""
+        T, K = topk_ids.shape
+        dev, H = expert_out.device, expert_out.shape[1]
+        src = d.row_src_rank
+        order = torch.argsort(src, stable=True)  # padding (-1) first, then by source rank
+        back = torch.bincount(src[src >= 0].long(), minlength=self.ep).int()
+        send_splits, recv_splits, _ = self._exchange_counts(back)
+        keep = order[order.shape[0] - sum(send_splits):]
+        n_recv = sum(recv_splits)
+        rows = torch.empty((n_recv, H), dtype=expert_out.dtype, device=dev)
+        at = torch.empty(n_recv, dtype=torch.int32, device=dev)
+        dist.all_to_all_single(rows, expert_out.index_select(0, keep), recv_splits, send_splits, group=self.group)
+        dist.all_to_all_single(at, d.row_return.index_select(0, keep), recv_splits, send_splits, group=self.group)
+        if T == 0:
+            return out
+        returned = torch.zeros((T * K, H), dtype=expert_out.dtype, device=dev)
+        returned.index_copy_(0, at.long(), rows)
+        identity = torch.arange(T * K, dtype=torch.int32, device=dev)
+        return self.k.finalize(returned, topk_weights, topk_ids, identity, out=out, num_experts=0)
 
     def combine(self, partial: torch.Tensor, d: Dispatched, out: torch.Tensor) -> torch.Tensor:
         """The received rows' partial outputs `partial` [R, H] back to their ranks, summed per token into `out`

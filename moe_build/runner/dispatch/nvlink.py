@@ -23,6 +23,15 @@ the whole layer can be captured in a CUDA graph. With room for every slot (recv_
 max_tokens) nothing can overflow and no row is copied: the experts read the receive slots in place, slot by
 slot (empty slots route nowhere), and the gather writes only their ids, weights and origins.
 
+dispatch_with_permute / combine_with_unpermute (seed 004; the plan's ep_format permuted or batched, an instance
+made with `unpermute=PermuteLayout(...)`): after the rows land, `mb_ep_permute_layout` (one block) and
+`mb_ep_permute_rows` expand them to one row per (row, local expert) pair, grouped by expert, padded to
+`pad_multiple` (or experts x `expert_capacity` rows: the batched format, pairs past it dropped and flagged), so
+the experts run their GEMMs only. Back, `mb_ep_nvlink_return` sends every row's expert output to its token's rank
+at token * K + k, and that rank weights and sums each token's K rows in k order with `mb_finalize`, as one GPU's
+separate finalize does: bit for bit the single-GPU layer where the GEMMs agree (the planner's deterministic
+rules). No host synchronization either way: the layout's size stays on the device.
+
 `dispatch_sms` / `combine_sms` cap the grids of the dispatch side (mb_ep_nvlink_dispatch, mb_ep_nvlink_gather) and
 of the combine side (mb_ep_nvlink_return, the combine) at that many blocks, so they occupy at most that many SMs
 while expert compute runs beside them (dual-batch overlap); None leaves the kernels' own grids. Their loops stride
@@ -54,6 +63,37 @@ class NvlinkDispatched:
     token_slots: torch.Tensor     # [T, ep_size] int32: this rank's tokens' send rows, -1 where not sent
 
 
+@dataclass(frozen=True)
+class PermuteLayout:
+    """How dispatch_with_permute lays the rows out: groups padded to `pad_multiple` rows (contiguous), or
+    `expert_capacity` rows per local expert where > 0 (batched)."""
+
+    pad_multiple: int = 1
+    expert_capacity: int = 0
+
+    def rows(self, ep: int, cap: int, top_k: int, local_experts: int) -> int:
+        """Rows the layout can take up (rounded up to whole tokens of top_k rows, the experts' workspace unit, at
+        least one): every received row's every pair local, each group padded."""
+        if self.expert_capacity:
+            need = local_experts * self.expert_capacity
+        else:
+            need = ep * cap * min(top_k, local_experts) + local_experts * (self.pad_multiple - 1)
+        return max(1, -(-need // top_k)) * top_k
+
+
+@dataclass
+class PermutedDispatched:
+    """One dispatch_with_permute's rows, grouped by local expert, and what combine_with_unpermute needs (seed 004's
+    `handle`): the layout of stages/ep_permute.cu, every tensor on the device, sized once."""
+
+    rows: torch.Tensor            # [P, H]: expert e's rows from expert_offsets[e] (padding past its count)
+    expert_offsets: torch.Tensor  # [E + 1] int64: where each expert's group starts; [E]: the layout's end
+    expert_counts: torch.Tensor   # [E] int32: each expert's received (token, k) pairs (batched: at most max rows)
+    row_src_rank: torch.Tensor    # [P] int32: the rank each row's output goes back to (-1: padding)
+    row_return: torch.Tensor      # [P] int32: its (token * K + k) there
+    overflow: torch.Tensor        # [1] int32: 1 where the batched format dropped a pair past an expert's max rows
+
+
 class NvlinkDispatch:
     """Dispatch and combine for one rank of `spec`'s group over NVLink-mapped buffers of every rank in `group`
     (all on one NVLink domain). `recv_capacity`: None for the blocking mode, else the rows gathered per call;
@@ -65,7 +105,7 @@ class NvlinkDispatch:
     def __init__(self, spec: MoESpec, kernels: ModuleType, max_tokens: int, group: dist.ProcessGroup | None = None,
                  recv_capacity: int | None = None, device: torch.device | str = "cuda",
                  dispatch_sms: int | None = None, combine_sms: int | None = None,
-                 waits_in_kernels: bool = True) -> None:
+                 waits_in_kernels: bool = True, unpermute: PermuteLayout | None = None) -> None:
         import torch.distributed._symmetric_memory as symm_mem
         self.spec, self.k = spec, kernels
         self.group = rank_group(spec, group)
@@ -79,8 +119,10 @@ class NvlinkDispatch:
         dtype = TORCH_DTYPE[spec.dtype]
         # the symmetric buffer carved as a runner workspace is (each region 256-byte aligned), every rank alike
         regions = {"recv_rows": BufferSpec((ep * self.cap, H), dtype),
-                   "recv_meta": BufferSpec((ep * self.cap, 2 * K), torch.int32),
-                   "recv_counts": BufferSpec((ep, 2), torch.int32), "returned": BufferSpec((ep * self.cap, H), dtype),
+                   "recv_meta": BufferSpec((ep * self.cap, 2 * K + 1), torch.int32),
+                   "recv_counts": BufferSpec((ep, 2), torch.int32),
+                   # a partial row per (token, rank), or with unpermute every (token, k) row
+                   "returned": BufferSpec(((K if unpermute else ep) * self.cap, H), dtype),
                    "flags": BufferSpec((2, ep), torch.int32)}  # [0][s]: s's rows are here; [1][s]: s's partials
         self.buffer = symm_mem.empty(layout_bytes(regions), dtype=torch.uint8, device=dev)
         self.handle = symm_mem.rendezvous(self.buffer, self.group.group_name)
@@ -103,6 +145,8 @@ class NvlinkDispatch:
         # room for every slot: the experts read the slots in place (no row is copied)
         self.in_place = recv_capacity == ep * self.cap
         self._dense = None if recv_capacity is None else self._dense_rows(recv_capacity, dtype, dev, self.in_place)
+        self.unpermute = unpermute
+        self._permuted = None if unpermute is None else self._permuted_rows(unpermute, dtype, dev)
         # every rank's buffer is zeroed before any rank writes into it: a host barrier over the group (torch's
         # signal-pad barrier here hung one rank after many short-lived symmetric buffers: docs/performance.md)
         torch.cuda.synchronize(dev)
@@ -117,7 +161,26 @@ class NvlinkDispatch:
                 "src_rank": torch.empty(rows, dtype=torch.int32, device=dev),
                 "src_row": torch.empty(rows, dtype=torch.int32, device=dev)}
 
-    def dispatch(self, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> NvlinkDispatched:
+    def _permuted_rows(self, layout: PermuteLayout, dtype: torch.dtype, dev: torch.device) -> PermutedDispatched:
+        E, K = self.spec.local_experts, self.spec.top_k
+        rows = layout.rows(self.ep, self.cap, K, E)
+        # the pair table is read for received slots only; the identity map is the finalize's (t, k) -> t * K + k
+        self._pair_row = torch.empty(self.ep * self.cap * K, dtype=torch.int32, device=dev)
+        self._identity = torch.arange(self.cap * K, dtype=torch.int32, device=dev)
+        return PermutedDispatched(torch.empty(rows, self.spec.hidden_size, dtype=dtype, device=dev),
+                                  torch.zeros(E + 1, dtype=torch.int64, device=dev),
+                                  torch.zeros(E, dtype=torch.int32, device=dev),
+                                  torch.full((rows,), -1, dtype=torch.int32, device=dev),
+                                  torch.zeros(rows, dtype=torch.int32, device=dev),
+                                  torch.zeros(1, dtype=torch.int32, device=dev))
+
+    @property
+    def unpermute_overflow(self) -> torch.Tensor:
+        """The batched layout's overflow flag ([1] int32, per call: a pair past an expert's max rows was dropped)."""
+        return self._permuted.overflow
+
+    def _send(self, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+        """The layout and the rows into the peers' slots (both formats); returns the tokens' send slots."""
         T = hidden.shape[0]
         if T > self.cap:
             raise MoeBuildError("tokens", f"{T} exceeds the dispatch's max_tokens={self.cap}", f"0..{self.cap}")
@@ -126,6 +189,47 @@ class NvlinkDispatch:
         self.k.ep_nvlink_dispatch(hidden, topk_ids, topk_weights, self.rank, self.cap, counts, send_tokens,
                                   self.peers["recv_rows"], self.peers["recv_meta"], self.peers["recv_counts"],
                                   self.peers["flags"], self.done[0], sms=self.dispatch_sms)
+        return slots
+
+    def dispatch_with_permute(self, hidden: torch.Tensor, topk_ids: torch.Tensor,
+                              topk_weights: torch.Tensor) -> PermutedDispatched:
+        """`hidden` [T, H]'s tokens to the ranks holding their experts, received here grouped by local expert
+        (the instance's PermuteLayout); no host synchronization."""
+        if self._permuted is None:
+            raise MoeBuildError("unpermute", "this dispatch was made without a permute layout",
+                                "NvlinkDispatch(..., unpermute=PermuteLayout(...))")
+        self._send(hidden, topk_ids, topk_weights)
+        landed = (self.local["flags"][0], self.seen[0])
+        if not self.waits_in_kernels:
+            self.k.ep_nvlink_wait(landed[0])
+        d, layout = self._permuted, self.unpermute
+        self.k.ep_permute_layout(self.local["recv_meta"], self.local["recv_counts"], self.cap, self.spec.top_k,
+                                 self.spec.first_local_expert, d.expert_offsets, d.expert_counts, self._pair_row,
+                                 d.row_src_rank, d.row_return, d.overflow, pad_multiple=layout.pad_multiple,
+                                 expert_capacity=layout.expert_capacity,
+                                 wait=landed if self.waits_in_kernels else None)
+        self.k.ep_permute_rows(self.local["recv_rows"], self.local["recv_meta"], self.local["recv_counts"], self.cap,
+                               self._pair_row, d.rows, self.peers["returned"], sms=self.dispatch_sms)
+        return d
+
+    def combine_with_unpermute(self, expert_out: torch.Tensor, d: PermutedDispatched, topk_ids: torch.Tensor,
+                               topk_weights: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """Every row's expert output `expert_out` [P, H] back to its token's rank; there each token's K rows
+        weighted and summed in k order (topk_ids / topk_weights: this rank's tokens' [T, K], global ids) into
+        `out` [T, H]."""
+        E = self.spec.local_experts
+        self.k.ep_nvlink_return(expert_out, d.row_src_rank, d.row_return, self.peers["returned"], self.rank,
+                                self.peers["flags"], self.done[1], sms=self.combine_sms,
+                                rows_limit=d.expert_offsets[E:])
+        self.k.ep_nvlink_wait(self.local["flags"][1])
+        T, K = topk_ids.shape
+        if T == 0:
+            return out
+        return self.k.finalize(self.local["returned"], topk_weights, topk_ids, self._identity[: T * K],
+                               out=out, num_experts=0)
+
+    def dispatch(self, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> NvlinkDispatched:
+        slots = self._send(hidden, topk_ids, topk_weights)
         landed = (self.local["flags"][0], self.seen[0])  # every source's rows are here once these are up
         if self._dense is None:
             self.k.ep_nvlink_wait(landed[0])
