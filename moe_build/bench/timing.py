@@ -8,6 +8,11 @@ scripts that compare two forms of one stage). Why each rule:
   order flatters whichever fn follows a gap (identical Mixtral plans spread by 14% in fixed blocks);
 - fns that wait on the GPU from the host (`syncs_host`) are timed in a group of their own: their idle
   gaps speed up whatever runs next;
+- a layer's graph replays each start with L2 emptied by a read (`flush_l2`, outside the events; eager calls
+  keep the GPU's own order, where the flush would give the host a head start), and each point shuffles with a
+  seed of its own: otherwise a replay that follows another variant's call on the same weights finds some of
+  them in L2, and with one fixed seed the same variants follow each other at every point (two runners of one
+  plan, W4AFP8 at 1 token, spread by 3-6% that way, always the same one ahead);
 - the ceilings (a device copy, a large read-only reduction and a bf16 matmul; for FP8 layers also an
   e4m3 matmul) are timed among the fns they are compared with, so both run in the same power state (at
   4096 tokens a layer holds the GPU at its power limit and the SM clock drops); a read alone runs faster
@@ -37,11 +42,24 @@ def median_ms(fn: Callable[[int], object], iters: int, warmup: int) -> float:
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
 
 
+_FLUSH_FLOATS = 64 << 20  # 256 MB: five times an H100/H200's 50 MB L2
+_flush_buffer: torch.Tensor | None = None
+
+
+def flush_l2() -> None:
+    """Empty L2 of what the previous call left there, by reading 256 MB (a sum: a written flush would leave L2 full
+    of dirty lines, whose write-back the timed call would then pay)."""
+    global _flush_buffer
+    if _flush_buffer is None or _flush_buffer.device != torch.device("cuda", torch.cuda.current_device()):
+        _flush_buffer = torch.ones(_FLUSH_FLOATS, dtype=torch.float32, device="cuda")
+    _flush_buffer.sum()
+
+
 def interleaved_median_ms(fns: Mapping[Any, Callable[[int], object]], iters: int, warmup: int,
-                          before: Callable[[], object] | None = None, seed: int = 0) -> dict[Any, float]:
+                          before: Callable[[Any], object] | None = None, seed: int = 0) -> dict[Any, float]:
     """Median CUDA-event time of each fn(r) over `iters` rounds r; every round calls each fn once, in an
-    order shuffled anew each round from a fixed seed (a run is repeatable). `before` (e.g. an L2 flush)
-    is enqueued ahead of every timed call, outside its events."""
+    order shuffled anew each round from a fixed seed (a run is repeatable). `before(name)` (e.g. an L2 flush)
+    is enqueued ahead of every timed call of fn `name`, outside its events."""
     names = list(fns)
     for name in names:
         for i in range(warmup):
@@ -51,7 +69,7 @@ def interleaved_median_ms(fns: Mapping[Any, Callable[[int], object]], iters: int
     for r in range(iters):
         for name in order.sample(names, len(names)):
             if before is not None:
-                before()
+                before(name)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             fns[name](r)

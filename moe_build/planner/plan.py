@@ -386,7 +386,7 @@ def _ep_format(spec: MoESpec, target: Target, dispatch: str, forced: str | None)
         allowed = (("permuted", "batched", "contiguous") if det.held else ("contiguous", "permuted", "batched")) \
             if all(g.held for g in able) else ("contiguous",)
     if forced is not None and forced not in allowed:
-        why = "; ".join(f"{g.name}={g.value} fails '{g.condition}'" for g in gates if not g.held and g.name != "ep_unpermute_deterministic")
+        why = "; ".join(f"{g.name}={g.value} fails '{g.condition}'" for g in gates[1:] if not g.held)
         raise MoeBuildError("force", f"ep_format={forced} does not apply with dispatch={dispatch}"
                             + (f" ({why})" if why else ""), allowed)
     choice = forced or allowed[0]

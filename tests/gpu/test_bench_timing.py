@@ -55,14 +55,14 @@ def test_more_work_measures_longer() -> None:
 def test_before_runs_ahead_of_every_timed_call_and_is_not_timed() -> None:
     log: list[str] = []
     fns = {name: (lambda i, name=name: log.append(name)) for name in ("a", "b")}
-    interleaved_median_ms(fns, iters=6, warmup=1, before=lambda: log.append("before"))
+    interleaved_median_ms(fns, iters=6, warmup=1, before=lambda name: log.append(f"before {name}"))
     timed = log[2:]  # after the two warm-up calls
-    assert timed[0::2] == ["before"] * 12  # one before each of the 2 x 6 timed calls
+    assert timed[0::2] == [f"before {name}" for name in timed[1::2]]  # one before each of the 2 x 6 timed calls
     assert sorted(timed[1::2]) == ["a"] * 6 + ["b"] * 6
     x = torch.randn(2048, 2048, device="cuda")
     heavy = lambda: [x @ x for _ in range(8)]  # noqa: E731
     out = interleaved_median_ms({"one": lambda i: x @ x, "four": lambda i: [x @ x for _ in range(4)]},
-                                 iters=12, warmup=2, before=heavy)
+                                 iters=12, warmup=2, before=lambda name: heavy())
     assert out["four"] > 2.5 * out["one"], out  # eight untimed matmuls ahead of each call would close it
 
 

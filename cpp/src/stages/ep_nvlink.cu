@@ -7,7 +7,8 @@
 // there), recv_counts
 // [ep][2] (source s's row count here, and where those rows start in s's send order), returned [ep * cap][H]
 // (the partial output of each row this rank sent, at its send-row index, for mb_ep_combine; with
-// combine_with_unpermute, stages/ep_permute.cu, each (token, k) pair's expert output at token * K + k) and flags [2][ep]
+// combine_with_unpermute, stages/ep_permute.cu, each (token, k) pair's expert output at token * K + k) and flags
+// [2][ep]
 // (flags[0][s]: source s's rows have all landed here; flags[1][s]: s has returned every partial row it owes
 // here).
 //   mb_ep_nvlink_dispatch: the send rows of mb_ep_layout written into the peers' recv slots; block 0 also writes

@@ -11,10 +11,10 @@
 // padding) and row_return, the pair's index token * K + k in the source's `returned`, which mb_ep_nvlink_return
 // writes (up to the layout's end, expert_offsets[E], read on the device); the source then weights and sums every
 // token's K rows with mb_finalize, in k order, as a single GPU's separate finalize does.
-//   mb_ep_permute_layout: one block (waiting for the rows to land, flags[0], where given them): counts each local expert's pairs,
-//                         lays out the groups (a block-wide scan), gives every pair its row (pair_row, one
-//                         shared-memory atomic per pair: the order within a group follows the atomics, which no
-//                         row's GEMM output depends on) and marks the padding rows.
+//   mb_ep_permute_layout: one block (waiting for the rows to land, flags[0], where given them): counts each
+//                         local expert's pairs, lays out the groups (a block-wide scan), gives every pair its row
+//                         (pair_row, one shared-memory atomic per pair: the order within a group follows the
+//                         atomics, which no row's GEMM output depends on) and marks the padding rows.
 //   mb_ep_permute_rows  : a warp per (received row, column chunk) copies the chunk to each of its pairs' rows.
 // The received rows are the nvlink receive slots (source s's i-th row at s * cap + i), or with cap 0 dense, source
 // after source, as the nccl dispatch's exact-size all-to-all lands them (its combine zeroes dropped pairs itself).

@@ -28,7 +28,7 @@ import torch.distributed as dist
 from ...errors import MoeBuildError
 from ...spec import MoESpec
 from .group import rank_group
-from .nvlink import PermutedDispatched, PermuteLayout
+from .permuted import PermutedDispatched, PermuteLayout
 
 
 @dataclass

@@ -49,6 +49,7 @@ from ...errors import MoeBuildError
 from ...spec import MoESpec
 from ..workspace import TORCH_DTYPE, BufferSpec, Workspace, layout_bytes
 from .group import rank_group
+from .permuted import PermutedDispatched, PermuteLayout
 
 
 @dataclass
@@ -61,37 +62,6 @@ class NvlinkDispatched:
     src_rank: torch.Tensor        # [..] int32: the rank each row came from (-1: no row)
     src_row: torch.Tensor         # [..] int32: its send row there (where its partial output goes)
     token_slots: torch.Tensor     # [T, ep_size] int32: this rank's tokens' send rows, -1 where not sent
-
-
-@dataclass(frozen=True)
-class PermuteLayout:
-    """How dispatch_with_permute lays the rows out: groups padded to `pad_multiple` rows (contiguous), or
-    `expert_capacity` rows per local expert where > 0 (batched)."""
-
-    pad_multiple: int = 1
-    expert_capacity: int = 0
-
-    def rows(self, ep: int, cap: int, top_k: int, local_experts: int) -> int:
-        """Rows the layout can take up (rounded up to whole tokens of top_k rows, the experts' workspace unit, at
-        least one): every received row's every pair local, each group padded."""
-        if self.expert_capacity:
-            need = local_experts * self.expert_capacity
-        else:
-            need = ep * cap * min(top_k, local_experts) + local_experts * (self.pad_multiple - 1)
-        return max(1, -(-need // top_k)) * top_k
-
-
-@dataclass
-class PermutedDispatched:
-    """One dispatch_with_permute's rows, grouped by local expert, and what combine_with_unpermute needs (seed 004's
-    `handle`): the layout of stages/ep_permute.cu, every tensor on the device, sized once."""
-
-    rows: torch.Tensor            # [P, H]: expert e's rows from expert_offsets[e] (padding past its count)
-    expert_offsets: torch.Tensor  # [E + 1] int64: where each expert's group starts; [E]: the layout's end
-    expert_counts: torch.Tensor   # [E] int32: each expert's received (token, k) pairs (batched: at most max rows)
-    row_src_rank: torch.Tensor    # [P] int32: the rank each row's output goes back to (-1: padding)
-    row_return: torch.Tensor      # [P] int32: its (token * K + k) there
-    overflow: torch.Tensor        # [1] int32: 1 where the batched format dropped a pair past an expert's max rows
 
 
 class NvlinkDispatch:
