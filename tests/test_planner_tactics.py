@@ -225,11 +225,25 @@ def test_weight_only_gemms_run_decode_then_the_woq_mma_tiles() -> None:
     assert call(woq="int4", n=4096, k=4096).expert_weight_bytes == 4096 * 4096 // 2
 
 
-@pytest.mark.parametrize("name, problem", [("wgmma:pingpong64x128:plain:plain", "no wgmma"),
+@pytest.mark.parametrize("name, problem", [("wgmma:pingpong64x128:plain:evict_last", "plainly, with plain outputs"),
+                                           ("wgmma:coop128x128:plain:plain", "the FP8 GEMM's tile"),
                                            ("mma:16x64:plain:plain", "tiles are 64x128, 128x128"),
                                            ("decode:ksplit2:placed:plain", "plainly or after a trigger")])
 def test_tactics_the_weight_only_gemm_cannot_run(name: str, problem: str) -> None:
     assert problem in (tactic_problem(call(epilogue="store", woq="mxfp4"), GemmTactic.parse(name)) or "")
+
+
+def test_weight_only_gemms_dequantize_for_wgmma_from_128_rows_per_expert() -> None:
+    """From 128 average rows per expert (sm90, 16-bit activations) the weight-only GEMM's tactic is a 16-bit wgmma
+    tile, launched plainly with plain outputs (the weights dequantized first); W4AFP8's e4m3 activations and the
+    sm80 entry keep the mma tiles."""
+    c = call(epilogue="store", woq="int4")  # 128 experts, top-8: 128 rows per expert at 2048 tokens
+    assert at(c, 2032).startswith("mma:") and at(c, 2033) == "wgmma:pingpong64x256c2:plain:plain"
+    assert tactic_problem(c, GemmTactic.parse(at(c, 2033))) is None
+    assert at(dataclasses.replace(c, a_e4m3=True), 4096).startswith("mma:")
+    assert "W4AFP8" in tactic_problem(dataclasses.replace(c, a_e4m3=True),
+                                      GemmTactic.parse("wgmma:pingpong64x128:plain:plain"))
+    assert at(dataclasses.replace(c, entry="sm80"), 4096).startswith("mma:")
 
 
 def test_plan_records_tactic_bands_for_both_gemms() -> None:

@@ -421,6 +421,14 @@ mb_status mb_grouped_gemm_woq(const void* A, int a_type, const float* scale_a, c
                               const int64_t* expert_first_token_offset, int num_experts, int64_t max_rows, int n,
                               int k, int dtype, mb_gemm_tactic tactic, cudaStream_t stream);
 
+/* gemm/woq_dequantize.cu: weight-only experts (mb_grouped_gemm_woq's stored forms: data [E, n, k] int8 or [E, n, k/2]
+ * 4-bit codes, scales fp32 [E, n, k/group] (group 0: [E, n, 1]) or uint8 e8m0 [E, n, k/32], int4 zeros uint8 like
+ * the scales or NULL for 8) dequantized into out [E, n, k] row-major in `dtype`, each weight computed in fp32 and
+ * rounded once: what a weight-only GEMM with a wgmma tactic runs before the 16-bit wgmma GEMM. k a multiple of 32,
+ * out 16-byte and data 8-byte aligned. */
+mb_status mb_woq_dequantize(int kind, const void* data, const void* scales, const uint8_t* zeros, int group,
+                            int num_experts, int n, int k, int dtype, void* out, cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

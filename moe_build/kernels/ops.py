@@ -907,3 +907,25 @@ def grouped_gemm_woq(a: torch.Tensor, b: torch.Tensor, kind: int | str | WoqKind
          expert_first_token_offset.data_ptr(), e, rows, n, k, _dtype_code(out, "C"), tactic_struct(tactic),
          _stream(stream, dev))
     return out
+
+
+def woq_dequantize(b: torch.Tensor, kind: int | str | WoqKind, scales: torch.Tensor, group: int,
+                   zeros: torch.Tensor | None = None, out: torch.Tensor | None = None, dtype: torch.dtype | None = None,
+                   stream: int | torch.cuda.Stream | None = None) -> torch.Tensor:
+    """grouped_gemm_woq's stored weights B (with its scales, zeros and group) dequantized -> [E, n, k] row-major in
+    `dtype` (bf16 or fp16; out's where given), each weight computed in fp32 and rounded once: the weights a
+    weight-only GEMM's wgmma tactic hands the 16-bit wgmma GEMM."""
+    mode = WoqKind(_enum(kind, WoqKind, "kind"))
+    packed = mode is not WoqKind.INT8
+    _check(b, "B", (None, None, None), torch.uint8 if packed else torch.int8)
+    dev = b.device
+    e, n = b.shape[0], b.shape[1]
+    k = b.shape[2] * (2 if packed else 1)
+    groups = k // 32 if mode is WoqKind.MXFP4 else (1 if group == 0 else k // group)
+    _check(scales, "scales", (e, n, groups), torch.uint8 if mode is WoqKind.MXFP4 else torch.float32, dev)
+    if zeros is not None:
+        _check(zeros, "zeros", (e, n, groups), torch.uint8, dev)
+    o = _out(out, "out", (e, n, k), dtype or (out.dtype if out is not None else torch.bfloat16), dev)
+    call("mb_woq_dequantize", int(mode), b.data_ptr(), scales.data_ptr(), _ptr(zeros), group, e, n, k,
+         _dtype_code(o, "out"), o.data_ptr(), _stream(stream, dev))
+    return o

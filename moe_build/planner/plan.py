@@ -289,7 +289,8 @@ def _gemm_calls(spec: MoESpec, target: Target, choices: Mapping[str, str]) -> di
     common = dict(sm=target.sm, entry=entry, experts=spec.local_experts, top_k=spec.top_k,
                   itemsize=1 if fp8 != "none" or woq == "int8" else spec.dtype.itemsize,
                   weights_blocked=choices["weight_layout"] == "blocked64", sm_count=target.sm_count,
-                  l2_bytes=target.l2_bytes, fp8=fp8, woq=woq, deterministic=target.deterministic)
+                  l2_bytes=target.l2_bytes, fp8=fp8, woq=woq, deterministic=target.deterministic,
+                  a_e4m3=spec.quant is Quant.W4AFP8)
     return {"gemm1_tactic": T.GemmCall(epilogue="gated" if gated1 else "store", n=spec.fc1_out_features,
                                        k=spec.hidden_size, **common),
             "gemm2_tactic": T.GemmCall(epilogue=_gemm2_epilogue(choices["finalize"]),

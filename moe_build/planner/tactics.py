@@ -13,7 +13,7 @@ and dropped).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, TypeVar
 
 from ..errors import MoeBuildError
@@ -107,6 +107,7 @@ class GemmCall:
     fp8: str = "none"    # FP8_SCALINGS: the FP8 GEMM (e4m3 operands; plain store or finalize) with these scales
     woq: str = "none"    # WOQ_KINDS: the weight-only GEMM (16-bit activations, plain store) with these weights
     deterministic: bool = False  # the target's deterministic request (a row's output independent of the batch)
+    a_e4m3: bool = False         # the weight-only GEMM's activations come as e4m3 (W4AFP8)
 
     def __post_init__(self) -> None:
         if self.epilogue not in EPILOGUES:
@@ -265,10 +266,21 @@ def fp8_wgmma_tile_rule(call: GemmCall, rows: RowCount) -> str:
 # at 64 tokens 120 vs 232 us, DeepSeek-V2-Lite GEMM1 125 vs 210, Mixtral-8x7B GEMM1 at 16 tokens 258 vs 534), at 16
 # and more the tiles (Mixtral GEMM1 at 64 tokens 498 vs 606, Qwen3 GEMM1 at 256 tokens 234 vs 271).
 WOQ_DECODE_MAX_AVG_ROWS = 8
+# From 128 average rows per expert on sm90 with 16-bit activations, the wgmma tactic: the layer's weights
+# dequantized once into the workspace (gemm/woq_dequantize.cu), then the 16-bit wgmma GEMM. The mma tiles' mainloop
+# runs far below wgmma's (moe-build bench, H200: W4A16 at 4096 tokens 3.1-3.3x our bf16 layer's time on the four
+# bench shapes, 1.2-1.8x at 256), while the pass writes the experts' 16-bit weights once (Mixtral-8x7B's 2.8 GB:
+# about 0.9 ms at the read rate, against 8.5 ms lost to bf16 at 4096 tokens; 0.3-0.5 ms on the smaller shapes, more
+# than their loss at 256 tokens, 16-64 rows per expert).
+WOQ_DEQUANT_MIN_AVG_ROWS = 128
 
 
 def woq_kernel_rule(call: GemmCall, rows: RowCount) -> str:
-    return "decode" if rows.avg_at_most(WOQ_DECODE_MAX_AVG_ROWS) else "mma"
+    if rows.avg_at_most(WOQ_DECODE_MAX_AVG_ROWS):
+        return "decode"
+    if call.entry == "sm90" and not call.a_e4m3 and not rows.avg_at_most(WOQ_DEQUANT_MIN_AVG_ROWS - 1):
+        return "wgmma"
+    return "mma"
 
 
 # Weight-only decode K slices: 1, doubled (up to 8) while the CTAs, non-empty experts times the column blocks at
@@ -414,6 +426,9 @@ def choose_tactic(call: GemmCall, rows: RowCount) -> GemmTactic:
     if kernel == "mma":
         tile = woq_mma_tile_rule(call, rows) if call.woq != "none" else mma_tile_rule(call, rows)
         return GemmTactic("mma", tile, 0, "plain", "plain")
+    if call.woq != "none":  # the 16-bit wgmma GEMM on the dequantized weights: row-major, plain store and launch
+        dense = replace(call, woq="none", itemsize=2, weights_blocked=False, epilogue="store")
+        return GemmTactic("wgmma", wgmma_tile_rule(dense, rows), 0, "plain", "plain")
     tile = wgmma_tile_rule(call, rows)
     return GemmTactic("wgmma", tile, 0, wgmma_launch_rule(call, rows, tile), output_l2_rule(call, kernel))
 
@@ -454,7 +469,7 @@ def tactic_problem(call: GemmCall, tactic: GemmTactic) -> str | None:
         if fp8_problem is not None:
             return fp8_problem
     elif call.woq != "none":
-        woq_problem = _woq_tactic_problem(tactic)
+        woq_problem = _woq_tactic_problem(call, tactic)
         if woq_problem is not None:
             return woq_problem
     elif tactic.kernel == "wgmma" and tactic.tile in FP8_ONLY_TILES:
@@ -487,10 +502,17 @@ def _fp8_tactic_problem(call: GemmCall, tactic: GemmTactic) -> str | None:
     return None
 
 
-def _woq_tactic_problem(tactic: GemmTactic) -> str | None:
-    """Why the weight-only GEMM (gemm/woq_abi.cu) cannot run `tactic`, or None."""
+def _woq_tactic_problem(call: GemmCall, tactic: GemmTactic) -> str | None:
+    """Why the weight-only GEMM (gemm/woq_abi.cu, or with a wgmma tactic the dequantized weights' 16-bit GEMM)
+    cannot run `tactic`, or None."""
     if tactic.kernel == "wgmma":
-        return "the weight-only GEMM has no wgmma kernel (decode or mma)"
+        if call.a_e4m3:
+            return "e4m3 activations (W4AFP8) take the weight-only kernels (decode or mma)"
+        if tactic.tile in FP8_ONLY_TILES:
+            return f"wgmma {tactic.tile} is the FP8 GEMM's tile"
+        if tactic.launch != "plain" or tactic.output_l2 != "plain":
+            return "the dequantized weights' wgmma GEMM launches plainly, with plain outputs"
+        return None
     if tactic.kernel == "mma" and tactic.tile not in WOQ_MMA_TILES:
         return f"the weight-only mma kernel's tiles are {', '.join(WOQ_MMA_TILES)}"
     if tactic.launch == "placed" or tactic.output_l2 != "plain":

@@ -224,6 +224,23 @@ class FusedExperts:
     def gemm2_woq(self, b: Batch) -> None:
         self._woq_gemm(b, "w2", b.v("fc1_act"), b.v("gemm2_out"), b.gemm2_tactic)
 
+    def gemm1_woq_dense(self, b: Batch) -> None:
+        self._woq_dense_gemm(b, "w1", b.v("permuted_input"), b.v("fc1_out"), b.gemm1_tactic)
+
+    def gemm2_woq_dense(self, b: Batch) -> None:
+        self._woq_dense_gemm(b, "w2", b.v("fc1_act"), b.v("gemm2_out"), b.gemm2_tactic)
+
+    def _woq_dense_gemm(self, b: Batch, name: str, a: torch.Tensor, c: torch.Tensor, tactic: object) -> None:
+        """W1 or W2 dequantized into the workspace, then the 16-bit wgmma GEMM on them (row-major, plain store)."""
+        q = self.w.woq
+        data = getattr(q, name)
+        n, k = data.shape[1], q.in_features(name)
+        dense = b.v("woq_dense").view(-1)[: q.experts * n * k].view(q.experts, n, k)
+        self.k.woq_dequantize(data, q.kind.value, getattr(q, f"{name}_scale"), self.woq_group,
+                              zeros=getattr(q, f"{name}_zero"), out=dense, stream=b.stream)
+        self.k.grouped_gemm_sm90(a, dense, b.v("expert_offsets"), c=c, workspace=_opt(b, "gemm_workspace"),
+                                 stream=b.stream, weight_layout=self.k.WeightLayout.ROW_MAJOR, tactic=tactic)
+
     def _woq_gemm(self, b: Batch, name: str, a: torch.Tensor, c: torch.Tensor, tactic: object) -> None:
         """W1 or W2 ("w1" / "w2") as stored, plain store: b1 is added by the activation, b2 by the finalize."""
         q = self.w.woq

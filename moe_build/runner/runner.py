@@ -157,7 +157,7 @@ class MoERunner:
             S.GEMM2_FP8: ex.gemm2_fp8, S.GEMM2_FP8_FINALIZE: ex.gemm2_fp8_finalize,
             S.FC1_PREQUANT: ex.fc1_prequant, S.GEMM1_WOQ: ex.gemm1_woq,
             S.FC1_ACTIVATION_PREQUANT: ex.fc1_activation_prequant, S.FC2_PREQUANT: ex.fc2_prequant,
-            S.GEMM2_WOQ: ex.gemm2_woq,
+            S.GEMM2_WOQ: ex.gemm2_woq, S.GEMM1_WOQ_DENSE: ex.gemm1_woq_dense, S.GEMM2_WOQ_DENSE: ex.gemm2_woq_dense,
             S.EXPAND_ROWS_PREQUANT_FP8: ex.expand_rows_prequant_fp8, S.EXPAND_ROWS_16BIT: ex.expand_rows_16bit,
             S.FC1_PREQUANT_FP8: ex.fc1_prequant_fp8, S.GEMM1_W4AFP8: ex.gemm1_w4afp8,
             S.FC1_ACTIVATION_PREQUANT_FP8: ex.fc1_activation_prequant_fp8, S.FC2_PREQUANT_FP8: ex.fc2_prequant_fp8,
@@ -309,7 +309,10 @@ def runner_layout(spec: MoESpec, plan: Plan, max_tokens: int) -> dict[str, Buffe
     """The runner's buffer layout for calls of up to `max_tokens` tokens, kernel scratch included."""
     steps = S.steps_up_to(plan, max_tokens)
     r, E = max_tokens * spec.top_k, spec.local_experts
-    if S.is_weight_only(plan) or S.is_w4afp8(plan):  # the weight-only GEMMs take no scratch
+    if steps & {S.GEMM1_WOQ_DENSE, S.GEMM2_WOQ_DENSE}:  # the dequantized weights' sm90 GEMMs take CUTLASS's
+        gemm = max(kernels.grouped_gemm_sm90_workspace_bytes(E, r, spec.fc1_out_features, spec.hidden_size),
+                   kernels.grouped_gemm_sm90_workspace_bytes(E, r, spec.hidden_size, spec.intermediate_size))
+    elif S.is_weight_only(plan) or S.is_w4afp8(plan):  # the weight-only GEMMs take no scratch
         gemm = 0
     elif S.is_fp8(plan):
         gemm = max(kernels.grouped_gemm_fp8_workspace_bytes(E, r, spec.fc1_out_features, spec.hidden_size),

@@ -70,6 +70,8 @@ def workspace_layout(spec: MoESpec, steps: set[str], max_tokens: int, *, gemm_wo
         out["gemm2_out"] = BufferSpec((R, H), dt, K)
     if gemm_workspace_bytes:
         out["gemm_workspace"] = BufferSpec((gemm_workspace_bytes,), torch.uint8)
+    if steps & {S.GEMM1_WOQ_DENSE, S.GEMM2_WOQ_DENSE}:  # one GEMM's experts dequantized at a time, W1 or W2
+        out["woq_dense"] = BufferSpec((spec.local_experts, max(N1 * H, H * I)), dt)
     if S.SHARED_EXPERTS in steps:
         si = spec.shared.intermediate_size
         n1s = si * (2 if spec.activation.is_gated else 1)

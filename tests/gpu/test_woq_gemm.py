@@ -261,3 +261,40 @@ def test_refusals_name_the_problem(change: dict, words: str) -> None:
     off = torch.tensor([0, 4, 8], dtype=torch.int64, device="cuda")
     with pytest.raises(K.KernelError, match=words):
         K.grouped_gemm_woq(a, b, "int4", scales, off, args["group"], tactic=args["tactic"])
+
+
+# ---- mb_woq_dequantize: the weights a weight-only GEMM's wgmma tactic hands the 16-bit wgmma GEMM ---------------
+# Against woq.py's exact fp64 dequantization rounded once to the output type: MXFP4 weights (an e2m1 value times a
+# power of two) equal it; int4 and int8 ones are computed in fp32 first, so a product that fp32 rounds may land one
+# unit in the last place of the 16-bit type off the single rounding: within 1.5 units of the exact value. The output
+# is poisoned first.
+
+@pytest.mark.parametrize("kind, group, zeros", [(WoqKind.INT4, 128, True), (WoqKind.INT4, 64, False),
+                                                (WoqKind.INT4, 32, True), (WoqKind.INT4, 0, False),
+                                                (WoqKind.INT8, 0, False), (WoqKind.INT8, 128, False),
+                                                (WoqKind.MXFP4, 32, False)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("e, n, k", [(3, 48, 256), (2, 200, 2880)])
+def test_dequantize_against_fp64(kind: WoqKind, group: int, zeros: bool, dtype: torch.dtype, e: int, n: int,
+                                 k: int) -> None:
+    if group and k % group:
+        pytest.skip(f"group {group} does not divide k {k}")
+    seed = random.SystemRandom().randrange(1 << 30)
+    dev, _, _, _ = case(kind, [1] * e, n, k, group, zeros, False, dtype, seed, pad_rows=0, e8m0=(110, 140))
+    out = torch.full((e, n, k), float("nan"), dtype=dtype, device="cuda")
+    K.woq_dequantize(dev["b"], kind.value, dev["scales"], group, zeros=dev["zeros"], out=out)
+    torch.cuda.synchronize()
+    got = out.cpu()
+    assert torch.isfinite(got).all(), f"unwritten weights (seed {seed})"
+    b, s, z = dev["b"].cpu(), dev["scales"].cpu(), None if dev["zeros"] is None else dev["zeros"].cpu()
+    for x in range(e):
+        want = dequantize_matrix(kind, b[x], s[x], None if z is None else z[x])
+        one = want.to(dtype)
+        if kind is WoqKind.MXFP4:
+            assert torch.equal(got[x], one), f"expert {x} (seed {seed})"
+            continue
+        # one unit of `one`'s binade (mantissa bits 7 / 10), 1.5 of them: the half unit of the single rounding
+        # plus the one unit the fp32 product may add
+        p = 7 if dtype == torch.bfloat16 else 10
+        ulp = torch.exp2(torch.floor(torch.log2(one.double().abs().clamp_min(2.0 ** -60))) - p)
+        assert ((got[x].double() - want).abs() <= 1.5 * ulp).all(), f"expert {x}: off by more than a unit (seed {seed})"

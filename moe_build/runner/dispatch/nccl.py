@@ -108,9 +108,12 @@ class NcclDispatch:
         token = torch.arange(T, dtype=torch.int32, device=dev).unsqueeze(1)
         meta = torch.cat([topk_ids, topk_weights.view(torch.int32), token], dim=1)  # [T, 2K + 1]
         recv_hidden = torch.empty((n_recv, H), dtype=hidden.dtype, device=dev)
-        recv_meta = torch.empty((n_recv, 2 * K + 1), dtype=torch.int32, device=dev)
+        # at least one row: the layout kernel takes real pointers, also where nothing arrives (it reads none then)
+        slots = max(n_recv, 1)
+        recv_meta = torch.empty((slots, 2 * K + 1), dtype=torch.int32, device=dev)
         dist.all_to_all_single(recv_hidden, hidden.index_select(0, rows), recv_splits, send_splits, group=self.group)
-        dist.all_to_all_single(recv_meta, meta.index_select(0, rows), recv_splits, send_splits, group=self.group)
+        dist.all_to_all_single(recv_meta[:n_recv], meta.index_select(0, rows), recv_splits, send_splits,
+                               group=self.group)
         layout = self.unpermute
         P = layout.rows(1, n_recv, K, E)  # the dense rows as one source's
         d = PermutedDispatched(torch.empty((P, H), dtype=hidden.dtype, device=dev),
@@ -119,13 +122,14 @@ class NcclDispatch:
                                torch.full((P,), -1, dtype=torch.int32, device=dev),  # rows past the layout: none
                                torch.empty(P, dtype=torch.int32, device=dev),
                                torch.empty(1, dtype=torch.int32, device=dev))
-        pair_row = torch.empty(n_recv * K, dtype=torch.int32, device=dev)
+        pair_row = torch.empty(slots * K, dtype=torch.int32, device=dev)
         dense_counts = torch.stack([recv_counts, torch.zeros_like(recv_counts)], dim=1).contiguous()
         self.k.ep_permute_layout(recv_meta, dense_counts, 0, K, self.first, d.expert_offsets, d.expert_counts,
                                  pair_row, d.row_src_rank, d.row_return, d.overflow,
                                  pad_multiple=layout.pad_multiple, expert_capacity=layout.expert_capacity)
         if n_recv:
-            self.k.ep_permute_rows(recv_hidden, recv_meta, dense_counts, 0, pair_row, d.rows, None)
+            self.k.ep_permute_rows(recv_hidden, recv_meta[:n_recv], dense_counts, 0, pair_row[: n_recv * K], d.rows,
+                                   None)
         self.unpermute_overflow = d.overflow
         return d
 
