@@ -197,8 +197,11 @@ ATTEMPTS = 5
 def _build_interrupted(out: Path, sig: signal.Signals) -> tuple[int, list[str], str]:
     """Build the tiny preset into `out`, sending `sig` once TensorRT is building (the longest phase, with temp
     state around); the exit code, the progress lines before the signal and the rest of stderr."""
+    # the child starts with the signal's default disposition: a test run launched in the background by a
+    # non-interactive shell inherits SIGINT ignored, and the build would then never see it
     proc = subprocess.Popen([sys.executable, "-m", "moe_build", "build", "--preset", "tiny", "--out", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(sig, signal.SIG_DFL))
     assert proc.stderr is not None
     seen = []
     deadline = time.monotonic() + 300

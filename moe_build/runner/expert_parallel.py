@@ -107,7 +107,7 @@ class ExpertParallelMoE:
     that on its own. Every rank of the group must choose the same `overlap`.
 
     The plan's ep_format says how the rows reach this rank's experts: contiguous (the received rows with their
-    top-k ids, each rank's partial sum per token returned), or grouped by local expert through the nvlink
+    top-k ids, each rank's partial sum per token returned), or grouped by local expert through either dispatch's
     dispatch_with_permute (permuted: groups padded to `pad_multiple` rows; batched: `expert_capacity` rows per
     expert, pairs past it dropped and flagged in `overflow`), the experts running their GEMMs alone and every
     (token, k) output going back to be weighted and summed in k order where the token lives (bit for bit the
@@ -258,6 +258,9 @@ class ExpertParallelMoE:
             side.wait_event(self._computed)
             self._finish(second, b, d1, self._experts(second, d1), lo1, hi1)
         main.wait_stream(side)  # join
+        flags = self._overflow_flags()
+        if flags is not None:  # on the stream, so a captured call updates it on every replay
+            torch.maximum(flags[0], flags[1], out=self._overflow)
 
     def _dispatch(self, part: _MicroBatch, b: Batch, lo: int, hi: int) -> Received:
         """Tokens [lo, hi) of the call to the ranks holding their experts, on the current stream (collective:
@@ -304,18 +307,20 @@ class ExpertParallelMoE:
         """The last call's overflow flag ([1] int32 on the device: 1 where received rows past recv_capacity, or the
         batched format's pairs past an expert's max rows, were dropped, by either micro-batch with overlap); None
         where nothing can be dropped."""
+        flags = self._overflow_flags()
+        if flags is None:
+            return None
+        return self._overflow if self.overlap else flags[0]
+
+    def _overflow_flags(self) -> list[torch.Tensor] | None:
+        """Each micro-batch's overflow flag of its last call, None where nothing can be dropped."""
         if self.layout is not None:
             if not self.layout.expert_capacity:
                 return None
-            flags = [part.dispatcher.unpermute_overflow for part in self._parts]
-        elif self.recv_capacity is None:
+            return [part.dispatcher.unpermute_overflow for part in self._parts]
+        if self.recv_capacity is None:
             return None
-        else:
-            flags = [part.dispatcher.overflow for part in self._parts]
-        if self.overlap:
-            torch.maximum(flags[0], flags[1], out=self._overflow)
-            return self._overflow
-        return flags[0]
+        return [part.dispatcher.overflow for part in self._parts]
 
 
 def rank_layer(spec: MoESpec, weights: MoEWeights, rank: int, **kwargs: object) -> ExpertParallelMoE:
