@@ -404,3 +404,15 @@ def test_deterministic_16bit_plans_keep_the_tiled_gemm_at_every_count() -> None:
         strict = _format(spec, deterministic=True).stage(stage)
         assert loose.bands[0].choice.startswith("decode:")
         assert all(not b.choice.startswith("decode:") for b in strict.bands), strict.bands
+
+
+def test_grouped_experts_run_their_gemms_only() -> None:
+    """Rows that arrive grouped by expert skip the experts' prologue, expansion and finalize
+    (sequence.grouped_sequence); a contiguous plan is refused in one line."""
+    from moe_build.runner import sequence as S
+    rank = PLUGIN_SPEC.for_rank(0)
+    steps = S.grouped_sequence(_format(rank, deterministic=True), 16)
+    assert steps in (["gemm1:sm90_gated", "gemm2:sm90"], ["gemm1:sm90", "fc1_activation", "gemm2:sm90"]), steps
+    with pytest.raises(MoeBuildError) as info:
+        S.grouped_sequence(_format(rank), 16)
+    assert info.value.field == "ep_format" and "\n" not in str(info.value)
