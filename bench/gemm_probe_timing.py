@@ -9,19 +9,19 @@ token: 68.5 us with the written flush, 64.4 with the read one, on two H200s). MB
 import json, os, subprocess, sys, tempfile
 import torch
 
-_flush: torch.Tensor | None = None
+from moe_build.bench.timing import flush_l2
+
+_written_flush: torch.Tensor | None = None
 
 
 def _flush_l2() -> None:
-    global _flush
+    global _written_flush
     if os.environ.get("MB_PROBE_FLUSH") == "write":
-        if _flush is None or _flush.dtype != torch.uint8:
-            _flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-        _flush.zero_()
+        if _written_flush is None:
+            _written_flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+        _written_flush.zero_()
         return
-    if _flush is None or _flush.dtype != torch.float32:
-        _flush = torch.ones(64 << 20, dtype=torch.float32, device="cuda")
-    _flush.sum()
+    flush_l2()
 
 
 def tms(fn, iters=20):

@@ -870,6 +870,16 @@ def grouped_gemm_fp8_finalize(a: torch.Tensor, scale_a: torch.Tensor, b: torch.T
 
 # ---- weight-only grouped GEMM (issue 47; cpp/src/gemm/woq_abi.cu) ------------------------------------------
 
+def _check_woq_scales(mode: WoqKind, scales: torch.Tensor, zeros: torch.Tensor | None, group: int, e: int, n: int,
+                      k: int, dev: torch.device) -> None:
+    """A weight-only layer's scales (fp32 [E, n, k/group], [E, n, 1] for group 0; MXFP4: uint8 e8m0 [E, n, k/32])
+    and int4 zeros (uint8, shaped as the scales)."""
+    groups = k // 32 if mode is WoqKind.MXFP4 else (1 if group == 0 else k // group)
+    _check(scales, "scales", (e, n, groups), torch.uint8 if mode is WoqKind.MXFP4 else torch.float32, dev)
+    if zeros is not None:
+        _check(zeros, "zeros", (e, n, groups), torch.uint8, dev)
+
+
 def grouped_gemm_woq(a: torch.Tensor, b: torch.Tensor, kind: int | str | WoqKind, scales: torch.Tensor,
                      expert_first_token_offset: torch.Tensor, group: int, zeros: torch.Tensor | None = None,
                      bias: torch.Tensor | None = None, c: torch.Tensor | None = None,
@@ -895,10 +905,7 @@ def grouped_gemm_woq(a: torch.Tensor, b: torch.Tensor, kind: int | str | WoqKind
     _check(b, "B", (None, None, k // 2 if packed else k), torch.uint8 if packed else torch.int8, dev)
     e, n = b.shape[0], b.shape[1]
     _check(expert_first_token_offset, "expert_first_token_offset", (e + 1,), torch.int64, dev)
-    groups = k // 32 if mode is WoqKind.MXFP4 else (1 if group == 0 else k // group)
-    _check(scales, "scales", (e, n, groups), torch.uint8 if mode is WoqKind.MXFP4 else torch.float32, dev)
-    if zeros is not None:
-        _check(zeros, "zeros", (e, n, groups), torch.uint8, dev)
+    _check_woq_scales(mode, scales, zeros, group, e, n, k, dev)
     if bias is not None:
         _check(bias, "bias", (e, n), out_dtype, dev)
     out = _out(c, "C", (rows, n), out_dtype, dev)
@@ -921,10 +928,7 @@ def woq_dequantize(b: torch.Tensor, kind: int | str | WoqKind, scales: torch.Ten
     dev = b.device
     e, n = b.shape[0], b.shape[1]
     k = b.shape[2] * (2 if packed else 1)
-    groups = k // 32 if mode is WoqKind.MXFP4 else (1 if group == 0 else k // group)
-    _check(scales, "scales", (e, n, groups), torch.uint8 if mode is WoqKind.MXFP4 else torch.float32, dev)
-    if zeros is not None:
-        _check(zeros, "zeros", (e, n, groups), torch.uint8, dev)
+    _check_woq_scales(mode, scales, zeros, group, e, n, k, dev)
     o = _out(out, "out", (e, n, k), dtype or (out.dtype if out is not None else torch.bfloat16), dev)
     call("mb_woq_dequantize", int(mode), b.data_ptr(), scales.data_ptr(), _ptr(zeros), group, e, n, k,
          _dtype_code(o, "out"), o.data_ptr(), _stream(stream, dev))

@@ -58,6 +58,11 @@ GATE_HINT = {
 }
 
 
+def _failing(gates: Sequence[Gate]) -> str:
+    """The gates that do not hold, as the one-line errors name them."""
+    return "; ".join(f"{g.name}={g.value} fails '{g.condition}'" for g in gates if not g.held)
+
+
 def _refuse(gates: Sequence[Gate], why: str) -> None:
     for g in gates:
         if not g.held:
@@ -372,10 +377,9 @@ def _dispatch(spec: MoESpec, path: str, forced: str | None) -> StageDecision:
 def _ep_format(spec: MoESpec, target: Target, dispatch: str, forced: str | None) -> StageDecision:
     """The format the dispatched rows reach a rank's experts in (seed 000), and how their outputs come back.
     contiguous: the received rows with their top-k ids, expanded by the experts' own prologue, each row's
-    partial sum returned; permuted / batched (the nvlink dispatch's dispatch_with_permute, seed 004): the rows
-    land grouped by local expert (padded to pad_multiple, or experts x max rows), the experts run their GEMMs
-    only, and every (token, k) row goes back to the token's rank, which weights and sums them in k order. Both
-    dispatches have all three."""
+    partial sum returned; permuted / batched (either dispatch's dispatch_with_permute, seed 004): the rows land
+    grouped by local expert (padded to pad_multiple, or experts x max rows), the experts run their GEMMs only,
+    and every (token, k) row goes back to the token's rank, which weights and sums them in k order."""
     exchanged = dispatch in ("nvlink", "nccl")
     gates: tuple[Gate, ...] = ()
     if not exchanged:
@@ -387,7 +391,7 @@ def _ep_format(spec: MoESpec, target: Target, dispatch: str, forced: str | None)
         allowed = (("permuted", "batched", "contiguous") if det.held else ("contiguous", "permuted", "batched")) \
             if all(g.held for g in able) else ("contiguous",)
     if forced is not None and forced not in allowed:
-        why = "; ".join(f"{g.name}={g.value} fails '{g.condition}'" for g in gates[1:] if not g.held)
+        why = _failing(gates[1:])  # the deterministic request only orders the choices
         raise MoeBuildError("force", f"ep_format={forced} does not apply with dispatch={dispatch}"
                             + (f" ({why})" if why else ""), allowed)
     choice = forced or allowed[0]
@@ -473,7 +477,7 @@ def make_plan(spec: MoESpec, target: Target, tokens: int = 1,
         return Plan("plugin", tuple(plugin_gates + checks), stages, tokens, spec.to_dict(), target.to_dict())
     checks = [R.ootb_not_weight_only(spec), R.ootb_sm_below_100(target), R.flavour_targets_sm(target),
               R.ootb_quant_implemented(spec), R.ootb_fp8_sm(spec, target), R.ootb_no_lora(spec)]
-    reason = "; ".join(f"{g.name}={g.value} fails '{g.condition}'" for g in plugin_gates if not g.held)
+    reason = _failing(plugin_gates)
     _refuse(checks, f"the OOTB path ({reason}) refuses this combination")
     _check_forced("ootb", force)
     stages = (_expert_compute(spec, target, force.get("expert_compute")), _dispatch(spec, "ootb", force.get("dispatch")))

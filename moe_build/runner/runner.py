@@ -309,17 +309,20 @@ def runner_layout(spec: MoESpec, plan: Plan, max_tokens: int) -> dict[str, Buffe
     """The runner's buffer layout for calls of up to `max_tokens` tokens, kernel scratch included."""
     steps = S.steps_up_to(plan, max_tokens)
     r, E = max_tokens * spec.top_k, spec.local_experts
+
+    def both(size: Callable[[int, int, int, int], int]) -> int:
+        """One scratch shared by GEMM1 and GEMM2: the larger of their sizes."""
+        return max(size(E, r, spec.fc1_out_features, spec.hidden_size),
+                   size(E, r, spec.hidden_size, spec.intermediate_size))
+
     if steps & {S.GEMM1_WOQ_DENSE, S.GEMM2_WOQ_DENSE}:  # the dequantized weights' sm90 GEMMs take CUTLASS's
-        gemm = max(kernels.grouped_gemm_sm90_workspace_bytes(E, r, spec.fc1_out_features, spec.hidden_size),
-                   kernels.grouped_gemm_sm90_workspace_bytes(E, r, spec.hidden_size, spec.intermediate_size))
+        gemm = both(kernels.grouped_gemm_sm90_workspace_bytes)
     elif S.is_weight_only(plan) or S.is_w4afp8(plan):  # the weight-only GEMMs take no scratch
         gemm = 0
     elif S.is_fp8(plan):
-        gemm = max(kernels.grouped_gemm_fp8_workspace_bytes(E, r, spec.fc1_out_features, spec.hidden_size),
-                   kernels.grouped_gemm_fp8_workspace_bytes(E, r, spec.hidden_size, spec.intermediate_size))
-    elif plan.stage("gemm_kernel").choice == "tma_warp_specialized":  # one scratch shared by GEMM1 and GEMM2
-        gemm = max(kernels.grouped_gemm_sm90_workspace_bytes(E, r, spec.fc1_out_features, spec.hidden_size),
-                   kernels.grouped_gemm_sm90_workspace_bytes(E, r, spec.hidden_size, spec.intermediate_size))
+        gemm = both(kernels.grouped_gemm_fp8_workspace_bytes)
+    elif plan.stage("gemm_kernel").choice == "tma_warp_specialized":
+        gemm = both(kernels.grouped_gemm_sm90_workspace_bytes)
     else:
         gemm = kernels.grouped_gemm_sm80_workspace_bytes(E)
     three = kernels.three_step_workspace_bytes(max_tokens, spec.top_k, E) if steps & S.THREE_STEP_PROLOGUES else 0

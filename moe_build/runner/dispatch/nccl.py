@@ -28,7 +28,7 @@ import torch.distributed as dist
 from ...errors import MoeBuildError
 from ...spec import MoESpec
 from .group import rank_group
-from .permuted import PermutedDispatched, PermuteLayout
+from .permuted import PermutedDispatched, PermuteLayout, sum_pairs
 
 
 @dataclass
@@ -67,19 +67,10 @@ class NcclDispatch:
         T, K = topk_ids.shape
         dev = hidden.device
         counts, send_tokens, slots = self.k.ep_layout(topk_ids, self.ep, self.local)
-        recv_counts = torch.empty_like(counts)
-        dist.all_to_all_single(recv_counts, counts, group=self.group)
-        both = torch.cat([counts, recv_counts]).tolist()  # the one synchronization: exact sizes follow
-        send_splits, recv_splits = both[: self.ep], both[self.ep:]
-        n_send, n_recv = sum(send_splits), sum(recv_splits)
-        rows = send_tokens[:n_send]
+        send_splits, recv_splits, _ = self._exchange_counts(counts)
         meta = torch.cat([topk_ids, topk_weights.view(torch.int32)], dim=1)  # [T, 2K]: ids, then weights' bits
-        send_hidden = hidden.index_select(0, rows)
-        send_meta = meta.index_select(0, rows)
-        recv_hidden = torch.empty((n_recv, hidden.shape[1]), dtype=hidden.dtype, device=dev)
-        recv_meta = torch.empty((n_recv, 2 * K), dtype=torch.int32, device=dev)
-        dist.all_to_all_single(recv_hidden, send_hidden, recv_splits, send_splits, group=self.group)
-        dist.all_to_all_single(recv_meta, send_meta, recv_splits, send_splits, group=self.group)
+        recv_meta = torch.empty((sum(recv_splits), 2 * K), dtype=torch.int32, device=dev)
+        recv_hidden = self._exchange_rows(hidden, meta, send_tokens, send_splits, recv_splits, recv_meta)
         ids = recv_meta[:, :K] - self.first
         local_ids = torch.where((ids >= 0) & (ids < self.local), ids, torch.full_like(ids, -1))
         weights = recv_meta[:, K:].contiguous().view(torch.float32)
@@ -92,6 +83,17 @@ class NcclDispatch:
         both = torch.cat([counts, recv_counts]).tolist()  # the synchronization: exact sizes follow
         return both[: self.ep], both[self.ep:], recv_counts
 
+    def _exchange_rows(self, hidden: torch.Tensor, meta: torch.Tensor, send_tokens: torch.Tensor,
+                       send_splits: list[int], recv_splits: list[int], recv_meta: torch.Tensor) -> torch.Tensor:
+        """Phase two: each send row's hidden row and meta row (row send_tokens[i] of both) to its rank; the meta
+        received lands in `recv_meta` [received rows, ...]; returns the rows received. (The unpermuted combine sends
+        its expert outputs back the same way, with their return indices as the meta.)"""
+        rows = send_tokens[: sum(send_splits)]
+        recv_hidden = torch.empty((sum(recv_splits), hidden.shape[1]), dtype=hidden.dtype, device=hidden.device)
+        dist.all_to_all_single(recv_hidden, hidden.index_select(0, rows), recv_splits, send_splits, group=self.group)
+        dist.all_to_all_single(recv_meta, meta.index_select(0, rows), recv_splits, send_splits, group=self.group)
+        return recv_hidden
+
     def dispatch_with_permute(self, hidden: torch.Tensor, topk_ids: torch.Tensor,
                               topk_weights: torch.Tensor) -> PermutedDispatched:
         """`hidden` [T, H]'s tokens to the ranks holding their experts, received here grouped by local expert (the
@@ -103,17 +105,13 @@ class NcclDispatch:
         dev, H, E = hidden.device, hidden.shape[1], self.local
         counts, send_tokens, _ = self.k.ep_layout(topk_ids, self.ep, self.local)
         send_splits, recv_splits, recv_counts = self._exchange_counts(counts)
-        n_send, n_recv = sum(send_splits), sum(recv_splits)
-        rows = send_tokens[:n_send]
+        n_recv = sum(recv_splits)
         token = torch.arange(T, dtype=torch.int32, device=dev).unsqueeze(1)
         meta = torch.cat([topk_ids, topk_weights.view(torch.int32), token], dim=1)  # [T, 2K + 1]
-        recv_hidden = torch.empty((n_recv, H), dtype=hidden.dtype, device=dev)
         # at least one row: the layout kernel takes real pointers, also where nothing arrives (it reads none then)
         slots = max(n_recv, 1)
         recv_meta = torch.empty((slots, 2 * K + 1), dtype=torch.int32, device=dev)
-        dist.all_to_all_single(recv_hidden, hidden.index_select(0, rows), recv_splits, send_splits, group=self.group)
-        dist.all_to_all_single(recv_meta[:n_recv], meta.index_select(0, rows), recv_splits, send_splits,
-                               group=self.group)
+        recv_hidden = self._exchange_rows(hidden, meta, send_tokens, send_splits, recv_splits, recv_meta[:n_recv])
         layout = self.unpermute
         P = layout.rows(1, n_recv, K, E)  # the dense rows as one source's
         d = PermutedDispatched(torch.empty((P, H), dtype=hidden.dtype, device=dev),
@@ -145,17 +143,14 @@ class NcclDispatch:
         back = torch.bincount(src[src >= 0].long(), minlength=self.ep).int()
         send_splits, recv_splits, _ = self._exchange_counts(back)
         keep = order[order.shape[0] - sum(send_splits):]
-        n_recv = sum(recv_splits)
-        rows = torch.empty((n_recv, H), dtype=expert_out.dtype, device=dev)
-        at = torch.empty(n_recv, dtype=torch.int32, device=dev)
-        dist.all_to_all_single(rows, expert_out.index_select(0, keep), recv_splits, send_splits, group=self.group)
-        dist.all_to_all_single(at, d.row_return.index_select(0, keep), recv_splits, send_splits, group=self.group)
+        at = torch.empty(sum(recv_splits), dtype=torch.int32, device=dev)
+        rows = self._exchange_rows(expert_out, d.row_return, keep, send_splits, recv_splits, at)
         if T == 0:
             return out
         returned = torch.zeros((T * K, H), dtype=expert_out.dtype, device=dev)
         returned.index_copy_(0, at.long(), rows)
         identity = torch.arange(T * K, dtype=torch.int32, device=dev)
-        return self.k.finalize(returned, topk_weights, topk_ids, identity, out=out, num_experts=0)
+        return sum_pairs(self.k, returned, topk_ids, topk_weights, identity, out)
 
     def combine(self, partial: torch.Tensor, d: Dispatched, out: torch.Tensor) -> torch.Tensor:
         """The received rows' partial outputs `partial` [R, H] back to their ranks, summed per token into `out`

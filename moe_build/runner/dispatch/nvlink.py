@@ -49,7 +49,7 @@ from ...errors import MoeBuildError
 from ...spec import MoESpec
 from ..workspace import TORCH_DTYPE, BufferSpec, Workspace, layout_bytes
 from .group import rank_group
-from .permuted import PermutedDispatched, PermuteLayout
+from .permuted import PermutedDispatched, PermuteLayout, sum_pairs
 
 
 @dataclass
@@ -192,11 +192,7 @@ class NvlinkDispatch:
                                 self.peers["flags"], self.done[1], sms=self.combine_sms,
                                 rows_limit=d.expert_offsets[E:])
         self.k.ep_nvlink_wait(self.local["flags"][1])
-        T, K = topk_ids.shape
-        if T == 0:
-            return out
-        return self.k.finalize(self.local["returned"], topk_weights, topk_ids, self._identity[: T * K],
-                               out=out, num_experts=0)
+        return sum_pairs(self.k, self.local["returned"], topk_ids, topk_weights, self._identity, out)
 
     def dispatch(self, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> NvlinkDispatched:
         slots = self._send(hidden, topk_ids, topk_weights)

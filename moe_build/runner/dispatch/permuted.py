@@ -4,6 +4,7 @@ the experts and the combine. The layout itself is stages/ep_permute.cu's."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import ModuleType
 
 import torch
 
@@ -37,3 +38,14 @@ class PermutedDispatched:
     row_src_rank: torch.Tensor    # [P] int32: the rank each row's output goes back to (-1: padding)
     row_return: torch.Tensor      # [P] int32: its (token * K + k) there
     overflow: torch.Tensor        # [1] int32: 1 where the batched format dropped a pair past an expert's max rows
+
+
+def sum_pairs(kernels: ModuleType, returned: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+              identity: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """combine_with_unpermute's last step where the tokens live: each token t's K rows returned[t * K + k] weighted
+    and summed in k order into `out` [T, H], as one GPU's separate finalize (mb_finalize over the identity map
+    `identity` [>= T * K] int32; topk_ids global, so every pair counts)."""
+    T, K = topk_ids.shape
+    if T == 0:
+        return out
+    return kernels.finalize(returned, topk_weights, topk_ids, identity[: T * K], out=out, num_experts=0)
