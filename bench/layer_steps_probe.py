@@ -1,4 +1,4 @@
-"""Where a single-GPU layer spends its time, kernel by kernel: bf16, fp8 and fp8_block layers of the bench shapes
+"""Where a single-GPU layer spends its time, kernel by kernel: bf16, FP8 and weight-only layers of the bench shapes
 at a few token counts, each call captured in a CUDA graph and replayed back to back under torch.profiler.
 Per kernel name: calls and device time per replay, beside the replay's time from CUDA events (the gap is launch
 latency and idle time between kernels). The evidence for which non-GEMM step of a layer to fuse or speed up next.
@@ -14,6 +14,7 @@ import sys
 import torch
 from graph_kernel_times import kernel_times, print_kernel_times
 
+from moe_build.bench.woq_layer import device_woq_weights, woq_bench_spec
 from moe_build.bench.workload import bench_spec, device_fp8_weights, device_weights, fp8_bench_spec, make_inputs
 from moe_build.runner import MoERunner
 from moe_build.spec import Quant
@@ -54,8 +55,15 @@ def main() -> None:
     results = []
     for name in SHAPES:
         for quant in QUANTS:
-            spec = bench_spec(name) if quant == "bf16" else fp8_bench_spec(name, Quant(quant))
-            w = device_weights(spec, seed=1) if quant == "bf16" else device_fp8_weights(spec, seed=1)
+            if quant == "bf16":
+                spec = bench_spec(name)
+                w = device_weights(spec, seed=1)
+            elif quant in ("fp8", "fp8_block"):
+                spec = fp8_bench_spec(name, Quant(quant))
+                w = device_fp8_weights(spec, seed=1)
+            else:  # a weight-only quant (w4a16_awq, w8a16, wfp4a16, w4afp8)
+                spec = woq_bench_spec(name, Quant(quant))
+                w = device_woq_weights(spec, Quant(quant), seed=1)
             runner = MoERunner(spec, w, max_tokens=max(TOKENS))
             for T in TOKENS:
                 s = make_inputs(spec, T, 1, seed=T, correction_bias=w.correction_bias)[0]

@@ -433,7 +433,10 @@ class RunnerCache:
 
     TensorRT keeps constant weights at fixed addresses for an execution context's life; a change
     of any address (another context, refit to new memory) builds a new runner and drops the rest.
-    Everything kept wraps addresses TensorRT owns; nothing here owns device memory but the runner.
+    Everything kept wraps addresses TensorRT owns; nothing here owns device memory but the runner,
+    which also holds what it derives from the weights when it is made (a weight-only layer's scales as
+    the mixed-input wgmma GEMM reads them): a refit that rewrites weights in place, at the same
+    addresses, is not seen.
     """
 
     MEMO_ENTRIES = 64  # per context: a few token counts x a few buffer sets

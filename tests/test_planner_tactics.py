@@ -211,13 +211,15 @@ def test_the_fp8_gemm_runs_its_wide_tiles(fp8: str, tile: str, epilogue: str) ->
 
 
 def test_weight_only_gemms_run_decode_then_the_woq_mma_tiles() -> None:
-    """Decode to 8 average rows per expert, the 64-row woq tile to 64, then the 128-row one; the decode K split
-    doubled while the CTAs (non-empty experts x column blocks) fit one per SM."""
-    c = call(epilogue="store", woq="int4")  # Qwen3-30B-A3B's GEMM1: 8 experts x 12 blocks of 128 columns at 1 token
+    """Where the mixed-input kernel cannot take the weights (group 32 here), or on the sm80 entry: decode to 8
+    average rows per expert, the 64-row woq mma tile to 64, then the 128-row one; the decode K split doubled while the
+    CTAs (non-empty experts x column blocks) fit one per SM."""
+    c = call(epilogue="store", woq="int4", woq_group=32)  # Qwen3-30B-A3B's GEMM1: 8 experts x 12 blocks at 1 token
     assert [at(c, t) for t in (1, 2, 128, 129, 1024, 1025)] == [
         "decode:ksplit2:after_trigger:plain", "decode:ksplit1:after_trigger:plain",
         "decode:ksplit1:after_trigger:plain", "mma:64x128:plain:plain", "mma:64x128:plain:plain",
         "mma:128x128:plain:plain"]
+    assert at(dataclasses.replace(c, woq_group=128, entry="sm80"), 1025) == "mma:128x128:plain:plain"
     # Mixtral's GEMM2 at 1 token: 2 experts x 32 / 64 / 128 column blocks at 1 / 2 / 4 slices
     mixtral_down = call(epilogue="store", woq="int8", itemsize=1, n=4096, k=14336, experts=8, top_k=2)
     assert at(mixtral_down, 1) == "decode:ksplit4:after_trigger:plain"
@@ -233,11 +235,32 @@ def test_tactics_the_weight_only_gemm_cannot_run(name: str, problem: str) -> Non
     assert problem in (tactic_problem(call(epilogue="store", woq="mxfp4"), GemmTactic.parse(name)) or "")
 
 
+def test_weight_only_gemms_take_the_mixed_input_tiles_past_decode() -> None:
+    """int4 / int8 weights per channel or in groups of 64 / 128 (n % 128, k % 64) on sm90 with 16-bit activations:
+    past 8 average rows per expert the mixed-input wgmma tiles at every count, 32 token rows to 16 rows per expert,
+    64 to 48, 128 to 128, then 256. W4AFP8 keeps the mma tiles."""
+    c = call(epilogue="store", woq="int4", woq_group=128)  # 128 experts, top-8: avg rows = tokens / 16
+    assert [at(c, t) for t in (128, 129, 256, 257, 768, 769, 2048, 2049, 65536)] == [
+        "decode:ksplit1:after_trigger:plain", "wgmma:woq128x32:plain:plain", "wgmma:woq128x32:plain:plain",
+        "wgmma:woq128x64:plain:plain", "wgmma:woq128x64:plain:plain", "wgmma:woq128x128:plain:plain",
+        "wgmma:woq128x128:plain:plain", "wgmma:woq128x256:plain:plain", "wgmma:woq128x256:plain:plain"]
+    for t in (129, 257, 769, 2049):
+        assert tactic_problem(c, GemmTactic.parse(at(c, t))) is None
+    int8 = call(epilogue="store", woq="int8", itemsize=1, woq_group=0, n=4096, k=14336, experts=8, top_k=2)
+    assert at(int8, 33) == "wgmma:woq128x32:plain:plain" and at(int8, 193) == "wgmma:woq128x128:plain:plain"
+    assert at(dataclasses.replace(c, a_e4m3=True), 4096).startswith("mma:")
+    assert at(dataclasses.replace(c, woq="mxfp4", woq_group=32), 1024).startswith("mma:")
+    assert at(dataclasses.replace(c, n=1360), 1024).startswith("mma:")  # n off 128: no mixed-input tile
+    assert "mixed-input" in tactic_problem(dataclasses.replace(c, woq_group=32),
+                                           GemmTactic.parse("wgmma:woq128x64:plain:plain"))
+    assert "weight-only GEMM's tile" in tactic_problem(call(), GemmTactic.parse("wgmma:woq128x64:plain:plain"))
+
+
 def test_weight_only_gemms_dequantize_for_wgmma_from_128_rows_per_expert() -> None:
-    """From 128 average rows per expert (sm90, 16-bit activations) the weight-only GEMM's tactic is a 16-bit wgmma
-    tile, launched plainly with plain outputs (the weights dequantized first); W4AFP8's e4m3 activations and the
-    sm80 entry keep the mma tiles."""
-    c = call(epilogue="store", woq="int4")  # 128 experts, top-8: 128 rows per expert at 2048 tokens
+    """Where the mixed-input kernel cannot take the weights (MXFP4, group 32): from 128 average rows per expert (sm90,
+    16-bit activations) the weight-only GEMM's tactic is a 16-bit wgmma tile, launched plainly with plain outputs
+    (the weights dequantized first); W4AFP8's e4m3 activations and the sm80 entry keep the mma tiles."""
+    c = call(epilogue="store", woq="mxfp4", woq_group=32)  # 128 experts, top-8: 128 rows per expert at 2048 tokens
     assert at(c, 2032).startswith("mma:") and at(c, 2033) == "wgmma:pingpong64x256c2:plain:plain"
     assert tactic_problem(c, GemmTactic.parse(at(c, 2033))) is None
     assert at(dataclasses.replace(c, a_e4m3=True), 4096).startswith("mma:")

@@ -64,6 +64,11 @@ mb_status mb_routing_prologue_three_step(const int32_t* topk_ids, int num_tokens
                                          size_t workspace_bytes, void* zero_out, size_t zero_bytes,
                                          cudaStream_t stream);
 
+/* stages/scale_columns.cu: x[r, c] *= scale[c] in place for x [rows, cols] in dtype (MB_BF16 or MB_FP16), scale
+ * [cols] fp32, each product in fp32 rounded once to dtype: the AWQ pre-quant scales' separate step. cols a multiple of
+ * 8; x and scale 16-byte aligned. */
+mb_status mb_scale_columns(void* x, int dtype, const float* scale, int64_t rows, int cols, cudaStream_t stream);
+
 /* stages/expand_rows.cu: permuted_input[p] = input[e / K] (* prequant_scale[h] if non-NULL),
  * permuted_weights[p] = topk_weights[e], for p = unpermuted_to_permuted[e] (every e in [0, T*K)).
  * prequant_scale [H] fp32 or NULL.
@@ -264,6 +269,11 @@ enum mb_gemm_tile {
   MB_TILE_COOP_128x128_C2 = 10,    /* wgmma: cooperative 128 x 128 in 2x1 clusters (weight tile multicast; FP8 only) */
   MB_TILE_COOP_128x192 = 11,       /* wgmma: cooperative 128 x 192 (the FP8 GEMM only, rowwise scales) */
   MB_TILE_COOP_128x192_C2 = 12,    /* wgmma: cooperative 128 x 192 in 2x1 clusters (FP8 only, rowwise scales) */
+  MB_TILE_WOQ_128x64 = 13,         /* wgmma mixed-input: 128 weight rows x 64 token rows (mb_grouped_gemm_woq_sm90) */
+  MB_TILE_WOQ_128x128 = 14,        /* wgmma mixed-input: 128 weight rows x 128 token rows (mb_grouped_gemm_woq_sm90) */
+  MB_TILE_WOQ_128x16 = 15,         /* wgmma mixed-input: 128 weight rows x 16 token rows */
+  MB_TILE_WOQ_128x32 = 16,         /* wgmma mixed-input: 128 weight rows x 32 token rows */
+  MB_TILE_WOQ_128x256 = 17,        /* wgmma mixed-input: 128 weight rows x 256 token rows */
 };
 enum mb_gemm_launch {
   MB_LAUNCH_PLAIN = 0,          /* an ordinary launch */
@@ -420,6 +430,22 @@ mb_status mb_grouped_gemm_woq(const void* A, int a_type, const float* scale_a, c
                               const void* scales, const uint8_t* zeros, int group, const void* bias, void* C,
                               const int64_t* expert_first_token_offset, int num_experts, int64_t max_rows, int n,
                               int k, int dtype, mb_gemm_tactic tactic, cudaStream_t stream);
+
+/* gemm/woq_sm90.cu: the weight-only GEMM on wgmma (compute capability 9.0): C = A @ dequant(B[x])^T as
+ * mb_grouped_gemm_woq, with CUTLASS's mixed-input mainloop converting the weights in registers (no 16-bit copy of
+ * them is written). B as mb_grouped_gemm_woq's MB_WOQ_INT4 ([E, n, k/2] 4-bit codes u) or MB_WOQ_INT8 ([E, n, k]);
+ * scales in dtype, MN-major [E, groups, n] (groups = k / group, or 1 for group 0); int4 only, zeros in dtype like
+ * the scales holding (8 - z) * s (z the zero point; 0 for a checkpoint without zeros): w = (u - 8) * s + zeros
+ * (int4), q * s (int8), each product and sum rounded to dtype (moe_build/weights/woq.py's wgmma_scales writes both).
+ * Group 0, 64
+ * or 128 dividing k; n % 128 == 0, k % 64 == 0; A, B, C, scales, zeros 16-byte aligned. Tactic: MB_GEMM_WGMMA on
+ * an MB_TILE_WOQ_* tile (128 weight rows x 16, 32, 64, 128 or 256 token rows), launch PLAIN, output_l2 PLAIN. The workspace holds CUTLASS's
+ * per-SM maps and the per-expert pointer arrays: mb_grouped_gemm_woq_sm90_workspace bytes, 16-byte aligned. */
+size_t mb_grouped_gemm_woq_sm90_workspace(int num_experts);
+mb_status mb_grouped_gemm_woq_sm90(const void* A, const void* B, int kind, const void* scales, const void* zeros,
+                                   int group, void* C, const int64_t* expert_first_token_offset, int num_experts,
+                                   int64_t max_rows, int n, int k, int dtype, mb_gemm_tactic tactic, void* workspace,
+                                   size_t workspace_bytes, cudaStream_t stream);
 
 /* gemm/woq_dequantize.cu: weight-only experts (mb_grouped_gemm_woq's stored forms: data [E, n, k] int8 or [E, n, k/2]
  * 4-bit codes, scales fp32 [E, n, k/group] (group 0: [E, n, 1]) or uint8 e8m0 [E, n, k/32], int4 zeros uint8 like

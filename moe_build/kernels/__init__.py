@@ -7,8 +7,9 @@ from .ops import (ep_combine, ep_layout, ep_nvlink_combine, ep_nvlink_dispatch, 
                   finalize, quantize_fp8, gemm_placement_ints, grouped_gemm_fp8, grouped_gemm_fp8_finalize,
                   grouped_gemm_fp8_workspace_bytes, grouped_gemm_sm80,
                   grouped_gemm_sm80_workspace_bytes, grouped_gemm_sm90, grouped_gemm_sm90_finalize,
-                  grouped_gemm_sm90_gated, grouped_gemm_sm90_workspace_bytes, grouped_gemm_woq, new_gemm_placement,
-                  routing, woq_dequantize,
+                  grouped_gemm_sm90_gated, grouped_gemm_sm90_workspace_bytes, grouped_gemm_woq, grouped_gemm_woq_sm90,
+                  grouped_gemm_woq_sm90_workspace_bytes, new_gemm_placement,
+                  routing, scale_columns, woq_dequantize,
                   routing_prologue_fused, routing_prologue_three_step, tactic_struct, three_step_workspace_bytes,
                   trusted_tensors)
 
@@ -18,7 +19,8 @@ __all__ = ["SIGNATURES", "Activation", "DType", "Fp8Scaling", "GemmKernel", "Gem
            "finalize", "quantize_fp8", "gemm_placement_ints", "grouped_gemm_fp8", "grouped_gemm_fp8_finalize",
            "grouped_gemm_fp8_workspace_bytes", "grouped_gemm_sm80",
            "grouped_gemm_sm80_workspace_bytes", "grouped_gemm_sm90", "grouped_gemm_sm90_finalize",
-           "grouped_gemm_sm90_gated", "grouped_gemm_sm90_workspace_bytes", "grouped_gemm_woq", "new_gemm_placement",
-           "routing", "woq_dequantize",
+           "grouped_gemm_sm90_gated", "grouped_gemm_sm90_workspace_bytes", "grouped_gemm_woq", "grouped_gemm_woq_sm90",
+           "grouped_gemm_woq_sm90_workspace_bytes", "new_gemm_placement",
+           "routing", "scale_columns", "woq_dequantize",
            "routing_prologue_fused", "routing_prologue_three_step", "tactic_struct", "three_step_workspace_bytes",
            "trusted_tensors"]

@@ -70,6 +70,11 @@ class GemmTile(enum.IntEnum):
     COOP_128x128_C2 = 10
     COOP_128x192 = 11
     COOP_128x192_C2 = 12
+    WOQ_128x64 = 13
+    WOQ_128x128 = 14
+    WOQ_128x16 = 15
+    WOQ_128x32 = 16
+    WOQ_128x256 = 17
 
 
 class WoqKind(enum.IntEnum):
@@ -125,6 +130,7 @@ SIGNATURES: dict[str, tuple[type, tuple[type, ...]]] = {
     "mb_routing_prologue_three_step_workspace": (_sz, (_i, _i, _i)),
     "mb_routing_prologue_three_step": (_i, (_p, _i, _i, _i, _p, _p, _p, _p, _sz, _p, _sz, _p)),
     "mb_expand_rows": (_i, (_p, _i, _p, _p, _p, _i, _i, _i, _p, _p, _p, _p)),
+    "mb_scale_columns": (_i, (_p, _i, _p, _i64, _i, _p)),
     "mb_fc1_activation": (_i, (_p, _i, _p, _p, _i, _i64, _i, _i, _f, _f, _p, _p, _p)),
     "mb_finalize": (_i, (_p, _i, _p, _p, _p, _p, _i, _i, _i, _i, _i, _p, _p)),
     # expert parallelism (stages/ep_dispatch.cu, ep_nvlink.cu)
@@ -161,4 +167,6 @@ SIGNATURES: dict[str, tuple[type, tuple[type, ...]]] = {
                                           _p, _sz, _p)),
     "mb_grouped_gemm_woq": (_i, (_p, _i, _p, _p, _i, _p, _p, _i, _p, _p, _p, _i, _i64, _i, _i, _i, _t, _p)),
     "mb_woq_dequantize": (_i, (_i, _p, _p, _p, _i, _i, _i, _i, _i, _p, _p)),
+    "mb_grouped_gemm_woq_sm90_workspace": (_sz, (_i,)),
+    "mb_grouped_gemm_woq_sm90": (_i, (_p, _p, _i, _p, _p, _i, _p, _p, _i, _i64, _i, _i, _i, _t, _p, _sz, _p)),
 }

@@ -214,6 +214,17 @@ def routing_prologue_three_step(topk_ids: torch.Tensor, num_experts: int,
     return ptu, utp, off
 
 
+def scale_columns(x: torch.Tensor, scale: torch.Tensor, stream: int | torch.cuda.Stream | None = None) -> torch.Tensor:
+    """x [rows, cols] (bf16 / fp16) times scale [cols] (fp32) per column, in place, each product in fp32 rounded once:
+    the AWQ pre-quant scales' separate step. Returns x."""
+    _check(x, "x", (None, None))
+    dev = x.device
+    _check(scale, "scale", (x.shape[1],), torch.float32, dev)
+    call("mb_scale_columns", x.data_ptr(), _dtype_code(x, "x"), scale.data_ptr(), x.shape[0], x.shape[1],
+         _stream(stream, dev))
+    return x
+
+
 def expand_rows(input: torch.Tensor, unpermuted_to_permuted: torch.Tensor, topk_weights: torch.Tensor,
                 prequant_scale: torch.Tensor | None = None, permuted_input: torch.Tensor | None = None,
                 permuted_weights: torch.Tensor | None = None, zero_out: torch.Tensor | None = None,
@@ -913,6 +924,39 @@ def grouped_gemm_woq(a: torch.Tensor, b: torch.Tensor, kind: int | str | WoqKind
          b.data_ptr(), int(mode), scales.data_ptr(), _ptr(zeros), group, _ptr(bias), out.data_ptr(),
          expert_first_token_offset.data_ptr(), e, rows, n, k, _dtype_code(out, "C"), tactic_struct(tactic),
          _stream(stream, dev))
+    return out
+
+
+def grouped_gemm_woq_sm90_workspace_bytes(num_experts: int) -> int:
+    return int(load_library().mb_grouped_gemm_woq_sm90_workspace(num_experts))
+
+
+def grouped_gemm_woq_sm90(a: torch.Tensor, b: torch.Tensor, kind: int | str | WoqKind, scales: torch.Tensor,
+                          zeros: torch.Tensor | None, expert_first_token_offset: torch.Tensor, group: int,
+                          c: torch.Tensor | None = None, workspace: torch.Tensor | None = None,
+                          stream: int | torch.cuda.Stream | None = None, *, tactic: GemmTactic | str) -> torch.Tensor:
+    """grouped_gemm_woq's C = A @ dequant(B[x])^T on wgmma (compute capability 9.0; a wgmma tactic on a woq tile,
+    tactics.WOQ_WGMMA_TILES): the weights converted in registers by CUTLASS's mixed-input mainloop. A [R, k] bf16/fp16, B
+    int4 ([E, n, k/2] uint8) or int8 ([E, n, k]); scales in A's dtype, MN-major [E, groups, n]; int4 zeros the same,
+    holding (8 - z) * s (moe_build/weights/woq.py's wgmma_scales writes both) -> C [R, n]."""
+    _check(a, "A", (None, None))
+    dev, rows, k = a.device, a.shape[0], a.shape[1]
+    mode = WoqKind(_enum(kind, WoqKind, "kind"))
+    if mode is WoqKind.MXFP4:
+        raise ValueError("kind: mxfp4 has no wgmma weight-only kernel (int4 or int8)")
+    packed = mode is WoqKind.INT4
+    _check(b, "B", (None, None, k // 2 if packed else k), torch.uint8 if packed else torch.int8, dev)
+    e, n = b.shape[0], b.shape[1]
+    _check(expert_first_token_offset, "expert_first_token_offset", (e + 1,), torch.int64, dev)
+    groups = k // group if group > 0 else 1
+    _check(scales, "scales", (e, groups, n), a.dtype, dev)
+    if zeros is not None:
+        _check(zeros, "zeros", (e, groups, n), a.dtype, dev)
+    out = _out(c, "C", (rows, n), a.dtype, dev)
+    ws, ws_bytes = _workspace(workspace, lambda: grouped_gemm_woq_sm90_workspace_bytes(e), dev)
+    call("mb_grouped_gemm_woq_sm90", a.data_ptr(), b.data_ptr(), int(mode), scales.data_ptr(), _ptr(zeros), group,
+         out.data_ptr(), expert_first_token_offset.data_ptr(), e, rows, n, k, _dtype_code(out, "C"),
+         tactic_struct(tactic), ws, ws_bytes, _stream(stream, dev))
     return out
 
 

@@ -291,10 +291,12 @@ def _gemm_calls(spec: MoESpec, target: Target, choices: Mapping[str, str]) -> di
     # W4AFP8's GEMMs are the weight-only ones with e4m3 activations read as 16-bit (gemm/woq.cuh): the int4 rules
     woq = {Quant.W4A16_AWQ: "int4", Quant.W4AFP8: "int4", Quant.W8A16: "int8",
            Quant.WFP4A16: "mxfp4"}.get(spec.quant, "none")
+    woq_group = 32 if woq == "mxfp4" else 0 if spec.quant_per_channel else spec.quant_group_size
     common = dict(sm=target.sm, entry=entry, experts=spec.local_experts, top_k=spec.top_k,
                   itemsize=1 if fp8 != "none" or woq == "int8" else spec.dtype.itemsize,
                   weights_blocked=choices["weight_layout"] == "blocked64", sm_count=target.sm_count,
-                  l2_bytes=target.l2_bytes, fp8=fp8, woq=woq, deterministic=target.deterministic,
+                  l2_bytes=target.l2_bytes, fp8=fp8, woq=woq, woq_group=woq_group if woq != "none" else 0,
+                  deterministic=target.deterministic,
                   a_e4m3=spec.quant is Quant.W4AFP8)
     return {"gemm1_tactic": T.GemmCall(epilogue="gated" if gated1 else "store", n=spec.fc1_out_features,
                                        k=spec.hidden_size, **common),

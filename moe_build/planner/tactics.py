@@ -21,11 +21,15 @@ from ..errors import MoeBuildError
 KERNELS = ("decode", "mma", "wgmma")
 MMA_TILES = ("16x64", "64x128", "128x128")
 WGMMA_TILES = ("coop128x256", "pingpong64x256", "pingpong64x128", "pingpong64x256c2", "pingpong64x192c2",
-               "coop128x128", "coop128x128c2", "coop128x192", "coop128x192c2")
+               "coop128x128", "coop128x128c2", "coop128x192", "coop128x192c2", "woq128x16", "woq128x32", "woq128x64",
+               "woq128x128", "woq128x256")
 FP8_SCALINGS = ("none", "rowwise", "block128")  # the GEMM's FP8 scales (mb_fp8_scaling), none for 16-bit
 WOQ_KINDS = ("none", "int4", "int8", "mxfp4")  # the weight-only GEMM's stored weights (mb_woq_kind), none otherwise
 # The weight-only GEMM's kernels (gemm/woq_abi.cu): decode, and mma.sync tiles of token rows x output columns.
 WOQ_MMA_TILES = ("64x128", "128x128")
+# The weight-only GEMM's wgmma tiles (gemm/woq_sm90.cu, CUTLASS's mixed-input mainloop): 128 weight rows x 16 to 256
+# token rows; the weight-only GEMM's other wgmma tactics run the 16-bit tiles on its weights dequantized.
+WOQ_WGMMA_TILES = ("woq128x16", "woq128x32", "woq128x64", "woq128x128", "woq128x256")
 # The FP8 GEMM's wgmma tiles by scaling (gemm/fp8_sm90.cu): the blockwise mainloop's tiles are 128 columns
 # wide; the c2 tiles run in 2x1 clusters that multicast their weight tile. The rules choose coop128x128,
 # pingpong64x128 and coop128x192 (as measured); the others are there to be forced and probed
@@ -106,6 +110,7 @@ class GemmCall:
     l2_bytes: int
     fp8: str = "none"    # FP8_SCALINGS: the FP8 GEMM (e4m3 operands; plain store or finalize) with these scales
     woq: str = "none"    # WOQ_KINDS: the weight-only GEMM (16-bit activations, plain store) with these weights
+    woq_group: int = 0   # the weight-only GEMM's k per scale (0: one scale per output row)
     deterministic: bool = False  # the target's deterministic request (a row's output independent of the batch)
     a_e4m3: bool = False         # the weight-only GEMM's activations come as e4m3 (W4AFP8)
 
@@ -266,7 +271,8 @@ def fp8_wgmma_tile_rule(call: GemmCall, rows: RowCount) -> str:
 # at 64 tokens 120 vs 232 us, DeepSeek-V2-Lite GEMM1 125 vs 210, Mixtral-8x7B GEMM1 at 16 tokens 258 vs 534), at 16
 # and more the tiles (Mixtral GEMM1 at 64 tokens 498 vs 606, Qwen3 GEMM1 at 256 tokens 234 vs 271).
 WOQ_DECODE_MAX_AVG_ROWS = 8
-# From 128 average rows per expert on sm90 with 16-bit activations, the wgmma tactic: the layer's weights
+# Where the mixed-input kernel does not take the weights (MXFP4, groups of 32; woq_mixed_input below): from 128
+# average rows per expert on sm90 with 16-bit activations, the wgmma tactic with the layer's weights
 # dequantized once into the workspace (gemm/woq_dequantize.cu), then the 16-bit wgmma GEMM. The mma tiles' mainloop
 # runs far below wgmma's (moe-build bench, H200: W4A16 at 4096 tokens 3.1-3.3x our bf16 layer's time on the four
 # bench shapes, 1.2-1.8x at 256), while the pass writes the experts' 16-bit weights once (Mixtral-8x7B's 2.8 GB:
@@ -275,12 +281,43 @@ WOQ_DECODE_MAX_AVG_ROWS = 8
 WOQ_DEQUANT_MIN_AVG_ROWS = 128
 
 
+# Where the mixed-input kernel takes the weights (woq_mixed_input below), every count past the decode kernel's runs
+# it: bench/woq_wgmma_probe.py (H200, int4 group 128 with zero points and int8 per channel, 11 GEMMs of the bench
+# shapes at 8 to 1024 average rows per expert, L2 flushed) has the best mma tile at 1.04x the best mixed-input tile's
+# time or more at every point (1.15x or more from 16 rows), and the weights dequantized for the 16-bit GEMM at 1.04x
+# or more (1.24x or more up to 256 rows).
 def woq_kernel_rule(call: GemmCall, rows: RowCount) -> str:
     if rows.avg_at_most(WOQ_DECODE_MAX_AVG_ROWS):
         return "decode"
-    if call.entry == "sm90" and not call.a_e4m3 and not rows.avg_at_most(WOQ_DEQUANT_MIN_AVG_ROWS - 1):
+    if call.entry == "sm90" and not call.a_e4m3 and (
+            woq_mixed_input(call) or not rows.avg_at_most(WOQ_DEQUANT_MIN_AVG_ROWS - 1)):
         return "wgmma"
     return "mma"
+
+
+# The mixed-input kernel (gemm/woq_sm90.cu) takes int4 and int8 weights with 16-bit activations, one scale per
+# output row or per 64 or 128 k (its k tile is 64), n a multiple of 128 and k of 64 (its 128 x 64 weight tiles);
+# MXFP4 and groups of 32 are dequantized for the 16-bit wgmma GEMM instead.
+def woq_mixed_input(call: GemmCall) -> bool:
+    return (call.woq in ("int4", "int8") and not call.a_e4m3 and call.woq_group in (0, 64, 128)
+            and call.n % 128 == 0 and call.k % 64 == 0)
+
+
+# Mixed-input tile, token rows per tile by average rows per expert: 32 up to 16, 64 up to 48, 128 up to 128, else 256
+# (same probe, each tile's worst time over the best tile's at its points: 128x32 1.04 at 8 rows and 1.02 at 16;
+# 128x64 1.00 at 32 and 1.08 at 48; 128x128 1.03 at 64 and 1.00 at 128; 128x256 1.05 at 256 and 1.00 from 512).
+# 128x16 is there to be forced and probed (best at 8 rows on 5 of 11 GEMMs, 1.38x on the worst).
+WOQ_TILE_32_MAX_AVG_ROWS = 16
+WOQ_TILE_64_MAX_AVG_ROWS = 48
+WOQ_TILE_128_MAX_AVG_ROWS = 128
+
+
+def woq_wgmma_tile_rule(call: GemmCall, rows: RowCount) -> str:
+    if rows.avg_at_most(WOQ_TILE_32_MAX_AVG_ROWS):
+        return "woq128x32"
+    if rows.avg_at_most(WOQ_TILE_64_MAX_AVG_ROWS):
+        return "woq128x64"
+    return "woq128x128" if rows.avg_at_most(WOQ_TILE_128_MAX_AVG_ROWS) else "woq128x256"
 
 
 # Weight-only decode K slices: 1, doubled (up to 8) while the CTAs, non-empty experts times the column blocks at
@@ -426,8 +463,10 @@ def choose_tactic(call: GemmCall, rows: RowCount) -> GemmTactic:
     if kernel == "mma":
         tile = woq_mma_tile_rule(call, rows) if call.woq != "none" else mma_tile_rule(call, rows)
         return GemmTactic("mma", tile, 0, "plain", "plain")
+    if call.woq != "none" and woq_mixed_input(call):
+        return GemmTactic("wgmma", woq_wgmma_tile_rule(call, rows), 0, "plain", "plain")
     if call.woq != "none":  # the 16-bit wgmma GEMM on the dequantized weights: row-major, plain store and launch
-        dense = replace(call, woq="none", itemsize=2, weights_blocked=False, epilogue="store")
+        dense = replace(call, woq="none", woq_group=0, itemsize=2, weights_blocked=False, epilogue="store")
         return GemmTactic("wgmma", wgmma_tile_rule(dense, rows), 0, "plain", "plain")
     tile = wgmma_tile_rule(call, rows)
     return GemmTactic("wgmma", tile, 0, wgmma_launch_rule(call, rows, tile), output_l2_rule(call, kernel))
@@ -474,6 +513,8 @@ def tactic_problem(call: GemmCall, tactic: GemmTactic) -> str | None:
             return woq_problem
     elif tactic.kernel == "wgmma" and tactic.tile in FP8_ONLY_TILES:
         return f"wgmma {tactic.tile} is the FP8 GEMM's tile"
+    elif tactic.kernel == "wgmma" and tactic.tile in WOQ_WGMMA_TILES:
+        return f"wgmma {tactic.tile} is the weight-only GEMM's tile"
     if tactic.kernel == "mma" and call.weights_blocked:
         return "the mma tiles read row-major weights only (weight_layout=row_major)"
     if tactic.kernel == "wgmma" and call.weights_blocked and tactic.tile not in BLOCKED_TILES:
@@ -508,6 +549,9 @@ def _woq_tactic_problem(call: GemmCall, tactic: GemmTactic) -> str | None:
     if tactic.kernel == "wgmma":
         if call.a_e4m3:
             return "e4m3 activations (W4AFP8) take the weight-only kernels (decode or mma)"
+        if tactic.tile in WOQ_WGMMA_TILES and not woq_mixed_input(call):
+            return (f"wgmma {tactic.tile} (the mixed-input kernel) takes int4 or int8 weights in groups of 64 or 128 "
+                    "or per channel, n a multiple of 128 and k of 64")
         if tactic.tile in FP8_ONLY_TILES:
             return f"wgmma {tactic.tile} is the FP8 GEMM's tile"
         if tactic.launch != "plain" or tactic.output_l2 != "plain":

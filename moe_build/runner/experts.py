@@ -14,6 +14,7 @@ import torch
 from ..spec import MoESpec
 from ..weights import MoEWeights
 from ..weights.fp8 import FP8_GROUP, ScaleGranularity
+from ..weights.woq import wgmma_scales
 from .batch import Batch
 from .workspace import TORCH_DTYPE
 
@@ -26,7 +27,8 @@ class FusedExperts:
     gives at the call's token count (`Batch.gemm1_tactic` / `gemm2_tactic`).
     """
 
-    def __init__(self, spec: MoESpec, weights: MoEWeights, kernels: ModuleType, weights_blocked: bool) -> None:
+    def __init__(self, spec: MoESpec, weights: MoEWeights, kernels: ModuleType, weights_blocked: bool,
+                 woq_wgmma: bool = False) -> None:
         self.spec = spec
         self.w = weights
         self.k = kernels
@@ -49,6 +51,11 @@ class FusedExperts:
         # static input scales are the woq weights' (None: per row at run time, as for FP8 layers).
         q = weights.woq
         self.woq_group = 0 if q is None or q.group_size is None else q.group_size
+        # Where the plan runs the mixed-input wgmma GEMM (woq_wgmma): W1's and W2's scales (and int4 zero terms) as it
+        # reads them, made once here (woq.wgmma_scales).
+        self.woq_wgmma_scales = {name: wgmma_scales(q.kind, getattr(q, f"{name}_scale"), getattr(q, f"{name}_zero"),
+                                                    self.out_dtype)
+                                 for name in ("w1", "w2")} if woq_wgmma and q is not None else {}
         scales = f if f is not None else q
         self.a1_scale = None if scales is None else scales.a1_scale
         self.a2_scale = None if scales is None else scales.a2_scale
@@ -208,7 +215,7 @@ class FusedExperts:
     def fc1_prequant(self, b: Batch) -> None:
         """GEMM1's input rows times the AWQ FC1 pre-quant scale, in place (once per expanded row, as the
         fused expansion would). The plan runs it only where the checkpoint stores the scales (use_awq)."""
-        b.v("permuted_input").mul_(self.w.woq.fc1_act_scale)
+        self.k.scale_columns(b.v("permuted_input"), self.w.woq.fc1_act_scale, stream=b.stream)
 
     def gemm1_woq(self, b: Batch) -> None:
         self._woq_gemm(b, "w1", b.v("permuted_input"), b.v("fc1_out"), b.gemm1_tactic)
@@ -219,7 +226,7 @@ class FusedExperts:
 
     def fc2_prequant(self, b: Batch) -> None:
         """GEMM2's input rows times the AWQ FC2 pre-quant scale, in place (the unfused alternative)."""
-        b.v("fc1_act").mul_(self.w.woq.fc2_act_scale)
+        self.k.scale_columns(b.v("fc1_act"), self.w.woq.fc2_act_scale, stream=b.stream)
 
     def gemm2_woq(self, b: Batch) -> None:
         self._woq_gemm(b, "w2", b.v("fc1_act"), b.v("gemm2_out"), b.gemm2_tactic)
@@ -240,6 +247,20 @@ class FusedExperts:
                               zeros=getattr(q, f"{name}_zero"), out=dense, stream=b.stream)
         self.k.grouped_gemm_sm90(a, dense, b.v("expert_offsets"), c=c, workspace=_opt(b, "gemm_workspace"),
                                  stream=b.stream, weight_layout=self.k.WeightLayout.ROW_MAJOR, tactic=tactic)
+
+    def gemm1_woq_wgmma(self, b: Batch) -> None:
+        self._woq_wgmma_gemm(b, "w1", b.v("permuted_input"), b.v("fc1_out"), b.gemm1_tactic)
+
+    def gemm2_woq_wgmma(self, b: Batch) -> None:
+        self._woq_wgmma_gemm(b, "w2", b.v("fc1_act"), b.v("gemm2_out"), b.gemm2_tactic)
+
+    def _woq_wgmma_gemm(self, b: Batch, name: str, a: torch.Tensor, c: torch.Tensor, tactic: object) -> None:
+        """W1 or W2 as stored through the mixed-input wgmma GEMM (plain store, as _woq_gemm)."""
+        q = self.w.woq
+        scales, zeros = self.woq_wgmma_scales[name]
+        self.k.grouped_gemm_woq_sm90(a, getattr(q, name), q.kind.value, scales, zeros, b.v("expert_offsets"),
+                                     self.woq_group, c=c, workspace=_opt(b, "gemm_workspace"), tactic=tactic,
+                                     stream=b.stream)
 
     def _woq_gemm(self, b: Batch, name: str, a: torch.Tensor, c: torch.Tensor, tactic: object) -> None:
         """W1 or W2 ("w1" / "w2") as stored, plain store: b1 is added by the activation, b2 by the finalize."""

@@ -104,7 +104,9 @@ class MoERunner:
         self._workspaces: dict[int, Workspace] = {}
         deterministic = bool(self.plan.target.get("deterministic", False))
         self.prepare_finalize = PrepareFinalize(spec, self.weights, kernels, deterministic)
-        self.experts = FusedExperts(spec, self.weights, kernels, weights_blocked=self.weights_blocked)
+        mixed = bool(S.steps_up_to(plan, self.max_tokens) & {S.GEMM1_WOQ_WGMMA, S.GEMM2_WOQ_WGMMA})
+        self.experts = FusedExperts(spec, self.weights, kernels, weights_blocked=self.weights_blocked,
+                                    woq_wgmma=mixed)
         self._steps = self._step_table()
         # Per token count, what every call at that count would recompute: its steps and tactics, and the
         # layout of a caller's workspace (kernel size queries). Kept for the last few counts. The cached
@@ -158,6 +160,7 @@ class MoERunner:
             S.FC1_PREQUANT: ex.fc1_prequant, S.GEMM1_WOQ: ex.gemm1_woq,
             S.FC1_ACTIVATION_PREQUANT: ex.fc1_activation_prequant, S.FC2_PREQUANT: ex.fc2_prequant,
             S.GEMM2_WOQ: ex.gemm2_woq, S.GEMM1_WOQ_DENSE: ex.gemm1_woq_dense, S.GEMM2_WOQ_DENSE: ex.gemm2_woq_dense,
+            S.GEMM1_WOQ_WGMMA: ex.gemm1_woq_wgmma, S.GEMM2_WOQ_WGMMA: ex.gemm2_woq_wgmma,
             S.EXPAND_ROWS_PREQUANT_FP8: ex.expand_rows_prequant_fp8, S.EXPAND_ROWS_16BIT: ex.expand_rows_16bit,
             S.FC1_PREQUANT_FP8: ex.fc1_prequant_fp8, S.GEMM1_W4AFP8: ex.gemm1_w4afp8,
             S.FC1_ACTIVATION_PREQUANT_FP8: ex.fc1_activation_prequant_fp8, S.FC2_PREQUANT_FP8: ex.fc2_prequant_fp8,
@@ -317,6 +320,10 @@ def runner_layout(spec: MoESpec, plan: Plan, max_tokens: int) -> dict[str, Buffe
 
     if steps & {S.GEMM1_WOQ_DENSE, S.GEMM2_WOQ_DENSE}:  # the dequantized weights' sm90 GEMMs take CUTLASS's
         gemm = both(kernels.grouped_gemm_sm90_workspace_bytes)
+        if steps & {S.GEMM1_WOQ_WGMMA, S.GEMM2_WOQ_WGMMA}:
+            gemm = max(gemm, kernels.grouped_gemm_woq_sm90_workspace_bytes(E))
+    elif steps & {S.GEMM1_WOQ_WGMMA, S.GEMM2_WOQ_WGMMA}:  # the mixed-input GEMM: CUTLASS's maps, the group arrays
+        gemm = kernels.grouped_gemm_woq_sm90_workspace_bytes(E)
     elif S.is_weight_only(plan) or S.is_w4afp8(plan):  # the weight-only GEMMs take no scratch
         gemm = 0
     elif S.is_fp8(plan):

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Literal
 
 from ..errors import MoeBuildError
 from ..planner import Plan
+from ..planner import tactics as T
 from ..spec import Quant
 
 if TYPE_CHECKING:
@@ -64,6 +65,8 @@ GEMM2_WOQ = "gemm2:woq"                # mb_grouped_gemm_woq
 # (mb_woq_dequantize), then the 16-bit wgmma GEMM on them (mb_grouped_gemm_sm90, row-major weights)
 GEMM1_WOQ_DENSE = "gemm1:woq_dense"
 GEMM2_WOQ_DENSE = "gemm2:woq_dense"
+GEMM1_WOQ_WGMMA = "gemm1:woq_wgmma"    # mb_grouped_gemm_woq_sm90 (the mixed-input kernel)
+GEMM2_WOQ_WGMMA = "gemm2:woq_wgmma"
 # W4AFP8 layers (int4 weights, e4m3 activations with static or per-row scales, AWQ pre-quant scales where stored):
 # the weight-only GEMMs reading e4m3 inputs, made where the plan's expand_rows and fc2_prequant say
 EXPAND_ROWS_PREQUANT_FP8 = "expand_rows:prequant_fp8"  # mb_expand_rows_fp8 with the FC1 pre-quant scale (fused)
@@ -245,21 +248,24 @@ def _fp8_steps(plan: Plan, c: dict[str, str]) -> list[str]:
 def _weight_only_steps(plan: Plan, c: dict[str, str]) -> list[str]:
     """A weight-only layer's steps after routing: maps, the expansion (then GEMM1's AWQ pre-quant scale, where
     the layer has AWQ scales: the matrix fuses it into the expansion for W4AFP8 only), GEMM1, the activation
-    with GEMM2's AWQ pre-quant scale in it or after it, GEMM2, the finalize; each GEMM on the weights as stored,
-    or where its tactic is a wgmma tile on them dequantized."""
+    with GEMM2's AWQ pre-quant scale in it or after it, GEMM2, the finalize; each GEMM as its tactic says
+    (_woq_gemm_step)."""
     steps = [PROLOGUE_FUSED if c["routing_prologue"] == "fused" else PROLOGUE_THREE_STEP, EXPAND_ROWS]
     if c["fc2_prequant"] != "none":  # the plan's use_awq gate: the layer carries both AWQ scales
         steps.append(FC1_PREQUANT)
-    steps.append(GEMM1_WOQ_DENSE if _dense(c["gemm1_tactic"]) else GEMM1_WOQ)
+    steps.append(_woq_gemm_step(c["gemm1_tactic"], GEMM1_WOQ, GEMM1_WOQ_WGMMA, GEMM1_WOQ_DENSE))
     steps += {"fused": [FC1_ACTIVATION_PREQUANT], "separate": [FC1_ACTIVATION, FC2_PREQUANT],
               "none": [FC1_ACTIVATION]}[c["fc2_prequant"]]
-    steps += [GEMM2_WOQ_DENSE if _dense(c["gemm2_tactic"]) else GEMM2_WOQ, FINALIZE]
+    steps += [_woq_gemm_step(c["gemm2_tactic"], GEMM2_WOQ, GEMM2_WOQ_WGMMA, GEMM2_WOQ_DENSE), FINALIZE]
     return steps + _shared_experts(plan)
 
 
-def _dense(tactic: str) -> bool:
-    """Whether a weight-only GEMM's tactic runs it on its weights dequantized (a wgmma tile: tactics.py)."""
-    return tactic.startswith("wgmma:")
+def _woq_gemm_step(tactic: str, stored: str, mixed: str, dense: str) -> str:
+    """A weight-only GEMM's step by its tactic (tactics.py): the decode or mma kernel on the weights as stored, the
+    mixed-input wgmma kernel (a woq tile), or the 16-bit wgmma GEMM on the weights dequantized (another wgmma tile)."""
+    if not tactic.startswith("wgmma:"):
+        return stored
+    return mixed if tactic.split(":")[1] in T.WOQ_WGMMA_TILES else dense
 
 
 def _w4afp8_steps(plan: Plan, c: dict[str, str]) -> list[str]:

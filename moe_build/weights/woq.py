@@ -149,6 +149,25 @@ def quantize_matrix(kind: WoqKind, w: torch.Tensor, group: int | None, asymmetri
     return pack_nibbles(u.reshape(w.shape)), scale, None
 
 
+def wgmma_scales(kind: WoqKind, scale: torch.Tensor, zero: torch.Tensor | None, dtype: torch.dtype
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One matrix stack's scales as the wgmma weight-only GEMM reads them (mb_grouped_gemm_woq_sm90): CUTLASS's
+    mixed-input mainloop computes w = (u - 8) * s + zs (int4, u the stored code) or q * s (int8) in the activations'
+    16-bit type, so s comes in `dtype` and MN-major ([E, groups, n], one output row's scales adjacent), and int4's zero
+    term zs = (8 - z) * s (z the zero point; 0 without zeros) likewise, from s as rounded to `dtype` (the sum is then
+    (u - z) * s with s's rounding a relative error of the whole weight). Made once when a runner whose plan runs that
+    GEMM is built: the stored form above stays the only one on load."""
+    s = scale.transpose(1, 2).contiguous().to(dtype)
+    if kind is WoqKind.INT8:
+        return s, None
+    if kind is not WoqKind.INT4:
+        raise ValueError(f"kind: {kind.value} has no wgmma weight-only GEMM (int4 or int8)")
+    if zero is None:
+        return s, torch.zeros_like(s)
+    offset = INT4_ZERO - zero.transpose(1, 2).to(torch.float32)
+    return s, (offset * s.float()).to(dtype).contiguous()
+
+
 @dataclass(frozen=True)
 class WoqWeights:
     """One layer's weight-only quantized experts in the canonical form (module docstring). Constructing one

@@ -5,7 +5,8 @@ applies the AWQ pre-quant scales in fp64. The runner computes the same math with
 weight rounded once to the activation type (2^-9 relative in bf16), the pre-quant products, GEMM1's output and the
 activation rounded to bf16 before GEMM2, fp32 sums. These are the bf16 runner's roundings plus one on the weights
 and one on each scaled input, so the bound is the bf16 runner's (tests/gpu/test_runner.py: 1e-2 relative L2 over
-the output) doubled: 2e-2, and 4e-2 on any one token. Every output element must be written (outputs poisoned with
+the output) doubled: 2e-2, and 4e-2 on any one token. (The mixed-input wgmma kernel rounds an int4 weight's two
+parts, (u - 8) s and (8 - z) s, before their sum: parts no larger than the weight's own; tests/gpu/test_woq_wgmma.py.) Every output element must be written (outputs poisoned with
 NaN), fresh random data per case, routing pinned by giving both sides the same logits.
 """
 from __future__ import annotations

@@ -471,3 +471,28 @@ def test_finalize_past_grid_cap() -> None:
     K.finalize(g, w, random_ids(t, 4, k), utp, out=out)
     torch.cuda.synchronize()
     assert rel_err(out, (w.double() * g.double()[utp.long()]).view(t, h)) < 1e-6
+
+
+# ---- the AWQ pre-quant scales' separate step (stages/scale_columns.cu) -------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("rows, cols", [(1, 8), (255, 2048), (8192, 768), (37, 2888)])
+def test_scale_columns_rounds_each_fp32_product_once(dtype: torch.dtype, rows: int, cols: int) -> None:
+    """Bit for bit the fp32 product of each element and its column's scale rounded once to the row type (written
+    here in fp64, exact for a product of a 16-bit value and an fp32 scale); rows past `rows` untouched."""
+    gen = torch.Generator(device="cuda").manual_seed(rows * 7 + cols)
+    x = torch.randn(rows + 3, cols, generator=gen, device="cuda").to(dtype)
+    scale = torch.rand(cols, generator=gen, device="cuda") * 4 + 0.01
+    ref = (x[:rows].double() * scale.double()).float().to(dtype)  # exact product, rounded to fp32 then to dtype
+    tail = x[rows:].clone()
+    K.scale_columns(x[:rows], scale)
+    torch.cuda.synchronize()
+    assert torch.equal(x[:rows], ref) and torch.equal(x[rows:], tail)
+
+
+def test_scale_columns_refuses_bad_arguments() -> None:
+    x = torch.zeros(4, 12, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(K.KernelError, match="multiple of 8"):
+        K.scale_columns(x, torch.ones(12, device="cuda"))
+    with pytest.raises(ValueError, match="scale"):
+        K.scale_columns(torch.zeros(4, 16, dtype=torch.bfloat16, device="cuda"), torch.ones(8, device="cuda"))

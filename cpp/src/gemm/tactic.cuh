@@ -12,7 +12,7 @@
 
 namespace mbk {
 
-constexpr int kLastTile = MB_TILE_COOP_128x192_C2;  // the last mb_gemm_tile; the wgmma tiles run up to it
+constexpr int kLastTile = MB_TILE_WOQ_128x256;  // the last mb_gemm_tile; the wgmma tiles run up to it
 
 // The tile's name in the planner's spelling (moe_build/planner/tactics.py), for messages.
 inline const char* tile_name(int tile) {
@@ -30,6 +30,11 @@ inline const char* tile_name(int tile) {
     case MB_TILE_COOP_128x128_C2: return "coop128x128c2";
     case MB_TILE_COOP_128x192: return "coop128x192";
     case MB_TILE_COOP_128x192_C2: return "coop128x192c2";
+    case MB_TILE_WOQ_128x64: return "woq128x64";
+    case MB_TILE_WOQ_128x128: return "woq128x128";
+    case MB_TILE_WOQ_128x16: return "woq128x16";
+    case MB_TILE_WOQ_128x32: return "woq128x32";
+    case MB_TILE_WOQ_128x256: return "woq128x256";
     default: return "?";
   }
 }
