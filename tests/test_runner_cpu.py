@@ -565,3 +565,21 @@ def test_each_stream_gets_its_own_gemm_placement_regions() -> None:
     assert experts.placement(batch(7), "gemm1") is first["gemm1"]  # kept: each call leaves it as the next needs it
     other = experts.placement(batch(9), "gemm1")
     assert other is not first["gemm1"] and len(made) == 3
+
+
+@pytest.mark.parametrize("quant", [Quant.W4A16_AWQ, Quant.W8A16, Quant.WFP4A16])
+def test_weight_only_plans_take_the_mixed_input_gemm_past_decode(quant: Quant) -> None:
+    """On sm90, int4 / int8 weights (groups of 128 here) run the decode kernel to 8 rows per expert and the
+    mixed-input wgmma GEMM past it (steps gemm1:woq_wgmma / gemm2:woq_wgmma); MXFP4, which that kernel does not take,
+    runs the mma tiles, then from 128 rows its weights dequantized for the 16-bit wgmma GEMM."""
+    spec = dataclasses.replace(SWIGLU, quant=quant)  # 8 experts, top-2: rows per expert = ceil(tokens / 4)
+    plan = make_plan(spec, dataclasses.replace(H100, profile=TokenProfile(1, 16, 1024)), tokens=16)
+    gemms = {t: [s for s in kernel_sequence(plan, t) if s.startswith("gemm")] for t in (32, 33, 508, 509)}
+    if quant is Quant.WFP4A16:
+        assert gemms == {32: ["gemm1:woq", "gemm2:woq"], 33: ["gemm1:woq", "gemm2:woq"],
+                         508: ["gemm1:woq", "gemm2:woq"], 509: ["gemm1:woq_dense", "gemm2:woq_dense"]}
+    else:
+        assert gemms == {32: ["gemm1:woq", "gemm2:woq"], **{t: ["gemm1:woq_wgmma", "gemm2:woq_wgmma"]
+                                                             for t in (33, 508, 509)}}
+        assert plan.stage("gemm1_tactic").choice_for(33) == "wgmma:woq128x32:plain:plain"
+        assert plan.stage("gemm1_tactic").choice_for(1024) == "wgmma:woq128x256:plain:plain"

@@ -11,7 +11,7 @@ import torch
 from moe_build.errors import MoeBuildError
 from moe_build.spec import MoESpec, Quant
 from moe_build.weights.woq import (E8M0_BIAS, WoqKind, dequantize_matrix, quantize_matrix, stored_form,
-                                   unpack_nibbles)
+                                   unpack_nibbles, wgmma_scales)
 
 
 @pytest.mark.parametrize("kind, group, asymmetric", [(WoqKind.INT4, 128, False), (WoqKind.INT4, 32, True),
@@ -68,3 +68,26 @@ def test_stored_form_says_what_the_readers_store(quant: Quant, flags: dict, want
 def test_stored_form_of_a_layer_not_weight_only_is_refused() -> None:
     with pytest.raises(MoeBuildError, match="quant"):
         stored_form(MoESpec(256, 128, 4, 2, quant=Quant.FP8))
+
+
+def test_wgmma_scales_are_mn_major_with_the_zero_term_from_the_rounded_scale() -> None:
+    """The mixed-input wgmma GEMM's scales: [E, groups, n] in the activation dtype, and int4's zero term (8 - z) * s
+    from s as rounded to that dtype (an exact product in fp64 here, rounded once); 0 without zero points, none for
+    int8, and MXFP4 refused (it has no such kernel)."""
+    g = torch.Generator().manual_seed(5)
+    s = torch.rand(3, 5, 4, generator=g) * 0.02 + 1e-3
+    z = torch.randint(0, 16, (3, 5, 4), generator=g, dtype=torch.uint8)
+    for dtype in (torch.bfloat16, torch.float16):
+        scales, zeros = wgmma_scales(WoqKind.INT4, s, z, dtype)
+        assert scales.dtype == zeros.dtype == dtype and scales.shape == zeros.shape == (3, 4, 5)
+        assert scales.is_contiguous() and zeros.is_contiguous()
+        for e, n, gi in ((0, 0, 0), (2, 4, 3), (1, 2, 1)):
+            assert scales[e, gi, n].item() == float(s[e, n, gi].to(dtype))
+            exact = (8.0 - float(z[e, n, gi])) * scales[e, gi, n].item()  # a 4-bit integer times the rounded scale
+            assert zeros[e, gi, n].item() == float(torch.tensor(exact, dtype=torch.float64).to(dtype))
+        _, symmetric = wgmma_scales(WoqKind.INT4, s, None, dtype)
+        assert not symmetric.any()
+        int8_scales, none = wgmma_scales(WoqKind.INT8, s, None, dtype)
+        assert none is None and torch.equal(int8_scales, s.transpose(1, 2).to(dtype))
+    with pytest.raises(ValueError, match="mxfp4"):
+        wgmma_scales(WoqKind.MXFP4, s, None, torch.bfloat16)
