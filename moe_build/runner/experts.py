@@ -28,7 +28,7 @@ class FusedExperts:
     """
 
     def __init__(self, spec: MoESpec, weights: MoEWeights, kernels: ModuleType, weights_blocked: bool,
-                 woq_wgmma: bool = False) -> None:
+                 woq_wgmma: tuple[str, ...] = ()) -> None:
         self.spec = spec
         self.w = weights
         self.k = kernels
@@ -51,11 +51,11 @@ class FusedExperts:
         # static input scales are the woq weights' (None: per row at run time, as for FP8 layers).
         q = weights.woq
         self.woq_group = 0 if q is None or q.group_size is None else q.group_size
-        # Where the plan runs the mixed-input wgmma GEMM (woq_wgmma): W1's and W2's scales (and int4 zero terms) as it
-        # reads them, made once here (woq.wgmma_scales).
+        # The matrices ("w1" / "w2") the plan runs through the mixed-input wgmma GEMM (woq_wgmma): their scales (and
+        # int4 zero terms) as it reads them, made once here (woq.wgmma_scales).
         self.woq_wgmma_scales = {name: wgmma_scales(q.kind, getattr(q, f"{name}_scale"), getattr(q, f"{name}_zero"),
                                                     self.out_dtype)
-                                 for name in ("w1", "w2")} if woq_wgmma and q is not None else {}
+                                 for name in woq_wgmma} if q is not None else {}
         scales = f if f is not None else q
         self.a1_scale = None if scales is None else scales.a1_scale
         self.a2_scale = None if scales is None else scales.a2_scale

@@ -104,7 +104,8 @@ class MoERunner:
         self._workspaces: dict[int, Workspace] = {}
         deterministic = bool(self.plan.target.get("deterministic", False))
         self.prepare_finalize = PrepareFinalize(spec, self.weights, kernels, deterministic)
-        mixed = bool(S.steps_up_to(plan, self.max_tokens) & {S.GEMM1_WOQ_WGMMA, S.GEMM2_WOQ_WGMMA})
+        steps = S.steps_up_to(plan, self.max_tokens)
+        mixed = tuple(name for name, step in (("w1", S.GEMM1_WOQ_WGMMA), ("w2", S.GEMM2_WOQ_WGMMA)) if step in steps)
         self.experts = FusedExperts(spec, self.weights, kernels, weights_blocked=self.weights_blocked,
                                     woq_wgmma=mixed)
         self._steps = self._step_table()
@@ -318,14 +319,12 @@ def runner_layout(spec: MoESpec, plan: Plan, max_tokens: int) -> dict[str, Buffe
         return max(size(E, r, spec.fc1_out_features, spec.hidden_size),
                    size(E, r, spec.hidden_size, spec.intermediate_size))
 
-    if steps & {S.GEMM1_WOQ_DENSE, S.GEMM2_WOQ_DENSE}:  # the dequantized weights' sm90 GEMMs take CUTLASS's
-        gemm = both(kernels.grouped_gemm_sm90_workspace_bytes)
-        if steps & {S.GEMM1_WOQ_WGMMA, S.GEMM2_WOQ_WGMMA}:
-            gemm = max(gemm, kernels.grouped_gemm_woq_sm90_workspace_bytes(E))
-    elif steps & {S.GEMM1_WOQ_WGMMA, S.GEMM2_WOQ_WGMMA}:  # the mixed-input GEMM: CUTLASS's maps, the group arrays
-        gemm = kernels.grouped_gemm_woq_sm90_workspace_bytes(E)
-    elif S.is_weight_only(plan) or S.is_w4afp8(plan):  # the weight-only GEMMs take no scratch
-        gemm = 0
+    if S.is_weight_only(plan) or S.is_w4afp8(plan):  # the decode and mma kernels take no scratch; the wgmma ones do
+        dense = (both(kernels.grouped_gemm_sm90_workspace_bytes)
+                 if steps & {S.GEMM1_WOQ_DENSE, S.GEMM2_WOQ_DENSE} else 0)
+        mixed = (kernels.grouped_gemm_woq_sm90_workspace_bytes(E)
+                 if steps & {S.GEMM1_WOQ_WGMMA, S.GEMM2_WOQ_WGMMA} else 0)
+        gemm = max(dense, mixed)
     elif S.is_fp8(plan):
         gemm = both(kernels.grouped_gemm_fp8_workspace_bytes)
     elif plan.stage("gemm_kernel").choice == "tma_warp_specialized":
