@@ -7,6 +7,7 @@ decode tactic at 1 and 16 tokens).
 
     MOE_BUILD_KERNELS_LIB=.../libmoe_build_kernels.so python bench/woq_tactics_probe.py
     MB_PROBE_OLD_LIB=.../old/libmoe_build_kernels.so ...   # also runs it on an older library, side by side
+    WOQ_PROBE_KINDS=int4 WOQ_PROBE_TOKENS=1,16 ...          # a part of it (default int4,mxfp4 and 1,16,64,256)
 """
 import json, os, torch
 from gemm_probe_timing import decode_table, read_rate, run_old, tms
@@ -17,16 +18,20 @@ from moe_build.weights.woq import WoqKind
 read_bps = read_rate()
 gemms = {"qwen3_g1": (128, 8, 1536, 2048), "qwen3_g2": (128, 8, 2048, 768), "mixtral_g1": (8, 2, 28672, 4096),
          "mixtral_g2": (8, 2, 4096, 14336), "dsv2_g1": (64, 6, 2816, 2048)}
+kinds = os.environ.get("WOQ_PROBE_KINDS", "int4,mxfp4").split(",")
+token_counts = [int(t) for t in os.environ.get("WOQ_PROBE_TOKENS", "1,16,64,256").split(",")]
 rows = []
 for name, (E, topk, n, k) in gemms.items():
     for kind, group in ((WoqKind.INT4, 128), (WoqKind.MXFP4, 32)):
+        if kind.value not in kinds:
+            continue
         b = torch.randint(0, 256, (E, n, k // 2), dtype=torch.uint8, device="cuda")
         if kind is WoqKind.INT4:
             scales, zeros = torch.rand(E, n, k // group, device="cuda") * 0.01, torch.randint(0, 16, (E, n, k // group), dtype=torch.uint8, device="cuda")
         else:
             scales, zeros = torch.randint(118, 126, (E, n, k // 32), dtype=torch.uint8, device="cuda"), None
         w16 = torch.randn(E, n, k, device="cuda").to(torch.bfloat16) if kind is WoqKind.INT4 else None
-        for tokens in (1, 16, 64, 256):
+        for tokens in token_counts:
             R = tokens * topk
             ids = torch.randint(0, E, (R,), device="cuda")
             counts = torch.bincount(ids, minlength=E)

@@ -11,6 +11,9 @@ Error bound, per output element: |C - ref| <= 2^-8 (|ref| + S), S = sum_k |a_k w
 dequantized weight to the activation type (2^-9 relative for bf16, 2^-12 for fp16) and sums in fp32; the
 output is rounded once more (2^-9 |ref|). Both terms doubled for slack; fp16 is held to the same bound. (Both
 kernels' int4 weights may land one unit in the last place from the fp32 product's rounding: inside the slack.)
+The decode kernel's int4 codes path (group 128 or per row) rounds no weight: the mma takes the exact integers u - z,
+sums their products with the activations in fp32, and each sum is scaled once after (one more fp32 rounding), far
+inside the same bound.
 
 W4AFP8 (A e4m3 with a per-row fp32 scale, int4 weights): the reference is scale_a[p] * (A8[p] @ W^T) in fp64. The
 kernels convert every e4m3 value to the 16-bit type exactly, so their error sources are the 16-bit GEMM's, plus one
@@ -129,6 +132,28 @@ def test_mxfp4_against_fp64(k_split: int, n: int, k: int) -> None:
 def test_bias_dtype_launch_and_sizes_off_128(dtype: torch.dtype, launch: str) -> None:
     run(WoqKind.INT4, [5, 8, 1], 208, 352, 32, zeros=True, bias=True, dtype=dtype,
         tactic=f"decode:ksplit2:{launch}:plain")
+
+
+@pytest.mark.parametrize("k_split", [1, 2, 4, 8])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("group, zeros", [(128, True), (128, False), (0, True), (0, False)])
+@pytest.mark.parametrize("n, k", [(208, 384), (144, 2944)])
+def test_int4_codes_kernel_against_fp64(k_split: int, dtype: torch.dtype, group: int, zeros: bool, n: int,
+                                        k: int) -> None:
+    """The decode kernel's int4 codes path (group 128 or per row, k % 128 == 0: the mma on the exact u - z, the scales
+    after it, unpredicated loads): n off 128 (a CTA's last row blocks moved back inside n), k of 3 batches (K splits
+    of 4 and 8 leave warps without a batch) and of 23 (the register ring wraps mid-slice), several 8-row chunks,
+    empty experts, bias, launched after a trigger, with and without zero points."""
+    run(WoqKind.INT4, [9, 0, 16, 1, 40, 2], n, k, group, zeros=zeros, bias=True, dtype=dtype,
+        tactic=f"decode:ksplit{k_split}:after_trigger:plain")
+
+
+@pytest.mark.parametrize("k_split", [1, 8])
+@pytest.mark.parametrize("group, zeros", [(128, True), (0, True), (0, False)])
+def test_w4afp8_codes_kernel_against_fp64(k_split: int, group: int, zeros: bool) -> None:
+    """The codes path with e4m3 activations (W4AFP8): per-row and group-128 scales, with and without zeros."""
+    run(WoqKind.INT4, [9, 0, 16, 1, 40, 2], 144, 2944, group, zeros=zeros, bias=True,
+        tactic=f"decode:ksplit{k_split}:plain:plain", e4m3=True)
 
 
 # Many rows per expert for the mma tiles: empty, single-row, 64-row tiles on and off their edges, several tiles;

@@ -1,5 +1,7 @@
-// Weight-only grouped GEMM, decode kernel (tactic kernel MB_GEMM_DECODE; the operation, the stored forms and the
-// launch are gemm/woq.cuh's and gemm/woq_abi.cu's): for the few rows per expert of decode.
+// Weight-only grouped GEMM, decode kernels (tactic kernel MB_GEMM_DECODE; the operation, the stored forms and the
+// launch are gemm/woq.cuh's and gemm/woq_abi.cu's): for the few rows per expert of decode. int4 with group 128 or
+// one scale per row and k % 128 == 0 (AWQ's and GPTQ's forms) runs woq_decode_int4_codes_kernel (below: the
+// same layout on about half the instructions); every other form the first kernel.
 //   MB_WOQ_INT4 : B uint8 [E, n, k/2], two 4-bit codes u per byte (low nibble the even column);
 //                 w = (u - z) * s, s fp32 [E, n, k/group] (group 0: [E, n, 1]), z uint8 of the same shape, or
 //                 8 when zeros is NULL (symmetric int4 stored as q + 8);
@@ -44,6 +46,47 @@ namespace {
 template <int KIND>
 constexpr int kStages = KIND == MB_WOQ_INT8 ? 2 : 4;
 
+// The CTA's sums to C: a lane's accumulators (fragment rows g and g + 8, tokens 2q and 2q + 1) to shared memory,
+// then one thread per (token, output column pair), the K slices' partials summed in fixed order (bit-reproducible),
+// times the token row's scale (A8), plus the bias.
+template <typename T, int WK, bool A8, int R>
+__device__ __forceinline__ void store_sums(const WoqGemmParams& p, float (&s_part)[WK][R][kDecodeTokens + 1],
+                                           const float (&acc)[4], int expert, int64_t row_begin, int rows, int col0,
+                                           int ks, int rg) {
+  using P2 = Pair<T>;
+  const int lane = threadIdx.x & 31, q = lane & 3, g = lane >> 2;
+  const int N = p.n;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) s_part[ks][rg * 16 + g + (c >> 1) * 8][2 * q + (c & 1)] = acc[c];
+  __syncthreads();
+
+  const T* bias = p.bias ? static_cast<const T*>(p.bias) + static_cast<int64_t>(expert) * N : nullptr;
+  for (int idx = threadIdx.x; idx < kDecodeTokens * (R / 2); idx += kDecodeThreads) {
+    const int t = idx / (R / 2), c = 2 * (idx % (R / 2));
+    const int col = col0 + c;
+    if (t >= rows || col >= N) continue;  // N even: col + 1 < N too
+    float v[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      float s = 0.f;
+#pragma unroll
+      for (int wi = 0; wi < WK; ++wi) s += s_part[wi][c + j][t];
+      v[j] = s;
+    }
+    if constexpr (A8) {
+      const float sa = p.scale_a[row_begin + t];
+      v[0] *= sa;
+      v[1] *= sa;
+    }
+    if (bias) {
+      const float2 b = P2::to_float2(*reinterpret_cast<const typename P2::type*>(bias + col));
+      v[0] += b.x;
+      v[1] += b.y;
+    }
+    *reinterpret_cast<typename P2::type*>(static_cast<T*>(p.C) + (row_begin + t) * N + col) = P2::make(v[0], v[1]);
+  }
+}
+
 template <typename T, int KIND, int WK, bool A8>
 __global__ void __launch_bounds__(kDecodeThreads, 2) grouped_woq_decode_kernel(WoqGemmParams p) {
   constexpr int R = 16 * (kDecodeWarps / WK);  // weight rows per CTA (= output columns)
@@ -52,7 +95,6 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) grouped_woq_decode_kernel(W
   static_assert(S % 2 == 0, "the token double buffer is indexed by the ring slot's parity");
   constexpr int RAW = KIND == MB_WOQ_INT8 ? 2 : 1;  // 16-byte weight loads per row per batch
   __shared__ float s_part[WK][R][kDecodeTokens + 1];
-  using P2 = Pair<T>;
 
   const TileRows tile = cta_find_tile<kDecodeTokens>(p.offsets, p.num_experts);
   const int expert = tile.expert;
@@ -177,38 +219,150 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) grouped_woq_decode_kernel(W
       }
     }
   }
-  // Accumulator: fragment rows g and g + 8, tokens 2q and 2q + 1 -> shared.
-#pragma unroll
-  for (int c = 0; c < 4; ++c) s_part[ks][rg * 16 + g + (c >> 1) * 8][2 * q + (c & 1)] = acc[c];
-  __syncthreads();
-
-  const T* bias = p.bias ? static_cast<const T*>(p.bias) + static_cast<int64_t>(expert) * N : nullptr;
-  // One thread per (token, output column pair); the K slices' partials summed in fixed order.
-  for (int idx = threadIdx.x; idx < kDecodeTokens * (R / 2); idx += kDecodeThreads) {
-    const int t = idx / (R / 2), c = 2 * (idx % (R / 2));
-    const int col = col0 + c;
-    if (t >= rows || col >= N) continue;  // N even: col + 1 < N too
-    float v[2];
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      float s = 0.f;
-#pragma unroll
-      for (int wi = 0; wi < WK; ++wi) s += s_part[wi][c + j][t];
-      v[j] = s;
-    }
-    if constexpr (A8) {
-      const float sa = p.scale_a[row_begin + t];
-      v[0] *= sa;
-      v[1] *= sa;
-    }
-    if (bias) {
-      const float2 b = P2::to_float2(*reinterpret_cast<const typename P2::type*>(bias + col));
-      v[0] += b.x;
-      v[1] += b.y;
-    }
-    *reinterpret_cast<typename P2::type*>(static_cast<T*>(p.C) + (row_begin + t) * N + col) = P2::make(v[0], v[1]);
-  }
+  store_sums<T, WK, A8>(p, s_part, acc, expert, row_begin, rows, col0, ks, rg);
 }
+
+// int4 with one scale per 128 k (group 128) or per row (group 0), k % 128 == 0: the common AWQ / GPTQ forms, on a
+// main loop of 622 instructions a warp per 4 KB of weights instead of the kernel above's 1098 (sm_90a, bf16):
+//   - the mma takes the exact integers u - z in T (the nibble placed into the magic's mantissa, then one packed add
+//     of -(magic + z): three instructions a pair instead of five), and each 128-k batch's fp32 sums are multiplied
+//     by the row's scale after it (group 128), or the whole slice's once (group 0): no weight is rounded to T;
+//   - loads are unpredicated: rows past n, token rows past the chunk and batches past the slice read addresses
+//     moved back inside the tensors (their sums are never stored, or never computed), and k % 128 == 0 leaves no
+//     partial batch to zero.
+// H200, graph replay of the W4A16 layers at 1 and 16 tokens: 3-7% faster than on the kernel above (Mixtral-8x7B
+// 116.3 -> 108.2 us at 1 token); halving the instructions did not halve the time, so the kernel is not bound by
+// issue alone (docs/experiments.md: the zero term as a second mma, and a shared-memory ring, both slower).
+template <typename T, int WK, bool A8, bool PER_ROW>
+__global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_int4_codes_kernel(WoqGemmParams p) {
+  constexpr int R = 16 * (kDecodeWarps / WK);  // weight rows per CTA (= output columns)
+  constexpr int U = 4;                         // k32 steps per batch (128 k, one scale group)
+  constexpr int S = 4;                         // batches in the register ring
+  constexpr int SS = PER_ROW ? 1 : S;          // the scales' and zeros' ring: one pair per row for group 0
+  constexpr int AU = A8 ? 2 : U;               // 16-byte token loads per batch
+  using H = Woq16<T>;
+  __shared__ float s_part[WK][R][kDecodeTokens + 1];
+
+  const TileRows tile = cta_find_tile<kDecodeTokens>(p.offsets, p.num_experts);
+  const int expert = tile.expert;
+  if (expert < 0) return;
+  const int64_t row_begin = tile.begin;
+  const int rows = static_cast<int>(tile.end - row_begin);
+  const int N = p.n, K = p.k;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int q = lane & 3, g = lane >> 2;
+  const int rg = warp / WK, ks = warp % WK;
+  const int col0 = blockIdx.y * R;
+  const int groups = PER_ROW ? 1 : K / 128;
+
+  // The lane's weight rows r and r + 8 (a warp's 16 rows moved back inside n where they pass its end: n % 16 == 0,
+  // so the block is wholly in or wholly moved), its token row (moved back to the chunk's first where g >= rows).
+  const int64_t wrow = static_cast<int64_t>(expert) * N + min(col0 + rg * 16, N - 16) + g;
+  const int64_t wstep8 = 8 * static_cast<int64_t>(K / 2);  // row r to r + 8, in bytes
+  const int64_t arow_index = row_begin + min(g, rows - 1);
+
+  // This warp's K slice in whole batches; batch j of the slice is read at min(j, nb - 1).
+  const int kslice = ((K + WK * 128 - 1) / (WK * 128)) * 128;
+  const int kb = ks * kslice;
+  const int nb = max(0, min(K, kb + kslice) - kb) / 128;
+  const int64_t gi = wrow * groups + (PER_ROW ? 0 : kb / 128);  // the lane's first scale (and zero) of the slice
+  // Rows r and r + 8 as two pointers each (fixed offsets fold into the loads), each batch's address one 32-bit
+  // offset from them.
+  const uint8_t* wp0 = p.B + wrow * (K / 2) + kb / 2 + 16 * q;
+  const uint8_t* wp1 = wp0 + wstep8;
+  const float* sp0 = static_cast<const float*>(p.scales) + gi;
+  const float* sp1 = sp0 + 8 * groups;
+  // Without zero points (symmetric int4 stored as q + 8) the zero is read from the scales' bytes and masked to 0,
+  // then 8 is or-ed in: one unpredicated load either way.
+  const uint8_t* zp0 = p.zeros ? p.zeros + gi : reinterpret_cast<const uint8_t*>(sp0);
+  const uint8_t* zp1 = p.zeros ? zp0 + 8 * groups : reinterpret_cast<const uint8_t*>(sp1);
+  const uint32_t zmask = p.zeros ? 0xffu : 0u, zor = p.zeros ? 0u : 8u;
+  const char* ap = static_cast<const char*>(p.A) + (arow_index * K + kb + 32 * q) * (A8 ? 1 : sizeof(T));
+  constexpr unsigned kTokenBytes = A8 ? 128u : 128u * sizeof(T);  // a batch of one token row
+
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  uint4 w[S][2], a[2][AU];
+  float sv[SS][2];
+  uint32_t zv[SS][2];  // -(magic + z) in both halves
+  auto load_consts = [&](int slot, unsigned jc) {
+    const unsigned zo = p.zeros ? jc : 4u * jc;  // the zero's byte, or the scale's first byte
+    sv[slot][0] = __ldg(sp0 + jc);
+    sv[slot][1] = __ldg(sp1 + jc);
+    zv[slot][0] = (H::kMagic | kNegZero2) + ((__ldg(zp0 + zo) & zmask) | zor) * 0x00010001u;
+    zv[slot][1] = (H::kMagic | kNegZero2) + ((__ldg(zp1 + zo) & zmask) | zor) * 0x00010001u;
+  };
+  auto load_weights = [&](int slot, int j) {
+    const unsigned jc = static_cast<unsigned>(min(j, nb - 1));
+    w[slot][0] = ld_weights_in_bounds(wp0 + 64u * jc);
+    w[slot][1] = ld_weights_in_bounds(wp1 + 64u * jc);
+    if constexpr (!PER_ROW) load_consts(slot, jc);
+  };
+  auto load_tokens = [&](int buf, int j) {
+    const char* src = ap + kTokenBytes * static_cast<unsigned>(min(j, nb - 1));
+#pragma unroll
+    for (int u = 0; u < AU; ++u) a[buf][u] = ld_tokens_in_bounds(src + 16 * u);
+  };
+  auto compute = [&](int slot, int buf) {
+    const int cs = PER_ROW ? 0 : slot;
+    float part[4] = {0.f, 0.f, 0.f, 0.f};
+    float(&sum)[4] = PER_ROW ? acc : part;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      uint32_t frag[2][4];  // k 8u + 0..3 and 8u + 4..7: {row g, row g + 8, row g, row g + 8}
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t words[4] = {w[slot][h].x, w[slot][h].y, w[slot][h].z, w[slot][h].w};
+        const uint32_t wd = words[u], ws = wd >> 4;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {  // byte j's low nibble (the even k) to bits 0-3, its high nibble to bits 16-19
+          const uint32_t placed = and_or<0x000f000fu, H::kMagic>(__byte_perm(wd, ws, 0x0400u + 0x0101u * j));
+          frag[j >> 1][(j & 1) * 2 + h] = fma2<T>(placed, H::kOne, zv[cs][h]);  // (magic + u) - (magic + z), exact
+        }
+      }
+      uint4 tok;  // the token row's 8 T at step u's k
+      if constexpr (A8) {
+        const uint4& r8 = a[buf][u >> 1];
+        tok = u & 1 ? e4m3_pairs<T>(r8.z, r8.w) : e4m3_pairs<T>(r8.x, r8.y);
+      } else {
+        tok = a[buf][u];
+      }
+      mma16816<MmaName<T>::kBf16>(sum, frag[0], tok.x, tok.y);
+      mma16816<MmaName<T>::kBf16>(sum, frag[1], tok.z, tok.w);
+    }
+    if constexpr (!PER_ROW) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[c] = fmaf(part[c], sv[slot][c >> 1], acc[c]);  // c < 2: row g, else g + 8
+    }
+  };
+  // Weights and their constants (nothing upstream writes them) are requested before waiting for the kernel that
+  // writes A.
+  if (nb > 0) {
+    if constexpr (PER_ROW) load_consts(0, 0u);
+#pragma unroll
+    for (int s = 0; s < S; ++s) load_weights(s, s);
+  }
+  mb::wait_for_predecessor();
+  mb::let_dependents_start();
+  if (nb > 0) {
+    load_tokens(0, 0);
+    for (int j0 = 0; j0 < nb; j0 += S) {
+#pragma unroll
+      for (int s = 0; s < S; ++s) {
+        if (j0 + s < nb) {  // warp-uniform
+          load_tokens((s + 1) & 1, j0 + s + 1);
+          compute(s, s & 1);
+          load_weights(s, j0 + s + S);
+        }
+      }
+    }
+    if constexpr (PER_ROW) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[c] *= sv[0][c >> 1];
+    }
+  }
+  store_sums<T, WK, A8>(p, s_part, acc, expert, row_begin, rows, col0, ks, rg);
+}
+
 
 template <typename T, int KIND, bool A8 = false>
 mb_status launch_kind(const WoqGemmParams& p, int64_t max_rows, int k_split, bool after_trigger, cudaStream_t stream) {
@@ -219,12 +373,34 @@ mb_status launch_kind(const WoqGemmParams& p, int64_t max_rows, int k_split, boo
   });
 }
 
+template <typename T, bool A8, bool PER_ROW>
+mb_status launch_int4_codes(const WoqGemmParams& p, int64_t max_rows, int k_split, bool after_trigger,
+                            cudaStream_t stream) {
+  return by_k_split(k_split, [&](auto wk) {
+    constexpr int WK = decltype(wk)::value;
+    return launch_decode(woq_decode_int4_codes_kernel<T, WK, A8, PER_ROW>, p, p.n, 16 * (kDecodeWarps / WK),
+                         decode_chunks(max_rows, p.num_experts), after_trigger, stream, "grouped gemm woq");
+  });
+}
+
+// int4 weights on the codes kernel: one scale per 128 k or per row, and whole batches.
+bool int4_codes_fit(const WoqGemmParams& p) {
+  return p.kind == MB_WOQ_INT4 && (p.group == 0 || p.group == 128) && p.k % 128 == 0;
+}
+
 }  // namespace
 
 mb_status launch_woq_decode(const WoqGemmParams& p, int64_t max_rows, int dtype, int k_split, bool after_trigger,
                             cudaStream_t stream) {
   return dispatch_16bit(dtype, [&](auto tag) {
     using T = decltype(tag);
+    if (int4_codes_fit(p)) {
+      if (p.scale_a)
+        return p.group ? launch_int4_codes<T, true, false>(p, max_rows, k_split, after_trigger, stream)
+                       : launch_int4_codes<T, true, true>(p, max_rows, k_split, after_trigger, stream);
+      return p.group ? launch_int4_codes<T, false, false>(p, max_rows, k_split, after_trigger, stream)
+                     : launch_int4_codes<T, false, true>(p, max_rows, k_split, after_trigger, stream);
+    }
     if (p.scale_a) return launch_kind<T, MB_WOQ_INT4, true>(p, max_rows, k_split, after_trigger, stream);  // W4AFP8
     switch (p.kind) {
       case MB_WOQ_INT8: return launch_kind<T, MB_WOQ_INT8>(p, max_rows, k_split, after_trigger, stream);
