@@ -27,7 +27,10 @@
 // time (96-128 bytes, against 32 with a double buffer), at 2 CTAs per SM (launch bounds: <= 128 registers) 48-64
 // KB per SM, what ~4 TB/s needs at HBM's loaded latency of ~1.5 us (~45 KB per SM); int8's 64-byte batches fit
 // two slots in the same registers (64-128 bytes). The tokens (L1/L2-resident, read by every warp of the CTA) are
-// only double-buffered, one batch ahead.
+// only double-buffered, one batch ahead. That is the intent; the SASS does less (bench/sass_loops.py --waits): ptxas
+// gives every load of a batch one scoreboard and each batch's first instruction waits on it, the prefetches issued
+// a batch earlier included, so a warp waits about one memory latency a batch (docs/experiments.md, where the
+// shared-memory rings tried against it are).
 //
 // e4m3 tokens (A8, W4AFP8): a lane's 32 k of its token row are 32 bytes, two 16-byte loads per batch (half the
 // registers of 16-bit tokens), turned into T step by step just before the mma (gemm/woq.cuh, e4m3_pairs); the
