@@ -233,9 +233,9 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) grouped_woq_decode_kernel(W
 //   - loads are unpredicated: rows past n, token rows past the chunk and batches past the slice read addresses
 //     moved back inside the tensors (their sums are never stored, or never computed), and k % 128 == 0 leaves no
 //     partial batch to zero.
-// H200, graph replay of the W4A16 layers at 1 and 16 tokens: 3-7% faster than on the kernel above (Mixtral-8x7B
-// 116.3 -> 108.2 us at 1 token); halving the instructions did not halve the time, so the kernel is not bound by
-// issue alone (docs/experiments.md: the zero term as a second mma, and a shared-memory ring, both slower).
+// H200, graph replay of the W4A16 layers at 1 and 16 tokens: 3-8% faster than on the kernel above (Mixtral-8x7B
+// 116.8 -> 107.8 us at 1 token, docs/performance.md); halving the instructions did not halve the time, so the
+// kernel is not bound by issue alone (docs/experiments.md: five variants tried against it, all slower or level).
 template <typename T, int WK, bool A8, bool PER_ROW>
 __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_int4_codes_kernel(WoqGemmParams p) {
   constexpr int R = 16 * (kDecodeWarps / WK);  // weight rows per CTA (= output columns)
