@@ -141,11 +141,24 @@ def test_bias_dtype_launch_and_sizes_off_128(dtype: torch.dtype, launch: str) ->
 def test_int4_codes_kernel_against_fp64(k_split: int, dtype: torch.dtype, group: int, zeros: bool, n: int,
                                         k: int) -> None:
     """The decode kernel's int4 codes path (group 128 or per row, k % 128 == 0: the mma on the exact u - z, the scales
-    after it, unpredicated loads): n off 128 (a CTA's last row blocks moved back inside n), k of 3 batches (K splits
-    of 4 and 8 leave warps without a batch) and of 23 (the register ring wraps mid-slice), several 8-row chunks,
-    empty experts, bias, launched after a trigger, with and without zero points."""
+    after it, unpredicated loads), here on the staged kernel (token rows in shared memory): n off 128 (a CTA's last
+    row blocks moved back inside n), k of 3 batches (K splits of 4 and 8 leave warps without a batch) and of 23
+    (big batches that end past a slice, computed on zero tokens), several 8-row chunks, empty experts, bias,
+    launched after a trigger, with and without zero points."""
     run(WoqKind.INT4, [9, 0, 16, 1, 40, 2], n, k, group, zeros=zeros, bias=True, dtype=dtype,
         tactic=f"decode:ksplit{k_split}:after_trigger:plain")
+
+
+@pytest.mark.parametrize("k_split", [1, 2, 8])
+@pytest.mark.parametrize("group, zeros", [(128, True), (0, False)])
+@pytest.mark.parametrize("k, e4m3", [(48 * 128, False), (97 * 128, False), (97 * 128, True), (112 * 128, True)],
+                         ids=["staged-bf16", "ring-bf16", "staged-e4m3", "ring-e4m3"])
+def test_int4_codes_kernel_large_k(k_split: int, group: int, zeros: bool, k: int, e4m3: bool) -> None:
+    """The int4 codes forms on both of their kernels with 8-row chunks: the staged kernel where the chunk's token
+    rows fit its shared memory (k 6144 in bf16: 98 KB, past the 48 KB a launch gets unasked; k 12416 in e4m3:
+    99 KB), the ring kernel where they do not (k 12416 in bf16: 199 KB; k 14336 in e4m3: 115 KB)."""
+    run(WoqKind.INT4, [9, 0, 16, 1, 40, 2], 144, k, group, zeros=zeros, bias=True,
+        tactic=f"decode:ksplit{k_split}:after_trigger:plain", e4m3=e4m3)
 
 
 @pytest.mark.parametrize("k_split", [1, 8])

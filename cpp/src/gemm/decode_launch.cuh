@@ -21,17 +21,22 @@ inline int64_t decode_chunks(int64_t max_rows, int num_experts) {
   return (max_rows + kDecodeTokens - 1) / kDecodeTokens + std::min<int64_t>(num_experts, max_rows);
 }
 
-// `kernel(p)` over (chunks, ceil(n / out_cols)) CTAs of kDecodeThreads, after a trigger or plainly; `who`
-// names the GEMM in the error.
+// `kernel(p)` over (chunks, ceil(n / out_cols)) CTAs of kDecodeThreads with `smem` bytes of dynamic shared
+// memory, after a trigger or plainly; `who` names the GEMM in the error.
 template <typename Params>
 mb_status launch_decode(void (*kernel)(Params), const Params& p, int n, int out_cols, int64_t chunks,
-                        bool after_trigger, cudaStream_t stream, const char* who) {
+                        bool after_trigger, cudaStream_t stream, const char* who, size_t smem = 0) {
   const int64_t col_blocks = (n + out_cols - 1) / out_cols;
   if (chunks > INT32_MAX || col_blocks > 65535)
     return fail(MB_ERR_INVALID_ARGUMENT, "%s: grid too large (chunks %lld, column blocks %lld)", who,
                 (long long)chunks, (long long)col_blocks);
+  if (smem > 0) {  // past 48 KB with the kernel's static shared memory it must be asked for; asked for always
+    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (err != cudaSuccess)
+      return fail(MB_ERR_CUDA, "%s: %zu bytes of shared memory: %s", who, smem, cudaGetErrorString(err));
+  }
   const dim3 grid((unsigned)chunks, (unsigned)col_blocks), block(kDecodeThreads);
-  const cudaError_t err = mb::launch_after_trigger_smem(kernel, grid, block, 0, stream, after_trigger, p);
+  const cudaError_t err = mb::launch_after_trigger_smem(kernel, grid, block, smem, stream, after_trigger, p);
   if (err != cudaSuccess) return fail(MB_ERR_CUDA, "%s launch: %s", who, cudaGetErrorString(err));
   return MB_OK;
 }

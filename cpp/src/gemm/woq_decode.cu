@@ -1,7 +1,8 @@
 // Weight-only grouped GEMM, decode kernels (tactic kernel MB_GEMM_DECODE; the operation, the stored forms and the
 // launch are gemm/woq.cuh's and gemm/woq_abi.cu's): for the few rows per expert of decode. int4 with group 128 or
-// one scale per row and k % 128 == 0 (AWQ's and GPTQ's forms) runs woq_decode_int4_codes_kernel (below: the
-// same layout on about half the instructions); every other form the first kernel.
+// one scale per row and k % 128 == 0 (AWQ's and GPTQ's forms) runs woq_decode_int4_staged_kernel where the token
+// rows fit its shared memory, else woq_decode_int4_codes_kernel (below: the same layout on about half the
+// instructions); every other form the first kernel.
 //   MB_WOQ_INT4 : B uint8 [E, n, k/2], two 4-bit codes u per byte (low nibble the even column);
 //                 w = (u - z) * s, s fp32 [E, n, k/group] (group 0: [E, n, 1]), z uint8 of the same shape, or
 //                 8 when zeros is NULL (symmetric int4 stored as q + 8);
@@ -35,6 +36,7 @@
 // e4m3 tokens (A8, W4AFP8): a lane's 32 k of its token row are 32 bytes, two 16-byte loads per batch (half the
 // registers of 16-bit tokens), turned into T step by step just before the mma (gemm/woq.cuh, e4m3_pairs); the
 // token row's scale multiplies the summed partials before the bias.
+#include <algorithm>
 #include <cstdint>
 
 #include "gemm/decode_launch.cuh"
@@ -225,6 +227,32 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) grouped_woq_decode_kernel(W
   store_sums<T, WK, A8>(p, s_part, acc, expert, row_begin, rows, col0, ks, rg);
 }
 
+// Step u of a lane's two rows of int4 codes (rows g and g + 8: a batch's 16 bytes each) as the mma's A fragments,
+// the exact integers u - z in T: k 8u + 0..3 in frag[0], 8u + 4..7 in frag[1], each {row g, row g + 8, row g,
+// row g + 8}. zv: -(magic + z) in both halves, per row (int4_neg_zero).
+template <typename T>
+__device__ __forceinline__ void int4_codes_step(const uint4 (&w)[2], int u, const uint32_t (&zv)[2],
+                                                uint32_t (&frag)[2][4]) {
+  using H = Woq16<T>;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const uint32_t words[4] = {w[h].x, w[h].y, w[h].z, w[h].w};
+    const uint32_t wd = words[u], ws = wd >> 4;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {  // byte i's low nibble (the even k) to bits 0-3, its high nibble to bits 16-19
+      const uint32_t placed = and_or<0x000f000fu, H::kMagic>(__byte_perm(wd, ws, 0x0400u + 0x0101u * i));
+      frag[i >> 1][(i & 1) * 2 + h] = fma2<T>(placed, H::kOne, zv[h]);  // (magic + u) - (magic + z), exact
+    }
+  }
+}
+
+// A stored zero byte as -(magic + z) in both halves; without zero points the byte read is a scale's, masked to 0
+// (zmask) with 8 or-ed in (zor): symmetric int4 stored as q + 8.
+template <typename T>
+__device__ __forceinline__ uint32_t int4_neg_zero(uint32_t stored, uint32_t zmask, uint32_t zor) {
+  return (Woq16<T>::kMagic | kNegZero2) + ((stored & zmask) | zor) * 0x00010001u;
+}
+
 // int4 with one scale per 128 k (group 128) or per row (group 0), k % 128 == 0: the common AWQ / GPTQ forms, on a
 // main loop of 622 instructions a warp per 4 KB of weights instead of the kernel above's 1098 (sm_90a, bf16):
 //   - the mma takes the exact integers u - z in T (the nibble placed into the magic's mantissa, then one packed add
@@ -234,8 +262,9 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) grouped_woq_decode_kernel(W
 //     moved back inside the tensors (their sums are never stored, or never computed), and k % 128 == 0 leaves no
 //     partial batch to zero.
 // H200, graph replay of the W4A16 layers at 1 and 16 tokens: 3-8% faster than on the kernel above (Mixtral-8x7B
-// 116.8 -> 107.8 us at 1 token, docs/performance.md); halving the instructions did not halve the time, so the
-// kernel is not bound by issue alone (docs/experiments.md: five variants tried against it, all slower or level).
+// 116.8 -> 107.8 us at 1 token, docs/performance.md); halving the instructions did not halve the time: each batch
+// waits on the loads it just issued (the staged kernel below, which replaces it wherever the token rows fit its
+// shared memory, says why and how it waits less).
 template <typename T, int WK, bool A8, bool PER_ROW>
 __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_int4_codes_kernel(WoqGemmParams p) {
   constexpr int R = 16 * (kDecodeWarps / WK);  // weight rows per CTA (= output columns)
@@ -243,7 +272,6 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_int4_codes_kerne
   constexpr int S = 4;                         // batches in the register ring
   constexpr int SS = PER_ROW ? 1 : S;          // the scales' and zeros' ring: one pair per row for group 0
   constexpr int AU = A8 ? 2 : U;               // 16-byte token loads per batch
-  using H = Woq16<T>;
   __shared__ float s_part[WK][R][kDecodeTokens + 1];
 
   const TileRows tile = cta_find_tile<kDecodeTokens>(p.offsets, p.num_experts);
@@ -259,7 +287,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_int4_codes_kerne
   const int groups = PER_ROW ? 1 : K / 128;
 
   // The lane's weight rows r and r + 8 (a warp's 16 rows moved back inside n where they pass its end: n % 16 == 0,
-  // so the block is wholly in or wholly moved), its token row (moved back to the chunk's first where g >= rows).
+  // so the block is wholly in or wholly moved), its token row (moved back to the chunk's last where g >= rows).
   const int64_t wrow = static_cast<int64_t>(expert) * N + min(col0 + rg * 16, N - 16) + g;
   const int64_t wstep8 = 8 * static_cast<int64_t>(K / 2);  // row r to r + 8, in bytes
   const int64_t arow_index = row_begin + min(g, rows - 1);
@@ -291,8 +319,8 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_int4_codes_kerne
     const unsigned zo = p.zeros ? jc : 4u * jc;  // the zero's byte, or the scale's first byte
     sv[slot][0] = __ldg(sp0 + jc);
     sv[slot][1] = __ldg(sp1 + jc);
-    zv[slot][0] = (H::kMagic | kNegZero2) + ((__ldg(zp0 + zo) & zmask) | zor) * 0x00010001u;
-    zv[slot][1] = (H::kMagic | kNegZero2) + ((__ldg(zp1 + zo) & zmask) | zor) * 0x00010001u;
+    zv[slot][0] = int4_neg_zero<T>(__ldg(zp0 + zo), zmask, zor);
+    zv[slot][1] = int4_neg_zero<T>(__ldg(zp1 + zo), zmask, zor);
   };
   auto load_weights = [&](int slot, int j) {
     const unsigned jc = static_cast<unsigned>(min(j, nb - 1));
@@ -311,17 +339,8 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_int4_codes_kerne
     float(&sum)[4] = PER_ROW ? acc : part;
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      uint32_t frag[2][4];  // k 8u + 0..3 and 8u + 4..7: {row g, row g + 8, row g, row g + 8}
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint32_t words[4] = {w[slot][h].x, w[slot][h].y, w[slot][h].z, w[slot][h].w};
-        const uint32_t wd = words[u], ws = wd >> 4;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {  // byte j's low nibble (the even k) to bits 0-3, its high nibble to bits 16-19
-          const uint32_t placed = and_or<0x000f000fu, H::kMagic>(__byte_perm(wd, ws, 0x0400u + 0x0101u * j));
-          frag[j >> 1][(j & 1) * 2 + h] = fma2<T>(placed, H::kOne, zv[cs][h]);  // (magic + u) - (magic + z), exact
-        }
-      }
+      uint32_t frag[2][4];
+      int4_codes_step<T>(w[slot], u, zv[cs], frag);
       uint4 tok;  // the token row's 8 T at step u's k
       if constexpr (A8) {
         const uint4& r8 = a[buf][u >> 1];
@@ -367,6 +386,190 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_int4_codes_kerne
 }
 
 
+// The same forms with the CTA's token rows staged in shared memory, where they fit (launch_int4_codes):
+//   - the mma takes the exact integers u - z in T (the nibble placed into the magic's mantissa, then one packed add
+//     of -(magic + z): three instructions a pair), and each 128-k batch's fp32 sums are multiplied by the row's
+//     scale after it (group 128), or the whole slice's once (group 0): no weight is rounded to T.
+//   - waits: ptxas gives every global load one scoreboard and a wait drains it whole, so a warp's loads in flight
+//     are what it issued since its last wait. The kernel issues a big batch (kBigBatch 128-k batches: 3-4 KB of
+//     weights a warp, with their scales and zeros) after the first batch of the previous one, and waits once per
+//     big batch: 3-4 KB a warp in flight over the compute, where a ring refilled batch by batch waited each batch on
+//     the 1 KB it had just issued (the ring kernel above; Nsight Compute, H200: 49% of its stall samples on those waits);
+//   - the token rows, 16 bytes a lane per step, would take twice the weights' registers: the CTA copies its chunk
+//     of them (all of K) into shared memory once (cp.async) and the steps read them there. Copied in windows with a
+//     barrier around each, where they do not fit, this was slower than the ring kernel (docs/experiments.md);
+//   - loads are unpredicated, as in the ring kernel; batches past a slice are computed on zero tokens.
+// 128-k batches a warp loads per wait: 4 KB of int4 weights with one scale per row, 3 KB with a scale and a zero
+// per batch (their registers: four spill at 128).
+template <bool PER_ROW>
+constexpr int kBigBatch = PER_ROW ? 4 : 3;
+constexpr unsigned kTokenPad = 64;      // bytes after each token row of a slice: rows alternate halves of the banks
+constexpr int kTokenZeros = 256;        // a batch of a zero token row, read by batches past the slice
+constexpr size_t kTokenBudget = 104 * 1024;  // token bytes a CTA may hold with two CTAs an SM
+
+// The staged kernel's launch: the GEMM, and the most token rows a chunk can have (min(8, max_rows)), which sizes
+// its shared memory.
+struct WoqStagedLaunch {
+  WoqGemmParams p;
+  int rows_cap;
+};
+
+template <typename T, int WK, bool A8, bool PER_ROW>
+__global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_int4_staged_kernel(WoqStagedLaunch d) {
+  const WoqGemmParams& p = d.p;
+  constexpr int R = 16 * (kDecodeWarps / WK);  // weight rows per CTA (= output columns)
+  constexpr int U = 4;                         // k32 steps per batch (128 k, one scale group)
+  constexpr int NB = kBigBatch<PER_ROW>;        // batches per wait
+  constexpr int SB = PER_ROW ? 1 : NB;         // scales and zeros per row in a buffer: one for group 0
+  constexpr int TB = A8 ? 1 : static_cast<int>(sizeof(T));  // token bytes per k
+  __shared__ float s_part[WK][R][kDecodeTokens + 1];
+  extern __shared__ __align__(16) unsigned char s_tok[];  // [WK][rows_cap][pitch]: the token rows of each slice
+
+  const TileRows tile = cta_find_tile<kDecodeTokens>(p.offsets, p.num_experts);
+  const int expert = tile.expert;
+  if (expert < 0) return;
+  const int64_t row_begin = tile.begin;
+  const int rows = static_cast<int>(tile.end - row_begin);
+  const int N = p.n, K = p.k;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int q = lane & 3, g = lane >> 2;
+  const int rg = warp / WK, ks = warp % WK;
+  const int col0 = blockIdx.y * R;
+  const int groups = PER_ROW ? 1 : K / 128;
+
+  // The lane's weight rows r and r + 8 (a warp's 16 rows moved back inside n where they pass its end: n % 16 == 0,
+  // so the block is wholly in or wholly moved).
+  const int64_t wrow = static_cast<int64_t>(expert) * N + min(col0 + rg * 16, N - 16) + g;
+  const int64_t wstep8 = 8 * static_cast<int64_t>(K / 2);  // row r to r + 8, in bytes
+
+  // K slices of whole batches; slice 0 is the longest, so it sizes each slice's rows in shared memory.
+  const int kslice = ((K + WK * 128 - 1) / (WK * 128)) * 128;
+  const int kb = ks * kslice;
+  const int nb = max(0, min(K, kb + kslice) - kb) / 128;
+  const int nb0 = min(K, kslice) / 128;
+  // Batches past the slice are computed too (a branch per batch would make ptxas wait again at each, see step):
+  // they read the slice's last batch, or the row's last where the slice is empty, and the zero token row.
+  const int kbc = min(kb, K - 128), last = max(nb, 1) - 1;
+  const int64_t gi = wrow * groups + (PER_ROW ? 0 : kbc / 128);  // the lane's first scale (and zero) of the slice
+  const uint8_t* wp0 = p.B + wrow * (K / 2) + kbc / 2 + 16 * q;
+  const uint8_t* wp1 = wp0 + wstep8;
+  const float* sp0 = static_cast<const float*>(p.scales) + gi;
+  const float* sp1 = sp0 + 8 * groups;
+  // Without zero points (symmetric int4 stored as q + 8) the zero is read from the scales' bytes and masked to 0,
+  // then 8 is or-ed in: one unpredicated load either way.
+  const uint8_t* zp0 = p.zeros ? p.zeros + gi : reinterpret_cast<const uint8_t*>(sp0);
+  const uint8_t* zp1 = p.zeros ? zp0 + 8 * groups : reinterpret_cast<const uint8_t*>(sp1);
+  const uint32_t zmask = p.zeros ? 0xffu : 0u, zor = p.zeros ? 0u : 8u;
+  // The lane's token row in shared memory (moved back to the chunk's last where g >= rows).
+  const unsigned pitch = static_cast<unsigned>(nb0) * 128u * TB + kTokenPad;
+  // A batch of a row is stored step-major (stage_tokens): step u's 16 bytes of lanes q = 0..3 side by side, so a
+  // step's reads are 64 contiguous bytes a row and rows alternate halves of the banks (pitch = 64 mod 128).
+  const unsigned char* tp = s_tok + (ks * d.rows_cap + min(g, rows - 1)) * pitch + 16 * q;
+  unsigned char* const s_zero = s_tok + WK * d.rows_cap * pitch;  // kTokenZeros bytes of zeros
+  const unsigned char* tz = s_zero + 16 * q;
+
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  uint4 w[2][NB][2];
+  constexpr int CB = PER_ROW ? 1 : 2;  // buffers of scales and zeros: group 0 loads its one pair up front
+  float sv[CB][SB][2];
+  uint32_t zb[CB][SB][2];  // the stored zero bytes (or scale bytes), turned into -(magic + z) at use
+  auto load_consts = [&](int buf, int j, unsigned jc) {
+    const unsigned zo = p.zeros ? jc : 4u * jc;  // the zero's byte, or the scale's first byte
+    sv[buf][j][0] = __ldg(sp0 + jc);
+    sv[buf][j][1] = __ldg(sp1 + jc);
+    zb[buf][j][0] = __ldg(zp0 + zo);
+    zb[buf][j][1] = __ldg(zp1 + zo);
+  };
+  // Big batch jb .. jb + NB - 1 of the slice into buffer buf; batches past the slice read its last.
+  auto load_big = [&](int buf, int jb) {
+#pragma unroll
+    for (int j = 0; j < NB; ++j) {
+      const unsigned jc = static_cast<unsigned>(min(jb + j, last));
+      w[buf][j][0] = ld_weights_in_bounds(wp0 + 64u * jc);
+      w[buf][j][1] = ld_weights_in_bounds(wp1 + 64u * jc);
+      if constexpr (!PER_ROW) load_consts(buf, j, jc);
+    }
+  };
+  // Batch jb of the slice from slot j of buffer buf, on zero tokens where `valid` is false.
+  auto compute = [&](int buf, int j, int jb, bool valid) {
+    const int cb = PER_ROW ? 0 : buf, cs = PER_ROW ? 0 : j;
+    const uint32_t zv[2] = {int4_neg_zero<T>(zb[cb][cs][0], zmask, zor), int4_neg_zero<T>(zb[cb][cs][1], zmask, zor)};
+    float part[4] = {0.f, 0.f, 0.f, 0.f};
+    float(&sum)[4] = PER_ROW ? acc : part;
+    const unsigned char* tb = valid ? tp + jb * 128 * TB : tz;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      uint32_t frag[2][4];
+      int4_codes_step<T>(w[buf][j], u, zv, frag);
+      uint4 tok;  // the token row's 8 T at step u's k
+      if constexpr (A8) {
+        const uint4 r8 = *reinterpret_cast<const uint4*>(tb + 64 * (u >> 1));
+        tok = u & 1 ? e4m3_pairs<T>(r8.z, r8.w) : e4m3_pairs<T>(r8.x, r8.y);
+      } else {
+        tok = *reinterpret_cast<const uint4*>(tb + 64 * u);
+      }
+      mma16816<MmaName<T>::kBf16>(sum, frag[0], tok.x, tok.y);
+      mma16816<MmaName<T>::kBf16>(sum, frag[1], tok.z, tok.w);
+    }
+    if constexpr (!PER_ROW) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[c] = fmaf(part[c], sv[cb][j][c >> 1], acc[c]);  // c < 2: row g, else g + 8
+    }
+  };
+  // Every slice's token rows into shared memory, then a barrier (the copies visible to all warps).
+  const char* A = static_cast<const char*>(p.A);
+  auto stage_tokens = [&]() {
+    constexpr int kChunks = 128 * TB / 16;    // 16-byte copies per batch of one row (a power of two)
+    constexpr int kLaneChunks = kChunks / 4;  // a lane's: chunk c is lane c / kLaneChunks's (c % kLaneChunks)-th
+    for (int sr = 0; sr < WK * rows; ++sr) {  // (slice, row) pairs, CTA-uniform
+      const int s = sr % WK, r = sr / WK;
+      const int k0 = s * kslice;  // < K + kslice: fits int
+      const int chunks = max(0, min(kslice, K - k0)) * TB / 16;  // the last slice is shorter, or empty
+      const char* src = A + ((row_begin + r) * K + k0) * TB;
+      unsigned char* dst = s_tok + (s * d.rows_cap + r) * pitch;
+      for (int c = threadIdx.x; c < chunks; c += kDecodeThreads) {
+        const int cc = c & (kChunks - 1);
+        const int stored = (c - cc) + (cc % kLaneChunks) * 4 + cc / kLaneChunks;  // at its lane's step
+        cp_async16(static_cast<uint32_t>(__cvta_generic_to_shared(dst + stored * 16)), src + c * 16, true);
+      }
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    __syncthreads();
+  };
+  // One big batch. Its first batch is computed before the next big batch's loads are issued: the wait there (at
+  // the first use of its registers) then covers this big batch only, and the loads issued after it stay in flight
+  // over the remaining batches. (Issued first, the wait that follows them would drain them too.)
+  // Each batch is computed unconditionally: behind a branch, a batch's first instruction would wait again (ptxas
+  // cannot know that the branch before it waited).
+  auto step = [&](int cur, int jb) {
+    compute(cur, 0, jb, jb < nb);
+    if (jb + NB < nb) load_big(cur ^ 1, jb + NB);  // warp-uniform
+#pragma unroll
+    for (int j = 1; j < NB; ++j) compute(cur, j, jb + j, jb + j < nb);
+  };
+
+  // Weights and their constants (nothing upstream writes them) are requested before waiting for the kernel that
+  // writes A.
+  if constexpr (PER_ROW) load_consts(0, 0, 0u);
+  load_big(0, 0);
+  for (int i = threadIdx.x; i < kTokenZeros / 16; i += kDecodeThreads)
+    reinterpret_cast<uint4*>(s_zero)[i] = make_uint4(0u, 0u, 0u, 0u);
+  mb::wait_for_predecessor();
+  mb::let_dependents_start();
+  stage_tokens();
+  for (int jb = 0; jb < nb; jb += 2 * NB) {  // warp-uniform
+    step(0, jb);
+    if (jb + NB >= nb) break;
+    step(1, jb + NB);
+  }
+  if constexpr (PER_ROW) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) acc[c] *= sv[0][0][c >> 1];
+  }
+  store_sums<T, WK, A8>(p, s_part, acc, expert, row_begin, rows, col0, ks, rg);
+}
+
+
 template <typename T, int KIND, bool A8 = false>
 mb_status launch_kind(const WoqGemmParams& p, int64_t max_rows, int k_split, bool after_trigger, cudaStream_t stream) {
   return by_k_split(k_split, [&](auto wk) {
@@ -376,13 +579,27 @@ mb_status launch_kind(const WoqGemmParams& p, int64_t max_rows, int k_split, boo
   });
 }
 
+// The staged kernel's shared memory: each slice's token rows (slice 0's length, the longest) and a zero batch.
+size_t staged_smem(const WoqGemmParams& p, int rows_cap, int wk, int token_bytes) {
+  const int kslice = ((p.k + wk * 128 - 1) / (wk * 128)) * 128;
+  return static_cast<size_t>(rows_cap) * wk * (static_cast<size_t>(std::min(p.k, kslice)) * token_bytes + kTokenPad) +
+         kTokenZeros;
+}
+
+// The int4 codes forms: the staged kernel where the chunk's token rows fit kTokenBudget, else the ring kernel.
 template <typename T, bool A8, bool PER_ROW>
 mb_status launch_int4_codes(const WoqGemmParams& p, int64_t max_rows, int k_split, bool after_trigger,
                             cudaStream_t stream) {
   return by_k_split(k_split, [&](auto wk) {
     constexpr int WK = decltype(wk)::value;
-    return launch_decode(woq_decode_int4_codes_kernel<T, WK, A8, PER_ROW>, p, p.n, 16 * (kDecodeWarps / WK),
-                         decode_chunks(max_rows, p.num_experts), after_trigger, stream, "grouped gemm woq");
+    const int64_t chunks = decode_chunks(max_rows, p.num_experts);
+    const WoqStagedLaunch d{p, static_cast<int>(std::min<int64_t>(kDecodeTokens, max_rows))};
+    const size_t smem = staged_smem(p, d.rows_cap, WK, A8 ? 1 : static_cast<int>(sizeof(T)));
+    if (smem <= kTokenBudget)
+      return launch_decode(woq_decode_int4_staged_kernel<T, WK, A8, PER_ROW>, d, p.n, 16 * (kDecodeWarps / WK),
+                           chunks, after_trigger, stream, "grouped gemm woq", smem);
+    return launch_decode(woq_decode_int4_codes_kernel<T, WK, A8, PER_ROW>, p, p.n, 16 * (kDecodeWarps / WK), chunks,
+                         after_trigger, stream, "grouped gemm woq");
   });
 }
 
