@@ -77,7 +77,7 @@ __global__ void __launch_bounds__(kDecodeThreads) grouped_decode_kernel(GemmPara
   // This warp's K slice: a multiple of 128 elements (slices start on 256-byte boundaries of the
   // row, matching the L2::256B reads), the last one shorter (K % 8 == 0, so a lane's 8-element
   // load is either wholly inside or wholly outside).
-  const int kslice = ((K + WK * 128 - 1) / (WK * 128)) * 128;
+  const int kslice = decode_k_slice(K, WK);
   const int kb = ks * kslice, ke = min(K, kb + kslice);
   // Register double buffer: batch i + 1 is loaded before batch i's mmas, so a batch's loads are
   // in flight together whatever order ptxas picks inside an iteration (left to itself it sinks

@@ -16,6 +16,12 @@ constexpr int kDecodeWarps = 8;
 constexpr int kDecodeThreads = kDecodeWarps * 32;
 constexpr int kDecodeTokens = 8;  // token rows per chunk: the mma's 8 columns
 
+// A warp's K slice when a CTA splits K wk ways: whole 128-k batches (the FP8 kernel's 128-k scale blocks too;
+// slices start on 256-byte boundaries of 16-bit rows), the last slice shorter or empty. Host and device agree on it.
+__host__ __device__ constexpr int decode_k_slice(int k, int wk) {
+  return ((k + wk * 128 - 1) / (wk * 128)) * 128;
+}
+
 // Chunks to launch: sum over experts of ceil(rows_x / 8) <= ceil(max_rows / 8) + (non-empty experts).
 inline int64_t decode_chunks(int64_t max_rows, int num_experts) {
   return (max_rows + kDecodeTokens - 1) / kDecodeTokens + std::min<int64_t>(num_experts, max_rows);

@@ -79,7 +79,8 @@ __global__ void __launch_bounds__(kDecodeThreads) fp8_decode_kernel(Fp8GemmParam
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   // This warp's K slice: whole 128-k blocks (the last slice shorter; K % 16 == 0, so a lane's 16-byte
   // load is wholly inside or wholly outside).
-  const int kslice = ((K + WK * kFp8Block - 1) / (WK * kFp8Block)) * kFp8Block;
+  static_assert(kFp8Block == 128, "decode_k_slice cuts whole 128-k blocks");
+  const int kslice = decode_k_slice(K, WK);
   const int kb = ks * kslice, ke = min(K, kb + kslice);
   uint4 w[2][kSteps][2], a[2][kSteps];
   float sb[2][2], sa[2][2][2];  // [buffer][128-k block of the batch][token]

@@ -133,7 +133,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) grouped_woq_decode_kernel(W
   const uint8_t* arow8 = static_cast<const uint8_t*>(p.A) + arow_index * K;  // A8: the token row's bytes
 
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
-  const int kslice = ((K + WK * 128 - 1) / (WK * 128)) * 128;
+  const int kslice = decode_k_slice(K, WK);
   const int kb = ks * kslice, ke = min(K, kb + kslice);
 
   constexpr int AU = A8 ? 2 : U;  // 16-byte token loads per batch: 32 e4m3 bytes, or four steps of 8 T
@@ -293,7 +293,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_int4_codes_kerne
   const int64_t arow_index = row_begin + min(g, rows - 1);
 
   // This warp's K slice in whole batches; batch j of the slice is read at min(j, nb - 1).
-  const int kslice = ((K + WK * 128 - 1) / (WK * 128)) * 128;
+  const int kslice = decode_k_slice(K, WK);
   const int kb = ks * kslice;
   const int nb = max(0, min(K, kb + kslice) - kb) / 128;
   const int64_t gi = wrow * groups + (PER_ROW ? 0 : kb / 128);  // the lane's first scale (and zero) of the slice
@@ -443,7 +443,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_int4_staged_kern
   const int64_t wstep8 = 8 * static_cast<int64_t>(K / 2);  // row r to r + 8, in bytes
 
   // K slices of whole batches; slice 0 is the longest, so it sizes each slice's rows in shared memory.
-  const int kslice = ((K + WK * 128 - 1) / (WK * 128)) * 128;
+  const int kslice = decode_k_slice(K, WK);
   const int kb = ks * kslice;
   const int nb = max(0, min(K, kb + kslice) - kb) / 128;
   const int nb0 = min(K, kslice) / 128;
@@ -581,7 +581,7 @@ mb_status launch_kind(const WoqGemmParams& p, int64_t max_rows, int k_split, boo
 
 // The staged kernel's shared memory: each slice's token rows (slice 0's length, the longest) and a zero batch.
 size_t staged_smem(const WoqGemmParams& p, int rows_cap, int wk, int token_bytes) {
-  const int kslice = ((p.k + wk * 128 - 1) / (wk * 128)) * 128;
+  const int kslice = decode_k_slice(p.k, wk);
   return static_cast<size_t>(rows_cap) * wk * (static_cast<size_t>(std::min(p.k, kslice)) * token_bytes + kTokenPad) +
          kTokenZeros;
 }
