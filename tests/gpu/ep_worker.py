@@ -17,7 +17,9 @@ Grouped formats (the nvlink dispatch_with_permute, forced): permuted (groups pad
 whose pairs went to an overflowing expert must still match the reference (which pairs past the max rows are
 dropped follows the order the layout kernel's atomics take).
 Routing variants: random top-k, skewed (every token to rank 0's experts: the other ranks receive nothing),
-and one rank receiving nothing (no token picks the last rank's experts). Deterministic plans are also run
+one rank receiving nothing (no token picks the last rank's experts), and hot (over half the tokens take the same
+top_k experts, spread over the ranks: a batched max rows between the two halves' counts drops pairs of those
+experts only). Deterministic plans are also run
 twice and must be bit-identical. Dual-batch overlap cases (two micro-batches on two streams) are also held
 against the same layer without overlap (rel-norm < RUNNER_TOL: the same math per token, GEMMs over half the
 rows), where neither drops a row; `ragged` cases give rank 0 one token (its second micro-batch empty) while
@@ -56,11 +58,31 @@ def _target(deterministic: bool = False) -> Target:
 def _routing(spec: MoESpec, tokens: int, how: str, seed: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k ids (distinct per token) and weights for rank `rank`'s tokens (any rank can redraw any rank's)."""
     g = torch.Generator().manual_seed(seed + 1000 + rank)
-    n, E = spec.local_experts, spec.num_experts
-    pool = {"random": E, "skewed": n, "last_rank_idle": E - n}[how]
-    ids = torch.stack([torch.randperm(pool, generator=g)[: spec.top_k] for _ in range(tokens)]) if tokens else \
-        torch.empty(0, spec.top_k, dtype=torch.int64)
-    return ids.int(), torch.rand(tokens, spec.top_k, generator=g)
+    n, E, K = spec.local_experts, spec.num_experts, spec.top_k
+    if how == "hot":  # the first hot_tokens() tokens take the K hot experts, the rest K of the others at random
+        hot = hot_experts(spec)
+        cold = torch.tensor([x for x in range(E) if x not in hot])
+        rows = [torch.tensor(hot)[torch.randperm(K, generator=g)] if t < hot_tokens(tokens)
+                else cold[torch.randperm(E - K, generator=g)[:K]] for t in range(tokens)]
+    else:
+        pool = {"random": E, "skewed": n, "last_rank_idle": E - n}[how]
+        rows = [torch.randperm(pool, generator=g)[:K] for _ in range(tokens)]
+    ids = torch.stack(rows) if tokens else torch.empty(0, K, dtype=torch.int64)
+    return ids.int(), torch.rand(tokens, K, generator=g)
+
+
+def hot_experts(spec: MoESpec) -> list[int]:
+    """The "hot" routing's K experts, spread evenly over the global ids (so over the ranks: each holds some where
+    top_k >= ep_size)."""
+    return [i * spec.num_experts // spec.top_k for i in range(spec.top_k)]
+
+
+def hot_tokens(tokens: int) -> int:
+    """The "hot" routing's tokens that take the hot experts: more than half. With every rank's tokens so routed, a
+    hot expert receives ep_size * hot_tokens pairs, past a batched max rows of ep_size * (tokens - hot_tokens)
+    (it overflows), and any other expert at most that many (a token picks it once at most: it never does), so the
+    other tokens, untouched by the drops, are compared."""
+    return tokens // 2 + 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -292,6 +314,7 @@ def cases(world: int) -> list[Case]:
                    ep_size=world, name="ep")
     wide = MoESpec(512, 256, 64 * world, 8, ep_size=world, name="ep-wide")  # 64 experts per rank, top-8
     shared = MoESpec(256, 128, 4 * world, 2, ep_size=world, shared=SharedExperts(1, 256), name="ep-shared")
+    hot_cap = world * (64 - hot_tokens(64))  # "hot" routing of 64 tokens a rank: its hot experts overflow
     gelu = MoESpec(128, 136, 4 * world, 2, activation=Activation.GELU, expert_bias=True, ep_size=world,
                    name="ep-bias-gelu")  # sizes off multiples of 128, biases, a non-gated activation
     out = []
@@ -328,7 +351,8 @@ def cases(world: int) -> list[Case]:
             Case(wide, 64, "skewed", fmt="permuted", pad=8), Case(wide, 64, "last_rank_idle", fmt="permuted"),
             Case(base, 0, fmt="permuted"), Case(base.with_overrides(top_k=1), 100, fmt="permuted", pad=128),
             Case(base, 8192, fmt="permuted"), Case(shared, 100, fmt="permuted"),
-            Case(base, 100, fmt="batched", expert_cap=100 * world), Case(wide, 64, fmt="batched", expert_cap=6),
+            Case(base, 100, fmt="batched", expert_cap=100 * world),
+            Case(wide, 64, "hot", fmt="batched", expert_cap=hot_cap),
             Case(base, 257, fmt="permuted", overlap=True), Case(wide, 64, fmt="batched", expert_cap=64 * world,
                                                                   overlap=True),
             Case(wide, 64, fmt="permuted", sms=(1, 3))]
@@ -340,7 +364,7 @@ def cases(world: int) -> list[Case]:
     out += [Case(base, 257, "random", "nccl", fmt="permuted", pad=8), Case(wide, 64, "skewed", "nccl", fmt="permuted"),
             Case(wide, 64, "last_rank_idle", "nccl", fmt="permuted"), Case(base, 0, backend="nccl", fmt="permuted"),
             Case(base, 100, backend="nccl", fmt="batched", expert_cap=100 * world),
-            Case(wide, 64, backend="nccl", fmt="batched", expert_cap=6),
+            Case(wide, 64, "hot", "nccl", fmt="batched", expert_cap=hot_cap),
             Case(base, 257, backend="nccl", fmt="permuted", overlap=True)]
     for tokens, top_k in ((1, 2), (255, 8), (8192, 8)):
         out.append(Case(wide.with_overrides(top_k=top_k), tokens, backend="nccl", deterministic=True))
