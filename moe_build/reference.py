@@ -22,6 +22,14 @@ from .weights.fp8 import Fp8Scales, activation_group, fake_quantize_rows
 from .weights.woq import WoqWeights
 
 
+def _top(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The `k` largest of each row of `x` (values, indices), larger first and the lower index first among equal
+    values: the routing kernel's order (cpp/src/stages/routing.cu). torch.topk leaves the order of ties unspecified,
+    and an exact tie (bf16 router logits have them often) would then pick another expert than the kernel."""
+    order = torch.sort(x, dim=-1, descending=True, stable=True)
+    return order.values[..., :k], order.indices[..., :k]
+
+
 def _group_mask(spec: MoESpec, choice: torch.Tensor, group_score: str) -> torch.Tensor:
     """Boolean [T, E] mask of experts in each token's `topk_groups` best groups.
 
@@ -33,8 +41,8 @@ def _group_mask(spec: MoESpec, choice: torch.Tensor, group_score: str) -> torch.
     if group_score == "max":
         scores = grouped.max(dim=-1).values
     else:
-        scores = grouped.topk(min(2, grouped.shape[-1]), dim=-1).values.sum(dim=-1)
-    best = scores.topk(r.topk_groups, dim=-1).indices
+        scores = _top(grouped, min(2, grouped.shape[-1]))[0].sum(dim=-1)
+    best = _top(scores, r.topk_groups)[1]
     keep = torch.zeros_like(scores, dtype=torch.bool).scatter_(1, best, True)
     return keep.unsqueeze(-1).expand_as(grouped).reshape_as(choice)
 
@@ -44,14 +52,14 @@ def route(spec: MoESpec, logits: torch.Tensor,
     """Router logits [T, E] -> (expert ids int64 [T, K], weights [T, K]) in the logits' dtype."""
     r, k = spec.routing, spec.top_k
     if r.method is RoutingMethod.TOPK_SOFTMAX:
-        top, ids = logits.topk(k, dim=-1)
+        top, ids = _top(logits, k)
         weights = top.softmax(dim=-1)
     elif r.method is RoutingMethod.SOFTMAX_TOPK:
         probs = logits.softmax(dim=-1)
         choice = probs
         if r.num_groups > 1:
             choice = probs.masked_fill(~_group_mask(spec, probs, "max"), -math.inf)
-        ids = choice.topk(k, dim=-1).indices
+        ids = _top(choice, k)[1]
         weights = probs.gather(1, ids)
     else:
         scores = logits.sigmoid()
@@ -59,7 +67,7 @@ def route(spec: MoESpec, logits: torch.Tensor,
         choice = scores if correction_bias is None else scores + correction_bias.to(scores.dtype)
         if r.num_groups > 1:
             choice = choice.masked_fill(~_group_mask(spec, choice, "top2_sum"), -math.inf)
-        ids = choice.topk(k, dim=-1).indices
+        ids = _top(choice, k)[1]
         weights = scores.gather(1, ids)
     if r.renormalize:  # a no-op for topk_softmax, whose weights already sum to one
         weights = weights / weights.sum(dim=-1, keepdim=True)

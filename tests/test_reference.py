@@ -193,3 +193,24 @@ def test_bad_reference_inputs(kwargs: dict[str, Any], field: str) -> None:
 def test_loaded_layer_type(tmp_path: Path) -> None:
     build_hf(_configs()["olmoe"], tmp_path)
     assert isinstance(load_moe_layer(tmp_path), LoadedLayer)
+
+
+@pytest.mark.parametrize("routing", [Routing(RoutingMethod.SOFTMAX_TOPK, renormalize=True),
+                                     Routing(RoutingMethod.TOPK_SOFTMAX),
+                                     Routing(RoutingMethod.SIGMOID_GROUPED, num_groups=4, topk_groups=2,
+                                             renormalize=True)], ids=["softmax_topk", "topk_softmax", "grouped"])
+def test_routing_ties_break_toward_the_lower_expert(routing: Routing) -> None:
+    """Exact ties (bf16 router logits have them often) pick the lower expert id, larger first otherwise: the routing
+    kernel's order (cpp/src/stages/routing.cu; tests/gpu/test_stage_kernels.py holds the kernel to it). Here experts
+    3 and 10 tie for the last of 4 slots, and with groups (4 of 4 experts, the best 2 by their top-2 sum) groups 0
+    and 2 tie for the second group."""
+    spec = MoESpec(64, 64, 16, 4, routing=routing)
+    logits = torch.full((1, 16), -3.0, dtype=torch.float64)
+    logits[0, [0, 1, 2, 3, 10]] = torch.tensor([2.0, 1.5, 1.25, 1.0, 1.0], dtype=torch.float64)
+    if routing.num_groups > 1:  # group 1 is best (3.0 + 2.5); groups 0 and 2 tie for second (2.0 + 1.5 each)
+        logits = torch.full((1, 16), -3.0, dtype=torch.float64)
+        logits[0, [0, 1, 8, 9, 4, 5]] = torch.tensor([2.0, 1.5, 2.0, 1.5, 3.0, 2.5], dtype=torch.float64)
+        assert route(spec, logits)[0].tolist() == [[4, 5, 0, 1]]
+        return
+    assert route(spec, logits)[0].tolist() == [[0, 1, 2, 3]]
+    assert route(spec, logits.flip(-1))[0].tolist() == [[15, 14, 13, 5]]  # 12 and 5 tie: 5 first
