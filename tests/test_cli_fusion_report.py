@@ -68,10 +68,13 @@ def test_fp8_layers_fuse_the_finalize_with_its_gates_shown(quant: str):
     forced = report(*NARROW_FLAGS, "--quant", quant, "--sm", "90", "--flavour", "tensorrt", "--tokens", "1024",
                     "--force", "finalize=separate")
     assert next(s for s in forced["stages"] if s["stage"] == "finalize")["choice"] == "separate"
-    weight_only = report(*NARROW_FLAGS, "--quant", "w8a16", "--sm", "90", "--flavour", "tensorrt")
+    # the weight-only GEMM2's FINALIZE tactic is its decode kernel's: the rows gate says where
+    weight_only = report(*NARROW_FLAGS, "--quant", "w8a16", "--sm", "90", "--flavour", "tensorrt", "--tokens", "1024")
     fin = next(s for s in weight_only["stages"] if s["stage"] == "finalize")
-    assert fin["choice"] == "separate"
-    assert next(g for g in fin["gates"] if g["name"] == "finalize_tactic")["held"] is False
+    assert fin["choice"] == "separate" and fin["bands"][0] == [1, 16, "fused"]
+    assert next(g for g in fin["gates"] if g["name"] == "finalize_tactic")["held"] is True
+    rows = next(g for g in fin["gates"] if g["name"] == "finalize_tactic_rows")
+    assert rows["held"] is False and "(the decode kernel)" in rows["condition"]
 
 
 def test_environment_gate_disables_finalize_fusion():

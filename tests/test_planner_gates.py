@@ -22,6 +22,7 @@ MIXTRAL = MoESpec(4096, 14336, 8, 2, dtype=DType.BF16)
 SM90 = Target(sm=90, flavour=Flavour.TENSORRT)
 SM80 = Target(sm=80, flavour=Flavour.TENSORRT)
 SM89 = Target(sm=89, flavour=Flavour.TENSORRT)
+SM100 = Target(sm=100, flavour=Flavour.TENSORRT)
 OOTB89 = Target(sm=89, flavour=Flavour.TENSORRT, moe_plugin=MoePlugin.DISABLE)
 
 # Hopper bases plan with Mixtral's intermediate size, >= 2048, where the FINALIZE tactic holds at any
@@ -33,6 +34,7 @@ BASES: dict[str, tuple[MoESpec, Target, int]] = {
     "hopper_top4": (dataclasses.replace(MIXTRAL, top_k=4), SM90, 2),
     "hopper_256e": (dataclasses.replace(MIXTRAL, num_experts=256), SM90, 4),
     "hopper_fp8": (dataclasses.replace(MIXTRAL, quant=Quant.FP8), SM90, 4),
+    "blackwell_fp8": (dataclasses.replace(MIXTRAL, quant=Quant.FP8), SM100, 4),
     "hopper_awq": (dataclasses.replace(MIXTRAL, quant=Quant.W4A16_AWQ, quant_prequant_scales=True), SM90, 4),
     "hopper_w4afp8": (dataclasses.replace(MIXTRAL, quant=Quant.W4AFP8), SM90, 4),
     "tokens256": (MIXTRAL, SM90, 256),
@@ -77,7 +79,7 @@ ROWS: list[tuple[str, str, dict, dict, int | None, dict, set[str], dict[str, str
      {"fused_gated_activation"}, {"fc1_activation": "separate"}),
     ("fused_gated_geglu", "ampere", {"activation": "geglu"}, {}, None, {}, set(), {}),
     ("fused_gated_t_eq_weight", "ampere", {"quant": Quant.W8A16}, {}, None, {},
-     {"fused_gated_t_eq_weight", "fused_gated_two_byte", "finalize_tactic", "gated_epilogue_two_byte"},
+     {"fused_gated_t_eq_weight", "fused_gated_two_byte", "gated_epilogue_two_byte"},
      {"fc1_activation": "separate"}),
     ("fused_gated_not_fp32", "ampere", {"dtype": DType.FP32}, {}, None, {},
      {"fused_gated_not_fp32", "fused_gated_two_byte", "tma_ws_specialisation", "finalize_tactic",
@@ -131,8 +133,11 @@ ROWS: list[tuple[str, str, dict, dict, int | None, dict, set[str], dict[str, str
       "finalize_tactic", "expand_prequant_not_block_scaled", "gated_epilogue_two_byte"},
      {"routing_prologue": "three_step", "fc1_activation": "separate", "finalize": "separate"}),
     # the FINALIZE GEMM2 tactics: 16-bit (sm90 finalize) and FP8 (fp8 finalize), none for weight-only GEMMs
-    ("finalize_tactic", "hopper_fp8", {"quant": Quant.W8A16}, {}, None, {},
-     {"finalize_tactic", "fused_gated_not_fp8"}, {"finalize": "separate"}),
+    # NVFP4 (sm >= 100) has no GEMM of ours with the FINALIZE epilogue; every weight-only quant but wfp4a16 (the
+    # seed's own gate) has it on the decode kernel
+    ("finalize_tactic", "blackwell_fp8", {"quant": Quant.NVFP4}, {}, None, {},
+     {"finalize_tactic", "fused_gated_not_fp8", "expand_prequant_not_block_scaled", "expand_per_expert_act_scale"},
+     {"finalize": "separate"}),
     ("finalize_tactic_fp8", "hopper", {"quant": Quant.FP8}, {}, None, {},
      {"fused_gated_not_fp8", "fused_gated_t_eq_weight", "fused_gated_two_byte", "gated_epilogue_two_byte"},
      {"fc1_activation": "separate"}),

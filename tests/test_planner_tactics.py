@@ -37,17 +37,26 @@ def at(c: GemmCall, tokens: int) -> str:
 
 def random_call(rng: random.Random) -> GemmCall:
     """A GEMM the planner could make: the sm90 entry on sm90 only, the finalize epilogue and 64 x 64 weight
-    blocks with it only (the weight_layout and finalize stages' gates)."""
+    blocks with it only (the weight_layout and finalize stages' gates); 16-bit, FP8 (rowwise or block-128 scales)
+    or weight-only (int4 in groups or per row, with 16-bit or e4m3 activations, int8, MXFP4), blocked weights
+    16-bit only and the gated epilogue never quantized (the fc1_activation stage's gates)."""
     entry = rng.choice(["sm80", "sm90"])
     sm = 90 if entry == "sm90" else rng.choice([80, 86, 89, 90])
-    return call(sm=sm, entry=entry, epilogue=rng.choice(["store", "gated"] + (["finalize"] if entry == "sm90" else [])),
+    quant = rng.choice(["none", "none", "rowwise", "block128", "int4", "int8", "mxfp4"])
+    fp8 = quant if quant in ("rowwise", "block128") else "none"
+    woq = quant if quant in ("int4", "int8", "mxfp4") else "none"
+    epilogues = ["store"] + (["gated"] if quant == "none" else []) + (["finalize"] if entry == "sm90" else [])
+    return call(sm=sm, entry=entry, epilogue=rng.choice(epilogues),
                 n=rng.choice([128, 1536, 2880, 5760, 28672]), k=rng.choice([256, 768, 2048, 4096]),
                 experts=rng.choice([4, 8, 16, 32, 60, 64, 128, 256]), top_k=rng.choice([1, 2, 4, 6, 8, 12]),
-                weights_blocked=entry == "sm90" and rng.random() < 0.3, sm_count=rng.choice([84, 108, 132]),
-                l2_bytes=rng.choice([6, 40, 50, 60]) << 20)
+                itemsize=1 if quant in ("rowwise", "block128", "int8") else 2,
+                weights_blocked=entry == "sm90" and quant == "none" and rng.random() < 0.3,
+                sm_count=rng.choice([84, 108, 132]), l2_bytes=rng.choice([6, 40, 50, 60]) << 20, fp8=fp8, woq=woq,
+                woq_group=32 if woq == "mxfp4" else rng.choice([0, 64, 128]) if woq != "none" else 0,
+                a_e4m3=woq == "int4" and rng.random() < 0.3)
 
 
-@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("seed", range(40))
 def test_bands_give_the_rules_answer_at_every_count(seed: int) -> None:
     rng = random.Random(seed)
     c = random_call(rng)
@@ -151,14 +160,19 @@ def test_every_rule_tactic_is_runnable() -> None:
     rng = random.Random(7)
     for _ in range(200):
         c = random_call(rng)
-        for woq in ("none", "int4", "int8", "mxfp4"):
-            c = dataclasses.replace(c, woq=woq, epilogue="store", weights_blocked=False) if woq != "none" else c
-            for _, _, tactic in tactic_bands(c):
-                assert tactic_problem(c, tactic) is None, (c, tactic)
+        for _, _, tactic in tactic_bands(c):
+            assert tactic_problem(c, tactic) is None, (c, tactic)
+        # weight-only GEMMs: row-major weights, the plain store or (GEMM2 on the sm90 entry) the finalize epilogue
+        plain = dataclasses.replace(c, fp8="none", woq="none", woq_group=0, a_e4m3=False, weights_blocked=False)
+        for woq in ("int4", "int8", "mxfp4"):
+            epilogue = rng.choice(["store", "finalize"]) if c.entry == "sm90" else "store"
+            w = dataclasses.replace(plain, woq=woq, epilogue=epilogue, woq_group=32 if woq == "mxfp4" else 128)
+            for _, _, tactic in tactic_bands(w):
+                assert tactic_problem(w, tactic) is None, (w, tactic)
         # FP8 GEMMs: row-major weights, the plain store or (GEMM2 on the sm90 entry) the finalize epilogue
         for fp8 in ("rowwise", "block128"):
             epilogue = rng.choice(["store", "finalize"]) if c.entry == "sm90" else "store"
-            f = dataclasses.replace(c, fp8=fp8, itemsize=1, epilogue=epilogue, weights_blocked=False)
+            f = dataclasses.replace(plain, fp8=fp8, itemsize=1, epilogue=epilogue)
             for _, _, tactic in tactic_bands(f):
                 assert tactic_problem(f, tactic) is None, (f, tactic)
 

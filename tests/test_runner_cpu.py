@@ -248,10 +248,11 @@ def test_w4afp8_plans_run_the_fusions_the_plan_names(expand: str, fc2: str) -> N
     """W4AFP8 (ModelOpt's W4A8_AWQ): by default the matrix fuses the FC1 pre-quant scale into the expansion
     (gates expand_w4afp8_not_fp8_input, expand_prequant_not_block_scaled) and the FC2 one into the gated activation
     (use_awq, gated), both writing e4m3 rows; each forced off runs the plain step and a quantize kernel after it.
-    GEMMs on the weight-only kernels with the int4 tactic rules, plain stores, separate finalize."""
+    GEMMs on the weight-only kernels with the int4 tactic rules, plain stores (finalize forced separate here: the
+    fused finalize has a test of its own)."""
     spec = dataclasses.replace(SWIGLU, quant=Quant.W4AFP8, act_scale=ActScale.STATIC, quant_prequant_scales=True)
     force = {k: v for k, v in (("expand_rows", expand), ("fc2_prequant", fc2)) if v not in ("prequant_fused", "fused")}
-    plan = make_plan(spec, H100, tokens=16, force=force)
+    plan = make_plan(spec, H100, tokens=16, force={**force, "finalize": "separate"})
     assert (plan.stage("expand_rows").choice, plan.stage("fc2_prequant").choice) == (expand, fc2)
     if not force:
         assert {g.name for g in plan.stage("expand_rows").gates if g.held} >= {
@@ -293,7 +294,7 @@ def test_w4afp8_without_awq_scales_quantizes_in_the_activation() -> None:
     """A W4AFP8 checkpoint without pre-quant scales (compressed-tensors, per-token FP8): the expansion still
     quantizes (there is no scale to fuse, the gate holds), the activation writes GEMM2's e4m3 input."""
     spec = dataclasses.replace(SWIGLU, quant=Quant.W4AFP8)
-    plan = make_plan(spec, H100, tokens=16)
+    plan = make_plan(spec, H100, tokens=16, force={"finalize": "separate"})
     assert plan.stage("fc2_prequant").choice == "none"
     assert kernel_sequence(plan, 16)[3:] == ["expand_rows:prequant_fp8", "gemm1:w4afp8", "fc1_activation:fp8",
                                              "gemm2:w4afp8", "finalize"]
@@ -301,23 +302,59 @@ def test_w4afp8_without_awq_scales_quantizes_in_the_activation() -> None:
 
 @pytest.mark.parametrize("quant, fc2", [(Quant.W4A16_AWQ, "fused"), (Quant.W8A16, "none"), (Quant.WFP4A16, "none")])
 def test_weight_only_plans_run_the_woq_gemms_and_the_awq_steps_the_plan_names(quant: Quant, fc2: str) -> None:
-    """GEMM1 / GEMM2 on the weight-only kernel with plain stores, the separate activation and finalize; AWQ
-    layers scale GEMM1's expanded rows (the expansion fuses it for W4AFP8 only) and GEMM2's input in the
-    activation (fc2_prequant=fused) or after it (separate); the others have no pre-quant step."""
+    """GEMM1 / GEMM2 on the weight-only kernel with plain stores, the separate activation and finalize (forced
+    separate here: the fused finalize has a test of its own; WFP4A16's matrix never fuses it); AWQ layers scale
+    GEMM1's expanded rows (the expansion fuses it for W4AFP8 only) and GEMM2's input in the activation
+    (fc2_prequant=fused) or after it (separate); the others have no pre-quant step."""
     spec = dataclasses.replace(SWIGLU, quant=quant, quant_prequant_scales=quant is Quant.W4A16_AWQ)
-    plan = make_plan(spec, H100, tokens=16)
+    plan = make_plan(spec, H100, tokens=16, force={"finalize": "separate"})
     assert plan.stage("fc2_prequant").choice == fc2 and plan.stage("expand_rows").choice == "plain"
     steps = kernel_sequence(plan, 16, "logits")
     awq = ["fc1_prequant:separate"] if fc2 != "none" else []
     act = ["fc1_activation:fc2_prequant"] if fc2 == "fused" else ["fc1_activation"]
     assert steps[2:] == ["expand_rows", *awq, "gemm1:woq", *act, "gemm2:woq", "finalize"]
     if fc2 == "fused":
-        separate = make_plan(spec, H100, tokens=16, force={"fc2_prequant": "separate"})
+        separate = make_plan(spec, H100, tokens=16, force={"fc2_prequant": "separate", "finalize": "separate"})
         assert kernel_sequence(separate, 16)[-4:] == ["fc1_activation", "fc2_prequant:separate", "gemm2:woq",
                                                       "finalize"]
     layout = workspace_layout(spec, steps_up_to(plan, 16), 16)
     assert {"fc1_out", "fc1_act", "gemm2_out"} <= set(layout) and "gemm_workspace" not in layout
     assert plan.stage("weight_layout").choice == "row_major"  # the weight-only GEMMs read row-major data
+
+
+@pytest.mark.parametrize("quant", [Quant.W4A16_AWQ, Quant.W8A16, Quant.W4AFP8])
+def test_weight_only_plans_fuse_the_finalize_into_the_decode_gemm2(quant: Quant) -> None:
+    """The weight-only finalize epilogue is the decode kernel's (mb_grouped_gemm_woq_finalize): fused within the
+    decode band (8 average rows per expert) where the 16-bit rule's small-call or wide-expert clause holds, into the
+    output the expansion (or the three-step prologue) zeroes; separate past it and between. WFP4A16 never (the
+    seed's !use_wfp4a16). Forced fused, GEMM2 keeps the decode kernel at every count; a non-decode GEMM2 tactic
+    with it is refused."""
+    spec = dataclasses.replace(SWIGLU_64E, quant=quant, quant_prequant_scales=quant is not Quant.W8A16)
+    plan = make_plan(spec, H100, tokens=16)
+    # 64 experts, top-2: tokens * 2 <= 32 up to 16 tokens; the decode band to 256 tokens (8 rows per expert)
+    assert [b.to_list() for b in plan.stage("finalize").bands] == [[1, 16, "fused"], [17, None, "separate"]]
+    gemm2 = {Quant.W4AFP8: "gemm2:w4afp8"}.get(quant, "gemm2:woq")
+    expand = {Quant.W4AFP8: "expand_rows:prequant_fp8"}.get(quant, "expand_rows")
+    fused, separate = kernel_sequence(plan, 16), kernel_sequence(plan, 17)
+    assert fused[2:4] == ["routing_prologue:fused", f"{expand}+zero_output"] and fused[-1] == f"{gemm2}_finalize"
+    assert separate[2:4] == ["routing_prologue:fused", expand] and separate[-2:] == [gemm2, "finalize"]
+    assert plan.choices(16)["gemm2_tactic"].startswith("decode:")
+    if quant is Quant.W4AFP8:  # the plain 16-bit expansion, zeroing the output, has its rows in the workspace
+        plain = make_plan(spec, H100, tokens=16, force={"expand_rows": "plain"})
+        assert kernel_sequence(plain, 16)[3] == "expand_rows:16bit+zero_output"
+        assert "expanded_input" in workspace_layout(spec, steps_up_to(plain, 16), 16)
+    wide = make_plan(dataclasses.replace(spec, intermediate_size=2048), H100, tokens=16)  # fused to 8 rows/expert
+    assert [b.to_list() for b in wide.stage("finalize").bands] == [[1, 256, "fused"], [257, None, "separate"]]
+    forced = make_plan(spec, H100, tokens=4096, force={"finalize": "fused"})
+    assert forced.choices(4096)["gemm2_tactic"].startswith("decode:")
+    assert kernel_sequence(forced, 4096)[2] == "routing_prologue:three_step+zero_output"
+    assert kernel_sequence(forced, 4096)[-1] == f"{gemm2}_finalize"
+    with pytest.raises(MoeBuildError, match="finalize epilogue runs on the decode kernel only"):
+        make_plan(spec, H100, tokens=16, force={"finalize": "fused", "gemm2_tactic": "mma:64x128:plain:plain"})
+    if quant is Quant.W4A16_AWQ:
+        mxfp4 = make_plan(dataclasses.replace(spec, quant=Quant.WFP4A16, quant_prequant_scales=False), H100, 16)
+        assert mxfp4.stage("finalize").choice == "separate"
+        assert "finalize_sm90_not_wfp4a16" in {g.name for g in mxfp4.stage("finalize").gates if not g.held}
 
 
 @pytest.mark.parametrize("quant", [Quant.FP8, Quant.FP8_BLOCK])

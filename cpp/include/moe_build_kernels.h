@@ -430,6 +430,19 @@ mb_status mb_grouped_gemm_woq(const void* A, int a_type, const float* scale_a, c
                               const void* scales, const uint8_t* zeros, int group, const void* bias, void* C,
                               const int64_t* expert_first_token_offset, int num_experts, int64_t max_rows, int n,
                               int k, int dtype, mb_gemm_tactic tactic, cudaStream_t stream);
+/* The weight-only GEMM2 with the finalize epilogue, as mb_grouped_gemm_fp8_finalize's: out[t] +=
+ * permuted_weights[p] * (C[p] + bias[x]) for the token t = permuted_to_unpermuted[p] / top_k of each permuted row
+ * p < off[E], C[p] mb_grouped_gemm_woq's product (with e4m3 A: scaled by scale_a[p] before the bias). out
+ * [num_tokens, n] in dtype, 16-byte aligned, must be zeroed by the caller (the runner has the expansion's or the
+ * three-step prologue's zero_out do it); each element gets top_k packed 2-element fp16/bf16 atomic adds, so with
+ * top_k < 3 the adds commute and the result is deterministic. The decode kernel only (MB_GEMM_DECODE; else
+ * MB_ERR_UNSUPPORTED), with mb_grouped_gemm_woq's weights, activations and other checks. */
+mb_status mb_grouped_gemm_woq_finalize(const void* A, int a_type, const float* scale_a, const void* B, int kind,
+                                       const void* scales, const uint8_t* zeros, int group, const void* bias, void* out,
+                                       const int64_t* expert_first_token_offset, const int32_t* permuted_to_unpermuted,
+                                       const float* permuted_weights, int num_experts, int64_t max_rows,
+                                       int num_tokens, int top_k, int n, int k, int dtype, mb_gemm_tactic tactic,
+                                       cudaStream_t stream);
 
 /* gemm/woq_sm90.cu: the weight-only GEMM on wgmma (compute capability 9.0): C = A @ dequant(B[x])^T as
  * mb_grouped_gemm_woq, with CUTLASS's mixed-input mainloop converting the weights in registers (no 16-bit copy of

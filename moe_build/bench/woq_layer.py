@@ -9,7 +9,8 @@ variant and graph replay checked first against an fp64 reference on sampled rows
   pre-quant scales, W8A16 per output channel, WFP4A16 as GPT-OSS stores it (MXFP4, e8m0 scales per 32), W4AFP8 as
   ModelOpt's W4A8_AWQ stores it (int4 group 128, AWQ pre-quant scales, static FP8 input scales);
 - the variants: "ours" (default plan) and, for AWQ, the FC2 pre-quant fusion forced off, for W4AFP8 also the FC1
-  pre-quant fusion in the expansion (expand_rows=plain: a 16-bit expansion, then a kernel that scales and quantizes);
+  pre-quant fusion in the expansion (expand_rows=plain: a 16-bit expansion, then a kernel that scales and quantizes),
+  and for all but WFP4A16 the finalize in the decode GEMM2's epilogue (finalize=separate);
   "ours_bf16" (our bf16 runner on the weights dequantized to bf16) and "grouped_mm_dequant" (bf16 torch._grouped_mm
   on them);
 - the floor: the stored weight bytes (weights + scales + zero points) over the byte ceiling, FLOPs over the bf16
@@ -45,9 +46,11 @@ WOQ_LAYERS: dict[Quant, tuple[WoqKind, int | None, bool, bool]] = {
     Quant.W4AFP8: (WoqKind.INT4, 128, False, True),
 }
 QUANTS = {q.value: q for q in WOQ_LAYERS}
-# the forced-off fusions, per quant: the AWQ FC2 pre-quant scale in the activation; W4AFP8's FC1 one in the expansion
-FORCED = {Quant.W4A16_AWQ: ("ours:fc2_prequant=separate",),
-          Quant.W4AFP8: ("ours:expand_rows=plain", "ours:fc2_prequant=separate")}
+# the forced-off fusions, per quant: the AWQ FC2 pre-quant scale in the activation; W4AFP8's FC1 one in the expansion;
+# the finalize in the decode GEMM2's epilogue (WFP4A16's matrix never fuses it)
+FORCED = {Quant.W4A16_AWQ: ("ours:fc2_prequant=separate", "ours:finalize=separate"),
+          Quant.W8A16: ("ours:finalize=separate",),
+          Quant.W4AFP8: ("ours:expand_rows=plain", "ours:fc2_prequant=separate", "ours:finalize=separate")}
 # W4AFP8's static FP8 input scales, for the bench's unit-variance tokens: GEMM1's input up to ~4.5 sigma times an AWQ
 # scale below 2, the activation's up to ~3 times one below 2, saturating above (tests/gpu/test_runner_w4afp8.py's)
 W4AFP8_INPUT_SCALES = (6.0 / 448, 4.0 / 448)

@@ -891,17 +891,12 @@ def _check_woq_scales(mode: WoqKind, scales: torch.Tensor, zeros: torch.Tensor |
         _check(zeros, "zeros", (e, n, groups), torch.uint8, dev)
 
 
-def grouped_gemm_woq(a: torch.Tensor, b: torch.Tensor, kind: int | str | WoqKind, scales: torch.Tensor,
-                     expert_first_token_offset: torch.Tensor, group: int, zeros: torch.Tensor | None = None,
-                     bias: torch.Tensor | None = None, c: torch.Tensor | None = None,
-                     stream: int | torch.cuda.Stream | None = None, *, tactic: GemmTactic | str,
-                     scale_a: torch.Tensor | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """C[p] = A[p] @ dequant(B[x])^T (+ bias[x]): A [R, k] bf16/fp16, B in moe_build/weights/woq.py's packed form
-    of `kind` ([E, n, k/2] uint8 for int4 / mxfp4, [E, n, k] int8), scales fp32 [E, n, k/group] ([E, n, 1] for
-    group 0; uint8 e8m0 [E, n, k/32] for mxfp4), int4 zeros uint8 like the scales or None -> C [R, n]. `tactic`:
-    the decode kernel (decode:ksplitN) for a few rows per expert, the mma tiles (mma:64x128, mma:128x128) for many.
-    W4AFP8: A float8_e4m3fn with `scale_a` fp32 [R] (C[p] = scale_a[p] * A[p] @ dequant(B[x])^T (+ bias)), int4
-    weights, C in `out_dtype` (bf16 or fp16, required then; else A's dtype)."""
+def _woq_gemm_args(a: torch.Tensor, b: torch.Tensor, kind: int | str | WoqKind, scales: torch.Tensor,
+                   expert_first_token_offset: torch.Tensor, group: int, zeros: torch.Tensor | None,
+                   bias: torch.Tensor | None, scale_a: torch.Tensor | None, out_dtype: torch.dtype | None
+                   ) -> tuple[torch.device, int, int, int, int, WoqKind, torch.dtype]:
+    """grouped_gemm_woq's operand checks (shared with its finalize form) -> (device, rows, k, experts, n, kind,
+    output dtype)."""
     fp8 = scale_a is not None
     _check(a, "A", (None, None), torch.float8_e4m3fn if fp8 else None)
     dev, rows, k = a.device, a.shape[0], a.shape[1]
@@ -919,12 +914,50 @@ def grouped_gemm_woq(a: torch.Tensor, b: torch.Tensor, kind: int | str | WoqKind
     _check_woq_scales(mode, scales, zeros, group, e, n, k, dev)
     if bias is not None:
         _check(bias, "bias", (e, n), out_dtype, dev)
+    return dev, rows, k, e, n, mode, out_dtype
+
+
+def grouped_gemm_woq(a: torch.Tensor, b: torch.Tensor, kind: int | str | WoqKind, scales: torch.Tensor,
+                     expert_first_token_offset: torch.Tensor, group: int, zeros: torch.Tensor | None = None,
+                     bias: torch.Tensor | None = None, c: torch.Tensor | None = None,
+                     stream: int | torch.cuda.Stream | None = None, *, tactic: GemmTactic | str,
+                     scale_a: torch.Tensor | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """C[p] = A[p] @ dequant(B[x])^T (+ bias[x]): A [R, k] bf16/fp16, B in moe_build/weights/woq.py's packed form
+    of `kind` ([E, n, k/2] uint8 for int4 / mxfp4, [E, n, k] int8), scales fp32 [E, n, k/group] ([E, n, 1] for
+    group 0; uint8 e8m0 [E, n, k/32] for mxfp4), int4 zeros uint8 like the scales or None -> C [R, n]. `tactic`:
+    the decode kernel (decode:ksplitN) for a few rows per expert, the mma tiles (mma:64x128, mma:128x128) for many.
+    W4AFP8: A float8_e4m3fn with `scale_a` fp32 [R] (C[p] = scale_a[p] * A[p] @ dequant(B[x])^T (+ bias)), int4
+    weights, C in `out_dtype` (bf16 or fp16, required then; else A's dtype)."""
+    dev, rows, k, e, n, mode, out_dtype = _woq_gemm_args(a, b, kind, scales, expert_first_token_offset, group, zeros,
+                                                         bias, scale_a, out_dtype)
     out = _out(c, "C", (rows, n), out_dtype, dev)
-    call("mb_grouped_gemm_woq", a.data_ptr(), int(WoqInput.E4M3 if fp8 else WoqInput.DTYPE), _ptr(scale_a),
-         b.data_ptr(), int(mode), scales.data_ptr(), _ptr(zeros), group, _ptr(bias), out.data_ptr(),
+    call("mb_grouped_gemm_woq", a.data_ptr(), int(WoqInput.DTYPE if scale_a is None else WoqInput.E4M3),
+         _ptr(scale_a), b.data_ptr(), int(mode), scales.data_ptr(), _ptr(zeros), group, _ptr(bias), out.data_ptr(),
          expert_first_token_offset.data_ptr(), e, rows, n, k, _dtype_code(out, "C"), tactic_struct(tactic),
          _stream(stream, dev))
     return out
+
+
+def grouped_gemm_woq_finalize(a: torch.Tensor, b: torch.Tensor, kind: int | str | WoqKind, scales: torch.Tensor,
+                              expert_first_token_offset: torch.Tensor, group: int,
+                              permuted_to_unpermuted: torch.Tensor, permuted_weights: torch.Tensor, num_tokens: int,
+                              top_k: int, zeros: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+                              out: torch.Tensor | None = None, stream: int | torch.cuda.Stream | None = None, *,
+                              tactic: GemmTactic | str, scale_a: torch.Tensor | None = None,
+                              out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """out[t] += w[p] * (grouped_gemm_woq's C[p] + bias[x]) for the token t of each permuted row p -> out [T, n], on
+    the decode kernel only (a decode tactic). A given `out` must be zeroed by the caller; an allocated one is zeroed
+    here."""
+    dev, rows, k, e, n, mode, out_dtype = _woq_gemm_args(a, b, kind, scales, expert_first_token_offset, group, zeros,
+                                                         bias, scale_a, out_dtype)
+    _check(permuted_to_unpermuted, "permuted_to_unpermuted", (num_tokens * top_k,), torch.int32, dev)
+    _check(permuted_weights, "permuted_weights", (num_tokens * top_k,), torch.float32, dev)
+    o = _out(out, "out", (num_tokens, n), out_dtype, dev, zero=True)
+    call("mb_grouped_gemm_woq_finalize", a.data_ptr(), int(WoqInput.DTYPE if scale_a is None else WoqInput.E4M3),
+         _ptr(scale_a), b.data_ptr(), int(mode), scales.data_ptr(), _ptr(zeros), group, _ptr(bias), o.data_ptr(),
+         expert_first_token_offset.data_ptr(), permuted_to_unpermuted.data_ptr(), permuted_weights.data_ptr(), e,
+         rows, num_tokens, top_k, n, k, _dtype_code(o, "out"), tactic_struct(tactic), _stream(stream, dev))
+    return o
 
 
 def grouped_gemm_woq_sm90_workspace_bytes(num_experts: int) -> int:

@@ -13,7 +13,7 @@ from ..target import Flavour, Target
 from ..weights.blocks import blocks_fit
 from .gates import (BUILDER_PY, ENV_UTILS_CPP, RTX_FACTS, GEMM_DISPATCH_H, MOE_KERNELS_CU, MOE_KERNELS_H,
                     MOE_PLUGIN_CPP, MOE_PY, OURS, PLUGIN_PY, Gate)
-from .tactics import FINALIZE_DECODE_MAX_AVG_ROWS, RowCount
+from .tactics import FINALIZE_DECODE_MAX_AVG_ROWS, WOQ_DECODE_MAX_AVG_ROWS, RowCount
 
 FUSED_PROLOGUE_MAX_TOKENS = 256
 FUSED_PROLOGUE_TOPK = (1, 2, 4, 6, 8)
@@ -344,15 +344,17 @@ def finalize_where_experts_run(ep_format: str) -> Gate:
 
 
 # runtime must select a GEMM2 tactic with epilogue_fusion_type == FINALIZE (ours: bf16/fp16, unquantized or
-# fp8 / fp8_block: mb_grouped_gemm_sm90_finalize and mb_grouped_gemm_fp8_finalize)
-FINALIZE_TACTIC_QUANTS = (Quant.NONE, Quant.FP8, Quant.FP8_BLOCK)
+# fp8 / fp8_block: mb_grouped_gemm_sm90_finalize and mb_grouped_gemm_fp8_finalize; w8a16, w4a16_awq and w4afp8 on
+# the weight-only decode kernel: mb_grouped_gemm_woq_finalize)
+FINALIZE_DECODE_ONLY_QUANTS = (Quant.W8A16, Quant.W4A16_AWQ, Quant.W4AFP8)
+FINALIZE_TACTIC_QUANTS = (Quant.NONE, Quant.FP8, Quant.FP8_BLOCK, *FINALIZE_DECODE_ONLY_QUANTS)
 
 
 def finalize_tactic_available(s: MoESpec) -> Gate:
     ok = s.dtype in (DType.BF16, DType.FP16) and s.quant in FINALIZE_TACTIC_QUANTS
     return Gate("finalize_tactic", f"{s.dtype.value}/{s.quant.value}",
-                "a FINALIZE-epilogue GEMM2 tactic exists (bf16/fp16; quant none, fp8 or fp8_block)", ok,
-                _src(MOE_KERNELS_CU, 4058, 4061, 4067))
+                "a FINALIZE-epilogue GEMM2 tactic exists (bf16/fp16; quant none, fp8, fp8_block, or on the decode "
+                "kernel w8a16, w4a16_awq, w4afp8)", ok, _src(MOE_KERNELS_CU, 4058, 4061, 4067))
 
 
 # tactic selection (the FINALIZE GEMM2 tactic must be the one chosen at run time), measured on the H200
@@ -365,12 +367,17 @@ def finalize_tactic_available(s: MoESpec) -> Gate:
 # epilogue's atomics (token sweep: Qwen3 1 / 2 tokens 32.3 / 52.4 us vs 34.4 / 54.8, DeepSeek 1 token 39.2
 # vs 41.1; 3-4 tokens 2% ahead); separate between, where it was 0.5-1% ahead (docs/experiments.md, "Rules
 # and their evidence").
+# The weight-only GEMM2s have the FINALIZE epilogue on their decode kernel only: fused within its band
+# (tactics.WOQ_DECODE_MAX_AVG_ROWS) where the 16-bit rule's first two clauses hold.
 FINALIZE_FUSED_MIN_INTER = 2048
 FINALIZE_FUSED_MAX_ROWS = 32
 
 
 def finalize_fused(s: MoESpec, rows: RowCount) -> bool:
-    """Whether the FINALIZE tactic is the one selected at `rows` (the rule above)."""
+    """Whether the FINALIZE tactic is the one selected at `rows` (the rules above)."""
+    if s.quant in FINALIZE_DECODE_ONLY_QUANTS:
+        return rows.avg_at_most(WOQ_DECODE_MAX_AVG_ROWS) and (
+            s.intermediate_size >= FINALIZE_FUSED_MIN_INTER or rows.rows_below(FINALIZE_FUSED_MAX_ROWS + 1))
     return (s.intermediate_size >= FINALIZE_FUSED_MIN_INTER or rows.rows_below(FINALIZE_FUSED_MAX_ROWS + 1)
             or not rows.avg_at_most(FINALIZE_DECODE_MAX_AVG_ROWS))
 
@@ -381,11 +388,13 @@ def finalize_fused_at(s: MoESpec, tokens: int) -> bool:
 
 
 def finalize_tactic_rows(s: MoESpec, tokens: int) -> Gate:
+    small = f"intermediate_size >= {FINALIZE_FUSED_MIN_INTER} or tokens * top_k <= {FINALIZE_FUSED_MAX_ROWS}"
+    condition = (f"tokens * top_k <= {WOQ_DECODE_MAX_AVG_ROWS} * experts_per_node (the decode kernel) and ({small})"
+                 if s.quant in FINALIZE_DECODE_ONLY_QUANTS else
+                 f"{small} or tokens * top_k > {FINALIZE_DECODE_MAX_AVG_ROWS} * experts_per_node")
     return Gate("finalize_tactic_rows",
                 f"intermediate_size={s.intermediate_size} top_k={s.top_k} experts_per_node={s.local_experts} "
-                f"tokens={tokens}",
-                f"intermediate_size >= {FINALIZE_FUSED_MIN_INTER} or tokens * top_k <= {FINALIZE_FUSED_MAX_ROWS} "
-                f"or tokens * top_k > {FINALIZE_DECODE_MAX_AVG_ROWS} * experts_per_node",
+                f"tokens={tokens}", condition,
                 finalize_fused_at(s, tokens),
                 f"{_src(MOE_KERNELS_CU, 4058)} (tactic choice; {OURS}, measured)", token_dependent=True)
 

@@ -231,14 +231,21 @@ FP8_BLOCK_DECODE_MIN_SLICE_BYTES = 2048
 def fp8_decode_k_split_rule(call: GemmCall, rows: RowCount) -> int:
     block = call.fp8 == "block128"
     min_slice = FP8_BLOCK_DECODE_MIN_SLICE_BYTES if block else FP8_DECODE_MIN_SLICE_BYTES
-    experts = min(call.experts, max(rows.rows, 1))
     k_split = 1
     while k_split < 8 and call.k // (2 * k_split) >= min_slice:
         column_blocks = -(-call.n // (16 * (DECODE_WARPS // k_split)))
-        if block and experts * column_blocks >= 2 * call.sm_count:
+        if block and not ctas_at_most(call, rows, column_blocks, 2 * call.sm_count - 1):
             break
         k_split *= 2
     return k_split
+
+
+def ctas_at_most(call: GemmCall, rows: RowCount, column_blocks: int, limit: int) -> bool:
+    """A decode launch's CTAs, non-empty experts (at most min(experts, rows)) times `column_blocks`, <= `limit`:
+    min(experts, rows) <= limit // column_blocks, constant where every expert fits, else while the rows do (the
+    threshold recorded in `rows`, so the token bands end where the answer flips)."""
+    most = limit // column_blocks
+    return call.experts <= most or rows.rows_below(most + 1)
 
 
 # FP8 wgmma tile: pingpong 64x128 up to 32 average rows per expert, else cooperative 128x128 (same probe:
@@ -286,8 +293,10 @@ WOQ_DEQUANT_MIN_AVG_ROWS = 128
 # shapes at 8 to 1024 average rows per expert, L2 flushed) has the best mma tile at 1.04x the best mixed-input tile's
 # time or more at every point (1.15x or more from 16 rows), and the weights dequantized for the 16-bit GEMM at 1.04x
 # or more (1.24x or more up to 256 rows).
+# The finalize epilogue exists on the decode kernel only (mb_grouped_gemm_woq_finalize): a GEMM2 with it stays there
+# at every count (the planner fuses the finalize only within the decode band; forced fused, it keeps decode beyond).
 def woq_kernel_rule(call: GemmCall, rows: RowCount) -> str:
-    if rows.avg_at_most(WOQ_DECODE_MAX_AVG_ROWS):
+    if call.epilogue == "finalize" or rows.avg_at_most(WOQ_DECODE_MAX_AVG_ROWS):
         return "decode"
     if call.entry == "sm90" and not call.a_e4m3 and (
             woq_mixed_input(call) or not rows.avg_at_most(WOQ_DEQUANT_MIN_AVG_ROWS - 1)):
@@ -325,11 +334,12 @@ def woq_wgmma_tile_rule(call: GemmCall, rows: RowCount) -> str:
 # 77.5 / 64.6 / 41.2 / 42.9 us at 1 / 2 / 4 / 8 slices, Qwen3 GEMM1 (8 experts x 12 blocks) 19.0 / 15.6 / 16.7 /
 # 16.8, DeepSeek-V2-Lite GEMM1 (6 x 22) 21.2 / 16.6 / 17.7 / 20.1, Mixtral GEMM1 (2 x 224) 72.7 / 80.8 / 80.9 /
 # 87.0; at 16 and 64 tokens one slice was best on every GEMM but MXFP4 Mixtral GEMM2 at 16 tokens (210 at 1,
-# 158 at 4; int4 there: 131 at 1).
+# 158 at 4; int4 there: 131 at 1). Re-probed on the staged int4 kernel (int4 group 128, 1 and 16 tokens of the five
+# GEMMs, docs/measured/h200-2026-11-29-woq-finalize/woq_gemm_probe_ksplit.json): the rule's split is the fastest at
+# all ten points (16 tokens of Qwen3-30B-A3B GEMM1 / GEMM2: 58.6 / 37.8 us at one slice, 66.7 / 52.7 at two).
 def woq_decode_k_split_rule(call: GemmCall, rows: RowCount) -> int:
-    experts = min(call.experts, max(rows.rows, 1))
     k_split = 1
-    while k_split < 8 and experts * -(-call.n // (16 * (DECODE_WARPS // k_split))) <= call.sm_count:
+    while k_split < 8 and ctas_at_most(call, rows, -(-call.n // (16 * (DECODE_WARPS // k_split))), call.sm_count):
         k_split *= 2
     return k_split
 
@@ -546,6 +556,8 @@ def _fp8_tactic_problem(call: GemmCall, tactic: GemmTactic) -> str | None:
 def _woq_tactic_problem(call: GemmCall, tactic: GemmTactic) -> str | None:
     """Why the weight-only GEMM (gemm/woq_abi.cu, or with a wgmma tactic the dequantized weights' 16-bit GEMM)
     cannot run `tactic`, or None."""
+    if call.epilogue == "finalize" and tactic.kernel != "decode":
+        return "the weight-only finalize epilogue runs on the decode kernel only"
     if tactic.kernel == "wgmma":
         if call.a_e4m3:
             return "e4m3 activations (W4AFP8) take the weight-only kernels (decode or mma)"

@@ -262,6 +262,23 @@ class FusedExperts:
                                      self.woq_group, c=c, workspace=_opt(b, "gemm_workspace"), tactic=tactic,
                                      stream=b.stream)
 
+    def gemm2_woq_finalize(self, b: Batch) -> None:
+        """GEMM2 on the decode kernel with the unpermute, top-k weighting (+b2) and reduction in its epilogue, into
+        `out` (zeroed by the three-step prologue or the expansion, which the sequence runs before it)."""
+        self._woq_finalize(b, b.v("fc1_act"), None)
+
+    def gemm2_w4afp8_finalize(self, b: Batch) -> None:
+        """gemm2_woq_finalize on GEMM2's e4m3 rows and their scales."""
+        self._woq_finalize(b, b.v("fc2_input"), b.v("fc2_input_scales"))
+
+    def _woq_finalize(self, b: Batch, a: torch.Tensor, scale_a: torch.Tensor | None) -> None:
+        q = self.w.woq
+        self.k.grouped_gemm_woq_finalize(a, q.w2, q.kind.value, q.w2_scale, b.v("expert_offsets"), self.woq_group,
+                                         b.v("permuted_to_unpermuted"), b.v("permuted_weights"), b.out.shape[0],
+                                         self.spec.top_k, zeros=q.w2_zero, bias=self.w.b2, out=b.out, stream=b.stream,
+                                         tactic=b.gemm2_tactic, scale_a=scale_a,
+                                         out_dtype=None if scale_a is None else self.out_dtype)
+
     def _woq_gemm(self, b: Batch, name: str, a: torch.Tensor, c: torch.Tensor, tactic: object) -> None:
         """W1 or W2 ("w1" / "w2") as stored, plain store: b1 is added by the activation, b2 by the finalize."""
         q = self.w.woq
@@ -271,16 +288,30 @@ class FusedExperts:
     # ---- W4AFP8: e4m3 inputs (times the AWQ pre-quant scales) where the plan says, weight-only GEMMs ----------
     def expand_rows_prequant_fp8(self, b: Batch) -> None:
         """The expansion with the FC1 pre-quant scale and the FP8 quantization in it (expand_rows=prequant_fused)."""
+        self._expand_prequant_fp8(b, zero_out=None)
+
+    def expand_rows_prequant_fp8_zero_output(self, b: Batch) -> None:
+        """expand_rows_prequant_fp8, also zeroing `out` for gemm2_w4afp8_finalize's accumulation (one launch)."""
+        self._expand_prequant_fp8(b, zero_out=b.out)
+
+    def _expand_prequant_fp8(self, b: Batch, zero_out: torch.Tensor | None) -> None:
         self.k.expand_rows_fp8(b.hidden, b.v("unpermuted_to_permuted"), b.topk_weights, static_scale=self.a1_scale,
                                permuted_input=b.v("permuted_input"), permuted_scales=b.v("permuted_input_scales"),
-                               permuted_weights=b.v("permuted_weights"), stream=b.stream,
+                               permuted_weights=b.v("permuted_weights"), zero_out=zero_out, stream=b.stream,
                                prequant_scale=self.w.woq.fc1_act_scale)
 
     def expand_rows_16bit(self, b: Batch) -> None:
         """The plain expansion into 16-bit rows, which fc1_prequant_fp8 scales and quantizes next."""
+        self._expand_16bit(b, zero_out=None)
+
+    def expand_rows_16bit_zero_output(self, b: Batch) -> None:
+        """expand_rows_16bit, also zeroing `out` for gemm2_w4afp8_finalize's accumulation (one launch)."""
+        self._expand_16bit(b, zero_out=b.out)
+
+    def _expand_16bit(self, b: Batch, zero_out: torch.Tensor | None) -> None:
         self.k.expand_rows(b.hidden, b.v("unpermuted_to_permuted"), b.topk_weights,
                            permuted_input=b.v("expanded_input"), permuted_weights=b.v("permuted_weights"),
-                           stream=b.stream)
+                           zero_out=zero_out, stream=b.stream)
 
     def fc1_prequant_fp8(self, b: Batch) -> None:
         """The expanded rows times the FC1 pre-quant scale, quantized (the unfused alternative: the same bytes)."""

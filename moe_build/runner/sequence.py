@@ -61,6 +61,7 @@ GEMM1_WOQ = "gemm1:woq"                # mb_grouped_gemm_woq
 FC1_ACTIVATION_PREQUANT = "fc1_activation:fc2_prequant"
 FC2_PREQUANT = "fc2_prequant:separate"  # GEMM2's input rows times the AWQ FC2 pre-quant scale
 GEMM2_WOQ = "gemm2:woq"                # mb_grouped_gemm_woq
+GEMM2_WOQ_FINALIZE = "gemm2:woq_finalize"  # mb_grouped_gemm_woq_finalize: the finalize in the decode kernel's epilogue
 # a weight-only GEMM whose tactic is a wgmma tile: its experts' weights dequantized into the workspace
 # (mb_woq_dequantize), then the 16-bit wgmma GEMM on them (mb_grouped_gemm_sm90, row-major weights)
 GEMM1_WOQ_DENSE = "gemm1:woq_dense"
@@ -71,12 +72,16 @@ GEMM2_WOQ_WGMMA = "gemm2:woq_wgmma"
 # the weight-only GEMMs reading e4m3 inputs, made where the plan's expand_rows and fc2_prequant say
 EXPAND_ROWS_PREQUANT_FP8 = "expand_rows:prequant_fp8"  # mb_expand_rows_fp8 with the FC1 pre-quant scale (fused)
 EXPAND_ROWS_16BIT = "expand_rows:16bit"  # mb_expand_rows into a 16-bit buffer (expand_rows=plain), then ...
+# the two W4AFP8 expansions that also zero the output GEMM2_W4AFP8_FINALIZE accumulates into (their zero_out)
+EXPAND_ROWS_PREQUANT_FP8_ZERO_OUTPUT = "expand_rows:prequant_fp8+zero_output"
+EXPAND_ROWS_16BIT_ZERO_OUTPUT = "expand_rows:16bit+zero_output"
 FC1_PREQUANT_FP8 = "fc1_prequant:fp8"  # ... mb_quantize_fp8 with the FC1 pre-quant scale on the expanded rows
 GEMM1_W4AFP8 = "gemm1:w4afp8"          # mb_grouped_gemm_woq, e4m3 A
 # mb_fc1_activation_fp8 with the FC2 pre-quant scale (fc2_prequant=fused); without AWQ scales FC1_ACTIVATION_FP8
 FC1_ACTIVATION_PREQUANT_FP8 = "fc1_activation:fc2_prequant_fp8"
 FC2_PREQUANT_FP8 = "fc2_prequant:fp8"  # mb_quantize_fp8 with the FC2 pre-quant scale after mb_fc1_activation
 GEMM2_W4AFP8 = "gemm2:w4afp8"          # mb_grouped_gemm_woq, e4m3 A
+GEMM2_W4AFP8_FINALIZE = "gemm2:w4afp8_finalize"  # mb_grouped_gemm_woq_finalize, e4m3 A
 SHARED_EXPERTS = "shared_experts"      # torch matmuls + mb_fc1_activation, added to the output
 
 _GEMM1 = {
@@ -146,9 +151,6 @@ def check_runnable(plan: Plan) -> None:
     if quantized and c["fc1_activation"] != "separate":
         raise MoeBuildError("fc1_activation", "the FP8 and weight-only GEMM1s store plainly: the activation runs as "
                             "a kernel of its own", "separate")
-    if (is_weight_only(plan) or is_w4afp8(plan)) and c["finalize"] != "separate":
-        raise MoeBuildError("finalize", "the weight-only GEMM2 stores plainly: the finalize runs as a kernel of its "
-                            "own", "separate")
     if c["expand_rows"] != "plain" and not is_w4afp8(plan):
         raise MoeBuildError("expand_rows", "the AWQ pre-quant scale in the expansion belongs to W4AFP8", "plain")
     if c["fc2_prequant"] != "none" and not (is_weight_only(plan) or is_w4afp8(plan)):
@@ -193,16 +195,20 @@ def kernel_sequence(plan: Plan, tokens: int, routing_input: RoutingInput = "hidd
     if is_w4afp8(plan):
         return steps + _w4afp8_steps(plan, c)
     gemm2 = _GEMM2[(c["gemm_kernel"], c["finalize"])]
-    # GEMM2's finalize epilogue adds into `out`, which the three-step prologue or else the expansion
-    # zeroes beforehand.
-    zero = GEMM2_SM90_FINALIZE in gemm2
-    if c["routing_prologue"] == "fused":
-        steps += [PROLOGUE_FUSED, EXPAND_ROWS_ZERO_OUTPUT if zero else EXPAND_ROWS]
-    else:
-        steps += [PROLOGUE_THREE_STEP_ZERO_OUTPUT if zero else PROLOGUE_THREE_STEP, EXPAND_ROWS]
+    prologue, zero = _prologue(c)
+    steps += [*prologue, EXPAND_ROWS_ZERO_OUTPUT if zero else EXPAND_ROWS]
     steps += _GEMM1[(c["gemm_kernel"], c["fc1_activation"])]
     steps += gemm2
     return steps + _shared_experts(plan)
+
+
+def _prologue(c: dict[str, str]) -> tuple[list[str], bool]:
+    """The routing prologue's step and whether the expansion after it zeroes the output: a fused finalize adds into
+    `out`, which the three-step prologue (extra blocks beside its scan) or else the expansion zeroes beforehand."""
+    fused = c["finalize"] == "fused"
+    if c["routing_prologue"] == "fused":
+        return [PROLOGUE_FUSED], fused
+    return [PROLOGUE_THREE_STEP_ZERO_OUTPUT if fused else PROLOGUE_THREE_STEP], False
 
 
 def grouped_sequence(plan: Plan, tokens: int) -> list[str]:
@@ -231,10 +237,7 @@ def _fp8_steps(plan: Plan, c: dict[str, str]) -> list[str]:
     its epilogue (into the output the three-step prologue or else the expansion zeroes, as for 16-bit layers)
     or GEMM2 and the separate finalize."""
     fused = c["finalize"] == "fused"
-    if c["routing_prologue"] == "fused":
-        steps, zero = [PROLOGUE_FUSED], fused
-    else:
-        steps, zero = [PROLOGUE_THREE_STEP_ZERO_OUTPUT if fused else PROLOGUE_THREE_STEP], False
+    steps, zero = _prologue(c)
     if c["fc1_input_quant"] == "expand_rows":
         steps.append(EXPAND_ROWS_FP8_ZERO_OUTPUT if zero else EXPAND_ROWS_FP8)
     else:
@@ -248,15 +251,18 @@ def _fp8_steps(plan: Plan, c: dict[str, str]) -> list[str]:
 def _weight_only_steps(plan: Plan, c: dict[str, str]) -> list[str]:
     """A weight-only layer's steps after routing: maps, the expansion (then GEMM1's AWQ pre-quant scale, where
     the layer has AWQ scales: the matrix fuses it into the expansion for W4AFP8 only), GEMM1, the activation
-    with GEMM2's AWQ pre-quant scale in it or after it, GEMM2, the finalize; each GEMM as its tactic says
-    (_woq_gemm_step)."""
-    steps = [PROLOGUE_FUSED if c["routing_prologue"] == "fused" else PROLOGUE_THREE_STEP, EXPAND_ROWS]
+    with GEMM2's AWQ pre-quant scale in it or after it, GEMM2 with the finalize in its epilogue (the decode
+    kernel's, into the output the prologue or the expansion zeroes) or GEMM2 and the finalize; each GEMM as its
+    tactic says (_woq_gemm_step)."""
+    steps, zero = _prologue(c)
+    steps.append(EXPAND_ROWS_ZERO_OUTPUT if zero else EXPAND_ROWS)
     if c["fc2_prequant"] != "none":  # the plan's use_awq gate: the layer carries both AWQ scales
         steps.append(FC1_PREQUANT)
     steps.append(_woq_gemm_step(c["gemm1_tactic"], GEMM1_WOQ, GEMM1_WOQ_WGMMA, GEMM1_WOQ_DENSE))
     steps += {"fused": [FC1_ACTIVATION_PREQUANT], "separate": [FC1_ACTIVATION, FC2_PREQUANT],
               "none": [FC1_ACTIVATION]}[c["fc2_prequant"]]
-    steps += [_woq_gemm_step(c["gemm2_tactic"], GEMM2_WOQ, GEMM2_WOQ_WGMMA, GEMM2_WOQ_DENSE), FINALIZE]
+    steps += ([GEMM2_WOQ_FINALIZE] if c["finalize"] == "fused" else
+              [_woq_gemm_step(c["gemm2_tactic"], GEMM2_WOQ, GEMM2_WOQ_WGMMA, GEMM2_WOQ_DENSE), FINALIZE])
     return steps + _shared_experts(plan)
 
 
@@ -272,14 +278,17 @@ def _w4afp8_steps(plan: Plan, c: dict[str, str]) -> list[str]:
     """A W4AFP8 layer's steps after routing: maps; GEMM1's e4m3 input, times the FC1 pre-quant scale where the
     layer has one, written by the expansion (expand_rows=prequant_fused) or by a quantize kernel after a plain
     16-bit expansion; GEMM1; GEMM2's e4m3 input, times the FC2 pre-quant scale, written by the activation
-    (fc2_prequant=fused, or none: no scale) or by a quantize kernel after it (separate); GEMM2; the finalize."""
-    steps = [PROLOGUE_FUSED if c["routing_prologue"] == "fused" else PROLOGUE_THREE_STEP]
-    steps += [EXPAND_ROWS_PREQUANT_FP8] if c["expand_rows"] == "prequant_fused" else [EXPAND_ROWS_16BIT,
-                                                                                       FC1_PREQUANT_FP8]
+    (fc2_prequant=fused, or none: no scale) or by a quantize kernel after it (separate); GEMM2 with the finalize in
+    its epilogue (as _weight_only_steps) or GEMM2 and the finalize."""
+    steps, zero = _prologue(c)
+    if c["expand_rows"] == "prequant_fused":
+        steps.append(EXPAND_ROWS_PREQUANT_FP8_ZERO_OUTPUT if zero else EXPAND_ROWS_PREQUANT_FP8)
+    else:
+        steps += [EXPAND_ROWS_16BIT_ZERO_OUTPUT if zero else EXPAND_ROWS_16BIT, FC1_PREQUANT_FP8]
     steps.append(GEMM1_W4AFP8)
     steps += {"fused": [FC1_ACTIVATION_PREQUANT_FP8], "separate": [FC1_ACTIVATION, FC2_PREQUANT_FP8],
               "none": [FC1_ACTIVATION_FP8]}[c["fc2_prequant"]]
-    steps += [GEMM2_W4AFP8, FINALIZE]
+    steps += [GEMM2_W4AFP8_FINALIZE] if c["finalize"] == "fused" else [GEMM2_W4AFP8, FINALIZE]
     return steps + _shared_experts(plan)
 
 

@@ -112,7 +112,7 @@ def _w4afp8_buffers(spec: MoESpec, steps: set[str], max_tokens: int) -> dict[str
            "permuted_input_scales": BufferSpec((R,), torch.float32, K),
            "fc2_input": BufferSpec((R, I), torch.float8_e4m3fn, K),
            "fc2_input_scales": BufferSpec((R,), torch.float32, K)}
-    if S.EXPAND_ROWS_16BIT in steps:
+    if steps & {S.EXPAND_ROWS_16BIT, S.EXPAND_ROWS_16BIT_ZERO_OUTPUT}:
         out["expanded_input"] = BufferSpec((R, H), TORCH_DTYPE[spec.dtype], K)
     return out
 

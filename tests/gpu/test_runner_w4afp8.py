@@ -90,8 +90,11 @@ def applies(mode: tuple, force: dict[str, str]) -> bool:
     return mode[2] or "fc2_prequant" not in force
 
 
-FORCED = [pytest.param(m, f, id=f"{mid}-{fid}") for m, mid in zip(MODES, MODE_IDS) for f, fid in zip(FORCES, FORCE_IDS)
-          if applies(m, f)]
+# and the finalize both ways (the plan fuses it into the decode GEMM2 at 1 token here, separate from 255; forced fused,
+# GEMM2 stays on decode): a fused and a separate finalize round differently, so not among FORCES' bit-equal variants
+FINALIZE_FORCES = [({"finalize": "separate"}, "finalize_separate"), ({"finalize": "fused"}, "finalize_fused")]
+FORCED = [pytest.param(m, f, id=f"{mid}-{fid}") for m, mid in zip(MODES, MODE_IDS)
+          for f, fid in [*zip(FORCES, FORCE_IDS), *FINALIZE_FORCES] if applies(m, f)]
 
 
 def test_the_plan_runs_the_fused_prequant_expansion_and_its_alternative() -> None:
@@ -101,11 +104,11 @@ def test_the_plan_runs_the_fused_prequant_expansion_and_its_alternative() -> Non
     from moe_build.runner import MoERunner
     spec, weights = w4afp8_case(BASE, MODES[0], 0)
     steps = MoERunner(spec, weights, target=device_target(), max_tokens=16).kernel_sequence(16)
-    assert "expand_rows:prequant_fp8" in steps and "fc1_activation:fc2_prequant_fp8" in steps
+    assert "expand_rows:prequant_fp8+zero_output" in steps and "fc1_activation:fc2_prequant_fp8" in steps
     forced = MoERunner(spec, weights, target=device_target(), max_tokens=16,
                        force={"expand_rows": "plain", "fc2_prequant": "separate"}).kernel_sequence(16)
-    assert forced[3:] == ["expand_rows:16bit", "fc1_prequant:fp8", "gemm1:w4afp8", "fc1_activation", "fc2_prequant:fp8",
-                          "gemm2:w4afp8", "finalize"]
+    assert forced[3:] == ["expand_rows:16bit+zero_output", "fc1_prequant:fp8", "gemm1:w4afp8", "fc1_activation",
+                          "fc2_prequant:fp8", "gemm2:w4afp8_finalize"]  # 32 rows: the fused finalize
 
 
 @pytest.mark.parametrize("mode", MODES[:1] + MODES[2:4], ids=MODE_IDS[:1] + MODE_IDS[2:4])

@@ -31,9 +31,11 @@ MODES = [(Quant.W4A16_AWQ, WoqKind.INT4, 128, True, True), (Quant.W4A16_AWQ, Woq
          (Quant.W4A16_AWQ, WoqKind.INT4, 32, True, False), (Quant.W8A16, WoqKind.INT8, None, False, False),
          (Quant.W8A16, WoqKind.INT8, 128, False, False), (Quant.WFP4A16, WoqKind.MXFP4, 32, False, False)]
 MODE_IDS = ["int4_g128_zeros_awq", "int4_g64_awq", "int4_g32_zeros", "int8_channel", "int8_g128", "mxfp4"]
-# the AWQ FC2 pre-quant fusion and its unfused alternative, and the prologue's two forms
-FORCES = [{}, {"fc2_prequant": "separate"}, {"routing_prologue": "three_step"}]
-FORCE_IDS = ["default", "fc2_prequant_separate", "three_step"]
+# the AWQ FC2 pre-quant fusion and its unfused alternative, the prologue's two forms, and the finalize both ways (the
+# plan fuses it into the decode GEMM2 at 1 token here, separate from 255; forced fused, GEMM2 stays on decode)
+FORCES = [{}, {"fc2_prequant": "separate"}, {"routing_prologue": "three_step"}, {"finalize": "separate"},
+          {"finalize": "fused"}]
+FORCE_IDS = ["default", "fc2_prequant_separate", "three_step", "finalize_separate", "finalize_fused"]
 BASE = MoESpec(256, 512, 8, 2, routing=Routing(RoutingMethod.SOFTMAX_TOPK, renormalize=True))
 
 
@@ -60,10 +62,11 @@ def test_awq_plan_runs_the_fused_fc2_prequant_and_the_separate_fc1_scale() -> No
     from moe_build.runner import MoERunner
     spec, weights = woq_case(BASE, MODES[0], 0)
     steps = MoERunner(spec, weights, target=device_target(), max_tokens=16).kernel_sequence(16)
-    assert steps[steps.index("expand_rows") + 1] == "fc1_prequant:separate"
+    assert steps[steps.index("expand_rows+zero_output") + 1] == "fc1_prequant:separate"  # 32 rows: fused finalize
     assert "fc1_activation:fc2_prequant" in steps and "fc2_prequant:separate" not in steps
     forced = MoERunner(spec, weights, target=device_target(), max_tokens=16, force={"fc2_prequant": "separate"})
-    assert forced.kernel_sequence(16)[-4:] == ["fc1_activation", "fc2_prequant:separate", "gemm2:woq", "finalize"]
+    assert forced.kernel_sequence(16)[-3:] == ["fc1_activation", "fc2_prequant:separate", "gemm2:woq_finalize"]
+    assert forced.kernel_sequence(16)[2:4] == ["routing_prologue:fused", "expand_rows+zero_output"]
 
 
 # every mode with every force its plan can take (the FC2 pre-quant stage exists with AWQ scales only)

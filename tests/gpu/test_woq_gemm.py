@@ -1,5 +1,6 @@
 """The weight-only grouped GEMM (mb_grouped_gemm_woq) against an fp64 reference: both kernels (decode with every K
-split, mma with both tiles), every kind and group.
+split, mma with both tiles), every kind and group; GEMM2's finalize epilogue on the decode kernels
+(mb_grouped_gemm_woq_finalize, its own bound below).
 
 Fresh random packed weights in moe_build/weights/woq.py's canonical forms for every case; the reference
 dequantizes them with woq.py's exact rule (`dequantize_matrix`, fp64) and multiplies in fp64. Outputs are
@@ -300,6 +301,92 @@ def test_refusals_name_the_problem(change: dict, words: str) -> None:
     off = torch.tensor([0, 4, 8], dtype=torch.int64, device="cuda")
     with pytest.raises(K.KernelError, match=words):
         K.grouped_gemm_woq(a, b, "int4", scales, off, args["group"], tactic=args["tactic"])
+
+
+# ---- GEMM2 with the finalize epilogue (mb_grouped_gemm_woq_finalize, the decode kernels) -------------------------
+#
+# Routing as tests/gpu/test_fp8_gemm.py's finalize cases: tokens pick top_k distinct experts among LOCAL experts (two
+# never picked: empty segments; one about 20 times as often: its segment spans several 8-row chunks) and REMOTE ones
+# (another rank's, sorted past off[E]: they must reach no output; with top_k <= REMOTE token 0 has remote experts
+# only). The expected output, in fp64: each permuted row's reference product (+ bias) times its routing weight, added
+# into its token's row of a random pre-filled output (the kernel adds; a token whose experts are all remote keeps its
+# fill exactly).
+#
+# Error bound, per output element, over the token's local rows j with weights w_j: each weighted row is the store's
+# value (its bound above: 2^-8 (|ref_j| + S_j)) times w_j, rounded to the output type before its atomic add, and each
+# of the top_k adds rounds the running sum (at most M1 + |fill|, M1 = sum_j |w_j ref_j|) once: |out - ref| <=
+# 2^-8 (M1 + M2) + top_k u (M1 + |fill|), M2 = sum_j |w_j| S_j, u 2^-8 (bf16) or 2^-11 (fp16).
+
+LOCAL, REMOTE, EMPTY, HEAVY = 10, 4, (2, 7), 4
+
+
+def finalize_run(kind: WoqKind, group: int, zeros: bool, n: int, k: int, tokens: int, top_k: int, k_split: int,
+                 e4m3: bool = False, bias: bool = False, dtype: torch.dtype = torch.bfloat16) -> None:
+    seed = random.SystemRandom().randrange(1 << 30)
+    gen = torch.Generator().manual_seed(seed + 7)
+    probs = torch.rand(LOCAL + REMOTE, generator=gen) + 0.05
+    probs[list(EMPTY)] = 0.0
+    probs[HEAVY] *= 20.0
+    ids = torch.multinomial(probs.expand(tokens, -1), top_k, replacement=False, generator=gen)
+    remote_only = top_k <= REMOTE
+    if remote_only:  # token 0 on remote experts only: its output row must keep its fill
+        ids[0] = LOCAL + torch.randperm(REMOTE, generator=gen)[:top_k]
+    ids = ids.flatten()
+    ptu = torch.sort(ids, stable=True).indices.to(torch.int32)  # permuted row p holds expanded row t * top_k + j
+    counts = torch.bincount(ids, minlength=LOCAL + REMOTE)[:LOCAL].tolist()
+    dev, ref, mag, used = case(kind, counts, n, k, group, zeros, bias, dtype, seed,
+                               pad_rows=tokens * top_k - sum(counts), e4m3=e4m3)
+    weights = torch.rand(tokens * top_k, generator=gen)
+    fill = torch.randn(tokens, n, generator=gen).to(dtype)
+    out = fill.cuda()
+    tactic = f"decode:ksplit{k_split}:after_trigger:plain"
+    K.grouped_gemm_woq_finalize(dev["a"], dev["b"], kind.value, dev["scales"], dev["off"], group, ptu.cuda(),
+                                weights.cuda(), tokens, top_k, zeros=dev["zeros"], bias=dev["bias"], out=out,
+                                tactic=tactic, scale_a=dev["scale_a"], out_dtype=dtype if e4m3 else None)
+    torch.cuda.synchronize()
+    token = (ptu.long() // top_k)[:used]
+    w = weights.double()[:used, None]
+    want, m1, m2 = (torch.zeros(tokens, n, dtype=torch.float64).index_add_(0, token, x)
+                    for x in (w * ref[:used], w.abs() * ref[:used].abs(), w.abs() * mag[:used]))
+    untouched = torch.ones(tokens, dtype=torch.bool)
+    untouched[token] = False
+    got = out.cpu()
+    where = f"(seed {seed}, {kind.value}{' e4m3 A' if e4m3 else ''}, group {group}, n {n}, k {k}, {tactic}, {dtype})"
+    assert untouched.any() or not remote_only, f"token 0 has a local expert {where}"
+    assert torch.equal(got[untouched], fill[untouched]), f"a remote-only token written {where}"
+    u = 2.0 ** -8 if dtype == torch.bfloat16 else 2.0 ** -11
+    bound = 2.0 ** -8 * (m1 + m2) + top_k * u * (m1 + fill.double().abs()) + 1e-30
+    worst = float(((got.double() - fill.double() - want).abs() / bound).max())
+    assert worst <= 1.0, f"error {worst:.2f}x the bound {where}"
+
+
+# the int4 codes forms (staged kernel; the ring one where 8 rows pass its shared-memory budget: k 97 x 128 of bf16,
+# 112 x 128 of e4m3), the generic kernel (group 32 / 64, int8), e4m3 activations, both output types, bias, every K split
+@pytest.mark.parametrize("k_split", [1, 2, 8])
+@pytest.mark.parametrize("kind, group, zeros, k, e4m3", [
+    (WoqKind.INT4, 128, True, 512, False), (WoqKind.INT4, 0, False, 384, False),
+    (WoqKind.INT4, 128, True, 97 * 128, False), (WoqKind.INT4, 64, True, 512, False),
+    (WoqKind.INT4, 32, False, 352, False), (WoqKind.INT8, 0, False, 384, False), (WoqKind.INT4, 128, True, 512, True),
+    (WoqKind.INT4, 0, True, 112 * 128, True), (WoqKind.INT4, 64, False, 512, True)],
+    ids=["int4-g128-staged", "int4-row-staged", "int4-g128-ring", "int4-g64", "int4-g32", "int8-row",
+         "e4m3-g128-staged", "e4m3-row-ring", "e4m3-g64"])
+def test_finalize_against_fp64(k_split: int, kind: WoqKind, group: int, zeros: bool, k: int, e4m3: bool) -> None:
+    finalize_run(kind, group, zeros, 208, k, tokens=40, top_k=4, k_split=k_split, e4m3=e4m3)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("tokens, top_k", [(1, 1), (3, 2), (200, 8)])
+def test_finalize_bias_dtype_and_counts(dtype: torch.dtype, tokens: int, top_k: int) -> None:
+    finalize_run(WoqKind.INT4, 128, True, 256, 1024, tokens, top_k, 2, bias=True, dtype=dtype)
+    finalize_run(WoqKind.INT4, 128, False, 256, 1024, tokens, top_k, 1, e4m3=True, bias=True, dtype=dtype)
+
+
+def test_finalize_needs_the_decode_kernel() -> None:
+    dev, _, _, _ = case(WoqKind.INT4, [4, 4], 128, 256, 128, False, False, torch.bfloat16, 0, pad_rows=0)
+    ptu, w = torch.arange(8, dtype=torch.int32, device="cuda"), torch.ones(8, device="cuda")
+    with pytest.raises(K.KernelError, match="finalize epilogue runs on the decode kernel only"):
+        K.grouped_gemm_woq_finalize(dev["a"], dev["b"], "int4", dev["scales"], dev["off"], 128, ptu, w, 4, 2,
+                                    tactic="mma:64x128:plain:plain")
 
 
 # ---- mb_woq_dequantize: the weights a weight-only GEMM's wgmma tactic hands the 16-bit wgmma GEMM ---------------

@@ -43,12 +43,17 @@ struct WoqGemmParams {
   const void* scales;      // fp32, or uint8 e8m0 for MXFP4
   const uint8_t* zeros;    // INT4 only, or null
   const void* bias;        // [E, n] in T, or null
-  void* C;                 // [max_rows, n] in T
+  void* C;                 // [max_rows, n] in T; the finalize epilogue: [tokens, n], added into
   const int64_t* offsets;  // [E + 1]
   int num_experts;
   int n, k;
   int group;  // k per scale; 0: one scale per output row (INT4 / INT8)
   int kind;   // enum mb_woq_kind
+  // The finalize epilogue (decode kernels only; null: the plain store): row p's sum (+ bias) times
+  // permuted_weights[p], added into C's row permuted_to_unpermuted[p] / top_k.
+  const int32_t* permuted_to_unpermuted;
+  const float* permuted_weights;
+  int top_k;
 };
 
 // What the dequantization needs of the 16-bit type T.

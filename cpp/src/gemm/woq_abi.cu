@@ -1,6 +1,7 @@
-// The weight-only grouped-GEMM entry point (mb_grouped_gemm_woq): the argument and tactic checks, then the tactic's
-// kernel: gemm/woq_decode.cu (MB_GEMM_DECODE, a few rows per expert) or gemm/woq_mma.cu (MB_GEMM_MMA, many), each
-// with 16-bit activations or (W4AFP8) e4m3 ones and their per-row scales.
+// The weight-only grouped-GEMM entry points (mb_grouped_gemm_woq, and mb_grouped_gemm_woq_finalize on the decode
+// kernel): the argument and tactic checks, then the tactic's kernel: gemm/woq_decode.cu (MB_GEMM_DECODE, a few rows
+// per expert) or gemm/woq_mma.cu (MB_GEMM_MMA, many), each with 16-bit activations or (W4AFP8) e4m3 ones and their
+// per-row scales.
 #include <cstdint>
 
 #include "gemm/mma.cuh"
@@ -68,4 +69,26 @@ extern "C" mb_status mb_grouped_gemm_woq(const void* A, int a_type, const float*
   const bool after = tactic.launch == MB_LAUNCH_AFTER_TRIGGER;
   if (tactic.kernel == MB_GEMM_MMA) return mbk::launch_woq_mma(p, max_rows, dtype, tactic.tile, after, stream);
   return mbk::launch_woq_decode(p, max_rows, dtype, tactic.k_split, after, stream);
+}
+
+extern "C" mb_status mb_grouped_gemm_woq_finalize(const void* A, int a_type, const float* scale_a, const void* B,
+                                                  int kind, const void* scales, const uint8_t* zeros, int group,
+                                                  const void* bias, void* out,
+                                                  const int64_t* expert_first_token_offset,
+                                                  const int32_t* permuted_to_unpermuted,
+                                                  const float* permuted_weights, int num_experts, int64_t max_rows,
+                                                  int num_tokens, int top_k, int n, int k, int dtype,
+                                                  mb_gemm_tactic tactic, cudaStream_t stream) {
+  const char* who = "grouped gemm woq finalize";
+  if (!permuted_to_unpermuted || !permuted_weights || num_tokens < 0 || top_k < 1)
+    return mbk::fail(MB_ERR_INVALID_ARGUMENT, "%s: null finalize map or weights, num_tokens < 0 or top_k < 1", who);
+  if (tactic.kernel != MB_GEMM_DECODE)
+    return mbk::fail(MB_ERR_UNSUPPORTED, "%s: the finalize epilogue runs on the decode kernel only, not %s", who,
+                     mbk::kernel_name(tactic.kernel));
+  const mbk::WoqGemmParams p{A, scale_a, static_cast<const uint8_t*>(B), scales, zeros, bias, out,
+                             expert_first_token_offset, num_experts, n, k, group, kind, permuted_to_unpermuted,
+                             permuted_weights, top_k};
+  MB_TRY(mbk::check_woq_args(p, a_type, max_rows, tactic));
+  if (max_rows == 0 || num_tokens == 0) return MB_OK;
+  return mbk::launch_woq_decode(p, max_rows, dtype, tactic.k_split, tactic.launch == MB_LAUNCH_AFTER_TRIGGER, stream);
 }

@@ -53,7 +53,9 @@ constexpr int kStages = KIND == MB_WOQ_INT8 ? 2 : 4;
 
 // The CTA's sums to C: a lane's accumulators (fragment rows g and g + 8, tokens 2q and 2q + 1) to shared memory,
 // then one thread per (token, output column pair), the K slices' partials summed in fixed order (bit-reproducible),
-// times the token row's scale (A8), plus the bias.
+// times the token row's scale (A8), plus the bias; stored, or with the finalize epilogue (p.permuted_to_unpermuted
+// set) times the row's routing weight and added into its token's output row with one packed 2-element atomic, as
+// gemm/decode.cu's finalize does.
 template <typename T, int WK, bool A8, int R>
 __device__ __forceinline__ void store_sums(const WoqGemmParams& p, float (&s_part)[WK][R][kDecodeTokens + 1],
                                            const float (&acc)[4], int expert, int64_t row_begin, int rows, int col0,
@@ -88,7 +90,14 @@ __device__ __forceinline__ void store_sums(const WoqGemmParams& p, float (&s_par
       v[0] += b.x;
       v[1] += b.y;
     }
-    *reinterpret_cast<typename P2::type*>(static_cast<T*>(p.C) + (row_begin + t) * N + col) = P2::make(v[0], v[1]);
+    const int64_t prow = row_begin + t;
+    if (p.permuted_to_unpermuted) {
+      const float wt = p.permuted_weights[prow];
+      T* dst = static_cast<T*>(p.C) + static_cast<int64_t>(p.permuted_to_unpermuted[prow] / p.top_k) * N + col;
+      atomicAdd(reinterpret_cast<typename P2::type*>(dst), P2::make(wt * v[0], wt * v[1]));
+    } else {
+      *reinterpret_cast<typename P2::type*>(static_cast<T*>(p.C) + prow * N + col) = P2::make(v[0], v[1]);
+    }
   }
 }
 
