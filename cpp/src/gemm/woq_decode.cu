@@ -33,9 +33,10 @@
 // a batch earlier included, so a warp waits about one memory latency a batch (docs/experiments.md, where the
 // shared-memory rings tried against it are).
 //
-// e4m3 tokens (A8, W4AFP8): a lane's 32 k of its token row are 32 bytes, two 16-byte loads per batch (half the
-// registers of 16-bit tokens), turned into T step by step just before the mma (gemm/woq.cuh, e4m3_pairs); the
-// token row's scale multiplies the summed partials before the bias.
+// e4m3 tokens (A8, W4AFP8): in the register kernels a lane's 32 k of its token row are 32 bytes, two 16-byte loads
+// per batch (half the registers of 16-bit tokens), turned into T step by step just before the mma (gemm/woq.cuh,
+// e4m3_pairs); the staged kernel turns them into T once, as it stores them in shared memory (so they fit it as 16-bit
+// rows do). The token row's scale multiplies the summed partials before the bias.
 #include <algorithm>
 #include <cstdint>
 
@@ -406,7 +407,9 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_int4_codes_kerne
 //     the 1 KB it had just issued (the ring kernel above; Nsight Compute, H200: 49% of its stall samples on those waits);
 //   - the token rows, 16 bytes a lane per step, would take twice the weights' registers: the CTA copies its chunk
 //     of them (all of K) into shared memory once (cp.async) and the steps read them there. Copied in windows with a
-//     barrier around each, where they do not fit, this was slower than the ring kernel (docs/experiments.md);
+//     barrier around each, where they do not fit, this was slower than the ring kernel (docs/experiments.md).
+//     e4m3 tokens (A8) are turned into T as they are stored there (e4m3_pairs, once per CTA instead of in every
+//     warp at every step), so the steps are the 16-bit tokens' and only the epilogue's row scale differs;
 //   - loads are unpredicated, as in the ring kernel; batches past a slice are computed on zero tokens.
 // 128-k batches a warp loads per wait: 4 KB of int4 weights with one scale per row, 3 KB with a scale and a zero
 // per batch (their registers: four spill at 128).
@@ -430,7 +433,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_int4_staged_kern
   constexpr int U = 4;                         // k32 steps per batch (128 k, one scale group)
   constexpr int NB = kBigBatch<PER_ROW>;        // batches per wait
   constexpr int SB = PER_ROW ? 1 : NB;         // scales and zeros per row in a buffer: one for group 0
-  constexpr int TB = A8 ? 1 : static_cast<int>(sizeof(T));  // token bytes per k
+  constexpr int TB = static_cast<int>(sizeof(T));  // token bytes per k in shared memory (e4m3 ones turned into T)
   __shared__ float s_part[WK][R][kDecodeTokens + 1];
   extern __shared__ __align__(16) unsigned char s_tok[];  // [WK][rows_cap][pitch]: the token rows of each slice
 
@@ -510,13 +513,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_int4_staged_kern
     for (int u = 0; u < U; ++u) {
       uint32_t frag[2][4];
       int4_codes_step<T>(w[buf][j], u, zv, frag);
-      uint4 tok;  // the token row's 8 T at step u's k
-      if constexpr (A8) {
-        const uint4 r8 = *reinterpret_cast<const uint4*>(tb + 64 * (u >> 1));
-        tok = u & 1 ? e4m3_pairs<T>(r8.z, r8.w) : e4m3_pairs<T>(r8.x, r8.y);
-      } else {
-        tok = *reinterpret_cast<const uint4*>(tb + 64 * u);
-      }
+      const uint4 tok = *reinterpret_cast<const uint4*>(tb + 64 * u);  // the token row's 8 T at step u's k
       mma16816<MmaName<T>::kBf16>(sum, frag[0], tok.x, tok.y);
       mma16816<MmaName<T>::kBf16>(sum, frag[1], tok.z, tok.w);
     }
@@ -525,21 +522,29 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_int4_staged_kern
       for (int c = 0; c < 4; ++c) acc[c] = fmaf(part[c], sv[cb][j][c >> 1], acc[c]);  // c < 2: row g, else g + 8
     }
   };
-  // Every slice's token rows into shared memory, then a barrier (the copies visible to all warps).
+  // Every slice's token rows into shared memory, then a barrier (the copies visible to all warps). 16-bit rows are
+  // copied by cp.async; an e4m3 row's 8 bytes per 16 stored are loaded, turned into 8 T and stored.
   const char* A = static_cast<const char*>(p.A);
   auto stage_tokens = [&]() {
-    constexpr int kChunks = 128 * TB / 16;    // 16-byte copies per batch of one row (a power of two)
+    constexpr int kChunks = 128 * TB / 16;    // 16-byte chunks stored per batch of one row (a power of two)
     constexpr int kLaneChunks = kChunks / 4;  // a lane's: chunk c is lane c / kLaneChunks's (c % kLaneChunks)-th
+    constexpr int kSrcBytes = A8 ? 1 : TB;    // A's bytes per k
     for (int sr = 0; sr < WK * rows; ++sr) {  // (slice, row) pairs, CTA-uniform
       const int s = sr % WK, r = sr / WK;
       const int k0 = s * kslice;  // < K + kslice: fits int
       const int chunks = max(0, min(kslice, K - k0)) * TB / 16;  // the last slice is shorter, or empty
-      const char* src = A + ((row_begin + r) * K + k0) * TB;
+      const char* src = A + ((row_begin + r) * K + k0) * kSrcBytes;
       unsigned char* dst = s_tok + (s * d.rows_cap + r) * pitch;
+#pragma unroll 4
       for (int c = threadIdx.x; c < chunks; c += kDecodeThreads) {
         const int cc = c & (kChunks - 1);
         const int stored = (c - cc) + (cc % kLaneChunks) * 4 + cc / kLaneChunks;  // at its lane's step
-        cp_async16(static_cast<uint32_t>(__cvta_generic_to_shared(dst + stored * 16)), src + c * 16, true);
+        if constexpr (A8) {
+          const uint2 v = *reinterpret_cast<const uint2*>(src + c * 8);  // k 8c .. 8c + 7 of the slice
+          *reinterpret_cast<uint4*>(dst + stored * 16) = e4m3_pairs<T>(v.x, v.y);
+        } else {
+          cp_async16(static_cast<uint32_t>(__cvta_generic_to_shared(dst + stored * 16)), src + c * 16, true);
+        }
       }
     }
     asm volatile("cp.async.wait_all;\n" ::: "memory");
@@ -603,7 +608,7 @@ mb_status launch_int4_codes(const WoqGemmParams& p, int64_t max_rows, int k_spli
     constexpr int WK = decltype(wk)::value;
     const int64_t chunks = decode_chunks(max_rows, p.num_experts);
     const WoqStagedLaunch d{p, static_cast<int>(std::min<int64_t>(kDecodeTokens, max_rows))};
-    const size_t smem = staged_smem(p, d.rows_cap, WK, A8 ? 1 : static_cast<int>(sizeof(T)));
+    const size_t smem = staged_smem(p, d.rows_cap, WK, static_cast<int>(sizeof(T)));  // e4m3 tokens stored as T
     if (smem <= kTokenBudget)
       return launch_decode(woq_decode_int4_staged_kernel<T, WK, A8, PER_ROW>, d, p.n, 16 * (kDecodeWarps / WK),
                            chunks, after_trigger, stream, "grouped gemm woq", smem);
