@@ -43,7 +43,7 @@ struct WoqGemmParams {
   const void* scales;      // fp32, or uint8 e8m0 for MXFP4
   const uint8_t* zeros;    // INT4 only, or null
   const void* bias;        // [E, n] in T, or null
-  void* C;                 // [max_rows, n] in T; the finalize epilogue: [tokens, n], added into
+  void* C;                 // [max_rows, n] in T (the finalize epilogue adds into [tokens, n] instead)
   const int64_t* offsets;  // [E + 1]
   int num_experts;
   int n, k;
