@@ -175,9 +175,7 @@ __global__ void __launch_bounds__(kDecodeThreads) grouped_decode_kernel(GemmPara
       v[1] = apply_act(p.activation, v[1]);
     }
     if constexpr (EPI == EPI_FINALIZE) {
-      const float wt = p.permuted_weights[prow];
-      T* dst = static_cast<T*>(p.C) + (int64_t)(p.permuted_to_unpermuted[prow] / p.top_k) * N + col;
-      atomicAdd(reinterpret_cast<typename P2::type*>(dst), P2::make(wt * v[0], wt * v[1]));
+      finalize_add_pair<T>(p.C, p.permuted_to_unpermuted, p.permuted_weights, p.top_k, prow, N, col, v[0], v[1]);
     } else {
       *reinterpret_cast<typename P2::type*>(static_cast<T*>(p.C) + prow * N + col) = P2::make(v[0], v[1]);
     }

@@ -1,4 +1,4 @@
-// What the swap-AB decode kernels (gemm/decode.cu, gemm/fp8_decode.cu, gemm/woq_decode.cu) share on the host:
+// What the swap-AB decode kernels (gemm/decode.cu, gemm/fp8_decode.cu, gemm/woq_decode.cu) share: on the host,
 // CTAs of 8 warps, one per (expert, chunk of up to 8 token rows, block of output columns), the grid sized from
 // host-known bounds (no host synchronization: CUDA-graph capturable; CTAs past the real chunk count exit), and
 // the K split chosen at compile time.
@@ -20,6 +20,18 @@ constexpr int kDecodeTokens = 8;  // token rows per chunk: the mma's 8 columns
 // slices start on 256-byte boundaries of 16-bit rows), the last slice shorter or empty. Host and device agree on it.
 __host__ __device__ constexpr int decode_k_slice(int k, int wk) {
   return ((k + wk * 128 - 1) / (wk * 128)) * 128;
+}
+
+// The finalize epilogue's add: permuted row `prow`'s output pair (columns col, col + 1) times its routing weight,
+// added into its token's row of `out` [tokens, n] with one packed 2-element atomic.
+template <typename T>
+__device__ __forceinline__ void finalize_add_pair(void* out, const int32_t* permuted_to_unpermuted,
+                                                  const float* permuted_weights, int top_k, int64_t prow, int n,
+                                                  int col, float v0, float v1) {
+  using P2 = Pair<T>;
+  const float wt = permuted_weights[prow];
+  T* dst = static_cast<T*>(out) + static_cast<int64_t>(permuted_to_unpermuted[prow] / top_k) * n + col;
+  atomicAdd(reinterpret_cast<typename P2::type*>(dst), P2::make(wt * v0, wt * v1));
 }
 
 // Chunks to launch: sum over experts of ceil(rows_x / 8) <= ceil(max_rows / 8) + (non-empty experts).

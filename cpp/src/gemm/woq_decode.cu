@@ -93,9 +93,7 @@ __device__ __forceinline__ void store_sums(const WoqGemmParams& p, float (&s_par
     }
     const int64_t prow = row_begin + t;
     if (p.permuted_to_unpermuted) {
-      const float wt = p.permuted_weights[prow];
-      T* dst = static_cast<T*>(p.C) + static_cast<int64_t>(p.permuted_to_unpermuted[prow] / p.top_k) * N + col;
-      atomicAdd(reinterpret_cast<typename P2::type*>(dst), P2::make(wt * v[0], wt * v[1]));
+      finalize_add_pair<T>(p.C, p.permuted_to_unpermuted, p.permuted_weights, p.top_k, prow, N, col, v[0], v[1]);
     } else {
       *reinterpret_cast<typename P2::type*>(static_cast<T*>(p.C) + prow * N + col) = P2::make(v[0], v[1]);
     }
