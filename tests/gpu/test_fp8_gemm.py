@@ -24,6 +24,7 @@ from moe_build import kernels as K  # noqa: E402  (after the torch skip: loading
 from moe_build.kernels.abi import Fp8Scaling  # noqa: E402
 from moe_build.kernels.ops import fp8_scale_shapes  # noqa: E402
 from moe_build.planner.tactics import GemmCall, RowCount, choose_tactic  # noqa: E402
+from finalize_routing import LOCAL, routed  # noqa: E402
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(),
@@ -185,10 +186,10 @@ def test_refusals():
 
 # ---- GEMM2 with the finalize epilogue (mb_grouped_gemm_fp8_finalize) --------------------------------------
 #
-# Routing: tokens pick top_k distinct experts among LOCAL experts (two of them never picked: empty segments;
-# one picked about 20 times as often as the others: its segment runs to hundreds of rows) and REMOTE ones
-# (another rank's: their permuted rows are sorted after the local experts', past off[E], and must reach no
-# output). The expected output is computed here in fp64 from `reference` above: each permuted row's scaled
+# Routing (tests/gpu/finalize_routing.py): tokens pick top_k distinct experts among LOCAL experts (two of them never
+# picked: empty segments; one picked about 20 times as often as the others: its segment runs to hundreds of rows)
+# and REMOTE ones (another rank's: their permuted rows are sorted after the local experts', past off[E], and must
+# reach no output). The expected output is computed here in fp64 from `reference` above: each permuted row's scaled
 # product (+ bias) times its routing weight, added into its token's row. Outputs are pre-zeroed (the kernel
 # adds into them); a token whose experts are all remote must stay exactly zero, and a pre-filled output
 # must come back as that fill plus the same sum (the kernel adds, it does not store).
@@ -200,20 +201,6 @@ def test_refusals():
 # was pre-filled) to the output dtype, in whichever order the rows arrive, u being its unit roundoff (bf16 2^-8,
 # fp16 2^-11); c is the accumulation term of the store bound (2^-12 decode, 2^-10 wgmma).
 
-LOCAL, REMOTE, EMPTY, HEAVY = 10, 4, (2, 7), 4
-
-
-def routed(tokens: int, top_k: int, seed: int) -> tuple[torch.Tensor, list[int]]:
-    """(permuted_to_unpermuted [tokens * top_k] int32 on the GPU, rows of each local expert): the expanded rows
-    t * top_k + j sorted by expert, stable, remote experts last."""
-    gen = torch.Generator().manual_seed(seed)
-    probs = torch.rand(LOCAL + REMOTE, generator=gen) + 0.05
-    probs[list(EMPTY)] = 0.0
-    probs[HEAVY] *= 20.0
-    ids = torch.multinomial(probs.expand(tokens, -1), top_k, replacement=False, generator=gen).flatten()
-    order = torch.sort(ids, stable=True).indices
-    counts = torch.bincount(ids, minlength=LOCAL + REMOTE)[:LOCAL].tolist()
-    return order.to(torch.int32).cuda(), counts
 
 
 def finalize_case(tokens: int, top_k: int, n: int, k: int, scaling: Fp8Scaling, seed: int, with_bias: bool,

@@ -30,6 +30,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from moe_build import kernels as K  # noqa: E402  (after the torch skip: loading may build the library)
 from moe_build.weights.woq import WoqKind, dequantize_matrix  # noqa: E402
+from finalize_routing import REMOTE, routed  # noqa: E402
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(),
@@ -304,46 +305,35 @@ def test_refusals_name_the_problem(change: dict, words: str) -> None:
 
 # ---- GEMM2 with the finalize epilogue (mb_grouped_gemm_woq_finalize, the decode kernels) -------------------------
 #
-# Routing as tests/gpu/test_fp8_gemm.py's finalize cases: tokens pick top_k distinct experts among LOCAL experts (two
-# never picked: empty segments; one about 20 times as often: its segment spans several 8-row chunks) and REMOTE ones
-# (another rank's, sorted past off[E]: they must reach no output; with top_k <= REMOTE token 0 has remote experts
-# only). The expected output, in fp64: each permuted row's reference product (+ bias) times its routing weight, added
-# into its token's row of a random pre-filled output (the kernel adds; a token whose experts are all remote keeps its
-# fill exactly).
+# Routing as tests/gpu/test_fp8_gemm.py's finalize cases (tests/gpu/finalize_routing.py): tokens pick top_k distinct
+# experts among LOCAL experts (two never picked: empty segments; one about 20 times as often: its segment spans
+# several 8-row chunks) and REMOTE ones (another rank's, sorted past off[E]: they must reach no output; with top_k <=
+# REMOTE token 0 has remote experts only). The expected output, in fp64: each permuted row's reference product
+# (+ bias) times its routing weight, added into its token's row of a random pre-filled output (the kernel adds; a
+# token whose experts are all remote keeps its fill exactly).
 #
 # Error bound, per output element, over the token's local rows j with weights w_j: each weighted row is the store's
 # value (its bound above: 2^-8 (|ref_j| + S_j)) times w_j, rounded to the output type before its atomic add, and each
 # of the top_k adds rounds the running sum (at most M1 + |fill|, M1 = sum_j |w_j ref_j|) once: |out - ref| <=
 # 2^-8 (M1 + M2) + top_k u (M1 + |fill|), M2 = sum_j |w_j| S_j, u 2^-8 (bf16) or 2^-11 (fp16).
 
-LOCAL, REMOTE, EMPTY, HEAVY = 10, 4, (2, 7), 4
-
-
 def finalize_run(kind: WoqKind, group: int, zeros: bool, n: int, k: int, tokens: int, top_k: int, k_split: int,
                  e4m3: bool = False, bias: bool = False, dtype: torch.dtype = torch.bfloat16) -> None:
     seed = random.SystemRandom().randrange(1 << 30)
-    gen = torch.Generator().manual_seed(seed + 7)
-    probs = torch.rand(LOCAL + REMOTE, generator=gen) + 0.05
-    probs[list(EMPTY)] = 0.0
-    probs[HEAVY] *= 20.0
-    ids = torch.multinomial(probs.expand(tokens, -1), top_k, replacement=False, generator=gen)
-    remote_only = top_k <= REMOTE
-    if remote_only:  # token 0 on remote experts only: its output row must keep its fill
-        ids[0] = LOCAL + torch.randperm(REMOTE, generator=gen)[:top_k]
-    ids = ids.flatten()
-    ptu = torch.sort(ids, stable=True).indices.to(torch.int32)  # permuted row p holds expanded row t * top_k + j
-    counts = torch.bincount(ids, minlength=LOCAL + REMOTE)[:LOCAL].tolist()
+    remote_only = top_k <= REMOTE  # token 0 on remote experts only: its output row must keep its fill
+    ptu, counts = routed(tokens, top_k, seed + 7, remote_first=remote_only)
+    gen = torch.Generator().manual_seed(seed + 8)
     dev, ref, mag, used = case(kind, counts, n, k, group, zeros, bias, dtype, seed,
                                pad_rows=tokens * top_k - sum(counts), e4m3=e4m3)
     weights = torch.rand(tokens * top_k, generator=gen)
     fill = torch.randn(tokens, n, generator=gen).to(dtype)
     out = fill.cuda()
     tactic = f"decode:ksplit{k_split}:after_trigger:plain"
-    K.grouped_gemm_woq_finalize(dev["a"], dev["b"], kind.value, dev["scales"], dev["off"], group, ptu.cuda(),
+    K.grouped_gemm_woq_finalize(dev["a"], dev["b"], kind.value, dev["scales"], dev["off"], group, ptu,
                                 weights.cuda(), tokens, top_k, zeros=dev["zeros"], bias=dev["bias"], out=out,
                                 tactic=tactic, scale_a=dev["scale_a"], out_dtype=dtype if e4m3 else None)
     torch.cuda.synchronize()
-    token = (ptu.long() // top_k)[:used]
+    token = (ptu.cpu().long() // top_k)[:used]
     w = weights.double()[:used, None]
     want, m1, m2 = (torch.zeros(tokens, n, dtype=torch.float64).index_add_(0, token, x)
                     for x in (w * ref[:used], w.abs() * ref[:used].abs(), w.abs() * mag[:used]))
