@@ -40,10 +40,16 @@ for name, (E, topk, n, k) in gemms.items():
             c = torch.empty(R, n, dtype=torch.bfloat16, device="cuda")
             touched = int((counts > 0).sum())
             stored = touched * (n * k // 2 + scales[0].numel() * scales.element_size() + (0 if zeros is None else zeros[0].numel()))
-            tacs = [f"decode:ksplit{s}:after_trigger:plain" for s in (1, 2, 4, 8)] + \
+            forms = ("", "staged_") if kind is WoqKind.INT4 and group == 128 else ("",)
+            tacs = [f"decode:{f}ksplit{s}:after_trigger:plain" for f in forms for s in (1, 2, 4, 8)] + \
                    ([f"mma:{t}:plain:plain" for t in ("64x128", "128x128")] if tokens >= 16 else [])
-            res = {t: round(tms(lambda: K.grouped_gemm_woq(a, b, kind.value, scales, off, group, zeros=zeros, c=c, tactic=t)), 1)
-                   for t in tacs}
+            res = {}
+            for t in tacs:
+                try:  # a staged tactic whose token rows do not fit is refused
+                    res[t] = round(tms(lambda: K.grouped_gemm_woq(a, b, kind.value, scales, off, group, zeros=zeros, c=c,
+                                                                  tactic=t)), 1)
+                except K.KernelError:
+                    pass
             if w16 is not None and tokens <= 16:
                 res["bf16_decode_ksplit2"] = round(tms(lambda: K.grouped_gemm_sm90(a, w16, off, c=c, tactic="decode:ksplit2:after_trigger:plain")), 1)
             floor = round(stored / read_bps * 1e6, 1)

@@ -99,6 +99,8 @@ def test_tile_names_are_the_planners() -> None:
         assert spelled[kernels.GemmTile(tactic_struct(f"wgmma:{tile}:plain:plain").tile)] == tile
     for tile in MMA_TILES:
         assert spelled[kernels.GemmTile(tactic_struct(f"mma:{tile}:plain:plain").tile)] == tile
+    assert spelled[kernels.GemmTile(tactic_struct("decode:staged_ksplit2:plain:plain").tile)] == "staged"
+    assert kernels.GemmTile(tactic_struct("decode:ksplit2:plain:plain").tile) is kernels.GemmTile.NONE
 
 
 def test_every_gemm_entry_point_takes_a_tactic() -> None:

@@ -14,7 +14,8 @@ import pytest
 
 from moe_build.errors import MoeBuildError
 from moe_build.planner import make_plan
-from moe_build.planner.tactics import GemmCall, GemmTactic, RowCount, choose_tactic, tactic_bands, tactic_problem
+from moe_build.planner.tactics import (GemmCall, GemmTactic, RowCount, choose_tactic, tactic_bands, tactic_problem,
+                                       woq_staged_rows)
 from moe_build.spec import MoESpec, Quant
 from moe_build.target import Flavour, Target, TokenProfile
 
@@ -249,13 +250,42 @@ def test_tactics_the_weight_only_gemm_cannot_run(name: str, problem: str) -> Non
     assert problem in (tactic_problem(call(epilogue="store", woq="mxfp4"), GemmTactic.parse(name)) or "")
 
 
+def test_weight_only_int4_decode_stages_token_rows_where_they_fit() -> None:
+    """The int4 forms with one scale per row or per 128 k (k % 128 == 0) run the decode kernel staged (token rows in
+    shared memory) while a chunk's rows, min(8, tokens * top_k), fit its 104 KB: (104 KB - 256) // (k_split *
+    (slice * 2 + 64)) rows, gemm/woq_decode.cu staged_smem; the band ends where they stop fitting. Every other form,
+    and a forced staged tactic whose 8-row chunks do not fit, is refused."""
+    mixtral_down = call(epilogue="store", woq="int4", woq_group=128, n=4096, k=14336, experts=8, top_k=2)
+    assert [woq_staged_rows(mixtral_down, s) for s in (1, 2, 4, 8)] == [3, 3, 3, 3]  # 106240 // 28736 etc.
+    assert woq_staged_rows(dataclasses.replace(mixtral_down, k=12416), 1) == 4  # 106240 // 24896
+    assert woq_staged_rows(dataclasses.replace(mixtral_down, k=4096), 1) == 8   # capped at a chunk's 8 rows
+    # 1 token: 2 rows fit (split 4); 2 tokens: 4 rows do not
+    assert [at(mixtral_down, t) for t in (1, 2)] == ["decode:staged_ksplit4:after_trigger:plain",
+                                                     "decode:ksplit2:after_trigger:plain"]
+    assert tactic_bands(mixtral_down)[0][:2] == (1, 1)
+    for other in (dict(woq_group=64), dict(woq="int8", itemsize=1, woq_group=0), dict(woq="mxfp4", woq_group=32),
+                  dict(k=14336 - 64)):
+        assert at(dataclasses.replace(mixtral_down, **other), 1).startswith("decode:ksplit")
+    assert at(dataclasses.replace(mixtral_down, a_e4m3=True), 1) == "decode:staged_ksplit4:after_trigger:plain"
+    staged = GemmTactic.parse("decode:staged_ksplit2:plain:plain")
+    assert (staged.kernel, staged.tile, staged.k_split, staged.name) == ("decode", "staged", 2,
+                                                                         "decode:staged_ksplit2:plain:plain")
+    small = dataclasses.replace(mixtral_down, k=4096)
+    assert tactic_problem(small, staged) is None
+    assert "do not fit" in tactic_problem(mixtral_down, staged)
+    assert "one scale per row or per 128 k" in tactic_problem(dataclasses.replace(small, woq_group=64), staged)
+    assert "weight-only int4 GEMM's" in tactic_problem(call(epilogue="store"), staged)
+    with pytest.raises(MoeBuildError, match="staged or not"):
+        GemmTactic.parse("decode:staged2:plain:plain")
+
+
 def test_weight_only_gemms_take_the_mixed_input_tiles_past_decode() -> None:
     """int4 / int8 weights per channel or in groups of 64 / 128 (n % 128, k % 64) on sm90 with 16-bit activations:
     past 8 average rows per expert the mixed-input wgmma tiles at every count, 32 token rows to 16 rows per expert,
     64 to 48, 128 to 128, then 256. W4AFP8 keeps the mma tiles."""
     c = call(epilogue="store", woq="int4", woq_group=128)  # 128 experts, top-8: avg rows = tokens / 16
     assert [at(c, t) for t in (128, 129, 256, 257, 768, 769, 2048, 2049, 65536)] == [
-        "decode:ksplit1:after_trigger:plain", "wgmma:woq128x32:plain:plain", "wgmma:woq128x32:plain:plain",
+        "decode:staged_ksplit1:after_trigger:plain", "wgmma:woq128x32:plain:plain", "wgmma:woq128x32:plain:plain",
         "wgmma:woq128x64:plain:plain", "wgmma:woq128x64:plain:plain", "wgmma:woq128x128:plain:plain",
         "wgmma:woq128x128:plain:plain", "wgmma:woq128x256:plain:plain", "wgmma:woq128x256:plain:plain"]
     for t in (129, 257, 769, 2049):

@@ -274,6 +274,8 @@ enum mb_gemm_tile {
   MB_TILE_WOQ_128x16 = 15,         /* wgmma mixed-input: 128 weight rows x 16 token rows */
   MB_TILE_WOQ_128x32 = 16,         /* wgmma mixed-input: 128 weight rows x 32 token rows */
   MB_TILE_WOQ_128x256 = 17,        /* wgmma mixed-input: 128 weight rows x 256 token rows */
+  MB_TILE_DECODE_STAGED = 18,      /* decode with the chunk's token rows staged in shared memory (the weight-only
+                                      int4 forms with one scale per row or per 128 k, mb_grouped_gemm_woq) */
 };
 enum mb_gemm_launch {
   MB_LAUNCH_PLAIN = 0,          /* an ordinary launch */
@@ -289,7 +291,8 @@ enum mb_output_l2 {
 };
 typedef struct mb_gemm_tactic {
   int32_t kernel;     /* enum mb_gemm_kernel */
-  int32_t tile;       /* enum mb_gemm_tile: MB_TILE_NONE for decode, an MMA tile for mma, a wgmma tile for wgmma */
+  int32_t tile;       /* enum mb_gemm_tile: MB_TILE_NONE (or MB_TILE_DECODE_STAGED) for decode, an MMA tile for mma,
+                         a wgmma tile for wgmma */
   int32_t k_split;    /* decode: K slices per CTA, 1, 2, 4 or 8; 0 for the other kernels */
   int32_t launch;     /* enum mb_gemm_launch: mma PLAIN (the weight-only GEMM's also AFTER_TRIGGER); decode PLAIN or
                          AFTER_TRIGGER; wgmma any (PLACED as above) */

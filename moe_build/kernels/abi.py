@@ -56,7 +56,7 @@ class GemmKernel(enum.IntEnum):
 
 
 class GemmTile(enum.IntEnum):
-    """mb_gemm_tile (MB_TILE_*): the tile of the mma or wgmma kernel; NONE for decode."""
+    """mb_gemm_tile (MB_TILE_*): the tile of the mma or wgmma kernel; NONE or DECODE_STAGED for decode."""
     NONE = 0
     MMA_16x64 = 1
     MMA_64x128 = 2
@@ -75,6 +75,7 @@ class GemmTile(enum.IntEnum):
     WOQ_128x16 = 15
     WOQ_128x32 = 16
     WOQ_128x256 = 17
+    DECODE_STAGED = 18
 
 
 class WoqKind(enum.IntEnum):

@@ -12,7 +12,7 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
-from ..planner.tactics import MMA_TILES, WGMMA_TILES, GemmTactic
+from ..planner.tactics import DECODE_TILES, MMA_TILES, WGMMA_TILES, GemmTactic
 from .abi import (Activation, DType, Fp8Scaling, GemmKernel, GemmLaunch, GemmTacticStruct, GemmTile, OutputL2, WoqInput,
                   WoqKind, Routing, WeightLayout)
 from .library import call, load_library
@@ -684,11 +684,12 @@ def fc1_activation_fp8(input: torch.Tensor, expert_first_token_offset: torch.Ten
 
 # ---- GEMM wrappers (cpp/src/gemm/) ---------------------------------------------------------------
 
-# A tactic's tile -> mb_gemm_tile, matched by name (mma "16x64" is MMA_16x64, wgmma "pingpong64x256c2" is
-# PINGPONG_64x256_C2): a tile added to tactics.py without its enum member fails here, at import.
+# A tactic's tile -> mb_gemm_tile, matched by name (decode "staged" is DECODE_STAGED, mma "16x64" is MMA_16x64, wgmma
+# "pingpong64x256c2" is PINGPONG_64x256_C2): a tile added to tactics.py without its enum member fails here, at import.
 _TILE_MEMBERS = {m.name.lower().replace("_", ""): m for m in GemmTile}
 _TILES = {tile: _TILE_MEMBERS[prefix + tile]
-          for prefix, tiles in (("", ("none",)), ("mma", MMA_TILES), ("", WGMMA_TILES)) for tile in tiles}
+          for prefix, tiles in (("", ("none",)), ("decode", DECODE_TILES[1:]), ("mma", MMA_TILES), ("", WGMMA_TILES))
+          for tile in tiles}
 
 
 def tactic_struct(tactic: GemmTactic | str | GemmTacticStruct) -> GemmTacticStruct:
@@ -925,7 +926,8 @@ def grouped_gemm_woq(a: torch.Tensor, b: torch.Tensor, kind: int | str | WoqKind
     """C[p] = A[p] @ dequant(B[x])^T (+ bias[x]): A [R, k] bf16/fp16, B in moe_build/weights/woq.py's packed form
     of `kind` ([E, n, k/2] uint8 for int4 / mxfp4, [E, n, k] int8), scales fp32 [E, n, k/group] ([E, n, 1] for
     group 0; uint8 e8m0 [E, n, k/32] for mxfp4), int4 zeros uint8 like the scales or None -> C [R, n]. `tactic`:
-    the decode kernel (decode:ksplitN) for a few rows per expert, the mma tiles (mma:64x128, mma:128x128) for many.
+    the decode kernel (decode:ksplitN, or decode:staged_ksplitN for the int4 forms with one scale per row or per 128
+    k: the token rows staged in shared memory) for a few rows per expert, the mma tiles (mma:64x128, mma:128x128) for many.
     W4AFP8: A float8_e4m3fn with `scale_a` fp32 [R] (C[p] = scale_a[p] * A[p] @ dequant(B[x])^T (+ bias)), int4
     weights, C in `out_dtype` (bf16 or fp16, required then; else A's dtype)."""
     dev, rows, k, e, n, mode, out_dtype = _woq_gemm_args(a, b, kind, scales, expert_first_token_offset, group, zeros,

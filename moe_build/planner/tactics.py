@@ -40,6 +40,9 @@ FP8_WGMMA_TILES = {"rowwise": ("coop128x128", "coop128x256", "pingpong64x128", "
 # The wgmma tiles that only the FP8 GEMM has (its k blocks of 128; the 16-bit kernels' are 64).
 FP8_ONLY_TILES = ("coop128x128", "coop128x128c2", "coop128x192", "coop128x192c2")
 K_SPLITS = (1, 2, 4, 8)
+# The decode kernel's forms: token rows read where they lie ("none"), or first staged in shared memory ("staged":
+# the weight-only int4 codes kernel only, woq_staged_rows below).
+DECODE_TILES = ("none", "staged")
 LAUNCHES = ("plain", "after_trigger", "placed")
 OUTPUT_L2 = ("plain", "evict_last")
 EPILOGUES = ("store", "gated", "finalize")
@@ -54,19 +57,21 @@ class GemmTactic:
     """One grouped GEMM's tactic; `name` is its spelling in plans, reports and --force."""
 
     kernel: str          # decode | mma | wgmma
-    tile: str            # "none" (decode) | an MMA_TILES entry (mma) | a WGMMA_TILES entry (wgmma)
+    tile: str            # a DECODE_TILES entry (decode) | an MMA_TILES entry (mma) | a WGMMA_TILES entry (wgmma)
     k_split: int         # decode: K slices per CTA (K_SPLITS); 0 for the other kernels
     launch: str          # plain | after_trigger | placed
     output_l2: str       # plain | evict_last
 
     @property
     def name(self) -> str:
-        tile = f"ksplit{self.k_split}" if self.kernel == "decode" else self.tile
+        tile = self.tile
+        if self.kernel == "decode":
+            tile = f"{'staged_' if self.tile == 'staged' else ''}ksplit{self.k_split}"
         return f"{self.kernel}:{tile}:{self.launch}:{self.output_l2}"
 
     @classmethod
     def parse(cls, name: str) -> "GemmTactic":
-        """The tactic spelled `name` (KERNEL:TILE:LAUNCH:OUTPUT_L2, decode's TILE being ksplitN)."""
+        """The tactic spelled `name` (KERNEL:TILE:LAUNCH:OUTPUT_L2, decode's TILE being ksplitN or staged_ksplitN)."""
         parts = name.split(":")
         form = "KERNEL:TILE:LAUNCH:OUTPUT_L2, e.g. wgmma:pingpong64x128:plain:plain or decode:ksplit2:plain:plain"
         if len(parts) != 4:
@@ -75,10 +80,13 @@ class GemmTactic:
         if kernel not in KERNELS:
             raise MoeBuildError("force", f"tactic {name!r}: unknown kernel {kernel!r}", KERNELS)
         if kernel == "decode":
-            splits = {f"ksplit{k}": k for k in K_SPLITS}
-            if tile not in splits:
-                raise MoeBuildError("force", f"tactic {name!r}: the decode kernel's tile is its K split", list(splits))
-            tactic = cls(kernel, "none", splits[tile], launch, l2)
+            forms = {f"{prefix}ksplit{k}": (form, k) for form, prefix in (("none", ""), ("staged", "staged_"))
+                     for k in K_SPLITS}
+            if tile not in forms:
+                raise MoeBuildError("force", f"tactic {name!r}: the decode kernel's tile is its K split, staged or not",
+                                    list(forms))
+            form, k_split = forms[tile]
+            tactic = cls(kernel, form, k_split, launch, l2)
         else:
             tiles = MMA_TILES if kernel == "mma" else WGMMA_TILES
             if tile not in tiles:
@@ -344,6 +352,47 @@ def woq_decode_k_split_rule(call: GemmCall, rows: RowCount) -> int:
     return k_split
 
 
+# Weight-only decode form: the int4 codes forms (woq_int4_codes) stage a chunk's token rows in shared memory
+# (gemm/woq_decode.cu, woq_decode_int4_staged_kernel: one wait per 3-4 KB of weights a warp instead of one per KB)
+# wherever the rows fit it, else read them into a register ring (woq_decode_int4_codes_kernel). H200, W4A16 layers
+# at 1 and 16 tokens: 6-19% faster staged, except Mixtral-8x7B's GEMM2 at 8-row chunks, whose 229 KB of rows did not
+# fit and ran slower in windows (docs/performance.md, "The staged int4 decode kernel").
+def woq_decode_tile_rule(call: GemmCall, rows: RowCount, k_split: int) -> str:
+    most = woq_staged_rows(call, k_split)
+    if most == 0:
+        return "none"
+    # a chunk's rows, min(8, tokens * top_k), at most `most`
+    return "staged" if most >= DECODE_TOKENS or rows.rows_below(most + 1) else "none"
+
+
+def woq_int4_codes(call: GemmCall) -> bool:
+    """The weight-only GEMM's int4 codes forms (gemm/woq_decode.cu int4_codes_fit): int4 weights with one scale per
+    row or per 128 k, and whole 128-k batches."""
+    return call.woq == "int4" and call.woq_group in (0, 128) and call.k % 128 == 0
+
+
+# gemm/woq_decode.cu's staged kernel: the shared memory of a chunk's token rows, 16-bit (e4m3 ones are stored
+# converted), each K slice's rows padded by 64 bytes, and 256 bytes of zeros; at most 104 KB (two CTAs an SM).
+DECODE_TOKENS = 8  # gemm/decode_launch.cuh kDecodeTokens: token rows per chunk
+STAGED_TOKEN_BUDGET = 104 * 1024
+STAGED_TOKEN_PAD = 64
+STAGED_TOKEN_ZEROS = 256
+
+
+def decode_k_slice(k: int, k_split: int) -> int:
+    """gemm/decode_launch.cuh decode_k_slice: a warp's K slice, whole 128-k batches."""
+    return -(-k // (k_split * 128)) * 128
+
+
+def woq_staged_rows(call: GemmCall, k_split: int) -> int:
+    """The most token rows a chunk may have for the staged kernel at `k_split` (0 where it does not take `call`):
+    gemm/woq_decode.cu staged_smem within kTokenBudget."""
+    if not woq_int4_codes(call):
+        return 0
+    per_row = k_split * (min(call.k, decode_k_slice(call.k, k_split)) * 2 + STAGED_TOKEN_PAD)
+    return max(0, min(DECODE_TOKENS, (STAGED_TOKEN_BUDGET - STAGED_TOKEN_ZEROS) // per_row))
+
+
 # Weight-only mma tile: 64 token rows up to 64 average rows per expert, else 128.
 WOQ_NARROW_MAX_AVG_ROWS = 64
 
@@ -469,7 +518,8 @@ def choose_tactic(call: GemmCall, rows: RowCount) -> GemmTactic:
     if kernel == "decode":
         k_split = (fp8_decode_k_split_rule(call, rows) if call.fp8 != "none" else
                    woq_decode_k_split_rule(call, rows) if call.woq != "none" else decode_k_split_rule(call, rows))
-        return GemmTactic("decode", "none", k_split, decode_launch_rule(call), "plain")
+        tile = woq_decode_tile_rule(call, rows, k_split) if call.woq != "none" else "none"
+        return GemmTactic("decode", tile, k_split, decode_launch_rule(call), "plain")
     if kernel == "mma":
         tile = woq_mma_tile_rule(call, rows) if call.woq != "none" else mma_tile_rule(call, rows)
         return GemmTactic("mma", tile, 0, "plain", "plain")
@@ -513,6 +563,8 @@ def tactic_problem(call: GemmCall, tactic: GemmTactic) -> str | None:
     """Why `call` cannot run `tactic` (the library would refuse it), or None if it can."""
     if tactic.kernel == "wgmma" and call.entry != "sm90":
         return "the wgmma kernel runs only in the sm90 GEMMs (gemm_kernel=tma_warp_specialized)"
+    if tactic.kernel == "decode" and tactic.tile == "staged" and call.woq == "none":
+        return "the staged decode kernel is the weight-only int4 GEMM's"
     if call.fp8 != "none":
         fp8_problem = _fp8_tactic_problem(call, tactic)
         if fp8_problem is not None:
@@ -573,4 +625,11 @@ def _woq_tactic_problem(call: GemmCall, tactic: GemmTactic) -> str | None:
         return f"the weight-only mma kernel's tiles are {', '.join(WOQ_MMA_TILES)}"
     if tactic.launch == "placed" or tactic.output_l2 != "plain":
         return "the weight-only GEMM launches plainly or after a trigger, with plain outputs"
+    if tactic.kernel == "decode" and tactic.tile == "staged":
+        if not woq_int4_codes(call):
+            return ("the staged decode kernel takes int4 weights with one scale per row or per 128 k, and k a multiple "
+                    "of 128")
+        if woq_staged_rows(call, tactic.k_split) < DECODE_TOKENS:  # forced: every chunk, up to 8 rows, must fit
+            return (f"the staged decode kernel's 8-row chunks do not fit its {STAGED_TOKEN_BUDGET // 1024} KB of shared "
+                    f"memory at k {call.k} in {tactic.k_split} slices (a larger K split, or the register form)")
     return None

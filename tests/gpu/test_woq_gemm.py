@@ -29,6 +29,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 from moe_build import kernels as K  # noqa: E402  (after the torch skip: loading may build the library)
+from moe_build.planner.tactics import GemmCall, woq_staged_rows  # noqa: E402
 from moe_build.weights.woq import WoqKind, dequantize_matrix  # noqa: E402
 from finalize_routing import REMOTE, routed  # noqa: E402
 
@@ -136,19 +137,21 @@ def test_bias_dtype_launch_and_sizes_off_128(dtype: torch.dtype, launch: str) ->
         tactic=f"decode:ksplit2:{launch}:plain")
 
 
+@pytest.mark.parametrize("form", ["staged_", ""], ids=["staged", "ring"])
 @pytest.mark.parametrize("k_split", [1, 2, 4, 8])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("group, zeros", [(128, True), (128, False), (0, True), (0, False)])
 @pytest.mark.parametrize("n, k", [(208, 384), (144, 2944)])
-def test_int4_codes_kernel_against_fp64(k_split: int, dtype: torch.dtype, group: int, zeros: bool, n: int,
+def test_int4_codes_kernel_against_fp64(form: str, k_split: int, dtype: torch.dtype, group: int, zeros: bool, n: int,
                                         k: int) -> None:
     """The decode kernel's int4 codes path (group 128 or per row, k % 128 == 0: the mma on the exact u - z, the scales
-    after it, unpredicated loads), here on the staged kernel (token rows in shared memory): n off 128 (a CTA's last
+    after it, unpredicated loads), on the staged kernel (token rows in shared memory) and the ring kernel (token rows
+    in registers): n off 128 (a CTA's last
     row blocks moved back inside n), k of 3 batches (K splits of 4 and 8 leave warps without a batch) and of 23
     (big batches that end past a slice, computed on zero tokens), several 8-row chunks, empty experts, bias,
     launched after a trigger, with and without zero points."""
     run(WoqKind.INT4, [9, 0, 16, 1, 40, 2], n, k, group, zeros=zeros, bias=True, dtype=dtype,
-        tactic=f"decode:ksplit{k_split}:after_trigger:plain")
+        tactic=f"decode:{form}ksplit{k_split}:after_trigger:plain")
 
 
 @pytest.mark.parametrize("k_split", [1, 2, 8])
@@ -159,16 +162,50 @@ def test_int4_codes_kernel_large_k(k_split: int, group: int, zeros: bool, k: int
     """The int4 codes forms on both of their kernels with 8-row chunks: the staged kernel where the chunk's token
     rows fit its shared memory (k 6144: 97-100 KB, past the 48 KB a launch gets unasked; e4m3 rows are stored there
     as bf16, so the same), the ring kernel where they do not (k 12416: 195-212 KB)."""
+    form = "" if k > 48 * 128 else "staged_"
     run(WoqKind.INT4, [9, 0, 16, 1, 40, 2], 144, k, group, zeros=zeros, bias=True,
-        tactic=f"decode:ksplit{k_split}:after_trigger:plain", e4m3=e4m3)
+        tactic=f"decode:{form}ksplit{k_split}:after_trigger:plain", e4m3=e4m3)
 
 
+@pytest.mark.parametrize("k_split", [1, 2, 4, 8])
+def test_staged_kernel_takes_the_rows_the_planner_counts(k_split: int) -> None:
+    """The staged tactic runs exactly where tactics.woq_staged_rows says a chunk's token rows fit (k 97 x 128 here,
+    rows = min(8, the rows of A)), and is refused, with the shared memory it would need, one row past that; it is
+    refused for a form it does not take (group 64)."""
+    k = 97 * 128
+    most = woq_staged_rows(GemmCall(sm=90, entry="sm90", epilogue="store", n=144, k=k, experts=3, top_k=1, itemsize=2,
+                                    weights_blocked=False, sm_count=132, l2_bytes=50 << 20, woq="int4", woq_group=128),
+                           k_split)
+    assert 1 <= most < 8
+    tactic = f"decode:staged_ksplit{k_split}:plain:plain"
+    dev, ref, mag, _ = case(WoqKind.INT4, [most, 0, 0], 144, k, 128, True, False, torch.bfloat16, 3, pad_rows=0)
+    got = gemm(dev, WoqKind.INT4, 128, most, 144, torch.bfloat16, tactic)
+    assert float(((got - ref).abs() - 2.0 ** -8 * (ref.abs() + mag)).max()) <= 0
+    dev, _, _, _ = case(WoqKind.INT4, [most + 1, 0, 0], 144, k, 128, True, False, torch.bfloat16, 4, pad_rows=0)
+    with pytest.raises(K.KernelError, match="bytes of shared memory, over its"):
+        gemm(dev, WoqKind.INT4, 128, most + 1, 144, torch.bfloat16, tactic)
+    dev, _, _, _ = case(WoqKind.INT4, [2, 0, 0], 144, 512, 64, True, False, torch.bfloat16, 5, pad_rows=0)
+    with pytest.raises(K.KernelError, match="one scale per row or per 128 k"):
+        gemm(dev, WoqKind.INT4, 64, 2, 144, torch.bfloat16, tactic)
+
+
+def test_staged_tile_is_the_weight_only_gemms() -> None:
+    """The 16-bit GEMMs refuse the staged decode tile (gemm/tactic.cuh check_tactic) rather than run another kernel."""
+    a = torch.randn(4, 256, device="cuda").to(torch.bfloat16)
+    w = torch.randn(2, 128, 256, device="cuda").to(torch.bfloat16)
+    off = torch.tensor([0, 2, 4], dtype=torch.int64, device="cuda")
+    with pytest.raises(K.KernelError, match="staged decode kernel is the weight-only GEMM's"):
+        K.grouped_gemm_sm90(a, w, off, tactic="decode:staged_ksplit2:plain:plain")
+
+
+@pytest.mark.parametrize("form", ["staged_", ""], ids=["staged", "ring"])
 @pytest.mark.parametrize("k_split", [1, 8])
 @pytest.mark.parametrize("group, zeros", [(128, True), (0, True), (0, False)])
-def test_w4afp8_codes_kernel_against_fp64(k_split: int, group: int, zeros: bool) -> None:
-    """The codes path with e4m3 activations (W4AFP8): per-row and group-128 scales, with and without zeros."""
+def test_w4afp8_codes_kernel_against_fp64(form: str, k_split: int, group: int, zeros: bool) -> None:
+    """The codes path with e4m3 activations (W4AFP8), on both kernels: per-row and group-128 scales, with and without
+    zeros."""
     run(WoqKind.INT4, [9, 0, 16, 1, 40, 2], 144, 2944, group, zeros=zeros, bias=True,
-        tactic=f"decode:ksplit{k_split}:plain:plain", e4m3=True)
+        tactic=f"decode:{form}ksplit{k_split}:plain:plain", e4m3=True)
 
 
 # Many rows per expert for the mma tiles: empty, single-row, 64-row tiles on and off their edges, several tiles;
@@ -318,7 +355,8 @@ def test_refusals_name_the_problem(change: dict, words: str) -> None:
 # 2^-8 (M1 + M2) + top_k u (M1 + |fill|), M2 = sum_j |w_j| S_j, u 2^-8 (bf16) or 2^-11 (fp16).
 
 def finalize_run(kind: WoqKind, group: int, zeros: bool, n: int, k: int, tokens: int, top_k: int, k_split: int,
-                 e4m3: bool = False, bias: bool = False, dtype: torch.dtype = torch.bfloat16) -> None:
+                 e4m3: bool = False, bias: bool = False, dtype: torch.dtype = torch.bfloat16,
+                 staged: bool = False) -> None:
     seed = random.SystemRandom().randrange(1 << 30)
     remote_only = top_k <= REMOTE  # token 0 on remote experts only: its output row must keep its fill
     ptu, counts = routed(tokens, top_k, seed + 7, remote_first=remote_only)
@@ -328,7 +366,7 @@ def finalize_run(kind: WoqKind, group: int, zeros: bool, n: int, k: int, tokens:
     weights = torch.rand(tokens * top_k, generator=gen)
     fill = torch.randn(tokens, n, generator=gen).to(dtype)
     out = fill.cuda()
-    tactic = f"decode:ksplit{k_split}:after_trigger:plain"
+    tactic = f"decode:{'staged_' if staged else ''}ksplit{k_split}:after_trigger:plain"
     K.grouped_gemm_woq_finalize(dev["a"], dev["b"], kind.value, dev["scales"], dev["off"], group, ptu,
                                 weights.cuda(), tokens, top_k, zeros=dev["zeros"], bias=dev["bias"], out=out,
                                 tactic=tactic, scale_a=dev["scale_a"], out_dtype=dtype if e4m3 else None)
@@ -349,25 +387,27 @@ def finalize_run(kind: WoqKind, group: int, zeros: bool, n: int, k: int, tokens:
     assert worst <= 1.0, f"error {worst:.2f}x the bound {where}"
 
 
-# the int4 codes forms (staged kernel; the ring one where 8 rows pass its shared-memory budget: k 97 x 128, e4m3
-# rows stored as bf16 there), the generic kernel (group 32 / 64, int8), e4m3 activations, both output types, bias,
+# the int4 codes forms (the staged kernel, and the ring one: k 97 x 128, where 8 staged rows would pass the staged
+# kernel's shared memory), the generic kernel (group 32 / 64, int8), e4m3 activations, both output types, bias,
 # every K split
 @pytest.mark.parametrize("k_split", [1, 2, 8])
-@pytest.mark.parametrize("kind, group, zeros, k, e4m3", [
-    (WoqKind.INT4, 128, True, 512, False), (WoqKind.INT4, 0, False, 384, False),
-    (WoqKind.INT4, 128, True, 97 * 128, False), (WoqKind.INT4, 64, True, 512, False),
-    (WoqKind.INT4, 32, False, 352, False), (WoqKind.INT8, 0, False, 384, False), (WoqKind.INT4, 128, True, 512, True),
-    (WoqKind.INT4, 0, True, 97 * 128, True), (WoqKind.INT4, 64, False, 512, True)],
+@pytest.mark.parametrize("kind, group, zeros, k, e4m3, staged", [
+    (WoqKind.INT4, 128, True, 512, False, True), (WoqKind.INT4, 0, False, 384, False, True),
+    (WoqKind.INT4, 128, True, 97 * 128, False, False), (WoqKind.INT4, 64, True, 512, False, False),
+    (WoqKind.INT4, 32, False, 352, False, False), (WoqKind.INT8, 0, False, 384, False, False),
+    (WoqKind.INT4, 128, True, 512, True, True), (WoqKind.INT4, 0, True, 97 * 128, True, False),
+    (WoqKind.INT4, 64, False, 512, True, False)],
     ids=["int4-g128-staged", "int4-row-staged", "int4-g128-ring", "int4-g64", "int4-g32", "int8-row",
          "e4m3-g128-staged", "e4m3-row-ring", "e4m3-g64"])
-def test_finalize_against_fp64(k_split: int, kind: WoqKind, group: int, zeros: bool, k: int, e4m3: bool) -> None:
-    finalize_run(kind, group, zeros, 208, k, tokens=40, top_k=4, k_split=k_split, e4m3=e4m3)
+def test_finalize_against_fp64(k_split: int, kind: WoqKind, group: int, zeros: bool, k: int, e4m3: bool,
+                               staged: bool) -> None:
+    finalize_run(kind, group, zeros, 208, k, tokens=40, top_k=4, k_split=k_split, e4m3=e4m3, staged=staged)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("tokens, top_k", [(1, 1), (3, 2), (200, 8)])
 def test_finalize_bias_dtype_and_counts(dtype: torch.dtype, tokens: int, top_k: int) -> None:
-    finalize_run(WoqKind.INT4, 128, True, 256, 1024, tokens, top_k, 2, bias=True, dtype=dtype)
+    finalize_run(WoqKind.INT4, 128, True, 256, 1024, tokens, top_k, 2, bias=True, dtype=dtype, staged=True)
     finalize_run(WoqKind.INT4, 128, False, 256, 1024, tokens, top_k, 1, e4m3=True, bias=True, dtype=dtype)
 
 

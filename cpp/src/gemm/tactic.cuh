@@ -12,7 +12,8 @@
 
 namespace mbk {
 
-constexpr int kLastTile = MB_TILE_WOQ_128x256;  // the last mb_gemm_tile; the wgmma tiles run up to it
+constexpr int kLastWgmmaTile = MB_TILE_WOQ_128x256;  // the wgmma tiles run from MB_TILE_COOP_128x256 up to it
+constexpr int kLastTile = MB_TILE_DECODE_STAGED;     // the last mb_gemm_tile
 
 // The tile's name in the planner's spelling (moe_build/planner/tactics.py), for messages.
 inline const char* tile_name(int tile) {
@@ -35,6 +36,7 @@ inline const char* tile_name(int tile) {
     case MB_TILE_WOQ_128x16: return "woq128x16";
     case MB_TILE_WOQ_128x32: return "woq128x32";
     case MB_TILE_WOQ_128x256: return "woq128x256";
+    case MB_TILE_DECODE_STAGED: return "staged";
     default: return "?";
   }
 }
@@ -56,7 +58,7 @@ inline bool tile_of_kernel(int kernel, int tile) {
   switch (kernel) {
     case MB_GEMM_DECODE: return tile == MB_TILE_NONE;
     case MB_GEMM_MMA: return tile >= MB_TILE_MMA_16x64 && tile <= MB_TILE_MMA_128x128;
-    default: return tile >= MB_TILE_COOP_128x256 && tile <= kLastTile;
+    default: return tile >= MB_TILE_COOP_128x256 && tile <= kLastWgmmaTile;
   }
 }
 
@@ -84,6 +86,8 @@ inline mb_status check_tactic(const mb_gemm_tactic& t, const TacticSite& site) {
     return fail(MB_ERR_INVALID_ARGUMENT, "%s: tactic output_l2 %d is not plain (%d) or evict_last (%d)", who,
                 t.output_l2, MB_OUTPUT_L2_PLAIN, MB_OUTPUT_L2_EVICT_LAST);
   const char* kernel = kernel_name(t.kernel);
+  if (t.kernel == MB_GEMM_DECODE && t.tile == MB_TILE_DECODE_STAGED)
+    return fail(MB_ERR_UNSUPPORTED, "%s: the staged decode kernel is the weight-only GEMM's (mb_grouped_gemm_woq)", who);
   if (!tile_of_kernel(t.kernel, t.tile))
     return fail(MB_ERR_INVALID_ARGUMENT, "%s: tile %s is not a tile of the %s kernel", who, tile_name(t.tile),
                 kernel);

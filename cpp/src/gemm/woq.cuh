@@ -230,9 +230,10 @@ __device__ __forceinline__ uint4 e4m3_pairs(uint32_t lo, uint32_t hi) {
 }
 
 // The kernels' launchers; the arguments and the tactic are checked by the caller (gemm/woq_abi.cu), max_rows > 0.
-// gemm/woq_decode.cu: `k_split` (1, 2, 4 or 8) warps per K slice.
-mb_status launch_woq_decode(const WoqGemmParams& p, int64_t max_rows, int dtype, int k_split, bool after_trigger,
-                            cudaStream_t stream);
+// gemm/woq_decode.cu: `k_split` (1, 2, 4 or 8) warps per K slice; `staged`: the token rows staged in shared memory
+// (the int4 codes forms only, where a chunk's rows fit; refused otherwise).
+mb_status launch_woq_decode(const WoqGemmParams& p, int64_t max_rows, int dtype, int k_split, bool staged,
+                            bool after_trigger, cudaStream_t stream);
 // gemm/woq_mma.cu: `tile` MB_TILE_MMA_64x128 or MB_TILE_MMA_128x128.
 mb_status launch_woq_mma(const WoqGemmParams& p, int64_t max_rows, int dtype, int tile, bool after_trigger,
                          cudaStream_t stream);

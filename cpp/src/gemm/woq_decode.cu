@@ -1,8 +1,9 @@
 // Weight-only grouped GEMM, decode kernels (tactic kernel MB_GEMM_DECODE; the operation, the stored forms and the
 // launch are gemm/woq.cuh's and gemm/woq_abi.cu's): for the few rows per expert of decode. int4 with group 128 or
-// one scale per row and k % 128 == 0 (AWQ's and GPTQ's forms) runs woq_decode_int4_staged_kernel where the token
-// rows fit its shared memory, else woq_decode_int4_codes_kernel (below: the same layout on about half the
-// instructions); every other form the first kernel.
+// one scale per row and k % 128 == 0 (AWQ's and GPTQ's forms) runs woq_decode_int4_staged_kernel with the tactic's
+// tile MB_TILE_DECODE_STAGED (the planner's where the token rows fit its shared memory, tactics.woq_decode_tile_rule),
+// else woq_decode_int4_codes_kernel (below: the same layout on about half the instructions); every other form the
+// first kernel.
 //   MB_WOQ_INT4 : B uint8 [E, n, k/2], two 4-bit codes u per byte (low nibble the even column);
 //                 w = (u - z) * s, s fp32 [E, n, k/group] (group 0: [E, n, 1]), z uint8 of the same shape, or
 //                 8 when zeros is NULL (symmetric int4 stored as q + 8);
@@ -598,20 +599,25 @@ size_t staged_smem(const WoqGemmParams& p, int rows_cap, int wk, int token_bytes
          kTokenZeros;
 }
 
-// The int4 codes forms: the staged kernel where the chunk's token rows fit kTokenBudget, else the ring kernel.
+// The int4 codes forms: the staged kernel (refused where a chunk's token rows do not fit kTokenBudget), or the ring
+// kernel.
 template <typename T, bool A8, bool PER_ROW>
-mb_status launch_int4_codes(const WoqGemmParams& p, int64_t max_rows, int k_split, bool after_trigger,
+mb_status launch_int4_codes(const WoqGemmParams& p, int64_t max_rows, int k_split, bool staged, bool after_trigger,
                             cudaStream_t stream) {
   return by_k_split(k_split, [&](auto wk) {
     constexpr int WK = decltype(wk)::value;
     const int64_t chunks = decode_chunks(max_rows, p.num_experts);
+    if (!staged)
+      return launch_decode(woq_decode_int4_codes_kernel<T, WK, A8, PER_ROW>, p, p.n, 16 * (kDecodeWarps / WK), chunks,
+                           after_trigger, stream, "grouped gemm woq");
     const WoqStagedLaunch d{p, static_cast<int>(std::min<int64_t>(kDecodeTokens, max_rows))};
     const size_t smem = staged_smem(p, d.rows_cap, WK, static_cast<int>(sizeof(T)));  // e4m3 tokens stored as T
-    if (smem <= kTokenBudget)
-      return launch_decode(woq_decode_int4_staged_kernel<T, WK, A8, PER_ROW>, d, p.n, 16 * (kDecodeWarps / WK),
-                           chunks, after_trigger, stream, "grouped gemm woq", smem);
-    return launch_decode(woq_decode_int4_codes_kernel<T, WK, A8, PER_ROW>, p, p.n, 16 * (kDecodeWarps / WK), chunks,
-                         after_trigger, stream, "grouped gemm woq");
+    if (smem > kTokenBudget)
+      return fail(MB_ERR_UNSUPPORTED, "grouped gemm woq: the staged decode kernel's token rows (%d-row chunks, k %d in "
+                  "%d slices) need %zu bytes of shared memory, over its %zu: the tile none, or a larger k_split",
+                  d.rows_cap, p.k, WK, smem, kTokenBudget);
+    return launch_decode(woq_decode_int4_staged_kernel<T, WK, A8, PER_ROW>, d, p.n, 16 * (kDecodeWarps / WK), chunks,
+                         after_trigger, stream, "grouped gemm woq", smem);
   });
 }
 
@@ -622,16 +628,20 @@ bool int4_codes_fit(const WoqGemmParams& p) {
 
 }  // namespace
 
-mb_status launch_woq_decode(const WoqGemmParams& p, int64_t max_rows, int dtype, int k_split, bool after_trigger,
-                            cudaStream_t stream) {
+mb_status launch_woq_decode(const WoqGemmParams& p, int64_t max_rows, int dtype, int k_split, bool staged,
+                            bool after_trigger, cudaStream_t stream) {
+  if (staged && !int4_codes_fit(p))
+    return fail(MB_ERR_UNSUPPORTED, "grouped gemm woq: the staged decode kernel takes int4 weights with one scale per "
+                "row or per 128 k and k a multiple of 128 (kind %d, group %d, k %d)", p.kind, p.group, p.k);
   return dispatch_16bit(dtype, [&](auto tag) {
     using T = decltype(tag);
     if (int4_codes_fit(p)) {
+      const bool s = staged, a = after_trigger;
       if (p.scale_a)
-        return p.group ? launch_int4_codes<T, true, false>(p, max_rows, k_split, after_trigger, stream)
-                       : launch_int4_codes<T, true, true>(p, max_rows, k_split, after_trigger, stream);
-      return p.group ? launch_int4_codes<T, false, false>(p, max_rows, k_split, after_trigger, stream)
-                     : launch_int4_codes<T, false, true>(p, max_rows, k_split, after_trigger, stream);
+        return p.group ? launch_int4_codes<T, true, false>(p, max_rows, k_split, s, a, stream)
+                       : launch_int4_codes<T, true, true>(p, max_rows, k_split, s, a, stream);
+      return p.group ? launch_int4_codes<T, false, false>(p, max_rows, k_split, s, a, stream)
+                     : launch_int4_codes<T, false, true>(p, max_rows, k_split, s, a, stream);
     }
     if (p.scale_a) return launch_kind<T, MB_WOQ_INT4, true>(p, max_rows, k_split, after_trigger, stream);  // W4AFP8
     switch (p.kind) {
