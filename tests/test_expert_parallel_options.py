@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from moe_build.errors import MoeBuildError
-from moe_build.kernels import ops
+from moe_build.kernels.ops.ep import _max_sms
 from moe_build.runner import expert_parallel as ep
 from moe_build.runner.expert_parallel import (ExpertParallelMoE, micro_batch_capacity, micro_batch_spans,
                                               rank_layer)
@@ -71,10 +71,10 @@ def test_micro_batch_capacity_keeps_room_for_every_row(max_tokens: int, ep_size:
 
 def test_kernel_sm_cap_argument() -> None:
     """The kernels' max_sms: 0 for their own grid, else the positive cap (the layer validated it already)."""
-    assert ops._max_sms(None) == 0 and ops._max_sms(3) == 3
+    assert _max_sms(None) == 0 and _max_sms(3) == 3
     for bad in (0, -1, True, 2.0):
         with pytest.raises(ValueError, match="sms"):
-            ops._max_sms(bad)
+            _max_sms(bad)
 
 
 @pytest.mark.parametrize("force, kwargs, field", [

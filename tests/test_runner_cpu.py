@@ -479,26 +479,26 @@ def test_workspace_views_are_made_once_per_token_count() -> None:
 def test_trusted_tensors_skips_the_wrapper_checks_in_its_block_and_thread_only() -> None:
     cpu = torch.zeros(3)
     with pytest.raises(ValueError, match="x: must be a CUDA tensor"):
-        kernels.ops._check(cpu, "x")
+        kernels.ops.args._check(cpu, "x")
     seen_in_thread: list[str] = []
 
     def other_thread() -> None:
         try:
-            kernels.ops._check(cpu, "y")
+            kernels.ops.args._check(cpu, "y")
         except ValueError as e:
             seen_in_thread.append(str(e))
 
     with kernels.trusted_tensors():
-        kernels.ops._check(cpu, "x")
+        kernels.ops.args._check(cpu, "x")
         with kernels.trusted_tensors():
-            kernels.ops._check(cpu, "x")
-        kernels.ops._check(cpu, "x")  # the inner block's exit keeps the outer one trusted
+            kernels.ops.args._check(cpu, "x")
+        kernels.ops.args._check(cpu, "x")  # the inner block's exit keeps the outer one trusted
         t = threading.Thread(target=other_thread)
         t.start()
         t.join()
     assert seen_in_thread == ["y: must be a CUDA tensor, got device cpu"]
     with pytest.raises(ValueError, match="x: must be a CUDA tensor"):
-        kernels.ops._check(cpu, "x")
+        kernels.ops.args._check(cpu, "x")
 
 
 def test_a_given_workspace_skips_the_size_query() -> None:
@@ -510,9 +510,9 @@ def test_a_given_workspace_skips_the_size_query() -> None:
 
     given = torch.empty(128, dtype=torch.uint8)
     with kernels.trusted_tensors():  # a CPU tensor stands in for the device buffer
-        assert kernels.ops._workspace(given, size, given.device) == (given.data_ptr(), 128)
+        assert kernels.ops.args._workspace(given, size, given.device) == (given.data_ptr(), 128)
     assert asked == []
-    ptr, nbytes = kernels.ops._workspace(None, lambda: 0, torch.device("cpu"))
+    ptr, nbytes = kernels.ops.args._workspace(None, lambda: 0, torch.device("cpu"))
     assert (ptr, nbytes) == (None, 0)
 
 

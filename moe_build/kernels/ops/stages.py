@@ -1,0 +1,178 @@
+"""Torch wrappers of the stage kernels (cpp/src/stages/): routing, the routing prologues, the row expansion, the
+gated activation, the scale kernel and the finalize."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..abi import Activation, Routing
+from ..library import call, load_library
+from .args import _check, _dtype_code, _enum, _out, _ptr, _stream, _workspace
+
+
+def routing(logits: torch.Tensor, top_k: int, method: int | str | Routing = Routing.SOFTMAX_TOPK,
+            renormalize: bool = False, correction_bias: torch.Tensor | None = None, num_groups: int = 1,
+            topk_groups: int = 1, routed_scaling_factor: float = 1.0, topk_ids: torch.Tensor | None = None,
+            topk_weights: torch.Tensor | None = None, stream: int | torch.cuda.Stream | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [T, E] -> (topk_ids [T, K] int32, topk_weights [T, K] float32)."""
+    _check(logits, "logits", (None, None))
+    dev = logits.device
+    t, e = logits.shape
+    m = _enum(method, Routing, "method")
+    if correction_bias is not None:
+        _check(correction_bias, "correction_bias", (e,), torch.float32, dev)
+    ids = _out(topk_ids, "topk_ids", (t, top_k), torch.int32, dev)
+    w = _out(topk_weights, "topk_weights", (t, top_k), torch.float32, dev)
+    call("mb_routing", logits.data_ptr(), _dtype_code(logits, "logits"), _ptr(correction_bias), t, e, top_k, m,
+          int(bool(renormalize)), num_groups, topk_groups, routed_scaling_factor, ids.data_ptr(), w.data_ptr(),
+          _stream(stream, dev))
+    return ids, w
+
+
+def _map_outputs(topk_ids: torch.Tensor, num_experts: int, ptu: torch.Tensor | None, utp: torch.Tensor | None,
+                 off: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    _check(topk_ids, "topk_ids", (None, None), torch.int32)
+    if num_experts < 1:
+        raise ValueError(f"num_experts: must be >= 1, got {num_experts}")
+    n, dev = topk_ids.numel(), topk_ids.device
+    return (_out(ptu, "permuted_to_unpermuted", (n,), torch.int32, dev),
+            _out(utp, "unpermuted_to_permuted", (n,), torch.int32, dev),
+            _out(off, "expert_first_token_offset", (num_experts + 1,), torch.int64, dev))
+
+
+def three_step_workspace_bytes(num_tokens: int, top_k: int, num_experts: int) -> int:
+    return int(load_library().mb_routing_prologue_three_step_workspace(num_tokens, top_k, num_experts))
+
+
+def routing_prologue_fused(topk_ids: torch.Tensor, num_experts: int, permuted_to_unpermuted: torch.Tensor | None = None,
+                     unpermuted_to_permuted: torch.Tensor | None = None,
+                     expert_first_token_offset: torch.Tensor | None = None,
+                     stream: int | torch.cuda.Stream | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """topk_ids [T, K] int32 -> (permuted_to_unpermuted [T*K], unpermuted_to_permuted [T*K],
+    expert_first_token_offset [E+1] int64); KernelError(UNSUPPORTED) outside the fused limits."""
+    ptu, utp, off = _map_outputs(topk_ids, num_experts, permuted_to_unpermuted, unpermuted_to_permuted,
+                                 expert_first_token_offset)
+    t, k = topk_ids.shape
+    call("mb_routing_prologue_fused", topk_ids.data_ptr(), t, k, num_experts, ptu.data_ptr(), utp.data_ptr(),
+          off.data_ptr(), _stream(stream, topk_ids.device))
+    return ptu, utp, off
+
+
+def routing_prologue_three_step(topk_ids: torch.Tensor, num_experts: int,
+                          permuted_to_unpermuted: torch.Tensor | None = None,
+                          unpermuted_to_permuted: torch.Tensor | None = None,
+                          expert_first_token_offset: torch.Tensor | None = None,
+                          workspace: torch.Tensor | None = None, zero_out: torch.Tensor | None = None,
+                          stream: int | torch.cuda.Stream | None = None
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Same maps as `routing_prologue_fused`, for any token count (workspace allocated unless given).
+    `zero_out` (any contiguous CUDA tensor), if given, is zeroed by the same launch: the output that
+    grouped_gemm_sm90_finalize accumulates into, when the layer builds its maps in three steps."""
+    ptu, utp, off = _map_outputs(topk_ids, num_experts, permuted_to_unpermuted, unpermuted_to_permuted,
+                                 expert_first_token_offset)
+    t, k = topk_ids.shape
+    ws, ws_bytes = _workspace(workspace, lambda: three_step_workspace_bytes(t, k, num_experts), topk_ids.device)
+    if zero_out is not None:
+        _check(zero_out, "zero_out", device=topk_ids.device)
+    zero_bytes = zero_out.numel() * zero_out.element_size() if zero_out is not None else 0
+    call("mb_routing_prologue_three_step", topk_ids.data_ptr(), t, k, num_experts, ptu.data_ptr(), utp.data_ptr(),
+          off.data_ptr(), ws, ws_bytes, _ptr(zero_out), zero_bytes, _stream(stream, topk_ids.device))
+    return ptu, utp, off
+
+
+def scale_columns(x: torch.Tensor, scale: torch.Tensor, stream: int | torch.cuda.Stream | None = None) -> torch.Tensor:
+    """x [rows, cols] (bf16 / fp16) times scale [cols] (fp32) per column, in place, each product in fp32 rounded once:
+    the AWQ pre-quant scales' separate step. Returns x."""
+    _check(x, "x", (None, None))
+    dev = x.device
+    _check(scale, "scale", (x.shape[1],), torch.float32, dev)
+    call("mb_scale_columns", x.data_ptr(), _dtype_code(x, "x"), scale.data_ptr(), x.shape[0], x.shape[1],
+         _stream(stream, dev))
+    return x
+
+
+def expand_rows(input: torch.Tensor, unpermuted_to_permuted: torch.Tensor, topk_weights: torch.Tensor,
+                prequant_scale: torch.Tensor | None = None, permuted_input: torch.Tensor | None = None,
+                permuted_weights: torch.Tensor | None = None, zero_out: torch.Tensor | None = None,
+                stream: int | torch.cuda.Stream | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """input [T, H], topk_weights [T, K] -> (permuted_input [T*K, H], permuted_weights [T*K]): token t's
+    row goes to permuted row unpermuted_to_permuted[t*K + j] for each j (the prologue's inverse map).
+    `zero_out` [T, H] (input's dtype, not overlapping input), if given, is zeroed by the same launch:
+    the output that grouped_gemm_sm90_finalize accumulates into."""
+    _check(input, "input", (None, None))
+    dev = input.device
+    t, h = input.shape
+    _check(topk_weights, "topk_weights", (t, None), torch.float32, dev)
+    k = topk_weights.shape[1]
+    _check(unpermuted_to_permuted, "unpermuted_to_permuted", (t * k,), torch.int32, dev)
+    if prequant_scale is not None:
+        _check(prequant_scale, "prequant_scale", (h,), torch.float32, dev)
+    pin = _out(permuted_input, "permuted_input", (t * k, h), input.dtype, dev)
+    pw = _out(permuted_weights, "permuted_weights", (t * k,), torch.float32, dev)
+    if zero_out is not None:
+        _check(zero_out, "zero_out", (t, h), input.dtype, dev)
+    call("mb_expand_rows", input.data_ptr(), _dtype_code(input, "input"), unpermuted_to_permuted.data_ptr(),
+          topk_weights.data_ptr(), _ptr(prequant_scale), t, h, k, pin.data_ptr(), pw.data_ptr(), _ptr(zero_out),
+          _stream(stream, dev))
+    return pin, pw
+
+
+def _activation_args(input: torch.Tensor, offsets: torch.Tensor, activation: int | str | Activation,
+                     bias: torch.Tensor | None) -> tuple[Activation, torch.device, int, int]:
+    """The checks both activation wrappers make: (activation, device, rows, output width)."""
+    act = Activation(_enum(activation, Activation, "activation"))
+    _check(input, "input", (None, None))
+    dev = input.device
+    rows, n1 = input.shape
+    if act.is_gated and n1 % 2:
+        raise ValueError(f"input: gated activation {act.name.lower()} needs an even width, got {n1}")
+    _check(offsets, "expert_first_token_offset", (None,), torch.int64, dev)
+    e = offsets.shape[0] - 1
+    if e < 1:
+        raise ValueError("expert_first_token_offset: needs E+1 >= 2 entries")
+    if bias is not None:
+        _check(bias, "bias", (e, n1), input.dtype, dev)
+    return act, dev, rows, n1 // 2 if act.is_gated else n1
+
+
+def fc1_activation(input: torch.Tensor, expert_first_token_offset: torch.Tensor,
+               activation: int | str | Activation, bias: torch.Tensor | None = None, swiglu_alpha: float = 1.0,
+               swiglu_limit: float = math.inf, prequant_scale: torch.Tensor | None = None,
+               out: torch.Tensor | None = None, stream: int | torch.cuda.Stream | None = None
+               ) -> torch.Tensor:
+    """input [R, N1] (N1 = 2I for gated activations) -> out [R, I]; rows >= offsets[E] untouched."""
+    act, dev, rows, inter = _activation_args(input, expert_first_token_offset, activation, bias)
+    e = expert_first_token_offset.shape[0] - 1
+    if prequant_scale is not None:
+        _check(prequant_scale, "prequant_scale", (inter,), torch.float32, dev)
+    o = _out(out, "out", (rows, inter), input.dtype, dev)
+    call("mb_fc1_activation", input.data_ptr(), _dtype_code(input, "input"), _ptr(bias),
+          expert_first_token_offset.data_ptr(), e, rows, inter, int(act), swiglu_alpha, swiglu_limit,
+          _ptr(prequant_scale), o.data_ptr(), _stream(stream, dev))
+    return o
+
+
+def finalize(gemm2_out: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+             unpermuted_to_permuted: torch.Tensor, bias: torch.Tensor | None = None, deterministic: bool = True,
+             out: torch.Tensor | None = None, stream: int | torch.cuda.Stream | None = None,
+             num_experts: int = 0) -> torch.Tensor:
+    """gemm2_out [R >= T*K, H] -> out [T, H] = sum_j w[t,j] * (gemm2_out[utp[t*K+j]] + bias[ids[t,j]]), over the
+    pairs whose id is in [0, num_experts) (this rank's experts; the default 0 counts every pair)."""
+    _check(gemm2_out, "gemm2_out", (None, None))
+    dev = gemm2_out.device
+    h = gemm2_out.shape[1]
+    _check(topk_weights, "topk_weights", (None, None), torch.float32, dev)
+    t, k = topk_weights.shape
+    _check(topk_ids, "topk_ids", (t, k), torch.int32, dev)
+    _check(unpermuted_to_permuted, "unpermuted_to_permuted", (t * k,), torch.int32, dev)
+    if gemm2_out.shape[0] < t * k:
+        raise ValueError(f"gemm2_out: needs >= {t * k} rows, got {gemm2_out.shape[0]}")
+    if bias is not None:
+        _check(bias, "bias", (None, h), gemm2_out.dtype, dev)
+    o = _out(out, "out", (t, h), gemm2_out.dtype, dev)
+    call("mb_finalize", gemm2_out.data_ptr(), _dtype_code(gemm2_out, "gemm2_out"), _ptr(bias),
+          topk_weights.data_ptr(), topk_ids.data_ptr(), unpermuted_to_permuted.data_ptr(), t, h, k,
+          int(num_experts), int(bool(deterministic)), o.data_ptr(), _stream(stream, dev))
+    return o

@@ -1,0 +1,144 @@
+"""Torch wrappers of the weight-only grouped GEMMs (issue 47; cpp/src/gemm/woq_abi.cu, woq_sm90.cu,
+woq_dequantize.cu)."""
+from __future__ import annotations
+
+
+import torch
+
+from ...planner.tactics import GemmTactic
+from ..abi import WoqInput, WoqKind
+from ..library import call, load_library
+from .args import _check, _dtype_code, _enum, _out, _ptr, _stream, _workspace
+from .gemm import tactic_struct
+
+
+def _check_woq_scales(mode: WoqKind, scales: torch.Tensor, zeros: torch.Tensor | None, group: int, e: int, n: int,
+                      k: int, dev: torch.device) -> None:
+    """A weight-only layer's scales (fp32 [E, n, k/group], [E, n, 1] for group 0; MXFP4: uint8 e8m0 [E, n, k/32])
+    and int4 zeros (uint8, shaped as the scales)."""
+    groups = k // 32 if mode is WoqKind.MXFP4 else (1 if group == 0 else k // group)
+    _check(scales, "scales", (e, n, groups), torch.uint8 if mode is WoqKind.MXFP4 else torch.float32, dev)
+    if zeros is not None:
+        _check(zeros, "zeros", (e, n, groups), torch.uint8, dev)
+
+
+def _woq_gemm_args(a: torch.Tensor, b: torch.Tensor, kind: int | str | WoqKind, scales: torch.Tensor,
+                   expert_first_token_offset: torch.Tensor, group: int, zeros: torch.Tensor | None,
+                   bias: torch.Tensor | None, scale_a: torch.Tensor | None, out_dtype: torch.dtype | None
+                   ) -> tuple[torch.device, int, int, int, int, WoqKind, torch.dtype]:
+    """grouped_gemm_woq's operand checks (shared with its finalize form) -> (device, rows, k, experts, n, kind,
+    output dtype)."""
+    fp8 = scale_a is not None
+    _check(a, "A", (None, None), torch.float8_e4m3fn if fp8 else None)
+    dev, rows, k = a.device, a.shape[0], a.shape[1]
+    if fp8:
+        _check(scale_a, "scale_a", (rows,), torch.float32, dev)
+        if out_dtype not in (torch.bfloat16, torch.float16):
+            raise ValueError(f"out_dtype: {out_dtype} is not bfloat16 or float16 (e4m3 A needs the output dtype)")
+    else:
+        out_dtype = a.dtype
+    mode = WoqKind(_enum(kind, WoqKind, "kind"))
+    packed = mode is not WoqKind.INT8
+    _check(b, "B", (None, None, k // 2 if packed else k), torch.uint8 if packed else torch.int8, dev)
+    e, n = b.shape[0], b.shape[1]
+    _check(expert_first_token_offset, "expert_first_token_offset", (e + 1,), torch.int64, dev)
+    _check_woq_scales(mode, scales, zeros, group, e, n, k, dev)
+    if bias is not None:
+        _check(bias, "bias", (e, n), out_dtype, dev)
+    return dev, rows, k, e, n, mode, out_dtype
+
+
+def grouped_gemm_woq(a: torch.Tensor, b: torch.Tensor, kind: int | str | WoqKind, scales: torch.Tensor,
+                     expert_first_token_offset: torch.Tensor, group: int, zeros: torch.Tensor | None = None,
+                     bias: torch.Tensor | None = None, c: torch.Tensor | None = None,
+                     stream: int | torch.cuda.Stream | None = None, *, tactic: GemmTactic | str,
+                     scale_a: torch.Tensor | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """C[p] = A[p] @ dequant(B[x])^T (+ bias[x]): A [R, k] bf16/fp16, B in moe_build/weights/woq.py's packed form
+    of `kind` ([E, n, k/2] uint8 for int4 / mxfp4, [E, n, k] int8), scales fp32 [E, n, k/group] ([E, n, 1] for
+    group 0; uint8 e8m0 [E, n, k/32] for mxfp4), int4 zeros uint8 like the scales or None -> C [R, n]. `tactic`:
+    the decode kernel (decode:ksplitN, or decode:staged_ksplitN for the int4 forms with one scale per row or per 128
+    k: the token rows staged in shared memory) for a few rows per expert, the mma tiles (mma:64x128, mma:128x128) for many.
+    W4AFP8: A float8_e4m3fn with `scale_a` fp32 [R] (C[p] = scale_a[p] * A[p] @ dequant(B[x])^T (+ bias)), int4
+    weights, C in `out_dtype` (bf16 or fp16, required then; else A's dtype)."""
+    dev, rows, k, e, n, mode, out_dtype = _woq_gemm_args(a, b, kind, scales, expert_first_token_offset, group, zeros,
+                                                         bias, scale_a, out_dtype)
+    out = _out(c, "C", (rows, n), out_dtype, dev)
+    call("mb_grouped_gemm_woq", a.data_ptr(), int(WoqInput.DTYPE if scale_a is None else WoqInput.E4M3),
+         _ptr(scale_a), b.data_ptr(), int(mode), scales.data_ptr(), _ptr(zeros), group, _ptr(bias), out.data_ptr(),
+         expert_first_token_offset.data_ptr(), e, rows, n, k, _dtype_code(out, "C"), tactic_struct(tactic),
+         _stream(stream, dev))
+    return out
+
+
+def grouped_gemm_woq_finalize(a: torch.Tensor, b: torch.Tensor, kind: int | str | WoqKind, scales: torch.Tensor,
+                              expert_first_token_offset: torch.Tensor, group: int,
+                              permuted_to_unpermuted: torch.Tensor, permuted_weights: torch.Tensor, num_tokens: int,
+                              top_k: int, zeros: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+                              out: torch.Tensor | None = None, stream: int | torch.cuda.Stream | None = None, *,
+                              tactic: GemmTactic | str, scale_a: torch.Tensor | None = None,
+                              out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """out[t] += w[p] * (grouped_gemm_woq's C[p] + bias[x]) for the token t of each permuted row p -> out [T, n], on
+    the decode kernel only (a decode tactic). A given `out` must be zeroed by the caller; an allocated one is zeroed
+    here."""
+    dev, rows, k, e, n, mode, out_dtype = _woq_gemm_args(a, b, kind, scales, expert_first_token_offset, group, zeros,
+                                                         bias, scale_a, out_dtype)
+    _check(permuted_to_unpermuted, "permuted_to_unpermuted", (num_tokens * top_k,), torch.int32, dev)
+    _check(permuted_weights, "permuted_weights", (num_tokens * top_k,), torch.float32, dev)
+    o = _out(out, "out", (num_tokens, n), out_dtype, dev, zero=True)
+    call("mb_grouped_gemm_woq_finalize", a.data_ptr(), int(WoqInput.DTYPE if scale_a is None else WoqInput.E4M3),
+         _ptr(scale_a), b.data_ptr(), int(mode), scales.data_ptr(), _ptr(zeros), group, _ptr(bias), o.data_ptr(),
+         expert_first_token_offset.data_ptr(), permuted_to_unpermuted.data_ptr(), permuted_weights.data_ptr(), e,
+         rows, num_tokens, top_k, n, k, _dtype_code(o, "out"), tactic_struct(tactic), _stream(stream, dev))
+    return o
+
+
+def grouped_gemm_woq_sm90_workspace_bytes(num_experts: int) -> int:
+    return int(load_library().mb_grouped_gemm_woq_sm90_workspace(num_experts))
+
+
+def grouped_gemm_woq_sm90(a: torch.Tensor, b: torch.Tensor, kind: int | str | WoqKind, scales: torch.Tensor,
+                          zeros: torch.Tensor | None, expert_first_token_offset: torch.Tensor, group: int,
+                          c: torch.Tensor | None = None, workspace: torch.Tensor | None = None,
+                          stream: int | torch.cuda.Stream | None = None, *, tactic: GemmTactic | str) -> torch.Tensor:
+    """grouped_gemm_woq's C = A @ dequant(B[x])^T on wgmma (compute capability 9.0; a wgmma tactic on a woq tile,
+    tactics.WOQ_WGMMA_TILES): the weights converted in registers by CUTLASS's mixed-input mainloop. A [R, k] bf16/fp16, B
+    int4 ([E, n, k/2] uint8) or int8 ([E, n, k]); scales in A's dtype, MN-major [E, groups, n]; int4 zeros the same,
+    holding (8 - z) * s (moe_build/weights/woq.py's wgmma_scales writes both) -> C [R, n]."""
+    _check(a, "A", (None, None))
+    dev, rows, k = a.device, a.shape[0], a.shape[1]
+    mode = WoqKind(_enum(kind, WoqKind, "kind"))
+    if mode is WoqKind.MXFP4:
+        raise ValueError("kind: mxfp4 has no wgmma weight-only kernel (int4 or int8)")
+    packed = mode is WoqKind.INT4
+    _check(b, "B", (None, None, k // 2 if packed else k), torch.uint8 if packed else torch.int8, dev)
+    e, n = b.shape[0], b.shape[1]
+    _check(expert_first_token_offset, "expert_first_token_offset", (e + 1,), torch.int64, dev)
+    groups = k // group if group > 0 else 1
+    _check(scales, "scales", (e, groups, n), a.dtype, dev)
+    if zeros is not None:
+        _check(zeros, "zeros", (e, groups, n), a.dtype, dev)
+    out = _out(c, "C", (rows, n), a.dtype, dev)
+    ws, ws_bytes = _workspace(workspace, lambda: grouped_gemm_woq_sm90_workspace_bytes(e), dev)
+    call("mb_grouped_gemm_woq_sm90", a.data_ptr(), b.data_ptr(), int(mode), scales.data_ptr(), _ptr(zeros), group,
+         out.data_ptr(), expert_first_token_offset.data_ptr(), e, rows, n, k, _dtype_code(out, "C"),
+         tactic_struct(tactic), ws, ws_bytes, _stream(stream, dev))
+    return out
+
+
+def woq_dequantize(b: torch.Tensor, kind: int | str | WoqKind, scales: torch.Tensor, group: int,
+                   zeros: torch.Tensor | None = None, out: torch.Tensor | None = None, dtype: torch.dtype | None = None,
+                   stream: int | torch.cuda.Stream | None = None) -> torch.Tensor:
+    """grouped_gemm_woq's stored weights B (with its scales, zeros and group) dequantized -> [E, n, k] row-major in
+    `dtype` (bf16 or fp16; out's where given), each weight computed in fp32 and rounded once: the weights a
+    weight-only GEMM's wgmma tactic hands the 16-bit wgmma GEMM."""
+    mode = WoqKind(_enum(kind, WoqKind, "kind"))
+    packed = mode is not WoqKind.INT8
+    _check(b, "B", (None, None, None), torch.uint8 if packed else torch.int8)
+    dev = b.device
+    e, n = b.shape[0], b.shape[1]
+    k = b.shape[2] * (2 if packed else 1)
+    _check_woq_scales(mode, scales, zeros, group, e, n, k, dev)
+    o = _out(out, "out", (e, n, k), dtype or (out.dtype if out is not None else torch.bfloat16), dev)
+    call("mb_woq_dequantize", int(mode), b.data_ptr(), scales.data_ptr(), _ptr(zeros), group, e, n, k,
+         _dtype_code(o, "out"), o.data_ptr(), _stream(stream, dev))
+    return o
