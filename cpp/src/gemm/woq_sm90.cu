@@ -288,23 +288,27 @@ typename G::Gemm::Arguments woq_sm90_args(const GroupArrays<G>& a, const int64_t
   return args;
 }
 
+// The workspace: CUTLASS's own part (rounded to 16 bytes), then the group arrays; `total` bytes in all.
+struct WoqSm90Workspace {
+  size_t cutlass_bytes, total;
+};
+
 template <class G>
-size_t woq_sm90_workspace_bytes(int experts, int sm_count) {
-  const size_t cutlass_bytes = G::Gemm::get_workspace_size(woq_sm90_args<G>(GroupArrays<G>{}, nullptr, experts, 128,
-                                                                            128, 128, sm_count));
-  return GroupArrays<G>::round16(cutlass_bytes) + GroupArrays<G>::carve(nullptr, experts, nullptr);
+WoqSm90Workspace woq_sm90_workspace(int experts, int sm_count) {
+  const size_t cutlass_bytes = GroupArrays<G>::round16(G::Gemm::get_workspace_size(
+      woq_sm90_args<G>(GroupArrays<G>{}, nullptr, experts, 128, 128, 128, sm_count)));
+  return {cutlass_bytes, cutlass_bytes + GroupArrays<G>::carve(nullptr, experts, nullptr)};
 }
 
 template <class G>
 mb_status run_woq_sm90(const WoqSm90Params& p, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
   const int sm_count = mb::device_attribute(cudaDevAttrMultiProcessorCount);
-  const size_t need = woq_sm90_workspace_bytes<G>(p.num_experts, sm_count);
-  if (!workspace || workspace_bytes < need)
+  const WoqSm90Workspace need = woq_sm90_workspace<G>(p.num_experts, sm_count);
+  if (!workspace || workspace_bytes < need.total)
     return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm woq sm90: workspace %zu bytes < %zu needed", workspace_bytes,
-                need);
-  const size_t cutlass_bytes = GroupArrays<G>::round16(need - GroupArrays<G>::carve(nullptr, p.num_experts, nullptr));
+                need.total);
   GroupArrays<G> a{};
-  GroupArrays<G>::carve(static_cast<char*>(workspace) + cutlass_bytes, p.num_experts, &a);
+  GroupArrays<G>::carve(static_cast<char*>(workspace) + need.cutlass_bytes, p.num_experts, &a);
   using E = typename G::Element;
   const int groups = p.group ? p.k / p.group : 1;
   woq_sm90_group_arrays<G><<<(p.num_experts + 127) / 128, 128, 0, stream>>>(
@@ -390,7 +394,7 @@ size_t mb_grouped_gemm_woq_sm90_workspace(int num_experts) {
       for (int tile : {MB_TILE_WOQ_128x16, MB_TILE_WOQ_128x32, MB_TILE_WOQ_128x64, MB_TILE_WOQ_128x128,
                        MB_TILE_WOQ_128x256})
         mbk::dispatch_woq_sm90(dtype, kind, tile, [&](auto g) {
-          bytes = std::max(bytes, mbk::woq_sm90_workspace_bytes<decltype(g)>(num_experts, sm));
+          bytes = std::max(bytes, mbk::woq_sm90_workspace<decltype(g)>(num_experts, sm).total);
           return MB_OK;
         });
   return bytes;
