@@ -46,8 +46,8 @@ for name, (E, topk, n, k) in gemms.items():
             res = {}
             for t in tacs:
                 try:  # a staged tactic whose token rows do not fit is refused
-                    res[t] = round(tms(lambda: K.grouped_gemm_woq(a, b, kind.value, scales, off, group, zeros=zeros, c=c,
-                                                                  tactic=t)), 1)
+                    res[t] = round(tms(lambda: K.grouped_gemm_woq(a, b, kind.value, scales, off, group, zeros=zeros,
+                                                                  c=c, tactic=t)), 1)
                 except K.KernelError:
                     pass
             if w16 is not None and tokens <= 16:

@@ -11,5 +11,6 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_every_package_is_listed() -> None:
     tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     on_disk = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "moe_build").rglob("__init__.py")}
-    assert (ROOT / tool["package-dir"]["moe_build.plugins"] / "__init__.py").exists()  # plugins/, installed in moe_build
+    # plugins/ installs as moe_build.plugins
+    assert (ROOT / tool["package-dir"]["moe_build.plugins"] / "__init__.py").exists()
     assert set(tool["packages"]) == on_disk | {"moe_build.plugins"}

@@ -630,6 +630,6 @@ def _woq_tactic_problem(call: GemmCall, tactic: GemmTactic) -> str | None:
             return ("the staged decode kernel takes int4 weights with one scale per row or per 128 k, and k a multiple "
                     "of 128")
         if woq_staged_rows(call, tactic.k_split) < DECODE_TOKENS:  # forced: every chunk, up to 8 rows, must fit
-            return (f"the staged decode kernel's 8-row chunks do not fit its {STAGED_TOKEN_BUDGET // 1024} KB of shared "
-                    f"memory at k {call.k} in {tactic.k_split} slices (a larger K split, or the register form)")
+            return (f"the staged decode kernel's 8-row chunks do not fit its {STAGED_TOKEN_BUDGET // 1024} KB of "
+                    f"shared memory at k {call.k} in {tactic.k_split} slices (a larger K split, or the register form)")
     return None

@@ -98,9 +98,10 @@ class FusedExperts:
         """The expansion, also zeroing `out` for gemm2_sm90_finalize's accumulation (one launch)."""
         self._expand(b, zero_out=b.out)
 
-    def _expand(self, b: Batch, zero_out: torch.Tensor | None) -> None:
+    def _expand(self, b: Batch, zero_out: torch.Tensor | None, rows: str = "permuted_input") -> None:
+        """The 16-bit expansion into the workspace view `rows` (W4AFP8's plain expansion writes "expanded_input")."""
         self.k.expand_rows(b.hidden, b.v("unpermuted_to_permuted"), b.topk_weights,
-                           permuted_input=b.v("permuted_input"), permuted_weights=b.v("permuted_weights"),
+                           permuted_input=b.v(rows), permuted_weights=b.v("permuted_weights"),
                            zero_out=zero_out, stream=b.stream)
 
     # ---- GEMM1 -----------------------------------------------------------------------------
@@ -302,16 +303,11 @@ class FusedExperts:
 
     def expand_rows_16bit(self, b: Batch) -> None:
         """The plain expansion into 16-bit rows, which fc1_prequant_fp8 scales and quantizes next."""
-        self._expand_16bit(b, zero_out=None)
+        self._expand(b, zero_out=None, rows="expanded_input")
 
     def expand_rows_16bit_zero_output(self, b: Batch) -> None:
         """expand_rows_16bit, also zeroing `out` for gemm2_w4afp8_finalize's accumulation (one launch)."""
-        self._expand_16bit(b, zero_out=b.out)
-
-    def _expand_16bit(self, b: Batch, zero_out: torch.Tensor | None) -> None:
-        self.k.expand_rows(b.hidden, b.v("unpermuted_to_permuted"), b.topk_weights,
-                           permuted_input=b.v("expanded_input"), permuted_weights=b.v("permuted_weights"),
-                           zero_out=zero_out, stream=b.stream)
+        self._expand(b, zero_out=b.out, rows="expanded_input")
 
     def fc1_prequant_fp8(self, b: Batch) -> None:
         """The expanded rows times the FC1 pre-quant scale, quantized (the unfused alternative: the same bytes)."""

@@ -87,7 +87,8 @@ inline mb_status check_tactic(const mb_gemm_tactic& t, const TacticSite& site) {
                 t.output_l2, MB_OUTPUT_L2_PLAIN, MB_OUTPUT_L2_EVICT_LAST);
   const char* kernel = kernel_name(t.kernel);
   if (t.kernel == MB_GEMM_DECODE && t.tile == MB_TILE_DECODE_STAGED)
-    return fail(MB_ERR_UNSUPPORTED, "%s: the staged decode kernel is the weight-only GEMM's (mb_grouped_gemm_woq)", who);
+    return fail(MB_ERR_UNSUPPORTED, "%s: the staged decode kernel is the weight-only GEMM's (mb_grouped_gemm_woq)",
+                who);
   if (!tile_of_kernel(t.kernel, t.tile))
     return fail(MB_ERR_INVALID_ARGUMENT, "%s: tile %s is not a tile of the %s kernel", who, tile_name(t.tile),
                 kernel);

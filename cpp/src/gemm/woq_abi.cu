@@ -48,8 +48,8 @@ mb_status check_woq_args(const WoqGemmParams& p, int a_type, int64_t max_rows, c
     return fail(MB_ERR_INVALID_ARGUMENT, "%s: A, B and C must be 16-byte aligned", who);
   if (!woq_tactic_ok(t))
     return fail(MB_ERR_UNSUPPORTED, "%s: no kernel for tactic %s %s (k_split %d, launch %d, output_l2 %d): the decode "
-                "kernel (tile none or staged, k_split 1, 2, 4 or 8) or the mma kernel (tile 64x128 or 128x128), launched plain or "
-                "after_trigger, with plain outputs", who, kernel_name(t.kernel), tile_name(t.tile), t.k_split,
+                "kernel (tile none or staged, k_split 1, 2, 4 or 8) or the mma kernel (tile 64x128 or 128x128), "
+                "launched plain or after_trigger, with plain outputs", who, kernel_name(t.kernel), tile_name(t.tile), t.k_split,
                 t.launch, t.output_l2);
   return MB_OK;
 }
@@ -68,7 +68,8 @@ extern "C" mb_status mb_grouped_gemm_woq(const void* A, int a_type, const float*
   if (max_rows == 0) return MB_OK;
   const bool after = tactic.launch == MB_LAUNCH_AFTER_TRIGGER;
   if (tactic.kernel == MB_GEMM_MMA) return mbk::launch_woq_mma(p, max_rows, dtype, tactic.tile, after, stream);
-  return mbk::launch_woq_decode(p, max_rows, dtype, tactic.k_split, tactic.tile == MB_TILE_DECODE_STAGED, after, stream);
+  return mbk::launch_woq_decode(p, max_rows, dtype, tactic.k_split, tactic.tile == MB_TILE_DECODE_STAGED, after,
+                                stream);
 }
 
 extern "C" mb_status mb_grouped_gemm_woq_finalize(const void* A, int a_type, const float* scale_a, const void* B,

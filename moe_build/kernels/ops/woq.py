@@ -57,7 +57,8 @@ def grouped_gemm_woq(a: torch.Tensor, b: torch.Tensor, kind: int | str | WoqKind
     of `kind` ([E, n, k/2] uint8 for int4 / mxfp4, [E, n, k] int8), scales fp32 [E, n, k/group] ([E, n, 1] for
     group 0; uint8 e8m0 [E, n, k/32] for mxfp4), int4 zeros uint8 like the scales or None -> C [R, n]. `tactic`:
     the decode kernel (decode:ksplitN, or decode:staged_ksplitN for the int4 forms with one scale per row or per 128
-    k: the token rows staged in shared memory) for a few rows per expert, the mma tiles (mma:64x128, mma:128x128) for many.
+    k: the token rows staged in shared memory) for a few rows per expert, the mma tiles (mma:64x128, mma:128x128)
+    for many.
     W4AFP8: A float8_e4m3fn with `scale_a` fp32 [R] (C[p] = scale_a[p] * A[p] @ dequant(B[x])^T (+ bias)), int4
     weights, C in `out_dtype` (bf16 or fp16, required then; else A's dtype)."""
     dev, rows, k, e, n, mode, out_dtype = _woq_gemm_args(a, b, kind, scales, expert_first_token_offset, group, zeros,
