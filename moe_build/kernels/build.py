@@ -30,8 +30,17 @@ from typing import Callable, Sequence
 
 LIB_NAME = "libmoe_build_kernels.so"
 STAMP_NAME = "build.json"
-REPO_ROOT = Path(__file__).resolve().parents[2]
-CPP_DIR = REPO_ROOT / "cpp"
+
+
+def _cpp_dir() -> Path:
+    """The kernel sources: the checkout's top-level cpp/ (an editable install), else the copy a wheel carries as
+    moe_build/cpp (pyproject.toml's package data)."""
+    here = Path(__file__).resolve().parents[1]
+    checkout = here.parent / "cpp"
+    return checkout if (checkout / "src").is_dir() else here / "cpp"
+
+
+CPP_DIR = _cpp_dir()
 SRC_DIR = CPP_DIR / "src"
 INCLUDE_DIR = CPP_DIR / "include"
 HEADER = INCLUDE_DIR / "moe_build_kernels.h"
@@ -192,7 +201,7 @@ def _digest(files: Sequence[Path], *texts: str) -> str:
 def _flags_text(archs: Sequence[str]) -> str:
     # The include paths themselves are not hashed (they differ per checkout and virtualenv); which
     # directories of the tree are on the path is.
-    dirs = [d.relative_to(REPO_ROOT).as_posix() for d in INCLUDE_DIRS]
+    dirs = [d.relative_to(CPP_DIR.parent).as_posix() for d in INCLUDE_DIRS]  # cpp/include, cpp/src either way
     return "\0".join([*BASE_FLAGS, *arch_flags(archs), *dirs])
 
 
