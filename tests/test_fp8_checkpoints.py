@@ -75,9 +75,14 @@ class Family:
     def experts(self) -> str:
         return f"model.layers.{self.layer}.{self.block}.experts"
 
+    def expert_weights(self, e: int) -> tuple[str, str, str]:
+        """Routed expert e's gate, up and down weights, as stored."""
+        gate, up, down = (f"{self.experts()}.{e}.{p}.weight" for p in self.proj)
+        return gate, up, down
+
     def matrices(self) -> list[str]:
         """Every routed and shared expert weight, as stored."""
-        names = [f"{self.experts()}.{e}.{p}.weight" for e in range(E) for p in self.proj]
+        names = [name for e in range(E) for name in self.expert_weights(e)]
         if self.shared:
             names += [f"model.layers.{self.layer}.mlp.shared_experts.{p}.weight" for p in self.proj]
         return names
@@ -278,11 +283,6 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(torch.uint8)
 
 
-def _expert_rows(family: Family, e: int) -> tuple[str, str, str]:
-    gate, up, down = (f"{family.experts()}.{e}.{p}.weight" for p in family.proj)
-    return gate, up, down
-
-
 # ---- the checkpoints load as written -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
@@ -301,7 +301,7 @@ def test_fp8_checkpoint_loads_as_written(tmp_path: Path, name: str, fmt: str) ->
     assert w.w1.dtype == w.w2.dtype == torch.float8_e4m3fn
     assert w.router_weight.dtype == torch.bfloat16
     for e in range(E):
-        gate, up, down = _expert_rows(family, e)
+        gate, up, down = family.expert_weights(e)
         assert torch.equal(_bits(w.w1[e]), _bits(torch.cat([written.weights[gate], written.weights[up]])))
         assert torch.equal(_bits(w.w2[e]), _bits(written.weights[down]))
         assert torch.equal(deq.w1[e], torch.cat([_exact(written.weights[n], written.scales[n]) for n in (gate, up)]))
@@ -335,7 +335,7 @@ def test_block128_matches_compressed_tensors_reader(tmp_path: Path) -> None:
     theirs = reader.process(load_file(tmp_path / SINGLE_FILE))
     deq = load_moe_layer(tmp_path).weights.dequantized(torch.float32)
     for e in range(E):
-        gate, up, down = _expert_rows(family, e)
+        gate, up, down = family.expert_weights(e)
         assert torch.equal(deq.w1[e], torch.cat([theirs[gate], theirs[up]]))
         assert torch.equal(deq.w2[e], theirs[down])
 
@@ -449,7 +449,7 @@ def test_modelopt_export(tmp_path: Path, name: str) -> None:
     w = load_moe_layer(tmp_path).weights
     deq = w.dequantized(torch.float64)
     for e in range(E):
-        gate, up, down = _expert_rows(family, e)
+        gate, up, down = family.expert_weights(e)
         assert torch.equal(_bits(w.w1[e]), _bits(torch.cat([stored[gate], stored[up]])))
         exact = [_exact(stored[n], stored[n.replace(".weight", ".weight_scale")]) for n in (gate, up, down)]
         assert torch.equal(deq.w1[e], torch.cat(exact[:2])) and torch.equal(deq.w2[e], exact[2])

@@ -216,11 +216,6 @@ def _checkpoint(family: Family, fmt: str, folder: Path) -> tuple[torch.nn.Module
     return model, _rewrite(folder, lambda tensors: FORMATS[fmt](family, tensors, folder))
 
 
-def _rows(family: Family, e: int) -> tuple[str, str, str]:
-    gate, up, down = (f"{family.experts()}.{e}.{p}.weight" for p in family.proj)
-    return gate, up, down
-
-
 @pytest.mark.parametrize("fmt", list(FORMATS))
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_woq_checkpoint_loads_as_written(tmp_path: Path, name: str, fmt: str) -> None:
@@ -240,7 +235,7 @@ def test_woq_checkpoint_loads_as_written(tmp_path: Path, name: str, fmt: str) ->
     assert w.w1.dtype == (torch.int8 if spec.quant is Quant.W8A16 else torch.uint8)
     deq = w.dequantized(torch.float64)
     for e in range(E):
-        gate, up, down = _rows(family, e)
+        gate, up, down = family.expert_weights(e)
         assert torch.equal(deq.w1[e], torch.cat([written.exact[gate], written.exact[up]]))
         assert torch.equal(deq.w2[e], written.exact[down])
         if written.theirs:  # the producer's own dequantization, in its dtype
@@ -248,8 +243,8 @@ def test_woq_checkpoint_loads_as_written(tmp_path: Path, name: str, fmt: str) ->
             assert torch.equal(deq.w1[e].to(theirs), torch.cat([written.theirs[gate], written.theirs[up]]))
             assert torch.equal(deq.w2[e].to(theirs), written.theirs[down])
     if written.pre:
-        assert torch.equal(w.woq.fc1_act_scale, written.pre[_rows(family, 0)[0]].float())
-        assert torch.equal(w.woq.fc2_act_scale, written.pre[_rows(family, 0)[2]].float())
+        assert torch.equal(w.woq.fc1_act_scale, written.pre[family.expert_weights(0)[0]].float())
+        assert torch.equal(w.woq.fc2_act_scale, written.pre[family.expert_weights(0)[2]].float())
     else:
         assert w.woq.fc1_act_scale is None
     if written.inputs:
@@ -276,7 +271,7 @@ def test_group_128_on_multiples_of_128(tmp_path: Path) -> None:
     w = load_moe_layer(tmp_path).weights
     assert w.woq.group_size == 128 and tuple(w.woq.w2_scale.shape) == (E, 256, 1)
     deq = w.dequantized(torch.float64)
-    gate, up, down = _rows(family, 3)
+    gate, up, down = family.expert_weights(3)
     assert torch.equal(deq.w1[3], torch.cat([written.exact[gate], written.exact[up]]))
     assert torch.equal(deq.w2[3], written.exact[down])
 
@@ -341,7 +336,7 @@ def test_reference_matches_transformers_on_ct_w4a16(tmp_path: Path) -> None:
     block = model.model.layers[family.layer].mlp
     with torch.no_grad():
         for e in range(E):
-            gate, up, down = _rows(family, e)
+            gate, up, down = family.expert_weights(e)
             block.experts.gate_up_proj[e].copy_(torch.cat([written.theirs[gate], written.theirs[up]]))
             block.experts.down_proj[e].copy_(written.theirs[down])
         for p in family.proj:
@@ -375,7 +370,7 @@ def test_modelopt_w8a16_export(tmp_path: Path, name: str) -> None:
     w = load_moe_layer(tmp_path).weights
     deq = w.dequantized(torch.float64)
     for e in range(E):
-        gate, up, down = _rows(family, e)
+        gate, up, down = family.expert_weights(e)
         assert torch.equal(w.w1[e], torch.cat([stored[gate], stored[up]]))
         for n, got in ((gate, deq.w1[e, :I]), (up, deq.w1[e, I:]), (down, deq.w2[e])):
             scale = stored[n.replace(".weight", ".weight_scale")]
