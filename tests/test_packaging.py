@@ -38,11 +38,10 @@ def test_a_wheel_carries_the_kernel_sources(tmp_path: Path) -> None:
 
     # from a copy of what the wheel is made of: setuptools' build/ folder in the checkout would carry stale files
     src = tmp_path / "src"
-    src.mkdir()
-    for part in ("pyproject.toml", "README.md", "moe_build", "plugins", "cpp"):
-        copy = shutil.copytree if (ROOT / part).is_dir() else shutil.copy2
-        copy(ROOT / part, src / part, **({"ignore": shutil.ignore_patterns("__pycache__")} if copy is shutil.copytree
-                                         else {}))
+    for folder in ("moe_build", "plugins", "cpp"):
+        shutil.copytree(ROOT / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    for file in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / file, src / file)
     subprocess.run([sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation", "-q",
                     "-w", str(tmp_path / "dist")], check=True, capture_output=True, text=True)
     (wheel,) = (tmp_path / "dist").glob("moe_build-*.whl")
