@@ -4,14 +4,17 @@
 `moe_build.kernels.build` (built on first use where nvcc and the CUTLASS headers are there). Either way
 the library is loaded only beside a `build.json` whose sha256 it matches (`build.verify_library`).
 Every entry point returns an mb_status; a non-zero one raises `KernelError` carrying `mb_last_error()`'s
-message.
+message. `recording()` keeps the launches a block makes (entry point and arguments) so that a caller whose next
+call takes the same arguments can `replay` them without running the torch wrappers again.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import threading
 from pathlib import Path
+from typing import Callable, Iterator, NamedTuple, Sequence
 
 from .abi import SIGNATURES, Status
 from .build import KernelBuildError, build, verify_library
@@ -79,8 +82,54 @@ def last_error() -> str:
     return msg.decode(errors="replace") if msg else ""
 
 
+class Launch(NamedTuple):
+    """One entry point call as `recording` kept it: its name, the loaded function and its arguments."""
+
+    name: str
+    function: Callable[..., int]
+    args: tuple[object, ...]
+
+
+_recorder = threading.local()
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[list[Launch]]:
+    """Every `call` made inside the block runs as always and is also appended to the list this yields, in
+    order. Why: an eager decode step spends most of its host time in the wrappers' checks and pointer reads
+    (docs/performance.md, "Host time per call"); a caller whose tensors and arguments are the same on the next
+    call (the runner, keyed by every address it passes) replays the list instead. The wrappers refuse to
+    allocate inside the block (`is_recording`): a replay would pass the freed buffer's address."""
+    if is_recording():
+        raise RuntimeError("kernel launches are already being recorded on this thread")
+    launches: list[Launch] = []
+    _recorder.launches = launches
+    try:
+        yield launches
+    finally:
+        _recorder.launches = None
+
+
+def is_recording() -> bool:
+    """Whether this thread is inside `recording()`."""
+    return getattr(_recorder, "launches", None) is not None
+
+
+def replay(launches: Sequence[Launch]) -> None:
+    """Call each recorded launch again with its arguments, in order; a non-zero mb_status raises KernelError as
+    `call` does."""
+    for name, function, args in launches:
+        status = function(*args)
+        if status != Status.OK:
+            raise KernelError(name, status, last_error())
+
+
 def call(name: str, *args: object) -> None:
     """Call entry point `name`; a non-zero mb_status raises KernelError with mb_last_error()'s message."""
-    status = getattr(load_library(), name)(*args)
+    function = getattr(_lib if _lib is not None else load_library(), name)
+    status = function(*args)
     if status != Status.OK:
         raise KernelError(name, status, last_error())
+    launches = getattr(_recorder, "launches", None)
+    if launches is not None:
+        launches.append(Launch(name, function, args))

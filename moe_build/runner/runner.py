@@ -24,6 +24,7 @@ from .batch import Batch
 from .experts import FusedExperts
 from .graph import GraphedMoE
 from .prepare_finalize import PrepareFinalize
+from .programs import LaunchPrograms
 from .workspace import TORCH_DTYPE, BufferSpec, Workspace, layout_bytes, workspace_layout
 
 
@@ -109,6 +110,9 @@ class MoERunner:
         self.experts = FusedExperts(spec, self.weights, kernels, weights_blocked=self.weights_blocked,
                                     woq_wgmma=mixed)
         self._steps = self._step_table()
+        # The launches of the last calls, by everything their arguments depend on (programs.py): a call whose
+        # key was seen replays them instead of running the torch wrappers again.
+        self._programs = LaunchPrograms(self._steps)
         # Per token count, what every call at that count would recompute: its steps and tactics, and the
         # layout of a caller's workspace (kernel size queries). Kept for the last few counts. The cached
         # functions hold the spec and plan, not the runner: a cycle through `self` would leave a dropped
@@ -216,11 +220,15 @@ class MoERunner:
         b = Batch(T, x, out.view(T, -1), views, stream, gemm1_tactic, gemm2_tactic,
                   topk_ids=views["topk_ids"], topk_weights=views["topk_weights"])
         self.bind_routing(b, router_logits, topk_ids, topk_weights)
+        # Every address a launch of this call takes: the workspace (its carving fixed by T and whether it is the
+        # runner's own, sized for max_tokens), the caller's tensors, and the logits' dtype (the routing kernel's).
+        logits = b.logits
+        key = (T, routing_input, stream, workspace is None, ws.flat.data_ptr(), x.data_ptr(), out.data_ptr(),
+               None if logits is None else (logits.data_ptr(), logits.dtype))
         # The caller's tensors are checked above and the rest are the runner's own, right by
         # construction, so the kernel wrappers skip their per-tensor checks.
         with kernels.trusted_tensors():
-            for step in steps:
-                self._steps[step](b)
+            self._programs.run(key, steps, b)
         return out
 
     def grouped_experts(self, rows: torch.Tensor, expert_offsets: torch.Tensor, out: torch.Tensor,

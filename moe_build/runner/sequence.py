@@ -83,6 +83,8 @@ FC2_PREQUANT_FP8 = "fc2_prequant:fp8"  # mb_quantize_fp8 with the FC2 pre-quant 
 GEMM2_W4AFP8 = "gemm2:w4afp8"          # mb_grouped_gemm_woq, e4m3 A
 GEMM2_W4AFP8_FINALIZE = "gemm2:w4afp8_finalize"  # mb_grouped_gemm_woq_finalize, e4m3 A
 SHARED_EXPERTS = "shared_experts"      # torch matmuls + mb_fc1_activation, added to the output
+# the steps that run torch operators (not only our entry points): runner.programs runs them on every call
+TORCH_STEPS = frozenset({ROUTER_GEMM, SHARED_EXPERTS})
 
 _GEMM1 = {
     ("tma_warp_specialized", "separate"): [GEMM1_SM90, FC1_ACTIVATION],

@@ -63,13 +63,23 @@ def check(spec: MoESpec, force: dict[str, str] | None = None, tokens: int = 16, 
     runner, weights = _runner(spec, force, max_tokens or max(tokens, 1), seed)
     g = torch.Generator(device="cpu").manual_seed(seed + 1)
     hidden = torch.randn(tokens, spec.hidden_size, generator=g).to("cuda", _dtype(spec))
-    out = torch.full_like(hidden, float("nan"))
+    call_and_check(runner, weights, hidden, torch.empty_like(hidden), routing_input, g, f"seed {seed}")
+
+
+def call_and_check(runner, weights: MoEWeights, hidden: torch.Tensor, out: torch.Tensor,  # noqa: ANN001
+                   routing_input: str, g: torch.Generator, case: str, logits: torch.Tensor | None = None,
+                   workspace: torch.Tensor | None = None) -> None:
+    """One runner call on `hidden` into `out` (poisoned with NaN first), routing pinned from `g` (logits written
+    into `logits` where given), against the fp64 reference: rel-norm error < TOL, every element written."""
+    spec = runner.spec
+    tokens = hidden.shape[0]
+    out.fill_(float("nan"))
     kwargs: dict[str, torch.Tensor] = {}
     ref_kwargs: dict[str, torch.Tensor] = {}
     if routing_input == "logits":
-        logits = torch.randn(tokens, spec.num_experts, generator=g)
-        kwargs["router_logits"] = logits.cuda()
-        ref_kwargs["router_logits"] = logits
+        lg = torch.randn(tokens, spec.num_experts, generator=g)
+        kwargs["router_logits"] = lg.cuda() if logits is None else logits.copy_(lg)
+        ref_kwargs["router_logits"] = lg
     elif routing_input == "topk":
         ids = torch.stack([torch.randperm(spec.num_experts, generator=g)[: spec.top_k] for _ in range(tokens)])
         w = torch.rand(tokens, spec.top_k, generator=g)
@@ -81,12 +91,12 @@ def check(spec: MoESpec, force: dict[str, str] | None = None, tokens: int = 16, 
         # bf16 logits tie often; routing.cu breaks ties toward the lower expert id, so nudge the
         # reference's copy the same way (1e-7 * id cannot reorder distinct bf16 logits of this size)
         ref_kwargs["router_logits"] = lg.double().cpu() - 1e-7 * torch.arange(spec.num_experts)
-    runner(hidden, out=out, **kwargs)
+    runner(hidden, out=out, workspace=workspace, **kwargs)
     torch.cuda.synchronize()
-    assert torch.isfinite(out).all(), f"unwritten/non-finite output (seed {seed}, plan {runner.plan.choices()})"
+    assert torch.isfinite(out).all(), f"unwritten/non-finite output ({case}, plan {runner.plan.choices()})"
     ref = moe_reference(spec, weights, hidden.cpu(), **ref_kwargs)
     err = float((out.double().cpu() - ref).norm() / ref.norm())
-    assert err < TOL, f"rel err {err:.3g} (seed {seed}, steps {runner.kernel_sequence(tokens, routing_input)})"
+    assert err < TOL, f"rel err {err:.3g} ({case}, steps {runner.kernel_sequence(tokens, routing_input)})"
 
 
 @pytest.mark.parametrize("force", FORCES, ids=FORCE_IDS)
@@ -371,3 +381,35 @@ def test_out_overlapping_hidden_is_refused(tokens: int) -> None:
         with pytest.raises(MoeBuildError, match="out"):
             runner(hidden, router_logits=logits, out=out)
     assert torch.equal(buf, before), "a refused call must leave both buffers untouched"
+
+
+@pytest.mark.parametrize("force", FORCES, ids=FORCE_IDS)
+def test_replayed_calls_follow_each_calls_inputs(force: dict[str, str]) -> None:
+    """A call whose addresses (buffers, workspace, stream) and token count a call before had replays that call's
+    recorded launches (runner/programs.py). Three rounds over the same buffers, each call on new random contents and
+    checked against the fp64 reference of its own inputs: the first round records, the next two replay (the
+    runner keeps no new program); token counts, routing inputs, the runner's and a caller's workspace taken in
+    turn, with the shared experts' torch step among the launches; then new buffers record anew."""
+    from moe_build.runner import workspace_bytes
+    spec = dataclasses.replace(BASE, shared=SharedExperts(count=1, intermediate_size=128))
+    seed = random.SystemRandom().randrange(1 << 30)
+    runner, weights = _runner(spec, force, 300, seed)
+    g = torch.Generator(device="cpu").manual_seed(seed + 1)
+    H, dt = spec.hidden_size, _dtype(spec)
+    flat = torch.empty(workspace_bytes(spec, runner.plan, 300), dtype=torch.uint8, device="cuda")
+    cases = [(t, r, w) for t in (1, 16, 257) for r in ("logits", "hidden", "topk") for w in (None, flat)]
+    bufs = {t: (torch.empty(t, H, dtype=dt, device="cuda"), torch.empty(t, H, dtype=dt, device="cuda"),
+                torch.empty(t, spec.num_experts, device="cuda")) for t in (1, 16, 257)}
+    for round in range(3):
+        for t, routing_input, ws in cases:
+            hidden, out, logits = bufs[t]
+            hidden.copy_(torch.randn(t, H, generator=g))
+            call_and_check(runner, weights, hidden, out, routing_input, g,
+                           f"seed {seed}, round {round}, {t} tokens, {routing_input}, workspace {ws is not None}",
+                           logits=logits, workspace=ws)
+        if round == 0:
+            recorded = len(runner._programs)
+    assert len(runner._programs) == recorded  # rounds 1 and 2 replayed every call
+    hidden = torch.randn(16, H, generator=g).to("cuda", dt)
+    call_and_check(runner, weights, hidden, torch.empty_like(hidden), "logits", g, f"seed {seed}, new buffers")
+    assert len(runner._programs) == recorded + 1

@@ -10,6 +10,7 @@ from typing import Callable, Iterator, Sequence
 import torch
 
 from ..abi import DType
+from ..library import is_recording
 
 
 _trust = threading.local()
@@ -86,6 +87,7 @@ def _enum(value: int | str | enum.IntEnum, cls: type[enum.IntEnum], name: str) -
 def _out(t: torch.Tensor | None, name: str, shape: Sequence[int], dtype: torch.dtype,
          device: torch.device, zero: bool = False) -> torch.Tensor:
     if t is None:
+        _refuse_recorded_allocation(name)
         return (torch.zeros if zero else torch.empty)(tuple(shape), dtype=dtype, device=device)
     _check(t, name, shape, dtype, device)
     return t
@@ -101,7 +103,16 @@ def _workspace(workspace: torch.Tensor | None, nbytes: Callable[[], int], dev: t
         size = nbytes()
         if size == 0:
             return None, 0
+        _refuse_recorded_allocation("workspace")
         workspace = torch.empty(size, dtype=torch.uint8, device=dev)
     else:
         _check(workspace, "workspace", None, None, dev)
     return workspace.data_ptr(), workspace.numel() * workspace.element_size()
+
+
+def _refuse_recorded_allocation(name: str) -> None:
+    """A wrapper about to allocate `name` inside `library.recording()`: refused, since a replay of the recorded
+    launch would write to the freed allocation's address. The runner passes every output and scratch buffer."""
+    if is_recording():
+        raise RuntimeError(f"{name}: a recorded launch must be given its buffer (a replay cannot reuse a freed "
+                           f"allocation)")
