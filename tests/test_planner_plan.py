@@ -214,3 +214,34 @@ def test_fp8_gemm2_input_quantized_separately_at_one_token_only(quant: str) -> N
         assert d.choice == forced and {b.choice for b in d.bands} == {forced}
     plain = make_plan(dataclasses.replace(spec, quant=Quant.NONE), SM90).stage("fc2_input_quant")
     assert plain.choice == "none"
+
+
+def test_fp8_accumulation_is_fast_with_rowwise_scales_on_the_wgmma_kernel() -> None:
+    """rules.fp8_rowwise_scales / fp8_wgmma_kernel: the FP8 wgmma GEMMs accumulate fast (TensorRT-LLM's Hopper FP8
+    MoE schedule) with rowwise scales, promoted with block-128 scales (which scale each 128-k block's sum as it is
+    promoted) or on the Ampere kernel; "none" without FP8 GEMMs. Forcing promoted always holds, fast only where both
+    gates do, none never on an FP8 layer."""
+    from moe_build.spec import Quant
+    spec = MoESpec(hidden_size=2048, intermediate_size=768, num_experts=128, top_k=8, quant=Quant.FP8)
+    d = make_plan(spec, SM90, tokens=16).stage("fp8_accumulation")
+    assert (d.choice, d.fallback, d.forced) == ("fast", "promoted", False)
+    assert bands(d) == [[1, None, "fast"]]
+    assert [(g.name, g.held) for g in d.gates] == [("fp8_gemms", True), ("fp8_wgmma_kernel", True),
+                                                   ("fp8_rowwise_scales", True)]
+    forced = make_plan(spec, SM90, tokens=16, force={"fp8_accumulation": "promoted"}).stage("fp8_accumulation")
+    assert (forced.choice, forced.forced) == ("promoted", True)
+    ampere = make_plan(spec, SM90, tokens=16, force={"gemm_kernel": "ampere"}).stage("fp8_accumulation")
+    assert ampere.choice == "promoted" and not next(g for g in ampere.gates if g.name == "fp8_wgmma_kernel").held
+    block = dataclasses.replace(spec, quant=Quant.FP8_BLOCK)
+    d = make_plan(block, SM90, tokens=16).stage("fp8_accumulation")
+    assert d.choice == "promoted" and not next(g for g in d.gates if g.name == "fp8_rowwise_scales").held
+    with pytest.raises(UnsupportedCombination, match="fp8_rowwise_scales=fp8_block fails 'quant == fp8'"):
+        make_plan(block, SM90, tokens=16, force={"fp8_accumulation": "fast"})
+    with pytest.raises(MoeBuildError, match="fp8_accumulation=none"):
+        make_plan(spec, SM90, tokens=16, force={"fp8_accumulation": "none"})
+    plain = dataclasses.replace(spec, quant=Quant.NONE)
+    assert make_plan(plain, SM90).stage("fp8_accumulation").choice == "none"
+    with pytest.raises(UnsupportedCombination, match="fp8_gemms"):
+        make_plan(plain, SM90, force={"fp8_accumulation": "promoted"})
+    w4afp8 = dataclasses.replace(spec, quant=Quant.W4AFP8)  # FP8 activations, but the weight-only GEMMs
+    assert make_plan(w4afp8, SM90).stage("fp8_accumulation").choice == "none"

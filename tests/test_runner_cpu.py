@@ -593,7 +593,8 @@ def test_each_stream_gets_its_own_gemm_placement_regions() -> None:
     made: list[torch.Tensor] = []
     fake = SimpleNamespace(new_gemm_placement=lambda dev: made.append(torch.zeros(4, dtype=torch.int32)) or made[-1],
                            WeightLayout=kernels.WeightLayout, Fp8Scaling=kernels.Fp8Scaling)
-    experts = FusedExperts(SWIGLU, MoEWeights.random(SWIGLU, seed=0), fake, weights_blocked=False)  # type: ignore[arg-type]
+    experts = FusedExperts(SWIGLU, MoEWeights.random(SWIGLU, seed=0), fake, weights_blocked=False,  # type: ignore[arg-type]
+                           fp8_accumulation="none")
 
     def batch(stream: int) -> Batch:
         return Batch(1, torch.zeros(1, 256), torch.zeros(1, 256), {}, stream, None, None)

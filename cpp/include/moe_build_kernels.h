@@ -380,11 +380,17 @@ mb_status mb_grouped_gemm_sm90_gated(const void* A, const void* B, const void* b
  * MB_FP8_ROWWISE; the _C2 tiles run in 2x1 clusters whose two CTAs share, by TMA multicast, the weight tile
  * of neighbouring row tiles of one expert; launch PLAIN or AFTER_TRIGGER, never PLACED). n and k multiples of
  * 16; A, B, C 16-byte aligned; the wgmma kernel needs mb_grouped_gemm_fp8_workspace() bytes (the decode kernel
- * none), and A must hold max_rows rows. */
+ * none), and A must hold max_rows rows.
+ * accumulation (mb_fp8_accumulation), the wgmma kernel's: MB_FP8_ACCUM_PROMOTED adds the tensor cores' partial sums
+ * into fp32 registers every 128 k (the blockwise mainloop does so by construction); MB_FP8_ACCUM_FAST lets the
+ * tensor cores accumulate the whole k (fp32 accumulator registers, the tensor cores' own precision within the
+ * chain: TensorRT-LLM's Hopper FP8 MoE GEMMs run so), MB_FP8_ROWWISE only. The decode kernel adds each mma's sums
+ * into fp32 registers and takes either value. */
 enum mb_fp8_scaling { MB_FP8_ROWWISE = 0, MB_FP8_BLOCK128 = 1 };
+enum mb_fp8_accumulation { MB_FP8_ACCUM_PROMOTED = 0, MB_FP8_ACCUM_FAST = 1 };
 size_t mb_grouped_gemm_fp8_workspace(int num_experts, int64_t max_rows, int n, int k);
 mb_status mb_grouped_gemm_fp8(const void* A, const float* scale_a, const void* B, const float* scale_b, int scaling,
-                              const void* bias, void* C, const int64_t* expert_first_token_offset, int num_experts,
+                              int accumulation, const void* bias, void* C, const int64_t* expert_first_token_offset, int num_experts,
                               int64_t max_rows, int n, int k, int dtype, mb_gemm_tactic tactic, void* workspace,
                               size_t workspace_bytes, cudaStream_t stream);
 /* The FP8 GEMM2 with the finalize epilogue, as mb_grouped_gemm_sm90_finalize's for 16-bit GEMMs:
@@ -396,7 +402,7 @@ mb_status mb_grouped_gemm_fp8(const void* A, const float* scale_a, const void* B
  * tactics and workspace as mb_grouped_gemm_fp8, and output_l2 EVICT_LAST with the wgmma kernel (its atomics under
  * L2 evict_last). */
 mb_status mb_grouped_gemm_fp8_finalize(const void* A, const float* scale_a, const void* B, const float* scale_b,
-                                       int scaling, const void* bias, void* out,
+                                       int scaling, int accumulation, const void* bias, void* out,
                                        const int64_t* expert_first_token_offset,
                                        const int32_t* permuted_to_unpermuted, const float* permuted_weights,
                                        int num_experts, int64_t max_rows, int num_tokens, int top_k, int n, int k,

@@ -8,7 +8,7 @@ checked first against an fp64 reference on sampled rows of the input it is timed
   output channel, fp8_block per 128 x 128 block, activations dynamic), random weights quantized with
   amax / 448 scales;
 - the variants: "ours" (our FP8 runner, default plan) and each fusion forced off (the two FP8 input
-  quantizations and the finalize in GEMM2's epilogue), "ours_bf16" (our
+  quantizations, the finalize in GEMM2's epilogue, and the rowwise GEMMs' fast accumulation), "ours_bf16" (our
   bf16 runner on the FP8 weights dequantized to bf16), "scaled_grouped_mm" (peers.scaled_grouped_mm_peer;
   block-128 weights reach it dequantized and requantized per output channel) and "grouped_mm_dequant"
   (the bf16 torch._grouped_mm pipeline on the dequantized weights, dequantized once before timing);
@@ -41,7 +41,7 @@ from .workload import (CHECK_ROWS, FP8_REL_ERR_LIMIT, FP8_SHAPES, REF_WEIGHT_ELE
 QUANTS = {q.value: q for q in (Quant.FP8, Quant.FP8_BLOCK)}
 # Our FP8 runner (default plan) and each FP8 fusion forced off; then the comparisons.
 FP8_RUNNER_VARIANTS = ("ours", "ours:fc1_input_quant=separate", "ours:fc2_input_quant=separate",
-                       "ours:finalize=separate")
+                       "ours:finalize=separate", "ours:fp8_accumulation=promoted")
 FP8_OTHERS = ("ours_bf16", "scaled_grouped_mm", "grouped_mm_dequant")
 FP8_VARIANTS = (*FP8_RUNNER_VARIANTS, *FP8_OTHERS)
 BF16_VARIANTS = ("ours_bf16", "grouped_mm_dequant")  # 16-bit weights: checked against the bf16 reference

@@ -1,6 +1,6 @@
 """The CUDA kernel library: its C ABI (`abi`), building it with nvcc (`build`), loading it (`library`) and
 one torch wrapper per entry point (`ops`)."""
-from .abi import (SIGNATURES, Activation, DType, Fp8Scaling, GemmKernel, GemmLaunch, GemmTacticStruct, GemmTile, OutputL2,
+from .abi import (SIGNATURES, Activation, DType, Fp8Accumulation, Fp8Scaling, GemmKernel, GemmLaunch, GemmTacticStruct, GemmTile, OutputL2,
                   Routing, Status, WeightLayout, WoqInput, WoqKind)
 from .library import KernelError, Launch, is_recording, last_error, load_library, recording, replay
 from .ops import (ep_combine, ep_layout, ep_nvlink_combine, ep_nvlink_dispatch, ep_nvlink_gather, ep_nvlink_return, ep_nvlink_wait, ep_permute_layout, ep_permute_rows, expand_rows, expand_rows_fp8, expand_rows_fp8_prequantized, fc1_activation, fc1_activation_fp8,
@@ -14,7 +14,7 @@ from .ops import (ep_combine, ep_layout, ep_nvlink_combine, ep_nvlink_dispatch, 
                   routing_prologue_fused, routing_prologue_three_step, tactic_struct, three_step_workspace_bytes,
                   trusted_tensors)
 
-__all__ = ["SIGNATURES", "Activation", "DType", "Fp8Scaling", "GemmKernel", "GemmLaunch", "GemmTacticStruct", "GemmTile",
+__all__ = ["SIGNATURES", "Activation", "DType", "Fp8Accumulation", "Fp8Scaling", "GemmKernel", "GemmLaunch", "GemmTacticStruct", "GemmTile",
            "OutputL2", "Routing", "Status", "WeightLayout", "WoqInput", "WoqKind", "KernelError", "Launch", "is_recording",
            "last_error", "load_library", "recording", "replay",
            "ep_combine", "ep_layout", "ep_nvlink_combine", "ep_nvlink_dispatch", "ep_nvlink_gather", "ep_nvlink_return", "ep_nvlink_wait", "ep_permute_layout", "ep_permute_rows", "expand_rows", "expand_rows_fp8", "expand_rows_fp8_prequantized", "fc1_activation", "fc1_activation_fp8",

@@ -97,6 +97,13 @@ class Fp8Scaling(enum.IntEnum):
     BLOCK128 = 1
 
 
+class Fp8Accumulation(enum.IntEnum):
+    """mb_fp8_accumulation: how the FP8 wgmma GEMM accumulates (fp32 promotion every 128 k, or the tensor cores'
+    own over the whole k; the plan's fp8_accumulation stage)."""
+    PROMOTED = 0
+    FAST = 1
+
+
 class GemmLaunch(enum.IntEnum):
     """mb_gemm_launch (MB_LAUNCH_*)."""
     PLAIN = 0
@@ -163,9 +170,9 @@ SIGNATURES: dict[str, tuple[type, tuple[type, ...]]] = {
     "mb_grouped_gemm_sm90_gated": (_i, (_p, _p, _p, _p, _p, _i, _i64, _i, _i, _i, _i, _f, _f, _i, _t, _p, _p, _sz,
                                         _p)),
     "mb_grouped_gemm_fp8_workspace": (_sz, (_i, _i64, _i, _i)),
-    "mb_grouped_gemm_fp8": (_i, (_p, _p, _p, _p, _i, _p, _p, _p, _i, _i64, _i, _i, _i, _t, _p, _sz, _p)),
-    "mb_grouped_gemm_fp8_finalize": (_i, (_p, _p, _p, _p, _i, _p, _p, _p, _p, _p, _i, _i64, _i, _i, _i, _i, _i, _t,
-                                          _p, _sz, _p)),
+    "mb_grouped_gemm_fp8": (_i, (_p, _p, _p, _p, _i, _i, _p, _p, _p, _i, _i64, _i, _i, _i, _t, _p, _sz, _p)),
+    "mb_grouped_gemm_fp8_finalize": (_i, (_p, _p, _p, _p, _i, _i, _p, _p, _p, _p, _p, _i, _i64, _i, _i, _i, _i, _i,
+                                          _t, _p, _sz, _p)),
     "mb_grouped_gemm_woq": (_i, (_p, _i, _p, _p, _i, _p, _p, _i, _p, _p, _p, _i, _i64, _i, _i, _i, _t, _p)),
     "mb_grouped_gemm_woq_finalize": (_i, (_p, _i, _p, _p, _i, _p, _p, _i, _p, _p, _p, _p, _p, _i, _i64, _i, _i, _i,
                                           _i, _i, _t, _p)),

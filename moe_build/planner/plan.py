@@ -20,12 +20,14 @@ from .gates import OURS, Band, Gate, Plan, StageDecision, bands_text
 # that follow from it (moe-build's own: what the kernels are told, never decided by them).
 FUSION_STAGES = ("routing_prologue", "expand_rows", "gemm_kernel", "fc1_activation", "fc2_prequant", "finalize")
 ACT_QUANT_STAGES = ("fc1_input_quant", "fc2_input_quant")
+ACCUMULATION_STAGES = ("fp8_accumulation",)  # how the FP8 GEMMs add up their products
 LAYOUT_STAGES = ("w1_order", "weight_layout")
 TACTIC_STAGES = ("gemm1_tactic", "gemm2_tactic")
 EP_STAGES = ("dispatch",)  # how tokens reach the ranks holding their experts, and come back
 # how the dispatched rows reach a rank's experts (seed 000's formats) and their outputs come back
 EP_FORMAT_STAGES = ("ep_format",)
-PLUGIN_STAGES = FUSION_STAGES + ACT_QUANT_STAGES + LAYOUT_STAGES + TACTIC_STAGES + EP_STAGES + EP_FORMAT_STAGES
+PLUGIN_STAGES = (FUSION_STAGES + ACT_QUANT_STAGES + ACCUMULATION_STAGES + LAYOUT_STAGES + TACTIC_STAGES + EP_STAGES
+                 + EP_FORMAT_STAGES)
 OOTB_STAGES = ("expert_compute",) + EP_STAGES
 MATRIX_STAGES = FUSION_STAGES + ("expert_compute",)  # the seed's fusion matrix: both paths' fusion stages
 STAGE_CHOICES: dict[str, tuple[str, ...]] = {
@@ -37,6 +39,7 @@ STAGE_CHOICES: dict[str, tuple[str, ...]] = {
     "finalize": ("fused", "separate"),
     "fc1_input_quant": ("expand_rows", "separate", "none"),
     "fc2_input_quant": ("fc1_activation", "separate", "none"),
+    "fp8_accumulation": ("fast", "promoted", "none"),
     "w1_order": ("gate_up_interleaved", "stacked"),
     "weight_layout": ("blocked64", "row_major"),
     "expert_compute": ("per_expert_gather", "dense_masked"),
@@ -267,6 +270,24 @@ def _fc2_input_quant(spec: MoESpec, fc1_activation: str, tokens: int, forced: st
     return _fc2_quant_bands("fc2_input_quant", "fc1_activation", gates, tokens, fused_text, separate_text)
 
 
+def _fp8_accumulation(spec: MoESpec, gemm_kernel: str, forced: str | None) -> StageDecision:
+    """The FP8 wgmma GEMMs' accumulation: fast (the tensor cores' own over the whole k) where the scales are rowwise,
+    else promoted (fp32 adds every 128 k); "none" for a layer without FP8 GEMMs."""
+    fp8 = R.input_quant_fp8(spec)
+    gates = [fp8, R.fp8_wgmma_kernel(gemm_kernel), R.fp8_rowwise_scales(spec)]
+    if not fp8.held:
+        if forced not in (None, "none"):
+            _refuse(gates[:1], f"cannot force fp8_accumulation={forced}")
+        return StageDecision("fp8_accumulation", "none", "none", tuple(gates), forced=forced is not None,
+                             summary="no FP8 GEMMs")
+    if forced == "none":
+        raise MoeBuildError("force", "fp8_accumulation=none: FP8 GEMMs accumulate one way or the other",
+                            ("fast", "promoted"))
+    return _simple("fp8_accumulation", "fast", "promoted", gates, forced,
+                   lambda f: "FP8 wgmma GEMMs accumulate the whole k in the tensor cores (fp32 registers, no "
+                             "promotion)" if f else "FP8 GEMMs add their partial sums into fp32 every 128 k")
+
+
 def _w1_order(fc1_activation: str) -> StageDecision:
     gate = R.w1_interleaved(fc1_activation)
     choice = "gate_up_interleaved" if gate.held else "stacked"
@@ -297,7 +318,7 @@ def _gemm_calls(spec: MoESpec, target: Target, choices: Mapping[str, str]) -> di
                   weights_blocked=choices["weight_layout"] == "blocked64", sm_count=target.sm_count,
                   l2_bytes=target.l2_bytes, fp8=fp8, woq=woq, woq_group=woq_group if woq != "none" else 0,
                   deterministic=target.deterministic,
-                  a_e4m3=spec.quant is Quant.W4AFP8)
+                  a_e4m3=spec.quant is Quant.W4AFP8, fp8_accumulation=choices["fp8_accumulation"])
     return {"gemm1_tactic": T.GemmCall(epilogue="gated" if gated1 else "store", n=spec.fc1_out_features,
                                        k=spec.hidden_size, **common),
             "gemm2_tactic": T.GemmCall(epilogue=_gemm2_epilogue(choices["finalize"]),
@@ -458,8 +479,10 @@ def make_plan(spec: MoESpec, target: Target, tokens: int = 1,
         ep_format = _ep_format(spec, target, dispatch.choice, force.get("ep_format"))
         finalize = _finalize(spec, target, gemm.choice, tokens, force.get("finalize"), ep_format.choice)
         layout = _weight_layout(spec, target, gemm.choice, force.get("weight_layout"))
+        accumulation = _fp8_accumulation(spec, gemm.choice, force.get("fp8_accumulation"))
         calls = _gemm_calls(spec, target, {"gemm_kernel": gemm.choice, "fc1_activation": fc1.choice,
-                                           "finalize": finalize.choice, "weight_layout": layout.choice})
+                                           "finalize": finalize.choice, "weight_layout": layout.choice,
+                                           "fp8_accumulation": accumulation.choice})
         stages = (
             _routing_prologue(spec, target, tokens, force.get("routing_prologue")),
             _expand_rows(spec, force.get("expand_rows")),
@@ -469,6 +492,7 @@ def make_plan(spec: MoESpec, target: Target, tokens: int = 1,
             finalize,
             _fc1_input_quant(spec, force.get("fc1_input_quant")),
             _fc2_input_quant(spec, fc1.choice, tokens, force.get("fc2_input_quant")),
+            accumulation,
             _w1_order(fc1.choice),
             layout,
             _tactic("gemm1_tactic", calls["gemm1_tactic"], None, tokens, tactics.get("gemm1_tactic")),

@@ -455,6 +455,22 @@ def input_quant_fp8(s: MoESpec) -> Gate:
     return Gate("fp8_gemms", s.quant.value, "quant in (fp8, fp8_block)", _fp8_activations(s), OURS)
 
 
+# The FP8 GEMMs' accumulation is a choice of the wgmma kernel (the decode kernel adds each mma's sums into fp32
+# registers): gemm kernel is TMA warp-specialized
+def fp8_wgmma_kernel(gemm_kernel: str) -> Gate:
+    return Gate("fp8_wgmma_kernel", gemm_kernel, "gemm kernel is TMA warp-specialized",
+                gemm_kernel == "tma_warp_specialized", OURS)
+
+
+# ... which accumulates the whole k in the tensor cores (no fp32 promotion every 128 k) with rowwise scales: quant ==
+# fp8 (block-128 scales weigh each 128-k block's sum as it is promoted). TensorRT-LLM's Hopper FP8 MoE GEMMs always
+# do (KernelScheduleSM90 in cpp/tensorrt_llm/kernels/cutlass_kernels/moe_gemm/launchers/moe_gemm_tma_ws_launcher.inl);
+# here the layers at 4096 tokens 1.09-1.14x faster, GEMM outputs 0.17-0.33% from fp64 against 0.17% promoted
+# (docs/performance.md, "FP8 fast accumulation")
+def fp8_rowwise_scales(s: MoESpec) -> Gate:
+    return Gate("fp8_rowwise_scales", s.quant.value, "quant == fp8", s.quant is Quant.FP8, OURS)
+
+
 # GEMM2's input is quantized to FP8 inside the activation step when that step runs as its own kernel:
 # fc1_activation == separate (a fused gated epilogue writes 16-bit rows)
 def fc2_quant_in_activation(fc1_activation: str) -> Gate:

@@ -24,6 +24,7 @@ WGMMA_TILES = ("coop128x256", "pingpong64x256", "pingpong64x128", "pingpong64x25
                "coop128x128", "coop128x128c2", "coop128x192", "coop128x192c2", "woq128x16", "woq128x32", "woq128x64",
                "woq128x128", "woq128x256")
 FP8_SCALINGS = ("none", "rowwise", "block128")  # the GEMM's FP8 scales (mb_fp8_scaling), none for 16-bit
+FP8_ACCUMULATIONS = ("none", "fast", "promoted")  # the FP8 wgmma GEMM's accumulation (mb_fp8_accumulation)
 WOQ_KINDS = ("none", "int4", "int8", "mxfp4")  # the weight-only GEMM's stored weights (mb_woq_kind), none otherwise
 # The weight-only GEMM's kernels (gemm/woq_abi.cu): decode, and mma.sync tiles of token rows x output columns.
 WOQ_MMA_TILES = ("64x128", "128x128")
@@ -121,12 +122,16 @@ class GemmCall:
     woq_group: int = 0   # the weight-only GEMM's k per scale (0: one scale per output row)
     deterministic: bool = False  # the target's deterministic request (a row's output independent of the batch)
     a_e4m3: bool = False         # the weight-only GEMM's activations come as e4m3 (W4AFP8)
+    fp8_accumulation: str = "none"  # the FP8 wgmma GEMM's: fast | promoted (the plan's fp8_accumulation) | none
 
     def __post_init__(self) -> None:
         if self.epilogue not in EPILOGUES:
             raise ValueError(f"GemmCall epilogue {self.epilogue!r} is not one of {', '.join(EPILOGUES)}")
         if self.fp8 not in FP8_SCALINGS:
             raise ValueError(f"GemmCall fp8 {self.fp8!r} is not one of {', '.join(FP8_SCALINGS)}")
+        if self.fp8_accumulation not in FP8_ACCUMULATIONS:
+            raise ValueError(f"GemmCall fp8_accumulation {self.fp8_accumulation!r} is not one of "
+                             f"{', '.join(FP8_ACCUMULATIONS)}")
         if self.woq not in WOQ_KINDS:
             raise ValueError(f"GemmCall woq {self.woq!r} is not one of {', '.join(WOQ_KINDS)}")
 
@@ -267,12 +272,22 @@ def ctas_at_most(call: GemmCall, rows: RowCount, column_blocks: int, limit: int)
 # and 24% (GEMM2) slower (docs/measured/h200x2-2026-11-28-tiles-decode). Block-128 scales stay on 128x128: its
 # blockwise mainloop has no 192-column form, and in 2x1 clusters it won on two GEMMs and lost on one. The
 # finalize epilogue takes the same tiles (FP8's finalize tiles were not measured yet).
+# With fast accumulation (rowwise scales) pingpong 64x128 holds up to 128 rows: bench/fp8_accumulation_probe.py
+# (H200, plain store, L2 flushed; docs/measured/h200-2026-11-29-fp8-fast-accum) DeepSeek-V3 at 4096 tokens, 128
+# rows, GEMM1 2605 vs 2894 us on 128x128, GEMM2 1520 vs 1691; Mixtral at 256 tokens, 64 rows, GEMM1 264.5 and
+# GEMM2 128.2 the best of the four tiles; past 128 rows it loses to the rule's 128x192 on 6 of 8 GEMMs (GPT-OSS
+# GEMM1 at 512 rows 792 vs 601 us, Mixtral GEMM1 at 1024 rows 1996 vs 1785) and wins on 2 by 1-16%. The layers
+# (moe-build bench, this bound against 32, one device call, two rounds: tile_rule_ab/summary.txt there) 6-17% faster
+# at 10 of the 11 points it moves (Mixtral 512 tokens 532 vs 605 us, Qwen3 1024 240 vs 274, DeepSeek-V3 2048 3095 vs
+# 3378), 5.5% slower at one (GPT-OSS 1024 tokens, 128 rows: 394 vs 373).
 FP8_NARROW_MAX_AVG_ROWS = 32
+FP8_FAST_NARROW_MAX_AVG_ROWS = 128
 FP8_WIDE_MIN_AVG_ROWS = 129
 
 
 def fp8_wgmma_tile_rule(call: GemmCall, rows: RowCount) -> str:
-    if rows.avg_at_most(FP8_NARROW_MAX_AVG_ROWS):
+    fast = call.fp8 == "rowwise" and call.fp8_accumulation == "fast"
+    if rows.avg_at_most(FP8_FAST_NARROW_MAX_AVG_ROWS if fast else FP8_NARROW_MAX_AVG_ROWS):
         return "pingpong64x128"
     if call.fp8 == "rowwise" and not rows.avg_at_most(FP8_WIDE_MIN_AVG_ROWS - 1):
         return "coop128x192"

@@ -28,7 +28,7 @@ class FusedExperts:
     """
 
     def __init__(self, spec: MoESpec, weights: MoEWeights, kernels: ModuleType, weights_blocked: bool,
-                 woq_wgmma: tuple[str, ...] = ()) -> None:
+                 woq_wgmma: tuple[str, ...] = (), *, fp8_accumulation: str) -> None:
         self.spec = spec
         self.w = weights
         self.k = kernels
@@ -46,6 +46,8 @@ class FusedExperts:
         block = f is not None and f.granularity is ScaleGranularity.BLOCK128
         self.fp8_scaling = kernels.Fp8Scaling.BLOCK128 if block else kernels.Fp8Scaling.ROWWISE
         self.fp8_group = FP8_GROUP if block else None
+        # how the FP8 wgmma GEMMs accumulate: the plan's fp8_accumulation ("none" for a layer without FP8 GEMMs)
+        self.fp8_accumulation = fp8_accumulation
         self.out_dtype = TORCH_DTYPE[spec.dtype]
         # Weight-only layers: the stored weights and how the GEMMs read them (moe_build/weights/woq.py); W4AFP8's
         # static input scales are the woq weights' (None: per row at run time, as for FP8 layers).
@@ -183,7 +185,8 @@ class FusedExperts:
     def gemm1_fp8(self, b: Batch) -> None:
         self.k.grouped_gemm_fp8(b.v("permuted_input"), b.v("permuted_input_scales"), self.w.w1, self.w.fp8.w1_scale,
                                 b.v("expert_offsets"), self.fp8_scaling, out_dtype=self.out_dtype, c=b.v("fc1_out"),
-                                workspace=_opt(b, "gemm_workspace"), stream=b.stream, tactic=b.gemm1_tactic)
+                                workspace=_opt(b, "gemm_workspace"), stream=b.stream,
+                                accumulation=self.fp8_accumulation, tactic=b.gemm1_tactic)
 
     def fc1_activation_fp8(self, b: Batch) -> None:
         """The activation (+b1) with GEMM2's FP8 input written in the same pass."""
@@ -201,7 +204,7 @@ class FusedExperts:
         self.k.grouped_gemm_fp8(b.v("fc2_input"), b.v("fc2_input_scales"), self.w.w2, self.w.fp8.w2_scale,
                                 b.v("expert_offsets"), self.fp8_scaling, out_dtype=self.out_dtype,
                                 c=b.v("gemm2_out"), workspace=_opt(b, "gemm_workspace"), stream=b.stream,
-                                tactic=b.gemm2_tactic)
+                                accumulation=self.fp8_accumulation, tactic=b.gemm2_tactic)
 
     def gemm2_fp8_finalize(self, b: Batch) -> None:
         """GEMM2 with the unpermute, top-k weighting (+b2) and reduction in its epilogue, into `out` (zeroed by the
@@ -210,7 +213,8 @@ class FusedExperts:
                                          b.v("expert_offsets"), b.v("permuted_to_unpermuted"),
                                          b.v("permuted_weights"), b.out.shape[0], self.spec.top_k, self.fp8_scaling,
                                          out_dtype=self.out_dtype, bias=self.w.b2, out=b.out,
-                                         workspace=_opt(b, "gemm_workspace"), stream=b.stream, tactic=b.gemm2_tactic)
+                                         workspace=_opt(b, "gemm_workspace"), stream=b.stream,
+                                         accumulation=self.fp8_accumulation, tactic=b.gemm2_tactic)
 
     # ---- weight-only: 16-bit activations, weights dequantized in the GEMMs -------------------------
     def fc1_prequant(self, b: Batch) -> None:

@@ -108,7 +108,7 @@ class MoERunner:
         steps = S.steps_up_to(plan, self.max_tokens)
         mixed = tuple(name for name, step in (("w1", S.GEMM1_WOQ_WGMMA), ("w2", S.GEMM2_WOQ_WGMMA)) if step in steps)
         self.experts = FusedExperts(spec, self.weights, kernels, weights_blocked=self.weights_blocked,
-                                    woq_wgmma=mixed)
+                                    woq_wgmma=mixed, fp8_accumulation=S.fp8_accumulation(plan))
         self._steps = self._step_table()
         # The launches of the last calls, by everything their arguments depend on (programs.py): a call whose
         # key was seen replays them instead of running the torch wrappers again.

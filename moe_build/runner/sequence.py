@@ -110,6 +110,11 @@ def weights_blocked(plan: Plan) -> bool:
     return plan.stage("weight_layout").choice == "blocked64"
 
 
+def fp8_accumulation(plan: Plan) -> str:
+    """How the plan's FP8 GEMMs accumulate (its fp8_accumulation stage: "fast", "promoted", or "none")."""
+    return plan.stage("fp8_accumulation").choice
+
+
 RUNNABLE_QUANT = ("none", "fp8", "fp8_block", "w8a16", "w4a16_awq", "wfp4a16", "w4afp8")
 
 

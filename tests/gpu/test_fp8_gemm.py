@@ -13,7 +13,9 @@ term is the bf16 / fp16 rounding of the output (2^-9, doubled for the scale prod
 second the accumulation: c = 2^-12 for the decode kernel (mma.sync sums in fp32), c = 2^-10 for the wgmma
 kernel, whose FP8 tensor-core sums keep about 14 bits inside each 128-k block before they are added into
 fp32 registers (CUTLASS's promotion interval; DeepSeek-V3's report measured the same limit). Measured on
-an H200 over this file's cases: decode within 2^-12 S, wgmma up to 2^-11.5 S.
+an H200 over this file's cases: decode within 2^-12 S, wgmma up to 2^-11.5 S. With fast accumulation
+(rowwise scales) the tensor cores carry the sum over the whole k: each of the k / 32 wgmma k-steps adds into
+an accumulator no larger than S with about 14 bits, so c = max(2^-10, (k / 32) 2^-13).
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 from moe_build import kernels as K  # noqa: E402  (after the torch skip: loading may build the library)
-from moe_build.kernels.abi import Fp8Scaling  # noqa: E402
+from moe_build.kernels.abi import Fp8Accumulation, Fp8Scaling  # noqa: E402
 from moe_build.kernels.ops import fp8_scale_shapes  # noqa: E402
 from moe_build.planner.tactics import GemmCall, RowCount, choose_tactic  # noqa: E402
 from finalize_routing import LOCAL, routed  # noqa: E402
@@ -91,12 +93,21 @@ def reference(a, sa, b, sb, off, scaling: Fp8Scaling, bias=None) -> tuple[torch.
     return out, mag
 
 
-def run_and_check(counts, n, k, scaling, tactic, out_dtype=torch.bfloat16, with_bias=False, seed=0):
+def accumulation_term(tactic: str, k: int, accumulation: Fp8Accumulation) -> float:
+    """c of the bound above: the decode kernel's, the wgmma kernel's promoted or fast accumulation's."""
+    if tactic.startswith("decode"):
+        return 2.0 ** -12
+    return max(2.0 ** -10, k / 32 * 2.0 ** -13) if accumulation is Fp8Accumulation.FAST else 2.0 ** -10
+
+
+def run_and_check(counts, n, k, scaling, tactic, out_dtype=torch.bfloat16, with_bias=False, seed=0,
+                  accumulation=Fp8Accumulation.PROMOTED):
     a, sa, b, sb, off = case(counts, n, k, scaling, seed)
     bias = (torch.randn(len(counts), n, generator=torch.Generator().manual_seed(seed + 1)) * 0.1).to(
         out_dtype).cuda() if with_bias else None
     c = torch.full((a.shape[0], n), float("nan"), dtype=out_dtype, device="cuda")
-    K.grouped_gemm_fp8(a, sa, b, sb, off, scaling, out_dtype=out_dtype, bias=bias, c=c, tactic=tactic)
+    K.grouped_gemm_fp8(a, sa, b, sb, off, scaling, out_dtype=out_dtype, bias=bias, c=c, accumulation=accumulation,
+                       tactic=tactic)
     torch.cuda.synchronize()
     ref, mag = reference(a, sa, b, sb, off, scaling, bias)
     used = int(off[-1])
@@ -104,10 +115,10 @@ def run_and_check(counts, n, k, scaling, tactic, out_dtype=torch.bfloat16, with_
     assert not got[:used].isnan().any(), "an expert row was not written"
     assert got[used:].isnan().all(), "a row past the last expert was written"
     err = (got[:used] - ref[:used]).abs()
-    c = 2.0 ** -12 if tactic.startswith("decode") else 2.0 ** -10
+    c = accumulation_term(tactic, k, accumulation)
     bound = 2.0 ** -8 * ref[:used].abs() + c * mag[:used] + 1e-30
     worst = (err / bound).max().item() if used else 0.0
-    assert worst <= 1.0, f"error {worst:.2f}x the bound ({tactic}, {scaling.name}, n={n}, k={k})"
+    assert worst <= 1.0, f"error {worst:.2f}x the bound ({tactic}, {scaling.name}, {accumulation.name}, n={n}, k={k})"
 
 
 SHAPES = [(256, 512), (272, 400), (768, 2048), (2048, 768), (384, 640)]
@@ -146,6 +157,28 @@ def test_wgmma(scaling, n, k, tile, counts):
         assert info.value.status == K.Status.UNSUPPORTED
         return
     run_and_check(COUNTS[counts], n, k, scaling, tactic, seed=n * 3 + k)
+
+
+@pytest.mark.parametrize("n,k", SHAPES + [(512, 4096)])
+@pytest.mark.parametrize("tile", WGMMA_TILES[Fp8Scaling.ROWWISE])
+@pytest.mark.parametrize("counts", ["uneven", "wide"])
+def test_wgmma_fast_accumulation(n, k, tile, counts):
+    """Every rowwise tile with fast accumulation (the plan's fp8_accumulation=fast), k up to 4096."""
+    need((9, 0), exact=True)
+    run_and_check(COUNTS[counts], n, k, Fp8Scaling.ROWWISE, f"wgmma:{tile}:plain:plain", seed=n * 5 + k,
+                  accumulation=Fp8Accumulation.FAST)
+
+
+@pytest.mark.parametrize("kernel", ["decode", "wgmma"])
+def test_fast_accumulation_needs_rowwise_scales(kernel):
+    """Block-128 scales weigh each 128-k block's sum as it is promoted: fast accumulation is refused with them, by
+    either kernel (the plan never asks for it)."""
+    need((9, 0), exact=True)
+    a, sa, b, sb, off = case([4, 4], 256, 256, Fp8Scaling.BLOCK128, 0)
+    tactic = "decode:ksplit1:plain:plain" if kernel == "decode" else "wgmma:coop128x128:plain:plain"
+    with pytest.raises(K.KernelError) as info:
+        K.grouped_gemm_fp8(a, sa, b, sb, off, Fp8Scaling.BLOCK128, accumulation=Fp8Accumulation.FAST, tactic=tactic)
+    assert info.value.status == K.Status.UNSUPPORTED
 
 
 @pytest.mark.parametrize("scaling", SCALINGS, ids=lambda s: s.name.lower())
@@ -228,18 +261,19 @@ def finalize_reference(a, sa, b, sb, off, ptu, weights, bias, scaling, tokens: i
 
 
 def run_finalize_and_check(tokens: int, top_k: int, n: int, k: int, scaling: Fp8Scaling, tactic: str,
-                           with_bias: bool = False, out_dtype=torch.bfloat16, seed: int = 0, prefill: bool = False):
+                           with_bias: bool = False, out_dtype=torch.bfloat16, seed: int = 0, prefill: bool = False,
+                           accumulation: Fp8Accumulation = Fp8Accumulation.PROMOTED):
     a, sa, b, sb, off, ptu, weights, bias = finalize_case(tokens, top_k, n, k, scaling, seed, with_bias, out_dtype)
     fill = (torch.randn(tokens, n, generator=torch.Generator().manual_seed(seed + 3)).to(out_dtype).cuda()
             if prefill else torch.zeros(tokens, n, dtype=out_dtype, device="cuda"))
     out = fill.clone()
     K.grouped_gemm_fp8_finalize(a, sa, b, sb, off, ptu, weights, tokens, top_k, scaling, out_dtype=out_dtype,
-                                bias=bias, out=out, tactic=tactic)
+                                bias=bias, out=out, accumulation=accumulation, tactic=tactic)
     torch.cuda.synchronize()
     ref, m1, m2, untouched = finalize_reference(a, sa, b, sb, off, ptu, weights, bias, scaling, tokens, top_k)
     got = out.double().cpu() - fill.double().cpu()  # exact: the fill is added to, then taken off in fp64
     assert torch.equal(out.cpu()[untouched], fill.cpu()[untouched]), "a token without local rows was written"
-    c = 2.0 ** -12 if tactic.startswith("decode") else 2.0 ** -10
+    c = accumulation_term(tactic, k, accumulation)
     u = 2.0 ** -8 if out_dtype == torch.bfloat16 else 2.0 ** -11  # the atomics' rounding, per add
     bound = 2.0 ** -8 * m1 + top_k * u * (m1 + fill.double().cpu().abs()) + c * m2 + 1e-30
     worst = ((got - ref).abs() / bound).max().item()
@@ -273,6 +307,15 @@ def test_finalize_wgmma(scaling, tile, n, k, top_k, tokens, with_bias):
     need((9, 0), exact=True)
     run_finalize_and_check(tokens, top_k, n, k, scaling, f"wgmma:{tile}:plain:plain", with_bias,
                            seed=n * 3 + k + top_k * 7 + tokens)
+
+
+@pytest.mark.parametrize("tile", WGMMA_TILES[Fp8Scaling.ROWWISE])
+@pytest.mark.parametrize("n,k", FINALIZE_SHAPES)
+@pytest.mark.parametrize("top_k,tokens", FINALIZE_ROUTES)
+def test_finalize_wgmma_fast_accumulation(tile, n, k, top_k, tokens):
+    need((9, 0), exact=True)
+    run_finalize_and_check(tokens, top_k, n, k, Fp8Scaling.ROWWISE, f"wgmma:{tile}:after_trigger:evict_last", True,
+                           seed=n * 5 + k + top_k * 7 + tokens, accumulation=Fp8Accumulation.FAST)
 
 
 @pytest.mark.parametrize("scaling", SCALINGS, ids=lambda s: s.name.lower())

@@ -38,13 +38,15 @@ MODES = [(Quant.FP8, ScaleGranularity.TENSOR, ActScale.STATIC), (Quant.FP8, Scal
 MODE_IDS = ["tensor_static", "tensor_dynamic", "channel_dynamic", "block128"]
 # the activation-quantization fusions, the finalize in GEMM2's epilogue (BASE's default plan fuses it at every
 # token count: with 8 experts a call of more than 32 rows has more than 4 per expert) and their unfused
-# alternatives; the fused finalize's output is zeroed by the FP8 expansion (either) or the three-step prologue
+# alternatives; the fused finalize's output is zeroed by the FP8 expansion (either) or the three-step prologue; and
+# the rowwise GEMMs' promoted accumulation against the plan's fast one (block-128 promotes either way)
 QUANT_FORCES = [{}, {"fc1_input_quant": "separate"}, {"fc2_input_quant": "separate"},
                 {"fc1_input_quant": "separate", "fc2_input_quant": "separate", "routing_prologue": "three_step"},
                 {"finalize": "separate"},
-                {"finalize": "separate", "fc1_input_quant": "separate", "routing_prologue": "three_step"}]
+                {"finalize": "separate", "fc1_input_quant": "separate", "routing_prologue": "three_step"},
+                {"fp8_accumulation": "promoted"}]
 QUANT_FORCE_IDS = ["fused", "input_separate", "fc2_separate", "both_separate_three_step", "finalize_separate",
-                   "finalize_separate_input_separate_three_step"]
+                   "finalize_separate_input_separate_three_step", "accumulation_promoted"]
 BASE = MoESpec(256, 512, 8, 2, routing=Routing(RoutingMethod.SOFTMAX_TOPK, renormalize=True))
 FUSED_GEMM2, SEPARATE_GEMM2 = "gemm2:fp8_finalize", "gemm2:fp8"  # runner/sequence.py's step names
 

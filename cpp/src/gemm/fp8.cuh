@@ -30,7 +30,8 @@ struct Fp8GemmParams {
   const int64_t* offsets;  // [E + 1]
   int num_experts;
   int n, k;
-  int scaling;  // enum mb_fp8_scaling
+  int scaling;       // enum mb_fp8_scaling
+  int accumulation;  // enum mb_fp8_accumulation (the wgmma kernel's)
   int epilogue = EPI_STORE;                         // EPI_STORE or EPI_FINALIZE (EpilogueKind)
   const int32_t* permuted_to_unpermuted = nullptr;  // finalize: expanded row of each permuted row (/ top_k: token)
   const float* permuted_weights = nullptr;          // finalize: routing weight of each permuted row

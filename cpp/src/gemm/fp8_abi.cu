@@ -23,6 +23,12 @@ mb_status check_fp8_args(const Fp8GemmParams& p, int64_t max_rows, int dtype, co
   if (p.scaling != MB_FP8_ROWWISE && p.scaling != MB_FP8_BLOCK128)
     return fail(MB_ERR_INVALID_ARGUMENT, "%s: scaling %d is not rowwise (%d) or block128 (%d)", who, p.scaling,
                 MB_FP8_ROWWISE, MB_FP8_BLOCK128);
+  if (p.accumulation != MB_FP8_ACCUM_PROMOTED && p.accumulation != MB_FP8_ACCUM_FAST)
+    return fail(MB_ERR_INVALID_ARGUMENT, "%s: accumulation %d is not promoted (%d) or fast (%d)", who, p.accumulation,
+                MB_FP8_ACCUM_PROMOTED, MB_FP8_ACCUM_FAST);
+  if (p.accumulation == MB_FP8_ACCUM_FAST && p.scaling != MB_FP8_ROWWISE)
+    return fail(MB_ERR_UNSUPPORTED, "%s: fast accumulation takes rowwise scales only (block128 scales each 128-k "
+                "block's sum as it is promoted)", who);
   if (!p.A || !p.B || !p.C || !p.scale_a || !p.scale_b || !p.offsets || p.num_experts <= 0 || max_rows < 0 ||
       p.n <= 0 || p.k <= 0)
     return fail(MB_ERR_INVALID_ARGUMENT, "%s: null pointer or non-positive size", who);
@@ -71,18 +77,18 @@ size_t mb_grouped_gemm_fp8_workspace(int num_experts, int64_t max_rows, int n, i
 }
 
 mb_status mb_grouped_gemm_fp8(const void* A, const float* scale_a, const void* B, const float* scale_b, int scaling,
-                              const void* bias, void* C, const int64_t* expert_first_token_offset, int num_experts,
-                              int64_t max_rows, int n, int k, int dtype, mb_gemm_tactic tactic, void* workspace,
-                              size_t workspace_bytes, cudaStream_t stream) {
+                              int accumulation, const void* bias, void* C, const int64_t* expert_first_token_offset,
+                              int num_experts, int64_t max_rows, int n, int k, int dtype, mb_gemm_tactic tactic,
+                              void* workspace, size_t workspace_bytes, cudaStream_t stream) {
   const char* who = "grouped gemm fp8";
   const mbk::Fp8GemmParams p{static_cast<const uint8_t*>(A), scale_a, static_cast<const uint8_t*>(B), scale_b, bias,
-                             C, expert_first_token_offset, num_experts, n, k, scaling};
+                             C, expert_first_token_offset, num_experts, n, k, scaling, accumulation};
   MB_TRY(mbk::check_fp8_args(p, max_rows, dtype, who));
   return mbk::run_fp8(p, max_rows, dtype, tactic, workspace, workspace_bytes, stream, who);
 }
 
 mb_status mb_grouped_gemm_fp8_finalize(const void* A, const float* scale_a, const void* B, const float* scale_b,
-                                       int scaling, const void* bias, void* out,
+                                       int scaling, int accumulation, const void* bias, void* out,
                                        const int64_t* expert_first_token_offset,
                                        const int32_t* permuted_to_unpermuted, const float* permuted_weights,
                                        int num_experts, int64_t max_rows, int num_tokens, int top_k, int n, int k,
@@ -90,7 +96,7 @@ mb_status mb_grouped_gemm_fp8_finalize(const void* A, const float* scale_a, cons
                                        cudaStream_t stream) {
   const char* who = "grouped gemm fp8 finalize";
   mbk::Fp8GemmParams p{static_cast<const uint8_t*>(A), scale_a, static_cast<const uint8_t*>(B), scale_b, bias,
-                       out, expert_first_token_offset, num_experts, n, k, scaling};
+                       out, expert_first_token_offset, num_experts, n, k, scaling, accumulation};
   MB_TRY(mbk::check_fp8_args(p, max_rows, dtype, who));
   if (!permuted_to_unpermuted || !permuted_weights || top_k <= 0 || num_tokens < 0)
     return mbk::fail(MB_ERR_INVALID_ARGUMENT, "%s: missing maps/weights or bad top_k", who);

@@ -1,11 +1,14 @@
 // FP8 wgmma grouped GEMM (mb_grouped_gemm_fp8, tactic kernel MB_GEMM_WGMMA; sm_90a): CUTLASS 3's
 // ptr-array TMA warp-specialized FP8 mainloops on the same fixed TMA maps over all experts' rows and
 // weights as the 16-bit kernels (gemm/sm90_static_maps.cuh), grouped shapes read from the expert
-// offsets (OffsetsProblemShape), MoeEpilogue's plain store or finalize (p.epilogue). fp32 accumulation in
+// offsets (OffsetsProblemShape), MoeEpilogue's plain store or finalize (p.epilogue). fp32 accumulator registers in
 // both scalings:
-//   MB_FP8_ROWWISE : CUTLASS's FP8 mainloop, which adds wgmma's partial sums into fp32 registers every
-//                    128 k (its promotion interval 4 x k32), then MoeEpilogue<.., kFp8Rowwise> scales each
-//                    output by its row's and column's scale (before the bias and the routing weight);
+//   MB_FP8_ROWWISE : p.accumulation MB_FP8_ACCUM_PROMOTED: CUTLASS's FP8 mainloop, which adds wgmma's partial
+//                    sums into fp32 registers every 128 k (its promotion interval 4 x k32); MB_FP8_ACCUM_FAST:
+//                    its FP8 fast-accumulation schedules, the 16-bit mainloop on e4m3, wgmma accumulating the
+//                    whole k (half the accumulator registers, no promotion adds or waits); then
+//                    MoeEpilogue<.., kFp8Rowwise> scales each output by its row's and column's scale (before the
+//                    bias and the routing weight);
 //   MB_FP8_BLOCK128: CUTLASS's blockwise-scaling FP8 mainloop: each 128-k block's wgmma sum is scaled by
 //                    sa[row, kb] * sb[expert, n / 128, kb] as it is added into fp32 registers; its scales
 //                    come by cp.async from a producer warp of their own, from the group's scale rows
@@ -76,7 +79,7 @@ struct StaticMapBlockwise : StaticMapMainloop<Base> {
 };
 
 // The FP8 tiles, k blocks of 128 (128 bytes): tile shape, cluster shape, the kernel schedules of both
-// scalings and whether the blockwise mainloop takes the tile. That mainloop scales the accumulators by
+// scalings (rowwise promoted or fast) and whether the blockwise mainloop takes the tile. That mainloop scales the accumulators by
 // weight-scale blocks of 128 columns and has no form for 256 columns (or 192, not whole blocks), so coop
 // 128x256 and 128x192 are rowwise only.
 //
@@ -90,11 +93,13 @@ struct StaticMapBlockwise : StaticMapMainloop<Base> {
 //   coop 128x192                : 64 x 192 per warpgroup, 96 + 96 accumulator registers: 40 KB per 768
 //                                 clocks, ~53 B/clock;
 //   coop 128x192 in 2x1 clusters: both: 28 KB per 768 clocks, ~37 B/clock.
+// Fast accumulation keeps one accumulator, so coop 128x256 fits its registers there.
 template <int kTile> struct Fp8TileTraits;
 template <> struct Fp8TileTraits<MB_TILE_COOP_128x128> {
   using Shape = cute::Shape<cute::_128, cute::_128, cute::_128>;
   using Cluster = cute::Shape<cute::_1, cute::_1, cute::_1>;
   using Rowwise = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
+  using RowwiseFast = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8FastAccum;
   using Block = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise;
   static constexpr bool kTakesBlock128 = true;
 };
@@ -106,6 +111,7 @@ template <> struct Fp8TileTraits<MB_TILE_PINGPONG_64x128> {
   using Shape = cute::Shape<cute::_64, cute::_128, cute::_128>;
   using Cluster = cute::Shape<cute::_1, cute::_1, cute::_1>;
   using Rowwise = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
+  using RowwiseFast = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpongFP8FastAccum;
   using Block = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpongFP8Blockwise;
   static constexpr bool kTakesBlock128 = true;
 };
@@ -120,11 +126,14 @@ template <> struct Fp8TileTraits<MB_TILE_COOP_128x192_C2> : Fp8TileTraits<MB_TIL
   using Cluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
 };
 
-template <typename T, int kScaling, int kTile, int kEpi>
+template <typename T, int kScaling, int kTile, int kEpi, bool kFast>
 struct Fp8Wgmma {
   static constexpr bool kBlock = kScaling == MB_FP8_BLOCK128;
   using Tile = Fp8TileTraits<kTile>;
   static_assert(!kBlock || Tile::kTakesBlock128, "the blockwise mainloop's tiles are 128 columns wide");
+  static_assert(!kBlock || !kFast, "the blockwise mainloop promotes every 128-k block");
+  using Schedule = std::conditional_t<kBlock, typename Tile::Block,
+                                      std::conditional_t<kFast, typename Tile::RowwiseFast, typename Tile::Rowwise>>;
   using Cluster = typename Tile::Cluster;
   using Epi = MoeEpilogue<T, kEpi, !kBlock>;
   using Epilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<Epi>;
@@ -135,17 +144,17 @@ struct Fp8Wgmma {
   using Built = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Fp8Element, LayoutA, kFp8Alignment, Fp8Element, LayoutB,
       kFp8Alignment, float, typename Tile::Shape, Cluster, cutlass::gemm::collective::StageCountAutoCarveout<0>,
-      std::conditional_t<kBlock, typename Tile::Block, typename Tile::Rowwise>>::CollectiveOp;
+      Schedule>::CollectiveOp;
   // The fixed maps (and the blockwise scales' group origins); PairedMainloop's loads in 2x1 clusters.
   using Mainloop = ClusterMainloop<std::conditional_t<kBlock, StaticMapBlockwise<Built>, StaticMapMainloop<Built>>>;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 };
 
-template <typename T, int kScaling, int kTile, int kEpi>
-typename Fp8Wgmma<T, kScaling, kTile, kEpi>::Gemm::Arguments fp8_args(const Fp8GemmParams& p, int64_t max_rows,
-                                                                      int sm_count) {
-  using G = Fp8Wgmma<T, kScaling, kTile, kEpi>;
+template <typename T, int kScaling, int kTile, int kEpi, bool kFast>
+typename Fp8Wgmma<T, kScaling, kTile, kEpi, kFast>::Gemm::Arguments fp8_args(const Fp8GemmParams& p, int64_t max_rows,
+                                                                             int sm_count) {
+  using G = Fp8Wgmma<T, kScaling, kTile, kEpi, kFast>;
   cutlass::KernelHardwareInfo hw{};
   cudaGetDevice(&hw.device_id);
   hw.sm_count = sm_count;
@@ -190,24 +199,24 @@ typename Fp8Wgmma<T, kScaling, kTile, kEpi>::Gemm::Arguments fp8_args(const Fp8G
                                      {}};
 }
 
-template <typename T, int kScaling, int kTile, int kEpi>
+template <typename T, int kScaling, int kTile, int kEpi, bool kFast>
 size_t fp8_cutlass_workspace(int num_experts, int sm_count) {
   Fp8GemmParams none{};
   none.num_experts = num_experts;
-  return Fp8Wgmma<T, kScaling, kTile, kEpi>::Gemm::get_workspace_size(
-      fp8_args<T, kScaling, kTile, kEpi>(none, 0, sm_count));
+  return Fp8Wgmma<T, kScaling, kTile, kEpi, kFast>::Gemm::get_workspace_size(
+      fp8_args<T, kScaling, kTile, kEpi, kFast>(none, 0, sm_count));
 }
 
-template <typename T, int kScaling, int kTile, int kEpi>
+template <typename T, int kScaling, int kTile, int kEpi, bool kFast>
 mb_status run_tile(const Fp8GemmParams& p, int64_t max_rows, bool after_trigger, void* workspace,
                    size_t workspace_bytes, cudaStream_t stream) {
-  using G = Fp8Wgmma<T, kScaling, kTile, kEpi>;
+  using G = Fp8Wgmma<T, kScaling, kTile, kEpi, kFast>;
   const int sm_count = mb::device_attribute(cudaDevAttrMultiProcessorCount);
-  const size_t need = fp8_cutlass_workspace<T, kScaling, kTile, kEpi>(p.num_experts, sm_count);
+  const size_t need = fp8_cutlass_workspace<T, kScaling, kTile, kEpi, kFast>(p.num_experts, sm_count);
   if (!workspace || workspace_bytes < need)
     return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm fp8: workspace %zu bytes < %zu needed", workspace_bytes, need);
   typename G::Gemm gemm;
-  auto args = fp8_args<T, kScaling, kTile, kEpi>(p, max_rows, sm_count);
+  auto args = fp8_args<T, kScaling, kTile, kEpi, kFast>(p, max_rows, sm_count);
   cutlass::Status st = gemm.can_implement(args);
   if (st != cutlass::Status::kSuccess)
     return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm fp8: CUTLASS cannot implement (%s)", cutlassGetStatusString(st));
@@ -219,7 +228,7 @@ mb_status run_tile(const Fp8GemmParams& p, int64_t max_rows, bool after_trigger,
   return MB_OK;
 }
 
-template <typename T, int kScaling, int kEpi>
+template <typename T, int kScaling, int kEpi, bool kFast>
 mb_status run_scaling(const Fp8GemmParams& p, int64_t max_rows, int tile, bool after_trigger, void* workspace,
                       size_t workspace_bytes, cudaStream_t stream) {
   auto run = [&](auto tag) {
@@ -228,7 +237,8 @@ mb_status run_scaling(const Fp8GemmParams& p, int64_t max_rows, int tile, bool a
       return fail(MB_ERR_UNSUPPORTED, "grouped gemm fp8: tile %s takes rowwise scales only (block128: coop128x128, "
                                       "coop128x128c2 or pingpong64x128)", tile_name(kTile));
     else
-      return run_tile<T, kScaling, kTile, kEpi>(p, max_rows, after_trigger, workspace, workspace_bytes, stream);
+      return run_tile<T, kScaling, kTile, kEpi, kFast>(p, max_rows, after_trigger, workspace, workspace_bytes,
+                                                       stream);
   };
   switch (tile) {
     case MB_TILE_PINGPONG_64x128: return run(std::integral_constant<int, MB_TILE_PINGPONG_64x128>{});
@@ -240,14 +250,18 @@ mb_status run_scaling(const Fp8GemmParams& p, int64_t max_rows, int tile, bool a
   }
 }
 
+// The scaling and accumulation (fast only with rowwise scales: fp8_abi.cu refuses the rest).
 template <typename T, int kEpi>
 mb_status run_epilogue(const Fp8GemmParams& p, int64_t max_rows, int tile, bool after_trigger, void* workspace,
                        size_t workspace_bytes, cudaStream_t stream) {
-  return p.scaling == MB_FP8_BLOCK128
-             ? run_scaling<T, MB_FP8_BLOCK128, kEpi>(p, max_rows, tile, after_trigger, workspace, workspace_bytes,
-                                                     stream)
-             : run_scaling<T, MB_FP8_ROWWISE, kEpi>(p, max_rows, tile, after_trigger, workspace, workspace_bytes,
-                                                    stream);
+  if (p.scaling == MB_FP8_BLOCK128)
+    return run_scaling<T, MB_FP8_BLOCK128, kEpi, false>(p, max_rows, tile, after_trigger, workspace, workspace_bytes,
+                                                        stream);
+  return p.accumulation == MB_FP8_ACCUM_FAST
+             ? run_scaling<T, MB_FP8_ROWWISE, kEpi, true>(p, max_rows, tile, after_trigger, workspace,
+                                                          workspace_bytes, stream)
+             : run_scaling<T, MB_FP8_ROWWISE, kEpi, false>(p, max_rows, tile, after_trigger, workspace,
+                                                           workspace_bytes, stream);
 }
 
 }  // namespace
@@ -255,18 +269,25 @@ mb_status run_epilogue(const Fp8GemmParams& p, int64_t max_rows, int tile, bool 
 size_t fp8_wgmma_workspace_bytes(int num_experts) {
   const int sm = mb::device_attribute(cudaDevAttrMultiProcessorCount);
   size_t most = 0;
+  auto rowwise = [&](auto tag, auto epi, auto fast) {
+    using T = decltype(tag);
+    constexpr int E = decltype(epi)::value;
+    constexpr bool F = decltype(fast)::value;
+    most = std::max({most, fp8_cutlass_workspace<T, MB_FP8_ROWWISE, MB_TILE_COOP_128x256, E, F>(num_experts, sm),
+                     fp8_cutlass_workspace<T, MB_FP8_ROWWISE, MB_TILE_COOP_128x128, E, F>(num_experts, sm),
+                     fp8_cutlass_workspace<T, MB_FP8_ROWWISE, MB_TILE_PINGPONG_64x128, E, F>(num_experts, sm),
+                     fp8_cutlass_workspace<T, MB_FP8_ROWWISE, MB_TILE_COOP_128x128_C2, E, F>(num_experts, sm),
+                     fp8_cutlass_workspace<T, MB_FP8_ROWWISE, MB_TILE_COOP_128x192, E, F>(num_experts, sm),
+                     fp8_cutlass_workspace<T, MB_FP8_ROWWISE, MB_TILE_COOP_128x192_C2, E, F>(num_experts, sm)});
+  };
   auto each = [&](auto tag, auto epi) {
     using T = decltype(tag);
     constexpr int E = decltype(epi)::value;
-    most = std::max({most, fp8_cutlass_workspace<T, MB_FP8_ROWWISE, MB_TILE_COOP_128x256, E>(num_experts, sm),
-                     fp8_cutlass_workspace<T, MB_FP8_ROWWISE, MB_TILE_COOP_128x128, E>(num_experts, sm),
-                     fp8_cutlass_workspace<T, MB_FP8_ROWWISE, MB_TILE_PINGPONG_64x128, E>(num_experts, sm),
-                     fp8_cutlass_workspace<T, MB_FP8_ROWWISE, MB_TILE_COOP_128x128_C2, E>(num_experts, sm),
-                     fp8_cutlass_workspace<T, MB_FP8_ROWWISE, MB_TILE_COOP_128x192, E>(num_experts, sm),
-                     fp8_cutlass_workspace<T, MB_FP8_ROWWISE, MB_TILE_COOP_128x192_C2, E>(num_experts, sm),
-                     fp8_cutlass_workspace<T, MB_FP8_BLOCK128, MB_TILE_COOP_128x128, E>(num_experts, sm),
-                     fp8_cutlass_workspace<T, MB_FP8_BLOCK128, MB_TILE_PINGPONG_64x128, E>(num_experts, sm),
-                     fp8_cutlass_workspace<T, MB_FP8_BLOCK128, MB_TILE_COOP_128x128_C2, E>(num_experts, sm)});
+    rowwise(tag, epi, std::false_type{});
+    rowwise(tag, epi, std::true_type{});
+    most = std::max({most, fp8_cutlass_workspace<T, MB_FP8_BLOCK128, MB_TILE_COOP_128x128, E, false>(num_experts, sm),
+                     fp8_cutlass_workspace<T, MB_FP8_BLOCK128, MB_TILE_PINGPONG_64x128, E, false>(num_experts, sm),
+                     fp8_cutlass_workspace<T, MB_FP8_BLOCK128, MB_TILE_COOP_128x128_C2, E, false>(num_experts, sm)});
   };
   using Store = std::integral_constant<int, EPI_STORE>;
   using Finalize = std::integral_constant<int, EPI_FINALIZE>;

@@ -7,7 +7,7 @@ import math
 import torch
 
 from ...planner.tactics import GemmTactic
-from ..abi import Activation, DType, Fp8Scaling
+from ..abi import Activation, DType, Fp8Accumulation, Fp8Scaling
 from ..library import call, load_library
 from .args import _check, _dtype_code, _enum, _out, _ptr, _stream, _workspace
 from .gemm import tactic_struct
@@ -196,15 +196,18 @@ def grouped_gemm_fp8(a: torch.Tensor, scale_a: torch.Tensor, b: torch.Tensor, sc
                      expert_first_token_offset: torch.Tensor, scaling: int | str | Fp8Scaling,
                      out_dtype: torch.dtype = torch.bfloat16, bias: torch.Tensor | None = None,
                      c: torch.Tensor | None = None, workspace: torch.Tensor | None = None,
-                     stream: int | torch.cuda.Stream | None = None, *, tactic: GemmTactic | str) -> torch.Tensor:
+                     stream: int | torch.cuda.Stream | None = None,
+                     accumulation: int | str | Fp8Accumulation = Fp8Accumulation.PROMOTED, *,
+                     tactic: GemmTactic | str) -> torch.Tensor:
     """C[p] = scaled A[p] @ B[x]^T (+ bias[x]); A [R, k] and B [E, n, k] float8_e4m3fn, scales fp32 as
-    `scaling` says (fp8_scale_shapes) -> C [R, n] in out_dtype (bf16 or fp16), run as `tactic`."""
+    `scaling` says (fp8_scale_shapes) -> C [R, n] in out_dtype (bf16 or fp16), run as `tactic`, the wgmma kernel
+    accumulating as `accumulation` says (fast: rowwise scales only)."""
     dev, rows, k, e, n, mode = _fp8_gemm_args(a, scale_a, b, scale_b, expert_first_token_offset, scaling, out_dtype,
                                               bias)
     out = _out(c, "C", (rows, n), out_dtype, dev)
     ws, ws_bytes = _workspace(workspace, lambda: grouped_gemm_fp8_workspace_bytes(e, rows, n, k), dev)
     call("mb_grouped_gemm_fp8", a.data_ptr(), scale_a.data_ptr(), b.data_ptr(), scale_b.data_ptr(), int(mode),
-         _ptr(bias), out.data_ptr(), expert_first_token_offset.data_ptr(), e, rows, n, k,
+         _enum(accumulation, Fp8Accumulation, "accumulation"), _ptr(bias), out.data_ptr(), expert_first_token_offset.data_ptr(), e, rows, n, k,
          int(DType.BF16 if out_dtype == torch.bfloat16 else DType.FP16), tactic_struct(tactic), ws, ws_bytes,
          _stream(stream, dev))
     return out
@@ -216,10 +219,11 @@ def grouped_gemm_fp8_finalize(a: torch.Tensor, scale_a: torch.Tensor, b: torch.T
                               scaling: int | str | Fp8Scaling, out_dtype: torch.dtype = torch.bfloat16,
                               bias: torch.Tensor | None = None, out: torch.Tensor | None = None,
                               workspace: torch.Tensor | None = None, stream: int | torch.cuda.Stream | None = None,
-                              *, tactic: GemmTactic | str) -> torch.Tensor:
+                              accumulation: int | str | Fp8Accumulation = Fp8Accumulation.PROMOTED, *,
+                              tactic: GemmTactic | str) -> torch.Tensor:
     """out[t] += w[p] * (scaled A[p] @ B[x]^T + bias[x]) for the token t of each permuted row p -> out [T, n]
-    (grouped_gemm_sm90_finalize's epilogue on grouped_gemm_fp8's product). A given `out` must be zeroed by the
-    caller; an allocated one is zeroed here."""
+    (grouped_gemm_sm90_finalize's epilogue on grouped_gemm_fp8's product, accumulated as grouped_gemm_fp8's). A
+    given `out` must be zeroed by the caller; an allocated one is zeroed here."""
     dev, rows, k, e, n, mode = _fp8_gemm_args(a, scale_a, b, scale_b, expert_first_token_offset, scaling, out_dtype,
                                               bias)
     _check(permuted_to_unpermuted, "permuted_to_unpermuted", (num_tokens * top_k,), torch.int32, dev)
@@ -227,7 +231,7 @@ def grouped_gemm_fp8_finalize(a: torch.Tensor, scale_a: torch.Tensor, b: torch.T
     o = _out(out, "out", (num_tokens, n), out_dtype, dev, zero=True)
     ws, ws_bytes = _workspace(workspace, lambda: grouped_gemm_fp8_workspace_bytes(e, rows, n, k), dev)
     call("mb_grouped_gemm_fp8_finalize", a.data_ptr(), scale_a.data_ptr(), b.data_ptr(), scale_b.data_ptr(),
-         int(mode), _ptr(bias), o.data_ptr(), expert_first_token_offset.data_ptr(), permuted_to_unpermuted.data_ptr(),
+         int(mode), _enum(accumulation, Fp8Accumulation, "accumulation"), _ptr(bias), o.data_ptr(), expert_first_token_offset.data_ptr(), permuted_to_unpermuted.data_ptr(),
          permuted_weights.data_ptr(), e, rows, num_tokens, top_k, n, k,
          int(DType.BF16 if out_dtype == torch.bfloat16 else DType.FP16), tactic_struct(tactic), ws, ws_bytes,
          _stream(stream, dev))
