@@ -51,7 +51,7 @@ GATE_FIELD = {
     "ootb_weight_only_quant": "quant", "ootb_sm": "sm", "ootb_quant_implemented": "quant", "ootb_lora": "lora",
     "flavour_sm": "sm", "plugin_output_dtype": "output_dtype", "plugin_fp8_sm": "sm", "plugin_fp4_sm": "sm",
     "ootb_fp8_sm": "sm",
-    "plugin_output_fp8_fp4": "output_dtype",
+    "plugin_output_fp8_fp4": "output_dtype", "fp8_gemms": "quant", "fp8_rowwise_scales": "quant",
 }
 
 
