@@ -79,9 +79,9 @@ struct StaticMapBlockwise : StaticMapMainloop<Base> {
 };
 
 // The FP8 tiles, k blocks of 128 (128 bytes): tile shape, cluster shape, the kernel schedules of both
-// scalings (rowwise promoted or fast) and whether the blockwise mainloop takes the tile. That mainloop scales the accumulators by
-// weight-scale blocks of 128 columns and has no form for 256 columns (or 192, not whole blocks), so coop
-// 128x256 and 128x192 are rowwise only.
+// scalings (rowwise promoted or fast) and whether the blockwise mainloop takes the tile. That mainloop scales
+// the accumulators by weight-scale blocks of 128 columns and has no form for 256 columns (or 192, not whole
+// blocks), so coop 128x256 and 128x192 are rowwise only.
 //
 // At the FP8 tensor rate a 128 x 128 x 128 tile's 32 KB of A and B per 512 clocks is ~64 bytes per clock per
 // SM from L2, more than L2 delivers to every SM at once; the wider and clustered tiles read fewer bytes per
