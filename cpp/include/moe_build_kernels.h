@@ -390,9 +390,9 @@ enum mb_fp8_scaling { MB_FP8_ROWWISE = 0, MB_FP8_BLOCK128 = 1 };
 enum mb_fp8_accumulation { MB_FP8_ACCUM_PROMOTED = 0, MB_FP8_ACCUM_FAST = 1 };
 size_t mb_grouped_gemm_fp8_workspace(int num_experts, int64_t max_rows, int n, int k);
 mb_status mb_grouped_gemm_fp8(const void* A, const float* scale_a, const void* B, const float* scale_b, int scaling,
-                              int accumulation, const void* bias, void* C, const int64_t* expert_first_token_offset, int num_experts,
-                              int64_t max_rows, int n, int k, int dtype, mb_gemm_tactic tactic, void* workspace,
-                              size_t workspace_bytes, cudaStream_t stream);
+                              int accumulation, const void* bias, void* C, const int64_t* expert_first_token_offset,
+                              int num_experts, int64_t max_rows, int n, int k, int dtype, mb_gemm_tactic tactic,
+                              void* workspace, size_t workspace_bytes, cudaStream_t stream);
 /* The FP8 GEMM2 with the finalize epilogue, as mb_grouped_gemm_sm90_finalize's for 16-bit GEMMs:
  * out[t] += permuted_weights[p] * (C[p] + bias[x]) for the token t = permuted_to_unpermuted[p] / top_k of each
  * permuted row p < off[E], C[p] the scaled product above (MB_FP8_ROWWISE: scaled before the bias; MB_FP8_BLOCK128:
