@@ -234,17 +234,24 @@ def _finalize(spec: MoESpec, target: Target, gemm_kernel: str, tokens: int, forc
                          summary=f"{fused_text if choice == 'fused' else separate_text} ({where})")
 
 
-def _act_quant(stage: str, fused: str, gates: Sequence[Gate], forced: str | None, fused_text: str,
-               separate_text: str, none_text: str = "no FP8 activations") -> StageDecision:
-    """An FP8 activation-quantization stage: `fused` where every gate holds, else a separate quantize kernel;
-    "none" for a layer without FP8 GEMMs (the first gate)."""
+def _fp8_stage(stage: str, fused: str, fallback: str, gates: Sequence[Gate], forced: str | None, fused_text: str,
+               fallback_text: str, none_text: str, why_not_none: str) -> StageDecision:
+    """A stage of FP8 layers only: `fused` where every gate holds, else `fallback`; "none" for a layer without FP8
+    GEMMs (the first gate), which an FP8 layer cannot be forced to (`why_not_none`)."""
     if not gates[0].held:
         if forced not in (None, "none"):
             _refuse(gates[:1], f"cannot force {stage}={forced}")
         return StageDecision(stage, "none", "none", tuple(gates), forced=forced is not None, summary=none_text)
     if forced == "none":
-        raise MoeBuildError("force", f"{stage}=none: FP8 GEMMs need FP8 inputs", (fused, "separate"))
-    return _simple(stage, fused, "separate", gates, forced, lambda f: fused_text if f else separate_text)
+        raise MoeBuildError("force", f"{stage}=none: {why_not_none}", (fused, fallback))
+    return _simple(stage, fused, fallback, gates, forced, lambda f: fused_text if f else fallback_text)
+
+
+def _act_quant(stage: str, fused: str, gates: Sequence[Gate], forced: str | None, fused_text: str,
+               separate_text: str, none_text: str = "no FP8 activations") -> StageDecision:
+    """An FP8 activation-quantization stage: `fused` where every gate holds, else a separate quantize kernel."""
+    return _fp8_stage(stage, fused, "separate", gates, forced, fused_text, separate_text, none_text,
+                      "FP8 GEMMs need FP8 inputs")
 
 
 # W4AFP8's FP8 GEMM inputs are made where its pre-quant stages say (the scale applied, then quantized)
@@ -273,19 +280,11 @@ def _fc2_input_quant(spec: MoESpec, fc1_activation: str, tokens: int, forced: st
 def _fp8_accumulation(spec: MoESpec, gemm_kernel: str, forced: str | None) -> StageDecision:
     """The FP8 wgmma GEMMs' accumulation: fast (the tensor cores' own over the whole k) where the scales are rowwise,
     else promoted (fp32 adds every 128 k); "none" for a layer without FP8 GEMMs."""
-    fp8 = R.input_quant_fp8(spec)
-    gates = [fp8, R.fp8_wgmma_kernel(gemm_kernel), R.fp8_rowwise_scales(spec)]
-    if not fp8.held:
-        if forced not in (None, "none"):
-            _refuse(gates[:1], f"cannot force fp8_accumulation={forced}")
-        return StageDecision("fp8_accumulation", "none", "none", tuple(gates), forced=forced is not None,
-                             summary="no FP8 GEMMs")
-    if forced == "none":
-        raise MoeBuildError("force", "fp8_accumulation=none: FP8 GEMMs accumulate one way or the other",
-                            ("fast", "promoted"))
-    return _simple("fp8_accumulation", "fast", "promoted", gates, forced,
-                   lambda f: "FP8 wgmma GEMMs accumulate the whole k in the tensor cores (fp32 registers, no "
-                             "promotion)" if f else "FP8 GEMMs add their partial sums into fp32 every 128 k")
+    gates = [R.input_quant_fp8(spec), R.fp8_wgmma_kernel(gemm_kernel), R.fp8_rowwise_scales(spec)]
+    return _fp8_stage("fp8_accumulation", "fast", "promoted", gates, forced,
+                      "FP8 wgmma GEMMs accumulate the whole k in the tensor cores (fp32 registers, no promotion)",
+                      "FP8 GEMMs add their partial sums into fp32 every 128 k", "no FP8 GEMMs",
+                      "FP8 GEMMs accumulate one way or the other")
 
 
 def _w1_order(fc1_activation: str) -> StageDecision:
