@@ -99,13 +99,32 @@ mb_status mb_finalize(const void* gemm2_out, int dtype, const void* b2, const fl
  * t goes once to every rank holding one of its top-k experts. send_counts [ep_size]: rows for each rank;
  * send_tokens [<= T * ep_size]: the token of each send row, rows grouped by rank (rank ascending), tokens
  * ascending within a rank; token_slots [T, ep_size]: token t's send row for rank d, or -1.
+ * mb_ep_pack_send: send row i < send_rows (mb_ep_layout's, rank d's the segment of send_counts holding i):
+ * out_rows[i] = hidden[send_tokens[i]] ([rows, hidden_size] in dtype), out_ids[i][j] = its j-th top-k id made
+ * local to rank d (id - d * experts_per_rank, or -1 where rank d does not hold it), out_weights[i][j] its
+ * weight ([rows, top_k] int32 / fp32).
  * mb_ep_combine: out[t] = sum over d ascending with token_slots[t, d] >= 0 of returned[token_slots[t, d]],
  * in fp32, rounded once (returned [rows, hidden] and out [T, hidden] in dtype). max_sms: 0 for the default
  * grid, else at most that many blocks (so at most that many SMs); the result does not depend on it. */
 mb_status mb_ep_layout(const int32_t* topk_ids, int num_tokens, int top_k, int ep_size, int experts_per_rank,
                        int32_t* send_counts, int32_t* send_tokens, int32_t* token_slots, cudaStream_t stream);
+mb_status mb_ep_pack_send(const void* hidden, int dtype, const int32_t* topk_ids, const float* topk_weights,
+                          int hidden_size, int top_k, int ep_size, int experts_per_rank, const int32_t* send_counts,
+                          const int32_t* send_tokens, int send_rows, void* out_rows, int32_t* out_ids,
+                          float* out_weights, cudaStream_t stream);
 mb_status mb_ep_combine(const void* returned, int dtype, const int32_t* token_slots, int num_tokens, int hidden,
                         int ep_size, void* out, int max_sms, cudaStream_t stream);
+
+/* stages/ep_nccl.cu: the `nccl` dispatch's exchanges over a communicator of ep_size ranks (comm: an ncclComm_t,
+ * torch's ProcessGroupNCCL._comm_ptr()), in one NCCL group on `stream`. Payload j (row_bytes_j > 0; 0: none)
+ * sends send_j's rows for rank d, send_rows[d] of them from row send_rows[0] + .. + send_rows[d - 1], and
+ * receives recv_rows[d] rows from rank d into recv_j likewise; send_rows / recv_rows are HOST arrays of ep_size
+ * counts, each rank's send_rows[d] equal to rank d's recv_rows[rank]. MB_ERR_UNSUPPORTED where NCCL is not
+ * loaded in the process or the communicator is non-blocking. */
+mb_status mb_ep_nccl_exchange(void* comm, int ep_size, const int32_t* send_rows, const int32_t* recv_rows,
+                              const void* send0, void* recv0, int64_t row_bytes0, const void* send1, void* recv1,
+                              int64_t row_bytes1, const void* send2, void* recv2, int64_t row_bytes2,
+                              cudaStream_t stream);
 
 /* stages/ep_nvlink.cu: the `nvlink` dispatch and combine over buffers every rank maps (symmetric memory).
  * A rank's symmetric buffer holds recv_rows [ep][cap][H] (dtype), recv_meta [ep][cap][2K + 1] int32 (K global

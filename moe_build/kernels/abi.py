@@ -143,7 +143,9 @@ SIGNATURES: dict[str, tuple[type, tuple[type, ...]]] = {
     "mb_finalize": (_i, (_p, _i, _p, _p, _p, _p, _i, _i, _i, _i, _i, _p, _p)),
     # expert parallelism (stages/ep_dispatch.cu, ep_nvlink.cu)
     "mb_ep_layout": (_i, (_p, _i, _i, _i, _i, _p, _p, _p, _p)),
+    "mb_ep_pack_send": (_i, (_p, _i, _p, _p, _i, _i, _i, _i, _p, _p, _i, _p, _p, _p, _p)),
     "mb_ep_combine": (_i, (_p, _i, _p, _i, _i, _i, _p, _i, _p)),
+    "mb_ep_nccl_exchange": (_i, (_p, _i, _p, _p, _p, _p, _i64, _p, _p, _i64, _p, _p, _i64, _p)),
     "mb_ep_nvlink_dispatch": (_i, (_p, _i, _p, _p, _i, _i, _i, _i, _i, _p, _p, _i, _p, _p, _p, _p, _p, _i, _p)),
     "mb_ep_nvlink_wait": (_i, (_p, _i, _p)),
     "mb_ep_nvlink_gather": (_i, (_p, _i, _p, _p, _i, _i, _i, _i, _i, _i, _i, _i, _p, _p, _p, _p, _p, _p, _p, _p,

@@ -1,5 +1,6 @@
-"""The expert-parallel token stages (cpp/src/stages/ep_dispatch.cu) and the finalize's other-rank skip, against
-layouts and sums written here in plain Python / fp64, on fresh random routing with poisoned outputs."""
+"""The expert-parallel token stages (cpp/src/stages/ep_dispatch.cu: layout, send packing, combine) and the
+finalize's other-rank skip, against layouts and sums written here in plain Python / fp64, on fresh random routing
+with poisoned outputs."""
 from __future__ import annotations
 
 import random
@@ -44,6 +45,40 @@ def test_layout_groups_rows_by_rank_in_token_order(ep: int, tokens: int, top_k: 
     assert counts.tolist() == want_counts, f"seed {seed}"
     assert rows[: len(want_rows)].tolist() == want_rows, f"seed {seed}"
     assert slots.cpu().tolist() == want_slots, f"seed {seed}"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+# one column chunk (vectors; single elements), several with a partial last one (vectors; single elements)
+@pytest.mark.parametrize("hidden", [256, 100, 2056, 1001])
+@pytest.mark.parametrize("ep,tokens,top_k", [(1, 5, 2), (2, 0, 8), (3, 1, 8), (4, 300, 8), (8, 1025, 3)])
+def test_pack_send_packs_each_rows_token_with_ids_local_to_its_rank(dtype: torch.dtype, hidden: int, ep: int,
+                                                                    tokens: int, top_k: int) -> None:
+    seed = random.SystemRandom().randrange(1 << 30)
+    g = torch.Generator().manual_seed(seed)
+    per_rank = max(1, -(-top_k // ep)) * 2
+    ids = _ids(tokens, top_k, ep * per_rank, g)
+    ids[::7, 0] = -1  # a pair routed nowhere (another layer's padding) goes to no rank's expert
+    weights = torch.rand(tokens, top_k, generator=g)
+    hidden_rows = torch.randn(tokens, hidden, generator=g).to(dtype)
+    counts, send_tokens, _ = K.ep_layout(ids.cuda(), ep, per_rank)
+    rows = int(counts.sum())
+    out_rows = torch.full((rows, hidden), float("nan"), dtype=dtype, device="cuda")
+    out_meta = torch.full((2, rows, top_k), -7, dtype=torch.int32, device="cuda")
+    K.ep_pack_send(hidden_rows.cuda(), ids.cuda(), weights.cuda(), ep, per_rank, counts, send_tokens, rows, out_rows,
+                   out_meta)
+    # expected, by hand: row i is token send_tokens[i] (the layout's own test checks those), going to the rank d
+    # whose segment of counts holds i; its ids shifted to d's first expert, -1 outside d's experts
+    got_rows, got_meta, token = out_rows.cpu(), out_meta.cpu(), send_tokens.cpu()
+    at = 0
+    for d, n in enumerate(counts.tolist()):
+        for i in range(at, at + n):
+            t = int(token[i])
+            assert torch.equal(got_rows[i], hidden_rows[t]), f"seed {seed}, row {i}"
+            want = [int(x) - d * per_rank if d * per_rank <= int(x) < (d + 1) * per_rank else -1 for x in ids[t]]
+            assert got_meta[0, i].tolist() == want, f"seed {seed}, row {i}"
+            assert torch.equal(got_meta[1, i].view(torch.float32), weights[t]), f"seed {seed}, row {i}"
+        at += n
+    assert at == rows
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])

@@ -1,9 +1,12 @@
-// Expert parallelism's two token-side stages around the all-to-alls (moe_build/runner/dispatch/nccl.py):
+// Expert parallelism's token-side stages around the all-to-alls (moe_build/runner/dispatch/nccl.py):
 //   mb_ep_layout : phase one of the two-phase dispatch. From the top-k ids, which ranks each token goes to
 //                  (rank d holds experts [d * experts_per_rank, (d + 1) * experts_per_rank)); a token goes
 //                  once to every rank holding at least one of its experts. The send rows are grouped by
 //                  rank, tokens ascending within a rank; the layout is kept (send_tokens, token_slots), so
 //                  the payload gather and the combine never sort again.
+//   mb_ep_pack_send: after the counts are known, the layout's send rows packed for the payload exchange: each
+//                  row's hidden row, and its top-k ids made local to the rank it goes to (-1: another rank's
+//                  expert) with its weights, so the receiving rank's experts read what arrives as it lands.
 //   mb_ep_combine: the reduction after the return all-to-all (stages/ep_combine.cuh: per token, the ranks'
 //                  partial rows in rank order, fp32, one rounding); a caller's max_sms (> 0) may cap the grid at
 //                  that many blocks (SMs) with the same result.
@@ -12,6 +15,7 @@
 // per rank, a warp ballot gives a lane's place in its warp, one thread per rank prefixes the warps' counts.
 // One block is enough: it is a scan of T * ep_size bits (8K tokens: 8 chunks).
 #include <algorithm>
+#include <type_traits>
 
 #include "common/common.cuh"
 #include "stages/ep_combine.cuh"
@@ -96,6 +100,41 @@ ep_layout_kernel(const int32_t* __restrict__ ids, int num_tokens, int top_k, int
   }
 }
 
+// A warp per (send row, column chunk) as the nvlink dispatch's rows (stages/ep_combine.cuh); chunk 0's warp also
+// writes the row's ids, local to its destination rank d (the segment of send_counts holding row i), and weights.
+template <typename T, int VEC>
+__global__ void __launch_bounds__(mb::kStageThreads)
+ep_pack_send_kernel(const T* __restrict__ hidden, const int32_t* __restrict__ ids, const float* __restrict__ weights,
+                    int hidden_size, int top_k, int ep, int per_rank, const int32_t* __restrict__ send_counts,
+                    const int32_t* __restrict__ send_tokens, int rows, T* __restrict__ out_rows,
+                    int32_t* __restrict__ out_ids, float* __restrict__ out_weights) {
+  __shared__ int start[kMaxRanks + 1];
+  if (threadIdx.x == 0) {
+    start[0] = 0;
+    for (int d = 0; d < ep; ++d) start[d + 1] = start[d] + send_counts[d];
+  }
+  __syncthreads();
+  const int lane = threadIdx.x % 32, chunks = mbk::chunks_per_row<VEC>(hidden_size);
+  const int64_t items = static_cast<int64_t>(rows) * chunks;
+  for (int64_t it = blockIdx.x * static_cast<int64_t>(mb::kStageWarps) + threadIdx.x / 32; it < items;
+       it += static_cast<int64_t>(gridDim.x) * mb::kStageWarps) {
+    const int i = static_cast<int>(it / chunks), c = static_cast<int>(it % chunks);
+    const int t = send_tokens[i];
+    mbk::copy_chunk<T, VEC>(hidden + static_cast<int64_t>(t) * hidden_size,
+                            out_rows + static_cast<int64_t>(i) * hidden_size, hidden_size, c, lane);
+    if (c == 0) {
+      int d = 0;
+      while (start[d + 1] <= i) ++d;
+      const int first = d * per_rank;
+      for (int j = lane; j < top_k; j += 32) {
+        const int x = ids[static_cast<int64_t>(t) * top_k + j] - first;
+        out_ids[static_cast<int64_t>(i) * top_k + j] = x >= 0 && x < per_rank ? x : -1;
+        out_weights[static_cast<int64_t>(i) * top_k + j] = weights[static_cast<int64_t>(t) * top_k + j];
+      }
+    }
+  }
+}
+
 template <typename T, int VEC>
 __global__ void __launch_bounds__(mb::kStageThreads)
 ep_combine_kernel(const T* __restrict__ returned, const int32_t* __restrict__ token_slots, int num_tokens,
@@ -118,6 +157,36 @@ extern "C" mb_status mb_ep_layout(const int32_t* topk_ids, int num_tokens, int t
   ep_layout_kernel<<<1, kLayoutThreads, 0, stream>>>(topk_ids, num_tokens, top_k, ep_size, experts_per_rank,
                                                      send_counts, send_tokens, token_slots);
   return mb::check_launch("ep_layout_kernel");
+}
+
+extern "C" mb_status mb_ep_pack_send(const void* hidden, int dtype, const int32_t* topk_ids,
+                                     const float* topk_weights, int hidden_size, int top_k, int ep_size,
+                                     int experts_per_rank, const int32_t* send_counts, const int32_t* send_tokens,
+                                     int send_rows, void* out_rows, int32_t* out_ids, float* out_weights,
+                                     cudaStream_t stream) {
+  const char* who = "mb_ep_pack_send";
+  MB_REQUIRE(send_rows >= 0, "%s: send_rows must be >= 0, got %d", who, send_rows);
+  MB_REQUIRE(hidden_size >= 1, "%s: hidden_size must be >= 1, got %d", who, hidden_size);
+  MB_REQUIRE(top_k >= 1, "%s: top_k must be >= 1, got %d", who, top_k);
+  MB_REQUIRE(ep_size >= 1 && ep_size <= kMaxRanks, "%s: ep_size must be in 1..%d, got %d", who, kMaxRanks, ep_size);
+  MB_REQUIRE(experts_per_rank >= 1, "%s: experts_per_rank must be >= 1, got %d", who, experts_per_rank);
+  if (send_rows == 0) return mb::dispatch_dtype(dtype, who, [](auto) { return MB_OK; });
+  MB_REQUIRE(hidden && topk_ids && topk_weights && send_counts && send_tokens && out_rows && out_ids && out_weights,
+             "%s: every pointer must be non-NULL", who);
+  return mb::dispatch_dtype(dtype, who, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    constexpr int kWide = 16 / sizeof(T);
+    const auto launch = [&](auto vec) {
+      constexpr int V = decltype(vec)::value;
+      ep_pack_send_kernel<T, V><<<mbk::chunk_grid(int64_t{send_rows} * mbk::chunks_per_row<V>(hidden_size), 0),
+                                  mb::kStageThreads, 0, stream>>>(
+          static_cast<const T*>(hidden), topk_ids, topk_weights, hidden_size, top_k, ep_size, experts_per_rank,
+          send_counts, send_tokens, send_rows, static_cast<T*>(out_rows), out_ids, out_weights);
+      return mb::check_launch("ep_pack_send_kernel");
+    };
+    if (mb::vec_width<T>(hidden_size, {hidden, out_rows}) == kWide) return launch(std::integral_constant<int, kWide>{});
+    return launch(std::integral_constant<int, 1>{});
+  });
 }
 
 extern "C" mb_status mb_ep_combine(const void* returned, int dtype, const int32_t* token_slots, int num_tokens,

@@ -2,6 +2,9 @@
 the NVLink backend's peer writes, and dispatch_with_permute's receiving side."""
 from __future__ import annotations
 
+import ctypes
+import math
+from collections.abc import Sequence
 
 import torch
 
@@ -34,6 +37,61 @@ def ep_layout(topk_ids: torch.Tensor, ep_size: int, experts_per_rank: int, send_
     call("mb_ep_layout", topk_ids.data_ptr(), t, k, ep_size, experts_per_rank, counts.data_ptr(), rows.data_ptr(),
          slots.data_ptr(), _stream(stream, dev))
     return counts, rows, slots
+
+
+def ep_pack_send(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, ep_size: int,
+                 experts_per_rank: int, send_counts: torch.Tensor, send_tokens: torch.Tensor, send_rows: int,
+                 out_rows: torch.Tensor, out_meta: torch.Tensor,
+                 stream: int | torch.cuda.Stream | None = None) -> None:
+    """ep_layout's first `send_rows` send rows packed for the payload exchange: out_rows [send_rows, H] the tokens'
+    rows of `hidden` [T, H], out_meta [2, send_rows, K] int32 their top-k ids made local to the rank each row goes
+    to (-1: not held there), then their weights' fp32 bits."""
+    _check(hidden, "hidden", (None, None))
+    dev = hidden.device
+    t, h = hidden.shape
+    k = topk_ids.shape[1]
+    _check(topk_ids, "topk_ids", (t, k), torch.int32, dev)
+    _check(topk_weights, "topk_weights", (t, k), torch.float32, dev)
+    _check(send_counts, "send_counts", (ep_size,), torch.int32, dev)
+    _check(send_tokens, "send_tokens", (None,), torch.int32, dev)
+    if send_rows > send_tokens.shape[0]:
+        raise ValueError(f"send_rows: {send_rows} rows, but send_tokens holds {send_tokens.shape[0]}")
+    _check(out_rows, "out_rows", (send_rows, h), hidden.dtype, dev)
+    _check(out_meta, "out_meta", (2, send_rows, k), torch.int32, dev)
+    ids = out_meta.data_ptr()
+    call("mb_ep_pack_send", hidden.data_ptr(), _dtype_code(hidden, "hidden"), topk_ids.data_ptr(),
+         topk_weights.data_ptr(), h, k, ep_size, experts_per_rank, send_counts.data_ptr(), send_tokens.data_ptr(),
+         send_rows, out_rows.data_ptr(), ids, ids + 4 * send_rows * k, _stream(stream, dev))
+
+
+def _row_bytes(t: torch.Tensor) -> int:
+    return math.prod(t.shape[1:]) * t.element_size()
+
+
+def ep_nccl_exchange(comm: int, send_rows: Sequence[int], recv_rows: Sequence[int],
+                     payloads: Sequence[tuple[torch.Tensor, torch.Tensor]],
+                     stream: int | torch.cuda.Stream | None = None) -> None:
+    """One exchange over NCCL communicator `comm` (ProcessGroupNCCL._comm_ptr()) of ep_size = len(send_rows)
+    ranks: for each (send, recv) of up to three `payloads` (contiguous, rows grouped by rank, the same bytes per
+    row), send_rows[d] rows to rank d and recv_rows[d] rows from it; one NCCL group on `stream`."""
+    ep = len(send_rows)
+    if len(recv_rows) != ep:
+        raise ValueError(f"recv_rows: {len(recv_rows)} counts for {ep} ranks")
+    if not 1 <= len(payloads) <= 3:
+        raise ValueError(f"payloads: 1 to 3 (send, recv) pairs, got {len(payloads)}")
+    sent, received = sum(send_rows), sum(recv_rows)
+    args: list[object] = []
+    for j, (send, recv) in enumerate(payloads):
+        _check(send, f"payloads[{j}] send")
+        _check(recv, f"payloads[{j}] recv", None, send.dtype, send.device)
+        if send.shape[0] != sent or recv.shape[0] != received or _row_bytes(send) != _row_bytes(recv):
+            raise ValueError(f"payloads[{j}]: {sent} rows to send and {received} to receive, of equal size; got "
+                             f"{list(send.shape)} and {list(recv.shape)}")
+        args += [send.data_ptr(), recv.data_ptr(), _row_bytes(send)]
+    args += [None, None, 0] * (3 - len(payloads))
+    rows = ctypes.c_int32 * ep
+    call("mb_ep_nccl_exchange", comm, ep, rows(*send_rows), rows(*recv_rows), *args,
+         _stream(stream, payloads[0][0].device))
 
 
 def ep_combine(returned: torch.Tensor, token_slots: torch.Tensor, out: torch.Tensor | None = None,

@@ -1,14 +1,22 @@
-"""The `nccl` dispatch: two-phase, exact-size all-to-all over torch.distributed's NCCL process group.
+"""The `nccl` dispatch: two-phase, exact-size exchanges over the NCCL communicator of torch.distributed's process
+group.
 
 Phase one (layout and counts): `mb_ep_layout` finds, from the routed top-k ids, the ranks each token goes to
 (once per rank, however many of its experts that rank holds), groups the send rows by rank and keeps that
-layout (`Dispatched`), so the gather and the combine never sort again; one small all-to-all exchanges the
-row counts. The counts come to the host (the one synchronization), and every receive buffer is sized exactly
-from them, from torch's caching allocator (no cudaMalloc once warm), instead of the worst case of every
-rank's every token arriving (ep_size * tokens rows).
-Phase two (payload): `all_to_all_single` with those split sizes moves the rows, then their top-k ids and
-weights (one int32 tensor). Combine is the reverse all-to-all of the experts' partial rows (each already
-the weighted sum over the receiving rank's experts), summed per token in rank order by `mb_ep_combine`.
+layout (`Dispatched`), so the combine never sorts again; one small exchange swaps the row counts. The counts
+come to the host (the one synchronization), and every buffer is sized exactly from them, from torch's caching
+allocator (no cudaMalloc once warm), instead of the worst case of every rank's every token arriving (ep_size *
+tokens rows).
+Phase two (payload): `mb_ep_pack_send` packs the send rows with their top-k ids (already local to the rank each
+row goes to) and weights, and one exchange moves all three, landing as the experts read them. Combine is the
+reverse exchange of the experts' partial rows (each already the weighted sum over the receiving rank's
+experts), summed per token in rank order by `mb_ep_combine`.
+
+The exchanges are `mb_ep_nccl_exchange` (cpp/src/stages/ep_nccl.cu): NCCL point-to-point sends and receives in
+one group on the caller's stream, over the process group's own communicator (`ProcessGroupNCCL._comm_ptr()`),
+rather than torch.distributed.all_to_all_single, whose wrapper costs about 70 us of host time per call (four
+per dispatch + combine before this: docs/experiments.md). Like a collective, every rank of the group makes the
+same exchanges in the same order.
 
 dispatch_with_permute / combine_with_unpermute (the plan's ep_format permuted or batched, an instance made with
 `unpermute=PermuteLayout(...)`): the same two phases, each row's meta also carrying its token index; the rows
@@ -47,8 +55,28 @@ class Dispatched:
         return sum(self.send_splits)
 
 
+def communicator(group: dist.ProcessGroup, device: torch.device) -> int:
+    """The address of `group`'s NCCL communicator on `device` (made by a first collective where torch has not made
+    it yet), refused in one line where the group's backend is not NCCL."""
+    try:
+        backend = group._get_backend(device)
+        comm = backend._comm_ptr()
+        if comm == 0:  # torch makes a group's communicator at its first collective on the device
+            dist.all_reduce(torch.zeros(1, device=device), group=group)
+            comm = backend._comm_ptr()
+    except (AttributeError, RuntimeError) as e:
+        raise MoeBuildError("dispatch", f"the nccl dispatch needs a process group with torch's NCCL backend on "
+                            f"{device} ({e})", "dist.init_process_group('nccl'), torch >= 2.8") from None
+    if not comm:
+        raise MoeBuildError("dispatch", f"no NCCL communicator for {device} in the process group",
+                            "dist.init_process_group('nccl') with this rank's GPU as the current device")
+    return int(comm)
+
+
 class NcclDispatch:
-    """Dispatch and combine for one rank of `spec`'s expert-parallel group over `group` (NCCL)."""
+    """Dispatch and combine for one rank of `spec`'s expert-parallel group over `group`'s NCCL communicator. One
+    call in flight per instance: its counts buffer is reused by the next call (dual-batch overlap makes one
+    instance per micro-batch)."""
 
     def __init__(self, spec: MoESpec, kernels: ModuleType, group: dist.ProcessGroup | None = None,
                  unpermute: PermuteLayout | None = None) -> None:
@@ -60,38 +88,44 @@ class NcclDispatch:
         self.local = spec.local_experts
         self.unpermute = unpermute
         self.unpermute_overflow: torch.Tensor | None = None  # the last grouped call's (batched: pairs dropped)
+        self.device = torch.device("cuda", torch.cuda.current_device())
+        self.comm = communicator(self.group, self.device)
+        self.counts = torch.zeros((2, self.ep), dtype=torch.int32, device=self.device)  # rows to, from each rank
+        self._ones = [1] * self.ep
 
     def dispatch(self, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
         """Send each token of `hidden` [T, H] with its top-k ids [T, K] (global) and weights to the ranks holding
         its experts; returns the rows this rank received, their ids made local."""
-        T, K = topk_ids.shape
-        dev = hidden.device
-        counts, send_tokens, slots = self.k.ep_layout(topk_ids, self.ep, self.local)
-        send_splits, recv_splits, _ = self._exchange_counts(counts)
-        meta = torch.cat([topk_ids, topk_weights.view(torch.int32)], dim=1)  # [T, 2K]: ids, then weights' bits
-        recv_meta = torch.empty((sum(recv_splits), 2 * K), dtype=torch.int32, device=dev)
-        recv_hidden = self._exchange_rows(hidden, meta, send_tokens, send_splits, recv_splits, recv_meta)
-        ids = recv_meta[:, :K] - self.first
-        local_ids = torch.where((ids >= 0) & (ids < self.local), ids, torch.full_like(ids, -1))
-        weights = recv_meta[:, K:].contiguous().view(torch.float32)
-        return Dispatched(recv_hidden, local_ids.contiguous(), weights, send_splits, recv_splits, slots)
+        K, H = topk_ids.shape[1], hidden.shape[1]
+        counts, send_tokens, slots = self.k.ep_layout(topk_ids, self.ep, self.local, send_counts=self.counts[0])
+        send_splits, recv_splits = self._exchange_counts()
+        sent, received = sum(send_splits), sum(recv_splits)
+        send_rows = torch.empty((sent, H), dtype=hidden.dtype, device=hidden.device)
+        send_meta = torch.empty((2, sent, K), dtype=torch.int32, device=hidden.device)  # local ids, weights' bits
+        self.k.ep_pack_send(hidden, topk_ids, topk_weights, self.ep, self.local, counts, send_tokens, sent,
+                            send_rows, send_meta)
+        recv_rows = torch.empty((received, H), dtype=hidden.dtype, device=hidden.device)
+        recv_meta = torch.empty((2, received, K), dtype=torch.int32, device=hidden.device)
+        self.k.ep_nccl_exchange(self.comm, send_splits, recv_splits,
+                                ((send_rows, recv_rows), (send_meta[0], recv_meta[0]), (send_meta[1], recv_meta[1])))
+        return Dispatched(recv_rows, recv_meta[0], recv_meta[1].view(torch.float32), send_splits, recv_splits, slots)
 
-    def _exchange_counts(self, counts: torch.Tensor) -> tuple[list[int], list[int], torch.Tensor]:
-        """Phase one: rows for each rank -> (send splits, receive splits, the receive counts on the device)."""
-        recv_counts = torch.empty_like(counts)
-        dist.all_to_all_single(recv_counts, counts, group=self.group)
-        both = torch.cat([counts, recv_counts]).tolist()  # the synchronization: exact sizes follow
-        return both[: self.ep], both[self.ep:], recv_counts
+    def _exchange_counts(self) -> tuple[list[int], list[int]]:
+        """Phase one: self.counts[0] (rows for each rank, on the device) to every rank, theirs into self.counts[1];
+        both to the host (the synchronization: exact sizes follow) -> (send splits, receive splits)."""
+        self.k.ep_nccl_exchange(self.comm, self._ones, self._ones, ((self.counts[0], self.counts[1]),))
+        send_splits, recv_splits = self.counts.tolist()
+        return send_splits, recv_splits
 
     def _exchange_rows(self, hidden: torch.Tensor, meta: torch.Tensor, send_tokens: torch.Tensor,
                        send_splits: list[int], recv_splits: list[int], recv_meta: torch.Tensor) -> torch.Tensor:
-        """Phase two: each send row's hidden row and meta row (row send_tokens[i] of both) to its rank; the meta
-        received lands in `recv_meta` [received rows, ...]; returns the rows received. (The unpermuted combine sends
-        its expert outputs back the same way, with their return indices as the meta.)"""
+        """Phase two of the grouped formats: each send row's hidden row and meta row (row send_tokens[i] of both)
+        to its rank; the meta received lands in `recv_meta` [received rows, ...]; returns the rows received. (The
+        unpermuted combine sends its expert outputs back the same way, with their return indices as the meta.)"""
         rows = send_tokens[: sum(send_splits)]
         recv_hidden = torch.empty((sum(recv_splits), hidden.shape[1]), dtype=hidden.dtype, device=hidden.device)
-        dist.all_to_all_single(recv_hidden, hidden.index_select(0, rows), recv_splits, send_splits, group=self.group)
-        dist.all_to_all_single(recv_meta, meta.index_select(0, rows), recv_splits, send_splits, group=self.group)
+        self.k.ep_nccl_exchange(self.comm, send_splits, recv_splits,
+                                ((hidden.index_select(0, rows), recv_hidden), (meta.index_select(0, rows), recv_meta)))
         return recv_hidden
 
     def dispatch_with_permute(self, hidden: torch.Tensor, topk_ids: torch.Tensor,
@@ -103,8 +137,8 @@ class NcclDispatch:
                                 "NcclDispatch(..., unpermute=PermuteLayout(...))")
         T, K = topk_ids.shape
         dev, H, E = hidden.device, hidden.shape[1], self.local
-        counts, send_tokens, _ = self.k.ep_layout(topk_ids, self.ep, self.local)
-        send_splits, recv_splits, recv_counts = self._exchange_counts(counts)
+        _, send_tokens, _ = self.k.ep_layout(topk_ids, self.ep, self.local, send_counts=self.counts[0])
+        send_splits, recv_splits = self._exchange_counts()
         n_recv = sum(recv_splits)
         token = torch.arange(T, dtype=torch.int32, device=dev).unsqueeze(1)
         meta = torch.cat([topk_ids, topk_weights.view(torch.int32), token], dim=1)  # [T, 2K + 1]
@@ -121,7 +155,8 @@ class NcclDispatch:
                                torch.empty(P, dtype=torch.int32, device=dev),
                                torch.empty(1, dtype=torch.int32, device=dev))
         pair_row = torch.empty(slots * K, dtype=torch.int32, device=dev)
-        dense_counts = torch.stack([recv_counts, torch.zeros_like(recv_counts)], dim=1).contiguous()
+        received = self.counts[1]  # copied on the stream before the return's counts take the buffer
+        dense_counts = torch.stack([received, torch.zeros_like(received)], dim=1).contiguous()
         self.k.ep_permute_layout(recv_meta, dense_counts, 0, K, self.first, d.expert_offsets, d.expert_counts,
                                  pair_row, d.row_src_rank, d.row_return, d.overflow,
                                  pad_multiple=layout.pad_multiple, expert_capacity=layout.expert_capacity)
@@ -140,8 +175,8 @@ class NcclDispatch:
         dev, H = expert_out.device, expert_out.shape[1]
         src = d.row_src_rank
         order = torch.argsort(src, stable=True)  # padding (-1) first, then by source rank
-        back = torch.bincount(src[src >= 0].long(), minlength=self.ep).int()
-        send_splits, recv_splits, _ = self._exchange_counts(back)
+        self.counts[0].copy_(torch.bincount(src[src >= 0].long(), minlength=self.ep))
+        send_splits, recv_splits = self._exchange_counts()
         keep = order[order.shape[0] - sum(send_splits):]
         at = torch.empty(sum(recv_splits), dtype=torch.int32, device=dev)
         rows = self._exchange_rows(expert_out, d.row_return, keep, send_splits, recv_splits, at)
@@ -156,5 +191,5 @@ class NcclDispatch:
         """The received rows' partial outputs `partial` [R, H] back to their ranks, summed per token into `out`
         [T, H] (rank order, fp32)."""
         returned = torch.empty((d.sent_rows, partial.shape[1]), dtype=partial.dtype, device=partial.device)
-        dist.all_to_all_single(returned, partial, d.send_splits, d.recv_splits, group=self.group)
+        self.k.ep_nccl_exchange(self.comm, d.recv_splits, d.send_splits, ((partial, returned),))
         return self.k.ep_combine(returned, d.token_slots, out=out)

@@ -1,0 +1,125 @@
+// The `nccl` dispatch's exchanges (moe_build/runner/dispatch/nccl.py): rows grouped by rank sent to every rank
+// and received from every rank, with each rank's row count given on the host, in one NCCL group of
+// point-to-point sends and receives (one launch) on the caller's stream, over torch.distributed's own
+// communicator (ProcessGroupNCCL's, borrowed by address: this library opens no communicator and moves no byte
+// itself).
+//   mb_ep_nccl_exchange: up to three payloads at once (a dispatch sends its rows, their ids and their weights;
+//                        the counts and the return send one), each of its own row size, rank d's rows at the
+//                        prefix of the row counts before d. The peers are visited starting with rank + 1 (as
+//                        the nvlink kernels' rows), pairs with no row on either side skipped: both sides know
+//                        both counts, so every send meets its receive.
+// Why not torch.distributed.all_to_all_single: a dispatch + combine makes four of them, and each costs about
+// 70 us of host time in PyTorch's wrapper (docs/experiments.md), an order of magnitude more than the NCCL calls
+// it makes; the exchange is host-bound up to hundreds of tokens.
+// NCCL is found in the process, where torch loaded it (dlopen of libnccl.so.2 with RTLD_NOLOAD, else the
+// global symbols); its API is NCCL's stable C API (nccl.h: ncclGroupStart/End, ncclSend/Recv, ncclCommCount,
+// ncclCommUserRank, ncclGetErrorString), declared here, not linked, so the library loads where NCCL is absent.
+#include <dlfcn.h>
+
+#include "common/common.cuh"
+
+namespace {
+
+constexpr int kMaxRanks = 32;
+constexpr int kPayloads = 3;
+constexpr int kNcclSuccess = 0;
+constexpr int kNcclInProgress = 7;
+constexpr int kNcclUint8 = 1;
+
+struct NcclApi {
+  using Result = int;
+  Result (*group_start)();
+  Result (*group_end)();
+  Result (*send)(const void*, size_t, int, int, void*, cudaStream_t);
+  Result (*recv)(void*, size_t, int, int, void*, cudaStream_t);
+  Result (*comm_count)(const void*, int*);
+  Result (*comm_user_rank)(const void*, int*);
+  const char* (*error_string)(Result);
+  bool found;
+};
+
+template <typename F>
+bool find(void* lib, const char* name, F* fn) {
+  *fn = reinterpret_cast<F>(dlsym(lib, name));
+  return *fn != nullptr;
+}
+
+NcclApi load_nccl() {
+  NcclApi api{};
+  void* lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_NOLOAD);
+  if (lib == nullptr) lib = RTLD_DEFAULT;
+  api.found = find(lib, "ncclGroupStart", &api.group_start) && find(lib, "ncclGroupEnd", &api.group_end) &&
+              find(lib, "ncclSend", &api.send) && find(lib, "ncclRecv", &api.recv) &&
+              find(lib, "ncclCommCount", &api.comm_count) && find(lib, "ncclCommUserRank", &api.comm_user_rank) &&
+              find(lib, "ncclGetErrorString", &api.error_string);
+  return api;
+}
+
+const NcclApi& nccl() {
+  static const NcclApi api = load_nccl();
+  return api;
+}
+
+mb_status nccl_failed(const char* who, const char* what, int result) {
+  return mb::fail(result == kNcclInProgress ? MB_ERR_UNSUPPORTED : MB_ERR_CUDA, "%s: %s: %s%s", who, what,
+                  nccl().error_string(result),
+                  result == kNcclInProgress ? " (a non-blocking communicator: use a blocking one)" : "");
+}
+
+}  // namespace
+
+extern "C" mb_status mb_ep_nccl_exchange(void* comm, int ep_size, const int32_t* send_rows, const int32_t* recv_rows,
+                                         const void* send0, void* recv0, int64_t row_bytes0, const void* send1,
+                                         void* recv1, int64_t row_bytes1, const void* send2, void* recv2,
+                                         int64_t row_bytes2, cudaStream_t stream) {
+  const char* who = "mb_ep_nccl_exchange";
+  const NcclApi& api = nccl();
+  if (!api.found)
+    return mb::fail(MB_ERR_UNSUPPORTED, "%s: NCCL is not loaded in this process (torch.distributed's NCCL backend "
+                    "loads it)", who);
+  MB_REQUIRE(comm != nullptr, "%s: comm must be a communicator's address (ProcessGroupNCCL._comm_ptr()), got NULL",
+             who);
+  MB_REQUIRE(ep_size >= 1 && ep_size <= kMaxRanks, "%s: ep_size must be in 1..%d, got %d", who, kMaxRanks, ep_size);
+  MB_REQUIRE(send_rows && recv_rows, "%s: send_rows and recv_rows (host arrays of ep_size counts) must be non-NULL",
+             who);
+  int ranks = 0, rank = 0;
+  int r = api.comm_count(comm, &ranks);
+  if (r != kNcclSuccess) return nccl_failed(who, "ncclCommCount", r);
+  MB_REQUIRE(ranks == ep_size, "%s: the communicator has %d ranks, ep_size is %d", who, ranks, ep_size);
+  r = api.comm_user_rank(comm, &rank);
+  if (r != kNcclSuccess) return nccl_failed(who, "ncclCommUserRank", r);
+  const void* sends[kPayloads] = {send0, send1, send2};
+  void* recvs[kPayloads] = {recv0, recv1, recv2};
+  const int64_t row_bytes[kPayloads] = {row_bytes0, row_bytes1, row_bytes2};
+  int64_t send_at[kMaxRanks + 1] = {0}, recv_at[kMaxRanks + 1] = {0};
+  for (int d = 0; d < ep_size; ++d) {
+    MB_REQUIRE(send_rows[d] >= 0 && recv_rows[d] >= 0, "%s: row counts must be >= 0, got %d sent and %d received "
+               "for rank %d", who, send_rows[d], recv_rows[d], d);
+    send_at[d + 1] = send_at[d] + send_rows[d];
+    recv_at[d + 1] = recv_at[d] + recv_rows[d];
+  }
+  for (int j = 0; j < kPayloads; ++j) {
+    MB_REQUIRE(row_bytes[j] >= 0, "%s: row_bytes%d must be >= 0 (0: no such payload), got %lld", who, j,
+               static_cast<long long>(row_bytes[j]));
+    MB_REQUIRE(row_bytes[j] == 0 || ((sends[j] || send_at[ep_size] == 0) && (recvs[j] || recv_at[ep_size] == 0)),
+               "%s: payload %d's buffers must be non-NULL where rows move", who, j);
+  }
+  r = api.group_start();
+  if (r != kNcclSuccess) return nccl_failed(who, "ncclGroupStart", r);
+  for (int s = 1; s <= ep_size; ++s) {
+    const int d = (rank + s) % ep_size;  // rank + 1 first, this rank itself last
+    for (int j = 0; j < kPayloads; ++j) {
+      if (row_bytes[j] == 0) continue;
+      if (send_rows[d] > 0 && r == kNcclSuccess)
+        r = api.send(static_cast<const char*>(sends[j]) + send_at[d] * row_bytes[j],
+                     static_cast<size_t>(send_rows[d]) * row_bytes[j], kNcclUint8, d, comm, stream);
+      if (recv_rows[d] > 0 && r == kNcclSuccess)
+        r = api.recv(static_cast<char*>(recvs[j]) + recv_at[d] * row_bytes[j],
+                     static_cast<size_t>(recv_rows[d]) * row_bytes[j], kNcclUint8, d, comm, stream);
+    }
+  }
+  const int end = api.group_end();  // always closes the group, also after a failed send or receive
+  if (r != kNcclSuccess) return nccl_failed(who, "ncclSend/ncclRecv", r);
+  if (end != kNcclSuccess) return nccl_failed(who, "ncclGroupEnd", end);
+  return MB_OK;
+}
