@@ -1,6 +1,7 @@
 """mb_ep_nccl_exchange (cpp/src/stages/ep_nccl.cu) on one GPU: a one-rank NCCL process group, whose communicator
 the exchange borrows, sends every payload to itself; the bytes must come back as sent, and the exchange refuses a
-rank count its communicator does not have. The multi-rank exchanges are tests/gpu/ep_worker.py's nccl cases."""
+rank count its communicator does not have. The multi-rank exchanges are tests/gpu/ep_worker.py's nccl cases. And
+the nccl dispatch refuses a CUDA graph capture in one line (it reads the counts on the host)."""
 from __future__ import annotations
 
 import random
@@ -12,8 +13,10 @@ import torch
 import torch.distributed as dist
 
 from moe_build import kernels as K
+from moe_build.errors import MoeBuildError
 from moe_build.kernels import KernelError
-from moe_build.runner.dispatch.nccl import communicator
+from moe_build.runner.dispatch.nccl import NcclDispatch, communicator
+from moe_build.spec import MoESpec
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(),
@@ -51,3 +54,16 @@ def test_rows_that_do_not_match_the_counts_are_refused(comm: int) -> None:
     x = torch.zeros(4, 16, device="cuda")
     with pytest.raises(ValueError, match=r"payloads\[0\]: 4 rows to send and 4 to receive"):
         K.ep_nccl_exchange(comm, [4], [4], [(x, torch.empty(3, 16, device="cuda"))])
+
+
+def test_the_nccl_dispatch_refuses_a_graph_capture(comm: int) -> None:
+    d = NcclDispatch(MoESpec(256, 128, 8, 2, ep_size=1, ep_rank=0), K)
+    hidden = torch.randn(4, 256, device="cuda", dtype=torch.bfloat16)
+    ids = torch.tensor([[0, 1]] * 4, dtype=torch.int32, device="cuda")
+    w = torch.full((4, 2), 0.5, device="cuda")
+    got = d.dispatch(hidden, ids, w)  # eagerly: the one rank receives its own tokens
+    assert torch.equal(got.hidden, hidden) and torch.equal(got.topk_ids, ids)
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s), pytest.raises(MoeBuildError, match="^dispatch: the nccl dispatch reads the row counts"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph(), stream=s):
+            d.dispatch(hidden, ids, w)

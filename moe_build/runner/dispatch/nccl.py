@@ -113,6 +113,9 @@ class NcclDispatch:
     def _exchange_counts(self) -> tuple[list[int], list[int]]:
         """Phase one: self.counts[0] (rows for each rank, on the device) to every rank, theirs into self.counts[1];
         both to the host (the synchronization: exact sizes follow) -> (send splits, receive splits)."""
+        if torch.cuda.is_current_stream_capturing():
+            raise MoeBuildError("dispatch", "the nccl dispatch reads the row counts on the host, which a CUDA graph "
+                                "capture cannot", "nvlink with recv_capacity (no host synchronization) to capture")
         self.k.ep_nccl_exchange(self.comm, self._ones, self._ones, ((self.counts[0], self.counts[1]),))
         send_splits, recv_splits = self.counts.tolist()
         return send_splits, recv_splits
