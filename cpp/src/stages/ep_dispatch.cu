@@ -123,8 +123,8 @@ ep_pack_send_kernel(const T* __restrict__ hidden, const int32_t* __restrict__ id
     mbk::copy_chunk<T, VEC>(hidden + static_cast<int64_t>(t) * hidden_size,
                             out_rows + static_cast<int64_t>(i) * hidden_size, hidden_size, c, lane);
     if (c == 0) {
-      int d = 0;
-      while (start[d + 1] <= i) ++d;
+      int d = 0;  // rows past the counts' sum (the dispatch sends none) stay with the last rank
+      while (d + 1 < ep && start[d + 1] <= i) ++d;
       const int first = d * per_rank;
       for (int j = lane; j < top_k; j += 32) {
         const int x = ids[static_cast<int64_t>(t) * top_k + j] - first;

@@ -8,9 +8,9 @@
 //                        prefix of the row counts before d. The peers are visited starting with rank + 1 (as
 //                        the nvlink kernels' rows), pairs with no row on either side skipped: both sides know
 //                        both counts, so every send meets its receive.
-// Why not torch.distributed.all_to_all_single: a dispatch + combine makes four of them, and each costs about
-// 70 us of host time in PyTorch's wrapper (docs/experiments.md), an order of magnitude more than the NCCL calls
-// it makes; the exchange is host-bound up to hundreds of tokens.
+// Why not torch.distributed.all_to_all_single: a dispatch + combine made four of them, and each costs 25 to 90 us
+// per call on 2 H200s at 1 to 128 tokens (bench/ep_host_probe.py, one called back to back), most of it host time
+// in PyTorch's wrapper (its NCCL kernel runs about 15 us); the exchange is host-bound up to hundreds of tokens.
 // NCCL is found in the process, where torch loaded it (dlopen of libnccl.so.2 with RTLD_NOLOAD, else the
 // global symbols); its API is NCCL's stable C API (nccl.h: ncclGroupStart/End, ncclSend/Recv, ncclCommCount,
 // ncclCommUserRank, ncclGetErrorString), declared here, not linked, so the library loads where NCCL is absent.

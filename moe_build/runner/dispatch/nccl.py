@@ -14,8 +14,8 @@ experts), summed per token in rank order by `mb_ep_combine`.
 
 The exchanges are `mb_ep_nccl_exchange` (cpp/src/stages/ep_nccl.cu): NCCL point-to-point sends and receives in
 one group on the caller's stream, over the process group's own communicator (`ProcessGroupNCCL._comm_ptr()`),
-rather than torch.distributed.all_to_all_single, whose wrapper costs about 70 us of host time per call (four
-per dispatch + combine before this: docs/experiments.md). Like a collective, every rank of the group makes the
+rather than torch.distributed.all_to_all_single, whose wrapper's host time made most of the 25 to 90 us each of
+the four per dispatch + combine cost before this (bench/ep_host_probe.py, docs/performance.md). Like a collective, every rank of the group makes the
 same exchanges in the same order.
 
 dispatch_with_permute / combine_with_unpermute (the plan's ep_format permuted or batched, an instance made with
