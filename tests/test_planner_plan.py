@@ -61,6 +61,19 @@ def test_force_fused_finalize_overrides_only_the_tactic_gate():
     assert make_plan(narrow, SM90, 32).stage("finalize").choice == "separate"
 
 
+def test_a_forced_tactic_refused_in_one_band_names_the_band_and_its_epilogue():
+    # GEMM2's epilogue follows the finalize stage, separate at 17..128 tokens on this narrow layer: an evict_last
+    # output (the gated and finalize epilogues' only) cannot be forced at every count, and the error says where
+    narrow = dataclasses.replace(SPEC, intermediate_size=768, num_experts=64)
+    assert make_plan(narrow, SM90, 32).stage("finalize").choice == "separate"
+    with pytest.raises(MoeBuildError) as e:
+        make_plan(narrow, SM90, 4096, force={"gemm2_tactic": "wgmma:pingpong64x128:plain:evict_last"})
+    msg = str(e.value)
+    assert msg.startswith("force: gemm2_tactic=wgmma:pingpong64x128:plain:evict_last: evict_last outputs")
+    band = next(b for b in make_plan(narrow, SM90, 32).stage("finalize").bands if b.choice == "separate")
+    assert f"at {band.lo}-{band.hi} tokens the GEMM2 epilogue is store" in msg and "\n" not in msg
+
+
 def test_force_unknown_stage_or_choice():
     with pytest.raises(MoeBuildError, match="force"):
         make_plan(SPEC, SM90, 1, force={"expert_compute": "dense_masked"})

@@ -349,11 +349,13 @@ def _tactic(stage: str, call: T.GemmCall, finalize: StageDecision | None, tokens
     def call_at(rows: T.RowCount) -> T.GemmCall:
         return call if finalize is None else replace(call, epilogue=_gemm2_epilogue(_choice_at(finalize, rows)))
 
-    if forced is not None:
-        for _, _, part in T.token_bands(call.top_k, call.experts, call_at):
+    if forced is not None:  # one tactic at every token count: it must hold in every band of GEMM2's epilogue
+        for lo, hi, part in T.token_bands(call.top_k, call.experts, call_at):
             problem = T.tactic_problem(part, forced)
             if problem is not None:
-                raise MoeBuildError("force", f"{stage}={forced.name}: {problem}")
+                where = f"{lo}+" if hi is None else f"{lo}-{hi}"
+                raise MoeBuildError("force", f"{stage}={forced.name}: {problem} (a forced tactic holds at every token "
+                                    f"count; at {where} tokens the {gemm} epilogue is {part.epilogue})")
         return StageDecision(stage, forced.name, forced.name, gates, forced=True, summary=f"{gemm} as forced")
     bands = tuple(Band(lo, hi, tactic.name) for lo, hi, tactic in
                   T.token_bands(call.top_k, call.experts, lambda rows: T.choose_tactic(call_at(rows), rows)))
