@@ -74,8 +74,9 @@ def communicator(group: dist.ProcessGroup, device: torch.device) -> int:
 
 
 class NcclDispatch:
-    """Dispatch and combine for one rank of `spec`'s expert-parallel group over `group`'s NCCL communicator. One
-    call in flight per instance: its counts buffer is reused by the next call (dual-batch overlap makes one
+    """Dispatch and combine for one rank of `spec`'s expert-parallel group over `group`'s NCCL communicator. Made
+    on every rank together where the group has no communicator yet (`communicator` makes it with a collective).
+    One call in flight per instance: its counts buffer is reused by the next call (dual-batch overlap makes one
     instance per micro-batch)."""
 
     def __init__(self, spec: MoESpec, kernels: ModuleType, group: dist.ProcessGroup | None = None,
