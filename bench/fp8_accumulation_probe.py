@@ -8,17 +8,11 @@ rules.fp8_rowwise_scales (docs/performance.md, "FP8 fast accumulation"); one JSO
 import json
 
 import torch
-from gemm_probe_timing import tms
+from gemm_probe_timing import FP8_GEMMS, rowwise_fp8_problem, tms
 
 from moe_build import kernels as K
 from moe_build.kernels.abi import Fp8Accumulation, Fp8Scaling
-from moe_build.kernels.ops import fp8_scale_shapes
 
-# name: (experts, top_k, n, k)
-GEMMS = {"qwen3_g1": (128, 8, 1536, 2048), "qwen3_g2": (128, 8, 2048, 768), "mixtral_g1": (8, 2, 28672, 4096),
-         "mixtral_g2": (8, 2, 4096, 14336), "dsv2_g1": (64, 6, 2816, 2048), "dsv2_g2": (64, 6, 2048, 1408),
-         "gptoss_g1": (32, 4, 5760, 2880), "gptoss_g2": (32, 4, 2880, 2880), "dsv3_g1": (256, 8, 4096, 7168),
-         "dsv3_g2": (256, 8, 7168, 2048)}
 TILES = ["coop128x128", "coop128x192", "coop128x256", "pingpong64x128"]
 g = torch.Generator(device="cuda").manual_seed(0)
 
@@ -27,15 +21,7 @@ def probe(name: str, E: int, topk: int, n: int, k: int) -> None:
     b = (torch.randn(E, n, k, device="cuda", generator=g) * 2).to(torch.float8_e4m3fn)
     for tokens in (256, 4096):
         R = tokens * topk
-        ids = torch.randint(0, E, (R,), device="cuda", generator=g)
-        off = torch.zeros(E + 1, dtype=torch.int64, device="cuda")
-        off[1:] = torch.bincount(ids, minlength=E).cumsum(0)
-        a = (torch.randn(R, k, device="cuda", generator=g) * 2).to(torch.float8_e4m3fn)
-        sa_shape, sb_shape = fp8_scale_shapes(Fp8Scaling.ROWWISE, R, E, n, k)
-        sa = torch.rand(sa_shape, device="cuda", generator=g) + 0.5
-        sb = torch.rand(sb_shape, device="cuda", generator=g) + 0.5
-        c = torch.empty(R, n, dtype=torch.bfloat16, device="cuda")
-        ws = torch.empty(K.grouped_gemm_fp8_workspace_bytes(E, R, n, k) + 1, dtype=torch.uint8, device="cuda")
+        off, a, sa, sb, c, ws = rowwise_fp8_problem(b, topk, tokens, g)
         offs = off.cpu().tolist()
         have = [e for e in range(E) if offs[e + 1] > offs[e]]
         picks = [have[i * (len(have) - 1) // 3] for i in range(4)]
@@ -58,6 +44,6 @@ def probe(name: str, E: int, topk: int, n: int, k: int) -> None:
                                       rel_err=float(f"{(num / den) ** .5:.3g}"))), flush=True)
 
 
-for name, shape in GEMMS.items():
+for name, shape in FP8_GEMMS.items():
     probe(name, *shape)
     torch.cuda.empty_cache()

@@ -9,15 +9,12 @@ import json
 import sys
 
 import torch
-from gemm_probe_timing import tms
+from gemm_probe_timing import FP8_GEMMS, rowwise_fp8_problem, tms
 
 from moe_build import kernels as K
 from moe_build.kernels.abi import Fp8Accumulation, Fp8Scaling
-from moe_build.kernels.ops import fp8_scale_shapes
 
-GEMMS = {"qwen3_g1": (128, 8, 1536, 2048), "qwen3_g2": (128, 8, 2048, 768), "mixtral_g1": (8, 2, 28672, 4096),
-         "mixtral_g2": (8, 2, 4096, 14336), "dsv2_g1": (64, 6, 2816, 2048), "dsv2_g2": (64, 6, 2048, 1408),
-         "gptoss_g1": (32, 4, 5760, 2880), "gptoss_g2": (32, 4, 2880, 2880)}
+GEMMS = {name: shape for name, shape in FP8_GEMMS.items() if not name.startswith("dsv3")}
 TILES = ["coop128x128", "coop128x192", "coop128x128c2", "coop128x192c2", "coop128x256", "pingpong64x128"]
 TOKENS = [int(x) for x in sys.argv[1].split(",")] if len(sys.argv) > 1 else [2048, 4096]
 g = torch.Generator(device="cuda").manual_seed(0)
@@ -27,15 +24,7 @@ def probe(name, E, topk, n, k):
     b = (torch.randn(E, n, k, device="cuda", generator=g) * 2).to(torch.float8_e4m3fn)
     for tokens in TOKENS:
         R = tokens * topk
-        ids = torch.randint(0, E, (R,), device="cuda", generator=g)
-        off = torch.zeros(E + 1, dtype=torch.int64, device="cuda")
-        off[1:] = torch.bincount(ids, minlength=E).cumsum(0)
-        a = (torch.randn(R, k, device="cuda", generator=g) * 2).to(torch.float8_e4m3fn)
-        sa_shape, sb_shape = fp8_scale_shapes(Fp8Scaling.ROWWISE, R, E, n, k)
-        sa = torch.rand(sa_shape, device="cuda", generator=g) + 0.5
-        sb = torch.rand(sb_shape, device="cuda", generator=g) + 0.5
-        c = torch.empty(R, n, dtype=torch.bfloat16, device="cuda")
-        ws = torch.empty(K.grouped_gemm_fp8_workspace_bytes(E, R, n, k) + 1, dtype=torch.uint8, device="cuda")
+        off, a, sa, sb, c, ws = rowwise_fp8_problem(b, topk, tokens, g)
         ref = None
         for rnd in range(2):
             for tile in (TILES if rnd == 0 else TILES[::-1]):
@@ -48,7 +37,8 @@ def probe(name, E, topk, n, k):
                 if ref is None:
                     ref = c.float().clone()
                 err = float((c.float() - ref).norm() / ref.norm())
-                print(json.dumps(dict(gemm=name, tokens=tokens, rows=R // E, tile=tile, round=rnd, us=round(tms(call), 1),
+                print(json.dumps(dict(gemm=name, tokens=tokens, rows=R // E, tile=tile, round=rnd,
+                                      us=round(tms(call), 1),
                                       diff_vs_first=float(f"{err:.3g}"))), flush=True)
 
 

@@ -9,7 +9,16 @@ token: 68.5 us with the written flush, 64.4 with the read one, on two H200s). MB
 import json, os, subprocess, sys, tempfile
 import torch
 
+from moe_build import kernels as K
 from moe_build.bench.timing import flush_l2
+from moe_build.kernels.abi import Fp8Scaling
+from moe_build.kernels.ops import fp8_scale_shapes
+
+# The FP8 probes' GEMMs, name: (experts, top_k, n, k): the bench shapes' and DeepSeek-V3's GEMM1 / GEMM2.
+FP8_GEMMS = {"qwen3_g1": (128, 8, 1536, 2048), "qwen3_g2": (128, 8, 2048, 768), "mixtral_g1": (8, 2, 28672, 4096),
+             "mixtral_g2": (8, 2, 4096, 14336), "dsv2_g1": (64, 6, 2816, 2048), "dsv2_g2": (64, 6, 2048, 1408),
+             "gptoss_g1": (32, 4, 5760, 2880), "gptoss_g2": (32, 4, 2880, 2880), "dsv3_g1": (256, 8, 4096, 7168),
+             "dsv3_g2": (256, 8, 7168, 2048)}
 
 _written_flush: torch.Tensor | None = None
 
@@ -82,3 +91,21 @@ def run_old(script: str, out_name: str) -> list[dict] | None:
         subprocess.run([sys.executable, script], env=env, check=True)
         data = json.load(open(os.path.join(d, out_name)))
     return data["rows"] if isinstance(data, dict) else data
+
+
+def rowwise_fp8_problem(b: torch.Tensor, topk: int, tokens: int, g: torch.Generator) -> tuple[torch.Tensor, ...]:
+    """One rowwise FP8 grouped GEMM's operands for `tokens` tokens of top-`topk` routing over the experts of the e4m3
+    weights `b` [E, n, k], drawn from `g`: uniform random routing's expert offsets, e4m3 rows, row and column
+    scales in [0.5, 1.5), a bf16 output and the workspace -> (off, a, sa, sb, c, ws)."""
+    E, n, k = b.shape
+    R = tokens * topk
+    ids = torch.randint(0, E, (R,), device="cuda", generator=g)
+    off = torch.zeros(E + 1, dtype=torch.int64, device="cuda")
+    off[1:] = torch.bincount(ids, minlength=E).cumsum(0)
+    a = (torch.randn(R, k, device="cuda", generator=g) * 2).to(torch.float8_e4m3fn)
+    sa_shape, sb_shape = fp8_scale_shapes(Fp8Scaling.ROWWISE, R, E, n, k)
+    sa = torch.rand(sa_shape, device="cuda", generator=g) + 0.5
+    sb = torch.rand(sb_shape, device="cuda", generator=g) + 0.5
+    c = torch.empty(R, n, dtype=torch.bfloat16, device="cuda")
+    ws = torch.empty(K.grouped_gemm_fp8_workspace_bytes(E, R, n, k) + 1, dtype=torch.uint8, device="cuda")
+    return off, a, sa, sb, c, ws

@@ -39,6 +39,18 @@ def ep_layout(topk_ids: torch.Tensor, ep_size: int, experts_per_rank: int, send_
     return counts, rows, slots
 
 
+def _token_args(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
+                ) -> tuple[torch.device, int, int, int]:
+    """A dispatch's checked token arguments, `hidden` [T, H] with its top-k ids / weights [T, K]: (device, T, H, K)."""
+    _check(hidden, "hidden", (None, None))
+    dev = hidden.device
+    t, h = hidden.shape
+    k = topk_ids.shape[1]
+    _check(topk_ids, "topk_ids", (t, k), torch.int32, dev)
+    _check(topk_weights, "topk_weights", (t, k), torch.float32, dev)
+    return dev, t, h, k
+
+
 def ep_pack_send(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, ep_size: int,
                  experts_per_rank: int, send_counts: torch.Tensor, send_tokens: torch.Tensor, send_rows: int,
                  out_rows: torch.Tensor, out_meta: torch.Tensor,
@@ -46,12 +58,7 @@ def ep_pack_send(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: tor
     """ep_layout's first `send_rows` send rows packed for the payload exchange: out_rows [send_rows, H] the tokens'
     rows of `hidden` [T, H], out_meta [2, send_rows, K] int32 their top-k ids made local to the rank each row goes
     to (-1: not held there), then their weights' fp32 bits."""
-    _check(hidden, "hidden", (None, None))
-    dev = hidden.device
-    t, h = hidden.shape
-    k = topk_ids.shape[1]
-    _check(topk_ids, "topk_ids", (t, k), torch.int32, dev)
-    _check(topk_weights, "topk_weights", (t, k), torch.float32, dev)
+    dev, t, h, k = _token_args(hidden, topk_ids, topk_weights)
     _check(send_counts, "send_counts", (ep_size,), torch.int32, dev)
     _check(send_tokens, "send_tokens", (None,), torch.int32, dev)
     if send_rows > send_tokens.shape[0]:
@@ -124,12 +131,7 @@ def ep_nvlink_dispatch(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weight
     for this rank, over NVLink, then every peer's flags[0][rank] raised; peer_* are int64 device tensors
     [ep_size] of the peers' buffer addresses, `done` a [1] int32 counter (zero, and left zero); `sms` caps the
     grid at that many blocks (None: the kernel's own)."""
-    _check(hidden, "hidden", (None, None))
-    dev = hidden.device
-    t, h = hidden.shape
-    k = topk_ids.shape[1]
-    _check(topk_ids, "topk_ids", (t, k), torch.int32, dev)
-    _check(topk_weights, "topk_weights", (t, k), torch.float32, dev)
+    dev, t, h, k = _token_args(hidden, topk_ids, topk_weights)
     ep = send_counts.shape[0]
     _check(send_counts, "send_counts", (ep,), torch.int32, dev)
     for name, ptrs in (("peer_rows", peer_rows), ("peer_meta", peer_meta), ("peer_counts", peer_counts),
