@@ -304,21 +304,25 @@ def test_w4afp8_without_awq_scales_quantizes_in_the_activation() -> None:
 def test_weight_only_plans_run_the_woq_gemms_and_the_awq_steps_the_plan_names(quant: Quant, fc2: str) -> None:
     """GEMM1 / GEMM2 on the weight-only kernel with plain stores, the separate activation and finalize (forced
     separate here: the fused finalize has a test of its own; WFP4A16's matrix never fuses it); AWQ layers scale
-    GEMM1's expanded rows (the expansion fuses it for W4AFP8 only) and GEMM2's input in the activation
-    (fc2_prequant=fused) or after it (separate); the others have no pre-quant step."""
+    the tokens' rows for GEMM1 into prequant_input, which the expansion then copies (the expansion fuses the scale
+    for W4AFP8 only), and GEMM2's input in the activation (fc2_prequant=fused) or after it (separate); the others
+    have no pre-quant step and no prequant_input buffer."""
     spec = dataclasses.replace(SWIGLU, quant=quant, quant_prequant_scales=quant is Quant.W4A16_AWQ)
     plan = make_plan(spec, H100, tokens=16, force={"finalize": "separate"})
     assert plan.stage("fc2_prequant").choice == fc2 and plan.stage("expand_rows").choice == "plain"
     steps = kernel_sequence(plan, 16, "logits")
-    awq = ["fc1_prequant:separate"] if fc2 != "none" else []
+    expand = ["fc1_prequant:separate", "expand_rows:prequant_input"] if fc2 != "none" else ["expand_rows"]
     act = ["fc1_activation:fc2_prequant"] if fc2 == "fused" else ["fc1_activation"]
-    assert steps[2:] == ["expand_rows", *awq, "gemm1:woq", *act, "gemm2:woq", "finalize"]
+    assert steps[2:] == [*expand, "gemm1:woq", *act, "gemm2:woq", "finalize"]
     if fc2 == "fused":
         separate = make_plan(spec, H100, tokens=16, force={"fc2_prequant": "separate", "finalize": "separate"})
         assert kernel_sequence(separate, 16)[-4:] == ["fc1_activation", "fc2_prequant:separate", "gemm2:woq",
                                                       "finalize"]
     layout = workspace_layout(spec, steps_up_to(plan, 16), 16)
     assert {"fc1_out", "fc1_act", "gemm2_out"} <= set(layout) and "gemm_workspace" not in layout
+    # the scaled tokens: one row a token (the expansion makes the top_k copies)
+    assert (layout["prequant_input"].shape, layout["prequant_input"].rows_per_token) == ((16, spec.hidden_size), 1) \
+        if fc2 != "none" else "prequant_input" not in layout
     assert plan.stage("weight_layout").choice == "row_major"  # the weight-only GEMMs read row-major data
 
 
@@ -334,10 +338,13 @@ def test_weight_only_plans_fuse_the_finalize_into_the_decode_gemm2(quant: Quant)
     # 64 experts, top-2: tokens * 2 <= 32 up to 16 tokens; the decode band to 256 tokens (8 rows per expert)
     assert [b.to_list() for b in plan.stage("finalize").bands] == [[1, 16, "fused"], [17, None, "separate"]]
     gemm2 = {Quant.W4AFP8: "gemm2:w4afp8"}.get(quant, "gemm2:woq")
-    expand = {Quant.W4AFP8: "expand_rows:prequant_fp8"}.get(quant, "expand_rows")
+    expand = {Quant.W4AFP8: ["expand_rows:prequant_fp8"], Quant.W4A16_AWQ: ["fc1_prequant:separate",
+              "expand_rows:prequant_input"]}.get(quant, ["expand_rows"])
     fused, separate = kernel_sequence(plan, 16), kernel_sequence(plan, 17)
-    assert fused[2:4] == ["routing_prologue:fused", f"{expand}+zero_output"] and fused[-1] == f"{gemm2}_finalize"
-    assert separate[2:4] == ["routing_prologue:fused", expand] and separate[-2:] == [gemm2, "finalize"]
+    n = 2 + len(expand)
+    assert fused[2:n + 1] == ["routing_prologue:fused", *expand[:-1], f"{expand[-1]}+zero_output"]
+    assert fused[-1] == f"{gemm2}_finalize"
+    assert separate[2:n + 1] == ["routing_prologue:fused", *expand] and separate[-2:] == [gemm2, "finalize"]
     assert plan.choices(16)["gemm2_tactic"].startswith("decode:")
     if quant is Quant.W4AFP8:  # the plain 16-bit expansion, zeroing the output, has its rows in the workspace
         plain = make_plan(spec, H100, tokens=16, force={"expand_rows": "plain"})

@@ -64,10 +64,11 @@ mb_status mb_routing_prologue_three_step(const int32_t* topk_ids, int num_tokens
                                          size_t workspace_bytes, void* zero_out, size_t zero_bytes,
                                          cudaStream_t stream);
 
-/* stages/scale_columns.cu: x[r, c] *= scale[c] in place for x [rows, cols] in dtype (MB_BF16 or MB_FP16), scale
- * [cols] fp32, each product in fp32 rounded once to dtype: the AWQ pre-quant scales' separate step. cols a multiple of
- * 8; x and scale 16-byte aligned. */
-mb_status mb_scale_columns(void* x, int dtype, const float* scale, int64_t rows, int cols, cudaStream_t stream);
+/* stages/scale_columns.cu: out[r, c] = x[r, c] * scale[c] for x, out [rows, cols] in dtype (MB_BF16 or MB_FP16), out
+ * == x (in place) or not overlapping it, scale [cols] fp32, each product in fp32 rounded once to dtype: the AWQ pre-quant
+ * scales' separate step. cols a multiple of 8; x, out and scale 16-byte aligned. */
+mb_status mb_scale_columns(const void* x, void* out, int dtype, const float* scale, int64_t rows, int cols,
+                           cudaStream_t stream);
 
 /* stages/expand_rows.cu: permuted_input[p] = input[e / K] (* prequant_scale[h] if non-NULL),
  * permuted_weights[p] = topk_weights[e], for p = unpermuted_to_permuted[e] (every e in [0, T*K)).

@@ -100,9 +100,19 @@ class FusedExperts:
         """The expansion, also zeroing `out` for gemm2_sm90_finalize's accumulation (one launch)."""
         self._expand(b, zero_out=b.out)
 
-    def _expand(self, b: Batch, zero_out: torch.Tensor | None, rows: str = "permuted_input") -> None:
-        """The 16-bit expansion into the workspace view `rows` (W4AFP8's plain expansion writes "expanded_input")."""
-        self.k.expand_rows(b.hidden, b.v("unpermuted_to_permuted"), b.topk_weights,
+    def expand_rows_prequant_input(self, b: Batch) -> None:
+        """The expansion of the tokens' rows fc1_prequant scaled."""
+        self._expand(b, zero_out=None, source=b.v("prequant_input"))
+
+    def expand_rows_prequant_input_zero_output(self, b: Batch) -> None:
+        """expand_rows_prequant_input, also zeroing `out` for the fused finalize's accumulation (one launch)."""
+        self._expand(b, zero_out=b.out, source=b.v("prequant_input"))
+
+    def _expand(self, b: Batch, zero_out: torch.Tensor | None, rows: str = "permuted_input",
+                source: torch.Tensor | None = None) -> None:
+        """The 16-bit expansion of `source` (None: the tokens' hidden rows) into the workspace view `rows` (W4AFP8's
+        plain expansion writes "expanded_input")."""
+        self.k.expand_rows(b.hidden if source is None else source, b.v("unpermuted_to_permuted"), b.topk_weights,
                            permuted_input=b.v(rows), permuted_weights=b.v("permuted_weights"),
                            zero_out=zero_out, stream=b.stream)
 
@@ -218,9 +228,11 @@ class FusedExperts:
 
     # ---- weight-only: 16-bit activations, weights dequantized in the GEMMs -------------------------
     def fc1_prequant(self, b: Batch) -> None:
-        """GEMM1's input rows times the AWQ FC1 pre-quant scale, in place (once per expanded row, as the
-        fused expansion would). The plan runs it only where the checkpoint stores the scales (use_awq)."""
-        self.k.scale_columns(b.v("permuted_input"), self.w.woq.fc1_act_scale, stream=b.stream)
+        """The tokens' rows times the AWQ FC1 pre-quant scale into prequant_input, which the expansion then copies:
+        one scale for every expert (woq.fc1_act_scale [H]), so scaling a token's row once gives the very products
+        scaling each of its top_k copies would. The plan runs it only where the checkpoint stores the scales
+        (use_awq)."""
+        self.k.scale_columns(b.hidden, self.w.woq.fc1_act_scale, out=b.v("prequant_input"), stream=b.stream)
 
     def gemm1_woq(self, b: Batch) -> None:
         self._woq_gemm(b, "w1", b.v("permuted_input"), b.v("fc1_out"), b.gemm1_tactic)

@@ -55,7 +55,11 @@ QUANTIZE_FC2_INPUT = "fc2_input_quant:separate"  # mb_quantize_fp8 after mb_fc1_
 GEMM2_FP8 = "gemm2:fp8"                # mb_grouped_gemm_fp8
 GEMM2_FP8_FINALIZE = "gemm2:fp8_finalize"  # mb_grouped_gemm_fp8_finalize: the finalize in GEMM2's epilogue
 # Weight-only layers (quant w8a16 / w4a16_awq / wfp4a16): 16-bit activations, GEMMs that dequantize their weights
-FC1_PREQUANT = "fc1_prequant:separate"  # GEMM1's input rows times the AWQ FC1 pre-quant scale (expand_rows=plain)
+# the tokens' rows times the AWQ FC1 pre-quant scale into prequant_input (expand_rows=plain), before the expansion
+# copies them top_k times: the same products as on the expanded rows, in 1 / top_k of the bytes
+FC1_PREQUANT = "fc1_prequant:separate"
+EXPAND_ROWS_PREQUANT_INPUT = "expand_rows:prequant_input"  # mb_expand_rows from prequant_input instead of hidden
+EXPAND_ROWS_PREQUANT_INPUT_ZERO_OUTPUT = "expand_rows:prequant_input+zero_output"
 GEMM1_WOQ = "gemm1:woq"                # mb_grouped_gemm_woq
 # mb_fc1_activation with the AWQ FC2 pre-quant scale applied to its output (fc2_prequant=fused)
 FC1_ACTIVATION_PREQUANT = "fc1_activation:fc2_prequant"
@@ -256,15 +260,16 @@ def _fp8_steps(plan: Plan, c: dict[str, str]) -> list[str]:
 
 
 def _weight_only_steps(plan: Plan, c: dict[str, str]) -> list[str]:
-    """A weight-only layer's steps after routing: maps, the expansion (then GEMM1's AWQ pre-quant scale, where
-    the layer has AWQ scales: the matrix fuses it into the expansion for W4AFP8 only), GEMM1, the activation
-    with GEMM2's AWQ pre-quant scale in it or after it, GEMM2 with the finalize in its epilogue (the decode
-    kernel's, into the output the prologue or the expansion zeroes) or GEMM2 and the finalize; each GEMM as its
-    tactic says (_woq_gemm_step)."""
+    """A weight-only layer's steps after routing: maps, the expansion (of the tokens' rows times GEMM1's AWQ
+    pre-quant scale, where the layer has AWQ scales: the matrix fuses the scale into the expansion for W4AFP8
+    only), GEMM1, the activation with GEMM2's AWQ pre-quant scale in it or after it, GEMM2 with the finalize in
+    its epilogue (the decode kernel's, into the output the prologue or the expansion zeroes) or GEMM2 and the
+    finalize; each GEMM as its tactic says (_woq_gemm_step)."""
     steps, zero = _prologue(c)
-    steps.append(EXPAND_ROWS_ZERO_OUTPUT if zero else EXPAND_ROWS)
     if c["fc2_prequant"] != "none":  # the plan's use_awq gate: the layer carries both AWQ scales
-        steps.append(FC1_PREQUANT)
+        steps += [FC1_PREQUANT, EXPAND_ROWS_PREQUANT_INPUT_ZERO_OUTPUT if zero else EXPAND_ROWS_PREQUANT_INPUT]
+    else:
+        steps.append(EXPAND_ROWS_ZERO_OUTPUT if zero else EXPAND_ROWS)
     steps.append(_woq_gemm_step(c["gemm1_tactic"], GEMM1_WOQ, GEMM1_WOQ_WGMMA, GEMM1_WOQ_DENSE))
     steps += {"fused": [FC1_ACTIVATION_PREQUANT], "separate": [FC1_ACTIVATION, FC2_PREQUANT],
               "none": [FC1_ACTIVATION]}[c["fc2_prequant"]]

@@ -68,6 +68,8 @@ def workspace_layout(spec: MoESpec, steps: set[str], max_tokens: int, *, gemm_wo
         out["fc1_out"] = BufferSpec((R, N1), dt, K)
     if S.FINALIZE in steps:
         out["gemm2_out"] = BufferSpec((R, H), dt, K)
+    if S.FC1_PREQUANT in steps:
+        out["prequant_input"] = BufferSpec((M, H), dt, 1)  # the tokens' rows times the AWQ FC1 pre-quant scale
     if gemm_workspace_bytes:
         out["gemm_workspace"] = BufferSpec((gemm_workspace_bytes,), torch.uint8)
     if steps & {S.GEMM1_WOQ_DENSE, S.GEMM2_WOQ_DENSE}:  # one GEMM's experts dequantized at a time, W1 or W2

@@ -58,15 +58,18 @@ def check(base: MoESpec, mode: tuple, force: dict[str, str] | None = None, token
 
 def test_awq_plan_runs_the_fused_fc2_prequant_and_the_separate_fc1_scale() -> None:
     """What the plan says is what runs: the matrix's FC2 pre-quant fusion for AWQ with a gated activation, GEMM1's
-    scale on the expanded rows (the expansion fuses it for W4AFP8 only), and the unfused alternative when forced."""
+    scale on the tokens' rows before the expansion copies them (the expansion fuses it for W4AFP8 only), and the
+    unfused alternative when forced."""
     from moe_build.runner import MoERunner
     spec, weights = woq_case(BASE, MODES[0], 0)
     steps = MoERunner(spec, weights, target=device_target(), max_tokens=16).kernel_sequence(16)
-    assert steps[steps.index("expand_rows+zero_output") + 1] == "fc1_prequant:separate"  # 32 rows: fused finalize
+    # 32 rows: fused finalize, the expansion zeroes the output
+    assert steps[steps.index("fc1_prequant:separate") + 1] == "expand_rows:prequant_input+zero_output"
     assert "fc1_activation:fc2_prequant" in steps and "fc2_prequant:separate" not in steps
     forced = MoERunner(spec, weights, target=device_target(), max_tokens=16, force={"fc2_prequant": "separate"})
     assert forced.kernel_sequence(16)[-3:] == ["fc1_activation", "fc2_prequant:separate", "gemm2:woq_finalize"]
-    assert forced.kernel_sequence(16)[2:4] == ["routing_prologue:fused", "expand_rows+zero_output"]
+    assert forced.kernel_sequence(16)[2:5] == ["routing_prologue:fused", "fc1_prequant:separate",
+                                               "expand_rows:prequant_input+zero_output"]
 
 
 # every mode with every force its plan can take (the FC2 pre-quant stage exists with AWQ scales only)

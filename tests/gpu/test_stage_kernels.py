@@ -490,9 +490,30 @@ def test_scale_columns_rounds_each_fp32_product_once(dtype: torch.dtype, rows: i
     assert torch.equal(x[:rows], ref) and torch.equal(x[rows:], tail)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_scale_columns_into_another_buffer_leaves_the_input(dtype: torch.dtype) -> None:
+    """Out of place (the runner's fc1_prequant on the tokens' rows): out gets the same once-rounded products, x is
+    left as it was, and out's rows past `rows` keep their poison."""
+    rows, cols = 300, 2880
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    x = torch.randn(rows, cols, generator=gen, device="cuda").to(dtype)
+    scale = torch.rand(cols, generator=gen, device="cuda") * 4 + 0.01
+    before = x.clone()
+    out = torch.full((rows + 2, cols), float("nan"), dtype=dtype, device="cuda")
+    assert K.scale_columns(x, scale, out=out[:rows]).data_ptr() == out.data_ptr()
+    torch.cuda.synchronize()
+    assert torch.equal(out[:rows], (x.double() * scale.double()).float().to(dtype)) and torch.equal(x, before)
+    assert out[rows:].isnan().all()
+
+
 def test_scale_columns_refuses_bad_arguments() -> None:
     x = torch.zeros(4, 12, dtype=torch.bfloat16, device="cuda")
     with pytest.raises(K.KernelError, match="multiple of 8"):
         K.scale_columns(x, torch.ones(12, device="cuda"))
     with pytest.raises(ValueError, match="scale"):
         K.scale_columns(torch.zeros(4, 16, dtype=torch.bfloat16, device="cuda"), torch.ones(8, device="cuda"))
+    y = torch.zeros(8, 16, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(ValueError, match="overlap"):
+        K.scale_columns(y[:4], torch.ones(16, device="cuda"), out=y[2:6])
+    with pytest.raises(ValueError, match="out"):
+        K.scale_columns(y[:4], torch.ones(16, device="cuda"), out=y[:4].to(torch.float16))

@@ -82,15 +82,23 @@ def routing_prologue_three_step(topk_ids: torch.Tensor, num_experts: int,
     return ptu, utp, off
 
 
-def scale_columns(x: torch.Tensor, scale: torch.Tensor, stream: int | torch.cuda.Stream | None = None) -> torch.Tensor:
-    """x [rows, cols] (bf16 / fp16) times scale [cols] (fp32) per column, in place, each product in fp32 rounded once:
-    the AWQ pre-quant scales' separate step. Returns x."""
+def scale_columns(x: torch.Tensor, scale: torch.Tensor, out: torch.Tensor | None = None,
+                  stream: int | torch.cuda.Stream | None = None) -> torch.Tensor:
+    """x [rows, cols] (bf16 / fp16) times scale [cols] (fp32) per column, each product in fp32 rounded once, into
+    `out` (x's shape and dtype; None: x itself, in place): the AWQ pre-quant scales' separate step. Returns out."""
     _check(x, "x", (None, None))
     dev = x.device
     _check(scale, "scale", (x.shape[1],), torch.float32, dev)
-    call("mb_scale_columns", x.data_ptr(), _dtype_code(x, "x"), scale.data_ptr(), x.shape[0], x.shape[1],
-         _stream(stream, dev))
-    return x
+    if out is None:
+        out = x
+    else:
+        _check(out, "out", tuple(x.shape), x.dtype, dev)
+        nbytes = x.numel() * x.element_size()
+        if out.data_ptr() != x.data_ptr() and abs(out.data_ptr() - x.data_ptr()) < nbytes:
+            raise ValueError("out: must be x itself (in place) or not overlap it")
+    call("mb_scale_columns", x.data_ptr(), out.data_ptr(), _dtype_code(x, "x"), scale.data_ptr(), x.shape[0],
+         x.shape[1], _stream(stream, dev))
+    return out
 
 
 def expand_rows(input: torch.Tensor, unpermuted_to_permuted: torch.Tensor, topk_weights: torch.Tensor,
