@@ -213,6 +213,24 @@ def test_fp8_fast_accumulation_keeps_pingpong_to_128_rows() -> None:
         dataclasses.replace(fast, fp8_accumulation="slow")
 
 
+def test_fp8_fast_accumulation_runs_wide_narrow_gemms_in_clusters() -> None:
+    """FP8_NARROW_C2_MIN_N: past 32 rows per expert (where an expert has two or three 64-row tiles) a fast-accumulating
+    GEMM at least 5760 columns wide takes pingpong64x128c2, its row tiles two by two on one multicast weight tile (to
+    128 rows, then coop128x192); narrower ones keep pingpong64x128, and promoted accumulation and block-128 scales do
+    not change. DeepSeek-V3's GEMM2 (7168 columns, 256 experts, top-8): avg rows ceil(tokens / 32)."""
+    dsv3_down = call(epilogue="finalize", n=7168, k=2048, experts=256, itemsize=1, fp8="rowwise",
+                     fp8_accumulation="fast")
+    assert [at(dsv3_down, t) for t in (1024, 1025, 4096, 4097)] == [
+        "wgmma:pingpong64x128:after_trigger:evict_last", "wgmma:pingpong64x128c2:after_trigger:evict_last",
+        "wgmma:pingpong64x128c2:plain:evict_last", "wgmma:coop128x192:plain:evict_last"]
+    assert at(dataclasses.replace(dsv3_down, n=5759), 4096) == "wgmma:pingpong64x128:plain:evict_last"
+    assert at(dataclasses.replace(dsv3_down, n=5760), 4096) == "wgmma:pingpong64x128c2:plain:evict_last"
+    assert at(dataclasses.replace(dsv3_down, fp8_accumulation="promoted"), 4096) == \
+        "wgmma:coop128x128:plain:evict_last"
+    assert at(dataclasses.replace(dsv3_down, fp8="block128", fp8_accumulation="promoted"), 4096) == \
+        "wgmma:coop128x128:plain:evict_last"
+
+
 @pytest.mark.parametrize("c,name,problem", [
     (call(epilogue="finalize", fp8="rowwise"), "wgmma:pingpong64x128:placed:evict_last", "plainly or after a trigger"),
     (call(epilogue="store", fp8="rowwise"), "wgmma:coop128x128:plain:evict_last", "evict_last"),
@@ -231,11 +249,12 @@ def test_tactics_the_fp8_gemm_cannot_run(c: GemmCall, name: str, problem: str) -
 
 
 @pytest.mark.parametrize("fp8,tile", [("rowwise", "coop128x128c2"), ("rowwise", "coop128x192"),
-                                      ("rowwise", "coop128x192c2"), ("block128", "coop128x128c2")])
+                                      ("rowwise", "coop128x192c2"), ("block128", "coop128x128c2"),
+                                      ("rowwise", "pingpong64x128c2"), ("block128", "pingpong64x128c2")])
 @pytest.mark.parametrize("epilogue", ["store", "finalize"])
 def test_the_fp8_gemm_runs_its_wide_tiles(fp8: str, tile: str, epilogue: str) -> None:
-    """The 2x1-cluster and 128x192 FP8 tiles can be forced (the rules do not choose them) with either epilogue,
-    plainly or after a trigger; the 16-bit GEMMs refuse them."""
+    """The 2x1-cluster and 128x192 FP8 tiles can be forced with either epilogue, plainly or after a trigger; the
+    16-bit GEMMs refuse them."""
     f = call(epilogue=epilogue, fp8=fp8, itemsize=1)
     l2 = "evict_last" if epilogue == "finalize" else "plain"
     for launch in ("plain", "after_trigger"):

@@ -296,6 +296,7 @@ enum mb_gemm_tile {
   MB_TILE_WOQ_128x256 = 17,        /* wgmma mixed-input: 128 weight rows x 256 token rows */
   MB_TILE_DECODE_STAGED = 18,      /* decode with the chunk's token rows staged in shared memory (the weight-only
                                       int4 forms with one scale per row or per 128 k, mb_grouped_gemm_woq) */
+  MB_TILE_PINGPONG_64x128_C2 = 19, /* wgmma: pingpong 64 x 128 in 2x1 clusters (weight tile multicast; FP8 only) */
 };
 enum mb_gemm_launch {
   MB_LAUNCH_PLAIN = 0,          /* an ordinary launch */

@@ -76,6 +76,7 @@ class GemmTile(enum.IntEnum):
     WOQ_128x32 = 16
     WOQ_128x256 = 17
     DECODE_STAGED = 18
+    PINGPONG_64x128_C2 = 19
 
 
 class WoqKind(enum.IntEnum):

@@ -22,7 +22,7 @@ KERNELS = ("decode", "mma", "wgmma")
 MMA_TILES = ("16x64", "64x128", "128x128")
 WGMMA_TILES = ("coop128x256", "pingpong64x256", "pingpong64x128", "pingpong64x256c2", "pingpong64x192c2",
                "coop128x128", "coop128x128c2", "coop128x192", "coop128x192c2", "woq128x16", "woq128x32", "woq128x64",
-               "woq128x128", "woq128x256")
+               "woq128x128", "woq128x256", "pingpong64x128c2")
 FP8_SCALINGS = ("none", "rowwise", "block128")  # the GEMM's FP8 scales (mb_fp8_scaling), none for 16-bit
 FP8_ACCUMULATIONS = ("none", "fast", "promoted")  # the FP8 wgmma GEMM's accumulation (mb_fp8_accumulation)
 WOQ_KINDS = ("none", "int4", "int8", "mxfp4")  # the weight-only GEMM's stored weights (mb_woq_kind), none otherwise
@@ -33,13 +33,13 @@ WOQ_MMA_TILES = ("64x128", "128x128")
 WOQ_WGMMA_TILES = ("woq128x16", "woq128x32", "woq128x64", "woq128x128", "woq128x256")
 # The FP8 GEMM's wgmma tiles by scaling (gemm/fp8_sm90.cu): the blockwise mainloop's tiles are 128 columns
 # wide; the c2 tiles run in 2x1 clusters that multicast their weight tile. The rules choose coop128x128,
-# pingpong64x128 and coop128x192 (as measured); the others are there to be forced and probed
-# (bench/fp8_tactics_probe.py).
-FP8_WGMMA_TILES = {"rowwise": ("coop128x128", "coop128x256", "pingpong64x128", "coop128x128c2", "coop128x192",
-                               "coop128x192c2"),
-                   "block128": ("coop128x128", "pingpong64x128", "coop128x128c2")}
+# pingpong64x128, pingpong64x128c2 and coop128x192 (as measured); the others are there to be forced and probed
+# (bench/fp8_tactics_probe.py, bench/fp8_cluster_probe.py).
+FP8_WGMMA_TILES = {"rowwise": ("coop128x128", "coop128x256", "pingpong64x128", "pingpong64x128c2", "coop128x128c2",
+                               "coop128x192", "coop128x192c2"),
+                   "block128": ("coop128x128", "pingpong64x128", "pingpong64x128c2", "coop128x128c2")}
 # The wgmma tiles that only the FP8 GEMM has (its k blocks of 128; the 16-bit kernels' are 64).
-FP8_ONLY_TILES = ("coop128x128", "coop128x128c2", "coop128x192", "coop128x192c2")
+FP8_ONLY_TILES = ("coop128x128", "coop128x128c2", "coop128x192", "coop128x192c2", "pingpong64x128c2")
 K_SPLITS = (1, 2, 4, 8)
 # The decode kernel's forms: token rows read where they lie ("none"), or first staged in shared memory ("staged":
 # the weight-only int4 codes kernel only, woq_staged_rows below).
@@ -280,15 +280,27 @@ def ctas_at_most(call: GemmCall, rows: RowCount, column_blocks: int, limit: int)
 # (moe-build bench, this bound against 32, one device call, two rounds: tile_rule_ab/summary.txt there) 6-17% faster
 # at 10 of the 11 points it moves (Mixtral 512 tokens 532 vs 605 us, Qwen3 1024 240 vs 274, DeepSeek-V3 2048 3095 vs
 # 3378), 5.5% slower at one (GPT-OSS 1024 tokens, 128 rows: 394 vs 373).
+# Between 33 and 128 rows an expert has two or three 64-row tiles, and a fast-accumulating GEMM at least 5760 columns
+# wide runs them in 2x1 clusters, two row tiles on one multicast weight tile (pingpong64x128c2). bench/fp8_cluster_probe.py
+# (H200, FP8_PROBE_ROWS=64,128, pingpong64x128 / c2, us; docs/measured/h200-2026-11-29-fp8-narrow-c2): the three
+# wide GEMMs win at both counts, DeepSeek-V3 GEMM2 (7168 columns) 1208 / 1028 and 1484 / 1297, GPT-OSS GEMM1
+# (5760) 158 / 149 and 223 / 188, Mixtral GEMM1 (28672) 330 / 319 and 374 / 372; of the seven narrower ones
+# (1536-4096) none wins by more than 5% and four lose 5-44% at one count (DeepSeek-V3 GEMM1 2819 / 3201 at 128
+# rows, DeepSeek-V2-Lite GEMM1 107 / 154 at 64, Mixtral GEMM2 210 / 237 at 128). The layers (moe-build bench, this
+# rule against pingpong64x128 there, one library, two rounds): GPT-OSS-20B at 1024 tokens 394 / 400 -> 352 / 354
+# us, DeepSeek-V3 at 4096 4696 / 4705 -> 4596 / 4599, Mixtral-8x7B at 256 tokens 1% faster, at 512 1-3% slower.
 FP8_NARROW_MAX_AVG_ROWS = 32
+FP8_NARROW_C2_MIN_N = 5760
 FP8_FAST_NARROW_MAX_AVG_ROWS = 128
 FP8_WIDE_MIN_AVG_ROWS = 129
 
 
 def fp8_wgmma_tile_rule(call: GemmCall, rows: RowCount) -> str:
     fast = call.fp8 == "rowwise" and call.fp8_accumulation == "fast"
-    if rows.avg_at_most(FP8_FAST_NARROW_MAX_AVG_ROWS if fast else FP8_NARROW_MAX_AVG_ROWS):
+    if rows.avg_at_most(FP8_NARROW_MAX_AVG_ROWS):
         return "pingpong64x128"
+    if fast and rows.avg_at_most(FP8_FAST_NARROW_MAX_AVG_ROWS):
+        return "pingpong64x128c2" if call.n >= FP8_NARROW_C2_MIN_N else "pingpong64x128"
     if call.fp8 == "rowwise" and not rows.avg_at_most(FP8_WIDE_MIN_AVG_ROWS - 1):
         return "coop128x192"
     return "coop128x128"

@@ -136,11 +136,11 @@ def test_decode(scaling, n, k, k_split, counts):
     run_and_check(COUNTS[counts], n, k, scaling, f"decode:ksplit{k_split}:{launch}:plain", seed=n + k + k_split)
 
 
-WGMMA_TILES = {Fp8Scaling.ROWWISE: ["coop128x128", "coop128x256", "pingpong64x128", "coop128x128c2", "coop128x192",
-                                    "coop128x192c2"],
-               Fp8Scaling.BLOCK128: ["coop128x128", "pingpong64x128", "coop128x128c2"]}
+WGMMA_TILES = {Fp8Scaling.ROWWISE: ["coop128x128", "coop128x256", "pingpong64x128", "pingpong64x128c2", "coop128x128c2",
+                                    "coop128x192", "coop128x192c2"],
+               Fp8Scaling.BLOCK128: ["coop128x128", "pingpong64x128", "pingpong64x128c2", "coop128x128c2"]}
 # The tiles that read fewer L2 bytes per FLOP: 2x1 clusters multicasting the weight tile, and 128 x 192.
-WIDE_TILES = ["coop128x128c2", "coop128x192", "coop128x192c2"]
+WIDE_TILES = ["coop128x128c2", "coop128x192", "coop128x192c2", "pingpong64x128c2"]
 
 
 @pytest.mark.parametrize("scaling", SCALINGS, ids=lambda s: s.name.lower())

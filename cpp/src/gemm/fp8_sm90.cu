@@ -115,6 +115,12 @@ template <> struct Fp8TileTraits<MB_TILE_PINGPONG_64x128> {
   using Block = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpongFP8Blockwise;
   static constexpr bool kTakesBlock128 = true;
 };
+// pingpong 64 x 128 in 2x1 clusters: an expert's row tiles two by two on one weight tile, multicast (the units of
+// PairedTileScheduler, as the 16-bit pingpong c2 tiles): where the narrow tile runs (up to 128 rows an expert with
+// fast accumulation) an expert has two or three row tiles, each of which otherwise reads the weight tile itself.
+template <> struct Fp8TileTraits<MB_TILE_PINGPONG_64x128_C2> : Fp8TileTraits<MB_TILE_PINGPONG_64x128> {
+  using Cluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
+};
 template <> struct Fp8TileTraits<MB_TILE_COOP_128x128_C2> : Fp8TileTraits<MB_TILE_COOP_128x128> {
   using Cluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
 };
@@ -235,13 +241,14 @@ mb_status run_scaling(const Fp8GemmParams& p, int64_t max_rows, int tile, bool a
     constexpr int kTile = decltype(tag)::value;
     if constexpr (kScaling == MB_FP8_BLOCK128 && !Fp8TileTraits<kTile>::kTakesBlock128)
       return fail(MB_ERR_UNSUPPORTED, "grouped gemm fp8: tile %s takes rowwise scales only (block128: coop128x128, "
-                                      "coop128x128c2 or pingpong64x128)", tile_name(kTile));
+                                      "coop128x128c2, pingpong64x128 or pingpong64x128c2)", tile_name(kTile));
     else
       return run_tile<T, kScaling, kTile, kEpi, kFast>(p, max_rows, after_trigger, workspace, workspace_bytes,
                                                        stream);
   };
   switch (tile) {
     case MB_TILE_PINGPONG_64x128: return run(std::integral_constant<int, MB_TILE_PINGPONG_64x128>{});
+    case MB_TILE_PINGPONG_64x128_C2: return run(std::integral_constant<int, MB_TILE_PINGPONG_64x128_C2>{});
     case MB_TILE_COOP_128x256: return run(std::integral_constant<int, MB_TILE_COOP_128x256>{});
     case MB_TILE_COOP_128x128_C2: return run(std::integral_constant<int, MB_TILE_COOP_128x128_C2>{});
     case MB_TILE_COOP_128x192: return run(std::integral_constant<int, MB_TILE_COOP_128x192>{});
@@ -276,6 +283,7 @@ size_t fp8_wgmma_workspace_bytes(int num_experts) {
     most = std::max({most, fp8_cutlass_workspace<T, MB_FP8_ROWWISE, MB_TILE_COOP_128x256, E, F>(num_experts, sm),
                      fp8_cutlass_workspace<T, MB_FP8_ROWWISE, MB_TILE_COOP_128x128, E, F>(num_experts, sm),
                      fp8_cutlass_workspace<T, MB_FP8_ROWWISE, MB_TILE_PINGPONG_64x128, E, F>(num_experts, sm),
+                     fp8_cutlass_workspace<T, MB_FP8_ROWWISE, MB_TILE_PINGPONG_64x128_C2, E, F>(num_experts, sm),
                      fp8_cutlass_workspace<T, MB_FP8_ROWWISE, MB_TILE_COOP_128x128_C2, E, F>(num_experts, sm),
                      fp8_cutlass_workspace<T, MB_FP8_ROWWISE, MB_TILE_COOP_128x192, E, F>(num_experts, sm),
                      fp8_cutlass_workspace<T, MB_FP8_ROWWISE, MB_TILE_COOP_128x192_C2, E, F>(num_experts, sm)});
@@ -287,6 +295,7 @@ size_t fp8_wgmma_workspace_bytes(int num_experts) {
     rowwise(tag, epi, std::true_type{});
     most = std::max({most, fp8_cutlass_workspace<T, MB_FP8_BLOCK128, MB_TILE_COOP_128x128, E, false>(num_experts, sm),
                      fp8_cutlass_workspace<T, MB_FP8_BLOCK128, MB_TILE_PINGPONG_64x128, E, false>(num_experts, sm),
+                     fp8_cutlass_workspace<T, MB_FP8_BLOCK128, MB_TILE_PINGPONG_64x128_C2, E, false>(num_experts, sm),
                      fp8_cutlass_workspace<T, MB_FP8_BLOCK128, MB_TILE_COOP_128x128_C2, E, false>(num_experts, sm)});
   };
   using Store = std::integral_constant<int, EPI_STORE>;
@@ -306,10 +315,12 @@ mb_status run_fp8_wgmma(const Fp8GemmParams& p, int64_t max_rows, int dtype, con
     case MB_TILE_COOP_128x192:
     case MB_TILE_COOP_128x192_C2:
     case MB_TILE_COOP_128x256:
-    case MB_TILE_PINGPONG_64x128: break;
+    case MB_TILE_PINGPONG_64x128:
+    case MB_TILE_PINGPONG_64x128_C2: break;
     default:
       return fail(MB_ERR_UNSUPPORTED, "grouped gemm fp8: the wgmma kernel has the tiles coop128x128, coop128x128c2, "
-                  "coop128x192, coop128x192c2, coop128x256 and pingpong64x128, not %s", tile_name(tactic.tile));
+                  "coop128x192, coop128x192c2, coop128x256, pingpong64x128 and pingpong64x128c2, not %s",
+                  tile_name(tactic.tile));
   }
   if (max_rows > INT32_MAX || static_cast<int64_t>(p.num_experts) * p.n > INT32_MAX)
     return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm fp8: max_rows and num_experts * n must fit int32");
