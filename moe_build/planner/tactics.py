@@ -281,8 +281,9 @@ def ctas_at_most(call: GemmCall, rows: RowCount, column_blocks: int, limit: int)
 # at 10 of the 11 points it moves (Mixtral 512 tokens 532 vs 605 us, Qwen3 1024 240 vs 274, DeepSeek-V3 2048 3095 vs
 # 3378), 5.5% slower at one (GPT-OSS 1024 tokens, 128 rows: 394 vs 373).
 # Between 33 and 128 rows an expert has two or three 64-row tiles, and a fast-accumulating GEMM at least 5760 columns
-# wide runs them in 2x1 clusters, two row tiles on one multicast weight tile (pingpong64x128c2). bench/fp8_cluster_probe.py
-# (H200, FP8_PROBE_ROWS=64,128, pingpong64x128 / c2, us; docs/measured/h200-2026-11-29-fp8-narrow-c2): the three
+# wide runs them in 2x1 clusters, two row tiles on one multicast weight tile (pingpong64x128c2).
+# bench/fp8_cluster_probe.py (H200, FP8_PROBE_ROWS=64,128, pingpong64x128 / c2, us;
+# docs/measured/h200-2026-11-29-fp8-narrow-c2): the three
 # wide GEMMs win at both counts, DeepSeek-V3 GEMM2 (7168 columns) 1208 / 1028 and 1484 / 1297, GPT-OSS GEMM1
 # (5760) 158 / 149 and 223 / 188, Mixtral GEMM1 (28672) 330 / 319 and 374 / 372; of the seven narrower ones
 # (1536-4096) none wins by more than 5% and four lose 5-44% at one count (DeepSeek-V3 GEMM1 2819 / 3201 at 128
