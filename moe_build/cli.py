@@ -324,8 +324,8 @@ def inspect_cmd(engine: str, as_json: bool) -> None:
 @click.option("--quant", default="none", show_default=True, help="none (bf16 layers), or fp8, fp8_block or both "
               "comma-separated: the FP8 bench (variants ours, ours:fc1_input_quant=separate, "
               "ours:fc2_input_quant=separate, ours_bf16, scaled_grouped_mm, grouped_mm_dequant; JSON default "
-              "bench_fp8.json), or w4a16_awq, w8a16, wfp4a16, w4afp8 comma-separated: the weight-only bench (ours, the AWQ "
-              "fusions forced off, ours_bf16, grouped_mm_dequant; JSON default bench_woq.json).")
+              "bench_fp8.json), or w4a16_awq, w8a16, wfp4a16, w4afp8 comma-separated: the weight-only bench "
+              "(variants ours, each fusion forced off, ours_bf16, grouped_mm_dequant; JSON default bench_woq.json).")
 @click.option("--iters", type=int, default=20, show_default=True, help="Timed rounds per point.")
 @click.option("--warmup", type=int, default=3, show_default=True, help="Warm-up calls per variant.")
 @click.option("--input-sets", "input_sets", type=int, default=4, show_default=True,
@@ -346,13 +346,16 @@ def bench_cmd(shapes: str | None, tokens: str | None, variants: str | None, swee
         if len(woq_quants) != len([q for q in quant.split(",") if q.strip()]):
             raise MoeBuildError("quant", f"{quant!r} mixes weight-only modes with others",
                                 f"weight-only modes only: {', '.join(woq_layer.QUANTS)}")
-        if sweep or variants:
-            raise MoeBuildError("quant", "the weight-only bench runs its fixed variants, without --sweep or --variants",
-                                "no --sweep / --variants with weight-only modes")
+        if sweep:
+            raise MoeBuildError("quant", "the token sweep times bf16 layers only", "none with --sweep")
         names = _csv("shapes", shapes, str) if shapes is not None else list(SHAPES)
         counts = _csv("tokens", tokens, int) if tokens else list(TOKENS)
+        chosen_woq = _csv("variants", variants, str) if variants else None
+        if chosen_woq is not None:
+            woq_layer.check_variants(chosen_woq)
         results = woq_layer.run_woq_bench(woq_quants, names, counts, Path(json_path or "bench_woq.json"), iters,
-                                          warmup, input_sets, log=lambda line: click.echo(line, err=True))
+                                          warmup, input_sets, log=lambda line: click.echo(line, err=True),
+                                          variants=chosen_woq)
         click.echo(woq_layer.table(results))
         return
     quants = fp8_layer.parse_quants(quant)

@@ -80,7 +80,7 @@ def test_targets_follow_the_issue() -> None:
 
 @pytest.mark.parametrize("args, field", [(("--quant", "w4a16_awq,fp8"), "quant"), (("--quant", "w4afp8,fp8"), "quant"),
                                          (("--quant", "w8a16", "--sweep"), "quant"),
-                                         (("--quant", "wfp4a16", "--variants", "ours"), "quant")])
+                                         (("--quant", "wfp4a16", "--variants", "ours,scaled_grouped_mm"), "variants")])
 def test_bad_weight_only_bench_options_are_one_line_errors(args: tuple[str, ...], field: str) -> None:
     r = run_moe_build("bench", *args, timeout=120)
     assert_one_line_error(r, field)
@@ -90,3 +90,16 @@ def test_bad_weight_only_bench_options_are_one_line_errors(args: tuple[str, ...]
 def test_weight_only_bench_without_a_gpu_says_so() -> None:
     r = run_moe_build("bench", "--quant", "w4a16_awq", "--tokens", "1", timeout=120)
     assert r.returncode == 2 and r.stderr.strip().startswith("moe-build: error: device:"), r.stderr
+    # chosen variants are accepted up to the device
+    r = run_moe_build("bench", "--quant", "w4a16_awq", "--tokens", "1", "--variants",
+                      "ours,ours:fc2_prequant=separate,ours_bf16", timeout=120)
+    assert r.returncode == 2 and r.stderr.strip().startswith("moe-build: error: device:"), r.stderr
+
+
+def test_default_weight_only_variants() -> None:
+    """ours, each fusion the plan turns on forced off, then the bf16 runner and the dequantized torch peer; a chosen
+    list may name any of them and any other forced stage."""
+    assert woq_layer.default_variants(Quant.W4A16_AWQ) == ("ours", "ours:fc2_prequant=separate",
+                                                           "ours:finalize=separate", "ours_bf16", "grouped_mm_dequant")
+    assert woq_layer.default_variants(Quant.WFP4A16) == ("ours", "ours_bf16", "grouped_mm_dequant")
+    woq_layer.check_variants([*woq_layer.default_variants(Quant.W4AFP8), "ours:gemm1_tactic=decode:ksplit1:plain:plain"])

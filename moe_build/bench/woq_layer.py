@@ -55,6 +55,20 @@ FORCED = {Quant.W4A16_AWQ: ("ours:fc2_prequant=separate", "ours:finalize=separat
 # scale below 2, the activation's up to ~3 times one below 2, saturating above (tests/gpu/test_runner_w4afp8.py's)
 W4AFP8_INPUT_SCALES = (6.0 / 448, 4.0 / 448)
 OTHERS = ("ours_bf16", "grouped_mm_dequant")
+
+
+def default_variants(quant: Quant) -> tuple[str, ...]:
+    """What a point times unless --variants says otherwise: ours, each fusion its plan turns on forced off, the others."""
+    return ("ours", *FORCED.get(quant, ()), *OTHERS)
+
+
+def check_variants(variants: Sequence[str]) -> None:
+    """Refuse a weight-only bench variant that is neither a runner variant (ours, ours:STAGE=CHOICE) nor one of
+    OTHERS (one line, exit 2)."""
+    for v in variants:
+        if runner_force(v) is None and v not in OTHERS:
+            raise MoeBuildError("variants", f"unknown weight-only bench variant {v!r}",
+                                ["ours", "ours:STAGE=CHOICE", *OTHERS])
 # Targets printed per point (issue 47; never asserted): ours (graph replay) within FLOOR_RATIO of the floor or the
 # floor + FLOOR_SLACK_US at <= FLOOR_TARGET_MAX_TOKENS tokens; faster than ours_bf16 at 256; within BF16_RATIO of
 # ours_bf16 at 4096.
@@ -112,8 +126,9 @@ def device_woq_weights(spec: MoESpec, quant: Quant, seed: int) -> MoEWeights:
 
 def bench_woq_shape(name: str, quant: Quant, tokens_list: Sequence[int], ceilings: dict[str, float],
                     ceiling_calls: CeilingCalls, iters: int, warmup: int, input_sets: int,
-                    log: Callable[[str], None]) -> list[dict[str, Any]]:
-    """Every variant at every token count of one weight-only layer; one record per (quant, shape, tokens)."""
+                    log: Callable[[str], None], variants: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """Every variant (None: default_variants) at every token count of one weight-only layer; one record per
+    (quant, shape, tokens)."""
     from ..runner import MoERunner
 
     spec, spec16 = woq_bench_spec(name, quant), bench_spec(name)
@@ -122,7 +137,7 @@ def bench_woq_shape(name: str, quant: Quant, tokens_list: Sequence[int], ceiling
     # the bf16 layer the others run: the AWQ scales folded in exactly as the reference applies them is not a
     # bf16 layer, so the bf16 variants run the dequantized weights without pre-quant scales (their own reference)
     w16 = w.dequantized(torch.bfloat16)
-    variants = ("ours", *FORCED.get(quant, ()), *OTHERS)
+    variants = default_variants(quant) if variants is None else tuple(variants)
     max_tokens = max(tokens_list)
     out_buf = torch.empty(max_tokens, spec.hidden_size, device="cuda", dtype=torch.bfloat16)
     fns: dict[str, Fn] = {}
@@ -227,13 +242,16 @@ def table(results: dict[str, Any]) -> str:
 
 def run_woq_bench(quants: Sequence[Quant], shapes: Sequence[str] = tuple(SHAPES), tokens_list: Sequence[int] = TOKENS,
                   out_json: Path | None = None, iters: int = 20, warmup: int = 3, input_sets: int = 4,
-                  log: Callable[[str], None] = print) -> dict[str, Any]:
-    """The whole weight-only comparison; writes JSON after every shape when a path is given."""
+                  log: Callable[[str], None] = print, variants: Sequence[str] | None = None) -> dict[str, Any]:
+    """The whole weight-only comparison (`variants` at every point; None: each quant's default_variants); writes
+    JSON after every shape when a path is given."""
     if not torch.cuda.is_available():
         raise MoeBuildError("device", "moe-build bench needs a CUDA GPU", "a machine with an NVIDIA GPU")
     unknown = [s for s in shapes if s not in SHAPES]
     if unknown:
         raise MoeBuildError("shapes", f"unknown {unknown}", tuple(SHAPES))
+    if variants is not None:
+        check_variants(variants)
     torch.manual_seed(0)
     ceiling_calls = CeilingCalls(fp8=False)
     ceilings = measure_ceilings(ceiling_calls)
@@ -259,7 +277,7 @@ def run_woq_bench(quants: Sequence[Quant], shapes: Sequence[str] = tuple(SHAPES)
     for quant in quants:
         for name in shapes:
             results["points"] += bench_woq_shape(name, quant, tokens_list, ceilings, ceiling_calls, iters, warmup,
-                                                 input_sets, log)
+                                                 input_sets, log, variants)
             if out_json is not None:
                 Path(out_json).write_text(json.dumps(results, indent=1, default=str))
     return results
