@@ -31,7 +31,8 @@ import torch
 from ..errors import MoeBuildError
 from ..spec import Quant
 from ..weights.fp8 import ScaleGranularity
-from .layer import check_variant, point_line, point_floor, runner_fn, runner_force, time_panel, time_variants
+from .layer import (check_runner_variants, check_variant, point_floor, point_line, runner_fn, runner_force, time_panel,
+                    time_variants)
 from .peers import grouped_mm_peer, rowwise_fp8_weights, scaled_grouped_mm_peer
 from .timing import CeilingCalls, ceilings_text, measure_ceilings
 from .workload import (CHECK_ROWS, FP8_REL_ERR_LIMIT, FP8_SHAPES, REF_WEIGHT_ELEMENTS, REL_ERR_LIMIT, TOKENS, Fn, bench_spec,
@@ -74,12 +75,8 @@ def parse_quants(text: str) -> list[Quant]:
 
 
 def check_variants(variants: Sequence[str]) -> None:
-    """Refuse an FP8 bench variant that is neither a runner variant (ours, ours:STAGE=CHOICE) nor a
-    comparison of FP8_OTHERS (one line, exit 2)."""
-    for v in variants:
-        if runner_force(v) is None and v not in FP8_OTHERS:
-            raise MoeBuildError("variants", f"unknown FP8 bench variant {v!r}",
-                                ["ours", "ours:STAGE=CHOICE", *FP8_OTHERS])
+    """Refuse an FP8 bench variant that is neither a runner variant nor one of FP8_OTHERS (one line, exit 2)."""
+    check_runner_variants(variants, FP8_OTHERS, "FP8 bench")
 
 
 def _reference_kind(variant: str, block: bool) -> str:

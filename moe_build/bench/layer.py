@@ -50,6 +50,14 @@ def runner_force(variant: str) -> dict[str, str] | None:
     return parse_force(items, field="variants")
 
 
+def check_runner_variants(variants: Sequence[str], others: Sequence[str], bench: str) -> None:
+    """Refuse a variant of `bench` that is neither a runner variant (ours, ours:STAGE=CHOICE) nor one of its
+    `others` (one line, exit 2)."""
+    for v in variants:
+        if runner_force(v) is None and v not in others:
+            raise MoeBuildError("variants", f"unknown {bench} variant {v!r}", ["ours", "ours:STAGE=CHOICE", *others])
+
+
 # Every runner variant is also replayed from CUDA graphs (one per input set), recorded as "graph_us": what
 # a deployment that captures its step sees, without the per-kernel Python/ctypes launch cost, so fused and
 # unfused variants compare on the GPU work alone. `eager=False` times the graph replays only (the sweep).

@@ -31,7 +31,7 @@ from ..errors import MoeBuildError
 from ..spec import ActScale, MoESpec, Quant
 from ..weights import MoEWeights
 from ..weights.woq import WoqKind, WoqWeights, quantize_matrix
-from .layer import check_variant, point_floor, point_line, runner_fn, runner_force, time_variants
+from .layer import check_runner_variants, check_variant, point_floor, point_line, runner_fn, runner_force, time_variants
 from .peers import grouped_mm_peer
 from .timing import CeilingCalls, ceilings_text, measure_ceilings
 from .workload import (REL_ERR_LIMIT, SHAPES, TOKENS, W4AFP8_REL_ERR_LIMIT, WOQ_REL_ERR_LIMIT, Fn, bench_spec, check_rows,
@@ -55,25 +55,22 @@ FORCED = {Quant.W4A16_AWQ: ("ours:fc2_prequant=separate", "ours:finalize=separat
 # scale below 2, the activation's up to ~3 times one below 2, saturating above (tests/gpu/test_runner_w4afp8.py's)
 W4AFP8_INPUT_SCALES = (6.0 / 448, 4.0 / 448)
 OTHERS = ("ours_bf16", "grouped_mm_dequant")
-
-
-def default_variants(quant: Quant) -> tuple[str, ...]:
-    """What a point times unless --variants says otherwise: ours, each fusion its plan turns on forced off, the others."""
-    return ("ours", *FORCED.get(quant, ()), *OTHERS)
-
-
-def check_variants(variants: Sequence[str]) -> None:
-    """Refuse a weight-only bench variant that is neither a runner variant (ours, ours:STAGE=CHOICE) nor one of
-    OTHERS (one line, exit 2)."""
-    for v in variants:
-        if runner_force(v) is None and v not in OTHERS:
-            raise MoeBuildError("variants", f"unknown weight-only bench variant {v!r}",
-                                ["ours", "ours:STAGE=CHOICE", *OTHERS])
 # Targets printed per point (issue 47; never asserted): ours (graph replay) within FLOOR_RATIO of the floor or the
 # floor + FLOOR_SLACK_US at <= FLOOR_TARGET_MAX_TOKENS tokens; faster than ours_bf16 at 256; within BF16_RATIO of
 # ours_bf16 at 4096.
 FLOOR_RATIO, FLOOR_SLACK_US, FLOOR_TARGET_MAX_TOKENS = 1.3, 25.0, 16
 BF16_RATIO = 1.25
+
+
+def default_variants(quant: Quant) -> tuple[str, ...]:
+    """What a point times unless --variants says otherwise: ours, each fusion its plan turns on forced off, then
+    OTHERS."""
+    return ("ours", *FORCED.get(quant, ()), *OTHERS)
+
+
+def check_variants(variants: Sequence[str]) -> None:
+    """Refuse a weight-only bench variant that is neither a runner variant nor one of OTHERS (one line, exit 2)."""
+    check_runner_variants(variants, OTHERS, "weight-only bench")
 
 
 def layer_group(spec: MoESpec, quant: Quant) -> int | None:
