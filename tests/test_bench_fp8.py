@@ -145,8 +145,9 @@ def test_cli_accepts_good_values_up_to_the_device() -> None:
 
 def test_default_fp8_variants() -> None:
     assert fp8_layer.FP8_VARIANTS == ("ours", "ours:fc1_input_quant=separate", "ours:fc2_input_quant=separate",
-                                      "ours:finalize=separate", "ours:fp8_accumulation=promoted", "ours_bf16",
-                                      "scaled_grouped_mm", "grouped_mm_dequant")
+                                      "ours:fc1_activation=separate", "ours:finalize=separate",
+                                      "ours:fp8_accumulation=promoted", "ours_bf16", "scaled_grouped_mm",
+                                      "grouped_mm_dequant")
     fp8_layer.check_variants([*fp8_layer.FP8_VARIANTS, "ours:fc1_input_quant=separate+fc2_input_quant=separate"])
     for bad in ("naive", "grouped_mm", "hf_eager", "ours_fp8"):
         with pytest.raises(MoeBuildError):
@@ -157,8 +158,9 @@ def test_default_fp8_variants() -> None:
 @pytest.mark.parametrize("shape", FP8_SHAPES)
 def test_forced_off_variants_are_plans_the_default_fuses(shape: str, quant: Quant) -> None:
     """Each forced-off variant forces its stage at every bench token count, on the sm90 runner's target, and
-    the default plan fuses that stage at one of them at least (finalize is token-dependent); but block-128 layers
-    promote by construction, so their promoted-accumulation variant is the default plan (the table marks it off)."""
+    the default plan fuses that stage at one of them at least (finalize is token-dependent); but some variants are
+    the default plan (the table marks them off): block-128 layers promote by construction and run the activation
+    kernel, and rowwise ones quantize GEMM2's input after GEMM1's gated epilogue."""
     spec = fp8_bench_spec(shape, quant)
     target = dataclasses.replace(Target(sm=90, flavour=Flavour.TENSORRT), profile=TokenProfile(1, 16, 4096))
     default = make_plan(spec, target, 4096)
@@ -168,7 +170,9 @@ def test_forced_off_variants_are_plans_the_default_fuses(shape: str, quant: Quan
         for stage, choice in force.items():
             assert all(forced.choices(t)[stage] == choice for t in TOKENS), variant
             default_differs = any(default.choices(t)[stage] != choice for t in TOKENS)
-            assert default_differs == (stage != "fp8_accumulation" or quant is Quant.FP8), variant
+            already_off = {Quant.FP8: {"fc2_input_quant"},
+                           Quant.FP8_BLOCK: {"fp8_accumulation", "fc1_activation"}}[quant]
+            assert default_differs == (stage not in already_off), variant
 
 
 def test_deepseek_v3_bench_layer() -> None:

@@ -86,7 +86,7 @@ ROWS: list[tuple[str, str, dict, dict, int | None, dict, set[str], dict[str, str
       "gated_epilogue_two_byte"},
      {"fc1_activation": "separate"}),
     ("fused_gated_not_fp8", "ada", {"quant": Quant.FP8}, {}, None, {},
-     {"fused_gated_not_fp8", "fused_gated_t_eq_weight", "fused_gated_two_byte", "gated_epilogue_two_byte"},
+     {"fused_gated_not_fp8", "fused_gated_t_eq_weight", "fused_gated_two_byte"},
      {"fc1_activation": "separate"}),
     ("fused_gated_k_n_mod_64", "ampere", {"intermediate_size": 14336 + 32}, {}, None, {},
      {"fused_gated_k_n_mod_64"}, {"fc1_activation": "separate"}),
@@ -136,13 +136,15 @@ ROWS: list[tuple[str, str, dict, dict, int | None, dict, set[str], dict[str, str
     # NVFP4 (sm >= 100) has no GEMM of ours with the FINALIZE epilogue; every weight-only quant but wfp4a16 (the
     # seed's own gate) has it on the decode kernel
     ("finalize_tactic", "blackwell_fp8", {"quant": Quant.NVFP4}, {}, None, {},
-     {"finalize_tactic", "fused_gated_not_fp8", "expand_prequant_not_block_scaled", "expand_per_expert_act_scale"},
+     {"finalize_tactic", "fused_gated_not_fp8", "expand_prequant_not_block_scaled", "expand_per_expert_act_scale",
+      "gated_epilogue_two_byte"},
      {"finalize": "separate"}),
+    # FP8 with rowwise scales keeps moe-build's gated epilogue on Hopper (the FP8 wgmma GEMM has it); block-128 not
+    # (finalize_tactic_fp8_block below)
     ("finalize_tactic_fp8", "hopper", {"quant": Quant.FP8}, {}, None, {},
-     {"fused_gated_not_fp8", "fused_gated_t_eq_weight", "fused_gated_two_byte", "gated_epilogue_two_byte"},
-     {"fc1_activation": "separate"}),
+     {"fused_gated_not_fp8", "fused_gated_t_eq_weight", "fused_gated_two_byte"}, {}),
     ("finalize_tactic_fp8_block", "hopper_fp8", {"quant": Quant.FP8_BLOCK}, {}, None, {},
-     {"expand_prequant_not_block_scaled"}, {}),
+     {"expand_prequant_not_block_scaled", "gated_epilogue_two_byte"}, {"fc1_activation": "separate"}),
     ("ootb_gather_pays", "ootb", {"num_experts": 16}, {}, None, {},
      {"ootb_gather_pays"}, {"expert_compute": "per_expert_gather"}),
     ("ootb_nonzero", "ootb_many_experts", {}, {"flavour": Flavour.TENSORRT_RTX}, None, {},

@@ -210,23 +210,45 @@ def test_rank_spec_holds_its_experts():
     assert MoESpec.from_dict(r2.to_dict()) == r2
 
 
-@pytest.mark.parametrize("quant", ["fp8", "fp8_block"])
-def test_fp8_gemm2_input_quantized_separately_at_one_token_only(quant: str) -> None:
-    """rules.FC2_QUANT_FUSED_MIN_TOKENS: a separate quantize kernel at 1 token, the activation kernel from 2 on, as
-    bands over every count (one plan serves both); forcing either choice holds at every count."""
+@pytest.mark.parametrize("quant,force", [("fp8_block", {}), ("fp8", {"fc1_activation": "separate"})])
+def test_fp8_gemm2_input_quantized_separately_at_one_token_only(quant: str, force: dict[str, str]) -> None:
+    """rules.FC2_QUANT_FUSED_MIN_TOKENS: where the activation runs as a kernel, a separate quantize kernel at 1 token,
+    the activation kernel from 2 on, as bands over every count (one plan serves both); forcing either choice holds
+    at every count."""
     from moe_build.spec import Quant
     spec = MoESpec(hidden_size=2048, intermediate_size=768, num_experts=128, top_k=8, quant=Quant(quant))
     for tokens, here in ((1, "separate"), (2, "fc1_activation"), (4096, "fc1_activation")):
-        d = make_plan(spec, SM90, tokens=tokens).stage("fc2_input_quant")
+        d = make_plan(spec, SM90, tokens=tokens, force=force).stage("fc2_input_quant")
         assert d.choice == here, tokens
         assert [(b.lo, b.hi, b.choice) for b in d.bands] == [(1, 1, "separate"), (2, None, "fc1_activation")]
         gate = next(g for g in d.gates if g.name == "fc2_quant_fused_tokens")
         assert (gate.value, gate.held) == (str(tokens), tokens >= 2)
     for forced in ("separate", "fc1_activation"):
-        d = make_plan(spec, SM90, tokens=1, force={"fc2_input_quant": forced}).stage("fc2_input_quant")
+        d = make_plan(spec, SM90, tokens=1, force={**force, "fc2_input_quant": forced}).stage("fc2_input_quant")
         assert d.choice == forced and {b.choice for b in d.bands} == {forced}
     plain = make_plan(dataclasses.replace(spec, quant=Quant.NONE), SM90).stage("fc2_input_quant")
     assert plain.choice == "none"
+
+
+def test_fp8_rowwise_gemm1_runs_the_gated_epilogue_on_sm90() -> None:
+    """rules.gated_epilogue_two_byte: an FP8 layer with rowwise scales runs the gated activation in GEMM1's epilogue
+    on sm90 (W1 interleaved), so GEMM2's input is quantized by the separate kernel at every count (the activation
+    kernel, which could quantize it, does not run; forcing it there is refused); block-128 scales and sm89 keep the
+    activation kernel."""
+    from moe_build.spec import Quant
+    spec = MoESpec(hidden_size=2048, intermediate_size=768, num_experts=128, top_k=8, quant=Quant.FP8)
+    for tokens in (1, 2, 4096):
+        plan = make_plan(spec, SM90, tokens=tokens)
+        assert plan.stage("fc1_activation").choice == "gated_epilogue"
+        assert plan.stage("w1_order").choice == "gate_up_interleaved"
+        d = plan.stage("fc2_input_quant")
+        assert d.choice == "separate" and {b.choice for b in d.bands} == {"separate"}, tokens
+        assert not next(g for g in d.gates if g.name == "fc1_activation_kernel").held
+    with pytest.raises(MoeBuildError, match="fc2_input_quant"):
+        make_plan(spec, SM90, force={"fc2_input_quant": "fc1_activation"})
+    for other, target in ((dataclasses.replace(spec, quant=Quant.FP8_BLOCK), SM90),
+                          (spec, Target(sm=89, flavour=Flavour.TENSORRT))):
+        assert make_plan(other, target).stage("fc1_activation").choice == "separate"
 
 
 def test_fp8_accumulation_is_fast_with_rowwise_scales_on_the_wgmma_kernel() -> None:

@@ -770,16 +770,20 @@ def test_add_moe_plugin_bakes_fp8_constants(trt, mode):
         assert not tensor.is_network_input
         assert data == raw_bytes(planned[slot.name]), slot.name
     baked = {s.name: data for s, (_, data) in zip(slots, record)}
-    # the FP8 weights exactly as given (FP8 plans keep W1 stacked and row-major) ...
+    # the FP8 weights as given, row-major, W1's gate and up rows interleaved by 8 where the plan runs the gated
+    # epilogue (sm90, rowwise scales) ...
     assert trt.DataType.FP8 == inputs[2].dtype == inputs[3].dtype
-    assert baked["w1"] == raw_bytes(weights.w1) and baked["w2"] == raw_bytes(weights.w2)
-    # ... and their scales: per-tensor ones repeated per output row, the others as given
+    interleaved = plan.stage("w1_order").choice == "gate_up_interleaved"
+    assert interleaved == (mode != "block128")
+    order = interleave_gate_up if interleaved else (lambda t: t)
+    assert baked["w1"] == raw_bytes(order(weights.w1.view(torch.uint8))) and baked["w2"] == raw_bytes(weights.w2)
+    # ... and their scales: per-tensor ones repeated per output row, the others as given; W1's in W1's row order
     f = weights.fp8
     if f.granularity is ScaleGranularity.TENSOR:
-        assert baked["fp8.w1_scale"] == raw_bytes(f.w1_scale.repeat_interleave(160))
+        assert baked["fp8.w1_scale"] == raw_bytes(order(f.w1_scale[:, None].repeat_interleave(160, dim=1)))
         assert baked["fp8.w2_scale"] == raw_bytes(f.w2_scale.repeat_interleave(320))
     else:
-        assert baked["fp8.w1_scale"] == raw_bytes(f.w1_scale) and baked["fp8.w2_scale"] == raw_bytes(f.w2_scale)
+        assert baked["fp8.w1_scale"] == raw_bytes(order(f.w1_scale)) and baked["fp8.w2_scale"] == raw_bytes(f.w2_scale)
     if f.static:
         assert baked["fp8.a1_scale"] == raw_bytes(torch.tensor([0.02])) and len(baked["fp8.a2_scale"]) == 4
 

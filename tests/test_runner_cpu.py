@@ -364,17 +364,22 @@ def test_weight_only_plans_fuse_the_finalize_into_the_decode_gemm2(quant: Quant)
         assert "finalize_sm90_not_wfp4a16" in {g.name for g in mxfp4.stage("finalize").gates if not g.held}
 
 
+# The FP8 layers' activation as a kernel of its own (the block-128 default; rowwise layers run it in GEMM1's
+# epilogue on sm90 unless forced so: test_fp8_rowwise_plans_run_the_gated_gemm1)
+ACT_KERNEL = {"fc1_activation": "separate"}
+
+
 @pytest.mark.parametrize("quant", [Quant.FP8, Quant.FP8_BLOCK])
 def test_fp8_plans_run_fp8_steps_where_the_plan_quantizes(quant: Quant) -> None:
     """GEMM1's FP8 input in the expansion or by a quantize step before it, GEMM2's in the activation or
     after it, as the plan's fc1_input_quant / fc2_input_quant say (finalize forced separate here: the
     fused finalize has a test of its own)."""
     spec = dataclasses.replace(SWIGLU, quant=quant)
-    fused = kernel_sequence(make_plan(spec, H100, tokens=16, force={"finalize": "separate"}), 16)
+    fused = kernel_sequence(make_plan(spec, H100, tokens=16, force={**ACT_KERNEL, "finalize": "separate"}), 16)
     assert fused[2:] == ["routing_prologue:fused", "expand_rows:fp8", "gemm1:fp8", "fc1_activation:fp8", "gemm2:fp8",
                          "finalize"]
-    separate = make_plan(spec, H100, tokens=16, force={"fc1_input_quant": "separate", "fc2_input_quant": "separate",
-                                                       "finalize": "separate"})
+    separate = make_plan(spec, H100, tokens=16, force={**ACT_KERNEL, "fc1_input_quant": "separate",
+                                                       "fc2_input_quant": "separate", "finalize": "separate"})
     assert kernel_sequence(separate, 16)[2:] == [
         "routing_prologue:fused", "fc1_input_quant:separate", "expand_rows:fp8_prequantized", "gemm1:fp8",
         "fc1_activation", "fc2_input_quant:separate", "gemm2:fp8", "finalize"]
@@ -383,11 +388,11 @@ def test_fp8_plans_run_fp8_steps_where_the_plan_quantizes(quant: Quant) -> None:
     kb = -(-SWIGLU.hidden_size // 128)
     assert layout["input_scales"].shape == ((16, kb) if quant is Quant.FP8_BLOCK else (16,))
     assert "fc1_act" in layout  # the separate quantize step reads the 16-bit activation
-    fused_everywhere = make_plan(spec, H100, tokens=16, force={"fc2_input_quant": "fc1_activation"})
+    fused_everywhere = make_plan(spec, H100, tokens=16, force={**ACT_KERNEL, "fc2_input_quant": "fc1_activation"})
     assert "fc1_act" not in workspace_layout(spec, steps_up_to(fused_everywhere, 16), 16)
     # the default plan quantizes GEMM2's input separately at 1 token (rules.FC2_QUANT_FUSED_MIN_TOKENS), in the
     # activation from 2 on: one runner runs both, so its workspace covers both
-    default = make_plan(spec, H100, tokens=16, force={"finalize": "separate"})
+    default = make_plan(spec, H100, tokens=16, force={**ACT_KERNEL, "finalize": "separate"})
     assert kernel_sequence(default, 1)[-4:] == ["fc1_activation", "fc2_input_quant:separate", "gemm2:fp8", "finalize"]
     assert kernel_sequence(default, 2)[-3:] == ["fc1_activation:fp8", "gemm2:fp8", "finalize"]
     assert "fc1_act" in workspace_layout(spec, steps_up_to(default, 16), 16)
@@ -402,24 +407,38 @@ def test_fp8_plans_fuse_the_finalize_into_gemm2_where_the_plan_says(quant: Quant
     nothing zeroed. Token-dependent as for 16-bit layers (SWIGLU_64E: separate at 17..128 tokens)."""
     spec = dataclasses.replace(SWIGLU, quant=quant)
     tail = ["gemm1:fp8", "fc1_activation:fp8", "gemm2:fp8_finalize"]
-    plan = make_plan(spec, H100, tokens=16)
+    plan = make_plan(spec, H100, tokens=16, force=ACT_KERNEL)
     assert plan.stage("finalize").choice == "fused"
     assert kernel_sequence(plan, 16)[2:] == ["routing_prologue:fused", "expand_rows:fp8+zero_output", *tail]
     assert "gemm2_out" not in workspace_layout(spec, steps_up_to(plan, 16), 16)
-    prequantized = make_plan(spec, H100, tokens=16, force={"fc1_input_quant": "separate"})
+    prequantized = make_plan(spec, H100, tokens=16, force={**ACT_KERNEL, "fc1_input_quant": "separate"})
     assert kernel_sequence(prequantized, 16)[2:] == [
         "routing_prologue:fused", "fc1_input_quant:separate", "expand_rows:fp8_prequantized+zero_output", *tail]
-    three_step = make_plan(spec, H100, tokens=16, force={"routing_prologue": "three_step"})
+    three_step = make_plan(spec, H100, tokens=16, force={**ACT_KERNEL, "routing_prologue": "three_step"})
     assert kernel_sequence(three_step, 16)[2:] == ["routing_prologue:three_step+zero_output", "expand_rows:fp8",
                                                    *tail]
-    separate = make_plan(spec, H100, tokens=16, force={"finalize": "separate", "routing_prologue": "three_step"})
+    separate = make_plan(spec, H100, tokens=16, force={**ACT_KERNEL, "finalize": "separate", "routing_prologue": "three_step"})
     assert kernel_sequence(separate, 16)[2:] == ["routing_prologue:three_step", "expand_rows:fp8", "gemm1:fp8",
                                                  "fc1_activation:fp8", "gemm2:fp8", "finalize"]
     spec64 = dataclasses.replace(SWIGLU_64E, quant=quant)
-    banded = make_plan(spec64, H100, tokens=16)
+    banded = make_plan(spec64, H100, tokens=16, force=ACT_KERNEL)
     assert [kernel_sequence(banded, t)[-1] for t in (16, 17, 128, 129)] == [
         "gemm2:fp8_finalize", "finalize", "finalize", "gemm2:fp8_finalize"]
     assert "gemm2_out" in workspace_layout(spec64, steps_up_to(banded, 4096), 4096)
+
+
+def test_fp8_rowwise_plans_run_the_gated_gemm1() -> None:
+    """A rowwise FP8 layer on sm90: GEMM1 with the gated epilogue writes the 16-bit activation (W1 interleaved), the
+    quantize step makes GEMM2's FP8 input from it at every count; no fc1_out in the workspace, fc1_act kept."""
+    spec = dataclasses.replace(SWIGLU, quant=Quant.FP8)
+    plan = make_plan(spec, H100, tokens=16, force={"finalize": "separate"})
+    assert w1_interleaved(plan)
+    for tokens in (1, 2, 16):
+        assert kernel_sequence(plan, tokens)[2:] == ["routing_prologue:fused", "expand_rows:fp8", "gemm1:fp8_gated",
+                                                     "fc2_input_quant:separate", "gemm2:fp8", "finalize"], tokens
+    layout = workspace_layout(spec, steps_up_to(plan, 16), 16)
+    assert "fc1_out" not in layout and layout["fc1_act"].dtype == torch.bfloat16
+    assert layout["fc2_input"].dtype == torch.float8_e4m3fn
 
 
 def test_workspace_sizing_math() -> None:

@@ -429,6 +429,21 @@ mb_status mb_grouped_gemm_fp8_finalize(const void* A, const float* scale_a, cons
                                        int num_experts, int64_t max_rows, int num_tokens, int top_k, int n, int k,
                                        int dtype, mb_gemm_tactic tactic, void* workspace, size_t workspace_bytes,
                                        cudaStream_t stream);
+/* The FP8 GEMM1 with the gated activation in its epilogue, as mb_grouped_gemm_sm90_gated's for 16-bit GEMMs:
+ * C [max_rows, inter] in dtype = act(gate, up) of the scaled product above (+ bias), B [E, 2 * inter, k] e4m3,
+ * scale_b [E, 2 * inter] and bias [E, 2 * inter] (or NULL) with the gate and up rows interleaved in blocks of 8
+ * (rows 16b..16b+7: gate features 8b..8b+7, rows 16b+8..16b+15: their up projections), each of gate and up scaled
+ * by its row's and column's scale before the bias. MB_FP8_ROWWISE only (MB_FP8_BLOCK128: MB_ERR_UNSUPPORTED: its
+ * 128-row weight-scale blocks are split by the interleave). activation: MB_ACT_SWIGLU, MB_ACT_GEGLU or
+ * MB_ACT_SWIGLU_CLAMP (with swiglu_alpha / swiglu_limit); inter a multiple of 8. The same kernels, tactics and
+ * workspace as mb_grouped_gemm_fp8 (n = 2 * inter), and output_l2 EVICT_LAST with the wgmma kernel (its stores
+ * under L2 evict_last). */
+mb_status mb_grouped_gemm_fp8_gated(const void* A, const float* scale_a, const void* B, const float* scale_b,
+                                    int scaling, int accumulation, const void* bias, void* C,
+                                    const int64_t* expert_first_token_offset, int num_experts, int64_t max_rows,
+                                    int inter, int k, int dtype, int activation, float swiglu_alpha,
+                                    float swiglu_limit, mb_gemm_tactic tactic, void* workspace,
+                                    size_t workspace_bytes, cudaStream_t stream);
 
 /* ---- weight-only grouped GEMM (issue 47) ----------------------------------------------------------
  * gemm/woq_abi.cu: C[p] = A[p] @ dequant(B[x])^T (+ bias[x]) for the permuted rows p of expert x; A

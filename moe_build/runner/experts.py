@@ -198,6 +198,17 @@ class FusedExperts:
                                 workspace=_opt(b, "gemm_workspace"), stream=b.stream,
                                 accumulation=self.fp8_accumulation, tactic=b.gemm1_tactic)
 
+    def gemm1_fp8_gated(self, b: Batch) -> None:
+        """act(gate, up) (+b1) of the scaled products in GEMM1's epilogue, straight into fc1_act (W1, its column
+        scales and b1 gate/up-interleaved): no fc1_out round trip; quantize_fc2_input follows."""
+        s = self.spec
+        self.k.grouped_gemm_fp8_gated(b.v("permuted_input"), b.v("permuted_input_scales"), self.w.w1,
+                                      self.w.fp8.w1_scale, b.v("expert_offsets"), self.fp8_scaling, self.act,
+                                      out_dtype=self.out_dtype, bias=self.w.b1, swiglu_alpha=s.swiglu_alpha,
+                                      swiglu_limit=s.swiglu_limit, c=b.v("fc1_act"),
+                                      workspace=_opt(b, "gemm_workspace"), stream=b.stream,
+                                      accumulation=self.fp8_accumulation, tactic=b.gemm1_tactic)
+
     def fc1_activation_fp8(self, b: Batch) -> None:
         """The activation (+b1) with GEMM2's FP8 input written in the same pass."""
         s = self.spec
@@ -207,8 +218,14 @@ class FusedExperts:
                                   out_scales=b.v("fc2_input_scales"), stream=b.stream)
 
     def quantize_fc2_input(self, b: Batch) -> None:
-        self.k.quantize_fp8(b.v("fc1_act"), static_scale=self.a2_scale, group=self.fp8_group, out=b.v("fc2_input"),
-                            out_scales=b.v("fc2_input_scales"), stream=b.stream)
+        """GEMM2's FP8 input from the 16-bit activation (the activation kernel's or GEMM1's gated epilogue's): the
+        activation kernel with the identity activation and no bias, which writes the very bytes mb_quantize_fp8
+        writes (cpp/src/stages/fc1_activation.cu) but through its staged form, rows copied into a shared-memory ring
+        ahead of the row being quantized, where mb_quantize_fp8 holds a row per block in registers and leaves an SM
+        with few loads in flight (docs/performance.md, "The gated epilogue on the FP8 GEMM1")."""
+        self.k.fc1_activation_fp8(b.v("fc1_act"), b.v("expert_offsets"), "identity", static_scale=self.a2_scale,
+                                  group=self.fp8_group, out=b.v("fc2_input"), out_scales=b.v("fc2_input_scales"),
+                                  stream=b.stream)
 
     def gemm2_fp8(self, b: Batch) -> None:
         self.k.grouped_gemm_fp8(b.v("fc2_input"), b.v("fc2_input_scales"), self.w.w2, self.w.fp8.w2_scale,

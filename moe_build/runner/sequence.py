@@ -50,8 +50,9 @@ EXPAND_ROWS_FP8_PREQUANTIZED = "expand_rows:fp8_prequantized"  # ... mb_expand_r
 EXPAND_ROWS_FP8_ZERO_OUTPUT = "expand_rows:fp8+zero_output"
 EXPAND_ROWS_FP8_PREQUANTIZED_ZERO_OUTPUT = "expand_rows:fp8_prequantized+zero_output"
 GEMM1_FP8 = "gemm1:fp8"                # mb_grouped_gemm_fp8
+GEMM1_FP8_GATED = "gemm1:fp8_gated"    # mb_grouped_gemm_fp8_gated: the gated activation in GEMM1's epilogue
 FC1_ACTIVATION_FP8 = "fc1_activation:fp8"  # mb_fc1_activation_fp8: GEMM2's input quantized in the activation
-QUANTIZE_FC2_INPUT = "fc2_input_quant:separate"  # mb_quantize_fp8 after mb_fc1_activation
+QUANTIZE_FC2_INPUT = "fc2_input_quant:separate"  # mb_quantize_fp8 after the activation (its kernel or GEMM1's)
 GEMM2_FP8 = "gemm2:fp8"                # mb_grouped_gemm_fp8
 GEMM2_FP8_FINALIZE = "gemm2:fp8_finalize"  # mb_grouped_gemm_fp8_finalize: the finalize in GEMM2's epilogue
 # Weight-only layers (quant w8a16 / w4a16_awq / wfp4a16): 16-bit activations, GEMMs that dequantize their weights
@@ -158,10 +159,12 @@ def check_runnable(plan: Plan) -> None:
         raise MoeBuildError("fp8_input", "the runner's W4AFP8 layers take 16-bit hidden states and quantize them "
                             "(with the AWQ pre-quant scale) themselves; FP8 hidden states have no kernels", "false")
     c = plan.choices()
-    quantized = is_fp8(plan) or is_weight_only(plan) or is_w4afp8(plan)
-    if quantized and c["fc1_activation"] != "separate":
-        raise MoeBuildError("fc1_activation", "the FP8 and weight-only GEMM1s store plainly: the activation runs as "
-                            "a kernel of its own", "separate")
+    if is_fp8(plan) and c["fc1_activation"] not in ("separate", "gated_epilogue"):
+        raise MoeBuildError("fc1_activation", "the FP8 GEMM1 stores plainly or runs the gated epilogue",
+                            ("separate", "gated_epilogue"))
+    if (is_weight_only(plan) or is_w4afp8(plan)) and c["fc1_activation"] != "separate":
+        raise MoeBuildError("fc1_activation", "the weight-only GEMM1s store plainly: the activation runs as a kernel "
+                            "of its own", "separate")
     if c["expand_rows"] != "plain" and not is_w4afp8(plan):
         raise MoeBuildError("expand_rows", "the AWQ pre-quant scale in the expansion belongs to W4AFP8", "plain")
     if c["fc2_prequant"] != "none" and not (is_weight_only(plan) or is_w4afp8(plan)):
@@ -244,7 +247,8 @@ def _shared_experts(plan: Plan) -> list[str]:
 
 def _fp8_steps(plan: Plan, c: dict[str, str]) -> list[str]:
     """An FP8 layer's steps after routing: maps, GEMM1's FP8 input (quantized in the expansion or before it),
-    GEMM1, the activation with GEMM2's FP8 input (quantized in it or after it), then GEMM2 with the finalize in
+    GEMM1 with the gated activation in its epilogue (fc1_activation=gated_epilogue) or GEMM1 and the activation
+    kernel, GEMM2's FP8 input (quantized in that kernel, or after the activation), then GEMM2 with the finalize in
     its epilogue (into the output the three-step prologue or else the expansion zeroes, as for 16-bit layers)
     or GEMM2 and the separate finalize."""
     fused = c["finalize"] == "fused"
@@ -253,8 +257,12 @@ def _fp8_steps(plan: Plan, c: dict[str, str]) -> list[str]:
         steps.append(EXPAND_ROWS_FP8_ZERO_OUTPUT if zero else EXPAND_ROWS_FP8)
     else:
         steps += [QUANTIZE_INPUT, EXPAND_ROWS_FP8_PREQUANTIZED_ZERO_OUTPUT if zero else EXPAND_ROWS_FP8_PREQUANTIZED]
-    steps.append(GEMM1_FP8)
-    steps += [FC1_ACTIVATION_FP8] if c["fc2_input_quant"] == "fc1_activation" else [FC1_ACTIVATION, QUANTIZE_FC2_INPUT]
+    if c["fc1_activation"] == "gated_epilogue":
+        steps += [GEMM1_FP8_GATED, QUANTIZE_FC2_INPUT]
+    elif c["fc2_input_quant"] == "fc1_activation":
+        steps += [GEMM1_FP8, FC1_ACTIVATION_FP8]
+    else:
+        steps += [GEMM1_FP8, FC1_ACTIVATION, QUANTIZE_FC2_INPUT]
     steps += [GEMM2_FP8_FINALIZE] if fused else [GEMM2_FP8, FINALIZE]
     return steps + _shared_experts(plan)
 
@@ -316,8 +324,8 @@ def plan_weights(plan: Plan, weights: MoEWeights) -> MoEWeights:
     """The canonical `weights` in the order `plan` runs them: W1 / b1 in its w1_order (gate/up-interleaved for
     the sm90 gated epilogue), then W1 / W2 in its weight_layout (64 x 64 blocks or row-major). `weights` itself
     where the plan keeps both as they are."""
-    if w1_interleaved(plan):
-        weights = weights.gate_up_interleaved()
     if weights.fp8 is not None:
         weights = weights.fp8_channel_scales()  # the FP8 GEMM's rowwise mode reads one scale per column
+    if w1_interleaved(plan):
+        weights = weights.gate_up_interleaved()  # W1's column scales too, once per column
     return weights.blocked_64x64() if weights_blocked(plan) else weights

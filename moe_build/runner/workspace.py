@@ -54,11 +54,12 @@ def workspace_layout(spec: MoESpec, steps: set[str], max_tokens: int, *, gemm_wo
         "permuted_weights": BufferSpec((R,), torch.float32, K),
         "fc1_act": BufferSpec((R, I), dt, K),
     }
-    if S.GEMM1_FP8 in steps:
+    if steps & {S.GEMM1_FP8, S.GEMM1_FP8_GATED}:
         out.update(_fp8_buffers(spec, steps, max_tokens))
     if S.GEMM1_W4AFP8 in steps:
         out.update(_w4afp8_buffers(spec, steps, max_tokens))
-    if steps & {S.GEMM1_FP8, S.GEMM1_W4AFP8} and S.FC1_ACTIVATION not in steps:
+    if steps & {S.GEMM1_FP8, S.GEMM1_FP8_GATED, S.GEMM1_W4AFP8} and S.QUANTIZE_FC2_INPUT not in steps \
+            and S.FC1_ACTIVATION not in steps:
         del out["fc1_act"]  # the activation writes GEMM2's FP8 input straight away
     if S.ROUTER_GEMM in steps:
         out["logits"] = BufferSpec((M, spec.num_experts), dt, 1)  # the router scores every expert
@@ -89,7 +90,7 @@ def workspace_layout(spec: MoESpec, steps: set[str], max_tokens: int, *, gemm_wo
 def _fp8_buffers(spec: MoESpec, steps: set[str], max_tokens: int) -> dict[str, BufferSpec]:
     """An FP8 layer's GEMM inputs (e4m3 rows and their fp32 scales, one per row or per 128 columns:
     moe_build/weights/fp8.py), replacing the 16-bit permuted_input; fc1_act stays 16-bit where the separate
-    quantize step reads it."""
+    quantize step reads it (after the activation kernel or GEMM1's gated epilogue)."""
     M, K, H, I = max_tokens, spec.top_k, spec.hidden_size, spec.intermediate_size
     R = M * K
 

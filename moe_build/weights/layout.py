@@ -191,9 +191,20 @@ class MoEWeights:
         return replace(self, w1=w1, w2=w2, b1=cut(self.b1), b2=cut(self.b2), fp8=fp8, woq=woq)
 
     def gate_up_interleaved(self) -> "MoEWeights":
-        """These weights with W1 / b1 in `interleave_gate_up`'s order (the sm90 gated epilogue's)."""
-        return replace(self, w1=interleave_gate_up(self.w1),
-                       b1=None if self.b1 is None else interleave_gate_up(self.b1))
+        """These weights with W1 / b1 in `interleave_gate_up`'s order (the sm90 gated epilogue's); FP8 W1's
+        per-column scales (CHANNEL: fp8_channel_scales first) in the same order, as the epilogue reads one per
+        column. Block-128 scales cover 128 rows that the interleave splits: refused."""
+        f = self.fp8
+        if f is not None and f.granularity is not ScaleGranularity.CHANNEL:
+            raise ValueError(f"W1's {f.granularity.value} FP8 scales: the gate/up interleave needs one scale per "
+                             "row (fp8_channel_scales first; block-128 scales cannot follow it)")
+        w1 = self.w1
+        if w1.dtype == FP8_DTYPE:  # moved as bytes: the same values, any torch's copy kernels
+            w1 = interleave_gate_up(w1.view(torch.uint8)).view(FP8_DTYPE)
+        else:
+            w1 = interleave_gate_up(w1)
+        return replace(self, w1=w1, b1=None if self.b1 is None else interleave_gate_up(self.b1),
+                       fp8=None if f is None else replace(f, w1_scale=interleave_gate_up(f.w1_scale)))
 
     def blocked_64x64(self) -> "MoEWeights":
         """These weights with W1 and W2 stored in `block_64x64`'s layout (the sm90 GEMMs' fastest)."""

@@ -2,8 +2,8 @@
 
 The reference (moe_build.reference) dequantizes the stored e4m3 weights exactly and quantizes both GEMM
 inputs exactly as moe_build/weights/fp8.py defines, in fp64. The runner computes the same quantized math
-except that its 16-bit intermediates (GEMM1's output and the activation, rounded to bf16 / fp16 before
-GEMM2's input is quantized) can move a value across an e4m3 rounding boundary: one e4m3 step (2^-3
+except that its 16-bit intermediates (GEMM1's output where the activation runs as a kernel, and the activation,
+rounded to bf16 / fp16 before GEMM2's input is quantized) can move a value across an e4m3 rounding boundary: one e4m3 step (2^-3
 relative) on that element. A torch emulation of exactly those roundings differs from the reference by
 1.0-1.6% (relative L2 over the output) and at most 2.9% on one token (H 256-2048, I 200-768, top-k 2-8,
 every scale granularity), so the bounds are twice that: 3% over the output, 6% per token (an output of
@@ -38,15 +38,19 @@ MODES = [(Quant.FP8, ScaleGranularity.TENSOR, ActScale.STATIC), (Quant.FP8, Scal
 MODE_IDS = ["tensor_static", "tensor_dynamic", "channel_dynamic", "block128"]
 # the activation-quantization fusions, the finalize in GEMM2's epilogue (BASE's default plan fuses it at every
 # token count: with 8 experts a call of more than 32 rows has more than 4 per expert) and their unfused
-# alternatives; the fused finalize's output is zeroed by the FP8 expansion (either) or the three-step prologue; and
-# the rowwise GEMMs' promoted accumulation against the plan's fast one (block-128 promotes either way)
+# alternatives; the fused finalize's output is zeroed by the FP8 expansion (either) or the three-step prologue;
+# the rowwise GEMMs' promoted accumulation against the plan's fast one (block-128 promotes either way); and the
+# activation kernel (GEMM2's input quantized in it, or after it) against the rowwise plan's gated GEMM1 epilogue
+# (block-128 runs the activation kernel either way)
 QUANT_FORCES = [{}, {"fc1_input_quant": "separate"}, {"fc2_input_quant": "separate"},
                 {"fc1_input_quant": "separate", "fc2_input_quant": "separate", "routing_prologue": "three_step"},
                 {"finalize": "separate"},
                 {"finalize": "separate", "fc1_input_quant": "separate", "routing_prologue": "three_step"},
-                {"fp8_accumulation": "promoted"}]
+                {"fp8_accumulation": "promoted"}, {"fc1_activation": "separate"},
+                {"fc1_activation": "separate", "fc2_input_quant": "separate"}]
 QUANT_FORCE_IDS = ["fused", "input_separate", "fc2_separate", "both_separate_three_step", "finalize_separate",
-                   "finalize_separate_input_separate_three_step", "accumulation_promoted"]
+                   "finalize_separate_input_separate_three_step", "accumulation_promoted", "activation_kernel",
+                   "activation_kernel_quantize_separate"]
 BASE = MoESpec(256, 512, 8, 2, routing=Routing(RoutingMethod.SOFTMAX_TOPK, renormalize=True))
 FUSED_GEMM2, SEPARATE_GEMM2 = "gemm2:fp8_finalize", "gemm2:fp8"  # runner/sequence.py's step names
 
@@ -86,6 +90,19 @@ def check(base: MoESpec, mode, force: dict[str, str] | None = None, tokens: int 
 @pytest.mark.parametrize("tokens", [1, 255, 256, 257])
 def test_every_mode_and_fusion(mode, force, tokens: int) -> None:
     check(BASE, mode, force, tokens)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+@pytest.mark.parametrize("tokens", [1, 16, 600])
+def test_gated_epilogue_where_planned(mode, tokens: int) -> None:
+    """On sm90 rowwise layers run the activation in GEMM1's epilogue (then the quantize kernel), block-128 ones the
+    activation kernel with GEMM2's input quantized in it (from 2 tokens on), at decode and wgmma token counts."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the FP8 gated epilogue is planned for the sm90 GEMMs")
+    steps = check(BASE.with_overrides(num_experts=16), mode, tokens=tokens, max_tokens=600)
+    gated = mode[0] is Quant.FP8
+    assert ("gemm1:fp8_gated" in steps) == gated and ("fc2_input_quant:separate" in steps) == (gated or tokens == 1), \
+        steps
 
 
 @pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)

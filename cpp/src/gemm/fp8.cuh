@@ -1,6 +1,8 @@
-// The FP8 grouped GEMM (mb_grouped_gemm_fp8, and mb_grouped_gemm_fp8_finalize with the finalize epilogue):
+// The FP8 grouped GEMM (mb_grouped_gemm_fp8, mb_grouped_gemm_fp8_finalize with the finalize epilogue and
+// mb_grouped_gemm_fp8_gated with the gated activation in its epilogue):
 // what its kernels share. A and B are e4m3 bytes, the accumulation fp32, the output bf16/fp16 (+ bias; the
-// finalize epilogue times the routing weight, added into the token's output row); the scales follow the
+// finalize epilogue times the routing weight, added into the token's output row; the gated epilogue writes
+// act(gate, up) of an interleaved W1); the scales follow the
 // call's mb_fp8_scaling:
 //   MB_FP8_ROWWISE : C[p, c] = sa[p] * sb[x, c] * sum_k A[p, k] B[x, c, k]       sa [max_rows], sb [E, n]
 //   MB_FP8_BLOCK128: C[p, c] = sum_kb sa[p, kb] * sb[x, c / 128, kb] * sum_{k in kb} A[p, k] B[x, c, k]
@@ -26,17 +28,22 @@ struct Fp8GemmParams {
   const float* scale_b;  // as the scaling says
   const void* bias;      // [E, n] in the output dtype, or null
   void* C;               // store: [max_rows, n] in the output dtype, rows past off[E] not written;
-                         // finalize: [tokens, n], zeroed by the caller, added into
+                         // gated: [max_rows, n / 2]; finalize: [tokens, n], zeroed by the caller, added into
   const int64_t* offsets;  // [E + 1]
   int num_experts;
   int n, k;
   int scaling;       // enum mb_fp8_scaling
   int accumulation;  // enum mb_fp8_accumulation (the wgmma kernel's)
-  int epilogue = EPI_STORE;                         // EPI_STORE or EPI_FINALIZE (EpilogueKind)
+  int epilogue = EPI_STORE;                         // EpilogueKind (EPI_GATED: MB_FP8_ROWWISE only)
   const int32_t* permuted_to_unpermuted = nullptr;  // finalize: expanded row of each permuted row (/ top_k: token)
   const float* permuted_weights = nullptr;          // finalize: routing weight of each permuted row
   int top_k = 1;                                    // finalize
-  bool evict_last = false;                          // finalize, wgmma: atomics under L2 evict_last
+  bool evict_last = false;                          // finalize / gated, wgmma: atomics / stores under L2 evict_last
+  // gated: act(gate, up) of W1's rows interleaved in blocks of 8 (rows 16b..16b+7 gate features 8b..8b+7, rows
+  // 16b+8..16b+15 their up projections; scale_b and bias in the same order), MB_ACT_SWIGLU / GEGLU / SWIGLU_CLAMP
+  int activation = MB_ACT_SWIGLU;
+  float swiglu_alpha = 1.f;
+  float swiglu_limit = 0.f;
 };
 
 __host__ __device__ __forceinline__ int fp8_k_blocks(int k) { return (k + kFp8Block - 1) / kFp8Block; }
@@ -49,5 +56,9 @@ mb_status launch_fp8_decode(const Fp8GemmParams& p, int64_t max_rows, int dtype,
 size_t fp8_wgmma_workspace_bytes(int num_experts);
 mb_status run_fp8_wgmma(const Fp8GemmParams& p, int64_t max_rows, int dtype, const mb_gemm_tactic& tactic,
                         void* workspace, size_t workspace_bytes, cudaStream_t stream);
+// gemm/fp8_sm90_gated.cu: the wgmma kernel with the gated epilogue (run_fp8_wgmma's, for p.epilogue EPI_GATED; rowwise
+// scales, its tile checked there).
+mb_status run_fp8_wgmma_gated(const Fp8GemmParams& p, int64_t max_rows, int dtype, int tile, bool after_trigger,
+                              void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
 }  // namespace mbk

@@ -1,7 +1,7 @@
-// The FP8 grouped-GEMM entry points (mb_grouped_gemm_fp8, mb_grouped_gemm_fp8_finalize and their workspace
-// query): argument checks, the tactic's check (gemm/tactic.cuh), then the tactic's kernel: gemm/fp8_decode.cu
-// (mma.sync e4m3, compute capability 8.9 and later) or gemm/fp8_sm90.cu (wgmma, 9.0 only), each with the
-// plain store or the finalize epilogue. The mma tiles have no FP8 form.
+// The FP8 grouped-GEMM entry points (mb_grouped_gemm_fp8, mb_grouped_gemm_fp8_finalize, mb_grouped_gemm_fp8_gated
+// and their workspace query): argument checks, the tactic's check (gemm/tactic.cuh), then the tactic's kernel:
+// gemm/fp8_decode.cu (mma.sync e4m3, compute capability 8.9 and later) or gemm/fp8_sm90.cu (wgmma, 9.0 only), each
+// with the plain store, the finalize or the gated epilogue. The mma tiles have no FP8 form.
 #include <cstdint>
 
 #include "gemm/fp8.cuh"
@@ -105,6 +105,32 @@ mb_status mb_grouped_gemm_fp8_finalize(const void* A, const float* scale_a, cons
   p.permuted_weights = permuted_weights;
   p.top_k = top_k;
   p.evict_last = tactic.output_l2 == MB_OUTPUT_L2_EVICT_LAST;
+  return mbk::run_fp8(p, max_rows, dtype, tactic, workspace, workspace_bytes, stream, who);
+}
+
+mb_status mb_grouped_gemm_fp8_gated(const void* A, const float* scale_a, const void* B, const float* scale_b,
+                                    int scaling, int accumulation, const void* bias, void* C,
+                                    const int64_t* expert_first_token_offset, int num_experts, int64_t max_rows,
+                                    int inter, int k, int dtype, int activation, float swiglu_alpha,
+                                    float swiglu_limit, mb_gemm_tactic tactic, void* workspace,
+                                    size_t workspace_bytes, cudaStream_t stream) {
+  const char* who = "grouped gemm fp8 gated";
+  if (inter <= 0 || inter % 8 != 0)
+    return mbk::fail(MB_ERR_INVALID_ARGUMENT, "%s: inter (%d) must be a positive multiple of 8", who, inter);
+  if (activation != MB_ACT_SWIGLU && activation != MB_ACT_GEGLU && activation != MB_ACT_SWIGLU_CLAMP)
+    return mbk::fail(MB_ERR_INVALID_ARGUMENT, "%s: activation %d is not swiglu (%d), geglu (%d) or swiglu_clamp (%d)",
+                     who, activation, MB_ACT_SWIGLU, MB_ACT_GEGLU, MB_ACT_SWIGLU_CLAMP);
+  if (scaling == MB_FP8_BLOCK128)
+    return mbk::fail(MB_ERR_UNSUPPORTED, "%s: rowwise scales only (block-128 weight scales cover 128 rows of W1, "
+                     "which its gate/up interleave by 8 splits)", who);
+  mbk::Fp8GemmParams p{static_cast<const uint8_t*>(A), scale_a, static_cast<const uint8_t*>(B), scale_b, bias,
+                       C, expert_first_token_offset, num_experts, 2 * inter, k, scaling, accumulation};
+  MB_TRY(mbk::check_fp8_args(p, max_rows, dtype, who));
+  p.epilogue = mbk::EPI_GATED;
+  p.evict_last = tactic.output_l2 == MB_OUTPUT_L2_EVICT_LAST;
+  p.activation = activation;
+  p.swiglu_alpha = swiglu_alpha;
+  p.swiglu_limit = swiglu_limit;
   return mbk::run_fp8(p, max_rows, dtype, tactic, workspace, workspace_bytes, stream, who);
 }
 

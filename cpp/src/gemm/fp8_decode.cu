@@ -15,8 +15,10 @@
 // sb[expert, column / 128, kb] and added to the accumulator (a warp's 16 weight rows lie in one
 // 128-row block), so no block's sum is rounded before its scale, as the block-scaled reference does.
 //
-// Epilogues (p.epilogue): the plain store, or the finalize (as gemm/decode.cu's): each output pair times its
-// row's routing weight, added with one packed 2-element atomic into the token's output row.
+// Epilogues (p.epilogue): the plain store; the finalize (as gemm/decode.cu's): each output pair times its
+// row's routing weight, added with one packed 2-element atomic into the token's output row; or the gated
+// activation of an interleaved W1 (rowwise scales): a CTA's weight rows are whole 16-row blocks, 8 gate rows then
+// their 8 up rows, so each output feature pair finds its gate and up sums in the CTA's shared partials.
 //
 // CTA = 8 warps = one (expert, chunk of up to 8 token rows, 128 / WK weight rows) unit; WK warps split K
 // into slices of whole 128-k blocks; partial sums meet in shared memory and are reduced in fixed warp
@@ -161,30 +163,51 @@ __global__ void __launch_bounds__(kDecodeThreads) fp8_decode_kernel(Fp8GemmParam
 
   using P2 = Pair<T>;
   const T* bias = p.bias ? static_cast<const T*>(p.bias) + (int64_t)expert * N : nullptr;
-  // One thread per (token, output column pair); warp-slice partials summed in fixed order.
+  // The scaled sum (+ bias) of CTA weight row r (output column col0 + r) for token t, warp-slice partials summed
+  // in fixed order.
+  auto column = [&](int r, int t, int64_t prow) {
+    float s = 0.f;
+#pragma unroll
+    for (int wi = 0; wi < WK; ++wi) s += s_part[wi][r][t];
+    if constexpr (!kBlock) s *= p.scale_a[prow] * p.scale_b[(int64_t)expert * N + col0 + r];
+    return s;
+  };
+  auto biased = [&](float2 v, int col) {
+    if (bias) {
+      const float2 b = P2::to_float2(*reinterpret_cast<const typename P2::type*>(bias + col));
+      v.x += b.x;
+      v.y += b.y;
+    }
+    return v;
+  };
+  if constexpr (EPI == EPI_GATED) {
+    // One thread per (token, output feature pair): the CTA's R rows hold R / 2 features, feature f (even) of
+    // block f / 8 has its gate rows at 16 (f / 8) + f % 8 (+1) and its up rows 8 further.
+    const int inter = N / 2;
+    for (int idx = threadIdx.x; idx < kDecodeTokens * (R / 4); idx += kDecodeThreads) {
+      const int t = idx / (R / 4), f = 2 * (idx % (R / 4));
+      const int r = (f / 8) * 16 + f % 8;
+      if (t >= rows || col0 + r >= N) continue;  // N is a multiple of 16: the up rows are in range too
+      const int64_t prow = row_begin + t;
+      const float2 gate = biased({column(r, t, prow), column(r + 1, t, prow)}, col0 + r);
+      const float2 up = biased({column(r + 8, t, prow), column(r + 9, t, prow)}, col0 + r + 8);
+      *reinterpret_cast<typename P2::type*>(static_cast<T*>(p.C) + prow * inter + col0 / 2 + f) =
+          P2::make(apply_gated(p.activation, gate.x, up.x, p.swiglu_alpha, p.swiglu_limit),
+                   apply_gated(p.activation, gate.y, up.y, p.swiglu_alpha, p.swiglu_limit));
+    }
+    return;
+  }
+  // One thread per (token, output column pair).
   for (int idx = threadIdx.x; idx < kDecodeTokens * (R / 2); idx += kDecodeThreads) {
     const int t = idx / (R / 2), c = 2 * (idx % (R / 2));
     const int col = col0 + c;
     if (t >= rows || col >= N) continue;  // N and col are even: col + 1 < N too
     const int64_t prow = row_begin + t;
-    float v[2];
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      float s = 0.f;
-#pragma unroll
-      for (int wi = 0; wi < WK; ++wi) s += s_part[wi][c + j][t];
-      if constexpr (!kBlock) s *= p.scale_a[prow] * p.scale_b[(int64_t)expert * N + col + j];
-      v[j] = s;
-    }
-    if (bias) {
-      const float2 b = P2::to_float2(*reinterpret_cast<const typename P2::type*>(bias + col));
-      v[0] += b.x;
-      v[1] += b.y;
-    }
+    const float2 v = biased({column(c, t, prow), column(c + 1, t, prow)}, col);
     if constexpr (EPI == EPI_FINALIZE) {
-      finalize_add_pair<T>(p.C, p.permuted_to_unpermuted, p.permuted_weights, p.top_k, prow, N, col, v[0], v[1]);
+      finalize_add_pair<T>(p.C, p.permuted_to_unpermuted, p.permuted_weights, p.top_k, prow, N, col, v.x, v.y);
     } else {
-      *reinterpret_cast<typename P2::type*>(static_cast<T*>(p.C) + prow * N + col) = P2::make(v[0], v[1]);
+      *reinterpret_cast<typename P2::type*>(static_cast<T*>(p.C) + prow * N + col) = P2::make(v.x, v.y);
     }
   }
 }
@@ -202,9 +225,15 @@ mb_status launch_epilogue(const Fp8GemmParams& p, int64_t chunks, int k_split, b
 template <typename T, int SCALING>
 mb_status launch_scaling(const Fp8GemmParams& p, int64_t chunks, int k_split, bool after_trigger,
                          cudaStream_t stream) {
-  return p.epilogue == EPI_FINALIZE
-             ? launch_epilogue<T, SCALING, EPI_FINALIZE>(p, chunks, k_split, after_trigger, stream)
-             : launch_epilogue<T, SCALING, EPI_STORE>(p, chunks, k_split, after_trigger, stream);
+  switch (p.epilogue) {
+    case EPI_FINALIZE: return launch_epilogue<T, SCALING, EPI_FINALIZE>(p, chunks, k_split, after_trigger, stream);
+    case EPI_GATED:  // rowwise scales only (mb_grouped_gemm_fp8_gated refuses block-128 before this)
+      if constexpr (SCALING == MB_FP8_ROWWISE)
+        return launch_epilogue<T, SCALING, EPI_GATED>(p, chunks, k_split, after_trigger, stream);
+      else
+        return fail(MB_ERR_UNSUPPORTED, "grouped gemm fp8 decode: the gated epilogue takes rowwise scales only");
+    default: return launch_epilogue<T, SCALING, EPI_STORE>(p, chunks, k_split, after_trigger, stream);
+  }
 }
 
 // The SASS architecture the runtime picked for this kernel on the current device: a library built without

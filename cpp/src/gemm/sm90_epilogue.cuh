@@ -88,11 +88,11 @@ __device__ __forceinline__ uint64_t l2_evict_last() {
 // Operator-style epilogue run by CUTLASS's Sm90TmaWarpSpecializedAdapter (the same hook as its
 // DefaultEpilogueArray): each consumer thread gets its wgmma accumulator fragment and the
 // fragment's (row, column) coordinates in the current group, and writes them itself.
-// kFp8Rowwise (plain store and finalize): the accumulators are FP8 products, scaled here by the row's and
-// the column's scale (MB_FP8_ROWWISE, gemm/fp8.cuh) before the bias (and the finalize's routing weight).
+// kFp8Rowwise (every mode): the accumulators are FP8 products, scaled here by the row's and the column's
+// scale (MB_FP8_ROWWISE, gemm/fp8.cuh) before the bias (and the gated activation, or the finalize's routing
+// weight).
 template <typename T, int kEpi, bool kFp8Rowwise = false>
 class MoeEpilogue {
-  static_assert(!kFp8Rowwise || kEpi != EPI_GATED, "FP8 row/column scales: plain store and finalize only");
  public:
   using EpilogueSchedule = cutlass::epilogue::PtrArrayNoSmemWarpSpecialized;
   using DispatchPolicy = EpilogueSchedule;
@@ -181,12 +181,12 @@ class MoeEpilogue {
       return bias ? finalize_tile<true>(acc, f, bias, col_scale) : finalize_tile<false>(acc, f, bias, col_scale);
     } else if constexpr (kEpi == EPI_GATED) {
       switch (params_.activation) {
-        case MB_ACT_GEGLU: return bias ? gated_tile<MB_ACT_GEGLU, true>(acc, f, bias)
-                                       : gated_tile<MB_ACT_GEGLU, false>(acc, f, bias);
-        case MB_ACT_SWIGLU_CLAMP: return bias ? gated_tile<MB_ACT_SWIGLU_CLAMP, true>(acc, f, bias)
-                                              : gated_tile<MB_ACT_SWIGLU_CLAMP, false>(acc, f, bias);
-        default: return bias ? gated_tile<MB_ACT_SWIGLU, true>(acc, f, bias)
-                             : gated_tile<MB_ACT_SWIGLU, false>(acc, f, bias);
+        case MB_ACT_GEGLU: return bias ? gated_tile<MB_ACT_GEGLU, true>(acc, f, bias, col_scale)
+                                       : gated_tile<MB_ACT_GEGLU, false>(acc, f, bias, col_scale);
+        case MB_ACT_SWIGLU_CLAMP: return bias ? gated_tile<MB_ACT_SWIGLU_CLAMP, true>(acc, f, bias, col_scale)
+                                              : gated_tile<MB_ACT_SWIGLU_CLAMP, false>(acc, f, bias, col_scale);
+        default: return bias ? gated_tile<MB_ACT_SWIGLU, true>(acc, f, bias, col_scale)
+                             : gated_tile<MB_ACT_SWIGLU, false>(acc, f, bias, col_scale);
       }
     } else {
       return bias ? store_tile<true>(acc, f, bias, col_scale) : store_tile<false>(acc, f, bias, col_scale);
@@ -320,8 +320,10 @@ class MoeEpilogue {
   // pair: each thread has both halves of its features. A lane quad's act(gate, up) pairs of gate group j
   // are 8 consecutive features of the [rows, N / 2] activation; four gate groups' pairs are transposed
   // across the quad (quad_transpose), so each lane writes one group whole with one 16-byte store.
+  // kFp8Rowwise: gate and up are each scaled by the row's and their own column's scale (W1's column scales come
+  // in the same interleaved order) before the bias and the activation.
   template <int ACT, bool kBias, class Acc>
-  CUTLASS_DEVICE void gated_tile(Acc const& acc, Frag const& f, const T* bias) {
+  CUTLASS_DEVICE void gated_tile(Acc const& acc, Frag const& f, const T* bias, const float* col_scale) {
     using P2 = Pair<T>;
     static_assert(decltype(cute::size(acc))::value % 32 == 0, "blocks of four gate groups");
     const int inter = f.N / 2;
@@ -330,18 +332,33 @@ class MoeEpilogue {
     const int nq = f.n0 - 2 * q;  // the quad's first column, a multiple of 16; its first feature is nq / 2
     const uint64_t policy = params_.evict_last ? l2_evict_last() : 0;
     T* row[2];
+    float rs[2];
+    row_scales(f, rs);
     CUTLASS_PRAGMA_UNROLL
     for (int h = 0; h < 2; ++h) row[h] = params_.out + (f.row0 + f.m0 + 8 * h) * inter + nq / 2 + 8 * q;
     CUTLASS_PRAGMA_UNROLL
     for (int g = 0; g < cute::size(acc) / 32; ++g) {  // gate groups j = 8g + 2s, s < 4
+      float2 cs_gate[4], cs_up[4];  // kFp8Rowwise: the column scales of gate group j and up group j + 1
+      CUTLASS_PRAGMA_UNROLL
+      for (int s = 0; s < 4; ++s) {
+        const int j = 8 * g + 2 * s;
+        const bool in = kFp8Rowwise && f.col_in(j);  // N is a multiple of 16: the up group is in range too
+        cs_gate[s] = in ? *reinterpret_cast<const float2*>(col_scale + f.n0 + 8 * j) : float2{1.f, 1.f};
+        cs_up[s] = in ? *reinterpret_cast<const float2*>(col_scale + f.n0 + 8 * j + 8) : float2{1.f, 1.f};
+      }
       CUTLASS_PRAGMA_UNROLL
       for (int h = 0; h < 2; ++h) {
         uint32_t v[4];
         CUTLASS_PRAGMA_UNROLL
         for (int s = 0; s < 4; ++s) {
           const int j = 8 * g + 2 * s, i = 4 * j + 2 * h;
-          const float2 gate = biased<kBias>({acc(i), acc(i + 1)}, bias, f, j);
-          const float2 up = biased<kBias>({acc(i + 4), acc(i + 5)}, bias, f, j + 1);
+          float2 gate{acc(i), acc(i + 1)}, up{acc(i + 4), acc(i + 5)};
+          if constexpr (kFp8Rowwise) {
+            gate = {gate.x * rs[h] * cs_gate[s].x, gate.y * rs[h] * cs_gate[s].y};
+            up = {up.x * rs[h] * cs_up[s].x, up.y * rs[h] * cs_up[s].y};
+          }
+          gate = biased<kBias>(gate, bias, f, j);
+          up = biased<kBias>(up, bias, f, j + 1);
           const typename P2::type packed =
               P2::make(mb::act_apply<ACT>(gate.x, up.x, alpha, limit), mb::act_apply<ACT>(gate.y, up.y, alpha, limit));
           v[s] = *reinterpret_cast<const uint32_t*>(&packed);

@@ -236,3 +236,27 @@ def grouped_gemm_fp8_finalize(a: torch.Tensor, scale_a: torch.Tensor, b: torch.T
          int(DType.BF16 if out_dtype == torch.bfloat16 else DType.FP16), tactic_struct(tactic), ws, ws_bytes,
          _stream(stream, dev))
     return o
+
+def grouped_gemm_fp8_gated(a: torch.Tensor, scale_a: torch.Tensor, b: torch.Tensor, scale_b: torch.Tensor,
+                           expert_first_token_offset: torch.Tensor, scaling: int | str | Fp8Scaling,
+                           activation: int | str | Activation, out_dtype: torch.dtype = torch.bfloat16,
+                           bias: torch.Tensor | None = None, swiglu_alpha: float = 1.0, swiglu_limit: float = math.inf,
+                           c: torch.Tensor | None = None, workspace: torch.Tensor | None = None,
+                           stream: int | torch.cuda.Stream | None = None,
+                           accumulation: int | str | Fp8Accumulation = Fp8Accumulation.PROMOTED, *,
+                           tactic: GemmTactic | str) -> torch.Tensor:
+    """C[p] = act(gate, up) of grouped_gemm_fp8's scaled product (+ bias[x]), the gated activation in GEMM1's
+    epilogue (rowwise scales only). B [E, 2I, k], scale_b [E, 2I] and bias [E, 2I] in
+    moe_build.weights.interleave_gate_up's order -> C [R, I] in out_dtype."""
+    dev, rows, k, e, n2, mode = _fp8_gemm_args(a, scale_a, b, scale_b, expert_first_token_offset, scaling, out_dtype,
+                                               bias)
+    act = _enum(activation, Activation, "activation")
+    out = _out(c, "C", (rows, n2 // 2), out_dtype, dev)
+    ws, ws_bytes = _workspace(workspace, lambda: grouped_gemm_fp8_workspace_bytes(e, rows, n2, k), dev)
+    call("mb_grouped_gemm_fp8_gated", a.data_ptr(), scale_a.data_ptr(), b.data_ptr(), scale_b.data_ptr(), int(mode),
+         _enum(accumulation, Fp8Accumulation, "accumulation"), _ptr(bias), out.data_ptr(),
+         expert_first_token_offset.data_ptr(), e, rows, n2 // 2, k,
+         int(DType.BF16 if out_dtype == torch.bfloat16 else DType.FP16), act, swiglu_alpha, swiglu_limit,
+         tactic_struct(tactic), ws, ws_bytes, _stream(stream, dev))
+    return out
+
