@@ -58,11 +58,12 @@ def test_json_schema_and_hopper_plan():
 @pytest.mark.parametrize("quant", ["fp8", "fp8_block"])
 def test_fp8_layers_fuse_the_finalize_with_its_gates_shown(quant: str):
     """The FP8 GEMM2 has a FINALIZE tactic (mb_grouped_gemm_fp8_finalize): the report shows the decision with
-    the gate that admits it, the same bands as a 16-bit layer's, and forcing separate still plans."""
+    the gate that admits it, fused at every count (rules.FINALIZE_ALWAYS_FUSED_QUANTS, where a 16-bit layer's has
+    a separate band), and forcing separate still plans."""
     doc = report(*NARROW_FLAGS, "--quant", quant, "--sm", "90", "--flavour", "tensorrt", "--tokens", "1024")
     fin = next(s for s in doc["stages"] if s["stage"] == "finalize")
     assert fin["choice"] == "fused"
-    assert fin["bands"] == [[1, 16, "fused"], [17, 128, "separate"], [129, None, "fused"]]
+    assert fin["bands"] == [[1, None, "fused"]]
     tactic = next(g for g in fin["gates"] if g["name"] == "finalize_tactic")
     assert tactic["held"] is True and tactic["value"] == f"bf16/{quant}"
     forced = report(*NARROW_FLAGS, "--quant", quant, "--sm", "90", "--flavour", "tensorrt", "--tokens", "1024",

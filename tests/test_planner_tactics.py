@@ -363,17 +363,19 @@ def test_plan_records_tactic_bands_for_both_gemms() -> None:
     assert g2.choice_for(65) == "wgmma:pingpong64x128:after_trigger:evict_last"
 
 
-def test_fp8_plan_gemm2_follows_the_finalize_bands() -> None:
-    """An FP8 layer's finalize takes the 16-bit thresholds (fused at 1-4 tokens of Qwen3-30B-A3B, separate at
-    5-64, fused from 65) and its GEMM2 the FP8 tactics of the epilogue in each band."""
-    plan = make_plan(dataclasses.replace(QWEN3, quant=Quant.FP8), H100, 256)
+@pytest.mark.parametrize("quant", [Quant.FP8, Quant.FP8_BLOCK])
+def test_fp8_plan_fuses_the_finalize_at_every_count(quant: Quant) -> None:
+    """rules.FINALIZE_ALWAYS_FUSED_QUANTS: an FP8 layer's finalize is fused at every count, also where the 16-bit
+    rule leaves it separate (5-64 tokens of Qwen3-30B-A3B), and its GEMM2 runs the FP8 tactics of the finalize
+    epilogue in each kernel band; forced separate, the plain store's."""
+    plan = make_plan(dataclasses.replace(QWEN3, quant=quant), H100, 256)
     fin, g2 = plan.stage("finalize"), plan.stage("gemm2_tactic")
-    assert [fin.choice_for(t) for t in (4, 5, 64, 65)] == ["fused", "separate", "separate", "fused"]
-    assert g2.choice_for(4) == "decode:ksplit1:after_trigger:plain"
-    assert g2.choice_for(64) == "wgmma:pingpong64x128:plain:plain"  # 512 rows: wgmma, plain store
-    assert g2.choice_for(65) == "wgmma:pingpong64x128:after_trigger:evict_last"
-    separate = make_plan(dataclasses.replace(QWEN3, quant=Quant.FP8), H100, 256, force={"finalize": "separate"})
-    assert separate.stage("gemm2_tactic").choice_for(65) == "wgmma:pingpong64x128:plain:plain"
+    assert [b.to_list() for b in fin.bands] == [[1, None, "fused"]]
+    assert make_plan(QWEN3, H100, 256).stage("finalize").choice_for(16) == "separate"  # the 16-bit rule's band
+    assert g2.choice_for(4).startswith("decode:") and g2.choice_for(4).endswith(":after_trigger:plain")
+    assert g2.choice_for(64) == "wgmma:pingpong64x128:after_trigger:evict_last"  # 512 rows: wgmma, finalize
+    separate = make_plan(dataclasses.replace(QWEN3, quant=quant), H100, 256, force={"finalize": "separate"})
+    assert separate.stage("gemm2_tactic").choice_for(64) == "wgmma:pingpong64x128:plain:plain"
 
 
 def test_forced_tactic_holds_at_every_count_and_is_checked() -> None:

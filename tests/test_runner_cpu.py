@@ -404,7 +404,8 @@ def test_fp8_plans_run_fp8_steps_where_the_plan_quantizes(quant: Quant) -> None:
 def test_fp8_plans_fuse_the_finalize_into_gemm2_where_the_plan_says(quant: Quant) -> None:
     """finalize=fused: GEMM2 on the FP8 finalize entry point, into the output the three-step prologue zeroes, or
     else the FP8 expansion (either of the two); finalize=separate: GEMM2's plain store, then the finalize kernel,
-    nothing zeroed. Token-dependent as for 16-bit layers (SWIGLU_64E: separate at 17..128 tokens)."""
+    nothing zeroed. Fused at every count (rules.FINALIZE_ALWAYS_FUSED_QUANTS; a 16-bit SWIGLU_64E layer is separate
+    at 17..128 tokens)."""
     spec = dataclasses.replace(SWIGLU, quant=quant)
     tail = ["gemm1:fp8", "fc1_activation:fp8", "gemm2:fp8_finalize"]
     plan = make_plan(spec, H100, tokens=16, force=ACT_KERNEL)
@@ -417,14 +418,16 @@ def test_fp8_plans_fuse_the_finalize_into_gemm2_where_the_plan_says(quant: Quant
     three_step = make_plan(spec, H100, tokens=16, force={**ACT_KERNEL, "routing_prologue": "three_step"})
     assert kernel_sequence(three_step, 16)[2:] == ["routing_prologue:three_step+zero_output", "expand_rows:fp8",
                                                    *tail]
-    separate = make_plan(spec, H100, tokens=16, force={**ACT_KERNEL, "finalize": "separate", "routing_prologue": "three_step"})
+    separate = make_plan(spec, H100, tokens=16,
+                         force={**ACT_KERNEL, "finalize": "separate", "routing_prologue": "three_step"})
     assert kernel_sequence(separate, 16)[2:] == ["routing_prologue:three_step", "expand_rows:fp8", "gemm1:fp8",
                                                  "fc1_activation:fp8", "gemm2:fp8", "finalize"]
     spec64 = dataclasses.replace(SWIGLU_64E, quant=quant)
-    banded = make_plan(spec64, H100, tokens=16, force=ACT_KERNEL)
-    assert [kernel_sequence(banded, t)[-1] for t in (16, 17, 128, 129)] == [
-        "gemm2:fp8_finalize", "finalize", "finalize", "gemm2:fp8_finalize"]
-    assert "gemm2_out" in workspace_layout(spec64, steps_up_to(banded, 4096), 4096)
+    everywhere = make_plan(spec64, H100, tokens=16, force=ACT_KERNEL)
+    assert [kernel_sequence(everywhere, t)[-1] for t in (16, 17, 128, 129)] == ["gemm2:fp8_finalize"] * 4
+    assert [kernel_sequence(make_plan(SWIGLU_64E, H100, tokens=16), t)[-1] for t in (16, 17)] == [
+        "gemm2:sm90_finalize", "finalize"]
+    assert "gemm2_out" not in workspace_layout(spec64, steps_up_to(everywhere, 4096), 4096)
 
 
 def test_fp8_rowwise_plans_run_the_gated_gemm1() -> None:

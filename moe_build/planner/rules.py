@@ -362,9 +362,7 @@ def finalize_tactic_available(s: MoESpec) -> Gate:
 
 
 # tactic selection (the FINALIZE GEMM2 tactic must be the one chosen at run time), measured on the H200
-# for bf16 layers (FP8 layers take the same thresholds; FP8 measured only at 1, 16 and 4096 tokens of Qwen3-30B-A3B
-# and DeepSeek-V2-Lite: fused wins 4-9% where it is chosen but at DeepSeek-V2-Lite 1 token, -1%; docs/performance.md):
-# from intermediate size 2048 the fused epilogue is ahead or within 1.5 us at every count. Below it, fused
+# for bf16 layers: from intermediate size 2048 the fused epilogue is ahead or within 1.5 us at every count. Below it, fused
 # where GEMM2 runs the wgmma kernel (past 4 rows per expert, tactics.FINALIZE_DECODE_MAX_AVG_ROWS; there it
 # wins by 4-10 us, DeepSeek-V2-Lite, Qwen3-30B-A3B and GPT-OSS-20B at 128-384 tokens, 5-29 us at 1024-4096),
 # and on the smallest calls (tokens * top_k <= 32), where the separate kernel's launch costs more than the
@@ -373,12 +371,24 @@ def finalize_tactic_available(s: MoESpec) -> Gate:
 # and their evidence").
 # The weight-only GEMM2s have the FINALIZE epilogue on their decode kernel only: fused within its band
 # (tactics.WOQ_DECODE_MAX_AVG_ROWS) where the 16-bit rule's first two clauses hold.
+# FP8 layers fuse at every count: where the 16-bit rule leaves the finalize separate (below intermediate 2048, 33
+# rows to 4 per expert: the FP8 decode kernel's band) fused was 0.5-3.9 us faster at 7 of the 8 points it moves and
+# 0.2 us slower at one (H200, moe-build bench --quant fp8,fp8_block --tokens 4,16,32,64 --variants
+# ours,ours:finalize=fused, Qwen3-30B-A3B and DeepSeek-V2-Lite: fp8 Qwen3 16 tokens 122.4 vs 124.7 us, block-128
+# 32 tokens 147.9 vs 151.4; DeepSeek-V2-Lite fp8 at 32 tokens 156.2 vs 156.0), and with this rule the forced separate
+# variant was slower at both points it moves in the next run (16 tokens: Qwen3 122.1 vs 121.2, DeepSeek-V2-Lite 138.2
+# vs 132.9): both orders agree, where a first try (2026-11-28) had the forced variant ahead either way
+# (docs/experiments.md, "FP8 finalize fused at every count"; docs/performance.md, "The gated epilogue on the FP8
+# GEMM1"). Fused had won 4-9% wherever the 16-bit rule chose it (at 1, 16 and 4096 tokens).
 FINALIZE_FUSED_MIN_INTER = 2048
 FINALIZE_FUSED_MAX_ROWS = 32
+FINALIZE_ALWAYS_FUSED_QUANTS = (Quant.FP8, Quant.FP8_BLOCK)
 
 
 def finalize_fused(s: MoESpec, rows: RowCount) -> bool:
     """Whether the FINALIZE tactic is the one selected at `rows` (the rules above)."""
+    if s.quant in FINALIZE_ALWAYS_FUSED_QUANTS:
+        return True
     if s.quant in FINALIZE_DECODE_ONLY_QUANTS:
         return rows.avg_at_most(WOQ_DECODE_MAX_AVG_ROWS) and (
             s.intermediate_size >= FINALIZE_FUSED_MIN_INTER or rows.rows_below(FINALIZE_FUSED_MAX_ROWS + 1))
@@ -393,7 +403,8 @@ def finalize_fused_at(s: MoESpec, tokens: int) -> bool:
 
 def finalize_tactic_rows(s: MoESpec, tokens: int) -> Gate:
     small = f"intermediate_size >= {FINALIZE_FUSED_MIN_INTER} or tokens * top_k <= {FINALIZE_FUSED_MAX_ROWS}"
-    condition = (f"tokens * top_k <= {WOQ_DECODE_MAX_AVG_ROWS} * experts_per_node (the decode kernel) and ({small})"
+    condition = ("quant in (fp8, fp8_block): every count" if s.quant in FINALIZE_ALWAYS_FUSED_QUANTS else
+                 f"tokens * top_k <= {WOQ_DECODE_MAX_AVG_ROWS} * experts_per_node (the decode kernel) and ({small})"
                  if s.quant in FINALIZE_DECODE_ONLY_QUANTS else
                  f"{small} or tokens * top_k > {FINALIZE_DECODE_MAX_AVG_ROWS} * experts_per_node")
     return Gate("finalize_tactic_rows",

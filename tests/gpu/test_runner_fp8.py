@@ -121,14 +121,15 @@ def test_finalize_fused_and_forced_separate(mode, finalize: str, tokens: int) ->
 
 
 @pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
-def test_finalize_bands_in_one_runner(mode) -> None:
-    """64 experts, top-2, intermediate 512: the plan fuses the finalize at 1-16 and 129+ tokens, separate between
-    (the 16-bit thresholds); one runner made for 600 tokens switches per call."""
+def test_finalize_fused_at_every_count_in_one_runner(mode) -> None:
+    """64 experts, top-2, intermediate 512: the plan fuses the finalize at every count (rules.
+    FINALIZE_ALWAYS_FUSED_QUANTS; a 16-bit layer of this shape is separate at 17-128 tokens), on the decode kernel
+    and the wgmma tiles; one runner made for 600 tokens."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the fused FP8 finalize is planned for the sm90 GEMMs")
     base = BASE.with_overrides(num_experts=64)
-    for tokens, gemm2 in [(16, FUSED_GEMM2), (64, SEPARATE_GEMM2), (600, FUSED_GEMM2)]:
-        assert gemm2 in check(base, mode, tokens=tokens, max_tokens=600), tokens
+    for tokens in (16, 64, 600):
+        assert FUSED_GEMM2 in check(base, mode, tokens=tokens, max_tokens=600), tokens
 
 
 @pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
