@@ -317,7 +317,7 @@ def test_weight_only_int4_decode_stages_token_rows_where_they_fit() -> None:
 
 
 def test_weight_only_gemms_take_the_mixed_input_tiles_past_decode() -> None:
-    """int4 / int8 weights per channel or in groups of 64 / 128 (n % 128, k % 64) on sm90 with 16-bit activations:
+    """int4 / int8 weights per channel or in groups of 64 / 128 (n % 8, k % 64) on sm90 with 16-bit activations:
     past 8 average rows per expert the mixed-input wgmma tiles at every count, 32 token rows to 16 rows per expert,
     64 to 48, 128 to 128, then 256. W4AFP8 keeps the mma tiles."""
     c = call(epilogue="store", woq="int4", woq_group=128)  # 128 experts, top-8: avg rows = tokens / 16
@@ -331,7 +331,8 @@ def test_weight_only_gemms_take_the_mixed_input_tiles_past_decode() -> None:
     assert at(int8, 33) == "wgmma:woq128x32:plain:plain" and at(int8, 193) == "wgmma:woq128x128:plain:plain"
     assert at(dataclasses.replace(c, a_e4m3=True), 4096).startswith("mma:")
     assert at(dataclasses.replace(c, woq="mxfp4", woq_group=32), 1024).startswith("mma:")
-    assert at(dataclasses.replace(c, n=1360), 1024).startswith("mma:")  # n off 128: no mixed-input tile
+    assert at(dataclasses.replace(c, n=1360), 1024) == "wgmma:woq128x128:plain:plain"  # n off 128: a partial tile
+    assert at(dataclasses.replace(c, n=1364), 1024).startswith("mma:")  # n off 8: no mixed-input tile
     assert "mixed-input" in tactic_problem(dataclasses.replace(c, woq_group=32),
                                            GemmTactic.parse("wgmma:woq128x64:plain:plain"))
     assert "weight-only GEMM's tile" in tactic_problem(call(), GemmTactic.parse("wgmma:woq128x64:plain:plain"))

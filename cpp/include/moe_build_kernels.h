@@ -496,7 +496,8 @@ mb_status mb_grouped_gemm_woq_finalize(const void* A, int a_type, const float* s
  * the scales holding (8 - z) * s (z the zero point; 0 for a checkpoint without zeros): w = (u - 8) * s + zeros
  * (int4), q * s (int8), each product and sum rounded to dtype (moe_build/weights/woq.py's wgmma_scales writes both).
  * Group 0, 64
- * or 128 dividing k; n % 128 == 0, k % 64 == 0; A, B, C, scales, zeros 16-byte aligned. Tactic: MB_GEMM_WGMMA on
+ * or 128 dividing k; n % 8 == 0 (a last 128-row weight tile past n reads zeros), k % 64 == 0; A, B, C, scales, zeros
+ * 16-byte aligned. Tactic: MB_GEMM_WGMMA on
  * an MB_TILE_WOQ_* tile (128 weight rows x 16, 32, 64, 128 or 256 token rows), launch PLAIN, output_l2 PLAIN. The workspace holds CUTLASS's
  * per-SM maps and the per-expert pointer arrays: mb_grouped_gemm_woq_sm90_workspace bytes, 16-byte aligned. */
 size_t mb_grouped_gemm_woq_sm90_workspace(int num_experts);

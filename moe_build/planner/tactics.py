@@ -341,11 +341,13 @@ def woq_kernel_rule(call: GemmCall, rows: RowCount) -> str:
 
 
 # The mixed-input kernel (gemm/woq_sm90.cu) takes int4 and int8 weights with 16-bit activations, one scale per
-# output row or per 64 or 128 k (its k tile is 64), n a multiple of 128 and k of 64 (its 128 x 64 weight tiles);
-# MXFP4 and groups of 32 are dequantized for the 16-bit wgmma GEMM instead.
+# output row or per 64 or 128 k (its k tile is 64), n a multiple of 8 (16-byte rows of its output and scales; a
+# last weight tile past n reads TMA's zero fill) and k of 64; MXFP4 and groups of 32 are dequantized for the 16-bit
+# wgmma GEMM instead. GPT-OSS-20B's GEMM2 (n 2880) ran the mma tiles at 9-127 rows per expert and the dequantized
+# weights from 128 while the kernel took only n a multiple of 128.
 def woq_mixed_input(call: GemmCall) -> bool:
     return (call.woq in ("int4", "int8") and not call.a_e4m3 and call.woq_group in (0, 64, 128)
-            and call.n % 128 == 0 and call.k % 64 == 0)
+            and call.n % 8 == 0 and call.k % 64 == 0)
 
 
 # Mixed-input tile, token rows per tile by average rows per expert: 32 up to 16, 64 up to 48, 128 up to 128, else 256
@@ -643,7 +645,7 @@ def _woq_tactic_problem(call: GemmCall, tactic: GemmTactic) -> str | None:
             return "e4m3 activations (W4AFP8) take the weight-only kernels (decode or mma)"
         if tactic.tile in WOQ_WGMMA_TILES and not woq_mixed_input(call):
             return (f"wgmma {tactic.tile} (the mixed-input kernel) takes int4 or int8 weights in groups of 64 or 128 "
-                    "or per channel, n a multiple of 128 and k of 64")
+                    "or per channel, n a multiple of 8 and k of 64")
         if tactic.tile in FP8_ONLY_TILES:
             return f"wgmma {tactic.tile} is the FP8 GEMM's tile"
         if tactic.launch != "plain" or tactic.output_l2 != "plain":

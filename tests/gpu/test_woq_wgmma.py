@@ -88,22 +88,32 @@ def test_int8_against_fp64(tile: str, group: int, dtype: torch.dtype) -> None:
 
 
 @pytest.mark.parametrize("tile", TILES)
-@pytest.mark.parametrize("n, k", [(2048, 768), (768, 2048), (128, 2880)])
+@pytest.mark.parametrize("group", [0, 64])
+def test_int8_n_off_128(tile: str, group: int) -> None:
+    """n not a multiple of 128 (GPT-OSS-20B's GEMM2, 2880 = 22.5 weight tiles): the last tile's rows past n read zeros
+    and are not stored."""
+    run(WoqKind.INT8, [3, 0, 130, 70], 2880, 2880, group, False, tile)
+
+
+@pytest.mark.parametrize("tile", TILES)
+@pytest.mark.parametrize("n, k", [(2048, 768), (768, 2048), (128, 2880), (2880, 2880), (136, 512)])
 def test_int4_shapes_and_fp16(tile: str, n: int, k: int) -> None:
     run(WoqKind.INT4, [17, 0, 200, 5], n, k, 128 if k % 128 == 0 else 64, True, tile, torch.float16)
 
 
 def test_refusals() -> None:
-    """What the kernel cannot take is refused in one line, nothing launched: MXFP4, group 32, n off 128."""
+    """What the kernel cannot take is refused in one line, nothing launched: MXFP4, group 32, n off 8."""
     dev, _, _, _ = case(WoqKind.INT4, [4], 256, 512, 32, True, False, torch.bfloat16, 1)
     s, zs = wgmma_scales(WoqKind.INT4, dev["scales"], dev["zeros"], torch.bfloat16)
     with pytest.raises(K.KernelError, match="group 32"):
         K.grouped_gemm_woq_sm90(dev["a"], dev["b"], "int4", s, zs, dev["off"], 32, tactic="wgmma:woq128x64:plain:plain")
+    odd, _, _, _ = case(WoqKind.INT4, [4], 148, 512, 128, True, False, torch.bfloat16, 2)
+    s, zs = wgmma_scales(WoqKind.INT4, odd["scales"], odd["zeros"], torch.bfloat16)
+    with pytest.raises(K.KernelError, match="multiple of 8"):
+        K.grouped_gemm_woq_sm90(odd["a"], odd["b"], "int4", s, zs, odd["off"], 128,
+                                tactic="wgmma:woq128x64:plain:plain")
     dev, _, _, _ = case(WoqKind.INT4, [4], 144, 512, 128, True, False, torch.bfloat16, 2)
     s, zs = wgmma_scales(WoqKind.INT4, dev["scales"], dev["zeros"], torch.bfloat16)
-    with pytest.raises(K.KernelError, match="multiple of 128"):
-        K.grouped_gemm_woq_sm90(dev["a"], dev["b"], "int4", s, zs, dev["off"], 128,
-                                tactic="wgmma:woq128x64:plain:plain")
     with pytest.raises(ValueError, match="mxfp4"):
         K.grouped_gemm_woq_sm90(dev["a"], dev["b"], "mxfp4", s, zs, dev["off"], 32, tactic="wgmma:woq128x64:plain:plain")
     # the other entry points refuse the mixed-input tiles, and this one the other GEMMs' tactics

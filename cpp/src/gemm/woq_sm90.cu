@@ -365,8 +365,10 @@ mb_status check_woq_sm90(const WoqSm90Params& p, int64_t max_rows, int dtype, co
     return fail(MB_ERR_INVALID_ARGUMENT, "%s: null pointer or non-positive size", who);
   if ((p.kind == MB_WOQ_INT4) != (p.zeros != nullptr))
     return fail(MB_ERR_INVALID_ARGUMENT, "%s: int4 weights take their zero terms (and only they)", who);
-  if (p.n % 128 != 0 || p.k % 64 != 0)
-    return fail(MB_ERR_INVALID_ARGUMENT, "%s: n (%d) must be a multiple of 128 and k (%d) of 64", who, p.n, p.k);
+  // n: the output's and the scales' 16-byte TMA rows (8 elements); a last 128-row weight tile past n reads TMA's zero
+  // fill and its rows are not stored. k: whole 64-k tiles.
+  if (p.n % 8 != 0 || p.k % 64 != 0)
+    return fail(MB_ERR_INVALID_ARGUMENT, "%s: n (%d) must be a multiple of 8 and k (%d) of 64", who, p.n, p.k);
   if (!(p.group == 0 || ((p.group == 64 || p.group == 128) && p.k % p.group == 0)))
     return fail(MB_ERR_INVALID_ARGUMENT, "%s: group %d with k %d (0, or 64 or 128 dividing k)", who, p.group, p.k);
   if (!aligned16(p.A) || !aligned16(p.B) || !aligned16(p.C) || !aligned16(p.scales) ||
