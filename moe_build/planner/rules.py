@@ -362,8 +362,8 @@ def finalize_tactic_available(s: MoESpec) -> Gate:
 
 
 # tactic selection (the FINALIZE GEMM2 tactic must be the one chosen at run time), measured on the H200
-# for bf16 layers: from intermediate size 2048 the fused epilogue is ahead or within 1.5 us at every count. Below it, fused
-# where GEMM2 runs the wgmma kernel (past 4 rows per expert, tactics.FINALIZE_DECODE_MAX_AVG_ROWS; there it
+# for bf16 layers: from intermediate size 2048 the fused epilogue is ahead or within 1.5 us at every count. Below
+# it, fused where GEMM2 runs the wgmma kernel (past 4 rows per expert, tactics.FINALIZE_DECODE_MAX_AVG_ROWS; there it
 # wins by 4-10 us, DeepSeek-V2-Lite, Qwen3-30B-A3B and GPT-OSS-20B at 128-384 tokens, 5-29 us at 1024-4096),
 # and on the smallest calls (tokens * top_k <= 32), where the separate kernel's launch costs more than the
 # epilogue's atomics (token sweep: Qwen3 1 / 2 tokens 32.3 / 52.4 us vs 34.4 / 54.8, DeepSeek 1 token 39.2

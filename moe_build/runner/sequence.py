@@ -52,7 +52,9 @@ EXPAND_ROWS_FP8_PREQUANTIZED_ZERO_OUTPUT = "expand_rows:fp8_prequantized+zero_ou
 GEMM1_FP8 = "gemm1:fp8"                # mb_grouped_gemm_fp8
 GEMM1_FP8_GATED = "gemm1:fp8_gated"    # mb_grouped_gemm_fp8_gated: the gated activation in GEMM1's epilogue
 FC1_ACTIVATION_FP8 = "fc1_activation:fp8"  # mb_fc1_activation_fp8: GEMM2's input quantized in the activation
-QUANTIZE_FC2_INPUT = "fc2_input_quant:separate"  # mb_quantize_fp8 after the activation (its kernel or GEMM1's)
+# GEMM2's FP8 input from the 16-bit activation (its kernel's or GEMM1's gated epilogue's): the same bytes as
+# mb_quantize_fp8, written by mb_fc1_activation_fp8's staged kernel with the identity activation
+QUANTIZE_FC2_INPUT = "fc2_input_quant:separate"
 GEMM2_FP8 = "gemm2:fp8"                # mb_grouped_gemm_fp8
 GEMM2_FP8_FINALIZE = "gemm2:fp8_finalize"  # mb_grouped_gemm_fp8_finalize: the finalize in GEMM2's epilogue
 # Weight-only layers (quant w8a16 / w4a16_awq / wfp4a16): 16-bit activations, GEMMs that dequantize their weights

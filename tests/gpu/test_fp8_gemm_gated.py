@@ -109,13 +109,16 @@ def test_refusals():
     need((9, 0), exact=True)
     a, sa, b, sb, off = case([4, 4], 256, 256, Fp8Scaling.BLOCK128, 0)
     with pytest.raises(K.KernelError) as info:  # block-128 weight scales: the interleave splits their blocks
-        K.grouped_gemm_fp8_gated(a, sa, b, sb, off, Fp8Scaling.BLOCK128, "swiglu", tactic="wgmma:coop128x128:plain:plain")
+        K.grouped_gemm_fp8_gated(a, sa, b, sb, off, Fp8Scaling.BLOCK128, "swiglu",
+                                 tactic="wgmma:coop128x128:plain:plain")
     assert info.value.status == K.Status.UNSUPPORTED
     a, sa, b, sb, off = case([4, 4], 2 * 132, 256, Fp8Scaling.ROWWISE, 0)  # inter 132: not a multiple of 8
     with pytest.raises(K.KernelError) as info:
-        K.grouped_gemm_fp8_gated(a, sa, b, sb, off, Fp8Scaling.ROWWISE, "swiglu", tactic="wgmma:coop128x128:plain:plain")
+        K.grouped_gemm_fp8_gated(a, sa, b, sb, off, Fp8Scaling.ROWWISE, "swiglu",
+                                 tactic="wgmma:coop128x128:plain:plain")
     assert info.value.status == K.Status.INVALID_ARGUMENT
     a, sa, b, sb, off = case([4, 4], 256, 256, Fp8Scaling.ROWWISE, 0)
     with pytest.raises(K.KernelError) as info:  # a gated activation only
-        K.grouped_gemm_fp8_gated(a, sa, b, sb, off, Fp8Scaling.ROWWISE, "silu", tactic="wgmma:coop128x128:plain:plain")
+        K.grouped_gemm_fp8_gated(a, sa, b, sb, off, Fp8Scaling.ROWWISE, "silu",
+                                 tactic="wgmma:coop128x128:plain:plain")
     assert info.value.status == K.Status.INVALID_ARGUMENT
