@@ -231,7 +231,7 @@ def test_fp8_gemm2_input_quantized_separately_at_one_token_only(quant: str, forc
 
 
 def test_fp8_rowwise_gemm1_runs_the_gated_epilogue_on_sm90() -> None:
-    """rules.gated_epilogue_two_byte: an FP8 layer with rowwise scales runs the gated activation in GEMM1's epilogue
+    """rules.gated_epilogue_gemm: an FP8 layer with rowwise scales runs the gated activation in GEMM1's epilogue
     on sm90 (W1 interleaved), so GEMM2's input is quantized by the separate kernel at every count (the activation
     kernel, which could quantize it, does not run; forcing it there is refused); block-128 scales and sm89 keep the
     activation kernel."""

@@ -163,7 +163,7 @@ def _fc1_activation(spec: MoESpec, target: Target, gemm_kernel: str, forced: str
     sm80 = [R.fused_gated_activation_kind(spec), R.fused_gated_same_types(spec), R.fused_gated_not_fp32(spec),
             R.fused_gated_not_fp8(spec), R.fused_gated_sm(target), R.fused_gated_alignment(spec),
             R.fused_gated_two_byte(spec), not_tma]
-    ours = [R.gated_epilogue_tma_ws(gemm_kernel), R.gated_epilogue_sm(target), R.gated_epilogue_two_byte(spec),
+    ours = [R.gated_epilogue_tma_ws(gemm_kernel), R.gated_epilogue_sm(target), R.gated_epilogue_gemm(spec),
             R.gated_epilogue_inter_mod_8(spec)]
     texts = {"fused_gated": "SM80 fused gated-activation GEMM1 kernel",
              "gated_epilogue": "gated activation in the TMA warp-specialized GEMM1's epilogue (moe-build's own "

@@ -275,14 +275,14 @@ def gated_epilogue_sm(t: Target) -> Gate:
     return Gate("gated_epilogue_sm", t.sm, "sm == 90", t.sm == 90, OURS)
 
 
-# fp16/bf16 layers, unquantized or FP8 with rowwise scales (the 16-bit and the FP8 wgmma GEMMs have the epilogue; an
-# FP8 layer's block-128 weight scales cover 128 rows of W1, which the gate/up interleave by 8 splits, and the
-# weight-only GEMMs have none): dtype in (fp16, bf16), quant in (none, fp8). FP8: GEMM1 writes act(gate, up) at half
+# a GEMM1 kernel with the epilogue exists: fp16/bf16 layers, unquantized or FP8 with rowwise scales (the 16-bit and the
+# FP8 wgmma GEMMs have it; an FP8 layer's block-128 weight scales cover 128 rows of W1, which the gate/up interleave
+# by 8 splits, and the weight-only GEMMs have none): dtype in (fp16, bf16), quant in (none, fp8). FP8: GEMM1 writes act(gate, up) at half
 # width, which a quantize kernel reads (fc2_input_quant=separate), instead of GEMM1's whole 16-bit output read by
 # the activation kernel (docs/performance.md, "The gated epilogue on the FP8 GEMM1")
-def gated_epilogue_two_byte(s: MoESpec) -> Gate:
+def gated_epilogue_gemm(s: MoESpec) -> Gate:
     ok = s.dtype.itemsize == 2 and s.quant in (Quant.NONE, Quant.FP8)
-    return Gate("gated_epilogue_two_byte", f"{s.dtype.value}/{s.quant.value}",
+    return Gate("gated_epilogue_gemm", f"{s.dtype.value}/{s.quant.value}",
                 "dtype in (fp16, bf16), quant in (none, fp8)", ok, OURS)
 
 
