@@ -62,7 +62,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 routing_kernel(const T* __restrict__ logits, const float* __restrict__ bias, int num_tokens, int E, int K,
                int method, int renormalize, int num_groups, int topk_groups, float scale,
                int32_t* __restrict__ topk_ids, float* __restrict__ topk_weights) {
-  // Grouped selection only: per warp, the group scores and the chosen-group flags.
+  // Grouped selection only: per warp, the keys (one padding word every 32, so that the lanes scanning 32-key groups
+  // read 32 banks), the group scores and the chosen-group flags.
+  __shared__ float staged_keys[kWarpsPerBlock][kMaxExperts + kMaxExperts / 32];
   __shared__ float group_keys[kWarpsPerBlock][kMaxGroups];
   __shared__ unsigned char group_taken[kWarpsPerBlock][kMaxGroups];
   const int warp = threadIdx.x / 32;
@@ -72,19 +74,20 @@ routing_kernel(const T* __restrict__ logits, const float* __restrict__ bias, int
   for (int64_t t = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp; t < num_tokens;
        t += static_cast<int64_t>(gridDim.x) * kWarpsPerBlock) {
     const T* row = logits + t * E;
-    float x[SLOTS], key[SLOTS];
+    float x[SLOTS], key[SLOTS], b[SLOTS];
     unsigned taken = 0;  // bit s: slot s is chosen, ineligible or past E
     float row_max = -FLT_MAX;
 #pragma unroll
-    for (int s = 0; s < SLOTS; ++s) {
+    for (int s = 0; s < SLOTS; ++s) {  // the logits and the correction bias in one round trip
       const int i = lane + 32 * s;
       x[s] = i < E ? to_f32(row[i]) : -FLT_MAX;
+      b[s] = bias && i < E ? bias[i] : 0.0f;
       if (i >= E) taken |= 1u << s;
     }
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) {
       const int i = lane + 32 * s;
-      key[s] = method == MB_SIGMOID_GROUPED && i < E ? mb::sigmoid_f32(x[s]) + (bias ? bias[i] : 0.0f) : x[s];
+      key[s] = method == MB_SIGMOID_GROUPED && i < E ? mb::sigmoid_f32(x[s]) + b[s] : x[s];
       row_max = fmaxf(row_max, x[s]);
     }
     row_max = warp_max(row_max);
@@ -98,28 +101,27 @@ routing_kernel(const T* __restrict__ logits, const float* __restrict__ bias, int
     }
 
     if (num_groups > 1) {
-      // Group score = sum of the group's two largest keys (merged across lanes as (a >= b)
-      // pairs); then exclude the experts of every group outside the topk_groups best (ties
-      // toward the lower group id).
+      // Group score = sum of the group's two largest keys, lane g scanning group g's keys from shared memory (the
+      // groups in parallel: a warp-wide reduction per group, one group after another, made DeepSeek-V3's routing of
+      // 256 experts in 8 groups 14.0 us a call on an H200, this 5.3); then exclude the experts of every group outside
+      // the topk_groups best (ties toward the lower group id).
       const int gsize = E / num_groups;
-      for (int g = 0; g < num_groups; ++g) {
-        float a = -FLT_MAX, b = -FLT_MAX;
+      float* staged = staged_keys[warp];
 #pragma unroll
-        for (int s = 0; s < SLOTS; ++s) {
-          const int i = lane + 32 * s;
-          if (i < E && i / gsize == g) {
-            if (key[s] > a) { b = a; a = key[s]; } else if (key[s] > b) { b = key[s]; }
-          }
-        }
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) {
-          const float oa = __shfl_xor_sync(0xffffffffu, a, off), ob = __shfl_xor_sync(0xffffffffu, b, off);
-          b = fmaxf(fminf(a, oa), fmaxf(b, ob));
-          a = fmaxf(a, oa);
-        }
-        if (lane == 0) group_keys[warp][g] = a + b;
+      for (int s = 0; s < SLOTS; ++s) {
+        const int i = lane + 32 * s;
+        if (i < E) staged[i + i / 32] = key[s];
       }
-      for (int g = lane; g < num_groups; g += 32) group_taken[warp][g] = 0;
+      __syncwarp();
+      for (int g = lane; g < num_groups; g += 32) {
+        float a = -FLT_MAX, c = -FLT_MAX;
+        for (int i = g * gsize; i < (g + 1) * gsize; ++i) {
+          const float v = staged[i + i / 32];
+          if (v > a) { c = a; a = v; } else if (v > c) { c = v; }
+        }
+        group_keys[warp][g] = a + c;
+        group_taken[warp][g] = 0;
+      }
       __syncwarp();
       for (int r = 0; r < topk_groups; ++r) {
         unsigned bits = 0;
