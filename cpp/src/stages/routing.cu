@@ -5,8 +5,8 @@
 // picked one at a time: each lane's best untaken slot, then a warp-wide argmax done as two
 // single-instruction reductions (max of the order-preserving key bits, then min of the ids that
 // hold it), so larger key first, lower expert id on ties: a fixed order and a deterministic
-// output. No shared memory staging, no block-wide barrier, one pass over the logits: at decode
-// sizes the kernel is its launch plus one global round trip. Keys are chosen so that selection
+// output. No block-wide barrier, one pass over the logits, no shared memory but the grouped selection's (its
+// keys, per warp): at decode sizes the kernel is its launch plus one global round trip. Keys are chosen so that selection
 // never depends on rounding of a derived quantity where avoidable:
 //   softmax_topk : key = logit (softmax is monotone, so the top-k of the probabilities is the
 //                  top-k of the logits, with no rounding ties that the logits do not have);
@@ -57,16 +57,12 @@ __device__ __forceinline__ int warp_argmax(unsigned bits, int id) {
                                                                                    : static_cast<unsigned>(INT_MAX)));
 }
 
-template <typename T, int SLOTS>
+// kGrouped: num_groups > 1 (sigmoid_grouped); only then the kernel has the shared memory the group selection uses.
+template <typename T, int SLOTS, bool kGrouped>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 routing_kernel(const T* __restrict__ logits, const float* __restrict__ bias, int num_tokens, int E, int K,
                int method, int renormalize, int num_groups, int topk_groups, float scale,
                int32_t* __restrict__ topk_ids, float* __restrict__ topk_weights) {
-  // Grouped selection only: per warp, the keys (one padding word every 32, so that the lanes scanning 32-key groups
-  // read 32 banks), the group scores and the chosen-group flags.
-  __shared__ float staged_keys[kWarpsPerBlock][kMaxExperts + kMaxExperts / 32];
-  __shared__ float group_keys[kWarpsPerBlock][kMaxGroups];
-  __shared__ unsigned char group_taken[kWarpsPerBlock][kMaxGroups];
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   mb::chain_start();
@@ -100,7 +96,12 @@ routing_kernel(const T* __restrict__ logits, const float* __restrict__ bias, int
       denom = warp_sum(d);
     }
 
-    if (num_groups > 1) {
+    if constexpr (kGrouped) {
+      // Per warp: the keys (one padding word every 32, so that the lanes scanning 32-key groups read 32 banks), the
+      // group scores and the chosen-group flags.
+      __shared__ float staged_keys[kWarpsPerBlock][kMaxExperts + kMaxExperts / 32];
+      __shared__ float group_keys[kWarpsPerBlock][kMaxGroups];
+      __shared__ unsigned char group_taken[kWarpsPerBlock][kMaxGroups];
       // Group score = sum of the group's two largest keys, lane g scanning group g's keys from shared memory (the
       // groups in parallel: a warp-wide reduction per group, one group after another, made DeepSeek-V3's routing of
       // 256 experts in 8 groups 14.0 us a call on an H200, this 5.3); then exclude the experts of every group outside
@@ -246,9 +247,10 @@ extern "C" mb_status mb_routing(const void* logits, int dtype, const float* corr
     auto launch = [&](auto slots_const) {
       constexpr int SLOTS = decltype(slots_const)::value;
       return mb::check_launch("routing_kernel", mb::launch_after_trigger(
-          routing_kernel<T, SLOTS>, dim3(grid), dim3(kWarpsPerBlock * 32), stream, static_cast<const T*>(logits),
-          correction_bias, num_tokens, num_experts, top_k, method, renormalize, grouped ? num_groups : 1,
-          topk_groups, routed_scaling_factor, topk_ids, topk_weights));
+          grouped ? routing_kernel<T, SLOTS, true> : routing_kernel<T, SLOTS, false>, dim3(grid),
+          dim3(kWarpsPerBlock * 32), stream, static_cast<const T*>(logits), correction_bias, num_tokens, num_experts,
+          top_k, method, renormalize, grouped ? num_groups : 1, topk_groups, routed_scaling_factor, topk_ids,
+          topk_weights));
     };
     // The fewest register slots per lane that hold E keys (SLOTS * 32 >= E).
     if (num_experts <= 32) return launch(std::integral_constant<int, 1>{});
