@@ -5,9 +5,10 @@
 // picked one at a time: each lane's best untaken slot, then a warp-wide argmax done as two
 // single-instruction reductions (max of the order-preserving key bits, then min of the ids that
 // hold it), so larger key first, lower expert id on ties: a fixed order and a deterministic
-// output. No block-wide barrier, one pass over the logits, no shared memory but the grouped selection's (its
-// keys, per warp): at decode sizes the kernel is its launch plus one global round trip. Keys are chosen so that selection
-// never depends on rounding of a derived quantity where avoidable:
+// output. No block-wide barrier, one pass over the logits, no shared memory but the grouped
+// selection's (its keys, per warp): at decode sizes the kernel is its launch plus one global round
+// trip. Keys are chosen so that selection never depends on rounding of a derived quantity where
+// avoidable:
 //   softmax_topk : key = logit (softmax is monotone, so the top-k of the probabilities is the
 //                  top-k of the logits, with no rounding ties that the logits do not have);
 //                  weight = exp(x - max) / sum_e exp(x_e - max), or with renormalize
