@@ -115,11 +115,7 @@ mb_status mb_grouped_gemm_fp8_gated(const void* A, const float* scale_a, const v
                                     float swiglu_limit, mb_gemm_tactic tactic, void* workspace,
                                     size_t workspace_bytes, cudaStream_t stream) {
   const char* who = "grouped gemm fp8 gated";
-  if (inter <= 0 || inter % 8 != 0)
-    return mbk::fail(MB_ERR_INVALID_ARGUMENT, "%s: inter (%d) must be a positive multiple of 8", who, inter);
-  if (activation != MB_ACT_SWIGLU && activation != MB_ACT_GEGLU && activation != MB_ACT_SWIGLU_CLAMP)
-    return mbk::fail(MB_ERR_INVALID_ARGUMENT, "%s: activation %d is not swiglu (%d), geglu (%d) or swiglu_clamp (%d)",
-                     who, activation, MB_ACT_SWIGLU, MB_ACT_GEGLU, MB_ACT_SWIGLU_CLAMP);
+  MB_TRY(mbk::check_gated(who, inter, activation));
   if (scaling == MB_FP8_BLOCK128)
     return mbk::fail(MB_ERR_UNSUPPORTED, "%s: rowwise scales only (block-128 weight scales cover 128 rows of W1, "
                      "which its gate/up interleave by 8 splits)", who);

@@ -427,4 +427,15 @@ mb_status launch_grouped_decode(const GemmParams& p, int64_t max_rows, int dtype
                                 bool after_trigger, cudaStream_t stream);
 using ::mb::fail;
 
+// The gated entry points' own arguments (mb_grouped_gemm_sm90_gated, mb_grouped_gemm_fp8_gated): W1's gate and up rows
+// interleaved in blocks of 8 (gated_row) need inter a multiple of 8, and the epilogue computes the gated activations.
+inline mb_status check_gated(const char* who, int inter, int activation) {
+  if (inter <= 0 || inter % 8 != 0)
+    return fail(MB_ERR_INVALID_ARGUMENT, "%s: inter (%d) must be a positive multiple of 8", who, inter);
+  if (activation != MB_ACT_SWIGLU && activation != MB_ACT_GEGLU && activation != MB_ACT_SWIGLU_CLAMP)
+    return fail(MB_ERR_INVALID_ARGUMENT, "%s: activation %d is not swiglu (%d), geglu (%d) or swiglu_clamp (%d)", who,
+                activation, MB_ACT_SWIGLU, MB_ACT_GEGLU, MB_ACT_SWIGLU_CLAMP);
+  return MB_OK;
+}
+
 }  // namespace mbk

@@ -107,12 +107,7 @@ mb_status mb_grouped_gemm_sm90_gated(const void* A, const void* B, const void* b
                                      float swiglu_limit, int weight_layout, mb_gemm_tactic tactic,
                                      int32_t* placement, void* workspace, size_t workspace_bytes,
                                      cudaStream_t stream) {
-  if (inter <= 0 || inter % 8 != 0)
-    return mbk::fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm sm90 gated: inter (%d) must be a positive multiple of 8",
-                     inter);
-  if (activation != MB_ACT_SWIGLU && activation != MB_ACT_GEGLU && activation != MB_ACT_SWIGLU_CLAMP)
-    return mbk::fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm sm90 gated: activation %d is not swiglu (%d), geglu (%d) "
-                     "or swiglu_clamp (%d)", activation, MB_ACT_SWIGLU, MB_ACT_GEGLU, MB_ACT_SWIGLU_CLAMP);
+  MB_TRY(mbk::check_gated("grouped gemm sm90 gated", inter, activation));
   MB_TRY(mbk::check_common(A, B, C, expert_first_token_offset, num_experts, max_rows, 2 * inter, k, dtype,
                            weight_layout));
   MB_TRY(mbk::check_tactic(tactic, {"grouped gemm sm90 gated", true, mbk::EPI_GATED, placement}));

@@ -237,6 +237,7 @@ def grouped_gemm_fp8_finalize(a: torch.Tensor, scale_a: torch.Tensor, b: torch.T
          _stream(stream, dev))
     return o
 
+
 def grouped_gemm_fp8_gated(a: torch.Tensor, scale_a: torch.Tensor, b: torch.Tensor, scale_b: torch.Tensor,
                            expert_first_token_offset: torch.Tensor, scaling: int | str | Fp8Scaling,
                            activation: int | str | Activation, out_dtype: torch.dtype = torch.bfloat16,
@@ -259,4 +260,3 @@ def grouped_gemm_fp8_gated(a: torch.Tensor, scale_a: torch.Tensor, b: torch.Tens
          int(DType.BF16 if out_dtype == torch.bfloat16 else DType.FP16), act, swiglu_alpha, swiglu_limit,
          tactic_struct(tactic), ws, ws_bytes, _stream(stream, dev))
     return out
-
