@@ -101,11 +101,13 @@ ROWS: list[tuple[str, str, dict, dict, int | None, dict, set[str], dict[str, str
      {"gated_epilogue_sm"}, {"fc1_activation": "separate"}),
     ("gated_epilogue_swiglu_clamp", "hopper", {"activation": "swiglu_clamp"}, {}, None, {},
      {"fused_gated_activation"}, {}),
+    # W4A16 AWQ with stored scales: moe-build's 16-bit expansion scales the rows it copies (the seed fuses the scale
+    # into the expansion for W4AFP8 only); neither holds without the scales
     ("use_awq", "hopper_awq", {"quant": Quant.W8A16}, {}, None, {},
-     {"use_awq"}, {"fc2_prequant": "none"}),
+     {"use_awq", "expand_awq_scale_16bit"}, {"fc2_prequant": "none", "expand_rows": "plain"}),
     # AutoAWQ and compressed-tensors fold the AWQ scales into the weights: no pre-quant scales to apply
     ("use_awq", "hopper_awq", {"quant_prequant_scales": False}, {}, None, {},
-     {"use_awq"}, {"fc2_prequant": "none"}),
+     {"use_awq", "expand_awq_scale_16bit"}, {"fc2_prequant": "none", "expand_rows": "plain"}),
     ("fc2_prequant_gated", "hopper_awq", {"activation": "silu"}, {}, None, {},
      {"fc2_prequant_gated", "fc1_non_gated"}, {"fc2_prequant": "separate"}),
     ("finalize_topk_deterministic", "hopper_top4", {}, {"deterministic": True}, None, {},

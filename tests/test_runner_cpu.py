@@ -304,14 +304,16 @@ def test_w4afp8_without_awq_scales_quantizes_in_the_activation() -> None:
 def test_weight_only_plans_run_the_woq_gemms_and_the_awq_steps_the_plan_names(quant: Quant, fc2: str) -> None:
     """GEMM1 / GEMM2 on the weight-only kernel with plain stores, the separate activation and finalize (forced
     separate here: the fused finalize has a test of its own; WFP4A16's matrix never fuses it); AWQ layers scale
-    the tokens' rows for GEMM1 into prequant_input, which the expansion then copies (the expansion fuses the scale
-    for W4AFP8 only), and GEMM2's input in the activation (fc2_prequant=fused) or after it (separate); the others
-    have no pre-quant step and no prequant_input buffer."""
+    GEMM1's rows in the 16-bit expansion (expand_rows=prequant_fused, moe-build's gate expand_awq_scale_16bit) or,
+    forced plain, the tokens' rows into prequant_input, which the expansion then copies; GEMM2's input in the
+    activation (fc2_prequant=fused) or after it (separate); the others have no pre-quant step and no prequant_input
+    buffer."""
     spec = dataclasses.replace(SWIGLU, quant=quant, quant_prequant_scales=quant is Quant.W4A16_AWQ)
     plan = make_plan(spec, H100, tokens=16, force={"finalize": "separate"})
-    assert plan.stage("fc2_prequant").choice == fc2 and plan.stage("expand_rows").choice == "plain"
+    assert plan.stage("fc2_prequant").choice == fc2
+    assert plan.stage("expand_rows").choice == ("prequant_fused" if fc2 != "none" else "plain")
     steps = kernel_sequence(plan, 16, "logits")
-    expand = ["fc1_prequant:separate", "expand_rows:prequant_input"] if fc2 != "none" else ["expand_rows"]
+    expand = ["expand_rows:prequant"] if fc2 != "none" else ["expand_rows"]
     act = ["fc1_activation:fc2_prequant"] if fc2 == "fused" else ["fc1_activation"]
     assert steps[2:] == [*expand, "gemm1:woq", *act, "gemm2:woq", "finalize"]
     if fc2 == "fused":
@@ -320,9 +322,12 @@ def test_weight_only_plans_run_the_woq_gemms_and_the_awq_steps_the_plan_names(qu
                                                       "finalize"]
     layout = workspace_layout(spec, steps_up_to(plan, 16), 16)
     assert {"fc1_out", "fc1_act", "gemm2_out"} <= set(layout) and "gemm_workspace" not in layout
-    # the scaled tokens: one row a token (the expansion makes the top_k copies)
-    assert (layout["prequant_input"].shape, layout["prequant_input"].rows_per_token) == ((16, spec.hidden_size), 1) \
-        if fc2 != "none" else "prequant_input" not in layout
+    assert "prequant_input" not in layout
+    if fc2 != "none":  # the expansion forced plain: the scaled tokens, one row a token (the expansion copies them)
+        plain = make_plan(spec, H100, tokens=16, force={"finalize": "separate", "expand_rows": "plain"})
+        assert kernel_sequence(plain, 16, "logits")[2:4] == ["fc1_prequant:separate", "expand_rows:prequant_input"]
+        layout = workspace_layout(spec, steps_up_to(plain, 16), 16)
+        assert (layout["prequant_input"].shape, layout["prequant_input"].rows_per_token) == ((16, spec.hidden_size), 1)
     assert plan.stage("weight_layout").choice == "row_major"  # the weight-only GEMMs read row-major data
 
 
@@ -338,8 +343,8 @@ def test_weight_only_plans_fuse_the_finalize_into_the_decode_gemm2(quant: Quant)
     # 64 experts, top-2: tokens * 2 <= 32 up to 16 tokens; the decode band to 256 tokens (8 rows per expert)
     assert [b.to_list() for b in plan.stage("finalize").bands] == [[1, 16, "fused"], [17, None, "separate"]]
     gemm2 = {Quant.W4AFP8: "gemm2:w4afp8"}.get(quant, "gemm2:woq")
-    expand = {Quant.W4AFP8: ["expand_rows:prequant_fp8"], Quant.W4A16_AWQ: ["fc1_prequant:separate",
-              "expand_rows:prequant_input"]}.get(quant, ["expand_rows"])
+    expand = {Quant.W4AFP8: ["expand_rows:prequant_fp8"], Quant.W4A16_AWQ: ["expand_rows:prequant"]}.get(
+        quant, ["expand_rows"])
     fused, separate = kernel_sequence(plan, 16), kernel_sequence(plan, 17)
     n = 2 + len(expand)
     assert fused[2:n + 1] == ["routing_prologue:fused", *expand[:-1], f"{expand[-1]}+zero_output"]

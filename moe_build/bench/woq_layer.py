@@ -46,9 +46,9 @@ WOQ_LAYERS: dict[Quant, tuple[WoqKind, int | None, bool, bool]] = {
     Quant.W4AFP8: (WoqKind.INT4, 128, False, True),
 }
 QUANTS = {q.value: q for q in WOQ_LAYERS}
-# the forced-off fusions, per quant: the AWQ FC2 pre-quant scale in the activation; W4AFP8's FC1 one in the expansion;
+# the forced-off fusions, per quant: the AWQ FC2 pre-quant scale in the activation; the FC1 one in the expansion;
 # the finalize in the decode GEMM2's epilogue (WFP4A16's matrix never fuses it)
-FORCED = {Quant.W4A16_AWQ: ("ours:fc2_prequant=separate", "ours:finalize=separate"),
+FORCED = {Quant.W4A16_AWQ: ("ours:expand_rows=plain", "ours:fc2_prequant=separate", "ours:finalize=separate"),
           Quant.W8A16: ("ours:finalize=separate",),
           Quant.W4AFP8: ("ours:expand_rows=plain", "ours:fc2_prequant=separate", "ours:finalize=separate")}
 # W4AFP8's static FP8 input scales, for the bench's unit-variance tokens: GEMM1's input up to ~4.5 sigma times an AWQ

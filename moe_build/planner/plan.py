@@ -130,13 +130,21 @@ def _routing_prologue(spec: MoESpec, target: Target, tokens: int, forced: str | 
 
 
 def _expand_rows(spec: MoESpec, forced: str | None) -> StageDecision:
-    gates = [R.expand_w4afp8_without_fp8_input(spec), R.expand_prequant_not_block_scaled(spec)]
-    decision = _simple("expand_rows", "prequant_fused", "plain", gates, forced,
-                       lambda f: "AWQ pre-quant scale applied inside expand" if f else "plain duplicate+permute")
+    """The seed's fusion (W4AFP8: the FP8 expansion scales and quantizes), or moe-build's for W4A16 AWQ layers
+    that store the scales (the 16-bit expansion scales the rows it copies); both gate sets are reported."""
+    seed = [R.expand_w4afp8_without_fp8_input(spec), R.expand_prequant_not_block_scaled(spec)]
+    ours = R.expand_awq_scale_16bit(spec)
+    held = all(g.held for g in seed) or ours.held
+    choice = "prequant_fused" if held else "plain"
+    if forced is not None:
+        if forced == "prequant_fused" and not held:
+            _refuse(seed, "cannot force expand_rows=prequant_fused")
+        choice = forced
+    summary = ("AWQ pre-quant scale applied inside expand" + (" (moe-build's, 16-bit rows)" if ours.held else "")
+               if choice == "prequant_fused" else "plain duplicate+permute")
     act = R.expand_per_expert_act_scale(spec)  # informs, does not decide: NVFP4 x NVFP4 per-expert act scale
-    return StageDecision(decision.stage, decision.choice, decision.fallback, decision.gates + (act,),
-                         forced=decision.forced,
-                         summary=decision.summary + ("; per-expert activation scale" if act.held else ""))
+    return StageDecision("expand_rows", choice, "plain", (*seed, ours, act), forced=forced is not None,
+                         summary=summary + ("; per-expert activation scale" if act.held else ""))
 
 
 def _gemm_kernel(spec: MoESpec, target: Target, forced: str | None) -> StageDecision:

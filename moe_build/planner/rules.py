@@ -182,6 +182,14 @@ def expand_prequant_not_block_scaled(s: MoESpec) -> Gate:
                 not s.quant.is_block_scaled, _src(MOE_KERNELS_CU, 1391))
 
 
+# quant == w4a16_awq with its pre-quant scales stored: the 16-bit expansion multiplies the rows it copies by the FC1
+# scale, one fp32 product rounded once as the separate step rounds it (ours; the seed fuses it for W4AFP8 only)
+def expand_awq_scale_16bit(s: MoESpec) -> Gate:
+    return Gate("expand_awq_scale_16bit", f"quant={s.quant.value} prequant_scales={s.quant_prequant_scales}",
+                "quant == w4a16_awq and its pre-quant scales stored", s.quant is Quant.W4A16_AWQ
+                and s.quant_prequant_scales, f"{OURS} (cpp/src/stages/expand_rows.cu)")
+
+
 # use_per_expert_act_scale is enabled only for NVFP4 x NVFP4
 def expand_per_expert_act_scale(s: MoESpec) -> Gate:
     return Gate("expand_per_expert_act_scale", s.quant.value, "quant == nvfp4 (per-expert act scale applies)",

@@ -108,12 +108,20 @@ class FusedExperts:
         """expand_rows_prequant_input, also zeroing `out` for the fused finalize's accumulation (one launch)."""
         self._expand(b, zero_out=b.out, source=b.v("prequant_input"))
 
+    def expand_rows_prequant(self, b: Batch) -> None:
+        """The expansion of the tokens' rows times the AWQ FC1 pre-quant scale (expand_rows=prequant_fused)."""
+        self._expand(b, zero_out=None, scale=self.w.woq.fc1_act_scale)
+
+    def expand_rows_prequant_zero_output(self, b: Batch) -> None:
+        """expand_rows_prequant, also zeroing `out` for the fused finalize's accumulation (one launch)."""
+        self._expand(b, zero_out=b.out, scale=self.w.woq.fc1_act_scale)
+
     def _expand(self, b: Batch, zero_out: torch.Tensor | None, rows: str = "permuted_input",
-                source: torch.Tensor | None = None) -> None:
-        """The 16-bit expansion of `source` (None: the tokens' hidden rows) into the workspace view `rows` (W4AFP8's
-        plain expansion writes "expanded_input")."""
+                source: torch.Tensor | None = None, scale: torch.Tensor | None = None) -> None:
+        """The 16-bit expansion of `source` (None: the tokens' hidden rows), times `scale` per column where given,
+        into the workspace view `rows` (W4AFP8's plain expansion writes "expanded_input")."""
         self.k.expand_rows(b.hidden if source is None else source, b.v("unpermuted_to_permuted"), b.topk_weights,
-                           permuted_input=b.v(rows), permuted_weights=b.v("permuted_weights"),
+                           scale, permuted_input=b.v(rows), permuted_weights=b.v("permuted_weights"),
                            zero_out=zero_out, stream=b.stream)
 
     # ---- GEMM1 -----------------------------------------------------------------------------

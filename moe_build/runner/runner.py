@@ -165,6 +165,8 @@ class MoERunner:
             S.GEMM2_FP8: ex.gemm2_fp8, S.GEMM2_FP8_FINALIZE: ex.gemm2_fp8_finalize,
             S.FC1_PREQUANT: ex.fc1_prequant, S.EXPAND_ROWS_PREQUANT_INPUT: ex.expand_rows_prequant_input,
             S.EXPAND_ROWS_PREQUANT_INPUT_ZERO_OUTPUT: ex.expand_rows_prequant_input_zero_output,
+            S.EXPAND_ROWS_PREQUANT: ex.expand_rows_prequant,
+            S.EXPAND_ROWS_PREQUANT_ZERO_OUTPUT: ex.expand_rows_prequant_zero_output,
             S.GEMM1_WOQ: ex.gemm1_woq,
             S.FC1_ACTIVATION_PREQUANT: ex.fc1_activation_prequant, S.FC2_PREQUANT: ex.fc2_prequant,
             S.GEMM2_WOQ: ex.gemm2_woq, S.GEMM1_WOQ_DENSE: ex.gemm1_woq_dense, S.GEMM2_WOQ_DENSE: ex.gemm2_woq_dense,

@@ -62,6 +62,9 @@ GEMM2_FP8_FINALIZE = "gemm2:fp8_finalize"  # mb_grouped_gemm_fp8_finalize: the f
 # copies them top_k times: the same products as on the expanded rows, in 1 / top_k of the bytes
 FC1_PREQUANT = "fc1_prequant:separate"
 EXPAND_ROWS_PREQUANT_INPUT = "expand_rows:prequant_input"  # mb_expand_rows from prequant_input instead of hidden
+# expand_rows=prequant_fused on 16-bit rows: mb_expand_rows times the AWQ FC1 pre-quant scale, no separate step
+EXPAND_ROWS_PREQUANT = "expand_rows:prequant"
+EXPAND_ROWS_PREQUANT_ZERO_OUTPUT = "expand_rows:prequant+zero_output"
 EXPAND_ROWS_PREQUANT_INPUT_ZERO_OUTPUT = "expand_rows:prequant_input+zero_output"
 GEMM1_WOQ = "gemm1:woq"                # mb_grouped_gemm_woq
 # mb_fc1_activation with the AWQ FC2 pre-quant scale applied to its output (fc2_prequant=fused)
@@ -167,8 +170,9 @@ def check_runnable(plan: Plan) -> None:
     if (is_weight_only(plan) or is_w4afp8(plan)) and c["fc1_activation"] != "separate":
         raise MoeBuildError("fc1_activation", "the weight-only GEMM1s store plainly: the activation runs as a kernel "
                             "of its own", "separate")
-    if c["expand_rows"] != "plain" and not is_w4afp8(plan):
-        raise MoeBuildError("expand_rows", "the AWQ pre-quant scale in the expansion belongs to W4AFP8", "plain")
+    if c["expand_rows"] != "plain" and not (is_w4afp8(plan) or is_weight_only(plan)):
+        raise MoeBuildError("expand_rows", "the AWQ pre-quant scale in the expansion belongs to W4AFP8 and W4A16 AWQ",
+                            "plain")
     if c["fc2_prequant"] != "none" and not (is_weight_only(plan) or is_w4afp8(plan)):
         raise MoeBuildError("fc2_prequant", "pre-quant scales need quantized kernels", "none")
     if (c["gemm_kernel"], c["fc1_activation"]) not in _GEMM1:
@@ -270,13 +274,15 @@ def _fp8_steps(plan: Plan, c: dict[str, str]) -> list[str]:
 
 
 def _weight_only_steps(plan: Plan, c: dict[str, str]) -> list[str]:
-    """A weight-only layer's steps after routing: maps, the expansion (of the tokens' rows times GEMM1's AWQ
-    pre-quant scale, where the layer has AWQ scales: the matrix fuses the scale into the expansion for W4AFP8
-    only), GEMM1, the activation with GEMM2's AWQ pre-quant scale in it or after it, GEMM2 with the finalize in
-    its epilogue (the decode kernel's, into the output the prologue or the expansion zeroes) or GEMM2 and the
-    finalize; each GEMM as its tactic says (_woq_gemm_step)."""
+    """A weight-only layer's steps after routing: maps, the expansion (where the layer has AWQ scales, of the
+    tokens' rows times GEMM1's AWQ pre-quant scale: in the expansion itself where expand_rows=prequant_fused, else
+    a scale step on the tokens' rows before it), GEMM1, the activation with GEMM2's AWQ pre-quant scale in it or
+    after it, GEMM2 with the finalize in its epilogue (the decode kernel's, into the output the prologue or the
+    expansion zeroes) or GEMM2 and the finalize; each GEMM as its tactic says (_woq_gemm_step)."""
     steps, zero = _prologue(c)
-    if c["fc2_prequant"] != "none":  # the plan's use_awq gate: the layer carries both AWQ scales
+    if c["expand_rows"] == "prequant_fused":
+        steps.append(EXPAND_ROWS_PREQUANT_ZERO_OUTPUT if zero else EXPAND_ROWS_PREQUANT)
+    elif c["fc2_prequant"] != "none":  # the plan's use_awq gate: the layer carries both AWQ scales
         steps += [FC1_PREQUANT, EXPAND_ROWS_PREQUANT_INPUT_ZERO_OUTPUT if zero else EXPAND_ROWS_PREQUANT_INPUT]
     else:
         steps.append(EXPAND_ROWS_ZERO_OUTPUT if zero else EXPAND_ROWS)

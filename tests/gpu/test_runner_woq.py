@@ -31,11 +31,12 @@ MODES = [(Quant.W4A16_AWQ, WoqKind.INT4, 128, True, True), (Quant.W4A16_AWQ, Woq
          (Quant.W4A16_AWQ, WoqKind.INT4, 32, True, False), (Quant.W8A16, WoqKind.INT8, None, False, False),
          (Quant.W8A16, WoqKind.INT8, 128, False, False), (Quant.WFP4A16, WoqKind.MXFP4, 32, False, False)]
 MODE_IDS = ["int4_g128_zeros_awq", "int4_g64_awq", "int4_g32_zeros", "int8_channel", "int8_g128", "mxfp4"]
-# the AWQ FC2 pre-quant fusion and its unfused alternative, the prologue's two forms, and the finalize both ways (the
-# plan fuses it into the decode GEMM2 at 1 token here, separate from 255; forced fused, GEMM2 stays on decode)
-FORCES = [{}, {"fc2_prequant": "separate"}, {"routing_prologue": "three_step"}, {"finalize": "separate"},
-          {"finalize": "fused"}]
-FORCE_IDS = ["default", "fc2_prequant_separate", "three_step", "finalize_separate", "finalize_fused"]
+# the AWQ pre-quant fusions (FC1's scale in the expansion, FC2's in the activation) and their unfused alternatives, the
+# prologue's two forms, and the finalize both ways (the plan fuses it into the decode GEMM2 at 1 token here, separate
+# from 255; forced fused, GEMM2 stays on decode)
+FORCES = [{}, {"fc2_prequant": "separate"}, {"expand_rows": "plain"}, {"routing_prologue": "three_step"},
+          {"finalize": "separate"}, {"finalize": "fused"}]
+FORCE_IDS = ["default", "fc2_prequant_separate", "expand_plain", "three_step", "finalize_separate", "finalize_fused"]
 BASE = MoESpec(256, 512, 8, 2, routing=Routing(RoutingMethod.SOFTMAX_TOPK, renormalize=True))
 
 
@@ -56,25 +57,26 @@ def check(base: MoESpec, mode: tuple, force: dict[str, str] | None = None, token
         f"steps {e.steps}"
 
 
-def test_awq_plan_runs_the_fused_fc2_prequant_and_the_separate_fc1_scale() -> None:
+def test_awq_plan_runs_both_prequant_fusions() -> None:
     """What the plan says is what runs: the matrix's FC2 pre-quant fusion for AWQ with a gated activation, GEMM1's
-    scale on the tokens' rows before the expansion copies them (the expansion fuses it for W4AFP8 only), and the
-    unfused alternative when forced."""
+    scale in the 16-bit expansion (moe-build's expand_awq_scale_16bit), and the unfused alternatives when forced
+    (GEMM1's scale on the tokens' rows before the expansion copies them)."""
     from moe_build.runner import MoERunner
     spec, weights = woq_case(BASE, MODES[0], 0)
     steps = MoERunner(spec, weights, target=device_target(), max_tokens=16).kernel_sequence(16)
     # 32 rows: fused finalize, the expansion zeroes the output
-    assert steps[steps.index("fc1_prequant:separate") + 1] == "expand_rows:prequant_input+zero_output"
+    assert steps[2:4] == ["routing_prologue:fused", "expand_rows:prequant+zero_output"]
     assert "fc1_activation:fc2_prequant" in steps and "fc2_prequant:separate" not in steps
-    forced = MoERunner(spec, weights, target=device_target(), max_tokens=16, force={"fc2_prequant": "separate"})
+    forced = MoERunner(spec, weights, target=device_target(), max_tokens=16,
+                       force={"fc2_prequant": "separate", "expand_rows": "plain"})
     assert forced.kernel_sequence(16)[-3:] == ["fc1_activation", "fc2_prequant:separate", "gemm2:woq_finalize"]
     assert forced.kernel_sequence(16)[2:5] == ["routing_prologue:fused", "fc1_prequant:separate",
                                                "expand_rows:prequant_input+zero_output"]
 
 
-# every mode with every force its plan can take (the FC2 pre-quant stage exists with AWQ scales only)
+# every mode with every force its plan can take (the pre-quant fusions exist with AWQ scales only)
 FORCED = [pytest.param(m, f, id=f"{mid}-{fid}") for m, mid in zip(MODES, MODE_IDS) for f, fid in zip(FORCES, FORCE_IDS)
-          if m[4] or "fc2_prequant" not in f]
+          if m[4] or not {"fc2_prequant", "expand_rows"} & set(f)]
 
 
 @pytest.mark.parametrize("mode, force", FORCED)
