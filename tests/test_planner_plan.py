@@ -8,7 +8,7 @@ import pytest
 from moe_build.errors import MoeBuildError, UnsupportedCombination
 from moe_build.planner import Plan, make_plan, rules as R
 from moe_build.planner.gates import StageDecision
-from moe_build.spec import MoESpec
+from moe_build.spec import MoESpec, Quant
 from moe_build.target import Flavour, MoePlugin, Target
 
 SPEC = MoESpec(4096, 14336, 8, 2)
@@ -281,3 +281,21 @@ def test_fp8_accumulation_is_fast_with_rowwise_scales_on_the_wgmma_kernel() -> N
         make_plan(plain, SM90, force={"fp8_accumulation": "promoted"})
     w4afp8 = dataclasses.replace(spec, quant=Quant.W4AFP8)  # FP8 activations, but the weight-only GEMMs
     assert make_plan(w4afp8, SM90).stage("fp8_accumulation").choice == "none"
+
+
+def test_expand_rows_fuses_the_awq_scale_for_w4a16_with_stored_scales() -> None:
+    """moe-build's gate beside the seed's: a W4A16 AWQ layer that stores its pre-quant scales scales GEMM1's rows in
+    the 16-bit expansion; without the scales (AutoAWQ, compressed-tensors fold them) or for W8A16 the expansion is
+    plain, and forcing the fusion there names the rule that fails for that quant mode (W4AFP8: the seed's)."""
+    awq = dataclasses.replace(SPEC, quant=Quant.W4A16_AWQ, quant_prequant_scales=True)
+    d = make_plan(awq, SM90, 16).stage("expand_rows")
+    held = {g.name: g.held for g in d.gates}
+    assert d.choice == "prequant_fused" and held["expand_awq_scale_16bit"] and not held["expand_w4afp8_not_fp8_input"]
+    assert make_plan(awq, SM90, 16, force={"expand_rows": "plain"}).stage("expand_rows").choice == "plain"
+    folded = dataclasses.replace(awq, quant_prequant_scales=False)
+    assert make_plan(folded, SM90, 16).stage("expand_rows").choice == "plain"
+    with pytest.raises(UnsupportedCombination, match="expand_awq_scale_16bit"):
+        make_plan(dataclasses.replace(SPEC, quant=Quant.W8A16), SM90, 16, force={"expand_rows": "prequant_fused"})
+    w4afp8 = dataclasses.replace(SPEC, quant=Quant.W4AFP8, fp8_input=True)
+    with pytest.raises(UnsupportedCombination, match="expand_w4afp8_not_fp8_input"):
+        make_plan(w4afp8, SM90, 16, force={"expand_rows": "prequant_fused"})

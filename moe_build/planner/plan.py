@@ -137,8 +137,8 @@ def _expand_rows(spec: MoESpec, forced: str | None) -> StageDecision:
     held = all(g.held for g in seed) or ours.held
     choice = "prequant_fused" if held else "plain"
     if forced is not None:
-        if forced == "prequant_fused" and not held:
-            _refuse(seed, "cannot force expand_rows=prequant_fused")
+        if forced == "prequant_fused" and not held:  # the rule that could have held for this quant mode
+            _refuse(seed if spec.quant is Quant.W4AFP8 else [ours], "cannot force expand_rows=prequant_fused")
         choice = forced
     summary = ("AWQ pre-quant scale applied inside expand" + (" (moe-build's, 16-bit rows)" if ours.held else "")
                if choice == "prequant_fused" else "plain duplicate+permute")

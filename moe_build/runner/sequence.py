@@ -62,10 +62,10 @@ GEMM2_FP8_FINALIZE = "gemm2:fp8_finalize"  # mb_grouped_gemm_fp8_finalize: the f
 # copies them top_k times: the same products as on the expanded rows, in 1 / top_k of the bytes
 FC1_PREQUANT = "fc1_prequant:separate"
 EXPAND_ROWS_PREQUANT_INPUT = "expand_rows:prequant_input"  # mb_expand_rows from prequant_input instead of hidden
+EXPAND_ROWS_PREQUANT_INPUT_ZERO_OUTPUT = "expand_rows:prequant_input+zero_output"
 # expand_rows=prequant_fused on 16-bit rows: mb_expand_rows times the AWQ FC1 pre-quant scale, no separate step
 EXPAND_ROWS_PREQUANT = "expand_rows:prequant"
 EXPAND_ROWS_PREQUANT_ZERO_OUTPUT = "expand_rows:prequant+zero_output"
-EXPAND_ROWS_PREQUANT_INPUT_ZERO_OUTPUT = "expand_rows:prequant_input+zero_output"
 GEMM1_WOQ = "gemm1:woq"                # mb_grouped_gemm_woq
 # mb_fc1_activation with the AWQ FC2 pre-quant scale applied to its output (fc2_prequant=fused)
 FC1_ACTIVATION_PREQUANT = "fc1_activation:fc2_prequant"
