@@ -1,6 +1,6 @@
 """What the GEMM tactic probes share (bench/fp8_tactics_probe.py, bench/woq_tactics_probe.py): one call's GPU time
-with L2 flushed before it, the read rate measured in the same process, the decode table, and the side-by-side run
-of an older library.
+with L2 flushed before it, the read rate measured in the same process, the decode table, the side-by-side run
+of an older library, and random operands (rowwise FP8, the mixed-input weight-only GEMM's weights).
 
 The flush reads 256 MB (a sum) instead of writing it: a written flush leaves L2 (50 MB on an H100/H200) full of
 dirty lines, and the timed call then pays their write-back while it streams its weights (Mixtral's FP8 GEMM1 at 1
@@ -91,6 +91,22 @@ def run_old(script: str, out_name: str) -> list[dict] | None:
         subprocess.run([sys.executable, script], env=env, check=True)
         data = json.load(open(os.path.join(d, out_name)))
     return data["rows"] if isinstance(data, dict) else data
+
+
+def woq_mixed_weights(kind, group: int, E: int, n: int, k: int) -> tuple[torch.Tensor, ...]:
+    """Random weights for the mixed-input weight-only GEMM: int4 codes (two a byte) with zero points in groups of
+    `group`, or int8 per channel (`group` 0), scales in [1e-3, 0.011) -> (b, zeros, scales, s_mn, z_mn): the stored
+    form and the scales (and zero terms) handed over MN-major in bf16 (weights.woq.wgmma_scales)."""
+    from moe_build.weights.woq import WoqKind, wgmma_scales
+    g = group if group else k
+    if kind is WoqKind.INT4:
+        b = torch.randint(0, 256, (E, n, k // 2), dtype=torch.uint8, device="cuda")
+        zeros = torch.randint(0, 16, (E, n, k // g), dtype=torch.uint8, device="cuda")
+    else:
+        b = torch.randint(-128, 128, (E, n, k), dtype=torch.int8, device="cuda")
+        zeros = None
+    scales = torch.rand(E, n, k // g, device="cuda") * 0.01 + 1e-3
+    return (b, zeros, scales, *wgmma_scales(kind, scales, zeros, torch.bfloat16))
 
 
 def rowwise_fp8_problem(b: torch.Tensor, topk: int, tokens: int, g: torch.Generator) -> tuple[torch.Tensor, ...]:

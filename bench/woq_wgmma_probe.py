@@ -8,9 +8,9 @@ the working directory) and prints a table of each tactic's time over the best.
     MOE_BUILD_KERNELS_LIB=.../libmoe_build_kernels.so python bench/woq_wgmma_probe.py
 """
 import json, os, torch
-from gemm_probe_timing import tms
+from gemm_probe_timing import tms, woq_mixed_weights
 from moe_build import kernels as K
-from moe_build.weights.woq import WoqKind, wgmma_scales
+from moe_build.weights.woq import WoqKind
 
 # name: (experts, top_k, n, k) of the layer GEMMs of the bench shapes (GEMM1: gate and up rows)
 GEMMS = {"qwen3_g1": (128, 8, 1536, 2048), "qwen3_g2": (128, 8, 2048, 768), "mixtral_g1": (8, 2, 28672, 4096),
@@ -24,14 +24,7 @@ for name, (E, topk, n, k) in GEMMS.items():
         g = group if group else k
         if k % g:
             continue
-        if kind is WoqKind.INT4:
-            b = torch.randint(0, 256, (E, n, k // 2), dtype=torch.uint8, device="cuda")
-            zeros = torch.randint(0, 16, (E, n, k // g), dtype=torch.uint8, device="cuda")
-        else:
-            b = torch.randint(-128, 128, (E, n, k), dtype=torch.int8, device="cuda")
-            zeros = None
-        scales = torch.rand(E, n, k // g, device="cuda") * 0.01 + 1e-3
-        s_mn, z_mn = wgmma_scales(kind, scales, zeros, torch.bfloat16)
+        b, zeros, scales, s_mn, z_mn = woq_mixed_weights(kind, group, E, n, k)
         dense = torch.empty(E, n, k, dtype=torch.bfloat16, device="cuda")
         for avg in AVG_ROWS:
             tokens = max(1, avg * E // topk)

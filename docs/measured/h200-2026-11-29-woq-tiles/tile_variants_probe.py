@@ -2,9 +2,9 @@
 woq128x16 in this experimental library), 2x1 cluster (slot woq128x32)."""
 import json, os, sys, torch
 sys.path.insert(0, "bench")
-from gemm_probe_timing import tms
+from gemm_probe_timing import tms, woq_mixed_weights
 from moe_build import kernels as K
-from moe_build.weights.woq import WoqKind, wgmma_scales
+from moe_build.weights.woq import WoqKind
 
 GEMMS = {"qwen3_g1": (128, 8, 1536, 2048), "qwen3_g2": (128, 8, 2048, 768), "dsv2_g1": (64, 6, 2816, 2048),
          "dsv2_g2": (64, 6, 2048, 1408), "gptoss_g1": (32, 4, 5760, 2880), "gptoss_g2": (32, 4, 2880, 2880),
@@ -19,14 +19,7 @@ for T in TOKENS:
         g = group if group else k
         if k % g:
             continue
-        if kind is WoqKind.INT4:
-            b = torch.randint(0, 256, (E, n, k // 2), dtype=torch.uint8, device="cuda")
-            zeros = torch.randint(0, 16, (E, n, k // g), dtype=torch.uint8, device="cuda")
-        else:
-            b = torch.randint(-128, 128, (E, n, k), dtype=torch.int8, device="cuda")
-            zeros = None
-        scales = torch.rand(E, n, k // g, device="cuda") * 0.01 + 1e-3
-        s_mn, z_mn = wgmma_scales(kind, scales, zeros, torch.bfloat16)
+        b, zeros, scales, s_mn, z_mn = woq_mixed_weights(kind, group, E, n, k)
         ids = torch.rand(T, E, device="cuda").topk(topk, dim=1).indices.flatten()
         o = torch.zeros(E + 1, dtype=torch.int64, device="cuda")
         o[1:] = torch.bincount(ids, minlength=E).cumsum(0)
