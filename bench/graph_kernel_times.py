@@ -35,3 +35,18 @@ def print_kernel_times(label: str, r: dict) -> None:
     print(f"{label}: replay {r['replay_us']:.1f} us, kernels {total:.1f} us", flush=True)
     for n, k in sorted(r["kernels"].items(), key=lambda x: -x[1]["us"]):
         print(f"    {k['us']:8.1f} us  x{k['calls']:.0f}  {n}", flush=True)
+
+
+def kernel_timeline(graph: torch.cuda.CUDAGraph, replays: int, name_of: Callable[[str], str]) -> list[dict]:
+    """`graph` (warmed up) replayed `replays` times under the profiler: its kernels in start order, each as
+    {"name", "start_us" (from the first kernel's start), "us"}. Under programmatic dependent launch a kernel starts
+    before its predecessor ends, so starts and ends, not durations, say what waited on what."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            graph.replay()
+        torch.cuda.synchronize()
+    events = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                    key=lambda e: e.time_range.start)
+    t0 = events[0].time_range.start if events else 0
+    return [{"name": name_of(e.name), "start_us": e.time_range.start - t0,
+             "us": e.time_range.end - e.time_range.start} for e in events]

@@ -90,10 +90,12 @@ inline cudaError_t launch_after_trigger(void (*kernel)(KArgs...), dim3 grid, dim
 
 // The routing and prologue chain (routing, the map builds, the expansion) is launched after a trigger
 // and starts each kernel with wait_for_predecessor() then let_dependents_start(): a kernel's launch
-// and block setup overlap its predecessor's body, and every read and write comes after the wait. The
-// trigger comes after the wait so that a dependent's CTAs start only once this kernel's predecessor has
-// completed: the decode GEMM reads the expert offsets before its own wait (gemm/decode.cu), which holds
-// only if the map build finished before the expansion (its predecessor) started running.
+// and block setup overlap its predecessor's body, and every read and write of what the predecessor writes comes
+// after the wait. The trigger comes after the wait so that a dependent's CTAs start only once this kernel's
+// predecessor has completed: the decode GEMM reads the expert offsets before its own wait (gemm/decode.cu), which
+// holds only if the map build finished before the expansion (its predecessor) started running, and the FP8
+// expansion reads and quantizes the tokens' rows before its wait (stages/expand_rows.cu), which holds because
+// they were complete before the map build started.
 __device__ __forceinline__ void chain_start() {
   wait_for_predecessor();
   let_dependents_start();

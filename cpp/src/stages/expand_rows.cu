@@ -18,7 +18,11 @@
 // FP8 (issue 46): mb_expand_rows_fp8 writes the permuted rows as e4m3 bytes and scales
 // (common/fp8_quantize.cuh's rule), a block per token: the block quantizes the token's row once (one read,
 // one amax) and stores its bytes and scales into each of the token's K permuted rows; at decode sizes
-// blockIdx.z splits the K rows among blocks, each of which recomputes the row's scale (an L2 read). W4AFP8
+// blockIdx.z splits the K rows among blocks, each of which recomputes the row's scale (an L2 read). The
+// block reads and quantizes its token's row before it waits on its predecessor (the map build), and waits at its
+// first store or map read (PermutedRows::maps_ready): the layer's rows were complete before the map build started
+// (common.cuh, chain_start), and the read no longer queues behind the decode GEMM1's early weight loads, which
+// start once this kernel has waited (1-2 us less a decode layer on an H200, docs/performance.md). W4AFP8
 // layers (expand_rows=prequant_fused) pass the AWQ FC1 pre-quant scale, which multiplies each element before it is
 // quantized (fp8_quantize.cuh): the seed's pre-quant fusion, the scaled row never stored in 16 bits. The
 // unfused alternative, mb_expand_rows_fp8_prequantized, copies rows mb_quantize_fp8 already quantized: a
@@ -124,8 +128,17 @@ struct PermutedRows {
   bool whole;
   uint8_t* rows;
   float* scales;
-  T* zero;  // the token's zero_out row, or null
+  T* zero;       // the token's zero_out row, or null
+  bool* waited;  // whether the calling thread has waited for the predecessor (which wrote the maps)
+  // The first write (or map read) of a thread waits: the token's row was read before (see the file comment).
+  __device__ __forceinline__ void maps_ready() const {
+    if (!*waited) {
+      mb::chain_start();
+      *waited = true;
+    }
+  }
   __device__ __forceinline__ void store(int64_t t0, const fp8::Bytes (&q)[fp8::kUnits]) const {
+    maps_ready();
     const int64_t units = (cols + fp8::kVec - 1) / fp8::kVec;
     if (zero != nullptr) {
 #pragma unroll
@@ -142,6 +155,7 @@ struct PermutedRows {
     }
   }
   __device__ __forceinline__ void scale(int64_t g, float s) const {
+    maps_ready();
     for (int j = blockIdx.z; j < top_k; j += gridDim.z) {
       scales[static_cast<int64_t>(__ldg(unpermuted_to_permuted + e0 + j)) * scale_cols + g] = s;
     }
@@ -156,19 +170,20 @@ expand_rows_fp8_kernel(const T* __restrict__ input, const int32_t* __restrict__ 
                        bool whole, const float* __restrict__ static_scale, int64_t scale_cols,
                        uint8_t* __restrict__ permuted_input, float* __restrict__ permuted_scales,
                        float* __restrict__ permuted_weights, T* __restrict__ zero_out) {
-  mb::chain_start();
+  bool waited = false;
   for (int64_t t = blockIdx.x; t < num_tokens; t += gridDim.x) {
     const int64_t e0 = t * top_k;
+    fp8::RowSource<T> src{input + t * hidden, hidden, whole};
+    const PermutedRows<T> dst{unpermuted_to_permuted, e0, top_k, hidden, scale_cols, whole, permuted_input,
+                              permuted_scales,
+                              zero_out != nullptr && blockIdx.z == 0 ? zero_out + t * hidden : nullptr, &waited};
+    fp8::quantize_row<T>(src, dst, hidden, mode, static_scale, prequant_scale, whole);
     if (blockIdx.z == 0) {
+      dst.maps_ready();
       for (int j = threadIdx.x; j < top_k; j += blockDim.x) {
         permuted_weights[unpermuted_to_permuted[e0 + j]] = topk_weights[e0 + j];
       }
     }
-    fp8::RowSource<T> src{input + t * hidden, hidden, whole};
-    const PermutedRows<T> dst{unpermuted_to_permuted, e0, top_k, hidden, scale_cols, whole, permuted_input,
-                              permuted_scales,
-                              zero_out != nullptr && blockIdx.z == 0 ? zero_out + t * hidden : nullptr};
-    fp8::quantize_row<T>(src, dst, hidden, mode, static_scale, prequant_scale, whole);
   }
 }
 

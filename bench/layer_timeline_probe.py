@@ -1,0 +1,58 @@
+"""When each kernel of a single-GPU FP8 layer starts and ends within a CUDA-graph replay, at decode token counts:
+the evidence that the FP8 expansion ended 3.5-5.1 us after the map build at 1-16 tokens, its token rows queued
+behind the decode GEMM1's early weight loads (docs/performance.md, "The FP8 expansion reads its token rows before
+its wait"). Replays back to back (no L2 flush), the last of them printed: start and end of each kernel from the
+replay's first start, in us.
+
+    MOE_BUILD_KERNELS_LIB=.../libmoe_build_kernels.so python bench/layer_timeline_probe.py [out.json]
+    (LAYER_TIMELINE_POINTS: shape:tokens,... overrides the points)
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+from graph_kernel_times import kernel_timeline
+from layer_steps_probe import short
+
+from moe_build.bench.workload import device_fp8_weights, fp8_bench_spec, make_inputs
+from moe_build.runner import MoERunner
+from moe_build.spec import Quant
+
+REPLAYS = 4
+POINTS = [(p.split(":")[0], int(p.split(":")[1])) for p in os.environ.get(
+    "LAYER_TIMELINE_POINTS", "gpt-oss-20b:1,gpt-oss-20b:16,qwen3-30b-a3b:16,deepseek-v2-lite:256,deepseek-v3:1").split(",")]
+
+
+def main() -> None:
+    results = []
+    for name, tokens in POINTS:
+        spec = fp8_bench_spec(name, Quant("fp8"))
+        w = device_fp8_weights(spec, seed=1)
+        runner = MoERunner(spec, w, max_tokens=tokens)
+        s = make_inputs(spec, tokens, 1, seed=tokens, correction_bias=w.correction_bias)[0]
+        graphed = runner.capture_graph(tokens, "logits")
+        graphed.hidden.copy_(s.hidden)
+        graphed.router_logits.copy_(s.logits)
+        for _ in range(3):
+            graphed.replay()
+        torch.cuda.synchronize()
+        events = kernel_timeline(graphed.graph, REPLAYS, short)
+        per_replay = len(events) // REPLAYS
+        last = events[-per_replay:]
+        t0 = last[0]["start_us"]
+        print(f"{name} fp8 T={tokens}: {per_replay} kernels a replay; start / end (us) of the last replay", flush=True)
+        for e in last:
+            print(f"    {e['start_us'] - t0:7.1f} {e['start_us'] - t0 + e['us']:7.1f}  {e['name']}", flush=True)
+        results.append({"shape": name, "quant": "fp8", "tokens": tokens, "events": events})
+        del runner, w, graphed
+        torch.cuda.empty_cache()
+    path = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.environ.get("OUT", "."), "layer_timeline.json")
+    with open(path, "w") as f:
+        json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
