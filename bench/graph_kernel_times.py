@@ -3,6 +3,9 @@ graph replayed back to back under torch.profiler, its kernels' device time per r
 own time from CUDA events (the gap between the two is launch latency and idle time between kernels)."""
 from __future__ import annotations
 
+import json
+import os
+import sys
 from collections import defaultdict
 from typing import Callable
 
@@ -50,3 +53,10 @@ def kernel_timeline(graph: torch.cuda.CUDAGraph, replays: int, name_of: Callable
     t0 = events[0].time_range.start if events else 0
     return [{"name": name_of(e.name), "start_us": e.time_range.start - t0,
              "us": e.time_range.end - e.time_range.start} for e in events]
+
+
+def write_results(results: list, default_name: str) -> None:
+    """A probe's results as JSON: to the path given as its first argument, else default_name in $OUT (or here)."""
+    path = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.environ.get("OUT", "."), default_name)
+    with open(path, "w") as f:
+        json.dump(results, f, indent=1)

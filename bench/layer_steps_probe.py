@@ -8,11 +8,9 @@ latency and idle time between kernels). The evidence for which non-GEMM step of 
 """
 from __future__ import annotations
 
-import json
 import os
-import sys
 import torch
-from graph_kernel_times import kernel_times, print_kernel_times
+from graph_kernel_times import kernel_times, print_kernel_times, write_results
 
 from moe_build.bench.woq_layer import device_woq_weights, woq_bench_spec
 from moe_build.bench.workload import bench_spec, device_fp8_weights, device_weights, fp8_bench_spec, make_inputs
@@ -73,9 +71,7 @@ def main() -> None:
                 print_kernel_times(f"{name} {quant} T={T}", r)
             del runner, w
             torch.cuda.empty_cache()
-    path = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.environ.get("OUT", "."), "layer_steps.json")
-    with open(path, "w") as f:
-        json.dump(results, f, indent=1)
+    write_results(results, "layer_steps.json")
 
 
 if __name__ == "__main__":

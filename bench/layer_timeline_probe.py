@@ -9,12 +9,10 @@ replay's first start, in us.
 """
 from __future__ import annotations
 
-import json
 import os
-import sys
 
 import torch
-from graph_kernel_times import kernel_timeline
+from graph_kernel_times import kernel_timeline, write_results
 from layer_steps_probe import short
 
 from moe_build.bench.workload import device_fp8_weights, fp8_bench_spec, make_inputs
@@ -49,9 +47,7 @@ def main() -> None:
         results.append({"shape": name, "quant": "fp8", "tokens": tokens, "events": events})
         del runner, w, graphed
         torch.cuda.empty_cache()
-    path = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.environ.get("OUT", "."), "layer_timeline.json")
-    with open(path, "w") as f:
-        json.dump(results, f, indent=1)
+    write_results(results, "layer_timeline.json")
 
 
 if __name__ == "__main__":
