@@ -233,8 +233,9 @@ mb_status mb_quantize_fp8(const void* in, int dtype, int64_t rows, int cols, con
  * overlap input: MB_ERR_INVALID_ARGUMENT). prequant_scale [H] or NULL as above: W4AFP8's AWQ FC1 pre-quant scale
  * fused into the expansion (expand_rows=prequant_fused); equal, bit for bit, to mb_expand_rows then
  * mb_quantize_fp8 with the same scale. Launched after a trigger, it reads input (and quantizes it) before it waits
- * on its stream predecessor, whose output it needs for the maps only: input must be complete before that
- * predecessor starts, as it is after a map build that waits before it lets this kernel start (the layer's order). */
+ * on its stream predecessor, whose output it needs for the maps only: input must be written before that
+ * predecessor, never by it, and the predecessor must wait on its own before it lets this kernel start, as the map
+ * builds do (the layer's order). */
 mb_status mb_expand_rows_fp8(const void* input, int dtype, const int32_t* unpermuted_to_permuted,
                              const float* topk_weights, const float* prequant_scale, int num_tokens, int hidden,
                              int top_k,

@@ -95,7 +95,7 @@ inline cudaError_t launch_after_trigger(void (*kernel)(KArgs...), dim3 grid, dim
 // predecessor has completed: the decode GEMM reads the expert offsets before its own wait (gemm/decode.cu), which
 // holds only if the map build finished before the expansion (its predecessor) started running, and the FP8
 // expansion reads and quantizes the tokens' rows before its wait (stages/expand_rows.cu), which holds because
-// they were complete before the map build started.
+// they were written before the map build, which waited for everything before it ahead of its trigger.
 __device__ __forceinline__ void chain_start() {
   wait_for_predecessor();
   let_dependents_start();

@@ -20,13 +20,14 @@
 // one amax) and stores its bytes and scales into each of the token's K permuted rows; at decode sizes
 // blockIdx.z splits the K rows among blocks, each of which recomputes the row's scale (an L2 read). The
 // block reads and quantizes its token's row before it waits on its predecessor (the map build), and waits at its
-// first store or map read (PermutedRows::maps_ready): the layer's rows were complete before the map build started
-// (common.cuh, chain_start), and the read no longer queues behind the decode GEMM1's early weight loads, which
-// start once this kernel has waited (1-2 us less a decode layer on an H200, docs/performance.md). W4AFP8
-// layers (expand_rows=prequant_fused) pass the AWQ FC1 pre-quant scale, which multiplies each element before it is
-// quantized (fp8_quantize.cuh): the seed's pre-quant fusion, the scaled row never stored in 16 bits. The
-// unfused alternative, mb_expand_rows_fp8_prequantized, copies rows mb_quantize_fp8 already quantized: a
-// block per token, each thread holding kBatch 16-byte pieces of the row and storing them K times.
+// first store or map read (PermutedRows::maps_ready): the layer's rows were written before the map build, which
+// waited for them before its trigger (common.cuh, chain_start), and the read no longer queues behind the decode
+// GEMM1's early weight loads, which start once this kernel has waited (1-2 us less a decode layer on an H200,
+// docs/performance.md). W4AFP8 layers (expand_rows=prequant_fused) pass the AWQ FC1 pre-quant scale, which
+// multiplies each element before it is quantized (fp8_quantize.cuh): the seed's pre-quant fusion, the scaled row
+// never stored in 16 bits. The unfused alternative, mb_expand_rows_fp8_prequantized, copies rows mb_quantize_fp8
+// already quantized: a block per token, each thread holding kBatch 16-byte pieces of the row and storing them K
+// times.
 #include "common/common.cuh"
 #include "common/fp8_quantize.cuh"
 
