@@ -195,6 +195,33 @@ def test_fp8_finalize_gemm2_tactics() -> None:
     assert at(dataclasses.replace(qwen3_down, epilogue="store"), 1025) == "wgmma:coop128x128:plain:plain"
 
 
+def test_fp8_rowwise_decode_split_keeps_one_wave_of_short_slices() -> None:
+    """FP8_DECODE_WAVE_SLICE_BYTES: rowwise decode K slices double while they stay >= 1024 bytes, but not to slices
+    under 2048 bytes where the CTAs (non-empty experts x column blocks of 128 / k_split rows) fit in one wave of two
+    an SM and the doubled ones would be more than one wave and at most one and a half (132 SMs: 264 < CTAs <= 396);
+    longer slices split on, and block-128 scales keep their own rule."""
+    gpt_oss_up = call(n=5760, k=2880, experts=32, top_k=4, itemsize=1, fp8="rowwise")
+    # 1 token: 4 experts x 45 column blocks = 180 CTAs unsplit, 360 at 2 slices of 1440 bytes: stays unsplit;
+    # 2 tokens: 8 experts, 360 CTAs unsplit (already past one wave): 2 slices
+    assert [at(gpt_oss_up, t) for t in (1, 2)] == ["decode:ksplit1:after_trigger:plain",
+                                                  "decode:ksplit2:after_trigger:plain"]
+    gpt_oss_down = call(epilogue="finalize", n=2880, k=2880, experts=32, top_k=4, itemsize=1, fp8="rowwise")
+    # 1 token: 4 x 23 = 92 unsplit, 180 at 2 slices (one wave): 2 slices; 2 tokens: 184 unsplit, 360 at 2: unsplit
+    assert [at(gpt_oss_down, t) for t in (1, 2)] == ["decode:ksplit2:after_trigger:plain",
+                                                    "decode:ksplit1:after_trigger:plain"]
+    qwen3_up = call(k=2048, itemsize=1, fp8="rowwise")  # 12 column blocks unsplit, 24 at 2 slices of 1024 bytes
+    # 1 token (8 experts): 96 / 192; 2 tokens (16): 192 / 384; 3 tokens (24): 288 unsplit, already past one wave
+    assert [at(qwen3_up, t) for t in (1, 2, 3)] == ["decode:ksplit2:after_trigger:plain",
+                                                   "decode:ksplit1:after_trigger:plain",
+                                                   "decode:ksplit2:after_trigger:plain"]
+    # slices of 2048 bytes and more split on: DeepSeek-V3's GEMM1 at 1 token (8 experts x 32 = 256 unsplit, 512 at 2)
+    dsv3_up = call(n=4096, k=7168, experts=256, top_k=8, itemsize=1, fp8="rowwise")
+    assert at(dsv3_up, 1) == "decode:ksplit4:after_trigger:plain"
+    mixtral_down = call(epilogue="finalize", n=4096, k=14336, experts=8, top_k=2, itemsize=1, fp8="rowwise")
+    assert at(mixtral_down, 3) == "decode:ksplit8:after_trigger:plain"  # 6 x 32 = 192 unsplit, 384 at 2
+    assert at(dataclasses.replace(gpt_oss_up, fp8="block128"), 1) == "decode:ksplit1:after_trigger:plain"
+
+
 def test_fp8_fast_accumulation_keeps_pingpong_to_128_rows() -> None:
     """FP8_FAST_NARROW_MAX_AVG_ROWS: with fast accumulation (rowwise scales) pingpong64x128 runs to 128 rows per
     expert, then coop128x192 (from FP8_WIDE_MIN_AVG_ROWS); promoted accumulation and block-128 scales keep

@@ -237,7 +237,16 @@ def fp8_kernel_rule(call: GemmCall, rows: RowCount) -> str:
 # (written L2 flush, docs/measured/h200-2026-11-28-fp8): 1 token of Qwen3 GEMM1 13.7 / 15.9 / 16.7 us at 1 / 2 /
 # 4 slices, Mixtral GEMM1 74.3 / 73.3 / 81.0; and in the layer the rowwise rule cost Mixtral-8x7B block-128 7 us
 # at 1 token and 52 at 16 (moe-build bench, docs/measured/h200-2026-11-28-fp8-tiles/bench_fp8.json).
+# Nor do rowwise scales double to slices under 2048 bytes where the CTAs fit in one resident wave (two an SM) and
+# the doubled ones would fill less than half of a second wave, which then streams on few SMs after the
+# first. H200, `moe-build bench --quant fp8` with each K split forced, two rounds each, graph replay, layer us
+# (docs/measured/h200-2026-11-30-fp8-decode-wave): GPT-OSS-20B at 1 token, GEMM1 (K 2880; 180 CTAs unsplit, 360
+# at 2 slices) 47.1-48.2 unsplit against 49.0-50.2 at 2 slices, at 2 tokens GEMM2 70.4-71.3 against 74.6-74.7;
+# Qwen3-30B-A3B at 2 tokens, GEMM1 (K 2048) 37.1-38.0 against 38.9-39.0. Longer slices split on: DeepSeek-V3 at 1
+# token, GEMM1 (K 7168; 256 CTAs unsplit, 512 at 2) 124.6-125.5 unsplit against 113.2-114.7 at 4 slices;
+# Mixtral-8x7B at 3 tokens, GEMM2 (K 14336; 192 CTAs unsplit, 384 at 2) 237.0-239.7 against 228.0-228.8 at 8.
 FP8_DECODE_MIN_SLICE_BYTES = 1024
+FP8_DECODE_WAVE_SLICE_BYTES = 2048
 FP8_BLOCK_DECODE_MIN_SLICE_BYTES = 2048
 
 
@@ -246,11 +255,28 @@ def fp8_decode_k_split_rule(call: GemmCall, rows: RowCount) -> int:
     min_slice = FP8_BLOCK_DECODE_MIN_SLICE_BYTES if block else FP8_DECODE_MIN_SLICE_BYTES
     k_split = 1
     while k_split < 8 and call.k // (2 * k_split) >= min_slice:
-        column_blocks = -(-call.n // (16 * (DECODE_WARPS // k_split)))
+        column_blocks = decode_column_blocks(call, k_split)
         if block and not ctas_at_most(call, rows, column_blocks, 2 * call.sm_count - 1):
+            break
+        short_slices = call.k // (2 * k_split) < FP8_DECODE_WAVE_SLICE_BYTES
+        if not block and short_slices and short_second_wave(call, rows, k_split):
             break
         k_split *= 2
     return k_split
+
+
+def decode_column_blocks(call: GemmCall, k_split: int) -> int:
+    """The decode kernel's CTAs per (expert, row chunk): 16 weight rows a warp, DECODE_WARPS / k_split warps across N."""
+    return -(-call.n // (16 * (DECODE_WARPS // k_split)))
+
+
+def short_second_wave(call: GemmCall, rows: RowCount, k_split: int) -> bool:
+    """The rowwise decode launch fits in one resident wave (two CTAs an SM) at `k_split`, and at twice the split
+    its CTAs would fill less than half of a second wave."""
+    wave = 2 * call.sm_count
+    doubled = decode_column_blocks(call, 2 * k_split)
+    return (ctas_at_most(call, rows, decode_column_blocks(call, k_split), wave)
+            and not ctas_at_most(call, rows, doubled, wave) and ctas_at_most(call, rows, doubled, wave + wave // 2))
 
 
 def ctas_at_most(call: GemmCall, rows: RowCount, column_blocks: int, limit: int) -> bool:
