@@ -180,7 +180,7 @@ def test_every_rule_tactic_is_runnable() -> None:
 
 def test_fp8_finalize_gemm2_tactics() -> None:
     """The FP8 GEMM2 with the finalize epilogue keeps the FP8 kernel and tile thresholds (decode while rowwise
-    has <= 16 rows per expert and < 256 rows, block128 < 64 rows; pingpong64x128 to 32 rows per expert, then
+    has <= 6 rows per expert and < 256 rows, block128 < 64 rows; pingpong64x128 to 32 rows per expert, then
     coop128x128), launches after a trigger to 64 rows per expert and plainly above, never by placement (at 32
     rows a 16-bit finalize GEMM2 would be placed), and writes under evict_last on the wgmma kernel."""
     qwen3_down = call(epilogue="finalize", n=2048, k=768, itemsize=1, fp8="rowwise")  # avg rows ceil(tokens / 16)
@@ -193,6 +193,9 @@ def test_fp8_finalize_gemm2_tactics() -> None:
     assert [at(block, t) for t in (7, 8)] == ["decode:ksplit1:after_trigger:plain",
                                               "wgmma:pingpong64x128:after_trigger:evict_last"]
     assert at(dataclasses.replace(qwen3_down, epilogue="store"), 1025) == "wgmma:coop128x128:plain:plain"
+    # few experts: the average bound first (Mixtral-8x7B, avg rows ceil(tokens / 4): 6 at 24 tokens, 7 at 25)
+    mixtral_down = call(epilogue="finalize", n=4096, k=14336, experts=8, top_k=2, itemsize=1, fp8="rowwise")
+    assert [at(mixtral_down, t).split(":")[0] for t in (24, 25)] == ["decode", "wgmma"]
 
 
 def test_fp8_rowwise_decode_split_keeps_one_wave_of_short_slices() -> None:

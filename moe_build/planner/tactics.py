@@ -204,15 +204,21 @@ def kernel_rule(call: GemmCall, rows: RowCount) -> str:
 
 
 # FP8 kernel (bench/fp8_tactics_probe.py, H200, the bench shapes' GEMMs at 1 and 16 tokens, L2 flushed):
-# rowwise scales keep the decode kernel to 16 average rows per expert and 255 rows in all (16 tokens, 32-128
-# rows: Qwen3-30B-A3B GEMM1 72 vs 78 us on the best wgmma tile, GEMM2 42 vs 52, DeepSeek-V2-Lite GEMM1 88 vs
-# 95, Mixtral-8x7B GEMM1 239 vs 272; from 2048 rows the wgmma tiles were measured alone); block-128 scales leave it from 64 rows in all (its per-block scale loads cost more: 16 tokens of
+# rowwise scales kept the decode kernel to 16 average rows per expert (6 since 2026-11-30, below) and 255 rows
+# in all (16 tokens, 32-128 rows: Qwen3-30B-A3B GEMM1 72 vs 78 us on the best wgmma tile, GEMM2 42 vs 52,
+# DeepSeek-V2-Lite GEMM1 88 vs 95, Mixtral-8x7B GEMM1 239 vs 272; from 2048 rows the wgmma tiles were measured
+# alone); block-128 scales leave it from 64 rows in all (its per-block scale loads cost more: 16 tokens of
 # Qwen3 GEMM1 80 vs 74 on pingpong 64x128, GEMM2 55 vs 44, DeepSeek-V2-Lite 96 vs 90, while Mixtral's 32
 # rows stay on decode, 257 vs 271). Where there is no FP8 wgmma kernel (the sm80 entry: SM 8.9 runs the
 # decode kernel only; the mma tiles have no FP8 form) the decode kernel runs at every count. GEMM2 with the
 # finalize epilogue takes the same thresholds (measured with the plain store; FP8's finalize crossing was not
-# measured yet).
-FP8_ROWWISE_DECODE_MAX_AVG_ROWS = 16
+# measured yet). Rowwise scales leave it past 6 average rows per expert, where its 8-row chunks begin to read an
+# expert's weights twice: H200, both GEMMs forced onto pingpong 64x128 beside the rule's decode kernel, the whole
+# layer, two rounds (docs/measured/h200-2026-11-30-fp8-decode-band): Mixtral-8x7B at 20 / 24 / 28 / 40 / 48 tokens
+# (5 / 6 / 7 / 10 / 12 rows) 348.5-350.8 / 368.6-374.7 / 411.4-415.7 / 541.3-548.3 / 560.4-572.8 us on decode,
+# 368.9-369.1 / 376.3 / 368.8-370.4 / 363.8-364.7 / 361.4-362.2 on the tiles; GPT-OSS-20B at 48 tokens (6 rows)
+# 242.0-242.2 against 222.7-222.9, past it (49-63 tokens) now on the tiles too.
+FP8_ROWWISE_DECODE_MAX_AVG_ROWS = 6
 FP8_ROWWISE_DECODE_ROWS = 256
 FP8_BLOCK_DECODE_ROWS = 64
 
