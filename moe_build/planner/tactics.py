@@ -260,12 +260,12 @@ def fp8_decode_k_split_rule(call: GemmCall, rows: RowCount) -> int:
     block = call.fp8 == "block128"
     min_slice = FP8_BLOCK_DECODE_MIN_SLICE_BYTES if block else FP8_DECODE_MIN_SLICE_BYTES
     k_split = 1
-    while k_split < 8 and call.k // (2 * k_split) >= min_slice:
+    while k_split < 8 and (next_slice := call.k // (2 * k_split)) >= min_slice:
         column_blocks = decode_column_blocks(call, k_split)
         if block and not ctas_at_most(call, rows, column_blocks, 2 * call.sm_count - 1):
             break
-        short_slices = call.k // (2 * k_split) < FP8_DECODE_WAVE_SLICE_BYTES
-        if not block and short_slices and short_second_wave(call, rows, k_split):
+        if (not block and next_slice < FP8_DECODE_WAVE_SLICE_BYTES
+                and short_second_wave(call, rows, column_blocks, decode_column_blocks(call, 2 * k_split))):
             break
         k_split *= 2
     return k_split
@@ -276,12 +276,11 @@ def decode_column_blocks(call: GemmCall, k_split: int) -> int:
     return -(-call.n // (16 * (DECODE_WARPS // k_split)))
 
 
-def short_second_wave(call: GemmCall, rows: RowCount, k_split: int) -> bool:
-    """The rowwise decode launch fits in one resident wave (two CTAs an SM) at `k_split`, and at twice the split
-    its CTAs would fill less than half of a second wave."""
+def short_second_wave(call: GemmCall, rows: RowCount, column_blocks: int, doubled: int) -> bool:
+    """The rowwise decode launch fits in one resident wave (two CTAs an SM) at `column_blocks` per chunk, and at
+    the doubled split's `doubled` its CTAs would fill less than half of a second wave."""
     wave = 2 * call.sm_count
-    doubled = decode_column_blocks(call, 2 * k_split)
-    return (ctas_at_most(call, rows, decode_column_blocks(call, k_split), wave)
+    return (ctas_at_most(call, rows, column_blocks, wave)
             and not ctas_at_most(call, rows, doubled, wave) and ctas_at_most(call, rows, doubled, wave + wave // 2))
 
 
@@ -409,7 +408,7 @@ def woq_wgmma_tile_rule(call: GemmCall, rows: RowCount) -> str:
 # all ten points (16 tokens of Qwen3-30B-A3B GEMM1 / GEMM2: 58.6 / 37.8 us at one slice, 66.7 / 52.7 at two).
 def woq_decode_k_split_rule(call: GemmCall, rows: RowCount) -> int:
     k_split = 1
-    while k_split < 8 and ctas_at_most(call, rows, -(-call.n // (16 * (DECODE_WARPS // k_split))), call.sm_count):
+    while k_split < 8 and ctas_at_most(call, rows, decode_column_blocks(call, k_split), call.sm_count):
         k_split *= 2
     return k_split
 
