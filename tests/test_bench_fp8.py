@@ -27,6 +27,7 @@ from moe_build.bench.workload import (FP8_SHAPES, TOKENS, InputSet, bench_spec, 
                                       expert_elements, floor_us, fp8_bench_spec, reference_by_experts)
 from moe_build.errors import MoeBuildError
 from moe_build.planner import make_plan
+from moe_build.planner import rules as R
 from moe_build.reference import moe_reference
 from moe_build.spec import MoESpec, Quant, Routing, RoutingMethod
 from moe_build.spec.presets import PRESETS
@@ -160,7 +161,8 @@ def test_forced_off_variants_are_plans_the_default_fuses(shape: str, quant: Quan
     """Each forced-off variant forces its stage at every bench token count, on the sm90 runner's target, and
     the default plan fuses that stage at one of them at least (finalize is token-dependent); but some variants are
     the default plan (the table marks them off): block-128 layers promote by construction and run the activation
-    kernel, and rowwise ones quantize GEMM2's input after GEMM1's gated epilogue."""
+    kernel, and rowwise ones past FP8_QUANTIZING_MAX_K quantize GEMM2's input after GEMM1's gated epilogue at every
+    count (the others in GEMM2 where it runs the decode kernel)."""
     spec = fp8_bench_spec(shape, quant)
     target = dataclasses.replace(Target(sm=90, flavour=Flavour.TENSORRT), profile=TokenProfile(1, 16, 4096))
     default = make_plan(spec, target, 4096)
@@ -170,7 +172,7 @@ def test_forced_off_variants_are_plans_the_default_fuses(shape: str, quant: Quan
         for stage, choice in force.items():
             assert all(forced.choices(t)[stage] == choice for t in TOKENS), variant
             default_differs = any(default.choices(t)[stage] != choice for t in TOKENS)
-            already_off = {Quant.FP8: {"fc2_input_quant"},
+            already_off = {Quant.FP8: {"fc2_input_quant"} if spec.intermediate_size > R.FP8_QUANTIZING_MAX_K else set(),
                            Quant.FP8_BLOCK: {"fp8_accumulation", "fc1_activation"}}[quant]
             assert default_differs == (stage not in already_off), variant
 

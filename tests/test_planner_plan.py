@@ -232,9 +232,8 @@ def test_fp8_gemm2_input_quantized_separately_at_one_token_only(quant: str, forc
 
 def test_fp8_rowwise_gemm1_runs_the_gated_epilogue_on_sm90() -> None:
     """rules.gated_epilogue_gemm: an FP8 layer with rowwise scales runs the gated activation in GEMM1's epilogue
-    on sm90 (W1 interleaved), so GEMM2's input is quantized by the separate kernel at every count (the activation
-    kernel, which could quantize it, does not run; forcing it there is refused); block-128 scales and sm89 keep the
-    activation kernel."""
+    on sm90 (W1 interleaved), so the activation kernel, which could quantize GEMM2's input, does not run (forcing it
+    there is refused); block-128 scales and sm89 keep the activation kernel."""
     from moe_build.spec import Quant
     spec = MoESpec(hidden_size=2048, intermediate_size=768, num_experts=128, top_k=8, quant=Quant.FP8)
     for tokens in (1, 2, 4096):
@@ -242,13 +241,65 @@ def test_fp8_rowwise_gemm1_runs_the_gated_epilogue_on_sm90() -> None:
         assert plan.stage("fc1_activation").choice == "gated_epilogue"
         assert plan.stage("w1_order").choice == "gate_up_interleaved"
         d = plan.stage("fc2_input_quant")
-        assert d.choice == "separate" and {b.choice for b in d.bands} == {"separate"}, tokens
+        assert d.choice != "fc1_activation" and "fc1_activation" not in {b.choice for b in d.bands}, tokens
         assert not next(g for g in d.gates if g.name == "fc1_activation_kernel").held
     with pytest.raises(MoeBuildError, match="fc2_input_quant"):
         make_plan(spec, SM90, force={"fc2_input_quant": "fc1_activation"})
     for other, target in ((dataclasses.replace(spec, quant=Quant.FP8_BLOCK), SM90),
                           (spec, Target(sm=89, flavour=Flavour.TENSORRT))):
         assert make_plan(other, target).stage("fc1_activation").choice == "separate"
+
+
+def test_fp8_gemm2_quantizes_its_input_where_it_runs_the_decode_kernel() -> None:
+    """rules.fc2_quant_after_gated_epilogue / fc2_quant_gemm2_k / fc2_quant_gemm2_call / fc2_quant_gemm2_waves:
+    after GEMM1's gated epilogue, GEMM2 quantizes its own input at exactly the counts where its tactic is the decode
+    kernel with the finalize fused and its CTAs (touched experts x column blocks) are at most 8 an SM, and the
+    separate quantize kernel runs at the others (bands over every count); forced, it must hold at every count where
+    GEMM2 runs the decode kernel, however many CTAs; block-128 scales, an intermediate size past
+    FP8_QUANTIZING_MAX_K and a separate finalize keep the quantize kernel."""
+    from moe_build.planner import rules as R
+    from moe_build.spec import Quant
+    spec = MoESpec(hidden_size=2048, intermediate_size=768, num_experts=128, top_k=8, quant=Quant.FP8)
+    plan = make_plan(spec, SM90, tokens=1)
+    d, tactic = plan.stage("fc2_input_quant"), plan.stage("gemm2_tactic")
+    assert d.choice == "gemm2" and tactic.choice.startswith("decode:")
+    limit = R.FP8_QUANTIZING_MAX_CTAS_PER_SM * SM90.sm_count
+    for tokens in range(1, 300):
+        gemm2 = plan.choices(tokens)["gemm2_tactic"]
+        ctas = min(128, 8 * tokens) * -(-2048 // (16 * 8 // int(gemm2.split(":")[1][len("ksplit"):]))) \
+            if gemm2.startswith("decode:") else None
+        here = "gemm2" if ctas is not None and ctas <= limit else "separate"
+        assert plan.choices(tokens)["fc2_input_quant"] == here, (tokens, gemm2, ctas)
+    assert [b.choice for b in d.bands] == ["gemm2", "separate"]
+    assert any(plan.choices(t)["gemm2_tactic"].startswith("decode:") for t in range(d.bands[0].hi + 1, 300))
+    call, waves = (next(g for g in d.gates if g.name == n) for n in ("gemm2_quantizing_call", "gemm2_quantizing_waves"))
+    assert call.held and waves.held and call.token_dependent and waves.token_dependent
+    assert "finalize=fused" in call.value
+    assert make_plan(spec, SM90, tokens=4096).stage("fc2_input_quant").choice == "separate"
+    # forced: only where every count's GEMM2 is the decode kernel
+    with pytest.raises(MoeBuildError, match="gemm2_quantizing_call"):
+        make_plan(spec, SM90, force={"fc2_input_quant": "gemm2"})
+    pinned = make_plan(spec, SM90, tokens=4096, force={"fc2_input_quant": "gemm2",
+                                                        "gemm2_tactic": "decode:ksplit1:after_trigger:plain"})
+    assert pinned.stage("fc2_input_quant").choice == "gemm2" and pinned.stage("fc2_input_quant").forced
+    assert not next(g for g in pinned.stage("fc2_input_quant").gates if g.name == "gemm2_quantizing_waves").held
+    for other, force in ((dataclasses.replace(spec, quant=Quant.FP8_BLOCK), {}),
+                         (dataclasses.replace(spec, intermediate_size=R.FP8_QUANTIZING_MAX_K + 128), {}),
+                         (spec, {"finalize": "separate"}), (spec, {"fc1_activation": "separate"})):
+        d = make_plan(other, SM90, tokens=1, force=force).stage("fc2_input_quant")
+        assert d.choice == "separate" and "gemm2" not in {b.choice for b in d.bands}, (other, force)
+    with pytest.raises(MoeBuildError, match="gemm2_quantizing_k"):
+        make_plan(dataclasses.replace(spec, intermediate_size=R.FP8_QUANTIZING_MAX_K + 128), SM90,
+                  force={"fc2_input_quant": "gemm2", "gemm2_tactic": "decode:ksplit1:after_trigger:plain"})
+
+
+def test_fp8_quantizing_max_k_is_the_librarys() -> None:
+    """rules.FP8_QUANTIZING_MAX_K is the kernel library's MB_FP8_QUANTIZING_MAX_K (the planner reads no library)."""
+    import re
+    from pathlib import Path
+    from moe_build.planner import rules as R
+    header = (Path(__file__).parents[1] / "cpp" / "include" / "moe_build_kernels.h").read_text()
+    assert int(re.search(r"#define MB_FP8_QUANTIZING_MAX_K (\d+)", header).group(1)) == R.FP8_QUANTIZING_MAX_K
 
 
 def test_fp8_accumulation_is_fast_with_rowwise_scales_on_the_wgmma_kernel() -> None:

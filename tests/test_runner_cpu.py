@@ -437,7 +437,8 @@ def test_fp8_plans_fuse_the_finalize_into_gemm2_where_the_plan_says(quant: Quant
 
 def test_fp8_rowwise_plans_run_the_gated_gemm1() -> None:
     """A rowwise FP8 layer on sm90: GEMM1 with the gated epilogue writes the 16-bit activation (W1 interleaved), the
-    quantize step makes GEMM2's FP8 input from it at every count; no fc1_out in the workspace, fc1_act kept."""
+    quantize step makes GEMM2's FP8 input from it at every count where the finalize is separate (GEMM2 quantizes it
+    itself only into the fused finalize); no fc1_out in the workspace, fc1_act kept."""
     spec = dataclasses.replace(SWIGLU, quant=Quant.FP8)
     plan = make_plan(spec, H100, tokens=16, force={"finalize": "separate"})
     assert w1_interleaved(plan)
@@ -447,6 +448,30 @@ def test_fp8_rowwise_plans_run_the_gated_gemm1() -> None:
     layout = workspace_layout(spec, steps_up_to(plan, 16), 16)
     assert "fc1_out" not in layout and layout["fc1_act"].dtype == torch.bfloat16
     assert layout["fc2_input"].dtype == torch.float8_e4m3fn
+
+
+def test_fp8_rowwise_plans_quantize_in_gemm2_where_it_runs_the_decode_kernel() -> None:
+    """fc2_input_quant=gemm2 (the default where GEMM2 runs the decode kernel with the finalize fused): GEMM1's gated
+    epilogue then GEMM2's quantizing entry point, no quantize step between them; where GEMM2 runs the wgmma tiles the
+    quantize step and the plain FP8 finalize GEMM2; one runner runs both, so fc1_act and fc2_input both stay. A plan
+    saying gemm2 with a separate finalize (data from elsewhere) is refused with the stage named."""
+    spec = dataclasses.replace(SWIGLU, quant=Quant.FP8)
+    plan = make_plan(spec, H100, tokens=16)
+    quantizing = ["gemm1:fp8_gated", "gemm2:fp8_quantizing_finalize"]
+    separate = ["gemm1:fp8_gated", "fc2_input_quant:separate", "gemm2:fp8_finalize"]
+    for tokens in (1, 16, 4096):
+        here = plan.choices(tokens)["fc2_input_quant"]
+        assert here == ("gemm2" if plan.choices(tokens)["gemm2_tactic"].startswith("decode:") else "separate")
+        assert kernel_sequence(plan, tokens)[-len(quantizing if here == "gemm2" else separate):] == (
+            quantizing if here == "gemm2" else separate), tokens
+    assert {plan.choices(t)["fc2_input_quant"] for t in (1, 4096)} == {"gemm2", "separate"}
+    layout = workspace_layout(spec, steps_up_to(plan, 4096), 4096)
+    assert layout["fc1_act"].dtype == torch.bfloat16 and layout["fc2_input"].dtype == torch.float8_e4m3fn
+    stages = [dataclasses.replace(d, choice="gemm2", bands=()) if d.stage == "fc2_input_quant" else
+              dataclasses.replace(d, choice="separate", bands=()) if d.stage == "finalize" else d
+              for d in make_plan(spec, H100, tokens=1).stages]
+    with pytest.raises(MoeBuildError, match="fc2_input_quant"):
+        kernel_sequence(dataclasses.replace(plan, stages=tuple(stages)), 1)
 
 
 def test_workspace_sizing_math() -> None:

@@ -432,6 +432,19 @@ mb_status mb_grouped_gemm_fp8_finalize(const void* A, const float* scale_a, cons
                                        int num_experts, int64_t max_rows, int num_tokens, int top_k, int n, int k,
                                        int dtype, mb_gemm_tactic tactic, void* workspace, size_t workspace_bytes,
                                        cudaStream_t stream);
+/* The FP8 GEMM2 with the finalize epilogue that quantizes its own input (the plan's fc2_input_quant=gemm2):
+ * mb_grouped_gemm_fp8_finalize with MB_FP8_ROWWISE scales, but A16 [max_rows, k] holds the 16-bit rows (dtype) the
+ * quantize step would read, and each CTA quantizes its rows as it loads them, bit for bit as mb_quantize_fp8 does
+ * (static_scale: that device scalar for every row; NULL: each row's own max(amax, 1e-12) / 448), into shared
+ * memory, scaling its sums by those row scales. The decode kernel only (MB_GEMM_DECODE; any other tactic kernel is
+ * MB_ERR_UNSUPPORTED), k <= MB_FP8_QUANTIZING_MAX_K (the rows of a chunk in shared memory); A16 16-byte aligned. */
+#define MB_FP8_QUANTIZING_MAX_K 8192
+mb_status mb_grouped_gemm_fp8_quantizing_finalize(const void* A16, const float* static_scale, const void* B,
+                                                  const float* scale_b, int accumulation, const void* bias, void* out,
+                                                  const int64_t* expert_first_token_offset,
+                                                  const int32_t* permuted_to_unpermuted, const float* permuted_weights,
+                                                  int num_experts, int64_t max_rows, int num_tokens, int top_k, int n,
+                                                  int k, int dtype, mb_gemm_tactic tactic, cudaStream_t stream);
 /* The FP8 GEMM1 with the gated activation in its epilogue, as mb_grouped_gemm_sm90_gated's for 16-bit GEMMs:
  * C [max_rows, inter] in dtype = act(gate, up) of the scaled product above (+ bias), B [E, 2 * inter, k] e4m3,
  * scale_b [E, 2 * inter] and bias [E, 2 * inter] (or NULL) with the gate and up rows interleaved in blocks of 8

@@ -42,8 +42,9 @@ from .workload import (CHECK_ROWS, FP8_REL_ERR_LIMIT, FP8_SHAPES, REF_WEIGHT_ELE
 
 QUANTS = {q.value: q for q in (Quant.FP8, Quant.FP8_BLOCK)}
 # Our FP8 runner (default plan) and each FP8 fusion forced off; then the comparisons. A variant whose stage the
-# default plan already has off at every count (block-128: the activation kernel, promoted accumulation; rowwise: GEMM2's
-# input quantized after GEMM1's gated epilogue) is timed all the same and marked "off" in the table.
+# default plan already has off at every count (block-128: the activation kernel, promoted accumulation; rowwise with an
+# intermediate size past FP8_QUANTIZING_MAX_K: GEMM2's input quantized after GEMM1's gated epilogue) is timed all the
+# same and marked "off" in the table.
 FP8_RUNNER_VARIANTS = ("ours", "ours:fc1_input_quant=separate", "ours:fc2_input_quant=separate",
                        "ours:fc1_activation=separate", "ours:finalize=separate", "ours:fp8_accumulation=promoted")
 FP8_OTHERS = ("ours_bf16", "scaled_grouped_mm", "grouped_mm_dequant")

@@ -176,6 +176,8 @@ SIGNATURES: dict[str, tuple[type, tuple[type, ...]]] = {
     "mb_grouped_gemm_fp8": (_i, (_p, _p, _p, _p, _i, _i, _p, _p, _p, _i, _i64, _i, _i, _i, _t, _p, _sz, _p)),
     "mb_grouped_gemm_fp8_finalize": (_i, (_p, _p, _p, _p, _i, _i, _p, _p, _p, _p, _p, _i, _i64, _i, _i, _i, _i, _i,
                                           _t, _p, _sz, _p)),
+    "mb_grouped_gemm_fp8_quantizing_finalize": (_i, (_p, _p, _p, _p, _i, _p, _p, _p, _p, _p, _i, _i64, _i, _i, _i,
+                                                     _i, _i, _t, _p)),
     "mb_grouped_gemm_fp8_gated": (_i, (_p, _p, _p, _p, _i, _i, _p, _p, _p, _i, _i64, _i, _i, _i, _i, _f, _f, _t, _p, _sz,
                                        _p)),
     "mb_grouped_gemm_woq": (_i, (_p, _i, _p, _p, _i, _p, _p, _i, _p, _p, _p, _i, _i64, _i, _i, _i, _t, _p)),

@@ -38,7 +38,7 @@ STAGE_CHOICES: dict[str, tuple[str, ...]] = {
     "fc2_prequant": ("fused", "separate", "none"),
     "finalize": ("fused", "separate"),
     "fc1_input_quant": ("expand_rows", "separate", "none"),
-    "fc2_input_quant": ("fc1_activation", "separate", "none"),
+    "fc2_input_quant": ("fc1_activation", "gemm2", "separate", "none"),
     "fp8_accumulation": ("fast", "promoted", "none"),
     "w1_order": ("gate_up_interleaved", "stacked"),
     "weight_layout": ("blocked64", "row_major"),
@@ -273,16 +273,58 @@ def _fc1_input_quant(spec: MoESpec, forced: str | None) -> StageDecision:
                       *([W4AFP8_INPUT_TEXT.format("expand_rows")] if spec.quant is Quant.W4AFP8 else []))
 
 
-def _fc2_input_quant(spec: MoESpec, fc1_activation: str, tokens: int, forced: str | None) -> StageDecision:
-    """In the activation kernel where it can run there, from FC2_QUANT_FUSED_MIN_TOKENS tokens on (bands over
-    every count); forced, the same choice at every count."""
+def _fc2_input_quant(spec: MoESpec, fc1_activation: str, finalize: StageDecision, gemm2: StageDecision,
+                     call: T.GemmCall, tokens: int, forced: str | None) -> StageDecision:
+    """In the activation kernel where it can run there, from FC2_QUANT_FUSED_MIN_TOKENS tokens on; else, after GEMM1's
+    gated epilogue, in GEMM2 at the counts where it runs the quantizing decode kernel (bands over every count, the
+    GEMM2 tactic's and the finalize's); forced, the same choice at every count."""
     gates = [R.input_quant_fp8(spec), R.fc2_quant_in_activation(fc1_activation)]
     fused_text = "GEMM2's input quantized to FP8 in the activation kernel"
     separate_text = "GEMM2's input quantized to FP8 by a separate kernel after the activation"
+    in_gemm2 = [gates[0], R.fp8_rowwise_scales(spec), R.fc2_quant_after_gated_epilogue(fc1_activation),
+                R.fc2_quant_gemm2_k(spec)]
+    if forced == "gemm2" or (forced is None and all(g.held for g in in_gemm2)):
+        return _fc2_quant_in_gemm2(spec, in_gemm2, (*gates, *in_gemm2[1:]), finalize, gemm2, call, tokens,
+                                   forced is not None)
     if forced is not None or not all(g.held for g in gates):
         return _act_quant("fc2_input_quant", "fc1_activation", gates, forced, fused_text, separate_text,
                           *([W4AFP8_INPUT_TEXT.format("fc2_prequant")] if spec.quant is Quant.W4AFP8 else []))
     return _fc2_quant_bands("fc2_input_quant", "fc1_activation", gates, tokens, fused_text, separate_text)
+
+
+def _fc2_quant_in_gemm2(spec: MoESpec, gates: Sequence[Gate], shown: Sequence[Gate], finalize: StageDecision,
+                        gemm2: StageDecision, call: T.GemmCall, tokens: int, forced: bool) -> StageDecision:
+    """fc2_input_quant=gemm2 at the counts where GEMM2 runs the decode kernel with the finalize fused and few enough
+    CTAs (`call`: GEMM2's), separate at the others (bands over every count); forced, gemm2 at every count, refused
+    where `gates` or a count's GEMM2 kernel does not hold (the waves gate is a measured preference: forcing overrides
+    it). The decision shows `shown` (the activation kernel's gates too) and the count's gates."""
+    def gates_at(rows: T.RowCount) -> tuple[Gate, Gate]:
+        tactic = gemm2.choice if not gemm2.bands else _choice_at(gemm2, rows)
+        kernel = R.fc2_quant_gemm2_call(tactic, finalize.choice if not finalize.bands else _choice_at(finalize, rows))
+        if not kernel.held:
+            return kernel, R.fc2_quant_gemm2_waves(call.experts, 0, call.sm_count, False)
+        blocks = T.decode_column_blocks(call, T.GemmTactic.parse(tactic).k_split)
+        few = T.ctas_at_most(call, rows, blocks, R.FP8_QUANTIZING_MAX_CTAS_PER_SM * call.sm_count)
+        return kernel, R.fc2_quant_gemm2_waves(min(call.experts, rows.rows), blocks, call.sm_count, few)
+
+    text = "GEMM2's input quantized to FP8 by GEMM2 itself as it loads its rows (the quantizing decode kernel)"
+    separate_text = "GEMM2's input quantized to FP8 by a separate kernel after GEMM1's gated epilogue"
+    here = gates_at(T.RowCount(tokens, spec.top_k, spec.local_experts))
+    if forced:
+        _refuse(gates, "cannot force fc2_input_quant=gemm2")
+        for lo, hi, kernel in T.token_bands(spec.top_k, spec.local_experts, lambda rows: gates_at(rows)[0]):
+            if not kernel.held:
+                where = f"{lo}+" if hi is None else f"{lo}-{hi}"
+                _refuse([kernel], f"cannot force fc2_input_quant=gemm2 (a forced choice holds at every token count; "
+                                  f"at {where} tokens)")
+        return StageDecision("fc2_input_quant", "gemm2", "separate", (*shown, *here), forced=True,
+                             summary=f"{text} (every count)")
+    bands = tuple(Band(lo, hi, "gemm2" if held else "separate") for lo, hi, held in
+                  T.token_bands(spec.top_k, spec.local_experts, lambda rows: all(g.held for g in gates_at(rows))))
+    choice = "gemm2" if all(g.held for g in here) else "separate"
+    where = "every count" if len(bands) == 1 else bands_text(bands, choice_first=True)
+    return StageDecision("fc2_input_quant", choice, "separate", (*shown, *here), bands,
+                         summary=f"{text if choice == 'gemm2' else separate_text} ({where})")
 
 
 def _fp8_accumulation(spec: MoESpec, gemm_kernel: str, forced: str | None) -> StageDecision:
@@ -492,6 +534,7 @@ def make_plan(spec: MoESpec, target: Target, tokens: int = 1,
         calls = _gemm_calls(spec, target, {"gemm_kernel": gemm.choice, "fc1_activation": fc1.choice,
                                            "finalize": finalize.choice, "weight_layout": layout.choice,
                                            "fp8_accumulation": accumulation.choice})
+        gemm2_tactic = _tactic("gemm2_tactic", calls["gemm2_tactic"], finalize, tokens, tactics.get("gemm2_tactic"))
         stages = (
             _routing_prologue(spec, target, tokens, force.get("routing_prologue")),
             _expand_rows(spec, force.get("expand_rows")),
@@ -500,12 +543,13 @@ def make_plan(spec: MoESpec, target: Target, tokens: int = 1,
             _fc2_prequant(spec, tokens, force.get("fc2_prequant")),
             finalize,
             _fc1_input_quant(spec, force.get("fc1_input_quant")),
-            _fc2_input_quant(spec, fc1.choice, tokens, force.get("fc2_input_quant")),
+            _fc2_input_quant(spec, fc1.choice, finalize, gemm2_tactic, calls["gemm2_tactic"], tokens,
+                             force.get("fc2_input_quant")),
             accumulation,
             _w1_order(fc1.choice),
             layout,
             _tactic("gemm1_tactic", calls["gemm1_tactic"], None, tokens, tactics.get("gemm1_tactic")),
-            _tactic("gemm2_tactic", calls["gemm2_tactic"], finalize, tokens, tactics.get("gemm2_tactic")),
+            gemm2_tactic,
             dispatch,
             ep_format,
         )

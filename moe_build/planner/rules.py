@@ -517,6 +517,49 @@ def fc2_quant_fused_tokens(tokens: int) -> Gate:
                 tokens >= FC2_QUANT_FUSED_MIN_TOKENS, OURS)
 
 
+# Else GEMM2 quantizes its input itself as it loads its rows (the quantizing decode kernel, gemm/fp8_decode.cu), with
+# no kernel between the GEMMs, where GEMM1's gated epilogue wrote 16-bit rows: fc1_activation == gated_epilogue
+def fc2_quant_after_gated_epilogue(fc1_activation: str) -> Gate:
+    return Gate("gemm1_gated_epilogue", fc1_activation, "fc1_activation == gated_epilogue",
+                fc1_activation == "gated_epilogue", OURS)
+
+
+# ... a chunk's 8 rows quantized into shared memory, 8 x (I rounded up to 128, + 64) bytes:
+# intermediate_size <= MB_FP8_QUANTIZING_MAX_K (cpp/include/moe_build_kernels.h; past it, fewer CTAs fit an SM)
+FP8_QUANTIZING_MAX_K = 8192
+
+
+def fc2_quant_gemm2_k(s: MoESpec) -> Gate:
+    return Gate("gemm2_quantizing_k", str(s.intermediate_size), f"intermediate_size <= {FP8_QUANTIZING_MAX_K}",
+                s.intermediate_size <= FP8_QUANTIZING_MAX_K, OURS)
+
+
+# ... at the token counts where GEMM2 runs the decode kernel with the finalize in its epilogue (that kernel's only
+# quantizing form): gemm2_tactic kernel == decode and finalize == fused
+def fc2_quant_gemm2_call(gemm2_tactic: str, finalize: str) -> Gate:
+    held = gemm2_tactic.startswith("decode:") and finalize == "fused"
+    return Gate("gemm2_quantizing_call", f"gemm2_tactic={gemm2_tactic} finalize={finalize}",
+                "gemm2_tactic kernel == decode and finalize == fused", held, OURS, token_dependent=True)
+
+
+# ... and where GEMM2's CTAs are few: each CTA quantizes its chunk's rows before its first product, a wait that the
+# two resident CTAs of an SM, alike and started together, take at once; past about 4 waves those waits cost more than
+# the quantize kernel (H200, layer us, quantizing / separate kernel, two rounds: Qwen3-30B-A3B 4 tokens, 512 CTAs,
+# 53.0-53.1 / 54.8-56.4, 8 tokens, 1024, 81.5-82.1 / 81.4-81.7, 16 tokens, 2048, 123.0-123.6 / 120.0-120.5;
+# DeepSeek-V2-Lite 16 tokens, 1024, 131.6-132.1 / 131.5-133.9, 24 tokens, 1024, 143.5-143.9 / 145.4-146.2;
+# GPT-OSS-20B 4 tokens, 720, 114.9-115.4 / 116.2-116.8, 8 tokens, 1440, 146.9-147.4 / 146.6-147.6; DeepSeek-V3 1
+# token, 896, 110.6-113.4 / 113.1-113.7, 4 tokens, 3584, 334.9-336.3 / 322.9-323.0; docs/performance.md, "GEMM2
+# quantizing its own input"): min(experts, rows) x column blocks <= FP8_QUANTIZING_MAX_CTAS_PER_SM x SMs
+FP8_QUANTIZING_MAX_CTAS_PER_SM = 8
+
+
+def fc2_quant_gemm2_waves(experts: int, column_blocks: int, sm_count: int, held: bool) -> Gate:
+    limit = FP8_QUANTIZING_MAX_CTAS_PER_SM * sm_count
+    return Gate("gemm2_quantizing_waves", f"experts<={experts} column_blocks={column_blocks} sms={sm_count}",
+                f"min(experts, rows) x column_blocks <= {FP8_QUANTIZING_MAX_CTAS_PER_SM} x sms ({limit})", held, OURS,
+                token_dependent=True)
+
+
 # ---- expert parallelism (moe-build's own; TensorRT-LLM's MoE ep_size / ep_rank settings) ----------
 
 # the experts are split over ranks, each rank holding num_experts / ep_size of them: ep_size > 1

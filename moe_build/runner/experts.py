@@ -251,6 +251,16 @@ class FusedExperts:
                                          workspace=_opt(b, "gemm_workspace"), stream=b.stream,
                                          accumulation=self.fp8_accumulation, tactic=b.gemm2_tactic)
 
+    def gemm2_fp8_quantizing_finalize(self, b: Batch) -> None:
+        """gemm2_fp8_finalize on the 16-bit rows GEMM1's gated epilogue wrote, which GEMM2 quantizes as it loads them
+        (by the static scale where the checkpoint has one, else per row): the bytes the quantize step would write,
+        without that kernel between the GEMMs (fc2_input_quant=gemm2)."""
+        self.k.grouped_gemm_fp8_quantizing_finalize(b.v("fc1_act"), self.a2_scale, self.w.w2, self.w.fp8.w2_scale,
+                                                    b.v("expert_offsets"), b.v("permuted_to_unpermuted"),
+                                                    b.v("permuted_weights"), b.out.shape[0], self.spec.top_k,
+                                                    bias=self.w.b2, out=b.out, stream=b.stream,
+                                                    accumulation=self.fp8_accumulation, tactic=b.gemm2_tactic)
+
     # ---- weight-only: 16-bit activations, weights dequantized in the GEMMs -------------------------
     def fc1_prequant(self, b: Batch) -> None:
         """The tokens' rows times the AWQ FC1 pre-quant scale into prequant_input, which the expansion then copies:

@@ -163,6 +163,7 @@ class MoERunner:
             S.EXPAND_ROWS_FP8_PREQUANTIZED_ZERO_OUTPUT: ex.expand_rows_fp8_prequantized_zero_output,
             S.FC1_ACTIVATION_FP8: ex.fc1_activation_fp8, S.QUANTIZE_FC2_INPUT: ex.quantize_fc2_input,
             S.GEMM2_FP8: ex.gemm2_fp8, S.GEMM2_FP8_FINALIZE: ex.gemm2_fp8_finalize,
+            S.GEMM2_FP8_QUANTIZING_FINALIZE: ex.gemm2_fp8_quantizing_finalize,
             S.FC1_PREQUANT: ex.fc1_prequant, S.EXPAND_ROWS_PREQUANT_INPUT: ex.expand_rows_prequant_input,
             S.EXPAND_ROWS_PREQUANT_INPUT_ZERO_OUTPUT: ex.expand_rows_prequant_input_zero_output,
             S.EXPAND_ROWS_PREQUANT: ex.expand_rows_prequant,

@@ -57,6 +57,9 @@ FC1_ACTIVATION_FP8 = "fc1_activation:fp8"  # mb_fc1_activation_fp8: GEMM2's inpu
 QUANTIZE_FC2_INPUT = "fc2_input_quant:separate"
 GEMM2_FP8 = "gemm2:fp8"                # mb_grouped_gemm_fp8
 GEMM2_FP8_FINALIZE = "gemm2:fp8_finalize"  # mb_grouped_gemm_fp8_finalize: the finalize in GEMM2's epilogue
+# mb_grouped_gemm_fp8_quantizing_finalize (fc2_input_quant=gemm2): that GEMM2 quantizing the 16-bit rows GEMM1's
+# gated epilogue wrote as it loads them, no quantize step between the GEMMs
+GEMM2_FP8_QUANTIZING_FINALIZE = "gemm2:fp8_quantizing_finalize"
 # Weight-only layers (quant w8a16 / w4a16_awq / wfp4a16): 16-bit activations, GEMMs that dequantize their weights
 # the tokens' rows times the AWQ FC1 pre-quant scale into prequant_input (expand_rows=plain), before the expansion
 # copies them top_k times: the same products as on the expanded rows, in 1 / top_k of the bytes
@@ -254,15 +257,22 @@ def _shared_experts(plan: Plan) -> list[str]:
 def _fp8_steps(plan: Plan, c: dict[str, str]) -> list[str]:
     """An FP8 layer's steps after routing: maps, GEMM1's FP8 input (quantized in the expansion or before it),
     GEMM1 with the gated activation in its epilogue (fc1_activation=gated_epilogue) or GEMM1 and the activation
-    kernel, GEMM2's FP8 input (quantized in that kernel, or after the activation), then GEMM2 with the finalize in
-    its epilogue (into the output the three-step prologue or else the expansion zeroes, as for 16-bit layers)
-    or GEMM2 and the separate finalize."""
+    kernel, GEMM2's FP8 input (quantized in that kernel, or after the activation, or by GEMM2 itself), then GEMM2
+    with the finalize in its epilogue (into the output the three-step prologue or else the expansion zeroes, as for
+    16-bit layers) or GEMM2 and the separate finalize."""
     fused = c["finalize"] == "fused"
     steps, zero = _prologue(c)
     if c["fc1_input_quant"] == "expand_rows":
         steps.append(EXPAND_ROWS_FP8_ZERO_OUTPUT if zero else EXPAND_ROWS_FP8)
     else:
         steps += [QUANTIZE_INPUT, EXPAND_ROWS_FP8_PREQUANTIZED_ZERO_OUTPUT if zero else EXPAND_ROWS_FP8_PREQUANTIZED]
+    if c["fc2_input_quant"] == "gemm2":
+        if c["fc1_activation"] != "gated_epilogue" or not fused:
+            raise MoeBuildError("fc2_input_quant", "GEMM2 quantizes the rows of GEMM1's gated epilogue, with the "
+                                "finalize in its epilogue", "separate (or fc1_activation=gated_epilogue and "
+                                "finalize=fused)")
+        steps += [GEMM1_FP8_GATED, GEMM2_FP8_QUANTIZING_FINALIZE]
+        return steps + _shared_experts(plan)
     if c["fc1_activation"] == "gated_epilogue":
         steps += [GEMM1_FP8_GATED, QUANTIZE_FC2_INPUT]
     elif c["fc2_input_quant"] == "fc1_activation":

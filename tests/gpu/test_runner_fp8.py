@@ -53,6 +53,7 @@ QUANT_FORCE_IDS = ["fused", "input_separate", "fc2_separate", "both_separate_thr
                    "activation_kernel_quantize_separate"]
 BASE = MoESpec(256, 512, 8, 2, routing=Routing(RoutingMethod.SOFTMAX_TOPK, renormalize=True))
 FUSED_GEMM2, SEPARATE_GEMM2 = "gemm2:fp8_finalize", "gemm2:fp8"  # runner/sequence.py's step names
+QUANTIZING_GEMM2 = "gemm2:fp8_quantizing_finalize"
 
 
 def need_fp8() -> None:
@@ -95,14 +96,30 @@ def test_every_mode_and_fusion(mode, force, tokens: int) -> None:
 @pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
 @pytest.mark.parametrize("tokens", [1, 16, 600])
 def test_gated_epilogue_where_planned(mode, tokens: int) -> None:
-    """On sm90 rowwise layers run the activation in GEMM1's epilogue (then the quantize kernel), block-128 ones the
-    activation kernel with GEMM2's input quantized in it (from 2 tokens on), at decode and wgmma token counts."""
+    """On sm90 rowwise layers run the activation in GEMM1's epilogue, then GEMM2 quantizing its input itself where it
+    runs the decode kernel (1 and 16 tokens: 2 rows per expert) and the quantize kernel before the wgmma tiles (600);
+    block-128 ones the activation kernel with GEMM2's input quantized in it (from 2 tokens on)."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the FP8 gated epilogue is planned for the sm90 GEMMs")
     steps = check(BASE.with_overrides(num_experts=16), mode, tokens=tokens, max_tokens=600)
     gated = mode[0] is Quant.FP8
-    assert ("gemm1:fp8_gated" in steps) == gated and ("fc2_input_quant:separate" in steps) == (gated or tokens == 1), \
-        steps
+    in_gemm2 = gated and tokens < 600
+    assert ("gemm1:fp8_gated" in steps) == gated and (QUANTIZING_GEMM2 in steps) == in_gemm2, steps
+    assert ("fc2_input_quant:separate" in steps) == ((gated and not in_gemm2) or (not gated and tokens == 1)), steps
+
+
+@pytest.mark.parametrize("mode", MODES[:3], ids=MODE_IDS[:3])
+@pytest.mark.parametrize("k_split", [1, 8])
+@pytest.mark.parametrize("tokens,inter", [(1, 512), (64, 512), (255, 400), (64, 2880)])
+def test_gemm2_quantizing_its_input(mode, k_split: int, tokens: int, inter: int) -> None:
+    """fc2_input_quant=gemm2 forced with a decode GEMM2 at every count, rowwise modes: chunks of 1 to 8 rows (64
+    tokens top-2 over 16 experts: 8 a chunk), intermediate sizes on and off multiples of 128, and 2880 (GPT-OSS-20B's,
+    whose 8-row chunks read rows past the first pass's registers again)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the FP8 gated epilogue, whose rows GEMM2 quantizes, is planned for the sm90 GEMMs")
+    force = {"fc2_input_quant": "gemm2", "gemm2_tactic": f"decode:ksplit{k_split}:after_trigger:plain"}
+    steps = check(BASE.with_overrides(num_experts=16, intermediate_size=inter), mode, force, tokens)
+    assert steps[-2:] == ["gemm1:fp8_gated", QUANTIZING_GEMM2], steps
 
 
 @pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
@@ -117,7 +134,8 @@ def test_finalize_fused_and_forced_separate(mode, finalize: str, tokens: int) ->
     if finalize == "fused" and torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the fused FP8 finalize is planned for the sm90 GEMMs")
     steps = check(BASE.with_overrides(num_experts=16, expert_bias=True), mode, {"finalize": finalize}, tokens)
-    assert (FUSED_GEMM2 if finalize == "fused" else SEPARATE_GEMM2) in steps, steps
+    assert (bool({FUSED_GEMM2, QUANTIZING_GEMM2} & set(steps)) if finalize == "fused" else SEPARATE_GEMM2 in steps), \
+        steps
 
 
 @pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
@@ -129,7 +147,7 @@ def test_finalize_fused_at_every_count_in_one_runner(mode) -> None:
         pytest.skip("the fused FP8 finalize is planned for the sm90 GEMMs")
     base = BASE.with_overrides(num_experts=64)
     for tokens in (16, 64, 600):
-        assert FUSED_GEMM2 in check(base, mode, tokens=tokens, max_tokens=600), tokens
+        assert {FUSED_GEMM2, QUANTIZING_GEMM2} & set(check(base, mode, tokens=tokens, max_tokens=600)), tokens
 
 
 @pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)

@@ -44,6 +44,10 @@ struct Fp8GemmParams {
   int activation = MB_ACT_SWIGLU;
   float swiglu_alpha = 1.f;
   float swiglu_limit = 0.f;
+  // quantizing (mb_grouped_gemm_fp8_quantizing_finalize; decode kernel, MB_FP8_ROWWISE): A and scale_a unused, the
+  // kernel quantizes these 16-bit rows [max_rows, k] (the output dtype) itself, by a16_static_scale or per row
+  const void* a16 = nullptr;
+  const float* a16_static_scale = nullptr;
 };
 
 __host__ __device__ __forceinline__ int fp8_k_blocks(int k) { return (k + kFp8Block - 1) / kFp8Block; }

@@ -1,5 +1,5 @@
-// The FP8 grouped-GEMM entry points (mb_grouped_gemm_fp8, mb_grouped_gemm_fp8_finalize, mb_grouped_gemm_fp8_gated
-// and their workspace query): argument checks, the tactic's check (gemm/tactic.cuh), then the tactic's kernel:
+// The FP8 grouped-GEMM entry points (mb_grouped_gemm_fp8, mb_grouped_gemm_fp8_finalize, its quantizing form
+// mb_grouped_gemm_fp8_quantizing_finalize, mb_grouped_gemm_fp8_gated and their workspace query): argument checks, the tactic's check (gemm/tactic.cuh), then the tactic's kernel:
 // gemm/fp8_decode.cu (mma.sync e4m3, compute capability 8.9 and later) or gemm/fp8_sm90.cu (wgmma, 9.0 only), each
 // with the plain store, the finalize or the gated epilogue. The mma tiles have no FP8 form.
 #include <cstdint>
@@ -29,12 +29,13 @@ mb_status check_fp8_args(const Fp8GemmParams& p, int64_t max_rows, int dtype, co
   if (p.accumulation == MB_FP8_ACCUM_FAST && p.scaling != MB_FP8_ROWWISE)
     return fail(MB_ERR_UNSUPPORTED, "%s: fast accumulation takes rowwise scales only (block128 scales each 128-k "
                 "block's sum as it is promoted)", who);
-  if (!p.A || !p.B || !p.C || !p.scale_a || !p.scale_b || !p.offsets || p.num_experts <= 0 || max_rows < 0 ||
-      p.n <= 0 || p.k <= 0)
+  const bool has_a = p.a16 != nullptr || (p.A != nullptr && p.scale_a != nullptr);  // 16-bit rows need no scale_a
+  if (!has_a || !p.B || !p.C || !p.scale_b || !p.offsets || p.num_experts <= 0 || max_rows < 0 || p.n <= 0 ||
+      p.k <= 0)
     return fail(MB_ERR_INVALID_ARGUMENT, "%s: null pointer or non-positive size", who);
   if (p.n % 16 != 0 || p.k % 16 != 0)
     return fail(MB_ERR_INVALID_ARGUMENT, "%s: n (%d) and k (%d) must be multiples of 16", who, p.n, p.k);
-  if (!aligned16(p.A) || !aligned16(p.B) || !aligned16(p.C))
+  if (!aligned16(p.a16 != nullptr ? p.a16 : p.A) || !aligned16(p.B) || !aligned16(p.C))
     return fail(MB_ERR_INVALID_ARGUMENT, "%s: A, B and C must be 16-byte aligned", who);
   return MB_OK;
 }
@@ -106,6 +107,32 @@ mb_status mb_grouped_gemm_fp8_finalize(const void* A, const float* scale_a, cons
   p.top_k = top_k;
   p.evict_last = tactic.output_l2 == MB_OUTPUT_L2_EVICT_LAST;
   return mbk::run_fp8(p, max_rows, dtype, tactic, workspace, workspace_bytes, stream, who);
+}
+
+mb_status mb_grouped_gemm_fp8_quantizing_finalize(const void* A16, const float* static_scale, const void* B,
+                                                  const float* scale_b, int accumulation, const void* bias, void* out,
+                                                  const int64_t* expert_first_token_offset,
+                                                  const int32_t* permuted_to_unpermuted, const float* permuted_weights,
+                                                  int num_experts, int64_t max_rows, int num_tokens, int top_k, int n,
+                                                  int k, int dtype, mb_gemm_tactic tactic, cudaStream_t stream) {
+  const char* who = "grouped gemm fp8 quantizing finalize";
+  mbk::Fp8GemmParams p{nullptr, nullptr, static_cast<const uint8_t*>(B), scale_b, bias, out,
+                       expert_first_token_offset, num_experts, n, k, MB_FP8_ROWWISE, accumulation};
+  p.a16 = A16;
+  p.a16_static_scale = static_scale;
+  MB_TRY(mbk::check_fp8_args(p, max_rows, dtype, who));
+  if (!permuted_to_unpermuted || !permuted_weights || top_k <= 0 || num_tokens < 0)
+    return mbk::fail(MB_ERR_INVALID_ARGUMENT, "%s: missing maps/weights or bad top_k", who);
+  if (k > MB_FP8_QUANTIZING_MAX_K)
+    return mbk::fail(MB_ERR_UNSUPPORTED, "%s: k %d is past %d (a chunk's quantized rows in shared memory)", who, k,
+                     MB_FP8_QUANTIZING_MAX_K);
+  if (tactic.kernel != MB_GEMM_DECODE)
+    return mbk::fail(MB_ERR_UNSUPPORTED, "%s: the decode kernel only (tactic kernel %d)", who, tactic.kernel);
+  p.epilogue = mbk::EPI_FINALIZE;
+  p.permuted_to_unpermuted = permuted_to_unpermuted;
+  p.permuted_weights = permuted_weights;
+  p.top_k = top_k;
+  return mbk::run_fp8(p, max_rows, dtype, tactic, nullptr, 0, stream, who);
 }
 
 mb_status mb_grouped_gemm_fp8_gated(const void* A, const float* scale_a, const void* B, const float* scale_b,

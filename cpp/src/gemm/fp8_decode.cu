@@ -20,10 +20,18 @@
 // activation of an interleaved W1 (rowwise scales): a CTA's weight rows are whole 16-row blocks, 8 gate rows then
 // their 8 up rows, so each output feature pair finds its gate and up sums in the CTA's shared partials.
 //
+// Quantizing (QA; mb_grouped_gemm_fp8_quantizing_finalize, the plan's fc2_input_quant=gemm2): A is the 16-bit rows
+// GEMM1's gated epilogue wrote, and each CTA quantizes its chunk's rows into shared memory after it waits for them
+// (quantize_chunk_rows), with fp8_quantize.cuh's unit functions, so they hold the bytes and scales the quantize step
+// would have written; the mainloop then reads its token rows there. Each CTA of a chunk repeats that work before its
+// first product, so it pays where GEMM2's CTAs are few (the planner's rule fc2_quant_gemm2_waves); there it saves
+// the quantize kernel between the GEMMs, 2-5 us of a 1-token layer.
+//
 // CTA = 8 warps = one (expert, chunk of up to 8 token rows, 128 / WK weight rows) unit; WK warps split K
 // into slices of whole 128-k blocks; partial sums meet in shared memory and are reduced in fixed warp
 // order (bit-reproducible). The grid is sized from host-known bounds and each CTA finds its chunk with
 // cta_find_tile: no host sync, CUDA-graph capturable.
+#include "common/fp8_quantize.cuh"
 #include "gemm/decode_launch.cuh"
 #include "gemm/fp8.cuh"
 #include "gemm/loads.cuh"
@@ -49,11 +57,78 @@ __device__ __forceinline__ void mma_e4m3(float (&c)[4], const uint32_t (&a)[4], 
 
 __device__ __forceinline__ float ld_scale(const float* p, bool valid) { return valid ? __ldg(p) : 0.f; }
 
-template <typename T, int SCALING, int WK, int EPI>
-__global__ void __launch_bounds__(kDecodeThreads) fp8_decode_kernel(Fp8GemmParams p) {
+// Bytes between a chunk's quantized rows in shared memory (QA): k rounded up to 128, plus 64, so that the two rows
+// whose 64 bytes a quarter warp's 16-byte loads read (lanes of tokens g and g + 1) fall on different banks.
+__host__ __device__ constexpr int quantized_row_stride(int k) { return (k + 127) / 128 * 128 + 64; }
+
+// The chunk's `rows` (1 to 8) 16-bit rows of k elements at src, quantized into dst's rows (stride bytes apart) and
+// their scales into row_scale, as mb_quantize_fp8 quantizes a row (static_scale, or the row's own amax): the same
+// unit functions of common/fp8_quantize.cuh, so the same bytes. A row takes 256 / rows' power of two threads, so
+// that one or two rows, the usual chunk at decode, are read by the whole CTA at once; the first kB units of each
+// thread stay in registers from the amax pass to the quantizing pass, the rest are read again (an L1 hit).
+// Every thread of the CTA calls it; the caller synchronizes before reading dst.
+template <typename T>
+__device__ __forceinline__ void quantize_chunk_rows(const T* src, const float* static_scale, int rows, int k,
+                                                    uint8_t* dst, int stride, float* row_scale) {
+  namespace fp8 = mb::fp8;
+  constexpr int kB = 4;  // units (8 elements) in flight per thread
+  __shared__ float warp_amax[kDecodeWarps];
+  int rows2 = 1;  // rows rounded up to a power of two
+  while (rows2 < rows) rows2 *= 2;
+  const int group = kDecodeThreads / rows2;  // threads per row: 32 to 256
+  const int row = threadIdx.x / group, t = threadIdx.x % group;
+  const bool mine = row < rows;
+  const T* in = src + static_cast<int64_t>(mine ? row : 0) * k;
+  const int units = k / fp8::kVec;
+  const float ones[fp8::kVec] = {1.f, 1.f, 1.f, 1.f, 1.f, 1.f, 1.f, 1.f};
+  auto load = [&](int u) { return mine && u < units ? *reinterpret_cast<const uint4*>(in + u * fp8::kVec)
+                                                    : uint4{0u, 0u, 0u, 0u}; };
+  uint4 keep[kB];
+  float s;
+  if (static_scale != nullptr) {
+    s = __ldg(static_scale);
+  } else {
+    float amax = 0.f;
+    for (int u0 = 0; u0 < units; u0 += kB * group) {  // the same bounds in every thread: all reach the shuffles
+      uint4 x[kB];
+#pragma unroll
+      for (int i = 0; i < kB; ++i) x[i] = load(u0 + i * group + t);
+#pragma unroll
+      for (int i = 0; i < kB; ++i) {
+        amax = fmaxf(amax, fp8::unit_amax<T>(x[i], ones));
+        if (u0 == 0) keep[i] = x[i];
+      }
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    if (threadIdx.x % 32 == 0) warp_amax[threadIdx.x / 32] = amax;
+    __syncthreads();
+    float m = 0.f;
+    for (int w = row * group / 32; w < (row + 1) * group / 32; ++w) m = fmaxf(m, warp_amax[w]);
+    s = fp8::dynamic_scale(m);
+  }
+  if (!mine) return;
+  for (int u0 = 0; u0 < units; u0 += kB * group) {
+#pragma unroll
+    for (int i = 0; i < kB; ++i) {
+      const int u = u0 + i * group + t;
+      if (u >= units) continue;
+      const uint4 x = u0 == 0 && static_scale == nullptr ? keep[i] : load(u);
+      *reinterpret_cast<fp8::Bytes*>(dst + row * stride + u * fp8::kVec) = fp8::quantize_unit<T>(x, s, ones);
+    }
+  }
+  if (t == 0) row_scale[row] = s;
+}
+
+// The kernels' body (below it the two kernels: the plain one and the quantizing one, QA).
+template <typename T, int SCALING, int WK, int EPI, bool QA>
+__device__ __forceinline__ void fp8_decode_body(const Fp8GemmParams& p) {
   constexpr int R = 16 * (kDecodeWarps / WK);  // weight rows (output columns) per CTA
   constexpr bool kBlock = SCALING == MB_FP8_BLOCK128;
+  static_assert(!QA || !kBlock, "the quantizing kernel takes rowwise scales");
   __shared__ float s_part[WK][R][kDecodeTokens + 1];
+  extern __shared__ __align__(16) uint8_t s_rows[];  // QA: the chunk's rows quantized, quantized_row_stride(k) apart
+  __shared__ float s_row_scale[kDecodeTokens];       // QA: their scales
 
   const TileRows tile = cta_find_tile<kDecodeTokens>(p.offsets, p.num_experts);
   const int expert = tile.expert;
@@ -98,11 +173,15 @@ __global__ void __launch_bounds__(kDecodeThreads) fp8_decode_kernel(Fp8GemmParam
       for (int h = 0; h < 2; ++h) sb[buf][h] = ld_scale(sb_row + k0 / kFp8Block + h, k0 + h * kFp8Block < ke);
     }
   };
+  const int a_stride = quantized_row_stride(K);
   auto load_tokens = [&](int buf, int k0) {
 #pragma unroll
     for (int u = 0; u < kSteps; ++u) {
       const int k = k0 + u * kStepK + q * 16;
-      a[buf][u] = ld_tokens(arow + k, k < ke && aok);
+      if constexpr (QA)
+        a[buf][u] = k < ke && aok ? *reinterpret_cast<const uint4*>(s_rows + g * a_stride + k) : uint4{0u, 0u, 0u, 0u};
+      else
+        a[buf][u] = ld_tokens(arow + k, k < ke && aok);
     }
     if constexpr (kBlock) {
 #pragma unroll
@@ -138,14 +217,24 @@ __global__ void __launch_bounds__(kDecodeThreads) fp8_decode_kernel(Fp8GemmParam
   };
   // Launched after a trigger, this CTA may run while the previous kernel still writes A and its scales:
   // the weights and their scales are loaded before waiting, the token rows after.
+  // QA: the second batch's weights too, so that both are in flight while the rows are quantized (which the CTAs of
+  // an SM, alike and started together, do at about the same time).
+  constexpr int kBatch = kSteps * kStepK;
   if (kb < ke) load_weights(0, kb);
+  if constexpr (QA) {
+    if (kb + kBatch < ke) load_weights(1, kb + kBatch);
+  }
   mb::wait_for_predecessor();
   mb::let_dependents_start();
+  if constexpr (QA) {
+    quantize_chunk_rows<T>(static_cast<const T*>(p.a16) + row_begin * K, p.a16_static_scale, rows, K, s_rows,
+                           a_stride, s_row_scale);
+    __syncthreads();
+  }
   if (kb < ke) load_tokens(0, kb);
-  constexpr int kBatch = kSteps * kStepK;
   for (int k0 = kb; k0 < ke; k0 += 2 * kBatch) {
     if (k0 + kBatch < ke) {
-      load_weights(1, k0 + kBatch);
+      if (!QA || k0 != kb) load_weights(1, k0 + kBatch);
       load_tokens(1, k0 + kBatch);
     }
     compute(0);
@@ -169,7 +258,8 @@ __global__ void __launch_bounds__(kDecodeThreads) fp8_decode_kernel(Fp8GemmParam
     float s = 0.f;
 #pragma unroll
     for (int wi = 0; wi < WK; ++wi) s += s_part[wi][r][t];
-    if constexpr (!kBlock) s *= p.scale_a[prow] * p.scale_b[(int64_t)expert * N + col0 + r];
+    if constexpr (QA) s *= s_row_scale[t] * p.scale_b[(int64_t)expert * N + col0 + r];
+    else if constexpr (!kBlock) s *= p.scale_a[prow] * p.scale_b[(int64_t)expert * N + col0 + r];
     return s;
   };
   auto biased = [&](float2 v, int col) {
@@ -212,19 +302,44 @@ __global__ void __launch_bounds__(kDecodeThreads) fp8_decode_kernel(Fp8GemmParam
   }
 }
 
-template <typename T, int SCALING, int EPI>
+template <typename T, int SCALING, int WK, int EPI>
+__global__ void __launch_bounds__(kDecodeThreads) fp8_decode_kernel(Fp8GemmParams p) {
+  fp8_decode_body<T, SCALING, WK, EPI, false>(p);
+}
+
+// The quantizing kernel asks for two CTAs an SM: its second weight batch in flight would take WK = 8 past 128
+// registers. (The plain kernel is left to ptxas's own count: a minimum of one CTA an SM lets it take 154-158
+// registers where it takes 124-126 unasked, and run one CTA an SM.)
+template <typename T, int WK>
+__global__ void __launch_bounds__(kDecodeThreads, 2) fp8_quantizing_decode_kernel(Fp8GemmParams p) {
+  fp8_decode_body<T, MB_FP8_ROWWISE, WK, EPI_FINALIZE, true>(p);
+}
+
+template <typename T, int SCALING, int EPI, bool QA = false>
 mb_status launch_epilogue(const Fp8GemmParams& p, int64_t chunks, int k_split, bool after_trigger,
                           cudaStream_t stream) {
+  const size_t smem = QA ? static_cast<size_t>(kDecodeTokens) * quantized_row_stride(p.k) : 0;
   return by_k_split(k_split, [&](auto wk) {
     constexpr int WK = decltype(wk)::value;
-    return launch_decode(fp8_decode_kernel<T, SCALING, WK, EPI>, p, p.n, 16 * (kDecodeWarps / WK), chunks,
-                         after_trigger, stream, "grouped gemm fp8 decode");
+    if constexpr (QA)
+      return launch_decode(fp8_quantizing_decode_kernel<T, WK>, p, p.n, 16 * (kDecodeWarps / WK), chunks,
+                           after_trigger, stream, "grouped gemm fp8 quantizing decode", smem);
+    else
+      return launch_decode(fp8_decode_kernel<T, SCALING, WK, EPI>, p, p.n, 16 * (kDecodeWarps / WK), chunks,
+                           after_trigger, stream, "grouped gemm fp8 decode", smem);
   });
 }
 
 template <typename T, int SCALING>
 mb_status launch_scaling(const Fp8GemmParams& p, int64_t chunks, int k_split, bool after_trigger,
                          cudaStream_t stream) {
+  if (p.a16 != nullptr) {  // the quantizing GEMM2: rowwise scales and the finalize (its entry point's checks)
+    if constexpr (SCALING == MB_FP8_ROWWISE)
+      if (p.epilogue == EPI_FINALIZE)
+        return launch_epilogue<T, SCALING, EPI_FINALIZE, true>(p, chunks, k_split, after_trigger, stream);
+    return fail(MB_ERR_UNSUPPORTED, "grouped gemm fp8 decode: 16-bit rows are quantized with rowwise scales and "
+                                    "the finalize epilogue only");
+  }
   switch (p.epilogue) {
     case EPI_FINALIZE: return launch_epilogue<T, SCALING, EPI_FINALIZE>(p, chunks, k_split, after_trigger, stream);
     case EPI_GATED:  // rowwise scales only (mb_grouped_gemm_fp8_gated refuses block-128 before this)

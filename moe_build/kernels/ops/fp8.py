@@ -238,6 +238,39 @@ def grouped_gemm_fp8_finalize(a: torch.Tensor, scale_a: torch.Tensor, b: torch.T
     return o
 
 
+def grouped_gemm_fp8_quantizing_finalize(a16: torch.Tensor, static_scale: torch.Tensor | None, b: torch.Tensor,
+                                         scale_b: torch.Tensor, expert_first_token_offset: torch.Tensor,
+                                         permuted_to_unpermuted: torch.Tensor, permuted_weights: torch.Tensor,
+                                         num_tokens: int, top_k: int, bias: torch.Tensor | None = None,
+                                         out: torch.Tensor | None = None, stream: int | torch.cuda.Stream | None = None,
+                                         accumulation: int | str | Fp8Accumulation = Fp8Accumulation.PROMOTED, *,
+                                         tactic: GemmTactic | str) -> torch.Tensor:
+    """grouped_gemm_fp8_finalize with rowwise scales on the rows quantize_fp8(a16, static_scale) would write, which
+    the kernel quantizes itself as it loads them (fc2_input_quant=gemm2): A16 [R, k] bf16/fp16 (the output dtype),
+    static_scale a float32 [1] or None (each row's own scale). The decode tactic kernel only, k <=
+    MB_FP8_QUANTIZING_MAX_K. A given `out` must be zeroed by the caller; an allocated one is zeroed here."""
+    if a16.dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"A16: {a16.dtype} is not bfloat16 or float16")
+    _check(a16, "A16", (None, None), a16.dtype)
+    dev, rows, k = a16.device, a16.shape[0], a16.shape[1]
+    _check(b, "B", (None, None, k), torch.float8_e4m3fn, dev)
+    e, n = b.shape[0], b.shape[1]
+    _check(expert_first_token_offset, "expert_first_token_offset", (e + 1,), torch.int64, dev)
+    _check(scale_b, "scale_b", (e, n), torch.float32, dev)
+    _fp8_group(static_scale, None, dev)  # a one-element fp32 scale, or None
+    if bias is not None:
+        _check(bias, "bias", (e, n), a16.dtype, dev)
+    _check(permuted_to_unpermuted, "permuted_to_unpermuted", (num_tokens * top_k,), torch.int32, dev)
+    _check(permuted_weights, "permuted_weights", (num_tokens * top_k,), torch.float32, dev)
+    o = _out(out, "out", (num_tokens, n), a16.dtype, dev, zero=True)
+    call("mb_grouped_gemm_fp8_quantizing_finalize", a16.data_ptr(), _ptr(static_scale), b.data_ptr(),
+         scale_b.data_ptr(), _enum(accumulation, Fp8Accumulation, "accumulation"), _ptr(bias), o.data_ptr(),
+         expert_first_token_offset.data_ptr(), permuted_to_unpermuted.data_ptr(), permuted_weights.data_ptr(), e, rows,
+         num_tokens, top_k, n, k, int(DType.BF16 if a16.dtype == torch.bfloat16 else DType.FP16),
+         tactic_struct(tactic), _stream(stream, dev))
+    return o
+
+
 def grouped_gemm_fp8_gated(a: torch.Tensor, scale_a: torch.Tensor, b: torch.Tensor, scale_b: torch.Tensor,
                            expert_first_token_offset: torch.Tensor, scaling: int | str | Fp8Scaling,
                            activation: int | str | Activation, out_dtype: torch.dtype = torch.bfloat16,

@@ -1,0 +1,69 @@
+"""What a layer step costs where it sits: an FP8 layer's CUDA-graph replay with one step of its plan skipped (its
+launch replaced by nothing, so later steps read stale buffers: the output is not checked), beside the plan as it is,
+interleaved rounds with L2 flushed before each replay (moe_build.bench.timing). The bound a fusion of that step can
+reach: GEMM2's quantize step (fc2_input_quant:separate) was worth 3-10 us at 1-256 tokens, which led to GEMM2
+quantizing its own input (docs/performance.md, "GEMM2 quantizing its own input").
+
+    MOE_BUILD_KERNELS_LIB=.../libmoe_build_kernels.so python bench/step_bound_probe.py [out.json]
+    (STEP_BOUND_SHAPES / STEP_BOUND_TOKENS: comma-separated overrides; STEP_BOUND_STEP: the step to skip,
+    runner/sequence.py's name)
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+
+from moe_build.bench.timing import flush_l2, interleaved_median_ms
+from moe_build.bench.workload import device_fp8_weights, fp8_bench_spec, make_inputs
+from moe_build.runner import MoERunner
+from moe_build.runner import sequence as S
+from moe_build.spec import Quant
+
+SHAPES = os.environ.get("STEP_BOUND_SHAPES", "qwen3-30b-a3b,deepseek-v2-lite,gpt-oss-20b,deepseek-v3").split(",")
+TOKENS = [int(t) for t in os.environ.get("STEP_BOUND_TOKENS", "1,16,256").split(",")]
+STEP = os.environ.get("STEP_BOUND_STEP", S.QUANTIZE_FC2_INPUT)
+FORCE = {"fc2_input_quant": "separate"} if STEP == S.QUANTIZE_FC2_INPUT else None  # the step in every plan
+
+
+def replays(runner: MoERunner, spec, tokens: int, sets) -> object:
+    """A rotating replay of `runner` captured once per input set (after a warm-up call each)."""
+    out = torch.empty(tokens, spec.hidden_size, device="cuda", dtype=torch.bfloat16)
+    graphs = []
+    for s in sets:
+        runner(s.hidden, router_logits=s.logits, out=out)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            runner(s.hidden, router_logits=s.logits, out=out)
+        graphs.append(g)
+    return lambda i: graphs[i % len(graphs)].replay()
+
+
+def main() -> None:
+    results = []
+    for seed, name in enumerate(SHAPES):
+        spec = fp8_bench_spec(name, Quant.FP8)
+        w = device_fp8_weights(spec, seed=seed)
+        runners = {k: MoERunner(spec, w, max_tokens=max(TOKENS), force=FORCE) for k in ("plan", "skipped")}
+        runners["skipped"]._steps[STEP] = lambda b: None
+        for T in TOKENS:
+            sets = make_inputs(spec, T, 2, seed=T, correction_bias=w.correction_bias)
+            fns = {k: replays(r, spec, T, sets) for k, r in runners.items()}
+            ran = STEP in runners["plan"].kernel_sequence(T, "logits")
+            for rnd in range(2):
+                ms = interleaved_median_ms(fns, 15, 3, before=lambda _: flush_l2(), seed=rnd + T)
+                rec = {"shape": name, "tokens": T, "round": rnd, "step": STEP, "step_in_plan": ran,
+                       **{f"{k}_us": 1e3 * v for k, v in ms.items()}}
+                results.append(rec)
+                print(f"{name:18s} {T:5d} round {rnd}: plan {rec['plan_us']:8.1f}  skipped {rec['skipped_us']:8.1f}  "
+                      f"step {rec['plan_us'] - rec['skipped_us']:6.1f} us{'' if ran else '  (not in the plan)'}",
+                      flush=True)
+    if len(sys.argv) > 1:
+        with open(sys.argv[1], "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
