@@ -1,7 +1,8 @@
 // The FP8 grouped-GEMM entry points (mb_grouped_gemm_fp8, mb_grouped_gemm_fp8_finalize, its quantizing form
-// mb_grouped_gemm_fp8_quantizing_finalize, mb_grouped_gemm_fp8_gated and their workspace query): argument checks, the tactic's check (gemm/tactic.cuh), then the tactic's kernel:
-// gemm/fp8_decode.cu (mma.sync e4m3, compute capability 8.9 and later) or gemm/fp8_sm90.cu (wgmma, 9.0 only), each
-// with the plain store, the finalize or the gated epilogue. The mma tiles have no FP8 form.
+// mb_grouped_gemm_fp8_quantizing_finalize, mb_grouped_gemm_fp8_gated and their workspace query): argument checks,
+// the tactic's check (gemm/tactic.cuh), then the tactic's kernel: gemm/fp8_decode.cu (mma.sync e4m3, compute
+// capability 8.9 and later) or gemm/fp8_sm90.cu (wgmma, 9.0 only), each with the plain store, the finalize or the
+// gated epilogue. The mma tiles have no FP8 form.
 #include <cstdint>
 
 #include "gemm/fp8.cuh"
