@@ -277,7 +277,7 @@ def test_fp8_gemm2_quantizes_its_input_where_it_runs_the_decode_kernel() -> None
     assert "finalize=fused" in call.value
     assert make_plan(spec, SM90, tokens=4096).stage("fc2_input_quant").choice == "separate"
     # forced: only where every count's GEMM2 is the decode kernel
-    with pytest.raises(MoeBuildError, match="gemm2_quantizing_call"):
+    with pytest.raises(MoeBuildError, match="gemm2_quantizing_call.*gemm2_tactic=decode"):
         make_plan(spec, SM90, force={"fc2_input_quant": "gemm2"})
     pinned = make_plan(spec, SM90, tokens=4096, force={"fc2_input_quant": "gemm2",
                                                         "gemm2_tactic": "decode:ksplit1:after_trigger:plain"})
