@@ -4,17 +4,17 @@ interleaved rounds with L2 flushed before each replay (moe_build.bench.timing). 
 reach: GEMM2's quantize step (fc2_input_quant:separate) was worth 3-10 us at 1-256 tokens, which led to GEMM2
 quantizing its own input (docs/performance.md, "GEMM2 quantizing its own input").
 
-    MOE_BUILD_KERNELS_LIB=.../libmoe_build_kernels.so python bench/step_bound_probe.py [out.json]
+    MOE_BUILD_KERNELS_LIB=.../libmoe_build_kernels.so python bench/step_bound_probe.py [out.json (else
+    $OUT/step_bound.json)]
     (STEP_BOUND_SHAPES / STEP_BOUND_TOKENS: comma-separated overrides; STEP_BOUND_STEP: the step to skip,
     runner/sequence.py's name)
 """
 from __future__ import annotations
 
-import json
 import os
-import sys
 
 import torch
+from graph_kernel_times import write_results
 
 from moe_build.bench.timing import flush_l2, interleaved_median_ms
 from moe_build.bench.workload import device_fp8_weights, fp8_bench_spec, make_inputs
@@ -60,9 +60,7 @@ def main() -> None:
                 print(f"{name:18s} {T:5d} round {rnd}: plan {rec['plan_us']:8.1f}  skipped {rec['skipped_us']:8.1f}  "
                       f"step {rec['plan_us'] - rec['skipped_us']:6.1f} us{'' if ran else '  (not in the plan)'}",
                       flush=True)
-    if len(sys.argv) > 1:
-        with open(sys.argv[1], "w") as f:
-            json.dump(results, f, indent=1)
+    write_results(results, "step_bound.json")
 
 
 if __name__ == "__main__":
