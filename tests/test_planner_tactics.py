@@ -225,6 +225,24 @@ def test_fp8_rowwise_decode_split_keeps_one_wave_of_short_slices() -> None:
     assert at(dataclasses.replace(gpt_oss_up, fp8="block128"), 1) == "decode:ksplit1:after_trigger:plain"
 
 
+def test_fp8_rowwise_finalize_gemm2_keeps_minimum_slices_whole_past_one_wave() -> None:
+    """A rowwise GEMM2 with the finalize epilogue does not halve into slices of 1024 bytes (the minimum) where its
+    unsplit CTAs fill a wave of two an SM (132 SMs: >= 264); the plain store, longer slices and fewer CTAs split."""
+    dsv3_down = call(epilogue="finalize", n=7168, k=2048, experts=256, top_k=8, itemsize=1, fp8="rowwise")
+    # 56 column blocks unsplit: 1 token 8 experts x 56 = 448 CTAs, past one wave at every count
+    assert {at(dsv3_down, t) for t in (1, 2, 4, 16, 31)} == {"decode:ksplit1:after_trigger:plain"}
+    assert at(dataclasses.replace(dsv3_down, epilogue="store"), 1) == "decode:ksplit2:after_trigger:plain"
+    # 4 column blocks (n 512): 8 experts x 4 = 32 CTAs, 64 at 2 slices, both in one wave: 2 slices
+    assert at(dataclasses.replace(dsv3_down, n=512), 1) == "decode:ksplit2:after_trigger:plain"
+    # top-1 over 64 experts, n 8448 (66 column blocks): 2 tokens 132 CTAs unsplit, 264 at 2 slices (one wave):
+    # 2 slices; 4 tokens 264 unsplit, one wave already: unsplit (3 tokens stay unsplit by the short second wave)
+    wide = call(epilogue="finalize", n=8448, k=2048, experts=64, top_k=1, itemsize=1, fp8="rowwise")
+    assert [at(wide, t) for t in (2, 4)] == ["decode:ksplit2:after_trigger:plain", "decode:ksplit1:after_trigger:plain"]
+    # slices of 1440 bytes split on: GPT-OSS-20B's GEMM2 at 4 tokens (16 experts x 23 = 368 CTAs unsplit)
+    gpt_oss_down = call(epilogue="finalize", n=2880, k=2880, experts=32, top_k=4, itemsize=1, fp8="rowwise")
+    assert at(gpt_oss_down, 4) == "decode:ksplit2:after_trigger:plain"
+
+
 def test_fp8_fast_accumulation_keeps_pingpong_to_128_rows() -> None:
     """FP8_FAST_NARROW_MAX_AVG_ROWS: with fast accumulation (rowwise scales) pingpong64x128 runs to 128 rows per
     expert, then coop128x192 (from FP8_WIDE_MIN_AVG_ROWS); promoted accumulation and block-128 scales keep

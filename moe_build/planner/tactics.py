@@ -251,6 +251,13 @@ def fp8_kernel_rule(call: GemmCall, rows: RowCount) -> str:
 # Qwen3-30B-A3B at 2 tokens, GEMM1 (K 2048) 37.1-38.0 against 38.9-39.0. Longer slices split on: DeepSeek-V3 at 1
 # token, GEMM1 (K 7168; 256 CTAs unsplit, 512 at 2) 124.6-125.5 unsplit against 113.2-114.7 at 4 slices;
 # Mixtral-8x7B at 3 tokens, GEMM2 (K 14336; 192 CTAs unsplit, 384 at 2) 237.0-239.7 against 228.0-228.8 at 8.
+# And a rowwise GEMM2 with the finalize epilogue stops short of slices of the minimum (1024 bytes) where its unsplit
+# CTAs already fill a resident wave. H200, `moe-build bench --quant fp8` with GEMM2 forced unsplit beside the rule's
+# 2 slices, two rounds, graph replay, layer us (docs/measured/h200-2026-11-30-fp8-gemm2-unsplit): DeepSeek-V3
+# (K 2048; 8 experts x 56 column blocks = 448 CTAs at 1 token) at 1 / 2 / 8 / 16 / 24 tokens 107.2-108.8 /
+# 173.0-174.2 / 502.2-504.6 / 727.0-740.6 / 999.7-1001.5 unsplit against 112.6-114.4 / 178.1-181.9 / 514.0-514.7 /
+# 775.3-794.6 / 1073.6-1075.1, at 4 tokens 325.3-325.8 against 322.8-323.9. Longer slices keep splitting: GPT-OSS-20B
+# (K 2880, slices of 1440 bytes) unsplit at 1 / 4 tokens 48.4-49.3 / 118.0 against 43.6-43.7 / 113.6-114.8.
 FP8_DECODE_MIN_SLICE_BYTES = 1024
 FP8_DECODE_WAVE_SLICE_BYTES = 2048
 FP8_BLOCK_DECODE_MIN_SLICE_BYTES = 2048
@@ -266,6 +273,9 @@ def fp8_decode_k_split_rule(call: GemmCall, rows: RowCount) -> int:
             break
         if (not block and next_slice < FP8_DECODE_WAVE_SLICE_BYTES
                 and short_second_wave(call, rows, column_blocks, decode_column_blocks(call, 2 * k_split))):
+            break
+        if (not block and call.epilogue == "finalize" and next_slice <= FP8_DECODE_MIN_SLICE_BYTES
+                and not ctas_at_most(call, rows, column_blocks, 2 * call.sm_count - 1)):
             break
         k_split *= 2
     return k_split
@@ -302,7 +312,9 @@ def ctas_at_most(call: GemmCall, rows: RowCount, column_blocks: int, limit: int)
 # Mixtral GEMM1 1917 vs 2016, GEMM2 838 vs 883, DeepSeek-V2-Lite GEMM1 343 vs 369), at 64 rows 2% (Mixtral GEMM1)
 # and 24% (GEMM2) slower (docs/measured/h200x2-2026-11-28-tiles-decode). Block-128 scales stay on 128x128: its
 # blockwise mainloop has no 192-column form, and in 2x1 clusters it won on two GEMMs and lost on one. The
-# finalize epilogue takes the same tiles (FP8's finalize tiles were not measured yet).
+# finalize epilogue takes the same tiles: at 16-24 rows (Qwen3-30B-A3B and DeepSeek-V2-Lite GEMM2 at 128-384 tokens,
+# the whole layer, docs/measured/h200-2026-11-30-fp8-gemm2-unsplit/gemm2_tiles_round*.json) pingpong 64x128 was
+# within 2 us of the best, the cooperative tiles 9-30 us slower.
 # With fast accumulation (rowwise scales) pingpong 64x128 holds up to 128 rows: bench/fp8_accumulation_probe.py
 # (H200, plain store, L2 flushed; docs/measured/h200-2026-11-29-fp8-fast-accum) DeepSeek-V3 at 4096 tokens, 128
 # rows, GEMM1 2605 vs 2894 us on 128x128, GEMM2 1520 vs 1691; Mixtral at 256 tokens, 64 rows, GEMM1 264.5 and

@@ -18,6 +18,9 @@ import pytest
 torch = pytest.importorskip("torch")
 from moe_build import kernels as K  # noqa: E402  (after the torch skip: loading may build the library)
 from moe_build.kernels import Fp8Accumulation, Fp8Scaling, KernelError  # noqa: E402
+from moe_build.kernels.abi import DType  # noqa: E402
+from moe_build.kernels.library import call  # noqa: E402
+from moe_build.kernels.ops.gemm import tactic_struct  # noqa: E402
 from moe_build.planner.rules import FP8_QUANTIZING_MAX_K  # noqa: E402
 from moe_build.weights.fp8 import quantize_rows  # noqa: E402
 from finalize_routing import LOCAL, routed  # noqa: E402
@@ -107,3 +110,30 @@ def test_quantizing_finalize_refusals():
         with pytest.raises(KernelError, match="quantizing"):
             K.grouped_gemm_fp8_quantizing_finalize(a16, None, b, sb, off, ptu, torch.ones(8, device="cuda"), 4, 2,
                                                    tactic=tactic)
+
+
+@pytest.mark.parametrize("missing", ["permuted_to_unpermuted", "permuted_weights", "top_k"])
+def test_finalize_entry_points_refuse_missing_maps(missing):
+    """Both FP8 finalize entry points refuse a null token map or routing weights, or top_k 0, with the same message
+    (one check for both, gemm/fp8_abi.cu's set_finalize_maps), through the C ABI itself: the wrappers would refuse
+    the tensors first."""
+    need((8, 9))
+    ptu, counts = routed(4, 2, 0)
+    a, sa, b, sb, off = case(counts, 256, 512, Fp8Scaling.ROWWISE, 0, pad_rows=8 - sum(counts))
+    weights = torch.ones(8, device="cuda")
+    out = torch.zeros(4, 256, dtype=torch.bfloat16, device="cuda")
+    maps = 0 if missing == "permuted_to_unpermuted" else ptu.data_ptr()
+    wts = 0 if missing == "permuted_weights" else weights.data_ptr()
+    top_k = 0 if missing == "top_k" else 2
+    tactic = tactic_struct("decode:ksplit1:plain:plain")
+    stream = torch.cuda.current_stream().cuda_stream
+    a16 = torch.zeros(8, 512, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(KernelError, match="missing maps"):
+        call("mb_grouped_gemm_fp8_finalize", a.data_ptr(), sa.data_ptr(), b.data_ptr(), sb.data_ptr(),
+             int(Fp8Scaling.ROWWISE), int(Fp8Accumulation.PROMOTED), None, out.data_ptr(), off.data_ptr(), maps, wts,
+             b.shape[0], 8, 4, top_k, 256, 512, int(DType.BF16), tactic, None, 0, stream)
+    with pytest.raises(KernelError, match="missing maps"):
+        call("mb_grouped_gemm_fp8_quantizing_finalize", a16.data_ptr(), None, b.data_ptr(), sb.data_ptr(),
+             int(Fp8Accumulation.PROMOTED), None, out.data_ptr(), off.data_ptr(), maps, wts, b.shape[0], 8, 4, top_k,
+             256, 512, int(DType.BF16), tactic, stream)
+    assert not out.any()  # refused before anything ran

@@ -41,6 +41,18 @@ mb_status check_fp8_args(const Fp8GemmParams& p, int64_t max_rows, int dtype, co
   return MB_OK;
 }
 
+// Both finalize entry points after check_fp8_args: the token maps and routing weights their epilogue reads.
+mb_status set_finalize_maps(Fp8GemmParams& p, const int32_t* permuted_to_unpermuted, const float* permuted_weights,
+                            int num_tokens, int top_k, const char* who) {
+  if (!permuted_to_unpermuted || !permuted_weights || top_k <= 0 || num_tokens < 0)
+    return fail(MB_ERR_INVALID_ARGUMENT, "%s: missing maps/weights or bad top_k", who);
+  p.epilogue = EPI_FINALIZE;
+  p.permuted_to_unpermuted = permuted_to_unpermuted;
+  p.permuted_weights = permuted_weights;
+  p.top_k = top_k;
+  return MB_OK;
+}
+
 // Both entry points after their own checks: the tactic's check, then its kernel with p's epilogue. The FP8
 // wgmma kernel takes no placement (its tiles are not the placed scheduler's): a placed launch is refused
 // before check_tactic, which would ask for a placement region.
@@ -100,12 +112,7 @@ mb_status mb_grouped_gemm_fp8_finalize(const void* A, const float* scale_a, cons
   mbk::Fp8GemmParams p{static_cast<const uint8_t*>(A), scale_a, static_cast<const uint8_t*>(B), scale_b, bias,
                        out, expert_first_token_offset, num_experts, n, k, scaling, accumulation};
   MB_TRY(mbk::check_fp8_args(p, max_rows, dtype, who));
-  if (!permuted_to_unpermuted || !permuted_weights || top_k <= 0 || num_tokens < 0)
-    return mbk::fail(MB_ERR_INVALID_ARGUMENT, "%s: missing maps/weights or bad top_k", who);
-  p.epilogue = mbk::EPI_FINALIZE;
-  p.permuted_to_unpermuted = permuted_to_unpermuted;
-  p.permuted_weights = permuted_weights;
-  p.top_k = top_k;
+  MB_TRY(mbk::set_finalize_maps(p, permuted_to_unpermuted, permuted_weights, num_tokens, top_k, who));
   p.evict_last = tactic.output_l2 == MB_OUTPUT_L2_EVICT_LAST;
   return mbk::run_fp8(p, max_rows, dtype, tactic, workspace, workspace_bytes, stream, who);
 }
@@ -122,17 +129,12 @@ mb_status mb_grouped_gemm_fp8_quantizing_finalize(const void* A16, const float* 
   p.a16 = A16;
   p.a16_static_scale = static_scale;
   MB_TRY(mbk::check_fp8_args(p, max_rows, dtype, who));
-  if (!permuted_to_unpermuted || !permuted_weights || top_k <= 0 || num_tokens < 0)
-    return mbk::fail(MB_ERR_INVALID_ARGUMENT, "%s: missing maps/weights or bad top_k", who);
+  MB_TRY(mbk::set_finalize_maps(p, permuted_to_unpermuted, permuted_weights, num_tokens, top_k, who));
   if (k > MB_FP8_QUANTIZING_MAX_K)
     return mbk::fail(MB_ERR_UNSUPPORTED, "%s: k %d is past %d (a chunk's quantized rows in shared memory)", who, k,
                      MB_FP8_QUANTIZING_MAX_K);
   if (tactic.kernel != MB_GEMM_DECODE)
     return mbk::fail(MB_ERR_UNSUPPORTED, "%s: the decode kernel only (tactic kernel %d)", who, tactic.kernel);
-  p.epilogue = mbk::EPI_FINALIZE;
-  p.permuted_to_unpermuted = permuted_to_unpermuted;
-  p.permuted_weights = permuted_weights;
-  p.top_k = top_k;
   return mbk::run_fp8(p, max_rows, dtype, tactic, nullptr, 0, stream, who);
 }
 
