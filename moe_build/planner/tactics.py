@@ -314,7 +314,7 @@ def ctas_at_most(call: GemmCall, rows: RowCount, column_blocks: int, limit: int)
 # blockwise mainloop has no 192-column form, and in 2x1 clusters it won on two GEMMs and lost on one. The
 # finalize epilogue takes the same tiles: at 16-24 rows (Qwen3-30B-A3B and DeepSeek-V2-Lite GEMM2 at 128-384 tokens,
 # the whole layer, docs/measured/h200-2026-11-30-fp8-gemm2-unsplit/gemm2_tiles_round*.json) pingpong 64x128 was
-# within 2 us of the best, the cooperative tiles 9-30 us slower.
+# within 2.4 us of the best (2x1 clusters), the cooperative tiles 12-30 us slower.
 # With fast accumulation (rowwise scales) pingpong 64x128 holds up to 128 rows: bench/fp8_accumulation_probe.py
 # (H200, plain store, L2 flushed; docs/measured/h200-2026-11-29-fp8-fast-accum) DeepSeek-V3 at 4096 tokens, 128
 # rows, GEMM1 2605 vs 2894 us on 128x128, GEMM2 1520 vs 1691; Mixtral at 256 tokens, 64 rows, GEMM1 264.5 and
