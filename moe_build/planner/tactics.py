@@ -274,8 +274,7 @@ def fp8_decode_k_split_rule(call: GemmCall, rows: RowCount) -> int:
         if (not block and next_slice < FP8_DECODE_WAVE_SLICE_BYTES
                 and short_second_wave(call, rows, column_blocks, decode_column_blocks(call, 2 * k_split))):
             break
-        if (not block and call.epilogue == "finalize" and next_slice <= FP8_DECODE_MIN_SLICE_BYTES
-                and not ctas_at_most(call, rows, column_blocks, 2 * call.sm_count - 1)):
+        if not block and finalize_wave_of_whole_slices(call, rows, column_blocks, next_slice):
             break
         k_split *= 2
     return k_split
@@ -292,6 +291,14 @@ def short_second_wave(call: GemmCall, rows: RowCount, column_blocks: int, double
     wave = 2 * call.sm_count
     return (ctas_at_most(call, rows, column_blocks, wave)
             and not ctas_at_most(call, rows, doubled, wave) and ctas_at_most(call, rows, doubled, wave + wave // 2))
+
+
+# finalize epilogue, next slice <= FP8_DECODE_MIN_SLICE_BYTES, CTAs at column_blocks >= one resident wave (2 an SM)
+def finalize_wave_of_whole_slices(call: GemmCall, rows: RowCount, column_blocks: int, next_slice: int) -> bool:
+    """A finalize GEMM2 whose next halving would leave slices of the minimum, while its CTAs at `column_blocks`
+    already fill a resident wave: it stays at this split (DeepSeek-V3's GEMM2, the comment above the constants)."""
+    return (call.epilogue == "finalize" and next_slice <= FP8_DECODE_MIN_SLICE_BYTES
+            and not ctas_at_most(call, rows, column_blocks, 2 * call.sm_count - 1))
 
 
 def ctas_at_most(call: GemmCall, rows: RowCount, column_blocks: int, limit: int) -> bool:
