@@ -301,8 +301,8 @@ def _fc2_quant_in_gemm2(spec: MoESpec, gates: Sequence[Gate], shown: Sequence[Ga
     where `gates` or a count's GEMM2 kernel does not hold (the waves gate is a measured preference: forcing overrides
     it). The decision shows `shown` (the activation kernel's gates too) and the count's gates."""
     def gates_at(rows: T.RowCount) -> tuple[Gate, Gate]:
-        tactic = gemm2.choice if not gemm2.bands else _choice_at(gemm2, rows)
-        kernel = R.fc2_quant_gemm2_call(tactic, finalize.choice if not finalize.bands else _choice_at(finalize, rows))
+        tactic = _choice_at(gemm2, rows)
+        kernel = R.fc2_quant_gemm2_call(tactic, _choice_at(finalize, rows))
         if not kernel.held:
             return kernel, R.fc2_quant_gemm2_waves(call.experts, 0, call.sm_count, False)
         blocks = T.decode_column_blocks(call, T.GemmTactic.parse(tactic).k_split)
@@ -381,7 +381,10 @@ def _gemm2_epilogue(finalize_choice: str) -> str:
 
 
 def _choice_at(d: StageDecision, rows: T.RowCount) -> str:
-    """`d`'s choice at `rows`' token count, its band's end recorded as a threshold."""
+    """`d`'s choice at `rows`' token count, its band's end recorded as a threshold (a decision without bands, e.g. a
+    forced one, has its choice at every count)."""
+    if not d.bands:
+        return d.choice
     return next(b.choice for b in d.bands if b.hi is None or rows.tokens_at_most(b.hi))
 
 
