@@ -10,10 +10,13 @@
 //   mb_ep_combine: the reduction after the return all-to-all (stages/ep_combine.cuh: per token, the ranks'
 //                  partial rows in rank order, fp32, one rounding); a caller's max_sms (> 0) may cap the grid at
 //                  that many blocks (SMs) with the same result.
-// The layout runs in one block of 1024 threads that walks the tokens in chunks of 1024 twice: first the
-// totals per rank (so every rank's segment start is known), then each chunk's rows in token order:
-// per rank, a warp ballot gives a lane's place in its warp, one thread per rank prefixes the warps' counts.
-// One block is enough: it is a scan of T * ep_size bits (8K tokens: 8 chunks).
+// The layout runs in one block. Up to 1024 tokens (a decode step's, where it sits on every call's critical path) it
+// is one pass of a block as wide as the tokens: each thread keeps its token's rank mask, a warp ballot per rank gives
+// a lane's place in its warp, and lane d of warp 0 prefixes rank d's rows over the warps, then the ranks' totals
+// over its lanes (their segment starts). Past that, a block of 1024 threads walks the tokens in chunks of 1024
+// twice: first the totals per rank (so every rank's segment start is known), then each chunk's rows in token order,
+// one thread per rank prefixing the warps' counts. One block is enough: it is a scan of T * ep_size bits (8K tokens:
+// 8 chunks).
 #include <algorithm>
 #include <type_traits>
 
@@ -34,6 +37,54 @@ __device__ __forceinline__ uint32_t rank_mask(const int32_t* ids, int t, int top
     if (x >= 0 && x < ep * per_rank) m |= 1u << (x / per_rank);
   }
   return m;
+}
+
+// Up to kLayoutThreads tokens, a thread each (blockDim.x: the tokens rounded up to whole warps, at least one).
+__global__ void __launch_bounds__(kLayoutThreads)
+ep_layout_one_pass_kernel(const int32_t* __restrict__ ids, int num_tokens, int top_k, int ep, int per_rank,
+                          int32_t* __restrict__ send_counts, int32_t* __restrict__ send_tokens,
+                          int32_t* __restrict__ token_slots) {
+  __shared__ int warp_rows[kLayoutWarps][kMaxRanks];  // rows per (warp, rank), then their first slot
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32, t = threadIdx.x;
+  const uint32_t m = t < num_tokens ? rank_mask(ids, t, top_k, ep, per_rank) : 0;
+  for (int d = 0; d < ep; ++d) {
+    const unsigned b = __ballot_sync(0xffffffffu, (m >> d) & 1u);
+    if (lane == 0) warp_rows[warp][d] = __popc(b);
+  }
+  __syncthreads();
+  if (warp == 0) {  // lane d: rank d's rows over the warps, then its segment start among the ranks
+    int total = 0;
+    if (lane < ep)
+      for (int w = 0; w < warps; ++w) total += warp_rows[w][lane];
+    int incl = total;
+#pragma unroll
+    for (int off = 1; off < 32; off *= 2) {
+      const int v = __shfl_up_sync(0xffffffffu, incl, off);
+      if (lane >= off) incl += v;
+    }
+    if (lane < ep) {
+      send_counts[lane] = total;
+      int at = incl - total;
+      for (int w = 0; w < warps; ++w) {
+        const int n = warp_rows[w][lane];
+        warp_rows[w][lane] = at;
+        at += n;
+      }
+    }
+  }
+  __syncthreads();
+  const unsigned below = (1u << lane) - 1u;
+  for (int d = 0; d < ep; ++d) {
+    const unsigned b = __ballot_sync(0xffffffffu, (m >> d) & 1u);
+    if (t < num_tokens) {
+      int slot = -1;
+      if ((m >> d) & 1u) {
+        slot = warp_rows[warp][d] + __popc(b & below);
+        send_tokens[slot] = t;
+      }
+      token_slots[static_cast<int64_t>(t) * ep + d] = slot;
+    }
+  }
 }
 
 __global__ void __launch_bounds__(kLayoutThreads)
@@ -154,6 +205,12 @@ extern "C" mb_status mb_ep_layout(const int32_t* topk_ids, int num_tokens, int t
   MB_REQUIRE(experts_per_rank >= 1, "%s: experts_per_rank must be >= 1, got %d", who, experts_per_rank);
   MB_REQUIRE(send_counts && (num_tokens == 0 || (topk_ids && send_tokens && token_slots)),
              "%s: topk_ids, send_counts, send_tokens and token_slots must be non-NULL", who);
+  if (num_tokens <= kLayoutThreads) {
+    const int threads = std::max(32, (num_tokens + 31) / 32 * 32);
+    ep_layout_one_pass_kernel<<<1, threads, 0, stream>>>(topk_ids, num_tokens, top_k, ep_size, experts_per_rank,
+                                                         send_counts, send_tokens, token_slots);
+    return mb::check_launch("ep_layout_one_pass_kernel");
+  }
   ep_layout_kernel<<<1, kLayoutThreads, 0, stream>>>(topk_ids, num_tokens, top_k, ep_size, experts_per_rank,
                                                      send_counts, send_tokens, token_slots);
   return mb::check_launch("ep_layout_kernel");
