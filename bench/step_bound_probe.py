@@ -16,6 +16,7 @@ import os
 import torch
 from graph_kernel_times import write_results
 
+from moe_build.bench.layer import rotating_replay
 from moe_build.bench.timing import flush_l2, interleaved_median_ms
 from moe_build.bench.workload import device_fp8_weights, fp8_bench_spec, make_inputs
 from moe_build.runner import MoERunner
@@ -29,16 +30,11 @@ FORCE = {"fc2_input_quant": "separate"} if STEP == S.QUANTIZE_FC2_INPUT else Non
 
 
 def replays(runner: MoERunner, spec, tokens: int, sets) -> object:
-    """A rotating replay of `runner` captured once per input set (after a warm-up call each)."""
+    """The bench's rotating replay of `runner` (one capture per input set), after a warm-up call on each set."""
     out = torch.empty(tokens, spec.hidden_size, device="cuda", dtype=torch.bfloat16)
-    graphs = []
     for s in sets:
         runner(s.hidden, router_logits=s.logits, out=out)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            runner(s.hidden, router_logits=s.logits, out=out)
-        graphs.append(g)
-    return lambda i: graphs[i % len(graphs)].replay()
+    return rotating_replay(runner, sets, out)
 
 
 def main() -> None:

@@ -184,24 +184,29 @@ def time_variants(rec: dict[str, Any], timers: Timers, iters: int, warmup: int) 
     return medians_ms
 
 
-def _graph_replay(runner: Any, sets: list[InputSet], out_buf: torch.Tensor, rows: torch.Tensor,
-                  ref: torch.Tensor, limit: float) -> tuple[dict[str, Any], Callable[[int], object] | None]:
-    """Capture the runner once per input set and check set 0's replay (rel err < `limit`); returns the
-    check's record and a rotating replay to time (None when the replay is wrong)."""
-    T = sets[0].hidden.shape[0]
-    out = out_buf[:T]
+def rotating_replay(runner: Any, sets: Sequence[InputSet], out: torch.Tensor) -> Callable[[int], object]:
+    """The runner captured into `out` once per input set (router logits in); call i replays set i % len(sets)."""
     graphs = []
     for s in sets:
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             runner(s.hidden, router_logits=s.logits, out=out)
         graphs.append(g)
+    return lambda i: graphs[i % len(graphs)].replay()
+
+
+def _graph_replay(runner: Any, sets: list[InputSet], out_buf: torch.Tensor, rows: torch.Tensor,
+                  ref: torch.Tensor, limit: float) -> tuple[dict[str, Any], Callable[[int], object] | None]:
+    """Capture the runner once per input set and check set 0's replay (rel err < `limit`); returns the
+    check's record and a rotating replay to time (None when the replay is wrong)."""
+    out = out_buf[:sets[0].hidden.shape[0]]
+    replay = rotating_replay(runner, sets, out)
     out_buf.fill_(float("nan"))
-    graphs[0].replay()
+    replay(0)
     err = rel_err(out, rows, ref)
     if not err < limit:
         return {"graph_error": f"wrong result from graph replay: rel err {err:.3g} >= {limit}"}, None
-    return {"graph_rel_err": err}, lambda i: graphs[i % len(graphs)].replay()
+    return {"graph_rel_err": err}, replay
 
 
 def point_floor(spec: MoESpec, tokens: int, touched: float, medians_ms: dict[tuple[str, str], float],
