@@ -39,6 +39,32 @@ __device__ __forceinline__ uint32_t rank_mask(const int32_t* ids, int t, int top
   return m;
 }
 
+// Both layout kernels, per warp. Lane 0: how many of the warp's tokens go to each rank (mask bit d) into rows[d].
+__device__ __forceinline__ void count_warp_rows(uint32_t m, int ep, int* rows) {
+  for (int d = 0; d < ep; ++d) {
+    const unsigned b = __ballot_sync(0xffffffffu, (m >> d) & 1u);
+    if (threadIdx.x % 32 == 0) rows[d] = __popc(b);
+  }
+}
+
+// Token t's send row for each rank d: the warp's first slot for d (first[d]) plus the lane's place among the warp's
+// tokens going there, or -1. Every lane calls it (the ballots); tokens past num_tokens write nothing.
+__device__ __forceinline__ void write_slots(uint32_t m, int t, int num_tokens, int ep, const int* first,
+                                            int32_t* __restrict__ send_tokens, int32_t* __restrict__ token_slots) {
+  const unsigned below = (1u << (threadIdx.x % 32)) - 1u;
+  for (int d = 0; d < ep; ++d) {
+    const unsigned b = __ballot_sync(0xffffffffu, (m >> d) & 1u);
+    if (t < num_tokens) {
+      int slot = -1;
+      if ((m >> d) & 1u) {
+        slot = first[d] + __popc(b & below);
+        send_tokens[slot] = t;
+      }
+      token_slots[static_cast<int64_t>(t) * ep + d] = slot;
+    }
+  }
+}
+
 // Up to kLayoutThreads tokens, a thread each (blockDim.x: the tokens rounded up to whole warps, at least one).
 __global__ void __launch_bounds__(kLayoutThreads)
 ep_layout_one_pass_kernel(const int32_t* __restrict__ ids, int num_tokens, int top_k, int ep, int per_rank,
@@ -47,10 +73,7 @@ ep_layout_one_pass_kernel(const int32_t* __restrict__ ids, int num_tokens, int t
   __shared__ int warp_rows[kLayoutWarps][kMaxRanks];  // rows per (warp, rank), then their first slot
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32, t = threadIdx.x;
   const uint32_t m = t < num_tokens ? rank_mask(ids, t, top_k, ep, per_rank) : 0;
-  for (int d = 0; d < ep; ++d) {
-    const unsigned b = __ballot_sync(0xffffffffu, (m >> d) & 1u);
-    if (lane == 0) warp_rows[warp][d] = __popc(b);
-  }
+  count_warp_rows(m, ep, warp_rows[warp]);
   __syncthreads();
   if (warp == 0) {  // lane d: rank d's rows over the warps, then its segment start among the ranks
     int total = 0;
@@ -73,18 +96,7 @@ ep_layout_one_pass_kernel(const int32_t* __restrict__ ids, int num_tokens, int t
     }
   }
   __syncthreads();
-  const unsigned below = (1u << lane) - 1u;
-  for (int d = 0; d < ep; ++d) {
-    const unsigned b = __ballot_sync(0xffffffffu, (m >> d) & 1u);
-    if (t < num_tokens) {
-      int slot = -1;
-      if ((m >> d) & 1u) {
-        slot = warp_rows[warp][d] + __popc(b & below);
-        send_tokens[slot] = t;
-      }
-      token_slots[static_cast<int64_t>(t) * ep + d] = slot;
-    }
-  }
+  write_slots(m, t, num_tokens, ep, warp_rows[warp], send_tokens, token_slots);
 }
 
 __global__ void __launch_bounds__(kLayoutThreads)
@@ -116,14 +128,10 @@ ep_layout_kernel(const int32_t* __restrict__ ids, int num_tokens, int top_k, int
     }
   }
   __syncthreads();
-  const unsigned below = (1u << lane) - 1u;
   for (int t0 = 0; t0 < num_tokens; t0 += kLayoutThreads) {
     const int t = t0 + threadIdx.x;
     const uint32_t m = t < num_tokens ? rank_mask(ids, t, top_k, ep, per_rank) : 0;
-    for (int d = 0; d < ep; ++d) {
-      const unsigned b = __ballot_sync(0xffffffffu, (m >> d) & 1u);
-      if (lane == 0) warp_rows[warp][d] = __popc(b);
-    }
+    count_warp_rows(m, ep, warp_rows[warp]);
     __syncthreads();
     if (threadIdx.x < ep) {  // one thread per rank: the warps' first slots, in warp order
       const int d = threadIdx.x;
@@ -136,17 +144,7 @@ ep_layout_kernel(const int32_t* __restrict__ ids, int num_tokens, int top_k, int
       placed[d] = at - total[d];
     }
     __syncthreads();
-    for (int d = 0; d < ep; ++d) {
-      const unsigned b = __ballot_sync(0xffffffffu, (m >> d) & 1u);
-      if (t < num_tokens) {
-        int slot = -1;
-        if ((m >> d) & 1u) {
-          slot = warp_rows[warp][d] + __popc(b & below);
-          send_tokens[slot] = t;
-        }
-        token_slots[static_cast<int64_t>(t) * ep + d] = slot;
-      }
-    }
+    write_slots(m, t, num_tokens, ep, warp_rows[warp], send_tokens, token_slots);
     __syncthreads();  // the next chunk rewrites warp_rows
   }
 }
