@@ -4,7 +4,9 @@ Each point's dispatch + combine (and the Qwen3-30B-A3B EP layer at 1 token) is c
 back to back under torch.profiler; per kernel name: calls and device time per replay, the slowest rank's, beside
 the replay's time from CUDA events (the gap between the two is launch latency and idle time between kernels).
 
-    torchrun --standalone --nproc-per-node=4 bench/ep_steps_probe.py out.json
+    torchrun --standalone --nproc-per-node=4 bench/ep_steps_probe.py out.json [HIDDEN:TOKENS,...]
+
+The optional second argument replaces the default points (POINTS), e.g. 2048:1,2048:4096.
 """
 from __future__ import annotations
 
@@ -42,7 +44,8 @@ def main() -> None:
     init_rank()
     rank, ep = dist.get_rank(), dist.get_world_size()
     results = []
-    for H, T in POINTS:
+    points = POINTS if len(sys.argv) < 3 else tuple(tuple(int(v) for v in p.split(":")) for p in sys.argv[2].split(","))
+    for H, T in points:
         spec = dispatch_spec(H)
         d = NvlinkDispatch(spec, kernels, T, recv_capacity=ep * T)
         hidden = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)

@@ -99,7 +99,8 @@ mb_status mb_finalize(const void* gemm2_out, int dtype, const void* b2, const fl
  * mb_ep_layout: rank d holds experts [d * experts_per_rank, (d + 1) * experts_per_rank) (ep_size <= 32); token
  * t goes once to every rank holding one of its top-k experts. send_counts [ep_size]: rows for each rank;
  * send_tokens [<= T * ep_size]: the token of each send row, rows grouped by rank (rank ascending), tokens
- * ascending within a rank; token_slots [T, ep_size]: token t's send row for rank d, or -1.
+ * ascending within a rank; token_slots [T, ep_size]: token t's send row for rank d, or -1. block_counts: past 1024
+ * tokens its scratch, ceil(T / 1024) * ep_size int32 (NULL allowed up to 1024 tokens).
  * mb_ep_pack_send: send row i < send_rows (mb_ep_layout's, rank d's the segment of send_counts holding i):
  * out_rows[i] = hidden[send_tokens[i]] ([rows, hidden_size] in dtype), out_ids[i][j] = its j-th top-k id made
  * local to rank d (id - d * experts_per_rank, or -1 where rank d does not hold it), out_weights[i][j] its
@@ -108,7 +109,8 @@ mb_status mb_finalize(const void* gemm2_out, int dtype, const void* b2, const fl
  * in fp32, rounded once (returned [rows, hidden] and out [T, hidden] in dtype). max_sms: 0 for the default
  * grid, else at most that many blocks (so at most that many SMs); the result does not depend on it. */
 mb_status mb_ep_layout(const int32_t* topk_ids, int num_tokens, int top_k, int ep_size, int experts_per_rank,
-                       int32_t* send_counts, int32_t* send_tokens, int32_t* token_slots, cudaStream_t stream);
+                       int32_t* send_counts, int32_t* send_tokens, int32_t* token_slots, int32_t* block_counts,
+                       cudaStream_t stream);
 mb_status mb_ep_pack_send(const void* hidden, int dtype, const int32_t* topk_ids, const float* topk_weights,
                           int hidden_size, int top_k, int ep_size, int experts_per_rank, const int32_t* send_counts,
                           const int32_t* send_tokens, int send_rows, void* out_rows, int32_t* out_ids,
@@ -135,8 +137,10 @@ mb_status mb_ep_nccl_exchange(void* comm, int ep_size, const int32_t* send_rows,
  * device arrays of ep_size pointers, entry d rank d's buffer of that kind. cap >= the tokens of any call (a
  * source sends a token at most once to a rank). `done` (dispatch, return): a local int32 counter, zero before the
  * first call and left zero by every call; one per kernel kind and instance in flight.
- * mb_ep_nvlink_dispatch: mb_ep_layout's send rows (send_counts, send_tokens; at most max_send_rows) written
- * into peer d's recv slots [rank][0..), and peer d's recv_counts[rank]; then peer d's flags[0][rank] = 1.
+ * mb_ep_nvlink_dispatch: mb_ep_layout of the num_tokens (<= cap) tokens (send_counts and token_slots written as it
+ * writes them; send_tokens [T * ep_size] and block_counts its scratch, unread up to 128 tokens, where one kernel
+ * lays the tokens out and sends them), then the send rows written into peer d's recv slots [rank][0..), and peer d's
+ * recv_counts[rank]; then peer d's flags[0][rank] = 1.
  * mb_ep_nvlink_wait: waits until flags[0..ep_size) (this rank's flags[0] or flags[1]) are all 1, then sets
  * them to 0; one block, waiting as long as the peers take (as NCCL's kernels do).
  * mb_ep_nvlink_gather: after mb_ep_nvlink_wait(flags[0]), or where wait_flags (this rank's flags[0]) is given
@@ -154,18 +158,21 @@ mb_status mb_ep_nccl_exchange(void* comm, int ep_size, const int32_t* send_rows,
  * mb_ep_nvlink_return: partial [rows][H] row j (j < *rows_limit where rows_limit is given) written into rank
  * src_rank[j]'s returned[src_row[j]] (src_rank[j] -1: nowhere); then every peer's flags[1][rank] = 1 (also with
  * no rows). mb_ep_combine follows mb_ep_nvlink_wait(flags[1]), or
- * mb_ep_nvlink_combine does both: it waits for flags[1] in every block (seen: a local counter as `done`), lowers
- * them, and sums as mb_ep_combine (launched with no tokens too).
+ * mb_ep_nvlink_combine does all three in one kernel: mb_ep_nvlink_return of the rows (rows, partial, src_rank,
+ * src_row, peer_returned, peer_flags, done as there), then every block waits for flags[1] (seen: a local counter as
+ * `done`), the last lowers them, and the num_tokens tokens are summed as mb_ep_combine from `returned` (this rank's)
+ * into out (launched with no rows and no tokens too); its grid is capped at the blocks the SMs hold at once.
  * Waiting in every block of a kernel saves a launch but holds the SMs it spins on: with a second micro-batch in
  * flight beside it (dual-batch overlap), wait with mb_ep_nvlink_wait's one block instead.
  * max_sms (dispatch, gather, return, combine): 0 for the default grid, else at most that many blocks, so the kernel
  * occupies at most that many SMs (the rest stay free for compute beside it); the rows written do not depend on
  * it. */
 mb_status mb_ep_nvlink_dispatch(const void* hidden, int dtype, const int32_t* topk_ids, const float* topk_weights,
-                                int hidden_size, int top_k, int rank, int ep_size, int cap, const int32_t* send_counts,
-                                const int32_t* send_tokens, int max_send_rows, void* const* peer_rows,
-                                int32_t* const* peer_meta, int32_t* const* peer_counts, int32_t* const* peer_flags,
-                                int32_t* done, int max_sms, cudaStream_t stream);
+                                int num_tokens, int hidden_size, int top_k, int rank, int ep_size, int experts_per_rank,
+                                int cap, int32_t* send_counts, int32_t* send_tokens, int32_t* token_slots,
+                                int32_t* block_counts, void* const* peer_rows, int32_t* const* peer_meta,
+                                int32_t* const* peer_counts, int32_t* const* peer_flags, int32_t* done, int max_sms,
+                                cudaStream_t stream);
 mb_status mb_ep_nvlink_wait(int32_t* flags, int ep_size, cudaStream_t stream);
 mb_status mb_ep_nvlink_gather(const void* recv_rows, int dtype, const int32_t* recv_meta, const int32_t* recv_counts,
                               int ep_size, int cap, int hidden_size, int top_k, int first_expert, int local_experts,
@@ -177,8 +184,11 @@ mb_status mb_ep_nvlink_return(const void* partial, int dtype, const int32_t* src
                               int rows, const int64_t* rows_limit, int hidden_size, void* const* peer_returned,
                               int rank, int ep_size, int32_t* const* peer_flags, int32_t* done, int max_sms,
                               cudaStream_t stream);
-mb_status mb_ep_nvlink_combine(const void* returned, int dtype, const int32_t* token_slots, int num_tokens, int hidden,
-                               int ep_size, void* out, int32_t* flags, int32_t* seen, int max_sms, cudaStream_t stream);
+mb_status mb_ep_nvlink_combine(const void* partial, int dtype, const int32_t* src_rank, const int32_t* src_row,
+                               int rows, int hidden_size, void* const* peer_returned, int rank, int ep_size,
+                               int32_t* const* peer_flags, int32_t* done, const void* returned,
+                               const int32_t* token_slots, int num_tokens, void* out, int32_t* flags, int32_t* seen,
+                               int max_sms, cudaStream_t stream);
 
 /* stages/ep_permute.cu: dispatch_with_permute's receiving side (seed 004): the rows in this rank's recv slots (as
  * mb_ep_nvlink_gather reads them) expanded to one row per (row, local expert) pair, grouped by local expert:

@@ -22,7 +22,8 @@ def _ids(tokens: int, top_k: int, experts: int, g: torch.Generator) -> torch.Ten
 
 
 @pytest.mark.parametrize("ep", [1, 2, 3, 4, 8, 32])
-@pytest.mark.parametrize("tokens", [0, 1, 31, 1023, 1024, 1025, 5000])
+# one block up to 1024 tokens; past it blocks of 1024 counted first (a partial last block, whole blocks)
+@pytest.mark.parametrize("tokens", [0, 1, 31, 1023, 1024, 1025, 2048, 5000])
 @pytest.mark.parametrize("top_k", [1, 2, 8])
 def test_layout_groups_rows_by_rank_in_token_order(ep: int, tokens: int, top_k: int) -> None:
     seed = random.SystemRandom().randrange(1 << 30)
@@ -143,7 +144,8 @@ def test_finalize_skips_other_ranks_experts(bias: bool) -> None:
 # so the kernels run the whole exchange (dispatch, gather, the experts as a scale by rank + 1, return, combine) in
 # stream order, where the real layer puts its barriers. Default grid against max_sms 1 and 3: the same bits.
 # `in_kernels`: the non-blocking gather and the combine wait for their flags themselves (every block; the last
-# lowers them), else the one-block wait kernel runs before each.
+# lowers them; the combine returns the rows itself first, so the ranks' combines run at once on streams of their
+# own), else the one-block wait kernel runs before each.
 
 def _nvlink_exchange(ep: int, tokens: int, hidden: int, capacity: int | None, sms: int | None, seed: int,
                      per_rank: int = 2, top_k: int = 2, in_kernels: bool = False) -> dict:
@@ -161,10 +163,16 @@ def _nvlink_exchange(ep: int, tokens: int, hidden: int, capacity: int | None, sm
     seen = torch.zeros(ep, 2, 1, dtype=torch.int32, device="cuda")  # each rank's gather / combine wait counters
     peers = {name: torch.tensor([b[name].data_ptr() for b in bufs], dtype=torch.int64, device="cuda")
              for name in bufs[0]}
-    layouts = [K.ep_layout(ids[r], ep, per_rank) for r in range(ep)]
-    for r, (counts, send_tokens, _) in enumerate(layouts):
-        K.ep_nvlink_dispatch(xs[r], ids[r], ws[r], r, tokens, counts, send_tokens, peers["recv_rows"],
-                             peers["recv_meta"], peers["recv_counts"], peers["flags"], done[r, 0], sms=sms)
+    layouts = []
+    for r in range(ep):  # the dispatch lays the tokens out itself: as ep_layout does (that test checks it by hand)
+        counts, slots = K.ep_nvlink_dispatch(xs[r], ids[r], ws[r], r, per_rank, tokens, peers["recv_rows"],
+                                             peers["recv_meta"], peers["recv_counts"], peers["flags"], done[r, 0],
+                                             send_counts=torch.full((ep,), -7, dtype=torch.int32, device="cuda"),
+                                             token_slots=torch.full((tokens, ep), -7, dtype=torch.int32,
+                                                                    device="cuda"), sms=sms)
+        want_counts, _, want_slots = K.ep_layout(ids[r], ep, per_rank)
+        assert torch.equal(counts, want_counts) and torch.equal(slots, want_slots), f"rank {r}, seed {seed}"
+        layouts.append((counts, None, slots))
     torch.cuda.synchronize()
     # every source raised its dispatch flag on every rank; the waits (stream order: already raised) lower them
     assert all((b["flags"][0] == 1).all() for b in bufs) and (done == 0).all()
@@ -188,21 +196,30 @@ def _nvlink_exchange(ep: int, tokens: int, hidden: int, capacity: int | None, sm
                            d["overflow"], peers["returned"], sms=sms,
                            wait=(bufs[r]["flags"][0], seen[r, 0]) if gather_waits else None)
         gathered.append(d)
-    for r in range(ep):  # this rank's "experts": its received rows times r + 1
-        partial = (gathered[r]["hidden"].float() * (r + 1)).to(bf16)
-        K.ep_nvlink_return(partial, gathered[r]["src_rank"], gathered[r]["src_row"], peers["returned"], r,
-                           peers["flags"], done[r, 1], sms=sms)
-    torch.cuda.synchronize()
-    assert all((b["flags"][1] == 1).all() and (b["flags"][0] == 0).all() for b in bufs) and (done == 0).all()
-    if in_kernels:
-        outs = [K.ep_nvlink_combine(bufs[r]["returned"], layouts[r][2], bufs[r]["flags"][1], seen[r, 1],
-                                    out=torch.full_like(xs[r], float("nan")), sms=sms) for r in range(ep)]
+    # this rank's "experts": its received rows times r + 1
+    partials = [(gathered[r]["hidden"].float() * (r + 1)).to(bf16) for r in range(ep)]
+    outs = [torch.full_like(xs[r], float("nan")) for r in range(ep)]
+    if in_kernels:  # return, wait and sum in one kernel a rank, each waiting for the others' returns: the simulated
+        # ranks run at once on streams of their own, each grid capped so that all of them fit the GPU together
+        share = torch.cuda.get_device_properties(0).multi_processor_count // ep
+        streams = [torch.cuda.Stream() for _ in range(ep)]
+        for s in streams:
+            s.wait_stream(torch.cuda.current_stream())
+        for r in range(ep):
+            K.ep_nvlink_combine(partials[r], gathered[r]["src_rank"], gathered[r]["src_row"], peers["returned"], r,
+                                peers["flags"], done[r, 1], bufs[r]["returned"], layouts[r][2], bufs[r]["flags"][1],
+                                seen[r, 1], out=outs[r], stream=streams[r], sms=min(sms or share, share))
     else:
-        for b in bufs:
+        for r in range(ep):
+            K.ep_nvlink_return(partials[r], gathered[r]["src_rank"], gathered[r]["src_row"], peers["returned"], r,
+                               peers["flags"], done[r, 1], sms=sms)
+        torch.cuda.synchronize()
+        assert all((b["flags"][1] == 1).all() and (b["flags"][0] == 0).all() for b in bufs) and (done == 0).all()
+        for r, b in enumerate(bufs):
             K.ep_nvlink_wait(b["flags"][1])
-        outs = [K.ep_combine(bufs[r]["returned"], layouts[r][2], out=torch.full_like(xs[r], float("nan")), sms=sms)
-                for r in range(ep)]
+            K.ep_combine(b["returned"], layouts[r][2], out=outs[r], sms=sms)
     torch.cuda.synchronize()
+    assert (done == 0).all()
     assert all((b["flags"] == 0).all() for b in bufs) and (seen == 0).all()
     counts = [[int(n) for n in b["recv_counts"][:, 0].tolist()] for b in bufs]
     return {"xs": xs, "ids": ids, "gathered": gathered, "outs": outs, "counts": counts}
@@ -227,16 +244,18 @@ def _expected_outs(xs: list[torch.Tensor], ids: list[torch.Tensor], per_rank: in
 
 
 @pytest.mark.parametrize("sms", [1, 3])
-# blocking; non-blocking with every rank overflowing (about 540 rows arrive), with room to spare, and with room for
-# every slot (3 x 300: in place)
-@pytest.mark.parametrize("capacity", [None, 200, 700, 900])
+# 300 tokens (the layout kernels, then the rows) and 100 or 1 (one kernel lays them out and sends them), blocking;
+# non-blocking with every rank overflowing (about 540 of 300 tokens' rows arrive, 180 of 100's), with room to spare,
+# and with room for every slot (3 x tokens: in place)
+@pytest.mark.parametrize("tokens,capacity", [(300, None), (300, 200), (300, 700), (300, 900), (100, None), (100, 60),
+                                             (100, 250), (100, 300), (1, None), (1, 3)])
 # one column chunk (16-byte vectors; single elements), several with a partial last one (vectors; single elements)
 @pytest.mark.parametrize("hidden", [256, 100, 2056, 1001])
 @pytest.mark.parametrize("in_kernels", [False, True])
-def test_nvlink_kernels_give_the_same_rows_on_a_capped_grid(sms: int, capacity: int | None, hidden: int,
+def test_nvlink_kernels_give_the_same_rows_on_a_capped_grid(sms: int, tokens: int, capacity: int | None, hidden: int,
                                                             in_kernels: bool) -> None:
     seed = random.SystemRandom().randrange(1 << 30)
-    ep, tokens, per_rank = 3, 300, 2
+    ep, per_rank = 3, 2
     full = _nvlink_exchange(ep, tokens, hidden, capacity, None, seed, per_rank, in_kernels=in_kernels)
     capped = _nvlink_exchange(ep, tokens, hidden, capacity, sms, seed, per_rank, in_kernels=in_kernels)
     for r in range(ep):
@@ -261,7 +280,7 @@ def test_nvlink_kernels_give_the_same_rows_on_a_capped_grid(sms: int, capacity: 
         assert torch.isfinite(got).all(), f"rank {r}: unwritten output, seed {seed}"
         assert ((got - w).abs() <= 2.0 ** -8 * w.abs() + 1e-6).all(), f"rank {r}, max_sms {sms}, seed {seed}"
     if capacity is not None:  # the non-blocking cases cover what they claim: dropped rows, then empty rows
-        assert all((r > capacity) == (capacity == 200) for r in received), (received, capacity)
+        assert all((r > capacity) == (capacity in (200, 60)) for r in received), (received, capacity)
 
 
 # ---- dispatch_with_permute's layout (stages/ep_permute.cu): `ep` ranks simulated on one GPU, as above ------------
@@ -299,9 +318,8 @@ def test_permute_layout_groups_every_pair_by_expert(pad: int, expert_capacity: i
     peers = {name: torch.tensor([b[name].data_ptr() for b in bufs], dtype=torch.int64, device="cuda")
              for name in bufs[0]}
     for r in range(ep):
-        counts, send_tokens, _ = K.ep_layout(ids[r], ep, per_rank)
-        K.ep_nvlink_dispatch(xs[r], ids[r], ws[r], r, tokens, counts, send_tokens, peers["recv_rows"],
-                             peers["recv_meta"], peers["recv_counts"], peers["flags"], done[r, 0])
+        K.ep_nvlink_dispatch(xs[r], ids[r], ws[r], r, per_rank, tokens, peers["recv_rows"], peers["recv_meta"],
+                             peers["recv_counts"], peers["flags"], done[r, 0])
     rows_cap = per_rank * expert_capacity if expert_capacity else ep * tokens * top_k + per_rank * (pad - 1)
     if dense:  # each rank's received rows source after source, as nccl's exact-size all-to-all lands them, in at
         # least one row of meta as NcclDispatch gives it (the layout kernel takes real pointers, also where nothing

@@ -10,143 +10,66 @@
 //   mb_ep_combine: the reduction after the return all-to-all (stages/ep_combine.cuh: per token, the ranks'
 //                  partial rows in rank order, fp32, one rounding); a caller's max_sms (> 0) may cap the grid at
 //                  that many blocks (SMs) with the same result.
-// The layout runs in one block. Up to 1024 tokens (a decode step's, where it sits on every call's critical path) it
-// is one pass of a block as wide as the tokens: each thread keeps its token's rank mask, a warp ballot per rank gives
-// a lane's place in its warp, and lane d of warp 0 prefixes rank d's rows over the warps, then the ranks' totals
-// over its lanes (their segment starts). Past that, a block of 1024 threads walks the tokens in chunks of 1024
-// twice: first the totals per rank (so every rank's segment start is known), then each chunk's rows in token order,
-// one thread per rank prefixing the warps' counts. One block is enough: it is a scan of T * ep_size bits (8K tokens:
-// 8 chunks).
+// The layout (stages/ep_layout.cuh's steps) runs a thread per token in blocks of up to 1024. Up to 1024 tokens (a
+// decode step's, where it sits on every call's critical path) it is one pass of one block as wide as the tokens.
+// Past that, blocks of 1024 tokens in two launches: the first counts each block's rows per rank into
+// block_counts, the second sums them (every rank's total: its segment start; the earlier blocks': this block's
+// place in it) and writes its tokens' slots as the one block does.
 #include <algorithm>
 #include <type_traits>
 
 #include "common/common.cuh"
 #include "stages/ep_combine.cuh"
+#include "stages/ep_layout.cuh"
 
 namespace {
 
 constexpr int kLayoutThreads = 1024;
 constexpr int kLayoutWarps = kLayoutThreads / 32;
-constexpr int kMaxRanks = 32;  // a token's ranks are one 32-bit mask
+using mbk::kMaxRanks;
 
-// The ranks token t goes to, as a bit mask (ids outside [0, ep * per_rank) go nowhere).
-__device__ __forceinline__ uint32_t rank_mask(const int32_t* ids, int t, int top_k, int ep, int per_rank) {
-  uint32_t m = 0;
-  for (int j = 0; j < top_k; ++j) {
-    const int x = ids[static_cast<int64_t>(t) * top_k + j];
-    if (x >= 0 && x < ep * per_rank) m |= 1u << (x / per_rank);
-  }
-  return m;
-}
-
-// Both layout kernels, per warp. Lane 0: how many of the warp's tokens go to each rank (mask bit d) into rows[d].
-__device__ __forceinline__ void count_warp_rows(uint32_t m, int ep, int* rows) {
-  for (int d = 0; d < ep; ++d) {
-    const unsigned b = __ballot_sync(0xffffffffu, (m >> d) & 1u);
-    if (threadIdx.x % 32 == 0) rows[d] = __popc(b);
-  }
-}
-
-// Token t's send row for each rank d: the warp's first slot for d (first[d]) plus the lane's place among the warp's
-// tokens going there, or -1. Every lane calls it (the ballots); tokens past num_tokens write nothing.
-__device__ __forceinline__ void write_slots(uint32_t m, int t, int num_tokens, int ep, const int* first,
-                                            int32_t* __restrict__ send_tokens, int32_t* __restrict__ token_slots) {
-  const unsigned below = (1u << (threadIdx.x % 32)) - 1u;
-  for (int d = 0; d < ep; ++d) {
-    const unsigned b = __ballot_sync(0xffffffffu, (m >> d) & 1u);
-    if (t < num_tokens) {
-      int slot = -1;
-      if ((m >> d) & 1u) {
-        slot = first[d] + __popc(b & below);
-        send_tokens[slot] = t;
-      }
-      token_slots[static_cast<int64_t>(t) * ep + d] = slot;
-    }
-  }
-}
-
-// Up to kLayoutThreads tokens, a thread each (blockDim.x: the tokens rounded up to whole warps, at least one).
+// Block b's tokens [b * blockDim.x, ..): each rank's rows among them into block_counts[b][d].
 __global__ void __launch_bounds__(kLayoutThreads)
-ep_layout_one_pass_kernel(const int32_t* __restrict__ ids, int num_tokens, int top_k, int ep, int per_rank,
-                          int32_t* __restrict__ send_counts, int32_t* __restrict__ send_tokens,
-                          int32_t* __restrict__ token_slots) {
-  __shared__ int warp_rows[kLayoutWarps][kMaxRanks];  // rows per (warp, rank), then their first slot
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32, t = threadIdx.x;
-  const uint32_t m = t < num_tokens ? rank_mask(ids, t, top_k, ep, per_rank) : 0;
-  count_warp_rows(m, ep, warp_rows[warp]);
+ep_layout_count_kernel(const int32_t* __restrict__ ids, int num_tokens, int top_k, int ep, int per_rank,
+                       int32_t* __restrict__ block_counts) {
+  __shared__ int warp_rows[kLayoutWarps][kMaxRanks];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = blockIdx.x * blockDim.x + threadIdx.x;
+  mbk::count_warp_rows(t < num_tokens ? mbk::rank_mask(ids, t, top_k, ep, per_rank) : 0u, ep, warp_rows[warp]);
   __syncthreads();
-  if (warp == 0) {  // lane d: rank d's rows over the warps, then its segment start among the ranks
-    int total = 0;
-    if (lane < ep)
-      for (int w = 0; w < warps; ++w) total += warp_rows[w][lane];
-    int incl = total;
-#pragma unroll
-    for (int off = 1; off < 32; off *= 2) {
-      const int v = __shfl_up_sync(0xffffffffu, incl, off);
-      if (lane >= off) incl += v;
-    }
-    if (lane < ep) {
-      send_counts[lane] = total;
-      int at = incl - total;
-      for (int w = 0; w < warps; ++w) {
-        const int n = warp_rows[w][lane];
-        warp_rows[w][lane] = at;
-        at += n;
-      }
-    }
+  if (warp == 0 && lane < ep) {
+    int rows = 0;
+    for (int w = 0; w < static_cast<int>(blockDim.x) / 32; ++w) rows += warp_rows[w][lane];
+    block_counts[static_cast<int64_t>(blockIdx.x) * ep + lane] = rows;
   }
-  __syncthreads();
-  write_slots(m, t, num_tokens, ep, warp_rows[warp], send_tokens, token_slots);
 }
 
+// A thread per token (blockDim.x: whole warps). One block (block_counts NULL): its tokens are all of them; else
+// block b's are [b * blockDim.x, ..) and block_counts the count kernel's.
 __global__ void __launch_bounds__(kLayoutThreads)
 ep_layout_kernel(const int32_t* __restrict__ ids, int num_tokens, int top_k, int ep, int per_rank,
-                 int32_t* __restrict__ send_counts, int32_t* __restrict__ send_tokens,
-                 int32_t* __restrict__ token_slots) {
-  __shared__ int total[kMaxRanks];                  // rows per rank (pass 1), then its segment start
-  __shared__ int warp_rows[kLayoutWarps][kMaxRanks];  // this chunk: rows per (warp, rank), then their first slot
-  __shared__ int placed[kMaxRanks];                 // rows of each rank placed by earlier chunks
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  if (threadIdx.x < kMaxRanks) total[threadIdx.x] = placed[threadIdx.x] = 0;
+                 const int32_t* __restrict__ block_counts, int32_t* __restrict__ send_counts,
+                 int32_t* __restrict__ send_tokens, int32_t* __restrict__ token_slots) {
+  __shared__ int warp_rows[kLayoutWarps][kMaxRanks];  // rows per (warp, rank), then their first slot
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  const uint32_t m = t < num_tokens ? mbk::rank_mask(ids, t, top_k, ep, per_rank) : 0u;
+  mbk::count_warp_rows(m, ep, warp_rows[warp]);
   __syncthreads();
-  for (int t0 = 0; t0 < num_tokens; t0 += kLayoutThreads) {
-    const int t = t0 + threadIdx.x;
-    const uint32_t m = t < num_tokens ? rank_mask(ids, t, top_k, ep, per_rank) : 0;
-    for (int d = 0; d < ep; ++d) {
-      const unsigned b = __ballot_sync(0xffffffffu, (m >> d) & 1u);
-      if (lane == 0 && b) atomicAdd(&total[d], __popc(b));
-    }
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int start = 0;
-    for (int d = 0; d < ep; ++d) {
-      send_counts[d] = total[d];
-      const int n = total[d];
-      total[d] = start;
-      start += n;
-    }
-  }
-  __syncthreads();
-  for (int t0 = 0; t0 < num_tokens; t0 += kLayoutThreads) {
-    const int t = t0 + threadIdx.x;
-    const uint32_t m = t < num_tokens ? rank_mask(ids, t, top_k, ep, per_rank) : 0;
-    count_warp_rows(m, ep, warp_rows[warp]);
-    __syncthreads();
-    if (threadIdx.x < ep) {  // one thread per rank: the warps' first slots, in warp order
-      const int d = threadIdx.x;
-      int at = total[d] + placed[d];
-      for (int w = 0; w < kLayoutWarps; ++w) {
-        const int n = warp_rows[w][d];
-        warp_rows[w][d] = at;
-        at += n;
+  if (warp == 0) {
+    int total = 0, before = 0;
+    if (lane < ep && block_counts) {
+      for (int b = 0; b < static_cast<int>(gridDim.x); ++b) {
+        const int n = block_counts[static_cast<int64_t>(b) * ep + lane];
+        total += n;
+        if (b < static_cast<int>(blockIdx.x)) before += n;
       }
-      placed[d] = at - total[d];
+    } else if (lane < ep) {
+      for (int w = 0; w < warps; ++w) total += warp_rows[w][lane];
     }
-    __syncthreads();
-    write_slots(m, t, num_tokens, ep, warp_rows[warp], send_tokens, token_slots);
-    __syncthreads();  // the next chunk rewrites warp_rows
+    mbk::first_rows(warp_rows, warps, ep, total, before, blockIdx.x == 0 ? send_counts : nullptr, nullptr);
   }
+  __syncthreads();
+  mbk::write_slots(m, t, num_tokens, ep, warp_rows[warp], send_tokens, token_slots);
 }
 
 // A warp per (send row, column chunk) as the nvlink dispatch's rows (stages/ep_combine.cuh); chunk 0's warp also
@@ -195,7 +118,7 @@ ep_combine_kernel(const T* __restrict__ returned, const int32_t* __restrict__ to
 
 extern "C" mb_status mb_ep_layout(const int32_t* topk_ids, int num_tokens, int top_k, int ep_size,
                                   int experts_per_rank, int32_t* send_counts, int32_t* send_tokens,
-                                  int32_t* token_slots, cudaStream_t stream) {
+                                  int32_t* token_slots, int32_t* block_counts, cudaStream_t stream) {
   const char* who = "mb_ep_layout";
   MB_REQUIRE(num_tokens >= 0, "%s: num_tokens must be >= 0, got %d", who, num_tokens);
   MB_REQUIRE(top_k >= 1, "%s: top_k must be >= 1, got %d", who, top_k);
@@ -205,12 +128,18 @@ extern "C" mb_status mb_ep_layout(const int32_t* topk_ids, int num_tokens, int t
              "%s: topk_ids, send_counts, send_tokens and token_slots must be non-NULL", who);
   if (num_tokens <= kLayoutThreads) {
     const int threads = std::max(32, (num_tokens + 31) / 32 * 32);
-    ep_layout_one_pass_kernel<<<1, threads, 0, stream>>>(topk_ids, num_tokens, top_k, ep_size, experts_per_rank,
-                                                         send_counts, send_tokens, token_slots);
-    return mb::check_launch("ep_layout_one_pass_kernel");
+    ep_layout_kernel<<<1, threads, 0, stream>>>(topk_ids, num_tokens, top_k, ep_size, experts_per_rank, nullptr,
+                                                send_counts, send_tokens, token_slots);
+    return mb::check_launch("ep_layout_kernel");
   }
-  ep_layout_kernel<<<1, kLayoutThreads, 0, stream>>>(topk_ids, num_tokens, top_k, ep_size, experts_per_rank,
-                                                     send_counts, send_tokens, token_slots);
+  MB_REQUIRE(block_counts, "%s: past %d tokens block_counts (ceil(num_tokens / %d) * ep_size int32) must be non-NULL",
+             who, kLayoutThreads, kLayoutThreads);
+  const int blocks = (num_tokens + kLayoutThreads - 1) / kLayoutThreads;
+  ep_layout_count_kernel<<<blocks, kLayoutThreads, 0, stream>>>(topk_ids, num_tokens, top_k, ep_size,
+                                                                experts_per_rank, block_counts);
+  MB_TRY(mb::check_launch("ep_layout_count_kernel"));
+  ep_layout_kernel<<<blocks, kLayoutThreads, 0, stream>>>(topk_ids, num_tokens, top_k, ep_size, experts_per_rank,
+                                                          block_counts, send_counts, send_tokens, token_slots);
   return mb::check_launch("ep_layout_kernel");
 }
 

@@ -11,9 +11,11 @@
 // [2][ep]
 // (flags[0][s]: source s's rows have all landed here; flags[1][s]: s has returned every partial row it owes
 // here).
-//   mb_ep_nvlink_dispatch: the send rows of mb_ep_layout written into the peers' recv slots; block 0 also writes
-//                          each peer's recv_counts entry for this rank; the last block to finish raises
-//                          flags[0][rank] on every peer.
+//   mb_ep_nvlink_dispatch: the layout (mb_ep_layout's) and its send rows written into the peers' recv slots; block
+//                          0 also writes each peer's recv_counts entry for this rank; the last block to finish
+//                          raises flags[0][rank] on every peer. Up to kLaidOutTokens tokens one kernel: every block
+//                          lays the tokens out itself (a decode step's tokens, where a launch costs more than the
+//                          layout); past that mb_ep_layout's kernels, then the rows.
 //   mb_ep_nvlink_wait    : one block waits until every source's flag of one kind is raised here, then lowers
 //                          them (for the next call): the blocking mode's wait before it reads the received count.
 //   mb_ep_nvlink_gather  : (after the wait, or waiting itself where given the flags) the received rows made one
@@ -25,10 +27,11 @@
 //   mb_ep_nvlink_return  : each dense row's partial output written into its source's `returned` at its send row
 //                          (the rows before *rows_limit only, where given: a permuted layout's rows end on the
 //                          device); the last block raises flags[1][rank] on every peer.
-//   mb_ep_nvlink_combine : waits for flags[1] (every partial owed here), then mb_ep_combine's per-token sum.
-// Signals (stages/ep_signal.cuh): the dispatch and return kernels end by raising their flag on every peer
-// (signal_peers); the kernels that read what a flag guards start by waiting for it in every block, the last block
-// lowering it (wait_peers): the non-blocking gather waits for the rows, mb_ep_nvlink_combine for the partials.
+//   mb_ep_nvlink_combine : the return, then in the same kernel the wait for flags[1] (every partial owed here) and
+//                          mb_ep_combine's per-token sum (a grid the SMs hold at once: each block waits).
+// Signals (stages/ep_signal.cuh): the dispatch and return end by raising their flag on every peer (signal_peers);
+// the kernels that read what a flag guards wait for it in every block, the last block lowering it (wait_peers): the
+// non-blocking gather waits for the rows, mb_ep_nvlink_combine (after its return) for the partials.
 // mb_ep_nvlink_wait (one block) serves the blocking mode, which reads the received count on the host before the
 // gather. Only the flags' 0/1 store and load cross the GPUs besides the rows: no barrier, no collective.
 // Order: the rows go out starting with those for the next rank (rank + 1, + 2, ..., wrapping around), so that
@@ -44,32 +47,33 @@
 
 #include "common/common.cuh"
 #include "stages/ep_combine.cuh"
+#include "stages/ep_layout.cuh"
 #include "stages/ep_signal.cuh"
 
 namespace {
 
-constexpr int kMaxRanks = 32;
+using mbk::kMaxRanks;
+// Up to this many tokens the dispatch lays them out itself (one kernel, a thread per token); past it mb_ep_layout's
+// kernels run first.
+constexpr int kLaidOutTokens = mb::kStageThreads;
 using mbk::chunks_per_row;  // chunks of 32 lanes x kChunkUnroll vectors (stages/ep_combine.cuh)
 using mbk::copy_chunk;
 using mbk::meta_ints;
 using mbk::zero_chunk;
 
+// The send rows (rank d's segment [start[d], start[d + 1]) of send_tokens) into the peers' recv slots, a warp per
+// (row, column chunk), starting with rank + 1's rows; block 0 also writes each peer's recv_counts entry for this
+// rank; then the peers' flags[0][rank] raised (signal_peers).
 template <typename T, int VEC>
-__global__ void __launch_bounds__(mb::kStageThreads)
-nvlink_dispatch_kernel(const T* __restrict__ hidden, const int32_t* __restrict__ ids, const float* __restrict__ weights,
-                       int hidden_size, int top_k, int rank, int ep, int cap, const int32_t* __restrict__ send_counts,
-                       const int32_t* __restrict__ send_tokens, T* const* __restrict__ peer_rows,
-                       int32_t* const* __restrict__ peer_meta, int32_t* const* __restrict__ peer_counts,
-                       int32_t* const* __restrict__ peer_flags, int32_t* __restrict__ done) {
-  __shared__ int start[kMaxRanks + 1];
-  if (threadIdx.x == 0) {
-    start[0] = 0;
-    for (int d = 0; d < ep; ++d) start[d + 1] = start[d] + send_counts[d];
-  }
-  __syncthreads();
+__device__ __forceinline__ void send_rows(const T* __restrict__ hidden, const int32_t* __restrict__ ids,
+                                          const float* __restrict__ weights, int hidden_size, int top_k, int rank,
+                                          int ep, int cap, const int* start, const int32_t* send_tokens,
+                                          T* const* __restrict__ peer_rows, int32_t* const* __restrict__ peer_meta,
+                                          int32_t* const* __restrict__ peer_counts,
+                                          int32_t* const* __restrict__ peer_flags, int32_t* __restrict__ done) {
   if (blockIdx.x == 0 && threadIdx.x < ep) {
     const int d = threadIdx.x;
-    peer_counts[d][2 * rank] = send_counts[d];
+    peer_counts[d][2 * rank] = start[d + 1] - start[d];
     peer_counts[d][2 * rank + 1] = start[d];
   }
   const int lane = threadIdx.x % 32, chunks = chunks_per_row<VEC>(hidden_size);
@@ -94,6 +98,55 @@ nvlink_dispatch_kernel(const T* __restrict__ hidden, const int32_t* __restrict__
     }
   }
   mbk::signal_peers(peer_flags, rank, ep, done);
+}
+
+// Past kLaidOutTokens tokens: the send rows of mb_ep_layout's kernels (send_counts, send_tokens).
+template <typename T, int VEC>
+__global__ void __launch_bounds__(mb::kStageThreads)
+nvlink_dispatch_kernel(const T* __restrict__ hidden, const int32_t* __restrict__ ids, const float* __restrict__ weights,
+                       int hidden_size, int top_k, int rank, int ep, int cap, const int32_t* __restrict__ send_counts,
+                       const int32_t* __restrict__ send_tokens, T* const* __restrict__ peer_rows,
+                       int32_t* const* __restrict__ peer_meta, int32_t* const* __restrict__ peer_counts,
+                       int32_t* const* __restrict__ peer_flags, int32_t* __restrict__ done) {
+  __shared__ int start[kMaxRanks + 1];
+  if (threadIdx.x == 0) {
+    start[0] = 0;
+    for (int d = 0; d < ep; ++d) start[d + 1] = start[d] + send_counts[d];
+  }
+  __syncthreads();
+  send_rows<T, VEC>(hidden, ids, weights, hidden_size, top_k, rank, ep, cap, start, send_tokens, peer_rows, peer_meta,
+                    peer_counts, peer_flags, done);
+}
+
+// Up to kLaidOutTokens tokens (a thread each): every block lays the tokens out itself (stages/ep_layout.cuh, as
+// mb_ep_layout's one block does), its send rows' tokens in shared memory, then sends its rows; block 0 also writes
+// send_counts and token_slots, which the combine reads. One launch where the layout took one more.
+template <typename T, int VEC>
+__global__ void __launch_bounds__(mb::kStageThreads)
+nvlink_layout_dispatch_kernel(const T* __restrict__ hidden, const int32_t* __restrict__ ids,
+                              const float* __restrict__ weights, int num_tokens, int hidden_size, int top_k, int rank,
+                              int ep, int per_rank, int cap, int32_t* __restrict__ send_counts,
+                              int32_t* __restrict__ token_slots, T* const* __restrict__ peer_rows,
+                              int32_t* const* __restrict__ peer_meta, int32_t* const* __restrict__ peer_counts,
+                              int32_t* const* __restrict__ peer_flags, int32_t* __restrict__ done) {
+  __shared__ int warp_rows[mb::kStageWarps][kMaxRanks];
+  __shared__ int start[kMaxRanks + 1];
+  __shared__ int32_t send_tokens[kLaidOutTokens * kMaxRanks];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = threadIdx.x;
+  const uint32_t m = t < num_tokens ? mbk::rank_mask(ids, t, top_k, ep, per_rank) : 0u;
+  mbk::count_warp_rows(m, ep, warp_rows[warp]);
+  __syncthreads();
+  if (warp == 0) {
+    int total = 0;
+    if (lane < ep)
+      for (int w = 0; w < mb::kStageWarps; ++w) total += warp_rows[w][lane];
+    mbk::first_rows(warp_rows, mb::kStageWarps, ep, total, 0, blockIdx.x == 0 ? send_counts : nullptr, start);
+  }
+  __syncthreads();
+  mbk::write_slots(m, t, num_tokens, ep, warp_rows[warp], send_tokens, blockIdx.x == 0 ? token_slots : nullptr);
+  __syncthreads();
+  send_rows<T, VEC>(hidden, ids, weights, hidden_size, top_k, rank, ep, cap, start, send_tokens, peer_rows, peer_meta,
+                    peer_counts, peer_flags, done);
 }
 
 // The blocking mode's wait: one block, as wait_peers without a counter.
@@ -199,13 +252,13 @@ nvlink_slots_kernel(const int32_t* __restrict__ recv_meta, const int32_t* __rest
   }
 }
 
+// Each row's partial output into its source's `returned` at its send row (src_rank -1: nowhere), a warp per (row,
+// column chunk), starting about where source rank + 1's rows start; then the peers' flags[1][rank] raised.
 template <typename T, int VEC>
-__global__ void __launch_bounds__(mb::kStageThreads)
-nvlink_return_kernel(const T* __restrict__ partial, const int32_t* __restrict__ src_rank,
-                     const int32_t* __restrict__ src_row, int rows, const int64_t* __restrict__ rows_limit,
-                     int hidden_size, T* const* __restrict__ peer_returned,
-                     int rank, int ep, int32_t* const* __restrict__ peer_flags, int32_t* __restrict__ done) {
-  if (rows_limit) rows = static_cast<int>(min(static_cast<int64_t>(rows), *rows_limit));
+__device__ __forceinline__ void return_rows(const T* __restrict__ partial, const int32_t* __restrict__ src_rank,
+                                            const int32_t* __restrict__ src_row, int rows, int hidden_size,
+                                            T* const* __restrict__ peer_returned, int rank, int ep,
+                                            int32_t* const* __restrict__ peer_flags, int32_t* __restrict__ done) {
   const int lane = threadIdx.x % 32, chunks = chunks_per_row<VEC>(hidden_size);
   const int64_t items = static_cast<int64_t>(rows) * chunks;
   // about where source rank + 1's rows start (sources are in rank order, about rows / ep each)
@@ -223,10 +276,29 @@ nvlink_return_kernel(const T* __restrict__ partial, const int32_t* __restrict__ 
 
 template <typename T, int VEC>
 __global__ void __launch_bounds__(mb::kStageThreads)
-nvlink_combine_kernel(const T* __restrict__ returned, const int32_t* __restrict__ token_slots, int num_tokens,
-                      int hidden, int ep, T* __restrict__ out, int32_t* __restrict__ flags, int32_t* __restrict__ seen) {
+nvlink_return_kernel(const T* __restrict__ partial, const int32_t* __restrict__ src_rank,
+                     const int32_t* __restrict__ src_row, int rows, const int64_t* __restrict__ rows_limit,
+                     int hidden_size, T* const* __restrict__ peer_returned,
+                     int rank, int ep, int32_t* const* __restrict__ peer_flags, int32_t* __restrict__ done) {
+  if (rows_limit) rows = static_cast<int>(min(static_cast<int64_t>(rows), *rows_limit));
+  return_rows<T, VEC>(partial, src_rank, src_row, rows, hidden_size, peer_returned, rank, ep, peer_flags, done);
+}
+
+// The return, then (once every block's rows are out) the wait for every partial owed here and the per-token sum:
+// one launch where the sum took a second one. Every block waits for the peers' flags, and this rank's own flag is
+// raised by the last block to finish its rows, so every block of the grid must be resident at once: the launch
+// caps the grid at what the SMs hold (resident_blocks).
+template <typename T, int VEC>
+__global__ void __launch_bounds__(mb::kStageThreads)
+nvlink_combine_kernel(const T* __restrict__ partial, const int32_t* __restrict__ src_rank,
+                      const int32_t* __restrict__ src_row, int rows, int hidden_size,
+                      T* const* __restrict__ peer_returned, int rank, int ep, int32_t* const* __restrict__ peer_flags,
+                      int32_t* __restrict__ done, const T* __restrict__ returned,
+                      const int32_t* __restrict__ token_slots, int num_tokens, T* __restrict__ out,
+                      int32_t* __restrict__ flags, int32_t* __restrict__ seen) {
+  return_rows<T, VEC>(partial, src_rank, src_row, rows, hidden_size, peer_returned, rank, ep, peer_flags, done);
   mbk::wait_peers(flags, ep, seen);  // every partial row owed here is back
-  mbk::combine_tokens<T, VEC>(returned, token_slots, num_tokens, hidden, ep, out);
+  mbk::combine_tokens<T, VEC>(returned, token_slots, num_tokens, hidden_size, ep, out);
 }
 
 // The grid of a chunk loop over `rows` rows (stages/ep_combine.cuh's chunk_grid).
@@ -247,27 +319,41 @@ mb_status by_width(int dtype, int hidden, std::initializer_list<const void*> loc
 }  // namespace
 
 extern "C" mb_status mb_ep_nvlink_dispatch(const void* hidden, int dtype, const int32_t* topk_ids,
-                                           const float* topk_weights, int hidden_size, int top_k, int rank,
-                                           int ep_size, int cap, const int32_t* send_counts,
-                                           const int32_t* send_tokens, int max_send_rows, void* const* peer_rows,
-                                           int32_t* const* peer_meta, int32_t* const* peer_counts,
-                                           int32_t* const* peer_flags, int32_t* done, int max_sms,
-                                           cudaStream_t stream) {
+                                           const float* topk_weights, int num_tokens, int hidden_size, int top_k,
+                                           int rank, int ep_size, int experts_per_rank, int cap, int32_t* send_counts,
+                                           int32_t* send_tokens, int32_t* token_slots, int32_t* block_counts,
+                                           void* const* peer_rows, int32_t* const* peer_meta,
+                                           int32_t* const* peer_counts, int32_t* const* peer_flags, int32_t* done,
+                                           int max_sms, cudaStream_t stream) {
   const char* who = "mb_ep_nvlink_dispatch";
   MB_REQUIRE(ep_size >= 1 && ep_size <= kMaxRanks, "%s: ep_size must be in 1..%d, got %d", who, kMaxRanks, ep_size);
   MB_REQUIRE(rank >= 0 && rank < ep_size, "%s: rank %d is not in 0..%d", who, rank, ep_size - 1);
-  MB_REQUIRE(hidden_size >= 1 && top_k >= 1 && cap >= 0 && max_send_rows >= 0,
-             "%s: hidden_size, top_k must be >= 1 and cap, max_send_rows >= 0", who);
-  MB_REQUIRE(send_counts && peer_rows && peer_meta && peer_counts && peer_flags && done,
+  MB_REQUIRE(num_tokens >= 0 && num_tokens <= cap, "%s: num_tokens must be in 0..cap (%d), got %d", who, cap,
+             num_tokens);
+  MB_REQUIRE(hidden_size >= 1 && top_k >= 1 && experts_per_rank >= 1,
+             "%s: hidden_size, top_k and experts_per_rank must be >= 1", who);
+  MB_REQUIRE(send_counts && peer_rows && peer_meta && peer_counts && peer_flags && done &&
+                 (num_tokens == 0 || (hidden && topk_ids && topk_weights && send_tokens && token_slots)),
              "%s: a pointer argument is NULL", who);
   MB_REQUIRE(max_sms >= 0, "%s: max_sms must be >= 0 (0: the default grid), got %d", who, max_sms);
+  if (num_tokens > kLaidOutTokens)
+    MB_TRY(mb_ep_layout(topk_ids, num_tokens, top_k, ep_size, experts_per_rank, send_counts, send_tokens, token_slots,
+                        block_counts, stream));
   return by_width(dtype, hidden_size, {hidden}, who, [&](auto tag, auto vec) {
     using T = typename decltype(tag)::type;
     constexpr int kVec = decltype(vec)::value;
-    nvlink_dispatch_kernel<T, kVec><<<grid_for(max_send_rows, chunks_per_row<kVec>(hidden_size), max_sms),
-                                      mb::kStageThreads, 0, stream>>>(
-        static_cast<const T*>(hidden), topk_ids, topk_weights, hidden_size, top_k, rank, ep_size, cap, send_counts,
-        send_tokens, reinterpret_cast<T* const*>(peer_rows), peer_meta, peer_counts, peer_flags, done);
+    const int grid = grid_for(int64_t{num_tokens} * ep_size, chunks_per_row<kVec>(hidden_size), max_sms);
+    const auto* x = static_cast<const T*>(hidden);
+    auto* const* rows = reinterpret_cast<T* const*>(peer_rows);
+    if (num_tokens <= kLaidOutTokens) {
+      nvlink_layout_dispatch_kernel<T, kVec><<<grid, mb::kStageThreads, 0, stream>>>(
+          x, topk_ids, topk_weights, num_tokens, hidden_size, top_k, rank, ep_size, experts_per_rank, cap, send_counts,
+          token_slots, rows, peer_meta, peer_counts, peer_flags, done);
+      return mb::check_launch("nvlink_layout_dispatch_kernel");
+    }
+    nvlink_dispatch_kernel<T, kVec><<<grid, mb::kStageThreads, 0, stream>>>(
+        x, topk_ids, topk_weights, hidden_size, top_k, rank, ep_size, cap, send_counts, send_tokens, rows, peer_meta,
+        peer_counts, peer_flags, done);
     return mb::check_launch("nvlink_dispatch_kernel");
   });
 }
@@ -343,23 +429,38 @@ extern "C" mb_status mb_ep_nvlink_return(const void* partial, int dtype, const i
   });
 }
 
-extern "C" mb_status mb_ep_nvlink_combine(const void* returned, int dtype, const int32_t* token_slots, int num_tokens,
-                                          int hidden, int ep_size, void* out, int32_t* flags, int32_t* seen,
-                                          int max_sms, cudaStream_t stream) {
+extern "C" mb_status mb_ep_nvlink_combine(const void* partial, int dtype, const int32_t* src_rank,
+                                          const int32_t* src_row, int rows, int hidden_size,
+                                          void* const* peer_returned, int rank, int ep_size,
+                                          int32_t* const* peer_flags, int32_t* done, const void* returned,
+                                          const int32_t* token_slots, int num_tokens, void* out, int32_t* flags,
+                                          int32_t* seen, int max_sms, cudaStream_t stream) {
   const char* who = "mb_ep_nvlink_combine";
-  MB_REQUIRE(num_tokens >= 0 && hidden >= 1, "%s: num_tokens must be >= 0 and hidden >= 1", who);
+  MB_REQUIRE(rows >= 0 && num_tokens >= 0 && hidden_size >= 1,
+             "%s: rows and num_tokens must be >= 0 and hidden_size >= 1", who);
   MB_REQUIRE(ep_size >= 1 && ep_size <= kMaxRanks, "%s: ep_size must be in 1..%d, got %d", who, kMaxRanks, ep_size);
+  MB_REQUIRE(rank >= 0 && rank < ep_size, "%s: rank %d is not in 0..%d", who, rank, ep_size - 1);
   MB_REQUIRE(max_sms >= 0, "%s: max_sms must be >= 0 (0: the default grid), got %d", who, max_sms);
-  MB_REQUIRE(flags && seen && (num_tokens == 0 || (returned && token_slots && out)), "%s: a pointer argument is NULL",
-             who);
-  // launched with no tokens too: its wait lowers the flags for the next call
-  return by_width(dtype, hidden, {returned, out}, who, [&](auto tag, auto vec) {
+  MB_REQUIRE(peer_returned && peer_flags && done && flags && seen && (rows == 0 || (partial && src_rank && src_row)) &&
+                 (num_tokens == 0 || (returned && token_slots && out)),
+             "%s: a pointer argument is NULL", who);
+  // launched with no rows and no tokens too: the peers wait for its signal, and its wait lowers the flags
+  return by_width(dtype, hidden_size, {partial, returned, out}, who, [&](auto tag, auto vec) {
     using T = typename decltype(tag)::type;
     constexpr int kVec = decltype(vec)::value;
-    nvlink_combine_kernel<T, kVec><<<mbk::chunk_grid(int64_t{num_tokens} * mbk::chunks_per_row<kVec>(hidden), max_sms),
-                                     mb::kStageThreads, 0, stream>>>(static_cast<const T*>(returned), token_slots,
-                                                                     num_tokens, hidden, ep_size, static_cast<T*>(out),
-                                                                     flags, seen);
+    const auto kernel = nvlink_combine_kernel<T, kVec>;
+    const int chunks = chunks_per_row<kVec>(hidden_size);
+    int per_sm = 0;
+    const cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, mb::kStageThreads, 0);
+    if (err != cudaSuccess || per_sm < 1)
+      return mb::fail(MB_ERR_CUDA, "%s: its blocks per SM: %s", who, cudaGetErrorString(err));
+    const int resident_blocks = per_sm * mb::device_attribute(cudaDevAttrMultiProcessorCount);
+    const int grid = std::min(std::max(grid_for(rows, chunks, max_sms), grid_for(num_tokens, chunks, max_sms)),
+                              resident_blocks);
+    kernel<<<grid, mb::kStageThreads, 0, stream>>>(
+        static_cast<const T*>(partial), src_rank, src_row, rows, hidden_size,
+        reinterpret_cast<T* const*>(peer_returned), rank, ep_size, peer_flags, done, static_cast<const T*>(returned),
+        token_slots, num_tokens, static_cast<T*>(out), flags, seen);
     return mb::check_launch("nvlink_combine_kernel");
   });
 }

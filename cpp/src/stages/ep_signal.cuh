@@ -2,8 +2,8 @@
 // the peers' signalling kernels and waited for, then lowered, by the kernels that read what the flags guard.
 //   signal_peers: the end of a signalling kernel. Each block fences once (one thread, system scope, after the
 //                 block's barrier: a release is cumulative over the writes the barrier ordered before it) and
-//                 counts itself on a local counter; the last block resets the counter and stores 1, with release
-//                 semantics, into the flag of every peer.
+//                 counts itself on a local counter; the last block resets the counter, fences again where there
+//                 were other blocks, and stores 1, with release semantics, into the flag of every peer.
 //   wait_peers  : the start of a waiting kernel. Each block waits with acquire loads until every source's flag is
 //                 raised, and counts itself on a local counter; the last block resets the counter and lowers the
 //                 flags, so a flag is lowered only once every block of the kernel has seen it.
@@ -28,7 +28,7 @@ __device__ __forceinline__ int32_t load_acquire_sys(const int32_t* p) {
 }
 
 // Called by every thread of every block once its writes (rows, meta, counts) are issued: flag [slot] of every
-// peer raised once every block's writes are visible system-wide.
+// peer raised once every block's writes are visible system-wide. Every thread returns from it (a kernel may go on).
 __device__ __forceinline__ void signal_peers(int32_t* const* __restrict__ peer_flags, int slot, int ep,
                                              int32_t* __restrict__ done) {
   __shared__ bool last;
@@ -38,13 +38,15 @@ __device__ __forceinline__ void signal_peers(int32_t* const* __restrict__ peer_f
     last = atomicAdd(done, 1) == static_cast<int>(gridDim.x) - 1;
   }
   __syncthreads();
-  if (!last) return;
-  if (threadIdx.x == 0) {
-    *done = 0;
-    __threadfence_system();  // every block's writes, seen through their counts, before the flags
+  if (last) {  // the same in every thread of the block
+    if (threadIdx.x == 0) {
+      *done = 0;
+      // every block's writes, seen through their counts, before the flags (one block: its own fence above did)
+      if (gridDim.x > 1) __threadfence_system();
+    }
+    __syncthreads();
+    if (threadIdx.x < ep) store_release_sys(peer_flags[threadIdx.x] + slot, 1);
   }
-  __syncthreads();
-  if (threadIdx.x < ep) store_release_sys(peer_flags[threadIdx.x] + slot, 1);
 }
 
 // Called by every thread of every block before it reads what flags[0..ep) guard (blockDim.x >= ep).

@@ -22,21 +22,45 @@ def _max_sms(sms: int | None) -> int:
     return sms
 
 
+LAYOUT_BLOCK_TOKENS = 1024  # mb_ep_layout's tokens per block past one block: its block_counts scratch is per block
+
+
+def layout_block_counts(tokens: int, ep_size: int) -> int:
+    """The int32 scratch mb_ep_layout takes past one block of tokens (0 up to LAYOUT_BLOCK_TOKENS)."""
+    return 0 if tokens <= LAYOUT_BLOCK_TOKENS else -(-tokens // LAYOUT_BLOCK_TOKENS) * ep_size
+
+
 def ep_layout(topk_ids: torch.Tensor, ep_size: int, experts_per_rank: int, send_counts: torch.Tensor | None = None,
               send_tokens: torch.Tensor | None = None, token_slots: torch.Tensor | None = None,
+              block_counts: torch.Tensor | None = None,
               stream: int | torch.cuda.Stream | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """topk_ids [T, K] -> (send_counts [ep_size], send_tokens [T * ep_size], token_slots [T, ep_size]) int32: rows
     for each rank, the token of each send row (grouped by rank, tokens ascending; only the first
-    sum(send_counts) are written) and token t's send row for rank d (-1: not sent)."""
+    sum(send_counts) are written) and token t's send row for rank d (-1: not sent). `block_counts`: the kernels'
+    scratch past 1024 tokens (int32, at least layout_block_counts(T, ep_size); made here where None)."""
     _check(topk_ids, "topk_ids", (None, None), torch.int32)
     dev = topk_ids.device
     t, k = topk_ids.shape
     counts = _out(send_counts, "send_counts", (ep_size,), torch.int32, dev)
     rows = _out(send_tokens, "send_tokens", (t * ep_size,), torch.int32, dev)
     slots = _out(token_slots, "token_slots", (t, ep_size), torch.int32, dev)
+    scratch = _block_counts(block_counts, t, ep_size, dev)
     call("mb_ep_layout", topk_ids.data_ptr(), t, k, ep_size, experts_per_rank, counts.data_ptr(), rows.data_ptr(),
-         slots.data_ptr(), _stream(stream, dev))
+         slots.data_ptr(), _ptr(scratch), _stream(stream, dev))
     return counts, rows, slots
+
+
+def _block_counts(block_counts: torch.Tensor | None, tokens: int, ep_size: int, dev: torch.device
+                  ) -> torch.Tensor | None:
+    """mb_ep_layout's scratch: the caller's (checked to be large enough), a new one, or None where none is needed."""
+    need = layout_block_counts(tokens, ep_size)
+    if block_counts is None:
+        return _out(None, "block_counts", (need,), torch.int32, dev) if need else None
+    _check(block_counts, "block_counts", (None,), torch.int32, dev)
+    if block_counts.shape[0] < need:
+        raise ValueError(f"block_counts: needs {need} int32 for {tokens} tokens on {ep_size} ranks, "
+                         f"got {block_counts.shape[0]}")
+    return block_counts
 
 
 def _token_args(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
@@ -123,25 +147,32 @@ def _combine_args(returned: torch.Tensor, token_slots: torch.Tensor, out: torch.
 
 
 def ep_nvlink_dispatch(hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, rank: int,
-                       cap: int, send_counts: torch.Tensor, send_tokens: torch.Tensor, peer_rows: torch.Tensor,
-                       peer_meta: torch.Tensor, peer_counts: torch.Tensor, peer_flags: torch.Tensor,
-                       done: torch.Tensor, stream: int | torch.cuda.Stream | None = None,
-                       sms: int | None = None) -> None:
-    """ep_layout's send rows of `hidden` [T, H] (with their ids and weights) written into every peer's recv slots
-    for this rank, over NVLink, then every peer's flags[0][rank] raised; peer_* are int64 device tensors
-    [ep_size] of the peers' buffer addresses, `done` a [1] int32 counter (zero, and left zero); `sms` caps the
-    grid at that many blocks (None: the kernel's own)."""
+                       experts_per_rank: int, cap: int, peer_rows: torch.Tensor, peer_meta: torch.Tensor,
+                       peer_counts: torch.Tensor, peer_flags: torch.Tensor, done: torch.Tensor,
+                       send_counts: torch.Tensor | None = None, send_tokens: torch.Tensor | None = None,
+                       token_slots: torch.Tensor | None = None, block_counts: torch.Tensor | None = None,
+                       stream: int | torch.cuda.Stream | None = None,
+                       sms: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The layout of `hidden` [T, H]'s tokens (as ep_layout) and their send rows (with their ids and weights)
+    written into every peer's recv slots for this rank, over NVLink, then every peer's flags[0][rank] raised;
+    peer_* are int64 device tensors [ep_size] of the peers' buffer addresses, `done` a [1] int32 counter (zero, and
+    left zero); `sms` caps the grid at that many blocks (None: the kernel's own). send_tokens and block_counts are
+    the layout's scratch (made here where None). Returns (send_counts [ep_size], token_slots [T, ep_size])."""
     dev, t, h, k = _token_args(hidden, topk_ids, topk_weights)
-    ep = send_counts.shape[0]
-    _check(send_counts, "send_counts", (ep,), torch.int32, dev)
+    ep = peer_rows.shape[0]
     for name, ptrs in (("peer_rows", peer_rows), ("peer_meta", peer_meta), ("peer_counts", peer_counts),
                        ("peer_flags", peer_flags)):
         _check(ptrs, name, (ep,), torch.int64, dev)
     _check(done, "done", (1,), torch.int32, dev)
+    counts = _out(send_counts, "send_counts", (ep,), torch.int32, dev)
+    rows = _out(send_tokens, "send_tokens", (t * ep,), torch.int32, dev)
+    slots = _out(token_slots, "token_slots", (t, ep), torch.int32, dev)
+    scratch = _block_counts(block_counts, t, ep, dev)
     call("mb_ep_nvlink_dispatch", hidden.data_ptr(), _dtype_code(hidden, "hidden"), topk_ids.data_ptr(),
-         topk_weights.data_ptr(), h, k, rank, ep, cap, send_counts.data_ptr(), send_tokens.data_ptr(), t * ep,
-         peer_rows.data_ptr(), peer_meta.data_ptr(), peer_counts.data_ptr(), peer_flags.data_ptr(), done.data_ptr(),
-         _max_sms(sms), _stream(stream, dev))
+         topk_weights.data_ptr(), t, h, k, rank, ep, experts_per_rank, cap, counts.data_ptr(), rows.data_ptr(),
+         slots.data_ptr(), _ptr(scratch), peer_rows.data_ptr(), peer_meta.data_ptr(),
+         peer_counts.data_ptr(), peer_flags.data_ptr(), done.data_ptr(), _max_sms(sms), _stream(stream, dev))
+    return counts, slots
 
 
 def ep_nvlink_wait(flags: torch.Tensor, stream: int | torch.cuda.Stream | None = None) -> None:
@@ -226,16 +257,31 @@ def ep_nvlink_return(partial: torch.Tensor, src_rank: torch.Tensor, src_row: tor
          rank, ep, peer_flags.data_ptr(), done.data_ptr(), _max_sms(sms), _stream(stream, dev))
 
 
-def ep_nvlink_combine(returned: torch.Tensor, token_slots: torch.Tensor, flags: torch.Tensor, seen: torch.Tensor,
+def ep_nvlink_combine(partial: torch.Tensor, src_rank: torch.Tensor, src_row: torch.Tensor,
+                      peer_returned: torch.Tensor, rank: int, peer_flags: torch.Tensor, done: torch.Tensor,
+                      returned: torch.Tensor, token_slots: torch.Tensor, flags: torch.Tensor, seen: torch.Tensor,
                       out: torch.Tensor | None = None, stream: int | torch.cuda.Stream | None = None,
                       sms: int | None = None) -> torch.Tensor:
-    """ep_nvlink_wait(flags) and ep_combine in one kernel: every block waits until this rank's flags[1] (`flags`
-    [ep] int32) are raised, the last lowers them (`seen` [1] int32: a zero counter, left zero), then each token's
-    returned rows are summed in rank order, in fp32. Launched with no tokens too (its wait lowers the flags)."""
+    """ep_nvlink_return of `partial` (its arguments as there), ep_nvlink_wait(flags) and ep_combine in one kernel:
+    the rows go back and the peers are signalled, every block waits until this rank's flags[1] (`flags` [ep] int32)
+    are raised, the last lowers them (`seen` [1] int32: a zero counter, left zero), then each token's `returned`
+    rows (this rank's) are summed in rank order, in fp32. Launched with no rows and no tokens too. Every block of
+    its grid waits, so the library caps the grid at what the SMs hold at once: nothing may need SMs it spins on
+    (with another exchange in flight beside it, return, wait and combine apart)."""
     dev, t, ep, h, o = _combine_args(returned, token_slots, out)
+    rows = partial.shape[0]
+    _check(partial, "partial", (rows, h), returned.dtype, dev)
+    for name, x in (("src_rank", src_rank), ("src_row", src_row)):
+        _check(x, name, (None,), torch.int32, dev)
+        if x.shape[0] < rows:
+            raise ValueError(f"{name}: needs >= {rows} entries, got {x.shape[0]}")
+    for name, ptrs in (("peer_returned", peer_returned), ("peer_flags", peer_flags)):
+        _check(ptrs, name, (ep,), torch.int64, dev)
+    _check(done, "done", (1,), torch.int32, dev)
     f, s = _wait_args((flags, seen), ep, dev)
-    call("mb_ep_nvlink_combine", returned.data_ptr(), _dtype_code(returned, "returned"), token_slots.data_ptr(), t, h,
-         ep, o.data_ptr(), f, s, _max_sms(sms), _stream(stream, dev))
+    call("mb_ep_nvlink_combine", partial.data_ptr(), _dtype_code(partial, "partial"), src_rank.data_ptr(),
+         src_row.data_ptr(), rows, h, peer_returned.data_ptr(), rank, ep, peer_flags.data_ptr(), done.data_ptr(),
+         returned.data_ptr(), token_slots.data_ptr(), t, o.data_ptr(), f, s, _max_sms(sms), _stream(stream, dev))
     return o
 
 

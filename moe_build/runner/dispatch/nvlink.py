@@ -3,16 +3,18 @@ design), through buffers every rank of the group maps: torch's symmetric memory 
 
 Each rank allocates once, for `max_tokens` tokens per call: recv slots for every source (ep_size x max_tokens
 rows, the worst case: a token goes at most once to a rank), their ids / weights, the counts, the returned
-partial rows, and two flags per source. A call: `mb_ep_layout` (the ranks each token goes to),
-`mb_ep_nvlink_dispatch` (the rows into the peers' slots, then a flag raised on each peer), `mb_ep_nvlink_gather`
+partial rows, and two flags per source. A call: `mb_ep_nvlink_dispatch` (the ranks each token goes to, as
+`mb_ep_layout` finds them, then the rows into the peers' slots and a flag raised on each peer; up to 128 tokens
+one kernel), `mb_ep_nvlink_gather`
 (once every source's flag is up: the received rows made dense, with local expert ids and where each goes back);
-after the experts, `mb_ep_nvlink_return` (partials into their sources' returned rows, then a flag on each peer),
-`mb_ep_nvlink_combine` (once every partial owed here is back: the per-token sum). No collective, no barrier kernel
-and no allocation per call: each rank waits only for the signals it needs.
+after the experts, `mb_ep_nvlink_combine` (partials into their sources' returned rows, a flag on each peer, then
+once every partial owed here is back the per-token sum, in one kernel). No collective, no barrier kernel and no
+allocation per call: each rank waits only for the signals it needs.
 
 Who waits: with `waits_in_kernels` (the default) the gather (non-blocking mode) and the combine wait for their
-flags in every block, two launches fewer per call; else `mb_ep_nvlink_wait`, one block, runs before each, so that
-a second micro-batch's kernels (dual-batch overlap) always find SMs beside a kernel still waiting.
+flags in every block, two launches fewer per call; else `mb_ep_nvlink_wait`, one block, runs before each (and the
+combine's return and sum are kernels of their own, `mb_ep_nvlink_return` and `mb_ep_combine`), so that a second
+micro-batch's kernels (dual-batch overlap) always find SMs beside a kernel still waiting.
 
 Blocking mode (recv_capacity None) reads the received row count to the host after the first wait (the one
 synchronization) and gathers exactly that many rows. Non-blocking mode gathers a fixed `recv_capacity` rows
@@ -110,6 +112,8 @@ class NvlinkDispatch:
         self.counts = torch.empty(ep, dtype=torch.int32, device=dev)
         self.send_tokens = torch.empty(max_tokens * ep, dtype=torch.int32, device=dev)
         self.token_slots = torch.empty(max_tokens, ep, dtype=torch.int32, device=dev)
+        self.block_counts = torch.empty(max(1, kernels.layout_block_counts(max_tokens, ep)), dtype=torch.int32,
+                                        device=dev)  # the layout's scratch past 1024 tokens
         self.received = torch.zeros(1, dtype=torch.int32, device=dev)
         self.overflow = torch.zeros(1, dtype=torch.int32, device=dev)
         # room for every slot: the experts read the slots in place (no row is copied)
@@ -154,11 +158,11 @@ class NvlinkDispatch:
         T = hidden.shape[0]
         if T > self.cap:
             raise MoeBuildError("tokens", f"{T} exceeds the dispatch's max_tokens={self.cap}", f"0..{self.cap}")
-        counts, send_tokens, slots = self.k.ep_layout(topk_ids, self.ep, self.spec.local_experts, self.counts,
-                                                      self.send_tokens[: T * self.ep], self.token_slots[:T])
-        self.k.ep_nvlink_dispatch(hidden, topk_ids, topk_weights, self.rank, self.cap, counts, send_tokens,
-                                  self.peers["recv_rows"], self.peers["recv_meta"], self.peers["recv_counts"],
-                                  self.peers["flags"], self.done[0], sms=self.dispatch_sms)
+        _, slots = self.k.ep_nvlink_dispatch(hidden, topk_ids, topk_weights, self.rank, self.spec.local_experts,
+                                             self.cap, self.peers["recv_rows"], self.peers["recv_meta"],
+                                             self.peers["recv_counts"], self.peers["flags"], self.done[0],
+                                             self.counts, self.send_tokens[: T * self.ep], self.token_slots[:T],
+                                             self.block_counts, sms=self.dispatch_sms)
         return slots
 
     def dispatch_with_permute(self, hidden: torch.Tensor, topk_ids: torch.Tensor,
@@ -215,11 +219,12 @@ class NvlinkDispatch:
                                 slots)
 
     def combine(self, partial: torch.Tensor, d: NvlinkDispatched, out: torch.Tensor) -> torch.Tensor:
-        self.k.ep_nvlink_return(partial, d.src_rank, d.src_row, self.peers["returned"], self.rank, self.peers["flags"],
-                                self.done[1], sms=self.combine_sms)
         back = self.local["flags"][1]  # every partial row owed here is back once these are up
         if self.waits_in_kernels:
-            return self.k.ep_nvlink_combine(self.local["returned"], d.token_slots, back, self.seen[1], out=out,
-                                            sms=self.combine_sms)
+            return self.k.ep_nvlink_combine(partial, d.src_rank, d.src_row, self.peers["returned"], self.rank,
+                                            self.peers["flags"], self.done[1], self.local["returned"], d.token_slots,
+                                            back, self.seen[1], out=out, sms=self.combine_sms)
+        self.k.ep_nvlink_return(partial, d.src_rank, d.src_row, self.peers["returned"], self.rank, self.peers["flags"],
+                                self.done[1], sms=self.combine_sms)
         self.k.ep_nvlink_wait(back)
         return self.k.ep_combine(self.local["returned"], d.token_slots, out=out, sms=self.combine_sms)

@@ -1,0 +1,76 @@
+// Expert parallelism's layout (which ranks each token goes to, its send rows grouped by rank, tokens ascending within a
+// rank), as device functions of a block of whole warps, a thread per token: mb_ep_layout's kernels
+// (stages/ep_dispatch.cu) and the nvlink dispatch that lays its tokens out itself (stages/ep_nvlink.cu) share them.
+// A block's steps: each thread's rank mask (rank_mask), a warp ballot per rank for the warp's rows (count_warp_rows),
+// lane d of warp 0 turning rank d's rows per warp into each warp's first send row (first_rows), then every lane its
+// slots (write_slots).
+#pragma once
+
+#include <cstdint>
+
+#include "common/common.cuh"
+
+namespace mbk {
+
+constexpr int kMaxRanks = 32;  // a token's ranks are one 32-bit mask
+
+// The ranks token t goes to, as a bit mask (ids outside [0, ep * per_rank) go nowhere).
+__device__ __forceinline__ uint32_t rank_mask(const int32_t* ids, int t, int top_k, int ep, int per_rank) {
+  uint32_t m = 0;
+  for (int j = 0; j < top_k; ++j) {
+    const int x = ids[static_cast<int64_t>(t) * top_k + j];
+    if (x >= 0 && x < ep * per_rank) m |= 1u << (x / per_rank);
+  }
+  return m;
+}
+
+// Lane 0 of each warp: how many of the warp's tokens go to each rank (mask bit d) into rows[d].
+__device__ __forceinline__ void count_warp_rows(uint32_t m, int ep, int* rows) {
+  for (int d = 0; d < ep; ++d) {
+    const unsigned b = __ballot_sync(0xffffffffu, (m >> d) & 1u);
+    if (threadIdx.x % 32 == 0) rows[d] = __popc(b);
+  }
+}
+
+// Warp 0 (every lane; lane d < ep holds rank d's `total` rows over every token and the `before` of them in earlier
+// blocks): warp_rows[w][d], the block's rows per (warp, rank), become each warp's first send row: the ranks' totals
+// prefixed over the lanes (rank d's segment start) + before + the rows of the warps before w. Where given,
+// send_counts[d] = total and segment_start[d] = rank d's segment start (segment_start[ep]: the rows in all).
+__device__ __forceinline__ void first_rows(int (*warp_rows)[kMaxRanks], int warps, int ep, int total, int before,
+                                           int32_t* __restrict__ send_counts, int* segment_start) {
+  const int lane = threadIdx.x % 32;
+  const int incl = mb::warp_inclusive_scan(lane < ep ? total : 0);
+  if (lane >= ep) return;
+  if (send_counts) send_counts[lane] = total;
+  if (segment_start) {
+    segment_start[lane] = incl - total;
+    if (lane == ep - 1) segment_start[ep] = incl;
+  }
+  int at = incl - total + before;
+  for (int w = 0; w < warps; ++w) {
+    const int n = warp_rows[w][lane];
+    warp_rows[w][lane] = at;
+    at += n;
+  }
+}
+
+// Token t's send row for each rank d: the warp's first slot for d (first[d]) plus the lane's place among the warp's
+// tokens going there (send_tokens[slot] = t), or -1, into token_slots where given. Every lane calls it (the ballots);
+// tokens past num_tokens write nothing.
+__device__ __forceinline__ void write_slots(uint32_t m, int t, int num_tokens, int ep, const int* first,
+                                            int32_t* send_tokens, int32_t* __restrict__ token_slots) {
+  const unsigned below = (1u << (threadIdx.x % 32)) - 1u;
+  for (int d = 0; d < ep; ++d) {
+    const unsigned b = __ballot_sync(0xffffffffu, (m >> d) & 1u);
+    if (t < num_tokens) {
+      int slot = -1;
+      if ((m >> d) & 1u) {
+        slot = first[d] + __popc(b & below);
+        send_tokens[slot] = t;
+      }
+      if (token_slots) token_slots[static_cast<int64_t>(t) * ep + d] = slot;
+    }
+  }
+}
+
+}  // namespace mbk
