@@ -34,10 +34,11 @@
 // non-blocking gather waits for the rows, mb_ep_nvlink_combine (after its return) for the partials.
 // mb_ep_nvlink_wait (one block) serves the blocking mode, which reads the received count on the host before the
 // gather. Only the flags' 0/1 store and load cross the GPUs besides the rows: no barrier, no collective.
-// Order: the rows go out starting with those for the next rank (rank + 1, + 2, ..., wrapping around), so that
-// while the grid walks them each rank writes mostly to a different peer, and no rank's NVLink ingress takes every
-// sender's rows at once (in send-row order every rank would write to rank 0 first, then to rank 1, ...). The
-// return walks its rows from about where source rank + 1's begin, to the same end.
+// Order: the grid walks the destinations interleaved, a row for rank + 1, then one for rank + 2, ..., then one of
+// its own (a local copy), and again: every link and the local copy move at once from the first row to the last,
+// and no rank's NVLink ingress takes every sender's rows at once (in send-row order every rank would write to rank 0
+// first, then to rank 1, ...). The return interleaves its rows' sources likewise (in place, source s's slots are
+// the s-th of ep equal sections).
 // Rows move in chunks of 32 lanes x kChunkUnroll vectors (stages/ep_combine.cuh), a warp per (row, chunk), every
 // lane holding kChunkUnroll vectors in flight: a decode step's few rows still spread over many warps. Every kernel loops over its chunks with a grid
 // stride, so the grid is free: by default a block per kStageWarps chunks, at most 8 blocks per SM; a caller's
@@ -62,8 +63,8 @@ using mbk::meta_ints;
 using mbk::zero_chunk;
 
 // The send rows (rank d's segment [start[d], start[d + 1]) of send_tokens) into the peers' recv slots, a warp per
-// (row, column chunk), starting with rank + 1's rows; block 0 also writes each peer's recv_counts entry for this
-// rank; then the peers' flags[0][rank] raised (signal_peers).
+// (row, column chunk), the destinations interleaved (Order above); block 0 also writes each peer's recv_counts entry
+// for this rank; then the peers' flags[0][rank] raised (signal_peers).
 template <typename T, int VEC>
 __device__ __forceinline__ void send_rows(const T* __restrict__ hidden, const int32_t* __restrict__ ids,
                                           const float* __restrict__ weights, int hidden_size, int top_k, int rank,
@@ -77,15 +78,18 @@ __device__ __forceinline__ void send_rows(const T* __restrict__ hidden, const in
     peer_counts[d][2 * rank + 1] = start[d];
   }
   const int lane = threadIdx.x % 32, chunks = chunks_per_row<VEC>(hidden_size);
-  const int rows = start[ep], first = start[(rank + 1) % ep];
-  const int64_t items = static_cast<int64_t>(rows) * chunks;
+  int longest = 0;  // the most rows any destination gets
+  for (int d = 0; d < ep; ++d) longest = max(longest, start[d + 1] - start[d]);
+  const int64_t items = static_cast<int64_t>(longest) * ep * chunks;
   for (int64_t it = blockIdx.x * static_cast<int64_t>(mb::kStageWarps) + threadIdx.x / 32; it < items;
        it += static_cast<int64_t>(gridDim.x) * mb::kStageWarps) {
-    const int i = static_cast<int>((it / chunks + first) % rows), c = static_cast<int>(it % chunks);
-    int d = 0;
-    while (start[d + 1] <= i) ++d;
-    const int64_t slot = static_cast<int64_t>(rank) * cap + (i - start[d]);
-    const int t = send_tokens[i];
+    // the destinations interleaved: row q / ep of destination rank + 1 + q % ep
+    const int64_t q = it / chunks;
+    const int c = static_cast<int>(it % chunks), d = (rank + 1 + static_cast<int>(q % ep)) % ep;
+    const int r = static_cast<int>(q / ep);
+    if (r >= start[d + 1] - start[d]) continue;
+    const int64_t slot = static_cast<int64_t>(rank) * cap + r;
+    const int t = send_tokens[start[d] + r];
     copy_chunk<T, VEC>(hidden + static_cast<int64_t>(t) * hidden_size, peer_rows[d] + slot * hidden_size,
                        hidden_size, c, lane);
     if (c == 0) {
@@ -253,19 +257,23 @@ nvlink_slots_kernel(const int32_t* __restrict__ recv_meta, const int32_t* __rest
 }
 
 // Each row's partial output into its source's `returned` at its send row (src_rank -1: nowhere), a warp per (row,
-// column chunk), starting about where source rank + 1's rows start; then the peers' flags[1][rank] raised.
+// column chunk), the sources interleaved (Order above); then the peers' flags[1][rank] raised.
 template <typename T, int VEC>
 __device__ __forceinline__ void return_rows(const T* __restrict__ partial, const int32_t* __restrict__ src_rank,
                                             const int32_t* __restrict__ src_row, int rows, int hidden_size,
                                             T* const* __restrict__ peer_returned, int rank, int ep,
                                             int32_t* const* __restrict__ peer_flags, int32_t* __restrict__ done) {
   const int lane = threadIdx.x % 32, chunks = chunks_per_row<VEC>(hidden_size);
-  const int64_t items = static_cast<int64_t>(rows) * chunks;
-  // about where source rank + 1's rows start (sources are in rank order, about rows / ep each)
-  const int first = static_cast<int>(static_cast<int64_t>(rows) * ((rank + 1) % ep) / ep);
+  // the rows as ep sections (in place: source s's slots; gathered densely: about one source's rows each)
+  const int section = (rows + ep - 1) / ep;
+  const int64_t items = static_cast<int64_t>(section) * ep * chunks;
   for (int64_t it = blockIdx.x * static_cast<int64_t>(mb::kStageWarps) + threadIdx.x / 32; it < items;
        it += static_cast<int64_t>(gridDim.x) * mb::kStageWarps) {
-    const int j = static_cast<int>((it / chunks + first) % rows), c = static_cast<int>(it % chunks);
+    // the sections interleaved: row q / ep of section rank + 1 + q % ep
+    const int64_t q = it / chunks;
+    const int c = static_cast<int>(it % chunks);
+    const int j = (rank + 1 + static_cast<int>(q % ep)) % ep * section + static_cast<int>(q / ep);
+    if (j >= rows) continue;
     const int s = src_rank[j];
     if (s < 0) continue;
     copy_chunk<T, VEC>(partial + static_cast<int64_t>(j) * hidden_size,
