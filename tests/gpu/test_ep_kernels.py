@@ -163,7 +163,7 @@ def _nvlink_exchange(ep: int, tokens: int, hidden: int, capacity: int | None, sm
     seen = torch.zeros(ep, 2, 1, dtype=torch.int32, device="cuda")  # each rank's gather / combine wait counters
     peers = {name: torch.tensor([b[name].data_ptr() for b in bufs], dtype=torch.int64, device="cuda")
              for name in bufs[0]}
-    layouts = []
+    token_slots = []  # each rank's, for its combine
     for r in range(ep):  # the dispatch lays the tokens out itself: as ep_layout does (that test checks it by hand)
         counts, slots = K.ep_nvlink_dispatch(xs[r], ids[r], ws[r], r, per_rank, tokens, peers["recv_rows"],
                                              peers["recv_meta"], peers["recv_counts"], peers["flags"], done[r, 0],
@@ -172,7 +172,7 @@ def _nvlink_exchange(ep: int, tokens: int, hidden: int, capacity: int | None, sm
                                                                     device="cuda"), sms=sms)
         want_counts, _, want_slots = K.ep_layout(ids[r], ep, per_rank)
         assert torch.equal(counts, want_counts) and torch.equal(slots, want_slots), f"rank {r}, seed {seed}"
-        layouts.append((counts, None, slots))
+        token_slots.append(slots)
     torch.cuda.synchronize()
     # every source raised its dispatch flag on every rank; the waits (stream order: already raised) lower them
     assert all((b["flags"][0] == 1).all() for b in bufs) and (done == 0).all()
@@ -207,7 +207,7 @@ def _nvlink_exchange(ep: int, tokens: int, hidden: int, capacity: int | None, sm
             s.wait_stream(torch.cuda.current_stream())
         for r in range(ep):
             K.ep_nvlink_combine(partials[r], gathered[r]["src_rank"], gathered[r]["src_row"], peers["returned"], r,
-                                peers["flags"], done[r, 1], bufs[r]["returned"], layouts[r][2], bufs[r]["flags"][1],
+                                peers["flags"], done[r, 1], bufs[r]["returned"], token_slots[r], bufs[r]["flags"][1],
                                 seen[r, 1], out=outs[r], stream=streams[r], sms=min(sms or share, share))
     else:
         for r in range(ep):
@@ -217,7 +217,7 @@ def _nvlink_exchange(ep: int, tokens: int, hidden: int, capacity: int | None, sm
         assert all((b["flags"][1] == 1).all() and (b["flags"][0] == 0).all() for b in bufs) and (done == 0).all()
         for r, b in enumerate(bufs):
             K.ep_nvlink_wait(b["flags"][1])
-            K.ep_combine(b["returned"], layouts[r][2], out=outs[r], sms=sms)
+            K.ep_combine(b["returned"], token_slots[r], out=outs[r], sms=sms)
     torch.cuda.synchronize()
     assert (done == 0).all()
     assert all((b["flags"] == 0).all() for b in bufs) and (seen == 0).all()

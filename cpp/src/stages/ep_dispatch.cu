@@ -36,11 +36,8 @@ ep_layout_count_kernel(const int32_t* __restrict__ ids, int num_tokens, int top_
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = blockIdx.x * blockDim.x + threadIdx.x;
   mbk::count_warp_rows(t < num_tokens ? mbk::rank_mask(ids, t, top_k, ep, per_rank) : 0u, ep, warp_rows[warp]);
   __syncthreads();
-  if (warp == 0 && lane < ep) {
-    int rows = 0;
-    for (int w = 0; w < static_cast<int>(blockDim.x) / 32; ++w) rows += warp_rows[w][lane];
-    block_counts[static_cast<int64_t>(blockIdx.x) * ep + lane] = rows;
-  }
+  const int rows = mbk::block_rows(warp_rows, blockDim.x / 32, ep);
+  if (warp == 0 && lane < ep) block_counts[static_cast<int64_t>(blockIdx.x) * ep + lane] = rows;
 }
 
 // A thread per token (blockDim.x: whole warps). One block (block_counts NULL): its tokens are all of them; else
@@ -50,26 +47,8 @@ ep_layout_kernel(const int32_t* __restrict__ ids, int num_tokens, int top_k, int
                  const int32_t* __restrict__ block_counts, int32_t* __restrict__ send_counts,
                  int32_t* __restrict__ send_tokens, int32_t* __restrict__ token_slots) {
   __shared__ int warp_rows[kLayoutWarps][kMaxRanks];  // rows per (warp, rank), then their first slot
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-  const int t = blockIdx.x * blockDim.x + threadIdx.x;
-  const uint32_t m = t < num_tokens ? mbk::rank_mask(ids, t, top_k, ep, per_rank) : 0u;
-  mbk::count_warp_rows(m, ep, warp_rows[warp]);
-  __syncthreads();
-  if (warp == 0) {
-    int total = 0, before = 0;
-    if (lane < ep && block_counts) {
-      for (int b = 0; b < static_cast<int>(gridDim.x); ++b) {
-        const int n = block_counts[static_cast<int64_t>(b) * ep + lane];
-        total += n;
-        if (b < static_cast<int>(blockIdx.x)) before += n;
-      }
-    } else if (lane < ep) {
-      for (int w = 0; w < warps; ++w) total += warp_rows[w][lane];
-    }
-    mbk::first_rows(warp_rows, warps, ep, total, before, blockIdx.x == 0 ? send_counts : nullptr, nullptr);
-  }
-  __syncthreads();
-  mbk::write_slots(m, t, num_tokens, ep, warp_rows[warp], send_tokens, token_slots);
+  mbk::lay_out_tokens(ids, blockIdx.x * blockDim.x + threadIdx.x, num_tokens, top_k, ep, per_rank, block_counts,
+                      warp_rows, blockIdx.x == 0 ? send_counts : nullptr, nullptr, send_tokens, token_slots);
 }
 
 // A warp per (send row, column chunk) as the nvlink dispatch's rows (stages/ep_combine.cuh); chunk 0's warp also

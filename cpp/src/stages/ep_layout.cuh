@@ -1,9 +1,9 @@
 // Expert parallelism's layout (which ranks each token goes to, its send rows grouped by rank, tokens ascending within a
 // rank), as device functions of a block of whole warps, a thread per token: mb_ep_layout's kernels
 // (stages/ep_dispatch.cu) and the nvlink dispatch that lays its tokens out itself (stages/ep_nvlink.cu) share them.
-// A block's steps: each thread's rank mask (rank_mask), a warp ballot per rank for the warp's rows (count_warp_rows),
-// lane d of warp 0 turning rank d's rows per warp into each warp's first send row (first_rows), then every lane its
-// slots (write_slots).
+// A block's steps (lay_out_tokens): each thread's rank mask (rank_mask), a warp ballot per rank for the warp's rows
+// (count_warp_rows), lane d of warp 0 turning rank d's rows per warp into each warp's first send row (first_rows),
+// then every lane its slots (write_slots).
 #pragma once
 
 #include <cstdint>
@@ -71,6 +71,46 @@ __device__ __forceinline__ void write_slots(uint32_t m, int t, int num_tokens, i
       if (token_slots) token_slots[static_cast<int64_t>(t) * ep + d] = slot;
     }
   }
+}
+
+// Lane d < ep (of any warp): rank d's rows over the block's `warps` warps (warp_rows[w][d], count_warp_rows'); 0 on
+// the other lanes.
+__device__ __forceinline__ int block_rows(const int (*warp_rows)[kMaxRanks], int warps, int ep) {
+  const int lane = threadIdx.x % 32;
+  int rows = 0;
+  if (lane < ep)
+    for (int w = 0; w < warps; ++w) rows += warp_rows[w][lane];
+  return rows;
+}
+
+// The steps above for a block's tokens, thread t's token t (every thread calls it; blockDim.x whole warps; warp_rows
+// the block's shared [warps][kMaxRanks]). block_counts NULL: the block's tokens are all of them; else the count
+// kernel's rows per (block, rank), which place block blockIdx.x after the earlier blocks of the grid. send_counts,
+// segment_start (first_rows') and token_slots are written where given.
+__device__ __forceinline__ void lay_out_tokens(const int32_t* __restrict__ ids, int t, int num_tokens, int top_k,
+                                               int ep, int per_rank, const int32_t* __restrict__ block_counts,
+                                               int (*warp_rows)[kMaxRanks], int32_t* __restrict__ send_counts,
+                                               int* segment_start, int32_t* send_tokens,
+                                               int32_t* __restrict__ token_slots) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  const uint32_t m = t < num_tokens ? rank_mask(ids, t, top_k, ep, per_rank) : 0u;
+  count_warp_rows(m, ep, warp_rows[warp]);
+  __syncthreads();
+  if (warp == 0) {
+    int total = 0, before = 0;
+    if (!block_counts) {
+      total = block_rows(warp_rows, warps, ep);
+    } else if (lane < ep) {
+      for (int b = 0; b < static_cast<int>(gridDim.x); ++b) {
+        const int n = block_counts[static_cast<int64_t>(b) * ep + lane];
+        total += n;
+        if (b < static_cast<int>(blockIdx.x)) before += n;
+      }
+    }
+    first_rows(warp_rows, warps, ep, total, before, send_counts, segment_start);
+  }
+  __syncthreads();
+  write_slots(m, t, num_tokens, ep, warp_rows[warp], send_tokens, token_slots);
 }
 
 }  // namespace mbk

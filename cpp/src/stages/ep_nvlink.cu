@@ -136,18 +136,9 @@ nvlink_layout_dispatch_kernel(const T* __restrict__ hidden, const int32_t* __res
   __shared__ int warp_rows[mb::kStageWarps][kMaxRanks];
   __shared__ int start[kMaxRanks + 1];
   __shared__ int32_t send_tokens[kLaidOutTokens * kMaxRanks];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = threadIdx.x;
-  const uint32_t m = t < num_tokens ? mbk::rank_mask(ids, t, top_k, ep, per_rank) : 0u;
-  mbk::count_warp_rows(m, ep, warp_rows[warp]);
-  __syncthreads();
-  if (warp == 0) {
-    int total = 0;
-    if (lane < ep)
-      for (int w = 0; w < mb::kStageWarps; ++w) total += warp_rows[w][lane];
-    mbk::first_rows(warp_rows, mb::kStageWarps, ep, total, 0, blockIdx.x == 0 ? send_counts : nullptr, start);
-  }
-  __syncthreads();
-  mbk::write_slots(m, t, num_tokens, ep, warp_rows[warp], send_tokens, blockIdx.x == 0 ? token_slots : nullptr);
+  mbk::lay_out_tokens(ids, threadIdx.x, num_tokens, top_k, ep, per_rank, nullptr, warp_rows,
+                      blockIdx.x == 0 ? send_counts : nullptr, start, send_tokens,
+                      blockIdx.x == 0 ? token_slots : nullptr);
   __syncthreads();
   send_rows<T, VEC>(hidden, ids, weights, hidden_size, top_k, rank, ep, cap, start, send_tokens, peer_rows, peer_meta,
                     peer_counts, peer_flags, done);

@@ -231,6 +231,20 @@ def _wait_args(wait: tuple[torch.Tensor, torch.Tensor] | None, ep: int, dev: tor
     return flags.data_ptr(), seen.data_ptr()
 
 
+def _return_args(partial: torch.Tensor, src_rank: torch.Tensor, src_row: torch.Tensor, peer_returned: torch.Tensor,
+                 peer_flags: torch.Tensor, done: torch.Tensor, ep: int) -> None:
+    """The return's checked arguments (ep_nvlink_return's, ep_nvlink_combine's): an origin for each of partial's rows,
+    the peers' [ep] addresses, the [1] block counter."""
+    dev, rows = partial.device, partial.shape[0]
+    for name, t in (("src_rank", src_rank), ("src_row", src_row)):
+        _check(t, name, (None,), torch.int32, dev)
+        if t.shape[0] < rows:
+            raise ValueError(f"{name}: needs >= {rows} entries, got {t.shape[0]}")
+    for name, ptrs in (("peer_returned", peer_returned), ("peer_flags", peer_flags)):
+        _check(ptrs, name, (ep,), torch.int64, dev)
+    _check(done, "done", (1,), torch.int32, dev)
+
+
 def ep_nvlink_return(partial: torch.Tensor, src_rank: torch.Tensor, src_row: torch.Tensor,
                      peer_returned: torch.Tensor, rank: int, peer_flags: torch.Tensor, done: torch.Tensor,
                      stream: int | torch.cuda.Stream | None = None, sms: int | None = None,
@@ -242,14 +256,8 @@ def ep_nvlink_return(partial: torch.Tensor, src_rank: torch.Tensor, src_row: tor
     _check(partial, "partial", (None, None))
     dev = partial.device
     rows, h = partial.shape
-    for name, t in (("src_rank", src_rank), ("src_row", src_row)):
-        _check(t, name, (None,), torch.int32, dev)
-        if t.shape[0] < rows:
-            raise ValueError(f"{name}: needs >= {rows} entries, got {t.shape[0]}")
     ep = peer_returned.shape[0]
-    for name, ptrs in (("peer_returned", peer_returned), ("peer_flags", peer_flags)):
-        _check(ptrs, name, (ep,), torch.int64, dev)
-    _check(done, "done", (1,), torch.int32, dev)
+    _return_args(partial, src_rank, src_row, peer_returned, peer_flags, done, ep)
     if rows_limit is not None:
         _check(rows_limit, "rows_limit", (1,), torch.int64, dev)
     call("mb_ep_nvlink_return", partial.data_ptr(), _dtype_code(partial, "partial"), src_rank.data_ptr(),
@@ -271,13 +279,7 @@ def ep_nvlink_combine(partial: torch.Tensor, src_rank: torch.Tensor, src_row: to
     dev, t, ep, h, o = _combine_args(returned, token_slots, out)
     rows = partial.shape[0]
     _check(partial, "partial", (rows, h), returned.dtype, dev)
-    for name, x in (("src_rank", src_rank), ("src_row", src_row)):
-        _check(x, name, (None,), torch.int32, dev)
-        if x.shape[0] < rows:
-            raise ValueError(f"{name}: needs >= {rows} entries, got {x.shape[0]}")
-    for name, ptrs in (("peer_returned", peer_returned), ("peer_flags", peer_flags)):
-        _check(ptrs, name, (ep,), torch.int64, dev)
-    _check(done, "done", (1,), torch.int32, dev)
+    _return_args(partial, src_rank, src_row, peer_returned, peer_flags, done, ep)
     f, s = _wait_args((flags, seen), ep, dev)
     call("mb_ep_nvlink_combine", partial.data_ptr(), _dtype_code(partial, "partial"), src_rank.data_ptr(),
          src_row.data_ptr(), rows, h, peer_returned.data_ptr(), rank, ep, peer_flags.data_ptr(), done.data_ptr(),
