@@ -179,7 +179,7 @@ def test_ep_build_writes_one_engine_per_rank(built: tuple[Path, object]) -> None
         assert f"[1/1] tiny rank {rank} of 2: exporting ONNX" in r.stderr
         assert f"[1/1] tiny rank {rank} of 2: writing engine + manifest" in r.stderr
     m0, m1 = (json.loads((out / f"tiny/rank{k}/tiny.json").read_text()) for k in (0, 1))
-    assert m0["schema"] == m1["schema"] == "moe-build.manifest/7"
+    assert m0["schema"] == m1["schema"] == "moe-build.manifest/8"
     assert m0["ep"] == {"size": 2, "rank": 0, "experts": [0, 4], "dispatch": "allreduce"}
     assert m1["ep"] == {"size": 2, "rank": 1, "experts": [4, 8], "dispatch": "allreduce"}
     assert m0["weights_sha256"] != m1["weights_sha256"] and m0["engine_sha256"] != m1["engine_sha256"]
@@ -416,3 +416,43 @@ def test_grouped_experts_run_their_gemms_only() -> None:
     with pytest.raises(MoeBuildError) as info:
         S.grouped_sequence(_format(rank), 16)
     assert info.value.field == "ep_format" and "\n" not in str(info.value)
+
+
+# ---- the nccl_exchange stage (moe_build/planner/plan.py:_nccl_exchange): how the nccl dispatch sizes its exchanges
+
+def test_nccl_exchange_all_gathers_contiguous_rows_within_the_pool_and_is_exact_past_it() -> None:
+    """Up to 256 MiB of every rank's token rows (PLUGIN_SPEC's hidden: t_max tokens of all ranks together) the
+    all-gather form, above it the two-phase exact sizes; the band is in the plan, so a call past it reads 'exact'."""
+    from moe_build.planner import rules as R
+    rank = PLUGIN_SPEC.for_rank(0)
+    t_max = (256 << 20) // (PLUGIN_SPEC.hidden_size * 2)
+    assert R.nccl_all_gather_max_tokens(rank) == t_max
+    stage = _format(rank, dispatch="nccl").stage("nccl_exchange")
+    assert stage.choice == "all_gather" and stage.fallback == "exact"
+    assert [(b.lo, b.hi, b.choice) for b in stage.bands] == [(1, t_max, "all_gather"), (t_max + 1, None, "exact")]
+    assert stage.choice_for(t_max) == "all_gather" and stage.choice_for(t_max + 1) == "exact"
+    past = make_plan(rank, PLUGIN_TARGET, tokens=t_max + 1, force={"dispatch": "nccl"}).stage("nccl_exchange")
+    assert past.choice == "exact"
+    assert {g.name: g.held for g in past.gates} == {"nccl_all_gather_contiguous": True, "nccl_all_gather_pool": False}
+
+
+def test_nccl_exchange_is_exact_for_grouped_formats_and_none_without_nccl() -> None:
+    rank = PLUGIN_SPEC.for_rank(1)
+    grouped = _format(rank, deterministic=True, dispatch="nccl").stage("nccl_exchange")
+    assert grouped.choice == "exact" and [b.choice for b in grouped.bands] == ["exact"]
+    assert {g.name: g.held for g in grouped.gates}["nccl_all_gather_contiguous"] is False
+    assert _format(rank).stage("nccl_exchange").choice == "none"  # nvlink
+    assert _format(dataclasses.replace(PLUGIN_SPEC, ep_size=1)).stage("nccl_exchange").choice == "none"
+    assert _format(rank, dispatch="nccl", nccl_exchange="exact").stage("nccl_exchange").choice == "exact"
+
+
+@pytest.mark.parametrize("force, message", [
+    ({"nccl_exchange": "all_gather"}, "nccl_exchange=all_gather does not apply with dispatch=nvlink"),
+    ({"dispatch": "nccl", "nccl_exchange": "none"}, "nccl_exchange=none does not apply with dispatch=nccl"),
+    ({"dispatch": "nccl", "ep_format": "permuted", "nccl_exchange": "all_gather"},
+     "cannot force nccl_exchange=all_gather: nccl_all_gather_contiguous"),
+])
+def test_nccl_exchange_refuses_what_cannot_run(force: dict, message: str) -> None:
+    with pytest.raises(MoeBuildError) as info:
+        _format(PLUGIN_SPEC.for_rank(0), **force)
+    assert message in str(info.value) and "\n" not in str(info.value) and info.value.exit_code == 2

@@ -128,6 +128,17 @@ mb_status mb_ep_nccl_exchange(void* comm, int ep_size, const int32_t* send_rows,
                               const void* send0, void* recv0, int64_t row_bytes0, const void* send1, void* recv1,
                               int64_t row_bytes1, const void* send2, void* recv2, int64_t row_bytes2,
                               cudaStream_t stream);
+/* The all-gather form, where the host knows every rank's row count (rows: a HOST array of ep_size, the same on
+ * every rank): each rank's rows[rank] rows of payload j (send_j) to every rank, rank d's landing at row rows[0] +
+ * .. + rows[d - 1] of recv_j; NCCL all-gathers where the counts are equal, else a broadcast per rank, one group. */
+mb_status mb_ep_nccl_all_gather(void* comm, int ep_size, const int32_t* rows, const void* send0, void* recv0,
+                                int64_t row_bytes0, const void* send1, void* recv1, int64_t row_bytes1,
+                                const void* send2, void* recv2, int64_t row_bytes2, cudaStream_t stream);
+/* Its return: out [rows[rank]][hidden] = the sum over ranks d of rank d's partial rows for this rank (partial:
+ * [rows[0] + .. + rows[ep_size - 1]][hidden] of enum mb_dtype, laid out as the all-gather landed them); NCCL's sum
+ * (fp32 adds of 16-bit values, rounded at each step of its order): a reduce-scatter, or a reduce per rank. */
+mb_status mb_ep_nccl_reduce_scatter(void* comm, int ep_size, const int32_t* rows, int64_t hidden, int dtype,
+                                    const void* partial, void* out, cudaStream_t stream);
 
 /* stages/ep_nvlink.cu: the `nvlink` dispatch and combine over buffers every rank maps (symmetric memory).
  * A rank's symmetric buffer holds recv_rows [ep][cap][H] (dtype), recv_meta [ep][cap][2K + 1] int32 (K global

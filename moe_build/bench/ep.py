@@ -7,8 +7,10 @@ the counts) are called eagerly; the rest are also replayed from CUDA graphs, as 
 Each point is timed beside its ceiling, in the same run:
 - `link`: a large equal-split all_to_all_single (256 MiB per rank): the fabric's all-to-all bandwidth, the
   physical ceiling a dispatch can reach;
-- `dispatch+combine`, ours (`nvlink`: rows written into the peers' memory, blocking and non-blocking; `nccl`:
-  counts first, exact sizes; both send a token's row once per rank) against plain all_to_all_single with
+- `dispatch+combine`, ours (`nvlink`: rows written into the peers' memory, blocking and non-blocking; `nccl`: the
+  plan's form for a call that gives every rank's token count, as the worst case's equal splits assume (within the
+  plan's band the all-gather form, eager and replayed), and `nccl_exact`, counts first, exact sizes, for a call
+  that does not; nvlink and nccl_exact send a token's row once per rank) against plain all_to_all_single with
   worst-case buffers (every rank sends each of its tokens to every rank, T rows per destination, no counts),
   there and back: time and algorithm bandwidth (rows another rank needed x hidden x 2 bytes, there and back,
   over the time);
@@ -32,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from .. import kernels
+from ..planner.gates import StageDecision
 from .ep_targets import ep_targets, summary
 from ..spec import MoESpec
 from ..weights import MoEWeights
@@ -103,14 +106,27 @@ def time_graph(fn: Callable[[], object], iters: int) -> float:
     return ms
 
 
-def exchange(d: object, hidden: torch.Tensor, ids: torch.Tensor, w: torch.Tensor,
-             out: torch.Tensor) -> Callable[[], None]:
+def exchange(d: object, hidden: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, out: torch.Tensor,
+             tokens_per_rank: list[int] | None = None) -> Callable[[], None]:
     """One dispatch + combine of `hidden` through dispatcher `d` (either backend), no expert compute between:
-    the received rows go back as they came."""
+    the received rows go back as they came; `tokens_per_rank` given to the nccl dispatch where not None."""
+    counts = () if tokens_per_rank is None else (tokens_per_rank,)
+
     def call() -> None:
-        got = d.dispatch(hidden, ids, w)  # type: ignore[attr-defined]
+        got = d.dispatch(hidden, ids, w, *counts)  # type: ignore[attr-defined]
         d.combine(got.hidden, got, out)  # type: ignore[attr-defined]
     return call
+
+
+def nccl_exchange(spec: MoESpec, tokens: int) -> StageDecision:
+    """The plan's nccl_exchange decision for `spec`'s ranks at up to `tokens` tokens per rank (as
+    ExpertParallelMoE plans it: every rank's tokens together)."""
+    from ..planner import make_plan
+    from ..runner.runner import device_target
+    total = tokens * spec.ep_size
+    plan = make_plan(spec, device_target(torch.device("cuda", torch.cuda.current_device()), total, None),
+                     tokens=total, force={"dispatch": "nccl"})
+    return plan.stage("nccl_exchange")
 
 
 def random_routing(tokens: int, experts: int, top_k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -138,7 +154,8 @@ def dispatch_points(spec: MoESpec, token_counts: tuple[int, ...], iters: int) ->
     graphs."""
     from ..runner.dispatch import NcclDispatch, NvlinkDispatch
     rank, ep, H = dist.get_rank(), dist.get_world_size(), spec.hidden_size
-    blocking = {"nccl": NcclDispatch(spec, kernels), "nvlink": NvlinkDispatch(spec, kernels, max(token_counts))}
+    planned = NcclDispatch(spec, kernels, exchange=nccl_exchange(spec, max(token_counts)))
+    blocking = {"nccl_exact": NcclDispatch(spec, kernels), "nvlink": NvlinkDispatch(spec, kernels, max(token_counts))}
     points = []
     for tokens in token_counts:
         hidden = torch.randn(tokens, H, device="cuda", dtype=torch.bfloat16)
@@ -151,14 +168,17 @@ def dispatch_points(spec: MoESpec, token_counts: tuple[int, ...], iters: int) ->
             dist.all_to_all_single(recv_worst, send_worst)  # noqa: B023
             dist.all_to_all_single(send_worst, recv_worst)  # noqa: B023
 
-        sent = blocking["nccl"].dispatch(hidden, ids, w).send_splits
+        sent = blocking["nccl_exact"].dispatch(hidden, ids, w).send_splits
         needed = torch.tensor([sum(s for r, s in enumerate(sent) if r != rank)], device="cuda", dtype=torch.float64)
         dist.all_reduce(needed, op=dist.ReduceOp.MAX)
         moved = 2 * float(needed.item()) * 2 * H  # bytes of rows another rank needed, there and back (busiest)
         point = {"hidden": H, "tokens": tokens, "top_k": spec.top_k, "experts": spec.num_experts,
                  "rows_sent_busiest_rank": int(needed.item())}
         non_blocking = NvlinkDispatch(spec, kernels, tokens, recv_capacity=ep * tokens)
+        equal = [tokens] * ep  # every rank's count, known to all (as the worst case's equal splits assume)
         timed = [*((n, _time(exchange(d, hidden, ids, w, out), iters)) for n, d in blocking.items()),
+                 ("nccl", _time(exchange(planned, hidden, ids, w, out, equal), iters)),
+                 ("nccl_graph", time_graph(exchange(planned, hidden, ids, w, out, equal), iters)),
                  ("nvlink_graph", time_graph(exchange(non_blocking, hidden, ids, w, out), iters)),
                  ("worst_case", _time(worst, iters)), ("worst_case_graph", time_graph(worst, iters))]
         del non_blocking
@@ -194,8 +214,10 @@ def layer_points(name: str, spec: MoESpec, weights: MoEWeights, token_counts: tu
     (`nvlink`'s without a host synchronization), each made once for the largest
     count (a DeepSeek-V3-shaped layer's weight copies take seconds). Replayed from CUDA graphs: the non-blocking
     `nvlink` layer with overlap off and on, made per count with room for every row it may receive (ep_size x
-    tokens: never overflows), and the single-GPU runner. Each layer is freed before the next is made (five
-    weight copies of that layer at once would not fit beside each other)."""
+    tokens: never overflows), the `nccl` layer in its all-gather form, and the single-GPU runner. The `nccl`
+    layers' calls give every rank's token count (the plan's all-gather form), and without overlap are timed
+    without it too (`ep_nccl_exact`: the two phases find the counts). Each layer is freed before the next is made
+    (five weight copies of that layer at once would not fit beside each other)."""
     from ..runner import MoERunner
     from ..runner.expert_parallel import rank_layer
     rank, ep, most = dist.get_rank(), spec.ep_size, max(token_counts)
@@ -213,7 +235,11 @@ def layer_points(name: str, spec: MoESpec, weights: MoEWeights, token_counts: tu
     for key, make in eager.items():
         layer = make()
         for point in points:
-            _time_layer(key, layer, point, inputs, iters, graph=False)
+            counts = [point["tokens_per_gpu"]] * ep if "nccl" in key else None
+            _time_layer(key, layer, point, inputs, iters, graph=False, tokens_per_rank=counts)
+            if key == "ep_nccl":  # the all-gather form captures; the two phases run eagerly only
+                _time_layer(f"{key}_graph", layer, point, inputs, iters, graph=True, tokens_per_rank=counts)
+                _time_layer(f"{key}_exact", layer, point, inputs, iters, graph=False)
         del layer
         torch.cuda.empty_cache()  # that layer (its weight copies) is gone
     # the contiguous format with room for every row, with overlap off and on, and the permuted format (rows land
@@ -237,17 +263,21 @@ def layer_points(name: str, spec: MoESpec, weights: MoEWeights, token_counts: tu
 
 
 def _time_layer(key: str, layer: Callable[..., object], point: dict,
-                inputs: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]], iters: int, graph: bool) -> None:
-    """`layer` timed at the point's token count (eagerly or replayed from a CUDA graph), into its `{key}_ms`."""
+                inputs: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]], iters: int, graph: bool,
+                tokens_per_rank: list[int] | None = None) -> None:
+    """`layer` timed at the point's token count (eagerly or replayed from a CUDA graph), into its `{key}_ms`;
+    `tokens_per_rank` passed to the call where given."""
     hidden, ids, w = inputs[point["tokens_per_gpu"]]
     out = torch.empty_like(hidden)
-    call = functools.partial(layer, hidden, topk_ids=ids, topk_weights=w, out=out)
+    extra = {} if tokens_per_rank is None else {"tokens_per_rank": tokens_per_rank}
+    call = functools.partial(layer, hidden, topk_ids=ids, topk_weights=w, out=out, **extra)
     point[f"{key}_ms"] = (time_graph if graph else _time)(call, iters)
     _progress(f"layer {point['layer']} T={point['tokens_per_gpu']} {key}: {1e3 * point[f'{key}_ms']:.1f} us")
 
 
 def memory_point(spec: MoESpec, tokens: int) -> dict:
-    """Peak bytes one dispatch + combine allocates, against the worst case preallocated."""
+    """Peak bytes one dispatch + combine allocates, against the worst case preallocated (the two-phase exact form:
+    the plan's past its all-gather band, which 131072 tokens a rank are)."""
     from ..runner.dispatch import NcclDispatch
     rank, ep, H = dist.get_rank(), dist.get_world_size(), spec.hidden_size
     d = NcclDispatch(spec, kernels)
@@ -309,23 +339,26 @@ def run(iters: int, out_path: str | None, layers: tuple[str, ...] = tuple(name f
 
 def table(r: dict) -> str:
     lines = [f"{r['world']} x {r['gpu']}: all-to-all link {r['link']['gb_s']:.0f} GB/s per rank",
-             "dispatch+combine (us; eager | graph): hidden tokens | nvlink nccl worst-case | nvlink worst-case "
-             "| nvlink graph GB/s"]
+             "dispatch+combine (us; eager | graph): hidden tokens | nvlink nccl nccl-exact worst-case | nvlink nccl "
+             "worst-case | nvlink graph GB/s"]
     for p in r["dispatch"]:
         lines.append(f"  {p['hidden']:5d} {p['tokens']:5d} | {1e3 * p['nvlink_ms']:7.1f} {1e3 * p['nccl_ms']:7.1f} "
-                     f"{1e3 * p['worst_case_ms']:7.1f} | {1e3 * p['nvlink_graph_ms']:7.1f} "
+                     f"{1e3 * p['nccl_exact_ms']:7.1f} {1e3 * p['worst_case_ms']:7.1f} | "
+                     f"{1e3 * p['nvlink_graph_ms']:7.1f} {1e3 * p['nccl_graph_ms']:7.1f} "
                      f"{1e3 * p['worst_case_graph_ms']:7.1f} | {p['nvlink_graph_algbw_gb_s']:6.1f}")
     for m in r["memory"]:
         lines.append(f"memory at {m['tokens']} tokens/rank top-{m['top_k']}: ours {m['peak_bytes_ours'] / 2**20:.0f} "
                      f"MiB, worst case {m['worst_case_bytes'] / 2**20:.0f} MiB")
-    lines.append("layer (us; eager | graph): name tokens/GPU | EP nvlink, nccl, nccl overlapped, nvlink permuted, "
-                 "nccl permuted | EP nvlink, overlapped, permuted | single GPU")
+    lines.append("layer (us; eager | graph): name tokens/GPU | EP nvlink, nccl, nccl exact, nccl overlapped, "
+                 "nvlink permuted, nccl permuted | EP nvlink, overlapped, permuted, nccl | single GPU")
     for p in r["layers"]:
         lines.append(f"  {p['layer']:20s} {p['tokens_per_gpu']:5d} | {1e3 * p['ep_nvlink_ms']:7.1f} "
-                     f"{1e3 * p['ep_nccl_ms']:7.1f} {1e3 * p['ep_nccl_overlap_ms']:7.1f} "
+                     f"{1e3 * p['ep_nccl_ms']:7.1f} {1e3 * p['ep_nccl_exact_ms']:7.1f} "
+                     f"{1e3 * p['ep_nccl_overlap_ms']:7.1f} "
                      f"{1e3 * p['ep_nvlink_permuted_ms']:7.1f} {1e3 * p['ep_nccl_permuted_ms']:7.1f} | "
                      f"{1e3 * p['ep_nvlink_graph_ms']:7.1f} {1e3 * p['ep_nvlink_overlap_graph_ms']:7.1f} "
-                     f"{1e3 * p['ep_nvlink_permuted_graph_ms']:7.1f} | {1e3 * p['single_gpu_graph_ms']:7.1f}")
+                     f"{1e3 * p['ep_nvlink_permuted_graph_ms']:7.1f} {1e3 * p['ep_nccl_graph_ms']:7.1f} | "
+                     f"{1e3 * p['single_gpu_graph_ms']:7.1f}")
     lines.append(summary(ep_targets(r, LAYER_HIDDEN)))
     return "\n".join(lines)
 

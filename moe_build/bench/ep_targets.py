@@ -6,7 +6,8 @@ says itself which it met. Pure: no torch, no GPU.
 - `link_ceiling`: at 4096 tokens per rank, the `nvlink` exchange's bandwidth is within 1.15x of the all-to-all link
   measured in the same run;
 - `never_slower_nvlink` / `never_slower_nccl`: at every size, `nvlink` (graph) against the worst-case pair (graph),
-  `nccl` (eager: its exact sizes need the host) against the worst-case pair (eager);
+  `nccl` (eager: the plan's form for a call that gives every rank's token count, as the pair's equal splits
+  assume; bench ep.py times the exact form beside it) against the worst-case pair (eager);
 - `overlap_hides_half`: at 1024+ tokens per GPU, dual-batch overlap takes off at least half of the layer's
   exchange time (the `nvlink` dispatch + combine of the same hidden size and tokens, graph).
 """

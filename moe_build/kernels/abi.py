@@ -147,6 +147,8 @@ SIGNATURES: dict[str, tuple[type, tuple[type, ...]]] = {
     "mb_ep_pack_send": (_i, (_p, _i, _p, _p, _i, _i, _i, _i, _p, _p, _i, _p, _p, _p, _p)),
     "mb_ep_combine": (_i, (_p, _i, _p, _i, _i, _i, _p, _i, _p)),
     "mb_ep_nccl_exchange": (_i, (_p, _i, _p, _p, _p, _p, _i64, _p, _p, _i64, _p, _p, _i64, _p)),
+    "mb_ep_nccl_all_gather": (_i, (_p, _i, _p, _p, _p, _i64, _p, _p, _i64, _p, _p, _i64, _p)),
+    "mb_ep_nccl_reduce_scatter": (_i, (_p, _i, _p, _i64, _i, _p, _p, _p)),
     "mb_ep_nvlink_dispatch": (_i, (_p, _i, _p, _p, _i, _i, _i, _i, _i, _i, _i, _p, _p, _p, _p, _p, _p, _p, _p, _p,
                                    _i, _p)),
     "mb_ep_nvlink_wait": (_i, (_p, _i, _p)),

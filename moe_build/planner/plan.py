@@ -25,7 +25,7 @@ LAYOUT_STAGES = ("w1_order", "weight_layout")
 TACTIC_STAGES = ("gemm1_tactic", "gemm2_tactic")
 EP_STAGES = ("dispatch",)  # how tokens reach the ranks holding their experts, and come back
 # how the dispatched rows reach a rank's experts (seed 000's formats) and their outputs come back
-EP_FORMAT_STAGES = ("ep_format",)
+EP_FORMAT_STAGES = ("ep_format", "nccl_exchange")
 PLUGIN_STAGES = (FUSION_STAGES + ACT_QUANT_STAGES + ACCUMULATION_STAGES + LAYOUT_STAGES + TACTIC_STAGES + EP_STAGES
                  + EP_FORMAT_STAGES)
 OOTB_STAGES = ("expert_compute",) + EP_STAGES
@@ -45,6 +45,7 @@ STAGE_CHOICES: dict[str, tuple[str, ...]] = {
     "expert_compute": ("per_expert_gather", "dense_masked"),
     "dispatch": ("nvlink", "nccl", "allreduce", "none"),
     "ep_format": ("permuted", "batched", "contiguous", "none"),
+    "nccl_exchange": ("all_gather", "exact", "none"),
 }  # the tactic stages take any tactic name (tactics.GemmTactic.parse) the GEMM can run
 # Which user-facing field a refusing gate is about (for the one-line error).
 GATE_FIELD = {
@@ -484,6 +485,28 @@ def _ep_format(spec: MoESpec, target: Target, dispatch: str, forced: str | None)
                          forced=forced is not None, summary=texts[choice])
 
 
+def _nccl_exchange(spec: MoESpec, dispatch: str, ep_format: str, tokens: int, forced: str | None) -> StageDecision:
+    """How the nccl dispatch sizes its exchanges. exact (seed 003's two phases): the row counts exchanged first and
+    read on the host, every buffer sized from them. all_gather: where the caller gives every rank's token count
+    (serving loops know them once per step), every rank's tokens go to every rank and each rank's partial sums come
+    back in one reduce-scatter, with no count exchange and no host synchronization, up to a bounded pool of rows.
+    `tokens`: every rank's tokens of a call together (the rows a rank's experts see)."""
+    if dispatch != "nccl":
+        if forced not in (None, "none"):
+            raise MoeBuildError("force", f"nccl_exchange={forced} does not apply with dispatch={dispatch}", ("none",))
+        return StageDecision("nccl_exchange", "none", "none", (), forced=forced is not None,
+                             summary="no nccl exchange")
+    if forced == "none":
+        raise MoeBuildError("force", "nccl_exchange=none does not apply with dispatch=nccl", ("all_gather", "exact"))
+    contiguous = R.nccl_all_gather_contiguous(ep_format)
+    gates = (contiguous, R.nccl_all_gather_pool(spec, tokens))
+    t_max = R.nccl_all_gather_max_tokens(spec) if contiguous.held else 0
+    return _token_ranged("nccl_exchange", "all_gather", "exact", gates, t_max, tokens, forced,
+                         "every rank's tokens to every rank (an all-gather) and the partial sums back (a "
+                         "reduce-scatter), where the call gives every rank's token count",
+                         "row counts exchanged first and read on the host, every buffer sized exactly")
+
+
 def parse_force(items: Iterable[str], field: str = "force") -> dict[str, str]:
     """STAGE=CHOICE items as {stage: choice} (a later item of a stage wins); an item without "=" is refused.
     Which stages and choices exist is make_plan's to check."""
@@ -557,6 +580,7 @@ def make_plan(spec: MoESpec, target: Target, tokens: int = 1,
             gemm2_tactic,
             dispatch,
             ep_format,
+            _nccl_exchange(spec, dispatch.choice, ep_format.choice, tokens, force.get("nccl_exchange")),
         )
         return Plan("plugin", tuple(plugin_gates + checks), stages, tokens, spec.to_dict(), target.to_dict())
     checks = [R.ootb_not_weight_only(spec), R.ootb_sm_below_100(target), R.flavour_targets_sm(target),

@@ -18,8 +18,8 @@ from .plan import MATRIX_STAGES
 from ..spec import DType, MoESpec, Quant
 from ..target import SUPPORTED_SMS, Target
 
-REPORT_SCHEMA_VERSION = "moe-build.fusion-report/6"
-SWEEP_SCHEMA_VERSION = "moe-build.fusion-sweep/5"
+REPORT_SCHEMA_VERSION = "moe-build.fusion-report/7"
+SWEEP_SCHEMA_VERSION = "moe-build.fusion-sweep/6"
 STAGE_TITLES = {
     "routing_prologue": "routing prologue", "expand_rows": "expand rows", "gemm_kernel": "GEMM kernel",
     "fc1_activation": "FC1 activation", "fc2_prequant": "FC2 pre-quant", "finalize": "finalize",

@@ -598,6 +598,35 @@ def ep_unpermute_16bit(s: MoESpec) -> Gate:
     return Gate("ep_unpermute_16bit", f"quant={s.quant.value}", "quant == none", s.quant.value == "none", OURS)
 
 
+# the nccl dispatch's all-gather form (every rank's tokens to every rank and each rank's partial sums back: an
+# all-gather and a reduce-scatter, nothing counted, nothing read back on the host) returns one partial row per
+# token, the contiguous format's: ep_format == contiguous (the grouped formats return every (token, k) output, whose
+# counts only the exchange finds)
+def nccl_all_gather_contiguous(ep_format: str) -> Gate:
+    return Gate("nccl_all_gather_contiguous", f"ep_format={ep_format}", "ep_format == contiguous",
+                ep_format == "contiguous", OURS)
+
+
+# ... and it holds every rank's tokens on every rank (and the experts' partial rows of them): its rows may not pass a
+# bounded pool, tokens (all ranks') x hidden x 2 bytes <= 256 MiB; past it the two-phase exact sizes keep a rank's
+# memory to the rows it needs (seed 003). Within it the form moves the worst case's bytes without the counts' host
+# round trip, which cost the two-phase form 230-290 us a call at 1-1024 tokens per rank on 2 H200s against
+# 56-165 us for a worst-case all_to_all_single pair (docs/performance.md, "the nccl exchanges as NCCL groups")
+NCCL_ALL_GATHER_MAX_BYTES = 256 << 20
+
+
+def nccl_all_gather_max_tokens(s: MoESpec) -> int:
+    """The most tokens (every rank's together) the all-gather form's received rows hold within the pool."""
+    return NCCL_ALL_GATHER_MAX_BYTES // (s.hidden_size * 2)
+
+
+def nccl_all_gather_pool(s: MoESpec, tokens: int) -> Gate:
+    t_max = nccl_all_gather_max_tokens(s)
+    return Gate("nccl_all_gather_pool", f"tokens={tokens} hidden={s.hidden_size}",
+                f"tokens x hidden x 2 bytes <= {NCCL_ALL_GATHER_MAX_BYTES >> 20} MiB (tokens <= {t_max})",
+                tokens <= t_max, OURS, token_dependent=True)
+
+
 # ---- OOTB expert compute ----------------------------------------------------------------------
 
 # dense-masked compute wastes num_experts/top_k: gathering per expert pays once that exceeds 4x

@@ -22,6 +22,7 @@ tokens still takes part (the peers may send it rows).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -185,7 +186,8 @@ class ExpertParallelMoE:
         dispatcher: Dispatcher = (
             NvlinkDispatch(spec, kernels, tokens, group, capacity, self.device, dispatch_sms, combine_sms,
                            waits_in_kernels=not self.overlap, unpermute=self.layout)
-            if backend == "nvlink" else NcclDispatch(spec, kernels, group, unpermute=self.layout))
+            if backend == "nvlink" else NcclDispatch(spec, kernels, group, unpermute=self.layout,
+                                                     exchange=self.plan.stage("nccl_exchange")))
         # non-blocking: the experts' rows, output and workspace are fixed, sized once (nvlink's grouped formats:
         # the layout's rows, top_k rows to a workspace token); the nccl dispatch sizes them per call
         if self.layout is not None and backend == "nvlink":
@@ -205,13 +207,23 @@ class ExpertParallelMoE:
 
     def __call__(self, hidden: torch.Tensor, router_logits: torch.Tensor | None = None,
                  topk_ids: torch.Tensor | None = None, topk_weights: torch.Tensor | None = None,
-                 out: torch.Tensor | None = None) -> torch.Tensor:
+                 out: torch.Tensor | None = None, tokens_per_rank: Sequence[int] | None = None) -> torch.Tensor:
         """This rank's output for its tokens `hidden` [T, H] (into `out`, shaped and typed like it, where given);
-        routing pinned with `router_logits` [T, E] or global `topk_ids` and `topk_weights` [T, K] (as MoERunner's)."""
+        routing pinned with `router_logits` [T, E] or global `topk_ids` and `topk_weights` [T, K] (as MoERunner's).
+        `tokens_per_rank`: every rank's T of this call, the same list on every rank, where the caller knows them (a
+        serving loop exchanges them once per step for all its layers): the nccl dispatch then takes the plan's
+        all-gather form, with no count exchange and no host synchronization (None: the two phases find them)."""
         x = self.experts.check_hidden(hidden)
         T = x.shape[0]
         if T > self.max_tokens:
             raise MoeBuildError("tokens", f"{T} exceeds max_tokens={self.max_tokens}", f"0..{self.max_tokens}")
+        if tokens_per_rank is not None and (len(tokens_per_rank) != self.spec.ep_size
+                                            or tokens_per_rank[self.spec.ep_rank] != T
+                                            or any(isinstance(t, bool) or not isinstance(t, int)
+                                                   or not 0 <= t <= self.max_tokens for t in tokens_per_rank)):
+            raise MoeBuildError("tokens_per_rank", f"{list(tokens_per_rank)!r} for rank {self.spec.ep_rank}'s {T} "
+                                f"tokens", f"{self.spec.ep_size} counts in 0..{self.max_tokens}, this rank's {T}, "
+                                "or None")
         if out is None:
             out = torch.empty_like(hidden)
         elif out.shape != hidden.shape or out.dtype != x.dtype or out.device != x.device or not out.is_contiguous():
@@ -228,29 +240,33 @@ class ExpertParallelMoE:
                 if router_logits is None:
                     self.prepare_finalize.router_gemm(b)
                 self.prepare_finalize.routing(b)
+            counts = None if tokens_per_rank is None else list(tokens_per_rank)
             if self.overlap:
-                self._overlapped(b)
+                self._overlapped(b, counts)
             else:
                 part = self._parts[0]
-                d = self._dispatch(part, b, 0, T)
+                d = self._dispatch(part, b, 0, T, counts)
                 self._finish(part, b, d, self._experts(part, d), 0, T)
         return result
 
-    def _overlapped(self, b: Batch) -> None:
+    def _overlapped(self, b: Batch, tokens_per_rank: list[int] | None) -> None:
         """The two micro-batches, issued in the order of the module docstring (the same on every rank): the side
         stream forks from the caller's after the routing and joins it before the call returns, through events
         only (no host synchronization of its own), so a CUDA graph captures both streams."""
         main, side = torch.cuda.current_stream(self.device), self._side
         first, second = self._parts
         (lo0, hi0), (lo1, hi1) = micro_batch_spans(b.tokens)
+        # every rank's micro-batches, split as that rank splits its call
+        counts = [None, None] if tokens_per_rank is None else [
+            [hi - lo for lo, hi in (micro_batch_spans(t)[i] for t in tokens_per_rank)] for i in (0, 1)]
         side.wait_stream(main)  # fork: the routed ids and weights are there
-        d0 = self._dispatch(first, b, lo0, hi0)
+        d0 = self._dispatch(first, b, lo0, hi0, counts[0])
         self._dispatched.record(main)
         p0 = self._experts(first, d0)
         self._computed.record(main)
         with torch.cuda.stream(side):
             side.wait_event(self._dispatched)  # one dispatch at a time: D0 gets the links to itself
-            d1 = self._dispatch(second, b, lo1, hi1)
+            d1 = self._dispatch(second, b, lo1, hi1, counts[1])
         self._finish(first, b, d0, p0, lo0, hi0)  # C0 + S0 beside E1
         with torch.cuda.stream(side):
             # one expert computation at a time: two would only split the SMs, and the placed GEMMs lay their tiles
@@ -262,11 +278,16 @@ class ExpertParallelMoE:
         if flags is not None:  # on the stream, so a captured call updates it on every replay
             torch.maximum(flags[0], flags[1], out=self._overflow)
 
-    def _dispatch(self, part: _MicroBatch, b: Batch, lo: int, hi: int) -> Received:
+    def _dispatch(self, part: _MicroBatch, b: Batch, lo: int, hi: int,
+                  tokens_per_rank: list[int] | None) -> Received:
         """Tokens [lo, hi) of the call to the ranks holding their experts, on the current stream (collective:
-        called for every micro-batch, however few tokens it has)."""
+        called for every micro-batch, however few tokens it has); `tokens_per_rank`: every rank's count of this
+        (micro-)batch where the caller gave them (the nccl dispatch's all-gather form)."""
         if self.layout is not None:
             return part.dispatcher.dispatch_with_permute(b.hidden[lo:hi], b.topk_ids[lo:hi], b.topk_weights[lo:hi])
+        if isinstance(part.dispatcher, NcclDispatch):
+            return part.dispatcher.dispatch(b.hidden[lo:hi], b.topk_ids[lo:hi], b.topk_weights[lo:hi],
+                                            tokens_per_rank)
         return part.dispatcher.dispatch(b.hidden[lo:hi], b.topk_ids[lo:hi], b.topk_weights[lo:hi])
 
     def _experts(self, part: _MicroBatch, d: Received) -> torch.Tensor:

@@ -29,6 +29,7 @@ case's errors to OUT.json; any failure raises (exit 1).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import random
@@ -101,9 +102,14 @@ class Case:
     fmt: str | None = None             # forced ep_format (None: the plan's)
     pad: int = 1                       # permuted: pad_multiple
     expert_cap: int | None = None      # batched: max rows per expert
+    counts: bool = False               # calls give every rank's token count (nccl: the plan's all-gather form)
 
     def tokens_of(self, rank: int) -> int:
         return 1 if self.ragged and rank == 0 else self.tokens
+
+    def tokens_per_rank(self) -> dict:
+        """The layer call's tokens_per_rank keyword: every rank's count where the case gives them."""
+        return {"tokens_per_rank": [self.tokens_of(r) for r in range(self.spec.ep_size)]} if self.counts else {}
 
     def spans(self, rank: int, overlap: bool) -> tuple[tuple[int, int], ...]:
         """Rank `rank`'s micro-batches as token ranges (one without overlap)."""
@@ -151,19 +157,20 @@ def run_case(case: Case) -> dict:
     target = _target(case.deterministic)
     layer = case.layer(weights, rank, target, case.overlap)
     out = torch.full_like(hidden, float("nan"))
-    layer(hidden, topk_ids=ids_d, topk_weights=w_d, out=out)
+    layer(hidden, topk_ids=ids_d, topk_weights=w_d, out=out, **case.tokens_per_rank())
     torch.cuda.synchronize()
     desc = (f"{spec.name} T={tokens} K={spec.top_k} E={spec.num_experts} {how} {backend} capacity={capacity} "
+            f"counts={case.counts} "
             f"det={case.deterministic} overlap={case.overlap} sms={case.sms} ragged={case.ragged} "
             f"format={layer.plan.stage('ep_format').choice} pad={case.pad} expert_cap={case.expert_cap} seed={seed}")
     assert torch.isfinite(out).all(), f"rank {rank}: unwritten/non-finite output ({desc})"
     if case.deterministic:
         again = torch.full_like(hidden, float("nan"))
-        layer(hidden, topk_ids=ids_d, topk_weights=w_d, out=again)
+        layer(hidden, topk_ids=ids_d, topk_weights=w_d, out=again, **case.tokens_per_rank())
         assert torch.equal(out, again), f"rank {rank}: deterministic EP run not bit-identical ({desc})"
     fmt = layer.plan.stage("ep_format").choice
     result = {"case": desc, "rank": rank, "world": world, "tokens": tokens, "backend": backend,
-              "overlap": case.overlap, "format": fmt}
+              "overlap": case.overlap, "format": fmt, "counts": case.counts}
     kept = w
     rows = torch.ones(tokens, dtype=torch.bool)  # the token rows compared
     if case.expert_cap is not None:
@@ -206,8 +213,10 @@ def run_case(case: Case) -> dict:
         if err is not None:
             result["rel_err_plain"] = err
     no_sync = capacity is not None or (fmt in ("permuted", "batched") and not result.get("overflow"))
-    if no_sync and backend == "nvlink" and case.tokens:
-        result["graph_rel_err"] = _graph_replay(layer, spec, tokens, how, seed, out)
+    # the nccl dispatch's all-gather form reads nothing on the host: its calls capture too (the two phases refuse)
+    gathered = backend == "nccl" and case.counts and fmt == "contiguous"
+    if ((no_sync and backend == "nvlink") or gathered) and case.tokens:
+        result["graph_rel_err"] = _graph_replay(layer, case, how, seed, out)
     return result
 
 
@@ -217,7 +226,7 @@ def _against_plain(case: Case, weights: MoEWeights, rank: int, target: Target, h
     RUNNER_TOL) wherever no row of this rank's tokens is dropped by either (None: not compared)."""
     plain = case.layer(weights, rank, target, overlap=False)
     out = torch.full_like(hidden, float("nan"))
-    plain(hidden, topk_ids=ids, topk_weights=w, out=out)
+    plain(hidden, topk_ids=ids, topk_weights=w, out=out, **case.tokens_per_rank())
     torch.cuda.synchronize()
     drops = case.capacity is not None and any(_dropped_pairs(case, seed, o).any() for o in (True, False))
     if drops or not hidden.shape[0]:
@@ -275,11 +284,13 @@ def _dropped_pairs(case: Case, seed: int, overlap: bool) -> torch.Tensor:
     return dropped
 
 
-def _graph_replay(layer, spec: MoESpec, tokens: int, how: str, seed: int, eager: torch.Tensor) -> float:  # noqa: ANN001
-    """The non-blocking layer captured in a CUDA graph and replayed on the same inputs: its output against
+def _graph_replay(layer, case: Case, how: str, seed: int, eager: torch.Tensor) -> float:  # noqa: ANN001
+    """The non-blocking layer (or the nccl dispatch's all-gather form) captured in a CUDA graph and replayed on the
+    same inputs: its output against
     the eager call's (the same kernels on the same data: equal but for the order of a top-k > 2 fused finalize's
     bf16 atomic adds; a top-2 layer's replays came out bit-identical)."""
     rank = dist.get_rank()
+    spec, tokens, counts = case.spec, case.tokens_of(rank), case.tokens_per_rank()
     g = torch.Generator().manual_seed(seed + 1 + rank)
     hidden = torch.randn(tokens, spec.hidden_size, generator=g).to("cuda", torch.bfloat16)
     ids, w = _routing(spec, tokens, how, seed, rank)
@@ -288,13 +299,13 @@ def _graph_replay(layer, spec: MoESpec, tokens: int, how: str, seed: int, eager:
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        layer(hidden, topk_ids=ids, topk_weights=w, out=out)  # warm-up on the capture stream
+        layer(hidden, topk_ids=ids, topk_weights=w, out=out, **counts)  # warm-up on the capture stream
     torch.cuda.current_stream().wait_stream(s)
     torch.cuda.synchronize()
     dist.barrier()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        layer(hidden, topk_ids=ids, topk_weights=w, out=out)
+        layer(hidden, topk_ids=ids, topk_weights=w, out=out, **counts)
     torch.cuda.synchronize()
     dist.barrier()
     out.fill_(float("nan"))
@@ -368,6 +379,15 @@ def cases(world: int) -> list[Case]:
             Case(base, 257, backend="nccl", fmt="permuted", overlap=True)]
     for tokens, top_k in ((1, 2), (255, 8), (8192, 8)):
         out.append(Case(wide.with_overrides(top_k=top_k), tokens, backend="nccl", deterministic=True))
+    # the nccl dispatch's all-gather form (calls give every rank's token count; each also replayed from a CUDA
+    # graph): 1 to 8192 tokens, top-k 1 and 8, skewed, an idle rank, shared experts, biases and a non-gated
+    # activation, rank 0 with one token beside many (unequal counts: a broadcast per rank there, a reduce per rank
+    # back), no tokens, overlap
+    nccl = functools.partial(Case, backend="nccl", counts=True)
+    out += [nccl(base, 1), nccl(base, 257), nccl(base, 8192), nccl(base.with_overrides(top_k=1), 200),
+            nccl(wide, 1000), nccl(wide, 64, "skewed"), nccl(wide, 64, "last_rank_idle"), nccl(shared, 100),
+            nccl(gelu, 77), nccl(base, 200, ragged=True), nccl(base, 0), nccl(base, 1, overlap=True),
+            nccl(base, 257, overlap=True), nccl(base, 200, overlap=True, ragged=True)]
     return out
 
 

@@ -1,7 +1,8 @@
 """mb_ep_nccl_exchange (cpp/src/stages/ep_nccl.cu) on one GPU: a one-rank NCCL process group, whose communicator
 the exchange borrows, sends every payload to itself; the bytes must come back as sent, and the exchange refuses a
 rank count its communicator does not have. The multi-rank exchanges are tests/gpu/ep_worker.py's nccl cases. And
-the nccl dispatch refuses a CUDA graph capture in one line (it reads the counts on the host)."""
+the nccl dispatch's two phases refuse a CUDA graph capture in one line (they read the counts on the host), where
+its all-gather form (mb_ep_nccl_all_gather / mb_ep_nccl_reduce_scatter) captures."""
 from __future__ import annotations
 
 import random
@@ -15,6 +16,7 @@ import torch.distributed as dist
 from moe_build import kernels as K
 from moe_build.errors import MoeBuildError
 from moe_build.kernels import KernelError
+from moe_build.planner.gates import Band, StageDecision
 from moe_build.runner.dispatch.nccl import NcclDispatch, communicator
 from moe_build.spec import MoESpec
 
@@ -67,3 +69,83 @@ def test_the_nccl_dispatch_refuses_a_graph_capture(comm: int) -> None:
     with torch.cuda.stream(s), pytest.raises(MoeBuildError, match="^dispatch: the nccl dispatch reads the row counts"):
         with torch.cuda.graph(torch.cuda.CUDAGraph(), stream=s):
             d.dispatch(hidden, ids, w)
+
+
+# ---- the all-gather form: mb_ep_nccl_all_gather / mb_ep_nccl_reduce_scatter, and the dispatch that runs them ----
+
+@pytest.mark.parametrize("rows", [0, 1, 257, 4096])
+def test_the_all_gather_lands_every_payload_as_sent(comm: int, rows: int) -> None:
+    g = torch.Generator(device="cuda").manual_seed(random.SystemRandom().randrange(1 << 30))
+    sends = (torch.randn(rows, 7168, device="cuda", generator=g).bfloat16(),
+             torch.randint(-1, 1 << 20, (rows, 8), device="cuda", generator=g, dtype=torch.int32),
+             torch.rand(rows, 8, device="cuda", generator=g))
+    recvs = [torch.full_like(s, -7) for s in sends]  # poisoned
+    K.ep_nccl_all_gather(comm, 0, [rows], list(zip(sends, recvs)))
+    for s, r in zip(sends, recvs):
+        assert torch.equal(r.view(torch.uint8), s.view(torch.uint8))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("rows", [1, 300])
+def test_the_reduce_scatter_of_one_rank_is_its_partial(comm: int, dtype: torch.dtype, rows: int) -> None:
+    g = torch.Generator(device="cuda").manual_seed(random.SystemRandom().randrange(1 << 30))
+    partial = torch.randn(rows, 2048, device="cuda", generator=g).to(dtype)
+    out = torch.full_like(partial, float("nan"))
+    K.ep_nccl_reduce_scatter(comm, 0, [rows], partial, out)
+    assert torch.equal(out, partial)
+
+
+def test_the_all_gather_form_refuses_counts_the_communicator_or_the_rows_do_not_have(comm: int) -> None:
+    x = torch.zeros(4, 16, device="cuda")
+    with pytest.raises(KernelError, match="the communicator has 1 ranks, ep_size is 2"):
+        K.ep_nccl_all_gather(comm, 0, [4, 4], [(x, torch.empty(8, 16, device="cuda"))])
+    with pytest.raises(KernelError, match="mb_ep_nccl_reduce_scatter: the communicator has 1 ranks, ep_size is 2"):
+        K.ep_nccl_reduce_scatter(comm, 0, [4, 4], torch.zeros(8, 16, device="cuda"), x)
+    with pytest.raises(ValueError, match=r"payloads\[0\]: 4 rows to send and 4 to receive"):
+        K.ep_nccl_all_gather(comm, 0, [4], [(x, torch.empty(3, 16, device="cuda"))])
+    with pytest.raises(ValueError, match="rows: a row count >= 0 for every rank"):
+        K.ep_nccl_all_gather(comm, 0, [-1], [(x, x)])
+
+
+def _all_gather_dispatch() -> NcclDispatch:
+    """A one-rank dispatch told the plan's all-gather band (a one-rank spec plans no dispatch at all)."""
+    exchange = StageDecision("nccl_exchange", "all_gather", "exact", (), (Band(1, None, "all_gather"),))
+    return NcclDispatch(MoESpec(256, 128, 8, 2, ep_size=1, ep_rank=0), K, exchange=exchange)
+
+
+def test_the_all_gather_dispatch_returns_its_rows_and_captures(comm: int) -> None:
+    """Given every rank's count, the dispatch all-gathers (the one rank receives its own tokens, ids local) and the
+    combine reduce-scatters them back; with nothing read on the host, a CUDA graph captures the pair, which the
+    two-phase form refuses (above)."""
+    d = _all_gather_dispatch()
+    g = torch.Generator(device="cuda").manual_seed(random.SystemRandom().randrange(1 << 30))
+    hidden = torch.randn(5, 256, device="cuda", dtype=torch.bfloat16, generator=g)
+    ids = torch.randint(0, 8, (5, 2), device="cuda", dtype=torch.int32, generator=g)
+    w = torch.rand(5, 2, device="cuda", generator=g)
+    got = d.dispatch(hidden, ids, w, [5])
+    assert got.gathered and torch.equal(got.hidden, hidden) and torch.equal(got.topk_ids, ids)
+    assert torch.equal(got.topk_weights, w)
+    out = torch.full_like(hidden, float("nan"))
+    d.combine(got.hidden, got, out)
+    assert torch.equal(out, hidden)
+    graph, replayed = torch.cuda.CUDAGraph(), torch.full_like(hidden, float("nan"))
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s), torch.cuda.graph(graph, stream=s):
+        again = d.dispatch(hidden, ids, w, [5])
+        d.combine(again.hidden, again, replayed)
+    torch.cuda.synchronize()
+    replayed.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(replayed, hidden)
+
+
+def test_the_all_gather_dispatch_refuses_counts_that_do_not_fit_the_call(comm: int) -> None:
+    d = _all_gather_dispatch()
+    hidden = torch.zeros(4, 256, device="cuda", dtype=torch.bfloat16)
+    ids = torch.zeros(4, 2, device="cuda", dtype=torch.int32)
+    w = torch.zeros(4, 2, device="cuda")
+    for counts, message in (([3], "gives rank 0 3 tokens, the call has 4"), ([4, 4], "expected 1 token counts")):
+        with pytest.raises(MoeBuildError, match=f"^tokens_per_rank: {message}"):
+            d.dispatch(hidden, ids, w, counts)

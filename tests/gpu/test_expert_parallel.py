@@ -29,7 +29,7 @@ def test_expert_parallel_matches_single_gpu_and_reference(ranks: int, tmp_path: 
                         str(WORKER), str(out)], env=env, capture_output=True, text=True, timeout=1200)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     doc = json.loads(out.read_text())
-    assert doc["world"] == ranks and len(doc["cases"]) == ranks * 89
+    assert doc["world"] == ranks and len(doc["cases"]) == ranks * 103
     checked = [c for c in doc["cases"] if c["tokens"]]
     assert checked and all(c["rel_err_runner"] < 2 * 2.0 ** -8 and c["rel_err_reference"] < 1e-2 for c in checked)
     assert {c["backend"] for c in checked} == {"nvlink", "nccl"}
@@ -48,3 +48,8 @@ def test_expert_parallel_matches_single_gpu_and_reference(ranks: int, tmp_path: 
     grouped = {(c["backend"], c["format"]) for c in checked}
     assert {("nvlink", "permuted"), ("nvlink", "batched"), ("nccl", "permuted"), ("nccl", "batched")} <= grouped
     assert {c["backend"] for c in checked if c.get("bit_identical")} == {"nvlink", "nccl"}
+    # the nccl dispatch's all-gather form ran (captured and replayed: the two-phase form refuses a capture), with
+    # and without overlap
+    gathered = [c for c in checked if c["backend"] == "nccl" and c["counts"]]
+    assert sum("graph_rel_err" in c for c in gathered) == ranks * 13
+    assert any(c["overlap"] and "rel_err_plain" in c for c in gathered)

@@ -125,6 +125,46 @@ def ep_nccl_exchange(comm: int, send_rows: Sequence[int], recv_rows: Sequence[in
          _stream(stream, payloads[0][0].device))
 
 
+def _rank_rows(rows: Sequence[int]) -> ctypes.Array:
+    """Every rank's row count as the host array the all-gather form's exchanges take."""
+    if not rows or any(isinstance(r, bool) or not isinstance(r, int) or r < 0 for r in rows):
+        raise ValueError(f"rows: a row count >= 0 for every rank, got {list(rows)!r}")
+    return (ctypes.c_int32 * len(rows))(*rows)
+
+
+def ep_nccl_all_gather(comm: int, rank: int, rows: Sequence[int],
+                       payloads: Sequence[tuple[torch.Tensor, torch.Tensor]],
+                       stream: int | torch.cuda.Stream | None = None) -> None:
+    """The all-gather form over NCCL communicator `comm`, this process rank `rank` of len(rows): for each (send,
+    recv) of up to three `payloads`, this rank's rows[rank] rows of send to every rank, every rank's landing in
+    recv [sum(rows), ...] in rank order; one NCCL group on `stream` (every rank passes the same `rows`)."""
+    counts = _rank_rows(rows)
+    if not 1 <= len(payloads) <= 3:
+        raise ValueError(f"payloads: 1 to 3 (send, recv) pairs, got {len(payloads)}")
+    args: list[object] = []
+    for j, (send, recv) in enumerate(payloads):
+        _check(send, f"payloads[{j}] send")
+        _check(recv, f"payloads[{j}] recv", None, send.dtype, send.device)
+        if send.shape[0] != rows[rank] or recv.shape[0] != sum(rows) or _row_bytes(send) != _row_bytes(recv):
+            raise ValueError(f"payloads[{j}]: {rows[rank]} rows to send and {sum(rows)} to receive, of equal size; "
+                             f"got {list(send.shape)} and {list(recv.shape)}")
+        args += [send.data_ptr(), recv.data_ptr(), _row_bytes(send)]
+    args += [None, None, 0] * (3 - len(payloads))
+    call("mb_ep_nccl_all_gather", comm, len(rows), counts, *args, _stream(stream, payloads[0][0].device))
+
+
+def ep_nccl_reduce_scatter(comm: int, rank: int, rows: Sequence[int], partial: torch.Tensor, out: torch.Tensor,
+                           stream: int | torch.cuda.Stream | None = None) -> torch.Tensor:
+    """The all-gather form's return: `partial` [sum(rows), H] (every rank's rows, as ep_nccl_all_gather landed
+    them) summed over the ranks into this rank's `out` [rows[rank], H] (NCCL's sum, in its order)."""
+    counts = _rank_rows(rows)
+    _check(partial, "partial", (sum(rows), None))
+    _check(out, "out", (rows[rank], partial.shape[1]), partial.dtype, partial.device)
+    call("mb_ep_nccl_reduce_scatter", comm, len(rows), counts, partial.shape[1], _dtype_code(partial, "partial"),
+         partial.data_ptr(), out.data_ptr(), _stream(stream, partial.device))
+    return out
+
+
 def ep_combine(returned: torch.Tensor, token_slots: torch.Tensor, out: torch.Tensor | None = None,
                stream: int | torch.cuda.Stream | None = None, sms: int | None = None) -> torch.Tensor:
     """returned [rows, H] (the ranks' partial rows, in send-row order) -> out [T, H]: each token's rows summed in

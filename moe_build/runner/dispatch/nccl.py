@@ -12,6 +12,14 @@ row goes to) and weights, and one exchange moves all three, landing as the exper
 reverse exchange of the experts' partial rows (each already the weighted sum over the receiving rank's
 experts), summed per token in rank order by `mb_ep_combine`.
 
+The all-gather form (the plan's nccl_exchange `all_gather`, for calls that give every rank's token count, as a
+serving loop knows them once per step, within the plan's band): every rank's tokens, ids and weights go to every
+rank in one NCCL all-gather (a broadcast per rank where the counts differ), this rank's experts take the rows
+holding its experts (the others' ids map to -1 and route nowhere, their partial rows stay zero), and one
+reduce-scatter sums each token's partial rows back into its rank's output. Nothing is counted or read on the host,
+so the call also runs inside a CUDA graph; it moves the worst case's bytes, which at top-8 over 2 to 4 ranks is
+about what the exact sizes move (a token reaches nearly every rank).
+
 The exchanges are `mb_ep_nccl_exchange` (cpp/src/stages/ep_nccl.cu): NCCL point-to-point sends and receives in
 one group on the caller's stream, over the process group's own communicator (`ProcessGroupNCCL._comm_ptr()`),
 rather than torch.distributed.all_to_all_single, whose wrapper's host time made most of the 25 to 90 us each of
@@ -33,7 +41,10 @@ from types import ModuleType
 import torch
 import torch.distributed as dist
 
+from collections.abc import Sequence
+
 from ...errors import MoeBuildError
+from ...planner.gates import StageDecision
 from ...spec import MoESpec
 from .group import rank_group
 from .permuted import PermutedDispatched, PermuteLayout, sum_pairs
@@ -48,7 +59,9 @@ class Dispatched:
     topk_weights: torch.Tensor    # [R, K] fp32
     send_splits: list[int]        # rows sent to each rank (the combine receives as many back)
     recv_splits: list[int]        # rows received from each rank
-    token_slots: torch.Tensor     # [T, ep_size] int32: token t's send row for rank d, -1 where not sent
+    token_slots: torch.Tensor | None  # [T, ep_size] int32: token t's send row for rank d, -1 where not sent
+    gathered: bool = False        # the all-gather form: recv_splits are every rank's tokens, summed back by a
+    #                               reduce-scatter
 
     @property
     def sent_rows(self) -> int:
@@ -80,7 +93,7 @@ class NcclDispatch:
     instance per micro-batch)."""
 
     def __init__(self, spec: MoESpec, kernels: ModuleType, group: dist.ProcessGroup | None = None,
-                 unpermute: PermuteLayout | None = None) -> None:
+                 unpermute: PermuteLayout | None = None, exchange: StageDecision | None = None) -> None:
         self.spec = spec
         self.k = kernels
         self.group = rank_group(spec, group)
@@ -93,10 +106,35 @@ class NcclDispatch:
         self.comm = communicator(self.group, self.device)
         self.counts = torch.zeros((2, self.ep), dtype=torch.int32, device=self.device)  # rows to, from each rank
         self._ones = [1] * self.ep
+        if exchange is not None and exchange.stage != "nccl_exchange":
+            raise MoeBuildError("exchange", f"expected the plan's nccl_exchange decision, got {exchange.stage}",
+                                "plan.stage('nccl_exchange')")
+        self.exchange = exchange  # the plan's nccl_exchange (None: the two phases at every count)
+        # global expert id -> this rank's local id, -1 for the other ranks' experts (the all-gather form's ids)
+        local = torch.full((spec.num_experts,), -1, dtype=torch.int32, device=self.device)
+        local[self.first:self.first + self.local] = torch.arange(self.local, dtype=torch.int32, device=self.device)
+        self._local_ids = local
 
-    def dispatch(self, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
+    def gathers(self, tokens_per_rank: Sequence[int] | None) -> bool:
+        """Whether a call with these token counts (None: not given) runs the all-gather form: the plan's band at
+        every rank's tokens together, where the call gives them (the two phases find them otherwise)."""
+        if tokens_per_rank is None or self.exchange is None:
+            return False
+        if len(tokens_per_rank) != self.ep or any(isinstance(t, bool) or not isinstance(t, int) or t < 0
+                                                  for t in tokens_per_rank):
+            raise MoeBuildError("tokens_per_rank", f"expected {self.ep} token counts >= 0, got {tokens_per_rank!r}",
+                                "every rank's token count of this call, or None")
+        # no token anywhere (an empty micro-batch): nothing moves, on every rank alike (the band at one token)
+        return self.exchange.choice_for(max(sum(tokens_per_rank), 1)) == "all_gather"
+
+    def dispatch(self, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                 tokens_per_rank: Sequence[int] | None = None) -> Dispatched:
         """Send each token of `hidden` [T, H] with its top-k ids [T, K] (global) and weights to the ranks holding
-        its experts; returns the rows this rank received, their ids made local."""
+        its experts; returns the rows this rank received, their ids made local. `tokens_per_rank`: every rank's T
+        of this call where the caller knows them (the same list on every rank): the all-gather form, as the plan's
+        nccl_exchange band says."""
+        if self.gathers(tokens_per_rank):
+            return self._all_gather(hidden, topk_ids, topk_weights, list(tokens_per_rank))  # type: ignore[arg-type]
         K, H = topk_ids.shape[1], hidden.shape[1]
         counts, send_tokens, slots = self.k.ep_layout(topk_ids, self.ep, self.local, send_counts=self.counts[0])
         send_splits, recv_splits = self._exchange_counts()
@@ -110,6 +148,21 @@ class NcclDispatch:
         self.k.ep_nccl_exchange(self.comm, send_splits, recv_splits,
                                 ((send_rows, recv_rows), (send_meta[0], recv_meta[0]), (send_meta[1], recv_meta[1])))
         return Dispatched(recv_rows, recv_meta[0], recv_meta[1].view(torch.float32), send_splits, recv_splits, slots)
+
+    def _all_gather(self, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                    tokens: list[int]) -> Dispatched:
+        """The all-gather form: every rank's tokens with their ids and weights, rank d's after ranks 0..d-1's."""
+        rank = self.spec.ep_rank
+        if hidden.shape[0] != tokens[rank]:
+            raise MoeBuildError("tokens_per_rank", f"gives rank {rank} {tokens[rank]} tokens, the call has "
+                                f"{hidden.shape[0]}", "every rank's token count of this call, the same on every rank")
+        R, K, dev = sum(tokens), topk_ids.shape[1], hidden.device
+        rows = torch.empty((R, hidden.shape[1]), dtype=hidden.dtype, device=dev)
+        ids = torch.empty((R, K), dtype=torch.int32, device=dev)
+        weights = torch.empty((R, K), dtype=torch.float32, device=dev)
+        self.k.ep_nccl_all_gather(self.comm, rank, tokens, ((hidden, rows), (topk_ids, ids), (topk_weights, weights)))
+        local = self._local_ids.index_select(0, ids.view(-1)).view(R, K)  # one gather kernel
+        return Dispatched(rows, local, weights, tokens[:], tokens[:], None, gathered=True)
 
     def _exchange_counts(self) -> tuple[list[int], list[int]]:
         """Phase one: self.counts[0] (rows for each rank, on the device) to every rank, theirs into self.counts[1];
@@ -193,7 +246,9 @@ class NcclDispatch:
 
     def combine(self, partial: torch.Tensor, d: Dispatched, out: torch.Tensor) -> torch.Tensor:
         """The received rows' partial outputs `partial` [R, H] back to their ranks, summed per token into `out`
-        [T, H] (rank order, fp32)."""
+        [T, H] (rank order, fp32; the all-gather form: NCCL's reduce-scatter)."""
+        if d.gathered:
+            return self.k.ep_nccl_reduce_scatter(self.comm, self.spec.ep_rank, d.recv_splits, partial, out)
         returned = torch.empty((d.sent_rows, partial.shape[1]), dtype=partial.dtype, device=partial.device)
         self.k.ep_nccl_exchange(self.comm, d.recv_splits, d.send_splits, ((partial, returned),))
         return self.k.ep_combine(returned, d.token_slots, out=out)
