@@ -35,13 +35,12 @@ zeroed buffer, and `mb_finalize` weights and sums each token's K rows in k order
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
 
 import torch
 import torch.distributed as dist
-
-from collections.abc import Sequence
 
 from ...errors import MoeBuildError
 from ...planner.gates import StageDecision
@@ -59,9 +58,10 @@ class Dispatched:
     topk_weights: torch.Tensor    # [R, K] fp32
     send_splits: list[int]        # rows sent to each rank (the combine receives as many back)
     recv_splits: list[int]        # rows received from each rank
-    token_slots: torch.Tensor | None  # [T, ep_size] int32: token t's send row for rank d, -1 where not sent
-    gathered: bool = False        # the all-gather form: recv_splits are every rank's tokens, summed back by a
-    #                               reduce-scatter
+    # [T, ep_size] int32: token t's send row for rank d, -1 where not sent; None in the all-gather form (every
+    # token goes everywhere: recv_splits are every rank's tokens, and a reduce-scatter sums them back)
+    token_slots: torch.Tensor | None
+    gathered: bool = False        # the all-gather form
 
     @property
     def sent_rows(self) -> int:
@@ -115,10 +115,10 @@ class NcclDispatch:
         local[self.first:self.first + self.local] = torch.arange(self.local, dtype=torch.int32, device=self.device)
         self._local_ids = local
 
-    def gathers(self, tokens_per_rank: Sequence[int] | None) -> bool:
-        """Whether a call with these token counts (None: not given) runs the all-gather form: the plan's band at
-        every rank's tokens together, where the call gives them (the two phases find them otherwise)."""
-        if tokens_per_rank is None or self.exchange is None:
+    def gathers(self, tokens_per_rank: Sequence[int]) -> bool:
+        """Whether a call given every rank's token count runs the all-gather form: the plan's band at every rank's
+        tokens together (a call without them, or a dispatch made without the plan's decision, runs the two phases)."""
+        if self.exchange is None:
             return False
         if len(tokens_per_rank) != self.ep or any(isinstance(t, bool) or not isinstance(t, int) or t < 0
                                                   for t in tokens_per_rank):
@@ -133,8 +133,8 @@ class NcclDispatch:
         its experts; returns the rows this rank received, their ids made local. `tokens_per_rank`: every rank's T
         of this call where the caller knows them (the same list on every rank): the all-gather form, as the plan's
         nccl_exchange band says."""
-        if self.gathers(tokens_per_rank):
-            return self._all_gather(hidden, topk_ids, topk_weights, list(tokens_per_rank))  # type: ignore[arg-type]
+        if tokens_per_rank is not None and self.gathers(tokens_per_rank):
+            return self._all_gather(hidden, topk_ids, topk_weights, list(tokens_per_rank))
         K, H = topk_ids.shape[1], hidden.shape[1]
         counts, send_tokens, slots = self.k.ep_layout(topk_ids, self.ep, self.local, send_counts=self.counts[0])
         send_splits, recv_splits = self._exchange_counts()
