@@ -47,3 +47,15 @@ def test_summary_counts() -> None:
     line = summary(ep_targets(json.loads(RESULT.read_text()), LAYER_HIDDEN))
     assert line == ("targets (issue 49): one_all_to_all 0 of 6; link_ceiling 2 of 2; never_slower_nvlink 12 of 12; "
                     "never_slower_nccl 0 of 12; overlap_hides_half 0 of 2; met 14 of 34")
+
+
+def test_the_table_of_a_run_with_the_nccl_forms() -> None:
+    """bench-ep's closing table over a 2 x H200 run that timed both nccl forms (its first row's times as the run's log
+    printed them while timing): every dispatch row shows the all-gather form, the two phases and the pair, eager and
+    graph."""
+    from moe_build.bench.ep import table
+    run = Path(__file__).parent.parent / "docs/measured/h200x2-2026-11-30-nccl-all-gather/bench_ep_run1.json"
+    lines = table(json.loads(run.read_text())).splitlines()
+    assert lines[2].split()[:11] == ["2048", "1", "|", "343.4", "170.4", "429.6", "80.5", "|", "19.7", "24.1", "19.6"]
+    assert sum(line.startswith("  qwen3-30b-a3b") for line in lines) == 4
+    assert lines[-1].startswith("targets (issue 49): one_all_to_all 0 of 6;")
