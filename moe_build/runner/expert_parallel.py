@@ -114,6 +114,10 @@ class ExpertParallelMoE:
     (token, k) output going back to be weighted and summed in k order where the token lives (bit for bit the
     single-GPU layer's separate finalize; the planner takes it for deterministic targets).
 
+    A call may give every rank's token count (`tokens_per_rank`, the same list on every rank, as a serving loop
+    knows them once per step): the nccl dispatch then takes the plan's `nccl_exchange` band (`all_gather`: nothing
+    read on the host, so the call is graph-capturable); without it the nccl dispatch finds them (the two phases).
+
     `dispatch_sms` / `combine_sms` (nvlink dispatch only; None: the kernels' own grid) cap the SMs the dispatch
     side (rows into the peers, the gather) and the combine side (partials back, the per-token sum) occupy: at
     most that many blocks, one SM each, leaving the rest to expert compute running beside them (overlap).
