@@ -34,13 +34,19 @@ def comm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("rows", [0, 1, 257, 4096])
-def test_every_payload_comes_back_as_sent(comm: int, rows: int) -> None:
+def _payloads(rows: int, weights: int) -> tuple[tuple[torch.Tensor, ...], list[torch.Tensor]]:
+    """Fresh random rows, ids and weights of `rows` rows (the three payloads of a dispatch), and poisoned buffers
+    to receive them."""
     g = torch.Generator(device="cuda").manual_seed(random.SystemRandom().randrange(1 << 30))
     sends = (torch.randn(rows, 7168, device="cuda", generator=g).bfloat16(),
              torch.randint(-1, 1 << 20, (rows, 8), device="cuda", generator=g, dtype=torch.int32),
-             torch.rand(rows, 3, device="cuda", generator=g))
-    recvs = [torch.full_like(s, -7) for s in sends]  # poisoned
+             torch.rand(rows, weights, device="cuda", generator=g))
+    return sends, [torch.full_like(s, -7) for s in sends]
+
+
+@pytest.mark.parametrize("rows", [0, 1, 257, 4096])
+def test_every_payload_comes_back_as_sent(comm: int, rows: int) -> None:
+    sends, recvs = _payloads(rows, 3)
     K.ep_nccl_exchange(comm, [rows], [rows], list(zip(sends, recvs)))
     for s, r in zip(sends, recvs):
         assert torch.equal(r.view(torch.uint8), s.view(torch.uint8))
@@ -75,11 +81,7 @@ def test_the_nccl_dispatch_refuses_a_graph_capture(comm: int) -> None:
 
 @pytest.mark.parametrize("rows", [0, 1, 257, 4096])
 def test_the_all_gather_lands_every_payload_as_sent(comm: int, rows: int) -> None:
-    g = torch.Generator(device="cuda").manual_seed(random.SystemRandom().randrange(1 << 30))
-    sends = (torch.randn(rows, 7168, device="cuda", generator=g).bfloat16(),
-             torch.randint(-1, 1 << 20, (rows, 8), device="cuda", generator=g, dtype=torch.int32),
-             torch.rand(rows, 8, device="cuda", generator=g))
-    recvs = [torch.full_like(s, -7) for s in sends]  # poisoned
+    sends, recvs = _payloads(rows, 8)
     K.ep_nccl_all_gather(comm, 0, [rows], list(zip(sends, recvs)))
     for s, r in zip(sends, recvs):
         assert torch.equal(r.view(torch.uint8), s.view(torch.uint8))

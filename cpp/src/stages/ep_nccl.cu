@@ -99,13 +99,31 @@ mb_status check_comm(const char* who, void* comm, int ep_size, int* rank) {
   return MB_OK;
 }
 
-// Every rank's row count (a host array of ep_size), checked, as prefix sums.
-mb_status rank_rows(const char* who, int ep_size, const int32_t* rows, int64_t* at) {
+// The all-gather form's checks: the communicator (check_comm), every rank's row count (a host array of ep_size) as
+// prefix sums `at`, and whether the counts are all equal (NCCL's collectives take one count for every rank).
+mb_status check_rank_rows(const char* who, void* comm, int ep_size, const int32_t* rows, int* rank, int64_t* at,
+                          bool* equal) {
+  const mb_status st = check_comm(who, comm, ep_size, rank);
+  if (st != MB_OK) return st;
   MB_REQUIRE(rows != nullptr, "%s: rows (a host array of ep_size row counts) must be non-NULL", who);
   at[0] = 0;
+  *equal = true;
   for (int d = 0; d < ep_size; ++d) {
     MB_REQUIRE(rows[d] >= 0, "%s: row counts must be >= 0, got %d for rank %d", who, rows[d], d);
     at[d + 1] = at[d] + rows[d];
+    *equal = *equal && rows[d] == rows[0];
+  }
+  return MB_OK;
+}
+
+// The payloads' checks of both exchanges: row sizes >= 0 (0: no such payload), buffers where rows move.
+mb_status check_payloads(const char* who, const void* const* sends, void* const* recvs, const int64_t* row_bytes,
+                         bool sends_rows, bool receives_rows) {
+  for (int j = 0; j < kPayloads; ++j) {
+    MB_REQUIRE(row_bytes[j] >= 0, "%s: row_bytes%d must be >= 0 (0: no such payload), got %lld", who, j,
+               static_cast<long long>(row_bytes[j]));
+    MB_REQUIRE(row_bytes[j] == 0 || ((sends[j] || !sends_rows) && (recvs[j] || !receives_rows)),
+               "%s: payload %d's buffers must be non-NULL where rows move", who, j);
   }
   return MB_OK;
 }
@@ -133,12 +151,8 @@ extern "C" mb_status mb_ep_nccl_exchange(void* comm, int ep_size, const int32_t*
     send_at[d + 1] = send_at[d] + send_rows[d];
     recv_at[d + 1] = recv_at[d] + recv_rows[d];
   }
-  for (int j = 0; j < kPayloads; ++j) {
-    MB_REQUIRE(row_bytes[j] >= 0, "%s: row_bytes%d must be >= 0 (0: no such payload), got %lld", who, j,
-               static_cast<long long>(row_bytes[j]));
-    MB_REQUIRE(row_bytes[j] == 0 || ((sends[j] || send_at[ep_size] == 0) && (recvs[j] || recv_at[ep_size] == 0)),
-               "%s: payload %d's buffers must be non-NULL where rows move", who, j);
-  }
+  const mb_status checked = check_payloads(who, sends, recvs, row_bytes, send_at[ep_size] > 0, recv_at[ep_size] > 0);
+  if (checked != MB_OK) return checked;
   int r = api.group_start();
   if (r != kNcclSuccess) return nccl_failed(who, "ncclGroupStart", r);
   for (int s = 1; s <= ep_size; ++s) {
@@ -165,22 +179,15 @@ extern "C" mb_status mb_ep_nccl_all_gather(void* comm, int ep_size, const int32_
                                            cudaStream_t stream) {
   const char* who = "mb_ep_nccl_all_gather";
   int rank = 0;
-  mb_status st = check_comm(who, comm, ep_size, &rank);
-  if (st != MB_OK) return st;
   int64_t at[kMaxRanks + 1];
-  if ((st = rank_rows(who, ep_size, rows, at)) != MB_OK) return st;
+  bool equal = true;
+  mb_status st = check_rank_rows(who, comm, ep_size, rows, &rank, at, &equal);
+  if (st != MB_OK) return st;
   const void* sends[kPayloads] = {send0, send1, send2};
   void* recvs[kPayloads] = {recv0, recv1, recv2};
   const int64_t row_bytes[kPayloads] = {row_bytes0, row_bytes1, row_bytes2};
-  for (int j = 0; j < kPayloads; ++j) {
-    MB_REQUIRE(row_bytes[j] >= 0, "%s: row_bytes%d must be >= 0 (0: no such payload), got %lld", who, j,
-               static_cast<long long>(row_bytes[j]));
-    MB_REQUIRE(row_bytes[j] == 0 || ((sends[j] || rows[rank] == 0) && (recvs[j] || at[ep_size] == 0)),
-               "%s: payload %d's buffers must be non-NULL where rows move", who, j);
-  }
+  if ((st = check_payloads(who, sends, recvs, row_bytes, rows[rank] > 0, at[ep_size] > 0)) != MB_OK) return st;
   if (at[ep_size] == 0) return MB_OK;  // no rank has a row: nothing moves anywhere
-  bool equal = true;
-  for (int d = 1; d < ep_size; ++d) equal = equal && rows[d] == rows[0];
   // ncclAllGather where the counts are equal. Sends of the same buffer to every rank were slower at decode sizes
   // on 2 H200s (bench/nccl_forms_probe.py, graph replay, dispatch alone: 24.2-25.4 against 15.7 us at one token;
   // 252.4 against 267.4 at 4096 rows of hidden 7168).
@@ -209,12 +216,10 @@ extern "C" mb_status mb_ep_nccl_reduce_scatter(void* comm, int ep_size, const in
                                                int dtype, const void* partial, void* out, cudaStream_t stream) {
   const char* who = "mb_ep_nccl_reduce_scatter";
   int rank = 0;
-  mb_status st = check_comm(who, comm, ep_size, &rank);
-  if (st != MB_OK) return st;
   int64_t at[kMaxRanks + 1];
-  if ((st = rank_rows(who, ep_size, rows, at)) != MB_OK) return st;
   bool equal = true;
-  for (int d = 1; d < ep_size; ++d) equal = equal && rows[d] == rows[0];
+  const mb_status st = check_rank_rows(who, comm, ep_size, rows, &rank, at, &equal);
+  if (st != MB_OK) return st;
   MB_REQUIRE(hidden >= 1, "%s: hidden must be >= 1, got %lld", who, static_cast<long long>(hidden));
   MB_REQUIRE(dtype == MB_FP32 || dtype == MB_FP16 || dtype == MB_BF16, "%s: dtype must be MB_FP32, MB_FP16 or "
              "MB_BF16, got %d", who, dtype);

@@ -99,6 +99,22 @@ def _row_bytes(t: torch.Tensor) -> int:
     return math.prod(t.shape[1:]) * t.element_size()
 
 
+def _payload_args(payloads: Sequence[tuple[torch.Tensor, torch.Tensor]], sent: int, received: int) -> list[object]:
+    """The NCCL exchanges' three (send, recv, row bytes) argument triples from up to three `payloads`, each checked
+    to move `sent` rows out and `received` in, of one row size (absent payloads: NULL, NULL, 0)."""
+    if not 1 <= len(payloads) <= 3:
+        raise ValueError(f"payloads: 1 to 3 (send, recv) pairs, got {len(payloads)}")
+    args: list[object] = []
+    for j, (send, recv) in enumerate(payloads):
+        _check(send, f"payloads[{j}] send")
+        _check(recv, f"payloads[{j}] recv", None, send.dtype, send.device)
+        if send.shape[0] != sent or recv.shape[0] != received or _row_bytes(send) != _row_bytes(recv):
+            raise ValueError(f"payloads[{j}]: {sent} rows to send and {received} to receive, of equal size; got "
+                             f"{list(send.shape)} and {list(recv.shape)}")
+        args += [send.data_ptr(), recv.data_ptr(), _row_bytes(send)]
+    return args + [None, None, 0] * (3 - len(payloads))
+
+
 def ep_nccl_exchange(comm: int, send_rows: Sequence[int], recv_rows: Sequence[int],
                      payloads: Sequence[tuple[torch.Tensor, torch.Tensor]],
                      stream: int | torch.cuda.Stream | None = None) -> None:
@@ -108,18 +124,7 @@ def ep_nccl_exchange(comm: int, send_rows: Sequence[int], recv_rows: Sequence[in
     ep = len(send_rows)
     if len(recv_rows) != ep:
         raise ValueError(f"recv_rows: {len(recv_rows)} counts for {ep} ranks")
-    if not 1 <= len(payloads) <= 3:
-        raise ValueError(f"payloads: 1 to 3 (send, recv) pairs, got {len(payloads)}")
-    sent, received = sum(send_rows), sum(recv_rows)
-    args: list[object] = []
-    for j, (send, recv) in enumerate(payloads):
-        _check(send, f"payloads[{j}] send")
-        _check(recv, f"payloads[{j}] recv", None, send.dtype, send.device)
-        if send.shape[0] != sent or recv.shape[0] != received or _row_bytes(send) != _row_bytes(recv):
-            raise ValueError(f"payloads[{j}]: {sent} rows to send and {received} to receive, of equal size; got "
-                             f"{list(send.shape)} and {list(recv.shape)}")
-        args += [send.data_ptr(), recv.data_ptr(), _row_bytes(send)]
-    args += [None, None, 0] * (3 - len(payloads))
+    args = _payload_args(payloads, sum(send_rows), sum(recv_rows))
     rows = ctypes.c_int32 * ep
     call("mb_ep_nccl_exchange", comm, ep, rows(*send_rows), rows(*recv_rows), *args,
          _stream(stream, payloads[0][0].device))
@@ -139,17 +144,7 @@ def ep_nccl_all_gather(comm: int, rank: int, rows: Sequence[int],
     recv) of up to three `payloads`, this rank's rows[rank] rows of send to every rank, every rank's landing in
     recv [sum(rows), ...] in rank order; one NCCL group on `stream` (every rank passes the same `rows`)."""
     counts = _rank_rows(rows)
-    if not 1 <= len(payloads) <= 3:
-        raise ValueError(f"payloads: 1 to 3 (send, recv) pairs, got {len(payloads)}")
-    args: list[object] = []
-    for j, (send, recv) in enumerate(payloads):
-        _check(send, f"payloads[{j}] send")
-        _check(recv, f"payloads[{j}] recv", None, send.dtype, send.device)
-        if send.shape[0] != rows[rank] or recv.shape[0] != sum(rows) or _row_bytes(send) != _row_bytes(recv):
-            raise ValueError(f"payloads[{j}]: {rows[rank]} rows to send and {sum(rows)} to receive, of equal size; "
-                             f"got {list(send.shape)} and {list(recv.shape)}")
-        args += [send.data_ptr(), recv.data_ptr(), _row_bytes(send)]
-    args += [None, None, 0] * (3 - len(payloads))
+    args = _payload_args(payloads, rows[rank], sum(rows))
     call("mb_ep_nccl_all_gather", comm, len(rows), counts, *args, _stream(stream, payloads[0][0].device))
 
 
