@@ -336,10 +336,11 @@ def test_tactics_the_weight_only_gemm_cannot_run(name: str, problem: str) -> Non
 
 
 def test_weight_only_int4_decode_stages_token_rows_where_they_fit() -> None:
-    """The int4 forms with one scale per row or per 128 k (k % 128 == 0) run the decode kernel staged (token rows in
-    shared memory) while a chunk's rows, min(8, tokens * top_k), fit its 104 KB: (104 KB - 256) // (k_split *
-    (slice * 2 + 64)) rows, gemm/woq_decode.cu staged_smem; the band ends where they stop fitting. Every other form,
-    and a forced staged tactic whose 8-row chunks do not fit, is refused."""
+    """The int4 forms with one scale per row or per 128 k (k % 128 == 0), or per 64 k (k % 64 == 0), run the decode
+    kernel staged (token rows in shared memory) while a chunk's rows, min(8, tokens * top_k), fit its 104 KB:
+    (104 KB - 256) // (k_split * (slice in whole 128-k batches * 2 + 64)) rows, gemm/woq_decode.cu staged_smem; the
+    band ends where they stop fitting. Every other form, and a forced staged tactic whose 8-row chunks do not fit, is
+    refused."""
     mixtral_down = call(epilogue="store", woq="int4", woq_group=128, n=4096, k=14336, experts=8, top_k=2)
     assert [woq_staged_rows(mixtral_down, s) for s in (1, 2, 4, 8)] == [3, 3, 3, 3]  # 106240 // 28736 etc.
     assert woq_staged_rows(dataclasses.replace(mixtral_down, k=12416), 1) == 4  # 106240 // 24896
@@ -348,9 +349,14 @@ def test_weight_only_int4_decode_stages_token_rows_where_they_fit() -> None:
     assert [at(mixtral_down, t) for t in (1, 2)] == ["decode:staged_ksplit4:after_trigger:plain",
                                                      "decode:ksplit2:after_trigger:plain"]
     assert tactic_bands(mixtral_down)[0][:2] == (1, 1)
-    for other in (dict(woq_group=64), dict(woq="int8", itemsize=1, woq_group=0), dict(woq="mxfp4", woq_group=32),
+    for other in (dict(woq_group=32), dict(woq="int8", itemsize=1, woq_group=0), dict(woq="mxfp4", woq_group=32),
                   dict(k=14336 - 64)):
         assert at(dataclasses.replace(mixtral_down, **other), 1).startswith("decode:ksplit")
+    for group64 in (dict(woq_group=64), dict(woq_group=64, k=14336 - 64)):  # k % 128 == 64: a half batch at the end
+        assert at(dataclasses.replace(mixtral_down, **group64), 1) == "decode:staged_ksplit4:after_trigger:plain"
+    gpt_oss_up = call(epilogue="store", woq="int4", woq_group=64, n=5760, k=2880, experts=32, top_k=4)
+    assert woq_staged_rows(gpt_oss_up, 1) == 8  # 106240 // (23 * 128 * 2 + 64) = 17, capped at 8
+    assert woq_staged_rows(dataclasses.replace(gpt_oss_up, k=2880 * 8), 1) == 2  # 106240 // (180 * 256 + 64)
     assert at(dataclasses.replace(mixtral_down, a_e4m3=True), 1) == "decode:staged_ksplit4:after_trigger:plain"
     staged = GemmTactic.parse("decode:staged_ksplit2:plain:plain")
     assert (staged.kernel, staged.tile, staged.k_split, staged.name) == ("decode", "staged", 2,
@@ -358,7 +364,8 @@ def test_weight_only_int4_decode_stages_token_rows_where_they_fit() -> None:
     small = dataclasses.replace(mixtral_down, k=4096)
     assert tactic_problem(small, staged) is None
     assert "do not fit" in tactic_problem(mixtral_down, staged)
-    assert "one scale per row or per 128 k" in tactic_problem(dataclasses.replace(small, woq_group=64), staged)
+    assert "one scale per row or per 128 k" in tactic_problem(dataclasses.replace(small, woq_group=32), staged)
+    assert tactic_problem(dataclasses.replace(small, woq_group=64, k=4096 - 64), staged) is None
     assert "weight-only int4 GEMM's" in tactic_problem(call(epilogue="store"), staged)
     with pytest.raises(MoeBuildError, match="staged or not"):
         GemmTactic.parse("decode:staged2:plain:plain")

@@ -432,9 +432,10 @@ def woq_decode_k_split_rule(call: GemmCall, rows: RowCount) -> int:
     return k_split
 
 
-# Weight-only decode form: the int4 codes forms (woq_int4_codes) stage a chunk's token rows in shared memory
+# Weight-only decode form: the int4 codes forms (woq_int4_staged) stage a chunk's token rows in shared memory
 # (gemm/woq_decode.cu, woq_decode_int4_staged_kernel: one wait per 3-4 KB of weights a warp instead of one per KB)
-# wherever the rows fit it, else read them into a register ring (woq_decode_int4_codes_kernel). H200, W4A16 layers
+# wherever the rows fit it, else read them into a register ring (woq_decode_int4_codes_kernel; group 64 there takes
+# the first decode kernel). H200, W4A16 layers
 # at 1 and 16 tokens: 6-19% faster staged, except Mixtral-8x7B's GEMM2 at 8-row chunks, whose 229 KB of rows did not
 # fit and ran slower in windows (docs/performance.md, "The staged int4 decode kernel").
 def woq_decode_tile_rule(call: GemmCall, rows: RowCount, k_split: int) -> str:
@@ -446,9 +447,15 @@ def woq_decode_tile_rule(call: GemmCall, rows: RowCount, k_split: int) -> str:
 
 
 def woq_int4_codes(call: GemmCall) -> bool:
-    """The weight-only GEMM's int4 codes forms (gemm/woq_decode.cu int4_codes_fit): int4 weights with one scale per
-    row or per 128 k, and whole 128-k batches."""
+    """The weight-only GEMM's int4 codes forms on the ring kernel (gemm/woq_decode.cu int4_codes_fit): int4 weights
+    with one scale per row or per 128 k, and whole 128-k batches."""
     return call.woq == "int4" and call.woq_group in (0, 128) and call.k % 128 == 0
+
+
+def woq_int4_staged(call: GemmCall) -> bool:
+    """The int4 codes forms on the staged kernel (gemm/woq_decode.cu int4_staged_fit): the ring kernel's, and one
+    scale per 64 k with k a multiple of 64 (GPT-OSS-20B's 2880 at group 64)."""
+    return woq_int4_codes(call) or (call.woq == "int4" and call.woq_group == 64 and call.k % 64 == 0)
 
 
 # gemm/woq_decode.cu's staged kernel: the shared memory of a chunk's token rows, 16-bit (e4m3 ones are stored
@@ -467,9 +474,10 @@ def decode_k_slice(k: int, k_split: int) -> int:
 def woq_staged_rows(call: GemmCall, k_split: int) -> int:
     """The most token rows a chunk may have for the staged kernel at `k_split` (0 where it does not take `call`):
     gemm/woq_decode.cu staged_smem within kTokenBudget."""
-    if not woq_int4_codes(call):
+    if not woq_int4_staged(call):
         return 0
-    per_row = k_split * (min(call.k, decode_k_slice(call.k, k_split)) * 2 + STAGED_TOKEN_PAD)
+    slice_k = -(-min(call.k, decode_k_slice(call.k, k_split)) // 128) * 128  # whole batches (k % 128 == 64: a half)
+    per_row = k_split * (slice_k * 2 + STAGED_TOKEN_PAD)
     return max(0, min(DECODE_TOKENS, (STAGED_TOKEN_BUDGET - STAGED_TOKEN_ZEROS) // per_row))
 
 
@@ -706,9 +714,9 @@ def _woq_tactic_problem(call: GemmCall, tactic: GemmTactic) -> str | None:
     if tactic.launch == "placed" or tactic.output_l2 != "plain":
         return "the weight-only GEMM launches plainly or after a trigger, with plain outputs"
     if tactic.kernel == "decode" and tactic.tile == "staged":
-        if not woq_int4_codes(call):
-            return ("the staged decode kernel takes int4 weights with one scale per row or per 128 k, and k a multiple "
-                    "of 128")
+        if not woq_int4_staged(call):
+            return ("the staged decode kernel takes int4 weights with one scale per row or per 128 k and k a multiple "
+                    "of 128, or per 64 k and k a multiple of 64")
         if woq_staged_rows(call, tactic.k_split) < DECODE_TOKENS:  # forced: every chunk, up to 8 rows, must fit
             return (f"the staged decode kernel's 8-row chunks do not fit its {STAGED_TOKEN_BUDGET // 1024} KB of "
                     f"shared memory at k {call.k} in {tactic.k_split} slices (a larger K split, or the register form)")

@@ -12,7 +12,7 @@ Error bound, per output element: |C - ref| <= 2^-8 (|ref| + S), S = sum_k |a_k w
 dequantized weight to the activation type (2^-9 relative for bf16, 2^-12 for fp16) and sums in fp32; the
 output is rounded once more (2^-9 |ref|). Both terms doubled for slack; fp16 is held to the same bound. (Both
 kernels' int4 weights may land one unit in the last place from the fp32 product's rounding: inside the slack.)
-The decode kernel's int4 codes path (group 128 or per row) rounds no weight: the mma takes the exact integers u - z,
+The decode kernel's int4 codes path (group 128, 64 or per row) rounds no weight: the mma takes the exact integers u - z,
 sums their products with the activations in fp32, and each sum is scaled once after (one more fp32 rounding), far
 inside the same bound.
 
@@ -168,10 +168,33 @@ def test_int4_codes_kernel_large_k(k_split: int, group: int, zeros: bool, k: int
 
 
 @pytest.mark.parametrize("k_split", [1, 2, 4, 8])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("zeros", [True, False])
+@pytest.mark.parametrize("n, k", [(208, 320), (144, 2880), (128, 384)])
+def test_int4_group64_staged_kernel_against_fp64(k_split: int, dtype: torch.dtype, zeros: bool, n: int,
+                                                 k: int) -> None:
+    """The staged kernel's group-64 form (each half of a 128-k batch its own scale and zero, a lane's k placed so that
+    each step stays in one half): k of whole batches (384) and with a half batch at the end (320, GPT-OSS-20B's
+    2880), where the missing half reads the first half's bytes and zero tokens (the weights here end at the last
+    expert's last row, so a read past it would leave the tensor); K splits of 4 and 8 leave warps without a batch at k 320 and 384."""
+    run(WoqKind.INT4, [9, 0, 16, 1, 40, 2], n, k, 64, zeros=zeros, bias=True, dtype=dtype,
+        tactic=f"decode:staged_ksplit{k_split}:after_trigger:plain")
+
+
+@pytest.mark.parametrize("k_split", [1, 2, 8])
+@pytest.mark.parametrize("k", [320, 2880])
+def test_w4afp8_group64_staged_kernel_against_fp64(k_split: int, k: int) -> None:
+    """The group-64 staged form with e4m3 activations (their rows converted as they are staged, the half batch's
+    missing half staged as zeros)."""
+    run(WoqKind.INT4, [9, 0, 16, 1, 40, 2], 144, k, 64, zeros=True, bias=True,
+        tactic=f"decode:staged_ksplit{k_split}:plain:plain", e4m3=True)
+
+
+@pytest.mark.parametrize("k_split", [1, 2, 4, 8])
 def test_staged_kernel_takes_the_rows_the_planner_counts(k_split: int) -> None:
     """The staged tactic runs exactly where tactics.woq_staged_rows says a chunk's token rows fit (k 97 x 128 here,
     rows = min(8, the rows of A)), and is refused, with the shared memory it would need, one row past that; it is
-    refused for a form it does not take (group 64)."""
+    refused for a form it does not take (group 32)."""
     k = 97 * 128
     most = woq_staged_rows(GemmCall(sm=90, entry="sm90", epilogue="store", n=144, k=k, experts=3, top_k=1, itemsize=2,
                                     weights_blocked=False, sm_count=132, l2_bytes=50 << 20, woq="int4", woq_group=128),
@@ -184,9 +207,9 @@ def test_staged_kernel_takes_the_rows_the_planner_counts(k_split: int) -> None:
     dev, _, _, _ = case(WoqKind.INT4, [most + 1, 0, 0], 144, k, 128, True, False, torch.bfloat16, 4, pad_rows=0)
     with pytest.raises(K.KernelError, match="bytes of shared memory, over its"):
         gemm(dev, WoqKind.INT4, 128, most + 1, 144, torch.bfloat16, tactic)
-    dev, _, _, _ = case(WoqKind.INT4, [2, 0, 0], 144, 512, 64, True, False, torch.bfloat16, 5, pad_rows=0)
+    dev, _, _, _ = case(WoqKind.INT4, [2, 0, 0], 144, 512, 32, True, False, torch.bfloat16, 5, pad_rows=0)
     with pytest.raises(K.KernelError, match="one scale per row or per 128 k"):
-        gemm(dev, WoqKind.INT4, 64, 2, 144, torch.bfloat16, tactic)
+        gemm(dev, WoqKind.INT4, 32, 2, 144, torch.bfloat16, tactic)
 
 
 def test_staged_tile_is_the_weight_only_gemms() -> None:

@@ -37,5 +37,12 @@ __device__ __forceinline__ uint4 ld_tokens(const void* p, bool valid) { MB_PREDI
 __device__ __forceinline__ uint4 ld_weights_in_bounds(const void* p) { MB_LD16(".L1::no_allocate.L2::256B", p); }
 __device__ __forceinline__ uint4 ld_tokens_in_bounds(const void* p) { MB_LD16("", p); }
 #undef MB_LD16
+// Half of it: 8 bytes of weights (a lane's 16 k of int4 codes in each half of a 128-k batch, gemm/woq_decode.cu's
+// group-64 form).
+__device__ __forceinline__ uint2 ld_weights_half_in_bounds(const void* p) {
+  uint2 v;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v2.u32 {%0,%1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+}
 
 }  // namespace mbk

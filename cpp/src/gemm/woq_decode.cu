@@ -1,9 +1,9 @@
 // Weight-only grouped GEMM, decode kernels (tactic kernel MB_GEMM_DECODE; the operation, the stored forms and the
 // launch are gemm/woq.cuh's and gemm/woq_abi.cu's): for the few rows per expert of decode. int4 with group 128 or
-// one scale per row and k % 128 == 0 (AWQ's and GPTQ's forms) runs woq_decode_int4_staged_kernel with the tactic's
-// tile MB_TILE_DECODE_STAGED (the planner's where the token rows fit its shared memory, tactics.woq_decode_tile_rule),
-// else woq_decode_int4_codes_kernel (below: the same layout on about half the instructions); every other form the
-// first kernel.
+// one scale per row and k % 128 == 0 (AWQ's and GPTQ's forms), or group 64 and k % 64 == 0, runs
+// woq_decode_int4_staged_kernel with the tactic's tile MB_TILE_DECODE_STAGED (the planner's where the token rows fit
+// its shared memory, tactics.woq_decode_tile_rule); group 128 or 0 elsewhere woq_decode_int4_codes_kernel (below: the
+// same layout on about half the instructions); every other form the first kernel.
 //   MB_WOQ_INT4 : B uint8 [E, n, k/2], two 4-bit codes u per byte (low nibble the even column);
 //                 w = (u - z) * s, s fp32 [E, n, k/group] (group 0: [E, n, 1]), z uint8 of the same shape, or
 //                 8 when zeros is NULL (symmetric int4 stored as q + 8);
@@ -395,10 +395,16 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_int4_codes_kerne
 }
 
 
-// The same forms with the CTA's token rows staged in shared memory, where they fit (launch_int4_codes):
+// The same forms with the CTA's token rows staged in shared memory, where they fit (launch_int4_staged), and one
+// more: int4 with one scale per 64 k and k % 64 == 0 (GPT-OSS-20B's 2880 at group 64):
 //   - the mma takes the exact integers u - z in T (the nibble placed into the magic's mantissa, then one packed add
-//     of -(magic + z): three instructions a pair), and each 128-k batch's fp32 sums are multiplied by the row's
-//     scale after it (group 128), or the whole slice's once (group 0): no weight is rounded to T.
+//     of -(magic + z): three instructions a pair), and each scale group's fp32 sums are multiplied by the row's
+//     scale after it (group 128: a batch; group 64: each half of a batch), or the whole slice's once (group 0): no
+//     weight is rounded to T.
+//   - group 64: a step's mma sums the k of all four lanes q, so a lane's k are placed to keep each step inside one
+//     half of the batch: the lane reads 8 bytes (16 k) at 16q of each half, steps 0-1 spending the first half's and
+//     2-3 the second's, and the tokens are staged in the same order. A half batch at the end of K (k % 128 == 64)
+//     reads its second half from the first half's bytes and multiplies it by zero tokens;
 //   - waits: ptxas gives every global load one scoreboard and a wait drains it whole, so a warp's loads in flight
 //     are what it issued since its last wait. The kernel issues a big batch (kBigBatch 128-k batches: 3-4 KB of
 //     weights a warp, with their scales and zeros) after the first batch of the previous one, and waits once per
@@ -411,9 +417,9 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_int4_codes_kerne
 //     warp at every step), so the steps are the 16-bit tokens' and only the epilogue's row scale differs;
 //   - loads are unpredicated, as in the ring kernel; batches past a slice are computed on zero tokens.
 // 128-k batches a warp loads per wait: 4 KB of int4 weights with one scale per row, 3 KB with a scale and a zero
-// per batch (their registers: four spill at 128).
-template <bool PER_ROW>
-constexpr int kBigBatch = PER_ROW ? 4 : 3;
+// per group (their registers: four spill at 128).
+template <int GROUP>
+constexpr int kBigBatch = GROUP == 0 ? 4 : 3;
 constexpr unsigned kTokenPad = 64;      // bytes after each token row of a slice: rows alternate halves of the banks
 constexpr int kTokenZeros = 256;        // a batch of a zero token row, read by batches past the slice
 constexpr size_t kTokenBudget = 104 * 1024;  // token bytes a CTA may hold with two CTAs an SM
@@ -425,12 +431,24 @@ struct WoqStagedLaunch {
   int rows_cap;
 };
 
-template <typename T, int WK, bool A8, bool PER_ROW>
+// Where the staged kernel stores a token row's 16-byte chunk c (8 k, c < 16) of a batch: at the step and lane that
+// read it, step u's four lanes side by side (position 4u + q). Group 128 or 0: lane q takes k 32q + 8u + 0..7;
+// group 64: k 64h + 16q + 8s + 0..7 at step 2h + s.
+template <int GROUP>
+__device__ __forceinline__ int staged_chunk_position(int c) {
+  if constexpr (GROUP == 64) return (2 * (c >> 3) + (c & 1)) * 4 + ((c & 7) >> 1);
+  else return (c & 3) * 4 + (c >> 2);
+}
+
+template <typename T, int WK, bool A8, int GROUP>
 __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_int4_staged_kernel(WoqStagedLaunch d) {
+  static_assert(GROUP == 0 || GROUP == 64 || GROUP == 128, "one scale per row, per 64 k or per 128 k");
   const WoqGemmParams& p = d.p;
+  constexpr bool PER_ROW = GROUP == 0;
   constexpr int R = 16 * (kDecodeWarps / WK);  // weight rows per CTA (= output columns)
-  constexpr int U = 4;                         // k32 steps per batch (128 k, one scale group)
-  constexpr int NB = kBigBatch<PER_ROW>;        // batches per wait
+  constexpr int U = 4;                         // k32 steps per batch (128 k)
+  constexpr int H = GROUP == 64 ? 2 : 1;       // scale groups per batch
+  constexpr int NB = kBigBatch<GROUP>;         // batches per wait
   constexpr int SB = PER_ROW ? 1 : NB;         // scales and zeros per row in a buffer: one for group 0
   constexpr int TB = static_cast<int>(sizeof(T));  // token bytes per k in shared memory (e4m3 ones turned into T)
   __shared__ float s_part[WK][R][kDecodeTokens + 1];
@@ -446,23 +464,26 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_int4_staged_kern
   const int q = lane & 3, g = lane >> 2;
   const int rg = warp / WK, ks = warp % WK;
   const int col0 = blockIdx.y * R;
-  const int groups = PER_ROW ? 1 : K / 128;
+  const int groups = PER_ROW ? 1 : K / GROUP;
 
   // The lane's weight rows r and r + 8 (a warp's 16 rows moved back inside n where they pass its end: n % 16 == 0,
   // so the block is wholly in or wholly moved).
   const int64_t wrow = static_cast<int64_t>(expert) * N + min(col0 + rg * 16, N - 16) + g;
   const int64_t wstep8 = 8 * static_cast<int64_t>(K / 2);  // row r to r + 8, in bytes
 
-  // K slices of whole batches; slice 0 is the longest, so it sizes each slice's rows in shared memory.
+  // K slices of whole batches (the last one of K a half batch where k % 128 == 64); slice 0 is the longest, so it
+  // sizes each slice's rows in shared memory.
   const int kslice = decode_k_slice(K, WK);
   const int kb = ks * kslice;
-  const int nb = max(0, min(K, kb + kslice) - kb) / 128;
-  const int nb0 = min(K, kslice) / 128;
+  const int nb = (max(0, min(K, kb + kslice) - kb) + 127) / 128;
+  const int nb0 = (min(K, kslice) + 127) / 128;
   // Batches past the slice are computed too (a branch per batch would make ptxas wait again at each, see step):
-  // they read the slice's last batch, or the row's last where the slice is empty, and the zero token row.
-  const int kbc = min(kb, K - 128), last = max(nb, 1) - 1;
-  const int64_t gi = wrow * groups + (PER_ROW ? 0 : kbc / 128);  // the lane's first scale (and zero) of the slice
-  const uint8_t* wp0 = p.B + wrow * (K / 2) + kbc / 2 + 16 * q;
+  // they read the slice's last batch, or K's last where the slice is empty, and the zero token row.
+  const int kbc = min(kb, (K - 1) / 128 * 128), last = max(nb, 1) - 1;
+  const int g0 = PER_ROW ? 0 : kbc / GROUP;            // the slice's first scale group
+  const int64_t gi = wrow * groups + g0;               // the lane's first scale (and zero) of the slice
+  const unsigned glast = static_cast<unsigned>(groups - 1 - g0);  // the row's last group, from g0
+  const uint8_t* wp0 = p.B + wrow * (K / 2) + kbc / 2 + (H == 2 ? 8 : 16) * q;
   const uint8_t* wp1 = wp0 + wstep8;
   const float* sp0 = static_cast<const float*>(p.scales) + gi;
   const float* sp1 = sp0 + 8 * groups;
@@ -473,8 +494,9 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_int4_staged_kern
   const uint32_t zmask = p.zeros ? 0xffu : 0u, zor = p.zeros ? 0u : 8u;
   // The lane's token row in shared memory (moved back to the chunk's last where g >= rows).
   const unsigned pitch = static_cast<unsigned>(nb0) * 128u * TB + kTokenPad;
-  // A batch of a row is stored step-major (stage_tokens): step u's 16 bytes of lanes q = 0..3 side by side, so a
-  // step's reads are 64 contiguous bytes a row and rows alternate halves of the banks (pitch = 64 mod 128).
+  // A batch of a row is stored step-major (stage_tokens, staged_chunk_position): step u's 16 bytes of lanes q = 0..3
+  // side by side, so a step's reads are 64 contiguous bytes a row and rows alternate halves of the banks
+  // (pitch = 64 mod 128).
   const unsigned char* tp = s_tok + (ks * d.rows_cap + min(g, rows - 1)) * pitch + 16 * q;
   unsigned char* const s_zero = s_tok + WK * d.rows_cap * pitch;  // kTokenZeros bytes of zeros
   const unsigned char* tz = s_zero + 16 * q;
@@ -482,67 +504,92 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_int4_staged_kern
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   uint4 w[2][NB][2];
   constexpr int CB = PER_ROW ? 1 : 2;  // buffers of scales and zeros: group 0 loads its one pair up front
-  float sv[CB][SB][2];
-  uint32_t zb[CB][SB][2];  // the stored zero bytes (or scale bytes), turned into -(magic + z) at use
+  float sv[CB][SB][H][2];
+  uint32_t zb[CB][SB][2];  // the stored zero bytes (or scale bytes) of the H groups, byte h group h's, turned into
+                           // -(magic + z) at use
+  // The constants of batch jc's groups (group 64: the second half's moved back to the first past the row's end).
   auto load_consts = [&](int buf, int j, unsigned jc) {
-    const unsigned zo = p.zeros ? jc : 4u * jc;  // the zero's byte, or the scale's first byte
-    sv[buf][j][0] = __ldg(sp0 + jc);
-    sv[buf][j][1] = __ldg(sp1 + jc);
-    zb[buf][j][0] = __ldg(zp0 + zo);
-    zb[buf][j][1] = __ldg(zp1 + zo);
+#pragma unroll
+    for (int h = 0; h < H; ++h) {
+      const unsigned gc = min(H * jc + h, glast);
+      const unsigned zo = p.zeros ? gc : 4u * gc;  // the zero's byte, or the scale's first byte
+      sv[buf][j][h][0] = __ldg(sp0 + gc);
+      sv[buf][j][h][1] = __ldg(sp1 + gc);
+      const uint32_t z0 = __ldg(zp0 + zo), z1 = __ldg(zp1 + zo);
+      zb[buf][j][0] = h == 0 ? z0 : zb[buf][j][0] | z0 << 8;
+      zb[buf][j][1] = h == 0 ? z1 : zb[buf][j][1] | z1 << 8;
+    }
+  };
+  // A row's bytes of batch jc: one 16-byte load, or (group 64) 8 bytes of each half.
+  auto load_row = [&](const uint8_t* wp, unsigned jc) {
+    if constexpr (H == 2) {
+      const unsigned second = 2 * jc + 1 <= glast ? 32u : 0u;
+      const uint2 lo = ld_weights_half_in_bounds(wp + 64u * jc), hi = ld_weights_half_in_bounds(wp + 64u * jc + second);
+      return make_uint4(lo.x, lo.y, hi.x, hi.y);
+    } else {
+      return ld_weights_in_bounds(wp + 64u * jc);
+    }
   };
   // Big batch jb .. jb + NB - 1 of the slice into buffer buf; batches past the slice read its last.
   auto load_big = [&](int buf, int jb) {
 #pragma unroll
     for (int j = 0; j < NB; ++j) {
       const unsigned jc = static_cast<unsigned>(min(jb + j, last));
-      w[buf][j][0] = ld_weights_in_bounds(wp0 + 64u * jc);
-      w[buf][j][1] = ld_weights_in_bounds(wp1 + 64u * jc);
+      w[buf][j][0] = load_row(wp0, jc);
+      w[buf][j][1] = load_row(wp1, jc);
       if constexpr (!PER_ROW) load_consts(buf, j, jc);
     }
   };
   // Batch jb of the slice from slot j of buffer buf, on zero tokens where `valid` is false.
   auto compute = [&](int buf, int j, int jb, bool valid) {
     const int cb = PER_ROW ? 0 : buf, cs = PER_ROW ? 0 : j;
-    const uint32_t zv[2] = {int4_neg_zero<T>(zb[cb][cs][0], zmask, zor), int4_neg_zero<T>(zb[cb][cs][1], zmask, zor)};
-    float part[4] = {0.f, 0.f, 0.f, 0.f};
-    float(&sum)[4] = PER_ROW ? acc : part;
     const unsigned char* tb = valid ? tp + jb * 128 * TB : tz;
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      uint32_t frag[2][4];
-      int4_codes_step<T>(w[buf][j], u, zv, frag);
-      const uint4 tok = *reinterpret_cast<const uint4*>(tb + 64 * u);  // the token row's 8 T at step u's k
-      mma16816<MmaName<T>::kBf16>(sum, frag[0], tok.x, tok.y);
-      mma16816<MmaName<T>::kBf16>(sum, frag[1], tok.z, tok.w);
-    }
-    if constexpr (!PER_ROW) {
+    for (int h = 0; h < H; ++h) {
+      const uint32_t zv[2] = {int4_neg_zero<T>(zb[cb][cs][0] >> 8 * h, zmask, zor),
+                              int4_neg_zero<T>(zb[cb][cs][1] >> 8 * h, zmask, zor)};
+      float part[4] = {0.f, 0.f, 0.f, 0.f};
+      float(&sum)[4] = PER_ROW ? acc : part;
 #pragma unroll
-      for (int c = 0; c < 4; ++c) acc[c] = fmaf(part[c], sv[cb][j][c >> 1], acc[c]);  // c < 2: row g, else g + 8
+      for (int u = h * (U / H); u < (h + 1) * (U / H); ++u) {
+        uint32_t frag[2][4];
+        int4_codes_step<T>(w[buf][j], u, zv, frag);
+        const uint4 tok = *reinterpret_cast<const uint4*>(tb + 64 * u);  // the token row's 8 T at step u's k
+        mma16816<MmaName<T>::kBf16>(sum, frag[0], tok.x, tok.y);
+        mma16816<MmaName<T>::kBf16>(sum, frag[1], tok.z, tok.w);
+      }
+      if constexpr (!PER_ROW) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) acc[c] = fmaf(part[c], sv[cb][cs][h][c >> 1], acc[c]);  // c < 2: row g, else g + 8
+      }
     }
   };
   // Every slice's token rows into shared memory, then a barrier (the copies visible to all warps). 16-bit rows are
-  // copied by cp.async; an e4m3 row's 8 bytes per 16 stored are loaded, turned into 8 T and stored.
+  // copied by cp.async; an e4m3 row's 8 bytes per 16 stored are loaded, turned into 8 T and stored. A half batch at
+  // the end of K is completed with zeros.
   const char* A = static_cast<const char*>(p.A);
   auto stage_tokens = [&]() {
-    constexpr int kChunks = 128 * TB / 16;    // 16-byte chunks stored per batch of one row (a power of two)
-    constexpr int kLaneChunks = kChunks / 4;  // a lane's: chunk c is lane c / kLaneChunks's (c % kLaneChunks)-th
+    constexpr int kChunks = 128 * TB / 16;    // 16-byte chunks stored per batch of one row (16)
     constexpr int kSrcBytes = A8 ? 1 : TB;    // A's bytes per k
+    static_assert(kChunks == 16, "staged_chunk_position places 16 chunks a batch");
     for (int sr = 0; sr < WK * rows; ++sr) {  // (slice, row) pairs, CTA-uniform
       const int s = sr % WK, r = sr / WK;
       const int k0 = s * kslice;  // < K + kslice: fits int
-      const int chunks = max(0, min(kslice, K - k0)) * TB / 16;  // the last slice is shorter, or empty
+      const int slice_k = max(0, min(kslice, K - k0));  // the last slice is shorter, or empty
+      const int chunks = slice_k * TB / 16, stored_chunks = (slice_k + 127) / 128 * kChunks;
       const char* src = A + ((row_begin + r) * K + k0) * kSrcBytes;
       unsigned char* dst = s_tok + (s * d.rows_cap + r) * pitch;
 #pragma unroll 4
-      for (int c = threadIdx.x; c < chunks; c += kDecodeThreads) {
+      for (int c = threadIdx.x; c < stored_chunks; c += kDecodeThreads) {
         const int cc = c & (kChunks - 1);
-        const int stored = (c - cc) + (cc % kLaneChunks) * 4 + cc / kLaneChunks;  // at its lane's step
-        if constexpr (A8) {
+        uint4* at = reinterpret_cast<uint4*>(dst + ((c - cc) + staged_chunk_position<GROUP>(cc)) * 16);
+        if (c >= chunks) {
+          *at = make_uint4(0u, 0u, 0u, 0u);
+        } else if constexpr (A8) {
           const uint2 v = *reinterpret_cast<const uint2*>(src + c * 8);  // k 8c .. 8c + 7 of the slice
-          *reinterpret_cast<uint4*>(dst + stored * 16) = e4m3_pairs<T>(v.x, v.y);
+          *at = e4m3_pairs<T>(v.x, v.y);
         } else {
-          cp_async16(static_cast<uint32_t>(__cvta_generic_to_shared(dst + stored * 16)), src + c * 16, true);
+          cp_async16(static_cast<uint32_t>(__cvta_generic_to_shared(at)), src + c * 16, true);
         }
       }
     }
@@ -577,11 +624,10 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_int4_staged_kern
   }
   if constexpr (PER_ROW) {
 #pragma unroll
-    for (int c = 0; c < 4; ++c) acc[c] *= sv[0][0][c >> 1];
+    for (int c = 0; c < 4; ++c) acc[c] *= sv[0][0][0][c >> 1];
   }
   store_sums<T, WK, A8>(p, s_part, acc, expert, row_begin, rows, col0, ks, rg);
 }
-
 
 template <typename T, int KIND, bool A8 = false>
 mb_status launch_kind(const WoqGemmParams& p, int64_t max_rows, int k_split, bool after_trigger, cudaStream_t stream) {
@@ -592,56 +638,82 @@ mb_status launch_kind(const WoqGemmParams& p, int64_t max_rows, int k_split, boo
   });
 }
 
-// The staged kernel's shared memory: each slice's token rows (slice 0's length, the longest) and a zero batch.
+// The staged kernel's shared memory: each slice's token rows (slice 0's length in whole batches, the longest) and a
+// zero batch.
 size_t staged_smem(const WoqGemmParams& p, int rows_cap, int wk, int token_bytes) {
   const int kslice = decode_k_slice(p.k, wk);
-  return static_cast<size_t>(rows_cap) * wk * (static_cast<size_t>(std::min(p.k, kslice)) * token_bytes + kTokenPad) +
-         kTokenZeros;
+  const size_t slice_k = static_cast<size_t>(std::min(p.k, kslice) + 127) / 128 * 128;
+  return static_cast<size_t>(rows_cap) * wk * (slice_k * token_bytes + kTokenPad) + kTokenZeros;
 }
 
-// The int4 codes forms: the staged kernel (refused where a chunk's token rows do not fit kTokenBudget), or the ring
-// kernel.
+// The int4 codes forms on the ring kernel (group 128 or 0).
 template <typename T, bool A8, bool PER_ROW>
-mb_status launch_int4_codes(const WoqGemmParams& p, int64_t max_rows, int k_split, bool staged, bool after_trigger,
-                            cudaStream_t stream) {
+mb_status launch_int4_ring(const WoqGemmParams& p, int64_t max_rows, int k_split, bool after_trigger,
+                           cudaStream_t stream) {
   return by_k_split(k_split, [&](auto wk) {
     constexpr int WK = decltype(wk)::value;
-    const int64_t chunks = decode_chunks(max_rows, p.num_experts);
-    if (!staged)
-      return launch_decode(woq_decode_int4_codes_kernel<T, WK, A8, PER_ROW>, p, p.n, 16 * (kDecodeWarps / WK), chunks,
-                           after_trigger, stream, "grouped gemm woq");
+    return launch_decode(woq_decode_int4_codes_kernel<T, WK, A8, PER_ROW>, p, p.n, 16 * (kDecodeWarps / WK),
+                         decode_chunks(max_rows, p.num_experts), after_trigger, stream, "grouped gemm woq");
+  });
+}
+
+// The int4 codes forms on the staged kernel, refused where a chunk's token rows do not fit kTokenBudget.
+template <typename T, bool A8, int GROUP>
+mb_status launch_int4_staged(const WoqGemmParams& p, int64_t max_rows, int k_split, bool after_trigger,
+                             cudaStream_t stream) {
+  return by_k_split(k_split, [&](auto wk) {
+    constexpr int WK = decltype(wk)::value;
     const WoqStagedLaunch d{p, static_cast<int>(std::min<int64_t>(kDecodeTokens, max_rows))};
     const size_t smem = staged_smem(p, d.rows_cap, WK, static_cast<int>(sizeof(T)));  // e4m3 tokens stored as T
     if (smem > kTokenBudget)
       return fail(MB_ERR_UNSUPPORTED, "grouped gemm woq: the staged decode kernel's token rows (%d-row chunks, k %d in "
                   "%d slices) need %zu bytes of shared memory, over its %zu: the tile none, or a larger k_split",
                   d.rows_cap, p.k, WK, smem, kTokenBudget);
-    return launch_decode(woq_decode_int4_staged_kernel<T, WK, A8, PER_ROW>, d, p.n, 16 * (kDecodeWarps / WK), chunks,
-                         after_trigger, stream, "grouped gemm woq", smem);
+    return launch_decode(woq_decode_int4_staged_kernel<T, WK, A8, GROUP>, d, p.n, 16 * (kDecodeWarps / WK),
+                         decode_chunks(max_rows, p.num_experts), after_trigger, stream, "grouped gemm woq", smem);
   });
 }
 
-// int4 weights on the codes kernel: one scale per 128 k or per row, and whole batches.
+template <typename T, bool A8>
+mb_status launch_int4_staged_group(const WoqGemmParams& p, int64_t max_rows, int k_split, bool after_trigger,
+                                   cudaStream_t stream) {
+  switch (p.group) {
+    case 0: return launch_int4_staged<T, A8, 0>(p, max_rows, k_split, after_trigger, stream);
+    case 64: return launch_int4_staged<T, A8, 64>(p, max_rows, k_split, after_trigger, stream);
+    default: return launch_int4_staged<T, A8, 128>(p, max_rows, k_split, after_trigger, stream);
+  }
+}
+
+// int4 weights on the ring codes kernel: one scale per 128 k or per row, and whole batches.
 bool int4_codes_fit(const WoqGemmParams& p) {
   return p.kind == MB_WOQ_INT4 && (p.group == 0 || p.group == 128) && p.k % 128 == 0;
+}
+
+// int4 weights on the staged kernel: the ring kernel's, and one scale per 64 k with k % 64 == 0.
+bool int4_staged_fit(const WoqGemmParams& p) {
+  return int4_codes_fit(p) || (p.kind == MB_WOQ_INT4 && p.group == 64 && p.k % 64 == 0);
 }
 
 }  // namespace
 
 mb_status launch_woq_decode(const WoqGemmParams& p, int64_t max_rows, int dtype, int k_split, bool staged,
                             bool after_trigger, cudaStream_t stream) {
-  if (staged && !int4_codes_fit(p))
+  if (staged && !int4_staged_fit(p))
     return fail(MB_ERR_UNSUPPORTED, "grouped gemm woq: the staged decode kernel takes int4 weights with one scale per "
-                "row or per 128 k and k a multiple of 128 (kind %d, group %d, k %d)", p.kind, p.group, p.k);
+                "row or per 128 k and k a multiple of 128, or per 64 k and k a multiple of 64 (kind %d, group %d, k %d)",
+                p.kind, p.group, p.k);
   return dispatch_16bit(dtype, [&](auto tag) {
     using T = decltype(tag);
+    const bool a = after_trigger;
+    if (staged)
+      return p.scale_a ? launch_int4_staged_group<T, true>(p, max_rows, k_split, a, stream)
+                       : launch_int4_staged_group<T, false>(p, max_rows, k_split, a, stream);
     if (int4_codes_fit(p)) {
-      const bool s = staged, a = after_trigger;
       if (p.scale_a)
-        return p.group ? launch_int4_codes<T, true, false>(p, max_rows, k_split, s, a, stream)
-                       : launch_int4_codes<T, true, true>(p, max_rows, k_split, s, a, stream);
-      return p.group ? launch_int4_codes<T, false, false>(p, max_rows, k_split, s, a, stream)
-                     : launch_int4_codes<T, false, true>(p, max_rows, k_split, s, a, stream);
+        return p.group ? launch_int4_ring<T, true, false>(p, max_rows, k_split, a, stream)
+                       : launch_int4_ring<T, true, true>(p, max_rows, k_split, a, stream);
+      return p.group ? launch_int4_ring<T, false, false>(p, max_rows, k_split, a, stream)
+                     : launch_int4_ring<T, false, true>(p, max_rows, k_split, a, stream);
     }
     if (p.scale_a) return launch_kind<T, MB_WOQ_INT4, true>(p, max_rows, k_split, after_trigger, stream);  // W4AFP8
     switch (p.kind) {
