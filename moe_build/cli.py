@@ -321,8 +321,8 @@ def inspect_cmd(engine: str, as_json: bool) -> None:
               "peers; with --sweep: ours).")
 @click.option("--sweep", is_flag=True, help="The token sweep: graph replays only, a chart of time over the floor "
               "against tokens, and the counts that sit far from their neighbours.")
-@click.option("--quant", default="none", show_default=True, help="none (bf16 layers), or fp8, fp8_block or both "
-              "comma-separated: the FP8 bench (variants ours, ours:fc1_input_quant=separate, "
+@click.option("--quant", default="none", show_default=True, help="none (bf16 layers), or fp8, fp8_static (static "
+              "input scales), fp8_block comma-separated: the FP8 bench (variants ours, ours:fc1_input_quant=separate, "
               "ours:fc2_input_quant=separate, ours_bf16, scaled_grouped_mm, grouped_mm_dequant; JSON default "
               "bench_fp8.json), or w4a16_awq, w8a16, wfp4a16, w4afp8 comma-separated: the weight-only bench "
               "(variants ours, each fusion forced off, ours_bf16, grouped_mm_dequant; JSON default bench_woq.json).")

@@ -109,11 +109,22 @@ def test_fp8_point_floor_side_by_side_and_burst() -> None:
     assert rec["ceilings_source"] == "burst" and rec["floor_us"] == pytest.approx(rec["burst_floor_us"])
 
 
-@pytest.mark.parametrize("text,expected", [("none", []), ("fp8", [Quant.FP8]), ("fp8_block", [Quant.FP8_BLOCK]),
-                                           ("fp8, fp8_block", [Quant.FP8, Quant.FP8_BLOCK]),
-                                           ("fp8_block,fp8,fp8_block", [Quant.FP8_BLOCK, Quant.FP8])])
-def test_parse_quants(text: str, expected: list[Quant]) -> None:
-    assert fp8_layer.parse_quants(text) == expected
+@pytest.mark.parametrize("text,expected", [("none", []), ("fp8", ["fp8"]), ("fp8_block", ["fp8_block"]),
+                                           ("fp8, fp8_block", ["fp8", "fp8_block"]),
+                                           ("fp8_block,fp8,fp8_block", ["fp8_block", "fp8"]),
+                                           ("fp8_static,fp8", ["fp8_static", "fp8"])])
+def test_parse_quants(text: str, expected: list[str]) -> None:
+    assert [m.name for m in fp8_layer.parse_quants(text)] == expected
+
+
+def test_modes_are_the_checkpoint_forms() -> None:
+    """fp8 and fp8_static are the same per-channel layer with dynamic (compressed-tensors) and static (ModelOpt)
+    activation scales; fp8_block DeepSeek-V3's blocks, dynamic."""
+    from moe_build.spec import ActScale
+    modes = fp8_layer.MODES
+    assert (modes["fp8"].quant, modes["fp8"].act_scale) == (Quant.FP8, ActScale.DYNAMIC)
+    assert (modes["fp8_static"].quant, modes["fp8_static"].act_scale) == (Quant.FP8, ActScale.STATIC)
+    assert (modes["fp8_block"].quant, modes["fp8_block"].act_scale) == (Quant.FP8_BLOCK, ActScale.DYNAMIC)
 
 
 @pytest.mark.parametrize("text", ["", ",", "fp9", "FP8", "fp8,none", "w8a16", "nvfp4"])

@@ -293,6 +293,35 @@ def test_fp8_gemm2_quantizes_its_input_where_it_runs_the_decode_kernel() -> None
                   force={"fc2_input_quant": "gemm2", "gemm2_tactic": "decode:ksplit1:after_trigger:plain"})
 
 
+def test_fp8_static_scale_quantized_in_gemm1s_epilogue() -> None:
+    """rules.fc2_quant_static_scale: with a static GEMM2 input scale (ModelOpt per-tensor FP8) GEMM1's gated epilogue
+    writes GEMM2's FP8 input at every count, its four gates shown; a dynamic scale keeps the decode-band gemm2 /
+    separate bands; block-128 and the activation kernel keep their forms; forcing gemm1 where a gate fails is
+    refused naming the gate and the field."""
+    from moe_build.spec import ActScale
+    spec = MoESpec(hidden_size=2048, intermediate_size=768, num_experts=128, top_k=8, quant=Quant.FP8,
+                   act_scale=ActScale.STATIC)
+    plan = make_plan(spec, SM90, tokens=1)
+    d = plan.stage("fc2_input_quant")
+    assert d.choice == "gemm1" and not d.forced and bands(d) == [[1, None, "gemm1"]]
+    gates = {g.name: g for g in d.gates}
+    assert all(gates[n].held for n in ("fp8_gemms", "fp8_rowwise_scales", "fc2_static_scale", "gemm1_gated_epilogue"))
+    assert gates["fc2_static_scale"].value == "static"
+    assert {plan.choices(t)["fc2_input_quant"] for t in (1, 16, 256, 4096, 8192)} == {"gemm1"}
+    dynamic = dataclasses.replace(spec, act_scale=ActScale.DYNAMIC)
+    assert {make_plan(dynamic, SM90, tokens=t).stage("fc2_input_quant").choice for t in (1, 4096)} == \
+        {"gemm2", "separate"}
+    with pytest.raises(UnsupportedCombination, match="fc2_static_scale=dynamic") as info:
+        make_plan(dynamic, SM90, force={"fc2_input_quant": "gemm1"})
+    assert info.value.field == "act_scale"
+    with pytest.raises(UnsupportedCombination, match="gemm1_gated_epilogue"):
+        make_plan(spec, SM90, force={"fc2_input_quant": "gemm1", "fc1_activation": "separate"})
+    assert make_plan(spec, SM90, tokens=16, force={"fc1_activation": "separate"}).stage("fc2_input_quant").choice \
+        == "fc1_activation"
+    assert make_plan(spec, SM90, tokens=16, force={"fc2_input_quant": "separate"}).stage("fc2_input_quant").choice \
+        == "separate"
+
+
 def test_fp8_quantizing_max_k_is_the_librarys() -> None:
     """rules.FP8_QUANTIZING_MAX_K is the kernel library's MB_FP8_QUANTIZING_MAX_K (the planner reads no library)."""
     import re

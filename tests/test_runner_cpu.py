@@ -474,6 +474,23 @@ def test_fp8_rowwise_plans_quantize_in_gemm2_where_it_runs_the_decode_kernel() -
         kernel_sequence(dataclasses.replace(plan, stages=tuple(stages)), 1)
 
 
+def test_fp8_static_scale_plans_quantize_in_gemm1s_epilogue() -> None:
+    """fc2_input_quant=gemm1 (a static GEMM2 input scale after GEMM1's gated epilogue): GEMM1's quantizing entry
+    point writes GEMM2's FP8 input at every count, no quantize step, no quantizing GEMM2 and no 16-bit fc1_act in the
+    workspace; forced separate, the gated epilogue and the quantize step as before."""
+    from moe_build.spec import ActScale
+    spec = dataclasses.replace(SWIGLU, quant=Quant.FP8, act_scale=ActScale.STATIC)
+    plan = make_plan(spec, H100, tokens=16)
+    for tokens in (1, 16, 4096):
+        assert plan.choices(tokens)["fc2_input_quant"] == "gemm1", tokens
+        assert kernel_sequence(plan, tokens)[-2:] == ["gemm1:fp8_gated_quantized", "gemm2:fp8_finalize"], tokens
+    layout = workspace_layout(spec, steps_up_to(plan, 4096), 4096)
+    assert "fc1_act" not in layout and layout["fc2_input"].dtype == torch.float8_e4m3fn
+    assert layout["fc2_input_scales"].shape == (4096 * spec.top_k,)
+    forced = make_plan(spec, H100, tokens=4096, force={"fc2_input_quant": "separate"})
+    assert kernel_sequence(forced, 4096)[-3:] == ["gemm1:fp8_gated", "fc2_input_quant:separate", "gemm2:fp8_finalize"]
+
+
 def test_workspace_sizing_math() -> None:
     spec = MoESpec(256, 512, 8, 2, dtype=DType.BF16)
     # forced separate activation: fc1_out, its input, is in the layout; forced fused finalize: no gemm2_out

@@ -474,9 +474,14 @@ mb_status mb_grouped_gemm_fp8_quantizing_finalize(const void* A16, const float* 
  * 128-row weight-scale blocks are split by the interleave). activation: MB_ACT_SWIGLU, MB_ACT_GEGLU or
  * MB_ACT_SWIGLU_CLAMP (with swiglu_alpha / swiglu_limit); inter a multiple of 8. The same kernels, tactics and
  * workspace as mb_grouped_gemm_fp8 (n = 2 * inter), and output_l2 EVICT_LAST with the wgmma kernel (its stores
- * under L2 evict_last). */
+ * under L2 evict_last).
+ * c_static_scale (a device fp32 scalar) with c_scales [max_rows] fp32, or both NULL: C is e4m3 [max_rows, inter]
+ * instead, GEMM2's FP8 input (the plan's fc2_input_quant=gemm1): each act(gate, up) rounded to dtype, then
+ * quantized by that static scale bit for bit as mb_quantize_fp8 quantizes the 16-bit rows, and c_scales[p] set
+ * to the scale for every row p written: the bytes and scales the quantize step would write. */
 mb_status mb_grouped_gemm_fp8_gated(const void* A, const float* scale_a, const void* B, const float* scale_b,
                                     int scaling, int accumulation, const void* bias, void* C,
+                                    const float* c_static_scale, float* c_scales,
                                     const int64_t* expert_first_token_offset, int num_experts, int64_t max_rows,
                                     int inter, int k, int dtype, int activation, float swiglu_alpha,
                                     float swiglu_limit, mb_gemm_tactic tactic, void* workspace,

@@ -1,12 +1,12 @@
-"""`moe-build bench --quant fp8|fp8_block`: our FP8 layer against our bf16 layer, PyTorch's FP8 and bf16
+"""`moe-build bench --quant fp8|fp8_static|fp8_block`: our FP8 layer against our bf16 layer, PyTorch's FP8 and bf16
 grouped GEMMs and the FP8 floor, in one process.
 
 Why one process, and how every point is timed and checked: as layer.py's bench (shuffled interleaved
 rounds, host-syncing fns apart, the ceilings timed among the variants, every variant and graph replay
 checked first against an fp64 reference on sampled rows of the input it is timed on). What differs:
 - the layers: each bench shape (and DeepSeek-V3) with FP8 experts (workload.FP8_GRANULARITY: fp8 per
-  output channel, fp8_block per 128 x 128 block, activations dynamic), random weights quantized with
-  amax / 448 scales;
+  output channel, fp8_block per 128 x 128 block, activations dynamic; fp8_static: fp8's weights with
+  static input scales, MODES), random weights quantized with amax / 448 scales;
 - the variants: "ours" (our FP8 runner, default plan) and each fusion forced off (the two FP8 input
   quantizations, the gated activation in GEMM1's epilogue, the finalize in GEMM2's epilogue, and the rowwise GEMMs'
   fast accumulation), "ours_bf16" (our
@@ -25,22 +25,35 @@ import json
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import torch
 
 from ..errors import MoeBuildError
-from ..spec import Quant
+from ..spec import ActScale, Quant
 from ..weights.fp8 import ScaleGranularity
 from .layer import (check_runner_variants, check_variant, point_floor, point_line, runner_fn, runner_force, time_panel,
                     time_variants)
 from .peers import grouped_mm_peer, rowwise_fp8_weights, scaled_grouped_mm_peer
 from .timing import CeilingCalls, ceilings_text, measure_ceilings
-from .workload import (CHECK_ROWS, FP8_REL_ERR_LIMIT, FP8_SHAPES, REF_WEIGHT_ELEMENTS, REL_ERR_LIMIT, TOKENS, Fn, bench_spec,
+from .workload import (CHECK_ROWS, FP8_REL_ERR_LIMIT, FP8_SHAPES, FP8_STATIC_INPUT_SCALES, REF_WEIGHT_ELEMENTS, REL_ERR_LIMIT, TOKENS, Fn, bench_spec,
                        check_rows, device_fp8_weights, floor_us, fp8_bench_spec, make_inputs,
                        reference_by_experts, rel_err)
 
-QUANTS = {q.value: q for q in (Quant.FP8, Quant.FP8_BLOCK)}
+class Fp8Mode(NamedTuple):
+    """A bench FP8 layer: its --quant name, its quantization and its activation scales."""
+
+    name: str
+    quant: Quant
+    act_scale: ActScale
+
+
+# fp8: per-channel weight scales, activations per token row at run time (compressed-tensors' dynamic FP8);
+# fp8_static: the same weights with static per-tensor input scales (ModelOpt's FP8 input_scale); fp8_block: 128 x 128
+# weight blocks, activations per 1 x 128 group (DeepSeek-V3)
+MODES = {m.name: m for m in (Fp8Mode("fp8", Quant.FP8, ActScale.DYNAMIC),
+                             Fp8Mode("fp8_static", Quant.FP8, ActScale.STATIC),
+                             Fp8Mode("fp8_block", Quant.FP8_BLOCK, ActScale.DYNAMIC))}
 # Our FP8 runner (default plan) and each FP8 fusion forced off; then the comparisons. A variant whose stage the
 # default plan already has off at every count (block-128: the activation kernel, promoted accumulation; rowwise with an
 # intermediate size past FP8_QUANTIZING_MAX_K: GEMM2's input quantized after GEMM1's gated epilogue) is timed all the
@@ -62,10 +75,10 @@ FLOOR_RATIO, FLOOR_SLACK_US, FLOOR_TARGET_MAX_TOKENS = 1.25, 25.0, 256
 BF16_SPEEDUP, BF16_TARGET_MIN_TOKENS = 1.6, 4096
 
 
-def parse_quants(text: str) -> list[Quant]:
-    """--quant: "none" (the bf16 bench: []) or fp8 / fp8_block, comma-separated (duplicates dropped)."""
+def parse_quants(text: str) -> list[Fp8Mode]:
+    """--quant: "none" (the bf16 bench: []) or fp8 / fp8_static / fp8_block, comma-separated (duplicates dropped)."""
     items = [part.strip() for part in text.split(",") if part.strip()]
-    allowed = ["none", *QUANTS]
+    allowed = ["none", *MODES]
     if not items:
         raise MoeBuildError("quant", "is empty", allowed)
     unknown = [q for q in items if q not in allowed]
@@ -75,7 +88,7 @@ def parse_quants(text: str) -> list[Quant]:
         if len(items) > 1:
             raise MoeBuildError("quant", "none (the bf16 bench) cannot be combined with FP8 modes", allowed)
         return []
-    return [QUANTS[q] for q in dict.fromkeys(items)]
+    return [MODES[q] for q in dict.fromkeys(items)]
 
 
 def check_variants(variants: Sequence[str]) -> None:
@@ -89,13 +102,14 @@ def _reference_kind(variant: str, block: bool) -> str:
     return "rowwise" if variant == "scaled_grouped_mm" and block else "fp8"
 
 
-def bench_fp8_shape(name: str, quant: Quant, tokens_list: Sequence[int], ceilings: dict[str, float],
+def bench_fp8_shape(name: str, mode: Fp8Mode, tokens_list: Sequence[int], ceilings: dict[str, float],
                     ceiling_calls: CeilingCalls, iters: int, warmup: int, input_sets: int, variants: Sequence[str],
                     log: Callable[[str], None]) -> list[dict[str, Any]]:
-    """Every variant at every token count of one FP8 layer; one record per (quant, shape, tokens)."""
+    """Every variant at every token count of one FP8 layer; one record per (mode, shape, tokens)."""
     from ..runner import MoERunner
 
-    spec = fp8_bench_spec(name, quant)
+    quant = mode.quant
+    spec = fp8_bench_spec(name, quant, mode.act_scale)
     spec16 = bench_spec(name)
     rowwise_spec = fp8_bench_spec(name, Quant.FP8)  # the layer scaled_grouped_mm computes
     t0 = time.time()
@@ -126,8 +140,8 @@ def bench_fp8_shape(name: str, quant: Quant, tokens_list: Sequence[int], ceiling
                 meta[v] = {"weights": "the FP8 weights dequantized to bf16 once, outside the timed region"}
         except (MoeBuildError, ImportError, RuntimeError, ValueError) as e:
             meta[v] = {"error": f"{type(e).__name__}: {e}"}
-            log(f"  {quant.value} {name}: {v} unavailable: {e}")
-    log(f"{quant.value} {name}: setup {time.time() - t0:.1f}s")
+            log(f"  {mode.name} {name}: {v} unavailable: {e}")
+    log(f"{mode.name} {name}: setup {time.time() - t0:.1f}s")
     layers = {"fp8": (spec, w), "bf16": (spec16, w16), "rowwise": (rowwise_spec, w_row)}
     kinds = {_reference_kind(v, block) for v in fns}
     kinds |= {"fp8"} if "rowwise" in kinds else set()  # the requantized peer is also compared with the layer
@@ -137,7 +151,7 @@ def bench_fp8_shape(name: str, quant: Quant, tokens_list: Sequence[int], ceiling
         touched = statistics.mean(s.touched for s in sets)
         rows = check_rows(spec, sets[0], w.correction_bias)
         refs = {k: reference_by_experts(*layers[k], sets[0], rows) for k in kinds}
-        rec: dict[str, Any] = {"quant": quant.value, "shape": name, "H": spec.hidden_size,
+        rec: dict[str, Any] = {"quant": mode.name, "shape": name, "H": spec.hidden_size,
                                "I": spec.intermediate_size, "E": spec.num_experts, "top_k": spec.top_k,
                                "tokens": T, "touched_experts": touched, "check_rows": int(rows.numel()),
                                "weight_scales": w.fp8.granularity.value, "variants": {}}
@@ -159,7 +173,7 @@ def bench_fp8_shape(name: str, quant: Quant, tokens_list: Sequence[int], ceiling
         rec["bf16_floor_us"] = floor_us(spec16, T, touched, rec["ceilings"])["floor_us"]
         fp8_ratios(rec)
         records.append(rec)
-        log(f"{quant.value:>9} " + point_line(rec))
+        log(f"{mode.name:>10} " + point_line(rec))
     del fns, runners, w, w16, w_row, layers
     torch.cuda.empty_cache()
     return records
@@ -276,7 +290,7 @@ def plot(results: dict[str, Any], png: Path) -> None:
     fig.savefig(png, dpi=110)
 
 
-def run_fp8_bench(quants: Sequence[Quant], shapes: Sequence[str] = FP8_SHAPES, tokens_list: Sequence[int] = TOKENS,
+def run_fp8_bench(quants: Sequence[Fp8Mode], shapes: Sequence[str] = FP8_SHAPES, tokens_list: Sequence[int] = TOKENS,
                   out_json: Path | None = None, png: Path | None = None, iters: int = 20, warmup: int = 3,
                   input_sets: int = 4, variants: Sequence[str] = FP8_VARIANTS,
                   log: Callable[[str], None] = print) -> dict[str, Any]:
@@ -297,14 +311,16 @@ def run_fp8_bench(quants: Sequence[Quant], shapes: Sequence[str] = FP8_SHAPES, t
     log(ceilings_text(ceilings))
     results: dict[str, Any] = {
         "device": torch.cuda.get_device_name(), "torch": torch.__version__, "ceilings": ceilings,
-        "quant": [q.value for q in quants],
+        "quant": [q.name for q in quants],
         "method": {"iters": iters, "warmup": warmup, "input_sets": input_sets, "stat": "median",
                    "timer": "cuda events per call",
                    "order": "variants (eager and graph) timed in turn, one call each per round, order shuffled "
                             "each round; variants that sync with the host timed after, as a group of their own",
                    "layers": "fp8: e4m3 W1/W2 with fp32 per-output-channel scales; fp8_block: per 128 x 128 block "
                              "scales; activations quantized at run time (per token row; fp8_block per 1 x 128 "
-                             "group); random fan-in-scaled weights quantized with amax / 448 scales",
+                             "group); fp8_static: fp8's weights with static per-tensor input scales "
+                             f"{[round(a * 448, 2) for a in FP8_STATIC_INPUT_SCALES]} / 448 (ModelOpt's "
+                             "input_scale); random fan-in-scaled weights quantized with amax / 448 scales",
                    "variants": {"ours": "our FP8 runner, default plan; ours:STAGE=CHOICE that stage forced",
                                 "ours_bf16": "our bf16 runner on the FP8 weights dequantized to bf16",
                                 "scaled_grouped_mm": "torch._scaled_grouped_mm, rowwise scales (block-128 weights "
@@ -326,9 +342,9 @@ def run_fp8_bench(quants: Sequence[Quant], shapes: Sequence[str] = FP8_SHAPES, t
                    "router_linear": "excluded for every variant (all take fp32 router logits)"},
         "points": [],
     }
-    for quant in quants:
+    for mode in quants:
         for name in shapes:
-            results["points"] += bench_fp8_shape(name, quant, tokens_list, ceilings, ceiling_calls, iters, warmup,
+            results["points"] += bench_fp8_shape(name, mode, tokens_list, ceilings, ceiling_calls, iters, warmup,
                                                  input_sets, variants, log)
             if out_json is not None:  # partial results survive a time-out
                 Path(out_json).write_text(json.dumps(results, indent=1, default=str))

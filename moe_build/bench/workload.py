@@ -79,15 +79,23 @@ def device_weights(spec: MoESpec, seed: int) -> MoEWeights:
     return MoEWeights(router_weight=rnd(E, H, fan_in=H), w1=rnd(E, N1, H, fan_in=H), w2=rnd(E, H, I, fan_in=I))
 
 
-def fp8_bench_spec(name: str, quant: Quant) -> MoESpec:
-    """The bench layer `name` with FP8 experts (`quant` fp8 or fp8_block) and dynamic activation scales."""
-    return bench_spec(name).with_overrides(quant=quant, act_scale=ActScale.DYNAMIC)
+def fp8_bench_spec(name: str, quant: Quant, act_scale: ActScale = ActScale.DYNAMIC) -> MoESpec:
+    """The bench layer `name` with FP8 experts (`quant` fp8 or fp8_block) and dynamic or (fp8) static activation
+    scales."""
+    return bench_spec(name).with_overrides(quant=quant, act_scale=act_scale)
+
+
+# Static FP8 input scales (ModelOpt's calibrated input_scale) for the bench's unit-variance tokens and fan-in-scaled
+# weights: GEMM1's input up to ~4.5 sigma, the activation's output up to ~3, saturating above, as calibrated scales do
+# (tests/gpu/test_runner_fp8.py's)
+FP8_STATIC_INPUT_SCALES = (4.5 / 448, 3.0 / 448)
 
 
 def device_fp8_weights(spec: MoESpec, seed: int) -> MoEWeights:
     """Random fan-in-scaled weights quantized to FP8 as FP8_GRANULARITY says for `spec.quant`, generated and
     quantized one expert at a time on the GPU (DeepSeek-V3's float weights alone would take 45 GB in
-    fp32), with a router and (DeepSeek-V3) a correction bias in the model dtype / fp32."""
+    fp32), with a router and (DeepSeek-V3) a correction bias in the model dtype / fp32, and
+    FP8_STATIC_INPUT_SCALES where the spec's activation scales are static."""
     g = torch.Generator(device="cuda").manual_seed(seed)
     E, H, I, N1 = spec.num_experts, spec.hidden_size, spec.intermediate_size, spec.fc1_out_features
     granularity = FP8_GRANULARITY[spec.quant]
@@ -104,7 +112,10 @@ def device_fp8_weights(spec: MoESpec, seed: int) -> MoEWeights:
     (w1, s1), (w2, s2) = fp8(N1, H), fp8(H, I)
     router = (torch.randn(E, H, device="cuda", generator=g) / math.sqrt(H)).to(torch.bfloat16)
     bias = 0.1 * torch.randn(E, device="cuda", generator=g) if spec.routing.correction_bias else None
-    return MoEWeights(router_weight=router, w1=w1, w2=w2, correction_bias=bias, fp8=Fp8Scales(granularity, s1, s2))
+    static = [torch.tensor(a, dtype=torch.float32, device="cuda") for a in FP8_STATIC_INPUT_SCALES] \
+        if spec.act_scale is ActScale.STATIC else [None, None]
+    return MoEWeights(router_weight=router, w1=w1, w2=w2, correction_bias=bias,
+                      fp8=Fp8Scales(granularity, s1, s2, *static))
 
 
 @dataclass

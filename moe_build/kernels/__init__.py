@@ -4,7 +4,7 @@ from .abi import (SIGNATURES, Activation, DType, Fp8Accumulation, Fp8Scaling, Ge
                   Routing, Status, WeightLayout, WoqInput, WoqKind)
 from .library import KernelError, Launch, is_recording, last_error, load_library, recording, replay
 from .ops import (ep_combine, ep_layout, ep_nccl_all_gather, ep_nccl_exchange, ep_nccl_reduce_scatter, ep_pack_send, ep_nvlink_combine, ep_nvlink_dispatch, ep_nvlink_gather, ep_nvlink_return, ep_nvlink_wait, ep_permute_layout, ep_permute_rows, layout_block_counts, expand_rows, expand_rows_fp8, expand_rows_fp8_prequantized, fc1_activation, fc1_activation_fp8,
-                  finalize, quantize_fp8, gemm_placement_ints, grouped_gemm_fp8, grouped_gemm_fp8_finalize, grouped_gemm_fp8_quantizing_finalize, grouped_gemm_fp8_gated,
+                  finalize, quantize_fp8, gemm_placement_ints, grouped_gemm_fp8, grouped_gemm_fp8_finalize, grouped_gemm_fp8_quantizing_finalize, grouped_gemm_fp8_gated, grouped_gemm_fp8_gated_quantized,
                   grouped_gemm_fp8_workspace_bytes, grouped_gemm_sm80,
                   grouped_gemm_sm80_workspace_bytes, grouped_gemm_sm90, grouped_gemm_sm90_finalize,
                   grouped_gemm_sm90_gated, grouped_gemm_sm90_workspace_bytes, grouped_gemm_woq, grouped_gemm_woq_finalize,
@@ -18,7 +18,7 @@ __all__ = ["SIGNATURES", "Activation", "DType", "Fp8Accumulation", "Fp8Scaling",
            "OutputL2", "Routing", "Status", "WeightLayout", "WoqInput", "WoqKind", "KernelError", "Launch", "is_recording",
            "last_error", "load_library", "recording", "replay",
            "ep_combine", "ep_layout", "ep_nccl_all_gather", "ep_nccl_exchange", "ep_nccl_reduce_scatter", "ep_pack_send", "ep_nvlink_combine", "ep_nvlink_dispatch", "ep_nvlink_gather", "ep_nvlink_return", "ep_nvlink_wait", "ep_permute_layout", "ep_permute_rows", "layout_block_counts", "expand_rows", "expand_rows_fp8", "expand_rows_fp8_prequantized", "fc1_activation", "fc1_activation_fp8",
-           "finalize", "quantize_fp8", "gemm_placement_ints", "grouped_gemm_fp8", "grouped_gemm_fp8_finalize", "grouped_gemm_fp8_quantizing_finalize", "grouped_gemm_fp8_gated",
+           "finalize", "quantize_fp8", "gemm_placement_ints", "grouped_gemm_fp8", "grouped_gemm_fp8_finalize", "grouped_gemm_fp8_quantizing_finalize", "grouped_gemm_fp8_gated", "grouped_gemm_fp8_gated_quantized",
            "grouped_gemm_fp8_workspace_bytes", "grouped_gemm_sm80",
            "grouped_gemm_sm80_workspace_bytes", "grouped_gemm_sm90", "grouped_gemm_sm90_finalize",
            "grouped_gemm_sm90_gated", "grouped_gemm_sm90_workspace_bytes", "grouped_gemm_woq", "grouped_gemm_woq_finalize",

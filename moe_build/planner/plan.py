@@ -38,7 +38,7 @@ STAGE_CHOICES: dict[str, tuple[str, ...]] = {
     "fc2_prequant": ("fused", "separate", "none"),
     "finalize": ("fused", "separate"),
     "fc1_input_quant": ("expand_rows", "separate", "none"),
-    "fc2_input_quant": ("fc1_activation", "gemm2", "separate", "none"),
+    "fc2_input_quant": ("fc1_activation", "gemm1", "gemm2", "separate", "none"),
     "fp8_accumulation": ("fast", "promoted", "none"),
     "w1_order": ("gate_up_interleaved", "stacked"),
     "weight_layout": ("blocked64", "row_major"),
@@ -53,6 +53,7 @@ GATE_FIELD = {
     "flavour_sm": "sm", "plugin_output_dtype": "output_dtype", "plugin_fp8_sm": "sm", "plugin_fp4_sm": "sm",
     "ootb_fp8_sm": "sm",
     "plugin_output_fp8_fp4": "output_dtype", "fp8_gemms": "quant", "fp8_rowwise_scales": "quant",
+    "fc2_static_scale": "act_scale",
 }
 
 
@@ -279,11 +280,20 @@ def _fc1_input_quant(spec: MoESpec, forced: str | None) -> StageDecision:
 def _fc2_input_quant(spec: MoESpec, fc1_activation: str, finalize: StageDecision, gemm2: StageDecision,
                      call: T.GemmCall, tokens: int, forced: str | None) -> StageDecision:
     """In the activation kernel where it can run there, from FC2_QUANT_FUSED_MIN_TOKENS tokens on; else, after GEMM1's
-    gated epilogue, in GEMM2 at the counts where it runs the quantizing decode kernel (bands over every count, the
-    GEMM2 tactic's and the finalize's); forced, the same choice at every count."""
+    gated epilogue, in that epilogue where the scale is static (every count), else in GEMM2 at the counts where it
+    runs the quantizing decode kernel (bands over every count, the GEMM2 tactic's and the finalize's); forced, the
+    same choice at every count."""
     gates = [R.input_quant_fp8(spec), R.fc2_quant_in_activation(fc1_activation)]
     fused_text = "GEMM2's input quantized to FP8 in the activation kernel"
     separate_text = "GEMM2's input quantized to FP8 by a separate kernel after the activation"
+    in_gemm1 = [gates[0], R.fp8_rowwise_scales(spec), R.fc2_quant_static_scale(spec),
+                R.fc2_quant_after_gated_epilogue(fc1_activation)]
+    if forced == "gemm1" or (forced is None and all(g.held for g in in_gemm1)):
+        _refuse(in_gemm1, "cannot force fc2_input_quant=gemm1")
+        return StageDecision("fc2_input_quant", "gemm1", "separate", (*gates, *in_gemm1[1:]),
+                             forced=forced is not None,
+                             summary="GEMM2's input quantized to FP8 by GEMM1's gated epilogue with the static scale "
+                                     "(every count)")
     in_gemm2 = [gates[0], R.fp8_rowwise_scales(spec), R.fc2_quant_after_gated_epilogue(fc1_activation),
                 R.fc2_quant_gemm2_k(spec)]
     if forced == "gemm2" or (forced is None and all(g.held for g in in_gemm2)):

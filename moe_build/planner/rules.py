@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from ..spec import Activation, DType, MoESpec, OutputDType, Quant
+from ..spec import ActScale, Activation, DType, MoESpec, OutputDType, Quant
 from ..target import Flavour, Target
 from ..weights.blocks import blocks_fit
 from .gates import (BUILDER_PY, ENV_UTILS_CPP, RTX_FACTS, GEMM_DISPATCH_H, MOE_KERNELS_CU, MOE_KERNELS_H,
@@ -515,6 +515,20 @@ FC2_QUANT_FUSED_MIN_TOKENS = 2
 def fc2_quant_fused_tokens(tokens: int) -> Gate:
     return Gate("fc2_quant_fused_tokens", str(tokens), f"tokens >= {FC2_QUANT_FUSED_MIN_TOKENS}",
                 tokens >= FC2_QUANT_FUSED_MIN_TOKENS, OURS)
+
+
+# With a static GEMM2 input scale (ModelOpt's per-tensor FP8 `input_scale`), GEMM1's gated epilogue writes GEMM2's
+# FP8 input itself (fc2_input_quant=gemm1), the bytes and scales the quantize step would write: the scale is known
+# before any column is written, where a dynamic one needs the whole row's amax, which no column tile holds. At every
+# count: H200, layer us, graph replay, against the quantize step forced (and at decode against GEMM2 quantizing its
+# input on the same GEMM2 tactic): 1 token Qwen3-30B-A3B 24.4 / 28.7 (gemm2 24.8), DeepSeek-V3 108.5 / 113.0 (gemm2
+# 108.3); 16 tokens GPT-OSS-20B 199.1 / 204.2 (gemm2 202.8); 4096 tokens Mixtral-8x7B 2711.5 / 2795.6, DeepSeek-V2-Lite
+# 520-562 / 546-578 in five of six rounds, 587.7 / 552.5 in the sixth; ties at Mixtral-8x7B's 256 tokens, GPT-OSS-20B
+# at 4096 tokens 4% ahead in two rounds and 4% behind in a third (docs/performance.md, "GEMM1's epilogue quantizing
+# GEMM2's input"):
+# act_scale == static
+def fc2_quant_static_scale(s: MoESpec) -> Gate:
+    return Gate("fc2_static_scale", s.act_scale.value, "act_scale == static", s.act_scale is ActScale.STATIC, OURS)
 
 
 # Else GEMM2 quantizes its input itself as it loads its rows (the quantizing decode kernel, gemm/fp8_decode.cu), with

@@ -217,6 +217,18 @@ class FusedExperts:
                                       workspace=_opt(b, "gemm_workspace"), stream=b.stream,
                                       accumulation=self.fp8_accumulation, tactic=b.gemm1_tactic)
 
+    def gemm1_fp8_gated_quantized(self, b: Batch) -> None:
+        """gemm1_fp8_gated writing GEMM2's FP8 input and its row scales itself, by the static GEMM2 input scale
+        (fc2_input_quant=gemm1): the bytes quantize_fc2_input would write, without fc1_act or that step."""
+        s = self.spec
+        self.k.grouped_gemm_fp8_gated_quantized(b.v("permuted_input"), b.v("permuted_input_scales"), self.w.w1,
+                                                self.w.fp8.w1_scale, b.v("expert_offsets"), self.act, self.a2_scale,
+                                                out_dtype=self.out_dtype, bias=self.w.b1, swiglu_alpha=s.swiglu_alpha,
+                                                swiglu_limit=s.swiglu_limit, out=b.v("fc2_input"),
+                                                out_scales=b.v("fc2_input_scales"),
+                                                workspace=_opt(b, "gemm_workspace"), stream=b.stream,
+                                                accumulation=self.fp8_accumulation, tactic=b.gemm1_tactic)
+
     def fc1_activation_fp8(self, b: Batch) -> None:
         """The activation (+b1) with GEMM2's FP8 input written in the same pass."""
         s = self.spec

@@ -158,7 +158,7 @@ class MoERunner:
             S.FINALIZE: pf.weight_and_reduce, S.SHARED_EXPERTS: pf.shared_experts,
             S.EXPAND_ROWS_FP8: ex.expand_rows_fp8, S.QUANTIZE_INPUT: ex.quantize_input,
             S.EXPAND_ROWS_FP8_PREQUANTIZED: ex.expand_rows_fp8_prequantized, S.GEMM1_FP8: ex.gemm1_fp8,
-            S.GEMM1_FP8_GATED: ex.gemm1_fp8_gated,
+            S.GEMM1_FP8_GATED: ex.gemm1_fp8_gated, S.GEMM1_FP8_GATED_QUANTIZED: ex.gemm1_fp8_gated_quantized,
             S.EXPAND_ROWS_FP8_ZERO_OUTPUT: ex.expand_rows_fp8_zero_output,
             S.EXPAND_ROWS_FP8_PREQUANTIZED_ZERO_OUTPUT: ex.expand_rows_fp8_prequantized_zero_output,
             S.FC1_ACTIVATION_FP8: ex.fc1_activation_fp8, S.QUANTIZE_FC2_INPUT: ex.quantize_fc2_input,

@@ -51,6 +51,8 @@ EXPAND_ROWS_FP8_ZERO_OUTPUT = "expand_rows:fp8+zero_output"
 EXPAND_ROWS_FP8_PREQUANTIZED_ZERO_OUTPUT = "expand_rows:fp8_prequantized+zero_output"
 GEMM1_FP8 = "gemm1:fp8"                # mb_grouped_gemm_fp8
 GEMM1_FP8_GATED = "gemm1:fp8_gated"    # mb_grouped_gemm_fp8_gated: the gated activation in GEMM1's epilogue
+# mb_grouped_gemm_fp8_gated with a static scale (fc2_input_quant=gemm1): its epilogue writes GEMM2's FP8 input
+GEMM1_FP8_GATED_QUANTIZED = "gemm1:fp8_gated_quantized"
 FC1_ACTIVATION_FP8 = "fc1_activation:fp8"  # mb_fc1_activation_fp8: GEMM2's input quantized in the activation
 # GEMM2's FP8 input from the 16-bit activation (its kernel's or GEMM1's gated epilogue's): the same bytes as
 # mb_quantize_fp8, written by mb_fc1_activation_fp8's staged kernel with the identity activation
@@ -257,7 +259,8 @@ def _shared_experts(plan: Plan) -> list[str]:
 def _fp8_steps(plan: Plan, c: dict[str, str]) -> list[str]:
     """An FP8 layer's steps after routing: maps, GEMM1's FP8 input (quantized in the expansion or before it),
     GEMM1 with the gated activation in its epilogue (fc1_activation=gated_epilogue) or GEMM1 and the activation
-    kernel, GEMM2's FP8 input (quantized in that kernel, or after the activation, or by GEMM2 itself), then GEMM2
+    kernel, GEMM2's FP8 input (quantized in that kernel or epilogue, or after the activation, or by GEMM2 itself),
+    then GEMM2
     with the finalize in its epilogue (into the output the three-step prologue or else the expansion zeroes, as for
     16-bit layers) or GEMM2 and the separate finalize."""
     fused = c["finalize"] == "fused"
@@ -273,7 +276,12 @@ def _fp8_steps(plan: Plan, c: dict[str, str]) -> list[str]:
                                 "finalize=fused)")
         steps += [GEMM1_FP8_GATED, GEMM2_FP8_QUANTIZING_FINALIZE]
         return steps + _shared_experts(plan)
-    if c["fc1_activation"] == "gated_epilogue":
+    if c["fc2_input_quant"] == "gemm1":
+        if c["fc1_activation"] != "gated_epilogue":
+            raise MoeBuildError("fc2_input_quant", "GEMM1's gated epilogue quantizes GEMM2's input",
+                                "separate (or fc1_activation=gated_epilogue)")
+        steps.append(GEMM1_FP8_GATED_QUANTIZED)
+    elif c["fc1_activation"] == "gated_epilogue":
         steps += [GEMM1_FP8_GATED, QUANTIZE_FC2_INPUT]
     elif c["fc2_input_quant"] == "fc1_activation":
         steps += [GEMM1_FP8, FC1_ACTIVATION_FP8]

@@ -54,13 +54,14 @@ def workspace_layout(spec: MoESpec, steps: set[str], max_tokens: int, *, gemm_wo
         "permuted_weights": BufferSpec((R,), torch.float32, K),
         "fc1_act": BufferSpec((R, I), dt, K),
     }
-    if steps & {S.GEMM1_FP8, S.GEMM1_FP8_GATED}:
+    if steps & {S.GEMM1_FP8, S.GEMM1_FP8_GATED, S.GEMM1_FP8_GATED_QUANTIZED}:
         out.update(_fp8_buffers(spec, steps, max_tokens))
     if S.GEMM1_W4AFP8 in steps:
         out.update(_w4afp8_buffers(spec, steps, max_tokens))
-    if steps & {S.GEMM1_FP8, S.GEMM1_FP8_GATED, S.GEMM1_W4AFP8} and S.QUANTIZE_FC2_INPUT not in steps \
+    if steps & {S.GEMM1_FP8, S.GEMM1_FP8_GATED, S.GEMM1_FP8_GATED_QUANTIZED, S.GEMM1_W4AFP8} \
+            and S.QUANTIZE_FC2_INPUT not in steps \
             and S.FC1_ACTIVATION not in steps and S.GEMM2_FP8_QUANTIZING_FINALIZE not in steps:
-        del out["fc1_act"]  # the activation writes GEMM2's FP8 input straight away
+        del out["fc1_act"]  # the activation (or GEMM1's epilogue) writes GEMM2's FP8 input straight away
     if S.ROUTER_GEMM in steps:
         out["logits"] = BufferSpec((M, spec.num_experts), dt, 1)  # the router scores every expert
     if S.THREE_STEP_PROLOGUES & steps and three_step_workspace_bytes:

@@ -93,10 +93,15 @@ def test_wgmma(inter, k, tile, accumulation, counts):
                         seed=inter + k + len(tile))
 
 
-@pytest.mark.parametrize("activation", ACTIVATIONS)
-@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("tactic", ["decode:ksplit2:after_trigger:plain", "wgmma:coop128x192:after_trigger:evict_last",
-                                    "wgmma:pingpong64x128c2:plain:evict_last"])
+# Each activation with a bias in both output dtypes, launched as the runner launches them (after a trigger, the wgmma
+# stores under evict_last): also test_fp8_gemm_gated_quantized's
+runner_launches = pytest.mark.parametrize("activation,out_dtype,tactic", [
+    (act, dtype, tactic) for act in ACTIVATIONS for dtype in (torch.bfloat16, torch.float16)
+    for tactic in ("decode:ksplit2:after_trigger:plain", "wgmma:coop128x192:after_trigger:evict_last",
+                   "wgmma:pingpong64x128c2:plain:evict_last")])
+
+
+@runner_launches
 def test_bias_dtypes_and_runner_launches(activation, out_dtype, tactic):
     """Each activation with a bias in both output dtypes, launched as the runner launches (after a trigger, the
     wgmma stores under evict_last)."""

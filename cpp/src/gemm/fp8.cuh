@@ -44,6 +44,11 @@ struct Fp8GemmParams {
   int activation = MB_ACT_SWIGLU;
   float swiglu_alpha = 1.f;
   float swiglu_limit = 0.f;
+  // gated, quantized (the plan's fc2_input_quant=gemm1): C is e4m3 [max_rows, n / 2], each act(gate, up) rounded to
+  // the output dtype, then quantized by this static scale (device scalar) as common/fp8_quantize.cuh does, and
+  // c_scales [max_rows] gets every written row's scale: the bytes and scales the quantize step would write
+  const float* c_static_scale = nullptr;
+  float* c_scales = nullptr;
   // quantizing (mb_grouped_gemm_fp8_quantizing_finalize; decode kernel, MB_FP8_ROWWISE): A and scale_a unused, the
   // kernel quantizes these 16-bit rows [max_rows, k] (the output dtype) itself, by a16_static_scale or per row
   const void* a16 = nullptr;

@@ -140,6 +140,7 @@ mb_status mb_grouped_gemm_fp8_quantizing_finalize(const void* A16, const float* 
 
 mb_status mb_grouped_gemm_fp8_gated(const void* A, const float* scale_a, const void* B, const float* scale_b,
                                     int scaling, int accumulation, const void* bias, void* C,
+                                    const float* c_static_scale, float* c_scales,
                                     const int64_t* expert_first_token_offset, int num_experts, int64_t max_rows,
                                     int inter, int k, int dtype, int activation, float swiglu_alpha,
                                     float swiglu_limit, mb_gemm_tactic tactic, void* workspace,
@@ -152,6 +153,11 @@ mb_status mb_grouped_gemm_fp8_gated(const void* A, const float* scale_a, const v
   mbk::Fp8GemmParams p{static_cast<const uint8_t*>(A), scale_a, static_cast<const uint8_t*>(B), scale_b, bias,
                        C, expert_first_token_offset, num_experts, 2 * inter, k, scaling, accumulation};
   MB_TRY(mbk::check_fp8_args(p, max_rows, dtype, who));
+  if ((c_static_scale == nullptr) != (c_scales == nullptr))
+    return mbk::fail(MB_ERR_INVALID_ARGUMENT, "%s: c_static_scale and c_scales go together (an e4m3 C and its row "
+                     "scales), or neither", who);
+  p.c_static_scale = c_static_scale;
+  p.c_scales = c_scales;
   p.epilogue = mbk::EPI_GATED;
   p.evict_last = tactic.output_l2 == MB_OUTPUT_L2_EVICT_LAST;
   p.activation = activation;

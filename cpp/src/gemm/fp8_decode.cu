@@ -18,7 +18,9 @@
 // Epilogues (p.epilogue): the plain store; the finalize (as gemm/decode.cu's): each output pair times its
 // row's routing weight, added with one packed 2-element atomic into the token's output row; or the gated
 // activation of an interleaved W1 (rowwise scales): a CTA's weight rows are whole 16-row blocks, 8 gate rows then
-// their 8 up rows, so each output feature pair finds its gate and up sums in the CTA's shared partials.
+// their 8 up rows, so each output feature pair finds its gate and up sums in the CTA's shared partials; with a
+// static scale (p.c_static_scale, fc2_input_quant=gemm1) each pair is rounded to T and written as two e4m3 bytes,
+// the quantize step's bytes, and each row's scale by the thread of its first feature.
 //
 // Quantizing (QA; mb_grouped_gemm_fp8_quantizing_finalize, the plan's fc2_input_quant=gemm2): A is the 16-bit rows
 // GEMM1's gated epilogue wrote, and each CTA quantizes its chunk's rows into shared memory after it waits for them
@@ -281,9 +283,18 @@ __device__ __forceinline__ void fp8_decode_body(const Fp8GemmParams& p) {
       const int64_t prow = row_begin + t;
       const float2 gate = biased({column(r, t, prow), column(r + 1, t, prow)}, col0 + r);
       const float2 up = biased({column(r + 8, t, prow), column(r + 9, t, prow)}, col0 + r + 8);
-      *reinterpret_cast<typename P2::type*>(static_cast<T*>(p.C) + prow * inter + col0 / 2 + f) =
-          P2::make(apply_gated(p.activation, gate.x, up.x, p.swiglu_alpha, p.swiglu_limit),
-                   apply_gated(p.activation, gate.y, up.y, p.swiglu_alpha, p.swiglu_limit));
+      const typename P2::type packed = P2::make(apply_gated(p.activation, gate.x, up.x, p.swiglu_alpha, p.swiglu_limit),
+                                                apply_gated(p.activation, gate.y, up.y, p.swiglu_alpha, p.swiglu_limit));
+      const int64_t at = prow * inter + col0 / 2 + f;
+      if (p.c_static_scale != nullptr) {  // quantized: the pair rounded to T, then to e4m3 by the static scale
+        const float s = *p.c_static_scale, y = __frcp_rn(s);
+        const float2 x = P2::to_float2(packed);
+        static_cast<__nv_fp8x2_storage_t*>(p.C)[at / 2] = __nv_cvt_float2_to_fp8x2(
+            make_float2(mb::fp8::quotient(x.x, s, y), mb::fp8::quotient(x.y, s, y)), __NV_SATFINITE, __NV_E4M3);
+        if (col0 == 0 && f == 0) p.c_scales[prow] = s;
+      } else {
+        *reinterpret_cast<typename P2::type*>(static_cast<T*>(p.C) + at) = packed;
+      }
     }
     return;
   }

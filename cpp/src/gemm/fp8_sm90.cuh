@@ -190,6 +190,8 @@ typename Fp8Wgmma<T, kScaling, kTile, kEpi, kFast>::Gemm::Arguments fp8_args(con
   if constexpr (!G::kBlock) {
     epi.row_scale = p.scale_a;
     epi.col_scale = p.scale_b;
+    epi.out_static_scale = p.c_static_scale;
+    epi.out_scales = p.c_scales;
   }
   return typename G::Gemm::Arguments{cutlass::gemm::GemmUniversalMode::kGrouped,
                                      {p.num_experts, p.offsets, p.n, p.k},

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "common/act_math.cuh"
+#include "common/fp8_quantize.cuh"  // quotient: the gated epilogue quantizing to e4m3
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 #include "cutlass/epilogue/collective/detail.hpp"
@@ -78,12 +79,26 @@ __device__ __forceinline__ void store_16B(void* dst, const uint32_t (&v)[4], boo
     *reinterpret_cast<uint4*>(dst) = make_uint4(v[0], v[1], v[2], v[3]);
   }
 }
+// The same for 8 bytes (a lane's 8 e4m3 features of the quantized gated epilogue).
+__device__ __forceinline__ void store_8B(void* dst, uint32_t lo, uint32_t hi, bool hinted, uint64_t policy) {
+  if (hinted) {
+    asm volatile("st.global.L2::cache_hint.v2.b32 [%0], {%1, %2}, %3;" ::"l"(dst), "r"(lo), "r"(hi), "l"(policy));
+  } else {
+    *reinterpret_cast<uint2*>(dst) = make_uint2(lo, hi);
+  }
+}
 // An L2 policy under which the written lines are evicted after the others (evict_last) in the whole L2.
 __device__ __forceinline__ uint64_t l2_evict_last() {
   uint64_t policy;
   asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
   return policy;
 }
+
+// The FP8 GEMM1's gated epilogue writing GEMM2's e4m3 input by a static scale (fc2_input_quant=gemm1; p.epilogue stays
+// EPI_GATED): a kernel of its own rather than a branch of EPI_GATED's, which kept the 16-bit-output kernel's code as it
+// was (with the branch in it, dynamic FP8 layers at 256 tokens ran 2% slower: docs/performance.md, "GEMM1's epilogue
+// quantizing GEMM2's input").
+constexpr int EPI_GATED_E4M3 = 3;
 
 // Operator-style epilogue run by CUTLASS's Sm90TmaWarpSpecializedAdapter (the same hook as its
 // DefaultEpilogueArray): each consumer thread gets its wgmma accumulator fragment and the
@@ -127,6 +142,11 @@ class MoeEpilogue {
     bool evict_last = false;  // the gated stores and finalize atomics under L2 evict_last (MB_OUTPUT_L2_EVICT_LAST)
     const float* row_scale = nullptr;  // kFp8Rowwise: [rows] per permuted row
     const float* col_scale = nullptr;  // kFp8Rowwise: [E, N] per expert and output column
+    // EPI_GATED_E4M3 (fc2_input_quant=gemm1): out is e4m3 [rows, N / 2], each act(gate, up) rounded to T and then
+    // quantized by this static scale (device scalar) as common/fp8_quantize.cuh does; out_scales [rows] gets the
+    // scale of every row written.
+    const float* out_static_scale = nullptr;
+    float* out_scales = nullptr;
   };
   using Params = Arguments;
 
@@ -179,15 +199,9 @@ class MoeEpilogue {
     // One branch per tile, not per element, for the bias and the activation.
     if constexpr (kEpi == EPI_FINALIZE) {
       return bias ? finalize_tile<true>(acc, f, bias, col_scale) : finalize_tile<false>(acc, f, bias, col_scale);
-    } else if constexpr (kEpi == EPI_GATED) {
-      switch (params_.activation) {
-        case MB_ACT_GEGLU: return bias ? gated_tile<MB_ACT_GEGLU, true>(acc, f, bias, col_scale)
-                                       : gated_tile<MB_ACT_GEGLU, false>(acc, f, bias, col_scale);
-        case MB_ACT_SWIGLU_CLAMP: return bias ? gated_tile<MB_ACT_SWIGLU_CLAMP, true>(acc, f, bias, col_scale)
-                                              : gated_tile<MB_ACT_SWIGLU_CLAMP, false>(acc, f, bias, col_scale);
-        default: return bias ? gated_tile<MB_ACT_SWIGLU, true>(acc, f, bias, col_scale)
-                             : gated_tile<MB_ACT_SWIGLU, false>(acc, f, bias, col_scale);
-      }
+    } else if constexpr (kEpi == EPI_GATED || kEpi == EPI_GATED_E4M3) {
+      static_assert(kEpi == EPI_GATED || kFp8Rowwise, "the e4m3 gated epilogue is the FP8 GEMM1's");
+      return gated_act<kEpi == EPI_GATED_E4M3>(acc, f, bias, col_scale);
     } else {
       return bias ? store_tile<true>(acc, f, bias, col_scale) : store_tile<false>(acc, f, bias, col_scale);
     }
@@ -203,6 +217,19 @@ class MoeEpilogue {
     // Lane q's whole 8-column group of block g after quad_group (N is a multiple of 8).
     __device__ __forceinline__ bool group_in(int g, int q) const { return n0 + 6 * q + 32 * g < N; }
   };
+
+  // The gated tile of the call's activation, with or without the bias (one branch per tile).
+  template <bool kQuantized, class Acc>
+  CUTLASS_DEVICE void gated_act(Acc const& acc, Frag const& f, const T* bias, const float* col_scale) {
+    switch (params_.activation) {
+      case MB_ACT_GEGLU: return bias ? gated_tile<MB_ACT_GEGLU, true, kQuantized>(acc, f, bias, col_scale)
+                                     : gated_tile<MB_ACT_GEGLU, false, kQuantized>(acc, f, bias, col_scale);
+      case MB_ACT_SWIGLU_CLAMP: return bias ? gated_tile<MB_ACT_SWIGLU_CLAMP, true, kQuantized>(acc, f, bias, col_scale)
+                                            : gated_tile<MB_ACT_SWIGLU_CLAMP, false, kQuantized>(acc, f, bias, col_scale);
+      default: return bias ? gated_tile<MB_ACT_SWIGLU, true, kQuantized>(acc, f, bias, col_scale)
+                           : gated_tile<MB_ACT_SWIGLU, false, kQuantized>(acc, f, bias, col_scale);
+    }
+  }
 
   // v + bias for the column pair at n of group j (the bias read only for columns in range).
   template <bool kBias>
@@ -322,7 +349,12 @@ class MoeEpilogue {
   // across the quad (quad_transpose), so each lane writes one group whole with one 16-byte store.
   // kFp8Rowwise: gate and up are each scaled by the row's and their own column's scale (W1's column scales come
   // in the same interleaved order) before the bias and the activation.
-  template <int ACT, bool kBias, class Acc>
+  // kQuantized (fc2_input_quant=gemm1): each act(gate, up) pair, rounded to T as the 16-bit store would write it,
+  // is quantized to two e4m3 bytes by the static scale (mb::fp8::quotient, the quantize step's rule: the bytes the
+  // quantize step would write from those 16-bit rows); after the transpose a lane stores its 8 features' bytes
+  // with one 8-byte store, and the lanes holding a row's first features (the tile at column 0, lane 0 of the
+  // quad) write the row's scale.
+  template <int ACT, bool kBias, bool kQuantized, class Acc>
   CUTLASS_DEVICE void gated_tile(Acc const& acc, Frag const& f, const T* bias, const float* col_scale) {
     using P2 = Pair<T>;
     static_assert(decltype(cute::size(acc))::value % 32 == 0, "blocks of four gate groups");
@@ -336,6 +368,15 @@ class MoeEpilogue {
     row_scales(f, rs);
     CUTLASS_PRAGMA_UNROLL
     for (int h = 0; h < 2; ++h) row[h] = params_.out + (f.row0 + f.m0 + 8 * h) * inter + nq / 2 + 8 * q;
+    float qs = 1.f, qy = 1.f;  // kQuantized: the static scale and its correctly rounded reciprocal
+    if constexpr (kQuantized) {
+      qs = *params_.out_static_scale;
+      qy = __frcp_rn(qs);
+      CUTLASS_PRAGMA_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        if (nq == 0 && q == 0 && f.row_in(h)) params_.out_scales[f.row0 + f.m0 + 8 * h] = qs;
+      }
+    }
     CUTLASS_PRAGMA_UNROLL
     for (int g = 0; g < cute::size(acc) / 32; ++g) {  // gate groups j = 8g + 2s, s < 4
       float2 cs_gate[4], cs_up[4];  // kFp8Rowwise: the column scales of gate group j and up group j + 1
@@ -361,12 +402,25 @@ class MoeEpilogue {
           up = biased<kBias>(up, bias, f, j + 1);
           const typename P2::type packed =
               P2::make(mb::act_apply<ACT>(gate.x, up.x, alpha, limit), mb::act_apply<ACT>(gate.y, up.y, alpha, limit));
-          v[s] = *reinterpret_cast<const uint32_t*>(&packed);
+          if constexpr (kQuantized) {
+            const float2 x = P2::to_float2(packed);
+            v[s] = __nv_cvt_float2_to_fp8x2(make_float2(mb::fp8::quotient(x.x, qs, qy), mb::fp8::quotient(x.y, qs, qy)),
+                                            __NV_SATFINITE, __NV_E4M3);
+          } else {
+            v[s] = *reinterpret_cast<const uint32_t*>(&packed);
+          }
         }
         quad_transpose(v, q);
         // Lane q now holds gate group 8g + 2q whole: features nq / 2 + 32g + 8q onwards, from columns
         // nq + 64g + 16q (N is a multiple of 16: its up columns are in range too).
-        if (f.row_in(h) && nq + 64 * g + 16 * q < f.N) store_16B(row[h] + 32 * g, v, params_.evict_last, policy);
+        if (f.row_in(h) && nq + 64 * g + 16 * q < f.N) {
+          if constexpr (kQuantized) {
+            uint8_t* dst = reinterpret_cast<uint8_t*>(params_.out) + (row[h] - params_.out) + 32 * g;
+            store_8B(dst, v[0] | v[1] << 16, v[2] | v[3] << 16, params_.evict_last, policy);
+          } else {
+            store_16B(row[h] + 32 * g, v, params_.evict_last, policy);
+          }
+        }
       }
     }
   }

@@ -282,14 +282,48 @@ def grouped_gemm_fp8_gated(a: torch.Tensor, scale_a: torch.Tensor, b: torch.Tens
     """C[p] = act(gate, up) of grouped_gemm_fp8's scaled product (+ bias[x]), the gated activation in GEMM1's
     epilogue (rowwise scales only). B [E, 2I, k], scale_b [E, 2I] and bias [E, 2I] in
     moe_build.weights.interleave_gate_up's order -> C [R, I] in out_dtype."""
+    return _gated(a, scale_a, b, scale_b, expert_first_token_offset, scaling, activation, out_dtype, bias, swiglu_alpha,
+                  swiglu_limit, c, None, None, workspace, stream, accumulation, tactic)[0]
+
+
+def grouped_gemm_fp8_gated_quantized(a: torch.Tensor, scale_a: torch.Tensor, b: torch.Tensor, scale_b: torch.Tensor,
+                                     expert_first_token_offset: torch.Tensor, activation: int | str | Activation,
+                                     static_scale: torch.Tensor, out_dtype: torch.dtype = torch.bfloat16,
+                                     bias: torch.Tensor | None = None, swiglu_alpha: float = 1.0,
+                                     swiglu_limit: float = math.inf, out: torch.Tensor | None = None,
+                                     out_scales: torch.Tensor | None = None, workspace: torch.Tensor | None = None,
+                                     stream: int | torch.cuda.Stream | None = None,
+                                     accumulation: int | str | Fp8Accumulation = Fp8Accumulation.PROMOTED, *,
+                                     tactic: GemmTactic | str) -> tuple[torch.Tensor, torch.Tensor]:
+    """grouped_gemm_fp8_gated (rowwise scales) with GEMM2's FP8 input written by its epilogue (the plan's
+    fc2_input_quant=gemm1): -> (q [R, I] float8_e4m3fn, scales fp32 [R]), exactly quantize_fp8(C, static_scale) of
+    the C [R, I] in out_dtype that grouped_gemm_fp8_gated writes. static_scale: a float32 [1] (the checkpoint's
+    static GEMM2 input scale)."""
+    if static_scale is None:
+        raise ValueError("static_scale: the quantized gated GEMM needs the static GEMM2 input scale")
+    _fp8_group(static_scale, None, a.device)
+    return _gated(a, scale_a, b, scale_b, expert_first_token_offset, Fp8Scaling.ROWWISE, activation, out_dtype, bias,
+                  swiglu_alpha, swiglu_limit, out, static_scale, out_scales, workspace, stream, accumulation, tactic)
+
+
+def _gated(a: torch.Tensor, scale_a: torch.Tensor, b: torch.Tensor, scale_b: torch.Tensor,
+           expert_first_token_offset: torch.Tensor, scaling: int | str | Fp8Scaling, activation: int | str | Activation,
+           out_dtype: torch.dtype, bias: torch.Tensor | None, swiglu_alpha: float, swiglu_limit: float,
+           c: torch.Tensor | None, static_scale: torch.Tensor | None, c_scales: torch.Tensor | None,
+           workspace: torch.Tensor | None, stream: int | torch.cuda.Stream | None,
+           accumulation: int | str | Fp8Accumulation, tactic: GemmTactic | str
+           ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """mb_grouped_gemm_fp8_gated: C in out_dtype, or (static_scale given) e4m3 with its row scales."""
     dev, rows, k, e, n2, mode = _fp8_gemm_args(a, scale_a, b, scale_b, expert_first_token_offset, scaling, out_dtype,
                                                bias)
     act = _enum(activation, Activation, "activation")
-    out = _out(c, "C", (rows, n2 // 2), out_dtype, dev)
+    quantized = static_scale is not None
+    out = _out(c, "C", (rows, n2 // 2), torch.float8_e4m3fn if quantized else out_dtype, dev)
+    scales = _out(c_scales, "out_scales", (rows,), torch.float32, dev) if quantized else None
     ws, ws_bytes = _workspace(workspace, lambda: grouped_gemm_fp8_workspace_bytes(e, rows, n2, k), dev)
     call("mb_grouped_gemm_fp8_gated", a.data_ptr(), scale_a.data_ptr(), b.data_ptr(), scale_b.data_ptr(), int(mode),
-         _enum(accumulation, Fp8Accumulation, "accumulation"), _ptr(bias), out.data_ptr(),
-         expert_first_token_offset.data_ptr(), e, rows, n2 // 2, k,
+         _enum(accumulation, Fp8Accumulation, "accumulation"), _ptr(bias), out.data_ptr(), _ptr(static_scale),
+         _ptr(scales), expert_first_token_offset.data_ptr(), e, rows, n2 // 2, k,
          int(DType.BF16 if out_dtype == torch.bfloat16 else DType.FP16), act, swiglu_alpha, swiglu_limit,
          tactic_struct(tactic), ws, ws_bytes, _stream(stream, dev))
-    return out
+    return out, scales
