@@ -38,6 +38,9 @@ def layer_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="w8a16 / w4a16_awq: one weight scale per output channel."),
         click.option("--prequant-scales", "prequant_scales", is_flag=True,
                      help="w4a16_awq / w4afp8: AWQ pre-quant scales stored (ModelOpt's pre_quant_scale)."),
+        click.option("--act-scale", "act_scale",
+                     help="fp8 / w4afp8: static (a calibrated scale per GEMM input, ModelOpt's input_scale) or "
+                          "dynamic (per row at run time) activation scales (a checkpoint's config sets it)."),
         click.option("--lora", is_flag=True, help="The layer carries LoRA adapters."),
         click.option("--ep-size", "ep_size", type=int, help="Expert parallelism: ranks the experts are split over."),
         click.option("--ep-rank", "ep_rank", type=int, help="Build only this rank (default: every rank)."),
@@ -63,8 +66,8 @@ def target_options(f: Callable[..., Any]) -> Callable[..., Any]:
 
 def _split_layer_target(kw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, str]]:
     layer_keys = ("preset", "hidden", "inter", "experts", "top_k", "activation", "dtype", "quant", "output_dtype",
-                  "fp8_input", "group_size", "zero_points", "per_channel", "prequant_scales", "lora", "ep_size",
-                  "ep_rank")
+                  "fp8_input", "group_size", "zero_points", "per_channel", "prequant_scales", "act_scale", "lora",
+                  "ep_size", "ep_rank")
     layer = {k: kw.pop(k) for k in layer_keys}
     target = {k: kw.pop(k) for k in ("sm", "flavour", "moe_plugin", "deterministic")}
     from .planner import parse_force

@@ -135,6 +135,9 @@ def test_bad_build_flags_are_one_line_and_write_nothing(tmp_path: Path, args: li
     (["--prequant-scales"], ("quant_prequant_scales", "quant=none")),
     (["--quant", "w4a16_awq", "--group-size", "48"], ("group_size", "48", "32, 64, 128")),
     (["--group-size", "64"], ("group_size", "quant=none")),
+    (["--act-scale", "static"], ("act_scale", "quant=none", "fp8, fp8_block, w4afp8")),
+    (["--quant", "fp8", "--act-scale", "calibrated"], ("act_scale", "'calibrated'", "static, dynamic")),
+    (["--quant", "fp8_block", "--act-scale", "static"], ("act_scale", "1 x 128", "dynamic")),
 ])
 def test_bad_report_flags_are_one_line(args: list[str], needles: tuple[str, ...]) -> None:
     r = cli("fusion-report", "--preset", "tiny", *args)
@@ -282,6 +285,20 @@ def test_disk_full_is_one_line_and_leaves_nothing(full_disk: Path) -> None:
     r = cli("build", "--out", str(out))
     assert_one_line_refusal(r, "output: No space left on device while building tiny")
     assert list(full_disk.rglob("*")) in ([], [out])  # at most the (empty) folder it was asked to create
+
+
+def test_act_scale_flag_reaches_the_plan() -> None:
+    """--act-scale describes a flags-only FP8 layer's activation scales as a checkpoint's config would: static ones
+    (ModelOpt's input_scale) let GEMM1's gated epilogue quantize GEMM2's input (fc2_input_quant=gemm1), dynamic ones
+    do not."""
+    import json
+    base = ["fusion-report", "--preset", "qwen3-30b-a3b", "--sm", "90", "--quant", "fp8", "--tokens", "4096", "--json"]
+    static = json.loads(cli(*base, "--act-scale", "static").stdout)
+    assert static["spec"]["act_scale"] == "static"
+    assert {s["stage"]: s["choice"] for s in static["stages"]}["fc2_input_quant"] == "gemm1"
+    dynamic = json.loads(cli(*base, "--act-scale", "dynamic").stdout)
+    assert dynamic["spec"]["act_scale"] == "dynamic"
+    assert {s["stage"]: s["choice"] for s in dynamic["stages"]}["fc2_input_quant"] == "separate"
 
 
 def test_weight_only_storage_flags_reach_the_plan() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..errors import MoeBuildError
-from .layer import WOQ_STORAGE_QUANTS, Activation, DType, MoESpec, OutputDType, Quant
+from .layer import WOQ_STORAGE_QUANTS, ActScale, Activation, DType, MoESpec, OutputDType, Quant
 from .woq_config import GROUP_SIZES
 
 E = TypeVar("E", bound=enum.Enum)
@@ -40,15 +40,19 @@ def resolve_spec(checkpoint: str | Path | None = None, preset: str | None = None
                  output_dtype: str | None = None, lora: bool | None = None, ep_size: int | None = None,
                  ep_rank: int | None = None, fp8_input: bool | None = None, group_size: int | None = None,
                  zero_points: bool | None = None, per_channel: bool | None = None,
-                 prequant_scales: bool | None = None) -> MoESpec:
+                 prequant_scales: bool | None = None, act_scale: str | None = None) -> MoESpec:
     """Base spec (checkpoint > preset > flags > embedded default), then the flags as overrides. The weight-only
-    storage flags (zero points, per-channel scales, pre-quant scales) only set what a checkpoint's config would,
-    and are refused for a quant whose experts cannot be stored so."""
+    storage flags (zero points, per-channel scales, pre-quant scales) and the activation scales (static: a
+    calibrated scale per GEMM input, as ModelOpt stores; dynamic: per row at run time) only set what a checkpoint's
+    config would, and are refused for a quant whose layers cannot have them."""
     spec = _resolve(checkpoint, preset, hidden=hidden, inter=inter, experts=experts, top_k=top_k,
                     activation=activation, dtype=dtype, quant=quant, output_dtype=output_dtype, lora=lora,
                     ep_size=ep_size, ep_rank=ep_rank, fp8_input=fp8_input, quant_group_size=group_size,
                     quant_zero_points=zero_points or None, quant_per_channel=per_channel or None,
-                    quant_prequant_scales=prequant_scales or None)
+                    quant_prequant_scales=prequant_scales or None,
+                    act_scale=parse_enum("act_scale", ActScale, act_scale))
+    if act_scale is not None and spec.quant not in ACT_SCALE_QUANTS:
+        raise MoeBuildError("act_scale", f"given for quant={spec.quant.value}", [q.value for q in ACT_SCALE_QUANTS])
     for name, given in (("quant_zero_points", zero_points), ("quant_per_channel", per_channel),
                         ("quant_prequant_scales", prequant_scales)):
         quants = WOQ_STORAGE_QUANTS[name]
@@ -60,6 +64,7 @@ def resolve_spec(checkpoint: str | Path | None = None, preset: str | None = None
 
 
 GROUPED_QUANTS = (Quant.W4A16_AWQ, Quant.W4AFP8, Quant.W8A16)
+ACT_SCALE_QUANTS = (Quant.FP8, Quant.FP8_BLOCK, Quant.W4AFP8)  # the quants with FP8 activations
 
 
 def _check_group_size(spec: MoESpec) -> None:
