@@ -108,8 +108,7 @@ def bench_fp8_shape(name: str, mode: Fp8Mode, tokens_list: Sequence[int], ceilin
     """Every variant at every token count of one FP8 layer; one record per (mode, shape, tokens)."""
     from ..runner import MoERunner
 
-    quant = mode.quant
-    spec = fp8_bench_spec(name, quant, mode.act_scale)
+    spec = fp8_bench_spec(name, mode.quant, mode.act_scale)
     spec16 = bench_spec(name)
     rowwise_spec = fp8_bench_spec(name, Quant.FP8)  # the layer scaled_grouped_mm computes
     t0 = time.time()
