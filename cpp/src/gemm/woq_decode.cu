@@ -417,7 +417,8 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_int4_codes_kerne
 //     warp at every step), so the steps are the 16-bit tokens' and only the epilogue's row scale differs;
 //   - loads are unpredicated, as in the ring kernel; batches past a slice are computed on zero tokens.
 // 128-k batches a warp loads per wait: 4 KB of int4 weights with one scale per row, 3 KB with a scale and a zero
-// per group (their registers: four spill at 128).
+// per group (their registers: four such batches spill at 128 a thread; group 64's three, with two groups' scales
+// each, already spill 8-40 bytes).
 template <int GROUP>
 constexpr int kBigBatch = GROUP == 0 ? 4 : 3;
 constexpr unsigned kTokenPad = 64;      // bytes after each token row of a slice: rows alternate halves of the banks
