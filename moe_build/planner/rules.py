@@ -525,7 +525,7 @@ def fc2_quant_fused_tokens(tokens: int) -> Gate:
 # 108.3); 16 tokens GPT-OSS-20B 199.1 / 204.2 (gemm2 202.8); 4096 tokens Mixtral-8x7B 2711.5 / 2795.6, DeepSeek-V2-Lite
 # 520-562 / 546-578 in five of six rounds, 587.7 / 552.5 in the sixth; ties at Mixtral-8x7B's 256 tokens, GPT-OSS-20B
 # at 4096 tokens 4% ahead in two rounds and 4% behind in a third (docs/performance.md, "GEMM1's epilogue quantizing
-# GEMM2's input"):
+# GEMM2's input"); at 2-8192 tokens between, the four bench shapes, 40 counts: 1.007-1.15x faster everywhere:
 # act_scale == static
 def fc2_quant_static_scale(s: MoESpec) -> Gate:
     return Gate("fc2_static_scale", s.act_scale.value, "act_scale == static", s.act_scale is ActScale.STATIC, OURS)
