@@ -191,14 +191,20 @@ __device__ __forceinline__ float quotient(float v, float s, float y) {
   return copysignf(__fmaf_rn(r, y, q), v);
 }
 
+// Two values' e4m3 bytes, x.x's in the low byte: each quotient by s (y = 1 / s) rounded to nearest even and saturated
+// to +-448. Every kernel that writes e4m3 activations quantizes through it (the quantize step, and the GEMM epilogues
+// that quantize GEMM2's input: gemm/fp8_decode.cu, gemm/sm90_epilogue.cuh), so their bytes are the same.
+__device__ __forceinline__ __nv_fp8x2_storage_t quantize_pair(float2 x, float s, float y) {
+  return __nv_cvt_float2_to_fp8x2(make_float2(quotient(x.x, s, y), quotient(x.y, s, y)), __NV_SATFINITE, __NV_E4M3);
+}
+
 template <typename T>
 __device__ __forceinline__ Bytes quantize_unit(uint4 x, float s, const float (&p)[kVec]) {
   const float y = __frcp_rn(s);
   uint32_t w[2] = {0u, 0u};
 #pragma unroll
   for (int k = 0; k < kVec; k += 2) {
-    const float2 f = make_float2(quotient(scaled<T>(x, k, p), s, y), quotient(scaled<T>(x, k + 1, p), s, y));
-    const uint32_t pair = __nv_cvt_float2_to_fp8x2(f, __NV_SATFINITE, __NV_E4M3);  // element k in the low byte
+    const uint32_t pair = quantize_pair(make_float2(scaled<T>(x, k, p), scaled<T>(x, k + 1, p)), s, y);
     w[k / 4] |= pair << (8 * (k % 4));
   }
   return Bytes{w[0], w[1]};

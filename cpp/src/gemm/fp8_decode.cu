@@ -288,9 +288,7 @@ __device__ __forceinline__ void fp8_decode_body(const Fp8GemmParams& p) {
       const int64_t at = prow * inter + col0 / 2 + f;
       if (p.c_static_scale != nullptr) {  // quantized: the pair rounded to T, then to e4m3 by the static scale
         const float s = *p.c_static_scale, y = __frcp_rn(s);
-        const float2 x = P2::to_float2(packed);
-        static_cast<__nv_fp8x2_storage_t*>(p.C)[at / 2] = __nv_cvt_float2_to_fp8x2(
-            make_float2(mb::fp8::quotient(x.x, s, y), mb::fp8::quotient(x.y, s, y)), __NV_SATFINITE, __NV_E4M3);
+        static_cast<__nv_fp8x2_storage_t*>(p.C)[at / 2] = mb::fp8::quantize_pair(P2::to_float2(packed), s, y);
         if (col0 == 0 && f == 0) p.c_scales[prow] = s;
       } else {
         *reinterpret_cast<typename P2::type*>(static_cast<T*>(p.C) + at) = packed;

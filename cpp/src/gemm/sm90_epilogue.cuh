@@ -350,7 +350,7 @@ class MoeEpilogue {
   // kFp8Rowwise: gate and up are each scaled by the row's and their own column's scale (W1's column scales come
   // in the same interleaved order) before the bias and the activation.
   // kQuantized (fc2_input_quant=gemm1): each act(gate, up) pair, rounded to T as the 16-bit store would write it,
-  // is quantized to two e4m3 bytes by the static scale (mb::fp8::quotient, the quantize step's rule: the bytes the
+  // is quantized to two e4m3 bytes by the static scale (mb::fp8::quantize_pair, the quantize step's rule: the bytes the
   // quantize step would write from those 16-bit rows); after the transpose a lane stores its 8 features' bytes
   // with one 8-byte store, and the lanes holding a row's first features (the tile at column 0, lane 0 of the
   // quad) write the row's scale.
@@ -403,9 +403,7 @@ class MoeEpilogue {
           const typename P2::type packed =
               P2::make(mb::act_apply<ACT>(gate.x, up.x, alpha, limit), mb::act_apply<ACT>(gate.y, up.y, alpha, limit));
           if constexpr (kQuantized) {
-            const float2 x = P2::to_float2(packed);
-            v[s] = __nv_cvt_float2_to_fp8x2(make_float2(mb::fp8::quotient(x.x, qs, qy), mb::fp8::quotient(x.y, qs, qy)),
-                                            __NV_SATFINITE, __NV_E4M3);
+            v[s] = mb::fp8::quantize_pair(P2::to_float2(packed), qs, qy);
           } else {
             v[s] = *reinterpret_cast<const uint32_t*>(&packed);
           }
