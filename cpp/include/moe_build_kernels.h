@@ -105,6 +105,8 @@ mb_status mb_finalize(const void* gemm2_out, int dtype, const void* b2, const fl
  * out_rows[i] = hidden[send_tokens[i]] ([rows, hidden_size] in dtype), out_ids[i][j] = its j-th top-k id made
  * local to rank d (id - d * experts_per_rank, or -1 where rank d does not hold it), out_weights[i][j] its
  * weight ([rows, top_k] int32 / fp32).
+ * mb_ep_local_ids: topk_ids[i] (i < count, int32) made local to the rank holding experts [first_expert,
+ * first_expert + experts_per_rank) in place: id - first_expert there, else -1.
  * mb_ep_combine: out[t] = sum over d ascending with token_slots[t, d] >= 0 of returned[token_slots[t, d]],
  * in fp32, rounded once (returned [rows, hidden] and out [T, hidden] in dtype). max_sms: 0 for the default
  * grid, else at most that many blocks (so at most that many SMs); the result does not depend on it. */
@@ -115,6 +117,8 @@ mb_status mb_ep_pack_send(const void* hidden, int dtype, const int32_t* topk_ids
                           int hidden_size, int top_k, int ep_size, int experts_per_rank, const int32_t* send_counts,
                           const int32_t* send_tokens, int send_rows, void* out_rows, int32_t* out_ids,
                           float* out_weights, cudaStream_t stream);
+mb_status mb_ep_local_ids(int32_t* topk_ids, int64_t count, int first_expert, int experts_per_rank,
+                          cudaStream_t stream);
 mb_status mb_ep_combine(const void* returned, int dtype, const int32_t* token_slots, int num_tokens, int hidden,
                         int ep_size, void* out, int max_sms, cudaStream_t stream);
 

@@ -145,6 +145,7 @@ SIGNATURES: dict[str, tuple[type, tuple[type, ...]]] = {
     # expert parallelism (stages/ep_dispatch.cu, ep_nvlink.cu)
     "mb_ep_layout": (_i, (_p, _i, _i, _i, _i, _p, _p, _p, _p, _p)),
     "mb_ep_pack_send": (_i, (_p, _i, _p, _p, _i, _i, _i, _i, _p, _p, _i, _p, _p, _p, _p)),
+    "mb_ep_local_ids": (_i, (_p, _i64, _i, _i, _p)),
     "mb_ep_combine": (_i, (_p, _i, _p, _i, _i, _i, _p, _i, _p)),
     "mb_ep_nccl_exchange": (_i, (_p, _i, _p, _p, _p, _p, _i64, _p, _p, _i64, _p, _p, _i64, _p)),
     "mb_ep_nccl_all_gather": (_i, (_p, _i, _p, _p, _p, _i64, _p, _p, _i64, _p, _p, _i64, _p)),

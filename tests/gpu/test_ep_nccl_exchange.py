@@ -143,6 +143,49 @@ def test_the_all_gather_dispatch_returns_its_rows_and_captures(comm: int) -> Non
     assert torch.equal(replayed, hidden)
 
 
+def test_eager_all_gather_calls_replay_into_kept_buffers_and_follow_each_calls_inputs(comm: int) -> None:
+    """A second eager call with the same tensors replays the first's launches into the same buffers (the same
+    Dispatched back, nothing allocated); each call's output is its own inputs', here over three rounds of fresh
+    values in the same tensors, and another token count or stream is a call of its own."""
+    d = _all_gather_dispatch()
+    g = torch.Generator(device="cuda").manual_seed(random.SystemRandom().randrange(1 << 30))
+    hidden = torch.empty(5, 256, device="cuda", dtype=torch.bfloat16)
+    ids = torch.empty(5, 2, device="cuda", dtype=torch.int32)
+    w = torch.empty(5, 2, device="cuda")
+    out = torch.empty_like(hidden)
+    first = None
+    for _ in range(3):
+        hidden.copy_(torch.randn(5, 256, device="cuda", generator=g))
+        ids.copy_(torch.randint(0, 8, (5, 2), device="cuda", dtype=torch.int32, generator=g))
+        w.copy_(torch.rand(5, 2, device="cuda", generator=g))
+        got = d.dispatch(hidden, ids, w, [5])
+        first = first or got
+        assert got is first
+        assert torch.equal(got.hidden, hidden) and torch.equal(got.topk_ids, ids) and torch.equal(got.topk_weights, w)
+        out.fill_(float("nan"))
+        d.combine(got.hidden, got, out)
+        assert torch.equal(out, hidden)
+    assert d.dispatch(hidden[:4], ids[:4], w[:4], [4]) is not first
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        other = d.dispatch(hidden, ids, w, [5])
+    torch.cuda.synchronize()
+    assert other is not first and torch.equal(other.hidden, hidden)
+
+
+@pytest.mark.parametrize("count", [0, 1, 777, 300_000])
+def test_local_ids_are_the_ranks_experts_and_minus_one_elsewhere(count: int) -> None:
+    """mb_ep_local_ids against torch's mapping of the same ids (global ids of 256 experts and -1; this rank holds
+    experts 64-95), in place, across the grid's stride at 300000 ids."""
+    g = torch.Generator(device="cuda").manual_seed(random.SystemRandom().randrange(1 << 30))
+    ids = torch.randint(-1, 256, (count,), device="cuda", dtype=torch.int32, generator=g)
+    want = torch.where((ids >= 64) & (ids < 96), ids - 64, torch.full_like(ids, -1))
+    assert K.ep_local_ids(ids, 64, 32) is ids
+    torch.cuda.synchronize()
+    assert torch.equal(ids, want)
+
+
 def test_the_all_gather_dispatch_refuses_counts_that_do_not_fit_the_call(comm: int) -> None:
     d = _all_gather_dispatch()
     hidden = torch.zeros(4, 256, device="cuda", dtype=torch.bfloat16)

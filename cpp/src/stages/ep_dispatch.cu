@@ -7,6 +7,8 @@
 //   mb_ep_pack_send: after the counts are known, the layout's send rows packed for the payload exchange: each
 //                  row's hidden row, and its top-k ids made local to the rank it goes to (-1: another rank's
 //                  expert) with its weights, so the receiving rank's experts read what arrives as it lands.
+//   mb_ep_local_ids: the all-gather form's ids, every rank's tokens' global top-k ids made local to this rank in
+//                  place (-1: another rank's expert), so its experts read them as the two-phase form's packed ids.
 //   mb_ep_combine: the reduction after the return all-to-all (stages/ep_combine.cuh: per token, the ranks'
 //                  partial rows in rank order, fp32, one rounding); a caller's max_sms (> 0) may cap the grid at
 //                  that many blocks (SMs) with the same result.
@@ -86,6 +88,16 @@ ep_pack_send_kernel(const T* __restrict__ hidden, const int32_t* __restrict__ id
   }
 }
 
+// A thread per id, grid-strided.
+__global__ void __launch_bounds__(mb::kStageThreads)
+ep_local_ids_kernel(int32_t* __restrict__ ids, int64_t count, int first, int per_rank) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int x = ids[i] - first;
+    ids[i] = x >= 0 && x < per_rank ? x : -1;
+  }
+}
+
 template <typename T, int VEC>
 __global__ void __launch_bounds__(mb::kStageThreads)
 ep_combine_kernel(const T* __restrict__ returned, const int32_t* __restrict__ token_slots, int num_tokens,
@@ -150,6 +162,20 @@ extern "C" mb_status mb_ep_pack_send(const void* hidden, int dtype, const int32_
     if (mb::vec_width<T>(hidden_size, {hidden, out_rows}) == kWide) return launch(std::integral_constant<int, kWide>{});
     return launch(std::integral_constant<int, 1>{});
   });
+}
+
+extern "C" mb_status mb_ep_local_ids(int32_t* topk_ids, int64_t count, int first_expert, int experts_per_rank,
+                                     cudaStream_t stream) {
+  const char* who = "mb_ep_local_ids";
+  MB_REQUIRE(count >= 0, "%s: count must be >= 0, got %lld", who, static_cast<long long>(count));
+  MB_REQUIRE(first_expert >= 0, "%s: first_expert must be >= 0, got %d", who, first_expert);
+  MB_REQUIRE(experts_per_rank >= 1, "%s: experts_per_rank must be >= 1, got %d", who, experts_per_rank);
+  if (count == 0) return MB_OK;
+  MB_REQUIRE(topk_ids, "%s: topk_ids must be non-NULL", who);
+  const int64_t blocks = std::min<int64_t>((count + mb::kStageThreads - 1) / mb::kStageThreads, 1024);
+  ep_local_ids_kernel<<<static_cast<int>(blocks), mb::kStageThreads, 0, stream>>>(topk_ids, count, first_expert,
+                                                                                 experts_per_rank);
+  return mb::check_launch("ep_local_ids_kernel");
 }
 
 extern "C" mb_status mb_ep_combine(const void* returned, int dtype, const int32_t* token_slots, int num_tokens,

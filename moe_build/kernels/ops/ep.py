@@ -148,6 +148,16 @@ def ep_nccl_all_gather(comm: int, rank: int, rows: Sequence[int],
     call("mb_ep_nccl_all_gather", comm, len(rows), counts, *args, _stream(stream, payloads[0][0].device))
 
 
+def ep_local_ids(topk_ids: torch.Tensor, first_expert: int, experts_per_rank: int,
+                 stream: int | torch.cuda.Stream | None = None) -> torch.Tensor:
+    """The all-gather form's received top-k ids (int32, any shape) made local to the rank holding experts
+    [first_expert, first_expert + experts_per_rank), in place: id - first_expert there, -1 elsewhere. Returns them."""
+    _check(topk_ids, "topk_ids", None, torch.int32)
+    call("mb_ep_local_ids", topk_ids.data_ptr(), topk_ids.numel(), first_expert, experts_per_rank,
+         _stream(stream, topk_ids.device))
+    return topk_ids
+
+
 def ep_nccl_reduce_scatter(comm: int, rank: int, rows: Sequence[int], partial: torch.Tensor, out: torch.Tensor,
                            stream: int | torch.cuda.Stream | None = None) -> torch.Tensor:
     """The all-gather form's return: `partial` [sum(rows), H] (every rank's rows, as ep_nccl_all_gather landed

@@ -15,10 +15,12 @@ experts), summed per token in rank order by `mb_ep_combine`.
 The all-gather form (the plan's nccl_exchange `all_gather`, for calls that give every rank's token count, as a
 serving loop knows them once per step, within the plan's band): every rank's tokens, ids and weights go to every
 rank in one NCCL all-gather (a broadcast per rank where the counts differ), this rank's experts take the rows
-holding its experts (the others' ids map to -1 and route nowhere, their partial rows stay zero), and one
-reduce-scatter sums each token's partial rows back into its rank's output. Nothing is counted or read on the host,
-so the call also runs inside a CUDA graph; it moves the worst case's bytes, which at top-8 over 2 to 4 ranks is
-about what the exact sizes move (a token reaches nearly every rank).
+holding its experts (`mb_ep_local_ids` maps the others' ids to -1: they route nowhere, their partial rows stay
+zero), and one reduce-scatter sums each token's partial rows back into its rank's output. Nothing is counted or
+read on the host, so the call also runs inside a CUDA graph; it moves the worst case's bytes, which at top-8 over 2
+to 4 ranks is about what the exact sizes move (a token reaches nearly every rank). Eagerly, at decode sizes, its
+host time is the call: a dispatch keeps each eager call's launches as a CUDA graph, with the buffers it wrote, by
+everything the launches depend on, and replays the graph for the next call with the same key (kept.py).
 
 The exchanges are `mb_ep_nccl_exchange` (cpp/src/stages/ep_nccl.cu): NCCL point-to-point sends and receives in
 one group on the caller's stream, over the process group's own communicator (`ProcessGroupNCCL._comm_ptr()`),
@@ -46,6 +48,7 @@ from ...errors import MoeBuildError
 from ...planner.gates import StageDecision
 from ...spec import MoESpec
 from .group import rank_group
+from .kept import KeptGraphs, tensor_key
 from .permuted import PermutedDispatched, PermuteLayout, sum_pairs
 
 
@@ -89,8 +92,8 @@ def communicator(group: dist.ProcessGroup, device: torch.device) -> int:
 class NcclDispatch:
     """Dispatch and combine for one rank of `spec`'s expert-parallel group over `group`'s NCCL communicator. Made
     on every rank together where the group has no communicator yet (`communicator` makes it with a collective).
-    One call in flight per instance: its counts buffer is reused by the next call (dual-batch overlap makes one
-    instance per micro-batch)."""
+    One call in flight per instance: its counts buffer, and an eager all-gather call's buffers, are reused by the
+    next call (dual-batch overlap makes one instance per micro-batch)."""
 
     def __init__(self, spec: MoESpec, kernels: ModuleType, group: dist.ProcessGroup | None = None,
                  unpermute: PermuteLayout | None = None, exchange: StageDecision | None = None) -> None:
@@ -110,10 +113,7 @@ class NcclDispatch:
             raise MoeBuildError("exchange", f"expected the plan's nccl_exchange decision, got {exchange.stage}",
                                 "plan.stage('nccl_exchange')")
         self.exchange = exchange  # the plan's nccl_exchange (None: the two phases at every count)
-        # global expert id -> this rank's local id, -1 for the other ranks' experts (the all-gather form's ids)
-        local = torch.full((spec.num_experts,), -1, dtype=torch.int32, device=self.device)
-        local[self.first:self.first + self.local] = torch.arange(self.local, dtype=torch.int32, device=self.device)
-        self._local_ids = local
+        self._kept = KeptGraphs()  # the all-gather form's eager dispatches and combines
 
     def gathers(self, tokens_per_rank: Sequence[int]) -> bool:
         """Whether a call given every rank's token count runs the all-gather form: the plan's band at every rank's
@@ -134,7 +134,7 @@ class NcclDispatch:
         of this call where the caller knows them (the same list on every rank): the all-gather form, as the plan's
         nccl_exchange band says."""
         if tokens_per_rank is not None and self.gathers(tokens_per_rank):
-            return self._all_gather(hidden, topk_ids, topk_weights, list(tokens_per_rank))
+            return self._all_gather(hidden, topk_ids, topk_weights, tuple(tokens_per_rank))
         K, H = topk_ids.shape[1], hidden.shape[1]
         counts, send_tokens, slots = self.k.ep_layout(topk_ids, self.ep, self.local, send_counts=self.counts[0])
         send_splits, recv_splits = self._exchange_counts()
@@ -150,8 +150,17 @@ class NcclDispatch:
         return Dispatched(recv_rows, recv_meta[0], recv_meta[1].view(torch.float32), send_splits, recv_splits, slots)
 
     def _all_gather(self, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-                    tokens: list[int]) -> Dispatched:
-        """The all-gather form: every rank's tokens with their ids and weights, rank d's after ranks 0..d-1's."""
+                    tokens: tuple[int, ...]) -> Dispatched:
+        """The all-gather form: every rank's tokens with their ids and weights, rank d's after ranks 0..d-1's. An
+        eager call with the key of a kept one replays its graph into the buffers it returned (kept.py); a call
+        being captured runs the wrappers into buffers of the graph's pool."""
+        capturing = torch.cuda.is_current_stream_capturing()
+        if not capturing:
+            key = ("dispatch", tokens, tensor_key(hidden), tensor_key(topk_ids), tensor_key(topk_weights),
+                   torch.cuda.current_stream(self.device).cuda_stream)
+            kept = self._kept.replay(key)
+            if kept is not None:
+                return kept  # type: ignore[return-value]
         rank = self.spec.ep_rank
         if hidden.shape[0] != tokens[rank]:
             raise MoeBuildError("tokens_per_rank", f"gives rank {rank} {tokens[rank]} tokens, the call has "
@@ -160,9 +169,16 @@ class NcclDispatch:
         rows = torch.empty((R, hidden.shape[1]), dtype=hidden.dtype, device=dev)
         ids = torch.empty((R, K), dtype=torch.int32, device=dev)
         weights = torch.empty((R, K), dtype=torch.float32, device=dev)
-        self.k.ep_nccl_all_gather(self.comm, rank, tokens, ((hidden, rows), (topk_ids, ids), (topk_weights, weights)))
-        local = self._local_ids.index_select(0, ids.view(-1)).view(R, K)  # one gather kernel
-        return Dispatched(rows, local, weights, tokens[:], tokens[:], None, gathered=True)
+
+        def launches() -> None:
+            self.k.ep_nccl_all_gather(self.comm, rank, tokens, ((hidden, rows), (topk_ids, ids),
+                                                                (topk_weights, weights)))
+            self.k.ep_local_ids(ids, self.first, self.local)
+        launches()
+        d = Dispatched(rows, ids, weights, list(tokens), list(tokens), None, gathered=True)
+        if not capturing:
+            self._kept.keep(key, launches, d, rows.nbytes + ids.nbytes + weights.nbytes)
+        return d
 
     def _exchange_counts(self) -> tuple[list[int], list[int]]:
         """Phase one: self.counts[0] (rows for each rank, on the device) to every rank, theirs into self.counts[1];
@@ -248,7 +264,23 @@ class NcclDispatch:
         """The received rows' partial outputs `partial` [R, H] back to their ranks, summed per token into `out`
         [T, H] (rank order, fp32; the all-gather form: NCCL's reduce-scatter)."""
         if d.gathered:
-            return self.k.ep_nccl_reduce_scatter(self.comm, self.spec.ep_rank, d.recv_splits, partial, out)
+            return self._reduce_scatter(partial, d.recv_splits, out)
         returned = torch.empty((d.sent_rows, partial.shape[1]), dtype=partial.dtype, device=partial.device)
         self.k.ep_nccl_exchange(self.comm, d.recv_splits, d.send_splits, ((partial, returned),))
         return self.k.ep_combine(returned, d.token_slots, out=out)
+
+    def _reduce_scatter(self, partial: torch.Tensor, rows: list[int], out: torch.Tensor) -> torch.Tensor:
+        """The all-gather form's combine; an eager call with the key of a kept one replays its graph."""
+        capturing = torch.cuda.is_current_stream_capturing()
+        if not capturing:
+            key = ("combine", tuple(rows), tensor_key(partial), tensor_key(out),
+                   torch.cuda.current_stream(self.device).cuda_stream)
+            if self._kept.replay(key) is not None:
+                return out
+
+        def launches() -> None:
+            self.k.ep_nccl_reduce_scatter(self.comm, self.spec.ep_rank, rows, partial, out)
+        launches()
+        if not capturing:
+            self._kept.keep(key, launches, True, 0)
+        return out
