@@ -1,9 +1,10 @@
 """Eager calls of the nccl dispatch's all-gather form, kept as CUDA graphs and replayed.
 
-Why: eagerly, at decode sizes, a dispatch + combine of that form costs its host time, not its GPU time: on 2 H200s
-about 50 us a pair of calls against 17-18 us replayed from a CUDA graph, as the worst-case all_to_all_single pair
-does (docs/performance.md, "Expert parallelism on 2 x H200: eager calls replayed as CUDA graphs"). Most of it is
-NCCL's own launch of a group, which a graph launch replaces. A call's launches depend only on what its key holds
+Why: eagerly, at decode sizes, a dispatch + combine of that form cost its host time, not its GPU time: on 2 H200s
+120-250 us at 1-1024 tokens against 17-19 us replayed from a CUDA graph. Calling its kept launches again without
+the wrappers still took 50-59 us, about the worst-case all_to_all_single pair's own, since most of it is NCCL's
+launch of a group, which a graph launch replaces (docs/performance.md, "Expert parallelism on 2 x H200: eager calls
+replayed as CUDA graphs"). A call's launches depend only on what its key holds
 (every rank's counts, the addresses, types and layouts of the tensors it reads and writes, the stream), so the
 first eager call with a key runs through the wrappers as always, and its launches are then captured into a graph
 (every rank makes the same calls in the same order, as for the collectives themselves); a later call with that
