@@ -26,7 +26,6 @@ def test_a_group_without_nccl_is_refused_naming_the_dispatch(gloo_group: dist.Pr
     assert "\n" not in msg
 
 
-
 class _Graph:
     """A captured call's stand-in (capturing needs a GPU): replay logs its name."""
 

@@ -42,6 +42,22 @@ class KeptGraphs:
     def __len__(self) -> int:
         return len(self._kept)
 
+    def call(self, key: tuple[object, ...], run: Callable[[], tuple[Callable[[], None], object, int]],
+             device: torch.device) -> object:
+        """One call's result: where the call is eager and a call with `key` (and the current stream of `device`) is
+        kept, that call's graph replayed and its result; else `run()`'s, which makes the call's buffers, runs its
+        launches once and returns (the launches, the result, the buffers' bytes), kept for the next call (not
+        while the caller captures a graph of its own: the launches then go into that graph)."""
+        if torch.cuda.is_current_stream_capturing():
+            return run()[1]
+        key = (*key, torch.cuda.current_stream(device).cuda_stream)
+        kept = self.replay(key)
+        if kept is not None:
+            return kept
+        launches, result, nbytes = run()
+        self.keep(key, launches, result, nbytes)
+        return result
+
     def replay(self, key: Hashable) -> object | None:
         """What the call kept under `key` returned, its graph replayed on the current stream; None where no call
         is kept."""

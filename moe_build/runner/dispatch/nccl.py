@@ -37,7 +37,7 @@ zeroed buffer, and `mb_finalize` weights and sums each token's K rows in k order
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -154,31 +154,27 @@ class NcclDispatch:
         """The all-gather form: every rank's tokens with their ids and weights, rank d's after ranks 0..d-1's. An
         eager call with the key of a kept one replays its graph into the buffers it returned (kept.py); a call
         being captured runs the wrappers into buffers of the graph's pool."""
-        capturing = torch.cuda.is_current_stream_capturing()
-        if not capturing:
-            key = ("dispatch", tokens, tensor_key(hidden), tensor_key(topk_ids), tensor_key(topk_weights),
-                   torch.cuda.current_stream(self.device).cuda_stream)
-            kept = self._kept.replay(key)
-            if kept is not None:
-                return kept  # type: ignore[return-value]
-        rank = self.spec.ep_rank
-        if hidden.shape[0] != tokens[rank]:
-            raise MoeBuildError("tokens_per_rank", f"gives rank {rank} {tokens[rank]} tokens, the call has "
-                                f"{hidden.shape[0]}", "every rank's token count of this call, the same on every rank")
-        R, K, dev = sum(tokens), topk_ids.shape[1], hidden.device
-        rows = torch.empty((R, hidden.shape[1]), dtype=hidden.dtype, device=dev)
-        ids = torch.empty((R, K), dtype=torch.int32, device=dev)
-        weights = torch.empty((R, K), dtype=torch.float32, device=dev)
+        def run() -> tuple[Callable[[], None], Dispatched, int]:
+            rank = self.spec.ep_rank
+            if hidden.shape[0] != tokens[rank]:
+                raise MoeBuildError("tokens_per_rank", f"gives rank {rank} {tokens[rank]} tokens, the call has "
+                                    f"{hidden.shape[0]}", "every rank's token count of this call, the same on every "
+                                    "rank")
+            R, K, dev = sum(tokens), topk_ids.shape[1], hidden.device
+            rows = torch.empty((R, hidden.shape[1]), dtype=hidden.dtype, device=dev)
+            ids = torch.empty((R, K), dtype=torch.int32, device=dev)
+            weights = torch.empty((R, K), dtype=torch.float32, device=dev)
 
-        def launches() -> None:
-            self.k.ep_nccl_all_gather(self.comm, rank, tokens, ((hidden, rows), (topk_ids, ids),
-                                                                (topk_weights, weights)))
-            self.k.ep_local_ids(ids, self.first, self.local)
-        launches()
-        d = Dispatched(rows, ids, weights, list(tokens), list(tokens), None, gathered=True)
-        if not capturing:
-            self._kept.keep(key, launches, d, rows.nbytes + ids.nbytes + weights.nbytes)
-        return d
+            def launches() -> None:
+                self.k.ep_nccl_all_gather(self.comm, rank, tokens, ((hidden, rows), (topk_ids, ids),
+                                                                    (topk_weights, weights)))
+                self.k.ep_local_ids(ids, self.first, self.local)
+            launches()
+            d = Dispatched(rows, ids, weights, list(tokens), list(tokens), None, gathered=True)
+            return launches, d, rows.nbytes + ids.nbytes + weights.nbytes
+
+        key = ("dispatch", tokens, tensor_key(hidden), tensor_key(topk_ids), tensor_key(topk_weights))
+        return self._kept.call(key, run, self.device)  # type: ignore[return-value]
 
     def _exchange_counts(self) -> tuple[list[int], list[int]]:
         """Phase one: self.counts[0] (rows for each rank, on the device) to every rank, theirs into self.counts[1];
@@ -271,16 +267,11 @@ class NcclDispatch:
 
     def _reduce_scatter(self, partial: torch.Tensor, rows: list[int], out: torch.Tensor) -> torch.Tensor:
         """The all-gather form's combine; an eager call with the key of a kept one replays its graph."""
-        capturing = torch.cuda.is_current_stream_capturing()
-        if not capturing:
-            key = ("combine", tuple(rows), tensor_key(partial), tensor_key(out),
-                   torch.cuda.current_stream(self.device).cuda_stream)
-            if self._kept.replay(key) is not None:
-                return out
+        def run() -> tuple[Callable[[], None], bool, int]:  # keeps no tensor: the caller's `out` is returned
+            def launches() -> None:
+                self.k.ep_nccl_reduce_scatter(self.comm, self.spec.ep_rank, rows, partial, out)
+            launches()
+            return launches, True, 0
 
-        def launches() -> None:
-            self.k.ep_nccl_reduce_scatter(self.comm, self.spec.ep_rank, rows, partial, out)
-        launches()
-        if not capturing:
-            self._kept.keep(key, launches, True, 0)
+        self._kept.call(("combine", tuple(rows), tensor_key(partial), tensor_key(out)), run, self.device)
         return out
