@@ -360,3 +360,16 @@ def test_rebuild_is_cached(built: kernel_build.BuildResult, monkeypatch: pytest.
 def test_bad_arch_is_rejected() -> None:
     with pytest.raises(kernel_build.KernelBuildError, match="--arch"):
         kernel_build.arch_flags(["sm90"])
+
+
+def test_a_failed_compile_says_what_nvcc_said(tmp_path: Path) -> None:
+    """nvcc's front end writes its errors (a template that does not instantiate) to stdout: the build's error carries
+    them, not an empty message."""
+    nvcc = tmp_path / "nvcc"
+    nvcc.write_text(f"#!{sys.executable}\nimport sys\nprint('kernel.cu(12): error: class has no member \"kFastOnly\"')\n"
+                    "sys.exit(1)\n")
+    nvcc.chmod(nvcc.stat().st_mode | stat.S_IXUSR)
+    src = kernel_build.SRC_DIR / "gemm" / "fp8_sm90.cu"  # read by no one: the stand-in nvcc fails at once
+    with pytest.raises(kernel_build.KernelBuildError, match=r"(?s)gemm/fp8_sm90.cu \(exit 1\).*has no member \"kFastOnly\""):
+        kernel_build._compile_one(str(nvcc), [], src, tmp_path / "kernel.o", tmp_path / "cache" / "kernel.o")
+    assert not (tmp_path / "cache" / "kernel.o").exists()

@@ -261,6 +261,30 @@ def test_fp8_fast_accumulation_keeps_pingpong_to_128_rows() -> None:
         dataclasses.replace(fast, fp8_accumulation="slow")
 
 
+def test_fp8_fast_accumulation_takes_pingpong128_where_measured() -> None:
+    """fp8_pingpong128_rule: with fast accumulation the gated GEMM1 takes pingpong128x128 from 256 average rows per
+    expert, from 33 where k is at least 7168 (DeepSeek-V3's), and the finalize GEMM2 from 512; the plain store,
+    promoted accumulation and block-128 scales keep their tiles."""
+    mixtral_up = call(epilogue="gated", n=28672, k=4096, experts=8, top_k=2, itemsize=1, fp8="rowwise",
+                      fp8_accumulation="fast")  # avg rows = tokens / 4
+    assert [at(mixtral_up, t) for t in (1020, 1021, 1024)] == [
+        "wgmma:coop128x192:plain:evict_last", "wgmma:pingpong128x128:plain:evict_last",
+        "wgmma:pingpong128x128:plain:evict_last"]
+    mixtral_down = dataclasses.replace(mixtral_up, epilogue="finalize", n=4096, k=14336)
+    assert [at(mixtral_down, t) for t in (2044, 2045, 4096)] == [
+        "wgmma:coop128x192:plain:evict_last", "wgmma:pingpong128x128:plain:evict_last",
+        "wgmma:pingpong128x128:plain:evict_last"]
+    assert at(dataclasses.replace(mixtral_up, epilogue="store"), 4096).startswith("wgmma:coop128x192:")
+    assert at(dataclasses.replace(mixtral_up, fp8_accumulation="promoted"), 4096).startswith("wgmma:coop128x192:")
+    assert at(dataclasses.replace(mixtral_up, fp8="block128", fp8_accumulation="promoted"), 4096).startswith(
+        "wgmma:coop128x128:")
+    dsv3_up = call(epilogue="gated", n=4096, k=7168, experts=256, itemsize=1, fp8="rowwise", fp8_accumulation="fast")
+    assert [at(dsv3_up, t) for t in (1024, 1025, 4096)] == [
+        "wgmma:pingpong64x128:plain:evict_last", "wgmma:pingpong128x128:plain:evict_last",
+        "wgmma:pingpong128x128:plain:evict_last"]
+    assert at(dataclasses.replace(dsv3_up, k=7167), 1025) == "wgmma:pingpong64x128:plain:evict_last"
+
+
 def test_fp8_fast_accumulation_runs_wide_narrow_gemms_in_clusters() -> None:
     """FP8_NARROW_C2_MIN_N: past 32 rows per expert (where an expert has two or three 64-row tiles) a fast-accumulating
     GEMM at least 5760 columns wide takes pingpong64x128c2, its row tiles two by two on one multicast weight tile (to
@@ -289,6 +313,9 @@ def test_fp8_fast_accumulation_runs_wide_narrow_gemms_in_clusters() -> None:
     (call(epilogue="finalize", fp8="rowwise"), "wgmma:coop128x128c2:placed:evict_last", "plainly or after a trigger"),
     (call(epilogue="store", fp8="rowwise"), "wgmma:coop128x192c2:plain:evict_last", "evict_last"),
     (call(epilogue="store", fp8="rowwise"), "wgmma:pingpong64x256c2:plain:plain", "rowwise tiles"),
+    (call(epilogue="finalize", fp8="block128"), "wgmma:pingpong128x128:plain:evict_last", "block128 tiles"),
+    (call(epilogue="gated", fp8="rowwise", fp8_accumulation="promoted"), "wgmma:pingpong128x128:plain:evict_last",
+     "fast accumulation only"),
 ])
 def test_tactics_the_fp8_gemm_cannot_run(c: GemmCall, name: str, problem: str) -> None:
     assert problem in (tactic_problem(c, GemmTactic.parse(name)) or "")
@@ -308,6 +335,19 @@ def test_the_fp8_gemm_runs_its_wide_tiles(fp8: str, tile: str, epilogue: str) ->
     for launch in ("plain", "after_trigger"):
         assert tactic_problem(f, GemmTactic.parse(f"wgmma:{tile}:{launch}:{l2}")) is None
     assert "FP8 GEMM's tile" in (tactic_problem(call(), GemmTactic.parse(f"wgmma:{tile}:plain:plain")) or "")
+
+
+@pytest.mark.parametrize("epilogue", ["store", "gated", "finalize"])
+def test_the_fp8_pingpong_128_tile_runs_with_fast_accumulation(epilogue: str) -> None:
+    """pingpong128x128 (a warpgroup's tile two 64-row wgmmas) holds no promoted accumulators: rowwise scales with fast
+    accumulation run it with every epilogue; the 16-bit and weight-only GEMMs refuse it."""
+    f = call(epilogue=epilogue, fp8="rowwise", fp8_accumulation="fast", itemsize=1)
+    l2 = "plain" if epilogue == "store" else "evict_last"
+    for launch in ("plain", "after_trigger"):
+        assert tactic_problem(f, GemmTactic.parse(f"wgmma:pingpong128x128:{launch}:{l2}")) is None
+    assert "FP8 GEMM's tile" in (tactic_problem(call(), GemmTactic.parse("wgmma:pingpong128x128:plain:plain")) or "")
+    assert "FP8 GEMM's tile" in (tactic_problem(call(woq="int8"), GemmTactic.parse("wgmma:pingpong128x128:plain:plain"))
+                                 or "")
 
 
 def test_weight_only_gemms_run_decode_then_the_woq_mma_tiles() -> None:

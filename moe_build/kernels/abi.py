@@ -77,6 +77,7 @@ class GemmTile(enum.IntEnum):
     WOQ_128x256 = 17
     DECODE_STAGED = 18
     PINGPONG_64x128_C2 = 19
+    PINGPONG_128x128 = 20
 
 
 class WoqKind(enum.IntEnum):

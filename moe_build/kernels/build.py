@@ -272,7 +272,9 @@ def _compile_one(nvcc: str, flags: list[str], src: Path, obj: Path, cached: Path
     start = time.perf_counter()
     proc = subprocess.run([nvcc, *flags, "-c", str(src), "-o", str(obj)], capture_output=True, text=True)
     if proc.returncode != 0:
-        raise KernelBuildError(f"nvcc failed on {source_name(src)} (exit {proc.returncode}):\n{proc.stderr.strip()}")
+        # nvcc's front end writes its errors to stdout, the rest of the toolchain to stderr
+        said = "\n".join(x.strip() for x in (proc.stdout, proc.stderr) if x.strip())
+        raise KernelBuildError(f"nvcc failed on {source_name(src)} (exit {proc.returncode}):\n{said}")
     cached.parent.mkdir(parents=True, exist_ok=True)
     tmp = cached.with_suffix(f".{os.getpid()}.tmp")
     shutil.copyfile(obj, tmp)

@@ -22,7 +22,7 @@ KERNELS = ("decode", "mma", "wgmma")
 MMA_TILES = ("16x64", "64x128", "128x128")
 WGMMA_TILES = ("coop128x256", "pingpong64x256", "pingpong64x128", "pingpong64x256c2", "pingpong64x192c2",
                "coop128x128", "coop128x128c2", "coop128x192", "coop128x192c2", "woq128x16", "woq128x32", "woq128x64",
-               "woq128x128", "woq128x256", "pingpong64x128c2")
+               "woq128x128", "woq128x256", "pingpong64x128c2", "pingpong128x128")
 FP8_SCALINGS = ("none", "rowwise", "block128")  # the GEMM's FP8 scales (mb_fp8_scaling), none for 16-bit
 FP8_ACCUMULATIONS = ("none", "fast", "promoted")  # the FP8 wgmma GEMM's accumulation (mb_fp8_accumulation)
 WOQ_KINDS = ("none", "int4", "int8", "mxfp4")  # the weight-only GEMM's stored weights (mb_woq_kind), none otherwise
@@ -32,14 +32,18 @@ WOQ_MMA_TILES = ("64x128", "128x128")
 # token rows; the weight-only GEMM's other wgmma tactics run the 16-bit tiles on its weights dequantized.
 WOQ_WGMMA_TILES = ("woq128x16", "woq128x32", "woq128x64", "woq128x128", "woq128x256")
 # The FP8 GEMM's wgmma tiles by scaling (gemm/fp8_sm90.cu): the blockwise mainloop's tiles are 128 columns
-# wide; the c2 tiles run in 2x1 clusters that multicast their weight tile. The rules choose coop128x128,
-# pingpong64x128, pingpong64x128c2 and coop128x192 (as measured); the others are there to be forced and probed
+# wide; the c2 tiles run in 2x1 clusters that multicast their weight tile; pingpong128x128 (a warpgroup's tile two
+# 64-row wgmmas) holds no promoted accumulators and runs with fast accumulation only. The rules choose coop128x128,
+# pingpong64x128, pingpong64x128c2, coop128x192 and pingpong128x128 (as measured); the others are there to be forced
+# and probed
 # (bench/fp8_tactics_probe.py, bench/fp8_cluster_probe.py).
 FP8_WGMMA_TILES = {"rowwise": ("coop128x128", "coop128x256", "pingpong64x128", "pingpong64x128c2", "coop128x128c2",
-                               "coop128x192", "coop128x192c2"),
+                               "coop128x192", "coop128x192c2", "pingpong128x128"),
                    "block128": ("coop128x128", "pingpong64x128", "pingpong64x128c2", "coop128x128c2")}
+FP8_FAST_ONLY_TILES = ("pingpong128x128",)
 # The wgmma tiles that only the FP8 GEMM has (its k blocks of 128; the 16-bit kernels' are 64).
-FP8_ONLY_TILES = ("coop128x128", "coop128x128c2", "coop128x192", "coop128x192c2", "pingpong64x128c2")
+FP8_ONLY_TILES = ("coop128x128", "coop128x128c2", "coop128x192", "coop128x192c2", "pingpong64x128c2",
+                  "pingpong128x128")
 K_SPLITS = (1, 2, 4, 8)
 # The decode kernel's forms: token rows read where they lie ("none"), or first staged in shared memory ("staged":
 # the weight-only int4 codes kernel only, woq_staged_rows below).
@@ -344,10 +348,39 @@ FP8_NARROW_MAX_AVG_ROWS = 32
 FP8_NARROW_C2_MIN_N = 5760
 FP8_FAST_NARROW_MAX_AVG_ROWS = 128
 FP8_WIDE_MIN_AVG_ROWS = 129
+# With fast accumulation the gated GEMM1 takes pingpong 128x128 from 256 average rows per expert (from 33 where k is at
+# least 7168), the finalize GEMM2 from 512; the plain store keeps the tiles above. A warpgroup's tile is 128 rows, two
+# 64-row wgmmas on each weight tile it loads, and one warpgroup's epilogue runs under the other's mainloop. Whole layers,
+# H200, GEMM1 or GEMM2 forced onto it beside the plan, two rounds, graph replay, us (moe-build bench --quant fp8
+# --tokens 256,1024,2048,4096; docs/measured/h200-2026-11-30-fp8-pingpong128): GEMM1 at 384-1024 rows faster on every
+# point (Mixtral-8x7B 4096 tokens 2823.5 / 2823.1 -> 2598.7 / 2625.0, 2048 tokens 1278.4 / 1305.0 -> 1239.3 / 1273.3,
+# GPT-OSS-20B 4096 963.3 / 917.3 -> 919.9 / 901.9, DeepSeek-V2-Lite 4096 557.3 / 554.9 -> 541.8 / 544.0); at 256 rows
+# Qwen3-30B-A3B 534.7 / 538.6 -> 511.7 / 522.6, Mixtral 1024 tokens 795.2 / 834.3 -> 804.4 / 820.3, GPT-OSS 2048
+# 496.4 / 490.2 -> 498.0 / 503.8; at 64-128 rows it lost 1-6% (Qwen3 2048 tokens 310.7 -> 330.0, Mixtral 256 385.8 ->
+# 406.2) but on DeepSeek-V3's GEMM1 (k 7168): 4096 tokens (128 rows) 4727.1 / 4674.7 -> 4370.8 / 4327.8, 2048 (64)
+# 3184.7 / 3191.9 -> 3094.0 / 3069.9, 1024 (32) 2485.7 / 2495.6 -> 2505.2 / 2505.6. GEMM2 at 512-1024 rows: Mixtral
+# 4096 tokens 2823.5 / 2823.1 -> 2724.1 / 2758.4, GPT-OSS 4096 963.3 / 917.3 -> 926.3 / 886.8, Mixtral 2048 within
+# 0.2%; at 128-384 rows it won and lost by up to 5%.
+FP8_PINGPONG128_GATED_MIN_AVG_ROWS = 256
+FP8_PINGPONG128_LONG_K = 7168
+FP8_PINGPONG128_FINALIZE_MIN_AVG_ROWS = 512
+
+
+# fast accumulation, and gated: avg rows >= 256 (or > 32 with k >= 7168); finalize: avg rows >= 512
+def fp8_pingpong128_rule(call: GemmCall, rows: RowCount) -> bool:
+    if call.fp8 != "rowwise" or call.fp8_accumulation != "fast":
+        return False
+    if call.epilogue == "gated":
+        if call.k >= FP8_PINGPONG128_LONG_K:
+            return not rows.avg_at_most(FP8_NARROW_MAX_AVG_ROWS)
+        return not rows.avg_at_most(FP8_PINGPONG128_GATED_MIN_AVG_ROWS - 1)
+    return call.epilogue == "finalize" and not rows.avg_at_most(FP8_PINGPONG128_FINALIZE_MIN_AVG_ROWS - 1)
 
 
 def fp8_wgmma_tile_rule(call: GemmCall, rows: RowCount) -> str:
     fast = call.fp8 == "rowwise" and call.fp8_accumulation == "fast"
+    if fp8_pingpong128_rule(call, rows):
+        return "pingpong128x128"
     if rows.avg_at_most(FP8_NARROW_MAX_AVG_ROWS):
         return "pingpong64x128"
     if fast and rows.avg_at_most(FP8_FAST_NARROW_MAX_AVG_ROWS):
@@ -688,6 +721,8 @@ def _fp8_tactic_problem(call: GemmCall, tactic: GemmTactic) -> str | None:
         return "the mma tiles have no FP8 kernel (decode or wgmma)"
     if tactic.kernel == "wgmma" and tactic.tile not in FP8_WGMMA_TILES[call.fp8]:
         return f"the FP8 wgmma kernel's {call.fp8} tiles are {', '.join(FP8_WGMMA_TILES[call.fp8])}"
+    if tactic.kernel == "wgmma" and tactic.tile in FP8_FAST_ONLY_TILES and call.fp8_accumulation != "fast":
+        return f"wgmma {tactic.tile} runs with fast accumulation only (fp8_accumulation=fast)"
     if tactic.launch == "placed":
         return "the FP8 GEMM launches plainly or after a trigger"
     return None

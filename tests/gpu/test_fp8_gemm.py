@@ -137,8 +137,21 @@ def test_decode(scaling, n, k, k_split, counts):
 
 
 WGMMA_TILES = {Fp8Scaling.ROWWISE: ["coop128x128", "coop128x256", "pingpong64x128", "pingpong64x128c2", "coop128x128c2",
-                                    "coop128x192", "coop128x192c2"],
+                                    "coop128x192", "coop128x192c2", "pingpong128x128"],
                Fp8Scaling.BLOCK128: ["coop128x128", "pingpong64x128", "pingpong64x128c2", "coop128x128c2"]}
+# Tiles with no registers for promoted accumulators (a warpgroup's 128 x 128 fp32 tile): fast accumulation only.
+FAST_ONLY_TILES = ["pingpong128x128"]
+
+
+def refused_promoted(tile: str, accumulation: Fp8Accumulation, run) -> bool:
+    """Whether `tile` takes fast accumulation only and `accumulation` is promoted; if so, checks that `run()` is
+    refused with UNSUPPORTED (before anything is launched)."""
+    if tile not in FAST_ONLY_TILES or accumulation is not Fp8Accumulation.PROMOTED:
+        return False
+    with pytest.raises(K.KernelError) as info:
+        run()
+    assert info.value.status == K.Status.UNSUPPORTED, tile
+    return True
 # The tiles that read fewer L2 bytes per FLOP: 2x1 clusters multicasting the weight tile, and 128 x 192.
 WIDE_TILES = ["coop128x128c2", "coop128x192", "coop128x192c2", "pingpong64x128c2"]
 
@@ -156,7 +169,9 @@ def test_wgmma(scaling, n, k, tile, counts):
             K.grouped_gemm_fp8(a, sa, b, sb, off, scaling, tactic=tactic)
         assert info.value.status == K.Status.UNSUPPORTED
         return
-    run_and_check(COUNTS[counts], n, k, scaling, tactic, seed=n * 3 + k)
+    check = lambda: run_and_check(COUNTS[counts], n, k, scaling, tactic, seed=n * 3 + k)  # noqa: E731
+    if not refused_promoted(tile, Fp8Accumulation.PROMOTED, check):
+        check()
 
 
 @pytest.mark.parametrize("n,k", SHAPES + [(512, 4096)])
@@ -305,8 +320,10 @@ def test_finalize_decode(scaling, n, k, k_split, top_k, tokens, with_bias):
 @pytest.mark.parametrize("with_bias", [False, True], ids=["nobias", "bias"])
 def test_finalize_wgmma(scaling, tile, n, k, top_k, tokens, with_bias):
     need((9, 0), exact=True)
-    run_finalize_and_check(tokens, top_k, n, k, scaling, f"wgmma:{tile}:plain:plain", with_bias,
-                           seed=n * 3 + k + top_k * 7 + tokens)
+    check = lambda: run_finalize_and_check(tokens, top_k, n, k, scaling, f"wgmma:{tile}:plain:plain",  # noqa: E731
+                                           with_bias, seed=n * 3 + k + top_k * 7 + tokens)
+    if not refused_promoted(tile, Fp8Accumulation.PROMOTED, check):
+        check()
 
 
 @pytest.mark.parametrize("tile", WGMMA_TILES[Fp8Scaling.ROWWISE])

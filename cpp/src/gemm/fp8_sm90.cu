@@ -7,7 +7,8 @@
 //   MB_FP8_ROWWISE : p.accumulation MB_FP8_ACCUM_PROMOTED: CUTLASS's FP8 mainloop, which adds wgmma's partial
 //                    sums into fp32 registers every 128 k (its promotion interval 4 x k32); MB_FP8_ACCUM_FAST:
 //                    its FP8 fast-accumulation schedules, the 16-bit mainloop on e4m3, wgmma accumulating the
-//                    whole k (half the accumulator registers, no promotion adds or waits); then
+//                    whole k (half the accumulator registers, no promotion adds or waits; pingpong 128x128 runs
+//                    so only); then
 //                    MoeEpilogue<.., kFp8Rowwise> scales each output by its row's and column's scale (before the
 //                    bias, and the routing weight or the gated activation);
 //   MB_FP8_BLOCK128: CUTLASS's blockwise-scaling FP8 mainloop: each 128-k block's wgmma sum is scaled by
@@ -51,6 +52,8 @@ size_t fp8_wgmma_workspace_bytes(int num_experts) {
                      fp8_cutlass_workspace<T, MB_FP8_ROWWISE, MB_TILE_COOP_128x128_C2, E, F>(num_experts, sm),
                      fp8_cutlass_workspace<T, MB_FP8_ROWWISE, MB_TILE_COOP_128x192, E, F>(num_experts, sm),
                      fp8_cutlass_workspace<T, MB_FP8_ROWWISE, MB_TILE_COOP_128x192_C2, E, F>(num_experts, sm)});
+    if constexpr (F)
+      most = std::max(most, fp8_cutlass_workspace<T, MB_FP8_ROWWISE, MB_TILE_PINGPONG_128x128, E, F>(num_experts, sm));
   };
   auto each = [&](auto tag, auto epi) {
     using T = decltype(tag);
@@ -80,10 +83,12 @@ mb_status run_fp8_wgmma(const Fp8GemmParams& p, int64_t max_rows, int dtype, con
     case MB_TILE_COOP_128x192_C2:
     case MB_TILE_COOP_128x256:
     case MB_TILE_PINGPONG_64x128:
-    case MB_TILE_PINGPONG_64x128_C2: break;
+    case MB_TILE_PINGPONG_64x128_C2:
+    case MB_TILE_PINGPONG_128x128: break;
     default:
       return fail(MB_ERR_UNSUPPORTED, "grouped gemm fp8: the wgmma kernel has the tiles coop128x128, coop128x128c2, "
-                  "coop128x192, coop128x192c2, coop128x256, pingpong64x128 and pingpong64x128c2, not %s",
+                  "coop128x192, coop128x192c2, coop128x256, pingpong64x128, pingpong64x128c2 and pingpong128x128, "
+                  "not %s",
                   tile_name(tactic.tile));
   }
   if (max_rows > INT32_MAX || static_cast<int64_t>(p.num_experts) * p.n > INT32_MAX)

@@ -93,6 +93,7 @@ template <> struct Fp8TileTraits<MB_TILE_COOP_128x128> {
   using RowwiseFast = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8FastAccum;
   using Block = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise;
   static constexpr bool kTakesBlock128 = true;
+  static constexpr bool kFastOnly = false;
 };
 template <> struct Fp8TileTraits<MB_TILE_COOP_128x256> : Fp8TileTraits<MB_TILE_COOP_128x128> {
   using Shape = cute::Shape<cute::_128, cute::_256, cute::_128>;
@@ -105,12 +106,21 @@ template <> struct Fp8TileTraits<MB_TILE_PINGPONG_64x128> {
   using RowwiseFast = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpongFP8FastAccum;
   using Block = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpongFP8Blockwise;
   static constexpr bool kTakesBlock128 = true;
+  static constexpr bool kFastOnly = false;
 };
 // pingpong 64 x 128 in 2x1 clusters: an expert's row tiles two by two on one weight tile, multicast (the units of
 // PairedTileScheduler, as the 16-bit pingpong c2 tiles): where the narrow tile runs (up to 128 rows an expert with
 // fast accumulation) an expert has two or three row tiles, each of which otherwise reads the weight tile itself.
 template <> struct Fp8TileTraits<MB_TILE_PINGPONG_64x128_C2> : Fp8TileTraits<MB_TILE_PINGPONG_64x128> {
   using Cluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
+};
+// pingpong 128 x 128: a consumer warpgroup's tile is 128 rows, two 64-row wgmmas on each weight tile it loads (MoeEpilogue
+// walks both slabs), so each weight tile is read once per 128 rows and one warpgroup's epilogue runs under the other's
+// mainloop. Its 128 accumulator registers a thread leave no room for promotion: fast accumulation only.
+template <> struct Fp8TileTraits<MB_TILE_PINGPONG_128x128> : Fp8TileTraits<MB_TILE_PINGPONG_64x128> {
+  using Shape = cute::Shape<cute::_128, cute::_128, cute::_128>;
+  static constexpr bool kTakesBlock128 = false;
+  static constexpr bool kFastOnly = true;
 };
 template <> struct Fp8TileTraits<MB_TILE_COOP_128x128_C2> : Fp8TileTraits<MB_TILE_COOP_128x128> {
   using Cluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
@@ -238,6 +248,9 @@ mb_status run_scaling(const Fp8GemmParams& p, int64_t max_rows, int tile, bool a
     if constexpr (kScaling == MB_FP8_BLOCK128 && !Fp8TileTraits<kTile>::kTakesBlock128)
       return fail(MB_ERR_UNSUPPORTED, "grouped gemm fp8: tile %s takes rowwise scales only (block128: coop128x128, "
                                       "coop128x128c2, pingpong64x128 or pingpong64x128c2)", tile_name(kTile));
+    else if constexpr (!kFast && Fp8TileTraits<kTile>::kFastOnly)
+      return fail(MB_ERR_UNSUPPORTED, "grouped gemm fp8: tile %s takes fast accumulation only (promoted: every other "
+                                      "rowwise tile)", tile_name(kTile));
     else
       return run_tile<T, kScaling, kTile, kEpi, kFast>(p, max_rows, after_trigger, workspace, workspace_bytes,
                                                        stream);
@@ -245,6 +258,7 @@ mb_status run_scaling(const Fp8GemmParams& p, int64_t max_rows, int tile, bool a
   switch (tile) {
     case MB_TILE_PINGPONG_64x128: return run(std::integral_constant<int, MB_TILE_PINGPONG_64x128>{});
     case MB_TILE_PINGPONG_64x128_C2: return run(std::integral_constant<int, MB_TILE_PINGPONG_64x128_C2>{});
+    case MB_TILE_PINGPONG_128x128: return run(std::integral_constant<int, MB_TILE_PINGPONG_128x128>{});
     case MB_TILE_COOP_128x256: return run(std::integral_constant<int, MB_TILE_COOP_128x256>{});
     case MB_TILE_COOP_128x128_C2: return run(std::integral_constant<int, MB_TILE_COOP_128x128_C2>{});
     case MB_TILE_COOP_128x192: return run(std::integral_constant<int, MB_TILE_COOP_128x192>{});

@@ -173,9 +173,11 @@ class MoeEpilogue {
   CUTLASS_DEVICE bool is_source_needed() { return false; }
 
   // The accumulator layout every mode relies on (CUTLASS's wgmma CLayout_64xN, as partitioned for a
-  // thread of any of the tiles here): value i = v0 + 2*v1 + 4*j (v0, v1 in {0, 1}, j < size(acc) / 4) is
-  // element (m0 + 8*v1, n0 + v0 + 8*j) of the tile, (m0, n0) being the thread's first element. So a
-  // thread has two rows (h = v1) and, per row, one column pair in each 8-column group j, with n0 even.
+  // thread of any of the tiles here): a thread's fragment is one 64-row wgmma slab, or two where one
+  // warpgroup owns 128 rows (pingpong 128 x 128: the fragment's second mode), each walked alone. In a slab,
+  // value i = v0 + 2*v1 + 4*j (v0, v1 in {0, 1}, j < slab size / 4) is element (m0 + 8*v1, n0 + v0 + 8*j)
+  // of the tile, (m0, n0) being the thread's first element in the slab. So a thread has two rows (h = v1)
+  // of a slab and, per row, one column pair in each 8-column group j, with n0 even.
   // The modes below address everything from (m0, n0) with compile-time offsets and test rows and
   // columns with predicates, not branches: one pingpong warpgroup's epilogue must fit under the other's
   // mainloop, and with one warp per scheduler nothing hides its latency (per-element coordinates, a
@@ -186,25 +188,32 @@ class MoeEpilogue {
                                  BlockCoordMNKL blk_coord_mnkl, cute::Tensor<FrgEngine, FrgLayout> const& acc,
                                  TiledMma tiled_mma, ResidueMNK, int thread_idx, char*) {
     using namespace cute;
-    static_assert(decltype(size(acc))::value % 16 == 0, "accumulator fragment holds groups of four 8-column pairs");
+    constexpr int kSlabs = decltype(size<1>(acc))::value;  // 64-row wgmma slabs: 2 where a warpgroup owns 128 rows
+    static_assert(decltype(size<2>(acc))::value == 1, "a thread's fragment is one wgmma column tile");
+    static_assert(decltype(size<0>(acc))::value % 16 == 0, "a slab holds groups of four 8-column pairs");
     const int M = get<0>(problem_shape_mnkl);
     const int N = get<1>(problem_shape_mnkl);
     auto [m_coord, n_coord, k_coord, l_coord] = blk_coord_mnkl;
     Tensor coords = local_tile(make_identity_tensor(make_shape(M, N)), take<0, 2>(blk_shape_mnk),
                                make_coord(m_coord & ~kSplitTileFlag, n_coord));
     Tensor tc = tiled_mma.get_thread_slice(thread_idx).partition_C(coords);
-    const Frag f{get<0>(tc(0)), get<1>(tc(0)), M, N, params_.offsets[l_coord]};
+    const int64_t row0 = params_.offsets[l_coord];
     const T* bias = params_.bias ? params_.bias + (int64_t)l_coord * N : nullptr;
     const float* col_scale = kFp8Rowwise ? params_.col_scale + (int64_t)l_coord * N : nullptr;
-    // One branch per tile, not per element, for the bias and the activation.
-    if constexpr (kEpi == EPI_FINALIZE) {
-      return bias ? finalize_tile<true>(acc, f, bias, col_scale) : finalize_tile<false>(acc, f, bias, col_scale);
-    } else if constexpr (kEpi == EPI_GATED || kEpi == EPI_GATED_E4M3) {
-      static_assert(kEpi == EPI_GATED || kFp8Rowwise, "the e4m3 gated epilogue is the FP8 GEMM1's");
-      return gated_act<kEpi == EPI_GATED_E4M3>(acc, f, bias, col_scale);
-    } else {
-      return bias ? store_tile<true>(acc, f, bias, col_scale) : store_tile<false>(acc, f, bias, col_scale);
-    }
+    // The slab index a compile-time constant, so that every accumulator stays a register.
+    for_each(make_int_sequence<kSlabs>{}, [&](auto slab) {
+      Tensor a = acc(_, slab, _0{});
+      const Frag f{get<0>(tc(_0{}, slab, _0{})), get<1>(tc(_0{}, slab, _0{})), M, N, row0};
+      // One branch per tile, not per element, for the bias and the activation.
+      if constexpr (kEpi == EPI_FINALIZE) {
+        bias ? finalize_tile<true>(a, f, bias, col_scale) : finalize_tile<false>(a, f, bias, col_scale);
+      } else if constexpr (kEpi == EPI_GATED || kEpi == EPI_GATED_E4M3) {
+        static_assert(kEpi == EPI_GATED || kFp8Rowwise, "the e4m3 gated epilogue is the FP8 GEMM1's");
+        gated_act<kEpi == EPI_GATED_E4M3>(a, f, bias, col_scale);
+      } else {
+        bias ? store_tile<true>(a, f, bias, col_scale) : store_tile<false>(a, f, bias, col_scale);
+      }
+    });
   }
 
  private:
