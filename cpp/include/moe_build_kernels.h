@@ -327,6 +327,8 @@ enum mb_gemm_tile {
   MB_TILE_PINGPONG_64x128_C2 = 19, /* wgmma: pingpong 64 x 128 in 2x1 clusters (weight tile multicast; FP8 only) */
   MB_TILE_PINGPONG_128x128 = 20,   /* wgmma: pingpong 128 x 128, a warpgroup's tile two 64-row wgmmas (the FP8 GEMM
                                       only, rowwise scales with fast accumulation) */
+  MB_TILE_PINGPONG_128x128_C2 = 21, /* wgmma: pingpong 128 x 128 in 2x1 clusters (weight tile multicast; FP8 only,
+                                       rowwise scales with fast accumulation) */
 };
 enum mb_gemm_launch {
   MB_LAUNCH_PLAIN = 0,          /* an ordinary launch */
@@ -428,7 +430,7 @@ mb_status mb_grouped_gemm_sm90_gated(const void* A, const void* B, const void* b
  * SM 8.9 GPU needs a library built with sm_89 code, else MB_ERR_UNSUPPORTED)
  * and MB_GEMM_WGMMA (compute capability 9.0; tiles MB_TILE_COOP_128x128, MB_TILE_COOP_128x128_C2 and
  * MB_TILE_PINGPONG_64x128, and MB_TILE_COOP_128x256, MB_TILE_COOP_128x192 and MB_TILE_COOP_128x192_C2 with
- * MB_FP8_ROWWISE, MB_TILE_PINGPONG_128x128 with MB_FP8_ROWWISE and MB_FP8_ACCUM_FAST; the _C2 tiles run in 2x1
+ * MB_FP8_ROWWISE, MB_TILE_PINGPONG_128x128 and MB_TILE_PINGPONG_128x128_C2 with MB_FP8_ROWWISE and MB_FP8_ACCUM_FAST; the _C2 tiles run in 2x1
  * clusters whose two CTAs share, by TMA multicast, the weight tile of neighbouring row tiles of one expert; launch
  * PLAIN or AFTER_TRIGGER, never PLACED). n and k multiples of
  * 16; A, B, C 16-byte aligned; the wgmma kernel needs mb_grouped_gemm_fp8_workspace() bytes (the decode kernel

@@ -78,6 +78,7 @@ class GemmTile(enum.IntEnum):
     DECODE_STAGED = 18
     PINGPONG_64x128_C2 = 19
     PINGPONG_128x128 = 20
+    PINGPONG_128x128_C2 = 21
 
 
 class WoqKind(enum.IntEnum):

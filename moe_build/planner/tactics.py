@@ -22,7 +22,8 @@ KERNELS = ("decode", "mma", "wgmma")
 MMA_TILES = ("16x64", "64x128", "128x128")
 WGMMA_TILES = ("coop128x256", "pingpong64x256", "pingpong64x128", "pingpong64x256c2", "pingpong64x192c2",
                "coop128x128", "coop128x128c2", "coop128x192", "coop128x192c2", "woq128x16", "woq128x32", "woq128x64",
-               "woq128x128", "woq128x256", "pingpong64x128c2", "pingpong128x128")
+               "woq128x128", "woq128x256", "pingpong64x128c2", "pingpong128x128",
+               "pingpong128x128c2")
 FP8_SCALINGS = ("none", "rowwise", "block128")  # the GEMM's FP8 scales (mb_fp8_scaling), none for 16-bit
 FP8_ACCUMULATIONS = ("none", "fast", "promoted")  # the FP8 wgmma GEMM's accumulation (mb_fp8_accumulation)
 WOQ_KINDS = ("none", "int4", "int8", "mxfp4")  # the weight-only GEMM's stored weights (mb_woq_kind), none otherwise
@@ -34,16 +35,16 @@ WOQ_WGMMA_TILES = ("woq128x16", "woq128x32", "woq128x64", "woq128x128", "woq128x
 # The FP8 GEMM's wgmma tiles by scaling (gemm/fp8_sm90.cu): the blockwise mainloop's tiles are 128 columns
 # wide; the c2 tiles run in 2x1 clusters that multicast their weight tile; pingpong128x128 (a warpgroup's tile two
 # 64-row wgmmas) holds no promoted accumulators and runs with fast accumulation only. The rules choose coop128x128,
-# pingpong64x128, pingpong64x128c2, coop128x192 and pingpong128x128 (as measured); the others are there to be forced
-# and probed
+# pingpong64x128, pingpong64x128c2, coop128x192, pingpong128x128 and pingpong128x128c2 (as measured); the others are
+# there to be forced and probed
 # (bench/fp8_tactics_probe.py, bench/fp8_cluster_probe.py).
 FP8_WGMMA_TILES = {"rowwise": ("coop128x128", "coop128x256", "pingpong64x128", "pingpong64x128c2", "coop128x128c2",
-                               "coop128x192", "coop128x192c2", "pingpong128x128"),
+                               "coop128x192", "coop128x192c2", "pingpong128x128", "pingpong128x128c2"),
                    "block128": ("coop128x128", "pingpong64x128", "pingpong64x128c2", "coop128x128c2")}
-FP8_FAST_ONLY_TILES = ("pingpong128x128",)
+FP8_FAST_ONLY_TILES = ("pingpong128x128", "pingpong128x128c2")
 # The wgmma tiles that only the FP8 GEMM has (its k blocks of 128; the 16-bit kernels' are 64).
 FP8_ONLY_TILES = ("coop128x128", "coop128x128c2", "coop128x192", "coop128x192c2", "pingpong64x128c2",
-                  "pingpong128x128")
+                  "pingpong128x128", "pingpong128x128c2")
 K_SPLITS = (1, 2, 4, 8)
 # The decode kernel's forms: token rows read where they lie ("none"), or first staged in shared memory ("staged":
 # the weight-only int4 codes kernel only, woq_staged_rows below).
@@ -349,38 +350,46 @@ FP8_NARROW_C2_MIN_N = 5760
 FP8_FAST_NARROW_MAX_AVG_ROWS = 128
 FP8_WIDE_MIN_AVG_ROWS = 129
 # With fast accumulation the gated GEMM1 takes pingpong 128x128 from 256 average rows per expert (from 33 where k is at
-# least 7168), the finalize GEMM2 from 512; the plain store keeps the tiles above. A warpgroup's tile is 128 rows, two
-# 64-row wgmmas on each weight tile it loads, and one warpgroup's epilogue runs under the other's mainloop. Whole layers,
-# H200, GEMM1 or GEMM2 forced onto it beside the plan, two rounds, graph replay, us (moe-build bench --quant fp8
-# --tokens 256,1024,2048,4096; docs/measured/h200-2026-11-30-fp8-pingpong128): GEMM1 at 384-1024 rows faster on every
-# point (Mixtral-8x7B 4096 tokens 2823.5 / 2823.1 -> 2598.7 / 2625.0, 2048 tokens 1278.4 / 1305.0 -> 1239.3 / 1273.3,
-# GPT-OSS-20B 4096 963.3 / 917.3 -> 919.9 / 901.9, DeepSeek-V2-Lite 4096 557.3 / 554.9 -> 541.8 / 544.0); at 256 rows
-# Qwen3-30B-A3B 534.7 / 538.6 -> 511.7 / 522.6, Mixtral 1024 tokens 795.2 / 834.3 -> 804.4 / 820.3, GPT-OSS 2048
-# 496.4 / 490.2 -> 498.0 / 503.8; at 64-128 rows it lost 1-6% (Qwen3 2048 tokens 310.7 -> 330.0, Mixtral 256 385.8 ->
-# 406.2) but on DeepSeek-V3's GEMM1 (k 7168): 4096 tokens (128 rows) 4727.1 / 4674.7 -> 4370.8 / 4327.8, 2048 (64)
-# 3184.7 / 3191.9 -> 3094.0 / 3069.9, 1024 (32) 2485.7 / 2495.6 -> 2505.2 / 2505.6. GEMM2 at 512-1024 rows: Mixtral
-# 4096 tokens 2823.5 / 2823.1 -> 2724.1 / 2758.4, GPT-OSS 4096 963.3 / 917.3 -> 926.3 / 886.8, Mixtral 2048 within
-# 0.2%; at 128-384 rows it won and lost by up to 5%.
+# least 7168), the finalize GEMM2 pingpong 128x128 in 2x1 clusters from 192; the plain store keeps the tiles above. A
+# warpgroup's tile is 128 rows, two 64-row wgmmas on each weight tile it loads, and one warpgroup's epilogue runs under
+# the other's mainloop. Whole layers, H200, one GEMM forced onto a tile beside the plan, two rounds, graph replay, us
+# (moe-build bench --quant fp8; docs/measured/h200-2026-11-30-fp8-pingpong128, docs/performance.md "FP8 pingpong 128 x
+# 128"). GEMM1 on pingpong128x128 at 384-1024 rows faster on every point (Mixtral-8x7B 4096 tokens 2823.5 / 2823.1 ->
+# 2598.7 / 2625.0, 2048 tokens 1278.4 / 1305.0 -> 1239.3 / 1273.3, GPT-OSS-20B 4096 963.3 / 917.3 -> 919.9 / 901.9,
+# DeepSeek-V2-Lite 4096 557.3 / 554.9 -> 541.8 / 544.0); at 256 rows Qwen3-30B-A3B 534.7 / 538.6 -> 511.7 / 522.6,
+# Mixtral 1024 tokens 795.2 / 834.3 -> 804.4 / 820.3, GPT-OSS 2048 496.4 / 490.2 -> 498.0 / 503.8; at 64-128 rows it
+# lost 1-6% (Qwen3 2048 tokens 310.7 -> 330.0, Mixtral 256 385.8 -> 406.2) but on DeepSeek-V3's GEMM1 (k 7168): 4096
+# tokens (128 rows) 4727.1 / 4674.7 -> 4370.8 / 4327.8, 2048 (64) 3184.7 / 3191.9 -> 3094.0 / 3069.9, 1024 (32)
+# 2485.7 / 2495.6 -> 2505.2 / 2505.6. In 2x1 clusters GEMM1 ran within 1% of that but once. GEMM2 on
+# pingpong128x128c2 beside the tiles then planned: at 192-384 rows against coop128x192 Mixtral 1024 tokens 813.4 /
+# 805.9 -> 778.4 / 768.1, GPT-OSS 2048 499.0 / 499.9 -> 489.4 / 484.7, DeepSeek-V2-Lite 2048 342.6 / 340.6 -> 335.0 /
+# 332.9 and 4096 540.9 / 567.6 -> 526.6 / 549.4, Qwen3 4096 507.1 / 501.1 -> 513.2 / 506.4; at 512-1024 rows within
+# 0.5% of pingpong128x128 (Mixtral 4096 2591.8 / 2562.4 -> 2596.3 / 2563.3), which had beaten coop128x192 there
+# (Mixtral 4096 2823.5 / 2823.1 -> 2724.1 / 2758.4, GPT-OSS 4096 963.3 / 917.3 -> 926.3 / 886.8); below 192 rows
+# within 1% of the narrow tiles either way.
 FP8_PINGPONG128_GATED_MIN_AVG_ROWS = 256
 FP8_PINGPONG128_LONG_K = 7168
-FP8_PINGPONG128_FINALIZE_MIN_AVG_ROWS = 512
+FP8_PINGPONG128_FINALIZE_MIN_AVG_ROWS = 192
 
 
-# fast accumulation, and gated: avg rows >= 256 (or > 32 with k >= 7168); finalize: avg rows >= 512
-def fp8_pingpong128_rule(call: GemmCall, rows: RowCount) -> bool:
+# fast accumulation, and gated: avg rows >= 256 (or > 32 with k >= 7168) -> pingpong128x128; finalize: avg rows >= 192
+# -> pingpong128x128c2
+def fp8_pingpong128_rule(call: GemmCall, rows: RowCount) -> str | None:
     if call.fp8 != "rowwise" or call.fp8_accumulation != "fast":
-        return False
+        return None
     if call.epilogue == "gated":
-        if call.k >= FP8_PINGPONG128_LONG_K:
-            return not rows.avg_at_most(FP8_NARROW_MAX_AVG_ROWS)
-        return not rows.avg_at_most(FP8_PINGPONG128_GATED_MIN_AVG_ROWS - 1)
-    return call.epilogue == "finalize" and not rows.avg_at_most(FP8_PINGPONG128_FINALIZE_MIN_AVG_ROWS - 1)
+        least = FP8_NARROW_MAX_AVG_ROWS + 1 if call.k >= FP8_PINGPONG128_LONG_K else FP8_PINGPONG128_GATED_MIN_AVG_ROWS
+        return None if rows.avg_at_most(least - 1) else "pingpong128x128"
+    if call.epilogue == "finalize" and not rows.avg_at_most(FP8_PINGPONG128_FINALIZE_MIN_AVG_ROWS - 1):
+        return "pingpong128x128c2"
+    return None
 
 
 def fp8_wgmma_tile_rule(call: GemmCall, rows: RowCount) -> str:
     fast = call.fp8 == "rowwise" and call.fp8_accumulation == "fast"
-    if fp8_pingpong128_rule(call, rows):
-        return "pingpong128x128"
+    pingpong128 = fp8_pingpong128_rule(call, rows)
+    if pingpong128 is not None:
+        return pingpong128
     if rows.avg_at_most(FP8_NARROW_MAX_AVG_ROWS):
         return "pingpong64x128"
     if fast and rows.avg_at_most(FP8_FAST_NARROW_MAX_AVG_ROWS):

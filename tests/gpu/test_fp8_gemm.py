@@ -137,10 +137,10 @@ def test_decode(scaling, n, k, k_split, counts):
 
 
 WGMMA_TILES = {Fp8Scaling.ROWWISE: ["coop128x128", "coop128x256", "pingpong64x128", "pingpong64x128c2", "coop128x128c2",
-                                    "coop128x192", "coop128x192c2", "pingpong128x128"],
+                                    "coop128x192", "coop128x192c2", "pingpong128x128", "pingpong128x128c2"],
                Fp8Scaling.BLOCK128: ["coop128x128", "pingpong64x128", "pingpong64x128c2", "coop128x128c2"]}
 # Tiles with no registers for promoted accumulators (a warpgroup's 128 x 128 fp32 tile): fast accumulation only.
-FAST_ONLY_TILES = ["pingpong128x128"]
+FAST_ONLY_TILES = ["pingpong128x128", "pingpong128x128c2"]
 
 
 def refused_promoted(tile: str, accumulation: Fp8Accumulation, run) -> bool:

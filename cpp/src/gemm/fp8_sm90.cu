@@ -53,7 +53,8 @@ size_t fp8_wgmma_workspace_bytes(int num_experts) {
                      fp8_cutlass_workspace<T, MB_FP8_ROWWISE, MB_TILE_COOP_128x192, E, F>(num_experts, sm),
                      fp8_cutlass_workspace<T, MB_FP8_ROWWISE, MB_TILE_COOP_128x192_C2, E, F>(num_experts, sm)});
     if constexpr (F)
-      most = std::max(most, fp8_cutlass_workspace<T, MB_FP8_ROWWISE, MB_TILE_PINGPONG_128x128, E, F>(num_experts, sm));
+      most = std::max({most, fp8_cutlass_workspace<T, MB_FP8_ROWWISE, MB_TILE_PINGPONG_128x128, E, F>(num_experts, sm),
+                       fp8_cutlass_workspace<T, MB_FP8_ROWWISE, MB_TILE_PINGPONG_128x128_C2, E, F>(num_experts, sm)});
   };
   auto each = [&](auto tag, auto epi) {
     using T = decltype(tag);
@@ -84,10 +85,12 @@ mb_status run_fp8_wgmma(const Fp8GemmParams& p, int64_t max_rows, int dtype, con
     case MB_TILE_COOP_128x256:
     case MB_TILE_PINGPONG_64x128:
     case MB_TILE_PINGPONG_64x128_C2:
-    case MB_TILE_PINGPONG_128x128: break;
+    case MB_TILE_PINGPONG_128x128:
+    case MB_TILE_PINGPONG_128x128_C2: break;
     default:
       return fail(MB_ERR_UNSUPPORTED, "grouped gemm fp8: the wgmma kernel has the tiles coop128x128, coop128x128c2, "
-                  "coop128x192, coop128x192c2, coop128x256, pingpong64x128, pingpong64x128c2 and pingpong128x128, "
+                  "coop128x192, coop128x192c2, coop128x256, pingpong64x128, pingpong64x128c2, pingpong128x128 and "
+                  "pingpong128x128c2, "
                   "not %s",
                   tile_name(tactic.tile));
   }

@@ -122,6 +122,9 @@ template <> struct Fp8TileTraits<MB_TILE_PINGPONG_128x128> : Fp8TileTraits<MB_TI
   static constexpr bool kTakesBlock128 = false;
   static constexpr bool kFastOnly = true;
 };
+template <> struct Fp8TileTraits<MB_TILE_PINGPONG_128x128_C2> : Fp8TileTraits<MB_TILE_PINGPONG_128x128> {
+  using Cluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
+};
 template <> struct Fp8TileTraits<MB_TILE_COOP_128x128_C2> : Fp8TileTraits<MB_TILE_COOP_128x128> {
   using Cluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
 };
@@ -259,6 +262,7 @@ mb_status run_scaling(const Fp8GemmParams& p, int64_t max_rows, int tile, bool a
     case MB_TILE_PINGPONG_64x128: return run(std::integral_constant<int, MB_TILE_PINGPONG_64x128>{});
     case MB_TILE_PINGPONG_64x128_C2: return run(std::integral_constant<int, MB_TILE_PINGPONG_64x128_C2>{});
     case MB_TILE_PINGPONG_128x128: return run(std::integral_constant<int, MB_TILE_PINGPONG_128x128>{});
+    case MB_TILE_PINGPONG_128x128_C2: return run(std::integral_constant<int, MB_TILE_PINGPONG_128x128_C2>{});
     case MB_TILE_COOP_128x256: return run(std::integral_constant<int, MB_TILE_COOP_128x256>{});
     case MB_TILE_COOP_128x128_C2: return run(std::integral_constant<int, MB_TILE_COOP_128x128_C2>{});
     case MB_TILE_COOP_128x192: return run(std::integral_constant<int, MB_TILE_COOP_128x192>{});

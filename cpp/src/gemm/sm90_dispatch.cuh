@@ -211,6 +211,7 @@ mb_status dispatch_wgmma(const GemmParams& p, int64_t max_rows, int dtype, const
       case MB_TILE_COOP_128x192_C2:
       case MB_TILE_PINGPONG_64x128_C2:
       case MB_TILE_PINGPONG_128x128:
+      case MB_TILE_PINGPONG_128x128_C2:
         return fail(MB_ERR_UNSUPPORTED, "grouped gemm sm90: tile %s is the FP8 GEMM's (mb_grouped_gemm_fp8)",
                     tile_name(tactic.tile));
       case MB_TILE_WOQ_128x16:

@@ -13,7 +13,7 @@
 namespace mbk {
 
 constexpr int kLastWgmmaTile = MB_TILE_WOQ_128x256;  // the wgmma tiles run from MB_TILE_COOP_128x256 up to it
-constexpr int kLastTile = MB_TILE_PINGPONG_128x128;  // the last mb_gemm_tile
+constexpr int kLastTile = MB_TILE_PINGPONG_128x128_C2;  // the last mb_gemm_tile
 
 // The tile's name in the planner's spelling (moe_build/planner/tactics.py), for messages.
 inline const char* tile_name(int tile) {
@@ -39,6 +39,7 @@ inline const char* tile_name(int tile) {
     case MB_TILE_DECODE_STAGED: return "staged";
     case MB_TILE_PINGPONG_64x128_C2: return "pingpong64x128c2";
     case MB_TILE_PINGPONG_128x128: return "pingpong128x128";
+    case MB_TILE_PINGPONG_128x128_C2: return "pingpong128x128c2";
     default: return "?";
   }
 }
@@ -61,7 +62,7 @@ inline bool tile_of_kernel(int kernel, int tile) {
     case MB_GEMM_DECODE: return tile == MB_TILE_NONE;
     case MB_GEMM_MMA: return tile >= MB_TILE_MMA_16x64 && tile <= MB_TILE_MMA_128x128;
     default: return (tile >= MB_TILE_COOP_128x256 && tile <= kLastWgmmaTile) || tile == MB_TILE_PINGPONG_64x128_C2 ||
-                    tile == MB_TILE_PINGPONG_128x128;
+                    tile == MB_TILE_PINGPONG_128x128 || tile == MB_TILE_PINGPONG_128x128_C2;
   }
 }
 

@@ -1,6 +1,7 @@
 """Probe (not product): the rowwise FP8 wgmma tiles with fast accumulation against the pingpong 128x128 tile, plain store, L2 flushed, median of 20; every GEMM's output
 checked against fp64 on the exact e4m3 inputs (relative norm over up to 64 rows of 4 experts). One JSON line a point."""
 import json
+import os
 import sys
 
 import torch
@@ -9,7 +10,7 @@ from gemm_probe_timing import FP8_GEMMS, rowwise_fp8_problem, tms
 from moe_build import kernels as K
 from moe_build.kernels.abi import Fp8Accumulation, Fp8Scaling
 
-TILES = ["coop128x192", "pingpong64x128", "pingpong64x128c2", "pingpong128x128"]
+TILES = [t for t in os.environ.get("PP_TILES", "coop128x192,pingpong64x128,pingpong64x128c2,pingpong128x128").split(",")]
 TOKENS = [int(t) for t in sys.argv[1].split(",")] if len(sys.argv) > 1 else [1024, 4096]
 g = torch.Generator(device="cuda").manual_seed(0)
 
