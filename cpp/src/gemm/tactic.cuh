@@ -12,7 +12,6 @@
 
 namespace mbk {
 
-constexpr int kLastWgmmaTile = MB_TILE_WOQ_128x256;  // the wgmma tiles run from MB_TILE_COOP_128x256 up to it
 constexpr int kLastTile = MB_TILE_PINGPONG_128x128_C2;  // the last mb_gemm_tile
 
 // The tile's name in the planner's spelling (moe_build/planner/tactics.py), for messages.
@@ -61,8 +60,7 @@ inline bool tile_of_kernel(int kernel, int tile) {
   switch (kernel) {
     case MB_GEMM_DECODE: return tile == MB_TILE_NONE;
     case MB_GEMM_MMA: return tile >= MB_TILE_MMA_16x64 && tile <= MB_TILE_MMA_128x128;
-    default: return (tile >= MB_TILE_COOP_128x256 && tile <= kLastWgmmaTile) || tile == MB_TILE_PINGPONG_64x128_C2 ||
-                    tile == MB_TILE_PINGPONG_128x128 || tile == MB_TILE_PINGPONG_128x128_C2;
+    default: return tile >= MB_TILE_COOP_128x256 && tile <= kLastTile && tile != MB_TILE_DECODE_STAGED;  // wgmma
   }
 }
 
