@@ -80,8 +80,8 @@ ep_pack_send_kernel(const T* __restrict__ hidden, const int32_t* __restrict__ id
       while (d + 1 < ep && start[d + 1] <= i) ++d;
       const int first = d * per_rank;
       for (int j = lane; j < top_k; j += 32) {
-        const int x = ids[static_cast<int64_t>(t) * top_k + j] - first;
-        out_ids[static_cast<int64_t>(i) * top_k + j] = x >= 0 && x < per_rank ? x : -1;
+        const int id = ids[static_cast<int64_t>(t) * top_k + j];
+        out_ids[static_cast<int64_t>(i) * top_k + j] = mbk::local_expert(id, first, per_rank);
         out_weights[static_cast<int64_t>(i) * top_k + j] = weights[static_cast<int64_t>(t) * top_k + j];
       }
     }
@@ -92,10 +92,8 @@ ep_pack_send_kernel(const T* __restrict__ hidden, const int32_t* __restrict__ id
 __global__ void __launch_bounds__(mb::kStageThreads)
 ep_local_ids_kernel(int32_t* __restrict__ ids, int64_t count, int first, int per_rank) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int x = ids[i] - first;
-    ids[i] = x >= 0 && x < per_rank ? x : -1;
-  }
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    ids[i] = mbk::local_expert(ids[i], first, per_rank);
 }
 
 template <typename T, int VEC>

@@ -24,6 +24,13 @@ __device__ __forceinline__ uint32_t rank_mask(const int32_t* ids, int t, int top
   return m;
 }
 
+// A global top-k id made local to the rank holding experts [first, first + per_rank): -1 for another rank's expert
+// (what every dispatch writes for the experts of the rank a row lands on).
+__device__ __forceinline__ int local_expert(int id, int first, int per_rank) {
+  const int x = id - first;
+  return x >= 0 && x < per_rank ? x : -1;
+}
+
 // Lane 0 of each warp: how many of the warp's tokens go to each rank (mask bit d) into rows[d].
 __device__ __forceinline__ void count_warp_rows(uint32_t m, int ep, int* rows) {
   for (int d = 0; d < ep; ++d) {

@@ -203,8 +203,7 @@ nvlink_gather_kernel(const T* __restrict__ recv_rows, const int32_t* __restrict_
     if (c == 0) {
       const int32_t* meta = recv_meta + slot * meta_ints(top_k);
       for (int k = lane; k < top_k; k += 32) {
-        const int x = meta[k] - first_expert;
-        out_ids[static_cast<int64_t>(j) * top_k + k] = x >= 0 && x < local_experts ? x : -1;
+        out_ids[static_cast<int64_t>(j) * top_k + k] = mbk::local_expert(meta[k], first_expert, local_experts);
         out_weights[static_cast<int64_t>(j) * top_k + k] = __int_as_float(meta[top_k + k]);
       }
       if (lane == 0) {
@@ -238,8 +237,7 @@ nvlink_slots_kernel(const int32_t* __restrict__ recv_meta, const int32_t* __rest
     const bool here = i < recv_counts[2 * s];
     const int32_t* meta = recv_meta + j * meta_ints(top_k);
     for (int k = 0; k < top_k; ++k) {
-      const int x = here ? meta[k] - first_expert : -1;
-      out_ids[j * top_k + k] = x >= 0 && x < local_experts ? x : -1;
+      out_ids[j * top_k + k] = here ? mbk::local_expert(meta[k], first_expert, local_experts) : -1;
       out_weights[j * top_k + k] = here ? __int_as_float(meta[top_k + k]) : 0.0f;
     }
     src_rank[j] = here ? s : -1;

@@ -20,6 +20,7 @@
 // after source, as the nccl dispatch's exact-size all-to-all lands them (its combine zeroes dropped pairs itself).
 #include "common/common.cuh"
 #include "stages/ep_combine.cuh"
+#include "stages/ep_layout.cuh"
 #include "stages/ep_signal.cuh"
 
 namespace {
@@ -65,8 +66,8 @@ permute_layout_kernel(const int32_t* __restrict__ recv_meta, const int32_t* __re
   for (int q = tid; q < pairs; q += kLayoutThreads) {
     int s;
     const int64_t slot = slot_of(start, cap, q / top_k, s);
-    const int x = recv_meta[slot * M + q % top_k] - first_expert;
-    if (x >= 0 && x < local_experts) atomicAdd(&count[x], 1);
+    const int x = mbk::local_expert(recv_meta[slot * M + q % top_k], first_expert, local_experts);
+    if (x >= 0) atomicAdd(&count[x], 1);
   }
   __syncthreads();
   // group sizes -> starts (exclusive scan: within each warp by shuffles, then over the warps' sums)
@@ -106,9 +107,9 @@ permute_layout_kernel(const int32_t* __restrict__ recv_meta, const int32_t* __re
     const int k = q % top_k;
     const int64_t slot = slot_of(start, cap, q / top_k, s);
     const int32_t* meta = recv_meta + slot * M;
-    const int x = meta[k] - first_expert;
+    const int x = mbk::local_expert(meta[k], first_expert, local_experts);
     int row = -1;
-    if (x >= 0 && x < local_experts) {
+    if (x >= 0) {
       const int f = atomicAdd(&fill[x], 1);
       if (batched && f >= expert_capacity) {
         row = kPairDropped;
