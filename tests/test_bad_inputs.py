@@ -178,14 +178,15 @@ def test_interrupted_build_leaves_the_folder_as_it_was(tmp_path: Path, sig: sign
                                                        word: str) -> None:
     pytest.importorskip("tensorrt_rtx_bindings")
     # The tiny engine builds in well under a second: a signal sent once TensorRT reports it is building can
-    # arrive after the build has finished (exit 0, engine published). That race says nothing about the
-    # property under test, so such a run is repeated in a fresh folder; every interrupted run is checked.
+    # arrive after the build has finished (engine published; exit 0, or killed by the signal while the
+    # interpreter shuts down, after Python has put the default handlers back). That race says nothing about
+    # the property under test, so such a run is repeated in a fresh folder; every interrupted run is checked.
     for attempt in range(ATTEMPTS):
         out = tmp_path / f"out{attempt}"
         out.mkdir()
         (out / "keep.txt").write_text("a user's file")
         rc, seen, rest = _build_interrupted(out, sig)
-        if rc == 0:
+        if rc in (0, -sig) and "writing engine + manifest" in rest and (out / "tiny.json").is_file():
             continue
         assert rc == code, (seen, rest)
         assert f"moe-build: {word}; nothing half-written is left" in rest and "Traceback" not in rest

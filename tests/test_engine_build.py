@@ -17,6 +17,7 @@ import importlib.util
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 import types
@@ -295,23 +296,42 @@ def _interrupt(*args: Any, **kwargs: Any) -> Any:
 
 
 class CtrlCInTensorRT(LineProgress):
-    """Ctrl-C arriving while TensorRT optimizes the graph (in its progress-monitor callback)."""
+    """Ctrl-C arriving while TensorRT builds, where a Python handler would run next: inside one of the
+    progress monitor's callbacks (`at`), the first time TensorRT calls it."""
+
+    def __init__(self, at: str) -> None:
+        super().__init__("tiny", io.StringIO())
+        self.at, self.sent = at, False
+
+    def _send(self, where: str) -> None:
+        if where == self.at and not self.sent:
+            self.sent = True
+            os.kill(os.getpid(), signal.SIGINT)
+
+    def trt_phase_start(self, name: str, parent: str | None, steps: int) -> None:
+        self._send("phase_start")
 
     def trt_step(self, name: str, step: int) -> None:
-        if name == "Optimizing graph":
-            raise KeyboardInterrupt
+        self._send("step")
+
+    def trt_phase_finish(self, name: str) -> None:
+        self._send("phase_finish")
 
 
-@pytest.mark.parametrize("fail_at", ["parse", "export_interrupted", "trt_build_interrupted", "manifest_write",
+@pytest.mark.parametrize("fail_at", ["parse", "export_interrupted", "trt_phase_start_interrupted",
+                                     "trt_step_interrupted", "trt_phase_finish_interrupted", "manifest_write",
                                      "commit_interrupted"])
 def test_failed_or_interrupted_build_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                     fail_at: str) -> None:
     pytest.importorskip("tensorrt_rtx_bindings")
     spec = get_preset("tiny")
     expected: type[BaseException] = MoeBuildError
-    progress = CtrlCInTensorRT("tiny", io.StringIO()) if fail_at == "trt_build_interrupted" else None
-    if fail_at == "trt_build_interrupted":
-        expected = KeyboardInterrupt  # TensorRT cancels the build; the build re-raises the interrupt
+    progress = None
+    if fail_at.startswith("trt_"):
+        # a real SIGINT under Python's own handler: held while TensorRT builds (a KeyboardInterrupt raised in
+        # TensorRT's callback would fail the build as "Invalid Engine"), the build cancelled, then raised
+        progress = CtrlCInTensorRT(fail_at.removeprefix("trt_").removesuffix("_interrupted"))
+        expected = KeyboardInterrupt
     elif fail_at == "parse":
         monkeypatch.setattr(networks, "export_onnx", _fail_parse)
     elif fail_at == "export_interrupted":
@@ -338,6 +358,8 @@ def test_failed_or_interrupted_build_leaves_nothing(tmp_path: Path, monkeypatch:
         expected = KeyboardInterrupt
     with pytest.raises(expected) as exc:
         build_engine(spec, MoEWeights.random(spec), _tiny_plan(), _options(tmp_path), progress)
+    if progress is not None:
+        assert progress.sent, f"TensorRT never called the monitor's {progress.at}"
     if fail_at == "parse":
         assert exc.value.field == "build" and "ONNX" in str(exc.value) and len(str(exc.value).splitlines()) == 1
     assert list(tmp_path.iterdir()) == []
@@ -458,15 +480,20 @@ def test_progress_monitor_drives_rich_tasks() -> None:
     from rich.console import Console
 
     from moe_build.engine.backend import load_backend
+    from moe_build.engine.interrupts import HeldInterrupts
     from moe_build.engine.progress import RichProgress, make_monitor
     progress = RichProgress("tiny", Console(file=io.StringIO(), force_terminal=True))
     with progress:
         progress.begin("building engine (TensorRT)")
-        monitor = make_monitor(load_backend("tensorrt-rtx"), progress)
+        held = HeldInterrupts()
+        monitor = make_monitor(load_backend("tensorrt-rtx"), progress, held)
         monitor.phase_start("Building engine", None, 3)
         assert monitor.step_complete("Building engine", 1) is True
         phase, trt_phase = progress._progress.tasks
         assert trt_phase.total == 3 and trt_phase.completed == 2 and phase.total is None
+        held.pending = signal.SIGINT  # a held Ctrl-C: TensorRT is told to stop at its next step
+        assert monitor.step_complete("Building engine", 2) is False
+        held.pending = None
         monitor.phase_finish("Building engine")
         assert [t.description for t in progress._progress.tasks] == ["tiny: building engine (TensorRT)"]
     assert progress._progress.tasks[0].finished

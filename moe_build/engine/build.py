@@ -2,10 +2,13 @@
 
 The steps are Polygraphy-style loaders, composed lazily and run by the last one:
 
-    OOTB:   ExportOnnx -> BeginPhase("parsing") -> NetworkFromOnnxPath(strongly_typed)
+    OOTB:   ExportOnnx -> BeginPhase("parsing") -> HoldInterrupts -> NetworkFromOnnxPath(strongly_typed)
     plugin: CreateNetwork(strongly_typed) -> MoePluginNetwork (inputs, plugin layer, keep-alive)
-    both:   RecordNetwork -> EngineBytesFromNetwork(network, BeginPhase("building", TokenProfileConfig))
-            -> PublishEngine (manifest, then engine + manifest published as one unit: publish.py)
+    both:   RecordNetwork -> EngineBytesFromNetwork(network, HoldInterrupts(BeginPhase("building",
+            TokenProfileConfig))) -> ReleaseInterrupts -> PublishEngine (manifest, then engine + manifest
+            published as one unit: publish.py)
+
+Ctrl-C and SIGTERM are held while TensorRT parses and builds and raised once it returns (interrupts.py).
 
 `prepare_build` runs first, so every refusal that needs no weights comes before any work.
 Outputs: `<output_dir>/<name>.engine` and `<output_dir>/<name>.json`; a failed or interrupted
@@ -27,13 +30,13 @@ from polygraphy import util
 from polygraphy.backend.base import BaseLoader
 
 from .. import __version__
-from ..errors import MoeBuildError
 from ..graph.ootb import onnx_sha256, weights_sha256
 from ..outputs import make_folder, scratch_folder, sweep_stale_temps
 from ..planner import Plan
 from ..spec import MoESpec
 from ..weights import MoEWeights
 from .config import engine_config
+from .interrupts import HeldInterrupts, HoldInterrupts, ReleaseInterrupts
 from .manifest import make_manifest
 from .networks import ExportOnnx, MoePluginNetwork, NetworkLoader, NetworkRecord, RecordNetwork
 from .options import BuildOptions
@@ -68,13 +71,14 @@ class PublishEngine(BaseLoader):
 
 
 def _network(chain: Toolchain, spec: MoESpec, weights: MoEWeights, plan: Plan, onnx_file: Path | None,
-             progress: BuildProgress) -> NetworkLoader:
-    """The path's network loader (see the module docstring)."""
+             progress: BuildProgress, held: HeldInterrupts) -> NetworkLoader:
+    """The path's network loader (see the module docstring); signals are held from TensorRT's parsing on."""
     if onnx_file is None:
         return MoePluginNetwork(chain.loaders.CreateNetwork(strongly_typed=True), chain.backend.trt, spec, plan,
                                 weights, progress)
-    onnx = ExportOnnx(spec, weights, plan, onnx_file, chain.routing_input, progress)
-    return chain.loaders.NetworkFromOnnxPath(BeginPhase(progress, "parsing ONNX", onnx), strongly_typed=True)
+    onnx = HoldInterrupts(held, BeginPhase(progress, "parsing ONNX",
+                                           ExportOnnx(spec, weights, plan, onnx_file, chain.routing_input, progress)))
+    return chain.loaders.NetworkFromOnnxPath(onnx, strongly_typed=True)
 
 
 def _path_record(plan: Plan) -> dict[str, Any]:
@@ -94,7 +98,7 @@ def build_engine(spec: MoESpec, weights: MoEWeights, plan: Plan, options: BuildO
     was decided. `progress` is the caller's display (jobs.py shows weight loading in it too);
     without one the build makes its own from `options.progress`. Raises MoeBuildError (exit 2) for
     what cannot be built, an unwritable output folder or a builder failure, KeyboardInterrupt for
-    a Ctrl-C (also one that TensorRT turned into a cancelled build); on any of them no output
+    a Ctrl-C (also one that cancelled TensorRT's build: interrupts.py); on any of them no output
     file remains.
     """
     chain = prepare_build(spec, plan, options)
@@ -108,12 +112,7 @@ def build_engine(spec: MoESpec, weights: MoEWeights, plan: Plan, options: BuildO
     with contextlib.ExitStack() as stack:
         if progress is None:
             progress = stack.enter_context(make_build_progress(options.progress, name))
-        try:
-            return _run(chain, spec, weights, plan, options, name, folder, cache, progress)
-        except MoeBuildError:
-            if progress.interrupted:
-                raise KeyboardInterrupt from None
-            raise
+        return _run(chain, spec, weights, plan, options, name, folder, cache, progress)
 
 
 def _run(chain: Toolchain, spec: MoESpec, weights: MoEWeights, plan: Plan, options: BuildOptions, name: str,
@@ -123,11 +122,12 @@ def _run(chain: Toolchain, spec: MoESpec, weights: MoEWeights, plan: Plan, optio
     with polygraphy_errors("build"), contextlib.ExitStack() as stack:  # Polygraphy logs from its first loader
         scratch = stack.enter_context(scratch_folder(folder, ".onnx")) if plan.path == "ootb" else None
         onnx_file = None if scratch is None else scratch / f"{name}.onnx"
-        record = NetworkRecord()
-        network = RecordNetwork(_network(chain, spec, weights, plan, onnx_file, progress), record)
-        config = BeginPhase(progress, "building engine (TensorRT)", engine_config(chain, options, progress, cache))
-        engine = chain.loaders.EngineBytesFromNetwork(network, config,
-                                                      save_timing_cache=None if cache is None else str(cache))
+        record, held = NetworkRecord(), HeldInterrupts()
+        network = RecordNetwork(_network(chain, spec, weights, plan, onnx_file, progress, held), record)
+        config = HoldInterrupts(held, BeginPhase(progress, "building engine (TensorRT)",
+                                                 engine_config(chain, options, progress, held, cache)))
+        engine = ReleaseInterrupts(held, chain.loaders.EngineBytesFromNetwork(
+            network, config, save_timing_cache=None if cache is None else str(cache)))
 
         def manifest_for(data: bytes) -> dict[str, Any]:
             cc = chain.compute_capability

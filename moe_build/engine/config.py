@@ -16,9 +16,10 @@ from typing import Any
 from polygraphy.backend.base import BaseLoader
 
 from ..target import TokenProfile
+from .interrupts import HeldInterrupts
 from .options import BuildOptions
 from .preflight import Toolchain
-from .progress import BuildProgress
+from .progress import BuildProgress, make_monitor
 
 
 class TokenProfileConfig(BaseLoader):
@@ -39,9 +40,10 @@ class TokenProfileConfig(BaseLoader):
         return self._create_config(profiles=[profile], **self._kwargs)(builder, network)
 
 
-def engine_config(chain: Toolchain, options: BuildOptions, progress: BuildProgress,
+def engine_config(chain: Toolchain, options: BuildOptions, progress: BuildProgress, held: HeldInterrupts,
                   timing_cache: Path | None) -> TokenProfileConfig:
-    """The config loader for one build; `timing_cache` is the build's (None where the flavour has none)."""
+    """The config loader for one build; `timing_cache` is the build's (None where the flavour has none),
+    `held` the signals its progress monitor cancels the build for."""
     backend = chain.backend
     kwargs: dict[str, Any] = {"builder_optimization_level": options.optimization_level}
     if options.workspace_bytes is not None:
@@ -50,7 +52,6 @@ def engine_config(chain: Toolchain, options: BuildOptions, progress: BuildProgre
         kwargs["load_timing_cache"] = str(timing_cache)
     if chain.compute_capability is not None:
         kwargs["compute_capabilities"] = [chain.compute_capability]
-    monitor = progress.monitor(backend)
-    if monitor is not None:
-        kwargs["progress_monitor"] = monitor
+    if backend.has_progress_monitor:
+        kwargs["progress_monitor"] = make_monitor(backend, progress, held)
     return TokenProfileConfig(chain.loaders, chain.create_config, chain.target.profile, **kwargs)

@@ -18,6 +18,7 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColum
                            TimeElapsedColumn)
 
 from .backend import Backend
+from .interrupts import HeldInterrupts
 
 TRT_LINE_DEPTH = 1  # TensorRT phases this deep (0: top level) get a line of their own off a terminal
 
@@ -26,7 +27,6 @@ class BuildProgress:
     """Shows nothing: the display when progress is off, and the interface of the two others."""
 
     displays = False
-    interrupted = False  # set when Ctrl-C arrived in TensorRT's monitor callback, which then cancels the build
 
     def __enter__(self) -> "BuildProgress":
         return self
@@ -48,12 +48,6 @@ class BuildProgress:
 
     def trt_phase_finish(self, name: str) -> None:
         """TensorRT finished phase `name`."""
-
-    def monitor(self, backend: Backend) -> Any:
-        """An IProgressMonitor feeding this display, or None (no display, or no monitor API)."""
-        if not self.displays or not backend.has_progress_monitor:
-            return None
-        return make_monitor(backend, self)
 
 
 class LineProgress(BuildProgress):
@@ -134,10 +128,11 @@ def make_build_progress(enabled: bool, label: str) -> BuildProgress:
     return RichProgress(label, console) if console.is_terminal else LineProgress(label, console.file)
 
 
-def make_monitor(backend: Backend, progress: BuildProgress) -> Any:
+def make_monitor(backend: Backend, progress: BuildProgress, held: HeldInterrupts) -> Any:
     """An IProgressMonitor of `backend`'s module (the base class is per module, so the subclass is
-    made per backend) that reports TensorRT's builder phases to `progress`. A Ctrl-C that lands in
-    it cancels the build (TensorRT's way) and is noted in `progress.interrupted` for the caller."""
+    made per backend) that reports TensorRT's builder phases to `progress` and cancels the build
+    (TensorRT's way: a step that returns False) once a held signal is pending. It is made with the
+    display off too: cancelling is what lets Ctrl-C stop a long build before it ends."""
     base = backend.trt.IProgressMonitor
 
     class PhaseMonitor(base):  # type: ignore[misc, valid-type]
@@ -148,12 +143,8 @@ def make_monitor(backend: Backend, progress: BuildProgress) -> Any:
             progress.trt_phase_start(phase_name, parent_phase, num_steps)
 
         def step_complete(self, phase_name: str, step: int) -> bool:
-            try:
-                progress.trt_step(phase_name, step)
-            except KeyboardInterrupt:
-                progress.interrupted = True
-                return False
-            return True
+            progress.trt_step(phase_name, step)
+            return held.pending is None
 
         def phase_finish(self, phase_name: str) -> None:
             progress.trt_phase_finish(phase_name)
