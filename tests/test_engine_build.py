@@ -322,14 +322,17 @@ class CtrlCInTensorRT(LineProgress):
                                      "trt_step_interrupted", "trt_phase_finish_interrupted", "manifest_write",
                                      "commit_interrupted"])
 def test_failed_or_interrupted_build_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                    fail_at: str) -> None:
+                                                    request: pytest.FixtureRequest, fail_at: str) -> None:
     pytest.importorskip("tensorrt_rtx_bindings")
     spec = get_preset("tiny")
     expected: type[BaseException] = MoeBuildError
     progress = None
     if fail_at.startswith("trt_"):
-        # a real SIGINT under Python's own handler: held while TensorRT builds (a KeyboardInterrupt raised in
+        # a real SIGINT under Python's own handler (set here: pytest started in the background by a
+        # non-interactive shell has SIGINT ignored): held while TensorRT builds (a KeyboardInterrupt raised in
         # TensorRT's callback would fail the build as "Invalid Engine"), the build cancelled, then raised
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+        request.addfinalizer(lambda: signal.signal(signal.SIGINT, previous))
         progress = CtrlCInTensorRT(fail_at.removeprefix("trt_").removesuffix("_interrupted"))
         expected = KeyboardInterrupt
     elif fail_at == "parse":
@@ -363,6 +366,19 @@ def test_failed_or_interrupted_build_leaves_nothing(tmp_path: Path, monkeypatch:
     if fail_at == "parse":
         assert exc.value.field == "build" and "ONNX" in str(exc.value) and len(str(exc.value).splitlines()) == 1
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_ignored_sigint_does_not_cancel_the_build(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """A build in a job whose SIGINT is ignored (started in the background by a non-interactive shell) is not
+    cancelled by one: the signal stays ignored while TensorRT builds, and the engine is published."""
+    pytest.importorskip("tensorrt_rtx_bindings")
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    request.addfinalizer(lambda: signal.signal(signal.SIGINT, previous))
+    progress = CtrlCInTensorRT("step")
+    result = build_engine(get_preset("tiny"), MoEWeights.random(get_preset("tiny")), _tiny_plan(),
+                          _options(tmp_path), progress)
+    assert progress.sent and result.engine_path.is_file() and result.manifest_path.is_file()
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
 
 
 def test_rebuild_replaces_the_pair(tiny_build: tuple[BuildResult, MoEWeights], tmp_path: Path) -> None:

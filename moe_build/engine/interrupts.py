@@ -30,12 +30,13 @@ class HeldInterrupts:
 
     def hold(self) -> None:
         """Note SIGINT and SIGTERM instead of raising them (again: no-op). Handlers can be replaced only
-        on the main thread and only where Python installed them; elsewhere the signal stays as it was."""
+        on the main thread and only where Python installed them, and an ignored signal (SIGINT in a job a
+        non-interactive shell started in the background) stays ignored: it must not cancel the build."""
         if self._saved or threading.current_thread() is not threading.main_thread():
             return
         for sig in HELD_SIGNALS:
             handler = signal.getsignal(sig)
-            if handler is not None:
+            if handler is not None and handler is not signal.SIG_IGN:
                 self._saved[sig] = handler
                 signal.signal(sig, self._note)
 
