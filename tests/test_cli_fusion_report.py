@@ -162,6 +162,25 @@ def test_failed_gates_of_other_choices_are_marked():
     assert "| fused | separate |" in row and "finalize_tactic_rows=" in row and "other choices" not in row
 
 
+def test_table_puts_each_failed_gate_on_its_own_line():
+    """In the table two gates never share a line of the gates column, however wide the console."""
+    import io
+
+    from rich.console import Console
+
+    from moe_build.planner import make_plan
+    from moe_build.planner.report import render_table
+    from moe_build.spec.presets import get_preset
+    from moe_build.target import Flavour, Target
+    out = io.StringIO()
+    render_table(make_plan(get_preset("mixtral-8x7b"), Target(sm=90, flavour=Flavour.TENSORRT)),
+                 Console(file=out, width=250))
+    lines = out.getvalue().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("│ FC1 activation"))
+    cells = [line.split("│")[5].strip() for line in lines[start:start + 3]]
+    assert cells == ["other choices:", "fc1_non_gated=swiglu", "fc1_not_tma_ws=tma_warp_specialized"], cells
+
+
 def test_sweep_covers_the_matrix():
     undtyped = [f for f in MIXTRAL_FLAGS if f not in ("--dtype", "bf16")]
     r = run(*undtyped, "--flavour", "tensorrt", "--sweep", "--json")

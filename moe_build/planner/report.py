@@ -55,15 +55,17 @@ def report_dict(plan: Plan) -> dict[str, Any]:
             "path_gates": d["path_gates"], "stages": d["stages"]}
 
 
-def _gate_text(d: StageDecision) -> str:
-    """The stage's failed gates. A fused choice the planner made itself (not forced) had every gate
-    of its own hold, so any that failed belong to the other choices of the stage (FC1's SM80 kernel
-    when the TMA WS gated epilogue was chosen): they are marked as such, not shown as the choice's."""
+def _gate_text(d: StageDecision, sep: str = ", ") -> str:
+    """The stage's failed gates, `sep` between them (the table puts each on its own line: run together,
+    a folded column reads as other gates). A fused choice the planner made itself
+    (not forced) had every gate of its own hold, so any that failed belong to the other choices of the
+    stage (FC1's SM80 kernel when the TMA WS gated epilogue was chosen): they are marked as such, not
+    shown as the choice's."""
     failed = d.failed_gates()
     if not failed:
         return "all gates hold"
-    text = ", ".join(f"{g.name}={g.value}" for g in failed)
-    return f"other choices: {text}" if d.fused and not d.forced else text
+    text = sep.join(f"{g.name}={g.value}" for g in failed)
+    return f"other choices:{sep if sep == chr(10) else ' '}{text}" if d.fused and not d.forced else text
 
 
 def _ep_text(spec: dict) -> str:
@@ -91,7 +93,7 @@ def render_table(plan: Plan, console: Console) -> None:
     for d in plan.stages:
         style = "green" if d.fused else ("yellow" if d.failed_gates() else "")
         table.add_row(STAGE_TITLES.get(d.stage, d.stage), f"[{style}]{d.choice}[/{style}]" if style else d.choice,
-                      d.fallback, escape(_bands_text(d, "\n")), escape(_gate_text(d)),
+                      d.fallback, escape(_bands_text(d, "\n")), escape(_gate_text(d, "\n")),
                       escape(d.summary + (" [forced]" if d.forced else "")))
     console.print(table)
 
