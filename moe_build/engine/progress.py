@@ -26,8 +26,6 @@ TRT_LINE_DEPTH = 1  # TensorRT phases this deep (0: top level) get a line of the
 class BuildProgress:
     """Shows nothing: the display when progress is off, and the interface of the two others."""
 
-    displays = False
-
     def __enter__(self) -> "BuildProgress":
         return self
 
@@ -53,8 +51,6 @@ class BuildProgress:
 class LineProgress(BuildProgress):
     """One line per phase on a stream that is not a terminal (pipes, CI logs)."""
 
-    displays = True
-
     def __init__(self, label: str, stream: IO[str]):
         self._label, self._stream = label, stream
         self._depth: dict[str, int] = {}
@@ -73,8 +69,6 @@ class LineProgress(BuildProgress):
 
 class RichProgress(BuildProgress):
     """A rich task list on a terminal: our phases with their times, TensorRT's phases as bars."""
-
-    displays = True
 
     def __init__(self, label: str, console: Console):
         self._label = label
