@@ -4,7 +4,7 @@ Per kernel name: calls and device time per replay, beside the replay's time from
 latency and idle time between kernels). The evidence for which non-GEMM step of a layer to fuse or speed up next.
 
     MOE_BUILD_KERNELS_LIB=.../libmoe_build_kernels.so python bench/layer_steps_probe.py [out.json]
-    (LAYER_STEPS_SHAPES / LAYER_STEPS_TOKENS / LAYER_STEPS_QUANTS: comma-separated overrides)
+    (LAYER_STEPS_SHAPES / LAYER_STEPS_TOKENS / LAYER_STEPS_QUANTS: comma-separated overrides; the FP8 ones as `moe-build bench --quant` names them)
 """
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import os
 import torch
 from graph_kernel_times import kernel_times, print_kernel_times, write_results
 
+from moe_build.bench.fp8_layer import MODES
 from moe_build.bench.woq_layer import device_woq_weights, woq_bench_spec
 from moe_build.bench.workload import bench_spec, device_fp8_weights, device_weights, fp8_bench_spec, make_inputs
 from moe_build.runner import MoERunner
@@ -56,8 +57,8 @@ def main() -> None:
             if quant == "bf16":
                 spec = bench_spec(name)
                 w = device_weights(spec, seed=1)
-            elif quant in ("fp8", "fp8_block"):
-                spec = fp8_bench_spec(name, Quant(quant))
+            elif quant in MODES:  # fp8, fp8_static, fp8_block
+                spec = fp8_bench_spec(name, MODES[quant].quant, MODES[quant].act_scale)
                 w = device_fp8_weights(spec, seed=1)
             else:  # a weight-only quant (w4a16_awq, w8a16, wfp4a16, w4afp8)
                 spec = woq_bench_spec(name, Quant(quant))

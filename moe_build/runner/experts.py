@@ -240,9 +240,11 @@ class FusedExperts:
     def quantize_fc2_input(self, b: Batch) -> None:
         """GEMM2's FP8 input from the 16-bit activation (the activation kernel's or GEMM1's gated epilogue's): the
         activation kernel with the identity activation and no bias, which writes the very bytes mb_quantize_fp8
-        writes (cpp/src/stages/fc1_activation.cu) but through its staged form, rows copied into a shared-memory ring
+        writes (cpp/src/stages/fc1_activation.cu) but through its faster forms: a warp per row where there is a row
+        for every warp the GPU holds and a row is at most 4096 columns, else rows copied into a shared-memory ring
         ahead of the row being quantized, where mb_quantize_fp8 holds a row per block in registers and leaves an SM
-        with few loads in flight (docs/performance.md, "The gated epilogue on the FP8 GEMM1")."""
+        with few loads in flight (docs/performance.md, "The gated epilogue on the FP8 GEMM1", "The FP8 quantize
+        step a warp per row")."""
         self.k.fc1_activation_fp8(b.v("fc1_act"), b.v("expert_offsets"), "identity", static_scale=self.a2_scale,
                                   group=self.fp8_group, out=b.v("fc2_input"), out_scales=b.v("fc2_input_scales"),
                                   stream=b.stream)

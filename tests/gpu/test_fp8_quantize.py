@@ -319,8 +319,9 @@ def random_offsets(e: int, filled: int) -> torch.Tensor:
 
 
 # (inter, bias): a partial last group at a GPT-OSS width, the element path (100 columns), the
-# Qwen3-30B-A3B width, a multiple of 8 with a group of 8 columns at the end.
-FC1_SHAPES = [(2880, True), (100, True), (768, False), (4104, False)]
+# Qwen3-30B-A3B width, DeepSeek-V2-Lite's, a gated row of 4096 columns (three ring stages of exactly 48 KB), a
+# multiple of 8 with a group of 8 columns at the end.
+FC1_SHAPES = [(2880, True), (100, True), (768, False), (1408, True), (4096, False), (4104, False)]
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -389,6 +390,35 @@ def test_fc1_activation_fp8_staged_ring(inter: int, mode: str) -> None:
     x = (torch.randn(rows, 2 * inter, device="cuda") * 3).to(torch.bfloat16)
     b = (torch.randn(e, 2 * inter, device="cuda") * 0.5).to(torch.bfloat16)
     check_swiglu_fp8(x, off, b, mode, filled, f"inter {inter} {mode}")
+
+
+UNGATED = [a for a in K.Activation if not a.is_gated]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("act", UNGATED, ids=lambda a: a.name.lower())
+def test_fc1_activation_fp8_warp_rows(act: K.Activation, dtype: torch.dtype, mode: str) -> None:
+    """Ungated rows up to 4096 columns, as many as the warp-per-row kernel takes (a row for every warp the GPU holds,
+    and more, so each warp quantizes several rows in turn), at its three register widths (768: 4 units a lane, 1408:
+    8, 2880 and 4096: 16), with and without bias; the identity without a bias is the quantize step after GEMM1's
+    gated epilogue. Equals quantize_rows(fc1_activation(...)) bit for bit; rows past off[E] untouched."""
+    e, rows = 32, 20000
+    filled = rows - 129
+    for inter, with_bias in [(768, False), (1408, True), (2880, True), (4096, False), (2880, False)]:
+        off = random_offsets(e, filled)
+        x = (torch.randn(rows, inter, device="cuda") * 3).to(dtype)
+        x[5::31] *= 8.0
+        b = (torch.randn(e, inter, device="cuda") * 0.5).to(dtype) if with_bias else None
+        q, s = poisoned_fp8(rows, inter), poisoned_scales(*scale_shape(rows, inter, mode))
+        ops.fc1_activation_fp8(x, off, act, b, static_scale=static_scale(mode), group=group_of(mode), out=q,
+                               out_scales=s)
+        h = K.fc1_activation(x, off, act, b)
+        torch.cuda.synchronize()
+        what = f"{act.name.lower()} inter={inter} bias={with_bias} {dtype} {mode}"
+        check_quantized(q[:filled], s[:filled], h[:filled], mode, what)
+        assert (q[filled:].view(torch.uint8) == 0xFF).all(), f"{what}: rows past off[E] were written"
+        assert s[filled:].isnan().all(), f"{what}: scales of rows past off[E] were written"
 
 
 def test_fc1_activation_fp8_past_grid_cap() -> None:

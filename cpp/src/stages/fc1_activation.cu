@@ -23,8 +23,11 @@
 // activates and quantizes, so that an SM always has loads in flight. The block-per-row kernel holds its row in
 // registers (117 a thread: one 448-thread block per SM at Mixtral-8x7B's width), so each SM alternated between
 // waiting on its loads and computing with none in flight: 355 us for Mixtral-8x7B's 8192 rows x 14336 columns on an
-// H200, whose bytes take about 140 (bench/layer_steps_probe.py). Both compute each unit with activated_unit() and
-// quantize it with fp8_quantize.cuh's functions, so they write the same bytes.
+// H200, whose bytes take about 140 (bench/layer_steps_probe.py). Ungated rows up to 4096 columns without a pre-quant
+// scale (the quantize step after GEMM1's gated epilogue) take a warp per row instead where there is a row for every
+// warp the GPU holds, with no barrier at all and fewer instructions an element (fc1_activation_fp8_warp_kernel).
+// All three write the same bytes: activated_unit()'s values (the identity's without a bias are the row's own)
+// quantized by fp8_quantize.cuh's rule.
 #include "common/act_math.cuh"
 #include "common/common.cuh"
 #include "common/fp8_quantize.cuh"
@@ -325,6 +328,143 @@ fc1_activation_fp8_staged_kernel(const T* __restrict__ in, const T* __restrict__
   stage_wait<0>();
 }
 
+// Ungated rows of at most kWarpRowMaxPerLane * 32 units (4096 columns) without a pre-quant scale: the quantize step
+// after GEMM1's gated epilogue (which calls this with the identity activation and no bias) at every bench layer's
+// width but Mixtral-8x7B's. A warp per row, its units in the lanes' registers (unit lane + 32 i in lane `lane`), the
+// row's amax (or each 128-column group's: 16 lanes) by shuffles, then its quantized units stored: no shared memory
+// and no block barrier, and an SM holds as many rows in flight as it holds warps. The step is bound by its
+// instructions, not its bytes (the staged kernel's 59.7 us for GPT-OSS-20B's 16384 rows of 2880 columns at 4096 tokens
+// on an H200 is 2.4 TB/s; this kernel with the staged kernel's per-element math took as long), so each element costs
+// what the bytes need and no more: the identity without a bias is no work (activated_unit() would return the unit's
+// own bits); a unit's amax is taken on its packed 16-bit values (|x| and max are exact in T, two elements an
+// instruction); and the reciprocal of the scale is taken once a row (a group), where quantize_unit takes it every
+// unit. The bytes are quantize_unit's: quantize_pair() of each element's fp32 value (times no pre-quant scale).
+constexpr int kWarpRowThreads = 256;
+constexpr int kWarpRowMaxPerLane = 16;
+
+// The largest |x| of a unit's eight packed T values (finite: fp8_quantize.cuh's contract), as fp32.
+template <typename T>
+__device__ __forceinline__ float unit_amax_packed(uint4 x) {
+  using T2 = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
+  auto pair = [](uint32_t w) {
+    T2 v;
+    memcpy(&v, &w, sizeof(v));
+    return __habs2(v);
+  };
+  const T2 m = __hmax2(__hmax2(pair(x.x), pair(x.y)), __hmax2(pair(x.z), pair(x.w)));
+  return fmaxf(mb::to_f32(m.x), mb::to_f32(m.y));
+}
+
+// A unit's e4m3 bytes by scale s (y = 1 / s): quantize_unit's bytes without a pre-quant scale.
+template <typename T>
+__device__ __forceinline__ fp8::Bytes quantize_unit_by(uint4 x, float s, float y) {
+  uint32_t w[2] = {0u, 0u};
+#pragma unroll
+  for (int k = 0; k < fp8::kVec; k += 2) {
+    const uint32_t pair = fp8::quantize_pair(make_float2(mb::raw_f32<T>(x, k), mb::raw_f32<T>(x, k + 1)), s, y);
+    w[k / 4] |= pair << (8 * (k % 4));
+  }
+  return fp8::Bytes{w[0], w[1]};
+}
+
+template <typename T, int ACT, int kPerLane>
+__global__ void __launch_bounds__(kWarpRowThreads)
+fc1_activation_fp8_warp_kernel(const T* __restrict__ in, const T* __restrict__ b1, const int64_t* __restrict__ off,
+                               int E, int64_t max_rows, int inter, float alpha, float limit, fp8::Mode mode,
+                               const float* __restrict__ static_scale, int64_t scale_cols, uint8_t* __restrict__ out,
+                               float* __restrict__ out_scales) {
+  static_assert(!mb::is_gated(ACT), "a gated row is twice the units: the staged kernel's");
+  const int lane = threadIdx.x % 32;
+  const int64_t units = inter / fp8::kVec;
+  const int64_t filled = __ldg(off + E);
+  const int64_t rows = filled < max_rows ? filled : max_rows;  // rows past off[E]: other nodes' experts
+  const float static_s = mode == fp8::kStatic ? *static_scale : 0.0f;
+  const float static_y = mode == fp8::kStatic ? __frcp_rn(static_s) : 0.0f;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (kWarpRowThreads / 32);
+  for (int64_t p = static_cast<int64_t>(blockIdx.x) * (kWarpRowThreads / 32) + threadIdx.x / 32; p < rows;
+       p += warps) {
+    const uint4* src = reinterpret_cast<const uint4*>(in + p * inter);
+    uint4 x[kPerLane];
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int64_t u = lane + 32 * i;
+      x[i] = u < units ? __ldcs(src + u) : uint4{0u, 0u, 0u, 0u};  // read once: streamed past L1
+    }
+    const T* bias = b1 ? b1 + warp_expert_of(off, E, p) * static_cast<int64_t>(inter) : nullptr;
+    uint8_t* dst = out + p * inter;
+    float* scales = out_scales + p * scale_cols;
+    float amax = 0.0f;
+    // i < kPerLane and 32 * i < units are the warp's bounds, so every lane takes part in the group shuffles.
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      if (32 * i >= units) break;
+      const int64_t u = lane + 32 * i;
+      if ((ACT != MB_ACT_IDENTITY || bias) && u < units)
+        x[i] = activated_unit<T, ACT>(x[i], uint4{0u, 0u, 0u, 0u}, bias, u, inter, true, alpha, limit);
+      if (mode == fp8::kPerRow) {
+        amax = fmaxf(amax, unit_amax_packed<T>(x[i]));  // zeros past the row
+      } else if (mode == fp8::kPerGroup) {
+        float g = unit_amax_packed<T>(x[i]);
+#pragma unroll
+        for (int o = fp8::kGroupLanes / 2; o > 0; o /= 2) g = fmaxf(g, __shfl_xor_sync(0xffffffffu, g, o));
+        const float s = fp8::dynamic_scale(g);
+        if (u < units) {
+          if (u % fp8::kGroupLanes == 0) scales[u / fp8::kGroupLanes] = s;
+          fp8::store_unit(dst, u, inter, true, quantize_unit_by<T>(x[i], s, __frcp_rn(s)));
+        }
+      } else if (u < units) {
+        fp8::store_unit(dst, u, inter, true, quantize_unit_by<T>(x[i], static_s, static_y));
+      }
+    }
+    if (mode == fp8::kStatic && lane == 0) scales[0] = static_s;
+    if (mode != fp8::kPerRow) continue;
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float s = fp8::dynamic_scale(amax), y = __frcp_rn(s);
+    if (lane == 0) scales[0] = s;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int64_t u = lane + 32 * i;
+      if (u < units) fp8::store_unit(dst, u, inter, true, quantize_unit_by<T>(x[i], s, y));
+    }
+  }
+}
+
+// Launches the warp-per-row kernel for ungated rows of at most kWarpRowMaxPerLane * 32 whole units without a pre-quant
+// scale (the fewest registers a lane that hold them: 4, 8 or 16 units), a persistent grid of what fits on the GPU at
+// once, where the call's rows give each warp the GPU holds at once a row at least; false where it does not take them.
+// Fewer rows leave warps idle while each walks its whole row alone, where the staged kernel spreads a row over three
+// warps or more: GPT-OSS-20B at 256 tokens (1024 rows of 2880 columns, 8 warps an SM) took 10.0 us on this kernel
+// against the staged kernel's 5.7 (H200, bench/layer_steps_probe.py).
+template <typename T, int ACT>
+mb_status launch_warp_rows(const T* in, const T* b1, const int64_t* off, int E, int64_t max_rows, int inter,
+                           float alpha, float limit, const float* prequant_scale, fp8::Mode mode,
+                           const float* static_scale, int64_t scale_cols, uint8_t* out, float* out_scales,
+                           cudaStream_t stream, bool* launched) {
+  *launched = false;
+  const int64_t per_lane = (inter / fp8::kVec + 31) / 32;
+  if constexpr (mb::is_gated(ACT)) {
+    return MB_OK;
+  } else {
+    if (prequant_scale != nullptr || per_lane > kWarpRowMaxPerLane) return MB_OK;
+    auto go = [&](auto kernel) -> mb_status {
+      int per_sm = 0;
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarpRowThreads, 0) != cudaSuccess ||
+          per_sm < 1)
+        per_sm = 1;
+      const int64_t resident = static_cast<int64_t>(per_sm) * mb::device_attribute(cudaDevAttrMultiProcessorCount);
+      if (max_rows < resident * (kWarpRowThreads / 32)) return MB_OK;
+      kernel<<<static_cast<unsigned>(resident), kWarpRowThreads, 0, stream>>>(in, b1, off, E, max_rows, inter, alpha, limit, mode, static_scale,
+                                                   scale_cols, out, out_scales);
+      *launched = true;
+      return mb::check_launch("fc1_activation_fp8_warp_kernel");
+    };
+    if (per_lane <= 4) return go(fc1_activation_fp8_warp_kernel<T, ACT, 4>);
+    if (per_lane <= 8) return go(fc1_activation_fp8_warp_kernel<T, ACT, 8>);
+    return go(fc1_activation_fp8_warp_kernel<T, ACT, kWarpRowMaxPerLane>);
+  }
+}
+
 // Launches the staged kernel where a ring of at least two rows fits in a block's shared memory (three where they
 // fit); false where none does (rows wider than about 28K gated columns), for the block-per-row kernel to run.
 template <typename T, int ACT>
@@ -333,13 +473,15 @@ mb_status launch_staged(const T* in, const T* b1, const int64_t* off, int E, int
                         int64_t scale_cols, uint8_t* out, float* out_scales, cudaStream_t stream, bool* launched) {
   const int64_t units = inter / fp8::kVec;
   const size_t stage_bytes = static_cast<size_t>(mb::is_gated(ACT) ? 2 * units : units) * 16;
-  const size_t limit_bytes = static_cast<size_t>(mb::device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)) -
-                             32 * sizeof(float);  // fp8::block_max's static array
+  constexpr size_t kStaticBytes = 32 * sizeof(float);  // fp8::block_max's static array
+  const size_t limit_bytes =
+      static_cast<size_t>(mb::device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)) - kStaticBytes;
   const size_t sm_bytes = static_cast<size_t>(mb::device_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor));
   auto go = [&](auto kernel, int stages) -> mb_status {
     const size_t smem = stages * stage_bytes;
     const int threads = staged_threads(units, 2 * smem > sm_bytes);
-    if (smem > 48 * 1024) {
+    // past the 48 KB a block gets by default with its static array (a gated row of 4096 columns: 3 x 16 KB)
+    if (smem + kStaticBytes > 48 * 1024) {
       const cudaError_t err =
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
       if (err != cudaSuccess)
@@ -448,7 +590,12 @@ extern "C" mb_status mb_fc1_activation_fp8(const void* in, int dtype, const void
       constexpr int ACT = decltype(act_const)::value;
       if (whole) {
         bool launched = false;
-        const mb_status st = launch_staged<T, ACT>(
+        mb_status st = launch_warp_rows<T, ACT>(
+            static_cast<const T*>(in), static_cast<const T*>(b1), expert_first_token_offset, num_experts, max_rows,
+            inter, swiglu_alpha, swiglu_limit, prequant_scale, mode, static_scale, scale_cols, out, out_scales, stream,
+            &launched);
+        if (st != MB_OK || launched) return st;
+        st = launch_staged<T, ACT>(
             static_cast<const T*>(in), static_cast<const T*>(b1), expert_first_token_offset, num_experts, max_rows,
             inter, swiglu_alpha, swiglu_limit, prequant_scale, mode, static_scale, scale_cols, out, out_scales, stream,
             &launched);
