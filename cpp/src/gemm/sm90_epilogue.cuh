@@ -200,23 +200,34 @@ class MoeEpilogue {
     const int64_t row0 = params_.offsets[l_coord];
     const T* bias = params_.bias ? params_.bias + (int64_t)l_coord * N : nullptr;
     const float* col_scale = kFp8Rowwise ? params_.col_scale + (int64_t)l_coord * N : nullptr;
+    // kFp8Rowwise: the column scales of every column pair of the thread, read once per tile (the slabs share their
+    // columns) and all at once, before the first store or atomic: read group by group, each group's loads waited
+    // for in front of its stores, they made the epilogue of a short-K GEMM (Qwen3-30B-A3B's FP8 GEMM2, K 768) a chain
+    // of L2 round trips longer than the other warpgroup's mainloop (docs/performance.md, "The FP8 epilogue's column
+    // scales read once a tile").
+    float2 cs[kColGroups<decltype(size<0>(acc))::value>];
+    col_scales(Frag{get<0>(tc(_0{}, _0{}, _0{})), get<1>(tc(_0{}, _0{}, _0{})), M, N, row0}, col_scale, cs);
     // The slab index a compile-time constant, so that every accumulator stays a register.
     for_each(make_int_sequence<kSlabs>{}, [&](auto slab) {
       Tensor a = acc(_, slab, _0{});
       const Frag f{get<0>(tc(_0{}, slab, _0{})), get<1>(tc(_0{}, slab, _0{})), M, N, row0};
       // One branch per tile, not per element, for the bias and the activation.
       if constexpr (kEpi == EPI_FINALIZE) {
-        bias ? finalize_tile<true>(a, f, bias, col_scale) : finalize_tile<false>(a, f, bias, col_scale);
+        bias ? finalize_tile<true>(a, f, bias, cs) : finalize_tile<false>(a, f, bias, cs);
       } else if constexpr (kEpi == EPI_GATED || kEpi == EPI_GATED_E4M3) {
         static_assert(kEpi == EPI_GATED || kFp8Rowwise, "the e4m3 gated epilogue is the FP8 GEMM1's");
-        gated_act<kEpi == EPI_GATED_E4M3>(a, f, bias, col_scale);
+        gated_act<kEpi == EPI_GATED_E4M3>(a, f, bias, cs);
       } else {
-        bias ? store_tile<true>(a, f, bias, col_scale) : store_tile<false>(a, f, bias, col_scale);
+        bias ? store_tile<true>(a, f, bias, cs) : store_tile<false>(a, f, bias, cs);
       }
     });
   }
 
  private:
+  // A slab's 8-column groups j (a column pair each) for a thread's fragment of kValues values a slab.
+  template <int kValues>
+  static constexpr int kColGroups = kValues / 4;
+
   // A thread's place in the tile: its first element (m0, n0), the group's M x N and first permuted row.
   struct Frag {
     int m0, n0, M, N;
@@ -228,15 +239,15 @@ class MoeEpilogue {
   };
 
   // The gated tile of the call's activation, with or without the bias (one branch per tile).
-  template <bool kQuantized, class Acc>
-  CUTLASS_DEVICE void gated_act(Acc const& acc, Frag const& f, const T* bias, const float* col_scale) {
+  template <bool kQuantized, class Acc, int kGroups>
+  CUTLASS_DEVICE void gated_act(Acc const& acc, Frag const& f, const T* bias, const float2 (&cs)[kGroups]) {
     switch (params_.activation) {
-      case MB_ACT_GEGLU: return bias ? gated_tile<MB_ACT_GEGLU, true, kQuantized>(acc, f, bias, col_scale)
-                                     : gated_tile<MB_ACT_GEGLU, false, kQuantized>(acc, f, bias, col_scale);
-      case MB_ACT_SWIGLU_CLAMP: return bias ? gated_tile<MB_ACT_SWIGLU_CLAMP, true, kQuantized>(acc, f, bias, col_scale)
-                                            : gated_tile<MB_ACT_SWIGLU_CLAMP, false, kQuantized>(acc, f, bias, col_scale);
-      default: return bias ? gated_tile<MB_ACT_SWIGLU, true, kQuantized>(acc, f, bias, col_scale)
-                           : gated_tile<MB_ACT_SWIGLU, false, kQuantized>(acc, f, bias, col_scale);
+      case MB_ACT_GEGLU: return bias ? gated_tile<MB_ACT_GEGLU, true, kQuantized>(acc, f, bias, cs)
+                                     : gated_tile<MB_ACT_GEGLU, false, kQuantized>(acc, f, bias, cs);
+      case MB_ACT_SWIGLU_CLAMP: return bias ? gated_tile<MB_ACT_SWIGLU_CLAMP, true, kQuantized>(acc, f, bias, cs)
+                                            : gated_tile<MB_ACT_SWIGLU_CLAMP, false, kQuantized>(acc, f, bias, cs);
+      default: return bias ? gated_tile<MB_ACT_SWIGLU, true, kQuantized>(acc, f, bias, cs)
+                           : gated_tile<MB_ACT_SWIGLU, false, kQuantized>(acc, f, bias, cs);
     }
   }
 
@@ -245,27 +256,29 @@ class MoeEpilogue {
   CUTLASS_DEVICE static float2 biased(float2 v, const T* bias, Frag const& f, int j) {
     const int n = f.n0 + 8 * j;
     if (kBias && f.col_in(j)) {
-      const float2 b = Pair<T>::to_float2(*reinterpret_cast<const typename Pair<T>::type*>(bias + n));
+      const uint32_t bits = __ldg(reinterpret_cast<const unsigned int*>(bias + n));
+      const float2 b = Pair<T>::to_float2(*reinterpret_cast<const typename Pair<T>::type*>(&bits));
       v.x += b.x;
       v.y += b.y;
     }
     return v;
   }
 
-  // kFp8Rowwise: the row scales of a thread's two rows and the column scales of the four column pairs of
-  // groups 4g..4g+3, which serve both rows; read once per tile (rows) and once per group block (columns),
-  // and only in range (1 elsewhere, and for the 16-bit GEMMs, which read none).
+  // kFp8Rowwise: the row scales of a thread's two rows (once per slab) and the column scales of its column pair
+  // in every 8-column group j, which serve every row (once per tile), only in range (1 elsewhere, and for the
+  // 16-bit GEMMs, which read none). The epilogue's inputs (scales, bias, weights, maps) are read through the
+  // read-only path: nothing in the kernel writes them, so their loads need not wait behind its stores.
   CUTLASS_DEVICE void row_scales(Frag const& f, float (&rs)[2]) const {
     CUTLASS_PRAGMA_UNROLL
-    for (int h = 0; h < 2; ++h) rs[h] = kFp8Rowwise && f.row_in(h) ? params_.row_scale[f.row0 + f.m0 + 8 * h] : 1.f;
+    for (int h = 0; h < 2; ++h)
+      rs[h] = kFp8Rowwise && f.row_in(h) ? __ldg(params_.row_scale + f.row0 + f.m0 + 8 * h) : 1.f;
   }
-  CUTLASS_DEVICE static void col_scales(Frag const& f, const float* col_scale, int g, float2 (&cs)[4]) {
+  template <int kGroups>
+  CUTLASS_DEVICE static void col_scales(Frag const& f, const float* col_scale, float2 (&cs)[kGroups]) {
     CUTLASS_PRAGMA_UNROLL
-    for (int s = 0; s < 4; ++s) {
-      const int j = 4 * g + s;
-      cs[s] = kFp8Rowwise && f.col_in(j) ? *reinterpret_cast<const float2*>(col_scale + f.n0 + 8 * j)
+    for (int j = 0; j < kGroups; ++j)
+      cs[j] = kFp8Rowwise && f.col_in(j) ? __ldg(reinterpret_cast<const float2*>(col_scale + f.n0 + 8 * j))
                                          : float2{1.f, 1.f};
-    }
   }
 
   // Row h's column pairs of the four 8-column groups 4g..4g+3, each (acc (* rs * cs where kFp8Rowwise)
@@ -292,8 +305,8 @@ class MoeEpilogue {
 
   // The plain store: out[row0 + m, n] = acc (* row_scale[m] * col_scale[n] for FP8 products) (+ bias),
   // each lane's whole 8-column group (quad_group) written with one 16-byte store instead of four 4-byte ones.
-  template <bool kBias, class Acc>
-  CUTLASS_DEVICE void store_tile(Acc const& acc, Frag const& f, const T* bias, const float* col_scale) {
+  template <bool kBias, class Acc, int kGroups>
+  CUTLASS_DEVICE void store_tile(Acc const& acc, Frag const& f, const T* bias, const float2 (&col)[kGroups]) {
     const int q = threadIdx.x & 3;
     T* row[2];
     float rs[2];
@@ -302,8 +315,7 @@ class MoeEpilogue {
     for (int h = 0; h < 2; ++h) row[h] = params_.out + (f.row0 + f.m0 + 8 * h) * f.N + f.n0 + 6 * q;
     CUTLASS_PRAGMA_UNROLL
     for (int g = 0; g < cute::size(acc) / 16; ++g) {
-      float2 cs[4];
-      col_scales(f, col_scale, g, cs);
+      const float2 cs[4] = {col[4 * g], col[4 * g + 1], col[4 * g + 2], col[4 * g + 3]};
       CUTLASS_PRAGMA_UNROLL
       for (int h = 0; h < 2; ++h) {
         uint32_t v[4];
@@ -319,8 +331,8 @@ class MoeEpilogue {
   // with one 16-byte vector atomic instead of four 4-byte ones.
   // Each row's weight, scale and output row are read once per tile, before the column loop, so that no
   // dependent global loads sit in front of the atomics.
-  template <bool kBias, class Acc>
-  CUTLASS_DEVICE void finalize_tile(Acc const& acc, Frag const& f, const T* bias, const float* col_scale) {
+  template <bool kBias, class Acc, int kGroups>
+  CUTLASS_DEVICE void finalize_tile(Acc const& acc, Frag const& f, const T* bias, const float2 (&col)[kGroups]) {
     const int q = threadIdx.x & 3;
     float w[2], rs[2];
     T* dst[2];
@@ -331,15 +343,14 @@ class MoeEpilogue {
       dst[h] = nullptr;
       if (f.row_in(h)) {
         const int64_t p = f.row0 + f.m0 + 8 * h;
-        w[h] = params_.permuted_weights[p];
-        dst[h] = params_.out + (int64_t)(params_.permuted_to_unpermuted[p] / params_.top_k) * f.N + f.n0 + 6 * q;
+        w[h] = __ldg(params_.permuted_weights + p);
+        dst[h] = params_.out + (int64_t)(__ldg(params_.permuted_to_unpermuted + p) / params_.top_k) * f.N + f.n0 + 6 * q;
       }
     }
     const uint64_t policy = params_.evict_last ? l2_evict_last() : 0;
     CUTLASS_PRAGMA_UNROLL
     for (int g = 0; g < cute::size(acc) / 16; ++g) {
-      float2 cs[4];
-      col_scales(f, col_scale, g, cs);
+      const float2 cs[4] = {col[4 * g], col[4 * g + 1], col[4 * g + 2], col[4 * g + 3]};
       CUTLASS_PRAGMA_UNROLL
       for (int h = 0; h < 2; ++h) {
         uint32_t v[4];
@@ -363,8 +374,8 @@ class MoeEpilogue {
   // quantize step would write from those 16-bit rows); after the transpose a lane stores its 8 features' bytes
   // with one 8-byte store, and the lanes holding a row's first features (the tile at column 0, lane 0 of the
   // quad) write the row's scale.
-  template <int ACT, bool kBias, bool kQuantized, class Acc>
-  CUTLASS_DEVICE void gated_tile(Acc const& acc, Frag const& f, const T* bias, const float* col_scale) {
+  template <int ACT, bool kBias, bool kQuantized, class Acc, int kGroups>
+  CUTLASS_DEVICE void gated_tile(Acc const& acc, Frag const& f, const T* bias, const float2 (&col)[kGroups]) {
     using P2 = Pair<T>;
     static_assert(decltype(cute::size(acc))::value % 32 == 0, "blocks of four gate groups");
     const int inter = f.N / 2;
@@ -391,10 +402,8 @@ class MoeEpilogue {
       float2 cs_gate[4], cs_up[4];  // kFp8Rowwise: the column scales of gate group j and up group j + 1
       CUTLASS_PRAGMA_UNROLL
       for (int s = 0; s < 4; ++s) {
-        const int j = 8 * g + 2 * s;
-        const bool in = kFp8Rowwise && f.col_in(j);  // N is a multiple of 16: the up group is in range too
-        cs_gate[s] = in ? *reinterpret_cast<const float2*>(col_scale + f.n0 + 8 * j) : float2{1.f, 1.f};
-        cs_up[s] = in ? *reinterpret_cast<const float2*>(col_scale + f.n0 + 8 * j + 8) : float2{1.f, 1.f};
+        cs_gate[s] = col[8 * g + 2 * s];
+        cs_up[s] = col[8 * g + 2 * s + 1];  // N is a multiple of 16: in range where the gate group is
       }
       CUTLASS_PRAGMA_UNROLL
       for (int h = 0; h < 2; ++h) {
