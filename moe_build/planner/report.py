@@ -65,7 +65,8 @@ def _gate_text(d: StageDecision, sep: str = ", ") -> str:
     if not failed:
         return "all gates hold"
     text = sep.join(f"{g.name}={g.value}" for g in failed)
-    return f"other choices:{sep if sep == chr(10) else ' '}{text}" if d.fused and not d.forced else text
+    lead = "\n" if sep == "\n" else " "  # the table's gates start on the line after the label
+    return f"other choices:{lead}{text}" if d.fused and not d.forced else text
 
 
 def _ep_text(spec: dict) -> str:
