@@ -212,30 +212,36 @@ def random_maps(t: int, e: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 EXPAND_SHAPES = [(1, 7168, 8), (5, 100, 3), (257, 2880, 6), (3, 20000, 2), (40, 136, 40), (2048, 2048, 8)]
 
 
+def check_fused_expansion(t: int, h: int, k: int, dtype: torch.dtype, mode: str,
+                          what: str) -> tuple[torch.Tensor, ...]:
+    """mb_expand_rows_fp8 of t fresh tokens into k random experts each, on poisoned outputs: equals quantize-then-
+    permute bit for bit, the permuted weights and zero_out included. Returns (x, w, ptu, utp, ref_q, ref_s)."""
+    x = fresh(t, h, dtype)
+    w = torch.rand(t, k, device="cuda")
+    ptu, utp = random_maps(t, max(64, k), k)
+    ref_q, ref_s = reference(x, mode)
+    src = ptu // k
+    pin, ps, pw = poisoned_fp8(t * k, h), poisoned_scales(*scale_shape(t * k, h, mode)), poisoned_scales(t * k)
+    z = poisoned_scales(t, h).to(dtype)
+    ops.expand_rows_fp8(x, utp.to(torch.int32), w, static_scale(mode), group_of(mode), permuted_input=pin,
+                        permuted_scales=ps, permuted_weights=pw, zero_out=z)
+    torch.cuda.synchronize()
+    assert_bytes_equal(pin, ref_q[src], f"{what}: q")
+    assert_bytes_equal(ps, ref_s[src], f"{what}: scales")
+    assert torch.equal(pw, w.flatten()[ptu]), f"{what}: permuted_weights"
+    assert (z == 0).all(), f"{what}: zero_out not fully zeroed"
+    return x, w, ptu, utp, ref_q, ref_s
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("t,h,k", EXPAND_SHAPES)
 def test_expand_rows_fp8(t: int, h: int, k: int, dtype: torch.dtype, mode: str) -> None:
     """Equals quantize-then-permute, and the unfused pair (mb_quantize_fp8, then the prequantized
     expansion) writes the same bytes; zero_out is zeroed by both."""
-    x = fresh(t, h, dtype)
-    w = torch.rand(t, k, device="cuda")
-    ptu, utp = random_maps(t, max(64, k), k)
-    ref_q, ref_s = reference(x, mode)
+    x, w, ptu, utp, ref_q, ref_s = check_fused_expansion(t, h, k, dtype, mode, f"fused {t}x{h} k={k} {dtype} {mode}")
     src = ptu // k
     want_w = w.flatten()[ptu]
-
-    pin, ps, pw = poisoned_fp8(t * k, h), poisoned_scales(*scale_shape(t * k, h, mode)), poisoned_scales(t * k)
-    z = poisoned_scales(t, h).to(dtype)
-    ops.expand_rows_fp8(x, utp.to(torch.int32), w, static_scale(mode), group_of(mode), permuted_input=pin,
-                        permuted_scales=ps, permuted_weights=pw, zero_out=z)
-    torch.cuda.synchronize()
-    what = f"fused {t}x{h} k={k} {dtype} {mode}"
-    assert_bytes_equal(pin, ref_q[src], f"{what}: q")
-    assert_bytes_equal(ps, ref_s[src], f"{what}: scales")
-    assert torch.equal(pw, want_w), f"{what}: permuted_weights"
-    assert (z == 0).all(), f"{what}: zero_out not fully zeroed"
-
     q, s = ops.quantize_fp8(x, static_scale(mode), group_of(mode))
     pin2, ps2, pw2 = poisoned_fp8(t * k, h), poisoned_scales(*scale_shape(t * k, h, mode)), poisoned_scales(t * k)
     z2 = poisoned_scales(t, h)  # zero_out of another dtype than the layer's: only its size matters here
@@ -247,6 +253,21 @@ def test_expand_rows_fp8(t: int, h: int, k: int, dtype: torch.dtype, mode: str) 
     assert_bytes_equal(ps2, ref_s[src], f"{what}: scales")
     assert torch.equal(pw2, want_w), f"{what}: permuted_weights"
     assert (z2 == 0).all(), f"{what}: zero_out not fully zeroed"
+
+
+# (hidden, top_k) the warp-per-token kernel takes at prefill (whole units, at most 4096 columns, no pre-quant scale): its
+# three register widths (768: 3 units a lane, the last lanes idle; 2048: 8; 2880: 12, a partial last group; 4096: 16),
+# one copy a token, and more than 32 copies (the maps shuffled 32 at a time).
+WARP_TOKEN_SHAPES = [(768, 8), (2048, 1), (2880, 4), (4096, 2), (256, 40)]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("h,k", WARP_TOKEN_SHAPES)
+def test_expand_rows_fp8_warp_tokens(h: int, k: int, dtype: torch.dtype, mode: str) -> None:
+    """9000 tokens, more than the GPU holds warps at once (each warp of the warp-per-token kernel's persistent grid
+    quantizes several in turn): equals quantize-then-permute bit for bit, permuted weights and zero_out included."""
+    check_fused_expansion(9000, h, k, dtype, mode, f"warp tokens 9000x{h} k={k} {dtype} {mode}")
 
 
 @pytest.mark.parametrize("mode", ("row", "group128"))
@@ -320,8 +341,9 @@ def random_offsets(e: int, filled: int) -> torch.Tensor:
 
 # (inter, bias): a partial last group at a GPT-OSS width, the element path (100 columns), the
 # Qwen3-30B-A3B width, DeepSeek-V2-Lite's, a gated row of 4096 columns (three ring stages of exactly 48 KB), a
-# multiple of 8 with a group of 8 columns at the end.
-FC1_SHAPES = [(2880, True), (100, True), (768, False), (1408, True), (4096, False), (4104, False)]
+# multiple of 8 with a group of 8 columns at the end, Mixtral-8x7B's width (a gated ring that takes an SM's shared
+# memory alone). The identity without a bias is the staged kernel's quantize step (its own values, packed math).
+FC1_SHAPES = [(2880, True), (100, True), (768, False), (1408, True), (4096, False), (4104, False), (14336, False)]
 
 
 @pytest.mark.parametrize("mode", MODES)

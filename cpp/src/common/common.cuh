@@ -60,6 +60,16 @@ inline int device_attribute(cudaDeviceAttr attr) {
   return value;
 }
 
+// Blocks of `threads` threads and `smem` dynamic shared bytes that the current device holds at once: the grid of a
+// persistent kernel whose blocks stride over the rows. One a SM where the occupancy cannot be read.
+template <typename Kernel>
+inline int64_t resident_blocks(Kernel kernel, int threads, size_t smem) {
+  int per_sm = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) != cudaSuccess || per_sm < 1)
+    per_sm = 1;
+  return static_cast<int64_t>(per_sm) * device_attribute(cudaDevAttrMultiProcessorCount);
+}
+
 // Launches kernel<<<grid, block, smem, stream>>>(args...), allowed to start early (programmatic stream
 // serialization) where `after_trigger` is set and the current device supports it (compute capability
 // >= 9.0); a plain launch otherwise.

@@ -44,6 +44,11 @@ constexpr int kMaxThreads = 512;
 
 enum Mode { kStatic = 0, kPerRow = 1, kPerGroup = 2 };
 
+// The kernels that quantize a row a warp (stages/expand_rows.cu's, stages/fc1_activation.cu's): their block, and the
+// most units a lane holds (16 x 32 units: rows of up to 4096 columns).
+constexpr int kWarpRowThreads = 256;
+constexpr int kWarpRowMaxPerLane = 16;
+
 // ---- host side --------------------------------------------------------------------------------
 
 // The mode of a call's (static_scale, group); MB_ERR_INVALID_ARGUMENT for a group other than 0 and 128, or a
@@ -198,16 +203,49 @@ __device__ __forceinline__ __nv_fp8x2_storage_t quantize_pair(float2 x, float s,
   return __nv_cvt_float2_to_fp8x2(make_float2(quotient(x.x, s, y), quotient(x.y, s, y)), __NV_SATFINITE, __NV_E4M3);
 }
 
-template <typename T>
-__device__ __forceinline__ Bytes quantize_unit(uint4 x, float s, const float (&p)[kVec]) {
-  const float y = __frcp_rn(s);
+// A unit's e4m3 bytes from its eight values v (as the quantization sees them) by scale s, y = 1 / s.
+__device__ __forceinline__ Bytes pack_unit(const float (&v)[kVec], float s, float y) {
   uint32_t w[2] = {0u, 0u};
 #pragma unroll
   for (int k = 0; k < kVec; k += 2) {
-    const uint32_t pair = quantize_pair(make_float2(scaled<T>(x, k, p), scaled<T>(x, k + 1, p)), s, y);
+    const uint32_t pair = quantize_pair(make_float2(v[k], v[k + 1]), s, y);
     w[k / 4] |= pair << (8 * (k % 4));
   }
   return Bytes{w[0], w[1]};
+}
+
+template <typename T>
+__device__ __forceinline__ Bytes quantize_unit(uint4 x, float s, const float (&p)[kVec]) {
+  float v[kVec];
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) v[k] = scaled<T>(x, k, p);
+  return pack_unit(v, s, __frcp_rn(s));
+}
+
+// The kernels that take rows without a pre-quant scale a warp per row (the expansion's and the activation's) quantize
+// with the next two, in fewer instructions an element: they are bound by their instructions, not their bytes.
+
+// quantize_unit's bytes without a pre-quant scale, y = 1 / s taken once by the caller (once a row, or a group).
+template <typename T>
+__device__ __forceinline__ Bytes quantize_unit_by(uint4 x, float s, float y) {
+  float v[kVec];
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) v[k] = raw_f32<T>(x, k);
+  return pack_unit(v, s, y);
+}
+
+// The largest |x| of a unit's eight packed T values (finite: the module comment's contract) as fp32, taken on the
+// packed values (|x| and max are exact in T, two elements an instruction): unit_amax's without a pre-quant scale.
+template <typename T>
+__device__ __forceinline__ float unit_amax_packed(uint4 x) {
+  using T2 = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
+  auto pair = [](uint32_t w) {
+    T2 v;
+    memcpy(&v, &w, sizeof(v));
+    return __habs2(v);
+  };
+  const T2 m = __hmax2(__hmax2(pair(x.x), pair(x.y)), __hmax2(pair(x.z), pair(x.w)));
+  return fmaxf(to_f32(m.x), to_f32(m.y));
 }
 
 // The largest v of the block (every thread must call it; it synchronizes the block twice).

@@ -329,8 +329,9 @@ class MoeEpilogue {
   // The finalize epilogue: each row's (acc (* row_scale * col_scale for FP8 products) + bias) * routing
   // weight, atomically added into its token's output row, each lane's whole 8-column group (quad_group)
   // with one 16-byte vector atomic instead of four 4-byte ones.
-  // Each row's weight, scale and output row are read once per tile, before the column loop, so that no
-  // dependent global loads sit in front of the atomics.
+  // Each row's weight, scale and output row are read once per slab (a tile is one slab, or two for the pingpong
+  // 128 x 128 tiles), before the column loop, so that no dependent global loads sit in front of the atomics
+  // (reading every slab's before the first atomic was no faster: docs/experiments.md).
   template <bool kBias, class Acc, int kGroups>
   CUTLASS_DEVICE void finalize_tile(Acc const& acc, Frag const& f, const T* bias, const float2 (&col)[kGroups]) {
     const int q = threadIdx.x & 3;

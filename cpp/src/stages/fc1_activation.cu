@@ -264,6 +264,11 @@ fc1_activation_fp8_staged_kernel(const T* __restrict__ in, const T* __restrict__
   const int64_t filled = __ldg(off + E);
   const int64_t rows = filled < max_rows ? filled : max_rows;  // rows past off[E]: other nodes' experts
   const float static_s = mode == fp8::kStatic ? *static_scale : 0.0f;
+  const float static_y = mode == fp8::kStatic ? __frcp_rn(static_s) : 0.0f;
+  // The quantize step after GEMM1's gated epilogue (the identity, no bias, no pre-quant scale): the row's own values,
+  // quantized with the warp-row kernels' math (a unit's amax on its packed values, the scale's reciprocal once a row
+  // or group), where activated_unit() and quantize_unit() would unpack, repack and multiply every element by one.
+  const bool plain = ACT == MB_ACT_IDENTITY && b1 == nullptr && prequant_scale == nullptr;
   auto fetch = [&](int64_t p, int stage) {
     if (p < rows) {
       const uint4* src = reinterpret_cast<const uint4*>(in + p * n1);
@@ -291,35 +296,41 @@ fc1_activation_fp8_staged_kernel(const T* __restrict__ in, const T* __restrict__
     for (int64_t t0 = 0; t0 < units; t0 += blockDim.x) {
       const int64_t u = t0 + threadIdx.x;
       const bool mine = u < units;
-      const uint4 x = mine ? activated_unit<T, ACT>(gate[u], kGated ? up[u] : uint4{0u, 0u, 0u, 0u}, bias, u, inter,
-                                                     true, alpha, limit)
-                           : uint4{0u, 0u, 0u, 0u};
+      const uint4 zero{0u, 0u, 0u, 0u};
+      const uint4 x = !mine ? zero
+                      : plain ? gate[u]
+                              : activated_unit<T, ACT>(gate[u], kGated ? up[u] : zero, bias, u, inter, true, alpha,
+                                                       limit);
       float pq[fp8::kVec];
       fp8::load_prequant(prequant_scale, u, inter, true, pq);
+      const float a = plain ? fp8::unit_amax_packed<T>(x) : fp8::unit_amax<T>(x, pq);
       if (mode == fp8::kPerRow) {
         if (mine) {
-          gate[u] = x;
-          amax = fmaxf(amax, fp8::unit_amax<T>(x, pq));
+          if (!plain) gate[u] = x;
+          amax = fmaxf(amax, a);
         }
         continue;
       }
-      float s = static_s;
+      float s = static_s, y = static_y;
       if (mode == fp8::kPerGroup) {
-        float a = fp8::unit_amax<T>(x, pq);
+        float g = a;
 #pragma unroll
-        for (int o = fp8::kGroupLanes / 2; o > 0; o /= 2) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
-        s = fp8::dynamic_scale(a);
+        for (int o = fp8::kGroupLanes / 2; o > 0; o /= 2) g = fmaxf(g, __shfl_xor_sync(0xffffffffu, g, o));
+        s = fp8::dynamic_scale(g);
+        y = __frcp_rn(s);
         if (mine && u % fp8::kGroupLanes == 0) scales[u / fp8::kGroupLanes] = s;
       }
-      if (mine) fp8::store_unit(dst, u, inter, true, fp8::quantize_unit<T>(x, s, pq));
+      if (mine)
+        fp8::store_unit(dst, u, inter, true, plain ? fp8::quantize_unit_by<T>(x, s, y) : fp8::quantize_unit<T>(x, s, pq));
     }
     if (mode == fp8::kPerRow) {
-      const float s = fp8::dynamic_scale(fp8::block_max(amax));
+      const float s = fp8::dynamic_scale(fp8::block_max(amax)), y = __frcp_rn(s);
       if (threadIdx.x == 0) scales[0] = s;
       for (int64_t u = threadIdx.x; u < units; u += blockDim.x) {
         float pq[fp8::kVec];
         fp8::load_prequant(prequant_scale, u, inter, true, pq);
-        fp8::store_unit(dst, u, inter, true, fp8::quantize_unit<T>(gate[u], s, pq));
+        fp8::store_unit(dst, u, inter, true,
+                        plain ? fp8::quantize_unit_by<T>(gate[u], s, y) : fp8::quantize_unit<T>(gate[u], s, pq));
       }
     }
     __syncthreads();  // every thread is done with the stage before the next iteration copies a row into it
@@ -339,33 +350,8 @@ fc1_activation_fp8_staged_kernel(const T* __restrict__ in, const T* __restrict__
 // own bits); a unit's amax is taken on its packed 16-bit values (|x| and max are exact in T, two elements an
 // instruction); and the reciprocal of the scale is taken once a row (a group), where quantize_unit takes it every
 // unit. The bytes are quantize_unit's: quantize_pair() of each element's fp32 value (times no pre-quant scale).
-constexpr int kWarpRowThreads = 256;
-constexpr int kWarpRowMaxPerLane = 16;
-
-// The largest |x| of a unit's eight packed T values (finite: fp8_quantize.cuh's contract), as fp32.
-template <typename T>
-__device__ __forceinline__ float unit_amax_packed(uint4 x) {
-  using T2 = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
-  auto pair = [](uint32_t w) {
-    T2 v;
-    memcpy(&v, &w, sizeof(v));
-    return __habs2(v);
-  };
-  const T2 m = __hmax2(__hmax2(pair(x.x), pair(x.y)), __hmax2(pair(x.z), pair(x.w)));
-  return fmaxf(mb::to_f32(m.x), mb::to_f32(m.y));
-}
-
-// A unit's e4m3 bytes by scale s (y = 1 / s): quantize_unit's bytes without a pre-quant scale.
-template <typename T>
-__device__ __forceinline__ fp8::Bytes quantize_unit_by(uint4 x, float s, float y) {
-  uint32_t w[2] = {0u, 0u};
-#pragma unroll
-  for (int k = 0; k < fp8::kVec; k += 2) {
-    const uint32_t pair = fp8::quantize_pair(make_float2(mb::raw_f32<T>(x, k), mb::raw_f32<T>(x, k + 1)), s, y);
-    w[k / 4] |= pair << (8 * (k % 4));
-  }
-  return fp8::Bytes{w[0], w[1]};
-}
+using fp8::kWarpRowMaxPerLane;
+using fp8::kWarpRowThreads;
 
 template <typename T, int ACT, int kPerLane>
 __global__ void __launch_bounds__(kWarpRowThreads)
@@ -402,18 +388,18 @@ fc1_activation_fp8_warp_kernel(const T* __restrict__ in, const T* __restrict__ b
       if ((ACT != MB_ACT_IDENTITY || bias) && u < units)
         x[i] = activated_unit<T, ACT>(x[i], uint4{0u, 0u, 0u, 0u}, bias, u, inter, true, alpha, limit);
       if (mode == fp8::kPerRow) {
-        amax = fmaxf(amax, unit_amax_packed<T>(x[i]));  // zeros past the row
+        amax = fmaxf(amax, fp8::unit_amax_packed<T>(x[i]));  // zeros past the row
       } else if (mode == fp8::kPerGroup) {
-        float g = unit_amax_packed<T>(x[i]);
+        float g = fp8::unit_amax_packed<T>(x[i]);
 #pragma unroll
         for (int o = fp8::kGroupLanes / 2; o > 0; o /= 2) g = fmaxf(g, __shfl_xor_sync(0xffffffffu, g, o));
         const float s = fp8::dynamic_scale(g);
         if (u < units) {
           if (u % fp8::kGroupLanes == 0) scales[u / fp8::kGroupLanes] = s;
-          fp8::store_unit(dst, u, inter, true, quantize_unit_by<T>(x[i], s, __frcp_rn(s)));
+          fp8::store_unit(dst, u, inter, true, fp8::quantize_unit_by<T>(x[i], s, __frcp_rn(s)));
         }
       } else if (u < units) {
-        fp8::store_unit(dst, u, inter, true, quantize_unit_by<T>(x[i], static_s, static_y));
+        fp8::store_unit(dst, u, inter, true, fp8::quantize_unit_by<T>(x[i], static_s, static_y));
       }
     }
     if (mode == fp8::kStatic && lane == 0) scales[0] = static_s;
@@ -425,7 +411,7 @@ fc1_activation_fp8_warp_kernel(const T* __restrict__ in, const T* __restrict__ b
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) {
       const int64_t u = lane + 32 * i;
-      if (u < units) fp8::store_unit(dst, u, inter, true, quantize_unit_by<T>(x[i], s, y));
+      if (u < units) fp8::store_unit(dst, u, inter, true, fp8::quantize_unit_by<T>(x[i], s, y));
     }
   }
 }
@@ -448,11 +434,7 @@ mb_status launch_warp_rows(const T* in, const T* b1, const int64_t* off, int E, 
   } else {
     if (prequant_scale != nullptr || per_lane > kWarpRowMaxPerLane) return MB_OK;
     auto go = [&](auto kernel) -> mb_status {
-      int per_sm = 0;
-      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarpRowThreads, 0) != cudaSuccess ||
-          per_sm < 1)
-        per_sm = 1;
-      const int64_t resident = static_cast<int64_t>(per_sm) * mb::device_attribute(cudaDevAttrMultiProcessorCount);
+      const int64_t resident = mb::resident_blocks(kernel, kWarpRowThreads, 0);
       if (max_rows < resident * (kWarpRowThreads / 32)) return MB_OK;
       kernel<<<static_cast<unsigned>(resident), kWarpRowThreads, 0, stream>>>(in, b1, off, E, max_rows, inter, alpha, limit, mode, static_scale,
                                                    scale_cols, out, out_scales);
@@ -488,10 +470,7 @@ mb_status launch_staged(const T* in, const T* b1, const int64_t* off, int E, int
         return mb::fail(MB_ERR_CUDA, "mb_fc1_activation_fp8: shared memory %zu bytes: %s", smem,
                         cudaGetErrorString(err));
     }
-    int per_sm = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) != cudaSuccess || per_sm < 1)
-      per_sm = 1;
-    const int64_t resident = static_cast<int64_t>(per_sm) * mb::device_attribute(cudaDevAttrMultiProcessorCount);
+    const int64_t resident = mb::resident_blocks(kernel, threads, smem);
     const unsigned grid = static_cast<unsigned>(max_rows < resident ? max_rows : resident);
     kernel<<<grid, threads, smem, stream>>>(in, b1, off, E, max_rows, inter, alpha, limit, prequant_scale, mode,
                                             static_scale, scale_cols, out, out_scales);
