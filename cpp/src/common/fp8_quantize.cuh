@@ -234,6 +234,18 @@ __device__ __forceinline__ Bytes quantize_unit_by(uint4 x, float s, float y) {
   return pack_unit(v, s, y);
 }
 
+// A row of `units` whole units as a warp holds it: unit lane + 32 i in register i of lane `lane`, zeros past the row;
+// read once, so streamed past L1.
+template <typename T, int kPerLane>
+__device__ __forceinline__ void load_warp_row(const T* __restrict__ row, int64_t units, int lane, uint4 (&x)[kPerLane]) {
+  const uint4* src = reinterpret_cast<const uint4*>(row);
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int64_t u = lane + 32 * i;
+    x[i] = u < units ? __ldcs(src + u) : uint4{0u, 0u, 0u, 0u};
+  }
+}
+
 // The largest |x| of a unit's eight packed T values (finite: the module comment's contract) as fp32, taken on the
 // packed values (|x| and max are exact in T, two elements an instruction): unit_amax's without a pre-quant scale.
 template <typename T>

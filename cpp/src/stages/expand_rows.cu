@@ -213,13 +213,8 @@ expand_rows_fp8_warp_kernel(const T* __restrict__ input, const int32_t* __restri
   bool waited = false;
   for (int64_t t = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; t < num_tokens;
        t += static_cast<int64_t>(gridDim.x) * kWarps) {
-    const uint4* src = reinterpret_cast<const uint4*>(input + t * hidden);
     uint4 x[kPerLane];
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-      const int64_t u = lane + 32 * i;
-      x[i] = u < units ? __ldcs(src + u) : uint4{0u, 0u, 0u, 0u};  // read once: streamed past L1
-    }
+    fp8::load_warp_row(input + t * hidden, units, lane, x);
     // The units' bytes, and the scale each lane stores: the row's (lane 0) or its units' groups' (the group's first
     // lane, group_scale[i]).
     fp8::Bytes q[kPerLane];

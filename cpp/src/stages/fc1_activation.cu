@@ -369,13 +369,8 @@ fc1_activation_fp8_warp_kernel(const T* __restrict__ in, const T* __restrict__ b
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (kWarpRowThreads / 32);
   for (int64_t p = static_cast<int64_t>(blockIdx.x) * (kWarpRowThreads / 32) + threadIdx.x / 32; p < rows;
        p += warps) {
-    const uint4* src = reinterpret_cast<const uint4*>(in + p * inter);
     uint4 x[kPerLane];
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-      const int64_t u = lane + 32 * i;
-      x[i] = u < units ? __ldcs(src + u) : uint4{0u, 0u, 0u, 0u};  // read once: streamed past L1
-    }
+    fp8::load_warp_row(in + p * inter, units, lane, x);
     const T* bias = b1 ? b1 + warp_expert_of(off, E, p) * static_cast<int64_t>(inter) : nullptr;
     uint8_t* dst = out + p * inter;
     float* scales = out_scales + p * scale_cols;
