@@ -124,7 +124,7 @@ def plugin_output_not_fp8_fp4(s: MoESpec) -> Gate:
 def fused_prologue_smem_bytes(tokens: int, top_k: int, local_experts: int) -> int:
     """Shared memory the gate charges a single-block map builder: (key, value) pairs twice (a radix
     sort's ping-pong) for every expanded row, plus the per-expert histogram/offsets. An upper bound
-    for our counting sort (cpp/src/stages/routing_prologue_fused.cu: 20.5 KB static at any size it accepts)."""
+    for our counting sort (cpp/src/stages/routing_prologue_fused.cu: 32 KB static at any size it accepts)."""
     return 2 * tokens * top_k * 8 + (local_experts + 1) * 4
 
 

@@ -256,8 +256,9 @@ def test_expand_rows_fp8(t: int, h: int, k: int, dtype: torch.dtype, mode: str) 
 
 
 # (hidden, top_k) the warp-per-token kernel takes at prefill (whole units, at most 4096 columns, no pre-quant scale): its
-# three register widths (768: 3 units a lane, the last lanes idle; 2048: 8; 2880: 12, a partial last group; 4096: 16),
-# one copy a token, and more than 32 copies (the maps shuffled 32 at a time).
+# four register widths (768: 3 units a lane on the 4-unit kernel, the last lanes idle; 2048: 8; 2880: 11.25 on the
+# 12-unit kernel, a partial last group; 4096: 16), one copy a token, and more than 32 copies (the maps shuffled 32 at a
+# time).
 WARP_TOKEN_SHAPES = [(768, 8), (2048, 1), (2880, 4), (4096, 2), (256, 40)]
 
 
@@ -414,24 +415,25 @@ def test_fc1_activation_fp8_staged_ring(inter: int, mode: str) -> None:
     check_swiglu_fp8(x, off, b, mode, filled, f"inter {inter} {mode}")
 
 
-UNGATED = [a for a in K.Activation if not a.is_gated]
-
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("act", UNGATED, ids=lambda a: a.name.lower())
+@pytest.mark.parametrize("act", list(K.Activation), ids=lambda a: a.name.lower())
 def test_fc1_activation_fp8_warp_rows(act: K.Activation, dtype: torch.dtype, mode: str) -> None:
-    """Ungated rows up to 4096 columns, as many as the warp-per-row kernel takes (a row for every warp the GPU holds,
-    and more, so each warp quantizes several rows in turn), at its three register widths (768: 4 units a lane, 1408:
-    8, 2880 and 4096: 16), with and without bias; the identity without a bias is the quantize step after GEMM1's
-    gated epilogue. Equals quantize_rows(fc1_activation(...)) bit for bit; rows past off[E] untouched."""
+    """Rows up to 4096 columns, as many as the warp-per-row kernel takes (a row for every warp the GPU holds, and
+    more, so each warp quantizes several rows in turn), at its five register widths (768: 3 units a lane on the 4-unit
+    kernel, 1408: 5.5 on the 6-unit one, 2048: 8, 2880: 11.25 on the 12-unit one, 4096: 16; gated rows up to the
+    6-unit one, the wider on the staged kernel), with and without bias; the identity without a bias is the quantize step
+    after GEMM1's gated epilogue, the gated activations block-128 layers' activation step. Equals
+    quantize_rows(fc1_activation(...)) bit for bit; rows past off[E] untouched."""
     e, rows = 32, 20000
     filled = rows - 129
-    for inter, with_bias in [(768, False), (1408, True), (2880, True), (4096, False), (2880, False)]:
+    for inter, with_bias in [(768, False), (1408, True), (2048, False), (2880, True), (4096, False), (2880, False)]:
         off = random_offsets(e, filled)
-        x = (torch.randn(rows, inter, device="cuda") * 3).to(dtype)
+        n1 = 2 * inter if act.is_gated else inter
+        x = (torch.randn(rows, n1, device="cuda") * 3).to(dtype)
         x[5::31] *= 8.0
-        b = (torch.randn(e, inter, device="cuda") * 0.5).to(dtype) if with_bias else None
+        b = (torch.randn(e, n1, device="cuda") * 0.5).to(dtype) if with_bias else None
         q, s = poisoned_fp8(rows, inter), poisoned_scales(*scale_shape(rows, inter, mode))
         ops.fc1_activation_fp8(x, off, act, b, static_scale=static_scale(mode), group=group_of(mode), out=q,
                                out_scales=s)

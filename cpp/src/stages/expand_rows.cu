@@ -310,6 +310,7 @@ mb_status launch_warp_tokens(const T* input, const int32_t* unpermuted_to_permut
   };
   if (per_lane <= 4) return go(expand_rows_fp8_warp_kernel<T, 4>);
   if (per_lane <= 8) return go(expand_rows_fp8_warp_kernel<T, 8>);
+  if (per_lane <= 12) return go(expand_rows_fp8_warp_kernel<T, 12>);
   return go(expand_rows_fp8_warp_kernel<T, fp8::kWarpRowMaxPerLane>);
 }
 

@@ -23,9 +23,10 @@
 // activates and quantizes, so that an SM always has loads in flight. The block-per-row kernel holds its row in
 // registers (117 a thread: one 448-thread block per SM at Mixtral-8x7B's width), so each SM alternated between
 // waiting on its loads and computing with none in flight: 355 us for Mixtral-8x7B's 8192 rows x 14336 columns on an
-// H200, whose bytes take about 140 (bench/layer_steps_probe.py). Ungated rows up to 4096 columns without a pre-quant
-// scale (the quantize step after GEMM1's gated epilogue) take a warp per row instead where there is a row for every
-// warp the GPU holds, with no barrier at all and fewer instructions an element (fc1_activation_fp8_warp_kernel).
+// H200, whose bytes take about 140 (bench/layer_steps_probe.py). Ungated rows up to 4096 columns and gated rows up
+// to 1536 without a pre-quant scale (the quantize step after GEMM1's gated epilogue; block-128 layers' activation step)
+// take a warp per row instead where there is a row for every warp the GPU holds, with no barrier at all and fewer
+// instructions an element (fc1_activation_fp8_warp_kernel).
 // All three write the same bytes: activated_unit()'s values (the identity's without a bias are the row's own)
 // quantized by fp8_quantize.cuh's rule.
 #include "common/act_math.cuh"
@@ -339,19 +340,34 @@ fc1_activation_fp8_staged_kernel(const T* __restrict__ in, const T* __restrict__
   stage_wait<0>();
 }
 
-// Ungated rows of at most kWarpRowMaxPerLane * 32 units (4096 columns) without a pre-quant scale: the quantize step
-// after GEMM1's gated epilogue (which calls this with the identity activation and no bias) at every bench layer's
-// width but Mixtral-8x7B's. A warp per row, its units in the lanes' registers (unit lane + 32 i in lane `lane`), the
-// row's amax (or each 128-column group's: 16 lanes) by shuffles, then its quantized units stored: no shared memory
-// and no block barrier, and an SM holds as many rows in flight as it holds warps. The step is bound by its
-// instructions, not its bytes (the staged kernel's 59.7 us for GPT-OSS-20B's 16384 rows of 2880 columns at 4096 tokens
-// on an H200 is 2.4 TB/s; this kernel with the staged kernel's per-element math took as long), so each element costs
-// what the bytes need and no more: the identity without a bias is no work (activated_unit() would return the unit's
-// own bits); a unit's amax is taken on its packed 16-bit values (|x| and max are exact in T, two elements an
-// instruction); and the reciprocal of the scale is taken once a row (a group), where quantize_unit takes it every
-// unit. The bytes are quantize_unit's: quantize_pair() of each element's fp32 value (times no pre-quant scale).
+// Rows of at most kWarpRowMaxPerLane * 32 units (4096 columns) without a pre-quant scale: the quantize step after
+// GEMM1's gated epilogue (which calls this with the identity activation and no bias) at every bench layer's width but
+// Mixtral-8x7B's; gated rows (the gate half, then the up half) of at most kWarpGatedMaxPerLane * 32 units, the
+// activation step of block-128 layers, whose GEMM1 has no gated epilogue. A warp per row, its units in the lanes'
+// registers (unit lane + 32 i in lane `lane`, its up unit beside it), the row's amax (or each 128-column group's: 16
+// lanes) by shuffles, then its quantized units stored: no shared memory and no block barrier, and an SM holds as many
+// rows in flight as it holds warps. The step is bound by its instructions, not its bytes (the staged kernel's 59.7 us
+// for GPT-OSS-20B's 16384 rows of 2880 columns at 4096 tokens on an H200 is 2.4 TB/s; this kernel with the staged
+// kernel's per-element math took as long), so each element costs what the bytes need and no more: the identity without
+// a bias is no work (activated_unit() would return the unit's own bits); a unit's amax is taken on its packed 16-bit
+// values (|x| and max are exact in T, two elements an instruction); and the reciprocal of the scale is taken once a row
+// (a group), where quantize_unit takes it every unit. The bytes are quantize_unit's: quantize_pair() of each element's
+// fp32 value (times no pre-quant scale).
 using fp8::kWarpRowMaxPerLane;
 using fp8::kWarpRowThreads;
+// A gated row's lane holds both halves' units. H200, bench/layer_steps_probe.py, block-128 activation steps at
+// 1024 / 4096 tokens against the staged kernel: 4 units a lane (Qwen3-30B-A3B, 71 registers, three blocks an SM)
+// 16.8 -> 14.1 / 52.0 -> 40.1 us, 6 (DeepSeek-V2-Lite, 80) 21.8 -> 18.9 / 69.1 -> 61.9, 12 (GPT-OSS-20B, 152, one
+// block an SM) 28.7 -> 43.1 / 100.7 -> 142.9; wider gated rows keep the staged kernel (8 units not measured).
+constexpr int kWarpGatedMaxPerLane = 6;
+
+// The kernel width for rows of `per_lane` units a lane or fewer (4, 6, 8, 12 or 16), at most the row kind's widest:
+// a width that the kind never launches (launch_warp_rows checks the rows first) is then not built.
+template <int ACT>
+constexpr int warp_width(int per_lane) {
+  const int widest = mb::is_gated(ACT) ? kWarpGatedMaxPerLane : kWarpRowMaxPerLane;
+  return per_lane < widest ? per_lane : widest;
+}
 
 template <typename T, int ACT, int kPerLane>
 __global__ void __launch_bounds__(kWarpRowThreads)
@@ -359,9 +375,10 @@ fc1_activation_fp8_warp_kernel(const T* __restrict__ in, const T* __restrict__ b
                                int E, int64_t max_rows, int inter, float alpha, float limit, fp8::Mode mode,
                                const float* __restrict__ static_scale, int64_t scale_cols, uint8_t* __restrict__ out,
                                float* __restrict__ out_scales) {
-  static_assert(!mb::is_gated(ACT), "a gated row is twice the units: the staged kernel's");
+  constexpr bool kGated = mb::is_gated(ACT);
   const int lane = threadIdx.x % 32;
   const int64_t units = inter / fp8::kVec;
+  const int64_t n1 = kGated ? 2 * static_cast<int64_t>(inter) : inter;  // an input row: the gate half, then the up half
   const int64_t filled = __ldg(off + E);
   const int64_t rows = filled < max_rows ? filled : max_rows;  // rows past off[E]: other nodes' experts
   const float static_s = mode == fp8::kStatic ? *static_scale : 0.0f;
@@ -369,9 +386,10 @@ fc1_activation_fp8_warp_kernel(const T* __restrict__ in, const T* __restrict__ b
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (kWarpRowThreads / 32);
   for (int64_t p = static_cast<int64_t>(blockIdx.x) * (kWarpRowThreads / 32) + threadIdx.x / 32; p < rows;
        p += warps) {
-    uint4 x[kPerLane];
-    fp8::load_warp_row(in + p * inter, units, lane, x);
-    const T* bias = b1 ? b1 + warp_expert_of(off, E, p) * static_cast<int64_t>(inter) : nullptr;
+    uint4 x[kPerLane], up[kGated ? kPerLane : 1];
+    fp8::load_warp_row(in + p * n1, units, lane, x);
+    if constexpr (kGated) fp8::load_warp_row(in + p * n1 + inter, units, lane, up);
+    const T* bias = b1 ? b1 + warp_expert_of(off, E, p) * n1 : nullptr;
     uint8_t* dst = out + p * inter;
     float* scales = out_scales + p * scale_cols;
     float amax = 0.0f;
@@ -380,8 +398,11 @@ fc1_activation_fp8_warp_kernel(const T* __restrict__ in, const T* __restrict__ b
     for (int i = 0; i < kPerLane; ++i) {
       if (32 * i >= units) break;
       const int64_t u = lane + 32 * i;
-      if ((ACT != MB_ACT_IDENTITY || bias) && u < units)
-        x[i] = activated_unit<T, ACT>(x[i], uint4{0u, 0u, 0u, 0u}, bias, u, inter, true, alpha, limit);
+      if ((ACT != MB_ACT_IDENTITY || bias) && u < units) {
+        uint4 up_unit{0u, 0u, 0u, 0u};
+        if constexpr (kGated) up_unit = up[i];
+        x[i] = activated_unit<T, ACT>(x[i], up_unit, bias, u, inter, true, alpha, limit);
+      }
       if (mode == fp8::kPerRow) {
         amax = fmaxf(amax, fp8::unit_amax_packed<T>(x[i]));  // zeros past the row
       } else if (mode == fp8::kPerGroup) {
@@ -411,12 +432,13 @@ fc1_activation_fp8_warp_kernel(const T* __restrict__ in, const T* __restrict__ b
   }
 }
 
-// Launches the warp-per-row kernel for ungated rows of at most kWarpRowMaxPerLane * 32 whole units without a pre-quant
-// scale (the fewest registers a lane that hold them: 4, 8 or 16 units), a persistent grid of what fits on the GPU at
-// once, where the call's rows give each warp the GPU holds at once a row at least; false where it does not take them.
-// Fewer rows leave warps idle while each walks its whole row alone, where the staged kernel spreads a row over three
-// warps or more: GPT-OSS-20B at 256 tokens (1024 rows of 2880 columns, 8 warps an SM) took 10.0 us on this kernel
-// against the staged kernel's 5.7 (H200, bench/layer_steps_probe.py).
+// Launches the warp-per-row kernel for rows of at most kWarpRowMaxPerLane * 32 whole units (gated: kWarpGatedMaxPerLane
+// * 32, both halves held) without a pre-quant scale, on the fewest registers a lane that hold them (4, 6, 8, 12 or 16
+// units), a persistent grid of what fits on the GPU at once, where the call's rows give each warp the GPU holds at once
+// a row at least; false where it does not take them. Fewer rows leave warps idle while each walks its whole row alone,
+// where the staged kernel spreads a row over three warps or more: GPT-OSS-20B at 256 tokens (1024 rows of 2880
+// columns, 8 warps an SM) took 10.0 us on this kernel against the staged kernel's 5.7 (H200,
+// bench/layer_steps_probe.py).
 template <typename T, int ACT>
 mb_status launch_warp_rows(const T* in, const T* b1, const int64_t* off, int E, int64_t max_rows, int inter,
                            float alpha, float limit, const float* prequant_scale, fp8::Mode mode,
@@ -424,22 +446,20 @@ mb_status launch_warp_rows(const T* in, const T* b1, const int64_t* off, int E, 
                            cudaStream_t stream, bool* launched) {
   *launched = false;
   const int64_t per_lane = (inter / fp8::kVec + 31) / 32;
-  if constexpr (mb::is_gated(ACT)) {
-    return MB_OK;
-  } else {
-    if (prequant_scale != nullptr || per_lane > kWarpRowMaxPerLane) return MB_OK;
-    auto go = [&](auto kernel) -> mb_status {
-      const int64_t resident = mb::resident_blocks(kernel, kWarpRowThreads, 0);
-      if (max_rows < resident * (kWarpRowThreads / 32)) return MB_OK;
-      kernel<<<static_cast<unsigned>(resident), kWarpRowThreads, 0, stream>>>(in, b1, off, E, max_rows, inter, alpha, limit, mode, static_scale,
-                                                   scale_cols, out, out_scales);
-      *launched = true;
-      return mb::check_launch("fc1_activation_fp8_warp_kernel");
-    };
-    if (per_lane <= 4) return go(fc1_activation_fp8_warp_kernel<T, ACT, 4>);
-    if (per_lane <= 8) return go(fc1_activation_fp8_warp_kernel<T, ACT, 8>);
-    return go(fc1_activation_fp8_warp_kernel<T, ACT, kWarpRowMaxPerLane>);
-  }
+  if (prequant_scale != nullptr || per_lane > warp_width<ACT>(kWarpRowMaxPerLane)) return MB_OK;
+  auto go = [&](auto kernel) -> mb_status {
+    const int64_t resident = mb::resident_blocks(kernel, kWarpRowThreads, 0);
+    if (max_rows < resident * (kWarpRowThreads / 32)) return MB_OK;
+    kernel<<<static_cast<unsigned>(resident), kWarpRowThreads, 0, stream>>>(
+        in, b1, off, E, max_rows, inter, alpha, limit, mode, static_scale, scale_cols, out, out_scales);
+    *launched = true;
+    return mb::check_launch("fc1_activation_fp8_warp_kernel");
+  };
+  if (per_lane <= 4) return go(fc1_activation_fp8_warp_kernel<T, ACT, warp_width<ACT>(4)>);
+  if (per_lane <= 6) return go(fc1_activation_fp8_warp_kernel<T, ACT, warp_width<ACT>(6)>);
+  if (per_lane <= 8) return go(fc1_activation_fp8_warp_kernel<T, ACT, warp_width<ACT>(8)>);
+  if (per_lane <= 12) return go(fc1_activation_fp8_warp_kernel<T, ACT, warp_width<ACT>(12)>);
+  return go(fc1_activation_fp8_warp_kernel<T, ACT, warp_width<ACT>(kWarpRowMaxPerLane)>);
 }
 
 // Launches the staged kernel where a ring of at least two rows fits in a block's shared memory (three where they

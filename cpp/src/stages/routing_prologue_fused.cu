@@ -2,29 +2,31 @@
 // expert_first_token_offset[E+1] from topk_ids in a single launch (small batches, where the
 // three-step version's three launches dominate).
 //
-// Method: a counting sort, stable in the expanded row, with the rows split into 8 contiguous
-// ranges, one per warp. (1) Each warp counts its range's rows per expert into its own row of
-// shared counters; (2) per expert, a scan over the 8 warps gives each warp's start inside the
-// expert's segment, and an exclusive block scan of the E+1 totals gives the offsets; (3) every
-// warp walks its range in order, 32 rows at a time: __match_any_sync groups the lanes with the
-// same expert, so a row's place is its warp's cursor for that expert plus the number of equal
-// lanes before it. That is four barriers and one read of topk_ids, and step (3) is at most 8
-// dependent steps per warp (T*K / 8 rows, 32 at a time).
+// Method: a counting sort, stable in the expanded row, with the rows split into 16 contiguous
+// ranges, one per warp; a lane's rows are e_begin + lane + 32 j, read once into registers (all of a
+// lane's loads in flight together) and kept there for the placement. (1) Each warp counts its
+// range's rows per expert into its own row of shared counters; (2) per expert, a scan over the 16
+// warps gives each warp's start inside the expert's segment, and an exclusive block scan of the E+1
+// totals gives the offsets; (3) every warp walks its range in order, 32 rows at a time:
+// __match_any_sync groups the lanes with the same expert, so a row's place is its warp's cursor for
+// that expert plus the number of equal lanes before it. That is four barriers and one read of
+// topk_ids, and step (3) is at most 4 dependent steps per warp (T*K / 16 rows, 32 at a time).
 // Ids outside [0, E) (experts on another node) sort last under the sentinel key E and are left
 // out of the offsets: off[E] counts only this node's rows.
 //
 // Limits (mirrored by moe_build.planner.rules): T <= 256, K in {1,2,4,6,8}, expert_log =
-// floor(log2(E+1)) + 1 <= 9 (so at most 511 counters). Shared memory is static (4 KB of keys,
-// 16 KB of per-warp counters); the planner's shared-memory gate (fused_prologue_smem_bytes, sized
-// for an earlier radix sort) stays under 35 KB inside these limits, so it always passes.
+// floor(log2(E+1)) + 1 <= 9 (so at most 511 counters). Shared memory is static (32 KB of per-warp
+// counters); the planner's shared-memory gate (fused_prologue_smem_bytes, sized for an earlier radix
+// sort) stays under 35 KB inside these limits, so it always passes.
 #include "common/common.cuh"
 
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxTokens = 256;
 constexpr int kMaxTopK = 8;
+constexpr int kRowsPerLane = kMaxTokens * kMaxTopK / kThreads;  // a lane's rows in the largest call
 constexpr int kMaxExpertLog = 9;
 constexpr int kMaxKeys = 1 << kMaxExpertLog;  // E + 1 < 2^9 counters
 constexpr int kScanPerThread = kMaxKeys / kThreads;
@@ -33,24 +35,30 @@ __global__ void __launch_bounds__(kThreads)
 fused_maps_kernel(const int32_t* __restrict__ topk_ids, int n, int E,
                   int32_t* __restrict__ permuted_to_unpermuted, int32_t* __restrict__ unpermuted_to_permuted,
                   int64_t* __restrict__ expert_first_token_offset) {
-  __shared__ int16_t keys[kMaxTokens * kMaxTopK];  // expert of expanded row e, E for other nodes
-  __shared__ int cursor[kWarps][kMaxKeys];          // per-warp rows per key, then per-warp cursors
+  __shared__ int cursor[kWarps][kMaxKeys];  // per-warp rows per key, then per-warp cursors
   __shared__ int warp_sums[kWarps];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   mb::chain_start();
 
+  // This warp's rows: a contiguous range, a multiple of 32 long (the last range may be short). The
+  // lane's keys (expert of each row, E for other nodes, -1 past the range) are loaded before the
+  // counters are zeroed, so their loads overlap it.
+  const int per_warp = (n + kWarps * 32 - 1) / (kWarps * 32) * 32;
+  const int e_begin = warp * per_warp, e_end = min(n, e_begin + per_warp);
+  int key[kRowsPerLane];
+#pragma unroll
+  for (int j = 0; j < kRowsPerLane; ++j) {
+    const int e = e_begin + lane + 32 * j;
+    const int x = e < e_end ? topk_ids[e] : -1;
+    key[j] = e >= e_end ? -1 : (x >= 0 && x < E ? x : E);
+  }
   // Only keys 0..E are used, so only they are zeroed and scanned (all kMaxKeys would cost time at decode
   // sizes).
   for (int i = tid; i < kWarps * (E + 1); i += kThreads) cursor[i / (E + 1)][i % (E + 1)] = 0;
   __syncthreads();
-  // This warp's rows: a contiguous range, a multiple of 32 long (the last range may be short).
-  const int per_warp = (n + kWarps * 32 - 1) / (kWarps * 32) * 32;
-  const int e_begin = warp * per_warp, e_end = min(n, e_begin + per_warp);
-  for (int e = e_begin + lane; e < e_end; e += 32) {
-    const int x = topk_ids[e];
-    const int key = x >= 0 && x < E ? x : E;
-    keys[e] = static_cast<int16_t>(key);
-    atomicAdd(&cursor[warp][key], 1);
+#pragma unroll
+  for (int j = 0; j < kRowsPerLane; ++j) {
+    if (key[j] >= 0) atomicAdd(&cursor[warp][key[j]], 1);
   }
   __syncthreads();
 
@@ -89,9 +97,11 @@ fused_maps_kernel(const int32_t* __restrict__ topk_ids, int n, int E,
   }
   __syncthreads();
 
-  for (int e0 = e_begin; e0 < e_end; e0 += 32) {
-    const int e = e0 + lane;
-    mb::place_round(e < e_end ? keys[e] : -1, e, cursor[warp], permuted_to_unpermuted, unpermuted_to_permuted);
+#pragma unroll
+  for (int j = 0; j < kRowsPerLane; ++j) {
+    if (e_begin + 32 * j < e_end) {  // warp-uniform: every lane takes part in the round
+      mb::place_round(key[j], e_begin + lane + 32 * j, cursor[warp], permuted_to_unpermuted, unpermuted_to_permuted);
+    }
   }
 }
 
