@@ -211,18 +211,15 @@ def test_rank_spec_holds_its_experts():
 
 
 @pytest.mark.parametrize("quant,force", [("fp8_block", {}), ("fp8", {"fc1_activation": "separate"})])
-def test_fp8_gemm2_input_quantized_separately_at_one_token_only(quant: str, force: dict[str, str]) -> None:
-    """rules.FC2_QUANT_FUSED_MIN_TOKENS: where the activation runs as a kernel, a separate quantize kernel at 1 token,
-    the activation kernel from 2 on, as bands over every count (one plan serves both); forcing either choice holds
-    at every count."""
+def test_fp8_gemm2_input_quantized_in_the_activation_at_every_count(quant: str, force: dict[str, str]) -> None:
+    """rules.fc2_quant_in_activation: where the activation runs as a kernel, it quantizes GEMM2's input at every
+    count, 1 token included (one band); forcing the separate quantize kernel holds at every count."""
     from moe_build.spec import Quant
     spec = MoESpec(hidden_size=2048, intermediate_size=768, num_experts=128, top_k=8, quant=Quant(quant))
-    for tokens, here in ((1, "separate"), (2, "fc1_activation"), (4096, "fc1_activation")):
+    for tokens in (1, 2, 4096):
         d = make_plan(spec, SM90, tokens=tokens, force=force).stage("fc2_input_quant")
-        assert d.choice == here, tokens
-        assert [(b.lo, b.hi, b.choice) for b in d.bands] == [(1, 1, "separate"), (2, None, "fc1_activation")]
-        gate = next(g for g in d.gates if g.name == "fc2_quant_fused_tokens")
-        assert (gate.value, gate.held) == (str(tokens), tokens >= 2)
+        assert d.choice == "fc1_activation" and {b.choice for b in d.bands} == {"fc1_activation"}, tokens
+        assert next(g for g in d.gates if g.name == "fc1_activation_kernel").held
     for forced in ("separate", "fc1_activation"):
         d = make_plan(spec, SM90, tokens=1, force={**force, "fc2_input_quant": forced}).stage("fc2_input_quant")
         assert d.choice == forced and {b.choice for b in d.bands} == {forced}
@@ -256,7 +253,7 @@ def test_fp8_gemm2_quantizes_its_input_where_it_runs_the_decode_kernel() -> None
     kernel with the finalize fused and its CTAs (touched experts x column blocks) are at most 8 an SM, and the
     separate quantize kernel runs at the others (bands over every count); forced, it must hold at every count where
     GEMM2 runs the decode kernel, however many CTAs; block-128 scales, an intermediate size past
-    FP8_QUANTIZING_MAX_K and a separate finalize keep the quantize kernel."""
+    FP8_QUANTIZING_MAX_K and a separate finalize keep the quantize kernel (the activation kernel's, where it runs)."""
     from moe_build.planner import rules as R
     from moe_build.spec import Quant
     spec = MoESpec(hidden_size=2048, intermediate_size=768, num_experts=128, top_k=8, quant=Quant.FP8)
@@ -283,11 +280,14 @@ def test_fp8_gemm2_quantizes_its_input_where_it_runs_the_decode_kernel() -> None
                                                         "gemm2_tactic": "decode:ksplit1:after_trigger:plain"})
     assert pinned.stage("fc2_input_quant").choice == "gemm2" and pinned.stage("fc2_input_quant").forced
     assert not next(g for g in pinned.stage("fc2_input_quant").gates if g.name == "gemm2_quantizing_waves").held
-    for other, force in ((dataclasses.replace(spec, quant=Quant.FP8_BLOCK), {}),
-                         (dataclasses.replace(spec, intermediate_size=R.FP8_QUANTIZING_MAX_K + 128), {}),
-                         (spec, {"finalize": "separate"}), (spec, {"fc1_activation": "separate"})):
+    # (block-128 scales and a forced activation kernel: the activation kernel quantizes it)
+    for other, force, here in ((dataclasses.replace(spec, quant=Quant.FP8_BLOCK), {}, "fc1_activation"),
+                               (dataclasses.replace(spec, intermediate_size=R.FP8_QUANTIZING_MAX_K + 128), {},
+                                "separate"),
+                               (spec, {"finalize": "separate"}, "separate"),
+                               (spec, {"fc1_activation": "separate"}, "fc1_activation")):
         d = make_plan(other, SM90, tokens=1, force=force).stage("fc2_input_quant")
-        assert d.choice == "separate" and "gemm2" not in {b.choice for b in d.bands}, (other, force)
+        assert d.choice == here and "gemm2" not in {b.choice for b in d.bands}, (other, force)
     with pytest.raises(MoeBuildError, match="gemm2_quantizing_k"):
         make_plan(dataclasses.replace(spec, intermediate_size=R.FP8_QUANTIZING_MAX_K + 128), SM90,
                   force={"fc2_input_quant": "gemm2", "gemm2_tactic": "decode:ksplit1:after_trigger:plain"})

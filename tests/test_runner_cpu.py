@@ -271,10 +271,10 @@ def test_w4afp8_plans_run_the_fusions_the_plan_names(expand: str, fc2: str) -> N
         assert choices["gemm2_tactic"].split(":")[0] == ("decode" if tokens == 16 else "mma")
 
 
-def test_w4afp8_fc2_prequant_is_separate_at_one_token() -> None:
-    """W4AFP8's FC2 pre-quant fusion (scale and FP8 quantization in the activation kernel) runs from 2 tokens on
-    (rules.FC2_QUANT_FUSED_MIN_TOKENS, gate fc2_quant_fused_tokens); at 1 token the activation, then the scale-and-
-    quantize kernel. Forced, one choice at every count."""
+def test_w4afp8_fc2_prequant_is_separate_at_one_token_on_narrow_experts() -> None:
+    """W4AFP8's FC2 pre-quant fusion (scale and FP8 quantization in the activation kernel) runs from 2 tokens on, and
+    at 1 token too where intermediate_size >= 2048 (rules.fc2_prequant_fused_tokens); below that, at 1 token the
+    activation, then the scale-and-quantize kernel. Forced, one choice at every count."""
     spec = dataclasses.replace(SWIGLU, quant=Quant.W4AFP8, act_scale=ActScale.STATIC, quant_prequant_scales=True)
     plan = make_plan(spec, H100, tokens=16)
     d = plan.stage("fc2_prequant")
@@ -282,7 +282,13 @@ def test_w4afp8_fc2_prequant_is_separate_at_one_token() -> None:
     assert [d.choice_for(t) for t in (1, 2, 4096)] == ["separate", "fused", "fused"]
     assert kernel_sequence(plan, 1)[4:7] == ["gemm1:w4afp8", "fc1_activation", "fc2_prequant:fp8"]
     assert kernel_sequence(plan, 2)[4:6] == ["gemm1:w4afp8", "fc1_activation:fc2_prequant_fp8"]
-    assert "fc2_quant_fused_tokens" in {g.name for g in make_plan(spec, H100, tokens=1).stage("fc2_prequant").gates}
+    gate = next(g for g in make_plan(spec, H100, tokens=1).stage("fc2_prequant").gates
+                if g.name == "fc2_prequant_fused_tokens")
+    assert (gate.value, gate.held) == ("tokens=1 intermediate_size=512", False)
+    wide = dataclasses.replace(spec, intermediate_size=2048)
+    d = make_plan(wide, H100, tokens=1).stage("fc2_prequant")
+    assert [b.to_list() for b in d.bands] == [[1, None, "fused"]] and d.choice == "fused"
+    assert next(g for g in d.gates if g.name == "fc2_prequant_fused_tokens").held
     forced = make_plan(spec, H100, tokens=16, force={"fc2_prequant": "separate"}).stage("fc2_prequant")
     assert forced.forced and forced.choice_for(4096) == "separate"
     awq = make_plan(dataclasses.replace(spec, quant=Quant.W4A16_AWQ), H100, tokens=1).stage("fc2_prequant")
@@ -395,12 +401,12 @@ def test_fp8_plans_run_fp8_steps_where_the_plan_quantizes(quant: Quant) -> None:
     assert "fc1_act" in layout  # the separate quantize step reads the 16-bit activation
     fused_everywhere = make_plan(spec, H100, tokens=16, force={**ACT_KERNEL, "fc2_input_quant": "fc1_activation"})
     assert "fc1_act" not in workspace_layout(spec, steps_up_to(fused_everywhere, 16), 16)
-    # the default plan quantizes GEMM2's input separately at 1 token (rules.FC2_QUANT_FUSED_MIN_TOKENS), in the
-    # activation from 2 on: one runner runs both, so its workspace covers both
+    # the default plan quantizes GEMM2's input in the activation at every count (rules.fc2_quant_in_activation), so
+    # its workspace has no 16-bit activation rows
     default = make_plan(spec, H100, tokens=16, force={**ACT_KERNEL, "finalize": "separate"})
-    assert kernel_sequence(default, 1)[-4:] == ["fc1_activation", "fc2_input_quant:separate", "gemm2:fp8", "finalize"]
-    assert kernel_sequence(default, 2)[-3:] == ["fc1_activation:fp8", "gemm2:fp8", "finalize"]
-    assert "fc1_act" in workspace_layout(spec, steps_up_to(default, 16), 16)
+    for tokens in (1, 2, 16):
+        assert kernel_sequence(default, tokens)[-3:] == ["fc1_activation:fp8", "gemm2:fp8", "finalize"], tokens
+    assert "fc1_act" not in workspace_layout(spec, steps_up_to(default, 16), 16)
     with pytest.raises(MoeBuildError, match="fc1_input_quant"):
         make_plan(SWIGLU, H100, tokens=16, force={"fc1_input_quant": "separate"})
 

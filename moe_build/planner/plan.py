@@ -193,7 +193,7 @@ def _fc1_activation(spec: MoESpec, target: Target, gemm_kernel: str, forced: str
 
 def _fc2_prequant(spec: MoESpec, tokens: int, forced: str | None) -> StageDecision:
     """The seed's fusion where its gates hold; W4AFP8, whose fused activation also quantizes GEMM2's input to FP8,
-    from FC2_QUANT_FUSED_MIN_TOKENS tokens on (bands over every count), as FP8 layers' fc2_input_quant."""
+    where rules.fc2_prequant_fused_tokens holds (bands over every count)."""
     awq, gated = R.fc2_use_awq(spec), R.fc2_gated(spec)
     if not awq.held:
         if forced not in (None, "none"):
@@ -206,19 +206,14 @@ def _fc2_prequant(spec: MoESpec, tokens: int, forced: str | None) -> StageDecisi
                 lambda f: fused_text if f else separate_text)
     if spec.quant is not Quant.W4AFP8 or forced is not None or d.choice != "fused":
         return d
-    return _fc2_quant_bands("fc2_prequant", "fused", (awq, gated), tokens, fused_text, separate_text)
-
-
-def _fc2_quant_bands(stage: str, fused: str, gates: Sequence[Gate], tokens: int, fused_text: str,
-                     separate_text: str) -> StageDecision:
-    """`stage` separate below FC2_QUANT_FUSED_MIN_TOKENS tokens and `fused` from there on, where GEMM2's input is
-    quantized to FP8 (FP8's fc2_input_quant, W4AFP8's fc2_prequant): bands over every count, gate
-    fc2_quant_fused_tokens at `tokens`."""
-    lo = R.FC2_QUANT_FUSED_MIN_TOKENS
-    bands = (Band(1, lo - 1, "separate"), Band(lo, None, fused))
+    gate = R.fc2_prequant_fused_tokens(spec, tokens)
+    if R.fc2_prequant_fused_tokens(spec, 1).held:
+        return replace(d, gates=(*d.gates, gate))
+    lo = R.FC2_PREQUANT_FUSED_MIN_TOKENS
+    bands = (Band(1, lo - 1, "separate"), Band(lo, None, "fused"))
     choice = next(b.choice for b in bands if b.holds(tokens))
-    return StageDecision(stage, choice, "separate", (*gates, R.fc2_quant_fused_tokens(tokens)), bands,
-                         summary=f"{fused_text if choice == fused else separate_text} "
+    return StageDecision("fc2_prequant", choice, "separate", (awq, gated, gate), bands,
+                         summary=f"{fused_text if choice == 'fused' else separate_text} "
                                  f"({bands_text(bands, choice_first=True)})")
 
 
@@ -279,10 +274,9 @@ def _fc1_input_quant(spec: MoESpec, forced: str | None) -> StageDecision:
 
 def _fc2_input_quant(spec: MoESpec, fc1_activation: str, finalize: StageDecision, gemm2: StageDecision,
                      call: T.GemmCall, tokens: int, forced: str | None) -> StageDecision:
-    """In the activation kernel where it can run there, from FC2_QUANT_FUSED_MIN_TOKENS tokens on; else, after GEMM1's
-    gated epilogue, in that epilogue where the scale is static (every count), else in GEMM2 at the counts where it
-    runs the quantizing decode kernel (bands over every count, the GEMM2 tactic's and the finalize's); forced, the
-    same choice at every count."""
+    """In the activation kernel where it can run there (every count); else, after GEMM1's gated epilogue, in that
+    epilogue where the scale is static (every count), else in GEMM2 at the counts where it runs the quantizing decode
+    kernel (bands over every count, the GEMM2 tactic's and the finalize's); forced, the same choice at every count."""
     gates = [R.input_quant_fp8(spec), R.fc2_quant_in_activation(fc1_activation)]
     fused_text = "GEMM2's input quantized to FP8 in the activation kernel"
     separate_text = "GEMM2's input quantized to FP8 by a separate kernel after the activation"
@@ -299,10 +293,8 @@ def _fc2_input_quant(spec: MoESpec, fc1_activation: str, finalize: StageDecision
     if forced == "gemm2" or (forced is None and all(g.held for g in in_gemm2)):
         return _fc2_quant_in_gemm2(spec, in_gemm2, (*gates, *in_gemm2[1:]), finalize, gemm2, call, tokens,
                                    forced is not None)
-    if forced is not None or not all(g.held for g in gates):
-        return _act_quant("fc2_input_quant", "fc1_activation", gates, forced, fused_text, separate_text,
-                          *([W4AFP8_INPUT_TEXT.format("fc2_prequant")] if spec.quant is Quant.W4AFP8 else []))
-    return _fc2_quant_bands("fc2_input_quant", "fc1_activation", gates, tokens, fused_text, separate_text)
+    return _act_quant("fc2_input_quant", "fc1_activation", gates, forced, fused_text, separate_text,
+                      *([W4AFP8_INPUT_TEXT.format("fc2_prequant")] if spec.quant is Quant.W4AFP8 else []))
 
 
 def _fc2_quant_in_gemm2(spec: MoESpec, gates: Sequence[Gate], shown: Sequence[Gate], finalize: StageDecision,

@@ -494,27 +494,34 @@ def fp8_rowwise_scales(s: MoESpec) -> Gate:
     return Gate("fp8_rowwise_scales", s.quant.value, "quant == fp8", s.quant is Quant.FP8, OURS)
 
 
-# GEMM2's input is quantized to FP8 inside the activation step when that step runs as its own kernel:
-# fc1_activation == separate (a fused gated epilogue writes 16-bit rows)
+# GEMM2's input is quantized to FP8 inside the activation step when that step runs as its own kernel, at every count:
+# fc1_activation == separate (a fused gated epilogue writes 16-bit rows). At 1 token the block-per-row activation
+# kernel's quantization had lost 1-9% to the separate quantize kernel (2026-11-28; docs/performance.md, "FP8 layers");
+# the warp-row kernels win there on all four bench shapes, block-128 (whose plan runs it), H200, three rounds in three
+# device calls, graph replay, us, fused against separate: GPT-OSS-20B 56.4 / 55.8 / 57.5 against 57.6 / 57.4 / 59.2,
+# Qwen3-30B-A3B 32.3 / 31.7 / 31.4 against 34.2 / 33.4 / 32.8, DeepSeek-V2-Lite 34.3 / 33.3 / 34.1 against 36.0 /
+# 35.0 / 35.6, Mixtral-8x7B 118.9 / 120.3 against 119.5 / 121.1 (docs/performance.md, "The FC2 input quantization in
+# the activation kernel at 1 token").
 def fc2_quant_in_activation(fc1_activation: str) -> Gate:
     return Gate("fc1_activation_kernel", fc1_activation, "fc1_activation == separate", fc1_activation == "separate",
                 OURS)
 
 
-# ... and pays from 2 tokens on: at 1 token the activation kernel's fused quantization (a block per row, top_k rows)
-# lost 1-9% to the separate quantize kernel on every bench shape but DeepSeek-V3 (where it won by 1%), fp8 and
-# fp8_block, whole layers replayed on the H200 (Qwen3-30B-A3B 33.3 vs 31.8 us, DeepSeek-V2-Lite 40.1 vs 36.5), and
-# won 0-4% at 16 tokens (docs/performance.md, "FP8 layers"): tokens >= FC2_QUANT_FUSED_MIN_TOKENS.
-# W4AFP8's fc2_prequant=fused (the FC2 pre-quant scale and the FP8 quantization in the activation kernel) takes the
-# same band: at 1 token it lost 4-13% to the separate scale-and-quantize kernel on all four bench shapes in both of
-# its runs (H200, docs/measured/h200-2026-11-28-w4afp8: Qwen3-30B-A3B 36.4 vs 33.9 us, DeepSeek-V2-Lite 40.4 vs
-# 37.6 with the staged activation kernel), and was within 3% either way at 16 tokens.
-FC2_QUANT_FUSED_MIN_TOKENS = 2
+# W4AFP8's fc2_prequant=fused (the FC2 pre-quant scale and the FP8 quantization in the activation kernel):
+# tokens >= 2 or intermediate_size >= 2048. Within 3% either way at 16 tokens (2026-11-28); at 1 token, H200, two
+# rounds, graph replay, us, fused against separate: Mixtral-8x7B 93.2 / 92.8 against 95.8 / 96.4, GPT-OSS-20B (2880)
+# 53.7 / 53.7 against 56.0 / 57.1; Qwen3-30B-A3B (768) 29.5 / 29.8 against 29.6 / 29.3 and DeepSeek-V2-Lite (1408)
+# 34.1 / 33.9 against 34.0 / 33.3, level, where the block-per-row kernel lost 4-13%
+# (docs/measured/h200-2026-11-28-w4afp8: Qwen3-30B-A3B 36.4 vs 33.9 us).
+FC2_PREQUANT_FUSED_MIN_TOKENS = 2
+FC2_PREQUANT_FUSED_WIDE_INTER = 2048
 
 
-def fc2_quant_fused_tokens(tokens: int) -> Gate:
-    return Gate("fc2_quant_fused_tokens", str(tokens), f"tokens >= {FC2_QUANT_FUSED_MIN_TOKENS}",
-                tokens >= FC2_QUANT_FUSED_MIN_TOKENS, OURS)
+def fc2_prequant_fused_tokens(s: MoESpec, tokens: int) -> Gate:
+    return Gate("fc2_prequant_fused_tokens", f"tokens={tokens} intermediate_size={s.intermediate_size}",
+                f"tokens >= {FC2_PREQUANT_FUSED_MIN_TOKENS} or intermediate_size >= {FC2_PREQUANT_FUSED_WIDE_INTER}",
+                tokens >= FC2_PREQUANT_FUSED_MIN_TOKENS or s.intermediate_size >= FC2_PREQUANT_FUSED_WIDE_INTER, OURS,
+                token_dependent=True)
 
 
 # With a static GEMM2 input scale (ModelOpt's per-tensor FP8 `input_scale`), GEMM1's gated epilogue writes GEMM2's

@@ -102,7 +102,7 @@ def test_gated_epilogue_where_planned(mode, tokens: int) -> None:
     """On sm90 rowwise layers run the activation in GEMM1's epilogue; with a static scale that epilogue writes GEMM2's
     FP8 input (every count), else GEMM2 quantizes its input itself where it runs the decode kernel (1 and 16 tokens:
     2 rows per expert) and the quantize kernel runs before the wgmma tiles (600); block-128 ones the activation
-    kernel with GEMM2's input quantized in it (from 2 tokens on)."""
+    kernel with GEMM2's input quantized in it (every count)."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the FP8 gated epilogue is planned for the sm90 GEMMs")
     steps = check(BASE.with_overrides(num_experts=16), mode, tokens=tokens, max_tokens=600)
@@ -111,8 +111,8 @@ def test_gated_epilogue_where_planned(mode, tokens: int) -> None:
     in_gemm2 = gated and not in_gemm1 and tokens < 600
     assert ("gemm1:fp8_gated_quantized" in steps) == in_gemm1, steps
     assert ("gemm1:fp8_gated" in steps) == (gated and not in_gemm1) and (QUANTIZING_GEMM2 in steps) == in_gemm2, steps
-    assert ("fc2_input_quant:separate" in steps) == ((gated and not in_gemm1 and not in_gemm2) or
-                                                     (not gated and tokens == 1)), steps
+    assert ("fc2_input_quant:separate" in steps) == (gated and not in_gemm1 and not in_gemm2), steps
+    assert ("fc1_activation:fp8" in steps) == (not gated), steps
 
 
 @pytest.mark.parametrize("mode", MODES[:3], ids=MODE_IDS[:3])
