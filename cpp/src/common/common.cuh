@@ -111,6 +111,16 @@ __device__ __forceinline__ void chain_start() {
   let_dependents_start();
 }
 
+// The largest v over each aligned group of kLanes lanes (a power of two, at most 32), in every lane of the group:
+// xor-shuffle rounds at kLanes / 2, ..., 1 lanes apart (every lane of the warp calls it). kLanes = 32: the warp's.
+template <int kLanes = 32>
+__device__ __forceinline__ float lanes_max(float v) {
+  static_assert(kLanes >= 1 && kLanes <= 32 && (kLanes & (kLanes - 1)) == 0, "lane groups are powers of two <= 32");
+#pragma unroll
+  for (int off = kLanes / 2; off > 0; off /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+  return v;
+}
+
 // Every launch is followed by this: a bad configuration or an earlier asynchronous fault
 // surfaces here as MB_ERR_CUDA naming the kernel, instead of silently later.
 inline mb_status check_launch(const char* kernel) {

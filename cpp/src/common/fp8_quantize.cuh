@@ -263,8 +263,7 @@ __device__ __forceinline__ float unit_amax_packed(uint4 x) {
 // The largest v of the block (every thread must call it; it synchronizes the block twice).
 __device__ __forceinline__ float block_max(float v) {
   __shared__ float warp_max[32];
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+  v = lanes_max(v);
   if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = v;
   __syncthreads();
   float m = 0.0f;
@@ -338,8 +337,7 @@ __device__ __forceinline__ void quantize_row(Src& src, const Dst& dst, int64_t c
           // A group is kGroupLanes aligned lanes (t0 and blockDim.x are multiples of 32); units past the
           // row's end are zeros, so a partial last group's amax is its elements'.
           float a = unit_amax<T>(x[i], p);
-#pragma unroll
-          for (int off = kGroupLanes / 2; off > 0; off /= 2) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, off));
+          a = lanes_max<kGroupLanes>(a);
           s = dynamic_scale(a);
           const int64_t u = unit_index(t0, i);
           if (u < units && u % kGroupLanes == 0) dst.scale(u / kGroupLanes, s);

@@ -101,8 +101,7 @@ __device__ __forceinline__ void quantize_chunk_rows(const T* src, const float* s
         if (u0 == 0) keep[i] = x[i];
       }
     }
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    amax = mb::lanes_max(amax);
     if (threadIdx.x % 32 == 0) warp_amax[threadIdx.x / 32] = amax;
     __syncthreads();
     float m = 0.f;

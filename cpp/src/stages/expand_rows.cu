@@ -224,8 +224,7 @@ expand_rows_fp8_warp_kernel(const T* __restrict__ input, const int32_t* __restri
       float amax = 0.0f;
 #pragma unroll
       for (int i = 0; i < kPerLane; ++i) amax = fmaxf(amax, fp8::unit_amax_packed<T>(x[i]));  // zeros past the row
-#pragma unroll
-      for (int o = 16; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+      amax = mb::lanes_max(amax);
       row_s = fp8::dynamic_scale(amax);
     }
     const float row_y = mode == fp8::kStatic ? static_y : __frcp_rn(row_s);
@@ -235,8 +234,7 @@ expand_rows_fp8_warp_kernel(const T* __restrict__ input, const int32_t* __restri
         // i < kPerLane is the warp's bound, so every lane takes part in the shuffles; a partial last group's amax is
         // its elements' (zeros past the row).
         float g = fp8::unit_amax_packed<T>(x[i]);
-#pragma unroll
-        for (int o = fp8::kGroupLanes / 2; o > 0; o /= 2) g = fmaxf(g, __shfl_xor_sync(0xffffffffu, g, o));
+        g = mb::lanes_max<fp8::kGroupLanes>(g);
         group_scale[i] = fp8::dynamic_scale(g);
         q[i] = fp8::quantize_unit_by<T>(x[i], group_scale[i], __frcp_rn(group_scale[i]));
       } else {

@@ -315,8 +315,7 @@ fc1_activation_fp8_staged_kernel(const T* __restrict__ in, const T* __restrict__
       float s = static_s, y = static_y;
       if (mode == fp8::kPerGroup) {
         float g = a;
-#pragma unroll
-        for (int o = fp8::kGroupLanes / 2; o > 0; o /= 2) g = fmaxf(g, __shfl_xor_sync(0xffffffffu, g, o));
+        g = mb::lanes_max<fp8::kGroupLanes>(g);
         s = fp8::dynamic_scale(g);
         y = __frcp_rn(s);
         if (mine && u % fp8::kGroupLanes == 0) scales[u / fp8::kGroupLanes] = s;
@@ -407,8 +406,7 @@ fc1_activation_fp8_warp_kernel(const T* __restrict__ in, const T* __restrict__ b
         amax = fmaxf(amax, fp8::unit_amax_packed<T>(x[i]));  // zeros past the row
       } else if (mode == fp8::kPerGroup) {
         float g = fp8::unit_amax_packed<T>(x[i]);
-#pragma unroll
-        for (int o = fp8::kGroupLanes / 2; o > 0; o /= 2) g = fmaxf(g, __shfl_xor_sync(0xffffffffu, g, o));
+        g = mb::lanes_max<fp8::kGroupLanes>(g);
         const float s = fp8::dynamic_scale(g);
         if (u < units) {
           if (u % fp8::kGroupLanes == 0) scales[u / fp8::kGroupLanes] = s;
@@ -420,8 +418,7 @@ fc1_activation_fp8_warp_kernel(const T* __restrict__ in, const T* __restrict__ b
     }
     if (mode == fp8::kStatic && lane == 0) scales[0] = static_s;
     if (mode != fp8::kPerRow) continue;
-#pragma unroll
-    for (int o = 16; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    amax = mb::lanes_max(amax);
     const float s = fp8::dynamic_scale(amax), y = __frcp_rn(s);
     if (lane == 0) scales[0] = s;
 #pragma unroll

@@ -39,12 +39,6 @@ __device__ __forceinline__ unsigned key_bits(float k) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
-  return v;
-}
-
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
@@ -87,7 +81,7 @@ routing_kernel(const T* __restrict__ logits, const float* __restrict__ bias, int
       key[s] = method == MB_SIGMOID_GROUPED && i < E ? mb::sigmoid_f32(x[s]) + b[s] : x[s];
       row_max = fmaxf(row_max, x[s]);
     }
-    row_max = warp_max(row_max);
+    row_max = mb::lanes_max(row_max);
     // Only an un-renormalised softmax_topk needs the full-row denominator.
     float denom = 1.0f;
     if (method == MB_SOFTMAX_TOPK && !renormalize) {
