@@ -14,17 +14,13 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "gemm/loads.cuh"  // the decode kernels' weight loads
+
 namespace {
 
 constexpr int kWarps = 8;
 constexpr int kRowsPerCta = 16 * kWarps;
 constexpr int kNB = 4;  // 128-k batches a warp loads per wait, double-buffered
-
-__device__ __forceinline__ uint4 ldg16(const void* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-  return v;
-}
 
 __device__ __forceinline__ void imma(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                                      uint32_t b1) {
@@ -71,8 +67,8 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
 #pragma unroll
     for (int j = 0; j < kNB; ++j) {
       const int bt = bt0 + j;
-      wbuf[b][j][0] = ldg16(w0 + bt * 64);
-      wbuf[b][j][1] = ldg16(w1 + bt * 64);
+      wbuf[b][j][0] = mbk::ld_weights_in_bounds(w0 + bt * 64);
+      wbuf[b][j][1] = mbk::ld_weights_in_bounds(w1 + bt * 64);
       sv[b][j][0] = __ldg(s0p + bt);
       sv[b][j][1] = __ldg(s1p + bt);
       zv[b][j][0] = __ldg(z0p + bt);

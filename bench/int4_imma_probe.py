@@ -29,7 +29,7 @@ PERM = [0, 2, 4, 6, 1, 3, 5, 7]  # a word's k as the widened codes hold them: ev
 def build() -> ctypes.CDLL:
     out = Path(tempfile.mkdtemp()) / "int4_imma_probe.so"
     subprocess.run(["nvcc", "-std=c++17", "-O3", "-arch=sm_90a", "-Xcompiler", "-fPIC", "--shared",
-                    str(HERE / "int4_imma_probe.cu"), "-o", str(out)], check=True)
+                    f"-I{HERE.parent / 'cpp' / 'src'}", str(HERE / "int4_imma_probe.cu"), "-o", str(out)], check=True)
     lib = ctypes.CDLL(str(out))
     lib.int4_imma_gemv_launch.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
     return lib
