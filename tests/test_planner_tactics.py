@@ -15,7 +15,7 @@ import pytest
 from moe_build.errors import MoeBuildError
 from moe_build.planner import make_plan
 from moe_build.planner.tactics import (GemmCall, GemmTactic, RowCount, choose_tactic, tactic_bands, tactic_problem,
-                                       woq_staged_rows)
+                                       woq_digits_rows, woq_staged_rows)
 from moe_build.spec import MoESpec, Quant
 from moe_build.target import Flavour, Target, TokenProfile
 
@@ -385,8 +385,9 @@ def test_weight_only_int4_decode_stages_token_rows_where_they_fit() -> None:
     assert [woq_staged_rows(mixtral_down, s) for s in (1, 2, 4, 8)] == [3, 3, 3, 3]  # 106240 // 28736 etc.
     assert woq_staged_rows(dataclasses.replace(mixtral_down, k=12416), 1) == 4  # 106240 // 24896
     assert woq_staged_rows(dataclasses.replace(mixtral_down, k=4096), 1) == 8   # capped at a chunk's 8 rows
-    # 1 token: 2 rows fit (split 4); 2 tokens: 4 rows do not
-    assert [at(mixtral_down, t) for t in (1, 2)] == ["decode:staged_ksplit4:after_trigger:plain",
+    # 1 token: 2 rows fit (split 4; with 16-bit activations the digits tile takes them, woq_digits_rule); 2 tokens:
+    # 4 rows do not
+    assert [at(mixtral_down, t) for t in (1, 2)] == ["decode:digits_ksplit4:after_trigger:plain",
                                                      "decode:ksplit2:after_trigger:plain"]
     assert tactic_bands(mixtral_down)[0][:2] == (1, 1)
     for other in (dict(woq_group=32), dict(woq="int8", itemsize=1, woq_group=0), dict(woq="mxfp4", woq_group=32),
@@ -407,8 +408,46 @@ def test_weight_only_int4_decode_stages_token_rows_where_they_fit() -> None:
     assert "one scale per row or per 128 k" in tactic_problem(dataclasses.replace(small, woq_group=32), staged)
     assert tactic_problem(dataclasses.replace(small, woq_group=64, k=4096 - 64), staged) is None
     assert "weight-only int4 GEMM's" in tactic_problem(call(epilogue="store"), staged)
-    with pytest.raises(MoeBuildError, match="staged or not"):
+    with pytest.raises(MoeBuildError, match="plain, staged or on digits"):
         GemmTactic.parse("decode:staged2:plain:plain")
+
+
+def test_weight_only_digits_tile_where_the_token_digits_fit() -> None:
+    """The digits tile (token digits on the int8 mma) takes the int4 forms with one scale per row or per 128 k, k % 128
+    == 0, 16-bit activations, while a chunk's digits fit the kernel's 104 KB: (104 KB - 16) // (k_split * slice
+    groups * 400) rows, gemm/woq_decode_digits.cu digits_smem. A forced digits tactic whose 8-row chunks do not fit,
+    or another form, is refused."""
+    mixtral_down = call(epilogue="store", woq="int4", woq_group=128, n=4096, k=14336, experts=8, top_k=2)
+    assert [woq_digits_rows(mixtral_down, s) for s in (1, 2, 4, 8)] == [2, 2, 2, 2]  # 106480 // 44800
+    mixtral_up = dataclasses.replace(mixtral_down, n=28672, k=4096)
+    assert woq_digits_rows(mixtral_up, 1) == 8  # 106480 // 12800 = 8
+    assert woq_digits_rows(dataclasses.replace(mixtral_up, k=4608), 1) == 7  # 36 groups: 106480 // 14400
+    for other in (dict(woq_group=64), dict(woq_group=32), dict(woq="int8", itemsize=1), dict(k=4096 - 64),
+                  dict(a_e4m3=True)):
+        assert woq_digits_rows(dataclasses.replace(mixtral_up, **other), 1) == 0
+    digits = GemmTactic.parse("decode:digits_ksplit2:after_trigger:plain")
+    assert (digits.kernel, digits.tile, digits.k_split, digits.name) == ("decode", "digits", 2,
+                                                                         "decode:digits_ksplit2:after_trigger:plain")
+    assert tactic_problem(mixtral_up, digits) is None
+    assert "do not fit" in tactic_problem(mixtral_down, digits)
+    assert "16-bit activations" in tactic_problem(dataclasses.replace(mixtral_up, a_e4m3=True), digits)
+    assert "one scale per row or per 128 k" in tactic_problem(dataclasses.replace(mixtral_up, woq_group=64), digits)
+    assert "weight-only int4 GEMM's" in tactic_problem(call(epilogue="store"), digits)
+
+
+def test_weight_only_digits_rule() -> None:
+    """The planner takes the digits tile where a chunk's digits fit and the average rows per expert is at most 2, on
+    layers of 64 experts or more or up to 4 rows in all; the staged tile elsewhere in the decode band."""
+    mixtral_up = call(epilogue="store", woq="int4", woq_group=128, n=28672, k=4096, experts=8, top_k=2)
+    assert [at(mixtral_up, t) for t in (1, 2, 3)] == ["decode:digits_ksplit1:after_trigger:plain"] * 2 + [
+        "decode:staged_ksplit1:after_trigger:plain"]  # 6 rows in all on 8 experts
+    qwen_up = call(epilogue="store", woq="int4", woq_group=128, n=1536, k=2048, experts=128, top_k=8)
+    assert at(qwen_up, 32).startswith("decode:digits_") and at(qwen_up, 33).startswith("decode:staged_")
+    assert at(dataclasses.replace(qwen_up, woq_group=0), 16).startswith("decode:digits_")  # one scale per row
+    for other in (dict(woq_group=64), dict(a_e4m3=True), dict(woq="int8", itemsize=1)):
+        assert not at(dataclasses.replace(qwen_up, **other), 16).startswith("decode:digits_")
+    bands = [(lo, hi, t.name.split(":")[1]) for lo, hi, t in tactic_bands(mixtral_up)]
+    assert bands[0] == (1, 2, "digits_ksplit1")
 
 
 def test_weight_only_gemms_take_the_mixed_input_tiles_past_decode() -> None:

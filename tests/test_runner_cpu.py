@@ -348,7 +348,8 @@ def test_weight_only_plans_fuse_the_finalize_into_the_decode_gemm2(quant: Quant)
     plan = make_plan(spec, H100, tokens=16)
     # 64 experts, top-2: tokens * 2 <= 32 up to 16 tokens; the decode band to 256 tokens (8 rows per expert)
     assert [b.to_list() for b in plan.stage("finalize").bands] == [[1, 16, "fused"], [17, None, "separate"]]
-    gemm2 = {Quant.W4AFP8: "gemm2:w4afp8"}.get(quant, "gemm2:woq")
+    # W4A16's int4 GEMM2 takes the digits tile at these 1-2 rows per expert (tactics.woq_digits_rule)
+    gemm2 = {Quant.W4AFP8: "gemm2:w4afp8", Quant.W4A16_AWQ: "gemm2:woq_digits"}.get(quant, "gemm2:woq")
     expand = {Quant.W4AFP8: ["expand_rows:prequant_fp8"], Quant.W4A16_AWQ: ["expand_rows:prequant"]}.get(
         quant, ["expand_rows"])
     fused, separate = kernel_sequence(plan, 16), kernel_sequence(plan, 17)
@@ -366,7 +367,7 @@ def test_weight_only_plans_fuse_the_finalize_into_the_decode_gemm2(quant: Quant)
     forced = make_plan(spec, H100, tokens=4096, force={"finalize": "fused"})
     assert forced.choices(4096)["gemm2_tactic"].startswith("decode:")
     assert kernel_sequence(forced, 4096)[2] == "routing_prologue:three_step+zero_output"
-    assert kernel_sequence(forced, 4096)[-1] == f"{gemm2}_finalize"
+    assert kernel_sequence(forced, 4096)[-1] == f"{gemm2.replace('_digits', '')}_finalize"  # 128 rows per expert
     with pytest.raises(MoeBuildError, match="finalize epilogue runs on the decode kernel only"):
         make_plan(spec, H100, tokens=16, force={"finalize": "fused", "gemm2_tactic": "mma:64x128:plain:plain"})
     if quant is Quant.W4A16_AWQ:
@@ -703,3 +704,21 @@ def test_weight_only_plans_take_the_mixed_input_gemm_past_decode(quant: Quant) -
                                                              for t in (33, 508, 509)}}
         assert plan.stage("gemm1_tactic").choice_for(33) == "wgmma:woq128x32:plain:plain"
         assert plan.stage("gemm1_tactic").choice_for(1024) == "wgmma:woq128x256:plain:plain"
+
+
+@pytest.mark.parametrize("finalize", ["fused", "separate"])
+def test_digits_tactics_run_the_digits_steps(finalize: str) -> None:
+    """A weight-only GEMM whose tactic is the decode kernel's digits tile runs as its digits step (the input rows
+    split into token digits, then the GEMM on them), and the workspace holds one GEMM's token digits at a time: tokens
+    * top_k rows of ceil(max(hidden, inter) / 128) groups of 400 bytes."""
+    spec = dataclasses.replace(SWIGLU, quant=Quant.W4A16_AWQ)
+    force = {"gemm1_tactic": "decode:digits_ksplit1:after_trigger:plain",
+             "gemm2_tactic": "decode:digits_ksplit2:after_trigger:plain", "finalize": finalize}
+    plan = make_plan(spec, dataclasses.replace(H100, profile=TokenProfile(1, 16, 16)), tokens=16, force=force)
+    gemms = [s for s in kernel_sequence(plan, 16) if s.startswith("gemm")]
+    assert gemms == ["gemm1:woq_digits", "gemm2:woq_digits_finalize" if finalize == "fused" else "gemm2:woq_digits"]
+    layout = workspace_layout(spec, steps_up_to(plan, 16), 16)
+    assert layout["token_digits"].shape == (32, 4 * 400) and layout["token_digits"].dtype == torch.uint8
+    w8 = dataclasses.replace(spec, quant=Quant.W8A16)  # int8 weights: no digits tile, no digits in the workspace
+    w8_plan = make_plan(w8, dataclasses.replace(H100, profile=TokenProfile(1, 16, 16)), tokens=16)
+    assert "token_digits" not in workspace_layout(w8, steps_up_to(w8_plan, 16), 16)

@@ -329,6 +329,8 @@ enum mb_gemm_tile {
                                       only, rowwise scales with fast accumulation) */
   MB_TILE_PINGPONG_128x128_C2 = 21, /* wgmma: pingpong 128 x 128 in 2x1 clusters (weight tile multicast; FP8 only,
                                        rowwise scales with fast accumulation) */
+  MB_TILE_DECODE_DIGITS = 22,      /* decode on the int8 mma, A the token digits mb_token_digits writes (the weight-only
+                                      int4 forms with one scale per row or per 128 k, MB_INPUT_DIGITS) */
 };
 enum mb_gemm_launch {
   MB_LAUNCH_PLAIN = 0,          /* an ordinary launch */
@@ -344,7 +346,7 @@ enum mb_output_l2 {
 };
 typedef struct mb_gemm_tactic {
   int32_t kernel;     /* enum mb_gemm_kernel */
-  int32_t tile;       /* enum mb_gemm_tile: MB_TILE_NONE (or MB_TILE_DECODE_STAGED) for decode, an MMA tile for mma,
+  int32_t tile;       /* enum mb_gemm_tile: MB_TILE_NONE (or MB_TILE_DECODE_STAGED / _DIGITS) for decode, an MMA tile for mma,
                          a wgmma tile for wgmma */
   int32_t k_split;    /* decode: K slices per CTA, 1, 2, 4 or 8; 0 for the other kernels */
   int32_t launch;     /* enum mb_gemm_launch: mma PLAIN (the weight-only GEMM's also AFTER_TRIGGER); decode PLAIN or
@@ -519,9 +521,24 @@ mb_status mb_grouped_gemm_fp8_gated(const void* A, const float* scale_a, const v
  *                   e4m3 value is converted exactly to dtype on its way to the mma (every finite e4m3 value is an
  *                   fp16 and a bf16 value), the weights dequantized as above, fp32 accumulation, the scale applied
  *                   to the fp32 sum. Int4 weights only (MB_WOQ_INT4; else MB_ERR_UNSUPPORTED); any SM 8.0 and later
- *                   (the conversion is integer and 16-bit arithmetic, no FP8 instruction). */
+ *                   (the conversion is integer and 16-bit arithmetic, no FP8 instruction).
+ *   MB_INPUT_DIGITS: A the token digits of 16-bit rows [max_rows, k] as mb_token_digits writes them; scale_a NULL;
+ *                   the tactic's tile MB_TILE_DECODE_DIGITS and only then (gemm/woq_decode_digits.cu: int4 codes
+ *                   times 8-bit digits on the int8 mma, each 128-k group's sum exact in int32); int4 weights with
+ *                   group 0 or 128 and k % 128 == 0 (else MB_ERR_UNSUPPORTED); C in dtype. */
 enum mb_woq_kind { MB_WOQ_INT4 = 0, MB_WOQ_INT8 = 1, MB_WOQ_MXFP4 = 2 };
-enum mb_woq_input { MB_INPUT_DTYPE = 0, MB_INPUT_E4M3 = 1 };
+enum mb_woq_input { MB_INPUT_DTYPE = 0, MB_INPUT_E4M3 = 1, MB_INPUT_DIGITS = 2 };
+
+/* stages/token_digits.cu: the token rows in [rows, k] (dtype fp16 or bf16, k % 128 == 0) as the int8 mma's
+ * operand: each 128-k group g of a row, with E its largest magnitude's exponent minus 5, as three 8-bit digits
+ * per value, x = 2^(E - 12) * (4096 d0 + 64 d1 + d2) (|d0| <= 64, |d1|, |d2| <= 32): exact for every value with no
+ * bits below 2^(E - 12) (every bf16 value within 2^10 of the group's largest, every fp16 one within 2^7), the rest
+ * rounded there; a group holding an inf or NaN carries a NaN factor.
+ * out [rows, k / 128, MB_TOKEN_DIGITS_BATCH_BYTES] bytes: per group the three digit planes (384 bytes, in the
+ * order the decode kernel's mma fragments read them), the int32 sum of the group's 4096 d0 + 64 d1 + d2, the fp32
+ * factor 2^(E - 12), and 8 zero bytes. Launched after a trigger (it waits for its predecessor first). */
+#define MB_TOKEN_DIGITS_BATCH_BYTES 400
+mb_status mb_token_digits(const void* in, int dtype, int64_t rows, int k, uint8_t* out, cudaStream_t stream);
 mb_status mb_grouped_gemm_woq(const void* A, int a_type, const float* scale_a, const void* B, int kind,
                               const void* scales, const uint8_t* zeros, int group, const void* bias, void* C,
                               const int64_t* expert_first_token_offset, int num_experts, int64_t max_rows, int n,

@@ -56,7 +56,8 @@ class GemmKernel(enum.IntEnum):
 
 
 class GemmTile(enum.IntEnum):
-    """mb_gemm_tile (MB_TILE_*): the tile of the mma or wgmma kernel; NONE or DECODE_STAGED for decode."""
+    """mb_gemm_tile (MB_TILE_*): the tile of the mma or wgmma kernel; NONE, DECODE_STAGED or DECODE_DIGITS for
+    decode."""
     NONE = 0
     MMA_16x64 = 1
     MMA_64x128 = 2
@@ -79,6 +80,7 @@ class GemmTile(enum.IntEnum):
     PINGPONG_64x128_C2 = 19
     PINGPONG_128x128 = 20
     PINGPONG_128x128_C2 = 21
+    DECODE_DIGITS = 22
 
 
 class WoqKind(enum.IntEnum):
@@ -89,9 +91,15 @@ class WoqKind(enum.IntEnum):
 
 
 class WoqInput(enum.IntEnum):
-    """mb_woq_input (MB_INPUT_*): the weight-only GEMM's A, in the call's dtype or e4m3 with per-row scales (W4AFP8)."""
+    """mb_woq_input (MB_INPUT_*): the weight-only GEMM's A, in the call's dtype, e4m3 with per-row scales (W4AFP8), or
+    the token digits of 16-bit rows (mb_token_digits; the decode kernel's digits tile)."""
     DTYPE = 0
     E4M3 = 1
+    DIGITS = 2
+
+
+# MB_TOKEN_DIGITS_BATCH_BYTES: a token row's bytes per 128-k group in mb_token_digits' output.
+TOKEN_DIGITS_GROUP_BYTES = 400
 
 
 class Fp8Scaling(enum.IntEnum):
@@ -168,6 +176,7 @@ SIGNATURES: dict[str, tuple[type, tuple[type, ...]]] = {
     "mb_expand_rows_fp8_prequantized": (_i, (_p, _p, _i, _p, _p, _i, _i, _i, _p, _p, _p, _p, _i, _p)),
     "mb_fc1_activation_fp8": (_i, (_p, _i, _p, _p, _i, _i64, _i, _i, _f, _f, _p, _p, _i, _p, _p, _p)),
     # end of FP8 activation quantization
+    "mb_token_digits": (_i, (_p, _i, _i64, _i, _p, _p)),
     "mb_grouped_gemm_sm80_workspace": (_sz, (_i,)),
     "mb_grouped_gemm_sm80": (_i, (_p, _p, _p, _p, _p, _i, _i64, _i, _i, _i, _i, _i, _f, _f, _t, _p, _sz, _p)),
     "mb_grouped_gemm_sm90_workspace": (_sz, (_i, _i64, _i, _i)),

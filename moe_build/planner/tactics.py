@@ -46,9 +46,11 @@ FP8_FAST_ONLY_TILES = ("pingpong128x128", "pingpong128x128c2")
 FP8_ONLY_TILES = ("coop128x128", "coop128x128c2", "coop128x192", "coop128x192c2", "pingpong64x128c2",
                   "pingpong128x128", "pingpong128x128c2")
 K_SPLITS = (1, 2, 4, 8)
-# The decode kernel's forms: token rows read where they lie ("none"), or first staged in shared memory ("staged":
-# the weight-only int4 codes kernel only, woq_staged_rows below).
-DECODE_TILES = ("none", "staged")
+# The decode kernel's forms: token rows read where they lie ("none"), first staged in shared memory ("staged": the
+# weight-only int4 codes kernel only, woq_staged_rows below), or split into 8-bit digits by a step before the GEMM and
+# multiplied on the int8 mma ("digits": the weight-only int4 forms with 16-bit activations, woq_digits_rows below).
+DECODE_TILES = ("none", "staged", "digits")
+_DECODE_TILE_PREFIX = {"none": "", "staged": "staged_", "digits": "digits_"}
 LAUNCHES = ("plain", "after_trigger", "placed")
 OUTPUT_L2 = ("plain", "evict_last")
 EPILOGUES = ("store", "gated", "finalize")
@@ -72,12 +74,13 @@ class GemmTactic:
     def name(self) -> str:
         tile = self.tile
         if self.kernel == "decode":
-            tile = f"{'staged_' if self.tile == 'staged' else ''}ksplit{self.k_split}"
+            tile = f"{_DECODE_TILE_PREFIX[self.tile]}ksplit{self.k_split}"
         return f"{self.kernel}:{tile}:{self.launch}:{self.output_l2}"
 
     @classmethod
     def parse(cls, name: str) -> "GemmTactic":
-        """The tactic spelled `name` (KERNEL:TILE:LAUNCH:OUTPUT_L2, decode's TILE being ksplitN or staged_ksplitN)."""
+        """The tactic spelled `name` (KERNEL:TILE:LAUNCH:OUTPUT_L2, decode's TILE being ksplitN, staged_ksplitN or
+        digits_ksplitN)."""
         parts = name.split(":")
         form = "KERNEL:TILE:LAUNCH:OUTPUT_L2, e.g. wgmma:pingpong64x128:plain:plain or decode:ksplit2:plain:plain"
         if len(parts) != 4:
@@ -86,11 +89,11 @@ class GemmTactic:
         if kernel not in KERNELS:
             raise MoeBuildError("force", f"tactic {name!r}: unknown kernel {kernel!r}", KERNELS)
         if kernel == "decode":
-            forms = {f"{prefix}ksplit{k}": (form, k) for form, prefix in (("none", ""), ("staged", "staged_"))
+            forms = {f"{prefix}ksplit{k}": (form, k) for form, prefix in _DECODE_TILE_PREFIX.items()
                      for k in K_SPLITS}
             if tile not in forms:
-                raise MoeBuildError("force", f"tactic {name!r}: the decode kernel's tile is its K split, staged or not",
-                                    list(forms))
+                raise MoeBuildError("force", f"tactic {name!r}: the decode kernel's tile is its K split, plain, staged "
+                                    "or on digits", list(forms))
             form, k_split = forms[tile]
             tactic = cls(kernel, form, k_split, launch, l2)
         else:
@@ -481,11 +484,34 @@ def woq_decode_k_split_rule(call: GemmCall, rows: RowCount) -> int:
 # at 1 and 16 tokens: 6-19% faster staged, except Mixtral-8x7B's GEMM2 at 8-row chunks, whose 229 KB of rows did not
 # fit and ran slower in windows (docs/performance.md, "The staged int4 decode kernel").
 def woq_decode_tile_rule(call: GemmCall, rows: RowCount, k_split: int) -> str:
+    if woq_digits_rule(call, rows, k_split):
+        return "digits"
     most = woq_staged_rows(call, k_split)
     if most == 0:
         return "none"
     # a chunk's rows, min(8, tokens * top_k), at most `most`
     return "staged" if most >= DECODE_TOKENS or rows.rows_below(most + 1) else "none"
+
+
+# Weight-only decode on token digits (the digits tile: gemm/woq_decode_digits.cu after the rows' digits step, in
+# place of the staged tile at its K split) where a chunk's digits fit and the average rows per expert is at most 2, on
+# layers of 64 experts or more or up to 4 rows in all. H200, the W4A16 bench GEMMs (int4, group 128, zeros) at 1-128
+# tokens, both forms in CUDA graphs with L2 flushed, the digits step included (bench/woq_digits_probe.py,
+# docs/measured/h200-2026-12-01-woq-digits/): Mixtral-8x7B 1.14-1.20x faster at 2-4 rows and 0.87x at 8 (chunks of
+# 2-3 rows take two mmas a step where the staged kernel's two fill its tile at any count); Qwen3-30B-A3B's GEMM1
+# 1.06-1.14x and GEMM2 1.04-1.08x at 4-32 tokens (GEMM2 0.93x at 1-2 tokens, where the step's launch is a tenth of
+# its 9 us), 0.84-0.95x from 64; DeepSeek-V2-Lite 0.99-1.09x up to 16 tokens, 0.88-1.02x from 32.
+DIGITS_MAX_AVG_ROWS = 2
+DIGITS_MANY_EXPERTS = 64
+DIGITS_FEW_ROWS = 4
+
+
+def woq_digits_rule(call: GemmCall, rows: RowCount, k_split: int) -> bool:
+    most = woq_digits_rows(call, k_split)
+    fits = most > 0 and (most >= DECODE_TOKENS or rows.rows_below(most + 1))  # a chunk's rows, min(8, tokens * top_k)
+    few_per_expert = rows.avg_at_most(DIGITS_MAX_AVG_ROWS)
+    few_rows = rows.rows_below(DIGITS_FEW_ROWS + 1)
+    return fits and few_per_expert and (call.experts >= DIGITS_MANY_EXPERTS or few_rows)
 
 
 def woq_int4_codes(call: GemmCall) -> bool:
@@ -521,6 +547,21 @@ def woq_staged_rows(call: GemmCall, k_split: int) -> int:
     slice_k = -(-min(call.k, decode_k_slice(call.k, k_split)) // 128) * 128  # whole batches (k % 128 == 64: a half)
     per_row = k_split * (slice_k * 2 + STAGED_TOKEN_PAD)
     return max(0, min(DECODE_TOKENS, (STAGED_TOKEN_BUDGET - STAGED_TOKEN_ZEROS) // per_row))
+
+
+# gemm/woq_decode_digits.cu: a token row's digits take MB_TOKEN_DIGITS_BATCH_BYTES per 128-k group in shared memory
+# (each K slice's rows at slice 0's length), and 16 bytes of zeros; the staged kernel's budget.
+DIGITS_GROUP_BYTES = 400
+DIGITS_ZEROS = 16
+
+
+def woq_digits_rows(call: GemmCall, k_split: int) -> int:
+    """The most token rows a chunk may have for the digits kernel at `k_split` (0 where it does not take `call`):
+    gemm/woq_decode_digits.cu digits_smem within kTokenBudget."""
+    if not woq_int4_codes(call) or call.a_e4m3:
+        return 0
+    per_row = k_split * (min(call.k, decode_k_slice(call.k, k_split)) // 128) * DIGITS_GROUP_BYTES
+    return max(0, min(DECODE_TOKENS, (STAGED_TOKEN_BUDGET - DIGITS_ZEROS) // per_row))
 
 
 # Weight-only mma tile: 64 token rows up to 64 average rows per expert, else 128.
@@ -693,8 +734,8 @@ def tactic_problem(call: GemmCall, tactic: GemmTactic) -> str | None:
     """Why `call` cannot run `tactic` (the library would refuse it), or None if it can."""
     if tactic.kernel == "wgmma" and call.entry != "sm90":
         return "the wgmma kernel runs only in the sm90 GEMMs (gemm_kernel=tma_warp_specialized)"
-    if tactic.kernel == "decode" and tactic.tile == "staged" and call.woq == "none":
-        return "the staged decode kernel is the weight-only int4 GEMM's"
+    if tactic.kernel == "decode" and tactic.tile in ("staged", "digits") and call.woq == "none":
+        return f"the {tactic.tile} decode kernel is the weight-only int4 GEMM's"
     if call.fp8 != "none":
         fp8_problem = _fp8_tactic_problem(call, tactic)
         if fp8_problem is not None:
@@ -764,4 +805,11 @@ def _woq_tactic_problem(call: GemmCall, tactic: GemmTactic) -> str | None:
         if woq_staged_rows(call, tactic.k_split) < DECODE_TOKENS:  # forced: every chunk, up to 8 rows, must fit
             return (f"the staged decode kernel's 8-row chunks do not fit its {STAGED_TOKEN_BUDGET // 1024} KB of "
                     f"shared memory at k {call.k} in {tactic.k_split} slices (a larger K split, or the register form)")
+    if tactic.kernel == "decode" and tactic.tile == "digits":
+        if not woq_int4_codes(call) or call.a_e4m3:
+            return ("the digits decode kernel takes int4 weights with one scale per row or per 128 k, k a multiple of "
+                    "128 and 16-bit activations")
+        if woq_digits_rows(call, tactic.k_split) < DECODE_TOKENS:  # forced: every chunk, up to 8 rows, must fit
+            return (f"the digits decode kernel's 8-row chunks do not fit its {STAGED_TOKEN_BUDGET // 1024} KB of "
+                    f"shared memory at k {call.k} in {tactic.k_split} slices (the staged or none tile)")
     return None

@@ -328,6 +328,23 @@ class FusedExperts:
                                      self.woq_group, c=c, workspace=_opt(b, "gemm_workspace"), tactic=tactic,
                                      stream=b.stream)
 
+    def gemm1_woq_digits(self, b: Batch) -> None:
+        self._woq_gemm(b, "w1", self._token_digits(b, b.v("permuted_input")), b.v("fc1_out"), b.gemm1_tactic)
+
+    def gemm2_woq_digits(self, b: Batch) -> None:
+        self._woq_gemm(b, "w2", self._token_digits(b, b.v("fc1_act")), b.v("gemm2_out"), b.gemm2_tactic)
+
+    def gemm2_woq_digits_finalize(self, b: Batch) -> None:
+        """gemm2_woq_finalize on the digits of GEMM2's input rows (the decode kernel's digits tile)."""
+        self._woq_finalize(b, self._token_digits(b, b.v("fc1_act")), None)
+
+    def _token_digits(self, b: Batch, a: torch.Tensor) -> torch.Tensor:
+        """A GEMM's 16-bit input rows [R, k] split into digits in the workspace (uint8 [R, k / 128, 400]), which the
+        GEMM's digits tactic reads."""
+        rows, k = a.shape
+        digits = b.v("token_digits").view(-1)[: rows * k // 128 * self.k.TOKEN_DIGITS_GROUP_BYTES]
+        return self.k.token_digits(a, out=digits.view(rows, k // 128, -1), stream=b.stream)
+
     def gemm2_woq_finalize(self, b: Batch) -> None:
         """GEMM2 on the decode kernel with the unpermute, top-k weighting (+b2) and reduction in its epilogue, into
         `out` (zeroed by the three-step prologue or the expansion, which the sequence runs before it)."""
@@ -342,14 +359,14 @@ class FusedExperts:
         self.k.grouped_gemm_woq_finalize(a, q.w2, q.kind.value, q.w2_scale, b.v("expert_offsets"), self.woq_group,
                                          b.v("permuted_to_unpermuted"), b.v("permuted_weights"), b.out.shape[0],
                                          self.spec.top_k, zeros=q.w2_zero, bias=self.w.b2, out=b.out, stream=b.stream,
-                                         tactic=b.gemm2_tactic, scale_a=scale_a,
-                                         out_dtype=None if scale_a is None else self.out_dtype)
+                                         tactic=b.gemm2_tactic, scale_a=scale_a, out_dtype=self.out_dtype)
 
     def _woq_gemm(self, b: Batch, name: str, a: torch.Tensor, c: torch.Tensor, tactic: object) -> None:
         """W1 or W2 ("w1" / "w2") as stored, plain store: b1 is added by the activation, b2 by the finalize."""
         q = self.w.woq
         self.k.grouped_gemm_woq(a, getattr(q, name), q.kind.value, getattr(q, f"{name}_scale"), b.v("expert_offsets"),
-                                self.woq_group, zeros=getattr(q, f"{name}_zero"), c=c, tactic=tactic, stream=b.stream)
+                                self.woq_group, zeros=getattr(q, f"{name}_zero"), c=c, tactic=tactic, stream=b.stream,
+                                out_dtype=c.dtype)
 
     # ---- W4AFP8: e4m3 inputs (times the AWQ pre-quant scales) where the plan says, weight-only GEMMs ----------
     def expand_rows_prequant_fp8(self, b: Batch) -> None:

@@ -172,6 +172,8 @@ class MoERunner:
             S.FC1_ACTIVATION_PREQUANT: ex.fc1_activation_prequant, S.FC2_PREQUANT: ex.fc2_prequant,
             S.GEMM2_WOQ: ex.gemm2_woq, S.GEMM1_WOQ_DENSE: ex.gemm1_woq_dense, S.GEMM2_WOQ_DENSE: ex.gemm2_woq_dense,
             S.GEMM1_WOQ_WGMMA: ex.gemm1_woq_wgmma, S.GEMM2_WOQ_WGMMA: ex.gemm2_woq_wgmma,
+            S.GEMM1_WOQ_DIGITS: ex.gemm1_woq_digits, S.GEMM2_WOQ_DIGITS: ex.gemm2_woq_digits,
+            S.GEMM2_WOQ_DIGITS_FINALIZE: ex.gemm2_woq_digits_finalize,
             S.EXPAND_ROWS_PREQUANT_FP8: ex.expand_rows_prequant_fp8, S.EXPAND_ROWS_16BIT: ex.expand_rows_16bit,
             S.EXPAND_ROWS_PREQUANT_FP8_ZERO_OUTPUT: ex.expand_rows_prequant_fp8_zero_output,
             S.EXPAND_ROWS_16BIT_ZERO_OUTPUT: ex.expand_rows_16bit_zero_output,

@@ -83,6 +83,12 @@ GEMM1_WOQ_DENSE = "gemm1:woq_dense"
 GEMM2_WOQ_DENSE = "gemm2:woq_dense"
 GEMM1_WOQ_WGMMA = "gemm1:woq_wgmma"    # mb_grouped_gemm_woq_sm90 (the mixed-input kernel)
 GEMM2_WOQ_WGMMA = "gemm2:woq_wgmma"
+# a weight-only GEMM whose tactic is the decode kernel's digits tile: its input rows split into 8-bit digits
+# (mb_token_digits) into the workspace, then mb_grouped_gemm_woq (or its finalize form) on them
+GEMM1_WOQ_DIGITS = "gemm1:woq_digits"
+GEMM2_WOQ_DIGITS = "gemm2:woq_digits"
+GEMM2_WOQ_DIGITS_FINALIZE = "gemm2:woq_digits_finalize"
+WOQ_DIGITS_STEPS = frozenset({GEMM1_WOQ_DIGITS, GEMM2_WOQ_DIGITS, GEMM2_WOQ_DIGITS_FINALIZE})  # need token_digits
 # W4AFP8 layers (int4 weights, e4m3 activations with static or per-row scales, AWQ pre-quant scales where stored):
 # the weight-only GEMMs reading e4m3 inputs, made where the plan's expand_rows and fc2_prequant say
 EXPAND_ROWS_PREQUANT_FP8 = "expand_rows:prequant_fp8"  # mb_expand_rows_fp8 with the FC1 pre-quant scale (fused)
@@ -304,17 +310,28 @@ def _weight_only_steps(plan: Plan, c: dict[str, str]) -> list[str]:
         steps += [FC1_PREQUANT, EXPAND_ROWS_PREQUANT_INPUT_ZERO_OUTPUT if zero else EXPAND_ROWS_PREQUANT_INPUT]
     else:
         steps.append(EXPAND_ROWS_ZERO_OUTPUT if zero else EXPAND_ROWS)
-    steps.append(_woq_gemm_step(c["gemm1_tactic"], GEMM1_WOQ, GEMM1_WOQ_WGMMA, GEMM1_WOQ_DENSE))
+    steps.append(_woq_gemm_step(c["gemm1_tactic"], GEMM1_WOQ, GEMM1_WOQ_WGMMA, GEMM1_WOQ_DENSE, GEMM1_WOQ_DIGITS))
     steps += {"fused": [FC1_ACTIVATION_PREQUANT], "separate": [FC1_ACTIVATION, FC2_PREQUANT],
               "none": [FC1_ACTIVATION]}[c["fc2_prequant"]]
-    steps += ([GEMM2_WOQ_FINALIZE] if c["finalize"] == "fused" else
-              [_woq_gemm_step(c["gemm2_tactic"], GEMM2_WOQ, GEMM2_WOQ_WGMMA, GEMM2_WOQ_DENSE), FINALIZE])
+    if c["finalize"] == "fused":
+        steps.append(GEMM2_WOQ_DIGITS_FINALIZE if _on_digits(c["gemm2_tactic"]) else GEMM2_WOQ_FINALIZE)
+    else:
+        steps += [_woq_gemm_step(c["gemm2_tactic"], GEMM2_WOQ, GEMM2_WOQ_WGMMA, GEMM2_WOQ_DENSE, GEMM2_WOQ_DIGITS),
+                  FINALIZE]
     return steps + _shared_experts(plan)
 
 
-def _woq_gemm_step(tactic: str, stored: str, mixed: str, dense: str) -> str:
-    """A weight-only GEMM's step by its tactic (tactics.py): the decode or mma kernel on the weights as stored, the
-    mixed-input wgmma kernel (a woq tile), or the 16-bit wgmma GEMM on the weights dequantized (another wgmma tile)."""
+def _on_digits(tactic: str) -> bool:
+    """Whether a GEMM's tactic is the decode kernel's digits tile (its input rows split into digits first)."""
+    return T.GemmTactic.parse(tactic).tile == "digits"
+
+
+def _woq_gemm_step(tactic: str, stored: str, mixed: str, dense: str, digits: str) -> str:
+    """A weight-only GEMM's step by its tactic (tactics.py): the decode or mma kernel on the weights as stored (the
+    decode kernel's digits tile after the rows' digits step), the mixed-input wgmma kernel (a woq tile), or the 16-bit
+    wgmma GEMM on the weights dequantized (another wgmma tile)."""
+    if _on_digits(tactic):
+        return digits
     if not tactic.startswith("wgmma:"):
         return stored
     return mixed if tactic.split(":")[1] in T.WOQ_WGMMA_TILES else dense

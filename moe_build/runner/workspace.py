@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..planner.tactics import DIGITS_GROUP_BYTES
 from ..spec import DType, MoESpec, Quant
 from . import sequence as S
 
@@ -74,6 +75,8 @@ def workspace_layout(spec: MoESpec, steps: set[str], max_tokens: int, *, gemm_wo
         out["prequant_input"] = BufferSpec((M, H), dt, 1)  # the tokens' rows times the AWQ FC1 pre-quant scale
     if gemm_workspace_bytes:
         out["gemm_workspace"] = BufferSpec((gemm_workspace_bytes,), torch.uint8)
+    if steps & S.WOQ_DIGITS_STEPS:  # one GEMM's input rows as token digits at a time (mb_token_digits)
+        out["token_digits"] = BufferSpec((R, -(-max(H, I) // 128) * DIGITS_GROUP_BYTES), torch.uint8, K)
     if steps & {S.GEMM1_WOQ_DENSE, S.GEMM2_WOQ_DENSE}:  # one GEMM's experts dequantized at a time, W1 or W2
         out["woq_dense"] = BufferSpec((spec.local_experts, max(N1 * H, H * I)), dt)
     if S.SHARED_EXPERTS in steps:

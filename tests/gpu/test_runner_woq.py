@@ -130,3 +130,23 @@ def test_expert_bias_fp16_and_clamped_swiglu(mode: tuple) -> None:
 def test_cuda_graph_replay_equals_eager(mode: tuple) -> None:
     spec, weights = woq_case(BASE, mode, 3)
     assert_graph_replay_equals_eager(spec, weights)
+
+
+DIGITS = {"gemm1_tactic": "decode:digits_ksplit1:after_trigger:plain",
+          "gemm2_tactic": "decode:digits_ksplit2:after_trigger:plain"}
+
+
+@pytest.mark.parametrize("mode", [MODES[0], (Quant.W4A16_AWQ, WoqKind.INT4, None, False, False)],
+                         ids=["int4_g128_zeros_awq", "int4_channel"])
+@pytest.mark.parametrize("finalize", ["fused", "separate"])
+@pytest.mark.parametrize("tokens", [1, 3, 16])
+def test_digits_tile(mode: tuple, finalize: str, tokens: int) -> None:
+    """Both GEMMs on the decode kernel's digits tile (their input rows split into digits by a step of their own),
+    GEMM2 with the finalize in its epilogue or beside it."""
+    from moe_build.runner import MoERunner
+    spec, weights = woq_case(BASE, mode, 0)
+    force = {**DIGITS, "finalize": finalize}
+    steps = MoERunner(spec, weights, target=device_target(), max_tokens=16, force=force).kernel_sequence(tokens)
+    assert "gemm1:woq_digits" in steps
+    assert ("gemm2:woq_digits_finalize" if finalize == "fused" else "gemm2:woq_digits") in steps
+    check(BASE, mode, force, tokens)

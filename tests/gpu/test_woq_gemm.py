@@ -29,7 +29,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 from moe_build import kernels as K  # noqa: E402  (after the torch skip: loading may build the library)
-from moe_build.planner.tactics import GemmCall, woq_staged_rows  # noqa: E402
+from moe_build.planner.tactics import GemmCall, woq_digits_rows, woq_staged_rows  # noqa: E402
 from moe_build.weights.woq import WoqKind, dequantize_matrix  # noqa: E402
 from finalize_routing import REMOTE, routed  # noqa: E402
 
@@ -84,12 +84,16 @@ def case(kind: WoqKind, counts: list[int], n: int, k: int, group: int, zeros: bo
     return dev, ref, mag, int(off[-1])
 
 
+def a_operand(dev: dict, tactic: str) -> torch.Tensor:
+    """case()'s A as `tactic` takes it: the token digits of its rows for the digits tile (K.token_digits), else A."""
+    return K.token_digits(dev["a"]) if ":digits_" in tactic else dev["a"]
+
+
 def gemm(dev: dict, kind: WoqKind, group: int, rows: int, n: int, dtype: torch.dtype, tactic: str) -> torch.Tensor:
     """The kernel's output for case()'s device operands, into a NaN-poisoned C, as fp64 on the CPU."""
     c = torch.full((rows, n), float("nan"), dtype=dtype, device="cuda")
-    K.grouped_gemm_woq(dev["a"], dev["b"], kind.value, dev["scales"], dev["off"], group, zeros=dev["zeros"],
-                       bias=dev["bias"], c=c, tactic=tactic, scale_a=dev["scale_a"],
-                       out_dtype=dtype if dev["scale_a"] is not None else None)
+    K.grouped_gemm_woq(a_operand(dev, tactic), dev["b"], kind.value, dev["scales"], dev["off"], group,
+                       zeros=dev["zeros"], bias=dev["bias"], c=c, tactic=tactic, scale_a=dev["scale_a"], out_dtype=dtype)
     torch.cuda.synchronize()
     return c.double().cpu()
 
@@ -190,17 +194,23 @@ def test_w4afp8_group64_staged_kernel_against_fp64(k_split: int, k: int) -> None
         tactic=f"decode:staged_ksplit{k_split}:plain:plain", e4m3=True)
 
 
+# form: (the planner's count of the rows a chunk may have, the refusal of a group-32 layer)
+TILE_FITS = {"staged": (woq_staged_rows, "one scale per row or per 128 k"), "digits": (woq_digits_rows, "group 0 or 128")}
+
+
+@pytest.mark.parametrize("form", list(TILE_FITS))
 @pytest.mark.parametrize("k_split", [1, 2, 4, 8])
-def test_staged_kernel_takes_the_rows_the_planner_counts(k_split: int) -> None:
-    """The staged tactic runs exactly where tactics.woq_staged_rows says a chunk's token rows fit (k 97 x 128 here,
-    rows = min(8, the rows of A)), and is refused, with the shared memory it would need, one row past that; it is
-    refused for a form it does not take (group 32)."""
+def test_decode_tile_takes_the_rows_the_planner_counts(form: str, k_split: int) -> None:
+    """The staged and digits tactics run exactly where tactics.woq_staged_rows / woq_digits_rows say a chunk's token
+    rows (or their digits) fit (k 97 x 128 here, rows = min(8, the rows of A)), and are refused, with the shared
+    memory they would need, one row past that; each is refused for a form it does not take (group 32), and the
+    digits tile for 16-bit rows."""
+    fits, group_refusal = TILE_FITS[form]
     k = 97 * 128
-    most = woq_staged_rows(GemmCall(sm=90, entry="sm90", epilogue="store", n=144, k=k, experts=3, top_k=1, itemsize=2,
-                                    weights_blocked=False, sm_count=132, l2_bytes=50 << 20, woq="int4", woq_group=128),
-                           k_split)
+    most = fits(GemmCall(sm=90, entry="sm90", epilogue="store", n=144, k=k, experts=3, top_k=1, itemsize=2,
+                         weights_blocked=False, sm_count=132, l2_bytes=50 << 20, woq="int4", woq_group=128), k_split)
     assert 1 <= most < 8
-    tactic = f"decode:staged_ksplit{k_split}:plain:plain"
+    tactic = f"decode:{form}_ksplit{k_split}:plain:plain"
     dev, ref, mag, _ = case(WoqKind.INT4, [most, 0, 0], 144, k, 128, True, False, torch.bfloat16, 3, pad_rows=0)
     got = gemm(dev, WoqKind.INT4, 128, most, 144, torch.bfloat16, tactic)
     assert float(((got - ref).abs() - 2.0 ** -8 * (ref.abs() + mag)).max()) <= 0
@@ -208,17 +218,51 @@ def test_staged_kernel_takes_the_rows_the_planner_counts(k_split: int) -> None:
     with pytest.raises(K.KernelError, match="bytes of shared memory, over its"):
         gemm(dev, WoqKind.INT4, 128, most + 1, 144, torch.bfloat16, tactic)
     dev, _, _, _ = case(WoqKind.INT4, [2, 0, 0], 144, 512, 32, True, False, torch.bfloat16, 5, pad_rows=0)
-    with pytest.raises(K.KernelError, match="one scale per row or per 128 k"):
+    with pytest.raises(K.KernelError, match=group_refusal):
         gemm(dev, WoqKind.INT4, 32, 2, 144, torch.bfloat16, tactic)
+    if form == "digits":
+        c = torch.empty(2, 144, dtype=torch.bfloat16, device="cuda")
+        with pytest.raises(K.KernelError, match="token digits .* go with the decode kernel's digits tile"):
+            K.grouped_gemm_woq(dev["a"], dev["b"], "int4", dev["scales"], dev["off"], 32, zeros=dev["zeros"], c=c,
+                               tactic=tactic)
 
 
-def test_staged_tile_is_the_weight_only_gemms() -> None:
-    """The 16-bit GEMMs refuse the staged decode tile (gemm/tactic.cuh check_tactic) rather than run another kernel."""
+@pytest.mark.parametrize("form", ["staged", "digits"])
+def test_weight_only_tiles_are_the_weight_only_gemms(form: str) -> None:
+    """The 16-bit GEMMs refuse the staged and digits decode tiles (gemm/tactic.cuh check_tactic) rather than run
+    another kernel."""
     a = torch.randn(4, 256, device="cuda").to(torch.bfloat16)
     w = torch.randn(2, 128, 256, device="cuda").to(torch.bfloat16)
     off = torch.tensor([0, 2, 4], dtype=torch.int64, device="cuda")
-    with pytest.raises(K.KernelError, match="staged decode kernel is the weight-only GEMM's"):
-        K.grouped_gemm_sm90(a, w, off, tactic="decode:staged_ksplit2:plain:plain")
+    with pytest.raises(K.KernelError, match=f"{form} decode kernel is the weight-only GEMM's"):
+        K.grouped_gemm_sm90(a, w, off, tactic=f"decode:{form}_ksplit2:plain:plain")
+
+
+# ---- the digits tile: token rows as 8-bit digits (mb_token_digits) on the int8 mma -------------------------------
+# Its only rounding beyond the fp32 sums: values more than 2^10 below their 128-k group's largest lose bits below
+# 2^-18 of it (common/token_digits.cuh), far inside the bound above.
+
+@pytest.mark.parametrize("k_split", [1, 2, 4, 8])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("group, zeros", [(128, True), (128, False), (0, True), (0, False)])
+@pytest.mark.parametrize("counts", [[9, 0, 16, 1, 40, 2], [1, 0, 2], [3, 4, 0], [5, 6, 7, 8]],
+                         ids=["chunks-of-8", "rows-2", "rows-4", "rows-6-8"])
+@pytest.mark.parametrize("n, k", [(208, 384), (144, 2944)])
+def test_int4_digits_kernel_against_fp64(k_split: int, dtype: torch.dtype, group: int, zeros: bool,
+                                         counts: list[int], n: int, k: int) -> None:
+    """The digits tile at every mma count a step takes (chunks of at most 2, 4, 6 and 8 rows: one to four mmas), n off
+    128, k of 3 groups (K splits of 4 and 8 leave warps without a group) and of 23 (big batches past a slice), empty
+    experts, bias, with and without zero points, per-row and group-128 scales."""
+    run(WoqKind.INT4, counts, n, k, group, zeros=zeros, bias=True, dtype=dtype,
+        tactic=f"decode:digits_ksplit{k_split}:after_trigger:plain")
+
+
+@pytest.mark.parametrize("tokens, top_k, k_split", [(40, 4, 1), (40, 4, 8), (1, 1, 2), (3, 2, 1), (200, 8, 4)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_digits_finalize_against_fp64(tokens: int, top_k: int, k_split: int, dtype: torch.dtype) -> None:
+    """GEMM2's finalize epilogue on the digits tile (group 128 with zeros, per row without), with bias."""
+    finalize_run(WoqKind.INT4, 128, True, 208, 1024, tokens, top_k, k_split, bias=True, dtype=dtype, digits=True)
+    finalize_run(WoqKind.INT4, 0, False, 208, 384, tokens, top_k, k_split, dtype=dtype, digits=True)
 
 
 @pytest.mark.parametrize("form", ["staged_", ""], ids=["staged", "ring"])
@@ -379,7 +423,7 @@ def test_refusals_name_the_problem(change: dict, words: str) -> None:
 
 def finalize_run(kind: WoqKind, group: int, zeros: bool, n: int, k: int, tokens: int, top_k: int, k_split: int,
                  e4m3: bool = False, bias: bool = False, dtype: torch.dtype = torch.bfloat16,
-                 staged: bool = False) -> None:
+                 staged: bool = False, digits: bool = False) -> None:
     seed = random.SystemRandom().randrange(1 << 30)
     remote_only = top_k <= REMOTE  # token 0 on remote experts only: its output row must keep its fill
     ptu, counts = routed(tokens, top_k, seed + 7, remote_first=remote_only)
@@ -389,10 +433,11 @@ def finalize_run(kind: WoqKind, group: int, zeros: bool, n: int, k: int, tokens:
     weights = torch.rand(tokens * top_k, generator=gen)
     fill = torch.randn(tokens, n, generator=gen).to(dtype)
     out = fill.cuda()
-    tactic = f"decode:{'staged_' if staged else ''}ksplit{k_split}:after_trigger:plain"
-    K.grouped_gemm_woq_finalize(dev["a"], dev["b"], kind.value, dev["scales"], dev["off"], group, ptu,
+    form = "digits_" if digits else "staged_" if staged else ""
+    tactic = f"decode:{form}ksplit{k_split}:after_trigger:plain"
+    K.grouped_gemm_woq_finalize(a_operand(dev, tactic), dev["b"], kind.value, dev["scales"], dev["off"], group, ptu,
                                 weights.cuda(), tokens, top_k, zeros=dev["zeros"], bias=dev["bias"], out=out,
-                                tactic=tactic, scale_a=dev["scale_a"], out_dtype=dtype if e4m3 else None)
+                                tactic=tactic, scale_a=dev["scale_a"], out_dtype=dtype)
     torch.cuda.synchronize()
     token = (ptu.cpu().long() // top_k)[:used]
     w = weights.double()[:used, None]

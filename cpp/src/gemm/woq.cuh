@@ -37,7 +37,7 @@ namespace mbk {
 constexpr int kMxfp4Group = 32;
 
 struct WoqGemmParams {
-  const void* A;           // [max_rows, k] in T, or e4m3 where scale_a is given
+  const void* A;           // [max_rows, k] in T, or e4m3 where scale_a is given, or the token digits (MB_INPUT_DIGITS)
   const float* scale_a;    // [max_rows]: e4m3 A's per-row scales (MB_INPUT_E4M3), or null (A in T)
   const uint8_t* B;        // as the kind says
   const void* scales;      // fp32, or uint8 e8m0 for MXFP4
@@ -230,10 +230,15 @@ __device__ __forceinline__ uint4 e4m3_pairs(uint32_t lo, uint32_t hi) {
 }
 
 // The kernels' launchers; the arguments and the tactic are checked by the caller (gemm/woq_abi.cu), max_rows > 0.
-// gemm/woq_decode.cu: `k_split` (1, 2, 4 or 8) warps per K slice; `staged`: the token rows staged in shared memory
-// (the int4 codes forms only, where a chunk's rows fit; refused otherwise).
-mb_status launch_woq_decode(const WoqGemmParams& p, int64_t max_rows, int dtype, int k_split, bool staged,
+// gemm/woq_decode.cu: `k_split` (1, 2, 4 or 8) warps per K slice; `tile` MB_TILE_NONE, MB_TILE_DECODE_STAGED (the
+// token rows staged in shared memory: the int4 codes forms only, where a chunk's rows fit; refused otherwise) or
+// MB_TILE_DECODE_DIGITS (A the token digits, launch_woq_decode_digits).
+mb_status launch_woq_decode(const WoqGemmParams& p, int64_t max_rows, int dtype, int k_split, int tile,
                             bool after_trigger, cudaStream_t stream);
+// gemm/woq_decode_digits.cu: A the token digits (MB_INPUT_DIGITS) on the int8 mma; int4 weights with group 0 or 128
+// and k % 128 == 0, checked by the caller; refused where a chunk's digits do not fit the kernel's shared memory.
+mb_status launch_woq_decode_digits(const WoqGemmParams& p, int64_t max_rows, int dtype, int k_split,
+                                   bool after_trigger, cudaStream_t stream);
 // gemm/woq_mma.cu: `tile` MB_TILE_MMA_64x128 or MB_TILE_MMA_128x128.
 mb_status launch_woq_mma(const WoqGemmParams& p, int64_t max_rows, int dtype, int tile, bool after_trigger,
                          cudaStream_t stream);

@@ -12,7 +12,8 @@ namespace mbk {
 namespace {
 
 bool woq_tactic_ok(const mb_gemm_tactic& t) {
-  const bool decode = t.kernel == MB_GEMM_DECODE && (t.tile == MB_TILE_NONE || t.tile == MB_TILE_DECODE_STAGED) &&
+  const bool decode = t.kernel == MB_GEMM_DECODE &&
+                      (t.tile == MB_TILE_NONE || t.tile == MB_TILE_DECODE_STAGED || t.tile == MB_TILE_DECODE_DIGITS) &&
                       (t.k_split == 1 || t.k_split == 2 || t.k_split == 4 || t.k_split == 8);
   const bool mma = t.kernel == MB_GEMM_MMA && (t.tile == MB_TILE_MMA_64x128 || t.tile == MB_TILE_MMA_128x128) &&
                    t.k_split == 0;
@@ -22,9 +23,16 @@ bool woq_tactic_ok(const mb_gemm_tactic& t) {
 
 mb_status check_woq_args(const WoqGemmParams& p, int a_type, int64_t max_rows, const mb_gemm_tactic& t) {
   const char* who = "grouped gemm woq";
-  if (a_type != MB_INPUT_DTYPE && a_type != MB_INPUT_E4M3)
-    return fail(MB_ERR_INVALID_ARGUMENT, "%s: a_type %d is not dtype (%d) or e4m3 (%d)", who, a_type, MB_INPUT_DTYPE,
-                MB_INPUT_E4M3);
+  if (a_type != MB_INPUT_DTYPE && a_type != MB_INPUT_E4M3 && a_type != MB_INPUT_DIGITS)
+    return fail(MB_ERR_INVALID_ARGUMENT, "%s: a_type %d is not dtype (%d), e4m3 (%d) or digits (%d)", who, a_type,
+                MB_INPUT_DTYPE, MB_INPUT_E4M3, MB_INPUT_DIGITS);
+  const bool digits_tile = t.kernel == MB_GEMM_DECODE && t.tile == MB_TILE_DECODE_DIGITS;
+  if ((a_type == MB_INPUT_DIGITS) != digits_tile)
+    return fail(MB_ERR_INVALID_ARGUMENT, "%s: the token digits (a_type %d) go with the decode kernel's digits tile "
+                "and only there (tactic %s %s)", who, MB_INPUT_DIGITS, kernel_name(t.kernel), tile_name(t.tile));
+  if (a_type == MB_INPUT_DIGITS && !(p.kind == MB_WOQ_INT4 && (p.group == 0 || p.group == 128) && p.k % 128 == 0))
+    return fail(MB_ERR_UNSUPPORTED, "%s: the token digits take int4 weights with group 0 or 128 and k a multiple of "
+                "128 (kind %d, group %d, k %d)", who, p.kind, p.group, p.k);
   if ((a_type == MB_INPUT_E4M3) != (p.scale_a != nullptr))
     return fail(MB_ERR_INVALID_ARGUMENT, "%s: scale_a is given with an e4m3 A and only then", who);
   if (a_type == MB_INPUT_E4M3 && p.kind != MB_WOQ_INT4)
@@ -48,7 +56,7 @@ mb_status check_woq_args(const WoqGemmParams& p, int a_type, int64_t max_rows, c
     return fail(MB_ERR_INVALID_ARGUMENT, "%s: A, B and C must be 16-byte aligned", who);
   if (!woq_tactic_ok(t))
     return fail(MB_ERR_UNSUPPORTED, "%s: no kernel for tactic %s %s (k_split %d, launch %d, output_l2 %d): the decode "
-                "kernel (tile none or staged, k_split 1, 2, 4 or 8) or the mma kernel (tile 64x128 or 128x128), "
+                "kernel (tile none, staged or digits, k_split 1, 2, 4 or 8) or the mma kernel (tile 64x128 or 128x128), "
                 "launched plain or after_trigger, with plain outputs", who, kernel_name(t.kernel), tile_name(t.tile), t.k_split,
                 t.launch, t.output_l2);
   return MB_OK;
@@ -68,8 +76,7 @@ extern "C" mb_status mb_grouped_gemm_woq(const void* A, int a_type, const float*
   if (max_rows == 0) return MB_OK;
   const bool after = tactic.launch == MB_LAUNCH_AFTER_TRIGGER;
   if (tactic.kernel == MB_GEMM_MMA) return mbk::launch_woq_mma(p, max_rows, dtype, tactic.tile, after, stream);
-  return mbk::launch_woq_decode(p, max_rows, dtype, tactic.k_split, tactic.tile == MB_TILE_DECODE_STAGED, after,
-                                stream);
+  return mbk::launch_woq_decode(p, max_rows, dtype, tactic.k_split, tactic.tile, after, stream);
 }
 
 extern "C" mb_status mb_grouped_gemm_woq_finalize(const void* A, int a_type, const float* scale_a, const void* B,
@@ -91,6 +98,6 @@ extern "C" mb_status mb_grouped_gemm_woq_finalize(const void* A, int a_type, con
                              permuted_weights, top_k};
   MB_TRY(mbk::check_woq_args(p, a_type, max_rows, tactic));
   if (max_rows == 0 || num_tokens == 0) return MB_OK;
-  return mbk::launch_woq_decode(p, max_rows, dtype, tactic.k_split, tactic.tile == MB_TILE_DECODE_STAGED,
+  return mbk::launch_woq_decode(p, max_rows, dtype, tactic.k_split, tactic.tile,
                                 tactic.launch == MB_LAUNCH_AFTER_TRIGGER, stream);
 }

@@ -45,6 +45,7 @@
 #include "gemm/loads.cuh"
 #include "gemm/mma.cuh"
 #include "gemm/woq.cuh"
+#include "gemm/woq_decode_sums.cuh"
 
 namespace mbk {
 namespace {
@@ -54,51 +55,16 @@ template <int KIND>
 constexpr int kStages = KIND == MB_WOQ_INT8 ? 2 : 4;
 
 // The CTA's sums to C: a lane's accumulators (fragment rows g and g + 8, tokens 2q and 2q + 1) to shared memory,
-// then one thread per (token, output column pair), the K slices' partials summed in fixed order (bit-reproducible),
-// times the token row's scale (A8), plus the bias; stored, or with the finalize epilogue (p.permuted_to_unpermuted
-// set) times the row's routing weight and added into its token's output row with one packed 2-element atomic, as
-// gemm/decode.cu's finalize does.
+// then gemm/woq_decode_sums.cuh's store.
 template <typename T, int WK, bool A8, int R>
 __device__ __forceinline__ void store_sums(const WoqGemmParams& p, float (&s_part)[WK][R][kDecodeTokens + 1],
                                            const float (&acc)[4], int expert, int64_t row_begin, int rows, int col0,
                                            int ks, int rg) {
-  using P2 = Pair<T>;
   const int lane = threadIdx.x & 31, q = lane & 3, g = lane >> 2;
-  const int N = p.n;
 #pragma unroll
   for (int c = 0; c < 4; ++c) s_part[ks][rg * 16 + g + (c >> 1) * 8][2 * q + (c & 1)] = acc[c];
   __syncthreads();
-
-  const T* bias = p.bias ? static_cast<const T*>(p.bias) + static_cast<int64_t>(expert) * N : nullptr;
-  for (int idx = threadIdx.x; idx < kDecodeTokens * (R / 2); idx += kDecodeThreads) {
-    const int t = idx / (R / 2), c = 2 * (idx % (R / 2));
-    const int col = col0 + c;
-    if (t >= rows || col >= N) continue;  // N even: col + 1 < N too
-    float v[2];
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      float s = 0.f;
-#pragma unroll
-      for (int wi = 0; wi < WK; ++wi) s += s_part[wi][c + j][t];
-      v[j] = s;
-    }
-    if constexpr (A8) {
-      const float sa = p.scale_a[row_begin + t];
-      v[0] *= sa;
-      v[1] *= sa;
-    }
-    if (bias) {
-      const float2 b = P2::to_float2(*reinterpret_cast<const typename P2::type*>(bias + col));
-      v[0] += b.x;
-      v[1] += b.y;
-    }
-    const int64_t prow = row_begin + t;
-    if (p.permuted_to_unpermuted) {
-      finalize_add_pair<T>(p.C, p.permuted_to_unpermuted, p.permuted_weights, p.top_k, prow, N, col, v[0], v[1]);
-    } else {
-      *reinterpret_cast<typename P2::type*>(static_cast<T*>(p.C) + prow * N + col) = P2::make(v[0], v[1]);
-    }
-  }
+  store_part_sums<T, WK, A8>(p, s_part, expert, row_begin, rows, col0);
 }
 
 template <typename T, int KIND, int WK, bool A8>
@@ -423,7 +389,6 @@ template <int GROUP>
 constexpr int kBigBatch = GROUP == 0 ? 4 : 3;
 constexpr unsigned kTokenPad = 64;      // bytes after each token row of a slice: rows alternate halves of the banks
 constexpr int kTokenZeros = 256;        // a batch of a zero token row, read by batches past the slice
-constexpr size_t kTokenBudget = 104 * 1024;  // token bytes a CTA may hold with two CTAs an SM
 
 // The staged kernel's launch: the GEMM, and the most token rows a chunk can have (min(8, max_rows)), which sizes
 // its shared memory.
@@ -697,8 +662,10 @@ bool int4_staged_fit(const WoqGemmParams& p) {
 
 }  // namespace
 
-mb_status launch_woq_decode(const WoqGemmParams& p, int64_t max_rows, int dtype, int k_split, bool staged,
+mb_status launch_woq_decode(const WoqGemmParams& p, int64_t max_rows, int dtype, int k_split, int tile,
                             bool after_trigger, cudaStream_t stream) {
+  if (tile == MB_TILE_DECODE_DIGITS) return launch_woq_decode_digits(p, max_rows, dtype, k_split, after_trigger, stream);
+  const bool staged = tile == MB_TILE_DECODE_STAGED;
   if (staged && !int4_staged_fit(p))
     return fail(MB_ERR_UNSUPPORTED, "grouped gemm woq: the staged decode kernel takes int4 weights with one scale per "
                 "row or per 128 k and k a multiple of 128, or per 64 k and k a multiple of 64 (kind %d, group %d, k %d)",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from ...planner.tactics import GemmTactic
-from ..abi import WoqInput, WoqKind
+from ..abi import TOKEN_DIGITS_GROUP_BYTES, WoqInput, WoqKind
 from ..library import call, load_library
 from .args import _check, _dtype_code, _enum, _out, _ptr, _stream, _workspace
 from .gemm import tactic_struct
@@ -22,21 +22,51 @@ def _check_woq_scales(mode: WoqKind, scales: torch.Tensor, zeros: torch.Tensor |
         _check(zeros, "zeros", (e, n, groups), torch.uint8, dev)
 
 
+def token_digits(a: torch.Tensor, out: torch.Tensor | None = None,
+                 stream: int | torch.cuda.Stream | None = None) -> torch.Tensor:
+    """The rows a [R, k] (bf16 or fp16, k % 128 == 0) as the decode kernel's digits tile reads them -> uint8
+    [R, k / 128, 400]: per 128-k group three 8-bit digits a value under one power-of-two factor, exact for every value
+    within 2^10 of the group's largest (stages/token_digits.cu; the layout: cpp/src/common/token_digits.cuh)."""
+    _check(a, "A", (None, None))
+    rows, k = a.shape
+    if k % 128:
+        raise ValueError(f"A: k = {k} is not a multiple of 128 (the digits' groups)")
+    o = _out(out, "out", (rows, k // 128, TOKEN_DIGITS_GROUP_BYTES), torch.uint8, a.device)
+    call("mb_token_digits", a.data_ptr(), _dtype_code(a, "A"), rows, k, o.data_ptr(), _stream(stream, a.device))
+    return o
+
+
+def _a_input(a: torch.Tensor, scale_a: torch.Tensor | None, out_dtype: torch.dtype | None
+             ) -> tuple[WoqInput, int, int, torch.dtype]:
+    """A's form (16-bit rows, e4m3 rows with scale_a, or token_digits' uint8 [R, k / 128, 400]) -> (form, rows, k,
+    output dtype)."""
+    if a.dtype == torch.uint8 and a.dim() == 3:
+        _check(a, "A", (None, None, TOKEN_DIGITS_GROUP_BYTES), torch.uint8)
+        form, k = WoqInput.DIGITS, a.shape[1] * 128
+    else:
+        form = WoqInput.DTYPE if scale_a is None else WoqInput.E4M3
+        _check(a, "A", (None, None), torch.float8_e4m3fn if form is WoqInput.E4M3 else None)
+        k = a.shape[1]
+    if form is WoqInput.DTYPE:
+        return form, a.shape[0], k, a.dtype
+    if form is WoqInput.DIGITS and scale_a is not None:
+        raise ValueError("scale_a: the token digits carry their own factors (scale_a is for e4m3 A)")
+    if out_dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"out_dtype: {out_dtype} is not bfloat16 or float16 ({form.name.lower()} A needs the output "
+                         "dtype)")
+    return form, a.shape[0], k, out_dtype
+
+
 def _woq_gemm_args(a: torch.Tensor, b: torch.Tensor, kind: int | str | WoqKind, scales: torch.Tensor,
                    expert_first_token_offset: torch.Tensor, group: int, zeros: torch.Tensor | None,
                    bias: torch.Tensor | None, scale_a: torch.Tensor | None, out_dtype: torch.dtype | None
-                   ) -> tuple[torch.device, int, int, int, int, WoqKind, torch.dtype]:
+                   ) -> tuple[torch.device, int, int, int, int, WoqKind, torch.dtype, WoqInput]:
     """grouped_gemm_woq's operand checks (shared with its finalize form) -> (device, rows, k, experts, n, kind,
-    output dtype)."""
-    fp8 = scale_a is not None
-    _check(a, "A", (None, None), torch.float8_e4m3fn if fp8 else None)
-    dev, rows, k = a.device, a.shape[0], a.shape[1]
-    if fp8:
+    output dtype, A's form)."""
+    form, rows, k, out_dtype = _a_input(a, scale_a, out_dtype)
+    dev = a.device
+    if form is WoqInput.E4M3:
         _check(scale_a, "scale_a", (rows,), torch.float32, dev)
-        if out_dtype not in (torch.bfloat16, torch.float16):
-            raise ValueError(f"out_dtype: {out_dtype} is not bfloat16 or float16 (e4m3 A needs the output dtype)")
-    else:
-        out_dtype = a.dtype
     mode = WoqKind(_enum(kind, WoqKind, "kind"))
     packed = mode is not WoqKind.INT8
     _check(b, "B", (None, None, k // 2 if packed else k), torch.uint8 if packed else torch.int8, dev)
@@ -45,7 +75,7 @@ def _woq_gemm_args(a: torch.Tensor, b: torch.Tensor, kind: int | str | WoqKind, 
     _check_woq_scales(mode, scales, zeros, group, e, n, k, dev)
     if bias is not None:
         _check(bias, "bias", (e, n), out_dtype, dev)
-    return dev, rows, k, e, n, mode, out_dtype
+    return dev, rows, k, e, n, mode, out_dtype, form
 
 
 def grouped_gemm_woq(a: torch.Tensor, b: torch.Tensor, kind: int | str | WoqKind, scales: torch.Tensor,
@@ -57,14 +87,16 @@ def grouped_gemm_woq(a: torch.Tensor, b: torch.Tensor, kind: int | str | WoqKind
     of `kind` ([E, n, k/2] uint8 for int4 / mxfp4, [E, n, k] int8), scales fp32 [E, n, k/group] ([E, n, 1] for
     group 0; uint8 e8m0 [E, n, k/32] for mxfp4), int4 zeros uint8 like the scales or None -> C [R, n]. `tactic`:
     the decode kernel (decode:ksplitN, or decode:staged_ksplitN for the int4 forms with one scale per row or per 128
-    k: the token rows staged in shared memory) for a few rows per expert, the mma tiles (mma:64x128, mma:128x128)
-    for many.
+    k: the token rows staged in shared memory; decode:digits_ksplitN on token digits, below) for a few rows per
+    expert, the mma tiles (mma:64x128, mma:128x128) for many.
     W4AFP8: A float8_e4m3fn with `scale_a` fp32 [R] (C[p] = scale_a[p] * A[p] @ dequant(B[x])^T (+ bias)), int4
-    weights, C in `out_dtype` (bf16 or fp16, required then; else A's dtype)."""
-    dev, rows, k, e, n, mode, out_dtype = _woq_gemm_args(a, b, kind, scales, expert_first_token_offset, group, zeros,
-                                                         bias, scale_a, out_dtype)
+    weights, C in `out_dtype` (bf16 or fp16, required then; else A's dtype).
+    Token digits: A uint8 [R, k / 128, 400] (token_digits) with the decode kernel's digits tile (decode:digits_ksplitN),
+    int4 weights with one scale per row or per 128 k, C in `out_dtype` (required)."""
+    dev, rows, k, e, n, mode, out_dtype, form = _woq_gemm_args(a, b, kind, scales, expert_first_token_offset, group,
+                                                               zeros, bias, scale_a, out_dtype)
     out = _out(c, "C", (rows, n), out_dtype, dev)
-    call("mb_grouped_gemm_woq", a.data_ptr(), int(WoqInput.DTYPE if scale_a is None else WoqInput.E4M3),
+    call("mb_grouped_gemm_woq", a.data_ptr(), int(form),
          _ptr(scale_a), b.data_ptr(), int(mode), scales.data_ptr(), _ptr(zeros), group, _ptr(bias), out.data_ptr(),
          expert_first_token_offset.data_ptr(), e, rows, n, k, _dtype_code(out, "C"), tactic_struct(tactic),
          _stream(stream, dev))
@@ -81,12 +113,12 @@ def grouped_gemm_woq_finalize(a: torch.Tensor, b: torch.Tensor, kind: int | str 
     """out[t] += w[p] * (grouped_gemm_woq's C[p] + bias[x]) for the token t of each permuted row p -> out [T, n], on
     the decode kernel only (a decode tactic). A given `out` must be zeroed by the caller; an allocated one is zeroed
     here."""
-    dev, rows, k, e, n, mode, out_dtype = _woq_gemm_args(a, b, kind, scales, expert_first_token_offset, group, zeros,
-                                                         bias, scale_a, out_dtype)
+    dev, rows, k, e, n, mode, out_dtype, form = _woq_gemm_args(a, b, kind, scales, expert_first_token_offset, group,
+                                                               zeros, bias, scale_a, out_dtype)
     _check(permuted_to_unpermuted, "permuted_to_unpermuted", (num_tokens * top_k,), torch.int32, dev)
     _check(permuted_weights, "permuted_weights", (num_tokens * top_k,), torch.float32, dev)
     o = _out(out, "out", (num_tokens, n), out_dtype, dev, zero=True)
-    call("mb_grouped_gemm_woq_finalize", a.data_ptr(), int(WoqInput.DTYPE if scale_a is None else WoqInput.E4M3),
+    call("mb_grouped_gemm_woq_finalize", a.data_ptr(), int(form),
          _ptr(scale_a), b.data_ptr(), int(mode), scales.data_ptr(), _ptr(zeros), group, _ptr(bias), o.data_ptr(),
          expert_first_token_offset.data_ptr(), permuted_to_unpermuted.data_ptr(), permuted_weights.data_ptr(), e,
          rows, num_tokens, top_k, n, k, _dtype_code(o, "out"), tactic_struct(tactic), _stream(stream, dev))

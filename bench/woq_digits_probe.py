@@ -1,0 +1,130 @@
+"""The weight-only int4 decode GEMM on the digits tile (mb_token_digits, then mb_grouped_gemm_woq on the int8 mma)
+beside the staged tile, on the W4A16 bench shapes' GEMMs (int4, group 128, zero points) at 1 to 128 tokens, each
+form at the K split the planner gives the staged one, both captured in CUDA graphs (the digits form with its digits
+step) and replayed with L2 flushed before each replay, median of 30; each checked against fp64 first (relative
+norm error). The evidence for tactics.woq_decode_tile_rule's digits band. Writes woq_digits_probe.json to $OUT (or
+the working directory) and ends with a table.
+
+    MOE_BUILD_KERNELS_LIB=.../libmoe_build_kernels.so python bench/woq_digits_probe.py
+    WOQ_DIGITS_TOKENS=1,16 ...   # a part of it
+"""
+import json
+import os
+
+import torch
+
+from moe_build import kernels as K
+from moe_build.bench.timing import flush_l2
+from moe_build.planner.tactics import GemmCall, GemmTactic, RowCount, choose_tactic, woq_digits_rows
+from moe_build.weights.woq import WoqKind, dequantize_matrix
+
+GEMMS = {"mixtral_g1": (8, 2, 28672, 4096), "mixtral_g2": (8, 2, 4096, 14336), "qwen3_g1": (128, 8, 1536, 2048),
+         "qwen3_g2": (128, 8, 2048, 768), "dsv2_g1": (64, 6, 2816, 2048), "dsv2_g2": (64, 6, 2048, 1408)}
+TOKENS = [int(t) for t in os.environ.get("WOQ_DIGITS_TOKENS", "1,2,4,8,16,32,64,128").split(",")]
+GROUP, REPLAYS = 128, 30
+
+
+def replay_us(graph: torch.cuda.CUDAGraph) -> float:
+    """Median replay time in microseconds, L2 flushed before each."""
+    for _ in range(3):
+        graph.replay()
+    times = []
+    for _ in range(REPLAYS):
+        flush_l2()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) * 1000)
+    return sorted(times)[len(times) // 2]
+
+
+def captured(fn) -> torch.cuda.CUDAGraph:
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    sm = torch.cuda.get_device_properties(0).multi_processor_count
+    rows_out = []
+    for name, (experts, top_k, n, k) in GEMMS.items():
+        b = torch.randint(0, 256, (experts, n, k // 2), dtype=torch.uint8, device="cuda")
+        scales = torch.rand(experts, n, k // GROUP, device="cuda") * 0.01 + 1e-3
+        zeros = torch.randint(0, 16, (experts, n, k // GROUP), dtype=torch.uint8, device="cuda")
+        call = GemmCall(sm=90, entry="sm90", epilogue="store", n=n, k=k, experts=experts, top_k=top_k, itemsize=2,
+                        weights_blocked=False, sm_count=sm, l2_bytes=50 << 20, woq="int4", woq_group=GROUP)
+        dense: dict[int, torch.Tensor] = {}
+        for tokens in TOKENS:
+            staged = choose_tactic(call, RowCount(tokens, top_k, experts))
+            if staged.kernel != "decode":
+                continue
+            rows = tokens * top_k
+            ids = torch.stack([torch.randperm(experts, device="cuda")[:top_k] for _ in range(tokens)]).view(-1)
+            counts = torch.bincount(ids, minlength=experts)
+            off = torch.zeros(experts + 1, dtype=torch.int64, device="cuda")
+            off[1:] = counts.cumsum(0)
+            a = torch.randn(rows, k, device="cuda").to(torch.bfloat16)
+            c = torch.full((rows, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+            digits = torch.empty(rows, k // 128, 400, dtype=torch.uint8, device="cuda")
+            digits_tactic = GemmTactic("decode", "digits", staged.k_split, staged.launch, staged.output_l2)
+            most = woq_digits_rows(call, staged.k_split)
+            record = dict(gemm=name, tokens=tokens, rows=rows, max_rows=int(counts.max()), staged=staged.name,
+                          digits=digits_tactic.name, digits_rows_fit=most)
+
+            def run_staged() -> None:
+                K.grouped_gemm_woq(a, b, "int4", scales, off, GROUP, zeros=zeros, c=c, tactic=staged)
+
+            def run_digits() -> None:
+                K.token_digits(a, out=digits)
+                K.grouped_gemm_woq(digits, b, "int4", scales, off, GROUP, zeros=zeros, c=c, tactic=digits_tactic,
+                                   out_dtype=torch.bfloat16)
+
+            def run_digits_step() -> None:
+                K.token_digits(a, out=digits)
+
+            def run_digits_gemm() -> None:  # the GEMM alone, on the digits made above
+                K.grouped_gemm_woq(digits, b, "int4", scales, off, GROUP, zeros=zeros, c=c, tactic=digits_tactic,
+                                   out_dtype=torch.bfloat16)
+
+            # fp64 reference of the touched experts' rows (each expert's weights dequantized once, on the GPU)
+            ref = torch.zeros(rows, n, dtype=torch.float64, device="cuda")
+            for x in range(experts):
+                lo, hi = int(off[x]), int(off[x + 1])
+                if hi > lo:
+                    if x not in dense:
+                        dense[x] = dequantize_matrix(WoqKind.INT4, b[x], scales[x], zeros[x])
+                    ref[lo:hi] = a[lo:hi].double() @ dense[x].t()
+            forms = {"staged": run_staged}
+            if most >= min(8, rows):  # the kernel sizes its chunks by the rows the host knows
+                forms.update(digits=run_digits, digits_step=run_digits_step, digits_gemm=run_digits_gemm)
+            for form, fn in forms.items():
+                if form in ("staged", "digits"):
+                    c.fill_(float("nan"))
+                    fn()
+                    torch.cuda.synchronize()
+                    record[f"{form}_rel_err"] = float((c.double() - ref).norm() / ref.norm())
+                record[f"{form}_us"] = round(replay_us(captured(fn)), 2)
+            if "digits_us" in record:
+                record["staged_over_digits"] = round(record["staged_us"] / record["digits_us"], 3)
+            print(record, flush=True)
+            rows_out.append(record)
+        del dense
+    json.dump(rows_out, open(os.path.join(os.environ.get("OUT", "."), "woq_digits_probe.json"), "w"), indent=1)
+    print(f"\n{'gemm':<11} {'tok':>4} {'maxr':>4} {'staged':<41} {'us':>7} {'digits us':>9} {'gemm us':>7} "
+          f"{'step us':>7} {'ratio':>6} {'err staged':>10} {'err digits':>10}")
+    for r in rows_out:
+        print(f"{r['gemm']:<11} {r['tokens']:>4} {r['max_rows']:>4} {r['staged']:<41} {r['staged_us']:>7.1f} "
+              f"{r.get('digits_us', float('nan')):>9.1f} {r.get('digits_gemm_us', float('nan')):>7.1f} "
+              f"{r.get('digits_step_us', float('nan')):>7.1f} "
+              f"{r.get('staged_over_digits', float('nan')):>6.3f} {r['staged_rel_err']:>10.2e} "
+              f"{r.get('digits_rel_err', float('nan')):>10.2e}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,276 @@
+// Weight-only grouped GEMM, decode on the int8 mma (tactic tile MB_TILE_DECODE_DIGITS, A MB_INPUT_DIGITS): int4
+// weights with one scale per 128 k or per row, k % 128 == 0, against token rows that stages/token_digits.cu has
+// split into three 8-bit digits per value under one power-of-two factor per 128-k group
+// (x = F (4096 d0 + 64 d1 + d2), common/token_digits.cuh). The 16-bit decode kernels (gemm/woq_decode.cu) spend
+// about ten integer instructions per 32-bit word of codes turning them into 16-bit values for the mma, and issue,
+// not the weights' bytes, bounds them (docs/performance.md, "No pipe at its ceiling"); here a word becomes the int8
+// mma's A operand in three (a shift and two masks: the codes as unsigned bytes), and one m16n8k32 step takes 32 k.
+//
+// Layout: gemm/decode.cu's swap-AB CTA (expert, chunk of <= 8 token rows, 128 / WK weight rows; WK warps split K)
+// and the staged kernel's loads (gemm/woq_decode.cu woq_decode_int4_staged_kernel: a lane's 32 k of its two rows,
+// 16 bytes each, in big batches of NB 128-k groups with one wait per big batch; the chunk's token records copied
+// into shared memory once). Each token takes four of the mma's eight columns, its three digits and one unused: a
+// step runs NM = ceil(rows / 2) mmas for the chunk's rows, and lane q's accumulators (columns 2q, 2q + 1) hold one token's digit sums,
+// d0 and d1 (q even) or d2 (q odd). Per 128-k group the lane forms, exactly in int32,
+//   R = 4096 S0 + 64 S1 - z T  (q even),  R = S2  (q odd),
+// S the digit sums over the group's k of the codes u, z the row's zero point, T the group's sum of
+// 4096 d0 + 64 d1 + d2, so that the two lanes' R add up to sum_k (u - z) (4096 d0 + 64 d1 + d2), and adds R times
+// the row's scale times the group's factor into its fp32 sum. No weight is rounded, and no token but those far
+// below their group's largest (common/token_digits.cuh); the sums are fp32.
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "common/token_digits.cuh"
+#include "gemm/decode_launch.cuh"
+#include "gemm/loads.cuh"
+#include "gemm/mma.cuh"
+#include "gemm/woq.cuh"
+#include "gemm/woq_decode_sums.cuh"
+
+namespace mbk {
+namespace {
+
+// c += A (16 x 32 unsigned bytes) * B (32 x 8 signed bytes), int32 sums.
+__device__ __forceinline__ void mma_u8s8(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// The kernel's launch: the GEMM, and the most token rows a chunk can have (min(8, max_rows)), which sizes its
+// shared memory and its mmas per step.
+struct WoqDigitsLaunch {
+  WoqGemmParams p;
+  int rows_cap;
+};
+
+// Shared memory: each K slice's token records of the chunk's rows (slice 0's length, the longest), then 16 zero
+// bytes (the sum and factor of a group past the slice).
+size_t digits_smem(int k, int rows_cap, int wk) {
+  const size_t slice_groups = static_cast<size_t>(std::min(k, decode_k_slice(k, wk))) / mb::kDigitGroup;
+  return static_cast<size_t>(rows_cap) * wk * slice_groups * mb::kDigitGroupBytes + 16;
+}
+
+// The CTA's work for a chunk of `rows` token rows, NM = ceil(rows / 2) mmas a step (the kernel below picks NM).
+template <typename T, int WK, bool PER_ROW, int NM>
+__device__ __forceinline__ void digits_chunk(const WoqDigitsLaunch& d, int expert, int64_t row_begin, int rows,
+                                             float (&s_part)[WK][16 * (kDecodeWarps / WK)][kDecodeTokens + 1],
+                                             unsigned char* s_tok) {
+  static_assert(NM >= 1 && 2 * NM <= kDecodeTokens, "two token rows per mma");
+  const WoqGemmParams& p = d.p;
+  constexpr int R = 16 * (kDecodeWarps / WK);  // weight rows per CTA (= output columns)
+  constexpr int U = 4;                         // k32 steps per group
+  constexpr int NB = PER_ROW ? 4 : 3;          // groups per wait (the staged kernel's kBigBatch)
+  constexpr int SB = PER_ROW ? 1 : NB;         // scales and zeros per row in a buffer: one for group 0
+  constexpr int CB = PER_ROW ? 1 : 2;          // their buffers
+  constexpr unsigned GB = mb::kDigitGroupBytes;
+  const int N = p.n, K = p.k;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int q = lane & 3, g = lane >> 2;
+  const int rg = warp / WK, ks = warp % WK;
+  const int col0 = blockIdx.y * R;
+  const int groups = K / mb::kDigitGroup;
+  const int sgroups = PER_ROW ? 1 : groups;  // scale groups per row
+
+  // The lane's weight rows r and r + 8 (a warp's 16 rows moved back inside n where they pass its end).
+  const int64_t wrow = static_cast<int64_t>(expert) * N + min(col0 + rg * 16, N - 16) + g;
+  const int64_t wstep8 = 8 * static_cast<int64_t>(K / 2);
+  // This warp's K slice in whole groups; group j of the slice is read at min(j, last). An empty slice (the last
+  // ones of a short K) reads K's last group and computes nothing.
+  const int kslice = decode_k_slice(K, WK);
+  const int kb = ks * kslice;
+  const int nb = max(0, min(K, kb + kslice) - kb) / mb::kDigitGroup;
+  const int nb0 = min(K, kslice) / mb::kDigitGroup;
+  const int last = max(nb, 1) - 1;
+  const int kbc = min(kb, K - mb::kDigitGroup);
+  const int64_t gi = wrow * sgroups + (PER_ROW ? 0 : kbc / mb::kDigitGroup);
+  const uint8_t* wp0 = p.B + wrow * (K / 2) + kbc / 2 + 16 * q;
+  const uint8_t* wp1 = wp0 + wstep8;
+  const float* sp0 = static_cast<const float*>(p.scales) + gi;
+  const float* sp1 = sp0 + 8 * sgroups;
+  // Without zero points (symmetric int4 stored as q + 8) the zero is read from the scales' bytes and masked to 0,
+  // then 8 is or-ed in: one unpredicated load either way.
+  const uint8_t* zp0 = p.zeros ? p.zeros + gi : reinterpret_cast<const uint8_t*>(sp0);
+  const uint8_t* zp1 = p.zeros ? zp0 + 8 * sgroups : reinterpret_cast<const uint8_t*>(sp1);
+  const int zmask = p.zeros ? 0xff : 0, zor = p.zeros ? 0 : 8;
+
+  // Shared-memory offsets: mma m's B column g is token 2m + g / 4's digit g % 4 (rows past the chunk and the unused
+  // fourth digit read another column's bytes: their sums land in columns nobody reads); lane q's sums are token
+  // 2m + q / 2's, whose record gives the group's sum and factor.
+  const unsigned pitch = static_cast<unsigned>(nb0) * GB;
+  const unsigned zero_at = static_cast<unsigned>(WK * d.rows_cap) * pitch;
+  unsigned b_at[NM], f_at[NM];
+#pragma unroll
+  for (int m = 0; m < NM; ++m) {
+    const unsigned tb = min(2 * m + (g >> 2), rows - 1), tf = min(2 * m + (q >> 1), rows - 1);
+    b_at[m] = (ks * d.rows_cap + tb) * pitch + min(g & 3, 2) * mb::kDigitPlaneBytes + 8 * q;
+    f_at[m] = (ks * d.rows_cap + tf) * pitch + mb::kDigitSumOffset;
+  }
+  const int ca = q & 1 ? 1 : 4096, cb = q & 1 ? 0 : 64, zf = q & 1 ? 0 : 1;
+
+  float acc[NM][2];
+#pragma unroll
+  for (int m = 0; m < NM; ++m) acc[m][0] = acc[m][1] = 0.f;
+  uint4 w[2][NB][2];
+  float sv[CB][SB][2];
+  int zv[CB][SB][2];
+  auto load_consts = [&](int buf, int j, unsigned jc) {
+    const unsigned zo = p.zeros ? jc : 4u * jc;  // the zero's byte, or the scale's first byte
+    sv[buf][j][0] = __ldg(sp0 + jc);
+    sv[buf][j][1] = __ldg(sp1 + jc);
+    zv[buf][j][0] = (__ldg(zp0 + zo) & zmask) | zor;
+    zv[buf][j][1] = (__ldg(zp1 + zo) & zmask) | zor;
+  };
+  // Big batch jb .. jb + NB - 1 of the slice into buffer buf; groups past the slice read its last.
+  auto load_big = [&](int buf, int jb) {
+#pragma unroll
+    for (int j = 0; j < NB; ++j) {
+      const unsigned jc = static_cast<unsigned>(min(jb + j, last));
+      w[buf][j][0] = ld_weights_in_bounds(wp0 + 64u * jc);
+      w[buf][j][1] = ld_weights_in_bounds(wp1 + 64u * jc);
+      if constexpr (!PER_ROW) load_consts(buf, j, jc);
+    }
+  };
+  // Group jb of the slice from slot j of buffer buf; a group past the slice (`valid` false) takes a zero factor.
+  auto compute = [&](int buf, int j, int jb, bool valid) {
+    const int cbuf = PER_ROW ? 0 : buf, cs = PER_ROW ? 0 : j;
+    const unsigned goff = GB * static_cast<unsigned>(min(jb, last));
+    int c[NM][4];
+#pragma unroll
+    for (int m = 0; m < NM; ++m) c[m][0] = c[m][1] = c[m][2] = c[m][3] = 0;
+    const uint4 r0 = w[buf][j][0], r1 = w[buf][j][1];
+    const uint32_t x0[4] = {r0.x, r0.y, r0.z, r0.w}, x1[4] = {r1.x, r1.y, r1.z, r1.w};
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      // Word u's codes as bytes: the even k (low nibbles) in slots 4q..4q + 3, the odd k in 16 + 4q..16 + 4q + 3.
+      const uint32_t a0 = x0[u] & 0x0f0f0f0fu, a1 = x1[u] & 0x0f0f0f0fu;
+      const uint32_t a2 = (x0[u] >> 4) & 0x0f0f0f0fu, a3 = (x1[u] >> 4) & 0x0f0f0f0fu;
+#pragma unroll
+      for (int m = 0; m < NM; ++m) {
+        const uint2 b = *reinterpret_cast<const uint2*>(s_tok + b_at[m] + goff + u * mb::kDigitStepBytes);
+        mma_u8s8(c[m], a0, a1, a2, a3, b.x, b.y);
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < NM; ++m) {
+      const int2 tf = *reinterpret_cast<const int2*>(s_tok + (valid ? f_at[m] + goff : zero_at));
+      const float f = __int_as_float(tf.y);
+      const int r0s = ca * c[m][0] + cb * c[m][1] - zf * zv[cbuf][cs][0] * tf.x;  // row g
+      const int r1s = ca * c[m][2] + cb * c[m][3] - zf * zv[cbuf][cs][1] * tf.x;  // row g + 8
+      acc[m][0] = fmaf(sv[cbuf][cs][0] * f, static_cast<float>(r0s), acc[m][0]);
+      acc[m][1] = fmaf(sv[cbuf][cs][1] * f, static_cast<float>(r1s), acc[m][1]);
+    }
+  };
+  // Every slice's token records into shared memory (cp.async), then a barrier.
+  const char* A = static_cast<const char*>(p.A);
+  auto stage_tokens = [&]() {
+    constexpr int kChunks = GB / 16;  // 16-byte chunks per group record
+    for (int sr = 0; sr < WK * rows; ++sr) {  // (slice, row) pairs, CTA-uniform
+      const int s = sr % WK, r = sr / WK;
+      const int slice_groups = max(0, min(kslice, K - s * kslice)) / mb::kDigitGroup;
+      const char* src = A + ((row_begin + r) * groups + s * kslice / mb::kDigitGroup) * static_cast<int64_t>(GB);
+      unsigned char* dst = s_tok + (s * d.rows_cap + r) * pitch;
+#pragma unroll 4
+      for (int c = threadIdx.x; c < slice_groups * kChunks; c += kDecodeThreads)
+        cp_async16(static_cast<uint32_t>(__cvta_generic_to_shared(dst + 16 * c)), src + 16 * c, true);
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    __syncthreads();
+  };
+  // One big batch: its first group, then the next big batch's loads (so that the wait at the first group covers
+  // this big batch only), then its other groups; each group computed unconditionally (the staged kernel's order).
+  auto step = [&](int cur, int jb) {
+    compute(cur, 0, jb, jb < nb);
+    if (jb + NB < nb) load_big(cur ^ 1, jb + NB);  // warp-uniform
+#pragma unroll
+    for (int j = 1; j < NB; ++j) compute(cur, j, jb + j, jb + j < nb);
+  };
+
+  // Weights and their constants (nothing upstream writes them) are requested before waiting for the kernel that
+  // writes A.
+  if constexpr (PER_ROW) load_consts(0, 0, 0u);
+  load_big(0, 0);
+  if (threadIdx.x == 0) *reinterpret_cast<uint4*>(s_tok + zero_at) = make_uint4(0u, 0u, 0u, 0u);
+  mb::wait_for_predecessor();
+  mb::let_dependents_start();
+  stage_tokens();
+  for (int jb = 0; jb < nb; jb += 2 * NB) {  // warp-uniform
+    step(0, jb);
+    if (jb + NB >= nb) break;
+    step(1, jb + NB);
+  }
+  // Lanes q and q ^ 1 hold the same token's parts; the even lane stores their sum.
+#pragma unroll
+  for (int m = 0; m < NM; ++m) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) acc[m][h] += __shfl_xor_sync(0xffffffffu, acc[m][h], 1);
+    if ((q & 1) == 0) {
+      s_part[ks][rg * 16 + g][2 * m + (q >> 1)] = acc[m][0];
+      s_part[ks][rg * 16 + g + 8][2 * m + (q >> 1)] = acc[m][1];
+    }
+  }
+  __syncthreads();
+  store_part_sums<T, WK, false>(p, s_part, expert, row_begin, rows, col0);
+}
+
+// A chunk's mmas per step follow its own rows (the host knows only the most a chunk may have, NM_MAX * 2): at one
+// token most chunks of a many-expert layer hold one row.
+template <typename T, int WK, bool PER_ROW, int NM_MAX>
+__global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_digits_kernel(WoqDigitsLaunch d) {
+  __shared__ float s_part[WK][16 * (kDecodeWarps / WK)][kDecodeTokens + 1];
+  extern __shared__ __align__(16) unsigned char s_tok[];  // [WK][rows_cap][pitch], then 16 zero bytes
+  const TileRows tile = cta_find_tile<kDecodeTokens>(d.p.offsets, d.p.num_experts);
+  if (tile.expert < 0) return;
+  const int rows = static_cast<int>(tile.end - tile.begin);
+  const int nm = (rows + 1) / 2;  // CTA-uniform
+  auto chunk = [&](auto nm_tag) {
+    digits_chunk<T, WK, PER_ROW, decltype(nm_tag)::value>(d, tile.expert, tile.begin, rows, s_part, s_tok);
+  };
+  if constexpr (NM_MAX >= 4) if (nm == 4) return chunk(std::integral_constant<int, 4>{});
+  if constexpr (NM_MAX >= 3) if (nm == 3) return chunk(std::integral_constant<int, 3>{});
+  if constexpr (NM_MAX >= 2) if (nm == 2) return chunk(std::integral_constant<int, 2>{});
+  chunk(std::integral_constant<int, 1>{});
+}
+
+template <typename T, bool PER_ROW>
+mb_status launch_digits(const WoqGemmParams& p, int64_t max_rows, int k_split, bool after_trigger,
+                        cudaStream_t stream) {
+  const int rows_cap = static_cast<int>(std::min<int64_t>(kDecodeTokens, max_rows));
+  return by_k_split(k_split, [&](auto wk) {
+    constexpr int WK = decltype(wk)::value;
+    const size_t smem = digits_smem(p.k, rows_cap, WK);
+    if (smem > kTokenBudget)
+      return fail(MB_ERR_UNSUPPORTED, "grouped gemm woq: the digits decode kernel's token records (%d-row chunks, k %d "
+                  "in %d slices) need %zu bytes of shared memory, over its %zu: the staged or none tile",
+                  rows_cap, p.k, WK, smem, kTokenBudget);
+    const WoqDigitsLaunch d{p, rows_cap};
+    auto go = [&](auto nm) {
+      constexpr int NM_MAX = decltype(nm)::value;
+      return launch_decode(woq_decode_digits_kernel<T, WK, PER_ROW, NM_MAX>, d, p.n, 16 * (kDecodeWarps / WK),
+                           decode_chunks(max_rows, p.num_experts), after_trigger, stream, "grouped gemm woq", smem);
+    };
+    switch ((rows_cap + 1) / 2) {
+      case 1: return go(std::integral_constant<int, 1>{});
+      case 2: return go(std::integral_constant<int, 2>{});
+      case 3: return go(std::integral_constant<int, 3>{});
+      default: return go(std::integral_constant<int, 4>{});
+    }
+  });
+}
+
+}  // namespace
+
+mb_status launch_woq_decode_digits(const WoqGemmParams& p, int64_t max_rows, int dtype, int k_split,
+                                   bool after_trigger, cudaStream_t stream) {
+  return dispatch_16bit(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    return p.group == 0 ? launch_digits<T, true>(p, max_rows, k_split, after_trigger, stream)
+                        : launch_digits<T, false>(p, max_rows, k_split, after_trigger, stream);
+  });
+}
+
+}  // namespace mbk

@@ -1,0 +1,57 @@
+// The weight-only decode kernels' last step (gemm/woq_decode.cu, gemm/woq_decode_digits.cu): a CTA's partial sums,
+// held in shared memory by (K slice, weight row, token row), to C; and the shared-memory budget of the kernels that
+// stage their token rows there.
+#pragma once
+
+#include <cstdint>
+
+#include "gemm/decode_launch.cuh"
+#include "gemm/woq.cuh"
+
+namespace mbk {
+
+constexpr size_t kTokenBudget = 104 * 1024;  // token bytes a CTA may hold with two CTAs an SM
+
+// After a barrier over s_part: one thread per (token, output column pair), the K slices' partials summed in fixed
+// order (bit-reproducible), times the token row's scale (A8), plus the bias; stored, or with the finalize epilogue
+// (p.permuted_to_unpermuted set) times the row's routing weight and added into its token's output row with one
+// packed 2-element atomic, as gemm/decode.cu's finalize does.
+template <typename T, int WK, bool A8, int R>
+__device__ __forceinline__ void store_part_sums(const WoqGemmParams& p,
+                                                const float (&s_part)[WK][R][kDecodeTokens + 1], int expert,
+                                                int64_t row_begin, int rows, int col0) {
+  using P2 = Pair<T>;
+  const int N = p.n;
+  const T* bias = p.bias ? static_cast<const T*>(p.bias) + static_cast<int64_t>(expert) * N : nullptr;
+  for (int idx = threadIdx.x; idx < kDecodeTokens * (R / 2); idx += kDecodeThreads) {
+    const int t = idx / (R / 2), c = 2 * (idx % (R / 2));
+    const int col = col0 + c;
+    if (t >= rows || col >= N) continue;  // N even: col + 1 < N too
+    float v[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      float s = 0.f;
+#pragma unroll
+      for (int wi = 0; wi < WK; ++wi) s += s_part[wi][c + j][t];
+      v[j] = s;
+    }
+    if constexpr (A8) {
+      const float sa = p.scale_a[row_begin + t];
+      v[0] *= sa;
+      v[1] *= sa;
+    }
+    if (bias) {
+      const float2 b = P2::to_float2(*reinterpret_cast<const typename P2::type*>(bias + col));
+      v[0] += b.x;
+      v[1] += b.y;
+    }
+    const int64_t prow = row_begin + t;
+    if (p.permuted_to_unpermuted) {
+      finalize_add_pair<T>(p.C, p.permuted_to_unpermuted, p.permuted_weights, p.top_k, prow, N, col, v[0], v[1]);
+    } else {
+      *reinterpret_cast<typename P2::type*>(static_cast<T*>(p.C) + prow * N + col) = P2::make(v[0], v[1]);
+    }
+  }
+}
+
+}  // namespace mbk

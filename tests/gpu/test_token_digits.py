@@ -1,0 +1,90 @@
+"""mb_token_digits (stages/token_digits.cu) against its definition, decoded here from the layout
+(cpp/src/common/token_digits.cuh): per row and 128-k group, three digit planes at 96 s + 32 d + 8 q (+ position p,
+holding k = 32q + 8s + (0, 2, 4, 6, 1, 3, 5, 7)[p]), the int32 sum of 4096 d0 + 64 d1 + d2 at byte 384, the fp32
+factor F at 388, zeros to 400.
+
+Checked on fresh random rows (magnitudes spread over 2^-30 .. 2^12 in bf16 and over fp16's range, exact zeros, one
+all-zero group): every value with no bits below F is carried exactly, x = F (4096 d0 + 64 d1 + d2) (every bf16 value
+within 2^10 of its group's largest, every fp16 one within 2^7); the rest within F / 2; digits in range (|d0| <= 64, |d1|, |d2| <= 32); F a power of two with the group's largest / F in
+[2^17, 2^18); the sum is the digits' sum; a group with an inf or NaN has a NaN factor. Output poisoned first.
+"""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from moe_build import kernels as K  # noqa: E402
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(),
+                                 reason="needs a CUDA GPU (scripts/device_run.sh runs these on one)")]
+
+PERM = (0, 2, 4, 6, 1, 3, 5, 7)
+
+
+def decode(rec: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Records uint8 [R, G, 400] -> (digits int64 [R, G, 3, 128] in k order, sums int64 [R, G], factors fp64)."""
+    r, g, _ = rec.shape
+    planes = rec[..., :384].reshape(r, g, 4, 3, 4, 8).to(torch.int8).long()  # s, d, q, p
+    digits = torch.empty(r, g, 3, 128, dtype=torch.int64)
+    for s in range(4):
+        for q in range(4):
+            for p in range(8):
+                digits[:, :, :, 32 * q + 8 * s + PERM[p]] = planes[:, :, s, :, q, p]
+    tail = rec[..., 384:400].contiguous()
+    sums = tail[..., :4].contiguous().view(torch.int32)[..., 0].long()
+    factors = tail[..., 4:8].contiguous().view(torch.float32)[..., 0].double()
+    assert torch.all(tail[..., 8:] == 0), "bytes 392..399 must be zero"
+    return digits, sums, factors
+
+
+def rows(n: int, k: int, dtype: torch.dtype, g: torch.Generator) -> torch.Tensor:
+    lo, hi = (-30, 12) if dtype == torch.bfloat16 else (-14, 12)
+    x = torch.randn(n, k, generator=g) * torch.exp2(torch.randint(lo, hi, (n, k), generator=g).float())
+    x[:, 3::29] = 0.0
+    x[0, :128] = 0.0  # a whole group of zeros
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n, k", [(1, 128), (7, 2048), (300, 384)])
+def test_digits_carry_the_rows(dtype: torch.dtype, n: int, k: int) -> None:
+    seed = random.SystemRandom().randrange(1 << 30)
+    g = torch.Generator().manual_seed(seed)
+    x = rows(n, k, dtype, g)
+    out = torch.full((n, k // 128, 400), 0xA5, dtype=torch.uint8, device="cuda")
+    K.token_digits(x.cuda(), out=out)
+    torch.cuda.synchronize()
+    digits, sums, factors = decode(out.cpu())
+    where = f"(seed {seed}, {dtype}, {n} x {k})"
+    assert int(digits[:, :, 0].abs().max()) <= 64 and int(digits[:, :, 1:].abs().max()) <= 32, f"digit range {where}"
+    d = 4096 * digits[:, :, 0] + 64 * digits[:, :, 1] + digits[:, :, 2]  # [R, G, 128]
+    assert torch.equal(sums, d.sum(-1)), f"group sums {where}"
+    xv = x.double().view(n, k // 128, 128)
+    top = xv.abs().amax(-1)
+    nz = top > 0
+    ratio = top[nz] / factors[nz]
+    assert torch.all((ratio >= 2 ** 17) & (ratio < 2 ** 18)), f"factor against the group's largest {where}"
+    assert torch.all(torch.log2(factors).frac() == 0), f"factor not a power of two {where}"
+    assert torch.all(d[~nz] == 0), f"a zero group's digits {where}"
+    carried = factors[..., None] * d
+    near = xv.abs() * 2 ** (10 if dtype == torch.bfloat16 else 7) >= top[..., None]
+    assert torch.equal(carried[near], xv[near]), f"a value near its group's largest not exact {where}"
+    assert torch.all((carried - xv).abs() <= factors[..., None] / 2), f"a small value off by more than F / 2 {where}"
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("nan")])
+def test_non_finite_group_has_a_nan_factor(bad: float) -> None:
+    x = torch.randn(2, 512).to(torch.bfloat16)
+    x[1, 300] = bad
+    digits, sums, factors = decode(K.token_digits(x.cuda()).cpu())
+    assert torch.isnan(factors[1, 2]) and torch.isfinite(factors[1, [0, 1, 3]]).all() and torch.isfinite(factors[0]).all()
+
+
+def test_bad_arguments_are_refused() -> None:
+    with pytest.raises(ValueError, match="multiple of 128"):
+        K.token_digits(torch.zeros(2, 192, dtype=torch.bfloat16, device="cuda"))
+    with pytest.raises(K.KernelError, match="fp16\\(1\\), bf16\\(2\\)"):
+        K.token_digits(torch.zeros(2, 256, dtype=torch.float32, device="cuda"))
