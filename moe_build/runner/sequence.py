@@ -322,8 +322,9 @@ def _weight_only_steps(plan: Plan, c: dict[str, str]) -> list[str]:
 
 
 def _on_digits(tactic: str) -> bool:
-    """Whether a GEMM's tactic is the decode kernel's digits tile (its input rows split into digits first)."""
-    return T.GemmTactic.parse(tactic).tile == "digits"
+    """Whether a GEMM's tactic (its name, tactics.GemmTactic.name) is the decode kernel's digits tile (its input rows
+    split into digits first)."""
+    return tactic.startswith("decode:digits_")
 
 
 def _woq_gemm_step(tactic: str, stored: str, mixed: str, dense: str, digits: str) -> str:
