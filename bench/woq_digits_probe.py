@@ -15,7 +15,8 @@ import torch
 
 from moe_build import kernels as K
 from moe_build.bench.timing import flush_l2
-from moe_build.planner.tactics import GemmCall, GemmTactic, RowCount, choose_tactic, woq_digits_rows
+from moe_build.planner.tactics import (GemmCall, GemmTactic, RowCount, choose_tactic, woq_digits_rows,
+                                       woq_staged_rows)
 from moe_build.weights.woq import WoqKind, dequantize_matrix
 
 GEMMS = {"mixtral_g1": (8, 2, 28672, 4096), "mixtral_g2": (8, 2, 4096, 14336), "qwen3_g1": (128, 8, 1536, 2048),
@@ -61,10 +62,13 @@ def main() -> None:
                         weights_blocked=False, sm_count=sm, l2_bytes=50 << 20, woq="int4", woq_group=GROUP)
         dense: dict[int, torch.Tensor] = {}
         for tokens in TOKENS:
-            staged = choose_tactic(call, RowCount(tokens, top_k, experts))
-            if staged.kernel != "decode":
+            chosen = choose_tactic(call, RowCount(tokens, top_k, experts))
+            if chosen.kernel != "decode":
                 continue
             rows = tokens * top_k
+            # the 16-bit decode form at the planner's K split: staged where a chunk's rows fit, else none
+            form = "staged" if woq_staged_rows(call, chosen.k_split) >= min(8, rows) else "none"
+            staged = GemmTactic("decode", form, chosen.k_split, chosen.launch, chosen.output_l2)
             ids = torch.stack([torch.randperm(experts, device="cuda")[:top_k] for _ in range(tokens)]).view(-1)
             counts = torch.bincount(ids, minlength=experts)
             off = torch.zeros(experts + 1, dtype=torch.int64, device="cuda")
