@@ -98,9 +98,6 @@ class WoqInput(enum.IntEnum):
     DIGITS = 2
 
 
-# MB_TOKEN_DIGITS_BATCH_BYTES: a token row's bytes per 128-k group in mb_token_digits' output.
-TOKEN_DIGITS_GROUP_BYTES = 400
-
 
 class Fp8Scaling(enum.IntEnum):
     """mb_fp8_scaling: the FP8 GEMM's scales (per row and column, or per 128-k block)."""

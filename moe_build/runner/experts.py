@@ -11,6 +11,7 @@ from types import ModuleType
 
 import torch
 
+from ..planner.tactics import DIGITS_GROUP_BYTES
 from ..spec import MoESpec
 from ..weights import MoEWeights
 from ..weights.fp8 import FP8_GROUP, ScaleGranularity
@@ -342,7 +343,7 @@ class FusedExperts:
         """A GEMM's 16-bit input rows [R, k] split into digits in the workspace (uint8 [R, k / 128, 400]), which the
         GEMM's digits tactic reads."""
         rows, k = a.shape
-        digits = b.v("token_digits").view(-1)[: rows * k // 128 * self.k.TOKEN_DIGITS_GROUP_BYTES]
+        digits = b.v("token_digits").view(-1)[: rows * k // 128 * DIGITS_GROUP_BYTES]
         return self.k.token_digits(a, out=digits.view(rows, k // 128, -1), stream=b.stream)
 
     def gemm2_woq_finalize(self, b: Batch) -> None:

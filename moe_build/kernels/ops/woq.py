@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from ...planner.tactics import GemmTactic
-from ..abi import TOKEN_DIGITS_GROUP_BYTES, WoqInput, WoqKind
+from ...planner.tactics import DIGITS_GROUP_BYTES, GemmTactic
+from ..abi import WoqInput, WoqKind
 from ..library import call, load_library
 from .args import _check, _dtype_code, _enum, _out, _ptr, _stream, _workspace
 from .gemm import tactic_struct
@@ -25,13 +25,14 @@ def _check_woq_scales(mode: WoqKind, scales: torch.Tensor, zeros: torch.Tensor |
 def token_digits(a: torch.Tensor, out: torch.Tensor | None = None,
                  stream: int | torch.cuda.Stream | None = None) -> torch.Tensor:
     """The rows a [R, k] (bf16 or fp16, k % 128 == 0) as the decode kernel's digits tile reads them -> uint8
-    [R, k / 128, 400]: per 128-k group three 8-bit digits a value under one power-of-two factor, exact for every value
-    within 2^10 of the group's largest (stages/token_digits.cu; the layout: cpp/src/common/token_digits.cuh)."""
+    [R, k / 128, 400]: per 128-k group three 8-bit digits a value under one power-of-two factor, exact for every bf16
+    value within 2^10 of the group's largest and every fp16 one within 2^7 (stages/token_digits.cu; the layout:
+    cpp/src/common/token_digits.cuh)."""
     _check(a, "A", (None, None))
     rows, k = a.shape
     if k % 128:
         raise ValueError(f"A: k = {k} is not a multiple of 128 (the digits' groups)")
-    o = _out(out, "out", (rows, k // 128, TOKEN_DIGITS_GROUP_BYTES), torch.uint8, a.device)
+    o = _out(out, "out", (rows, k // 128, DIGITS_GROUP_BYTES), torch.uint8, a.device)
     call("mb_token_digits", a.data_ptr(), _dtype_code(a, "A"), rows, k, o.data_ptr(), _stream(stream, a.device))
     return o
 
@@ -41,7 +42,7 @@ def _a_input(a: torch.Tensor, scale_a: torch.Tensor | None, out_dtype: torch.dty
     """A's form (16-bit rows, e4m3 rows with scale_a, or token_digits' uint8 [R, k / 128, 400]) -> (form, rows, k,
     output dtype)."""
     if a.dtype == torch.uint8 and a.dim() == 3:
-        _check(a, "A", (None, None, TOKEN_DIGITS_GROUP_BYTES), torch.uint8)
+        _check(a, "A", (None, None, DIGITS_GROUP_BYTES), torch.uint8)
         form, k = WoqInput.DIGITS, a.shape[1] * 128
     else:
         form = WoqInput.DTYPE if scale_a is None else WoqInput.E4M3
