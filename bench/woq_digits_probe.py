@@ -7,6 +7,9 @@ the working directory) and ends with a table.
 
     MOE_BUILD_KERNELS_LIB=.../libmoe_build_kernels.so python bench/woq_digits_probe.py
     WOQ_DIGITS_TOKENS=1,16 ...   # a part of it
+
+Beside them, the digits form at every K split of WOQ_DIGITS_KSPLITS (1,2,4,8; where a chunk's digits fit), the
+evidence for the digits tile's own K split (`digits_ksN_us`).
 """
 import json
 import os
@@ -22,6 +25,7 @@ from moe_build.weights.woq import WoqKind, dequantize_matrix
 GEMMS = {"mixtral_g1": (8, 2, 28672, 4096), "mixtral_g2": (8, 2, 4096, 14336), "qwen3_g1": (128, 8, 1536, 2048),
          "qwen3_g2": (128, 8, 2048, 768), "dsv2_g1": (64, 6, 2816, 2048), "dsv2_g2": (64, 6, 2048, 1408)}
 TOKENS = [int(t) for t in os.environ.get("WOQ_DIGITS_TOKENS", "1,2,4,8,16,32,64,128").split(",")]
+KSPLITS = [int(k) for k in os.environ.get("WOQ_DIGITS_KSPLITS", "1,2,4,8").split(",")]
 GROUP, REPLAYS = 128, 30
 
 
@@ -114,6 +118,22 @@ def main() -> None:
                     torch.cuda.synchronize()
                     record[f"{form}_rel_err"] = float((c.double() - ref).norm() / ref.norm())
                 record[f"{form}_us"] = round(replay_us(captured(fn)), 2)
+            for k_split in KSPLITS:
+                if woq_digits_rows(call, k_split) < min(8, rows):
+                    continue
+                at_split = GemmTactic("decode", "digits", k_split, staged.launch, staged.output_l2)
+
+                def run_split(t: GemmTactic = at_split) -> None:
+                    K.token_digits(a, out=digits)
+                    K.grouped_gemm_woq(digits, b, "int4", scales, off, GROUP, zeros=zeros, c=c, tactic=t,
+                                       out_dtype=torch.bfloat16)
+
+                c.fill_(float("nan"))
+                run_split()
+                torch.cuda.synchronize()
+                err = float((c.double() - ref).norm() / ref.norm())
+                assert err < 1e-2, f"{name} {tokens} tokens, digits at {k_split} K slices: error {err:.2e}"
+                record[f"digits_ks{k_split}_us"] = round(replay_us(captured(run_split)), 2)
             if "digits_us" in record:
                 record["staged_over_digits"] = round(record["staged_us"] / record["digits_us"], 3)
             print(record, flush=True)
@@ -128,6 +148,10 @@ def main() -> None:
               f"{r.get('digits_step_us', float('nan')):>7.1f} "
               f"{r.get('staged_over_digits', float('nan')):>6.3f} {r['staged_rel_err']:>10.2e} "
               f"{r.get('digits_rel_err', float('nan')):>10.2e}")
+    print(f"\n{'gemm':<11} {'tok':>4} " + " ".join(f"{'ks' + str(k):>7}" for k in KSPLITS) + "   (digits us)")
+    for r in rows_out:
+        print(f"{r['gemm']:<11} {r['tokens']:>4} "
+              + " ".join(f"{r.get(f'digits_ks{k}_us', float('nan')):>7.1f}" for k in KSPLITS))
 
 
 if __name__ == "__main__":

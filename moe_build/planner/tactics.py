@@ -469,7 +469,10 @@ def woq_wgmma_tile_rule(call: GemmCall, rows: RowCount) -> str:
 # 87.0; at 16 and 64 tokens one slice was best on every GEMM but MXFP4 Mixtral GEMM2 at 16 tokens (210 at 1,
 # 158 at 4; int4 there: 131 at 1). Re-probed on the staged int4 kernel (int4 group 128, 1 and 16 tokens of the five
 # GEMMs, docs/measured/h200-2026-11-29-woq-finalize/woq_gemm_probe_ksplit.json): the rule's split is the fastest at
-# all ten points (16 tokens of Qwen3-30B-A3B GEMM1 / GEMM2: 58.6 / 37.8 us at one slice, 66.7 / 52.7 at two).
+# all ten points (16 tokens of Qwen3-30B-A3B GEMM1 / GEMM2: 58.6 / 37.8 us at one slice, 66.7 / 52.7 at two). The
+# digits tile at every split (bench/woq_digits_probe.py, docs/measured/h200-2026-12-01-digits-wait/probe_ksplits.json):
+# the rule's split fastest or within 0.4-1.4 us at 1-32 tokens (Qwen3-30B-A3B GEMM2 at 1 token 10.0 us at one slice,
+# 10.4 at the rule's two).
 def woq_decode_k_split_rule(call: GemmCall, rows: RowCount) -> int:
     k_split = 1
     while k_split < 8 and ctas_at_most(call, rows, decode_column_blocks(call, k_split), call.sm_count):

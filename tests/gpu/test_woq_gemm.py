@@ -251,8 +251,9 @@ def test_weight_only_tiles_are_the_weight_only_gemms(form: str) -> None:
 def test_int4_digits_kernel_against_fp64(k_split: int, dtype: torch.dtype, group: int, zeros: bool,
                                          counts: list[int], n: int, k: int) -> None:
     """The digits tile at every mma count a step takes (chunks of at most 2, 4, 6 and 8 rows: one to four mmas), n off
-    128, k of 3 groups (K splits of 4 and 8 leave warps without a group) and of 23 (big batches past a slice), empty
-    experts, bias, with and without zero points, per-row and group-128 scales."""
+    128, k of 3 groups (K splits of 4 and 8 leave warps without a group) and of 23 (big batches past a slice; in 2 K
+    slices, 12 and 11 groups, the one-mma body waits once per 4: gemm/woq_decode_digits.cu digits_groups_per_wait),
+    empty experts, bias, with and without zero points, per-row and group-128 scales."""
     run(WoqKind.INT4, counts, n, k, group, zeros=zeros, bias=True, dtype=dtype,
         tactic=f"decode:digits_ksplit{k_split}:after_trigger:plain")
 

@@ -55,8 +55,9 @@ size_t digits_smem(int k, int rows_cap, int wk) {
   return static_cast<size_t>(rows_cap) * wk * slice_groups * mb::kDigitGroupBytes + 16;
 }
 
-// The CTA's work for a chunk of `rows` token rows, NM = ceil(rows / 2) mmas a step (the kernel below picks NM).
-template <typename T, int WK, bool PER_ROW, int NM>
+// The CTA's work for a chunk of `rows` token rows, NM = ceil(rows / 2) mmas a step (the kernel below picks NM),
+// NB1 groups a wait in the one-mma body (digits_groups_per_wait).
+template <typename T, int WK, bool PER_ROW, int NM, int NB1>
 __device__ __forceinline__ void digits_chunk(const WoqDigitsLaunch& d, int expert, int64_t row_begin, int rows,
                                              float (&s_part)[WK][16 * (kDecodeWarps / WK)][kDecodeTokens + 1],
                                              unsigned char* s_tok) {
@@ -64,7 +65,7 @@ __device__ __forceinline__ void digits_chunk(const WoqDigitsLaunch& d, int exper
   const WoqGemmParams& p = d.p;
   constexpr int R = 16 * (kDecodeWarps / WK);  // weight rows per CTA (= output columns)
   constexpr int U = 4;                         // k32 steps per group
-  constexpr int NB = PER_ROW ? 4 : 3;          // groups per wait (the staged kernel's kBigBatch)
+  constexpr int NB = PER_ROW ? 4 : NM == 1 ? NB1 : 3;  // groups per wait (big batch)
   constexpr int SB = PER_ROW ? 1 : NB;         // scales and zeros per row in a buffer: one for group 0
   constexpr int CB = PER_ROW ? 1 : 2;          // their buffers
   constexpr unsigned GB = mb::kDigitGroupBytes;
@@ -219,7 +220,7 @@ __device__ __forceinline__ void digits_chunk(const WoqDigitsLaunch& d, int exper
 
 // A chunk's mmas per step follow its own rows (the host knows only the most a chunk may have, NM_MAX * 2): at one
 // token most chunks of a many-expert layer hold one row.
-template <typename T, int WK, bool PER_ROW, int NM_MAX>
+template <typename T, int WK, bool PER_ROW, int NM_MAX, int NB1>
 __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_digits_kernel(WoqDigitsLaunch d) {
   __shared__ float s_part[WK][16 * (kDecodeWarps / WK)][kDecodeTokens + 1];
   extern __shared__ __align__(16) unsigned char s_tok[];  // [WK][rows_cap][pitch], then 16 zero bytes
@@ -228,12 +229,23 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_digits_kernel(Wo
   const int rows = static_cast<int>(tile.end - tile.begin);
   const int nm = (rows + 1) / 2;  // CTA-uniform
   auto chunk = [&](auto nm_tag) {
-    digits_chunk<T, WK, PER_ROW, decltype(nm_tag)::value>(d, tile.expert, tile.begin, rows, s_part, s_tok);
+    digits_chunk<T, WK, PER_ROW, decltype(nm_tag)::value, NB1>(d, tile.expert, tile.begin, rows, s_part, s_tok);
   };
   if constexpr (NM_MAX >= 4) if (nm == 4) return chunk(std::integral_constant<int, 4>{});
   if constexpr (NM_MAX >= 3) if (nm == 3) return chunk(std::integral_constant<int, 3>{});
   if constexpr (NM_MAX >= 2) if (nm == 2) return chunk(std::integral_constant<int, 2>{});
   chunk(std::integral_constant<int, 1>{});
+}
+
+// Groups a wait (a big batch) in the one-mma body, which has the registers for 4 (the bodies of 2-4 mmas take 3;
+// one scale per row, 4 in every body): 4 where a warp's slice of nb0 groups fills whole big batches of 4, since a big
+// batch computes all its groups, those past the slice with a zero factor. H200, bench/woq_digits_probe.py, 4 against
+// 3: Mixtral-8x7B's GEMM1 (32 groups) at 1 token 42.3 against 46.2 us, its GEMM2 (4 slices of 28) 30.2 against 32.5;
+// Qwen3-30B-A3B's and DeepSeek-V2-Lite's GEMM1 (16 groups) 3-12% faster at 1-32 tokens; DeepSeek-V2-Lite's GEMM2
+// (11 groups, 12 computed either way) 1-3% slower, Qwen3-30B-A3B's (6 groups, 8 computed) 3-8% slower.
+int digits_groups_per_wait(int k, int wk) {
+  const int nb0 = std::min(k, decode_k_slice(k, wk)) / mb::kDigitGroup;
+  return nb0 % 4 == 0 ? 4 : 3;
 }
 
 template <typename T, bool PER_ROW>
@@ -248,10 +260,16 @@ mb_status launch_digits(const WoqGemmParams& p, int64_t max_rows, int k_split, b
                   "in %d slices) need %zu bytes of shared memory, over its %zu: the staged or none tile",
                   rows_cap, p.k, WK, smem, kTokenBudget);
     const WoqDigitsLaunch d{p, rows_cap};
+    const bool four = digits_groups_per_wait(p.k, WK) == 4;  // the one-mma body's big batch (per-row scales: 4)
     auto go = [&](auto nm) {
       constexpr int NM_MAX = decltype(nm)::value;
-      return launch_decode(woq_decode_digits_kernel<T, WK, PER_ROW, NM_MAX>, d, p.n, 16 * (kDecodeWarps / WK),
-                           decode_chunks(max_rows, p.num_experts), after_trigger, stream, "grouped gemm woq", smem);
+      auto launch = [&](auto kernel) {
+        return launch_decode(kernel, d, p.n, 16 * (kDecodeWarps / WK), decode_chunks(max_rows, p.num_experts),
+                             after_trigger, stream, "grouped gemm woq", smem);
+      };
+      if constexpr (PER_ROW) return launch(woq_decode_digits_kernel<T, WK, true, NM_MAX, 4>);
+      else return four ? launch(woq_decode_digits_kernel<T, WK, false, NM_MAX, 4>)
+                       : launch(woq_decode_digits_kernel<T, WK, false, NM_MAX, 3>);
     };
     switch ((rows_cap + 1) / 2) {
       case 1: return go(std::integral_constant<int, 1>{});
