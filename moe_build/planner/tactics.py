@@ -518,7 +518,7 @@ def woq_digits_rule(call: GemmCall, rows: RowCount, k_split: int) -> bool:
 
 
 def woq_int4_codes(call: GemmCall) -> bool:
-    """The weight-only GEMM's int4 codes forms on the ring kernel (gemm/woq_decode.cu int4_codes_fit): int4 weights
+    """The weight-only GEMM's int4 codes forms on the ring kernel (gemm/woq.cuh int4_codes_fit): int4 weights
     with one scale per row or per 128 k, and whole 128-k batches."""
     return call.woq == "int4" and call.woq_group in (0, 128) and call.k % 128 == 0
 

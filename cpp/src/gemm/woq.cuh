@@ -229,6 +229,12 @@ __device__ __forceinline__ uint4 e4m3_pairs(uint32_t lo, uint32_t hi) {
   return make_uint4(pair(lo, 0x4140u), pair(lo, 0x4342u), pair(hi, 0x4140u), pair(hi, 0x4342u));
 }
 
+// int4 weights in the int4 codes forms (gemm/woq_decode.cu's ring and staged kernels, and the token digits of
+// gemm/woq_decode_digits.cu): one scale per 128 k or per row, and whole 128-k batches.
+inline bool int4_codes_fit(const WoqGemmParams& p) {
+  return p.kind == MB_WOQ_INT4 && (p.group == 0 || p.group == 128) && p.k % 128 == 0;
+}
+
 // The kernels' launchers; the arguments and the tactic are checked by the caller (gemm/woq_abi.cu), max_rows > 0.
 // gemm/woq_decode.cu: `k_split` (1, 2, 4 or 8) warps per K slice; `tile` MB_TILE_NONE, MB_TILE_DECODE_STAGED (the
 // token rows staged in shared memory: the int4 codes forms only, where a chunk's rows fit; refused otherwise) or

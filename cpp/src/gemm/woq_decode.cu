@@ -443,7 +443,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_int4_staged_kern
   const int kb = ks * kslice;
   const int nb = (max(0, min(K, kb + kslice) - kb) + 127) / 128;
   const int nb0 = (min(K, kslice) + 127) / 128;
-  // Batches past the slice are computed too (a branch per batch would make ptxas wait again at each, see step):
+  // Batches past the slice are computed too (a branch per batch would make ptxas wait again at each, see run_big_batches):
   // they read the slice's last batch, or K's last where the slice is empty, and the zero token row.
   const int kbc = min(kb, (K - 1) / 128 * 128), last = max(nb, 1) - 1;
   const int g0 = PER_ROW ? 0 : kbc / GROUP;            // the slice's first scale group
@@ -562,18 +562,6 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_int4_staged_kern
     asm volatile("cp.async.wait_all;\n" ::: "memory");
     __syncthreads();
   };
-  // One big batch. Its first batch is computed before the next big batch's loads are issued: the wait there (at
-  // the first use of its registers) then covers this big batch only, and the loads issued after it stay in flight
-  // over the remaining batches. (Issued first, the wait that follows them would drain them too.)
-  // Each batch is computed unconditionally: behind a branch, a batch's first instruction would wait again (ptxas
-  // cannot know that the branch before it waited).
-  auto step = [&](int cur, int jb) {
-    compute(cur, 0, jb, jb < nb);
-    if (jb + NB < nb) load_big(cur ^ 1, jb + NB);  // warp-uniform
-#pragma unroll
-    for (int j = 1; j < NB; ++j) compute(cur, j, jb + j, jb + j < nb);
-  };
-
   // Weights and their constants (nothing upstream writes them) are requested before waiting for the kernel that
   // writes A.
   if constexpr (PER_ROW) load_consts(0, 0, 0u);
@@ -583,11 +571,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_int4_staged_kern
   mb::wait_for_predecessor();
   mb::let_dependents_start();
   stage_tokens();
-  for (int jb = 0; jb < nb; jb += 2 * NB) {  // warp-uniform
-    step(0, jb);
-    if (jb + NB >= nb) break;
-    step(1, jb + NB);
-  }
+  run_big_batches<NB>(nb, load_big, compute);
   if constexpr (PER_ROW) {
 #pragma unroll
     for (int c = 0; c < 4; ++c) acc[c] *= sv[0][0][0][c >> 1];
@@ -648,11 +632,6 @@ mb_status launch_int4_staged_group(const WoqGemmParams& p, int64_t max_rows, int
     case 64: return launch_int4_staged<T, A8, 64>(p, max_rows, k_split, after_trigger, stream);
     default: return launch_int4_staged<T, A8, 128>(p, max_rows, k_split, after_trigger, stream);
   }
-}
-
-// int4 weights on the ring codes kernel: one scale per 128 k or per row, and whole batches.
-bool int4_codes_fit(const WoqGemmParams& p) {
-  return p.kind == MB_WOQ_INT4 && (p.group == 0 || p.group == 128) && p.k % 128 == 0;
 }
 
 // int4 weights on the staged kernel: the ring kernel's, and one scale per 64 k with k % 64 == 0.

@@ -182,15 +182,6 @@ __device__ __forceinline__ void digits_chunk(const WoqDigitsLaunch& d, int exper
     asm volatile("cp.async.wait_all;\n" ::: "memory");
     __syncthreads();
   };
-  // One big batch: its first group, then the next big batch's loads (so that the wait at the first group covers
-  // this big batch only), then its other groups; each group computed unconditionally (the staged kernel's order).
-  auto step = [&](int cur, int jb) {
-    compute(cur, 0, jb, jb < nb);
-    if (jb + NB < nb) load_big(cur ^ 1, jb + NB);  // warp-uniform
-#pragma unroll
-    for (int j = 1; j < NB; ++j) compute(cur, j, jb + j, jb + j < nb);
-  };
-
   // Weights and their constants (nothing upstream writes them) are requested before waiting for the kernel that
   // writes A.
   if constexpr (PER_ROW) load_consts(0, 0, 0u);
@@ -199,11 +190,7 @@ __device__ __forceinline__ void digits_chunk(const WoqDigitsLaunch& d, int exper
   mb::wait_for_predecessor();
   mb::let_dependents_start();
   stage_tokens();
-  for (int jb = 0; jb < nb; jb += 2 * NB) {  // warp-uniform
-    step(0, jb);
-    if (jb + NB >= nb) break;
-    step(1, jb + NB);
-  }
+  run_big_batches<NB>(nb, load_big, compute);  // gemm/woq_decode_sums.cuh: the staged kernel's schedule
   // Lanes q and q ^ 1 hold the same token's parts; the even lane stores their sum.
 #pragma unroll
   for (int m = 0; m < NM; ++m) {

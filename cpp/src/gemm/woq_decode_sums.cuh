@@ -1,6 +1,6 @@
-// The weight-only decode kernels' last step (gemm/woq_decode.cu, gemm/woq_decode_digits.cu): a CTA's partial sums,
-// held in shared memory by (K slice, weight row, token row), to C; and the shared-memory budget of the kernels that
-// stage their token rows there.
+// What the weight-only decode kernels that stage their token rows in shared memory share (gemm/woq_decode.cu's
+// staged kernel, gemm/woq_decode_digits.cu): their shared-memory budget, their main loop over big batches, and their
+// last step, a CTA's partial sums, held in shared memory by (K slice, weight row, token row), to C.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +11,28 @@
 namespace mbk {
 
 constexpr size_t kTokenBudget = 104 * 1024;  // token bytes a CTA may hold with two CTAs an SM
+
+// A warp's main loop over its nb batches (128-k groups), NB to a big batch, in two register buffers: load_big(buf, jb)
+// issues big batch jb's loads into buffer buf (the caller has issued big batch 0's into buffer 0), compute(buf, j, jb,
+// valid) computes slot j of buffer buf as batch jb (`valid` false past the slice). A big batch's first batch is
+// computed before the next big batch's loads are issued: the wait there (at the first use of its registers) then
+// covers this big batch only, and the loads issued after it stay in flight over the remaining batches (issued first,
+// the wait that follows them would drain them too). Each batch is computed unconditionally: behind a branch, a
+// batch's first instruction would wait again (ptxas cannot know that the branch before it waited).
+template <int NB, typename LoadBig, typename Compute>
+__device__ __forceinline__ void run_big_batches(int nb, LoadBig&& load_big, Compute&& compute) {
+  auto step = [&](int cur, int jb) {
+    compute(cur, 0, jb, jb < nb);
+    if (jb + NB < nb) load_big(cur ^ 1, jb + NB);  // warp-uniform
+#pragma unroll
+    for (int j = 1; j < NB; ++j) compute(cur, j, jb + j, jb + j < nb);
+  };
+  for (int jb = 0; jb < nb; jb += 2 * NB) {  // warp-uniform
+    step(0, jb);
+    if (jb + NB >= nb) break;
+    step(1, jb + NB);
+  }
+}
 
 // After a barrier over s_part: one thread per (token, output column pair), the K slices' partials summed in fixed
 // order (bit-reproducible), times the token row's scale (A8), plus the bias; stored, or with the finalize epilogue
