@@ -350,7 +350,8 @@ def test_weight_only_plans_fuse_the_finalize_into_the_decode_gemm2(quant: Quant)
     assert [b.to_list() for b in plan.stage("finalize").bands] == [[1, 16, "fused"], [17, None, "separate"]]
     # W4A16's int4 GEMM2 takes the digits tile at these 1-2 rows per expert (tactics.woq_digits_rule)
     gemm2 = {Quant.W4AFP8: "gemm2:w4afp8", Quant.W4A16_AWQ: "gemm2:woq_digits"}.get(quant, "gemm2:woq")
-    expand = {Quant.W4AFP8: ["expand_rows:prequant_fp8"], Quant.W4A16_AWQ: ["expand_rows:prequant"]}.get(
+    # (and its GEMM1 too: the expansion writes the token digits, token_digits=fused)
+    expand = {Quant.W4AFP8: ["expand_rows:prequant_fp8"], Quant.W4A16_AWQ: ["expand_rows:prequant_digits"]}.get(
         quant, ["expand_rows"])
     fused, separate = kernel_sequence(plan, 16), kernel_sequence(plan, 17)
     n = 2 + len(expand)
@@ -707,18 +708,70 @@ def test_weight_only_plans_take_the_mixed_input_gemm_past_decode(quant: Quant) -
 
 
 @pytest.mark.parametrize("finalize", ["fused", "separate"])
-def test_digits_tactics_run_the_digits_steps(finalize: str) -> None:
-    """A weight-only GEMM whose tactic is the decode kernel's digits tile runs as its digits step (the input rows
-    split into token digits, then the GEMM on them), and the workspace holds one GEMM's token digits at a time: tokens
+@pytest.mark.parametrize("fc2_prequant", ["fused", "none"])
+@pytest.mark.parametrize("expand_rows", ["prequant_fused", "plain"])
+def test_digits_tactics_read_token_digits(finalize: str, fc2_prequant: str, expand_rows: str) -> None:
+    """A weight-only GEMM whose tactic is the decode kernel's digits tile reads its input rows as token digits, which
+    the kernel writing the rows makes (token_digits=fused, the plan's default: the expansion's and the activation's
+    digits forms) or a digits step after it (separate); the workspace holds one GEMM's token digits at a time: tokens
     * top_k rows of ceil(max(hidden, inter) / 128) groups of 400 bytes."""
-    spec = dataclasses.replace(SWIGLU, quant=Quant.W4A16_AWQ)
+    spec = dataclasses.replace(SWIGLU, quant=Quant.W4A16_AWQ, quant_prequant_scales=fc2_prequant == "fused")
     force = {"gemm1_tactic": "decode:digits_ksplit1:after_trigger:plain",
              "gemm2_tactic": "decode:digits_ksplit2:after_trigger:plain", "finalize": finalize}
-    plan = make_plan(spec, dataclasses.replace(H100, profile=TokenProfile(1, 16, 16)), tokens=16, force=force)
-    gemms = [s for s in kernel_sequence(plan, 16) if s.startswith("gemm")]
-    assert gemms == ["gemm1:woq_digits", "gemm2:woq_digits_finalize" if finalize == "fused" else "gemm2:woq_digits"]
-    layout = workspace_layout(spec, steps_up_to(plan, 16), 16)
-    assert layout["token_digits"].shape == (32, 4 * 400) and layout["token_digits"].dtype == torch.uint8
+    if expand_rows == "plain":
+        force["expand_rows"] = "plain"
+    target = dataclasses.replace(H100, profile=TokenProfile(1, 16, 16))
+    plan = make_plan(spec, target, tokens=16, force=force)
+    d = plan.stage("token_digits")
+    assert (d.choice, d.fallback) == ("fused", "separate")
+    assert {g.name: (g.value, g.held) for g in d.gates} == {"digits_tile": ("gemm1,gemm2", True),
+                                                            "digits_fc2_prequant": (fc2_prequant, True)}
+    gemm2 = "gemm2:woq_digits_finalize" if finalize == "fused" else "gemm2:woq_digits"
+    zero = "+zero_output" if finalize == "fused" else ""
+    expand = {("prequant_fused", "fused"): "expand_rows:prequant_digits", ("plain", "fused"): "expand_rows:prequant_input_digits",
+              ("prequant_fused", "none"): "expand_rows:digits", ("plain", "none"): "expand_rows:digits"}[
+                  (expand_rows, fc2_prequant)]
+    act = "fc1_activation:fc2_prequant_digits" if fc2_prequant == "fused" else "fc1_activation:digits"
+    steps = kernel_sequence(plan, 16)
+    start = steps.index("routing_prologue:fused") + 1
+    end = steps.index(gemm2) + 1
+    prequant = ["fc1_prequant:separate"] if (expand_rows, fc2_prequant) == ("plain", "fused") else []
+    assert steps[start:end] == [*prequant, expand + zero, "gemm1:woq_digits", act, gemm2]
+    separate = make_plan(spec, target, tokens=16, force={**force, "token_digits": "separate"})
+    steps = kernel_sequence(separate, 16)
+    plain_expand = expand.replace("_digits", "").replace(":digits", "")
+    plain_act = "fc1_activation:fc2_prequant" if fc2_prequant == "fused" else "fc1_activation"
+    assert steps[start:steps.index(gemm2) + 1] == [*prequant, plain_expand + zero, "token_digits:gemm1",
+                                                   "gemm1:woq_digits", plain_act, "token_digits:gemm2", gemm2]
+    for p in (plan, separate):
+        layout = workspace_layout(spec, steps_up_to(p, 16), 16)
+        assert layout["token_digits"].shape == (32, 4 * 400) and layout["token_digits"].dtype == torch.uint8
+        assert "fc1_out" in layout
     w8 = dataclasses.replace(spec, quant=Quant.W8A16)  # int8 weights: no digits tile, no digits in the workspace
-    w8_plan = make_plan(w8, dataclasses.replace(H100, profile=TokenProfile(1, 16, 16)), tokens=16)
+    w8_plan = make_plan(w8, target, tokens=16)
+    assert w8_plan.stage("token_digits").choice == "none"
     assert "token_digits" not in workspace_layout(w8, steps_up_to(w8_plan, 16), 16)
+
+
+def test_token_digits_stage_refusals() -> None:
+    """token_digits=fused needs a GEMM on the digits tile and GEMM2's input made by the activation: with the FC2
+    pre-quant scale as a step of its own (fc2_prequant=separate) the plan makes the digits separately, and forcing
+    fused is refused naming the gate; a layer without the tile cannot be forced to either form, nor one with it to
+    none."""
+    spec = dataclasses.replace(SWIGLU, quant=Quant.W4A16_AWQ, quant_prequant_scales=True)
+    target = dataclasses.replace(H100, profile=TokenProfile(1, 16, 16))
+    digits = {"gemm1_tactic": "decode:digits_ksplit1:after_trigger:plain",
+              "gemm2_tactic": "decode:digits_ksplit2:after_trigger:plain"}
+    plan = make_plan(spec, target, tokens=16, force={**digits, "fc2_prequant": "separate"})
+    assert plan.stage("token_digits").choice == "separate"
+    steps = kernel_sequence(plan, 16)
+    assert steps[steps.index("gemm1:woq_digits") + 1:] == ["fc1_activation", "fc2_prequant:separate",
+                                                           "token_digits:gemm2", "gemm2:woq_digits_finalize"]
+    with pytest.raises(UnsupportedCombination, match="digits_fc2_prequant=separate fails 'fc2_prequant != separate'"):
+        make_plan(spec, target, tokens=16, force={**digits, "fc2_prequant": "separate", "token_digits": "fused"})
+    with pytest.raises(MoeBuildError, match="token_digits=none"):
+        make_plan(spec, target, tokens=16, force={**digits, "token_digits": "none"})
+    w8 = dataclasses.replace(spec, quant=Quant.W8A16, quant_prequant_scales=False)
+    for choice in ("fused", "separate"):
+        with pytest.raises(UnsupportedCombination, match="digits_tile=none"):
+            make_plan(w8, target, tokens=16, force={"token_digits": choice})

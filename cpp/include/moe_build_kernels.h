@@ -539,6 +539,21 @@ enum mb_woq_input { MB_INPUT_DTYPE = 0, MB_INPUT_E4M3 = 1, MB_INPUT_DIGITS = 2 }
  * factor 2^(E - 12), and 8 zero bytes. Launched after a trigger (it waits for its predecessor first). */
 #define MB_TOKEN_DIGITS_BATCH_BYTES 400
 mb_status mb_token_digits(const void* in, int dtype, int64_t rows, int k, uint8_t* out, cudaStream_t stream);
+/* The same digits made where GEMM1's and GEMM2's input rows are written (the plan's token_digits=fused), so that
+ * the rows never pass through 16 bits in memory: mb_expand_rows_digits (stages/expand_rows.cu) writes
+ * permuted_digits [T * K, hidden / 128, MB_TOKEN_DIGITS_BATCH_BYTES], the bytes of mb_expand_rows (its arguments as
+ * there: prequant_scale, permuted_weights, zero_out) then mb_token_digits; mb_fc1_activation_digits
+ * (stages/fc1_activation.cu) writes out [max_rows, inter / 128, MB_TOKEN_DIGITS_BATCH_BYTES] for p < off[E], the
+ * bytes of mb_fc1_activation then mb_token_digits. hidden / inter a multiple of 128; dtype fp16 or bf16; input, in,
+ * b1 and zero_out 8-byte aligned, prequant_scale and the digits 16-byte. Both launched after a trigger (they wait
+ * for their predecessor first). */
+mb_status mb_expand_rows_digits(const void* input, int dtype, const int32_t* unpermuted_to_permuted,
+                                const float* topk_weights, const float* prequant_scale, int num_tokens, int hidden,
+                                int top_k, uint8_t* permuted_digits, float* permuted_weights, void* zero_out,
+                                cudaStream_t stream);
+mb_status mb_fc1_activation_digits(const void* in, int dtype, const void* b1, const int64_t* expert_first_token_offset,
+                                   int num_experts, int64_t max_rows, int inter, int activation, float swiglu_alpha,
+                                   float swiglu_limit, const float* prequant_scale, uint8_t* out, cudaStream_t stream);
 mb_status mb_grouped_gemm_woq(const void* A, int a_type, const float* scale_a, const void* B, int kind,
                               const void* scales, const uint8_t* zeros, int group, const void* bias, void* C,
                               const int64_t* expert_first_token_offset, int num_experts, int64_t max_rows, int n,

@@ -20,14 +20,15 @@ from .gates import OURS, Band, Gate, Plan, StageDecision, bands_text
 # that follow from it (moe-build's own: what the kernels are told, never decided by them).
 FUSION_STAGES = ("routing_prologue", "expand_rows", "gemm_kernel", "fc1_activation", "fc2_prequant", "finalize")
 ACT_QUANT_STAGES = ("fc1_input_quant", "fc2_input_quant")
+DIGITS_STAGES = ("token_digits",)  # where the weight-only digits tile's 8-bit token digits are made
 ACCUMULATION_STAGES = ("fp8_accumulation",)  # how the FP8 GEMMs add up their products
 LAYOUT_STAGES = ("w1_order", "weight_layout")
 TACTIC_STAGES = ("gemm1_tactic", "gemm2_tactic")
 EP_STAGES = ("dispatch",)  # how tokens reach the ranks holding their experts, and come back
 # how the dispatched rows reach a rank's experts (seed 000's formats) and their outputs come back
 EP_FORMAT_STAGES = ("ep_format", "nccl_exchange")
-PLUGIN_STAGES = (FUSION_STAGES + ACT_QUANT_STAGES + ACCUMULATION_STAGES + LAYOUT_STAGES + TACTIC_STAGES + EP_STAGES
-                 + EP_FORMAT_STAGES)
+PLUGIN_STAGES = (FUSION_STAGES + ACT_QUANT_STAGES + ACCUMULATION_STAGES + LAYOUT_STAGES + TACTIC_STAGES
+                 + DIGITS_STAGES + EP_STAGES + EP_FORMAT_STAGES)
 OOTB_STAGES = ("expert_compute",) + EP_STAGES
 MATRIX_STAGES = FUSION_STAGES + ("expert_compute",)  # the seed's fusion matrix: both paths' fusion stages
 STAGE_CHOICES: dict[str, tuple[str, ...]] = {
@@ -40,6 +41,7 @@ STAGE_CHOICES: dict[str, tuple[str, ...]] = {
     "fc1_input_quant": ("expand_rows", "separate", "none"),
     "fc2_input_quant": ("fc1_activation", "gemm1", "gemm2", "separate", "none"),
     "fp8_accumulation": ("fast", "promoted", "none"),
+    "token_digits": ("fused", "separate", "none"),
     "w1_order": ("gate_up_interleaved", "stacked"),
     "weight_layout": ("blocked64", "row_major"),
     "expert_compute": ("per_expert_gather", "dense_masked"),
@@ -241,10 +243,11 @@ def _finalize(spec: MoESpec, target: Target, gemm_kernel: str, tokens: int, forc
                          summary=f"{fused_text if choice == 'fused' else separate_text} ({where})")
 
 
-def _fp8_stage(stage: str, fused: str, fallback: str, gates: Sequence[Gate], forced: str | None, fused_text: str,
-               fallback_text: str, none_text: str, why_not_none: str) -> StageDecision:
-    """A stage of FP8 layers only: `fused` where every gate holds, else `fallback`; "none" for a layer without FP8
-    GEMMs (the first gate), which an FP8 layer cannot be forced to (`why_not_none`)."""
+def _optional_stage(stage: str, fused: str, fallback: str, gates: Sequence[Gate], forced: str | None, fused_text: str,
+                    fallback_text: str, none_text: str, why_not_none: str) -> StageDecision:
+    """A stage of some layers only (those with FP8 GEMMs, with a GEMM on the digits tile): `fused` where every gate
+    holds, else `fallback`; "none" for a layer without them (the first gate), which a layer with them cannot be forced
+    to (`why_not_none`)."""
     if not gates[0].held:
         if forced not in (None, "none"):
             _refuse(gates[:1], f"cannot force {stage}={forced}")
@@ -257,7 +260,7 @@ def _fp8_stage(stage: str, fused: str, fallback: str, gates: Sequence[Gate], for
 def _act_quant(stage: str, fused: str, gates: Sequence[Gate], forced: str | None, fused_text: str,
                separate_text: str, none_text: str = "no FP8 activations") -> StageDecision:
     """An FP8 activation-quantization stage: `fused` where every gate holds, else a separate quantize kernel."""
-    return _fp8_stage(stage, fused, "separate", gates, forced, fused_text, separate_text, none_text,
+    return _optional_stage(stage, fused, "separate", gates, forced, fused_text, separate_text, none_text,
                       "FP8 GEMMs need FP8 inputs")
 
 
@@ -336,10 +339,22 @@ def _fp8_accumulation(spec: MoESpec, gemm_kernel: str, forced: str | None) -> St
     """The FP8 wgmma GEMMs' accumulation: fast (the tensor cores' own over the whole k) where the scales are rowwise,
     else promoted (fp32 adds every 128 k); "none" for a layer without FP8 GEMMs."""
     gates = [R.input_quant_fp8(spec), R.fp8_wgmma_kernel(gemm_kernel), R.fp8_rowwise_scales(spec)]
-    return _fp8_stage("fp8_accumulation", "fast", "promoted", gates, forced,
+    return _optional_stage("fp8_accumulation", "fast", "promoted", gates, forced,
                       "FP8 wgmma GEMMs accumulate the whole k in the tensor cores (fp32 registers, no promotion)",
                       "FP8 GEMMs add their partial sums into fp32 every 128 k", "no FP8 GEMMs",
                       "FP8 GEMMs accumulate one way or the other")
+
+
+def _token_digits(fc2_prequant: str, tactics: Sequence[StageDecision], forced: str | None) -> StageDecision:
+    """Where the GEMMs on the digits tile (at any count of their tactic bands) get their token digits: from the
+    kernels that write their input rows, or a digits step after each; "none" where no GEMM runs the tile."""
+    on = [d.stage.split("_")[0] for d in tactics
+          if any(T.GemmTactic.parse(c).tile == "digits" for c in ([b.choice for b in d.bands] or [d.choice]))]
+    return _optional_stage("token_digits", "fused", "separate",
+                           [R.digits_tile_planned(on), R.digits_fc2_prequant(fc2_prequant)], forced,
+                           "the digits tile's token digits made by the expansion (GEMM1) and the activation (GEMM2)",
+                           "the digits tile's token digits made by a step of their own before each GEMM",
+                           "no GEMM on the digits tile", "a GEMM on the digits tile reads token digits")
 
 
 def _w1_order(fc1_activation: str) -> StageDecision:
@@ -564,13 +579,15 @@ def make_plan(spec: MoESpec, target: Target, tokens: int = 1,
         calls = _gemm_calls(spec, target, {"gemm_kernel": gemm.choice, "fc1_activation": fc1.choice,
                                            "finalize": finalize.choice, "weight_layout": layout.choice,
                                            "fp8_accumulation": accumulation.choice})
+        gemm1_tactic = _tactic("gemm1_tactic", calls["gemm1_tactic"], None, tokens, tactics.get("gemm1_tactic"))
         gemm2_tactic = _tactic("gemm2_tactic", calls["gemm2_tactic"], finalize, tokens, tactics.get("gemm2_tactic"))
+        fc2_prequant = _fc2_prequant(spec, tokens, force.get("fc2_prequant"))
         stages = (
             _routing_prologue(spec, target, tokens, force.get("routing_prologue")),
             _expand_rows(spec, force.get("expand_rows")),
             gemm,
             fc1,
-            _fc2_prequant(spec, tokens, force.get("fc2_prequant")),
+            fc2_prequant,
             finalize,
             _fc1_input_quant(spec, force.get("fc1_input_quant")),
             _fc2_input_quant(spec, fc1.choice, finalize, gemm2_tactic, calls["gemm2_tactic"], tokens,
@@ -578,8 +595,9 @@ def make_plan(spec: MoESpec, target: Target, tokens: int = 1,
             accumulation,
             _w1_order(fc1.choice),
             layout,
-            _tactic("gemm1_tactic", calls["gemm1_tactic"], None, tokens, tactics.get("gemm1_tactic")),
+            gemm1_tactic,
             gemm2_tactic,
+            _token_digits(fc2_prequant.choice, (gemm1_tactic, gemm2_tactic), force.get("token_digits")),
             dispatch,
             ep_format,
             _nccl_exchange(spec, dispatch.choice, ep_format.choice, tokens, force.get("nccl_exchange")),

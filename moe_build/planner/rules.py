@@ -7,6 +7,7 @@ returns a `Gate`. The comment above each rule quotes the condition it implements
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 from ..spec import ActScale, Activation, DType, MoESpec, OutputDType, Quant
 from ..target import Flavour, Target
@@ -646,6 +647,26 @@ def nccl_all_gather_pool(s: MoESpec, tokens: int) -> Gate:
     return Gate("nccl_all_gather_pool", f"tokens={tokens} hidden={s.hidden_size}",
                 f"tokens x hidden x 2 bytes <= {NCCL_ALL_GATHER_MAX_BYTES >> 20} MiB (tokens <= {t_max})",
                 tokens <= t_max, OURS, token_dependent=True)
+
+
+# ---- weight-only: where the digits tile's token digits are made --------------------------------
+
+# The decode kernel's digits tile (tactics.woq_digits_rule) reads its token rows as 8-bit digits. Where a GEMM's tactic
+# band is that tile, the kernel that writes the GEMM's input rows makes the digits itself (token_digits=fused: the
+# expansion for GEMM1, the activation for GEMM2), so that the rows never pass through 16 bits in memory; separate: a
+# digits step (mb_token_digits) after each of them reads the 16-bit rows back. H200, W4A16 layers, graph replay, two
+# rounds, fused against separate, us (docs/performance.md, "The token digits made by the expansion and the
+# activation"): 1 token Mixtral-8x7B 72.9-73.4 / 76.5-77.3, Qwen3-30B-A3B 23.3-23.4 / 27.5-27.6, DeepSeek-V2-Lite
+# 24.8-24.9 / 28.5; 16 tokens Qwen3-30B-A3B 87.5-87.7 / 92.5-93.5, DeepSeek-V2-Lite 97.1-97.6 / 101.6-102.2; 4-16%
+# less at every digits point of 1-32 tokens.
+# a GEMM tactic band is decode:digits_*
+def digits_tile_planned(gemms: Sequence[str]) -> Gate:
+    return Gate("digits_tile", ",".join(gemms) or "none", "a GEMM tactic band is decode:digits_*", bool(gemms), OURS)
+
+
+# fc2_prequant != separate: the separate FC2 pre-quant step rescales GEMM2's 16-bit input after the activation
+def digits_fc2_prequant(fc2_prequant: str) -> Gate:
+    return Gate("digits_fc2_prequant", fc2_prequant, "fc2_prequant != separate", fc2_prequant != "separate", OURS)
 
 
 # ---- OOTB expert compute ----------------------------------------------------------------------

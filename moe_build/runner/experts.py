@@ -330,21 +330,71 @@ class FusedExperts:
                                      stream=b.stream)
 
     def gemm1_woq_digits(self, b: Batch) -> None:
-        self._woq_gemm(b, "w1", self._token_digits(b, b.v("permuted_input")), b.v("fc1_out"), b.gemm1_tactic)
+        self._woq_gemm(b, "w1", self._digits(b, self.spec.hidden_size), b.v("fc1_out"), b.gemm1_tactic)
 
     def gemm2_woq_digits(self, b: Batch) -> None:
-        self._woq_gemm(b, "w2", self._token_digits(b, b.v("fc1_act")), b.v("gemm2_out"), b.gemm2_tactic)
+        self._woq_gemm(b, "w2", self._digits(b, self.spec.intermediate_size), b.v("gemm2_out"), b.gemm2_tactic)
 
     def gemm2_woq_digits_finalize(self, b: Batch) -> None:
-        """gemm2_woq_finalize on the digits of GEMM2's input rows (the decode kernel's digits tile)."""
-        self._woq_finalize(b, self._token_digits(b, b.v("fc1_act")), None)
+        """gemm2_woq_finalize on the token digits of GEMM2's input rows (the decode kernel's digits tile)."""
+        self._woq_finalize(b, self._digits(b, self.spec.intermediate_size), None)
 
-    def _token_digits(self, b: Batch, a: torch.Tensor) -> torch.Tensor:
-        """A GEMM's 16-bit input rows [R, k] split into digits in the workspace (uint8 [R, k / 128, 400]), which the
-        GEMM's digits tactic reads."""
-        rows, k = a.shape
-        digits = b.v("token_digits").view(-1)[: rows * k // 128 * DIGITS_GROUP_BYTES]
-        return self.k.token_digits(a, out=digits.view(rows, k // 128, -1), stream=b.stream)
+    def _digits(self, b: Batch, k: int) -> torch.Tensor:
+        """The workspace's token digits of one GEMM's input rows [T * K, k] (uint8 [T * K, k / 128, 400]), which the
+        GEMM's digits tactic reads: GEMM1's and then GEMM2's, one at a time."""
+        rows = b.v("permuted_weights").shape[0]
+        return b.v("token_digits").view(-1)[: rows * k // 128 * DIGITS_GROUP_BYTES].view(rows, k // 128, -1)
+
+    def token_digits_gemm1(self, b: Batch) -> None:
+        """The expanded rows' token digits (token_digits=separate)."""
+        self.k.token_digits(b.v("permuted_input"), out=self._digits(b, self.spec.hidden_size), stream=b.stream)
+
+    def token_digits_gemm2(self, b: Batch) -> None:
+        """GEMM2's input rows' token digits (token_digits=separate)."""
+        self.k.token_digits(b.v("fc1_act"), out=self._digits(b, self.spec.intermediate_size), stream=b.stream)
+
+    def expand_rows_digits(self, b: Batch) -> None:
+        """The expansion writing GEMM1's token digits (token_digits=fused)."""
+        self._expand_digits(b, zero_out=None)
+
+    def expand_rows_digits_zero_output(self, b: Batch) -> None:
+        self._expand_digits(b, zero_out=b.out)
+
+    def expand_rows_prequant_digits(self, b: Batch) -> None:
+        """expand_rows_prequant writing GEMM1's token digits."""
+        self._expand_digits(b, zero_out=None, scale=self.w.woq.fc1_act_scale)
+
+    def expand_rows_prequant_digits_zero_output(self, b: Batch) -> None:
+        self._expand_digits(b, zero_out=b.out, scale=self.w.woq.fc1_act_scale)
+
+    def expand_rows_prequant_input_digits(self, b: Batch) -> None:
+        """expand_rows_prequant_input writing GEMM1's token digits."""
+        self._expand_digits(b, zero_out=None, source=b.v("prequant_input"))
+
+    def expand_rows_prequant_input_digits_zero_output(self, b: Batch) -> None:
+        self._expand_digits(b, zero_out=b.out, source=b.v("prequant_input"))
+
+    def _expand_digits(self, b: Batch, zero_out: torch.Tensor | None, source: torch.Tensor | None = None,
+                       scale: torch.Tensor | None = None) -> None:
+        """_expand's rows as GEMM1's token digits (mb_expand_rows_digits), never stored in 16 bits."""
+        self.k.expand_rows_digits(b.hidden if source is None else source, b.v("unpermuted_to_permuted"),
+                                  b.topk_weights, scale, permuted_digits=self._digits(b, self.spec.hidden_size),
+                                  permuted_weights=b.v("permuted_weights"), zero_out=zero_out, stream=b.stream)
+
+    def fc1_activation_digits(self, b: Batch) -> None:
+        """The activation writing GEMM2's token digits (token_digits=fused)."""
+        self._activation_digits(b, None)
+
+    def fc1_activation_prequant_digits(self, b: Batch) -> None:
+        """fc1_activation_prequant writing GEMM2's token digits."""
+        self._activation_digits(b, self.w.woq.fc2_act_scale)
+
+    def _activation_digits(self, b: Batch, prequant_scale: torch.Tensor | None) -> None:
+        s = self.spec
+        self.k.fc1_activation_digits(b.v("fc1_out"), b.v("expert_offsets"), self.act, bias=self.w.b1,
+                                     swiglu_alpha=s.swiglu_alpha, swiglu_limit=s.swiglu_limit,
+                                     prequant_scale=prequant_scale, out=self._digits(b, s.intermediate_size),
+                                     stream=b.stream)
 
     def gemm2_woq_finalize(self, b: Batch) -> None:
         """GEMM2 on the decode kernel with the unpermute, top-k weighting (+b2) and reduction in its epilogue, into

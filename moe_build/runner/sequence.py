@@ -83,12 +83,25 @@ GEMM1_WOQ_DENSE = "gemm1:woq_dense"
 GEMM2_WOQ_DENSE = "gemm2:woq_dense"
 GEMM1_WOQ_WGMMA = "gemm1:woq_wgmma"    # mb_grouped_gemm_woq_sm90 (the mixed-input kernel)
 GEMM2_WOQ_WGMMA = "gemm2:woq_wgmma"
-# a weight-only GEMM whose tactic is the decode kernel's digits tile: its input rows split into 8-bit digits
-# (mb_token_digits) into the workspace, then mb_grouped_gemm_woq (or its finalize form) on them
+# a weight-only GEMM whose tactic is the decode kernel's digits tile: mb_grouped_gemm_woq (or its finalize form) on
+# its input rows' 8-bit digits in the workspace, which the kernel writing the rows made (token_digits=fused: the
+# expansion's and activation's digits forms below) or a digits step after it (separate: mb_token_digits)
 GEMM1_WOQ_DIGITS = "gemm1:woq_digits"
 GEMM2_WOQ_DIGITS = "gemm2:woq_digits"
 GEMM2_WOQ_DIGITS_FINALIZE = "gemm2:woq_digits_finalize"
 WOQ_DIGITS_STEPS = frozenset({GEMM1_WOQ_DIGITS, GEMM2_WOQ_DIGITS, GEMM2_WOQ_DIGITS_FINALIZE})  # need token_digits
+TOKEN_DIGITS_GEMM1 = "token_digits:gemm1"  # mb_token_digits on the expanded rows (token_digits=separate)
+TOKEN_DIGITS_GEMM2 = "token_digits:gemm2"  # mb_token_digits on GEMM2's 16-bit input rows (token_digits=separate)
+# token_digits=fused: mb_expand_rows_digits in place of each 16-bit expansion, mb_fc1_activation_digits in place of
+# the activation (with GEMM2's AWQ pre-quant scale where fc2_prequant=fused)
+EXPAND_ROWS_DIGITS = "expand_rows:digits"
+EXPAND_ROWS_DIGITS_ZERO_OUTPUT = "expand_rows:digits+zero_output"
+EXPAND_ROWS_PREQUANT_DIGITS = "expand_rows:prequant_digits"
+EXPAND_ROWS_PREQUANT_DIGITS_ZERO_OUTPUT = "expand_rows:prequant_digits+zero_output"
+EXPAND_ROWS_PREQUANT_INPUT_DIGITS = "expand_rows:prequant_input_digits"
+EXPAND_ROWS_PREQUANT_INPUT_DIGITS_ZERO_OUTPUT = "expand_rows:prequant_input_digits+zero_output"
+FC1_ACTIVATION_DIGITS = "fc1_activation:digits"
+FC1_ACTIVATION_PREQUANT_DIGITS = "fc1_activation:fc2_prequant_digits"
 # W4AFP8 layers (int4 weights, e4m3 activations with static or per-row scales, AWQ pre-quant scales where stored):
 # the weight-only GEMMs reading e4m3 inputs, made where the plan's expand_rows and fc2_prequant say
 EXPAND_ROWS_PREQUANT_FP8 = "expand_rows:prequant_fp8"  # mb_expand_rows_fp8 with the FC1 pre-quant scale (fused)
@@ -302,34 +315,56 @@ def _weight_only_steps(plan: Plan, c: dict[str, str]) -> list[str]:
     tokens' rows times GEMM1's AWQ pre-quant scale: in the expansion itself where expand_rows=prequant_fused, else
     a scale step on the tokens' rows before it), GEMM1, the activation with GEMM2's AWQ pre-quant scale in it or
     after it, GEMM2 with the finalize in its epilogue (the decode kernel's, into the output the prologue or the
-    expansion zeroes) or GEMM2 and the finalize; each GEMM as its tactic says (_woq_gemm_step)."""
+    expansion zeroes) or GEMM2 and the finalize; each GEMM as its tactic says (_woq_gemm_step). A GEMM on the digits
+    tile reads token digits, which the expansion or the activation before it writes in place of its 16-bit rows
+    (token_digits=fused) or a digits step after it makes from them (separate)."""
     steps, zero = _prologue(c)
+    digits1, digits2 = _on_digits(c["gemm1_tactic"]), _on_digits(c["gemm2_tactic"])
+    fused = c["token_digits"] == "fused"
     if c["expand_rows"] == "prequant_fused":
-        steps.append(EXPAND_ROWS_PREQUANT_ZERO_OUTPUT if zero else EXPAND_ROWS_PREQUANT)
+        expand = EXPAND_ROWS_PREQUANT_ZERO_OUTPUT if zero else EXPAND_ROWS_PREQUANT
     elif c["fc2_prequant"] != "none":  # the plan's use_awq gate: the layer carries both AWQ scales
-        steps += [FC1_PREQUANT, EXPAND_ROWS_PREQUANT_INPUT_ZERO_OUTPUT if zero else EXPAND_ROWS_PREQUANT_INPUT]
+        steps.append(FC1_PREQUANT)
+        expand = EXPAND_ROWS_PREQUANT_INPUT_ZERO_OUTPUT if zero else EXPAND_ROWS_PREQUANT_INPUT
     else:
-        steps.append(EXPAND_ROWS_ZERO_OUTPUT if zero else EXPAND_ROWS)
+        expand = EXPAND_ROWS_ZERO_OUTPUT if zero else EXPAND_ROWS
+    steps.append(_DIGITS_EXPANSION[expand] if fused and digits1 else expand)
+    if digits1 and not fused:
+        steps.append(TOKEN_DIGITS_GEMM1)
     steps.append(_woq_gemm_step(c["gemm1_tactic"], GEMM1_WOQ, GEMM1_WOQ_WGMMA, GEMM1_WOQ_DENSE, GEMM1_WOQ_DIGITS))
-    steps += {"fused": [FC1_ACTIVATION_PREQUANT], "separate": [FC1_ACTIVATION, FC2_PREQUANT],
-              "none": [FC1_ACTIVATION]}[c["fc2_prequant"]]
+    in_activation = fused and digits2  # the plan's digits_fc2_prequant gate: fc2_prequant is not separate
+    steps += {"fused": [FC1_ACTIVATION_PREQUANT_DIGITS if in_activation else FC1_ACTIVATION_PREQUANT],
+              "separate": [FC1_ACTIVATION, FC2_PREQUANT],
+              "none": [FC1_ACTIVATION_DIGITS if in_activation else FC1_ACTIVATION]}[c["fc2_prequant"]]
+    if digits2 and not fused:
+        steps.append(TOKEN_DIGITS_GEMM2)
     if c["finalize"] == "fused":
-        steps.append(GEMM2_WOQ_DIGITS_FINALIZE if _on_digits(c["gemm2_tactic"]) else GEMM2_WOQ_FINALIZE)
+        steps.append(GEMM2_WOQ_DIGITS_FINALIZE if digits2 else GEMM2_WOQ_FINALIZE)
     else:
         steps += [_woq_gemm_step(c["gemm2_tactic"], GEMM2_WOQ, GEMM2_WOQ_WGMMA, GEMM2_WOQ_DENSE, GEMM2_WOQ_DIGITS),
                   FINALIZE]
     return steps + _shared_experts(plan)
 
 
+# each 16-bit expansion's digits form (token_digits=fused, GEMM1 on the digits tile)
+_DIGITS_EXPANSION = {
+    EXPAND_ROWS: EXPAND_ROWS_DIGITS, EXPAND_ROWS_ZERO_OUTPUT: EXPAND_ROWS_DIGITS_ZERO_OUTPUT,
+    EXPAND_ROWS_PREQUANT: EXPAND_ROWS_PREQUANT_DIGITS,
+    EXPAND_ROWS_PREQUANT_ZERO_OUTPUT: EXPAND_ROWS_PREQUANT_DIGITS_ZERO_OUTPUT,
+    EXPAND_ROWS_PREQUANT_INPUT: EXPAND_ROWS_PREQUANT_INPUT_DIGITS,
+    EXPAND_ROWS_PREQUANT_INPUT_ZERO_OUTPUT: EXPAND_ROWS_PREQUANT_INPUT_DIGITS_ZERO_OUTPUT,
+}
+
+
 def _on_digits(tactic: str) -> bool:
     """Whether a GEMM's tactic (its name, tactics.GemmTactic.name) is the decode kernel's digits tile (its input rows
-    split into digits first)."""
+    as token digits)."""
     return tactic.startswith("decode:digits_")
 
 
 def _woq_gemm_step(tactic: str, stored: str, mixed: str, dense: str, digits: str) -> str:
     """A weight-only GEMM's step by its tactic (tactics.py): the decode or mma kernel on the weights as stored (the
-    decode kernel's digits tile after the rows' digits step), the mixed-input wgmma kernel (a woq tile), or the 16-bit
+    decode kernel's digits tile on the rows' token digits), the mixed-input wgmma kernel (a woq tile), or the 16-bit
     wgmma GEMM on the weights dequantized (another wgmma tile)."""
     if _on_digits(tactic):
         return digits

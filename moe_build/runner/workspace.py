@@ -67,7 +67,8 @@ def workspace_layout(spec: MoESpec, steps: set[str], max_tokens: int, *, gemm_wo
         out["logits"] = BufferSpec((M, spec.num_experts), dt, 1)  # the router scores every expert
     if S.THREE_STEP_PROLOGUES & steps and three_step_workspace_bytes:
         out["prologue_workspace"] = BufferSpec((three_step_workspace_bytes,), torch.uint8)
-    if steps & {S.FC1_ACTIVATION, S.FC1_ACTIVATION_FP8, S.FC1_ACTIVATION_PREQUANT, S.FC1_ACTIVATION_PREQUANT_FP8}:
+    if steps & {S.FC1_ACTIVATION, S.FC1_ACTIVATION_FP8, S.FC1_ACTIVATION_PREQUANT, S.FC1_ACTIVATION_PREQUANT_FP8,
+                 S.FC1_ACTIVATION_DIGITS, S.FC1_ACTIVATION_PREQUANT_DIGITS}:
         out["fc1_out"] = BufferSpec((R, N1), dt, K)
     if S.FINALIZE in steps:
         out["gemm2_out"] = BufferSpec((R, H), dt, K)
@@ -75,7 +76,7 @@ def workspace_layout(spec: MoESpec, steps: set[str], max_tokens: int, *, gemm_wo
         out["prequant_input"] = BufferSpec((M, H), dt, 1)  # the tokens' rows times the AWQ FC1 pre-quant scale
     if gemm_workspace_bytes:
         out["gemm_workspace"] = BufferSpec((gemm_workspace_bytes,), torch.uint8)
-    if steps & S.WOQ_DIGITS_STEPS:  # one GEMM's input rows as token digits at a time (mb_token_digits)
+    if steps & S.WOQ_DIGITS_STEPS:  # one GEMM's input rows as token digits at a time
         out["token_digits"] = BufferSpec((R, -(-max(H, I) // 128) * DIGITS_GROUP_BYTES), torch.uint8, K)
     if steps & {S.GEMM1_WOQ_DENSE, S.GEMM2_WOQ_DENSE}:  # one GEMM's experts dequantized at a time, W1 or W2
         out["woq_dense"] = BufferSpec((spec.local_experts, max(N1 * H, H * I)), dt)

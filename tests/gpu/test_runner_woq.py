@@ -139,14 +139,17 @@ DIGITS = {"gemm1_tactic": "decode:digits_ksplit1:after_trigger:plain",
 @pytest.mark.parametrize("mode", [MODES[0], (Quant.W4A16_AWQ, WoqKind.INT4, None, False, False)],
                          ids=["int4_g128_zeros_awq", "int4_channel"])
 @pytest.mark.parametrize("finalize", ["fused", "separate"])
+@pytest.mark.parametrize("token_digits", ["fused", "separate"])
 @pytest.mark.parametrize("tokens", [1, 3, 16])
-def test_digits_tile(mode: tuple, finalize: str, tokens: int) -> None:
-    """Both GEMMs on the decode kernel's digits tile (their input rows split into digits by a step of their own),
-    GEMM2 with the finalize in its epilogue or beside it."""
+def test_digits_tile(mode: tuple, finalize: str, token_digits: str, tokens: int) -> None:
+    """Both GEMMs on the decode kernel's digits tile, their token digits made by the expansion and the activation
+    (token_digits=fused) or by a step of their own after them (separate), GEMM2 with the finalize in its epilogue or
+    beside it."""
     from moe_build.runner import MoERunner
     spec, weights = woq_case(BASE, mode, 0)
-    force = {**DIGITS, "finalize": finalize}
+    force = {**DIGITS, "finalize": finalize, "token_digits": token_digits}
     steps = MoERunner(spec, weights, target=device_target(), max_tokens=16, force=force).kernel_sequence(tokens)
     assert "gemm1:woq_digits" in steps
     assert ("gemm2:woq_digits_finalize" if finalize == "fused" else "gemm2:woq_digits") in steps
+    assert ("token_digits:gemm1" in steps) == ("token_digits:gemm2" in steps) == (token_digits == "separate")
     check(BASE, mode, force, tokens)

@@ -1,4 +1,5 @@
-"""mb_token_digits (stages/token_digits.cu) against its definition, decoded here from the layout
+"""mb_token_digits (stages/token_digits.cu) against its definition, and the digits made where the rows are written
+(mb_expand_rows_digits, mb_fc1_activation_digits) against the two steps they replace; decoded here from the layout
 (cpp/src/common/token_digits.cuh): per row and 128-k group, three digit planes at 96 s + 32 d + 8 q (+ position p,
 holding k = 32q + 8s + (0, 2, 4, 6, 1, 3, 5, 7)[p]), the int32 sum of 4096 d0 + 64 d1 + d2 at byte 384, the fp32
 factor F at 388, zeros to 400.
@@ -88,3 +89,100 @@ def test_bad_arguments_are_refused() -> None:
         K.token_digits(torch.zeros(2, 192, dtype=torch.bfloat16, device="cuda"))
     with pytest.raises(K.KernelError, match="fp16\\(1\\), bf16\\(2\\)"):
         K.token_digits(torch.zeros(2, 256, dtype=torch.float32, device="cuda"))
+
+
+# ---- the digits made where the rows are written (token_digits=fused) -----------------------------------------------
+# mb_expand_rows_digits and mb_fc1_activation_digits write the bytes of the 16-bit step (mb_expand_rows /
+# mb_fc1_activation) followed by mb_token_digits, bit for bit (no tolerance): the rows are rounded to dtype as those
+# steps store them before their digits are made. mb_token_digits itself is checked against its definition above; the
+# fused digits are decoded here as well, against an fp64 reference of the 16-bit step rounded to dtype.
+
+def check_decoded(rec: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, what: str) -> None:
+    """Records [R, G, 400] against ref [R, G * 128] (fp64 of dtype values): the values near their group's largest
+    exact, the rest within half the factor."""
+    digits, sums, factors = decode(rec.cpu())
+    n, k = ref.shape
+    xv = ref.cpu().view(n, k // 128, 128)
+    d = 4096 * digits[:, :, 0] + 64 * digits[:, :, 1] + digits[:, :, 2]
+    top = xv.abs().amax(-1)
+    carried = factors[..., None] * d
+    near = xv.abs() * 2 ** (10 if dtype == torch.bfloat16 else 7) >= top[..., None]
+    assert torch.equal(carried[near], xv[near]), f"{what}: a value near its group's largest not exact"
+    assert torch.all((carried - xv).abs() <= factors[..., None] / 2), f"{what}: a small value off by more than F / 2"
+
+
+# (tokens, hidden, top_k): one token of one group, Qwen3-30B-A3B's top-8 at 2048, a prefill-sized call at 384 columns
+# (three groups), Mixtral-8x7B's 4096 at top-2, DeepSeek-V2-Lite's top-6
+EXPAND_SHAPES = [(1, 128, 1), (3, 2048, 8), (300, 384, 6), (5, 4096, 2), (16, 2048, 6)]
+
+
+@pytest.mark.parametrize("zero", [False, True], ids=["plain", "zero_out"])
+@pytest.mark.parametrize("scaled", [False, True], ids=["unscaled", "prequant"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("t, h, k", EXPAND_SHAPES)
+def test_expand_rows_digits_equal_the_two_steps(t: int, h: int, k: int, dtype: torch.dtype, scaled: bool,
+                                                zero: bool) -> None:
+    seed = random.SystemRandom().randrange(1 << 30)
+    g = torch.Generator().manual_seed(seed)
+    x = rows(t, h, dtype, g).cuda()
+    utp = torch.randperm(t * k, generator=g).to(torch.int32).cuda()
+    w = torch.rand(t, k, generator=g).cuda()
+    s = (torch.rand(h, generator=g) + 0.25).cuda() if scaled else None  # no fp16 overflow at 2^12
+    digits = torch.full((t * k, h // 128, 400), 0xA5, dtype=torch.uint8, device="cuda")
+    pw = torch.full((t * k,), float("nan"), device="cuda")
+    z = torch.randn(t, h, device="cuda").to(dtype) if zero else None
+    K.expand_rows_digits(x, utp, w, s, permuted_digits=digits, permuted_weights=pw, zero_out=z)
+    pin, pw_ref = K.expand_rows(x, utp, w, s)
+    ref = K.token_digits(pin)
+    torch.cuda.synchronize()
+    what = f"seed {seed}, {t} x {h} top-{k} {dtype} scaled={scaled}"
+    assert torch.equal(digits, ref), f"{what}: digits differ from expand_rows then token_digits"
+    assert torch.equal(pw, pw_ref), f"{what}: permuted weights"
+    if z is not None:
+        assert (z == 0).all(), f"{what}: zero_out not zeroed"
+    rounded = (x.double() * (s.double() if s is not None else 1.0)).to(dtype).double()  # fp64 product, rounded once
+    check_decoded(digits, rounded[utp.argsort().long() // k], dtype, what)
+
+
+# (inter, bias): Qwen3-30B-A3B's width, DeepSeek-V2-Lite's (11 groups), one group, Mixtral-8x7B's
+ACT_SHAPES = [(768, False), (1408, True), (128, True), (14336, False)]
+
+
+@pytest.mark.parametrize("scaled", [False, True], ids=["unscaled", "prequant"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("act", list(K.Activation), ids=lambda a: a.name.lower())
+def test_fc1_activation_digits_equal_the_two_steps(act: K.Activation, dtype: torch.dtype, scaled: bool) -> None:
+    seed = random.SystemRandom().randrange(1 << 30)
+    torch.manual_seed(seed)
+    e, n = 8, 45
+    filled = n - 7  # rows past off[E] (other nodes' experts) must stay untouched
+    alpha, limit = 1.702, 7.0
+    for inter, with_bias in ACT_SHAPES:
+        cuts = torch.sort(torch.randint(0, filled + 1, (e - 1,))).values
+        off = torch.cat([torch.zeros(1, dtype=torch.int64), cuts, torch.tensor([filled])]).cuda()
+        n1 = 2 * inter if act.is_gated else inter
+        x = (torch.randn(n, n1, device="cuda") * 3).to(dtype)
+        b = (torch.randn(e, n1, device="cuda") * 0.5).to(dtype) if with_bias else None
+        s = (torch.rand(inter, device="cuda") * 4 + 0.25) if scaled else None
+        out = torch.full((n, inter // 128, 400), 0xA5, dtype=torch.uint8, device="cuda")
+        K.fc1_activation_digits(x, off, act, b, alpha, limit, s, out=out)
+        h = K.fc1_activation(x, off, act, b, alpha, limit, s)
+        ref = K.token_digits(h[:filled])
+        torch.cuda.synchronize()
+        what = f"seed {seed}, {act.name.lower()} inter={inter} bias={with_bias} {dtype} scaled={scaled}"
+        assert torch.equal(out[:filled], ref), f"{what}: digits differ from fc1_activation then token_digits"
+        assert (out[filled:] == 0xA5).all(), f"{what}: rows past off[E] were written"
+        check_decoded(out[:filled], h[:filled].double(), dtype, what)
+
+
+def test_fused_digits_bad_arguments_are_refused() -> None:
+    x = torch.zeros(2, 192, dtype=torch.bfloat16, device="cuda")
+    utp = torch.arange(2, dtype=torch.int32, device="cuda")
+    w = torch.ones(2, 1, device="cuda")
+    with pytest.raises(ValueError, match="multiple of 128"):
+        K.expand_rows_digits(x, utp, w)
+    with pytest.raises(K.KernelError, match="fp16\\(1\\), bf16\\(2\\)"):
+        K.expand_rows_digits(torch.zeros(2, 256, device="cuda"), utp, w)
+    off = torch.tensor([0, 2], dtype=torch.int64, device="cuda")
+    with pytest.raises(ValueError, match="multiple of 128"):
+        K.fc1_activation_digits(torch.zeros(2, 2 * 192, dtype=torch.bfloat16, device="cuda"), off, K.Activation.SWIGLU)

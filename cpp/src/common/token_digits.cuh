@@ -1,5 +1,7 @@
 // The token digits' layout (stages/token_digits.cu writes it, gemm/woq_decode_digits.cu reads it): per row, per
-// 128-k group, MB_TOKEN_DIGITS_BATCH_BYTES bytes.
+// 128-k group, MB_TOKEN_DIGITS_BATCH_BYTES bytes; and the warp's computation of one group's record, which every kernel
+// that writes them shares (stages/token_digits.cu from 16-bit rows, stages/expand_rows.cu as it expands the tokens'
+// rows, stages/fc1_activation.cu as it activates GEMM1's rows), so that each writes the same bytes.
 //   - bytes 0..383, the three digit planes as the int8 mma's B fragments read them: step s (32 k), digit d, lane
 //     q, then 8 bytes, at 96 s + 32 d + 8 q. Lane q of the decode kernel holds the int4 codes of k 32q .. 32q + 31
 //     of the group; its word s, k 32q + 8s + 0..7, widened to 8 bits puts the even k in the mma's slots 4q..4q + 3
@@ -8,6 +10,11 @@
 //   - bytes 384..391: the int32 sum of the group's 4096 d0 + 64 d1 + d2, then the fp32 factor 2^(E - 12);
 //   - bytes 392..399: zero.
 #pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
 
 #include "moe_build_kernels.h"
 
@@ -19,5 +26,73 @@ constexpr unsigned kDigitStepBytes = 96;                      // a 32-k step: th
 constexpr unsigned kDigitPlaneBytes = 32;                     // one digit of a step: four lanes' 8 bytes
 constexpr unsigned kDigitSumOffset = 384;                     // int32 sum, then the fp32 factor
 static_assert(kDigitGroupBytes % 16 == 0 && kDigitGroupBytes >= kDigitSumOffset + 16, "16-byte records");
+
+// One group's record as a lane of the warp that computed it holds it: its 4-byte run of each digit plane, and (every
+// lane) the group's sum and factor.
+struct DigitWords {
+  uint32_t plane[3];
+  int sum;
+  float factor;
+};
+
+// Four digits (one per k) as the bytes of a word, k order.
+__device__ __forceinline__ uint32_t pack_digits(const int (&d)[4]) {
+  return (d[0] & 0xff) | (d[1] & 0xff) << 8 | (d[2] & 0xff) << 16 | static_cast<uint32_t>(d[3] & 0xff) << 24;
+}
+
+// A warp's 128-k group, lane l holding k 4l .. 4l + 3 as fp32 (16-bit values, exactly): the group's largest magnitude
+// m (its bits, as an integer max: non-negative floats order as their bits) gives E = ilogb(m) - 5, so y = x / 2^E has
+// |y| < 64; then d0 = rint(y), d1 = rint(64 (y - d0)), d2 = rint(64 (64 (y - d0) - d1)), each step exact in fp32, so
+// x = 2^(E - 12) (4096 d0 + 64 d1 + d2) wherever x has no bits below 2^(E - 12) (every bf16 value within 2^10 of m,
+// every fp16 one within 2^7). A group holding an inf or NaN gets a NaN factor. Every lane of the warp calls it.
+__device__ __forceinline__ DigitWords digit_words(const float (&x)[4]) {
+  const int lane = threadIdx.x & 31;
+  uint32_t top = 0;
+  bool finite = true;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    top = max(top, __float_as_uint(fabsf(x[i])));
+    finite = finite && isfinite(x[i]);
+  }
+  top = __reduce_max_sync(0xffffffffu, top);
+  finite = __all_sync(0xffffffffu, finite);
+  const float m = __uint_as_float(top);
+  const int e = m > 0.f ? max(ilogbf(m), -100) - 5 : 0;  // |x| / 2^e < 64; tiny groups keep 2^-e finite
+  const float inv = __int_as_float((127 - e) << 23);      // 2^-e
+  int d[3][4], sum = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float y = x[i] * inv, d0 = rintf(y), r1 = (y - d0) * 64.f, d1 = rintf(r1), d2 = rintf((r1 - d1) * 64.f);
+    d[0][i] = static_cast<int>(d0);
+    d[1][i] = static_cast<int>(d1);
+    d[2][i] = static_cast<int>(d2);
+    sum += 4096 * d[0][i] + 64 * d[1][i] + d[2][i];
+  }
+  DigitWords w;
+  w.sum = __reduce_add_sync(0xffffffffu, sum);
+  w.factor = finite ? __int_as_float((127 + e - 12) << 23) : __int_as_float(0x7fc00000);  // 2^(e - 12)
+  // Lanes pair up to store each plane's 8-byte runs: the even lane of a pair the even k's digits (k 0, 2, 4, 6 of
+  // the 8), the odd lane the odd k's (1, 3, 5, 7).
+  const bool odd = lane & 1;
+#pragma unroll
+  for (int p = 0; p < 3; ++p) {
+    const uint32_t own = pack_digits(d[p]), other = __shfl_xor_sync(0xffffffffu, own, 1);
+    w.plane[p] = odd ? __byte_perm(own, other, 0x3175) : __byte_perm(own, other, 0x6420);
+  }
+  return w;
+}
+
+// Stores the calling lane's part of a group's record at rec (16-byte aligned). Lane l holds k 4l .. 4l + 3: lane
+// q = l / 8 of the GEMM's, step s = (l % 8) / 2, the even lane of a pair at byte 0 of its 8-byte run, the odd at 4.
+__device__ __forceinline__ void store_digit_words(const DigitWords& w, uint8_t* rec) {
+  const int lane = threadIdx.x & 31;
+  const unsigned at = ((lane & 7) >> 1) * kDigitStepBytes + (lane >> 3) * 8 + ((lane & 1) ? 4 : 0);
+#pragma unroll
+  for (int p = 0; p < 3; ++p) *reinterpret_cast<uint32_t*>(rec + at + p * kDigitPlaneBytes) = w.plane[p];
+  if (lane == 0) {
+    *reinterpret_cast<uint4*>(rec + kDigitSumOffset) =
+        make_uint4(static_cast<uint32_t>(w.sum), __float_as_uint(w.factor), 0u, 0u);
+  }
+}
 
 }  // namespace mb

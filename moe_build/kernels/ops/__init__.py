@@ -14,7 +14,7 @@ from .fp8 import (expand_rows_fp8, expand_rows_fp8_prequantized, fc1_activation_
                   grouped_gemm_fp8, grouped_gemm_fp8_finalize, grouped_gemm_fp8_gated, grouped_gemm_fp8_gated_quantized,
                   grouped_gemm_fp8_quantizing_finalize, grouped_gemm_fp8_workspace_bytes, quantize_fp8)
 from .woq import (grouped_gemm_woq, grouped_gemm_woq_finalize, grouped_gemm_woq_sm90,
-                  grouped_gemm_woq_sm90_workspace_bytes, token_digits, woq_dequantize)
+                  grouped_gemm_woq_sm90_workspace_bytes, token_digits, expand_rows_digits, fc1_activation_digits, woq_dequantize)
 
 __all__ = ["trusted_tensors", "expand_rows", "fc1_activation", "finalize", "routing", "routing_prologue_fused",
            "routing_prologue_three_step", "scale_columns", "three_step_workspace_bytes", "ep_combine", "ep_layout",
@@ -26,4 +26,4 @@ __all__ = ["trusted_tensors", "expand_rows", "fc1_activation", "finalize", "rout
            "grouped_gemm_fp8", "grouped_gemm_fp8_finalize", "grouped_gemm_fp8_gated", "grouped_gemm_fp8_gated_quantized",
            "grouped_gemm_fp8_quantizing_finalize", "grouped_gemm_fp8_workspace_bytes", "quantize_fp8",
            "grouped_gemm_woq", "grouped_gemm_woq_finalize", "grouped_gemm_woq_sm90",
-           "grouped_gemm_woq_sm90_workspace_bytes", "token_digits", "woq_dequantize"]
+           "grouped_gemm_woq_sm90_workspace_bytes", "token_digits", "expand_rows_digits", "fc1_activation_digits", "woq_dequantize"]

@@ -2,14 +2,16 @@
 woq_dequantize.cu)."""
 from __future__ import annotations
 
+import math
 
 import torch
 
 from ...planner.tactics import DIGITS_GROUP_BYTES, GemmTactic
-from ..abi import WoqInput, WoqKind
+from ..abi import Activation, WoqInput, WoqKind
 from ..library import call, load_library
 from .args import _check, _dtype_code, _enum, _out, _ptr, _stream, _workspace
 from .gemm import tactic_struct
+from .stages import _activation_args
 
 
 def _check_woq_scales(mode: WoqKind, scales: torch.Tensor, zeros: torch.Tensor | None, group: int, e: int, n: int,
@@ -34,6 +36,53 @@ def token_digits(a: torch.Tensor, out: torch.Tensor | None = None,
         raise ValueError(f"A: k = {k} is not a multiple of 128 (the digits' groups)")
     o = _out(out, "out", (rows, k // 128, DIGITS_GROUP_BYTES), torch.uint8, a.device)
     call("mb_token_digits", a.data_ptr(), _dtype_code(a, "A"), rows, k, o.data_ptr(), _stream(stream, a.device))
+    return o
+
+
+def expand_rows_digits(input: torch.Tensor, unpermuted_to_permuted: torch.Tensor, topk_weights: torch.Tensor,
+                       prequant_scale: torch.Tensor | None = None, permuted_digits: torch.Tensor | None = None,
+                       permuted_weights: torch.Tensor | None = None, zero_out: torch.Tensor | None = None,
+                       stream: int | torch.cuda.Stream | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """expand_rows writing the permuted rows as token digits: input [T, H] (H % 128 == 0) -> (permuted_digits uint8
+    [T*K, H / 128, 400], permuted_weights [T*K]), the bytes of expand_rows then token_digits (stages/expand_rows.cu);
+    prequant_scale and zero_out as expand_rows'."""
+    _check(input, "input", (None, None))
+    dev = input.device
+    t, h = input.shape
+    if h % 128:
+        raise ValueError(f"input: hidden = {h} is not a multiple of 128 (the digits' groups)")
+    _check(topk_weights, "topk_weights", (t, None), torch.float32, dev)
+    k = topk_weights.shape[1]
+    _check(unpermuted_to_permuted, "unpermuted_to_permuted", (t * k,), torch.int32, dev)
+    if prequant_scale is not None:
+        _check(prequant_scale, "prequant_scale", (h,), torch.float32, dev)
+    pd = _out(permuted_digits, "permuted_digits", (t * k, h // 128, DIGITS_GROUP_BYTES), torch.uint8, dev)
+    pw = _out(permuted_weights, "permuted_weights", (t * k,), torch.float32, dev)
+    if zero_out is not None:
+        _check(zero_out, "zero_out", (t, h), input.dtype, dev)
+    call("mb_expand_rows_digits", input.data_ptr(), _dtype_code(input, "input"), unpermuted_to_permuted.data_ptr(),
+         topk_weights.data_ptr(), _ptr(prequant_scale), t, h, k, pd.data_ptr(), pw.data_ptr(), _ptr(zero_out),
+         _stream(stream, dev))
+    return pd, pw
+
+
+def fc1_activation_digits(input: torch.Tensor, expert_first_token_offset: torch.Tensor,
+                          activation: int | str | Activation, bias: torch.Tensor | None = None,
+                          swiglu_alpha: float = 1.0, swiglu_limit: float = math.inf,
+                          prequant_scale: torch.Tensor | None = None, out: torch.Tensor | None = None,
+                          stream: int | torch.cuda.Stream | None = None) -> torch.Tensor:
+    """fc1_activation writing GEMM2's input as token digits: input [R, N1] -> out uint8 [R, I / 128, 400] (I % 128
+    == 0), the bytes of fc1_activation then token_digits for the rows below offsets[E] (stages/fc1_activation.cu)."""
+    act, dev, rows, inter = _activation_args(input, expert_first_token_offset, activation, bias)
+    if inter % 128:
+        raise ValueError(f"input: the activation's width {inter} is not a multiple of 128 (the digits' groups)")
+    e = expert_first_token_offset.shape[0] - 1
+    if prequant_scale is not None:
+        _check(prequant_scale, "prequant_scale", (inter,), torch.float32, dev)
+    o = _out(out, "out", (rows, inter // 128, DIGITS_GROUP_BYTES), torch.uint8, dev)
+    call("mb_fc1_activation_digits", input.data_ptr(), _dtype_code(input, "input"), _ptr(bias),
+         expert_first_token_offset.data_ptr(), e, rows, inter, int(act), swiglu_alpha, swiglu_limit,
+         _ptr(prequant_scale), o.data_ptr(), _stream(stream, dev))
     return o
 
 
