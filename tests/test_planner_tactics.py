@@ -436,13 +436,13 @@ def test_weight_only_digits_tile_where_the_token_digits_fit() -> None:
 
 
 def test_weight_only_digits_rule() -> None:
-    """The planner takes the digits tile where a chunk's digits fit and the average rows per expert is at most 2, on
+    """The planner takes the digits tile where a chunk's digits fit and the average rows per expert is at most 3, on
     layers of 64 experts or more or up to 4 rows in all; the staged tile elsewhere in the decode band."""
     mixtral_up = call(epilogue="store", woq="int4", woq_group=128, n=28672, k=4096, experts=8, top_k=2)
     assert [at(mixtral_up, t) for t in (1, 2, 3)] == ["decode:digits_ksplit1:after_trigger:plain"] * 2 + [
         "decode:staged_ksplit1:after_trigger:plain"]  # 6 rows in all on 8 experts
     qwen_up = call(epilogue="store", woq="int4", woq_group=128, n=1536, k=2048, experts=128, top_k=8)
-    assert at(qwen_up, 32).startswith("decode:digits_") and at(qwen_up, 33).startswith("decode:staged_")
+    assert at(qwen_up, 48).startswith("decode:digits_") and at(qwen_up, 49).startswith("decode:staged_")
     assert at(dataclasses.replace(qwen_up, woq_group=0), 16).startswith("decode:digits_")  # one scale per row
     for other in (dict(woq_group=64), dict(a_e4m3=True), dict(woq="int8", itemsize=1)):
         assert not at(dataclasses.replace(qwen_up, **other), 16).startswith("decode:digits_")

@@ -496,15 +496,24 @@ def woq_decode_tile_rule(call: GemmCall, rows: RowCount, k_split: int) -> str:
     return "staged" if most >= DECODE_TOKENS or rows.rows_below(most + 1) else "none"
 
 
-# Weight-only decode on token digits (the digits tile: gemm/woq_decode_digits.cu after the rows' digits step, in
-# place of the staged tile at its K split) where a chunk's digits fit and the average rows per expert is at most 2, on
+# Weight-only decode on token digits (the digits tile: gemm/woq_decode_digits.cu on the rows' token digits, in place
+# of the staged tile at its K split) where a chunk's digits fit and the average rows per expert is at most 3, on
 # layers of 64 experts or more or up to 4 rows in all. H200, the W4A16 bench GEMMs (int4, group 128, zeros) at 1-128
 # tokens, both forms in CUDA graphs with L2 flushed, the digits step included (bench/woq_digits_probe.py,
 # docs/measured/h200-2026-12-01-woq-digits/): Mixtral-8x7B 1.14-1.20x faster at 2-4 rows and 0.87x at 8 (chunks of
 # 2-3 rows take two mmas a step where the staged kernel's two fill its tile at any count); Qwen3-30B-A3B's GEMM1
 # 1.06-1.14x and GEMM2 1.04-1.08x at 4-32 tokens (GEMM2 0.93x at 1-2 tokens, where the step's launch is a tenth of
-# its 9 us), 0.84-0.95x from 64; DeepSeek-V2-Lite 0.99-1.09x up to 16 tokens, 0.88-1.02x from 32.
-DIGITS_MAX_AVG_ROWS = 2
+# its 9 us), 0.84-0.95x from 64; DeepSeek-V2-Lite 0.99-1.09x up to 16 tokens, 0.88-1.02x from 32. With the digits
+# made by the expansion and the activation (token_digits=fused), the whole layers with both GEMMs forced onto the tile
+# beside the rule then (2 rows), two rounds, graph replay, us (docs/measured/h200-2026-12-01-digits-three-rows):
+# 3 rows, DeepSeek-V2-Lite at 32 tokens 122.3 / 121.3 against 128.5 / 128.1 and Qwen3-30B-A3B at 48 tokens 136.5 /
+# 137.0 against 145.9 / 144.9; past it slower: 4-4.5 rows, Qwen3-30B-A3B at 64 tokens 155.0 / 154.3 against 152.3 /
+# 150.9, DeepSeek-V2-Lite at 48 tokens 145.3 / 144.6 against 140.4 / 140.0. This rule's plan against both GEMMs forced
+# onto the staged tile: Qwen3-30B-A3B at 33 / 40 / 48 tokens 118.1-118.9 / 128.8-129.5 / 137.9 against 133.5-134.4 /
+# 140.9-142.1 / 145.7-146.3, DeepSeek-V2-Lite at 22 / 27 / 32 tokens 108.8-109.1 / 114.7-115.4 / 122.7-123.0 against
+# 122.8-123.3 / 127.8-127.9 / 130.5-130.6. The bound is on the average rounded up (RowCount.avg_at_most): at 3.5 rows
+# (Qwen3-30B-A3B 56 tokens, DeepSeek-V2-Lite 37) the digits tile was 2.4% faster, at 4 rows 2% slower, and both are 4.
+DIGITS_MAX_AVG_ROWS = 3
 DIGITS_MANY_EXPERTS = 64
 DIGITS_FEW_ROWS = 4
 

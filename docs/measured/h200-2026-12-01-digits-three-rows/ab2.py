@@ -1,0 +1,12 @@
+"""Graph-replay us of every variant at every point of DIR's fin_r*.json / dig_r*.json, rounds side by side."""
+import glob, json, os, sys
+d = sys.argv[1]
+for kind in ("fin", "dig"):
+    rows = {}
+    for f in sorted(glob.glob(os.path.join(d, f"{kind}_r*.json"))):
+        for p in json.load(open(f))["points"]:
+            for v, rec in p["variants"].items():
+                rows.setdefault((p["shape"], p["tokens"]), {}).setdefault(v, []).append(rec.get("graph_us", float("nan")))
+    for (shape, tok), vs in sorted(rows.items()):
+        print(f"{kind} {shape:<17} {tok:>3}  " + "  ".join(f"{v.replace('decode:digits_ksplit1:after_trigger:plain', 'D')}: "
+                                                            + "/".join(f"{x:.1f}" for x in t) for v, t in vs.items()))
