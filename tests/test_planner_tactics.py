@@ -452,15 +452,23 @@ def test_weight_only_digits_rule() -> None:
 
 def test_weight_only_gemms_take_the_mixed_input_tiles_past_decode() -> None:
     """int4 / int8 weights per channel or in groups of 64 / 128 (n % 8, k % 64) on sm90 with 16-bit activations:
-    past 8 average rows per expert the mixed-input wgmma tiles at every count, 32 token rows to 16 rows per expert,
+    past the decode band (8 average rows per expert; 12 where the staged int4 tile takes 8-row chunks in groups of 128
+    or per row) the mixed-input
+    wgmma tiles at every count, 32 token rows to 16 rows per expert,
     64 to 48, 128 to 128, then 256. W4AFP8 keeps the mma tiles."""
     c = call(epilogue="store", woq="int4", woq_group=128)  # 128 experts, top-8: avg rows = tokens / 16
-    assert [at(c, t) for t in (128, 129, 256, 257, 768, 769, 2048, 2049, 65536)] == [
+    assert [at(c, t) for t in (128, 129, 192, 193, 256, 257, 768, 769, 2048, 2049, 65536)] == [
+        "decode:staged_ksplit1:after_trigger:plain", "decode:staged_ksplit1:after_trigger:plain",
         "decode:staged_ksplit1:after_trigger:plain", "wgmma:woq128x32:plain:plain", "wgmma:woq128x32:plain:plain",
         "wgmma:woq128x64:plain:plain", "wgmma:woq128x64:plain:plain", "wgmma:woq128x128:plain:plain",
         "wgmma:woq128x128:plain:plain", "wgmma:woq128x256:plain:plain", "wgmma:woq128x256:plain:plain"]
-    for t in (129, 257, 769, 2049):
+    for t in (129, 193, 257, 769, 2049):
         assert tactic_problem(c, GemmTactic.parse(at(c, t))) is None
+    # the staged tile's band to 12 rows needs its 8-row chunks to fit and 16-bit activations (int8 has no staged tile)
+    assert at(dataclasses.replace(c, k=14336), 129) == "wgmma:woq128x32:plain:plain"
+    assert at(dataclasses.replace(c, woq_group=64), 129) == "wgmma:woq128x32:plain:plain"  # GPT-OSS-20B's groups
+    assert at(dataclasses.replace(c, woq_group=0), 129) == "decode:staged_ksplit1:after_trigger:plain"
+    assert at(dataclasses.replace(c, a_e4m3=True), 129).startswith("mma:")
     int8 = call(epilogue="store", woq="int8", itemsize=1, woq_group=0, n=4096, k=14336, experts=8, top_k=2)
     assert at(int8, 33) == "wgmma:woq128x32:plain:plain" and at(int8, 193) == "wgmma:woq128x128:plain:plain"
     assert at(dataclasses.replace(c, a_e4m3=True), 4096).startswith("mma:")

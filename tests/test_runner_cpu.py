@@ -691,19 +691,21 @@ def test_each_stream_gets_its_own_gemm_placement_regions() -> None:
 
 @pytest.mark.parametrize("quant", [Quant.W4A16_AWQ, Quant.W8A16, Quant.WFP4A16])
 def test_weight_only_plans_take_the_mixed_input_gemm_past_decode(quant: Quant) -> None:
-    """On sm90, int4 / int8 weights (groups of 128 here) run the decode kernel to 8 rows per expert and the
-    mixed-input wgmma GEMM past it (steps gemm1:woq_wgmma / gemm2:woq_wgmma); MXFP4, which that kernel does not take,
-    runs the mma tiles, then from 128 rows its weights dequantized for the 16-bit wgmma GEMM."""
+    """On sm90, int4 / int8 weights (groups of 128 here) run the decode kernel to 8 rows per expert (int4 on the
+    staged tile to 12) and the mixed-input wgmma GEMM past it (steps gemm1:woq_wgmma / gemm2:woq_wgmma); MXFP4, which
+    that kernel does not take, runs the mma tiles, then from 128 rows its weights dequantized for the 16-bit wgmma
+    GEMM."""
     spec = dataclasses.replace(SWIGLU, quant=quant)  # 8 experts, top-2: rows per expert = ceil(tokens / 4)
     plan = make_plan(spec, dataclasses.replace(H100, profile=TokenProfile(1, 16, 1024)), tokens=16)
-    gemms = {t: [s for s in kernel_sequence(plan, t) if s.startswith("gemm")] for t in (32, 33, 508, 509)}
+    gemms = {t: [s for s in kernel_sequence(plan, t) if s.startswith("gemm")] for t in (32, 33, 48, 49, 508, 509)}
     if quant is Quant.WFP4A16:
-        assert gemms == {32: ["gemm1:woq", "gemm2:woq"], 33: ["gemm1:woq", "gemm2:woq"],
-                         508: ["gemm1:woq", "gemm2:woq"], 509: ["gemm1:woq_dense", "gemm2:woq_dense"]}
+        assert gemms == {**{t: ["gemm1:woq", "gemm2:woq"] for t in (32, 33, 48, 49, 508)},
+                         509: ["gemm1:woq_dense", "gemm2:woq_dense"]}
     else:
-        assert gemms == {32: ["gemm1:woq", "gemm2:woq"], **{t: ["gemm1:woq_wgmma", "gemm2:woq_wgmma"]
-                                                             for t in (33, 508, 509)}}
-        assert plan.stage("gemm1_tactic").choice_for(33) == "wgmma:woq128x32:plain:plain"
+        last_decode = 48 if quant is Quant.W4A16_AWQ else 32  # the staged int4 tile's band: 12 rows
+        assert gemms == {t: ["gemm1:woq", "gemm2:woq"] if t <= last_decode else ["gemm1:woq_wgmma", "gemm2:woq_wgmma"]
+                         for t in (32, 33, 48, 49, 508, 509)}
+        assert plan.stage("gemm1_tactic").choice_for(last_decode + 1) == "wgmma:woq128x32:plain:plain"
         assert plan.stage("gemm1_tactic").choice_for(1024) == "wgmma:woq128x256:plain:plain"
 
 

@@ -409,6 +409,22 @@ def fp8_wgmma_tile_rule(call: GemmCall, rows: RowCount) -> str:
 # at 64 tokens 120 vs 232 us, DeepSeek-V2-Lite GEMM1 125 vs 210, Mixtral-8x7B GEMM1 at 16 tokens 258 vs 534), at 16
 # and more the tiles (Mixtral GEMM1 at 64 tokens 498 vs 606, Qwen3 GEMM1 at 256 tokens 234 vs 271).
 WOQ_DECODE_MAX_AVG_ROWS = 8
+# The staged int4 tile (int4 codes with one scale per row or per 128 k, 16-bit activations, 8-row chunks that fit:
+# woq_staged_rows) keeps the decode kernel to 12 average rows per expert, where the mixed-input wgmma tile's 32 token
+# rows are a third to a half full.
+# H200, W4A16 layers, graph replay, two rounds, both GEMMs forced onto the staged tile against the plan then (the
+# mixed-input 128x32 tile past 8 rows), us (docs/measured/h200-2026-12-01-woq-staged-band): Qwen3-30B-A3B at 144 /
+# 160 / 192 tokens (9 / 10 / 12 rows) 219.6-220.5 / 237.9-238.7 / 266.5-268.7 against 271.3-271.4 / 270.8-273.3 /
+# 272.0-273.4, DeepSeek-V2-Lite at 96 / 107 / 128 tokens 192.8-193.6 / 206.6-207.7 / 226.9-227.7 against 239.1-241.1 /
+# 240.7-241.4 / 239.0-239.7, Mixtral-8x7B's GEMM1 alone (its GEMM2's rows do not fit) at 36 / 48 tokens 416.1 / 482.8
+# against 499.1 / 500.7; at 16 rows the tile loses (Qwen3-30B-A3B 256 tokens 328.8-330.3 against 277.7-278.8,
+# DeepSeek-V2-Lite 171 tokens 272.7-274.6 against 265.3-267.7, Mixtral-8x7B 64 tokens 556.3 against 532.1). This rule's
+# plan against both GEMMs on the 128x32 tile, one round: Qwen3-30B-A3B at 144 / 176 / 192 tokens 222.1 / 251.5 / 273.0
+# against 269.1 / 272.8 / 282.1, DeepSeek-V2-Lite at 96 / 117 / 128 tokens 194.4 / 216.9 / 231.1 against 239.8 / 240.4
+# / 242.3, Mixtral-8x7B at 36 / 44 / 48 tokens 420.8 / 466.8 / 485.9 against 519.7 / 505.0 / 516.5. Groups of 64 keep
+# the 8-row band: GPT-OSS-20B's staged tile at 72 / 88 / 96 tokens (9 / 11 / 12 rows) 328.7-330.6 / 370.1-371.7 /
+# 393.0-393.2 against 320.8-321.9 / 318.6-326.0 / 327.2-329.0 on the 128x32 tile, two rounds.
+WOQ_STAGED_MAX_AVG_ROWS = 12
 # Where the mixed-input kernel does not take the weights (MXFP4, groups of 32; woq_mixed_input below): from 128
 # average rows per expert on sm90 with 16-bit activations, the wgmma tactic with the layer's weights
 # dequantized once into the workspace (gemm/woq_dequantize.cu), then the 16-bit wgmma GEMM. The mma tiles' mainloop
@@ -429,10 +445,18 @@ WOQ_DEQUANT_MIN_AVG_ROWS = 128
 def woq_kernel_rule(call: GemmCall, rows: RowCount) -> str:
     if call.epilogue == "finalize" or rows.avg_at_most(WOQ_DECODE_MAX_AVG_ROWS):
         return "decode"
+    if staged_past_decode(call) and rows.avg_at_most(WOQ_STAGED_MAX_AVG_ROWS):
+        return "decode"
     if call.entry == "sm90" and not call.a_e4m3 and (
             woq_mixed_input(call) or not rows.avg_at_most(WOQ_DEQUANT_MIN_AVG_ROWS - 1)):
         return "wgmma"
     return "mma"
+
+
+def staged_past_decode(call: GemmCall) -> bool:
+    """Whether the staged int4 tile takes the call's 8-row chunks unsplit, its weights in groups of 128 or per row
+    and its activations 16-bit (the decode band to WOQ_STAGED_MAX_AVG_ROWS)."""
+    return woq_int4_codes(call) and not call.a_e4m3 and woq_staged_rows(call, 1) >= DECODE_TOKENS
 
 
 # The mixed-input kernel (gemm/woq_sm90.cu) takes int4 and int8 weights with 16-bit activations, one scale per
