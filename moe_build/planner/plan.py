@@ -261,7 +261,7 @@ def _act_quant(stage: str, fused: str, gates: Sequence[Gate], forced: str | None
                separate_text: str, none_text: str = "no FP8 activations") -> StageDecision:
     """An FP8 activation-quantization stage: `fused` where every gate holds, else a separate quantize kernel."""
     return _optional_stage(stage, fused, "separate", gates, forced, fused_text, separate_text, none_text,
-                      "FP8 GEMMs need FP8 inputs")
+                           "FP8 GEMMs need FP8 inputs")
 
 
 # W4AFP8's FP8 GEMM inputs are made where its pre-quant stages say (the scale applied, then quantized)
@@ -340,9 +340,9 @@ def _fp8_accumulation(spec: MoESpec, gemm_kernel: str, forced: str | None) -> St
     else promoted (fp32 adds every 128 k); "none" for a layer without FP8 GEMMs."""
     gates = [R.input_quant_fp8(spec), R.fp8_wgmma_kernel(gemm_kernel), R.fp8_rowwise_scales(spec)]
     return _optional_stage("fp8_accumulation", "fast", "promoted", gates, forced,
-                      "FP8 wgmma GEMMs accumulate the whole k in the tensor cores (fp32 registers, no promotion)",
-                      "FP8 GEMMs add their partial sums into fp32 every 128 k", "no FP8 GEMMs",
-                      "FP8 GEMMs accumulate one way or the other")
+                           "FP8 wgmma GEMMs accumulate the whole k in the tensor cores (fp32 registers, no promotion)",
+                           "FP8 GEMMs add their partial sums into fp32 every 128 k", "no FP8 GEMMs",
+                           "FP8 GEMMs accumulate one way or the other")
 
 
 def _token_digits(fc2_prequant: str, tactics: Sequence[StageDecision], forced: str | None) -> StageDecision:
