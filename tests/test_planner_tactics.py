@@ -473,6 +473,8 @@ def test_weight_only_gemms_take_the_mixed_input_tiles_past_decode() -> None:
     assert at(int8, 33) == "wgmma:woq128x32:plain:plain" and at(int8, 193) == "wgmma:woq128x128:plain:plain"
     assert at(dataclasses.replace(c, a_e4m3=True), 4096).startswith("mma:")
     assert at(dataclasses.replace(c, woq="mxfp4", woq_group=32), 1024).startswith("mma:")
+    mxfp4 = dataclasses.replace(c, woq="mxfp4", woq_group=32)  # the decode kernel to 12 rows, then the mma tiles
+    assert at(mxfp4, 192).startswith("decode:") and at(mxfp4, 193).startswith("mma:")
     assert at(dataclasses.replace(c, n=1360), 1024) == "wgmma:woq128x128:plain:plain"  # n off 128: a partial tile
     assert at(dataclasses.replace(c, n=1364), 1024).startswith("mma:")  # n off 8: no mixed-input tile
     assert "mixed-input" in tactic_problem(dataclasses.replace(c, woq_group=32),

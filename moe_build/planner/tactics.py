@@ -425,6 +425,15 @@ WOQ_DECODE_MAX_AVG_ROWS = 8
 # the 8-row band: GPT-OSS-20B's staged tile at 72 / 88 / 96 tokens (9 / 11 / 12 rows) 328.7-330.6 / 370.1-371.7 /
 # 393.0-393.2 against 320.8-321.9 / 318.6-326.0 / 327.2-329.0 on the 128x32 tile, two rounds.
 WOQ_STAGED_MAX_AVG_ROWS = 12
+# MXFP4 (WFP4A16), which the mixed-input wgmma kernel does not take, keeps the decode kernel to 12 rows as well: past 8
+# its alternative is the mma.sync tiles. H200, WFP4A16 layers, graph replay, one round, both GEMMs forced onto the
+# decode kernel beside the plan then (mma 64x128), us (docs/measured/h200-2026-12-01-woq-staged-band, band3_*):
+# Qwen3-30B-A3B at 144 / 192 tokens (9 / 12 rows) 296.3 / 354.0 against 364.6 / 364.5, DeepSeek-V2-Lite at 96 / 128
+# 264.5 / 309.4 against 331.5 / 329.8 (int8 per channel, W8A16, lost there: 290.7 / 355.5 against 227.7 / 233.3 on
+# DeepSeek-V2-Lite, the mixed-input tile's). This rule's plan beside both GEMMs forced onto mma 64x128, a second call:
+# GPT-OSS-20B (its own MXFP4) at 72 / 96 tokens (9 / 12 rows) 359.8 / 426.5 against 460.9 / 461.8, Qwen3-30B-A3B at
+# 144 / 192 297.5 / 353.7 against 362.9 / 364.1, DeepSeek-V2-Lite at 96 / 128 263.8 / 309.6 against 330.8 / 330.3.
+WOQ_MXFP4_DECODE_MAX_AVG_ROWS = 12
 # Where the mixed-input kernel does not take the weights (MXFP4, groups of 32; woq_mixed_input below): from 128
 # average rows per expert on sm90 with 16-bit activations, the wgmma tactic with the layer's weights
 # dequantized once into the workspace (gemm/woq_dequantize.cu), then the 16-bit wgmma GEMM. The mma tiles' mainloop
@@ -446,6 +455,8 @@ def woq_kernel_rule(call: GemmCall, rows: RowCount) -> str:
     if call.epilogue == "finalize" or rows.avg_at_most(WOQ_DECODE_MAX_AVG_ROWS):
         return "decode"
     if staged_past_decode(call) and rows.avg_at_most(WOQ_STAGED_MAX_AVG_ROWS):
+        return "decode"
+    if call.woq == "mxfp4" and rows.avg_at_most(WOQ_MXFP4_DECODE_MAX_AVG_ROWS):
         return "decode"
     if call.entry == "sm90" and not call.a_e4m3 and (
             woq_mixed_input(call) or not rows.avg_at_most(WOQ_DEQUANT_MIN_AVG_ROWS - 1)):
