@@ -32,11 +32,11 @@ import torch
 from ..errors import MoeBuildError
 from ..spec import ActScale, Quant
 from ..weights.fp8 import ScaleGranularity
-from .layer import (check_runner_variants, check_variant, point_floor, point_line, runner_fn, runner_force, time_panel,
-                    time_variants)
+from .layer import (VariantSetup, check_runner_variants, check_variant, point_floor, point_line, runner_force,
+                    runner_setup, set_up_variants, time_panel, time_variants)
 from .peers import grouped_mm_peer, rowwise_fp8_weights, scaled_grouped_mm_peer
 from .timing import CeilingCalls, ceilings_text, measure_ceilings
-from .workload import (CHECK_ROWS, FP8_REL_ERR_LIMIT, FP8_SHAPES, FP8_STATIC_INPUT_SCALES, REF_WEIGHT_ELEMENTS, REL_ERR_LIMIT, TOKENS, Fn, bench_spec,
+from .workload import (CHECK_ROWS, FP8_REL_ERR_LIMIT, FP8_SHAPES, FP8_STATIC_INPUT_SCALES, REF_WEIGHT_ELEMENTS, REL_ERR_LIMIT, TOKENS, bench_spec,
                        check_rows, device_fp8_weights, floor_us, fp8_bench_spec, make_inputs,
                        reference_by_experts, rel_err)
 
@@ -118,28 +118,23 @@ def bench_fp8_shape(name: str, mode: Fp8Mode, tokens_list: Sequence[int], ceilin
     w_row = rowwise_fp8_weights(w) if "scaled_grouped_mm" in variants else None
     max_tokens = max(tokens_list)
     out_buf = torch.empty(max_tokens, spec.hidden_size, device="cuda", dtype=torch.bfloat16)
-    fns: dict[str, Fn] = {}
-    runners: dict[str, Any] = {}
-    meta: dict[str, dict[str, Any]] = {}
-    for v in variants:
-        try:
-            force = runner_force(v)
-            if force is not None:
-                r = runners[v] = MoERunner(spec, w, max_tokens=max_tokens, force=force or None)
-                fns[v] = runner_fn(r, out_buf)
-            elif v == "ours_bf16":
-                r = runners[v] = MoERunner(spec16, w16, max_tokens=max_tokens)
-                fns[v] = runner_fn(r, out_buf)
-            elif v == "scaled_grouped_mm":
-                fns[v] = scaled_grouped_mm_peer(rowwise_spec, w_row)
-                meta[v] = {"weights": "the block-128 weights dequantized and requantized per output channel"
-                           if block else "the layer's FP8 weights and per-channel scales"}
-            elif v == "grouped_mm_dequant":
-                fns[v] = grouped_mm_peer(spec16, w16)
-                meta[v] = {"weights": "the FP8 weights dequantized to bf16 once, outside the timed region"}
-        except (MoeBuildError, ImportError, RuntimeError, ValueError) as e:
-            meta[v] = {"error": f"{type(e).__name__}: {e}"}
-            log(f"  {mode.name} {name}: {v} unavailable: {e}")
+
+    def make(v: str) -> VariantSetup:
+        force = runner_force(v)
+        if force is not None:
+            return runner_setup(MoERunner(spec, w, max_tokens=max_tokens, force=force or None), out_buf)
+        if v == "ours_bf16":
+            return runner_setup(MoERunner(spec16, w16, max_tokens=max_tokens), out_buf)
+        if v == "scaled_grouped_mm":
+            return scaled_grouped_mm_peer(rowwise_spec, w_row), None, {
+                "weights": "the block-128 weights dequantized and requantized per output channel" if block
+                else "the layer's FP8 weights and per-channel scales"}
+        if v == "grouped_mm_dequant":
+            return grouped_mm_peer(spec16, w16), None, {
+                "weights": "the FP8 weights dequantized to bf16 once, outside the timed region"}
+        raise ValueError(f"unknown variant {v!r}")
+
+    fns, runners, meta = set_up_variants(variants, make, log, f"{mode.name} {name}")
     log(f"{mode.name} {name}: setup {time.time() - t0:.1f}s")
     layers = {"fp8": (spec, w), "bf16": (spec16, w16), "rowwise": (rowwise_spec, w_row)}
     kinds = {_reference_kind(v, block) for v in fns}
@@ -173,8 +168,6 @@ def bench_fp8_shape(name: str, mode: Fp8Mode, tokens_list: Sequence[int], ceilin
         fp8_ratios(rec)
         records.append(rec)
         log(f"{mode.name:>10} " + point_line(rec))
-    del fns, runners, w, w16, w_row, layers
-    torch.cuda.empty_cache()
     return records
 
 
@@ -345,6 +338,7 @@ def run_fp8_bench(quants: Sequence[Fp8Mode], shapes: Sequence[str] = FP8_SHAPES,
         for name in shapes:
             results["points"] += bench_fp8_shape(name, mode, tokens_list, ceilings, ceiling_calls, iters, warmup,
                                                  input_sets, variants, log)
+            torch.cuda.empty_cache()  # the shape's weights and runners are gone
             if out_json is not None:  # partial results survive a time-out
                 Path(out_json).write_text(json.dumps(results, indent=1, default=str))
     if png is not None:

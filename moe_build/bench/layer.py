@@ -67,6 +67,38 @@ def runner_fn(runner: Any, out: torch.Tensor) -> Fn:
     return run
 
 
+# A variant as set up: its callable, the runner behind it (None for a torch peer) and fields for its record.
+VariantSetup = tuple[Fn, Any, "dict[str, Any] | None"]
+
+
+def runner_setup(runner: Any, out: torch.Tensor) -> VariantSetup:
+    """One of our runners as a variant (its calls write into `out`)."""
+    return runner_fn(runner, out), runner, None
+
+
+def set_up_variants(variants: Sequence[str], make: Callable[[str], VariantSetup], log: Callable[[str], None],
+                    label: str) -> tuple[dict[str, Fn], dict[str, Any], dict[str, dict[str, Any]]]:
+    """Every variant's callable, runner and record fields, by `make`; one whose setup fails (a plan its forced stages
+    refuse, a peer that torch or transformers lacks) is recorded with its error and left out of the timing instead of
+    ending the bench."""
+    fns: dict[str, Fn] = {}
+    runners: dict[str, Any] = {}
+    meta: dict[str, dict[str, Any]] = {}
+    for v in variants:
+        try:
+            fn, runner, info = make(v)
+        except (MoeBuildError, ImportError, RuntimeError, ValueError) as e:
+            meta[v] = {"error": f"{type(e).__name__}: {e}"}
+            log(f"  {label}: {v} unavailable: {e}")
+            continue
+        fns[v] = fn
+        if runner is not None:
+            runners[v] = runner
+        if info:
+            meta[v] = info
+    return fns, runners, meta
+
+
 def bench_shape(name: str, tokens_list: Sequence[int], ceilings: dict[str, float], ceiling_calls: CeilingCalls,
                 iters: int, warmup: int, input_sets: int, variants: Sequence[str],
                 log: Callable[[str], None], eager: bool = True) -> list[dict[str, Any]]:
@@ -80,26 +112,22 @@ def bench_shape(name: str, tokens_list: Sequence[int], ceilings: dict[str, float
     w = device_weights(spec, seed=list(SHAPES).index(name))
     w64 = w.to("cpu", torch.float64)
     max_tokens = max(tokens_list)
-    fns: dict[str, Fn] = {}
-    runners: dict[str, Any] = {}
-    meta: dict[str, dict[str, Any]] = {}
     out_buf = torch.empty(max_tokens, spec.hidden_size, device="cuda", dtype=torch.bfloat16)
-    for v in variants:
-        try:
-            force = runner_force(v)
-            if force is not None:
-                r = runners[v] = MoERunner(spec, w, max_tokens=max_tokens, force=force or None)
-                fns[v] = runner_fn(r, out_buf)
-            elif v == "naive":
-                fns[v] = naive_peer(spec, w)
-            elif v == "grouped_mm":
-                fns[v] = grouped_mm_peer(spec, w)
-            elif v == "hf_eager":
-                fns[v], block = hf_eager_peer(spec, w, SHAPES[name][4])
-                meta[v] = {"block": block}
-        except (MoeBuildError, ImportError, RuntimeError, ValueError) as e:
-            meta[v] = {"error": f"{type(e).__name__}: {e}"}
-            log(f"  {name}: {v} unavailable: {e}")
+
+    def make(v: str) -> VariantSetup:
+        force = runner_force(v)
+        if force is not None:
+            return runner_setup(MoERunner(spec, w, max_tokens=max_tokens, force=force or None), out_buf)
+        if v == "naive":
+            return naive_peer(spec, w), None, None
+        if v == "grouped_mm":
+            return grouped_mm_peer(spec, w), None, None
+        if v == "hf_eager":
+            fn, block = hf_eager_peer(spec, w, SHAPES[name][4])
+            return fn, None, {"block": block}
+        raise ValueError(f"unknown variant {v!r}")
+
+    fns, runners, meta = set_up_variants(variants, make, log, name)
     log(f"{name}: setup {time.time() - t0:.1f}s")
     records = []
     for T in tokens_list:
@@ -121,8 +149,6 @@ def bench_shape(name: str, tokens_list: Sequence[int], ceilings: dict[str, float
         ratios(rec)
         records.append(rec)
         log(point_line(rec))
-    del fns, runners, w, w64
-    torch.cuda.empty_cache()
     return records
 
 
@@ -327,6 +353,7 @@ def run_bench(shapes: Sequence[str] = tuple(SHAPES), tokens_list: Sequence[int] 
     for name in shapes:
         results["points"] += bench_shape(name, tokens_list, ceilings, ceiling_calls, iters, warmup, input_sets,
                                          variants, log, eager)
+        torch.cuda.empty_cache()  # the shape's weights and runners are gone
         if out_json is not None:  # partial results survive a time-out
             Path(out_json).write_text(json.dumps(results, indent=1, default=str))
     if png is not None:

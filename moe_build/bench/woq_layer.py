@@ -31,10 +31,11 @@ from ..errors import MoeBuildError
 from ..spec import ActScale, MoESpec, Quant
 from ..weights import MoEWeights
 from ..weights.woq import WoqKind, WoqWeights, quantize_matrix
-from .layer import check_runner_variants, check_variant, point_floor, point_line, runner_fn, runner_force, time_variants
+from .layer import (VariantSetup, check_runner_variants, check_variant, point_floor, point_line, runner_force,
+                    runner_setup, set_up_variants, time_variants)
 from .peers import grouped_mm_peer
 from .timing import CeilingCalls, ceilings_text, measure_ceilings
-from .workload import (REL_ERR_LIMIT, SHAPES, TOKENS, W4AFP8_REL_ERR_LIMIT, WOQ_REL_ERR_LIMIT, Fn, bench_spec, check_rows,
+from .workload import (REL_ERR_LIMIT, SHAPES, TOKENS, W4AFP8_REL_ERR_LIMIT, WOQ_REL_ERR_LIMIT, bench_spec, check_rows,
                        floor_us, make_inputs, reference_by_experts)
 
 # quant -> (stored kind, group size (None: per output channel; int4: the largest of 128, 64, 32 that divides both
@@ -139,24 +140,19 @@ def bench_woq_shape(name: str, quant: Quant, tokens_list: Sequence[int], ceiling
     variants = default_variants(quant) if variants is None else tuple(variants)
     max_tokens = max(tokens_list)
     out_buf = torch.empty(max_tokens, spec.hidden_size, device="cuda", dtype=torch.bfloat16)
-    fns: dict[str, Fn] = {}
-    runners: dict[str, Any] = {}
-    meta: dict[str, dict[str, Any]] = {}
-    for v in variants:
-        try:
-            force = runner_force(v)
-            if force is not None:
-                r = runners[v] = MoERunner(spec, w, max_tokens=max_tokens, force=force or None)
-            elif v == "ours_bf16":
-                r = runners[v] = MoERunner(spec16, w16, max_tokens=max_tokens)
-            if v in runners:
-                fns[v] = runner_fn(r, out_buf)
-            else:
-                fns[v] = grouped_mm_peer(spec16, w16)
-                meta[v] = {"weights": "the weights dequantized to bf16 once, outside the timed region"}
-        except (MoeBuildError, ImportError, RuntimeError, ValueError) as e:
-            meta[v] = {"error": f"{type(e).__name__}: {e}"}
-            log(f"  {quant.value} {name}: {v} unavailable: {e}")
+
+    def make(v: str) -> VariantSetup:
+        force = runner_force(v)
+        if force is not None:
+            return runner_setup(MoERunner(spec, w, max_tokens=max_tokens, force=force or None), out_buf)
+        if v == "ours_bf16":
+            return runner_setup(MoERunner(spec16, w16, max_tokens=max_tokens), out_buf)
+        if v == "grouped_mm_dequant":
+            return grouped_mm_peer(spec16, w16), None, {
+                "weights": "the weights dequantized to bf16 once, outside the timed region"}
+        raise ValueError(f"unknown variant {v!r}")
+
+    fns, runners, meta = set_up_variants(variants, make, log, f"{quant.value} {name}")
     log(f"{quant.value} {name}: setup {time.time() - t0:.1f}s")
     expert_bytes = stored_expert_bytes(w.woq)
     records = []
@@ -186,8 +182,6 @@ def bench_woq_shape(name: str, quant: Quant, tokens_list: Sequence[int], ceiling
         woq_ratios(rec)
         records.append(rec)
         log(f"{quant.value:>9} " + point_line(rec))
-    del fns, runners, w, w16
-    torch.cuda.empty_cache()
     return records
 
 
@@ -277,6 +271,7 @@ def run_woq_bench(quants: Sequence[Quant], shapes: Sequence[str] = tuple(SHAPES)
         for name in shapes:
             results["points"] += bench_woq_shape(name, quant, tokens_list, ceilings, ceiling_calls, iters, warmup,
                                                  input_sets, log, variants)
+            torch.cuda.empty_cache()  # the shape's weights and runners are gone
             if out_json is not None:
                 Path(out_json).write_text(json.dumps(results, indent=1, default=str))
     return results
