@@ -11,7 +11,7 @@ from ..abi import Activation, DType, Fp8Accumulation, Fp8Scaling
 from ..library import call, load_library
 from .args import _check, _dtype_code, _enum, _out, _ptr, _stream, _workspace
 from .gemm import tactic_struct
-from .stages import _activation_args
+from .stages import _activation_args, _expansion_maps, _prequant
 
 # ---- FP8 activation quantization (issue 46; cpp/include/moe_build_kernels.h) -----------------------
 # The kernels write moe_build.weights.fp8.quantize_rows' bytes and scales bit for bit. Scales come back
@@ -36,14 +36,6 @@ def _fp8_scale_shape(rows: int, cols: int, group: int) -> tuple[int, ...]:
     return (rows,) if group == 0 else (rows, -(-cols // 128))
 
 
-def _prequant(prequant_scale: torch.Tensor | None, cols: int, dev: torch.device) -> int | None:
-    """The pointer of an AWQ pre-quant scale (fp32 [cols]: W4AFP8's GEMM inputs are x * scale before they are
-    quantized), after its check, or None."""
-    if prequant_scale is not None:
-        _check(prequant_scale, "prequant_scale", (cols,), torch.float32, dev)
-    return _ptr(prequant_scale)
-
-
 def quantize_fp8(input: torch.Tensor, static_scale: torch.Tensor | None = None, group: int | None = None,
                  out: torch.Tensor | None = None, out_scales: torch.Tensor | None = None,
                  stream: int | torch.cuda.Stream | None = None, *, prequant_scale: torch.Tensor | None = None
@@ -62,15 +54,6 @@ def quantize_fp8(input: torch.Tensor, static_scale: torch.Tensor | None = None, 
     call("mb_quantize_fp8", input.data_ptr(), _dtype_code(input, "input"), rows, cols, pre, _ptr(static_scale), g,
           q.data_ptr(), s.data_ptr(), _stream(stream, dev))
     return q, s
-
-
-def _expansion_maps(t: int, topk_weights: torch.Tensor, unpermuted_to_permuted: torch.Tensor,
-                    dev: torch.device) -> int:
-    """top_k, after checking topk_weights [T, K] and unpermuted_to_permuted [T*K]."""
-    _check(topk_weights, "topk_weights", (t, None), torch.float32, dev)
-    k = topk_weights.shape[1]
-    _check(unpermuted_to_permuted, "unpermuted_to_permuted", (t * k,), torch.int32, dev)
-    return k
 
 
 def expand_rows_fp8(input: torch.Tensor, unpermuted_to_permuted: torch.Tensor, topk_weights: torch.Tensor,

@@ -101,6 +101,23 @@ def scale_columns(x: torch.Tensor, scale: torch.Tensor, out: torch.Tensor | None
     return out
 
 
+def _expansion_maps(t: int, topk_weights: torch.Tensor, unpermuted_to_permuted: torch.Tensor,
+                    dev: torch.device) -> int:
+    """top_k, after checking topk_weights [T, K] and unpermuted_to_permuted [T*K]."""
+    _check(topk_weights, "topk_weights", (t, None), torch.float32, dev)
+    k = topk_weights.shape[1]
+    _check(unpermuted_to_permuted, "unpermuted_to_permuted", (t * k,), torch.int32, dev)
+    return k
+
+
+def _prequant(prequant_scale: torch.Tensor | None, cols: int, dev: torch.device) -> int | None:
+    """The pointer of an AWQ pre-quant scale (fp32 [cols]: the rows times it, before W4AFP8 quantizes them or as
+    W4A16's GEMMs read them), after its check, or None."""
+    if prequant_scale is not None:
+        _check(prequant_scale, "prequant_scale", (cols,), torch.float32, dev)
+    return _ptr(prequant_scale)
+
+
 def expand_rows(input: torch.Tensor, unpermuted_to_permuted: torch.Tensor, topk_weights: torch.Tensor,
                 prequant_scale: torch.Tensor | None = None, permuted_input: torch.Tensor | None = None,
                 permuted_weights: torch.Tensor | None = None, zero_out: torch.Tensor | None = None,
@@ -112,17 +129,14 @@ def expand_rows(input: torch.Tensor, unpermuted_to_permuted: torch.Tensor, topk_
     _check(input, "input", (None, None))
     dev = input.device
     t, h = input.shape
-    _check(topk_weights, "topk_weights", (t, None), torch.float32, dev)
-    k = topk_weights.shape[1]
-    _check(unpermuted_to_permuted, "unpermuted_to_permuted", (t * k,), torch.int32, dev)
-    if prequant_scale is not None:
-        _check(prequant_scale, "prequant_scale", (h,), torch.float32, dev)
+    k = _expansion_maps(t, topk_weights, unpermuted_to_permuted, dev)
+    pre = _prequant(prequant_scale, h, dev)
     pin = _out(permuted_input, "permuted_input", (t * k, h), input.dtype, dev)
     pw = _out(permuted_weights, "permuted_weights", (t * k,), torch.float32, dev)
     if zero_out is not None:
         _check(zero_out, "zero_out", (t, h), input.dtype, dev)
     call("mb_expand_rows", input.data_ptr(), _dtype_code(input, "input"), unpermuted_to_permuted.data_ptr(),
-          topk_weights.data_ptr(), _ptr(prequant_scale), t, h, k, pin.data_ptr(), pw.data_ptr(), _ptr(zero_out),
+          topk_weights.data_ptr(), pre, t, h, k, pin.data_ptr(), pw.data_ptr(), _ptr(zero_out),
           _stream(stream, dev))
     return pin, pw
 
@@ -153,12 +167,11 @@ def fc1_activation(input: torch.Tensor, expert_first_token_offset: torch.Tensor,
     """input [R, N1] (N1 = 2I for gated activations) -> out [R, I]; rows >= offsets[E] untouched."""
     act, dev, rows, inter = _activation_args(input, expert_first_token_offset, activation, bias)
     e = expert_first_token_offset.shape[0] - 1
-    if prequant_scale is not None:
-        _check(prequant_scale, "prequant_scale", (inter,), torch.float32, dev)
+    pre = _prequant(prequant_scale, inter, dev)
     o = _out(out, "out", (rows, inter), input.dtype, dev)
     call("mb_fc1_activation", input.data_ptr(), _dtype_code(input, "input"), _ptr(bias),
           expert_first_token_offset.data_ptr(), e, rows, inter, int(act), swiglu_alpha, swiglu_limit,
-          _ptr(prequant_scale), o.data_ptr(), _stream(stream, dev))
+          pre, o.data_ptr(), _stream(stream, dev))
     return o
 
 

@@ -11,7 +11,7 @@ from ..abi import Activation, WoqInput, WoqKind
 from ..library import call, load_library
 from .args import _check, _dtype_code, _enum, _out, _ptr, _stream, _workspace
 from .gemm import tactic_struct
-from .stages import _activation_args
+from .stages import _activation_args, _expansion_maps, _prequant
 
 
 def _check_woq_scales(mode: WoqKind, scales: torch.Tensor, zeros: torch.Tensor | None, group: int, e: int, n: int,
@@ -51,17 +51,14 @@ def expand_rows_digits(input: torch.Tensor, unpermuted_to_permuted: torch.Tensor
     t, h = input.shape
     if h % 128:
         raise ValueError(f"input: hidden = {h} is not a multiple of 128 (the digits' groups)")
-    _check(topk_weights, "topk_weights", (t, None), torch.float32, dev)
-    k = topk_weights.shape[1]
-    _check(unpermuted_to_permuted, "unpermuted_to_permuted", (t * k,), torch.int32, dev)
-    if prequant_scale is not None:
-        _check(prequant_scale, "prequant_scale", (h,), torch.float32, dev)
+    k = _expansion_maps(t, topk_weights, unpermuted_to_permuted, dev)
+    pre = _prequant(prequant_scale, h, dev)
     pd = _out(permuted_digits, "permuted_digits", (t * k, h // 128, DIGITS_GROUP_BYTES), torch.uint8, dev)
     pw = _out(permuted_weights, "permuted_weights", (t * k,), torch.float32, dev)
     if zero_out is not None:
         _check(zero_out, "zero_out", (t, h), input.dtype, dev)
     call("mb_expand_rows_digits", input.data_ptr(), _dtype_code(input, "input"), unpermuted_to_permuted.data_ptr(),
-         topk_weights.data_ptr(), _ptr(prequant_scale), t, h, k, pd.data_ptr(), pw.data_ptr(), _ptr(zero_out),
+         topk_weights.data_ptr(), pre, t, h, k, pd.data_ptr(), pw.data_ptr(), _ptr(zero_out),
          _stream(stream, dev))
     return pd, pw
 
@@ -77,12 +74,11 @@ def fc1_activation_digits(input: torch.Tensor, expert_first_token_offset: torch.
     if inter % 128:
         raise ValueError(f"input: the activation's width {inter} is not a multiple of 128 (the digits' groups)")
     e = expert_first_token_offset.shape[0] - 1
-    if prequant_scale is not None:
-        _check(prequant_scale, "prequant_scale", (inter,), torch.float32, dev)
+    pre = _prequant(prequant_scale, inter, dev)
     o = _out(out, "out", (rows, inter // 128, DIGITS_GROUP_BYTES), torch.uint8, dev)
     call("mb_fc1_activation_digits", input.data_ptr(), _dtype_code(input, "input"), _ptr(bias),
          expert_first_token_offset.data_ptr(), e, rows, inter, int(act), swiglu_alpha, swiglu_limit,
-         _ptr(prequant_scale), o.data_ptr(), _stream(stream, dev))
+         pre, o.data_ptr(), _stream(stream, dev))
     return o
 
 
