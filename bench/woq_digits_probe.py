@@ -1,12 +1,13 @@
 """The weight-only int4 decode GEMM on the digits tile (mb_token_digits, then mb_grouped_gemm_woq on the int8 mma)
-beside the staged tile, on the W4A16 bench shapes' GEMMs (int4, group 128, zero points) at 1 to 128 tokens, each
+beside the staged tile, on the W4A16 bench shapes' GEMMs (int4 with zero points, group 128; GPT-OSS-20B's group 64
+at k 2880) at 1 to 128 tokens, each
 form at the K split the planner gives the staged one, both captured in CUDA graphs (the digits form with its digits
 step) and replayed with L2 flushed before each replay, median of 30; each checked against fp64 first (relative
 norm error). The evidence for tactics.woq_decode_tile_rule's digits band. Writes woq_digits_probe.json to $OUT (or
 the working directory) and ends with a table.
 
     MOE_BUILD_KERNELS_LIB=.../libmoe_build_kernels.so python bench/woq_digits_probe.py
-    WOQ_DIGITS_TOKENS=1,16 ...   # a part of it
+    WOQ_DIGITS_TOKENS=1,16 WOQ_DIGITS_GEMMS=gptoss_g1,gptoss_g2 ...   # a part of it
 
 Beside them, the digits form at every K split of WOQ_DIGITS_KSPLITS (1,2,4,8; where a chunk's digits fit), the
 evidence for the digits tile's own K split (`digits_ksN_us`).
@@ -22,11 +23,16 @@ from moe_build.planner.tactics import (GemmCall, GemmTactic, RowCount, choose_ta
                                        woq_staged_rows)
 from moe_build.weights.woq import WoqKind, dequantize_matrix
 
-GEMMS = {"mixtral_g1": (8, 2, 28672, 4096), "mixtral_g2": (8, 2, 4096, 14336), "qwen3_g1": (128, 8, 1536, 2048),
-         "qwen3_g2": (128, 8, 2048, 768), "dsv2_g1": (64, 6, 2816, 2048), "dsv2_g2": (64, 6, 2048, 1408)}
+# name: (experts, top_k, n, k, weight group)
+GEMMS = {"mixtral_g1": (8, 2, 28672, 4096, 128), "mixtral_g2": (8, 2, 4096, 14336, 128),
+         "qwen3_g1": (128, 8, 1536, 2048, 128), "qwen3_g2": (128, 8, 2048, 768, 128),
+         "dsv2_g1": (64, 6, 2816, 2048, 128), "dsv2_g2": (64, 6, 2048, 1408, 128),
+         "gptoss_g1": (32, 4, 5760, 2880, 64), "gptoss_g2": (32, 4, 2880, 2880, 64)}
+if os.environ.get("WOQ_DIGITS_GEMMS"):
+    GEMMS = {g: GEMMS[g] for g in os.environ["WOQ_DIGITS_GEMMS"].split(",")}
 TOKENS = [int(t) for t in os.environ.get("WOQ_DIGITS_TOKENS", "1,2,4,8,16,32,64,128").split(",")]
 KSPLITS = [int(k) for k in os.environ.get("WOQ_DIGITS_KSPLITS", "1,2,4,8").split(",")]
-GROUP, REPLAYS = 128, 30
+REPLAYS = 30
 
 
 def replay_us(graph: torch.cuda.CUDAGraph) -> float:
@@ -58,12 +64,13 @@ def main() -> None:
     torch.manual_seed(0)
     sm = torch.cuda.get_device_properties(0).multi_processor_count
     rows_out = []
-    for name, (experts, top_k, n, k) in GEMMS.items():
+    for name, (experts, top_k, n, k, group) in GEMMS.items():
         b = torch.randint(0, 256, (experts, n, k // 2), dtype=torch.uint8, device="cuda")
-        scales = torch.rand(experts, n, k // GROUP, device="cuda") * 0.01 + 1e-3
-        zeros = torch.randint(0, 16, (experts, n, k // GROUP), dtype=torch.uint8, device="cuda")
+        scales = torch.rand(experts, n, k // group, device="cuda") * 0.01 + 1e-3
+        zeros = torch.randint(0, 16, (experts, n, k // group), dtype=torch.uint8, device="cuda")
         call = GemmCall(sm=90, entry="sm90", epilogue="store", n=n, k=k, experts=experts, top_k=top_k, itemsize=2,
-                        weights_blocked=False, sm_count=sm, l2_bytes=50 << 20, woq="int4", woq_group=GROUP)
+                        weights_blocked=False, sm_count=sm, l2_bytes=50 << 20, woq="int4", woq_group=group)
+        expert_bytes = n * k // 2 + n * (k // group) * 5  # codes, fp32 scales, zeros
         dense: dict[int, torch.Tensor] = {}
         for tokens in TOKENS:
             chosen = choose_tactic(call, RowCount(tokens, top_k, experts))
@@ -79,25 +86,26 @@ def main() -> None:
             off[1:] = counts.cumsum(0)
             a = torch.randn(rows, k, device="cuda").to(torch.bfloat16)
             c = torch.full((rows, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-            digits = torch.empty(rows, k // 128, 400, dtype=torch.uint8, device="cuda")
+            digits = torch.empty(rows, -(-k // 128), 400, dtype=torch.uint8, device="cuda")
             digits_tactic = GemmTactic("decode", "digits", staged.k_split, staged.launch, staged.output_l2)
             most = woq_digits_rows(call, staged.k_split)
             record = dict(gemm=name, tokens=tokens, rows=rows, max_rows=int(counts.max()), staged=staged.name,
-                          digits=digits_tactic.name, digits_rows_fit=most)
+                          digits=digits_tactic.name, digits_rows_fit=most,
+                          touched_mb=round(int((counts > 0).sum()) * expert_bytes / 1e6, 2))
 
             def run_staged() -> None:
-                K.grouped_gemm_woq(a, b, "int4", scales, off, GROUP, zeros=zeros, c=c, tactic=staged)
+                K.grouped_gemm_woq(a, b, "int4", scales, off, group, zeros=zeros, c=c, tactic=staged)
 
             def run_digits() -> None:
-                K.token_digits(a, out=digits)
-                K.grouped_gemm_woq(digits, b, "int4", scales, off, GROUP, zeros=zeros, c=c, tactic=digits_tactic,
+                K.token_digits(a, out=digits, group=group)
+                K.grouped_gemm_woq(digits, b, "int4", scales, off, group, zeros=zeros, c=c, tactic=digits_tactic,
                                    out_dtype=torch.bfloat16)
 
             def run_digits_step() -> None:
-                K.token_digits(a, out=digits)
+                K.token_digits(a, out=digits, group=group)
 
             def run_digits_gemm() -> None:  # the GEMM alone, on the digits made above
-                K.grouped_gemm_woq(digits, b, "int4", scales, off, GROUP, zeros=zeros, c=c, tactic=digits_tactic,
+                K.grouped_gemm_woq(digits, b, "int4", scales, off, group, zeros=zeros, c=c, tactic=digits_tactic,
                                    out_dtype=torch.bfloat16)
 
             # fp64 reference of the touched experts' rows (each expert's weights dequantized once, on the GPU)
@@ -124,8 +132,8 @@ def main() -> None:
                 at_split = GemmTactic("decode", "digits", k_split, staged.launch, staged.output_l2)
 
                 def run_split(t: GemmTactic = at_split) -> None:
-                    K.token_digits(a, out=digits)
-                    K.grouped_gemm_woq(digits, b, "int4", scales, off, GROUP, zeros=zeros, c=c, tactic=t,
+                    K.token_digits(a, out=digits, group=group)
+                    K.grouped_gemm_woq(digits, b, "int4", scales, off, group, zeros=zeros, c=c, tactic=t,
                                        out_dtype=torch.bfloat16)
 
                 c.fill_(float("nan"))
@@ -141,13 +149,14 @@ def main() -> None:
         del dense
     json.dump(rows_out, open(os.path.join(os.environ.get("OUT", "."), "woq_digits_probe.json"), "w"), indent=1)
     print(f"\n{'gemm':<11} {'tok':>4} {'maxr':>4} {'staged':<41} {'us':>7} {'digits us':>9} {'gemm us':>7} "
-          f"{'step us':>7} {'ratio':>6} {'err staged':>10} {'err digits':>10}")
+          f"{'step us':>7} {'ratio':>6} {'err staged':>10} {'err digits':>10} {'TB/s st':>7} {'TB/s dg':>7}")
     for r in rows_out:
         print(f"{r['gemm']:<11} {r['tokens']:>4} {r['max_rows']:>4} {r['staged']:<41} {r['staged_us']:>7.1f} "
               f"{r.get('digits_us', float('nan')):>9.1f} {r.get('digits_gemm_us', float('nan')):>7.1f} "
               f"{r.get('digits_step_us', float('nan')):>7.1f} "
               f"{r.get('staged_over_digits', float('nan')):>6.3f} {r['staged_rel_err']:>10.2e} "
-              f"{r.get('digits_rel_err', float('nan')):>10.2e}")
+              f"{r.get('digits_rel_err', float('nan')):>10.2e} {r['touched_mb'] / r['staged_us']:>7.2f} "
+              f"{r['touched_mb'] / r.get('digits_gemm_us', float('nan')):>7.2f}")  # MB / us: the touched experts' read rate
     print(f"\n{'gemm':<11} {'tok':>4} " + " ".join(f"{'ks' + str(k):>7}" for k in KSPLITS) + "   (digits us)")
     for r in rows_out:
         print(f"{r['gemm']:<11} {r['tokens']:>4} "

@@ -394,7 +394,9 @@ def test_weight_only_int4_decode_stages_token_rows_where_they_fit() -> None:
                   dict(k=14336 - 64)):
         assert at(dataclasses.replace(mixtral_down, **other), 1).startswith("decode:ksplit")
     for group64 in (dict(woq_group=64), dict(woq_group=64, k=14336 - 64)):  # k % 128 == 64: a half batch at the end
-        assert at(dataclasses.replace(mixtral_down, **group64), 1) == "decode:staged_ksplit4:after_trigger:plain"
+        g64 = dataclasses.replace(mixtral_down, **group64)  # 16-bit rows: the digits tile takes them (woq_digits_rule)
+        assert at(g64, 1) == "decode:digits_ksplit4:after_trigger:plain"
+        assert at(dataclasses.replace(g64, a_e4m3=True), 1) == "decode:staged_ksplit4:after_trigger:plain"
     gpt_oss_up = call(epilogue="store", woq="int4", woq_group=64, n=5760, k=2880, experts=32, top_k=4)
     assert woq_staged_rows(gpt_oss_up, 1) == 8  # 106240 // (23 * 128 * 2 + 64) = 17, capped at 8
     assert woq_staged_rows(dataclasses.replace(gpt_oss_up, k=2880 * 8), 1) == 2  # 106240 // (180 * 256 + 64)
@@ -413,17 +415,21 @@ def test_weight_only_int4_decode_stages_token_rows_where_they_fit() -> None:
 
 
 def test_weight_only_digits_tile_where_the_token_digits_fit() -> None:
-    """The digits tile (token digits on the int8 mma) takes the int4 forms with one scale per row or per 128 k, k % 128
-    == 0, 16-bit activations, while a chunk's digits fit the kernel's 104 KB: (104 KB - 16) // (k_split * slice
-    groups * 400) rows, gemm/woq_decode_digits.cu digits_smem. A forced digits tactic whose 8-row chunks do not fit,
-    or another form, is refused."""
+    """The digits tile (token digits on the int8 mma) takes the int4 forms with one scale per row or per 128 k and
+    k % 128 == 0, or per 64 k and k % 64 == 0, with 16-bit activations, while a chunk's digits fit the kernel's 104 KB:
+    (104 KB - 16) // (k_split * slice groups * 400) rows, a half group at K's end counted whole,
+    gemm/woq_decode_digits.cu digits_smem. A forced digits tactic whose 8-row chunks do not fit, or another form, is
+    refused."""
     mixtral_down = call(epilogue="store", woq="int4", woq_group=128, n=4096, k=14336, experts=8, top_k=2)
     assert [woq_digits_rows(mixtral_down, s) for s in (1, 2, 4, 8)] == [2, 2, 2, 2]  # 106480 // 44800
     mixtral_up = dataclasses.replace(mixtral_down, n=28672, k=4096)
     assert woq_digits_rows(mixtral_up, 1) == 8  # 106480 // 12800 = 8
     assert woq_digits_rows(dataclasses.replace(mixtral_up, k=4608), 1) == 7  # 36 groups: 106480 // 14400
-    for other in (dict(woq_group=64), dict(woq_group=32), dict(woq="int8", itemsize=1), dict(k=4096 - 64),
-                  dict(a_e4m3=True)):
+    assert woq_digits_rows(dataclasses.replace(mixtral_up, woq_group=64), 1) == 8
+    assert woq_digits_rows(dataclasses.replace(mixtral_up, woq_group=64, k=34 * 128 - 64), 1) == 7  # 106480 // 13600
+    gpt_oss_up = call(epilogue="store", woq="int4", woq_group=64, n=5760, k=2880, experts=32, top_k=4)
+    assert [woq_digits_rows(gpt_oss_up, s) for s in (1, 2, 4)] == [8, 8, 8]  # 23, 12, 6 groups a slice
+    for other in (dict(woq_group=32), dict(woq="int8", itemsize=1), dict(k=4096 - 64), dict(a_e4m3=True)):
         assert woq_digits_rows(dataclasses.replace(mixtral_up, **other), 1) == 0
     digits = GemmTactic.parse("decode:digits_ksplit2:after_trigger:plain")
     assert (digits.kernel, digits.tile, digits.k_split, digits.name) == ("decode", "digits", 2,
@@ -431,21 +437,27 @@ def test_weight_only_digits_tile_where_the_token_digits_fit() -> None:
     assert tactic_problem(mixtral_up, digits) is None
     assert "do not fit" in tactic_problem(mixtral_down, digits)
     assert "16-bit activations" in tactic_problem(dataclasses.replace(mixtral_up, a_e4m3=True), digits)
-    assert "one scale per row or per 128 k" in tactic_problem(dataclasses.replace(mixtral_up, woq_group=64), digits)
+    assert "one scale per row or per 128 k" in tactic_problem(dataclasses.replace(mixtral_up, woq_group=32), digits)
+    assert tactic_problem(dataclasses.replace(mixtral_up, woq_group=64, k=4096 - 64), digits) is None
     assert "weight-only int4 GEMM's" in tactic_problem(call(epilogue="store"), digits)
 
 
 def test_weight_only_digits_rule() -> None:
     """The planner takes the digits tile where a chunk's digits fit and the average rows per expert is at most 3, on
-    layers of 64 experts or more or up to 4 rows in all; the staged tile elsewhere in the decode band."""
+    layers of 64 experts or more or up to 4 rows in all (int4 per row, per 64 k or per 128 k); the staged tile
+    elsewhere in the decode band."""
     mixtral_up = call(epilogue="store", woq="int4", woq_group=128, n=28672, k=4096, experts=8, top_k=2)
     assert [at(mixtral_up, t) for t in (1, 2, 3)] == ["decode:digits_ksplit1:after_trigger:plain"] * 2 + [
         "decode:staged_ksplit1:after_trigger:plain"]  # 6 rows in all on 8 experts
     qwen_up = call(epilogue="store", woq="int4", woq_group=128, n=1536, k=2048, experts=128, top_k=8)
     assert at(qwen_up, 48).startswith("decode:digits_") and at(qwen_up, 49).startswith("decode:staged_")
     assert at(dataclasses.replace(qwen_up, woq_group=0), 16).startswith("decode:digits_")  # one scale per row
-    for other in (dict(woq_group=64), dict(a_e4m3=True), dict(woq="int8", itemsize=1)):
+    assert at(dataclasses.replace(qwen_up, woq_group=64), 16).startswith("decode:digits_")  # two scales a group
+    for other in (dict(woq_group=32), dict(a_e4m3=True), dict(woq="int8", itemsize=1)):
         assert not at(dataclasses.replace(qwen_up, **other), 16).startswith("decode:digits_")
+    gpt_oss_up = call(epilogue="store", woq="int4", woq_group=64, n=5760, k=2880, experts=32, top_k=4)
+    assert at(gpt_oss_up, 1).startswith("decode:digits_")  # 4 rows in all
+    assert at(gpt_oss_up, 16).startswith("decode:staged_")  # 64 rows on 32 experts
     bands = [(lo, hi, t.name.split(":")[1]) for lo, hi, t in tactic_bands(mixtral_up)]
     assert bands[0] == (1, 2, "digits_ksplit1")
 

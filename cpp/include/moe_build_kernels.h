@@ -330,7 +330,7 @@ enum mb_gemm_tile {
   MB_TILE_PINGPONG_128x128_C2 = 21, /* wgmma: pingpong 128 x 128 in 2x1 clusters (weight tile multicast; FP8 only,
                                        rowwise scales with fast accumulation) */
   MB_TILE_DECODE_DIGITS = 22,      /* decode on the int8 mma, A the token digits mb_token_digits writes (the weight-only
-                                      int4 forms with one scale per row or per 128 k, MB_INPUT_DIGITS) */
+                                      int4 forms with one scale per row, per 64 k or per 128 k, MB_INPUT_DIGITS) */
 };
 enum mb_gemm_launch {
   MB_LAUNCH_PLAIN = 0,          /* an ordinary launch */
@@ -522,38 +522,44 @@ mb_status mb_grouped_gemm_fp8_gated(const void* A, const float* scale_a, const v
  *                   fp16 and a bf16 value), the weights dequantized as above, fp32 accumulation, the scale applied
  *                   to the fp32 sum. Int4 weights only (MB_WOQ_INT4; else MB_ERR_UNSUPPORTED); any SM 8.0 and later
  *                   (the conversion is integer and 16-bit arithmetic, no FP8 instruction).
- *   MB_INPUT_DIGITS: A the token digits of 16-bit rows [max_rows, k] as mb_token_digits writes them; scale_a NULL;
- *                   the tactic's tile MB_TILE_DECODE_DIGITS and only then (gemm/woq_decode_digits.cu: int4 codes
- *                   times 8-bit digits on the int8 mma, each 128-k group's sum exact in int32); int4 weights with
- *                   group 0 or 128 and k % 128 == 0 (else MB_ERR_UNSUPPORTED); C in dtype. */
+ *   MB_INPUT_DIGITS: A the token digits of 16-bit rows [max_rows, k] as mb_token_digits writes them for this
+ *                   GEMM's group; scale_a NULL; the tactic's tile MB_TILE_DECODE_DIGITS and only then
+ *                   (gemm/woq_decode_digits.cu: int4 codes times 8-bit digits on the int8 mma, each scale group's
+ *                   sum exact in int32); int4 weights with group 0 or 128 and k % 128 == 0, or group 64 and
+ *                   k % 64 == 0 (else MB_ERR_UNSUPPORTED); C in dtype. */
 enum mb_woq_kind { MB_WOQ_INT4 = 0, MB_WOQ_INT8 = 1, MB_WOQ_MXFP4 = 2 };
 enum mb_woq_input { MB_INPUT_DTYPE = 0, MB_INPUT_E4M3 = 1, MB_INPUT_DIGITS = 2 };
 
-/* stages/token_digits.cu: the token rows in [rows, k] (dtype fp16 or bf16, k % 128 == 0) as the int8 mma's
- * operand: each 128-k group g of a row, with E its largest magnitude's exponent minus 5, as three 8-bit digits
- * per value, x = 2^(E - 12) * (4096 d0 + 64 d1 + d2) (|d0| <= 64, |d1|, |d2| <= 32): exact for every value with no
- * bits below 2^(E - 12) (every bf16 value within 2^10 of the group's largest, every fp16 one within 2^7), the rest
- * rounded there; a group holding an inf or NaN carries a NaN factor.
- * out [rows, k / 128, MB_TOKEN_DIGITS_BATCH_BYTES] bytes: per group the three digit planes (384 bytes, in the
- * order the decode kernel's mma fragments read them), the int32 sum of the group's 4096 d0 + 64 d1 + d2, the fp32
- * factor 2^(E - 12), and 8 zero bytes. Launched after a trigger (it waits for its predecessor first). */
+/* stages/token_digits.cu: the token rows in [rows, k] (dtype fp16 or bf16) as the int8 mma's operand, for the
+ * weight-only GEMM whose int4 weights have one scale per `group` k (0: per row, 64 or 128; k % 128 == 0, or
+ * k % 64 == 0 for group 64): each 128-k group g of a row, with E its largest magnitude's exponent minus 5, as three
+ * 8-bit digits per value, x = 2^(E - 12) * (4096 d0 + 64 d1 + d2) (|d0| <= 64, |d1|, |d2| <= 32): exact for every
+ * value with no bits below 2^(E - 12) (every bf16 value within 2^10 of the group's largest, every fp16 one within
+ * 2^7), the rest rounded there; a group holding an inf or NaN carries a NaN factor. A row with k % 128 == 64 ends
+ * with a half group (its k 64..127 zero).
+ * out [rows, ceil(k / 128), MB_TOKEN_DIGITS_BATCH_BYTES] bytes: per group the three digit planes (384 bytes, in the
+ * order the decode kernel's mma fragments read them for `group`: group 64 keeps each mma step inside one 64-k half),
+ * the int32 sum of the group's 4096 d0 + 64 d1 + d2, the fp32 factor 2^(E - 12), the int32 sum over its first 64 k,
+ * and 4 zero bytes. Launched after a trigger (it waits for its predecessor first). */
 #define MB_TOKEN_DIGITS_BATCH_BYTES 400
-mb_status mb_token_digits(const void* in, int dtype, int64_t rows, int k, uint8_t* out, cudaStream_t stream);
+mb_status mb_token_digits(const void* in, int dtype, int64_t rows, int k, int group, uint8_t* out,
+                          cudaStream_t stream);
 /* The same digits made where GEMM1's and GEMM2's input rows are written (the plan's token_digits=fused), so that
  * the rows never pass through 16 bits in memory: mb_expand_rows_digits (stages/expand_rows.cu) writes
- * permuted_digits [T * K, hidden / 128, MB_TOKEN_DIGITS_BATCH_BYTES], the bytes of mb_expand_rows (its arguments as
- * there: prequant_scale, permuted_weights, zero_out) then mb_token_digits; mb_fc1_activation_digits
- * (stages/fc1_activation.cu) writes out [max_rows, inter / 128, MB_TOKEN_DIGITS_BATCH_BYTES] for p < off[E], the
- * bytes of mb_fc1_activation then mb_token_digits. hidden / inter a multiple of 128; dtype fp16 or bf16; input, in,
- * b1 and zero_out 8-byte aligned, prequant_scale and the digits 16-byte. Both launched after a trigger (they wait
- * for their predecessor first). */
+ * permuted_digits [T * K, ceil(hidden / 128), MB_TOKEN_DIGITS_BATCH_BYTES], the bytes of mb_expand_rows (its
+ * arguments as there: prequant_scale, permuted_weights, zero_out) then mb_token_digits; mb_fc1_activation_digits
+ * (stages/fc1_activation.cu) writes out [max_rows, ceil(inter / 128), MB_TOKEN_DIGITS_BATCH_BYTES] for p < off[E],
+ * the bytes of mb_fc1_activation then mb_token_digits. `group`, hidden and inter as mb_token_digits' group and k;
+ * dtype fp16 or bf16; input, in, b1 and zero_out 8-byte aligned, prequant_scale and the digits 16-byte. Both
+ * launched after a trigger (they wait for their predecessor first). */
 mb_status mb_expand_rows_digits(const void* input, int dtype, const int32_t* unpermuted_to_permuted,
                                 const float* topk_weights, const float* prequant_scale, int num_tokens, int hidden,
-                                int top_k, uint8_t* permuted_digits, float* permuted_weights, void* zero_out,
-                                cudaStream_t stream);
+                                int top_k, int group, uint8_t* permuted_digits, float* permuted_weights,
+                                void* zero_out, cudaStream_t stream);
 mb_status mb_fc1_activation_digits(const void* in, int dtype, const void* b1, const int64_t* expert_first_token_offset,
                                    int num_experts, int64_t max_rows, int inter, int activation, float swiglu_alpha,
-                                   float swiglu_limit, const float* prequant_scale, uint8_t* out, cudaStream_t stream);
+                                   float swiglu_limit, const float* prequant_scale, int group, uint8_t* out,
+                                   cudaStream_t stream);
 mb_status mb_grouped_gemm_woq(const void* A, int a_type, const float* scale_a, const void* B, int kind,
                               const void* scales, const uint8_t* zeros, int group, const void* bias, void* C,
                               const int64_t* expert_first_token_offset, int num_experts, int64_t max_rows, int n,

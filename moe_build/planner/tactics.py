@@ -548,6 +548,9 @@ def woq_decode_tile_rule(call: GemmCall, rows: RowCount, k_split: int) -> str:
 # 140.9-142.1 / 145.7-146.3, DeepSeek-V2-Lite at 22 / 27 / 32 tokens 108.8-109.1 / 114.7-115.4 / 122.7-123.0 against
 # 122.8-123.3 / 127.8-127.9 / 130.5-130.6. The bound is on the average rounded up (RowCount.avg_at_most): at 3.5 rows
 # (Qwen3-30B-A3B 56 tokens, DeepSeek-V2-Lite 37) the digits tile was 2.4% faster, at 4 rows 2% slower, and both are 4.
+# Groups of 64 (GPT-OSS-20B: 32 experts, k 2880), the layer with both GEMMs forced onto each tile
+# (docs/measured/h200-2026-12-01-digits-group64): 1 token (4 rows in all) 39.7 against 49.1 staged; from 4 tokens
+# within 4% either way (4: 109.6 / 109.8, 16: 192.8 / 191.7, 32: 237.5 / 226.8), so the same rule.
 DIGITS_MAX_AVG_ROWS = 3
 DIGITS_MANY_EXPERTS = 64
 DIGITS_FEW_ROWS = 4
@@ -568,8 +571,8 @@ def woq_int4_codes(call: GemmCall) -> bool:
 
 
 def woq_int4_staged(call: GemmCall) -> bool:
-    """The int4 codes forms on the staged kernel (gemm/woq_decode.cu int4_staged_fit): the ring kernel's, and one
-    scale per 64 k with k a multiple of 64 (GPT-OSS-20B's 2880 at group 64)."""
+    """The int4 codes forms on the staged and digits kernels (gemm/woq.cuh int4_staged_fit): the ring kernel's, and
+    one scale per 64 k with k a multiple of 64 (GPT-OSS-20B's 2880 at group 64)."""
     return woq_int4_codes(call) or (call.woq == "int4" and call.woq_group == 64 and call.k % 64 == 0)
 
 
@@ -597,7 +600,8 @@ def woq_staged_rows(call: GemmCall, k_split: int) -> int:
 
 
 # gemm/woq_decode_digits.cu: a token row's digits take MB_TOKEN_DIGITS_BATCH_BYTES per 128-k group in shared memory
-# (each K slice's rows at slice 0's length), and 16 bytes of zeros; the staged kernel's budget.
+# (each K slice's rows at slice 0's length; k % 128 == 64: a half group at K's end), and 16 bytes of zeros; the
+# staged kernel's budget.
 DIGITS_GROUP_BYTES = 400
 DIGITS_ZEROS = 16
 
@@ -605,9 +609,9 @@ DIGITS_ZEROS = 16
 def woq_digits_rows(call: GemmCall, k_split: int) -> int:
     """The most token rows a chunk may have for the digits kernel at `k_split` (0 where it does not take `call`):
     gemm/woq_decode_digits.cu digits_smem within kTokenBudget."""
-    if not woq_int4_codes(call) or call.a_e4m3:
+    if not woq_int4_staged(call) or call.a_e4m3:
         return 0
-    per_row = k_split * (min(call.k, decode_k_slice(call.k, k_split)) // 128) * DIGITS_GROUP_BYTES
+    per_row = k_split * -(-min(call.k, decode_k_slice(call.k, k_split)) // 128) * DIGITS_GROUP_BYTES
     return max(0, min(DECODE_TOKENS, (STAGED_TOKEN_BUDGET - DIGITS_ZEROS) // per_row))
 
 
@@ -853,9 +857,9 @@ def _woq_tactic_problem(call: GemmCall, tactic: GemmTactic) -> str | None:
             return (f"the staged decode kernel's 8-row chunks do not fit its {STAGED_TOKEN_BUDGET // 1024} KB of "
                     f"shared memory at k {call.k} in {tactic.k_split} slices (a larger K split, or the register form)")
     if tactic.kernel == "decode" and tactic.tile == "digits":
-        if not woq_int4_codes(call) or call.a_e4m3:
-            return ("the digits decode kernel takes int4 weights with one scale per row or per 128 k, k a multiple of "
-                    "128 and 16-bit activations")
+        if not woq_int4_staged(call) or call.a_e4m3:
+            return ("the digits decode kernel takes int4 weights with one scale per row or per 128 k and k a multiple "
+                    "of 128, or per 64 k and k a multiple of 64, and 16-bit activations")
         if woq_digits_rows(call, tactic.k_split) < DECODE_TOKENS:  # forced: every chunk, up to 8 rows, must fit
             return (f"the digits decode kernel's 8-row chunks do not fit its {STAGED_TOKEN_BUDGET // 1024} KB of "
                     f"shared memory at k {call.k} in {tactic.k_split} slices (the staged or none tile)")

@@ -340,18 +340,20 @@ class FusedExperts:
         self._woq_finalize(b, self._digits(b, self.spec.intermediate_size), None)
 
     def _digits(self, b: Batch, k: int) -> torch.Tensor:
-        """The workspace's token digits of one GEMM's input rows [T * K, k] (uint8 [T * K, k / 128, 400]), which the
-        GEMM's digits tactic reads: GEMM1's and then GEMM2's, one at a time."""
-        rows = b.v("permuted_weights").shape[0]
-        return b.v("token_digits").view(-1)[: rows * k // 128 * DIGITS_GROUP_BYTES].view(rows, k // 128, -1)
+        """The workspace's token digits of one GEMM's input rows [T * K, k] (uint8 [T * K, ceil(k / 128), 400]), which
+        the GEMM's digits tactic reads: GEMM1's and then GEMM2's, one at a time."""
+        rows, width = b.v("permuted_weights").shape[0], -(-k // 128)
+        return b.v("token_digits").view(-1)[: rows * width * DIGITS_GROUP_BYTES].view(rows, width, -1)
 
     def token_digits_gemm1(self, b: Batch) -> None:
         """The expanded rows' token digits (token_digits=separate)."""
-        self.k.token_digits(b.v("permuted_input"), out=self._digits(b, self.spec.hidden_size), stream=b.stream)
+        self.k.token_digits(b.v("permuted_input"), out=self._digits(b, self.spec.hidden_size), group=self.woq_group,
+                            stream=b.stream)
 
     def token_digits_gemm2(self, b: Batch) -> None:
         """GEMM2's input rows' token digits (token_digits=separate)."""
-        self.k.token_digits(b.v("fc1_act"), out=self._digits(b, self.spec.intermediate_size), stream=b.stream)
+        self.k.token_digits(b.v("fc1_act"), out=self._digits(b, self.spec.intermediate_size), group=self.woq_group,
+                            stream=b.stream)
 
     def expand_rows_digits(self, b: Batch) -> None:
         """The expansion writing GEMM1's token digits (token_digits=fused)."""
@@ -379,7 +381,8 @@ class FusedExperts:
         """_expand's rows as GEMM1's token digits (mb_expand_rows_digits), never stored in 16 bits."""
         self.k.expand_rows_digits(b.hidden if source is None else source, b.v("unpermuted_to_permuted"),
                                   b.topk_weights, scale, permuted_digits=self._digits(b, self.spec.hidden_size),
-                                  permuted_weights=b.v("permuted_weights"), zero_out=zero_out, stream=b.stream)
+                                  permuted_weights=b.v("permuted_weights"), zero_out=zero_out, group=self.woq_group,
+                                  stream=b.stream)
 
     def fc1_activation_digits(self, b: Batch) -> None:
         """The activation writing GEMM2's token digits (token_digits=fused)."""
@@ -394,7 +397,7 @@ class FusedExperts:
         self.k.fc1_activation_digits(b.v("fc1_out"), b.v("expert_offsets"), self.act, bias=self.w.b1,
                                      swiglu_alpha=s.swiglu_alpha, swiglu_limit=s.swiglu_limit,
                                      prequant_scale=prequant_scale, out=self._digits(b, s.intermediate_size),
-                                     stream=b.stream)
+                                     group=self.woq_group, stream=b.stream)
 
     def gemm2_woq_finalize(self, b: Batch) -> None:
         """GEMM2 on the decode kernel with the unpermute, top-k weighting (+b2) and reduction in its epilogue, into

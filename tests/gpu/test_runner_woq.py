@@ -136,20 +136,27 @@ DIGITS = {"gemm1_tactic": "decode:digits_ksplit1:after_trigger:plain",
           "gemm2_tactic": "decode:digits_ksplit2:after_trigger:plain"}
 
 
-@pytest.mark.parametrize("mode", [MODES[0], (Quant.W4A16_AWQ, WoqKind.INT4, None, False, False)],
-                         ids=["int4_g128_zeros_awq", "int4_channel"])
+# GPT-OSS-20B's shape in small: hidden and intermediate sizes off 128 (2.5 and 1.5 groups of 128), clamped SwiGLU
+# with biases, groups of 64
+HALF_GROUPS = MoESpec(320, 192, 8, 2, routing=Routing(RoutingMethod.SOFTMAX_TOPK, renormalize=True),
+                      activation=Activation.SWIGLU_CLAMP, expert_bias=True)
+
+
+@pytest.mark.parametrize("base, mode", [(BASE, MODES[0]), (BASE, (Quant.W4A16_AWQ, WoqKind.INT4, None, False, False)),
+                                        (BASE, MODES[1]), (HALF_GROUPS, (Quant.W4A16_AWQ, WoqKind.INT4, 64, True, False))],
+                         ids=["int4_g128_zeros_awq", "int4_channel", "int4_g64_awq", "int4_g64_half_groups"])
 @pytest.mark.parametrize("finalize", ["fused", "separate"])
 @pytest.mark.parametrize("token_digits", ["fused", "separate"])
 @pytest.mark.parametrize("tokens", [1, 3, 16])
-def test_digits_tile(mode: tuple, finalize: str, token_digits: str, tokens: int) -> None:
+def test_digits_tile(base: MoESpec, mode: tuple, finalize: str, token_digits: str, tokens: int) -> None:
     """Both GEMMs on the decode kernel's digits tile, their token digits made by the expansion and the activation
     (token_digits=fused) or by a step of their own after them (separate), GEMM2 with the finalize in its epilogue or
-    beside it."""
+    beside it; weights per row, in groups of 128 or of 64 (rows ending in a half group)."""
     from moe_build.runner import MoERunner
-    spec, weights = woq_case(BASE, mode, 0)
+    spec, weights = woq_case(base, mode, 0)
     force = {**DIGITS, "finalize": finalize, "token_digits": token_digits}
     steps = MoERunner(spec, weights, target=device_target(), max_tokens=16, force=force).kernel_sequence(tokens)
     assert "gemm1:woq_digits" in steps
     assert ("gemm2:woq_digits_finalize" if finalize == "fused" else "gemm2:woq_digits") in steps
     assert ("token_digits:gemm1" in steps) == ("token_digits:gemm2" in steps) == (token_digits == "separate")
-    check(BASE, mode, force, tokens)
+    check(base, mode, force, tokens)

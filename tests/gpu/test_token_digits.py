@@ -1,8 +1,9 @@
 """mb_token_digits (stages/token_digits.cu) against its definition, and the digits made where the rows are written
 (mb_expand_rows_digits, mb_fc1_activation_digits) against the two steps they replace; decoded here from the layout
 (cpp/src/common/token_digits.cuh): per row and 128-k group, three digit planes at 96 s + 32 d + 8 q (+ position p,
-holding k = 32q + 8s + (0, 2, 4, 6, 1, 3, 5, 7)[p]), the int32 sum of 4096 d0 + 64 d1 + d2 at byte 384, the fp32
-factor F at 388, zeros to 400.
+holding k = 32q + 8s + (0, 2, 4, 6, 1, 3, 5, 7)[p]; for weights in groups of 64, step s = 2h + t holding k = 64h +
+16q + 8t + ...), the int32 sum of 4096 d0 + 64 d1 + d2 at byte 384, the fp32 factor F at 388, the int32 sum over k
+0..63 at 392, zeros to 400. A row with k % 128 == 64 (group 64) ends with a half group whose k 64..127 are zero.
 
 Checked on fresh random rows (magnitudes spread over 2^-30 .. 2^12 in bf16 and over fp16's range, exact zeros, one
 all-zero group): every value with no bits below F is carried exactly, x = F (4096 d0 + 64 d1 + d2) (every bf16 value
@@ -25,20 +26,40 @@ pytestmark = [pytest.mark.gpu,
 PERM = (0, 2, 4, 6, 1, 3, 5, 7)
 
 
-def decode(rec: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Records uint8 [R, G, 400] -> (digits int64 [R, G, 3, 128] in k order, sums int64 [R, G], factors fp64)."""
+def step_k(s: int, q: int, group: int) -> int:
+    """The first k of lane q's 8 at step s: k 32q + 8s, or (group 64) 64h + 16q + 8t at step s = 2h + t."""
+    return 64 * (s // 2) + 16 * q + 8 * (s % 2) if group == 64 else 32 * q + 8 * s
+
+
+def decode(rec: torch.Tensor, group: int = 128) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Records uint8 [R, G, 400] laid out for weight `group` -> (digits int64 [R, G, 3, 128] in k order, sums int64
+    [R, G], factors fp64); the first-half sums checked against the digits here (groups with a finite factor: an inf
+    or NaN leaves the digits undefined)."""
     r, g, _ = rec.shape
     planes = rec[..., :384].reshape(r, g, 4, 3, 4, 8).to(torch.int8).long()  # s, d, q, p
     digits = torch.empty(r, g, 3, 128, dtype=torch.int64)
     for s in range(4):
         for q in range(4):
             for p in range(8):
-                digits[:, :, :, 32 * q + 8 * s + PERM[p]] = planes[:, :, s, :, q, p]
+                digits[:, :, :, step_k(s, q, group) + PERM[p]] = planes[:, :, s, :, q, p]
     tail = rec[..., 384:400].contiguous()
     sums = tail[..., :4].contiguous().view(torch.int32)[..., 0].long()
     factors = tail[..., 4:8].contiguous().view(torch.float32)[..., 0].double()
-    assert torch.all(tail[..., 8:] == 0), "bytes 392..399 must be zero"
+    half_sums = tail[..., 8:12].contiguous().view(torch.int32)[..., 0].long()
+    d = 4096 * digits[:, :, 0] + 64 * digits[:, :, 1] + digits[:, :, 2]
+    finite = torch.isfinite(factors)
+    assert torch.equal(half_sums[finite], d[..., :64].sum(-1)[finite]), "the first half's sum (bytes 392..395)"
+    assert torch.all(tail[..., 12:] == 0), "bytes 396..399 must be zero"
     return digits, sums, factors
+
+
+def padded(x: torch.Tensor) -> torch.Tensor:
+    """Rows [R, k] as fp64 [R, ceil(k / 128), 128], a half group's missing k zero."""
+    n, k = x.shape
+    width = -(-k // 128)
+    out = torch.zeros(n, width * 128, dtype=torch.float64)
+    out[:, :k] = x.double().cpu()
+    return out.view(n, width, 128)
 
 
 def rows(n: int, k: int, dtype: torch.dtype, g: torch.Generator) -> torch.Tensor:
@@ -49,21 +70,28 @@ def rows(n: int, k: int, dtype: torch.dtype, g: torch.Generator) -> torch.Tensor
     return x.to(dtype)
 
 
+# (rows, k, weight group): one group, Qwen3-30B-A3B's hidden, three groups; in groups of 64 Qwen3's hidden,
+# GPT-OSS-20B's 2880 (22 groups and a half), a lone half group
+CARRY_SHAPES = [(1, 128, 128), (7, 2048, 0), (300, 384, 128), (7, 2048, 64), (5, 2880, 64), (3, 64, 64)]
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("n, k", [(1, 128), (7, 2048), (300, 384)])
-def test_digits_carry_the_rows(dtype: torch.dtype, n: int, k: int) -> None:
+@pytest.mark.parametrize("n, k, group", CARRY_SHAPES)
+def test_digits_carry_the_rows(dtype: torch.dtype, n: int, k: int, group: int) -> None:
     seed = random.SystemRandom().randrange(1 << 30)
     g = torch.Generator().manual_seed(seed)
     x = rows(n, k, dtype, g)
-    out = torch.full((n, k // 128, 400), 0xA5, dtype=torch.uint8, device="cuda")
-    K.token_digits(x.cuda(), out=out)
+    width = -(-k // 128)
+    out = torch.full((n, width, 400), 0xA5, dtype=torch.uint8, device="cuda")
+    K.token_digits(x.cuda(), out=out, group=group)
     torch.cuda.synchronize()
-    digits, sums, factors = decode(out.cpu())
-    where = f"(seed {seed}, {dtype}, {n} x {k})"
+    digits, sums, factors = decode(out.cpu(), group)
+    where = f"(seed {seed}, {dtype}, {n} x {k}, group {group})"
     assert int(digits[:, :, 0].abs().max()) <= 64 and int(digits[:, :, 1:].abs().max()) <= 32, f"digit range {where}"
     d = 4096 * digits[:, :, 0] + 64 * digits[:, :, 1] + digits[:, :, 2]  # [R, G, 128]
     assert torch.equal(sums, d.sum(-1)), f"group sums {where}"
-    xv = x.double().view(n, k // 128, 128)
+    assert torch.all(d.reshape(n, -1)[:, k:] == 0), f"a half group's missing k not zero {where}"
+    xv = padded(x)
     top = xv.abs().amax(-1)
     nz = top > 0
     ratio = top[nz] / factors[nz]
@@ -87,6 +115,10 @@ def test_non_finite_group_has_a_nan_factor(bad: float) -> None:
 def test_bad_arguments_are_refused() -> None:
     with pytest.raises(ValueError, match="multiple of 128"):
         K.token_digits(torch.zeros(2, 192, dtype=torch.bfloat16, device="cuda"))
+    with pytest.raises(ValueError, match="multiple of 64"):
+        K.token_digits(torch.zeros(2, 160, dtype=torch.bfloat16, device="cuda"), group=64)
+    with pytest.raises(ValueError, match="group: 32 is not 0, 64 or 128"):
+        K.token_digits(torch.zeros(2, 256, dtype=torch.bfloat16, device="cuda"), group=32)
     with pytest.raises(K.KernelError, match="fp16\\(1\\), bf16\\(2\\)"):
         K.token_digits(torch.zeros(2, 256, dtype=torch.float32, device="cuda"))
 
@@ -97,13 +129,13 @@ def test_bad_arguments_are_refused() -> None:
 # steps store them before their digits are made. mb_token_digits itself is checked against its definition above; the
 # fused digits are decoded here as well, against an fp64 reference of the 16-bit step rounded to dtype.
 
-def check_decoded(rec: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, what: str) -> None:
-    """Records [R, G, 400] against ref [R, G * 128] (fp64 of dtype values): the values near their group's largest
-    exact, the rest within half the factor."""
-    digits, sums, factors = decode(rec.cpu())
-    n, k = ref.shape
-    xv = ref.cpu().view(n, k // 128, 128)
+def check_decoded(rec: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, group: int, what: str) -> None:
+    """Records [R, G, 400] for weight `group` against ref [R, k] (fp64 of dtype values): the values near their
+    group's largest exact, the rest within half the factor."""
+    digits, sums, factors = decode(rec.cpu(), group)
+    xv = padded(ref)
     d = 4096 * digits[:, :, 0] + 64 * digits[:, :, 1] + digits[:, :, 2]
+    assert torch.all(d.reshape(ref.shape[0], -1)[:, ref.shape[1]:] == 0), f"{what}: a half group's missing k not zero"
     top = xv.abs().amax(-1)
     carried = factors[..., None] * d
     near = xv.abs() * 2 ** (10 if dtype == torch.bfloat16 else 7) >= top[..., None]
@@ -111,41 +143,45 @@ def check_decoded(rec: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, what
     assert torch.all((carried - xv).abs() <= factors[..., None] / 2), f"{what}: a small value off by more than F / 2"
 
 
-# (tokens, hidden, top_k): one token of one group, Qwen3-30B-A3B's top-8 at 2048, a prefill-sized call at 384 columns
-# (three groups), Mixtral-8x7B's 4096 at top-2, DeepSeek-V2-Lite's top-6
-EXPAND_SHAPES = [(1, 128, 1), (3, 2048, 8), (300, 384, 6), (5, 4096, 2), (16, 2048, 6)]
+# (tokens, hidden, top_k, weight group): one token of one group, Qwen3-30B-A3B's top-8 at 2048, a prefill-sized call
+# at 384 columns (three groups), Mixtral-8x7B's 4096 at top-2, DeepSeek-V2-Lite's top-6; GPT-OSS-20B's 2880 at top-4
+# in groups of 64 (a half group at the end), and a lone half group
+EXPAND_SHAPES = [(1, 128, 1, 128), (3, 2048, 8, 128), (300, 384, 6, 0), (5, 4096, 2, 128), (16, 2048, 6, 128),
+                 (7, 2880, 4, 64), (2, 64, 3, 64)]
 
 
 @pytest.mark.parametrize("zero", [False, True], ids=["plain", "zero_out"])
 @pytest.mark.parametrize("scaled", [False, True], ids=["unscaled", "prequant"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize("t, h, k", EXPAND_SHAPES)
-def test_expand_rows_digits_equal_the_two_steps(t: int, h: int, k: int, dtype: torch.dtype, scaled: bool,
-                                                zero: bool) -> None:
+@pytest.mark.parametrize("t, h, k, group", EXPAND_SHAPES)
+def test_expand_rows_digits_equal_the_two_steps(t: int, h: int, k: int, group: int, dtype: torch.dtype,
+                                                scaled: bool, zero: bool) -> None:
     seed = random.SystemRandom().randrange(1 << 30)
     g = torch.Generator().manual_seed(seed)
     x = rows(t, h, dtype, g).cuda()
     utp = torch.randperm(t * k, generator=g).to(torch.int32).cuda()
     w = torch.rand(t, k, generator=g).cuda()
     s = (torch.rand(h, generator=g) + 0.25).cuda() if scaled else None  # no fp16 overflow at 2^12
-    digits = torch.full((t * k, h // 128, 400), 0xA5, dtype=torch.uint8, device="cuda")
+    digits = torch.full((t * k, -(-h // 128), 400), 0xA5, dtype=torch.uint8, device="cuda")
     pw = torch.full((t * k,), float("nan"), device="cuda")
     z = torch.randn(t, h, device="cuda").to(dtype) if zero else None
-    K.expand_rows_digits(x, utp, w, s, permuted_digits=digits, permuted_weights=pw, zero_out=z)
+    K.expand_rows_digits(x, utp, w, s, permuted_digits=digits, permuted_weights=pw, zero_out=z, group=group)
     pin, pw_ref = K.expand_rows(x, utp, w, s)
-    ref = K.token_digits(pin)
+    ref = K.token_digits(pin, group=group)
     torch.cuda.synchronize()
-    what = f"seed {seed}, {t} x {h} top-{k} {dtype} scaled={scaled}"
+    what = f"seed {seed}, {t} x {h} top-{k} group {group} {dtype} scaled={scaled}"
     assert torch.equal(digits, ref), f"{what}: digits differ from expand_rows then token_digits"
     assert torch.equal(pw, pw_ref), f"{what}: permuted weights"
     if z is not None:
         assert (z == 0).all(), f"{what}: zero_out not zeroed"
     rounded = (x.double() * (s.double() if s is not None else 1.0)).to(dtype).double()  # fp64 product, rounded once
-    check_decoded(digits, rounded[utp.argsort().long() // k], dtype, what)
+    check_decoded(digits, rounded[utp.argsort().long() // k], dtype, group, what)
 
 
-# (inter, bias): Qwen3-30B-A3B's width, DeepSeek-V2-Lite's (11 groups), one group, Mixtral-8x7B's
-ACT_SHAPES = [(768, False), (1408, True), (128, True), (14336, False)]
+# (inter, bias, weight group): Qwen3-30B-A3B's width, DeepSeek-V2-Lite's (11 groups), one group, Mixtral-8x7B's;
+# GPT-OSS-20B's 2880 in groups of 64 (a half group at the end), Qwen3-30B-A3B's in groups of 64, a lone half group
+ACT_SHAPES = [(768, False, 128), (1408, True, 0), (128, True, 128), (14336, False, 128), (2880, True, 64),
+              (768, False, 64), (64, True, 64)]
 
 
 @pytest.mark.parametrize("scaled", [False, True], ids=["unscaled", "prequant"])
@@ -157,22 +193,22 @@ def test_fc1_activation_digits_equal_the_two_steps(act: K.Activation, dtype: tor
     e, n = 8, 45
     filled = n - 7  # rows past off[E] (other nodes' experts) must stay untouched
     alpha, limit = 1.702, 7.0
-    for inter, with_bias in ACT_SHAPES:
+    for inter, with_bias, group in ACT_SHAPES:
         cuts = torch.sort(torch.randint(0, filled + 1, (e - 1,))).values
         off = torch.cat([torch.zeros(1, dtype=torch.int64), cuts, torch.tensor([filled])]).cuda()
         n1 = 2 * inter if act.is_gated else inter
         x = (torch.randn(n, n1, device="cuda") * 3).to(dtype)
         b = (torch.randn(e, n1, device="cuda") * 0.5).to(dtype) if with_bias else None
         s = (torch.rand(inter, device="cuda") * 4 + 0.25) if scaled else None
-        out = torch.full((n, inter // 128, 400), 0xA5, dtype=torch.uint8, device="cuda")
-        K.fc1_activation_digits(x, off, act, b, alpha, limit, s, out=out)
+        out = torch.full((n, -(-inter // 128), 400), 0xA5, dtype=torch.uint8, device="cuda")
+        K.fc1_activation_digits(x, off, act, b, alpha, limit, s, out=out, group=group)
         h = K.fc1_activation(x, off, act, b, alpha, limit, s)
-        ref = K.token_digits(h[:filled])
+        ref = K.token_digits(h[:filled], group=group)
         torch.cuda.synchronize()
-        what = f"seed {seed}, {act.name.lower()} inter={inter} bias={with_bias} {dtype} scaled={scaled}"
+        what = f"seed {seed}, {act.name.lower()} inter={inter} bias={with_bias} group {group} {dtype} scaled={scaled}"
         assert torch.equal(out[:filled], ref), f"{what}: digits differ from fc1_activation then token_digits"
         assert (out[filled:] == 0xA5).all(), f"{what}: rows past off[E] were written"
-        check_decoded(out[:filled], h[:filled].double(), dtype, what)
+        check_decoded(out[:filled], h[:filled].double(), dtype, group, what)
 
 
 def test_fused_digits_bad_arguments_are_refused() -> None:

@@ -84,15 +84,16 @@ def case(kind: WoqKind, counts: list[int], n: int, k: int, group: int, zeros: bo
     return dev, ref, mag, int(off[-1])
 
 
-def a_operand(dev: dict, tactic: str) -> torch.Tensor:
-    """case()'s A as `tactic` takes it: the token digits of its rows for the digits tile (K.token_digits), else A."""
-    return K.token_digits(dev["a"]) if ":digits_" in tactic else dev["a"]
+def a_operand(dev: dict, tactic: str, group: int) -> torch.Tensor:
+    """case()'s A as `tactic` takes it: the token digits of its rows for the digits tile (K.token_digits, laid out
+    for the weights' group: 64, or 128's order for the rest, whose refusal is the kernel's), else A."""
+    return K.token_digits(dev["a"], group=64 if group == 64 else 128) if ":digits_" in tactic else dev["a"]
 
 
 def gemm(dev: dict, kind: WoqKind, group: int, rows: int, n: int, dtype: torch.dtype, tactic: str) -> torch.Tensor:
     """The kernel's output for case()'s device operands, into a NaN-poisoned C, as fp64 on the CPU."""
     c = torch.full((rows, n), float("nan"), dtype=dtype, device="cuda")
-    K.grouped_gemm_woq(a_operand(dev, tactic), dev["b"], kind.value, dev["scales"], dev["off"], group,
+    K.grouped_gemm_woq(a_operand(dev, tactic, group), dev["b"], kind.value, dev["scales"], dev["off"], group,
                        zeros=dev["zeros"], bias=dev["bias"], c=c, tactic=tactic, scale_a=dev["scale_a"], out_dtype=dtype)
     torch.cuda.synchronize()
     return c.double().cpu()
@@ -258,12 +259,29 @@ def test_int4_digits_kernel_against_fp64(k_split: int, dtype: torch.dtype, group
         tactic=f"decode:digits_ksplit{k_split}:after_trigger:plain")
 
 
+@pytest.mark.parametrize("k_split", [1, 2, 4, 8])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("zeros", [True, False])
+@pytest.mark.parametrize("counts", [[9, 0, 16, 1, 40, 2], [1, 0, 2], [3, 4, 0], [5, 6, 7, 8]],
+                         ids=["chunks-of-8", "rows-2", "rows-4", "rows-6-8"])
+@pytest.mark.parametrize("n, k", [(144, 2880), (208, 320), (144, 2944)])
+def test_int4_digits_kernel_group_64_against_fp64(k_split: int, dtype: torch.dtype, zeros: bool, counts: list[int],
+                                                  n: int, k: int) -> None:
+    """The digits tile on weights with one scale per 64 k, each half of a 128-k group with its own scale and zero:
+    GPT-OSS-20B's k 2880 (22 groups and a half at the end), 2.5 groups (K splits of 4 and 8 leave warps without a
+    group, and the half group is a slice's only one at a split of 2 or more), 23 whole groups."""
+    run(WoqKind.INT4, counts, n, k, 64, zeros=zeros, bias=True, dtype=dtype,
+        tactic=f"decode:digits_ksplit{k_split}:after_trigger:plain")
+
+
 @pytest.mark.parametrize("tokens, top_k, k_split", [(40, 4, 1), (40, 4, 8), (1, 1, 2), (3, 2, 1), (200, 8, 4)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_digits_finalize_against_fp64(tokens: int, top_k: int, k_split: int, dtype: torch.dtype) -> None:
-    """GEMM2's finalize epilogue on the digits tile (group 128 with zeros, per row without), with bias."""
+    """GEMM2's finalize epilogue on the digits tile (group 128 with zeros, per row without, group 64 with zeros at
+    k 2880), with bias."""
     finalize_run(WoqKind.INT4, 128, True, 208, 1024, tokens, top_k, k_split, bias=True, dtype=dtype, digits=True)
     finalize_run(WoqKind.INT4, 0, False, 208, 384, tokens, top_k, k_split, dtype=dtype, digits=True)
+    finalize_run(WoqKind.INT4, 64, True, 144, 2880, tokens, top_k, k_split, bias=True, dtype=dtype, digits=True)
 
 
 @pytest.mark.parametrize("form", ["staged_", ""], ids=["staged", "ring"])
@@ -436,7 +454,7 @@ def finalize_run(kind: WoqKind, group: int, zeros: bool, n: int, k: int, tokens:
     out = fill.cuda()
     form = "digits_" if digits else "staged_" if staged else ""
     tactic = f"decode:{form}ksplit{k_split}:after_trigger:plain"
-    K.grouped_gemm_woq_finalize(a_operand(dev, tactic), dev["b"], kind.value, dev["scales"], dev["off"], group, ptu,
+    K.grouped_gemm_woq_finalize(a_operand(dev, tactic, group), dev["b"], kind.value, dev["scales"], dev["off"], group, ptu,
                                 weights.cuda(), tokens, top_k, zeros=dev["zeros"], bias=dev["bias"], out=out,
                                 tactic=tactic, scale_a=dev["scale_a"], out_dtype=dtype)
     torch.cuda.synchronize()

@@ -235,6 +235,12 @@ inline bool int4_codes_fit(const WoqGemmParams& p) {
   return p.kind == MB_WOQ_INT4 && (p.group == 0 || p.group == 128) && p.k % 128 == 0;
 }
 
+// int4 weights on the staged and digits decode kernels: the ring kernel's, and one scale per 64 k with k % 64 == 0
+// (GPT-OSS-20B's 2880 at group 64).
+inline bool int4_staged_fit(const WoqGemmParams& p) {
+  return int4_codes_fit(p) || (p.kind == MB_WOQ_INT4 && p.group == 64 && p.k % 64 == 0);
+}
+
 // The kernels' launchers; the arguments and the tactic are checked by the caller (gemm/woq_abi.cu), max_rows > 0.
 // gemm/woq_decode.cu: `k_split` (1, 2, 4 or 8) warps per K slice; `tile` MB_TILE_NONE, MB_TILE_DECODE_STAGED (the
 // token rows staged in shared memory: the int4 codes forms only, where a chunk's rows fit; refused otherwise) or

@@ -30,9 +30,9 @@ mb_status check_woq_args(const WoqGemmParams& p, int a_type, int64_t max_rows, c
   if ((a_type == MB_INPUT_DIGITS) != digits_tile)
     return fail(MB_ERR_INVALID_ARGUMENT, "%s: the token digits (a_type %d) go with the decode kernel's digits tile "
                 "and only there (tactic %s %s)", who, MB_INPUT_DIGITS, kernel_name(t.kernel), tile_name(t.tile));
-  if (a_type == MB_INPUT_DIGITS && !int4_codes_fit(p))
+  if (a_type == MB_INPUT_DIGITS && !int4_staged_fit(p))
     return fail(MB_ERR_UNSUPPORTED, "%s: the token digits take int4 weights with group 0 or 128 and k a multiple of "
-                "128 (kind %d, group %d, k %d)", who, p.kind, p.group, p.k);
+                "128, or group 64 and k a multiple of 64 (kind %d, group %d, k %d)", who, p.kind, p.group, p.k);
   if ((a_type == MB_INPUT_E4M3) != (p.scale_a != nullptr))
     return fail(MB_ERR_INVALID_ARGUMENT, "%s: scale_a is given with an e4m3 A and only then", who);
   if (a_type == MB_INPUT_E4M3 && p.kind != MB_WOQ_INT4)

@@ -634,11 +634,6 @@ mb_status launch_int4_staged_group(const WoqGemmParams& p, int64_t max_rows, int
   }
 }
 
-// int4 weights on the staged kernel: the ring kernel's, and one scale per 64 k with k % 64 == 0.
-bool int4_staged_fit(const WoqGemmParams& p) {
-  return int4_codes_fit(p) || (p.kind == MB_WOQ_INT4 && p.group == 64 && p.k % 64 == 0);
-}
-
 }  // namespace
 
 mb_status launch_woq_decode(const WoqGemmParams& p, int64_t max_rows, int dtype, int k_split, int tile,

@@ -1,7 +1,7 @@
 // Weight-only grouped GEMM, decode on the int8 mma (tactic tile MB_TILE_DECODE_DIGITS, A MB_INPUT_DIGITS): int4
-// weights with one scale per 128 k or per row, k % 128 == 0, against token rows that stages/token_digits.cu has
-// split into three 8-bit digits per value under one power-of-two factor per 128-k group
-// (x = F (4096 d0 + 64 d1 + d2), common/token_digits.cuh). The 16-bit decode kernels (gemm/woq_decode.cu) spend
+// weights with one scale per 128 k or per row and k % 128 == 0, or per 64 k and k % 64 == 0, against token rows
+// that stages/token_digits.cu has split into three 8-bit digits per value under one power-of-two factor per 128-k
+// group (x = F (4096 d0 + 64 d1 + d2), common/token_digits.cuh). The 16-bit decode kernels (gemm/woq_decode.cu) spend
 // about ten integer instructions per 32-bit word of codes turning them into 16-bit values for the mma, and issue,
 // not the weights' bytes, bounds them (docs/performance.md, "No pipe at its ceiling"); here a word becomes the int8
 // mma's A operand in three (a shift and two masks: the codes as unsigned bytes), and one m16n8k32 step takes 32 k.
@@ -11,12 +11,16 @@
 // 16 bytes each, in big batches of NB 128-k groups with one wait per big batch; the chunk's token records copied
 // into shared memory once). Each token takes four of the mma's eight columns, its three digits and one unused: a
 // step runs NM = ceil(rows / 2) mmas for the chunk's rows, and lane q's accumulators (columns 2q, 2q + 1) hold one token's digit sums,
-// d0 and d1 (q even) or d2 (q odd). Per 128-k group the lane forms, exactly in int32,
+// d0 and d1 (q even) or d2 (q odd). Per scale group the lane forms, exactly in int32,
 //   R = 4096 S0 + 64 S1 - z T  (q even),  R = S2  (q odd),
 // S the digit sums over the group's k of the codes u, z the row's zero point, T the group's sum of
 // 4096 d0 + 64 d1 + d2, so that the two lanes' R add up to sum_k (u - z) (4096 d0 + 64 d1 + d2), and adds R times
-// the row's scale times the group's factor into its fp32 sum. No weight is rounded, and no token but those far
-// below their group's largest (common/token_digits.cuh); the sums are fp32.
+// the row's scale times the digits' factor into its fp32 sum. Group 64 as the staged kernel (gemm/woq_decode.cu):
+// a lane reads 8 bytes (16 k) at 16q of each half of a 128-k group, steps 0-1 the first half's and 2-3 the second's
+// (the digits are written in that order for group 64), each half's sums taken with its own scale, zero and T (the
+// record's first-half sum, or the rest); a half group at the end of K (k % 128 == 64) reads its second half from
+// the first half's bytes against zero digits. No weight is rounded, and no token but those far below their group's
+// largest (common/token_digits.cuh); the sums are fp32.
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
@@ -49,23 +53,29 @@ struct WoqDigitsLaunch {
 };
 
 // Shared memory: each K slice's token records of the chunk's rows (slice 0's length, the longest), then 16 zero
-// bytes (the sum and factor of a group past the slice).
+// bytes (the sums and factor of a group past the slice).
 size_t digits_smem(int k, int rows_cap, int wk) {
-  const size_t slice_groups = static_cast<size_t>(std::min(k, decode_k_slice(k, wk))) / mb::kDigitGroup;
+  const size_t slice_groups = static_cast<size_t>(mb::digit_groups(std::min(k, decode_k_slice(k, wk))));
   return static_cast<size_t>(rows_cap) * wk * slice_groups * mb::kDigitGroupBytes + 16;
 }
 
 // The CTA's work for a chunk of `rows` token rows, NM = ceil(rows / 2) mmas a step (the kernel below picks NM),
-// NB1 groups a wait in the one-mma body (digits_groups_per_wait).
-template <typename T, int WK, bool PER_ROW, int NM, int NB1>
+// NB1 groups a wait in the one-mma body at group 128 (digits_groups_per_wait), weights with one scale per GROUP k
+// (0: per row).
+template <typename T, int WK, int GROUP, int NM, int NB1>
 __device__ __forceinline__ void digits_chunk(const WoqDigitsLaunch& d, int expert, int64_t row_begin, int rows,
                                              float (&s_part)[WK][16 * (kDecodeWarps / WK)][kDecodeTokens + 1],
                                              unsigned char* s_tok) {
   static_assert(NM >= 1 && 2 * NM <= kDecodeTokens, "two token rows per mma");
   const WoqGemmParams& p = d.p;
+  static_assert(GROUP == 0 || GROUP == 64 || GROUP == 128, "one scale per row, per 64 k or per 128 k");
+  constexpr bool PER_ROW = GROUP == 0;
   constexpr int R = 16 * (kDecodeWarps / WK);  // weight rows per CTA (= output columns)
   constexpr int U = 4;                         // k32 steps per group
-  constexpr int NB = PER_ROW ? 4 : NM == 1 ? NB1 : 3;  // groups per wait (big batch)
+  constexpr int H = GROUP == 64 ? 2 : 1;       // scale groups per 128-k group
+  constexpr int GK = PER_ROW ? 1 : GROUP;      // k per scale group, as a divisor (per row: none)
+  // groups per wait (big batch): group 64's two scale groups a group leave the registers for 2 past one mma
+  constexpr int NB = PER_ROW ? 4 : H == 1 ? (NM == 1 ? NB1 : 3) : NM == 1 ? 3 : 2;
   constexpr int SB = PER_ROW ? 1 : NB;         // scales and zeros per row in a buffer: one for group 0
   constexpr int CB = PER_ROW ? 1 : 2;          // their buffers
   constexpr unsigned GB = mb::kDigitGroupBytes;
@@ -74,22 +84,24 @@ __device__ __forceinline__ void digits_chunk(const WoqDigitsLaunch& d, int exper
   const int q = lane & 3, g = lane >> 2;
   const int rg = warp / WK, ks = warp % WK;
   const int col0 = blockIdx.y * R;
-  const int groups = K / mb::kDigitGroup;
-  const int sgroups = PER_ROW ? 1 : groups;  // scale groups per row
+  const int groups = static_cast<int>(mb::digit_groups(K));  // token records per row
+  const int sgroups = PER_ROW ? 1 : K / GK;                   // scale groups per row
 
   // The lane's weight rows r and r + 8 (a warp's 16 rows moved back inside n where they pass its end).
   const int64_t wrow = static_cast<int64_t>(expert) * N + min(col0 + rg * 16, N - 16) + g;
   const int64_t wstep8 = 8 * static_cast<int64_t>(K / 2);
-  // This warp's K slice in whole groups; group j of the slice is read at min(j, last). An empty slice (the last
-  // ones of a short K) reads K's last group and computes nothing.
+  // This warp's K slice in whole groups (K's last one a half where k % 128 == 64); group j of the slice is read at
+  // min(j, last). An empty slice (the last ones of a short K) reads K's last group and computes nothing.
   const int kslice = decode_k_slice(K, WK);
   const int kb = ks * kslice;
-  const int nb = max(0, min(K, kb + kslice) - kb) / mb::kDigitGroup;
-  const int nb0 = min(K, kslice) / mb::kDigitGroup;
+  const int nb = static_cast<int>(mb::digit_groups(max(0, min(K, kb + kslice) - kb)));
+  const int nb0 = static_cast<int>(mb::digit_groups(min(K, kslice)));
   const int last = max(nb, 1) - 1;
-  const int kbc = min(kb, K - mb::kDigitGroup);
-  const int64_t gi = wrow * sgroups + (PER_ROW ? 0 : kbc / mb::kDigitGroup);
-  const uint8_t* wp0 = p.B + wrow * (K / 2) + kbc / 2 + 16 * q;
+  const int kbc = min(kb, (K - 1) / mb::kDigitGroup * mb::kDigitGroup);
+  const int g0 = PER_ROW ? 0 : kbc / GK;                           // the slice's first scale group
+  const int64_t gi = wrow * sgroups + g0;
+  const unsigned glast = static_cast<unsigned>(sgroups - 1 - g0);  // the row's last scale group, from g0
+  const uint8_t* wp0 = p.B + wrow * (K / 2) + kbc / 2 + (H == 2 ? 8 : 16) * q;
   const uint8_t* wp1 = wp0 + wstep8;
   const float* sp0 = static_cast<const float*>(p.scales) + gi;
   const float* sp1 = sp0 + 8 * sgroups;
@@ -117,22 +129,39 @@ __device__ __forceinline__ void digits_chunk(const WoqDigitsLaunch& d, int exper
 #pragma unroll
   for (int m = 0; m < NM; ++m) acc[m][0] = acc[m][1] = 0.f;
   uint4 w[2][NB][2];
-  float sv[CB][SB][2];
-  int zv[CB][SB][2];
+  float sv[CB][SB][H][2];
+  int zv[CB][SB][2];  // the zero points of the H groups, byte h group h's
+  // The constants of group jc's H scale groups (group 64: the second half's moved back to the first past the row's
+  // end).
   auto load_consts = [&](int buf, int j, unsigned jc) {
-    const unsigned zo = p.zeros ? jc : 4u * jc;  // the zero's byte, or the scale's first byte
-    sv[buf][j][0] = __ldg(sp0 + jc);
-    sv[buf][j][1] = __ldg(sp1 + jc);
-    zv[buf][j][0] = (__ldg(zp0 + zo) & zmask) | zor;
-    zv[buf][j][1] = (__ldg(zp1 + zo) & zmask) | zor;
+#pragma unroll
+    for (int h = 0; h < H; ++h) {
+      const unsigned gc = H == 1 ? jc : min(H * jc + h, glast);
+      const unsigned zo = p.zeros ? gc : 4u * gc;  // the zero's byte, or the scale's first byte
+      sv[buf][j][h][0] = __ldg(sp0 + gc);
+      sv[buf][j][h][1] = __ldg(sp1 + gc);
+      const int z0 = (__ldg(zp0 + zo) & zmask) | zor, z1 = (__ldg(zp1 + zo) & zmask) | zor;
+      zv[buf][j][0] = h == 0 ? z0 : zv[buf][j][0] | z0 << 8;
+      zv[buf][j][1] = h == 0 ? z1 : zv[buf][j][1] | z1 << 8;
+    }
+  };
+  // A row's bytes of group jc: one 16-byte load, or (group 64) 8 bytes of each half.
+  auto load_row = [&](const uint8_t* wp, unsigned jc) {
+    if constexpr (H == 2) {
+      const unsigned second = 2 * jc + 1 <= glast ? 32u : 0u;
+      const uint2 lo = ld_weights_half_in_bounds(wp + 64u * jc), hi = ld_weights_half_in_bounds(wp + 64u * jc + second);
+      return make_uint4(lo.x, lo.y, hi.x, hi.y);
+    } else {
+      return ld_weights_in_bounds(wp + 64u * jc);
+    }
   };
   // Big batch jb .. jb + NB - 1 of the slice into buffer buf; groups past the slice read its last.
   auto load_big = [&](int buf, int jb) {
 #pragma unroll
     for (int j = 0; j < NB; ++j) {
       const unsigned jc = static_cast<unsigned>(min(jb + j, last));
-      w[buf][j][0] = ld_weights_in_bounds(wp0 + 64u * jc);
-      w[buf][j][1] = ld_weights_in_bounds(wp1 + 64u * jc);
+      w[buf][j][0] = load_row(wp0, jc);
+      w[buf][j][1] = load_row(wp1, jc);
       if constexpr (!PER_ROW) load_consts(buf, j, jc);
     }
   };
@@ -140,30 +169,46 @@ __device__ __forceinline__ void digits_chunk(const WoqDigitsLaunch& d, int exper
   auto compute = [&](int buf, int j, int jb, bool valid) {
     const int cbuf = PER_ROW ? 0 : buf, cs = PER_ROW ? 0 : j;
     const unsigned goff = GB * static_cast<unsigned>(min(jb, last));
-    int c[NM][4];
-#pragma unroll
-    for (int m = 0; m < NM; ++m) c[m][0] = c[m][1] = c[m][2] = c[m][3] = 0;
     const uint4 r0 = w[buf][j][0], r1 = w[buf][j][1];
     const uint32_t x0[4] = {r0.x, r0.y, r0.z, r0.w}, x1[4] = {r1.x, r1.y, r1.z, r1.w};
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      // Word u's codes as bytes: the even k (low nibbles) in slots 4q..4q + 3, the odd k in 16 + 4q..16 + 4q + 3.
-      const uint32_t a0 = x0[u] & 0x0f0f0f0fu, a1 = x1[u] & 0x0f0f0f0fu;
-      const uint32_t a2 = (x0[u] >> 4) & 0x0f0f0f0fu, a3 = (x1[u] >> 4) & 0x0f0f0f0fu;
+    for (int h = 0; h < H; ++h) {
+      int c[NM][4];
+#pragma unroll
+      for (int m = 0; m < NM; ++m) c[m][0] = c[m][1] = c[m][2] = c[m][3] = 0;
+#pragma unroll
+      for (int u = h * (U / H); u < (h + 1) * (U / H); ++u) {
+        // Word u's codes as bytes: the even k (low nibbles) in slots 4q..4q + 3, the odd k in 16 + 4q..16 + 4q + 3.
+        const uint32_t a0 = x0[u] & 0x0f0f0f0fu, a1 = x1[u] & 0x0f0f0f0fu;
+        const uint32_t a2 = (x0[u] >> 4) & 0x0f0f0f0fu, a3 = (x1[u] >> 4) & 0x0f0f0f0fu;
+#pragma unroll
+        for (int m = 0; m < NM; ++m) {
+          const uint2 b = *reinterpret_cast<const uint2*>(s_tok + b_at[m] + goff + u * mb::kDigitStepBytes);
+          mma_u8s8(c[m], a0, a1, a2, a3, b.x, b.y);
+        }
+      }
 #pragma unroll
       for (int m = 0; m < NM; ++m) {
-        const uint2 b = *reinterpret_cast<const uint2*>(s_tok + b_at[m] + goff + u * mb::kDigitStepBytes);
-        mma_u8s8(c[m], a0, a1, a2, a3, b.x, b.y);
+        // The record's sum (or, group 64, its half's: the first-half sum, or the rest) and factor.
+        const unsigned char* rec = s_tok + (valid ? f_at[m] + goff : zero_at);
+        int t;
+        float f;
+        if constexpr (H == 2) {
+          const int4 r = *reinterpret_cast<const int4*>(rec);
+          t = h == 0 ? r.z : r.x - r.z;
+          f = __int_as_float(r.y);
+        } else {
+          const int2 r = *reinterpret_cast<const int2*>(rec);
+          t = r.x;
+          f = __int_as_float(r.y);
+        }
+        const int z0 = H == 1 ? zv[cbuf][cs][0] : (zv[cbuf][cs][0] >> 8 * h) & 0xff;
+        const int z1 = H == 1 ? zv[cbuf][cs][1] : (zv[cbuf][cs][1] >> 8 * h) & 0xff;
+        const int r0s = ca * c[m][0] + cb * c[m][1] - zf * z0 * t;  // row g
+        const int r1s = ca * c[m][2] + cb * c[m][3] - zf * z1 * t;  // row g + 8
+        acc[m][0] = fmaf(sv[cbuf][cs][h][0] * f, static_cast<float>(r0s), acc[m][0]);
+        acc[m][1] = fmaf(sv[cbuf][cs][h][1] * f, static_cast<float>(r1s), acc[m][1]);
       }
-    }
-#pragma unroll
-    for (int m = 0; m < NM; ++m) {
-      const int2 tf = *reinterpret_cast<const int2*>(s_tok + (valid ? f_at[m] + goff : zero_at));
-      const float f = __int_as_float(tf.y);
-      const int r0s = ca * c[m][0] + cb * c[m][1] - zf * zv[cbuf][cs][0] * tf.x;  // row g
-      const int r1s = ca * c[m][2] + cb * c[m][3] - zf * zv[cbuf][cs][1] * tf.x;  // row g + 8
-      acc[m][0] = fmaf(sv[cbuf][cs][0] * f, static_cast<float>(r0s), acc[m][0]);
-      acc[m][1] = fmaf(sv[cbuf][cs][1] * f, static_cast<float>(r1s), acc[m][1]);
     }
   };
   // Every slice's token records into shared memory (cp.async), then a barrier.
@@ -172,7 +217,7 @@ __device__ __forceinline__ void digits_chunk(const WoqDigitsLaunch& d, int exper
     constexpr int kChunks = GB / 16;  // 16-byte chunks per group record
     for (int sr = 0; sr < WK * rows; ++sr) {  // (slice, row) pairs, CTA-uniform
       const int s = sr % WK, r = sr / WK;
-      const int slice_groups = max(0, min(kslice, K - s * kslice)) / mb::kDigitGroup;
+      const int slice_groups = static_cast<int>(mb::digit_groups(max(0, min(kslice, K - s * kslice))));
       const char* src = A + ((row_begin + r) * groups + s * kslice / mb::kDigitGroup) * static_cast<int64_t>(GB);
       unsigned char* dst = s_tok + (s * d.rows_cap + r) * pitch;
 #pragma unroll 4
@@ -207,7 +252,7 @@ __device__ __forceinline__ void digits_chunk(const WoqDigitsLaunch& d, int exper
 
 // A chunk's mmas per step follow its own rows (the host knows only the most a chunk may have, NM_MAX * 2): at one
 // token most chunks of a many-expert layer hold one row.
-template <typename T, int WK, bool PER_ROW, int NM_MAX, int NB1>
+template <typename T, int WK, int GROUP, int NM_MAX, int NB1>
 __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_digits_kernel(WoqDigitsLaunch d) {
   __shared__ float s_part[WK][16 * (kDecodeWarps / WK)][kDecodeTokens + 1];
   extern __shared__ __align__(16) unsigned char s_tok[];  // [WK][rows_cap][pitch], then 16 zero bytes
@@ -216,7 +261,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_digits_kernel(Wo
   const int rows = static_cast<int>(tile.end - tile.begin);
   const int nm = (rows + 1) / 2;  // CTA-uniform
   auto chunk = [&](auto nm_tag) {
-    digits_chunk<T, WK, PER_ROW, decltype(nm_tag)::value, NB1>(d, tile.expert, tile.begin, rows, s_part, s_tok);
+    digits_chunk<T, WK, GROUP, decltype(nm_tag)::value, NB1>(d, tile.expert, tile.begin, rows, s_part, s_tok);
   };
   if constexpr (NM_MAX >= 4) if (nm == 4) return chunk(std::integral_constant<int, 4>{});
   if constexpr (NM_MAX >= 3) if (nm == 3) return chunk(std::integral_constant<int, 3>{});
@@ -224,18 +269,18 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_digits_kernel(Wo
   chunk(std::integral_constant<int, 1>{});
 }
 
-// Groups a wait (a big batch) in the one-mma body, which has the registers for 4 (the bodies of 2-4 mmas take 3;
-// one scale per row, 4 in every body): 4 where a warp's slice of nb0 groups fills whole big batches of 4, since a big
+// Groups a wait (a big batch) in the one-mma body at group 128, which has the registers for 4 (the bodies of 2-4
+// mmas take 3, as every body at group 64; one scale per row, 4 in every body): 4 where a warp's slice of nb0 groups fills whole big batches of 4, since a big
 // batch computes all its groups, those past the slice with a zero factor. H200, bench/woq_digits_probe.py, 4 against
 // 3: Mixtral-8x7B's GEMM1 (32 groups) at 1 token 42.3 against 46.2 us, its GEMM2 (4 slices of 28) 30.2 against 32.5;
 // Qwen3-30B-A3B's and DeepSeek-V2-Lite's GEMM1 (16 groups) 3-12% faster at 1-32 tokens; DeepSeek-V2-Lite's GEMM2
 // (11 groups, 12 computed either way) 1-3% slower, Qwen3-30B-A3B's (6 groups, 8 computed) 3-8% slower.
 int digits_groups_per_wait(int k, int wk) {
-  const int nb0 = std::min(k, decode_k_slice(k, wk)) / mb::kDigitGroup;
+  const int64_t nb0 = mb::digit_groups(std::min(k, decode_k_slice(k, wk)));
   return nb0 % 4 == 0 ? 4 : 3;
 }
 
-template <typename T, bool PER_ROW>
+template <typename T, int GROUP>
 mb_status launch_digits(const WoqGemmParams& p, int64_t max_rows, int k_split, bool after_trigger,
                         cudaStream_t stream) {
   const int rows_cap = static_cast<int>(std::min<int64_t>(kDecodeTokens, max_rows));
@@ -247,16 +292,16 @@ mb_status launch_digits(const WoqGemmParams& p, int64_t max_rows, int k_split, b
                   "in %d slices) need %zu bytes of shared memory, over its %zu: the staged or none tile",
                   rows_cap, p.k, WK, smem, kTokenBudget);
     const WoqDigitsLaunch d{p, rows_cap};
-    const bool four = digits_groups_per_wait(p.k, WK) == 4;  // the one-mma body's big batch (per-row scales: 4)
+    const bool four = digits_groups_per_wait(p.k, WK) == 4;  // the one-mma body's big batch at group 128
     auto go = [&](auto nm) {
       constexpr int NM_MAX = decltype(nm)::value;
       auto launch = [&](auto kernel) {
         return launch_decode(kernel, d, p.n, 16 * (kDecodeWarps / WK), decode_chunks(max_rows, p.num_experts),
                              after_trigger, stream, "grouped gemm woq", smem);
       };
-      if constexpr (PER_ROW) return launch(woq_decode_digits_kernel<T, WK, true, NM_MAX, 4>);
-      else return four ? launch(woq_decode_digits_kernel<T, WK, false, NM_MAX, 4>)
-                       : launch(woq_decode_digits_kernel<T, WK, false, NM_MAX, 3>);
+      if constexpr (GROUP == 128) return four ? launch(woq_decode_digits_kernel<T, WK, 128, NM_MAX, 4>)
+                                              : launch(woq_decode_digits_kernel<T, WK, 128, NM_MAX, 3>);
+      else return launch(woq_decode_digits_kernel<T, WK, GROUP, NM_MAX, 3>);
     };
     switch ((rows_cap + 1) / 2) {
       case 1: return go(std::integral_constant<int, 1>{});
@@ -273,8 +318,11 @@ mb_status launch_woq_decode_digits(const WoqGemmParams& p, int64_t max_rows, int
                                    bool after_trigger, cudaStream_t stream) {
   return dispatch_16bit(dtype, [&](auto tag) {
     using T = decltype(tag);
-    return p.group == 0 ? launch_digits<T, true>(p, max_rows, k_split, after_trigger, stream)
-                        : launch_digits<T, false>(p, max_rows, k_split, after_trigger, stream);
+    switch (p.group) {
+      case 0: return launch_digits<T, 0>(p, max_rows, k_split, after_trigger, stream);
+      case 64: return launch_digits<T, 64>(p, max_rows, k_split, after_trigger, stream);
+      default: return launch_digits<T, 128>(p, max_rows, k_split, after_trigger, stream);
+    }
   });
 }
 

@@ -116,28 +116,30 @@ template <typename T, bool SCALE>
 __global__ void __launch_bounds__(kDigitWarps * 32)
 expand_rows_digits_kernel(const T* __restrict__ input, const int32_t* __restrict__ unpermuted_to_permuted,
                           const float* __restrict__ topk_weights, const float* __restrict__ prequant_scale,
-                          int num_tokens, int hidden, int top_k, uint8_t* __restrict__ permuted_digits,
+                          int num_tokens, int hidden, int top_k, bool halves, uint8_t* __restrict__ permuted_digits,
                           float* __restrict__ permuted_weights, T* __restrict__ zero_out) {
   mb::chain_start();
   const int lane = threadIdx.x & 31;
-  const int64_t groups = hidden / mb::kDigitGroup, items = static_cast<int64_t>(num_tokens) * groups;
+  const int64_t groups = mb::digit_groups(hidden), items = static_cast<int64_t>(num_tokens) * groups;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kDigitWarps;
   for (int64_t it = static_cast<int64_t>(blockIdx.x) * kDigitWarps + (threadIdx.x >> 5); it < items; it += warps) {
     const int64_t t = it / groups, g = it - t * groups;
     const int64_t col = g * mb::kDigitGroup + 4 * lane;
-    const uint2 raw = *reinterpret_cast<const uint2*>(input + t * hidden + col);
-    const T* v = reinterpret_cast<const T*>(&raw);
-    float x[4];
+    float x[4] = {0.f, 0.f, 0.f, 0.f};  // zeros past a half group at the end of the row
+    if (col < hidden) {
+      const uint2 raw = *reinterpret_cast<const uint2*>(input + t * hidden + col);
+      const T* v = reinterpret_cast<const T*>(&raw);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) x[i] = mb::to_f32(v[i]);
-    if constexpr (SCALE) {
-      const float4 s = *reinterpret_cast<const float4*>(prequant_scale + col);
-      const float f[4] = {s.x, s.y, s.z, s.w};
+      for (int i = 0; i < 4; ++i) x[i] = mb::to_f32(v[i]);
+      if constexpr (SCALE) {
+        const float4 s = *reinterpret_cast<const float4*>(prequant_scale + col);
+        const float f[4] = {s.x, s.y, s.z, s.w};
 #pragma unroll
-      for (int i = 0; i < 4; ++i) x[i] = mb::to_f32(mb::from_f32<T>(x[i] * f[i]));  // as mb_expand_rows stores it
+        for (int i = 0; i < 4; ++i) x[i] = mb::to_f32(mb::from_f32<T>(x[i] * f[i]));  // as mb_expand_rows stores it
+      }
+      if (zero_out != nullptr) *reinterpret_cast<uint2*>(zero_out + t * hidden + col) = uint2{0u, 0u};
     }
     const mb::DigitWords w = mb::digit_words(x);
-    if (zero_out != nullptr) *reinterpret_cast<uint2*>(zero_out + t * hidden + col) = uint2{0u, 0u};
     const int64_t e0 = t * top_k;
     // The token's permuted rows, 32 at a time: lane jj loads slot j0 + jj's map (and, group 0, its weight).
     for (int j0 = 0; j0 < top_k; j0 += 32) {
@@ -146,7 +148,8 @@ expand_rows_digits_kernel(const T* __restrict__ input, const int32_t* __restrict
       if (g == 0 && lane < n) permuted_weights[p_l] = __ldg(topk_weights + e0 + j0 + lane);
       for (int jj = 0; jj < n; ++jj) {
         const int64_t p = __shfl_sync(0xffffffffu, p_l, jj);
-        mb::store_digit_words(w, permuted_digits + (p * groups + g) * static_cast<int64_t>(mb::kDigitGroupBytes));
+        mb::store_digit_words(w, permuted_digits + (p * groups + g) * static_cast<int64_t>(mb::kDigitGroupBytes),
+                              halves);
       }
     }
   }
@@ -461,16 +464,12 @@ extern "C" mb_status mb_expand_rows(const void* input, int dtype, const int32_t*
 
 extern "C" mb_status mb_expand_rows_digits(const void* input, int dtype, const int32_t* unpermuted_to_permuted,
                                            const float* topk_weights, const float* prequant_scale, int num_tokens,
-                                           int hidden, int top_k, uint8_t* permuted_digits, float* permuted_weights,
-                                           void* zero_out, cudaStream_t stream) {
+                                           int hidden, int top_k, int group, uint8_t* permuted_digits,
+                                           float* permuted_weights, void* zero_out, cudaStream_t stream) {
   const char* who = "mb_expand_rows_digits";
   MB_REQUIRE(num_tokens >= 0, "%s: num_tokens must be >= 0, got %d", who, num_tokens);
-  MB_REQUIRE(hidden >= mb::kDigitGroup && hidden % mb::kDigitGroup == 0,
-             "%s: hidden must be a positive multiple of 128, got %d", who, hidden);
+  MB_TRY(mb::check_digits_rows(who, "hidden", hidden, group, dtype));
   MB_REQUIRE(top_k >= 1, "%s: top_k must be >= 1, got %d", who, top_k);
-  if (dtype != MB_FP16 && dtype != MB_BF16)
-    return mb::fail(dtype == MB_FP32 ? MB_ERR_UNSUPPORTED : MB_ERR_INVALID_ARGUMENT,
-                    "%s: dtype %d is not one of fp16(1), bf16(2)", who, dtype);
   if (num_tokens == 0) return MB_OK;
   MB_REQUIRE(input && unpermuted_to_permuted && topk_weights && permuted_digits && permuted_weights,
              "%s: input, unpermuted_to_permuted, topk_weights, permuted_digits and permuted_weights must be non-NULL",
@@ -482,14 +481,14 @@ extern "C" mb_status mb_expand_rows_digits(const void* input, int dtype, const i
     const size_t bytes = static_cast<size_t>(num_tokens) * hidden * mb::dtype_size(dtype);
     MB_TRY(check_disjoint(who, input, bytes, zero_out, bytes));
   }
-  const int64_t items = static_cast<int64_t>(num_tokens) * (hidden / mb::kDigitGroup);
+  const int64_t items = static_cast<int64_t>(num_tokens) * mb::digit_groups(hidden);
   const unsigned blocks = mb::row_grid((items + kDigitWarps - 1) / kDigitWarps);
   auto launch = [&](auto tag, auto scale_const) {
     using T = decltype(tag);
     return mb::check_launch("expand_rows_digits_kernel", mb::launch_after_trigger(
         expand_rows_digits_kernel<T, decltype(scale_const)::value>, dim3(blocks), dim3(kDigitWarps * 32), stream,
         static_cast<const T*>(input), unpermuted_to_permuted, topk_weights, prequant_scale, num_tokens, hidden, top_k,
-        permuted_digits, permuted_weights, static_cast<T*>(zero_out)));
+        group == 64, permuted_digits, permuted_weights, static_cast<T*>(zero_out)));
   };
   auto by_scale = [&](auto tag) {
     return prequant_scale ? launch(tag, std::true_type{}) : launch(tag, std::false_type{});

@@ -147,36 +147,39 @@ template <typename T, int ACT>
 __global__ void __launch_bounds__(kDigitWarps * 32)
 fc1_activation_digits_kernel(const T* __restrict__ in, const T* __restrict__ b1, const int64_t* __restrict__ off,
                              int E, int64_t max_rows, int inter, float alpha, float limit,
-                             const float* __restrict__ prequant_scale, uint8_t* __restrict__ out) {
+                             const float* __restrict__ prequant_scale, bool halves, uint8_t* __restrict__ out) {
   mb::chain_start();
   constexpr bool kGated = mb::is_gated(ACT);
   const int lane = threadIdx.x & 31;
   const int64_t n1 = kGated ? 2 * static_cast<int64_t>(inter) : inter;
-  const int64_t groups = inter / mb::kDigitGroup;
+  const int64_t groups = mb::digit_groups(inter);
   const int64_t filled = __ldg(off + E);
   const int64_t items = (filled < max_rows ? filled : max_rows) * groups;  // rows past off[E]: other nodes' experts
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kDigitWarps;
   for (int64_t it = static_cast<int64_t>(blockIdx.x) * kDigitWarps + (threadIdx.x >> 5); it < items; it += warps) {
     const int64_t p = it / groups, col = (it - p * groups) * mb::kDigitGroup + 4 * lane;
     const T* row = in + p * n1;
-    float g[4], x[4] = {0.f, 0.f, 0.f, 0.f}, bg[4], bu[4], r[4];
-    mb::load_f32<T, 4>(row + col, g);
-    if constexpr (kGated) mb::load_f32<T, 4>(row + inter + col, x);
-    const T* bias = b1 ? b1 + warp_expert_of(off, E, p) * n1 : nullptr;
-    if (bias) {
-      mb::load_f32<T, 4>(bias + col, bg);
-      if constexpr (kGated) mb::load_f32<T, 4>(bias + inter + col, bu);
-    }
-    activate<ACT, 4>(g, x, bias != nullptr, bg, bu, alpha, limit, r);
-    if (prequant_scale) {
-      float s[4];
-      mb::load_f32<float, 4>(prequant_scale + col, s);
+    const T* bias = b1 ? b1 + warp_expert_of(off, E, p) * n1 : nullptr;  // every lane (warp_expert_of is the warp's)
+    float r[4] = {0.f, 0.f, 0.f, 0.f};  // zeros past a half group at the end of the row
+    if (col < inter) {
+      float g[4], x[4] = {0.f, 0.f, 0.f, 0.f}, bg[4], bu[4];
+      mb::load_f32<T, 4>(row + col, g);
+      if constexpr (kGated) mb::load_f32<T, 4>(row + inter + col, x);
+      if (bias) {
+        mb::load_f32<T, 4>(bias + col, bg);
+        if constexpr (kGated) mb::load_f32<T, 4>(bias + inter + col, bu);
+      }
+      activate<ACT, 4>(g, x, bias != nullptr, bg, bu, alpha, limit, r);
+      if (prequant_scale) {
+        float s[4];
+        mb::load_f32<float, 4>(prequant_scale + col, s);
 #pragma unroll
-      for (int i = 0; i < 4; ++i) r[i] *= s[i];
-    }
+        for (int i = 0; i < 4; ++i) r[i] *= s[i];
+      }
 #pragma unroll
-    for (int i = 0; i < 4; ++i) r[i] = mb::to_f32(mb::from_f32<T>(r[i]));  // as mb_fc1_activation stores it
-    mb::store_digit_words(mb::digit_words(r), out + it * static_cast<int64_t>(mb::kDigitGroupBytes));
+      for (int i = 0; i < 4; ++i) r[i] = mb::to_f32(mb::from_f32<T>(r[i]));  // as mb_fc1_activation stores it
+    }
+    mb::store_digit_words(mb::digit_words(r), out + it * static_cast<int64_t>(mb::kDigitGroupBytes), halves);
   }
 }
 
@@ -650,21 +653,18 @@ extern "C" mb_status mb_fc1_activation_fp8(const void* in, int dtype, const void
 extern "C" mb_status mb_fc1_activation_digits(const void* in, int dtype, const void* b1,
                                               const int64_t* expert_first_token_offset, int num_experts,
                                               int64_t max_rows, int inter, int activation, float swiglu_alpha,
-                                              float swiglu_limit, const float* prequant_scale, uint8_t* out,
-                                              cudaStream_t stream) {
+                                              float swiglu_limit, const float* prequant_scale, int group,
+                                              uint8_t* out, cudaStream_t stream) {
   const char* who = "mb_fc1_activation_digits";
   MB_TRY(check_arguments(who, expert_first_token_offset, num_experts, max_rows, inter, activation, swiglu_alpha,
                          swiglu_limit));
-  MB_REQUIRE(inter % mb::kDigitGroup == 0, "%s: inter must be a multiple of 128, got %d", who, inter);
-  if (dtype != MB_FP16 && dtype != MB_BF16)
-    return mb::fail(dtype == MB_FP32 ? MB_ERR_UNSUPPORTED : MB_ERR_INVALID_ARGUMENT,
-                    "%s: dtype %d is not one of fp16(1), bf16(2)", who, dtype);
+  MB_TRY(mb::check_digits_rows(who, "inter", inter, group, dtype));
   if (max_rows == 0) return MB_OK;
   MB_REQUIRE(in && out, "%s: in and out must be non-NULL", who);
   auto aligned = [](const void* p, uintptr_t to) { return reinterpret_cast<uintptr_t>(p) % to == 0; };
   MB_REQUIRE(aligned(in, 8) && aligned(b1, 8) && aligned(prequant_scale, 16) && aligned(out, 16),
              "%s: in and b1 must be 8-byte, prequant_scale and out 16-byte aligned", who);
-  const int64_t items = max_rows * (inter / mb::kDigitGroup);
+  const int64_t items = max_rows * mb::digit_groups(inter);
   const unsigned blocks = mb::row_grid((items + kDigitWarps - 1) / kDigitWarps);
   auto launch = [&](auto tag) {
     using T = decltype(tag);
@@ -672,7 +672,7 @@ extern "C" mb_status mb_fc1_activation_digits(const void* in, int dtype, const v
       return mb::check_launch("fc1_activation_digits_kernel", mb::launch_after_trigger(
           fc1_activation_digits_kernel<T, decltype(act_const)::value>, dim3(blocks), dim3(kDigitWarps * 32), stream,
           static_cast<const T*>(in), static_cast<const T*>(b1), expert_first_token_offset, num_experts, max_rows,
-          inter, swiglu_alpha, swiglu_limit, prequant_scale, out));
+          inter, swiglu_alpha, swiglu_limit, prequant_scale, group == 64, out));
     });
   };
   return dtype == MB_FP16 ? launch(__half{}) : launch(__nv_bfloat16{});

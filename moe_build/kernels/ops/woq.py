@@ -24,41 +24,53 @@ def _check_woq_scales(mode: WoqKind, scales: torch.Tensor, zeros: torch.Tensor |
         _check(zeros, "zeros", (e, n, groups), torch.uint8, dev)
 
 
-def token_digits(a: torch.Tensor, out: torch.Tensor | None = None,
+def _digits_width(k: int, group: int, name: str) -> int:
+    """The digit records of a row of `k` values for a GEMM whose weights have one scale per `group` k (0, 64, 128):
+    ceil(k / 128), the last a half group where k % 128 == 64 (group 64 only)."""
+    if group not in (0, 64, 128):
+        raise ValueError(f"group: {group} is not 0, 64 or 128 (the GEMM's weights' scale group)")
+    whole = 64 if group == 64 else 128
+    if k % whole:
+        raise ValueError(f"{name}: {k} is not a multiple of {whole} (the digits' groups at weight group {group})")
+    return -(-k // 128)
+
+
+def token_digits(a: torch.Tensor, out: torch.Tensor | None = None, group: int = 128,
                  stream: int | torch.cuda.Stream | None = None) -> torch.Tensor:
-    """The rows a [R, k] (bf16 or fp16, k % 128 == 0) as the decode kernel's digits tile reads them -> uint8
-    [R, k / 128, 400]: per 128-k group three 8-bit digits a value under one power-of-two factor, exact for every bf16
-    value within 2^10 of the group's largest and every fp16 one within 2^7 (stages/token_digits.cu; the layout:
-    cpp/src/common/token_digits.cuh)."""
+    """The rows a [R, k] (bf16 or fp16) as the decode kernel's digits tile reads them for int4 weights with one scale
+    per `group` k (0: per row, 64 or 128; k % 128 == 0, or k % 64 == 0 at group 64) -> uint8 [R, ceil(k / 128), 400]:
+    per 128-k group three 8-bit digits a value under one power-of-two factor, exact for every bf16 value within 2^10
+    of the group's largest and every fp16 one within 2^7 (stages/token_digits.cu; the layout, in the order of
+    `group`'s mma steps: cpp/src/common/token_digits.cuh)."""
     _check(a, "A", (None, None))
     rows, k = a.shape
-    if k % 128:
-        raise ValueError(f"A: k = {k} is not a multiple of 128 (the digits' groups)")
-    o = _out(out, "out", (rows, k // 128, DIGITS_GROUP_BYTES), torch.uint8, a.device)
-    call("mb_token_digits", a.data_ptr(), _dtype_code(a, "A"), rows, k, o.data_ptr(), _stream(stream, a.device))
+    width = _digits_width(k, group, "A: k")
+    o = _out(out, "out", (rows, width, DIGITS_GROUP_BYTES), torch.uint8, a.device)
+    call("mb_token_digits", a.data_ptr(), _dtype_code(a, "A"), rows, k, group, o.data_ptr(),
+         _stream(stream, a.device))
     return o
 
 
 def expand_rows_digits(input: torch.Tensor, unpermuted_to_permuted: torch.Tensor, topk_weights: torch.Tensor,
                        prequant_scale: torch.Tensor | None = None, permuted_digits: torch.Tensor | None = None,
                        permuted_weights: torch.Tensor | None = None, zero_out: torch.Tensor | None = None,
-                       stream: int | torch.cuda.Stream | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """expand_rows writing the permuted rows as token digits: input [T, H] (H % 128 == 0) -> (permuted_digits uint8
-    [T*K, H / 128, 400], permuted_weights [T*K]), the bytes of expand_rows then token_digits (stages/expand_rows.cu);
-    prequant_scale and zero_out as expand_rows'."""
+                       group: int = 128, stream: int | torch.cuda.Stream | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """expand_rows writing the permuted rows as token digits for GEMM1's weight `group` (token_digits'): input
+    [T, H] -> (permuted_digits uint8 [T*K, ceil(H / 128), 400], permuted_weights [T*K]), the bytes of expand_rows then
+    token_digits (stages/expand_rows.cu); prequant_scale and zero_out as expand_rows'."""
     _check(input, "input", (None, None))
     dev = input.device
     t, h = input.shape
-    if h % 128:
-        raise ValueError(f"input: hidden = {h} is not a multiple of 128 (the digits' groups)")
+    width = _digits_width(h, group, "input: hidden")
     k = _expansion_maps(t, topk_weights, unpermuted_to_permuted, dev)
     pre = _prequant(prequant_scale, h, dev)
-    pd = _out(permuted_digits, "permuted_digits", (t * k, h // 128, DIGITS_GROUP_BYTES), torch.uint8, dev)
+    pd = _out(permuted_digits, "permuted_digits", (t * k, width, DIGITS_GROUP_BYTES), torch.uint8, dev)
     pw = _out(permuted_weights, "permuted_weights", (t * k,), torch.float32, dev)
     if zero_out is not None:
         _check(zero_out, "zero_out", (t, h), input.dtype, dev)
     call("mb_expand_rows_digits", input.data_ptr(), _dtype_code(input, "input"), unpermuted_to_permuted.data_ptr(),
-         topk_weights.data_ptr(), pre, t, h, k, pd.data_ptr(), pw.data_ptr(), _ptr(zero_out),
+         topk_weights.data_ptr(), pre, t, h, k, group, pd.data_ptr(), pw.data_ptr(), _ptr(zero_out),
          _stream(stream, dev))
     return pd, pw
 
@@ -67,28 +79,28 @@ def fc1_activation_digits(input: torch.Tensor, expert_first_token_offset: torch.
                           activation: int | str | Activation, bias: torch.Tensor | None = None,
                           swiglu_alpha: float = 1.0, swiglu_limit: float = math.inf,
                           prequant_scale: torch.Tensor | None = None, out: torch.Tensor | None = None,
-                          stream: int | torch.cuda.Stream | None = None) -> torch.Tensor:
-    """fc1_activation writing GEMM2's input as token digits: input [R, N1] -> out uint8 [R, I / 128, 400] (I % 128
-    == 0), the bytes of fc1_activation then token_digits for the rows below offsets[E] (stages/fc1_activation.cu)."""
+                          group: int = 128, stream: int | torch.cuda.Stream | None = None) -> torch.Tensor:
+    """fc1_activation writing GEMM2's input as token digits for GEMM2's weight `group` (token_digits'): input
+    [R, N1] -> out uint8 [R, ceil(I / 128), 400], the bytes of fc1_activation then token_digits for the rows below
+    offsets[E] (stages/fc1_activation.cu)."""
     act, dev, rows, inter = _activation_args(input, expert_first_token_offset, activation, bias)
-    if inter % 128:
-        raise ValueError(f"input: the activation's width {inter} is not a multiple of 128 (the digits' groups)")
+    width = _digits_width(inter, group, "input: the activation's width")
     e = expert_first_token_offset.shape[0] - 1
     pre = _prequant(prequant_scale, inter, dev)
-    o = _out(out, "out", (rows, inter // 128, DIGITS_GROUP_BYTES), torch.uint8, dev)
+    o = _out(out, "out", (rows, width, DIGITS_GROUP_BYTES), torch.uint8, dev)
     call("mb_fc1_activation_digits", input.data_ptr(), _dtype_code(input, "input"), _ptr(bias),
          expert_first_token_offset.data_ptr(), e, rows, inter, int(act), swiglu_alpha, swiglu_limit,
-         pre, o.data_ptr(), _stream(stream, dev))
+         pre, group, o.data_ptr(), _stream(stream, dev))
     return o
 
 
-def _a_input(a: torch.Tensor, scale_a: torch.Tensor | None, out_dtype: torch.dtype | None
+def _a_input(a: torch.Tensor, scale_a: torch.Tensor | None, out_dtype: torch.dtype | None, k_b: int | None
              ) -> tuple[WoqInput, int, int, torch.dtype]:
-    """A's form (16-bit rows, e4m3 rows with scale_a, or token_digits' uint8 [R, k / 128, 400]) -> (form, rows, k,
-    output dtype)."""
+    """A's form (16-bit rows, e4m3 rows with scale_a, or token_digits' uint8 [R, ceil(k / 128), 400], k then B's:
+    `k_b`) -> (form, rows, k, output dtype)."""
     if a.dtype == torch.uint8 and a.dim() == 3:
-        _check(a, "A", (None, None, DIGITS_GROUP_BYTES), torch.uint8)
-        form, k = WoqInput.DIGITS, a.shape[1] * 128
+        _check(a, "A", (None, None if k_b is None else -(-k_b // 128), DIGITS_GROUP_BYTES), torch.uint8)
+        form, k = WoqInput.DIGITS, a.shape[1] * 128 if k_b is None else k_b
     else:
         form = WoqInput.DTYPE if scale_a is None else WoqInput.E4M3
         _check(a, "A", (None, None), torch.float8_e4m3fn if form is WoqInput.E4M3 else None)
@@ -109,12 +121,13 @@ def _woq_gemm_args(a: torch.Tensor, b: torch.Tensor, kind: int | str | WoqKind, 
                    ) -> tuple[torch.device, int, int, int, int, WoqKind, torch.dtype, WoqInput]:
     """grouped_gemm_woq's operand checks (shared with its finalize form) -> (device, rows, k, experts, n, kind,
     output dtype, A's form)."""
-    form, rows, k, out_dtype = _a_input(a, scale_a, out_dtype)
+    mode = WoqKind(_enum(kind, WoqKind, "kind"))
+    packed = mode is not WoqKind.INT8
+    k_b = b.shape[-1] * (2 if packed else 1) if b.dim() == 3 else None  # B's k (a B of another rank fails below)
+    form, rows, k, out_dtype = _a_input(a, scale_a, out_dtype, k_b)
     dev = a.device
     if form is WoqInput.E4M3:
         _check(scale_a, "scale_a", (rows,), torch.float32, dev)
-    mode = WoqKind(_enum(kind, WoqKind, "kind"))
-    packed = mode is not WoqKind.INT8
     _check(b, "B", (None, None, k // 2 if packed else k), torch.uint8 if packed else torch.int8, dev)
     e, n = b.shape[0], b.shape[1]
     _check(expert_first_token_offset, "expert_first_token_offset", (e + 1,), torch.int64, dev)
@@ -137,8 +150,9 @@ def grouped_gemm_woq(a: torch.Tensor, b: torch.Tensor, kind: int | str | WoqKind
     expert, the mma tiles (mma:64x128, mma:128x128) for many.
     W4AFP8: A float8_e4m3fn with `scale_a` fp32 [R] (C[p] = scale_a[p] * A[p] @ dequant(B[x])^T (+ bias)), int4
     weights, C in `out_dtype` (bf16 or fp16, required then; else A's dtype).
-    Token digits: A uint8 [R, k / 128, 400] (token_digits) with the decode kernel's digits tile (decode:digits_ksplitN),
-    int4 weights with one scale per row or per 128 k, C in `out_dtype` (required)."""
+    Token digits: A uint8 [R, ceil(k / 128), 400] (token_digits for this GEMM's `group`; k is B's) with the decode
+    kernel's digits tile (decode:digits_ksplitN), int4 weights with one scale per row or per 128 k (k % 128 == 0) or
+    per 64 k (k % 64 == 0), C in `out_dtype` (required)."""
     dev, rows, k, e, n, mode, out_dtype, form = _woq_gemm_args(a, b, kind, scales, expert_first_token_offset, group,
                                                                zeros, bias, scale_a, out_dtype)
     out = _out(c, "C", (rows, n), out_dtype, dev)
