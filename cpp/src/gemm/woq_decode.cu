@@ -486,23 +486,13 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_int4_staged_kern
       zb[buf][j][1] = h == 0 ? z1 : zb[buf][j][1] | z1 << 8;
     }
   };
-  // A row's bytes of batch jc: one 16-byte load, or (group 64) 8 bytes of each half.
-  auto load_row = [&](const uint8_t* wp, unsigned jc) {
-    if constexpr (H == 2) {
-      const unsigned second = 2 * jc + 1 <= glast ? 32u : 0u;
-      const uint2 lo = ld_weights_half_in_bounds(wp + 64u * jc), hi = ld_weights_half_in_bounds(wp + 64u * jc + second);
-      return make_uint4(lo.x, lo.y, hi.x, hi.y);
-    } else {
-      return ld_weights_in_bounds(wp + 64u * jc);
-    }
-  };
   // Big batch jb .. jb + NB - 1 of the slice into buffer buf; batches past the slice read its last.
   auto load_big = [&](int buf, int jb) {
 #pragma unroll
     for (int j = 0; j < NB; ++j) {
       const unsigned jc = static_cast<unsigned>(min(jb + j, last));
-      w[buf][j][0] = load_row(wp0, jc);
-      w[buf][j][1] = load_row(wp1, jc);
+      w[buf][j][0] = ld_int4_batch_row<H>(wp0, jc, glast);
+      w[buf][j][1] = ld_int4_batch_row<H>(wp1, jc, glast);
       if constexpr (!PER_ROW) load_consts(buf, j, jc);
     }
   };
