@@ -444,8 +444,8 @@ def test_weight_only_digits_tile_where_the_token_digits_fit() -> None:
 
 def test_weight_only_digits_rule() -> None:
     """The planner takes the digits tile where a chunk's digits fit and the average rows per expert is at most 3, on
-    layers of 64 experts or more or up to 4 rows in all (int4 per row, per 64 k or per 128 k); the staged tile
-    elsewhere in the decode band."""
+    layers of 64 experts or more, at most 2 on layers of 32 or more, or up to 4 rows in all (int4 per row, per 64 k
+    or per 128 k); the staged tile elsewhere in the decode band."""
     mixtral_up = call(epilogue="store", woq="int4", woq_group=128, n=28672, k=4096, experts=8, top_k=2)
     assert [at(mixtral_up, t) for t in (1, 2, 3)] == ["decode:digits_ksplit1:after_trigger:plain"] * 2 + [
         "decode:staged_ksplit1:after_trigger:plain"]  # 6 rows in all on 8 experts
@@ -457,7 +457,9 @@ def test_weight_only_digits_rule() -> None:
         assert not at(dataclasses.replace(qwen_up, **other), 16).startswith("decode:digits_")
     gpt_oss_up = call(epilogue="store", woq="int4", woq_group=64, n=5760, k=2880, experts=32, top_k=4)
     assert at(gpt_oss_up, 1).startswith("decode:digits_")  # 4 rows in all
-    assert at(gpt_oss_up, 16).startswith("decode:staged_")  # 64 rows on 32 experts
+    # 32-63 experts: to 2 average rows per expert (64 rows on 32 experts at 16 tokens), then the staged tile
+    assert at(gpt_oss_up, 16).startswith("decode:digits_") and at(gpt_oss_up, 17).startswith("decode:staged_")
+    assert at(dataclasses.replace(gpt_oss_up, experts=31), 2).startswith("decode:staged_")  # 8 rows, 31 experts
     bands = [(lo, hi, t.name.split(":")[1]) for lo, hi, t in tactic_bands(mixtral_up)]
     assert bands[0] == (1, 2, "digits_ksplit1")
 

@@ -533,7 +533,7 @@ def woq_decode_tile_rule(call: GemmCall, rows: RowCount, k_split: int) -> str:
 
 # Weight-only decode on token digits (the digits tile: gemm/woq_decode_digits.cu on the rows' token digits, in place
 # of the staged tile at its K split) where a chunk's digits fit and the average rows per expert is at most 3, on
-# layers of 64 experts or more or up to 4 rows in all. H200, the W4A16 bench GEMMs (int4, group 128, zeros) at 1-128
+# layers of 64 experts or more, to 2 on layers of 32 or more, or up to 4 rows in all. H200, the W4A16 bench GEMMs (int4, group 128, zeros) at 1-128
 # tokens, both forms in CUDA graphs with L2 flushed, the digits step included (bench/woq_digits_probe.py,
 # docs/measured/h200-2026-12-01-woq-digits/): Mixtral-8x7B 1.14-1.20x faster at 2-4 rows and 0.87x at 8 (chunks of
 # 2-3 rows take two mmas a step where the staged kernel's two fill its tile at any count); Qwen3-30B-A3B's GEMM1
@@ -548,12 +548,17 @@ def woq_decode_tile_rule(call: GemmCall, rows: RowCount, k_split: int) -> str:
 # 140.9-142.1 / 145.7-146.3, DeepSeek-V2-Lite at 22 / 27 / 32 tokens 108.8-109.1 / 114.7-115.4 / 122.7-123.0 against
 # 122.8-123.3 / 127.8-127.9 / 130.5-130.6. The bound is on the average rounded up (RowCount.avg_at_most): at 3.5 rows
 # (Qwen3-30B-A3B 56 tokens, DeepSeek-V2-Lite 37) the digits tile was 2.4% faster, at 4 rows 2% slower, and both are 4.
-# Groups of 64 (GPT-OSS-20B: 32 experts, k 2880), the layer with both GEMMs forced onto each tile
-# (docs/measured/h200-2026-12-01-digits-group64): 1 token (4 rows in all) 39.7 against 49.1 staged; from 4 tokens
-# within 4% either way (4: 109.6 / 109.8, 16: 192.8 / 191.7, 32: 237.5 / 226.8), so the same rule.
+# Layers of 32-63 experts take the tile to 2 average rows per expert. Groups of 64 (GPT-OSS-20B: 32 experts, k 2880),
+# the layer against both GEMMs forced onto each tile (docs/measured/h200-2026-12-01-digits-group64, ab_call1.txt,
+# ab_call8.txt): 1 token (4 rows in all) 39.7 against 49.1 staged; 4 tokens level (111.2 / 111.5 against 110.4 /
+# 111.5), 5-12 tokens (0.6-1.5 rows) 2-8% faster (6: 119.1 / 119.2 against 129.1 / 128.7; 8: 141.1 / 139.1 against
+# 148.4 / 145.6; 12: 175.9 / 175.3 against 179.9 / 179.7), 16 level (192.8 / 193.2 against 191.7), then slower (24:
+# 219.0 against 217.5; 32: 237.5 against 226.8).
 DIGITS_MAX_AVG_ROWS = 3
 DIGITS_MANY_EXPERTS = 64
 DIGITS_FEW_ROWS = 4
+DIGITS_MID_EXPERTS = 32
+DIGITS_MID_MAX_AVG_ROWS = 2
 
 
 def woq_digits_rule(call: GemmCall, rows: RowCount, k_split: int) -> bool:
@@ -561,7 +566,10 @@ def woq_digits_rule(call: GemmCall, rows: RowCount, k_split: int) -> bool:
     fits = most > 0 and (most >= DECODE_TOKENS or rows.rows_below(most + 1))  # a chunk's rows, min(8, tokens * top_k)
     few_per_expert = rows.avg_at_most(DIGITS_MAX_AVG_ROWS)
     few_rows = rows.rows_below(DIGITS_FEW_ROWS + 1)
-    return fits and few_per_expert and (call.experts >= DIGITS_MANY_EXPERTS or few_rows)
+    mid_rows = rows.avg_at_most(DIGITS_MID_MAX_AVG_ROWS)
+    experts_fit = (call.experts >= DIGITS_MANY_EXPERTS or few_rows
+                   or (call.experts >= DIGITS_MID_EXPERTS and mid_rows))
+    return fits and few_per_expert and experts_fit
 
 
 def woq_int4_codes(call: GemmCall) -> bool:
