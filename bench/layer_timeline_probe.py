@@ -5,7 +5,7 @@ its wait"). Replays back to back (no L2 flush), the last of them printed: start 
 replay's first start, in us.
 
     MOE_BUILD_KERNELS_LIB=.../libmoe_build_kernels.so python bench/layer_timeline_probe.py [out.json]
-    (LAYER_TIMELINE_POINTS: shape:tokens,... overrides the points)
+    (LAYER_TIMELINE_POINTS: shape:tokens,... overrides the points; LAYER_TIMELINE_QUANT: fp8 (default) or fp8_block)
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from moe_build.runner import MoERunner
 from moe_build.spec import Quant
 
 REPLAYS = 4
+QUANT = os.environ.get("LAYER_TIMELINE_QUANT", "fp8")
 POINTS = [(p.split(":")[0], int(p.split(":")[1])) for p in os.environ.get(
     "LAYER_TIMELINE_POINTS", "gpt-oss-20b:1,gpt-oss-20b:16,qwen3-30b-a3b:16,deepseek-v2-lite:256,deepseek-v3:1").split(",")]
 
@@ -27,7 +28,7 @@ POINTS = [(p.split(":")[0], int(p.split(":")[1])) for p in os.environ.get(
 def main() -> None:
     results = []
     for name, tokens in POINTS:
-        spec = fp8_bench_spec(name, Quant("fp8"))
+        spec = fp8_bench_spec(name, Quant(QUANT))
         w = device_fp8_weights(spec, seed=1)
         runner = MoERunner(spec, w, max_tokens=tokens)
         s = make_inputs(spec, tokens, 1, seed=tokens, correction_bias=w.correction_bias)[0]
@@ -41,10 +42,10 @@ def main() -> None:
         per_replay = len(events) // REPLAYS
         last = events[-per_replay:]
         t0 = last[0]["start_us"]
-        print(f"{name} fp8 T={tokens}: {per_replay} kernels a replay; start / end (us) of the last replay", flush=True)
+        print(f"{name} {QUANT} T={tokens}: {per_replay} kernels a replay; start / end (us) of the last replay", flush=True)
         for e in last:
             print(f"    {e['start_us'] - t0:7.1f} {e['start_us'] - t0 + e['us']:7.1f}  {e['name']}", flush=True)
-        results.append({"shape": name, "quant": "fp8", "tokens": tokens, "events": events})
+        results.append({"shape": name, "quant": QUANT, "tokens": tokens, "events": events})
         del runner, w, graphed
         torch.cuda.empty_cache()
     write_results(results, "layer_timeline.json")

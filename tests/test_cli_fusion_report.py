@@ -29,7 +29,7 @@ def test_json_schema_and_hopper_plan():
     assert doc["path"] == "plugin"
     stages = {s["stage"]: s for s in doc["stages"]}
     assert list(stages) == ["routing_prologue", "expand_rows", "gemm_kernel", "fc1_activation", "fc2_prequant",
-                            "finalize", "fc1_input_quant", "fc2_input_quant", "fp8_accumulation", "w1_order", "weight_layout",
+                            "finalize", "routing", "fc1_input_quant", "fc2_input_quant", "fp8_accumulation", "w1_order", "weight_layout",
                             "gemm1_tactic", "gemm2_tactic", "token_digits", "dispatch", "ep_format", "nccl_exchange"]
     for s in doc["stages"]:
         assert set(s) >= {"stage", "choice", "fallback", "gates", "bands"}

@@ -31,6 +31,27 @@ def test_prologue_three_step_at_every_count_when_a_static_gate_fails():
     assert d.choice == "three_step" and bands(d) == [[1, None, "three_step"]]
 
 
+@pytest.mark.parametrize("tokens,choice", [(1, "prologue"), (4, "prologue"), (5, "separate"), (8192, "separate")])
+def test_routing_in_the_prologue_up_to_four_tokens(tokens, choice):
+    d = make_plan(SPEC, SM90, tokens).stage("routing")
+    assert d.choice == choice and bands(d) == [[1, R.ROUTING_IN_PROLOGUE_MAX_TOKENS, "prologue"], [5, None, "separate"]]
+    assert {g.name: g.held for g in d.gates} == {"routing_local": True, "routing_prologue_fused": tokens <= 256,
+                                                 "routing_in_prologue_tokens": tokens <= 4}
+
+
+def test_routing_separate_where_the_prologue_is_not_fused_or_the_experts_are_split():
+    for plan in (make_plan(SPEC, SM90, 1, force={"routing_prologue": "three_step"}),
+                 make_plan(dataclasses.replace(SPEC, top_k=3), SM90, 1),  # the fused prologue's top-k gate
+                 make_plan(MoESpec(256, 128, 64, 4, ep_size=2, ep_rank=0), SM90, 1)):  # routed where tokens live
+        d = plan.stage("routing")
+        assert d.choice == "separate" and bands(d) == [[1, None, "separate"]]
+    with pytest.raises(UnsupportedCombination) as info:
+        make_plan(SPEC, SM90, 16, force={"routing": "prologue"})
+    assert info.value.rule == "routing_in_prologue_tokens"
+    forced = make_plan(SPEC, SM90, 1, force={"routing": "separate"}).stage("routing")
+    assert (forced.choice, forced.forced, bands(forced)) == ("separate", True, [[1, None, "separate"]])
+
+
 def test_token_independent_stages_hold_for_all_tokens():
     plan = make_plan(SPEC, SM90, 7)
     for name in ("expand_rows", "gemm_kernel", "fc1_activation", "fc2_prequant", "w1_order", "weight_layout"):

@@ -38,9 +38,12 @@ def test_default_hopper_plan_runs_tma_gemms_gated_epilogue_and_fused_finalize() 
     assert kernel_sequence(plan, 129)[2:4] == ["routing_prologue:fused", "expand_rows+zero_output"]
     assert kernel_sequence(plan, 64) == [
         "router_gemm", "routing", "routing_prologue:fused", "expand_rows", "gemm1:sm90_gated", "gemm2:sm90", "finalize"]
+    # up to 4 tokens the fused prologue's block routes too (the plan's routing=prologue): no routing launch
+    assert kernel_sequence(plan, 4)[:3] == ["router_gemm", "routing_prologue:fused+routing", "expand_rows+zero_output"]
+    assert kernel_sequence(plan, 5)[:3] == ["router_gemm", "routing", "routing_prologue:fused"]
     assert kernel_sequence(plan, 16)[-1] == "gemm2:sm90_finalize"  # 32 rows: the smallest calls fuse it again
     separate = make_plan(SWIGLU_64E, H100, tokens=16, force={"fc1_activation": "separate"})
-    assert kernel_sequence(separate, 16)[4:6] == ["gemm1:sm90", "fc1_activation"]
+    assert kernel_sequence(separate, 16, "topk")[2:4] == ["gemm1:sm90", "fc1_activation"]
 
 
 def test_interleave_gate_up_puts_each_features_gate_and_up_eight_rows_apart() -> None:
@@ -169,7 +172,8 @@ def test_top_k_outside_fused_prologue_set_always_three_step() -> None:
 def test_routing_inputs_skip_router_gemm_and_routing() -> None:
     plan = make_plan(SWIGLU, H100, tokens=16)
     assert kernel_sequence(plan, 16, "logits")[:2] == ["routing", "routing_prologue:fused"]
-    assert kernel_sequence(plan, 16, "topk")[0] == "routing_prologue:fused"
+    assert kernel_sequence(plan, 1, "logits")[0] == "routing_prologue:fused+routing"
+    assert kernel_sequence(plan, 16, "topk")[0] == "routing_prologue:fused"  # no routing, in the prologue or not
     with pytest.raises(MoeBuildError, match="routing_input"):
         kernel_sequence(plan, 16, "probs")  # type: ignore[arg-type]
 
@@ -192,13 +196,14 @@ def test_forced_fallbacks_change_exactly_their_step() -> None:
     fin_three = kernel_sequence(make_plan(SWIGLU, H100, tokens=4096, force={"finalize": "separate"}), 4096, "topk")
     assert fin_three[:2] == ["routing_prologue:three_step", "expand_rows"]
     three = kernel_sequence(make_plan(SWIGLU_64E, H100, tokens=16, force={"routing_prologue": "three_step"}), 64)
-    assert three[2:4] == ["routing_prologue:three_step", "expand_rows"]  # 64 tokens: separate finalize, no zeroing
+    assert three[1:4] == ["routing", "routing_prologue:three_step", "expand_rows"]  # 64 tokens: separate finalize
+    # (no zeroing); the routing runs in the fused prologue only
 
 
 def test_non_gated_activation_uses_the_ampere_epilogue() -> None:
     spec = dataclasses.replace(SWIGLU, activation=Activation.RELU)
     assert "gemm1:sm80_act" in kernel_sequence(make_plan(spec, A100, tokens=16), 16)
-    assert kernel_sequence(make_plan(spec, H100, tokens=16), 16)[4:6] == ["gemm1:sm90", "fc1_activation"]
+    assert kernel_sequence(make_plan(spec, H100, tokens=16), 16, "topk")[2:4] == ["gemm1:sm90", "fc1_activation"]
 
 
 def test_unaligned_sizes_lose_fused_gated_but_still_run() -> None:
@@ -280,8 +285,8 @@ def test_w4afp8_fc2_prequant_is_separate_at_one_token_on_narrow_experts() -> Non
     d = plan.stage("fc2_prequant")
     assert [b.to_list() for b in d.bands] == [[1, 1, "separate"], [2, None, "fused"]]
     assert [d.choice_for(t) for t in (1, 2, 4096)] == ["separate", "fused", "fused"]
-    assert kernel_sequence(plan, 1)[4:7] == ["gemm1:w4afp8", "fc1_activation", "fc2_prequant:fp8"]
-    assert kernel_sequence(plan, 2)[4:6] == ["gemm1:w4afp8", "fc1_activation:fc2_prequant_fp8"]
+    assert kernel_sequence(plan, 1, "topk")[2:5] == ["gemm1:w4afp8", "fc1_activation", "fc2_prequant:fp8"]
+    assert kernel_sequence(plan, 2, "topk")[2:4] == ["gemm1:w4afp8", "fc1_activation:fc2_prequant_fp8"]
     gate = next(g for g in make_plan(spec, H100, tokens=1).stage("fc2_prequant").gates
                 if g.name == "fc2_prequant_fused_tokens")
     assert (gate.value, gate.held) == ("tokens=1 intermediate_size=512", False)
@@ -302,7 +307,7 @@ def test_w4afp8_without_awq_scales_quantizes_in_the_activation() -> None:
     spec = dataclasses.replace(SWIGLU, quant=Quant.W4AFP8)
     plan = make_plan(spec, H100, tokens=16, force={"finalize": "separate"})
     assert plan.stage("fc2_prequant").choice == "none"
-    assert kernel_sequence(plan, 16)[3:] == ["expand_rows:prequant_fp8", "gemm1:w4afp8", "fc1_activation:fp8",
+    assert kernel_sequence(plan, 16, "topk")[1:] == ["expand_rows:prequant_fp8", "gemm1:w4afp8", "fc1_activation:fp8",
                                              "gemm2:w4afp8", "finalize"]
 
 
@@ -353,15 +358,15 @@ def test_weight_only_plans_fuse_the_finalize_into_the_decode_gemm2(quant: Quant)
     # (and its GEMM1 too: the expansion writes the token digits, token_digits=fused)
     expand = {Quant.W4AFP8: ["expand_rows:prequant_fp8"], Quant.W4A16_AWQ: ["expand_rows:prequant_digits"]}.get(
         quant, ["expand_rows"])
-    fused, separate = kernel_sequence(plan, 16), kernel_sequence(plan, 17)
+    fused, separate = kernel_sequence(plan, 16, "topk"), kernel_sequence(plan, 17, "topk")
     n = 2 + len(expand)
-    assert fused[2:n + 1] == ["routing_prologue:fused", *expand[:-1], f"{expand[-1]}+zero_output"]
+    assert fused[:n - 1] == ["routing_prologue:fused", *expand[:-1], f"{expand[-1]}+zero_output"]
     assert fused[-1] == f"{gemm2}_finalize"
-    assert separate[2:n + 1] == ["routing_prologue:fused", *expand] and separate[-2:] == [gemm2, "finalize"]
+    assert separate[:n - 1] == ["routing_prologue:fused", *expand] and separate[-2:] == [gemm2, "finalize"]
     assert plan.choices(16)["gemm2_tactic"].startswith("decode:")
     if quant is Quant.W4AFP8:  # the plain 16-bit expansion, zeroing the output, has its rows in the workspace
         plain = make_plan(spec, H100, tokens=16, force={"expand_rows": "plain"})
-        assert kernel_sequence(plain, 16)[3] == "expand_rows:16bit+zero_output"
+        assert kernel_sequence(plain, 16, "topk")[1] == "expand_rows:16bit+zero_output"
         assert "expanded_input" in workspace_layout(spec, steps_up_to(plain, 16), 16)
     wide = make_plan(dataclasses.replace(spec, intermediate_size=2048), H100, tokens=16)  # fused to 8 rows/expert
     assert [b.to_list() for b in wide.stage("finalize").bands] == [[1, 256, "fused"], [257, None, "separate"]]
@@ -388,12 +393,12 @@ def test_fp8_plans_run_fp8_steps_where_the_plan_quantizes(quant: Quant) -> None:
     after it, as the plan's fc1_input_quant / fc2_input_quant say (finalize forced separate here: the
     fused finalize has a test of its own)."""
     spec = dataclasses.replace(SWIGLU, quant=quant)
-    fused = kernel_sequence(make_plan(spec, H100, tokens=16, force={**ACT_KERNEL, "finalize": "separate"}), 16)
-    assert fused[2:] == ["routing_prologue:fused", "expand_rows:fp8", "gemm1:fp8", "fc1_activation:fp8", "gemm2:fp8",
+    fused = kernel_sequence(make_plan(spec, H100, tokens=16, force={**ACT_KERNEL, "finalize": "separate"}), 16, "topk")
+    assert fused == ["routing_prologue:fused", "expand_rows:fp8", "gemm1:fp8", "fc1_activation:fp8", "gemm2:fp8",
                          "finalize"]
     separate = make_plan(spec, H100, tokens=16, force={**ACT_KERNEL, "fc1_input_quant": "separate",
                                                        "fc2_input_quant": "separate", "finalize": "separate"})
-    assert kernel_sequence(separate, 16)[2:] == [
+    assert kernel_sequence(separate, 16, "topk") == [
         "routing_prologue:fused", "fc1_input_quant:separate", "expand_rows:fp8_prequantized", "gemm1:fp8",
         "fc1_activation", "fc2_input_quant:separate", "gemm2:fp8", "finalize"]
     layout = workspace_layout(spec, steps_up_to(separate, 16), 16)
@@ -423,10 +428,10 @@ def test_fp8_plans_fuse_the_finalize_into_gemm2_where_the_plan_says(quant: Quant
     tail = ["gemm1:fp8", "fc1_activation:fp8", "gemm2:fp8_finalize"]
     plan = make_plan(spec, H100, tokens=16, force=ACT_KERNEL)
     assert plan.stage("finalize").choice == "fused"
-    assert kernel_sequence(plan, 16)[2:] == ["routing_prologue:fused", "expand_rows:fp8+zero_output", *tail]
+    assert kernel_sequence(plan, 16, "topk") == ["routing_prologue:fused", "expand_rows:fp8+zero_output", *tail]
     assert "gemm2_out" not in workspace_layout(spec, steps_up_to(plan, 16), 16)
     prequantized = make_plan(spec, H100, tokens=16, force={**ACT_KERNEL, "fc1_input_quant": "separate"})
-    assert kernel_sequence(prequantized, 16)[2:] == [
+    assert kernel_sequence(prequantized, 16, "topk") == [
         "routing_prologue:fused", "fc1_input_quant:separate", "expand_rows:fp8_prequantized+zero_output", *tail]
     three_step = make_plan(spec, H100, tokens=16, force={**ACT_KERNEL, "routing_prologue": "three_step"})
     assert kernel_sequence(three_step, 16)[2:] == ["routing_prologue:three_step+zero_output", "expand_rows:fp8",
@@ -451,7 +456,7 @@ def test_fp8_rowwise_plans_run_the_gated_gemm1() -> None:
     plan = make_plan(spec, H100, tokens=16, force={"finalize": "separate"})
     assert w1_interleaved(plan)
     for tokens in (1, 2, 16):
-        assert kernel_sequence(plan, tokens)[2:] == ["routing_prologue:fused", "expand_rows:fp8", "gemm1:fp8_gated",
+        assert kernel_sequence(plan, tokens, "topk") == ["routing_prologue:fused", "expand_rows:fp8", "gemm1:fp8_gated",
                                                      "fc2_input_quant:separate", "gemm2:fp8", "finalize"], tokens
     layout = workspace_layout(spec, steps_up_to(plan, 16), 16)
     assert "fc1_out" not in layout and layout["fc1_act"].dtype == torch.bfloat16
@@ -734,13 +739,13 @@ def test_digits_tactics_read_token_digits(finalize: str, fc2_prequant: str, expa
               ("prequant_fused", "none"): "expand_rows:digits", ("plain", "none"): "expand_rows:digits"}[
                   (expand_rows, fc2_prequant)]
     act = "fc1_activation:fc2_prequant_digits" if fc2_prequant == "fused" else "fc1_activation:digits"
-    steps = kernel_sequence(plan, 16)
+    steps = kernel_sequence(plan, 16, "topk")
     start = steps.index("routing_prologue:fused") + 1
     end = steps.index(gemm2) + 1
     prequant = ["fc1_prequant:separate"] if (expand_rows, fc2_prequant) == ("plain", "fused") else []
     assert steps[start:end] == [*prequant, expand + zero, "gemm1:woq_digits", act, gemm2]
     separate = make_plan(spec, target, tokens=16, force={**force, "token_digits": "separate"})
-    steps = kernel_sequence(separate, 16)
+    steps = kernel_sequence(separate, 16, "topk")
     plain_expand = expand.replace("_digits", "").replace(":digits", "")
     plain_act = "fc1_activation:fc2_prequant" if fc2_prequant == "fused" else "fc1_activation"
     assert steps[start:steps.index(gemm2) + 1] == [*prequant, plain_expand + zero, "token_digits:gemm1",

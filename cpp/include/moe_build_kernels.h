@@ -53,6 +53,16 @@ mb_status mb_routing_prologue_fused(const int32_t* topk_ids, int num_tokens, int
                                     int32_t* permuted_to_unpermuted, int32_t* unpermuted_to_permuted,
                                     int64_t* expert_first_token_offset, cudaStream_t stream);
 
+/* stages/routing_prologue_fused.cu: the same block routes first (routing = prologue in the plan): mb_routing's
+ * arguments and outputs (topk_ids / topk_weights written as it writes them), then the maps built from those ids, in
+ * one launch; MB_ERR_UNSUPPORTED outside mb_routing_prologue_fused's limits. */
+mb_status mb_routing_prologue_fused_routing(const void* logits, int dtype, const float* correction_bias,
+                                            int num_tokens, int num_experts, int top_k, int method, int renormalize,
+                                            int num_groups, int topk_groups, float routed_scaling_factor,
+                                            int32_t* topk_ids, float* topk_weights, int32_t* permuted_to_unpermuted,
+                                            int32_t* unpermuted_to_permuted, int64_t* expert_first_token_offset,
+                                            cudaStream_t stream);
+
 /* stages/routing_prologue_three_step.cu: any T; workspace from mb_routing_prologue_three_step_workspace().
  * zero_out (zero_bytes bytes) or NULL with zero_bytes 0: when given, this launch also sets it to zero
  * (the output mb_grouped_gemm_sm90_finalize adds into, zeroed here when the three-step prologue runs,

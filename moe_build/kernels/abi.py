@@ -143,6 +143,7 @@ SIGNATURES: dict[str, tuple[type, tuple[type, ...]]] = {
     "mb_last_error": (ctypes.c_char_p, ()),
     "mb_routing": (_i, (_p, _i, _p, _i, _i, _i, _i, _i, _i, _i, _f, _p, _p, _p)),
     "mb_routing_prologue_fused": (_i, (_p, _i, _i, _i, _p, _p, _p, _p)),
+    "mb_routing_prologue_fused_routing": (_i, (_p, _i, _p, _i, _i, _i, _i, _i, _i, _i, _f, _p, _p, _p, _p, _p, _p)),
     "mb_routing_prologue_three_step_workspace": (_sz, (_i, _i, _i)),
     "mb_routing_prologue_three_step": (_i, (_p, _i, _i, _i, _p, _p, _p, _p, _sz, _p, _sz, _p)),
     "mb_expand_rows": (_i, (_p, _i, _p, _p, _p, _i, _i, _i, _p, _p, _p, _p)),

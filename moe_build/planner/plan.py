@@ -19,6 +19,7 @@ from .gates import OURS, Band, Gate, Plan, StageDecision, bands_text
 # The plugin path's stages: the seed's fusion matrix, then the weight layouts and the two GEMMs' tactics
 # that follow from it (moe-build's own: what the kernels are told, never decided by them).
 FUSION_STAGES = ("routing_prologue", "expand_rows", "gemm_kernel", "fc1_activation", "fc2_prequant", "finalize")
+ROUTING_STAGES = ("routing",)  # where the top-k is chosen: its own kernel, or inside the fused prologue's block
 ACT_QUANT_STAGES = ("fc1_input_quant", "fc2_input_quant")
 DIGITS_STAGES = ("token_digits",)  # where the weight-only digits tile's 8-bit token digits are made
 ACCUMULATION_STAGES = ("fp8_accumulation",)  # how the FP8 GEMMs add up their products
@@ -27,12 +28,13 @@ TACTIC_STAGES = ("gemm1_tactic", "gemm2_tactic")
 EP_STAGES = ("dispatch",)  # how tokens reach the ranks holding their experts, and come back
 # how the dispatched rows reach a rank's experts (seed 000's formats) and their outputs come back
 EP_FORMAT_STAGES = ("ep_format", "nccl_exchange")
-PLUGIN_STAGES = (FUSION_STAGES + ACT_QUANT_STAGES + ACCUMULATION_STAGES + LAYOUT_STAGES + TACTIC_STAGES
-                 + DIGITS_STAGES + EP_STAGES + EP_FORMAT_STAGES)
+PLUGIN_STAGES = (FUSION_STAGES + ROUTING_STAGES + ACT_QUANT_STAGES + ACCUMULATION_STAGES + LAYOUT_STAGES
+                 + TACTIC_STAGES + DIGITS_STAGES + EP_STAGES + EP_FORMAT_STAGES)
 OOTB_STAGES = ("expert_compute",) + EP_STAGES
 MATRIX_STAGES = FUSION_STAGES + ("expert_compute",)  # the seed's fusion matrix: both paths' fusion stages
 STAGE_CHOICES: dict[str, tuple[str, ...]] = {
     "routing_prologue": ("fused", "three_step"),
+    "routing": ("prologue", "separate"),
     "expand_rows": ("prequant_fused", "plain"),
     "gemm_kernel": ("tma_warp_specialized", "ampere"),
     "fc1_activation": ("epilogue", "fused_gated", "gated_epilogue", "separate"),
@@ -133,6 +135,21 @@ def _routing_prologue(spec: MoESpec, target: Target, tokens: int, forced: str | 
     return _token_ranged("routing_prologue", "fused", "three_step", static + per_tokens(tokens), t_max, tokens,
                          forced, "single-block fused expert-map build",
                          "three-step sort/offsets/inverse build of the expert maps")
+
+
+def _routing(spec: MoESpec, prologue: StageDecision, tokens: int, forced: str | None) -> StageDecision:
+    """moe-build's: the routing inside the fused prologue's block over the counts 1..t of that prologue's band, up to
+    ROUTING_IN_PROLOGUE_MAX_TOKENS (bands over every count). Where the caller gives top-k ids there is no routing and
+    the stage does not apply (runner/sequence.py)."""
+    local = R.routing_local(spec)
+    t_max = 0
+    if local.held:
+        t_max = next((t for t in range(R.ROUTING_IN_PROLOGUE_MAX_TOKENS, 0, -1)
+                      if all(prologue.choice_for(u) == "fused" for u in range(1, t + 1))), 0)
+    gates = [local, R.routing_prologue_is_fused(prologue.choice_for(tokens)), R.routing_in_prologue_tokens(tokens)]
+    return _token_ranged("routing", "prologue", "separate", gates, t_max, tokens, forced,
+                         "routing inside the fused prologue's block (one launch fewer)",
+                         "the routing kernel, then the expert maps")
 
 
 def _expand_rows(spec: MoESpec, forced: str | None) -> StageDecision:
@@ -582,13 +599,15 @@ def make_plan(spec: MoESpec, target: Target, tokens: int = 1,
         gemm1_tactic = _tactic("gemm1_tactic", calls["gemm1_tactic"], None, tokens, tactics.get("gemm1_tactic"))
         gemm2_tactic = _tactic("gemm2_tactic", calls["gemm2_tactic"], finalize, tokens, tactics.get("gemm2_tactic"))
         fc2_prequant = _fc2_prequant(spec, tokens, force.get("fc2_prequant"))
+        prologue = _routing_prologue(spec, target, tokens, force.get("routing_prologue"))
         stages = (
-            _routing_prologue(spec, target, tokens, force.get("routing_prologue")),
+            prologue,
             _expand_rows(spec, force.get("expand_rows")),
             gemm,
             fc1,
             fc2_prequant,
             finalize,
+            _routing(spec, prologue, tokens, force.get("routing")),
             _fc1_input_quant(spec, force.get("fc1_input_quant")),
             _fc2_input_quant(spec, fc1.choice, finalize, gemm2_tactic, calls["gemm2_tactic"], tokens,
                              force.get("fc2_input_quant")),

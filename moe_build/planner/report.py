@@ -21,7 +21,8 @@ from ..target import SUPPORTED_SMS, Target
 REPORT_SCHEMA_VERSION = "moe-build.fusion-report/8"
 SWEEP_SCHEMA_VERSION = "moe-build.fusion-sweep/7"
 STAGE_TITLES = {
-    "routing_prologue": "routing prologue", "expand_rows": "expand rows", "gemm_kernel": "GEMM kernel",
+    "routing_prologue": "routing prologue", "routing": "routing (top-k)", "expand_rows": "expand rows",
+    "gemm_kernel": "GEMM kernel",
     "fc1_activation": "FC1 activation", "fc2_prequant": "FC2 pre-quant", "finalize": "finalize",
     "fc1_input_quant": "GEMM1 input FP8", "fc2_input_quant": "GEMM2 input FP8", "fp8_accumulation": "FP8 accumulation",
     "w1_order": "W1 order", "weight_layout": "weight layout", "gemm1_tactic": "GEMM1 tactic",

@@ -168,6 +168,30 @@ def prologue_smem(s: MoESpec, t: Target, tokens: int) -> Gate:
                 need < t.max_smem_per_block, _src(MOE_KERNELS_CU, 453, 454), token_dependent=True)
 
 
+# The routing inside the fused prologue's block (moe-build's): one launch and one wait on the chain fewer. Measured
+# (H200, six layers, docs/performance.md "The routing inside the fused prologue"): 0.2-1.4 us a layer less at 1
+# token, level to 1.4 us less at 4, level at 16 and slower from 32 (one block routes what the routing kernel's grid
+# spreads), so up to 4 tokens.
+ROUTING_IN_PROLOGUE_MAX_TOKENS = 4
+
+
+# routing = prologue only where the fused prologue builds the maps at this count (its band)
+def routing_prologue_is_fused(prologue: str) -> Gate:
+    return Gate("routing_prologue_fused", prologue, "routing_prologue == fused", prologue == "fused",
+                f"{OURS} (cpp/src/stages/routing_prologue_fused.cu)", token_dependent=True)
+
+
+# num_tokens <= ROUTING_IN_PROLOGUE_MAX_TOKENS: one block routes every token
+def routing_in_prologue_tokens(tokens: int) -> Gate:
+    return Gate("routing_in_prologue_tokens", tokens, f"num_tokens <= {ROUTING_IN_PROLOGUE_MAX_TOKENS}",
+                tokens <= ROUTING_IN_PROLOGUE_MAX_TOKENS, f"{OURS} (cost rule, measured)", token_dependent=True)
+
+
+# ep_size == 1: an expert-parallel layer routes where its tokens live and its dispatch lays the rows out
+def routing_local(s: MoESpec) -> Gate:
+    return Gate("routing_local", s.ep_size, "ep_size == 1", s.ep_size == 1, f"{OURS} (runner/expert_parallel.py)")
+
+
 # ---- 3.2 expand rows --------------------------------------------------------------------------
 
 # prequant_scales passed to expandInput only when (use_w4afp8 && !use_fp8_input)

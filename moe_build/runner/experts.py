@@ -76,6 +76,17 @@ class FusedExperts:
     def prologue_fused(self, b: Batch) -> None:
         self._maps(b, fused=True)
 
+    def prologue_fused_routing(self, b: Batch) -> None:
+        """The routing (prepare_finalize's, the same arguments and outputs) and the fused map build in one launch
+        (the plan's routing=prologue)."""
+        r = self.spec.routing
+        self.k.routing_prologue_fused_routing(
+            b.logits, self.spec.top_k, method=r.method.value, renormalize=r.renormalize,
+            correction_bias=self.w.correction_bias, num_groups=r.num_groups, topk_groups=r.topk_groups,
+            routed_scaling_factor=r.routed_scaling_factor, topk_ids=b.topk_ids, topk_weights=b.topk_weights,
+            permuted_to_unpermuted=b.v("permuted_to_unpermuted"), unpermuted_to_permuted=b.v("unpermuted_to_permuted"),
+            expert_first_token_offset=b.v("expert_offsets"), stream=b.stream)
+
     def prologue_three_step(self, b: Batch) -> None:
         self._maps(b, fused=False)
 

@@ -147,7 +147,8 @@ class MoERunner:
         pf, ex = self.prepare_finalize, self.experts
         return {
             S.ROUTER_GEMM: pf.router_gemm, S.ROUTING: pf.routing,
-            S.PROLOGUE_FUSED: ex.prologue_fused, S.PROLOGUE_THREE_STEP: ex.prologue_three_step,
+            S.PROLOGUE_FUSED: ex.prologue_fused, S.PROLOGUE_FUSED_ROUTING: ex.prologue_fused_routing,
+            S.PROLOGUE_THREE_STEP: ex.prologue_three_step,
             S.PROLOGUE_THREE_STEP_ZERO_OUTPUT: ex.prologue_three_step_zero_output,
             S.EXPAND_ROWS: ex.expand_rows, S.EXPAND_ROWS_ZERO_OUTPUT: ex.expand_rows_zero_output,
             S.GEMM1_SM90: ex.gemm1_sm90, S.GEMM1_SM90_GATED: ex.gemm1_sm90_gated,

@@ -23,6 +23,8 @@ RoutingInput = Literal["hidden", "logits", "topk"]
 ROUTER_GEMM = "router_gemm"            # torch matmul: hidden @ router_weight^T (+ bias)
 ROUTING = "routing"                    # mb_routing: logits -> topk ids/weights
 PROLOGUE_FUSED = "routing_prologue:fused"            # mb_routing_prologue_fused
+# mb_routing_prologue_fused_routing (the plan's routing=prologue): the routing step inside the fused prologue's launch
+PROLOGUE_FUSED_ROUTING = "routing_prologue:fused+routing"
 PROLOGUE_THREE_STEP = "routing_prologue:three_step"  # mb_routing_prologue_three_step
 # the three-step prologue that also zeroes the output the fused finalize accumulates into (its zero_out):
 # extra blocks beside its latency-bound scan, instead of more writes in the bandwidth-bound expansion.
@@ -227,10 +229,12 @@ def kernel_sequence(plan: Plan, tokens: int, routing_input: RoutingInput = "hidd
         raise MoeBuildError("routing_input", "an expert-parallel rank's experts take dispatched rows, already "
                             "routed", ("topk",))
     c = plan.choices(tokens)
+    if routing_input == "topk":  # no routing to run, in its own kernel or in the prologue
+        c["routing"] = "separate"
     steps: list[str] = []
     if routing_input == "hidden":
         steps.append(ROUTER_GEMM)
-    if routing_input in ("hidden", "logits"):
+    if routing_input in ("hidden", "logits") and c["routing"] != "prologue":
         steps.append(ROUTING)
     if is_fp8(plan):
         return steps + _fp8_steps(plan, c)
@@ -247,11 +251,12 @@ def kernel_sequence(plan: Plan, tokens: int, routing_input: RoutingInput = "hidd
 
 
 def _prologue(c: dict[str, str]) -> tuple[list[str], bool]:
-    """The routing prologue's step and whether the expansion after it zeroes the output: a fused finalize adds into
-    `out`, which the three-step prologue (extra blocks beside its scan) or else the expansion zeroes beforehand."""
+    """The routing prologue's step (the fused one routing first where the call's routing is in it) and whether the
+    expansion after it zeroes the output: a fused finalize adds into `out`, which the three-step prologue (extra
+    blocks beside its scan) or else the expansion zeroes beforehand."""
     fused = c["finalize"] == "fused"
     if c["routing_prologue"] == "fused":
-        return [PROLOGUE_FUSED], fused
+        return [PROLOGUE_FUSED_ROUTING if c["routing"] == "prologue" else PROLOGUE_FUSED], fused
     return [PROLOGUE_THREE_STEP_ZERO_OUTPUT if fused else PROLOGUE_THREE_STEP], False
 
 

@@ -113,30 +113,39 @@ def test_routing(case: tuple, k: int) -> None:
         sigmoid = method is K.Routing.SIGMOID_GROUPED
         bias = torch.randn(e, device="cuda") * 0.1 if sigmoid else None
         ids, w = run_routing(logits, k, method, renorm, bias, groups, topk_groups, scale)
+        check_routing(logits, bias, ids, w, case, k)
 
-        x = logits.double()
-        key = torch.sigmoid(x) + bias.double() if sigmoid else x
-        eligible, gscore = (ref_group_mask(key, groups, topk_groups) if groups > 1
-                            else (torch.ones_like(key, dtype=torch.bool), None))
-        ref_ids = stable_topk(key.masked_fill(~eligible, -math.inf), k)
-        if not sigmoid:
-            # Keys are the logits themselves, exact in fp32: the selection must match exactly.
-            assert torch.equal(ids.long(), ref_ids), f"t={t} e={e} dtype={dtype}"
-        else:
-            # Keys are rounded fp32 sums: accept a different choice only at a near-tie.
-            tol = 1e-6
-            sel = key.gather(1, ids.long())
-            assert (sel.diff(dim=1) <= tol).all(), "ids not in descending key order"
-            kth = key.masked_fill(~eligible, -math.inf).sort(dim=1, descending=True).values[:, k - 1:k]
-            clear = torch.ones(t, dtype=torch.bool, device="cuda")
-            if gscore is not None:
-                gs = gscore.sort(dim=1, descending=True).values
-                clear = gs[:, topk_groups - 1] - gs[:, topk_groups] > tol
-                picked_groups = ids.long() // (e // groups)
-                assert (gscore.gather(1, picked_groups) >= gs[:, topk_groups - 1:topk_groups] - tol).all()
-            assert (sel[clear] >= kth[clear] - tol).all(), "a clearly non-top-k expert was chosen"
-            assert (ids.long() != ref_ids).any(dim=1).float().mean() < 0.01
-        assert rel_err(w, ref_weights(x, ids, method, renorm, scale)) < 1e-5
+
+def check_routing(logits: torch.Tensor, bias: torch.Tensor | None, ids: torch.Tensor, w: torch.Tensor, case: tuple,
+                  k: int) -> None:
+    """ids / weights of a routing (ROUTING_CASES' `case`) against the fp64 reference: the ids of a stable top-k of
+    the keys (exactly where the keys are the logits), the weights within 1e-5."""
+    method, renorm, groups, topk_groups, scale = case
+    t, e = logits.shape
+    sigmoid = method is K.Routing.SIGMOID_GROUPED
+    x = logits.double()
+    key = torch.sigmoid(x) + bias.double() if sigmoid else x
+    eligible, gscore = (ref_group_mask(key, groups, topk_groups) if groups > 1
+                        else (torch.ones_like(key, dtype=torch.bool), None))
+    ref_ids = stable_topk(key.masked_fill(~eligible, -math.inf), k)
+    if not sigmoid:
+        # Keys are the logits themselves, exact in fp32: the selection must match exactly.
+        assert torch.equal(ids.long(), ref_ids), f"t={t} e={e} dtype={logits.dtype}"
+    else:
+        # Keys are rounded fp32 sums: accept a different choice only at a near-tie.
+        tol = 1e-6
+        sel = key.gather(1, ids.long())
+        assert (sel.diff(dim=1) <= tol).all(), "ids not in descending key order"
+        kth = key.masked_fill(~eligible, -math.inf).sort(dim=1, descending=True).values[:, k - 1:k]
+        clear = torch.ones(t, dtype=torch.bool, device="cuda")
+        if gscore is not None:
+            gs = gscore.sort(dim=1, descending=True).values
+            clear = gs[:, topk_groups - 1] - gs[:, topk_groups] > tol
+            picked_groups = ids.long() // (e // groups)
+            assert (gscore.gather(1, picked_groups) >= gs[:, topk_groups - 1:topk_groups] - tol).all()
+        assert (sel[clear] >= kth[clear] - tol).all(), "a clearly non-top-k expert was chosen"
+        assert (ids.long() != ref_ids).any(dim=1).float().mean() < 0.01
+    assert rel_err(w, ref_weights(x, ids, method, renorm, scale)) < 1e-5
 
 
 @pytest.mark.parametrize("method", list(K.Routing), ids=lambda m: m.name.lower())
@@ -181,17 +190,21 @@ def test_routing_many_experts(e: int, k: int) -> None:
     assert rel_err(w, ref_weights(logits.double(), ids, K.Routing.SOFTMAX_TOPK, True, 1.0)) < 1e-5
 
 
-def test_routing_rejects_bad_arguments() -> None:
+@pytest.mark.parametrize("route", (K.routing, K.routing_prologue_fused_routing), ids=("routing", "in_prologue"))
+def test_routing_rejects_bad_arguments(route) -> None:
+    """Both routing entry points (the routing kernel's and the fused prologue's that routes) check alike."""
     logits = torch.randn(4, 8, device="cuda")
     with pytest.raises(K.KernelError, match="top_k") as err:
-        K.routing(logits, 9)
+        route(logits, 9)
     assert err.value.status is K.Status.INVALID_ARGUMENT
     with pytest.raises(K.KernelError, match="num_groups"):
-        K.routing(logits, 2, K.Routing.SIGMOID_GROUPED, num_groups=3, topk_groups=1)
+        route(logits, 2, K.Routing.SIGMOID_GROUPED, num_groups=3, topk_groups=1)
+    with pytest.raises(K.KernelError, match="correction_bias"):
+        route(logits, 2, correction_bias=torch.zeros(8, device="cuda"))
     with pytest.raises(ValueError, match="logits"):
-        K.routing(logits.cpu(), 2)
+        route(logits.cpu(), 2)
     with pytest.raises(K.KernelError) as err:
-        K.routing(torch.randn(4, 1025, device="cuda"), 2)
+        route(torch.randn(4, 1025, device="cuda"), 2)
     assert err.value.status is K.Status.UNSUPPORTED
 
 
@@ -281,6 +294,68 @@ def test_routing_prologue_fused_unsupported(t: int, k: int, e: int) -> None:
     with pytest.raises(K.KernelError) as err:
         K.routing_prologue_fused(random_ids(t, e, k), e)
     assert err.value.status is K.Status.UNSUPPORTED
+
+
+def run_fused_routing(logits: torch.Tensor, k: int, case: tuple, bias: torch.Tensor | None
+                      ) -> tuple[torch.Tensor, ...]:
+    """routing_prologue_fused_routing into poisoned outputs, every one checked written: (ids, weights, the maps)."""
+    method, renorm, groups, topk_groups, scale = case
+    t, e = logits.shape
+    ids, w = sentinel((t, k)), nan_like((t, k), torch.float32)
+    ptu, utp, off = sentinel((t * k,)), sentinel((t * k,)), sentinel((e + 1,), torch.int64)
+    K.routing_prologue_fused_routing(logits, k, method, renorm, bias, groups, topk_groups, scale, topk_ids=ids,
+                                     topk_weights=w, permuted_to_unpermuted=ptu, unpermuted_to_permuted=utp,
+                                     expert_first_token_offset=off)
+    torch.cuda.synchronize()
+    assert (ids != SENTINEL).all() and not torch.isnan(w).any(), "routing left outputs unwritten"
+    assert (ptu != SENTINEL).all() and (utp != SENTINEL).all() and (off != SENTINEL).all(), "maps left unwritten"
+    return ids, w, ptu, utp, off
+
+
+@pytest.mark.parametrize("case", ROUTING_CASES, ids=lambda c: f"{c[0].name.lower()}-renorm{int(c[1])}-g{c[2]}")
+@pytest.mark.parametrize("k", (1, 2, 4, 6, 8))
+def test_routing_prologue_fused_routing(case: tuple, k: int) -> None:
+    """The fused prologue that routes: its ids and weights against the fp64 reference, its maps against a stable
+    sort of those ids, and both bit for bit what the routing kernel and then the fused map build write."""
+    method, renorm, groups, topk_groups, scale = case
+    for i, t in enumerate((0, 1, 16, 17, 64, 255, 256)):
+        e = (8, 64, 256, 510, 128, 33, 300)[(i + k) % 7]
+        if groups > 1 and (e % groups or e // groups < 2):
+            e = (64, 256)[i % 2]
+        dtype = DTYPES[(i + k) % 3]
+        logits = (torch.randn(t, e, device="cuda") * 2).to(dtype)
+        bias = torch.randn(e, device="cuda") * 0.1 if method is K.Routing.SIGMOID_GROUPED else None
+        ids, w, ptu, utp, off = run_fused_routing(logits, k, case, bias)
+        if t:
+            check_routing(logits, bias, ids, w, case, k)
+        r_ptu, r_utp, r_off = ref_maps(ids, e)
+        assert torch.equal(ptu.long(), r_ptu) and torch.equal(utp.long(), r_utp) and torch.equal(off, r_off), \
+            f"maps: t={t} e={e} k={k}"
+        if t:
+            two_ids, two_w = run_routing(logits, k, method, renorm, bias, groups, topk_groups, scale)
+            assert torch.equal(ids, two_ids) and torch.equal(w, two_w), f"t={t} e={e}: not the routing kernel's"
+
+
+@pytest.mark.parametrize("e,groups,topk_groups", [(496, 248, 8), (64, 32, 4)])
+def test_routing_prologue_fused_routing_groups_on_fewer_warps(e: int, groups: int, topk_groups: int) -> None:
+    """Grouped selection whose per-warp scratch leaves the counters' 32 KB to 9 routing warps (496 experts in 248
+    groups): 256 tokens, each warp routing up to 29 in turn; and many small groups on all 16 warps."""
+    case = (K.Routing.SIGMOID_GROUPED, True, groups, topk_groups, 1.5)
+    logits = torch.randn(256, e, device="cuda") * 2
+    bias = torch.randn(e, device="cuda") * 0.1
+    ids, w, ptu, utp, off = run_fused_routing(logits, 8, case, bias)
+    two_ids, two_w = run_routing(logits, 8, K.Routing.SIGMOID_GROUPED, True, bias, groups, topk_groups, 1.5)
+    assert torch.equal(ids, two_ids) and torch.equal(w, two_w)
+    r_ptu, r_utp, r_off = ref_maps(ids, e)
+    assert torch.equal(ptu.long(), r_ptu) and torch.equal(utp.long(), r_utp) and torch.equal(off, r_off)
+
+
+@pytest.mark.parametrize("t,k,e", [(257, 2, 8), (16, 3, 8), (16, 5, 64), (16, 2, 511)])
+def test_routing_prologue_fused_routing_unsupported(t: int, k: int, e: int) -> None:
+    with pytest.raises(K.KernelError) as err:
+        K.routing_prologue_fused_routing(torch.randn(t, e, device="cuda"), k)
+    assert err.value.status is K.Status.UNSUPPORTED
+
 
 
 # ---- expand rows ------------------------------------------------------------------------------

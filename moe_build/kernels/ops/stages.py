@@ -17,18 +17,26 @@ def routing(logits: torch.Tensor, top_k: int, method: int | str | Routing = Rout
             topk_weights: torch.Tensor | None = None, stream: int | torch.cuda.Stream | None = None
             ) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [T, E] -> (topk_ids [T, K] int32, topk_weights [T, K] float32)."""
+    m, ids, w = _routing_args(logits, top_k, method, correction_bias, topk_ids, topk_weights)
+    t, e = logits.shape
+    call("mb_routing", logits.data_ptr(), _dtype_code(logits, "logits"), _ptr(correction_bias), t, e, top_k, m,
+          int(bool(renormalize)), num_groups, topk_groups, routed_scaling_factor, ids.data_ptr(), w.data_ptr(),
+          _stream(stream, logits.device))
+    return ids, w
+
+
+def _routing_args(logits: torch.Tensor, top_k: int, method: int | str | Routing, correction_bias: torch.Tensor | None,
+                  topk_ids: torch.Tensor | None, topk_weights: torch.Tensor | None
+                  ) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """The routing's checked tensors, as both routing entry points take them: (method code, topk_ids, topk_weights)."""
     _check(logits, "logits", (None, None))
     dev = logits.device
     t, e = logits.shape
     m = _enum(method, Routing, "method")
     if correction_bias is not None:
         _check(correction_bias, "correction_bias", (e,), torch.float32, dev)
-    ids = _out(topk_ids, "topk_ids", (t, top_k), torch.int32, dev)
-    w = _out(topk_weights, "topk_weights", (t, top_k), torch.float32, dev)
-    call("mb_routing", logits.data_ptr(), _dtype_code(logits, "logits"), _ptr(correction_bias), t, e, top_k, m,
-          int(bool(renormalize)), num_groups, topk_groups, routed_scaling_factor, ids.data_ptr(), w.data_ptr(),
-          _stream(stream, dev))
-    return ids, w
+    return (m, _out(topk_ids, "topk_ids", (t, top_k), torch.int32, dev),
+            _out(topk_weights, "topk_weights", (t, top_k), torch.float32, dev))
 
 
 def _map_outputs(topk_ids: torch.Tensor, num_experts: int, ptu: torch.Tensor | None, utp: torch.Tensor | None,
@@ -58,6 +66,27 @@ def routing_prologue_fused(topk_ids: torch.Tensor, num_experts: int, permuted_to
     call("mb_routing_prologue_fused", topk_ids.data_ptr(), t, k, num_experts, ptu.data_ptr(), utp.data_ptr(),
           off.data_ptr(), _stream(stream, topk_ids.device))
     return ptu, utp, off
+
+
+def routing_prologue_fused_routing(logits: torch.Tensor, top_k: int, method: int | str | Routing = Routing.SOFTMAX_TOPK,
+                                   renormalize: bool = False, correction_bias: torch.Tensor | None = None,
+                                   num_groups: int = 1, topk_groups: int = 1, routed_scaling_factor: float = 1.0,
+                                   topk_ids: torch.Tensor | None = None, topk_weights: torch.Tensor | None = None,
+                                   permuted_to_unpermuted: torch.Tensor | None = None,
+                                   unpermuted_to_permuted: torch.Tensor | None = None,
+                                   expert_first_token_offset: torch.Tensor | None = None,
+                                   stream: int | torch.cuda.Stream | None = None
+                                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`routing` then `routing_prologue_fused` in one launch: logits [T, E] -> (topk_ids, topk_weights, and the
+    three maps over the E experts), the same values as the two calls; KernelError(UNSUPPORTED) outside the fused
+    prologue's limits."""
+    m, ids, w = _routing_args(logits, top_k, method, correction_bias, topk_ids, topk_weights)
+    t, e = logits.shape
+    ptu, utp, off = _map_outputs(ids, e, permuted_to_unpermuted, unpermuted_to_permuted, expert_first_token_offset)
+    call("mb_routing_prologue_fused_routing", logits.data_ptr(), _dtype_code(logits, "logits"), _ptr(correction_bias),
+         t, e, top_k, m, int(bool(renormalize)), num_groups, topk_groups, routed_scaling_factor, ids.data_ptr(),
+         w.data_ptr(), ptu.data_ptr(), utp.data_ptr(), off.data_ptr(), _stream(stream, logits.device))
+    return ids, w, ptu, utp, off
 
 
 def routing_prologue_three_step(topk_ids: torch.Tensor, num_experts: int,
