@@ -240,7 +240,7 @@ def poisoned(build):
 
 @pytest.mark.parametrize("k", (1, 2, 4, 6, 8))
 @pytest.mark.parametrize("e", (8, 64, 256, 510))
-@pytest.mark.parametrize("t", (1, 16, 255, 256))
+@pytest.mark.parametrize("t", (1, 4, 16, 33, 255, 256))  # up to 32 rows the maps are counted straight off the keys
 def test_routing_prologue_fused(t: int, e: int, k: int) -> None:
     check_maps(poisoned(K.routing_prologue_fused), random_ids(t, e, k), e)
     # Wrapper path, and ids of experts on other nodes (outside [0, E)) sorting last.

@@ -12,7 +12,8 @@
 // that expert plus the number of equal lanes before it. That is four barriers and one read of
 // topk_ids, and step (3) is at most 4 dependent steps per warp (T*K / 16 rows, 32 at a time).
 // Ids outside [0, E) (experts on another node) sort last under the sentinel key E and are left
-// out of the offsets: off[E] counts only this node's rows.
+// out of the offsets: off[E] counts only this node's rows. Up to 32 rows (decode calls), every thread
+// counts straight over the n keys instead: no counters, no barriers.
 //
 // Limits (mirrored by moe_build.planner.rules): T <= 256, K in {1,2,4,6,8}, expert_log =
 // floor(log2(E+1)) + 1 <= 9 (so at most 511 counters). Shared memory is static (32 KB of per-warp
@@ -50,6 +51,27 @@ __device__ __forceinline__ void build_maps(const int32_t* __restrict__ topk_ids,
                                            int (*cursor)[kMaxKeys]) {
   __shared__ int warp_sums[kWarps];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  auto key_of = [&](int id) { return id >= 0 && id < E ? id : E; };  // other nodes' experts sort last, as E
+
+  if (n <= 32) {
+    // A decode call's few rows: each count the maps need read straight off the n keys, by every thread at once (key
+    // x's offset: the keys below x; row i's place: the keys below its own and the equal keys of earlier rows), with
+    // no counters, barriers or placement rounds.
+    int below_x = 0, place = 0;
+    const int mine = lane < n ? key_of(topk_ids[lane]) : 0;
+#pragma unroll 8
+    for (int j = 0; j < n; ++j) {
+      const int kj = key_of(topk_ids[j]);
+      below_x += kj < tid;
+      place += kj < mine || (kj == mine && j < lane);
+    }
+    if (tid <= E) expert_first_token_offset[tid] = below_x;
+    if (warp == 0 && lane < n) {
+      permuted_to_unpermuted[place] = lane;
+      unpermuted_to_permuted[lane] = place;
+    }
+    return;
+  }
 
   // This warp's rows: a contiguous range, a multiple of 32 long (the last range may be short). The
   // lane's keys (expert of each row, E for other nodes, -1 past the range) are loaded before the
@@ -60,8 +82,7 @@ __device__ __forceinline__ void build_maps(const int32_t* __restrict__ topk_ids,
 #pragma unroll
   for (int j = 0; j < kRowsPerLane; ++j) {
     const int e = e_begin + lane + 32 * j;
-    const int x = e < e_end ? topk_ids[e] : -1;
-    key[j] = e >= e_end ? -1 : (x >= 0 && x < E ? x : E);
+    key[j] = e < e_end ? key_of(topk_ids[e]) : -1;
   }
   // Only keys 0..E are used, so only they are zeroed and scanned (all kMaxKeys would cost time at decode
   // sizes).
