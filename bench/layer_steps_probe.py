@@ -16,7 +16,8 @@ from moe_build.bench.fp8_layer import MODES
 from moe_build.bench.woq_layer import device_woq_weights, woq_bench_spec
 from moe_build.bench.workload import bench_spec, device_fp8_weights, device_weights, fp8_bench_spec, make_inputs
 from moe_build.runner import MoERunner
-from moe_build.spec import Quant
+from moe_build.spec import MoESpec, Quant
+from moe_build.weights import MoEWeights
 
 REPLAYS = 20
 SHAPES = os.environ.get("LAYER_STEPS_SHAPES", "qwen3-30b-a3b,mixtral-8x7b,deepseek-v2-lite").split(",")
@@ -50,19 +51,24 @@ def profile(runner: MoERunner, hidden: torch.Tensor, logits: torch.Tensor) -> di
     torch.cuda.synchronize()
     return kernel_times(graph, REPLAYS, short)
 
+def bench_layer(quant: str, name: str, seed: int) -> tuple[MoESpec, MoEWeights]:
+    """The bench layer `name` in `quant` (bf16, an FP8 mode as `moe-build bench --quant` names it, or a weight-only
+    quant) with its random weights on the GPU: the layers the probes here time."""
+    if quant == "bf16":
+        spec = bench_spec(name)
+        return spec, device_weights(spec, seed=seed)
+    if quant in MODES:  # fp8, fp8_static, fp8_block
+        spec = fp8_bench_spec(name, MODES[quant].quant, MODES[quant].act_scale)
+        return spec, device_fp8_weights(spec, seed=seed)
+    spec = woq_bench_spec(name, Quant(quant))  # a weight-only quant (w4a16_awq, w8a16, wfp4a16, w4afp8)
+    return spec, device_woq_weights(spec, Quant(quant), seed=seed)
+
+
 def main() -> None:
     results = []
     for name in SHAPES:
         for quant in QUANTS:
-            if quant == "bf16":
-                spec = bench_spec(name)
-                w = device_weights(spec, seed=1)
-            elif quant in MODES:  # fp8, fp8_static, fp8_block
-                spec = fp8_bench_spec(name, MODES[quant].quant, MODES[quant].act_scale)
-                w = device_fp8_weights(spec, seed=1)
-            else:  # a weight-only quant (w4a16_awq, w8a16, wfp4a16, w4afp8)
-                spec = woq_bench_spec(name, Quant(quant))
-                w = device_woq_weights(spec, Quant(quant), seed=1)
+            spec, w = bench_layer(quant, name, seed=1)
             runner = MoERunner(spec, w, max_tokens=max(TOKENS))
             for T in TOKENS:
                 s = make_inputs(spec, T, 1, seed=T, correction_bias=w.correction_bias)[0]

@@ -15,30 +15,17 @@ import os
 
 import torch
 from graph_kernel_times import write_results
+from layer_steps_probe import bench_layer
 
 from moe_build.bench.layer import rotating_replay
 from moe_build.bench.timing import flush_l2, interleaved_median_ms
-from moe_build.bench.woq_layer import device_woq_weights, woq_bench_spec
-from moe_build.bench.workload import bench_spec, device_fp8_weights, device_weights, fp8_bench_spec, make_inputs
+from moe_build.bench.workload import make_inputs
 from moe_build.planner import rules
 from moe_build.runner import MoERunner
-from moe_build.spec import Quant
 
 POINTS = os.environ.get("ROUTING_PROBE_POINTS", "bf16:qwen3-30b-a3b,bf16:mixtral-8x7b,w4a16_awq:gpt-oss-20b,"
                         "w4a16_awq:deepseek-v2-lite,fp8:qwen3-30b-a3b,fp8:deepseek-v3").split(",")
 TOKENS = [int(t) for t in os.environ.get("ROUTING_PROBE_TOKENS", "1,4,16,32,64,96,128,192,256").split(",")]
-
-
-def layer(quant: str, name: str, seed: int):
-    if quant == "bf16":
-        spec = bench_spec(name)
-        return spec, device_weights(spec, seed)
-    q = Quant(quant)
-    if q.is_weight_only:
-        spec = woq_bench_spec(name, q)
-        return spec, device_woq_weights(spec, q, seed)
-    spec = fp8_bench_spec(name, q)
-    return spec, device_fp8_weights(spec, seed)
 
 
 def main() -> None:
@@ -46,7 +33,7 @@ def main() -> None:
     results = []
     for seed, point in enumerate(POINTS):
         quant, name = point.split(":")
-        spec, w = layer(quant, name, seed)
+        spec, w = bench_layer(quant, name, seed)
         runners = {c: MoERunner(spec, w, max_tokens=max(TOKENS), force={"routing": c})
                    for c in ("prologue", "separate")}
         for T in TOKENS:

@@ -7,7 +7,8 @@ quantizing its own input (docs/performance.md, "GEMM2 quantizing its own input")
     MOE_BUILD_KERNELS_LIB=.../libmoe_build_kernels.so python bench/step_bound_probe.py [out.json (else
     $OUT/step_bound.json)]
     (STEP_BOUND_SHAPES / STEP_BOUND_TOKENS: comma-separated overrides; STEP_BOUND_STEP: the step to skip,
-    runner/sequence.py's name; STEP_BOUND_QUANT: fp8 (default) or a weight-only quant, `moe-build bench`'s name)
+    runner/sequence.py's name; STEP_BOUND_QUANT: fp8 (default), another FP8 mode or a weight-only quant, as
+    `moe-build bench --quant` names it)
 
 Skipping `routing` leaves the maps to read the top-k ids and weights in the skipped runner's workspaces, which are
 filled (after capture) with the first input set's routing: the GEMMs then see a real routing's rows.
@@ -18,19 +19,18 @@ import os
 
 import torch
 from graph_kernel_times import write_results
+from layer_steps_probe import bench_layer
 
 from moe_build.bench.layer import rotating_replay
 from moe_build.bench.timing import flush_l2, interleaved_median_ms
-from moe_build.bench.woq_layer import device_woq_weights, woq_bench_spec
-from moe_build.bench.workload import device_fp8_weights, fp8_bench_spec, make_inputs, peer_routing
+from moe_build.bench.workload import make_inputs, peer_routing
 from moe_build.runner import MoERunner
 from moe_build.runner import sequence as S
-from moe_build.spec import Quant
 
 SHAPES = os.environ.get("STEP_BOUND_SHAPES", "qwen3-30b-a3b,deepseek-v2-lite,gpt-oss-20b,deepseek-v3").split(",")
 TOKENS = [int(t) for t in os.environ.get("STEP_BOUND_TOKENS", "1,16,256").split(",")]
 STEP = os.environ.get("STEP_BOUND_STEP", S.QUANTIZE_FC2_INPUT)
-QUANT = Quant(os.environ.get("STEP_BOUND_QUANT", "fp8"))
+QUANT = os.environ.get("STEP_BOUND_QUANT", "fp8")
 FORCE = {"fc2_input_quant": "separate"} if STEP == S.QUANTIZE_FC2_INPUT else None  # the step in every plan
 
 
@@ -45,12 +45,7 @@ def replays(runner: MoERunner, spec, tokens: int, sets) -> object:
 def main() -> None:
     results = []
     for seed, name in enumerate(SHAPES):
-        if QUANT.is_weight_only:
-            spec = woq_bench_spec(name, QUANT)
-            w = device_woq_weights(spec, QUANT, seed=seed)
-        else:
-            spec = fp8_bench_spec(name, QUANT)
-            w = device_fp8_weights(spec, seed=seed)
+        spec, w = bench_layer(QUANT, name, seed)
         runners = {k: MoERunner(spec, w, max_tokens=max(TOKENS), force=FORCE) for k in ("plan", "skipped")}
         runners["skipped"]._steps[STEP] = lambda b: None
         for T in TOKENS:
@@ -65,7 +60,7 @@ def main() -> None:
             ran = STEP in runners["plan"].kernel_sequence(T, "logits")
             for rnd in range(2):
                 ms = interleaved_median_ms(fns, 15, 3, before=lambda _: flush_l2(), seed=rnd + T)
-                rec = {"shape": name, "tokens": T, "round": rnd, "quant": QUANT.value, "step": STEP, "step_in_plan": ran,
+                rec = {"shape": name, "tokens": T, "round": rnd, "quant": QUANT, "step": STEP, "step_in_plan": ran,
                        **{f"{k}_us": 1e3 * v for k, v in ms.items()}}
                 results.append(rec)
                 print(f"{name:18s} {T:5d} round {rnd}: plan {rec['plan_us']:8.1f}  skipped {rec['skipped_us']:8.1f}  "

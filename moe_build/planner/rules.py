@@ -169,9 +169,9 @@ def prologue_smem(s: MoESpec, t: Target, tokens: int) -> Gate:
 
 
 # The routing inside the fused prologue's block (moe-build's): one launch and one wait on the chain fewer. Measured
-# (H200, six layers, docs/performance.md "The routing inside the fused prologue"): 0.2-1.4 us a layer less at 1
-# token, level to 1.4 us less at 4, level at 16 and slower from 32 (one block routes what the routing kernel's grid
-# spreads), so up to 4 tokens.
+# (H200, six layers, docs/performance.md "The routing inside the fused prologue"): up to 1.4 us a layer less at 1
+# token and 1.9 at 2-4 (FP8 DeepSeek-V3 0.1-0.7 behind at 4), level at 5-16 and slower from 32 (one block routes
+# what the routing kernel's grid spreads), so up to 4 tokens.
 ROUTING_IN_PROLOGUE_MAX_TOKENS = 4
 
 

@@ -17,6 +17,7 @@ from ..weights import MoEWeights
 from ..weights.fp8 import FP8_GROUP, ScaleGranularity
 from ..weights.woq import wgmma_scales
 from .batch import Batch
+from .prepare_finalize import routing_args
 from .workspace import TORCH_DTYPE
 
 
@@ -79,13 +80,10 @@ class FusedExperts:
     def prologue_fused_routing(self, b: Batch) -> None:
         """The routing (prepare_finalize's, the same arguments and outputs) and the fused map build in one launch
         (the plan's routing=prologue)."""
-        r = self.spec.routing
         self.k.routing_prologue_fused_routing(
-            b.logits, self.spec.top_k, method=r.method.value, renormalize=r.renormalize,
-            correction_bias=self.w.correction_bias, num_groups=r.num_groups, topk_groups=r.topk_groups,
-            routed_scaling_factor=r.routed_scaling_factor, topk_ids=b.topk_ids, topk_weights=b.topk_weights,
+            b.logits, self.spec.top_k, **routing_args(self.spec, self.w, b),
             permuted_to_unpermuted=b.v("permuted_to_unpermuted"), unpermuted_to_permuted=b.v("unpermuted_to_permuted"),
-            expert_first_token_offset=b.v("expert_offsets"), stream=b.stream)
+            expert_first_token_offset=b.v("expert_offsets"))
 
     def prologue_three_step(self, b: Batch) -> None:
         self._maps(b, fused=False)

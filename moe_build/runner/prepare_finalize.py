@@ -9,12 +9,23 @@ from the permute/GEMM steps in experts.py.
 from __future__ import annotations
 
 from types import ModuleType
+from typing import Any
 
 import torch
 
 from ..spec import MoESpec
 from ..weights import MoEWeights
 from .batch import Batch
+
+
+def routing_args(spec: MoESpec, weights: MoEWeights, b: Batch) -> dict[str, Any]:
+    """The layer's routing (method, scores' correction bias, groups, scaling) and b's top-k outputs, as both routing
+    entry points take them (kernels.routing, and kernels.routing_prologue_fused_routing where the plan routes in the
+    fused prologue: runner/experts.py)."""
+    r = spec.routing
+    return dict(method=r.method.value, renormalize=r.renormalize, correction_bias=weights.correction_bias,
+                num_groups=r.num_groups, topk_groups=r.topk_groups, routed_scaling_factor=r.routed_scaling_factor,
+                topk_ids=b.topk_ids, topk_weights=b.topk_weights, stream=b.stream)
 
 
 class PrepareFinalize:
@@ -37,11 +48,7 @@ class PrepareFinalize:
         b.logits = logits
 
     def routing(self, b: Batch) -> None:
-        r = self.spec.routing
-        self.k.routing(b.logits, self.spec.top_k, method=r.method.value, renormalize=r.renormalize,
-                       correction_bias=self.w.correction_bias, num_groups=r.num_groups, topk_groups=r.topk_groups,
-                       routed_scaling_factor=r.routed_scaling_factor, topk_ids=b.topk_ids,
-                       topk_weights=b.topk_weights, stream=b.stream)
+        self.k.routing(b.logits, self.spec.top_k, **routing_args(self.spec, self.w, b))
 
     # ---- finalize -------------------------------------------------------------------------
     def weight_and_reduce(self, b: Batch) -> None:
