@@ -5,7 +5,8 @@ its wait"). Replays back to back (no L2 flush), the last of them printed: start 
 replay's first start, in us.
 
     MOE_BUILD_KERNELS_LIB=.../libmoe_build_kernels.so python bench/layer_timeline_probe.py [out.json]
-    (LAYER_TIMELINE_POINTS: shape:tokens,... overrides the points; LAYER_TIMELINE_QUANT: fp8 (default) or fp8_block)
+    (LAYER_TIMELINE_POINTS: shape:tokens,... overrides the points; LAYER_TIMELINE_QUANT: fp8 (default) or fp8_block;
+    LAYER_TIMELINE_FORCE: stage=choice,... pinned in the plan, e.g. fc1_activation=separate)
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from moe_build.spec import Quant
 
 REPLAYS = 4
 QUANT = os.environ.get("LAYER_TIMELINE_QUANT", "fp8")
+FORCE = dict(item.split("=", 1) for item in os.environ.get("LAYER_TIMELINE_FORCE", "").split(",") if item)
 POINTS = [(p.split(":")[0], int(p.split(":")[1])) for p in os.environ.get(
     "LAYER_TIMELINE_POINTS", "gpt-oss-20b:1,gpt-oss-20b:16,qwen3-30b-a3b:16,deepseek-v2-lite:256,deepseek-v3:1").split(",")]
 
@@ -30,7 +32,7 @@ def main() -> None:
     for name, tokens in POINTS:
         spec = fp8_bench_spec(name, Quant(QUANT))
         w = device_fp8_weights(spec, seed=1)
-        runner = MoERunner(spec, w, max_tokens=tokens)
+        runner = MoERunner(spec, w, max_tokens=tokens, force=FORCE)
         s = make_inputs(spec, tokens, 1, seed=tokens, correction_bias=w.correction_bias)[0]
         graphed = runner.capture_graph(tokens, "logits")
         graphed.hidden.copy_(s.hidden)
@@ -42,10 +44,10 @@ def main() -> None:
         per_replay = len(events) // REPLAYS
         last = events[-per_replay:]
         t0 = last[0]["start_us"]
-        print(f"{name} {QUANT} T={tokens}: {per_replay} kernels a replay; start / end (us) of the last replay", flush=True)
+        print(f"{name} {QUANT} {FORCE or ''} T={tokens}: {per_replay} kernels a replay; start / end (us) of the last replay", flush=True)
         for e in last:
             print(f"    {e['start_us'] - t0:7.1f} {e['start_us'] - t0 + e['us']:7.1f}  {e['name']}", flush=True)
-        results.append({"shape": name, "quant": QUANT, "tokens": tokens, "events": events})
+        results.append({"shape": name, "quant": QUANT, "force": FORCE, "tokens": tokens, "events": events})
         del runner, w, graphed
         torch.cuda.empty_cache()
     write_results(results, "layer_timeline.json")

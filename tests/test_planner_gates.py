@@ -141,12 +141,12 @@ ROWS: list[tuple[str, str, dict, dict, int | None, dict, set[str], dict[str, str
      {"finalize_tactic", "fused_gated_not_fp8", "expand_prequant_not_block_scaled", "expand_per_expert_act_scale",
       "gated_epilogue_gemm"},
      {"finalize": "separate"}),
-    # FP8 with rowwise scales keeps moe-build's gated epilogue on Hopper (the FP8 wgmma GEMM has it); block-128 not
-    # (finalize_tactic_fp8_block below)
+    # FP8 with rowwise scales keeps moe-build's gated epilogue on Hopper (the FP8 wgmma GEMM has it); block-128 only
+    # where GEMM1 is short (rules.gated_epilogue_block_decode, whose bands test_planner_plan checks), not Mixtral's
     ("finalize_tactic_fp8", "hopper", {"quant": Quant.FP8}, {}, None, {},
      {"fused_gated_not_fp8", "fused_gated_t_eq_weight", "fused_gated_two_byte"}, {}),
     ("finalize_tactic_fp8_block", "hopper_fp8", {"quant": Quant.FP8_BLOCK}, {}, None, {},
-     {"expand_prequant_not_block_scaled", "gated_epilogue_gemm"}, {"fc1_activation": "separate"}),
+     {"expand_prequant_not_block_scaled"}, {"fc1_activation": "separate"}),
     ("ootb_gather_pays", "ootb", {"num_experts": 16}, {}, None, {},
      {"ootb_gather_pays"}, {"expert_compute": "per_expert_gather"}),
     ("ootb_nonzero", "ootb_many_experts", {}, {"flavour": Flavour.TENSORRT_RTX}, None, {},

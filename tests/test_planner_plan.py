@@ -231,11 +231,12 @@ def test_rank_spec_holds_its_experts():
     assert MoESpec.from_dict(r2.to_dict()) == r2
 
 
-@pytest.mark.parametrize("quant,force", [("fp8_block", {}), ("fp8", {"fc1_activation": "separate"})])
-def test_fp8_gemm2_input_quantized_in_the_activation_at_every_count(quant: str, force: dict[str, str]) -> None:
+@pytest.mark.parametrize("quant", ["fp8_block", "fp8"])
+def test_fp8_gemm2_input_quantized_in_the_activation_at_every_count(quant: str) -> None:
     """rules.fc2_quant_in_activation: where the activation runs as a kernel, it quantizes GEMM2's input at every
     count, 1 token included (one band); forcing the separate quantize kernel holds at every count."""
     from moe_build.spec import Quant
+    force = {"fc1_activation": "separate"}
     spec = MoESpec(hidden_size=2048, intermediate_size=768, num_experts=128, top_k=8, quant=Quant(quant))
     for tokens in (1, 2, 4096):
         d = make_plan(spec, SM90, tokens=tokens, force=force).stage("fc2_input_quant")
@@ -251,7 +252,7 @@ def test_fp8_gemm2_input_quantized_in_the_activation_at_every_count(quant: str, 
 def test_fp8_rowwise_gemm1_runs_the_gated_epilogue_on_sm90() -> None:
     """rules.gated_epilogue_gemm: an FP8 layer with rowwise scales runs the gated activation in GEMM1's epilogue
     on sm90 (W1 interleaved), so the activation kernel, which could quantize GEMM2's input, does not run (forcing it
-    there is refused); block-128 scales and sm89 keep the activation kernel."""
+    there is refused); sm89 keeps the activation kernel (block-128 scales: the next test)."""
     from moe_build.spec import Quant
     spec = MoESpec(hidden_size=2048, intermediate_size=768, num_experts=128, top_k=8, quant=Quant.FP8)
     for tokens in (1, 2, 4096):
@@ -263,9 +264,50 @@ def test_fp8_rowwise_gemm1_runs_the_gated_epilogue_on_sm90() -> None:
         assert not next(g for g in d.gates if g.name == "fc1_activation_kernel").held
     with pytest.raises(MoeBuildError, match="fc2_input_quant"):
         make_plan(spec, SM90, force={"fc2_input_quant": "fc1_activation"})
-    for other, target in ((dataclasses.replace(spec, quant=Quant.FP8_BLOCK), SM90),
-                          (spec, Target(sm=89, flavour=Flavour.TENSORRT))):
-        assert make_plan(other, target).stage("fc1_activation").choice == "separate"
+    assert make_plan(spec, Target(sm=89, flavour=Flavour.TENSORRT)).stage("fc1_activation").choice == "separate"
+
+
+@pytest.mark.parametrize("hidden,inter,experts,top_k,last", [
+    (2048, 768, 128, 8, 3),  # Qwen3-30B-A3B: 25 MB of W1 a touched expert, 3 x 8 x 25 MB <= 80 MiB
+    (2048, 1408, 64, 6, 2),  # DeepSeek-V2-Lite
+    (2880, 2880, 32, 4, 1),  # GPT-OSS-20B: 66 MB at 1 token
+    (7168, 2048, 256, 8, 0),  # DeepSeek-V3: 235 MB at 1 token
+    (4096, 14336, 8, 2, 0)])  # Mixtral-8x7B: I past FP8_QUANTIZING_MAX_K (and 235 MB at 1 token)
+def test_fp8_block128_gated_epilogue_where_gemm1_is_short(hidden, inter, experts, top_k, last) -> None:
+    """rules.gated_epilogue_block_decode: block-128 scales run GEMM1's gated epilogue (W1 stacked, rules.w1_interleaved)
+    at the counts where GEMM1 runs the decode kernel, GEMM2 can quantize its input (I <= FP8_QUANTIZING_MAX_K) and
+    GEMM1 reads at most FP8_BLOCK_GATED_MAX_GEMM1_BYTES of touched experts' W1 (tokens 1..`last`; 0: never), GEMM2
+    quantizing its input there and the activation kernel above; GEMM1's tactic follows the epilogue. Forcing the gated
+    epilogue (it cannot hold at every count), the activation kernel's quantization where the gated epilogue is planned
+    or a wgmma GEMM1 there is refused; forcing the activation kernel gives one band."""
+    spec = MoESpec(hidden_size=hidden, intermediate_size=inter, num_experts=experts, top_k=top_k,
+                   quant=Quant.FP8_BLOCK)
+    assert min(experts, last * top_k) * 2 * inter * hidden <= R.FP8_BLOCK_GATED_MAX_GEMM1_BYTES
+    plan = make_plan(spec, SM90, tokens=1)
+    d = plan.stage("fc1_activation")
+    gate = next(g for g in d.gates if g.name == "gated_epilogue_block128_decode")
+    assert gate.token_dependent and gate.held == (last > 0)
+    assert plan.stage("w1_order").choice == "stacked"
+    if last:
+        assert d.choice == "gated_epilogue"
+        assert bands(d) == [[1, last, "gated_epilogue"], [last + 1, None, "separate"]]
+        assert bands(plan.stage("fc2_input_quant")) == [[1, last, "gemm2"], [last + 1, None, "fc1_activation"]]
+        for tokens in (1, last, last + 1, 4096):
+            c = plan.choices(tokens)
+            assert (c["fc1_activation"] == "gated_epilogue") == (tokens <= last)
+            assert c["gemm1_tactic"].startswith("decode:") or tokens > last
+        with pytest.raises(UnsupportedCombination, match="fc2_input_quant=fc1_activation"):
+            make_plan(spec, SM90, force={"fc2_input_quant": "fc1_activation"})
+        with pytest.raises(MoeBuildError, match="block-128 scales runs on the decode kernel only"):
+            make_plan(spec, SM90, force={"gemm1_tactic": "wgmma:pingpong64x128:plain:plain"})
+    else:
+        assert d.choice == "separate" and bands(d) == [[1, None, "separate"]]
+        assert bands(plan.stage("fc2_input_quant")) == [[1, None, "fc1_activation"]]
+    with pytest.raises(UnsupportedCombination, match="gated_epilogue_block128_decode"):
+        make_plan(spec, SM90, force={"fc1_activation": "gated_epilogue"})
+    separate = make_plan(spec, SM90, tokens=1, force={"fc1_activation": "separate"})
+    assert bands(separate.stage("fc2_input_quant")) == [[1, None, "fc1_activation"]]
+    assert separate.stage("w1_order").choice == "stacked"
 
 
 def test_fp8_gemm2_quantizes_its_input_where_it_runs_the_decode_kernel() -> None:
@@ -273,8 +315,8 @@ def test_fp8_gemm2_quantizes_its_input_where_it_runs_the_decode_kernel() -> None
     after GEMM1's gated epilogue, GEMM2 quantizes its own input at exactly the counts where its tactic is the decode
     kernel with the finalize fused and its CTAs (touched experts x column blocks) are at most 8 an SM, and the
     separate quantize kernel runs at the others (bands over every count); forced, it must hold at every count where
-    GEMM2 runs the decode kernel, however many CTAs; block-128 scales, an intermediate size past
-    FP8_QUANTIZING_MAX_K and a separate finalize keep the quantize kernel (the activation kernel's, where it runs)."""
+    GEMM2 runs the decode kernel, however many CTAs; an intermediate size past FP8_QUANTIZING_MAX_K and a separate
+    finalize keep the quantize kernel (the activation kernel's, where it runs)."""
     from moe_build.planner import rules as R
     from moe_build.spec import Quant
     spec = MoESpec(hidden_size=2048, intermediate_size=768, num_experts=128, top_k=8, quant=Quant.FP8)
@@ -301,8 +343,9 @@ def test_fp8_gemm2_quantizes_its_input_where_it_runs_the_decode_kernel() -> None
                                                         "gemm2_tactic": "decode:ksplit1:after_trigger:plain"})
     assert pinned.stage("fc2_input_quant").choice == "gemm2" and pinned.stage("fc2_input_quant").forced
     assert not next(g for g in pinned.stage("fc2_input_quant").gates if g.name == "gemm2_quantizing_waves").held
-    # (block-128 scales and a forced activation kernel: the activation kernel quantizes it)
-    for other, force, here in ((dataclasses.replace(spec, quant=Quant.FP8_BLOCK), {}, "fc1_activation"),
+    # (block-128 scales with a forced activation kernel, and a forced activation kernel: the activation kernel)
+    for other, force, here in ((dataclasses.replace(spec, quant=Quant.FP8_BLOCK), {"fc1_activation": "separate"},
+                                "fc1_activation"),
                                (dataclasses.replace(spec, intermediate_size=R.FP8_QUANTIZING_MAX_K + 128), {},
                                 "separate"),
                                (spec, {"finalize": "separate"}, "separate"),

@@ -475,14 +475,17 @@ mb_status mb_grouped_gemm_fp8_finalize(const void* A, const float* scale_a, cons
                                        int dtype, mb_gemm_tactic tactic, void* workspace, size_t workspace_bytes,
                                        cudaStream_t stream);
 /* The FP8 GEMM2 with the finalize epilogue that quantizes its own input (the plan's fc2_input_quant=gemm2):
- * mb_grouped_gemm_fp8_finalize with MB_FP8_ROWWISE scales, but A16 [max_rows, k] holds the 16-bit rows (dtype) the
- * quantize step would read, and each CTA quantizes its rows as it loads them, bit for bit as mb_quantize_fp8 does
- * (static_scale: that device scalar for every row; NULL: each row's own max(amax, 1e-12) / 448), into shared
- * memory, scaling its sums by those row scales. The decode kernel only (MB_GEMM_DECODE; any other tactic kernel is
- * MB_ERR_UNSUPPORTED), k <= MB_FP8_QUANTIZING_MAX_K (the rows of a chunk in shared memory); A16 16-byte aligned. */
+ * mb_grouped_gemm_fp8_finalize, but A16 [max_rows, k] holds the 16-bit rows (dtype) the quantize step would read,
+ * and each CTA quantizes its rows as it loads them, bit for bit as mb_quantize_fp8 does, into shared memory:
+ * MB_FP8_ROWWISE by static_scale (that device scalar for every row) or, NULL, each row's own
+ * max(amax, 1e-12) / 448, its sums scaled by those row scales; MB_FP8_BLOCK128 (static_scale NULL) each 128-column
+ * group's own, as mb_quantize_fp8 with group 128, each 128-k block's sum scaled by its group's. The decode kernel
+ * only (MB_GEMM_DECODE; any other tactic kernel is MB_ERR_UNSUPPORTED), k <= MB_FP8_QUANTIZING_MAX_K (the rows of a
+ * chunk in shared memory); A16 16-byte aligned. */
 #define MB_FP8_QUANTIZING_MAX_K 8192
 mb_status mb_grouped_gemm_fp8_quantizing_finalize(const void* A16, const float* static_scale, const void* B,
-                                                  const float* scale_b, int accumulation, const void* bias, void* out,
+                                                  const float* scale_b, int scaling, int accumulation,
+                                                  const void* bias, void* out,
                                                   const int64_t* expert_first_token_offset,
                                                   const int32_t* permuted_to_unpermuted, const float* permuted_weights,
                                                   int num_experts, int64_t max_rows, int num_tokens, int top_k, int n,
@@ -491,8 +494,10 @@ mb_status mb_grouped_gemm_fp8_quantizing_finalize(const void* A16, const float* 
  * C [max_rows, inter] in dtype = act(gate, up) of the scaled product above (+ bias), B [E, 2 * inter, k] e4m3,
  * scale_b [E, 2 * inter] and bias [E, 2 * inter] (or NULL) with the gate and up rows interleaved in blocks of 8
  * (rows 16b..16b+7: gate features 8b..8b+7, rows 16b+8..16b+15: their up projections), each of gate and up scaled
- * by its row's and column's scale before the bias. MB_FP8_ROWWISE only (MB_FP8_BLOCK128: MB_ERR_UNSUPPORTED: its
- * 128-row weight-scale blocks are split by the interleave). activation: MB_ACT_SWIGLU, MB_ACT_GEGLU or
+ * by its row's and column's scale before the bias. MB_FP8_BLOCK128 scales take W1 stacked instead, as the checkpoint
+ * stores it (rows 0..inter-1 gate, inter..2 inter-1 up; scale_b [E, ceil(2 inter / 128), ceil(k / 128)], bias in
+ * the same order: its 128-row scale blocks stay whole), the decode kernel only (MB_GEMM_DECODE, else
+ * MB_ERR_UNSUPPORTED) and no static scale below. activation: MB_ACT_SWIGLU, MB_ACT_GEGLU or
  * MB_ACT_SWIGLU_CLAMP (with swiglu_alpha / swiglu_limit); inter a multiple of 8. The same kernels, tactics and
  * workspace as mb_grouped_gemm_fp8 (n = 2 * inter), and output_l2 EVICT_LAST with the wgmma kernel (its stores
  * under L2 evict_last).

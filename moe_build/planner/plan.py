@@ -175,7 +175,10 @@ def _gemm_kernel(spec: MoESpec, target: Target, forced: str | None) -> StageDeci
                    forced, lambda f: "Hopper+ TMA warp-specialized grouped GEMM" if f else "Ampere grouped GEMM")
 
 
-def _fc1_activation(spec: MoESpec, target: Target, gemm_kernel: str, forced: str | None) -> StageDecision:
+def _fc1_activation(spec: MoESpec, target: Target, gemm_kernel: str, tokens: int, forced: str | None
+                    ) -> StageDecision:
+    """The seed's SM80 fused gated kernel or moe-build's gated epilogue where their gates hold, else the separate
+    activation; with block-128 FP8 scales the gated epilogue in GEMM1's decode band only (bands over every count)."""
     not_tma = R.fc1_not_tma_ws(gemm_kernel)
     non_gated = R.fc1_non_gated(spec)
     if non_gated.held:
@@ -201,6 +204,8 @@ def _fc1_activation(spec: MoESpec, target: Target, gemm_kernel: str, forced: str
                                "fusion; W1 gate/up rows interleaved by 8)",
              "separate": "GEMM1, then a separate gated-activation kernel"}
     held = {"fused_gated": all(g.held for g in sm80), "gated_epilogue": all(g.held for g in ours)}
+    if held["gated_epilogue"] and spec.quant is Quant.FP8_BLOCK and forced in (None, "gated_epilogue"):
+        return _fc1_gated_in_decode_band(spec, tokens, (non_gated, *sm80, *ours), texts, forced is not None)
     choice = next((c for c in ("fused_gated", "gated_epilogue") if held[c]), "separate")
     if forced is not None:
         if forced != "separate" and not held[forced]:
@@ -208,6 +213,24 @@ def _fc1_activation(spec: MoESpec, target: Target, gemm_kernel: str, forced: str
         choice = forced
     return StageDecision("fc1_activation", choice, "separate", (non_gated, *sm80, *ours), forced=forced is not None,
                          summary=texts[choice])
+
+
+def _fc1_gated_in_decode_band(spec: MoESpec, tokens: int, gates: Sequence[Gate], texts: Mapping[str, str],
+                              forced: bool) -> StageDecision:
+    """A block-128 layer's gated epilogue, GEMM1's decode kernel's (rules.gated_epilogue_block_decode): in that band,
+    the separate activation above (bands over every count); forced, refused (it cannot hold at every count)."""
+    here = R.gated_epilogue_block_decode(spec, T.RowCount(tokens, spec.top_k, spec.local_experts))
+    if forced:
+        _refuse([R.gated_epilogue_block_decode(spec, T.RowCount(1 << 30, spec.top_k, spec.local_experts))],
+                "cannot force fc1_activation=gated_epilogue (a forced choice holds at every token count)")
+    bands = tuple(Band(lo, hi, "gated_epilogue" if held else "separate") for lo, hi, held in
+                  T.token_bands(spec.top_k, spec.local_experts,
+                                lambda rows: R.gated_epilogue_block_decode(spec, rows).held))
+    choice = "gated_epilogue" if here.held else "separate"
+    text = ("gated activation in the FP8 decode GEMM1's epilogue (moe-build's own fusion; W1 stacked, its block-128 "
+            "scales whole)" if choice == "gated_epilogue" else texts["separate"])
+    return StageDecision("fc1_activation", choice, "separate", (*gates, here), bands,
+                         summary=f"{text} ({bands_text(bands, choice_first=True)})")
 
 
 def _fc2_prequant(spec: MoESpec, tokens: int, forced: str | None) -> StageDecision:
@@ -292,11 +315,19 @@ def _fc1_input_quant(spec: MoESpec, forced: str | None) -> StageDecision:
                       *([W4AFP8_INPUT_TEXT.format("expand_rows")] if spec.quant is Quant.W4AFP8 else []))
 
 
-def _fc2_input_quant(spec: MoESpec, fc1_activation: str, finalize: StageDecision, gemm2: StageDecision,
+def _fc2_input_quant(spec: MoESpec, fc1: StageDecision, finalize: StageDecision, gemm2: StageDecision,
                      call: T.GemmCall, tokens: int, forced: str | None) -> StageDecision:
     """In the activation kernel where it can run there (every count); else, after GEMM1's gated epilogue, in that
     epilogue where the scale is static (every count), else in GEMM2 at the counts where it runs the quantizing decode
-    kernel (bands over every count, the GEMM2 tactic's and the finalize's); forced, the same choice at every count."""
+    kernel (bands over every count, the GEMM2 tactic's, the finalize's and GEMM1's gated epilogue's, with the
+    activation kernel where that epilogue does not run); forced, the same choice at every count."""
+    fc1_activation = fc1.choice
+    fc1_banded = len({b.choice for b in fc1.bands}) > 1  # block-128: the gated epilogue in GEMM1's decode band only
+    if fc1_banded:
+        if forced == "fc1_activation":
+            _refuse([R.fc2_quant_in_activation("gated_epilogue")], "cannot force fc2_input_quant=fc1_activation "
+                    "(GEMM1's gated epilogue runs at some counts; force fc1_activation=separate as well)")
+        fc1_activation = "gated_epilogue"  # the static gates below: GEMM2 may quantize somewhere
     gates = [R.input_quant_fp8(spec), R.fc2_quant_in_activation(fc1_activation)]
     fused_text = "GEMM2's input quantized to FP8 in the activation kernel"
     separate_text = "GEMM2's input quantized to FP8 by a separate kernel after the activation"
@@ -308,48 +339,68 @@ def _fc2_input_quant(spec: MoESpec, fc1_activation: str, finalize: StageDecision
                              forced=forced is not None,
                              summary="GEMM2's input quantized to FP8 by GEMM1's gated epilogue with the static scale "
                                      "(every count)")
-    in_gemm2 = [gates[0], R.fp8_rowwise_scales(spec), R.fc2_quant_after_gated_epilogue(fc1_activation),
-                R.fc2_quant_gemm2_k(spec)]
+    in_gemm2 = [gates[0], R.fc2_quant_after_gated_epilogue(fc1_activation), R.fc2_quant_gemm2_k(spec)]
     if forced == "gemm2" or (forced is None and all(g.held for g in in_gemm2)):
-        return _fc2_quant_in_gemm2(spec, in_gemm2, (*gates, *in_gemm2[1:]), finalize, gemm2, call, tokens,
+        # shown: the count's GEMM1 epilogue gate comes with the count's gates (_fc2_quant_in_gemm2's `here`)
+        return _fc2_quant_in_gemm2(spec, in_gemm2, (*gates, *in_gemm2[2:]), fc1, finalize, gemm2, call, tokens,
                                    forced is not None)
+    if fc1_banded and gates[0].held and forced is None:  # after the gated epilogue a quantize step, else the kernel
+        bands = tuple(Band(b.lo, b.hi, "separate" if b.choice == "gated_epilogue" else "fc1_activation")
+                      for b in fc1.bands)
+        choice = next(b.choice for b in bands if b.holds(tokens))
+        texts = {"separate": "GEMM2's input quantized to FP8 by a separate kernel after GEMM1's gated epilogue",
+                 "fc1_activation": fused_text}
+        return StageDecision("fc2_input_quant", choice, "separate", (*gates, *in_gemm2[1:]), bands,
+                             summary=f"{texts[choice]} ({bands_text(bands, choice_first=True)})")
     return _act_quant("fc2_input_quant", "fc1_activation", gates, forced, fused_text, separate_text,
                       *([W4AFP8_INPUT_TEXT.format("fc2_prequant")] if spec.quant is Quant.W4AFP8 else []))
 
 
-def _fc2_quant_in_gemm2(spec: MoESpec, gates: Sequence[Gate], shown: Sequence[Gate], finalize: StageDecision,
-                        gemm2: StageDecision, call: T.GemmCall, tokens: int, forced: bool) -> StageDecision:
-    """fc2_input_quant=gemm2 at the counts where GEMM2 runs the decode kernel with the finalize fused and few enough
-    CTAs (`call`: GEMM2's), separate at the others (bands over every count); forced, gemm2 at every count, refused
-    where `gates` or a count's GEMM2 kernel does not hold (the waves gate is a measured preference: forcing overrides
-    it). The decision shows `shown` (the activation kernel's gates too) and the count's gates."""
-    def gates_at(rows: T.RowCount) -> tuple[Gate, Gate]:
+def _fc2_quant_in_gemm2(spec: MoESpec, gates: Sequence[Gate], shown: Sequence[Gate], fc1: StageDecision,
+                        finalize: StageDecision, gemm2: StageDecision, call: T.GemmCall, tokens: int,
+                        forced: bool) -> StageDecision:
+    """fc2_input_quant=gemm2 at the counts where GEMM1 runs the gated epilogue and GEMM2 the decode kernel with the
+    finalize fused and few enough CTAs (`call`: GEMM2's), separate at the others after the gated epilogue, and
+    fc1_activation where the activation kernel runs (bands over every count); forced, gemm2 at every count, refused
+    where `gates` or a count's GEMM1 epilogue or GEMM2 kernel does not hold (the waves gate is a measured preference:
+    forcing overrides it). The decision shows `shown` (the activation kernel's gates too) and the count's gates."""
+    def gates_at(rows: T.RowCount) -> tuple[Gate, Gate, Gate]:
+        gated = R.fc2_quant_after_gated_epilogue(_choice_at(fc1, rows))
         tactic = _choice_at(gemm2, rows)
         kernel = R.fc2_quant_gemm2_call(tactic, _choice_at(finalize, rows))
         if not kernel.held:
-            return kernel, R.fc2_quant_gemm2_waves(call.experts, 0, call.sm_count, False)
+            return gated, kernel, R.fc2_quant_gemm2_waves(call.experts, 0, call.sm_count, False)
         blocks = T.decode_column_blocks(call, T.GemmTactic.parse(tactic).k_split)
         few = T.ctas_at_most(call, rows, blocks, R.FP8_QUANTIZING_MAX_CTAS_PER_SM * call.sm_count)
-        return kernel, R.fc2_quant_gemm2_waves(min(call.experts, rows.rows), blocks, call.sm_count, few)
+        return gated, kernel, R.fc2_quant_gemm2_waves(min(call.experts, rows.rows), blocks, call.sm_count, few)
+
+    def choice_at(rows: T.RowCount) -> str:
+        here_gates = gates_at(rows)
+        if all(g.held for g in here_gates):
+            return "gemm2"
+        return "separate" if here_gates[0].held else "fc1_activation"
 
     text = "GEMM2's input quantized to FP8 by GEMM2 itself as it loads its rows (the quantizing decode kernel)"
-    separate_text = "GEMM2's input quantized to FP8 by a separate kernel after GEMM1's gated epilogue"
-    here = gates_at(T.RowCount(tokens, spec.top_k, spec.local_experts))
+    texts = {"gemm2": text,
+             "separate": "GEMM2's input quantized to FP8 by a separate kernel after GEMM1's gated epilogue",
+             "fc1_activation": "GEMM2's input quantized to FP8 in the activation kernel"}
+    rows_here = T.RowCount(tokens, spec.top_k, spec.local_experts)
+    here = gates_at(rows_here)
     if forced:
         _refuse(gates, "cannot force fc2_input_quant=gemm2")
-        for lo, hi, kernel in T.token_bands(spec.top_k, spec.local_experts, lambda rows: gates_at(rows)[0]):
-            if not kernel.held:
-                where = f"{lo}+" if hi is None else f"{lo}-{hi}"
-                _refuse([kernel], f"cannot force fc2_input_quant=gemm2 (a forced choice holds at every token count; "
-                                  f"at {where} tokens)")
+        for lo, hi, count_gates in T.token_bands(spec.top_k, spec.local_experts, lambda rows: gates_at(rows)[:2]):
+            for gate in count_gates:
+                if not gate.held:
+                    where = f"{lo}+" if hi is None else f"{lo}-{hi}"
+                    _refuse([gate], f"cannot force fc2_input_quant=gemm2 (a forced choice holds at every token "
+                                    f"count; at {where} tokens)")
         return StageDecision("fc2_input_quant", "gemm2", "separate", (*shown, *here), forced=True,
                              summary=f"{text} (every count)")
-    bands = tuple(Band(lo, hi, "gemm2" if held else "separate") for lo, hi, held in
-                  T.token_bands(spec.top_k, spec.local_experts, lambda rows: all(g.held for g in gates_at(rows))))
-    choice = "gemm2" if all(g.held for g in here) else "separate"
+    bands = tuple(Band(lo, hi, c) for lo, hi, c in T.token_bands(spec.top_k, spec.local_experts, choice_at))
+    choice = choice_at(rows_here)
     where = "every count" if len(bands) == 1 else bands_text(bands, choice_first=True)
     return StageDecision("fc2_input_quant", choice, "separate", (*shown, *here), bands,
-                         summary=f"{text if choice == 'gemm2' else separate_text} ({where})")
+                         summary=f"{texts[choice]} ({where})")
 
 
 def _fp8_accumulation(spec: MoESpec, gemm_kernel: str, forced: str | None) -> StageDecision:
@@ -374,8 +425,8 @@ def _token_digits(fc2_prequant: str, tactics: Sequence[StageDecision], forced: s
                            "no GEMM on the digits tile", "a GEMM on the digits tile reads token digits")
 
 
-def _w1_order(fc1_activation: str) -> StageDecision:
-    gate = R.w1_interleaved(fc1_activation)
+def _w1_order(spec: MoESpec, fc1_activation: str) -> StageDecision:
+    gate = R.w1_interleaved(spec, fc1_activation)
     choice = "gate_up_interleaved" if gate.held else "stacked"
     return StageDecision("w1_order", choice, "stacked", (gate,),
                          summary="W1 / b1 gate and up rows interleaved in blocks of 8 features" if gate.held
@@ -393,7 +444,7 @@ def _gemm_calls(spec: MoESpec, target: Target, choices: Mapping[str, str]) -> di
     """The two grouped GEMMs of the layer as the tactic rules see them at the plan's token count (GEMM2's
     epilogue is the finalize stage's choice there; `_tactic` follows it over every count)."""
     entry = "sm90" if choices["gemm_kernel"] == "tma_warp_specialized" else "sm80"
-    gated1 = choices["fc1_activation"] in ("gated_epilogue", "fused_gated")
+    gated1 = _gemm1_epilogue(choices["fc1_activation"]) == "gated"
     fp8 = {Quant.FP8: "rowwise", Quant.FP8_BLOCK: "block128"}.get(spec.quant, "none")
     # W4AFP8's GEMMs are the weight-only ones with e4m3 activations read as 16-bit (gemm/woq.cuh): the int4 rules
     woq = {Quant.W4A16_AWQ: "int4", Quant.W4AFP8: "int4", Quant.W8A16: "int8",
@@ -411,6 +462,10 @@ def _gemm_calls(spec: MoESpec, target: Target, choices: Mapping[str, str]) -> di
                                        n=spec.hidden_size, k=spec.intermediate_size, **common)}
 
 
+def _gemm1_epilogue(fc1_activation: str) -> str:
+    return "gated" if fc1_activation in ("gated_epilogue", "fused_gated") else "store"
+
+
 def _gemm2_epilogue(finalize_choice: str) -> str:
     return "finalize" if finalize_choice == "fused" else "store"
 
@@ -423,12 +478,13 @@ def _choice_at(d: StageDecision, rows: T.RowCount) -> str:
     return next(b.choice for b in d.bands if b.hi is None or rows.tokens_at_most(b.hi))
 
 
-def _tactic(stage: str, call: T.GemmCall, finalize: StageDecision | None, tokens: int,
+def _tactic(stage: str, call: T.GemmCall, epilogue_stage: StageDecision | None, tokens: int,
             forced: T.GemmTactic | None) -> StageDecision:
     """A GEMM's tactic in bands over every token count (tactics.token_bands), or the forced one at all.
 
-    GEMM2's epilogue follows the finalize stage, which is itself token-dependent: at each count the
-    rules see the epilogue of finalize's band there, and the bands also end where finalize changes.
+    A GEMM's epilogue follows a stage that may itself be token-dependent (GEMM1's fc1_activation, GEMM2's
+    finalize): at each count the rules see the epilogue of that stage's band there, and the bands also end where
+    it changes.
     """
     gemm = "GEMM1" if stage == "gemm1_tactic" else "GEMM2"
     gates = (Gate(f"{stage}_call", f"sm={call.sm} entry={call.entry} epilogue={call.epilogue} n={call.n} k={call.k} "
@@ -437,7 +493,11 @@ def _tactic(stage: str, call: T.GemmCall, finalize: StageDecision | None, tokens
                   "tactic table: moe_build/planner/tactics.py", True, OURS, token_dependent=True),)
 
     def call_at(rows: T.RowCount) -> T.GemmCall:
-        return call if finalize is None else replace(call, epilogue=_gemm2_epilogue(_choice_at(finalize, rows)))
+        if epilogue_stage is None:
+            return call
+        choice = _choice_at(epilogue_stage, rows)
+        epilogue = _gemm1_epilogue(choice) if stage == "gemm1_tactic" else _gemm2_epilogue(choice)
+        return replace(call, epilogue=epilogue)
 
     if forced is not None:  # one tactic at every token count: it must hold in every band of GEMM2's epilogue
         for lo, hi, part in T.token_bands(call.top_k, call.experts, call_at):
@@ -587,7 +647,7 @@ def make_plan(spec: MoESpec, target: Target, tokens: int = 1,
         _refuse(checks, "the MoE plugin refuses this combination")
         tactics = _check_forced("plugin", force)
         gemm = _gemm_kernel(spec, target, force.get("gemm_kernel"))
-        fc1 = _fc1_activation(spec, target, gemm.choice, force.get("fc1_activation"))
+        fc1 = _fc1_activation(spec, target, gemm.choice, tokens, force.get("fc1_activation"))
         dispatch = _dispatch(spec, "plugin", force.get("dispatch"))
         ep_format = _ep_format(spec, target, dispatch.choice, force.get("ep_format"))
         finalize = _finalize(spec, target, gemm.choice, tokens, force.get("finalize"), ep_format.choice)
@@ -596,7 +656,7 @@ def make_plan(spec: MoESpec, target: Target, tokens: int = 1,
         calls = _gemm_calls(spec, target, {"gemm_kernel": gemm.choice, "fc1_activation": fc1.choice,
                                            "finalize": finalize.choice, "weight_layout": layout.choice,
                                            "fp8_accumulation": accumulation.choice})
-        gemm1_tactic = _tactic("gemm1_tactic", calls["gemm1_tactic"], None, tokens, tactics.get("gemm1_tactic"))
+        gemm1_tactic = _tactic("gemm1_tactic", calls["gemm1_tactic"], fc1, tokens, tactics.get("gemm1_tactic"))
         gemm2_tactic = _tactic("gemm2_tactic", calls["gemm2_tactic"], finalize, tokens, tactics.get("gemm2_tactic"))
         fc2_prequant = _fc2_prequant(spec, tokens, force.get("fc2_prequant"))
         prologue = _routing_prologue(spec, target, tokens, force.get("routing_prologue"))
@@ -609,10 +669,10 @@ def make_plan(spec: MoESpec, target: Target, tokens: int = 1,
             finalize,
             _routing(spec, prologue, tokens, force.get("routing")),
             _fc1_input_quant(spec, force.get("fc1_input_quant")),
-            _fc2_input_quant(spec, fc1.choice, finalize, gemm2_tactic, calls["gemm2_tactic"], tokens,
+            _fc2_input_quant(spec, fc1, finalize, gemm2_tactic, calls["gemm2_tactic"], tokens,
                              force.get("fc2_input_quant")),
             accumulation,
-            _w1_order(fc1.choice),
+            _w1_order(spec, fc1.choice),
             layout,
             gemm1_tactic,
             gemm2_tactic,

@@ -14,7 +14,7 @@ from ..target import Flavour, Target
 from ..weights.blocks import blocks_fit
 from .gates import (BUILDER_PY, ENV_UTILS_CPP, RTX_FACTS, GEMM_DISPATCH_H, MOE_KERNELS_CU, MOE_KERNELS_H,
                     MOE_PLUGIN_CPP, MOE_PY, OURS, PLUGIN_PY, Gate)
-from .tactics import FINALIZE_DECODE_MAX_AVG_ROWS, WOQ_DECODE_MAX_AVG_ROWS, RowCount
+from .tactics import FINALIZE_DECODE_MAX_AVG_ROWS, FP8_BLOCK_DECODE_ROWS, WOQ_DECODE_MAX_AVG_ROWS, RowCount
 
 FUSED_PROLOGUE_MAX_TOKENS = 256
 FUSED_PROLOGUE_TOPK = (1, 2, 4, 6, 8)
@@ -308,15 +308,44 @@ def gated_epilogue_sm(t: Target) -> Gate:
     return Gate("gated_epilogue_sm", t.sm, "sm == 90", t.sm == 90, OURS)
 
 
-# a GEMM1 kernel with the epilogue exists: fp16/bf16 layers, unquantized or FP8 with rowwise scales (the 16-bit and the
-# FP8 wgmma GEMMs have it; an FP8 layer's block-128 weight scales cover 128 rows of W1, which the gate/up interleave
-# by 8 splits, and the weight-only GEMMs have none): dtype in (fp16, bf16), quant in (none, fp8). FP8: GEMM1 writes act(gate, up) at half
-# width, which a quantize kernel reads (fc2_input_quant=separate), instead of GEMM1's whole 16-bit output read by
-# the activation kernel (docs/performance.md, "The gated epilogue on the FP8 GEMM1")
+# a GEMM1 kernel with the epilogue exists: fp16/bf16 layers, unquantized or FP8 (the 16-bit and the FP8 wgmma GEMMs
+# have it, and the FP8 decode kernel with block-128 scales too, below; the weight-only GEMMs have none): dtype in
+# (fp16, bf16), quant in (none, fp8, fp8_block). FP8: GEMM1 writes act(gate, up) at half width, which GEMM2 or a
+# quantize kernel reads, instead of GEMM1's whole 16-bit output read by the activation kernel (docs/performance.md,
+# "The gated epilogue on the FP8 GEMM1")
 def gated_epilogue_gemm(s: MoESpec) -> Gate:
-    ok = s.dtype.itemsize == 2 and s.quant in (Quant.NONE, Quant.FP8)
+    ok = s.dtype.itemsize == 2 and s.quant in (Quant.NONE, Quant.FP8, Quant.FP8_BLOCK)
     return Gate("gated_epilogue_gemm", f"{s.dtype.value}/{s.quant.value}",
-                "dtype in (fp16, bf16), quant in (none, fp8)", ok, OURS)
+                "dtype in (fp16, bf16), quant in (none, fp8, fp8_block)", ok, OURS)
+
+
+# ... with block-128 scales on the decode kernel only, which reads W1 stacked (gate row f, up row I + f, each with its
+# own 128-row scale block; the wgmma mainloop scales a tile's 128 rows by one block, which the gate/up interleave by 8
+# would split), where it pays: it makes that GEMM1 5-10% slower than its plain store (H200 timelines, 1-4 tokens:
+# GPT-OSS-20B 31.2 against 28.3 us at 1 token, Mixtral-8x7B 166.1 against 159.8 at 4, DeepSeek-V3 130.8 against 127.3
+# at 2) and saves the activation kernel and its wait, 3-5 us, only where GEMM2 then quantizes its own input. So: GEMM1
+# rows < FP8_BLOCK_DECODE_ROWS (its decode band), intermediate_size <= FP8_QUANTIZING_MAX_K (after the epilogue a
+# quantize step costs what the activation kernel does: Mixtral-8x7B up to 10 us slower at 1-16 tokens) and GEMM1's
+# touched weights min(experts, rows) x 2I x H <= FP8_BLOCK_GATED_MAX_GEMM1_BYTES. Layers, H200, graph replay, four
+# rounds at 1-3 tokens, us, gated / activation kernel: Qwen3-30B-A3B (25 MB a token) 1 token 27.6-29.0 / 30.3-31.7, 2
+# tokens 42.3-46.6 / 44.9-48.4, 3 tokens level; DeepSeek-V2-Lite (35 MB) 30.8-32.3 / 32.2-33.6, 2 tokens 51.5-52.6 /
+# 52.7-53.6; GPT-OSS-20B (66 MB) 54.4-59.5 / 57.0-63.6, 2 tokens level; DeepSeek-V3 (235 MB) level at 1, 2-6 us slower
+# at 2 and 3 (docs/performance.md, "The block-128 gated epilogue at decode sizes")
+FP8_BLOCK_GATED_MAX_GEMM1_BYTES = 80 << 20
+
+
+def gated_epilogue_block_decode(s: MoESpec, rows: RowCount) -> Gate:
+    block = s.quant is Quant.FP8_BLOCK
+    per_expert = 2 * s.intermediate_size * s.hidden_size  # e4m3 bytes of one expert's W1
+    most = FP8_BLOCK_GATED_MAX_GEMM1_BYTES // per_expert  # touched experts within the bound
+    held = not block or (rows.rows_below(FP8_BLOCK_DECODE_ROWS) and s.intermediate_size <= FP8_QUANTIZING_MAX_K
+                         and (s.local_experts <= most or rows.rows_below(most + 1)))
+    touched = min(s.local_experts, rows.rows)
+    return Gate("gated_epilogue_block128_decode",
+                f"quant={s.quant.value} rows={rows.rows} I={s.intermediate_size} gemm1_bytes={touched * per_expert}",
+                f"quant != fp8_block or (rows < {FP8_BLOCK_DECODE_ROWS}, I <= {FP8_QUANTIZING_MAX_K} and "
+                f"min(experts, rows) x 2I x H <= {FP8_BLOCK_GATED_MAX_GEMM1_BYTES >> 20} MiB)", held, OURS,
+                token_dependent=True)
 
 
 # intermediate_size % 8 == 0: W1 interleaves gate and up rows in blocks of 8 features
@@ -449,10 +478,13 @@ def finalize_tactic_rows(s: MoESpec, tokens: int) -> Gate:
 
 # ---- weight layouts (moe-build's own) ---------------------------------------------------------
 
-# W1 / b1 gate/up-interleaved in blocks of 8 features exactly when GEMM1 runs the gated epilogue
-def w1_interleaved(fc1_activation: str) -> Gate:
-    return Gate("w1_gated_epilogue", fc1_activation, "fc1_activation == gated_epilogue",
-                fc1_activation == "gated_epilogue", OURS)
+# W1 / b1 gate/up-interleaved in blocks of 8 features exactly when GEMM1 runs the gated epilogue, but with block-128
+# scales (its decode kernel reads W1 stacked, gated_epilogue_block_decode above): fc1_activation == gated_epilogue and
+# quant != fp8_block
+def w1_interleaved(s: MoESpec, fc1_activation: str) -> Gate:
+    return Gate("w1_gated_epilogue", f"{fc1_activation} quant={s.quant.value}",
+                "fc1_activation == gated_epilogue and quant != fp8_block",
+                fc1_activation == "gated_epilogue" and s.quant is not Quant.FP8_BLOCK, OURS)
 
 
 # 64 x 64 weight blocks are read only by the sm90 GEMMs (gemm_kernel == tma_warp_specialized)
@@ -563,11 +595,13 @@ def fc2_quant_static_scale(s: MoESpec) -> Gate:
     return Gate("fc2_static_scale", s.act_scale.value, "act_scale == static", s.act_scale is ActScale.STATIC, OURS)
 
 
-# Else GEMM2 quantizes its input itself as it loads its rows (the quantizing decode kernel, gemm/fp8_decode.cu), with
-# no kernel between the GEMMs, where GEMM1's gated epilogue wrote 16-bit rows: fc1_activation == gated_epilogue
+# Else GEMM2 quantizes its input itself as it loads its rows (the quantizing decode kernel, gemm/fp8_decode.cu: per
+# row, or per 128-column group with block-128 scales), with no kernel between the GEMMs, where GEMM1's gated epilogue
+# wrote 16-bit rows: fc1_activation == gated_epilogue (at the call's count: block-128 layers' GEMM1 runs it in its
+# decode band)
 def fc2_quant_after_gated_epilogue(fc1_activation: str) -> Gate:
     return Gate("gemm1_gated_epilogue", fc1_activation, "fc1_activation == gated_epilogue",
-                fc1_activation == "gated_epilogue", OURS)
+                fc1_activation == "gated_epilogue", OURS, token_dependent=True)
 
 
 # ... a chunk's 8 rows quantized into shared memory, 8 x (I rounded up to 128, + 64) bytes:

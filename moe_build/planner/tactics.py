@@ -828,6 +828,8 @@ def _fp8_tactic_problem(call: GemmCall, tactic: GemmTactic) -> str | None:
     """Why the FP8 GEMM (gemm/fp8_abi.cu) cannot run `tactic`, or None."""
     if tactic.kernel == "mma":
         return "the mma tiles have no FP8 kernel (decode or wgmma)"
+    if call.epilogue == "gated" and call.fp8 == "block128" and tactic.kernel != "decode":
+        return "the gated epilogue with block-128 scales runs on the decode kernel only"
     if tactic.kernel == "wgmma" and tactic.tile not in FP8_WGMMA_TILES[call.fp8]:
         return f"the FP8 wgmma kernel's {call.fp8} tiles are {', '.join(FP8_WGMMA_TILES[call.fp8])}"
     if tactic.kernel == "wgmma" and tactic.tile in FP8_FAST_ONLY_TILES and call.fp8_accumulation != "fast":

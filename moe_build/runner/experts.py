@@ -218,7 +218,8 @@ class FusedExperts:
 
     def gemm1_fp8_gated(self, b: Batch) -> None:
         """act(gate, up) (+b1) of the scaled products in GEMM1's epilogue, straight into fc1_act (W1, its column
-        scales and b1 gate/up-interleaved): no fc1_out round trip; quantize_fc2_input follows."""
+        scales and b1 gate/up-interleaved; with block-128 scales stacked, as loaded): no fc1_out round trip;
+        quantize_fc2_input or GEMM2 quantizing its own input follows."""
         s = self.spec
         self.k.grouped_gemm_fp8_gated(b.v("permuted_input"), b.v("permuted_input_scales"), self.w.w1,
                                       self.w.fp8.w1_scale, b.v("expert_offsets"), self.fp8_scaling, self.act,
@@ -277,13 +278,15 @@ class FusedExperts:
 
     def gemm2_fp8_quantizing_finalize(self, b: Batch) -> None:
         """gemm2_fp8_finalize on the 16-bit rows GEMM1's gated epilogue wrote, which GEMM2 quantizes as it loads them
-        (by the static scale where the checkpoint has one, else per row): the bytes the quantize step would write,
-        without that kernel between the GEMMs (fc2_input_quant=gemm2)."""
+        (by the static scale where the checkpoint has one, else per row, or per 128-column group with block-128
+        scales): the bytes the quantize step would write, without that kernel between the GEMMs
+        (fc2_input_quant=gemm2)."""
         self.k.grouped_gemm_fp8_quantizing_finalize(b.v("fc1_act"), self.a2_scale, self.w.w2, self.w.fp8.w2_scale,
                                                     b.v("expert_offsets"), b.v("permuted_to_unpermuted"),
                                                     b.v("permuted_weights"), b.out.shape[0], self.spec.top_k,
                                                     bias=self.w.b2, out=b.out, stream=b.stream,
-                                                    accumulation=self.fp8_accumulation, tactic=b.gemm2_tactic)
+                                                    accumulation=self.fp8_accumulation, scaling=self.fp8_scaling,
+                                                    tactic=b.gemm2_tactic)
 
     # ---- weight-only: 16-bit activations, weights dequantized in the GEMMs -------------------------
     def fc1_prequant(self, b: Batch) -> None:

@@ -1,9 +1,11 @@
 """The FP8 GEMM1 with the gated activation in its epilogue (mb_grouped_gemm_fp8_gated) against an fp64 reference,
-the decode kernel and every rowwise wgmma tile, both accumulations.
+the decode kernel and every rowwise wgmma tile, both accumulations, and the decode kernel with block-128 scales.
 
-Fresh random e4m3 operands and positive fp32 scales per case (test_fp8_gemm.case); W1's gate and up rows, their
-column scales and the bias interleaved in blocks of 8 (moe_build.weights.interleave_gate_up, as the runner stores
-them). The reference: test_fp8_gemm.reference's fp64 product of every interleaved column (+ bias), then, per feature
+Fresh random e4m3 operands and positive fp32 scales per case (test_fp8_gemm.case); with rowwise scales W1's gate and
+up rows, their column scales and the bias interleaved in blocks of 8 (moe_build.weights.interleave_gate_up, as the
+runner stores them); with block-128 scales stacked as the checkpoint stores them (gate rows, then up rows, where an
+intermediate size off a multiple of 128 puts the last gate rows and the first up rows in one scale block). The
+reference: test_fp8_gemm.reference's fp64 product of every interleaved column (+ bias), then, per feature
 f, its gate column 16 (f // 8) + f % 8 and up column 8 further through moe_build.reference.activate's fp64
 activation. Outputs poisoned with NaN: every row of an expert written, rows past the last expert untouched.
 
@@ -40,21 +42,24 @@ def act_spec(activation: str, inter: int, k: int) -> MoESpec:
 
 
 def run_gated_and_check(counts, inter: int, k: int, tactic: str, activation: str = "swiglu",
-                        accumulation=Fp8Accumulation.PROMOTED, out_dtype=torch.bfloat16, with_bias=False, seed=0):
-    a, sa, b, sb, off = case(counts, 2 * inter, k, Fp8Scaling.ROWWISE, seed)
+                        accumulation=Fp8Accumulation.PROMOTED, out_dtype=torch.bfloat16, with_bias=False, seed=0,
+                        scaling: Fp8Scaling = Fp8Scaling.ROWWISE):
+    a, sa, b, sb, off = case(counts, 2 * inter, k, scaling, seed)
     gen = torch.Generator().manual_seed(seed + 1)
     bias = (torch.randn(len(counts), 2 * inter, generator=gen) * 0.1).to(out_dtype).cuda() if with_bias else None
-    # the stacked [gate; up] weights of the checkpoint, interleaved as the runner stores them
-    b_il = interleave_gate_up(b.view(torch.uint8)).view(torch.float8_e4m3fn)
-    sb_il = interleave_gate_up(sb)
-    bias_il = None if bias is None else interleave_gate_up(bias)
+    if scaling is Fp8Scaling.ROWWISE:  # the stacked [gate; up] weights of the checkpoint, interleaved as the runner
+        b_in = interleave_gate_up(b.view(torch.uint8)).view(torch.float8_e4m3fn)  # stores them
+        sb_in = interleave_gate_up(sb)
+        bias_in = None if bias is None else interleave_gate_up(bias)
+    else:  # block-128: stacked, as the runner keeps them
+        b_in, sb_in, bias_in = b, sb, bias
     spec = act_spec(activation, inter, k)
     c = torch.full((a.shape[0], inter), float("nan"), dtype=out_dtype, device="cuda")
-    K.grouped_gemm_fp8_gated(a, sa, b_il, sb_il, off, Fp8Scaling.ROWWISE, activation, out_dtype=out_dtype,
-                             bias=bias_il, swiglu_alpha=spec.swiglu_alpha, swiglu_limit=spec.swiglu_limit, c=c,
+    K.grouped_gemm_fp8_gated(a, sa, b_in, sb_in, off, scaling, activation, out_dtype=out_dtype,
+                             bias=bias_in, swiglu_alpha=spec.swiglu_alpha, swiglu_limit=spec.swiglu_limit, c=c,
                              accumulation=accumulation, tactic=tactic)
     torch.cuda.synchronize()
-    full, mag = reference(a, sa, b, sb, off, Fp8Scaling.ROWWISE, bias)  # stacked columns: gate [0, I), up [I, 2I)
+    full, mag = reference(a, sa, b, sb, off, scaling, bias)  # stacked columns: gate [0, I), up [I, 2I)
     ref = activate(spec, full)
     used = int(off[-1])
     got = c.double().cpu()
@@ -67,7 +72,8 @@ def run_gated_and_check(counts, inter: int, k: int, tactic: str, activation: str
     bound = 2.0 ** -8 * ref[:used].abs() + 1.2 * (u.abs() + 1) * e_g + (g.abs() + 1) * e_u + 1e-30
     err = (got[:used] - ref[:used]).abs()
     worst = (err / bound).max().item() if used else 0.0
-    assert worst <= 1.0, f"error {worst:.2f}x the bound ({tactic}, {activation}, {accumulation.name}, I={inter}, k={k})"
+    assert worst <= 1.0, (f"error {worst:.2f}x the bound ({tactic}, {scaling.name}, {activation}, {accumulation.name}, "
+                          f"I={inter}, k={k})")
 
 
 COUNTS = {"uneven": [3, 0, 17, 1, 0, 9, 40, 2], "wide": [255, 0, 257, 130]}
@@ -81,6 +87,24 @@ def test_decode(inter, k, k_split, activation):
     need((8, 9))
     run_gated_and_check(COUNTS["uneven"], inter, k, f"decode:ksplit{k_split}:plain:plain", activation,
                         seed=inter + k + k_split)
+
+
+@pytest.mark.parametrize("inter,k", SHAPES)
+@pytest.mark.parametrize("k_split", [1, 2, 8])
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_decode_block128(inter, k, k_split, activation):
+    """Block-128 scales, W1 stacked: each lane's gate and up rows scaled by their own blocks."""
+    need((8, 9))
+    run_gated_and_check(COUNTS["uneven"], inter, k, f"decode:ksplit{k_split}:plain:plain", activation,
+                        seed=3 * inter + k + k_split, scaling=Fp8Scaling.BLOCK128)
+
+
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_decode_block128_bias_as_the_runner_launches(out_dtype):
+    """Block-128 with a bias in both output dtypes, launched after a trigger as the runner launches it."""
+    need((9, 0), exact=True)
+    run_gated_and_check(COUNTS["wide"], 192, 640, "decode:ksplit2:after_trigger:plain", "swiglu_clamp",
+                        out_dtype=out_dtype, with_bias=True, seed=5, scaling=Fp8Scaling.BLOCK128)
 
 
 @pytest.mark.parametrize("inter,k", SHAPES)
@@ -115,7 +139,7 @@ def test_bias_dtypes_and_runner_launches(activation, out_dtype, tactic):
 def test_refusals():
     need((9, 0), exact=True)
     a, sa, b, sb, off = case([4, 4], 256, 256, Fp8Scaling.BLOCK128, 0)
-    with pytest.raises(K.KernelError) as info:  # block-128 weight scales: the interleave splits their blocks
+    with pytest.raises(K.KernelError) as info:  # block-128 weight scales: the decode kernel only
         K.grouped_gemm_fp8_gated(a, sa, b, sb, off, Fp8Scaling.BLOCK128, "swiglu",
                                  tactic="wgmma:coop128x128:plain:plain")
     assert info.value.status == K.Status.UNSUPPORTED

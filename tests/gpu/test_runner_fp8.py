@@ -42,8 +42,8 @@ MODE_IDS = ["tensor_static", "tensor_dynamic", "channel_dynamic", "block128"]
 # token count: with 8 experts a call of more than 32 rows has more than 4 per expert) and their unfused
 # alternatives; the fused finalize's output is zeroed by the FP8 expansion (either) or the three-step prologue;
 # the rowwise GEMMs' promoted accumulation against the plan's fast one (block-128 promotes either way); and the
-# activation kernel (GEMM2's input quantized in it, or after it) against the rowwise plan's gated GEMM1 epilogue
-# (block-128 runs the activation kernel either way)
+# activation kernel (GEMM2's input quantized in it, or after it) against the plan's gated GEMM1 epilogue (block-128:
+# in GEMM1's decode band, here 1 token)
 QUANT_FORCES = [{}, {"fc1_input_quant": "separate"}, {"fc2_input_quant": "separate"},
                 {"fc1_input_quant": "separate", "fc2_input_quant": "separate", "routing_prologue": "three_step"},
                 {"finalize": "separate"},
@@ -101,12 +101,13 @@ def test_every_mode_and_fusion(mode, force, tokens: int) -> None:
 def test_gated_epilogue_where_planned(mode, tokens: int) -> None:
     """On sm90 rowwise layers run the activation in GEMM1's epilogue; with a static scale that epilogue writes GEMM2's
     FP8 input (every count), else GEMM2 quantizes its input itself where it runs the decode kernel (1 and 16 tokens:
-    2 rows per expert) and the quantize kernel runs before the wgmma tiles (600); block-128 ones the activation
-    kernel with GEMM2's input quantized in it (every count)."""
+    2 rows per expert) and the quantize kernel runs before the wgmma tiles (600); block-128 ones in GEMM1's decode
+    band (1 and 16 tokens: 2 and 32 rows) with GEMM2 quantizing its input, the activation kernel with GEMM2's input
+    quantized in it above (600)."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the FP8 gated epilogue is planned for the sm90 GEMMs")
     steps = check(BASE.with_overrides(num_experts=16), mode, tokens=tokens, max_tokens=600)
-    gated = mode[0] is Quant.FP8
+    gated = mode[0] is Quant.FP8 or tokens < 600
     in_gemm1 = gated and mode[2] is ActScale.STATIC
     in_gemm2 = gated and not in_gemm1 and tokens < 600
     assert ("gemm1:fp8_gated_quantized" in steps) == in_gemm1, steps
@@ -126,6 +127,18 @@ def test_gemm2_quantizing_its_input(mode, k_split: int, tokens: int, inter: int)
         pytest.skip("the FP8 gated epilogue, whose rows GEMM2 quantizes, is planned for the sm90 GEMMs")
     force = {"fc2_input_quant": "gemm2", "gemm2_tactic": f"decode:ksplit{k_split}:after_trigger:plain"}
     steps = check(BASE.with_overrides(num_experts=16, intermediate_size=inter), mode, force, tokens)
+    assert steps[-2:] == ["gemm1:fp8_gated", QUANTIZING_GEMM2], steps
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 31])
+@pytest.mark.parametrize("inter", [512, 400, 2880])
+def test_block128_gated_gemm1_and_quantizing_gemm2(tokens: int, inter: int) -> None:
+    """Block-128 layers in GEMM1's decode band as planned (up to 62 rows over 16 experts: chunks of 1 to 8 rows):
+    GEMM1's gated epilogue on W1 stacked, then GEMM2 quantizing its input per 128-column group, intermediate sizes on
+    and off multiples of 128 (2880: GPT-OSS-20B's, whose gate and up rows share a scale block)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the FP8 gated epilogue is planned for the sm90 GEMMs")
+    steps = check(BASE.with_overrides(num_experts=16, intermediate_size=inter), MODES[3], tokens=tokens)
     assert steps[-2:] == ["gemm1:fp8_gated", QUANTIZING_GEMM2], steps
 
 

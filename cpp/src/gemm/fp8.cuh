@@ -2,7 +2,7 @@
 // mb_grouped_gemm_fp8_gated with the gated activation in its epilogue):
 // what its kernels share. A and B are e4m3 bytes, the accumulation fp32, the output bf16/fp16 (+ bias; the
 // finalize epilogue times the routing weight, added into the token's output row; the gated epilogue writes
-// act(gate, up) of an interleaved W1); the scales follow the
+// act(gate, up) of W1 interleaved by 8, or stacked with block-128 scales); the scales follow the
 // call's mb_fp8_scaling:
 //   MB_FP8_ROWWISE : C[p, c] = sa[p] * sb[x, c] * sum_k A[p, k] B[x, c, k]       sa [max_rows], sb [E, n]
 //   MB_FP8_BLOCK128: C[p, c] = sum_kb sa[p, kb] * sb[x, c / 128, kb] * sum_{k in kb} A[p, k] B[x, c, k]
@@ -34,13 +34,14 @@ struct Fp8GemmParams {
   int n, k;
   int scaling;       // enum mb_fp8_scaling
   int accumulation;  // enum mb_fp8_accumulation (the wgmma kernel's)
-  int epilogue = EPI_STORE;                         // EpilogueKind (EPI_GATED: MB_FP8_ROWWISE only)
+  int epilogue = EPI_STORE;                         // EpilogueKind (EPI_GATED, MB_FP8_BLOCK128: decode kernel only)
   const int32_t* permuted_to_unpermuted = nullptr;  // finalize: expanded row of each permuted row (/ top_k: token)
   const float* permuted_weights = nullptr;          // finalize: routing weight of each permuted row
   int top_k = 1;                                    // finalize
   bool evict_last = false;                          // finalize / gated, wgmma: atomics / stores under L2 evict_last
   // gated: act(gate, up) of W1's rows interleaved in blocks of 8 (rows 16b..16b+7 gate features 8b..8b+7, rows
-  // 16b+8..16b+15 their up projections; scale_b and bias in the same order), MB_ACT_SWIGLU / GEGLU / SWIGLU_CLAMP
+  // 16b+8..16b+15 their up projections; scale_b and bias in the same order), or with MB_FP8_BLOCK128 scales stacked
+  // (gate rows, then up rows: scale_b's 128-row blocks whole), MB_ACT_SWIGLU / GEGLU / SWIGLU_CLAMP
   int activation = MB_ACT_SWIGLU;
   float swiglu_alpha = 1.f;
   float swiglu_limit = 0.f;
@@ -49,8 +50,9 @@ struct Fp8GemmParams {
   // c_scales [max_rows] gets every written row's scale: the bytes and scales the quantize step would write
   const float* c_static_scale = nullptr;
   float* c_scales = nullptr;
-  // quantizing (mb_grouped_gemm_fp8_quantizing_finalize; decode kernel, MB_FP8_ROWWISE): A and scale_a unused, the
-  // kernel quantizes these 16-bit rows [max_rows, k] (the output dtype) itself, by a16_static_scale or per row
+  // quantizing (mb_grouped_gemm_fp8_quantizing_finalize; decode kernel): A and scale_a unused, the kernel quantizes
+  // these 16-bit rows [max_rows, k] (the output dtype) itself, by a16_static_scale or per row (MB_FP8_ROWWISE), or per
+  // 128-column group (MB_FP8_BLOCK128)
   const void* a16 = nullptr;
   const float* a16_static_scale = nullptr;
 };

@@ -118,17 +118,21 @@ mb_status mb_grouped_gemm_fp8_finalize(const void* A, const float* scale_a, cons
 }
 
 mb_status mb_grouped_gemm_fp8_quantizing_finalize(const void* A16, const float* static_scale, const void* B,
-                                                  const float* scale_b, int accumulation, const void* bias, void* out,
+                                                  const float* scale_b, int scaling, int accumulation,
+                                                  const void* bias, void* out,
                                                   const int64_t* expert_first_token_offset,
                                                   const int32_t* permuted_to_unpermuted, const float* permuted_weights,
                                                   int num_experts, int64_t max_rows, int num_tokens, int top_k, int n,
                                                   int k, int dtype, mb_gemm_tactic tactic, cudaStream_t stream) {
   const char* who = "grouped gemm fp8 quantizing finalize";
   mbk::Fp8GemmParams p{nullptr, nullptr, static_cast<const uint8_t*>(B), scale_b, bias, out,
-                       expert_first_token_offset, num_experts, n, k, MB_FP8_ROWWISE, accumulation};
+                       expert_first_token_offset, num_experts, n, k, scaling, accumulation};
   p.a16 = A16;
   p.a16_static_scale = static_scale;
   MB_TRY(mbk::check_fp8_args(p, max_rows, dtype, who));
+  if (scaling == MB_FP8_BLOCK128 && static_scale != nullptr)
+    return mbk::fail(MB_ERR_INVALID_ARGUMENT, "%s: block128 rows take their 128-column groups' own scales, not a "
+                     "static one", who);
   MB_TRY(mbk::set_finalize_maps(p, permuted_to_unpermuted, permuted_weights, num_tokens, top_k, who));
   if (k > MB_FP8_QUANTIZING_MAX_K)
     return mbk::fail(MB_ERR_UNSUPPORTED, "%s: k %d is past %d (a chunk's quantized rows in shared memory)", who, k,
@@ -147,9 +151,12 @@ mb_status mb_grouped_gemm_fp8_gated(const void* A, const float* scale_a, const v
                                     size_t workspace_bytes, cudaStream_t stream) {
   const char* who = "grouped gemm fp8 gated";
   MB_TRY(mbk::check_gated(who, inter, activation));
-  if (scaling == MB_FP8_BLOCK128)
-    return mbk::fail(MB_ERR_UNSUPPORTED, "%s: rowwise scales only (block-128 weight scales cover 128 rows of W1, "
-                     "which its gate/up interleave by 8 splits)", who);
+  if (scaling == MB_FP8_BLOCK128 && tactic.kernel != MB_GEMM_DECODE)
+    return mbk::fail(MB_ERR_UNSUPPORTED, "%s: block128 scales take the decode kernel only (tactic kernel %d)", who,
+                     tactic.kernel);
+  if (scaling == MB_FP8_BLOCK128 && c_static_scale != nullptr)
+    return mbk::fail(MB_ERR_UNSUPPORTED, "%s: block128 layers quantize GEMM2's input per 128-column group, not by a "
+                     "static scale (c_static_scale)", who);
   mbk::Fp8GemmParams p{static_cast<const uint8_t*>(A), scale_a, static_cast<const uint8_t*>(B), scale_b, bias,
                        C, expert_first_token_offset, num_experts, 2 * inter, k, scaling, accumulation};
   MB_TRY(mbk::check_fp8_args(p, max_rows, dtype, who));

@@ -17,17 +17,21 @@
 //
 // Epilogues (p.epilogue): the plain store; the finalize (as gemm/decode.cu's): each output pair times its
 // row's routing weight, added with one packed 2-element atomic into the token's output row; or the gated
-// activation of an interleaved W1 (rowwise scales): a CTA's weight rows are whole 16-row blocks, 8 gate rows then
-// their 8 up rows, so each output feature pair finds its gate and up sums in the CTA's shared partials; with a
-// static scale (p.c_static_scale, fc2_input_quant=gemm1) each pair is rounded to T and written as two e4m3 bytes,
-// the quantize step's bytes, and each row's scale by the thread of its first feature.
+// activation: each warp's 16 weight rows are 8 gate rows and their 8 up rows (lane g's rows g and g + 8), so each
+// output feature pair finds its gate and up sums in the CTA's shared partials. With rowwise scales W1 comes
+// interleaved in blocks of 8 (CTA row r is W1 row col0 + r); with block-128 scales it comes stacked as the
+// checkpoint stores it (gate row f, up row inter + f: the 128-row scale blocks stay whole), so each lane loads the
+// scales of its gate row's block and of its up row's (gated_w1_row). With a static scale (p.c_static_scale,
+// fc2_input_quant=gemm1) each pair is rounded to T and written as two e4m3 bytes, the quantize step's bytes, and each
+// row's scale by the thread of its first feature.
 //
 // Quantizing (QA; mb_grouped_gemm_fp8_quantizing_finalize, the plan's fc2_input_quant=gemm2): A is the 16-bit rows
 // GEMM1's gated epilogue wrote, and each CTA quantizes its chunk's rows into shared memory after it waits for them
-// (quantize_chunk_rows), with fp8_quantize.cuh's unit functions, so they hold the bytes and scales the quantize step
-// would have written; the mainloop then reads its token rows there. Each CTA of a chunk repeats that work before its
-// first product, so it pays where GEMM2's CTAs are few (the planner's rule fc2_quant_gemm2_waves); there it saves
-// the quantize kernel between the GEMMs, 2-5 us of a 1-token layer.
+// (quantize_chunk_rows: per row, or with block-128 scales per 128-column group), with fp8_quantize.cuh's unit
+// functions, so they hold the bytes and scales the quantize step would have written; the mainloop then reads its
+// token rows (and group scales) there. Each CTA of a chunk repeats that work before its first product, so it pays
+// where GEMM2's CTAs are few (the planner's rule fc2_quant_gemm2_waves); there it saves the quantize kernel (or the
+// block-128 layers' activation kernel) between the GEMMs, 2-5 us of a 1-token layer.
 //
 // CTA = 8 warps = one (expert, chunk of up to 8 token rows, 128 / WK weight rows) unit; WK warps split K
 // into slices of whole 128-k blocks; partial sums meet in shared memory and are reduced in fixed warp
@@ -64,12 +68,14 @@ __device__ __forceinline__ float ld_scale(const float* p, bool valid) { return v
 __host__ __device__ constexpr int quantized_row_stride(int k) { return (k + 127) / 128 * 128 + 64; }
 
 // The chunk's `rows` (1 to 8) 16-bit rows of k elements at src, quantized into dst's rows (stride bytes apart) and
-// their scales into row_scale, as mb_quantize_fp8 quantizes a row (static_scale, or the row's own amax): the same
-// unit functions of common/fp8_quantize.cuh, so the same bytes. A row takes 256 / rows' power of two threads, so
-// that one or two rows, the usual chunk at decode, are read by the whole CTA at once; the first kB units of each
-// thread stay in registers from the amax pass to the quantizing pass, the rest are read again (an L1 hit).
+// their scales into row_scale, as mb_quantize_fp8 quantizes a row (static_scale, or the row's own amax; kGroups: each
+// 128-column group's own amax, its scale at row_scale[row * fp8_k_blocks(k) + group]): the same unit functions of
+// common/fp8_quantize.cuh, so the same bytes. A row takes 256 / rows' power of two threads, so that one or two rows,
+// the usual chunk at decode, are read by the whole CTA at once; per row, the first kB units of each thread stay in
+// registers from the amax pass to the quantizing pass, the rest are read again (an L1 hit); per group, a group's 16
+// units are 16 adjacent lanes of one warp (a 4-step shuffle), so each unit is read once.
 // Every thread of the CTA calls it; the caller synchronizes before reading dst.
-template <typename T>
+template <typename T, bool kGroups>
 __device__ __forceinline__ void quantize_chunk_rows(const T* src, const float* static_scale, int rows, int k,
                                                     uint8_t* dst, int stride, float* row_scale) {
   namespace fp8 = mb::fp8;
@@ -85,6 +91,29 @@ __device__ __forceinline__ void quantize_chunk_rows(const T* src, const float* s
   const float ones[fp8::kVec] = {1.f, 1.f, 1.f, 1.f, 1.f, 1.f, 1.f, 1.f};
   auto load = [&](int u) { return mine && u < units ? *reinterpret_cast<const uint4*>(in + u * fp8::kVec)
                                                     : uint4{0u, 0u, 0u, 0u}; };
+  if constexpr (kGroups) {
+    static_assert(fp8::kGroupLanes == 16, "a 128-column group is 16 units");
+    const int kbn = fp8_k_blocks(k);
+    for (int u0 = 0; u0 < units; u0 += kB * group) {  // the same bounds in every thread: all reach the shuffles
+      uint4 x[kB];
+#pragma unroll
+      for (int i = 0; i < kB; ++i) x[i] = load(u0 + i * group + t);
+#pragma unroll
+      for (int i = 0; i < kB; ++i) {
+        const int u = u0 + i * group + t;  // group and u0 are multiples of 16: lanes t..t+15 hold one group
+        float m = fp8::unit_amax_packed<T>(x[i]);
+#pragma unroll
+        for (int lanes = 1; lanes < fp8::kGroupLanes; lanes *= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, lanes));
+        const float s = fp8::dynamic_scale(m);
+        if (mine && u < units) {
+          *reinterpret_cast<fp8::Bytes*>(dst + row * stride + u * fp8::kVec) =
+              fp8::quantize_unit_by<T>(x[i], s, __frcp_rn(s));
+          if (u % fp8::kGroupLanes == 0) row_scale[row * kbn + u / fp8::kGroupLanes] = s;
+        }
+      }
+    }
+    return;
+  }
   uint4 keep[kB];
   float s;
   if (static_scale != nullptr) {
@@ -122,14 +151,26 @@ __device__ __forceinline__ void quantize_chunk_rows(const T* src, const float* s
 }
 
 // The kernels' body (below it the two kernels: the plain one and the quantizing one, QA).
+// The W1 row of CTA row r (the CTA's first output column col0) under the gated epilogue: interleaved in blocks of 8,
+// col0 + r; stacked (block-128 scales), gate feature f = col0 / 2 + 8 (r / 16) + r % 8 at row f, its up row at
+// inter + f.
+template <bool kStacked>
+__device__ __forceinline__ int gated_w1_row(int col0, int r, int inter) {
+  if constexpr (!kStacked) return col0 + r;
+  const int f = col0 / 2 + 8 * (r / 16) + r % 8;
+  return r % 16 < 8 ? f : inter + f;
+}
+
 template <typename T, int SCALING, int WK, int EPI, bool QA>
 __device__ __forceinline__ void fp8_decode_body(const Fp8GemmParams& p) {
   constexpr int R = 16 * (kDecodeWarps / WK);  // weight rows (output columns) per CTA
   constexpr bool kBlock = SCALING == MB_FP8_BLOCK128;
-  static_assert(!QA || !kBlock, "the quantizing kernel takes rowwise scales");
+  constexpr bool kStacked = kBlock && EPI == EPI_GATED;  // W1 stacked: a lane's two rows in two scale blocks
+  static_assert(!kStacked || !QA, "the quantizing kernel is GEMM2's");
   __shared__ float s_part[WK][R][kDecodeTokens + 1];
-  extern __shared__ __align__(16) uint8_t s_rows[];  // QA: the chunk's rows quantized, quantized_row_stride(k) apart
-  __shared__ float s_row_scale[kDecodeTokens];       // QA: their scales
+  // QA: the chunk's rows quantized, quantized_row_stride(k) apart, then (block-128) their group scales
+  extern __shared__ __align__(16) uint8_t s_rows[];
+  __shared__ float s_row_scale[kDecodeTokens];  // QA, rowwise: the rows' scales
 
   const TileRows tile = cta_find_tile<kDecodeTokens>(p.offsets, p.num_experts);
   const int expert = tile.expert;
@@ -141,18 +182,25 @@ __device__ __forceinline__ void fp8_decode_body(const Fp8GemmParams& p) {
   const int q = lane & 3, g = lane >> 2;
   const int rg = warp / WK, ks = warp % WK;
   const int col0 = blockIdx.y * R;  // first output column of this CTA
-  const int r0 = col0 + rg * 16 + g;  // the lane's weight rows r0 and r0 + 8
-  const bool wok0 = r0 < N, wok1 = r0 + 8 < N;
+  const int inter = N / 2;          // gated: the features
+  // The lane's weight rows: W1 rows w0 and w0 + 8 (interleaved or ungated), or gate row w0 and up row w1 (stacked).
+  const int w0 = kStacked ? gated_w1_row<true>(col0, rg * 16 + g, inter) : col0 + rg * 16 + g;
+  const int w1 = kStacked ? w0 + inter : w0 + 8;
+  const bool wok0 = kStacked ? w0 < inter : w0 < N, wok1 = kStacked ? wok0 : w1 < N;
   const uint8_t* B = p.B + (int64_t)expert * N * K;
-  const uint8_t* wrow0 = B + (int64_t)(wok0 ? r0 : 0) * K;
-  const uint8_t* wrow1 = wrow0 + 8 * K;  // read only where wok1 (then wok0 too)
+  const uint8_t* wrow0 = B + (int64_t)(wok0 ? w0 : 0) * K;
+  const uint8_t* wrow1 = B + (int64_t)(wok1 ? w1 : 0) * K;
   const bool aok = g < rows;
   const uint8_t* arow = p.A + (row_begin + (aok ? g : 0)) * K;
-  // BLOCK128: the lane's weight-scale row (its two rows share a 128-row block) and token-scale rows.
-  const float* sb_row = p.scale_b + ((int64_t)expert * fp8_k_blocks(N) + min(r0, N - 1) / kFp8Block) * kbn;
-  // The lane's two token-scale rows 2q and 2q + 1 (adjacent: one pointer and a stride).
+  // BLOCK128: the lane's weight-scale rows (its two rows share a 128-row block unless stacked) and token-scale rows.
+  const float* sb_row0 = p.scale_b + ((int64_t)expert * fp8_k_blocks(N) + min(w0, N - 1) / kFp8Block) * kbn;
+  const float* sb_row1 = p.scale_b + ((int64_t)expert * fp8_k_blocks(N) + min(w1, N - 1) / kFp8Block) * kbn;
+  // The lane's two token-scale rows 2q and 2q + 1 (adjacent: one pointer and a stride; QA: in shared memory).
   const bool tok_ok0 = 2 * q < rows, tok_ok1 = 2 * q + 1 < rows;
-  const float* sa_row = p.scale_a + (row_begin + (tok_ok0 ? 2 * q : 0)) * (kBlock ? kbn : 1);
+  const int a_stride = quantized_row_stride(K);
+  float* s_group_scale = reinterpret_cast<float*>(s_rows + kDecodeTokens * a_stride);  // QA, block-128
+  const float* sa_row = QA ? s_group_scale + (tok_ok0 ? 2 * q : 0) * kbn
+                           : p.scale_a + (row_begin + (tok_ok0 ? 2 * q : 0)) * (kBlock ? kbn : 1);
 
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   // This warp's K slice: whole 128-k blocks (the last slice shorter; K % 16 == 0, so a lane's 16-byte
@@ -161,7 +209,8 @@ __device__ __forceinline__ void fp8_decode_body(const Fp8GemmParams& p) {
   const int kslice = decode_k_slice(K, WK);
   const int kb = ks * kslice, ke = min(K, kb + kslice);
   uint4 w[2][kSteps][2], a[2][kSteps];
-  float sb[2][2], sa[2][2][2];  // [buffer][128-k block of the batch][token]
+  constexpr int kScaleRows = kStacked ? 2 : 1;  // weight-scale rows a lane reads: its rows' blocks
+  float sb[2][2][kScaleRows], sa[2][2][2];  // [buffer][128-k block of the batch][weight row / token]
   auto load_weights = [&](int buf, int k0) {
 #pragma unroll
     for (int u = 0; u < kSteps; ++u) {
@@ -171,10 +220,12 @@ __device__ __forceinline__ void fp8_decode_body(const Fp8GemmParams& p) {
     }
     if constexpr (kBlock) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) sb[buf][h] = ld_scale(sb_row + k0 / kFp8Block + h, k0 + h * kFp8Block < ke);
+      for (int h = 0; h < 2; ++h) {
+        sb[buf][h][0] = ld_scale(sb_row0 + k0 / kFp8Block + h, k0 + h * kFp8Block < ke);
+        if constexpr (kStacked) sb[buf][h][1] = ld_scale(sb_row1 + k0 / kFp8Block + h, k0 + h * kFp8Block < ke);
+      }
     }
   };
-  const int a_stride = quantized_row_stride(K);
   auto load_tokens = [&](int buf, int k0) {
 #pragma unroll
     for (int u = 0; u < kSteps; ++u) {
@@ -188,8 +239,13 @@ __device__ __forceinline__ void fp8_decode_body(const Fp8GemmParams& p) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const bool kin = k0 + h * kFp8Block < ke;
-        sa[buf][h][0] = ld_scale(sa_row + k0 / kFp8Block + h, kin && tok_ok0);
-        sa[buf][h][1] = ld_scale(sa_row + kbn + k0 / kFp8Block + h, kin && tok_ok1);
+        if constexpr (QA) {  // the group scales quantize_chunk_rows wrote
+          sa[buf][h][0] = kin && tok_ok0 ? sa_row[k0 / kFp8Block + h] : 0.f;
+          sa[buf][h][1] = kin && tok_ok1 ? sa_row[kbn + k0 / kFp8Block + h] : 0.f;
+        } else {
+          sa[buf][h][0] = ld_scale(sa_row + k0 / kFp8Block + h, kin && tok_ok0);
+          sa[buf][h][1] = ld_scale(sa_row + kbn + k0 / kFp8Block + h, kin && tok_ok1);
+        }
       }
     }
   };
@@ -205,8 +261,8 @@ __device__ __forceinline__ void fp8_decode_body(const Fp8GemmParams& p) {
         if (u & 1) {  // a 128-k block is complete: scale it into the accumulator
           const int h = u >> 1;
 #pragma unroll
-          for (int c = 0; c < 4; ++c) {
-            acc[c] += part[c] * sb[buf][h] * sa[buf][h][c & 1];
+          for (int c = 0; c < 4; ++c) {  // c >> 1: the lane's weight row (g or g + 8), c & 1: its token
+            acc[c] += part[c] * sb[buf][h][kStacked ? c >> 1 : 0] * sa[buf][h][c & 1];
             part[c] = 0.f;
           }
         }
@@ -228,8 +284,8 @@ __device__ __forceinline__ void fp8_decode_body(const Fp8GemmParams& p) {
   mb::wait_for_predecessor();
   mb::let_dependents_start();
   if constexpr (QA) {
-    quantize_chunk_rows<T>(static_cast<const T*>(p.a16) + row_begin * K, p.a16_static_scale, rows, K, s_rows,
-                           a_stride, s_row_scale);
+    quantize_chunk_rows<T, kBlock>(static_cast<const T*>(p.a16) + row_begin * K, p.a16_static_scale, rows, K, s_rows,
+                                   a_stride, kBlock ? s_group_scale : s_row_scale);
     __syncthreads();
   }
   if (kb < ke) load_tokens(0, kb);
@@ -259,11 +315,11 @@ __device__ __forceinline__ void fp8_decode_body(const Fp8GemmParams& p) {
     float s = 0.f;
 #pragma unroll
     for (int wi = 0; wi < WK; ++wi) s += s_part[wi][r][t];
-    if constexpr (QA) s *= s_row_scale[t] * p.scale_b[(int64_t)expert * N + col0 + r];
+    if constexpr (QA && !kBlock) s *= s_row_scale[t] * p.scale_b[(int64_t)expert * N + col0 + r];
     else if constexpr (!kBlock) s *= p.scale_a[prow] * p.scale_b[(int64_t)expert * N + col0 + r];
     return s;
   };
-  auto biased = [&](float2 v, int col) {
+  auto biased = [&](float2 v, int col) {  // col, col + 1: the two sums' W1 (or W2) rows
     if (bias) {
       const float2 b = P2::to_float2(*reinterpret_cast<const typename P2::type*>(bias + col));
       v.x += b.x;
@@ -274,14 +330,14 @@ __device__ __forceinline__ void fp8_decode_body(const Fp8GemmParams& p) {
   if constexpr (EPI == EPI_GATED) {
     // One thread per (token, output feature pair): the CTA's R rows hold R / 2 features, feature f (even) of
     // block f / 8 has its gate rows at 16 (f / 8) + f % 8 (+1) and its up rows 8 further.
-    const int inter = N / 2;
     for (int idx = threadIdx.x; idx < kDecodeTokens * (R / 4); idx += kDecodeThreads) {
       const int t = idx / (R / 4), f = 2 * (idx % (R / 4));
       const int r = (f / 8) * 16 + f % 8;
-      if (t >= rows || col0 + r >= N) continue;  // N is a multiple of 16: the up rows are in range too
+      if (t >= rows || col0 / 2 + f >= inter) continue;  // inter is a multiple of 8: feature f + 1 is in range too
       const int64_t prow = row_begin + t;
-      const float2 gate = biased({column(r, t, prow), column(r + 1, t, prow)}, col0 + r);
-      const float2 up = biased({column(r + 8, t, prow), column(r + 9, t, prow)}, col0 + r + 8);
+      const float2 gate = biased({column(r, t, prow), column(r + 1, t, prow)}, gated_w1_row<kStacked>(col0, r, inter));
+      const float2 up = biased({column(r + 8, t, prow), column(r + 9, t, prow)},
+                               gated_w1_row<kStacked>(col0, r + 8, inter));
       const typename P2::type packed = P2::make(apply_gated(p.activation, gate.x, up.x, p.swiglu_alpha, p.swiglu_limit),
                                                 apply_gated(p.activation, gate.y, up.y, p.swiglu_alpha, p.swiglu_limit));
       const int64_t at = prow * inter + col0 / 2 + f;
@@ -315,22 +371,26 @@ __global__ void __launch_bounds__(kDecodeThreads) fp8_decode_kernel(Fp8GemmParam
   fp8_decode_body<T, SCALING, WK, EPI, false>(p);
 }
 
-// The quantizing kernel asks for two CTAs an SM: its second weight batch in flight would take WK = 8 past 128
-// registers. (The plain kernel is left to ptxas's own count: a minimum of one CTA an SM lets it take 154-158
-// registers where it takes 124-126 unasked, and run one CTA an SM.)
-template <typename T, int WK>
-__global__ void __launch_bounds__(kDecodeThreads, 2) fp8_quantizing_decode_kernel(Fp8GemmParams p) {
-  fp8_decode_body<T, MB_FP8_ROWWISE, WK, EPI_FINALIZE, true>(p);
+// The rowwise quantizing kernel asks for two CTAs an SM: its second weight batch in flight would take WK = 8 past
+// 128 registers. (The plain kernel is left to ptxas's own count: a minimum of one CTA an SM lets it take 154-158
+// registers where it takes 124-126 unasked, and run one CTA an SM.) The block-128 one, as the plain block-128
+// kernel, holds past 128 registers and runs one CTA an SM.
+template <typename T, int SCALING, int WK>
+__global__ void __launch_bounds__(kDecodeThreads, SCALING == MB_FP8_ROWWISE ? 2 : 1)
+    fp8_quantizing_decode_kernel(Fp8GemmParams p) {
+  fp8_decode_body<T, SCALING, WK, EPI_FINALIZE, true>(p);
 }
 
 template <typename T, int SCALING, int EPI, bool QA = false>
 mb_status launch_epilogue(const Fp8GemmParams& p, int64_t chunks, int k_split, bool after_trigger,
                           cudaStream_t stream) {
-  const size_t smem = QA ? static_cast<size_t>(kDecodeTokens) * quantized_row_stride(p.k) : 0;
+  // QA: the chunk's quantized rows, then (block-128) their group scales
+  const size_t group_scales = SCALING == MB_FP8_BLOCK128 ? sizeof(float) * kDecodeTokens * fp8_k_blocks(p.k) : 0;
+  const size_t smem = QA ? static_cast<size_t>(kDecodeTokens) * quantized_row_stride(p.k) + group_scales : 0;
   return by_k_split(k_split, [&](auto wk) {
     constexpr int WK = decltype(wk)::value;
     if constexpr (QA)
-      return launch_decode(fp8_quantizing_decode_kernel<T, WK>, p, p.n, 16 * (kDecodeWarps / WK), chunks,
+      return launch_decode(fp8_quantizing_decode_kernel<T, SCALING, WK>, p, p.n, 16 * (kDecodeWarps / WK), chunks,
                            after_trigger, stream, "grouped gemm fp8 quantizing decode", smem);
     else
       return launch_decode(fp8_decode_kernel<T, SCALING, WK, EPI>, p, p.n, 16 * (kDecodeWarps / WK), chunks,
@@ -341,20 +401,15 @@ mb_status launch_epilogue(const Fp8GemmParams& p, int64_t chunks, int k_split, b
 template <typename T, int SCALING>
 mb_status launch_scaling(const Fp8GemmParams& p, int64_t chunks, int k_split, bool after_trigger,
                          cudaStream_t stream) {
-  if (p.a16 != nullptr) {  // the quantizing GEMM2: rowwise scales and the finalize (its entry point's checks)
-    if constexpr (SCALING == MB_FP8_ROWWISE)
-      if (p.epilogue == EPI_FINALIZE)
-        return launch_epilogue<T, SCALING, EPI_FINALIZE, true>(p, chunks, k_split, after_trigger, stream);
-    return fail(MB_ERR_UNSUPPORTED, "grouped gemm fp8 decode: 16-bit rows are quantized with rowwise scales and "
-                                    "the finalize epilogue only");
+  if (p.a16 != nullptr) {  // the quantizing GEMM2: the finalize (its entry point's checks)
+    if (p.epilogue == EPI_FINALIZE)
+      return launch_epilogue<T, SCALING, EPI_FINALIZE, true>(p, chunks, k_split, after_trigger, stream);
+    return fail(MB_ERR_UNSUPPORTED, "grouped gemm fp8 decode: 16-bit rows are quantized with the finalize epilogue "
+                                    "only");
   }
   switch (p.epilogue) {
     case EPI_FINALIZE: return launch_epilogue<T, SCALING, EPI_FINALIZE>(p, chunks, k_split, after_trigger, stream);
-    case EPI_GATED:  // rowwise scales only (mb_grouped_gemm_fp8_gated refuses block-128 before this)
-      if constexpr (SCALING == MB_FP8_ROWWISE)
-        return launch_epilogue<T, SCALING, EPI_GATED>(p, chunks, k_split, after_trigger, stream);
-      else
-        return fail(MB_ERR_UNSUPPORTED, "grouped gemm fp8 decode: the gated epilogue takes rowwise scales only");
+    case EPI_GATED: return launch_epilogue<T, SCALING, EPI_GATED>(p, chunks, k_split, after_trigger, stream);
     default: return launch_epilogue<T, SCALING, EPI_STORE>(p, chunks, k_split, after_trigger, stream);
   }
 }

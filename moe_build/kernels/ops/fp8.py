@@ -226,11 +226,13 @@ def grouped_gemm_fp8_quantizing_finalize(a16: torch.Tensor, static_scale: torch.
                                          permuted_to_unpermuted: torch.Tensor, permuted_weights: torch.Tensor,
                                          num_tokens: int, top_k: int, bias: torch.Tensor | None = None,
                                          out: torch.Tensor | None = None, stream: int | torch.cuda.Stream | None = None,
-                                         accumulation: int | str | Fp8Accumulation = Fp8Accumulation.PROMOTED, *,
+                                         accumulation: int | str | Fp8Accumulation = Fp8Accumulation.PROMOTED,
+                                         scaling: int | str | Fp8Scaling = Fp8Scaling.ROWWISE, *,
                                          tactic: GemmTactic | str) -> torch.Tensor:
-    """grouped_gemm_fp8_finalize with rowwise scales on the rows quantize_fp8(a16, static_scale) would write, which
-    the kernel quantizes itself as it loads them (fc2_input_quant=gemm2): A16 [R, k] bf16/fp16 (the output dtype),
-    static_scale a float32 [1] or None (each row's own scale). The decode tactic kernel only, k <=
+    """grouped_gemm_fp8_finalize on the rows quantize_fp8(a16, static_scale, group) would write, which the kernel
+    quantizes itself as it loads them (fc2_input_quant=gemm2): A16 [R, k] bf16/fp16 (the output dtype); rowwise
+    scales: static_scale a float32 [1] or None (each row's own scale); block128 (static_scale None): each 128-column
+    group's own, as quantize_fp8 with group 128 writes them. The decode tactic kernel only, k <=
     MB_FP8_QUANTIZING_MAX_K. A given `out` must be zeroed by the caller; an allocated one is zeroed here."""
     if a16.dtype not in (torch.bfloat16, torch.float16):
         raise ValueError(f"A16: {a16.dtype} is not bfloat16 or float16")
@@ -239,7 +241,10 @@ def grouped_gemm_fp8_quantizing_finalize(a16: torch.Tensor, static_scale: torch.
     _check(b, "B", (None, None, k), torch.float8_e4m3fn, dev)
     e, n = b.shape[0], b.shape[1]
     _check(expert_first_token_offset, "expert_first_token_offset", (e + 1,), torch.int64, dev)
-    _check(scale_b, "scale_b", (e, n), torch.float32, dev)
+    mode = Fp8Scaling(_enum(scaling, Fp8Scaling, "scaling"))
+    _check(scale_b, "scale_b", fp8_scale_shapes(mode, rows, e, n, k)[1], torch.float32, dev)
+    if mode is Fp8Scaling.BLOCK128 and static_scale is not None:
+        raise ValueError("static_scale: block128 rows take their 128-column groups' own scales")
     _fp8_group(static_scale, None, dev)  # a one-element fp32 scale, or None
     if bias is not None:
         _check(bias, "bias", (e, n), a16.dtype, dev)
@@ -247,7 +252,7 @@ def grouped_gemm_fp8_quantizing_finalize(a16: torch.Tensor, static_scale: torch.
     _check(permuted_weights, "permuted_weights", (num_tokens * top_k,), torch.float32, dev)
     o = _out(out, "out", (num_tokens, n), a16.dtype, dev, zero=True)
     call("mb_grouped_gemm_fp8_quantizing_finalize", a16.data_ptr(), _ptr(static_scale), b.data_ptr(),
-         scale_b.data_ptr(), _enum(accumulation, Fp8Accumulation, "accumulation"), _ptr(bias), o.data_ptr(),
+         scale_b.data_ptr(), int(mode), _enum(accumulation, Fp8Accumulation, "accumulation"), _ptr(bias), o.data_ptr(),
          expert_first_token_offset.data_ptr(), permuted_to_unpermuted.data_ptr(), permuted_weights.data_ptr(), e, rows,
          num_tokens, top_k, n, k, int(DType.BF16 if a16.dtype == torch.bfloat16 else DType.FP16),
          tactic_struct(tactic), _stream(stream, dev))
@@ -263,8 +268,9 @@ def grouped_gemm_fp8_gated(a: torch.Tensor, scale_a: torch.Tensor, b: torch.Tens
                            accumulation: int | str | Fp8Accumulation = Fp8Accumulation.PROMOTED, *,
                            tactic: GemmTactic | str) -> torch.Tensor:
     """C[p] = act(gate, up) of grouped_gemm_fp8's scaled product (+ bias[x]), the gated activation in GEMM1's
-    epilogue (rowwise scales only). B [E, 2I, k], scale_b [E, 2I] and bias [E, 2I] in
-    moe_build.weights.interleave_gate_up's order -> C [R, I] in out_dtype."""
+    epilogue -> C [R, I] in out_dtype. Rowwise scales: B [E, 2I, k], scale_b [E, 2I] and bias [E, 2I] in
+    moe_build.weights.interleave_gate_up's order; block128 scales (the decode tactic kernel only): B, its block scales
+    and bias stacked as the checkpoint stores them (gate rows, then up rows)."""
     return _gated(a, scale_a, b, scale_b, expert_first_token_offset, scaling, activation, out_dtype, bias, swiglu_alpha,
                   swiglu_limit, c, None, None, workspace, stream, accumulation, tactic)[0]
 
