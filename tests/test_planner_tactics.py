@@ -189,8 +189,8 @@ def test_fp8_finalize_gemm2_tactics() -> None:
         "wgmma:pingpong64x128:after_trigger:evict_last", "wgmma:coop128x128:after_trigger:evict_last",
         "wgmma:coop128x128:after_trigger:evict_last", "wgmma:coop128x128:plain:evict_last"]
     assert at(dataclasses.replace(qwen3_down, fp8="none", itemsize=2), 512) == "wgmma:pingpong64x128:placed:evict_last"
-    block = dataclasses.replace(qwen3_down, fp8="block128")  # decode below 64 rows: 7 tokens
-    assert [at(block, t) for t in (7, 8)] == ["decode:ksplit1:after_trigger:plain",
+    block = dataclasses.replace(qwen3_down, fp8="block128")  # decode below 64 rows: 7 tokens (56 x 16 CTAs: two an SM)
+    assert [at(block, t) for t in (7, 8)] == ["decode:twocta_ksplit1:after_trigger:plain",
                                               "wgmma:pingpong64x128:after_trigger:evict_last"]
     assert at(dataclasses.replace(qwen3_down, epilogue="store"), 1025) == "wgmma:coop128x128:plain:plain"
     # few experts: the average bound first (Mixtral-8x7B, avg rows ceil(tokens / 4): 6 at 24 tokens, 7 at 25)
@@ -222,7 +222,7 @@ def test_fp8_rowwise_decode_split_keeps_one_wave_of_short_slices() -> None:
     assert at(dsv3_up, 1) == "decode:ksplit4:after_trigger:plain"
     mixtral_down = call(epilogue="finalize", n=4096, k=14336, experts=8, top_k=2, itemsize=1, fp8="rowwise")
     assert at(mixtral_down, 3) == "decode:ksplit8:after_trigger:plain"  # 6 x 32 = 192 unsplit, 384 at 2
-    assert at(dataclasses.replace(gpt_oss_up, fp8="block128"), 1) == "decode:ksplit1:after_trigger:plain"
+    assert at(dataclasses.replace(gpt_oss_up, fp8="block128"), 1) == "decode:twocta_ksplit1:after_trigger:plain"
 
 
 def test_fp8_rowwise_finalize_gemm2_keeps_minimum_slices_whole_past_one_wave() -> None:
@@ -410,7 +410,7 @@ def test_weight_only_int4_decode_stages_token_rows_where_they_fit() -> None:
     assert "one scale per row or per 128 k" in tactic_problem(dataclasses.replace(small, woq_group=32), staged)
     assert tactic_problem(dataclasses.replace(small, woq_group=64, k=4096 - 64), staged) is None
     assert "weight-only int4 GEMM's" in tactic_problem(call(epilogue="store"), staged)
-    with pytest.raises(MoeBuildError, match="plain, staged or on digits"):
+    with pytest.raises(MoeBuildError, match="plain, staged, on digits or at two CTAs an SM"):
         GemmTactic.parse("decode:staged2:plain:plain")
 
 
@@ -575,6 +575,22 @@ def test_fp8_block_decode_slices_keep_the_cta_bound() -> None:
     """Block-128 FP8 decode GEMMs split K only while their CTAs are fewer than two per SM and slices keep 2048
     bytes: Mixtral GEMM1 (2 experts x 224 column blocks at 1 token) stays unsplit where rowwise takes 4 slices."""
     mixtral_up = call(epilogue="store", n=28672, k=4096, experts=8, top_k=2, itemsize=1, fp8="block128")
-    assert [at(mixtral_up, t) for t in (1, 16)] == ["decode:ksplit1:after_trigger:plain"] * 2
+    assert [at(mixtral_up, t) for t in (1, 16)] == ["decode:twocta_ksplit1:after_trigger:plain"] * 2
     mixtral_down = dataclasses.replace(mixtral_up, n=4096, k=14336)  # 2 x 32 CTAs at 1 token: 4 slices
-    assert at(mixtral_down, 1) == "decode:ksplit4:after_trigger:plain"
+    assert at(mixtral_down, 1) == "decode:twocta_ksplit4:after_trigger:plain"
+
+
+def test_fp8_block_decode_runs_two_ctas_an_sm_past_one_a_sm() -> None:
+    """tactics.fp8_block_decode_tile_rule: the block-128 decode kernel held to two CTAs an SM (tile twocta) where the
+    launch's CTAs, non-empty experts x column blocks, outnumber the SMs (132); one CTA an SM at or below; rowwise scales
+    (two CTAs an SM at their own 124-126 registers) never take the tile, and a forced twocta is refused there."""
+    qwen3_up = call(k=2048, n=1536, itemsize=1, fp8="block128")  # 12 column blocks a touched expert
+    assert [at(qwen3_up, t) for t in (1, 2)] == ["decode:ksplit1:after_trigger:plain",  # 8 x 12 = 96
+                                                "decode:twocta_ksplit1:after_trigger:plain"]  # 16 x 12 = 192
+    dsv2_up = call(k=2048, n=2816, experts=64, top_k=6, itemsize=1, fp8="block128")  # 22 column blocks
+    assert [at(dsv2_up, t) for t in (1, 2)] == ["decode:ksplit1:after_trigger:plain",  # 6 x 22 = 132: one wave
+                                               "decode:twocta_ksplit1:after_trigger:plain"]
+    assert not any("twocta" in at(dataclasses.replace(qwen3_up, fp8="rowwise"), t) for t in (1, 2, 7))
+    assert tactic_problem(dataclasses.replace(qwen3_up, fp8="rowwise"),
+                          GemmTactic.parse("decode:twocta_ksplit1:plain:plain")) is not None
+    assert GemmTactic.parse("decode:twocta_ksplit2:after_trigger:plain").tile == "twocta"

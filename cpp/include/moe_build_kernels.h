@@ -341,6 +341,8 @@ enum mb_gemm_tile {
                                        rowwise scales with fast accumulation) */
   MB_TILE_DECODE_DIGITS = 22,      /* decode on the int8 mma, A the token digits mb_token_digits writes (the weight-only
                                       int4 forms with one scale per row, per 64 k or per 128 k, MB_INPUT_DIGITS) */
+  MB_TILE_DECODE_TWOCTA = 23,      /* decode held to 128 registers a thread, two CTAs an SM (the FP8 GEMM with
+                                      MB_FP8_BLOCK128 scales only, whose plain decode kernel holds one) */
 };
 enum mb_gemm_launch {
   MB_LAUNCH_PLAIN = 0,          /* an ordinary launch */
@@ -356,7 +358,7 @@ enum mb_output_l2 {
 };
 typedef struct mb_gemm_tactic {
   int32_t kernel;     /* enum mb_gemm_kernel */
-  int32_t tile;       /* enum mb_gemm_tile: MB_TILE_NONE (or MB_TILE_DECODE_STAGED / _DIGITS) for decode, an MMA tile for mma,
+  int32_t tile;       /* enum mb_gemm_tile: MB_TILE_NONE (or MB_TILE_DECODE_STAGED / _DIGITS / _TWOCTA) for decode, an MMA tile for mma,
                          a wgmma tile for wgmma */
   int32_t k_split;    /* decode: K slices per CTA, 1, 2, 4 or 8; 0 for the other kernels */
   int32_t launch;     /* enum mb_gemm_launch: mma PLAIN (the weight-only GEMM's also AFTER_TRIGGER); decode PLAIN or

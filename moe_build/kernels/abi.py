@@ -56,8 +56,8 @@ class GemmKernel(enum.IntEnum):
 
 
 class GemmTile(enum.IntEnum):
-    """mb_gemm_tile (MB_TILE_*): the tile of the mma or wgmma kernel; NONE, DECODE_STAGED or DECODE_DIGITS for
-    decode."""
+    """mb_gemm_tile (MB_TILE_*): the tile of the mma or wgmma kernel; NONE, DECODE_STAGED, DECODE_DIGITS or
+    DECODE_TWOCTA for decode."""
     NONE = 0
     MMA_16x64 = 1
     MMA_64x128 = 2
@@ -81,6 +81,7 @@ class GemmTile(enum.IntEnum):
     PINGPONG_128x128 = 20
     PINGPONG_128x128_C2 = 21
     DECODE_DIGITS = 22
+    DECODE_TWOCTA = 23
 
 
 class WoqKind(enum.IntEnum):

@@ -48,9 +48,11 @@ FP8_ONLY_TILES = ("coop128x128", "coop128x128c2", "coop128x192", "coop128x192c2"
 K_SPLITS = (1, 2, 4, 8)
 # The decode kernel's forms: token rows read where they lie ("none"), first staged in shared memory ("staged": the
 # weight-only int4 codes kernel only, woq_staged_rows below), or split into 8-bit digits by a step before the GEMM and
-# multiplied on the int8 mma ("digits": the weight-only int4 forms with 16-bit activations, woq_digits_rows below).
-DECODE_TILES = ("none", "staged", "digits")
-_DECODE_TILE_PREFIX = {"none": "", "staged": "staged_", "digits": "digits_"}
+# multiplied on the int8 mma ("digits": the weight-only int4 forms with 16-bit activations, woq_digits_rows below), or
+# held to 128 registers a thread, two CTAs an SM ("twocta": the FP8 kernel with block-128 scales,
+# fp8_block_decode_tile_rule below).
+DECODE_TILES = ("none", "staged", "digits", "twocta")
+_DECODE_TILE_PREFIX = {"none": "", "staged": "staged_", "digits": "digits_", "twocta": "twocta_"}
 LAUNCHES = ("plain", "after_trigger", "placed")
 OUTPUT_L2 = ("plain", "evict_last")
 EPILOGUES = ("store", "gated", "finalize")
@@ -79,8 +81,8 @@ class GemmTactic:
 
     @classmethod
     def parse(cls, name: str) -> "GemmTactic":
-        """The tactic spelled `name` (KERNEL:TILE:LAUNCH:OUTPUT_L2, decode's TILE being ksplitN, staged_ksplitN or
-        digits_ksplitN)."""
+        """The tactic spelled `name` (KERNEL:TILE:LAUNCH:OUTPUT_L2, decode's TILE being ksplitN, staged_ksplitN,
+        digits_ksplitN or twocta_ksplitN)."""
         parts = name.split(":")
         form = "KERNEL:TILE:LAUNCH:OUTPUT_L2, e.g. wgmma:pingpong64x128:plain:plain or decode:ksplit2:plain:plain"
         if len(parts) != 4:
@@ -92,8 +94,8 @@ class GemmTactic:
             forms = {f"{prefix}ksplit{k}": (form, k) for form, prefix in _DECODE_TILE_PREFIX.items()
                      for k in K_SPLITS}
             if tile not in forms:
-                raise MoeBuildError("force", f"tactic {name!r}: the decode kernel's tile is its K split, plain, staged "
-                                    "or on digits", list(forms))
+                raise MoeBuildError("force", f"tactic {name!r}: the decode kernel's tile is its K split, plain, staged, "
+                                    "on digits or at two CTAs an SM", list(forms))
             form, k_split = forms[tile]
             tactic = cls(kernel, form, k_split, launch, l2)
         else:
@@ -286,6 +288,19 @@ def fp8_decode_k_split_rule(call: GemmCall, rows: RowCount) -> int:
             break
         k_split *= 2
     return k_split
+
+
+# FP8 decode form, block-128 scales: two CTAs an SM ("twocta": the kernel held to 128 registers, 36-124 bytes of
+# spills) where the launch has more CTAs (non-empty experts x column blocks) than SMs, else one (166-182 registers:
+# fewer CTAs than SMs leave nothing for a second one). H200, block-128 layers, graph replay, two rounds, every decode
+# launch at two CTAs an SM against one, us (docs/measured/h200-2026-12-01-fp8-block-two-ctas): DeepSeek-V3 at 1 / 2 / 4
+# tokens 123.6-125.6 / 197.3-198.0 / 352.1-352.8 against 132.9-133.7 / 215.9-216.7 / 384.1-389.5; Qwen3-30B-A3B at 2 /
+# 4 tokens 35.4-37.4 / 62.4-63.4 against 42.4-46.6 / 69.3-71.6; DeepSeek-V2-Lite at 2 / 8 45.0-45.6 / 101.4-101.9
+# against 53.7-54.7 / 117.2-117.9; Mixtral-8x7B at 16 391.6-391.7 against 397.8-404.3; but at 1 token, where GEMM1 has
+# 96 and 132 CTAs, Qwen3-30B-A3B 29.5-30.0 against 27.3-27.6 and DeepSeek-V2-Lite 35.4-36.3 against 32.8 (one point
+# runs against the rule: GPT-OSS-20B at 4 tokens, 138.3-138.6 against 133.8-136.0).
+def fp8_block_decode_tile_rule(call: GemmCall, rows: RowCount, k_split: int) -> str:
+    return "none" if ctas_at_most(call, rows, decode_column_blocks(call, k_split), call.sm_count) else "twocta"
 
 
 def decode_column_blocks(call: GemmCall, k_split: int) -> int:
@@ -748,7 +763,8 @@ def choose_tactic(call: GemmCall, rows: RowCount) -> GemmTactic:
     if kernel == "decode":
         k_split = (fp8_decode_k_split_rule(call, rows) if call.fp8 != "none" else
                    woq_decode_k_split_rule(call, rows) if call.woq != "none" else decode_k_split_rule(call, rows))
-        tile = woq_decode_tile_rule(call, rows, k_split) if call.woq != "none" else "none"
+        tile = (woq_decode_tile_rule(call, rows, k_split) if call.woq != "none" else
+                fp8_block_decode_tile_rule(call, rows, k_split) if call.fp8 == "block128" else "none")
         return GemmTactic("decode", tile, k_split, decode_launch_rule(call), "plain")
     if kernel == "mma":
         tile = woq_mma_tile_rule(call, rows) if call.woq != "none" else mma_tile_rule(call, rows)
@@ -795,6 +811,8 @@ def tactic_problem(call: GemmCall, tactic: GemmTactic) -> str | None:
         return "the wgmma kernel runs only in the sm90 GEMMs (gemm_kernel=tma_warp_specialized)"
     if tactic.kernel == "decode" and tactic.tile in ("staged", "digits") and call.woq == "none":
         return f"the {tactic.tile} decode kernel is the weight-only int4 GEMM's"
+    if tactic.kernel == "decode" and tactic.tile == "twocta" and call.fp8 != "block128":
+        return "the twocta decode kernel is the FP8 GEMM's with block-128 scales"
     if call.fp8 != "none":
         fp8_problem = _fp8_tactic_problem(call, tactic)
         if fp8_problem is not None:

@@ -136,6 +136,19 @@ def test_decode(scaling, n, k, k_split, counts):
     run_and_check(COUNTS[counts], n, k, scaling, f"decode:ksplit{k_split}:{launch}:plain", seed=n + k + k_split)
 
 
+@pytest.mark.parametrize("n,k", SHAPES)
+@pytest.mark.parametrize("k_split", [1, 2, 4, 8])
+@pytest.mark.parametrize("counts", ["uneven", "wide"])
+def test_decode_twocta(n, k, k_split, counts):
+    """The block-128 decode kernel held to two CTAs an SM (tile twocta, its spills included); rowwise refuses it."""
+    need((8, 9))
+    launch = "after_trigger" if capability() >= (9, 0) else "plain"
+    tactic = f"decode:twocta_ksplit{k_split}:{launch}:plain"
+    run_and_check(COUNTS[counts], n, k, Fp8Scaling.BLOCK128, tactic, seed=2 * n + k + k_split)
+    with pytest.raises(K.KernelError, match="twocta"):
+        run_and_check(COUNTS[counts], n, k, Fp8Scaling.ROWWISE, tactic, seed=1)
+
+
 WGMMA_TILES = {Fp8Scaling.ROWWISE: ["coop128x128", "coop128x256", "pingpong64x128", "pingpong64x128c2", "coop128x128c2",
                                     "coop128x192", "coop128x192c2", "pingpong128x128", "pingpong128x128c2"],
                Fp8Scaling.BLOCK128: ["coop128x128", "pingpong64x128", "pingpong64x128c2", "coop128x128c2"]}

@@ -92,10 +92,11 @@ def test_decode(inter, k, k_split, activation):
 @pytest.mark.parametrize("inter,k", SHAPES)
 @pytest.mark.parametrize("k_split", [1, 2, 8])
 @pytest.mark.parametrize("activation", ACTIVATIONS)
-def test_decode_block128(inter, k, k_split, activation):
-    """Block-128 scales, W1 stacked: each lane's gate and up rows scaled by their own blocks."""
+@pytest.mark.parametrize("form", ["", "twocta_"], ids=["one_cta", "twocta"])
+def test_decode_block128(inter, k, k_split, activation, form):
+    """Block-128 scales, W1 stacked: each lane's gate and up rows scaled by their own blocks (both decode forms)."""
     need((8, 9))
-    run_gated_and_check(COUNTS["uneven"], inter, k, f"decode:ksplit{k_split}:plain:plain", activation,
+    run_gated_and_check(COUNTS["uneven"], inter, k, f"decode:{form}ksplit{k_split}:plain:plain", activation,
                         seed=3 * inter + k + k_split, scaling=Fp8Scaling.BLOCK128)
 
 

@@ -49,7 +49,7 @@ def rows16(rows: int, used: int, k: int, dtype: torch.dtype, seed: int) -> torch
 
 
 def run_and_check(tokens: int, top_k: int, n: int, k: int, k_split: int, static: bool, dtype: torch.dtype,
-                  with_bias: bool, seed: int, scaling: Fp8Scaling = Fp8Scaling.ROWWISE) -> None:
+                  with_bias: bool, seed: int, scaling: Fp8Scaling = Fp8Scaling.ROWWISE, form: str = "") -> None:
     need((8, 9))
     ptu, counts = routed(tokens, top_k, seed)
     _, _, b, sb, off = case(counts, n, k, scaling, seed, pad_rows=tokens * top_k - sum(counts))
@@ -61,7 +61,7 @@ def run_and_check(tokens: int, top_k: int, n: int, k: int, k_split: int, static:
     bias = (torch.randn(LOCAL, n, generator=gen) * 0.1).to(dtype).cuda() if with_bias else None
     static_scale = torch.tensor([0.9 / 448], device="cuda") if static else None
     launch = "after_trigger" if torch.cuda.get_device_capability() >= (9, 0) else "plain"
-    tactic = f"decode:ksplit{k_split}:{launch}:plain"
+    tactic = f"decode:{form}ksplit{k_split}:{launch}:plain"
     out = torch.zeros(tokens, n, dtype=dtype, device="cuda")
     K.grouped_gemm_fp8_quantizing_finalize(a16, static_scale, b, sb, off, ptu, weights, tokens, top_k, bias=bias,
                                            out=out, scaling=scaling, tactic=tactic)
@@ -99,10 +99,11 @@ def test_quantizing_finalize(n, k, k_split, top_k, tokens, static):
 @pytest.mark.parametrize("n,k", SHAPES)
 @pytest.mark.parametrize("k_split", [1, 2, 4, 8])
 @pytest.mark.parametrize("top_k,tokens", ROUTES)
-def test_quantizing_finalize_block128(n, k, k_split, top_k, tokens):
-    """Block-128 weight scales: the rows quantized per 128-column group."""
+@pytest.mark.parametrize("form", ["", "twocta_"], ids=["one_cta", "twocta"])
+def test_quantizing_finalize_block128(n, k, k_split, top_k, tokens, form):
+    """Block-128 weight scales: the rows quantized per 128-column group (both decode forms)."""
     run_and_check(tokens, top_k, n, k, k_split, False, torch.bfloat16, False, seed=3 * n + k + top_k + tokens,
-                  scaling=Fp8Scaling.BLOCK128)
+                  scaling=Fp8Scaling.BLOCK128, form=form)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])

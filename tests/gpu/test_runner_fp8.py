@@ -142,6 +142,21 @@ def test_block128_gated_gemm1_and_quantizing_gemm2(tokens: int, inter: int) -> N
     assert steps[-2:] == ["gemm1:fp8_gated", QUANTIZING_GEMM2], steps
 
 
+@pytest.mark.parametrize("tokens", [9, 31])
+def test_block128_decode_at_two_ctas_an_sm(tokens: int) -> None:
+    """Block-128 layers whose decode launches have more CTAs than SMs run the decode kernel held to two CTAs an SM
+    (tactics.fp8_block_decode_tile_rule; 64 experts of I 1024: GEMM1's 16 column blocks a touched expert, 18 and 62
+    touched experts: 288 and 992 CTAs)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the twocta decode tile is planned for the sm90 GEMMs")
+    from moe_build.planner import make_plan
+    from moe_build.target import Flavour, Target
+    base = BASE.with_overrides(num_experts=64, intermediate_size=1024)
+    plan = make_plan(base.with_overrides(quant=Quant.FP8_BLOCK), Target(sm=90, flavour=Flavour.TENSORRT), tokens)
+    assert plan.choices(tokens)["gemm1_tactic"].startswith("decode:twocta_"), plan.choices(tokens)
+    check(base, MODES[3], tokens=tokens)
+
+
 @pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
 @pytest.mark.parametrize("finalize", ["fused", "separate"])
 @pytest.mark.parametrize("tokens", [1, 64, 600])

@@ -59,10 +59,10 @@ struct Fp8GemmParams {
 
 __host__ __device__ __forceinline__ int fp8_k_blocks(int k) { return (k + kFp8Block - 1) / kFp8Block; }
 
-// gemm/fp8_decode.cu: the swap-AB mma.sync e4m3 kernel (sm_89+), tactic kernel MB_GEMM_DECODE. Both
-// launchers run p.epilogue.
-mb_status launch_fp8_decode(const Fp8GemmParams& p, int64_t max_rows, int dtype, int k_split, bool after_trigger,
-                            cudaStream_t stream);
+// gemm/fp8_decode.cu: the swap-AB mma.sync e4m3 kernel (sm_89+), tactic kernel MB_GEMM_DECODE (two_ctas: its tile
+// MB_TILE_DECODE_TWOCTA, block-128 scales). Both launchers run p.epilogue.
+mb_status launch_fp8_decode(const Fp8GemmParams& p, int64_t max_rows, int dtype, int k_split, bool two_ctas,
+                            bool after_trigger, cudaStream_t stream);
 // gemm/fp8_sm90.cu: the wgmma kernel (sm_90a), tactic kernel MB_GEMM_WGMMA, and its workspace.
 size_t fp8_wgmma_workspace_bytes(int num_experts);
 mb_status run_fp8_wgmma(const Fp8GemmParams& p, int64_t max_rows, int dtype, const mb_gemm_tactic& tactic,

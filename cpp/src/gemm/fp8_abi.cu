@@ -62,14 +62,14 @@ mb_status run_fp8(const Fp8GemmParams& p, int64_t max_rows, int dtype, const mb_
   if (tactic.launch == MB_LAUNCH_PLACED)
     return fail(MB_ERR_INVALID_ARGUMENT, "%s: the FP8 kernels launch plainly or after a trigger (tactic launch "
                 "placed)", who);
-  MB_TRY(check_tactic(tactic, TacticSite{who, cc == 90, p.epilogue, nullptr}));
+  MB_TRY(check_tactic(tactic, TacticSite{who, cc == 90, p.epilogue, nullptr, p.scaling == MB_FP8_BLOCK128}));
   switch (tactic.kernel) {
     case MB_GEMM_DECODE:
       if (cc < 89)
         return fail(MB_ERR_UNSUPPORTED, "%s: needs compute capability 8.9 or later (this device: %d.%d)", who,
                     cc / 10, cc % 10);
-      return launch_fp8_decode(p, max_rows, dtype, tactic.k_split, tactic.launch == MB_LAUNCH_AFTER_TRIGGER,
-                               stream);
+      return launch_fp8_decode(p, max_rows, dtype, tactic.k_split, tactic.tile == MB_TILE_DECODE_TWOCTA,
+                               tactic.launch == MB_LAUNCH_AFTER_TRIGGER, stream);
     case MB_GEMM_WGMMA:
       return run_fp8_wgmma(p, max_rows, dtype, tactic, workspace, workspace_bytes, stream);
     default:

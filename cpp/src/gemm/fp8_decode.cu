@@ -366,22 +366,23 @@ __device__ __forceinline__ void fp8_decode_body(const Fp8GemmParams& p) {
   }
 }
 
-template <typename T, int SCALING, int WK, int EPI>
-__global__ void __launch_bounds__(kDecodeThreads) fp8_decode_kernel(Fp8GemmParams p) {
+// Registers: the plain kernel is left to ptxas's own count (a minimum of one CTA an SM lets the rowwise forms take
+// 154-158 registers where they take 124-126 unasked: one CTA an SM instead of two); the block-128 forms take 166-182,
+// one CTA an SM, or, held to two (TWO: the tactic's tile MB_TILE_DECODE_TWOCTA), 128 with 36-124 bytes of spills,
+// which pays where the launch has more CTAs than SMs (tactics.fp8_block_decode_tile_rule). The rowwise quantizing
+// kernel asks for two CTAs an SM: its second weight batch in flight would take WK = 8 past 128 registers.
+template <typename T, int SCALING, int WK, int EPI, bool TWO>
+__global__ void __launch_bounds__(kDecodeThreads, TWO ? 2 : 0) fp8_decode_kernel(Fp8GemmParams p) {
   fp8_decode_body<T, SCALING, WK, EPI, false>(p);
 }
 
-// The rowwise quantizing kernel asks for two CTAs an SM: its second weight batch in flight would take WK = 8 past
-// 128 registers. (The plain kernel is left to ptxas's own count: a minimum of one CTA an SM lets it take 154-158
-// registers where it takes 124-126 unasked, and run one CTA an SM.) The block-128 one, as the plain block-128
-// kernel, holds past 128 registers and runs one CTA an SM.
-template <typename T, int SCALING, int WK>
-__global__ void __launch_bounds__(kDecodeThreads, SCALING == MB_FP8_ROWWISE ? 2 : 1)
+template <typename T, int SCALING, int WK, bool TWO>
+__global__ void __launch_bounds__(kDecodeThreads, SCALING == MB_FP8_ROWWISE || TWO ? 2 : 1)
     fp8_quantizing_decode_kernel(Fp8GemmParams p) {
   fp8_decode_body<T, SCALING, WK, EPI_FINALIZE, true>(p);
 }
 
-template <typename T, int SCALING, int EPI, bool QA = false>
+template <typename T, int SCALING, int EPI, bool QA, bool TWO>
 mb_status launch_epilogue(const Fp8GemmParams& p, int64_t chunks, int k_split, bool after_trigger,
                           cudaStream_t stream) {
   // QA: the chunk's quantized rows, then (block-128) their group scales
@@ -390,27 +391,28 @@ mb_status launch_epilogue(const Fp8GemmParams& p, int64_t chunks, int k_split, b
   return by_k_split(k_split, [&](auto wk) {
     constexpr int WK = decltype(wk)::value;
     if constexpr (QA)
-      return launch_decode(fp8_quantizing_decode_kernel<T, SCALING, WK>, p, p.n, 16 * (kDecodeWarps / WK), chunks,
-                           after_trigger, stream, "grouped gemm fp8 quantizing decode", smem);
+      return launch_decode(fp8_quantizing_decode_kernel<T, SCALING, WK, TWO>, p, p.n, 16 * (kDecodeWarps / WK),
+                           chunks, after_trigger, stream, "grouped gemm fp8 quantizing decode", smem);
     else
-      return launch_decode(fp8_decode_kernel<T, SCALING, WK, EPI>, p, p.n, 16 * (kDecodeWarps / WK), chunks,
+      return launch_decode(fp8_decode_kernel<T, SCALING, WK, EPI, TWO>, p, p.n, 16 * (kDecodeWarps / WK), chunks,
                            after_trigger, stream, "grouped gemm fp8 decode", smem);
   });
 }
 
-template <typename T, int SCALING>
+template <typename T, int SCALING, bool TWO>
 mb_status launch_scaling(const Fp8GemmParams& p, int64_t chunks, int k_split, bool after_trigger,
                          cudaStream_t stream) {
   if (p.a16 != nullptr) {  // the quantizing GEMM2: the finalize (its entry point's checks)
     if (p.epilogue == EPI_FINALIZE)
-      return launch_epilogue<T, SCALING, EPI_FINALIZE, true>(p, chunks, k_split, after_trigger, stream);
+      return launch_epilogue<T, SCALING, EPI_FINALIZE, true, TWO>(p, chunks, k_split, after_trigger, stream);
     return fail(MB_ERR_UNSUPPORTED, "grouped gemm fp8 decode: 16-bit rows are quantized with the finalize epilogue "
                                     "only");
   }
   switch (p.epilogue) {
-    case EPI_FINALIZE: return launch_epilogue<T, SCALING, EPI_FINALIZE>(p, chunks, k_split, after_trigger, stream);
-    case EPI_GATED: return launch_epilogue<T, SCALING, EPI_GATED>(p, chunks, k_split, after_trigger, stream);
-    default: return launch_epilogue<T, SCALING, EPI_STORE>(p, chunks, k_split, after_trigger, stream);
+    case EPI_FINALIZE:
+      return launch_epilogue<T, SCALING, EPI_FINALIZE, false, TWO>(p, chunks, k_split, after_trigger, stream);
+    case EPI_GATED: return launch_epilogue<T, SCALING, EPI_GATED, false, TWO>(p, chunks, k_split, after_trigger, stream);
+    default: return launch_epilogue<T, SCALING, EPI_STORE, false, TWO>(p, chunks, k_split, after_trigger, stream);
   }
 }
 
@@ -423,7 +425,7 @@ int fp8_decode_binary_version() {
   if (cudaGetDevice(&current) != cudaSuccess) return 0;
   if (current != device) {
     cudaFuncAttributes attr{};
-    const auto kernel = fp8_decode_kernel<__nv_bfloat16, MB_FP8_ROWWISE, 1, EPI_STORE>;
+    const auto kernel = fp8_decode_kernel<__nv_bfloat16, MB_FP8_ROWWISE, 1, EPI_STORE, false>;
     version = cudaFuncGetAttributes(&attr, kernel) == cudaSuccess ? attr.binaryVersion : 0;
     device = current;
   }
@@ -432,8 +434,8 @@ int fp8_decode_binary_version() {
 
 }  // namespace
 
-mb_status launch_fp8_decode(const Fp8GemmParams& p, int64_t max_rows, int dtype, int k_split, bool after_trigger,
-                            cudaStream_t stream) {
+mb_status launch_fp8_decode(const Fp8GemmParams& p, int64_t max_rows, int dtype, int k_split, bool two_ctas,
+                            bool after_trigger, cudaStream_t stream) {
   const int binary = fp8_decode_binary_version();
   if (binary < 89)
     return fail(MB_ERR_UNSUPPORTED, "grouped gemm fp8 decode: this library has no sm_89+ code for this GPU (it runs "
@@ -442,8 +444,10 @@ mb_status launch_fp8_decode(const Fp8GemmParams& p, int64_t max_rows, int dtype,
   const int64_t chunks = decode_chunks(max_rows, p.num_experts);
   return dispatch_16bit(dtype, [&](auto tag) {
     using T = decltype(tag);
-    return p.scaling == MB_FP8_BLOCK128 ? launch_scaling<T, MB_FP8_BLOCK128>(p, chunks, k_split, after_trigger, stream)
-                                        : launch_scaling<T, MB_FP8_ROWWISE>(p, chunks, k_split, after_trigger, stream);
+    if (p.scaling != MB_FP8_BLOCK128)  // two_ctas: block-128 only (run_fp8's tactic check)
+      return launch_scaling<T, MB_FP8_ROWWISE, false>(p, chunks, k_split, after_trigger, stream);
+    return two_ctas ? launch_scaling<T, MB_FP8_BLOCK128, true>(p, chunks, k_split, after_trigger, stream)
+                    : launch_scaling<T, MB_FP8_BLOCK128, false>(p, chunks, k_split, after_trigger, stream);
   });
 }
 

@@ -12,7 +12,7 @@
 
 namespace mbk {
 
-constexpr int kLastTile = MB_TILE_DECODE_DIGITS;  // the last mb_gemm_tile
+constexpr int kLastTile = MB_TILE_DECODE_TWOCTA;  // the last mb_gemm_tile
 
 // The tile's name in the planner's spelling (moe_build/planner/tactics.py), for messages.
 inline const char* tile_name(int tile) {
@@ -40,6 +40,7 @@ inline const char* tile_name(int tile) {
     case MB_TILE_PINGPONG_128x128: return "pingpong128x128";
     case MB_TILE_PINGPONG_128x128_C2: return "pingpong128x128c2";
     case MB_TILE_DECODE_DIGITS: return "digits";
+    case MB_TILE_DECODE_TWOCTA: return "twocta";
     default: return "?";
   }
 }
@@ -63,17 +64,19 @@ inline bool tile_of_kernel(int kernel, int tile) {
     case MB_GEMM_MMA: return tile >= MB_TILE_MMA_16x64 && tile <= MB_TILE_MMA_128x128;
     default:  // wgmma
       return tile >= MB_TILE_COOP_128x256 && tile <= kLastTile && tile != MB_TILE_DECODE_STAGED &&
-             tile != MB_TILE_DECODE_DIGITS;
+             tile != MB_TILE_DECODE_DIGITS && tile != MB_TILE_DECODE_TWOCTA;
   }
 }
 
 // What a tactic is checked against: the entry point (its name for messages, and whether it is an sm90
-// one, the only entry points with the wgmma kernel), its epilogue and the caller's placement region.
+// one, the only entry points with the wgmma kernel), its epilogue, the caller's placement region and whether it has
+// the two-CTA decode kernel (the FP8 GEMM with block-128 scales).
 struct TacticSite {
   const char* who;
   bool sm90;
   int epilogue;  // EpilogueKind
   const int32_t* placement;
+  bool twocta_decode = false;
 };
 
 inline mb_status check_tactic(const mb_gemm_tactic& t, const TacticSite& site) {
@@ -94,7 +97,9 @@ inline mb_status check_tactic(const mb_gemm_tactic& t, const TacticSite& site) {
   if (t.kernel == MB_GEMM_DECODE && (t.tile == MB_TILE_DECODE_STAGED || t.tile == MB_TILE_DECODE_DIGITS))
     return fail(MB_ERR_UNSUPPORTED, "%s: the %s decode kernel is the weight-only GEMM's (mb_grouped_gemm_woq)", who,
                 tile_name(t.tile));
-  if (!tile_of_kernel(t.kernel, t.tile))
+  if (t.kernel == MB_GEMM_DECODE && t.tile == MB_TILE_DECODE_TWOCTA && !site.twocta_decode)
+    return fail(MB_ERR_UNSUPPORTED, "%s: the twocta decode kernel is the FP8 GEMM's with block128 scales", who);
+  if (!tile_of_kernel(t.kernel, t.tile) && !(t.kernel == MB_GEMM_DECODE && t.tile == MB_TILE_DECODE_TWOCTA))
     return fail(MB_ERR_INVALID_ARGUMENT, "%s: tile %s is not a tile of the %s kernel", who, tile_name(t.tile),
                 kernel);
   if (t.kernel == MB_GEMM_DECODE && t.k_split != 1 && t.k_split != 2 && t.k_split != 4 && t.k_split != 8)
