@@ -13,7 +13,8 @@
 // Scales (gemm/fp8.cuh): ROWWISE multiplies the fp32 sums by sa[row] * sb[expert, column] at the end;
 // BLOCK128 sums each 128-k block (two steps) into a partial that is scaled by sa[row, kb] *
 // sb[expert, column / 128, kb] and added to the accumulator (a warp's 16 weight rows lie in one
-// 128-row block), so no block's sum is rounded before its scale, as the block-scaled reference does.
+// 128-row block; gated on stacked W1, its 8 gate rows in one and its 8 up rows in one, each lane loading
+// both), so no block's sum is rounded before its scale, as the block-scaled reference does.
 //
 // Epilogues (p.epilogue): the plain store; the finalize (as gemm/decode.cu's): each output pair times its
 // row's routing weight, added with one packed 2-element atomic into the token's output row; or the gated
