@@ -220,12 +220,14 @@ def _fc1_gated_in_decode_band(spec: MoESpec, tokens: int, gates: Sequence[Gate],
     """A block-128 layer's gated epilogue, GEMM1's decode kernel's (rules.gated_epilogue_block_decode): in that band,
     the separate activation above (bands over every count); forced, refused (it cannot hold at every count)."""
     here = R.gated_epilogue_block_decode(spec, T.RowCount(tokens, spec.top_k, spec.local_experts))
-    if forced:
-        _refuse([R.gated_epilogue_block_decode(spec, T.RowCount(1 << 30, spec.top_k, spec.local_experts))],
-                "cannot force fc1_activation=gated_epilogue (a forced choice holds at every token count)")
     bands = tuple(Band(lo, hi, "gated_epilogue" if held else "separate") for lo, hi, held in
                   T.token_bands(spec.top_k, spec.local_experts,
                                 lambda rows: R.gated_epilogue_block_decode(spec, rows).held))
+    if forced:  # refused at the first count where the gate fails (past the decode band there is always one)
+        lo = next(b.lo for b in bands if b.choice == "separate")
+        _refuse([R.gated_epilogue_block_decode(spec, T.RowCount(lo, spec.top_k, spec.local_experts))],
+                f"cannot force fc1_activation=gated_epilogue (a forced choice holds at every token count; at {lo} "
+                "tokens)")
     choice = "gated_epilogue" if here.held else "separate"
     text = ("gated activation in the FP8 decode GEMM1's epilogue (moe-build's own fusion; W1 stacked, its block-128 "
             "scales whole)" if choice == "gated_epilogue" else texts["separate"])
@@ -315,6 +317,14 @@ def _fc1_input_quant(spec: MoESpec, forced: str | None) -> StageDecision:
                       *([W4AFP8_INPUT_TEXT.format("expand_rows")] if spec.quant is Quant.W4AFP8 else []))
 
 
+# fc2_input_quant's summaries where GEMM2's input is made after GEMM1 (the bands' choices)
+FC2_QUANT_TEXTS = {
+    "gemm2": "GEMM2's input quantized to FP8 by GEMM2 itself as it loads its rows (the quantizing decode kernel)",
+    "separate": "GEMM2's input quantized to FP8 by a separate kernel after GEMM1's gated epilogue",
+    "fc1_activation": "GEMM2's input quantized to FP8 in the activation kernel",
+}
+
+
 def _fc2_input_quant(spec: MoESpec, fc1: StageDecision, finalize: StageDecision, gemm2: StageDecision,
                      call: T.GemmCall, tokens: int, forced: str | None) -> StageDecision:
     """In the activation kernel where it can run there (every count); else, after GEMM1's gated epilogue, in that
@@ -329,7 +339,7 @@ def _fc2_input_quant(spec: MoESpec, fc1: StageDecision, finalize: StageDecision,
                     "(GEMM1's gated epilogue runs at some counts; force fc1_activation=separate as well)")
         fc1_activation = "gated_epilogue"  # the static gates below: GEMM2 may quantize somewhere
     gates = [R.input_quant_fp8(spec), R.fc2_quant_in_activation(fc1_activation)]
-    fused_text = "GEMM2's input quantized to FP8 in the activation kernel"
+    fused_text = FC2_QUANT_TEXTS["fc1_activation"]
     separate_text = "GEMM2's input quantized to FP8 by a separate kernel after the activation"
     in_gemm1 = [gates[0], R.fp8_rowwise_scales(spec), R.fc2_quant_static_scale(spec),
                 R.fc2_quant_after_gated_epilogue(fc1_activation)]
@@ -348,10 +358,8 @@ def _fc2_input_quant(spec: MoESpec, fc1: StageDecision, finalize: StageDecision,
         bands = tuple(Band(b.lo, b.hi, "separate" if b.choice == "gated_epilogue" else "fc1_activation")
                       for b in fc1.bands)
         choice = next(b.choice for b in bands if b.holds(tokens))
-        texts = {"separate": "GEMM2's input quantized to FP8 by a separate kernel after GEMM1's gated epilogue",
-                 "fc1_activation": fused_text}
         return StageDecision("fc2_input_quant", choice, "separate", (*gates, *in_gemm2[1:]), bands,
-                             summary=f"{texts[choice]} ({bands_text(bands, choice_first=True)})")
+                             summary=f"{FC2_QUANT_TEXTS[choice]} ({bands_text(bands, choice_first=True)})")
     return _act_quant("fc2_input_quant", "fc1_activation", gates, forced, fused_text, separate_text,
                       *([W4AFP8_INPUT_TEXT.format("fc2_prequant")] if spec.quant is Quant.W4AFP8 else []))
 
@@ -380,10 +388,6 @@ def _fc2_quant_in_gemm2(spec: MoESpec, gates: Sequence[Gate], shown: Sequence[Ga
             return "gemm2"
         return "separate" if here_gates[0].held else "fc1_activation"
 
-    text = "GEMM2's input quantized to FP8 by GEMM2 itself as it loads its rows (the quantizing decode kernel)"
-    texts = {"gemm2": text,
-             "separate": "GEMM2's input quantized to FP8 by a separate kernel after GEMM1's gated epilogue",
-             "fc1_activation": "GEMM2's input quantized to FP8 in the activation kernel"}
     rows_here = T.RowCount(tokens, spec.top_k, spec.local_experts)
     here = gates_at(rows_here)
     if forced:
@@ -395,12 +399,12 @@ def _fc2_quant_in_gemm2(spec: MoESpec, gates: Sequence[Gate], shown: Sequence[Ga
                     _refuse([gate], f"cannot force fc2_input_quant=gemm2 (a forced choice holds at every token "
                                     f"count; at {where} tokens)")
         return StageDecision("fc2_input_quant", "gemm2", "separate", (*shown, *here), forced=True,
-                             summary=f"{text} (every count)")
+                             summary=f"{FC2_QUANT_TEXTS['gemm2']} (every count)")
     bands = tuple(Band(lo, hi, c) for lo, hi, c in T.token_bands(spec.top_k, spec.local_experts, choice_at))
     choice = choice_at(rows_here)
     where = "every count" if len(bands) == 1 else bands_text(bands, choice_first=True)
     return StageDecision("fc2_input_quant", choice, "separate", (*shown, *here), bands,
-                         summary=f"{texts[choice]} ({where})")
+                         summary=f"{FC2_QUANT_TEXTS[choice]} ({where})")
 
 
 def _fp8_accumulation(spec: MoESpec, gemm_kernel: str, forced: str | None) -> StageDecision:

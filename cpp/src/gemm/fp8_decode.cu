@@ -92,13 +92,16 @@ __device__ __forceinline__ void quantize_chunk_rows(const T* src, const float* s
   const float ones[fp8::kVec] = {1.f, 1.f, 1.f, 1.f, 1.f, 1.f, 1.f, 1.f};
   auto load = [&](int u) { return mine && u < units ? *reinterpret_cast<const uint4*>(in + u * fp8::kVec)
                                                     : uint4{0u, 0u, 0u, 0u}; };
+  auto load_batch = [&](int u0, uint4 (&x)[kB]) {  // the thread's kB units of the pass's tile at u0, kB loads in flight
+#pragma unroll
+    for (int i = 0; i < kB; ++i) x[i] = load(u0 + i * group + t);
+  };
   if constexpr (kGroups) {
     static_assert(fp8::kGroupLanes == 16, "a 128-column group is 16 units");
     const int kbn = fp8_k_blocks(k);
     for (int u0 = 0; u0 < units; u0 += kB * group) {  // the same bounds in every thread: all reach the shuffles
       uint4 x[kB];
-#pragma unroll
-      for (int i = 0; i < kB; ++i) x[i] = load(u0 + i * group + t);
+      load_batch(u0, x);
 #pragma unroll
       for (int i = 0; i < kB; ++i) {
         const int u = u0 + i * group + t;  // group and u0 are multiples of 16: lanes t..t+15 hold one group
@@ -123,8 +126,7 @@ __device__ __forceinline__ void quantize_chunk_rows(const T* src, const float* s
     float amax = 0.f;
     for (int u0 = 0; u0 < units; u0 += kB * group) {  // the same bounds in every thread: all reach the shuffles
       uint4 x[kB];
-#pragma unroll
-      for (int i = 0; i < kB; ++i) x[i] = load(u0 + i * group + t);
+      load_batch(u0, x);
 #pragma unroll
       for (int i = 0; i < kB; ++i) {
         amax = fmaxf(amax, fp8::unit_amax<T>(x[i], ones));
@@ -151,7 +153,6 @@ __device__ __forceinline__ void quantize_chunk_rows(const T* src, const float* s
   if (t == 0) row_scale[row] = s;
 }
 
-// The kernels' body (below it the two kernels: the plain one and the quantizing one, QA).
 // The W1 row of CTA row r (the CTA's first output column col0) under the gated epilogue: interleaved in blocks of 8,
 // col0 + r; stacked (block-128 scales), gate feature f = col0 / 2 + 8 (r / 16) + r % 8 at row f, its up row at
 // inter + f.
@@ -162,6 +163,7 @@ __device__ __forceinline__ int gated_w1_row(int col0, int r, int inter) {
   return r % 16 < 8 ? f : inter + f;
 }
 
+// The kernels' body (below it the two kernels: the plain one and the quantizing one, QA).
 template <typename T, int SCALING, int WK, int EPI, bool QA>
 __device__ __forceinline__ void fp8_decode_body(const Fp8GemmParams& p) {
   constexpr int R = 16 * (kDecodeWarps / WK);  // weight rows (output columns) per CTA

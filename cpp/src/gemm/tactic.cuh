@@ -60,7 +60,7 @@ inline const char* epilogue_name(int epilogue) {
 
 inline bool tile_of_kernel(int kernel, int tile) {
   switch (kernel) {
-    case MB_GEMM_DECODE: return tile == MB_TILE_NONE;
+    case MB_GEMM_DECODE: return tile == MB_TILE_NONE || tile == MB_TILE_DECODE_TWOCTA;  // twocta: check_tactic's site
     case MB_GEMM_MMA: return tile >= MB_TILE_MMA_16x64 && tile <= MB_TILE_MMA_128x128;
     default:  // wgmma
       return tile >= MB_TILE_COOP_128x256 && tile <= kLastTile && tile != MB_TILE_DECODE_STAGED &&
@@ -99,7 +99,7 @@ inline mb_status check_tactic(const mb_gemm_tactic& t, const TacticSite& site) {
                 tile_name(t.tile));
   if (t.kernel == MB_GEMM_DECODE && t.tile == MB_TILE_DECODE_TWOCTA && !site.twocta_decode)
     return fail(MB_ERR_UNSUPPORTED, "%s: the twocta decode kernel is the FP8 GEMM's with block128 scales", who);
-  if (!tile_of_kernel(t.kernel, t.tile) && !(t.kernel == MB_GEMM_DECODE && t.tile == MB_TILE_DECODE_TWOCTA))
+  if (!tile_of_kernel(t.kernel, t.tile))
     return fail(MB_ERR_INVALID_ARGUMENT, "%s: tile %s is not a tile of the %s kernel", who, tile_name(t.tile),
                 kernel);
   if (t.kernel == MB_GEMM_DECODE && t.k_split != 1 && t.k_split != 2 && t.k_split != 4 && t.k_split != 8)
