@@ -594,3 +594,16 @@ def test_fp8_block_decode_runs_two_ctas_an_sm_past_one_a_sm() -> None:
     assert tactic_problem(dataclasses.replace(qwen3_up, fp8="rowwise"),
                           GemmTactic.parse("decode:twocta_ksplit1:plain:plain")) is not None
     assert GemmTactic.parse("decode:twocta_ksplit2:after_trigger:plain").tile == "twocta"
+
+
+def test_fp8_block_finalize_gemm2_with_long_slices_keeps_one_cta_an_sm() -> None:
+    """A block-128 GEMM2 with the finalize epilogue whose warps' K slices pass 4096 bytes keeps one CTA an SM whatever
+    its CTAs: Mixtral-8x7B's (K 14336) in 2 slices of 7168 from 3 tokens; in 4 slices of 3584 (2 tokens) and on
+    GPT-OSS-20B's one slice of 2880 it takes two; the same slices with the plain store (GEMM1) take two."""
+    mixtral_down = call(epilogue="finalize", n=4096, k=14336, experts=8, top_k=2, itemsize=1, fp8="block128")
+    assert [at(mixtral_down, t) for t in (2, 3, 4, 16)] == [
+        "decode:twocta_ksplit4:after_trigger:plain", "decode:ksplit2:after_trigger:plain",
+        "decode:ksplit2:after_trigger:plain", "decode:ksplit2:after_trigger:plain"]
+    assert at(dataclasses.replace(mixtral_down, epilogue="store"), 4) == "decode:twocta_ksplit2:after_trigger:plain"
+    gpt_oss_down = call(epilogue="finalize", n=2880, k=2880, experts=32, top_k=4, itemsize=1, fp8="block128")
+    assert [at(gpt_oss_down, t) for t in (4, 8)] == ["decode:twocta_ksplit1:after_trigger:plain"] * 2

@@ -299,7 +299,20 @@ def fp8_decode_k_split_rule(call: GemmCall, rows: RowCount) -> int:
 # against 53.7-54.7 / 117.2-117.9; Mixtral-8x7B at 16 391.6-391.7 against 397.8-404.3; but at 1 token, where GEMM1 has
 # 96 and 132 CTAs, Qwen3-30B-A3B 29.5-30.0 against 27.3-27.6 and DeepSeek-V2-Lite 35.4-36.3 against 32.8 (one point
 # runs against the rule: GPT-OSS-20B at 4 tokens, 138.3-138.6 against 133.8-136.0).
+# A GEMM2 with the finalize epilogue keeps one CTA an SM where its warps' K slices are longer than 4096 bytes. H200,
+# block-128 layers, GEMM2 alone forced back to one CTA an SM beside the plan, graph replay, us
+# (docs/measured/h200-2026-12-02-fp8-block-bench-and-bands): Mixtral-8x7B (K 14336 in 2 slices of 7168) at 4 / 6 / 8 /
+# 16 tokens 276.5, 278.8 / 322.5, 320.0 / 384.0 / 386.8 at one CTA against 288.3, 289.3 / 329.4, 328.8 / 391.5 / 390.5;
+# GPT-OSS-20B (one slice of 2880) 3-4 us faster at one CTA at 4-5 tokens but 2-6 us slower at 2, 8 and 12; the
+# shorter slices 3-32 us slower at one CTA at 2-6 tokens (Qwen3-30B-A3B 768, DeepSeek-V2-Lite 1408, DeepSeek-V3
+# 2048; level once).
+FP8_BLOCK_TWOCTA_MAX_FINALIZE_SLICE_BYTES = 4096
+
+
 def fp8_block_decode_tile_rule(call: GemmCall, rows: RowCount, k_split: int) -> str:
+    # epilogue == finalize and a warp's K slice > FP8_BLOCK_TWOCTA_MAX_FINALIZE_SLICE_BYTES: one CTA an SM
+    if call.epilogue == "finalize" and -(-call.k // k_split) > FP8_BLOCK_TWOCTA_MAX_FINALIZE_SLICE_BYTES:
+        return "none"
     return "none" if ctas_at_most(call, rows, decode_column_blocks(call, k_split), call.sm_count) else "twocta"
 
 
