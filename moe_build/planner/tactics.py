@@ -311,7 +311,7 @@ FP8_BLOCK_TWOCTA_MAX_FINALIZE_SLICE_BYTES = 4096
 
 def fp8_block_decode_tile_rule(call: GemmCall, rows: RowCount, k_split: int) -> str:
     # epilogue == finalize and a warp's K slice > FP8_BLOCK_TWOCTA_MAX_FINALIZE_SLICE_BYTES: one CTA an SM
-    if call.epilogue == "finalize" and -(-call.k // k_split) > FP8_BLOCK_TWOCTA_MAX_FINALIZE_SLICE_BYTES:
+    if call.epilogue == "finalize" and decode_k_slice(call.k, k_split) > FP8_BLOCK_TWOCTA_MAX_FINALIZE_SLICE_BYTES:
         return "none"
     return "none" if ctas_at_most(call, rows, decode_column_blocks(call, k_split), call.sm_count) else "twocta"
 
