@@ -464,6 +464,25 @@ def test_weight_only_digits_rule() -> None:
     assert bands[0] == (1, 2, "digits_ksplit1")
 
 
+def test_weight_only_gemms_take_the_320_row_tile_in_its_two_bands() -> None:
+    """Past 248 and up to 328 average rows per expert, and past 528 up to 624, the mixed-input GEMM takes woq128x320c2
+    (one or two 320-row tiles hold what takes one more 256-row tile), where its 2x1 clusters find the 128-row weight
+    tiles in pairs; elsewhere woq128x256. Forced onto an odd count of weight tiles it is refused with the count."""
+    c = call(epilogue="store", woq="int4", woq_group=128)  # 128 experts, top-8: avg rows = ceil(tokens / 16)
+    assert -(-c.n // 128) % 2 == 0
+    points = (3968, 3969, 4096, 5248, 5249, 8448, 8449, 9216, 9984, 9985, 16384)
+    band = {3969, 4096, 5248, 8449, 9216, 9984}
+    assert [at(c, t) for t in points] == [
+        f"wgmma:woq128x{'320c2' if t in band else '256'}:plain:plain" for t in points]
+    int8 = dataclasses.replace(c, woq="int8", woq_group=0)
+    assert at(int8, 4096) == "wgmma:woq128x320c2:plain:plain"
+    odd = dataclasses.replace(c, n=2880)  # GPT-OSS-20B's GEMM2: 23 weight tiles
+    assert at(odd, 4096) == "wgmma:woq128x256:plain:plain"
+    problem = tactic_problem(odd, GemmTactic.parse("wgmma:woq128x320c2:plain:plain"))
+    assert problem is not None and "even count of 128-row weight tiles (n 2880 makes 23)" in problem
+    assert tactic_problem(c, GemmTactic.parse("wgmma:woq128x320c2:plain:plain")) is None
+
+
 def test_weight_only_gemms_take_the_mixed_input_tiles_past_decode() -> None:
     """int4 / int8 weights per channel or in groups of 64 / 128 (n % 8, k % 64) on sm90 with 16-bit activations:
     past the decode band (8 average rows per expert; 12 where the staged int4 tile takes 8-row chunks in groups of 128

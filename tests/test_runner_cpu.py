@@ -711,7 +711,8 @@ def test_weight_only_plans_take_the_mixed_input_gemm_past_decode(quant: Quant) -
         assert gemms == {t: ["gemm1:woq", "gemm2:woq"] if t <= last_decode else ["gemm1:woq_wgmma", "gemm2:woq_wgmma"]
                          for t in (32, 33, 48, 49, 508, 509)}
         assert plan.stage("gemm1_tactic").choice_for(last_decode + 1) == "wgmma:woq128x32:plain:plain"
-        assert plan.stage("gemm1_tactic").choice_for(1024) == "wgmma:woq128x256:plain:plain"
+        assert plan.stage("gemm1_tactic").choice_for(1024) == "wgmma:woq128x320c2:plain:plain"  # 256 rows an expert
+        assert plan.stage("gemm1_tactic").choice_for(2048) == "wgmma:woq128x256:plain:plain"
 
 
 @pytest.mark.parametrize("finalize", ["fused", "separate"])

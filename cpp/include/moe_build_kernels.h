@@ -343,6 +343,8 @@ enum mb_gemm_tile {
                                       int4 forms with one scale per row, per 64 k or per 128 k, MB_INPUT_DIGITS) */
   MB_TILE_DECODE_TWOCTA = 23,      /* decode held to 128 registers a thread, two CTAs an SM (the FP8 GEMM with
                                       MB_FP8_BLOCK128 scales only, whose plain decode kernel holds one) */
+  MB_TILE_WOQ_128x320_C2 = 24,     /* wgmma mixed-input: 128 weight rows x 320 token rows in 2x1 clusters (the token
+                                      tile multicast, each CTA loading 160 of its rows) */
 };
 enum mb_gemm_launch {
   MB_LAUNCH_PLAIN = 0,          /* an ordinary launch */

@@ -82,6 +82,7 @@ class GemmTile(enum.IntEnum):
     PINGPONG_128x128_C2 = 21
     DECODE_DIGITS = 22
     DECODE_TWOCTA = 23
+    WOQ_128x320_C2 = 24
 
 
 class WoqKind(enum.IntEnum):

@@ -22,16 +22,17 @@ KERNELS = ("decode", "mma", "wgmma")
 MMA_TILES = ("16x64", "64x128", "128x128")
 WGMMA_TILES = ("coop128x256", "pingpong64x256", "pingpong64x128", "pingpong64x256c2", "pingpong64x192c2",
                "coop128x128", "coop128x128c2", "coop128x192", "coop128x192c2", "woq128x16", "woq128x32", "woq128x64",
-               "woq128x128", "woq128x256", "pingpong64x128c2", "pingpong128x128",
+               "woq128x128", "woq128x256", "woq128x320c2", "pingpong64x128c2", "pingpong128x128",
                "pingpong128x128c2")
 FP8_SCALINGS = ("none", "rowwise", "block128")  # the GEMM's FP8 scales (mb_fp8_scaling), none for 16-bit
 FP8_ACCUMULATIONS = ("none", "fast", "promoted")  # the FP8 wgmma GEMM's accumulation (mb_fp8_accumulation)
 WOQ_KINDS = ("none", "int4", "int8", "mxfp4")  # the weight-only GEMM's stored weights (mb_woq_kind), none otherwise
 # The weight-only GEMM's kernels (gemm/woq_abi.cu): decode, and mma.sync tiles of token rows x output columns.
 WOQ_MMA_TILES = ("64x128", "128x128")
-# The weight-only GEMM's wgmma tiles (gemm/woq_sm90.cu, CUTLASS's mixed-input mainloop): 128 weight rows x 16 to 256
-# token rows; the weight-only GEMM's other wgmma tactics run the 16-bit tiles on its weights dequantized.
-WOQ_WGMMA_TILES = ("woq128x16", "woq128x32", "woq128x64", "woq128x128", "woq128x256")
+# The weight-only GEMM's wgmma tiles (gemm/woq_sm90.cu, CUTLASS's mixed-input mainloop): 128 weight rows x 16 to 320
+# token rows, the 320-row tile in 2x1 clusters (a TMA box holds at most 256 rows: each CTA of the pair loads half the
+# token tile for both); the weight-only GEMM's other wgmma tactics run the 16-bit tiles on its weights dequantized.
+WOQ_WGMMA_TILES = ("woq128x16", "woq128x32", "woq128x64", "woq128x128", "woq128x256", "woq128x320c2")
 # The FP8 GEMM's wgmma tiles by scaling (gemm/fp8_sm90.cu): the blockwise mainloop's tiles are 128 columns
 # wide; the c2 tiles run in 2x1 clusters that multicast their weight tile; pingpong128x128 (a warpgroup's tile two
 # 64-row wgmmas) holds no promoted accumulators and runs with fast accumulation only. The rules choose coop128x128,
@@ -517,12 +518,38 @@ WOQ_TILE_64_MAX_AVG_ROWS = 48
 WOQ_TILE_128_MAX_AVG_ROWS = 128
 
 
+# A mixed-input tile converts its weights and multiplies all its token rows however few an expert's last tile holds,
+# and the routed counts spread both sides of the average: just past a multiple of 256 rows an expert, 256-row tiles
+# pay for one more tile an expert than 320-row ones, which multiply 1.25x the rows each (at 512 rows, 2.5 tiles of 256
+# against 2 of 320 an expert on average, the same rows, they ran 9% slower). So woq128x320c2 in two bands of average
+# rows per expert, (low, high]: one 320-row tile where 256-row ones take one or two, and two where they take three,
+# each edge halfway between the measured points either side, where the weight tiles pair up for its clusters
+# (woq_weight_tiles_pair); woq128x256 elsewhere. H200, W4A16, the layer with both GEMMs forced onto either tile
+# (docs/performance.md, "The 320-row mixed-input tile in 2x1 clusters"), us, 320 / 256 rows a tile, at average rows an
+# expert: 241 707.6 / 686.7 (Qwen3-30B-A3B), 256 744.7 / 865.6 (Qwen3-30B-A3B) and 1408.4 / 1887.6 (Mixtral-8x7B), 272
+# 727.6 / 1028.9, 320 1013.6 / 1112.5, 336 1158.1 / 1109.4 (Qwen3-30B-A3B); 512 1557.0 / 1427.7 (Qwen3-30B-A3B), 544
+# 2692.7 / 3292.7, 608 2780.7 / 3176.1, 640 3664.6 / 3299.2 (Mixtral-8x7B); slower at 384, 768 and 1024 rows
+# (DeepSeek-V2-Lite 1145.2 / 976.4 and 1909.9 / 1817.4, Mixtral-8x7B 5722.2 / 5148.2).
+WOQ_TILE_320_BANDS = ((248, 328), (528, 624))
+
+
 def woq_wgmma_tile_rule(call: GemmCall, rows: RowCount) -> str:
     if rows.avg_at_most(WOQ_TILE_32_MAX_AVG_ROWS):
         return "woq128x32"
     if rows.avg_at_most(WOQ_TILE_64_MAX_AVG_ROWS):
         return "woq128x64"
-    return "woq128x128" if rows.avg_at_most(WOQ_TILE_128_MAX_AVG_ROWS) else "woq128x256"
+    if rows.avg_at_most(WOQ_TILE_128_MAX_AVG_ROWS):
+        return "woq128x128"
+    if woq_weight_tiles_pair(call) and any([not rows.avg_at_most(low) and rows.avg_at_most(high)
+                                            for low, high in WOQ_TILE_320_BANDS]):
+        return "woq128x320c2"
+    return "woq128x256"
+
+
+# woq128x320c2's 2x1 clusters take the weight tiles (128 rows of n) in pairs: with an odd count its outputs were
+# wrong on the H200 (GPT-OSS-20B's n 2880 and 5760; int4 at n 128 and 2880), and the kernel refuses them.
+def woq_weight_tiles_pair(call: GemmCall) -> bool:
+    return -(-call.n // 128) % 2 == 0
 
 
 # Weight-only decode K slices: 1, doubled (up to 8) while the CTAs, non-empty experts times the column blocks at
@@ -881,6 +908,9 @@ def _woq_tactic_problem(call: GemmCall, tactic: GemmTactic) -> str | None:
         if tactic.tile in WOQ_WGMMA_TILES and not woq_mixed_input(call):
             return (f"wgmma {tactic.tile} (the mixed-input kernel) takes int4 or int8 weights in groups of 64 or 128 "
                     "or per channel, n a multiple of 8 and k of 64")
+        if tactic.tile == "woq128x320c2" and not woq_weight_tiles_pair(call):
+            return (f"wgmma woq128x320c2 runs in 2x1 clusters and takes an even count of 128-row weight tiles (n "
+                    f"{call.n} makes {-(-call.n // 128)})")
         if tactic.tile in FP8_ONLY_TILES:
             return f"wgmma {tactic.tile} is the FP8 GEMM's tile"
         if tactic.launch != "plain" or tactic.output_l2 != "plain":

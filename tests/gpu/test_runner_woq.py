@@ -90,6 +90,18 @@ def test_many_tokens(mode: tuple) -> None:
     check(BASE.with_overrides(num_experts=16, top_k=4), mode, tokens=8192)
 
 
+@pytest.mark.parametrize("mode", MODES[:2] + MODES[3:5], ids=MODE_IDS[:2] + MODE_IDS[3:5])
+def test_the_320_row_tile_band(mode: tuple) -> None:
+    """Between 248 and 328 rows an expert (1100 tokens x top-2 over 8 experts: 275) the plan runs both mixed-input
+    GEMMs on woq128x320c2, 2x1 clusters of 320 token rows; the layer there against fp64 as everywhere."""
+    from moe_build.runner import MoERunner
+    spec, weights = woq_case(BASE, mode, 0)
+    plan = MoERunner(spec, weights, target=device_target(), max_tokens=1100).plan
+    assert [plan.stage(g).choice_for(1100) for g in ("gemm1_tactic", "gemm2_tactic")] == \
+        ["wgmma:woq128x320c2:plain:plain"] * 2
+    check(BASE, mode, tokens=1100)
+
+
 @pytest.mark.parametrize("mode", MODES[:1] + MODES[3:], ids=MODE_IDS[:1] + MODE_IDS[3:])
 @pytest.mark.parametrize("activation", list(Activation), ids=[a.value for a in Activation])
 def test_all_activations(mode: tuple, activation: Activation) -> None:

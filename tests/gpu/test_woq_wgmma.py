@@ -4,7 +4,7 @@ on a compute capability 9.0 GPU.
 Operands as tests/gpu/test_woq_gemm.py makes them (fresh random packed weights in woq.py's canonical form, the
 reference dequantizing them exactly in fp64), the scales handed over as the runner hands them (woq.wgmma_scales);
 outputs poisoned with NaN: every row of an expert written, rows past the last expert left alone. Uneven and empty
-expert segments up to 700 rows (several 64- and 128-row token tiles, partial last ones), 1 to 40 experts.
+expert segments up to 959 rows (several 64- to 320-row token tiles, partial last ones), 1 to 40 experts.
 
 Error bound, per output element: |C - ref| <= 2^-7 (|ref| + S) + 2^-8 M, S = sum_k |a_k w_k| and, for int4,
 M = sum_k |a_k| (|u_k - 8| + |8 - z_k|) s_k. The kernel computes an int4 weight as round(round((u - 8) * s') + zs')
@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
                                  reason="needs a compute capability 9.0 GPU (scripts/device_run.sh runs these on one)")]
 
-TILES = ("woq128x16", "woq128x32", "woq128x64", "woq128x128", "woq128x256")
+TILES = ("woq128x16", "woq128x32", "woq128x64", "woq128x128", "woq128x256", "woq128x320c2")
 
 
 def term_magnitude(dev: dict, counts: list[int], rows: int, group: int) -> torch.Tensor:
@@ -57,6 +57,13 @@ def run(kind: WoqKind, counts: list[int], n: int, k: int, group: int, zeros: boo
     dev, ref, mag, used = case(kind, counts, n, k, group, zeros, False, dtype, seed)
     s, zs = wgmma_scales(kind, dev["scales"], dev["zeros"], dtype)
     c = torch.full((ref.shape[0], n), float("nan"), dtype=dtype, device="cuda")
+    if tile == "woq128x320c2" and -(-n // 128) % 2:  # its 2x1 clusters take the 128-row weight tiles in pairs
+        with pytest.raises(K.KernelError, match="even count of 128-row weight tiles"):
+            K.grouped_gemm_woq_sm90(dev["a"], dev["b"], kind.value, s, zs, dev["off"], group, c=c,
+                                    tactic=f"wgmma:{tile}:plain:plain")
+        torch.cuda.synchronize()
+        assert torch.isnan(c).all(), f"a refused call wrote its output (n {n})"
+        return
     K.grouped_gemm_woq_sm90(dev["a"], dev["b"], kind.value, s, zs, dev["off"], group, c=c,
                             tactic=f"wgmma:{tile}:plain:plain")
     torch.cuda.synchronize()
@@ -70,11 +77,12 @@ def run(kind: WoqKind, counts: list[int], n: int, k: int, group: int, zeros: boo
     assert float(excess.max()) <= 0, f"error over the bound by {float(excess.max()):.3g} {where}"
 
 
-COUNTS = [[1], [3, 0, 5, 70], [9, 0, 130, 1, 700, 64], [0, 0, 256], [40] * 40]
+COUNTS = [[1], [3, 0, 5, 70], [9, 0, 130, 1, 700, 64], [0, 0, 256], [40] * 40, [320, 321, 0, 640, 959]]
 
 
 @pytest.mark.parametrize("tile", TILES)
-@pytest.mark.parametrize("counts", COUNTS, ids=["1", "3-0-5-70", "9-0-130-1-700-64", "0-0-256", "40x40"])
+@pytest.mark.parametrize("counts", COUNTS, ids=["1", "3-0-5-70", "9-0-130-1-700-64", "0-0-256", "40x40",
+                                                "320-321-0-640-959"])
 @pytest.mark.parametrize("group, zeros", [(64, True), (128, True), (128, False), (0, False), (0, True)])
 def test_int4_against_fp64(tile: str, counts: list[int], group: int, zeros: bool) -> None:
     run(WoqKind.INT4, counts, 256, 512, group, zeros, tile)

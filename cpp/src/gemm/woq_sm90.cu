@@ -166,16 +166,19 @@ struct GroupedZeroPointMainloop : Base {
   }
 };
 
-// The tactic's tile: 128 weight rows (two consumer warpgroups of 64) x kTokens token rows (16 to 256) x 64 k.
-template <typename T, int KIND, int kTokens>
+// The tactic's tile: 128 weight rows (two consumer warpgroups of 64) x kTokens token rows (16 to 320) x 64 k, in
+// clusters of kCluster CTAs along the weight rows. A TMA box holds at most 256 rows, and CUTLASS cuts a multicast
+// operand's box by the cluster: the 320-row token tile runs in 2x1 clusters, each CTA loading 160 of its rows for both.
+template <typename T, int KIND, int kTokens, int kCluster = 1>
 struct WoqWgmma {
+  static_assert(kTokens <= 256 * kCluster, "a token tile past 256 rows needs a cluster to cut its TMA box");
   using Element = typename CutlassType<T>::type;
   using Quant = std::conditional_t<KIND == MB_WOQ_INT4, Uint4Minus8, int8_t>;
   // {weights, scales[, zero terms]}: the operand CUTLASS converts, in the mode the tuple names.
   using Operand = std::conditional_t<KIND == MB_WOQ_INT4, cute::tuple<Quant, Element, Element>,
                                      cute::tuple<Quant, Element>>;
   using TileShape = cute::Shape<cute::_128, cute::Int<kTokens>, cute::_64>;
-  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
+  using ClusterShape = cute::Shape<cute::Int<kCluster>, cute::_1, cute::_1>;
   using LayoutW = cutlass::layout::RowMajor;     // [n, k] per expert: K-major A
   using LayoutRows = cutlass::layout::ColumnMajor;  // [rows, k] row-major: K-major B
   using LayoutOut = cutlass::layout::ColumnMajor;   // C^T [n, rows] column-major: C [rows, n] row-major
@@ -336,6 +339,7 @@ mb_status dispatch_woq_sm90(int dtype, int kind, int tile, F&& f) {
       case MB_TILE_WOQ_128x32: return f(WoqWgmma<T, K, 32>{});
       case MB_TILE_WOQ_128x64: return f(WoqWgmma<T, K, 64>{});
       case MB_TILE_WOQ_128x256: return f(WoqWgmma<T, K, 256>{});
+      case MB_TILE_WOQ_128x320_C2: return f(WoqWgmma<T, K, 320, 2>{});
       default: return f(WoqWgmma<T, K, 128>{});  // MB_TILE_WOQ_128x128
     }
   };
@@ -347,7 +351,9 @@ mb_status dispatch_woq_sm90(int dtype, int kind, int tile, F&& f) {
 }
 
 bool woq_sm90_tactic_ok(const mb_gemm_tactic& t) {
-  return t.kernel == MB_GEMM_WGMMA && t.tile >= MB_TILE_WOQ_128x64 && t.tile <= MB_TILE_WOQ_128x256 &&
+  const bool woq_tile = (t.tile >= MB_TILE_WOQ_128x64 && t.tile <= MB_TILE_WOQ_128x256) ||
+                        t.tile == MB_TILE_WOQ_128x320_C2;
+  return t.kernel == MB_GEMM_WGMMA && woq_tile &&
          t.k_split == 0 && t.launch == MB_LAUNCH_PLAIN && t.output_l2 == MB_OUTPUT_L2_PLAIN;
 }
 
@@ -376,9 +382,14 @@ mb_status check_woq_sm90(const WoqSm90Params& p, int64_t max_rows, int dtype, co
     return fail(MB_ERR_INVALID_ARGUMENT, "%s: A, B, C, scales and zeros must be 16-byte aligned", who);
   if (!woq_sm90_tactic_ok(t))
     return fail(MB_ERR_UNSUPPORTED, "%s: no kernel for tactic %s %s (k_split %d, launch %d, output_l2 %d): the wgmma "
-                "kernel on a woq tile (woq128x16, woq128x32, woq128x64, woq128x128, woq128x256), launched plainly, with plain "
-                "outputs", who,
+                "kernel on a woq tile (woq128x16, woq128x32, woq128x64, woq128x128, woq128x256, woq128x320c2), "
+                "launched plainly, with plain outputs", who,
                 kernel_name(t.kernel), tile_name(t.tile), t.k_split, t.launch, t.output_l2);
+  // The 2x1 clusters' weight tiles in pairs: with an odd count of 128-row weight tiles the outputs were wrong on the
+  // H200 (n 2880 and 5760 at k 2880; int4 at n 128), every even count right.
+  if (t.tile == MB_TILE_WOQ_128x320_C2 && (p.n + 127) / 128 % 2 != 0)
+    return fail(MB_ERR_UNSUPPORTED, "%s: tile woq128x320c2 runs in 2x1 clusters and takes an even count of 128-row "
+                "weight tiles (n %d makes %d)", who, p.n, (p.n + 127) / 128);
   return MB_OK;
 }
 
@@ -394,7 +405,7 @@ size_t mb_grouped_gemm_woq_sm90_workspace(int num_experts) {
   for (int dtype : {MB_BF16, MB_FP16})
     for (int kind : {MB_WOQ_INT4, MB_WOQ_INT8})
       for (int tile : {MB_TILE_WOQ_128x16, MB_TILE_WOQ_128x32, MB_TILE_WOQ_128x64, MB_TILE_WOQ_128x128,
-                       MB_TILE_WOQ_128x256})
+                       MB_TILE_WOQ_128x256, MB_TILE_WOQ_128x320_C2})
         mbk::dispatch_woq_sm90(dtype, kind, tile, [&](auto g) {
           bytes = std::max(bytes, mbk::woq_sm90_workspace<decltype(g)>(num_experts, sm).total);
           return MB_OK;
