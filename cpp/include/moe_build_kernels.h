@@ -63,7 +63,8 @@ mb_status mb_routing_prologue_fused_routing(const void* logits, int dtype, const
                                             int32_t* unpermuted_to_permuted, int64_t* expert_first_token_offset,
                                             cudaStream_t stream);
 
-/* stages/routing_prologue_three_step.cu: any T; workspace from mb_routing_prologue_three_step_workspace().
+/* stages/routing_prologue_three_step.cu: any T; workspace from mb_routing_prologue_three_step_workspace(), whose
+ * size serves every call of up to num_tokens tokens (a runner's workspace is sized once, for its largest call).
  * zero_out (zero_bytes bytes) or NULL with zero_bytes 0: when given, this launch also sets it to zero
  * (the output mb_grouped_gemm_sm90_finalize adds into, zeroed here when the three-step prologue runs,
  * else by mb_expand_rows); nothing the map build or a later stage reads before writing it. */

@@ -267,6 +267,18 @@ def test_routing_prologue_three_step_tilings(t: int, k: int, e: int) -> None:
     check_maps(poisoned(K.routing_prologue_three_step), skewed.contiguous(), e)
 
 
+def test_routing_prologue_three_step_workspace_serves_every_smaller_call() -> None:
+    """A runner sizes the workspace once, for its largest call: the size never falls as the tokens grow (a count's own
+    tiling can have more tiles than a larger count's, where the tile doubles), and a workspace sized for 9216 tokens of
+    top-8 over 128 experts (Qwen3-30B-A3B, 72 tiles of 1024 rows: 36 of 2048) serves 6144 tokens (48 tiles of 1024)."""
+    sizes = [K.three_step_workspace_bytes(t, 8, 128) for t in range(0, 20001, 16)]
+    assert all(a <= b for a, b in zip(sizes, sizes[1:]))
+    ws = torch.empty(K.three_step_workspace_bytes(9216, 8, 128), dtype=torch.uint8, device="cuda")
+    for t in (6144, 8191, 8192, 9216):
+        ids = random_ids(t, 128, 8)
+        check_maps(poisoned(lambda i, e, *maps: K.routing_prologue_three_step(i, e, *maps, workspace=ws)), ids, 128)
+
+
 @pytest.mark.parametrize("t,k,e,h,dtype", [(4096, 8, 128, 2048, torch.bfloat16), (300, 3, 64, 100, torch.float16),
                                            (1, 1, 8, 7, torch.float16), (3000, 6, 4096, 2816, torch.bfloat16),
                                            (0, 4, 64, 64, torch.bfloat16)])

@@ -183,11 +183,19 @@ size_t workspace_bytes_for(int64_t n, int num_experts) {
   return static_cast<size_t>(tiling_for(n).num_tiles) * (num_experts + 1) * sizeof(int32_t);
 }
 
+// The workspace of every call of up to n rows: the tile count falls where the tile doubles (65 tiles of 1024 rows
+// become 33 of 2048), so a count's own workspace can be smaller than a smaller count's; no tiling has more tiles than
+// ceil(n / kMinTile) or kMaxTiles.
+size_t workspace_bytes_up_to(int64_t n, int num_experts) {
+  const int64_t tiles = std::min(kMaxTiles, (n + kMinTile - 1) / kMinTile);
+  return static_cast<size_t>(tiles) * (num_experts + 1) * sizeof(int32_t);
+}
+
 }  // namespace
 
 extern "C" size_t mb_routing_prologue_three_step_workspace(int num_tokens, int top_k, int num_experts) {
   if (num_tokens < 0 || top_k < 1 || num_experts < 1) return 0;
-  return workspace_bytes_for(static_cast<int64_t>(num_tokens) * top_k, num_experts);
+  return workspace_bytes_up_to(static_cast<int64_t>(num_tokens) * top_k, num_experts);
 }
 
 extern "C" mb_status mb_routing_prologue_three_step(const int32_t* topk_ids, int num_tokens, int top_k,
