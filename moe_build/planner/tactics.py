@@ -549,7 +549,12 @@ def woq_wgmma_tile_rule(call: GemmCall, rows: RowCount) -> str:
 # woq128x320c2's 2x1 clusters take the weight tiles (128 rows of n) in pairs: with an odd count its outputs were
 # wrong on the H200 (GPT-OSS-20B's n 2880 and 5760; int4 at n 128 and 2880), and the kernel refuses them.
 def woq_weight_tiles_pair(call: GemmCall) -> bool:
-    return -(-call.n // 128) % 2 == 0
+    return woq_weight_tiles(call) % 2 == 0
+
+
+def woq_weight_tiles(call: GemmCall) -> int:
+    """The mixed-input kernel's 128-row weight tiles across n (a last one past n reads TMA's zero fill)."""
+    return -(-call.n // 128)
 
 
 # Weight-only decode K slices: 1, doubled (up to 8) while the CTAs, non-empty experts times the column blocks at
@@ -910,7 +915,7 @@ def _woq_tactic_problem(call: GemmCall, tactic: GemmTactic) -> str | None:
                     "or per channel, n a multiple of 8 and k of 64")
         if tactic.tile == "woq128x320c2" and not woq_weight_tiles_pair(call):
             return (f"wgmma woq128x320c2 runs in 2x1 clusters and takes an even count of 128-row weight tiles (n "
-                    f"{call.n} makes {-(-call.n // 128)})")
+                    f"{call.n} makes {woq_weight_tiles(call)})")
         if tactic.tile in FP8_ONLY_TILES:
             return f"wgmma {tactic.tile} is the FP8 GEMM's tile"
         if tactic.launch != "plain" or tactic.output_l2 != "plain":
