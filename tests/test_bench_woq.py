@@ -30,8 +30,10 @@ def test_bench_layers_have_groups_that_divide_both_gemms_k(name: str) -> None:
 def test_w4afp8_bench_layers_plan_the_fused_expansion_and_time_it_forced_off(name: str) -> None:
     """W4AFP8 as ModelOpt's W4A8_AWQ stores it (static FP8 input scales, AWQ scales): its default plan fuses the FC1
     pre-quant scale into the expansion (the column "ours") and, at 1 token, the finalize into the decode GEMM2; the
-    bench's forced-off columns plan the plain expansion, the separate FC2 scale and the separate finalize, each the
-    only change."""
+    bench's forced-off columns plan the plain expansion, the separate FC2 scale, the separate finalize and the token
+    digits made by steps of their own (its static scale runs W4A16's GEMMs on the dequantized rows), each the only
+    change but the separate FC2 scale's, which takes the token digits out of the activation with it (the plan's
+    digits_fc2_prequant gate)."""
     spec = woq_layer.woq_bench_spec(name, Quant.W4AFP8)
     assert spec.act_scale is ActScale.STATIC and spec.quant_prequant_scales and not spec.quant_zero_points
     target = Target(sm=90, flavour=Flavour.TENSORRT)
@@ -39,11 +41,12 @@ def test_w4afp8_bench_layers_plan_the_fused_expansion_and_time_it_forced_off(nam
     assert (plan.choices(16)["expand_rows"], plan.choices(16)["fc2_prequant"]) == ("prequant_fused", "fused")
     assert plan.choices(1)["finalize"] == "fused"
     assert woq_layer.FORCED[Quant.W4AFP8] == ("ours:expand_rows=plain", "ours:fc2_prequant=separate",
-                                              "ours:finalize=separate")
+                                              "ours:finalize=separate", "ours:token_digits=separate")
     for variant in woq_layer.FORCED[Quant.W4AFP8]:
         force = runner_force(variant)
         forced = make_plan(spec, target, tokens=16, force=force)
-        assert {k for t in (1, 16) for k, v in plan.choices(t).items() if forced.choices(t)[k] != v} == set(force)
+        changed = {k for t in (1, 16) for k, v in plan.choices(t).items() if forced.choices(t)[k] != v}
+        assert changed == set(force) | ({"token_digits"} if "fc2_prequant" in force else set())
 
 
 def test_stored_bytes_by_hand() -> None:

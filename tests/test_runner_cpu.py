@@ -248,14 +248,26 @@ W4AFP8_STEPS = {
 }
 
 
+# W4AFP8 with a static input scale: the same fusions writing the quantizations dequantized to 16 bits, W4A16's GEMMs
+W4AFP8_DEQUANTIZED_STEPS = {
+    ("prequant_fused", "fused"): ["expand_rows:fp8_dequantized", "gemm1:woq", "fc1_activation:fp8_dequantized"],
+    ("plain", "fused"): ["expand_rows:16bit", "fc1_prequant:fp8_dequantized", "gemm1:woq",
+                         "fc1_activation:fp8_dequantized"],
+    ("prequant_fused", "separate"): ["expand_rows:fp8_dequantized", "gemm1:woq", "fc1_activation",
+                                     "fc2_prequant:fp8_dequantized"],
+    ("plain", "separate"): ["expand_rows:16bit", "fc1_prequant:fp8_dequantized", "gemm1:woq", "fc1_activation",
+                            "fc2_prequant:fp8_dequantized"],
+}
+
+
 @pytest.mark.parametrize("expand, fc2", list(W4AFP8_STEPS))
 def test_w4afp8_plans_run_the_fusions_the_plan_names(expand: str, fc2: str) -> None:
-    """W4AFP8 (ModelOpt's W4A8_AWQ): by default the matrix fuses the FC1 pre-quant scale into the expansion
-    (gates expand_w4afp8_not_fp8_input, expand_prequant_not_block_scaled) and the FC2 one into the gated activation
-    (use_awq, gated), both writing e4m3 rows; each forced off runs the plain step and a quantize kernel after it.
-    GEMMs on the weight-only kernels with the int4 tactic rules, plain stores (finalize forced separate here: the
-    fused finalize has a test of its own)."""
-    spec = dataclasses.replace(SWIGLU, quant=Quant.W4AFP8, act_scale=ActScale.STATIC, quant_prequant_scales=True)
+    """W4AFP8 (ModelOpt's W4A8_AWQ) with per-row input scales: by default the matrix fuses the FC1 pre-quant scale
+    into the expansion (gates expand_w4afp8_not_fp8_input, expand_prequant_not_block_scaled) and the FC2 one into the
+    gated activation (use_awq, gated), both writing e4m3 rows; each forced off runs the plain step and a quantize
+    kernel after it. GEMMs on the weight-only kernels with the int4 tactic rules for e4m3 rows (decode, then the mma
+    tiles), plain stores (finalize forced separate here: the fused finalize has a test of its own)."""
+    spec = dataclasses.replace(SWIGLU, quant=Quant.W4AFP8, act_scale=ActScale.DYNAMIC, quant_prequant_scales=True)
     force = {k: v for k, v in (("expand_rows", expand), ("fc2_prequant", fc2)) if v not in ("prequant_fused", "fused")}
     plan = make_plan(spec, H100, tokens=16, force={**force, "finalize": "separate"})
     assert (plan.stage("expand_rows").choice, plan.stage("fc2_prequant").choice) == (expand, fc2)
@@ -274,6 +286,53 @@ def test_w4afp8_plans_run_the_fusions_the_plan_names(expand: str, fc2: str) -> N
         choices = plan.choices(tokens)
         assert choices["gemm1_tactic"].split(":")[0] == ("decode" if tokens == 16 else "mma")
         assert choices["gemm2_tactic"].split(":")[0] == ("decode" if tokens == 16 else "mma")
+    with pytest.raises(MoeBuildError, match=r"e4m3 activations \(W4AFP8 with dynamic scales\) take the weight-only "
+                                            r"kernels \(decode or mma\)"):
+        make_plan(spec, H100, tokens=4096, force={"gemm1_tactic": "wgmma:woq128x256:plain:plain"})
+
+
+@pytest.mark.parametrize("expand, fc2", list(W4AFP8_DEQUANTIZED_STEPS))
+def test_w4afp8_with_static_scales_runs_the_weight_only_steps_on_dequantized_rows(expand: str, fc2: str) -> None:
+    """With a static input scale each element's FP8 quantization needs no other element: the expansion and the
+    activation (or, forced off, the quantize steps after the plain ones) write the quantizations dequantized to 16
+    bits into W4A16's buffers, and the GEMMs are W4A16's with its tactics: decode, then the mixed-input wgmma tiles.
+    No e4m3 buffers."""
+    spec = dataclasses.replace(SWIGLU, quant=Quant.W4AFP8, act_scale=ActScale.STATIC, quant_prequant_scales=True)
+    force = {k: v for k, v in (("expand_rows", expand), ("fc2_prequant", fc2)) if v not in ("prequant_fused", "fused")}
+    plan = make_plan(spec, H100, tokens=16, force={**force, "finalize": "separate"})
+    steps = kernel_sequence(plan, 16)
+    assert steps[2:] == ["routing_prologue:fused", *W4AFP8_DEQUANTIZED_STEPS[expand, fc2], "gemm2:woq", "finalize"]
+    wide = [x.replace("gemm1:woq", "gemm1:woq_wgmma") for x in W4AFP8_DEQUANTIZED_STEPS[expand, fc2]]
+    assert kernel_sequence(plan, 4096)[2:] == ["routing_prologue:three_step", *wide, "gemm2:woq_wgmma", "finalize"]
+    for tokens in (16, 4096):
+        assert plan.choices(tokens)["gemm1_tactic"].split(":")[0] == ("decode" if tokens == 16 else "wgmma")
+    layout = workspace_layout(spec, steps_up_to(plan, 4096), 4096)
+    assert layout["permuted_input"].dtype == layout["fc1_act"].dtype == torch.bfloat16
+    assert not {"permuted_input_scales", "fc2_input", "fc2_input_scales"} & set(layout)
+    assert ("expanded_input" in layout) == (expand == "plain")
+
+
+def test_w4afp8_with_static_scales_makes_token_digits_where_it_quantizes() -> None:
+    """On the digits tile (small experts at decode) the kernel that writes a GEMM's quantized rows writes their token
+    digits instead (token_digits=fused): the expansion, the activation, or at 1 token, where the plan keeps the FC2
+    pre-quant scale out of the activation (narrow experts), the separate quantize step; forced separate, digits steps
+    read the dequantized rows back. The fused finalize in the digits GEMM2, into the output the expansion zeroes."""
+    spec = dataclasses.replace(SWIGLU_64E, quant=Quant.W4AFP8, act_scale=ActScale.STATIC, quant_prequant_scales=True)
+    plan = make_plan(spec, H100, tokens=16)
+    assert plan.choices(16)["token_digits"] == "fused"
+    assert kernel_sequence(plan, 16, "topk") == [
+        "routing_prologue:fused", "expand_rows:fp8_dequantized_digits+zero_output", "gemm1:woq_digits",
+        "fc1_activation:fp8_dequantized_digits", "gemm2:woq_digits_finalize"]
+    assert kernel_sequence(plan, 1, "topk")[3:] == ["fc1_activation", "fc2_prequant:fp8_dequantized_digits",
+                                                    "gemm2:woq_digits_finalize"]
+    separate = make_plan(spec, H100, tokens=16, force={"token_digits": "separate"})
+    assert kernel_sequence(separate, 16, "topk") == [
+        "routing_prologue:fused", "expand_rows:fp8_dequantized+zero_output", "token_digits:gemm1", "gemm1:woq_digits",
+        "fc1_activation:fp8_dequantized", "token_digits:gemm2", "gemm2:woq_digits_finalize"]
+    plain = make_plan(spec, H100, tokens=16, force={"expand_rows": "plain"})
+    assert kernel_sequence(plain, 17, "topk")[1:3] == ["expand_rows:16bit", "fc1_prequant:fp8_dequantized_digits"]
+    layout = workspace_layout(spec, steps_up_to(plan, 16), 16)
+    assert "token_digits" in layout and layout["permuted_input"].dtype == torch.bfloat16
 
 
 def test_w4afp8_fc2_prequant_is_separate_at_one_token_on_narrow_experts() -> None:
@@ -285,8 +344,13 @@ def test_w4afp8_fc2_prequant_is_separate_at_one_token_on_narrow_experts() -> Non
     d = plan.stage("fc2_prequant")
     assert [b.to_list() for b in d.bands] == [[1, 1, "separate"], [2, None, "fused"]]
     assert [d.choice_for(t) for t in (1, 2, 4096)] == ["separate", "fused", "fused"]
-    assert kernel_sequence(plan, 1, "topk")[2:5] == ["gemm1:w4afp8", "fc1_activation", "fc2_prequant:fp8"]
-    assert kernel_sequence(plan, 2, "topk")[2:4] == ["gemm1:w4afp8", "fc1_activation:fc2_prequant_fp8"]
+    # static scales: the quantizations dequantized for W4A16's GEMMs, as token digits on the digits tile here
+    assert kernel_sequence(plan, 1, "topk")[2:5] == ["gemm1:woq_digits", "fc1_activation",
+                                                     "fc2_prequant:fp8_dequantized_digits"]
+    assert kernel_sequence(plan, 2, "topk")[2:4] == ["gemm1:woq_digits", "fc1_activation:fp8_dequantized_digits"]
+    rows = make_plan(dataclasses.replace(spec, act_scale=ActScale.DYNAMIC), H100, tokens=16)  # e4m3 rows
+    assert kernel_sequence(rows, 1, "topk")[2:5] == ["gemm1:w4afp8", "fc1_activation", "fc2_prequant:fp8"]
+    assert kernel_sequence(rows, 2, "topk")[2:4] == ["gemm1:w4afp8", "fc1_activation:fc2_prequant_fp8"]
     gate = next(g for g in make_plan(spec, H100, tokens=1).stage("fc2_prequant").gates
                 if g.name == "fc2_prequant_fused_tokens")
     assert (gate.value, gate.held) == ("tokens=1 intermediate_size=512", False)

@@ -297,6 +297,21 @@ mb_status mb_fc1_activation_fp8(const void* in, int dtype, const void* b1, const
                                 int num_experts, int64_t max_rows, int inter, int activation, float swiglu_alpha,
                                 float swiglu_limit, const float* prequant_scale, const float* static_scale, int group,
                                 uint8_t* out, float* out_scales, cudaStream_t stream);
+/* W4AFP8 with a static input scale, whose GEMMs are W4A16's on 16-bit rows (issue 47): the same quantizations by the
+ * static scale (static_scale, one fp32 on the device: required), each element stored as its e4m3 value times the scale in
+ * one fp32 multiply, rounded to dtype (permuted_input / out [rows, cols] in dtype, no scales).
+ * stages/expand_rows.cu: the rows mb_expand_rows_fp8 quantizes (prequant_scale [H] or NULL, zero_out as
+ * mb_expand_rows'); stages/fc1_activation.cu: the values mb_fc1_activation_fp8 quantizes (with MB_ACT_IDENTITY and
+ * b1 NULL: in's own rows, the separate step after mb_fc1_activation or a plain expansion). */
+mb_status mb_expand_rows_fp8_dequantized(const void* input, int dtype, const int32_t* unpermuted_to_permuted,
+                                         const float* topk_weights, const float* prequant_scale, int num_tokens,
+                                         int hidden, int top_k, const float* static_scale, void* permuted_input,
+                                         float* permuted_weights, void* zero_out, cudaStream_t stream);
+mb_status mb_fc1_activation_fp8_dequantized(const void* in, int dtype, const void* b1,
+                                            const int64_t* expert_first_token_offset, int num_experts,
+                                            int64_t max_rows, int inter, int activation, float swiglu_alpha,
+                                            float swiglu_limit, const float* prequant_scale,
+                                            const float* static_scale, void* out, cudaStream_t stream);
 /* ---- end of FP8 activation quantization ------------------------------------------------------------ */
 
 /* ---- grouped GEMMs over expert segments ------------------------------------------------------------
@@ -571,15 +586,17 @@ mb_status mb_token_digits(const void* in, int dtype, int64_t rows, int k, int gr
  * (stages/fc1_activation.cu) writes out [max_rows, ceil(inter / 128), MB_TOKEN_DIGITS_BATCH_BYTES] for p < off[E],
  * the bytes of mb_fc1_activation then mb_token_digits. `group`, hidden and inter as mb_token_digits' group and k;
  * dtype fp16 or bf16; input, in, b1 and zero_out 8-byte aligned, prequant_scale and the digits 16-byte. Both
- * launched after a trigger (they wait for their predecessor first). */
+ * launched after a trigger (they wait for their predecessor first). fp8_static_scale (one fp32 on the device) or
+ * NULL: W4AFP8's, the digits then those of the rows mb_expand_rows_fp8_dequantized / mb_fc1_activation_fp8_dequantized
+ * write. */
 mb_status mb_expand_rows_digits(const void* input, int dtype, const int32_t* unpermuted_to_permuted,
-                                const float* topk_weights, const float* prequant_scale, int num_tokens, int hidden,
-                                int top_k, int group, uint8_t* permuted_digits, float* permuted_weights,
-                                void* zero_out, cudaStream_t stream);
+                                const float* topk_weights, const float* prequant_scale, const float* fp8_static_scale,
+                                int num_tokens, int hidden, int top_k, int group, uint8_t* permuted_digits,
+                                float* permuted_weights, void* zero_out, cudaStream_t stream);
 mb_status mb_fc1_activation_digits(const void* in, int dtype, const void* b1, const int64_t* expert_first_token_offset,
                                    int num_experts, int64_t max_rows, int inter, int activation, float swiglu_alpha,
-                                   float swiglu_limit, const float* prequant_scale, int group, uint8_t* out,
-                                   cudaStream_t stream);
+                                   float swiglu_limit, const float* prequant_scale, const float* fp8_static_scale,
+                                   int group, uint8_t* out, cudaStream_t stream);
 mb_status mb_grouped_gemm_woq(const void* A, int a_type, const float* scale_a, const void* B, int kind,
                               const void* scales, const uint8_t* zeros, int group, const void* bias, void* C,
                               const int64_t* expert_first_token_offset, int num_experts, int64_t max_rows, int n,

@@ -10,7 +10,8 @@ variant and graph replay checked first against an fp64 reference on sampled rows
   ModelOpt's W4A8_AWQ stores it (int4 group 128, AWQ pre-quant scales, static FP8 input scales);
 - the variants: "ours" (default plan) and, for AWQ, the FC2 pre-quant fusion forced off, for W4AFP8 also the FC1
   pre-quant fusion in the expansion (expand_rows=plain: a 16-bit expansion, then a kernel that scales and quantizes),
-  and for all but WFP4A16 the finalize in the decode GEMM2's epilogue (finalize=separate);
+  for all but WFP4A16 the finalize in the decode GEMM2's epilogue (finalize=separate), and for W4A16 and W4AFP8 (its
+  static scale runs W4A16's GEMMs) the token digits made by steps of their own (token_digits=separate);
   "ours_bf16" (our bf16 runner on the weights dequantized to bf16) and "grouped_mm_dequant" (bf16 torch._grouped_mm
   on them);
 - the floor: the stored weight bytes (weights + scales + zero points) over the byte ceiling, FLOPs over the bf16
@@ -53,7 +54,8 @@ QUANTS = {q.value: q for q in WOQ_LAYERS}
 FORCED = {Quant.W4A16_AWQ: ("ours:expand_rows=plain", "ours:fc2_prequant=separate", "ours:finalize=separate",
                             "ours:token_digits=separate"),
           Quant.W8A16: ("ours:finalize=separate",),
-          Quant.W4AFP8: ("ours:expand_rows=plain", "ours:fc2_prequant=separate", "ours:finalize=separate")}
+          Quant.W4AFP8: ("ours:expand_rows=plain", "ours:fc2_prequant=separate", "ours:finalize=separate",
+                         "ours:token_digits=separate")}
 # W4AFP8's static FP8 input scales, for the bench's unit-variance tokens: GEMM1's input up to ~4.5 sigma times an AWQ
 # scale below 2, the activation's up to ~3 times one below 2, saturating above (tests/gpu/test_runner_w4afp8.py's)
 W4AFP8_INPUT_SCALES = (6.0 / 448, 4.0 / 448)

@@ -10,7 +10,7 @@ from dataclasses import replace
 from typing import Callable, Iterable, Mapping, Sequence
 
 from ..errors import MoeBuildError, UnsupportedCombination
-from ..spec import MoESpec, Quant
+from ..spec import ActScale, MoESpec, Quant
 from ..target import Target
 from . import rules as R
 from . import tactics as T
@@ -308,13 +308,22 @@ def _act_quant(stage: str, fused: str, gates: Sequence[Gate], forced: str | None
 
 # W4AFP8's FP8 GEMM inputs are made where its pre-quant stages say (the scale applied, then quantized)
 W4AFP8_INPUT_TEXT = "W4AFP8: quantized to FP8 where {} says (times the AWQ pre-quant scale where there is one)"
+# ... with a static input scale stored dequantized (or as token digits) for W4A16's GEMMs (runner/sequence.py)
+W4AFP8_STATIC_TEXT = "; with its static scale stored dequantized to 16 bits, for the weight-only (W4A16) GEMMs"
+
+
+def _w4afp8_input_text(spec: MoESpec, stage: str) -> list[str]:
+    """The W4AFP8 summary of a GEMM input's stage (none for other quant modes)."""
+    if spec.quant is not Quant.W4AFP8:
+        return []
+    return [W4AFP8_INPUT_TEXT.format(stage) + (W4AFP8_STATIC_TEXT if spec.act_scale is ActScale.STATIC else "")]
 
 
 def _fc1_input_quant(spec: MoESpec, forced: str | None) -> StageDecision:
     return _act_quant("fc1_input_quant", "expand_rows", [R.input_quant_fp8(spec)], forced,
                       "GEMM1's input quantized to FP8 while rows are expanded",
                       "GEMM1's input quantized to FP8 by a separate kernel, then expanded",
-                      *([W4AFP8_INPUT_TEXT.format("expand_rows")] if spec.quant is Quant.W4AFP8 else []))
+                      *_w4afp8_input_text(spec, "expand_rows"))
 
 
 # fc2_input_quant's summaries where GEMM2's input is made after GEMM1 (the bands' choices)
@@ -361,7 +370,7 @@ def _fc2_input_quant(spec: MoESpec, fc1: StageDecision, finalize: StageDecision,
         return StageDecision("fc2_input_quant", choice, "separate", (*gates, *in_gemm2[1:]), bands,
                              summary=f"{FC2_QUANT_TEXTS[choice]} ({bands_text(bands, choice_first=True)})")
     return _act_quant("fc2_input_quant", "fc1_activation", gates, forced, fused_text, separate_text,
-                      *([W4AFP8_INPUT_TEXT.format("fc2_prequant")] if spec.quant is Quant.W4AFP8 else []))
+                      *_w4afp8_input_text(spec, "fc2_prequant"))
 
 
 def _fc2_quant_in_gemm2(spec: MoESpec, gates: Sequence[Gate], shown: Sequence[Gate], fc1: StageDecision,
@@ -450,7 +459,9 @@ def _gemm_calls(spec: MoESpec, target: Target, choices: Mapping[str, str]) -> di
     entry = "sm90" if choices["gemm_kernel"] == "tma_warp_specialized" else "sm80"
     gated1 = _gemm1_epilogue(choices["fc1_activation"]) == "gated"
     fp8 = {Quant.FP8: "rowwise", Quant.FP8_BLOCK: "block128"}.get(spec.quant, "none")
-    # W4AFP8's GEMMs are the weight-only ones with e4m3 activations read as 16-bit (gemm/woq.cuh): the int4 rules
+    # W4AFP8's GEMMs are the weight-only ones with e4m3 activations read as 16-bit (gemm/woq.cuh): the int4 rules;
+    # with a static input scale the expansion and the activation write its FP8-quantized rows dequantized to 16 bits
+    # (runner/sequence.py, fp8_rows_dequantized), which the GEMMs read as W4A16's: its kernels and rules whole
     woq = {Quant.W4A16_AWQ: "int4", Quant.W4AFP8: "int4", Quant.W8A16: "int8",
            Quant.WFP4A16: "mxfp4"}.get(spec.quant, "none")
     woq_group = 32 if woq == "mxfp4" else 0 if spec.quant_per_channel else spec.quant_group_size
@@ -459,7 +470,8 @@ def _gemm_calls(spec: MoESpec, target: Target, choices: Mapping[str, str]) -> di
                   weights_blocked=choices["weight_layout"] == "blocked64", sm_count=target.sm_count,
                   l2_bytes=target.l2_bytes, fp8=fp8, woq=woq, woq_group=woq_group if woq != "none" else 0,
                   deterministic=target.deterministic,
-                  a_e4m3=spec.quant is Quant.W4AFP8, fp8_accumulation=choices["fp8_accumulation"])
+                  a_e4m3=spec.quant is Quant.W4AFP8 and spec.act_scale is not ActScale.STATIC,
+                  fp8_accumulation=choices["fp8_accumulation"])
     return {"gemm1_tactic": T.GemmCall(epilogue="gated" if gated1 else "store", n=spec.fc1_out_features,
                                        k=spec.hidden_size, **common),
             "gemm2_tactic": T.GemmCall(epilogue=_gemm2_epilogue(choices["finalize"]),

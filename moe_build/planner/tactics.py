@@ -132,7 +132,7 @@ class GemmCall:
     woq: str = "none"    # WOQ_KINDS: the weight-only GEMM (16-bit activations, plain store) with these weights
     woq_group: int = 0   # the weight-only GEMM's k per scale (0: one scale per output row)
     deterministic: bool = False  # the target's deterministic request (a row's output independent of the batch)
-    a_e4m3: bool = False         # the weight-only GEMM's activations come as e4m3 (W4AFP8)
+    a_e4m3: bool = False         # the weight-only GEMM's activations come as e4m3 (W4AFP8 with dynamic scales)
     fp8_accumulation: str = "none"  # the FP8 wgmma GEMM's: fast | promoted (the plan's fp8_accumulation) | none
 
     def __post_init__(self) -> None:
@@ -909,7 +909,7 @@ def _woq_tactic_problem(call: GemmCall, tactic: GemmTactic) -> str | None:
         return "the weight-only finalize epilogue runs on the decode kernel only"
     if tactic.kernel == "wgmma":
         if call.a_e4m3:
-            return "e4m3 activations (W4AFP8) take the weight-only kernels (decode or mma)"
+            return "e4m3 activations (W4AFP8 with dynamic scales) take the weight-only kernels (decode or mma)"
         if tactic.tile in WOQ_WGMMA_TILES and not woq_mixed_input(call):
             return (f"wgmma {tactic.tile} (the mixed-input kernel) takes int4 or int8 weights in groups of 64 or 128 "
                     "or per channel, n a multiple of 8 and k of 64")

@@ -493,6 +493,86 @@ class FusedExperts:
                                 self.woq_group, zeros=getattr(q, f"{name}_zero"), c=c, tactic=tactic, stream=b.stream,
                                 scale_a=scale_a, out_dtype=self.out_dtype)
 
+    # ---- W4AFP8 with a static input scale: W4A16's steps on the FP8 quantizations dequantized to 16 bits -------
+    def expand_rows_fp8_dequantized(self, b: Batch) -> None:
+        """expand_rows_prequant_fp8's quantization of the rows, stored dequantized in permuted_input."""
+        self._expand_fp8_dequantized(b, zero_out=None)
+
+    def expand_rows_fp8_dequantized_zero_output(self, b: Batch) -> None:
+        """expand_rows_fp8_dequantized, also zeroing `out` for the fused finalize's accumulation (one launch)."""
+        self._expand_fp8_dequantized(b, zero_out=b.out)
+
+    def _expand_fp8_dequantized(self, b: Batch, zero_out: torch.Tensor | None) -> None:
+        self.k.expand_rows_fp8_dequantized(b.hidden, b.v("unpermuted_to_permuted"), b.topk_weights, self.a1_scale,
+                                           permuted_input=b.v("permuted_input"),
+                                           permuted_weights=b.v("permuted_weights"), zero_out=zero_out,
+                                           stream=b.stream, prequant_scale=self.w.woq.fc1_act_scale)
+
+    def expand_rows_fp8_dequantized_digits(self, b: Batch) -> None:
+        """expand_rows_fp8_dequantized's rows as GEMM1's token digits (token_digits=fused)."""
+        self._expand_fp8_dequantized_digits(b, zero_out=None)
+
+    def expand_rows_fp8_dequantized_digits_zero_output(self, b: Batch) -> None:
+        self._expand_fp8_dequantized_digits(b, zero_out=b.out)
+
+    def _expand_fp8_dequantized_digits(self, b: Batch, zero_out: torch.Tensor | None) -> None:
+        self.k.expand_rows_digits(b.hidden, b.v("unpermuted_to_permuted"), b.topk_weights, self.w.woq.fc1_act_scale,
+                                  permuted_digits=self._digits(b, self.spec.hidden_size),
+                                  permuted_weights=b.v("permuted_weights"), zero_out=zero_out, group=self.woq_group,
+                                  stream=b.stream, fp8_static_scale=self.a1_scale)
+
+    def fc1_prequant_fp8_dequantized(self, b: Batch) -> None:
+        """The plain expansion's rows quantized (times the FC1 pre-quant scale), stored dequantized in permuted_input
+        (expand_rows=plain)."""
+        self._quantize_rows(b, b.v("expanded_input"), self.w.woq.fc1_act_scale, self.a1_scale, b.v("permuted_input"))
+
+    def fc1_prequant_fp8_dequantized_digits(self, b: Batch) -> None:
+        """fc1_prequant_fp8_dequantized's rows as GEMM1's token digits (token_digits=fused)."""
+        self._quantize_rows_digits(b, b.v("expanded_input"), self.w.woq.fc1_act_scale, self.a1_scale,
+                                   self.spec.hidden_size)
+
+    def fc1_activation_fp8_dequantized(self, b: Batch) -> None:
+        """The activation (+b1) quantized (times the FC2 pre-quant scale where the layer has one), stored dequantized
+        in fc1_act."""
+        s = self.spec
+        self.k.fc1_activation_fp8_dequantized(b.v("fc1_out"), b.v("expert_offsets"), self.act, self.a2_scale,
+                                              bias=self.w.b1, swiglu_alpha=s.swiglu_alpha,
+                                              swiglu_limit=s.swiglu_limit, out=b.v("fc1_act"), stream=b.stream,
+                                              prequant_scale=self.w.woq.fc2_act_scale)
+
+    def fc1_activation_fp8_dequantized_digits(self, b: Batch) -> None:
+        """fc1_activation_fp8_dequantized's rows as GEMM2's token digits (token_digits=fused)."""
+        s = self.spec
+        self.k.fc1_activation_digits(b.v("fc1_out"), b.v("expert_offsets"), self.act, bias=self.w.b1,
+                                     swiglu_alpha=s.swiglu_alpha, swiglu_limit=s.swiglu_limit,
+                                     prequant_scale=self.w.woq.fc2_act_scale,
+                                     out=self._digits(b, s.intermediate_size), group=self.woq_group,
+                                     stream=b.stream, fp8_static_scale=self.a2_scale)
+
+    def fc2_prequant_fp8_dequantized(self, b: Batch) -> None:
+        """The activated rows quantized (times the FC2 pre-quant scale), in place in fc1_act (fc2_prequant=separate):
+        each element is read only by the thread that writes it."""
+        self._quantize_rows(b, b.v("fc1_act"), self.w.woq.fc2_act_scale, self.a2_scale, b.v("fc1_act"))
+
+    def fc2_prequant_fp8_dequantized_digits(self, b: Batch) -> None:
+        """fc2_prequant_fp8_dequantized's rows as GEMM2's token digits (token_digits=fused)."""
+        self._quantize_rows_digits(b, b.v("fc1_act"), self.w.woq.fc2_act_scale, self.a2_scale,
+                                   self.spec.intermediate_size)
+
+    def _quantize_rows(self, b: Batch, rows: torch.Tensor, prequant: torch.Tensor | None, scale: torch.Tensor,
+                       out: torch.Tensor) -> None:
+        """16-bit rows times `prequant`, quantized by the static `scale` and stored dequantized into `out`: the
+        activation kernel's identity without a bias over the experts' rows."""
+        self.k.fc1_activation_fp8_dequantized(rows, b.v("expert_offsets"), "identity", scale, out=out,
+                                              stream=b.stream, prequant_scale=prequant)
+
+    def _quantize_rows_digits(self, b: Batch, rows: torch.Tensor, prequant: torch.Tensor | None, scale: torch.Tensor,
+                              k: int) -> None:
+        """_quantize_rows' values as the next GEMM's token digits (its input width k)."""
+        self.k.fc1_activation_digits(rows, b.v("expert_offsets"), "identity", prequant_scale=prequant,
+                                     out=self._digits(b, k), group=self.woq_group, stream=b.stream,
+                                     fp8_static_scale=scale)
+
     # ---- GEMM2 -----------------------------------------------------------------------------
     def gemm2_sm90_finalize(self, b: Batch) -> None:
         """Unpermute, top-k weighting (+b2) and reduction inside GEMM2's epilogue, into `out`

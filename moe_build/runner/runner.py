@@ -190,6 +190,16 @@ class MoERunner:
             S.FC1_PREQUANT_FP8: ex.fc1_prequant_fp8, S.GEMM1_W4AFP8: ex.gemm1_w4afp8,
             S.FC1_ACTIVATION_PREQUANT_FP8: ex.fc1_activation_prequant_fp8, S.FC2_PREQUANT_FP8: ex.fc2_prequant_fp8,
             S.GEMM2_W4AFP8: ex.gemm2_w4afp8,
+            S.EXPAND_ROWS_FP8_DEQUANTIZED: ex.expand_rows_fp8_dequantized,
+            S.EXPAND_ROWS_FP8_DEQUANTIZED_ZERO_OUTPUT: ex.expand_rows_fp8_dequantized_zero_output,
+            S.EXPAND_ROWS_FP8_DEQUANTIZED_DIGITS: ex.expand_rows_fp8_dequantized_digits,
+            S.EXPAND_ROWS_FP8_DEQUANTIZED_DIGITS_ZERO_OUTPUT: ex.expand_rows_fp8_dequantized_digits_zero_output,
+            S.FC1_PREQUANT_FP8_DEQUANTIZED: ex.fc1_prequant_fp8_dequantized,
+            S.FC1_PREQUANT_FP8_DEQUANTIZED_DIGITS: ex.fc1_prequant_fp8_dequantized_digits,
+            S.FC1_ACTIVATION_FP8_DEQUANTIZED: ex.fc1_activation_fp8_dequantized,
+            S.FC1_ACTIVATION_FP8_DEQUANTIZED_DIGITS: ex.fc1_activation_fp8_dequantized_digits,
+            S.FC2_PREQUANT_FP8_DEQUANTIZED: ex.fc2_prequant_fp8_dequantized,
+            S.FC2_PREQUANT_FP8_DEQUANTIZED_DIGITS: ex.fc2_prequant_fp8_dequantized_digits,
         }
 
     def kernel_sequence(self, tokens: int, routing_input: S.RoutingInput = "hidden") -> list[str]:

@@ -118,6 +118,22 @@ FC1_ACTIVATION_PREQUANT_FP8 = "fc1_activation:fc2_prequant_fp8"
 FC2_PREQUANT_FP8 = "fc2_prequant:fp8"  # mb_quantize_fp8 with the FC2 pre-quant scale after mb_fc1_activation
 GEMM2_W4AFP8 = "gemm2:w4afp8"          # mb_grouped_gemm_woq, e4m3 A
 GEMM2_W4AFP8_FINALIZE = "gemm2:w4afp8_finalize"  # mb_grouped_gemm_woq_finalize, e4m3 A
+# W4AFP8 with a static input scale (fp8_rows_dequantized) runs the weight-only steps (16-bit rows, W4A16's GEMMs) on
+# its FP8-quantized rows dequantized to 16 bits, which these write where W4A16's expansion and activation write theirs:
+# mb_expand_rows_fp8_dequantized (expand_rows=prequant_fused), or a 16-bit expansion then the quantization
+# (mb_fc1_activation_fp8_dequantized's identity, plain); mb_fc1_activation_fp8_dequantized (fc2_prequant fused or
+# none), or the activation then the quantization in place (separate); their digits forms where the GEMM after them
+# reads token digits (token_digits=fused: mb_expand_rows_digits / mb_fc1_activation_digits with the static scale)
+EXPAND_ROWS_FP8_DEQUANTIZED = "expand_rows:fp8_dequantized"
+EXPAND_ROWS_FP8_DEQUANTIZED_ZERO_OUTPUT = "expand_rows:fp8_dequantized+zero_output"
+EXPAND_ROWS_FP8_DEQUANTIZED_DIGITS = "expand_rows:fp8_dequantized_digits"
+EXPAND_ROWS_FP8_DEQUANTIZED_DIGITS_ZERO_OUTPUT = "expand_rows:fp8_dequantized_digits+zero_output"
+FC1_PREQUANT_FP8_DEQUANTIZED = "fc1_prequant:fp8_dequantized"
+FC1_PREQUANT_FP8_DEQUANTIZED_DIGITS = "fc1_prequant:fp8_dequantized_digits"
+FC1_ACTIVATION_FP8_DEQUANTIZED = "fc1_activation:fp8_dequantized"
+FC1_ACTIVATION_FP8_DEQUANTIZED_DIGITS = "fc1_activation:fp8_dequantized_digits"
+FC2_PREQUANT_FP8_DEQUANTIZED = "fc2_prequant:fp8_dequantized"
+FC2_PREQUANT_FP8_DEQUANTIZED_DIGITS = "fc2_prequant:fp8_dequantized_digits"
 SHARED_EXPERTS = "shared_experts"      # torch matmuls + mb_fc1_activation, added to the output
 # the steps that run torch operators (not only our entry points): runner.programs runs them on every call
 TORCH_STEPS = frozenset({ROUTER_GEMM, SHARED_EXPERTS})
@@ -162,6 +178,14 @@ def is_fp8(plan: Plan) -> bool:
 def is_weight_only(plan: Plan) -> bool:
     """Whether the plan runs the weight-only GEMMs (16-bit activations, quantized weights)."""
     return Quant(plan.spec.get("quant", "none")).is_weight_only
+
+
+def fp8_rows_dequantized(plan: Plan) -> bool:
+    """Whether the plan's W4AFP8 GEMMs read their FP8-quantized rows dequantized to 16 bits: with a static input scale
+    each element's quantization needs no other element, so the expansion and the activation write the dequantized
+    values and the weight-only (W4A16) GEMMs, their decode, digits and mixed-input wgmma tiles, read them (with
+    per-row scales the rows stay e4m3 for the decode and mma kernels)."""
+    return is_w4afp8(plan) and plan.spec.get("act_scale", "dynamic") == "static"
 
 
 def is_w4afp8(plan: Plan) -> bool:
@@ -238,7 +262,7 @@ def kernel_sequence(plan: Plan, tokens: int, routing_input: RoutingInput = "hidd
         steps.append(ROUTING)
     if is_fp8(plan):
         return steps + _fp8_steps(plan, c)
-    if is_weight_only(plan):
+    if is_weight_only(plan) or fp8_rows_dequantized(plan):
         return steps + _weight_only_steps(plan, c)
     if is_w4afp8(plan):
         return steps + _w4afp8_steps(plan, c)
@@ -322,25 +346,33 @@ def _weight_only_steps(plan: Plan, c: dict[str, str]) -> list[str]:
     after it, GEMM2 with the finalize in its epilogue (the decode kernel's, into the output the prologue or the
     expansion zeroes) or GEMM2 and the finalize; each GEMM as its tactic says (_woq_gemm_step). A GEMM on the digits
     tile reads token digits, which the expansion or the activation before it writes in place of its 16-bit rows
-    (token_digits=fused) or a digits step after it makes from them (separate)."""
+    (token_digits=fused) or a digits step after it makes from them (separate). W4AFP8 with a static input scale: the
+    same steps on its FP8-quantized rows dequantized to 16 bits (_fp8_dequantized_gemm1_input / _gemm2_input)."""
     steps, zero = _prologue(c)
     digits1, digits2 = _on_digits(c["gemm1_tactic"]), _on_digits(c["gemm2_tactic"])
     fused = c["token_digits"] == "fused"
-    if c["expand_rows"] == "prequant_fused":
-        expand = EXPAND_ROWS_PREQUANT_ZERO_OUTPUT if zero else EXPAND_ROWS_PREQUANT
-    elif c["fc2_prequant"] != "none":  # the plan's use_awq gate: the layer carries both AWQ scales
-        steps.append(FC1_PREQUANT)
-        expand = EXPAND_ROWS_PREQUANT_INPUT_ZERO_OUTPUT if zero else EXPAND_ROWS_PREQUANT_INPUT
+    fp8 = fp8_rows_dequantized(plan)
+    if fp8:
+        steps += _fp8_dequantized_gemm1_input(c, zero, fused and digits1)
     else:
-        expand = EXPAND_ROWS_ZERO_OUTPUT if zero else EXPAND_ROWS
-    steps.append(_DIGITS_EXPANSION[expand] if fused and digits1 else expand)
+        if c["expand_rows"] == "prequant_fused":
+            expand = EXPAND_ROWS_PREQUANT_ZERO_OUTPUT if zero else EXPAND_ROWS_PREQUANT
+        elif c["fc2_prequant"] != "none":  # the plan's use_awq gate: the layer carries both AWQ scales
+            steps.append(FC1_PREQUANT)
+            expand = EXPAND_ROWS_PREQUANT_INPUT_ZERO_OUTPUT if zero else EXPAND_ROWS_PREQUANT_INPUT
+        else:
+            expand = EXPAND_ROWS_ZERO_OUTPUT if zero else EXPAND_ROWS
+        steps.append(_DIGITS_EXPANSION[expand] if fused and digits1 else expand)
     if digits1 and not fused:
         steps.append(TOKEN_DIGITS_GEMM1)
     steps.append(_woq_gemm_step(c["gemm1_tactic"], GEMM1_WOQ, GEMM1_WOQ_WGMMA, GEMM1_WOQ_DENSE, GEMM1_WOQ_DIGITS))
     in_activation = fused and digits2  # the plan's digits_fc2_prequant gate: fc2_prequant is not separate
-    steps += {"fused": [FC1_ACTIVATION_PREQUANT_DIGITS if in_activation else FC1_ACTIVATION_PREQUANT],
-              "separate": [FC1_ACTIVATION, FC2_PREQUANT],
-              "none": [FC1_ACTIVATION_DIGITS if in_activation else FC1_ACTIVATION]}[c["fc2_prequant"]]
+    if fp8:
+        steps += _fp8_dequantized_gemm2_input(c, in_activation)
+    else:
+        steps += {"fused": [FC1_ACTIVATION_PREQUANT_DIGITS if in_activation else FC1_ACTIVATION_PREQUANT],
+                  "separate": [FC1_ACTIVATION, FC2_PREQUANT],
+                  "none": [FC1_ACTIVATION_DIGITS if in_activation else FC1_ACTIVATION]}[c["fc2_prequant"]]
     if digits2 and not fused:
         steps.append(TOKEN_DIGITS_GEMM2)
     if c["finalize"] == "fused":
@@ -379,11 +411,12 @@ def _woq_gemm_step(tactic: str, stored: str, mixed: str, dense: str, digits: str
 
 
 def _w4afp8_steps(plan: Plan, c: dict[str, str]) -> list[str]:
-    """A W4AFP8 layer's steps after routing: maps; GEMM1's e4m3 input, times the FC1 pre-quant scale where the
-    layer has one, written by the expansion (expand_rows=prequant_fused) or by a quantize kernel after a plain
-    16-bit expansion; GEMM1; GEMM2's e4m3 input, times the FC2 pre-quant scale, written by the activation
-    (fc2_prequant=fused, or none: no scale) or by a quantize kernel after it (separate); GEMM2 with the finalize in
-    its epilogue (as _weight_only_steps) or GEMM2 and the finalize."""
+    """A W4AFP8 layer's steps after routing, with per-row input scales (a static scale runs _weight_only_steps on
+    dequantized rows): maps; GEMM1's e4m3 input, times the FC1 pre-quant scale where the layer has one, written by
+    the expansion (expand_rows=prequant_fused) or by a quantize kernel after a plain 16-bit expansion; GEMM1; GEMM2's
+    e4m3 input, times the FC2 pre-quant scale, written by the activation (fc2_prequant=fused, or none: no scale) or by
+    a quantize kernel after it (separate); GEMM2 with the finalize in its epilogue (as _weight_only_steps) or GEMM2
+    and the finalize."""
     steps, zero = _prologue(c)
     if c["expand_rows"] == "prequant_fused":
         steps.append(EXPAND_ROWS_PREQUANT_FP8_ZERO_OUTPUT if zero else EXPAND_ROWS_PREQUANT_FP8)
@@ -394,6 +427,27 @@ def _w4afp8_steps(plan: Plan, c: dict[str, str]) -> list[str]:
               "none": [FC1_ACTIVATION_FP8]}[c["fc2_prequant"]]
     steps += [GEMM2_W4AFP8_FINALIZE] if c["finalize"] == "fused" else [GEMM2_W4AFP8, FINALIZE]
     return steps + _shared_experts(plan)
+
+
+def _fp8_dequantized_gemm1_input(c: dict[str, str], zero: bool, digits: bool) -> list[str]:
+    """W4AFP8's (static scale) GEMM1 input rows in 16 bits or as token digits (digits: token_digits=fused on the
+    digits tile): the expansion quantizing as it copies (expand_rows=prequant_fused), or the plain 16-bit expansion
+    and the quantization after it."""
+    if c["expand_rows"] == "prequant_fused":
+        return [{(False, False): EXPAND_ROWS_FP8_DEQUANTIZED, (False, True): EXPAND_ROWS_FP8_DEQUANTIZED_ZERO_OUTPUT,
+                 (True, False): EXPAND_ROWS_FP8_DEQUANTIZED_DIGITS,
+                 (True, True): EXPAND_ROWS_FP8_DEQUANTIZED_DIGITS_ZERO_OUTPUT}[(digits, zero)]]
+    return [EXPAND_ROWS_16BIT_ZERO_OUTPUT if zero else EXPAND_ROWS_16BIT,
+            FC1_PREQUANT_FP8_DEQUANTIZED_DIGITS if digits else FC1_PREQUANT_FP8_DEQUANTIZED]
+
+
+def _fp8_dequantized_gemm2_input(c: dict[str, str], digits: bool) -> list[str]:
+    """W4AFP8's (static scale) GEMM2 input rows (digits: as token digits, token_digits=fused on the digits tile): the
+    activation quantizing as it writes (fc2_prequant fused, or none where the layer has no AWQ scales), or the
+    activation and the quantization after it (separate: the plan's band at 1 token on narrow experts, or forced)."""
+    if c["fc2_prequant"] == "separate":
+        return [FC1_ACTIVATION, FC2_PREQUANT_FP8_DEQUANTIZED_DIGITS if digits else FC2_PREQUANT_FP8_DEQUANTIZED]
+    return [FC1_ACTIVATION_FP8_DEQUANTIZED_DIGITS if digits else FC1_ACTIVATION_FP8_DEQUANTIZED]
 
 
 def steps_up_to(plan: Plan, max_tokens: int) -> set[str]:

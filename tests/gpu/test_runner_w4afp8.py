@@ -16,6 +16,10 @@ the per-token bound only: 4% bounds an average). The fusions and their unfused a
 (the pre-quant scale applied by the same fp32 multiply before the same quantization), so their outputs must be
 equal bit for bit with the deterministic finalize. Every output element must be written (outputs poisoned with NaN),
 fresh random data per case, routing pinned by giving both sides the same logits.
+
+With a static input scale the layer runs W4A16's GEMMs (decode, digits and mixed-input wgmma tiles) on 16-bit rows:
+the expansion and the activation write each e4m3 value times its scale rounded to bf16 / fp16 (2^-9 relative, as
+the weights are), where the e4m3 kernels apply the scale to their fp32 sums; the same bounds hold.
 """
 from __future__ import annotations
 
@@ -99,23 +103,73 @@ FORCED = [pytest.param(m, f, id=f"{mid}-{fid}") for m, mid in zip(MODES, MODE_ID
 
 def test_the_plan_runs_the_fused_prequant_expansion_and_its_alternative() -> None:
     """What the plan says is what runs: the matrix's pre-quant expansion and FC2 fusion by default, the plain
-    expansion plus a quantize step, and the activation plus one, when forced off."""
+    expansion plus a quantize step, and the activation plus one, when forced off; e4m3 rows with per-row scales,
+    rows dequantized to 16 bits for W4A16's GEMMs with a static scale."""
     need_fp8()
     from moe_build.runner import MoERunner
-    spec, weights = w4afp8_case(BASE, MODES[0], 0)
+    spec, weights = w4afp8_case(BASE, MODES[2], 0)
     steps = MoERunner(spec, weights, target=device_target(), max_tokens=16).kernel_sequence(16)
     assert "expand_rows:prequant_fp8+zero_output" in steps and "fc1_activation:fc2_prequant_fp8" in steps
     forced = MoERunner(spec, weights, target=device_target(), max_tokens=16,
                        force={"expand_rows": "plain", "fc2_prequant": "separate"}).kernel_sequence(16)
     assert forced[3:] == ["expand_rows:16bit+zero_output", "fc1_prequant:fp8", "gemm1:w4afp8", "fc1_activation",
                           "fc2_prequant:fp8", "gemm2:w4afp8_finalize"]  # 32 rows: the fused finalize
+    spec, weights = w4afp8_case(BASE, MODES[0], 0)
+    steps = MoERunner(spec, weights, target=device_target(), max_tokens=16).kernel_sequence(16)
+    assert steps[3:] == ["expand_rows:fp8_dequantized+zero_output", "gemm1:woq", "fc1_activation:fp8_dequantized",
+                         "gemm2:woq_finalize"]
+    forced = MoERunner(spec, weights, target=device_target(), max_tokens=16,
+                       force={"expand_rows": "plain", "fc2_prequant": "separate"}).kernel_sequence(16)
+    assert forced[3:] == ["expand_rows:16bit+zero_output", "fc1_prequant:fp8_dequantized", "gemm1:woq",
+                          "fc1_activation", "fc2_prequant:fp8_dequantized", "gemm2:woq_finalize"]
+
+
+MMA_TILES = {"gemm1_tactic": "mma:128x128:plain:plain", "gemm2_tactic": "mma:128x128:plain:plain",
+             "finalize": "separate"}
+STATIC_MODES = [MODES[0], MODES[1], MODES[4]]
+STATIC_IDS = [MODE_IDS[0], MODE_IDS[1], MODE_IDS[4]]
+
+
+@pytest.mark.parametrize("mode", STATIC_MODES, ids=STATIC_IDS)
+@pytest.mark.parametrize("tokens", [255, 600, 3000])
+def test_static_scales_take_the_mixed_input_kernel_past_the_decode_band(mode: tuple, tokens: int) -> None:
+    """A static input scale: both GEMMs on the mixed-input wgmma kernel, on the rows the expansion and the activation
+    write dequantized, against the reference; the mma tiles (on the same 16-bit rows), forced, against it too."""
+    need_fp8()
+    from moe_build.runner import MoERunner
+    spec, weights = w4afp8_case(BASE, mode, tokens)
+    steps = MoERunner(spec, weights, target=device_target(), max_tokens=tokens).kernel_sequence(tokens)
+    assert {"expand_rows:fp8_dequantized", "gemm1:woq_wgmma", "gemm2:woq_wgmma"} <= set(steps), steps
+    check(BASE, mode, tokens=tokens)
+    check(BASE, mode, MMA_TILES, tokens=tokens)
+
+
+DIGITS_FORCES = [({}, "fused"), ({"token_digits": "separate"}, "digits_separate"), ({"expand_rows": "plain"},
+                 "expand_plain"), ({"fc2_prequant": "separate"}, "fc2_separate")]
+
+
+@pytest.mark.parametrize("mode, force", [pytest.param(m, f, id=f"{mid}-{fid}")
+                                         for m, mid in zip(STATIC_MODES, STATIC_IDS)
+                                         for f, fid in DIGITS_FORCES if applies(m, f)])
+@pytest.mark.parametrize("tokens", [1, 2, 16])
+def test_static_scales_on_the_digits_tile(mode: tuple, force: dict[str, str], tokens: int) -> None:
+    """A static input scale on small experts at decode: W4A16's digits tile on the token digits of the dequantized
+    rows, made by the expansion and the activation (or the quantize step at 1 token), or by digits steps (forced);
+    against the reference."""
+    need_fp8()
+    from moe_build.runner import MoERunner
+    base = BASE.with_overrides(num_experts=64, top_k=6)
+    spec, weights = w4afp8_case(base, mode, tokens)
+    runner = MoERunner(spec, weights, target=device_target(), max_tokens=tokens, force=force)
+    assert "gemm1:woq_digits" in runner.kernel_sequence(tokens), runner.kernel_sequence(tokens)
+    check(base, mode, force, tokens=tokens)
 
 
 @pytest.mark.parametrize("mode", MODES[:1] + MODES[2:4], ids=MODE_IDS[:1] + MODE_IDS[2:4])
 @pytest.mark.parametrize("tokens", [1, 200, 3000])
 def test_fusions_equal_their_unfused_alternatives_bit_for_bit(mode: tuple, tokens: int) -> None:
-    """The fused pre-quant steps and the unfused ones feed the GEMMs the same e4m3 bytes and scales: with the
-    deterministic finalize the outputs are equal (decode and mma tactics alike)."""
+    """The fused pre-quant steps and the unfused ones feed the GEMMs the same e4m3 bytes and scales (with a static
+    scale, the same dequantized rows): with the deterministic finalize the outputs are equal (every tactic alike)."""
     need_fp8()
     from moe_build.runner import MoERunner
     spec, weights = w4afp8_case(BASE, mode, tokens)

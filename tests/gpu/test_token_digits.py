@@ -222,3 +222,60 @@ def test_fused_digits_bad_arguments_are_refused() -> None:
     off = torch.tensor([0, 2], dtype=torch.int64, device="cuda")
     with pytest.raises(ValueError, match="multiple of 128"):
         K.fc1_activation_digits(torch.zeros(2, 2 * 192, dtype=torch.bfloat16, device="cuda"), off, K.Activation.SWIGLU)
+
+
+# W4AFP8 with a static input scale: the digits of the rows mb_expand_rows_fp8_dequantized /
+# mb_fc1_activation_fp8_dequantized write (tests/gpu/test_fp8_quantize.py checks those rows against the reference's
+# quantization), bit for bit. The scale saturates the larger elements at +-448 * s.
+FP8_STATIC = 0.0123
+
+
+@pytest.mark.parametrize("scaled", [False, True], ids=["unscaled", "prequant"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("t, h, k, group", EXPAND_SHAPES)
+def test_expand_rows_digits_of_fp8_dequantized_rows(t: int, h: int, k: int, group: int, dtype: torch.dtype,
+                                                    scaled: bool) -> None:
+    seed = random.SystemRandom().randrange(1 << 30)
+    g = torch.Generator().manual_seed(seed)
+    x = rows(t, h, dtype, g).cuda()
+    utp = torch.randperm(t * k, generator=g).to(torch.int32).cuda()
+    w = torch.rand(t, k, generator=g).cuda()
+    s = (torch.rand(h, generator=g) + 0.25).cuda() if scaled else None
+    q = torch.tensor(FP8_STATIC, device="cuda")
+    digits = torch.full((t * k, -(-h // 128), 400), 0xA5, dtype=torch.uint8, device="cuda")
+    pw = torch.full((t * k,), float("nan"), device="cuda")
+    K.expand_rows_digits(x, utp, w, s, permuted_digits=digits, permuted_weights=pw, group=group, fp8_static_scale=q)
+    pin, pw_ref = K.expand_rows_fp8_dequantized(x, utp, w, q, prequant_scale=s)
+    ref = K.token_digits(pin, group=group)
+    torch.cuda.synchronize()
+    what = f"seed {seed}, {t} x {h} top-{k} group {group} {dtype} scaled={scaled}"
+    assert torch.equal(digits, ref), f"{what}: digits differ from expand_rows_fp8_dequantized then token_digits"
+    assert torch.equal(pw, pw_ref), f"{what}: permuted weights"
+
+
+@pytest.mark.parametrize("scaled", [False, True], ids=["unscaled", "prequant"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("act", [K.Activation.SWIGLU, K.Activation.GELU, K.Activation.IDENTITY],
+                         ids=lambda a: a.name.lower())
+def test_fc1_activation_digits_of_fp8_dequantized_rows(act: K.Activation, dtype: torch.dtype, scaled: bool) -> None:
+    """With the identity and no bias: the separate quantize step's digits (fc2_prequant=separate on the digits tile)."""
+    seed = random.SystemRandom().randrange(1 << 30)
+    torch.manual_seed(seed)
+    e, n = 8, 45
+    filled = n - 7
+    q = torch.tensor(FP8_STATIC, device="cuda")
+    for inter, with_bias, group in ACT_SHAPES:
+        cuts = torch.sort(torch.randint(0, filled + 1, (e - 1,))).values
+        off = torch.cat([torch.zeros(1, dtype=torch.int64), cuts, torch.tensor([filled])]).cuda()
+        n1 = 2 * inter if act.is_gated else inter
+        x = (torch.randn(n, n1, device="cuda") * 3).to(dtype)
+        b = (torch.randn(e, n1, device="cuda") * 0.5).to(dtype) if with_bias and act != K.Activation.IDENTITY else None
+        s = (torch.rand(inter, device="cuda") * 4 + 0.25) if scaled else None
+        out = torch.full((n, -(-inter // 128), 400), 0xA5, dtype=torch.uint8, device="cuda")
+        K.fc1_activation_digits(x, off, act, b, 1.702, 7.0, s, out=out, group=group, fp8_static_scale=q)
+        h = K.fc1_activation_fp8_dequantized(x, off, act, q, b, 1.702, 7.0, prequant_scale=s)
+        ref = K.token_digits(h[:filled], group=group)
+        torch.cuda.synchronize()
+        what = f"seed {seed}, {act.name.lower()} inter={inter} bias={b is not None} group {group} {dtype} {scaled}"
+        assert torch.equal(out[:filled], ref), f"{what}: digits differ from the dequantized rows' digits"
+        assert (out[filled:] == 0xA5).all(), f"{what}: rows past off[E] were written"

@@ -203,6 +203,14 @@ __device__ __forceinline__ __nv_fp8x2_storage_t quantize_pair(float2 x, float s,
   return __nv_cvt_float2_to_fp8x2(make_float2(quotient(x.x, s, y), quotient(x.y, s, y)), __NV_SATFINITE, __NV_E4M3);
 }
 
+// The value W4AFP8's 16-bit GEMMs (a static input scale) read where an FP8 GEMM would read v's e4m3 byte: the byte
+// quantize_pair writes, its e4m3 value times s in one fp32 multiply; the caller rounds it to its 16-bit type as it
+// stores it (two roundings, each at most half an ulp of its type: the FP8 GEMM applies s to its fp32 sums instead).
+__device__ __forceinline__ float dequantized(float v, float s, float y) {
+  const __nv_fp8_storage_t q = __nv_cvt_float_to_fp8(quotient(v, s, y), __NV_SATFINITE, __NV_E4M3);
+  return __fmul_rn(__half2float(__half(__nv_cvt_fp8_to_halfraw(q, __NV_E4M3))), s);
+}
+
 // A unit's e4m3 bytes from its eight values v (as the quantization sees them) by scale s, y = 1 / s.
 __device__ __forceinline__ Bytes pack_unit(const float (&v)[kVec], float s, float y) {
   uint32_t w[2] = {0u, 0u};

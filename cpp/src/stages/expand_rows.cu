@@ -31,12 +31,18 @@
 // already quantized: a block per token, each thread holding kBatch 16-byte pieces of the row and storing them K
 // times.
 //
+// W4AFP8 with a static input scale (issue 47), whose GEMMs are W4A16's on 16-bit rows: mb_expand_rows_fp8_dequantized
+// stores each row as the 16-bit values of its FP8 quantization by the static scale (fp8_quantize.cuh, dequantized), the
+// pre-quant product and the quantization those of mb_expand_rows_fp8, through the 16-bit expansion's kernel (the
+// quantization of an element needs no other element's: its scale is static).
+//
 // Token digits (issue 47): mb_expand_rows_digits writes the permuted rows as the weight-only decode GEMM's token
 // digits (common/token_digits.cuh) where GEMM1 runs the digits tile, instead of 16-bit rows that a digits step
 // would then read back and split (one launch and one round trip of the rows fewer). A warp per (token, 128-column
 // group): it reads the group's 128 values (times the pre-quant scale, rounded to dtype as the 16-bit expansion stores
 // them), computes the group's record once, and stores it into each of the token's K permuted rows: the bytes
-// mb_expand_rows then mb_token_digits write.
+// mb_expand_rows then mb_token_digits write. With an FP8 static scale (W4AFP8) the group's values are the ones
+// mb_expand_rows_fp8_dequantized writes: the bytes it then mb_token_digits write.
 #include "common/common.cuh"
 #include "common/fp8_quantize.cuh"
 #include "common/token_digits.cuh"
@@ -45,12 +51,15 @@ namespace {
 
 constexpr int kBatch = 8;         // vectors per lane in flight: 8 x 16 B, a 2048-wide bf16 row per warp
 
-template <typename T, int VEC, bool SCALE>
+// FP8: the rows quantized by fp8_scale (a device scalar) and stored dequantized (fp8::dequantized), the pre-quant
+// product taken in fp32 as the FP8 expansion takes it, not rounded to T first.
+template <typename T, int VEC, bool SCALE, bool FP8>
 __global__ void __launch_bounds__(mb::kStageThreads)
 expand_rows_kernel(const T* __restrict__ input, const int32_t* __restrict__ unpermuted_to_permuted,
                    const float* __restrict__ topk_weights, const float* __restrict__ prequant_scale,
-                   int num_tokens, int hidden, int top_k, int vpl, int64_t chunks, T* __restrict__ permuted_input,
-                   float* __restrict__ permuted_weights, T* __restrict__ zero_out) {
+                   const float* __restrict__ fp8_scale, int num_tokens, int hidden, int top_k, int vpl,
+                   int64_t chunks, T* __restrict__ permuted_input, float* __restrict__ permuted_weights,
+                   T* __restrict__ zero_out) {
   using R = mb::Raw<T, VEC>;
   // After the wait, a decode GEMM1 may start loading its weights; it waits for these rows
   // (mb::launch_after_trigger, mb::chain_start).
@@ -80,14 +89,19 @@ expand_rows_kernel(const T* __restrict__ input, const int32_t* __restrict__ unpe
           if (mine(i)) zero[v0 + i * 32] = R{};
         }
       }
-      if constexpr (SCALE) {
+      if constexpr (SCALE || FP8) {
+        const float q = FP8 ? *fp8_scale : 1.0f, y = FP8 ? __frcp_rn(q) : 1.0f;
 #pragma unroll
         for (int i = 0; i < kBatch; ++i) {
           if (!mine(i)) continue;
           float f[VEC], s[VEC];
-          mb::load_f32<float, VEC>(prequant_scale + (v0 + i * 32) * VEC, s);
+          if constexpr (SCALE) mb::load_f32<float, VEC>(prequant_scale + (v0 + i * 32) * VEC, s);
 #pragma unroll
-          for (int k = 0; k < VEC; ++k) f[k] = mb::raw_f32<T>(x[i], k) * s[k];
+          for (int k = 0; k < VEC; ++k) {
+            f[k] = mb::raw_f32<T>(x[i], k);
+            if constexpr (SCALE) f[k] = __fmul_rn(f[k], s[k]);
+            if constexpr (FP8) f[k] = mb::fp8::dequantized(f[k], q, y);
+          }
           x[i] = mb::raw_from_f32<T, VEC>(f);
         }
       }
@@ -112,13 +126,16 @@ expand_rows_kernel(const T* __restrict__ input, const int32_t* __restrict__ unpe
 // A warp per (token t, group g) item, warps striding over the items; zero_out's row t, group g zeroed by the same warp.
 constexpr int kDigitWarps = 8;
 
-template <typename T, bool SCALE>
+// FP8: the values quantized by fp8_scale and stored dequantized first, as mb_expand_rows_fp8_dequantized writes them.
+template <typename T, bool SCALE, bool FP8>
 __global__ void __launch_bounds__(kDigitWarps * 32)
 expand_rows_digits_kernel(const T* __restrict__ input, const int32_t* __restrict__ unpermuted_to_permuted,
                           const float* __restrict__ topk_weights, const float* __restrict__ prequant_scale,
-                          int num_tokens, int hidden, int top_k, bool halves, uint8_t* __restrict__ permuted_digits,
-                          float* __restrict__ permuted_weights, T* __restrict__ zero_out) {
+                          const float* __restrict__ fp8_scale, int num_tokens, int hidden, int top_k, bool halves,
+                          uint8_t* __restrict__ permuted_digits, float* __restrict__ permuted_weights,
+                          T* __restrict__ zero_out) {
   mb::chain_start();
+  const float q8 = FP8 ? *fp8_scale : 1.0f, y8 = FP8 ? __frcp_rn(q8) : 1.0f;
   const int lane = threadIdx.x & 31;
   const int64_t groups = mb::digit_groups(hidden), items = static_cast<int64_t>(num_tokens) * groups;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kDigitWarps;
@@ -131,11 +148,22 @@ expand_rows_digits_kernel(const T* __restrict__ input, const int32_t* __restrict
       const T* v = reinterpret_cast<const T*>(&raw);
 #pragma unroll
       for (int i = 0; i < 4; ++i) x[i] = mb::to_f32(v[i]);
-      if constexpr (SCALE) {
+      if constexpr (SCALE && !FP8) {
         const float4 s = *reinterpret_cast<const float4*>(prequant_scale + col);
         const float f[4] = {s.x, s.y, s.z, s.w};
 #pragma unroll
         for (int i = 0; i < 4; ++i) x[i] = mb::to_f32(mb::from_f32<T>(x[i] * f[i]));  // as mb_expand_rows stores it
+      }
+      if constexpr (FP8) {  // as mb_expand_rows_fp8_dequantized stores it
+        float f[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+        if constexpr (SCALE) {
+          const float4 s = *reinterpret_cast<const float4*>(prequant_scale + col);
+          f[0] = s.x, f[1] = s.y, f[2] = s.z, f[3] = s.w;
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          x[i] = mb::to_f32(mb::from_f32<T>(mb::fp8::dequantized(__fmul_rn(x[i], f[i]), q8, y8)));
+        }
       }
       if (zero_out != nullptr) *reinterpret_cast<uint2*>(zero_out + t * hidden + col) = uint2{0u, 0u};
     }
@@ -417,13 +445,11 @@ expand_rows_fp8_prequantized_kernel(const uint8_t* __restrict__ input, const flo
   }
 }
 
-}  // namespace
-
-extern "C" mb_status mb_expand_rows(const void* input, int dtype, const int32_t* unpermuted_to_permuted,
-                                    const float* topk_weights, const float* prequant_scale, int num_tokens,
-                                    int hidden, int top_k, void* permuted_input, float* permuted_weights,
-                                    void* zero_out, cudaStream_t stream) {
-  const char* who = "mb_expand_rows";
+// mb_expand_rows, and with fp8_scale non-NULL mb_expand_rows_fp8_dequantized.
+mb_status expand_rows(const char* who, const void* input, int dtype, const int32_t* unpermuted_to_permuted,
+                      const float* topk_weights, const float* prequant_scale, const float* fp8_scale, int num_tokens,
+                      int hidden, int top_k, void* permuted_input, float* permuted_weights, void* zero_out,
+                      cudaStream_t stream) {
   MB_REQUIRE(num_tokens >= 0, "%s: num_tokens must be >= 0, got %d", who, num_tokens);
   MB_REQUIRE(hidden >= 1, "%s: hidden must be >= 1, got %d", who, hidden);
   MB_REQUIRE(top_k >= 1, "%s: top_k must be >= 1, got %d", who, top_k);
@@ -444,28 +470,54 @@ extern "C" mb_status mb_expand_rows(const void* input, int dtype, const int32_t*
     // Decode sizes: too few (token, chunk) units to spread over the SMs, so each of a token's K
     // permuted rows gets its own warps, as in a per-row copy.
     if (static_cast<int64_t>(num_tokens) * shape.chunks < mb::kMinStageWarps) shape.grid.z = top_k < 32 ? top_k : 32;
-    auto launch = [&](auto vec_const, auto scale_const) {
+    auto launch = [&](auto vec_const, auto scale_const, auto fp8_const) {
       constexpr int VEC = decltype(vec_const)::value;
-      constexpr bool SCALE = decltype(scale_const)::value;
+      constexpr bool SCALE = decltype(scale_const)::value, FP8 = decltype(fp8_const)::value;
       return mb::check_launch("expand_rows_kernel", mb::launch_after_trigger(
-          expand_rows_kernel<T, VEC, SCALE>, shape.grid, dim3(mb::kStageThreads), stream, static_cast<const T*>(input),
-          unpermuted_to_permuted, topk_weights, prequant_scale, num_tokens, hidden, top_k, shape.vpl, shape.chunks,
-          static_cast<T*>(permuted_input), permuted_weights, static_cast<T*>(zero_out)));
+          expand_rows_kernel<T, VEC, SCALE, FP8>, shape.grid, dim3(mb::kStageThreads), stream,
+          static_cast<const T*>(input), unpermuted_to_permuted, topk_weights, prequant_scale, fp8_scale, num_tokens,
+          hidden, top_k, shape.vpl, shape.chunks, static_cast<T*>(permuted_input), permuted_weights,
+          static_cast<T*>(zero_out)));
     };
     constexpr int kWide = 16 / sizeof(T);
     using Wide = std::integral_constant<int, kWide>;
     using One = std::integral_constant<int, 1>;
-    if (prequant_scale) {
-      return vec == kWide ? launch(Wide{}, std::true_type{}) : launch(One{}, std::true_type{});
+    auto widths = [&](auto scale_const, auto fp8_const) {
+      return vec == kWide ? launch(Wide{}, scale_const, fp8_const) : launch(One{}, scale_const, fp8_const);
+    };
+    if (fp8_scale) {
+      return prequant_scale ? widths(std::true_type{}, std::true_type{}) : widths(std::false_type{}, std::true_type{});
     }
-    return vec == kWide ? launch(Wide{}, std::false_type{}) : launch(One{}, std::false_type{});
+    return prequant_scale ? widths(std::true_type{}, std::false_type{}) : widths(std::false_type{}, std::false_type{});
   });
 }
 
+}  // namespace
+
+extern "C" mb_status mb_expand_rows(const void* input, int dtype, const int32_t* unpermuted_to_permuted,
+                                    const float* topk_weights, const float* prequant_scale, int num_tokens,
+                                    int hidden, int top_k, void* permuted_input, float* permuted_weights,
+                                    void* zero_out, cudaStream_t stream) {
+  return expand_rows("mb_expand_rows", input, dtype, unpermuted_to_permuted, topk_weights, prequant_scale, nullptr,
+                     num_tokens, hidden, top_k, permuted_input, permuted_weights, zero_out, stream);
+}
+
+extern "C" mb_status mb_expand_rows_fp8_dequantized(const void* input, int dtype, const int32_t* unpermuted_to_permuted,
+                                                    const float* topk_weights, const float* prequant_scale,
+                                                    int num_tokens, int hidden, int top_k, const float* static_scale,
+                                                    void* permuted_input, float* permuted_weights, void* zero_out,
+                                                    cudaStream_t stream) {
+  const char* who = "mb_expand_rows_fp8_dequantized";
+  MB_REQUIRE(static_scale, "%s: static_scale must be non-NULL (the rows are quantized by one static scale)", who);
+  return expand_rows(who, input, dtype, unpermuted_to_permuted, topk_weights, prequant_scale, static_scale,
+                     num_tokens, hidden, top_k, permuted_input, permuted_weights, zero_out, stream);
+}
+
 extern "C" mb_status mb_expand_rows_digits(const void* input, int dtype, const int32_t* unpermuted_to_permuted,
-                                           const float* topk_weights, const float* prequant_scale, int num_tokens,
-                                           int hidden, int top_k, int group, uint8_t* permuted_digits,
-                                           float* permuted_weights, void* zero_out, cudaStream_t stream) {
+                                           const float* topk_weights, const float* prequant_scale,
+                                           const float* fp8_static_scale, int num_tokens, int hidden, int top_k,
+                                           int group, uint8_t* permuted_digits, float* permuted_weights,
+                                           void* zero_out, cudaStream_t stream) {
   const char* who = "mb_expand_rows_digits";
   MB_REQUIRE(num_tokens >= 0, "%s: num_tokens must be >= 0, got %d", who, num_tokens);
   MB_TRY(mb::check_digits_rows(who, "hidden", hidden, group, dtype));
@@ -483,15 +535,19 @@ extern "C" mb_status mb_expand_rows_digits(const void* input, int dtype, const i
   }
   const int64_t items = static_cast<int64_t>(num_tokens) * mb::digit_groups(hidden);
   const unsigned blocks = mb::row_grid((items + kDigitWarps - 1) / kDigitWarps);
-  auto launch = [&](auto tag, auto scale_const) {
+  auto launch = [&](auto tag, auto scale_const, auto fp8_const) {
     using T = decltype(tag);
     return mb::check_launch("expand_rows_digits_kernel", mb::launch_after_trigger(
-        expand_rows_digits_kernel<T, decltype(scale_const)::value>, dim3(blocks), dim3(kDigitWarps * 32), stream,
-        static_cast<const T*>(input), unpermuted_to_permuted, topk_weights, prequant_scale, num_tokens, hidden, top_k,
-        group == 64, permuted_digits, permuted_weights, static_cast<T*>(zero_out)));
+        expand_rows_digits_kernel<T, decltype(scale_const)::value, decltype(fp8_const)::value>, dim3(blocks),
+        dim3(kDigitWarps * 32), stream, static_cast<const T*>(input), unpermuted_to_permuted, topk_weights,
+        prequant_scale, fp8_static_scale, num_tokens, hidden, top_k, group == 64, permuted_digits, permuted_weights,
+        static_cast<T*>(zero_out)));
+  };
+  auto by_fp8 = [&](auto tag, auto scale_const) {
+    return fp8_static_scale ? launch(tag, scale_const, std::true_type{}) : launch(tag, scale_const, std::false_type{});
   };
   auto by_scale = [&](auto tag) {
-    return prequant_scale ? launch(tag, std::true_type{}) : launch(tag, std::false_type{});
+    return prequant_scale ? by_fp8(tag, std::true_type{}) : by_fp8(tag, std::false_type{});
   };
   return dtype == MB_FP16 ? by_scale(__half{}) : by_scale(__nv_bfloat16{});
 }

@@ -30,6 +30,11 @@
 // All three write the same bytes: activated_unit()'s values (the identity's without a bias are the row's own)
 // quantized by fp8_quantize.cuh's rule.
 //
+// W4AFP8 with a static input scale (issue 47), whose GEMMs are W4A16's on 16-bit rows:
+// mb_fc1_activation_fp8_dequantized stores GEMM2's input as the 16-bit values of its FP8 quantization by the static scale (fp8_quantize.cuh,
+// dequantized) of the values mb_fc1_activation_fp8 quantizes, through the 16-bit activation's kernel. With the identity
+// and no bias it quantizes rows already activated (the separate step after mb_fc1_activation or a 16-bit expansion).
+//
 // Token digits (issue 47): mb_fc1_activation_digits writes GEMM2's input as the weight-only decode GEMM's token digits
 // (common/token_digits.cuh) where GEMM2 runs the digits tile, instead of 16-bit rows that a digits step would then
 // read back and split. A warp per (row, 128-column group): the group's activated values (activate() below, times the
@@ -82,11 +87,14 @@ __device__ __forceinline__ void activate(float (&g)[VEC], float (&x)[VEC], bool 
   for (int k = 0; k < VEC; ++k) r[k] = mb::act_apply<ACT>(g[k], x[k], alpha, limit);
 }
 
-template <typename T, int ACT, int VEC>
+// FP8: GEMM2's input quantized by fp8_scale (a device scalar) and stored dequantized (fp8::dequantized): the activated
+// value rounded to T, times the pre-quant scale in fp32, quantized, as mb_fc1_activation_fp8 quantizes it.
+template <typename T, int ACT, int VEC, bool FP8>
 __global__ void __launch_bounds__(mb::kStageThreads)
 fc1_activation_kernel(const T* __restrict__ in, const T* __restrict__ b1, const int64_t* __restrict__ off, int E,
                   int64_t max_rows, int inter, int vpl, int64_t chunks, float alpha, float limit,
-                  const float* __restrict__ prequant_scale, T* __restrict__ out) {
+                  const float* __restrict__ prequant_scale, const float* __restrict__ fp8_scale,
+                  T* __restrict__ out) {
   using R = mb::Raw<T, VEC>;
   constexpr bool kGated = mb::is_gated(ACT);
   const int64_t n1 = kGated ? 2 * static_cast<int64_t>(inter) : inter;
@@ -128,7 +136,17 @@ fc1_activation_kernel(const T* __restrict__ in, const T* __restrict__ b1, const 
           if constexpr (kGated) mb::load_f32<T, VEC>(bias + inter + j, bu);
         }
         activate<ACT, VEC>(g, x, bias != nullptr, bg, bu, alpha, limit, r);
-        if (prequant_scale) {
+        if constexpr (FP8) {
+          const float q = *fp8_scale, y = __frcp_rn(q);
+          float s[VEC];
+          if (prequant_scale) mb::load_f32<float, VEC>(prequant_scale + j, s);
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) {
+            float v = mb::to_f32(mb::from_f32<T>(r[k]));
+            if (prequant_scale) v = __fmul_rn(v, s[k]);
+            r[k] = mb::fp8::dequantized(v, q, y);
+          }
+        } else if (prequant_scale) {
           float s[VEC];
           mb::load_f32<float, VEC>(prequant_scale + j, s);
 #pragma unroll
@@ -143,12 +161,16 @@ fc1_activation_kernel(const T* __restrict__ in, const T* __restrict__ b1, const 
 // A warp per (permuted row p < off[E], group g) item, warps striding over the items of max_rows rows.
 constexpr int kDigitWarps = 8;
 
+// fp8_scale (W4AFP8) or NULL: the values quantized by it and stored dequantized first, as
+// mb_fc1_activation_fp8_dequantized writes them.
 template <typename T, int ACT>
 __global__ void __launch_bounds__(kDigitWarps * 32)
 fc1_activation_digits_kernel(const T* __restrict__ in, const T* __restrict__ b1, const int64_t* __restrict__ off,
                              int E, int64_t max_rows, int inter, float alpha, float limit,
-                             const float* __restrict__ prequant_scale, bool halves, uint8_t* __restrict__ out) {
+                             const float* __restrict__ prequant_scale, const float* __restrict__ fp8_scale,
+                             bool halves, uint8_t* __restrict__ out) {
   mb::chain_start();
+  const float q8 = fp8_scale ? *fp8_scale : 1.0f, y8 = __frcp_rn(q8);
   constexpr bool kGated = mb::is_gated(ACT);
   const int lane = threadIdx.x & 31;
   const int64_t n1 = kGated ? 2 * static_cast<int64_t>(inter) : inter;
@@ -170,14 +192,18 @@ fc1_activation_digits_kernel(const T* __restrict__ in, const T* __restrict__ b1,
         if constexpr (kGated) mb::load_f32<T, 4>(bias + inter + col, bu);
       }
       activate<ACT, 4>(g, x, bias != nullptr, bg, bu, alpha, limit, r);
-      if (prequant_scale) {
-        float s[4];
-        mb::load_f32<float, 4>(prequant_scale + col, s);
+      float s[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+      if (prequant_scale) mb::load_f32<float, 4>(prequant_scale + col, s);
+      if (fp8_scale) {  // as mb_fc1_activation_fp8_dequantized stores it
 #pragma unroll
-        for (int i = 0; i < 4; ++i) r[i] *= s[i];
+        for (int i = 0; i < 4; ++i) {
+          const float v = __fmul_rn(mb::to_f32(mb::from_f32<T>(r[i])), s[i]);
+          r[i] = mb::to_f32(mb::from_f32<T>(mb::fp8::dequantized(v, q8, y8)));
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) r[i] = mb::to_f32(mb::from_f32<T>(r[i] * s[i]));  // as mb_fc1_activation stores it
       }
-#pragma unroll
-      for (int i = 0; i < 4; ++i) r[i] = mb::to_f32(mb::from_f32<T>(r[i]));  // as mb_fc1_activation stores it
     }
     mb::store_digit_words(mb::digit_words(r), out + it * static_cast<int64_t>(mb::kDigitGroupBytes), halves);
   }
@@ -575,13 +601,11 @@ mb_status dispatch_activation(int activation, F&& f) {
   }
 }
 
-}  // namespace
-
-extern "C" mb_status mb_fc1_activation(const void* in, int dtype, const void* b1,
-                                       const int64_t* expert_first_token_offset, int num_experts, int64_t max_rows,
-                                       int inter, int activation, float swiglu_alpha, float swiglu_limit,
-                                       const float* prequant_scale, void* out, cudaStream_t stream) {
-  const char* who = "mb_fc1_activation";
+// mb_fc1_activation, and with fp8_scale non-NULL mb_fc1_activation_fp8_dequantized.
+mb_status fc1_activation(const char* who, const void* in, int dtype, const void* b1,
+                         const int64_t* expert_first_token_offset, int num_experts, int64_t max_rows, int inter,
+                         int activation, float swiglu_alpha, float swiglu_limit, const float* prequant_scale,
+                         const float* fp8_scale, void* out, cudaStream_t stream) {
   MB_TRY(check_arguments(who, expert_first_token_offset, num_experts, max_rows, inter, activation, swiglu_alpha,
                          swiglu_limit));
   if (max_rows == 0) return mb::dispatch_dtype(dtype, who, [](auto) { return MB_OK; });
@@ -593,19 +617,45 @@ extern "C" mb_status mb_fc1_activation(const void* in, int dtype, const void* b1
     const bool wide = mb::vec_width<T>(inter, {in, b1, prequant_scale, out}) == kWide;
     const int64_t nvec = wide ? inter / kWide : inter;
     const mb::StageLaunch shape = mb::stage_launch(max_rows, nvec, kBatch);
-    auto launch = [&](auto act_const, auto vec_const) {
+    auto launch = [&](auto act_const, auto vec_const, auto fp8_const) {
       constexpr int ACT = decltype(act_const)::value;
       constexpr int VEC = decltype(vec_const)::value;
-      fc1_activation_kernel<T, ACT, VEC><<<shape.grid, mb::kStageThreads, 0, stream>>>(
+      constexpr bool FP8 = decltype(fp8_const)::value;
+      fc1_activation_kernel<T, ACT, VEC, FP8><<<shape.grid, mb::kStageThreads, 0, stream>>>(
           static_cast<const T*>(in), static_cast<const T*>(b1), expert_first_token_offset, num_experts, max_rows,
-          inter, shape.vpl, shape.chunks, swiglu_alpha, swiglu_limit, prequant_scale, static_cast<T*>(out));
+          inter, shape.vpl, shape.chunks, swiglu_alpha, swiglu_limit, prequant_scale, fp8_scale,
+          static_cast<T*>(out));
       return mb::check_launch("fc1_activation_kernel");
     };
+    auto widths = [&](auto act_const, auto fp8_const) {
+      return wide ? launch(act_const, std::integral_constant<int, kWide>{}, fp8_const)
+                  : launch(act_const, std::integral_constant<int, 1>{}, fp8_const);
+    };
     return dispatch_activation(activation, [&](auto act_const) {
-      return wide ? launch(act_const, std::integral_constant<int, kWide>{})
-                  : launch(act_const, std::integral_constant<int, 1>{});
+      return fp8_scale ? widths(act_const, std::true_type{}) : widths(act_const, std::false_type{});
     });
   });
+}
+
+}  // namespace
+
+extern "C" mb_status mb_fc1_activation(const void* in, int dtype, const void* b1,
+                                       const int64_t* expert_first_token_offset, int num_experts, int64_t max_rows,
+                                       int inter, int activation, float swiglu_alpha, float swiglu_limit,
+                                       const float* prequant_scale, void* out, cudaStream_t stream) {
+  return fc1_activation("mb_fc1_activation", in, dtype, b1, expert_first_token_offset, num_experts, max_rows, inter,
+                        activation, swiglu_alpha, swiglu_limit, prequant_scale, nullptr, out, stream);
+}
+
+extern "C" mb_status mb_fc1_activation_fp8_dequantized(const void* in, int dtype, const void* b1,
+                                                       const int64_t* expert_first_token_offset, int num_experts,
+                                                       int64_t max_rows, int inter, int activation, float swiglu_alpha,
+                                                       float swiglu_limit, const float* prequant_scale,
+                                                       const float* static_scale, void* out, cudaStream_t stream) {
+  const char* who = "mb_fc1_activation_fp8_dequantized";
+  MB_REQUIRE(static_scale, "%s: static_scale must be non-NULL (the rows are quantized by one static scale)", who);
+  return fc1_activation(who, in, dtype, b1, expert_first_token_offset, num_experts, max_rows, inter, activation,
+                        swiglu_alpha, swiglu_limit, prequant_scale, static_scale, out, stream);
 }
 
 extern "C" mb_status mb_fc1_activation_fp8(const void* in, int dtype, const void* b1,
@@ -653,8 +703,9 @@ extern "C" mb_status mb_fc1_activation_fp8(const void* in, int dtype, const void
 extern "C" mb_status mb_fc1_activation_digits(const void* in, int dtype, const void* b1,
                                               const int64_t* expert_first_token_offset, int num_experts,
                                               int64_t max_rows, int inter, int activation, float swiglu_alpha,
-                                              float swiglu_limit, const float* prequant_scale, int group,
-                                              uint8_t* out, cudaStream_t stream) {
+                                              float swiglu_limit, const float* prequant_scale,
+                                              const float* fp8_static_scale, int group, uint8_t* out,
+                                              cudaStream_t stream) {
   const char* who = "mb_fc1_activation_digits";
   MB_TRY(check_arguments(who, expert_first_token_offset, num_experts, max_rows, inter, activation, swiglu_alpha,
                          swiglu_limit));
@@ -672,7 +723,7 @@ extern "C" mb_status mb_fc1_activation_digits(const void* in, int dtype, const v
       return mb::check_launch("fc1_activation_digits_kernel", mb::launch_after_trigger(
           fc1_activation_digits_kernel<T, decltype(act_const)::value>, dim3(blocks), dim3(kDigitWarps * 32), stream,
           static_cast<const T*>(in), static_cast<const T*>(b1), expert_first_token_offset, num_experts, max_rows,
-          inter, swiglu_alpha, swiglu_limit, prequant_scale, group == 64, out));
+          inter, swiglu_alpha, swiglu_limit, prequant_scale, fp8_static_scale, group == 64, out));
     });
   };
   return dtype == MB_FP16 ? launch(__half{}) : launch(__nv_bfloat16{});

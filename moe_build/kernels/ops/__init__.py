@@ -11,7 +11,8 @@ from .ep import (ep_combine, ep_layout, ep_local_ids, ep_nccl_all_gather, ep_ncc
 from .gemm import (gemm_placement_ints, grouped_gemm_sm80, grouped_gemm_sm80_workspace_bytes, grouped_gemm_sm90,
                    grouped_gemm_sm90_finalize, grouped_gemm_sm90_gated, grouped_gemm_sm90_workspace_bytes,
                    new_gemm_placement, tactic_struct)
-from .fp8 import (expand_rows_fp8, expand_rows_fp8_prequantized, fc1_activation_fp8, fp8_scale_shapes,
+from .fp8 import (expand_rows_fp8, expand_rows_fp8_dequantized, expand_rows_fp8_prequantized, fc1_activation_fp8,
+                  fc1_activation_fp8_dequantized, fp8_scale_shapes,
                   grouped_gemm_fp8, grouped_gemm_fp8_finalize, grouped_gemm_fp8_gated, grouped_gemm_fp8_gated_quantized,
                   grouped_gemm_fp8_quantizing_finalize, grouped_gemm_fp8_workspace_bytes, quantize_fp8)
 from .woq import (grouped_gemm_woq, grouped_gemm_woq_finalize, grouped_gemm_woq_sm90,
@@ -24,7 +25,8 @@ __all__ = ["trusted_tensors", "expand_rows", "fc1_activation", "finalize", "rout
            "ep_permute_layout", "ep_permute_rows", "layout_block_counts", "gemm_placement_ints", "grouped_gemm_sm80",
            "grouped_gemm_sm80_workspace_bytes", "grouped_gemm_sm90", "grouped_gemm_sm90_finalize",
            "grouped_gemm_sm90_gated", "grouped_gemm_sm90_workspace_bytes", "new_gemm_placement", "tactic_struct",
-           "expand_rows_fp8", "expand_rows_fp8_prequantized", "fc1_activation_fp8", "fp8_scale_shapes",
+           "expand_rows_fp8", "expand_rows_fp8_dequantized", "expand_rows_fp8_prequantized", "fc1_activation_fp8",
+           "fc1_activation_fp8_dequantized", "fp8_scale_shapes",
            "grouped_gemm_fp8", "grouped_gemm_fp8_finalize", "grouped_gemm_fp8_gated", "grouped_gemm_fp8_gated_quantized",
            "grouped_gemm_fp8_quantizing_finalize", "grouped_gemm_fp8_workspace_bytes", "quantize_fp8",
            "grouped_gemm_woq", "grouped_gemm_woq_finalize", "grouped_gemm_woq_sm90",

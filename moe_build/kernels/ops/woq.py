@@ -10,6 +10,7 @@ from ...planner.tactics import DIGITS_GROUP_BYTES, GemmTactic
 from ..abi import Activation, WoqInput, WoqKind
 from ..library import call, load_library
 from .args import _check, _dtype_code, _enum, _out, _ptr, _stream, _workspace
+from .fp8 import _fp8_group
 from .gemm import tactic_struct
 from .stages import _activation_args, _expansion_maps, _prequant
 
@@ -54,23 +55,25 @@ def token_digits(a: torch.Tensor, out: torch.Tensor | None = None, group: int = 
 def expand_rows_digits(input: torch.Tensor, unpermuted_to_permuted: torch.Tensor, topk_weights: torch.Tensor,
                        prequant_scale: torch.Tensor | None = None, permuted_digits: torch.Tensor | None = None,
                        permuted_weights: torch.Tensor | None = None, zero_out: torch.Tensor | None = None,
-                       group: int = 128, stream: int | torch.cuda.Stream | None = None
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
+                       group: int = 128, stream: int | torch.cuda.Stream | None = None, *,
+                       fp8_static_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """expand_rows writing the permuted rows as token digits for GEMM1's weight `group` (token_digits'): input
     [T, H] -> (permuted_digits uint8 [T*K, ceil(H / 128), 400], permuted_weights [T*K]), the bytes of expand_rows then
-    token_digits (stages/expand_rows.cu); prequant_scale and zero_out as expand_rows'."""
+    token_digits (stages/expand_rows.cu); prequant_scale and zero_out as expand_rows'. fp8_static_scale (W4AFP8's, a
+    one-element fp32 tensor): the digits of the rows expand_rows_fp8_dequantized writes instead."""
     _check(input, "input", (None, None))
     dev = input.device
     t, h = input.shape
     width = _digits_width(h, group, "input: hidden")
     k = _expansion_maps(t, topk_weights, unpermuted_to_permuted, dev)
     pre = _prequant(prequant_scale, h, dev)
+    fp8 = _fp8_static(fp8_static_scale, dev)
     pd = _out(permuted_digits, "permuted_digits", (t * k, width, DIGITS_GROUP_BYTES), torch.uint8, dev)
     pw = _out(permuted_weights, "permuted_weights", (t * k,), torch.float32, dev)
     if zero_out is not None:
         _check(zero_out, "zero_out", (t, h), input.dtype, dev)
     call("mb_expand_rows_digits", input.data_ptr(), _dtype_code(input, "input"), unpermuted_to_permuted.data_ptr(),
-         topk_weights.data_ptr(), pre, t, h, k, group, pd.data_ptr(), pw.data_ptr(), _ptr(zero_out),
+         topk_weights.data_ptr(), pre, fp8, t, h, k, group, pd.data_ptr(), pw.data_ptr(), _ptr(zero_out),
          _stream(stream, dev))
     return pd, pw
 
@@ -79,19 +82,31 @@ def fc1_activation_digits(input: torch.Tensor, expert_first_token_offset: torch.
                           activation: int | str | Activation, bias: torch.Tensor | None = None,
                           swiglu_alpha: float = 1.0, swiglu_limit: float = math.inf,
                           prequant_scale: torch.Tensor | None = None, out: torch.Tensor | None = None,
-                          group: int = 128, stream: int | torch.cuda.Stream | None = None) -> torch.Tensor:
+                          group: int = 128, stream: int | torch.cuda.Stream | None = None, *,
+                          fp8_static_scale: torch.Tensor | None = None) -> torch.Tensor:
     """fc1_activation writing GEMM2's input as token digits for GEMM2's weight `group` (token_digits'): input
     [R, N1] -> out uint8 [R, ceil(I / 128), 400], the bytes of fc1_activation then token_digits for the rows below
-    offsets[E] (stages/fc1_activation.cu)."""
+    offsets[E] (stages/fc1_activation.cu). fp8_static_scale (W4AFP8's): the digits of the rows
+    fc1_activation_fp8_dequantized writes instead."""
     act, dev, rows, inter = _activation_args(input, expert_first_token_offset, activation, bias)
     width = _digits_width(inter, group, "input: the activation's width")
     e = expert_first_token_offset.shape[0] - 1
     pre = _prequant(prequant_scale, inter, dev)
+    fp8 = _fp8_static(fp8_static_scale, dev)
     o = _out(out, "out", (rows, width, DIGITS_GROUP_BYTES), torch.uint8, dev)
     call("mb_fc1_activation_digits", input.data_ptr(), _dtype_code(input, "input"), _ptr(bias),
          expert_first_token_offset.data_ptr(), e, rows, inter, int(act), swiglu_alpha, swiglu_limit,
-         pre, group, o.data_ptr(), _stream(stream, dev))
+         pre, fp8, group, o.data_ptr(), _stream(stream, dev))
     return o
+
+
+def _fp8_static(scale: torch.Tensor | None, dev: torch.device) -> int:
+    """A W4AFP8 static input scale's pointer (a one-element fp32 tensor on the device, as the FP8 kernels take it), or
+    NULL."""
+    if scale is None:
+        return 0
+    _fp8_group(scale, None, dev)
+    return scale.data_ptr()
 
 
 def _a_input(a: torch.Tensor, scale_a: torch.Tensor | None, out_dtype: torch.dtype | None, k_b: int | None
