@@ -314,16 +314,16 @@ def test_w4afp8_with_static_scales_runs_the_weight_only_steps_on_dequantized_row
 
 def test_w4afp8_with_static_scales_makes_token_digits_where_it_quantizes() -> None:
     """On the digits tile (small experts at decode) the kernel that writes a GEMM's quantized rows writes their token
-    digits instead (token_digits=fused): the expansion, the activation, or at 1 token, where the plan keeps the FC2
-    pre-quant scale out of the activation (narrow experts), the separate quantize step; forced separate, digits steps
-    read the dequantized rows back. The fused finalize in the digits GEMM2, into the output the expansion zeroes."""
+    digits instead (token_digits=fused): the expansion and the activation (at 1 token too), or, the expansion forced
+    plain, the quantize step after it; forced separate, digits steps read the dequantized rows back. The fused
+    finalize in the digits GEMM2, into the output the expansion zeroes."""
     spec = dataclasses.replace(SWIGLU_64E, quant=Quant.W4AFP8, act_scale=ActScale.STATIC, quant_prequant_scales=True)
     plan = make_plan(spec, H100, tokens=16)
     assert plan.choices(16)["token_digits"] == "fused"
     assert kernel_sequence(plan, 16, "topk") == [
         "routing_prologue:fused", "expand_rows:fp8_dequantized_digits+zero_output", "gemm1:woq_digits",
         "fc1_activation:fp8_dequantized_digits", "gemm2:woq_digits_finalize"]
-    assert kernel_sequence(plan, 1, "topk")[3:] == ["fc1_activation", "fc2_prequant:fp8_dequantized_digits",
+    assert kernel_sequence(plan, 1, "topk")[3:] == ["fc1_activation:fp8_dequantized_digits",
                                                     "gemm2:woq_digits_finalize"]
     separate = make_plan(spec, H100, tokens=16, force={"token_digits": "separate"})
     assert kernel_sequence(separate, 16, "topk") == [
@@ -336,28 +336,28 @@ def test_w4afp8_with_static_scales_makes_token_digits_where_it_quantizes() -> No
 
 
 def test_w4afp8_fc2_prequant_is_separate_at_one_token_on_narrow_experts() -> None:
-    """W4AFP8's FC2 pre-quant fusion (scale and FP8 quantization in the activation kernel) runs from 2 tokens on, and
-    at 1 token too where intermediate_size >= 2048 (rules.fc2_prequant_fused_tokens); below that, at 1 token the
-    activation, then the scale-and-quantize kernel. Forced, one choice at every count."""
-    spec = dataclasses.replace(SWIGLU, quant=Quant.W4AFP8, act_scale=ActScale.STATIC, quant_prequant_scales=True)
+    """W4AFP8's FC2 pre-quant fusion (scale and FP8 quantization in the activation kernel) with per-row scales runs
+    from 2 tokens on, and at 1 token too where intermediate_size >= 2048 (rules.fc2_prequant_fused_tokens); below
+    that, at 1 token the activation, then the scale-and-quantize kernel. With a static scale (the activation writing
+    the dequantized rows or their token digits) fused at every count. Forced, one choice at every count."""
+    spec = dataclasses.replace(SWIGLU, quant=Quant.W4AFP8, act_scale=ActScale.DYNAMIC, quant_prequant_scales=True)
     plan = make_plan(spec, H100, tokens=16)
     d = plan.stage("fc2_prequant")
     assert [b.to_list() for b in d.bands] == [[1, 1, "separate"], [2, None, "fused"]]
     assert [d.choice_for(t) for t in (1, 2, 4096)] == ["separate", "fused", "fused"]
-    # static scales: the quantizations dequantized for W4A16's GEMMs, as token digits on the digits tile here
-    assert kernel_sequence(plan, 1, "topk")[2:5] == ["gemm1:woq_digits", "fc1_activation",
-                                                     "fc2_prequant:fp8_dequantized_digits"]
-    assert kernel_sequence(plan, 2, "topk")[2:4] == ["gemm1:woq_digits", "fc1_activation:fp8_dequantized_digits"]
-    rows = make_plan(dataclasses.replace(spec, act_scale=ActScale.DYNAMIC), H100, tokens=16)  # e4m3 rows
-    assert kernel_sequence(rows, 1, "topk")[2:5] == ["gemm1:w4afp8", "fc1_activation", "fc2_prequant:fp8"]
-    assert kernel_sequence(rows, 2, "topk")[2:4] == ["gemm1:w4afp8", "fc1_activation:fc2_prequant_fp8"]
+    assert kernel_sequence(plan, 1, "topk")[2:5] == ["gemm1:w4afp8", "fc1_activation", "fc2_prequant:fp8"]
+    assert kernel_sequence(plan, 2, "topk")[2:4] == ["gemm1:w4afp8", "fc1_activation:fc2_prequant_fp8"]
     gate = next(g for g in make_plan(spec, H100, tokens=1).stage("fc2_prequant").gates
                 if g.name == "fc2_prequant_fused_tokens")
-    assert (gate.value, gate.held) == ("tokens=1 intermediate_size=512", False)
+    assert (gate.value, gate.held) == ("act_scale=dynamic tokens=1 intermediate_size=512", False)
     wide = dataclasses.replace(spec, intermediate_size=2048)
     d = make_plan(wide, H100, tokens=1).stage("fc2_prequant")
     assert [b.to_list() for b in d.bands] == [[1, None, "fused"]] and d.choice == "fused"
     assert next(g for g in d.gates if g.name == "fc2_prequant_fused_tokens").held
+    static = make_plan(dataclasses.replace(spec, act_scale=ActScale.STATIC), H100, tokens=1)
+    d = static.stage("fc2_prequant")
+    assert [b.to_list() for b in d.bands] == [[1, None, "fused"]] and d.choice == "fused"
+    assert kernel_sequence(static, 1, "topk")[2:4] == ["gemm1:woq_digits", "fc1_activation:fp8_dequantized_digits"]
     forced = make_plan(spec, H100, tokens=16, force={"fc2_prequant": "separate"}).stage("fc2_prequant")
     assert forced.forced and forced.choice_for(4096) == "separate"
     awq = make_plan(dataclasses.replace(spec, quant=Quant.W4A16_AWQ), H100, tokens=1).stage("fc2_prequant")

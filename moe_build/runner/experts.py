@@ -554,11 +554,6 @@ class FusedExperts:
         each element is read only by the thread that writes it."""
         self._quantize_rows(b, b.v("fc1_act"), self.w.woq.fc2_act_scale, self.a2_scale, b.v("fc1_act"))
 
-    def fc2_prequant_fp8_dequantized_digits(self, b: Batch) -> None:
-        """fc2_prequant_fp8_dequantized's rows as GEMM2's token digits (token_digits=fused)."""
-        self._quantize_rows_digits(b, b.v("fc1_act"), self.w.woq.fc2_act_scale, self.a2_scale,
-                                   self.spec.intermediate_size)
-
     def _quantize_rows(self, b: Batch, rows: torch.Tensor, prequant: torch.Tensor | None, scale: torch.Tensor,
                        out: torch.Tensor) -> None:
         """16-bit rows times `prequant`, quantized by the static `scale` and stored dequantized into `out`: the

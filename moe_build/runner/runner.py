@@ -199,7 +199,6 @@ class MoERunner:
             S.FC1_ACTIVATION_FP8_DEQUANTIZED: ex.fc1_activation_fp8_dequantized,
             S.FC1_ACTIVATION_FP8_DEQUANTIZED_DIGITS: ex.fc1_activation_fp8_dequantized_digits,
             S.FC2_PREQUANT_FP8_DEQUANTIZED: ex.fc2_prequant_fp8_dequantized,
-            S.FC2_PREQUANT_FP8_DEQUANTIZED_DIGITS: ex.fc2_prequant_fp8_dequantized_digits,
         }
 
     def kernel_sequence(self, tokens: int, routing_input: S.RoutingInput = "hidden") -> list[str]:

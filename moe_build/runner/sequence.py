@@ -133,7 +133,6 @@ FC1_PREQUANT_FP8_DEQUANTIZED_DIGITS = "fc1_prequant:fp8_dequantized_digits"
 FC1_ACTIVATION_FP8_DEQUANTIZED = "fc1_activation:fp8_dequantized"
 FC1_ACTIVATION_FP8_DEQUANTIZED_DIGITS = "fc1_activation:fp8_dequantized_digits"
 FC2_PREQUANT_FP8_DEQUANTIZED = "fc2_prequant:fp8_dequantized"
-FC2_PREQUANT_FP8_DEQUANTIZED_DIGITS = "fc2_prequant:fp8_dequantized_digits"
 SHARED_EXPERTS = "shared_experts"      # torch matmuls + mb_fc1_activation, added to the output
 # the steps that run torch operators (not only our entry points): runner.programs runs them on every call
 TORCH_STEPS = frozenset({ROUTER_GEMM, SHARED_EXPERTS})
@@ -444,9 +443,10 @@ def _fp8_dequantized_gemm1_input(c: dict[str, str], zero: bool, digits: bool) ->
 def _fp8_dequantized_gemm2_input(c: dict[str, str], digits: bool) -> list[str]:
     """W4AFP8's (static scale) GEMM2 input rows (digits: as token digits, token_digits=fused on the digits tile): the
     activation quantizing as it writes (fc2_prequant fused, or none where the layer has no AWQ scales), or the
-    activation and the quantization after it (separate: the plan's band at 1 token on narrow experts, or forced)."""
+    activation and the quantization after it (separate, forced: the plan's digits_fc2_prequant gate then has digits
+    steps make the token digits)."""
     if c["fc2_prequant"] == "separate":
-        return [FC1_ACTIVATION, FC2_PREQUANT_FP8_DEQUANTIZED_DIGITS if digits else FC2_PREQUANT_FP8_DEQUANTIZED]
+        return [FC1_ACTIVATION, FC2_PREQUANT_FP8_DEQUANTIZED]
     return [FC1_ACTIVATION_FP8_DEQUANTIZED_DIGITS if digits else FC1_ACTIVATION_FP8_DEQUANTIZED]
 
 

@@ -154,8 +154,8 @@ DIGITS_FORCES = [({}, "fused"), ({"token_digits": "separate"}, "digits_separate"
 @pytest.mark.parametrize("tokens", [1, 2, 16])
 def test_static_scales_on_the_digits_tile(mode: tuple, force: dict[str, str], tokens: int) -> None:
     """A static input scale on small experts at decode: W4A16's digits tile on the token digits of the dequantized
-    rows, made by the expansion and the activation (or the quantize step at 1 token), or by digits steps (forced);
-    against the reference."""
+    rows, made by the expansion and the activation (or by the quantize step after a plain expansion), or by digits
+    steps (forced, or with the FC2 scale forced out of the activation); against the reference."""
     need_fp8()
     from moe_build.runner import MoERunner
     base = BASE.with_overrides(num_experts=64, top_k=6)

@@ -258,7 +258,7 @@ def test_expand_rows_digits_of_fp8_dequantized_rows(t: int, h: int, k: int, grou
 @pytest.mark.parametrize("act", [K.Activation.SWIGLU, K.Activation.GELU, K.Activation.IDENTITY],
                          ids=lambda a: a.name.lower())
 def test_fc1_activation_digits_of_fp8_dequantized_rows(act: K.Activation, dtype: torch.dtype, scaled: bool) -> None:
-    """With the identity and no bias: the separate quantize step's digits (fc2_prequant=separate on the digits tile)."""
+    """With the identity and no bias: the quantize step's digits after a plain expansion (expand_rows=plain)."""
     seed = random.SystemRandom().randrange(1 << 30)
     torch.manual_seed(seed)
     e, n = 8, 45
