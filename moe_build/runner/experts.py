@@ -389,12 +389,13 @@ class FusedExperts:
         self._expand_digits(b, zero_out=b.out, source=b.v("prequant_input"))
 
     def _expand_digits(self, b: Batch, zero_out: torch.Tensor | None, source: torch.Tensor | None = None,
-                       scale: torch.Tensor | None = None) -> None:
-        """_expand's rows as GEMM1's token digits (mb_expand_rows_digits), never stored in 16 bits."""
+                       scale: torch.Tensor | None = None, fp8_scale: torch.Tensor | None = None) -> None:
+        """_expand's rows as GEMM1's token digits (mb_expand_rows_digits), never stored in 16 bits; with `fp8_scale`
+        (W4AFP8's static one) the digits of the rows quantized by it and dequantized."""
         self.k.expand_rows_digits(b.hidden if source is None else source, b.v("unpermuted_to_permuted"),
                                   b.topk_weights, scale, permuted_digits=self._digits(b, self.spec.hidden_size),
                                   permuted_weights=b.v("permuted_weights"), zero_out=zero_out, group=self.woq_group,
-                                  stream=b.stream)
+                                  stream=b.stream, fp8_static_scale=fp8_scale)
 
     def fc1_activation_digits(self, b: Batch) -> None:
         """The activation writing GEMM2's token digits (token_digits=fused)."""
@@ -404,12 +405,15 @@ class FusedExperts:
         """fc1_activation_prequant writing GEMM2's token digits."""
         self._activation_digits(b, self.w.woq.fc2_act_scale)
 
-    def _activation_digits(self, b: Batch, prequant_scale: torch.Tensor | None) -> None:
+    def _activation_digits(self, b: Batch, prequant_scale: torch.Tensor | None,
+                           fp8_scale: torch.Tensor | None = None) -> None:
+        """The activation writing GEMM2's token digits; with `fp8_scale` (W4AFP8's static one) the digits of its
+        values quantized by it and dequantized."""
         s = self.spec
         self.k.fc1_activation_digits(b.v("fc1_out"), b.v("expert_offsets"), self.act, bias=self.w.b1,
                                      swiglu_alpha=s.swiglu_alpha, swiglu_limit=s.swiglu_limit,
                                      prequant_scale=prequant_scale, out=self._digits(b, s.intermediate_size),
-                                     group=self.woq_group, stream=b.stream)
+                                     group=self.woq_group, stream=b.stream, fp8_static_scale=fp8_scale)
 
     def gemm2_woq_finalize(self, b: Batch) -> None:
         """GEMM2 on the decode kernel with the unpermute, top-k weighting (+b2) and reduction in its epilogue, into
@@ -510,16 +514,10 @@ class FusedExperts:
 
     def expand_rows_fp8_dequantized_digits(self, b: Batch) -> None:
         """expand_rows_fp8_dequantized's rows as GEMM1's token digits (token_digits=fused)."""
-        self._expand_fp8_dequantized_digits(b, zero_out=None)
+        self._expand_digits(b, zero_out=None, scale=self.w.woq.fc1_act_scale, fp8_scale=self.a1_scale)
 
     def expand_rows_fp8_dequantized_digits_zero_output(self, b: Batch) -> None:
-        self._expand_fp8_dequantized_digits(b, zero_out=b.out)
-
-    def _expand_fp8_dequantized_digits(self, b: Batch, zero_out: torch.Tensor | None) -> None:
-        self.k.expand_rows_digits(b.hidden, b.v("unpermuted_to_permuted"), b.topk_weights, self.w.woq.fc1_act_scale,
-                                  permuted_digits=self._digits(b, self.spec.hidden_size),
-                                  permuted_weights=b.v("permuted_weights"), zero_out=zero_out, group=self.woq_group,
-                                  stream=b.stream, fp8_static_scale=self.a1_scale)
+        self._expand_digits(b, zero_out=b.out, scale=self.w.woq.fc1_act_scale, fp8_scale=self.a1_scale)
 
     def fc1_prequant_fp8_dequantized(self, b: Batch) -> None:
         """The plain expansion's rows quantized (times the FC1 pre-quant scale), stored dequantized in permuted_input
@@ -542,12 +540,7 @@ class FusedExperts:
 
     def fc1_activation_fp8_dequantized_digits(self, b: Batch) -> None:
         """fc1_activation_fp8_dequantized's rows as GEMM2's token digits (token_digits=fused)."""
-        s = self.spec
-        self.k.fc1_activation_digits(b.v("fc1_out"), b.v("expert_offsets"), self.act, bias=self.w.b1,
-                                     swiglu_alpha=s.swiglu_alpha, swiglu_limit=s.swiglu_limit,
-                                     prequant_scale=self.w.woq.fc2_act_scale,
-                                     out=self._digits(b, s.intermediate_size), group=self.woq_group,
-                                     stream=b.stream, fp8_static_scale=self.a2_scale)
+        self._activation_digits(b, self.w.woq.fc2_act_scale, fp8_scale=self.a2_scale)
 
     def fc2_prequant_fp8_dequantized(self, b: Batch) -> None:
         """The activated rows quantized (times the FC2 pre-quant scale), in place in fc1_act (fc2_prequant=separate):

@@ -95,8 +95,8 @@ def expand_rows_fp8_dequantized(input: torch.Tensor, unpermuted_to_permuted: tor
                                 stream: int | torch.cuda.Stream | None = None, *,
                                 prequant_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """expand_rows_fp8's rows by a static scale, each stored dequantized in input's 16-bit type (its e4m3 value times
-    the scale in fp32, rounded to the type): input [T, H] -> (permuted_input [T*K, H], permuted_weights [T*K]). The
-    rows of W4AFP8's GEMM1 on the mixed-input wgmma kernel, which multiplies 16-bit rows."""
+    the scale in fp32, rounded to the type): input [T, H] -> (permuted_input [T*K, H], permuted_weights [T*K]). GEMM1's
+    rows for W4AFP8 with a static scale, whose GEMMs are W4A16's on 16-bit rows."""
     _check(input, "input", (None, None))
     dev = input.device
     t, h = input.shape
@@ -357,7 +357,7 @@ def fc1_activation_fp8_dequantized(input: torch.Tensor, expert_first_token_offse
                                    prequant_scale: torch.Tensor | None = None) -> torch.Tensor:
     """fc1_activation_fp8's values by a static scale, each stored dequantized in input's 16-bit type: input [R, N1]
     -> out [R, I]; rows >= offsets[E] untouched. With activation "identity" and no bias, input's own rows quantized
-    (the separate step). GEMM2's input for W4AFP8 on the mixed-input wgmma kernel."""
+    (the separate step). GEMM2's input for W4AFP8 with a static scale, whose GEMMs are W4A16's on 16-bit rows."""
     act, dev, rows, inter = _activation_args(input, expert_first_token_offset, activation, bias)
     e = expert_first_token_offset.shape[0] - 1
     _static_scale(static_scale, dev)
