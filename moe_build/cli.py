@@ -327,7 +327,8 @@ def inspect_cmd(engine: str, as_json: bool) -> None:
 @click.option("--quant", default="none", show_default=True, help="none (bf16 layers), or fp8, fp8_static (static "
               "input scales), fp8_block comma-separated: the FP8 bench (variants ours, ours:fc1_input_quant=separate, "
               "ours:fc2_input_quant=separate, ours_bf16, scaled_grouped_mm, grouped_mm_dequant; JSON default "
-              "bench_fp8.json), or w4a16_awq, w8a16, wfp4a16, w4afp8 comma-separated: the weight-only bench "
+              "bench_fp8.json), or w4a16_awq, w8a16, wfp4a16, w4afp8 (static input scales), w4afp8_dynamic "
+              "comma-separated: the weight-only bench "
               "(variants ours, each fusion forced off, ours_bf16, grouped_mm_dequant; JSON default bench_woq.json).")
 @click.option("--iters", type=int, default=20, show_default=True, help="Timed rounds per point.")
 @click.option("--warmup", type=int, default=3, show_default=True, help="Warm-up calls per variant.")
@@ -344,7 +345,7 @@ def bench_cmd(shapes: str | None, tokens: str | None, variants: str | None, swee
 
     from .bench import fp8_layer, layer, sweep as sweep_module, woq_layer
     from .bench.workload import FP8_SHAPES, SHAPES, TOKENS
-    woq_quants = [woq_layer.QUANTS[q.strip()] for q in quant.split(",") if q.strip() in woq_layer.QUANTS]
+    woq_quants = [q.strip() for q in quant.split(",") if q.strip() in woq_layer.QUANTS]
     if woq_quants:
         if len(woq_quants) != len([q for q in quant.split(",") if q.strip()]):
             raise MoeBuildError("quant", f"{quant!r} mixes weight-only modes with others",

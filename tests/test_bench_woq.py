@@ -108,3 +108,20 @@ def test_default_weight_only_variants() -> None:
                                                            "grouped_mm_dequant")
     assert woq_layer.default_variants(Quant.WFP4A16) == ("ours", "ours_bf16", "grouped_mm_dequant")
     woq_layer.check_variants([*woq_layer.default_variants(Quant.W4AFP8), "ours:gemm1_tactic=decode:ksplit1:plain:plain"])
+
+
+def test_w4afp8_dynamic_bench_layers_take_each_rows_scale_at_run_time() -> None:
+    """--quant w4afp8_dynamic: W4AFP8 with each row's FP8 scale taken at run time (compressed-tensors' scheme) on
+    the same int4 experts and AWQ scales as w4afp8; its digits tile's token digits come from steps of their own
+    (rules.digits_row_scale), so the forced-off columns leave token_digits=separate out; the FC2 scale in the
+    activation at 1 token too."""
+    assert woq_layer.QUANTS["w4afp8"] == (Quant.W4AFP8, ActScale.STATIC)
+    assert woq_layer.QUANTS["w4afp8_dynamic"] == (Quant.W4AFP8, ActScale.DYNAMIC)
+    assert woq_layer.QUANTS["w4a16_awq"] == (Quant.W4A16_AWQ, ActScale.DYNAMIC)
+    spec = woq_layer.woq_bench_spec("qwen3-30b-a3b", Quant.W4AFP8, ActScale.DYNAMIC)
+    assert spec.act_scale is ActScale.DYNAMIC and spec.quant_prequant_scales
+    assert woq_layer.default_variants(Quant.W4AFP8, ActScale.DYNAMIC) == (
+        "ours", "ours:expand_rows=plain", "ours:fc2_prequant=separate", "ours:finalize=separate", "ours_bf16",
+        "grouped_mm_dequant")
+    plan = make_plan(spec, Target(sm=90, flavour=Flavour.TENSORRT), tokens=1)
+    assert (plan.choices(1)["token_digits"], plan.choices(1)["fc2_prequant"]) == ("separate", "fused")

@@ -53,8 +53,7 @@ def random_call(rng: random.Random) -> GemmCall:
                 itemsize=1 if quant in ("rowwise", "block128", "int8") else 2,
                 weights_blocked=entry == "sm90" and quant == "none" and rng.random() < 0.3,
                 sm_count=rng.choice([84, 108, 132]), l2_bytes=rng.choice([6, 40, 50, 60]) << 20, fp8=fp8, woq=woq,
-                woq_group=32 if woq == "mxfp4" else rng.choice([0, 64, 128]) if woq != "none" else 0,
-                a_e4m3=woq == "int4" and rng.random() < 0.3)
+                woq_group=32 if woq == "mxfp4" else rng.choice([0, 64, 128]) if woq != "none" else 0)
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -164,7 +163,7 @@ def test_every_rule_tactic_is_runnable() -> None:
         for _, _, tactic in tactic_bands(c):
             assert tactic_problem(c, tactic) is None, (c, tactic)
         # weight-only GEMMs: row-major weights, the plain store or (GEMM2 on the sm90 entry) the finalize epilogue
-        plain = dataclasses.replace(c, fp8="none", woq="none", woq_group=0, a_e4m3=False, weights_blocked=False)
+        plain = dataclasses.replace(c, fp8="none", woq="none", woq_group=0, weights_blocked=False)
         for woq in ("int4", "int8", "mxfp4"):
             epilogue = rng.choice(["store", "finalize"]) if c.entry == "sm90" else "store"
             w = dataclasses.replace(plain, woq=woq, epilogue=epilogue, woq_group=32 if woq == "mxfp4" else 128)
@@ -396,11 +395,9 @@ def test_weight_only_int4_decode_stages_token_rows_where_they_fit() -> None:
     for group64 in (dict(woq_group=64), dict(woq_group=64, k=14336 - 64)):  # k % 128 == 64: a half batch at the end
         g64 = dataclasses.replace(mixtral_down, **group64)  # 16-bit rows: the digits tile takes them (woq_digits_rule)
         assert at(g64, 1) == "decode:digits_ksplit4:after_trigger:plain"
-        assert at(dataclasses.replace(g64, a_e4m3=True), 1) == "decode:staged_ksplit4:after_trigger:plain"
     gpt_oss_up = call(epilogue="store", woq="int4", woq_group=64, n=5760, k=2880, experts=32, top_k=4)
     assert woq_staged_rows(gpt_oss_up, 1) == 8  # 106240 // (23 * 128 * 2 + 64) = 17, capped at 8
     assert woq_staged_rows(dataclasses.replace(gpt_oss_up, k=2880 * 8), 1) == 2  # 106240 // (180 * 256 + 64)
-    assert at(dataclasses.replace(mixtral_down, a_e4m3=True), 1) == "decode:staged_ksplit4:after_trigger:plain"
     staged = GemmTactic.parse("decode:staged_ksplit2:plain:plain")
     assert (staged.kernel, staged.tile, staged.k_split, staged.name) == ("decode", "staged", 2,
                                                                          "decode:staged_ksplit2:plain:plain")
@@ -429,14 +426,13 @@ def test_weight_only_digits_tile_where_the_token_digits_fit() -> None:
     assert woq_digits_rows(dataclasses.replace(mixtral_up, woq_group=64, k=34 * 128 - 64), 1) == 7  # 106480 // 13600
     gpt_oss_up = call(epilogue="store", woq="int4", woq_group=64, n=5760, k=2880, experts=32, top_k=4)
     assert [woq_digits_rows(gpt_oss_up, s) for s in (1, 2, 4)] == [8, 8, 8]  # 23, 12, 6 groups a slice
-    for other in (dict(woq_group=32), dict(woq="int8", itemsize=1), dict(k=4096 - 64), dict(a_e4m3=True)):
+    for other in (dict(woq_group=32), dict(woq="int8", itemsize=1), dict(k=4096 - 64)):
         assert woq_digits_rows(dataclasses.replace(mixtral_up, **other), 1) == 0
     digits = GemmTactic.parse("decode:digits_ksplit2:after_trigger:plain")
     assert (digits.kernel, digits.tile, digits.k_split, digits.name) == ("decode", "digits", 2,
                                                                          "decode:digits_ksplit2:after_trigger:plain")
     assert tactic_problem(mixtral_up, digits) is None
     assert "do not fit" in tactic_problem(mixtral_down, digits)
-    assert "16-bit activations" in tactic_problem(dataclasses.replace(mixtral_up, a_e4m3=True), digits)
     assert "one scale per row or per 128 k" in tactic_problem(dataclasses.replace(mixtral_up, woq_group=32), digits)
     assert tactic_problem(dataclasses.replace(mixtral_up, woq_group=64, k=4096 - 64), digits) is None
     assert "weight-only int4 GEMM's" in tactic_problem(call(epilogue="store"), digits)
@@ -453,7 +449,7 @@ def test_weight_only_digits_rule() -> None:
     assert at(qwen_up, 48).startswith("decode:digits_") and at(qwen_up, 49).startswith("decode:staged_")
     assert at(dataclasses.replace(qwen_up, woq_group=0), 16).startswith("decode:digits_")  # one scale per row
     assert at(dataclasses.replace(qwen_up, woq_group=64), 16).startswith("decode:digits_")  # two scales a group
-    for other in (dict(woq_group=32), dict(a_e4m3=True), dict(woq="int8", itemsize=1)):
+    for other in (dict(woq_group=32), dict(woq="int8", itemsize=1)):
         assert not at(dataclasses.replace(qwen_up, **other), 16).startswith("decode:digits_")
     gpt_oss_up = call(epilogue="store", woq="int4", woq_group=64, n=5760, k=2880, experts=32, top_k=4)
     assert at(gpt_oss_up, 1).startswith("decode:digits_")  # 4 rows in all
@@ -497,14 +493,12 @@ def test_weight_only_gemms_take_the_mixed_input_tiles_past_decode() -> None:
         "wgmma:woq128x128:plain:plain", "wgmma:woq128x256:plain:plain", "wgmma:woq128x256:plain:plain"]
     for t in (129, 193, 257, 769, 2049):
         assert tactic_problem(c, GemmTactic.parse(at(c, t))) is None
-    # the staged tile's band to 12 rows needs its 8-row chunks to fit and 16-bit activations (int8 has no staged tile)
+    # the staged tile's band to 12 rows needs its 8-row chunks to fit (int8 has no staged tile)
     assert at(dataclasses.replace(c, k=14336), 129) == "wgmma:woq128x32:plain:plain"
     assert at(dataclasses.replace(c, woq_group=64), 129) == "wgmma:woq128x32:plain:plain"  # GPT-OSS-20B's groups
     assert at(dataclasses.replace(c, woq_group=0), 129) == "decode:staged_ksplit1:after_trigger:plain"
-    assert at(dataclasses.replace(c, a_e4m3=True), 129).startswith("mma:")
     int8 = call(epilogue="store", woq="int8", itemsize=1, woq_group=0, n=4096, k=14336, experts=8, top_k=2)
     assert at(int8, 33) == "wgmma:woq128x32:plain:plain" and at(int8, 193) == "wgmma:woq128x128:plain:plain"
-    assert at(dataclasses.replace(c, a_e4m3=True), 4096).startswith("mma:")
     assert at(dataclasses.replace(c, woq="mxfp4", woq_group=32), 1024).startswith("mma:")
     mxfp4 = dataclasses.replace(c, woq="mxfp4", woq_group=32)  # the decode kernel to 12 rows, then the mma tiles
     assert at(mxfp4, 192).startswith("decode:") and at(mxfp4, 193).startswith("mma:")
@@ -518,13 +512,10 @@ def test_weight_only_gemms_take_the_mixed_input_tiles_past_decode() -> None:
 def test_weight_only_gemms_dequantize_for_wgmma_from_128_rows_per_expert() -> None:
     """Where the mixed-input kernel cannot take the weights (MXFP4, group 32): from 128 average rows per expert (sm90,
     16-bit activations) the weight-only GEMM's tactic is a 16-bit wgmma tile, launched plainly with plain outputs
-    (the weights dequantized first); W4AFP8's e4m3 activations and the sm80 entry keep the mma tiles."""
+    (the weights dequantized first); the sm80 entry keeps the mma tiles."""
     c = call(epilogue="store", woq="mxfp4", woq_group=32)  # 128 experts, top-8: 128 rows per expert at 2048 tokens
     assert at(c, 2032).startswith("mma:") and at(c, 2033) == "wgmma:pingpong64x256c2:plain:plain"
     assert tactic_problem(c, GemmTactic.parse(at(c, 2033))) is None
-    assert at(dataclasses.replace(c, a_e4m3=True), 4096).startswith("mma:")
-    assert "W4AFP8" in tactic_problem(dataclasses.replace(c, a_e4m3=True),
-                                      GemmTactic.parse("wgmma:pingpong64x128:plain:plain"))
     assert at(dataclasses.replace(c, entry="sm80"), 4096).startswith("mma:")
 
 

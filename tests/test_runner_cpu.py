@@ -237,18 +237,7 @@ def test_plans_without_runner_kernels_are_refused() -> None:
         kernel_sequence(plan, 16)
 
 
-W4AFP8_STEPS = {
-    # (expand_rows, fc2_prequant) -> the steps after the prologue
-    ("prequant_fused", "fused"): ["expand_rows:prequant_fp8", "gemm1:w4afp8", "fc1_activation:fc2_prequant_fp8"],
-    ("plain", "fused"): ["expand_rows:16bit", "fc1_prequant:fp8", "gemm1:w4afp8", "fc1_activation:fc2_prequant_fp8"],
-    ("prequant_fused", "separate"): ["expand_rows:prequant_fp8", "gemm1:w4afp8", "fc1_activation",
-                                     "fc2_prequant:fp8"],
-    ("plain", "separate"): ["expand_rows:16bit", "fc1_prequant:fp8", "gemm1:w4afp8", "fc1_activation",
-                            "fc2_prequant:fp8"],
-}
-
-
-# W4AFP8 with a static input scale: the same fusions writing the quantizations dequantized to 16 bits, W4A16's GEMMs
+# W4AFP8: the pre-quant fusions writing the FP8 quantizations dequantized to 16 bits, W4A16's GEMMs
 W4AFP8_DEQUANTIZED_STEPS = {
     ("prequant_fused", "fused"): ["expand_rows:fp8_dequantized", "gemm1:woq", "fc1_activation:fp8_dequantized"],
     ("plain", "fused"): ["expand_rows:16bit", "fc1_prequant:fp8_dequantized", "gemm1:woq",
@@ -260,46 +249,24 @@ W4AFP8_DEQUANTIZED_STEPS = {
 }
 
 
-@pytest.mark.parametrize("expand, fc2", list(W4AFP8_STEPS))
-def test_w4afp8_plans_run_the_fusions_the_plan_names(expand: str, fc2: str) -> None:
-    """W4AFP8 (ModelOpt's W4A8_AWQ) with per-row input scales: by default the matrix fuses the FC1 pre-quant scale
-    into the expansion (gates expand_w4afp8_not_fp8_input, expand_prequant_not_block_scaled) and the FC2 one into the
-    gated activation (use_awq, gated), both writing e4m3 rows; each forced off runs the plain step and a quantize
-    kernel after it. GEMMs on the weight-only kernels with the int4 tactic rules for e4m3 rows (decode, then the mma
-    tiles), plain stores (finalize forced separate here: the fused finalize has a test of its own)."""
-    spec = dataclasses.replace(SWIGLU, quant=Quant.W4AFP8, act_scale=ActScale.DYNAMIC, quant_prequant_scales=True)
+@pytest.mark.parametrize("act_scale", [ActScale.STATIC, ActScale.DYNAMIC])
+@pytest.mark.parametrize("expand, fc2", list(W4AFP8_DEQUANTIZED_STEPS))
+def test_w4afp8_runs_the_weight_only_steps_on_dequantized_rows(expand: str, fc2: str, act_scale: ActScale) -> None:
+    """W4AFP8 (ModelOpt's W4A8_AWQ with static input scales, compressed-tensors' W4AFP8 with each row's dynamic one):
+    by default the matrix fuses the FC1 pre-quant scale into the expansion (gates expand_w4afp8_not_fp8_input,
+    expand_prequant_not_block_scaled) and the FC2 one into the gated activation (use_awq, gated); the expansion and
+    the activation (or, forced off, the quantize steps after the plain ones) write the FP8 quantizations dequantized
+    to 16 bits into W4A16's buffers, and the GEMMs are W4A16's with its tactics: decode, then the mixed-input wgmma
+    tiles. No e4m3 buffers."""
+    spec = dataclasses.replace(SWIGLU, quant=Quant.W4AFP8, act_scale=act_scale, quant_prequant_scales=True)
     force = {k: v for k, v in (("expand_rows", expand), ("fc2_prequant", fc2)) if v not in ("prequant_fused", "fused")}
     plan = make_plan(spec, H100, tokens=16, force={**force, "finalize": "separate"})
     assert (plan.stage("expand_rows").choice, plan.stage("fc2_prequant").choice) == (expand, fc2)
     if not force:
         assert {g.name for g in plan.stage("expand_rows").gates if g.held} >= {
             "expand_w4afp8_not_fp8_input", "expand_prequant_not_block_scaled"}
-    steps = kernel_sequence(plan, 16)
-    assert steps[2:] == ["routing_prologue:fused", *W4AFP8_STEPS[expand, fc2], "gemm2:w4afp8", "finalize"]
-    layout = workspace_layout(spec, steps_up_to(plan, 16), 16)
-    assert layout["permuted_input"].dtype == torch.float8_e4m3fn and layout["fc2_input"].dtype == torch.float8_e4m3fn
-    assert layout["permuted_input_scales"].shape == (32,) and layout["fc2_input_scales"].shape == (32,)
-    # fc1_act: the separate step's rows, which the default plan's 1-token band (separate) needs too
-    assert ("expanded_input" in layout) == (expand == "plain") and "fc1_act" in layout
-    assert "gemm_workspace" not in layout
-    for tokens in (16, 4096):  # the int4 weight-only tactics (decode, then the mma tiles), never wgmma
-        choices = plan.choices(tokens)
-        assert choices["gemm1_tactic"].split(":")[0] == ("decode" if tokens == 16 else "mma")
-        assert choices["gemm2_tactic"].split(":")[0] == ("decode" if tokens == 16 else "mma")
-    with pytest.raises(MoeBuildError, match=r"e4m3 activations \(W4AFP8 with dynamic scales\) take the weight-only "
-                                            r"kernels \(decode or mma\)"):
-        make_plan(spec, H100, tokens=4096, force={"gemm1_tactic": "wgmma:woq128x256:plain:plain"})
-
-
-@pytest.mark.parametrize("expand, fc2", list(W4AFP8_DEQUANTIZED_STEPS))
-def test_w4afp8_with_static_scales_runs_the_weight_only_steps_on_dequantized_rows(expand: str, fc2: str) -> None:
-    """With a static input scale each element's FP8 quantization needs no other element: the expansion and the
-    activation (or, forced off, the quantize steps after the plain ones) write the quantizations dequantized to 16
-    bits into W4A16's buffers, and the GEMMs are W4A16's with its tactics: decode, then the mixed-input wgmma tiles.
-    No e4m3 buffers."""
-    spec = dataclasses.replace(SWIGLU, quant=Quant.W4AFP8, act_scale=ActScale.STATIC, quant_prequant_scales=True)
-    force = {k: v for k, v in (("expand_rows", expand), ("fc2_prequant", fc2)) if v not in ("prequant_fused", "fused")}
-    plan = make_plan(spec, H100, tokens=16, force={**force, "finalize": "separate"})
+        scale = "its static scale" if act_scale is ActScale.STATIC else "each row's dynamic scale"
+        assert f"quantized to FP8 ({scale}) where expand_rows says" in plan.stage("fc1_input_quant").summary
     steps = kernel_sequence(plan, 16)
     assert steps[2:] == ["routing_prologue:fused", *W4AFP8_DEQUANTIZED_STEPS[expand, fc2], "gemm2:woq", "finalize"]
     wide = [x.replace("gemm1:woq", "gemm1:woq_wgmma") for x in W4AFP8_DEQUANTIZED_STEPS[expand, fc2]]
@@ -316,7 +283,9 @@ def test_w4afp8_with_static_scales_makes_token_digits_where_it_quantizes() -> No
     """On the digits tile (small experts at decode) the kernel that writes a GEMM's quantized rows writes their token
     digits instead (token_digits=fused): the expansion and the activation (at 1 token too), or, the expansion forced
     plain, the quantize step after it; forced separate, digits steps read the dequantized rows back. The fused
-    finalize in the digits GEMM2, into the output the expansion zeroes."""
+    finalize in the digits GEMM2, into the output the expansion zeroes. With per-row scales (a row's amax over all its
+    columns, where the digits kernels run a warp per 128-column group) digits steps make them (gate
+    digits_row_scale), and forcing them fused is refused."""
     spec = dataclasses.replace(SWIGLU_64E, quant=Quant.W4AFP8, act_scale=ActScale.STATIC, quant_prequant_scales=True)
     plan = make_plan(spec, H100, tokens=16)
     assert plan.choices(16)["token_digits"] == "fused"
@@ -333,46 +302,45 @@ def test_w4afp8_with_static_scales_makes_token_digits_where_it_quantizes() -> No
     assert kernel_sequence(plain, 17, "topk")[1:3] == ["expand_rows:16bit", "fc1_prequant:fp8_dequantized_digits"]
     layout = workspace_layout(spec, steps_up_to(plan, 16), 16)
     assert "token_digits" in layout and layout["permuted_input"].dtype == torch.bfloat16
+    dynamic = dataclasses.replace(spec, act_scale=ActScale.DYNAMIC)
+    plan = make_plan(dynamic, H100, tokens=16)
+    assert plan.choices(16)["token_digits"] == "separate"
+    gate = next(g for g in plan.stage("token_digits").gates if g.name == "digits_row_scale")
+    assert (gate.value, gate.held) == ("quant=w4afp8 act_scale=dynamic", False)
+    assert kernel_sequence(plan, 16, "topk") == kernel_sequence(separate, 16, "topk")
+    assert kernel_sequence(plan, 1, "topk")[3:] == ["gemm1:woq_digits", "fc1_activation:fp8_dequantized",
+                                                    "token_digits:gemm2", "gemm2:woq_digits_finalize"]
+    with pytest.raises(MoeBuildError, match=r"^digits_row_scale: cannot force token_digits=fused: .*'quant != w4afp8 "
+                                            r"or act_scale == static'"):
+        make_plan(dynamic, H100, tokens=16, force={"token_digits": "fused"})
 
 
-def test_w4afp8_fc2_prequant_is_separate_at_one_token_on_narrow_experts() -> None:
-    """W4AFP8's FC2 pre-quant fusion (scale and FP8 quantization in the activation kernel) with per-row scales runs
-    from 2 tokens on, and at 1 token too where intermediate_size >= 2048 (rules.fc2_prequant_fused_tokens); below
-    that, at 1 token the activation, then the scale-and-quantize kernel. With a static scale (the activation writing
-    the dequantized rows or their token digits) fused at every count. Forced, one choice at every count."""
-    spec = dataclasses.replace(SWIGLU, quant=Quant.W4AFP8, act_scale=ActScale.DYNAMIC, quant_prequant_scales=True)
+@pytest.mark.parametrize("act_scale", [ActScale.STATIC, ActScale.DYNAMIC])
+def test_w4afp8_fc2_prequant_is_fused_at_every_count(act_scale: ActScale) -> None:
+    """W4AFP8's FC2 pre-quant fusion (the scale and the FP8 quantization in the activation kernel, which writes the
+    dequantized rows or their token digits) at every count, as W4A16 AWQ's, with either scale; forced separate, at
+    every count too."""
+    spec = dataclasses.replace(SWIGLU, quant=Quant.W4AFP8, act_scale=act_scale, quant_prequant_scales=True)
+    for tokens in (1, 16):
+        d = make_plan(spec, H100, tokens=tokens).stage("fc2_prequant")
+        assert d.choice == "fused" and [b.to_list() for b in d.bands] == [[1, None, "fused"]]
+        assert {g.name for g in d.gates} == {"use_awq", "fc2_prequant_gated"}
     plan = make_plan(spec, H100, tokens=16)
-    d = plan.stage("fc2_prequant")
-    assert [b.to_list() for b in d.bands] == [[1, 1, "separate"], [2, None, "fused"]]
-    assert [d.choice_for(t) for t in (1, 2, 4096)] == ["separate", "fused", "fused"]
-    assert kernel_sequence(plan, 1, "topk")[2:5] == ["gemm1:w4afp8", "fc1_activation", "fc2_prequant:fp8"]
-    assert kernel_sequence(plan, 2, "topk")[2:4] == ["gemm1:w4afp8", "fc1_activation:fc2_prequant_fp8"]
-    gate = next(g for g in make_plan(spec, H100, tokens=1).stage("fc2_prequant").gates
-                if g.name == "fc2_prequant_fused_tokens")
-    assert (gate.value, gate.held) == ("act_scale=dynamic tokens=1 intermediate_size=512", False)
-    wide = dataclasses.replace(spec, intermediate_size=2048)
-    d = make_plan(wide, H100, tokens=1).stage("fc2_prequant")
-    assert [b.to_list() for b in d.bands] == [[1, None, "fused"]] and d.choice == "fused"
-    assert next(g for g in d.gates if g.name == "fc2_prequant_fused_tokens").held
-    static = make_plan(dataclasses.replace(spec, act_scale=ActScale.STATIC), H100, tokens=1)
-    d = static.stage("fc2_prequant")
-    assert [b.to_list() for b in d.bands] == [[1, None, "fused"]] and d.choice == "fused"
-    assert kernel_sequence(static, 1, "topk")[2:4] == ["gemm1:woq_digits", "fc1_activation:fp8_dequantized_digits"]
+    act = "fc1_activation:fp8_dequantized" + ("_digits" if act_scale is ActScale.STATIC else "")
+    assert act in kernel_sequence(plan, 1, "topk") and "fc2_prequant:fp8_dequantized" not in kernel_sequence(plan, 1)
     forced = make_plan(spec, H100, tokens=16, force={"fc2_prequant": "separate"}).stage("fc2_prequant")
-    assert forced.forced and forced.choice_for(4096) == "separate"
-    awq = make_plan(dataclasses.replace(spec, quant=Quant.W4A16_AWQ), H100, tokens=1).stage("fc2_prequant")
-    # W4A16 AWQ: no FP8 quantization in it, fused at every count
-    assert awq.choice == "fused" and [b.to_list() for b in awq.bands] == [[1, None, "fused"]]
+    assert forced.forced and forced.choice_for(1) == forced.choice_for(4096) == "separate"
 
 
 def test_w4afp8_without_awq_scales_quantizes_in_the_activation() -> None:
     """A W4AFP8 checkpoint without pre-quant scales (compressed-tensors, per-token FP8): the expansion still
-    quantizes (there is no scale to fuse, the gate holds), the activation writes GEMM2's e4m3 input."""
+    quantizes (there is no scale to fuse, the gate holds), the activation writes GEMM2's quantized input, both
+    dequantized to 16 bits for W4A16's GEMMs."""
     spec = dataclasses.replace(SWIGLU, quant=Quant.W4AFP8)
     plan = make_plan(spec, H100, tokens=16, force={"finalize": "separate"})
     assert plan.stage("fc2_prequant").choice == "none"
-    assert kernel_sequence(plan, 16, "topk")[1:] == ["expand_rows:prequant_fp8", "gemm1:w4afp8", "fc1_activation:fp8",
-                                             "gemm2:w4afp8", "finalize"]
+    assert kernel_sequence(plan, 16, "topk")[1:] == ["expand_rows:fp8_dequantized", "gemm1:woq",
+                                                     "fc1_activation:fp8_dequantized", "gemm2:woq", "finalize"]
 
 
 @pytest.mark.parametrize("quant, fc2", [(Quant.W4A16_AWQ, "fused"), (Quant.W8A16, "none"), (Quant.WFP4A16, "none")])
@@ -413,15 +381,16 @@ def test_weight_only_plans_fuse_the_finalize_into_the_decode_gemm2(quant: Quant)
     output the expansion (or the three-step prologue) zeroes; separate past it and between. WFP4A16 never (the
     seed's !use_wfp4a16). Forced fused, GEMM2 keeps the decode kernel at every count; a non-decode GEMM2 tactic
     with it is refused."""
-    spec = dataclasses.replace(SWIGLU_64E, quant=quant, quant_prequant_scales=quant is not Quant.W8A16)
+    spec = dataclasses.replace(SWIGLU_64E, quant=quant, quant_prequant_scales=quant is not Quant.W8A16,
+                               act_scale=ActScale.STATIC if quant is Quant.W4AFP8 else ActScale.DYNAMIC)
     plan = make_plan(spec, H100, tokens=16)
     # 64 experts, top-2: tokens * 2 <= 32 up to 16 tokens; the decode band to 256 tokens (8 rows per expert)
     assert [b.to_list() for b in plan.stage("finalize").bands] == [[1, 16, "fused"], [17, None, "separate"]]
-    # W4A16's int4 GEMM2 takes the digits tile at these 1-2 rows per expert (tactics.woq_digits_rule)
-    gemm2 = {Quant.W4AFP8: "gemm2:w4afp8", Quant.W4A16_AWQ: "gemm2:woq_digits"}.get(quant, "gemm2:woq")
-    # (and its GEMM1 too: the expansion writes the token digits, token_digits=fused)
-    expand = {Quant.W4AFP8: ["expand_rows:prequant_fp8"], Quant.W4A16_AWQ: ["expand_rows:prequant_digits"]}.get(
-        quant, ["expand_rows"])
+    # the int4 GEMM2s take the digits tile at these 1-2 rows per expert (tactics.woq_digits_rule)
+    gemm2 = "gemm2:woq" if quant is Quant.W8A16 else "gemm2:woq_digits"
+    # (and their GEMM1 too: the expansion writes the token digits, token_digits=fused)
+    expand = {Quant.W4AFP8: ["expand_rows:fp8_dequantized_digits"],
+              Quant.W4A16_AWQ: ["expand_rows:prequant_digits"]}.get(quant, ["expand_rows"])
     fused, separate = kernel_sequence(plan, 16, "topk"), kernel_sequence(plan, 17, "topk")
     n = 2 + len(expand)
     assert fused[:n - 1] == ["routing_prologue:fused", *expand[:-1], f"{expand[-1]}+zero_output"]
@@ -796,8 +765,9 @@ def test_digits_tactics_read_token_digits(finalize: str, fc2_prequant: str, expa
     plan = make_plan(spec, target, tokens=16, force=force)
     d = plan.stage("token_digits")
     assert (d.choice, d.fallback) == ("fused", "separate")
-    assert {g.name: (g.value, g.held) for g in d.gates} == {"digits_tile": ("gemm1,gemm2", True),
-                                                            "digits_fc2_prequant": (fc2_prequant, True)}
+    assert {g.name: (g.value, g.held) for g in d.gates} == {
+        "digits_tile": ("gemm1,gemm2", True), "digits_fc2_prequant": (fc2_prequant, True),
+        "digits_row_scale": ("quant=w4a16_awq act_scale=dynamic", True)}
     gemm2 = "gemm2:woq_digits_finalize" if finalize == "fused" else "gemm2:woq_digits"
     zero = "+zero_output" if finalize == "fused" else ""
     expand = {("prequant_fused", "fused"): "expand_rows:prequant_digits", ("plain", "fused"): "expand_rows:prequant_input_digits",

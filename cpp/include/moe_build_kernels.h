@@ -297,9 +297,10 @@ mb_status mb_fc1_activation_fp8(const void* in, int dtype, const void* b1, const
                                 int num_experts, int64_t max_rows, int inter, int activation, float swiglu_alpha,
                                 float swiglu_limit, const float* prequant_scale, const float* static_scale, int group,
                                 uint8_t* out, float* out_scales, cudaStream_t stream);
-/* W4AFP8 with a static input scale, whose GEMMs are W4A16's on 16-bit rows (issue 47): the same quantizations by the
- * static scale (static_scale, one fp32 on the device: required), each element stored as its e4m3 value times the scale in
- * one fp32 multiply, rounded to dtype (permuted_input / out [rows, cols] in dtype, no scales).
+/* W4AFP8, whose GEMMs are W4A16's on 16-bit rows (issue 47): the same quantizations by the static scale (static_scale,
+ * one fp32 on the device) or, static_scale NULL, by each row's dynamic scale (group 0 above), each element stored as
+ * its e4m3 value times its scale in one fp32 multiply, rounded to dtype (permuted_input / out [rows, cols] in dtype,
+ * no scales).
  * stages/expand_rows.cu: the rows mb_expand_rows_fp8 quantizes (prequant_scale [H] or NULL, zero_out as
  * mb_expand_rows'); stages/fc1_activation.cu: the values mb_fc1_activation_fp8 quantizes (with MB_ACT_IDENTITY and
  * b1 NULL: in's own rows, the separate step after mb_fc1_activation or a plain expansion). */
@@ -549,21 +550,16 @@ mb_status mb_grouped_gemm_fp8_gated(const void* A, const float* scale_a, const v
  *     expert of decode;
  *   MB_GEMM_MMA (gemm/woq_mma.cu): tile MB_TILE_MMA_64x128 or MB_TILE_MMA_128x128 (token rows x output
  *     columns per CTA; each CTA dequantizes its weight tile once per 64 token rows), for many rows per expert.
- * A's type (a_type), W4AFP8's FP8 activations beside the weight-only GEMM's 16-bit ones:
- *   MB_INPUT_DTYPE: A in dtype; scale_a NULL;
- *   MB_INPUT_E4M3 : A e4m3 [max_rows, k] (one byte each, as mb_expand_rows_fp8 / mb_fc1_activation_fp8 write it)
- *                   with fp32 scale_a [max_rows]: C[p] = scale_a[p] * (A[p] @ dequant(B[x])^T) (+ bias[x]). Each
- *                   e4m3 value is converted exactly to dtype on its way to the mma (every finite e4m3 value is an
- *                   fp16 and a bf16 value), the weights dequantized as above, fp32 accumulation, the scale applied
- *                   to the fp32 sum. Int4 weights only (MB_WOQ_INT4; else MB_ERR_UNSUPPORTED); any SM 8.0 and later
- *                   (the conversion is integer and 16-bit arithmetic, no FP8 instruction).
+ * A's type (a_type; W4AFP8's FP8 activations arrive dequantized to dtype, mb_expand_rows_fp8_dequantized /
+ * mb_fc1_activation_fp8_dequantized):
+ *   MB_INPUT_DTYPE: A in dtype;
  *   MB_INPUT_DIGITS: A the token digits of 16-bit rows [max_rows, k] as mb_token_digits writes them for this
- *                   GEMM's group; scale_a NULL; the tactic's tile MB_TILE_DECODE_DIGITS and only then
+ *                   GEMM's group; the tactic's tile MB_TILE_DECODE_DIGITS and only then
  *                   (gemm/woq_decode_digits.cu: int4 codes times 8-bit digits on the int8 mma, each scale group's
  *                   sum exact in int32); int4 weights with group 0 or 128 and k % 128 == 0, or group 64 and
  *                   k % 64 == 0 (else MB_ERR_UNSUPPORTED); C in dtype. */
 enum mb_woq_kind { MB_WOQ_INT4 = 0, MB_WOQ_INT8 = 1, MB_WOQ_MXFP4 = 2 };
-enum mb_woq_input { MB_INPUT_DTYPE = 0, MB_INPUT_E4M3 = 1, MB_INPUT_DIGITS = 2 };
+enum mb_woq_input { MB_INPUT_DTYPE = 0, MB_INPUT_DIGITS = 1 };
 
 /* stages/token_digits.cu: the token rows in [rows, k] (dtype fp16 or bf16) as the int8 mma's operand, for the
  * weight-only GEMM whose int4 weights have one scale per `group` k (0: per row, 64 or 128; k % 128 == 0, or
@@ -597,18 +593,18 @@ mb_status mb_fc1_activation_digits(const void* in, int dtype, const void* b1, co
                                    int num_experts, int64_t max_rows, int inter, int activation, float swiglu_alpha,
                                    float swiglu_limit, const float* prequant_scale, const float* fp8_static_scale,
                                    int group, uint8_t* out, cudaStream_t stream);
-mb_status mb_grouped_gemm_woq(const void* A, int a_type, const float* scale_a, const void* B, int kind,
-                              const void* scales, const uint8_t* zeros, int group, const void* bias, void* C,
+mb_status mb_grouped_gemm_woq(const void* A, int a_type, const void* B, int kind, const void* scales,
+                              const uint8_t* zeros, int group, const void* bias, void* C,
                               const int64_t* expert_first_token_offset, int num_experts, int64_t max_rows, int n,
                               int k, int dtype, mb_gemm_tactic tactic, cudaStream_t stream);
 /* The weight-only GEMM2 with the finalize epilogue, as mb_grouped_gemm_fp8_finalize's: out[t] +=
  * permuted_weights[p] * (C[p] + bias[x]) for the token t = permuted_to_unpermuted[p] / top_k of each permuted row
- * p < off[E], C[p] mb_grouped_gemm_woq's product (with e4m3 A: scaled by scale_a[p] before the bias). out
+ * p < off[E], C[p] mb_grouped_gemm_woq's product. out
  * [num_tokens, n] in dtype, 16-byte aligned, must be zeroed by the caller (the runner has the expansion's or the
  * three-step prologue's zero_out do it); each element gets top_k packed 2-element fp16/bf16 atomic adds, so with
  * top_k < 3 the adds commute and the result is deterministic. The decode kernel only (MB_GEMM_DECODE; else
  * MB_ERR_UNSUPPORTED), with mb_grouped_gemm_woq's weights, activations and other checks. */
-mb_status mb_grouped_gemm_woq_finalize(const void* A, int a_type, const float* scale_a, const void* B, int kind,
+mb_status mb_grouped_gemm_woq_finalize(const void* A, int a_type, const void* B, int kind,
                                        const void* scales, const uint8_t* zeros, int group, const void* bias, void* out,
                                        const int64_t* expert_first_token_offset, const int32_t* permuted_to_unpermuted,
                                        const float* permuted_weights, int num_experts, int64_t max_rows,

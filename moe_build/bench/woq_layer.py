@@ -7,11 +7,12 @@ variant and graph replay checked first against an fp64 reference on sampled rows
 - the layers (WOQ_LAYERS): each bench shape with weight-only experts, random fan-in-scaled weights quantized
   round-to-nearest (woq.quantize_matrix): W4A16 AWQ as AutoAWQ stores it (int4, group 128, zero points) with AWQ
   pre-quant scales, W8A16 per output channel, WFP4A16 as GPT-OSS stores it (MXFP4, e8m0 scales per 32), W4AFP8 as
-  ModelOpt's W4A8_AWQ stores it (int4 group 128, AWQ pre-quant scales, static FP8 input scales);
+  ModelOpt's W4A8_AWQ stores it (int4 group 128, AWQ pre-quant scales, static FP8 input scales), and as
+  w4afp8_dynamic with each row's FP8 scale taken at run time (compressed-tensors' W4AFP8 scheme);
 - the variants: "ours" (default plan) and, for AWQ, the FC2 pre-quant fusion forced off, for W4AFP8 also the FC1
   pre-quant fusion in the expansion (expand_rows=plain: a 16-bit expansion, then a kernel that scales and quantizes),
-  for all but WFP4A16 the finalize in the decode GEMM2's epilogue (finalize=separate), and for W4A16 and W4AFP8 (its
-  static scale runs W4A16's GEMMs) the token digits made by steps of their own (token_digits=separate);
+  for all but WFP4A16 the finalize in the decode GEMM2's epilogue (finalize=separate), and for W4A16 and W4AFP8 with
+  static scales (W4AFP8 runs W4A16's GEMMs) the token digits made by steps of their own (token_digits=separate);
   "ours_bf16" (our bf16 runner on the weights dequantized to bf16) and "grouped_mm_dequant" (bf16 torch._grouped_mm
   on them);
 - the floor: the stored weight bytes (weights + scales + zero points) over the byte ceiling, FLOPs over the bf16
@@ -47,7 +48,11 @@ WOQ_LAYERS: dict[Quant, tuple[WoqKind, int | None, bool, bool]] = {
     Quant.WFP4A16: (WoqKind.MXFP4, 32, False, False),
     Quant.W4AFP8: (WoqKind.INT4, 128, False, True),
 }
-QUANTS = {q.value: q for q in WOQ_LAYERS}
+# --quant's names: each quant (W4AFP8's as ModelOpt's W4A8_AWQ, static FP8 input scales), and w4afp8_dynamic: W4AFP8
+# with each row's FP8 scale taken at run time (compressed-tensors' W4AFP8 scheme), no input scales stored
+QUANTS: dict[str, tuple[Quant, ActScale]] = {
+    **{q.value: (q, ActScale.STATIC if q is Quant.W4AFP8 else ActScale.DYNAMIC) for q in WOQ_LAYERS},
+    "w4afp8_dynamic": (Quant.W4AFP8, ActScale.DYNAMIC)}
 # the forced-off fusions, per quant: the AWQ FC2 pre-quant scale in the activation; the FC1 one in the expansion;
 # the finalize in the decode GEMM2's epilogue (WFP4A16's matrix never fuses it); the digits tile's token digits in the
 # expansion and the activation (a layer with no GEMM on the digits tile refuses the variant: recorded unavailable)
@@ -67,10 +72,13 @@ FLOOR_RATIO, FLOOR_SLACK_US, FLOOR_TARGET_MAX_TOKENS = 1.3, 25.0, 16
 BF16_RATIO = 1.25
 
 
-def default_variants(quant: Quant) -> tuple[str, ...]:
+def default_variants(quant: Quant, act_scale: ActScale = ActScale.STATIC) -> tuple[str, ...]:
     """What a point times unless --variants says otherwise: ours, each fusion its plan turns on forced off, then
-    OTHERS."""
-    return ("ours", *FORCED.get(quant, ()), *OTHERS)
+    OTHERS (W4AFP8 with per-row scales makes its token digits by steps of their own: rules.digits_row_scale)."""
+    forced = FORCED.get(quant, ())
+    if quant is Quant.W4AFP8 and act_scale is not ActScale.STATIC:
+        forced = tuple(v for v in forced if v != "ours:token_digits=separate")
+    return ("ours", *forced, *OTHERS)
 
 
 def check_variants(variants: Sequence[str]) -> None:
@@ -87,12 +95,13 @@ def layer_group(spec: MoESpec, quant: Quant) -> int | None:
     return group
 
 
-def woq_bench_spec(name: str, quant: Quant) -> MoESpec:
+def woq_bench_spec(name: str, quant: Quant, act_scale: ActScale = ActScale.STATIC) -> MoESpec:
+    """The bench layer `name` with `quant`'s experts (WOQ_LAYERS); W4AFP8's FP8 input scales static or dynamic."""
     _, _, zeros, awq = WOQ_LAYERS[quant]
     group = layer_group(bench_spec(name), quant)
-    static = {"act_scale": ActScale.STATIC} if quant is Quant.W4AFP8 else {}
+    scales = {"act_scale": act_scale} if quant is Quant.W4AFP8 else {}
     return bench_spec(name).with_overrides(quant=quant, quant_group_size=group or 128, quant_zero_points=zeros,
-                                           quant_per_channel=group is None, quant_prequant_scales=awq, **static)
+                                           quant_per_channel=group is None, quant_prequant_scales=awq, **scales)
 
 
 def stored_expert_bytes(w: WoqWeights) -> int:
@@ -118,7 +127,7 @@ def device_woq_weights(spec: MoESpec, quant: Quant, seed: int) -> MoEWeights:
     if awq:
         pre = {"fc1_act_scale": 0.5 + 1.5 * torch.rand(H, device="cuda", generator=g),
                "fc2_act_scale": 0.5 + 1.5 * torch.rand(I, device="cuda", generator=g)}
-    if quant is Quant.W4AFP8:
+    if quant is Quant.W4AFP8 and spec.act_scale is ActScale.STATIC:
         pre.update(a1_scale=torch.tensor(W4AFP8_INPUT_SCALES[0], device="cuda"),
                    a2_scale=torch.tensor(W4AFP8_INPUT_SCALES[1], device="cuda"))
     woq = WoqWeights(kind, 32 if kind is WoqKind.MXFP4 else group, q1, q2, s1, s2, z1, z2, **pre)
@@ -126,20 +135,21 @@ def device_woq_weights(spec: MoESpec, quant: Quant, seed: int) -> MoEWeights:
     return MoEWeights(router_weight=router, w1=q1, w2=q2, woq=woq)
 
 
-def bench_woq_shape(name: str, quant: Quant, tokens_list: Sequence[int], ceilings: dict[str, float],
+def bench_woq_shape(name: str, mode: str, tokens_list: Sequence[int], ceilings: dict[str, float],
                     ceiling_calls: CeilingCalls, iters: int, warmup: int, input_sets: int,
                     log: Callable[[str], None], variants: Sequence[str] | None = None) -> list[dict[str, Any]]:
-    """Every variant (None: default_variants) at every token count of one weight-only layer; one record per
-    (quant, shape, tokens)."""
+    """Every variant (None: default_variants) at every token count of one weight-only layer (`mode`: a QUANTS
+    name); one record per (mode, shape, tokens)."""
     from ..runner import MoERunner
 
-    spec, spec16 = woq_bench_spec(name, quant), bench_spec(name)
+    quant, act_scale = QUANTS[mode]
+    spec, spec16 = woq_bench_spec(name, quant, act_scale), bench_spec(name)
     t0 = time.time()
     w = device_woq_weights(spec, quant, seed=list(SHAPES).index(name))
     # the bf16 layer the others run: the AWQ scales folded in exactly as the reference applies them is not a
     # bf16 layer, so the bf16 variants run the dequantized weights without pre-quant scales (their own reference)
     w16 = w.dequantized(torch.bfloat16)
-    variants = default_variants(quant) if variants is None else tuple(variants)
+    variants = default_variants(quant, act_scale) if variants is None else tuple(variants)
     max_tokens = max(tokens_list)
     out_buf = torch.empty(max_tokens, spec.hidden_size, device="cuda", dtype=torch.bfloat16)
 
@@ -154,8 +164,8 @@ def bench_woq_shape(name: str, quant: Quant, tokens_list: Sequence[int], ceiling
                 "weights": "the weights dequantized to bf16 once, outside the timed region"}
         raise ValueError(f"unknown variant {v!r}")
 
-    fns, runners, meta = set_up_variants(variants, make, log, f"{quant.value} {name}")
-    log(f"{quant.value} {name}: setup {time.time() - t0:.1f}s")
+    fns, runners, meta = set_up_variants(variants, make, log, f"{mode} {name}")
+    log(f"{mode} {name}: setup {time.time() - t0:.1f}s")
     expert_bytes = stored_expert_bytes(w.woq)
     records = []
     for T in tokens_list:
@@ -164,7 +174,7 @@ def bench_woq_shape(name: str, quant: Quant, tokens_list: Sequence[int], ceiling
         rows = check_rows(spec, sets[0], None)
         refs = {"woq": reference_by_experts(spec, w, sets[0], rows),
                 "bf16": reference_by_experts(spec16, w16, sets[0], rows)}
-        rec: dict[str, Any] = {"quant": quant.value, "shape": name, "H": spec.hidden_size,
+        rec: dict[str, Any] = {"quant": mode, "shape": name, "H": spec.hidden_size,
                                "I": spec.intermediate_size, "E": spec.num_experts, "top_k": spec.top_k,
                                "tokens": T, "touched_experts": touched, "check_rows": int(rows.numel()),
                                "group": w.woq.group_size, "stored_expert_bytes": expert_bytes, "variants": {}}
@@ -183,7 +193,7 @@ def bench_woq_shape(name: str, quant: Quant, tokens_list: Sequence[int], ceiling
         rec.update(floor_us(spec16, T, touched, rec["ceilings"], expert_bytes=expert_bytes))
         woq_ratios(rec)
         records.append(rec)
-        log(f"{quant.value:>9} " + point_line(rec))
+        log(f"{mode:>9} " + point_line(rec))
     return records
 
 
@@ -219,7 +229,7 @@ def woq_ratios(rec: dict[str, Any]) -> None:
 
 def table(results: dict[str, Any]) -> str:
     """The short table printed last (us, medians; ours and ours_bf16 graph-replayed)."""
-    lines = [f"{'quant':<10}{'shape':<17}{'T':>5}{'floor':>9}{'ours':>9}{'x fl':>6}{'fl tgt':>7}{'bf16':>9}"
+    lines = [f"{'quant':<15}{'shape':<17}{'T':>5}{'floor':>9}{'ours':>9}{'x fl':>6}{'fl tgt':>7}{'bf16':>9}"
              f"{'bf16/o':>7}{'bf tgt':>7}{'deq':>9}  fusions (forced-off / ours, graph)"]
     for p in results["points"]:
         v, r, t = p["variants"], p["ratios"], p["targets"]
@@ -228,18 +238,18 @@ def table(results: dict[str, Any]) -> str:
         mark = lambda tg: "-" if tg is None else "ok" if tg["met"] else "MISS"  # noqa: E731
         fusions = "; ".join(f"{k.split(':', 1)[1]} {x(r['forced_over_ours'].get(k))}" for k in t["fusions"])
         errors = "; ".join(f"{k}: {e['error'][:60]}" for k, e in v.items() if e.get("error"))
-        lines.append(f"{p['quant']:<10}{p['shape']:<17}{p['tokens']:>5}{p['floor_us']:>9.1f}"
+        lines.append(f"{p['quant']:<15}{p['shape']:<17}{p['tokens']:>5}{p['floor_us']:>9.1f}"
                      f"{us('ours', 'graph_us'):>9}{x(r['ours_over_floor']):>6}{mark(t.get('floor')):>7}"
                      f"{us('ours_bf16', 'graph_us'):>9}{x(r['ours_bf16_over_ours']):>7}{mark(t.get('vs_bf16')):>7}"
                      f"{us('grouped_mm_dequant'):>9}  {fusions}{'  ' + errors if errors else ''}")
     return "\n".join(lines)
 
 
-def run_woq_bench(quants: Sequence[Quant], shapes: Sequence[str] = tuple(SHAPES), tokens_list: Sequence[int] = TOKENS,
+def run_woq_bench(modes: Sequence[str], shapes: Sequence[str] = tuple(SHAPES), tokens_list: Sequence[int] = TOKENS,
                   out_json: Path | None = None, iters: int = 20, warmup: int = 3, input_sets: int = 4,
                   log: Callable[[str], None] = print, variants: Sequence[str] | None = None) -> dict[str, Any]:
-    """The whole weight-only comparison (`variants` at every point; None: each quant's default_variants); writes
-    JSON after every shape when a path is given."""
+    """The whole weight-only comparison of `modes` (QUANTS names; `variants` at every point, None: each quant's
+    default_variants); writes JSON after every shape when a path is given."""
     if not torch.cuda.is_available():
         raise MoeBuildError("device", "moe-build bench needs a CUDA GPU", "a machine with an NVIDIA GPU")
     unknown = [s for s in shapes if s not in SHAPES]
@@ -253,10 +263,11 @@ def run_woq_bench(quants: Sequence[Quant], shapes: Sequence[str] = tuple(SHAPES)
     log(ceilings_text(ceilings))
     results: dict[str, Any] = {
         "device": torch.cuda.get_device_name(), "torch": torch.__version__, "ceilings": ceilings,
-        "quant": [q.value for q in quants],
+        "quant": list(modes),
         "method": {"iters": iters, "warmup": warmup, "input_sets": input_sets, "stat": "median",
-                   "layers": {q.value: {"kind": k.value, "group": g, "zero_points": z, "awq_scales": a}
-                              for q, (k, g, z, a) in WOQ_LAYERS.items()},
+                   "layers": {m: {"kind": k.value, "group": g, "zero_points": z, "awq_scales": a,
+                                  **({"act_scale": QUANTS[m][1].value} if QUANTS[m][0] is Quant.W4AFP8 else {})}
+                              for m in modes for k, g, z, a in [WOQ_LAYERS[QUANTS[m][0]]]},
                    "variants": {"ours": "our weight-only runner, default plan; ours:STAGE=CHOICE that stage forced",
                                 "ours_bf16": "our bf16 runner on the weights dequantized to bf16 (no AWQ scales)",
                                 "grouped_mm_dequant": "bf16 torch._grouped_mm on the same dequantized weights"},
@@ -269,9 +280,9 @@ def run_woq_bench(quants: Sequence[Quant], shapes: Sequence[str] = tuple(SHAPES)
                    "ratios": "runners graph replay over graph replay; the torch peer eager over ours eager"},
         "points": [],
     }
-    for quant in quants:
+    for mode in modes:
         for name in shapes:
-            results["points"] += bench_woq_shape(name, quant, tokens_list, ceilings, ceiling_calls, iters, warmup,
+            results["points"] += bench_woq_shape(name, mode, tokens_list, ceilings, ceiling_calls, iters, warmup,
                                                  input_sets, log, variants)
             torch.cuda.empty_cache()  # the shape's weights and runners are gone
             if out_json is not None:

@@ -93,11 +93,10 @@ class WoqKind(enum.IntEnum):
 
 
 class WoqInput(enum.IntEnum):
-    """mb_woq_input (MB_INPUT_*): the weight-only GEMM's A, in the call's dtype, e4m3 with per-row scales (W4AFP8), or
-    the token digits of 16-bit rows (mb_token_digits; the decode kernel's digits tile)."""
+    """mb_woq_input (MB_INPUT_*): the weight-only GEMM's A, in the call's dtype, or the token digits of 16-bit rows
+    (mb_token_digits; the decode kernel's digits tile)."""
     DTYPE = 0
-    E4M3 = 1
-    DIGITS = 2
+    DIGITS = 1
 
 
 
@@ -199,9 +198,9 @@ SIGNATURES: dict[str, tuple[type, tuple[type, ...]]] = {
                                                      _i, _i, _i, _t, _p)),
     "mb_grouped_gemm_fp8_gated": (_i, (_p, _p, _p, _p, _i, _i, _p, _p, _p, _p, _p, _i, _i64, _i, _i, _i, _i, _f, _f, _t,
                                        _p, _sz, _p)),
-    "mb_grouped_gemm_woq": (_i, (_p, _i, _p, _p, _i, _p, _p, _i, _p, _p, _p, _i, _i64, _i, _i, _i, _t, _p)),
-    "mb_grouped_gemm_woq_finalize": (_i, (_p, _i, _p, _p, _i, _p, _p, _i, _p, _p, _p, _p, _p, _i, _i64, _i, _i, _i,
-                                          _i, _i, _t, _p)),
+    "mb_grouped_gemm_woq": (_i, (_p, _i, _p, _i, _p, _p, _i, _p, _p, _p, _i, _i64, _i, _i, _i, _t, _p)),
+    "mb_grouped_gemm_woq_finalize": (_i, (_p, _i, _p, _i, _p, _p, _i, _p, _p, _p, _p, _p, _i, _i64, _i, _i, _i, _i,
+                                          _i, _t, _p)),
     "mb_woq_dequantize": (_i, (_i, _p, _p, _p, _i, _i, _i, _i, _i, _p, _p)),
     "mb_grouped_gemm_woq_sm90_workspace": (_sz, (_i,)),
     "mb_grouped_gemm_woq_sm90": (_i, (_p, _p, _i, _p, _p, _i, _p, _p, _i, _i64, _i, _i, _i, _t, _p, _sz, _p)),

@@ -235,9 +235,8 @@ def _fc1_gated_in_decode_band(spec: MoESpec, tokens: int, gates: Sequence[Gate],
                          summary=f"{text} ({bands_text(bands, choice_first=True)})")
 
 
-def _fc2_prequant(spec: MoESpec, tokens: int, forced: str | None) -> StageDecision:
-    """The seed's fusion where its gates hold; W4AFP8, whose fused activation also quantizes GEMM2's input to FP8,
-    where rules.fc2_prequant_fused_tokens holds (bands over every count)."""
+def _fc2_prequant(spec: MoESpec, forced: str | None) -> StageDecision:
+    """The seed's fusion where its gates hold (W4AFP8's fused activation also quantizes GEMM2's input to FP8)."""
     awq, gated = R.fc2_use_awq(spec), R.fc2_gated(spec)
     if not awq.held:
         if forced not in (None, "none"):
@@ -246,19 +245,8 @@ def _fc2_prequant(spec: MoESpec, tokens: int, forced: str | None) -> StageDecisi
                              summary="no FC2 pre-quant scale")
     fused_text, separate_text = "FC2 pre-quant scale applied in FC1's gated activation", \
         "FC2 pre-quant scale applied before GEMM2"
-    d = _simple("fc2_prequant", "fused", "separate", [awq, gated], forced if forced != "none" else "separate",
-                lambda f: fused_text if f else separate_text)
-    if spec.quant is not Quant.W4AFP8 or forced is not None or d.choice != "fused":
-        return d
-    gate = R.fc2_prequant_fused_tokens(spec, tokens)
-    if R.fc2_prequant_fused_tokens(spec, 1).held:
-        return replace(d, gates=(*d.gates, gate))
-    lo = R.FC2_PREQUANT_FUSED_MIN_TOKENS
-    bands = (Band(1, lo - 1, "separate"), Band(lo, None, "fused"))
-    choice = next(b.choice for b in bands if b.holds(tokens))
-    return StageDecision("fc2_prequant", choice, "separate", (awq, gated, gate), bands,
-                         summary=f"{fused_text if choice == 'fused' else separate_text} "
-                                 f"({bands_text(bands, choice_first=True)})")
+    return _simple("fc2_prequant", "fused", "separate", [awq, gated], forced if forced != "none" else "separate",
+                   lambda f: fused_text if f else separate_text)
 
 
 def _finalize(spec: MoESpec, target: Target, gemm_kernel: str, tokens: int, forced: str | None,
@@ -306,17 +294,18 @@ def _act_quant(stage: str, fused: str, gates: Sequence[Gate], forced: str | None
                            "FP8 GEMMs need FP8 inputs")
 
 
-# W4AFP8's FP8 GEMM inputs are made where its pre-quant stages say (the scale applied, then quantized)
-W4AFP8_INPUT_TEXT = "W4AFP8: quantized to FP8 where {} says (times the AWQ pre-quant scale where there is one)"
-# ... with a static input scale stored dequantized (or as token digits) for W4A16's GEMMs (runner/sequence.py)
-W4AFP8_STATIC_TEXT = "; with its static scale stored dequantized to 16 bits, for the weight-only (W4A16) GEMMs"
+# W4AFP8's GEMM inputs are quantized to FP8 where its pre-quant stages say (the scale applied, then quantized) and
+# stored dequantized to 16 bits (or as token digits) for W4A16's GEMMs (runner/sequence.py)
+W4AFP8_INPUT_TEXT = ("W4AFP8: quantized to FP8 ({}) where {} says (times the AWQ pre-quant scale where there is one), "
+                     "stored dequantized to 16 bits for the weight-only (W4A16) GEMMs")
 
 
 def _w4afp8_input_text(spec: MoESpec, stage: str) -> list[str]:
     """The W4AFP8 summary of a GEMM input's stage (none for other quant modes)."""
     if spec.quant is not Quant.W4AFP8:
         return []
-    return [W4AFP8_INPUT_TEXT.format(stage) + (W4AFP8_STATIC_TEXT if spec.act_scale is ActScale.STATIC else "")]
+    scale = "its static scale" if spec.act_scale is ActScale.STATIC else "each row's dynamic scale"
+    return [W4AFP8_INPUT_TEXT.format(scale, stage)]
 
 
 def _fc1_input_quant(spec: MoESpec, forced: str | None) -> StageDecision:
@@ -426,13 +415,15 @@ def _fp8_accumulation(spec: MoESpec, gemm_kernel: str, forced: str | None) -> St
                            "FP8 GEMMs accumulate one way or the other")
 
 
-def _token_digits(fc2_prequant: str, tactics: Sequence[StageDecision], forced: str | None) -> StageDecision:
+def _token_digits(spec: MoESpec, fc2_prequant: str, tactics: Sequence[StageDecision],
+                  forced: str | None) -> StageDecision:
     """Where the GEMMs on the digits tile (at any count of their tactic bands) get their token digits: from the
     kernels that write their input rows, or a digits step after each; "none" where no GEMM runs the tile."""
     on = [d.stage.split("_")[0] for d in tactics
           if any(T.GemmTactic.parse(c).tile == "digits" for c in ([b.choice for b in d.bands] or [d.choice]))]
     return _optional_stage("token_digits", "fused", "separate",
-                           [R.digits_tile_planned(on), R.digits_fc2_prequant(fc2_prequant)], forced,
+                           [R.digits_tile_planned(on), R.digits_fc2_prequant(fc2_prequant), R.digits_row_scale(spec)],
+                           forced,
                            "the digits tile's token digits made by the expansion (GEMM1) and the activation (GEMM2)",
                            "the digits tile's token digits made by a step of their own before each GEMM",
                            "no GEMM on the digits tile", "a GEMM on the digits tile reads token digits")
@@ -459,9 +450,8 @@ def _gemm_calls(spec: MoESpec, target: Target, choices: Mapping[str, str]) -> di
     entry = "sm90" if choices["gemm_kernel"] == "tma_warp_specialized" else "sm80"
     gated1 = _gemm1_epilogue(choices["fc1_activation"]) == "gated"
     fp8 = {Quant.FP8: "rowwise", Quant.FP8_BLOCK: "block128"}.get(spec.quant, "none")
-    # W4AFP8's GEMMs are the weight-only ones with e4m3 activations read as 16-bit (gemm/woq.cuh): the int4 rules;
-    # with a static input scale the expansion and the activation write its FP8-quantized rows dequantized to 16 bits
-    # (runner/sequence.py, fp8_rows_dequantized), which the GEMMs read as W4A16's: its kernels and rules whole
+    # W4AFP8's GEMMs are W4A16's: the expansion and the activation write its FP8-quantized rows dequantized to 16 bits
+    # (runner/sequence.py), which the GEMMs read as W4A16's: its kernels and rules whole
     woq = {Quant.W4A16_AWQ: "int4", Quant.W4AFP8: "int4", Quant.W8A16: "int8",
            Quant.WFP4A16: "mxfp4"}.get(spec.quant, "none")
     woq_group = 32 if woq == "mxfp4" else 0 if spec.quant_per_channel else spec.quant_group_size
@@ -470,7 +460,6 @@ def _gemm_calls(spec: MoESpec, target: Target, choices: Mapping[str, str]) -> di
                   weights_blocked=choices["weight_layout"] == "blocked64", sm_count=target.sm_count,
                   l2_bytes=target.l2_bytes, fp8=fp8, woq=woq, woq_group=woq_group if woq != "none" else 0,
                   deterministic=target.deterministic,
-                  a_e4m3=spec.quant is Quant.W4AFP8 and spec.act_scale is not ActScale.STATIC,
                   fp8_accumulation=choices["fp8_accumulation"])
     return {"gemm1_tactic": T.GemmCall(epilogue="gated" if gated1 else "store", n=spec.fc1_out_features,
                                        k=spec.hidden_size, **common),
@@ -674,7 +663,7 @@ def make_plan(spec: MoESpec, target: Target, tokens: int = 1,
                                            "fp8_accumulation": accumulation.choice})
         gemm1_tactic = _tactic("gemm1_tactic", calls["gemm1_tactic"], fc1, tokens, tactics.get("gemm1_tactic"))
         gemm2_tactic = _tactic("gemm2_tactic", calls["gemm2_tactic"], finalize, tokens, tactics.get("gemm2_tactic"))
-        fc2_prequant = _fc2_prequant(spec, tokens, force.get("fc2_prequant"))
+        fc2_prequant = _fc2_prequant(spec, force.get("fc2_prequant"))
         prologue = _routing_prologue(spec, target, tokens, force.get("routing_prologue"))
         stages = (
             prologue,
@@ -692,7 +681,7 @@ def make_plan(spec: MoESpec, target: Target, tokens: int = 1,
             layout,
             gemm1_tactic,
             gemm2_tactic,
-            _token_digits(fc2_prequant.choice, (gemm1_tactic, gemm2_tactic), force.get("token_digits")),
+            _token_digits(spec, fc2_prequant.choice, (gemm1_tactic, gemm2_tactic), force.get("token_digits")),
             dispatch,
             ep_format,
             _nccl_exchange(spec, dispatch.choice, ep_format.choice, tokens, force.get("nccl_exchange")),

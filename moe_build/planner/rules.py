@@ -564,28 +564,6 @@ def fc2_quant_in_activation(fc1_activation: str) -> Gate:
                 OURS)
 
 
-# W4AFP8's fc2_prequant=fused (the FC2 pre-quant scale and the FP8 quantization in the activation kernel):
-# act_scale == static or tokens >= 2 or intermediate_size >= 2048. The e4m3 activation (per-row scales): within 3%
-# either way at 16 tokens (2026-11-28); at 1 token, H200, two rounds, graph replay, us, fused against separate:
-# Mixtral-8x7B 93.2 / 92.8 against 95.8 / 96.4, GPT-OSS-20B (2880) 53.7 / 53.7 against 56.0 / 57.1; Qwen3-30B-A3B (768)
-# 29.5 / 29.8 against 29.6 / 29.3 and DeepSeek-V2-Lite (1408) 34.1 / 33.9 against 34.0 / 33.3, level, where the
-# block-per-row kernel lost 4-13% (docs/measured/h200-2026-11-28-w4afp8: Qwen3-30B-A3B 36.4 vs 33.9 us). A static
-# scale's activation writing the dequantized rows' token digits at 1 token, two rounds: Qwen3-30B-A3B 22.4 / 22.8
-# against 24.4 / 24.4, DeepSeek-V2-Lite 25.2 / 25.0 against 26.6 / 26.4 (docs/measured/h200-2026-12-02-w4afp8-static).
-FC2_PREQUANT_FUSED_MIN_TOKENS = 2
-FC2_PREQUANT_FUSED_WIDE_INTER = 2048
-
-
-def fc2_prequant_fused_tokens(s: MoESpec, tokens: int) -> Gate:
-    static = s.act_scale is ActScale.STATIC
-    return Gate("fc2_prequant_fused_tokens",
-                f"act_scale={s.act_scale.value} tokens={tokens} intermediate_size={s.intermediate_size}",
-                f"act_scale == static or tokens >= {FC2_PREQUANT_FUSED_MIN_TOKENS} or intermediate_size >= "
-                f"{FC2_PREQUANT_FUSED_WIDE_INTER}",
-                static or tokens >= FC2_PREQUANT_FUSED_MIN_TOKENS or s.intermediate_size >= FC2_PREQUANT_FUSED_WIDE_INTER,
-                OURS, token_dependent=True)
-
-
 # With a static GEMM2 input scale (ModelOpt's per-tensor FP8 `input_scale`), GEMM1's gated epilogue writes GEMM2's
 # FP8 input itself (fc2_input_quant=gemm1), the bytes and scales the quantize step would write: the scale is known
 # before any column is written, where a dynamic one needs the whole row's amax, which no column tile holds. At every
@@ -730,6 +708,17 @@ def digits_tile_planned(gemms: Sequence[str]) -> Gate:
 # fc2_prequant != separate: the separate FC2 pre-quant step rescales GEMM2's 16-bit input after the activation
 def digits_fc2_prequant(fc2_prequant: str) -> Gate:
     return Gate("digits_fc2_prequant", fc2_prequant, "fc2_prequant != separate", fc2_prequant != "separate", OURS)
+
+
+# quant != w4afp8 or act_scale == static: a dynamic scale is its row's amax over every column, and the digits kernels
+# run a warp per 128-column group. Each warp taking its whole row's amax first (its activation computed again per
+# group) lost to the 16-bit rows and a digits step after them: H200, W4AFP8 with per-row scales, graph replay, one
+# round, fused / separate at 1 token, us (docs/measured/h200-2026-12-02-w4afp8-dynamic, call3): Mixtral-8x7B (112
+# groups a row) 139.3 / 86.4, GPT-OSS-20B 54.5 / 50.1, DeepSeek-V2-Lite 33.7 / 31.7, Qwen3-30B-A3B 29.5 / 29.5
+def digits_row_scale(spec: MoESpec) -> Gate:
+    held = spec.quant is not Quant.W4AFP8 or spec.act_scale is ActScale.STATIC
+    return Gate("digits_row_scale", f"quant={spec.quant.value} act_scale={spec.act_scale.value}",
+                "quant != w4afp8 or act_scale == static", held, OURS)
 
 
 # ---- OOTB expert compute ----------------------------------------------------------------------

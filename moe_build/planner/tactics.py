@@ -132,7 +132,6 @@ class GemmCall:
     woq: str = "none"    # WOQ_KINDS: the weight-only GEMM (16-bit activations, plain store) with these weights
     woq_group: int = 0   # the weight-only GEMM's k per scale (0: one scale per output row)
     deterministic: bool = False  # the target's deterministic request (a row's output independent of the batch)
-    a_e4m3: bool = False         # the weight-only GEMM's activations come as e4m3 (W4AFP8 with dynamic scales)
     fp8_accumulation: str = "none"  # the FP8 wgmma GEMM's: fast | promoted (the plan's fp8_accumulation) | none
 
     def __post_init__(self) -> None:
@@ -487,7 +486,7 @@ def woq_kernel_rule(call: GemmCall, rows: RowCount) -> str:
         return "decode"
     if call.woq == "mxfp4" and rows.avg_at_most(WOQ_MXFP4_DECODE_MAX_AVG_ROWS):
         return "decode"
-    if call.entry == "sm90" and not call.a_e4m3 and (
+    if call.entry == "sm90" and (
             woq_mixed_input(call) or not rows.avg_at_most(WOQ_DEQUANT_MIN_AVG_ROWS - 1)):
         return "wgmma"
     return "mma"
@@ -496,7 +495,7 @@ def woq_kernel_rule(call: GemmCall, rows: RowCount) -> str:
 def staged_past_decode(call: GemmCall) -> bool:
     """Whether the staged int4 tile takes the call's 8-row chunks unsplit, its weights in groups of 128 or per row
     and its activations 16-bit (the decode band to WOQ_STAGED_MAX_AVG_ROWS)."""
-    return woq_int4_codes(call) and not call.a_e4m3 and woq_staged_rows(call, 1) >= DECODE_TOKENS
+    return woq_int4_codes(call) and woq_staged_rows(call, 1) >= DECODE_TOKENS
 
 
 # The mixed-input kernel (gemm/woq_sm90.cu) takes int4 and int8 weights with 16-bit activations, one scale per
@@ -505,7 +504,7 @@ def staged_past_decode(call: GemmCall) -> bool:
 # wgmma GEMM instead. GPT-OSS-20B's GEMM2 (n 2880) ran the mma tiles at 9-127 rows per expert and the dequantized
 # weights from 128 while the kernel took only n a multiple of 128.
 def woq_mixed_input(call: GemmCall) -> bool:
-    return (call.woq in ("int4", "int8") and not call.a_e4m3 and call.woq_group in (0, 64, 128)
+    return (call.woq in ("int4", "int8") and call.woq_group in (0, 64, 128)
             and call.n % 8 == 0 and call.k % 64 == 0)
 
 
@@ -677,7 +676,7 @@ DIGITS_ZEROS = 16
 def woq_digits_rows(call: GemmCall, k_split: int) -> int:
     """The most token rows a chunk may have for the digits kernel at `k_split` (0 where it does not take `call`):
     gemm/woq_decode_digits.cu digits_smem within kTokenBudget."""
-    if not woq_int4_staged(call) or call.a_e4m3:
+    if not woq_int4_staged(call):
         return 0
     per_row = k_split * -(-min(call.k, decode_k_slice(call.k, k_split)) // 128) * DIGITS_GROUP_BYTES
     return max(0, min(DECODE_TOKENS, (STAGED_TOKEN_BUDGET - DIGITS_ZEROS) // per_row))
@@ -908,8 +907,6 @@ def _woq_tactic_problem(call: GemmCall, tactic: GemmTactic) -> str | None:
     if call.epilogue == "finalize" and tactic.kernel != "decode":
         return "the weight-only finalize epilogue runs on the decode kernel only"
     if tactic.kernel == "wgmma":
-        if call.a_e4m3:
-            return "e4m3 activations (W4AFP8 with dynamic scales) take the weight-only kernels (decode or mma)"
         if tactic.tile in WOQ_WGMMA_TILES and not woq_mixed_input(call):
             return (f"wgmma {tactic.tile} (the mixed-input kernel) takes int4 or int8 weights in groups of 64 or 128 "
                     "or per channel, n a multiple of 8 and k of 64")
@@ -933,9 +930,9 @@ def _woq_tactic_problem(call: GemmCall, tactic: GemmTactic) -> str | None:
             return (f"the staged decode kernel's 8-row chunks do not fit its {STAGED_TOKEN_BUDGET // 1024} KB of "
                     f"shared memory at k {call.k} in {tactic.k_split} slices (a larger K split, or the register form)")
     if tactic.kernel == "decode" and tactic.tile == "digits":
-        if not woq_int4_staged(call) or call.a_e4m3:
+        if not woq_int4_staged(call):
             return ("the digits decode kernel takes int4 weights with one scale per row or per 128 k and k a multiple "
-                    "of 128, or per 64 k and k a multiple of 64, and 16-bit activations")
+                    "of 128, or per 64 k and k a multiple of 64")
         if woq_digits_rows(call, tactic.k_split) < DECODE_TOKENS:  # forced: every chunk, up to 8 rows, must fit
             return (f"the digits decode kernel's 8-row chunks do not fit its {STAGED_TOKEN_BUDGET // 1024} KB of "
                     f"shared memory at k {call.k} in {tactic.k_split} slices (the staged or none tile)")

@@ -52,7 +52,7 @@ class FusedExperts:
         self.fp8_accumulation = fp8_accumulation
         self.out_dtype = TORCH_DTYPE[spec.dtype]
         # Weight-only layers: the stored weights and how the GEMMs read them (moe_build/weights/woq.py); W4AFP8's
-        # static input scales are the woq weights' (None: per row at run time, as for FP8 layers).
+        # static input scales are the woq weights' (None: each row's own at run time, as for FP8 layers).
         q = weights.woq
         self.woq_group = 0 if q is None or q.group_size is None else q.group_size
         # The matrices ("w1" / "w2") the plan runs through the mixed-input wgmma GEMM (woq_wgmma): their scales (and
@@ -349,7 +349,7 @@ class FusedExperts:
 
     def gemm2_woq_digits_finalize(self, b: Batch) -> None:
         """gemm2_woq_finalize on the token digits of GEMM2's input rows (the decode kernel's digits tile)."""
-        self._woq_finalize(b, self._digits(b, self.spec.intermediate_size), None)
+        self._woq_finalize(b, self._digits(b, self.spec.intermediate_size))
 
     def _digits(self, b: Batch, k: int) -> torch.Tensor:
         """The workspace's token digits of one GEMM's input rows [T * K, k] (uint8 [T * K, ceil(k / 128), 400]), which
@@ -389,13 +389,14 @@ class FusedExperts:
         self._expand_digits(b, zero_out=b.out, source=b.v("prequant_input"))
 
     def _expand_digits(self, b: Batch, zero_out: torch.Tensor | None, source: torch.Tensor | None = None,
-                       scale: torch.Tensor | None = None, fp8_scale: torch.Tensor | None = None) -> None:
-        """_expand's rows as GEMM1's token digits (mb_expand_rows_digits), never stored in 16 bits; with `fp8_scale`
-        (W4AFP8's static one) the digits of the rows quantized by it and dequantized."""
+                       scale: torch.Tensor | None = None, fp8: bool = False) -> None:
+        """_expand's rows as GEMM1's token digits (mb_expand_rows_digits), never stored in 16 bits; with `fp8`
+        (W4AFP8, static input scales: rules.digits_row_scale) the digits of the rows quantized by GEMM1's input scale
+        and dequantized."""
         self.k.expand_rows_digits(b.hidden if source is None else source, b.v("unpermuted_to_permuted"),
                                   b.topk_weights, scale, permuted_digits=self._digits(b, self.spec.hidden_size),
                                   permuted_weights=b.v("permuted_weights"), zero_out=zero_out, group=self.woq_group,
-                                  stream=b.stream, fp8_static_scale=fp8_scale)
+                                  stream=b.stream, fp8_static_scale=self.a1_scale if fp8 else None)
 
     def fc1_activation_digits(self, b: Batch) -> None:
         """The activation writing GEMM2's token digits (token_digits=fused)."""
@@ -405,31 +406,27 @@ class FusedExperts:
         """fc1_activation_prequant writing GEMM2's token digits."""
         self._activation_digits(b, self.w.woq.fc2_act_scale)
 
-    def _activation_digits(self, b: Batch, prequant_scale: torch.Tensor | None,
-                           fp8_scale: torch.Tensor | None = None) -> None:
-        """The activation writing GEMM2's token digits; with `fp8_scale` (W4AFP8's static one) the digits of its
-        values quantized by it and dequantized."""
+    def _activation_digits(self, b: Batch, prequant_scale: torch.Tensor | None, fp8: bool = False) -> None:
+        """The activation writing GEMM2's token digits; with `fp8` (W4AFP8, static input scales) the digits of its
+        values quantized by GEMM2's input scale and dequantized."""
         s = self.spec
         self.k.fc1_activation_digits(b.v("fc1_out"), b.v("expert_offsets"), self.act, bias=self.w.b1,
                                      swiglu_alpha=s.swiglu_alpha, swiglu_limit=s.swiglu_limit,
                                      prequant_scale=prequant_scale, out=self._digits(b, s.intermediate_size),
-                                     group=self.woq_group, stream=b.stream, fp8_static_scale=fp8_scale)
+                                     group=self.woq_group, stream=b.stream,
+                                     fp8_static_scale=self.a2_scale if fp8 else None)
 
     def gemm2_woq_finalize(self, b: Batch) -> None:
         """GEMM2 on the decode kernel with the unpermute, top-k weighting (+b2) and reduction in its epilogue, into
         `out` (zeroed by the three-step prologue or the expansion, which the sequence runs before it)."""
-        self._woq_finalize(b, b.v("fc1_act"), None)
+        self._woq_finalize(b, b.v("fc1_act"))
 
-    def gemm2_w4afp8_finalize(self, b: Batch) -> None:
-        """gemm2_woq_finalize on GEMM2's e4m3 rows and their scales."""
-        self._woq_finalize(b, b.v("fc2_input"), b.v("fc2_input_scales"))
-
-    def _woq_finalize(self, b: Batch, a: torch.Tensor, scale_a: torch.Tensor | None) -> None:
+    def _woq_finalize(self, b: Batch, a: torch.Tensor) -> None:
         q = self.w.woq
         self.k.grouped_gemm_woq_finalize(a, q.w2, q.kind.value, q.w2_scale, b.v("expert_offsets"), self.woq_group,
                                          b.v("permuted_to_unpermuted"), b.v("permuted_weights"), b.out.shape[0],
                                          self.spec.top_k, zeros=q.w2_zero, bias=self.w.b2, out=b.out, stream=b.stream,
-                                         tactic=b.gemm2_tactic, scale_a=scale_a, out_dtype=self.out_dtype)
+                                         tactic=b.gemm2_tactic, out_dtype=self.out_dtype)
 
     def _woq_gemm(self, b: Batch, name: str, a: torch.Tensor, c: torch.Tensor, tactic: object) -> None:
         """W1 or W2 ("w1" / "w2") as stored, plain store: b1 is added by the activation, b2 by the finalize."""
@@ -438,68 +435,18 @@ class FusedExperts:
                                 self.woq_group, zeros=getattr(q, f"{name}_zero"), c=c, tactic=tactic, stream=b.stream,
                                 out_dtype=c.dtype)
 
-    # ---- W4AFP8: e4m3 inputs (times the AWQ pre-quant scales) where the plan says, weight-only GEMMs ----------
-    def expand_rows_prequant_fp8(self, b: Batch) -> None:
-        """The expansion with the FC1 pre-quant scale and the FP8 quantization in it (expand_rows=prequant_fused)."""
-        self._expand_prequant_fp8(b, zero_out=None)
-
-    def expand_rows_prequant_fp8_zero_output(self, b: Batch) -> None:
-        """expand_rows_prequant_fp8, also zeroing `out` for gemm2_w4afp8_finalize's accumulation (one launch)."""
-        self._expand_prequant_fp8(b, zero_out=b.out)
-
-    def _expand_prequant_fp8(self, b: Batch, zero_out: torch.Tensor | None) -> None:
-        self.k.expand_rows_fp8(b.hidden, b.v("unpermuted_to_permuted"), b.topk_weights, static_scale=self.a1_scale,
-                               permuted_input=b.v("permuted_input"), permuted_scales=b.v("permuted_input_scales"),
-                               permuted_weights=b.v("permuted_weights"), zero_out=zero_out, stream=b.stream,
-                               prequant_scale=self.w.woq.fc1_act_scale)
-
+    # ---- W4AFP8: W4A16's steps on the FP8 quantizations dequantized to 16 bits ---------------------------------
     def expand_rows_16bit(self, b: Batch) -> None:
-        """The plain expansion into 16-bit rows, which fc1_prequant_fp8 scales and quantizes next."""
+        """The plain expansion into 16-bit rows, which fc1_prequant_fp8_dequantized scales and quantizes next."""
         self._expand(b, zero_out=None, rows="expanded_input")
 
     def expand_rows_16bit_zero_output(self, b: Batch) -> None:
-        """expand_rows_16bit, also zeroing `out` for gemm2_w4afp8_finalize's accumulation (one launch)."""
+        """expand_rows_16bit, also zeroing `out` for the fused finalize's accumulation (one launch)."""
         self._expand(b, zero_out=b.out, rows="expanded_input")
 
-    def fc1_prequant_fp8(self, b: Batch) -> None:
-        """The expanded rows times the FC1 pre-quant scale, quantized (the unfused alternative: the same bytes)."""
-        self.k.quantize_fp8(b.v("expanded_input"), static_scale=self.a1_scale, out=b.v("permuted_input"),
-                            out_scales=b.v("permuted_input_scales"), stream=b.stream,
-                            prequant_scale=self.w.woq.fc1_act_scale)
-
-    def gemm1_w4afp8(self, b: Batch) -> None:
-        self._w4afp8_gemm(b, "w1", b.v("permuted_input"), b.v("permuted_input_scales"), b.v("fc1_out"),
-                          b.gemm1_tactic)
-
-    def fc1_activation_prequant_fp8(self, b: Batch) -> None:
-        """The activation (+b1) with the FC2 pre-quant scale and GEMM2's FP8 quantization in the same pass."""
-        s = self.spec
-        self.k.fc1_activation_fp8(b.v("fc1_out"), b.v("expert_offsets"), self.act, bias=self.w.b1,
-                                  swiglu_alpha=s.swiglu_alpha, swiglu_limit=s.swiglu_limit,
-                                  static_scale=self.a2_scale, out=b.v("fc2_input"),
-                                  out_scales=b.v("fc2_input_scales"), stream=b.stream,
-                                  prequant_scale=self.w.woq.fc2_act_scale)
-
-    def fc2_prequant_fp8(self, b: Batch) -> None:
-        """The activated rows times the FC2 pre-quant scale, quantized (fc2_prequant=separate)."""
-        self.k.quantize_fp8(b.v("fc1_act"), static_scale=self.a2_scale, out=b.v("fc2_input"),
-                            out_scales=b.v("fc2_input_scales"), stream=b.stream,
-                            prequant_scale=self.w.woq.fc2_act_scale)
-
-    def gemm2_w4afp8(self, b: Batch) -> None:
-        self._w4afp8_gemm(b, "w2", b.v("fc2_input"), b.v("fc2_input_scales"), b.v("gemm2_out"), b.gemm2_tactic)
-
-    def _w4afp8_gemm(self, b: Batch, name: str, a: torch.Tensor, scale_a: torch.Tensor, c: torch.Tensor,
-                     tactic: object) -> None:
-        """W1 or W2 as stored, on e4m3 rows and their scales, plain store (b1 in the activation, b2 in the finalize)."""
-        q = self.w.woq
-        self.k.grouped_gemm_woq(a, getattr(q, name), q.kind.value, getattr(q, f"{name}_scale"), b.v("expert_offsets"),
-                                self.woq_group, zeros=getattr(q, f"{name}_zero"), c=c, tactic=tactic, stream=b.stream,
-                                scale_a=scale_a, out_dtype=self.out_dtype)
-
-    # ---- W4AFP8 with a static input scale: W4A16's steps on the FP8 quantizations dequantized to 16 bits -------
     def expand_rows_fp8_dequantized(self, b: Batch) -> None:
-        """expand_rows_prequant_fp8's quantization of the rows, stored dequantized in permuted_input."""
+        """The tokens' rows times the FC1 pre-quant scale, quantized to FP8 (the static scale, or each row's dynamic
+        one) as they are expanded, stored dequantized in permuted_input (expand_rows=prequant_fused)."""
         self._expand_fp8_dequantized(b, zero_out=None)
 
     def expand_rows_fp8_dequantized_zero_output(self, b: Batch) -> None:
@@ -514,10 +461,10 @@ class FusedExperts:
 
     def expand_rows_fp8_dequantized_digits(self, b: Batch) -> None:
         """expand_rows_fp8_dequantized's rows as GEMM1's token digits (token_digits=fused)."""
-        self._expand_digits(b, zero_out=None, scale=self.w.woq.fc1_act_scale, fp8_scale=self.a1_scale)
+        self._expand_digits(b, zero_out=None, scale=self.w.woq.fc1_act_scale, fp8=True)
 
     def expand_rows_fp8_dequantized_digits_zero_output(self, b: Batch) -> None:
-        self._expand_digits(b, zero_out=b.out, scale=self.w.woq.fc1_act_scale, fp8_scale=self.a1_scale)
+        self._expand_digits(b, zero_out=b.out, scale=self.w.woq.fc1_act_scale, fp8=True)
 
     def fc1_prequant_fp8_dequantized(self, b: Batch) -> None:
         """The plain expansion's rows quantized (times the FC1 pre-quant scale), stored dequantized in permuted_input
@@ -540,23 +487,23 @@ class FusedExperts:
 
     def fc1_activation_fp8_dequantized_digits(self, b: Batch) -> None:
         """fc1_activation_fp8_dequantized's rows as GEMM2's token digits (token_digits=fused)."""
-        self._activation_digits(b, self.w.woq.fc2_act_scale, fp8_scale=self.a2_scale)
+        self._activation_digits(b, self.w.woq.fc2_act_scale, fp8=True)
 
     def fc2_prequant_fp8_dequantized(self, b: Batch) -> None:
         """The activated rows quantized (times the FC2 pre-quant scale), in place in fc1_act (fc2_prequant=separate):
         each element is read only by the thread that writes it."""
         self._quantize_rows(b, b.v("fc1_act"), self.w.woq.fc2_act_scale, self.a2_scale, b.v("fc1_act"))
 
-    def _quantize_rows(self, b: Batch, rows: torch.Tensor, prequant: torch.Tensor | None, scale: torch.Tensor,
-                       out: torch.Tensor) -> None:
-        """16-bit rows times `prequant`, quantized by the static `scale` and stored dequantized into `out`: the
-        activation kernel's identity without a bias over the experts' rows."""
+    def _quantize_rows(self, b: Batch, rows: torch.Tensor, prequant: torch.Tensor | None,
+                       scale: torch.Tensor | None, out: torch.Tensor) -> None:
+        """16-bit rows times `prequant`, quantized by the static `scale` (None: each row's dynamic one) and stored
+        dequantized into `out`: the activation kernel's identity without a bias over the experts' rows."""
         self.k.fc1_activation_fp8_dequantized(rows, b.v("expert_offsets"), "identity", scale, out=out,
                                               stream=b.stream, prequant_scale=prequant)
 
     def _quantize_rows_digits(self, b: Batch, rows: torch.Tensor, prequant: torch.Tensor | None, scale: torch.Tensor,
                               k: int) -> None:
-        """_quantize_rows' values as the next GEMM's token digits (its input width k)."""
+        """_quantize_rows' values, by the static `scale`, as the next GEMM's token digits (its input width k)."""
         self.k.fc1_activation_digits(rows, b.v("expert_offsets"), "identity", prequant_scale=prequant,
                                      out=self._digits(b, k), group=self.woq_group, stream=b.stream,
                                      fp8_static_scale=scale)

@@ -104,26 +104,16 @@ EXPAND_ROWS_PREQUANT_INPUT_DIGITS = "expand_rows:prequant_input_digits"
 EXPAND_ROWS_PREQUANT_INPUT_DIGITS_ZERO_OUTPUT = "expand_rows:prequant_input_digits+zero_output"
 FC1_ACTIVATION_DIGITS = "fc1_activation:digits"
 FC1_ACTIVATION_PREQUANT_DIGITS = "fc1_activation:fc2_prequant_digits"
-# W4AFP8 layers (int4 weights, e4m3 activations with static or per-row scales, AWQ pre-quant scales where stored):
-# the weight-only GEMMs reading e4m3 inputs, made where the plan's expand_rows and fc2_prequant say
-EXPAND_ROWS_PREQUANT_FP8 = "expand_rows:prequant_fp8"  # mb_expand_rows_fp8 with the FC1 pre-quant scale (fused)
-EXPAND_ROWS_16BIT = "expand_rows:16bit"  # mb_expand_rows into a 16-bit buffer (expand_rows=plain), then ...
-# the two W4AFP8 expansions that also zero the output GEMM2_W4AFP8_FINALIZE accumulates into (their zero_out)
-EXPAND_ROWS_PREQUANT_FP8_ZERO_OUTPUT = "expand_rows:prequant_fp8+zero_output"
-EXPAND_ROWS_16BIT_ZERO_OUTPUT = "expand_rows:16bit+zero_output"
-FC1_PREQUANT_FP8 = "fc1_prequant:fp8"  # ... mb_quantize_fp8 with the FC1 pre-quant scale on the expanded rows
-GEMM1_W4AFP8 = "gemm1:w4afp8"          # mb_grouped_gemm_woq, e4m3 A
-# mb_fc1_activation_fp8 with the FC2 pre-quant scale (fc2_prequant=fused); without AWQ scales FC1_ACTIVATION_FP8
-FC1_ACTIVATION_PREQUANT_FP8 = "fc1_activation:fc2_prequant_fp8"
-FC2_PREQUANT_FP8 = "fc2_prequant:fp8"  # mb_quantize_fp8 with the FC2 pre-quant scale after mb_fc1_activation
-GEMM2_W4AFP8 = "gemm2:w4afp8"          # mb_grouped_gemm_woq, e4m3 A
-GEMM2_W4AFP8_FINALIZE = "gemm2:w4afp8_finalize"  # mb_grouped_gemm_woq_finalize, e4m3 A
-# W4AFP8 with a static input scale (fp8_rows_dequantized) runs the weight-only steps (16-bit rows, W4A16's GEMMs) on
-# its FP8-quantized rows dequantized to 16 bits, which these write where W4A16's expansion and activation write theirs:
+EXPAND_ROWS_16BIT = "expand_rows:16bit"  # mb_expand_rows into a 16-bit buffer (W4AFP8's expand_rows=plain), then ...
+EXPAND_ROWS_16BIT_ZERO_OUTPUT = "expand_rows:16bit+zero_output"  # ... also zeroing the output GEMM2's finalize adds into
+# W4AFP8 layers (int4 weights, FP8 activations by a static scale or each row's dynamic one, AWQ pre-quant scales where
+# stored) run the weight-only steps (16-bit rows, W4A16's GEMMs) on their FP8-quantized rows dequantized to 16 bits,
+# which these write where W4A16's expansion and activation write theirs:
 # mb_expand_rows_fp8_dequantized (expand_rows=prequant_fused), or a 16-bit expansion then the quantization
 # (mb_fc1_activation_fp8_dequantized's identity, plain); mb_fc1_activation_fp8_dequantized (fc2_prequant fused or
 # none), or the activation then the quantization in place (separate); their digits forms where the GEMM after them
-# reads token digits (token_digits=fused: mb_expand_rows_digits / mb_fc1_activation_digits with the static scale)
+# reads token digits (token_digits=fused, static scales only: mb_expand_rows_digits / mb_fc1_activation_digits with
+# the static scale)
 EXPAND_ROWS_FP8_DEQUANTIZED = "expand_rows:fp8_dequantized"
 EXPAND_ROWS_FP8_DEQUANTIZED_ZERO_OUTPUT = "expand_rows:fp8_dequantized+zero_output"
 EXPAND_ROWS_FP8_DEQUANTIZED_DIGITS = "expand_rows:fp8_dequantized_digits"
@@ -179,16 +169,10 @@ def is_weight_only(plan: Plan) -> bool:
     return Quant(plan.spec.get("quant", "none")).is_weight_only
 
 
-def fp8_rows_dequantized(plan: Plan) -> bool:
-    """Whether the plan's W4AFP8 GEMMs read their FP8-quantized rows dequantized to 16 bits: with a static input scale
-    each element's quantization needs no other element, so the expansion and the activation write the dequantized
-    values and the weight-only (W4A16) GEMMs, their decode, digits and mixed-input wgmma tiles, read them (with
-    per-row scales the rows stay e4m3 for the decode and mma kernels)."""
-    return is_w4afp8(plan) and plan.spec.get("act_scale", "dynamic") == "static"
-
-
 def is_w4afp8(plan: Plan) -> bool:
-    """Whether the plan runs the weight-only GEMMs on e4m3 activations (int4 weights, quant w4afp8)."""
+    """Whether the plan's layer is W4AFP8 (int4 weights, FP8 activations): its expansion and activation write the
+    FP8-quantized rows dequantized to 16 bits (or their token digits), which the weight-only (W4A16) GEMMs, their
+    decode, digits and mixed-input wgmma tiles, read."""
     return Quant(plan.spec.get("quant", "none")) is Quant.W4AFP8
 
 
@@ -261,10 +245,8 @@ def kernel_sequence(plan: Plan, tokens: int, routing_input: RoutingInput = "hidd
         steps.append(ROUTING)
     if is_fp8(plan):
         return steps + _fp8_steps(plan, c)
-    if is_weight_only(plan) or fp8_rows_dequantized(plan):
+    if is_weight_only(plan) or is_w4afp8(plan):
         return steps + _weight_only_steps(plan, c)
-    if is_w4afp8(plan):
-        return steps + _w4afp8_steps(plan, c)
     gemm2 = _GEMM2[(c["gemm_kernel"], c["finalize"])]
     prologue, zero = _prologue(c)
     steps += [*prologue, EXPAND_ROWS_ZERO_OUTPUT if zero else EXPAND_ROWS]
@@ -345,12 +327,12 @@ def _weight_only_steps(plan: Plan, c: dict[str, str]) -> list[str]:
     after it, GEMM2 with the finalize in its epilogue (the decode kernel's, into the output the prologue or the
     expansion zeroes) or GEMM2 and the finalize; each GEMM as its tactic says (_woq_gemm_step). A GEMM on the digits
     tile reads token digits, which the expansion or the activation before it writes in place of its 16-bit rows
-    (token_digits=fused) or a digits step after it makes from them (separate). W4AFP8 with a static input scale: the
+    (token_digits=fused) or a digits step after it makes from them (separate). W4AFP8: the
     same steps on its FP8-quantized rows dequantized to 16 bits (_fp8_dequantized_gemm1_input / _gemm2_input)."""
     steps, zero = _prologue(c)
     digits1, digits2 = _on_digits(c["gemm1_tactic"]), _on_digits(c["gemm2_tactic"])
     fused = c["token_digits"] == "fused"
-    fp8 = fp8_rows_dequantized(plan)
+    fp8 = is_w4afp8(plan)
     if fp8:
         steps += _fp8_dequantized_gemm1_input(c, zero, fused and digits1)
     else:
@@ -409,27 +391,8 @@ def _woq_gemm_step(tactic: str, stored: str, mixed: str, dense: str, digits: str
     return mixed if tactic.split(":")[1] in T.WOQ_WGMMA_TILES else dense
 
 
-def _w4afp8_steps(plan: Plan, c: dict[str, str]) -> list[str]:
-    """A W4AFP8 layer's steps after routing, with per-row input scales (a static scale runs _weight_only_steps on
-    dequantized rows): maps; GEMM1's e4m3 input, times the FC1 pre-quant scale where the layer has one, written by
-    the expansion (expand_rows=prequant_fused) or by a quantize kernel after a plain 16-bit expansion; GEMM1; GEMM2's
-    e4m3 input, times the FC2 pre-quant scale, written by the activation (fc2_prequant=fused, or none: no scale) or by
-    a quantize kernel after it (separate); GEMM2 with the finalize in its epilogue (as _weight_only_steps) or GEMM2
-    and the finalize."""
-    steps, zero = _prologue(c)
-    if c["expand_rows"] == "prequant_fused":
-        steps.append(EXPAND_ROWS_PREQUANT_FP8_ZERO_OUTPUT if zero else EXPAND_ROWS_PREQUANT_FP8)
-    else:
-        steps += [EXPAND_ROWS_16BIT_ZERO_OUTPUT if zero else EXPAND_ROWS_16BIT, FC1_PREQUANT_FP8]
-    steps.append(GEMM1_W4AFP8)
-    steps += {"fused": [FC1_ACTIVATION_PREQUANT_FP8], "separate": [FC1_ACTIVATION, FC2_PREQUANT_FP8],
-              "none": [FC1_ACTIVATION_FP8]}[c["fc2_prequant"]]
-    steps += [GEMM2_W4AFP8_FINALIZE] if c["finalize"] == "fused" else [GEMM2_W4AFP8, FINALIZE]
-    return steps + _shared_experts(plan)
-
-
 def _fp8_dequantized_gemm1_input(c: dict[str, str], zero: bool, digits: bool) -> list[str]:
-    """W4AFP8's (static scale) GEMM1 input rows in 16 bits or as token digits (digits: token_digits=fused on the
+    """W4AFP8's GEMM1 input rows in 16 bits or as token digits (digits: token_digits=fused on the
     digits tile): the expansion quantizing as it copies (expand_rows=prequant_fused), or the plain 16-bit expansion
     and the quantization after it."""
     if c["expand_rows"] == "prequant_fused":
@@ -441,7 +404,7 @@ def _fp8_dequantized_gemm1_input(c: dict[str, str], zero: bool, digits: bool) ->
 
 
 def _fp8_dequantized_gemm2_input(c: dict[str, str], digits: bool) -> list[str]:
-    """W4AFP8's (static scale) GEMM2 input rows (digits: as token digits, token_digits=fused on the digits tile): the
+    """W4AFP8's GEMM2 input rows (digits: as token digits, token_digits=fused on the digits tile): the
     activation quantizing as it writes (fc2_prequant fused, or none where the layer has no AWQ scales), or the
     activation and the quantization after it (separate, forced: the plan's digits_fc2_prequant gate then has digits
     steps make the token digits)."""

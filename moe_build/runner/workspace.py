@@ -57,11 +57,9 @@ def workspace_layout(spec: MoESpec, steps: set[str], max_tokens: int, *, gemm_wo
     }
     if steps & {S.GEMM1_FP8, S.GEMM1_FP8_GATED, S.GEMM1_FP8_GATED_QUANTIZED}:
         out.update(_fp8_buffers(spec, steps, max_tokens))
-    if S.GEMM1_W4AFP8 in steps:
-        out.update(_w4afp8_buffers(spec, max_tokens))
     if steps & {S.EXPAND_ROWS_16BIT, S.EXPAND_ROWS_16BIT_ZERO_OUTPUT}:  # W4AFP8's plain expansion, quantized after
         out["expanded_input"] = BufferSpec((R, H), dt, K)
-    if steps & {S.GEMM1_FP8, S.GEMM1_FP8_GATED, S.GEMM1_FP8_GATED_QUANTIZED, S.GEMM1_W4AFP8} \
+    if steps & {S.GEMM1_FP8, S.GEMM1_FP8_GATED, S.GEMM1_FP8_GATED_QUANTIZED} \
             and S.QUANTIZE_FC2_INPUT not in steps \
             and S.FC1_ACTIVATION not in steps and S.GEMM2_FP8_QUANTIZING_FINALIZE not in steps:
         del out["fc1_act"]  # the activation (or GEMM1's epilogue) writes GEMM2's FP8 input straight away
@@ -69,7 +67,7 @@ def workspace_layout(spec: MoESpec, steps: set[str], max_tokens: int, *, gemm_wo
         out["logits"] = BufferSpec((M, spec.num_experts), dt, 1)  # the router scores every expert
     if S.THREE_STEP_PROLOGUES & steps and three_step_workspace_bytes:
         out["prologue_workspace"] = BufferSpec((three_step_workspace_bytes,), torch.uint8)
-    if steps & {S.FC1_ACTIVATION, S.FC1_ACTIVATION_FP8, S.FC1_ACTIVATION_PREQUANT, S.FC1_ACTIVATION_PREQUANT_FP8,
+    if steps & {S.FC1_ACTIVATION, S.FC1_ACTIVATION_FP8, S.FC1_ACTIVATION_PREQUANT,
                  S.FC1_ACTIVATION_DIGITS, S.FC1_ACTIVATION_PREQUANT_DIGITS, S.FC1_ACTIVATION_FP8_DEQUANTIZED,
                  S.FC1_ACTIVATION_FP8_DEQUANTIZED_DIGITS}:
         out["fc1_out"] = BufferSpec((R, N1), dt, K)
@@ -111,18 +109,6 @@ def _fp8_buffers(spec: MoESpec, steps: set[str], max_tokens: int) -> dict[str, B
     if S.QUANTIZE_INPUT in steps:
         out["input_fp8"] = BufferSpec((M, H), torch.float8_e4m3fn, 1)
         out["input_scales"] = scales(M, H, 1)
-    return out
-
-
-def _w4afp8_buffers(spec: MoESpec, max_tokens: int) -> dict[str, BufferSpec]:
-    """A W4AFP8 layer's GEMM inputs: e4m3 rows with one fp32 scale per row (the static scale repeated, or the row's
-    own), replacing the 16-bit permuted_input."""
-    M, K, H, I = max_tokens, spec.top_k, spec.hidden_size, spec.intermediate_size
-    R = M * K
-    out = {"permuted_input": BufferSpec((R, H), torch.float8_e4m3fn, K),
-           "permuted_input_scales": BufferSpec((R,), torch.float32, K),
-           "fc2_input": BufferSpec((R, I), torch.float8_e4m3fn, K),
-           "fc2_input_scales": BufferSpec((R,), torch.float32, K)}
     return out
 
 

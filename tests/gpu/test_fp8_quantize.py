@@ -524,12 +524,16 @@ def test_fc1_activation_fp8_prequant(act: K.Activation, dtype: torch.dtype, mode
         assert (q[filled:].view(torch.uint8) == 0xFF).all(), f"{what}: rows past off[E] were written"
 
 
-# ---- the dequantized forms: W4AFP8's rows for the mixed-input wgmma kernel ------------------------------------
+# ---- the dequantized forms: W4AFP8's rows for W4A16's GEMMs -----------------------------------------------
+
+# The dequantized forms' scales: one static scale (ModelOpt's W4A8_AWQ), or each row's own (compressed-tensors' W4AFP8).
+DEQUANTIZED_MODES = ["static", "row"]
+
 
 def dequantized(q: torch.Tensor, s: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """What mb_expand_rows_fp8_dequantized / mb_fc1_activation_fp8_dequantized store for e4m3 values q by static scale
-    s: q * s in one fp32 multiply, rounded to nearest even in dtype."""
-    return (q.float() * s.float()).to(dtype)
+    """What mb_expand_rows_fp8_dequantized / mb_fc1_activation_fp8_dequantized store for e4m3 rows q by their scales
+    s ([R], the static scale repeated or each row's): q * s in one fp32 multiply, rounded to nearest even in dtype."""
+    return (q.float() * s.float()[:, None]).to(dtype)
 
 
 def assert_16bit_equal(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
@@ -542,70 +546,76 @@ def assert_16bit_equal(got: torch.Tensor, want: torch.Tensor, what: str) -> None
                              f"{got[i].item()!r} != {want[i].item()!r}")
 
 
+@pytest.mark.parametrize("mode", DEQUANTIZED_MODES)
 @pytest.mark.parametrize("pre", [False, True], ids=["no_prequant", "prequant"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("t,h,k", EXPAND_SHAPES)
-def test_expand_rows_fp8_dequantized(t: int, h: int, k: int, dtype: torch.dtype, pre: bool) -> None:
-    """The reference's e4m3 rows (quantize_rows by the static scale, of the rows times the pre-quant scale where
-    given), permuted, each value times the scale rounded to dtype: on poisoned outputs, bit for bit, the permuted
-    weights and zero_out with them."""
+def test_expand_rows_fp8_dequantized(t: int, h: int, k: int, dtype: torch.dtype, pre: bool, mode: str) -> None:
+    """The reference's e4m3 rows (quantize_rows by the static scale or each row's dynamic one, of the rows times the
+    pre-quant scale where given), permuted, each value times its scale rounded to dtype: on poisoned outputs, bit for
+    bit, the permuted weights and zero_out with them. The shapes reach the block-per-token kernel (rows past its
+    first tile read twice for a row scale) and, with per-row scales, the warp-per-token one."""
     x, p = fresh(t, h, dtype), prequant_scale(h) if pre else None
     w = torch.rand(t, k, device="cuda")
     ptu, utp = random_maps(t, max(64, k), k)
-    ref_q, _ = reference(x, "static") if p is None else reference_prequant(x, p, "static")
+    ref_q, ref_s = reference(x, mode) if p is None else reference_prequant(x, p, mode)
     pin = torch.full((t * k, h), math.nan, dtype=dtype, device="cuda")
     pw, z = poisoned_scales(t * k), poisoned_scales(t, h).to(dtype)
-    ops.expand_rows_fp8_dequantized(x, utp.to(torch.int32), w, static_scale("static"), permuted_input=pin,
+    ops.expand_rows_fp8_dequantized(x, utp.to(torch.int32), w, static_scale(mode), permuted_input=pin,
                                     permuted_weights=pw, zero_out=z, prequant_scale=p)
     torch.cuda.synchronize()
-    what = f"{t}x{h} k={k} {dtype} prequant={pre}"
-    assert_16bit_equal(pin, dequantized(ref_q[ptu // k], static_scale("static"), dtype), what)
+    what = f"{t}x{h} k={k} {dtype} prequant={pre} {mode}"
+    assert_16bit_equal(pin, dequantized(ref_q[ptu // k], ref_s[ptu // k], dtype), what)
     assert torch.equal(pw, w.flatten()[ptu]), f"{what}: permuted_weights"
     assert (z == 0).all(), f"{what}: zero_out not fully zeroed"
 
 
+@pytest.mark.parametrize("mode", DEQUANTIZED_MODES)
 @pytest.mark.parametrize("pre", [False, True], ids=["no_prequant", "prequant"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("act", list(K.Activation), ids=lambda a: a.name.lower())
-def test_fc1_activation_fp8_dequantized(act: K.Activation, dtype: torch.dtype, pre: bool) -> None:
-    """The reference's quantization (static scale) of mb_fc1_activation's rows (times the pre-quant scale where
-    given), each value times the scale rounded to dtype, bit for bit; rows past off[E] keep their poison. With the
-    identity and no bias this is the runner's separate step on 16-bit rows."""
-    e, rows = 16, 600
-    filled = rows - 37
-    s = static_scale("static")
-    for inter, with_bias in FC1_SHAPES:
+def test_fc1_activation_fp8_dequantized(act: K.Activation, dtype: torch.dtype, pre: bool, mode: str) -> None:
+    """The reference's quantization (the static scale or each row's) of mb_fc1_activation's rows (times the pre-quant
+    scale where given), each value times its scale rounded to dtype, bit for bit; rows past off[E] keep their poison.
+    With the identity and no bias this is the runner's separate step on 16-bit rows. 600 rows reach the staged and
+    block-per-row kernels, 20000 (per-row scales, no pre-quant scale) the warp-per-row one."""
+    e = 16
+    shapes = [(600, inter, with_bias) for inter, with_bias in FC1_SHAPES]
+    if mode == "row" and not pre:
+        shapes += [(20000, 768, True), (20000, 2880, False)]
+    for rows, inter, with_bias in shapes:
+        filled = rows - 37
         off = random_offsets(e, filled)
         n1 = 2 * inter if act.is_gated else inter
         x = (torch.randn(rows, n1, device="cuda") * 3).to(dtype)
         x[4::23] *= 8.0
+        x[6::29] *= 1e-3
         b = (torch.randn(e, n1, device="cuda") * 0.5).to(dtype) if with_bias else None
         p = prequant_scale(inter) if pre else None
         out = torch.full((rows, inter), math.nan, dtype=dtype, device="cuda")
-        ops.fc1_activation_fp8_dequantized(x, off, act, s, b, 1.702, 7.0, out=out, prequant_scale=p)
+        ops.fc1_activation_fp8_dequantized(x, off, act, static_scale(mode), b, 1.702, 7.0, out=out, prequant_scale=p)
         h = K.fc1_activation(x, off, act, b, 1.702, 7.0)
         torch.cuda.synchronize()
-        ref_q, _ = reference(h[:filled], "static") if p is None else reference_prequant(h[:filled], p, "static")
-        what = f"{act.name.lower()} inter={inter} bias={with_bias} {dtype} prequant={pre}"
-        assert_16bit_equal(out[:filled], dequantized(ref_q, s, dtype), what)
+        ref_q, ref_s = reference(h[:filled], mode) if p is None else reference_prequant(h[:filled], p, mode)
+        what = f"{act.name.lower()} rows={rows} inter={inter} bias={with_bias} {dtype} prequant={pre} {mode}"
+        assert_16bit_equal(out[:filled], dequantized(ref_q, ref_s, dtype), what)
         assert out[filled:].isnan().all(), f"{what}: rows past off[E] were written"
 
 
-def test_fp8_dequantized_forms_need_a_static_scale() -> None:
-    """Both quantize by one static scale: the wrappers refuse None, the entry points a NULL scale (nothing written)."""
-    from moe_build.kernels.library import call
-    x = torch.randn(4, 256, device="cuda").to(torch.bfloat16)
-    w = torch.rand(4, 2, device="cuda")
-    _, utp = random_maps(4, 8, 2)
-    with pytest.raises(ValueError, match="static_scale"):
-        ops.expand_rows_fp8_dequantized(x, utp.to(torch.int32), w, None)
-    out = torch.full((8, 256), math.nan, dtype=torch.bfloat16, device="cuda")
-    pw = poisoned_scales(8)
-    with pytest.raises(K.KernelError, match="static_scale must be non-NULL") as err:
-        call("mb_expand_rows_fp8_dequantized", x.data_ptr(), 2, utp.to(torch.int32).data_ptr(), w.data_ptr(), 0, 4,
-             256, 2, 0, out.data_ptr(), pw.data_ptr(), 0, 0)
-    assert err.value.status is K.Status.INVALID_ARGUMENT and out.isnan().all()
-    off = torch.tensor([0, 4], dtype=torch.int64, device="cuda")
-    with pytest.raises(K.KernelError, match="static_scale must be non-NULL"):
-        call("mb_fc1_activation_fp8_dequantized", x.data_ptr(), 2, 0, off.data_ptr(), 1, 4, 256,
-             int(K.Activation.IDENTITY), 1.0, math.inf, 0, 0, out.data_ptr(), 0)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_fp8_dequantized_identity_in_place(dtype: torch.dtype) -> None:
+    """The runner's separate FC2 step (fc2_prequant:fp8_dequantized) quantizes the activated rows in place: each row
+    read whole before it is written, with the static scale or the row's own, every kernel (600 and 20000 rows)."""
+    e = 16
+    for mode in DEQUANTIZED_MODES:
+        for rows, inter in ((600, 768), (600, 14336), (20000, 768)):
+            filled = rows - 37
+            off = random_offsets(e, filled)
+            x = (torch.randn(rows, inter, device="cuda") * 3).to(dtype)
+            p = prequant_scale(inter)
+            ref_q, ref_s = reference_prequant(x[:filled], p, mode)
+            want = torch.cat([dequantized(ref_q, ref_s, dtype), x[filled:]])
+            ops.fc1_activation_fp8_dequantized(x, off, K.Activation.IDENTITY, static_scale(mode), out=x,
+                                               prequant_scale=p)
+            torch.cuda.synchronize()
+            assert_16bit_equal(x, want, f"in place rows={rows} inter={inter} {dtype} {mode}")

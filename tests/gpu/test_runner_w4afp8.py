@@ -3,9 +3,11 @@ and compressed-tensors' W4AFP8 without pre-quant scales) against the fp64 refere
 
 The reference (moe_build.reference) dequantizes the int4 weights exactly, multiplies each GEMM's input by its AWQ
 pre-quant scale in fp64 and quantizes the product to e4m3 by moe_build/weights/fp8.py's rule (the static input
-scale, else per row). GEMM1's e4m3 input is the reference's bit for bit (the runner's fp32 product of a bf16 value
+scale, else per row). GEMM1's e4m3 values are the reference's bit for bit (the runner's fp32 product of a bf16 value
 and an fp32 scale is the exact product rounded once to fp32, which is what quantize_rows makes of the reference's
-fp64 product; tests/gpu/test_fp8_quantize.py checks those bytes). Past it the runner rounds: each dequantized weight
+fp64 product; tests/gpu/test_fp8_quantize.py checks those bytes). The layer runs W4A16's GEMMs (decode, digits and
+mixed-input wgmma tiles) on 16-bit rows: the expansion and the activation write each e4m3 value times its scale
+rounded to bf16 / fp16 (2^-9 relative). Past that the runner rounds: each dequantized weight
 to bf16 / fp16 (2^-9 relative), GEMM1's output and the activation to the 16-bit type before GEMM2's input is
 quantized, so an element of GEMM2's input near an e4m3 rounding boundary can land one e4m3 step (2^-3 relative)
 from the reference's, and the output is rounded once more. A torch emulation of exactly those roundings on a CPU
@@ -16,10 +18,6 @@ the per-token bound only: 4% bounds an average). The fusions and their unfused a
 (the pre-quant scale applied by the same fp32 multiply before the same quantization), so their outputs must be
 equal bit for bit with the deterministic finalize. Every output element must be written (outputs poisoned with NaN),
 fresh random data per case, routing pinned by giving both sides the same logits.
-
-With a static input scale the layer runs W4A16's GEMMs (decode, digits and mixed-input wgmma tiles) on 16-bit rows:
-the expansion and the activation write each e4m3 value times its scale rounded to bf16 / fp16 (2^-9 relative, as
-the weights are), where the e4m3 kernels apply the scale to their fp32 sums; the same bounds hold.
 """
 from __future__ import annotations
 
@@ -101,20 +99,14 @@ FORCED = [pytest.param(m, f, id=f"{mid}-{fid}") for m, mid in zip(MODES, MODE_ID
           for f, fid in [*zip(FORCES, FORCE_IDS), *FINALIZE_FORCES] if applies(m, f)]
 
 
-def test_the_plan_runs_the_fused_prequant_expansion_and_its_alternative() -> None:
+@pytest.mark.parametrize("mode", [MODES[0], MODES[2]], ids=[MODE_IDS[0], MODE_IDS[2]])
+def test_the_plan_runs_the_fused_prequant_expansion_and_its_alternative(mode: tuple) -> None:
     """What the plan says is what runs: the matrix's pre-quant expansion and FC2 fusion by default, the plain
-    expansion plus a quantize step, and the activation plus one, when forced off; e4m3 rows with per-row scales,
-    rows dequantized to 16 bits for W4A16's GEMMs with a static scale."""
+    expansion plus a quantize step, and the activation plus one, when forced off; with static and with per-row
+    scales, rows dequantized to 16 bits for W4A16's GEMMs."""
     need_fp8()
     from moe_build.runner import MoERunner
-    spec, weights = w4afp8_case(BASE, MODES[2], 0)
-    steps = MoERunner(spec, weights, target=device_target(), max_tokens=16).kernel_sequence(16)
-    assert "expand_rows:prequant_fp8+zero_output" in steps and "fc1_activation:fc2_prequant_fp8" in steps
-    forced = MoERunner(spec, weights, target=device_target(), max_tokens=16,
-                       force={"expand_rows": "plain", "fc2_prequant": "separate"}).kernel_sequence(16)
-    assert forced[3:] == ["expand_rows:16bit+zero_output", "fc1_prequant:fp8", "gemm1:w4afp8", "fc1_activation",
-                          "fc2_prequant:fp8", "gemm2:w4afp8_finalize"]  # 32 rows: the fused finalize
-    spec, weights = w4afp8_case(BASE, MODES[0], 0)
+    spec, weights = w4afp8_case(BASE, mode, 0)
     steps = MoERunner(spec, weights, target=device_target(), max_tokens=16).kernel_sequence(16)
     assert steps[3:] == ["expand_rows:fp8_dequantized+zero_output", "gemm1:woq", "fc1_activation:fp8_dequantized",
                          "gemm2:woq_finalize"]
@@ -126,15 +118,17 @@ def test_the_plan_runs_the_fused_prequant_expansion_and_its_alternative() -> Non
 
 MMA_TILES = {"gemm1_tactic": "mma:128x128:plain:plain", "gemm2_tactic": "mma:128x128:plain:plain",
              "finalize": "separate"}
-STATIC_MODES = [MODES[0], MODES[1], MODES[4]]
-STATIC_IDS = [MODE_IDS[0], MODE_IDS[1], MODE_IDS[4]]
+# the mixed-input kernel takes groups of 64 and 128 and per-row weight scales, not groups of 32
+WGMMA_MODES = [m for m in MODES if m[0] != 32]
+WGMMA_IDS = [i for m, i in zip(MODES, MODE_IDS) if m[0] != 32]
 
 
-@pytest.mark.parametrize("mode", STATIC_MODES, ids=STATIC_IDS)
+@pytest.mark.parametrize("mode", WGMMA_MODES, ids=WGMMA_IDS)
 @pytest.mark.parametrize("tokens", [255, 600, 3000])
-def test_static_scales_take_the_mixed_input_kernel_past_the_decode_band(mode: tuple, tokens: int) -> None:
-    """A static input scale: both GEMMs on the mixed-input wgmma kernel, on the rows the expansion and the activation
-    write dequantized, against the reference; the mma tiles (on the same 16-bit rows), forced, against it too."""
+def test_mixed_input_kernel_past_the_decode_band(mode: tuple, tokens: int) -> None:
+    """Static and per-row input scales: both GEMMs on the mixed-input wgmma kernel, on the rows the expansion and the
+    activation write dequantized, against the reference; the mma tiles (on the same 16-bit rows), forced, against it
+    too."""
     need_fp8()
     from moe_build.runner import MoERunner
     spec, weights = w4afp8_case(BASE, mode, tokens)
@@ -146,16 +140,19 @@ def test_static_scales_take_the_mixed_input_kernel_past_the_decode_band(mode: tu
 
 DIGITS_FORCES = [({}, "fused"), ({"token_digits": "separate"}, "digits_separate"), ({"expand_rows": "plain"},
                  "expand_plain"), ({"fc2_prequant": "separate"}, "fc2_separate")]
+# the digits tile takes groups of 64 and 128 and per-row weight scales; per-row input scales make their token digits
+# by steps of their own (rules.digits_row_scale)
+DIGITS_CASES = [pytest.param(m, f, id=f"{mid}-{fid}") for m, mid in zip(WGMMA_MODES, WGMMA_IDS)
+                for f, fid in DIGITS_FORCES if applies(m, f) and (m[3] or "token_digits" not in f)]
 
 
-@pytest.mark.parametrize("mode, force", [pytest.param(m, f, id=f"{mid}-{fid}")
-                                         for m, mid in zip(STATIC_MODES, STATIC_IDS)
-                                         for f, fid in DIGITS_FORCES if applies(m, f)])
+@pytest.mark.parametrize("mode, force", DIGITS_CASES)
 @pytest.mark.parametrize("tokens", [1, 2, 16])
-def test_static_scales_on_the_digits_tile(mode: tuple, force: dict[str, str], tokens: int) -> None:
-    """A static input scale on small experts at decode: W4A16's digits tile on the token digits of the dequantized
-    rows, made by the expansion and the activation (or by the quantize step after a plain expansion), or by digits
-    steps (forced, or with the FC2 scale forced out of the activation); against the reference."""
+def test_the_digits_tile(mode: tuple, force: dict[str, str], tokens: int) -> None:
+    """Small experts at decode: W4A16's digits tile on the token digits of the dequantized rows, made by the
+    expansion and the activation (or by the quantize step after a plain expansion) with a static scale, or by digits
+    steps (forced, with the FC2 scale forced out of the activation, or with per-row scales: rules.digits_row_scale);
+    against the reference."""
     need_fp8()
     from moe_build.runner import MoERunner
     base = BASE.with_overrides(num_experts=64, top_k=6)
@@ -168,8 +165,8 @@ def test_static_scales_on_the_digits_tile(mode: tuple, force: dict[str, str], to
 @pytest.mark.parametrize("mode", MODES[:1] + MODES[2:4], ids=MODE_IDS[:1] + MODE_IDS[2:4])
 @pytest.mark.parametrize("tokens", [1, 200, 3000])
 def test_fusions_equal_their_unfused_alternatives_bit_for_bit(mode: tuple, tokens: int) -> None:
-    """The fused pre-quant steps and the unfused ones feed the GEMMs the same e4m3 bytes and scales (with a static
-    scale, the same dequantized rows): with the deterministic finalize the outputs are equal (every tactic alike)."""
+    """The fused pre-quant steps and the unfused ones feed the GEMMs the same dequantized rows: with the
+    deterministic finalize the outputs are equal (every tactic alike)."""
     need_fp8()
     from moe_build.runner import MoERunner
     spec, weights = w4afp8_case(BASE, mode, tokens)

@@ -211,6 +211,45 @@ __device__ __forceinline__ float dequantized(float v, float s, float y) {
   return __fmul_rn(__half2float(__half(__nv_cvt_fp8_to_halfraw(q, __NV_E4M3))), s);
 }
 
+// Unit u of a row of `cols` T values: the e4m3 bytes q times s, each in one fp32 multiply rounded to T (the value
+// dequantized() gives for the element q quantizes).
+template <typename T>
+__device__ __forceinline__ void store_dequantized_unit(T* row, int64_t u, int64_t cols, bool whole, Bytes q, float s) {
+  uint8_t b[kVec];
+  memcpy(b, &q, sizeof(b));
+  float v[kVec];
+#pragma unroll
+  for (int k = 0; k < kVec; ++k)
+    v[k] = __fmul_rn(__half2float(__half(__nv_cvt_fp8_to_halfraw(b[k], __NV_E4M3))), s);
+  if (whole) {
+    *reinterpret_cast<uint4*>(row + u * kVec) = raw_from_f32<T, kVec>(v);
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) {
+    if (u * kVec + k < cols) row[u * kVec + k] = from_f32<T>(v[k]);
+  }
+}
+
+// An e4m3 kernel's output row: its units' bytes and the row's scales (an FP8 GEMM's input), or, kDequantized (W4AFP8,
+// whose GEMMs are W4A16's on 16-bit rows), each unit's bytes times its scale in T (store_dequantized_unit) and no
+// scales: the quantization the FP8 GEMM would read, in the values W4A16's GEMMs read.
+template <typename T, bool kDequantized>
+struct OutRow {
+  using Elem = std::conditional_t<kDequantized, T, uint8_t>;
+  Elem* row;
+  float* scales;  // null where kDequantized
+  __device__ __forceinline__ OutRow(void* out, float* out_scales, int64_t p, int64_t cols, int64_t scale_cols)
+      : row(static_cast<Elem*>(out) + p * cols), scales(kDequantized ? nullptr : out_scales + p * scale_cols) {}
+  __device__ __forceinline__ void unit(int64_t u, int64_t cols, bool whole, Bytes q, float s) const {
+    if constexpr (kDequantized) store_dequantized_unit<T>(row, u, cols, whole, q, s);
+    else store_unit(row, u, cols, whole, q);
+  }
+  __device__ __forceinline__ void scale(int64_t g, float s) const {
+    if constexpr (!kDequantized) scales[g] = s;
+  }
+};
+
 // A unit's e4m3 bytes from its eight values v (as the quantization sees them) by scale s, y = 1 / s.
 __device__ __forceinline__ Bytes pack_unit(const float (&v)[kVec], float s, float y) {
   uint32_t w[2] = {0u, 0u};
@@ -286,7 +325,8 @@ __device__ __forceinline__ float block_max(float v) {
 //   Src: Payload fetch(int64_t u) const: issues unit u's loads (u in the row);
 //        void begin(): once per row, after the first tile's fetches are issued (work that may overlap them);
 //        uint4 unit(const Payload&, int64_t u) const: unit u's values, packed T (zero past the row's end).
-//   Dst: void store(int64_t t0, const Bytes (&q)[kUnits]) const: tile t0's units (those in the row);
+//   Dst: void store(int64_t t0, const Bytes (&q)[kUnits], const float (&s)[kUnits]) const: tile t0's units (those
+//        in the row), each quantized by its scale s[i];
 //        void scale(int64_t g, float s) const: the scale of group g (0 for kStatic and kPerRow).
 template <typename T, typename Src, typename Dst>
 __device__ __forceinline__ void quantize_row(Src& src, const Dst& dst, int64_t cols, Mode mode,
@@ -336,6 +376,7 @@ __device__ __forceinline__ void quantize_row(Src& src, const Dst& dst, int64_t c
         }
       }
       Bytes q[kUnits];
+      float unit_s[kUnits];
 #pragma unroll
       for (int i = 0; i < kUnits; ++i) {
         float p[kVec];
@@ -351,8 +392,9 @@ __device__ __forceinline__ void quantize_row(Src& src, const Dst& dst, int64_t c
           if (u < units && u % kGroupLanes == 0) dst.scale(u / kGroupLanes, s);
         }
         q[i] = quantize_unit<T>(x[i], s, p);
+        unit_s[i] = s;
       }
-      dst.store(t0, q);
+      dst.store(t0, q, unit_s);
     }
     if (pass == 0) {
       row_s = dynamic_scale(block_max(amax));
@@ -375,20 +417,20 @@ struct RowSource {
   __device__ __forceinline__ uint4 unit(uint4 x, int64_t) const { return x; }
 };
 
-// One e4m3 row of `cols` bytes and its scales.
+// One output row of `cols` elements (OutRow: e4m3 bytes and scales, or kDequantized 16-bit values).
+template <typename T, bool kDequantized>
 struct RowDest {
-  uint8_t* row;
-  float* scales;
+  OutRow<T, kDequantized> out;
   int64_t cols;
   bool whole;
-  __device__ __forceinline__ void store(int64_t t0, const Bytes (&q)[kUnits]) const {
+  __device__ __forceinline__ void store(int64_t t0, const Bytes (&q)[kUnits], const float (&s)[kUnits]) const {
     const int64_t units = (cols + kVec - 1) / kVec;
 #pragma unroll
     for (int i = 0; i < kUnits; ++i) {
-      if (unit_index(t0, i) < units) store_unit(row, unit_index(t0, i), cols, whole, q[i]);
+      if (unit_index(t0, i) < units) out.unit(unit_index(t0, i), cols, whole, q[i], s[i]);
     }
   }
-  __device__ __forceinline__ void scale(int64_t g, float s) const { scales[g] = s; }
+  __device__ __forceinline__ void scale(int64_t g, float s) const { out.scale(g, s); }
 };
 
 }  // namespace fp8

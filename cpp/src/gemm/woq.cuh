@@ -20,10 +20,8 @@
 //          (the same value: both round the exact product once);
 //   int8 : q * s in fp32 (q exact through the 2^23 magic number, no integer conversion), rounded once.
 //
-// W4AFP8 (A e4m3 with a per-row scale, int4 weights): the kernels read A's bytes (half of a 16-bit row's) and turn
-// each into T exactly (e4m3_pairs below) where they would have read T: the decode kernel in registers, the mma
-// kernel on the way into shared memory, so everything after is the 16-bit GEMM's. The row's scale multiplies the
-// fp32 sum in the epilogue, before the bias.
+// W4AFP8 layers (int4 weights, FP8 activations) run these GEMMs on their FP8-quantized rows stored dequantized to 16
+// bits (stages/expand_rows.cu, stages/fc1_activation.cu).
 #pragma once
 
 #include <cstdint>
@@ -37,8 +35,7 @@ namespace mbk {
 constexpr int kMxfp4Group = 32;
 
 struct WoqGemmParams {
-  const void* A;           // [max_rows, k] in T, or e4m3 where scale_a is given, or the token digits (MB_INPUT_DIGITS)
-  const float* scale_a;    // [max_rows]: e4m3 A's per-row scales (MB_INPUT_E4M3), or null (A in T)
+  const void* A;           // [max_rows, k] in T, or the token digits (MB_INPUT_DIGITS)
   const uint8_t* B;        // as the kind says
   const void* scales;      // fp32, or uint8 e8m0 for MXFP4
   const uint8_t* zeros;    // INT4 only, or null
@@ -65,9 +62,6 @@ template <> struct Woq16<__nv_bfloat16> {
   static constexpr uint32_t kE2m1Mask = 0x01c001c0u;
   static constexpr int kE2m1Exp = 126;             // the placed code is e2m1 * 2^-126
   static constexpr int kMinExp = -133;             // the smallest power of two in T
-  static constexpr int kE4m3Shift = 4;             // e4m3 bits 0-6 (mantissa, exponent) onto T's bits 4-10
-  static constexpr uint32_t kE4m3Mask = 0x07f007f0u;
-  static constexpr uint32_t kE4m3Scale = 0x7b807b80u;  // 2^120 in both halves: the placed byte is e4m3 * 2^-120
   static __device__ __forceinline__ uint32_t bits(float f) { return __bfloat16_as_ushort(__float2bfloat16_rn(f)); }
   static __device__ __forceinline__ float value(uint32_t b) {
     return __bfloat162float(__ushort_as_bfloat16(static_cast<unsigned short>(b)));
@@ -80,9 +74,6 @@ template <> struct Woq16<__half> {
   static constexpr uint32_t kE2m1Mask = 0x0e000e00u;
   static constexpr int kE2m1Exp = 14;
   static constexpr int kMinExp = -24;
-  static constexpr int kE4m3Shift = 7;             // onto bits 7-13
-  static constexpr uint32_t kE4m3Mask = 0x3f803f80u;
-  static constexpr uint32_t kE4m3Scale = 0x5c005c00u;  // 2^8: the placed byte is e4m3 * 2^-8
   static __device__ __forceinline__ uint32_t bits(float f) { return __half_as_ushort(__float2half_rn(f)); }
   static __device__ __forceinline__ float value(uint32_t b) {
     return __half2float(__ushort_as_half(static_cast<unsigned short>(b)));
@@ -211,22 +202,6 @@ __device__ __forceinline__ void dequant_step(uint32_t w, uint2 w8, const RowCons
       }
     }
   }
-}
-
-// Eight e4m3 values (element j in byte j of lo, then of hi) as four packed pairs of T, exactly: each byte's exponent
-// and mantissa bits placed into T's exponent and top mantissa bits (e4m3's bias 7 against T's 127 / 15: the placed
-// number is the e4m3 value times 2^-120 / 2^-8, an e4m3 subnormal landing on a T subnormal of the same digits), its
-// sign onto T's, then one multiply by 2^120 / 2^8, exact. e4m3's NaN codes (0x7f, 0xff) are not carried: the
-// quantization kernels write saturated finite values.
-template <typename T>
-__device__ __forceinline__ uint4 e4m3_pairs(uint32_t lo, uint32_t hi) {
-  using H = Woq16<T>;
-  auto pair = [](uint32_t w, uint32_t sel) {
-    const uint32_t p = __byte_perm(w, 0u, sel);  // two bytes to the low byte of each half
-    const uint32_t x = ((p << H::kE4m3Shift) & H::kE4m3Mask) | ((p << 8) & 0x80008000u);
-    return fma2<T>(x, H::kE4m3Scale, kNegZero2);
-  };
-  return make_uint4(pair(lo, 0x4140u), pair(lo, 0x4342u), pair(hi, 0x4140u), pair(hi, 0x4342u));
 }
 
 // int4 weights in the int4 codes forms (gemm/woq_decode.cu's ring and staged kernels, and the token digits of

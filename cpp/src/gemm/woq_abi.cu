@@ -1,7 +1,6 @@
 // The weight-only grouped-GEMM entry points (mb_grouped_gemm_woq, and mb_grouped_gemm_woq_finalize on the decode
 // kernel): the argument and tactic checks, then the tactic's kernel: gemm/woq_decode.cu (MB_GEMM_DECODE, a few rows
-// per expert) or gemm/woq_mma.cu (MB_GEMM_MMA, many), each with 16-bit activations or (W4AFP8) e4m3 ones and their
-// per-row scales.
+// per expert) or gemm/woq_mma.cu (MB_GEMM_MMA, many), on 16-bit activations (or their token digits).
 #include <cstdint>
 
 #include "gemm/mma.cuh"
@@ -23,9 +22,9 @@ bool woq_tactic_ok(const mb_gemm_tactic& t) {
 
 mb_status check_woq_args(const WoqGemmParams& p, int a_type, int64_t max_rows, const mb_gemm_tactic& t) {
   const char* who = "grouped gemm woq";
-  if (a_type != MB_INPUT_DTYPE && a_type != MB_INPUT_E4M3 && a_type != MB_INPUT_DIGITS)
-    return fail(MB_ERR_INVALID_ARGUMENT, "%s: a_type %d is not dtype (%d), e4m3 (%d) or digits (%d)", who, a_type,
-                MB_INPUT_DTYPE, MB_INPUT_E4M3, MB_INPUT_DIGITS);
+  if (a_type != MB_INPUT_DTYPE && a_type != MB_INPUT_DIGITS)
+    return fail(MB_ERR_INVALID_ARGUMENT, "%s: a_type %d is not dtype (%d) or digits (%d)", who, a_type,
+                MB_INPUT_DTYPE, MB_INPUT_DIGITS);
   const bool digits_tile = t.kernel == MB_GEMM_DECODE && t.tile == MB_TILE_DECODE_DIGITS;
   if ((a_type == MB_INPUT_DIGITS) != digits_tile)
     return fail(MB_ERR_INVALID_ARGUMENT, "%s: the token digits (a_type %d) go with the decode kernel's digits tile "
@@ -33,10 +32,6 @@ mb_status check_woq_args(const WoqGemmParams& p, int a_type, int64_t max_rows, c
   if (a_type == MB_INPUT_DIGITS && !int4_staged_fit(p))
     return fail(MB_ERR_UNSUPPORTED, "%s: the token digits take int4 weights with group 0 or 128 and k a multiple of "
                 "128, or group 64 and k a multiple of 64 (kind %d, group %d, k %d)", who, p.kind, p.group, p.k);
-  if ((a_type == MB_INPUT_E4M3) != (p.scale_a != nullptr))
-    return fail(MB_ERR_INVALID_ARGUMENT, "%s: scale_a is given with an e4m3 A and only then", who);
-  if (a_type == MB_INPUT_E4M3 && p.kind != MB_WOQ_INT4)
-    return fail(MB_ERR_UNSUPPORTED, "%s: e4m3 activations take int4 weights (W4AFP8), not kind %d", who, p.kind);
   if (p.kind != MB_WOQ_INT4 && p.kind != MB_WOQ_INT8 && p.kind != MB_WOQ_MXFP4)
     return fail(MB_ERR_INVALID_ARGUMENT, "%s: kind %d is not int4 (%d), int8 (%d) or mxfp4 (%d)", who, p.kind,
                 MB_WOQ_INT4, MB_WOQ_INT8, MB_WOQ_MXFP4);
@@ -65,12 +60,12 @@ mb_status check_woq_args(const WoqGemmParams& p, int a_type, int64_t max_rows, c
 }  // namespace
 }  // namespace mbk
 
-extern "C" mb_status mb_grouped_gemm_woq(const void* A, int a_type, const float* scale_a, const void* B, int kind,
+extern "C" mb_status mb_grouped_gemm_woq(const void* A, int a_type, const void* B, int kind,
                                          const void* scales, const uint8_t* zeros, int group, const void* bias,
                                          void* C, const int64_t* expert_first_token_offset, int num_experts,
                                          int64_t max_rows, int n, int k, int dtype, mb_gemm_tactic tactic,
                                          cudaStream_t stream) {
-  const mbk::WoqGemmParams p{A, scale_a, static_cast<const uint8_t*>(B), scales, zeros, bias, C,
+  const mbk::WoqGemmParams p{A, static_cast<const uint8_t*>(B), scales, zeros, bias, C,
                              expert_first_token_offset, num_experts, n, k, group, kind};
   MB_TRY(mbk::check_woq_args(p, a_type, max_rows, tactic));
   if (max_rows == 0) return MB_OK;
@@ -79,8 +74,8 @@ extern "C" mb_status mb_grouped_gemm_woq(const void* A, int a_type, const float*
   return mbk::launch_woq_decode(p, max_rows, dtype, tactic.k_split, tactic.tile, after, stream);
 }
 
-extern "C" mb_status mb_grouped_gemm_woq_finalize(const void* A, int a_type, const float* scale_a, const void* B,
-                                                  int kind, const void* scales, const uint8_t* zeros, int group,
+extern "C" mb_status mb_grouped_gemm_woq_finalize(const void* A, int a_type, const void* B, int kind,
+                                                  const void* scales, const uint8_t* zeros, int group,
                                                   const void* bias, void* out,
                                                   const int64_t* expert_first_token_offset,
                                                   const int32_t* permuted_to_unpermuted,
@@ -93,7 +88,7 @@ extern "C" mb_status mb_grouped_gemm_woq_finalize(const void* A, int a_type, con
   if (tactic.kernel != MB_GEMM_DECODE)
     return mbk::fail(MB_ERR_UNSUPPORTED, "%s: the finalize epilogue runs on the decode kernel only, not %s", who,
                      mbk::kernel_name(tactic.kernel));
-  const mbk::WoqGemmParams p{A, scale_a, static_cast<const uint8_t*>(B), scales, zeros, bias, out,
+  const mbk::WoqGemmParams p{A, static_cast<const uint8_t*>(B), scales, zeros, bias, out,
                              expert_first_token_offset, num_experts, n, k, group, kind, permuted_to_unpermuted,
                              permuted_weights, top_k};
   MB_TRY(mbk::check_woq_args(p, a_type, max_rows, tactic));

@@ -33,11 +33,6 @@
 // gives every load of a batch one scoreboard and each batch's first instruction waits on it, the prefetches issued
 // a batch earlier included, so a warp waits about one memory latency a batch (docs/experiments.md, where the
 // shared-memory rings tried against it are).
-//
-// e4m3 tokens (A8, W4AFP8): in the register kernels a lane's 32 k of its token row are 32 bytes, two 16-byte loads
-// per batch (half the registers of 16-bit tokens), turned into T step by step just before the mma (gemm/woq.cuh,
-// e4m3_pairs); the staged kernel turns them into T once, as it stores them in shared memory (so they fit it as 16-bit
-// rows do). The token row's scale multiplies the summed partials before the bias.
 #include <algorithm>
 #include <cstdint>
 
@@ -56,7 +51,7 @@ constexpr int kStages = KIND == MB_WOQ_INT8 ? 2 : 4;
 
 // The CTA's sums to C: a lane's accumulators (fragment rows g and g + 8, tokens 2q and 2q + 1) to shared memory,
 // then gemm/woq_decode_sums.cuh's store.
-template <typename T, int WK, bool A8, int R>
+template <typename T, int WK, int R>
 __device__ __forceinline__ void store_sums(const WoqGemmParams& p, float (&s_part)[WK][R][kDecodeTokens + 1],
                                            const float (&acc)[4], int expert, int64_t row_begin, int rows, int col0,
                                            int ks, int rg) {
@@ -64,10 +59,10 @@ __device__ __forceinline__ void store_sums(const WoqGemmParams& p, float (&s_par
 #pragma unroll
   for (int c = 0; c < 4; ++c) s_part[ks][rg * 16 + g + (c >> 1) * 8][2 * q + (c & 1)] = acc[c];
   __syncthreads();
-  store_part_sums<T, WK, A8>(p, s_part, expert, row_begin, rows, col0);
+  store_part_sums<T, WK>(p, s_part, expert, row_begin, rows, col0);
 }
 
-template <typename T, int KIND, int WK, bool A8>
+template <typename T, int KIND, int WK>
 __global__ void __launch_bounds__(kDecodeThreads, 2) grouped_woq_decode_kernel(WoqGemmParams p) {
   constexpr int R = 16 * (kDecodeWarps / WK);  // weight rows per CTA (= output columns)
   constexpr int U = 4;                       // k32 steps per batch (128 k)
@@ -105,14 +100,12 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) grouped_woq_decode_kernel(W
   const bool aok = g < rows;
   const int64_t arow_index = row_begin + (aok ? g : 0);
   const T* arow = static_cast<const T*>(p.A) + arow_index * K;
-  const uint8_t* arow8 = static_cast<const uint8_t*>(p.A) + arow_index * K;  // A8: the token row's bytes
 
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   const int kslice = decode_k_slice(K, WK);
   const int kb = ks * kslice, ke = min(K, kb + kslice);
 
-  constexpr int AU = A8 ? 2 : U;  // 16-byte token loads per batch: 32 e4m3 bytes, or four steps of 8 T
-  uint4 w[S][2][RAW], a[2][AU];
+  uint4 w[S][2][RAW], a[2][U];
   uint32_t sv[S][2], zv[S][2];  // the stored scale and zero of each slot's rows
   auto load_weights = [&](int slot, int k0) {
     const int k = k0 + 32 * q;  // this lane's 32 k
@@ -131,13 +124,8 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) grouped_woq_decode_kernel(W
   };
   auto load_tokens = [&](int buf, int k0) {
     const int k = k0 + 32 * q;
-    if constexpr (A8) {
 #pragma unroll
-      for (int j = 0; j < AU; ++j) a[buf][j] = ld_tokens(arow8 + k + 16 * j, k < ke && aok);
-    } else {
-#pragma unroll
-      for (int u = 0; u < U; ++u) a[buf][u] = ld_tokens(arow + k + 8 * u, k < ke && aok);
-    }
+    for (int u = 0; u < U; ++u) a[buf][u] = ld_tokens(arow + k + 8 * u, k < ke && aok);
   };
   auto compute = [&](int slot, int buf) {
     RowConsts rc[2];
@@ -160,13 +148,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) grouped_woq_decode_kernel(W
           frag[1][h] = pairs[2];
           frag[1][2 + h] = pairs[3];
         }
-        uint4 tok;  // the token row's 8 T at step u's k
-        if constexpr (A8) {
-          const uint4& r8 = a[buf][u >> 1];
-          tok = u & 1 ? e4m3_pairs<T>(r8.z, r8.w) : e4m3_pairs<T>(r8.x, r8.y);
-        } else {
-          tok = a[buf][u];
-        }
+        const uint4& tok = a[buf][u];  // the token row's 8 T at step u's k
         mma16816<MmaName<T>::kBf16>(acc, frag[0], tok.x, tok.y);
         mma16816<MmaName<T>::kBf16>(acc, frag[1], tok.z, tok.w);
       }
@@ -199,7 +181,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) grouped_woq_decode_kernel(W
       }
     }
   }
-  store_sums<T, WK, A8>(p, s_part, acc, expert, row_begin, rows, col0, ks, rg);
+  store_sums<T, WK>(p, s_part, acc, expert, row_begin, rows, col0, ks, rg);
 }
 
 // Step u of a lane's two rows of int4 codes (rows g and g + 8: a batch's 16 bytes each) as the mma's A fragments,
@@ -240,13 +222,12 @@ __device__ __forceinline__ uint32_t int4_neg_zero(uint32_t stored, uint32_t zmas
 // 116.8 -> 107.8 us at 1 token, docs/performance.md); halving the instructions did not halve the time: each batch
 // waits on the loads it just issued (the staged kernel below, which replaces it wherever the token rows fit its
 // shared memory, says why and how it waits less).
-template <typename T, int WK, bool A8, bool PER_ROW>
+template <typename T, int WK, bool PER_ROW>
 __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_int4_codes_kernel(WoqGemmParams p) {
   constexpr int R = 16 * (kDecodeWarps / WK);  // weight rows per CTA (= output columns)
   constexpr int U = 4;                         // k32 steps per batch (128 k, one scale group)
   constexpr int S = 4;                         // batches in the register ring
   constexpr int SS = PER_ROW ? 1 : S;          // the scales' and zeros' ring: one pair per row for group 0
-  constexpr int AU = A8 ? 2 : U;               // 16-byte token loads per batch
   __shared__ float s_part[WK][R][kDecodeTokens + 1];
 
   const TileRows tile = cta_find_tile<kDecodeTokens>(p.offsets, p.num_experts);
@@ -283,11 +264,11 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_int4_codes_kerne
   const uint8_t* zp0 = p.zeros ? p.zeros + gi : reinterpret_cast<const uint8_t*>(sp0);
   const uint8_t* zp1 = p.zeros ? zp0 + 8 * groups : reinterpret_cast<const uint8_t*>(sp1);
   const uint32_t zmask = p.zeros ? 0xffu : 0u, zor = p.zeros ? 0u : 8u;
-  const char* ap = static_cast<const char*>(p.A) + (arow_index * K + kb + 32 * q) * (A8 ? 1 : sizeof(T));
-  constexpr unsigned kTokenBytes = A8 ? 128u : 128u * sizeof(T);  // a batch of one token row
+  const char* ap = static_cast<const char*>(p.A) + (arow_index * K + kb + 32 * q) * sizeof(T);
+  constexpr unsigned kTokenBytes = 128u * sizeof(T);  // a batch of one token row
 
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
-  uint4 w[S][2], a[2][AU];
+  uint4 w[S][2], a[2][U];
   float sv[SS][2];
   uint32_t zv[SS][2];  // -(magic + z) in both halves
   auto load_consts = [&](int slot, unsigned jc) {
@@ -306,7 +287,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_int4_codes_kerne
   auto load_tokens = [&](int buf, int j) {
     const char* src = ap + kTokenBytes * static_cast<unsigned>(min(j, nb - 1));
 #pragma unroll
-    for (int u = 0; u < AU; ++u) a[buf][u] = ld_tokens_in_bounds(src + 16 * u);
+    for (int u = 0; u < U; ++u) a[buf][u] = ld_tokens_in_bounds(src + 16 * u);
   };
   auto compute = [&](int slot, int buf) {
     const int cs = PER_ROW ? 0 : slot;
@@ -316,13 +297,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_int4_codes_kerne
     for (int u = 0; u < U; ++u) {
       uint32_t frag[2][4];
       int4_codes_step<T>(w[slot], u, zv[cs], frag);
-      uint4 tok;  // the token row's 8 T at step u's k
-      if constexpr (A8) {
-        const uint4& r8 = a[buf][u >> 1];
-        tok = u & 1 ? e4m3_pairs<T>(r8.z, r8.w) : e4m3_pairs<T>(r8.x, r8.y);
-      } else {
-        tok = a[buf][u];
-      }
+      const uint4& tok = a[buf][u];  // the token row's 8 T at step u's k
       mma16816<MmaName<T>::kBf16>(sum, frag[0], tok.x, tok.y);
       mma16816<MmaName<T>::kBf16>(sum, frag[1], tok.z, tok.w);
     }
@@ -357,7 +332,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_int4_codes_kerne
       for (int c = 0; c < 4; ++c) acc[c] *= sv[0][c >> 1];
     }
   }
-  store_sums<T, WK, A8>(p, s_part, acc, expert, row_begin, rows, col0, ks, rg);
+  store_sums<T, WK>(p, s_part, acc, expert, row_begin, rows, col0, ks, rg);
 }
 
 
@@ -378,9 +353,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_int4_codes_kerne
 //     the 1 KB it had just issued (the ring kernel above; Nsight Compute, H200: 49% of its stall samples on those waits);
 //   - the token rows, 16 bytes a lane per step, would take twice the weights' registers: the CTA copies its chunk
 //     of them (all of K) into shared memory once (cp.async) and the steps read them there. Copied in windows with a
-//     barrier around each, where they do not fit, this was slower than the ring kernel (docs/experiments.md).
-//     e4m3 tokens (A8) are turned into T as they are stored there (e4m3_pairs, once per CTA instead of in every
-//     warp at every step), so the steps are the 16-bit tokens' and only the epilogue's row scale differs;
+//     barrier around each, where they do not fit, this was slower than the ring kernel (docs/experiments.md);
 //   - loads are unpredicated, as in the ring kernel; batches past a slice are computed on zero tokens.
 // 128-k batches a warp loads per wait: 4 KB of int4 weights with one scale per row, 3 KB with a scale and a zero
 // per group (their registers: four such batches spill at 128 a thread; group 64's three, with two groups' scales
@@ -406,7 +379,7 @@ __device__ __forceinline__ int staged_chunk_position(int c) {
   else return (c & 3) * 4 + (c >> 2);
 }
 
-template <typename T, int WK, bool A8, int GROUP>
+template <typename T, int WK, int GROUP>
 __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_int4_staged_kernel(WoqStagedLaunch d) {
   static_assert(GROUP == 0 || GROUP == 64 || GROUP == 128, "one scale per row, per 64 k or per 128 k");
   const WoqGemmParams& p = d.p;
@@ -416,7 +389,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_int4_staged_kern
   constexpr int H = GROUP == 64 ? 2 : 1;       // scale groups per batch
   constexpr int NB = kBigBatch<GROUP>;         // batches per wait
   constexpr int SB = PER_ROW ? 1 : NB;         // scales and zeros per row in a buffer: one for group 0
-  constexpr int TB = static_cast<int>(sizeof(T));  // token bytes per k in shared memory (e4m3 ones turned into T)
+  constexpr int TB = static_cast<int>(sizeof(T));  // token bytes per k in shared memory
   __shared__ float s_part[WK][R][kDecodeTokens + 1];
   extern __shared__ __align__(16) unsigned char s_tok[];  // [WK][rows_cap][pitch]: the token rows of each slice
 
@@ -520,20 +493,18 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_int4_staged_kern
       }
     }
   };
-  // Every slice's token rows into shared memory, then a barrier (the copies visible to all warps). 16-bit rows are
-  // copied by cp.async; an e4m3 row's 8 bytes per 16 stored are loaded, turned into 8 T and stored. A half batch at
-  // the end of K is completed with zeros.
+  // Every slice's token rows into shared memory by cp.async, then a barrier (the copies visible to all warps). A
+  // half batch at the end of K is completed with zeros.
   const char* A = static_cast<const char*>(p.A);
   auto stage_tokens = [&]() {
     constexpr int kChunks = 128 * TB / 16;    // 16-byte chunks stored per batch of one row (16)
-    constexpr int kSrcBytes = A8 ? 1 : TB;    // A's bytes per k
     static_assert(kChunks == 16, "staged_chunk_position places 16 chunks a batch");
     for (int sr = 0; sr < WK * rows; ++sr) {  // (slice, row) pairs, CTA-uniform
       const int s = sr % WK, r = sr / WK;
       const int k0 = s * kslice;  // < K + kslice: fits int
       const int slice_k = max(0, min(kslice, K - k0));  // the last slice is shorter, or empty
       const int chunks = slice_k * TB / 16, stored_chunks = (slice_k + 127) / 128 * kChunks;
-      const char* src = A + ((row_begin + r) * K + k0) * kSrcBytes;
+      const char* src = A + ((row_begin + r) * K + k0) * TB;
       unsigned char* dst = s_tok + (s * d.rows_cap + r) * pitch;
 #pragma unroll 4
       for (int c = threadIdx.x; c < stored_chunks; c += kDecodeThreads) {
@@ -541,9 +512,6 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_int4_staged_kern
         uint4* at = reinterpret_cast<uint4*>(dst + ((c - cc) + staged_chunk_position<GROUP>(cc)) * 16);
         if (c >= chunks) {
           *at = make_uint4(0u, 0u, 0u, 0u);
-        } else if constexpr (A8) {
-          const uint2 v = *reinterpret_cast<const uint2*>(src + c * 8);  // k 8c .. 8c + 7 of the slice
-          *at = e4m3_pairs<T>(v.x, v.y);
         } else {
           cp_async16(static_cast<uint32_t>(__cvta_generic_to_shared(at)), src + c * 16, true);
         }
@@ -566,14 +534,14 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_int4_staged_kern
 #pragma unroll
     for (int c = 0; c < 4; ++c) acc[c] *= sv[0][0][0][c >> 1];
   }
-  store_sums<T, WK, A8>(p, s_part, acc, expert, row_begin, rows, col0, ks, rg);
+  store_sums<T, WK>(p, s_part, acc, expert, row_begin, rows, col0, ks, rg);
 }
 
-template <typename T, int KIND, bool A8 = false>
+template <typename T, int KIND>
 mb_status launch_kind(const WoqGemmParams& p, int64_t max_rows, int k_split, bool after_trigger, cudaStream_t stream) {
   return by_k_split(k_split, [&](auto wk) {
     constexpr int WK = decltype(wk)::value;
-    return launch_decode(grouped_woq_decode_kernel<T, KIND, WK, A8>, p, p.n, 16 * (kDecodeWarps / WK),
+    return launch_decode(grouped_woq_decode_kernel<T, KIND, WK>, p, p.n, 16 * (kDecodeWarps / WK),
                          decode_chunks(max_rows, p.num_experts), after_trigger, stream, "grouped gemm woq");
   });
 }
@@ -587,40 +555,40 @@ size_t staged_smem(const WoqGemmParams& p, int rows_cap, int wk, int token_bytes
 }
 
 // The int4 codes forms on the ring kernel (group 128 or 0).
-template <typename T, bool A8, bool PER_ROW>
+template <typename T, bool PER_ROW>
 mb_status launch_int4_ring(const WoqGemmParams& p, int64_t max_rows, int k_split, bool after_trigger,
                            cudaStream_t stream) {
   return by_k_split(k_split, [&](auto wk) {
     constexpr int WK = decltype(wk)::value;
-    return launch_decode(woq_decode_int4_codes_kernel<T, WK, A8, PER_ROW>, p, p.n, 16 * (kDecodeWarps / WK),
+    return launch_decode(woq_decode_int4_codes_kernel<T, WK, PER_ROW>, p, p.n, 16 * (kDecodeWarps / WK),
                          decode_chunks(max_rows, p.num_experts), after_trigger, stream, "grouped gemm woq");
   });
 }
 
 // The int4 codes forms on the staged kernel, refused where a chunk's token rows do not fit kTokenBudget.
-template <typename T, bool A8, int GROUP>
+template <typename T, int GROUP>
 mb_status launch_int4_staged(const WoqGemmParams& p, int64_t max_rows, int k_split, bool after_trigger,
                              cudaStream_t stream) {
   return by_k_split(k_split, [&](auto wk) {
     constexpr int WK = decltype(wk)::value;
     const WoqStagedLaunch d{p, static_cast<int>(std::min<int64_t>(kDecodeTokens, max_rows))};
-    const size_t smem = staged_smem(p, d.rows_cap, WK, static_cast<int>(sizeof(T)));  // e4m3 tokens stored as T
+    const size_t smem = staged_smem(p, d.rows_cap, WK, static_cast<int>(sizeof(T)));
     if (smem > kTokenBudget)
       return fail(MB_ERR_UNSUPPORTED, "grouped gemm woq: the staged decode kernel's token rows (%d-row chunks, k %d in "
                   "%d slices) need %zu bytes of shared memory, over its %zu: the tile none, or a larger k_split",
                   d.rows_cap, p.k, WK, smem, kTokenBudget);
-    return launch_decode(woq_decode_int4_staged_kernel<T, WK, A8, GROUP>, d, p.n, 16 * (kDecodeWarps / WK),
+    return launch_decode(woq_decode_int4_staged_kernel<T, WK, GROUP>, d, p.n, 16 * (kDecodeWarps / WK),
                          decode_chunks(max_rows, p.num_experts), after_trigger, stream, "grouped gemm woq", smem);
   });
 }
 
-template <typename T, bool A8>
+template <typename T>
 mb_status launch_int4_staged_group(const WoqGemmParams& p, int64_t max_rows, int k_split, bool after_trigger,
                                    cudaStream_t stream) {
   switch (p.group) {
-    case 0: return launch_int4_staged<T, A8, 0>(p, max_rows, k_split, after_trigger, stream);
-    case 64: return launch_int4_staged<T, A8, 64>(p, max_rows, k_split, after_trigger, stream);
-    default: return launch_int4_staged<T, A8, 128>(p, max_rows, k_split, after_trigger, stream);
+    case 0: return launch_int4_staged<T, 0>(p, max_rows, k_split, after_trigger, stream);
+    case 64: return launch_int4_staged<T, 64>(p, max_rows, k_split, after_trigger, stream);
+    default: return launch_int4_staged<T, 128>(p, max_rows, k_split, after_trigger, stream);
   }
 }
 
@@ -637,17 +605,10 @@ mb_status launch_woq_decode(const WoqGemmParams& p, int64_t max_rows, int dtype,
   return dispatch_16bit(dtype, [&](auto tag) {
     using T = decltype(tag);
     const bool a = after_trigger;
-    if (staged)
-      return p.scale_a ? launch_int4_staged_group<T, true>(p, max_rows, k_split, a, stream)
-                       : launch_int4_staged_group<T, false>(p, max_rows, k_split, a, stream);
-    if (int4_codes_fit(p)) {
-      if (p.scale_a)
-        return p.group ? launch_int4_ring<T, true, false>(p, max_rows, k_split, a, stream)
-                       : launch_int4_ring<T, true, true>(p, max_rows, k_split, a, stream);
-      return p.group ? launch_int4_ring<T, false, false>(p, max_rows, k_split, a, stream)
-                     : launch_int4_ring<T, false, true>(p, max_rows, k_split, a, stream);
-    }
-    if (p.scale_a) return launch_kind<T, MB_WOQ_INT4, true>(p, max_rows, k_split, after_trigger, stream);  // W4AFP8
+    if (staged) return launch_int4_staged_group<T>(p, max_rows, k_split, a, stream);
+    if (int4_codes_fit(p))
+      return p.group ? launch_int4_ring<T, false>(p, max_rows, k_split, a, stream)
+                     : launch_int4_ring<T, true>(p, max_rows, k_split, a, stream);
     switch (p.kind) {
       case MB_WOQ_INT8: return launch_kind<T, MB_WOQ_INT8>(p, max_rows, k_split, after_trigger, stream);
       case MB_WOQ_MXFP4: return launch_kind<T, MB_WOQ_MXFP4>(p, max_rows, k_split, after_trigger, stream);

@@ -237,7 +237,7 @@ __device__ __forceinline__ void digits_chunk(const WoqDigitsLaunch& d, int exper
     }
   }
   __syncthreads();
-  store_part_sums<T, WK, false>(p, s_part, expert, row_begin, rows, col0);
+  store_part_sums<T, WK>(p, s_part, expert, row_begin, rows, col0);
 }
 
 // A chunk's mmas per step follow its own rows (the host knows only the most a chunk may have, NM_MAX * 2): at one

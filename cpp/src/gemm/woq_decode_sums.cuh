@@ -35,10 +35,10 @@ __device__ __forceinline__ void run_big_batches(int nb, LoadBig&& load_big, Comp
 }
 
 // After a barrier over s_part: one thread per (token, output column pair), the K slices' partials summed in fixed
-// order (bit-reproducible), times the token row's scale (A8), plus the bias; stored, or with the finalize epilogue
+// order (bit-reproducible), plus the bias; stored, or with the finalize epilogue
 // (p.permuted_to_unpermuted set) times the row's routing weight and added into its token's output row with one
 // packed 2-element atomic, as gemm/decode.cu's finalize does.
-template <typename T, int WK, bool A8, int R>
+template <typename T, int WK, int R>
 __device__ __forceinline__ void store_part_sums(const WoqGemmParams& p,
                                                 const float (&s_part)[WK][R][kDecodeTokens + 1], int expert,
                                                 int64_t row_begin, int rows, int col0) {
@@ -56,11 +56,6 @@ __device__ __forceinline__ void store_part_sums(const WoqGemmParams& p,
 #pragma unroll
       for (int wi = 0; wi < WK; ++wi) s += s_part[wi][c + j][t];
       v[j] = s;
-    }
-    if constexpr (A8) {
-      const float sa = p.scale_a[row_begin + t];
-      v[0] *= sa;
-      v[1] *= sa;
     }
     if (bias) {
       const float2 b = P2::to_float2(*reinterpret_cast<const typename P2::type*>(bias + col));

@@ -27,11 +27,6 @@
 // Dequantization (gemm/woq.cuh's): each weight once per warp per stage, with its row's constants from shared
 // memory; at these tiles the mainloop's budget is instruction issue beside the mma, not memory. MXFP4 takes the
 // fp32 path for a stage where any multiplier of the warp's rows does not fit T.
-//
-// e4m3 tokens (A8, W4AFP8): a stage's token tile arrives as e4m3 bytes through registers instead of cp.async (each
-// thread loads kTok8 16-byte pieces, one stage ahead, as the constants are) and is stored converted to T
-// (gemm/woq.cuh, e4m3_pairs) into the tokens' shared layout above: each token converted once per CTA, not once per
-// column warp, and the mainloop unchanged. The epilogue multiplies each row's sums by its scale before the bias.
 #include <algorithm>
 #include <cstdint>
 
@@ -63,17 +58,16 @@ struct WoqTile {
   static constexpr int kStageBytes = kTokBytes + kWBytes + kConstBytes;
   static constexpr int kSmem = std::max(kStages * kStageBytes, BM * kOutStride * 4);
   static constexpr int kConstItems = kCols * kSlots / kThreads;  // (row, group) constants per thread per stage
-  static constexpr int kTok8 = BM * (kStageK / 16) / kThreads;    // A8: 16-byte e4m3 pieces per thread per stage
   // Row tiles per raster group: 1024 token rows, whose k-slices stay in L2 while the group's column blocks pass.
   static constexpr int kRasterTiles = 1024 / BM;
 };
 
-template <typename T, int KIND, int BM, bool A8>
+template <typename T, int KIND, int BM>
 __global__ void __launch_bounds__(WoqTile<BM, KIND>::kThreads)
     grouped_woq_mma_kernel(WoqGemmParams p, int m_tiles, int n_blocks) {
   using Tile = WoqTile<BM, KIND>;
   constexpr int kThreads = Tile::kThreads, kWarps = Tile::kWarps;
-  constexpr int WROW = Tile::kWRowBytes, WCH = WROW / 16, ITEMS = Tile::kConstItems, TOK8 = Tile::kTok8;
+  constexpr int WROW = Tile::kWRowBytes, WCH = WROW / 16, ITEMS = Tile::kConstItems;
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ TileRows s_tile;
 
@@ -111,7 +105,6 @@ __global__ void __launch_bounds__(WoqTile<BM, KIND>::kThreads)
   const int slots = kSlots >> group_shift;
   const int groups = p.group ? K / p.group : 1;
   const T* A = static_cast<const T*>(p.A) + tile.begin * K;
-  const uint8_t* A8p = static_cast<const uint8_t*>(p.A) + tile.begin * K;  // A8: the tile's first e4m3 row
   const int64_t wrow_bytes = KIND == MB_WOQ_INT8 ? K : K / 2;
   const uint8_t* B = p.B + static_cast<int64_t>(expert) * N * wrow_bytes;
   const int64_t scale_row0 = static_cast<int64_t>(expert) * N + col0;  // the scale row of the tile's column 0
@@ -139,33 +132,6 @@ __global__ void __launch_bounds__(WoqTile<BM, KIND>::kThreads)
       const bool ok = r < rows && k < K;
       const int pos = ch ^ ((ch >> 3) << 1) ^ (r & 1);
       cp_async16(dst + r * kTokRowBytes + pos * 16, ok ? A + static_cast<int64_t>(r) * K + k : A, ok);
-    }
-  };
-  // A8: stage kt's e4m3 tokens, piece i (16 k) of the tile at row i / 8, k 16 * (i % 8) (zeros past the expert's
-  // rows and past K), into registers ...
-  auto load_tokens8 = [&](int kt, uint4 (&v)[TOK8]) {
-#pragma unroll
-    for (int m = 0; m < TOK8; ++m) {
-      const int i = tid + m * kThreads;
-      const int r = i >> 3, k = kt * kStageK + (i & 7) * 16;
-      v[m] = ld_tokens(A8p + static_cast<int64_t>(r) * K + k, r < rows && k < K);
-    }
-  };
-  // ... and from them into the stage as T, each piece the two 16-byte chunks 2 * (i % 8) and 2 * (i % 8) + 1 of
-  // its row, at load_tokens' swizzled positions.
-  auto store_tokens8 = [&](int stage, const uint4 (&v)[TOK8]) {
-    unsigned char* dst = smem + stage * Tile::kStageBytes;
-#pragma unroll
-    for (int m = 0; m < TOK8; ++m) {
-      const int i = tid + m * kThreads;
-      const int r = i >> 3;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int ch = 2 * (i & 7) + h;
-        const int pos = ch ^ ((ch >> 3) << 1) ^ (r & 1);
-        *reinterpret_cast<uint4*>(dst + r * kTokRowBytes + pos * 16) =
-            h ? e4m3_pairs<T>(v[m].z, v[m].w) : e4m3_pairs<T>(v[m].x, v[m].y);
-      }
     }
   };
   // The (row, group) constants of stage kt: item i is row i / slots, group slot i % slots.
@@ -286,15 +252,7 @@ __global__ void __launch_bounds__(WoqTile<BM, KIND>::kThreads)
   mb::let_dependents_start();
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    if (s < ktiles) {
-      if constexpr (A8) {
-        uint4 v[TOK8];
-        load_tokens8(s, v);
-        store_tokens8(s, v);
-      } else {
-        load_tokens(s, s);
-      }
-    }
+    if (s < ktiles) load_tokens(s, s);
     cp_async_commit();
   }
 #pragma unroll
@@ -306,22 +264,14 @@ __global__ void __launch_bounds__(WoqTile<BM, KIND>::kThreads)
     __syncthreads();  // stage kt landed for every thread (its constants stored); stage kt - 1 fully consumed
     const int pf = kt + kStages - 1;
     uint32_t sv[ITEMS], zv[ITEMS];
-    [[maybe_unused]] uint4 tv[A8 ? TOK8 : 1];
     if (pf < ktiles) {
       load_weights(pf % kStages, pf);
-      if constexpr (A8) {
-        load_tokens8(pf, tv);
-      } else {
-        load_tokens(pf % kStages, pf);
-      }
+      load_tokens(pf % kStages, pf);
       load_consts(pf, sv, zv);
     }
     cp_async_commit();
     if (wt < rows) compute(kt % kStages);  // a 128-row tile's second warp row has nothing to do past 64 rows
-    if (pf < ktiles) {
-      store_consts(pf % kStages, sv, zv);
-      if constexpr (A8) store_tokens8(pf % kStages, tv);
-    }
+    if (pf < ktiles) store_consts(pf % kStages, sv, zv);
   }
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with the stages: the epilogue tile reuses them
@@ -351,20 +301,16 @@ __global__ void __launch_bounds__(WoqTile<BM, KIND>::kThreads)
   }
   T* C = static_cast<T*>(p.C) + tile.begin * N + col;
   for (int r = warp; r < rows; r += kWarps) {
-    float4 v = *reinterpret_cast<const float4*>(out + r * kOutStride + 4 * lane);
-    if constexpr (A8) {
-      const float sa = p.scale_a[tile.begin + r];
-      v = make_float4(v.x * sa, v.y * sa, v.z * sa, v.w * sa);
-    }
+    const float4 v = *reinterpret_cast<const float4*>(out + r * kOutStride + 4 * lane);
     *reinterpret_cast<uint2*>(C + static_cast<int64_t>(r) * N) =
         make_uint2(pack_rn<T>(v.x + b[0], v.y + b[1]), pack_rn<T>(v.z + b[2], v.w + b[3]));
   }
 }
 
-template <typename T, int KIND, int BM, bool A8>
+template <typename T, int KIND, int BM>
 mb_status launch_tile(const WoqGemmParams& p, int64_t max_rows, bool after_trigger, cudaStream_t stream) {
   using Tile = WoqTile<BM, KIND>;
-  auto kernel = grouped_woq_mma_kernel<T, KIND, BM, A8>;
+  auto kernel = grouped_woq_mma_kernel<T, KIND, BM>;
   // Idempotent and cheap; done on every call so a new device or thread needs no init step.
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmem);
   if (err != cudaSuccess) return fail(MB_ERR_CUDA, "grouped gemm woq: smem attribute: %s", cudaGetErrorString(err));
@@ -381,10 +327,10 @@ mb_status launch_tile(const WoqGemmParams& p, int64_t max_rows, bool after_trigg
   return MB_OK;
 }
 
-template <typename T, int KIND, bool A8 = false>
+template <typename T, int KIND>
 mb_status launch_kind(const WoqGemmParams& p, int64_t max_rows, int tile, bool after_trigger, cudaStream_t stream) {
-  return tile == MB_TILE_MMA_64x128 ? launch_tile<T, KIND, 64, A8>(p, max_rows, after_trigger, stream)
-                                    : launch_tile<T, KIND, 128, A8>(p, max_rows, after_trigger, stream);
+  return tile == MB_TILE_MMA_64x128 ? launch_tile<T, KIND, 64>(p, max_rows, after_trigger, stream)
+                                    : launch_tile<T, KIND, 128>(p, max_rows, after_trigger, stream);
 }
 
 }  // namespace
@@ -393,7 +339,6 @@ mb_status launch_woq_mma(const WoqGemmParams& p, int64_t max_rows, int dtype, in
                          cudaStream_t stream) {
   return dispatch_16bit(dtype, [&](auto tag) {
     using T = decltype(tag);
-    if (p.scale_a) return launch_kind<T, MB_WOQ_INT4, true>(p, max_rows, tile, after_trigger, stream);  // W4AFP8
     switch (p.kind) {
       case MB_WOQ_INT8: return launch_kind<T, MB_WOQ_INT8>(p, max_rows, tile, after_trigger, stream);
       case MB_WOQ_MXFP4: return launch_kind<T, MB_WOQ_MXFP4>(p, max_rows, tile, after_trigger, stream);

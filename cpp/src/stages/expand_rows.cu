@@ -31,10 +31,11 @@
 // already quantized: a block per token, each thread holding kBatch 16-byte pieces of the row and storing them K
 // times.
 //
-// W4AFP8 with a static input scale (issue 47), whose GEMMs are W4A16's on 16-bit rows: mb_expand_rows_fp8_dequantized
-// stores each row as the 16-bit values of its FP8 quantization by the static scale (fp8_quantize.cuh, dequantized), the
-// pre-quant product and the quantization those of mb_expand_rows_fp8, through the 16-bit expansion's kernel (the
-// quantization of an element needs no other element's: its scale is static).
+// W4AFP8 (issue 47), whose GEMMs are W4A16's on 16-bit rows: mb_expand_rows_fp8_dequantized stores each row as the
+// 16-bit values of its FP8 quantization (fp8_quantize.cuh, dequantized), the pre-quant product and the quantization
+// those of mb_expand_rows_fp8. By a static scale through the 16-bit expansion's kernel (the quantization of an element
+// needs no other element's); by each row's dynamic scale through mb_expand_rows_fp8's kernels, whose destinations
+// (fp8::OutRow) then store the values instead of the bytes and no scales.
 //
 // Token digits (issue 47): mb_expand_rows_digits writes the permuted rows as the weight-only decode GEMM's token
 // digits (common/token_digits.cuh) where GEMM1 runs the digits tile, instead of 16-bit rows that a digits step
@@ -202,16 +203,17 @@ unsigned copy_split(int num_tokens, int threads, int top_k) {
   return static_cast<unsigned>(few ? (top_k < 32 ? top_k : 32) : 1);
 }
 
-// The e4m3 destination of a token's row: its permuted rows of this block's share (j = blockIdx.z,
-// + gridDim.z, ...), their scales, and (block z 0) the token's zero_out row.
-template <typename T>
+// The destination of a token's quantized row: its permuted rows of this block's share (j = blockIdx.z,
+// + gridDim.z, ...), e4m3 with their scales or (kDequantized) 16-bit (fp8::OutRow), and (block z 0) the token's
+// zero_out row.
+template <typename T, bool kDequantized>
 struct PermutedRows {
   const int32_t* unpermuted_to_permuted;
   int64_t e0;  // the token's first expanded row
   int top_k;
   int64_t cols, scale_cols;
   bool whole;
-  uint8_t* rows;
+  void* rows;
   float* scales;
   T* zero;       // the token's zero_out row, or null
   bool* waited;  // whether the calling thread has waited for the predecessor (which wrote the maps)
@@ -222,7 +224,8 @@ struct PermutedRows {
       *waited = true;
     }
   }
-  __device__ __forceinline__ void store(int64_t t0, const fp8::Bytes (&q)[fp8::kUnits]) const {
+  __device__ __forceinline__ void store(int64_t t0, const fp8::Bytes (&q)[fp8::kUnits],
+                                        const float (&s)[fp8::kUnits]) const {
     maps_ready();
     const int64_t units = (cols + fp8::kVec - 1) / fp8::kVec;
     if (zero != nullptr) {
@@ -232,34 +235,36 @@ struct PermutedRows {
       }
     }
     for (int j = blockIdx.z; j < top_k; j += gridDim.z) {
-      uint8_t* dst = rows + static_cast<int64_t>(__ldg(unpermuted_to_permuted + e0 + j)) * cols;
+      const fp8::OutRow<T, kDequantized> dst(rows, scales, __ldg(unpermuted_to_permuted + e0 + j), cols, scale_cols);
 #pragma unroll
       for (int i = 0; i < fp8::kUnits; ++i) {
-        if (fp8::unit_index(t0, i) < units) fp8::store_unit(dst, fp8::unit_index(t0, i), cols, whole, q[i]);
+        if (fp8::unit_index(t0, i) < units) dst.unit(fp8::unit_index(t0, i), cols, whole, q[i], s[i]);
       }
     }
   }
   __device__ __forceinline__ void scale(int64_t g, float s) const {
-    maps_ready();
-    for (int j = blockIdx.z; j < top_k; j += gridDim.z) {
-      scales[static_cast<int64_t>(__ldg(unpermuted_to_permuted + e0 + j)) * scale_cols + g] = s;
+    if constexpr (!kDequantized) {
+      maps_ready();
+      for (int j = blockIdx.z; j < top_k; j += gridDim.z) {
+        scales[static_cast<int64_t>(__ldg(unpermuted_to_permuted + e0 + j)) * scale_cols + g] = s;
+      }
     }
   }
 };
 
-template <typename T>
+template <typename T, bool kDequantized>
 __global__ void __launch_bounds__(fp8::kMaxThreads)
 expand_rows_fp8_kernel(const T* __restrict__ input, const int32_t* __restrict__ unpermuted_to_permuted,
                        const float* __restrict__ topk_weights, const float* __restrict__ prequant_scale,
                        int num_tokens, int hidden, int top_k, fp8::Mode mode,
                        bool whole, const float* __restrict__ static_scale, int64_t scale_cols,
-                       uint8_t* __restrict__ permuted_input, float* __restrict__ permuted_scales,
+                       void* __restrict__ permuted_input, float* __restrict__ permuted_scales,
                        float* __restrict__ permuted_weights, T* __restrict__ zero_out) {
   bool waited = false;
   for (int64_t t = blockIdx.x; t < num_tokens; t += gridDim.x) {
     const int64_t e0 = t * top_k;
     fp8::RowSource<T> src{input + t * hidden, hidden, whole};
-    const PermutedRows<T> dst{unpermuted_to_permuted, e0, top_k, hidden, scale_cols, whole, permuted_input,
+    const PermutedRows<T, kDequantized> dst{unpermuted_to_permuted, e0, top_k, hidden, scale_cols, whole, permuted_input,
                               permuted_scales,
                               zero_out != nullptr && blockIdx.z == 0 ? zero_out + t * hidden : nullptr, &waited};
     fp8::quantize_row<T>(src, dst, hidden, mode, static_scale, prequant_scale, whole);
@@ -280,12 +285,12 @@ expand_rows_fp8_kernel(const T* __restrict__ input, const int32_t* __restrict__ 
 // barriers a token, holds one row a block and spends fp8::quantize_unit's per-element pre-quant multiplies and
 // reciprocals (the expansion ran at 1.7-3.0 TB/s at 4096 tokens on an H200). The same bytes. Each warp reads its first
 // token's row before it waits on its predecessor (the map build), as the block kernel does.
-template <typename T, int kPerLane>
+template <typename T, int kPerLane, bool kDequantized>
 __global__ void __launch_bounds__(fp8::kWarpRowThreads)
 expand_rows_fp8_warp_kernel(const T* __restrict__ input, const int32_t* __restrict__ unpermuted_to_permuted,
                             const float* __restrict__ topk_weights, int num_tokens, int hidden, int top_k,
                             fp8::Mode mode, const float* __restrict__ static_scale, int64_t scale_cols,
-                            uint8_t* __restrict__ permuted_input, float* __restrict__ permuted_scales,
+                            void* __restrict__ permuted_input, float* __restrict__ permuted_scales,
                             float* __restrict__ permuted_weights, T* __restrict__ zero_out) {
   constexpr int kWarps = fp8::kWarpRowThreads / 32;
   const int lane = threadIdx.x % 32;
@@ -342,16 +347,15 @@ expand_rows_fp8_warp_kernel(const T* __restrict__ input, const int32_t* __restri
       if (lane < n) permuted_weights[p_l] = __ldg(topk_weights + e0 + j0 + lane);
       for (int jj = 0; jj < n; ++jj) {
         const int64_t p = __shfl_sync(0xffffffffu, p_l, jj);
-        uint8_t* dst = permuted_input + p * hidden;
-        float* scales = permuted_scales + p * scale_cols;
+        const fp8::OutRow<T, kDequantized> dst(permuted_input, permuted_scales, p, hidden, scale_cols);
 #pragma unroll
         for (int i = 0; i < kPerLane; ++i) {
           const int64_t u = lane + 32 * i;
           if (u >= units) continue;
-          fp8::store_unit(dst, u, hidden, true, q[i]);
-          if (mode == fp8::kPerGroup && u % fp8::kGroupLanes == 0) scales[u / fp8::kGroupLanes] = group_scale[i];
+          dst.unit(u, hidden, true, q[i], mode == fp8::kPerGroup ? group_scale[i] : row_s);
+          if (mode == fp8::kPerGroup && u % fp8::kGroupLanes == 0) dst.scale(u / fp8::kGroupLanes, group_scale[i]);
         }
-        if (mode != fp8::kPerGroup && lane == 0) scales[0] = row_s;
+        if (mode != fp8::kPerGroup && lane == 0) dst.scale(0, row_s);
       }
     }
   }
@@ -366,10 +370,10 @@ expand_rows_fp8_warp_kernel(const T* __restrict__ input, const int32_t* __restri
 // 13.7 against 11.1, Qwen3-30B-A3B (2048) 16.7 against 13.9; at 4096 tokens 10-30% less on every bench shape.
 constexpr int64_t kWarpMinRowsPerSm = 6;
 
-template <typename T>
+template <typename T, bool kDequantized>
 mb_status launch_warp_tokens(const T* input, const int32_t* unpermuted_to_permuted, const float* topk_weights,
                              const float* prequant_scale, int num_tokens, int hidden, int top_k, fp8::Mode mode,
-                             bool whole, const float* static_scale, int64_t scale_cols, uint8_t* permuted_input,
+                             bool whole, const float* static_scale, int64_t scale_cols, void* permuted_input,
                              float* permuted_scales, float* permuted_weights, T* zero_out, cudaStream_t stream,
                              bool* launched) {
   *launched = false;
@@ -388,10 +392,10 @@ mb_status launch_warp_tokens(const T* input, const int32_t* unpermuted_to_permut
         input, unpermuted_to_permuted, topk_weights, num_tokens, hidden, top_k, mode, static_scale, scale_cols,
         permuted_input, permuted_scales, permuted_weights, zero_out));
   };
-  if (per_lane <= 4) return go(expand_rows_fp8_warp_kernel<T, 4>);
-  if (per_lane <= 8) return go(expand_rows_fp8_warp_kernel<T, 8>);
-  if (per_lane <= 12) return go(expand_rows_fp8_warp_kernel<T, 12>);
-  return go(expand_rows_fp8_warp_kernel<T, fp8::kWarpRowMaxPerLane>);
+  if (per_lane <= 4) return go(expand_rows_fp8_warp_kernel<T, 4, kDequantized>);
+  if (per_lane <= 8) return go(expand_rows_fp8_warp_kernel<T, 8, kDequantized>);
+  if (per_lane <= 12) return go(expand_rows_fp8_warp_kernel<T, 12, kDequantized>);
+  return go(expand_rows_fp8_warp_kernel<T, fp8::kWarpRowMaxPerLane, kDequantized>);
 }
 
 constexpr int kPrequantThreads = 256;
@@ -492,6 +496,49 @@ mb_status expand_rows(const char* who, const void* input, int dtype, const int32
   });
 }
 
+// mb_expand_rows_fp8, and (kDequantized: the rows stored as 16-bit values, no scales) mb_expand_rows_fp8_dequantized
+// with per-row scales.
+template <bool kDequantized>
+mb_status expand_rows_quantized(const char* who, const void* input, int dtype, const int32_t* unpermuted_to_permuted,
+                                const float* topk_weights, const float* prequant_scale, int num_tokens, int hidden,
+                                int top_k, const float* static_scale, int group, void* permuted_input,
+                                float* permuted_scales, float* permuted_weights, void* zero_out, cudaStream_t stream) {
+  MB_REQUIRE(num_tokens >= 0, "%s: num_tokens must be >= 0, got %d", who, num_tokens);
+  MB_REQUIRE(hidden >= 1, "%s: hidden must be >= 1, got %d", who, hidden);
+  MB_REQUIRE(top_k >= 1, "%s: top_k must be >= 1, got %d", who, top_k);
+  fp8::Mode mode;
+  MB_TRY(fp8::mode_of(static_scale, group, who, &mode));
+  if (num_tokens == 0) return fp8::dispatch_half(dtype, who, [](auto) { return MB_OK; });
+  MB_REQUIRE(input && unpermuted_to_permuted && topk_weights && permuted_input && permuted_weights,
+             "%s: input, unpermuted_to_permuted, topk_weights, permuted_input and permuted_weights must be non-NULL",
+             who);
+  MB_REQUIRE(kDequantized || permuted_scales, "%s: permuted_scales must be non-NULL", who);
+  if (zero_out != nullptr) {
+    const size_t bytes = static_cast<size_t>(num_tokens) * hidden * mb::dtype_size(dtype);
+    MB_TRY(check_disjoint(who, input, bytes, zero_out, bytes));
+  }
+  return fp8::dispatch_half(dtype, who, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const bool whole = kDequantized
+        ? fp8::whole_units(hidden, {input, zero_out, prequant_scale, permuted_input}, {})
+        : fp8::whole_units(hidden, {input, zero_out, prequant_scale}, {permuted_input});
+    bool launched = false;
+    MB_TRY((launch_warp_tokens<T, kDequantized>(static_cast<const T*>(input), unpermuted_to_permuted, topk_weights,
+                                                prequant_scale, num_tokens, hidden, top_k, mode, whole, static_scale,
+                                                fp8::scale_cols(mode, hidden), permuted_input, permuted_scales,
+                                                permuted_weights, static_cast<T*>(zero_out), stream, &launched)));
+    if (launched) return mb_status{MB_OK};
+    const int threads = fp8::row_threads(hidden);
+    const dim3 grid(mb::row_grid(num_tokens), 1, copy_split(num_tokens, threads, top_k));
+    return mb::check_launch("expand_rows_fp8_kernel", mb::launch_after_trigger(
+        expand_rows_fp8_kernel<T, kDequantized>, grid, dim3(threads), stream, static_cast<const T*>(input),
+        unpermuted_to_permuted, topk_weights, prequant_scale, num_tokens, hidden, top_k, mode, whole,
+        static_scale, fp8::scale_cols(mode, hidden), permuted_input, permuted_scales, permuted_weights,
+        static_cast<T*>(zero_out)));
+  });
+}
+
+
 }  // namespace
 
 extern "C" mb_status mb_expand_rows(const void* input, int dtype, const int32_t* unpermuted_to_permuted,
@@ -508,7 +555,10 @@ extern "C" mb_status mb_expand_rows_fp8_dequantized(const void* input, int dtype
                                                     void* permuted_input, float* permuted_weights, void* zero_out,
                                                     cudaStream_t stream) {
   const char* who = "mb_expand_rows_fp8_dequantized";
-  MB_REQUIRE(static_scale, "%s: static_scale must be non-NULL (the rows are quantized by one static scale)", who);
+  if (static_scale == nullptr)
+    return expand_rows_quantized<true>(who, input, dtype, unpermuted_to_permuted, topk_weights, prequant_scale,
+                                       num_tokens, hidden, top_k, nullptr, 0, permuted_input, nullptr,
+                                       permuted_weights, zero_out, stream);
   return expand_rows(who, input, dtype, unpermuted_to_permuted, topk_weights, prequant_scale, static_scale,
                      num_tokens, hidden, top_k, permuted_input, permuted_weights, zero_out, stream);
 }
@@ -554,43 +604,16 @@ extern "C" mb_status mb_expand_rows_digits(const void* input, int dtype, const i
 
 // ---- FP8 (issue 46) ------------------------------------------------------------------------------
 
+
 extern "C" mb_status mb_expand_rows_fp8(const void* input, int dtype, const int32_t* unpermuted_to_permuted,
                                         const float* topk_weights, const float* prequant_scale, int num_tokens,
                                         int hidden, int top_k,
                                         const float* static_scale, int group, uint8_t* permuted_input,
                                         float* permuted_scales, float* permuted_weights, void* zero_out,
                                         cudaStream_t stream) {
-  const char* who = "mb_expand_rows_fp8";
-  MB_REQUIRE(num_tokens >= 0, "%s: num_tokens must be >= 0, got %d", who, num_tokens);
-  MB_REQUIRE(hidden >= 1, "%s: hidden must be >= 1, got %d", who, hidden);
-  MB_REQUIRE(top_k >= 1, "%s: top_k must be >= 1, got %d", who, top_k);
-  fp8::Mode mode;
-  MB_TRY(fp8::mode_of(static_scale, group, who, &mode));
-  if (num_tokens == 0) return fp8::dispatch_half(dtype, who, [](auto) { return MB_OK; });
-  MB_REQUIRE(input && unpermuted_to_permuted && topk_weights && permuted_input && permuted_scales && permuted_weights,
-             "%s: input, unpermuted_to_permuted, topk_weights, permuted_input, permuted_scales and permuted_weights "
-             "must be non-NULL", who);
-  if (zero_out != nullptr) {
-    const size_t bytes = static_cast<size_t>(num_tokens) * hidden * mb::dtype_size(dtype);
-    MB_TRY(check_disjoint(who, input, bytes, zero_out, bytes));
-  }
-  return fp8::dispatch_half(dtype, who, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    const bool whole = fp8::whole_units(hidden, {input, zero_out, prequant_scale}, {permuted_input});
-    bool launched = false;
-    MB_TRY(launch_warp_tokens<T>(static_cast<const T*>(input), unpermuted_to_permuted, topk_weights, prequant_scale,
-                                 num_tokens, hidden, top_k, mode, whole, static_scale, fp8::scale_cols(mode, hidden),
-                                 permuted_input, permuted_scales, permuted_weights, static_cast<T*>(zero_out), stream,
-                                 &launched));
-    if (launched) return mb_status{MB_OK};
-    const int threads = fp8::row_threads(hidden);
-    const dim3 grid(mb::row_grid(num_tokens), 1, copy_split(num_tokens, threads, top_k));
-    return mb::check_launch("expand_rows_fp8_kernel", mb::launch_after_trigger(
-        expand_rows_fp8_kernel<T>, grid, dim3(threads), stream, static_cast<const T*>(input), unpermuted_to_permuted,
-        topk_weights, prequant_scale, num_tokens, hidden, top_k, mode, whole,
-        static_scale, fp8::scale_cols(mode, hidden), permuted_input, permuted_scales, permuted_weights,
-        static_cast<T*>(zero_out)));
-  });
+  return expand_rows_quantized<false>("mb_expand_rows_fp8", input, dtype, unpermuted_to_permuted, topk_weights,
+                                      prequant_scale, num_tokens, hidden, top_k, static_scale, group, permuted_input,
+                                      permuted_scales, permuted_weights, zero_out, stream);
 }
 
 extern "C" mb_status mb_expand_rows_fp8_prequantized(const uint8_t* input_fp8, const float* input_scales,

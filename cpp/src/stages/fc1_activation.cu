@@ -30,10 +30,12 @@
 // All three write the same bytes: activated_unit()'s values (the identity's without a bias are the row's own)
 // quantized by fp8_quantize.cuh's rule.
 //
-// W4AFP8 with a static input scale (issue 47), whose GEMMs are W4A16's on 16-bit rows:
-// mb_fc1_activation_fp8_dequantized stores GEMM2's input as the 16-bit values of its FP8 quantization by the static scale (fp8_quantize.cuh,
-// dequantized) of the values mb_fc1_activation_fp8 quantizes, through the 16-bit activation's kernel. With the identity
-// and no bias it quantizes rows already activated (the separate step after mb_fc1_activation or a 16-bit expansion).
+// W4AFP8 (issue 47), whose GEMMs are W4A16's on 16-bit rows: mb_fc1_activation_fp8_dequantized stores GEMM2's input as
+// the 16-bit values of the FP8 quantization (fp8_quantize.cuh, dequantized) of the values mb_fc1_activation_fp8
+// quantizes: by a static scale through the 16-bit activation's kernel, by each row's dynamic scale through
+// mb_fc1_activation_fp8's three kernels (fp8::OutRow storing the values instead of the bytes and no scales). With the
+// identity and no bias it quantizes rows already activated (the separate step after mb_fc1_activation or a 16-bit
+// expansion; in place too: each row is read whole before it is written).
 //
 // Token digits (issue 47): mb_fc1_activation_digits writes GEMM2's input as the weight-only decode GEMM's token digits
 // (common/token_digits.cuh) where GEMM2 runs the digits tile, instead of 16-bit rows that a digits step would then
@@ -280,19 +282,21 @@ struct ActivatedRow {
   }
 };
 
-// A block per permuted row p < off[E] (blocks stride over the rows).
-template <typename T, int ACT>
+// A block per permuted row p < off[E] (blocks stride over the rows); its rows e4m3 with their scales or
+// (kDequantized) 16-bit (fp8::OutRow), as each kernel below.
+template <typename T, int ACT, bool kDequantized>
 __global__ void __launch_bounds__(fp8::kMaxThreads)
 fc1_activation_fp8_kernel(const T* __restrict__ in, const T* __restrict__ b1, const int64_t* __restrict__ off, int E,
                           int64_t max_rows, int inter, float alpha, float limit,
                           const float* __restrict__ prequant_scale, fp8::Mode mode, bool whole,
-                          const float* __restrict__ static_scale, int64_t scale_cols, uint8_t* __restrict__ out,
+                          const float* __restrict__ static_scale, int64_t scale_cols, void* __restrict__ out,
                           float* __restrict__ out_scales) {
   const int64_t n1 = mb::is_gated(ACT) ? 2 * static_cast<int64_t>(inter) : inter;
   for (int64_t p = blockIdx.x; p < max_rows; p += gridDim.x) {
     if (p >= __ldg(off + E)) break;  // rows past off[E]: other nodes' experts
     ActivatedRow<T, ACT> src{in + p * n1, b1, off, E, p, inter, whole, alpha, limit, nullptr};
-    const fp8::RowDest dst{out + p * inter, out_scales + p * scale_cols, inter, whole};
+    const fp8::RowDest<T, kDequantized> dst{fp8::OutRow<T, kDequantized>(out, out_scales, p, inter, scale_cols), inter,
+                                            whole};
     fp8::quantize_row<T>(src, dst, inter, mode, static_scale, prequant_scale, whole);
   }
 }
@@ -326,13 +330,13 @@ inline int staged_threads(int64_t units, bool ring_alone) {
   return static_cast<int>(warps * 32 < kStagedMaxThreads ? warps * 32 : kStagedMaxThreads);
 }
 
-template <typename T, int ACT, int kStages>
+template <typename T, int ACT, int kStages, bool kDequantized>
 __global__ void __launch_bounds__(kStagedMaxThreads)
 fc1_activation_fp8_staged_kernel(const T* __restrict__ in, const T* __restrict__ b1, const int64_t* __restrict__ off,
                                  int E, int64_t max_rows, int inter, float alpha, float limit,
                                  const float* __restrict__ prequant_scale, fp8::Mode mode,
                                  const float* __restrict__ static_scale, int64_t scale_cols,
-                                 uint8_t* __restrict__ out, float* __restrict__ out_scales) {
+                                 void* __restrict__ out, float* __restrict__ out_scales) {
   extern __shared__ uint4 ring[];  // kStages rows of row_units 16-byte units
   constexpr bool kGated = mb::is_gated(ACT);
   const int64_t units = inter / fp8::kVec;
@@ -364,9 +368,8 @@ fc1_activation_fp8_staged_kernel(const T* __restrict__ in, const T* __restrict__
     uint4* gate = ring + stage * row_units;
     const uint4* up = gate + units;
     const T* bias = b1 ? b1 + warp_expert_of(off, E, p) * n1 : nullptr;
-    uint8_t* dst = out + p * inter;
-    float* scales = out_scales + p * scale_cols;
-    if (mode == fp8::kStatic && threadIdx.x == 0) scales[0] = static_s;
+    const fp8::OutRow<T, kDequantized> dst(out, out_scales, p, inter, scale_cols);
+    if (mode == fp8::kStatic && threadIdx.x == 0) dst.scale(0, static_s);
     float amax = 0.0f;
     // The bounds are the block's (t0 steps by blockDim.x, a multiple of 32), so every lane of a warp takes part in
     // the group shuffles and a 128-column group is 16 aligned lanes.
@@ -394,19 +397,19 @@ fc1_activation_fp8_staged_kernel(const T* __restrict__ in, const T* __restrict__
         g = mb::lanes_max<fp8::kGroupLanes>(g);
         s = fp8::dynamic_scale(g);
         y = __frcp_rn(s);
-        if (mine && u % fp8::kGroupLanes == 0) scales[u / fp8::kGroupLanes] = s;
+        if (mine && u % fp8::kGroupLanes == 0) dst.scale(u / fp8::kGroupLanes, s);
       }
       if (mine)
-        fp8::store_unit(dst, u, inter, true, plain ? fp8::quantize_unit_by<T>(x, s, y) : fp8::quantize_unit<T>(x, s, pq));
+        dst.unit(u, inter, true, plain ? fp8::quantize_unit_by<T>(x, s, y) : fp8::quantize_unit<T>(x, s, pq), s);
     }
     if (mode == fp8::kPerRow) {
       const float s = fp8::dynamic_scale(fp8::block_max(amax)), y = __frcp_rn(s);
-      if (threadIdx.x == 0) scales[0] = s;
+      if (threadIdx.x == 0) dst.scale(0, s);
       for (int64_t u = threadIdx.x; u < units; u += blockDim.x) {
         float pq[fp8::kVec];
         fp8::load_prequant(prequant_scale, u, inter, true, pq);
-        fp8::store_unit(dst, u, inter, true,
-                        plain ? fp8::quantize_unit_by<T>(gate[u], s, y) : fp8::quantize_unit<T>(gate[u], s, pq));
+        dst.unit(u, inter, true,
+                 plain ? fp8::quantize_unit_by<T>(gate[u], s, y) : fp8::quantize_unit<T>(gate[u], s, pq), s);
       }
     }
     __syncthreads();  // every thread is done with the stage before the next iteration copies a row into it
@@ -444,11 +447,11 @@ constexpr int warp_width(int per_lane) {
   return per_lane < widest ? per_lane : widest;
 }
 
-template <typename T, int ACT, int kPerLane>
+template <typename T, int ACT, int kPerLane, bool kDequantized>
 __global__ void __launch_bounds__(kWarpRowThreads)
 fc1_activation_fp8_warp_kernel(const T* __restrict__ in, const T* __restrict__ b1, const int64_t* __restrict__ off,
                                int E, int64_t max_rows, int inter, float alpha, float limit, fp8::Mode mode,
-                               const float* __restrict__ static_scale, int64_t scale_cols, uint8_t* __restrict__ out,
+                               const float* __restrict__ static_scale, int64_t scale_cols, void* __restrict__ out,
                                float* __restrict__ out_scales) {
   constexpr bool kGated = mb::is_gated(ACT);
   const int lane = threadIdx.x % 32;
@@ -465,8 +468,7 @@ fc1_activation_fp8_warp_kernel(const T* __restrict__ in, const T* __restrict__ b
     fp8::load_warp_row(in + p * n1, units, lane, x);
     if constexpr (kGated) fp8::load_warp_row(in + p * n1 + inter, units, lane, up);
     const T* bias = b1 ? b1 + warp_expert_of(off, E, p) * n1 : nullptr;
-    uint8_t* dst = out + p * inter;
-    float* scales = out_scales + p * scale_cols;
+    const fp8::OutRow<T, kDequantized> dst(out, out_scales, p, inter, scale_cols);
     float amax = 0.0f;
     // i < kPerLane and 32 * i < units are the warp's bounds, so every lane takes part in the group shuffles.
 #pragma unroll
@@ -485,22 +487,22 @@ fc1_activation_fp8_warp_kernel(const T* __restrict__ in, const T* __restrict__ b
         g = mb::lanes_max<fp8::kGroupLanes>(g);
         const float s = fp8::dynamic_scale(g);
         if (u < units) {
-          if (u % fp8::kGroupLanes == 0) scales[u / fp8::kGroupLanes] = s;
-          fp8::store_unit(dst, u, inter, true, fp8::quantize_unit_by<T>(x[i], s, __frcp_rn(s)));
+          if (u % fp8::kGroupLanes == 0) dst.scale(u / fp8::kGroupLanes, s);
+          dst.unit(u, inter, true, fp8::quantize_unit_by<T>(x[i], s, __frcp_rn(s)), s);
         }
       } else if (u < units) {
-        fp8::store_unit(dst, u, inter, true, fp8::quantize_unit_by<T>(x[i], static_s, static_y));
+        dst.unit(u, inter, true, fp8::quantize_unit_by<T>(x[i], static_s, static_y), static_s);
       }
     }
-    if (mode == fp8::kStatic && lane == 0) scales[0] = static_s;
+    if (mode == fp8::kStatic && lane == 0) dst.scale(0, static_s);
     if (mode != fp8::kPerRow) continue;
     amax = mb::lanes_max(amax);
     const float s = fp8::dynamic_scale(amax), y = __frcp_rn(s);
-    if (lane == 0) scales[0] = s;
+    if (lane == 0) dst.scale(0, s);
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) {
       const int64_t u = lane + 32 * i;
-      if (u < units) fp8::store_unit(dst, u, inter, true, fp8::quantize_unit_by<T>(x[i], s, y));
+      if (u < units) dst.unit(u, inter, true, fp8::quantize_unit_by<T>(x[i], s, y), s);
     }
   }
 }
@@ -512,10 +514,10 @@ fc1_activation_fp8_warp_kernel(const T* __restrict__ in, const T* __restrict__ b
 // where the staged kernel spreads a row over three warps or more: GPT-OSS-20B at 256 tokens (1024 rows of 2880
 // columns, 8 warps an SM) took 10.0 us on this kernel against the staged kernel's 5.7 (H200,
 // bench/layer_steps_probe.py).
-template <typename T, int ACT>
+template <typename T, int ACT, bool kDequantized>
 mb_status launch_warp_rows(const T* in, const T* b1, const int64_t* off, int E, int64_t max_rows, int inter,
                            float alpha, float limit, const float* prequant_scale, fp8::Mode mode,
-                           const float* static_scale, int64_t scale_cols, uint8_t* out, float* out_scales,
+                           const float* static_scale, int64_t scale_cols, void* out, float* out_scales,
                            cudaStream_t stream, bool* launched) {
   *launched = false;
   const int64_t per_lane = (inter / fp8::kVec + 31) / 32;
@@ -528,19 +530,19 @@ mb_status launch_warp_rows(const T* in, const T* b1, const int64_t* off, int E, 
     *launched = true;
     return mb::check_launch("fc1_activation_fp8_warp_kernel");
   };
-  if (per_lane <= 4) return go(fc1_activation_fp8_warp_kernel<T, ACT, warp_width<ACT>(4)>);
-  if (per_lane <= 6) return go(fc1_activation_fp8_warp_kernel<T, ACT, warp_width<ACT>(6)>);
-  if (per_lane <= 8) return go(fc1_activation_fp8_warp_kernel<T, ACT, warp_width<ACT>(8)>);
-  if (per_lane <= 12) return go(fc1_activation_fp8_warp_kernel<T, ACT, warp_width<ACT>(12)>);
-  return go(fc1_activation_fp8_warp_kernel<T, ACT, warp_width<ACT>(kWarpRowMaxPerLane)>);
+  if (per_lane <= 4) return go(fc1_activation_fp8_warp_kernel<T, ACT, warp_width<ACT>(4), kDequantized>);
+  if (per_lane <= 6) return go(fc1_activation_fp8_warp_kernel<T, ACT, warp_width<ACT>(6), kDequantized>);
+  if (per_lane <= 8) return go(fc1_activation_fp8_warp_kernel<T, ACT, warp_width<ACT>(8), kDequantized>);
+  if (per_lane <= 12) return go(fc1_activation_fp8_warp_kernel<T, ACT, warp_width<ACT>(12), kDequantized>);
+  return go(fc1_activation_fp8_warp_kernel<T, ACT, warp_width<ACT>(kWarpRowMaxPerLane), kDequantized>);
 }
 
 // Launches the staged kernel where a ring of at least two rows fits in a block's shared memory (three where they
 // fit); false where none does (rows wider than about 28K gated columns), for the block-per-row kernel to run.
-template <typename T, int ACT>
+template <typename T, int ACT, bool kDequantized>
 mb_status launch_staged(const T* in, const T* b1, const int64_t* off, int E, int64_t max_rows, int inter, float alpha,
                         float limit, const float* prequant_scale, fp8::Mode mode, const float* static_scale,
-                        int64_t scale_cols, uint8_t* out, float* out_scales, cudaStream_t stream, bool* launched) {
+                        int64_t scale_cols, void* out, float* out_scales, cudaStream_t stream, bool* launched) {
   const int64_t units = inter / fp8::kVec;
   const size_t stage_bytes = static_cast<size_t>(mb::is_gated(ACT) ? 2 * units : units) * 16;
   constexpr size_t kStaticBytes = 32 * sizeof(float);  // fp8::block_max's static array
@@ -566,8 +568,8 @@ mb_status launch_staged(const T* in, const T* b1, const int64_t* off, int E, int
     return mb::check_launch("fc1_activation_fp8_staged_kernel");
   };
   *launched = false;
-  if (3 * stage_bytes <= limit_bytes) return go(fc1_activation_fp8_staged_kernel<T, ACT, 3>, 3);
-  if (2 * stage_bytes <= limit_bytes) return go(fc1_activation_fp8_staged_kernel<T, ACT, 2>, 2);
+  if (3 * stage_bytes <= limit_bytes) return go(fc1_activation_fp8_staged_kernel<T, ACT, 3, kDequantized>, 3);
+  if (2 * stage_bytes <= limit_bytes) return go(fc1_activation_fp8_staged_kernel<T, ACT, 2, kDequantized>, 2);
   return MB_OK;
 }
 
@@ -637,6 +639,51 @@ mb_status fc1_activation(const char* who, const void* in, int dtype, const void*
   });
 }
 
+// mb_fc1_activation_fp8, and (kDequantized: the rows stored as 16-bit values, no scales)
+// mb_fc1_activation_fp8_dequantized with per-row scales.
+template <bool kDequantized>
+mb_status fc1_activation_quantized(const char* who, const void* in, int dtype, const void* b1,
+                                   const int64_t* expert_first_token_offset, int num_experts, int64_t max_rows,
+                                   int inter, int activation, float swiglu_alpha, float swiglu_limit,
+                                   const float* prequant_scale, const float* static_scale, int group, void* out,
+                                   float* out_scales, cudaStream_t stream) {
+  MB_TRY(check_arguments(who, expert_first_token_offset, num_experts, max_rows, inter, activation, swiglu_alpha,
+                         swiglu_limit));
+  fp8::Mode mode;
+  MB_TRY(fp8::mode_of(static_scale, group, who, &mode));
+  if (max_rows == 0) return fp8::dispatch_half(dtype, who, [](auto) { return MB_OK; });
+  MB_REQUIRE(in && out, "%s: in and out must be non-NULL", who);
+  MB_REQUIRE(kDequantized || out_scales, "%s: out_scales must be non-NULL", who);
+
+  return fp8::dispatch_half(dtype, who, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const bool whole = kDequantized ? fp8::whole_units(inter, {in, b1, prequant_scale, out}, {})
+                                    : fp8::whole_units(inter, {in, b1, prequant_scale}, {out});
+    const int threads = fp8::row_threads(inter);
+    const int64_t scale_cols = fp8::scale_cols(mode, inter);
+    return dispatch_activation(activation, [&](auto act_const) {
+      constexpr int ACT = decltype(act_const)::value;
+      if (whole) {
+        bool launched = false;
+        mb_status st = launch_warp_rows<T, ACT, kDequantized>(
+            static_cast<const T*>(in), static_cast<const T*>(b1), expert_first_token_offset, num_experts, max_rows,
+            inter, swiglu_alpha, swiglu_limit, prequant_scale, mode, static_scale, scale_cols, out, out_scales, stream,
+            &launched);
+        if (st != MB_OK || launched) return st;
+        st = launch_staged<T, ACT, kDequantized>(
+            static_cast<const T*>(in), static_cast<const T*>(b1), expert_first_token_offset, num_experts, max_rows,
+            inter, swiglu_alpha, swiglu_limit, prequant_scale, mode, static_scale, scale_cols, out, out_scales, stream,
+            &launched);
+        if (st != MB_OK || launched) return st;
+      }
+      fc1_activation_fp8_kernel<T, ACT, kDequantized><<<mb::row_grid(max_rows), threads, 0, stream>>>(
+          static_cast<const T*>(in), static_cast<const T*>(b1), expert_first_token_offset, num_experts, max_rows,
+          inter, swiglu_alpha, swiglu_limit, prequant_scale, mode, whole, static_scale, scale_cols, out, out_scales);
+      return mb::check_launch("fc1_activation_fp8_kernel");
+    });
+  });
+}
+
 }  // namespace
 
 extern "C" mb_status mb_fc1_activation(const void* in, int dtype, const void* b1,
@@ -653,7 +700,10 @@ extern "C" mb_status mb_fc1_activation_fp8_dequantized(const void* in, int dtype
                                                        float swiglu_limit, const float* prequant_scale,
                                                        const float* static_scale, void* out, cudaStream_t stream) {
   const char* who = "mb_fc1_activation_fp8_dequantized";
-  MB_REQUIRE(static_scale, "%s: static_scale must be non-NULL (the rows are quantized by one static scale)", who);
+  if (static_scale == nullptr)
+    return fc1_activation_quantized<true>(who, in, dtype, b1, expert_first_token_offset, num_experts, max_rows, inter,
+                                          activation, swiglu_alpha, swiglu_limit, prequant_scale, nullptr, 0, out,
+                                          nullptr, stream);
   return fc1_activation(who, in, dtype, b1, expert_first_token_offset, num_experts, max_rows, inter, activation,
                         swiglu_alpha, swiglu_limit, prequant_scale, static_scale, out, stream);
 }
@@ -664,40 +714,9 @@ extern "C" mb_status mb_fc1_activation_fp8(const void* in, int dtype, const void
                                            float swiglu_limit, const float* prequant_scale,
                                            const float* static_scale, int group, uint8_t* out, float* out_scales,
                                            cudaStream_t stream) {
-  const char* who = "mb_fc1_activation_fp8";
-  MB_TRY(check_arguments(who, expert_first_token_offset, num_experts, max_rows, inter, activation, swiglu_alpha,
-                         swiglu_limit));
-  fp8::Mode mode;
-  MB_TRY(fp8::mode_of(static_scale, group, who, &mode));
-  if (max_rows == 0) return fp8::dispatch_half(dtype, who, [](auto) { return MB_OK; });
-  MB_REQUIRE(in && out && out_scales, "%s: in, out and out_scales must be non-NULL", who);
-
-  return fp8::dispatch_half(dtype, who, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    const bool whole = fp8::whole_units(inter, {in, b1, prequant_scale}, {out});
-    const int threads = fp8::row_threads(inter);
-    const int64_t scale_cols = fp8::scale_cols(mode, inter);
-    return dispatch_activation(activation, [&](auto act_const) {
-      constexpr int ACT = decltype(act_const)::value;
-      if (whole) {
-        bool launched = false;
-        mb_status st = launch_warp_rows<T, ACT>(
-            static_cast<const T*>(in), static_cast<const T*>(b1), expert_first_token_offset, num_experts, max_rows,
-            inter, swiglu_alpha, swiglu_limit, prequant_scale, mode, static_scale, scale_cols, out, out_scales, stream,
-            &launched);
-        if (st != MB_OK || launched) return st;
-        st = launch_staged<T, ACT>(
-            static_cast<const T*>(in), static_cast<const T*>(b1), expert_first_token_offset, num_experts, max_rows,
-            inter, swiglu_alpha, swiglu_limit, prequant_scale, mode, static_scale, scale_cols, out, out_scales, stream,
-            &launched);
-        if (st != MB_OK || launched) return st;
-      }
-      fc1_activation_fp8_kernel<T, ACT><<<mb::row_grid(max_rows), threads, 0, stream>>>(
-          static_cast<const T*>(in), static_cast<const T*>(b1), expert_first_token_offset, num_experts, max_rows,
-          inter, swiglu_alpha, swiglu_limit, prequant_scale, mode, whole, static_scale, scale_cols, out, out_scales);
-      return mb::check_launch("fc1_activation_fp8_kernel");
-    });
-  });
+  return fc1_activation_quantized<false>("mb_fc1_activation_fp8", in, dtype, b1, expert_first_token_offset,
+                                         num_experts, max_rows, inter, activation, swiglu_alpha, swiglu_limit,
+                                         prequant_scale, static_scale, group, out, out_scales, stream);
 }
 
 extern "C" mb_status mb_fc1_activation_digits(const void* in, int dtype, const void* b1,

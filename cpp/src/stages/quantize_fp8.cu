@@ -21,7 +21,7 @@ quantize_fp8_kernel(const T* __restrict__ in, int64_t rows, int cols, const floa
   mb::chain_start();
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     fp8::RowSource<T> src{in + r * cols, cols, whole};
-    const fp8::RowDest dst{out + r * cols, out_scales + r * scale_cols, cols, whole};
+    const fp8::RowDest<T, false> dst{fp8::OutRow<T, false>(out, out_scales, r, cols, scale_cols), cols, whole};
     fp8::quantize_row<T>(src, dst, cols, mode, static_scale, prequant, whole);
   }
 }

@@ -82,33 +82,26 @@ def expand_rows_fp8(input: torch.Tensor, unpermuted_to_permuted: torch.Tensor, t
     return pin, ps, pw
 
 
-def _static_scale(static_scale: torch.Tensor, dev: torch.device) -> None:
-    """The dequantized forms take one static scale (a one-element fp32 tensor on the device)."""
-    if static_scale is None:
-        raise ValueError("static_scale: the dequantized FP8 rows take a static scale (a one-element fp32 tensor)")
-    _fp8_group(static_scale, None, dev)
-
-
 def expand_rows_fp8_dequantized(input: torch.Tensor, unpermuted_to_permuted: torch.Tensor, topk_weights: torch.Tensor,
-                                static_scale: torch.Tensor, permuted_input: torch.Tensor | None = None,
+                                static_scale: torch.Tensor | None, permuted_input: torch.Tensor | None = None,
                                 permuted_weights: torch.Tensor | None = None, zero_out: torch.Tensor | None = None,
                                 stream: int | torch.cuda.Stream | None = None, *,
                                 prequant_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """expand_rows_fp8's rows by a static scale, each stored dequantized in input's 16-bit type (its e4m3 value times
-    the scale in fp32, rounded to the type): input [T, H] -> (permuted_input [T*K, H], permuted_weights [T*K]). GEMM1's
-    rows for W4AFP8 with a static scale, whose GEMMs are W4A16's on 16-bit rows."""
+    """expand_rows_fp8's rows by a static scale (None: each row's dynamic scale), each stored dequantized in input's
+    16-bit type (its e4m3 value times the scale in fp32, rounded to the type): input [T, H] -> (permuted_input
+    [T*K, H], permuted_weights [T*K]). GEMM1's rows for W4AFP8, whose GEMMs are W4A16's on 16-bit rows."""
     _check(input, "input", (None, None))
     dev = input.device
     t, h = input.shape
     k = _expansion_maps(t, topk_weights, unpermuted_to_permuted, dev)
-    _static_scale(static_scale, dev)
+    _fp8_group(static_scale, None, dev)
     pre = _prequant(prequant_scale, h, dev)
     pin = _out(permuted_input, "permuted_input", (t * k, h), input.dtype, dev)
     pw = _out(permuted_weights, "permuted_weights", (t * k,), torch.float32, dev)
     if zero_out is not None:
         _check(zero_out, "zero_out", (t, h), input.dtype, dev)
     call("mb_expand_rows_fp8_dequantized", input.data_ptr(), _dtype_code(input, "input"),
-          unpermuted_to_permuted.data_ptr(), topk_weights.data_ptr(), pre, t, h, k, static_scale.data_ptr(),
+          unpermuted_to_permuted.data_ptr(), topk_weights.data_ptr(), pre, t, h, k, _ptr(static_scale),
           pin.data_ptr(), pw.data_ptr(), _ptr(zero_out), _stream(stream, dev))
     return pin, pw
 
@@ -350,20 +343,21 @@ def _gated(a: torch.Tensor, scale_a: torch.Tensor, b: torch.Tensor, scale_b: tor
 
 
 def fc1_activation_fp8_dequantized(input: torch.Tensor, expert_first_token_offset: torch.Tensor,
-                                   activation: int | str | Activation, static_scale: torch.Tensor,
+                                   activation: int | str | Activation, static_scale: torch.Tensor | None,
                                    bias: torch.Tensor | None = None, swiglu_alpha: float = 1.0,
                                    swiglu_limit: float = math.inf, out: torch.Tensor | None = None,
                                    stream: int | torch.cuda.Stream | None = None, *,
                                    prequant_scale: torch.Tensor | None = None) -> torch.Tensor:
-    """fc1_activation_fp8's values by a static scale, each stored dequantized in input's 16-bit type: input [R, N1]
-    -> out [R, I]; rows >= offsets[E] untouched. With activation "identity" and no bias, input's own rows quantized
-    (the separate step). GEMM2's input for W4AFP8 with a static scale, whose GEMMs are W4A16's on 16-bit rows."""
+    """fc1_activation_fp8's values by a static scale (None: each row's dynamic scale), each stored dequantized in
+    input's 16-bit type: input [R, N1] -> out [R, I]; rows >= offsets[E] untouched. With activation "identity" and no
+    bias, input's own rows quantized (the separate step). GEMM2's input for W4AFP8, whose GEMMs are W4A16's on 16-bit
+    rows."""
     act, dev, rows, inter = _activation_args(input, expert_first_token_offset, activation, bias)
     e = expert_first_token_offset.shape[0] - 1
-    _static_scale(static_scale, dev)
+    _fp8_group(static_scale, None, dev)
     pre = _prequant(prequant_scale, inter, dev)
     o = _out(out, "out", (rows, inter), input.dtype, dev)
     call("mb_fc1_activation_fp8_dequantized", input.data_ptr(), _dtype_code(input, "input"), _ptr(bias),
           expert_first_token_offset.data_ptr(), e, rows, inter, int(act), swiglu_alpha, swiglu_limit,
-          pre, static_scale.data_ptr(), o.data_ptr(), _stream(stream, dev))
+          pre, _ptr(static_scale), o.data_ptr(), _stream(stream, dev))
     return o

@@ -109,40 +109,30 @@ def _fp8_static(scale: torch.Tensor | None, dev: torch.device) -> int:
     return scale.data_ptr()
 
 
-def _a_input(a: torch.Tensor, scale_a: torch.Tensor | None, out_dtype: torch.dtype | None, k_b: int | None
+def _a_input(a: torch.Tensor, out_dtype: torch.dtype | None, k_b: int | None
              ) -> tuple[WoqInput, int, int, torch.dtype]:
-    """A's form (16-bit rows, e4m3 rows with scale_a, or token_digits' uint8 [R, ceil(k / 128), 400], k then B's:
-    `k_b`) -> (form, rows, k, output dtype)."""
+    """A's form (16-bit rows, or token_digits' uint8 [R, ceil(k / 128), 400], k then B's: `k_b`) -> (form, rows, k,
+    output dtype)."""
     if a.dtype == torch.uint8 and a.dim() == 3:
         _check(a, "A", (None, None if k_b is None else -(-k_b // 128), DIGITS_GROUP_BYTES), torch.uint8)
-        form, k = WoqInput.DIGITS, a.shape[1] * 128 if k_b is None else k_b
-    else:
-        form = WoqInput.DTYPE if scale_a is None else WoqInput.E4M3
-        _check(a, "A", (None, None), torch.float8_e4m3fn if form is WoqInput.E4M3 else None)
-        k = a.shape[1]
-    if form is WoqInput.DTYPE:
-        return form, a.shape[0], k, a.dtype
-    if form is WoqInput.DIGITS and scale_a is not None:
-        raise ValueError("scale_a: the token digits carry their own factors (scale_a is for e4m3 A)")
-    if out_dtype not in (torch.bfloat16, torch.float16):
-        raise ValueError(f"out_dtype: {out_dtype} is not bfloat16 or float16 ({form.name.lower()} A needs the output "
-                         "dtype)")
-    return form, a.shape[0], k, out_dtype
+        if out_dtype not in (torch.bfloat16, torch.float16):
+            raise ValueError(f"out_dtype: {out_dtype} is not bfloat16 or float16 (digits A needs the output dtype)")
+        return WoqInput.DIGITS, a.shape[0], a.shape[1] * 128 if k_b is None else k_b, out_dtype
+    _check(a, "A", (None, None))
+    return WoqInput.DTYPE, a.shape[0], a.shape[1], a.dtype
 
 
 def _woq_gemm_args(a: torch.Tensor, b: torch.Tensor, kind: int | str | WoqKind, scales: torch.Tensor,
                    expert_first_token_offset: torch.Tensor, group: int, zeros: torch.Tensor | None,
-                   bias: torch.Tensor | None, scale_a: torch.Tensor | None, out_dtype: torch.dtype | None
+                   bias: torch.Tensor | None, out_dtype: torch.dtype | None
                    ) -> tuple[torch.device, int, int, int, int, WoqKind, torch.dtype, WoqInput]:
     """grouped_gemm_woq's operand checks (shared with its finalize form) -> (device, rows, k, experts, n, kind,
     output dtype, A's form)."""
     mode = WoqKind(_enum(kind, WoqKind, "kind"))
     packed = mode is not WoqKind.INT8
     k_b = b.shape[-1] * (2 if packed else 1) if b.dim() == 3 else None  # B's k (a B of another rank fails below)
-    form, rows, k, out_dtype = _a_input(a, scale_a, out_dtype, k_b)
+    form, rows, k, out_dtype = _a_input(a, out_dtype, k_b)
     dev = a.device
-    if form is WoqInput.E4M3:
-        _check(scale_a, "scale_a", (rows,), torch.float32, dev)
     _check(b, "B", (None, None, k // 2 if packed else k), torch.uint8 if packed else torch.int8, dev)
     e, n = b.shape[0], b.shape[1]
     _check(expert_first_token_offset, "expert_first_token_offset", (e + 1,), torch.int64, dev)
@@ -156,25 +146,22 @@ def grouped_gemm_woq(a: torch.Tensor, b: torch.Tensor, kind: int | str | WoqKind
                      expert_first_token_offset: torch.Tensor, group: int, zeros: torch.Tensor | None = None,
                      bias: torch.Tensor | None = None, c: torch.Tensor | None = None,
                      stream: int | torch.cuda.Stream | None = None, *, tactic: GemmTactic | str,
-                     scale_a: torch.Tensor | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+                     out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """C[p] = A[p] @ dequant(B[x])^T (+ bias[x]): A [R, k] bf16/fp16, B in moe_build/weights/woq.py's packed form
     of `kind` ([E, n, k/2] uint8 for int4 / mxfp4, [E, n, k] int8), scales fp32 [E, n, k/group] ([E, n, 1] for
     group 0; uint8 e8m0 [E, n, k/32] for mxfp4), int4 zeros uint8 like the scales or None -> C [R, n]. `tactic`:
     the decode kernel (decode:ksplitN, or decode:staged_ksplitN for the int4 forms with one scale per row or per 128
     k: the token rows staged in shared memory; decode:digits_ksplitN on token digits, below) for a few rows per
     expert, the mma tiles (mma:64x128, mma:128x128) for many.
-    W4AFP8: A float8_e4m3fn with `scale_a` fp32 [R] (C[p] = scale_a[p] * A[p] @ dequant(B[x])^T (+ bias)), int4
-    weights, C in `out_dtype` (bf16 or fp16, required then; else A's dtype).
     Token digits: A uint8 [R, ceil(k / 128), 400] (token_digits for this GEMM's `group`; k is B's) with the decode
     kernel's digits tile (decode:digits_ksplitN), int4 weights with one scale per row or per 128 k (k % 128 == 0) or
     per 64 k (k % 64 == 0), C in `out_dtype` (required)."""
     dev, rows, k, e, n, mode, out_dtype, form = _woq_gemm_args(a, b, kind, scales, expert_first_token_offset, group,
-                                                               zeros, bias, scale_a, out_dtype)
+                                                               zeros, bias, out_dtype)
     out = _out(c, "C", (rows, n), out_dtype, dev)
-    call("mb_grouped_gemm_woq", a.data_ptr(), int(form),
-         _ptr(scale_a), b.data_ptr(), int(mode), scales.data_ptr(), _ptr(zeros), group, _ptr(bias), out.data_ptr(),
-         expert_first_token_offset.data_ptr(), e, rows, n, k, _dtype_code(out, "C"), tactic_struct(tactic),
-         _stream(stream, dev))
+    call("mb_grouped_gemm_woq", a.data_ptr(), int(form), b.data_ptr(), int(mode), scales.data_ptr(), _ptr(zeros),
+         group, _ptr(bias), out.data_ptr(), expert_first_token_offset.data_ptr(), e, rows, n, k, _dtype_code(out, "C"),
+         tactic_struct(tactic), _stream(stream, dev))
     return out
 
 
@@ -183,19 +170,17 @@ def grouped_gemm_woq_finalize(a: torch.Tensor, b: torch.Tensor, kind: int | str 
                               permuted_to_unpermuted: torch.Tensor, permuted_weights: torch.Tensor, num_tokens: int,
                               top_k: int, zeros: torch.Tensor | None = None, bias: torch.Tensor | None = None,
                               out: torch.Tensor | None = None, stream: int | torch.cuda.Stream | None = None, *,
-                              tactic: GemmTactic | str, scale_a: torch.Tensor | None = None,
-                              out_dtype: torch.dtype | None = None) -> torch.Tensor:
+                              tactic: GemmTactic | str, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """out[t] += w[p] * (grouped_gemm_woq's C[p] + bias[x]) for the token t of each permuted row p -> out [T, n], on
     the decode kernel only (a decode tactic). A given `out` must be zeroed by the caller; an allocated one is zeroed
     here."""
     dev, rows, k, e, n, mode, out_dtype, form = _woq_gemm_args(a, b, kind, scales, expert_first_token_offset, group,
-                                                               zeros, bias, scale_a, out_dtype)
+                                                               zeros, bias, out_dtype)
     _check(permuted_to_unpermuted, "permuted_to_unpermuted", (num_tokens * top_k,), torch.int32, dev)
     _check(permuted_weights, "permuted_weights", (num_tokens * top_k,), torch.float32, dev)
     o = _out(out, "out", (num_tokens, n), out_dtype, dev, zero=True)
-    call("mb_grouped_gemm_woq_finalize", a.data_ptr(), int(form),
-         _ptr(scale_a), b.data_ptr(), int(mode), scales.data_ptr(), _ptr(zeros), group, _ptr(bias), o.data_ptr(),
-         expert_first_token_offset.data_ptr(), permuted_to_unpermuted.data_ptr(), permuted_weights.data_ptr(), e,
+    call("mb_grouped_gemm_woq_finalize", a.data_ptr(), int(form), b.data_ptr(), int(mode), scales.data_ptr(),
+         _ptr(zeros), group, _ptr(bias), o.data_ptr(), expert_first_token_offset.data_ptr(), permuted_to_unpermuted.data_ptr(), permuted_weights.data_ptr(), e,
          rows, num_tokens, top_k, n, k, _dtype_code(o, "out"), tactic_struct(tactic), _stream(stream, dev))
     return o
 

@@ -1,0 +1,16 @@
+# s30 call 4: the final tree on the library of call 1-2 (the digits row-scale kernels of call 3 reverted; the tree's
+# kernel key is that library's): the token digits (static scales), the W4AFP8 runner file and the weight-only runner's
+# digits / finalize cases against fp64, then the whole W4AFP8 bench with per-row scales (default variants: every
+# fusion the plan turns on forced off) and the static-scale layers at 1 and 16 tokens beside bf16.
+timeout 100 python -m pytest -q tests/gpu/test_token_digits.py -p no:cacheprovider > $OUT/digits.log 2>&1
+echo "digits rc=$?"; grep -E "passed|failed|FAILED|Error" $OUT/digits.log | tail -4
+timeout 150 python -m pytest -q tests/gpu/test_runner_w4afp8.py -p no:cacheprovider > $OUT/runner.log 2>&1
+echo "runner rc=$?"; grep -E "passed|failed|FAILED|Error" $OUT/runner.log | tail -6
+timeout 100 python -m pytest -q tests/gpu/test_runner_woq.py -k "digits or finalize" -p no:cacheprovider > $OUT/runner_woq.log 2>&1
+echo "runner_woq rc=$?"; grep -E "passed|failed|FAILED|Error" $OUT/runner_woq.log | tail -4
+timeout 300 python -m moe_build bench --quant w4afp8_dynamic --tokens 1,16,256,4096 --iters 5 --input-sets 2 \
+  --json $OUT/dyn_r1.json > $OUT/dyn.txt 2> $OUT/dyn.log
+echo "dyn rc=$?"; cat $OUT/dyn.txt
+timeout 100 python -m moe_build bench --quant w4afp8 --tokens 1,16 --iters 5 --input-sets 2 \
+  --variants "ours,ours_bf16" --json $OUT/static_r1.json > $OUT/static.txt 2> $OUT/static.log
+echo "static rc=$?"; cat $OUT/static.txt
