@@ -264,9 +264,9 @@ expand_rows_fp8_kernel(const T* __restrict__ input, const int32_t* __restrict__ 
   for (int64_t t = blockIdx.x; t < num_tokens; t += gridDim.x) {
     const int64_t e0 = t * top_k;
     fp8::RowSource<T> src{input + t * hidden, hidden, whole};
-    const PermutedRows<T, kDequantized> dst{unpermuted_to_permuted, e0, top_k, hidden, scale_cols, whole, permuted_input,
-                              permuted_scales,
-                              zero_out != nullptr && blockIdx.z == 0 ? zero_out + t * hidden : nullptr, &waited};
+    const PermutedRows<T, kDequantized> dst{
+        unpermuted_to_permuted, e0, top_k, hidden, scale_cols, whole, permuted_input, permuted_scales,
+        zero_out != nullptr && blockIdx.z == 0 ? zero_out + t * hidden : nullptr, &waited};
     fp8::quantize_row<T>(src, dst, hidden, mode, static_scale, prequant_scale, whole);
     if (blockIdx.z == 0) {
       dst.maps_ready();
@@ -538,7 +538,6 @@ mb_status expand_rows_quantized(const char* who, const void* input, int dtype, c
   });
 }
 
-
 }  // namespace
 
 extern "C" mb_status mb_expand_rows(const void* input, int dtype, const int32_t* unpermuted_to_permuted,
@@ -603,7 +602,6 @@ extern "C" mb_status mb_expand_rows_digits(const void* input, int dtype, const i
 }
 
 // ---- FP8 (issue 46) ------------------------------------------------------------------------------
-
 
 extern "C" mb_status mb_expand_rows_fp8(const void* input, int dtype, const int32_t* unpermuted_to_permuted,
                                         const float* topk_weights, const float* prequant_scale, int num_tokens,

@@ -32,6 +32,13 @@ def _fp8_group(static_scale: torch.Tensor | None, group: int | None, dev: torch.
     return int(group or 0)
 
 
+def _fp8_static(scale: torch.Tensor | None, dev: torch.device) -> int:
+    """A static input scale's pointer (a one-element fp32 tensor on the device, checked as the FP8 kernels take it),
+    or NULL (each row's own scale)."""
+    _fp8_group(scale, None, dev)
+    return _ptr(scale)
+
+
 def _fp8_scale_shape(rows: int, cols: int, group: int) -> tuple[int, ...]:
     return (rows,) if group == 0 else (rows, -(-cols // 128))
 
@@ -94,14 +101,14 @@ def expand_rows_fp8_dequantized(input: torch.Tensor, unpermuted_to_permuted: tor
     dev = input.device
     t, h = input.shape
     k = _expansion_maps(t, topk_weights, unpermuted_to_permuted, dev)
-    _fp8_group(static_scale, None, dev)
+    scale = _fp8_static(static_scale, dev)
     pre = _prequant(prequant_scale, h, dev)
     pin = _out(permuted_input, "permuted_input", (t * k, h), input.dtype, dev)
     pw = _out(permuted_weights, "permuted_weights", (t * k,), torch.float32, dev)
     if zero_out is not None:
         _check(zero_out, "zero_out", (t, h), input.dtype, dev)
     call("mb_expand_rows_fp8_dequantized", input.data_ptr(), _dtype_code(input, "input"),
-          unpermuted_to_permuted.data_ptr(), topk_weights.data_ptr(), pre, t, h, k, _ptr(static_scale),
+          unpermuted_to_permuted.data_ptr(), topk_weights.data_ptr(), pre, t, h, k, scale,
           pin.data_ptr(), pw.data_ptr(), _ptr(zero_out), _stream(stream, dev))
     return pin, pw
 
@@ -354,10 +361,10 @@ def fc1_activation_fp8_dequantized(input: torch.Tensor, expert_first_token_offse
     rows."""
     act, dev, rows, inter = _activation_args(input, expert_first_token_offset, activation, bias)
     e = expert_first_token_offset.shape[0] - 1
-    _fp8_group(static_scale, None, dev)
+    scale = _fp8_static(static_scale, dev)
     pre = _prequant(prequant_scale, inter, dev)
     o = _out(out, "out", (rows, inter), input.dtype, dev)
     call("mb_fc1_activation_fp8_dequantized", input.data_ptr(), _dtype_code(input, "input"), _ptr(bias),
           expert_first_token_offset.data_ptr(), e, rows, inter, int(act), swiglu_alpha, swiglu_limit,
-          pre, _ptr(static_scale), o.data_ptr(), _stream(stream, dev))
+          pre, scale, o.data_ptr(), _stream(stream, dev))
     return o

@@ -10,7 +10,7 @@ from ...planner.tactics import DIGITS_GROUP_BYTES, GemmTactic
 from ..abi import Activation, WoqInput, WoqKind
 from ..library import call, load_library
 from .args import _check, _dtype_code, _enum, _out, _ptr, _stream, _workspace
-from .fp8 import _fp8_group
+from .fp8 import _fp8_static
 from .gemm import tactic_struct
 from .stages import _activation_args, _expansion_maps, _prequant
 
@@ -100,15 +100,6 @@ def fc1_activation_digits(input: torch.Tensor, expert_first_token_offset: torch.
     return o
 
 
-def _fp8_static(scale: torch.Tensor | None, dev: torch.device) -> int:
-    """A W4AFP8 static input scale's pointer (a one-element fp32 tensor on the device, as the FP8 kernels take it), or
-    NULL."""
-    if scale is None:
-        return 0
-    _fp8_group(scale, None, dev)
-    return scale.data_ptr()
-
-
 def _a_input(a: torch.Tensor, out_dtype: torch.dtype | None, k_b: int | None
              ) -> tuple[WoqInput, int, int, torch.dtype]:
     """A's form (16-bit rows, or token_digits' uint8 [R, ceil(k / 128), 400], k then B's: `k_b`) -> (form, rows, k,
@@ -180,8 +171,9 @@ def grouped_gemm_woq_finalize(a: torch.Tensor, b: torch.Tensor, kind: int | str 
     _check(permuted_weights, "permuted_weights", (num_tokens * top_k,), torch.float32, dev)
     o = _out(out, "out", (num_tokens, n), out_dtype, dev, zero=True)
     call("mb_grouped_gemm_woq_finalize", a.data_ptr(), int(form), b.data_ptr(), int(mode), scales.data_ptr(),
-         _ptr(zeros), group, _ptr(bias), o.data_ptr(), expert_first_token_offset.data_ptr(), permuted_to_unpermuted.data_ptr(), permuted_weights.data_ptr(), e,
-         rows, num_tokens, top_k, n, k, _dtype_code(o, "out"), tactic_struct(tactic), _stream(stream, dev))
+         _ptr(zeros), group, _ptr(bias), o.data_ptr(), expert_first_token_offset.data_ptr(),
+         permuted_to_unpermuted.data_ptr(), permuted_weights.data_ptr(), e, rows, num_tokens, top_k, n, k,
+         _dtype_code(o, "out"), tactic_struct(tactic), _stream(stream, dev))
     return o
 
 
