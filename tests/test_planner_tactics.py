@@ -8,14 +8,16 @@ forced tactic holds at every count and one the GEMM cannot run is refused naming
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 
 import pytest
 
 from moe_build.errors import MoeBuildError
 from moe_build.planner import make_plan
-from moe_build.planner.tactics import (GemmCall, GemmTactic, RowCount, choose_tactic, tactic_bands, tactic_problem,
-                                       woq_digits_rows, woq_staged_rows)
+from moe_build.planner.tactics import (WOQ_TILE_FIXED_ROW_K, WOQ_TILE_FIXED_ROWS, GemmCall, GemmTactic, RowCount,
+                                       choose_tactic, tactic_bands, tactic_problem, woq_digits_rows, woq_staged_rows,
+                                       woq_tile_cost)
 from moe_build.spec import MoESpec, Quant
 from moe_build.target import Flavour, Target, TokenProfile
 
@@ -460,23 +462,49 @@ def test_weight_only_digits_rule() -> None:
     assert bands[0] == (1, 2, "digits_ksplit1")
 
 
-def test_weight_only_gemms_take_the_320_row_tile_in_its_two_bands() -> None:
-    """Past 248 and up to 328 average rows per expert, and past 528 up to 624, the mixed-input GEMM takes woq128x320c2
-    (one or two 320-row tiles hold what takes one more 256-row tile), where its 2x1 clusters find the 128-row weight
-    tiles in pairs; elsewhere woq128x256. Forced onto an odd count of weight tiles it is refused with the count."""
-    c = call(epilogue="store", woq="int4", woq_group=128)  # 128 experts, top-8: avg rows = ceil(tokens / 16)
-    assert c.n % 256 == 0  # whole pairs of 128-row weight tiles
-    points = (3968, 3969, 4096, 5248, 5249, 8448, 8449, 9216, 9984, 9985, 16384)
-    band = {3969, 4096, 5248, 8449, 9216, 9984}
-    assert [at(c, t) for t in points] == [
-        f"wgmma:woq128x{'320c2' if t in band else '256'}:plain:plain" for t in points]
-    int8 = dataclasses.replace(c, woq="int8", woq_group=0)
-    assert at(int8, 4096) == "wgmma:woq128x320c2:plain:plain"
-    odd = dataclasses.replace(c, n=2880)  # GPT-OSS-20B's GEMM2: 23 weight tiles
-    assert at(odd, 4096) == "wgmma:woq128x256:plain:plain"
-    problem = tactic_problem(odd, GemmTactic.parse("wgmma:woq128x320c2:plain:plain"))
+def test_weight_only_gemms_take_the_cheapest_tile_height_by_the_routed_counts() -> None:
+    """Past 128 average rows per expert the mixed-input tile is the height of least expected cost an expert: its tiles
+    (ceil of a binomial count over the height) times the height plus 96 rows and 20000 / k. DeepSeek-V2-Lite's GEMM1
+    at 4096 tokens (384 +- 18.7 rows, k 2048: a tile costs its height + 105.8): two 224-row tiles hold every expert
+    (659.6) where 256-row ones cost 723.6, 192-row ones 2.49 tiles (741.4), 320-row ones 851.5; at 16 rows an expert
+    past 1024 woq128x256 whatever the counts; woq128x320c2 only on weight tiles in pairs (GPT-OSS-20B's n 2880 at 512
+    rows takes 192: three tiles hold 512 +- 19.6 where 256-row ones take 2.5)."""
+    dsv2 = call(epilogue="store", woq="int4", woq_group=128, n=2816, k=2048, experts=64, top_k=6)
+    assert at(dsv2, 4096) == "wgmma:woq128x224:plain:plain"
+    assert at(dataclasses.replace(dsv2, woq="int8", woq_group=0), 4096) == "wgmma:woq128x224:plain:plain"
+    qwen3 = call(epilogue="store", woq="int4", woq_group=128)  # 256 +- 15.5 rows at 4096 tokens: one 320-row tile
+    assert at(qwen3, 4096) == "wgmma:woq128x320c2:plain:plain"
+    assert at(qwen3, 16384) == "wgmma:woq128x256:plain:plain" and at(qwen3, 16385) == "wgmma:woq128x256:plain:plain"
+    gpt_oss = call(epilogue="store", woq="int4", woq_group=64, n=2880, k=2880, experts=32, top_k=4)
+    assert at(gpt_oss, 4096) == "wgmma:woq128x192:plain:plain"
+    problem = tactic_problem(gpt_oss, GemmTactic.parse("wgmma:woq128x320c2:plain:plain"))
     assert problem is not None and "even count of 128-row weight tiles (n 2880 makes 23)" in problem
-    assert tactic_problem(c, GemmTactic.parse("wgmma:woq128x320c2:plain:plain")) is None
+    assert tactic_problem(qwen3, GemmTactic.parse("wgmma:woq128x320c2:plain:plain")) is None
+    for t in (4096, 2049, 3072):
+        assert tactic_problem(dsv2, GemmTactic.parse(at(dsv2, t))) is None
+
+
+def expected_tiles_binomial(avg: int, experts: int, top_k: int, height: int) -> float:
+    """E[ceil(X / height)] given X >= 1 for X ~ binomial(tokens, top_k / experts) at avg = tokens * top_k / experts,
+    summed over the exact probabilities (the definition the planner's normal approximation stands for)."""
+    p = top_k / experts
+    tokens = round(avg / p)
+    logs = [math.lgamma(tokens + 1) - math.lgamma(x + 1) - math.lgamma(tokens - x + 1) + x * math.log(p)
+            + (tokens - x) * math.log1p(-p) for x in range(tokens + 1)]
+    probs = [math.exp(v) for v in logs]
+    return sum(pr * max(1, -(-x // height)) for x, pr in enumerate(probs))
+
+
+@pytest.mark.parametrize("avg, experts, top_k", [(144, 128, 8), (256, 128, 8), (384, 64, 6), (512, 32, 4),
+                                                  (1024, 8, 2)])
+@pytest.mark.parametrize("height", [128, 160, 192, 224, 256, 320])
+def test_weight_only_tile_cost_counts_the_routed_tiles(avg: int, experts: int, top_k: int, height: int) -> None:
+    """The tile rule's expected tiles an expert (woq_tile_cost over its height plus fixed part) within 1% of the
+    exact binomial expectation."""
+    c = call(epilogue="store", woq="int4", woq_group=128, experts=experts, top_k=top_k)
+    per_tile = height + WOQ_TILE_FIXED_ROWS + WOQ_TILE_FIXED_ROW_K / c.k
+    got = woq_tile_cost(c, avg, height) / per_tile
+    assert got == pytest.approx(expected_tiles_binomial(avg, experts, top_k, height), rel=0.01)
 
 
 def test_weight_only_gemms_take_the_mixed_input_tiles_past_decode() -> None:
@@ -484,13 +512,14 @@ def test_weight_only_gemms_take_the_mixed_input_tiles_past_decode() -> None:
     past the decode band (8 average rows per expert; 12 where the staged int4 tile takes 8-row chunks in groups of 128
     or per row) the mixed-input
     wgmma tiles at every count, 32 token rows to 16 rows per expert,
-    64 to 48, 128 to 128, then 256. W4AFP8 keeps the mma tiles."""
+    64 to 48, 128 to 128, then the cheapest height by the routed counts (129 rows: 160, where half the experts would
+    take two 128-row tiles), 256 past 1024 rows. W4AFP8 keeps the mma tiles."""
     c = call(epilogue="store", woq="int4", woq_group=128)  # 128 experts, top-8: avg rows = tokens / 16
     assert [at(c, t) for t in (128, 129, 192, 193, 256, 257, 768, 769, 2048, 2049, 65536)] == [
         "decode:staged_ksplit1:after_trigger:plain", "decode:staged_ksplit1:after_trigger:plain",
         "decode:staged_ksplit1:after_trigger:plain", "wgmma:woq128x32:plain:plain", "wgmma:woq128x32:plain:plain",
         "wgmma:woq128x64:plain:plain", "wgmma:woq128x64:plain:plain", "wgmma:woq128x128:plain:plain",
-        "wgmma:woq128x128:plain:plain", "wgmma:woq128x256:plain:plain", "wgmma:woq128x256:plain:plain"]
+        "wgmma:woq128x128:plain:plain", "wgmma:woq128x160:plain:plain", "wgmma:woq128x256:plain:plain"]
     for t in (129, 193, 257, 769, 2049):
         assert tactic_problem(c, GemmTactic.parse(at(c, t))) is None
     # the staged tile's band to 12 rows needs its 8-row chunks to fit (int8 has no staged tile)

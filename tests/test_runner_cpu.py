@@ -745,7 +745,8 @@ def test_weight_only_plans_take_the_mixed_input_gemm_past_decode(quant: Quant) -
                          for t in (32, 33, 48, 49, 508, 509)}
         assert plan.stage("gemm1_tactic").choice_for(last_decode + 1) == "wgmma:woq128x32:plain:plain"
         assert plan.stage("gemm1_tactic").choice_for(1024) == "wgmma:woq128x320c2:plain:plain"  # 256 rows an expert
-        assert plan.stage("gemm1_tactic").choice_for(2048) == "wgmma:woq128x256:plain:plain"
+        # 512 +- 19.6 rows an expert: two 320-row tiles hold them, where 256-row ones take 2.5 on average
+        assert plan.stage("gemm1_tactic").choice_for(2048) == "wgmma:woq128x320c2:plain:plain"
 
 
 @pytest.mark.parametrize("finalize", ["fused", "separate"])

@@ -362,6 +362,9 @@ enum mb_gemm_tile {
                                       MB_FP8_BLOCK128 scales only, whose plain decode kernel holds one) */
   MB_TILE_WOQ_128x320_C2 = 24,     /* wgmma mixed-input: 128 weight rows x 320 token rows in 2x1 clusters (the token
                                       tile multicast, each CTA loading 160 of its rows) */
+  MB_TILE_WOQ_128x160 = 25,        /* wgmma mixed-input: 128 weight rows x 160 token rows */
+  MB_TILE_WOQ_128x192 = 26,        /* wgmma mixed-input: 128 weight rows x 192 token rows */
+  MB_TILE_WOQ_128x224 = 27,        /* wgmma mixed-input: 128 weight rows x 224 token rows */
 };
 enum mb_gemm_launch {
   MB_LAUNCH_PLAIN = 0,          /* an ordinary launch */

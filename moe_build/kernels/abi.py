@@ -83,6 +83,9 @@ class GemmTile(enum.IntEnum):
     DECODE_DIGITS = 22
     DECODE_TWOCTA = 23
     WOQ_128x320_C2 = 24
+    WOQ_128x160 = 25
+    WOQ_128x192 = 26
+    WOQ_128x224 = 27
 
 
 class WoqKind(enum.IntEnum):

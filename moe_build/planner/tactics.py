@@ -13,6 +13,8 @@ and dropped).
 """
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass, replace
 from typing import Callable, TypeVar
 
@@ -23,7 +25,7 @@ MMA_TILES = ("16x64", "64x128", "128x128")
 WGMMA_TILES = ("coop128x256", "pingpong64x256", "pingpong64x128", "pingpong64x256c2", "pingpong64x192c2",
                "coop128x128", "coop128x128c2", "coop128x192", "coop128x192c2", "woq128x16", "woq128x32", "woq128x64",
                "woq128x128", "woq128x256", "woq128x320c2", "pingpong64x128c2", "pingpong128x128",
-               "pingpong128x128c2")
+               "pingpong128x128c2", "woq128x160", "woq128x192", "woq128x224")
 FP8_SCALINGS = ("none", "rowwise", "block128")  # the GEMM's FP8 scales (mb_fp8_scaling), none for 16-bit
 FP8_ACCUMULATIONS = ("none", "fast", "promoted")  # the FP8 wgmma GEMM's accumulation (mb_fp8_accumulation)
 WOQ_KINDS = ("none", "int4", "int8", "mxfp4")  # the weight-only GEMM's stored weights (mb_woq_kind), none otherwise
@@ -32,7 +34,8 @@ WOQ_MMA_TILES = ("64x128", "128x128")
 # The weight-only GEMM's wgmma tiles (gemm/woq_sm90.cu, CUTLASS's mixed-input mainloop): 128 weight rows x 16 to 320
 # token rows, the 320-row tile in 2x1 clusters (a TMA box holds at most 256 rows: each CTA of the pair loads half the
 # token tile for both); the weight-only GEMM's other wgmma tactics run the 16-bit tiles on its weights dequantized.
-WOQ_WGMMA_TILES = ("woq128x16", "woq128x32", "woq128x64", "woq128x128", "woq128x256", "woq128x320c2")
+WOQ_WGMMA_TILES = ("woq128x16", "woq128x32", "woq128x64", "woq128x128", "woq128x160", "woq128x192", "woq128x224",
+                   "woq128x256", "woq128x320c2")
 # The FP8 GEMM's wgmma tiles by scaling (gemm/fp8_sm90.cu): the blockwise mainloop's tiles are 128 columns
 # wide; the c2 tiles run in 2x1 clusters that multicast their weight tile; pingpong128x128 (a warpgroup's tile two
 # 64-row wgmmas) holds no promoted accumulators and runs with fast accumulation only. The rules choose coop128x128,
@@ -517,19 +520,22 @@ WOQ_TILE_64_MAX_AVG_ROWS = 48
 WOQ_TILE_128_MAX_AVG_ROWS = 128
 
 
-# A mixed-input tile converts its weights and multiplies all its token rows however few an expert's last tile holds,
-# and the routed counts spread both sides of the average: just past a multiple of 256 rows an expert, 256-row tiles
-# pay for one more tile an expert than 320-row ones, which multiply 1.25x the rows each (at 512 rows, 2.5 tiles of 256
-# against 2 of 320 an expert on average, the same rows, they ran 9% slower). So woq128x320c2 in two bands of average
-# rows per expert, (low, high]: one 320-row tile where 256-row ones take one or two, and two where they take three,
-# each edge halfway between the measured points either side, where the weight tiles pair up for its clusters
-# (woq_weight_tiles_pair); woq128x256 elsewhere. H200, W4A16, the layer with both GEMMs forced onto either tile
-# (docs/performance.md, "The 320-row mixed-input tile in 2x1 clusters"), us, 320 / 256 rows a tile, at average rows an
-# expert: 241 707.6 / 686.7 (Qwen3-30B-A3B), 256 744.7 / 865.6 (Qwen3-30B-A3B) and 1408.4 / 1887.6 (Mixtral-8x7B), 272
-# 727.6 / 1028.9, 320 1013.6 / 1112.5, 336 1158.1 / 1109.4 (Qwen3-30B-A3B); 512 1557.0 / 1427.7 (Qwen3-30B-A3B), 544
-# 2692.7 / 3292.7, 608 2780.7 / 3176.1, 640 3664.6 / 3299.2 (Mixtral-8x7B); slower at 384, 768 and 1024 rows
-# (DeepSeek-V2-Lite 1145.2 / 976.4 and 1909.9 / 1817.4, Mixtral-8x7B 5722.2 / 5148.2).
-WOQ_TILE_320_BANDS = ((248, 328), (528, 624))
+# Past WOQ_TILE_128_MAX_AVG_ROWS, the token-row height that costs an expert least, expected over its routed count: a
+# mixed-input tile converts its weights and multiplies all its token rows however few an expert's last tile holds,
+# and uniform top-k routing spreads the counts binomially about the average (variance avg * (1 - top_k / experts)).
+# An expert of X rows runs ceil(X / height) tiles, each costing its height plus a fixed part in token rows (the
+# pipeline's fill and drain and the epilogue, which short K pays most): WOQ_TILE_FIXED_ROWS + WOQ_TILE_FIXED_ROW_K / k.
+# woq128x320c2 only where its 2x1 clusters find the weight tiles in pairs (woq_weight_tiles_pair). Up to
+# WOQ_TILE_COST_MAX_AVG_ROWS; past it the heights differ by a few percent and woq128x256 stays. Fitted on
+# bench/woq_tile_rows_probe.py (H200, the eight W4A16 GEMMs of the bench shapes, every tile at 20 averages from 96 to
+# 1024 rows, L2 flushed; docs/performance.md, "Mixed-input tiles of 160 to 320 token rows by the routed counts"): the
+# rule's tile 1.6% slower than the point's best on average, 25% at worst (Mixtral-8x7B's GEMM2 at 208 rows), where the
+# bands before it (128, 256, 320 in two bands) were 8.9% slower on average and 68% at worst.
+WOQ_TALL_TILE_ROWS = {"woq128x128": 128, "woq128x160": 160, "woq128x192": 192, "woq128x224": 224, "woq128x256": 256,
+                      "woq128x320c2": 320}
+WOQ_TILE_FIXED_ROWS = 96
+WOQ_TILE_FIXED_ROW_K = 20000
+WOQ_TILE_COST_MAX_AVG_ROWS = 1024
 
 
 def woq_wgmma_tile_rule(call: GemmCall, rows: RowCount) -> str:
@@ -539,10 +545,32 @@ def woq_wgmma_tile_rule(call: GemmCall, rows: RowCount) -> str:
         return "woq128x64"
     if rows.avg_at_most(WOQ_TILE_128_MAX_AVG_ROWS):
         return "woq128x128"
-    if woq_weight_tiles_pair(call) and any([not rows.avg_at_most(low) and rows.avg_at_most(high)
-                                            for low, high in WOQ_TILE_320_BANDS]):
-        return "woq128x320c2"
-    return "woq128x256"
+    if not rows.avg_at_most(WOQ_TILE_COST_MAX_AVG_ROWS):
+        return "woq128x256"
+    tile = woq_cheapest_tile(call, rows.avg)
+    # the answer holds until the average reaches the next count whose cheapest tile differs
+    flip = next((avg for avg in range(rows.avg + 1, WOQ_TILE_COST_MAX_AVG_ROWS + 1)
+                 if woq_cheapest_tile(call, avg) != tile), None)
+    if flip is not None:
+        rows.avg_at_most(flip - 1)
+    return tile
+
+
+@functools.lru_cache(maxsize=65536)
+def woq_cheapest_tile(call: GemmCall, avg: int) -> str:
+    """The WOQ_TALL_TILE_ROWS tile of least expected cost an expert at `avg` average rows (ties: the first)."""
+    tiles = [t for t in WOQ_TALL_TILE_ROWS if t != "woq128x320c2" or woq_weight_tiles_pair(call)]
+    return min(tiles, key=lambda t: woq_tile_cost(call, avg, WOQ_TALL_TILE_ROWS[t]))
+
+
+def woq_tile_cost(call: GemmCall, avg: int, height: int) -> float:
+    """Expected token rows an expert's tiles of `height` rows cost (module comment above): E[ceil(X / height)] for a
+    count X ~ normal(avg, avg * (1 - top_k / experts)) with a continuity correction, times height plus the fixed
+    part."""
+    sd = math.sqrt(max(avg * (1 - call.top_k / call.experts), 1e-9))
+    tiles = 1.0 + sum(0.5 * math.erfc((j * height + 0.5 - avg) / (sd * math.sqrt(2)))
+                      for j in range(1, int((avg + 8 * sd) // height) + 2))
+    return tiles * (height + WOQ_TILE_FIXED_ROWS + WOQ_TILE_FIXED_ROW_K / call.k)
 
 
 # woq128x320c2's 2x1 clusters take the weight tiles (128 rows of n) in pairs: with an odd count its outputs were

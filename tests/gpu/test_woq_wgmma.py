@@ -31,7 +31,8 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
                                  reason="needs a compute capability 9.0 GPU (scripts/device_run.sh runs these on one)")]
 
-TILES = ("woq128x16", "woq128x32", "woq128x64", "woq128x128", "woq128x256", "woq128x320c2")
+TILES = ("woq128x16", "woq128x32", "woq128x64", "woq128x128", "woq128x160", "woq128x192", "woq128x224", "woq128x256",
+         "woq128x320c2")
 
 
 def term_magnitude(dev: dict, counts: list[int], rows: int, group: int) -> torch.Tensor:

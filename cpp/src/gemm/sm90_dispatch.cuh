@@ -220,6 +220,9 @@ mb_status dispatch_wgmma(const GemmParams& p, int64_t max_rows, int dtype, const
       case MB_TILE_WOQ_128x128:
       case MB_TILE_WOQ_128x256:
       case MB_TILE_WOQ_128x320_C2:
+      case MB_TILE_WOQ_128x160:
+      case MB_TILE_WOQ_128x192:
+      case MB_TILE_WOQ_128x224:
         return fail(MB_ERR_UNSUPPORTED, "grouped gemm sm90: tile %s is the weight-only GEMM's "
                     "(mb_grouped_gemm_woq_sm90)", tile_name(tactic.tile));
       default: return run(std::integral_constant<int, MB_TILE_COOP_128x256>{});  // MB_TILE_COOP_128x256

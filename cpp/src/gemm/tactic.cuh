@@ -12,7 +12,7 @@
 
 namespace mbk {
 
-constexpr int kLastTile = MB_TILE_WOQ_128x320_C2;  // the last mb_gemm_tile
+constexpr int kLastTile = MB_TILE_WOQ_128x224;  // the last mb_gemm_tile
 
 // The tile's name in the planner's spelling (moe_build/planner/tactics.py), for messages.
 inline const char* tile_name(int tile) {
@@ -36,6 +36,9 @@ inline const char* tile_name(int tile) {
     case MB_TILE_WOQ_128x32: return "woq128x32";
     case MB_TILE_WOQ_128x256: return "woq128x256";
     case MB_TILE_WOQ_128x320_C2: return "woq128x320c2";
+    case MB_TILE_WOQ_128x160: return "woq128x160";
+    case MB_TILE_WOQ_128x192: return "woq128x192";
+    case MB_TILE_WOQ_128x224: return "woq128x224";
     case MB_TILE_DECODE_STAGED: return "staged";
     case MB_TILE_PINGPONG_64x128_C2: return "pingpong64x128c2";
     case MB_TILE_PINGPONG_128x128: return "pingpong128x128";

@@ -20,6 +20,9 @@
 #ifndef NDEBUG
 #define NDEBUG
 #endif
+// wgmma's N in steps of 8 (CuTe's default set stops at 8, 16, 32, 64, 96, 128, 192, 256): the 160- and 224-row token
+// tiles run as one wgmma a k step, and the 320-row one as two of 160 (five of 64 without it).
+#define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
@@ -338,6 +341,9 @@ mb_status dispatch_woq_sm90(int dtype, int kind, int tile, F&& f) {
       case MB_TILE_WOQ_128x16: return f(WoqWgmma<T, K, 16>{});
       case MB_TILE_WOQ_128x32: return f(WoqWgmma<T, K, 32>{});
       case MB_TILE_WOQ_128x64: return f(WoqWgmma<T, K, 64>{});
+      case MB_TILE_WOQ_128x160: return f(WoqWgmma<T, K, 160>{});
+      case MB_TILE_WOQ_128x192: return f(WoqWgmma<T, K, 192>{});
+      case MB_TILE_WOQ_128x224: return f(WoqWgmma<T, K, 224>{});
       case MB_TILE_WOQ_128x256: return f(WoqWgmma<T, K, 256>{});
       case MB_TILE_WOQ_128x320_C2: return f(WoqWgmma<T, K, 320, 2>{});
       default: return f(WoqWgmma<T, K, 128>{});  // MB_TILE_WOQ_128x128
@@ -352,7 +358,7 @@ mb_status dispatch_woq_sm90(int dtype, int kind, int tile, F&& f) {
 
 bool woq_sm90_tactic_ok(const mb_gemm_tactic& t) {
   const bool woq_tile = (t.tile >= MB_TILE_WOQ_128x64 && t.tile <= MB_TILE_WOQ_128x256) ||
-                        t.tile == MB_TILE_WOQ_128x320_C2;
+                        (t.tile >= MB_TILE_WOQ_128x320_C2 && t.tile <= MB_TILE_WOQ_128x224);
   return t.kernel == MB_GEMM_WGMMA && woq_tile &&
          t.k_split == 0 && t.launch == MB_LAUNCH_PLAIN && t.output_l2 == MB_OUTPUT_L2_PLAIN;
 }
@@ -382,7 +388,8 @@ mb_status check_woq_sm90(const WoqSm90Params& p, int64_t max_rows, int dtype, co
     return fail(MB_ERR_INVALID_ARGUMENT, "%s: A, B, C, scales and zeros must be 16-byte aligned", who);
   if (!woq_sm90_tactic_ok(t))
     return fail(MB_ERR_UNSUPPORTED, "%s: no kernel for tactic %s %s (k_split %d, launch %d, output_l2 %d): the wgmma "
-                "kernel on a woq tile (woq128x16, woq128x32, woq128x64, woq128x128, woq128x256, woq128x320c2), "
+                "kernel on a woq tile (woq128x16, woq128x32, woq128x64, woq128x128, woq128x160, woq128x192, "
+                "woq128x224, woq128x256, woq128x320c2), "
                 "launched plainly, with plain outputs", who,
                 kernel_name(t.kernel), tile_name(t.tile), t.k_split, t.launch, t.output_l2);
   // The 2x1 clusters' weight tiles in pairs: with an odd count of 128-row weight tiles the outputs were wrong on the
@@ -405,7 +412,8 @@ size_t mb_grouped_gemm_woq_sm90_workspace(int num_experts) {
   for (int dtype : {MB_BF16, MB_FP16})
     for (int kind : {MB_WOQ_INT4, MB_WOQ_INT8})
       for (int tile : {MB_TILE_WOQ_128x16, MB_TILE_WOQ_128x32, MB_TILE_WOQ_128x64, MB_TILE_WOQ_128x128,
-                       MB_TILE_WOQ_128x256, MB_TILE_WOQ_128x320_C2})
+                       MB_TILE_WOQ_128x160, MB_TILE_WOQ_128x192, MB_TILE_WOQ_128x224, MB_TILE_WOQ_128x256,
+                       MB_TILE_WOQ_128x320_C2})
         mbk::dispatch_woq_sm90(dtype, kind, tile, [&](auto g) {
           bytes = std::max(bytes, mbk::woq_sm90_workspace<decltype(g)>(num_experts, sm).total);
           return MB_OK;
