@@ -468,7 +468,7 @@ def test_weight_only_gemms_take_the_cheapest_tile_height_by_the_routed_counts() 
     at 4096 tokens (384 +- 18.7 rows, k 2048: a tile costs its height + 105.8): two 224-row tiles hold every expert
     (659.6) where 256-row ones cost 723.6, 192-row ones 2.49 tiles (741.4), 320-row ones 851.5; at 16 rows an expert
     past 1024 woq128x256 whatever the counts; woq128x320c2 only on weight tiles in pairs (GPT-OSS-20B's n 2880 at 512
-    rows takes 192: three tiles hold 512 +- 19.6 where 256-row ones take 2.5)."""
+    rows takes 192: three tiles hold 512 +- 21.2 where 256-row ones take 2.5)."""
     dsv2 = call(epilogue="store", woq="int4", woq_group=128, n=2816, k=2048, experts=64, top_k=6)
     assert at(dsv2, 4096) == "wgmma:woq128x224:plain:plain"
     assert at(dataclasses.replace(dsv2, woq="int8", woq_group=0), 4096) == "wgmma:woq128x224:plain:plain"

@@ -528,9 +528,9 @@ WOQ_TILE_128_MAX_AVG_ROWS = 128
 # woq128x320c2 only where its 2x1 clusters find the weight tiles in pairs (woq_weight_tiles_pair). Up to
 # WOQ_TILE_COST_MAX_AVG_ROWS; past it the heights differ by a few percent and woq128x256 stays. Fitted on
 # bench/woq_tile_rows_probe.py (H200, the eight W4A16 GEMMs of the bench shapes, every tile at 20 averages from 96 to
-# 1024 rows, L2 flushed; docs/performance.md, "Mixed-input tiles of 160 to 320 token rows by the routed counts"): the
-# rule's tile 1.6% slower than the point's best on average, 25% at worst (Mixtral-8x7B's GEMM2 at 208 rows), where the
-# bands before it (128, 256, 320 in two bands) were 8.9% slower on average and 68% at worst.
+# 1024 rows, L2 flushed; docs/performance.md, "Mixed-input tiles of 160 to 320 token rows by the routed counts"), scored
+# on the same run: the rule's tile 1.6% slower than the point's best on average, 25% at worst (Mixtral-8x7B's GEMM2
+# at 208 rows), where the bands before it (128, 256, 320 in two bands) were 8.9% slower on average and 68% at worst.
 WOQ_TALL_TILE_ROWS = {"woq128x128": 128, "woq128x160": 160, "woq128x192": 192, "woq128x224": 224, "woq128x256": 256,
                       "woq128x320c2": 320}
 WOQ_TILE_FIXED_ROWS = 96
