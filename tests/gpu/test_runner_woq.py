@@ -92,8 +92,9 @@ def test_many_tokens(mode: tuple) -> None:
 
 @pytest.mark.parametrize("mode", MODES[:2] + MODES[3:5], ids=MODE_IDS[:2] + MODE_IDS[3:5])
 def test_the_320_row_tile_band(mode: tuple) -> None:
-    """Between 248 and 328 rows an expert (1100 tokens x top-2 over 8 experts: 275) the plan runs both mixed-input
-    GEMMs on woq128x320c2, 2x1 clusters of 320 token rows; the layer there against fp64 as everywhere."""
+    """At 275 rows an expert (1100 tokens x top-2 over 8 experts, +- 14.4) one 320-row tile holds an expert where
+    256-row ones take 1.9, so the plan runs both mixed-input GEMMs on woq128x320c2, 2x1 clusters of 320 token rows;
+    the layer there against fp64 as everywhere."""
     from moe_build.runner import MoERunner
     spec, weights = woq_case(BASE, mode, 0)
     plan = MoERunner(spec, weights, target=device_target(), max_tokens=1100).plan
