@@ -511,13 +511,14 @@ def woq_mixed_input(call: GemmCall) -> bool:
             and call.n % 8 == 0 and call.k % 64 == 0)
 
 
-# Mixed-input tile, token rows per tile by average rows per expert: 32 up to 16, 64 up to 48, 128 up to 128, else 256
-# (same probe, each tile's worst time over the best tile's at its points: 128x32 1.04 at 8 rows and 1.02 at 16;
-# 128x64 1.00 at 32 and 1.08 at 48; 128x128 1.03 at 64 and 1.00 at 128; 128x256 1.05 at 256 and 1.00 from 512).
-# 128x16 is there to be forced and probed (best at 8 rows on 5 of 11 GEMMs, 1.38x on the worst).
+# Mixed-input tile, token rows per tile by average rows per expert: 32 up to 16, 64 up to 48, 128 up to 96 (same
+# probe, each tile's worst time over the best tile's at its points: 128x32 1.04 at 8 rows and 1.02 at 16; 128x64 1.00
+# at 32 and 1.08 at 48; 128x128 1.03 at 64; at 96, bench/woq_tile_rows_probe.py's first average, 1.00-1.06 on the
+# eight W4A16 GEMMs of the bench shapes). 128x16 is there to be forced and probed (best at 8 rows on 5 of 11 GEMMs,
+# 1.38x on the worst).
 WOQ_TILE_32_MAX_AVG_ROWS = 16
 WOQ_TILE_64_MAX_AVG_ROWS = 48
-WOQ_TILE_128_MAX_AVG_ROWS = 128
+WOQ_TILE_128_MAX_AVG_ROWS = 96
 
 
 # Past WOQ_TILE_128_MAX_AVG_ROWS, the token-row height that costs an expert least, expected over its routed count: a
@@ -531,6 +532,9 @@ WOQ_TILE_128_MAX_AVG_ROWS = 128
 # 1024 rows, L2 flushed; docs/performance.md, "Mixed-input tiles of 160 to 320 token rows by the routed counts"), scored
 # on the same run: the rule's tile 1.6% slower than the point's best on average, 25% at worst (Mixtral-8x7B's GEMM2
 # at 208 rows), where the bands before it (128, 256, 320 in two bands) were 8.9% slower on average and 68% at worst.
+# It keeps 128 rows to 117-119 average rows and takes 160 from there: at 128 average rows the 128-row tile ran
+# 1.15-1.68x the best height on the eight GEMMs and the 160-row one 1.00-1.03x (the rule began past 128 rows until
+# 2026-12-02; docs/performance.md, "Weight-only layers at the bench points and between them").
 WOQ_TALL_TILE_ROWS = {"woq128x128": 128, "woq128x160": 160, "woq128x192": 192, "woq128x224": 224, "woq128x256": 256,
                       "woq128x320c2": 320}
 WOQ_TILE_FIXED_ROWS = 96
