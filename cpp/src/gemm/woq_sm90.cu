@@ -24,6 +24,7 @@
 // tiles run as one wgmma a k step, and the 320-row one as two of 160 (five of 64 without it).
 #define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
 #include <algorithm>
+#include <iterator>
 #include <cstdint>
 #include <type_traits>
 
@@ -356,9 +357,13 @@ mb_status dispatch_woq_sm90(int dtype, int kind, int tile, F&& f) {
   return dtype == MB_BF16 ? by_kind(__nv_bfloat16{}) : by_kind(__half{});
 }
 
+// Every tile dispatch_woq_sm90 has: the tactics it takes and the kernels whose workspace it sizes.
+constexpr int kWoqTiles[] = {MB_TILE_WOQ_128x16,  MB_TILE_WOQ_128x32,  MB_TILE_WOQ_128x64,
+                             MB_TILE_WOQ_128x128, MB_TILE_WOQ_128x160, MB_TILE_WOQ_128x192,
+                             MB_TILE_WOQ_128x224, MB_TILE_WOQ_128x256, MB_TILE_WOQ_128x320_C2};
+
 bool woq_sm90_tactic_ok(const mb_gemm_tactic& t) {
-  const bool woq_tile = (t.tile >= MB_TILE_WOQ_128x64 && t.tile <= MB_TILE_WOQ_128x256) ||
-                        (t.tile >= MB_TILE_WOQ_128x320_C2 && t.tile <= MB_TILE_WOQ_128x224);
+  const bool woq_tile = std::find(std::begin(kWoqTiles), std::end(kWoqTiles), t.tile) != std::end(kWoqTiles);
   return t.kernel == MB_GEMM_WGMMA && woq_tile &&
          t.k_split == 0 && t.launch == MB_LAUNCH_PLAIN && t.output_l2 == MB_OUTPUT_L2_PLAIN;
 }
@@ -411,9 +416,7 @@ size_t mb_grouped_gemm_woq_sm90_workspace(int num_experts) {
   size_t bytes = 0;
   for (int dtype : {MB_BF16, MB_FP16})
     for (int kind : {MB_WOQ_INT4, MB_WOQ_INT8})
-      for (int tile : {MB_TILE_WOQ_128x16, MB_TILE_WOQ_128x32, MB_TILE_WOQ_128x64, MB_TILE_WOQ_128x128,
-                       MB_TILE_WOQ_128x160, MB_TILE_WOQ_128x192, MB_TILE_WOQ_128x224, MB_TILE_WOQ_128x256,
-                       MB_TILE_WOQ_128x320_C2})
+      for (int tile : mbk::kWoqTiles)
         mbk::dispatch_woq_sm90(dtype, kind, tile, [&](auto g) {
           bytes = std::max(bytes, mbk::woq_sm90_workspace<decltype(g)>(num_experts, sm).total);
           return MB_OK;
