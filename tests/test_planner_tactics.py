@@ -353,13 +353,14 @@ def test_the_fp8_pingpong_128_tile_runs_with_fast_accumulation(epilogue: str) ->
 
 def test_weight_only_gemms_run_decode_then_the_woq_mma_tiles() -> None:
     """Where the mixed-input kernel cannot take the weights (group 32 here), or on the sm80 entry: decode to 8
-    average rows per expert, the 64-row woq mma tile to 64, then the 128-row one; the decode K split doubled while the
-    CTAs (non-empty experts x column blocks) fit one per SM."""
+    average rows per expert, then the 64-row woq mma tile (on sm80 to 64 rows, then the 128-row one); the decode K
+    split doubled while the CTAs (non-empty experts x column blocks) fit one per SM."""
     c = call(epilogue="store", woq="int4", woq_group=32)  # Qwen3-30B-A3B's GEMM1: 8 experts x 12 blocks at 1 token
-    assert [at(c, t) for t in (1, 2, 128, 129, 1024, 1025)] == [
+    assert [at(c, t) for t in (1, 2, 128, 129, 1024, 1025, 2544)] == [
         "decode:ksplit2:after_trigger:plain", "decode:ksplit1:after_trigger:plain",
         "decode:ksplit1:after_trigger:plain", "mma:64x128:plain:plain", "mma:64x128:plain:plain",
-        "mma:128x128:plain:plain"]
+        "mma:64x128:plain:plain", "mma:64x128:plain:plain"]
+    assert at(dataclasses.replace(c, entry="sm80"), 1024) == "mma:64x128:plain:plain"
     assert at(dataclasses.replace(c, woq_group=128, entry="sm80"), 1025) == "mma:128x128:plain:plain"
     # Mixtral's GEMM2 at 1 token: 2 experts x 32 / 64 / 128 column blocks at 1 / 2 / 4 slices
     mixtral_down = call(epilogue="store", woq="int8", itemsize=1, n=4096, k=14336, experts=8, top_k=2)
@@ -540,13 +541,13 @@ def test_weight_only_gemms_take_the_mixed_input_tiles_past_decode() -> None:
     assert "weight-only GEMM's tile" in tactic_problem(call(), GemmTactic.parse("wgmma:woq128x64:plain:plain"))
 
 
-def test_weight_only_gemms_dequantize_for_wgmma_from_128_rows_per_expert() -> None:
-    """Where the mixed-input kernel cannot take the weights (MXFP4, group 32): from 128 average rows per expert (sm90,
+def test_weight_only_gemms_dequantize_for_wgmma_from_160_rows_per_expert() -> None:
+    """Where the mixed-input kernel cannot take the weights (MXFP4, group 32): from 160 average rows per expert (sm90,
     16-bit activations) the weight-only GEMM's tactic is a 16-bit wgmma tile, launched plainly with plain outputs
     (the weights dequantized first); the sm80 entry keeps the mma tiles."""
-    c = call(epilogue="store", woq="mxfp4", woq_group=32)  # 128 experts, top-8: 128 rows per expert at 2048 tokens
-    assert at(c, 2032).startswith("mma:") and at(c, 2033) == "wgmma:pingpong64x256c2:plain:plain"
-    assert tactic_problem(c, GemmTactic.parse(at(c, 2033))) is None
+    c = call(epilogue="store", woq="mxfp4", woq_group=32)  # 128 experts, top-8: 160 rows per expert at 2560 tokens
+    assert at(c, 2544) == "mma:64x128:plain:plain" and at(c, 2545).startswith("wgmma:")
+    assert tactic_problem(c, GemmTactic.parse(at(c, 2545))) is None
     assert at(dataclasses.replace(c, entry="sm80"), 4096).startswith("mma:")
 
 

@@ -731,18 +731,18 @@ def test_each_stream_gets_its_own_gemm_placement_regions() -> None:
 def test_weight_only_plans_take_the_mixed_input_gemm_past_decode(quant: Quant) -> None:
     """On sm90, int4 / int8 weights (groups of 128 here) run the decode kernel to 8 rows per expert (int4 on the
     staged tile to 12) and the mixed-input wgmma GEMM past it (steps gemm1:woq_wgmma / gemm2:woq_wgmma); MXFP4, which
-    that kernel does not take, runs the mma tiles, then from 128 rows its weights dequantized for the 16-bit wgmma
+    that kernel does not take, runs the mma tiles, then from 160 rows its weights dequantized for the 16-bit wgmma
     GEMM."""
     spec = dataclasses.replace(SWIGLU, quant=quant)  # 8 experts, top-2: rows per expert = ceil(tokens / 4)
     plan = make_plan(spec, dataclasses.replace(H100, profile=TokenProfile(1, 16, 1024)), tokens=16)
-    gemms = {t: [s for s in kernel_sequence(plan, t) if s.startswith("gemm")] for t in (32, 33, 48, 49, 508, 509)}
+    gemms = {t: [s for s in kernel_sequence(plan, t) if s.startswith("gemm")] for t in (32, 33, 48, 49, 636, 637)}
     if quant is Quant.WFP4A16:
-        assert gemms == {**{t: ["gemm1:woq", "gemm2:woq"] for t in (32, 33, 48, 49, 508)},
-                         509: ["gemm1:woq_dense", "gemm2:woq_dense"]}
+        assert gemms == {**{t: ["gemm1:woq", "gemm2:woq"] for t in (32, 33, 48, 49, 636)},
+                         637: ["gemm1:woq_dense", "gemm2:woq_dense"]}
     else:
         last_decode = 48 if quant is Quant.W4A16_AWQ else 32  # the staged int4 tile's band: 12 rows
         assert gemms == {t: ["gemm1:woq", "gemm2:woq"] if t <= last_decode else ["gemm1:woq_wgmma", "gemm2:woq_wgmma"]
-                         for t in (32, 33, 48, 49, 508, 509)}
+                         for t in (32, 33, 48, 49, 636, 637)}
         assert plan.stage("gemm1_tactic").choice_for(last_decode + 1) == "wgmma:woq128x32:plain:plain"
         assert plan.stage("gemm1_tactic").choice_for(1024) == "wgmma:woq128x320c2:plain:plain"  # 256 rows an expert
         # 512 +- 19.6 rows an expert: two 320-row tiles hold them, where 256-row ones take 2.5 on average

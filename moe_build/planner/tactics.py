@@ -465,14 +465,18 @@ WOQ_STAGED_MAX_AVG_ROWS = 12
 # GPT-OSS-20B (its own MXFP4) at 72 / 96 tokens (9 / 12 rows) 359.8 / 426.5 against 460.9 / 461.8, Qwen3-30B-A3B at
 # 144 / 192 297.5 / 353.7 against 362.9 / 364.1, DeepSeek-V2-Lite at 96 / 128 263.8 / 309.6 against 330.8 / 330.3.
 WOQ_MXFP4_DECODE_MAX_AVG_ROWS = 12
-# Where the mixed-input kernel does not take the weights (MXFP4, groups of 32; woq_mixed_input below): from 128
-# average rows per expert on sm90 with 16-bit activations, the wgmma tactic with the layer's weights
-# dequantized once into the workspace (gemm/woq_dequantize.cu), then the 16-bit wgmma GEMM. The mma tiles' mainloop
-# runs far below wgmma's (moe-build bench, H200: W4A16 at 4096 tokens 3.1-3.3x our bf16 layer's time on the four
-# bench shapes, 1.2-1.8x at 256), while the pass writes the experts' 16-bit weights once (Mixtral-8x7B's 2.8 GB:
-# about 0.9 ms at the read rate, against 8.5 ms lost to bf16 at 4096 tokens; 0.3-0.5 ms on the smaller shapes, more
-# than their loss at 256 tokens, 16-64 rows per expert).
-WOQ_DEQUANT_MIN_AVG_ROWS = 128
+# Where the mixed-input kernel does not take the weights (MXFP4, groups of 32; woq_mixed_input below): from 160
+# average rows per expert on sm90 with 16-bit activations, the wgmma tactic with the layer's weights dequantized once
+# into the workspace (gemm/woq_dequantize.cu), then the 16-bit wgmma GEMM; below, the mma tiles, whose time grows with
+# the rows at a rate far below wgmma's while the pass costs the same at every count (it writes the experts' 16-bit
+# weights: Mixtral-8x7B's 2.8 GB in 1.29 ms on an H200). H200, WFP4A16 layers, graph replay, both GEMMs
+# forced dense against both forced onto mma 64x128 at 128 / 160 / 192 / 224 average rows, us
+# (docs/measured/h200-2026-12-02-woq-dequantize-rows, call 5): GPT-OSS-20B 1122 / 1211 / 1224 / 1274 against 1109 /
+# 1368 / 1704 / 1787, Qwen3-30B-A3B 917 / 1092 / 1017 / 1057 against 906 / 1106 / 1265 / 1482, DeepSeek-V2-Lite 774 /
+# 855 / 861 / 904 against 808 / 954 / 1149 / 1305, Mixtral-8x7B 2344 / 2557 / 2522 / 2471 against 2050 / 2224 / 2610 /
+# 3050 (its band of 160-191 rows 15% slower dense). From 128 rows until 2026-12-02, when the pass ran at 1.6 TB/s on
+# MXFP4 (one 4-byte load and a conversion call a weight).
+WOQ_DEQUANT_MIN_AVG_ROWS = 160
 
 
 # Where the mixed-input kernel takes the weights (woq_mixed_input below), every count past the decode kernel's runs
@@ -714,12 +718,17 @@ def woq_digits_rows(call: GemmCall, k_split: int) -> int:
     return max(0, min(DECODE_TOKENS, (STAGED_TOKEN_BUDGET - DIGITS_ZEROS) // per_row))
 
 
-# Weight-only mma tile: 64 token rows up to 64 average rows per expert, else 128.
+# Weight-only mma tile: 64 token rows up to 64 average rows per expert, else 128 on the sm80 entry; on sm90, where the
+# tiles run only below the dequantized band (woq_kernel_rule), 64 throughout. H200, WFP4A16 layers, graph replay, both
+# GEMMs forced onto mma 64x128 against the 128-row tile the rule took then, at 128 / 160 average rows
+# (docs/measured/h200-2026-12-02-woq-dequantize-rows, call 5): GPT-OSS-20B 1109 / 1368 against 1180 / 1498 us,
+# Mixtral-8x7B 2050 / 2224 against 2183 / 2483, Qwen3-30B-A3B 906 / 1106 against 959 / 1190, DeepSeek-V2-Lite 808 /
+# 954 against 847 / 1036.
 WOQ_NARROW_MAX_AVG_ROWS = 64
 
 
 def woq_mma_tile_rule(call: GemmCall, rows: RowCount) -> str:
-    return "64x128" if rows.avg_at_most(WOQ_NARROW_MAX_AVG_ROWS) else "128x128"
+    return "64x128" if call.entry == "sm90" or rows.avg_at_most(WOQ_NARROW_MAX_AVG_ROWS) else "128x128"
 
 
 # decode K slices per CTA: 2, or 8 where 2 slices give fewer CTAs than SMs (non-empty experts at most

@@ -471,3 +471,20 @@ def test_dequantize_against_fp64(kind: WoqKind, group: int, zeros: bool, dtype: 
         p = 7 if dtype == torch.bfloat16 else 10
         ulp = torch.exp2(torch.floor(torch.log2(one.double().abs().clamp_min(2.0 ** -60))) - p)
         assert ((got[x].double() - want).abs() <= 1.5 * ulp).all(), f"expert {x}: off by more than a unit (seed {seed})"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_dequantize_mxfp4_every_exponent(dtype: torch.dtype) -> None:
+    """Every e8m0 exponent but the NaN code (2^-127 to 2^127): the kernel's weights equal the exact ones rounded once
+    to the output type, those past its range as infinities and those below it as zeros."""
+    seed = random.SystemRandom().randrange(1 << 30)
+    dev, _, _, _ = case(WoqKind.MXFP4, [1, 1], 64, 1024, 32, False, False, dtype, seed, pad_rows=0, e8m0=(0, 255))
+    out = torch.full((2, 64, 1024), float("nan"), dtype=dtype, device="cuda")
+    K.woq_dequantize(dev["b"], "mxfp4", dev["scales"], 32, out=out)
+    torch.cuda.synchronize()
+    got, b, s = out.cpu(), dev["b"].cpu(), dev["scales"].cpu()
+    assert set(s.unique().tolist()) >= {0, 254}, f"the draw missed an end exponent (seed {seed})"
+    assert not torch.isnan(got).any(), f"unwritten weights (seed {seed})"
+    for x in range(2):
+        assert torch.equal(got[x], dequantize_matrix(WoqKind.MXFP4, b[x], s[x], None).to(dtype)), \
+            f"expert {x} (seed {seed})"

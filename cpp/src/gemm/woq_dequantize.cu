@@ -3,9 +3,10 @@
 // weight-only kernels have no wgmma mainloop: from many rows per expert one dequantizing pass plus the 16-bit
 // GEMM costs less than the mma tiles; moe_build/planner/tactics.py's woq_kernel_rule).
 // The stored forms are mb_grouped_gemm_woq's (cpp/include/moe_build_kernels.h): w = (u - z) * s (int4), q * s
-// (int8), e2m1 * 2^(e - 127) (MXFP4), each computed in fp32 and rounded once to the output dtype. A thread writes 8
-// consecutive columns of one row (one 16-byte store), reading its 4 (4-bit) or 8 (int8) bytes and its one scale
-// (groups are 32 columns or more; 0: one scale per row).
+// (int8), e2m1 * 2^(e - 127) (MXFP4), each computed in fp32 and rounded once to the output dtype.
+// A block per weight row, a thread 16 consecutive columns at a time (one 8-byte load, int8 two, and two 16-byte
+// stores, one scale: groups are 32 columns or more), the kind a template argument: the pass moves bytes, so its
+// arithmetic is integer placement and one or two multiplies a weight, with no division or conversion call.
 #include <algorithm>
 #include <cstdint>
 
@@ -13,52 +14,50 @@
 
 namespace {
 
-constexpr int kCols = 8;  // columns per thread
-constexpr int kThreads = 256;
+constexpr int kCols = 16;  // columns per thread step
+constexpr int kThreads = 128;
 
-__device__ __forceinline__ float e2m1_value(uint32_t code) {
-  // code: sign bit 3, exponent bits 2..1, mantissa bit 0 (0, 0.5, 1, 1.5, 2, 3, 4, 6)
-  const uint32_t mag = code & 7u;
-  const float v = mag < 2 ? 0.5f * static_cast<float>(mag)
-                          : static_cast<float>(1u << ((mag >> 1) - 1)) * (1.0f + 0.5f * static_cast<float>(mag & 1u));
-  return code & 8u ? -v : v;
-}
+// 2^23 + x as fp32 bits for a byte x (x < 256): the exact float x after subtracting 2^23.
+__device__ __forceinline__ float magic_u8(uint32_t x) { return __uint_as_float(0x4b000000u | x) - 8388608.0f; }
 
-template <typename T>
+template <typename T, int KIND>
 __global__ void __launch_bounds__(kThreads)
-woq_dequantize_kernel(int kind, const uint8_t* __restrict__ data, const void* __restrict__ scales,
-                      const uint8_t* __restrict__ zeros, int group, int64_t rows, int k, T* __restrict__ out) {
-  const int64_t chunks_per_row = k / kCols;
-  const int64_t total = rows * chunks_per_row;
+woq_dequantize_rows(const uint8_t* __restrict__ data, const void* __restrict__ scales,
+                    const uint8_t* __restrict__ zeros, int group, int k, T* __restrict__ out) {
+  const int64_t row = blockIdx.x;
   const int groups = group ? k / group : 1;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * kThreads) {
-    const int64_t row = i / chunks_per_row;
-    const int col = static_cast<int>(i % chunks_per_row) * kCols;
+  const uint8_t* d = data + row * (KIND == MB_WOQ_INT8 ? k : k / 2);
+  T* o = out + row * k;
+  for (int col = threadIdx.x * kCols; col < k; col += kThreads * kCols) {
     const int64_t g = row * groups + (group ? col / group : 0);
     float w[kCols];
-    if (kind == MB_WOQ_INT8) {
-      const uint2 q = *reinterpret_cast<const uint2*>(data + row * k + col);
+    if constexpr (KIND == MB_WOQ_INT8) {
+      const uint2 lo = *reinterpret_cast<const uint2*>(d + col), hi = *reinterpret_cast<const uint2*>(d + col + 8);
+      const uint32_t words[4] = {lo.x, lo.y, hi.x, hi.y};
       const float s = static_cast<const float*>(scales)[g];
 #pragma unroll
-      for (int j = 0; j < kCols; ++j) {
-        const uint32_t word = j < 4 ? q.x : q.y;
-        w[j] = static_cast<float>(static_cast<int8_t>((word >> (8 * (j % 4))) & 0xffu)) * s;
-      }
+      for (int j = 0; j < kCols; ++j)  // q + 128 exactly, then minus 128
+        w[j] = (magic_u8(((words[j / 4] >> (8 * (j % 4))) & 0xffu) ^ 0x80u) - 128.0f) * s;
     } else {
-      const uint32_t q = *reinterpret_cast<const uint32_t*>(data + row * (k / 2) + col / 2);
-      if (kind == MB_WOQ_MXFP4) {
-        const int e = static_cast<int>(static_cast<const uint8_t*>(scales)[g]) - 127;
+      const uint2 q = *reinterpret_cast<const uint2*>(d + col / 2);
+      if constexpr (KIND == MB_WOQ_MXFP4) {
+        // e2m1's magnitude bits as fp32's low two exponent bits and top mantissa bit, its sign as the sign: e2m1 *
+        // 2^-126 (0.5 the subnormal 2^-127), times 2^126 and 2^(e - 127) (e 0: the subnormal 2^-127), both exact
+        const uint32_t e = static_cast<const uint8_t*>(scales)[g];
+        const float s = __uint_as_float(e ? e << 23 : 0x00400000u), two126 = __uint_as_float(0x7e800000u);
 #pragma unroll
-        for (int j = 0; j < kCols; ++j) w[j] = ldexpf(e2m1_value((q >> (4 * j)) & 0xfu), e);
+        for (int j = 0; j < kCols; ++j) {
+          const uint32_t c = ((j < 8 ? q.x : q.y) >> (4 * (j % 8))) & 0xfu;
+          w[j] = __uint_as_float(((c & 7u) << 22) | ((c & 8u) << 28)) * two126 * s;
+        }
       } else {
         const float s = static_cast<const float*>(scales)[g];
-        const float z = zeros ? static_cast<float>(zeros[g]) : 8.0f;
+        const float z = zeros ? magic_u8(zeros[g]) : 8.0f;
 #pragma unroll
-        for (int j = 0; j < kCols; ++j) w[j] = (static_cast<float>((q >> (4 * j)) & 0xfu) - z) * s;
+        for (int j = 0; j < kCols; ++j) w[j] = (magic_u8(((j < 8 ? q.x : q.y) >> (4 * (j % 8))) & 0xfu) - z) * s;
       }
     }
-    mb::store_f32<T, kCols>(out + row * k + col, w);
+    mb::store_f32<T, kCols>(o + col, w);
   }
 }
 
@@ -79,14 +78,17 @@ extern "C" mb_status mb_woq_dequantize(int kind, const void* data, const void* s
   MB_REQUIRE(!zeros || kind == MB_WOQ_INT4, "%s: zero points exist for int4 only", who);
   MB_REQUIRE(reinterpret_cast<uintptr_t>(out) % 16 == 0 && reinterpret_cast<uintptr_t>(data) % 8 == 0,
              "%s: out must be 16-byte and data 8-byte aligned", who);
+  const int64_t rows = static_cast<int64_t>(num_experts) * n;
+  MB_REQUIRE(rows < (int64_t{1} << 31), "%s: %lld weight rows (at most 2^31 - 1)", who, static_cast<long long>(rows));
   return mb::dispatch_dtype(dtype, who, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    const int64_t rows = static_cast<int64_t>(num_experts) * n;
-    const int64_t chunks = rows * (k / kCols);
-    const int64_t sms = mb::device_attribute(cudaDevAttrMultiProcessorCount);
-    const int grid = static_cast<int>(std::min<int64_t>((chunks + kThreads - 1) / kThreads, sms * 8));
-    woq_dequantize_kernel<T><<<grid, kThreads, 0, stream>>>(kind, static_cast<const uint8_t*>(data), scales, zeros,
-                                                           group, rows, k, static_cast<T*>(out));
-    return mb::check_launch("woq_dequantize_kernel");
+    auto launch = [&](auto kind_tag) {
+      woq_dequantize_rows<T, decltype(kind_tag)::value><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
+          static_cast<const uint8_t*>(data), scales, zeros, group, k, static_cast<T*>(out));
+      return mb::check_launch("woq_dequantize_rows");
+    };
+    if (kind == MB_WOQ_INT8) return launch(std::integral_constant<int, MB_WOQ_INT8>{});
+    if (kind == MB_WOQ_MXFP4) return launch(std::integral_constant<int, MB_WOQ_MXFP4>{});
+    return launch(std::integral_constant<int, MB_WOQ_INT4>{});
   });
 }
