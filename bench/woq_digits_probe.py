@@ -1,13 +1,15 @@
-"""The weight-only int4 decode GEMM on the digits tile (mb_token_digits, then mb_grouped_gemm_woq on the int8 mma)
+"""The weight-only decode GEMM on the digits tile (mb_token_digits, then mb_grouped_gemm_woq on the int8 mma)
 beside the staged tile, on the W4A16 bench shapes' GEMMs (int4 with zero points, group 128; GPT-OSS-20B's group 64
 at k 2880) at 1 to 128 tokens, each
-form at the K split the planner gives the staged one, both captured in CUDA graphs (the digits form with its digits
+form at the K split the planner gives the staged one (the register-ring form, tile none, where the staged one does not
+take the weights), both captured in CUDA graphs (the digits form with its digits
 step) and replayed with L2 flushed before each replay, median of 30; each checked against fp64 first (relative
 norm error). The evidence for tactics.woq_decode_tile_rule's digits band. Writes woq_digits_probe.json to $OUT (or
 the working directory) and ends with a table.
 
     MOE_BUILD_KERNELS_LIB=.../libmoe_build_kernels.so python bench/woq_digits_probe.py
     WOQ_DIGITS_TOKENS=1,16 WOQ_DIGITS_GEMMS=gptoss_g1,gptoss_g2 ...   # a part of it
+    WOQ_DIGITS_KIND=mxfp4 ...   # the WFP4A16 shapes' GEMMs in MXFP4 (e8m0 scales per 32 k) beside the ring form
 
 Beside them, the digits form at every K split of WOQ_DIGITS_KSPLITS (1,2,4,8; where a chunk's digits fit), the
 evidence for the digits tile's own K split (`digits_ksN_us`).
@@ -28,6 +30,9 @@ GEMMS = {"mixtral_g1": (8, 2, 28672, 4096, 128), "mixtral_g2": (8, 2, 4096, 1433
          "qwen3_g1": (128, 8, 1536, 2048, 128), "qwen3_g2": (128, 8, 2048, 768, 128),
          "dsv2_g1": (64, 6, 2816, 2048, 128), "dsv2_g2": (64, 6, 2048, 1408, 128),
          "gptoss_g1": (32, 4, 5760, 2880, 64), "gptoss_g2": (32, 4, 2880, 2880, 64)}
+KIND = WoqKind(os.environ.get("WOQ_DIGITS_KIND", "int4"))
+if KIND is WoqKind.MXFP4:
+    GEMMS = {g: (*v[:4], 32) for g, v in GEMMS.items()}
 if os.environ.get("WOQ_DIGITS_GEMMS"):
     GEMMS = {g: GEMMS[g] for g in os.environ["WOQ_DIGITS_GEMMS"].split(",")}
 TOKENS = [int(t) for t in os.environ.get("WOQ_DIGITS_TOKENS", "1,2,4,8,16,32,64,128").split(",")]
@@ -66,18 +71,24 @@ def main() -> None:
     rows_out = []
     for name, (experts, top_k, n, k, group) in GEMMS.items():
         b = torch.randint(0, 256, (experts, n, k // 2), dtype=torch.uint8, device="cuda")
-        scales = torch.rand(experts, n, k // group, device="cuda") * 0.01 + 1e-3
-        zeros = torch.randint(0, 16, (experts, n, k // group), dtype=torch.uint8, device="cuda")
+        if KIND is WoqKind.MXFP4:  # e8m0 exponents 2^-9 .. 2^-2
+            scales = torch.randint(118, 126, (experts, n, k // group), dtype=torch.uint8, device="cuda")
+            zeros = None
+        else:
+            scales = torch.rand(experts, n, k // group, device="cuda") * 0.01 + 1e-3
+            zeros = torch.randint(0, 16, (experts, n, k // group), dtype=torch.uint8, device="cuda")
         call = GemmCall(sm=90, entry="sm90", epilogue="store", n=n, k=k, experts=experts, top_k=top_k, itemsize=2,
-                        weights_blocked=False, sm_count=sm, l2_bytes=50 << 20, woq="int4", woq_group=group)
-        expert_bytes = n * k // 2 + n * (k // group) * 5  # codes, fp32 scales, zeros
+                        weights_blocked=False, sm_count=sm, l2_bytes=50 << 20, woq=KIND.value, woq_group=group)
+        # codes, then e8m0 scales, or fp32 scales and zeros
+        expert_bytes = n * k // 2 + n * (k // group) * (1 if KIND is WoqKind.MXFP4 else 5)
         dense: dict[int, torch.Tensor] = {}
         for tokens in TOKENS:
             chosen = choose_tactic(call, RowCount(tokens, top_k, experts))
             if chosen.kernel != "decode":
                 continue
             rows = tokens * top_k
-            # the 16-bit decode form at the planner's K split: staged where a chunk's rows fit, else none
+            # the 16-bit decode form at the planner's K split: staged where a chunk's rows fit (and it takes the
+            # weights), else none
             form = "staged" if woq_staged_rows(call, chosen.k_split) >= min(8, rows) else "none"
             staged = GemmTactic("decode", form, chosen.k_split, chosen.launch, chosen.output_l2)
             ids = torch.stack([torch.randperm(experts, device="cuda")[:top_k] for _ in range(tokens)]).view(-1)
@@ -94,18 +105,18 @@ def main() -> None:
                           touched_mb=round(int((counts > 0).sum()) * expert_bytes / 1e6, 2))
 
             def run_staged() -> None:
-                K.grouped_gemm_woq(a, b, "int4", scales, off, group, zeros=zeros, c=c, tactic=staged)
+                K.grouped_gemm_woq(a, b, KIND.value, scales, off, group, zeros=zeros, c=c, tactic=staged)
 
             def run_digits() -> None:
                 K.token_digits(a, out=digits, group=group)
-                K.grouped_gemm_woq(digits, b, "int4", scales, off, group, zeros=zeros, c=c, tactic=digits_tactic,
+                K.grouped_gemm_woq(digits, b, KIND.value, scales, off, group, zeros=zeros, c=c, tactic=digits_tactic,
                                    out_dtype=torch.bfloat16)
 
             def run_digits_step() -> None:
                 K.token_digits(a, out=digits, group=group)
 
             def run_digits_gemm() -> None:  # the GEMM alone, on the digits made above
-                K.grouped_gemm_woq(digits, b, "int4", scales, off, group, zeros=zeros, c=c, tactic=digits_tactic,
+                K.grouped_gemm_woq(digits, b, KIND.value, scales, off, group, zeros=zeros, c=c, tactic=digits_tactic,
                                    out_dtype=torch.bfloat16)
 
             # fp64 reference of the touched experts' rows (each expert's weights dequantized once, on the GPU)
@@ -114,7 +125,7 @@ def main() -> None:
                 lo, hi = int(off[x]), int(off[x + 1])
                 if hi > lo:
                     if x not in dense:
-                        dense[x] = dequantize_matrix(WoqKind.INT4, b[x], scales[x], zeros[x])
+                        dense[x] = dequantize_matrix(KIND, b[x], scales[x], None if zeros is None else zeros[x])
                     ref[lo:hi] = a[lo:hi].double() @ dense[x].t()
             forms = {"staged": run_staged}
             if most >= min(8, rows):  # the kernel sizes its chunks by the rows the host knows
@@ -133,7 +144,7 @@ def main() -> None:
 
                 def run_split(t: GemmTactic = at_split) -> None:
                     K.token_digits(a, out=digits, group=group)
-                    K.grouped_gemm_woq(digits, b, "int4", scales, off, group, zeros=zeros, c=c, tactic=t,
+                    K.grouped_gemm_woq(digits, b, KIND.value, scales, off, group, zeros=zeros, c=c, tactic=t,
                                        out_dtype=torch.bfloat16)
 
                 c.fill_(float("nan"))
@@ -147,7 +158,8 @@ def main() -> None:
             print(record, flush=True)
             rows_out.append(record)
         del dense
-    json.dump(rows_out, open(os.path.join(os.environ.get("OUT", "."), "woq_digits_probe.json"), "w"), indent=1)
+    name = "woq_digits_probe.json" if KIND is WoqKind.INT4 else f"woq_digits_probe_{KIND.value}.json"
+    json.dump(rows_out, open(os.path.join(os.environ.get("OUT", "."), name), "w"), indent=1)
     print(f"\n{'gemm':<11} {'tok':>4} {'maxr':>4} {'staged':<41} {'us':>7} {'digits us':>9} {'gemm us':>7} "
           f"{'step us':>7} {'ratio':>6} {'err staged':>10} {'err digits':>10} {'TB/s st':>7} {'TB/s dg':>7}")
     for r in rows_out:

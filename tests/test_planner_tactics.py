@@ -392,9 +392,12 @@ def test_weight_only_int4_decode_stages_token_rows_where_they_fit() -> None:
     assert [at(mixtral_down, t) for t in (1, 2)] == ["decode:digits_ksplit4:after_trigger:plain",
                                                      "decode:ksplit2:after_trigger:plain"]
     assert tactic_bands(mixtral_down)[0][:2] == (1, 1)
-    for other in (dict(woq_group=32), dict(woq="int8", itemsize=1, woq_group=0), dict(woq="mxfp4", woq_group=32),
-                  dict(k=14336 - 64)):
+    for other in (dict(woq_group=32), dict(woq="int8", itemsize=1, woq_group=0), dict(k=14336 - 64)):
         assert at(dataclasses.replace(mixtral_down, **other), 1).startswith("decode:ksplit")
+    # MXFP4: the digits tile (woq_digits_rule) at 1 token, the ring kernel at 2 (its 4 rows' digits do not fit)
+    mxfp4_down = dataclasses.replace(mixtral_down, woq="mxfp4", woq_group=32)
+    assert [at(mxfp4_down, t) for t in (1, 2)] == ["decode:digits_ksplit4:after_trigger:plain",
+                                                   "decode:ksplit2:after_trigger:plain"]
     for group64 in (dict(woq_group=64), dict(woq_group=64, k=14336 - 64)):  # k % 128 == 64: a half batch at the end
         g64 = dataclasses.replace(mixtral_down, **group64)  # 16-bit rows: the digits tile takes them (woq_digits_rule)
         assert at(g64, 1) == "decode:digits_ksplit4:after_trigger:plain"
@@ -416,7 +419,8 @@ def test_weight_only_int4_decode_stages_token_rows_where_they_fit() -> None:
 
 def test_weight_only_digits_tile_where_the_token_digits_fit() -> None:
     """The digits tile (token digits on the int8 mma) takes the int4 forms with one scale per row or per 128 k and
-    k % 128 == 0, or per 64 k and k % 64 == 0, with 16-bit activations, while a chunk's digits fit the kernel's 104 KB:
+    k % 128 == 0, or per 64 k and k % 64 == 0, and MXFP4 with k % 64 == 0, with 16-bit activations, while a chunk's
+    digits fit the kernel's 104 KB:
     (104 KB - 16) // (k_split * slice groups * 400) rows, a half group at K's end counted whole,
     gemm/woq_decode_digits.cu digits_smem. A forced digits tactic whose 8-row chunks do not fit, or another form, is
     refused."""
@@ -429,8 +433,12 @@ def test_weight_only_digits_tile_where_the_token_digits_fit() -> None:
     assert woq_digits_rows(dataclasses.replace(mixtral_up, woq_group=64, k=34 * 128 - 64), 1) == 7  # 106480 // 13600
     gpt_oss_up = call(epilogue="store", woq="int4", woq_group=64, n=5760, k=2880, experts=32, top_k=4)
     assert [woq_digits_rows(gpt_oss_up, s) for s in (1, 2, 4)] == [8, 8, 8]  # 23, 12, 6 groups a slice
-    for other in (dict(woq_group=32), dict(woq="int8", itemsize=1), dict(k=4096 - 64)):
+    for other in (dict(woq_group=32), dict(woq="int8", itemsize=1), dict(k=4096 - 64),
+                  dict(woq="mxfp4", woq_group=32, k=4096 - 32)):
         assert woq_digits_rows(dataclasses.replace(mixtral_up, **other), 1) == 0
+    gpt_oss_mxfp4 = dataclasses.replace(gpt_oss_up, woq="mxfp4", woq_group=32)  # the same records as int4's
+    assert [woq_digits_rows(gpt_oss_mxfp4, s) for s in (1, 2, 4)] == [8, 8, 8]
+    assert woq_digits_rows(dataclasses.replace(mixtral_down, woq="mxfp4", woq_group=32), 1) == 2
     digits = GemmTactic.parse("decode:digits_ksplit2:after_trigger:plain")
     assert (digits.kernel, digits.tile, digits.k_split, digits.name) == ("decode", "digits", 2,
                                                                          "decode:digits_ksplit2:after_trigger:plain")
@@ -438,6 +446,9 @@ def test_weight_only_digits_tile_where_the_token_digits_fit() -> None:
     assert "do not fit" in tactic_problem(mixtral_down, digits)
     assert "one scale per row or per 128 k" in tactic_problem(dataclasses.replace(mixtral_up, woq_group=32), digits)
     assert tactic_problem(dataclasses.replace(mixtral_up, woq_group=64, k=4096 - 64), digits) is None
+    assert tactic_problem(gpt_oss_mxfp4, digits) is None
+    assert "or MXFP4 with k a multiple of 64" in tactic_problem(
+        dataclasses.replace(gpt_oss_mxfp4, k=2880 - 32), digits)
     assert "weight-only int4 GEMM's" in tactic_problem(call(epilogue="store"), digits)
 
 
@@ -461,6 +472,25 @@ def test_weight_only_digits_rule() -> None:
     assert at(dataclasses.replace(gpt_oss_up, experts=31), 2).startswith("decode:staged_")  # 8 rows, 31 experts
     bands = [(lo, hi, t.name.split(":")[1]) for lo, hi, t in tactic_bands(mixtral_up)]
     assert bands[0] == (1, 2, "digits_ksplit1")
+
+
+def test_weight_only_mxfp4_digits_rule() -> None:
+    """MXFP4 takes the digits tile as int4 does, but on layers of 64 experts or more only to 1 average row per expert
+    (DIGITS_MXFP4_MANY_MAX_AVG_ROWS); past the tile, the register-ring kernel (tile none) to the decode band's end."""
+    def mxfp4(**shape: int) -> GemmCall:
+        return call(epilogue="store", woq="mxfp4", woq_group=32, **shape)
+
+    qwen_up = mxfp4(n=1536, k=2048, experts=128, top_k=8)  # 1 row per expert at 16 tokens
+    assert at(qwen_up, 16).startswith("decode:digits_") and at(qwen_up, 17) == "decode:ksplit1:after_trigger:plain"
+    assert at(dataclasses.replace(qwen_up, woq="int4", woq_group=128), 48).startswith("decode:digits_")  # int4: 3
+    dsv2_down = mxfp4(n=2048, k=1408, experts=64, top_k=6)  # 64 / 6: 1 row per expert to 10 tokens
+    assert at(dsv2_down, 10).startswith("decode:digits_") and not at(dsv2_down, 11).startswith("decode:digits_")
+    gpt_oss_up = mxfp4(n=5760, k=2880, experts=32, top_k=4)  # 32-63 experts: 2 rows, 16 tokens
+    assert at(gpt_oss_up, 16).startswith("decode:digits_") and at(gpt_oss_up, 17).startswith("decode:ksplit")
+    mixtral_up = mxfp4(n=28672, k=4096, experts=8, top_k=2)  # 4 rows in all
+    assert [at(mixtral_up, t).split(":")[1] for t in (1, 2, 3)] == ["digits_ksplit1", "digits_ksplit1", "ksplit1"]
+    bands = [(lo, hi, t.name.split(":")[1]) for lo, hi, t in tactic_bands(qwen_up)]
+    assert bands[:2] == [(1, 1, "digits_ksplit2"), (2, 16, "digits_ksplit1")]
 
 
 def test_weight_only_gemms_take_the_cheapest_tile_height_by_the_routed_counts() -> None:

@@ -357,7 +357,8 @@ enum mb_gemm_tile {
   MB_TILE_PINGPONG_128x128_C2 = 21, /* wgmma: pingpong 128 x 128 in 2x1 clusters (weight tile multicast; FP8 only,
                                        rowwise scales with fast accumulation) */
   MB_TILE_DECODE_DIGITS = 22,      /* decode on the int8 mma, A the token digits mb_token_digits writes (the weight-only
-                                      int4 forms with one scale per row, per 64 k or per 128 k, MB_INPUT_DIGITS) */
+                                      int4 forms with one scale per row, per 64 k or per 128 k, and MXFP4,
+                                      MB_INPUT_DIGITS) */
   MB_TILE_DECODE_TWOCTA = 23,      /* decode held to 128 registers a thread, two CTAs an SM (the FP8 GEMM with
                                       MB_FP8_BLOCK128 scales only, whose plain decode kernel holds one) */
   MB_TILE_WOQ_128x320_C2 = 24,     /* wgmma mixed-input: 128 weight rows x 320 token rows in 2x1 clusters (the token
@@ -558,21 +559,23 @@ mb_status mb_grouped_gemm_fp8_gated(const void* A, const float* scale_a, const v
  *   MB_INPUT_DTYPE: A in dtype;
  *   MB_INPUT_DIGITS: A the token digits of 16-bit rows [max_rows, k] as mb_token_digits writes them for this
  *                   GEMM's group; the tactic's tile MB_TILE_DECODE_DIGITS and only then
- *                   (gemm/woq_decode_digits.cu: int4 codes times 8-bit digits on the int8 mma, each scale group's
- *                   sum exact in int32); int4 weights with group 0 or 128 and k % 128 == 0, or group 64 and
- *                   k % 64 == 0 (else MB_ERR_UNSUPPORTED); C in dtype. */
+ *                   (gemm/woq_decode_digits.cu: int4 codes, or MXFP4's as 2 e2m1, times 8-bit digits on the int8
+ *                   mma, each scale group's sum exact in int32); int4 weights with group 0 or 128 and
+ *                   k % 128 == 0, or group 64 and k % 64 == 0, or MXFP4 with k % 64 == 0 (else
+ *                   MB_ERR_UNSUPPORTED); C in dtype. */
 enum mb_woq_kind { MB_WOQ_INT4 = 0, MB_WOQ_INT8 = 1, MB_WOQ_MXFP4 = 2 };
 enum mb_woq_input { MB_INPUT_DTYPE = 0, MB_INPUT_DIGITS = 1 };
 
 /* stages/token_digits.cu: the token rows in [rows, k] (dtype fp16 or bf16) as the int8 mma's operand, for the
- * weight-only GEMM whose int4 weights have one scale per `group` k (0: per row, 64 or 128; k % 128 == 0, or
- * k % 64 == 0 for group 64): each 128-k group g of a row, with E its largest magnitude's exponent minus 5, as three
+ * weight-only GEMM whose weights have one scale per `group` k (0: per row, 64 or 128 for int4, 32 for MXFP4;
+ * k % 128 == 0, or k % 64 == 0 for groups 32 and 64): each 128-k group g of a row, with E its largest magnitude's exponent minus 5, as three
  * 8-bit digits per value, x = 2^(E - 12) * (4096 d0 + 64 d1 + d2) (|d0| <= 64, |d1|, |d2| <= 32): exact for every
  * value with no bits below 2^(E - 12) (every bf16 value within 2^10 of the group's largest, every fp16 one within
  * 2^7), the rest rounded there; a group holding an inf or NaN carries a NaN factor. A row with k % 128 == 64 ends
  * with a half group (its k 64..127 zero).
  * out [rows, ceil(k / 128), MB_TOKEN_DIGITS_BATCH_BYTES] bytes: per group the three digit planes (384 bytes, in the
- * order the decode kernel's mma fragments read them for `group`: group 64 keeps each mma step inside one 64-k half),
+ * order the decode kernel's mma fragments read them for `group`: group 64 keeps each mma step inside one 64-k half,
+ * group 32 makes each step one 32-k scale group),
  * the int32 sum of the group's 4096 d0 + 64 d1 + d2, the fp32 factor 2^(E - 12), the int32 sum over its first 64 k,
  * and 4 zero bytes. Launched after a trigger (it waits for its predecessor first). */
 #define MB_TOKEN_DIGITS_BATCH_BYTES 400

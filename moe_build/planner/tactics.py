@@ -628,7 +628,7 @@ def woq_decode_tile_rule(call: GemmCall, rows: RowCount, k_split: int) -> str:
 
 # Weight-only decode on token digits (the digits tile: gemm/woq_decode_digits.cu on the rows' token digits, in place
 # of the staged tile at its K split) where a chunk's digits fit and the average rows per expert is at most 3, on
-# layers of 64 experts or more, to 2 on layers of 32 or more, or up to 4 rows in all. H200, the W4A16 bench GEMMs (int4, group 128, zeros) at 1-128
+# layers of 64 experts or more (MXFP4: 1), to 2 on layers of 32 or more, or up to 4 rows in all. H200, the W4A16 bench GEMMs (int4, group 128, zeros) at 1-128
 # tokens, both forms in CUDA graphs with L2 flushed, the digits step included (bench/woq_digits_probe.py,
 # docs/measured/h200-2026-12-01-woq-digits/): Mixtral-8x7B 1.14-1.20x faster at 2-4 rows and 0.87x at 8 (chunks of
 # 2-3 rows take two mmas a step where the staged kernel's two fill its tile at any count); Qwen3-30B-A3B's GEMM1
@@ -649,11 +649,25 @@ def woq_decode_tile_rule(call: GemmCall, rows: RowCount, k_split: int) -> str:
 # 111.5), 5-12 tokens (0.6-1.5 rows) 2-8% faster (6: 119.1 / 119.2 against 129.1 / 128.7; 8: 141.1 / 139.1 against
 # 148.4 / 145.6; 12: 175.9 / 175.3 against 179.9 / 179.7), 16 level (192.8 / 193.2 against 191.7), then slower (24:
 # 219.0 against 217.5; 32: 237.5 against 226.8).
+# MXFP4 (WFP4A16, where the alternative is the register-ring kernel: the staged one takes int4 only) on layers of 64
+# experts or more to 1 average row per expert; 32-63 experts and 4 rows in all as int4. H200, WFP4A16 layers, graph
+# replay, the plan with int4's bounds (both GEMMs on the tile, but Mixtral-8x7B's GEMM2 past 1 token, whose 8-row
+# chunks do not fit) against the ring kernel's plan, 2-3 alternated rounds, us (docs/measured/h200-2026-12-03-mxfp4-
+# digits): GPT-OSS-20B (32 experts) at 1 / 2 / 4 / 8 / 12 / 16 tokens 51.2-51.9 / 72.7-73.3 / 112.5-114.9 /
+# 142.1-142.5 / 186.4-187.3 / 204.5-212.0 against 61.6-63.0 / 91.6-93.5 / 140.9-143.0 / 171.1-172.7 / 217.6-217.8 /
+# 226.1-228.6; Mixtral-8x7B at 1 / 2 119.8-122.7 / 194.4-199.7 against 123.4-125.6 / 201.9-202.8; DeepSeek-V2-Lite
+# (64) at 1 / 2 / 4 / 8 37.1-37.4 / 50.0-51.7 / 74.3-76.4 / 109.3-109.6 against 38.8-39.1 / 53.5-54.4 / 80.3-81.0 /
+# 113.7-114.1; Qwen3-30B-A3B (128) at 1 / 2 / 4 / 8 / 16 35.0-35.2 / 45.7-46.1 / 64.4 / 94.3-94.7 / 142.6-142.8
+# against 34.9-35.2 / 46.4-47.0 / 67.4-67.6 / 97.8-99.2 / 141.5-141.7. At 2 rows (rounded up) Qwen3-30B-A3B lost, 24 /
+# 32 tokens 171.0 / 189.6-190.8 against 164.9 / 175.5, where DeepSeek-V2-Lite won 1-4%, 12 / 16 tokens 131.0-132.7 /
+# 151.8-152.4 against 133.0-134.7 / 156.6-158.1 (given up here); at 3 both lost, Qwen3-30B-A3B at 48 229.4 against
+# 196.4, DeepSeek-V2-Lite at 24 / 32 175.4-177.1 / 205.2-208.0 against 166.2-167.6 / 178.8-180.5.
 DIGITS_MAX_AVG_ROWS = 3
 DIGITS_MANY_EXPERTS = 64
 DIGITS_FEW_ROWS = 4
 DIGITS_MID_EXPERTS = 32
 DIGITS_MID_MAX_AVG_ROWS = 2
+DIGITS_MXFP4_MANY_MAX_AVG_ROWS = 1
 
 
 def woq_digits_rule(call: GemmCall, rows: RowCount, k_split: int) -> bool:
@@ -661,10 +675,16 @@ def woq_digits_rule(call: GemmCall, rows: RowCount, k_split: int) -> bool:
     fits = most > 0 and (most >= DECODE_TOKENS or rows.rows_below(most + 1))  # a chunk's rows, min(8, tokens * top_k)
     few_per_expert = rows.avg_at_most(DIGITS_MAX_AVG_ROWS)
     few_rows = rows.rows_below(DIGITS_FEW_ROWS + 1)
-    mid_rows = rows.avg_at_most(DIGITS_MID_MAX_AVG_ROWS)
-    experts_fit = (call.experts >= DIGITS_MANY_EXPERTS or few_rows
-                   or (call.experts >= DIGITS_MID_EXPERTS and mid_rows))
-    return fits and few_per_expert and experts_fit
+    experts_fit = rows.avg_at_most(digits_experts_max_avg_rows(call))
+    return fits and few_per_expert and (few_rows or experts_fit)
+
+
+def digits_experts_max_avg_rows(call: GemmCall) -> int:
+    """The most average rows per expert (rounded up) the digits tile takes by the layer's experts, beside its 4 rows in
+    all: 3 on 64 or more (MXFP4 1), 2 on 32-63, none below."""
+    if call.experts >= DIGITS_MANY_EXPERTS:
+        return DIGITS_MXFP4_MANY_MAX_AVG_ROWS if call.woq == "mxfp4" else DIGITS_MAX_AVG_ROWS
+    return DIGITS_MID_MAX_AVG_ROWS if call.experts >= DIGITS_MID_EXPERTS else 0
 
 
 def woq_int4_codes(call: GemmCall) -> bool:
@@ -709,10 +729,16 @@ DIGITS_GROUP_BYTES = 400
 DIGITS_ZEROS = 16
 
 
+def woq_digits_weights(call: GemmCall) -> bool:
+    """The weights the digits kernel takes (gemm/woq.cuh digits_fit): the staged kernel's int4 forms, and MXFP4 with
+    k a multiple of 64 (GPT-OSS-20B's 2880)."""
+    return woq_int4_staged(call) or (call.woq == "mxfp4" and call.k % 64 == 0)
+
+
 def woq_digits_rows(call: GemmCall, k_split: int) -> int:
     """The most token rows a chunk may have for the digits kernel at `k_split` (0 where it does not take `call`):
     gemm/woq_decode_digits.cu digits_smem within kTokenBudget."""
-    if not woq_int4_staged(call):
+    if not woq_digits_weights(call):
         return 0
     per_row = k_split * -(-min(call.k, decode_k_slice(call.k, k_split)) // 128) * DIGITS_GROUP_BYTES
     return max(0, min(DECODE_TOKENS, (STAGED_TOKEN_BUDGET - DIGITS_ZEROS) // per_row))
@@ -971,9 +997,9 @@ def _woq_tactic_problem(call: GemmCall, tactic: GemmTactic) -> str | None:
             return (f"the staged decode kernel's 8-row chunks do not fit its {STAGED_TOKEN_BUDGET // 1024} KB of "
                     f"shared memory at k {call.k} in {tactic.k_split} slices (a larger K split, or the register form)")
     if tactic.kernel == "decode" and tactic.tile == "digits":
-        if not woq_int4_staged(call):
+        if not woq_digits_weights(call):
             return ("the digits decode kernel takes int4 weights with one scale per row or per 128 k and k a multiple "
-                    "of 128, or per 64 k and k a multiple of 64")
+                    "of 128, or per 64 k and k a multiple of 64, or MXFP4 with k a multiple of 64")
         if woq_digits_rows(call, tactic.k_split) < DECODE_TOKENS:  # forced: every chunk, up to 8 rows, must fit
             return (f"the digits decode kernel's 8-row chunks do not fit its {STAGED_TOKEN_BUDGET // 1024} KB of "
                     f"shared memory at k {call.k} in {tactic.k_split} slices (the staged or none tile)")

@@ -173,3 +173,19 @@ def test_digits_tile(base: MoESpec, mode: tuple, finalize: str, token_digits: st
     assert ("gemm2:woq_digits_finalize" if finalize == "fused" else "gemm2:woq_digits") in steps
     assert ("token_digits:gemm1" in steps) == ("token_digits:gemm2" in steps) == (token_digits == "separate")
     check(base, mode, force, tokens)
+
+
+@pytest.mark.parametrize("base", [BASE, HALF_GROUPS], ids=["mxfp4", "mxfp4_half_groups"])
+@pytest.mark.parametrize("token_digits", ["fused", "separate"])
+@pytest.mark.parametrize("tokens", [1, 3, 16])
+def test_mxfp4_digits_tile(base: MoESpec, token_digits: str, tokens: int) -> None:
+    """WFP4A16 (GPT-OSS's MXFP4) with both GEMMs on the digits tile, its token digits in the quarters order (one step
+    a scale group) made either way; the finalize beside GEMM2, as the matrix has it for WFP4A16."""
+    from moe_build.runner import MoERunner
+    mode = MODES[MODE_IDS.index("mxfp4")]
+    spec, weights = woq_case(base, mode, 0)
+    force = {**DIGITS, "token_digits": token_digits}
+    steps = MoERunner(spec, weights, target=device_target(), max_tokens=16, force=force).kernel_sequence(tokens)
+    assert "gemm1:woq_digits" in steps and "gemm2:woq_digits" in steps
+    assert ("token_digits:gemm1" in steps) == ("token_digits:gemm2" in steps) == (token_digits == "separate")
+    check(base, mode, force, tokens)

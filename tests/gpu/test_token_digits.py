@@ -2,8 +2,8 @@
 (mb_expand_rows_digits, mb_fc1_activation_digits) against the two steps they replace; decoded here from the layout
 (cpp/src/common/token_digits.cuh): per row and 128-k group, three digit planes at 96 s + 32 d + 8 q (+ position p,
 holding k = 32q + 8s + (0, 2, 4, 6, 1, 3, 5, 7)[p]; for weights in groups of 64, step s = 2h + t holding k = 64h +
-16q + 8t + ...), the int32 sum of 4096 d0 + 64 d1 + d2 at byte 384, the fp32 factor F at 388, the int32 sum over k
-0..63 at 392, zeros to 400. A row with k % 128 == 64 (group 64) ends with a half group whose k 64..127 are zero.
+16q + 8t + ...; for MXFP4's groups of 32, k = 32s + 8q + p), the int32 sum of 4096 d0 + 64 d1 + d2 at byte 384, the fp32 factor F at 388, the int32 sum over k
+0..63 at 392, zeros to 400. A row with k % 128 == 64 (groups 64 and 32) ends with a half group whose k 64..127 are zero.
 
 Checked on fresh random rows (magnitudes spread over 2^-30 .. 2^12 in bf16 and over fp16's range, exact zeros, one
 all-zero group): every value with no bits below F is carried exactly, x = F (4096 d0 + 64 d1 + d2) (every bf16 value
@@ -26,9 +26,12 @@ pytestmark = [pytest.mark.gpu,
 PERM = (0, 2, 4, 6, 1, 3, 5, 7)
 
 
-def step_k(s: int, q: int, group: int) -> int:
-    """The first k of lane q's 8 at step s: k 32q + 8s, or (group 64) 64h + 16q + 8t at step s = 2h + t."""
-    return 64 * (s // 2) + 16 * q + 8 * (s % 2) if group == 64 else 32 * q + 8 * s
+def k_at(s: int, q: int, p: int, group: int) -> int:
+    """The k of position p of lane q's 8 bytes at step s: k 32q + 8s + PERM[p]; group 64 (halves) 64h + 16q + 8t +
+    PERM[p] at step s = 2h + t; group 32 (quarters, MXFP4) 32s + 8q + p."""
+    if group == 32:
+        return 32 * s + 8 * q + p
+    return (64 * (s // 2) + 16 * q + 8 * (s % 2) if group == 64 else 32 * q + 8 * s) + PERM[p]
 
 
 def decode(rec: torch.Tensor, group: int = 128) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -41,7 +44,7 @@ def decode(rec: torch.Tensor, group: int = 128) -> tuple[torch.Tensor, torch.Ten
     for s in range(4):
         for q in range(4):
             for p in range(8):
-                digits[:, :, :, step_k(s, q, group) + PERM[p]] = planes[:, :, s, :, q, p]
+                digits[:, :, :, k_at(s, q, p, group)] = planes[:, :, s, :, q, p]
     tail = rec[..., 384:400].contiguous()
     sums = tail[..., :4].contiguous().view(torch.int32)[..., 0].long()
     factors = tail[..., 4:8].contiguous().view(torch.float32)[..., 0].double()
@@ -71,8 +74,9 @@ def rows(n: int, k: int, dtype: torch.dtype, g: torch.Generator) -> torch.Tensor
 
 
 # (rows, k, weight group): one group, Qwen3-30B-A3B's hidden, three groups; in groups of 64 Qwen3's hidden,
-# GPT-OSS-20B's 2880 (22 groups and a half), a lone half group
-CARRY_SHAPES = [(1, 128, 128), (7, 2048, 0), (300, 384, 128), (7, 2048, 64), (5, 2880, 64), (3, 64, 64)]
+# GPT-OSS-20B's 2880 (22 groups and a half), a lone half group; the same three in MXFP4's groups of 32
+CARRY_SHAPES = [(1, 128, 128), (7, 2048, 0), (300, 384, 128), (7, 2048, 64), (5, 2880, 64), (3, 64, 64),
+                (7, 2048, 32), (5, 2880, 32), (3, 64, 32)]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -117,8 +121,10 @@ def test_bad_arguments_are_refused() -> None:
         K.token_digits(torch.zeros(2, 192, dtype=torch.bfloat16, device="cuda"))
     with pytest.raises(ValueError, match="multiple of 64"):
         K.token_digits(torch.zeros(2, 160, dtype=torch.bfloat16, device="cuda"), group=64)
-    with pytest.raises(ValueError, match="group: 32 is not 0, 64 or 128"):
-        K.token_digits(torch.zeros(2, 256, dtype=torch.bfloat16, device="cuda"), group=32)
+    with pytest.raises(ValueError, match="multiple of 64"):
+        K.token_digits(torch.zeros(2, 160, dtype=torch.bfloat16, device="cuda"), group=32)
+    with pytest.raises(ValueError, match="group: 48 is not 0, 32, 64 or 128"):
+        K.token_digits(torch.zeros(2, 256, dtype=torch.bfloat16, device="cuda"), group=48)
     with pytest.raises(K.KernelError, match="fp16\\(1\\), bf16\\(2\\)"):
         K.token_digits(torch.zeros(2, 256, dtype=torch.float32, device="cuda"))
 
@@ -145,9 +151,9 @@ def check_decoded(rec: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, grou
 
 # (tokens, hidden, top_k, weight group): one token of one group, Qwen3-30B-A3B's top-8 at 2048, a prefill-sized call
 # at 384 columns (three groups), Mixtral-8x7B's 4096 at top-2, DeepSeek-V2-Lite's top-6; GPT-OSS-20B's 2880 at top-4
-# in groups of 64 (a half group at the end), and a lone half group
+# in groups of 64 (a half group at the end) and of 32 (MXFP4's), and a lone half group
 EXPAND_SHAPES = [(1, 128, 1, 128), (3, 2048, 8, 128), (300, 384, 6, 0), (5, 4096, 2, 128), (16, 2048, 6, 128),
-                 (7, 2880, 4, 64), (2, 64, 3, 64)]
+                 (7, 2880, 4, 64), (2, 64, 3, 64), (7, 2880, 4, 32)]
 
 
 @pytest.mark.parametrize("zero", [False, True], ids=["plain", "zero_out"])
@@ -179,9 +185,10 @@ def test_expand_rows_digits_equal_the_two_steps(t: int, h: int, k: int, group: i
 
 
 # (inter, bias, weight group): Qwen3-30B-A3B's width, DeepSeek-V2-Lite's (11 groups), one group, Mixtral-8x7B's;
-# GPT-OSS-20B's 2880 in groups of 64 (a half group at the end), Qwen3-30B-A3B's in groups of 64, a lone half group
+# GPT-OSS-20B's 2880 in groups of 64 (a half group at the end) and of 32, Qwen3-30B-A3B's in groups of 64, a lone
+# half group
 ACT_SHAPES = [(768, False, 128), (1408, True, 0), (128, True, 128), (14336, False, 128), (2880, True, 64),
-              (768, False, 64), (64, True, 64)]
+              (768, False, 64), (64, True, 64), (2880, True, 32)]
 
 
 @pytest.mark.parametrize("scaled", [False, True], ids=["unscaled", "prequant"])

@@ -34,12 +34,13 @@ pytestmark = [pytest.mark.gpu,
 
 
 def case(kind: WoqKind, counts: list[int], n: int, k: int, group: int, zeros: bool, bias: bool,
-         dtype: torch.dtype, seed: int, pad_rows: int = 5, e8m0: tuple[int, int] = (120, 130)):
+         dtype: torch.dtype, seed: int, pad_rows: int = 5, e8m0: tuple[int, int] = (120, 130), a_scale: float = 1.0):
     """Operands for experts with `counts` rows each (plus `pad_rows` rows past the last expert) and the fp64
-    reference output of every expert's rows; MXFP4 scale exponents drawn from [e8m0[0], e8m0[1])."""
+    reference output of every expert's rows; MXFP4 scale exponents drawn from [e8m0[0], e8m0[1]), activations
+    standard normal times `a_scale`."""
     g = torch.Generator().manual_seed(seed)
     e, rows = len(counts), sum(counts) + pad_rows
-    a = torch.randn(rows, k, generator=g).to(dtype)
+    a = (torch.randn(rows, k, generator=g) * a_scale).to(dtype)
     if kind is WoqKind.INT8:
         b = torch.randint(-128, 128, (e, n, k), generator=g, dtype=torch.int8)
     else:
@@ -70,8 +71,8 @@ def case(kind: WoqKind, counts: list[int], n: int, k: int, group: int, zeros: bo
 
 def a_operand(dev: dict, tactic: str, group: int) -> torch.Tensor:
     """case()'s A as `tactic` takes it: the token digits of its rows for the digits tile (K.token_digits, laid out
-    for the weights' group: 64, or 128's order for the rest, whose refusal is the kernel's), else A."""
-    return K.token_digits(dev["a"], group=64 if group == 64 else 128) if ":digits_" in tactic else dev["a"]
+    for the weights' group: 32 or 64, or 128's order for the rest), else A."""
+    return K.token_digits(dev["a"], group=group if group in (32, 64) else 128) if ":digits_" in tactic else dev["a"]
 
 
 def gemm(dev: dict, kind: WoqKind, group: int, rows: int, n: int, dtype: torch.dtype, tactic: str) -> torch.Tensor:
@@ -85,9 +86,9 @@ def gemm(dev: dict, kind: WoqKind, group: int, rows: int, n: int, dtype: torch.d
 
 def run(kind: WoqKind, counts: list[int], n: int, k: int, group: int, zeros: bool = False, bias: bool = False,
         dtype: torch.dtype = torch.bfloat16, tactic: str = "decode:ksplit1:plain:plain",
-        e8m0: tuple[int, int] = (120, 130)) -> None:
+        e8m0: tuple[int, int] = (120, 130), a_scale: float = 1.0) -> None:
     seed = random.SystemRandom().randrange(1 << 30)
-    dev, ref, mag, used = case(kind, counts, n, k, group, zeros, bias, dtype, seed, e8m0=e8m0)
+    dev, ref, mag, used = case(kind, counts, n, k, group, zeros, bias, dtype, seed, e8m0=e8m0, a_scale=a_scale)
     got = gemm(dev, kind, group, ref.shape[0], n, dtype, tactic)
     where = f"(seed {seed}, {kind.value}, counts {counts}, n {n}, k {k}, group {group}, {tactic})"
     assert torch.isfinite(got[:used]).all(), f"unwritten rows {where}"
@@ -247,14 +248,39 @@ def test_int4_digits_kernel_group_64_against_fp64(k_split: int, dtype: torch.dty
         tactic=f"decode:digits_ksplit{k_split}:after_trigger:plain")
 
 
+@pytest.mark.parametrize("k_split", [1, 2, 4, 8])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("counts", [[9, 0, 16, 1, 40, 2], [1, 0, 2], [3, 4, 0], [5, 6, 7, 8]],
+                         ids=["chunks-of-8", "rows-2", "rows-4", "rows-6-8"])
+@pytest.mark.parametrize("n, k", [(144, 2880), (2880, 320), (144, 2944), (208, 64)])
+def test_mxfp4_digits_kernel_against_fp64(k_split: int, dtype: torch.dtype, counts: list[int], n: int, k: int) -> None:
+    """The digits tile on MXFP4 (e2m1 codes, one e8m0 scale per 32 k, every code including -0), the token digits in
+    the quarters order: GPT-OSS-20B's k 2880 (22 groups and a half), GEMM2-like n 2880 over 2.5 groups (K splits of
+    4 and 8 leave warps without a group; the half group a slice's only one), 23 whole groups, a lone half group; at
+    every mma count a step takes, with bias."""
+    run(WoqKind.MXFP4, counts, n, k, 32, bias=True, dtype=dtype,
+        tactic=f"decode:digits_ksplit{k_split}:after_trigger:plain")
+
+
+@pytest.mark.parametrize("k_split", [1, 4])
+@pytest.mark.parametrize("e8m0, a_scale", [((0, 4), 2.0 ** 24), ((64, 192), 1.0), ((120, 136), 2.0 ** -20)],
+                         ids=["e0-3", "e64-191", "e120-135-small-rows"])
+def test_mxfp4_digits_kernel_exponents(k_split: int, e8m0: tuple[int, int], a_scale: float) -> None:
+    """The digits tile's scales 2^(e - 127) from the bits (e 0: the subnormal 2^-127) at both ends of e8m0's range,
+    the activations scaled so that the outputs stay normal in bf16; and tiny rows (digit factors near 2^-40)."""
+    run(WoqKind.MXFP4, [3, 9, 1], 144, 2880, 32, dtype=torch.bfloat16, e8m0=e8m0, a_scale=a_scale,
+        tactic=f"decode:digits_ksplit{k_split}:after_trigger:plain")
+
+
 @pytest.mark.parametrize("tokens, top_k, k_split", [(40, 4, 1), (40, 4, 8), (1, 1, 2), (3, 2, 1), (200, 8, 4)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_digits_finalize_against_fp64(tokens: int, top_k: int, k_split: int, dtype: torch.dtype) -> None:
-    """GEMM2's finalize epilogue on the digits tile (group 128 with zeros, per row without, group 64 with zeros at
-    k 2880), with bias."""
+    """GEMM2's finalize epilogue on the digits tile (group 128 with zeros, per row without, group 64 with zeros and
+    MXFP4 at k 2880), with bias."""
     finalize_run(WoqKind.INT4, 128, True, 208, 1024, tokens, top_k, k_split, bias=True, dtype=dtype, digits=True)
     finalize_run(WoqKind.INT4, 0, False, 208, 384, tokens, top_k, k_split, dtype=dtype, digits=True)
     finalize_run(WoqKind.INT4, 64, True, 144, 2880, tokens, top_k, k_split, bias=True, dtype=dtype, digits=True)
+    finalize_run(WoqKind.MXFP4, 32, False, 144, 2880, tokens, top_k, k_split, bias=True, dtype=dtype, digits=True)
 
 
 # Many rows per expert for the mma tiles: empty, single-row, 64-row tiles on and off their edges, several tiles;

@@ -3,12 +3,16 @@
 // that writes them shares (stages/token_digits.cu from 16-bit rows, stages/expand_rows.cu as it expands the tokens'
 // rows, stages/fc1_activation.cu as it activates GEMM1's rows), so that each writes the same bytes.
 //   - bytes 0..383, the three digit planes as the int8 mma's B fragments read them: step s (32 k), digit d, lane
-//     q, then 8 bytes, at 96 s + 32 d + 8 q. Lane q of the decode kernel holds 32 k of the group as int4 codes,
-//     8 k a step: for weights with one scale per row or per 128 k, k 32q .. 32q + 31, step s k 32q + 8s + 0..7; for
-//     one scale per 64 k (the "halves" order, so that each step's mma sums the k of one scale group), k 16q .. 16q +
-//     15 of each half h, step s = 2h + t k 64h + 16q + 8t + 0..7. A step's word widened to 8 bits puts the even k in
-//     the mma's slots 4q..4q + 3 and the odd ones in 16 + 4q..16 + 4q + 3, so the 8 bytes hold the digits of the
-//     step's k {0, 2, 4, 6} then {1, 3, 5, 7};
+//     q, then 8 bytes, at 96 s + 32 d + 8 q. Which 8 k a lane's bytes hold at a step is the order of the GEMM's
+//     weight groups (DigitOrder):
+//       rows (one scale per row or per 128 k): lane q holds k 32q .. 32q + 31 of the group as int4 codes, step s
+//         k 32q + 8s + 0..7; a step's word widened to 8 bits puts the even k in the mma's slots 4q..4q + 3 and the
+//         odd ones in 16 + 4q..16 + 4q + 3, so the 8 bytes hold the digits of the step's k {0, 2, 4, 6} then
+//         {1, 3, 5, 7};
+//       halves (one scale per 64 k, so that each step's mma sums the k of one scale group): k 16q .. 16q + 15 of
+//         each half h, step s = 2h + t k 64h + 16q + 8t + 0..7, the bytes as for rows;
+//       quarters (MXFP4's one scale per 32 k: each step one scale group): step s k 32s + 8q + 0..7, the bytes in k
+//         order (the decode kernel's byte permute takes a word's codes in nibble order);
 //   - bytes 384..395: the int32 sum of the group's 4096 d0 + 64 d1 + d2, the fp32 factor 2^(E - 12), and the int32
 //     sum over its first half (k 0..63);
 //   - bytes 396..399: zero.
@@ -32,6 +36,12 @@ constexpr unsigned kDigitPlaneBytes = 32;                     // one digit of a 
 constexpr unsigned kDigitSumOffset = 384;                     // int32 sum, the fp32 factor, the first half's sum
 static_assert(kDigitGroupBytes % 16 == 0 && kDigitGroupBytes >= kDigitSumOffset + 16, "16-byte records");
 
+// Which k a lane's 8 bytes of a step hold (the layout above), by the GEMM's weight group.
+enum DigitOrder : int { kOrderRows = 0, kOrderHalves = 1, kOrderQuarters = 2 };
+inline DigitOrder digit_order(int group) {
+  return group == 64 ? kOrderHalves : group == 32 ? kOrderQuarters : kOrderRows;
+}
+
 // One group's record as a lane of the warp that computed it holds it: its 4-byte run of each digit plane, and (every
 // lane) the group's sum, factor and first half's sum.
 struct DigitWords {
@@ -44,12 +54,12 @@ struct DigitWords {
 // The groups of a row of k values (k % 64 == 0): the last one a half where k % 128 == 64.
 __host__ __device__ constexpr int64_t digit_groups(int64_t k) { return (k + kDigitGroup - 1) / kDigitGroup; }
 
-// The checks the digits' writers share: `name`, a row's k, whole 128-k groups, or (weights with one scale per 64 k,
-// the GEMM's `group` 64) whole 64-k halves; group 0, 64 or 128; dtype fp16 or bf16.
+// The checks the digits' writers share: `name`, a row's k, whole 128-k groups, or (weights with one scale per 64 or
+// 32 k, the GEMM's `group` 64 or 32) whole 64-k halves; group 0, 32, 64 or 128; dtype fp16 or bf16.
 inline mb_status check_digits_rows(const char* who, const char* name, int k, int group, int dtype) {
-  MB_REQUIRE(group == 0 || group == 64 || group == 128, "%s: group must be 0, 64 or 128 (the GEMM's weights' scale "
-             "group), got %d", who, group);
-  const int whole = group == 64 ? kDigitGroup / 2 : kDigitGroup;
+  MB_REQUIRE(group == 0 || group == 32 || group == 64 || group == 128, "%s: group must be 0, 32, 64 or 128 (the "
+             "GEMM's weights' scale group), got %d", who, group);
+  const int whole = group == 64 || group == 32 ? kDigitGroup / 2 : kDigitGroup;
   MB_REQUIRE(k >= whole && k % whole == 0, "%s: %s must be a positive multiple of %d for group %d, got %d", who, name,
              whole, group, k);
   if (dtype != MB_FP16 && dtype != MB_BF16)
@@ -67,8 +77,9 @@ __device__ __forceinline__ uint32_t pack_digits(const int (&d)[4]) {
 // m (its bits, as an integer max: non-negative floats order as their bits) gives E = ilogb(m) - 5, so y = x / 2^E has
 // |y| < 64; then d0 = rint(y), d1 = rint(64 (y - d0)), d2 = rint(64 (64 (y - d0) - d1)), each step exact in fp32, so
 // x = 2^(E - 12) (4096 d0 + 64 d1 + d2) wherever x has no bits below 2^(E - 12) (every bf16 value within 2^10 of m,
-// every fp16 one within 2^7). A group holding an inf or NaN gets a NaN factor. Every lane of the warp calls it.
-__device__ __forceinline__ DigitWords digit_words(const float (&x)[4]) {
+// every fp16 one within 2^7). A group holding an inf or NaN gets a NaN factor. Every lane of the warp calls it, with
+// the order it will store the record in.
+__device__ __forceinline__ DigitWords digit_words(const float (&x)[4], DigitOrder order) {
   const int lane = threadIdx.x & 31;
   uint32_t top = 0;
   bool finite = true;
@@ -95,25 +106,29 @@ __device__ __forceinline__ DigitWords digit_words(const float (&x)[4]) {
   w.sum = __reduce_add_sync(0xffffffffu, sum);
   w.half_sum = __reduce_add_sync(0xffffffffu, lane < 16 ? sum : 0);  // lanes 0..15 hold k 0..63
   w.factor = finite ? __int_as_float((127 + e - 12) << 23) : __int_as_float(0x7fc00000);  // 2^(e - 12)
-  // Lanes pair up to store each plane's 8-byte runs: the even lane of a pair the even k's digits (k 0, 2, 4, 6 of
-  // the 8), the odd lane the odd k's (1, 3, 5, 7).
+  // Lanes pair up to store each plane's 8-byte runs: in the rows and halves orders the even lane of a pair the even
+  // k's digits (k 0, 2, 4, 6 of the 8), the odd lane the odd k's (1, 3, 5, 7); in the quarters order each its own.
   const bool odd = lane & 1;
 #pragma unroll
   for (int p = 0; p < 3; ++p) {
     const uint32_t own = pack_digits(d[p]), other = __shfl_xor_sync(0xffffffffu, own, 1);
-    w.plane[p] = odd ? __byte_perm(own, other, 0x3175) : __byte_perm(own, other, 0x6420);
+    w.plane[p] = order == kOrderQuarters ? own
+                 : odd                   ? __byte_perm(own, other, 0x3175)
+                                         : __byte_perm(own, other, 0x6420);
   }
   return w;
 }
 
-// Stores the calling lane's part of a group's record at rec (16-byte aligned), in the order of weights with one
-// scale per 64 k (`halves`) or per 128 k or per row. Lane l holds k 4l .. 4l + 3, the even lane of a pair at byte 0
-// of its 8-byte run, the odd at 4: lane q = l / 8 of the GEMM's at step s = (l % 8) / 2; or, in halves, lane
-// q = (l / 4) % 4 at step 2 (l / 16) + (l / 2) % 2.
-__device__ __forceinline__ void store_digit_words(const DigitWords& w, uint8_t* rec, bool halves) {
+// Stores the calling lane's part of a group's record at rec (16-byte aligned) in `order`, the one digit_words was
+// given. Lane l holds k 4l .. 4l + 3, the even lane of a pair at byte 0 of its 8-byte run, the odd at 4: rows, lane
+// q = l / 8 of the GEMM's at step s = (l % 8) / 2; halves, lane q = (l / 4) % 4 at step 2 (l / 16) + (l / 2) % 2;
+// quarters, lane q = (l % 8) / 2 at step l / 8.
+__device__ __forceinline__ void store_digit_words(const DigitWords& w, uint8_t* rec, DigitOrder order) {
   const int lane = threadIdx.x & 31;
-  const unsigned step = halves ? 2 * (lane >> 4) + ((lane >> 1) & 1) : (lane & 7) >> 1;
-  const unsigned q = halves ? (lane >> 2) & 3 : lane >> 3;
+  const unsigned step = order == kOrderHalves     ? 2 * (lane >> 4) + ((lane >> 1) & 1)
+                        : order == kOrderQuarters ? lane >> 3
+                                                  : (lane & 7) >> 1;
+  const unsigned q = order == kOrderHalves ? (lane >> 2) & 3 : order == kOrderQuarters ? (lane & 7) >> 1 : lane >> 3;
   const unsigned at = step * kDigitStepBytes + q * 8 + ((lane & 1) ? 4 : 0);
 #pragma unroll
   for (int p = 0; p < 3; ++p) *reinterpret_cast<uint32_t*>(rec + at + p * kDigitPlaneBytes) = w.plane[p];

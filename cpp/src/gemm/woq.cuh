@@ -216,14 +216,20 @@ inline bool int4_staged_fit(const WoqGemmParams& p) {
   return int4_codes_fit(p) || (p.kind == MB_WOQ_INT4 && p.group == 64 && p.k % 64 == 0);
 }
 
+// The weights the digits decode kernel takes: the staged kernel's int4 forms, and MXFP4 with k % 64 == 0 (whole 64-k
+// halves of its 128-k groups: GPT-OSS-20B's 2880).
+inline bool digits_fit(const WoqGemmParams& p) {
+  return int4_staged_fit(p) || (p.kind == MB_WOQ_MXFP4 && p.k % 64 == 0);
+}
+
 // The kernels' launchers; the arguments and the tactic are checked by the caller (gemm/woq_abi.cu), max_rows > 0.
 // gemm/woq_decode.cu: `k_split` (1, 2, 4 or 8) warps per K slice; `tile` MB_TILE_NONE, MB_TILE_DECODE_STAGED (the
 // token rows staged in shared memory: the int4 codes forms only, where a chunk's rows fit; refused otherwise) or
 // MB_TILE_DECODE_DIGITS (A the token digits, launch_woq_decode_digits).
 mb_status launch_woq_decode(const WoqGemmParams& p, int64_t max_rows, int dtype, int k_split, int tile,
                             bool after_trigger, cudaStream_t stream);
-// gemm/woq_decode_digits.cu: A the token digits (MB_INPUT_DIGITS) on the int8 mma; int4 weights with group 0 or 128
-// and k % 128 == 0, checked by the caller; refused where a chunk's digits do not fit the kernel's shared memory.
+// gemm/woq_decode_digits.cu: A the token digits (MB_INPUT_DIGITS) on the int8 mma; weights that digits_fit, checked
+// by the caller; refused where a chunk's digits do not fit the kernel's shared memory.
 mb_status launch_woq_decode_digits(const WoqGemmParams& p, int64_t max_rows, int dtype, int k_split,
                                    bool after_trigger, cudaStream_t stream);
 // gemm/woq_mma.cu: `tile` MB_TILE_MMA_64x128 or MB_TILE_MMA_128x128.

@@ -1,5 +1,6 @@
 // Weight-only grouped GEMM, decode on the int8 mma (tactic tile MB_TILE_DECODE_DIGITS, A MB_INPUT_DIGITS): int4
-// weights with one scale per 128 k or per row and k % 128 == 0, or per 64 k and k % 64 == 0, against token rows
+// weights with one scale per 128 k or per row and k % 128 == 0, or per 64 k and k % 64 == 0, and MXFP4 with
+// k % 64 == 0 (digits_chunk_mxfp4, below), against token rows
 // that stages/token_digits.cu has split into three 8-bit digits per value under one power-of-two factor per 128-k
 // group (x = F (4096 d0 + 64 d1 + d2), common/token_digits.cuh). The 16-bit decode kernels (gemm/woq_decode.cu) spend
 // about ten integer instructions per 32-bit word of codes turning them into 16-bit values for the mma, and issue,
@@ -45,6 +46,51 @@ __device__ __forceinline__ void mma_u8s8(int (&c)[4], uint32_t a0, uint32_t a1, 
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// c = A (16 x 32 unsigned bytes) * B (32 x 8 signed bytes), int32 sums from zero.
+__device__ __forceinline__ void mma_u8s8_from_zero(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                                   uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%10, %10, %10, %10};\n"
+      : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
+}
+
+// c += A * B with every byte of A the signed byte `a` (each output the column's digit sum times a).
+__device__ __forceinline__ void mma_s8s8_constant(int (&c)[4], uint32_t a, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %4, %4, %4}, {%5, %6}, "
+      "{%0, %1, %2, %3};\n"
+      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+      : "r"(a), "r"(b0), "r"(b1));
+}
+
+// PTX prmt in its default mode: result byte i is byte (nibble i of sel) & 7 of {b, a}, or, where the nibble's bit 3
+// is set, that byte's top bit repeated over all 8 bits.
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+  return r;
+}
+
+// MXFP4 codes as the int8 mma's unsigned A bytes: the four e2m1 codes in the low nibbles of x (bit 3 the sign, bits
+// 0-2 the magnitude's index m), xf the same with the sign bits flipped, as 12 + 2 e2m1 (0..24). A positive code picks
+// 12 + 2 e2m1(m) from the first table and, sign bit set in xf, 0 from the second (the top bit of 12 - 2 e2m1(m)
+// repeated); a negative one the reverse.
+__device__ __forceinline__ uint32_t mxfp4_offset_bytes(uint32_t x, uint32_t xf) {
+  constexpr uint32_t kPlus0 = 0x0f0e0d0cu, kPlus1 = 0x18141210u;    // 12 + {0, 1, 2, 3}, 12 + {4, 6, 8, 12}
+  constexpr uint32_t kMinus0 = 0x090a0b0cu, kMinus1 = 0x00040608u;  // 12 - {0, 1, 2, 3}, 12 - {4, 6, 8, 12}
+  return prmt(kPlus0, kPlus1, x) | prmt(kMinus0, kMinus1, xf);
+}
+
+// One 4-byte word of weights (MXFP4's lane word of a 32-k scale group): L1 keeps the sector for the lane's next word
+// of it, 16 bytes on.
+__device__ __forceinline__ uint32_t ld_weights_word(const void* p) {
+  uint32_t v;
+  asm volatile("ld.global.nc.L2::256B.u32 %0, [%1];\n" : "=r"(v) : "l"(p));
+  return v;
+}
+
 // The kernel's launch: the GEMM, and the most token rows a chunk can have (min(8, max_rows)), which sizes its
 // shared memory and its mmas per step.
 struct WoqDigitsLaunch {
@@ -57,6 +103,51 @@ struct WoqDigitsLaunch {
 size_t digits_smem(int k, int rows_cap, int wk) {
   const size_t slice_groups = static_cast<size_t>(mb::digit_groups(std::min(k, decode_k_slice(k, wk))));
   return static_cast<size_t>(rows_cap) * wk * slice_groups * mb::kDigitGroupBytes + 16;
+}
+
+// Every K slice's token records of the chunk's rows into shared memory (cp.async), then a barrier: slice s's row r at
+// (s * rows_cap + r) * pitch.
+template <int WK>
+__device__ __forceinline__ void stage_digit_rows(const WoqDigitsLaunch& d, int64_t row_begin, int rows, int kslice,
+                                                 unsigned pitch, unsigned char* s_tok) {
+  constexpr unsigned GB = mb::kDigitGroupBytes;
+  constexpr int kChunks = GB / 16;  // 16-byte chunks per group record
+  const int K = d.p.k;
+  const int groups = static_cast<int>(mb::digit_groups(K));  // token records per row
+  const char* A = static_cast<const char*>(d.p.A);
+  for (int sr = 0; sr < WK * rows; ++sr) {  // (slice, row) pairs, CTA-uniform
+    const int s = sr % WK, r = sr / WK;
+    const int slice_groups = static_cast<int>(mb::digit_groups(max(0, min(kslice, K - s * kslice))));
+    const char* src = A + ((row_begin + r) * groups + s * kslice / mb::kDigitGroup) * static_cast<int64_t>(GB);
+    unsigned char* dst = s_tok + (s * d.rows_cap + r) * pitch;
+#pragma unroll 4
+    for (int c = threadIdx.x; c < slice_groups * kChunks; c += kDecodeThreads)
+      cp_async16(static_cast<uint32_t>(__cvta_generic_to_shared(dst + 16 * c)), src + 16 * c, true);
+  }
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+  __syncthreads();
+}
+
+// The lanes' sums of mma m's token rows (lanes q and q ^ 1 hold the same token's parts; the even lane stores their
+// sum) into s_part, a barrier, then the K slices' sums to C.
+template <typename T, int WK, int NM>
+__device__ __forceinline__ void store_digit_sums(const WoqDigitsLaunch& d, float (&acc)[NM][2],
+                                                 float (&s_part)[WK][16 * (kDecodeWarps / WK)][kDecodeTokens + 1],
+                                                 int expert, int64_t row_begin, int rows, int col0) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int q = lane & 3, g = lane >> 2;
+  const int rg = warp / WK, ks = warp % WK;
+#pragma unroll
+  for (int m = 0; m < NM; ++m) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) acc[m][h] += __shfl_xor_sync(0xffffffffu, acc[m][h], 1);
+    if ((q & 1) == 0) {
+      s_part[ks][rg * 16 + g][2 * m + (q >> 1)] = acc[m][0];
+      s_part[ks][rg * 16 + g + 8][2 * m + (q >> 1)] = acc[m][1];
+    }
+  }
+  __syncthreads();
+  store_part_sums<T, WK>(d.p, s_part, expert, row_begin, rows, col0);
 }
 
 // The CTA's work for a chunk of `rows` token rows, NM = ceil(rows / 2) mmas a step (the kernel below picks NM),
@@ -84,7 +175,6 @@ __device__ __forceinline__ void digits_chunk(const WoqDigitsLaunch& d, int exper
   const int q = lane & 3, g = lane >> 2;
   const int rg = warp / WK, ks = warp % WK;
   const int col0 = blockIdx.y * R;
-  const int groups = static_cast<int>(mb::digit_groups(K));  // token records per row
   const int sgroups = PER_ROW ? 1 : K / GK;                   // scale groups per row
 
   // The lane's weight rows r and r + 8 (a warp's 16 rows moved back inside n where they pass its end).
@@ -201,22 +291,6 @@ __device__ __forceinline__ void digits_chunk(const WoqDigitsLaunch& d, int exper
       }
     }
   };
-  // Every slice's token records into shared memory (cp.async), then a barrier.
-  const char* A = static_cast<const char*>(p.A);
-  auto stage_tokens = [&]() {
-    constexpr int kChunks = GB / 16;  // 16-byte chunks per group record
-    for (int sr = 0; sr < WK * rows; ++sr) {  // (slice, row) pairs, CTA-uniform
-      const int s = sr % WK, r = sr / WK;
-      const int slice_groups = static_cast<int>(mb::digit_groups(max(0, min(kslice, K - s * kslice))));
-      const char* src = A + ((row_begin + r) * groups + s * kslice / mb::kDigitGroup) * static_cast<int64_t>(GB);
-      unsigned char* dst = s_tok + (s * d.rows_cap + r) * pitch;
-#pragma unroll 4
-      for (int c = threadIdx.x; c < slice_groups * kChunks; c += kDecodeThreads)
-        cp_async16(static_cast<uint32_t>(__cvta_generic_to_shared(dst + 16 * c)), src + 16 * c, true);
-    }
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
-    __syncthreads();
-  };
   // Weights and their constants (nothing upstream writes them) are requested before waiting for the kernel that
   // writes A.
   if constexpr (PER_ROW) load_consts(0, 0, 0u);
@@ -224,24 +298,134 @@ __device__ __forceinline__ void digits_chunk(const WoqDigitsLaunch& d, int exper
   if (threadIdx.x == 0) *reinterpret_cast<uint4*>(s_tok + zero_at) = make_uint4(0u, 0u, 0u, 0u);
   mb::wait_for_predecessor();
   mb::let_dependents_start();
-  stage_tokens();
+  stage_digit_rows<WK>(d, row_begin, rows, kslice, pitch, s_tok);
   run_big_batches<NB>(nb, load_big, compute);  // gemm/woq_decode_sums.cuh: the staged kernel's schedule
-  // Lanes q and q ^ 1 hold the same token's parts; the even lane stores their sum.
+  store_digit_sums<T, WK, NM>(d, acc, s_part, expert, row_begin, rows, col0);
+}
+
+// The CTA's work for a chunk of `rows` token rows on MXFP4 weights (e2m1 codes, one e8m0 scale per 32 k: p.scales
+// uint8), the digits in the quarters order (common/token_digits.cuh): step u of a 128-k group is its scale group u, and
+// lane q's word of it the row's 4 bytes at 16u + 4q (k 32u + 8q + 0..7 in nibble order), four 4-byte loads a row and
+// group where the int4 forms take one of 16. A word's codes become 12 + 2 e2m1 (mxfp4_offset_bytes: two byte
+// permutes and an or per four codes), and a second mma of -12 times the digits into the same int32 sums takes the 12
+// back out, so that a step's sums are exactly those of 2 e2m1 times the digits; the lane forms R = 4096 S0 + 64 S1
+// (q even) or S2 (q odd) and adds R times the step's 2^(e - 127) into the group's fp32 sum, then that times half the
+// digits' factor into its total. A half group at the end of K (k % 128 == 64) reads its last two quarters' weights
+// and scales from the row's last against zero digits. NM mmas a step as digits_chunk; NB groups a wait.
+template <typename T, int WK, int NM, int NB>
+__device__ __forceinline__ void digits_chunk_mxfp4(const WoqDigitsLaunch& d, int expert, int64_t row_begin, int rows,
+                                                   float (&s_part)[WK][16 * (kDecodeWarps / WK)][kDecodeTokens + 1],
+                                                   unsigned char* s_tok) {
+  static_assert(NM >= 1 && 2 * NM <= kDecodeTokens, "two token rows per mma");
+  const WoqGemmParams& p = d.p;
+  constexpr int R = 16 * (kDecodeWarps / WK);  // weight rows per CTA (= output columns)
+  constexpr int U = 4;                         // k32 steps (scale groups) per group
+  constexpr unsigned GB = mb::kDigitGroupBytes;
+  const int N = p.n, K = p.k;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int q = lane & 3, g = lane >> 2;
+  const int rg = warp / WK, ks = warp % WK;
+  const int col0 = blockIdx.y * R;
+  const int quarters = K / kMxfp4Group;  // scale groups per row (even: k % 64 == 0)
+
+  // The lane's weight rows r and r + 8, the warp's K slice and its groups as digits_chunk.
+  const int64_t wrow = static_cast<int64_t>(expert) * N + min(col0 + rg * 16, N - 16) + g;
+  const int kslice = decode_k_slice(K, WK);
+  const int kb = ks * kslice;
+  const int nb = static_cast<int>(mb::digit_groups(max(0, min(K, kb + kslice) - kb)));
+  const int nb0 = static_cast<int>(mb::digit_groups(min(K, kslice)));
+  const int last = max(nb, 1) - 1;
+  const int kbc = min(kb, (K - 1) / mb::kDigitGroup * mb::kDigitGroup);
+  const int q0 = kbc / kMxfp4Group;                              // the slice's first scale group
+  const unsigned qlast = static_cast<unsigned>(quarters - 1 - q0);  // the row's last, from q0 (odd)
+  const uint8_t* wp0 = p.B + wrow * (K / 2) + kbc / 2 + 4 * q;
+  const uint8_t* wp1 = wp0 + 8 * static_cast<int64_t>(K / 2);
+  const uint8_t* sp0 = static_cast<const uint8_t*>(p.scales) + wrow * quarters + q0;  // 2-byte aligned
+  const uint8_t* sp1 = sp0 + 8 * static_cast<int64_t>(quarters);
+
+  // Shared-memory offsets as digits_chunk's.
+  const unsigned pitch = static_cast<unsigned>(nb0) * GB;
+  const unsigned zero_at = static_cast<unsigned>(WK * d.rows_cap) * pitch;
+  unsigned b_at[NM], f_at[NM];
 #pragma unroll
   for (int m = 0; m < NM; ++m) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) acc[m][h] += __shfl_xor_sync(0xffffffffu, acc[m][h], 1);
-    if ((q & 1) == 0) {
-      s_part[ks][rg * 16 + g][2 * m + (q >> 1)] = acc[m][0];
-      s_part[ks][rg * 16 + g + 8][2 * m + (q >> 1)] = acc[m][1];
-    }
+    const unsigned tb = min(2 * m + (g >> 2), rows - 1), tf = min(2 * m + (q >> 1), rows - 1);
+    b_at[m] = (ks * d.rows_cap + tb) * pitch + min(g & 3, 2) * mb::kDigitPlaneBytes + 8 * q;
+    f_at[m] = (ks * d.rows_cap + tf) * pitch + mb::kDigitSumOffset;
   }
-  __syncthreads();
-  store_part_sums<T, WK>(p, s_part, expert, row_begin, rows, col0);
+  const int ca = q & 1 ? 1 : 4096, cb = q & 1 ? 0 : 64;
+
+  float acc[NM][2];
+#pragma unroll
+  for (int m = 0; m < NM; ++m) acc[m][0] = acc[m][1] = 0.f;
+  uint32_t w[2][NB][2][U];   // the rows' words of each step
+  uint32_t sc[2][NB][2][2];  // the rows' e8m0 scales, two steps' to a 16-bit load
+  // Big batch jb .. jb + NB - 1 of the slice into buffer buf; groups past the slice read its last.
+  auto load_big = [&](int buf, int jb) {
+#pragma unroll
+    for (int j = 0; j < NB; ++j) {
+      const unsigned jc = static_cast<unsigned>(min(jb + j, last));
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const unsigned qi = min(4 * jc + u, qlast);
+        w[buf][j][0][u] = ld_weights_word(wp0 + 16 * qi);
+        w[buf][j][1][u] = ld_weights_word(wp1 + 16 * qi);
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const unsigned qi = min(4 * jc + 2 * h, qlast - 1);
+        sc[buf][j][0][h] = __ldg(reinterpret_cast<const uint16_t*>(sp0 + qi));
+        sc[buf][j][1][h] = __ldg(reinterpret_cast<const uint16_t*>(sp1 + qi));
+      }
+    }
+  };
+  // Group jb of the slice from slot j of buffer buf; a group past the slice (`valid` false) takes a zero factor.
+  auto compute = [&](int buf, int j, int jb, bool valid) {
+    const unsigned goff = GB * static_cast<unsigned>(min(jb, last));
+    float gs[NM][2];  // the group's sums of R times the steps' scales
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const uint32_t x0 = w[buf][j][0][u], x1 = w[buf][j][1][u];
+      const uint32_t f0 = x0 ^ 0x88888888u, f1 = x1 ^ 0x88888888u;
+      const uint32_t a0 = mxfp4_offset_bytes(x0, f0), a1 = mxfp4_offset_bytes(x1, f1);
+      const uint32_t a2 = mxfp4_offset_bytes(x0 >> 16, f0 >> 16), a3 = mxfp4_offset_bytes(x1 >> 16, f1 >> 16);
+      // The step's scales 2^(e - 127) as fp32 bits (e 0: 2^-127, the subnormal 0x400000).
+      const unsigned sh = 8 * (u & 1);
+      const float s0 = __int_as_float(max(static_cast<int>((sc[buf][j][0][u >> 1] >> sh) & 0xffu) << 23, 0x400000));
+      const float s1 = __int_as_float(max(static_cast<int>((sc[buf][j][1][u >> 1] >> sh) & 0xffu) << 23, 0x400000));
+#pragma unroll
+      for (int m = 0; m < NM; ++m) {
+        const uint2 b = *reinterpret_cast<const uint2*>(s_tok + b_at[m] + goff + u * mb::kDigitStepBytes);
+        int c[4];
+        mma_u8s8_from_zero(c, a0, a1, a2, a3, b.x, b.y);
+        mma_s8s8_constant(c, 0xf4f4f4f4u, b.x, b.y);  // -12 a byte
+        const float r0 = static_cast<float>(ca * c[0] + cb * c[1]);  // row g
+        const float r1 = static_cast<float>(ca * c[2] + cb * c[3]);  // row g + 8
+        gs[m][0] = u == 0 ? s0 * r0 : fmaf(s0, r0, gs[m][0]);
+        gs[m][1] = u == 0 ? s1 * r1 : fmaf(s1, r1, gs[m][1]);
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < NM; ++m) {
+      const int2 r = *reinterpret_cast<const int2*>(s_tok + (valid ? f_at[m] + goff : zero_at));
+      const float fh = 0.5f * __int_as_float(r.y);  // weights are 2 e2m1 times the scale, over 2
+      acc[m][0] = fmaf(fh, gs[m][0], acc[m][0]);
+      acc[m][1] = fmaf(fh, gs[m][1], acc[m][1]);
+    }
+  };
+  // Weights and scales (nothing upstream writes them) are requested before waiting for the kernel that writes A.
+  load_big(0, 0);
+  if (threadIdx.x == 0) *reinterpret_cast<uint4*>(s_tok + zero_at) = make_uint4(0u, 0u, 0u, 0u);
+  mb::wait_for_predecessor();
+  mb::let_dependents_start();
+  stage_digit_rows<WK>(d, row_begin, rows, kslice, pitch, s_tok);
+  run_big_batches<NB>(nb, load_big, compute);
+  store_digit_sums<T, WK, NM>(d, acc, s_part, expert, row_begin, rows, col0);
 }
 
 // A chunk's mmas per step follow its own rows (the host knows only the most a chunk may have, NM_MAX * 2): at one
-// token most chunks of a many-expert layer hold one row.
+// token most chunks of a many-expert layer hold one row. GROUP 32: MXFP4 (digits_chunk_mxfp4, 3 groups a wait at one
+// mma a step, 2 past it: its words and scales take 24 registers a group).
 template <typename T, int WK, int GROUP, int NM_MAX, int NB1>
 __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_digits_kernel(WoqDigitsLaunch d) {
   __shared__ float s_part[WK][16 * (kDecodeWarps / WK)][kDecodeTokens + 1];
@@ -251,7 +435,11 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_digits_kernel(Wo
   const int rows = static_cast<int>(tile.end - tile.begin);
   const int nm = (rows + 1) / 2;  // CTA-uniform
   auto chunk = [&](auto nm_tag) {
-    digits_chunk<T, WK, GROUP, decltype(nm_tag)::value, NB1>(d, tile.expert, tile.begin, rows, s_part, s_tok);
+    constexpr int NM = decltype(nm_tag)::value;
+    if constexpr (GROUP == kMxfp4Group)
+      digits_chunk_mxfp4<T, WK, NM, NM == 1 ? 3 : 2>(d, tile.expert, tile.begin, rows, s_part, s_tok);
+    else
+      digits_chunk<T, WK, GROUP, NM, NB1>(d, tile.expert, tile.begin, rows, s_part, s_tok);
   };
   if constexpr (NM_MAX >= 4) if (nm == 4) return chunk(std::integral_constant<int, 4>{});
   if constexpr (NM_MAX >= 3) if (nm == 3) return chunk(std::integral_constant<int, 3>{});
@@ -308,6 +496,7 @@ mb_status launch_woq_decode_digits(const WoqGemmParams& p, int64_t max_rows, int
                                    bool after_trigger, cudaStream_t stream) {
   return dispatch_16bit(dtype, [&](auto tag) {
     using T = decltype(tag);
+    if (p.kind == MB_WOQ_MXFP4) return launch_digits<T, kMxfp4Group>(p, max_rows, k_split, after_trigger, stream);
     switch (p.group) {
       case 0: return launch_digits<T, 0>(p, max_rows, k_split, after_trigger, stream);
       case 64: return launch_digits<T, 64>(p, max_rows, k_split, after_trigger, stream);

@@ -132,8 +132,9 @@ template <typename T, bool SCALE, bool FP8>
 __global__ void __launch_bounds__(kDigitWarps * 32)
 expand_rows_digits_kernel(const T* __restrict__ input, const int32_t* __restrict__ unpermuted_to_permuted,
                           const float* __restrict__ topk_weights, const float* __restrict__ prequant_scale,
-                          const float* __restrict__ fp8_scale, int num_tokens, int hidden, int top_k, bool halves,
-                          uint8_t* __restrict__ permuted_digits, float* __restrict__ permuted_weights,
+                          const float* __restrict__ fp8_scale, int num_tokens, int hidden, int top_k,
+                          mb::DigitOrder order, uint8_t* __restrict__ permuted_digits,
+                          float* __restrict__ permuted_weights,
                           T* __restrict__ zero_out) {
   mb::chain_start();
   const float q8 = FP8 ? *fp8_scale : 1.0f, y8 = FP8 ? __frcp_rn(q8) : 1.0f;
@@ -168,7 +169,7 @@ expand_rows_digits_kernel(const T* __restrict__ input, const int32_t* __restrict
       }
       if (zero_out != nullptr) *reinterpret_cast<uint2*>(zero_out + t * hidden + col) = uint2{0u, 0u};
     }
-    const mb::DigitWords w = mb::digit_words(x);
+    const mb::DigitWords w = mb::digit_words(x, order);
     const int64_t e0 = t * top_k;
     // The token's permuted rows, 32 at a time: lane jj loads slot j0 + jj's map (and, group 0, its weight).
     for (int j0 = 0; j0 < top_k; j0 += 32) {
@@ -178,7 +179,7 @@ expand_rows_digits_kernel(const T* __restrict__ input, const int32_t* __restrict
       for (int jj = 0; jj < n; ++jj) {
         const int64_t p = __shfl_sync(0xffffffffu, p_l, jj);
         mb::store_digit_words(w, permuted_digits + (p * groups + g) * static_cast<int64_t>(mb::kDigitGroupBytes),
-                              halves);
+                              order);
       }
     }
   }
@@ -589,8 +590,8 @@ extern "C" mb_status mb_expand_rows_digits(const void* input, int dtype, const i
     return mb::check_launch("expand_rows_digits_kernel", mb::launch_after_trigger(
         expand_rows_digits_kernel<T, decltype(scale_const)::value, decltype(fp8_const)::value>, dim3(blocks),
         dim3(kDigitWarps * 32), stream, static_cast<const T*>(input), unpermuted_to_permuted, topk_weights,
-        prequant_scale, fp8_static_scale, num_tokens, hidden, top_k, group == 64, permuted_digits, permuted_weights,
-        static_cast<T*>(zero_out)));
+        prequant_scale, fp8_static_scale, num_tokens, hidden, top_k, mb::digit_order(group), permuted_digits,
+        permuted_weights, static_cast<T*>(zero_out)));
   };
   auto by_fp8 = [&](auto tag, auto scale_const) {
     return fp8_static_scale ? launch(tag, scale_const, std::true_type{}) : launch(tag, scale_const, std::false_type{});

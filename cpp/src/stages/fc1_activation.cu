@@ -170,7 +170,7 @@ __global__ void __launch_bounds__(kDigitWarps * 32)
 fc1_activation_digits_kernel(const T* __restrict__ in, const T* __restrict__ b1, const int64_t* __restrict__ off,
                              int E, int64_t max_rows, int inter, float alpha, float limit,
                              const float* __restrict__ prequant_scale, const float* __restrict__ fp8_scale,
-                             bool halves, uint8_t* __restrict__ out) {
+                             mb::DigitOrder order, uint8_t* __restrict__ out) {
   mb::chain_start();
   const float q8 = fp8_scale ? *fp8_scale : 1.0f, y8 = __frcp_rn(q8);
   constexpr bool kGated = mb::is_gated(ACT);
@@ -207,7 +207,7 @@ fc1_activation_digits_kernel(const T* __restrict__ in, const T* __restrict__ b1,
         for (int i = 0; i < 4; ++i) r[i] = mb::to_f32(mb::from_f32<T>(r[i] * s[i]));  // as mb_fc1_activation stores it
       }
     }
-    mb::store_digit_words(mb::digit_words(r), out + it * static_cast<int64_t>(mb::kDigitGroupBytes), halves);
+    mb::store_digit_words(mb::digit_words(r, order), out + it * static_cast<int64_t>(mb::kDigitGroupBytes), order);
   }
 }
 
@@ -742,7 +742,7 @@ extern "C" mb_status mb_fc1_activation_digits(const void* in, int dtype, const v
       return mb::check_launch("fc1_activation_digits_kernel", mb::launch_after_trigger(
           fc1_activation_digits_kernel<T, decltype(act_const)::value>, dim3(blocks), dim3(kDigitWarps * 32), stream,
           static_cast<const T*>(in), static_cast<const T*>(b1), expert_first_token_offset, num_experts, max_rows,
-          inter, swiglu_alpha, swiglu_limit, prequant_scale, fp8_static_scale, group == 64, out));
+          inter, swiglu_alpha, swiglu_limit, prequant_scale, fp8_static_scale, mb::digit_order(group), out));
     });
   };
   return dtype == MB_FP16 ? launch(__half{}) : launch(__nv_bfloat16{});

@@ -15,7 +15,7 @@ constexpr int kWarps = 8;
 
 template <typename T>
 __global__ void __launch_bounds__(kWarps * 32) token_digits_kernel(const T* __restrict__ in, int64_t rows, int k,
-                                                                   bool halves, uint8_t* __restrict__ out) {
+                                                                   mb::DigitOrder order, uint8_t* __restrict__ out) {
   mb::chain_start();
   const int lane = threadIdx.x & 31;
   const int64_t groups = mb::digit_groups(k), items = rows * groups;
@@ -25,7 +25,7 @@ __global__ void __launch_bounds__(kWarps * 32) token_digits_kernel(const T* __re
     const uint2 raw = col < k ? *reinterpret_cast<const uint2*>(in + r * k + col) : uint2{0u, 0u};
     const T* v = reinterpret_cast<const T*>(&raw);
     const float x[4] = {mb::to_f32(v[0]), mb::to_f32(v[1]), mb::to_f32(v[2]), mb::to_f32(v[3])};
-    mb::store_digit_words(mb::digit_words(x), out + it * static_cast<int64_t>(mb::kDigitGroupBytes), halves);
+    mb::store_digit_words(mb::digit_words(x, order), out + it * static_cast<int64_t>(mb::kDigitGroupBytes), order);
   }
 }
 
@@ -46,7 +46,7 @@ extern "C" mb_status mb_token_digits(const void* in, int dtype, int64_t rows, in
     using T = decltype(tag);
     return mb::check_launch("token_digits_kernel",
                             mb::launch_after_trigger(token_digits_kernel<T>, dim3(blocks), dim3(kWarps * 32), stream,
-                                                     static_cast<const T*>(in), rows, k, group == 64, out));
+                                                     static_cast<const T*>(in), rows, k, mb::digit_order(group), out));
   };
   return dtype == MB_FP16 ? launch(__half{}) : launch(__nv_bfloat16{});
 }

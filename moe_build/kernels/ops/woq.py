@@ -26,11 +26,11 @@ def _check_woq_scales(mode: WoqKind, scales: torch.Tensor, zeros: torch.Tensor |
 
 
 def _digits_width(k: int, group: int, name: str) -> int:
-    """The digit records of a row of `k` values for a GEMM whose weights have one scale per `group` k (0, 64, 128):
-    ceil(k / 128), the last a half group where k % 128 == 64 (group 64 only)."""
-    if group not in (0, 64, 128):
-        raise ValueError(f"group: {group} is not 0, 64 or 128 (the GEMM's weights' scale group)")
-    whole = 64 if group == 64 else 128
+    """The digit records of a row of `k` values for a GEMM whose weights have one scale per `group` k (0, 32, 64,
+    128; 32: MXFP4's): ceil(k / 128), the last a half group where k % 128 == 64 (groups 32 and 64 only)."""
+    if group not in (0, 32, 64, 128):
+        raise ValueError(f"group: {group} is not 0, 32, 64 or 128 (the GEMM's weights' scale group)")
+    whole = 64 if group in (32, 64) else 128
     if k % whole:
         raise ValueError(f"{name}: {k} is not a multiple of {whole} (the digits' groups at weight group {group})")
     return -(-k // 128)
@@ -38,8 +38,9 @@ def _digits_width(k: int, group: int, name: str) -> int:
 
 def token_digits(a: torch.Tensor, out: torch.Tensor | None = None, group: int = 128,
                  stream: int | torch.cuda.Stream | None = None) -> torch.Tensor:
-    """The rows a [R, k] (bf16 or fp16) as the decode kernel's digits tile reads them for int4 weights with one scale
-    per `group` k (0: per row, 64 or 128; k % 128 == 0, or k % 64 == 0 at group 64) -> uint8 [R, ceil(k / 128), 400]:
+    """The rows a [R, k] (bf16 or fp16) as the decode kernel's digits tile reads them for weights with one scale per
+    `group` k (int4: 0 (per row), 64 or 128; MXFP4: 32; k % 128 == 0, or k % 64 == 0 at groups 32 and 64) -> uint8
+    [R, ceil(k / 128), 400]:
     per 128-k group three 8-bit digits a value under one power-of-two factor, exact for every bf16 value within 2^10
     of the group's largest and every fp16 one within 2^7 (stages/token_digits.cu; the layout, in the order of
     `group`'s mma steps: cpp/src/common/token_digits.cuh)."""
@@ -146,7 +147,7 @@ def grouped_gemm_woq(a: torch.Tensor, b: torch.Tensor, kind: int | str | WoqKind
     expert, the mma tiles (mma:64x128, mma:128x128) for many.
     Token digits: A uint8 [R, ceil(k / 128), 400] (token_digits for this GEMM's `group`; k is B's) with the decode
     kernel's digits tile (decode:digits_ksplitN), int4 weights with one scale per row or per 128 k (k % 128 == 0) or
-    per 64 k (k % 64 == 0), C in `out_dtype` (required)."""
+    per 64 k (k % 64 == 0), or MXFP4 (k % 64 == 0, scales 2-byte aligned), C in `out_dtype` (required)."""
     dev, rows, k, e, n, mode, out_dtype, form = _woq_gemm_args(a, b, kind, scales, expert_first_token_offset, group,
                                                                zeros, bias, out_dtype)
     out = _out(c, "C", (rows, n), out_dtype, dev)
