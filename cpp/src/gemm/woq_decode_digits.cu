@@ -46,16 +46,6 @@ __device__ __forceinline__ void mma_u8s8(int (&c)[4], uint32_t a0, uint32_t a1, 
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// c = A (16 x 32 unsigned bytes) * B (32 x 8 signed bytes), int32 sums from zero.
-__device__ __forceinline__ void mma_u8s8_from_zero(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                                   uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%10, %10, %10, %10};\n"
-      : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
-}
-
 // c += A * B with every byte of A the signed byte `a` (each output the column's digit sum times a).
 __device__ __forceinline__ void mma_s8s8_constant(int (&c)[4], uint32_t a, uint32_t b0, uint32_t b1) {
   asm volatile(
@@ -396,8 +386,8 @@ __device__ __forceinline__ void digits_chunk_mxfp4(const WoqDigitsLaunch& d, int
 #pragma unroll
       for (int m = 0; m < NM; ++m) {
         const uint2 b = *reinterpret_cast<const uint2*>(s_tok + b_at[m] + goff + u * mb::kDigitStepBytes);
-        int c[4];
-        mma_u8s8_from_zero(c, a0, a1, a2, a3, b.x, b.y);
+        int c[4] = {0, 0, 0, 0};
+        mma_u8s8(c, a0, a1, a2, a3, b.x, b.y);
         mma_s8s8_constant(c, 0xf4f4f4f4u, b.x, b.y);  // -12 a byte
         const float r0 = static_cast<float>(ca * c[0] + cb * c[1]);  // row g
         const float r1 = static_cast<float>(ca * c[2] + cb * c[3]);  // row g + 8
