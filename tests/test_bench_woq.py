@@ -104,8 +104,12 @@ def test_default_weight_only_variants() -> None:
     list may name any of them and any other forced stage."""
     assert woq_layer.default_variants(Quant.W4A16_AWQ) == ("ours", "ours:expand_rows=plain",
                                                            "ours:fc2_prequant=separate", "ours:finalize=separate",
-                                                           "ours:token_digits=separate", "ours_bf16",
+                                                           "ours:token_digits=separate",
+                                                           "ours:fc1_activation=separate", "ours_bf16",
                                                            "grouped_mm_dequant")
+    assert woq_layer.default_variants(Quant.W8A16) == ("ours", "ours:finalize=separate",
+                                                       "ours:fc1_activation=separate", "ours_bf16",
+                                                       "grouped_mm_dequant")
     assert woq_layer.default_variants(Quant.WFP4A16) == ("ours", "ours_bf16", "grouped_mm_dequant")
     woq_layer.check_variants([*woq_layer.default_variants(Quant.W4AFP8), "ours:gemm1_tactic=decode:ksplit1:plain:plain"])
 

@@ -79,7 +79,7 @@ ROWS: list[tuple[str, str, dict, dict, int | None, dict, set[str], dict[str, str
      {"fused_gated_activation"}, {"fc1_activation": "separate"}),
     ("fused_gated_geglu", "ampere", {"activation": "geglu"}, {}, None, {}, set(), {}),
     ("fused_gated_t_eq_weight", "ampere", {"quant": Quant.W8A16}, {}, None, {},
-     {"fused_gated_t_eq_weight", "fused_gated_two_byte", "gated_epilogue_gemm"},
+     {"fused_gated_t_eq_weight", "fused_gated_two_byte"},
      {"fc1_activation": "separate"}),
     ("fused_gated_not_fp32", "ampere", {"dtype": DType.FP32}, {}, None, {},
      {"fused_gated_not_fp32", "fused_gated_two_byte", "tma_ws_specialisation", "finalize_tactic",
@@ -101,6 +101,11 @@ ROWS: list[tuple[str, str, dict, dict, int | None, dict, set[str], dict[str, str
      {"gated_epilogue_sm"}, {"fc1_activation": "separate"}),
     ("gated_epilogue_swiglu_clamp", "hopper", {"activation": "swiglu_clamp"}, {}, None, {},
      {"fused_gated_activation"}, {}),
+    # ... and on the weight-only mixed-input wgmma GEMM1, which Mixtral's W4A16 layer runs from 64 tokens (16 rows
+    # an expert; the decode kernel below, whose GEMM1 the activation kernel reads)
+    ("gated_epilogue_woq_mixed_input", "hopper_awq", {}, {}, 64, {},
+     {"gated_epilogue_woq_mixed_input", "finalize_tactic_rows"},
+     {"fc1_activation": "gated_epilogue", "finalize": "separate"}),
     # W4A16 AWQ with stored scales: moe-build's 16-bit expansion scales the rows it copies (the seed fuses the scale
     # into the expansion for W4AFP8 only); neither holds without the scales
     ("use_awq", "hopper_awq", {"quant": Quant.W8A16}, {}, None, {},

@@ -443,3 +443,42 @@ def test_expand_rows_fuses_the_awq_scale_for_w4a16_with_stored_scales() -> None:
     w4afp8 = dataclasses.replace(SPEC, quant=Quant.W4AFP8, fp8_input=True)
     with pytest.raises(UnsupportedCombination, match="expand_w4afp8_not_fp8_input"):
         make_plan(w4afp8, SM90, 16, force={"expand_rows": "prequant_fused"})
+
+
+@pytest.mark.parametrize("quant", [Quant.W4A16_AWQ, Quant.W8A16])
+@pytest.mark.parametrize("hidden,inter,experts,top_k", [(4096, 14336, 8, 2), (2048, 1408, 64, 6), (2048, 768, 128, 8)])
+def test_weight_only_gated_epilogue_where_gemm1_runs_the_mixed_input_kernel(quant, hidden, inter, experts,
+                                                                           top_k) -> None:
+    """rules.gated_epilogue_woq_mixed: int4 / int8 layers with 16-bit activations run the gated activation in GEMM1's
+    epilogue exactly at the counts where GEMM1's tactic is a mixed-input wgmma tile (one band from there up), and the
+    activation kernel below it; W1 interleaved for every count (rules.w1_interleaved: a gated band exists). Forcing the
+    gated epilogue is refused at the first separate count; forcing it off gives one band and W1 stacked."""
+    spec = MoESpec(hidden_size=hidden, intermediate_size=inter, num_experts=experts, top_k=top_k, quant=quant)
+    plan = make_plan(spec, SM90, tokens=4096)
+    d = plan.stage("fc1_activation")
+    assert d.choice == "gated_epilogue" and plan.stage("w1_order").choice == "gate_up_interleaved"
+    assert [b[2] for b in bands(d)] == ["separate", "gated_epilogue"] and bands(d)[-1][1] is None
+    first = bands(d)[1][0]
+    for tokens in (1, first - 1, first, 4096):
+        c = plan.choices(tokens)
+        wgmma = c["gemm1_tactic"].split(":")[1].startswith("woq128x")
+        assert (c["fc1_activation"] == "gated_epilogue") == wgmma == (tokens >= first), (tokens, c["gemm1_tactic"])
+    with pytest.raises(UnsupportedCombination, match="fc1_activation=gated_epilogue.*at 1 tokens.*gemm1=decode:"):
+        make_plan(spec, SM90, force={"fc1_activation": "gated_epilogue"})
+    off = make_plan(spec, SM90, tokens=4096, force={"fc1_activation": "separate"})
+    assert bands(off.stage("fc1_activation")) == [[1, None, "separate"]]
+    assert off.stage("w1_order").choice == "stacked"
+    # a GEMM1 tactic forced off the mixed-input kernel at every count leaves the activation kernel at every count
+    digits = make_plan(spec, SM90, tokens=4096, force={"gemm1_tactic": "decode:ksplit1:after_trigger:plain"})
+    assert bands(digits.stage("fc1_activation")) == [[1, None, "separate"]]
+    wgmma = make_plan(spec, SM90, tokens=1, force={"gemm1_tactic": "wgmma:woq128x64:plain:plain"})
+    assert bands(wgmma.stage("fc1_activation")) == [[1, None, "gated_epilogue"]]
+
+
+@pytest.mark.parametrize("quant", [Quant.WFP4A16, Quant.W4AFP8])
+def test_no_weight_only_gated_epilogue_for_mxfp4_or_fp8_activations(quant) -> None:
+    """MXFP4 has no mixed-input kernel and W4AFP8's activation quantizes GEMM2's input: the activation kernel at
+    every count, W1 stacked."""
+    plan = make_plan(MoESpec(2048, 768, 128, 8, quant=quant), SM90, tokens=4096)
+    assert bands(plan.stage("fc1_activation")) == [[1, None, "separate"]]
+    assert plan.stage("w1_order").choice == "stacked"

@@ -20,6 +20,7 @@ from moe_build.spec import ActScale, Activation, DType, MoESpec, Quant, SharedEx
 from moe_build.target import FINALIZE_FUSION_ENV, Flavour, Target, TokenProfile
 from moe_build.weights import MoEWeights, block_64x64, interleave_gate_up
 from moe_build.weights.fp8 import ScaleGranularity
+from moe_build.weights.woq import WoqKind, dequantize_matrix
 
 H100 = Target(sm=90, flavour=Flavour.TENSORRT)
 A100 = Target(sm=80, flavour=Flavour.TENSORRT)
@@ -57,6 +58,24 @@ def test_interleave_gate_up_puts_each_features_gate_and_up_eight_rows_apart() ->
     assert torch.equal(interleave_gate_up(w1[..., 0]), got[..., 0])  # b1 [E, 2I] the same way
     with pytest.raises(ValueError, match="multiple of 16"):
         interleave_gate_up(torch.zeros(1, 20, 4))
+
+
+@pytest.mark.parametrize("kind, group, zeros", [(WoqKind.INT4, 64, True), (WoqKind.INT8, None, False)])
+def test_weight_only_w1_interleaves_with_its_scales_and_zero_points(kind: WoqKind, group: int | None,
+                                                                    zeros: bool) -> None:
+    """gate_up_interleaved on a weight-only layer moves W1's codes, scales, zero points and b1 together: the
+    interleaved tensors dequantize (woq.dequantize_matrix, fp64) to the interleave of the stacked W1; W2 and the AWQ
+    scales stay."""
+    spec = dataclasses.replace(SWIGLU, expert_bias=True)
+    w = MoEWeights.random(spec, seed=5).quantized_woq(kind, group, asymmetric=zeros, awq=True, seed=5)
+    got = w.gate_up_interleaved()
+    q, p = w.woq, got.woq
+    assert got.w1 is p.w1 and p.w2 is q.w2 and p.fc2_act_scale is q.fc2_act_scale
+    assert torch.equal(got.b1, interleave_gate_up(w.b1))
+    for x in range(spec.num_experts):
+        stacked = dequantize_matrix(kind, q.w1[x], q.w1_scale[x], None if q.w1_zero is None else q.w1_zero[x])
+        inter = dequantize_matrix(kind, p.w1[x], p.w1_scale[x], None if p.w1_zero is None else p.w1_zero[x])
+        assert torch.equal(inter, interleave_gate_up(stacked.unsqueeze(0))[0]), x
 
 
 def test_block_64x64_stores_each_64_by_64_block_contiguously() -> None:
@@ -730,7 +749,8 @@ def test_each_stream_gets_its_own_gemm_placement_regions() -> None:
 @pytest.mark.parametrize("quant", [Quant.W4A16_AWQ, Quant.W8A16, Quant.WFP4A16])
 def test_weight_only_plans_take_the_mixed_input_gemm_past_decode(quant: Quant) -> None:
     """On sm90, int4 / int8 weights (groups of 128 here) run the decode kernel to 8 rows per expert (int4 on the
-    staged tile to 12) and the mixed-input wgmma GEMM past it (steps gemm1:woq_wgmma / gemm2:woq_wgmma); MXFP4, which
+    staged tile to 12) and the mixed-input wgmma GEMM past it, GEMM1 with the gated activation in its epilogue (steps
+    gemm1:woq_wgmma_gated / gemm2:woq_wgmma, no fc1_activation step between them); MXFP4, which
     that kernel does not take, runs the mma tiles, then from 160 rows its weights dequantized for the 16-bit wgmma
     GEMM."""
     spec = dataclasses.replace(SWIGLU, quant=quant)  # 8 experts, top-2: rows per expert = ceil(tokens / 4)
@@ -741,8 +761,10 @@ def test_weight_only_plans_take_the_mixed_input_gemm_past_decode(quant: Quant) -
                          637: ["gemm1:woq_dense", "gemm2:woq_dense"]}
     else:
         last_decode = 48 if quant is Quant.W4A16_AWQ else 32  # the staged int4 tile's band: 12 rows
-        assert gemms == {t: ["gemm1:woq", "gemm2:woq"] if t <= last_decode else ["gemm1:woq_wgmma", "gemm2:woq_wgmma"]
-                         for t in (32, 33, 48, 49, 636, 637)}
+        assert gemms == {t: ["gemm1:woq", "gemm2:woq"] if t <= last_decode
+                         else ["gemm1:woq_wgmma_gated", "gemm2:woq_wgmma"] for t in (32, 33, 48, 49, 636, 637)}
+        assert "fc1_activation" not in kernel_sequence(plan, last_decode + 1)
+        assert "fc1_activation" in kernel_sequence(plan, last_decode)
         assert plan.stage("gemm1_tactic").choice_for(last_decode + 1) == "wgmma:woq128x32:plain:plain"
         assert plan.stage("gemm1_tactic").choice_for(1024) == "wgmma:woq128x320c2:plain:plain"  # 256 rows an expert
         # 512 +- 19.6 rows an expert: two 320-row tiles hold them, where 256-row ones take 2.5 on average
@@ -818,3 +840,17 @@ def test_token_digits_stage_refusals() -> None:
     for choice in ("fused", "separate"):
         with pytest.raises(UnsupportedCombination, match="digits_tile=none"):
             make_plan(w8, target, tokens=16, force={"token_digits": choice})
+
+
+def test_awq_gated_band_applies_the_fc2_prequant_scale_in_gemm1s_epilogue() -> None:
+    """W4A16 with AWQ pre-quant scales past decode: GEMM1's gated epilogue multiplies by FC2's scale
+    (gemm1:woq_wgmma_gated_fc2_prequant, no activation step); forced separate, a scale step follows the plain gated
+    epilogue; below the band the activation kernel does it as before."""
+    spec = dataclasses.replace(SWIGLU, quant=Quant.W4A16_AWQ, quant_prequant_scales=True)
+    target = dataclasses.replace(H100, profile=TokenProfile(1, 16, 1024))
+    plan = make_plan(spec, target, tokens=16)
+    assert kernel_sequence(plan, 1024)[-3:] == ["gemm1:woq_wgmma_gated_fc2_prequant", "gemm2:woq_wgmma", "finalize"]
+    assert "fc1_activation:fc2_prequant_digits" in kernel_sequence(plan, 1)  # the digits tile at 1 token
+    forced = make_plan(spec, target, tokens=16, force={"fc2_prequant": "separate"})
+    assert kernel_sequence(forced, 1024)[-4:] == ["gemm1:woq_wgmma_gated", "fc2_prequant:separate", "gemm2:woq_wgmma",
+                                                  "finalize"]

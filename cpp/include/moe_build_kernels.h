@@ -93,10 +93,14 @@ mb_status mb_expand_rows(const void* input, int dtype, const int32_t* unpermuted
                          void* zero_out, cudaStream_t stream);
 
 /* stages/fc1_activation.cu: out[p, :I] = act(in[p, :N1] + b1[expert(p)]) for p < off[E]; non-gated:
- * N1 = I. b1 [E, N1] or NULL. prequant_scale [I] fp32 or NULL (AWQ FC2 pre-quant, fused). */
+ * N1 = I. b1 [E, N1] or NULL. prequant_scale [I] fp32 or NULL (AWQ FC2 pre-quant, fused).
+ * gate_up_interleaved != 0 (gated activations, I a multiple of 8): in's and b1's columns in W1's interleaved order,
+ * feature f's gate at 16 (f / 8) + f % 8 and its up projection 8 further on (the order mb_grouped_gemm_woq_sm90_gated
+ * reads); 0: stacked, gate at f and up at I + f. */
 mb_status mb_fc1_activation(const void* in, int dtype, const void* b1, const int64_t* expert_first_token_offset,
-                            int num_experts, int64_t max_rows, int inter, int activation, float swiglu_alpha,
-                            float swiglu_limit, const float* prequant_scale, void* out, cudaStream_t stream);
+                            int num_experts, int64_t max_rows, int inter, int activation, int gate_up_interleaved,
+                            float swiglu_alpha, float swiglu_limit, const float* prequant_scale, void* out,
+                            cudaStream_t stream);
 
 /* stages/finalize.cu: out[t] = sum_j w[t,j] * (gemm2_out[unpermuted_to_permuted[t*K+j]] + b2[ids[t,j]]),
  * over the pairs with 0 <= ids[t,j] < num_experts (expert parallelism: the others are another rank's;
@@ -596,9 +600,10 @@ mb_status mb_expand_rows_digits(const void* input, int dtype, const int32_t* unp
                                 int num_tokens, int hidden, int top_k, int group, uint8_t* permuted_digits,
                                 float* permuted_weights, void* zero_out, cudaStream_t stream);
 mb_status mb_fc1_activation_digits(const void* in, int dtype, const void* b1, const int64_t* expert_first_token_offset,
-                                   int num_experts, int64_t max_rows, int inter, int activation, float swiglu_alpha,
-                                   float swiglu_limit, const float* prequant_scale, const float* fp8_static_scale,
-                                   int group, uint8_t* out, cudaStream_t stream);
+                                   int num_experts, int64_t max_rows, int inter, int activation,
+                                   int gate_up_interleaved, float swiglu_alpha, float swiglu_limit,
+                                   const float* prequant_scale, const float* fp8_static_scale, int group,
+                                   uint8_t* out, cudaStream_t stream);
 mb_status mb_grouped_gemm_woq(const void* A, int a_type, const void* B, int kind, const void* scales,
                               const uint8_t* zeros, int group, const void* bias, void* C,
                               const int64_t* expert_first_token_offset, int num_experts, int64_t max_rows, int n,
@@ -633,6 +638,21 @@ mb_status mb_grouped_gemm_woq_sm90(const void* A, const void* B, int kind, const
                                    int group, void* C, const int64_t* expert_first_token_offset, int num_experts,
                                    int64_t max_rows, int n, int k, int dtype, mb_gemm_tactic tactic, void* workspace,
                                    size_t workspace_bytes, cudaStream_t stream);
+/* gemm/woq_sm90_gated.cu: GEMM1 on the same kernel with the gated activation in its epilogue: out[p, f] =
+ * act(g + bg, u + bu) (* prequant_scale[f]) for feature f < inter, rounded to dtype once, g and u the products of W1
+ * rows 16 (f / 8) + f % 8 (gate) and 8 further on (up): W1 (B, scales, zeros) and b1 [E, 2 inter] interleaved in
+ * blocks of 8 features (the plan's w1_order gate_up_interleaved), so each wgmma thread holds both halves of its
+ * feature. No [rows, 2 inter] output is written and no activation step runs. activation a gated one (MB_ACT_SWIGLU,
+ * MB_ACT_GEGLU, MB_ACT_SWIGLU_CLAMP with swiglu_alpha and swiglu_limit); b1 and prequant_scale (fp32 [inter], AWQ's FC2
+ * pre-quant scale, fc2_prequant=fused) may be NULL; out [max_rows, inter] in dtype; inter % 8 == 0 and n = 2 inter.
+ * Everything else (B, kind, scales, zeros, group, k, tactic, workspace) as mb_grouped_gemm_woq_sm90, whose workspace
+ * size covers this kernel too. */
+mb_status mb_grouped_gemm_woq_sm90_gated(const void* A, const void* B, int kind, const void* scales,
+                                         const void* zeros, int group, const void* b1, const float* prequant_scale,
+                                         int activation, float swiglu_alpha, float swiglu_limit, void* out,
+                                         const int64_t* expert_first_token_offset, int num_experts, int64_t max_rows,
+                                         int inter, int k, int dtype, mb_gemm_tactic tactic, void* workspace,
+                                         size_t workspace_bytes, cudaStream_t stream);
 
 /* gemm/woq_dequantize.cu: weight-only experts (mb_grouped_gemm_woq's stored forms: data [E, n, k] int8 or [E, n, k/2]
  * 4-bit codes, scales fp32 [E, n, k/group] (group 0: [E, n, 1]) or uint8 e8m0 [E, n, k/32], int4 zeros uint8 like

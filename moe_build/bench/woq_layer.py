@@ -55,10 +55,11 @@ QUANTS: dict[str, tuple[Quant, ActScale]] = {
     "w4afp8_dynamic": (Quant.W4AFP8, ActScale.DYNAMIC)}
 # the forced-off fusions, per quant: the AWQ FC2 pre-quant scale in the activation; the FC1 one in the expansion;
 # the finalize in the decode GEMM2's epilogue (WFP4A16's matrix never fuses it); the digits tile's token digits in the
-# expansion and the activation (a layer with no GEMM on the digits tile refuses the variant: recorded unavailable)
+# expansion and the activation (a layer with no GEMM on the digits tile refuses the variant: recorded unavailable);
+# the gated activation in the mixed-input wgmma GEMM1's epilogue (int4 / int8 with 16-bit activations)
 FORCED = {Quant.W4A16_AWQ: ("ours:expand_rows=plain", "ours:fc2_prequant=separate", "ours:finalize=separate",
-                            "ours:token_digits=separate"),
-          Quant.W8A16: ("ours:finalize=separate",),
+                            "ours:token_digits=separate", "ours:fc1_activation=separate"),
+          Quant.W8A16: ("ours:finalize=separate", "ours:fc1_activation=separate"),
           Quant.W4AFP8: ("ours:expand_rows=plain", "ours:fc2_prequant=separate", "ours:finalize=separate",
                          "ours:token_digits=separate")}
 # W4AFP8's static FP8 input scales, for the bench's unit-variance tokens: GEMM1's input up to ~4.5 sigma times an AWQ

@@ -152,7 +152,7 @@ SIGNATURES: dict[str, tuple[type, tuple[type, ...]]] = {
     "mb_routing_prologue_three_step": (_i, (_p, _i, _i, _i, _p, _p, _p, _p, _sz, _p, _sz, _p)),
     "mb_expand_rows": (_i, (_p, _i, _p, _p, _p, _i, _i, _i, _p, _p, _p, _p)),
     "mb_scale_columns": (_i, (_p, _p, _i, _p, _i64, _i, _p)),
-    "mb_fc1_activation": (_i, (_p, _i, _p, _p, _i, _i64, _i, _i, _f, _f, _p, _p, _p)),
+    "mb_fc1_activation": (_i, (_p, _i, _p, _p, _i, _i64, _i, _i, _i, _f, _f, _p, _p, _p)),
     "mb_finalize": (_i, (_p, _i, _p, _p, _p, _p, _i, _i, _i, _i, _i, _p, _p)),
     # expert parallelism (stages/ep_dispatch.cu, ep_nvlink.cu)
     "mb_ep_layout": (_i, (_p, _i, _i, _i, _i, _p, _p, _p, _p, _p)),
@@ -182,7 +182,7 @@ SIGNATURES: dict[str, tuple[type, tuple[type, ...]]] = {
     # end of FP8 activation quantization
     "mb_token_digits": (_i, (_p, _i, _i64, _i, _i, _p, _p)),
     "mb_expand_rows_digits": (_i, (_p, _i, _p, _p, _p, _p, _i, _i, _i, _i, _p, _p, _p, _p)),
-    "mb_fc1_activation_digits": (_i, (_p, _i, _p, _p, _i, _i64, _i, _i, _f, _f, _p, _p, _i, _p, _p)),
+    "mb_fc1_activation_digits": (_i, (_p, _i, _p, _p, _i, _i64, _i, _i, _i, _f, _f, _p, _p, _i, _p, _p)),
     "mb_grouped_gemm_sm80_workspace": (_sz, (_i,)),
     "mb_grouped_gemm_sm80": (_i, (_p, _p, _p, _p, _p, _i, _i64, _i, _i, _i, _i, _i, _f, _f, _t, _p, _sz, _p)),
     "mb_grouped_gemm_sm90_workspace": (_sz, (_i, _i64, _i, _i)),
@@ -207,4 +207,6 @@ SIGNATURES: dict[str, tuple[type, tuple[type, ...]]] = {
     "mb_woq_dequantize": (_i, (_i, _p, _p, _p, _i, _i, _i, _i, _i, _p, _p)),
     "mb_grouped_gemm_woq_sm90_workspace": (_sz, (_i,)),
     "mb_grouped_gemm_woq_sm90": (_i, (_p, _p, _i, _p, _p, _i, _p, _p, _i, _i64, _i, _i, _i, _t, _p, _sz, _p)),
+    "mb_grouped_gemm_woq_sm90_gated": (_i, (_p, _p, _i, _p, _p, _i, _p, _p, _i, _f, _f, _p, _p, _i, _i64, _i, _i, _i,
+                                            _t, _p, _sz, _p)),
 }

@@ -175,10 +175,11 @@ def _gemm_kernel(spec: MoESpec, target: Target, forced: str | None) -> StageDeci
                    forced, lambda f: "Hopper+ TMA warp-specialized grouped GEMM" if f else "Ampere grouped GEMM")
 
 
-def _fc1_activation(spec: MoESpec, target: Target, gemm_kernel: str, tokens: int, forced: str | None
-                    ) -> StageDecision:
+def _fc1_activation(spec: MoESpec, target: Target, gemm_kernel: str, tokens: int, forced: str | None,
+                    gemm1_forced: T.GemmTactic | None = None) -> StageDecision:
     """The seed's SM80 fused gated kernel or moe-build's gated epilogue where their gates hold, else the separate
-    activation; with block-128 FP8 scales the gated epilogue in GEMM1's decode band only (bands over every count)."""
+    activation; with block-128 FP8 scales the gated epilogue in GEMM1's decode band only, weight-only in the mixed-input
+    GEMM1's bands (of the forced GEMM1 tactic where one is forced; bands over every count)."""
     not_tma = R.fc1_not_tma_ws(gemm_kernel)
     non_gated = R.fc1_non_gated(spec)
     if non_gated.held:
@@ -206,6 +207,9 @@ def _fc1_activation(spec: MoESpec, target: Target, gemm_kernel: str, tokens: int
     held = {"fused_gated": all(g.held for g in sm80), "gated_epilogue": all(g.held for g in ours)}
     if held["gated_epilogue"] and spec.quant is Quant.FP8_BLOCK and forced in (None, "gated_epilogue"):
         return _fc1_gated_in_decode_band(spec, tokens, (non_gated, *sm80, *ours), texts, forced is not None)
+    if held["gated_epilogue"] and spec.quant.is_weight_only and forced in (None, "gated_epilogue"):
+        return _fc1_gated_in_mixed_band(spec, target, gemm_kernel, tokens, (non_gated, *sm80, *ours), texts,
+                                        forced is not None, gemm1_forced)
     choice = next((c for c in ("fused_gated", "gated_epilogue") if held[c]), "separate")
     if forced is not None:
         if forced != "separate" and not held[forced]:
@@ -231,6 +235,36 @@ def _fc1_gated_in_decode_band(spec: MoESpec, tokens: int, gates: Sequence[Gate],
     choice = "gated_epilogue" if here.held else "separate"
     text = ("gated activation in the FP8 decode GEMM1's epilogue (moe-build's own fusion; W1 stacked, its block-128 "
             "scales whole)" if choice == "gated_epilogue" else texts["separate"])
+    return StageDecision("fc1_activation", choice, "separate", (*gates, here), bands,
+                         summary=f"{text} ({bands_text(bands, choice_first=True)})")
+
+
+def _fc1_gated_in_mixed_band(spec: MoESpec, target: Target, gemm_kernel: str, tokens: int, gates: Sequence[Gate],
+                             texts: Mapping[str, str], forced: bool, gemm1_forced: T.GemmTactic | None
+                             ) -> StageDecision:
+    """A weight-only layer's gated epilogue, the mixed-input wgmma GEMM1's (rules.gated_epilogue_woq_mixed): in the
+    bands where GEMM1's tactic is one of its tiles, and the separate activation (on W1 interleaved) in the others;
+    forced, refused (it cannot hold at every count: the decode kernels have no gated epilogue)."""
+    store = _gemm_calls(spec, target, {"gemm_kernel": gemm_kernel, "fc1_activation": "separate",
+                                       "finalize": "separate", "weight_layout": "row_major",
+                                       "fp8_accumulation": "none"})["gemm1_tactic"]
+
+    def rule(rows: T.RowCount) -> Gate:
+        return R.gated_epilogue_woq_mixed(spec, rows, gemm1_forced or T.choose_tactic(store, rows))
+
+    bands = tuple(Band(lo, hi, "gated_epilogue" if held else "separate") for lo, hi, held in
+                  T.token_bands(spec.top_k, spec.local_experts, lambda rows: rule(rows).held))
+    if forced:  # refused at the first count where the gate fails
+        lo = next(b.lo for b in bands if b.choice == "separate")
+        _refuse([rule(T.RowCount(lo, spec.top_k, spec.local_experts))],
+                f"cannot force fc1_activation=gated_epilogue (a forced choice holds at every token count; at {lo} "
+                "tokens)")
+    here = rule(T.RowCount(tokens, spec.top_k, spec.local_experts))
+    choice = "gated_epilogue" if here.held else "separate"
+    text = ("gated activation in the mixed-input wgmma GEMM1's epilogue (moe-build's own fusion; W1 gate/up rows "
+            "interleaved by 8)" if choice == "gated_epilogue" else
+            texts["separate"] + (" (W1 gate/up rows interleaved by 8)" if any(b.choice == "gated_epilogue"
+                                                                             for b in bands) else ""))
     return StageDecision("fc1_activation", choice, "separate", (*gates, here), bands,
                          summary=f"{text} ({bands_text(bands, choice_first=True)})")
 
@@ -429,8 +463,9 @@ def _token_digits(spec: MoESpec, fc2_prequant: str, tactics: Sequence[StageDecis
                            "no GEMM on the digits tile", "a GEMM on the digits tile reads token digits")
 
 
-def _w1_order(spec: MoESpec, fc1_activation: str) -> StageDecision:
-    gate = R.w1_interleaved(spec, fc1_activation)
+def _w1_order(spec: MoESpec, fc1_activation: StageDecision) -> StageDecision:
+    gate = R.w1_interleaved(spec, tuple(dict.fromkeys((fc1_activation.choice,
+                                                        *(b.choice for b in fc1_activation.bands)))))
     choice = "gate_up_interleaved" if gate.held else "stacked"
     return StageDecision("w1_order", choice, "stacked", (gate,),
                          summary="W1 / b1 gate and up rows interleaved in blocks of 8 features" if gate.held
@@ -652,7 +687,8 @@ def make_plan(spec: MoESpec, target: Target, tokens: int = 1,
         _refuse(checks, "the MoE plugin refuses this combination")
         tactics = _check_forced("plugin", force)
         gemm = _gemm_kernel(spec, target, force.get("gemm_kernel"))
-        fc1 = _fc1_activation(spec, target, gemm.choice, tokens, force.get("fc1_activation"))
+        fc1 = _fc1_activation(spec, target, gemm.choice, tokens, force.get("fc1_activation"),
+                              tactics.get("gemm1_tactic"))
         dispatch = _dispatch(spec, "plugin", force.get("dispatch"))
         ep_format = _ep_format(spec, target, dispatch.choice, force.get("ep_format"))
         finalize = _finalize(spec, target, gemm.choice, tokens, force.get("finalize"), ep_format.choice)
@@ -677,7 +713,7 @@ def make_plan(spec: MoESpec, target: Target, tokens: int = 1,
             _fc2_input_quant(spec, fc1, finalize, gemm2_tactic, calls["gemm2_tactic"], tokens,
                              force.get("fc2_input_quant")),
             accumulation,
-            _w1_order(spec, fc1.choice),
+            _w1_order(spec, fc1),
             layout,
             gemm1_tactic,
             gemm2_tactic,

@@ -14,7 +14,8 @@ from ..target import Flavour, Target
 from ..weights.blocks import blocks_fit
 from .gates import (BUILDER_PY, ENV_UTILS_CPP, RTX_FACTS, GEMM_DISPATCH_H, MOE_KERNELS_CU, MOE_KERNELS_H,
                     MOE_PLUGIN_CPP, MOE_PY, OURS, PLUGIN_PY, Gate)
-from .tactics import FINALIZE_DECODE_MAX_AVG_ROWS, FP8_BLOCK_DECODE_ROWS, WOQ_DECODE_MAX_AVG_ROWS, RowCount
+from .tactics import (FINALIZE_DECODE_MAX_AVG_ROWS, FP8_BLOCK_DECODE_ROWS, WOQ_DECODE_MAX_AVG_ROWS, WOQ_WGMMA_TILES,
+                      GemmTactic, RowCount)
 
 FUSED_PROLOGUE_MAX_TOKENS = 256
 FUSED_PROLOGUE_TOPK = (1, 2, 4, 6, 8)
@@ -309,14 +310,29 @@ def gated_epilogue_sm(t: Target) -> Gate:
 
 
 # a GEMM1 kernel with the epilogue exists: fp16/bf16 layers, unquantized or FP8 (the 16-bit and the FP8 wgmma GEMMs
-# have it, and the FP8 decode kernel with block-128 scales too, below; the weight-only GEMMs have none): dtype in
-# (fp16, bf16), quant in (none, fp8, fp8_block). FP8: GEMM1 writes act(gate, up) at half width, which GEMM2 or a
-# quantize kernel reads, instead of GEMM1's whole 16-bit output read by the activation kernel (docs/performance.md,
-# "The gated epilogue on the FP8 GEMM1")
+# have it, and the FP8 decode kernel with block-128 scales too, below), or int4 / int8 weight-only with 16-bit
+# activations (the mixed-input wgmma kernel, below; not W4AFP8, whose activation quantizes GEMM2's input, nor MXFP4,
+# which has no mixed-input kernel): dtype in (fp16, bf16), quant in (none, fp8, fp8_block, w4a16_awq, w8a16). FP8:
+# GEMM1 writes act(gate, up) at half width, which GEMM2 or a quantize kernel reads, instead of GEMM1's whole 16-bit
+# output read by the activation kernel (docs/performance.md, "The gated epilogue on the FP8 GEMM1")
+GATED_EPILOGUE_QUANTS = (Quant.NONE, Quant.FP8, Quant.FP8_BLOCK, Quant.W4A16_AWQ, Quant.W8A16)
+
+
 def gated_epilogue_gemm(s: MoESpec) -> Gate:
-    ok = s.dtype.itemsize == 2 and s.quant in (Quant.NONE, Quant.FP8, Quant.FP8_BLOCK)
+    ok = s.dtype.itemsize == 2 and s.quant in GATED_EPILOGUE_QUANTS
     return Gate("gated_epilogue_gemm", f"{s.dtype.value}/{s.quant.value}",
-                "dtype in (fp16, bf16), quant in (none, fp8, fp8_block)", ok, OURS)
+                "dtype in (fp16, bf16), quant in (none, fp8, fp8_block, w4a16_awq, w8a16)", ok, OURS)
+
+
+# ... weight-only: on the mixed-input wgmma kernel only (gemm/woq_sm90_gated.cu), so in the bands where GEMM1's tactic
+# is one of its tiles; the decode, mma and digits kernels store GEMM1 whole, and the activation kernel reads it in W1's
+# interleaved order: quant not in (w4a16_awq, w8a16) or GEMM1's tactic at these rows in WOQ_WGMMA_TILES
+def gated_epilogue_woq_mixed(s: MoESpec, rows: RowCount, gemm1_tactic: GemmTactic) -> Gate:
+    woq = s.quant in (Quant.W4A16_AWQ, Quant.W8A16)
+    mixed = gemm1_tactic.kernel == "wgmma" and gemm1_tactic.tile in WOQ_WGMMA_TILES
+    return Gate("gated_epilogue_woq_mixed_input", f"quant={s.quant.value} rows={rows.rows} gemm1={gemm1_tactic.name}",
+                "quant not in (w4a16_awq, w8a16) or GEMM1's tactic is a mixed-input wgmma tile (woq128x*)",
+                not woq or mixed, OURS, token_dependent=True)
 
 
 # ... with block-128 scales on the decode kernel only, which reads W1 stacked (gate row f, up row I + f, each with its
@@ -478,13 +494,14 @@ def finalize_tactic_rows(s: MoESpec, tokens: int) -> Gate:
 
 # ---- weight layouts (moe-build's own) ---------------------------------------------------------
 
-# W1 / b1 gate/up-interleaved in blocks of 8 features exactly when GEMM1 runs the gated epilogue, but with block-128
-# scales (its decode kernel reads W1 stacked, gated_epilogue_block_decode above): fc1_activation == gated_epilogue and
-# quant != fp8_block
-def w1_interleaved(s: MoESpec, fc1_activation: str) -> Gate:
-    return Gate("w1_gated_epilogue", f"{fc1_activation} quant={s.quant.value}",
-                "fc1_activation == gated_epilogue and quant != fp8_block",
-                fc1_activation == "gated_epilogue" and s.quant is not Quant.FP8_BLOCK, OURS)
+# W1 / b1 gate/up-interleaved in blocks of 8 features exactly when GEMM1 runs the gated epilogue at some token count
+# (a weight layout serves every count: a weight-only layer's activation kernel reads the interleaved order in the
+# other bands), but with block-128 scales (its decode kernel reads W1 stacked, gated_epilogue_block_decode above):
+# fc1_activation == gated_epilogue in some band and quant != fp8_block
+def w1_interleaved(s: MoESpec, fc1_activation: Sequence[str]) -> Gate:
+    return Gate("w1_gated_epilogue", f"{'/'.join(fc1_activation)} quant={s.quant.value}",
+                "fc1_activation == gated_epilogue (in some band) and quant != fp8_block",
+                "gated_epilogue" in fc1_activation and s.quant is not Quant.FP8_BLOCK, OURS)
 
 
 # 64 x 64 weight blocks are read only by the sm90 GEMMs (gemm_kernel == tma_warp_specialized)

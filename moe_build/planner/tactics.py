@@ -973,6 +973,7 @@ def _woq_tactic_problem(call: GemmCall, tactic: GemmTactic) -> str | None:
     cannot run `tactic`, or None."""
     if call.epilogue == "finalize" and tactic.kernel != "decode":
         return "the weight-only finalize epilogue runs on the decode kernel only"
+    gated_only = "the weight-only gated epilogue runs on the mixed-input wgmma tiles (woq128x*) only"
     if tactic.kernel == "wgmma":
         if tactic.tile in WOQ_WGMMA_TILES and not woq_mixed_input(call):
             return (f"wgmma {tactic.tile} (the mixed-input kernel) takes int4 or int8 weights in groups of 64 or 128 "
@@ -982,9 +983,13 @@ def _woq_tactic_problem(call: GemmCall, tactic: GemmTactic) -> str | None:
                     f"{call.n} makes {woq_weight_tiles(call)})")
         if tactic.tile in FP8_ONLY_TILES:
             return f"wgmma {tactic.tile} is the FP8 GEMM's tile"
+        if call.epilogue == "gated" and tactic.tile not in WOQ_WGMMA_TILES:
+            return gated_only
         if tactic.launch != "plain" or tactic.output_l2 != "plain":
             return "the dequantized weights' wgmma GEMM launches plainly, with plain outputs"
         return None
+    if call.epilogue == "gated":
+        return gated_only
     if tactic.kernel == "mma" and tactic.tile not in WOQ_MMA_TILES:
         return f"the weight-only mma kernel's tiles are {', '.join(WOQ_MMA_TILES)}"
     if tactic.launch == "placed" or tactic.output_l2 != "plain":

@@ -30,11 +30,15 @@ class FusedExperts:
     """
 
     def __init__(self, spec: MoESpec, weights: MoEWeights, kernels: ModuleType, weights_blocked: bool,
-                 woq_wgmma: tuple[str, ...] = (), *, fp8_accumulation: str) -> None:
+                 woq_wgmma: tuple[str, ...] = (), *, fp8_accumulation: str, w1_interleaved: bool = False) -> None:
         self.spec = spec
         self.w = weights
         self.k = kernels
         self.act = spec.activation.value
+        # W1 / b1 in the plan's interleaved order (w1_order): a weight-only layer's activation kernel then reads
+        # GEMM1's output in that order where its GEMM1 stores it (the bf16 and FP8 layers interleave only where no
+        # activation kernel runs)
+        self.w1_interleaved = w1_interleaved
         self.layout = kernels.WeightLayout.BLOCKED64 if weights_blocked else kernels.WeightLayout.ROW_MAJOR
         # One claim region per sm90 GEMM that may overlap the other (GEMM2 launches during GEMM1's tail): the
         # gated and finalize GEMMs then launch after a trigger, by placement (kernels.new_gemm_placement). A region
@@ -175,7 +179,7 @@ class FusedExperts:
         s = self.spec
         self.k.fc1_activation(b.v("fc1_out"), b.v("expert_offsets"), self.act, bias=self.w.b1,
                               swiglu_alpha=s.swiglu_alpha, swiglu_limit=s.swiglu_limit, prequant_scale=prequant_scale,
-                              out=b.v("fc1_act"), stream=b.stream)
+                              out=b.v("fc1_act"), stream=b.stream, gate_up_interleaved=self.w1_interleaved)
 
     # ---- FP8: GEMM inputs quantized where the plan says, e4m3 GEMMs -------------------------------
     def expand_rows_fp8(self, b: Batch) -> None:
@@ -330,6 +334,25 @@ class FusedExperts:
     def gemm1_woq_wgmma(self, b: Batch) -> None:
         self._woq_wgmma_gemm(b, "w1", b.v("permuted_input"), b.v("fc1_out"), b.gemm1_tactic)
 
+    def gemm1_woq_wgmma_gated(self, b: Batch) -> None:
+        """GEMM1 on the mixed-input wgmma kernel with the gated activation (+b1) in its epilogue, into fc1_act (W1
+        interleaved): no fc1_out round trip, no activation step."""
+        self._woq_wgmma_gated(b, None)
+
+    def gemm1_woq_wgmma_gated_prequant(self, b: Batch) -> None:
+        """gemm1_woq_wgmma_gated with GEMM2's AWQ pre-quant scale applied in the same epilogue (fc2_prequant=fused)."""
+        self._woq_wgmma_gated(b, self.w.woq.fc2_act_scale)
+
+    def _woq_wgmma_gated(self, b: Batch, prequant_scale: torch.Tensor | None) -> None:
+        q, s = self.w.woq, self.spec
+        scales, zeros = self.woq_wgmma_scales["w1"]
+        self.k.grouped_gemm_woq_sm90_gated(b.v("permuted_input"), q.w1, q.kind.value, scales, zeros,
+                                           b.v("expert_offsets"), self.woq_group, self.act, bias=self.w.b1,
+                                           prequant_scale=prequant_scale, swiglu_alpha=s.swiglu_alpha,
+                                           swiglu_limit=s.swiglu_limit, out=b.v("fc1_act"),
+                                           workspace=_opt(b, "gemm_workspace"), stream=b.stream,
+                                           tactic=b.gemm1_tactic)
+
     def gemm2_woq_wgmma(self, b: Batch) -> None:
         self._woq_wgmma_gemm(b, "w2", b.v("fc1_act"), b.v("gemm2_out"), b.gemm2_tactic)
 
@@ -414,7 +437,8 @@ class FusedExperts:
                                      swiglu_alpha=s.swiglu_alpha, swiglu_limit=s.swiglu_limit,
                                      prequant_scale=prequant_scale, out=self._digits(b, s.intermediate_size),
                                      group=self.woq_group, stream=b.stream,
-                                     fp8_static_scale=self.a2_scale if fp8 else None)
+                                     fp8_static_scale=self.a2_scale if fp8 else None,
+                                     gate_up_interleaved=self.w1_interleaved)
 
     def gemm2_woq_finalize(self, b: Batch) -> None:
         """GEMM2 on the decode kernel with the unpermute, top-k weighting (+b2) and reduction in its epilogue, into

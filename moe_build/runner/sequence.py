@@ -84,6 +84,11 @@ GEMM2_WOQ_FINALIZE = "gemm2:woq_finalize"  # mb_grouped_gemm_woq_finalize: the f
 GEMM1_WOQ_DENSE = "gemm1:woq_dense"
 GEMM2_WOQ_DENSE = "gemm2:woq_dense"
 GEMM1_WOQ_WGMMA = "gemm1:woq_wgmma"    # mb_grouped_gemm_woq_sm90 (the mixed-input kernel)
+# mb_grouped_gemm_woq_sm90_gated: the mixed-input GEMM1 with the gated activation in its epilogue (fc1_activation=
+# gated_epilogue, W1 interleaved), with the AWQ FC2 pre-quant scale applied there too (fc2_prequant=fused) or not
+GEMM1_WOQ_WGMMA_GATED = "gemm1:woq_wgmma_gated"
+GEMM1_WOQ_WGMMA_GATED_PREQUANT = "gemm1:woq_wgmma_gated_fc2_prequant"
+GEMM1_WOQ_WGMMA_STEPS = frozenset({GEMM1_WOQ_WGMMA, GEMM1_WOQ_WGMMA_GATED, GEMM1_WOQ_WGMMA_GATED_PREQUANT})
 GEMM2_WOQ_WGMMA = "gemm2:woq_wgmma"
 # a weight-only GEMM whose tactic is the decode kernel's digits tile: mb_grouped_gemm_woq (or its finalize form) on
 # its input rows' 8-bit digits in the workspace, which the kernel writing the rows made (token_digits=fused: the
@@ -200,9 +205,12 @@ def check_runnable(plan: Plan) -> None:
     if is_fp8(plan) and c["fc1_activation"] not in ("separate", "gated_epilogue"):
         raise MoeBuildError("fc1_activation", "the FP8 GEMM1 stores plainly or runs the gated epilogue",
                             ("separate", "gated_epilogue"))
-    if (is_weight_only(plan) or is_w4afp8(plan)) and c["fc1_activation"] != "separate":
-        raise MoeBuildError("fc1_activation", "the weight-only GEMM1s store plainly: the activation runs as a kernel "
-                            "of its own", "separate")
+    if is_w4afp8(plan) and c["fc1_activation"] != "separate":
+        raise MoeBuildError("fc1_activation", "W4AFP8's GEMM1s store plainly: the activation quantizing GEMM2's input "
+                            "runs as a kernel of its own", "separate")
+    if is_weight_only(plan) and c["fc1_activation"] not in ("separate", "gated_epilogue"):
+        raise MoeBuildError("fc1_activation", "the weight-only GEMM1s store plainly or run the mixed-input kernel's "
+                            "gated epilogue", ("separate", "gated_epilogue"))
     if c["expand_rows"] != "plain" and not (is_w4afp8(plan) or is_weight_only(plan)):
         raise MoeBuildError("expand_rows", "the AWQ pre-quant scale in the expansion belongs to W4AFP8 and W4A16 AWQ",
                             "plain")
@@ -346,7 +354,16 @@ def _weight_only_steps(plan: Plan, c: dict[str, str]) -> list[str]:
         steps.append(_DIGITS_EXPANSION[expand] if fused and digits1 else expand)
     if digits1 and not fused:
         steps.append(TOKEN_DIGITS_GEMM1)
-    steps.append(_woq_gemm_step(c["gemm1_tactic"], GEMM1_WOQ, GEMM1_WOQ_WGMMA, GEMM1_WOQ_DENSE, GEMM1_WOQ_DIGITS))
+    gemm1 = _woq_gemm_step(c["gemm1_tactic"], GEMM1_WOQ, GEMM1_WOQ_WGMMA, GEMM1_WOQ_DENSE, GEMM1_WOQ_DIGITS)
+    if c["fc1_activation"] == "gated_epilogue":  # the mixed-input GEMM1's band (rules.gated_epilogue_woq_mixed)
+        if gemm1 != GEMM1_WOQ_WGMMA:
+            raise MoeBuildError("gemm1_tactic", f"the weight-only gated epilogue is the mixed-input kernel's, not "
+                                f"{c['gemm1_tactic']}'s", "a woq128x* wgmma tile (or fc1_activation=separate)")
+        steps += [GEMM1_WOQ_WGMMA_GATED_PREQUANT] if c["fc2_prequant"] == "fused" else [GEMM1_WOQ_WGMMA_GATED]
+        steps += [FC2_PREQUANT] if c["fc2_prequant"] == "separate" else []
+        steps += [TOKEN_DIGITS_GEMM2] if digits2 else []
+        return steps + _woq_gemm2_steps(c, digits2) + _shared_experts(plan)
+    steps.append(gemm1)
     in_activation = fused and digits2  # the plan's digits_fc2_prequant gate: fc2_prequant is not separate
     if fp8:
         steps += _fp8_dequantized_gemm2_input(c, in_activation)
@@ -356,12 +373,15 @@ def _weight_only_steps(plan: Plan, c: dict[str, str]) -> list[str]:
                   "none": [FC1_ACTIVATION_DIGITS if in_activation else FC1_ACTIVATION]}[c["fc2_prequant"]]
     if digits2 and not fused:
         steps.append(TOKEN_DIGITS_GEMM2)
+    return steps + _woq_gemm2_steps(c, digits2) + _shared_experts(plan)
+
+
+def _woq_gemm2_steps(c: dict[str, str], digits: bool) -> list[str]:
+    """A weight-only layer's GEMM2 with the finalize in its epilogue (the decode kernel's, on token digits where
+    `digits`), or GEMM2 as its tactic says and the finalize."""
     if c["finalize"] == "fused":
-        steps.append(GEMM2_WOQ_DIGITS_FINALIZE if digits2 else GEMM2_WOQ_FINALIZE)
-    else:
-        steps += [_woq_gemm_step(c["gemm2_tactic"], GEMM2_WOQ, GEMM2_WOQ_WGMMA, GEMM2_WOQ_DENSE, GEMM2_WOQ_DIGITS),
-                  FINALIZE]
-    return steps + _shared_experts(plan)
+        return [GEMM2_WOQ_DIGITS_FINALIZE if digits else GEMM2_WOQ_FINALIZE]
+    return [_woq_gemm_step(c["gemm2_tactic"], GEMM2_WOQ, GEMM2_WOQ_WGMMA, GEMM2_WOQ_DENSE, GEMM2_WOQ_DIGITS), FINALIZE]
 
 
 # each 16-bit expansion's digits form (token_digits=fused, GEMM1 on the digits tile)

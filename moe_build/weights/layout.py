@@ -193,7 +193,8 @@ class MoEWeights:
     def gate_up_interleaved(self) -> "MoEWeights":
         """These weights with W1 / b1 in `interleave_gate_up`'s order (the sm90 gated epilogue's); FP8 W1's
         per-column scales (CHANNEL: fp8_channel_scales first) in the same order, as the epilogue reads one per
-        column. Block-128 scales cover 128 rows that the interleave splits: refused."""
+        column, and weight-only W1's codes, scales and zero points, whose rows are W1's (the packed codes run along
+        the input). Block-128 scales cover 128 rows that the interleave splits: refused."""
         f = self.fp8
         if f is not None and f.granularity is not ScaleGranularity.CHANNEL:
             raise ValueError(f"W1's {f.granularity.value} FP8 scales: the gate/up interleave needs one scale per "
@@ -203,8 +204,12 @@ class MoEWeights:
             w1 = interleave_gate_up(w1.view(torch.uint8)).view(FP8_DTYPE)
         else:
             w1 = interleave_gate_up(w1)
+        q = self.woq
+        if q is not None:  # w1 is the same tensor as woq.w1
+            q = replace(q, w1=w1, w1_scale=interleave_gate_up(q.w1_scale),
+                        w1_zero=None if q.w1_zero is None else interleave_gate_up(q.w1_zero))
         return replace(self, w1=w1, b1=None if self.b1 is None else interleave_gate_up(self.b1),
-                       fp8=None if f is None else replace(f, w1_scale=interleave_gate_up(f.w1_scale)))
+                       fp8=None if f is None else replace(f, w1_scale=interleave_gate_up(f.w1_scale)), woq=q)
 
     def blocked_64x64(self) -> "MoEWeights":
         """These weights with W1 and W2 stored in `block_64x64`'s layout (the sm90 GEMMs' fastest)."""

@@ -189,3 +189,22 @@ def test_mxfp4_digits_tile(base: MoESpec, token_digits: str, tokens: int) -> Non
     assert "gemm1:woq_digits" in steps and "gemm2:woq_digits" in steps
     assert ("token_digits:gemm1" in steps) == ("token_digits:gemm2" in steps) == (token_digits == "separate")
     check(base, mode, force, tokens)
+
+
+@pytest.mark.parametrize("mode", [MODES[0], MODES[1], MODES[3], MODES[4]],
+                         ids=[MODE_IDS[0], MODE_IDS[1], MODE_IDS[3], MODE_IDS[4]])
+@pytest.mark.parametrize("fc1_activation", ["gated_epilogue", "separate"])
+@pytest.mark.parametrize("tokens", [255, 1100])
+def test_gated_epilogue_band(mode: tuple, fc1_activation: str, tokens: int) -> None:
+    """int4 / int8 past decode: GEMM1 on the mixed-input wgmma kernel with the gated activation (and AWQ's FC2
+    pre-quant scale) in its epilogue over W1 interleaved, or, forced separate, the plain store of W1 interleaved read
+    back by the activation kernel in that order; the layer against fp64 either way. (The default plan has the gated
+    epilogue there; forcing it is refused, the decode band having none.)"""
+    from moe_build.runner import MoERunner
+    spec, weights = woq_case(BASE, mode, 0)
+    force = {} if fc1_activation == "gated_epilogue" else {"fc1_activation": fc1_activation}
+    steps = MoERunner(spec, weights, target=device_target(), max_tokens=tokens, force=force).kernel_sequence(tokens)
+    gated = "gemm1:woq_wgmma_gated" + ("_fc2_prequant" if mode[4] else "")
+    assert (gated in steps) == (fc1_activation == "gated_epilogue"), steps
+    assert ("gemm1:woq_wgmma" in steps) == (fc1_activation == "separate"), steps
+    check(BASE, mode, force, tokens)

@@ -1,7 +1,9 @@
 // FC1 activation over the permuted rows: out[p, :I] = act(in[p, :N1] + b1[expert(p)]) for p < off[E]
 // (rows past off[E] belong to experts on other nodes and are neither read nor written).
-// Gated activations read the gate from columns [0, I) and the up projection from [I, 2I). The
-// functions themselves are common/act_math.cuh's, shared with the GEMM epilogues.
+// Gated activations read the gate from columns [0, I) and the up projection from [I, 2I), or (gate_up_interleaved:
+// a weight-only GEMM1 on W1 interleaved for the mixed-input kernel's gated epilogue, the plan's w1_order) feature f's
+// gate from column 16 (f / 8) + f % 8 and its up projection 8 columns on (GatedColumns). The functions themselves are
+// common/act_math.cuh's, shared with the GEMM epilogues.
 // prequant_scale (AWQ's FC2 pre-quant scale) multiplies the result here so GEMM2's input is
 // written once. Threads move 16-byte vectors when the row length and pointers allow, else single
 // elements.
@@ -51,6 +53,16 @@ namespace {
 
 constexpr int kBatch = 4;         // vectors per lane in flight, of the gate and of the up half each
 
+// Where feature j's gate and up columns sit in a GEMM1 row (and in b1): stacked, j and inter + j; interleaved in blocks
+// of 8 (gemm/mma.cuh gated_row), 16 (j / 8) + j % 8 and 8 further on. A vector of up to 8 features starting at a
+// multiple of its width stays within one block either way.
+struct GatedColumns {
+  int64_t inter;
+  bool interleaved;
+  __device__ __forceinline__ int64_t gate(int64_t j) const { return interleaved ? (j >> 3) * 16 + (j & 7) : j; }
+  __device__ __forceinline__ int64_t up(int64_t j) const { return interleaved ? gate(j) + 8 : inter + j; }
+};
+
 // The expert owning permuted row p (the last x with off[x] <= p, as a binary search finds it),
 // searched by the whole warp: each round probes 32 evenly spaced offsets at once, so E <= 32 takes
 // one dependent load and E <= 1024 two, where a binary search takes log2(E) (7 L2 round trips at
@@ -96,7 +108,7 @@ __global__ void __launch_bounds__(mb::kStageThreads)
 fc1_activation_kernel(const T* __restrict__ in, const T* __restrict__ b1, const int64_t* __restrict__ off, int E,
                   int64_t max_rows, int inter, int vpl, int64_t chunks, float alpha, float limit,
                   const float* __restrict__ prequant_scale, const float* __restrict__ fp8_scale,
-                  T* __restrict__ out) {
+                  GatedColumns cols, T* __restrict__ out) {
   using R = mb::Raw<T, VEC>;
   constexpr bool kGated = mb::is_gated(ACT);
   const int64_t n1 = kGated ? 2 * static_cast<int64_t>(inter) : inter;
@@ -117,8 +129,8 @@ fc1_activation_kernel(const T* __restrict__ in, const T* __restrict__ b1, const 
       for (int i = 0; i < kBatch; ++i) {
         if (!mine(i)) continue;
         const int64_t j = (v0 + i * 32) * VEC;
-        gate[i] = *reinterpret_cast<const R*>(row + j);
-        if constexpr (kGated) up[i] = *reinterpret_cast<const R*>(row + inter + j);
+        gate[i] = *reinterpret_cast<const R*>(row + (kGated ? cols.gate(j) : j));
+        if constexpr (kGated) up[i] = *reinterpret_cast<const R*>(row + cols.up(j));
       }
       // The bias row is per expert and small (an L2/L1 hit): looked up while the row loads fly.
       const T* bias = b1 ? b1 + warp_expert_of(off, E, p) * n1 : nullptr;
@@ -134,8 +146,8 @@ fc1_activation_kernel(const T* __restrict__ in, const T* __restrict__ b1, const 
           if constexpr (kGated) x[k] = mb::raw_f32<T>(up[i], k);
         }
         if (bias) {
-          mb::load_f32<T, VEC>(bias + j, bg);
-          if constexpr (kGated) mb::load_f32<T, VEC>(bias + inter + j, bu);
+          mb::load_f32<T, VEC>(bias + (kGated ? cols.gate(j) : j), bg);
+          if constexpr (kGated) mb::load_f32<T, VEC>(bias + cols.up(j), bu);
         }
         activate<ACT, VEC>(g, x, bias != nullptr, bg, bu, alpha, limit, r);
         if constexpr (FP8) {
@@ -170,7 +182,7 @@ __global__ void __launch_bounds__(kDigitWarps * 32)
 fc1_activation_digits_kernel(const T* __restrict__ in, const T* __restrict__ b1, const int64_t* __restrict__ off,
                              int E, int64_t max_rows, int inter, float alpha, float limit,
                              const float* __restrict__ prequant_scale, const float* __restrict__ fp8_scale,
-                             mb::DigitOrder order, uint8_t* __restrict__ out) {
+                             GatedColumns cols, mb::DigitOrder order, uint8_t* __restrict__ out) {
   mb::chain_start();
   const float q8 = fp8_scale ? *fp8_scale : 1.0f, y8 = __frcp_rn(q8);
   constexpr bool kGated = mb::is_gated(ACT);
@@ -187,11 +199,11 @@ fc1_activation_digits_kernel(const T* __restrict__ in, const T* __restrict__ b1,
     float r[4] = {0.f, 0.f, 0.f, 0.f};  // zeros past a half group at the end of the row
     if (col < inter) {
       float g[4], x[4] = {0.f, 0.f, 0.f, 0.f}, bg[4], bu[4];
-      mb::load_f32<T, 4>(row + col, g);
-      if constexpr (kGated) mb::load_f32<T, 4>(row + inter + col, x);
+      mb::load_f32<T, 4>(row + (kGated ? cols.gate(col) : col), g);
+      if constexpr (kGated) mb::load_f32<T, 4>(row + cols.up(col), x);
       if (bias) {
-        mb::load_f32<T, 4>(bias + col, bg);
-        if constexpr (kGated) mb::load_f32<T, 4>(bias + inter + col, bu);
+        mb::load_f32<T, 4>(bias + (kGated ? cols.gate(col) : col), bg);
+        if constexpr (kGated) mb::load_f32<T, 4>(bias + cols.up(col), bu);
       }
       activate<ACT, 4>(g, x, bias != nullptr, bg, bu, alpha, limit, r);
       float s[4] = {1.0f, 1.0f, 1.0f, 1.0f};
@@ -589,6 +601,14 @@ mb_status check_arguments(const char* who, const int64_t* expert_first_token_off
   return MB_OK;
 }
 
+// gate_up_interleaved: a gated activation over whole blocks of 8 features.
+mb_status check_interleaved(const char* who, int inter, int activation, bool gate_up_interleaved) {
+  MB_REQUIRE(!gate_up_interleaved || (mb::is_gated(activation) && inter % 8 == 0),
+             "%s: gate_up_interleaved needs a gated activation and inter a multiple of 8 (activation %d, inter %d)",
+             who, activation, inter);
+  return MB_OK;
+}
+
 // Calls f(std::integral_constant<int, activation>{}) (activation checked by check_arguments).
 template <typename F>
 mb_status dispatch_activation(int activation, F&& f) {
@@ -606,10 +626,11 @@ mb_status dispatch_activation(int activation, F&& f) {
 // mb_fc1_activation, and with fp8_scale non-NULL mb_fc1_activation_fp8_dequantized.
 mb_status fc1_activation(const char* who, const void* in, int dtype, const void* b1,
                          const int64_t* expert_first_token_offset, int num_experts, int64_t max_rows, int inter,
-                         int activation, float swiglu_alpha, float swiglu_limit, const float* prequant_scale,
-                         const float* fp8_scale, void* out, cudaStream_t stream) {
+                         int activation, bool gate_up_interleaved, float swiglu_alpha, float swiglu_limit,
+                         const float* prequant_scale, const float* fp8_scale, void* out, cudaStream_t stream) {
   MB_TRY(check_arguments(who, expert_first_token_offset, num_experts, max_rows, inter, activation, swiglu_alpha,
                          swiglu_limit));
+  MB_TRY(check_interleaved(who, inter, activation, gate_up_interleaved));
   if (max_rows == 0) return mb::dispatch_dtype(dtype, who, [](auto) { return MB_OK; });
   MB_REQUIRE(in && out, "%s: in and out must be non-NULL", who);
 
@@ -626,7 +647,7 @@ mb_status fc1_activation(const char* who, const void* in, int dtype, const void*
       fc1_activation_kernel<T, ACT, VEC, FP8><<<shape.grid, mb::kStageThreads, 0, stream>>>(
           static_cast<const T*>(in), static_cast<const T*>(b1), expert_first_token_offset, num_experts, max_rows,
           inter, shape.vpl, shape.chunks, swiglu_alpha, swiglu_limit, prequant_scale, fp8_scale,
-          static_cast<T*>(out));
+          GatedColumns{inter, gate_up_interleaved}, static_cast<T*>(out));
       return mb::check_launch("fc1_activation_kernel");
     };
     auto widths = [&](auto act_const, auto fp8_const) {
@@ -688,10 +709,12 @@ mb_status fc1_activation_quantized(const char* who, const void* in, int dtype, c
 
 extern "C" mb_status mb_fc1_activation(const void* in, int dtype, const void* b1,
                                        const int64_t* expert_first_token_offset, int num_experts, int64_t max_rows,
-                                       int inter, int activation, float swiglu_alpha, float swiglu_limit,
-                                       const float* prequant_scale, void* out, cudaStream_t stream) {
+                                       int inter, int activation, int gate_up_interleaved, float swiglu_alpha,
+                                       float swiglu_limit, const float* prequant_scale, void* out,
+                                       cudaStream_t stream) {
   return fc1_activation("mb_fc1_activation", in, dtype, b1, expert_first_token_offset, num_experts, max_rows, inter,
-                        activation, swiglu_alpha, swiglu_limit, prequant_scale, nullptr, out, stream);
+                        activation, gate_up_interleaved != 0, swiglu_alpha, swiglu_limit, prequant_scale, nullptr,
+                        out, stream);
 }
 
 extern "C" mb_status mb_fc1_activation_fp8_dequantized(const void* in, int dtype, const void* b1,
@@ -705,7 +728,7 @@ extern "C" mb_status mb_fc1_activation_fp8_dequantized(const void* in, int dtype
                                           activation, swiglu_alpha, swiglu_limit, prequant_scale, nullptr, 0, out,
                                           nullptr, stream);
   return fc1_activation(who, in, dtype, b1, expert_first_token_offset, num_experts, max_rows, inter, activation,
-                        swiglu_alpha, swiglu_limit, prequant_scale, static_scale, out, stream);
+                        false, swiglu_alpha, swiglu_limit, prequant_scale, static_scale, out, stream);
 }
 
 extern "C" mb_status mb_fc1_activation_fp8(const void* in, int dtype, const void* b1,
@@ -721,13 +744,14 @@ extern "C" mb_status mb_fc1_activation_fp8(const void* in, int dtype, const void
 
 extern "C" mb_status mb_fc1_activation_digits(const void* in, int dtype, const void* b1,
                                               const int64_t* expert_first_token_offset, int num_experts,
-                                              int64_t max_rows, int inter, int activation, float swiglu_alpha,
-                                              float swiglu_limit, const float* prequant_scale,
-                                              const float* fp8_static_scale, int group, uint8_t* out,
-                                              cudaStream_t stream) {
+                                              int64_t max_rows, int inter, int activation,
+                                              int gate_up_interleaved, float swiglu_alpha, float swiglu_limit,
+                                              const float* prequant_scale, const float* fp8_static_scale, int group,
+                                              uint8_t* out, cudaStream_t stream) {
   const char* who = "mb_fc1_activation_digits";
   MB_TRY(check_arguments(who, expert_first_token_offset, num_experts, max_rows, inter, activation, swiglu_alpha,
                          swiglu_limit));
+  MB_TRY(check_interleaved(who, inter, activation, gate_up_interleaved != 0));
   MB_TRY(mb::check_digits_rows(who, "inter", inter, group, dtype));
   if (max_rows == 0) return MB_OK;
   MB_REQUIRE(in && out, "%s: in and out must be non-NULL", who);
@@ -742,7 +766,8 @@ extern "C" mb_status mb_fc1_activation_digits(const void* in, int dtype, const v
       return mb::check_launch("fc1_activation_digits_kernel", mb::launch_after_trigger(
           fc1_activation_digits_kernel<T, decltype(act_const)::value>, dim3(blocks), dim3(kDigitWarps * 32), stream,
           static_cast<const T*>(in), static_cast<const T*>(b1), expert_first_token_offset, num_experts, max_rows,
-          inter, swiglu_alpha, swiglu_limit, prequant_scale, fp8_static_scale, mb::digit_order(group), out));
+          inter, swiglu_alpha, swiglu_limit, prequant_scale, fp8_static_scale,
+          GatedColumns{inter, gate_up_interleaved != 0}, mb::digit_order(group), out));
     });
   };
   return dtype == MB_FP16 ? launch(__half{}) : launch(__nv_bfloat16{});

@@ -171,7 +171,8 @@ def expand_rows(input: torch.Tensor, unpermuted_to_permuted: torch.Tensor, topk_
 
 
 def _activation_args(input: torch.Tensor, offsets: torch.Tensor, activation: int | str | Activation,
-                     bias: torch.Tensor | None) -> tuple[Activation, torch.device, int, int]:
+                     bias: torch.Tensor | None, gate_up_interleaved: bool = False
+                     ) -> tuple[Activation, torch.device, int, int]:
     """The checks both activation wrappers make: (activation, device, rows, output width)."""
     act = Activation(_enum(activation, Activation, "activation"))
     _check(input, "input", (None, None))
@@ -179,6 +180,9 @@ def _activation_args(input: torch.Tensor, offsets: torch.Tensor, activation: int
     rows, n1 = input.shape
     if act.is_gated and n1 % 2:
         raise ValueError(f"input: gated activation {act.name.lower()} needs an even width, got {n1}")
+    if gate_up_interleaved and not (act.is_gated and n1 % 16 == 0):
+        raise ValueError(f"gate_up_interleaved: needs a gated activation and a width a multiple of 16 (blocks of 8 "
+                         f"features), got {act.name.lower()} at width {n1}")
     _check(offsets, "expert_first_token_offset", (None,), torch.int64, dev)
     e = offsets.shape[0] - 1
     if e < 1:
@@ -191,16 +195,18 @@ def _activation_args(input: torch.Tensor, offsets: torch.Tensor, activation: int
 def fc1_activation(input: torch.Tensor, expert_first_token_offset: torch.Tensor,
                activation: int | str | Activation, bias: torch.Tensor | None = None, swiglu_alpha: float = 1.0,
                swiglu_limit: float = math.inf, prequant_scale: torch.Tensor | None = None,
-               out: torch.Tensor | None = None, stream: int | torch.cuda.Stream | None = None
-               ) -> torch.Tensor:
-    """input [R, N1] (N1 = 2I for gated activations) -> out [R, I]; rows >= offsets[E] untouched."""
-    act, dev, rows, inter = _activation_args(input, expert_first_token_offset, activation, bias)
+               out: torch.Tensor | None = None, stream: int | torch.cuda.Stream | None = None, *,
+               gate_up_interleaved: bool = False) -> torch.Tensor:
+    """input [R, N1] (N1 = 2I for gated activations) -> out [R, I]; rows >= offsets[E] untouched.
+    gate_up_interleaved: input's and bias's columns in W1's interleaved order (interleave_gate_up's, I a multiple of
+    8), as a weight-only GEMM1 on W1 interleaved for the gated epilogue writes them."""
+    act, dev, rows, inter = _activation_args(input, expert_first_token_offset, activation, bias, gate_up_interleaved)
     e = expert_first_token_offset.shape[0] - 1
     pre = _prequant(prequant_scale, inter, dev)
     o = _out(out, "out", (rows, inter), input.dtype, dev)
     call("mb_fc1_activation", input.data_ptr(), _dtype_code(input, "input"), _ptr(bias),
-          expert_first_token_offset.data_ptr(), e, rows, inter, int(act), swiglu_alpha, swiglu_limit,
-          pre, o.data_ptr(), _stream(stream, dev))
+          expert_first_token_offset.data_ptr(), e, rows, inter, int(act), int(gate_up_interleaved), swiglu_alpha,
+          swiglu_limit, pre, o.data_ptr(), _stream(stream, dev))
     return o
 
 

@@ -84,20 +84,21 @@ def fc1_activation_digits(input: torch.Tensor, expert_first_token_offset: torch.
                           swiglu_alpha: float = 1.0, swiglu_limit: float = math.inf,
                           prequant_scale: torch.Tensor | None = None, out: torch.Tensor | None = None,
                           group: int = 128, stream: int | torch.cuda.Stream | None = None, *,
-                          fp8_static_scale: torch.Tensor | None = None) -> torch.Tensor:
+                          fp8_static_scale: torch.Tensor | None = None,
+                          gate_up_interleaved: bool = False) -> torch.Tensor:
     """fc1_activation writing GEMM2's input as token digits for GEMM2's weight `group` (token_digits'): input
     [R, N1] -> out uint8 [R, ceil(I / 128), 400], the bytes of fc1_activation then token_digits for the rows below
     offsets[E] (stages/fc1_activation.cu). fp8_static_scale (W4AFP8's): the digits of the rows
-    fc1_activation_fp8_dequantized writes instead."""
-    act, dev, rows, inter = _activation_args(input, expert_first_token_offset, activation, bias)
+    fc1_activation_fp8_dequantized writes instead. gate_up_interleaved as fc1_activation's."""
+    act, dev, rows, inter = _activation_args(input, expert_first_token_offset, activation, bias, gate_up_interleaved)
     width = _digits_width(inter, group, "input: the activation's width")
     e = expert_first_token_offset.shape[0] - 1
     pre = _prequant(prequant_scale, inter, dev)
     fp8 = _fp8_static(fp8_static_scale, dev)
     o = _out(out, "out", (rows, width, DIGITS_GROUP_BYTES), torch.uint8, dev)
     call("mb_fc1_activation_digits", input.data_ptr(), _dtype_code(input, "input"), _ptr(bias),
-         expert_first_token_offset.data_ptr(), e, rows, inter, int(act), swiglu_alpha, swiglu_limit,
-         pre, fp8, group, o.data_ptr(), _stream(stream, dev))
+         expert_first_token_offset.data_ptr(), e, rows, inter, int(act), int(gate_up_interleaved), swiglu_alpha,
+         swiglu_limit, pre, fp8, group, o.data_ptr(), _stream(stream, dev))
     return o
 
 
@@ -182,14 +183,10 @@ def grouped_gemm_woq_sm90_workspace_bytes(num_experts: int) -> int:
     return int(load_library().mb_grouped_gemm_woq_sm90_workspace(num_experts))
 
 
-def grouped_gemm_woq_sm90(a: torch.Tensor, b: torch.Tensor, kind: int | str | WoqKind, scales: torch.Tensor,
-                          zeros: torch.Tensor | None, expert_first_token_offset: torch.Tensor, group: int,
-                          c: torch.Tensor | None = None, workspace: torch.Tensor | None = None,
-                          stream: int | torch.cuda.Stream | None = None, *, tactic: GemmTactic | str) -> torch.Tensor:
-    """grouped_gemm_woq's C = A @ dequant(B[x])^T on wgmma (compute capability 9.0; a wgmma tactic on a woq tile,
-    tactics.WOQ_WGMMA_TILES): the weights converted in registers by CUTLASS's mixed-input mainloop. A [R, k] bf16/fp16, B
-    int4 ([E, n, k/2] uint8) or int8 ([E, n, k]); scales in A's dtype, MN-major [E, groups, n]; int4 zeros the same,
-    holding (8 - z) * s (moe_build/weights/woq.py's wgmma_scales writes both) -> C [R, n]."""
+def _woq_sm90_args(a: torch.Tensor, b: torch.Tensor, kind: int | str | WoqKind, scales: torch.Tensor,
+                   zeros: torch.Tensor | None, offsets: torch.Tensor, group: int
+                   ) -> tuple[torch.device, int, int, int, int, WoqKind]:
+    """The checks both mixed-input wgmma wrappers make: (device, rows, k, experts, n, kind)."""
     _check(a, "A", (None, None))
     dev, rows, k = a.device, a.shape[0], a.shape[1]
     mode = WoqKind(_enum(kind, WoqKind, "kind"))
@@ -198,17 +195,59 @@ def grouped_gemm_woq_sm90(a: torch.Tensor, b: torch.Tensor, kind: int | str | Wo
     packed = mode is WoqKind.INT4
     _check(b, "B", (None, None, k // 2 if packed else k), torch.uint8 if packed else torch.int8, dev)
     e, n = b.shape[0], b.shape[1]
-    _check(expert_first_token_offset, "expert_first_token_offset", (e + 1,), torch.int64, dev)
+    _check(offsets, "expert_first_token_offset", (e + 1,), torch.int64, dev)
     groups = k // group if group > 0 else 1
     _check(scales, "scales", (e, groups, n), a.dtype, dev)
     if zeros is not None:
         _check(zeros, "zeros", (e, groups, n), a.dtype, dev)
+    return dev, rows, k, e, n, mode
+
+
+def grouped_gemm_woq_sm90(a: torch.Tensor, b: torch.Tensor, kind: int | str | WoqKind, scales: torch.Tensor,
+                          zeros: torch.Tensor | None, expert_first_token_offset: torch.Tensor, group: int,
+                          c: torch.Tensor | None = None, workspace: torch.Tensor | None = None,
+                          stream: int | torch.cuda.Stream | None = None, *, tactic: GemmTactic | str) -> torch.Tensor:
+    """grouped_gemm_woq's C = A @ dequant(B[x])^T on wgmma (compute capability 9.0; a wgmma tactic on a woq tile,
+    tactics.WOQ_WGMMA_TILES): the weights converted in registers by CUTLASS's mixed-input mainloop. A [R, k] bf16/fp16, B
+    int4 ([E, n, k/2] uint8) or int8 ([E, n, k]); scales in A's dtype, MN-major [E, groups, n]; int4 zeros the same,
+    holding (8 - z) * s (moe_build/weights/woq.py's wgmma_scales writes both) -> C [R, n]."""
+    dev, rows, k, e, n, mode = _woq_sm90_args(a, b, kind, scales, zeros, expert_first_token_offset, group)
     out = _out(c, "C", (rows, n), a.dtype, dev)
     ws, ws_bytes = _workspace(workspace, lambda: grouped_gemm_woq_sm90_workspace_bytes(e), dev)
     call("mb_grouped_gemm_woq_sm90", a.data_ptr(), b.data_ptr(), int(mode), scales.data_ptr(), _ptr(zeros), group,
          out.data_ptr(), expert_first_token_offset.data_ptr(), e, rows, n, k, _dtype_code(out, "C"),
          tactic_struct(tactic), ws, ws_bytes, _stream(stream, dev))
     return out
+
+
+def grouped_gemm_woq_sm90_gated(a: torch.Tensor, b: torch.Tensor, kind: int | str | WoqKind, scales: torch.Tensor,
+                                zeros: torch.Tensor | None, expert_first_token_offset: torch.Tensor, group: int,
+                                activation: int | str | Activation, bias: torch.Tensor | None = None,
+                                prequant_scale: torch.Tensor | None = None, swiglu_alpha: float = 1.0,
+                                swiglu_limit: float = math.inf, out: torch.Tensor | None = None,
+                                workspace: torch.Tensor | None = None,
+                                stream: int | torch.cuda.Stream | None = None, *,
+                                tactic: GemmTactic | str) -> torch.Tensor:
+    """GEMM1 on grouped_gemm_woq_sm90's kernel with the gated activation in its epilogue: out [R, I] = act(gate + bg,
+    up + bu) (* prequant_scale) for W1 (b, scales, zeros) and bias [E, 2I] in interleave_gate_up's order (I a multiple
+    of 8), each feature's gate and up products never stored. prequant_scale fp32 [I] (AWQ's FC2 pre-quant scale) or
+    None; the rest as grouped_gemm_woq_sm90's."""
+    act = Activation(_enum(activation, Activation, "activation"))
+    if not act.is_gated:
+        raise ValueError(f"activation: the gated epilogue takes a gated activation, got {act.name.lower()}")
+    dev, rows, k, e, n, mode = _woq_sm90_args(a, b, kind, scales, zeros, expert_first_token_offset, group)
+    if n % 16:
+        raise ValueError(f"B: W1's rows (2I) must be a multiple of 16 (blocks of 8 features), got {n}")
+    if bias is not None:
+        _check(bias, "bias", (e, n), a.dtype, dev)
+    pre = _prequant(prequant_scale, n // 2, dev)
+    o = _out(out, "out", (rows, n // 2), a.dtype, dev)
+    ws, ws_bytes = _workspace(workspace, lambda: grouped_gemm_woq_sm90_workspace_bytes(e), dev)
+    call("mb_grouped_gemm_woq_sm90_gated", a.data_ptr(), b.data_ptr(), int(mode), scales.data_ptr(), _ptr(zeros),
+         group, _ptr(bias), pre, int(act), swiglu_alpha, swiglu_limit, o.data_ptr(),
+         expert_first_token_offset.data_ptr(), e, rows, n // 2, k, _dtype_code(o, "out"), tactic_struct(tactic), ws,
+         ws_bytes, _stream(stream, dev))
+    return o
 
 
 def woq_dequantize(b: torch.Tensor, kind: int | str | WoqKind, scales: torch.Tensor, group: int,

@@ -1,0 +1,145 @@
+"""The weight-only GEMM1 on wgmma with the gated activation in its epilogue (mb_grouped_gemm_woq_sm90_gated) against
+an fp64 reference, on a compute capability 9.0 GPU.
+
+Operands as tests/gpu/test_woq_gemm.case makes them (fresh random packed weights, the reference dequantizing them
+exactly in fp64) for W1 stacked [gate; up] as a checkpoint stores it; the kernel gets W1, its scales, zero points and
+bias interleaved in blocks of 8 (moe_build.weights.interleave_gate_up, as the runner stores them), the reference the
+stacked product through moe_build.reference.activate's fp64 activation, times the FC2 pre-quant scale where given.
+Outputs poisoned with NaN: every row of an expert written, rows past the last expert untouched.
+
+Error bound, per output element: |y - p act(g, u)| <= p (2^-7 |act| + 1.2 (|u| + 1) e_g + (|g| + 1) e_u), with p
+the pre-quant scale (1 without), e_g and e_u the plain store's bound on the gate and up values
+(tests/gpu/test_woq_wgmma.py: 2^-7 (|v| + S) + 2^-8 M) and the activation's slopes as
+tests/gpu/test_fp8_gemm_gated.py states them. The epilogue keeps gate and up in fp32, so the bound is loose, yet a
+swapped gate and up, a wrong interleave, a missing scale or bias put errors of the order of |act| itself on most
+elements.
+"""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from test_woq_gemm import case  # noqa: E402
+from test_woq_wgmma import TILES, term_magnitude  # noqa: E402
+
+from moe_build import kernels as K  # noqa: E402
+from moe_build.reference import activate  # noqa: E402
+from moe_build.spec import Activation, MoESpec  # noqa: E402
+from moe_build.weights import interleave_gate_up  # noqa: E402
+from moe_build.weights.woq import WoqKind, wgmma_scales  # noqa: E402
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                                 reason="needs a compute capability 9.0 GPU (scripts/device_run.sh runs these on one)")]
+
+
+def run(kind: WoqKind, counts: list[int], inter: int, k: int, group: int, zeros: bool, tile: str,
+        activation: str = "swiglu", bias: bool = False, prequant: bool = False,
+        dtype: torch.dtype = torch.bfloat16) -> None:
+    seed = random.SystemRandom().randrange(1 << 30)
+    n = 2 * inter
+    dev, full, mag, used = case(kind, counts, n, k, group, zeros, bias, dtype, seed)
+    inter_zeros = None if dev["zeros"] is None else interleave_gate_up(dev["zeros"])
+    s, zs = wgmma_scales(kind, interleave_gate_up(dev["scales"]), inter_zeros, dtype)
+    b1 = None if dev["bias"] is None else interleave_gate_up(dev["bias"])
+    spec = MoESpec(hidden_size=k, intermediate_size=inter, num_experts=len(counts), top_k=1,
+                   activation=Activation(activation))
+    pre = torch.rand(inter, device="cuda") * 2 + 0.25 if prequant else None
+    out = torch.full((full.shape[0], inter), float("nan"), dtype=dtype, device="cuda")
+    args = (dev["a"], interleave_gate_up(dev["b"]), kind.value, s, zs, dev["off"], group, activation)
+    kw = dict(bias=b1, prequant_scale=pre, swiglu_alpha=spec.swiglu_alpha, swiglu_limit=spec.swiglu_limit, out=out,
+              tactic=f"wgmma:{tile}:plain:plain")
+    where = (f"(seed {seed}, {kind.value}, counts {counts}, I {inter}, k {k}, group {group}, zeros {zeros}, {tile}, "
+             f"{activation}, bias {bias}, prequant {prequant}, {dtype})")
+    if tile == "woq128x320c2" and -(-n // 128) % 2:  # its 2x1 clusters take the 128-row weight tiles in pairs
+        with pytest.raises(K.KernelError, match="even count of 128-row weight tiles"):
+            K.grouped_gemm_woq_sm90_gated(*args, **kw)
+        torch.cuda.synchronize()
+        assert torch.isnan(out).all(), f"a refused call wrote its output {where}"
+        return
+    K.grouped_gemm_woq_sm90_gated(*args, **kw)
+    torch.cuda.synchronize()
+    got = out.double().cpu()
+    assert torch.isfinite(got[:used]).all(), f"unwritten rows {where}"
+    assert torch.isnan(got[used:]).all(), f"rows past the last expert written {where}"
+    terms = term_magnitude(dev, counts, full.shape[0], group) if kind is WoqKind.INT4 else torch.zeros_like(full)
+    err_v = (2.0 ** -7 * (full.abs() + mag) + 2.0 ** -8 * terms)[:used]
+    g, u = full[:used, :inter], full[:used, inter:]
+    e_g, e_u = err_v[:, :inter], err_v[:, inter:]
+    act = activate(spec, full[:used])
+    p = torch.ones(inter, dtype=torch.float64) if pre is None else pre.double().cpu()
+    ref = act * p
+    bound = p * (2.0 ** -7 * act.abs() + 1.2 * (u.abs() + 1) * e_g + (g.abs() + 1) * e_u) + 1e-30
+    worst = float(((got[:used] - ref).abs() / bound).max()) if used else 0.0
+    assert worst <= 1.0, f"error {worst:.2f}x the bound {where}"
+
+
+COUNTS = [[1], [3, 0, 5, 70], [9, 0, 130, 1, 700, 64], [40] * 40, [320, 321, 0, 640, 959]]
+COUNT_IDS = ["1", "3-0-5-70", "9-0-130-1-700-64", "40x40", "320-321-0-640-959"]
+
+
+@pytest.mark.parametrize("tile", TILES)
+@pytest.mark.parametrize("counts", COUNTS, ids=COUNT_IDS)
+@pytest.mark.parametrize("group, zeros", [(64, True), (128, False), (0, True)])
+def test_int4_against_fp64(tile: str, counts: list[int], group: int, zeros: bool) -> None:
+    run(WoqKind.INT4, counts, 128, 512, group, zeros, tile)
+
+
+@pytest.mark.parametrize("tile", TILES)
+@pytest.mark.parametrize("activation", ["swiglu", "geglu", "swiglu_clamp"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_int8_activations_bias_and_prequant(tile: str, activation: str, dtype: torch.dtype) -> None:
+    run(WoqKind.INT8, [3, 0, 130, 70], 384, 768, 128, False, tile, activation, bias=True, prequant=True, dtype=dtype)
+
+
+@pytest.mark.parametrize("tile", TILES)
+@pytest.mark.parametrize("inter, k", [(1440, 2880), (136, 512), (768, 2048), (1408, 2048)])
+@pytest.mark.parametrize("prequant", [False, True])
+def test_int4_shapes_off_tile_multiples(tile: str, inter: int, k: int, prequant: bool) -> None:
+    """2I off a multiple of 128 (GPT-OSS's 2880, 272): the last weight tile's rows past 2I read zeros and store
+    nothing; AWQ's FC2 pre-quant scale in the same epilogue."""
+    run(WoqKind.INT4, [17, 0, 200, 5], inter, k, 64 if k % 128 else 128, True, tile, "swiglu", bias=True,
+        prequant=prequant, dtype=torch.float16 if inter == 136 else torch.bfloat16)
+
+
+def test_refusals() -> None:
+    """A plain activation, 2I off a multiple of 16, MXFP4 and a pre-quant scale of the wrong size are refused in one
+    line, nothing launched."""
+    dev, _, _, _ = case(WoqKind.INT4, [4], 256, 512, 128, True, False, torch.bfloat16, 1)
+    s, zs = wgmma_scales(WoqKind.INT4, dev["scales"], dev["zeros"], torch.bfloat16)
+    t = "wgmma:woq128x64:plain:plain"
+    with pytest.raises(ValueError, match="gated activation"):
+        K.grouped_gemm_woq_sm90_gated(dev["a"], dev["b"], "int4", s, zs, dev["off"], 128, "gelu", tactic=t)
+    with pytest.raises(ValueError, match="mxfp4"):
+        K.grouped_gemm_woq_sm90_gated(dev["a"], dev["b"], "mxfp4", s, zs, dev["off"], 128, "swiglu", tactic=t)
+    with pytest.raises(ValueError, match="prequant"):
+        K.grouped_gemm_woq_sm90_gated(dev["a"], dev["b"], "int4", s, zs, dev["off"], 128, "swiglu",
+                                      prequant_scale=torch.ones(100, device="cuda"), tactic=t)
+    odd, _, _, _ = case(WoqKind.INT4, [4], 264, 512, 128, True, False, torch.bfloat16, 2)
+    s, zs = wgmma_scales(WoqKind.INT4, odd["scales"], odd["zeros"], torch.bfloat16)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        K.grouped_gemm_woq_sm90_gated(odd["a"], odd["b"], "int4", s, zs, odd["off"], 128, "swiglu", tactic=t)
+
+
+@pytest.mark.parametrize("digits", [False, True], ids=["rows", "digits"])
+@pytest.mark.parametrize("act", [a for a in K.Activation if a.is_gated], ids=lambda a: a.name.lower())
+def test_activation_reads_gate_up_interleaved(act: K.Activation, digits: bool) -> None:
+    """fc1_activation / fc1_activation_digits told gate_up_interleaved give, on GEMM1's output and bias in the
+    interleaved order, the bytes they give on the same values stacked (which tests/gpu/test_stage_kernels.py and
+    test_token_digits.py check against fp64)."""
+    e, rows, filled, inter = 8, 300, 280, 1408
+    cuts = torch.sort(torch.randint(0, filled + 1, (e - 1,))).values
+    off = torch.cat([torch.zeros(1, dtype=torch.int64), cuts, torch.tensor([filled])]).cuda()
+    x = (torch.randn(rows, 2 * inter, device="cuda") * 3).to(torch.bfloat16)
+    b = (torch.randn(e, 2 * inter, device="cuda") * 0.5).to(torch.bfloat16)
+    s = torch.rand(inter, device="cuda") + 0.5
+    x_in = interleave_gate_up(x.t().unsqueeze(0))[0].t().contiguous()  # the columns in W1's interleaved order
+    fn = K.fc1_activation_digits if digits else K.fc1_activation
+    stacked = fn(x, off, act, b, 1.702, 7.0, s)
+    inter_out = fn(x_in, off, act, interleave_gate_up(b), 1.702, 7.0, s, gate_up_interleaved=True)
+    torch.cuda.synchronize()
+    assert torch.equal(stacked[:filled], inter_out[:filled]), "the interleaved read differs from the stacked one"
+    with pytest.raises(ValueError, match="gate_up_interleaved"):
+        fn(x[:, :2 * inter - 8].contiguous(), off, act, gate_up_interleaved=True)
