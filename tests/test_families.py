@@ -194,6 +194,8 @@ CASES: dict[str, Case] = {
                                                          num_hidden_layers=2, first_k_dense_replace=1, n_group=4,
                                                          topk_group=2)),
     "mimo_v2_flash": Case(_ds(t.MiMoV2FlashConfig, head_dim=16)),
+    "minicpm5_moe": Case(_ds(t.MiniCPM5MoeConfig, head_dim=16, n_shared_experts=2, routed_scaling_factor=1.5)),
+    "param2moe": Case(_ds(t.Param2MoeConfig, head_dim=16, n_group=4, topk_group=2)),
     "exaone_moe": Case(lambda: t.ExaoneMoeConfig(**_A, intermediate_size=40, **_MOE, num_experts=E,
                                                  num_hidden_layers=2, head_dim=16, num_shared_experts=2)),
     "beam": Case(lambda: t.BeamConfig(**_A, intermediate_size=40, **_MOE, num_experts=E, num_hidden_layers=4,
@@ -390,6 +392,8 @@ def _dict(name: str, **changes: Any) -> dict[str, Any]:
     (_dict("qwen3_5_moe", num_experts_per_tok=9), "text_config.num_experts_per_tok"),
     (_dict("dbrx", ffn_config={"ffn_hidden_size": I, "moe_num_experts": E, "moe_top_k": 9}), "ffn_config.moe_top_k"),
     (_dict("glm4_moe", scoring_func="softmax"), "scoring_func"),
+    (_dict("param2moe", score_function="softmax"), "score_function"),
+    (_dict("param2moe", moe_shared_expert_intermediate_size=I), "moe_shared_expert_intermediate_size"),
     ({"model_type": "qwen3_vl_moe"}, "text_config"),
     (_dict("step3p7", swiglu_limits=[0.0, 7.0]), "text_config.swiglu_limits"),
     (_dict("step3p7", swiglu_limits_shared=[None, 16.0]), "text_config.swiglu_limits_shared"),
@@ -402,10 +406,14 @@ def test_supported_family_refuses_what_it_cannot_express(config: dict[str, Any],
 
 def test_what_a_supported_family_accepts() -> None:
     """Released HunYuan configs spell some keys per layer (equal entries are one value); a Step clamp on a
-    dense layer does not touch the MoE layers."""
+    dense layer does not touch the MoE layers; Param2's released router keys that agree with transformers' port."""
     spec = spec_from_hf_config(_dict("hunyuan_v1_moe", moe_topk=[3], moe_intermediate_size=[I], num_shared_expert=[1]))
     assert (spec.top_k, spec.intermediate_size, spec.shared.intermediate_size) == (3, I, I)
     assert spec_from_hf_config(_dict("step3p7", swiglu_limits=[7.0, None], swiglu_limits_shared=[16.0, 0])).shared.count
+    # without the correction bias, Param2's released code routes by the sigmoid scores alone
+    spec = spec_from_hf_config(_dict("param2moe", score_function="sigmoid", moe_shared_expert_intermediate_size=2 * I))
+    assert spec.routing.correction_bias and spec.shared.intermediate_size == 2 * I
+    assert not spec_from_hf_config(_dict("param2moe", moe_router_enable_expert_bias=False)).routing.correction_bias
 
 
 # ---- refused families ---------------------------------------------------------------------------------------

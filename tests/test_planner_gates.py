@@ -102,10 +102,14 @@ ROWS: list[tuple[str, str, dict, dict, int | None, dict, set[str], dict[str, str
     ("gated_epilogue_swiglu_clamp", "hopper", {"activation": "swiglu_clamp"}, {}, None, {},
      {"fused_gated_activation"}, {}),
     # ... and on the weight-only mixed-input wgmma GEMM1, which Mixtral's W4A16 layer runs from 64 tokens (16 rows
-    # an expert; the decode kernel below, whose GEMM1 the activation kernel reads)
+    # an expert; the decode kernel below, whose GEMM1 the activation kernel reads); its GEMM2 takes the finalize there
+    # as the decode kernel does at 1 token
     ("gated_epilogue_woq_mixed_input", "hopper_awq", {}, {}, 64, {},
-     {"gated_epilogue_woq_mixed_input", "finalize_tactic_rows"},
-     {"fc1_activation": "gated_epilogue", "finalize": "separate"}),
+     {"gated_epilogue_woq_mixed_input"}, {"fc1_activation": "gated_epilogue"}),
+    # the weight-only finalize in the decode and mixed-input kernels' epilogues only: in groups of 32 GEMM2 leaves the
+    # decode kernel for the mma tiles
+    ("finalize_woq_not_mixed_input", "hopper_awq", {"quant_group_size": 32}, {}, 64, {},
+     {"finalize_tactic_rows"}, {"finalize": "separate"}),
     # W4A16 AWQ with stored scales: moe-build's 16-bit expansion scales the rows it copies (the seed fuses the scale
     # into the expansion for W4AFP8 only); neither holds without the scales
     ("use_awq", "hopper_awq", {"quant": Quant.W8A16}, {}, None, {},

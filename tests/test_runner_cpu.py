@@ -395,16 +395,24 @@ def test_weight_only_plans_run_the_woq_gemms_and_the_awq_steps_the_plan_names(qu
 
 @pytest.mark.parametrize("quant", [Quant.W4A16_AWQ, Quant.W8A16, Quant.W4AFP8])
 def test_weight_only_plans_fuse_the_finalize_into_the_decode_gemm2(quant: Quant) -> None:
-    """The weight-only finalize epilogue is the decode kernel's (mb_grouped_gemm_woq_finalize): fused within the
-    decode band (8 average rows per expert) where the 16-bit rule's small-call or wide-expert clause holds, into the
-    output the expansion (or the three-step prologue) zeroes; separate past it and between. WFP4A16 never (the
-    seed's !use_wfp4a16). Forced fused, GEMM2 keeps the decode kernel at every count; a non-decode GEMM2 tactic
-    with it is refused."""
+    """The weight-only finalize epilogue is the decode kernel's (mb_grouped_gemm_woq_finalize) and the mixed-input
+    wgmma kernel's (mb_grouped_gemm_woq_sm90_finalize): fused within the decode band (8 average rows per expert) where
+    the 16-bit rule's small-call or wide-expert clause holds, and where GEMM2 runs the mixed-input kernel up to 48
+    rows per expert, into the output the expansion (or the three-step prologue) zeroes; separate between (and on int4's
+    staged decode tile, to 12 rows) and past 48 rows. WFP4A16 never (the seed's !use_wfp4a16). Forced fused, GEMM2
+    keeps the decode kernel where the mixed-input one does not run; an mma GEMM2 tactic with it is refused."""
     spec = dataclasses.replace(SWIGLU_64E, quant=quant, quant_prequant_scales=quant is not Quant.W8A16,
                                act_scale=ActScale.STATIC if quant is Quant.W4AFP8 else ActScale.DYNAMIC)
     plan = make_plan(spec, H100, tokens=16)
-    # 64 experts, top-2: tokens * 2 <= 32 up to 16 tokens; the decode band to 256 tokens (8 rows per expert)
-    assert [b.to_list() for b in plan.stage("finalize").bands] == [[1, 16, "fused"], [17, None, "separate"]]
+    # 64 experts, top-2: tokens * 2 <= 32 up to 16 tokens; the decode band to 256 tokens (8 rows per expert), int4's
+    # staged tile to 384 (12 rows), the mixed-input kernel past it, its finalize to 1536 (48 rows)
+    last_decode = 256 if quant is Quant.W8A16 else 384
+    assert [b.to_list() for b in plan.stage("finalize").bands] == [[1, 16, "fused"], [17, last_decode, "separate"],
+                                                                   [last_decode + 1, 1536, "fused"],
+                                                                   [1537, None, "separate"]]
+    assert plan.choices(last_decode)["gemm2_tactic"].startswith("decode:")
+    assert plan.choices(last_decode + 1)["gemm2_tactic"].startswith("wgmma:woq128x")
+    assert kernel_sequence(plan, last_decode + 1)[-1] == "gemm2:woq_wgmma_finalize"
     # the int4 GEMM2s take the digits tile at these 1-2 rows per expert (tactics.woq_digits_rule)
     gemm2 = "gemm2:woq" if quant is Quant.W8A16 else "gemm2:woq_digits"
     # (and their GEMM1 too: the expansion writes the token digits, token_digits=fused)
@@ -421,13 +429,20 @@ def test_weight_only_plans_fuse_the_finalize_into_the_decode_gemm2(quant: Quant)
         assert kernel_sequence(plain, 16, "topk")[1] == "expand_rows:16bit+zero_output"
         assert "expanded_input" in workspace_layout(spec, steps_up_to(plain, 16), 16)
     wide = make_plan(dataclasses.replace(spec, intermediate_size=2048), H100, tokens=16)  # fused to 8 rows/expert
-    assert [b.to_list() for b in wide.stage("finalize").bands] == [[1, 256, "fused"], [257, None, "separate"]]
+    assert [b.to_list() for b in wide.stage("finalize").bands] == (
+        [[1, 1536, "fused"], [1537, None, "separate"]] if quant is Quant.W8A16 else
+        [[1, 256, "fused"], [257, 384, "separate"], [385, 1536, "fused"], [1537, None, "separate"]])
     forced = make_plan(spec, H100, tokens=4096, force={"finalize": "fused"})
-    assert forced.choices(4096)["gemm2_tactic"].startswith("decode:")
+    assert forced.choices(200)["gemm2_tactic"].startswith("decode:")  # in the plan's separate band
+    assert forced.choices(4096)["gemm2_tactic"].startswith("wgmma:woq128x")
     assert kernel_sequence(forced, 4096)[2] == "routing_prologue:three_step+zero_output"
-    assert kernel_sequence(forced, 4096)[-1] == f"{gemm2.replace('_digits', '')}_finalize"  # 128 rows per expert
-    with pytest.raises(MoeBuildError, match="finalize epilogue runs on the decode kernel only"):
+    assert kernel_sequence(forced, 4096)[-1] == "gemm2:woq_wgmma_finalize"  # 128 rows per expert
+    assert kernel_sequence(forced, 200)[-1] == f"{gemm2.replace('_digits', '')}_finalize"
+    with pytest.raises(MoeBuildError, match="finalize epilogue runs on the decode kernel and the mixed-input"):
         make_plan(spec, H100, tokens=16, force={"finalize": "fused", "gemm2_tactic": "mma:64x128:plain:plain"})
+    in_groups_of_32 = make_plan(dataclasses.replace(spec, quant_group_size=32), H100, tokens=4096,
+                                force={"finalize": "fused"})
+    assert in_groups_of_32.choices(4096)["gemm2_tactic"].startswith("decode:")  # no mixed-input kernel for them
     if quant is Quant.W4A16_AWQ:
         mxfp4 = make_plan(dataclasses.replace(spec, quant=Quant.WFP4A16, quant_prequant_scales=False), H100, 16)
         assert mxfp4.stage("finalize").choice == "separate"
@@ -750,7 +765,8 @@ def test_each_stream_gets_its_own_gemm_placement_regions() -> None:
 def test_weight_only_plans_take_the_mixed_input_gemm_past_decode(quant: Quant) -> None:
     """On sm90, int4 / int8 weights (groups of 128 here) run the decode kernel to 8 rows per expert (int4 on the
     staged tile to 12) and the mixed-input wgmma GEMM past it, GEMM1 with the gated activation in its epilogue (steps
-    gemm1:woq_wgmma_gated / gemm2:woq_wgmma, no fc1_activation step between them); MXFP4, which
+    gemm1:woq_wgmma_gated / gemm2:woq_wgmma_finalize, no fc1_activation step between them and the finalize in GEMM2's
+    epilogue to 48 rows an expert); MXFP4, which
     that kernel does not take, runs the mma tiles, then from 160 rows its weights dequantized for the 16-bit wgmma
     GEMM."""
     spec = dataclasses.replace(SWIGLU, quant=quant)  # 8 experts, top-2: rows per expert = ceil(tokens / 4)
@@ -761,8 +777,11 @@ def test_weight_only_plans_take_the_mixed_input_gemm_past_decode(quant: Quant) -
                          637: ["gemm1:woq_dense", "gemm2:woq_dense"]}
     else:
         last_decode = 48 if quant is Quant.W4A16_AWQ else 32  # the staged int4 tile's band: 12 rows
+        # GEMM2 with the finalize in its epilogue to 48 rows an expert (192 tokens), beside it past them
         assert gemms == {t: ["gemm1:woq", "gemm2:woq"] if t <= last_decode
+                         else ["gemm1:woq_wgmma_gated", "gemm2:woq_wgmma_finalize"] if t <= 192
                          else ["gemm1:woq_wgmma_gated", "gemm2:woq_wgmma"] for t in (32, 33, 48, 49, 636, 637)}
+        assert "finalize" not in kernel_sequence(plan, last_decode + 1)
         assert "fc1_activation" not in kernel_sequence(plan, last_decode + 1)
         assert "fc1_activation" in kernel_sequence(plan, last_decode)
         assert plan.stage("gemm1_tactic").choice_for(last_decode + 1) == "wgmma:woq128x32:plain:plain"

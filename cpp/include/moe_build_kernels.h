@@ -653,6 +653,20 @@ mb_status mb_grouped_gemm_woq_sm90_gated(const void* A, const void* B, int kind,
                                          const int64_t* expert_first_token_offset, int num_experts, int64_t max_rows,
                                          int inter, int k, int dtype, mb_gemm_tactic tactic, void* workspace,
                                          size_t workspace_bytes, cudaStream_t stream);
+/* gemm/woq_sm90_finalize.cu: GEMM2 on the same kernel with the finalize in its epilogue, as
+ * mb_grouped_gemm_woq_finalize's: out[t] += permuted_weights[p] * (C[p] + bias[x]) for the token t =
+ * permuted_to_unpermuted[p] / top_k of each permuted row p, C mb_grouped_gemm_woq_sm90's product, rounded to dtype before
+ * each add; no [rows, n] output is written and no finalize step runs. out [num_tokens, n] in dtype, 16-byte aligned,
+ * zeroed by the caller; each element gets top_k 16-byte vector atomic adds (8 features of one token), so with top_k < 3
+ * the adds commute and the result is deterministic. bias [E, n] or NULL. Everything else (A, B, kind, scales, zeros,
+ * group, n, k, tactic, workspace) as mb_grouped_gemm_woq_sm90, whose workspace size covers this kernel too. */
+mb_status mb_grouped_gemm_woq_sm90_finalize(const void* A, const void* B, int kind, const void* scales,
+                                            const void* zeros, int group, const void* bias, void* out,
+                                            const int64_t* expert_first_token_offset,
+                                            const int32_t* permuted_to_unpermuted, const float* permuted_weights,
+                                            int num_experts, int64_t max_rows, int num_tokens, int top_k, int n, int k,
+                                            int dtype, mb_gemm_tactic tactic, void* workspace, size_t workspace_bytes,
+                                            cudaStream_t stream);
 
 /* gemm/woq_dequantize.cu: weight-only experts (mb_grouped_gemm_woq's stored forms: data [E, n, k] int8 or [E, n, k/2]
  * 4-bit codes, scales fp32 [E, n, k/group] (group 0: [E, n, 1]) or uint8 e8m0 [E, n, k/32], int4 zeros uint8 like

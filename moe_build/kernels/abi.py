@@ -209,4 +209,6 @@ SIGNATURES: dict[str, tuple[type, tuple[type, ...]]] = {
     "mb_grouped_gemm_woq_sm90": (_i, (_p, _p, _i, _p, _p, _i, _p, _p, _i, _i64, _i, _i, _i, _t, _p, _sz, _p)),
     "mb_grouped_gemm_woq_sm90_gated": (_i, (_p, _p, _i, _p, _p, _i, _p, _p, _i, _f, _f, _p, _p, _i, _i64, _i, _i, _i,
                                             _t, _p, _sz, _p)),
+    "mb_grouped_gemm_woq_sm90_finalize": (_i, (_p, _p, _i, _p, _p, _i, _p, _p, _p, _p, _p, _i, _i64, _i, _i, _i, _i,
+                                               _i, _t, _p, _sz, _p)),
 }

@@ -284,11 +284,13 @@ def _fc2_prequant(spec: MoESpec, forced: str | None) -> StageDecision:
 
 
 def _finalize(spec: MoESpec, target: Target, gemm_kernel: str, tokens: int, forced: str | None,
-              ep_format: str) -> StageDecision:
+              ep_format: str, gemm2_forced: T.GemmTactic | None) -> StageDecision:
     static = [R.finalize_tma_ws(gemm_kernel), R.finalize_sm_not_wfp4a16(spec, target),
               R.finalize_topk_or_nondeterministic(spec, target), R.finalize_env(target), R.finalize_no_lora(spec),
               R.finalize_tactic_available(spec), R.finalize_where_experts_run(ep_format)]
-    gates = (*static, R.finalize_tactic_rows(spec, tokens))
+    gemm2_store = _gemm2_store_tactic(spec, target, gemm_kernel, gemm2_forced)
+    gates = (*static, R.finalize_tactic_rows(spec, tokens, gemm2_store(T.RowCount(tokens, spec.top_k,
+                                                                                  spec.local_experts))))
     fused_text = "unpermute + top-k weighting + reduction in GEMM2's epilogue"
     separate_text = "separate finalize kernel after GEMM2"
     if forced == "fused":
@@ -299,12 +301,25 @@ def _finalize(spec: MoESpec, target: Target, gemm_kernel: str, tokens: int, forc
     if forced == "separate" or not all(g.held for g in static):
         return StageDecision("finalize", "separate", "separate", gates, forced=forced is not None,
                              summary=separate_text)
-    fused_at = T.token_bands(spec.top_k, spec.local_experts, lambda rows: R.finalize_fused(spec, rows))
+    fused_at = T.token_bands(spec.top_k, spec.local_experts,
+                             lambda rows: R.finalize_fused(spec, rows, gemm2_store(rows)))
     bands = tuple(Band(lo, hi, "fused" if fused else "separate") for lo, hi, fused in fused_at)
     choice = next(b.choice for b in bands if b.holds(tokens))
     where = "every count" if len(bands) == 1 else bands_text(bands, choice_first=True)
     return StageDecision("finalize", choice, "separate", gates, bands,
                          summary=f"{fused_text if choice == 'fused' else separate_text} ({where})")
+
+
+def _gemm2_store_tactic(spec: MoESpec, target: Target, gemm_kernel: str, forced: T.GemmTactic | None
+                        ) -> Callable[[T.RowCount], T.GemmTactic | None]:
+    """A weight-only layer's GEMM2 tactic with the plain store by rows (the forced one at every count), which places
+    the mixed-input kernel's finalize bands (rules.finalize_fused); None for the other layers and off sm90's kernels."""
+    if spec.quant not in R.FINALIZE_WOQ_QUANTS or gemm_kernel != "tma_warp_specialized":
+        return lambda rows: None
+    store = _gemm_calls(spec, target, {"gemm_kernel": gemm_kernel, "fc1_activation": "separate",
+                                       "finalize": "separate", "weight_layout": "row_major",
+                                       "fp8_accumulation": "none"})["gemm2_tactic"]
+    return lambda rows: forced or T.choose_tactic(store, rows)
 
 
 def _optional_stage(stage: str, fused: str, fallback: str, gates: Sequence[Gate], forced: str | None, fused_text: str,
@@ -691,7 +706,8 @@ def make_plan(spec: MoESpec, target: Target, tokens: int = 1,
                               tactics.get("gemm1_tactic"))
         dispatch = _dispatch(spec, "plugin", force.get("dispatch"))
         ep_format = _ep_format(spec, target, dispatch.choice, force.get("ep_format"))
-        finalize = _finalize(spec, target, gemm.choice, tokens, force.get("finalize"), ep_format.choice)
+        finalize = _finalize(spec, target, gemm.choice, tokens, force.get("finalize"), ep_format.choice,
+                             tactics.get("gemm2_tactic"))
         layout = _weight_layout(spec, target, gemm.choice, force.get("weight_layout"))
         accumulation = _fp8_accumulation(spec, gemm.choice, force.get("fp8_accumulation"))
         calls = _gemm_calls(spec, target, {"gemm_kernel": gemm.choice, "fc1_activation": fc1.choice,

@@ -329,7 +329,7 @@ def gated_epilogue_gemm(s: MoESpec) -> Gate:
 # interleaved order: quant not in (w4a16_awq, w8a16) or GEMM1's tactic at these rows in WOQ_WGMMA_TILES
 def gated_epilogue_woq_mixed(s: MoESpec, rows: RowCount, gemm1_tactic: GemmTactic) -> Gate:
     woq = s.quant in (Quant.W4A16_AWQ, Quant.W8A16)
-    mixed = gemm1_tactic.kernel == "wgmma" and gemm1_tactic.tile in WOQ_WGMMA_TILES
+    mixed = _mixed_input_tactic(gemm1_tactic)
     return Gate("gated_epilogue_woq_mixed_input", f"quant={s.quant.value} rows={rows.rows} gemm1={gemm1_tactic.name}",
                 "quant not in (w4a16_awq, w8a16) or GEMM1's tactic is a mixed-input wgmma tile (woq128x*)",
                 not woq or mixed, OURS, token_dependent=True)
@@ -427,16 +427,17 @@ def finalize_where_experts_run(ep_format: str) -> Gate:
 
 # runtime must select a GEMM2 tactic with epilogue_fusion_type == FINALIZE (ours: bf16/fp16, unquantized or
 # fp8 / fp8_block: mb_grouped_gemm_sm90_finalize and mb_grouped_gemm_fp8_finalize; w8a16, w4a16_awq and w4afp8 on
-# the weight-only decode kernel: mb_grouped_gemm_woq_finalize)
-FINALIZE_DECODE_ONLY_QUANTS = (Quant.W8A16, Quant.W4A16_AWQ, Quant.W4AFP8)
-FINALIZE_TACTIC_QUANTS = (Quant.NONE, Quant.FP8, Quant.FP8_BLOCK, *FINALIZE_DECODE_ONLY_QUANTS)
+# the weight-only decode kernel, mb_grouped_gemm_woq_finalize, and the mixed-input wgmma kernel,
+# mb_grouped_gemm_woq_sm90_finalize)
+FINALIZE_WOQ_QUANTS = (Quant.W8A16, Quant.W4A16_AWQ, Quant.W4AFP8)
+FINALIZE_TACTIC_QUANTS = (Quant.NONE, Quant.FP8, Quant.FP8_BLOCK, *FINALIZE_WOQ_QUANTS)
 
 
 def finalize_tactic_available(s: MoESpec) -> Gate:
     ok = s.dtype in (DType.BF16, DType.FP16) and s.quant in FINALIZE_TACTIC_QUANTS
     return Gate("finalize_tactic", f"{s.dtype.value}/{s.quant.value}",
                 "a FINALIZE-epilogue GEMM2 tactic exists (bf16/fp16; quant none, fp8, fp8_block, or on the decode "
-                "kernel w8a16, w4a16_awq, w4afp8)", ok, _src(MOE_KERNELS_CU, 4058, 4061, 4067))
+                "and mixed-input kernels w8a16, w4a16_awq, w4afp8)", ok, _src(MOE_KERNELS_CU, 4058, 4061, 4067))
 
 
 # tactic selection (the FINALIZE GEMM2 tactic must be the one chosen at run time), measured on the H200
@@ -447,8 +448,16 @@ def finalize_tactic_available(s: MoESpec) -> Gate:
 # epilogue's atomics (token sweep: Qwen3 1 / 2 tokens 32.3 / 52.4 us vs 34.4 / 54.8, DeepSeek 1 token 39.2
 # vs 41.1; 3-4 tokens 2% ahead); separate between, where it was 0.5-1% ahead (docs/experiments.md, "Rules
 # and their evidence").
-# The weight-only GEMM2s have the FINALIZE epilogue on their decode kernel only: fused within its band
-# (tactics.WOQ_DECODE_MAX_AVG_ROWS) where the 16-bit rule's first two clauses hold.
+# The weight-only GEMM2s have the FINALIZE epilogue on their decode kernel, fused within its band
+# (tactics.WOQ_DECODE_MAX_AVG_ROWS) where the 16-bit rule's first two clauses hold, and on the mixed-input wgmma
+# kernel (gemm/woq_sm90_finalize.cu), fused where GEMM2's plain-store tactic is one of its tiles (woq128x*) up to
+# WOQ_FINALIZE_MIXED_MAX_AVG_ROWS average rows per expert (its 32- and 64-row tiles). H200, graph replay, fused
+# against forced separate (docs/performance.md, "The finalize in the mixed-input GEMM2's epilogue"): at 16-32 rows 0-4%
+# less a layer (256 tokens: Qwen3-30B-A3B 1.033-1.042x, DeepSeek-V2-Lite 0.997-1.013x, GPT-OSS-20B 1.002-1.015x);
+# from 64 rows level to 7% slower (Mixtral-8x7B 0.996-1.016x at 64-1024 rows, Qwen3-30B-A3B 0.926-0.950x at 256):
+# the mixed-input kernel is cooperative, so its epilogue's shuffles and atomics run with no mainloop beside them,
+# where the separate finalize streams the rows at the read rate.
+WOQ_FINALIZE_MIXED_MAX_AVG_ROWS = 48
 # FP8 layers fuse at every count: where the 16-bit rule leaves the finalize separate (below intermediate 2048, 33
 # rows to 4 per expert: the FP8 decode kernel's band) fused was 0.5-3.9 us faster at 7 of the 8 points it moves and
 # 0.2 us slower at one (H200, moe-build bench --quant fp8,fp8_block --tokens 4,16,32,64 --variants
@@ -463,32 +472,42 @@ FINALIZE_FUSED_MAX_ROWS = 32
 FINALIZE_ALWAYS_FUSED_QUANTS = (Quant.FP8, Quant.FP8_BLOCK)
 
 
-def finalize_fused(s: MoESpec, rows: RowCount) -> bool:
-    """Whether the FINALIZE tactic is the one selected at `rows` (the rules above)."""
+def finalize_fused(s: MoESpec, rows: RowCount, gemm2_tactic: GemmTactic | None = None) -> bool:
+    """Whether the FINALIZE tactic is the one selected at `rows` (the rules above); for a weight-only layer,
+    `gemm2_tactic` is GEMM2's plain-store tactic at `rows` (None: not on the mixed-input kernel)."""
     if s.quant in FINALIZE_ALWAYS_FUSED_QUANTS:
         return True
-    if s.quant in FINALIZE_DECODE_ONLY_QUANTS:
-        return rows.avg_at_most(WOQ_DECODE_MAX_AVG_ROWS) and (
+    if s.quant in FINALIZE_WOQ_QUANTS:
+        return (rows.avg_at_most(WOQ_DECODE_MAX_AVG_ROWS) and (
             s.intermediate_size >= FINALIZE_FUSED_MIN_INTER or rows.rows_below(FINALIZE_FUSED_MAX_ROWS + 1))
+        ) or (rows.avg_at_most(WOQ_FINALIZE_MIXED_MAX_AVG_ROWS) and _mixed_input_tactic(gemm2_tactic))
     return (s.intermediate_size >= FINALIZE_FUSED_MIN_INTER or rows.rows_below(FINALIZE_FUSED_MAX_ROWS + 1)
             or not rows.avg_at_most(FINALIZE_DECODE_MAX_AVG_ROWS))
 
 
-def finalize_fused_at(s: MoESpec, tokens: int) -> bool:
+def _mixed_input_tactic(tactic: GemmTactic | None) -> bool:
+    """Whether a weight-only GEMM's tactic is one of the mixed-input wgmma kernel's tiles."""
+    return tactic is not None and tactic.kernel == "wgmma" and tactic.tile in WOQ_WGMMA_TILES
+
+
+def finalize_fused_at(s: MoESpec, tokens: int, gemm2_tactic: GemmTactic | None = None) -> bool:
     """`finalize_fused` at `tokens` tokens (its bands: tactics.token_bands)."""
-    return finalize_fused(s, RowCount(tokens, s.top_k, s.local_experts))
+    return finalize_fused(s, RowCount(tokens, s.top_k, s.local_experts), gemm2_tactic)
 
 
-def finalize_tactic_rows(s: MoESpec, tokens: int) -> Gate:
+def finalize_tactic_rows(s: MoESpec, tokens: int, gemm2_tactic: GemmTactic | None = None) -> Gate:
     small = f"intermediate_size >= {FINALIZE_FUSED_MIN_INTER} or tokens * top_k <= {FINALIZE_FUSED_MAX_ROWS}"
+    woq = s.quant in FINALIZE_WOQ_QUANTS
     condition = ("quant in (fp8, fp8_block): every count" if s.quant in FINALIZE_ALWAYS_FUSED_QUANTS else
-                 f"tokens * top_k <= {WOQ_DECODE_MAX_AVG_ROWS} * experts_per_node (the decode kernel) and ({small})"
-                 if s.quant in FINALIZE_DECODE_ONLY_QUANTS else
+                 f"tokens * top_k <= {WOQ_DECODE_MAX_AVG_ROWS} * experts_per_node (the decode kernel) and ({small}), "
+                 f"or tokens * top_k <= {WOQ_FINALIZE_MIXED_MAX_AVG_ROWS} * experts_per_node and GEMM2's plain-store "
+                 "tactic is a mixed-input wgmma tile (woq128x*)" if woq else
                  f"{small} or tokens * top_k > {FINALIZE_DECODE_MAX_AVG_ROWS} * experts_per_node")
+    gemm2 = f" gemm2={gemm2_tactic.name if gemm2_tactic is not None else 'none'}" if woq else ""
     return Gate("finalize_tactic_rows",
                 f"intermediate_size={s.intermediate_size} top_k={s.top_k} experts_per_node={s.local_experts} "
-                f"tokens={tokens}", condition,
-                finalize_fused_at(s, tokens),
+                f"tokens={tokens}{gemm2}", condition,
+                finalize_fused_at(s, tokens, gemm2_tactic),
                 f"{_src(MOE_KERNELS_CU, 4058)} (tactic choice; {OURS}, measured)", token_dependent=True)
 
 

@@ -484,17 +484,22 @@ WOQ_DEQUANT_MIN_AVG_ROWS = 160
 # shapes at 8 to 1024 average rows per expert, L2 flushed) has the best mma tile at 1.04x the best mixed-input tile's
 # time or more at every point (1.15x or more from 16 rows), and the weights dequantized for the 16-bit GEMM at 1.04x
 # or more (1.24x or more up to 256 rows).
-# The finalize epilogue exists on the decode kernel only (mb_grouped_gemm_woq_finalize): a GEMM2 with it stays there
-# at every count (the planner fuses the finalize only within the decode band; forced fused, it keeps decode beyond).
+# The finalize epilogue exists on the decode kernel (mb_grouped_gemm_woq_finalize) and the mixed-input one
+# (mb_grouped_gemm_woq_sm90_finalize): a GEMM2 with it takes the mixed-input kernel where the plain store would, and
+# stays on the decode kernel everywhere else (the planner fuses the finalize only in those two kernels' bands; forced
+# fused, it keeps decode beyond them).
 def woq_kernel_rule(call: GemmCall, rows: RowCount) -> str:
-    if call.epilogue == "finalize" or rows.avg_at_most(WOQ_DECODE_MAX_AVG_ROWS):
+    if rows.avg_at_most(WOQ_DECODE_MAX_AVG_ROWS):
         return "decode"
     if staged_past_decode(call) and rows.avg_at_most(WOQ_STAGED_MAX_AVG_ROWS):
         return "decode"
     if call.woq == "mxfp4" and rows.avg_at_most(WOQ_MXFP4_DECODE_MAX_AVG_ROWS):
         return "decode"
-    if call.entry == "sm90" and (
-            woq_mixed_input(call) or not rows.avg_at_most(WOQ_DEQUANT_MIN_AVG_ROWS - 1)):
+    if call.entry == "sm90" and woq_mixed_input(call):
+        return "wgmma"
+    if call.epilogue == "finalize":
+        return "decode"
+    if call.entry == "sm90" and not rows.avg_at_most(WOQ_DEQUANT_MIN_AVG_ROWS - 1):
         return "wgmma"
     return "mma"
 
@@ -971,8 +976,10 @@ def _fp8_tactic_problem(call: GemmCall, tactic: GemmTactic) -> str | None:
 def _woq_tactic_problem(call: GemmCall, tactic: GemmTactic) -> str | None:
     """Why the weight-only GEMM (gemm/woq_abi.cu, or with a wgmma tactic the dequantized weights' 16-bit GEMM)
     cannot run `tactic`, or None."""
-    if call.epilogue == "finalize" and tactic.kernel != "decode":
-        return "the weight-only finalize epilogue runs on the decode kernel only"
+    mixed_tile = tactic.kernel == "wgmma" and tactic.tile in WOQ_WGMMA_TILES
+    if call.epilogue == "finalize" and not (tactic.kernel == "decode" or mixed_tile):
+        return ("the weight-only finalize epilogue runs on the decode kernel and the mixed-input wgmma tiles "
+                "(woq128x*) only")
     gated_only = "the weight-only gated epilogue runs on the mixed-input wgmma tiles (woq128x*) only"
     if tactic.kernel == "wgmma":
         if tactic.tile in WOQ_WGMMA_TILES and not woq_mixed_input(call):

@@ -356,6 +356,18 @@ class FusedExperts:
     def gemm2_woq_wgmma(self, b: Batch) -> None:
         self._woq_wgmma_gemm(b, "w2", b.v("fc1_act"), b.v("gemm2_out"), b.gemm2_tactic)
 
+    def gemm2_woq_wgmma_finalize(self, b: Batch) -> None:
+        """GEMM2 on the mixed-input wgmma kernel with the unpermute, top-k weighting (+b2) and reduction in its
+        epilogue, into `out` (zeroed by the three-step prologue or the expansion, which the sequence runs before it):
+        no gemm2_out round trip, no finalize step."""
+        q = self.w.woq
+        scales, zeros = self.woq_wgmma_scales["w2"]
+        self.k.grouped_gemm_woq_sm90_finalize(b.v("fc1_act"), q.w2, q.kind.value, scales, zeros, b.v("expert_offsets"),
+                                              self.woq_group, b.v("permuted_to_unpermuted"), b.v("permuted_weights"),
+                                              b.out.shape[0], self.spec.top_k, bias=self.w.b2, out=b.out,
+                                              workspace=_opt(b, "gemm_workspace"), stream=b.stream,
+                                              tactic=b.gemm2_tactic)
+
     def _woq_wgmma_gemm(self, b: Batch, name: str, a: torch.Tensor, c: torch.Tensor, tactic: object) -> None:
         """W1 or W2 as stored through the mixed-input wgmma GEMM (plain store, as _woq_gemm)."""
         q = self.w.woq

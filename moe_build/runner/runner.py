@@ -106,8 +106,8 @@ class MoERunner:
         deterministic = bool(self.plan.target.get("deterministic", False))
         self.prepare_finalize = PrepareFinalize(spec, self.weights, kernels, deterministic)
         steps = S.steps_up_to(plan, self.max_tokens)
-        mixed = tuple(name for name, on in (("w1", steps & S.GEMM1_WOQ_WGMMA_STEPS), ("w2", steps & {S.GEMM2_WOQ_WGMMA}))
-                      if on)
+        mixed = tuple(name for name, on in (("w1", steps & S.GEMM1_WOQ_WGMMA_STEPS),
+                                            ("w2", steps & S.GEMM2_WOQ_WGMMA_STEPS)) if on)
         self.experts = FusedExperts(spec, self.weights, kernels, weights_blocked=self.weights_blocked,
                                     woq_wgmma=mixed, fp8_accumulation=S.fp8_accumulation(plan),
                                     w1_interleaved=self.w1_interleaved)
@@ -175,6 +175,7 @@ class MoERunner:
             S.FC1_ACTIVATION_PREQUANT: ex.fc1_activation_prequant, S.FC2_PREQUANT: ex.fc2_prequant,
             S.GEMM2_WOQ: ex.gemm2_woq, S.GEMM1_WOQ_DENSE: ex.gemm1_woq_dense, S.GEMM2_WOQ_DENSE: ex.gemm2_woq_dense,
             S.GEMM1_WOQ_WGMMA: ex.gemm1_woq_wgmma, S.GEMM2_WOQ_WGMMA: ex.gemm2_woq_wgmma,
+            S.GEMM2_WOQ_WGMMA_FINALIZE: ex.gemm2_woq_wgmma_finalize,
             S.GEMM1_WOQ_WGMMA_GATED: ex.gemm1_woq_wgmma_gated,
             S.GEMM1_WOQ_WGMMA_GATED_PREQUANT: ex.gemm1_woq_wgmma_gated_prequant,
             S.GEMM1_WOQ_DIGITS: ex.gemm1_woq_digits, S.GEMM2_WOQ_DIGITS: ex.gemm2_woq_digits,
@@ -359,7 +360,7 @@ def runner_layout(spec: MoESpec, plan: Plan, max_tokens: int) -> dict[str, Buffe
         dense = (both(kernels.grouped_gemm_sm90_workspace_bytes)
                  if steps & {S.GEMM1_WOQ_DENSE, S.GEMM2_WOQ_DENSE} else 0)
         mixed = (kernels.grouped_gemm_woq_sm90_workspace_bytes(E)
-                 if steps & (S.GEMM1_WOQ_WGMMA_STEPS | {S.GEMM2_WOQ_WGMMA}) else 0)
+                 if steps & (S.GEMM1_WOQ_WGMMA_STEPS | S.GEMM2_WOQ_WGMMA_STEPS) else 0)
         gemm = max(dense, mixed)
     elif S.is_fp8(plan):
         gemm = both(kernels.grouped_gemm_fp8_workspace_bytes)

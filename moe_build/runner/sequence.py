@@ -90,6 +90,10 @@ GEMM1_WOQ_WGMMA_GATED = "gemm1:woq_wgmma_gated"
 GEMM1_WOQ_WGMMA_GATED_PREQUANT = "gemm1:woq_wgmma_gated_fc2_prequant"
 GEMM1_WOQ_WGMMA_STEPS = frozenset({GEMM1_WOQ_WGMMA, GEMM1_WOQ_WGMMA_GATED, GEMM1_WOQ_WGMMA_GATED_PREQUANT})
 GEMM2_WOQ_WGMMA = "gemm2:woq_wgmma"
+# mb_grouped_gemm_woq_sm90_finalize: the mixed-input GEMM2 with the finalize in its epilogue (finalize=fused past the
+# decode kernel's band, rules.finalize_fused)
+GEMM2_WOQ_WGMMA_FINALIZE = "gemm2:woq_wgmma_finalize"
+GEMM2_WOQ_WGMMA_STEPS = frozenset({GEMM2_WOQ_WGMMA, GEMM2_WOQ_WGMMA_FINALIZE})
 # a weight-only GEMM whose tactic is the decode kernel's digits tile: mb_grouped_gemm_woq (or its finalize form) on
 # its input rows' 8-bit digits in the workspace, which the kernel writing the rows made (token_digits=fused: the
 # expansion's and activation's digits forms below) or a digits step after it (separate: mb_token_digits)
@@ -378,9 +382,16 @@ def _weight_only_steps(plan: Plan, c: dict[str, str]) -> list[str]:
 
 def _woq_gemm2_steps(c: dict[str, str], digits: bool) -> list[str]:
     """A weight-only layer's GEMM2 with the finalize in its epilogue (the decode kernel's, on token digits where
-    `digits`), or GEMM2 as its tactic says and the finalize."""
+    `digits`, or the mixed-input wgmma kernel's where its tactic is a woq tile), or GEMM2 as its tactic says and the
+    finalize."""
     if c["finalize"] == "fused":
-        return [GEMM2_WOQ_DIGITS_FINALIZE if digits else GEMM2_WOQ_FINALIZE]
+        step = _woq_gemm_step(c["gemm2_tactic"], GEMM2_WOQ_FINALIZE, GEMM2_WOQ_WGMMA_FINALIZE, GEMM2_WOQ_DENSE,
+                              GEMM2_WOQ_DIGITS_FINALIZE)
+        if step == GEMM2_WOQ_DENSE:
+            raise MoeBuildError("gemm2_tactic", f"the weight-only finalize epilogue is the decode and mixed-input "
+                                f"kernels', not {c['gemm2_tactic']}'s", "a decode or woq128x* wgmma tactic (or "
+                                "finalize=separate)")
+        return [step]
     return [_woq_gemm_step(c["gemm2_tactic"], GEMM2_WOQ, GEMM2_WOQ_WGMMA, GEMM2_WOQ_DENSE, GEMM2_WOQ_DIGITS), FINALIZE]
 
 

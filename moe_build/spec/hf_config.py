@@ -380,6 +380,20 @@ def _dots3_note(f: _Fields) -> dict[str, Any]:
                              shared_inter=("shared_experts_intermediate_size", "moe_shared_expert_intermediate_size"))
 
 
+def _param2moe(f: _Fields) -> dict[str, Any]:
+    """Param2-MoE: GLM-4.5's block (transformers builds it with Glm4MoeForCausalLM). Its released code also reads
+    score_function, moe_router_enable_expert_bias and moe_shared_expert_intermediate_size, which transformers'
+    port ignores: a config without the correction bias routes without it, and one whose shared size is not
+    n_shared_experts * moe_intermediate_size is refused."""
+    f.choice("score_function", ("sigmoid",), "sigmoid")
+    spec = _ds_family(True, 2.5)(f)
+    spec["routing"] = replace(spec["routing"], correction_bias=f.bool("moe_router_enable_expert_bias", default=True))
+    if spec["shared"].count:
+        f.same("moe_shared_expert_intermediate_size", spec["shared"].intermediate_size,
+               "transformers' Param2-MoE sizes its shared experts n_shared_experts * moe_intermediate_size")
+    return spec
+
+
 def _beam(f: _Fields) -> dict[str, Any]:
     """Beam: the V3 router without shared experts; it scales the routed output, which is the same."""
     spec = _deepseek_v3_like(f, renorm=_ds_renorm(f, True), scale=f.float("routed_scaling_factor", default=2.5),
@@ -711,6 +725,8 @@ _FAMILIES: dict[str, _Family] = {
     "bailing_hybrid": _Family(_ds_family(True, 2.5, (8, 4)), _layer_types(_first_dense("first_k_dense_replace", 2))),
     "mimo_v2_flash": _Family(_mimo_v2_flash, _layer_types(_leading_dense(1))),
     "exaone_moe": _Family(_ds_family(True, 2.5), _layer_types(_first_dense("first_k_dense_replace", 1))),
+    "minicpm5_moe": _Family(_ds_family(True, 3.66), _layer_types(_first_dense("first_k_dense_replace", 1))),
+    "param2moe": _Family(_param2moe, _first_dense("first_k_dense_replace", 1)),
     "beam": _Family(_beam, _layer_types(_leading_dense(3))),
     "axk2": _Family(_axk2, _layer_types(_layer_freq(1))),
     # sigmoid, other selection / scaling rules
@@ -737,6 +753,7 @@ _INPUT_SCALED = "its router score scales the input before the experts instead of
 _SOFTCAPPED = "its experts use a softcapped SwiGLU"
 _MODALITY = ("text and image tokens go to separate expert sets, with a selection bias added to softmax "
              "probabilities")
+_LOGIT_BIAS = "its correction bias is added to the raw router logits for selection, before the sigmoid"
 _LATENT = ("its experts run in a projected latent space, with RMSNorms before the experts and on each expert's "
            "output")
 
@@ -753,8 +770,8 @@ REFUSED: dict[str, tuple[str, str]] = {
                      "softmax probabilities; moe-build applies a correction bias only to sigmoid scores"),
     "ernie4_5_vl_moe": ("ERNIE-4.5-VL-MoE", _MODALITY),
     "ernie4_5_vl_moe_text": ("ERNIE-4.5-VL-MoE", _MODALITY),
-    "kolibri1": ("Kolibri-1", "its correction bias is added to the raw router logits for selection, before the "
-                 "sigmoid"),
+    "kolibri1": ("Kolibri-1", _LOGIT_BIAS),
+    "kolibri1_1": ("Kolibri-1.1", _LOGIT_BIAS),
     "longcat_flash": ("LongCat-Flash", "zero-computation (identity) experts are routed like real experts"),
     "deepseek_v4": ("DeepSeek-V4", f"{_CLAMPED_SILU}, and its first layers route by a token-id hash table"),
     "hy_v4": ("HY-V4", _CLAMPED_SILU),
@@ -775,6 +792,8 @@ REFUSED: dict[str, tuple[str, str]] = {
     "axk1": ("A.X K1", "its MoE block ends in an RMSNorm of the combined output (post_mlp_layernorm)"),
     "muse_spark": ("Muse Spark", _LATENT),
     "muse_spark_text": ("Muse Spark", _LATENT),
+    "ergo": ("Ergo", "its experts are ungated squared-ReLU (relu2) MLPs whose outputs each go through the expert's "
+             "own learned RMSNorm before the weighted sum (the shared expert's too)"),
     "nemotron_h": ("Nemotron-H", "its experts are ungated squared-ReLU (relu2) MLPs, optionally in a projected "
                    "latent space"),
     "doge": ("Doge", "product-key routing over single-neuron embedding experts (cross-domain MoE)"),

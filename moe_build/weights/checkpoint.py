@@ -397,6 +397,7 @@ _MISTRAL_LARGE4 = _Layout(prefixes=("layers.",), blocks=("",), per_expert=("w1",
                           shared_proj=("w1", "w3", "w2"))
 _EXPERT_BIAS = ("expert_bias", "e_score_correction_bias")  # AFMoE, HY-V3 and LFM2 keep it beside the router
 _DS = _Layout()
+_SARVAM_MOE = replace(_DS, correction_bias=("gate.expert_bias", "gate.e_score_correction_bias"))
 
 _LOADERS: dict[str, Callable[[_Checkpoint, int, MoESpec], MoEWeights]] = {
     "gpt_oss": _load_gpt_oss,
@@ -455,7 +456,9 @@ _LOADERS: dict[str, Callable[[_Checkpoint, int, MoESpec], MoEWeights]] = {
         # Kimi-K2.5 files say language_model.model.layers; transformers 5.x save_pretrained writes .blocks
         "kimi_k25": replace(_DS, prefixes=("language_model.model.layers.", "model.language_model.layers.",
                                            "language_model.model.blocks.")),
-        "sarvam_moe": replace(_DS, correction_bias=("gate.expert_bias", "gate.e_score_correction_bias")),
+        "sarvam_moe": _SARVAM_MOE,
+        "param2moe": _SARVAM_MOE,  # released Param2 files use Sarvam-MoE's names
+        "minicpm5_moe": _DS,
         "bailing_hybrid": replace(_DS, correction_bias=("gate.expert_bias", "gate.e_score_correction_bias")),
         "kimi_linear": replace(_DS, blocks=("block_sparse_moe", "mlp"), per_expert=("w1", "w3", "w2")),
         "exaone_moe": replace(_DS, correction_bias=("e_score_correction_bias", "gate.e_score_correction_bias")),

@@ -32,8 +32,10 @@ MODES = [(Quant.W4A16_AWQ, WoqKind.INT4, 128, True, True), (Quant.W4A16_AWQ, Woq
          (Quant.W8A16, WoqKind.INT8, 128, False, False), (Quant.WFP4A16, WoqKind.MXFP4, 32, False, False)]
 MODE_IDS = ["int4_g128_zeros_awq", "int4_g64_awq", "int4_g32_zeros", "int8_channel", "int8_g128", "mxfp4"]
 # the AWQ pre-quant fusions (FC1's scale in the expansion, FC2's in the activation) and their unfused alternatives, the
-# prologue's two forms, and the finalize both ways (the plan fuses it into the decode GEMM2 at 1 token here, separate
-# from 255; forced fused, GEMM2 stays on decode)
+# prologue's two forms, and the finalize both ways (the plan fuses it into the decode GEMM2 at 1 token here and into
+# the mixed-input GEMM2 where that kernel takes the weights, int4 in groups of 64 or 128 or per row and int8, to 48
+# rows an expert, 192 tokens; separate from 255; forced fused, GEMM2 stays on decode where the mixed-input kernel does
+# not run)
 FORCES = [{}, {"fc2_prequant": "separate"}, {"expand_rows": "plain"}, {"routing_prologue": "three_step"},
           {"finalize": "separate"}, {"finalize": "fused"}]
 FORCE_IDS = ["default", "fc2_prequant_separate", "expand_plain", "three_step", "finalize_separate", "finalize_fused"]
@@ -208,3 +210,25 @@ def test_gated_epilogue_band(mode: tuple, fc1_activation: str, tokens: int) -> N
     assert (gated in steps) == (fc1_activation == "gated_epilogue"), steps
     assert ("gemm1:woq_wgmma" in steps) == (fc1_activation == "separate"), steps
     check(BASE, mode, force, tokens)
+
+
+@pytest.mark.parametrize("mode", [MODES[0], MODES[1], MODES[3], MODES[4]],
+                         ids=[MODE_IDS[0], MODE_IDS[1], MODE_IDS[3], MODE_IDS[4]])
+@pytest.mark.parametrize("finalize", ["fused", "separate"])
+@pytest.mark.parametrize("tokens", [150, 1100])
+@pytest.mark.parametrize("bias", [False, True], ids=["no_bias", "bias"])
+def test_finalize_in_the_mixed_input_gemm2(mode: tuple, finalize: str, tokens: int, bias: bool) -> None:
+    """int4 / int8 past decode: GEMM2 on the mixed-input wgmma kernel with the unpermute, top-k weighting (+b2) and
+    reduction in its epilogue, or its plain store and the finalize kernel, each forced; the layer against fp64 either
+    way, at 37.5 and 275 rows an expert (woq128x64 and the 2x1-cluster woq128x320c2). The plan fuses it at the first
+    (to 48 rows) and not at the second."""
+    from moe_build.runner import MoERunner
+    base = BASE.with_overrides(expert_bias=bias)
+    spec, weights = woq_case(base, mode, 0)
+    force = {"finalize": finalize}
+    steps = MoERunner(spec, weights, target=device_target(), max_tokens=tokens, force=force).kernel_sequence(tokens)
+    assert ("gemm2:woq_wgmma_finalize" in steps) == (finalize == "fused"), steps
+    assert ("gemm2:woq_wgmma" in steps and "finalize" in steps) == (finalize == "separate"), steps
+    plan = MoERunner(spec, weights, target=device_target(), max_tokens=tokens).plan
+    assert plan.stage("finalize").choice_for(tokens) == ("fused" if tokens == 150 else "separate")
+    check(base, mode, force, tokens)

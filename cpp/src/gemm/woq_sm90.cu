@@ -1,5 +1,5 @@
 // mb_grouped_gemm_woq_sm90 (issue 47; sm_90a): the mixed-input wgmma GEMM of gemm/woq_sm90.cuh with CUTLASS's TMA store
-// of the product (C [rows, n]), and the workspace of both entry points.
+// of the product (C [rows, n]), and the workspace of the three entry points.
 #include "gemm/woq_sm90.cuh"  // first: it sets NDEBUG and CuTe's extended wgmma shapes before CUTLASS is included
 
 extern "C" {
@@ -7,15 +7,8 @@ extern "C" {
 size_t mb_grouped_gemm_woq_sm90_workspace(int num_experts) {
   if (num_experts <= 0) return 0;
   const int sm = mb::device_attribute(cudaDevAttrMultiProcessorCount);
-  size_t bytes = mbk::woq_sm90_gated_workspace(num_experts, sm);
-  for (int dtype : {MB_BF16, MB_FP16})
-    for (int kind : {MB_WOQ_INT4, MB_WOQ_INT8})
-      for (int tile : mbk::kWoqTiles)
-        mbk::dispatch_woq_sm90<mbk::WoqStore>(dtype, kind, tile, [&](auto g) {
-          bytes = std::max(bytes, mbk::woq_sm90_workspace<decltype(g)>(num_experts, sm).total);
-          return MB_OK;
-        });
-  return bytes;
+  return std::max({mbk::woq_sm90_gated_workspace(num_experts, sm), mbk::woq_sm90_finalize_workspace(num_experts, sm),
+                   mbk::woq_sm90_max_workspace<mbk::WoqStore>(num_experts, sm)});
 }
 
 mb_status mb_grouped_gemm_woq_sm90(const void* A, const void* B, int kind, const void* scales, const void* zeros,

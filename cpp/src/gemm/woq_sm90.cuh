@@ -1,9 +1,10 @@
 // The weight-only grouped GEMM on wgmma (issue 47; sm_90a): CUTLASS 3's ptr-array mixed-input mainloop, which
 // converts the int4 / int8 weights in registers (scaled per group, int4 plus its zero term) and feeds them to wgmma as
 // the register operand, so no 16-bit copy of the weights is ever written. Two entry points, each its own translation
-// unit: mb_grouped_gemm_woq_sm90 (gemm/woq_sm90.cu, CUTLASS's TMA store of the product) and
-// mb_grouped_gemm_woq_sm90_gated (gemm/woq_sm90_gated.cu, GEMM1's gated activation in the epilogue); this header is
-// what they share: the kernel by tile and epilogue (WoqWgmma), its per-group arrays, arguments, workspace and checks.
+// unit: mb_grouped_gemm_woq_sm90 (gemm/woq_sm90.cu, CUTLASS's TMA store of the product),
+// mb_grouped_gemm_woq_sm90_gated (gemm/woq_sm90_gated.cu, GEMM1's gated activation in the epilogue) and
+// mb_grouped_gemm_woq_sm90_finalize (gemm/woq_sm90_finalize.cu, GEMM2's finalize in the epilogue); this header is what
+// they share: the kernel by tile and epilogue (WoqWgmma), its per-group arrays, arguments, workspace and checks.
 //
 // The register operand is wgmma's A, so the GEMM runs transposed: C^T[x] = dequant(B[x]) @ A[x]^T, the expert's
 // weights [n, k] as A (M = n), its token rows [rows, k] as B (N = rows), C^T stored column-major, which is C
@@ -176,9 +177,11 @@ struct GroupedZeroPointMainloop : Base {
 };
 
 // The epilogue a WoqWgmma runs, by a tag: WoqStore, CUTLASS's TMA store of C^T (below); WoqGated, GEMM1's gated
-// activation (gemm/woq_sm90_gated.cu specializes WoqEpilogueOf for it).
+// activation; WoqFinalize, GEMM2's finalize (gemm/woq_sm90_gated.cu and gemm/woq_sm90_finalize.cu specialize
+// WoqEpilogueOf for them).
 struct WoqStore {};
 struct WoqGated {};
+struct WoqFinalize {};
 template <class Epi, typename T, class TileShape, class ClusterShape>
 struct WoqEpilogueOf;
 template <typename T, class TileShape, class ClusterShape>
@@ -189,6 +192,94 @@ struct WoqEpilogueOf<WoqStore, T, TileShape, ClusterShape> {
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, cutlass::layout::ColumnMajor*, kAlign16,
       typename CutlassType<T>::type, cutlass::layout::ColumnMajor*, kAlign16,
       cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
+};
+
+// An epilogue of the transposed GEMM that writes its accumulator fragments itself, with no shared memory (run by
+// CUTLASS's Sm90TmaWarpSpecializedAdapter, as MoeEpilogue is): what the kernel and GemmUniversalAdapter read of it (its
+// types and host hooks, for arguments Args holding `out`, `offsets` and `bias` [E, M] or null), and the walk over a
+// consumer thread's fragment, which hands Derived::slab each 64-row slab and wgmma column tile with the thread's place
+// in it and the group's bias row. The gated and finalize epilogues are its Derived.
+template <class Derived, typename T, class Args>
+class WoqOwnStoresEpilogue {
+ public:
+  using EpilogueSchedule = cutlass::epilogue::PtrArrayNoSmemWarpSpecialized;
+  using DispatchPolicy = EpilogueSchedule;
+  using ElementC = typename CutlassType<T>::type;
+  using ElementD = ElementC;
+  using InternalStrideC = mbk::InternalStrideD;
+  using InternalStrideD = mbk::InternalStrideD;
+  using StrideC = InternalStrideC*;
+  using StrideD = InternalStrideD*;
+  using GmemTiledCopyC = void;
+  using GmemTiledCopyD = void;
+  // GemmUniversalAdapter reads the accumulator type through this.
+  struct ThreadEpilogueOp {
+    using ElementAccumulator = float;
+    using ElementCompute = float;
+    using ElementOutput = ElementD;
+    using ElementD = ElementOutput;
+  };
+  struct SharedStorage {};
+  using TensorMapStorage = SharedStorage;
+  using Arguments = Args;
+  using Params = Args;
+
+  template <class PS>
+  static constexpr Params to_underlying_arguments(PS const&, Arguments const& args, void*) {
+    return args;
+  }
+  template <class PS>
+  static size_t get_workspace_size(PS const&, Arguments const&, int) {
+    return 0;
+  }
+  template <class PS>
+  static cutlass::Status initialize_workspace(PS const&, Arguments const&, void*, cudaStream_t,
+                                              cutlass::CudaHostAdapter* = nullptr) {
+    return cutlass::Status::kSuccess;
+  }
+  template <class PS>
+  static bool can_implement(PS const&, Arguments const& args) {
+    return args.out != nullptr && args.offsets != nullptr;
+  }
+
+  CUTLASS_HOST_DEVICE WoqOwnStoresEpilogue(Params const& params) : params_(params) {}
+
+  CUTLASS_DEVICE bool is_source_needed() { return false; }
+
+  // A thread's place in a slab (CUTLASS's wgmma CLayout_64xN, as MoeEpilogue describes it): it holds rows m0 and m0 + 8
+  // at columns n0 + 8j and n0 + 8j + 1, values 4j + {0, 1} and 4j + {2, 3}, m0 % 16 = lane / 4 < 8 (the slabs start
+  // at multiples of 16); M x N the group's (M weight rows, N token rows), row0 its first permuted row.
+  struct Frag {
+    int m0, n0, M, N;
+    int64_t row0;
+  };
+
+  template <class ProblemShapeMNKL, class BlockShapeMNK, class BlockCoordMNKL, class FrgEngine, class FrgLayout,
+            class TiledMma, class ResidueMNK>
+  CUTLASS_DEVICE void operator()(ProblemShapeMNKL problem_shape_mnkl, BlockShapeMNK blk_shape_mnk,
+                                 BlockCoordMNKL blk_coord_mnkl, cute::Tensor<FrgEngine, FrgLayout> const& acc,
+                                 TiledMma tiled_mma, ResidueMNK, int thread_idx, char*) {
+    using namespace cute;
+    static_assert(decltype(size<0>(acc))::value % 4 == 0, "a slab holds 8-column groups of four values");
+    const int M = get<0>(problem_shape_mnkl);
+    const int N = get<1>(problem_shape_mnkl);
+    auto [m_coord, n_coord, k_coord, l_coord] = blk_coord_mnkl;
+    Tensor coords = local_tile(make_identity_tensor(make_shape(M, N)), take<0, 2>(blk_shape_mnk),
+                               make_coord(m_coord, n_coord));
+    Tensor tc = tiled_mma.get_thread_slice(thread_idx).partition_C(coords);
+    const int64_t row0 = params_.offsets[l_coord];
+    const T* bias = params_.bias ? params_.bias + static_cast<int64_t>(l_coord) * M : nullptr;
+    // The slab and column tile indices compile-time constants, so that every accumulator stays a register.
+    for_each(make_int_sequence<decltype(size<1>(acc))::value>{}, [&](auto mi) {
+      for_each(make_int_sequence<decltype(size<2>(acc))::value>{}, [&](auto ni) {
+        const Frag f{get<0>(tc(_0{}, mi, ni)), get<1>(tc(_0{}, mi, ni)), M, N, row0};
+        static_cast<Derived*>(this)->slab(acc(_, mi, ni), f, bias);
+      });
+    });
+  }
+
+ protected:
+  Params params_;
 };
 
 // The tactic's tile: 128 weight rows (two consumer warpgroups of 64) x kTokens token rows (16 to 320) x 64 k, in
@@ -393,6 +484,21 @@ constexpr int kWoqTiles[] = {MB_TILE_WOQ_128x16,  MB_TILE_WOQ_128x32,  MB_TILE_W
                              MB_TILE_WOQ_128x128, MB_TILE_WOQ_128x160, MB_TILE_WOQ_128x192,
                              MB_TILE_WOQ_128x224, MB_TILE_WOQ_128x256, MB_TILE_WOQ_128x320_C2};
 
+// The most workspace any kernel of epilogue Epi takes for `experts` experts (every dtype, kind and tile): what its
+// entry point's workspace query answers.
+template <class Epi>
+size_t woq_sm90_max_workspace(int experts, int sm_count) {
+  size_t bytes = 0;
+  for (int dtype : {MB_BF16, MB_FP16})
+    for (int kind : {MB_WOQ_INT4, MB_WOQ_INT8})
+      for (int tile : kWoqTiles)
+        dispatch_woq_sm90<Epi>(dtype, kind, tile, [&](auto g) {
+          bytes = std::max(bytes, woq_sm90_workspace<decltype(g)>(experts, sm_count).total);
+          return MB_OK;
+        });
+  return bytes;
+}
+
 bool woq_sm90_tactic_ok(const mb_gemm_tactic& t) {
   const bool woq_tile = std::find(std::begin(kWoqTiles), std::end(kWoqTiles), t.tile) != std::end(kWoqTiles);
   return t.kernel == MB_GEMM_WGMMA && woq_tile &&
@@ -438,7 +544,9 @@ mb_status check_woq_sm90(const WoqSm90Params& p, int64_t max_rows, int dtype, co
 
 }  // namespace
 
-// The gated kernels' workspace bytes (gemm/woq_sm90_gated.cu), which mb_grouped_gemm_woq_sm90_workspace covers too.
+// The gated and finalize kernels' workspace bytes (gemm/woq_sm90_gated.cu, gemm/woq_sm90_finalize.cu), which
+// mb_grouped_gemm_woq_sm90_workspace covers too.
 size_t woq_sm90_gated_workspace(int num_experts, int sm_count);
+size_t woq_sm90_finalize_workspace(int num_experts, int sm_count);
 
 }  // namespace mbk

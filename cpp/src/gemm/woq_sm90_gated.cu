@@ -19,95 +19,28 @@ namespace {
 // One shuffle with the lane holding feature f ^ 1 (lane ^ 4) pairs two features of one token: even-feature lanes
 // keep column n0 + 8j and odd ones n0 + 8j + 1, each then writing two adjacent features with one 4-byte store.
 template <typename T>
-class WoqGatedEpilogue {
+struct WoqGatedArguments {
+  const T* bias = nullptr;            // b1 [E, 2 inter], interleaved as W1, or null
+  const float* prequant = nullptr;    // AWQ's FC2 pre-quant scale [inter], or null
+  T* out = nullptr;                   // [rows, inter]
+  const int64_t* offsets = nullptr;   // the experts' first permuted rows
+  int activation = MB_ACT_SWIGLU;     // a gated one
+  float swiglu_alpha = 1.f;
+  float swiglu_limit = 0.f;
+};
+
+template <typename T>
+class WoqGatedEpilogue : public WoqOwnStoresEpilogue<WoqGatedEpilogue<T>, T, WoqGatedArguments<T>> {
+  using Base = WoqOwnStoresEpilogue<WoqGatedEpilogue<T>, T, WoqGatedArguments<T>>;
+  using Base::params_;
+  using typename Base::Frag;
+
  public:
-  using EpilogueSchedule = cutlass::epilogue::PtrArrayNoSmemWarpSpecialized;
-  using DispatchPolicy = EpilogueSchedule;
-  using ElementC = typename CutlassType<T>::type;
-  using ElementD = ElementC;
-  using InternalStrideC = mbk::InternalStrideD;
-  using InternalStrideD = mbk::InternalStrideD;
-  using StrideC = InternalStrideC*;
-  using StrideD = InternalStrideD*;
-  using GmemTiledCopyC = void;
-  using GmemTiledCopyD = void;
-  // GemmUniversalAdapter reads the accumulator type through this.
-  struct ThreadEpilogueOp {
-    using ElementAccumulator = float;
-    using ElementCompute = float;
-    using ElementOutput = ElementD;
-    using ElementD = ElementOutput;
-  };
-  struct SharedStorage {};
-  using TensorMapStorage = SharedStorage;
+  CUTLASS_HOST_DEVICE WoqGatedEpilogue(typename Base::Params const& params) : Base(params) {}
 
-  struct Arguments {
-    const T* bias = nullptr;            // b1 [E, 2 inter], interleaved as W1, or null
-    const float* prequant = nullptr;    // AWQ's FC2 pre-quant scale [inter], or null
-    T* out = nullptr;                   // [rows, inter]
-    const int64_t* offsets = nullptr;   // the experts' first permuted rows
-    int activation = MB_ACT_SWIGLU;     // a gated one
-    float swiglu_alpha = 1.f;
-    float swiglu_limit = 0.f;
-  };
-  using Params = Arguments;
-
-  template <class PS>
-  static constexpr Params to_underlying_arguments(PS const&, Arguments const& args, void*) {
-    return args;
-  }
-  template <class PS>
-  static size_t get_workspace_size(PS const&, Arguments const&, int) {
-    return 0;
-  }
-  template <class PS>
-  static cutlass::Status initialize_workspace(PS const&, Arguments const&, void*, cudaStream_t,
-                                              cutlass::CudaHostAdapter* = nullptr) {
-    return cutlass::Status::kSuccess;
-  }
-  template <class PS>
-  static bool can_implement(PS const&, Arguments const& args) {
-    return args.out != nullptr && args.offsets != nullptr;
-  }
-
-  CUTLASS_HOST_DEVICE WoqGatedEpilogue(Params const& params) : params_(params) {}
-
-  CUTLASS_DEVICE bool is_source_needed() { return false; }
-
-  template <class ProblemShapeMNKL, class BlockShapeMNK, class BlockCoordMNKL, class FrgEngine, class FrgLayout,
-            class TiledMma, class ResidueMNK>
-  CUTLASS_DEVICE void operator()(ProblemShapeMNKL problem_shape_mnkl, BlockShapeMNK blk_shape_mnk,
-                                 BlockCoordMNKL blk_coord_mnkl, cute::Tensor<FrgEngine, FrgLayout> const& acc,
-                                 TiledMma tiled_mma, ResidueMNK, int thread_idx, char*) {
-    using namespace cute;
-    static_assert(decltype(size<0>(acc))::value % 4 == 0, "a slab holds 8-column groups of four values");
-    const int M = get<0>(problem_shape_mnkl);
-    const int N = get<1>(problem_shape_mnkl);
-    auto [m_coord, n_coord, k_coord, l_coord] = blk_coord_mnkl;
-    Tensor coords = local_tile(make_identity_tensor(make_shape(M, N)), take<0, 2>(blk_shape_mnk),
-                               make_coord(m_coord, n_coord));
-    Tensor tc = tiled_mma.get_thread_slice(thread_idx).partition_C(coords);
-    const int64_t row0 = params_.offsets[l_coord];
-    const T* bias = params_.bias ? params_.bias + static_cast<int64_t>(l_coord) * M : nullptr;
-    // The slab and column tile indices compile-time constants, so that every accumulator stays a register.
-    for_each(make_int_sequence<decltype(size<1>(acc))::value>{}, [&](auto mi) {
-      for_each(make_int_sequence<decltype(size<2>(acc))::value>{}, [&](auto ni) {
-        const Frag f{get<0>(tc(_0{}, mi, ni)), get<1>(tc(_0{}, mi, ni)), M, N, row0};
-        gated_act(acc(_, mi, ni), f, bias);
-      });
-    });
-  }
-
- private:
-  // A thread's place in a slab: its gate row m0, first token column n0, the group's M x N and first permuted row.
-  struct Frag {
-    int m0, n0, M, N;
-    int64_t row0;
-  };
-
-  // One branch per slab for the activation and the bias.
+  // The base's walk hands each slab here (one branch per slab for the activation and the bias).
   template <class Acc>
-  CUTLASS_DEVICE void gated_act(Acc const& acc, Frag const& f, const T* bias) {
+  CUTLASS_DEVICE void slab(Acc const& acc, Frag const& f, const T* bias) {
     switch (params_.activation) {
       case MB_ACT_GEGLU: return bias ? gated_slab<MB_ACT_GEGLU, true>(acc, f, bias)
                                      : gated_slab<MB_ACT_GEGLU, false>(acc, f, bias);
@@ -118,6 +51,7 @@ class WoqGatedEpilogue {
     }
   }
 
+ private:
   // act(gate + bg, up + bu) (* the pre-quant scale) in fp32 for every token of the slab, rounded to T once; the bias
   // added only where b1 is given (adding a zero would turn a -0 into +0), as mb_fc1_activation computes it.
   template <int ACT, bool kBias, class Acc>
@@ -154,8 +88,6 @@ class WoqGatedEpilogue {
       if (in && token < f.N) *reinterpret_cast<typename P2::type*>(out + static_cast<int64_t>(token) * inter) = pair;
     }
   }
-
-  Params params_;
 };
 
 template <typename T, class TileShape, class ClusterShape>
@@ -166,15 +98,7 @@ struct WoqEpilogueOf<WoqGated, T, TileShape, ClusterShape> {
 }  // namespace
 
 size_t woq_sm90_gated_workspace(int num_experts, int sm_count) {
-  size_t bytes = 0;
-  for (int dtype : {MB_BF16, MB_FP16})
-    for (int kind : {MB_WOQ_INT4, MB_WOQ_INT8})
-      for (int tile : kWoqTiles)
-        dispatch_woq_sm90<WoqGated>(dtype, kind, tile, [&](auto g) {
-          bytes = std::max(bytes, woq_sm90_workspace<decltype(g)>(num_experts, sm_count).total);
-          return MB_OK;
-        });
-  return bytes;
+  return woq_sm90_max_workspace<WoqGated>(num_experts, sm_count);
 }
 
 }  // namespace mbk

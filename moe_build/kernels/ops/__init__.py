@@ -15,7 +15,7 @@ from .fp8 import (expand_rows_fp8, expand_rows_fp8_dequantized, expand_rows_fp8_
                   fc1_activation_fp8_dequantized, fp8_scale_shapes,
                   grouped_gemm_fp8, grouped_gemm_fp8_finalize, grouped_gemm_fp8_gated, grouped_gemm_fp8_gated_quantized,
                   grouped_gemm_fp8_quantizing_finalize, grouped_gemm_fp8_workspace_bytes, quantize_fp8)
-from .woq import (grouped_gemm_woq, grouped_gemm_woq_finalize, grouped_gemm_woq_sm90, grouped_gemm_woq_sm90_gated,
+from .woq import (grouped_gemm_woq, grouped_gemm_woq_finalize, grouped_gemm_woq_sm90, grouped_gemm_woq_sm90_gated, grouped_gemm_woq_sm90_finalize,
                   grouped_gemm_woq_sm90_workspace_bytes, token_digits, expand_rows_digits, fc1_activation_digits, woq_dequantize)
 
 __all__ = ["trusted_tensors", "expand_rows", "fc1_activation", "finalize", "routing", "routing_prologue_fused",
@@ -29,5 +29,5 @@ __all__ = ["trusted_tensors", "expand_rows", "fc1_activation", "finalize", "rout
            "fc1_activation_fp8_dequantized", "fp8_scale_shapes",
            "grouped_gemm_fp8", "grouped_gemm_fp8_finalize", "grouped_gemm_fp8_gated", "grouped_gemm_fp8_gated_quantized",
            "grouped_gemm_fp8_quantizing_finalize", "grouped_gemm_fp8_workspace_bytes", "quantize_fp8",
-           "grouped_gemm_woq", "grouped_gemm_woq_finalize", "grouped_gemm_woq_sm90", "grouped_gemm_woq_sm90_gated",
+           "grouped_gemm_woq", "grouped_gemm_woq_finalize", "grouped_gemm_woq_sm90", "grouped_gemm_woq_sm90_gated", "grouped_gemm_woq_sm90_finalize",
            "grouped_gemm_woq_sm90_workspace_bytes", "token_digits", "expand_rows_digits", "fc1_activation_digits", "woq_dequantize"]

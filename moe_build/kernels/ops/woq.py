@@ -250,6 +250,31 @@ def grouped_gemm_woq_sm90_gated(a: torch.Tensor, b: torch.Tensor, kind: int | st
     return o
 
 
+def grouped_gemm_woq_sm90_finalize(a: torch.Tensor, b: torch.Tensor, kind: int | str | WoqKind, scales: torch.Tensor,
+                                   zeros: torch.Tensor | None, expert_first_token_offset: torch.Tensor, group: int,
+                                   permuted_to_unpermuted: torch.Tensor, permuted_weights: torch.Tensor,
+                                   num_tokens: int, top_k: int, bias: torch.Tensor | None = None,
+                                   out: torch.Tensor | None = None, workspace: torch.Tensor | None = None,
+                                   stream: int | torch.cuda.Stream | None = None, *,
+                                   tactic: GemmTactic | str) -> torch.Tensor:
+    """GEMM2 on grouped_gemm_woq_sm90's kernel with the finalize in its epilogue: out[t] += w[p] * (C[p] + bias[x]) for
+    the token t of each permuted row p -> out [T, n] in A's dtype, the [R, n] product never stored. A given `out` must
+    be zeroed by the caller; an allocated one is zeroed here. bias [E, n] or None; the rest as
+    grouped_gemm_woq_sm90's."""
+    dev, rows, k, e, n, mode = _woq_sm90_args(a, b, kind, scales, zeros, expert_first_token_offset, group)
+    if bias is not None:
+        _check(bias, "bias", (e, n), a.dtype, dev)
+    _check(permuted_to_unpermuted, "permuted_to_unpermuted", (num_tokens * top_k,), torch.int32, dev)
+    _check(permuted_weights, "permuted_weights", (num_tokens * top_k,), torch.float32, dev)
+    o = _out(out, "out", (num_tokens, n), a.dtype, dev, zero=True)
+    ws, ws_bytes = _workspace(workspace, lambda: grouped_gemm_woq_sm90_workspace_bytes(e), dev)
+    call("mb_grouped_gemm_woq_sm90_finalize", a.data_ptr(), b.data_ptr(), int(mode), scales.data_ptr(), _ptr(zeros),
+         group, _ptr(bias), o.data_ptr(), expert_first_token_offset.data_ptr(), permuted_to_unpermuted.data_ptr(),
+         permuted_weights.data_ptr(), e, rows, num_tokens, top_k, n, k, _dtype_code(o, "out"), tactic_struct(tactic),
+         ws, ws_bytes, _stream(stream, dev))
+    return o
+
+
 def woq_dequantize(b: torch.Tensor, kind: int | str | WoqKind, scales: torch.Tensor, group: int,
                    zeros: torch.Tensor | None = None, out: torch.Tensor | None = None, dtype: torch.dtype | None = None,
                    stream: int | torch.cuda.Stream | None = None) -> torch.Tensor:

@@ -1,0 +1,117 @@
+"""The weight-only GEMM2 on wgmma with the finalize in its epilogue (mb_grouped_gemm_woq_sm90_finalize) against an fp64
+reference, on a compute capability 9.0 GPU.
+
+Operands as tests/gpu/test_woq_gemm.case makes them (fresh random packed weights, the reference dequantizing them
+exactly in fp64), routed as that file's finalize cases (tests/gpu/finalize_routing.py: empty experts, one heavy
+expert whose segment spans several token tiles, remote experts' rows past off[E] that must reach no output, and with
+top_k <= 4 a token on remote experts only). The expected output, in fp64: each permuted row's product (+ b2) times its
+routing weight, added into its token's row of a random pre-filled output (the kernel adds; a remote-only token keeps
+its fill exactly).
+
+Error bound, per output element, over the token's local rows j with weights w_j: each row's fp32 value within the
+plain store's bound (tests/gpu/test_woq_wgmma.py: 2^-7 (|ref_j| + S_j) + 2^-8 M_j, M_j for int4 only), times w_j,
+rounded to the output type before its atomic add, and each of the top_k adds rounds the running sum (at most M1 +
+|fill|, M1 = sum_j |w_j ref_j|) once: |out - ref| <= sum_j |w_j| (2^-7 (|ref_j| + S_j) + 2^-8 M_j) + top_k u (M1 +
+|fill|), u 2^-8 (bf16) or 2^-11 (fp16). A row added to the wrong token, a feature octet transposed wrongly, a missed
+weight or bias put errors of the order of the outputs themselves on most elements.
+"""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from finalize_routing import REMOTE, routed  # noqa: E402
+from test_woq_gemm import case  # noqa: E402
+from test_woq_wgmma import TILES, term_magnitude  # noqa: E402
+
+from moe_build import kernels as K  # noqa: E402
+from moe_build.weights.woq import WoqKind, wgmma_scales  # noqa: E402
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                                 reason="needs a compute capability 9.0 GPU (scripts/device_run.sh runs these on one)")]
+
+
+def run(kind: WoqKind, n: int, k: int, group: int, zeros: bool, tile: str, tokens: int, top_k: int,
+        bias: bool = False, dtype: torch.dtype = torch.bfloat16) -> None:
+    seed = random.SystemRandom().randrange(1 << 30)
+    remote_only = top_k <= REMOTE  # token 0 on remote experts only: its output row must keep its fill
+    ptu, counts = routed(tokens, top_k, seed + 7, remote_first=remote_only)
+    gen = torch.Generator().manual_seed(seed + 8)
+    dev, ref, mag, used = case(kind, counts, n, k, group, zeros, bias, dtype, seed,
+                               pad_rows=tokens * top_k - sum(counts))
+    s, zs = wgmma_scales(kind, dev["scales"], dev["zeros"], dtype)
+    weights = torch.rand(tokens * top_k, generator=gen)
+    fill = torch.randn(tokens, n, generator=gen).to(dtype)
+    out = fill.cuda()
+    args = (dev["a"], dev["b"], kind.value, s, zs, dev["off"], group, ptu, weights.cuda(), tokens, top_k)
+    kw = dict(bias=dev["bias"], out=out, tactic=f"wgmma:{tile}:plain:plain")
+    where = (f"(seed {seed}, {kind.value}, counts {counts}, n {n}, k {k}, group {group}, zeros {zeros}, {tile}, "
+             f"tokens {tokens}, top_k {top_k}, bias {bias}, {dtype})")
+    if tile == "woq128x320c2" and -(-n // 128) % 2:  # its 2x1 clusters take the 128-row weight tiles in pairs
+        with pytest.raises(K.KernelError, match="even count of 128-row weight tiles"):
+            K.grouped_gemm_woq_sm90_finalize(*args, **kw)
+        torch.cuda.synchronize()
+        assert torch.equal(out.cpu(), fill), f"a refused call wrote its output {where}"
+        return
+    K.grouped_gemm_woq_sm90_finalize(*args, **kw)
+    torch.cuda.synchronize()
+    token = (ptu.cpu().long() // top_k)[:used]
+    w = weights.double()[:used, None]
+    terms = (term_magnitude(dev, counts, ref.shape[0], group) if kind is WoqKind.INT4
+             else torch.zeros_like(ref))[:used]
+    row_err = 2.0 ** -7 * (ref[:used].abs() + mag[:used]) + 2.0 ** -8 * terms
+    want, m1, e = (torch.zeros(tokens, n, dtype=torch.float64).index_add_(0, token, x)
+                   for x in (w * ref[:used], w.abs() * ref[:used].abs(), w.abs() * row_err))
+    untouched = torch.ones(tokens, dtype=torch.bool)
+    untouched[token] = False
+    got = out.cpu()
+    assert untouched.any() or not remote_only, f"token 0 has a local expert {where}"
+    assert torch.equal(got[untouched], fill[untouched]), f"a remote-only token written {where}"
+    u = 2.0 ** -8 if dtype == torch.bfloat16 else 2.0 ** -11
+    bound = e + top_k * u * (m1 + fill.double().abs()) + 1e-30
+    worst = float(((got.double() - fill.double() - want).abs() / bound).max())
+    assert worst <= 1.0, f"error {worst:.2f}x the bound {where}"
+
+
+@pytest.mark.parametrize("tile", TILES)
+@pytest.mark.parametrize("group, zeros", [(64, True), (128, False), (0, True)])
+@pytest.mark.parametrize("tokens, top_k", [(300, 4), (40, 2)])
+def test_int4_against_fp64(tile: str, group: int, zeros: bool, tokens: int, top_k: int) -> None:
+    run(WoqKind.INT4, 208, 512, group, zeros, tile, tokens, top_k)
+
+
+@pytest.mark.parametrize("tile", TILES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_int8_bias_and_dtypes(tile: str, dtype: torch.dtype) -> None:
+    run(WoqKind.INT8, 256, 768, 0, False, tile, 200, 8, bias=True, dtype=dtype)
+
+
+@pytest.mark.parametrize("tile", TILES)
+@pytest.mark.parametrize("n, k, group", [(2880, 2880, 64), (2048, 1408, 128), (264, 512, 128)])
+@pytest.mark.parametrize("tokens, top_k", [(1, 1), (257, 6)])
+def test_int4_shapes_and_counts(tile: str, n: int, k: int, group: int, tokens: int, top_k: int) -> None:
+    """n off a multiple of 128 (GPT-OSS's 2880, 264): the last weight tile's features past n add nothing; one token
+    of one expert (a tile holding a single token row) and 257 tokens at top-6, with b2."""
+    run(WoqKind.INT4, n, k, group, True, tile, tokens, top_k, bias=True)
+
+
+def test_refusals() -> None:
+    """MXFP4, a map or weights of the wrong size, and a non-woq tactic are refused in one line, nothing launched."""
+    dev, _, _, _ = case(WoqKind.INT4, [4, 4], 128, 256, 128, True, False, torch.bfloat16, 0, pad_rows=0)
+    s, zs = wgmma_scales(WoqKind.INT4, dev["scales"], dev["zeros"], torch.bfloat16)
+    ptu, w = torch.arange(8, dtype=torch.int32, device="cuda"), torch.ones(8, device="cuda")
+    t = "wgmma:woq128x64:plain:plain"
+    with pytest.raises(ValueError, match="mxfp4"):
+        K.grouped_gemm_woq_sm90_finalize(dev["a"], dev["b"], "mxfp4", s, zs, dev["off"], 128, ptu, w, 4, 2, tactic=t)
+    with pytest.raises(ValueError, match="permuted_weights"):
+        K.grouped_gemm_woq_sm90_finalize(dev["a"], dev["b"], "int4", s, zs, dev["off"], 128, ptu, w[:6], 4, 2,
+                                         tactic=t)
+    out = torch.full((4, 128), 7.0, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(K.KernelError, match="no kernel for tactic"):
+        K.grouped_gemm_woq_sm90_finalize(dev["a"], dev["b"], "int4", s, zs, dev["off"], 128, ptu, w, 4, 2, out=out,
+                                         tactic="wgmma:coop128x128:plain:plain")
+    torch.cuda.synchronize()
+    assert bool((out == 7.0).all()), "a refused call wrote its output"
