@@ -245,9 +245,7 @@ def _fc1_gated_in_mixed_band(spec: MoESpec, target: Target, gemm_kernel: str, to
     """A weight-only layer's gated epilogue, the mixed-input wgmma GEMM1's (rules.gated_epilogue_woq_mixed): in the
     bands where GEMM1's tactic is one of its tiles, and the separate activation (on W1 interleaved) in the others;
     forced, refused (it cannot hold at every count: the decode kernels have no gated epilogue)."""
-    store = _gemm_calls(spec, target, {"gemm_kernel": gemm_kernel, "fc1_activation": "separate",
-                                       "finalize": "separate", "weight_layout": "row_major",
-                                       "fp8_accumulation": "none"})["gemm1_tactic"]
+    store = _plain_store_calls(spec, target, gemm_kernel)["gemm1_tactic"]
 
     def rule(rows: T.RowCount) -> Gate:
         return R.gated_epilogue_woq_mixed(spec, rows, gemm1_forced or T.choose_tactic(store, rows))
@@ -316,10 +314,15 @@ def _gemm2_store_tactic(spec: MoESpec, target: Target, gemm_kernel: str, forced:
     the mixed-input kernel's finalize bands (rules.finalize_fused); None for the other layers and off sm90's kernels."""
     if spec.quant not in R.FINALIZE_WOQ_QUANTS or gemm_kernel != "tma_warp_specialized":
         return lambda rows: None
-    store = _gemm_calls(spec, target, {"gemm_kernel": gemm_kernel, "fc1_activation": "separate",
-                                       "finalize": "separate", "weight_layout": "row_major",
-                                       "fp8_accumulation": "none"})["gemm2_tactic"]
+    store = _plain_store_calls(spec, target, gemm_kernel)["gemm2_tactic"]
     return lambda rows: forced or T.choose_tactic(store, rows)
+
+
+def _plain_store_calls(spec: MoESpec, target: Target, gemm_kernel: str) -> dict[str, T.GemmCall]:
+    """The two GEMMs with the plain store (no gated or finalize epilogue, row-major weights): where a weight-only
+    layer's GEMMs run decides the bands of the epilogues the mixed-input kernel has."""
+    return _gemm_calls(spec, target, {"gemm_kernel": gemm_kernel, "fc1_activation": "separate", "finalize": "separate",
+                                      "weight_layout": "row_major", "fp8_accumulation": "none"})
 
 
 def _optional_stage(stage: str, fused: str, fallback: str, gates: Sequence[Gate], forced: str | None, fused_text: str,

@@ -14,8 +14,8 @@ from ..target import Flavour, Target
 from ..weights.blocks import blocks_fit
 from .gates import (BUILDER_PY, ENV_UTILS_CPP, RTX_FACTS, GEMM_DISPATCH_H, MOE_KERNELS_CU, MOE_KERNELS_H,
                     MOE_PLUGIN_CPP, MOE_PY, OURS, PLUGIN_PY, Gate)
-from .tactics import (FINALIZE_DECODE_MAX_AVG_ROWS, FP8_BLOCK_DECODE_ROWS, WOQ_DECODE_MAX_AVG_ROWS, WOQ_WGMMA_TILES,
-                      GemmTactic, RowCount)
+from .tactics import (FINALIZE_DECODE_MAX_AVG_ROWS, FP8_BLOCK_DECODE_ROWS, WOQ_DECODE_MAX_AVG_ROWS, GemmTactic,
+                      RowCount, on_mixed_input_tile)
 
 FUSED_PROLOGUE_MAX_TOKENS = 256
 FUSED_PROLOGUE_TOPK = (1, 2, 4, 6, 8)
@@ -329,7 +329,7 @@ def gated_epilogue_gemm(s: MoESpec) -> Gate:
 # interleaved order: quant not in (w4a16_awq, w8a16) or GEMM1's tactic at these rows in WOQ_WGMMA_TILES
 def gated_epilogue_woq_mixed(s: MoESpec, rows: RowCount, gemm1_tactic: GemmTactic) -> Gate:
     woq = s.quant in (Quant.W4A16_AWQ, Quant.W8A16)
-    mixed = _mixed_input_tactic(gemm1_tactic)
+    mixed = on_mixed_input_tile(gemm1_tactic)
     return Gate("gated_epilogue_woq_mixed_input", f"quant={s.quant.value} rows={rows.rows} gemm1={gemm1_tactic.name}",
                 "quant not in (w4a16_awq, w8a16) or GEMM1's tactic is a mixed-input wgmma tile (woq128x*)",
                 not woq or mixed, OURS, token_dependent=True)
@@ -480,14 +480,9 @@ def finalize_fused(s: MoESpec, rows: RowCount, gemm2_tactic: GemmTactic | None =
     if s.quant in FINALIZE_WOQ_QUANTS:
         return (rows.avg_at_most(WOQ_DECODE_MAX_AVG_ROWS) and (
             s.intermediate_size >= FINALIZE_FUSED_MIN_INTER or rows.rows_below(FINALIZE_FUSED_MAX_ROWS + 1))
-        ) or (rows.avg_at_most(WOQ_FINALIZE_MIXED_MAX_AVG_ROWS) and _mixed_input_tactic(gemm2_tactic))
+        ) or (rows.avg_at_most(WOQ_FINALIZE_MIXED_MAX_AVG_ROWS) and on_mixed_input_tile(gemm2_tactic))
     return (s.intermediate_size >= FINALIZE_FUSED_MIN_INTER or rows.rows_below(FINALIZE_FUSED_MAX_ROWS + 1)
             or not rows.avg_at_most(FINALIZE_DECODE_MAX_AVG_ROWS))
-
-
-def _mixed_input_tactic(tactic: GemmTactic | None) -> bool:
-    """Whether a weight-only GEMM's tactic is one of the mixed-input wgmma kernel's tiles."""
-    return tactic is not None and tactic.kernel == "wgmma" and tactic.tile in WOQ_WGMMA_TILES
 
 
 def finalize_fused_at(s: MoESpec, tokens: int, gemm2_tactic: GemmTactic | None = None) -> bool:

@@ -520,6 +520,11 @@ def woq_mixed_input(call: GemmCall) -> bool:
             and call.n % 8 == 0 and call.k % 64 == 0)
 
 
+def on_mixed_input_tile(tactic: GemmTactic | None) -> bool:
+    """Whether a weight-only GEMM's tactic is one of the mixed-input wgmma kernel's tiles (woq128x*)."""
+    return tactic is not None and tactic.kernel == "wgmma" and tactic.tile in WOQ_WGMMA_TILES
+
+
 # Mixed-input tile, token rows per tile by average rows per expert: 32 up to 16, 64 up to 48, 128 up to 96 (same
 # probe, each tile's worst time over the best tile's at its points: 128x32 1.04 at 8 rows and 1.02 at 16; 128x64 1.00
 # at 32 and 1.08 at 48; 128x128 1.03 at 64; at 96, bench/woq_tile_rows_probe.py's first average, 1.00-1.06 on the
@@ -976,8 +981,7 @@ def _fp8_tactic_problem(call: GemmCall, tactic: GemmTactic) -> str | None:
 def _woq_tactic_problem(call: GemmCall, tactic: GemmTactic) -> str | None:
     """Why the weight-only GEMM (gemm/woq_abi.cu, or with a wgmma tactic the dequantized weights' 16-bit GEMM)
     cannot run `tactic`, or None."""
-    mixed_tile = tactic.kernel == "wgmma" and tactic.tile in WOQ_WGMMA_TILES
-    if call.epilogue == "finalize" and not (tactic.kernel == "decode" or mixed_tile):
+    if call.epilogue == "finalize" and not (tactic.kernel == "decode" or on_mixed_input_tile(tactic)):
         return ("the weight-only finalize epilogue runs on the decode kernel and the mixed-input wgmma tiles "
                 "(woq128x*) only")
     gated_only = "the weight-only gated epilogue runs on the mixed-input wgmma tiles (woq128x*) only"
