@@ -41,12 +41,18 @@ def test_w4afp8_bench_layers_plan_the_fused_expansion_and_time_it_forced_off(nam
     assert (plan.choices(16)["expand_rows"], plan.choices(16)["fc2_prequant"]) == ("prequant_fused", "fused")
     assert plan.choices(1)["finalize"] == "fused"
     assert woq_layer.FORCED[Quant.W4AFP8] == ("ours:expand_rows=plain", "ours:fc2_prequant=separate",
-                                              "ours:finalize=separate", "ours:token_digits=separate")
-    for variant in woq_layer.FORCED[Quant.W4AFP8]:
+                                              "ours:finalize=separate", "ours:token_digits=separate",
+                                              "ours:fc1_activation=separate")
+    for variant in woq_layer.FORCED[Quant.W4AFP8][:-1]:
         force = runner_force(variant)
         forced = make_plan(spec, target, tokens=16, force=force)
         changed = {k for t in (1, 16) for k, v in plan.choices(t).items() if forced.choices(t)[k] != v}
         assert changed == set(force) | ({"token_digits"} if "fc2_prequant" in force else set())
+    # the gated epilogue runs past the decode band (the mixed-input GEMM1's), on W1 interleaved for every count
+    forced = make_plan(spec, target, tokens=4096, force=runner_force("ours:fc1_activation=separate"))
+    assert plan.choices(4096)["fc1_activation"] == "gated_epilogue"
+    changed = {k for k, v in plan.choices(4096).items() if forced.choices(4096)[k] != v}
+    assert changed == {"fc1_activation", "w1_order"}, changed
 
 
 def test_stored_bytes_by_hand() -> None:

@@ -15,7 +15,7 @@ from moe_build.errors import UnsupportedCombination
 from moe_build.planner import make_plan, rules as R
 from moe_build.planner.gates import Plan
 from moe_build.planner.plan import MATRIX_STAGES
-from moe_build.spec import DType, MoESpec, Quant
+from moe_build.spec import ActScale, DType, MoESpec, Quant
 from moe_build.target import Flavour, MoePlugin, Target
 
 MIXTRAL = MoESpec(4096, 14336, 8, 2, dtype=DType.BF16)
@@ -106,6 +106,10 @@ ROWS: list[tuple[str, str, dict, dict, int | None, dict, set[str], dict[str, str
     # as the decode kernel does at 1 token
     ("gated_epilogue_woq_mixed_input", "hopper_awq", {}, {}, 64, {},
      {"gated_epilogue_woq_mixed_input"}, {"fc1_activation": "gated_epilogue"}),
+    # ... W4AFP8 too (W4A16's GEMMs) with a static GEMM2 input scale, which the epilogue quantizes by; with per-row
+    # scales (the base's) the activation kernel writes GEMM2's input
+    ("gated_epilogue_gemm_w4afp8_static", "hopper_w4afp8", {"act_scale": ActScale.STATIC}, {}, 64, {},
+     {"gated_epilogue_gemm"}, {"fc1_activation": "gated_epilogue"}),
     # the weight-only finalize in the decode and mixed-input kernels' epilogues only: in groups of 32 GEMM2 leaves the
     # decode kernel for the mma tiles
     ("finalize_woq_not_mixed_input", "hopper_awq", {"quant_group_size": 32}, {}, 64, {},

@@ -268,6 +268,12 @@ W4AFP8_DEQUANTIZED_STEPS = {
 }
 
 
+# ... and with a static input scale, past the decode band, GEMM1's gated epilogue on the mixed-input tiles: the FC2
+# pre-quant scale and the quantization in it, or (fc2_prequant=separate) the plain epilogue and the step after it
+W4AFP8_GATED_STEPS = {"fused": ["gemm1:woq_wgmma_gated_fc2_prequant_fp8_dequantized"],
+                      "separate": ["gemm1:woq_wgmma_gated", "fc2_prequant:fp8_dequantized"]}
+
+
 @pytest.mark.parametrize("act_scale", [ActScale.STATIC, ActScale.DYNAMIC])
 @pytest.mark.parametrize("expand, fc2", list(W4AFP8_DEQUANTIZED_STEPS))
 def test_w4afp8_runs_the_weight_only_steps_on_dequantized_rows(expand: str, fc2: str, act_scale: ActScale) -> None:
@@ -289,7 +295,11 @@ def test_w4afp8_runs_the_weight_only_steps_on_dequantized_rows(expand: str, fc2:
     steps = kernel_sequence(plan, 16)
     assert steps[2:] == ["routing_prologue:fused", *W4AFP8_DEQUANTIZED_STEPS[expand, fc2], "gemm2:woq", "finalize"]
     wide = [x.replace("gemm1:woq", "gemm1:woq_wgmma") for x in W4AFP8_DEQUANTIZED_STEPS[expand, fc2]]
+    if act_scale is ActScale.STATIC:  # the mixed-input GEMM1's gated epilogue writes GEMM2's dequantized input
+        wide = wide[:wide.index("gemm1:woq_wgmma")] + W4AFP8_GATED_STEPS[fc2]
     assert kernel_sequence(plan, 4096)[2:] == ["routing_prologue:three_step", *wide, "gemm2:woq_wgmma", "finalize"]
+    assert plan.choices(4096)["fc1_activation"] == ("gated_epilogue" if act_scale is ActScale.STATIC else "separate")
+    assert plan.stage("w1_order").choice == ("gate_up_interleaved" if act_scale is ActScale.STATIC else "stacked")
     for tokens in (16, 4096):
         assert plan.choices(tokens)["gemm1_tactic"].split(":")[0] == ("decode" if tokens == 16 else "wgmma")
     layout = workspace_layout(spec, steps_up_to(plan, 4096), 4096)

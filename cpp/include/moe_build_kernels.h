@@ -307,14 +307,17 @@ mb_status mb_fc1_activation_fp8(const void* in, int dtype, const void* b1, const
  * no scales).
  * stages/expand_rows.cu: the rows mb_expand_rows_fp8 quantizes (prequant_scale [H] or NULL, zero_out as
  * mb_expand_rows'); stages/fc1_activation.cu: the values mb_fc1_activation_fp8 quantizes (with MB_ACT_IDENTITY and
- * b1 NULL: in's own rows, the separate step after mb_fc1_activation or a plain expansion). */
+ * b1 NULL: in's own rows, the separate step after mb_fc1_activation or a plain expansion); gate_up_interleaved as
+ * mb_fc1_activation's (a gated activation and a static scale: W1 interleaved where GEMM1's gated epilogue runs in some
+ * band). */
 mb_status mb_expand_rows_fp8_dequantized(const void* input, int dtype, const int32_t* unpermuted_to_permuted,
                                          const float* topk_weights, const float* prequant_scale, int num_tokens,
                                          int hidden, int top_k, const float* static_scale, void* permuted_input,
                                          float* permuted_weights, void* zero_out, cudaStream_t stream);
 mb_status mb_fc1_activation_fp8_dequantized(const void* in, int dtype, const void* b1,
                                             const int64_t* expert_first_token_offset, int num_experts,
-                                            int64_t max_rows, int inter, int activation, float swiglu_alpha,
+                                            int64_t max_rows, int inter, int activation, int gate_up_interleaved,
+                                            float swiglu_alpha,
                                             float swiglu_limit, const float* prequant_scale,
                                             const float* static_scale, void* out, cudaStream_t stream);
 /* ---- end of FP8 activation quantization ------------------------------------------------------------ */
@@ -645,11 +648,15 @@ mb_status mb_grouped_gemm_woq_sm90(const void* A, const void* B, int kind, const
  * feature. No [rows, 2 inter] output is written and no activation step runs. activation a gated one (MB_ACT_SWIGLU,
  * MB_ACT_GEGLU, MB_ACT_SWIGLU_CLAMP with swiglu_alpha and swiglu_limit); b1 and prequant_scale (fp32 [inter], AWQ's FC2
  * pre-quant scale, fc2_prequant=fused) may be NULL; out [max_rows, inter] in dtype; inter % 8 == 0 and n = 2 inter.
+ * fp8_scale (W4AFP8 with a static GEMM2 input scale: a device fp32 scalar, int4 weights only) or NULL: each value is
+ * then stored as mb_fc1_activation_fp8_dequantized stores it, act rounded to dtype, times prequant_scale in fp32,
+ * quantized to e4m3 by fp8_scale and dequantized (the value W4A16's GEMM2 reads for W4AFP8's e4m3 input).
  * Everything else (B, kind, scales, zeros, group, k, tactic, workspace) as mb_grouped_gemm_woq_sm90, whose workspace
  * size covers this kernel too. */
 mb_status mb_grouped_gemm_woq_sm90_gated(const void* A, const void* B, int kind, const void* scales,
                                          const void* zeros, int group, const void* b1, const float* prequant_scale,
-                                         int activation, float swiglu_alpha, float swiglu_limit, void* out,
+                                         const float* fp8_scale, int activation, float swiglu_alpha,
+                                         float swiglu_limit, void* out,
                                          const int64_t* expert_first_token_offset, int num_experts, int64_t max_rows,
                                          int inter, int k, int dtype, mb_gemm_tactic tactic, void* workspace,
                                          size_t workspace_bytes, cudaStream_t stream);

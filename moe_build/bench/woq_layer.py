@@ -61,7 +61,7 @@ FORCED = {Quant.W4A16_AWQ: ("ours:expand_rows=plain", "ours:fc2_prequant=separat
                             "ours:token_digits=separate", "ours:fc1_activation=separate"),
           Quant.W8A16: ("ours:finalize=separate", "ours:fc1_activation=separate"),
           Quant.W4AFP8: ("ours:expand_rows=plain", "ours:fc2_prequant=separate", "ours:finalize=separate",
-                         "ours:token_digits=separate")}
+                         "ours:token_digits=separate", "ours:fc1_activation=separate")}
 # W4AFP8's static FP8 input scales, for the bench's unit-variance tokens: GEMM1's input up to ~4.5 sigma times an AWQ
 # scale below 2, the activation's up to ~3 times one below 2, saturating above (tests/gpu/test_runner_w4afp8.py's)
 W4AFP8_INPUT_SCALES = (6.0 / 448, 4.0 / 448)
@@ -75,10 +75,11 @@ BF16_RATIO = 1.25
 
 def default_variants(quant: Quant, act_scale: ActScale = ActScale.STATIC) -> tuple[str, ...]:
     """What a point times unless --variants says otherwise: ours, each fusion its plan turns on forced off, then
-    OTHERS (W4AFP8 with per-row scales makes its token digits by steps of their own: rules.digits_row_scale)."""
+    OTHERS (W4AFP8 with per-row scales makes its token digits by steps of their own, rules.digits_row_scale, and runs
+    no gated epilogue, rules.gated_epilogue_gemm)."""
     forced = FORCED.get(quant, ())
     if quant is Quant.W4AFP8 and act_scale is not ActScale.STATIC:
-        forced = tuple(v for v in forced if v != "ours:token_digits=separate")
+        forced = tuple(v for v in forced if v not in ("ours:token_digits=separate", "ours:fc1_activation=separate"))
     return ("ours", *forced, *OTHERS)
 
 

@@ -178,7 +178,7 @@ SIGNATURES: dict[str, tuple[type, tuple[type, ...]]] = {
     "mb_expand_rows_fp8_prequantized": (_i, (_p, _p, _i, _p, _p, _i, _i, _i, _p, _p, _p, _p, _i, _p)),
     "mb_fc1_activation_fp8": (_i, (_p, _i, _p, _p, _i, _i64, _i, _i, _f, _f, _p, _p, _i, _p, _p, _p)),
     "mb_expand_rows_fp8_dequantized": (_i, (_p, _i, _p, _p, _p, _i, _i, _i, _p, _p, _p, _p, _p)),
-    "mb_fc1_activation_fp8_dequantized": (_i, (_p, _i, _p, _p, _i, _i64, _i, _i, _f, _f, _p, _p, _p, _p)),
+    "mb_fc1_activation_fp8_dequantized": (_i, (_p, _i, _p, _p, _i, _i64, _i, _i, _i, _f, _f, _p, _p, _p, _p)),
     # end of FP8 activation quantization
     "mb_token_digits": (_i, (_p, _i, _i64, _i, _i, _p, _p)),
     "mb_expand_rows_digits": (_i, (_p, _i, _p, _p, _p, _p, _i, _i, _i, _i, _p, _p, _p, _p)),
@@ -207,8 +207,8 @@ SIGNATURES: dict[str, tuple[type, tuple[type, ...]]] = {
     "mb_woq_dequantize": (_i, (_i, _p, _p, _p, _i, _i, _i, _i, _i, _p, _p)),
     "mb_grouped_gemm_woq_sm90_workspace": (_sz, (_i,)),
     "mb_grouped_gemm_woq_sm90": (_i, (_p, _p, _i, _p, _p, _i, _p, _p, _i, _i64, _i, _i, _i, _t, _p, _sz, _p)),
-    "mb_grouped_gemm_woq_sm90_gated": (_i, (_p, _p, _i, _p, _p, _i, _p, _p, _i, _f, _f, _p, _p, _i, _i64, _i, _i, _i,
-                                            _t, _p, _sz, _p)),
+    "mb_grouped_gemm_woq_sm90_gated": (_i, (_p, _p, _i, _p, _p, _i, _p, _p, _p, _i, _f, _f, _p, _p, _i, _i64, _i, _i,
+                                            _i, _t, _p, _sz, _p)),
     "mb_grouped_gemm_woq_sm90_finalize": (_i, (_p, _p, _i, _p, _p, _i, _p, _p, _p, _p, _p, _i, _i64, _i, _i, _i, _i,
                                                _i, _t, _p, _sz, _p)),
 }

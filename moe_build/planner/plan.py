@@ -207,7 +207,8 @@ def _fc1_activation(spec: MoESpec, target: Target, gemm_kernel: str, tokens: int
     held = {"fused_gated": all(g.held for g in sm80), "gated_epilogue": all(g.held for g in ours)}
     if held["gated_epilogue"] and spec.quant is Quant.FP8_BLOCK and forced in (None, "gated_epilogue"):
         return _fc1_gated_in_decode_band(spec, tokens, (non_gated, *sm80, *ours), texts, forced is not None)
-    if held["gated_epilogue"] and spec.quant.is_weight_only and forced in (None, "gated_epilogue"):
+    if held["gated_epilogue"] and spec.quant in R.GATED_EPILOGUE_MIXED_INPUT_QUANTS and forced in (None,
+                                                                                               "gated_epilogue"):
         return _fc1_gated_in_mixed_band(spec, target, gemm_kernel, tokens, (non_gated, *sm80, *ours), texts,
                                         forced is not None, gemm1_forced)
     choice = next((c for c in ("fused_gated", "gated_epilogue") if held[c]), "separate")
@@ -259,7 +260,8 @@ def _fc1_gated_in_mixed_band(spec: MoESpec, target: Target, gemm_kernel: str, to
                 "tokens)")
     here = rule(T.RowCount(tokens, spec.top_k, spec.local_experts))
     choice = "gated_epilogue" if here.held else "separate"
-    text = ("gated activation in the mixed-input wgmma GEMM1's epilogue (moe-build's own fusion; W1 gate/up rows "
+    fp8 = (" GEMM2's input quantized to e4m3 by its static scale there," if spec.quant is Quant.W4AFP8 else "")
+    text = (f"gated activation in the mixed-input wgmma GEMM1's epilogue (moe-build's own fusion;{fp8} W1 gate/up rows "
             "interleaved by 8)" if choice == "gated_epilogue" else
             texts["separate"] + (" (W1 gate/up rows interleaved by 8)" if any(b.choice == "gated_epilogue"
                                                                              for b in bands) else ""))

@@ -343,7 +343,18 @@ class FusedExperts:
         """gemm1_woq_wgmma_gated with GEMM2's AWQ pre-quant scale applied in the same epilogue (fc2_prequant=fused)."""
         self._woq_wgmma_gated(b, self.w.woq.fc2_act_scale)
 
-    def _woq_wgmma_gated(self, b: Batch, prequant_scale: torch.Tensor | None) -> None:
+    def gemm1_woq_wgmma_gated_fp8_dequantized(self, b: Batch) -> None:
+        """W4AFP8 (static input scales): gemm1_woq_wgmma_gated storing GEMM2's input as fc1_activation_fp8_dequantized
+        would, each activated value quantized to e4m3 by the static GEMM2 input scale and dequantized."""
+        self._woq_wgmma_gated(b, None, self.a2_scale)
+
+    def gemm1_woq_wgmma_gated_prequant_fp8_dequantized(self, b: Batch) -> None:
+        """gemm1_woq_wgmma_gated_fp8_dequantized with the AWQ FC2 pre-quant scale before the quantization
+        (fc2_prequant=fused)."""
+        self._woq_wgmma_gated(b, self.w.woq.fc2_act_scale, self.a2_scale)
+
+    def _woq_wgmma_gated(self, b: Batch, prequant_scale: torch.Tensor | None,
+                         fp8_scale: torch.Tensor | None = None) -> None:
         q, s = self.w.woq, self.spec
         scales, zeros = self.woq_wgmma_scales["w1"]
         self.k.grouped_gemm_woq_sm90_gated(b.v("permuted_input"), q.w1, q.kind.value, scales, zeros,
@@ -351,7 +362,7 @@ class FusedExperts:
                                            prequant_scale=prequant_scale, swiglu_alpha=s.swiglu_alpha,
                                            swiglu_limit=s.swiglu_limit, out=b.v("fc1_act"),
                                            workspace=_opt(b, "gemm_workspace"), stream=b.stream,
-                                           tactic=b.gemm1_tactic)
+                                           tactic=b.gemm1_tactic, fp8_scale=fp8_scale)
 
     def gemm2_woq_wgmma(self, b: Batch) -> None:
         self._woq_wgmma_gemm(b, "w2", b.v("fc1_act"), b.v("gemm2_out"), b.gemm2_tactic)
@@ -519,7 +530,8 @@ class FusedExperts:
         self.k.fc1_activation_fp8_dequantized(b.v("fc1_out"), b.v("expert_offsets"), self.act, self.a2_scale,
                                               bias=self.w.b1, swiglu_alpha=s.swiglu_alpha,
                                               swiglu_limit=s.swiglu_limit, out=b.v("fc1_act"), stream=b.stream,
-                                              prequant_scale=self.w.woq.fc2_act_scale)
+                                              prequant_scale=self.w.woq.fc2_act_scale,
+                                              gate_up_interleaved=self.w1_interleaved)
 
     def fc1_activation_fp8_dequantized_digits(self, b: Batch) -> None:
         """fc1_activation_fp8_dequantized's rows as GEMM2's token digits (token_digits=fused)."""

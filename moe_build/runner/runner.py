@@ -178,6 +178,8 @@ class MoERunner:
             S.GEMM2_WOQ_WGMMA_FINALIZE: ex.gemm2_woq_wgmma_finalize,
             S.GEMM1_WOQ_WGMMA_GATED: ex.gemm1_woq_wgmma_gated,
             S.GEMM1_WOQ_WGMMA_GATED_PREQUANT: ex.gemm1_woq_wgmma_gated_prequant,
+            S.GEMM1_WOQ_WGMMA_GATED_FP8_DEQUANTIZED: ex.gemm1_woq_wgmma_gated_fp8_dequantized,
+            S.GEMM1_WOQ_WGMMA_GATED_PREQUANT_FP8_DEQUANTIZED: ex.gemm1_woq_wgmma_gated_prequant_fp8_dequantized,
             S.GEMM1_WOQ_DIGITS: ex.gemm1_woq_digits, S.GEMM2_WOQ_DIGITS: ex.gemm2_woq_digits,
             S.GEMM2_WOQ_DIGITS_FINALIZE: ex.gemm2_woq_digits_finalize,
             S.TOKEN_DIGITS_GEMM1: ex.token_digits_gemm1, S.TOKEN_DIGITS_GEMM2: ex.token_digits_gemm2,

@@ -88,7 +88,13 @@ GEMM1_WOQ_WGMMA = "gemm1:woq_wgmma"    # mb_grouped_gemm_woq_sm90 (the mixed-inp
 # gated_epilogue, W1 interleaved), with the AWQ FC2 pre-quant scale applied there too (fc2_prequant=fused) or not
 GEMM1_WOQ_WGMMA_GATED = "gemm1:woq_wgmma_gated"
 GEMM1_WOQ_WGMMA_GATED_PREQUANT = "gemm1:woq_wgmma_gated_fc2_prequant"
-GEMM1_WOQ_WGMMA_STEPS = frozenset({GEMM1_WOQ_WGMMA, GEMM1_WOQ_WGMMA_GATED, GEMM1_WOQ_WGMMA_GATED_PREQUANT})
+# ... W4AFP8 (static input scales): the same epilogue storing GEMM2's input as fc1_activation:fp8_dequantized does
+# (the activation, times the AWQ FC2 pre-quant scale where fused, quantized to e4m3 by the static scale, dequantized)
+GEMM1_WOQ_WGMMA_GATED_FP8_DEQUANTIZED = "gemm1:woq_wgmma_gated_fp8_dequantized"
+GEMM1_WOQ_WGMMA_GATED_PREQUANT_FP8_DEQUANTIZED = "gemm1:woq_wgmma_gated_fc2_prequant_fp8_dequantized"
+GEMM1_WOQ_WGMMA_STEPS = frozenset({GEMM1_WOQ_WGMMA, GEMM1_WOQ_WGMMA_GATED, GEMM1_WOQ_WGMMA_GATED_PREQUANT,
+                                   GEMM1_WOQ_WGMMA_GATED_FP8_DEQUANTIZED,
+                                   GEMM1_WOQ_WGMMA_GATED_PREQUANT_FP8_DEQUANTIZED})
 GEMM2_WOQ_WGMMA = "gemm2:woq_wgmma"
 # mb_grouped_gemm_woq_sm90_finalize: the mixed-input GEMM2 with the finalize in its epilogue (finalize=fused past the
 # decode kernel's band, rules.finalize_fused)
@@ -209,9 +215,11 @@ def check_runnable(plan: Plan) -> None:
     if is_fp8(plan) and c["fc1_activation"] not in ("separate", "gated_epilogue"):
         raise MoeBuildError("fc1_activation", "the FP8 GEMM1 stores plainly or runs the gated epilogue",
                             ("separate", "gated_epilogue"))
-    if is_w4afp8(plan) and c["fc1_activation"] != "separate":
-        raise MoeBuildError("fc1_activation", "W4AFP8's GEMM1s store plainly: the activation quantizing GEMM2's input "
-                            "runs as a kernel of its own", "separate")
+    if (is_w4afp8(plan) and c["fc1_activation"] != "separate"
+            and (c["fc1_activation"] != "gated_epilogue" or spec.get("act_scale") != "static")):
+        raise MoeBuildError("fc1_activation", "W4AFP8's GEMM1s store plainly, or run the mixed-input kernel's gated "
+                            "epilogue with a static GEMM2 input scale (a per-row one needs the whole row's amax)",
+                            ("separate", "gated_epilogue with act_scale static"))
     if is_weight_only(plan) and c["fc1_activation"] not in ("separate", "gated_epilogue"):
         raise MoeBuildError("fc1_activation", "the weight-only GEMM1s store plainly or run the mixed-input kernel's "
                             "gated epilogue", ("separate", "gated_epilogue"))
@@ -363,8 +371,7 @@ def _weight_only_steps(plan: Plan, c: dict[str, str]) -> list[str]:
         if gemm1 != GEMM1_WOQ_WGMMA:
             raise MoeBuildError("gemm1_tactic", f"the weight-only gated epilogue is the mixed-input kernel's, not "
                                 f"{c['gemm1_tactic']}'s", "a woq128x* wgmma tile (or fc1_activation=separate)")
-        steps += [GEMM1_WOQ_WGMMA_GATED_PREQUANT] if c["fc2_prequant"] == "fused" else [GEMM1_WOQ_WGMMA_GATED]
-        steps += [FC2_PREQUANT] if c["fc2_prequant"] == "separate" else []
+        steps += _woq_gated_gemm1_steps(c, fp8)
         steps += [TOKEN_DIGITS_GEMM2] if digits2 else []
         return steps + _woq_gemm2_steps(c, digits2) + _shared_experts(plan)
     steps.append(gemm1)
@@ -378,6 +385,20 @@ def _weight_only_steps(plan: Plan, c: dict[str, str]) -> list[str]:
     if digits2 and not fused:
         steps.append(TOKEN_DIGITS_GEMM2)
     return steps + _woq_gemm2_steps(c, digits2) + _shared_experts(plan)
+
+
+def _woq_gated_gemm1_steps(c: dict[str, str], fp8: bool) -> list[str]:
+    """The mixed-input GEMM1 with the gated epilogue, the AWQ FC2 pre-quant scale in it (fc2_prequant=fused) or a scale
+    step after it (separate); W4AFP8 (fp8: static input scales, rules.gated_epilogue_gemm) storing GEMM2's input as its
+    activation step would (the e4m3 quantization dequantized), or, with the scale step forced out, the plain epilogue
+    and the step that scales and quantizes after it."""
+    fused = c["fc2_prequant"] == "fused"
+    if fp8 and c["fc2_prequant"] == "separate":
+        return [GEMM1_WOQ_WGMMA_GATED, FC2_PREQUANT_FP8_DEQUANTIZED]
+    if fp8:
+        return [GEMM1_WOQ_WGMMA_GATED_PREQUANT_FP8_DEQUANTIZED if fused else GEMM1_WOQ_WGMMA_GATED_FP8_DEQUANTIZED]
+    return [GEMM1_WOQ_WGMMA_GATED_PREQUANT if fused else GEMM1_WOQ_WGMMA_GATED] + (
+        [FC2_PREQUANT] if c["fc2_prequant"] == "separate" else [])
 
 
 def _woq_gemm2_steps(c: dict[str, str], digits: bool) -> list[str]:

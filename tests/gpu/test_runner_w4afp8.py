@@ -29,6 +29,7 @@ import torch
 from runner_against_reference import (assert_graph_replay_equals_eager, device_target, errors_against_reference,
                                       torch_dtype)
 
+from moe_build.runner import sequence as S
 from moe_build.spec import ActScale, Activation, DType, MoESpec, Quant, Routing, RoutingMethod
 from moe_build.weights import MoEWeights
 from moe_build.weights.woq import WoqKind
@@ -133,10 +134,57 @@ def test_mixed_input_kernel_past_the_decode_band(mode: tuple, tokens: int) -> No
     from moe_build.runner import MoERunner
     spec, weights = w4afp8_case(BASE, mode, tokens)
     steps = MoERunner(spec, weights, target=device_target(), max_tokens=tokens).kernel_sequence(tokens)
-    assert "gemm1:woq_wgmma" in steps and {"gemm2:woq_wgmma", "gemm2:woq_wgmma_finalize"} & set(steps), steps
+    assert S.GEMM1_WOQ_WGMMA_STEPS & set(steps) and {"gemm2:woq_wgmma", "gemm2:woq_wgmma_finalize"} & set(steps), steps
     assert any(s.startswith("expand_rows:fp8_dequantized") for s in steps), steps
     check(BASE, mode, tokens=tokens)
     check(BASE, mode, MMA_TILES, tokens=tokens)
+
+
+# static input scales, with and without AWQ scales and zero points: GEMM1's gated epilogue past the decode band
+GATED_MODES = [m for m in WGMMA_MODES if m[3]]
+GATED_IDS = [i for m, i in zip(WGMMA_MODES, WGMMA_IDS) if m[3]]
+
+
+@pytest.mark.parametrize("mode", GATED_MODES, ids=GATED_IDS)
+@pytest.mark.parametrize("tokens", [600, 3000])
+def test_gated_epilogue_writes_gemm2_input_where_planned(mode: tuple, tokens: int) -> None:
+    """Static input scales: the mixed-input GEMM1 runs the gated activation in its epilogue and stores GEMM2's input
+    there as the activation step would (the FC2 pre-quant scale and the e4m3 quantization by the static scale,
+    dequantized), with the FC2 scale forced out of it (the plain epilogue, then the step that scales and quantizes), and
+    with the activation forced back into its own kernel (W1 then stacked); and the same runner at 16 tokens, where its
+    activation step reads GEMM1's output in W1's interleaved order: each against the reference."""
+    need_fp8()
+    from moe_build.runner import MoERunner
+    spec, weights = w4afp8_case(BASE, mode, tokens)
+    runner = MoERunner(spec, weights, target=device_target(), max_tokens=tokens)
+    gated = ("gemm1:woq_wgmma_gated_fc2_prequant_fp8_dequantized" if mode[2]
+             else "gemm1:woq_wgmma_gated_fp8_dequantized")
+    assert gated in runner.kernel_sequence(tokens), runner.kernel_sequence(tokens)
+    assert runner.plan.stage("w1_order").choice == "gate_up_interleaved"
+    check(BASE, mode, tokens=tokens)
+    if mode[2]:
+        forced = MoERunner(spec, weights, target=device_target(), max_tokens=tokens, force={"fc2_prequant": "separate"})
+        assert {"gemm1:woq_wgmma_gated", "fc2_prequant:fp8_dequantized"} <= set(forced.kernel_sequence(tokens))
+        check(BASE, mode, {"fc2_prequant": "separate"}, tokens=tokens)
+    separate = MoERunner(spec, weights, target=device_target(), max_tokens=tokens, force={"fc1_activation": "separate"})
+    assert "fc1_activation:fp8_dequantized" in separate.kernel_sequence(tokens), separate.kernel_sequence(tokens)
+    check(BASE, mode, {"fc1_activation": "separate"}, tokens=tokens)
+    assert "fc1_activation:fp8_dequantized" in runner.kernel_sequence(16), runner.kernel_sequence(16)
+    check(BASE, mode, tokens=16, max_tokens=tokens)
+
+
+@pytest.mark.parametrize("mode", GATED_MODES[:2], ids=GATED_IDS[:2])
+def test_digits_tile_reads_w1_interleaved(mode: tuple) -> None:
+    """A runner planned to 3000 tokens holds W1 interleaved (its gated epilogue's band), so at 1 token its digits tile
+    reads token digits that the activation makes from GEMM1's output in that order: against the reference."""
+    need_fp8()
+    from moe_build.runner import MoERunner
+    base = BASE.with_overrides(num_experts=64, top_k=6)
+    spec, weights = w4afp8_case(base, mode, 1)
+    runner = MoERunner(spec, weights, target=device_target(), max_tokens=3000)
+    assert runner.plan.stage("w1_order").choice == "gate_up_interleaved"
+    assert "gemm2:woq_digits_finalize" in runner.kernel_sequence(1) or "gemm2:woq_digits" in runner.kernel_sequence(1)
+    check(base, mode, tokens=1, max_tokens=3000)
 
 
 DIGITS_FORCES = [({}, "fused"), ({"token_digits": "separate"}, "digits_separate"), ({"expand_rows": "plain"},

@@ -123,23 +123,112 @@ def test_refusals() -> None:
         K.grouped_gemm_woq_sm90_gated(odd["a"], odd["b"], "int4", s, zs, odd["off"], 128, "swiglu", tactic=t)
 
 
-@pytest.mark.parametrize("digits", [False, True], ids=["rows", "digits"])
-@pytest.mark.parametrize("act", [a for a in K.Activation if a.is_gated], ids=lambda a: a.name.lower())
-def test_activation_reads_gate_up_interleaved(act: K.Activation, digits: bool) -> None:
-    """fc1_activation / fc1_activation_digits told gate_up_interleaved give, on GEMM1's output and bias in the
-    interleaved order, the bytes they give on the same values stacked (which tests/gpu/test_stage_kernels.py and
-    test_token_digits.py check against fp64)."""
+def interleaved_activation_case() -> tuple[torch.Tensor, int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """GEMM1 outputs [300, 2 x 1408] over 8 experts holding the first 280 rows (random cuts), a bias, a pre-quant scale,
+    and the outputs' columns in W1's interleaved order: (offsets, filled rows, x, bias, scale, x interleaved)."""
     e, rows, filled, inter = 8, 300, 280, 1408
     cuts = torch.sort(torch.randint(0, filled + 1, (e - 1,))).values
     off = torch.cat([torch.zeros(1, dtype=torch.int64), cuts, torch.tensor([filled])]).cuda()
     x = (torch.randn(rows, 2 * inter, device="cuda") * 3).to(torch.bfloat16)
     b = (torch.randn(e, 2 * inter, device="cuda") * 0.5).to(torch.bfloat16)
     s = torch.rand(inter, device="cuda") + 0.5
-    x_in = interleave_gate_up(x.t().unsqueeze(0))[0].t().contiguous()  # the columns in W1's interleaved order
+    return off, filled, x, b, s, interleave_gate_up(x.t().unsqueeze(0))[0].t().contiguous()
+
+
+@pytest.mark.parametrize("digits", [False, True], ids=["rows", "digits"])
+@pytest.mark.parametrize("act", [a for a in K.Activation if a.is_gated], ids=lambda a: a.name.lower())
+def test_activation_reads_gate_up_interleaved(act: K.Activation, digits: bool) -> None:
+    """fc1_activation / fc1_activation_digits told gate_up_interleaved give, on GEMM1's output and bias in the
+    interleaved order, the bytes they give on the same values stacked (which tests/gpu/test_stage_kernels.py and
+    test_token_digits.py check against fp64)."""
+    off, filled, x, b, s, x_in = interleaved_activation_case()
     fn = K.fc1_activation_digits if digits else K.fc1_activation
     stacked = fn(x, off, act, b, 1.702, 7.0, s)
     inter_out = fn(x_in, off, act, interleave_gate_up(b), 1.702, 7.0, s, gate_up_interleaved=True)
     torch.cuda.synchronize()
     assert torch.equal(stacked[:filled], inter_out[:filled]), "the interleaved read differs from the stacked one"
     with pytest.raises(ValueError, match="gate_up_interleaved"):
-        fn(x[:, :2 * inter - 8].contiguous(), off, act, gate_up_interleaved=True)
+        fn(x[:, :x.shape[1] - 8].contiguous(), off, act, gate_up_interleaved=True)
+
+
+@pytest.mark.parametrize("tile", ["woq128x64", "woq128x128", "woq128x256", "woq128x320c2"])
+@pytest.mark.parametrize("activation, bias, prequant, dtype",
+                         [("swiglu", False, True, torch.bfloat16), ("swiglu", True, False, torch.bfloat16),
+                          ("geglu", True, True, torch.float16), ("swiglu_clamp", False, False, torch.bfloat16)],
+                         ids=["swiglu-prequant", "swiglu-bias", "geglu-bias-prequant-fp16", "clamp"])
+def test_fp8_dequantized_against_the_activation_step_and_fp64(tile: str, activation: str, bias: bool, prequant: bool,
+                                                              dtype: torch.dtype) -> None:
+    """W4AFP8 (fp8_scale, a static GEMM2 input scale): each stored value is the plain gated epilogue's act (rounded
+    to out's type) times the pre-quant scale, quantized to e4m3 and dequantized, exactly what
+    fc1_activation_fp8_dequantized's identity writes from that output (tests/gpu/test_fp8_quantize.py checks those
+    bytes against fp64): equal bit for bit, rows past the last expert untouched. And against fp64: within the plain
+    epilogue's bound E (above) plus one e4m3 rounding of the value, 2^-4 (|p act| + E) + 2^-10 s (e4m3's subnormal
+    half-step times the scale s), plus the 16-bit rounding of the dequantized value (bf16's unit roundoff 2^-8 of at
+    most (1 + 2^-4) (|p act| + E) + 2^-10 s): in all, E + (2^-4 + 2^-7) (|p act| + E) + 2^-9 s; no value saturates (s
+    puts the largest at about 300 of e4m3's 448)."""
+    seed = random.SystemRandom().randrange(1 << 30)
+    counts, inter, k, group = [3, 0, 130, 70, 257], 384, 768, 128
+    n = 2 * inter
+    dev, full, mag, used = case(WoqKind.INT4, counts, n, k, group, True, bias, dtype, seed)
+    s, zs = wgmma_scales(WoqKind.INT4, interleave_gate_up(dev["scales"]), interleave_gate_up(dev["zeros"]), dtype)
+    b1 = None if dev["bias"] is None else interleave_gate_up(dev["bias"])
+    spec = MoESpec(hidden_size=k, intermediate_size=inter, num_experts=len(counts), top_k=1,
+                   activation=Activation(activation))
+    pre = torch.rand(inter, device="cuda") * 2 + 0.25 if prequant else None
+    p = torch.ones(inter, dtype=torch.float64) if pre is None else pre.double().cpu()
+    act = activate(spec, full[:used])
+    fp8_scale = torch.tensor([float((act * p).abs().max()) / 300.0], dtype=torch.float32, device="cuda")
+    args = (dev["a"], interleave_gate_up(dev["b"]), "int4", s, zs, dev["off"], group, activation)
+    kw = dict(bias=b1, swiglu_alpha=spec.swiglu_alpha, swiglu_limit=spec.swiglu_limit,
+              tactic=f"wgmma:{tile}:plain:plain")
+    rows = full.shape[0]
+    out = torch.full((rows, inter), float("nan"), dtype=dtype, device="cuda")
+    K.grouped_gemm_woq_sm90_gated(*args, **kw, prequant_scale=pre, out=out, fp8_scale=fp8_scale)
+    plain = K.grouped_gemm_woq_sm90_gated(*args, **kw)
+    stepped = torch.full((rows, inter), float("nan"), dtype=dtype, device="cuda")
+    K.fc1_activation_fp8_dequantized(plain, dev["off"], "identity", fp8_scale, out=stepped, prequant_scale=pre)
+    unquantized = K.grouped_gemm_woq_sm90_gated(*args, **kw, prequant_scale=pre)
+    torch.cuda.synchronize()
+    where = f"(seed {seed}, {tile}, {activation}, bias {bias}, prequant {prequant}, {dtype})"
+    assert torch.isnan(out[used:]).all(), f"rows past the last expert written {where}"
+    assert torch.equal(out[:used], stepped[:used]), f"differs from the activation step's quantization {where}"
+    assert (out[:used] != unquantized[:used]).float().mean() > 0.5, f"most values not quantized {where}"
+    got = out[:used].double().cpu()
+    terms = term_magnitude(dev, counts, rows, group)
+    err_v = (2.0 ** -7 * (full.abs() + mag) + 2.0 ** -8 * terms)[:used]
+    g, u = full[:used, :inter], full[:used, inter:]
+    e = p * (2.0 ** -7 * act.abs() + 1.2 * (u.abs() + 1) * err_v[:, :inter] + (g.abs() + 1) * err_v[:, inter:])
+    ref = act * p
+    bound = e + (2.0 ** -4 + 2.0 ** -7) * (ref.abs() + e) + 2.0 ** -9 * float(fp8_scale) + 1e-30
+    worst = float(((got - ref).abs() / bound).max())
+    assert worst <= 1.0, f"error {worst:.2f}x the bound {where}"
+
+
+def test_fp8_scale_refusals() -> None:
+    """fp8_scale takes int4 weights (W4AFP8's) and a one-element fp32 device tensor."""
+    dev, _, _, _ = case(WoqKind.INT8, [4], 256, 512, 128, False, False, torch.bfloat16, 3)
+    s, zs = wgmma_scales(WoqKind.INT8, dev["scales"], None, torch.bfloat16)
+    t = "wgmma:woq128x64:plain:plain"
+    one = torch.ones(1, device="cuda")
+    with pytest.raises(K.KernelError, match="int4"):
+        K.grouped_gemm_woq_sm90_gated(dev["a"], dev["b"], "int8", s, zs, dev["off"], 128, "swiglu", tactic=t,
+                                      fp8_scale=one)
+    with pytest.raises(ValueError):
+        K.grouped_gemm_woq_sm90_gated(dev["a"], dev["b"], "int8", s, zs, dev["off"], 128, "swiglu", tactic=t,
+                                      fp8_scale=torch.ones(2, device="cuda"))
+
+
+@pytest.mark.parametrize("act", [a for a in K.Activation if a.is_gated], ids=lambda a: a.name.lower())
+def test_fp8_dequantized_activation_reads_gate_up_interleaved(act: K.Activation) -> None:
+    """fc1_activation_fp8_dequantized (W4AFP8's activation step with a static scale) told gate_up_interleaved gives, on
+    GEMM1's output and bias in the interleaved order, the values it gives on the same values stacked (which
+    tests/gpu/test_fp8_quantize.py checks against fp64); per-row scales refuse the interleaved order."""
+    off, filled, x, b, s, x_in = interleaved_activation_case()
+    q = torch.tensor([0.05], device="cuda")
+    stacked = K.fc1_activation_fp8_dequantized(x, off, act, q, b, 1.702, 7.0, prequant_scale=s)
+    inter_out = K.fc1_activation_fp8_dequantized(x_in, off, act, q, interleave_gate_up(b), 1.702, 7.0,
+                                                 prequant_scale=s, gate_up_interleaved=True)
+    torch.cuda.synchronize()
+    assert torch.equal(stacked[:filled], inter_out[:filled]), "the interleaved read differs from the stacked one"
+    with pytest.raises(ValueError, match="gate_up_interleaved"):
+        K.fc1_activation_fp8_dequantized(x_in, off, act, None, gate_up_interleaved=True)

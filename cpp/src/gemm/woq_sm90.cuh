@@ -177,10 +177,12 @@ struct GroupedZeroPointMainloop : Base {
 };
 
 // The epilogue a WoqWgmma runs, by a tag: WoqStore, CUTLASS's TMA store of C^T (below); WoqGated, GEMM1's gated
-// activation; WoqFinalize, GEMM2's finalize (gemm/woq_sm90_gated.cu and gemm/woq_sm90_finalize.cu specialize
+// activation; WoqGatedFp8, the same storing each value as its e4m3 quantization by a static scale, dequantized (W4AFP8,
+// int4 weights only); WoqFinalize, GEMM2's finalize (gemm/woq_sm90_gated.cu and gemm/woq_sm90_finalize.cu specialize
 // WoqEpilogueOf for them).
 struct WoqStore {};
 struct WoqGated {};
+struct WoqGatedFp8 {};
 struct WoqFinalize {};
 template <class Epi, typename T, class TileShape, class ClusterShape>
 struct WoqEpilogueOf;
@@ -472,9 +474,16 @@ mb_status dispatch_woq_sm90(int dtype, int kind, int tile, F&& f) {
       default: return f(WoqWgmma<T, K, 128, 1, Epi>{});  // MB_TILE_WOQ_128x128
     }
   };
-  auto by_kind = [&](auto tag) {
-    return kind == MB_WOQ_INT4 ? by_tile(tag, std::integral_constant<int, MB_WOQ_INT4>{})
-                               : by_tile(tag, std::integral_constant<int, MB_WOQ_INT8>{});
+  auto by_kind = [&](auto tag) -> mb_status {
+    if constexpr (std::is_same_v<Epi, WoqGatedFp8>) {  // W4AFP8's weights are int4
+      if (kind != MB_WOQ_INT4)
+        return fail(MB_ERR_UNSUPPORTED, "grouped gemm woq sm90: the e4m3-dequantized gated epilogue takes int4 "
+                    "weights (W4AFP8), not kind %d", kind);
+      return by_tile(tag, std::integral_constant<int, MB_WOQ_INT4>{});
+    } else {
+      return kind == MB_WOQ_INT4 ? by_tile(tag, std::integral_constant<int, MB_WOQ_INT4>{})
+                                 : by_tile(tag, std::integral_constant<int, MB_WOQ_INT8>{});
+    }
   };
   return dtype == MB_BF16 ? by_kind(__nv_bfloat16{}) : by_kind(__half{});
 }
@@ -491,11 +500,13 @@ size_t woq_sm90_max_workspace(int experts, int sm_count) {
   size_t bytes = 0;
   for (int dtype : {MB_BF16, MB_FP16})
     for (int kind : {MB_WOQ_INT4, MB_WOQ_INT8})
-      for (int tile : kWoqTiles)
+      for (int tile : kWoqTiles) {
+        if (std::is_same_v<Epi, WoqGatedFp8> && kind != MB_WOQ_INT4) continue;  // int4 only
         dispatch_woq_sm90<Epi>(dtype, kind, tile, [&](auto g) {
           bytes = std::max(bytes, woq_sm90_workspace<decltype(g)>(experts, sm_count).total);
           return MB_OK;
         });
+      }
   return bytes;
 }
 

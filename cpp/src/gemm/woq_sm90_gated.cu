@@ -5,6 +5,7 @@
 #include "gemm/woq_sm90.cuh"  // first: it sets NDEBUG and CuTe's extended wgmma shapes before CUTLASS is included
 
 #include "common/act_math.cuh"
+#include "common/fp8_quantize.cuh"  // fp8::dequantized: W4AFP8's GEMM2 input by its static scale
 
 namespace mbk {
 namespace {
@@ -22,6 +23,7 @@ template <typename T>
 struct WoqGatedArguments {
   const T* bias = nullptr;            // b1 [E, 2 inter], interleaved as W1, or null
   const float* prequant = nullptr;    // AWQ's FC2 pre-quant scale [inter], or null
+  const float* fp8_scale = nullptr;   // WoqGatedFp8: GEMM2's static input scale (a device scalar)
   T* out = nullptr;                   // [rows, inter]
   const int64_t* offsets = nullptr;   // the experts' first permuted rows
   int activation = MB_ACT_SWIGLU;     // a gated one
@@ -29,9 +31,13 @@ struct WoqGatedArguments {
   float swiglu_limit = 0.f;
 };
 
-template <typename T>
-class WoqGatedEpilogue : public WoqOwnStoresEpilogue<WoqGatedEpilogue<T>, T, WoqGatedArguments<T>> {
-  using Base = WoqOwnStoresEpilogue<WoqGatedEpilogue<T>, T, WoqGatedArguments<T>>;
+// kFp8 (WoqGatedFp8, W4AFP8 with a static GEMM2 input scale): each value stored as mb_fc1_activation_fp8_dequantized
+// stores it, the activation rounded to T, times the pre-quant scale in fp32, its e4m3 quantization by fp8_scale times
+// fp8_scale (fp8::dequantized), rounded to T: GEMM2's e4m3 input in the values W4A16's GEMM2 reads. A kernel of its own,
+// so that W4A16's and W8A16's gated kernels stay as they were.
+template <typename T, bool kFp8>
+class WoqGatedEpilogue : public WoqOwnStoresEpilogue<WoqGatedEpilogue<T, kFp8>, T, WoqGatedArguments<T>> {
+  using Base = WoqOwnStoresEpilogue<WoqGatedEpilogue<T, kFp8>, T, WoqGatedArguments<T>>;
   using Base::params_;
   using typename Base::Frag;
 
@@ -70,6 +76,11 @@ class WoqGatedEpilogue : public WoqOwnStoresEpilogue<WoqGatedEpilogue<T>, T, Woq
       if (params_.prequant) scale = __ldg(params_.prequant + feature);
     }
     const float alpha = params_.swiglu_alpha, limit = params_.swiglu_limit;
+    float q = 1.f, y = 1.f;  // kFp8: the static scale and its correctly rounded reciprocal
+    if constexpr (kFp8) {
+      q = *params_.fp8_scale;
+      y = __frcp_rn(q);
+    }
     T* out = params_.out + f.row0 * inter + (feature & ~1);
     CUTLASS_PRAGMA_UNROLL
     for (int j = 0; j < cute::size(acc) / 4; ++j) {
@@ -80,33 +91,62 @@ class WoqGatedEpilogue : public WoqOwnStoresEpilogue<WoqGatedEpilogue<T>, T, Woq
         u0 += bu;
         u1 += bu;
       }
-      const float a0 = mb::act_apply<ACT>(g0, u0, alpha, limit) * scale;  // token n0 + 8j
-      const float a1 = mb::act_apply<ACT>(g1, u1, alpha, limit) * scale;  // token n0 + 8j + 1
+      float a0, a1;  // tokens n0 + 8j and n0 + 8j + 1
+      if constexpr (kFp8) {
+        a0 = mb::fp8::dequantized(__fmul_rn(rounded(mb::act_apply<ACT>(g0, u0, alpha, limit)), scale), q, y);
+        a1 = mb::fp8::dequantized(__fmul_rn(rounded(mb::act_apply<ACT>(g1, u1, alpha, limit)), scale), q, y);
+      } else {
+        a0 = mb::act_apply<ACT>(g0, u0, alpha, limit) * scale;
+        a1 = mb::act_apply<ACT>(g1, u1, alpha, limit) * scale;
+      }
       const float got = __shfl_xor_sync(0xffffffffu, odd ? a0 : a1, 4);
       const int token = f.n0 + 8 * j + (odd ? 1 : 0);
       const typename P2::type pair = odd ? P2::make(got, a1) : P2::make(a0, got);
       if (in && token < f.N) *reinterpret_cast<typename P2::type*>(out + static_cast<int64_t>(token) * inter) = pair;
     }
   }
+
+  // v rounded to T and back (kFp8: the activation as the 16-bit activation step would store it).
+  CUTLASS_DEVICE static float rounded(float v) { return mb::to_f32(mb::from_f32<T>(v)); }
 };
 
 template <typename T, class TileShape, class ClusterShape>
 struct WoqEpilogueOf<WoqGated, T, TileShape, ClusterShape> {
-  using type = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<WoqGatedEpilogue<T>>;
+  using type = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<WoqGatedEpilogue<T, false>>;
 };
+template <typename T, class TileShape, class ClusterShape>
+struct WoqEpilogueOf<WoqGatedFp8, T, TileShape, ClusterShape> {
+  using type = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<WoqGatedEpilogue<T, true>>;
+};
+
+// The entry point's kernels with the epilogue Epi (WoqGated or WoqGatedFp8).
+template <class Epi>
+mb_status run_gated(const WoqSm90Params& p, int dtype, const mb_gemm_tactic& tactic,
+                    const WoqGatedArguments<void>& args, void* workspace, size_t workspace_bytes,
+                    cudaStream_t stream) {
+  return dispatch_woq_sm90<Epi>(dtype, p.kind, tactic.tile, [&](auto g) {
+    using G = decltype(g);
+    using T = typename G::Value;
+    const typename G::Epilogue::Arguments epi{static_cast<const T*>(args.bias), args.prequant, args.fp8_scale,
+                                              static_cast<T*>(args.out), args.offsets, args.activation,
+                                              args.swiglu_alpha, args.swiglu_limit};
+    return run_woq_sm90<G>(p, [&](const GroupArrays<G>&) { return epi; }, workspace, workspace_bytes, stream);
+  });
+}
 
 }  // namespace
 
 size_t woq_sm90_gated_workspace(int num_experts, int sm_count) {
-  return woq_sm90_max_workspace<WoqGated>(num_experts, sm_count);
+  return std::max(woq_sm90_max_workspace<WoqGated>(num_experts, sm_count),
+                  woq_sm90_max_workspace<WoqGatedFp8>(num_experts, sm_count));
 }
 
 }  // namespace mbk
 
 extern "C" mb_status mb_grouped_gemm_woq_sm90_gated(const void* A, const void* B, int kind, const void* scales,
                                                     const void* zeros, int group, const void* b1,
-                                                    const float* prequant_scale, int activation, float swiglu_alpha,
-                                                    float swiglu_limit, void* out,
+                                                    const float* prequant_scale, const float* fp8_scale,
+                                                    int activation, float swiglu_alpha, float swiglu_limit, void* out,
                                                     const int64_t* expert_first_token_offset, int num_experts,
                                                     int64_t max_rows, int inter, int k, int dtype,
                                                     mb_gemm_tactic tactic, void* workspace, size_t workspace_bytes,
@@ -121,18 +161,19 @@ extern "C" mb_status mb_grouped_gemm_woq_sm90_gated(const void* A, const void* B
   if (activation == MB_ACT_SWIGLU_CLAMP && !(swiglu_limit > 0.f))
     return mb::fail(MB_ERR_INVALID_ARGUMENT, "%s: swiglu_limit must be > 0 (inf for none), got %g", who,
                      swiglu_limit);
-  if (reinterpret_cast<uintptr_t>(b1) % 2 != 0 || reinterpret_cast<uintptr_t>(prequant_scale) % 4 != 0)
-    return mb::fail(MB_ERR_INVALID_ARGUMENT, "%s: b1 and prequant_scale must be aligned to their elements", who);
+  if (reinterpret_cast<uintptr_t>(b1) % 2 != 0 || reinterpret_cast<uintptr_t>(prequant_scale) % 4 != 0 ||
+      reinterpret_cast<uintptr_t>(fp8_scale) % 4 != 0)
+    return mb::fail(MB_ERR_INVALID_ARGUMENT, "%s: b1, prequant_scale and fp8_scale must be aligned to their elements",
+                    who);
+  if (fp8_scale != nullptr && kind != MB_WOQ_INT4)
+    return mb::fail(MB_ERR_INVALID_ARGUMENT, "%s: fp8_scale (W4AFP8's GEMM2 input scale) takes int4 weights, not kind "
+                    "%d", who, kind);
   const mbk::WoqSm90Params p{A, B, scales, zeros, out, expert_first_token_offset, num_experts, 2 * inter, k, group,
                              kind};
   MB_TRY(mbk::check_woq_sm90(p, max_rows, dtype, tactic, who));
   if (max_rows == 0) return MB_OK;
-  return mbk::dispatch_woq_sm90<mbk::WoqGated>(dtype, kind, tactic.tile, [&](auto g) {
-    using G = decltype(g);
-    using T = typename G::Value;
-    const typename G::Epilogue::Arguments epi{static_cast<const T*>(b1), prequant_scale, static_cast<T*>(out),
-                                              expert_first_token_offset, activation, swiglu_alpha, swiglu_limit};
-    return mbk::run_woq_sm90<G>(p, [&](const mbk::GroupArrays<G>&) { return epi; }, workspace, workspace_bytes,
-                                stream);
-  });
+  const mbk::WoqGatedArguments<void> args{b1, prequant_scale, fp8_scale, out, expert_first_token_offset, activation,
+                                          swiglu_alpha, swiglu_limit};
+  return fp8_scale ? mbk::run_gated<mbk::WoqGatedFp8>(p, dtype, tactic, args, workspace, workspace_bytes, stream)
+                   : mbk::run_gated<mbk::WoqGated>(p, dtype, tactic, args, workspace, workspace_bytes, stream);
 }

@@ -719,16 +719,21 @@ extern "C" mb_status mb_fc1_activation(const void* in, int dtype, const void* b1
 
 extern "C" mb_status mb_fc1_activation_fp8_dequantized(const void* in, int dtype, const void* b1,
                                                        const int64_t* expert_first_token_offset, int num_experts,
-                                                       int64_t max_rows, int inter, int activation, float swiglu_alpha,
+                                                       int64_t max_rows, int inter, int activation,
+                                                       int gate_up_interleaved, float swiglu_alpha,
                                                        float swiglu_limit, const float* prequant_scale,
                                                        const float* static_scale, void* out, cudaStream_t stream) {
   const char* who = "mb_fc1_activation_fp8_dequantized";
+  // per-row scales: the FP8 row kernels read gate and up stacked (a W4AFP8 layer with them runs no gated epilogue)
+  MB_REQUIRE(static_scale != nullptr || gate_up_interleaved == 0,
+             "%s: gate_up_interleaved takes a static scale (per-row scales read gate and up stacked)", who);
   if (static_scale == nullptr)
     return fc1_activation_quantized<true>(who, in, dtype, b1, expert_first_token_offset, num_experts, max_rows, inter,
                                           activation, swiglu_alpha, swiglu_limit, prequant_scale, nullptr, 0, out,
                                           nullptr, stream);
   return fc1_activation(who, in, dtype, b1, expert_first_token_offset, num_experts, max_rows, inter, activation,
-                        false, swiglu_alpha, swiglu_limit, prequant_scale, static_scale, out, stream);
+                        gate_up_interleaved != 0, swiglu_alpha, swiglu_limit, prequant_scale, static_scale, out,
+                        stream);
 }
 
 extern "C" mb_status mb_fc1_activation_fp8(const void* in, int dtype, const void* b1,

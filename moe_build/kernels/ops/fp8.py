@@ -354,17 +354,21 @@ def fc1_activation_fp8_dequantized(input: torch.Tensor, expert_first_token_offse
                                    bias: torch.Tensor | None = None, swiglu_alpha: float = 1.0,
                                    swiglu_limit: float = math.inf, out: torch.Tensor | None = None,
                                    stream: int | torch.cuda.Stream | None = None, *,
-                                   prequant_scale: torch.Tensor | None = None) -> torch.Tensor:
+                                   prequant_scale: torch.Tensor | None = None,
+                                   gate_up_interleaved: bool = False) -> torch.Tensor:
     """fc1_activation_fp8's values by a static scale (None: each row's dynamic scale), each stored dequantized in
     input's 16-bit type: input [R, N1] -> out [R, I]; rows >= offsets[E] untouched. With activation "identity" and no
     bias, input's own rows quantized (the separate step). GEMM2's input for W4AFP8, whose GEMMs are W4A16's on 16-bit
-    rows."""
+    rows. gate_up_interleaved (a static scale only): input's and bias's columns in W1's interleaved order, as
+    fc1_activation's."""
+    if gate_up_interleaved and static_scale is None:
+        raise ValueError("gate_up_interleaved: per-row scales read gate and up stacked (a static scale only)")
     act, dev, rows, inter = _activation_args(input, expert_first_token_offset, activation, bias)
     e = expert_first_token_offset.shape[0] - 1
     scale = _fp8_static(static_scale, dev)
     pre = _prequant(prequant_scale, inter, dev)
     o = _out(out, "out", (rows, inter), input.dtype, dev)
     call("mb_fc1_activation_fp8_dequantized", input.data_ptr(), _dtype_code(input, "input"), _ptr(bias),
-          expert_first_token_offset.data_ptr(), e, rows, inter, int(act), swiglu_alpha, swiglu_limit,
-          pre, scale, o.data_ptr(), _stream(stream, dev))
+          expert_first_token_offset.data_ptr(), e, rows, inter, int(act), int(gate_up_interleaved), swiglu_alpha,
+          swiglu_limit, pre, scale, o.data_ptr(), _stream(stream, dev))
     return o

@@ -227,11 +227,13 @@ def grouped_gemm_woq_sm90_gated(a: torch.Tensor, b: torch.Tensor, kind: int | st
                                 swiglu_limit: float = math.inf, out: torch.Tensor | None = None,
                                 workspace: torch.Tensor | None = None,
                                 stream: int | torch.cuda.Stream | None = None, *,
-                                tactic: GemmTactic | str) -> torch.Tensor:
+                                tactic: GemmTactic | str, fp8_scale: torch.Tensor | None = None) -> torch.Tensor:
     """GEMM1 on grouped_gemm_woq_sm90's kernel with the gated activation in its epilogue: out [R, I] = act(gate + bg,
     up + bu) (* prequant_scale) for W1 (b, scales, zeros) and bias [E, 2I] in interleave_gate_up's order (I a multiple
     of 8), each feature's gate and up products never stored. prequant_scale fp32 [I] (AWQ's FC2 pre-quant scale) or
-    None; the rest as grouped_gemm_woq_sm90's."""
+    None. fp8_scale (W4AFP8's static GEMM2 input scale, a one-element fp32 tensor; int4 weights): each value stored as
+    fc1_activation_fp8_dequantized stores it (the activation rounded to out's type, times prequant_scale, quantized to
+    e4m3 by fp8_scale, dequantized). The rest as grouped_gemm_woq_sm90's."""
     act = Activation(_enum(activation, Activation, "activation"))
     if not act.is_gated:
         raise ValueError(f"activation: the gated epilogue takes a gated activation, got {act.name.lower()}")
@@ -241,10 +243,11 @@ def grouped_gemm_woq_sm90_gated(a: torch.Tensor, b: torch.Tensor, kind: int | st
     if bias is not None:
         _check(bias, "bias", (e, n), a.dtype, dev)
     pre = _prequant(prequant_scale, n // 2, dev)
+    fp8 = _fp8_static(fp8_scale, dev)
     o = _out(out, "out", (rows, n // 2), a.dtype, dev)
     ws, ws_bytes = _workspace(workspace, lambda: grouped_gemm_woq_sm90_workspace_bytes(e), dev)
     call("mb_grouped_gemm_woq_sm90_gated", a.data_ptr(), b.data_ptr(), int(mode), scales.data_ptr(), _ptr(zeros),
-         group, _ptr(bias), pre, int(act), swiglu_alpha, swiglu_limit, o.data_ptr(),
+         group, _ptr(bias), pre, fp8, int(act), swiglu_alpha, swiglu_limit, o.data_ptr(),
          expert_first_token_offset.data_ptr(), e, rows, n // 2, k, _dtype_code(o, "out"), tactic_struct(tactic), ws,
          ws_bytes, _stream(stream, dev))
     return o
