@@ -74,3 +74,41 @@ def test_every_gate_source_that_names_a_repository_file_exists() -> None:
     assert named, "expected some gate sources to name repository files"
     assert all((ROOT / m).exists() for m in named), sorted(m for m in named if not (ROOT / m).exists())
     assert not [s for s in sources if any(o in s for o in OUTSIDE)]
+
+
+def _slug(heading: str) -> str:
+    """A markdown heading's anchor as GitHub writes it: formatting marks dropped, lower case, punctuation other than
+    hyphens and underscores removed, each space a hyphen."""
+    text = re.sub(r"[`*]", "", heading.strip()).lower()
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def _anchors(doc: Path) -> set[str]:
+    """Every heading anchor of `doc` (a repeated heading's later anchors take -1, -2, ... as GitHub numbers them)."""
+    seen: dict[str, int] = {}
+    anchors = set()
+    in_code = False
+    for line in doc.read_text().splitlines():
+        if line.startswith("```"):
+            in_code = not in_code
+        m = None if in_code else re.match(r"^#{1,6}\s+(.*)$", line)
+        if m:
+            slug = _slug(m.group(1))
+            anchors.add(slug if slug not in seen else f"{slug}-{seen[slug]}")
+            seen[slug] = seen.get(slug, 0) + 1
+    return anchors
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=[str(d.relative_to(ROOT)) for d in DOCS])
+def test_every_link_anchor_names_a_heading(doc: Path) -> None:
+    """A link to `file.md#anchor` (or `#anchor` in the same document) lands on a heading of that document: anchors
+    follow headings, so a renamed or re-dated heading must take its links along."""
+    broken = []
+    for target in LINK.findall(doc.read_text()):
+        if re.match(r"^[a-z]+:", target) or "#" not in target:
+            continue
+        path, anchor = target.split("#", 1)
+        md = doc if not path else next((p for p in (doc.parent / path, ROOT / path) if p.exists()), None)
+        if md is not None and md.suffix == ".md" and anchor not in _anchors(md):
+            broken.append(target)
+    assert not broken, f"{doc.relative_to(ROOT)} links to headings that do not exist: {sorted(set(broken))}"
