@@ -18,6 +18,7 @@ inside the same bound.
 """
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -399,38 +400,71 @@ def test_refusals_name_the_problem(change: dict, words: str) -> None:
 # of the top_k adds rounds the running sum (at most M1 + |fill|, M1 = sum_j |w_j ref_j|) once: |out - ref| <=
 # 2^-8 (M1 + M2) + top_k u (M1 + |fill|), M2 = sum_j |w_j| S_j, u 2^-8 (bf16) or 2^-11 (fp16).
 
-def finalize_run(kind: WoqKind, group: int, zeros: bool, n: int, k: int, tokens: int, top_k: int, k_split: int,
-                 bias: bool = False, dtype: torch.dtype = torch.bfloat16,
-                 staged: bool = False, digits: bool = False) -> None:
+@dataclasses.dataclass
+class FinalizeCase:
+    """A finalize GEMM's operands: case()'s over routed rows, the routing weights and the output's fill."""
+    seed: int
+    remote_only: bool  # token 0 on remote experts only: its output row must keep its fill
+    ptu: torch.Tensor  # permuted_to_unpermuted, on the GPU
+    counts: list[int]
+    dev: dict
+    ref: torch.Tensor
+    mag: torch.Tensor
+    used: int
+    weights: torch.Tensor
+    fill: torch.Tensor
+
+
+def finalize_case(kind: WoqKind, n: int, k: int, group: int, zeros: bool, bias: bool, dtype: torch.dtype,
+                  tokens: int, top_k: int) -> FinalizeCase:
+    """Fresh operands for a finalize GEMM of `tokens` tokens routed by finalize_routing.routed."""
     seed = random.SystemRandom().randrange(1 << 30)
-    remote_only = top_k <= REMOTE  # token 0 on remote experts only: its output row must keep its fill
+    remote_only = top_k <= REMOTE
     ptu, counts = routed(tokens, top_k, seed + 7, remote_first=remote_only)
     gen = torch.Generator().manual_seed(seed + 8)
     dev, ref, mag, used = case(kind, counts, n, k, group, zeros, bias, dtype, seed,
                                pad_rows=tokens * top_k - sum(counts))
     weights = torch.rand(tokens * top_k, generator=gen)
     fill = torch.randn(tokens, n, generator=gen).to(dtype)
-    out = fill.cuda()
-    form = "digits_" if digits else "staged_" if staged else ""
-    tactic = f"decode:{form}ksplit{k_split}:after_trigger:plain"
-    K.grouped_gemm_woq_finalize(a_operand(dev, tactic, group), dev["b"], kind.value, dev["scales"], dev["off"], group, ptu,
-                                weights.cuda(), tokens, top_k, zeros=dev["zeros"], bias=dev["bias"], out=out,
-                                tactic=tactic, out_dtype=dtype)
-    torch.cuda.synchronize()
-    token = (ptu.cpu().long() // top_k)[:used]
-    w = weights.double()[:used, None]
-    want, m1, m2 = (torch.zeros(tokens, n, dtype=torch.float64).index_add_(0, token, x)
-                    for x in (w * ref[:used], w.abs() * ref[:used].abs(), w.abs() * mag[:used]))
+    return FinalizeCase(seed, remote_only, ptu, counts, dev, ref, mag, used, weights, fill)
+
+
+def check_finalize(c: FinalizeCase, out: torch.Tensor, row_err: torch.Tensor, top_k: int, dtype: torch.dtype,
+                   where: str) -> None:
+    """The bound above on `out` (the finalize added into c.fill) against the fp64 reference: row_err [used, n] is each
+    permuted row's stored-value bound, so its weighted sum over a token's rows is the first term; remote-only tokens
+    keep their fill exactly."""
+    tokens, n = c.fill.shape
+    token = (c.ptu.cpu().long() // top_k)[:c.used]
+    w = c.weights.double()[:c.used, None]
+    ref = c.ref[:c.used]
+    want, m1, e = (torch.zeros(tokens, n, dtype=torch.float64).index_add_(0, token, x)
+                   for x in (w * ref, w.abs() * ref.abs(), w.abs() * row_err))
     untouched = torch.ones(tokens, dtype=torch.bool)
     untouched[token] = False
     got = out.cpu()
-    where = f"(seed {seed}, {kind.value}, group {group}, n {n}, k {k}, {tactic}, {dtype})"
-    assert untouched.any() or not remote_only, f"token 0 has a local expert {where}"
-    assert torch.equal(got[untouched], fill[untouched]), f"a remote-only token written {where}"
+    assert untouched.any() or not c.remote_only, f"token 0 has a local expert {where}"
+    assert torch.equal(got[untouched], c.fill[untouched]), f"a remote-only token written {where}"
     u = 2.0 ** -8 if dtype == torch.bfloat16 else 2.0 ** -11
-    bound = 2.0 ** -8 * (m1 + m2) + top_k * u * (m1 + fill.double().abs()) + 1e-30
-    worst = float(((got.double() - fill.double() - want).abs() / bound).max())
+    bound = e + top_k * u * (m1 + c.fill.double().abs()) + 1e-30
+    worst = float(((got.double() - c.fill.double() - want).abs() / bound).max())
     assert worst <= 1.0, f"error {worst:.2f}x the bound {where}"
+
+
+def finalize_run(kind: WoqKind, group: int, zeros: bool, n: int, k: int, tokens: int, top_k: int, k_split: int,
+                 bias: bool = False, dtype: torch.dtype = torch.bfloat16,
+                 staged: bool = False, digits: bool = False) -> None:
+    c = finalize_case(kind, n, k, group, zeros, bias, dtype, tokens, top_k)
+    out = c.fill.cuda()
+    form = "digits_" if digits else "staged_" if staged else ""
+    tactic = f"decode:{form}ksplit{k_split}:after_trigger:plain"
+    dev = c.dev
+    K.grouped_gemm_woq_finalize(a_operand(dev, tactic, group), dev["b"], kind.value, dev["scales"], dev["off"], group,
+                                c.ptu, c.weights.cuda(), tokens, top_k, zeros=dev["zeros"], bias=dev["bias"], out=out,
+                                tactic=tactic, out_dtype=dtype)
+    torch.cuda.synchronize()
+    where = f"(seed {c.seed}, {kind.value}, group {group}, n {n}, k {k}, {tactic}, {dtype})"
+    check_finalize(c, out, 2.0 ** -8 * (c.ref[:c.used].abs() + c.mag[:c.used]), top_k, dtype, where)
 
 
 # the int4 codes forms (the staged kernel, and the ring one: k 97 x 128, where 8 staged rows would pass the staged

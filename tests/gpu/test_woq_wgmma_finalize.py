@@ -17,13 +17,10 @@ weight or bias put errors of the order of the outputs themselves on most element
 """
 from __future__ import annotations
 
-import random
-
 import pytest
 
 torch = pytest.importorskip("torch")
-from finalize_routing import REMOTE, routed  # noqa: E402
-from test_woq_gemm import case  # noqa: E402
+from test_woq_gemm import case, check_finalize, finalize_case  # noqa: E402
 from test_woq_wgmma import TILES, term_magnitude  # noqa: E402
 
 from moe_build import kernels as K  # noqa: E402
@@ -36,44 +33,26 @@ pytestmark = [pytest.mark.gpu,
 
 def run(kind: WoqKind, n: int, k: int, group: int, zeros: bool, tile: str, tokens: int, top_k: int,
         bias: bool = False, dtype: torch.dtype = torch.bfloat16) -> None:
-    seed = random.SystemRandom().randrange(1 << 30)
-    remote_only = top_k <= REMOTE  # token 0 on remote experts only: its output row must keep its fill
-    ptu, counts = routed(tokens, top_k, seed + 7, remote_first=remote_only)
-    gen = torch.Generator().manual_seed(seed + 8)
-    dev, ref, mag, used = case(kind, counts, n, k, group, zeros, bias, dtype, seed,
-                               pad_rows=tokens * top_k - sum(counts))
+    c = finalize_case(kind, n, k, group, zeros, bias, dtype, tokens, top_k)
+    dev = c.dev
     s, zs = wgmma_scales(kind, dev["scales"], dev["zeros"], dtype)
-    weights = torch.rand(tokens * top_k, generator=gen)
-    fill = torch.randn(tokens, n, generator=gen).to(dtype)
-    out = fill.cuda()
-    args = (dev["a"], dev["b"], kind.value, s, zs, dev["off"], group, ptu, weights.cuda(), tokens, top_k)
+    out = c.fill.cuda()
+    args = (dev["a"], dev["b"], kind.value, s, zs, dev["off"], group, c.ptu, c.weights.cuda(), tokens, top_k)
     kw = dict(bias=dev["bias"], out=out, tactic=f"wgmma:{tile}:plain:plain")
-    where = (f"(seed {seed}, {kind.value}, counts {counts}, n {n}, k {k}, group {group}, zeros {zeros}, {tile}, "
+    where = (f"(seed {c.seed}, {kind.value}, counts {c.counts}, n {n}, k {k}, group {group}, zeros {zeros}, {tile}, "
              f"tokens {tokens}, top_k {top_k}, bias {bias}, {dtype})")
     if tile == "woq128x320c2" and -(-n // 128) % 2:  # its 2x1 clusters take the 128-row weight tiles in pairs
         with pytest.raises(K.KernelError, match="even count of 128-row weight tiles"):
             K.grouped_gemm_woq_sm90_finalize(*args, **kw)
         torch.cuda.synchronize()
-        assert torch.equal(out.cpu(), fill), f"a refused call wrote its output {where}"
+        assert torch.equal(out.cpu(), c.fill), f"a refused call wrote its output {where}"
         return
     K.grouped_gemm_woq_sm90_finalize(*args, **kw)
     torch.cuda.synchronize()
-    token = (ptu.cpu().long() // top_k)[:used]
-    w = weights.double()[:used, None]
-    terms = (term_magnitude(dev, counts, ref.shape[0], group) if kind is WoqKind.INT4
-             else torch.zeros_like(ref))[:used]
-    row_err = 2.0 ** -7 * (ref[:used].abs() + mag[:used]) + 2.0 ** -8 * terms
-    want, m1, e = (torch.zeros(tokens, n, dtype=torch.float64).index_add_(0, token, x)
-                   for x in (w * ref[:used], w.abs() * ref[:used].abs(), w.abs() * row_err))
-    untouched = torch.ones(tokens, dtype=torch.bool)
-    untouched[token] = False
-    got = out.cpu()
-    assert untouched.any() or not remote_only, f"token 0 has a local expert {where}"
-    assert torch.equal(got[untouched], fill[untouched]), f"a remote-only token written {where}"
-    u = 2.0 ** -8 if dtype == torch.bfloat16 else 2.0 ** -11
-    bound = e + top_k * u * (m1 + fill.double().abs()) + 1e-30
-    worst = float(((got.double() - fill.double() - want).abs() / bound).max())
-    assert worst <= 1.0, f"error {worst:.2f}x the bound {where}"
+    terms = (term_magnitude(dev, c.counts, c.ref.shape[0], group) if kind is WoqKind.INT4
+             else torch.zeros_like(c.ref))[:c.used]
+    row_err = 2.0 ** -7 * (c.ref[:c.used].abs() + c.mag[:c.used]) + 2.0 ** -8 * terms
+    check_finalize(c, out, row_err, top_k, dtype, where)
 
 
 @pytest.mark.parametrize("tile", TILES)
