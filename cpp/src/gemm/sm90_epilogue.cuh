@@ -100,14 +100,13 @@ __device__ __forceinline__ uint64_t l2_evict_last() {
 // quantizing GEMM2's input").
 constexpr int EPI_GATED_E4M3 = 3;
 
-// Operator-style epilogue run by CUTLASS's Sm90TmaWarpSpecializedAdapter (the same hook as its
-// DefaultEpilogueArray): each consumer thread gets its wgmma accumulator fragment and the
-// fragment's (row, column) coordinates in the current group, and writes them itself.
-// kFp8Rowwise (every mode): the accumulators are FP8 products, scaled here by the row's and the column's
-// scale (MB_FP8_ROWWISE, gemm/fp8.cuh) before the bias (and the gated activation, or the finalize's routing
-// weight).
-template <typename T, int kEpi, bool kFp8Rowwise = false>
-class MoeEpilogue {
+// What CUTLASS's kernel and GemmUniversalAdapter read of an epilogue run by its Sm90TmaWarpSpecializedAdapter (the
+// same hook as its DefaultEpilogueArray) whose consumer threads write their own accumulator fragments, with no shared
+// memory and no TMA store: its types and host hooks, for arguments Args holding at least `out` and `offsets`, which
+// are also its params. MoeEpilogue below and the weight-only GEMMs' transposed epilogues (gemm/woq_sm90.cuh,
+// WoqOwnStoresEpilogue) derive from it.
+template <typename T, class Args>
+class OwnStoresEpilogueSurface {
  public:
   using EpilogueSchedule = cutlass::epilogue::PtrArrayNoSmemWarpSpecialized;
   using DispatchPolicy = EpilogueSchedule;
@@ -128,27 +127,8 @@ class MoeEpilogue {
   };
   struct SharedStorage {};
   using TensorMapStorage = SharedStorage;
-
-  struct Arguments {
-    const T* bias = nullptr;        // [E, N] or null
-    T* out = nullptr;               // plain: [rows, N]; finalize: [tokens, N], zeroed by the caller
-    const int64_t* offsets = nullptr;
-    const int32_t* permuted_to_unpermuted = nullptr;
-    const float* permuted_weights = nullptr;
-    int top_k = 1;
-    int activation = MB_ACT_SWIGLU;  // gated epilogue: act(gate, up), gate_up_interleaved W1 (gated_row)
-    float swiglu_alpha = 1.f;
-    float swiglu_limit = 0.f;
-    bool evict_last = false;  // the gated stores and finalize atomics under L2 evict_last (MB_OUTPUT_L2_EVICT_LAST)
-    const float* row_scale = nullptr;  // kFp8Rowwise: [rows] per permuted row
-    const float* col_scale = nullptr;  // kFp8Rowwise: [E, N] per expert and output column
-    // EPI_GATED_E4M3 (fc2_input_quant=gemm1): out is e4m3 [rows, N / 2], each act(gate, up) rounded to T and then
-    // quantized by this static scale (device scalar) as common/fp8_quantize.cuh does; out_scales [rows] gets the
-    // scale of every row written.
-    const float* out_static_scale = nullptr;
-    float* out_scales = nullptr;
-  };
-  using Params = Arguments;
+  using Arguments = Args;
+  using Params = Args;
 
   template <class PS>
   static constexpr Params to_underlying_arguments(PS const&, Arguments const& args, void*) {
@@ -168,9 +148,50 @@ class MoeEpilogue {
     return args.out != nullptr && args.offsets != nullptr;
   }
 
-  CUTLASS_HOST_DEVICE MoeEpilogue(Params const& params) : params_(params) {}
+  CUTLASS_HOST_DEVICE OwnStoresEpilogueSurface(Params const& params) : params_(params) {}
 
   CUTLASS_DEVICE bool is_source_needed() { return false; }
+
+ protected:
+  Params params_;
+};
+
+// MoeEpilogue's arguments (and params), one type for every mode.
+template <typename T>
+struct MoeEpilogueArguments {
+  const T* bias = nullptr;        // [E, N] or null
+  T* out = nullptr;               // plain: [rows, N]; finalize: [tokens, N], zeroed by the caller
+  const int64_t* offsets = nullptr;
+  const int32_t* permuted_to_unpermuted = nullptr;
+  const float* permuted_weights = nullptr;
+  int top_k = 1;
+  int activation = MB_ACT_SWIGLU;  // gated epilogue: act(gate, up), gate_up_interleaved W1 (gated_row)
+  float swiglu_alpha = 1.f;
+  float swiglu_limit = 0.f;
+  bool evict_last = false;  // the gated stores and finalize atomics under L2 evict_last (MB_OUTPUT_L2_EVICT_LAST)
+  const float* row_scale = nullptr;  // kFp8Rowwise: [rows] per permuted row
+  const float* col_scale = nullptr;  // kFp8Rowwise: [E, N] per expert and output column
+  // EPI_GATED_E4M3 (fc2_input_quant=gemm1): out is e4m3 [rows, N / 2], each act(gate, up) rounded to T and then
+  // quantized by this static scale (device scalar) as common/fp8_quantize.cuh does; out_scales [rows] gets the
+  // scale of every row written.
+  const float* out_static_scale = nullptr;
+  float* out_scales = nullptr;
+};
+
+// Operator-style epilogue (OwnStoresEpilogueSurface): each consumer thread gets its wgmma accumulator fragment and the
+// fragment's (row, column) coordinates in the current group, and writes them itself.
+// kFp8Rowwise (every mode): the accumulators are FP8 products, scaled here by the row's and the column's
+// scale (MB_FP8_ROWWISE, gemm/fp8.cuh) before the bias (and the gated activation, or the finalize's routing
+// weight).
+template <typename T, int kEpi, bool kFp8Rowwise = false>
+class MoeEpilogue : public OwnStoresEpilogueSurface<T, MoeEpilogueArguments<T>> {
+  using Base = OwnStoresEpilogueSurface<T, MoeEpilogueArguments<T>>;
+  using Base::params_;
+
+ public:
+  using typename Base::Params;
+
+  CUTLASS_HOST_DEVICE MoeEpilogue(Params const& params) : Base(params) {}
 
   // The accumulator layout every mode relies on (CUTLASS's wgmma CLayout_64xN, as partitioned for a
   // thread of any of the tiles here): a thread's fragment is one 64-row wgmma slab, or two where one
@@ -441,8 +462,6 @@ class MoeEpilogue {
       }
     }
   }
-
-  Params params_;
 };
 
 }  // namespace mbk

@@ -43,7 +43,7 @@
 #include "cutlass/gemm/dispatch_policy.hpp"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "gemm/mma.cuh"
-#include "gemm/sm90_epilogue.cuh"  // CutlassType
+#include "gemm/sm90_epilogue.cuh"  // CutlassType, OwnStoresEpilogueSurface
 #include "gemm/sm90_problem_shape.cuh"  // TransposedOffsetsProblemShape
 #include "gemm/tactic.cuh"
 #include "gemm/woq.cuh"
@@ -196,57 +196,18 @@ struct WoqEpilogueOf<WoqStore, T, TileShape, ClusterShape> {
       cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
 };
 
-// An epilogue of the transposed GEMM that writes its accumulator fragments itself, with no shared memory (run by
-// CUTLASS's Sm90TmaWarpSpecializedAdapter, as MoeEpilogue is): what the kernel and GemmUniversalAdapter read of it (its
-// types and host hooks, for arguments Args holding `out`, `offsets` and `bias` [E, M] or null), and the walk over a
-// consumer thread's fragment, which hands Derived::slab each 64-row slab and wgmma column tile with the thread's place
-// in it and the group's bias row. The gated and finalize epilogues are its Derived.
+// An epilogue of the transposed GEMM that writes its accumulator fragments itself (CUTLASS's surface as MoeEpilogue's,
+// gemm/sm90_epilogue.cuh OwnStoresEpilogueSurface, for arguments Args holding `out`, `offsets` and `bias` [E, M] or
+// null): the walk over a consumer thread's fragment, which hands Derived::slab each 64-row slab and wgmma column tile
+// with the thread's place in it and the group's bias row. The gated and finalize epilogues are its Derived.
 template <class Derived, typename T, class Args>
-class WoqOwnStoresEpilogue {
+class WoqOwnStoresEpilogue : public OwnStoresEpilogueSurface<T, Args> {
+  using Base = OwnStoresEpilogueSurface<T, Args>;
+
  public:
-  using EpilogueSchedule = cutlass::epilogue::PtrArrayNoSmemWarpSpecialized;
-  using DispatchPolicy = EpilogueSchedule;
-  using ElementC = typename CutlassType<T>::type;
-  using ElementD = ElementC;
-  using InternalStrideC = mbk::InternalStrideD;
-  using InternalStrideD = mbk::InternalStrideD;
-  using StrideC = InternalStrideC*;
-  using StrideD = InternalStrideD*;
-  using GmemTiledCopyC = void;
-  using GmemTiledCopyD = void;
-  // GemmUniversalAdapter reads the accumulator type through this.
-  struct ThreadEpilogueOp {
-    using ElementAccumulator = float;
-    using ElementCompute = float;
-    using ElementOutput = ElementD;
-    using ElementD = ElementOutput;
-  };
-  struct SharedStorage {};
-  using TensorMapStorage = SharedStorage;
-  using Arguments = Args;
-  using Params = Args;
+  using typename Base::Params;
 
-  template <class PS>
-  static constexpr Params to_underlying_arguments(PS const&, Arguments const& args, void*) {
-    return args;
-  }
-  template <class PS>
-  static size_t get_workspace_size(PS const&, Arguments const&, int) {
-    return 0;
-  }
-  template <class PS>
-  static cutlass::Status initialize_workspace(PS const&, Arguments const&, void*, cudaStream_t,
-                                              cutlass::CudaHostAdapter* = nullptr) {
-    return cutlass::Status::kSuccess;
-  }
-  template <class PS>
-  static bool can_implement(PS const&, Arguments const& args) {
-    return args.out != nullptr && args.offsets != nullptr;
-  }
-
-  CUTLASS_HOST_DEVICE WoqOwnStoresEpilogue(Params const& params) : params_(params) {}
-
-  CUTLASS_DEVICE bool is_source_needed() { return false; }
+  CUTLASS_HOST_DEVICE WoqOwnStoresEpilogue(Params const& params) : Base(params) {}
 
   // A thread's place in a slab (CUTLASS's wgmma CLayout_64xN, as MoeEpilogue describes it): it holds rows m0 and m0 + 8
   // at columns n0 + 8j and n0 + 8j + 1, values 4j + {0, 1} and 4j + {2, 3}, m0 % 16 = lane / 4 < 8 (the slabs start
@@ -269,8 +230,8 @@ class WoqOwnStoresEpilogue {
     Tensor coords = local_tile(make_identity_tensor(make_shape(M, N)), take<0, 2>(blk_shape_mnk),
                                make_coord(m_coord, n_coord));
     Tensor tc = tiled_mma.get_thread_slice(thread_idx).partition_C(coords);
-    const int64_t row0 = params_.offsets[l_coord];
-    const T* bias = params_.bias ? params_.bias + static_cast<int64_t>(l_coord) * M : nullptr;
+    const int64_t row0 = this->params_.offsets[l_coord];
+    const T* bias = this->params_.bias ? this->params_.bias + static_cast<int64_t>(l_coord) * M : nullptr;
     // The slab and column tile indices compile-time constants, so that every accumulator stays a register.
     for_each(make_int_sequence<decltype(size<1>(acc))::value>{}, [&](auto mi) {
       for_each(make_int_sequence<decltype(size<2>(acc))::value>{}, [&](auto ni) {
@@ -279,9 +240,6 @@ class WoqOwnStoresEpilogue {
       });
     });
   }
-
- protected:
-  Params params_;
 };
 
 // The tactic's tile: 128 weight rows (two consumer warpgroups of 64) x kTokens token rows (16 to 320) x 64 k, in
