@@ -56,7 +56,7 @@ ROWS: list[tuple[str, str, dict, dict, int | None, dict, set[str], dict[str, str
      {"prologue_expert_log"}, {"routing_prologue": "three_step"}),
     ("prologue_not_wfp4a16", "ampere", {"quant": Quant.WFP4A16}, {}, None, {},
      {"prologue_not_wfp4a16", "fused_gated_t_eq_weight", "fused_gated_two_byte", "finalize_tactic",
-      "expand_prequant_not_block_scaled", "gated_epilogue_gemm"},
+      "expand_prequant_not_block_scaled"},
      {"routing_prologue": "three_step", "fc1_activation": "separate"}),
     ("expand_w4afp8_not_fp8_input", "hopper_w4afp8", {"fp8_input": True}, {}, None, {},
      {"expand_w4afp8_not_fp8_input"}, {"expand_rows": "plain"}),
@@ -145,7 +145,7 @@ ROWS: list[tuple[str, str, dict, dict, int | None, dict, set[str], dict[str, str
      {"finalize_where_experts_run"}, {"finalize": "separate"}),
     ("finalize_sm90_not_wfp4a16", "hopper", {"quant": Quant.WFP4A16}, {}, None, {},
      {"prologue_not_wfp4a16", "finalize_sm90_not_wfp4a16", "fused_gated_t_eq_weight", "fused_gated_two_byte",
-      "finalize_tactic", "expand_prequant_not_block_scaled", "gated_epilogue_gemm"},
+      "finalize_tactic", "expand_prequant_not_block_scaled"},
      {"routing_prologue": "three_step", "fc1_activation": "separate", "finalize": "separate"}),
     # the FINALIZE GEMM2 tactics: 16-bit (sm90 finalize) and FP8 (fp8 finalize), none for weight-only GEMMs
     # NVFP4 (sm >= 100) has no GEMM of ours with the FINALIZE epilogue; every weight-only quant but wfp4a16 (the

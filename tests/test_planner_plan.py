@@ -8,7 +8,7 @@ import pytest
 from moe_build.errors import MoeBuildError, UnsupportedCombination
 from moe_build.planner import Plan, make_plan, rules as R
 from moe_build.planner.gates import StageDecision
-from moe_build.spec import MoESpec, Quant
+from moe_build.spec import DType, MoESpec, Quant
 from moe_build.target import Flavour, MoePlugin, Target
 
 SPEC = MoESpec(4096, 14336, 8, 2)
@@ -475,10 +475,20 @@ def test_weight_only_gated_epilogue_where_gemm1_runs_the_mixed_input_kernel(quan
     assert bands(wgmma.stage("fc1_activation")) == [[1, None, "gated_epilogue"]]
 
 
-@pytest.mark.parametrize("quant", [Quant.WFP4A16, Quant.W4AFP8])
-def test_no_weight_only_gated_epilogue_for_mxfp4_or_fp8_activations(quant) -> None:
-    """MXFP4 has no mixed-input kernel and W4AFP8's activation quantizes GEMM2's input: the activation kernel at
-    every count, W1 stacked."""
-    plan = make_plan(MoESpec(2048, 768, 128, 8, quant=quant), SM90, tokens=4096)
+@pytest.mark.parametrize("quant, dtype", [(Quant.WFP4A16, DType.FP16), (Quant.W4AFP8, DType.BF16)])
+def test_no_weight_only_gated_epilogue_for_fp16_mxfp4_or_fp8_activations(quant, dtype) -> None:
+    """MXFP4 with fp16 activations has no mixed-input kernel (its e5m2 form takes bf16 scales) and W4AFP8's
+    activation quantizes GEMM2's input per row: the activation kernel at every count, W1 stacked."""
+    plan = make_plan(MoESpec(2048, 768, 128, 8, quant=quant, dtype=dtype), SM90, tokens=4096)
     assert bands(plan.stage("fc1_activation")) == [[1, None, "separate"]]
     assert plan.stage("w1_order").choice == "stacked"
+
+
+def test_bf16_mxfp4_takes_the_gated_epilogue_on_its_mixed_input_band() -> None:
+    """MXFP4 with bf16 activations runs the mixed-input GEMM1 (its e5m2 form) past a decode band of 7 rows per
+    expert, with the gated activation in the epilogue there; W1 interleaved for it, which the decode band's activation
+    kernel reads too."""
+    plan = make_plan(MoESpec(2048, 768, 128, 8, quant=Quant.WFP4A16, dtype=DType.BF16), SM90, tokens=4096)
+    assert bands(plan.stage("fc1_activation")) == [[1, 112, "separate"], [113, None, "gated_epilogue"]]
+    assert plan.stage("gemm1_tactic").choice_for(113) == "wgmma:woq128x32:plain:plain"
+    assert plan.stage("w1_order").choice == "gate_up_interleaved"

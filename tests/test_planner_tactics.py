@@ -545,7 +545,8 @@ def test_weight_only_gemms_take_the_mixed_input_tiles_past_decode() -> None:
     wgmma tiles at every count, 32 token rows to 16 rows per expert,
     64 to 48, 128 to 96, then the cheapest height by the routed counts (128 rows: 160, where half the experts would
     take two 128-row tiles, from 118; 117 rows still 128, a second tile for 14% of the experts), 256 past 1024
-    rows. W4AFP8 keeps the mma tiles."""
+    rows. W4AFP8 keeps the mma tiles. MXFP4 (its e5m2 form) with bf16 activations past a decode band of 7 rows;
+    with fp16 ones (or on sm80) the decode kernel to 12 rows, then the mma tiles."""
     c = call(epilogue="store", woq="int4", woq_group=128)  # 128 experts, top-8: avg rows = tokens / 16
     assert [at(c, t) for t in (128, 129, 192, 193, 256, 257, 768, 769, 1536, 1537, 1872, 1873, 2048, 65536)] == [
         "decode:staged_ksplit1:after_trigger:plain", "decode:staged_ksplit1:after_trigger:plain",
@@ -561,9 +562,15 @@ def test_weight_only_gemms_take_the_mixed_input_tiles_past_decode() -> None:
     assert at(dataclasses.replace(c, woq_group=0), 129) == "decode:staged_ksplit1:after_trigger:plain"
     int8 = call(epilogue="store", woq="int8", itemsize=1, woq_group=0, n=4096, k=14336, experts=8, top_k=2)
     assert at(int8, 33) == "wgmma:woq128x32:plain:plain" and at(int8, 193) == "wgmma:woq128x128:plain:plain"
-    assert at(dataclasses.replace(c, woq="mxfp4", woq_group=32), 1024).startswith("mma:")
-    mxfp4 = dataclasses.replace(c, woq="mxfp4", woq_group=32)  # the decode kernel to 12 rows, then the mma tiles
-    assert at(mxfp4, 192).startswith("decode:") and at(mxfp4, 193).startswith("mma:")
+    mxfp4 = dataclasses.replace(c, woq="mxfp4", woq_group=32)  # the decode kernel to 7 rows, then the mixed-input
+    assert at(mxfp4, 112).startswith("decode:") and at(mxfp4, 113) == "wgmma:woq128x32:plain:plain"
+    assert at(mxfp4, 1024) == "wgmma:woq128x128:plain:plain"
+    assert tactic_problem(mxfp4, GemmTactic.parse("wgmma:woq128x64:plain:plain")) is None
+    fp16_mxfp4 = dataclasses.replace(mxfp4, dtype="fp16")  # the e5m2 form's scales are bf16: decode to 12, then mma
+    assert at(fp16_mxfp4, 192).startswith("decode:") and at(fp16_mxfp4, 193).startswith("mma:")
+    assert at(fp16_mxfp4, 1024).startswith("mma:")
+    assert at(dataclasses.replace(mxfp4, entry="sm80"), 192).startswith("decode:")
+    assert "bf16" in tactic_problem(fp16_mxfp4, GemmTactic.parse("wgmma:woq128x64:plain:plain"))
     assert at(dataclasses.replace(c, n=1360), 1024) == "wgmma:woq128x128:plain:plain"  # n off 128: a partial tile
     assert at(dataclasses.replace(c, n=1364), 1024).startswith("mma:")  # n off 8: no mixed-input tile
     assert "mixed-input" in tactic_problem(dataclasses.replace(c, woq_group=32),
@@ -572,10 +579,12 @@ def test_weight_only_gemms_take_the_mixed_input_tiles_past_decode() -> None:
 
 
 def test_weight_only_gemms_dequantize_for_wgmma_from_160_rows_per_expert() -> None:
-    """Where the mixed-input kernel cannot take the weights (MXFP4, group 32): from 160 average rows per expert (sm90,
-    16-bit activations) the weight-only GEMM's tactic is a 16-bit wgmma tile, launched plainly with plain outputs
-    (the weights dequantized first); the sm80 entry keeps the mma tiles."""
-    c = call(epilogue="store", woq="mxfp4", woq_group=32)  # 128 experts, top-8: 160 rows per expert at 2560 tokens
+    """Where the mixed-input kernel cannot take the weights (int4 in groups of 32, MXFP4 with fp16 activations): from
+    160 average rows per expert (sm90, 16-bit activations) the weight-only GEMM's tactic is a 16-bit wgmma tile,
+    launched plainly with plain outputs (the weights dequantized first); the sm80 entry keeps the mma tiles."""
+    c = call(epilogue="store", woq="int4", woq_group=32)  # 128 experts, top-8: 160 rows per expert at 2560 tokens
+    assert at(c, 2544) == "mma:64x128:plain:plain" and at(c, 2545).startswith("wgmma:")
+    c = call(epilogue="store", woq="mxfp4", woq_group=32, dtype="fp16")
     assert at(c, 2544) == "mma:64x128:plain:plain" and at(c, 2545).startswith("wgmma:")
     assert tactic_problem(c, GemmTactic.parse(at(c, 2545))) is None
     assert at(dataclasses.replace(c, entry="sm80"), 4096).startswith("mma:")

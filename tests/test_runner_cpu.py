@@ -776,21 +776,27 @@ def test_weight_only_plans_take_the_mixed_input_gemm_past_decode(quant: Quant) -
     """On sm90, int4 / int8 weights (groups of 128 here) run the decode kernel to 8 rows per expert (int4 on the
     staged tile to 12) and the mixed-input wgmma GEMM past it, GEMM1 with the gated activation in its epilogue (steps
     gemm1:woq_wgmma_gated / gemm2:woq_wgmma_finalize, no fc1_activation step between them and the finalize in GEMM2's
-    epilogue to 48 rows an expert); MXFP4, which
-    that kernel does not take, runs the mma tiles, then from 160 rows its weights dequantized for the 16-bit wgmma
-    GEMM."""
+    epilogue to 48 rows an expert); bf16 MXFP4 (its e5m2 form on that kernel) the decode kernel to 7 rows, then the
+    same GEMM1 and GEMM2 with the finalize separate (the seed's rule for wfp4a16); fp16 MXFP4, which that kernel does
+    not take, the decode kernel to 12 rows, the mma tiles, then from 160 rows its weights dequantized for the 16-bit
+    wgmma GEMM."""
     spec = dataclasses.replace(SWIGLU, quant=quant)  # 8 experts, top-2: rows per expert = ceil(tokens / 4)
     plan = make_plan(spec, dataclasses.replace(H100, profile=TokenProfile(1, 16, 1024)), tokens=16)
-    gemms = {t: [s for s in kernel_sequence(plan, t) if s.startswith("gemm")] for t in (32, 33, 48, 49, 636, 637)}
+    gemms = {t: [s for s in kernel_sequence(plan, t) if s.startswith("gemm")] for t in (28, 29, 32, 33, 48, 49, 636, 637)}
     if quant is Quant.WFP4A16:
-        assert gemms == {**{t: ["gemm1:woq", "gemm2:woq"] for t in (32, 33, 48, 49, 636)},
-                         637: ["gemm1:woq_dense", "gemm2:woq_dense"]}
+        assert spec.dtype is DType.BF16
+        assert gemms == {t: ["gemm1:woq", "gemm2:woq"] if t <= 28 else ["gemm1:woq_wgmma_gated", "gemm2:woq_wgmma"]
+                         for t in (28, 29, 32, 33, 48, 49, 636, 637)}
+        fp16 = make_plan(dataclasses.replace(spec, dtype=DType.FP16),
+                         dataclasses.replace(H100, profile=TokenProfile(1, 16, 1024)), tokens=16)
+        assert {t: [s for s in kernel_sequence(fp16, t) if s.startswith("gemm")] for t in (49, 636, 637)} == {
+            **{t: ["gemm1:woq", "gemm2:woq"] for t in (49, 636)}, 637: ["gemm1:woq_dense", "gemm2:woq_dense"]}
     else:
         last_decode = 48 if quant is Quant.W4A16_AWQ else 32  # the staged int4 tile's band: 12 rows
         # GEMM2 with the finalize in its epilogue to 48 rows an expert (192 tokens), beside it past them
         assert gemms == {t: ["gemm1:woq", "gemm2:woq"] if t <= last_decode
                          else ["gemm1:woq_wgmma_gated", "gemm2:woq_wgmma_finalize"] if t <= 192
-                         else ["gemm1:woq_wgmma_gated", "gemm2:woq_wgmma"] for t in (32, 33, 48, 49, 636, 637)}
+                         else ["gemm1:woq_wgmma_gated", "gemm2:woq_wgmma"] for t in (28, 29, 32, 33, 48, 49, 636, 637)}
         assert "finalize" not in kernel_sequence(plan, last_decode + 1)
         assert "fc1_activation" not in kernel_sequence(plan, last_decode + 1)
         assert "fc1_activation" in kernel_sequence(plan, last_decode)

@@ -10,8 +10,8 @@ import torch
 
 from moe_build.errors import MoeBuildError
 from moe_build.spec import MoESpec, Quant
-from moe_build.weights.woq import (E8M0_BIAS, WoqKind, dequantize_matrix, quantize_matrix, stored_form,
-                                   unpack_nibbles, wgmma_scales)
+from moe_build.weights.woq import (E8M0_BIAS, WoqKind, WoqWeights, dequantize_matrix, mxfp4_as_e5m2,
+                                   quantize_matrix, stored_form, unpack_nibbles, wgmma_operand)
 
 
 @pytest.mark.parametrize("kind, group, asymmetric", [(WoqKind.INT4, 128, False), (WoqKind.INT4, 32, True),
@@ -70,24 +70,85 @@ def test_stored_form_of_a_layer_not_weight_only_is_refused() -> None:
         stored_form(MoESpec(256, 128, 4, 2, quant=Quant.FP8))
 
 
-def test_wgmma_scales_are_mn_major_with_the_zero_term_from_the_rounded_scale() -> None:
+def _int4_layer(s: torch.Tensor, z: torch.Tensor | None) -> WoqWeights:
+    """A weight-only layer of 3 experts whose W1 has the scales `s` [3, 4, 5] (groups of 64 over k 320), W2 any."""
+    g = torch.Generator().manual_seed(6)
+    codes = lambda n, k: torch.randint(0, 256, (3, n, k // 2), generator=g, dtype=torch.uint8)
+    return WoqWeights(WoqKind.INT4, 64, codes(4, 320), codes(320, 128), s, torch.ones(3, 320, 2), z,
+                      None if z is None else torch.zeros(3, 320, 2, dtype=torch.uint8))
+
+
+def test_wgmma_operand_scales_are_mn_major_with_the_zero_term_from_the_rounded_scale() -> None:
     """The mixed-input wgmma GEMM's scales: [E, groups, n] in the activation dtype, and int4's zero term (8 - z) * s
     from s as rounded to that dtype (an exact product in fp64 here, rounded once); 0 without zero points, none for
-    int8, and MXFP4 refused (it has no such kernel)."""
+    int8; the weights as stored; and MXFP4 (its e5m2 form, below) refused for fp16."""
     g = torch.Generator().manual_seed(5)
-    s = torch.rand(3, 5, 4, generator=g) * 0.02 + 1e-3
-    z = torch.randint(0, 16, (3, 5, 4), generator=g, dtype=torch.uint8)
+    s = torch.rand(3, 4, 5, generator=g) * 0.02 + 1e-3
+    z = torch.randint(0, 16, (3, 4, 5), generator=g, dtype=torch.uint8)
     for dtype in (torch.bfloat16, torch.float16):
-        scales, zeros = wgmma_scales(WoqKind.INT4, s, z, dtype)
-        assert scales.dtype == zeros.dtype == dtype and scales.shape == zeros.shape == (3, 4, 5)
-        assert scales.is_contiguous() and zeros.is_contiguous()
-        for e, n, gi in ((0, 0, 0), (2, 4, 3), (1, 2, 1)):
-            assert scales[e, gi, n].item() == float(s[e, n, gi].to(dtype))
-            exact = (8.0 - float(z[e, n, gi])) * scales[e, gi, n].item()  # a 4-bit integer times the rounded scale
-            assert zeros[e, gi, n].item() == float(torch.tensor(exact, dtype=torch.float64).to(dtype))
-        _, symmetric = wgmma_scales(WoqKind.INT4, s, None, dtype)
-        assert not symmetric.any()
-        int8_scales, none = wgmma_scales(WoqKind.INT8, s, None, dtype)
-        assert none is None and torch.equal(int8_scales, s.transpose(1, 2).to(dtype))
-    with pytest.raises(ValueError, match="mxfp4"):
-        wgmma_scales(WoqKind.MXFP4, s, None, torch.bfloat16)
+        w = _int4_layer(s, z)
+        op = wgmma_operand(w, "w1", dtype)
+        assert op.kernel_kind == "int4" and op.group == 64 and op.data is w.w1
+        assert op.scales.dtype == op.zeros.dtype == dtype and op.scales.shape == op.zeros.shape == (3, 5, 4)
+        assert op.scales.is_contiguous() and op.zeros.is_contiguous()
+        for e, n, gi in ((0, 0, 0), (2, 3, 4), (1, 2, 1)):
+            assert op.scales[e, gi, n].item() == float(s[e, n, gi].to(dtype))
+            exact = (8.0 - float(z[e, n, gi])) * op.scales[e, gi, n].item()  # a 4-bit integer times the rounded scale
+            assert op.zeros[e, gi, n].item() == float(torch.tensor(exact, dtype=torch.float64).to(dtype))
+        assert not wgmma_operand(_int4_layer(s, None), "w1", dtype).zeros.any()
+        int8 = WoqWeights(WoqKind.INT8, 64, torch.zeros(3, 4, 320, dtype=torch.int8),
+                          torch.zeros(3, 320, 128, dtype=torch.int8), s, torch.ones(3, 320, 2))
+        op8 = wgmma_operand(int8, "w1", dtype)
+        assert op8.zeros is None and op8.kernel_kind == "int8" and torch.equal(op8.scales, s.transpose(1, 2).to(dtype))
+    mx = WoqWeights(WoqKind.MXFP4, 32, torch.zeros(3, 4, 32, dtype=torch.uint8), torch.zeros(3, 64, 64, dtype=torch.uint8),
+                    torch.full((3, 4, 2), 120, dtype=torch.uint8), torch.full((3, 64, 4), 120, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="bf16"):
+        wgmma_operand(mx, "w1", torch.float16)
+    op = wgmma_operand(mx, "w1", torch.bfloat16)
+    assert (op.kernel_kind, op.group, op.zeros, op.data.dtype, op.data.shape, op.scales.shape) == (
+        "e5m2", 64, None, torch.float8_e5m2, (3, 4, 64), (3, 1, 4))
+
+
+def _e5m2_case(exps: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random MXFP4 codes [2, n, k/2] under the e8m0 exponents `exps` [2, n, k/32], and their exact weights in fp64
+    from the e2m1 table (written here, not the code under test's)."""
+    e, n, blocks = exps.shape
+    g = torch.Generator().manual_seed(seed)
+    nib = torch.randint(0, 16, (e, n, blocks * 32), generator=g, dtype=torch.uint8)
+    e2m1 = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], dtype=torch.float64)
+    exact = e2m1[nib.long()] * torch.exp2(exps.double() - 127).repeat_interleave(32, -1)
+    return nib[..., 0::2] | (nib[..., 1::2] << 4), exact, nib
+
+
+def test_mxfp4_as_e5m2_is_the_stored_weight_within_27_binades() -> None:
+    """MXFP4's e5m2 form for the mixed-input kernel: q * s equals every stored weight exactly wherever a 64-k group's
+    two exponents differ by at most 27 (here every span 0..27 and exponents 0..254, the bf16 overflow of 6 * 2^127
+    included as the product's own), s a power of two that bf16 holds; blocks of zeros set no reference; past 27 the
+    smaller block's weights are within 2^-28 of the group's largest."""
+    n, blocks = 56, 8
+    lo = torch.arange(n * blocks // 2).reshape(n, blocks // 2) % 228  # every base exponent 0..227
+    span = torch.arange(n * blocks // 2).reshape(n, blocks // 2) % 28  # every span 0..27
+    first = torch.stack((lo, lo + span), -1).reshape(n, blocks)
+    exps = torch.stack((first, first.flip(-1))).to(torch.uint8)  # the larger exponent first and second
+    exps[0, 0, 0], exps[0, 0, 1] = 254, 254  # the largest weights, 6 * 2^127: inf in bf16
+    codes, exact, _ = _e5m2_case(exps, 7)
+    q, s = mxfp4_as_e5m2(codes, exps)
+    assert q.dtype == torch.float8_e5m2 and s.dtype == torch.bfloat16 and s.shape == (2, blocks // 2, n)
+    got = q.double() * s.double().transpose(1, 2).repeat_interleave(64, -1)
+    assert torch.equal(got, exact)
+    assert torch.equal(got.to(torch.bfloat16), exact.to(torch.bfloat16))
+    log = torch.log2(s.double())
+    assert torch.equal(log, log.round())  # powers of two
+    # zeros in the high block: the low block sets the reference, exact across any span
+    exps2 = torch.tensor([[[250, 3]]], dtype=torch.uint8).repeat(1, 4, 1)
+    codes2, exact2, nib2 = _e5m2_case(exps2, 8)
+    codes2[..., :16] = 0
+    exact2[..., :32] = 0
+    q2, s2 = mxfp4_as_e5m2(codes2, exps2)
+    assert torch.equal(q2.double() * s2.double().transpose(1, 2).repeat_interleave(64, -1), exact2)
+    # past 27 binades: within 2^-28 of the group's largest weight
+    exps3 = torch.tensor([[[140, 100]]], dtype=torch.uint8).repeat(1, 4, 1)
+    codes3, exact3, _ = _e5m2_case(exps3, 9)
+    q3, s3 = mxfp4_as_e5m2(codes3, exps3)
+    err = (q3.double() * s3.double().transpose(1, 2).repeat_interleave(64, -1) - exact3).abs()
+    assert float(err.max()) <= 2.0 ** -28 * float(exact3.abs().amax())

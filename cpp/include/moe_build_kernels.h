@@ -570,7 +570,10 @@ mb_status mb_grouped_gemm_fp8_gated(const void* A, const float* scale_a, const v
  *                   mma, each scale group's sum exact in int32); int4 weights with group 0 or 128 and
  *                   k % 128 == 0, or group 64 and k % 64 == 0, or MXFP4 with k % 64 == 0 (else
  *                   MB_ERR_UNSUPPORTED); C in dtype. */
-enum mb_woq_kind { MB_WOQ_INT4 = 0, MB_WOQ_INT8 = 1, MB_WOQ_MXFP4 = 2 };
+/* MB_WOQ_E5M2: e5m2 [E, n, k], w = q * s (mb_grouped_gemm_woq_sm90 and its gated and finalize forms only, dtype
+ * MB_BF16): MXFP4 re-encoded for the mixed-input kernel, whose k tile takes one scale (moe_build/weights/woq.py's
+ * mxfp4_as_e5m2). */
+enum mb_woq_kind { MB_WOQ_INT4 = 0, MB_WOQ_INT8 = 1, MB_WOQ_MXFP4 = 2, MB_WOQ_E5M2 = 3 };
 enum mb_woq_input { MB_INPUT_DTYPE = 0, MB_INPUT_DIGITS = 1 };
 
 /* stages/token_digits.cu: the token rows in [rows, k] (dtype fp16 or bf16) as the int8 mma's operand, for the
@@ -627,10 +630,11 @@ mb_status mb_grouped_gemm_woq_finalize(const void* A, int a_type, const void* B,
 
 /* gemm/woq_sm90.cu: the weight-only GEMM on wgmma (compute capability 9.0): C = A @ dequant(B[x])^T as
  * mb_grouped_gemm_woq, with CUTLASS's mixed-input mainloop converting the weights in registers (no 16-bit copy of
- * them is written). B as mb_grouped_gemm_woq's MB_WOQ_INT4 ([E, n, k/2] 4-bit codes u) or MB_WOQ_INT8 ([E, n, k]);
- * scales in dtype, MN-major [E, groups, n] (groups = k / group, or 1 for group 0); int4 only, zeros in dtype like
- * the scales holding (8 - z) * s (z the zero point; 0 for a checkpoint without zeros): w = (u - 8) * s + zeros
- * (int4), q * s (int8), each product and sum rounded to dtype (moe_build/weights/woq.py's wgmma_scales writes both).
+ * them is written). B as mb_grouped_gemm_woq's MB_WOQ_INT4 ([E, n, k/2] 4-bit codes u) or MB_WOQ_INT8 ([E, n, k]),
+ * or MB_WOQ_E5M2 ([E, n, k] e5m2 values q, dtype MB_BF16 only: MXFP4 re-encoded per 64 k); scales in dtype, MN-major
+ * [E, groups, n] (groups = k / group, or 1 for group 0); int4 only, zeros in dtype like the scales holding (8 - z) * s
+ * (z the zero point; 0 for a checkpoint without zeros): w = (u - 8) * s + zeros (int4), q * s (int8, e5m2), each
+ * product and sum rounded to dtype (moe_build/weights/woq.py's wgmma_operand writes them).
  * Group 0, 64
  * or 128 dividing k; n % 8 == 0 (a last 128-row weight tile past n reads zeros), k % 64 == 0; A, B, C, scales, zeros
  * 16-byte aligned. Tactic: MB_GEMM_WGMMA on

@@ -89,10 +89,12 @@ class GemmTile(enum.IntEnum):
 
 
 class WoqKind(enum.IntEnum):
-    """mb_woq_kind: how the weight-only GEMM's B is stored (moe_build/weights/woq.py's kinds)."""
+    """mb_woq_kind: how the weight-only GEMM's B is stored (moe_build/weights/woq.py's kinds; E5M2 MXFP4's form for the
+    mixed-input wgmma kernel, woq.mxfp4_as_e5m2)."""
     INT4 = 0
     INT8 = 1
     MXFP4 = 2
+    E5M2 = 3
 
 
 class WoqInput(enum.IntEnum):

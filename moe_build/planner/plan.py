@@ -514,6 +514,7 @@ def _gemm_calls(spec: MoESpec, target: Target, choices: Mapping[str, str]) -> di
                   itemsize=1 if fp8 != "none" or woq == "int8" else spec.dtype.itemsize,
                   weights_blocked=choices["weight_layout"] == "blocked64", sm_count=target.sm_count,
                   l2_bytes=target.l2_bytes, fp8=fp8, woq=woq, woq_group=woq_group if woq != "none" else 0,
+                  dtype=spec.dtype.value,
                   deterministic=target.deterministic,
                   fp8_accumulation=choices["fp8_accumulation"])
     return {"gemm1_tactic": T.GemmCall(epilogue="gated" if gated1 else "store", n=spec.fc1_out_features,
@@ -570,9 +571,12 @@ def _tactic(stage: str, call: T.GemmCall, epilogue_stage: StageDecision | None, 
     bands = tuple(Band(lo, hi, tactic.name) for lo, hi, tactic in
                   T.token_bands(call.top_k, call.experts, lambda rows: T.choose_tactic(call_at(rows), rows)))
     here = next(band.choice for band in bands if band.holds(tokens))
+    summary = f"{gemm}: {len(bands)} tactic band{'s' if len(bands) > 1 else ''} by rows per expert"
+    if call.woq == "mxfp4" and any(T.on_mixed_input_tile(T.GemmTactic.parse(b.choice)) for b in bands):
+        # the runner's copy for those bands (weights/woq.py mxfp4_as_e5m2): memory the user should see
+        summary += "; its MXFP4 weights also held as e5m2 (1 byte a weight) for the mixed-input (woq128x*) bands"
     # A tactic has no fused and fallback form: the fallback shown is the choice itself.
-    return StageDecision(stage, here, here, gates, bands,
-                         summary=f"{gemm}: {len(bands)} tactic band{'s' if len(bands) > 1 else ''} by rows per expert")
+    return StageDecision(stage, here, here, gates, bands, summary=summary)
 
 
 def _expert_compute(spec: MoESpec, target: Target, forced: str | None) -> StageDecision:

@@ -311,10 +311,11 @@ def gated_epilogue_sm(t: Target) -> Gate:
 
 # a GEMM1 kernel with the epilogue exists: fp16/bf16 layers, unquantized or FP8 (the 16-bit and the FP8 wgmma GEMMs
 # have it, and the FP8 decode kernel with block-128 scales too, below), or int4 / int8 weight-only with 16-bit
-# activations (the mixed-input wgmma kernel, below; not MXFP4, which has no mixed-input kernel), and W4AFP8 with a
-# static GEMM2 input scale (the same kernel storing each value as its e4m3 quantization dequantized, as W4AFP8's
-# activation step does: a per-row scale needs the whole row's amax, which no tile holds): dtype in (fp16, bf16), quant
-# in (none, fp8, fp8_block, w4a16_awq, w8a16), or quant == w4afp8 and act_scale == static. FP8: GEMM1 writes act(gate,
+# activations (the mixed-input wgmma kernel, below), MXFP4 with bf16 ones (the same kernel on its e5m2 form), and
+# W4AFP8 with a static GEMM2 input scale (the same kernel storing each value as its e4m3 quantization dequantized, as
+# W4AFP8's activation step does: a per-row scale needs the whole row's amax, which no tile holds): dtype in (fp16,
+# bf16), quant in (none, fp8, fp8_block, w4a16_awq, w8a16), or quant == wfp4a16 and dtype == bf16, or quant == w4afp8
+# and act_scale == static. FP8: GEMM1 writes act(gate,
 # up) at half width, which GEMM2 or a quantize kernel reads, instead of GEMM1's whole 16-bit output read by the
 # activation kernel (docs/performance.md, "The gated epilogue on the FP8 GEMM1"). W4AFP8, H200, two rounds, graph
 # replay, against the activation kernel: 0.1-3.4% less a layer at 256-4096 tokens on Qwen3-30B-A3B, DeepSeek-V2-Lite and
@@ -325,24 +326,26 @@ GATED_EPILOGUE_QUANTS = (Quant.NONE, Quant.FP8, Quant.FP8_BLOCK, Quant.W4A16_AWQ
 
 def gated_epilogue_gemm(s: MoESpec) -> Gate:
     static_w4afp8 = s.quant is Quant.W4AFP8 and s.act_scale is ActScale.STATIC
-    ok = s.dtype.itemsize == 2 and (s.quant in GATED_EPILOGUE_QUANTS or static_w4afp8)
+    bf16_mxfp4 = s.quant is Quant.WFP4A16 and s.dtype.value == "bf16"
+    ok = s.dtype.itemsize == 2 and (s.quant in GATED_EPILOGUE_QUANTS or static_w4afp8 or bf16_mxfp4)
     return Gate("gated_epilogue_gemm", f"{s.dtype.value}/{s.quant.value} act_scale={s.act_scale.value}",
-                "dtype in (fp16, bf16), quant in (none, fp8, fp8_block, w4a16_awq, w8a16) or (quant == w4afp8 and "
-                "act_scale == static)", ok, OURS)
+                "dtype in (fp16, bf16), quant in (none, fp8, fp8_block, w4a16_awq, w8a16) or (quant == wfp4a16 and "
+                "dtype == bf16) or (quant == w4afp8 and act_scale == static)", ok, OURS)
 
 
 # ... weight-only (and W4AFP8, on W4A16's GEMMs): on the mixed-input wgmma kernel only (gemm/woq_sm90_gated.cu), so
 # in the bands where GEMM1's tactic is one of its tiles; the decode, mma and digits kernels store GEMM1 whole, and the
-# activation kernel reads it in W1's interleaved order: quant not in (w4a16_awq, w8a16, w4afp8) or GEMM1's tactic at
-# these rows in WOQ_WGMMA_TILES
-GATED_EPILOGUE_MIXED_INPUT_QUANTS = (Quant.W4A16_AWQ, Quant.W8A16, Quant.W4AFP8)
+# activation kernel reads it in W1's interleaved order: quant not in (w4a16_awq, w8a16, w4afp8, wfp4a16) or GEMM1's
+# tactic at these rows in WOQ_WGMMA_TILES
+GATED_EPILOGUE_MIXED_INPUT_QUANTS = (Quant.W4A16_AWQ, Quant.W8A16, Quant.W4AFP8, Quant.WFP4A16)
 
 
 def gated_epilogue_woq_mixed(s: MoESpec, rows: RowCount, gemm1_tactic: GemmTactic) -> Gate:
     woq = s.quant in GATED_EPILOGUE_MIXED_INPUT_QUANTS
     mixed = on_mixed_input_tile(gemm1_tactic)
     return Gate("gated_epilogue_woq_mixed_input", f"quant={s.quant.value} rows={rows.rows} gemm1={gemm1_tactic.name}",
-                "quant not in (w4a16_awq, w8a16, w4afp8) or GEMM1's tactic is a mixed-input wgmma tile (woq128x*)",
+                "quant not in (w4a16_awq, w8a16, w4afp8, wfp4a16) or GEMM1's tactic is a mixed-input wgmma tile "
+                "(woq128x*)",
                 not woq or mixed, OURS, token_dependent=True)
 
 

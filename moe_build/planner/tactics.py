@@ -134,6 +134,7 @@ class GemmCall:
     fp8: str = "none"    # FP8_SCALINGS: the FP8 GEMM (e4m3 operands; plain store or finalize) with these scales
     woq: str = "none"    # WOQ_KINDS: the weight-only GEMM (16-bit activations, plain store) with these weights
     woq_group: int = 0   # the weight-only GEMM's k per scale (0: one scale per output row)
+    dtype: str = "bf16"  # the layer's activations (spec dtype): MXFP4's mixed-input form needs bf16
     deterministic: bool = False  # the target's deterministic request (a row's output independent of the batch)
     fp8_accumulation: str = "none"  # the FP8 wgmma GEMM's: fast | promoted (the plan's fp8_accumulation) | none
 
@@ -456,8 +457,14 @@ WOQ_DECODE_MAX_AVG_ROWS = 8
 # the 8-row band: GPT-OSS-20B's staged tile at 72 / 88 / 96 tokens (9 / 11 / 12 rows) 328.7-330.6 / 370.1-371.7 /
 # 393.0-393.2 against 320.8-321.9 / 318.6-326.0 / 327.2-329.0 on the 128x32 tile, two rounds.
 WOQ_STAGED_MAX_AVG_ROWS = 12
-# MXFP4 (WFP4A16), which the mixed-input wgmma kernel does not take, keeps the decode kernel to 12 rows as well: past 8
-# its alternative is the mma.sync tiles. H200, WFP4A16 layers, graph replay, one round, both GEMMs forced onto the
+# MXFP4 (WFP4A16) where the mixed-input wgmma kernel does not take it (fp16 activations) keeps the decode kernel to 12
+# rows as well: past 8 its alternative is the mma.sync tiles. With bf16 activations the alternative is the mixed-input
+# kernel on its e5m2 form, which wins from 8 rows, so the decode kernel keeps MXFP4 to 7
+# (WOQ_MXFP4_MIXED_DECODE_MAX_AVG_ROWS): H200, WFP4A16 layers, graph replay, both GEMMs forced onto woq128x32 over the
+# plan's decode kernel (docs/measured/h200-2026-12-04-mxfp4-e5m2, bench_band.json, bench_tiles.json): Qwen3-30B-A3B at
+# 96 / 128 / 144 / 192 tokens (6 / 8 / 9 / 12 rows) 1.02 / 0.89 / 0.80 / 0.68, DeepSeek-V2-Lite at 72 / 96 (7 / 9)
+# 0.99 / 0.82, GPT-OSS-20B at 72 / 96 (9 / 12) 0.78 / 0.66.
+# Before the e5m2 form (the fp16 case's evidence): H200, WFP4A16 layers, graph replay, one round, both GEMMs forced onto the
 # decode kernel beside the plan then (mma 64x128), us (docs/measured/h200-2026-12-01-woq-staged-band, band3_*):
 # Qwen3-30B-A3B at 144 / 192 tokens (9 / 12 rows) 296.3 / 354.0 against 364.6 / 364.5, DeepSeek-V2-Lite at 96 / 128
 # 264.5 / 309.4 against 331.5 / 329.8 (int8 per channel, W8A16, lost there: 290.7 / 355.5 against 227.7 / 233.3 on
@@ -465,7 +472,9 @@ WOQ_STAGED_MAX_AVG_ROWS = 12
 # GPT-OSS-20B (its own MXFP4) at 72 / 96 tokens (9 / 12 rows) 359.8 / 426.5 against 460.9 / 461.8, Qwen3-30B-A3B at
 # 144 / 192 297.5 / 353.7 against 362.9 / 364.1, DeepSeek-V2-Lite at 96 / 128 263.8 / 309.6 against 330.8 / 330.3.
 WOQ_MXFP4_DECODE_MAX_AVG_ROWS = 12
-# Where the mixed-input kernel does not take the weights (MXFP4, groups of 32; woq_mixed_input below): from 160
+WOQ_MXFP4_MIXED_DECODE_MAX_AVG_ROWS = 7
+# Where the mixed-input kernel does not take the weights (int4 in groups of 32, fp16 MXFP4; woq_mixed_input below;
+# bf16 MXFP4 ran here too until its e5m2 form, and the figures below are its layers then): from 160
 # average rows per expert on sm90 with 16-bit activations, the wgmma tactic with the layer's weights dequantized once
 # into the workspace (gemm/woq_dequantize.cu), then the 16-bit wgmma GEMM; below, the mma tiles, whose time grows with
 # the rows at a rate far below wgmma's while the pass costs the same at every count (it writes the experts' 16-bit
@@ -489,13 +498,16 @@ WOQ_DEQUANT_MIN_AVG_ROWS = 160
 # stays on the decode kernel everywhere else (the planner fuses the finalize only in those two kernels' bands; forced
 # fused, it keeps decode beyond them).
 def woq_kernel_rule(call: GemmCall, rows: RowCount) -> str:
+    mixed = call.entry == "sm90" and woq_mixed_input(call)
+    if call.woq == "mxfp4" and mixed:
+        return "decode" if rows.avg_at_most(WOQ_MXFP4_MIXED_DECODE_MAX_AVG_ROWS) else "wgmma"
     if rows.avg_at_most(WOQ_DECODE_MAX_AVG_ROWS):
         return "decode"
     if staged_past_decode(call) and rows.avg_at_most(WOQ_STAGED_MAX_AVG_ROWS):
         return "decode"
     if call.woq == "mxfp4" and rows.avg_at_most(WOQ_MXFP4_DECODE_MAX_AVG_ROWS):
         return "decode"
-    if call.entry == "sm90" and woq_mixed_input(call):
+    if mixed:
         return "wgmma"
     if call.epilogue == "finalize":
         return "decode"
@@ -512,12 +524,14 @@ def staged_past_decode(call: GemmCall) -> bool:
 
 # The mixed-input kernel (gemm/woq_sm90.cu) takes int4 and int8 weights with 16-bit activations, one scale per
 # output row or per 64 or 128 k (its k tile is 64), n a multiple of 8 (16-byte rows of its output and scales; a
-# last weight tile past n reads TMA's zero fill) and k of 64; MXFP4 and groups of 32 are dequantized for the 16-bit
-# wgmma GEMM instead. GPT-OSS-20B's GEMM2 (n 2880) ran the mma tiles at 9-127 rows per expert and the dequantized
-# weights from 128 while the kernel took only n a multiple of 128.
+# last weight tile past n reads TMA's zero fill) and k of 64, and MXFP4 with bf16 activations as its e5m2 form (one
+# bf16 scale per 64 k: moe_build/weights/woq.py mxfp4_as_e5m2, made once by the runner); int4 in groups of 32 and
+# fp16 MXFP4 are dequantized for the 16-bit wgmma GEMM instead. GPT-OSS-20B's GEMM2 (n 2880) ran the mma tiles at
+# 9-127 rows per expert and the dequantized weights from 128 while the kernel took only n a multiple of 128.
 def woq_mixed_input(call: GemmCall) -> bool:
-    return (call.woq in ("int4", "int8") and call.woq_group in (0, 64, 128)
-            and call.n % 8 == 0 and call.k % 64 == 0)
+    kinds = call.woq in ("int4", "int8") and call.woq_group in (0, 64, 128)
+    mxfp4 = call.woq == "mxfp4" and call.dtype == "bf16"
+    return (kinds or mxfp4) and call.n % 8 == 0 and call.k % 64 == 0
 
 
 def on_mixed_input_tile(tactic: GemmTactic | None) -> bool:
@@ -988,7 +1002,7 @@ def _woq_tactic_problem(call: GemmCall, tactic: GemmTactic) -> str | None:
     if tactic.kernel == "wgmma":
         if tactic.tile in WOQ_WGMMA_TILES and not woq_mixed_input(call):
             return (f"wgmma {tactic.tile} (the mixed-input kernel) takes int4 or int8 weights in groups of 64 or 128 "
-                    "or per channel, n a multiple of 8 and k of 64")
+                    "or per channel, or MXFP4 with bf16 activations, n a multiple of 8 and k of 64")
         if tactic.tile == "woq128x320c2" and not woq_weight_tiles_pair(call):
             return (f"wgmma woq128x320c2 runs in 2x1 clusters and takes an even count of 128-row weight tiles (n "
                     f"{call.n} makes {woq_weight_tiles(call)})")

@@ -15,7 +15,7 @@ from ..planner.tactics import DIGITS_GROUP_BYTES
 from ..spec import MoESpec
 from ..weights import MoEWeights
 from ..weights.fp8 import FP8_GROUP, ScaleGranularity
-from ..weights.woq import wgmma_scales
+from ..weights.woq import wgmma_operand
 from .batch import Batch
 from .prepare_finalize import routing_args
 from .workspace import TORCH_DTYPE
@@ -59,11 +59,9 @@ class FusedExperts:
         # static input scales are the woq weights' (None: each row's own at run time, as for FP8 layers).
         q = weights.woq
         self.woq_group = 0 if q is None or q.group_size is None else q.group_size
-        # The matrices ("w1" / "w2") the plan runs through the mixed-input wgmma GEMM (woq_wgmma): their scales (and
-        # int4 zero terms) as it reads them, made once here (woq.wgmma_scales).
-        self.woq_wgmma_scales = {name: wgmma_scales(q.kind, getattr(q, f"{name}_scale"), getattr(q, f"{name}_zero"),
-                                                    self.out_dtype)
-                                 for name in woq_wgmma} if q is not None else {}
+        # The matrices ("w1" / "w2") the plan runs through the mixed-input wgmma GEMM (woq_wgmma) as it reads them:
+        # their scales (and int4 zero terms), MXFP4 re-encoded as e5m2, made once here (woq.wgmma_operand).
+        self.woq_wgmma = {name: wgmma_operand(q, name, self.out_dtype) for name in woq_wgmma} if q is not None else {}
         scales = f if f is not None else q
         self.a1_scale = None if scales is None else scales.a1_scale
         self.a2_scale = None if scales is None else scales.a2_scale
@@ -355,10 +353,9 @@ class FusedExperts:
 
     def _woq_wgmma_gated(self, b: Batch, prequant_scale: torch.Tensor | None,
                          fp8_scale: torch.Tensor | None = None) -> None:
-        q, s = self.w.woq, self.spec
-        scales, zeros = self.woq_wgmma_scales["w1"]
-        self.k.grouped_gemm_woq_sm90_gated(b.v("permuted_input"), q.w1, q.kind.value, scales, zeros,
-                                           b.v("expert_offsets"), self.woq_group, self.act, bias=self.w.b1,
+        s, w1 = self.spec, self.woq_wgmma["w1"]
+        self.k.grouped_gemm_woq_sm90_gated(b.v("permuted_input"), w1.data, w1.kernel_kind, w1.scales, w1.zeros,
+                                           b.v("expert_offsets"), w1.group, self.act, bias=self.w.b1,
                                            prequant_scale=prequant_scale, swiglu_alpha=s.swiglu_alpha,
                                            swiglu_limit=s.swiglu_limit, out=b.v("fc1_act"),
                                            workspace=_opt(b, "gemm_workspace"), stream=b.stream,
@@ -371,21 +368,19 @@ class FusedExperts:
         """GEMM2 on the mixed-input wgmma kernel with the unpermute, top-k weighting (+b2) and reduction in its
         epilogue, into `out` (zeroed by the three-step prologue or the expansion, which the sequence runs before it):
         no gemm2_out round trip, no finalize step."""
-        q = self.w.woq
-        scales, zeros = self.woq_wgmma_scales["w2"]
-        self.k.grouped_gemm_woq_sm90_finalize(b.v("fc1_act"), q.w2, q.kind.value, scales, zeros, b.v("expert_offsets"),
-                                              self.woq_group, b.v("permuted_to_unpermuted"), b.v("permuted_weights"),
-                                              b.out.shape[0], self.spec.top_k, bias=self.w.b2, out=b.out,
+        w2 = self.woq_wgmma["w2"]
+        self.k.grouped_gemm_woq_sm90_finalize(b.v("fc1_act"), w2.data, w2.kernel_kind, w2.scales, w2.zeros,
+                                              b.v("expert_offsets"), w2.group, b.v("permuted_to_unpermuted"),
+                                              b.v("permuted_weights"), b.out.shape[0], self.spec.top_k,
+                                              bias=self.w.b2, out=b.out,
                                               workspace=_opt(b, "gemm_workspace"), stream=b.stream,
                                               tactic=b.gemm2_tactic)
 
     def _woq_wgmma_gemm(self, b: Batch, name: str, a: torch.Tensor, c: torch.Tensor, tactic: object) -> None:
         """W1 or W2 as stored through the mixed-input wgmma GEMM (plain store, as _woq_gemm)."""
-        q = self.w.woq
-        scales, zeros = self.woq_wgmma_scales[name]
-        self.k.grouped_gemm_woq_sm90(a, getattr(q, name), q.kind.value, scales, zeros, b.v("expert_offsets"),
-                                     self.woq_group, c=c, workspace=_opt(b, "gemm_workspace"), tactic=tactic,
-                                     stream=b.stream)
+        w = self.woq_wgmma[name]
+        self.k.grouped_gemm_woq_sm90(a, w.data, w.kernel_kind, w.scales, w.zeros, b.v("expert_offsets"), w.group,
+                                     c=c, workspace=_opt(b, "gemm_workspace"), tactic=tactic, stream=b.stream)
 
     def gemm1_woq_digits(self, b: Batch) -> None:
         self._woq_gemm(b, "w1", self._digits(b, self.spec.hidden_size), b.v("fc1_out"), b.gemm1_tactic)

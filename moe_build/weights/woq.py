@@ -149,23 +149,85 @@ def quantize_matrix(kind: WoqKind, w: torch.Tensor, group: int | None, asymmetri
     return pack_nibbles(u.reshape(w.shape)), scale, None
 
 
+@dataclass(frozen=True)
+class WgmmaOperand:
+    """One matrix stack as the mixed-input wgmma GEMM reads it (mb_grouped_gemm_woq_sm90): its weights, their kind
+    there (`kernel_kind`: the stored one, or "e5m2" for MXFP4's re-encoding), scales, int4 zero terms and k per
+    scale (0: one per output row)."""
+
+    data: torch.Tensor
+    kernel_kind: str
+    scales: torch.Tensor
+    zeros: torch.Tensor | None
+    group: int
+
+
+def wgmma_operand(w: "WoqWeights", name: str, dtype: torch.dtype) -> WgmmaOperand:
+    """W1 or W2 ("w1" / "w2") as the wgmma weight-only GEMM reads it: int4 / int8 as stored with `wgmma_scales`, MXFP4
+    (whose scale per 32 k is two a k tile of that mainloop) re-encoded as e5m2 under one bf16 scale per 64 k
+    (`mxfp4_as_e5m2`). Made once when a runner whose plan runs that GEMM is built: the stored form above stays the
+    only one on load."""
+    data, scale, zero = getattr(w, name), getattr(w, f"{name}_scale"), getattr(w, f"{name}_zero")
+    if w.kind is WoqKind.MXFP4:
+        if dtype != torch.bfloat16:
+            raise ValueError(f"dtype: MXFP4's wgmma form is exact under bf16 scales only, got {dtype}")
+        q, s = mxfp4_as_e5m2(data, scale)
+        return WgmmaOperand(q, "e5m2", s, None, E5M2_GROUP)
+    s, zs = wgmma_scales(w.kind, scale, zero, dtype)
+    return WgmmaOperand(data, w.kind.value, s, zs, 0 if w.group_size is None else w.group_size)
+
+
 def wgmma_scales(kind: WoqKind, scale: torch.Tensor, zero: torch.Tensor | None, dtype: torch.dtype
                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One matrix stack's scales as the wgmma weight-only GEMM reads them (mb_grouped_gemm_woq_sm90): CUTLASS's
-    mixed-input mainloop computes w = (u - 8) * s + zs (int4, u the stored code) or q * s (int8) in the activations'
-    16-bit type, so s comes in `dtype` and MN-major ([E, groups, n], one output row's scales adjacent), and int4's zero
-    term zs = (8 - z) * s (z the zero point; 0 without zeros) likewise, from s as rounded to `dtype` (the sum is then
-    (u - z) * s with s's rounding a relative error of the whole weight). Made once when a runner whose plan runs that
-    GEMM is built: the stored form above stays the only one on load."""
+    """int4 / int8 scales as the wgmma weight-only GEMM reads them (mb_grouped_gemm_woq_sm90): CUTLASS's mixed-input
+    mainloop computes w = (u - 8) * s + zs (int4, u the stored code) or q * s (int8) in the activations' 16-bit type,
+    so s comes in `dtype` and MN-major ([E, groups, n], one output row's scales adjacent), and int4's zero term
+    zs = (8 - z) * s (z the zero point; 0 without zeros) likewise, from s as rounded to `dtype` (the sum is then
+    (u - z) * s with s's rounding a relative error of the whole weight)."""
     s = scale.transpose(1, 2).contiguous().to(dtype)
     if kind is WoqKind.INT8:
         return s, None
     if kind is not WoqKind.INT4:
-        raise ValueError(f"kind: {kind.value} has no wgmma weight-only GEMM (int4 or int8)")
+        raise ValueError(f"kind: {kind.value} scales are not the wgmma GEMM's (int4 or int8; MXFP4: mxfp4_as_e5m2)")
     if zero is None:
         return s, torch.zeros_like(s)
     offset = INT4_ZERO - zero.transpose(1, 2).to(torch.float32)
     return s, (offset * s.float()).to(dtype).contiguous()
+
+
+# MXFP4 for the mixed-input kernel: two e8m0 blocks of 32 k under one scale per E5M2_GROUP k
+E5M2_GROUP = 64
+E5M2_TOP = 12       # the 64 k's largest block exponent R maps e2m1's 6 to 6 * 2^12 (e5m2's largest is 57344)
+E5M2_MIN_REF = 6    # R below it is taken as 6, so that the scale 2^(R - 139) stays a bf16 number (2^-133 at least)
+
+
+def mxfp4_as_e5m2(codes: torch.Tensor, exponents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """MXFP4 (uint8 [E, n, k/2] e2m1 codes, uint8 e8m0 [E, n, k/32]) as e5m2 q [E, n, k] and bf16 scales
+    s [E, k/64, n] (MN-major), w = q * s. Per 64 k, R is the larger exponent of its two blocks that hold a nonzero code
+    (at least E5M2_MIN_REF), s = 2^(R - 127 - E5M2_TOP) and q = e2m1 * 2^(e - R + E5M2_TOP): a block E below R gives
+    q of e2m1 * 2^(12 - E), exact in e5m2 (2 mantissa bits, down to 2^-16) while E <= 27, and s a power of two that
+    bf16 holds; so q * s is the stored weight, rounded once to bf16 as the dequantization rounds it (its overflow
+    included). Blocks more than 27 below their neighbour, which no trained layer has, are rounded to e5m2: within
+    2^-28 of the 64 k's largest weight. One expert at a time, so the float32 work stays one expert's size."""
+    e, n, half = codes.shape
+    k = 2 * half
+    if k % E5M2_GROUP:
+        raise ValueError(f"codes: k {k} is not a multiple of {E5M2_GROUP}")
+    table = torch.tensor(E2M1, dtype=torch.float32, device=codes.device)
+    q = torch.empty((e, n, k), dtype=torch.float8_e5m2, device=codes.device)
+    s = torch.empty((e, k // E5M2_GROUP, n), dtype=torch.bfloat16, device=codes.device)
+    for x in range(e):
+        nib = torch.stack((codes[x] & 0xF, codes[x] >> 4), dim=-1).reshape(n, k // MXFP4_GROUP, MXFP4_GROUP)
+        values = table[nib.long()]                                            # [n, blocks, 32] e2m1
+        exp = exponents[x].to(torch.int32)                                    # [n, blocks]
+        live = torch.where((nib & 7).amax(-1) > 0, exp, torch.zeros_like(exp))  # blocks of zeros do not set R
+        ref = live.reshape(n, -1, 2).amax(-1).clamp_min(E5M2_MIN_REF)            # [n, k/64]
+        # at most E5M2_TOP: a block of zeros above R would otherwise scale its zeros by an infinite power of two
+        shift = (exp - ref.repeat_interleave(2, dim=1) + E5M2_TOP).clamp_max(E5M2_TOP)  # [n, blocks]
+        q[x] = torch.ldexp(values, shift[..., None].float()).reshape(n, k).to(torch.float8_e5m2)
+        s[x] = torch.ldexp(torch.ones_like(ref, dtype=torch.float32),
+                           (ref - E8M0_BIAS - E5M2_TOP).float()).to(torch.bfloat16).T
+    return q, s
 
 
 @dataclass(frozen=True)

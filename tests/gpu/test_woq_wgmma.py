@@ -2,7 +2,8 @@
 on a compute capability 9.0 GPU.
 
 Operands as tests/gpu/test_woq_gemm.py makes them (fresh random packed weights in woq.py's canonical form, the
-reference dequantizing them exactly in fp64), the scales handed over as the runner hands them (woq.wgmma_scales);
+reference dequantizing them exactly in fp64), the scales handed over as the runner hands them (woq.wgmma_scales; MXFP4
+as its e5m2 form, woq.mxfp4_as_e5m2, whose q * s is each stored weight exactly, so its bound is int8's);
 outputs poisoned with NaN: every row of an expert written, rows past the last expert left alone. Uneven and empty
 expert segments up to 959 rows (several 64- to 320-row token tiles, partial last ones), 1 to 40 experts.
 
@@ -26,7 +27,8 @@ torch = pytest.importorskip("torch")
 from test_woq_gemm import case  # noqa: E402
 
 from moe_build import kernels as K  # noqa: E402
-from moe_build.weights.woq import INT4_ZERO, WoqKind, unpack_nibbles, wgmma_scales  # noqa: E402
+from moe_build.weights.woq import (E5M2_GROUP, INT4_ZERO, WoqKind, mxfp4_as_e5m2, unpack_nibbles,  # noqa: E402
+                                   wgmma_scales)
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
@@ -53,6 +55,17 @@ def term_magnitude(dev: dict, counts: list[int], rows: int, group: int) -> torch
     return out
 
 
+def operands(kind: WoqKind, b: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None, group: int,
+             dtype: torch.dtype) -> tuple[torch.Tensor, str, torch.Tensor, torch.Tensor | None, int]:
+    """Stored weights as the runner hands them to the wgmma kernel: (B, its kind there, scales, zero terms, group);
+    MXFP4 as its e5m2 form under one bf16 scale per 64 k."""
+    if kind is WoqKind.MXFP4:
+        q, s = mxfp4_as_e5m2(b, scales)
+        return q, "e5m2", s, None, E5M2_GROUP
+    s, zs = wgmma_scales(kind, scales, zeros, dtype)
+    return b, kind.value, s, zs, group
+
+
 def refused_odd_weight_tiles(tile: str, n: int, call: Callable[[], object], untouched: Callable[[], bool],
                               where: str) -> bool:
     """The 320-row tile's 2x1 clusters take the 128-row weight tiles in pairs: where n has an odd count of them, `call`
@@ -68,14 +81,14 @@ def refused_odd_weight_tiles(tile: str, n: int, call: Callable[[], object], unto
 
 
 def run(kind: WoqKind, counts: list[int], n: int, k: int, group: int, zeros: bool, tile: str,
-        dtype: torch.dtype = torch.bfloat16) -> None:
+        dtype: torch.dtype = torch.bfloat16, e8m0: tuple[int, int] = (120, 130)) -> None:
     seed = random.SystemRandom().randrange(1 << 30)
-    dev, ref, mag, used = case(kind, counts, n, k, group, zeros, False, dtype, seed)
-    s, zs = wgmma_scales(kind, dev["scales"], dev["zeros"], dtype)
+    dev, ref, mag, used = case(kind, counts, n, k, group, zeros, False, dtype, seed, e8m0=e8m0)
+    b, kernel_kind, s, zs, kernel_group = operands(kind, dev["b"], dev["scales"], dev["zeros"], group, dtype)
     c = torch.full((ref.shape[0], n), float("nan"), dtype=dtype, device="cuda")
 
     def gemm() -> object:
-        return K.grouped_gemm_woq_sm90(dev["a"], dev["b"], kind.value, s, zs, dev["off"], group, c=c,
+        return K.grouped_gemm_woq_sm90(dev["a"], b, kernel_kind, s, zs, dev["off"], kernel_group, c=c,
                                        tactic=f"wgmma:{tile}:plain:plain")
     if refused_odd_weight_tiles(tile, n, gemm, lambda: bool(torch.isnan(c).all()), f"(n {n})"):
         return
@@ -115,6 +128,22 @@ def test_int8_n_off_128(tile: str, group: int) -> None:
     """n not a multiple of 128 (GPT-OSS-20B's GEMM2, 2880 = 22.5 weight tiles): the last tile's rows past n read zeros
     and are not stored."""
     run(WoqKind.INT8, [3, 0, 130, 70], 2880, 2880, group, False, tile)
+
+
+@pytest.mark.parametrize("tile", TILES)
+@pytest.mark.parametrize("counts", COUNTS, ids=["1", "3-0-5-70", "9-0-130-1-700-64", "0-0-256", "40x40",
+                                                "320-321-0-640-959"])
+def test_mxfp4_as_e5m2_against_fp64(tile: str, counts: list[int]) -> None:
+    """MXFP4 (GPT-OSS's experts) through its e5m2 form, exponents 2^-7 .. 2^2 as case() draws them."""
+    run(WoqKind.MXFP4, counts, 256, 512, 32, False, tile)
+
+
+@pytest.mark.parametrize("tile", TILES)
+@pytest.mark.parametrize("n, k, e8m0", [(2880, 2880, (100, 128)), (5760, 2880, (8, 36)), (136, 576, (200, 228))])
+def test_mxfp4_as_e5m2_shapes_and_exponent_spans(tile: str, n: int, k: int, e8m0: tuple[int, int]) -> None:
+    """GPT-OSS-20B's shapes (n off 128, k 45 groups of 64), n off 16, and a 64 k's two exponents up to 27 apart near
+    the bottom and the top of e8m0's range (weights from 2^-120, bf16's normal numbers, to 6 * 2^100)."""
+    run(WoqKind.MXFP4, [17, 0, 200, 5], n, k, 32, False, tile, e8m0=e8m0)
 
 
 @pytest.mark.parametrize("tile", TILES)

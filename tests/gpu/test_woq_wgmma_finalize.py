@@ -21,7 +21,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 from test_woq_gemm import case, check_finalize, finalize_case  # noqa: E402
-from test_woq_wgmma import TILES, refused_odd_weight_tiles, term_magnitude  # noqa: E402
+from test_woq_wgmma import TILES, operands, refused_odd_weight_tiles, term_magnitude  # noqa: E402
 
 from moe_build import kernels as K  # noqa: E402
 from moe_build.weights.woq import WoqKind, wgmma_scales  # noqa: E402
@@ -35,9 +35,9 @@ def run(kind: WoqKind, n: int, k: int, group: int, zeros: bool, tile: str, token
         bias: bool = False, dtype: torch.dtype = torch.bfloat16) -> None:
     c = finalize_case(kind, n, k, group, zeros, bias, dtype, tokens, top_k)
     dev = c.dev
-    s, zs = wgmma_scales(kind, dev["scales"], dev["zeros"], dtype)
+    b, kernel_kind, s, zs, kernel_group = operands(kind, dev["b"], dev["scales"], dev["zeros"], group, dtype)
     out = c.fill.cuda()
-    args = (dev["a"], dev["b"], kind.value, s, zs, dev["off"], group, c.ptu, c.weights.cuda(), tokens, top_k)
+    args = (dev["a"], b, kernel_kind, s, zs, dev["off"], kernel_group, c.ptu, c.weights.cuda(), tokens, top_k)
     kw = dict(bias=dev["bias"], out=out, tactic=f"wgmma:{tile}:plain:plain")
     where = (f"(seed {c.seed}, {kind.value}, counts {c.counts}, n {n}, k {k}, group {group}, zeros {zeros}, {tile}, "
              f"tokens {tokens}, top_k {top_k}, bias {bias}, {dtype})")
@@ -57,6 +57,13 @@ def run(kind: WoqKind, n: int, k: int, group: int, zeros: bool, tile: str, token
 @pytest.mark.parametrize("tokens, top_k", [(300, 4), (40, 2)])
 def test_int4_against_fp64(tile: str, group: int, zeros: bool, tokens: int, top_k: int) -> None:
     run(WoqKind.INT4, 208, 512, group, zeros, tile, tokens, top_k)
+
+
+@pytest.mark.parametrize("tile", TILES)
+@pytest.mark.parametrize("n, k, tokens, top_k", [(208, 512, 300, 4), (2880, 2880, 40, 2)])
+def test_mxfp4_as_e5m2_against_fp64(tile: str, n: int, k: int, tokens: int, top_k: int) -> None:
+    """MXFP4 W2 through its e5m2 form (tests/gpu/test_woq_wgmma.py's operands), with b2."""
+    run(WoqKind.MXFP4, n, k, 32, False, tile, tokens, top_k, bias=True)
 
 
 @pytest.mark.parametrize("tile", TILES)

@@ -22,7 +22,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 from test_woq_gemm import case  # noqa: E402
-from test_woq_wgmma import TILES, refused_odd_weight_tiles, term_magnitude  # noqa: E402
+from test_woq_wgmma import TILES, operands, refused_odd_weight_tiles, term_magnitude  # noqa: E402
 
 from moe_build import kernels as K  # noqa: E402
 from moe_build.reference import activate  # noqa: E402
@@ -42,13 +42,14 @@ def run(kind: WoqKind, counts: list[int], inter: int, k: int, group: int, zeros:
     n = 2 * inter
     dev, full, mag, used = case(kind, counts, n, k, group, zeros, bias, dtype, seed)
     inter_zeros = None if dev["zeros"] is None else interleave_gate_up(dev["zeros"])
-    s, zs = wgmma_scales(kind, interleave_gate_up(dev["scales"]), inter_zeros, dtype)
+    b, kernel_kind, s, zs, kernel_group = operands(kind, interleave_gate_up(dev["b"]), interleave_gate_up(dev["scales"]),
+                                                   inter_zeros, group, dtype)
     b1 = None if dev["bias"] is None else interleave_gate_up(dev["bias"])
     spec = MoESpec(hidden_size=k, intermediate_size=inter, num_experts=len(counts), top_k=1,
                    activation=Activation(activation))
     pre = torch.rand(inter, device="cuda") * 2 + 0.25 if prequant else None
     out = torch.full((full.shape[0], inter), float("nan"), dtype=dtype, device="cuda")
-    args = (dev["a"], interleave_gate_up(dev["b"]), kind.value, s, zs, dev["off"], group, activation)
+    args = (dev["a"], b, kernel_kind, s, zs, dev["off"], kernel_group, activation)
     kw = dict(bias=b1, prequant_scale=pre, swiglu_alpha=spec.swiglu_alpha, swiglu_limit=spec.swiglu_limit, out=out,
               tactic=f"wgmma:{tile}:plain:plain")
     where = (f"(seed {seed}, {kind.value}, counts {counts}, I {inter}, k {k}, group {group}, zeros {zeros}, {tile}, "
@@ -89,6 +90,20 @@ def test_int4_against_fp64(tile: str, counts: list[int], group: int, zeros: bool
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_int8_activations_bias_and_prequant(tile: str, activation: str, dtype: torch.dtype) -> None:
     run(WoqKind.INT8, [3, 0, 130, 70], 384, 768, 128, False, tile, activation, bias=True, prequant=True, dtype=dtype)
+
+
+@pytest.mark.parametrize("tile", TILES)
+@pytest.mark.parametrize("counts", COUNTS, ids=COUNT_IDS)
+@pytest.mark.parametrize("activation", ["swiglu", "swiglu_clamp"])
+def test_mxfp4_as_e5m2_against_fp64(tile: str, counts: list[int], activation: str) -> None:
+    """MXFP4 W1 through its e5m2 form (tests/gpu/test_woq_wgmma.py's operands), GPT-OSS's clamped SwiGLU and bias."""
+    run(WoqKind.MXFP4, counts, 128, 512, 32, False, tile, activation, bias=True, prequant=activation == "swiglu")
+
+
+@pytest.mark.parametrize("tile", TILES)
+def test_mxfp4_as_e5m2_gpt_oss_shape(tile: str) -> None:
+    """GPT-OSS-20B's W1 (I 1440, k 2880: 45 groups of 64) through its e5m2 form."""
+    run(WoqKind.MXFP4, [17, 0, 200, 5], 1440, 2880, 32, False, tile, "swiglu_clamp", bias=True)
 
 
 @pytest.mark.parametrize("tile", TILES)

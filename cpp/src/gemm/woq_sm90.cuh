@@ -14,11 +14,14 @@
 //
 // int4 weights take CUTLASS's scale-and-zero mode, w = (u - 8) * s + zs with u the stored 4-bit code, read as u - 8
 // (Uint4Minus8 below), and zs = (8 - z) * s (z the zero point, 8 without zeros: zs = 0), s and zs in the
-// activations' 16-bit type, MN-major ([E, groups, n]); int8 weights its scale-only mode, w = q * s. Both roundings
-// before the weight's own then fall on numbers no larger than its two parts, |u - 8| s and |8 - z| s, where reading
-// u as it is would round u * s and z * s, up to 15 s each, for a weight of |u - z| s. CUTLASS 4.2's grouped kernel
-// does not carry the scale tensor's map in the scale-and-zero mode (it initializes, updates and fences only the zero
-// points' map): GroupedZeroPointMainloop below does it for the scales as well.
+// activations' 16-bit type, MN-major ([E, groups, n]); int8 and e5m2 weights its scale-only mode, w = q * s. Both of
+// int4's roundings before the weight's own then fall on numbers no larger than its two parts, |u - 8| s and |8 - z| s,
+// where reading u as it is would round u * s and z * s, up to 15 s each, for a weight of |u - z| s. e5m2 is MXFP4
+// re-encoded under one bf16 scale per 64 k (MXFP4's scale per 32 k is two a k tile, which this mainloop does not
+// take): each e2m1 value times its block's 2^(e - 127) is q * s exactly where the 64 k's two exponents lie within 27
+// of each other, and CUTLASS converts e5m2 to bf16 exactly (through f16 and fp32), so w is the stored weight.
+// CUTLASS 4.2's grouped kernel does not carry the scale tensor's map in the scale-and-zero mode (it initializes,
+// updates and fences only the zero points' map): GroupedZeroPointMainloop below does it for the scales as well.
 #pragma once
 
 // CUTLASS's device-side asserts compiled out here: with them ptxas serializes the mixed-input mainloop's wgmma
@@ -112,7 +115,7 @@ namespace {
 
 struct WoqSm90Params {
   const void* A;        // [max_rows, k] in T
-  const void* B;        // uint8 [E, n, k/2] 4-bit codes, or int8 [E, n, k]
+  const void* B;        // uint8 [E, n, k/2] 4-bit codes, or int8 / e5m2 [E, n, k]
   const void* scales;   // T [E, groups, n]
   const void* zeros;    // T [E, groups, n], int4 only: (8 - z) * s
   void* C;              // [max_rows, n] in T
@@ -120,7 +123,7 @@ struct WoqSm90Params {
   int num_experts;
   int n, k;
   int group;  // k per scale; 0: one per output row
-  int kind;   // MB_WOQ_INT4 or MB_WOQ_INT8
+  int kind;   // MB_WOQ_INT4, MB_WOQ_INT8 or MB_WOQ_E5M2
 };
 
 // The grouped mixed-input mainloop with the scale map carried in the scale-and-zero mode: copied to shared memory
@@ -251,7 +254,8 @@ struct WoqWgmma {
   static_assert(kTokens <= 256 * kCluster, "a token tile past 256 rows needs a cluster to cut its TMA box");
   using Value = T;  // the activations' CUDA type
   using Element = typename CutlassType<T>::type;
-  using Quant = std::conditional_t<KIND == MB_WOQ_INT4, Uint4Minus8, int8_t>;
+  using Quant = std::conditional_t<KIND == MB_WOQ_INT4, Uint4Minus8,
+                                   std::conditional_t<KIND == MB_WOQ_E5M2, cutlass::float_e5m2_t, int8_t>>;
   // {weights, scales[, zero terms]}: the operand CUTLASS converts, in the mode the tuple names.
   using Operand = std::conditional_t<KIND == MB_WOQ_INT4, cute::tuple<Quant, Element, Element>,
                                      cute::tuple<Quant, Element>>;
@@ -438,6 +442,13 @@ mb_status dispatch_woq_sm90(int dtype, int kind, int tile, F&& f) {
         return fail(MB_ERR_UNSUPPORTED, "grouped gemm woq sm90: the e4m3-dequantized gated epilogue takes int4 "
                     "weights (W4AFP8), not kind %d", kind);
       return by_tile(tag, std::integral_constant<int, MB_WOQ_INT4>{});
+    } else if (kind == MB_WOQ_E5M2) {  // MXFP4's re-encoding, exact under bf16 scales only
+      if constexpr (std::is_same_v<decltype(tag), __nv_bfloat16>) {
+        return by_tile(tag, std::integral_constant<int, MB_WOQ_E5M2>{});
+      } else {
+        return fail(MB_ERR_UNSUPPORTED, "grouped gemm woq sm90: e5m2 weights (kind %d) take dtype bf16 (%d)", kind,
+                    MB_BF16);
+      }
     } else {
       return kind == MB_WOQ_INT4 ? by_tile(tag, std::integral_constant<int, MB_WOQ_INT4>{})
                                  : by_tile(tag, std::integral_constant<int, MB_WOQ_INT8>{});
@@ -457,9 +468,10 @@ template <class Epi>
 size_t woq_sm90_max_workspace(int experts, int sm_count) {
   size_t bytes = 0;
   for (int dtype : {MB_BF16, MB_FP16})
-    for (int kind : {MB_WOQ_INT4, MB_WOQ_INT8})
+    for (int kind : {MB_WOQ_INT4, MB_WOQ_INT8, MB_WOQ_E5M2})
       for (int tile : kWoqTiles) {
         if (std::is_same_v<Epi, WoqGatedFp8> && kind != MB_WOQ_INT4) continue;  // int4 only
+        if (kind == MB_WOQ_E5M2 && dtype != MB_BF16) continue;                  // bf16 only
         dispatch_woq_sm90<Epi>(dtype, kind, tile, [&](auto g) {
           bytes = std::max(bytes, woq_sm90_workspace<decltype(g)>(experts, sm_count).total);
           return MB_OK;
@@ -481,9 +493,12 @@ mb_status check_woq_sm90(const WoqSm90Params& p, int64_t max_rows, int dtype, co
     return fail(MB_ERR_UNSUPPORTED, "%s: needs a compute capability 9.0 device", who);
   if (dtype != MB_BF16 && dtype != MB_FP16)
     return fail(MB_ERR_INVALID_ARGUMENT, "%s: dtype %d is not bf16 (%d) or fp16 (%d)", who, dtype, MB_BF16, MB_FP16);
-  if (p.kind != MB_WOQ_INT4 && p.kind != MB_WOQ_INT8)
-    return fail(MB_ERR_UNSUPPORTED, "%s: kind %d is not int4 (%d) or int8 (%d)", who, p.kind, MB_WOQ_INT4,
-                MB_WOQ_INT8);
+  if (p.kind != MB_WOQ_INT4 && p.kind != MB_WOQ_INT8 && p.kind != MB_WOQ_E5M2)
+    return fail(MB_ERR_UNSUPPORTED, "%s: kind %d is not int4 (%d), int8 (%d) or e5m2 (%d)", who, p.kind, MB_WOQ_INT4,
+                MB_WOQ_INT8, MB_WOQ_E5M2);
+  if (p.kind == MB_WOQ_E5M2 && dtype != MB_BF16)
+    return fail(MB_ERR_UNSUPPORTED, "%s: e5m2 weights (kind %d) take dtype bf16 (%d), not %d", who, p.kind, MB_BF16,
+                dtype);
   if (!p.A || !p.B || !p.C || !p.scales || !p.offsets || p.num_experts <= 0 || max_rows < 0 || p.n <= 0 || p.k <= 0)
     return fail(MB_ERR_INVALID_ARGUMENT, "%s: null pointer or non-positive size", who);
   if ((p.kind == MB_WOQ_INT4) != (p.zeros != nullptr))

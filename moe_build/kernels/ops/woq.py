@@ -115,13 +115,21 @@ def _a_input(a: torch.Tensor, out_dtype: torch.dtype | None, k_b: int | None
     return WoqInput.DTYPE, a.shape[0], a.shape[1], a.dtype
 
 
+def _stored_kind(kind: int | str | WoqKind) -> WoqKind:
+    """A stored weight-only kind (the decode, mma and dequantize kernels' B); e5m2 is the wgmma kernel's alone."""
+    mode = WoqKind(_enum(kind, WoqKind, "kind"))
+    if mode is WoqKind.E5M2:
+        raise ValueError("kind: e5m2 weights run on the wgmma weight-only kernel only (grouped_gemm_woq_sm90)")
+    return mode
+
+
 def _woq_gemm_args(a: torch.Tensor, b: torch.Tensor, kind: int | str | WoqKind, scales: torch.Tensor,
                    expert_first_token_offset: torch.Tensor, group: int, zeros: torch.Tensor | None,
                    bias: torch.Tensor | None, out_dtype: torch.dtype | None
                    ) -> tuple[torch.device, int, int, int, int, WoqKind, torch.dtype, WoqInput]:
     """grouped_gemm_woq's operand checks (shared with its finalize form) -> (device, rows, k, experts, n, kind,
     output dtype, A's form)."""
-    mode = WoqKind(_enum(kind, WoqKind, "kind"))
+    mode = _stored_kind(kind)
     packed = mode is not WoqKind.INT8
     k_b = b.shape[-1] * (2 if packed else 1) if b.dim() == 3 else None  # B's k (a B of another rank fails below)
     form, rows, k, out_dtype = _a_input(a, out_dtype, k_b)
@@ -191,9 +199,13 @@ def _woq_sm90_args(a: torch.Tensor, b: torch.Tensor, kind: int | str | WoqKind, 
     dev, rows, k = a.device, a.shape[0], a.shape[1]
     mode = WoqKind(_enum(kind, WoqKind, "kind"))
     if mode is WoqKind.MXFP4:
-        raise ValueError("kind: mxfp4 has no wgmma weight-only kernel (int4 or int8)")
+        raise ValueError("kind: mxfp4 has no wgmma weight-only kernel (int4, int8, or e5m2: "
+                         "moe_build/weights/woq.py's mxfp4_as_e5m2)")
+    if mode is WoqKind.E5M2 and a.dtype != torch.bfloat16:
+        raise ValueError(f"A: e5m2 weights take bf16 activations, got {a.dtype}")
     packed = mode is WoqKind.INT4
-    _check(b, "B", (None, None, k // 2 if packed else k), torch.uint8 if packed else torch.int8, dev)
+    data_dtype = {WoqKind.INT4: torch.uint8, WoqKind.INT8: torch.int8, WoqKind.E5M2: torch.float8_e5m2}[mode]
+    _check(b, "B", (None, None, k // 2 if packed else k), data_dtype, dev)
     e, n = b.shape[0], b.shape[1]
     _check(offsets, "expert_first_token_offset", (e + 1,), torch.int64, dev)
     groups = k // group if group > 0 else 1
@@ -209,8 +221,9 @@ def grouped_gemm_woq_sm90(a: torch.Tensor, b: torch.Tensor, kind: int | str | Wo
                           stream: int | torch.cuda.Stream | None = None, *, tactic: GemmTactic | str) -> torch.Tensor:
     """grouped_gemm_woq's C = A @ dequant(B[x])^T on wgmma (compute capability 9.0; a wgmma tactic on a woq tile,
     tactics.WOQ_WGMMA_TILES): the weights converted in registers by CUTLASS's mixed-input mainloop. A [R, k] bf16/fp16, B
-    int4 ([E, n, k/2] uint8) or int8 ([E, n, k]); scales in A's dtype, MN-major [E, groups, n]; int4 zeros the same,
-    holding (8 - z) * s (moe_build/weights/woq.py's wgmma_scales writes both) -> C [R, n]."""
+    int4 ([E, n, k/2] uint8), int8 ([E, n, k]) or e5m2 ([E, n, k] float8_e5m2, A bf16: MXFP4 re-encoded); scales in A's
+    dtype, MN-major [E, groups, n]; int4 zeros the same, holding (8 - z) * s (moe_build/weights/woq.py's wgmma_operand
+    writes them) -> C [R, n]."""
     dev, rows, k, e, n, mode = _woq_sm90_args(a, b, kind, scales, zeros, expert_first_token_offset, group)
     out = _out(c, "C", (rows, n), a.dtype, dev)
     ws, ws_bytes = _workspace(workspace, lambda: grouped_gemm_woq_sm90_workspace_bytes(e), dev)
@@ -284,7 +297,7 @@ def woq_dequantize(b: torch.Tensor, kind: int | str | WoqKind, scales: torch.Ten
     """grouped_gemm_woq's stored weights B (with its scales, zeros and group) dequantized -> [E, n, k] row-major in
     `dtype` (bf16 or fp16; out's where given), each weight computed in fp32 and rounded once: the weights a
     weight-only GEMM's wgmma tactic hands the 16-bit wgmma GEMM."""
-    mode = WoqKind(_enum(kind, WoqKind, "kind"))
+    mode = _stored_kind(kind)
     packed = mode is not WoqKind.INT8
     _check(b, "B", (None, None, None), torch.uint8 if packed else torch.int8)
     dev = b.device
