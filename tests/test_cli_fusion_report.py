@@ -70,13 +70,14 @@ def test_fp8_layers_fuse_the_finalize_with_its_gates_shown(quant: str):
                     "--force", "finalize=separate")
     assert next(s for s in forced["stages"] if s["stage"] == "finalize")["choice"] == "separate"
     # the weight-only GEMM2's FINALIZE tactics are its decode kernel's and its mixed-input kernel's: the rows gate says
-    # where (the decode band's small calls, and past that band, 8 rows per expert, GEMM2's mixed-input tiles to 48 rows)
+    # where (the decode band's small calls, and past int8's decode band, 5 rows per expert, GEMM2's mixed-input tiles to
+    # 48 rows)
     for tokens, choice in ((100, "separate"), (1024, "fused"), (2048, "separate")):
         weight_only = report(*NARROW_FLAGS, "--quant", "w8a16", "--sm", "90", "--flavour", "tensorrt", "--tokens",
                              str(tokens))
         fin = next(s for s in weight_only["stages"] if s["stage"] == "finalize")
         assert fin["choice"] == choice
-        assert fin["bands"] == [[1, 16, "fused"], [17, 256, "separate"], [257, 1536, "fused"], [1537, None, "separate"]]
+        assert fin["bands"] == [[1, 16, "fused"], [17, 160, "separate"], [161, 1536, "fused"], [1537, None, "separate"]]
         assert next(g for g in fin["gates"] if g["name"] == "finalize_tactic")["held"] is True
         rows = next(g for g in fin["gates"] if g["name"] == "finalize_tactic_rows")
         assert rows["held"] is (choice == "fused") and "(the decode kernel)" in rows["condition"]

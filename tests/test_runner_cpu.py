@@ -406,7 +406,8 @@ def test_weight_only_plans_run_the_woq_gemms_and_the_awq_steps_the_plan_names(qu
 @pytest.mark.parametrize("quant", [Quant.W4A16_AWQ, Quant.W8A16, Quant.W4AFP8])
 def test_weight_only_plans_fuse_the_finalize_into_the_decode_gemm2(quant: Quant) -> None:
     """The weight-only finalize epilogue is the decode kernel's (mb_grouped_gemm_woq_finalize) and the mixed-input
-    wgmma kernel's (mb_grouped_gemm_woq_sm90_finalize): fused within the decode band (8 average rows per expert) where
+    wgmma kernel's (mb_grouped_gemm_woq_sm90_finalize): fused within the decode band (8 average rows per expert, int8's
+    5) where
     the 16-bit rule's small-call or wide-expert clause holds, and where GEMM2 runs the mixed-input kernel up to 48
     rows per expert, into the output the expansion (or the three-step prologue) zeroes; separate between (and on int4's
     staged decode tile, to 12 rows) and past 48 rows. WFP4A16 never (the seed's !use_wfp4a16). Forced fused, GEMM2
@@ -414,9 +415,9 @@ def test_weight_only_plans_fuse_the_finalize_into_the_decode_gemm2(quant: Quant)
     spec = dataclasses.replace(SWIGLU_64E, quant=quant, quant_prequant_scales=quant is not Quant.W8A16,
                                act_scale=ActScale.STATIC if quant is Quant.W4AFP8 else ActScale.DYNAMIC)
     plan = make_plan(spec, H100, tokens=16)
-    # 64 experts, top-2: tokens * 2 <= 32 up to 16 tokens; the decode band to 256 tokens (8 rows per expert), int4's
+    # 64 experts, top-2: tokens * 2 <= 32 up to 16 tokens; int8's decode band to 160 tokens (5 rows per expert), int4's
     # staged tile to 384 (12 rows), the mixed-input kernel past it, its finalize to 1536 (48 rows)
-    last_decode = 256 if quant is Quant.W8A16 else 384
+    last_decode = 160 if quant is Quant.W8A16 else 384
     assert [b.to_list() for b in plan.stage("finalize").bands] == [[1, 16, "fused"], [17, last_decode, "separate"],
                                                                    [last_decode + 1, 1536, "fused"],
                                                                    [1537, None, "separate"]]
@@ -443,11 +444,11 @@ def test_weight_only_plans_fuse_the_finalize_into_the_decode_gemm2(quant: Quant)
         [[1, 1536, "fused"], [1537, None, "separate"]] if quant is Quant.W8A16 else
         [[1, 256, "fused"], [257, 384, "separate"], [385, 1536, "fused"], [1537, None, "separate"]])
     forced = make_plan(spec, H100, tokens=4096, force={"finalize": "fused"})
-    assert forced.choices(200)["gemm2_tactic"].startswith("decode:")  # in the plan's separate band
+    assert forced.choices(100)["gemm2_tactic"].startswith("decode:")  # in the plan's separate band
     assert forced.choices(4096)["gemm2_tactic"].startswith("wgmma:woq128x")
     assert kernel_sequence(forced, 4096)[2] == "routing_prologue:three_step+zero_output"
     assert kernel_sequence(forced, 4096)[-1] == "gemm2:woq_wgmma_finalize"  # 128 rows per expert
-    assert kernel_sequence(forced, 200)[-1] == f"{gemm2.replace('_digits', '')}_finalize"
+    assert kernel_sequence(forced, 100)[-1] == f"{gemm2.replace('_digits', '')}_finalize"
     with pytest.raises(MoeBuildError, match="finalize epilogue runs on the decode kernel and the mixed-input"):
         make_plan(spec, H100, tokens=16, force={"finalize": "fused", "gemm2_tactic": "mma:64x128:plain:plain"})
     in_groups_of_32 = make_plan(dataclasses.replace(spec, quant_group_size=32), H100, tokens=4096,
@@ -792,7 +793,7 @@ def test_weight_only_plans_take_the_mixed_input_gemm_past_decode(quant: Quant) -
         assert {t: [s for s in kernel_sequence(fp16, t) if s.startswith("gemm")] for t in (49, 636, 637)} == {
             **{t: ["gemm1:woq", "gemm2:woq"] for t in (49, 636)}, 637: ["gemm1:woq_dense", "gemm2:woq_dense"]}
     else:
-        last_decode = 48 if quant is Quant.W4A16_AWQ else 32  # the staged int4 tile's band: 12 rows
+        last_decode = 48 if quant is Quant.W4A16_AWQ else 20  # the staged int4 tile's band: 12 rows; int8's 5
         # GEMM2 with the finalize in its epilogue to 48 rows an expert (192 tokens), beside it past them
         assert gemms == {t: ["gemm1:woq", "gemm2:woq"] if t <= last_decode
                          else ["gemm1:woq_wgmma_gated", "gemm2:woq_wgmma_finalize"] if t <= 192

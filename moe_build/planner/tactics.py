@@ -473,6 +473,14 @@ WOQ_STAGED_MAX_AVG_ROWS = 12
 # 144 / 192 297.5 / 353.7 against 362.9 / 364.1, DeepSeek-V2-Lite at 96 / 128 263.8 / 309.6 against 330.8 / 330.3.
 WOQ_MXFP4_DECODE_MAX_AVG_ROWS = 12
 WOQ_MXFP4_MIXED_DECODE_MAX_AVG_ROWS = 7
+# int8 (W8A16), whose decode kernel reads a byte a weight as the mixed-input kernel does, keeps the decode kernel to 5
+# rows: H200, W8A16 layers (per channel), graph replay, both GEMMs forced onto woq128x32 over the plan's decode kernel
+# (docs/measured/h200-2026-12-04-mxfp4-e5m2, bench_w8_band.json): at 6 / 7 / 8 rows an expert Mixtral-8x7B 0.85 / 0.79
+# / 0.77, Qwen3-30B-A3B 0.89 / 0.83 / 0.77, GPT-OSS-20B 0.90 / 0.84 / 0.75, DeepSeek-V2-Lite at 6 rows 0.91-0.96; at 2-5
+# rows 0.97-1.05 on the four layers.
+WOQ_INT8_DECODE_MAX_AVG_ROWS = 5
+# The decode band of the kinds whose alternative past it is the mixed-input kernel with a band of their own.
+WOQ_MIXED_DECODE_MAX_AVG_ROWS = {"mxfp4": WOQ_MXFP4_MIXED_DECODE_MAX_AVG_ROWS, "int8": WOQ_INT8_DECODE_MAX_AVG_ROWS}
 # Where the mixed-input kernel does not take the weights (int4 in groups of 32, fp16 MXFP4; woq_mixed_input below;
 # bf16 MXFP4 ran here too until its e5m2 form, and the figures below are its layers then): from 160
 # average rows per expert on sm90 with 16-bit activations, the wgmma tactic with the layer's weights dequantized once
@@ -499,8 +507,8 @@ WOQ_DEQUANT_MIN_AVG_ROWS = 160
 # fused, it keeps decode beyond them).
 def woq_kernel_rule(call: GemmCall, rows: RowCount) -> str:
     mixed = call.entry == "sm90" and woq_mixed_input(call)
-    if call.woq == "mxfp4" and mixed:
-        return "decode" if rows.avg_at_most(WOQ_MXFP4_MIXED_DECODE_MAX_AVG_ROWS) else "wgmma"
+    if mixed and call.woq in WOQ_MIXED_DECODE_MAX_AVG_ROWS:
+        return "decode" if rows.avg_at_most(WOQ_MIXED_DECODE_MAX_AVG_ROWS[call.woq]) else "wgmma"
     if rows.avg_at_most(WOQ_DECODE_MAX_AVG_ROWS):
         return "decode"
     if staged_past_decode(call) and rows.avg_at_most(WOQ_STAGED_MAX_AVG_ROWS):
