@@ -217,7 +217,7 @@ def mxfp4_as_e5m2(codes: torch.Tensor, exponents: torch.Tensor) -> tuple[torch.T
     q = torch.empty((e, n, k), dtype=torch.float8_e5m2, device=codes.device)
     s = torch.empty((e, k // E5M2_GROUP, n), dtype=torch.bfloat16, device=codes.device)
     for x in range(e):
-        nib = torch.stack((codes[x] & 0xF, codes[x] >> 4), dim=-1).reshape(n, k // MXFP4_GROUP, MXFP4_GROUP)
+        nib = unpack_nibbles(codes[x]).reshape(n, k // MXFP4_GROUP, MXFP4_GROUP)
         values = table[nib.long()]                                            # [n, blocks, 32] e2m1
         exp = exponents[x].to(torch.int32)                                    # [n, blocks]
         live = torch.where((nib & 7).amax(-1) > 0, exp, torch.zeros_like(exp))  # blocks of zeros do not set R
