@@ -197,6 +197,16 @@ def test_wgmma_fast_accumulation(n, k, tile, counts):
                   accumulation=Fp8Accumulation.FAST)
 
 
+@pytest.mark.parametrize("k", [128, 256, 384, 4224, 4160])
+@pytest.mark.parametrize("tile", WGMMA_TILES[Fp8Scaling.BLOCK128])
+def test_wgmma_block128_k_tiles(k, tile):
+    """The blockwise mainloop weighs each 128-k tile's sums by that tile's scales: 1, 2 and 3 k tiles (a pipeline's
+    first, second and steady iterations), 33 (odd, long) and 33 with the last partial; each tile's scales are
+    independent draws over 0.001-0.021 (`case`), so a sum weighed by its neighbour's scales fails the bound."""
+    need((9, 0), exact=True)
+    run_and_check(COUNTS["wide"], 384, k, Fp8Scaling.BLOCK128, f"wgmma:{tile}:plain:plain", seed=k + len(tile))
+
+
 @pytest.mark.parametrize("kernel", ["decode", "wgmma"])
 def test_fast_accumulation_needs_rowwise_scales(kernel):
     """Block-128 scales weigh each 128-k block's sum as it is promoted: fast accumulation is refused with them, by
