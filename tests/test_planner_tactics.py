@@ -541,18 +541,18 @@ def test_weight_only_tile_cost_counts_the_routed_tiles(avg: int, experts: int, t
 def test_weight_only_gemms_take_the_mixed_input_tiles_past_decode() -> None:
     """int4 / int8 weights per channel or in groups of 64 / 128 (n % 8, k % 64) on sm90 with 16-bit activations:
     past the decode band (8 average rows per expert, int8's 5; 12 where the staged int4 tile takes 8-row chunks in
-    groups of 128 or per row) the mixed-input wgmma tiles at every count, 32 token rows to 16 rows per expert, 64 to 48,
+    groups of 128 or per row) the mixed-input wgmma tiles at every count, 32 token rows to 24 rows per expert, 64 to 48,
     128 to 96, then the cheapest height by the routed counts (128 rows: 160, where half the experts would take two
     128-row tiles, from 118; 117 rows still 128, a second tile for 14% of the experts), 256 past 1024 rows. W4AFP8 keeps the mma tiles. MXFP4 (its e5m2 form) with bf16 activations past a decode band of 7 rows;
     with fp16 ones (or on sm80) the decode kernel to 12 rows, then the mma tiles."""
     c = call(epilogue="store", woq="int4", woq_group=128)  # 128 experts, top-8: avg rows = tokens / 16
-    assert [at(c, t) for t in (128, 129, 192, 193, 256, 257, 768, 769, 1536, 1537, 1872, 1873, 2048, 65536)] == [
+    assert [at(c, t) for t in (128, 129, 192, 193, 384, 385, 768, 769, 1536, 1537, 1872, 1873, 2048, 65536)] == [
         "decode:staged_ksplit1:after_trigger:plain", "decode:staged_ksplit1:after_trigger:plain",
         "decode:staged_ksplit1:after_trigger:plain", "wgmma:woq128x32:plain:plain", "wgmma:woq128x32:plain:plain",
         "wgmma:woq128x64:plain:plain", "wgmma:woq128x64:plain:plain", "wgmma:woq128x128:plain:plain",
         "wgmma:woq128x128:plain:plain", "wgmma:woq128x128:plain:plain", "wgmma:woq128x128:plain:plain",
         "wgmma:woq128x160:plain:plain", "wgmma:woq128x160:plain:plain", "wgmma:woq128x256:plain:plain"]
-    for t in (129, 193, 257, 769, 1537, 2048):
+    for t in (129, 193, 385, 769, 1537, 2048):
         assert tactic_problem(c, GemmTactic.parse(at(c, t))) is None
     # the staged tile's band to 12 rows needs its 8-row chunks to fit (int8 has no staged tile)
     assert at(dataclasses.replace(c, k=14336), 129) == "wgmma:woq128x32:plain:plain"

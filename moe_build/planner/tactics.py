@@ -547,12 +547,19 @@ def on_mixed_input_tile(tactic: GemmTactic | None) -> bool:
     return tactic is not None and tactic.kernel == "wgmma" and tactic.tile in WOQ_WGMMA_TILES
 
 
-# Mixed-input tile, token rows per tile by average rows per expert: 32 up to 16, 64 up to 48, 128 up to 96 (same
+# Mixed-input tile, token rows per tile by average rows per expert: 32 up to 24, 64 up to 48, 128 up to 96 (same
 # probe, each tile's worst time over the best tile's at its points: 128x32 1.04 at 8 rows and 1.02 at 16; 128x64 1.00
 # at 32 and 1.08 at 48; 128x128 1.03 at 64; at 96, bench/woq_tile_rows_probe.py's first average, 1.00-1.06 on the
 # eight W4A16 GEMMs of the bench shapes). 128x16 is there to be forced and probed (best at 8 rows on 5 of 11 GEMMs,
 # 1.38x on the worst).
-WOQ_TILE_32_MAX_AVG_ROWS = 16
+# The 32-row tile to 24 rows (was 16): H200, whole layers, both GEMMs forced onto woq128x32 beside the plan's
+# woq128x64, graph replay (docs/measured/h200-2026-12-04-woq-tile32; the 18-28-row points of W8A16 and WFP4A16 on
+# the other three shapes: docs/measured/h200-2026-12-04-mxfp4-e5m2): at 20 and 24 rows 0.87-0.93x the plan's time on
+# W4A16 and W4AFP8 (the four bench shapes), W8A16 (Qwen3-30B-A3B 0.89 / 0.93; Mixtral-8x7B and DeepSeek-V2-Lite at
+# 24: 0.88, 0.89) and WFP4A16 (Qwen3-30B-A3B 0.93 / 0.975; Mixtral-8x7B, DeepSeek-V2-Lite, GPT-OSS-20B at 18-24:
+# 0.85-0.95); at 28 rows 0.88-1.03 (GPT-OSS-20B and WFP4A16 Qwen3-30B-A3B slower), at 32 rows 1.16-1.23 on every
+# layer.
+WOQ_TILE_32_MAX_AVG_ROWS = 24
 WOQ_TILE_64_MAX_AVG_ROWS = 48
 WOQ_TILE_128_MAX_AVG_ROWS = 96
 
