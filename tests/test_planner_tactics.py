@@ -541,25 +541,26 @@ def test_weight_only_tile_cost_counts_the_routed_tiles(avg: int, experts: int, t
 def test_weight_only_gemms_take_the_mixed_input_tiles_past_decode() -> None:
     """int4 / int8 weights per channel or in groups of 64 / 128 (n % 8, k % 64) on sm90 with 16-bit activations:
     past the decode band (8 average rows per expert, int8's 5; 12 where the staged int4 tile takes 8-row chunks in
-    groups of 128 or per row) the mixed-input wgmma tiles at every count, 32 token rows to 24 rows per expert, 64 to 48,
+    groups of 128 or per row) the mixed-input wgmma tiles at every count, 32 token rows to 24 rows per expert, 64 to 56,
     128 to 96, then the cheapest height by the routed counts (128 rows: 160, where half the experts would take two
     128-row tiles, from 118; 117 rows still 128, a second tile for 14% of the experts), 256 past 1024 rows. W4AFP8 keeps the mma tiles. MXFP4 (its e5m2 form) with bf16 activations past a decode band of 7 rows;
     with fp16 ones (or on sm80) the decode kernel to 12 rows, then the mma tiles."""
     c = call(epilogue="store", woq="int4", woq_group=128)  # 128 experts, top-8: avg rows = tokens / 16
-    assert [at(c, t) for t in (128, 129, 192, 193, 384, 385, 768, 769, 1536, 1537, 1872, 1873, 2048, 65536)] == [
+    assert [at(c, t) for t in (128, 129, 192, 193, 384, 385, 896, 897, 1536, 1537, 1872, 1873, 2048, 65536)] == [
         "decode:staged_ksplit1:after_trigger:plain", "decode:staged_ksplit1:after_trigger:plain",
         "decode:staged_ksplit1:after_trigger:plain", "wgmma:woq128x32:plain:plain", "wgmma:woq128x32:plain:plain",
         "wgmma:woq128x64:plain:plain", "wgmma:woq128x64:plain:plain", "wgmma:woq128x128:plain:plain",
         "wgmma:woq128x128:plain:plain", "wgmma:woq128x128:plain:plain", "wgmma:woq128x128:plain:plain",
         "wgmma:woq128x160:plain:plain", "wgmma:woq128x160:plain:plain", "wgmma:woq128x256:plain:plain"]
-    for t in (129, 193, 385, 769, 1537, 2048):
+    for t in (129, 193, 385, 897, 1537, 2048):
         assert tactic_problem(c, GemmTactic.parse(at(c, t))) is None
     # the staged tile's band to 12 rows needs its 8-row chunks to fit (int8 has no staged tile)
     assert at(dataclasses.replace(c, k=14336), 129) == "wgmma:woq128x32:plain:plain"
     assert at(dataclasses.replace(c, woq_group=64), 129) == "wgmma:woq128x32:plain:plain"  # GPT-OSS-20B's groups
     assert at(dataclasses.replace(c, woq_group=0), 129) == "decode:staged_ksplit1:after_trigger:plain"
     int8 = call(epilogue="store", woq="int8", itemsize=1, woq_group=0, n=4096, k=14336, experts=8, top_k=2)
-    assert at(int8, 33) == "wgmma:woq128x32:plain:plain" and at(int8, 193) == "wgmma:woq128x128:plain:plain"
+    assert at(int8, 33) == "wgmma:woq128x32:plain:plain" and at(int8, 224) == "wgmma:woq128x64:plain:plain"
+    assert at(int8, 225) == "wgmma:woq128x128:plain:plain"
     assert at(int8, 20).startswith("decode:") and at(int8, 21) == "wgmma:woq128x32:plain:plain"  # int8's band: 5 rows
     mxfp4 = dataclasses.replace(c, woq="mxfp4", woq_group=32)  # the decode kernel to 7 rows, then the mixed-input
     assert at(mxfp4, 112).startswith("decode:") and at(mxfp4, 113) == "wgmma:woq128x32:plain:plain"

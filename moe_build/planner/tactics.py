@@ -547,7 +547,7 @@ def on_mixed_input_tile(tactic: GemmTactic | None) -> bool:
     return tactic is not None and tactic.kernel == "wgmma" and tactic.tile in WOQ_WGMMA_TILES
 
 
-# Mixed-input tile, token rows per tile by average rows per expert: 32 up to 24, 64 up to 48, 128 up to 96 (same
+# Mixed-input tile, token rows per tile by average rows per expert: 32 up to 24, 64 up to 56, 128 up to 96 (same
 # probe, each tile's worst time over the best tile's at its points: 128x32 1.04 at 8 rows and 1.02 at 16; 128x64 1.00
 # at 32 and 1.08 at 48; 128x128 1.03 at 64; at 96, bench/woq_tile_rows_probe.py's first average, 1.00-1.06 on the
 # eight W4A16 GEMMs of the bench shapes). 128x16 is there to be forced and probed (best at 8 rows on 5 of 11 GEMMs,
@@ -559,8 +559,12 @@ def on_mixed_input_tile(tactic: GemmTactic | None) -> bool:
 # 24: 0.88, 0.89) and WFP4A16 (Qwen3-30B-A3B 0.93 / 0.975; Mixtral-8x7B, DeepSeek-V2-Lite, GPT-OSS-20B at 18-24:
 # 0.85-0.95); at 28 rows 0.88-1.03 (GPT-OSS-20B and WFP4A16 Qwen3-30B-A3B slower), at 32 rows 1.16-1.23 on every
 # layer.
+# The 64-row tile to 56 rows (was 48): the same method, W4A16 and W8A16 on the four bench shapes, both GEMMs forced onto
+# woq128x64 and woq128x128 (docs/measured/h200-2026-12-04-woq-tile64): at 40-48 rows the 128-row tile 1.19-1.50x the
+# 64-row one's time; at 52 and 56 rows the 64-row tile 0.69-0.95x the plan's 128-row one (Mixtral-8x7B W4A16 at 56:
+# 1.001); at 64 rows it lost 3-15% (the e5m2 calls' tile heights, docs/measured/h200-2026-12-04-mxfp4-e5m2).
 WOQ_TILE_32_MAX_AVG_ROWS = 24
-WOQ_TILE_64_MAX_AVG_ROWS = 48
+WOQ_TILE_64_MAX_AVG_ROWS = 56
 WOQ_TILE_128_MAX_AVG_ROWS = 96
 
 
