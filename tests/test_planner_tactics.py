@@ -246,8 +246,9 @@ def test_fp8_rowwise_finalize_gemm2_keeps_minimum_slices_whole_past_one_wave() -
 
 def test_fp8_fast_accumulation_keeps_pingpong_to_128_rows() -> None:
     """FP8_FAST_NARROW_MAX_AVG_ROWS: with fast accumulation (rowwise scales) pingpong64x128 runs to 128 rows per
-    expert, then coop128x192 (from FP8_WIDE_MIN_AVG_ROWS); promoted accumulation and block-128 scales keep
-    pingpong to 32 rows, then coop128x128 (block-128 stays there). Qwen3's GEMM1: avg rows ceil(tokens / 16)."""
+    expert, then coop128x192 (from FP8_WIDE_MIN_AVG_ROWS); promoted accumulation keeps pingpong to 32 rows and
+    block-128 scales to 40 (FP8_BLOCK_NARROW_MAX_AVG_ROWS), then coop128x128 (block-128 stays there). Qwen3's GEMM1:
+    avg rows ceil(tokens / 16)."""
     fast = call(epilogue="store", itemsize=1, fp8="rowwise", fp8_accumulation="fast")
     assert [at(fast, t) for t in (512, 513, 2048, 2049)] == [
         "wgmma:pingpong64x128:plain:plain", "wgmma:pingpong64x128:plain:plain", "wgmma:pingpong64x128:plain:plain",
@@ -256,8 +257,9 @@ def test_fp8_fast_accumulation_keeps_pingpong_to_128_rows() -> None:
     assert [at(promoted, t) for t in (512, 513, 2049)] == [
         "wgmma:pingpong64x128:plain:plain", "wgmma:coop128x128:plain:plain", "wgmma:coop128x192:plain:plain"]
     block = dataclasses.replace(fast, fp8="block128", fp8_accumulation="promoted")
-    assert [at(block, t) for t in (512, 513, 2049)] == [
-        "wgmma:pingpong64x128:plain:plain", "wgmma:coop128x128:plain:plain", "wgmma:coop128x128:plain:plain"]
+    assert [at(block, t) for t in (512, 513, 640, 641, 2049)] == [
+        "wgmma:pingpong64x128:plain:plain", "wgmma:pingpong64x128:plain:plain", "wgmma:pingpong64x128:plain:plain",
+        "wgmma:coop128x128:plain:plain", "wgmma:coop128x128:plain:plain"]
     with pytest.raises(ValueError, match="fp8_accumulation 'slow'"):
         dataclasses.replace(fast, fp8_accumulation="slow")
 

@@ -381,6 +381,10 @@ def ctas_at_most(call: GemmCall, rows: RowCount, column_blocks: int, limit: int)
 # rule against pingpong64x128 there, one library, two rounds): GPT-OSS-20B at 1024 tokens 394 / 400 -> 352 / 354
 # us, DeepSeek-V3 at 4096 4696 / 4705 -> 4596 / 4599, Mixtral-8x7B at 256 tokens 1% faster, at 512 1-3% slower.
 FP8_NARROW_MAX_AVG_ROWS = 32
+# Block-128 scales keep pingpong 64x128 to 40 rows: H200, whole layers, both GEMMs forced onto it beside the plan's
+# coop 128x128 (docs/measured/h200-2026-12-04-block128-narrow): Mixtral-8x7B 0.84-0.85x at 33-40 rows, 0.87 / 0.90 /
+# 0.98 at 44 / 48 / 56; DeepSeek-V3 0.955 / 0.968 / 1.000 at 33 / 36 / 40, then 1.03-1.07x at 44-56.
+FP8_BLOCK_NARROW_MAX_AVG_ROWS = 40
 FP8_NARROW_C2_MIN_N = 5760
 FP8_FAST_NARROW_MAX_AVG_ROWS = 128
 FP8_WIDE_MIN_AVG_ROWS = 129
@@ -426,6 +430,8 @@ def fp8_wgmma_tile_rule(call: GemmCall, rows: RowCount) -> str:
     if pingpong128 is not None:
         return pingpong128
     if rows.avg_at_most(FP8_NARROW_MAX_AVG_ROWS):
+        return "pingpong64x128"
+    if call.fp8 == "block128" and rows.avg_at_most(FP8_BLOCK_NARROW_MAX_AVG_ROWS):
         return "pingpong64x128"
     if fast and rows.avg_at_most(FP8_FAST_NARROW_MAX_AVG_ROWS):
         return "pingpong64x128c2" if call.n >= FP8_NARROW_C2_MIN_N else "pingpong64x128"
