@@ -465,12 +465,12 @@ def finalize_tactic_available(s: MoESpec) -> Gate:
 # The weight-only GEMM2s have the FINALIZE epilogue on their decode kernel, fused within its band
 # (tactics.WOQ_DECODE_MAX_AVG_ROWS) where the 16-bit rule's first two clauses hold, and on the mixed-input wgmma
 # kernel (gemm/woq_sm90_finalize.cu), fused where GEMM2's plain-store tactic is one of its tiles (woq128x*) up to
-# WOQ_FINALIZE_MIXED_MAX_AVG_ROWS average rows per expert (measured on its 32- and 64-row tiles). H200, graph
-# replay, fused against forced separate (docs/performance.md, "The finalize in the mixed-input GEMM2's epilogue"): at 16-32 rows 0-4%
-# less a layer (256 tokens: Qwen3-30B-A3B 1.033-1.042x, DeepSeek-V2-Lite 0.997-1.013x, GPT-OSS-20B 1.002-1.015x);
-# from 64 rows level to 7% slower (Mixtral-8x7B 0.996-1.016x at 64-1024 rows, Qwen3-30B-A3B 0.926-0.950x at 256):
-# the mixed-input kernel is cooperative, so its epilogue's shuffles and atomics run with no mainloop beside them,
-# where the separate finalize streams the rows at the read rate.
+# WOQ_FINALIZE_MIXED_MAX_AVG_ROWS average rows per expert (as measured on the 32- and 64-row tiles). H200, graph
+# replay, fused against forced separate (docs/performance.md, "The finalize in the mixed-input GEMM2's epilogue"):
+# at 16-32 rows 0-4% less a layer (256 tokens: Qwen3-30B-A3B 1.033-1.042x, DeepSeek-V2-Lite 0.997-1.013x,
+# GPT-OSS-20B 1.002-1.015x); from 64 rows level to 7% slower (Mixtral-8x7B 0.996-1.016x at 64-1024 rows,
+# Qwen3-30B-A3B 0.926-0.950x at 256): the mixed-input kernel is cooperative, so its epilogue's shuffles and atomics
+# run with no mainloop beside them, where the separate finalize streams the rows at the read rate.
 WOQ_FINALIZE_MIXED_MAX_AVG_ROWS = 48
 # FP8 layers fuse at every count: where the 16-bit rule leaves the finalize separate (below intermediate 2048, 33
 # rows to 4 per expert: the FP8 decode kernel's band) fused was 0.5-3.9 us faster at 7 of the 8 points it moves and
