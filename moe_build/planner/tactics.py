@@ -429,9 +429,7 @@ def fp8_wgmma_tile_rule(call: GemmCall, rows: RowCount) -> str:
     pingpong128 = fp8_pingpong128_rule(call, rows)
     if pingpong128 is not None:
         return pingpong128
-    if rows.avg_at_most(FP8_NARROW_MAX_AVG_ROWS):
-        return "pingpong64x128"
-    if call.fp8 == "block128" and rows.avg_at_most(FP8_BLOCK_NARROW_MAX_AVG_ROWS):
+    if rows.avg_at_most(FP8_BLOCK_NARROW_MAX_AVG_ROWS if call.fp8 == "block128" else FP8_NARROW_MAX_AVG_ROWS):
         return "pingpong64x128"
     if fast and rows.avg_at_most(FP8_FAST_NARROW_MAX_AVG_ROWS):
         return "pingpong64x128c2" if call.n >= FP8_NARROW_C2_MIN_N else "pingpong64x128"
