@@ -144,6 +144,26 @@ def test_bad_tactic_names_are_one_line_errors(name: str, field: str) -> None:
     assert info.value.field == "force" and "\n" not in str(info.value)
 
 
+def test_fp8_fast_finalize_runs_narrow_rows_in_clusters() -> None:
+    """FP8_FINALIZE_C2_MAX_AVG_ROWS: with fast accumulation a finalize GEMM2 of K up to 4096
+    (FP8_FINALIZE_C2_MAX_K) takes pingpong64x128c2 from the end of the decode band to 48 rows per expert at any width,
+    then pingpong64x128 below 5760 columns; longer K, the plain store, promoted accumulation and block-128 scales keep
+    pingpong64x128. Qwen3-30B-A3B's GEMM2 (2048 columns, 128 experts,
+    top-8): avg rows ceil(tokens / 16)."""
+    qwen3_down = call(epilogue="finalize", n=2048, k=768, itemsize=1, fp8="rowwise", fp8_accumulation="fast")
+    assert [at(qwen3_down, t) for t in (31, 32, 256, 768, 769)] == [
+        "decode:ksplit1:after_trigger:plain", "wgmma:pingpong64x128c2:after_trigger:evict_last",
+        "wgmma:pingpong64x128c2:after_trigger:evict_last", "wgmma:pingpong64x128c2:after_trigger:evict_last",
+        "wgmma:pingpong64x128:after_trigger:evict_last"]
+    assert at(dataclasses.replace(qwen3_down, epilogue="store"), 256) == "wgmma:pingpong64x128:plain:plain"
+    assert at(dataclasses.replace(qwen3_down, k=4096), 256) == "wgmma:pingpong64x128c2:after_trigger:evict_last"
+    assert at(dataclasses.replace(qwen3_down, k=4097), 256) == "wgmma:pingpong64x128:after_trigger:evict_last"
+    assert at(dataclasses.replace(qwen3_down, fp8_accumulation="promoted"), 256) == \
+        "wgmma:pingpong64x128:after_trigger:evict_last"
+    assert at(dataclasses.replace(qwen3_down, fp8="block128", fp8_accumulation="promoted"), 256) == \
+        "wgmma:pingpong64x128:after_trigger:evict_last"
+
+
 @pytest.mark.parametrize("c,name,problem", [
     (call(entry="sm80"), "wgmma:pingpong64x128:plain:plain", "sm90 GEMMs"),
     (call(weights_blocked=True), "mma:64x128:plain:plain", "row-major"),
@@ -295,10 +315,12 @@ def test_fp8_fast_accumulation_runs_wide_narrow_gemms_in_clusters() -> None:
     not change. DeepSeek-V3's GEMM2 (7168 columns, 256 experts, top-8): avg rows ceil(tokens / 32)."""
     dsv3_down = call(epilogue="finalize", n=7168, k=2048, experts=256, itemsize=1, fp8="rowwise",
                      fp8_accumulation="fast")
-    assert [at(dsv3_down, t) for t in (1024, 1025, 4096, 4097)] == [
-        "wgmma:pingpong64x128:after_trigger:evict_last", "wgmma:pingpong64x128c2:after_trigger:evict_last",
+    assert [at(dsv3_down, t) for t in (2048, 2049, 4096, 4097)] == [
+        "wgmma:pingpong64x128c2:after_trigger:evict_last", "wgmma:pingpong64x128c2:plain:evict_last",
         "wgmma:pingpong64x128c2:plain:evict_last", "wgmma:coop128x192:plain:evict_last"]
     assert at(dataclasses.replace(dsv3_down, n=5759), 4096) == "wgmma:pingpong64x128:plain:evict_last"
+    assert at(dataclasses.replace(dsv3_down, epilogue="store", n=5759), 1025) == "wgmma:pingpong64x128:plain:plain"
+    assert at(dataclasses.replace(dsv3_down, epilogue="store"), 1025) == "wgmma:pingpong64x128c2:plain:plain"
     assert at(dataclasses.replace(dsv3_down, n=5760), 4096) == "wgmma:pingpong64x128c2:plain:evict_last"
     assert at(dataclasses.replace(dsv3_down, fp8_accumulation="promoted"), 4096) == \
         "wgmma:coop128x128:plain:evict_last"
@@ -615,7 +637,9 @@ def test_fp8_plan_fuses_the_finalize_at_every_count(quant: Quant) -> None:
     assert [b.to_list() for b in fin.bands] == [[1, None, "fused"]]
     assert make_plan(QWEN3, H100, 256).stage("finalize").choice_for(16) == "separate"  # the 16-bit rule's band
     assert g2.choice_for(4).startswith("decode:") and g2.choice_for(4).endswith(":after_trigger:plain")
-    assert g2.choice_for(64) == "wgmma:pingpong64x128:after_trigger:evict_last"  # 512 rows: wgmma, finalize
+    # 512 rows: wgmma, finalize (rowwise scales accumulate fast: in 2x1 clusters to 48 rows an expert)
+    tile = "pingpong64x128c2" if quant == Quant.FP8 else "pingpong64x128"
+    assert g2.choice_for(64) == f"wgmma:{tile}:after_trigger:evict_last"
     separate = make_plan(dataclasses.replace(QWEN3, quant=quant), H100, 256, force={"finalize": "separate"})
     assert separate.stage("gemm2_tactic").choice_for(64) == "wgmma:pingpong64x128:plain:plain"
 

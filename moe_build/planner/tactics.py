@@ -386,6 +386,17 @@ FP8_NARROW_MAX_AVG_ROWS = 32
 # 0.98 at 44 / 48 / 56; DeepSeek-V3 0.955 / 0.968 / 1.000 at 33 / 36 / 40, then 1.03-1.07x at 44-56.
 FP8_BLOCK_NARROW_MAX_AVG_ROWS = 40
 FP8_NARROW_C2_MIN_N = 5760
+# With fast accumulation a finalize GEMM2 of K up to 4096 takes pingpong64x128c2 at every width from its first wgmma
+# rows to 48 an expert: where an expert has one 64-row tile the cluster's two CTAs take two of its column tiles. Whole
+# layers, H200, the plan beside the other tile forced, graph replay, mean us of two rounds
+# (docs/measured/h200-2026-12-04-fp8-finalize-c2, three calls), c2 / pingpong64x128, dynamic scales at 256 tokens:
+# GPT-OSS-20B (K 2880) 221.5 / 227.1 and 227.9 / 230.4, DeepSeek-V2-Lite (1408) 159.3 / 161.5 and 162.2 / 163.8,
+# Qwen3-30B-A3B (768) 178.1 / 178.0 and 179.1 / 181.3, DeepSeek-V3 (2048) at 512 1889.5 / 1902.5 and 1937.9 / 1954.1;
+# over all 38 points of these four (1-48 rows, dynamic and static scales) 0.975-1.001x. Mixtral-8x7B's GEMM2 (K 14336,
+# two waves of long tiles) was not settled: 0.3-3.2% faster in one call, level to 1.9% slower in the next, so long K
+# keeps pingpong64x128. Block-128 scales (promoted): 0.99-1.01x, they keep it too.
+FP8_FINALIZE_C2_MAX_AVG_ROWS = 48
+FP8_FINALIZE_C2_MAX_K = 4096
 FP8_FAST_NARROW_MAX_AVG_ROWS = 128
 FP8_WIDE_MIN_AVG_ROWS = 129
 # With fast accumulation the gated GEMM1 takes pingpong 128x128 from 256 average rows per expert (from 33 where k is at
@@ -429,6 +440,10 @@ def fp8_wgmma_tile_rule(call: GemmCall, rows: RowCount) -> str:
     pingpong128 = fp8_pingpong128_rule(call, rows)
     if pingpong128 is not None:
         return pingpong128
+    # fast accumulation, finalize epilogue, k <= 4096: avg rows <= 48 -> pingpong64x128c2
+    if (fast and call.epilogue == "finalize" and call.k <= FP8_FINALIZE_C2_MAX_K
+            and rows.avg_at_most(FP8_FINALIZE_C2_MAX_AVG_ROWS)):
+        return "pingpong64x128c2"
     if rows.avg_at_most(FP8_BLOCK_NARROW_MAX_AVG_ROWS if call.fp8 == "block128" else FP8_NARROW_MAX_AVG_ROWS):
         return "pingpong64x128"
     if fast and rows.avg_at_most(FP8_FAST_NARROW_MAX_AVG_ROWS):
