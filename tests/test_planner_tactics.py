@@ -144,20 +144,26 @@ def test_bad_tactic_names_are_one_line_errors(name: str, field: str) -> None:
     assert info.value.field == "force" and "\n" not in str(info.value)
 
 
-def test_fp8_fast_finalize_runs_narrow_rows_in_clusters() -> None:
+def test_fp8_fast_short_finalize_leaves_decode_for_narrow_clusters() -> None:
     """FP8_FINALIZE_C2_MAX_AVG_ROWS: with fast accumulation a finalize GEMM2 of K up to 4096
     (FP8_FINALIZE_C2_MAX_K) takes pingpong64x128c2 from the end of the decode band to 48 rows per expert at any width,
     then pingpong64x128 below 5760 columns; longer K, the plain store, promoted accumulation and block-128 scales keep
-    pingpong64x128. Qwen3-30B-A3B's GEMM2 (2048 columns, 128 experts,
-    top-8): avg rows ceil(tokens / 16)."""
+    pingpong64x128; the same GEMM2 leaves the decode kernel past 1 row per expert (FP8_FINALIZE_DECODE_MAX_AVG_ROWS),
+    longer K past 6. Qwen3-30B-A3B's GEMM2 (2048 columns, 128 experts, top-8): avg rows ceil(tokens / 16)."""
     qwen3_down = call(epilogue="finalize", n=2048, k=768, itemsize=1, fp8="rowwise", fp8_accumulation="fast")
-    assert [at(qwen3_down, t) for t in (31, 32, 256, 768, 769)] == [
+    assert [at(qwen3_down, t) for t in (16, 17, 256, 768, 769)] == [
         "decode:ksplit1:after_trigger:plain", "wgmma:pingpong64x128c2:after_trigger:evict_last",
         "wgmma:pingpong64x128c2:after_trigger:evict_last", "wgmma:pingpong64x128c2:after_trigger:evict_last",
         "wgmma:pingpong64x128:after_trigger:evict_last"]
     assert at(dataclasses.replace(qwen3_down, epilogue="store"), 256) == "wgmma:pingpong64x128:plain:plain"
     assert at(dataclasses.replace(qwen3_down, k=4096), 256) == "wgmma:pingpong64x128c2:after_trigger:evict_last"
     assert at(dataclasses.replace(qwen3_down, k=4097), 256) == "wgmma:pingpong64x128:after_trigger:evict_last"
+    # FP8_FINALIZE_DECODE_MAX_AVG_ROWS: K up to 4096 leaves the decode kernel past 1 row (above: 16 -> 17 tokens),
+    # Mixtral-8x7B's GEMM2 (K 14336) past 6 (avg rows ceil(tokens / 4))
+    mixtral_down = call(epilogue="finalize", n=4096, k=14336, experts=8, top_k=2, itemsize=1, fp8="rowwise",
+                        fp8_accumulation="fast")
+    assert [at(mixtral_down, t).split(":")[0] for t in (5, 24, 25)] == ["decode", "decode", "wgmma"]
+    assert at(dataclasses.replace(qwen3_down, epilogue="store"), 17).startswith("decode:")
     assert at(dataclasses.replace(qwen3_down, fp8_accumulation="promoted"), 256) == \
         "wgmma:pingpong64x128:after_trigger:evict_last"
     assert at(dataclasses.replace(qwen3_down, fp8="block128", fp8_accumulation="promoted"), 256) == \
