@@ -225,9 +225,9 @@ def kernel_rule(call: GemmCall, rows: RowCount) -> str:
 # Qwen3 GEMM1 80 vs 74 on pingpong 64x128, GEMM2 55 vs 44, DeepSeek-V2-Lite 96 vs 90, while Mixtral's 32
 # rows stay on decode, 257 vs 271). Where there is no FP8 wgmma kernel (the sm80 entry: SM 8.9 runs the
 # decode kernel only; the mma tiles have no FP8 form) the decode kernel runs at every count. GEMM2 with the
-# finalize epilogue takes the same thresholds, but with fast accumulation and K up to 4096 it leaves the decode kernel
-# past 1 row (FP8_FINALIZE_DECODE_MAX_AVG_ROWS below, measured on the finalize). Rowwise scales leave it past 6 average rows per expert, where its 8-row chunks begin to read an
-# expert's weights twice: H200, both GEMMs forced onto pingpong 64x128 beside the rule's decode kernel, the whole
+# finalize epilogue takes the same thresholds, but with fast accumulation and K up to 4096 it leaves the decode
+# kernel past 1 row (FP8_FINALIZE_DECODE_MAX_AVG_ROWS below, measured on the finalize). Rowwise scales leave it past 6
+# average rows per expert, where its 8-row chunks begin to read an expert's weights twice: H200, both GEMMs forced onto pingpong 64x128 beside the rule's decode kernel, the whole
 # layer, two rounds (docs/measured/h200-2026-11-30-fp8-decode-band): Mixtral-8x7B at 20 / 24 / 28 / 40 / 48 tokens
 # (5 / 6 / 7 / 10 / 12 rows) 348.5-350.8 / 368.6-374.7 / 411.4-415.7 / 541.3-548.3 / 560.4-572.8 us on decode,
 # 368.9-369.1 / 376.3 / 368.8-370.4 / 363.8-364.7 / 361.4-362.2 on the tiles; GPT-OSS-20B at 48 tokens (6 rows)
@@ -252,9 +252,8 @@ def fp8_kernel_rule(call: GemmCall, rows: RowCount) -> str:
         return "decode"
     if call.fp8 == "block128":
         return "decode" if rows.rows_below(FP8_BLOCK_DECODE_ROWS) else "wgmma"
-    # rowwise, fast accumulation, finalize epilogue, k <= 4096: decode to avg rows <= 1 (else <= 6), rows < 256
-    short_finalize = call.fp8_accumulation == "fast" and call.epilogue == "finalize" and call.k <= FP8_FINALIZE_C2_MAX_K
-    most = FP8_FINALIZE_DECODE_MAX_AVG_ROWS if short_finalize else FP8_ROWWISE_DECODE_MAX_AVG_ROWS
+    # rowwise: decode to avg rows <= 6 (a short fast finalize: <= 1) and rows < 256
+    most = FP8_FINALIZE_DECODE_MAX_AVG_ROWS if short_fast_finalize(call) else FP8_ROWWISE_DECODE_MAX_AVG_ROWS
     few = rows.avg_at_most(most) and rows.rows_below(FP8_ROWWISE_DECODE_ROWS)
     return "decode" if few else "wgmma"
 
@@ -435,6 +434,13 @@ FP8_PINGPONG128_LONG_K = 7168
 FP8_PINGPONG128_FINALIZE_MIN_AVG_ROWS = 192
 
 
+# rowwise scales, fast accumulation, finalize epilogue, k <= 4096: the short finalize GEMM2 whose decode band
+# (FP8_FINALIZE_DECODE_MAX_AVG_ROWS) and clustered narrow tile (FP8_FINALIZE_C2_MAX_AVG_ROWS) were measured
+def short_fast_finalize(call: GemmCall) -> bool:
+    return (call.fp8 == "rowwise" and call.fp8_accumulation == "fast" and call.epilogue == "finalize"
+            and call.k <= FP8_FINALIZE_C2_MAX_K)
+
+
 # fast accumulation, and gated: avg rows >= 256 (or > 32 with k >= 7168) -> pingpong128x128; finalize: avg rows >= 192
 # -> pingpong128x128c2
 def fp8_pingpong128_rule(call: GemmCall, rows: RowCount) -> str | None:
@@ -453,9 +459,8 @@ def fp8_wgmma_tile_rule(call: GemmCall, rows: RowCount) -> str:
     pingpong128 = fp8_pingpong128_rule(call, rows)
     if pingpong128 is not None:
         return pingpong128
-    # fast accumulation, finalize epilogue, k <= 4096: avg rows <= 48 -> pingpong64x128c2
-    if (fast and call.epilogue == "finalize" and call.k <= FP8_FINALIZE_C2_MAX_K
-            and rows.avg_at_most(FP8_FINALIZE_C2_MAX_AVG_ROWS)):
+    # a short fast finalize: avg rows <= 48 -> pingpong64x128c2
+    if short_fast_finalize(call) and rows.avg_at_most(FP8_FINALIZE_C2_MAX_AVG_ROWS):
         return "pingpong64x128c2"
     if rows.avg_at_most(FP8_BLOCK_NARROW_MAX_AVG_ROWS if call.fp8 == "block128" else FP8_NARROW_MAX_AVG_ROWS):
         return "pingpong64x128"
