@@ -225,23 +225,23 @@ def kernel_rule(call: GemmCall, rows: RowCount) -> str:
 # Qwen3 GEMM1 80 vs 74 on pingpong 64x128, GEMM2 55 vs 44, DeepSeek-V2-Lite 96 vs 90, while Mixtral's 32
 # rows stay on decode, 257 vs 271). Where there is no FP8 wgmma kernel (the sm80 entry: SM 8.9 runs the
 # decode kernel only; the mma tiles have no FP8 form) the decode kernel runs at every count. GEMM2 with the
-# finalize epilogue takes the same thresholds, but with fast accumulation and K up to 4096 it leaves the decode
-# kernel past 1 row (FP8_FINALIZE_DECODE_MAX_AVG_ROWS below, measured on the finalize). Rowwise scales leave it past 6
-# average rows per expert, where its 8-row chunks begin to read an expert's weights twice: H200, both GEMMs forced onto pingpong 64x128 beside the rule's decode kernel, the whole
-# layer, two rounds (docs/measured/h200-2026-11-30-fp8-decode-band): Mixtral-8x7B at 20 / 24 / 28 / 40 / 48 tokens
-# (5 / 6 / 7 / 10 / 12 rows) 348.5-350.8 / 368.6-374.7 / 411.4-415.7 / 541.3-548.3 / 560.4-572.8 us on decode,
-# 368.9-369.1 / 376.3 / 368.8-370.4 / 363.8-364.7 / 361.4-362.2 on the tiles; GPT-OSS-20B at 48 tokens (6 rows)
-# 242.0-242.2 against 222.7-222.9, past it (49-63 tokens) now on the tiles too.
+# finalize epilogue takes the same thresholds, but with fast accumulation and K up to 4096 it leaves the decode kernel
+# past 1 row (FP8_FINALIZE_DECODE_MAX_AVG_ROWS below, measured on the finalize). Rowwise scales leave it past 6 average
+# rows per expert, where its 8-row chunks begin to read an expert's weights twice: H200, both GEMMs forced onto pingpong
+# 64x128 beside the rule's decode kernel, the whole layer, two rounds (docs/measured/h200-2026-11-30-fp8-decode-band):
+# Mixtral-8x7B at 20 / 24 / 28 / 40 / 48 tokens (5 / 6 / 7 / 10 / 12 rows) 348.5-350.8 / 368.6-374.7 / 411.4-415.7 /
+# 541.3-548.3 / 560.4-572.8 us on decode, 368.9-369.1 / 376.3 / 368.8-370.4 / 363.8-364.7 / 361.4-362.2 on the tiles;
+# GPT-OSS-20B at 48 tokens (6 rows) 242.0-242.2 against 222.7-222.9, past it (49-63 tokens) now on the tiles too.
 FP8_ROWWISE_DECODE_MAX_AVG_ROWS = 6
 FP8_ROWWISE_DECODE_ROWS = 256
 # A fast-accumulating finalize GEMM2 of K up to 4096 (FP8_FINALIZE_C2_MAX_K) leaves the decode kernel past 1 average row
-# an expert (ceil), for pingpong64x128c2 (FP8_FINALIZE_C2_MAX_AVG_ROWS). H200, whole layers, graph replay, mean us of two
-# rounds (docs/measured/h200-2026-12-04-fp8-finalize-decode-band). GEMM2 forced beside the plan's decode kernel, decode
-# / c2: Qwen3-30B-A3B at 8 / 16 / 24 tokens (1 / 1 / 2 rows) 81.8 / 120.8 / 137.6 against 83.7 / 119.5 / 135.6,
+# an expert (ceil), for pingpong64x128c2 (FP8_FINALIZE_C2_MAX_AVG_ROWS). H200, whole layers, graph replay, mean us of
+# two rounds (docs/measured/h200-2026-12-04-fp8-finalize-decode-band). GEMM2 forced beside the plan's decode kernel,
+# decode / c2: Qwen3-30B-A3B at 8 / 16 / 24 tokens (1 / 1 / 2 rows) 81.8 / 120.8 / 137.6 against 83.7 / 119.5 / 135.6,
 # DeepSeek-V2-Lite at 8 / 16 / 32 (1 / 2 / 3) 96.3 / 129.2 / 151.3 against 98.0 / 128.6 / 150.1, GPT-OSS-20B at 8 / 16 /
-# 32 / 48 (1 / 2 / 4 / 6) 144.0 / 195.7 / 228.8 / 237.0 against 148.4 / 194.2 / 225.3 / 230.3; Mixtral-8x7B's GEMM2
-# (K 14336) at 1 / 2 / 4 rows 233.5 / 307.4 / 346.4 against 247.1 / 316.4 / 349.9. This band against the old one set in
-# the process, the points that move, dynamic and static input scales: 0.966-1.000x, GPT-OSS-20B with static scales at 16
+# 32 / 48 (1 / 2 / 4 / 6) 144.0 / 195.7 / 228.8 / 237.0 against 148.4 / 194.2 / 225.3 / 230.3; Mixtral-8x7B's GEMM2 (K
+# 14336) at 1 / 2 / 4 rows 233.5 / 307.4 / 346.4 against 247.1 / 316.4 / 349.9. This band against the old one set in the
+# process, the points that move, dynamic and static input scales: 0.966-1.000x, GPT-OSS-20B with static scales at 16
 # tokens 1.011x (192.5 against 190.4).
 FP8_FINALIZE_DECODE_MAX_AVG_ROWS = 1
 FP8_BLOCK_DECODE_ROWS = 64
