@@ -1,6 +1,6 @@
-# s09 call 2 (H200): the digits tile at 2 or 4 column blocks a CTA, second form (the next block's first big batch requested before the block's store).
-# first weights loaded under the block before. GPU tests of the digits kernel and runner on each build; the
-# GEMMs alone (woq_digits_probe, K split 1) per library; W4A16 layers side by side (lib_ab).
+# s09 call 2 (H200): the digits tile at 2 or 4 column blocks a CTA, second form (the next block's first big batch
+# requested before the block's store). GPU tests of the digits kernel on each build; the GEMMs alone
+# (woq_digits_probe, K split 1) per library; W4A16 layers side by side (lib_ab).
 source .device_carry/s09/go.sh
 mkdir -p $OUT/r
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
