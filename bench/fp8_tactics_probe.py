@@ -1,6 +1,6 @@
 """The FP8 grouped GEMM (mb_grouped_gemm_fp8) under every tactic, on the bench shapes' two GEMMs at 1, 16, 256
 and 4096 tokens, both scalings, L2 flushed before each call, median of 20: the evidence for the FP8 rules in
-moe_build/planner/tactics.py. The wgmma kernel runs every FP8 tile of the scaling (FP8_WGMMA_TILES, the 2x1-
+moe_build/planner/tactics/fp8.py. The wgmma kernel runs every FP8 tile of the scaling (FP8_WGMMA_TILES, the 2x1-
 cluster and 128x192 tiles included) from 16 tokens on. Writes fp8_gemm_probe.json to $OUT (or the working
 directory): the read rate measured here and per row the stored bytes of the touched experts (e4m3 weights and their
 scales). Ends with two tables: the decode table (gemm_probe_timing.decode_table: achieved read rate of the decode
@@ -16,7 +16,7 @@ from gemm_probe_timing import decode_table, read_rate, run_old, tms
 from moe_build import kernels as K
 from moe_build.kernels.abi import Fp8Scaling
 from moe_build.kernels.ops import fp8_scale_shapes
-from moe_build.planner.tactics import FP8_WGMMA_TILES
+from moe_build.planner.tactics.tactic import FP8_WGMMA_TILES
 
 
 def pflops(rows: int, n: int, k: int, us: float) -> float:

@@ -4,7 +4,7 @@ at k 2880) at 1 to 128 tokens, each
 form at the K split the planner gives the staged one (the register-ring form, tile none, where the staged one does not
 take the weights), both captured in CUDA graphs (the digits form with its digits
 step) and replayed with L2 flushed before each replay, median of 30; each checked against fp64 first (relative
-norm error). The evidence for tactics.woq_decode_tile_rule's digits band. Writes woq_digits_probe.json to $OUT (or
+norm error). The evidence for tactics.woq.woq_decode_tile_rule's digits band. Writes woq_digits_probe.json to $OUT (or
 the working directory) and ends with a table.
 
     MOE_BUILD_KERNELS_LIB=.../libmoe_build_kernels.so python bench/woq_digits_probe.py
@@ -21,8 +21,8 @@ import torch
 
 from moe_build import kernels as K
 from moe_build.bench.timing import flush_l2
-from moe_build.planner.tactics import (GemmCall, GemmTactic, RowCount, choose_tactic, woq_digits_rows,
-                                       woq_staged_rows)
+from moe_build.planner.tactics import GemmCall, GemmTactic, RowCount, choose_tactic
+from moe_build.planner.tactics.woq import woq_digits_rows, woq_staged_rows
 from moe_build.weights.woq import WoqKind, dequantize_matrix
 
 # name: (experts, top_k, n, k, weight group)

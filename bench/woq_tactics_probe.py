@@ -1,7 +1,7 @@
 """The weight-only grouped GEMM (mb_grouped_gemm_woq) under every tactic, int4 (group 128, zero points) and MXFP4, on
 the bench shapes' GEMMs at 1, 16, 64 and 256 tokens, L2 flushed before each call, median of 20, beside the bf16
-grouped GEMM's decode kernel and the time the stored bytes take at the read rate measured here (a read-only sum over
-2 GiB): the evidence for the weight-only rules in moe_build/planner/tactics.py. Writes woq_gemm_probe.json to $OUT (or
+grouped GEMM's decode kernel and the time the stored bytes take at the read rate measured here (a read-only sum over 2
+GiB): the evidence for the weight-only rules in moe_build/planner/tactics/woq.py. Writes woq_gemm_probe.json to $OUT (or
 the working directory); ends with the decode table (gemm_probe_timing.decode_table: achieved read rate of the best
 decode tactic at 1 and 16 tokens).
 

@@ -2,7 +2,7 @@
 woq tile from 128 to 320 token rows on the W4A16 GEMMs of the bench shapes (int4 with zero points, groups of 128, 64
 where k is not a multiple of 128) at 96 to 1024 average rows per expert, the rows routed uniformly at random (each
 expert's count binomial about the average, as the bench's routing gives), L2 flushed before each call, median of 10.
-The evidence for the woq tile rule in moe_build/planner/tactics.py (woq_wgmma_tile_rule). Writes
+The evidence for the woq tile rule in moe_build/planner/tactics/woq.py (woq_wgmma_tile_rule). Writes
 woq_tile_rows_probe.json to $OUT (or the working directory) and prints each tile's time over the point's best.
 
     MOE_BUILD_KERNELS_LIB=.../libmoe_build_kernels.so [PROBE_TILES=t,t] python bench/woq_tile_rows_probe.py [avg,...]

@@ -2,8 +2,8 @@
 per expert up (the mma tiles, the mixed-input wgmma tiles of gemm/woq_sm90.cu, the dequantize-then-16-bit-wgmma
 path), int4 group 128 with zero points and int8 per channel, on the bench shapes' GEMMs at 8 to 1024 average rows per
 expert, beside the bf16 grouped GEMM on the same shapes. L2 flushed before each call, median of 10. The evidence for
-WOQ_MIXED_MIN_AVG_ROWS and the woq tile rule in moe_build/planner/tactics.py. Writes woq_wgmma_probe.json to $OUT (or
-the working directory) and prints a table of each tactic's time over the best.
+WOQ_MIXED_MIN_AVG_ROWS and the woq tile rule in moe_build/planner/tactics/woq.py. Writes woq_wgmma_probe.json to $OUT
+(or the working directory) and prints a table of each tactic's time over the best.
 
     MOE_BUILD_KERNELS_LIB=.../libmoe_build_kernels.so python bench/woq_wgmma_probe.py
 """

@@ -567,17 +567,17 @@ def test_fp8_plugin_build_bakes_fp8_weights_and_fp32_scales(plugin_builds: dict[
     """The FP8 layer through the loaders: W1 / W2 become FP8 constants holding the checkpoint's e4m3 bytes,
     the scales fp32 constants (per-tensor weight scales repeated per channel), all in the plugin's slot order,
     and the manifest records the quant mode with the checkpoint's granularity."""
-    from moe_build.plugins import moe_plugin as mp
+    from moe_build.plugins.slots import input_slots, plan_weights
     fp8 = plugin_builds["fp8"]
     spec, weights = _fp8_plugin_case()
     plan = _plugin_plan(spec)
-    slots = mp.input_slots(spec)[2:]
+    slots = input_slots(spec)[2:]
     (plugin,) = fp8["calls"]["plugin"]
     assert plugin["inputs"][:2] == [["hidden", "HALF", [-1, 64]], ["router_logits", "HALF", [-1, 8]]]
     assert plugin["inputs"][2:] == [[f"moe.{s.name}_output", "FP8" if s.name in ("w1", "w2") else "FLOAT",
                                      list(s.shape)] for s in slots]
     assert [s.name for s in slots] == ["w1", "w2", "fp8.w1_scale", "fp8.w2_scale", "fp8.a1_scale", "fp8.a2_scale"]
-    planned = dict(mp.plan_weights(plan, weights).named())
+    planned = dict(plan_weights(plan, weights).named())
 
     def record(name: str, dtype: str) -> list[Any]:
         data = planned[name].contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
@@ -644,15 +644,15 @@ def test_woq_plugin_build_records_the_stored_form(plugin_builds: dict[str, dict[
 def test_every_optional_input_builds(plugin_builds: dict[str, dict[str, Any]]) -> None:
     """Biases, the correction bias and the shared expert with its gate go in as constants in the plugin's slot
     order, each holding the given tensor's bytes in the slot's dtype, and the manifest verifies."""
-    from moe_build.plugins import moe_plugin as mp
+    from moe_build.plugins.slots import input_slots, plan_weights
     build = plugin_builds["full"]
     spec, weights = _full_plugin_case()
-    slots = mp.input_slots(spec)[2:]
+    slots = input_slots(spec)[2:]
     assert [s.name for s in slots] == ["w1", "w2", "b1", "b2", "correction_bias", "shared_w1", "shared_w2",
                                        "shared_gate"]
     (plugin,) = build["calls"]["plugin"]
     assert [name for name, _, _ in plugin["inputs"][2:]] == [f"moe.{s.name}_output" for s in slots]
-    planned = dict(mp.plan_weights(_plugin_plan(spec), weights).named())
+    planned = dict(plan_weights(_plugin_plan(spec), weights).named())
     for slot, got in zip(slots, build["calls"]["weights"]):
         data = planned[slot.name].to(slot.dtypes[0]).contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
         assert got[1:] == [len(data), hashlib.sha256(data).hexdigest()], slot.name

@@ -35,6 +35,9 @@ from moe_build.target import Flavour, MoePlugin, Target, TokenProfile
 from moe_build.weights import MoEWeights
 from moe_build.weights.fp8 import ScaleGranularity
 from moe_build.plugins import moe_plugin as mp
+from moe_build.plugins.enqueue import _make_runner, check_local_dispatch
+from moe_build.plugins.fields import decode_fields, encode_fields, fields_from_collection
+from moe_build.plugins.slots import input_slots
 
 TOL = 1e-5
 TOKENS = 19
@@ -285,18 +288,18 @@ PLUGIN_SPEC = MoESpec(hidden_size=64, intermediate_size=32, num_experts=8, top_k
 def _rank_plugin_fields(rank: int | None) -> tuple[MoESpec, object, dict[str, bytes]]:
     spec = PLUGIN_SPEC if rank is None else PLUGIN_SPEC.for_rank(rank)
     plan = make_plan(spec, PLUGIN_TARGET, tokens=16)
-    return spec, plan, mp.encode_fields(spec, plan)
+    return spec, plan, encode_fields(spec, plan)
 
 
 def test_plugin_fields_carry_ep_size_and_rank() -> None:
     spec, plan, fields = _rank_plugin_fields(1)
     assert plan.path == "plugin" and plan.stage("dispatch").choice in ("nvlink", "nccl")
     assert (fields["ep_size"], fields["ep_rank"]) == (b"2", b"1")
-    spec2, plan2 = mp.decode_fields(fields)
+    spec2, plan2 = decode_fields(fields)
     assert (spec2.ep_size, spec2.ep_rank) == (2, 1) and spec2 == spec
-    assert mp.decode_fields(_rank_plugin_fields(None)[2])[0].ep_rank is None  # the whole layer: null
+    assert decode_fields(_rank_plugin_fields(None)[2])[0].ep_rank is None  # the whole layer: null
     # a rank's plugin takes that rank's experts' weights, and the router's logits over all experts
-    slots = {s.name: s.shape for s in mp.input_slots(spec)}
+    slots = {s.name: s.shape for s in input_slots(spec)}
     assert slots["w1"] == (4, 64, 64) and slots["w2"] == (4, 64, 32) and slots["router_logits"] == (None, 8)
 
 
@@ -309,10 +312,10 @@ def test_plugin_fields_carry_ep_size_and_rank() -> None:
 def test_plugin_ep_fields_disagreeing_with_the_spec_are_refused(edit: dict[str, bytes], message: str) -> None:
     _, _, fields = _rank_plugin_fields(1)
     with pytest.raises(MoeBuildError, match=message):
-        mp.decode_fields({**fields, **edit})
+        decode_fields({**fields, **edit})
     del fields["ep_rank"]
     with pytest.raises(MoeBuildError, match="'ep_rank'.*missing"):
-        mp.decode_fields(fields)
+        decode_fields(fields)
 
 
 @pytest.mark.parametrize("force", [{}, {"dispatch": "nccl"}])
@@ -322,10 +325,10 @@ def test_plugin_runner_refuses_a_dispatching_plan_in_one_line(force: dict[str, s
     choice = plan.stage("dispatch").choice
     assert choice != "none"
     with pytest.raises(MoeBuildError) as info:
-        mp._make_runner(spec, plan, {})  # refused before any weight is wrapped or CUDA is touched
+        _make_runner(spec, plan, {})  # refused before any weight is wrapped or CUDA is touched
     text = str(info.value)
     assert text.startswith(f"dispatch: {choice}: ") and "ExpertParallelMoE" in text and "\n" not in text
-    mp.check_local_dispatch(make_plan(dataclasses.replace(PLUGIN_SPEC, ep_size=1), PLUGIN_TARGET, tokens=16))
+    check_local_dispatch(make_plan(dataclasses.replace(PLUGIN_SPEC, ep_size=1), PLUGIN_TARGET, tokens=16))
 
 
 def test_plugin_ep_fields_round_trip_through_the_creator() -> None:
@@ -333,7 +336,7 @@ def test_plugin_ep_fields_round_trip_through_the_creator() -> None:
     spec, plan, _ = _rank_plugin_fields(1)
     p = mp.plugin_classes(trt).MoEPlugin(spec, plan)
     fields = p.get_fields_to_serialize()
-    raw = mp.fields_from_collection(fields)
+    raw = fields_from_collection(fields)
     assert (raw["ep_size"], raw["ep_rank"]) == (b"2", b"1")
     q = mp.plugin_classes(trt).MoEPluginCreator().create_plugin("moe", fields, trt.TensorRTPhase.RUNTIME)
     assert q.spec == spec and (q.spec.ep_size, q.spec.ep_rank) == (2, 1)
@@ -397,7 +400,7 @@ def test_grouped_formats_refused_without_ep() -> None:
 
 def test_deterministic_16bit_plans_keep_the_tiled_gemm_at_every_count() -> None:
     """The decode kernel's K slices would make a row's output depend on the batch: deterministic plans never take
-    it (tactics.kernel_rule); the same layer planned without the request does, at decode sizes."""
+    it (tactics/dense.py kernel_rule); the same layer planned without the request does, at decode sizes."""
     spec = MoESpec(hidden_size=2048, intermediate_size=768, num_experts=128, top_k=8, dtype=DType.BF16)
     for stage in ("gemm1_tactic", "gemm2_tactic"):
         loose = _format(spec).stage(stage)

@@ -25,7 +25,8 @@ import torch
 from moe_build.errors import MoeBuildError
 from moe_build.reference import moe_reference
 from moe_build.spec import Activation, RoutingMethod
-from moe_build.spec.hf_config import FAMILIES, REFUSED, moe_layer_indices, spec_from_hf_config
+from moe_build.spec.families import FAMILIES, REFUSED
+from moe_build.spec.hf_config import moe_layer_indices, spec_from_hf_config
 from moe_build.weights.checkpoint import load_moe_layer
 
 transformers = pytest.importorskip("transformers")

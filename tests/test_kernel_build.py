@@ -90,7 +90,7 @@ def test_tile_names_are_the_planners() -> None:
     """tile_name (gemm/tactic.cuh, the library's messages) spells every mb_gemm_tile as the planner does, and the
     tactic struct of each planner tile carries that enum value."""
     from moe_build.kernels.ops import tactic_struct
-    from moe_build.planner.tactics import MMA_TILES, WGMMA_TILES
+    from moe_build.planner.tactics.tactic import MMA_TILES, WGMMA_TILES
     text = (kernel_build.SRC_DIR / "gemm" / "tactic.cuh").read_text()
     spelled = {kernels.GemmTile[m.group(1)]: m.group(2)
                for m in re.finditer(r'case MB_TILE_(\w+): return "([^"]+)";', text)}
@@ -106,8 +106,8 @@ def test_tile_names_are_the_planners() -> None:
 
 def test_token_digits_record_size_matches_header() -> None:
     """A token digits record's bytes (MB_TOKEN_DIGITS_BATCH_BYTES) as the planner, the wrappers and the runner count
-    them (tactics.DIGITS_GROUP_BYTES)."""
-    from moe_build.planner.tactics import DIGITS_GROUP_BYTES
+    them (tactics.woq.DIGITS_GROUP_BYTES)."""
+    from moe_build.planner.tactics.woq import DIGITS_GROUP_BYTES
     text = (kernel_build.INCLUDE_DIR / "moe_build_kernels.h").read_text()
     value = int(re.search(r"#define MB_TOKEN_DIGITS_BATCH_BYTES (\d+)", text).group(1))
     assert value == DIGITS_GROUP_BYTES

@@ -1,4 +1,4 @@
-"""The GEMM tactic table (moe_build/planner/tactics.py) and the tactic stages of the plan.
+"""The GEMM tactic table (moe_build/planner/tactics/) and the tactic stages of the plan.
 
 What must hold: the bands a plan records give, at every token count, the tactic the rules give at that
 count (no count falls between bands or into the wrong one); the rules say what their comments say at the
@@ -15,9 +15,9 @@ import pytest
 
 from moe_build.errors import MoeBuildError
 from moe_build.planner import make_plan
-from moe_build.planner.tactics import (WOQ_TILE_FIXED_ROW_K, WOQ_TILE_FIXED_ROWS, GemmCall, GemmTactic, RowCount,
-                                       choose_tactic, tactic_bands, tactic_problem, woq_digits_rows, woq_staged_rows,
-                                       woq_tile_cost)
+from moe_build.planner.tactics import GemmCall, GemmTactic, RowCount, choose_tactic, tactic_bands, tactic_problem
+from moe_build.planner.tactics.woq import (WOQ_TILE_FIXED_ROW_K, WOQ_TILE_FIXED_ROWS, woq_digits_rows, woq_staged_rows,
+                                           woq_tile_cost)
 from moe_build.spec import MoESpec, Quant
 from moe_build.target import Flavour, Target, TokenProfile
 
@@ -694,9 +694,9 @@ def test_fp8_block_decode_slices_keep_the_cta_bound() -> None:
 
 
 def test_fp8_block_decode_runs_two_ctas_an_sm_past_one_a_sm() -> None:
-    """tactics.fp8_block_decode_tile_rule: the block-128 decode kernel held to two CTAs an SM (tile twocta) where the
-    launch's CTAs, non-empty experts x column blocks, outnumber the SMs (132); one CTA an SM at or below; rowwise scales
-    (two CTAs an SM at their own 124-126 registers) never take the tile, and a forced twocta is refused there."""
+    """tactics.fp8.fp8_block_decode_tile_rule: the block-128 decode kernel held to two CTAs an SM (tile twocta) where
+    the launch's CTAs, non-empty experts x column blocks, outnumber the SMs (132); one CTA an SM at or below; rowwise
+    scales (two CTAs an SM at their own 124-126 registers) never take the tile, and a forced twocta is refused there."""
     qwen3_up = call(k=2048, n=1536, itemsize=1, fp8="block128")  # 12 column blocks a touched expert
     assert [at(qwen3_up, t) for t in (1, 2)] == ["decode:ksplit1:after_trigger:plain",  # 8 x 12 = 96
                                                 "decode:twocta_ksplit1:after_trigger:plain"]  # 16 x 12 = 192

@@ -19,7 +19,13 @@ from moe_build.spec import ActScale, Activation, DType, MoESpec, Quant, Routing,
 from moe_build.target import Flavour, Target, TokenProfile
 from moe_build.weights import MoEWeights, block_64x64, interleave_gate_up
 from moe_build.weights.fp8 import FP8_DTYPE, ScaleGranularity
+from moe_build.plugins import enqueue as plugin_enqueue
 from moe_build.plugins import moe_plugin as mp
+from moe_build.plugins.build_rules import check_input_dims, check_profile, output_dims, supports_io, workspace_size
+from moe_build.plugins.enqueue import RunnerCache, _make_runner, run_enqueue
+from moe_build.plugins.fields import (FIELD_NAMES, FIELD_PLAN, FIELD_SPEC, check_spec_and_plan, decode_fields,
+                                     encode_fields, fields_from_collection, forced_choices)
+from moe_build.plugins.slots import input_slots, output_dtype, plan_weights, scale_granularity
 
 PROFILE = TokenProfile(min=1, opt=16, max=512)
 PLAIN = MoESpec(hidden_size=64, intermediate_size=32, num_experts=8, top_k=2, dtype=DType.BF16)
@@ -51,7 +57,7 @@ def plugin(trt, spec: MoESpec = PLAIN, **kw):
 # ---- pure rules --------------------------------------------------------------------------------
 
 def test_input_order_plain_spec():
-    slots = mp.input_slots(PLAIN)
+    slots = input_slots(PLAIN)
     assert [(s.name, s.shape) for s in slots] == [
         ("hidden", (None, 64)), ("router_logits", (None, 8)), ("w1", (8, 64, 64)), ("w2", (8, 64, 32))]
     assert slots[0].dtypes == (torch.bfloat16,)
@@ -59,7 +65,7 @@ def test_input_order_plain_spec():
 
 
 def test_input_order_follows_optional_weights():
-    slots = mp.input_slots(FULL)
+    slots = input_slots(FULL)
     assert [s.name for s in slots] == ["hidden", "router_logits", "w1", "w2", "b1", "b2", "correction_bias",
                                        "shared_w1", "shared_w2", "shared_gate"]
     by_name = {s.name: s for s in slots}
@@ -72,68 +78,68 @@ def test_input_slots_match_the_canonical_weight_check():
     """Every weight slot must be what MoEWeights.check demands, or add_moe_plugin would feed wrong shapes."""
     w = MoEWeights.random(FULL)
     w.check(FULL)
-    for slot in mp.input_slots(FULL)[2:]:
+    for slot in input_slots(FULL)[2:]:
         assert tuple(getattr(w, slot.name).shape) == slot.shape
 
 
 def test_fp32_logits_are_the_only_choice_for_fp32_models():
-    assert mp.input_slots(FP32_RELU)[1].dtypes == (torch.float32,)
-    assert mp.input_slots(FP32_RELU)[2].shape == (4, 32, 64)  # non-gated: N1 = I
+    assert input_slots(FP32_RELU)[1].dtypes == (torch.float32,)
+    assert input_slots(FP32_RELU)[2].shape == (4, 32, 64)  # non-gated: N1 = I
 
 
 def test_output_dims_take_hidden_rows_and_columns():
-    assert mp.output_dims([(7, 64), (7, 8), (8, 64, 64)]) == [7, 64]
+    assert output_dims([(7, 64), (7, 8), (8, 64, 64)]) == [7, 64]
     sentinel = object()  # works on symbolic dims too: passes the expressions through untouched
-    assert mp.output_dims([(sentinel, 64)])[0] is sentinel
+    assert output_dims([(sentinel, 64)])[0] is sentinel
     with pytest.raises(MoeBuildError, match="rank 3"):
-        mp.output_dims([(1, 7, 64)])
+        output_dims([(1, 7, 64)])
     with pytest.raises(MoeBuildError, match="no inputs"):
-        mp.output_dims([])
+        output_dims([])
 
 
 def test_check_input_dims():
     good = [(-1, 64), (-1, 8), (8, 64, 64), (8, 64, 32)]
-    mp.check_input_dims(PLAIN, good)
-    mp.check_input_dims(PLAIN, [(5, 64), (5, 8), (8, 64, 64), (8, 64, 32)])
+    check_input_dims(PLAIN, good)
+    check_input_dims(PLAIN, [(5, 64), (5, 8), (8, 64, 64), (8, 64, 32)])
     with pytest.raises(MoeBuildError, match="'w2'.*shape \\(8, 64, 32\\)"):
-        mp.check_input_dims(PLAIN, good[:3] + [(8, 32, 64)])
+        check_input_dims(PLAIN, good[:3] + [(8, 32, 64)])
     with pytest.raises(MoeBuildError, match="got 3 inputs"):
-        mp.check_input_dims(PLAIN, good[:3])
+        check_input_dims(PLAIN, good[:3])
     with pytest.raises(MoeBuildError, match="router_logits.*5 rows, hidden has 6"):
-        mp.check_input_dims(PLAIN, [(6, 64), (5, 8)] + good[2:])
+        check_input_dims(PLAIN, [(6, 64), (5, 8)] + good[2:])
 
 
 def test_supports_io_table():
-    n = len(mp.input_slots(FULL))
+    n = len(input_slots(FULL))
     fp32, fp16, bf16, i32 = torch.float32, torch.float16, torch.bfloat16, torch.int32
     want = {0: {fp16}, 1: {fp32, fp16}, 2: {fp16}, 3: {fp16}, 4: {fp16}, 5: {fp16}, 6: {fp32}, 7: {fp16},
             8: {fp16}, 9: {fp16}, n: {fp16}}
     for pos, ok in want.items():
         for dtype in (fp32, fp16, bf16, i32, None):
-            assert mp.supports_io(FULL, pos, dtype, True, n) == (dtype in ok), (pos, dtype)
-            assert not mp.supports_io(FULL, pos, dtype, False, n), (pos, dtype)
-    assert not mp.supports_io(FULL, 0, fp16, True, n - 1)  # wrong input count: nothing fits
+            assert supports_io(FULL, pos, dtype, True, n) == (dtype in ok), (pos, dtype)
+            assert not supports_io(FULL, pos, dtype, False, n), (pos, dtype)
+    assert not supports_io(FULL, 0, fp16, True, n - 1)  # wrong input count: nothing fits
 
 
 def test_field_round_trip_is_byte_identical():
     plan = plan_for(FULL)
-    fields = mp.encode_fields(FULL, plan)
-    assert set(fields) == set(mp.FIELD_NAMES)
-    spec2, plan2 = mp.decode_fields(fields)
+    fields = encode_fields(FULL, plan)
+    assert set(fields) == set(FIELD_NAMES)
+    spec2, plan2 = decode_fields(fields)
     assert spec2 == FULL and plan2.to_dict() == json.loads(json.dumps(plan.to_dict()))
-    assert mp.encode_fields(spec2, plan2) == fields
+    assert encode_fields(spec2, plan2) == fields
 
 
 def test_forced_choices_survive_the_round_trip():
     plan = plan_for(PLAIN, force={"finalize": "separate"})
-    _, plan2 = mp.decode_fields(mp.encode_fields(PLAIN, plan))
-    assert mp.forced_choices(plan2) == {"finalize": "separate"}
+    _, plan2 = decode_fields(encode_fields(PLAIN, plan))
+    assert forced_choices(plan2) == {"finalize": "separate"}
     assert plan2.stage("finalize").choice == "separate"
 
 
 def _tampered(edit):
-    fields = mp.encode_fields(PLAIN, plan_for(PLAIN))
-    spec, plan = (json.loads(fields[k]) for k in (mp.FIELD_SPEC, mp.FIELD_PLAN))
+    fields = encode_fields(PLAIN, plan_for(PLAIN))
+    spec, plan = (json.loads(fields[k]) for k in (FIELD_SPEC, FIELD_PLAN))
     edit(spec, plan)
     return {"spec": json.dumps(spec).encode(), "plan": json.dumps(plan).encode()}
 
@@ -155,38 +161,38 @@ def _set_choice(plan, stage, choice):
 ])
 def test_tampered_fields_are_refused(edit, message):
     with pytest.raises(MoeBuildError, match=message):
-        mp.decode_fields(_tampered(edit))
+        decode_fields(_tampered(edit))
 
 
 def test_malformed_fields_are_refused():
-    good = mp.encode_fields(PLAIN, plan_for(PLAIN))
+    good = encode_fields(PLAIN, plan_for(PLAIN))
     with pytest.raises(MoeBuildError, match="'plan'.*missing"):
-        mp.decode_fields({"spec": good["spec"]})
+        decode_fields({"spec": good["spec"]})
     with pytest.raises(MoeBuildError, match="unknown field"):
-        mp.decode_fields({**good, "tactic": b"1"})
+        decode_fields({**good, "tactic": b"1"})
     with pytest.raises(MoeBuildError, match="'spec'.*not valid JSON"):
-        mp.decode_fields({**good, "spec": good["spec"][:-1]})
+        decode_fields({**good, "spec": good["spec"][:-1]})
     with pytest.raises(MoeBuildError, match="'spec'.*not UTF-8"):
-        mp.decode_fields({**good, "spec": b"\xff" + good["spec"]})
+        decode_fields({**good, "spec": b"\xff" + good["spec"]})
     with pytest.raises(MoeBuildError, match="'plan'.*not an object"):
-        mp.decode_fields({**good, "plan": b"[1]"})
+        decode_fields({**good, "plan": b"[1]"})
     with pytest.raises(MoeBuildError, match="'plan'.*nested too deeply"):
-        mp.decode_fields({**good, "plan": b"[" * 100_000 + b"]" * 100_000})
+        decode_fields({**good, "plan": b"[" * 100_000 + b"]" * 100_000})
     with pytest.raises(MoeBuildError, match="'spec'.*hidden_size.*1..65536"):
         spec = json.loads(good["spec"])
-        mp.decode_fields({**good, "spec": json.dumps({**spec, "hidden_size": 1 << 40}).encode()})
+        decode_fields({**good, "spec": json.dumps({**spec, "hidden_size": 1 << 40}).encode()})
 
 
 def test_plugin_refuses_what_its_inputs_cannot_carry():
     quant = dataclasses.replace(PLAIN, quant=Quant.NVFP4)  # FP4 weights and activations: no kernels
     with pytest.raises(MoeBuildError, match="no nvfp4 weights or scales.*none, fp8, fp8_block, w8a16, w4a16_awq"):
-        mp.encode_fields(quant, plan_for(quant, sm=100))
+        encode_fields(quant, plan_for(quant, sm=100))
     fp8_hidden = dataclasses.replace(PLAIN, quant=Quant.W4AFP8, fp8_input=True)
     with pytest.raises(MoeBuildError, match="fp8_input.*16-bit"):
-        mp.encode_fields(fp8_hidden, plan_for(fp8_hidden))
+        encode_fields(fp8_hidden, plan_for(fp8_hidden))
     lora = dataclasses.replace(PLAIN, lora=True)
     with pytest.raises(MoeBuildError, match="lora"):
-        mp.encode_fields(lora, plan_for(lora))
+        encode_fields(lora, plan_for(lora))
 
 
 def test_a_forced_fused_prologue_still_covers_the_whole_profile():
@@ -196,14 +202,14 @@ def test_a_forced_fused_prologue_still_covers_the_whole_profile():
     plan = plan_for(PLAIN, force={"routing_prologue": "fused"})
     d = plan.stage("routing_prologue")
     assert d.forced and d.choice_for(256) == "fused" and d.choice_for(PROFILE.max) == "three_step"
-    assert mp.decode_fields(mp.encode_fields(PLAIN, plan))[1] == plan
+    assert decode_fields(encode_fields(PLAIN, plan))[1] == plan
 
 
 def test_profile_check():
     plan = plan_for(PLAIN)
-    mp.check_profile(plan, PROFILE.max)
+    check_profile(plan, PROFILE.max)
     with pytest.raises(MoeBuildError, match="allows 513 tokens"):
-        mp.check_profile(plan, PROFILE.max + 1)
+        check_profile(plan, PROFILE.max + 1)
 
 
 # ---- the IPluginV3 methods through TensorRT-RTX ------------------------------------------------
@@ -222,10 +228,10 @@ def dyn_desc(trt, dims, dtype, fmt=None, max_rows=None):
 
 
 def io_descs(trt, spec, rows=-1, max_rows=PROFILE.max):
-    slots = mp.input_slots(spec)
+    slots = input_slots(spec)
     descs = [dyn_desc(trt, [rows if d is None else d for d in s.shape], mp.trt_dtype_of(trt, s.dtypes[0]),
                       max_rows=max_rows if s.shape[0] is None else None) for s in slots]
-    out = dyn_desc(trt, [rows, spec.hidden_size], mp.trt_dtype_of(trt, mp.output_dtype(spec)), max_rows=max_rows)
+    out = dyn_desc(trt, [rows, spec.hidden_size], mp.trt_dtype_of(trt, output_dtype(spec)), max_rows=max_rows)
     return descs, [out]
 
 
@@ -240,7 +246,7 @@ def test_identity_and_capabilities(trt):
 @pytest.mark.parametrize("spec, name", [(PLAIN, "BF16"), (FULL, "HALF")])
 def test_output_data_types(trt, spec, name):
     p = plugin(trt, spec)
-    ins = [mp.trt_dtype_of(trt, s.dtypes[0]) for s in mp.input_slots(spec)]
+    ins = [mp.trt_dtype_of(trt, s.dtypes[0]) for s in input_slots(spec)]
     assert p.get_output_data_types(ins) == [getattr(trt.DataType, name)]
 
 
@@ -249,7 +255,7 @@ def test_output_shapes_through_dims_exprs(trt):
     IExprBuilder crashes), so the DimsExprs here hold empty entries: this checks the method's wiring
     (one 2-D output, rank checks); the row/column rule itself is test_output_dims_*."""
     p = plugin(trt, FULL)
-    inputs = [trt.DimsExprs(len(s.shape)) for s in mp.input_slots(FULL)]
+    inputs = [trt.DimsExprs(len(s.shape)) for s in input_slots(FULL)]
     out = p.get_output_shapes(inputs, [], trt.IExprBuilder())
     assert len(out) == 1 and isinstance(out[0], trt.DimsExprs) and len(out[0]) == 2
     bad = list(inputs)
@@ -302,7 +308,7 @@ def test_workspace_size_is_the_runners():
     if not hasattr(runner, "workspace_bytes"):
         pytest.skip("moe_build.runner.workspace_bytes(spec, plan, max_tokens) not provided yet")
     plan = plan_for(PLAIN)
-    small, large = mp.workspace_size(PLAIN, plan, 16), mp.workspace_size(PLAIN, plan, 512)
+    small, large = workspace_size(PLAIN, plan, 16), workspace_size(PLAIN, plan, 512)
     assert small == runner.workspace_bytes(PLAIN, plan, 16)
     assert 0 < small < large
 
@@ -310,18 +316,18 @@ def test_workspace_size_is_the_runners():
 def test_serialization_round_trip_through_the_creator(trt):
     p = plugin(trt, FULL, force={"finalize": "separate"})
     fields = p.get_fields_to_serialize()
-    assert [f.name for f in fields] == list(mp.FIELD_NAMES)
+    assert [f.name for f in fields] == list(FIELD_NAMES)
     assert all(f.type == trt.PluginFieldType.CHAR for f in fields)
     creator = mp.plugin_classes(trt).MoEPluginCreator()
     for phase in (trt.TensorRTPhase.BUILD, trt.TensorRTPhase.RUNTIME):
         q = creator.create_plugin("moe", fields, phase)
         assert q.spec == FULL and q.plan.to_dict() == json.loads(json.dumps(p.plan.to_dict()))
-        assert mp.fields_from_collection(q.get_fields_to_serialize()) == mp.fields_from_collection(fields)
+        assert fields_from_collection(q.get_fields_to_serialize()) == fields_from_collection(fields)
 
 
 def test_creator_refuses_a_tampered_field(trt):
     p = plugin(trt)  # the collection points into the plugin's arrays: keep it alive while reading
-    fields = mp.fields_from_collection(p.get_fields_to_serialize())
+    fields = fields_from_collection(p.get_fields_to_serialize())
     plan = json.loads(fields["plan"])
     _set_choice(plan, "gemm_kernel", "ampere")
     import numpy as np
@@ -339,7 +345,7 @@ def test_clone_is_independent(trt):
     q = p.clone()
     assert q is not p and type(q) is type(p)
     assert q.spec == p.spec and q.plan == p.plan and q._cache is not p._cache
-    assert mp.fields_from_collection(q.get_fields_to_serialize()) == mp.fields_from_collection(
+    assert fields_from_collection(q.get_fields_to_serialize()) == fields_from_collection(
         p.get_fields_to_serialize())
     attached = p.attach_to_context(None)
     assert attached is not p and attached.plan == p.plan
@@ -358,7 +364,7 @@ def test_registry_lookup(trt):
     found = registry.get_creator("MoEPlugin", "1", "moe_build")
     assert found is creator
     assert (found.name, found.plugin_version, found.plugin_namespace) == ("MoEPlugin", "1", "moe_build")
-    assert [f.name for f in found.field_names] == list(mp.FIELD_NAMES)
+    assert [f.name for f in found.field_names] == list(FIELD_NAMES)
     assert registry.get_creator("MoEPlugin", "2", "moe_build") is None
     assert registry.get_creator("MoEPlugin", "1", "") is None
     # A second creator for the same key is refused by the registry; registering yields the first.
@@ -368,7 +374,8 @@ def test_registry_lookup(trt):
 def test_enqueue_adapter_translates_descriptors(trt, monkeypatch):
     calls = []
     monkeypatch.setattr(mp, "run_enqueue", lambda *a: calls.append(a))
-    monkeypatch.setattr(mp, "workspace_size", lambda spec, plan, tokens: 1000 + tokens)
+    for module in (mp, plugin_enqueue):  # get_workspace_size's name, and the one enqueue's sizing reads
+        monkeypatch.setattr(module, "workspace_size", lambda spec, plan, tokens: 1000 + tokens)
     p = plugin(trt, FULL)
     ins, outs = io_descs(trt, FULL, rows=5)
     ptrs = list(range(100, 100 + len(ins)))
@@ -386,17 +393,17 @@ def test_enqueue_adapter_translates_descriptors(trt, monkeypatch):
 
 
 def test_run_enqueue_refuses_a_workspace_smaller_than_the_call_needs(monkeypatch):
-    monkeypatch.setattr(mp, "workspace_size", lambda spec, plan, tokens: 1000 + tokens)
+    monkeypatch.setattr(plugin_enqueue, "workspace_size", lambda spec, plan, tokens: 1000 + tokens)
     plan = plan_for(FULL)
-    shapes = [(5, 64) if slot.shape[0] is None else slot.shape for slot in mp.input_slots(FULL)]
+    shapes = [(5, 64) if slot.shape[0] is None else slot.shape for slot in input_slots(FULL)]
     shapes[1] = (5, FULL.num_experts)
-    dtypes = [slot.dtypes[0] for slot in mp.input_slots(FULL)]
+    dtypes = [slot.dtypes[0] for slot in input_slots(FULL)]
     with pytest.raises(MoeBuildError, match="workspace.*1004 bytes given, 1005 needed"):
-        mp.run_enqueue(FULL, plan, [1] * len(shapes), shapes, dtypes, 2, torch.float16, 3, 1004, 4)
+        run_enqueue(FULL, plan, [1] * len(shapes), shapes, dtypes, 2, torch.float16, 3, 1004, 4)
 
 
 def test_runner_cache_memo_keeps_the_last_entries_and_forgets_them_with_the_runner():
-    cache = mp.RunnerCache()
+    cache = RunnerCache()
     made = []
 
     def make(value):
@@ -406,7 +413,7 @@ def test_runner_cache_memo_keeps_the_last_entries_and_forgets_them_with_the_runn
     assert cache.get(("w", 1), make("runner-1")) == "runner-1"
     assert cache.memo(("before",), make("lost")) == "before"  # the first runner drops nothing
     assert cache.memo(("a",), make("a")) == "a" and cache.memo(("a",), make("a2")) == "a"
-    for i in range(mp.RunnerCache.MEMO_ENTRIES):
+    for i in range(RunnerCache.MEMO_ENTRIES):
         cache.memo(("k", i), make(i))
     assert cache.memo(("k", 0), make("again")) == 0  # still among the last MEMO_ENTRIES keys
     assert cache.memo(("a",), make("a3")) == "a3"    # the least recently used key was dropped
@@ -424,12 +431,12 @@ def test_run_enqueue_checks_before_touching_memory():
     args = dict(output_pointer=1, output_dtype_=torch.bfloat16, workspace_pointer=1, workspace_bytes=0,
                 stream_pointer=0)
     with pytest.raises(MoeBuildError, match="'w1'.*dtype"):
-        mp.run_enqueue(PLAIN, plan, [1] * 4, shapes, dtypes[:2] + [torch.float16, torch.bfloat16], **args)
+        run_enqueue(PLAIN, plan, [1] * 4, shapes, dtypes[:2] + [torch.float16, torch.bfloat16], **args)
     with pytest.raises(MoeBuildError, match="output"):
-        mp.run_enqueue(PLAIN, plan, [1] * 4, shapes, dtypes, **{**args, "output_dtype_": torch.float32})
+        run_enqueue(PLAIN, plan, [1] * 4, shapes, dtypes, **{**args, "output_dtype_": torch.float32})
     with pytest.raises(MoeBuildError, match="exceeds the plan's profile max"):
-        mp.run_enqueue(PLAIN, plan, [1] * 4, [(513, 64), (513, 8)] + shapes[2:], dtypes, **args)
-    mp.run_enqueue(PLAIN, plan, [0] * 4, [(0, 64), (0, 8)] + shapes[2:], dtypes, **args)  # no tokens: no work
+        run_enqueue(PLAIN, plan, [1] * 4, [(513, 64), (513, 8)] + shapes[2:], dtypes, **args)
+    run_enqueue(PLAIN, plan, [0] * 4, [(0, 64), (0, 8)] + shapes[2:], dtypes, **args)  # no tokens: no work
 
 
 class RecordingNetwork:
@@ -479,7 +486,7 @@ def test_add_moe_plugin_feeds_inputs_in_order(trt, as_constants):
     layer, keep = mp.add_moe_plugin(net, trt, FULL, plan_for(FULL), hidden, logits, weights,
                                     weights_as_constants=as_constants)
     inputs, shape_inputs, plugin_obj = net.plugin_call
-    slots = mp.input_slots(FULL)
+    slots = input_slots(FULL)
     assert inputs[:2] == [hidden, logits] and shape_inputs == [] and layer.name == "moe"
     assert plugin_obj.spec == FULL and plugin_obj in keep
     for slot, tensor in zip(slots[2:], inputs[2:]):
@@ -509,24 +516,24 @@ def test_plan_weights_block_w1_and_w2_where_the_sm90_gemms_read_blocks():
     small = make_plan(spec, Target(sm=90, flavour=Flavour.TENSORRT, profile=TokenProfile(min=1, opt=16, max=64)),
                       tokens=16)
     assert not weights_blocked(small)
-    given = mp.plan_weights(plan, weights)
+    given = plan_weights(plan, weights)
     assert torch.equal(given.w1, block_64x64(interleave_gate_up(weights.w1)))
     assert torch.equal(given.w2, block_64x64(weights.w2))
     sm80 = plan_for(spec, sm=80)
-    assert not weights_blocked(sm80) and mp.plan_weights(sm80, weights) is weights
+    assert not weights_blocked(sm80) and plan_weights(sm80, weights) is weights
 
 
 def test_plan_weights_keep_the_stacked_order_off_the_gated_epilogue():
     weights = MoEWeights.random(FULL)
     for plan in (plan_for(FULL, sm=80), plan_for(FULL, force={"fc1_activation": "separate"})):
-        assert not w1_interleaved(plan) and mp.plan_weights(plan, weights) is weights
+        assert not w1_interleaved(plan) and plan_weights(plan, weights) is weights
 
 
 def test_fp32_spec_is_refused_with_the_field():
     spec = FP32_RELU
     plan = make_plan(spec, Target(sm=90, flavour=Flavour.TENSORRT), 1)
     with pytest.raises(MoeBuildError) as info:
-        mp.check_spec_and_plan(spec, plan)
+        check_spec_and_plan(spec, plan)
     assert info.value.field == "dtype"
 
 
@@ -574,9 +581,9 @@ def test_fp8_input_slots(mode):
     want = [("hidden", (None, 320), BF16), ("router_logits", (None, 4), (torch.float32, torch.bfloat16)),
             ("w1", (4, 160, 320), fp8), ("w2", (4, 320, 80), fp8), *FP8_SCALE_SLOTS[mode],
             ("b1", (4, 160), BF16), ("b2", (4, 320), BF16)]
-    assert [(s.name, s.shape, s.dtypes) for s in mp.input_slots(spec)] == want
+    assert [(s.name, s.shape, s.dtypes) for s in input_slots(spec)] == want
     block = FP8_MODES[mode][0] is Quant.FP8_BLOCK
-    assert mp.scale_granularity(spec) is (ScaleGranularity.BLOCK128 if block else ScaleGranularity.CHANNEL)
+    assert scale_granularity(spec) is (ScaleGranularity.BLOCK128 if block else ScaleGranularity.CHANNEL)
 
 
 @pytest.mark.parametrize("mode", FP8_MODES)
@@ -584,11 +591,11 @@ def test_fp8_slots_fit_the_planned_weights(mode):
     """What add_moe_plugin feeds (plan_weights of canonical FP8 weights) fits every slot and passes the
     canonical check, with the granularity the plugin derives from the quant mode."""
     spec, weights = fp8_case(mode)
-    planned = mp.plan_weights(plan_for(spec), weights)
+    planned = plan_weights(plan_for(spec), weights)
     planned.check(spec)
-    assert planned.fp8.granularity is mp.scale_granularity(spec)
+    assert planned.fp8.granularity is scale_granularity(spec)
     named = dict(planned.named())
-    for slot in mp.input_slots(spec)[2:]:
+    for slot in input_slots(spec)[2:]:
         t = named[slot.name]
         assert t.dtype == slot.dtypes[0], slot.name
         assert tuple(t.shape) == slot.shape or (slot.shape == (1,) and t.numel() == 1), slot.name
@@ -598,28 +605,28 @@ def test_fp8_slots_fit_the_planned_weights(mode):
 def test_fp8_fields_round_trip(mode):
     spec, _ = fp8_case(mode)
     plan = plan_for(spec)
-    fields = mp.encode_fields(spec, plan)
-    spec2, plan2 = mp.decode_fields(fields)
+    fields = encode_fields(spec, plan)
+    spec2, plan2 = decode_fields(fields)
     assert spec2 == spec and (spec2.quant, spec2.act_scale) == FP8_MODES[mode][:2]
     assert plan2.to_dict() == json.loads(json.dumps(plan.to_dict()))
-    assert mp.encode_fields(spec2, plan2) == fields
-    assert mp.input_slots(spec2) == mp.input_slots(spec)
+    assert encode_fields(spec2, plan2) == fields
+    assert input_slots(spec2) == input_slots(spec)
 
 
 @pytest.mark.parametrize("mode", FP8_MODES)
 def test_fp8_supports_io_takes_exactly_each_slots_dtype(mode):
     spec, _ = fp8_case(mode)
-    slots = mp.input_slots(spec)
+    slots = input_slots(spec)
     n = len(slots)
     candidates = (torch.float32, torch.float16, torch.bfloat16, FP8_DTYPE, torch.int8, torch.int32, None)
     for pos in range(n + 1):
         ok = set(slots[pos].dtypes) if pos < n else {torch.bfloat16}
         for dtype in candidates:
-            assert mp.supports_io(spec, pos, dtype, True, n) == (dtype in ok), (pos, dtype)
+            assert supports_io(spec, pos, dtype, True, n) == (dtype in ok), (pos, dtype)
     by_name = {s.name: i for i, s in enumerate(slots)}
-    assert mp.supports_io(spec, by_name["w1"], FP8_DTYPE, True, n)
-    assert not mp.supports_io(spec, by_name["w1"], torch.bfloat16, True, n)
-    assert not mp.supports_io(spec, by_name["fp8.w2_scale"], FP8_DTYPE, True, n)
+    assert supports_io(spec, by_name["w1"], FP8_DTYPE, True, n)
+    assert not supports_io(spec, by_name["w1"], torch.bfloat16, True, n)
+    assert not supports_io(spec, by_name["fp8.w2_scale"], FP8_DTYPE, True, n)
 
 
 def test_fp8_supports_format_combination_translates_fp8(trt):
@@ -628,7 +635,7 @@ def test_fp8_supports_format_combination_translates_fp8(trt):
     ins, outs = io_descs(trt, spec)
     n = len(ins)
     names = ("FLOAT", "HALF", "BF16", "FP8", "INT8", "INT32")
-    for pos, slot in enumerate(list(mp.input_slots(spec)) + [None]):
+    for pos, slot in enumerate(list(input_slots(spec)) + [None]):
         ok = {mp.trt_dtype_of(trt, d) for d in (slot.dtypes if slot else (torch.bfloat16,))}
         for name in names:
             in_out = ins + outs
@@ -638,7 +645,7 @@ def test_fp8_supports_format_combination_translates_fp8(trt):
 
 
 def _good_dims(spec: MoESpec, rows: int = -1) -> list[tuple[int, ...]]:
-    return [tuple(rows if d is None else d for d in s.shape) for s in mp.input_slots(spec)]
+    return [tuple(rows if d is None else d for d in s.shape) for s in input_slots(spec)]
 
 
 @pytest.mark.parametrize("mode, slot, dims, want", [
@@ -651,11 +658,11 @@ def _good_dims(spec: MoESpec, rows: int = -1) -> list[tuple[int, ...]]:
 def test_fp8_check_input_dims_names_the_scale_slot(mode, slot, dims, want):
     spec, _ = fp8_case(mode)
     good = _good_dims(spec)
-    mp.check_input_dims(spec, good)
+    check_input_dims(spec, good)
     bad = list(good)
-    bad[[s.name for s in mp.input_slots(spec)].index(slot)] = dims
+    bad[[s.name for s in input_slots(spec)].index(slot)] = dims
     with pytest.raises(MoeBuildError) as info:
-        mp.check_input_dims(spec, bad)
+        check_input_dims(spec, bad)
     text = str(info.value)
     assert len(text.splitlines()) == 1 and f"MoEPlugin input {slot!r}" in text and f"shape {want}" in text
 
@@ -664,9 +671,9 @@ def test_fp8_check_input_dims_counts_the_activation_scales():
     static, _ = fp8_case("tensor_static")
     dynamic, _ = fp8_case("tensor_dynamic")
     with pytest.raises(MoeBuildError, match="got 10 inputs, the spec needs 8"):
-        mp.check_input_dims(dynamic, _good_dims(static))
+        check_input_dims(dynamic, _good_dims(static))
     with pytest.raises(MoeBuildError, match="got 8 inputs, the spec needs 10"):
-        mp.check_input_dims(static, _good_dims(dynamic))
+        check_input_dims(static, _good_dims(dynamic))
 
 
 def test_fp8_configure_plugin_refuses_a_wrong_scale_shape(trt):
@@ -687,7 +694,7 @@ def test_fp8_workspace_size_is_the_runners(mode):
     from moe_build.runner import workspace_bytes
     spec, _ = fp8_case(mode)
     plan = plan_for(spec)
-    sizes = [mp.workspace_size(spec, plan, t) for t in (1, 16, PROFILE.max)]
+    sizes = [workspace_size(spec, plan, t) for t in (1, 16, PROFILE.max)]
     assert sizes == [workspace_bytes(spec, plan, t) for t in (1, 16, PROFILE.max)]
     assert 0 < sizes[0] <= sizes[1] < sizes[2]
 
@@ -695,7 +702,7 @@ def test_fp8_workspace_size_is_the_runners(mode):
 def test_fp8_run_enqueue_checks_dtypes_before_touching_memory():
     spec, _ = fp8_case("tensor_static")
     plan = plan_for(spec)
-    slots = mp.input_slots(spec)
+    slots = input_slots(spec)
     shapes = _good_dims(spec, rows=4)
     dtypes = [s.dtypes[0] for s in slots]
     args = dict(output_pointer=1, output_dtype_=torch.bfloat16, workspace_pointer=1, workspace_bytes=0,
@@ -704,7 +711,7 @@ def test_fp8_run_enqueue_checks_dtypes_before_touching_memory():
         bad = list(dtypes)
         bad[[s.name for s in slots].index(name)] = dtype
         with pytest.raises(MoeBuildError, match=f"'{name}'.*dtype"):
-            mp.run_enqueue(spec, plan, [1] * len(slots), shapes, bad, **args)
+            run_enqueue(spec, plan, [1] * len(slots), shapes, bad, **args)
 
 
 @pytest.mark.parametrize("mode", FP8_MODES)
@@ -721,13 +728,13 @@ def test_fp8_runner_is_made_from_the_plan_with_the_scale_inputs(mode, monkeypatc
     monkeypatch.setattr(runner_module, "MoERunner", RecordingRunner)
     spec, weights = fp8_case(mode)
     plan = plan_for(spec)
-    planned = dict(mp.plan_weights(plan, weights).named())
-    given = {s.name: planned[s.name].reshape(s.shape) for s in mp.input_slots(spec)[2:]}
-    mp._make_runner(spec, plan, given)
+    planned = dict(plan_weights(plan, weights).named())
+    given = {s.name: planned[s.name].reshape(s.shape) for s in input_slots(spec)[2:]}
+    _make_runner(spec, plan, given)
     (got_spec, w, kw), = made
     assert got_spec == spec and kw == {"plan": plan, "device": given["w1"].device, "weights_prepared": True}
     assert w.w1 is given["w1"] and w.w2 is given["w2"] and w.b1 is given["b1"] and w.b2 is given["b2"]
-    assert w.fp8.granularity is mp.scale_granularity(spec)
+    assert w.fp8.granularity is scale_granularity(spec)
     assert w.fp8.w1_scale is given["fp8.w1_scale"] and w.fp8.w2_scale is given["fp8.w2_scale"]
     assert w.fp8.a1_scale is given.get("fp8.a1_scale") and w.fp8.a2_scale is given.get("fp8.a2_scale")
     assert w.fp8.static == (FP8_MODES[mode][1] is ActScale.STATIC)
@@ -759,12 +766,12 @@ def test_add_moe_plugin_bakes_fp8_constants(trt, mode):
     builder, net, hidden, logits = plugin_network(trt, 320, 4)
     layer, keep = mp.add_moe_plugin(net, recording_trt(trt, record), spec, plan, hidden, logits, weights)
     inputs, _, plugin_obj = net.plugin_call
-    slots = mp.input_slots(spec)[2:]
+    slots = input_slots(spec)[2:]
     assert plugin_obj.spec == spec and plugin_obj in keep and inputs[:2] == [hidden, logits]
     assert [d for d, _ in record] == [mp.trt_dtype_of(trt, s.dtypes[0]) for s in slots]
     names = [net.get_layer(i).name for i in range(net.num_layers)]
     assert names == [f"moe.{s.name}" for s in slots]
-    planned = dict(mp.plan_weights(plan, weights).named())
+    planned = dict(plan_weights(plan, weights).named())
     for slot, tensor, (_, data) in zip(slots, inputs[2:], record):
         assert tensor.dtype == mp.trt_dtype_of(trt, slot.dtypes[0]) and tuple(tensor.shape) == slot.shape
         assert not tensor.is_network_input
@@ -794,7 +801,7 @@ def test_add_moe_plugin_fp8_weights_as_network_inputs(trt):
     mp.add_moe_plugin(net, trt, spec, plan_for(spec), hidden, logits, weights, weights_as_constants=False)
     inputs = net.plugin_call[0][2:]
     assert [(t.name, t.dtype, tuple(t.shape)) for t in inputs] == [
-        (f"moe.{s.name}", mp.trt_dtype_of(trt, s.dtypes[0]), s.shape) for s in mp.input_slots(spec)[2:]]
+        (f"moe.{s.name}", mp.trt_dtype_of(trt, s.dtypes[0]), s.shape) for s in input_slots(spec)[2:]]
     assert inputs[0].dtype == trt.DataType.FP8 and inputs[2].dtype == trt.DataType.FLOAT
 
 
@@ -837,7 +844,7 @@ def test_woq_input_slots(mode):
     if awq:
         want += [("woq.fc1_act_scale", (320,), fp32), ("woq.fc2_act_scale", (64,), fp32)]
     want += [("b1", (4, 128), (BF16, None)), ("b2", (4, 320), (BF16, None))]
-    assert [(s.name, s.shape, (s.dtypes, s.stored)) for s in mp.input_slots(spec)] == want
+    assert [(s.name, s.shape, (s.dtypes, s.stored)) for s in input_slots(spec)] == want
 
 
 @pytest.mark.parametrize("mode", WOQ_MODES)
@@ -845,10 +852,10 @@ def test_woq_slots_fit_the_planned_weights(mode):
     """What add_moe_plugin feeds (plan_weights of canonical weight-only weights) fits every slot, in order, and
     passes the canonical check; the slots hold every stored tensor."""
     spec, weights = woq_case(mode)
-    planned = mp.plan_weights(plan_for(spec), weights)
+    planned = plan_weights(plan_for(spec), weights)
     planned.check(spec)
     named = dict(planned.named())
-    slots = mp.input_slots(spec)[2:]
+    slots = input_slots(spec)[2:]
     for slot in slots:
         t = named[slot.name]
         assert t.dtype == (slot.stored or slot.dtypes[0]) and tuple(t.shape) == slot.shape, slot.name
@@ -863,23 +870,23 @@ def test_woq_slots_fit_the_planned_weights(mode):
 def test_woq_fields_round_trip(mode):
     spec, _ = woq_case(mode)
     plan = plan_for(spec)
-    fields = mp.encode_fields(spec, plan)
-    spec2, plan2 = mp.decode_fields(fields)
-    assert spec2 == spec and mp.input_slots(spec2) == mp.input_slots(spec)
-    assert mp.encode_fields(spec2, plan2) == fields
+    fields = encode_fields(spec, plan)
+    spec2, plan2 = decode_fields(fields)
+    assert spec2 == spec and input_slots(spec2) == input_slots(spec)
+    assert encode_fields(spec2, plan2) == fields
 
 
 def test_woq_supports_io_takes_the_carried_byte_types(trt):
     """The packed codes and zero points are accepted as INT8 only (the type TensorRT carries them in), the fp32
     scales as fp32 only; TensorRT's UINT8 is not a type the plugin moves."""
     spec, _ = woq_case("awq_g64_zeros")
-    slots = mp.input_slots(spec)
+    slots = input_slots(spec)
     by_name = {s.name: i for i, s in enumerate(slots)}
     n = len(slots)
-    assert mp.supports_io(spec, by_name["w1"], torch.int8, True, n)
-    assert not mp.supports_io(spec, by_name["w1"], torch.uint8, True, n)
-    assert mp.supports_io(spec, by_name["woq.w1_zero"], torch.int8, True, n)
-    assert not mp.supports_io(spec, by_name["woq.w1_scale"], torch.int8, True, n)
+    assert supports_io(spec, by_name["w1"], torch.int8, True, n)
+    assert not supports_io(spec, by_name["w1"], torch.uint8, True, n)
+    assert supports_io(spec, by_name["woq.w1_zero"], torch.int8, True, n)
+    assert not supports_io(spec, by_name["woq.w1_scale"], torch.int8, True, n)
     assert mp.torch_dtype_of(trt, trt.DataType.UINT8) is None and mp.trt_dtype_of(trt, torch.int8) == trt.DataType.INT8
 
 
@@ -896,8 +903,8 @@ def test_add_moe_plugin_feeds_woq_experts_as_stored(trt, mode, as_constants):
     mp.add_moe_plugin(net, recording_trt(trt, record), spec, plan, hidden, logits, weights,
                       weights_as_constants=as_constants)
     inputs = net.plugin_call[0][2:]
-    slots = mp.input_slots(spec)[2:]
-    stored = dict(mp.plan_weights(plan, weights).named())
+    slots = input_slots(spec)[2:]
+    stored = dict(plan_weights(plan, weights).named())
     for slot, tensor in zip(slots, inputs):
         byte = stored[slot.name].dtype in (torch.uint8, torch.int8)
         assert tensor.dtype == (trt.DataType.INT8 if byte else mp.trt_dtype_of(trt, slot.dtypes[0])), slot.name

@@ -424,7 +424,7 @@ def test_weight_only_plans_fuse_the_finalize_into_the_decode_gemm2(quant: Quant)
     assert plan.choices(last_decode)["gemm2_tactic"].startswith("decode:")
     assert plan.choices(last_decode + 1)["gemm2_tactic"].startswith("wgmma:woq128x")
     assert kernel_sequence(plan, last_decode + 1)[-1] == "gemm2:woq_wgmma_finalize"
-    # the int4 GEMM2s take the digits tile at these 1-2 rows per expert (tactics.woq_digits_rule)
+    # the int4 GEMM2s take the digits tile at these 1-2 rows per expert (tactics.woq.woq_digits_rule)
     gemm2 = "gemm2:woq" if quant is Quant.W8A16 else "gemm2:woq_digits"
     # (and their GEMM1 too: the expansion writes the token digits, token_digits=fused)
     expand = {Quant.W4AFP8: ["expand_rows:fp8_dequantized_digits"],

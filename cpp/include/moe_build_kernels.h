@@ -328,7 +328,7 @@ mb_status mb_fc1_activation_fp8_dequantized(const void* in, int dtype, const voi
  * half width) or finalize (GEMM2: unpermute + top-k weight + bias, added into the token's output row).
  *
  * How a GEMM runs is its tactic, an argument of every entry point: moe-build's planner chooses it per
- * GEMM and token-count band from its table of measured rules (moe_build/planner/tactics.py) and the
+ * GEMM and token-count band from its table of measured rules (moe_build/planner/tactics/) and the
  * plan records it; the library never chooses one and reads no environment. A tactic the entry point
  * cannot run (a kernel of another architecture, a tile that does not take the weight layout, a
  * placement without a gated or finalize epilogue) is MB_ERR_UNSUPPORTED or MB_ERR_INVALID_ARGUMENT. */

@@ -1,6 +1,6 @@
 """The token sweep: our layer at a dense set of token counts from 1 to 8192, against the floor.
 
-Why: the GEMM tactic table (moe_build/planner/tactics.py) switches at thresholds in rows per expert, and
+Why: the GEMM tactic table (moe_build/planner/tactics/) switches at thresholds in rows per expert, and
 a rule can hold at the benched counts (1, 16, 256, 4096) yet lose between them. The sweep times the default
 plan (graph replay, the ceilings side by side at every count) at geometric steps plus both ends of every
 tactic band of the plan, and optionally forced alternatives (`ours:STAGE=CHOICE`) at the same counts, so

@@ -85,7 +85,7 @@ def _path_record(plan: Plan) -> dict[str, Any]:
     """The manifest's record of what the path put in the network (checked by manifest.check_consistency)."""
     if plan.path == "ootb":
         return {"expert_compute": plan.stage("expert_compute").choice}
-    from ..plugins.moe_plugin import PLUGIN_NAME, PLUGIN_NAMESPACE, PLUGIN_VERSION
+    from ..plugins.fields import PLUGIN_NAME, PLUGIN_NAMESPACE, PLUGIN_VERSION
     return {"plugin": {"name": PLUGIN_NAME, "namespace": PLUGIN_NAMESPACE, "version": PLUGIN_VERSION,
                        "weights": "constants", "choices": plan.choices()}}
 

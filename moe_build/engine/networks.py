@@ -46,7 +46,7 @@ class ExportOnnx(BaseLoader):
 class MoePluginNetwork(BaseLoader):
     """(builder, network, keep-alive): `hidden` [T, H] and `router_logits` [T, E] inputs in the spec's
     dtype, the MoE plugin layer with the weights as constants (FP8 experts: FP8 W1 / W2 and fp32 scale
-    constants, in `moe_plugin.input_slots` order), its output marked as `output`."""
+    constants, in `plugins/slots.py` input_slots order), its output marked as `output`."""
 
     def __init__(self, network: NetworkLoader, trt: ModuleType, spec: MoESpec, plan: Plan, weights: MoEWeights,
                  progress: BuildProgress):
@@ -54,7 +54,8 @@ class MoePluginNetwork(BaseLoader):
         self._progress = progress
 
     def call_impl(self) -> tuple[Any, Any, list[Any]]:
-        from ..plugins.moe_plugin import TORCH_DTYPE, add_moe_plugin, register_moe_plugin, trt_dtype_of
+        from ..plugins.moe_plugin import add_moe_plugin, register_moe_plugin, trt_dtype_of
+        from ..plugins.slots import TORCH_DTYPE
         ret, _ = util.invoke_if_callable(self._network)
         builder, network = ret[0], ret[1]
         self._progress.begin("adding the MoE plugin layer")

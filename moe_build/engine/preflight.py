@@ -61,7 +61,8 @@ def prepare_build(spec: MoESpec, plan: Plan, options: BuildOptions) -> Toolchain
     backend = _backend_for(plan, target)
     check_options(options, plan.path)
     if plan.path == "plugin":
-        from ..plugins.moe_plugin import check_local_dispatch, check_spec_and_plan
+        from ..plugins.enqueue import check_local_dispatch
+        from ..plugins.fields import check_spec_and_plan
         check_spec_and_plan(spec, plan)  # quant modes without kernels, LoRA, fp32: what the plugin cannot run
         check_local_dispatch(plan)  # an expert-parallel rank needs a process group the plugin does not have
     compute_capability = backend.compute_capability(target.sm)

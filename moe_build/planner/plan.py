@@ -14,6 +14,8 @@ from ..spec import ActScale, MoESpec, Quant
 from ..target import Target
 from . import rules as R
 from . import tactics as T
+from .tactics.decode_kernel import ctas_at_most, decode_column_blocks
+from .tactics.woq import on_mixed_input_tile
 from .gates import OURS, Band, Gate, Plan, StageDecision, bands_text
 
 # The plugin path's stages: the seed's fusion matrix, then the weight layouts and the two GEMMs' tactics
@@ -430,8 +432,8 @@ def _fc2_quant_in_gemm2(spec: MoESpec, gates: Sequence[Gate], shown: Sequence[Ga
         kernel = R.fc2_quant_gemm2_call(tactic, _choice_at(finalize, rows))
         if not kernel.held:
             return gated, kernel, R.fc2_quant_gemm2_waves(call.experts, 0, call.sm_count, False)
-        blocks = T.decode_column_blocks(call, T.GemmTactic.parse(tactic).k_split)
-        few = T.ctas_at_most(call, rows, blocks, R.FP8_QUANTIZING_MAX_CTAS_PER_SM * call.sm_count)
+        blocks = decode_column_blocks(call, T.GemmTactic.parse(tactic).k_split)
+        few = ctas_at_most(call, rows, blocks, R.FP8_QUANTIZING_MAX_CTAS_PER_SM * call.sm_count)
         return gated, kernel, R.fc2_quant_gemm2_waves(min(call.experts, rows.rows), blocks, call.sm_count, few)
 
     def choice_at(rows: T.RowCount) -> str:
@@ -551,7 +553,7 @@ def _tactic(stage: str, call: T.GemmCall, epilogue_stage: StageDecision | None, 
     gates = (Gate(f"{stage}_call", f"sm={call.sm} entry={call.entry} epilogue={call.epilogue} n={call.n} k={call.k} "
                   f"experts={call.experts} top_k={call.top_k} blocked={call.weights_blocked} "
                   f"sms={call.sm_count} l2={call.l2_bytes >> 20} MiB deterministic={call.deterministic}",
-                  "tactic table: moe_build/planner/tactics.py", True, OURS, token_dependent=True),)
+                  "tactic table: moe_build/planner/tactics/", True, OURS, token_dependent=True),)
 
     def call_at(rows: T.RowCount) -> T.GemmCall:
         if epilogue_stage is None:
@@ -572,7 +574,7 @@ def _tactic(stage: str, call: T.GemmCall, epilogue_stage: StageDecision | None, 
                   T.token_bands(call.top_k, call.experts, lambda rows: T.choose_tactic(call_at(rows), rows)))
     here = next(band.choice for band in bands if band.holds(tokens))
     summary = f"{gemm}: {len(bands)} tactic band{'s' if len(bands) > 1 else ''} by rows per expert"
-    if call.woq == "mxfp4" and any(T.on_mixed_input_tile(T.GemmTactic.parse(b.choice)) for b in bands):
+    if call.woq == "mxfp4" and any(on_mixed_input_tile(T.GemmTactic.parse(b.choice)) for b in bands):
         # the runner's copy for those bands (weights/woq.py mxfp4_as_e5m2): memory the user should see
         summary += "; its MXFP4 weights also held as e5m2 (1 byte a weight) for the mixed-input (woq128x*) bands"
     # A tactic has no fused and fallback form: the fallback shown is the choice itself.

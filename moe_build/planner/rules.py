@@ -14,8 +14,10 @@ from ..target import Flavour, Target
 from ..weights.blocks import blocks_fit
 from .gates import (BUILDER_PY, ENV_UTILS_CPP, RTX_FACTS, GEMM_DISPATCH_H, MOE_KERNELS_CU, MOE_KERNELS_H,
                     MOE_PLUGIN_CPP, MOE_PY, OURS, PLUGIN_PY, Gate)
-from .tactics import (FINALIZE_DECODE_MAX_AVG_ROWS, FP8_BLOCK_DECODE_ROWS, WOQ_DECODE_MAX_AVG_ROWS, GemmTactic,
-                      RowCount, on_mixed_input_tile)
+from .tactics import GemmTactic, RowCount
+from .tactics.dense import FINALIZE_DECODE_MAX_AVG_ROWS
+from .tactics.fp8 import FP8_BLOCK_DECODE_ROWS
+from .tactics.woq import WOQ_DECODE_MAX_AVG_ROWS, on_mixed_input_tile
 
 FUSED_PROLOGUE_MAX_TOKENS = 256
 FUSED_PROLOGUE_TOPK = (1, 2, 4, 6, 8)
@@ -454,16 +456,15 @@ def finalize_tactic_available(s: MoESpec) -> Gate:
                 "and mixed-input kernels w8a16, w4a16_awq, w4afp8)", ok, _src(MOE_KERNELS_CU, 4058, 4061, 4067))
 
 
-# tactic selection (the FINALIZE GEMM2 tactic must be the one chosen at run time), measured on the H200
-# for bf16 layers: from intermediate size 2048 the fused epilogue is ahead or within 1.5 us at every count. Below
-# it, fused where GEMM2 runs the wgmma kernel (past 4 rows per expert, tactics.FINALIZE_DECODE_MAX_AVG_ROWS; there it
-# wins by 4-10 us, DeepSeek-V2-Lite, Qwen3-30B-A3B and GPT-OSS-20B at 128-384 tokens, 5-29 us at 1024-4096),
-# and on the smallest calls (tokens * top_k <= 32), where the separate kernel's launch costs more than the
-# epilogue's atomics (token sweep: Qwen3 1 / 2 tokens 32.3 / 52.4 us vs 34.4 / 54.8, DeepSeek 1 token 39.2
-# vs 41.1; 3-4 tokens 2% ahead); separate between, where it was 0.5-1% ahead (docs/experiments.md, "Rules
-# and their evidence").
+# tactic selection (the FINALIZE GEMM2 tactic must be the one chosen at run time), measured on the H200 for bf16 layers:
+# from intermediate size 2048 the fused epilogue is ahead or within 1.5 us at every count. Below it, fused where GEMM2
+# runs the wgmma kernel (past 4 rows per expert, tactics.dense.FINALIZE_DECODE_MAX_AVG_ROWS; there it wins by 4-10 us,
+# DeepSeek-V2-Lite, Qwen3-30B-A3B and GPT-OSS-20B at 128-384 tokens, 5-29 us at 1024-4096), and on the smallest calls
+# (tokens * top_k <= 32), where the separate kernel's launch costs more than the epilogue's atomics (token sweep: Qwen3
+# 1 / 2 tokens 32.3 / 52.4 us vs 34.4 / 54.8, DeepSeek 1 token 39.2 vs 41.1; 3-4 tokens 2% ahead); separate between,
+# where it was 0.5-1% ahead (docs/experiments.md, "Rules and their evidence").
 # The weight-only GEMM2s have the FINALIZE epilogue on their decode kernel, fused within its band
-# (tactics.WOQ_DECODE_MAX_AVG_ROWS) where the 16-bit rule's first two clauses hold, and on the mixed-input wgmma
+# (tactics.woq.WOQ_DECODE_MAX_AVG_ROWS) where the 16-bit rule's first two clauses hold, and on the mixed-input wgmma
 # kernel (gemm/woq_sm90_finalize.cu), fused where GEMM2's plain-store tactic is one of its tiles (woq128x*) up to
 # WOQ_FINALIZE_MIXED_MAX_AVG_ROWS average rows per expert (as measured on the 32- and 64-row tiles). H200, graph
 # replay, fused against forced separate (docs/performance.md, "The finalize in the mixed-input GEMM2's epilogue"):
@@ -737,9 +738,9 @@ def nccl_all_gather_pool(s: MoESpec, tokens: int) -> Gate:
 
 # ---- weight-only: where the digits tile's token digits are made --------------------------------
 
-# The decode kernel's digits tile (tactics.woq_digits_rule) reads its token rows as 8-bit digits. Where a GEMM's tactic
-# band is that tile, the kernel that writes the GEMM's input rows makes the digits itself (token_digits=fused: the
-# expansion for GEMM1, the activation for GEMM2), so that the rows never pass through 16 bits in memory; separate: a
+# The decode kernel's digits tile (tactics.woq.woq_digits_rule) reads its token rows as 8-bit digits. Where a GEMM's
+# tactic band is that tile, the kernel that writes the GEMM's input rows makes the digits itself (token_digits=fused:
+# the expansion for GEMM1, the activation for GEMM2), so that the rows never pass through 16 bits in memory; separate: a
 # digits step (mb_token_digits) after each of them reads the 16-bit rows back. H200, W4A16 layers, graph replay, two
 # rounds, fused against separate, us (docs/performance.md, "The token digits made by the expansion and the
 # activation"): 1 token Mixtral-8x7B 72.9-73.4 / 76.5-77.3, Qwen3-30B-A3B 23.3-23.4 / 27.5-27.6, DeepSeek-V2-Lite

@@ -11,7 +11,7 @@ from types import ModuleType
 
 import torch
 
-from ..planner.tactics import DIGITS_GROUP_BYTES
+from ..planner.tactics.woq import DIGITS_GROUP_BYTES
 from ..spec import MoESpec
 from ..weights import MoEWeights
 from ..weights.fp8 import FP8_GROUP, ScaleGranularity

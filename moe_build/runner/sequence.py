@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Literal
 
 from ..errors import MoeBuildError
 from ..planner import Plan
-from ..planner import tactics as T
+from ..planner.tactics.tactic import WOQ_WGMMA_TILES
 from ..spec import Quant
 
 if TYPE_CHECKING:
@@ -433,14 +433,14 @@ def _on_digits(tactic: str) -> bool:
 
 
 def _woq_gemm_step(tactic: str, stored: str, mixed: str, dense: str, digits: str) -> str:
-    """A weight-only GEMM's step by its tactic (tactics.py): the decode or mma kernel on the weights as stored (the
-    decode kernel's digits tile on the rows' token digits), the mixed-input wgmma kernel (a woq tile), or the 16-bit
-    wgmma GEMM on the weights dequantized (another wgmma tile)."""
+    """A weight-only GEMM's step by its tactic (planner/tactics/woq.py): the decode or mma kernel on the weights as
+    stored (the decode kernel's digits tile on the rows' token digits), the mixed-input wgmma kernel (a woq tile), or
+    the 16-bit wgmma GEMM on the weights dequantized (another wgmma tile)."""
     if _on_digits(tactic):
         return digits
     if not tactic.startswith("wgmma:"):
         return stored
-    return mixed if tactic.split(":")[1] in T.WOQ_WGMMA_TILES else dense
+    return mixed if tactic.split(":")[1] in WOQ_WGMMA_TILES else dense
 
 
 def _fp8_dequantized_gemm1_input(c: dict[str, str], zero: bool, digits: bool) -> list[str]:

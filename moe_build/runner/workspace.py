@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..planner.tactics import DIGITS_GROUP_BYTES
+from ..planner.tactics.woq import DIGITS_GROUP_BYTES
 from ..spec import DType, MoESpec, Quant
 from . import sequence as S
 

@@ -50,7 +50,7 @@ _MODELOPT = {"W4A16_AWQ": Quant.W4A16_AWQ, "W4A8_AWQ": Quant.W4AFP8, "W8A16": Qu
 
 
 def _modelopt(q: Mapping[str, Any]) -> Woq | None:
-    """ModelOpt's weight-only algorithms; None for the others (FP8 ones are read by hf_config, the rest not)."""
+    """ModelOpt's weight-only algorithms; None for the others (FP8 ones are read by fp8_config, the rest not)."""
     algo = q.get("quant_algo")
     if algo == "MIXED_PRECISION":
         layers = q.get("quantized_layers")

@@ -13,6 +13,7 @@ import random
 import pytest
 import torch
 
+from moe_build.errors import MoeBuildError
 from moe_build.planner import make_plan
 from moe_build.reference import moe_reference
 from moe_build.spec import ActScale, Activation, DType, MoESpec, Quant, Routing, RoutingMethod, SharedExperts
@@ -20,7 +21,9 @@ from moe_build.target import Flavour, Target, TokenProfile
 from moe_build.weights import MoEWeights
 from moe_build.weights.fp8 import ScaleGranularity
 from moe_build.weights.woq import WoqKind
-from moe_build.plugins import moe_plugin as mp
+from moe_build.plugins.build_rules import workspace_size
+from moe_build.plugins.enqueue import RunnerCache, run_enqueue
+from moe_build.plugins.slots import TORCH_DTYPE, input_slots, output_dtype, plan_weights
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
@@ -51,7 +54,7 @@ def device_sm() -> int:
 def make_case(name: str, force: dict[str, str], tokens: int, logits_dtype: torch.dtype = torch.float32):
     spec = SPECS[name]
     plan = make_plan(spec, Target(sm=device_sm(), flavour=Flavour.TENSORRT, profile=PROFILE), tokens=16, force=force)
-    model = mp.TORCH_DTYPE[spec.dtype]
+    model = TORCH_DTYPE[spec.dtype]
     weights = MoEWeights.random(spec, seed=tokens).to("cuda", model)
     g = torch.Generator().manual_seed(1000 + tokens)
     hidden = torch.randn(tokens, spec.hidden_size, generator=g).to("cuda", model)
@@ -63,14 +66,14 @@ def enqueue(spec, plan, weights, hidden, logits, workspace_tokens=None, cache=No
     """Call the enqueue core as TensorRT would: pointers, descriptors' shapes/dtypes, workspace, stream.
     `given`: the weight inputs as the engine holds them (default: plan_weights of `weights`, which
     interleaves W1 for the gated epilogue)."""
-    given = given or mp.plan_weights(plan, weights)
+    given = given or plan_weights(plan, weights)
     inputs = [hidden, logits] + slot_tensors(spec, given)
-    out = torch.full_like(hidden, float("nan"), dtype=mp.output_dtype(spec))  # poisoned
-    ws_bytes = mp.workspace_size(spec, plan, workspace_tokens or hidden.shape[0])
+    out = torch.full_like(hidden, float("nan"), dtype=output_dtype(spec))  # poisoned
+    ws_bytes = workspace_size(spec, plan, workspace_tokens or hidden.shape[0])
     workspace = torch.full((max(ws_bytes, 1),), 0xFF, dtype=torch.uint8, device="cuda")  # poisoned too
     stream = torch.cuda.Stream()
     torch.cuda.synchronize()
-    mp.run_enqueue(spec, plan, [t.data_ptr() for t in inputs], [tuple(t.shape) for t in inputs],
+    run_enqueue(spec, plan, [t.data_ptr() for t in inputs], [tuple(t.shape) for t in inputs],
                    [t.dtype for t in inputs], out.data_ptr(), out.dtype, workspace.data_ptr(), ws_bytes,
                    stream.cuda_stream, cache)
     stream.synchronize()
@@ -81,7 +84,7 @@ def slot_tensors(spec, given: MoEWeights) -> list[torch.Tensor]:
     """The weight inputs in slot order, as TensorRT holds them (a scalar activation scale as its [1] view, uint8
     bytes as INT8)."""
     named = dict(given.named())
-    return [s.carried(named[s.name].reshape(s.shape)) for s in mp.input_slots(spec)[2:]]
+    return [s.carried(named[s.name].reshape(s.shape)) for s in input_slots(spec)[2:]]
 
 
 def check(spec, weights, hidden, logits, out) -> None:
@@ -114,9 +117,9 @@ def test_router_logits_in_the_model_dtype():
 
 def test_runner_is_reused_across_calls_with_the_profile_workspace():
     """One plugin instance, several token counts, TensorRT's single max-sized workspace."""
-    cache = mp.RunnerCache()
+    cache = RunnerCache()
     spec, plan, weights, _, _ = make_case("bf16_swiglu", {}, 1)
-    given = mp.plan_weights(plan, weights)  # one set of engine buffers, as TensorRT keeps them
+    given = plan_weights(plan, weights)  # one set of engine buffers, as TensorRT keeps them
     runners = set()
     for tokens in (5, 300, 2):
         g = torch.Generator().manual_seed(tokens)
@@ -131,11 +134,11 @@ def test_runner_is_reused_across_calls_with_the_profile_workspace():
 def test_repeated_enqueues_on_the_same_buffers_see_new_inputs():
     """TensorRT's steady state: every call hands over the same addresses with new contents, so
     the cached wrappers and carved workspace are reused (no wrapper is made after the first call)."""
-    cache = mp.RunnerCache()
+    cache = RunnerCache()
     spec, plan, weights, hidden, logits = make_case("bf16_swiglu", {}, 37)
-    inputs = [hidden, logits] + slot_tensors(spec, mp.plan_weights(plan, weights))
+    inputs = [hidden, logits] + slot_tensors(spec, plan_weights(plan, weights))
     out = torch.empty_like(hidden)
-    ws_bytes = mp.workspace_size(spec, plan, PROFILE.max)
+    ws_bytes = workspace_size(spec, plan, PROFILE.max)
     workspace = torch.empty(ws_bytes, dtype=torch.uint8, device="cuda")
     stream = torch.cuda.Stream()
     made = []
@@ -146,7 +149,7 @@ def test_repeated_enqueues_on_the_same_buffers_see_new_inputs():
         out.fill_(float("nan"))
         workspace.fill_(0xFF)
         torch.cuda.synchronize()
-        mp.run_enqueue(spec, plan, [t.data_ptr() for t in inputs], [tuple(t.shape) for t in inputs],
+        run_enqueue(spec, plan, [t.data_ptr() for t in inputs], [tuple(t.shape) for t in inputs],
                        [t.dtype for t in inputs], out.data_ptr(), out.dtype, workspace.data_ptr(), ws_bytes,
                        stream.cuda_stream, cache)
         stream.synchronize()
@@ -157,11 +160,11 @@ def test_repeated_enqueues_on_the_same_buffers_see_new_inputs():
 
 def test_too_small_workspace_is_refused():
     spec, plan, weights, hidden, logits = make_case("bf16_swiglu", {}, 64)
-    need = mp.workspace_size(spec, plan, 64)
+    need = workspace_size(spec, plan, 64)
     inputs = [hidden, logits] + slot_tensors(spec, weights)
     out = torch.empty_like(hidden)
-    with pytest.raises(mp.MoeBuildError, match="workspace"):
-        mp.run_enqueue(spec, plan, [t.data_ptr() for t in inputs], [tuple(t.shape) for t in inputs],
+    with pytest.raises(MoeBuildError, match="workspace"):
+        run_enqueue(spec, plan, [t.data_ptr() for t in inputs], [tuple(t.shape) for t in inputs],
                        [t.dtype for t in inputs], out.data_ptr(), out.dtype, 0, need - 1,
                        torch.cuda.current_stream().cuda_stream)
 
@@ -191,7 +194,7 @@ def assert_enqueue_equals_runner(spec, plan, weights, tokens: int, seed: int) ->
     exactly the output of MoERunner given the canonical weights and the same plan, every element (both outputs
     NaN-poisoned, the plugin's workspace poisoned too), on fresh inputs drawn from `seed`."""
     from moe_build.runner import MoERunner
-    model = mp.TORCH_DTYPE[spec.dtype]
+    model = TORCH_DTYPE[spec.dtype]
     g = torch.Generator().manual_seed(seed + 1)
     hidden = torch.randn(tokens, spec.hidden_size, generator=g).to("cuda", model)
     logits = torch.randn(tokens, spec.num_experts, generator=g).to("cuda")
@@ -215,7 +218,7 @@ def check_fp8_against_runner(name: str, mode: str, force: dict[str, str], tokens
     quant, act_scale, granularity = FP8_MODES[mode]
     spec = FP8_SPECS[name].with_overrides(quant=quant, act_scale=act_scale)
     seed = random.SystemRandom().randrange(1 << 30)
-    model = mp.TORCH_DTYPE[spec.dtype]
+    model = TORCH_DTYPE[spec.dtype]
     weights = MoEWeights.random(spec, seed=seed).quantized_fp8(
         granularity, static=act_scale is ActScale.STATIC, a1_scale=4.5 / 448, a2_scale=3.0 / 448).to("cuda", model)
     plan = make_plan(spec, Target(sm=device_sm(), flavour=Flavour.TENSORRT, profile=PROFILE), tokens=16, force=force)
@@ -253,7 +256,7 @@ def check_woq_against_runner(name: str, mode: str, tokens: int) -> None:
     quant, kind, group, zeros, awq = WOQ_MODES[mode]
     base = FP8_SPECS[name]
     seed = random.SystemRandom().randrange(1 << 30)
-    model = mp.TORCH_DTYPE[base.dtype]
+    model = TORCH_DTYPE[base.dtype]
     weights = MoEWeights.random(base, seed=seed).quantized_woq(kind, group, asymmetric=zeros, awq=awq,
                                                                seed=seed).to("cuda", model)
     spec = base.with_overrides(quant=quant, quant_group_size=group or 128, **weights.woq.storage_flags())

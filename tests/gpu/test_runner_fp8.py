@@ -100,10 +100,10 @@ def test_every_mode_and_fusion(mode, force, tokens: int) -> None:
 @pytest.mark.parametrize("tokens", [1, 8, 16, 600])
 def test_gated_epilogue_where_planned(mode, tokens: int) -> None:
     """On sm90 rowwise layers run the activation in GEMM1's epilogue; with a static scale that epilogue writes GEMM2's
-    FP8 input (every count), else GEMM2 quantizes its input itself where it runs the decode kernel (1 and 8 tokens:
-    1 row per expert, tactics.FP8_FINALIZE_DECODE_MAX_AVG_ROWS) and the quantize kernel runs before the wgmma tiles (16:
-    2 rows, and 600); block-128 ones in GEMM1's decode band (1 to 16 tokens: 2 to 32 rows) with GEMM2 quantizing its
-    input, the activation kernel with GEMM2's input quantized in it above (600)."""
+    FP8 input (every count), else GEMM2 quantizes its input itself where it runs the decode kernel (1 and 8 tokens: 1
+    row per expert, tactics.fp8.FP8_FINALIZE_DECODE_MAX_AVG_ROWS) and the quantize kernel runs before the wgmma tiles
+    (16: 2 rows, and 600); block-128 ones in GEMM1's decode band (1 to 16 tokens: 2 to 32 rows) with GEMM2 quantizing
+    its input, the activation kernel with GEMM2's input quantized in it above (600)."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the FP8 gated epilogue is planned for the sm90 GEMMs")
     steps = check(BASE.with_overrides(num_experts=16), mode, tokens=tokens, max_tokens=600)
@@ -146,7 +146,7 @@ def test_block128_gated_gemm1_and_quantizing_gemm2(tokens: int, inter: int) -> N
 @pytest.mark.parametrize("tokens", [9, 31])
 def test_block128_decode_at_two_ctas_an_sm(tokens: int) -> None:
     """Block-128 layers whose decode launches have more CTAs than SMs run the decode kernel held to two CTAs an SM
-    (tactics.fp8_block_decode_tile_rule; 64 experts of I 1024: GEMM1's 16 column blocks a touched expert, 18 and 62
+    (tactics.fp8.fp8_block_decode_tile_rule; 64 experts of I 1024: GEMM1's 16 column blocks a touched expert, 18 and 62
     touched experts: 288 and 992 CTAs)."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the twocta decode tile is planned for the sm90 GEMMs")

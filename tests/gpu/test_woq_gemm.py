@@ -25,7 +25,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 from moe_build import kernels as K  # noqa: E402  (after the torch skip: loading may build the library)
-from moe_build.planner.tactics import GemmCall, woq_digits_rows, woq_staged_rows  # noqa: E402
+from moe_build.planner.tactics import GemmCall  # noqa: E402
+from moe_build.planner.tactics.woq import woq_digits_rows, woq_staged_rows  # noqa: E402
 from moe_build.weights.woq import WoqKind, dequantize_matrix  # noqa: E402
 from finalize_routing import REMOTE, routed  # noqa: E402
 
@@ -177,7 +178,7 @@ TILE_FITS = {"staged": (woq_staged_rows, "one scale per row or per 128 k"), "dig
 @pytest.mark.parametrize("form", list(TILE_FITS))
 @pytest.mark.parametrize("k_split", [1, 2, 4, 8])
 def test_decode_tile_takes_the_rows_the_planner_counts(form: str, k_split: int) -> None:
-    """The staged and digits tactics run exactly where tactics.woq_staged_rows / woq_digits_rows say a chunk's token
+    """The staged and digits tactics run exactly where tactics.woq.woq_staged_rows / woq_digits_rows say a chunk's token
     rows (or their digits) fit (k 97 x 128 here, rows = min(8, the rows of A)), and are refused, with the shared
     memory they would need, one row past that; each is refused for a form it does not take (group 32), and the
     digits tile for 16-bit rows."""

@@ -372,7 +372,7 @@ __device__ __forceinline__ void fp8_decode_body(const Fp8GemmParams& p) {
 // Registers: the plain kernel is left to ptxas's own count (a minimum of one CTA an SM lets the rowwise forms take
 // 154-158 registers where they take 124-126 unasked: one CTA an SM instead of two); the block-128 forms take 166-182,
 // one CTA an SM, or, held to two (TWO: the tactic's tile MB_TILE_DECODE_TWOCTA), 128 with 36-124 bytes of spills,
-// which pays where the launch has more CTAs than SMs (tactics.fp8_block_decode_tile_rule). The rowwise quantizing
+// which pays where the launch has more CTAs than SMs (tactics.fp8.fp8_block_decode_tile_rule). The rowwise quantizing
 // kernel asks for two CTAs an SM: its second weight batch in flight would take WK = 8 past 128 registers.
 template <typename T, int SCALING, int WK, int EPI, bool TWO>
 __global__ void __launch_bounds__(kDecodeThreads, TWO ? 2 : 0) fp8_decode_kernel(Fp8GemmParams p) {

@@ -14,7 +14,7 @@ namespace mbk {
 
 constexpr int kLastTile = MB_TILE_WOQ_128x224;  // the last mb_gemm_tile
 
-// The tile's name in the planner's spelling (moe_build/planner/tactics.py), for messages.
+// The tile's name in the planner's spelling (moe_build/planner/tactics/tactic.py), for messages.
 inline const char* tile_name(int tile) {
   switch (tile) {
     case MB_TILE_NONE: return "none";

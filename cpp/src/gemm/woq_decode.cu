@@ -2,8 +2,8 @@
 // launch are gemm/woq.cuh's and gemm/woq_abi.cu's): for the few rows per expert of decode. int4 with group 128 or
 // one scale per row and k % 128 == 0 (AWQ's and GPTQ's forms), or group 64 and k % 64 == 0, runs
 // woq_decode_int4_staged_kernel with the tactic's tile MB_TILE_DECODE_STAGED (the planner's where the token rows fit
-// its shared memory, tactics.woq_decode_tile_rule); group 128 or 0 elsewhere woq_decode_int4_codes_kernel (below: the
-// same layout on about half the instructions); every other form the first kernel.
+// its shared memory, tactics.woq.woq_decode_tile_rule); group 128 or 0 elsewhere woq_decode_int4_codes_kernel (below:
+// the same layout on about half the instructions); every other form the first kernel.
 //   MB_WOQ_INT4 : B uint8 [E, n, k/2], two 4-bit codes u per byte (low nibble the even column);
 //                 w = (u - z) * s, s fp32 [E, n, k/group] (group 0: [E, n, 1]), z uint8 of the same shape, or
 //                 8 when zeros is NULL (symmetric int4 stored as q + 8);

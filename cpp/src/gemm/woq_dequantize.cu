@@ -1,7 +1,7 @@
 // Weight-only experts dequantized to 16 bits (mb_woq_dequantize): what a weight-only GEMM with a wgmma tactic runs
 // first, into the runner's workspace, before the 16-bit wgmma GEMM reads the result as row-major weights (the
 // weight-only kernels have no wgmma mainloop: from many rows per expert one dequantizing pass plus the 16-bit
-// GEMM costs less than the mma tiles; moe_build/planner/tactics.py's woq_kernel_rule).
+// GEMM costs less than the mma tiles; moe_build/planner/tactics/woq.py's woq_kernel_rule).
 // The stored forms are mb_grouped_gemm_woq's (cpp/include/moe_build_kernels.h): w = (u - z) * s (int4), q * s
 // (int8), e2m1 * 2^(e - 127) (MXFP4), each computed in fp32 and rounded once to the output dtype.
 // A block per weight row, a thread 16 consecutive columns at a time (one 8-byte load, int8 two, and two 16-byte

@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from ...planner.tactics import DECODE_TILES, MMA_TILES, WGMMA_TILES, GemmTactic
+from ...planner.tactics.tactic import DECODE_TILES, MMA_TILES, WGMMA_TILES, GemmTactic
 from ..abi import Activation, GemmKernel, GemmLaunch, GemmTacticStruct, GemmTile, OutputL2, WeightLayout
 from ..library import call, load_library
 from .args import _check, _dtype_code, _enum, _out, _ptr, _stream, _workspace
@@ -41,7 +41,8 @@ def new_gemm_placement(device: torch.device | str) -> torch.Tensor:
 
 
 # A tactic's tile -> mb_gemm_tile, matched by name (decode "staged" is DECODE_STAGED, mma "16x64" is MMA_16x64, wgmma
-# "pingpong64x256c2" is PINGPONG_64x256_C2): a tile added to tactics.py without its enum member fails here, at import.
+# "pingpong64x256c2" is PINGPONG_64x256_C2): a tile added to tactics/tactic.py without its enum member fails here, at
+# import.
 _TILE_MEMBERS = {m.name.lower().replace("_", ""): m for m in GemmTile}
 _TILES = {tile: _TILE_MEMBERS[prefix + tile]
           for prefix, tiles in (("", ("none",)), ("decode", DECODE_TILES[1:]), ("mma", MMA_TILES), ("", WGMMA_TILES))

@@ -6,7 +6,8 @@ import math
 
 import torch
 
-from ...planner.tactics import DIGITS_GROUP_BYTES, GemmTactic
+from ...planner.tactics import GemmTactic
+from ...planner.tactics.woq import DIGITS_GROUP_BYTES
 from ..abi import Activation, WoqInput, WoqKind
 from ..library import call, load_library
 from .args import _check, _dtype_code, _enum, _out, _ptr, _stream, _workspace
@@ -220,10 +221,10 @@ def grouped_gemm_woq_sm90(a: torch.Tensor, b: torch.Tensor, kind: int | str | Wo
                           c: torch.Tensor | None = None, workspace: torch.Tensor | None = None,
                           stream: int | torch.cuda.Stream | None = None, *, tactic: GemmTactic | str) -> torch.Tensor:
     """grouped_gemm_woq's C = A @ dequant(B[x])^T on wgmma (compute capability 9.0; a wgmma tactic on a woq tile,
-    tactics.WOQ_WGMMA_TILES): the weights converted in registers by CUTLASS's mixed-input mainloop. A [R, k] bf16/fp16, B
-    int4 ([E, n, k/2] uint8), int8 ([E, n, k]) or e5m2 ([E, n, k] float8_e5m2, A bf16: MXFP4 re-encoded); scales in A's
-    dtype, MN-major [E, groups, n]; int4 zeros the same, holding (8 - z) * s (moe_build/weights/woq.py's wgmma_operand
-    writes them) -> C [R, n]."""
+    tactics.tactic.WOQ_WGMMA_TILES): the weights converted in registers by CUTLASS's mixed-input mainloop. A [R, k]
+    bf16/fp16, B int4 ([E, n, k/2] uint8), int8 ([E, n, k]) or e5m2 ([E, n, k] float8_e5m2, A bf16: MXFP4 re-encoded);
+    scales in A's dtype, MN-major [E, groups, n]; int4 zeros the same, holding (8 - z) * s (moe_build/weights/woq.py's
+    wgmma_operand writes them) -> C [R, n]."""
     dev, rows, k, e, n, mode = _woq_sm90_args(a, b, kind, scales, zeros, expert_first_token_offset, group)
     out = _out(c, "C", (rows, n), a.dtype, dev)
     ws, ws_bytes = _workspace(workspace, lambda: grouped_gemm_woq_sm90_workspace_bytes(e), dev)
