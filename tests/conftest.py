@@ -24,3 +24,21 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     reasons = Counter(_reason(r) for r in skipped)
     parts = "; ".join(f"{n} {why}" for why, n in reasons.most_common())
     terminalreporter.write_line(f"skipped {len(skipped)}: {parts}")
+
+
+@pytest.fixture(scope="session")
+def kernel_library() -> Any:
+    """The CUDA kernel library (no GPU needed to load it), for CPU tests whose answer comes from it, such as the
+    runner's workspace size, which asks the library for its scratch. Where none is built and nvcc or the CUTLASS
+    headers are missing to build one, the test skips and says so; any other build failure fails the test."""
+    from moe_build.kernels import build as kernel_build
+    from moe_build.kernels.library import load_library
+    try:
+        return load_library()
+    except kernel_build.KernelBuildError:
+        try:
+            kernel_build.find_nvcc()
+            kernel_build.cutlass_include_dir()
+        except kernel_build.KernelBuildError:
+            pytest.skip("needs the kernel library: none is built, and nvcc or the nvidia-cutlass headers are missing")
+        raise

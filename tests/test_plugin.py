@@ -303,13 +303,11 @@ def test_workspace_size_asks_for_the_profile_max(trt, monkeypatch):
     assert seen == [(PLAIN, 300)]
 
 
-def test_workspace_size_is_the_runners():
-    runner = pytest.importorskip("moe_build.runner")
-    if not hasattr(runner, "workspace_bytes"):
-        pytest.skip("moe_build.runner.workspace_bytes(spec, plan, max_tokens) not provided yet")
+def test_workspace_size_is_the_runners(kernel_library):
+    from moe_build.runner import workspace_bytes
     plan = plan_for(PLAIN)
     small, large = workspace_size(PLAIN, plan, 16), workspace_size(PLAIN, plan, 512)
-    assert small == runner.workspace_bytes(PLAIN, plan, 16)
+    assert small == workspace_bytes(PLAIN, plan, 16)
     assert 0 < small < large
 
 
@@ -690,7 +688,7 @@ def test_fp8_configure_plugin_refuses_a_wrong_scale_shape(trt):
 
 
 @pytest.mark.parametrize("mode", FP8_MODES)
-def test_fp8_workspace_size_is_the_runners(mode):
+def test_fp8_workspace_size_is_the_runners(mode, kernel_library):
     from moe_build.runner import workspace_bytes
     spec, _ = fp8_case(mode)
     plan = plan_for(spec)
