@@ -410,7 +410,7 @@ def check_layer(checkpoint: str, layer: int | None = None, tokens: int = 64, see
                 rtol: float | None = None, atol: float | None = None, onnx: str | None = None,
                 log: Log = lambda line: None) -> CheckResult:
     """Run the check (module docstring). Refusals that need no weights (MoeBuildError) come before any is read."""
-    from .graph.ootb import TORCH_DTYPES
+    from .weights.dtypes import TORCH_DTYPE
     from .spec.hf_config import select_moe_layers
     from .spec.source import resolve_spec
     from .weights.checkpoint import load_moe_layer
@@ -422,7 +422,7 @@ def check_layer(checkpoint: str, layer: int | None = None, tokens: int = 64, see
     dtype = DType.FP32 if onnx is None else given_graph_dtype(Path(onnx), spec)
     rtol = DEFAULT_RTOL[dtype] if rtol is None else rtol
     hidden = torch.randn(tokens, spec.hidden_size, generator=torch.Generator().manual_seed(seed))
-    hidden = hidden.to(TORCH_DTYPES[dtype])
+    hidden = hidden.to(TORCH_DTYPE[dtype])
 
     with _quiet_transformers():
         source = TransformersBlockSource.prepare(folder, layer)
@@ -442,7 +442,7 @@ def check_layer(checkpoint: str, layer: int | None = None, tokens: int = 64, see
     tied = near_tied(spec, router, hidden.float(), NEAR_TIE[dtype], seed + 1)
     ids = transformers_runner.ids
     differ = None if ids is None else \
-        (graph_choices(spec, router, hidden, TORCH_DTYPES[dtype]) != _sorted_choice(ids)).any(dim=-1)
+        (graph_choices(spec, router, hidden, TORCH_DTYPE[dtype]) != _sorted_choice(ids)).any(dim=-1)
     keep = ~tied if differ is None else ~tied & ~differ
     comparison = _compare(results, keep, rtol, atol)
     failure = comparison.pop("failure")

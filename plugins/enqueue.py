@@ -12,12 +12,13 @@ from moe_build.errors import MoeBuildError
 from moe_build.planner import Plan
 from moe_build.spec import MoESpec
 from moe_build.weights import MoEWeights
+from moe_build.weights.dtypes import TORCH_DTYPE
 from moe_build.weights.fp8 import Fp8Scales
 from moe_build.weights.woq import QUANT_KIND, WoqWeights
 
 from .build_rules import check_input_dims, output_dims, plan_max_tokens, workspace_size
 from .fields import PLUGIN_NAME
-from .slots import (FP8_SLOT_PREFIX, TORCH_DTYPE, WOQ_SLOT_PREFIX, input_slots, output_dtype, scale_granularity,
+from .slots import (FP8_SLOT_PREFIX, WOQ_SLOT_PREFIX, input_slots, output_dtype, scale_granularity,
                     woq_group)
 
 # Same-size integer stand-ins: the CUDA array interface has no bf16 or e4m3 typestr, so raw device memory

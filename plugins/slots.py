@@ -45,14 +45,12 @@ import torch
 from moe_build.errors import MoeBuildError
 from moe_build.planner import Plan
 from moe_build.runner import sequence
-from moe_build.spec import ActScale, DType, MoESpec, OutputDType, Quant
+from moe_build.spec import ActScale, MoESpec, Quant
 from moe_build.weights import MoEWeights
+from moe_build.weights.dtypes import TORCH_DTYPE, TORCH_OUT_DTYPE
 from moe_build.weights.fp8 import FP8_DTYPE, ScaleGranularity, blocks
 from moe_build.weights.woq import MXFP4_GROUP, QUANT_KIND, WoqKind
 
-TORCH_DTYPE = {DType.FP32: torch.float32, DType.FP16: torch.float16, DType.BF16: torch.bfloat16}
-TORCH_OUT_DTYPE = {OutputDType.FP32: torch.float32, OutputDType.FP16: torch.float16,
-                   OutputDType.BF16: torch.bfloat16}
 # Quant modes whose weights and scales the plugin's inputs carry.
 PLUGIN_QUANTS = (Quant.NONE, Quant.FP8, Quant.FP8_BLOCK, Quant.W8A16, Quant.W4A16_AWQ, Quant.WFP4A16, Quant.W4AFP8)
 FP8_SLOT_PREFIX = "fp8."  # scale slots are named as MoEWeights.named() names the Fp8Scales tensors

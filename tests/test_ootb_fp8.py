@@ -34,12 +34,13 @@ from moe_build.engine.inspect import inspect_engine
 from moe_build.engine.manifest import verify
 from moe_build.engine.options import BuildOptions
 from moe_build.errors import UnsupportedCombination
-from moe_build.graph.ootb import TORCH_DTYPES, export_onnx
+from moe_build.graph.ootb import export_onnx
 from moe_build.planner import make_plan
 from moe_build.reference import moe_reference
 from moe_build.spec import ActScale, Activation, DType, MoESpec, Quant, Routing, RoutingMethod, SharedExperts
 from moe_build.target import Flavour, MoePlugin, Target, TokenProfile
 from moe_build.weights import MoEWeights
+from moe_build.weights.dtypes import TORCH_DTYPE
 from moe_build.weights.fp8 import ScaleGranularity
 
 ROW_TOL = {DType.FP32: 1e-5, DType.BF16: 4e-3}
@@ -68,7 +69,7 @@ class Case:
         return dataclasses.replace(self.base, quant=quant, act_scale=act_scale)
 
     def weights(self, seed: int) -> MoEWeights:
-        dtype = TORCH_DTYPES[self.base.dtype]  # the reference sees the graph's rounded router / shared weights
+        dtype = TORCH_DTYPE[self.base.dtype]  # the reference sees the graph's rounded router / shared weights
         return (MoEWeights.random(self.base, seed).to(dtype=dtype)
                 .quantized_fp8(self.granularity, static=self.static, a1_scale=A1_SCALE, a2_scale=A2_SCALE))
 
@@ -95,7 +96,7 @@ CASES = {
 
 def _feeds(case: Case, seed: int) -> dict[str, torch.Tensor]:
     spec, g = case.spec, torch.Generator().manual_seed(seed + 1)
-    feeds = {"hidden": torch.randn(TOKENS, spec.hidden_size, generator=g).to(TORCH_DTYPES[spec.dtype])}
+    feeds = {"hidden": torch.randn(TOKENS, spec.hidden_size, generator=g).to(TORCH_DTYPE[spec.dtype])}
     if case.routing_input == "topk":  # distinct experts per token, random positive weights
         feeds["topk_ids"] = torch.stack([torch.randperm(spec.num_experts, generator=g)[: spec.top_k]
                                          for _ in range(TOKENS)]).int()

@@ -22,12 +22,13 @@ from polygraphy.comparator import Comparator, SimpleCompareFunc
 from polygraphy.logger import G_LOGGER
 
 from moe_build.errors import MoeBuildError
-from moe_build.graph.ootb import TORCH_DTYPES, export_onnx
+from moe_build.graph.ootb import export_onnx
 from moe_build.planner import make_plan
 from moe_build.reference import moe_reference
 from moe_build.spec import Activation, DType, MoESpec, Routing, RoutingMethod, SharedExperts
 from moe_build.target import Flavour, MoePlugin, Target
 from moe_build.weights import MoEWeights
+from moe_build.weights.dtypes import TORCH_DTYPE
 
 TOL = {DType.FP32: 1e-5, DType.FP16: 1e-2, DType.BF16: 1e-2}
 # Per element: bf16's unit roundoff (2^-8) is 8x fp16's, and its GEMMs round every intermediate, so
@@ -106,7 +107,7 @@ def _graph_runner(path: Path, spec: MoESpec, feeds: dict[str, torch.Tensor]) -> 
 def _check(tmp_path: Path, spec: MoESpec, expert_compute: str, seed: int, routing_input: str = "hidden") -> float:
     """Export with fresh random weights, compare on fresh random tokens (Polygraphy's element-wise check,
     asserted here), and return the norm-wise relative error."""
-    dtype = TORCH_DTYPES[spec.dtype]
+    dtype = TORCH_DTYPE[spec.dtype]
     weights = MoEWeights.random(spec, seed=seed).to(dtype=dtype)  # the reference sees the rounded weights
     plan = make_plan(spec, TARGET, force={"expert_compute": expert_compute})
     path = export_onnx(spec, weights, plan, tmp_path / "moe.onnx", routing_input=routing_input)

@@ -55,7 +55,7 @@ class MoePluginNetwork(BaseLoader):
 
     def call_impl(self) -> tuple[Any, Any, list[Any]]:
         from ..plugins.moe_plugin import add_moe_plugin, register_moe_plugin, trt_dtype_of
-        from ..plugins.slots import TORCH_DTYPE
+        from ..weights.dtypes import TORCH_DTYPE
         ret, _ = util.invoke_if_callable(self._network)
         builder, network = ret[0], ret[1]
         self._progress.begin("adding the MoE plugin layer")

@@ -13,10 +13,10 @@ from typing import Any, Callable
 import torch
 
 from ..errors import MoeBuildError
-from ..graph.ootb import (INPUT_HIDDEN, INPUT_LOGITS, INPUT_TOPK_IDS, INPUT_TOPK_WEIGHTS, OUT_TORCH_DTYPES, OUTPUT,
-                          TORCH_DTYPES)
+from ..graph.ootb import INPUT_HIDDEN, INPUT_LOGITS, INPUT_TOPK_IDS, INPUT_TOPK_WEIGHTS, OUTPUT
 from ..spec import MoESpec
 from ..target import Flavour
+from ..weights.dtypes import TORCH_DTYPE, TORCH_OUT_DTYPE
 from .backend import Backend, load_backend
 from .manifest import verify
 
@@ -96,10 +96,10 @@ class Engine:
         self.device = device
         self._stream = stream
         self.min_tokens, self.max_tokens = manifest["profile"]["min"], manifest["profile"]["max"]
-        self.dtype = TORCH_DTYPES[self.spec.dtype]
+        self.dtype = TORCH_DTYPE[self.spec.dtype]
         self.routing_input: str = manifest["graph"]["routing_input"]
         self._out = torch.empty(self.max_tokens, self.spec.hidden_size,
-                                dtype=OUT_TORCH_DTYPES[self.spec.out_dtype], device=device)
+                                dtype=TORCH_OUT_DTYPE[self.spec.out_dtype], device=device)
         self._graphs: dict[int, tuple[Any, dict[str, torch.Tensor]]] = {}
         self._keep: tuple[Any, ...] = ()
 

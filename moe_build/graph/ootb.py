@@ -41,13 +41,11 @@ from torch import nn
 
 from ..errors import MoeBuildError
 from ..planner import Plan
-from ..spec import Activation, DType, MoESpec, OutputDType, RoutingMethod
+from ..spec import Activation, MoESpec, RoutingMethod
 from ..weights import MoEWeights
+from ..weights.dtypes import TORCH_DTYPE, TORCH_OUT_DTYPE
 from .fp8_qdq import FP8_ONNX_OPSET, TRANSLATIONS, Fp8Experts
 
-TORCH_DTYPES = {DType.FP32: torch.float32, DType.FP16: torch.float16, DType.BF16: torch.bfloat16}
-OUT_TORCH_DTYPES = {OutputDType.FP32: torch.float32, OutputDType.FP16: torch.float16,
-                    OutputDType.BF16: torch.bfloat16}
 EXPERT_COMPUTE_CHOICES = ("dense_masked", "per_expert_gather")
 INPUT_HIDDEN, INPUT_LOGITS, OUTPUT = "hidden", "router_logits", "output"
 INPUT_TOPK_IDS, INPUT_TOPK_WEIGHTS = "topk_ids", "topk_weights"
@@ -130,16 +128,16 @@ class MoELayerModule(nn.Module):
         check_routing_input(routing_input)
         if expert_compute not in EXPERT_COMPUTE_CHOICES:
             raise MoeBuildError("expert_compute", f"unknown choice {expert_compute!r}", EXPERT_COMPUTE_CHOICES)
-        if spec.out_dtype not in OUT_TORCH_DTYPES:
+        if spec.out_dtype not in TORCH_OUT_DTYPE:
             raise MoeBuildError("output_dtype", f"{spec.out_dtype.value} output is not built by the OOTB graph",
-                                [d.value for d in OUT_TORCH_DTYPES])
+                                [d.value for d in TORCH_OUT_DTYPE])
         weights.check(spec)
         self.spec, self.expert_compute, self.routing_input = spec, expert_compute, routing_input
         # The experts whose weights are held (local index j is global expert first + j); a whole layer: all.
         self.first, self.count = spec.first_local_expert, spec.stored_experts
         # Each rank sees every token, so only one rank may add the shared experts for the sum to be the layer's.
         self.adds_shared = bool(spec.shared.count) and not spec.ep_rank
-        self.dtype, self.out_dtype = TORCH_DTYPES[spec.dtype], OUT_TORCH_DTYPES[spec.out_dtype]
+        self.dtype, self.out_dtype = TORCH_DTYPE[spec.dtype], TORCH_OUT_DTYPE[spec.out_dtype]
         cast = weights.to(dtype=self.dtype)
         self.fp8 = None if weights.fp8 is None else Fp8Experts(cast, per_expert=expert_compute == "per_expert_gather")
         # Matrices are stored [in, out] (transposed once here) so the graph has no Transpose nodes.
@@ -265,7 +263,7 @@ def export_onnx(spec: MoESpec, weights: MoEWeights, plan: Plan, path: str | os.P
     """
     path = Path(path)
     module = MoELayerModule(spec, weights, expert_compute_choice(plan), routing_input).eval()
-    dtype = TORCH_DTYPES[spec.dtype]
+    dtype = TORCH_DTYPE[spec.dtype]
     tokens = torch.export.Dim("tokens", min=1, max=1 << 20)
     example_t = 4
     args: tuple[torch.Tensor, ...] = (torch.randn(example_t, spec.hidden_size, dtype=dtype),)

@@ -14,11 +14,11 @@ import torch
 from ..planner.tactics.woq import DIGITS_GROUP_BYTES
 from ..spec import MoESpec
 from ..weights import MoEWeights
+from ..weights.dtypes import TORCH_DTYPE
 from ..weights.fp8 import FP8_GROUP, ScaleGranularity
 from ..weights.woq import wgmma_operand
 from .batch import Batch
 from .prepare_finalize import routing_args
-from .workspace import TORCH_DTYPE
 
 
 class FusedExperts:

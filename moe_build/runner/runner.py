@@ -19,13 +19,14 @@ from ..planner import Plan, make_plan
 from ..spec import MoESpec
 from ..target import Target, TokenProfile, resolve_target
 from ..weights import MoEWeights
+from ..weights.dtypes import TORCH_DTYPE
 from . import sequence as S
 from .batch import Batch
 from .experts import FusedExperts
 from .graph import GraphedMoE
 from .prepare_finalize import PrepareFinalize
 from .programs import LaunchPrograms
-from .workspace import TORCH_DTYPE, BufferSpec, Workspace, layout_bytes, workspace_layout
+from .workspace import BufferSpec, Workspace, layout_bytes, workspace_layout
 
 
 CACHED_TOKEN_COUNTS = 64  # token counts whose steps, tactics and caller-workspace layout a runner keeps

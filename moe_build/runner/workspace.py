@@ -13,10 +13,10 @@ from dataclasses import dataclass
 import torch
 
 from ..planner.tactics.woq import DIGITS_GROUP_BYTES
-from ..spec import DType, MoESpec, Quant
+from ..spec import MoESpec, Quant
+from ..weights.dtypes import TORCH_DTYPE
 from . import sequence as S
 
-TORCH_DTYPE = {DType.FP32: torch.float32, DType.FP16: torch.float16, DType.BF16: torch.bfloat16}
 
 
 @dataclass(frozen=True)

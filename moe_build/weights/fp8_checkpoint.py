@@ -31,7 +31,8 @@ from typing import Protocol, Sequence
 import torch
 
 from ..errors import MoeBuildError
-from ..spec import ActScale, DType, MoESpec, Quant
+from ..spec import ActScale, MoESpec, Quant
+from .dtypes import TORCH_DTYPE
 from .fp8 import FP8_GROUP, Fp8Scales, ScaleGranularity, blocks, dequantize_weight
 
 class _Checkpoint(Protocol):
@@ -45,7 +46,6 @@ class _Checkpoint(Protocol):
 
 WEIGHT_DTYPES = ("F8_E4M3",)
 SCALE_DTYPES = ("F32", "BF16", "F16", "F8_E8M0")  # safetensors names; each converts to fp32 exactly
-_MODEL_DTYPES = {DType.FP32: torch.float32, DType.FP16: torch.float16, DType.BF16: torch.bfloat16}
 _T, _C, _B = ScaleGranularity.TENSOR, ScaleGranularity.CHANNEL, ScaleGranularity.BLOCK128
 
 
@@ -200,4 +200,4 @@ def dense_weight(ck: _Checkpoint, name: str, shape: tuple[int, int], spec: MoESp
         return ck.get(name, shape)
     read = _read(ck, name, shape, spec.quant is Quant.FP8_BLOCK, static=False)
     exact = dequantize_weight(read.weight[None], read.scale[None], read.granularity)
-    return exact[0].to(_MODEL_DTYPES[spec.dtype])
+    return exact[0].to(TORCH_DTYPE[spec.dtype])

@@ -37,7 +37,8 @@ from typing import Sequence
 import torch
 
 from ..errors import MoeBuildError
-from ..spec import ActScale, DType, MoESpec, Quant
+from ..spec import ActScale, MoESpec, Quant
+from .dtypes import TORCH_DTYPE
 from .fp8_checkpoint import Part, _Checkpoint
 from .woq import (GROUP_SIZES, INT4_ZERO, MXFP4_GROUP, WoqKind, WoqWeights, dequantize_matrix, pack_nibbles,
                   unpack_nibbles)
@@ -355,7 +356,6 @@ def mxfp4_matrix(ck: _Checkpoint, name: str, rows: int, cols: int, experts: int)
     return blocks.reshape(experts, rows, cols // 2), scales
 
 
-_MODEL_DTYPES = {DType.FP32: torch.float32, DType.FP16: torch.float16, DType.BF16: torch.bfloat16}
 
 
 def woq_dense_weight(ck: _Checkpoint, name: str, shape: tuple[int, int], spec: MoESpec) -> torch.Tensor:
@@ -371,4 +371,4 @@ def woq_dense_weight(ck: _Checkpoint, name: str, shape: tuple[int, int], spec: M
     w = dequantize_matrix(_kind(spec), m.q, m.scale, m.zero)
     if m.pre_quant is not None:
         w = w * m.pre_quant.to(torch.float64)
-    return w.to(_MODEL_DTYPES[spec.dtype])
+    return w.to(TORCH_DTYPE[spec.dtype])

@@ -19,11 +19,12 @@ from moe_build.reference import moe_reference
 from moe_build.spec import ActScale, Activation, DType, MoESpec, Quant, Routing, RoutingMethod, SharedExperts
 from moe_build.target import Flavour, Target, TokenProfile
 from moe_build.weights import MoEWeights
+from moe_build.weights.dtypes import TORCH_DTYPE
 from moe_build.weights.fp8 import ScaleGranularity
 from moe_build.weights.woq import WoqKind
 from moe_build.plugins.build_rules import workspace_size
 from moe_build.plugins.enqueue import RunnerCache, run_enqueue
-from moe_build.plugins.slots import TORCH_DTYPE, input_slots, output_dtype, plan_weights
+from moe_build.plugins.slots import input_slots, output_dtype, plan_weights
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():

@@ -49,7 +49,8 @@ import torch.distributed as dist
 
 from ...errors import MoeBuildError
 from ...spec import MoESpec
-from ..workspace import TORCH_DTYPE, BufferSpec, Workspace, layout_bytes
+from ...weights.dtypes import TORCH_DTYPE
+from ..workspace import BufferSpec, Workspace, layout_bytes
 from .group import rank_group
 from .permuted import PermutedDispatched, PermuteLayout, sum_pairs
 
