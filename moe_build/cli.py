@@ -303,11 +303,14 @@ def check_cmd(checkpoint: str, layer: int | None, tokens: int, seed: int, rtol: 
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report.")
 def inspect_cmd(engine: str, as_json: bool) -> None:
     """Show an engine's manifest, I/O and layers, and verify engine, manifest and plan agree; for an
-    expert-parallel layer's folder (OUT/NAME with rank<r>/ subfolders), every rank and its experts."""
-    from .engine.inspect import inspect_path, render_group, render_inspection
+    expert-parallel layer's folder (OUT/NAME with rank<r>/ subfolders), every rank and its experts; for a build's
+    output folder, its one engine, or every engine it holds verified and listed."""
+    from .engine.inspect import inspect_path, render_folder, render_group, render_inspection
     result = inspect_path(engine)
     if as_json:
         click.echo(json.dumps(result, indent=2, default=str))
+    elif "engines" in result:
+        render_folder(result, STDOUT)
     elif "ranks" in result:
         render_group(result, STDOUT)
     else:

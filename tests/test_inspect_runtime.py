@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from cli_process import assert_one_line_error, run_moe_build
 from rich.console import Console
 
 from moe_build.engine.build import build_engine
@@ -345,3 +346,34 @@ def test_runtime_does_not_import_inspect() -> None:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["False", "True"]
+
+
+@pytest.mark.trt
+def test_inspect_of_a_build_folder_shows_its_engine_or_lists_every_one(tmp_path: Path) -> None:
+    """`moe-build inspect engines` after `build`: the one engine in full; after more builds, every engine and
+    expert-parallel layer verified and listed; a tampered one fails the whole folder (exit 1)."""
+    pytest.importorskip("tensorrt_rtx_bindings")
+    out = tmp_path / "engines"
+    assert run_moe_build("build", "--out", str(out), cwd=tmp_path).returncode == 0
+    r = run_moe_build("inspect", str(out))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"verified {out / 'tiny.engine'}: sha256 matches") and "I/O tensors" in r.stdout
+    for args in (["--ep-size", "2"], ["--hidden", "64", "--inter", "32", "--experts", "4", "--top-k", "2"]):
+        assert run_moe_build("build", *args, "--out", str(out), cwd=tmp_path).returncode == 0
+    (out / ".moe-build-tmp-1-0-0badc0de.half-written.engine").write_bytes(b"\0")  # a killed build's leftover
+    r = run_moe_build("inspect", str(out))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith(f"verified {out}: 2 engine(s) and 1 expert-parallel layer(s)")
+    assert any("moe-h64-i32-e4-k2.engine" in line and "tensorrt-rtx, SM 8.9" in line for line in lines)
+    assert any("tiny.engine" in line for line in lines) and any("tiny/ (2 of 2 ranks)" in line for line in lines)
+    assert "half-written" not in r.stdout
+    doc = json.loads(run_moe_build("inspect", str(out), "--json").stdout)
+    assert [Path(e["engine"]).name for e in doc["engines"]] == ["moe-h64-i32-e4-k2.engine", "tiny.engine"]
+    assert [Path(g["group"]).name for g in doc["groups"]] == ["tiny"] and doc["groups"][0]["ep_size"] == 2
+    engine = out / "moe-h64-i32-e4-k2.engine"
+    engine.write_bytes(engine.read_bytes()[:-1] + b"\x01")
+    r = run_moe_build("inspect", str(out))
+    assert r.returncode == 1 and "moe-h64-i32-e4-k2" in r.stderr, r.stderr
+    (tmp_path / "empty").mkdir()
+    assert_one_line_error(run_moe_build("inspect", str(tmp_path / "empty")), "engine")

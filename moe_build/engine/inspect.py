@@ -5,7 +5,9 @@ flavour supports; on machines without one the report shows what the builder reco
 layers, plan) and says that deserialisation was unavailable, never pretending otherwise.
 Verification itself (sha256, manifest against plan) is manifest.py's; loading is runtime.py's.
 An expert-parallel layer's folder (`<out>/<name>/` with `rank<r>/` subfolders, ranks.py) is inspected as a
-group: every rank verified, listed with its experts, and the ranks checked to be one layer's split.
+group: every rank verified, listed with its experts, and the ranks checked to be one layer's split. A build's
+output folder is inspected as what it holds: its one engine in full, or every engine and group verified and
+listed.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..errors import MoeBuildError, VerificationError
+from ..outputs import TEMP_PREFIX
 from ..planner import Plan
 from .manifest import manifest_path_for, verify
 from .ranks import RANK_FOLDER, rank_folders
@@ -82,12 +85,15 @@ def inspect_engine(path: str | Path) -> dict[str, Any]:
 
 def inspect_path(path: str | Path) -> dict[str, Any]:
     """`moe-build inspect PATH`: an engine or manifest file (or their common stem), one rank's folder
-    (`.../<name>/rank<r>`), or an expert-parallel layer's folder with rank subfolders (`inspect_group`)."""
+    (`.../<name>/rank<r>`), an expert-parallel layer's folder with rank subfolders (`inspect_group`), or a
+    build's output folder (`inspect_folder`)."""
     path = Path(path)
     if path.is_dir():
         if RANK_FOLDER.match(path.name) and not rank_folders(path):
             return inspect_engine(path / f"{path.parent.name}.engine")
-        return inspect_group(path)
+        if rank_folders(path):
+            return inspect_group(path)
+        return inspect_folder(path)
     if not any(p.exists() for p in manifest_path_for(path)):
         raise MoeBuildError("engine", f"{path}: no such engine or manifest", "an .engine file built by moe-build")
     return inspect_engine(path)
@@ -118,6 +124,23 @@ def inspect_group(folder: str | Path) -> dict[str, Any]:
     present = {rank for rank, _ in found}
     return {"verified": True, "group": str(folder), "ep_size": size, "ranks": ranks,
             "missing": [r for r in range(size) if r not in present]}
+
+
+def inspect_folder(folder: Path) -> dict[str, Any]:
+    """A build's output folder (`--out`, default engines/), as a user names it after `build`: the one engine it
+    holds, in full; or, where it holds several (`--all-layers`, several builds) or expert-parallel layers, every
+    engine and group verified (exit 1 at the first that is not) and listed. Temporary files of a build still
+    running, or killed, are not engines."""
+    engines = sorted(p for p in folder.glob("*.engine") if not p.name.startswith(TEMP_PREFIX))
+    groups = sorted(sub for sub in folder.iterdir() if sub.is_dir() and rank_folders(sub))
+    if not engines and not groups:
+        raise MoeBuildError("engine", f"{folder} holds no engine built by moe-build",
+                            "an .engine file, a build's output folder, or an expert-parallel layer's folder "
+                            "(moe-build build --ep-size N)")
+    if len(engines) == 1 and not groups:
+        return inspect_engine(engines[0])
+    return {"verified": True, "folder": str(folder), "engines": [inspect_engine(e) for e in engines],
+            "groups": [inspect_group(g) for g in groups]}
 
 
 # ---- rendering -------------------------------------------------------------------------------
@@ -217,6 +240,30 @@ def render_inspection(result: dict[str, Any], console: Console) -> None:
                          [(t["name"], t["mode"], t["dtype"], _shape(t["shape"])) for t in io]))
     console.print(_table(f"{len(layers)} layers ({origin})", ("#", "name", "type"),
                          [(str(i), layer["name"], layer["type"]) for i, layer in enumerate(layers)]))
+
+
+def render_folder(result: dict[str, Any], console: Console) -> None:
+    """`moe-build inspect` of a build's output folder holding several engines: one line each."""
+    engines, groups = result["engines"], result["groups"]
+    console.print(f"[bold green]verified[/bold green] {escape(result['folder'])}: {len(engines)} engine(s) and "
+                  f"{len(groups)} expert-parallel layer(s), each engine's sha256 matches its manifest; manifests, "
+                  "specs and plans agree")
+    rows = []
+    for r in engines:
+        spec, target, profile = r["spec"], r["target"], r["profile"]
+        rows.append((Path(r["engine"]).name, spec["name"], r["plan_path"], r["quant"]["mode"],
+                     f"{r['flavour']['name']}, SM {target['sm'] // 10}.{target['sm'] % 10}",
+                     f"{profile['min']}..{profile['max']}", _size(r["engine_bytes"])))
+    for g in groups:
+        first = g["ranks"][0]
+        rows.append((f"{Path(g['group']).name}/ ({len(g['ranks'])} of {g['ep_size']} ranks)",
+                     first["spec"]["name"], first["plan_path"], first["quant"]["mode"],
+                     f"{first['flavour']['name']}, SM {first['target']['sm'] // 10}.{first['target']['sm'] % 10}",
+                     f"{first['profile']['min']}..{first['profile']['max']}",
+                     _size(sum(r["engine_bytes"] for r in g["ranks"]))))
+    console.print(_table("engines", ("engine", "layer", "path", "quant", "target", "tokens", "size"), rows))
+    console.print("moe-build inspect FILE (or an expert-parallel layer's folder) shows one engine's plan, I/O and "
+                  "layers")
 
 
 def render_group(result: dict[str, Any], console: Console) -> None:
