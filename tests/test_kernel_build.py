@@ -367,9 +367,12 @@ def test_rebuild_is_cached(built: kernel_build.BuildResult, monkeypatch: pytest.
     assert again.cached and again.library == built.library and again.key == built.key
 
 
-def test_bad_arch_is_rejected() -> None:
-    with pytest.raises(kernel_build.KernelBuildError, match="--arch"):
-        kernel_build.arch_flags(["sm90"])
+@pytest.mark.parametrize("arch", ["sm90", "75", "90", "100a", "120"])
+def test_an_arch_the_kernels_are_not_written_for_is_refused_before_compiling(arch: str) -> None:
+    """75 lacks the bf16 mma, plain 90 compiles the wgmma kernels to a trap, and the SM 10x / 12x builds are not
+    written: nvcc would fail (or worse, succeed) minutes into the build."""
+    with pytest.raises(kernel_build.KernelBuildError, match=f"--arch: '{arch}' .*allowed: 80, 86, 89, 90a"):
+        kernel_build.parse_archs(f"80,{arch}")
 
 
 def test_a_failed_compile_says_what_nvcc_said(tmp_path: Path) -> None:

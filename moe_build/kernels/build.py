@@ -45,6 +45,10 @@ SRC_DIR = CPP_DIR / "src"
 INCLUDE_DIR = CPP_DIR / "include"
 HEADER = INCLUDE_DIR / "moe_build_kernels.h"
 DEFAULT_ARCHS = ("80", "90a")
+# The architectures the kernels are written for: the mma.sync kernels need SM 8.0 (bf16 mma), the FP8 decode
+# kernel SM 8.9, the wgmma ones sm_90a's arch-specific features (plain 90 compiles them to a trap). Others
+# are refused before nvcc runs, not after minutes of compiling.
+KNOWN_ARCHS = ("80", "86", "89", "90a")
 # Keep in step with cpp/CMakeLists.txt. Sources include "moe_build_kernels.h" (cpp/include) and their
 # siblings by their path under cpp/src ("common/common.cuh", "gemm/mma.cuh").
 BASE_FLAGS = ("-std=c++17", "-O3", "--expt-relaxed-constexpr", "-Xcompiler", "-fPIC")
@@ -169,8 +173,9 @@ def arch_flags(archs: Sequence[str]) -> list[str]:
     """`-gencode` pairs: real machine code for each architecture (no PTX, so no JIT at load)."""
     out: list[str] = []
     for a in archs:
-        if not a.rstrip("a").isdigit():
-            raise KernelBuildError(f"--arch: {a!r} is not an SM number such as 80 or 90a")
+        if a not in KNOWN_ARCHS:
+            raise KernelBuildError(f"--arch: {a!r} is not an architecture the kernels are written for "
+                                   f"(allowed: {', '.join(KNOWN_ARCHS)})")
         out += ["-gencode", f"arch=compute_{a},code=sm_{a}"]
     return out
 
