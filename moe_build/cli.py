@@ -251,8 +251,8 @@ def export_cmd(checkpoint: str | None, layer: int | None, onnx_path: str, routin
         index = select_moe_layers(checkpoint, layer, all_layers=False)[0]
         source = f"{checkpoint} layer {index}"
         click.echo(f"loading {source}", err=True)
-        weights = load_moe_layer(checkpoint, index).weights
-        weights.check(dataclasses.replace(spec, ep_rank=None))  # overrides must still fit the checkpoint's tensors
+        # the whole layer's weights, fit to the overrides (--quant none dequantizes quantized experts)
+        weights = load_moe_layer(checkpoint, index).weights.for_spec(dataclasses.replace(spec, ep_rank=None))
     if spec.ep_rank is not None:  # --ep-rank: that rank's graph (its experts only, its partial sum)
         weights = weights.for_rank(spec, spec.ep_rank)
     click.echo(f"exporting ONNX (expert_compute={plan.stage('expert_compute').choice})", err=True)

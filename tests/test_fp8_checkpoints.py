@@ -533,6 +533,34 @@ def test_modelopt_file_alone_is_read(tmp_path: Path) -> None:
     assert (spec.quant, spec.act_scale) == (Quant.FP8, ActScale.STATIC)
 
 
+@pytest.mark.parametrize("fmt", ["block128", "modelopt", "ct_fp8_dynamic"])
+def test_quant_none_dequantizes_the_fp8_experts(tmp_path: Path, fmt: str) -> None:
+    """--quant none over an FP8 checkpoint (an OOTB engine for a GPU without FP8): every expert matrix w_fp8 * scale,
+    computed here, rounded once to the model's bf16; the checkpoint's own spec keeps them FP8."""
+    family = FAMILIES["qwen3_moe"]
+    _, written = _fp8_checkpoint(family, fmt, tmp_path)
+    w = load_moe_layer(tmp_path).weights.for_spec(resolve_spec(tmp_path, quant="none"))
+    assert w.fp8 is None and w.woq is None
+    for e in range(E):
+        gate, up, down = family.expert_weights(e)
+        exact = torch.cat([_exact(written.weights[n], written.scales[n]) for n in (gate, up)])
+        assert torch.equal(w.w1[e], exact.to(torch.bfloat16))
+        assert torch.equal(w.w2[e], _exact(written.weights[down], written.scales[down]).to(torch.bfloat16))
+
+
+def test_quant_none_builds_an_ootb_engine_of_an_fp8_checkpoint_for_sm86(tmp_path: Path) -> None:
+    """What the refusal of FP8 below SM 8.9 suggests, run as a user runs it."""
+    pytest.importorskip("tensorrt_rtx_bindings")
+    _fp8_checkpoint(FAMILIES["qwen3_moe"], "block128", tmp_path / "ckpt")
+    args = ("build", str(tmp_path / "ckpt"), "--sm", "86", "--flavour", "tensorrt-rtx")
+    refused = run_moe_build(*args, cwd=tmp_path)
+    assert refused.returncode == 2 and "--quant none builds it" in refused.stderr
+    r = run_moe_build(*args, "--quant", "none", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    manifest = json.loads(next((tmp_path / "engines").glob("*.json")).read_text())
+    assert manifest["quant"]["mode"] == "none" and manifest["target"]["sm"] == 86
+
+
 def _tiny(folder: Path, fmt: str, inter: int = I) -> None:
     """A two-expert Qwen3-MoE layer written directly (no model) in `fmt`."""
     folder.mkdir()

@@ -256,4 +256,5 @@ def test_cli_refuses_ootb_fp8_below_sm89_in_one_line(sm: str, tmp_path: Path) ->
     (line,) = r.stderr.strip().splitlines()
     assert line.startswith("moe-build: error: sm:")
     assert f"ootb_fp8_sm=quant=fp8 sm={sm} fails 'not fp8 or sm >= 89'" in line
+    assert "; --quant none builds it with the experts dequantized exactly to the model dtype, or --sm 89+ [" in line
     assert not (tmp_path / "out").exists()

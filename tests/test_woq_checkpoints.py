@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 import pytest
 import torch
+from cli_process import run_moe_build
 from safetensors.torch import load_file, save_file
 from test_fp8_checkpoints import FAMILIES, Family, I, _edit_config, _rewrite, _saved, _tokens, t
 
@@ -441,18 +442,49 @@ def test_gpt_oss_mxfp4_stays_mxfp4(tmp_path: Path) -> None:
 
 
 def test_gpt_oss_quant_none_dequantizes(tmp_path: Path) -> None:
-    """--quant none on a released GPT-OSS: the experts load dense (bf16, the biases' dtype), the same numbers."""
+    """--quant none on a released GPT-OSS: the experts load dense in the model's dtype, the same numbers (the
+    MXFP4 dequantization itself is checked against transformers' above)."""
     _gpt_oss(tmp_path)
     kept = load_moe_layer(tmp_path).weights
     assert resolve_spec(tmp_path).quant is Quant.WFP4A16
-    import contextlib
-
-    from moe_build.weights import checkpoint
     spec = resolve_spec(tmp_path, quant="none")
-    with contextlib.ExitStack() as stack:
-        dense = checkpoint._load(checkpoint._Checkpoint(tmp_path, stack), spec, 0).weights
-    assert dense.woq is None and dense.w1.dtype == dense.b1.dtype
-    assert torch.equal(dense.w1, kept.dequantized(dense.b1.dtype).w1)
+    dense = kept.for_spec(spec)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[spec.dtype.value]
+    assert dense.woq is None and dense.w1.dtype == dtype
+    assert torch.equal(dense.w1, kept.dequantized(torch.float64).w1.to(dtype))
+    assert torch.equal(dense.w2, kept.dequantized(torch.float64).w2.to(dtype))
+
+
+@pytest.mark.parametrize("fmt", ["autoawq_g64", "modelopt_int4_g64", "ct_w8a16", "ct_w4afp8_g64"])
+def test_quant_none_dequantizes_the_stored_experts(tmp_path: Path, fmt: str) -> None:
+    """--quant none over a weight-only checkpoint (for an OOTB engine, which cannot run one quantized): each expert
+    matrix the format's exact dense one times its AWQ pre-quant scale where one is stored, rounded once to bf16."""
+    family = FAMILIES["qwen3_moe"]
+    _, written = _checkpoint(family, fmt, tmp_path)
+    w = load_moe_layer(tmp_path).weights.for_spec(resolve_spec(tmp_path, quant="none"))
+    assert w.woq is None and w.fp8 is None
+
+    def exact(name: str) -> torch.Tensor:
+        pre = written.pre.get(name)
+        return written.exact[name] * (1 if pre is None else pre.double())
+    for e in range(E):
+        gate, up, down = family.expert_weights(e)
+        assert torch.equal(w.w1[e], torch.cat([exact(gate), exact(up)]).to(torch.bfloat16))
+        assert torch.equal(w.w2[e], exact(down).to(torch.bfloat16))
+    if fmt == "modelopt_int4_g64":  # the scales were folded in: the test would not tell them apart otherwise
+        assert written.pre and not torch.equal(w.w2[0], written.exact[family.expert_weights(0)[2]].to(torch.bfloat16))
+
+
+def test_quant_none_builds_an_ootb_engine_of_a_weight_only_checkpoint(tmp_path: Path) -> None:
+    """What the OOTB refusal of a weight-only checkpoint suggests, run as a user runs it: `--quant none` builds."""
+    pytest.importorskip("tensorrt_rtx_bindings")
+    _checkpoint(FAMILIES["qwen3_moe"], "modelopt_int4_g64", tmp_path / "ckpt")
+    refused = run_moe_build("build", str(tmp_path / "ckpt"), cwd=tmp_path)
+    assert refused.returncode == 2 and "--quant none builds it with the experts dequantized" in refused.stderr
+    r = run_moe_build("build", str(tmp_path / "ckpt"), "--quant", "none", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    manifest = json.loads(next((tmp_path / "engines").glob("*.json")).read_text())
+    assert manifest["quant"]["mode"] == "none" and manifest["spec"]["quant"] == "none"
 
 
 # ---- refusals ---------------------------------------------------------------------------------------------------

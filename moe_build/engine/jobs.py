@@ -80,8 +80,7 @@ class BuildJob:
             def load() -> tuple[MoEWeights, str | None]:
                 from ..weights.checkpoint import load_moe_layer
                 loaded = load_moe_layer(checkpoint, index)
-                loaded.weights.check(spec)  # CLI overrides must still fit the checkpoint's tensors
-                return loaded.weights, loaded.sha256
+                return loaded.weights.for_spec(spec), loaded.sha256  # the overrides must fit its tensors
             return load
 
         return _named([cls(f"{base}-layer{i}", spec, plan, loader(i), f"{checkpoint} layer {i}", ranks)

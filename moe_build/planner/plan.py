@@ -66,6 +66,7 @@ GATE_FIELD = {
 # What a user can do about a refusing gate, where there is something (appended to the one-line error).
 GATE_HINT = {
     "ootb_weight_only_quant": "--quant none builds it with the experts dequantized exactly to the model dtype",
+    "ootb_fp8_sm": "--quant none builds it with the experts dequantized exactly to the model dtype, or --sm 89+",
     "gemm2_quantizing_call": "force a decode GEMM2 at every count too, e.g. "
                              "gemm2_tactic=decode:ksplit1:after_trigger:plain",
 }

@@ -149,6 +149,24 @@ class MoEWeights:
 
         return replace(base, fp8=None, w1=one_by_one(base.w1, f.w1_scale), w2=one_by_one(base.w2, f.w2_scale))
 
+    def for_spec(self, spec: MoESpec) -> "MoEWeights":
+        """A checkpoint's weights as `spec`, the checkpoint's spec with the user's overrides, takes them, checked
+        against it. Where the spec's quant is none over FP8 or weight-only experts (`--quant none`: an OOTB engine
+        of a quantized checkpoint, which OOTB cannot run quantized) the experts are dequantized exactly and rounded
+        once to the spec's dtype (AWQ pre-quant scales folded into the weights they scale the input of), the other
+        tensors kept as stored; any other mismatch is the check's refusal."""
+        from ..spec import Quant
+        from .dtypes import TORCH_DTYPE
+        weights, dtype = self, TORCH_DTYPE[spec.dtype]
+        if spec.quant is Quant.NONE and self.woq is not None:
+            weights = replace(self, woq=None, w1=self.woq.dense("w1", dtype, fold_prequant=True),
+                              w2=self.woq.dense("w2", dtype, fold_prequant=True))
+        elif spec.quant is Quant.NONE and self.fp8 is not None:
+            dense = self.dequantized(dtype)
+            weights = replace(self, fp8=None, w1=dense.w1, w2=dense.w2)
+        weights.check(spec)
+        return weights
+
     def quantized_fp8(self, granularity: ScaleGranularity, static: bool = False,
                       a1_scale: float = 1.0, a2_scale: float = 1.0) -> "MoEWeights":
         """These float weights with W1 / W2 quantized to FP8 of `granularity` (amax / 448 scales): random

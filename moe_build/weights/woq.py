@@ -287,13 +287,17 @@ class WoqWeights:
         return dequantize_matrix(self.kind, getattr(self, name)[e], getattr(self, f"{name}_scale")[e],
                                  None if zero is None else zero[e])
 
-    def dense(self, name: str, dtype: torch.dtype) -> torch.Tensor:
+    def dense(self, name: str, dtype: torch.dtype, fold_prequant: bool = False) -> torch.Tensor:
         """W1 or W2 ("w1" / "w2") of every expert dequantized exactly and rounded once to `dtype`, one expert at a
-        time so that no fp64 copy of every expert exists beside the result."""
+        time so that no fp64 copy of every expert exists beside the result. fold_prequant: times its AWQ pre-quant
+        scale along its input columns, in fp64 before the rounding (x * s @ W^T = x @ (W * s)^T), so that a 16-bit
+        layer of these weights computes what the quantized one does before its activation rounding."""
         t = getattr(self, name)
+        pre = (self.fc1_act_scale if name == "w1" else self.fc2_act_scale) if fold_prequant else None
         out = torch.empty((self.experts, t.shape[1], self.in_features(name)), dtype=dtype, device=t.device)
         for e in range(self.experts):
-            out[e] = self.dequantized_w(name, e).to(dtype)
+            w = self.dequantized_w(name, e)
+            out[e] = (w if pre is None else w * pre.to(w.device, torch.float64)).to(dtype)
         return out
 
     def expected_shapes(self, experts: int, n1: int, hidden: int, inter: int) -> dict[str, tuple[int, ...]]:
