@@ -251,9 +251,12 @@ class TransformersBlockSource:
                  for n, t in [*m.named_parameters(), *m.named_buffers()] if t.is_meta]
         if info.conversion_errors or empty:
             why = next(iter(info.conversion_errors.values()), None) or "no checkpoint tensor maps to it"
+            lines = [line.strip() for line in str(why).splitlines() if line.strip()]
             raise MoeBuildError("checkpoint", f"transformers did not load {(empty or list(info.conversion_errors))[0]}"
-                                f" from the checkpoint ({str(why).splitlines()[0]})")
-        return TransformersBlock(f"{type(self.model).__name__} {' + '.join(self.parts)}", [m.eval() for m in modules])
+                                f" from the checkpoint ({lines[-1] if lines else why})")  # a traceback's last line
+        # in fp32 throughout: a quantizer may dequantize into the checkpoint's 16-bit dtype (exact in fp32)
+        return TransformersBlock(f"{type(self.model).__name__} {' + '.join(self.parts)}",
+                                 [m.float().eval() for m in modules])
 
 
 class TransformersRunner(BaseRunner):
@@ -365,31 +368,25 @@ def given_graph_dtype(path: Path, spec: MoESpec) -> DType:
     return _ONNX_DTYPES[tensor.elem_type]
 
 
-def _dense_equivalent(spec: MoESpec, weights: MoEWeights) -> tuple[MoESpec, MoEWeights]:
-    """A weight-only quantized layer as the same dense math, for the OOTB graph (which has no weight-only path):
-    experts dequantized exactly (woq.py), AWQ pre-quant scales folded into the columns they multiply
-    ((x * p) @ W^T = x @ (W * p)^T, in fp64), rounded once to fp32. W4AFP8's FP8 activations have no dense form."""
-    q = weights.woq
-    if spec.quant is Quant.W4AFP8:
-        raise MoeBuildError("checkpoint", "w4afp8 quantizes the experts' inputs to FP8, which the check's fp32 graph "
-                            "does not express", "unquantized, FP8, w4a16_awq, w8a16 or wfp4a16 checkpoints")
-    dense = weights.dequantized(torch.float64)
-    w1, w2 = dense.w1, dense.w2
-    if q.fc1_act_scale is not None:
-        w1 = w1 * q.fc1_act_scale.to(torch.float64)
-        w2 = w2 * q.fc2_act_scale.to(torch.float64)
-    converted = dataclasses.replace(weights.to(dtype=torch.float32), woq=None, w1=w1.float(), w2=w2.float())
-    return dataclasses.replace(spec, quant=Quant.NONE), converted
-
-
 def _export_fp32(spec: MoESpec, weights: MoEWeights, folder: Path, log: Log) -> tuple[Path, str]:
-    """The layer's graph in fp32 (what the build exports, less the casts of a 16-bit engine)."""
+    """The layer's graph in fp32 (what the build exports, less the casts of a 16-bit engine). A quantized layer
+    becomes the dense layer its stored weights mean, experts dequantized exactly (AWQ pre-quant scales folded in,
+    MoEWeights.for_spec), since transformers' dequantizing load, the other side, computes that layer; what the
+    FP8 activation quantization adds is checked by the tests against the fp64 reference, not here. W4AFP8's FP8
+    activations are part of its format's meaning, which a dense graph cannot express.
+    The dequantized experts are rounded as transformers rounds them: FP8 ones not at all (its compressed-tensors
+    integration multiplies them out in fp32, integrations/compressed_tensors.py, CompressedTensorsDequantize), packed
+    weight-only ones to the model's 16-bit dtype (compressed-tensors' decompressor multiplies in the dtype of the
+    stored scales, which it writes in the model's); MXFP4 values are exact in either."""
     from .graph.ootb import export_onnx
     from .planner import make_plan
     from .target import DEFAULT_SM_WITHOUT_GPU, Flavour, MoePlugin, Target
-    if weights.woq is not None:
-        spec, weights = _dense_equivalent(spec, weights)
-    spec32 = dataclasses.replace(spec, dtype=DType.FP32, output_dtype=None)
+    if spec.quant is Quant.W4AFP8:
+        raise MoeBuildError("checkpoint", "w4afp8 quantizes the experts' inputs to FP8, which the check's fp32 graph "
+                            "does not express", "unquantized, FP8, w4a16_awq, w8a16 or wfp4a16 checkpoints")
+    spec32 = dataclasses.replace(spec, dtype=DType.FP32, output_dtype=None, quant=Quant.NONE)
+    rounded = spec if weights.woq is not None else spec32
+    weights = weights.for_spec(dataclasses.replace(rounded, quant=Quant.NONE)).to(dtype=torch.float32)
     plan = make_plan(spec32, Target(sm=DEFAULT_SM_WITHOUT_GPU, flavour=Flavour.TENSORRT, moe_plugin=MoePlugin.DISABLE))
     choice = plan.stage("expert_compute").choice
     log(f"exporting the layer's ONNX graph in fp32 (expert_compute={choice})")

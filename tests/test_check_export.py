@@ -164,6 +164,40 @@ def test_check_of_a_released_mxfp4_gpt_oss_goes_through_transformers_dequantizer
     assert r["passed"] and r["rel_norm"] < 1e-6 and r["tokens_compared"] > 60
 
 
+@pytest.mark.parametrize("fmt", ["ct_fp8", "ct_fp8_dynamic", "ct_w4a16_g32", "ct_w8a16"])
+@pytest.mark.parametrize("misread", [False, True], ids=["as_read", "one_scale_misread"])
+def test_check_of_a_compressed_tensors_checkpoint_goes_through_transformers_dequantizer(
+        tmp_path: Path, moe_build: Callable[..., Any], monkeypatch: pytest.MonkeyPatch, fmt: str,
+        misread: bool) -> None:
+    """FP8 and packed int checkpoints written by compressed-tensors' own code: transformers dequantizes them itself,
+    and the check compares moe-build's dense reading of the same files with it (the FP8 graph had quantized its
+    activations, which transformers' block does not, and an int8 block had run in bf16: both failed). One expert's
+    weight scale misread by 1% after moe-build's loader fails it."""
+    pytest.importorskip("compressed_tensors")
+    if fmt.startswith("ct_fp8"):
+        from test_fp8_checkpoints import FAMILIES, _fp8_checkpoint as write
+    else:
+        from test_woq_checkpoints import FAMILIES, _checkpoint as write
+    write(FAMILIES["qwen3_moe"], fmt, tmp_path)
+    if misread:
+        import moe_build.weights.checkpoint as checkpoint
+        load = checkpoint.load_moe_layer
+
+        def misreading(*args: Any, **kwargs: Any) -> Any:
+            loaded = load(*args, **kwargs)
+            quant = loaded.weights.fp8 or loaded.weights.woq
+            quant.w2_scale[3] *= 1.01
+            return loaded
+        monkeypatch.setattr(checkpoint, "load_moe_layer", misreading)
+    code, out, err = moe_build("check", tmp_path, "--json")
+    r = json.loads(out)
+    if misread:
+        assert code == 1 and not r["passed"] and "outside the tolerance" in r["failure"]
+    else:
+        assert code == 0, err
+        assert r["passed"] and r["rel_norm"] < 1e-6 and r["tokens_compared"] > 60
+
+
 def _perturb_expert(loaded: Any) -> None:
     loaded.weights.w2[3] *= 1.01
 
