@@ -8,7 +8,8 @@ reversing its load-time conversions), and the fused layout transformers 5.x uses
 model's state_dict. Most families store 2-D per-expert matrices (`experts.N.gate_proj`, Mixtral-style
 `experts.N.w1/w3/w2`); Granite, Aria, Qwen3-VL-MoE and others stack them (as nn.Linear or as x @ W
 matrices, told apart by their shapes); multimodal models keep the language model's layers under their
-own prefix. GPT-OSS (fused, gate/up interleaved, released as MXFP4 `_blocks`/`_scales`) and DBRX (experts as [E * I, H] slices) have loaders of their own.
+own prefix. GPT-OSS (fused, gate/up interleaved, released as MXFP4 `_blocks`/`_scales`) and DBRX (experts as
+[E * I, H] slices) have loaders of their own.
 
 FP8 checkpoints (the spec's quant fp8 or fp8_block, from the config) keep their routed experts in FP8, read by
 `fp8_checkpoint` at the same places of the same layouts; their shared experts are dequantized to the model dtype.
@@ -331,18 +332,21 @@ def _deinterleave_rows(w: torch.Tensor) -> torch.Tensor:
     return torch.cat([w[:, 0::2], w[:, 1::2]], dim=1).contiguous()
 
 
-def _gpt_oss_mxfp4(ck: _Checkpoint, base: str, spec: MoESpec) -> WoqWeights:
+def _gpt_oss_mxfp4(ck: _Checkpoint, base: str, spec: MoESpec, b1: torch.Tensor) -> tuple[WoqWeights | None, _Pair]:
     """Released GPT-OSS experts, MXFP4 in nn.Linear orientation (gate_up_proj_blocks [E, 2I, H/32, 16] with gate and
     up rows interleaved, down_proj_blocks [E, H, I/32, 16]): kept as canonical MXFP4 (wfp4a16) with W1's rows put in
-    canonical order (whole rows move, so every byte and exponent stays as stored). `--quant none` dequantizes them
-    after loading (MoEWeights.for_spec)."""
-    if spec.quant is not Quant.WFP4A16:
-        raise MoeBuildError("quant", f"{spec.quant.value}: GPT-OSS's experts are stored MXFP4 and its config does not "
-                            "say so", "wfp4a16 (quantization_config.quant_method mxfp4)")
+    canonical order (whole rows move, so every byte and exponent stays as stored); where the config names no
+    quantization (quant none) and the files still hold MXFP4 blocks, their exact values in the biases' dtype.
+    (`--quant none` over a config that says mxfp4 dequantizes after loading: MoEWeights.for_spec.)"""
     E, H, I = spec.num_experts, spec.hidden_size, spec.intermediate_size
     q1, s1 = (_deinterleave_rows(t) for t in mxfp4_matrix(ck, f"{base}.gate_up_proj", 2 * I, H, E))
     q2, s2 = mxfp4_matrix(ck, f"{base}.down_proj", H, I, E)
-    return WoqWeights(WoqKind.MXFP4, MXFP4_GROUP, q1, q2, s1, s2)
+    woq = WoqWeights(WoqKind.MXFP4, MXFP4_GROUP, q1, q2, s1, s2)
+    if spec.quant is Quant.WFP4A16:
+        return woq, (woq.w1, woq.w2)
+    if spec.quant is not Quant.NONE:
+        raise MoeBuildError("quant", f"{spec.quant.value}: GPT-OSS's experts are stored MXFP4", "wfp4a16, none")
+    return None, (woq.dense("w1", b1.dtype), woq.dense("w2", b1.dtype))
 
 
 def _load_gpt_oss(ck: _Checkpoint, index: int, spec: MoESpec) -> MoEWeights:
@@ -357,8 +361,7 @@ def _load_gpt_oss(ck: _Checkpoint, index: int, spec: MoESpec) -> MoEWeights:
     base = f"{block}.experts"
     woq = None
     if spec.quant is Quant.WFP4A16 or (not ck.has(f"{base}.gate_up_proj") and ck.has(f"{base}.gate_up_proj_blocks")):
-        woq = _gpt_oss_mxfp4(ck, base, spec)
-        w1, w2 = woq.w1, woq.w2
+        woq, (w1, w2) = _gpt_oss_mxfp4(ck, base, spec, b1)
     else:
         w1 = _deinterleave_rows(ck.get(f"{base}.gate_up_proj", (E, H, 2 * I)).transpose(1, 2))
         w2 = ck.get(f"{base}.down_proj", (E, I, H)).transpose(1, 2).contiguous()
