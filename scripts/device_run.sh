@@ -4,7 +4,8 @@
 # the tail of the output). Every phase has a hard timeout; a failed phase does not stop the ones after it.
 #
 # Phases, chosen by PHASES (default "tests bench"):
-#   tests  the GPU tests (GPU_TESTS, default tests/gpu: pytest paths or node ids, word-split)
+#   tests  the GPU tests (GPU_TESTS, default tests/gpu and the README's Python example: pytest paths or node ids,
+#          word-split)
 #   tests_split  the single-GPU test files (GPU_TESTS, default every tests/gpu/test_*.py but the multi-GPU
 #          test_expert_parallel.py) dealt over every GPU of the host, one pytest per GPU side by side, each with
 #          OMP_NUM_THREADS = cores / GPUs (without it their fp64 references slowed each other many times over);
@@ -43,6 +44,7 @@ RESULTS=$(mktemp -d)
 export MOE_BUILD_GPU_RESULTS=$RESULTS  # tests that keep measured data (tests/gpu/test_expert_parallel.py) write it here
 mkdir -p "$OUT"
 PY=${PY:-python3}
+README_EXAMPLE=tests/test_docs.py::test_the_readme_python_example_runs
 PHASES=${PHASES:-tests bench}
 # The device runs the tree in place (no install): moe_build.plugins is the top-level plugins/ folder, as the
 # package's install maps it.
@@ -71,7 +73,7 @@ else
   phase build "${BUILD_S:-300}" "$PY" -m moe_build kernels -j 16
 fi
 # shellcheck disable=SC2086
-has tests && phase gpu_tests "${TESTS_S:-240}" "$PY" -m pytest -q -rs -p no:cacheprovider ${GPU_TESTS:-tests/gpu} \
+has tests && phase gpu_tests "${TESTS_S:-240}" "$PY" -m pytest -q -rs -p no:cacheprovider ${GPU_TESTS:-tests/gpu $README_EXAMPLE} \
   --junitxml="$RESULTS/gpu_tests.xml"
 if has tests_split; then
   gpus=${GPUS:-$(nvidia-smi -L 2>/dev/null | wc -l)}

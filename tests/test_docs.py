@@ -112,3 +112,27 @@ def test_every_link_anchor_names_a_heading(doc: Path) -> None:
         if md is not None and md.suffix == ".md" and anchor not in _anchors(md):
             broken.append(target)
     assert not broken, f"{doc.relative_to(ROOT)} links to headings that do not exist: {sorted(set(broken))}"
+
+
+def test_the_readme_python_example_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """README's "From Python" example on a tiny Qwen3-MoE checkpoint that transformers writes: on a CUDA GPU it runs
+    whole and prints the runner's error against the fp64 reference; without one, every line before the runner runs
+    and the runner refuses in its one line."""
+    import torch
+    transformers = pytest.importorskip("transformers")
+    from moe_build.errors import MoeBuildError
+    text = (ROOT / "README.md").read_text()
+    example = re.search(r"## From Python\n.*?```python\n(.*?)```", text, re.S)
+    assert example is not None, "README has no From Python example"
+    config = transformers.Qwen3MoeConfig(hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+                                         num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                                         head_dim=16, num_experts=8, num_experts_per_tok=2, vocab_size=64)
+    transformers.Qwen3MoeForCausalLM(config).to(torch.bfloat16).save_pretrained(tmp_path)
+    code = example[1].replace("path/to/checkpoint", str(tmp_path))
+    assert code != example[1]
+    if not torch.cuda.is_available():
+        with pytest.raises(MoeBuildError, match="no CUDA device is available"):
+            exec(compile(code, "README.md", "exec"), {})
+        return
+    exec(compile(code, "README.md", "exec"), {})
+    assert float(capsys.readouterr().out.strip().splitlines()[-1]) < 1e-2
