@@ -251,17 +251,18 @@ def render_folder(result: dict[str, Any], console: Console) -> None:
     rows = []
     for r in engines:
         spec, target, profile = r["spec"], r["target"], r["profile"]
-        rows.append((Path(r["engine"]).name, spec["name"], r["plan_path"], r["quant"]["mode"],
+        rows.append((Path(r["engine"]).name, spec["name"], r["plan_path"], spec["dtype"], r["quant"]["mode"],
                      f"{r['flavour']['name']}, SM {target['sm'] // 10}.{target['sm'] % 10}",
                      f"{profile['min']}..{profile['max']}", _size(r["engine_bytes"])))
     for g in groups:
         first = g["ranks"][0]
         rows.append((f"{Path(g['group']).name}/ ({len(g['ranks'])} of {g['ep_size']} ranks)",
-                     first["spec"]["name"], first["plan_path"], first["quant"]["mode"],
+                     first["spec"]["name"], first["plan_path"], first["spec"]["dtype"], first["quant"]["mode"],
                      f"{first['flavour']['name']}, SM {first['target']['sm'] // 10}.{first['target']['sm'] % 10}",
                      f"{first['profile']['min']}..{first['profile']['max']}",
                      _size(sum(r["engine_bytes"] for r in g["ranks"]))))
-    console.print(_table("engines", ("engine", "layer", "path", "quant", "target", "tokens", "size"), rows))
+    console.print(_table("engines", ("engine", "layer", "path", "dtype", "quant", "target", "tokens",
+                                                 "size"), rows))
     console.print("moe-build inspect FILE (or an expert-parallel layer's folder) shows one engine's plan, I/O and "
                   "layers")
 
