@@ -86,7 +86,18 @@ def test_bad_checkpoint_index_is_one_line_and_reads_no_file_outside(tmp_path: Pa
     out = tmp_path / "out"
     r = cli("build", str(folder), "--out", str(out))
     assert_one_line_refusal(r, *needles)
+    assert r.stdout == "" and "loading weights" not in r.stderr  # refused before the plan, as every refusal of input
     assert not list(out.glob("*")) if out.exists() else True
+
+
+def test_a_checkpoint_without_weights_is_refused_before_the_plan(tmp_path: Path) -> None:
+    """A folder holding config.json alone (the weights not downloaded yet) builds nothing and prints no plan."""
+    folder = checkpoint(tmp_path)
+    r = cli("build", str(folder), "--out", str(tmp_path / "out"))
+    assert_one_line_refusal(r, "model.safetensors", "no model.safetensors or model.safetensors.index.json")
+    assert r.stdout == "" and "loading weights" not in r.stderr
+    assert not (tmp_path / "out").exists()
+    assert cli("fusion-report", str(folder)).returncode == 0  # the plan needs the config only
 
 
 def test_shard_of_the_wrong_shape_names_the_tensor(tmp_path: Path) -> None:

@@ -76,6 +76,9 @@ class BuildJob:
                 return random_weights(spec, seed), None  # the builder hashes the tensors
             return _named([cls(base, spec, plan, load_random, f"random weights (seed {seed})", ranks)])
 
+        from ..weights.checkpoint import checkpoint_shards
+        checkpoint_shards(Path(checkpoint))  # no weights file, or a broken index: refused before the plan prints
+
         def loader(index: int) -> WeightsLoader:
             def load() -> tuple[MoEWeights, str | None]:
                 from ..weights.checkpoint import load_moe_layer
