@@ -239,6 +239,8 @@ def export_cmd(checkpoint: str | None, layer: int | None, onnx_path: str, routin
     if checkpoint is None and layer is not None:
         raise MoeBuildError("layer", "--layer needs a checkpoint", "CHECKPOINT with --layer N")
     check_routing_input(routing_input)
+    if onnx_path.endswith(("/", "\\")):  # Path() would drop the slash and write a file of the folder's name
+        raise MoeBuildError("onnx", f"{onnx_path} names a folder", "a file path such as layer.onnx")
     destination = Path(onnx_path)
     check_onnx_destination(destination)
     spec = resolve_spec(checkpoint, **layer_kw)
@@ -348,24 +350,16 @@ def bench_cmd(shapes: str | None, tokens: str | None, variants: str | None, swee
 
     from .bench import fp8_layer, layer, sweep as sweep_module, woq_layer
     from .bench.workload import FP8_SHAPES, SHAPES, TOKENS
-    woq_quants = [q.strip() for q in quant.split(",") if q.strip() in woq_layer.QUANTS]
-    if woq_quants:
-        if len(woq_quants) != len([q for q in quant.split(",") if q.strip()]):
-            raise MoeBuildError("quant", f"{quant!r} mixes weight-only modes with others",
-                                f"weight-only modes only: {', '.join(woq_layer.QUANTS)}")
-        if sweep:
-            raise MoeBuildError("quant", "the token sweep times bf16 layers only", "none with --sweep")
-        names = _csv("shapes", shapes, str) if shapes is not None else list(SHAPES)
-        counts = _csv("tokens", tokens, int) if tokens else list(TOKENS)
-        chosen_woq = _csv("variants", variants, str) if variants else None
-        if chosen_woq is not None:
-            woq_layer.check_variants(chosen_woq)
-        results = woq_layer.run_woq_bench(woq_quants, names, counts, Path(json_path or "bench_woq.json"), iters,
-                                          warmup, input_sets, log=lambda line: click.echo(line, err=True),
-                                          variants=chosen_woq)
-        click.echo(woq_layer.table(results))
-        return
-    quants = fp8_layer.parse_quants(quant)
+    items = [q.strip() for q in quant.split(",") if q.strip()]
+    known_quants = ["none", *fp8_layer.MODES, *woq_layer.QUANTS]
+    unknown_quants = [q for q in items if q not in known_quants]
+    if unknown_quants:
+        raise MoeBuildError("quant", f"unknown {', '.join(repr(q) for q in unknown_quants)}", known_quants)
+    woq_quants = [q for q in items if q in woq_layer.QUANTS]
+    if woq_quants and len(woq_quants) != len(items):
+        raise MoeBuildError("quant", f"{quant!r} mixes weight-only modes with others",
+                            f"weight-only modes only: {', '.join(woq_layer.QUANTS)}")
+    quants = [] if woq_quants else fp8_layer.parse_quants(quant)
     known = FP8_SHAPES if quants else tuple(SHAPES)
     names = _csv("shapes", shapes, str) if shapes is not None else list(known)
     unknown = [n for n in names if n not in known]
@@ -375,6 +369,17 @@ def bench_cmd(shapes: str | None, tokens: str | None, variants: str | None, swee
     if counts is not None and min(counts) < 1:
         raise MoeBuildError("tokens", f"must be >= 1, got {min(counts)}", "integers >= 1")
     log = lambda line: click.echo(line, err=True)  # noqa: E731
+    if woq_quants:
+        if sweep:
+            raise MoeBuildError("quant", "the token sweep times bf16 layers only", "none with --sweep")
+        chosen_woq = _csv("variants", variants, str) if variants else None
+        if chosen_woq is not None:
+            woq_layer.check_variants(chosen_woq)
+        results = woq_layer.run_woq_bench(woq_quants, names, counts or list(TOKENS),
+                                          Path(json_path or "bench_woq.json"), iters, warmup, input_sets,
+                                          log=log, variants=chosen_woq)
+        click.echo(woq_layer.table(results))
+        return
     if quants:
         if sweep:
             raise MoeBuildError("quant", "the token sweep times bf16 layers only", "none with --sweep")

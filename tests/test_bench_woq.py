@@ -89,10 +89,20 @@ def test_targets_follow_the_issue() -> None:
 
 @pytest.mark.parametrize("args, field", [(("--quant", "w4a16_awq,fp8"), "quant"), (("--quant", "w4afp8,fp8"), "quant"),
                                          (("--quant", "w8a16", "--sweep"), "quant"),
-                                         (("--quant", "wfp4a16", "--variants", "ours,scaled_grouped_mm"), "variants")])
+                                         (("--quant", "wfp4a16", "--variants", "ours,scaled_grouped_mm"), "variants"),
+                                         (("--quant", "w4a16_awq", "--shapes", "nope"), "shapes"),
+                                         (("--quant", "w8a16", "--tokens", "0"), "tokens")])
 def test_bad_weight_only_bench_options_are_one_line_errors(args: tuple[str, ...], field: str) -> None:
     r = run_moe_build("bench", *args, timeout=120)
     assert_one_line_error(r, field)
+
+
+def test_an_unknown_bench_quant_lists_every_mode() -> None:
+    """The weight-only modes are bench modes too: the refusal lists them beside the FP8 ones."""
+    r = run_moe_build("bench", "--quant", "int3", timeout=120)
+    assert_one_line_error(r, "quant")
+    for mode in ("fp8_block", "w4a16_awq", "w8a16", "wfp4a16", "w4afp8", "w4afp8_dynamic"):
+        assert mode in r.stderr
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU the command would run the bench")

@@ -325,6 +325,7 @@ def test_bad_input_is_one_line_and_leaves_no_file(checkpoints: Callable[[str], P
         (("export", "--layer", "1", "--onnx", graph), "layer"),
         (("export", ckpt, "--onnx", tmp_path / "a-file" / "x.onnx"), "onnx"),
         (("export", ckpt, "--onnx", tmp_path), "onnx"),
+        (("export", ckpt, "--onnx", f"{tmp_path / 'not-yet-a-folder'}/"), "onnx"),  # would have written that file
     ]
     for args, field in cases:
         code, out, err = moe_build(*args)
