@@ -203,6 +203,8 @@ def test_inspect_shows_a_rank_and_the_whole_group(built: tuple[Path, object]) ->
     assert lines[0].startswith(f"verified {out / 'tiny'}: 2 of 2 ranks")
     assert any("0..3" in line and "rank0/tiny.engine" in line for line in lines)
     assert any("4..7" in line and "rank1/tiny.engine" in line for line in lines)
+    r = run_moe_build("inspect", str(out))  # the build's folder, holding this one layer: the same view
+    assert r.returncode == 0 and r.stdout.splitlines()[0].startswith(f"verified {out / 'tiny'}: 2 of 2 ranks"), r.stderr
     doc = inspect_path(out / "tiny")  # what --json prints
     assert [x["ep"]["rank"] for x in doc["ranks"]] == [0, 1] and doc["missing"] == [] and doc["ep_size"] == 2
     assert [Path(x["engine"]) for x in doc["ranks"]] == [out / "tiny/rank0/tiny.engine", out / "tiny/rank1/tiny.engine"]

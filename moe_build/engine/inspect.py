@@ -127,8 +127,8 @@ def inspect_group(folder: str | Path) -> dict[str, Any]:
 
 
 def inspect_folder(folder: Path) -> dict[str, Any]:
-    """A build's output folder (`--out`, default engines/), as a user names it after `build`: the one engine it
-    holds, in full; or, where it holds several (`--all-layers`, several builds) or expert-parallel layers, every
+    """A build's output folder (`--out`, default engines/), as a user names it after `build`: the one engine (or
+    expert-parallel layer) it holds, in full; or, where it holds more (`--all-layers`, several builds), every
     engine and group verified (exit 1 at the first that is not) and listed. Temporary files of a build still
     running, or killed, are not engines."""
     engines = sorted(p for p in folder.glob("*.engine") if not p.name.startswith(TEMP_PREFIX))
@@ -139,6 +139,8 @@ def inspect_folder(folder: Path) -> dict[str, Any]:
                             "(moe-build build --ep-size N)")
     if len(engines) == 1 and not groups:
         return inspect_engine(engines[0])
+    if len(groups) == 1 and not engines:
+        return inspect_group(groups[0])
     return {"verified": True, "folder": str(folder), "engines": [inspect_engine(e) for e in engines],
             "groups": [inspect_group(g) for g in groups]}
 
