@@ -263,8 +263,8 @@ def render_folder(result: dict[str, Any], console: Console) -> None:
                      f"{first['flavour']['name']}, SM {first['target']['sm'] // 10}.{first['target']['sm'] % 10}",
                      f"{first['profile']['min']}..{first['profile']['max']}",
                      _size(sum(r["engine_bytes"] for r in g["ranks"]))))
-    console.print(_table("engines", ("engine", "layer", "path", "dtype", "quant", "target", "tokens",
-                                                 "size"), rows))
+    columns = ("engine", "layer", "path", "dtype", "quant", "target", "tokens", "size")
+    console.print(_table("engines", columns, rows))
     console.print("moe-build inspect FILE (or an expert-parallel layer's folder) shows one engine's plan, I/O and "
                   "layers")
 
