@@ -181,7 +181,8 @@ def _dequantizing(config: Any) -> Any:
     quant = AutoQuantizationConfig.from_dict(stored if isinstance(stored, dict) else stored.to_dict())
     if "dequantize" not in getattr(quant, "get_loading_attributes", dict)():
         raise MoeBuildError("checkpoint", f"its {quant.quant_method} weights cannot be dequantized by transformers "
-                            "on the CPU, which the check runs on", "unquantized or MXFP4 checkpoints")
+                            "on the CPU, which the check runs on",
+                            "unquantized, FP8, compressed-tensors int or MXFP4 checkpoints")
     quant.dequantize = True
     return quant
 
@@ -403,6 +404,20 @@ def _refuse_bad_numbers(tokens: int, rtol: float | None, atol: float | None) -> 
             raise MoeBuildError(name, f"must be a number >= 0, got {value}", "numbers >= 0")
 
 
+def _refuse_partial_fp8_blocks(spec: MoESpec) -> None:
+    """Block-128 FP8 experts whose hidden or intermediate size is not a multiple of 128 end in partial blocks, which
+    transformers' dequantization gets wrong: it takes each block's size as the matrix's over the scale grid's
+    (integrations/finegrained_fp8.py, Fp8Dequantize._dequantize_one), 96 columns for 192, where the format's block
+    is 128 (DeepSeek-V3's weight_block_size, moe_build/weights/fp8.py). The check would report that as moe-build's
+    error; the released models' sizes are multiples of 128."""
+    from .weights.fp8 import FP8_GROUP
+    if spec.quant is Quant.FP8_BLOCK and (spec.hidden_size % FP8_GROUP or spec.intermediate_size % FP8_GROUP):
+        raise MoeBuildError("checkpoint", f"block-128 FP8 with hidden {spec.hidden_size} and intermediate "
+                            f"{spec.intermediate_size}: transformers dequantizes the partial blocks of such sizes "
+                            "wrongly (its block is rows over scale rows), so it is no reference for them",
+                            "block-128 FP8 checkpoints whose sizes are multiples of 128")
+
+
 def check_layer(checkpoint: str, layer: int | None = None, tokens: int = 64, seed: int = 0,
                 rtol: float | None = None, atol: float | None = None, onnx: str | None = None,
                 log: Log = lambda line: None) -> CheckResult:
@@ -415,6 +430,7 @@ def check_layer(checkpoint: str, layer: int | None = None, tokens: int = 64, see
     _refuse_bad_numbers(tokens, rtol, atol)
     folder = Path(checkpoint)
     spec = resolve_spec(folder)
+    _refuse_partial_fp8_blocks(spec)
     layer = select_moe_layers(folder, layer, all_layers=False)[0]
     dtype = DType.FP32 if onnx is None else given_graph_dtype(Path(onnx), spec)
     rtol = DEFAULT_RTOL[dtype] if rtol is None else rtol

@@ -198,6 +198,30 @@ def test_check_of_a_compressed_tensors_checkpoint_goes_through_transformers_dequ
         assert r["passed"] and r["rel_norm"] < 1e-6 and r["tokens_compared"] > 60
 
 
+@pytest.mark.parametrize("hidden", [256, 192])
+def test_check_of_a_deepseek_block128_checkpoint(tmp_path: Path, moe_build: Callable[..., Any], hidden: int) -> None:
+    """DeepSeek-V3's FP8 format (quant_method fp8, 128 x 128 blocks) through transformers' own FP8 dequantization.
+    At hidden 256 it passes. At 192, where the last block is partial, transformers takes 96-column blocks, which is
+    not the format, so the check refuses instead of failing moe-build's reading."""
+    from test_fp8_checkpoints import Family, _rewrite, _saved, _write_block128
+    family = Family(lambda: transformers.Qwen3MoeConfig(
+        num_attention_heads=2, num_key_value_heads=2, vocab_size=64, hidden_size=hidden, intermediate_size=256,
+        moe_intermediate_size=128, num_experts=8, num_experts_per_tok=2, head_dim=16, num_hidden_layers=1,
+        norm_topk_prob=True), 0, ("gate_proj", "up_proj", "down_proj"))
+    _saved(family, tmp_path)
+    _rewrite(tmp_path, lambda tensors: _write_block128(family, tensors, tmp_path))
+    if hidden % 128:
+        code, _, err = moe_build("check", tmp_path)
+        assert code == 2 and err.strip().splitlines()[-1].startswith(
+            "moe-build: error: checkpoint: block-128 FP8 with hidden 192 and intermediate 128"), err
+        return
+    pytest.importorskip("accelerate")
+    code, out, err = moe_build("check", tmp_path, "--json")
+    assert code == 0, err
+    r = json.loads(out)
+    assert r["passed"] and r["rel_norm"] < 1e-6 and r["tokens_compared"] > 60
+
+
 def _perturb_expert(loaded: Any) -> None:
     loaded.weights.w2[3] *= 1.01
 
