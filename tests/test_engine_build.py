@@ -186,6 +186,14 @@ def build_plugin_engines_with_double(out: Path) -> dict[str, dict[str, Any]]:
                         "engine_path": str(result.engine_path), "progress": progress.getvalue().splitlines(),
                         "bound": bound_module_name(), "env": os.environ[RTX_ENV],
                         "polygraphy_trt_version": loader.trt.__version__}
+    for sm in (100, 120):  # a plugin-path plan for an SM the kernel library has no code for
+        plan = make_plan(tiny, _target(sm=sm, flavour=Flavour.TENSORRT), tokens=8)
+        try:
+            build_engine(tiny, UnreadableWeights(), plan, BuildOptions(output_dir=out / f"sm{sm}"))  # type: ignore
+            results[f"sm{sm}"] = {"refused": None}
+        except MoeBuildError as exc:
+            results[f"sm{sm}"] = {"refused": str(exc), "field": exc.field,
+                                  "out_exists": (out / f"sm{sm}").exists()}
     return results
 
 
@@ -546,6 +554,16 @@ def test_plugin_path_goes_through_the_loaders_to_the_builder(plugin_build: dict[
                                                                               ["moe.w2", "CONSTANT"]]
     assert plugin_build["progress"][0] == "tiny: adding the MoE plugin layer"
     assert plugin_build["progress"][-1] == "tiny: writing engine + manifest"
+
+
+def test_plugin_path_for_an_sm_without_kernels_is_refused_before_any_work(
+        plugin_builds: dict[str, dict[str, Any]]) -> None:
+    """With full TensorRT, an SM 10.x / 12.x plugin-path plan would build an engine whose enqueue has no kernels to
+    run: refused first, naming the SM, and no weight read."""
+    for sm in (100, 120):
+        r = plugin_builds[f"sm{sm}"]
+        assert r["refused"] is not None and r["field"] == "sm" and not r["out_exists"], r
+        assert r["refused"].startswith(f"sm: moe-build's CUDA kernels are built for SM 8.x and 9.0; sm{sm} has none")
 
 
 def test_plugin_manifest_records_the_plan_whole(plugin_build: dict[str, Any]) -> None:

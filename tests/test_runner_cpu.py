@@ -12,7 +12,7 @@ import torch
 
 from moe_build import kernels
 from moe_build.errors import MoeBuildError, UnsupportedCombination
-from moe_build.planner import make_plan
+from moe_build.planner import Plan, make_plan
 from moe_build.runner import MoERunner, Workspace, kernel_sequence, layout_bytes, steps_up_to, workspace_layout
 from moe_build.runner.runner import device_target, serving_target
 from moe_build.runner.sequence import w1_interleaved, weights_blocked
@@ -246,9 +246,15 @@ def test_plans_without_runner_kernels_are_refused() -> None:
     rtx = Target(sm=89, flavour=Flavour.TENSORRT_RTX)
     with pytest.raises(MoeBuildError, match="plugin-path"):
         kernel_sequence(make_plan(SWIGLU, rtx, tokens=16), 16)
-    spec = dataclasses.replace(SWIGLU, quant=Quant.NVFP4)  # no NVFP4 kernels
-    with pytest.raises(MoeBuildError, match="quant"):
-        kernel_sequence(make_plan(spec, Target(sm=100, flavour=Flavour.TENSORRT), tokens=16), 16)
+    spec = dataclasses.replace(SWIGLU, quant=Quant.NVFP4)  # no NVFP4 kernels, and none for an SM past 9.0
+    for sm, layer in ((100, spec), (100, SWIGLU), (120, SWIGLU)):
+        with pytest.raises(MoeBuildError, match=rf"^sm: moe-build's CUDA kernels are built for SM 8.x and 9.0; "
+                                                rf"sm{sm} has none yet"):
+            kernel_sequence(make_plan(layer, Target(sm=sm, flavour=Flavour.TENSORRT), tokens=16), 16)
+    nvfp4_plan = make_plan(spec, Target(sm=100, flavour=Flavour.TENSORRT), tokens=16)
+    nvfp4_on_h100 = Plan.from_dict({**nvfp4_plan.to_dict(), "target": {**nvfp4_plan.target, "sm": 90}})
+    with pytest.raises(MoeBuildError, match="^quant: the runner has no nvfp4 kernels"):  # a plan made elsewhere
+        kernel_sequence(nvfp4_on_h100, 16)
     fp8_hidden = dataclasses.replace(SWIGLU, quant=Quant.W4AFP8, fp8_input=True)  # the gate's other side
     plan = make_plan(fp8_hidden, H100, tokens=16)
     assert plan.stage("expand_rows").choice == "plain"

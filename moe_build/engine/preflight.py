@@ -63,8 +63,10 @@ def prepare_build(spec: MoESpec, plan: Plan, options: BuildOptions) -> Toolchain
     if plan.path == "plugin":
         from ..plugins.enqueue import check_local_dispatch
         from ..plugins.fields import check_spec_and_plan
+        from ..runner.sequence import check_runnable
         check_spec_and_plan(spec, plan)  # quant modes without kernels, LoRA, fp32: what the plugin cannot run
         check_local_dispatch(plan)  # an expert-parallel rank needs a process group the plugin does not have
+        check_runnable(plan)  # what the runner in its enqueue has no kernels for: an SM past 9.0, a stage's form
     compute_capability = backend.compute_capability(target.sm)
     return Toolchain(backend=backend, loaders=polygraphy_loaders(backend), create_config=config_loader_class(backend),
                      target=target, routing_input=options.routing_input_for(plan.path),
