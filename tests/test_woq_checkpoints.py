@@ -475,10 +475,12 @@ def test_quant_none_dequantizes_the_stored_experts(tmp_path: Path, fmt: str) -> 
         assert written.pre and not torch.equal(w.w2[0], written.exact[family.expert_weights(0)[2]].to(torch.bfloat16))
 
 
-def test_quant_none_builds_an_ootb_engine_of_a_weight_only_checkpoint(tmp_path: Path) -> None:
-    """What the OOTB refusal of a weight-only checkpoint suggests, run as a user runs it: `--quant none` builds."""
+@pytest.mark.parametrize("fmt", ["modelopt_int4_g64", "modelopt_w4a8_g32"])
+def test_quant_none_builds_an_ootb_engine_of_a_weight_only_checkpoint(tmp_path: Path, fmt: str) -> None:
+    """What the OOTB refusal of a weight-only (or W4AFP8) checkpoint suggests, run as a user runs it: `--quant none`
+    builds."""
     pytest.importorskip("tensorrt_rtx_bindings")
-    _checkpoint(FAMILIES["qwen3_moe"], "modelopt_int4_g64", tmp_path / "ckpt")
+    _checkpoint(FAMILIES["qwen3_moe"], fmt, tmp_path / "ckpt")
     refused = run_moe_build("build", str(tmp_path / "ckpt"), cwd=tmp_path)
     assert refused.returncode == 2 and "--quant none builds it with the experts dequantized" in refused.stderr
     r = run_moe_build("build", str(tmp_path / "ckpt"), "--quant", "none", cwd=tmp_path)

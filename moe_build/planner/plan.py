@@ -67,6 +67,7 @@ GATE_FIELD = {
 GATE_HINT = {
     "ootb_weight_only_quant": "--quant none builds it with the experts dequantized exactly to the model dtype",
     "ootb_fp8_sm": "--quant none builds it with the experts dequantized exactly to the model dtype, or --sm 89+",
+    "ootb_quant_implemented": "--quant none builds it with the experts dequantized exactly to the model dtype",
     "gemm2_quantizing_call": "force a decode GEMM2 at every count too, e.g. "
                              "gemm2_tactic=decode:ksplit1:after_trigger:plain",
 }
