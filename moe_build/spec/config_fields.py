@@ -2,11 +2,28 @@
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from ..errors import MoeBuildError
 
 MAX_LAYERS = 1024  # decoder layers of a config (the largest released MoE models have under 100)
+
+
+def one_config_group(q: Mapping[str, Any], matches: Callable[[Mapping[str, Any]], bool],
+                     scheme: str) -> tuple[str, Mapping[str, Any]] | None:
+    """compressed-tensors' config group that `matches` (FP8 or int weights), as (name, group); None when none does.
+    Several groups are refused, since moe-build would have to match their targets to module names to know which one
+    the experts follow."""
+    groups = q.get("config_groups") or {}
+    if not isinstance(groups, Mapping):
+        raise MoeBuildError("config_groups", f"must be an object, got {groups!r}", "an object of groups")
+    found = [name for name, g in groups.items() if isinstance(g, Mapping) and matches(g)]
+    if not found:
+        return None
+    if len(groups) > 1:
+        raise MoeBuildError("config_groups", f"{len(groups)} groups ({', '.join(groups)}): moe-build reads one "
+                            f"{scheme} scheme for every expert", "one config group")
+    return found[0], groups[found[0]]
 
 
 class ConfigFields:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping
 
 from ..errors import MoeBuildError
-from .config_fields import ConfigFields, prefixed
+from .config_fields import ConfigFields, one_config_group, prefixed
 from .layer import ActScale, Quant
 from .woq_config import is_int
 
@@ -105,24 +105,17 @@ def _ct_activations(a: Mapping[str, Any], quant: Quant) -> ActScale:
 
 def _compressed_tensors(q: Mapping[str, Any]) -> Fp8 | None:
     """compressed-tensors / llm-compressor: one config group of 8-bit float weights and activations stored
-    `float-quantized`; None when no group quantizes to 8-bit float. Several groups are refused, since moe-build
-    would have to match their targets to module names to know which one the experts follow."""
-    groups = q.get("config_groups") or {}
-    if not isinstance(groups, Mapping):
-        raise MoeBuildError("config_groups", f"must be an object, got {groups!r}", "an object of groups")
-    fp8 = [name for name, g in groups.items() if isinstance(g, Mapping) and  # int weights: woq_config's W4AFP8
-           (_is_float8(g.get("weights")) or (_is_float8(g.get("input_activations")) and not is_int(g.get("weights"))))]
-    if not fp8:
+    `float-quantized`; None when no group quantizes to 8-bit float (one_config_group)."""
+    found = one_config_group(q, lambda g: _is_float8(g.get("weights")) or (  # int weights: woq_config's W4AFP8
+        _is_float8(g.get("input_activations")) and not is_int(g.get("weights"))), "FP8")
+    if found is None:
         return None
-    if len(groups) > 1:
-        raise MoeBuildError("config_groups", f"{len(groups)} groups ({', '.join(groups)}): moe-build reads one FP8 "
-                            "scheme for every expert", "one config group")
-    group = groups[fp8[0]]
+    name, group = found
     fmt = group.get("format") or q.get("format")
     if fmt != "float-quantized":
         raise MoeBuildError("format", f"{fmt!r} is not how compressed-tensors stores FP8 weights", "float-quantized")
     ConfigFields(q).same("quantization_status", "compressed", "the weights are stored unquantized")
-    with prefixed(f"config_groups.{fp8[0]}"):
+    with prefixed(f"config_groups.{name}"):
         if group.get("output_activations") is not None:
             raise MoeBuildError("output_activations", "quantized layer outputs are not supported", "null")
         if not isinstance(group.get("weights"), Mapping):

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from ..errors import MoeBuildError
+from .config_fields import one_config_group
 from .layer import ActScale, Quant
 
 # quant, quant_group_size, act_scale, and how the experts are stored: the spec's quant_zero_points /
@@ -99,19 +100,13 @@ def _ct_acts(a: Any) -> ActScale | None:
 
 
 def _compressed_tensors(q: Mapping[str, Any]) -> Woq | None:
-    """One compressed-tensors config group with int weights; None when no group has int weights."""
-    groups = q.get("config_groups") or {}
-    if not isinstance(groups, Mapping):
+    """One compressed-tensors config group with int weights; None when no group has int weights (one_config_group)."""
+    found = one_config_group(q, lambda g: is_int(g.get("weights")), "weight-only")
+    if found is None:
         return None
-    ints = [name for name, g in groups.items() if isinstance(g, Mapping) and is_int(g.get("weights"))]
-    if not ints:
-        return None
-    if len(groups) > 1:
-        raise MoeBuildError("config_groups", f"{len(groups)} groups ({', '.join(groups)}): moe-build reads one "
-                            "weight-only scheme for every expert", "one config group")
-    group = groups[ints[0]]
+    name, group = found
     w = group["weights"]
-    where = f"config_groups.{ints[0]}"
+    where = f"config_groups.{name}"
     bits = w.get("num_bits")
     if bits not in (4, 8):
         raise MoeBuildError(f"{where}.weights.num_bits", f"{bits!r}-bit int weights", "4, 8")
