@@ -250,19 +250,14 @@ def render_folder(result: dict[str, Any], console: Console) -> None:
     console.print(f"[bold green]verified[/bold green] {escape(result['folder'])}: {len(engines)} engine(s) and "
                   f"{len(groups)} expert-parallel layer(s), each engine's sha256 matches its manifest; manifests, "
                   "specs and plans agree")
-    rows = []
-    for r in engines:
-        spec, target, profile = r["spec"], r["target"], r["profile"]
-        rows.append((Path(r["engine"]).name, spec["name"], r["plan_path"], spec["dtype"], r["quant"]["mode"],
-                     f"{r['flavour']['name']}, SM {target['sm'] // 10}.{target['sm'] % 10}",
-                     f"{profile['min']}..{profile['max']}", _size(r["engine_bytes"])))
-    for g in groups:
-        first = g["ranks"][0]
-        rows.append((f"{Path(g['group']).name}/ ({len(g['ranks'])} of {g['ep_size']} ranks)",
-                     first["spec"]["name"], first["plan_path"], first["spec"]["dtype"], first["quant"]["mode"],
-                     f"{first['flavour']['name']}, SM {first['target']['sm'] // 10}.{first['target']['sm'] % 10}",
-                     f"{first['profile']['min']}..{first['profile']['max']}",
-                     _size(sum(r["engine_bytes"] for r in g["ranks"]))))
+    def row(name: str, r: dict[str, Any], engine_bytes: int) -> tuple[str, ...]:
+        spec, sm, profile = r["spec"], r["target"]["sm"], r["profile"]
+        return (name, spec["name"], r["plan_path"], spec["dtype"], r["quant"]["mode"],
+                f"{r['flavour']['name']}, SM {sm // 10}.{sm % 10}", f"{profile['min']}..{profile['max']}",
+                _size(engine_bytes))
+    rows = [row(Path(r["engine"]).name, r, r["engine_bytes"]) for r in engines]
+    rows += [row(f"{Path(g['group']).name}/ ({len(g['ranks'])} of {g['ep_size']} ranks)", g["ranks"][0],
+                 sum(r["engine_bytes"] for r in g["ranks"])) for g in groups]
     columns = ("engine", "layer", "path", "dtype", "quant", "target", "tokens", "size")
     console.print(_table("engines", columns, rows))
     console.print("moe-build inspect FILE (or an expert-parallel layer's folder) shows one engine's plan, I/O and "
