@@ -92,6 +92,20 @@ def test_environment_gate_disables_finalize_fusion():
         assert any(g["name"] == "finalize_env" and not g["held"] for g in fin["gates"])
 
 
+def test_a_plugin_plan_past_sm_9x_says_moe_build_has_no_kernels_for_it():
+    """On SM 100 / 120 the plugin path's stages are TensorRT-LLM's matrix, which moe-build's kernels cannot run:
+    the report says so (from the plan's path gate) instead of showing them as what a build gives."""
+    for sm, held in (("80", True), ("90", True), ("100", False), ("120", False)):
+        doc = report(*MIXTRAL_FLAGS, "--sm", sm, "--flavour", "tensorrt")
+        gate = {g["name"]: g for g in doc["path_gates"]}["plugin_kernels_sm"]
+        assert (doc["path"], gate["held"], gate["value"]) == ("plugin", held, int(sm))
+        assert ("moe-build has no kernels for" in doc["path_reason"]) is not held
+    r = run(*MIXTRAL_FLAGS, "--sm", "100", "--flavour", "tensorrt", "--markdown")
+    assert r.returncode == 0, r.stderr
+    assert ("moe-build has no kernels for sm100 yet, plugin_kernels_sm fails: the stages show TensorRT-LLM's matrix "
+            "and `build` refuses this plan") in r.stdout
+
+
 def test_rtx_flavour_takes_ootb_and_says_why():
     doc = report(*MIXTRAL_FLAGS, "--sm", "89", "--flavour", "tensorrt-rtx")
     assert doc["path"] == "ootb"

@@ -98,7 +98,7 @@ ROWS: list[tuple[str, str, dict, dict, int | None, dict, set[str], dict[str, str
     ("gated_epilogue_inter_mod_8_only", "hopper", {"intermediate_size": 14336 + 8}, {}, None, {},
      {"fused_gated_k_n_mod_64"}, {}),
     ("gated_epilogue_sm", "hopper", {}, {"sm": 100}, None, {},
-     {"gated_epilogue_sm"}, {"fc1_activation": "separate"}),
+     {"gated_epilogue_sm", "plugin_kernels_sm"}, {"fc1_activation": "separate"}),
     ("gated_epilogue_swiglu_clamp", "hopper", {"activation": "swiglu_clamp"}, {}, None, {},
      {"fused_gated_activation"}, {}),
     # ... and on the weight-only mixed-input wgmma GEMM1, which Mixtral's W4A16 layer runs from 64 tokens (16 rows

@@ -252,7 +252,9 @@ def test_plans_without_runner_kernels_are_refused() -> None:
                                                 rf"sm{sm} has none yet"):
             kernel_sequence(make_plan(layer, Target(sm=sm, flavour=Flavour.TENSORRT), tokens=16), 16)
     nvfp4_plan = make_plan(spec, Target(sm=100, flavour=Flavour.TENSORRT), tokens=16)
-    nvfp4_on_h100 = Plan.from_dict({**nvfp4_plan.to_dict(), "target": {**nvfp4_plan.target, "sm": 90}})
+    made = nvfp4_plan.to_dict()  # its target and the path gate that reads it, as if planned for an H100
+    gates = [{**g, "value": 90, "held": True} if g["name"] == "plugin_kernels_sm" else g for g in made["path_gates"]]
+    nvfp4_on_h100 = Plan.from_dict({**made, "target": {**nvfp4_plan.target, "sm": 90}, "path_gates": gates})
     with pytest.raises(MoeBuildError, match="^quant: the runner has no nvfp4 kernels"):  # a plan made elsewhere
         kernel_sequence(nvfp4_on_h100, 16)
     fp8_hidden = dataclasses.replace(SWIGLU, quant=Quant.W4AFP8, fp8_input=True)  # the gate's other side

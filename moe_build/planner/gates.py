@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Sequence
 
-PLAN_SCHEMA_VERSION = "moe-build.plan/9"
+PLAN_SCHEMA_VERSION = "moe-build.plan/10"
 
 # Upstream sources of the fusion matrix's conditions: files of the TensorRT-LLM repository (NVIDIA/TensorRT-LLM),
 # cited as file:line; the prefix keeps them apart from this repository's own files.
@@ -136,6 +136,12 @@ class Plan:
             if s.stage == name:
                 return s
         raise KeyError(f"plan has no stage {name!r}; stages: {[s.stage for s in self.stages]}")
+
+    def path_gate(self, name: str) -> Gate:
+        for g in self.path_gates:
+            if g.name == name:
+                return g
+        raise KeyError(f"plan has no path gate {name!r}; path gates: {[g.name for g in self.path_gates]}")
 
     def band_edges(self, max_tokens: int, stages: Iterable[str] | None = None,
                    starts_only: bool = False) -> list[int]:

@@ -751,7 +751,11 @@ def make_plan(spec: MoESpec, target: Target, tokens: int = 1,
             ep_format,
             _nccl_exchange(spec, dispatch.choice, ep_format.choice, tokens, force.get("nccl_exchange")),
         )
-        return Plan("plugin", tuple(plugin_gates + checks), stages, tokens, spec.to_dict(), target.to_dict())
+        # not a refusal: the plan is TensorRT-LLM's matrix on every SM; the report and the runner read whether
+        # moe-build's own kernels can run it
+        kernels = R.plugin_kernels_for_sm(target)
+        return Plan("plugin", tuple(plugin_gates + checks + [kernels]), stages, tokens, spec.to_dict(),
+                    target.to_dict())
     checks = [R.ootb_not_weight_only(spec), R.ootb_sm_below_100(target), R.flavour_targets_sm(target),
               R.ootb_quant_implemented(spec), R.ootb_fp8_sm(spec, target), R.ootb_no_lora(spec)]
     reason = _failing(plugin_gates)

@@ -38,7 +38,10 @@ def _bands_text(d: StageDecision, sep: str = "; ") -> str:
 def _path_reason(plan: Plan) -> str:
     failed = [g for g in plan.path_gates if not g.held]
     if plan.path == "plugin":
-        return "MoE plugin enabled and the flavour can add plugin layers"
+        kernels = plan.path_gate("plugin_kernels_sm")
+        ours = ("" if kernels.held else f"; moe-build has no kernels for sm{kernels.value} yet, {kernels.name} fails: "
+                "the stages show TensorRT-LLM's matrix and `build` refuses this plan")
+        return "MoE plugin enabled and the flavour can add plugin layers" + ours
     return "; ".join(f"{g.name}: {g.condition} does not hold (value {g.value}) [{g.source}]" for g in failed
                      if g.name in ("moe_plugin", "flavour_plugin_layers"))
 

@@ -85,6 +85,12 @@ def flavour_targets_sm(t: Target) -> Gate:
     return Gate("flavour_sm", t.sm, "any supported sm (full TensorRT)", True, RTX_FACTS)
 
 
+# moe-build's kernel library holds sm_80 code, which every SM 8.x runs, and sm_90a code (moe_build/kernels/build.py)
+def plugin_kernels_for_sm(t: Target) -> Gate:
+    return Gate("plugin_kernels_sm", t.sm, "80 <= sm < 100 (sm_80 and sm_90a code)",
+                80 <= t.sm < 100, "moe_build/kernels/build.py")
+
+
 # ---- plugin dtype / architecture constraints --------------------------------------------------
 
 def _plugin_input_kind(s: MoESpec) -> str:

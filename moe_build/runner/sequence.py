@@ -196,11 +196,10 @@ def check_runnable(plan: Plan) -> None:
     if plan.path != "plugin":
         raise MoeBuildError("path", f"the fused runner executes plugin-path plans, this plan is {plan.path!r}",
                             "plugin (moe_plugin=auto with full TensorRT)")
-    sm = plan.target["sm"]
-    # the kernel library holds sm_80 code, which every SM 8.x runs, and sm_90a code (moe_build/kernels/build.py)
-    if not 80 <= sm < 100:
-        raise MoeBuildError("sm", f"moe-build's CUDA kernels are built for SM 8.x and 9.0; sm{sm} has none yet",
-                            "SM 80, 86, 89 or 90; for SM 120 / 121 an OOTB engine, --flavour tensorrt-rtx")
+    kernels = plan.path_gate("plugin_kernels_sm")  # the planner's rule (planner/rules.py, plugin_kernels_for_sm)
+    if not kernels.held:
+        raise MoeBuildError("sm", f"moe-build's CUDA kernels are built for SM 8.x and 9.0; sm{kernels.value} has none "
+                            "yet", "SM 80, 86, 89 or 90; for SM 120 / 121 an OOTB engine, --flavour tensorrt-rtx")
     spec = plan.spec
     if spec.get("quant", "none") not in RUNNABLE_QUANT:
         raise MoeBuildError("quant", f"the runner has no {spec['quant']} kernels yet", RUNNABLE_QUANT)
