@@ -5,11 +5,13 @@
 #
 # Phases, chosen by PHASES (default "tests bench"):
 #   tests  the GPU tests (GPU_TESTS, default tests/gpu and the README's Python example: pytest paths or node ids,
-#          word-split)
-#   tests_split  the single-GPU test files (GPU_TESTS, default every tests/gpu/test_*.py but the multi-GPU
-#          test_expert_parallel.py) dealt over every GPU of the host, one pytest per GPU side by side, each with
-#          OMP_NUM_THREADS = cores / GPUs (without it their fp64 references slowed each other many times over);
-#          logs gpu_tests_split_<gpu>.log; on a 4-GPU kind about a quarter of the `tests` time
+#          word-split). GPU_CASES (default pairs) is pytest's --gpu-cases: "pairs" runs the parametrized cases that
+#          hold every pair of parameter values (about 3,200 of 8,500), "all" every combination
+#   tests_split  the single-GPU tests (GPU_TESTS, default every tests/gpu/test_*.py but the multi-GPU
+#          test_expert_parallel.py, and the README's Python example) in WORKERS_PER_GPU (default 4) pytest
+#          processes a GPU side by side, each taking every P-th test (pytest --shard, P processes in all) with
+#          OMP_NUM_THREADS = cores / P (without it their fp64 references, on the CPU, slowed each other many times
+#          over); GPU_CASES as for tests; logs gpu_tests_split_<process>.log
 #   bench  moe-build bench: the four bench shapes at 1/16/256/4096 tokens, ours and its forced-off variants
 #          beside the peers and the floor (BENCH_ARGS adds or overrides options)
 #   sweep  moe-build bench --sweep: the default plan at a dense set of token counts from 1 to 8192
@@ -74,20 +76,18 @@ else
 fi
 # shellcheck disable=SC2086
 has tests && phase gpu_tests "${TESTS_S:-240}" "$PY" -m pytest -q -rs -p no:cacheprovider ${GPU_TESTS:-tests/gpu $README_EXAMPLE} \
-  --junitxml="$RESULTS/gpu_tests.xml"
+  --gpu-cases="${GPU_CASES:-pairs}" --junitxml="$RESULTS/gpu_tests.xml"
 if has tests_split; then
   gpus=${GPUS:-$(nvidia-smi -L 2>/dev/null | wc -l)}
   [ "$gpus" -ge 1 ] || gpus=1
+  processes=$((gpus * ${WORKERS_PER_GPU:-4}))
   # shellcheck disable=SC2086,SC2207
-  files=($(ls ${GPU_TESTS:-$(ls tests/gpu/test_*.py | grep -v test_expert_parallel.py)}))
+  files=(${GPU_TESTS:-$(ls tests/gpu/test_*.py | grep -v test_expert_parallel.py) $README_EXAMPLE})
   t0=$SECONDS
-  for g in $(seq 0 $((gpus - 1))); do
-    group=()
-    for j in "${!files[@]}"; do (( j % gpus == g )) && group+=("${files[$j]}"); done
-    [ ${#group[@]} -gt 0 ] || continue
-    CUDA_VISIBLE_DEVICES=$g OMP_NUM_THREADS=$(( $(nproc) / gpus > 0 ? $(nproc) / gpus : 1 )) \
-      timeout "${TESTS_S:-240}" "$PY" -m pytest -q -rs -p no:cacheprovider "${group[@]}" \
-      > "$RESULTS/gpu_tests_split_$g.log" 2>&1 &
+  for p in $(seq 0 $((processes - 1))); do
+    CUDA_VISIBLE_DEVICES=$((p % gpus)) OMP_NUM_THREADS=$(( $(nproc) / processes > 0 ? $(nproc) / processes : 1 )) \
+      timeout "${TESTS_S:-240}" "$PY" -m pytest -q -rs -p no:cacheprovider "${files[@]}" \
+      --gpu-cases="${GPU_CASES:-pairs}" --shard="$p/$processes" > "$RESULTS/gpu_tests_split_$p.log" 2>&1 &
   done
   wait
   for log in "$RESULTS"/gpu_tests_split_*.log; do
