@@ -1,10 +1,11 @@
 """Which parametrized cases of a test keep every pair of parameter values: the GPU suite runs these by default.
 
 Why: the GPU tests cross every tactic with every shape, count, dtype and fusion, 8,500 cases that take longer on one
-GPU than a session's device time. Kernel bugs show at one value or at two meeting (a tile at a ragged k, a K split
-with a bias), seldom only where three specific values meet, so a subset holding every pair of values that occurs
-together in some case (all-pairs, as combinatorial test design uses) keeps almost all of the suite's power at about a
-third of its cases. `pytest --gpu-cases=all` still runs every combination.
+GPU than a session's device time. The kernel bugs these tests look for show at one value or where two meet (a tile at
+a ragged k, a K split with a bias), so a subset holding every pair of values that occurs together in some case
+(all-pairs, as combinatorial test design uses) runs every value against every other parameter's values at about a
+third of the cases; what it gives up is cases where only three or more particular values meet. `pytest
+--gpu-cases=all` still runs every combination, as a kernel change deserves.
 """
 from __future__ import annotations
 
