@@ -447,9 +447,12 @@ def bench_ep_cmd(nproc: int | None, iters: int, json_path: str | None, layers: s
         if name not in known:
             raise MoeBuildError("layers", f"unknown layer {name!r}", known)
     have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if have < 2:
+        raise MoeBuildError("device", f"moe-build bench-ep needs 2 or more CUDA GPUs of one host, this machine has "
+                            f"{have}", "a host with 2+ NVIDIA GPUs")
     n = have if nproc is None else nproc
-    if n < 2 or n > have:
-        raise MoeBuildError("nproc", f"{n} ranks on a machine with {have} CUDA GPUs", f"2..{max(have, 2)}")
+    if not 2 <= n <= have:
+        raise MoeBuildError("nproc", f"{n} ranks on a machine with {have} CUDA GPUs", f"2..{have}")
     env = {**os.environ, "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
            "NVSHMEM_DISABLE_NVLS": "1"}
     args = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}", "-m",

@@ -166,6 +166,15 @@ def test_bad_bench_ep_flags_are_one_line_before_any_gpu_is_asked_for(args: list[
     assert r.stdout == ""
 
 
+@pytest.mark.parametrize("args", [[], ["--nproc", "2"]])
+def test_bench_ep_without_two_gpus_says_what_it_needs(args: list[str]) -> None:
+    if torch.cuda.device_count() >= 2:
+        pytest.skip("this machine has 2+ CUDA GPUs: bench-ep would run")
+    r = cli("bench-ep", *args)
+    assert_one_line_refusal(r, "device", "2 or more CUDA GPUs", f"this machine has {torch.cuda.device_count()}")
+    assert r.stdout == ""
+
+
 def test_unknown_command_is_one_line() -> None:
     assert_one_line_refusal(cli("buidl"), "buidl")
 
