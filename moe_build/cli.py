@@ -502,6 +502,21 @@ def _raise_terminated(signum: int, frame: object) -> None:
     raise _Terminated()
 
 
+def _allowed_names(e: click.UsageError) -> str:
+    """What click's message for an unknown option or command leaves out, the names it could have been, in the
+    "(allowed: ...)" form of every other input error; "" for other usage errors, whose messages say it already."""
+    ctx = e.ctx
+    if ctx is None:
+        return ""
+    if isinstance(e, click.NoSuchOption):
+        names = sorted(opt for param in ctx.command.get_params(ctx) for opt in param.opts if opt.startswith("--"))
+    elif isinstance(ctx.command, click.Group) and e.format_message().startswith("No such command"):
+        names = ctx.command.list_commands(ctx)
+    else:
+        return ""
+    return f" (allowed: {', '.join(names)})"
+
+
 def main() -> None:
     """Console entry point: one-line errors and the documented exit codes (2 bad input, 1 failed
     verification, 130 interrupted, 143 terminated)."""
@@ -517,8 +532,8 @@ def main() -> None:
         sys.exit(VerificationError.exit_code)
     except click.UsageError as e:  # a bad option or argument: one line, like every other input error
         where = f" {e.ctx.command_path}" if e.ctx is not None else ""
-        click.echo(f"moe-build{where.removeprefix(' moe-build') if where else ''}: error: {e.format_message()}",
-                   err=True)
+        click.echo(f"moe-build{where.removeprefix(' moe-build') if where else ''}: error: {e.format_message()}"
+                   f"{_allowed_names(e)}", err=True)
         sys.exit(2)
     except click.ClickException as e:
         e.show()

@@ -175,8 +175,14 @@ def test_bench_ep_without_two_gpus_says_what_it_needs(args: list[str]) -> None:
     assert r.stdout == ""
 
 
-def test_unknown_command_is_one_line() -> None:
-    assert_one_line_refusal(cli("buidl"), "buidl")
+def test_unknown_command_is_one_line_with_the_commands() -> None:
+    assert_one_line_refusal(cli("buidl"), "buidl", "(allowed: bench, bench-ep, build, check, export, fusion-report, "
+                            "inspect, kernels, presets)")
+
+
+def test_unknown_option_is_one_line_with_the_commands_options() -> None:
+    assert_one_line_refusal(cli("inspect", "--bogus", "x.engine"), "--bogus", "(allowed: --help, --json)")
+    assert_one_line_refusal(cli("build", "--bogus"), "--bogus", "--out", "--sm", "--preset", "--all-layers")
 
 
 def test_inspect_of_a_missing_file_is_bad_input(tmp_path: Path) -> None:
