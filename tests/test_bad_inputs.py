@@ -127,6 +127,7 @@ def test_shard_of_the_wrong_shape_names_the_tensor(tmp_path: Path) -> None:
     (["--preset", "tiny", "--no-such-flag"], ("--no-such-flag",)),
     (["--preset", "tiny", "--force", "gemm1_tactic"], ("force",)),
     (["--preset", "tiny", "--force", "no_stage=x"], ("no_stage",)),
+    (["--preset", "tiny", "--timing-cache", "."], ("timing_cache", "is a folder", "moe-build.timing.cache")),
 ])
 def test_bad_build_flags_are_one_line_and_write_nothing(tmp_path: Path, args: list[str],
                                                         needles: tuple[str, ...]) -> None:

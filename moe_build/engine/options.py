@@ -61,4 +61,7 @@ def check_options(options: BuildOptions, path: str | None = None) -> None:
                             "the MoE plugin has no router GEMM and takes router logits", PLUGIN_ROUTING_INPUTS)
     check_writable_folder("output", Path(options.output_dir))
     if options.timing_cache is not None:
+        if options.timing_cache.is_dir():  # full TensorRT would find out only when saving it, after the build
+            raise MoeBuildError("timing_cache", f"{options.timing_cache} is a folder",
+                                f"a file path such as {TIMING_CACHE_NAME}")
         check_writable_folder("timing_cache", options.timing_cache.parent)
