@@ -502,6 +502,11 @@ def _raise_terminated(signum: int, frame: object) -> None:
     raise _Terminated()
 
 
+# What Click 8.2 on raises for `moe-build` without a command; 8.1 printed the help itself and has no such class (an
+# empty tuple: an except clause that catches nothing).
+_NO_ARGS_IS_HELP: type[Exception] | tuple[()] = getattr(click.exceptions, "NoArgsIsHelpError", ())
+
+
 def _allowed_names(e: click.UsageError) -> str:
     """What click's message for an unknown option or command leaves out, the names it could have been, in the
     "(allowed: ...)" form of every other input error; "" for other usage errors, whose messages say it already."""
@@ -530,6 +535,8 @@ def main() -> None:
     except VerificationError as e:
         click.echo(f"moe-build: verification failed: {e}", err=True)
         sys.exit(VerificationError.exit_code)
+    except _NO_ARGS_IS_HELP as e:  # `moe-build` alone: the help, as `moe-build --help` prints it
+        click.echo(e.format_message())
     except click.UsageError as e:  # a bad option or argument: one line, like every other input error
         where = f" {e.ctx.command_path}" if e.ctx is not None else ""
         click.echo(f"moe-build{where.removeprefix(' moe-build') if where else ''}: error: {e.format_message()}"

@@ -176,6 +176,12 @@ def test_bench_ep_without_two_gpus_says_what_it_needs(args: list[str]) -> None:
     assert r.stdout == ""
 
 
+def test_no_command_prints_the_help() -> None:
+    r = cli()
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert r.stdout.startswith("Usage: ") and "Commands:" in r.stdout and "fusion-report" in r.stdout
+
+
 def test_unknown_command_is_one_line_with_the_commands() -> None:
     assert_one_line_refusal(cli("buidl"), "buidl", "(allowed: bench, bench-ep, build, check, export, fusion-report, "
                             "inspect, kernels, presets)")
