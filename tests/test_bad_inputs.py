@@ -167,6 +167,13 @@ def test_bad_bench_ep_flags_are_one_line_before_any_gpu_is_asked_for(args: list[
     assert r.stdout == ""
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU the command would run the bench")
+@pytest.mark.parametrize("args", [[], ["--sweep"], ["--sweep", "--tokens", "5"], ["--quant", "fp8_block"],
+                                  ["--quant", "w8a16"]])
+def test_bench_without_a_gpu_is_one_line_in_every_mode(args: list[str]) -> None:
+    assert_one_line_refusal(cli("bench", *args), "device", "moe-build bench needs a CUDA GPU")
+
+
 @pytest.mark.parametrize("args", [[], ["--nproc", "2"]])
 def test_bench_ep_without_two_gpus_says_what_it_needs(args: list[str]) -> None:
     if torch.cuda.device_count() >= 2:

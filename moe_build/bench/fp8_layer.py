@@ -32,8 +32,8 @@ import torch
 from ..errors import MoeBuildError
 from ..spec import ActScale, Quant
 from ..weights.fp8 import ScaleGranularity
-from .layer import (VariantSetup, check_runner_variants, check_variant, point_floor, point_line, runner_force,
-                    runner_setup, set_up_variants, time_panel, time_variants)
+from .layer import (VariantSetup, check_runner_variants, check_variant, point_floor, point_line, require_bench_gpu,
+                    runner_force, runner_setup, set_up_variants, time_panel, time_variants)
 from .peers import grouped_mm_peer, rowwise_fp8_weights, scaled_grouped_mm_peer
 from .timing import CeilingCalls, ceilings_text, measure_ceilings
 from .workload import (CHECK_ROWS, FP8_REL_ERR_LIMIT, FP8_SHAPES, FP8_STATIC_INPUT_SCALES, REF_WEIGHT_ELEMENTS, REL_ERR_LIMIT, TOKENS, bench_spec,
@@ -287,8 +287,7 @@ def run_fp8_bench(quants: Sequence[Fp8Mode], shapes: Sequence[str] = FP8_SHAPES,
                   input_sets: int = 4, variants: Sequence[str] = FP8_VARIANTS,
                   log: Callable[[str], None] = print) -> dict[str, Any]:
     """The whole FP8 comparison; writes JSON (after every shape) and PNG when paths are given."""
-    if not torch.cuda.is_available():
-        raise MoeBuildError("device", "moe-build bench needs a CUDA GPU", "a machine with an NVIDIA GPU")
+    require_bench_gpu()
     major, minor = torch.cuda.get_device_capability()
     if (major, minor) < (8, 9):
         raise MoeBuildError("quant", f"FP8 needs compute capability 8.9 or later, this GPU is sm{major}{minor}",

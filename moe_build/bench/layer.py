@@ -50,6 +50,12 @@ def runner_force(variant: str) -> dict[str, str] | None:
     return parse_force(items, field="variants")
 
 
+def require_bench_gpu() -> None:
+    """Every bench times the local GPU: without one, one line before anything asks torch.cuda about it."""
+    if not torch.cuda.is_available():
+        raise MoeBuildError("device", "moe-build bench needs a CUDA GPU", "a machine with an NVIDIA GPU")
+
+
 def check_runner_variants(variants: Sequence[str], others: Sequence[str], bench: str) -> None:
     """Refuse a variant of `bench` that is neither a runner variant (ours, ours:STAGE=CHOICE) nor one of its
     `others` (one line, exit 2)."""
@@ -325,8 +331,7 @@ def run_bench(shapes: Sequence[str] = tuple(SHAPES), tokens_list: Sequence[int] 
               input_sets: int = 4, variants: Sequence[str] = (*RUNNER_VARIANTS, *PEERS),
               log: Callable[[str], None] = print, eager: bool = True) -> dict[str, Any]:
     """Run the whole comparison; write JSON/PNG when paths are given; return the results dict."""
-    if not torch.cuda.is_available():
-        raise MoeBuildError("device", "moe-build bench needs a CUDA GPU", "a machine with an NVIDIA GPU")
+    require_bench_gpu()
     unknown = [s for s in shapes if s not in SHAPES]
     if unknown:
         raise MoeBuildError("shapes", f"unknown {unknown}", sorted(SHAPES))

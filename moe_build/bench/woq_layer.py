@@ -33,8 +33,8 @@ from ..errors import MoeBuildError
 from ..spec import ActScale, MoESpec, Quant
 from ..weights import MoEWeights
 from ..weights.woq import WoqKind, WoqWeights, quantize_matrix
-from .layer import (VariantSetup, check_runner_variants, check_variant, point_floor, point_line, runner_force,
-                    runner_setup, set_up_variants, time_variants)
+from .layer import (VariantSetup, check_runner_variants, check_variant, point_floor, point_line, require_bench_gpu,
+                    runner_force, runner_setup, set_up_variants, time_variants)
 from .peers import grouped_mm_peer
 from .timing import CeilingCalls, ceilings_text, measure_ceilings
 from .workload import (REL_ERR_LIMIT, SHAPES, TOKENS, W4AFP8_REL_ERR_LIMIT, WOQ_REL_ERR_LIMIT, bench_spec, check_rows,
@@ -252,8 +252,7 @@ def run_woq_bench(modes: Sequence[str], shapes: Sequence[str] = tuple(SHAPES), t
                   log: Callable[[str], None] = print, variants: Sequence[str] | None = None) -> dict[str, Any]:
     """The whole weight-only comparison of `modes` (QUANTS names; `variants` at every point, None: each quant's
     default_variants); writes JSON after every shape when a path is given."""
-    if not torch.cuda.is_available():
-        raise MoeBuildError("device", "moe-build bench needs a CUDA GPU", "a machine with an NVIDIA GPU")
+    require_bench_gpu()
     unknown = [s for s in shapes if s not in SHAPES]
     if unknown:
         raise MoeBuildError("shapes", f"unknown {unknown}", tuple(SHAPES))
