@@ -401,6 +401,7 @@ def bench_cmd(shapes: str | None, tokens: str | None, variants: str | None, swee
                                   warmup, input_sets, chosen, log=log)
         click.echo(layer.table(results))
         return
+    layer.require_bench_gpu()  # before the sweep asks torch.cuda for the GPU's target
     target = sweep_module.device_sweep_target()
     results = {}
     for name in names:
