@@ -392,8 +392,9 @@ def test_weight_only_gemms_run_decode_then_the_woq_mma_tiles() -> None:
         "mma:64x128:plain:plain", "mma:64x128:plain:plain"]
     assert at(dataclasses.replace(c, entry="sm80"), 1024) == "mma:64x128:plain:plain"
     assert at(dataclasses.replace(c, woq_group=128, entry="sm80"), 1025) == "mma:128x128:plain:plain"
-    # Mixtral's GEMM2 at 1 token: 2 experts x 32 / 64 / 128 column blocks at 1 / 2 / 4 slices
-    mixtral_down = call(epilogue="store", woq="int8", itemsize=1, n=4096, k=14336, experts=8, top_k=2)
+    # Mixtral's GEMM2 at 1 token: 2 experts x 32 / 64 / 128 column blocks at 1 / 2 / 4 slices (int8 in groups of 32,
+    # which the digits tile does not take)
+    mixtral_down = call(epilogue="store", woq="int8", itemsize=1, woq_group=32, n=4096, k=14336, experts=8, top_k=2)
     assert at(mixtral_down, 1) == "decode:ksplit4:after_trigger:plain"
     assert at(dataclasses.replace(mixtral_down, sm_count=100), 1) == "decode:ksplit2:after_trigger:plain"
     assert call(woq="int4", n=4096, k=4096).expert_weight_bytes == 4096 * 4096 // 2
@@ -422,8 +423,11 @@ def test_weight_only_int4_decode_stages_token_rows_where_they_fit() -> None:
     assert [at(mixtral_down, t) for t in (1, 2)] == ["decode:digits_ksplit4:after_trigger:plain",
                                                      "decode:ksplit2:after_trigger:plain"]
     assert tactic_bands(mixtral_down)[0][:2] == (1, 1)
-    for other in (dict(woq_group=32), dict(woq="int8", itemsize=1, woq_group=0), dict(k=14336 - 64)):
+    for other in (dict(woq_group=32), dict(woq="int8", itemsize=1, woq_group=32), dict(k=14336 - 64)):
         assert at(dataclasses.replace(mixtral_down, **other), 1).startswith("decode:ksplit")
+    # int8 per row: the digits tile as int4's forms (woq_digits_weights)
+    assert at(dataclasses.replace(mixtral_down, woq="int8", itemsize=1, woq_group=0), 1) == (
+        "decode:digits_ksplit4:after_trigger:plain")
     # MXFP4: the digits tile (woq_digits_rule) at 1 token, the ring kernel at 2 (its 4 rows' digits do not fit)
     mxfp4_down = dataclasses.replace(mixtral_down, woq="mxfp4", woq_group=32)
     assert [at(mxfp4_down, t) for t in (1, 2)] == ["decode:digits_ksplit4:after_trigger:plain",
@@ -449,7 +453,8 @@ def test_weight_only_int4_decode_stages_token_rows_where_they_fit() -> None:
 
 def test_weight_only_digits_tile_where_the_token_digits_fit() -> None:
     """The digits tile (token digits on the int8 mma) takes the int4 forms with one scale per row or per 128 k and
-    k % 128 == 0, or per 64 k and k % 64 == 0, and MXFP4 with k % 64 == 0, with 16-bit activations, while a chunk's
+    k % 128 == 0, or per 64 k and k % 64 == 0, MXFP4 with k % 64 == 0, and int8 with one scale per row and k % 64 == 0
+    or per 128 k and k % 128 == 0, with 16-bit activations, while a chunk's
     digits fit the kernel's 104 KB:
     (104 KB - 16) // (k_split * slice groups * 400) rows, a half group at K's end counted whole,
     gemm/woq_decode_digits.cu digits_smem. A forced digits tactic whose 8-row chunks do not fit, or another form, is
@@ -463,9 +468,11 @@ def test_weight_only_digits_tile_where_the_token_digits_fit() -> None:
     assert woq_digits_rows(dataclasses.replace(mixtral_up, woq_group=64, k=34 * 128 - 64), 1) == 7  # 106480 // 13600
     gpt_oss_up = call(epilogue="store", woq="int4", woq_group=64, n=5760, k=2880, experts=32, top_k=4)
     assert [woq_digits_rows(gpt_oss_up, s) for s in (1, 2, 4)] == [8, 8, 8]  # 23, 12, 6 groups a slice
-    for other in (dict(woq_group=32), dict(woq="int8", itemsize=1), dict(k=4096 - 64),
-                  dict(woq="mxfp4", woq_group=32, k=4096 - 32)):
+    for other in (dict(woq_group=32), dict(woq="int8", itemsize=1, woq_group=64), dict(k=4096 - 64),
+                  dict(woq="mxfp4", woq_group=32, k=4096 - 32), dict(woq="int8", itemsize=1, k=4096 - 64)):
         assert woq_digits_rows(dataclasses.replace(mixtral_up, **other), 1) == 0
+    for int8 in (dict(woq_group=128), dict(woq_group=0), dict(woq_group=0, k=4096 - 64)):  # the same records as int4's
+        assert woq_digits_rows(dataclasses.replace(mixtral_up, woq="int8", itemsize=1, **int8), 1) == 8
     gpt_oss_mxfp4 = dataclasses.replace(gpt_oss_up, woq="mxfp4", woq_group=32)  # the same records as int4's
     assert [woq_digits_rows(gpt_oss_mxfp4, s) for s in (1, 2, 4)] == [8, 8, 8]
     assert woq_digits_rows(dataclasses.replace(mixtral_down, woq="mxfp4", woq_group=32), 1) == 2
@@ -479,13 +486,16 @@ def test_weight_only_digits_tile_where_the_token_digits_fit() -> None:
     assert tactic_problem(gpt_oss_mxfp4, digits) is None
     assert "or MXFP4 with k a multiple of 64" in tactic_problem(
         dataclasses.replace(gpt_oss_mxfp4, k=2880 - 32), digits)
+    assert "or int8 with one scale per row" in tactic_problem(
+        dataclasses.replace(mixtral_up, woq="int8", itemsize=1, woq_group=64), digits)
+    assert tactic_problem(dataclasses.replace(mixtral_up, woq="int8", itemsize=1, woq_group=0, k=2880), digits) is None
     assert "weight-only int4 GEMM's" in tactic_problem(call(epilogue="store"), digits)
 
 
 def test_weight_only_digits_rule() -> None:
     """The planner takes the digits tile where a chunk's digits fit and the average rows per expert is at most 3, on
     layers of 64 experts or more, at most 2 on layers of 32 or more, or up to 4 rows in all (int4 per row, per 64 k
-    or per 128 k); the staged tile elsewhere in the decode band."""
+    or per 128 k; int8 per row or per 128 k); the staged tile elsewhere in the decode band."""
     mixtral_up = call(epilogue="store", woq="int4", woq_group=128, n=28672, k=4096, experts=8, top_k=2)
     assert [at(mixtral_up, t) for t in (1, 2, 3)] == ["decode:digits_ksplit1:after_trigger:plain"] * 2 + [
         "decode:staged_ksplit1:after_trigger:plain"]  # 6 rows in all on 8 experts
@@ -493,8 +503,9 @@ def test_weight_only_digits_rule() -> None:
     assert at(qwen_up, 48).startswith("decode:digits_") and at(qwen_up, 49).startswith("decode:staged_")
     assert at(dataclasses.replace(qwen_up, woq_group=0), 16).startswith("decode:digits_")  # one scale per row
     assert at(dataclasses.replace(qwen_up, woq_group=64), 16).startswith("decode:digits_")  # two scales a group
-    for other in (dict(woq_group=32), dict(woq="int8", itemsize=1)):
+    for other in (dict(woq_group=32), dict(woq="int8", itemsize=1, woq_group=64)):
         assert not at(dataclasses.replace(qwen_up, **other), 16).startswith("decode:digits_")
+    assert at(dataclasses.replace(qwen_up, woq="int8", itemsize=1), 16).startswith("decode:digits_")  # int8 as int4
     gpt_oss_up = call(epilogue="store", woq="int4", woq_group=64, n=5760, k=2880, experts=32, top_k=4)
     assert at(gpt_oss_up, 1).startswith("decode:digits_")  # 4 rows in all
     # 32-63 experts: to 2 average rows per expert (64 rows on 32 experts at 16 tokens), then the staged tile

@@ -432,11 +432,11 @@ def test_weight_only_plans_fuse_the_finalize_into_the_decode_gemm2(quant: Quant)
     assert plan.choices(last_decode)["gemm2_tactic"].startswith("decode:")
     assert plan.choices(last_decode + 1)["gemm2_tactic"].startswith("wgmma:woq128x")
     assert kernel_sequence(plan, last_decode + 1)[-1] == "gemm2:woq_wgmma_finalize"
-    # the int4 GEMM2s take the digits tile at these 1-2 rows per expert (tactics.woq.woq_digits_rule)
-    gemm2 = "gemm2:woq" if quant is Quant.W8A16 else "gemm2:woq_digits"
+    # the int4 and int8 GEMM2s take the digits tile at these 1-2 rows per expert (tactics.woq.woq_digits_rule)
+    gemm2 = "gemm2:woq_digits"
     # (and their GEMM1 too: the expansion writes the token digits, token_digits=fused)
     expand = {Quant.W4AFP8: ["expand_rows:fp8_dequantized_digits"],
-              Quant.W4A16_AWQ: ["expand_rows:prequant_digits"]}.get(quant, ["expand_rows"])
+              Quant.W4A16_AWQ: ["expand_rows:prequant_digits"]}.get(quant, ["expand_rows:digits"])
     fused, separate = kernel_sequence(plan, 16, "topk"), kernel_sequence(plan, 17, "topk")
     n = 2 + len(expand)
     assert fused[:n - 1] == ["routing_prologue:fused", *expand[:-1], f"{expand[-1]}+zero_output"]
@@ -856,10 +856,12 @@ def test_digits_tactics_read_token_digits(finalize: str, fc2_prequant: str, expa
         layout = workspace_layout(spec, steps_up_to(p, 16), 16)
         assert layout["token_digits"].shape == (32, 4 * 400) and layout["token_digits"].dtype == torch.uint8
         assert "fc1_out" in layout
-    w8 = dataclasses.replace(spec, quant=Quant.W8A16)  # int8 weights: no digits tile, no digits in the workspace
-    w8_plan = make_plan(w8, target, tokens=16)
+    w8 = dataclasses.replace(spec, quant=Quant.W8A16, quant_group_size=32)  # int8 in groups of 32: no digits tile,
+    w8_plan = make_plan(w8, target, tokens=16)                               # no digits in the workspace
     assert w8_plan.stage("token_digits").choice == "none"
     assert "token_digits" not in workspace_layout(w8, steps_up_to(w8_plan, 16), 16)
+    w8_row = dataclasses.replace(spec, quant=Quant.W8A16, quant_per_channel=True)  # per row: the tile, as int4's
+    assert make_plan(w8_row, target, tokens=16).stage("token_digits").choice == "fused"
 
 
 def test_token_digits_stage_refusals() -> None:
@@ -880,7 +882,7 @@ def test_token_digits_stage_refusals() -> None:
         make_plan(spec, target, tokens=16, force={**digits, "fc2_prequant": "separate", "token_digits": "fused"})
     with pytest.raises(MoeBuildError, match="token_digits=none"):
         make_plan(spec, target, tokens=16, force={**digits, "token_digits": "none"})
-    w8 = dataclasses.replace(spec, quant=Quant.W8A16, quant_prequant_scales=False)
+    w8 = dataclasses.replace(spec, quant=Quant.W8A16, quant_prequant_scales=False, quant_group_size=32)
     for choice in ("fused", "separate"):
         with pytest.raises(UnsupportedCombination, match="digits_tile=none"):
             make_plan(w8, target, tokens=16, force={"token_digits": choice})

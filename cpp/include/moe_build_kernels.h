@@ -566,10 +566,11 @@ mb_status mb_grouped_gemm_fp8_gated(const void* A, const float* scale_a, const v
  *   MB_INPUT_DTYPE: A in dtype;
  *   MB_INPUT_DIGITS: A the token digits of 16-bit rows [max_rows, k] as mb_token_digits writes them for this
  *                   GEMM's group; the tactic's tile MB_TILE_DECODE_DIGITS and only then
- *                   (gemm/woq_decode_digits.cu: int4 codes, or MXFP4's as 2 e2m1, times 8-bit digits on the int8
- *                   mma, each scale group's sum exact in int32); int4 weights with group 0 or 128 and
- *                   k % 128 == 0, or group 64 and k % 64 == 0, or MXFP4 with k % 64 == 0 (else
- *                   MB_ERR_UNSUPPORTED); C in dtype. */
+ *                   (gemm/woq_decode_digits.cu: int4 codes, MXFP4's as 2 e2m1, or int8 weights as stored, times
+ *                   8-bit digits on the int8 mma, each scale group's sum exact in int32); int4 weights with group 0
+ *                   or 128 and k % 128 == 0, or group 64 and k % 64 == 0, MXFP4 with k % 64 == 0, or int8 with
+ *                   group 0 and k % 64 == 0 or group 128 and k % 128 == 0 (else MB_ERR_UNSUPPORTED); MXFP4 and int8
+ *                   read the digits laid out for group 32 (mb_token_digits' `group`); C in dtype. */
 /* MB_WOQ_E5M2: e5m2 [E, n, k], w = q * s (mb_grouped_gemm_woq_sm90 and its gated and finalize forms only, dtype
  * MB_BF16): MXFP4 re-encoded for the mixed-input kernel, whose k tile takes one scale (moe_build/weights/woq.py's
  * mxfp4_as_e5m2). */

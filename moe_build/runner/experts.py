@@ -59,6 +59,9 @@ class FusedExperts:
         # static input scales are the woq weights' (None: each row's own at run time, as for FP8 layers).
         q = weights.woq
         self.woq_group = 0 if q is None or q.group_size is None else q.group_size
+        # The order the digits tile reads its token digits in (the digit writers' `group`): the weights' group for
+        # int4, the quarters order (group 32's) for MXFP4 and int8, whose mma steps take 32 k in k order.
+        self.digits_group = 32 if q is not None and q.kind.value in ("mxfp4", "int8") else self.woq_group
         # The matrices ("w1" / "w2") the plan runs through the mixed-input wgmma GEMM (woq_wgmma) as it reads them:
         # their scales (and int4 zero terms), MXFP4 re-encoded as e5m2, made once here (woq.wgmma_operand).
         self.woq_wgmma = {name: wgmma_operand(q, name, self.out_dtype) for name in woq_wgmma} if q is not None else {}
@@ -400,12 +403,12 @@ class FusedExperts:
 
     def token_digits_gemm1(self, b: Batch) -> None:
         """The expanded rows' token digits (token_digits=separate)."""
-        self.k.token_digits(b.v("permuted_input"), out=self._digits(b, self.spec.hidden_size), group=self.woq_group,
+        self.k.token_digits(b.v("permuted_input"), out=self._digits(b, self.spec.hidden_size), group=self.digits_group,
                             stream=b.stream)
 
     def token_digits_gemm2(self, b: Batch) -> None:
         """GEMM2's input rows' token digits (token_digits=separate)."""
-        self.k.token_digits(b.v("fc1_act"), out=self._digits(b, self.spec.intermediate_size), group=self.woq_group,
+        self.k.token_digits(b.v("fc1_act"), out=self._digits(b, self.spec.intermediate_size), group=self.digits_group,
                             stream=b.stream)
 
     def expand_rows_digits(self, b: Batch) -> None:
@@ -436,7 +439,7 @@ class FusedExperts:
         and dequantized."""
         self.k.expand_rows_digits(b.hidden if source is None else source, b.v("unpermuted_to_permuted"),
                                   b.topk_weights, scale, permuted_digits=self._digits(b, self.spec.hidden_size),
-                                  permuted_weights=b.v("permuted_weights"), zero_out=zero_out, group=self.woq_group,
+                                  permuted_weights=b.v("permuted_weights"), zero_out=zero_out, group=self.digits_group,
                                   stream=b.stream, fp8_static_scale=self.a1_scale if fp8 else None)
 
     def fc1_activation_digits(self, b: Batch) -> None:
@@ -454,7 +457,7 @@ class FusedExperts:
         self.k.fc1_activation_digits(b.v("fc1_out"), b.v("expert_offsets"), self.act, bias=self.w.b1,
                                      swiglu_alpha=s.swiglu_alpha, swiglu_limit=s.swiglu_limit,
                                      prequant_scale=prequant_scale, out=self._digits(b, s.intermediate_size),
-                                     group=self.woq_group, stream=b.stream,
+                                     group=self.digits_group, stream=b.stream,
                                      fp8_static_scale=self.a2_scale if fp8 else None,
                                      gate_up_interleaved=self.w1_interleaved)
 
@@ -548,7 +551,7 @@ class FusedExperts:
                               k: int) -> None:
         """_quantize_rows' values, by the static `scale`, as the next GEMM's token digits (its input width k)."""
         self.k.fc1_activation_digits(rows, b.v("expert_offsets"), "identity", prequant_scale=prequant,
-                                     out=self._digits(b, k), group=self.woq_group, stream=b.stream,
+                                     out=self._digits(b, k), group=self.digits_group, stream=b.stream,
                                      fp8_static_scale=scale)
 
     # ---- GEMM2 -----------------------------------------------------------------------------

@@ -71,16 +71,17 @@ def case(kind: WoqKind, counts: list[int], n: int, k: int, group: int, zeros: bo
     return dev, ref, mag, int(off[-1])
 
 
-def a_operand(dev: dict, tactic: str, group: int) -> torch.Tensor:
+def a_operand(dev: dict, tactic: str, group: int, kind: WoqKind = WoqKind.INT4) -> torch.Tensor:
     """case()'s A as `tactic` takes it: the token digits of its rows for the digits tile (K.token_digits, laid out
-    for the weights' group: 32 or 64, or 128's order for the rest), else A."""
-    return K.token_digits(dev["a"], group=group if group in (32, 64) else 128) if ":digits_" in tactic else dev["a"]
+    for the weights' group: 32 or 64, or 128's order for the rest of int4; group 32's for int8), else A."""
+    order = 32 if kind is WoqKind.INT8 else group if group in (32, 64) else 128
+    return K.token_digits(dev["a"], group=order) if ":digits_" in tactic else dev["a"]
 
 
 def gemm(dev: dict, kind: WoqKind, group: int, rows: int, n: int, dtype: torch.dtype, tactic: str) -> torch.Tensor:
     """The kernel's output for case()'s device operands, into a NaN-poisoned C, as fp64 on the CPU."""
     c = torch.full((rows, n), float("nan"), dtype=dtype, device="cuda")
-    K.grouped_gemm_woq(a_operand(dev, tactic, group), dev["b"], kind.value, dev["scales"], dev["off"], group,
+    K.grouped_gemm_woq(a_operand(dev, tactic, group, kind), dev["b"], kind.value, dev["scales"], dev["off"], group,
                        zeros=dev["zeros"], bias=dev["bias"], c=c, tactic=tactic, out_dtype=dtype)
     torch.cuda.synchronize()
     return c.double().cpu()
@@ -264,6 +265,20 @@ def test_mxfp4_digits_kernel_against_fp64(k_split: int, dtype: torch.dtype, coun
         tactic=f"decode:digits_ksplit{k_split}:after_trigger:plain")
 
 
+@pytest.mark.parametrize("k_split", [1, 2, 4, 8])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("counts", [[9, 0, 16, 1, 40, 2], [1, 0, 2], [3, 4, 0], [5, 6, 7, 8]],
+                         ids=["chunks-of-8", "rows-2", "rows-4", "rows-6-8"])
+@pytest.mark.parametrize("group, n, k", [(0, 208, 384), (0, 144, 2944), (0, 144, 2880), (128, 208, 384),
+                                         (128, 144, 2944)])
+def test_int8_digits_kernel_against_fp64(k_split: int, dtype: torch.dtype, counts: list[int], group: int, n: int,
+                                         k: int) -> None:
+    """The digits tile on int8 weights as stored, against digits in group 32's order: per-row and group-128 scales, k
+    of 3 and 23 groups and GPT-OSS-20B's 2880 (22 and a half, per row), at every mma count a step takes, with bias."""
+    run(WoqKind.INT8, counts, n, k, group, bias=True, dtype=dtype,
+        tactic=f"decode:digits_ksplit{k_split}:after_trigger:plain")
+
+
 @pytest.mark.parametrize("k_split", [1, 4])
 @pytest.mark.parametrize("e8m0, a_scale", [((0, 4), 2.0 ** 24), ((64, 192), 1.0), ((120, 136), 2.0 ** -20)],
                          ids=["e0-3", "e64-191", "e120-135-small-rows"])
@@ -277,12 +292,13 @@ def test_mxfp4_digits_kernel_exponents(k_split: int, e8m0: tuple[int, int], a_sc
 @pytest.mark.parametrize("tokens, top_k, k_split", [(40, 4, 1), (40, 4, 8), (1, 1, 2), (3, 2, 1), (200, 8, 4)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_digits_finalize_against_fp64(tokens: int, top_k: int, k_split: int, dtype: torch.dtype) -> None:
-    """GEMM2's finalize epilogue on the digits tile (group 128 with zeros, per row without, group 64 with zeros and
-    MXFP4 at k 2880), with bias."""
+    """GEMM2's finalize epilogue on the digits tile (group 128 with zeros, per row without, group 64 with zeros,
+    MXFP4 at k 2880 and int8 per row at k 2880), with bias."""
     finalize_run(WoqKind.INT4, 128, True, 208, 1024, tokens, top_k, k_split, bias=True, dtype=dtype, digits=True)
     finalize_run(WoqKind.INT4, 0, False, 208, 384, tokens, top_k, k_split, dtype=dtype, digits=True)
     finalize_run(WoqKind.INT4, 64, True, 144, 2880, tokens, top_k, k_split, bias=True, dtype=dtype, digits=True)
     finalize_run(WoqKind.MXFP4, 32, False, 144, 2880, tokens, top_k, k_split, bias=True, dtype=dtype, digits=True)
+    finalize_run(WoqKind.INT8, 0, False, 144, 2880, tokens, top_k, k_split, bias=True, dtype=dtype, digits=True)
 
 
 # Many rows per expert for the mma tiles: empty, single-row, 64-row tiles on and off their edges, several tiles;
@@ -460,9 +476,9 @@ def finalize_run(kind: WoqKind, group: int, zeros: bool, n: int, k: int, tokens:
     form = "digits_" if digits else "staged_" if staged else ""
     tactic = f"decode:{form}ksplit{k_split}:after_trigger:plain"
     dev = c.dev
-    K.grouped_gemm_woq_finalize(a_operand(dev, tactic, group), dev["b"], kind.value, dev["scales"], dev["off"], group,
-                                c.ptu, c.weights.cuda(), tokens, top_k, zeros=dev["zeros"], bias=dev["bias"], out=out,
-                                tactic=tactic, out_dtype=dtype)
+    K.grouped_gemm_woq_finalize(a_operand(dev, tactic, group, kind), dev["b"], kind.value, dev["scales"], dev["off"],
+                                group, c.ptu, c.weights.cuda(), tokens, top_k, zeros=dev["zeros"], bias=dev["bias"],
+                                out=out, tactic=tactic, out_dtype=dtype)
     torch.cuda.synchronize()
     where = f"(seed {c.seed}, {kind.value}, group {group}, n {n}, k {k}, {tactic}, {dtype})"
     check_finalize(c, out, 2.0 ** -8 * (c.ref[:c.used].abs() + c.mag[:c.used]), top_k, dtype, where)

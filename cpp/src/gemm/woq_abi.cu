@@ -31,8 +31,9 @@ mb_status check_woq_args(const WoqGemmParams& p, int a_type, int64_t max_rows, c
                 "and only there (tactic %s %s)", who, MB_INPUT_DIGITS, kernel_name(t.kernel), tile_name(t.tile));
   if (a_type == MB_INPUT_DIGITS && !digits_fit(p))
     return fail(MB_ERR_UNSUPPORTED, "%s: the token digits take int4 weights with group 0 or 128 and k a multiple of "
-                "128, or group 64 and k a multiple of 64, or MXFP4 with k a multiple of 64 (kind %d, group %d, k %d)",
-                who, p.kind, p.group, p.k);
+                "128, or group 64 and k a multiple of 64, MXFP4 with k a multiple of 64, or int8 with group 0 and k a "
+                "multiple of 64 or group 128 and k a multiple of 128 (kind %d, group %d, k %d)", who, p.kind, p.group,
+                p.k);
   if (a_type == MB_INPUT_DIGITS && p.kind == MB_WOQ_MXFP4 && reinterpret_cast<uintptr_t>(p.scales) % 2 != 0)
     return fail(MB_ERR_INVALID_ARGUMENT, "%s: MXFP4 scales on the token digits must be 2-byte aligned (two steps' "
                 "scales to a load)", who);

@@ -1,6 +1,6 @@
 // Weight-only grouped GEMM, decode on the int8 mma (tactic tile MB_TILE_DECODE_DIGITS, A MB_INPUT_DIGITS): int4
 // weights with one scale per 128 k or per row and k % 128 == 0, or per 64 k and k % 64 == 0, and MXFP4 with
-// k % 64 == 0 (digits_chunk_mxfp4, below), against token rows
+// k % 64 == 0 (digits_chunk_mxfp4, below), and int8 weights as stored (digits_chunk_int8, below), against token rows
 // that stages/token_digits.cu has split into three 8-bit digits per value under one power-of-two factor per 128-k
 // group (x = F (4096 d0 + 64 d1 + d2), common/token_digits.cuh). The 16-bit decode kernels (gemm/woq_decode.cu) spend
 // about ten integer instructions per 32-bit word of codes turning them into 16-bit values for the mma, and issue,
@@ -41,6 +41,16 @@ __device__ __forceinline__ void mma_u8s8(int (&c)[4], uint32_t a0, uint32_t a1, 
                                          uint32_t b0, uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// c += A (16 x 32 signed bytes) * B (32 x 8 signed bytes), int32 sums (int8 weights as stored).
+__device__ __forceinline__ void mma_s8s8(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
       "{%0, %1, %2, %3};\n"
       : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
@@ -413,6 +423,134 @@ __device__ __forceinline__ void digits_chunk_mxfp4(const WoqDigitsLaunch& d, int
   store_digit_sums<T, WK, NM>(d, acc, s_part, expert, row_begin, rows, col0);
 }
 
+// The CTA's work for a chunk on int8 weights ([E, n, k] signed bytes, one scale per row
+// (GROUP 0) or per 128 k), the digits in the quarters order (common/token_digits.cuh, written for group 32): step u of
+// a 128-k group is its k 32u .. 32u + 31, lane q's 8 bytes of it k 32u + 8q + 0..7 in k order, which are the lane's
+// A bytes of row g and g + 8 as stored (slots 4q..4q + 3 the first four, 16 + 4q.. the last), one 8-byte load a row
+// and step and no instruction to widen them. R = 4096 S0 + 64 S1 (q even) or S2 (q odd), no zero term; a half group at
+// the end of K (k % 128 == 64) reads its last two steps' weights from the row's last 32 k against zero digits. A
+// 128-k group is 2 KB a warp, twice int4's, so NB 2 (one-mma body) or 1 keeps int4's bytes a wait and registers.
+template <typename T, int WK, int GROUP, int NM, int NB>
+__device__ __forceinline__ void digits_chunk_int8(const WoqDigitsLaunch& d, int expert, int64_t row_begin, int rows,
+                                                  float (&s_part)[WK][16 * (kDecodeWarps / WK)][kDecodeTokens + 1],
+                                                  unsigned char* s_tok) {
+  static_assert(NM >= 1 && 2 * NM <= kDecodeTokens, "two token rows per mma");
+  static_assert(GROUP == 0 || GROUP == 128, "one scale per row or per 128 k");
+  constexpr bool PER_ROW = GROUP == 0;
+  const WoqGemmParams& p = d.p;
+  constexpr int R = 16 * (kDecodeWarps / WK);
+  constexpr int U = 4;
+  constexpr unsigned GB = mb::kDigitGroupBytes;
+  const int N = p.n, K = p.k;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int q = lane & 3, g = lane >> 2;
+  const int rg = warp / WK, ks = warp % WK;
+  const int col0 = blockIdx.y * R;
+  const int sgroups = PER_ROW ? 1 : K / 128;
+
+  const int64_t wrow = static_cast<int64_t>(expert) * N + min(col0 + rg * 16, N - 16) + g;
+  const int kslice = decode_k_slice(K, WK);
+  const int kb = ks * kslice;
+  const int nb = static_cast<int>(mb::digit_groups(max(0, min(K, kb + kslice) - kb)));
+  const int nb0 = static_cast<int>(mb::digit_groups(min(K, kslice)));
+  const int last = max(nb, 1) - 1;
+  const int kbc = min(kb, (K - 1) / mb::kDigitGroup * mb::kDigitGroup);
+  const int g0 = PER_ROW ? 0 : kbc / 128;
+  const unsigned glast = static_cast<unsigned>(sgroups - 1 - g0);
+  const int8_t* wp0 = reinterpret_cast<const int8_t*>(p.B) + wrow * K + 8 * q;
+  const int8_t* wp1 = wp0 + 8 * static_cast<int64_t>(K);
+  const float* sp0 = static_cast<const float*>(p.scales) + wrow * sgroups + g0;
+  const float* sp1 = sp0 + 8 * sgroups;
+  const int klast = K - 32;  // the row's last step: a half group's missing steps read it (against zero digits)
+
+  const unsigned pitch = static_cast<unsigned>(nb0) * GB;
+  const unsigned zero_at = static_cast<unsigned>(WK * d.rows_cap) * pitch;
+  unsigned b_at[NM], f_at[NM];
+#pragma unroll
+  for (int m = 0; m < NM; ++m) {
+    const unsigned tb = min(2 * m + (g >> 2), rows - 1), tf = min(2 * m + (q >> 1), rows - 1);
+    b_at[m] = (ks * d.rows_cap + tb) * pitch + min(g & 3, 2) * mb::kDigitPlaneBytes + 8 * q;
+    f_at[m] = (ks * d.rows_cap + tf) * pitch + mb::kDigitSumOffset;
+  }
+  const int ca = q & 1 ? 1 : 4096, cb = q & 1 ? 0 : 64;
+
+  float acc[NM][2];
+#pragma unroll
+  for (int m = 0; m < NM; ++m) acc[m][0] = acc[m][1] = 0.f;
+  uint2 w[2][NB][2][U];
+  float sv[2][PER_ROW ? 1 : NB][2];
+  if constexpr (PER_ROW) {
+    sv[0][0][0] = __ldg(sp0);
+    sv[0][0][1] = __ldg(sp1);
+  }
+  auto load_big = [&](int buf, int jb) {
+#pragma unroll
+    for (int j = 0; j < NB; ++j) {
+      const unsigned jc = static_cast<unsigned>(min(jb + j, last));
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int64_t at = min(kbc + 128 * static_cast<int>(jc) + 32 * u, klast);
+        w[buf][j][0][u] = ld_weights_half_in_bounds(wp0 + at);
+        w[buf][j][1][u] = ld_weights_half_in_bounds(wp1 + at);
+      }
+      if constexpr (!PER_ROW) {
+        const unsigned gc = min(jc, glast);
+        sv[buf][j][0] = __ldg(sp0 + gc);
+        sv[buf][j][1] = __ldg(sp1 + gc);
+      }
+    }
+  };
+  auto compute = [&](int buf, int j, int jb, bool valid) {
+    const unsigned goff = GB * static_cast<unsigned>(min(jb, last));
+    const float s0 = PER_ROW ? sv[0][0][0] : sv[buf][j][0], s1 = PER_ROW ? sv[0][0][1] : sv[buf][j][1];
+    int c[NM][4];
+#pragma unroll
+    for (int m = 0; m < NM; ++m) c[m][0] = c[m][1] = c[m][2] = c[m][3] = 0;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const uint2 x0 = w[buf][j][0][u], x1 = w[buf][j][1][u];
+#pragma unroll
+      for (int m = 0; m < NM; ++m) {
+        const uint2 b = *reinterpret_cast<const uint2*>(s_tok + b_at[m] + goff + u * mb::kDigitStepBytes);
+        mma_s8s8(c[m], x0.x, x1.x, x0.y, x1.y, b.x, b.y);
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < NM; ++m) {
+      const int2 r = *reinterpret_cast<const int2*>(s_tok + (valid ? f_at[m] + goff : zero_at));
+      const float f = __int_as_float(r.y);
+      acc[m][0] = fmaf(s0 * f, static_cast<float>(ca * c[m][0] + cb * c[m][1]), acc[m][0]);
+      acc[m][1] = fmaf(s1 * f, static_cast<float>(ca * c[m][2] + cb * c[m][3]), acc[m][1]);
+    }
+  };
+  load_big(0, 0);
+  if (threadIdx.x == 0) *reinterpret_cast<uint4*>(s_tok + zero_at) = make_uint4(0u, 0u, 0u, 0u);
+  mb::wait_for_predecessor();
+  mb::let_dependents_start();
+  stage_digit_rows<WK>(d, row_begin, rows, kslice, pitch, s_tok);
+  run_big_batches<NB>(nb, load_big, compute);
+  store_digit_sums<T, WK, NM>(d, acc, s_part, expert, row_begin, rows, col0);
+}
+
+// The int8 kernel: woq_decode_digits_kernel's chunks on digits_chunk_int8.
+template <typename T, int WK, int GROUP, int NM_MAX>
+__global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_digits_int8_kernel(WoqDigitsLaunch d) {
+  __shared__ float s_part[WK][16 * (kDecodeWarps / WK)][kDecodeTokens + 1];
+  extern __shared__ __align__(16) unsigned char s_tok[];
+  const TileRows tile = cta_find_tile<kDecodeTokens>(d.p.offsets, d.p.num_experts);
+  if (tile.expert < 0) return;
+  const int rows = static_cast<int>(tile.end - tile.begin);
+  const int nm = (rows + 1) / 2;
+  auto chunk = [&](auto nm_tag) {
+    constexpr int NM = decltype(nm_tag)::value;
+    digits_chunk_int8<T, WK, GROUP, NM, NM == 1 ? 2 : 1>(d, tile.expert, tile.begin, rows, s_part, s_tok);
+  };
+  if constexpr (NM_MAX >= 4) if (nm == 4) return chunk(std::integral_constant<int, 4>{});
+  if constexpr (NM_MAX >= 3) if (nm == 3) return chunk(std::integral_constant<int, 3>{});
+  if constexpr (NM_MAX >= 2) if (nm == 2) return chunk(std::integral_constant<int, 2>{});
+  chunk(std::integral_constant<int, 1>{});
+}
+
 // A chunk's mmas per step follow its own rows (the host knows only the most a chunk may have, NM_MAX * 2): at one
 // token most chunks of a many-expert layer hold one row. GROUP 32: MXFP4 (digits_chunk_mxfp4, 3 groups a wait at one
 // mma a step, 2 past it: its words and scales take 24 registers a group).
@@ -480,6 +618,33 @@ mb_status launch_digits(const WoqGemmParams& p, int64_t max_rows, int k_split, b
   });
 }
 
+// launch_digits for int8 weights (GROUP 0 or 128).
+template <typename T, int GROUP>
+mb_status launch_digits_int8(const WoqGemmParams& p, int64_t max_rows, int k_split, bool after_trigger,
+                             cudaStream_t stream) {
+  const int rows_cap = static_cast<int>(std::min<int64_t>(kDecodeTokens, max_rows));
+  return by_k_split(k_split, [&](auto wk) {
+    constexpr int WK = decltype(wk)::value;
+    const size_t smem = digits_smem(p.k, rows_cap, WK);
+    if (smem > kTokenBudget)
+      return fail(MB_ERR_UNSUPPORTED, "grouped gemm woq: the int8 digits kernel's token records (%d-row chunks, k %d "
+                  "in %d slices) need %zu bytes of shared memory, over its %zu", rows_cap, p.k, WK, smem,
+                  kTokenBudget);
+    const WoqDigitsLaunch d{p, rows_cap};
+    auto go = [&](auto nm) {
+      constexpr int NM_MAX = decltype(nm)::value;
+      return launch_decode(woq_decode_digits_int8_kernel<T, WK, GROUP, NM_MAX>, d, p.n, 16 * (kDecodeWarps / WK),
+                           decode_chunks(max_rows, p.num_experts), after_trigger, stream, "grouped gemm woq", smem);
+    };
+    switch ((rows_cap + 1) / 2) {
+      case 1: return go(std::integral_constant<int, 1>{});
+      case 2: return go(std::integral_constant<int, 2>{});
+      case 3: return go(std::integral_constant<int, 3>{});
+      default: return go(std::integral_constant<int, 4>{});
+    }
+  });
+}
+
 }  // namespace
 
 mb_status launch_woq_decode_digits(const WoqGemmParams& p, int64_t max_rows, int dtype, int k_split,
@@ -487,6 +652,9 @@ mb_status launch_woq_decode_digits(const WoqGemmParams& p, int64_t max_rows, int
   return dispatch_16bit(dtype, [&](auto tag) {
     using T = decltype(tag);
     if (p.kind == MB_WOQ_MXFP4) return launch_digits<T, kMxfp4Group>(p, max_rows, k_split, after_trigger, stream);
+    if (p.kind == MB_WOQ_INT8)
+      return p.group == 0 ? launch_digits_int8<T, 0>(p, max_rows, k_split, after_trigger, stream)
+                          : launch_digits_int8<T, 128>(p, max_rows, k_split, after_trigger, stream);
     switch (p.group) {
       case 0: return launch_digits<T, 0>(p, max_rows, k_split, after_trigger, stream);
       case 64: return launch_digits<T, 64>(p, max_rows, k_split, after_trigger, stream);

@@ -40,7 +40,8 @@ def _digits_width(k: int, group: int, name: str) -> int:
 def token_digits(a: torch.Tensor, out: torch.Tensor | None = None, group: int = 128,
                  stream: int | torch.cuda.Stream | None = None) -> torch.Tensor:
     """The rows a [R, k] (bf16 or fp16) as the decode kernel's digits tile reads them for weights with one scale per
-    `group` k (int4: 0 (per row), 64 or 128; MXFP4: 32; k % 128 == 0, or k % 64 == 0 at groups 32 and 64) -> uint8
+    `group` k (int4: 0 (per row), 64 or 128; MXFP4 and int8 weights, whatever their scales: 32; k % 128 == 0, or
+    k % 64 == 0 at groups 32 and 64) -> uint8
     [R, ceil(k / 128), 400]:
     per 128-k group three 8-bit digits a value under one power-of-two factor, exact for every bf16 value within 2^10
     of the group's largest and every fp16 one within 2^7 (stages/token_digits.cu; the layout, in the order of
@@ -157,7 +158,8 @@ def grouped_gemm_woq(a: torch.Tensor, b: torch.Tensor, kind: int | str | WoqKind
     expert, the mma tiles (mma:64x128, mma:128x128) for many.
     Token digits: A uint8 [R, ceil(k / 128), 400] (token_digits for this GEMM's `group`; k is B's) with the decode
     kernel's digits tile (decode:digits_ksplitN), int4 weights with one scale per row or per 128 k (k % 128 == 0) or
-    per 64 k (k % 64 == 0), or MXFP4 (k % 64 == 0, scales 2-byte aligned), C in `out_dtype` (required)."""
+    per 64 k (k % 64 == 0), MXFP4 (k % 64 == 0, scales 2-byte aligned), or int8 with one scale per row (k % 64 == 0)
+    or per 128 k (k % 128 == 0), the last two on the digits of group 32's order, C in `out_dtype` (required)."""
     dev, rows, k, e, n, mode, out_dtype, form = _woq_gemm_args(a, b, kind, scales, expert_first_token_offset, group,
                                                                zeros, bias, out_dtype)
     out = _out(c, "C", (rows, n), out_dtype, dev)

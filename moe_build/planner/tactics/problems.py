@@ -98,7 +98,8 @@ def _woq_tactic_problem(call: GemmCall, tactic: GemmTactic) -> str | None:
     if tactic.kernel == "decode" and tactic.tile == "digits":
         if not woq_digits_weights(call):
             return ("the digits decode kernel takes int4 weights with one scale per row or per 128 k and k a multiple "
-                    "of 128, or per 64 k and k a multiple of 64, or MXFP4 with k a multiple of 64")
+                    "of 128, or per 64 k and k a multiple of 64, or MXFP4 with k a multiple of 64, or int8 with one "
+                    "scale per row and k a multiple of 64 or per 128 k and k a multiple of 128")
         if woq_digits_rows(call, tactic.k_split) < DECODE_TOKENS:  # forced: every chunk, up to 8 rows, must fit
             return (f"the digits decode kernel's 8-row chunks do not fit its {STAGED_TOKEN_BUDGET // 1024} KB of "
                     f"shared memory at k {call.k} in {tactic.k_split} slices (the staged or none tile)")

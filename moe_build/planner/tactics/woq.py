@@ -345,10 +345,19 @@ DIGITS_GROUP_BYTES = 400
 DIGITS_ZEROS = 16
 
 
+# int8 weights take the digits tile as int4 does (its bands: woq_digits_rule), read as stored: no instruction widens
+# them. H100, W8A16 layers (per-channel scales), graph replay, two rounds, main's plan (int8's register decode kernel)
+# against this one, us (docs/measured/h100-2026-12-05-s19/call4): at 1 / 4 / 16 tokens Qwen3-30B-A3B 33.3-33.5 /
+# 82.7-82.9 / 176.9-177.9 against 30.0-30.5 / 68.2-68.7 / 160.4-161.0, DeepSeek-V2-Lite 38.4-39.0 / 96.3-97.2 /
+# 205.9-206.0 against 34.0-34.2 / 87.0-87.1 / 186.0-186.2, GPT-OSS-20B 65.6-65.8 / 189.3-191.9 / 313.7-314.4 against
+# 58.4-58.8 / 175.2-176.1 / 303.9-304.8, Mixtral-8x7B at 1 token 154.0 against 146.7-147.1 (its 4 and 16 tokens not on
+# the tile: level).
 def woq_digits_weights(call: GemmCall) -> bool:
-    """The weights the digits kernel takes (gemm/woq.cuh digits_fit): the staged kernel's int4 forms, and MXFP4 with
-    k a multiple of 64 (GPT-OSS-20B's 2880)."""
-    return woq_int4_staged(call) or (call.woq == "mxfp4" and call.k % 64 == 0)
+    """The weights the digits kernel takes (gemm/woq.cuh digits_fit): the staged kernel's int4 forms, MXFP4 with k a
+    multiple of 64 (GPT-OSS-20B's 2880), and int8 with one scale per row and k a multiple of 64 or per 128 k."""
+    int8 = call.woq == "int8" and ((call.woq_group == 0 and call.k % 64 == 0)
+                                   or (call.woq_group == 128 and call.k % 128 == 0))
+    return woq_int4_staged(call) or (call.woq == "mxfp4" and call.k % 64 == 0) or int8
 
 
 def woq_digits_rows(call: GemmCall, k_split: int) -> int:
