@@ -465,7 +465,8 @@ def bench_ep_cmd(nproc: int | None, iters: int, json_path: str | None, layers: s
 @click.option("--out", "out_dir", type=click.Path(), default=None,
               help="Folder for the library and its build.json (default: the cache, ~/.cache/moe_build/kernels).")
 @click.option("--arch", default="80,90a", show_default=True, help="Comma-separated target architectures.")
-@click.option("-j", "--jobs", type=int, default=None, help="Parallel nvcc processes (default: CPU count).")
+@click.option("-j", "--jobs", type=int, default=None,
+              help="Parallel nvcc processes (default: the CPU count, fewer where memory is short).")
 @click.option("--force", is_flag=True, help="Rebuild even where a verified library is there.")
 def kernels_cmd(out_dir: str | None, arch: str, jobs: int | None, force: bool) -> None:
     """Build the CUDA kernel library ahead of time (needs nvcc and the CUTLASS headers: pip install
@@ -479,7 +480,9 @@ def kernels_cmd(out_dir: str | None, arch: str, jobs: int | None, force: bool) -
         build_command(Path(out_dir) if out_dir else None, arch, jobs, force,
                       echo=lambda line: click.echo(line, err=True))
     except KernelBuildError as e:
-        raise MoeBuildError("kernels", str(e).splitlines()[0]) from None
+        if e.output:
+            click.echo(e.output, err=True)
+        raise MoeBuildError("kernels", e.message.splitlines()[0]) from None
 
 
 @cli.command("presets")

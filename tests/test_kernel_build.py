@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import re
 import shutil
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -203,6 +205,24 @@ def test_build_writes_a_stamp_and_reports_progress(cache_root: Path, fake_toolch
     assert len(objects) == len(kernel_build.sources()) and any(o.startswith("gemm_sm90_abi-") for o in objects)
 
 
+def test_objects_of_each_architecture_set_are_kept(cache_root: Path, fake_toolchain: Path, tmp_path: Path) -> None:
+    """A library for one GPU (--arch 90a) and the default one (80,90a) share the object cache without evicting each
+    other's objects; objects named before the architectures were are removed."""
+    objects = cache_root / "objects"
+    objects.mkdir(parents=True)
+    legacy = objects / "gemm_sm90_abi-0123456789abcdef0123.o"
+    legacy.write_bytes(b"old")
+    kernel_build.build(tmp_path / "a", ("90a",))
+    kernel_build.build(tmp_path / "b")
+    n = len(kernel_build.sources())
+    names = sorted(p.name for p in objects.iterdir())
+    assert len(names) == 2 * n and not legacy.exists()
+    assert sum("-90a-" in x for x in names) == n and sum("-80_90a-" in x for x in names) == n
+    lines: list[str] = []
+    kernel_build.build(tmp_path / "c", ("90a",), progress=lines.append)
+    assert not any(line.startswith("compiling") for line in lines) and sum("reused" in x for x in lines) == n
+
+
 def test_cached_library_is_found_without_the_toolchain(cache_root: Path, fake_toolchain: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     built = kernel_build.build()
@@ -319,6 +339,125 @@ def test_missing_nvcc_is_a_clear_error(cache_root: Path, monkeypatch: pytest.Mon
         kernel_build.build()
 
 
+# A stand-in nvcc that fails on one source the way FAIL says (error: a compile error on stdout, kill: killed by
+# SIGKILL, exit137: nvcc reporting a killed cicc), compiles the others after SLOW seconds, and leaves a file named
+# after each source it finished in the directory DONE.
+FAILING_NVCC = """#!{python}
+import os, pathlib, signal, sys, time
+args = sys.argv[1:]
+if args == ["--version"]:
+    print("Cuda compilation tools, release 99.9, V99.9.1")
+    sys.exit(0)
+src = args[args.index("-c") + 1]
+if src.endswith("{fail_on}"):
+    if "{fail}" == "error":
+        print(src + "(12): error: identifier \\"undefined_thing\\" is undefined")
+        print("1 error detected in the compilation of " + src)
+        sys.exit(1)
+    if "{fail}" == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    sys.exit(137)
+time.sleep({slow})
+pathlib.Path(args[args.index("-o") + 1]).write_bytes(b"object")
+pathlib.Path("{done}", pathlib.Path(src).name).write_text("done")
+"""
+
+
+def failing_toolchain(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fail: str, slow: float) -> Path:
+    """The FAILING_NVCC stand-in failing on common/status.cu, the first source in path order (so compiled first);
+    returns the folder its finished sources land in."""
+    done = tmp_path / "done"
+    done.mkdir()
+    nvcc = tmp_path / "bin" / "nvcc"
+    nvcc.parent.mkdir()
+    nvcc.write_text(FAILING_NVCC.format(python=sys.executable, fail_on="common/status.cu", fail=fail, slow=slow,
+                                        done=done))
+    nvcc.chmod(nvcc.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setattr(kernel_build, "find_nvcc", lambda: str(nvcc))
+    monkeypatch.setattr(kernel_build, "cutlass_include_dir", lambda: tmp_path / "cutlass")
+    return done
+
+
+def test_a_compile_error_stops_the_build_at_once(cache_root: Path, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first failing source ends the build without waiting for the others (each would take 60 s here), its
+    message is one line naming the source and the compiler's error, and the compiler's whole output comes with it."""
+    done = failing_toolchain(tmp_path, monkeypatch, "error", slow=60)
+    assert kernel_build.source_name(kernel_build.sources()[0]) == "common/status.cu"
+    start = time.monotonic()
+    with pytest.raises(kernel_build.KernelBuildError) as info:
+        kernel_build.build(jobs=4)
+    assert time.monotonic() - start < 30
+    e = info.value
+    assert "\n" not in e.message and e.message.startswith("nvcc failed on common/status.cu (exit 1): ")
+    assert 'identifier "undefined_thing" is undefined' in e.message
+    assert "1 error detected" in e.output and str(e) == f"{e.message}\n{e.output}"
+    assert not list(done.iterdir())  # the slow compiles were stopped, not finished
+    assert not (cache_root / "objects").exists() or not list((cache_root / "objects").iterdir())
+
+
+@pytest.mark.parametrize("fail", ["kill", "exit137"])
+def test_a_killed_compile_says_memory_and_how_to_build_with_less(cache_root: Path, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch, fail: str) -> None:
+    failing_toolchain(tmp_path, monkeypatch, fail, slow=0)
+    with pytest.raises(kernel_build.KernelBuildError) as info:
+        kernel_build.build(jobs=3)
+    message = info.value.message
+    assert message.startswith("nvcc was killed on common/status.cu (signal 9, SIGKILL)"), message
+    assert "out-of-memory" in message and "3 compiles ran at once" in message and "-j 1" in message
+
+
+def test_kernels_command_prints_the_compiler_output_then_one_line(cache_root: Path, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    failing_toolchain(tmp_path, monkeypatch, "error", slow=0)
+    r = subprocess.run([sys.executable, "-c", "from moe_build.cli import main; main()", "kernels", "--out",
+                        str(tmp_path / "out"), "-j", "2"], capture_output=True, text=True,
+                       env={**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "CUDACXX": "",
+                            "MOE_BUILD_CACHE": str(cache_root)})
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert "1 error detected in the compilation of" in r.stderr
+    assert lines[-1].startswith("moe-build: error: kernels: nvcc failed on common/status.cu (exit 1): ")
+    assert "Traceback" not in r.stderr and not (tmp_path / "out" / kernel_build.LIB_NAME).exists()
+
+
+def test_default_jobs_leave_each_compile_its_memory() -> None:
+    gb = 1 << 30
+    per = kernel_build.NVCC_JOB_GB
+    assert kernel_build.default_jobs(cpus=16, memory=4 * per * gb + gb) == 4
+    assert kernel_build.default_jobs(cpus=2, memory=64 * per * gb) == 2
+    assert kernel_build.default_jobs(cpus=8, memory=gb) == 1
+    assert kernel_build.default_jobs(cpus=8, memory=None) in (8, max(1, min(8, (kernel_build.available_memory() or 0)
+                                                                              // kernel_build.NVCC_JOB_BYTES)))
+
+
+def test_a_build_short_of_memory_compiles_fewer_at_once_and_says_so(cache_root: Path, fake_toolchain: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kernel_build, "available_memory", lambda: 3 << 30)
+    monkeypatch.setattr(kernel_build.os, "cpu_count", lambda: 8)
+    lines: list[str] = []
+    kernel_build.build(progress=lines.append)
+    assert lines[0] == f"compiling 1 at a time, not 8: 3.0 GB of memory available, {kernel_build.NVCC_JOB_GB} GB a compile"
+    lines.clear()
+    shutil.rmtree(cache_root / "objects")
+    kernel_build.build(jobs=2, force=True, progress=lines.append)  # an explicit -j is the user's: not remarked on
+    assert any(line.startswith("compiling ") for line in lines) and not any("at a time" in line for line in lines)
+
+
+def test_available_memory_takes_the_container_limit(tmp_path: Path) -> None:
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       33554432 kB\nMemAvailable:   16777216 kB\n")
+    cgroup = tmp_path / "cgroup"
+    cgroup.mkdir()
+    assert kernel_build.available_memory(meminfo, cgroup) == 16 << 30  # no cgroup files: the machine's
+    (cgroup / "memory.max").write_text("max\n")
+    (cgroup / "memory.current").write_text(f"{1 << 30}\n")
+    assert kernel_build.available_memory(meminfo, cgroup) == 16 << 30  # no limit
+    (cgroup / "memory.max").write_text(f"{6 << 30}\n")
+    assert kernel_build.available_memory(meminfo, cgroup) == 5 << 30  # the limit less what is used
+    assert kernel_build.available_memory(tmp_path / "none", tmp_path / "none") is None
+
+
 # ---- the real build (nvcc and the CUTLASS headers) ----------------------------------------------
 
 def _toolchain_ready() -> bool:
@@ -384,5 +523,6 @@ def test_a_failed_compile_says_what_nvcc_said(tmp_path: Path) -> None:
     nvcc.chmod(nvcc.stat().st_mode | stat.S_IXUSR)
     src = kernel_build.SRC_DIR / "gemm" / "fp8_sm90.cu"  # read by no one: the stand-in nvcc fails at once
     with pytest.raises(kernel_build.KernelBuildError, match=r"(?s)gemm/fp8_sm90.cu \(exit 1\).*has no member \"kFastOnly\""):
-        kernel_build._compile_one(str(nvcc), [], src, tmp_path / "kernel.o", tmp_path / "cache" / "kernel.o")
+        kernel_build._compile_one(str(nvcc), [], src, tmp_path / "kernel.o", tmp_path / "cache" / "kernel.o",
+                                  kernel_build._Compiles(), jobs=1)
     assert not (tmp_path / "cache" / "kernel.o").exists()

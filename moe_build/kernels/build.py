@@ -20,6 +20,7 @@ import importlib.util
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
@@ -56,10 +57,24 @@ INCLUDE_DIRS = (INCLUDE_DIR, SRC_DIR)
 
 Progress = Callable[[str], None]
 
+# Memory one compile may take at its peak: cicc on the mixed-input wgmma sources (gemm/woq_sm90_gated.cu, sm_90a,
+# nvcc 13.0) peaked at 10.3 GB on a 2-core CPU machine (2026-12-05), the lighter sources at a few GB. The default
+# number of parallel compiles leaves each this much of the memory available, so that a machine with many cores
+# and little memory compiles fewer sources at once rather than have the out-of-memory killer stop nvcc.
+NVCC_JOB_GB = 11
+NVCC_JOB_BYTES = NVCC_JOB_GB << 30
+
 
 class KernelBuildError(RuntimeError):
     """The kernel library could not be built or found (no nvcc, no CUTLASS headers, a compile error, a
-    library that does not match its build.json)."""
+    library that does not match its build.json). `message` is one line; `output` what the compiler said, where
+    it said something, which the exception's text carries after that line (the CLI prints it before its one-line
+    error)."""
+
+    def __init__(self, message: str, output: str = "") -> None:
+        super().__init__(f"{message}\n{output}" if output else message)
+        self.message = message
+        self.output = output
 
 
 @dataclass
@@ -268,18 +283,111 @@ def _cached(out: Path, key: str) -> tuple[bool, str | None]:
 
 # ---- building -----------------------------------------------------------------------------------
 
-def _compile_one(nvcc: str, flags: list[str], src: Path, obj: Path, cached: Path) -> float | None:
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().split()[0]
+    except (OSError, IndexError):
+        return None
+    return int(text) if text.isdigit() else None  # cgroup v2 writes "max" for no limit
+
+
+def available_memory(meminfo: Path = Path("/proc/meminfo"), cgroup: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """Bytes this process may still take: /proc/meminfo's MemAvailable, lowered to what the cgroup's limit
+    leaves (v2 memory.max - memory.current, v1 limit_in_bytes - usage_in_bytes) where a container sets one;
+    None where neither can be read (not Linux)."""
+    found: list[int] = []
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                found.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    for limit_file, usage_file in (("memory.max", "memory.current"),
+                                   ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):
+        limit, usage = _read_int(cgroup / limit_file), _read_int(cgroup / usage_file)
+        if limit is not None and usage is not None and limit < 1 << 60:  # v1 writes a huge number for none
+            found.append(max(0, limit - usage))
+    return min(found) if found else None
+
+
+def default_jobs(cpus: int | None = None, memory: int | None = None) -> int:
+    """Parallel compiles by default: the CPU count (`cpus`, else os.cpu_count()), at most one per NVCC_JOB_BYTES
+    of `memory` (else available_memory(); no bound where that is unknown), and at least one."""
+    cpus = cpus or os.cpu_count() or 1
+    memory = memory if memory is not None else available_memory()
+    return max(1, min(cpus, memory // NVCC_JOB_BYTES) if memory is not None else cpus)
+
+
+class _Compiles:
+    """The nvcc processes running for one build, so that the first failure (or an interrupt) stops the others at
+    once instead of waiting minutes for sources whose objects would be thrown away."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: set[subprocess.Popen] = set()
+        self.stopped = False
+
+    def run(self, cmd: list[str]) -> subprocess.CompletedProcess | None:
+        """cmd's completed process, or None where the build was stopped before or while it ran."""
+        with self._lock:
+            if self.stopped:
+                return None
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            self._running.add(proc)
+        try:
+            out, err = proc.communicate()
+        finally:
+            with self._lock:
+                self._running.discard(proc)
+                stopped = self.stopped
+        return None if stopped else subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+    def stop(self) -> None:
+        """No compile starts after this; the running ones are terminated."""
+        with self._lock:
+            self.stopped = True
+            for proc in self._running:
+                proc.terminate()
+
+
+def _killed(returncode: int) -> str | None:
+    """How a compile was killed, from nvcc's exit status (a signal: negative, or 128 + the signal where nvcc
+    reports a killed cicc or ptxas), else None."""
+    sig = -returncode if returncode < 0 else returncode - 128 if returncode in (128 + 9, 128 + 15) else None
+    if sig is None:
+        return None
+    try:
+        return f"signal {sig}, {signal.Signals(sig).name}"
+    except ValueError:
+        return f"signal {sig}"
+
+
+def _compile_one(nvcc: str, flags: list[str], src: Path, obj: Path, cached: Path, compiles: _Compiles,
+                 jobs: int) -> float | None:
     """Compiles src to obj, or copies the object cached under its own key (source + every header):
-    editing one kernel file then recompiles that file alone. Returns seconds, None if reused."""
+    editing one kernel file then recompiles that file alone. Returns seconds, None if reused or if the build
+    was stopped (another source failed)."""
     if cached.is_file():
         shutil.copyfile(cached, obj)
         return None
     start = time.perf_counter()
-    proc = subprocess.run([nvcc, *flags, "-c", str(src), "-o", str(obj)], capture_output=True, text=True)
+    proc = compiles.run([nvcc, *flags, "-c", str(src), "-o", str(obj)])
+    if proc is None:
+        return None
     if proc.returncode != 0:
         # nvcc's front end writes its errors to stdout, the rest of the toolchain to stderr
         said = "\n".join(x.strip() for x in (proc.stdout, proc.stderr) if x.strip())
-        raise KernelBuildError(f"nvcc failed on {source_name(src)} (exit {proc.returncode}):\n{said}")
+        killed = _killed(proc.returncode)
+        if killed and "SIGKILL" in killed:
+            raise KernelBuildError(
+                f"nvcc was killed on {source_name(src)} ({killed}), most often by the out-of-memory killer: "
+                f"{jobs} compiles ran at once and one can take {NVCC_JOB_GB} GB; build with fewer "
+                f"(`moe-build kernels -j 1`, which the tests and the runner then find in the cache)", said)
+        if killed:
+            raise KernelBuildError(f"nvcc was killed on {source_name(src)} ({killed})", said)
+        first = next((line.strip() for line in said.splitlines() if "error" in line.lower()),
+                     said.splitlines()[0].strip() if said else "no output")
+        raise KernelBuildError(f"nvcc failed on {source_name(src)} (exit {proc.returncode}): {first}", said)
     cached.parent.mkdir(parents=True, exist_ok=True)
     tmp = cached.with_suffix(f".{os.getpid()}.tmp")
     shutil.copyfile(obj, tmp)
@@ -291,7 +399,8 @@ def build(out_dir: Path | None = None, archs: Sequence[str] = DEFAULT_ARCHS, job
           force: bool = False, progress: Progress | None = None) -> BuildResult:
     """Find or build the library. `out_dir` defaults to `<cache root>/<key>/`. A library there whose
     build.json has the current key and its sha256 is used as it is (no nvcc, no CUTLASS headers needed)
-    unless `force`; anything else is compiled, `jobs` sources at a time (default: the CPU count).
+    unless `force`; anything else is compiled, `jobs` sources at a time (default: default_jobs(), the CPU count
+    bounded by the memory available); the first failure stops the other compiles.
     `progress`, if given, is called with one line per step: "compiling gemm/sm90_abi.cu",
     "compiled gemm/sm90_abi.cu in 73.2 s", "linking", "cached: <library>"."""
     lock = threading.Lock()
@@ -324,29 +433,49 @@ def build(out_dir: Path | None = None, archs: Sequence[str] = DEFAULT_ARCHS, job
     out.mkdir(parents=True, exist_ok=True)
     srcs = sources()
     objects = default_cache_root() / "objects"  # shared by every output folder: one compile per source version
-    cached = {s: objects / f"{object_stem(s)}-{_object_key(s, archs, nvcc_line, cutlass)}.o" for s in srcs}
+    tag = "_".join(archs)  # objects of other architecture sets (a device's 90a beside the tests' 80,90a) stay
+    cached = {s: objects / f"{object_stem(s)}-{tag}-{_object_key(s, archs, nvcc_line, cutlass)}.o" for s in srcs}
     times: dict[str, float | None] = {}
+    to_compile = sum(not c.is_file() for c in cached.values())
+    if jobs is None:
+        cpus, memory = os.cpu_count() or 1, available_memory()
+        jobs = default_jobs(cpus, memory)
+        if memory is not None and to_compile and jobs < min(cpus, to_compile):
+            say(f"compiling {jobs} at a time, not {cpus}: {memory / (1 << 30):.1f} GB of memory available, "
+                f"{NVCC_JOB_GB} GB a compile")
+    compiles = _Compiles()
     # Objects and the library go to a private directory first, so a concurrent reader never sees a
     # half-written library, and the stamp is written last: an interrupted build leaves none that matches.
     with tempfile.TemporaryDirectory(dir=out, prefix=".build-") as tmp:
         tmp_dir = Path(tmp)
 
         def compile_one(src: Path) -> float | None:
+            if compiles.stopped:
+                return None
             if not cached[src].is_file():
                 say(f"compiling {source_name(src)}")
-            secs = _compile_one(nvcc, flags, src, tmp_dir / f"{object_stem(src)}.o", cached[src])
-            say(f"compiled {source_name(src)} in {secs:.1f} s" if secs is not None
-                else f"reused {source_name(src)} (cached object)")
+            secs = _compile_one(nvcc, flags, src, tmp_dir / f"{object_stem(src)}.o", cached[src], compiles, jobs)
+            if not compiles.stopped:
+                say(f"compiled {source_name(src)} in {secs:.1f} s" if secs is not None
+                    else f"reused {source_name(src)} (cached object)")
             return secs
 
-        with concurrent.futures.ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
             futures = {pool.submit(compile_one, s): s for s in srcs}
-            for fut in concurrent.futures.as_completed(futures):
-                times[source_name(futures[fut])] = fut.result()
-        # Older objects of these sources are superseded: keep the cache to one object per source.
+            try:
+                for fut in concurrent.futures.as_completed(futures):
+                    times[source_name(futures[fut])] = fut.result()
+            except BaseException:  # a compile failed, or Ctrl-C: no source waits on the others
+                compiles.stop()
+                for fut in futures:
+                    fut.cancel()
+                raise
+        # Older objects of these sources for these architectures are superseded (and those named before the
+        # architectures were, "<stem>-<key>.o"): the cache keeps one object per source and architecture set.
         keep = set(cached.values())
         for s in srcs:
-            for old in objects.glob(f"{object_stem(s)}-*.o"):
+            stem = object_stem(s)
+            for old in [*objects.glob(f"{stem}-{tag}-*.o"), *objects.glob(f"{stem}-{'?' * 20}.o")]:
                 if old not in keep:
                     old.unlink(missing_ok=True)
         say("linking")
