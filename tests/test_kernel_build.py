@@ -357,7 +357,9 @@ if src.endswith("{fail_on}"):
     if "{fail}" == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     sys.exit(137)
-time.sleep({slow})
+if {slow}:  # a child of its own, as nvcc runs cicc: stopping the build must stop it too
+    import subprocess
+    subprocess.run([sys.executable, "-c", "import time; time.sleep({slow})  # fake-cicc-sleeper"])
 pathlib.Path(args[args.index("-o") + 1]).write_bytes(b"object")
 pathlib.Path("{done}", pathlib.Path(src).name).write_text("done")
 """
@@ -393,6 +395,9 @@ def test_a_compile_error_stops_the_build_at_once(cache_root: Path, tmp_path: Pat
     assert 'identifier "undefined_thing" is undefined' in e.message
     assert "1 error detected" in e.output and str(e) == f"{e.message}\n{e.output}"
     assert not list(done.iterdir())  # the slow compiles were stopped, not finished
+    time.sleep(0.5)
+    sleepers = subprocess.run(["pgrep", "-f", "fake-cicc-sleeper"], capture_output=True, text=True)
+    assert not sleepers.stdout.strip(), "a compile's child outlived the build"
     assert not (cache_root / "objects").exists() or not list((cache_root / "objects").iterdir())
 
 

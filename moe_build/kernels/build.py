@@ -343,11 +343,34 @@ class _Compiles:
         return None if stopped else subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
     def stop(self) -> None:
-        """No compile starts after this; the running ones are terminated."""
+        """No compile starts after this; the running ones are terminated, each with the processes it started (nvcc's
+        cicc and ptxas hold its output open). They stay in the caller's process group, so a signal to the group
+        (a terminal's Ctrl-C, `kill -- -PGID`) still reaches them as well."""
         with self._lock:
             self.stopped = True
             for proc in self._running:
-                proc.terminate()
+                for pid in [*_descendants(proc.pid), proc.pid]:
+                    try:
+                        os.kill(pid, signal.SIGTERM)
+                    except (ProcessLookupError, PermissionError):
+                        pass
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid` (its children, theirs, ...), from /proc (Linux; none found elsewhere)."""
+    children: dict[int, list[int]] = {}
+    for stat_file in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat_file.read_text().rsplit(")", 1)[1].split()  # after the command's name
+        except (OSError, IndexError):
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat_file.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        below = children.get(todo.pop(), [])
+        found += below
+        todo += below
+    return found
 
 
 def _killed(returncode: int) -> str | None:
