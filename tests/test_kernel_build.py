@@ -198,7 +198,10 @@ def test_build_writes_a_stamp_and_reports_progress(cache_root: Path, fake_toolch
     for src in kernel_build.sources():
         name = kernel_build.source_name(src)
         assert f"compiling {name}" in lines
-        assert any(re.fullmatch(rf"compiled {re.escape(name)} in \d+\.\d s", line) for line in lines), name
+        assert any(re.fullmatch(rf"compiled {re.escape(name)} in \d+\.\d s \(\d+ of \d+\)", line) for line in lines), name
+    n = len(kernel_build.sources())
+    assert sorted(int(re.search(r"\((\d+) of (\d+)\)$", x).group(1)) for x in lines if x.startswith("compiled ")) \
+        == list(range(1, n + 1)) and all(x.endswith(f" of {n})") for x in lines if x.startswith("compiled "))
     assert lines[-1] == "linking"
     assert set(result.compile_seconds) == {kernel_build.source_name(s) for s in kernel_build.sources()}
     objects = sorted(p.name for p in (cache_root / "objects").iterdir())
@@ -340,16 +343,21 @@ def test_missing_nvcc_is_a_clear_error(cache_root: Path, monkeypatch: pytest.Mon
 
 
 # A stand-in nvcc that fails on one source the way FAIL says (error: a compile error on stdout, kill: killed by
-# SIGKILL, exit137: nvcc reporting a killed cicc), compiles the others after SLOW seconds, and leaves a file named
-# after each source it finished in the directory DONE.
+# SIGKILL, exit137: nvcc reporting a killed cicc), once WAIT_FOR other compiles have started; the others it
+# compiles in a child process that sleeps SLOW seconds (as nvcc runs cicc), marking in STARTED that the child runs
+# and in DONE each source it finished.
 FAILING_NVCC = """#!{python}
-import os, pathlib, signal, sys, time
+import os, pathlib, signal, subprocess, sys, time
 args = sys.argv[1:]
 if args == ["--version"]:
     print("Cuda compilation tools, release 99.9, V99.9.1")
     sys.exit(0)
 src = args[args.index("-c") + 1]
+started = pathlib.Path("{done}").with_name("started")
 if src.endswith("{fail_on}"):
+    deadline = time.monotonic() + 20
+    while len(list(started.iterdir())) < {wait_for} and time.monotonic() < deadline:
+        time.sleep(0.05)
     if "{fail}" == "error":
         print(src + "(12): error: identifier \\"undefined_thing\\" is undefined")
         print("1 error detected in the compilation of " + src)
@@ -358,22 +366,33 @@ if src.endswith("{fail_on}"):
         os.kill(os.getpid(), signal.SIGKILL)
     sys.exit(137)
 if {slow}:  # a child of its own, as nvcc runs cicc: stopping the build must stop it too
-    import subprocess
-    subprocess.run([sys.executable, "-c", "import time; time.sleep({slow})  # fake-cicc-sleeper"])
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep({slow})  # fake-cicc-sleeper"])
+    pathlib.Path(started, pathlib.Path(src).name).write_text(str(child.pid))
+    child.wait()
 pathlib.Path(args[args.index("-o") + 1]).write_bytes(b"object")
 pathlib.Path("{done}", pathlib.Path(src).name).write_text("done")
 """
 
 
-def failing_toolchain(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fail: str, slow: float) -> Path:
-    """The FAILING_NVCC stand-in failing on common/status.cu, the first source in path order (so compiled first);
-    returns the folder its finished sources land in."""
+def running(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie waiting for whoever adopted it to reap it does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def failing_toolchain(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fail: str, slow: float,
+                      wait_for: int = 0) -> Path:
+    """The FAILING_NVCC stand-in failing on common/status.cu, the first source in path order (so compiled first),
+    once `wait_for` others have started their child; returns the folder its finished sources land in."""
     done = tmp_path / "done"
     done.mkdir()
+    (tmp_path / "started").mkdir()
     nvcc = tmp_path / "bin" / "nvcc"
     nvcc.parent.mkdir()
     nvcc.write_text(FAILING_NVCC.format(python=sys.executable, fail_on="common/status.cu", fail=fail, slow=slow,
-                                        done=done))
+                                        wait_for=wait_for, done=done))
     nvcc.chmod(nvcc.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setattr(kernel_build, "find_nvcc", lambda: str(nvcc))
     monkeypatch.setattr(kernel_build, "cutlass_include_dir", lambda: tmp_path / "cutlass")
@@ -384,7 +403,7 @@ def test_a_compile_error_stops_the_build_at_once(cache_root: Path, tmp_path: Pat
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """The first failing source ends the build without waiting for the others (each would take 60 s here), its
     message is one line naming the source and the compiler's error, and the compiler's whole output comes with it."""
-    done = failing_toolchain(tmp_path, monkeypatch, "error", slow=60)
+    done = failing_toolchain(tmp_path, monkeypatch, "error", slow=60, wait_for=3)  # the 3 other compiles of 4 jobs
     assert kernel_build.source_name(kernel_build.sources()[0]) == "common/status.cu"
     start = time.monotonic()
     with pytest.raises(kernel_build.KernelBuildError) as info:
@@ -395,9 +414,10 @@ def test_a_compile_error_stops_the_build_at_once(cache_root: Path, tmp_path: Pat
     assert 'identifier "undefined_thing" is undefined' in e.message
     assert "1 error detected" in e.output and str(e) == f"{e.message}\n{e.output}"
     assert not list(done.iterdir())  # the slow compiles were stopped, not finished
+    children = [int(p.read_text()) for p in (tmp_path / "started").iterdir()]
+    assert len(children) == 3
     time.sleep(0.5)
-    sleepers = subprocess.run(["pgrep", "-f", "fake-cicc-sleeper"], capture_output=True, text=True)
-    assert not sleepers.stdout.strip(), "a compile's child outlived the build"
+    assert not [pid for pid in children if running(pid)], "a compile's child outlived the build"
     assert not (cache_root / "objects").exists() or not list((cache_root / "objects").iterdir())
 
 

@@ -17,6 +17,7 @@ import datetime
 import hashlib
 import importlib.metadata
 import importlib.util
+import itertools
 import json
 import os
 import shutil
@@ -328,28 +329,35 @@ class _Compiles:
         self.stopped = False
 
     def run(self, cmd: list[str]) -> subprocess.CompletedProcess | None:
-        """cmd's completed process, or None where the build was stopped before or while it ran."""
-        with self._lock:
-            if self.stopped:
-                return None
-            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            self._running.add(proc)
-        try:
-            out, err = proc.communicate()
-        finally:
+        """cmd's completed process, or None where the build was stopped before or while it ran. Its output goes to
+        files, not pipes, and only cmd itself is waited for: a process it started that outlives it (one started
+        just as stop() looked) cannot hold the build up."""
+        with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
             with self._lock:
-                self._running.discard(proc)
-                stopped = self.stopped
-        return None if stopped else subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+                if self.stopped:
+                    return None
+                proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
+                self._running.add(proc)
+            try:
+                proc.wait()
+            finally:
+                with self._lock:
+                    self._running.discard(proc)
+                    stopped = self.stopped
+            if stopped:
+                return None
+            out.seek(0)
+            err.seek(0)
+            return subprocess.CompletedProcess(cmd, proc.returncode, out.read(), err.read())
 
     def stop(self) -> None:
         """No compile starts after this; the running ones are terminated, each with the processes it started (nvcc's
-        cicc and ptxas hold its output open). They stay in the caller's process group, so a signal to the group
-        (a terminal's Ctrl-C, `kill -- -PGID`) still reaches them as well."""
+        cicc and ptxas). They stay in the caller's process group, so a signal to the group (a terminal's Ctrl-C,
+        `kill -- -PGID`) still reaches them as well."""
         with self._lock:
             self.stopped = True
             for proc in self._running:
-                for pid in [*_descendants(proc.pid), proc.pid]:
+                for pid in [proc.pid, *_descendants(proc.pid)]:  # nvcc first: it would go on as its cicc ends
                     try:
                         os.kill(pid, signal.SIGTERM)
                     except (ProcessLookupError, PermissionError):
@@ -425,7 +433,7 @@ def build(out_dir: Path | None = None, archs: Sequence[str] = DEFAULT_ARCHS, job
     unless `force`; anything else is compiled, `jobs` sources at a time (default: default_jobs(), the CPU count
     bounded by the memory available); the first failure stops the other compiles.
     `progress`, if given, is called with one line per step: "compiling gemm/sm90_abi.cu",
-    "compiled gemm/sm90_abi.cu in 73.2 s", "linking", "cached: <library>"."""
+    "compiled gemm/sm90_abi.cu in 73.2 s (3 of 31)", "linking", "cached: <library>"."""
     lock = threading.Lock()
 
     def say(line: str) -> None:
@@ -472,15 +480,23 @@ def build(out_dir: Path | None = None, archs: Sequence[str] = DEFAULT_ARCHS, job
     with tempfile.TemporaryDirectory(dir=out, prefix=".build-") as tmp:
         tmp_dir = Path(tmp)
 
+        compiled = itertools.count(1)  # how far a long build has come, in its progress lines
+        count_lock = threading.Lock()
+
         def compile_one(src: Path) -> float | None:
             if compiles.stopped:
                 return None
             if not cached[src].is_file():
                 say(f"compiling {source_name(src)}")
             secs = _compile_one(nvcc, flags, src, tmp_dir / f"{object_stem(src)}.o", cached[src], compiles, jobs)
-            if not compiles.stopped:
-                say(f"compiled {source_name(src)} in {secs:.1f} s" if secs is not None
-                    else f"reused {source_name(src)} (cached object)")
+            if compiles.stopped:
+                return secs
+            if secs is None:
+                say(f"reused {source_name(src)} (cached object)")
+            else:
+                with count_lock:
+                    n = next(compiled)
+                say(f"compiled {source_name(src)} in {secs:.1f} s ({n} of {to_compile})")
             return secs
 
         with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
