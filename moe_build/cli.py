@@ -482,7 +482,7 @@ def kernels_cmd(out_dir: str | None, arch: str, jobs: int | None, force: bool) -
     except KernelBuildError as e:
         if e.output:
             click.echo(e.output, err=True)
-        raise MoeBuildError("kernels", e.message.splitlines()[0]) from None
+        raise MoeBuildError("kernels", e.message) from None
 
 
 @cli.command("presets")

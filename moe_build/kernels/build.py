@@ -381,12 +381,13 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def _killed(returncode: int) -> str | None:
-    """How a compile was killed, from nvcc's exit status (a signal: negative, or 128 + the signal where nvcc
+def _killed_by(returncode: int) -> int | None:
+    """The signal that killed a compile, from nvcc's exit status (negative, or 128 + the signal where nvcc
     reports a killed cicc or ptxas), else None."""
-    sig = -returncode if returncode < 0 else returncode - 128 if returncode in (128 + 9, 128 + 15) else None
-    if sig is None:
-        return None
+    return -returncode if returncode < 0 else returncode - 128 if returncode in (128 + 9, 128 + 15) else None
+
+
+def _signal_text(sig: int) -> str:
     try:
         return f"signal {sig}, {signal.Signals(sig).name}"
     except ValueError:
@@ -408,14 +409,14 @@ def _compile_one(nvcc: str, flags: list[str], src: Path, obj: Path, cached: Path
     if proc.returncode != 0:
         # nvcc's front end writes its errors to stdout, the rest of the toolchain to stderr
         said = "\n".join(x.strip() for x in (proc.stdout, proc.stderr) if x.strip())
-        killed = _killed(proc.returncode)
-        if killed and "SIGKILL" in killed:
+        sig = _killed_by(proc.returncode)
+        if sig == signal.SIGKILL:
             raise KernelBuildError(
-                f"nvcc was killed on {source_name(src)} ({killed}), most often by the out-of-memory killer: "
-                f"{jobs} compiles ran at once and one can take {NVCC_JOB_GB} GB; build with fewer "
+                f"nvcc was killed on {source_name(src)} ({_signal_text(sig)}), most often by the out-of-memory "
+                f"killer: {jobs} compiles ran at once and one can take {NVCC_JOB_GB} GB; build with fewer "
                 f"(`moe-build kernels -j 1`, which the tests and the runner then find in the cache)", said)
-        if killed:
-            raise KernelBuildError(f"nvcc was killed on {source_name(src)} ({killed})", said)
+        if sig is not None:
+            raise KernelBuildError(f"nvcc was killed on {source_name(src)} ({_signal_text(sig)})", said)
         first = next((line.strip() for line in said.splitlines() if "error" in line.lower()),
                      said.splitlines()[0].strip() if said else "no output")
         raise KernelBuildError(f"nvcc failed on {source_name(src)} (exit {proc.returncode}): {first}", said)
@@ -523,7 +524,7 @@ def build(out_dir: Path | None = None, archs: Sequence[str] = DEFAULT_ARCHS, job
         link = subprocess.run([nvcc, "-shared", *arch_flags(archs), "-o", str(tmp_lib),
                                *(str(tmp_dir / f"{object_stem(s)}.o") for s in srcs)], capture_output=True, text=True)
         if link.returncode != 0:
-            raise KernelBuildError(f"linking {LIB_NAME} failed:\n{link.stderr.strip()}")
+            raise KernelBuildError(f"linking {LIB_NAME} failed (exit {link.returncode})", link.stderr.strip())
         link_s = time.perf_counter() - start
         stamp = BuildStamp(key, file_sha256(tmp_lib), nvcc_line, cutlass, tuple(archs),
                            datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
