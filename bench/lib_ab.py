@@ -6,6 +6,9 @@ against the first library's. The method behind the library comparisons in docs/p
     python bench/lib_ab.py --libs main=/tmp/main/libmoe_build_kernels.so,new=/tmp/new/libmoe_build_kernels.so \\
         --rounds 2 --out $OUT/ab -- --quant fp8 --shapes qwen3-30b-a3b --tokens 1,16 --variants ours --iters 10
 
+A library whose Python differs too (a new kernel argument, a weight form the runner makes) names its source tree:
+NAME=PATH@TREE runs that library's bench from TREE (its `moe_build` then imported from there).
+
 Everything after `--` goes to `moe-build bench` as it is (its `--json` is set here: OUT/NAME_ROUND.json); the table
 goes to stdout and OUT/summary.json.
 """
@@ -60,16 +63,20 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def parse_libs(text: str) -> dict[str, str]:
-    """NAME=PATH,NAME=PATH -> {NAME: PATH}, in order; each path must exist."""
+def parse_libs(text: str) -> dict[str, tuple[str, str | None]]:
+    """NAME=PATH[@TREE],... -> {NAME: (PATH, TREE or None)}, in order; each path must exist, and each tree hold a
+    moe_build package."""
     libs = {}
     for item in text.split(","):
-        name, sep, path = item.partition("=")
-        if not sep or not name or not path:
-            raise SystemExit(f"lib_ab: --libs: {item!r} is not NAME=PATH")
+        name, sep, rest = item.partition("=")
+        path, at, tree = rest.partition("@")
+        if not sep or not name or not path or (at and not tree):
+            raise SystemExit(f"lib_ab: --libs: {item!r} is not NAME=PATH or NAME=PATH@TREE")
         if not Path(path).is_file():
             raise SystemExit(f"lib_ab: --libs: {path} is not a file")
-        libs[name] = path
+        if tree and not (Path(tree) / "moe_build" / "__init__.py").is_file():
+            raise SystemExit(f"lib_ab: --libs: {tree} holds no moe_build package")
+        libs[name] = (path, tree or None)
     if len(libs) < 2:
         raise SystemExit("lib_ab: --libs: name two libraries or more")
     return libs
@@ -79,7 +86,8 @@ def main() -> None:
     argv = sys.argv[1:]
     bench_args = argv[argv.index("--") + 1:] if "--" in argv else []
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--libs", required=True, help="NAME=PATH[,NAME=PATH...]: the first is the baseline")
+    ap.add_argument("--libs", required=True,
+                    help="NAME=PATH[@TREE][,NAME=PATH[@TREE]...]: the first is the baseline")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per bench run")
@@ -90,12 +98,12 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[dict[Key, float]]] = {n: [] for n in libs}
     for r in range(1, args.rounds + 1):
-        for name, path in libs.items():
-            dest = args.out / f"{name}_{r}.json"
+        for name, (path, tree) in libs.items():
+            dest = (args.out / f"{name}_{r}.json").resolve()
             cmd = [sys.executable, "-m", "moe_build", "bench", *bench_args, "--json", str(dest)]
             env = {**os.environ, "MOE_BUILD_KERNELS_LIB": path}
             print(f"round {r}, {name}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
-            done = subprocess.run(cmd, env=env, timeout=args.timeout, capture_output=True, text=True)
+            done = subprocess.run(cmd, env=env, cwd=tree, timeout=args.timeout, capture_output=True, text=True)
             (args.out / f"{name}_{r}.log").write_text(done.stdout + done.stderr)
             if done.returncode != 0:
                 raise SystemExit(f"lib_ab: the bench with {name} failed (rc {done.returncode}): "

@@ -54,7 +54,8 @@ def test_compare_sums_rounds_against_the_first_library(lib_ab) -> None:
 
 
 @pytest.mark.parametrize("text,words", [("main=/nonexistent.so,new=/nonexistent.so", "is not a file"),
-                                        ("main", "is not NAME=PATH"), ("=x", "is not NAME=PATH")])
+                                        ("main", "is not NAME=PATH"), ("=x", "is not NAME=PATH"),
+                                        ("main=x@", "is not NAME=PATH")])
 def test_bad_libs_are_refused_by_name(lib_ab, text: str, words: str) -> None:
     with pytest.raises(SystemExit, match=words):
         lib_ab.parse_libs(text)
@@ -65,4 +66,16 @@ def test_one_library_is_refused(lib_ab, tmp_path: Path) -> None:
     lib.write_bytes(b"")
     with pytest.raises(SystemExit, match="two libraries or more"):
         lib_ab.parse_libs(f"main={lib}")
-    assert lib_ab.parse_libs(f"main={lib},new={lib}") == {"main": str(lib), "new": str(lib)}
+    assert lib_ab.parse_libs(f"main={lib},new={lib}") == {"main": (str(lib), None), "new": (str(lib), None)}
+
+
+def test_a_library_may_name_its_source_tree(lib_ab, tmp_path: Path) -> None:
+    """NAME=PATH@TREE: the bench of that library runs from TREE, which must hold a moe_build package."""
+    lib = tmp_path / "lib.so"
+    lib.write_bytes(b"")
+    with pytest.raises(SystemExit, match="holds no moe_build package"):
+        lib_ab.parse_libs(f"main={lib}@{tmp_path},new={lib}")
+    (tmp_path / "moe_build").mkdir()
+    (tmp_path / "moe_build" / "__init__.py").write_text("")
+    assert lib_ab.parse_libs(f"main={lib}@{tmp_path},new={lib}") == {"main": (str(lib), str(tmp_path)),
+                                                                     "new": (str(lib), None)}
