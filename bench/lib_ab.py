@@ -101,7 +101,7 @@ def main() -> None:
         for name, (path, tree) in libs.items():
             dest = (args.out / f"{name}_{r}.json").resolve()
             cmd = [sys.executable, "-m", "moe_build", "bench", *bench_args, "--json", str(dest)]
-            env = {**os.environ, "MOE_BUILD_KERNELS_LIB": path}
+            env = {**os.environ, "MOE_BUILD_KERNELS_LIB": str(Path(path).resolve())}  # the same file from any tree
             print(f"round {r}, {name}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
             done = subprocess.run(cmd, env=env, cwd=tree, timeout=args.timeout, capture_output=True, text=True)
             (args.out / f"{name}_{r}.log").write_text(done.stdout + done.stderr)
