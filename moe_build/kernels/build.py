@@ -482,7 +482,6 @@ def build(out_dir: Path | None = None, archs: Sequence[str] = DEFAULT_ARCHS, job
         tmp_dir = Path(tmp)
 
         compiled = itertools.count(1)  # how far a long build has come, in its progress lines
-        count_lock = threading.Lock()
 
         def compile_one(src: Path) -> float | None:
             if compiles.stopped:
@@ -495,7 +494,7 @@ def build(out_dir: Path | None = None, archs: Sequence[str] = DEFAULT_ARCHS, job
             if secs is None:
                 say(f"reused {source_name(src)} (cached object)")
             else:
-                with count_lock:
+                with lock:
                     n = next(compiled)
                 say(f"compiled {source_name(src)} in {secs:.1f} s ({n} of {to_compile})")
             return secs
