@@ -23,7 +23,7 @@ from moe_build import kernels as K
 from moe_build.bench.timing import flush_l2
 from moe_build.planner.tactics import GemmCall, GemmTactic, RowCount, choose_tactic
 from moe_build.planner.tactics.woq import woq_digits_rows, woq_staged_rows
-from moe_build.weights.woq import WoqKind, dequantize_matrix
+from moe_build.weights.woq import WoqKind, dequantize_matrix, mxfp4_quarters
 
 # name: (experts, top_k, n, k, weight group)
 GEMMS = {"mixtral_g1": (8, 2, 28672, 4096, 128), "mixtral_g2": (8, 2, 4096, 14336, 128),
@@ -77,6 +77,9 @@ def main() -> None:
         else:
             scales = torch.rand(experts, n, k // group, device="cuda") * 0.01 + 1e-3
             zeros = torch.randint(0, 16, (experts, n, k // group), dtype=torch.uint8, device="cuda")
+        # the digits tile's form of the weights: MXFP4 in its quarters order, the rest as stored
+        db, dscales, dkind = (*mxfp4_quarters(b, scales), "mxfp4_quarters") if KIND is WoqKind.MXFP4 else \
+            (b, scales, KIND.value)
         call = GemmCall(sm=90, entry="sm90", epilogue="store", n=n, k=k, experts=experts, top_k=top_k, itemsize=2,
                         weights_blocked=False, sm_count=sm, l2_bytes=50 << 20, woq=KIND.value, woq_group=group)
         # codes, then e8m0 scales, or fp32 scales and zeros
@@ -109,14 +112,14 @@ def main() -> None:
 
             def run_digits() -> None:
                 K.token_digits(a, out=digits, group=group)
-                K.grouped_gemm_woq(digits, b, KIND.value, scales, off, group, zeros=zeros, c=c, tactic=digits_tactic,
+                K.grouped_gemm_woq(digits, db, dkind, dscales, off, group, zeros=zeros, c=c, tactic=digits_tactic,
                                    out_dtype=torch.bfloat16)
 
             def run_digits_step() -> None:
                 K.token_digits(a, out=digits, group=group)
 
             def run_digits_gemm() -> None:  # the GEMM alone, on the digits made above
-                K.grouped_gemm_woq(digits, b, KIND.value, scales, off, group, zeros=zeros, c=c, tactic=digits_tactic,
+                K.grouped_gemm_woq(digits, db, dkind, dscales, off, group, zeros=zeros, c=c, tactic=digits_tactic,
                                    out_dtype=torch.bfloat16)
 
             # fp64 reference of the touched experts' rows (each expert's weights dequantized once, on the GPU)
@@ -144,7 +147,7 @@ def main() -> None:
 
                 def run_split(t: GemmTactic = at_split) -> None:
                     K.token_digits(a, out=digits, group=group)
-                    K.grouped_gemm_woq(digits, b, KIND.value, scales, off, group, zeros=zeros, c=c, tactic=t,
+                    K.grouped_gemm_woq(digits, db, dkind, dscales, off, group, zeros=zeros, c=c, tactic=t,
                                        out_dtype=torch.bfloat16)
 
                 c.fill_(float("nan"))

@@ -10,8 +10,8 @@ import torch
 
 from moe_build.errors import MoeBuildError
 from moe_build.spec import MoESpec, Quant
-from moe_build.weights.woq import (E8M0_BIAS, WoqKind, WoqWeights, dequantize_matrix, mxfp4_as_e5m2,
-                                   quantize_matrix, stored_form, unpack_nibbles, wgmma_operand)
+from moe_build.weights.woq import (E8M0_BIAS, WoqKind, WoqWeights, dequantize_matrix, digits_operand, mxfp4_as_e5m2,
+                                   mxfp4_quarters, quantize_matrix, stored_form, unpack_nibbles, wgmma_operand)
 
 
 @pytest.mark.parametrize("kind, group, asymmetric", [(WoqKind.INT4, 128, False), (WoqKind.INT4, 32, True),
@@ -152,3 +152,47 @@ def test_mxfp4_as_e5m2_is_the_stored_weight_within_27_binades() -> None:
     q3, s3 = mxfp4_as_e5m2(codes3, exps3)
     err = (q3.double() * s3.double().transpose(1, 2).repeat_interleave(64, -1) - exact3).abs()
     assert float(err.max()) <= 2.0 ** -28 * float(exact3.abs().amax())
+
+
+@pytest.mark.parametrize("k", [384, 2880, 64], ids=["3-groups", "gpt-oss-half-group", "lone-half-group"])
+def test_mxfp4_quarters_puts_each_code_where_the_digits_tile_reads_it(k: int) -> None:
+    """The digits tile's MXFP4 order (cpp/include/moe_build_kernels.h MB_WOQ_MXFP4_QUARTERS): lane q reads step u's
+    codes (k 32u + 8q + t of a 128-k group) as word u of its 16 bytes at 16q of the group, and step u's exponent as
+    byte u of the group's 4-byte word; a half group at k's end is a whole one whose second half is zero codes and
+    exponents. Checked code by code from that reading, against the stored nibble of the same k."""
+    g = torch.Generator().manual_seed(k)
+    e, n = 2, 3
+    codes = torch.randint(0, 256, (e, n, k // 2), generator=g, dtype=torch.uint8)
+    exps = torch.randint(0, 255, (e, n, k // 32), generator=g, dtype=torch.uint8)
+    quarters, scales = mxfp4_quarters(codes, exps)
+    groups = -(-k // 128)
+    assert quarters.shape == (e, n, 64 * groups) and quarters.dtype == torch.uint8
+    assert scales.shape == (e, n, 4 * groups) and scales.dtype == torch.uint8
+    stored, read = unpack_nibbles(codes), unpack_nibbles(quarters)  # k order within each byte's pair
+    for kk in range(128 * groups):
+        j, r = divmod(kk, 128)
+        u, q, t = r // 32, (r % 32) // 8, r % 8
+        byte = 64 * j + 16 * q + 4 * u + t // 2
+        want_code = stored[..., kk] if kk < k else torch.zeros_like(stored[..., 0])  # past k: the padded half
+        want_exp = exps[..., kk // 32] if kk < k else torch.zeros_like(exps[..., 0])
+        assert torch.equal(read[..., 2 * byte + t % 2], want_code), kk
+        assert torch.equal(scales[..., 4 * j + u], want_exp), kk
+
+
+def test_digits_operand_copies_mxfp4_alone() -> None:
+    """int4 and int8 reach the digits tile as stored (the same tensors, no copy); MXFP4 in its quarters order."""
+    g = torch.Generator().manual_seed(6)
+    s = torch.rand(3, 4, 5, generator=g) * 0.02 + 1e-3
+    z = torch.randint(0, 16, (3, 4, 5), generator=g, dtype=torch.uint8)
+    w4 = _int4_layer(s, z)
+    op = digits_operand(w4, "w1")
+    assert op.data is w4.w1 and op.scales is w4.w1_scale and op.zeros is w4.w1_zero
+    assert (op.kernel_kind, op.group) == ("int4", 64)
+    codes = torch.randint(0, 256, (3, 4, 64), generator=g, dtype=torch.uint8)
+    exps = torch.randint(100, 140, (3, 4, 4), generator=g, dtype=torch.uint8)
+    mx = WoqWeights(WoqKind.MXFP4, 32, codes, torch.zeros(3, 128, 64, dtype=torch.uint8), exps,
+                    torch.full((3, 128, 4), 120, dtype=torch.uint8))
+    op = digits_operand(mx, "w1")
+    want_codes, want_exps = mxfp4_quarters(codes, exps)
+    assert (op.kernel_kind, op.group, op.zeros) == ("mxfp4_quarters", 32, None)
+    assert torch.equal(op.data, want_codes) and torch.equal(op.scales, want_exps)

@@ -568,13 +568,21 @@ mb_status mb_grouped_gemm_fp8_gated(const void* A, const float* scale_a, const v
  *                   GEMM's group; the tactic's tile MB_TILE_DECODE_DIGITS and only then
  *                   (gemm/woq_decode_digits.cu: int4 codes, MXFP4's as 2 e2m1, or int8 weights as stored, times
  *                   8-bit digits on the int8 mma, each scale group's sum exact in int32); int4 weights with group 0
- *                   or 128 and k % 128 == 0, or group 64 and k % 64 == 0, MXFP4 with k % 64 == 0, or int8 with
- *                   group 0 and k % 64 == 0 or group 128 and k % 128 == 0 (else MB_ERR_UNSUPPORTED); MXFP4 and int8
- *                   read the digits laid out for group 32 (mb_token_digits' `group`); C in dtype. */
+ *                   or 128 and k % 128 == 0, or group 64 and k % 64 == 0, MXFP4 in its quarters form
+ *                   (MB_WOQ_MXFP4_QUARTERS, k % 128 == 0), or int8 with group 0 and k % 64 == 0 or group 128 and
+ *                   k % 128 == 0 (else MB_ERR_UNSUPPORTED); MXFP4 and int8 read the digits laid out for group 32
+ *                   (mb_token_digits' `group`); C in dtype. */
 /* MB_WOQ_E5M2: e5m2 [E, n, k], w = q * s (mb_grouped_gemm_woq_sm90 and its gated and finalize forms only, dtype
  * MB_BF16): MXFP4 re-encoded for the mixed-input kernel, whose k tile takes one scale (moe_build/weights/woq.py's
- * mxfp4_as_e5m2). */
-enum mb_woq_kind { MB_WOQ_INT4 = 0, MB_WOQ_INT8 = 1, MB_WOQ_MXFP4 = 2, MB_WOQ_E5M2 = 3 };
+ * mxfp4_as_e5m2).
+ * MB_WOQ_MXFP4_QUARTERS: MXFP4 re-ordered for the digits tile (MB_INPUT_DIGITS only; moe_build/weights/woq.py's
+ * mxfp4_quarters), so that a lane reads its codes of a 128-k group in one 16-byte load and its four scales in one
+ * 4-byte load: uint8 [E, n, k/2] with each 128-k group's 64 bytes (k 0..127 from byte 64j) holding at 16q + 4u the
+ * stored bytes 16u + 4q .. 16u + 4q + 3 (the codes of k 32u + 8q .. 32u + 8q + 7), q, u = 0..3; scales uint8 e8m0
+ * [E, n, k/32] (a group's four at 4j); group 32, no zeros; k % 128 == 0. A layer whose k ends in a half group
+ * (k % 128 == 64: GPT-OSS-20B's 2880) is padded to a whole one of zero codes and exponents and run at that k: its
+ * token digits (mb_token_digits at the layer's k) hold as many groups, the padded half's digits zero. */
+enum mb_woq_kind { MB_WOQ_INT4 = 0, MB_WOQ_INT8 = 1, MB_WOQ_MXFP4 = 2, MB_WOQ_E5M2 = 3, MB_WOQ_MXFP4_QUARTERS = 4 };
 enum mb_woq_input { MB_INPUT_DTYPE = 0, MB_INPUT_DIGITS = 1 };
 
 /* stages/token_digits.cu: the token rows in [rows, k] (dtype fp16 or bf16) as the int8 mma's operand, for the

@@ -90,11 +90,12 @@ class GemmTile(enum.IntEnum):
 
 class WoqKind(enum.IntEnum):
     """mb_woq_kind: how the weight-only GEMM's B is stored (moe_build/weights/woq.py's kinds; E5M2 MXFP4's form for the
-    mixed-input wgmma kernel, woq.mxfp4_as_e5m2)."""
+    mixed-input wgmma kernel, woq.mxfp4_as_e5m2; MXFP4_QUARTERS its order for the digits tile, woq.mxfp4_quarters)."""
     INT4 = 0
     INT8 = 1
     MXFP4 = 2
     E5M2 = 3
+    MXFP4_QUARTERS = 4
 
 
 class WoqInput(enum.IntEnum):

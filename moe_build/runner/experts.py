@@ -16,7 +16,7 @@ from ..spec import MoESpec
 from ..weights import MoEWeights
 from ..weights.dtypes import TORCH_DTYPE
 from ..weights.fp8 import FP8_GROUP, ScaleGranularity
-from ..weights.woq import wgmma_operand
+from ..weights.woq import GemmOperand, digits_operand, wgmma_operand
 from .batch import Batch
 from .prepare_finalize import routing_args
 
@@ -30,7 +30,8 @@ class FusedExperts:
     """
 
     def __init__(self, spec: MoESpec, weights: MoEWeights, kernels: ModuleType, weights_blocked: bool,
-                 woq_wgmma: tuple[str, ...] = (), *, fp8_accumulation: str, w1_interleaved: bool = False) -> None:
+                 woq_wgmma: tuple[str, ...] = (), woq_digits: tuple[str, ...] = (), *, fp8_accumulation: str,
+                 w1_interleaved: bool = False) -> None:
         self.spec = spec
         self.w = weights
         self.k = kernels
@@ -65,6 +66,8 @@ class FusedExperts:
         # The matrices ("w1" / "w2") the plan runs through the mixed-input wgmma GEMM (woq_wgmma) as it reads them:
         # their scales (and int4 zero terms), MXFP4 re-encoded as e5m2, made once here (woq.wgmma_operand).
         self.woq_wgmma = {name: wgmma_operand(q, name, self.out_dtype) for name in woq_wgmma} if q is not None else {}
+        # ... and those it runs on the digits tile (woq_digits): MXFP4 in its quarters order (woq.digits_operand).
+        self.woq_digits = {name: digits_operand(q, name) for name in woq_digits} if q is not None else {}
         scales = f if f is not None else q
         self.a1_scale = None if scales is None else scales.a1_scale
         self.a2_scale = None if scales is None else scales.a2_scale
@@ -386,14 +389,16 @@ class FusedExperts:
                                      c=c, workspace=_opt(b, "gemm_workspace"), tactic=tactic, stream=b.stream)
 
     def gemm1_woq_digits(self, b: Batch) -> None:
-        self._woq_gemm(b, "w1", self._digits(b, self.spec.hidden_size), b.v("fc1_out"), b.gemm1_tactic)
+        self._woq_operand_gemm(b, self.woq_digits["w1"], self._digits(b, self.spec.hidden_size), b.v("fc1_out"),
+                               b.gemm1_tactic)
 
     def gemm2_woq_digits(self, b: Batch) -> None:
-        self._woq_gemm(b, "w2", self._digits(b, self.spec.intermediate_size), b.v("gemm2_out"), b.gemm2_tactic)
+        self._woq_operand_gemm(b, self.woq_digits["w2"], self._digits(b, self.spec.intermediate_size),
+                               b.v("gemm2_out"), b.gemm2_tactic)
 
     def gemm2_woq_digits_finalize(self, b: Batch) -> None:
         """gemm2_woq_finalize on the token digits of GEMM2's input rows (the decode kernel's digits tile)."""
-        self._woq_finalize(b, self._digits(b, self.spec.intermediate_size))
+        self._woq_finalize(b, self._digits(b, self.spec.intermediate_size), self.woq_digits["w2"])
 
     def _digits(self, b: Batch, k: int) -> torch.Tensor:
         """The workspace's token digits of one GEMM's input rows [T * K, k] (uint8 [T * K, ceil(k / 128), 400]), which
@@ -464,21 +469,25 @@ class FusedExperts:
     def gemm2_woq_finalize(self, b: Batch) -> None:
         """GEMM2 on the decode kernel with the unpermute, top-k weighting (+b2) and reduction in its epilogue, into
         `out` (zeroed by the three-step prologue or the expansion, which the sequence runs before it)."""
-        self._woq_finalize(b, b.v("fc1_act"))
-
-    def _woq_finalize(self, b: Batch, a: torch.Tensor) -> None:
         q = self.w.woq
-        self.k.grouped_gemm_woq_finalize(a, q.w2, q.kind.value, q.w2_scale, b.v("expert_offsets"), self.woq_group,
+        self._woq_finalize(b, b.v("fc1_act"), GemmOperand(q.w2, q.kind.value, q.w2_scale, q.w2_zero, self.woq_group))
+
+    def _woq_finalize(self, b: Batch, a: torch.Tensor, w2: GemmOperand) -> None:
+        self.k.grouped_gemm_woq_finalize(a, w2.data, w2.kernel_kind, w2.scales, b.v("expert_offsets"), w2.group,
                                          b.v("permuted_to_unpermuted"), b.v("permuted_weights"), b.out.shape[0],
-                                         self.spec.top_k, zeros=q.w2_zero, bias=self.w.b2, out=b.out, stream=b.stream,
+                                         self.spec.top_k, zeros=w2.zeros, bias=self.w.b2, out=b.out, stream=b.stream,
                                          tactic=b.gemm2_tactic, out_dtype=self.out_dtype)
 
     def _woq_gemm(self, b: Batch, name: str, a: torch.Tensor, c: torch.Tensor, tactic: object) -> None:
         """W1 or W2 ("w1" / "w2") as stored, plain store: b1 is added by the activation, b2 by the finalize."""
         q = self.w.woq
-        self.k.grouped_gemm_woq(a, getattr(q, name), q.kind.value, getattr(q, f"{name}_scale"), b.v("expert_offsets"),
-                                self.woq_group, zeros=getattr(q, f"{name}_zero"), c=c, tactic=tactic, stream=b.stream,
-                                out_dtype=c.dtype)
+        self._woq_operand_gemm(b, GemmOperand(getattr(q, name), q.kind.value, getattr(q, f"{name}_scale"),
+                                              getattr(q, f"{name}_zero"), self.woq_group), a, c, tactic)
+
+    def _woq_operand_gemm(self, b: Batch, w: GemmOperand, a: torch.Tensor, c: torch.Tensor, tactic: object) -> None:
+        """One weight-only GEMM on the decode or mma kernel, plain store."""
+        self.k.grouped_gemm_woq(a, w.data, w.kernel_kind, w.scales, b.v("expert_offsets"), w.group, zeros=w.zeros,
+                                c=c, tactic=tactic, stream=b.stream, out_dtype=c.dtype)
 
     # ---- W4AFP8: W4A16's steps on the FP8 quantizations dequantized to 16 bits ---------------------------------
     def expand_rows_16bit(self, b: Batch) -> None:

@@ -109,8 +109,10 @@ class MoERunner:
         steps = S.steps_up_to(plan, self.max_tokens)
         mixed = tuple(name for name, on in (("w1", steps & S.GEMM1_WOQ_WGMMA_STEPS),
                                             ("w2", steps & S.GEMM2_WOQ_WGMMA_STEPS)) if on)
+        digits = tuple(name for name, on in (("w1", S.GEMM1_WOQ_DIGITS in steps),
+                                             ("w2", steps & S.GEMM2_WOQ_DIGITS_STEPS)) if on)
         self.experts = FusedExperts(spec, self.weights, kernels, weights_blocked=self.weights_blocked,
-                                    woq_wgmma=mixed, fp8_accumulation=S.fp8_accumulation(plan),
+                                    woq_wgmma=mixed, woq_digits=digits, fp8_accumulation=S.fp8_accumulation(plan),
                                     w1_interleaved=self.w1_interleaved)
         self._steps = self._step_table()
         # The launches of the last calls, by everything their arguments depend on (programs.py): a call whose

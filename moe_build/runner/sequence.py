@@ -106,7 +106,8 @@ GEMM2_WOQ_WGMMA_STEPS = frozenset({GEMM2_WOQ_WGMMA, GEMM2_WOQ_WGMMA_FINALIZE})
 GEMM1_WOQ_DIGITS = "gemm1:woq_digits"
 GEMM2_WOQ_DIGITS = "gemm2:woq_digits"
 GEMM2_WOQ_DIGITS_FINALIZE = "gemm2:woq_digits_finalize"
-WOQ_DIGITS_STEPS = frozenset({GEMM1_WOQ_DIGITS, GEMM2_WOQ_DIGITS, GEMM2_WOQ_DIGITS_FINALIZE})  # need token_digits
+GEMM2_WOQ_DIGITS_STEPS = frozenset({GEMM2_WOQ_DIGITS, GEMM2_WOQ_DIGITS_FINALIZE})
+WOQ_DIGITS_STEPS = frozenset({GEMM1_WOQ_DIGITS}) | GEMM2_WOQ_DIGITS_STEPS  # need token_digits
 TOKEN_DIGITS_GEMM1 = "token_digits:gemm1"  # mb_token_digits on the expanded rows (token_digits=separate)
 TOKEN_DIGITS_GEMM2 = "token_digits:gemm2"  # mb_token_digits on GEMM2's 16-bit input rows (token_digits=separate)
 # token_digits=fused: mb_expand_rows_digits in place of each 16-bit expansion, mb_fc1_activation_digits in place of

@@ -150,10 +150,10 @@ def quantize_matrix(kind: WoqKind, w: torch.Tensor, group: int | None, asymmetri
 
 
 @dataclass(frozen=True)
-class WgmmaOperand:
-    """One matrix stack as the mixed-input wgmma GEMM reads it (mb_grouped_gemm_woq_sm90): its weights, their kind
-    there (`kernel_kind`: the stored one, or "e5m2" for MXFP4's re-encoding), scales, int4 zero terms and k per
-    scale (0: one per output row)."""
+class GemmOperand:
+    """One matrix stack as a weight-only GEMM kernel reads it: its weights, their kind there (`kernel_kind`: the
+    stored one, "e5m2" for MXFP4's re-encoding on the mixed-input wgmma kernel, "mxfp4_quarters" for its order on the
+    digits tile), scales, int4 zero points or zero terms, and k per scale (0: one per output row)."""
 
     data: torch.Tensor
     kernel_kind: str
@@ -162,7 +162,7 @@ class WgmmaOperand:
     group: int
 
 
-def wgmma_operand(w: "WoqWeights", name: str, dtype: torch.dtype) -> WgmmaOperand:
+def wgmma_operand(w: "WoqWeights", name: str, dtype: torch.dtype) -> GemmOperand:
     """W1 or W2 ("w1" / "w2") as the wgmma weight-only GEMM reads it: int4 / int8 as stored with `wgmma_scales`, MXFP4
     (whose scale per 32 k is two a k tile of that mainloop) re-encoded as e5m2 under one bf16 scale per 64 k
     (`mxfp4_as_e5m2`). Made once when a runner whose plan runs that GEMM is built: the stored form above stays the
@@ -172,9 +172,46 @@ def wgmma_operand(w: "WoqWeights", name: str, dtype: torch.dtype) -> WgmmaOperan
         if dtype != torch.bfloat16:
             raise ValueError(f"dtype: MXFP4's wgmma form is exact under bf16 scales only, got {dtype}")
         q, s = mxfp4_as_e5m2(data, scale)
-        return WgmmaOperand(q, "e5m2", s, None, E5M2_GROUP)
+        return GemmOperand(q, "e5m2", s, None, E5M2_GROUP)
     s, zs = wgmma_scales(w.kind, scale, zero, dtype)
-    return WgmmaOperand(data, w.kind.value, s, zs, 0 if w.group_size is None else w.group_size)
+    return GemmOperand(data, w.kind.value, s, zs, 0 if w.group_size is None else w.group_size)
+
+
+def digits_operand(w: "WoqWeights", name: str) -> GemmOperand:
+    """W1 or W2 ("w1" / "w2") as the decode kernel's digits tile reads it: int4 / int8 as stored (no copy), MXFP4 in
+    its quarters order (`mxfp4_quarters`). Made once when a runner whose plan runs that GEMM on the digits tile is
+    built."""
+    data, scale, zero = getattr(w, name), getattr(w, f"{name}_scale"), getattr(w, f"{name}_zero")
+    if w.kind is WoqKind.MXFP4:
+        q, s = mxfp4_quarters(data, scale)
+        return GemmOperand(q, "mxfp4_quarters", s, None, MXFP4_GROUP)
+    return GemmOperand(data, w.kind.value, scale, zero, 0 if w.group_size is None else w.group_size)
+
+
+def mxfp4_quarters(codes: torch.Tensor, exponents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """MXFP4 (uint8 [E, n, k/2] e2m1 codes, uint8 e8m0 [E, n, k/32]) in the digits tile's quarters order
+    (MB_WOQ_MXFP4_QUARTERS, cpp/include/moe_build_kernels.h): codes uint8 [E, n, 64 ceil(k/128)], exponents uint8
+    [E, n, 4 ceil(k/128)]. The tile's step u of a 128-k group is its scale group u, and lane q's word of it the codes
+    of k 32u + 8q .. 32u + 8q + 7; stored, a lane's four words lie 16 bytes apart and its four exponents in two
+    2-byte pairs, eight and four loads a row and group. Here each group's 64 bytes are moved so that a lane's words
+    follow each other at 16q and each group gets its four exponents in one 4-byte word: one 16-byte and one 4-byte
+    load. A half group at k's end (k % 128 == 64) becomes a whole one, its second half zero codes and exponents (the
+    token digits' second half there is zero): every group 64-byte aligned, one load for all. The codes and exponents
+    are moved, not changed."""
+    e, n, half = codes.shape
+    k = 2 * half
+    if k % 64:
+        raise ValueError(f"codes: k {k} is not a multiple of 64 (whole halves of 128-k groups)")
+    groups = -(-k // 128)
+    quarters = torch.empty((e, n, 64 * groups), dtype=torch.uint8, device=codes.device)
+    padded = torch.zeros((n, 64 * groups), dtype=torch.uint8, device=codes.device)  # one expert's, the half padded
+    for x in range(e):  # an expert at a time: the copy's extra memory one expert's
+        padded[:, :half] = codes[x]
+        # bytes 16u + 4q + b of a group (u the step, q the lane) to 16q + 4u + b
+        quarters[x] = padded.view(n, groups, 4, 4, 4).transpose(2, 3).reshape(n, 64 * groups)
+    scales = torch.zeros((e, n, 4 * groups), dtype=torch.uint8, device=codes.device)
+    scales[..., : k // MXFP4_GROUP] = exponents
+    return quarters, scales
 
 
 def wgmma_scales(kind: WoqKind, scale: torch.Tensor, zero: torch.Tensor | None, dtype: torch.dtype

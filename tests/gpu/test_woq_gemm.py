@@ -27,7 +27,7 @@ torch = pytest.importorskip("torch")
 from moe_build import kernels as K  # noqa: E402  (after the torch skip: loading may build the library)
 from moe_build.planner.tactics import GemmCall  # noqa: E402
 from moe_build.planner.tactics.woq import woq_digits_rows, woq_staged_rows  # noqa: E402
-from moe_build.weights.woq import WoqKind, dequantize_matrix  # noqa: E402
+from moe_build.weights.woq import WoqKind, dequantize_matrix, mxfp4_quarters  # noqa: E402
 from finalize_routing import REMOTE, routed  # noqa: E402
 
 pytestmark = [pytest.mark.gpu,
@@ -78,10 +78,20 @@ def a_operand(dev: dict, tactic: str, group: int, kind: WoqKind = WoqKind.INT4) 
     return K.token_digits(dev["a"], group=order) if ":digits_" in tactic else dev["a"]
 
 
+def b_operand(dev: dict, tactic: str, kind: WoqKind) -> tuple[torch.Tensor, str, torch.Tensor]:
+    """case()'s weights as `tactic` takes them (B, kind, scales): MXFP4 in its quarters order for the digits tile
+    (woq.mxfp4_quarters; the reference dequantizes the stored form), else as stored."""
+    if kind is WoqKind.MXFP4 and ":digits_" in tactic:
+        codes, exponents = mxfp4_quarters(dev["b"], dev["scales"])
+        return codes, "mxfp4_quarters", exponents
+    return dev["b"], kind.value, dev["scales"]
+
+
 def gemm(dev: dict, kind: WoqKind, group: int, rows: int, n: int, dtype: torch.dtype, tactic: str) -> torch.Tensor:
     """The kernel's output for case()'s device operands, into a NaN-poisoned C, as fp64 on the CPU."""
     c = torch.full((rows, n), float("nan"), dtype=dtype, device="cuda")
-    K.grouped_gemm_woq(a_operand(dev, tactic, group, kind), dev["b"], kind.value, dev["scales"], dev["off"], group,
+    b, b_kind, scales = b_operand(dev, tactic, kind)
+    K.grouped_gemm_woq(a_operand(dev, tactic, group, kind), b, b_kind, scales, dev["off"], group,
                        zeros=dev["zeros"], bias=dev["bias"], c=c, tactic=tactic, out_dtype=dtype)
     torch.cuda.synchronize()
     return c.double().cpu()
@@ -258,9 +268,9 @@ def test_int4_digits_kernel_group_64_against_fp64(k_split: int, dtype: torch.dty
 @pytest.mark.parametrize("n, k", [(144, 2880), (2880, 320), (144, 2944), (208, 64)])
 def test_mxfp4_digits_kernel_against_fp64(k_split: int, dtype: torch.dtype, counts: list[int], n: int, k: int) -> None:
     """The digits tile on MXFP4 (e2m1 codes, one e8m0 scale per 32 k, every code including -0), the token digits in
-    the quarters order: GPT-OSS-20B's k 2880 (22 groups and a half), GEMM2-like n 2880 over 2.5 groups (K splits of
-    4 and 8 leave warps without a group; the half group a slice's only one), 23 whole groups, a lone half group; at
-    every mma count a step takes, with bias."""
+    the quarters order: GPT-OSS-20B's k 2880 (22 groups and a half, which the form pads to a whole one), GEMM2-like n
+    2880 over 2.5 groups (K splits of 4 and 8 leave warps without a group; the padded group a slice's only one), 23
+    whole groups, a lone half group; at every mma count a step takes, with bias."""
     run(WoqKind.MXFP4, counts, n, k, 32, bias=True, dtype=dtype,
         tactic=f"decode:digits_ksplit{k_split}:after_trigger:plain")
 
@@ -385,6 +395,43 @@ def test_a_type_refusals() -> None:
     assert c.isnan().all()
 
 
+def test_mxfp4_forms_pair_with_their_tiles() -> None:
+    """MXFP4 reaches the digits tile in its quarters form only, and the quarters form no other kernel: the entry point
+    refuses either pairing with nothing written (stored MXFP4 on digits, or the quarters form at a k the form would
+    have padded: unsupported; quarters on 16-bit rows: an invalid argument), and the Python wrapper says which form
+    to pass before calling it."""
+    n, k = 128, 256
+    a = torch.zeros(8, k, dtype=torch.bfloat16, device="cuda")
+    digits = K.token_digits(a, group=32)
+    codes = torch.zeros(2, n, k // 2, dtype=torch.uint8, device="cuda")
+    exps = torch.full((2, n, k // 32), 127, dtype=torch.uint8, device="cuda")
+    q_codes, q_exps = mxfp4_quarters(codes, exps)
+    off = torch.tensor([0, 4, 8], dtype=torch.int64, device="cuda")
+    call = K.load_library().mb_grouped_gemm_woq
+    c = torch.full((8, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    stream = torch.cuda.current_stream().cuda_stream
+    on_digits, on_rows = "decode:digits_ksplit1:plain:plain", "decode:ksplit1:plain:plain"
+    status = call(digits.data_ptr(), int(K.WoqInput.DIGITS), codes.data_ptr(), int(K.WoqKind.MXFP4), exps.data_ptr(),
+                  None, 32, None, c.data_ptr(), off.data_ptr(), 2, 8, n, k, int(K.DType.BF16),
+                  K.tactic_struct(on_digits), stream)
+    assert status == int(K.Status.UNSUPPORTED)
+    digits_half = K.token_digits(a[:, : k - 64].contiguous(), group=32)  # k 192: a group and a half, not padded
+    status = call(digits_half.data_ptr(), int(K.WoqInput.DIGITS), q_codes.data_ptr(), int(K.WoqKind.MXFP4_QUARTERS),
+                  q_exps.data_ptr(), None, 32, None, c.data_ptr(), off.data_ptr(), 2, 8, n, k - 64, int(K.DType.BF16),
+                  K.tactic_struct(on_digits), stream)
+    assert status == int(K.Status.UNSUPPORTED)
+    status = call(a.data_ptr(), int(K.WoqInput.DTYPE), q_codes.data_ptr(), int(K.WoqKind.MXFP4_QUARTERS),
+                  q_exps.data_ptr(), None, 32, None, c.data_ptr(), off.data_ptr(), 2, 8, n, k, int(K.DType.BF16),
+                  K.tactic_struct(on_rows), stream)
+    assert status == int(K.Status.INVALID_ARGUMENT)
+    torch.cuda.synchronize()
+    assert c.isnan().all()
+    with pytest.raises(ValueError, match="takes its quarters form"):
+        K.grouped_gemm_woq(digits, codes, "mxfp4", exps, off, 32, c=c, tactic=on_digits, out_dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="digits tile's form"):
+        K.grouped_gemm_woq(a, q_codes, "mxfp4_quarters", q_exps, off, 32, c=c, tactic=on_rows)
+
+
 @pytest.mark.parametrize("change, words", [
     (dict(k=320, group=128), "group"), (dict(n=120), "multiple of 16"), (dict(k=336), "multiple"),
     (dict(tactic="wgmma:coop128x128:plain:plain"), "no kernel for tactic wgmma coop128x128"),
@@ -476,9 +523,10 @@ def finalize_run(kind: WoqKind, group: int, zeros: bool, n: int, k: int, tokens:
     form = "digits_" if digits else "staged_" if staged else ""
     tactic = f"decode:{form}ksplit{k_split}:after_trigger:plain"
     dev = c.dev
-    K.grouped_gemm_woq_finalize(a_operand(dev, tactic, group, kind), dev["b"], kind.value, dev["scales"], dev["off"],
-                                group, c.ptu, c.weights.cuda(), tokens, top_k, zeros=dev["zeros"], bias=dev["bias"],
-                                out=out, tactic=tactic, out_dtype=dtype)
+    b, b_kind, scales = b_operand(dev, tactic, kind)
+    K.grouped_gemm_woq_finalize(a_operand(dev, tactic, group, kind), b, b_kind, scales, dev["off"], group, c.ptu,
+                                c.weights.cuda(), tokens, top_k, zeros=dev["zeros"], bias=dev["bias"], out=out,
+                                tactic=tactic, out_dtype=dtype)
     torch.cuda.synchronize()
     where = f"(seed {c.seed}, {kind.value}, group {group}, n {n}, k {k}, {tactic}, {dtype})"
     check_finalize(c, out, 2.0 ** -8 * (c.ref[:c.used].abs() + c.mag[:c.used]), top_k, dtype, where)

@@ -216,12 +216,12 @@ inline bool int4_staged_fit(const WoqGemmParams& p) {
   return int4_codes_fit(p) || (p.kind == MB_WOQ_INT4 && p.group == 64 && p.k % 64 == 0);
 }
 
-// The weights the digits decode kernel takes: the staged kernel's int4 forms, MXFP4 with k % 64 == 0 (whole 64-k
-// halves of its 128-k groups: GPT-OSS-20B's 2880), and int8 with one scale per row and k % 64 == 0 or per 128 k and
-// k % 128 == 0.
+// The weights the digits decode kernel takes: the staged kernel's int4 forms, MXFP4 in its quarters form with
+// k % 128 == 0 (the form pads GPT-OSS-20B's 2880 to whole 128-k groups), and int8 with one scale per row and
+// k % 64 == 0 or per 128 k and k % 128 == 0.
 inline bool digits_fit(const WoqGemmParams& p) {
   const bool int8 = p.kind == MB_WOQ_INT8 && ((p.group == 0 && p.k % 64 == 0) || (p.group == 128 && p.k % 128 == 0));
-  return int4_staged_fit(p) || (p.kind == MB_WOQ_MXFP4 && p.k % 64 == 0) || int8;
+  return int4_staged_fit(p) || (p.kind == MB_WOQ_MXFP4_QUARTERS && p.k % 128 == 0) || int8;
 }
 
 // The kernels' launchers; the arguments and the tactic are checked by the caller (gemm/woq_abi.cu), max_rows > 0.

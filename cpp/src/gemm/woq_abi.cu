@@ -29,24 +29,28 @@ mb_status check_woq_args(const WoqGemmParams& p, int a_type, int64_t max_rows, c
   if ((a_type == MB_INPUT_DIGITS) != digits_tile)
     return fail(MB_ERR_INVALID_ARGUMENT, "%s: the token digits (a_type %d) go with the decode kernel's digits tile "
                 "and only there (tactic %s %s)", who, MB_INPUT_DIGITS, kernel_name(t.kernel), tile_name(t.tile));
+  if (p.kind != MB_WOQ_INT4 && p.kind != MB_WOQ_INT8 && p.kind != MB_WOQ_MXFP4 && p.kind != MB_WOQ_MXFP4_QUARTERS)
+    return fail(MB_ERR_INVALID_ARGUMENT, "%s: kind %d is not int4 (%d), int8 (%d), mxfp4 (%d) or mxfp4_quarters (%d)",
+                who, p.kind, MB_WOQ_INT4, MB_WOQ_INT8, MB_WOQ_MXFP4, MB_WOQ_MXFP4_QUARTERS);
+  if (p.kind == MB_WOQ_MXFP4_QUARTERS && a_type != MB_INPUT_DIGITS)
+    return fail(MB_ERR_INVALID_ARGUMENT, "%s: kind mxfp4_quarters (%d) is the digits tile's form: A must be token "
+                "digits (a_type %d)", who, MB_WOQ_MXFP4_QUARTERS, MB_INPUT_DIGITS);
   if (a_type == MB_INPUT_DIGITS && !digits_fit(p))
     return fail(MB_ERR_UNSUPPORTED, "%s: the token digits take int4 weights with group 0 or 128 and k a multiple of "
-                "128, or group 64 and k a multiple of 64, MXFP4 with k a multiple of 64, or int8 with group 0 and k a "
-                "multiple of 64 or group 128 and k a multiple of 128 (kind %d, group %d, k %d)", who, p.kind, p.group,
-                p.k);
-  if (a_type == MB_INPUT_DIGITS && p.kind == MB_WOQ_MXFP4 && reinterpret_cast<uintptr_t>(p.scales) % 2 != 0)
-    return fail(MB_ERR_INVALID_ARGUMENT, "%s: MXFP4 scales on the token digits must be 2-byte aligned (two steps' "
-                "scales to a load)", who);
-  if (p.kind != MB_WOQ_INT4 && p.kind != MB_WOQ_INT8 && p.kind != MB_WOQ_MXFP4)
-    return fail(MB_ERR_INVALID_ARGUMENT, "%s: kind %d is not int4 (%d), int8 (%d) or mxfp4 (%d)", who, p.kind,
-                MB_WOQ_INT4, MB_WOQ_INT8, MB_WOQ_MXFP4);
+                "128, or group 64 and k a multiple of 64, MXFP4 in its quarters form (kind %d) with k a multiple of "
+                "128, or int8 with group 0 and k a multiple of 64 or group 128 and k a multiple of 128 (kind %d, group "
+                "%d, k %d)", who, MB_WOQ_MXFP4_QUARTERS, p.kind, p.group, p.k);
+  if (p.kind == MB_WOQ_MXFP4_QUARTERS && reinterpret_cast<uintptr_t>(p.scales) % 4 != 0)
+    return fail(MB_ERR_INVALID_ARGUMENT, "%s: mxfp4_quarters scales must be 4-byte aligned (a group's four to a "
+                "load)", who);
   if (!p.A || !p.B || !p.C || !p.scales || !p.offsets || p.num_experts <= 0 || max_rows < 0 || p.n <= 0 || p.k <= 0)
     return fail(MB_ERR_INVALID_ARGUMENT, "%s: null pointer or non-positive size", who);
   if (p.n % 16 != 0 || p.k % 32 != 0)
     return fail(MB_ERR_INVALID_ARGUMENT, "%s: n (%d) must be a multiple of 16 and k (%d) of 32", who, p.n, p.k);
-  const bool group_ok = p.kind == MB_WOQ_MXFP4 ? p.group == kMxfp4Group
-                                               : (p.group == 0 || ((p.group == 32 || p.group == 64 || p.group == 128) &&
-                                                                   p.k % p.group == 0));
+  const bool mxfp4 = p.kind == MB_WOQ_MXFP4 || p.kind == MB_WOQ_MXFP4_QUARTERS;
+  const bool group_ok = mxfp4 ? p.group == kMxfp4Group
+                              : (p.group == 0 || ((p.group == 32 || p.group == 64 || p.group == 128) &&
+                                                  p.k % p.group == 0));
   if (!group_ok)
     return fail(MB_ERR_INVALID_ARGUMENT, "%s: group %d with k %d (int4/int8: 0, or 32, 64 or 128 dividing k; mxfp4: 32)",
                 who, p.group, p.k);

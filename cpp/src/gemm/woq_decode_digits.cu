@@ -1,11 +1,12 @@
 // Weight-only grouped GEMM, decode on the int8 mma (tactic tile MB_TILE_DECODE_DIGITS, A MB_INPUT_DIGITS): int4
-// weights with one scale per 128 k or per row and k % 128 == 0, or per 64 k and k % 64 == 0, and MXFP4 with
-// k % 64 == 0 (digits_chunk_mxfp4, below), and int8 weights as stored (digits_chunk_int8, below), against token rows
-// that stages/token_digits.cu has split into three 8-bit digits per value under one power-of-two factor per 128-k
-// group (x = F (4096 d0 + 64 d1 + d2), common/token_digits.cuh). The 16-bit decode kernels (gemm/woq_decode.cu) spend
-// about ten integer instructions per 32-bit word of codes turning them into 16-bit values for the mma, and issue,
-// not the weights' bytes, bounds them (docs/performance.md, "No pipe at its ceiling"); here a word becomes the int8
-// mma's A operand in three (a shift and two masks: the codes as unsigned bytes), and one m16n8k32 step takes 32 k.
+// weights with one scale per 128 k or per row and k % 128 == 0, or per 64 k and k % 64 == 0, MXFP4 in its quarters
+// form (k % 128 == 0: the form pads; digits_chunk_mxfp4, below), and int8 weights as stored (digits_chunk_int8, below), against
+// token rows that stages/token_digits.cu has split into three 8-bit digits per value under one power-of-two factor
+// per 128-k group (x = F (4096 d0 + 64 d1 + d2), common/token_digits.cuh). The 16-bit decode kernels
+// (gemm/woq_decode.cu) spend about ten integer instructions per 32-bit word of codes turning them into 16-bit values
+// for the mma, and issue, not the weights' bytes, bounds them (docs/performance.md, "No pipe at its ceiling"); here a
+// word becomes the int8 mma's A operand in three (a shift and two masks: the codes as unsigned bytes), and one
+// m16n8k32 step takes 32 k.
 //
 // Layout: gemm/decode.cu's swap-AB CTA (expert, chunk of <= 8 token rows, 128 / WK weight rows; WK warps split K)
 // and the staged kernel's loads (gemm/woq_decode.cu woq_decode_int4_staged_kernel: a lane's 32 k of its two rows,
@@ -81,14 +82,6 @@ __device__ __forceinline__ uint32_t mxfp4_offset_bytes(uint32_t x, uint32_t xf) 
   constexpr uint32_t kPlus0 = 0x0f0e0d0cu, kPlus1 = 0x18141210u;    // 12 + {0, 1, 2, 3}, 12 + {4, 6, 8, 12}
   constexpr uint32_t kMinus0 = 0x090a0b0cu, kMinus1 = 0x00040608u;  // 12 - {0, 1, 2, 3}, 12 - {4, 6, 8, 12}
   return prmt(kPlus0, kPlus1, x) | prmt(kMinus0, kMinus1, xf);
-}
-
-// One 4-byte word of weights (MXFP4's lane word of a 32-k scale group): L1 keeps the sector for the lane's next word
-// of it, 16 bytes on.
-__device__ __forceinline__ uint32_t ld_weights_word(const void* p) {
-  uint32_t v;
-  asm volatile("ld.global.nc.L2::256B.u32 %0, [%1];\n" : "=r"(v) : "l"(p));
-  return v;
 }
 
 // The kernel's launch: the GEMM, and the most token rows a chunk can have (min(8, max_rows)), which sizes its
@@ -303,15 +296,17 @@ __device__ __forceinline__ void digits_chunk(const WoqDigitsLaunch& d, int exper
   store_digit_sums<T, WK, NM>(d, acc, s_part, expert, row_begin, rows, col0);
 }
 
-// The CTA's work for a chunk of `rows` token rows on MXFP4 weights (e2m1 codes, one e8m0 scale per 32 k: p.scales
-// uint8), the digits in the quarters order (common/token_digits.cuh): step u of a 128-k group is its scale group u, and
-// lane q's word of it the row's 4 bytes at 16u + 4q (k 32u + 8q + 0..7 in nibble order), four 4-byte loads a row and
-// group where the int4 forms take one of 16. A word's codes become 12 + 2 e2m1 (mxfp4_offset_bytes: two byte
-// permutes and an or per four codes), and a second mma of -12 times the digits into the same int32 sums takes the 12
-// back out, so that a step's sums are exactly those of 2 e2m1 times the digits; the lane forms R = 4096 S0 + 64 S1
-// (q even) or S2 (q odd) and adds R times the step's 2^(e - 127) into the group's fp32 sum, then that times half the
-// digits' factor into its total. A half group at the end of K (k % 128 == 64) reads its last two quarters' weights
-// and scales from the row's last against zero digits. NM mmas a step as digits_chunk; NB groups a wait.
+// The CTA's work for a chunk of `rows` token rows on MXFP4 weights in the quarters form (MB_WOQ_MXFP4_QUARTERS:
+// e2m1 codes re-ordered so that a lane's words of a 128-k group lie together, and four e8m0 scales a group, p.scales
+// uint8), the digits in the quarters order (common/token_digits.cuh): step u of a 128-k group is its scale group u,
+// and lane q's word of it the codes of k 32u + 8q + 0..7 in nibble order, word u of the lane's 16 bytes at 16q of the
+// group (one 16-byte load a row and group, and one 4-byte load of its scales). A word's codes become 12 + 2 e2m1
+// (mxfp4_offset_bytes: two byte permutes and an or per four codes), and a second mma of -12 times the digits into the
+// same int32 sums takes the 12 back out, so that a step's sums are exactly those of 2 e2m1 times the digits; the
+// lane forms R = 4096 S0 + 64 S1 (q even) or S2 (q odd) and adds R times the step's 2^(e - 127) into the group's fp32
+// sum, then that times half the digits' factor into its total. The form pads a half group at the end of the layer's
+// k (k % 128 == 64) to a whole one of zero codes and exponents, against the token digits' zero second half: K here is
+// a multiple of 128, every row's group 64-byte aligned. NM mmas a step as digits_chunk; NB groups a wait.
 template <typename T, int WK, int NM, int NB>
 __device__ __forceinline__ void digits_chunk_mxfp4(const WoqDigitsLaunch& d, int expert, int64_t row_begin, int rows,
                                                    float (&s_part)[WK][16 * (kDecodeWarps / WK)][kDecodeTokens + 1],
@@ -326,7 +321,7 @@ __device__ __forceinline__ void digits_chunk_mxfp4(const WoqDigitsLaunch& d, int
   const int q = lane & 3, g = lane >> 2;
   const int rg = warp / WK, ks = warp % WK;
   const int col0 = blockIdx.y * R;
-  const int quarters = K / kMxfp4Group;  // scale groups per row (even: k % 64 == 0)
+  const int groups = K / mb::kDigitGroup;  // 128-k groups per row
 
   // The lane's weight rows r and r + 8, the warp's K slice and its groups as digits_chunk.
   const int64_t wrow = static_cast<int64_t>(expert) * N + min(col0 + rg * 16, N - 16) + g;
@@ -336,12 +331,11 @@ __device__ __forceinline__ void digits_chunk_mxfp4(const WoqDigitsLaunch& d, int
   const int nb0 = static_cast<int>(mb::digit_groups(min(K, kslice)));
   const int last = max(nb, 1) - 1;
   const int kbc = min(kb, (K - 1) / mb::kDigitGroup * mb::kDigitGroup);
-  const int q0 = kbc / kMxfp4Group;                              // the slice's first scale group
-  const unsigned qlast = static_cast<unsigned>(quarters - 1 - q0);  // the row's last, from q0 (odd)
-  const uint8_t* wp0 = p.B + wrow * (K / 2) + kbc / 2 + 4 * q;
+  const int j0 = kbc / mb::kDigitGroup;  // the slice's first group
+  const uint8_t* wp0 = p.B + wrow * (K / 2) + kbc / 2;
   const uint8_t* wp1 = wp0 + 8 * static_cast<int64_t>(K / 2);
-  const uint8_t* sp0 = static_cast<const uint8_t*>(p.scales) + wrow * quarters + q0;  // 2-byte aligned
-  const uint8_t* sp1 = sp0 + 8 * static_cast<int64_t>(quarters);
+  const uint32_t* sp0 = static_cast<const uint32_t*>(p.scales) + wrow * groups + j0;  // a group's four scales
+  const uint32_t* sp1 = sp0 + 8 * static_cast<int64_t>(groups);
 
   // Shared-memory offsets as digits_chunk's.
   const unsigned pitch = static_cast<unsigned>(nb0) * GB;
@@ -358,41 +352,35 @@ __device__ __forceinline__ void digits_chunk_mxfp4(const WoqDigitsLaunch& d, int
   float acc[NM][2];
 #pragma unroll
   for (int m = 0; m < NM; ++m) acc[m][0] = acc[m][1] = 0.f;
-  uint32_t w[2][NB][2][U];   // the rows' words of each step
-  uint32_t sc[2][NB][2][2];  // the rows' e8m0 scales, two steps' to a 16-bit load
+  uint4 w[2][NB][2];        // the rows' words of the group's four steps
+  uint32_t sc[2][NB][2];    // the rows' four e8m0 scales of the group
   // Big batch jb .. jb + NB - 1 of the slice into buffer buf; groups past the slice read its last.
   auto load_big = [&](int buf, int jb) {
 #pragma unroll
     for (int j = 0; j < NB; ++j) {
       const unsigned jc = static_cast<unsigned>(min(jb + j, last));
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const unsigned qi = min(4 * jc + u, qlast);
-        w[buf][j][0][u] = ld_weights_word(wp0 + 16 * qi);
-        w[buf][j][1][u] = ld_weights_word(wp1 + 16 * qi);
-      }
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const unsigned qi = min(4 * jc + 2 * h, qlast - 1);
-        sc[buf][j][0][h] = __ldg(reinterpret_cast<const uint16_t*>(sp0 + qi));
-        sc[buf][j][1][h] = __ldg(reinterpret_cast<const uint16_t*>(sp1 + qi));
-      }
+      w[buf][j][0] = ld_weights_in_bounds(wp0 + 64u * jc + 16 * q);
+      w[buf][j][1] = ld_weights_in_bounds(wp1 + 64u * jc + 16 * q);
+      sc[buf][j][0] = __ldg(sp0 + jc);
+      sc[buf][j][1] = __ldg(sp1 + jc);
     }
   };
   // Group jb of the slice from slot j of buffer buf; a group past the slice (`valid` false) takes a zero factor.
   auto compute = [&](int buf, int j, int jb, bool valid) {
     const unsigned goff = GB * static_cast<unsigned>(min(jb, last));
     float gs[NM][2];  // the group's sums of R times the steps' scales
+    const uint4 r0 = w[buf][j][0], r1 = w[buf][j][1];
+    const uint32_t xs0[U] = {r0.x, r0.y, r0.z, r0.w}, xs1[U] = {r1.x, r1.y, r1.z, r1.w};
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const uint32_t x0 = w[buf][j][0][u], x1 = w[buf][j][1][u];
+      const uint32_t x0 = xs0[u], x1 = xs1[u];
       const uint32_t f0 = x0 ^ 0x88888888u, f1 = x1 ^ 0x88888888u;
       const uint32_t a0 = mxfp4_offset_bytes(x0, f0), a1 = mxfp4_offset_bytes(x1, f1);
       const uint32_t a2 = mxfp4_offset_bytes(x0 >> 16, f0 >> 16), a3 = mxfp4_offset_bytes(x1 >> 16, f1 >> 16);
       // The step's scales 2^(e - 127) as fp32 bits (e 0: 2^-127, the subnormal 0x400000).
-      const unsigned sh = 8 * (u & 1);
-      const float s0 = __int_as_float(max(static_cast<int>((sc[buf][j][0][u >> 1] >> sh) & 0xffu) << 23, 0x400000));
-      const float s1 = __int_as_float(max(static_cast<int>((sc[buf][j][1][u >> 1] >> sh) & 0xffu) << 23, 0x400000));
+      const unsigned sh = 8 * u;
+      const float s0 = __int_as_float(max(static_cast<int>((sc[buf][j][0] >> sh) & 0xffu) << 23, 0x400000));
+      const float s1 = __int_as_float(max(static_cast<int>((sc[buf][j][1] >> sh) & 0xffu) << 23, 0x400000));
 #pragma unroll
       for (int m = 0; m < NM; ++m) {
         const uint2 b = *reinterpret_cast<const uint2*>(s_tok + b_at[m] + goff + u * mb::kDigitStepBytes);
@@ -552,8 +540,10 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_digits_int8_kern
 }
 
 // A chunk's mmas per step follow its own rows (the host knows only the most a chunk may have, NM_MAX * 2): at one
-// token most chunks of a many-expert layer hold one row. GROUP 32: MXFP4 (digits_chunk_mxfp4, 3 groups a wait at one
-// mma a step, 2 past it: its words and scales take 24 registers a group).
+// token most chunks of a many-expert layer hold one row. GROUP 32: MXFP4 (digits_chunk_mxfp4): 4 groups a wait where
+// a chunk has at most 2 rows (NM_MAX 1, no spills), else 3 at one mma a step and 2 past it. H100, WFP4A16 layers at 1
+// token, 4 against 3 (docs/measured/h100-2026-12-06-s22-mxfp4-quarters/call1): Mixtral-8x7B 103.0 against 112.5 us,
+// the other three within 0.6%.
 template <typename T, int WK, int GROUP, int NM_MAX, int NB1>
 __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_digits_kernel(WoqDigitsLaunch d) {
   __shared__ float s_part[WK][16 * (kDecodeWarps / WK)][kDecodeTokens + 1];
@@ -565,7 +555,8 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_digits_kernel(Wo
   auto chunk = [&](auto nm_tag) {
     constexpr int NM = decltype(nm_tag)::value;
     if constexpr (GROUP == kMxfp4Group)
-      digits_chunk_mxfp4<T, WK, NM, NM == 1 ? 3 : 2>(d, tile.expert, tile.begin, rows, s_part, s_tok);
+      digits_chunk_mxfp4<T, WK, NM, NM_MAX == 1 ? 4 : NM == 1 ? 3 : 2>(d, tile.expert, tile.begin, rows, s_part,
+                                                                       s_tok);
     else
       digits_chunk<T, WK, GROUP, NM, NB1>(d, tile.expert, tile.begin, rows, s_part, s_tok);
   };
@@ -651,7 +642,8 @@ mb_status launch_woq_decode_digits(const WoqGemmParams& p, int64_t max_rows, int
                                    bool after_trigger, cudaStream_t stream) {
   return dispatch_16bit(dtype, [&](auto tag) {
     using T = decltype(tag);
-    if (p.kind == MB_WOQ_MXFP4) return launch_digits<T, kMxfp4Group>(p, max_rows, k_split, after_trigger, stream);
+    if (p.kind == MB_WOQ_MXFP4_QUARTERS)
+      return launch_digits<T, kMxfp4Group>(p, max_rows, k_split, after_trigger, stream);
     if (p.kind == MB_WOQ_INT8)
       return p.group == 0 ? launch_digits_int8<T, 0>(p, max_rows, k_split, after_trigger, stream)
                           : launch_digits_int8<T, 128>(p, max_rows, k_split, after_trigger, stream);

@@ -18,8 +18,11 @@ from .stages import _activation_args, _expansion_maps, _prequant
 
 def _check_woq_scales(mode: WoqKind, scales: torch.Tensor, zeros: torch.Tensor | None, group: int, e: int, n: int,
                       k: int, dev: torch.device) -> None:
-    """A weight-only layer's scales (fp32 [E, n, k/group], [E, n, 1] for group 0; MXFP4: uint8 e8m0 [E, n, k/32])
-    and int4 zeros (uint8, shaped as the scales)."""
+    """A weight-only layer's scales (fp32 [E, n, k/group], [E, n, 1] for group 0; MXFP4: uint8 e8m0 [E, n, k/32], in
+    its quarters form [E, n, 4 ceil(k/128)]) and int4 zeros (uint8, shaped as the scales)."""
+    if mode is WoqKind.MXFP4_QUARTERS:
+        _check(scales, "scales", (e, n, 4 * -(-k // 128)), torch.uint8, dev)
+        return
     groups = k // 32 if mode is WoqKind.MXFP4 else (1 if group == 0 else k // group)
     _check(scales, "scales", (e, n, groups), torch.uint8 if mode is WoqKind.MXFP4 else torch.float32, dev)
     if zeros is not None:
@@ -135,6 +138,12 @@ def _woq_gemm_args(a: torch.Tensor, b: torch.Tensor, kind: int | str | WoqKind, 
     packed = mode is not WoqKind.INT8
     k_b = b.shape[-1] * (2 if packed else 1) if b.dim() == 3 else None  # B's k (a B of another rank fails below)
     form, rows, k, out_dtype = _a_input(a, out_dtype, k_b)
+    if mode is WoqKind.MXFP4 and form is WoqInput.DIGITS:
+        raise ValueError("kind: MXFP4 on the token digits takes its quarters form (mxfp4_quarters: "
+                         "moe_build/weights/woq.py's mxfp4_quarters)")
+    if mode is WoqKind.MXFP4_QUARTERS and form is not WoqInput.DIGITS:
+        raise ValueError("A: mxfp4_quarters weights are the digits tile's form: A must be token digits "
+                         "(uint8 [R, ceil(k / 128), 400])")
     dev = a.device
     _check(b, "B", (None, None, k // 2 if packed else k), torch.uint8 if packed else torch.int8, dev)
     e, n = b.shape[0], b.shape[1]
@@ -158,8 +167,9 @@ def grouped_gemm_woq(a: torch.Tensor, b: torch.Tensor, kind: int | str | WoqKind
     expert, the mma tiles (mma:64x128, mma:128x128) for many.
     Token digits: A uint8 [R, ceil(k / 128), 400] (token_digits for this GEMM's `group`; k is B's) with the decode
     kernel's digits tile (decode:digits_ksplitN), int4 weights with one scale per row or per 128 k (k % 128 == 0) or
-    per 64 k (k % 64 == 0), MXFP4 (k % 64 == 0, scales 2-byte aligned), or int8 with one scale per row (k % 64 == 0)
-    or per 128 k (k % 128 == 0), the last two on the digits of group 32's order, C in `out_dtype` (required)."""
+    per 64 k (k % 64 == 0), MXFP4 in its quarters form (kind mxfp4_quarters, moe_build/weights/woq.py's
+    mxfp4_quarters: B's k the layer's padded to whole 128-k groups, A's groups as many), or int8 with one scale per row (k % 64 == 0) or per 128 k (k % 128 == 0), the last
+    two on the digits of group 32's order, C in `out_dtype` (required)."""
     dev, rows, k, e, n, mode, out_dtype, form = _woq_gemm_args(a, b, kind, scales, expert_first_token_offset, group,
                                                                zeros, bias, out_dtype)
     out = _out(c, "C", (rows, n), out_dtype, dev)
@@ -201,8 +211,8 @@ def _woq_sm90_args(a: torch.Tensor, b: torch.Tensor, kind: int | str | WoqKind, 
     _check(a, "A", (None, None))
     dev, rows, k = a.device, a.shape[0], a.shape[1]
     mode = WoqKind(_enum(kind, WoqKind, "kind"))
-    if mode is WoqKind.MXFP4:
-        raise ValueError("kind: mxfp4 has no wgmma weight-only kernel (int4, int8, or e5m2: "
+    if mode in (WoqKind.MXFP4, WoqKind.MXFP4_QUARTERS):
+        raise ValueError(f"kind: {mode.name.lower()} has no wgmma weight-only kernel (int4, int8, or e5m2: "
                          "moe_build/weights/woq.py's mxfp4_as_e5m2)")
     if mode is WoqKind.E5M2 and a.dtype != torch.bfloat16:
         raise ValueError(f"A: e5m2 weights take bf16 activations, got {a.dtype}")
@@ -301,6 +311,8 @@ def woq_dequantize(b: torch.Tensor, kind: int | str | WoqKind, scales: torch.Ten
     `dtype` (bf16 or fp16; out's where given), each weight computed in fp32 and rounded once: the weights a
     weight-only GEMM's wgmma tactic hands the 16-bit wgmma GEMM."""
     mode = _stored_kind(kind)
+    if mode is WoqKind.MXFP4_QUARTERS:
+        raise ValueError("kind: mxfp4_quarters weights run on the digits tile only (grouped_gemm_woq on token digits)")
     packed = mode is not WoqKind.INT8
     _check(b, "B", (None, None, None), torch.uint8 if packed else torch.int8)
     dev = b.device

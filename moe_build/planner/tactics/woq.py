@@ -250,7 +250,7 @@ def woq_decode_tile_rule(call: GemmCall, rows: RowCount, k_split: int) -> str:
 
 # Weight-only decode on token digits (the digits tile: gemm/woq_decode_digits.cu on the rows' token digits, in place
 # of the staged tile at its K split) where a chunk's digits fit and the average rows per expert is at most 3, on
-# layers of 64 experts or more (MXFP4: 1), to 2 on layers of 32 or more, or up to 4 rows in all. H200, the W4A16 bench GEMMs (int4, group 128, zeros) at 1-128
+# layers of 64 experts or more, to 2 on layers of 32 or more, or up to 4 rows in all. H200, the W4A16 bench GEMMs (int4, group 128, zeros) at 1-128
 # tokens, both forms in CUDA graphs with L2 flushed, the digits step included (bench/woq_digits_probe.py,
 # docs/measured/h200-2026-12-01-woq-digits/): Mixtral-8x7B 1.14-1.20x faster at 2-4 rows and 0.87x at 8 (chunks of
 # 2-3 rows take two mmas a step where the staged kernel's two fill its tile at any count); Qwen3-30B-A3B's GEMM1
@@ -271,25 +271,30 @@ def woq_decode_tile_rule(call: GemmCall, rows: RowCount, k_split: int) -> str:
 # 111.5), 5-12 tokens (0.6-1.5 rows) 2-8% faster (6: 119.1 / 119.2 against 129.1 / 128.7; 8: 141.1 / 139.1 against
 # 148.4 / 145.6; 12: 175.9 / 175.3 against 179.9 / 179.7), 16 level (192.8 / 193.2 against 191.7), then slower (24:
 # 219.0 against 217.5; 32: 237.5 against 226.8).
-# MXFP4 (WFP4A16, where the alternative is the register-ring kernel: the staged one takes int4 only) on layers of 64
-# experts or more to 1 average row per expert; 32-63 experts and 4 rows in all as int4. H200, WFP4A16 layers, graph
-# replay, the plan with int4's bounds (both GEMMs on the tile, but Mixtral-8x7B's GEMM2 past 1 token, whose 8-row
-# chunks do not fit) against the ring kernel's plan, 2-3 alternated rounds, us (docs/measured/h200-2026-12-03-mxfp4-
-# digits): GPT-OSS-20B (32 experts) at 1 / 2 / 4 / 8 / 12 / 16 tokens 51.2-51.9 / 72.7-73.3 / 112.5-114.9 /
-# 142.1-142.5 / 186.4-187.3 / 204.5-212.0 against 61.6-63.0 / 91.6-93.5 / 140.9-143.0 / 171.1-172.7 / 217.6-217.8 /
-# 226.1-228.6; Mixtral-8x7B at 1 / 2 119.8-122.7 / 194.4-199.7 against 123.4-125.6 / 201.9-202.8; DeepSeek-V2-Lite
-# (64) at 1 / 2 / 4 / 8 37.1-37.4 / 50.0-51.7 / 74.3-76.4 / 109.3-109.6 against 38.8-39.1 / 53.5-54.4 / 80.3-81.0 /
-# 113.7-114.1; Qwen3-30B-A3B (128) at 1 / 2 / 4 / 8 / 16 35.0-35.2 / 45.7-46.1 / 64.4 / 94.3-94.7 / 142.6-142.8
-# against 34.9-35.2 / 46.4-47.0 / 67.4-67.6 / 97.8-99.2 / 141.5-141.7. At 2 rows (rounded up) Qwen3-30B-A3B lost, 24 /
-# 32 tokens 171.0 / 189.6-190.8 against 164.9 / 175.5, where DeepSeek-V2-Lite won 1-4%, 12 / 16 tokens 131.0-132.7 /
-# 151.8-152.4 against 133.0-134.7 / 156.6-158.1 (given up here); at 3 both lost, Qwen3-30B-A3B at 48 229.4 against
-# 196.4, DeepSeek-V2-Lite at 24 / 32 175.4-177.1 / 205.2-208.0 against 166.2-167.6 / 178.8-180.5.
+# MXFP4 (WFP4A16, where the alternative is the register-ring kernel: the staged one takes int4 only) as int4. On the
+# stored form (before woq.mxfp4_quarters) the tile took 64+ experts to 1 average row only: H200, WFP4A16 layers, graph
+# replay, the plan with int4's bounds (both GEMMs on the tile, but Mixtral-8x7B's GEMM2 past 1 token, whose 8-row chunks
+# do not fit) against the ring kernel's plan, 2-3 alternated rounds, us (docs/measured/h200-2026-12-03-mxfp4-digits):
+# GPT-OSS-20B (32 experts) at 1 / 2 / 4 / 8 / 12 / 16 tokens 51.2-51.9 / 72.7-73.3 / 112.5-114.9 / 142.1-142.5 /
+# 186.4-187.3 / 204.5-212.0 against 61.6-63.0 / 91.6-93.5 / 140.9-143.0 / 171.1-172.7 / 217.6-217.8 / 226.1-228.6;
+# Mixtral-8x7B at 1 / 2 119.8-122.7 / 194.4-199.7 against 123.4-125.6 / 201.9-202.8; DeepSeek-V2-Lite (64) at 1 / 2 / 4
+# / 8 37.1-37.4 / 50.0-51.7 / 74.3-76.4 / 109.3-109.6 against 38.8-39.1 / 53.5-54.4 / 80.3-81.0 / 113.7-114.1;
+# Qwen3-30B-A3B (128) at 1 / 2 / 4 / 8 / 16 35.0-35.2 / 45.7-46.1 / 64.4 / 94.3-94.7 / 142.6-142.8 against 34.9-35.2 /
+# 46.4-47.0 / 67.4-67.6 / 97.8-99.2 / 141.5-141.7. At 2 rows (rounded up) Qwen3-30B-A3B lost, 24 / 32 tokens 171.0 /
+# 189.6-190.8 against 164.9 / 175.5, where DeepSeek-V2-Lite won 1-4%, 12 / 16 tokens 131.0-132.7 / 151.8-152.4 against
+# 133.0-134.7 / 156.6-158.1 (given up here); at 3 both lost, Qwen3-30B-A3B at 48 229.4 against 196.4, DeepSeek-V2-Lite
+# at 24 / 32 175.4-177.1 / 205.2-208.0 against 166.2-167.6 / 178.8-180.5.
+# On the quarters form, int4's bounds: H100, WFP4A16 layers, graph replay, two alternated rounds, the plan at int4's 3
+# rows an expert on 64+ experts against 1 row, which the stored form's measurement had set (H200, 2026-12-03: at 2-3
+# rows the stored form lost up to 17%), us (docs/measured/h100-2026-12-06-s22-mxfp4-quarters/call2/band.txt):
+# DeepSeek-V2-Lite at 12 / 16 / 24 / 32 tokens 123.1-123.6 / 144.2-144.4 / 163.1-163.4 / 182.4-185.7 against 145.8-147.4
+# / 175.8-176.4 / 185.1-185.2 / 201.2-201.7, Qwen3-30B-A3B at 24 / 32 151.4-152.7 / 167.0-167.8 against 180.4-181.6 /
+# 190.5-191.1; at 1-8 tokens (and Qwen3-30B-A3B to 16), where both plans take the tile, within 1%.
 DIGITS_MAX_AVG_ROWS = 3
 DIGITS_MANY_EXPERTS = 64
 DIGITS_FEW_ROWS = 4
 DIGITS_MID_EXPERTS = 32
 DIGITS_MID_MAX_AVG_ROWS = 2
-DIGITS_MXFP4_MANY_MAX_AVG_ROWS = 1
 
 
 def woq_digits_rule(call: GemmCall, rows: RowCount, k_split: int) -> bool:
@@ -303,9 +308,9 @@ def woq_digits_rule(call: GemmCall, rows: RowCount, k_split: int) -> bool:
 
 def digits_experts_max_avg_rows(call: GemmCall) -> int:
     """The most average rows per expert (rounded up) the digits tile takes by the layer's experts, beside its 4 rows in
-    all: 3 on 64 or more (MXFP4 1), 2 on 32-63, none below."""
+    all: 3 on 64 or more, 2 on 32-63, none below."""
     if call.experts >= DIGITS_MANY_EXPERTS:
-        return DIGITS_MXFP4_MANY_MAX_AVG_ROWS if call.woq == "mxfp4" else DIGITS_MAX_AVG_ROWS
+        return DIGITS_MAX_AVG_ROWS
     return DIGITS_MID_MAX_AVG_ROWS if call.experts >= DIGITS_MID_EXPERTS else 0
 
 
