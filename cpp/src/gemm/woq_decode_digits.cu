@@ -1,11 +1,11 @@
-// Weight-only grouped GEMM, decode on the int8 mma (tactic tile MB_TILE_DECODE_DIGITS, A MB_INPUT_DIGITS): int4
-// weights with one scale per 128 k or per row and k % 128 == 0, or per 64 k and k % 64 == 0, MXFP4 in its quarters
-// form (k % 128 == 0: the form pads; digits_chunk_mxfp4, below), and int8 weights as stored (digits_chunk_int8, below), against
-// token rows that stages/token_digits.cu has split into three 8-bit digits per value under one power-of-two factor
-// per 128-k group (x = F (4096 d0 + 64 d1 + d2), common/token_digits.cuh). The 16-bit decode kernels
-// (gemm/woq_decode.cu) spend about ten integer instructions per 32-bit word of codes turning them into 16-bit values
-// for the mma, and issue, not the weights' bytes, bounds them (docs/performance.md, "No pipe at its ceiling"); here a
-// word becomes the int8 mma's A operand in three (a shift and two masks: the codes as unsigned bytes), and one
+// Weight-only grouped GEMM, decode on the int8 mma (tactic tile MB_TILE_DECODE_DIGITS, A MB_INPUT_DIGITS): int4 weights
+// with one scale per 128 k or per row and k % 128 == 0, or per 64 k and k % 64 == 0, MXFP4 in its quarters form (k a
+// multiple of 128, which the form pads to; digits_chunk_mxfp4, below), and int8 weights as stored (digits_chunk_int8,
+// below), against token rows that stages/token_digits.cu has split into three 8-bit digits per value under one
+// power-of-two factor per 128-k group (x = F (4096 d0 + 64 d1 + d2), common/token_digits.cuh). The 16-bit decode
+// kernels (gemm/woq_decode.cu) spend about ten integer instructions per 32-bit word of codes turning them into 16-bit
+// values for the mma, and issue, not the weights' bytes, bounds them (docs/performance.md, "No pipe at its ceiling");
+// here a word becomes the int8 mma's A operand in three (a shift and two masks: the codes as unsigned bytes), and one
 // m16n8k32 step takes 32 k.
 //
 // Layout: gemm/decode.cu's swap-AB CTA (expert, chunk of <= 8 token rows, 128 / WK weight rows; WK warps split K)
