@@ -16,7 +16,7 @@ from ..spec import MoESpec
 from ..weights import MoEWeights
 from ..weights.dtypes import TORCH_DTYPE
 from ..weights.fp8 import FP8_GROUP, ScaleGranularity
-from ..weights.woq import GemmOperand, digits_operand, wgmma_operand
+from ..weights.woq import GemmOperand, digits_operand, stored_operand, wgmma_operand
 from .batch import Batch
 from .prepare_finalize import routing_args
 
@@ -68,6 +68,8 @@ class FusedExperts:
         self.woq_wgmma = {name: wgmma_operand(q, name, self.out_dtype) for name in woq_wgmma} if q is not None else {}
         # ... and those it runs on the digits tile (woq_digits): MXFP4 in its quarters order (woq.digits_operand).
         self.woq_digits = {name: digits_operand(q, name) for name in woq_digits} if q is not None else {}
+        # Both as stored, for the decode and mma kernels (no copy).
+        self.woq_stored = {name: stored_operand(q, name) for name in ("w1", "w2")} if q is not None else {}
         scales = f if f is not None else q
         self.a1_scale = None if scales is None else scales.a1_scale
         self.a2_scale = None if scales is None else scales.a2_scale
@@ -469,8 +471,7 @@ class FusedExperts:
     def gemm2_woq_finalize(self, b: Batch) -> None:
         """GEMM2 on the decode kernel with the unpermute, top-k weighting (+b2) and reduction in its epilogue, into
         `out` (zeroed by the three-step prologue or the expansion, which the sequence runs before it)."""
-        q = self.w.woq
-        self._woq_finalize(b, b.v("fc1_act"), GemmOperand(q.w2, q.kind.value, q.w2_scale, q.w2_zero, self.woq_group))
+        self._woq_finalize(b, b.v("fc1_act"), self.woq_stored["w2"])
 
     def _woq_finalize(self, b: Batch, a: torch.Tensor, w2: GemmOperand) -> None:
         self.k.grouped_gemm_woq_finalize(a, w2.data, w2.kernel_kind, w2.scales, b.v("expert_offsets"), w2.group,
@@ -480,9 +481,7 @@ class FusedExperts:
 
     def _woq_gemm(self, b: Batch, name: str, a: torch.Tensor, c: torch.Tensor, tactic: object) -> None:
         """W1 or W2 ("w1" / "w2") as stored, plain store: b1 is added by the activation, b2 by the finalize."""
-        q = self.w.woq
-        self._woq_operand_gemm(b, GemmOperand(getattr(q, name), q.kind.value, getattr(q, f"{name}_scale"),
-                                              getattr(q, f"{name}_zero"), self.woq_group), a, c, tactic)
+        self._woq_operand_gemm(b, self.woq_stored[name], a, c, tactic)
 
     def _woq_operand_gemm(self, b: Batch, w: GemmOperand, a: torch.Tensor, c: torch.Tensor, tactic: object) -> None:
         """One weight-only GEMM on the decode or mma kernel, plain store."""

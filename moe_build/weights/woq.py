@@ -177,15 +177,21 @@ def wgmma_operand(w: "WoqWeights", name: str, dtype: torch.dtype) -> GemmOperand
     return GemmOperand(data, w.kind.value, s, zs, 0 if w.group_size is None else w.group_size)
 
 
+def stored_operand(w: "WoqWeights", name: str) -> GemmOperand:
+    """W1 or W2 ("w1" / "w2") as stored (the same tensors, no copy): what the decode, mma and dequantize kernels
+    read."""
+    return GemmOperand(getattr(w, name), w.kind.value, getattr(w, f"{name}_scale"), getattr(w, f"{name}_zero"),
+                       0 if w.group_size is None else w.group_size)
+
+
 def digits_operand(w: "WoqWeights", name: str) -> GemmOperand:
     """W1 or W2 ("w1" / "w2") as the decode kernel's digits tile reads it: int4 / int8 as stored (no copy), MXFP4 in
     its quarters order (`mxfp4_quarters`). Made once when a runner whose plan runs that GEMM on the digits tile is
     built."""
-    data, scale, zero = getattr(w, name), getattr(w, f"{name}_scale"), getattr(w, f"{name}_zero")
     if w.kind is WoqKind.MXFP4:
-        q, s = mxfp4_quarters(data, scale)
+        q, s = mxfp4_quarters(getattr(w, name), getattr(w, f"{name}_scale"))
         return GemmOperand(q, "mxfp4_quarters", s, None, MXFP4_GROUP)
-    return GemmOperand(data, w.kind.value, scale, zero, 0 if w.group_size is None else w.group_size)
+    return stored_operand(w, name)
 
 
 def mxfp4_quarters(codes: torch.Tensor, exponents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

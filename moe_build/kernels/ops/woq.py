@@ -168,8 +168,9 @@ def grouped_gemm_woq(a: torch.Tensor, b: torch.Tensor, kind: int | str | WoqKind
     Token digits: A uint8 [R, ceil(k / 128), 400] (token_digits for this GEMM's `group`; k is B's) with the decode
     kernel's digits tile (decode:digits_ksplitN), int4 weights with one scale per row or per 128 k (k % 128 == 0) or
     per 64 k (k % 64 == 0), MXFP4 in its quarters form (kind mxfp4_quarters, moe_build/weights/woq.py's
-    mxfp4_quarters: B's k the layer's padded to whole 128-k groups, A's groups as many), or int8 with one scale per row (k % 64 == 0) or per 128 k (k % 128 == 0), the last
-    two on the digits of group 32's order, C in `out_dtype` (required)."""
+    mxfp4_quarters: B's k the layer's padded to whole 128-k groups, A's groups as many), or int8 with one scale per
+    row (k % 64 == 0) or per 128 k (k % 128 == 0), the last two on the digits of group 32's order, C in `out_dtype`
+    (required)."""
     dev, rows, k, e, n, mode, out_dtype, form = _woq_gemm_args(a, b, kind, scales, expert_first_token_offset, group,
                                                                zeros, bias, out_dtype)
     out = _out(c, "C", (rows, n), out_dtype, dev)
