@@ -492,3 +492,15 @@ def test_bf16_mxfp4_takes_the_gated_epilogue_on_its_mixed_input_band() -> None:
     assert bands(plan.stage("fc1_activation")) == [[1, 112, "separate"], [113, None, "gated_epilogue"]]
     assert plan.stage("gemm1_tactic").choice_for(113) == "wgmma:woq128x32:plain:plain"
     assert plan.stage("w1_order").choice == "gate_up_interleaved"
+
+
+def test_mxfp4_plan_names_the_runners_weight_copies() -> None:
+    """The runner holds MXFP4 weights again, beside the stored form, for each kind of band its plan runs (the
+    quarters order for the digits tile, e5m2 for the mixed-input kernel): each GEMM's summary names the copies its
+    bands take and no other (fp16 activations have no mixed-input band, so no e5m2 copy)."""
+    for dtype, e5m2 in ((DType.BF16, True), (DType.FP16, False)):
+        plan = make_plan(MoESpec(2048, 768, 128, 8, quant=Quant.WFP4A16, dtype=dtype), SM90, tokens=4096)
+        for stage in ("gemm1_tactic", "gemm2_tactic"):
+            d = plan.stage(stage)
+            assert any(choice.split(":")[1].startswith("digits") for _, _, choice in bands(d)), d.bands
+            assert "quarters order" in d.summary and ("as e5m2" in d.summary) == e5m2, (dtype, d.summary)

@@ -576,9 +576,14 @@ def _tactic(stage: str, call: T.GemmCall, epilogue_stage: StageDecision | None, 
                   T.token_bands(call.top_k, call.experts, lambda rows: T.choose_tactic(call_at(rows), rows)))
     here = next(band.choice for band in bands if band.holds(tokens))
     summary = f"{gemm}: {len(bands)} tactic band{'s' if len(bands) > 1 else ''} by rows per expert"
-    if call.woq == "mxfp4" and any(on_mixed_input_tile(T.GemmTactic.parse(b.choice)) for b in bands):
-        # the runner's copy for those bands (weights/woq.py mxfp4_as_e5m2): memory the user should see
-        summary += "; its MXFP4 weights also held as e5m2 (1 byte a weight) for the mixed-input (woq128x*) bands"
+    if call.woq == "mxfp4":
+        # the runner's copies beside the stored form for those bands (weights/woq.py mxfp4_as_e5m2 and
+        # mxfp4_quarters): memory the user should see
+        tactics = [T.GemmTactic.parse(b.choice) for b in bands]
+        if any(t.kernel == "decode" and t.tile == "digits" for t in tactics):
+            summary += "; its MXFP4 weights also held in the quarters order (half a byte a weight) for the digits bands"
+        if any(on_mixed_input_tile(t) for t in tactics):
+            summary += "; its MXFP4 weights also held as e5m2 (1 byte a weight) for the mixed-input (woq128x*) bands"
     # A tactic has no fused and fallback form: the fallback shown is the choice itself.
     return StageDecision(stage, here, here, gates, bands, summary=summary)
 

@@ -540,10 +540,11 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_digits_int8_kern
 }
 
 // A chunk's mmas per step follow its own rows (the host knows only the most a chunk may have, NM_MAX * 2): at one
-// token most chunks of a many-expert layer hold one row. GROUP 32: MXFP4 (digits_chunk_mxfp4): 4 groups a wait where
-// a chunk has at most 2 rows (NM_MAX 1, no spills), else 3 at one mma a step and 2 past it. H100, WFP4A16 layers at 1
-// token, 4 against 3 (docs/measured/h100-2026-12-06-s22-mxfp4-quarters/call1): Mixtral-8x7B 103.0 against 112.5 us,
-// the other three within 0.6%.
+// token most chunks of a many-expert layer hold one row. GROUP 32: MXFP4 (digits_chunk_mxfp4): 4 groups a wait at one
+// mma a step, 2 past it. H100, WFP4A16 layers: at 1 token (NM_MAX 1), 4 against 3, Mixtral-8x7B 103.0 against 112.5
+// us, the other three within 0.6% (docs/measured/h100-2026-12-06-s22-mxfp4-quarters/call1); at 2-16 tokens (NM_MAX 4,
+// whose one-mma body takes 4 without spills as well), against 3, DeepSeek-V2-Lite 0.93-0.95x, Qwen3-30B-A3B at 4 / 8
+// 0.92 / 0.94x, GPT-OSS-20B at 2 / 4 0.97x, the rest within 1% (docs/measured/h100-2026-12-06-s23-mxfp4-nb4).
 template <typename T, int WK, int GROUP, int NM_MAX, int NB1>
 __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_digits_kernel(WoqDigitsLaunch d) {
   __shared__ float s_part[WK][16 * (kDecodeWarps / WK)][kDecodeTokens + 1];
@@ -555,8 +556,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_digits_kernel(Wo
   auto chunk = [&](auto nm_tag) {
     constexpr int NM = decltype(nm_tag)::value;
     if constexpr (GROUP == kMxfp4Group)
-      digits_chunk_mxfp4<T, WK, NM, NM_MAX == 1 ? 4 : NM == 1 ? 3 : 2>(d, tile.expert, tile.begin, rows, s_part,
-                                                                       s_tok);
+      digits_chunk_mxfp4<T, WK, NM, NM == 1 ? 4 : 2>(d, tile.expert, tile.begin, rows, s_part, s_tok);
     else
       digits_chunk<T, WK, GROUP, NM, NB1>(d, tile.expert, tile.begin, rows, s_part, s_tok);
   };
