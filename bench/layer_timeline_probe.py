@@ -1,11 +1,12 @@
-"""When each kernel of a single-GPU FP8 layer starts and ends within a CUDA-graph replay, at decode token counts:
+"""When each kernel of a single-GPU FP8 or weight-only layer starts and ends within a CUDA-graph replay, at decode token counts:
 the evidence that the FP8 expansion ended 3.5-5.1 us after the map build at 1-16 tokens, its token rows queued
 behind the decode GEMM1's early weight loads (docs/performance.md, "The FP8 expansion reads its token rows before
 its wait"). Replays back to back (no L2 flush), the last of them printed: start and end of each kernel from the
 replay's first start, in us.
 
     MOE_BUILD_KERNELS_LIB=.../libmoe_build_kernels.so python bench/layer_timeline_probe.py [out.json]
-    (LAYER_TIMELINE_POINTS: shape:tokens,... overrides the points; LAYER_TIMELINE_QUANT: fp8 (default) or fp8_block;
+    (LAYER_TIMELINE_POINTS: shape:tokens,... overrides the points; LAYER_TIMELINE_QUANT: fp8 (default), fp8_block or
+    a weight-only mode (w4a16_awq, w8a16, w4afp8, wfp4a16: the bench's layers and weights, moe_build/bench/woq_layer.py);
     LAYER_TIMELINE_FORCE: stage=choice,... pinned in the plan, e.g. fc1_activation=separate)
 """
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 from graph_kernel_times import kernel_timeline, write_results
 from layer_steps_probe import short
 
+from moe_build.bench.woq_layer import device_woq_weights, woq_bench_spec
 from moe_build.bench.workload import device_fp8_weights, fp8_bench_spec, make_inputs
 from moe_build.runner import MoERunner
 from moe_build.spec import Quant
@@ -30,8 +32,13 @@ POINTS = [(p.split(":")[0], int(p.split(":")[1])) for p in os.environ.get(
 def main() -> None:
     results = []
     for name, tokens in POINTS:
-        spec = fp8_bench_spec(name, Quant(QUANT))
-        w = device_fp8_weights(spec, seed=1)
+        quant = Quant(QUANT)
+        if quant in (Quant.FP8, Quant.FP8_BLOCK):
+            spec = fp8_bench_spec(name, quant)
+            w = device_fp8_weights(spec, seed=1)
+        else:
+            spec = woq_bench_spec(name, quant)
+            w = device_woq_weights(spec, quant, seed=1)
         runner = MoERunner(spec, w, max_tokens=tokens, force=FORCE)
         s = make_inputs(spec, tokens, 1, seed=tokens, correction_bias=w.correction_bias)[0]
         graphed = runner.capture_graph(tokens, "logits")

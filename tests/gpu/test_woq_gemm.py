@@ -261,16 +261,22 @@ def test_int4_digits_kernel_group_64_against_fp64(k_split: int, dtype: torch.dty
         tactic=f"decode:digits_ksplit{k_split}:after_trigger:plain")
 
 
+# 128 experts, 9 rows (one expert of 2, seven of 1), with case()'s 5 rows past them 14: 7 * 14 <= 128.
+SPARSE_COUNTS = [2] + [0] * 15 + ([1] + [0] * 15) * 7
+
+
 @pytest.mark.parametrize("k_split", [1, 2, 4, 8])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("counts", [[9, 0, 16, 1, 40, 2], [1, 0, 2], [3, 4, 0], [5, 6, 7, 8]],
-                         ids=["chunks-of-8", "rows-2", "rows-4", "rows-6-8"])
+@pytest.mark.parametrize("counts", [[9, 0, 16, 1, 40, 2], [1, 0, 2], [3, 4, 0], [5, 6, 7, 8], SPARSE_COUNTS],
+                         ids=["chunks-of-8", "rows-2", "rows-4", "rows-6-8", "sparse"])
 @pytest.mark.parametrize("n, k", [(144, 2880), (2880, 320), (144, 2944), (208, 64)])
 def test_mxfp4_digits_kernel_against_fp64(k_split: int, dtype: torch.dtype, counts: list[int], n: int, k: int) -> None:
     """The digits tile on MXFP4 (e2m1 codes, one e8m0 scale per 32 k, every code including -0), the token digits in
     the quarters order: GPT-OSS-20B's k 2880 (22 groups and a half, which the form pads to a whole one), GEMM2-like n
     2880 over 2.5 groups (K splits of 4 and 8 leave warps without a group; the padded group a slice's only one), 23
-    whole groups, a lone half group; at every mma count a step takes, with bias."""
+    whole groups, a lone half group; at every mma count a step takes, with bias; and a sparse call (A's 14 rows at
+    most a seventh of the 128 experts), whose one-mma chunks wait on 3 groups where the others' wait on 4
+    (mxfp4_groups_per_wait, cpp/src/gemm/woq_decode_digits.cu)."""
     run(WoqKind.MXFP4, counts, n, k, 32, bias=True, dtype=dtype,
         tactic=f"decode:digits_ksplit{k_split}:after_trigger:plain")
 

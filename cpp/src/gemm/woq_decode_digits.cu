@@ -540,11 +540,8 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_digits_int8_kern
 }
 
 // A chunk's mmas per step follow its own rows (the host knows only the most a chunk may have, NM_MAX * 2): at one
-// token most chunks of a many-expert layer hold one row. GROUP 32: MXFP4 (digits_chunk_mxfp4): 4 groups a wait at one
-// mma a step, 2 past it. H100, WFP4A16 layers: at 1 token (NM_MAX 1), 4 against 3, Mixtral-8x7B 103.0 against 112.5
-// us, the other three within 0.6% (docs/measured/h100-2026-12-06-s22-mxfp4-quarters/call1); at 2-16 tokens (NM_MAX 4,
-// whose one-mma body takes 4 without spills as well), against 3, DeepSeek-V2-Lite 0.93-0.95x, Qwen3-30B-A3B at 4 / 8
-// 0.92 / 0.94x, GPT-OSS-20B at 2 / 4 0.97x, the rest within 1% (docs/measured/h100-2026-12-06-s23-mxfp4-nb4).
+// token most chunks of a many-expert layer hold one row. GROUP 32: MXFP4 (digits_chunk_mxfp4): NB1 groups a wait at
+// one mma a step (mxfp4_groups_per_wait), 2 past it.
 template <typename T, int WK, int GROUP, int NM_MAX, int NB1>
 __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_digits_kernel(WoqDigitsLaunch d) {
   __shared__ float s_part[WK][16 * (kDecodeWarps / WK)][kDecodeTokens + 1];
@@ -556,7 +553,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_digits_kernel(Wo
   auto chunk = [&](auto nm_tag) {
     constexpr int NM = decltype(nm_tag)::value;
     if constexpr (GROUP == kMxfp4Group)
-      digits_chunk_mxfp4<T, WK, NM, NM == 1 ? 4 : 2>(d, tile.expert, tile.begin, rows, s_part, s_tok);
+      digits_chunk_mxfp4<T, WK, NM, NM == 1 ? NB1 : 2>(d, tile.expert, tile.begin, rows, s_part, s_tok);
     else
       digits_chunk<T, WK, GROUP, NM, NB1>(d, tile.expert, tile.begin, rows, s_part, s_tok);
   };
@@ -577,6 +574,16 @@ int digits_groups_per_wait(int k, int wk) {
   return nb0 % 4 == 0 ? 4 : 3;
 }
 
+// Groups a wait in the MXFP4 one-mma body: 3 where the call's rows are at most a seventh of the experts (a sparse
+// call, few CTAs an SM, where a shorter first batch starts the mmas sooner), else 4 (the body takes either without
+// spills at every NM_MAX). H100, WFP4A16 layers, 4 against 3: at 1 token (rows = top-k) GPT-OSS-20B (4 rows, 32
+// experts) 1.055x, Qwen3-30B-A3B (8, 128) 1.029x, DeepSeek-V2-Lite (6, 64) 1.017x, Mixtral-8x7B (2, 8) 0.92x; at 2
+// tokens GPT-OSS-20B (8, 32) 0.974x, DeepSeek-V2-Lite (12, 64) 0.942x, Qwen3-30B-A3B (16, 128) 0.998x; 4-16 tokens
+// 0.92-1.01x (docs/measured/h100-2026-12-06-s22-mxfp4-quarters/call1, docs/measured/h100-2026-12-06-s23-mxfp4-nb4).
+int mxfp4_groups_per_wait(int64_t max_rows, int num_experts) {
+  return 7 * max_rows <= num_experts ? 3 : 4;
+}
+
 template <typename T, int GROUP>
 mb_status launch_digits(const WoqGemmParams& p, int64_t max_rows, int k_split, bool after_trigger,
                         cudaStream_t stream) {
@@ -589,15 +596,18 @@ mb_status launch_digits(const WoqGemmParams& p, int64_t max_rows, int k_split, b
                   "in %d slices) need %zu bytes of shared memory, over its %zu: the staged or none tile",
                   rows_cap, p.k, WK, smem, kTokenBudget);
     const WoqDigitsLaunch d{p, rows_cap};
-    const bool four = digits_groups_per_wait(p.k, WK) == 4;  // the one-mma body's big batch at group 128
+    // the one-mma body's big batch at group 128 and for MXFP4
+    const bool four = (GROUP == kMxfp4Group ? mxfp4_groups_per_wait(max_rows, p.num_experts)
+                                            : digits_groups_per_wait(p.k, WK)) == 4;
     auto go = [&](auto nm) {
       constexpr int NM_MAX = decltype(nm)::value;
       auto launch = [&](auto kernel) {
         return launch_decode(kernel, d, p.n, 16 * (kDecodeWarps / WK), decode_chunks(max_rows, p.num_experts),
                              after_trigger, stream, "grouped gemm woq", smem);
       };
-      if constexpr (GROUP == 128) return four ? launch(woq_decode_digits_kernel<T, WK, 128, NM_MAX, 4>)
-                                              : launch(woq_decode_digits_kernel<T, WK, 128, NM_MAX, 3>);
+      if constexpr (GROUP == 128 || GROUP == kMxfp4Group)
+        return four ? launch(woq_decode_digits_kernel<T, WK, GROUP, NM_MAX, 4>)
+                    : launch(woq_decode_digits_kernel<T, WK, GROUP, NM_MAX, 3>);
       else return launch(woq_decode_digits_kernel<T, WK, GROUP, NM_MAX, 3>);
     };
     switch ((rows_cap + 1) / 2) {
