@@ -14,6 +14,8 @@
 // store (mb::store_f32). Small top_k takes more vectors per lane (KB = 2, VPT = 4), so that the
 // gathers in flight stay 8. At decode sizes mb::stage_launch() narrows the chunks so that the few
 // tokens still spread over the SMs.
+// Launched after a trigger and started with mb::chain_start(), as the stage kernels: its launch and block setup
+// overlap GEMM2's tail (at decode sizes, where the layer is a chain of short kernels, that was a plain launch's gap).
 // Once GEMM2's rows outgrow L2 (mb::streams_past_l2) they are read, and the sums written, with the
 // evict-first accesses (mb::load_raw, mb::store_f32): they cannot stay in L2 anyway.
 #include "common/common.cuh"
@@ -29,6 +31,7 @@ finalize_kernel(const T* __restrict__ gemm2_out, const T* __restrict__ b2, const
   using R = mb::Raw<T, VEC>;
   const int lane = threadIdx.x % 32;
   const int64_t nvec = hidden / VEC;
+  mb::chain_start();
   // Warps stride over the tokens, blockIdx.y over a row's column chunks. (t is 32-bit: t + stride
   // < 2^31 + 2^22 cannot wrap, and the 64-bit index took the registers that kept ptxas from a spill.)
   for (unsigned t = blockIdx.x * mb::kStageWarps + threadIdx.x / 32; t < static_cast<unsigned>(num_tokens);
@@ -131,11 +134,11 @@ extern "C" mb_status mb_finalize(const void* gemm2_out, int dtype, const void* b
       constexpr bool BIAS = decltype(bias_const)::value;
       constexpr bool LOCAL = decltype(local_const)::value;
       constexpr bool STREAM = decltype(stream_const)::value;
-      finalize_kernel<T, VEC, KB, 8 / KB, BIAS, LOCAL, STREAM><<<shape.grid, mb::kStageThreads, 0, stream>>>(
+      return mb::check_launch("finalize_kernel", mb::launch_after_trigger(
+          finalize_kernel<T, VEC, KB, 8 / KB, BIAS, LOCAL, STREAM>, shape.grid, dim3(mb::kStageThreads), stream,
           static_cast<const T*>(gemm2_out), static_cast<const T*>(b2), topk_weights, topk_ids,
           unpermuted_to_permuted, num_tokens, hidden, top_k, num_experts, shape.vpl, shape.chunks,
-          static_cast<T*>(out));
-      return mb::check_launch("finalize_kernel");
+          static_cast<T*>(out)));
     };
     auto by_local = [&](auto vec_const, auto kb_const, auto bias_const, auto stream_const) {
       return num_experts ? launch(vec_const, kb_const, bias_const, std::true_type{}, stream_const)
