@@ -1,12 +1,13 @@
-"""When each kernel of a single-GPU FP8 or weight-only layer starts and ends within a CUDA-graph replay, at decode token counts:
-the evidence that the FP8 expansion ended 3.5-5.1 us after the map build at 1-16 tokens, its token rows queued
+"""When each kernel of a single-GPU FP8 or weight-only layer starts and ends within a CUDA-graph replay, at decode token
+counts: the evidence that the FP8 expansion ended 3.5-5.1 us after the map build at 1-16 tokens, its token rows queued
 behind the decode GEMM1's early weight loads (docs/performance.md, "The FP8 expansion reads its token rows before
 its wait"). Replays back to back (no L2 flush), the last of them printed: start and end of each kernel from the
 replay's first start, in us.
 
     MOE_BUILD_KERNELS_LIB=.../libmoe_build_kernels.so python bench/layer_timeline_probe.py [out.json]
     (LAYER_TIMELINE_POINTS: shape:tokens,... overrides the points; LAYER_TIMELINE_QUANT: fp8 (default), fp8_block or
-    a weight-only mode (w4a16_awq, w8a16, w4afp8, wfp4a16: the bench's layers and weights, moe_build/bench/woq_layer.py);
+    a weight-only mode (w4a16_awq, w8a16, w4afp8, wfp4a16: the bench's layers and weights,
+    moe_build/bench/woq_layer.py);
     LAYER_TIMELINE_FORCE: stage=choice,... pinned in the plan, e.g. fc1_activation=separate)
 """
 from __future__ import annotations
