@@ -59,10 +59,10 @@ class FusedExperts:
         # Weight-only layers: the stored weights and how the GEMMs read them (moe_build/weights/woq.py); W4AFP8's
         # static input scales are the woq weights' (None: each row's own at run time, as for FP8 layers).
         q = weights.woq
-        self.woq_group = 0 if q is None or q.group_size is None else q.group_size
         # The order the digits tile reads its token digits in (the digit writers' `group`): the weights' group for
         # int4, the quarters order (group 32's) for MXFP4 and int8, whose mma steps take 32 k in k order.
-        self.digits_group = 32 if q is not None and q.kind.value in ("mxfp4", "int8") else self.woq_group
+        group = 0 if q is None or q.group_size is None else q.group_size
+        self.digits_group = 32 if q is not None and q.kind.value in ("mxfp4", "int8") else group
         # The matrices ("w1" / "w2") the plan runs through the mixed-input wgmma GEMM (woq_wgmma) as it reads them:
         # their scales (and int4 zero terms), MXFP4 re-encoded as e5m2, made once here (woq.wgmma_operand).
         self.woq_wgmma = {name: wgmma_operand(q, name, self.out_dtype) for name in woq_wgmma} if q is not None else {}
@@ -328,12 +328,10 @@ class FusedExperts:
 
     def _woq_dense_gemm(self, b: Batch, name: str, a: torch.Tensor, c: torch.Tensor, tactic: object) -> None:
         """W1 or W2 dequantized into the workspace, then the 16-bit wgmma GEMM on them (row-major, plain store)."""
-        q = self.w.woq
-        data = getattr(q, name)
-        n, k = data.shape[1], q.in_features(name)
+        q, w = self.w.woq, self.woq_stored[name]
+        n, k = w.data.shape[1], q.in_features(name)
         dense = b.v("woq_dense").view(-1)[: q.experts * n * k].view(q.experts, n, k)
-        self.k.woq_dequantize(data, q.kind.value, getattr(q, f"{name}_scale"), self.woq_group,
-                              zeros=getattr(q, f"{name}_zero"), out=dense, stream=b.stream)
+        self.k.woq_dequantize(w.data, w.kernel_kind, w.scales, w.group, zeros=w.zeros, out=dense, stream=b.stream)
         self.k.grouped_gemm_sm90(a, dense, b.v("expert_offsets"), c=c, workspace=_opt(b, "gemm_workspace"),
                                  stream=b.stream, weight_layout=self.k.WeightLayout.ROW_MAJOR, tactic=tactic)
 
