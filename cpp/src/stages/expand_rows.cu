@@ -43,7 +43,9 @@
 // group): it reads the group's 128 values (times the pre-quant scale, rounded to dtype as the 16-bit expansion stores
 // them), computes the group's record once, and stores it into each of the token's K permuted rows: the bytes
 // mb_expand_rows then mb_token_digits write. With an FP8 static scale (W4AFP8) the group's values are the ones
-// mb_expand_rows_fp8_dequantized writes: the bytes it then mb_token_digits write.
+// mb_expand_rows_fp8_dequantized writes: the bytes it then mb_token_digits write. As the FP8 expansion, a warp reads
+// its first group and computes its record before it waits on its predecessor (the map build), and waits at its first
+// store or map read: the same contract (mb_expand_rows_digits' input complete before its predecessor starts).
 #include "common/common.cuh"
 #include "common/fp8_quantize.cuh"
 #include "common/token_digits.cuh"
@@ -136,11 +138,11 @@ expand_rows_digits_kernel(const T* __restrict__ input, const int32_t* __restrict
                           mb::DigitOrder order, uint8_t* __restrict__ permuted_digits,
                           float* __restrict__ permuted_weights,
                           T* __restrict__ zero_out) {
-  mb::chain_start();
   const float q8 = FP8 ? *fp8_scale : 1.0f, y8 = FP8 ? __frcp_rn(q8) : 1.0f;
   const int lane = threadIdx.x & 31;
   const int64_t groups = mb::digit_groups(hidden), items = static_cast<int64_t>(num_tokens) * groups;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kDigitWarps;
+  bool waited = false;  // each thread waits (and triggers) at its first store or map read, its first group read before
   for (int64_t it = static_cast<int64_t>(blockIdx.x) * kDigitWarps + (threadIdx.x >> 5); it < items; it += warps) {
     const int64_t t = it / groups, g = it - t * groups;
     const int64_t col = g * mb::kDigitGroup + 4 * lane;
@@ -167,9 +169,13 @@ expand_rows_digits_kernel(const T* __restrict__ input, const int32_t* __restrict
           x[i] = mb::to_f32(mb::from_f32<T>(mb::fp8::dequantized(__fmul_rn(x[i], f[i]), q8, y8)));
         }
       }
-      if (zero_out != nullptr) *reinterpret_cast<uint2*>(zero_out + t * hidden + col) = uint2{0u, 0u};
     }
     const mb::DigitWords w = mb::digit_words(x, order);
+    if (!waited) {
+      mb::chain_start();
+      waited = true;
+    }
+    if (zero_out != nullptr && col < hidden) *reinterpret_cast<uint2*>(zero_out + t * hidden + col) = uint2{0u, 0u};
     const int64_t e0 = t * top_k;
     // The token's permuted rows, 32 at a time: lane jj loads slot j0 + jj's map (and, group 0, its weight).
     for (int j0 = 0; j0 < top_k; j0 += 32) {
@@ -183,6 +189,7 @@ expand_rows_digits_kernel(const T* __restrict__ input, const int32_t* __restrict
       }
     }
   }
+  if (!waited) mb::chain_start();  // no group: the trigger still follows a wait
 }
 
 // zero_out is zeroed while other warps may still read input rows: the two must not overlap.
