@@ -6,8 +6,8 @@ replay's first start, in us.
 
     MOE_BUILD_KERNELS_LIB=.../libmoe_build_kernels.so python bench/layer_timeline_probe.py [out.json]
     (LAYER_TIMELINE_POINTS: shape:tokens,... overrides the points; LAYER_TIMELINE_QUANT: fp8 (default), fp8_block or
-    a weight-only mode (w4a16_awq, w8a16, w4afp8, wfp4a16: the bench's layers and weights,
-    moe_build/bench/woq_layer.py);
+    a weight-only mode of the bench (moe_build/bench/woq_layer.py QUANTS: w4a16_awq, w8a16, w4afp8, w4afp8_dynamic,
+    wfp4a16: its layers and weights);
     LAYER_TIMELINE_FORCE: stage=choice,... pinned in the plan, e.g. fc1_activation=separate)
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 from graph_kernel_times import kernel_timeline, write_results
 from layer_steps_probe import short
 
-from moe_build.bench.woq_layer import device_woq_weights, woq_bench_spec
+from moe_build.bench.woq_layer import QUANTS, device_woq_weights, woq_bench_spec
 from moe_build.bench.workload import device_fp8_weights, fp8_bench_spec, make_inputs
 from moe_build.runner import MoERunner
 from moe_build.spec import Quant
@@ -33,12 +33,12 @@ POINTS = [(p.split(":")[0], int(p.split(":")[1])) for p in os.environ.get(
 def main() -> None:
     results = []
     for name, tokens in POINTS:
-        quant = Quant(QUANT)
-        if quant in (Quant.FP8, Quant.FP8_BLOCK):
-            spec = fp8_bench_spec(name, quant)
+        if QUANT in (Quant.FP8.value, Quant.FP8_BLOCK.value):
+            spec = fp8_bench_spec(name, Quant(QUANT))
             w = device_fp8_weights(spec, seed=1)
         else:
-            spec = woq_bench_spec(name, quant)
+            quant, act_scale = QUANTS[QUANT]
+            spec = woq_bench_spec(name, quant, act_scale)
             w = device_woq_weights(spec, quant, seed=1)
         runner = MoERunner(spec, w, max_tokens=tokens, force=FORCE)
         s = make_inputs(spec, tokens, 1, seed=tokens, correction_bias=w.correction_bias)[0]
