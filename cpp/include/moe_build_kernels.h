@@ -607,9 +607,11 @@ mb_status mb_token_digits(const void* in, int dtype, int64_t rows, int k, int gr
  * (stages/fc1_activation.cu) writes out [max_rows, ceil(inter / 128), MB_TOKEN_DIGITS_BATCH_BYTES] for p < off[E],
  * the bytes of mb_fc1_activation then mb_token_digits. `group`, hidden and inter as mb_token_digits' group and k;
  * dtype fp16 or bf16; input, in, b1 and zero_out 8-byte aligned, prequant_scale and the digits 16-byte. Both
- * launched after a trigger; mb_fc1_activation_digits waits for its predecessor first, mb_expand_rows_digits reads its
- * input rows before it waits (as mb_expand_rows_fp8: its input must be complete before its predecessor starts) and
- * waits before its first store or map read. fp8_static_scale (one fp32 on the device) or
+ * launched after a trigger. mb_fc1_activation_digits lets its dependent (GEMM2) start before it waits for GEMM1, so
+ * GEMM2 may read ahead of its own wait only what was complete before GEMM1 launched (the expert offsets, which the
+ * expansion's trigger after its wait guarantees, and the weights). mb_expand_rows_digits reads its input rows before
+ * it waits (as mb_expand_rows_fp8: its input must be complete before its predecessor starts) and waits before its
+ * first store or map read. fp8_static_scale (one fp32 on the device) or
  * NULL: W4AFP8's, the digits then those of the rows mb_expand_rows_fp8_dequantized / mb_fc1_activation_fp8_dequantized
  * write. */
 mb_status mb_expand_rows_digits(const void* input, int dtype, const int32_t* unpermuted_to_permuted,

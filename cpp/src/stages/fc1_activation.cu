@@ -183,7 +183,10 @@ fc1_activation_digits_kernel(const T* __restrict__ in, const T* __restrict__ b1,
                              int E, int64_t max_rows, int inter, float alpha, float limit,
                              const float* __restrict__ prequant_scale, const float* __restrict__ fp8_scale,
                              GatedColumns cols, mb::DigitOrder order, uint8_t* __restrict__ out) {
-  mb::chain_start();
+  // GEMM2 (a decode kernel on the digits tile) starts under GEMM1 and requests its first weights ahead of its own
+  // wait, which returns once this kernel has completed, after GEMM1 (the header's contract).
+  mb::let_dependents_start();
+  mb::wait_for_predecessor();
   const float q8 = fp8_scale ? *fp8_scale : 1.0f, y8 = __frcp_rn(q8);
   constexpr bool kGated = mb::is_gated(ACT);
   const int lane = threadIdx.x & 31;
