@@ -104,8 +104,10 @@ inline cudaError_t launch_after_trigger(void (*kernel)(KArgs...), dim3 grid, dim
 // after the wait. The trigger comes after the wait so that a dependent's CTAs start only once this kernel's
 // predecessor has completed: the decode GEMM reads the expert offsets before its own wait (gemm/decode.cu), which
 // holds only if the map build finished before the expansion (its predecessor) started running, and the FP8
-// expansion reads and quantizes the tokens' rows before its wait (stages/expand_rows.cu), which holds because
-// they were written before the map build, which waited for everything before it ahead of its trigger.
+// expansion reads and quantizes the tokens' rows before its wait (stages/expand_rows.cu; the digits expansion its
+// first group), which holds because they were written before the map build, which waited for everything before it
+// ahead of its trigger. One kernel triggers first: the digits activation (stages/fc1_activation.cu), whose dependent,
+// GEMM2, reads ahead of its own wait only the offsets and weights, complete before GEMM1 launched.
 __device__ __forceinline__ void chain_start() {
   wait_for_predecessor();
   let_dependents_start();
