@@ -15,7 +15,7 @@ from ..target import Target
 from . import rules as R
 from . import tactics as T
 from .tactics.decode_kernel import ctas_at_most, decode_column_blocks
-from .tactics.woq import on_mixed_input_tile
+from .tactics.woq import on_digits_tile, on_mixed_input_tile
 from .gates import OURS, Band, Gate, Plan, StageDecision, bands_text
 
 # The plugin path's stages: the seed's fusion matrix, then the weight layouts and the two GEMMs' tactics
@@ -478,7 +478,7 @@ def _token_digits(spec: MoESpec, fc2_prequant: str, tactics: Sequence[StageDecis
     """Where the GEMMs on the digits tile (at any count of their tactic bands) get their token digits: from the
     kernels that write their input rows, or a digits step after each; "none" where no GEMM runs the tile."""
     on = [d.stage.split("_")[0] for d in tactics
-          if any(T.GemmTactic.parse(c).tile == "digits" for c in ([b.choice for b in d.bands] or [d.choice]))]
+          if any(on_digits_tile(T.GemmTactic.parse(c)) for c in ([b.choice for b in d.bands] or [d.choice]))]
     return _optional_stage("token_digits", "fused", "separate",
                            [R.digits_tile_planned(on), R.digits_fc2_prequant(fc2_prequant), R.digits_row_scale(spec)],
                            forced,
@@ -580,7 +580,7 @@ def _tactic(stage: str, call: T.GemmCall, epilogue_stage: StageDecision | None, 
         # the runner's copies beside the stored form for those bands (weights/woq.py mxfp4_as_e5m2 and
         # mxfp4_quarters): memory the user should see
         tactics = [T.GemmTactic.parse(b.choice) for b in bands]
-        if any(t.kernel == "decode" and t.tile == "digits" for t in tactics):
+        if any(on_digits_tile(t) for t in tactics):
             summary += "; its MXFP4 weights also held in the quarters order (half a byte a weight) for the digits bands"
         if any(on_mixed_input_tile(t) for t in tactics):
             summary += "; its MXFP4 weights also held as e5m2 (1 byte a weight) for the mixed-input (woq128x*) bands"

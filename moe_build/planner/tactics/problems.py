@@ -5,8 +5,8 @@ from __future__ import annotations
 from .decode_kernel import DECODE_TOKENS
 from .tactic import (BLOCKED_TILES, FP8_FAST_ONLY_TILES, FP8_ONLY_TILES, FP8_WGMMA_TILES, K_SPLITS, PLACED_TILES,
                      WOQ_MMA_TILES, WOQ_WGMMA_TILES, GemmCall, GemmTactic)
-from .woq import (STAGED_TOKEN_BUDGET, on_mixed_input_tile, woq_digits_rows, woq_digits_weights, woq_int4_staged,
-                  woq_mixed_input, woq_staged_rows, woq_weight_tiles, woq_weight_tiles_pair)
+from .woq import (STAGED_TOKEN_BUDGET, on_digits_tile, on_mixed_input_tile, woq_digits_rows, woq_digits_weights,
+                  woq_int4_staged, woq_mixed_input, woq_staged_rows, woq_weight_tiles, woq_weight_tiles_pair)
 
 
 def tactic_problem(call: GemmCall, tactic: GemmTactic) -> str | None:
@@ -95,7 +95,7 @@ def _woq_tactic_problem(call: GemmCall, tactic: GemmTactic) -> str | None:
         if woq_staged_rows(call, tactic.k_split) < DECODE_TOKENS:  # forced: every chunk, up to 8 rows, must fit
             return (f"the staged decode kernel's 8-row chunks do not fit its {STAGED_TOKEN_BUDGET // 1024} KB of "
                     f"shared memory at k {call.k} in {tactic.k_split} slices (a larger K split, or the register form)")
-    if tactic.kernel == "decode" and tactic.tile == "digits":
+    if on_digits_tile(tactic):
         if not woq_digits_weights(call):
             return ("the digits decode kernel takes int4 weights with one scale per row or per 128 k and k a multiple "
                     "of 128, or per 64 k and k a multiple of 64, or MXFP4 with k a multiple of 64, or int8 with one "

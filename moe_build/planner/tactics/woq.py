@@ -126,6 +126,11 @@ def on_mixed_input_tile(tactic: GemmTactic | None) -> bool:
     return tactic is not None and tactic.kernel == "wgmma" and tactic.tile in WOQ_WGMMA_TILES
 
 
+def on_digits_tile(tactic: GemmTactic) -> bool:
+    """Whether a GEMM's tactic is the decode kernel's digits tile (its token rows in 8-bit digits on the int8 mma)."""
+    return tactic.kernel == "decode" and tactic.tile == "digits"
+
+
 # Mixed-input tile, token rows per tile by average rows per expert: 32 up to 24, 64 up to 56, 128 up to 96 (same
 # probe, each tile's worst time over the best tile's at its points: 128x32 1.04 at 8 rows and 1.02 at 16; 128x64 1.00
 # at 32 and 1.08 at 48; 128x128 1.03 at 64; at 96, bench/woq_tile_rows_probe.py's first average, 1.00-1.06 on the
