@@ -1,11 +1,12 @@
 """Test-session hooks: which GPU cases run (every pair of parameter values, or all), shards of a run for processes
-side by side, and one line that says how many tests were skipped and why.
+side by side (each taking its share of the CPU's threads), and one line that says how many tests were skipped and why.
 
 Why the line: most of the suite is GPU tests (tests/gpu), which skip on machines without a CUDA GPU (CI, the
 developer machines); `-q` output would otherwise show only a row of s's.
 """
 from __future__ import annotations
 
+import os
 from collections import Counter, defaultdict
 from typing import Any
 
@@ -30,6 +31,16 @@ def _shard(text: str) -> tuple[int, int]:
     if not (index.isdigit() and count.isdigit() and int(index) < int(count)):
         raise pytest.UsageError(f"--shard: {text!r} is not I/N with 0 <= I < N, e.g. 0/4")
     return int(index), int(count)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A shard of N is one of N processes side by side: without OMP_NUM_THREADS each would run its fp64 references
+    on every core, and eight such processes on 16 cores ran them many times slower (tests past 80 s that take 1)."""
+    _, count = config.getoption("--shard")
+    if count > 1 and "OMP_NUM_THREADS" not in os.environ:
+        import torch
+
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // count))
 
 
 def _chosen_by_id(config: pytest.Config) -> set[str]:

@@ -2,6 +2,7 @@
 parameter values that some case holds is still run, checked against pairs enumerated here independently."""
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -75,14 +76,14 @@ def test_cpu(a, b, c):
 '''
 
 
-def pytest_in(folder: Path, *args: str) -> subprocess.CompletedProcess:
+def pytest_in(folder: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """pytest run in `folder` (SAMPLE as test_sample.py) under this suite's conftest."""
     for name in ("conftest.py", "pairwise_cases.py"):
         shutil.copy(TESTS / name, folder / name)
     (folder / "test_sample.py").write_text(SAMPLE)
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "-W",
                            "ignore::pytest.PytestUnknownMarkWarning", *args], cwd=folder, capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=120, env=env)
 
 
 def run_sample(folder: Path, *args: str) -> str:
@@ -123,3 +124,27 @@ def test_shards_split_the_selected_tests_without_overlap(tmp_path):
 def test_a_malformed_shard_is_refused_in_one_line(tmp_path):
     done = pytest_in(tmp_path, "--shard=3/3")
     assert done.returncode == 4 and "--shard: '3/3' is not I/N with 0 <= I < N" in done.stderr, done.stderr
+
+
+def test_a_shard_takes_its_share_of_the_cpu_threads_unless_omp_num_threads_says(tmp_path):
+    """N shards side by side each run torch on cores / N threads (at least one); OMP_NUM_THREADS, where set, wins."""
+    (tmp_path / "test_threads.py").write_text("import torch\n\ndef test_threads():\n"
+                                              "    print(f'THREADS {torch.get_num_threads()}')\n")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    cores = len(os.sched_getaffinity(0))
+
+    def threads(*args: str, **extra: str) -> int:
+        done = pytest_in(tmp_path, "test_threads.py", *args, env={**env, **extra})
+        assert done.returncode == 0, done.stdout + done.stderr
+        return int(re.search(r"THREADS (\d+)", done.stdout).group(1))
+
+    assert threads("--shard=0/4") == max(1, cores // 4)  # the one test falls to shard 0
+    assert threads("--shard=0/1") == threads() == torch_threads_alone(env)
+    assert threads("--shard=0/4", OMP_NUM_THREADS="3") == torch_threads_alone({**env, "OMP_NUM_THREADS": "3"})
+
+
+def torch_threads_alone(env: dict[str, str]) -> int:
+    """torch's own thread count in a fresh process (what a run of one shard keeps)."""
+    done = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    return int(done.stdout)
