@@ -9,6 +9,7 @@ from moe_build.errors import MoeBuildError, UnsupportedCombination
 from moe_build.planner import Plan, make_plan, rules as R
 from moe_build.planner.gates import StageDecision
 from moe_build.spec import DType, MoESpec, Quant
+from moe_build.spec.layer import MAX_SIZES
 from moe_build.target import Flavour, MoePlugin, Target
 
 SPEC = MoESpec(4096, 14336, 8, 2)
@@ -35,16 +36,24 @@ def test_prologue_three_step_at_every_count_when_a_static_gate_fails():
 def test_routing_in_the_prologue_up_to_four_tokens(tokens, choice):
     d = make_plan(SPEC, SM90, tokens).stage("routing")
     assert d.choice == choice and bands(d) == [[1, R.ROUTING_IN_PROLOGUE_MAX_TOKENS, "prologue"], [5, None, "separate"]]
-    assert {g.name: g.held for g in d.gates} == {"routing_local": True, "routing_prologue_fused": tokens <= 256,
-                                                 "routing_in_prologue_tokens": tokens <= 4}
+    assert {g.name: g.held for g in d.gates} == {"routing_local": True, "routing_in_prologue_tokens": tokens <= 4}
 
 
-def test_routing_separate_where_the_prologue_is_not_fused_or_the_experts_are_split():
+def test_routing_in_either_prologue_up_to_four_tokens():
+    """The three-step prologue's first launch routes too: forced, or where a static gate of the fused one fails
+    (top-k 3; WFP4A16, which the matrix keeps off the fused prologue). Its one block counts at most 1024 rows, which
+    the largest top-k a spec may have fills at no count the rule allows."""
     for plan in (make_plan(SPEC, SM90, 1, force={"routing_prologue": "three_step"}),
-                 make_plan(dataclasses.replace(SPEC, top_k=3), SM90, 1),  # the fused prologue's top-k gate
-                 make_plan(MoESpec(256, 128, 64, 4, ep_size=2, ep_rank=0), SM90, 1)):  # routed where tokens live
+                 make_plan(dataclasses.replace(SPEC, top_k=3), SM90, 1)):
+        assert plan.stage("routing_prologue").choice == "three_step"
         d = plan.stage("routing")
-        assert d.choice == "separate" and bands(d) == [[1, None, "separate"]]
+        assert d.choice == "prologue" and bands(d) == [[1, 4, "prologue"], [5, None, "separate"]]
+    assert R.ROUTING_IN_PROLOGUE_MAX_TOKENS * MAX_SIZES["top_k"] <= 1024
+
+
+def test_routing_separate_where_the_experts_are_split():
+    split = make_plan(MoESpec(256, 128, 64, 4, ep_size=2, ep_rank=0), SM90, 1).stage("routing")  # routed where
+    assert split.choice == "separate" and bands(split) == [[1, None, "separate"]]                # the tokens live
     with pytest.raises(UnsupportedCombination) as info:
         make_plan(SPEC, SM90, 16, force={"routing": "prologue"})
     assert info.value.rule == "routing_in_prologue_tokens"

@@ -183,9 +183,13 @@ def test_routing_prologue_is_resolved_per_call_not_at_plan_tokens() -> None:
 
 
 def test_top_k_outside_fused_prologue_set_always_three_step() -> None:
+    """Up to 4 tokens the three-step prologue's first launch routes (no routing step of its own), past them not."""
     plan = make_plan(dataclasses.replace(SWIGLU, top_k=3), H100, tokens=16)
-    for tokens in (1, 16, 300):
-        assert kernel_sequence(plan, tokens)[2].startswith("routing_prologue:three_step")
+    assert kernel_sequence(plan, 1)[:2] == ["router_gemm", "routing_prologue:three_step+routing+zero_output"]
+    assert kernel_sequence(plan, 1, "logits")[0] == "routing_prologue:three_step+routing+zero_output"
+    for tokens in (16, 300):
+        steps = kernel_sequence(plan, tokens)
+        assert steps[1] == "routing" and steps[2].startswith("routing_prologue:three_step") and "+routing" not in steps[2]
 
 
 def test_routing_inputs_skip_router_gemm_and_routing() -> None:

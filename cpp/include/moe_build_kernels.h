@@ -75,6 +75,19 @@ mb_status mb_routing_prologue_three_step(const int32_t* topk_ids, int num_tokens
                                          size_t workspace_bytes, void* zero_out, size_t zero_bytes,
                                          cudaStream_t stream);
 
+/* stages/routing_prologue_three_step.cu: the first launch routes too (routing = prologue in the plan): mb_routing's
+ * arguments and outputs (topk_ids / topk_weights written as it writes them), then the same maps, zero_out and
+ * workspace as mb_routing_prologue_three_step, in two launches; one block routes and counts, so MB_ERR_UNSUPPORTED
+ * past num_tokens * top_k = 1024 rows. */
+mb_status mb_routing_prologue_three_step_routing(const void* logits, int dtype, const float* correction_bias,
+                                                 int num_tokens, int num_experts, int top_k, int method,
+                                                 int renormalize, int num_groups, int topk_groups,
+                                                 float routed_scaling_factor, int32_t* topk_ids, float* topk_weights,
+                                                 int32_t* permuted_to_unpermuted, int32_t* unpermuted_to_permuted,
+                                                 int64_t* expert_first_token_offset, void* workspace,
+                                                 size_t workspace_bytes, void* zero_out, size_t zero_bytes,
+                                                 cudaStream_t stream);
+
 /* stages/scale_columns.cu: out[r, c] = x[r, c] * scale[c] for x, out [rows, cols] in dtype (MB_BF16 or MB_FP16), out
  * == x (in place) or not overlapping it, scale [cols] fp32, each product in fp32 rounded once to dtype: the AWQ pre-quant
  * scales' separate step. cols a multiple of 8; x, out and scale 16-byte aligned. */

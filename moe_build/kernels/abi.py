@@ -153,6 +153,8 @@ SIGNATURES: dict[str, tuple[type, tuple[type, ...]]] = {
     "mb_routing_prologue_fused_routing": (_i, (_p, _i, _p, _i, _i, _i, _i, _i, _i, _i, _f, _p, _p, _p, _p, _p, _p)),
     "mb_routing_prologue_three_step_workspace": (_sz, (_i, _i, _i)),
     "mb_routing_prologue_three_step": (_i, (_p, _i, _i, _i, _p, _p, _p, _p, _sz, _p, _sz, _p)),
+    "mb_routing_prologue_three_step_routing": (_i, (_p, _i, _p, _i, _i, _i, _i, _i, _i, _i, _f, _p, _p, _p, _p, _p,
+                                                    _p, _sz, _p, _sz, _p)),
     "mb_expand_rows": (_i, (_p, _i, _p, _p, _p, _i, _i, _i, _p, _p, _p, _p)),
     "mb_scale_columns": (_i, (_p, _p, _i, _p, _i64, _i, _p)),
     "mb_fc1_activation": (_i, (_p, _i, _p, _p, _i, _i64, _i, _i, _i, _f, _f, _p, _p, _p)),

@@ -141,18 +141,15 @@ def _routing_prologue(spec: MoESpec, target: Target, tokens: int, forced: str | 
                          "three-step sort/offsets/inverse build of the expert maps")
 
 
-def _routing(spec: MoESpec, prologue: StageDecision, tokens: int, forced: str | None) -> StageDecision:
-    """moe-build's: the routing inside the fused prologue's block over the counts 1..t of that prologue's band, up to
+def _routing(spec: MoESpec, tokens: int, forced: str | None) -> StageDecision:
+    """moe-build's: the routing inside the first launch of the routing prologue (either form) up to
     ROUTING_IN_PROLOGUE_MAX_TOKENS (bands over every count). Where the caller gives top-k ids there is no routing and
     the stage does not apply (runner/sequence.py)."""
     local = R.routing_local(spec)
-    t_max = 0
-    if local.held:
-        t_max = next((t for t in range(R.ROUTING_IN_PROLOGUE_MAX_TOKENS, 0, -1)
-                      if all(prologue.choice_for(u) == "fused" for u in range(1, t + 1))), 0)
-    gates = [local, R.routing_prologue_is_fused(prologue.choice_for(tokens)), R.routing_in_prologue_tokens(tokens)]
+    t_max = R.ROUTING_IN_PROLOGUE_MAX_TOKENS if local.held else 0
+    gates = [local, R.routing_in_prologue_tokens(tokens)]
     return _token_ranged("routing", "prologue", "separate", gates, t_max, tokens, forced,
-                         "routing inside the fused prologue's block (one launch fewer)",
+                         "routing inside the prologue's first launch (one launch fewer)",
                          "the routing kernel, then the expert maps")
 
 
@@ -742,7 +739,7 @@ def make_plan(spec: MoESpec, target: Target, tokens: int = 1,
             fc1,
             fc2_prequant,
             finalize,
-            _routing(spec, prologue, tokens, force.get("routing")),
+            _routing(spec, tokens, force.get("routing")),
             _fc1_input_quant(spec, force.get("fc1_input_quant")),
             _fc2_input_quant(spec, fc1, finalize, gemm2_tactic, calls["gemm2_tactic"], tokens,
                              force.get("fc2_input_quant")),

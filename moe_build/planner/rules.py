@@ -177,17 +177,13 @@ def prologue_smem(s: MoESpec, t: Target, tokens: int) -> Gate:
                 need < t.max_smem_per_block, _src(MOE_KERNELS_CU, 453, 454), token_dependent=True)
 
 
-# The routing inside the fused prologue's block (moe-build's): one launch and one wait on the chain fewer. Measured
-# (H200, six layers, docs/performance.md "The routing inside the fused prologue"): up to 1.4 us a layer less at 1
-# token and 1.9 at 2-4 (FP8 DeepSeek-V3 0.1-0.7 behind at 4), level at 5-16 and slower from 32 (one block routes
-# what the routing kernel's grid spreads), so up to 4 tokens.
+# The routing inside the prologue's first launch, one block (moe-build's): one launch and one wait on the chain fewer.
+# Measured in the fused prologue (H200, six layers, docs/performance.md "The routing inside the fused prologue"): up
+# to 1.4 us a layer less at 1 token and 1.9 at 2-4 (FP8 DeepSeek-V3 0.1-0.7 behind at 4), level at 5-16 and slower
+# from 32 (one block routes what the routing kernel's grid spreads), so up to 4 tokens; the three-step prologue's
+# first launch routes in the same block form (cpp/src/stages/routing_prologue_three_step.cu, whose one block counts
+# up to 1024 rows: 4 tokens of spec.layer.MAX_SIZES' largest top-k, 64, are 256).
 ROUTING_IN_PROLOGUE_MAX_TOKENS = 4
-
-
-# routing = prologue only where the fused prologue builds the maps at this count (its band)
-def routing_prologue_is_fused(prologue: str) -> Gate:
-    return Gate("routing_prologue_fused", prologue, "routing_prologue == fused", prologue == "fused",
-                f"{OURS} (cpp/src/stages/routing_prologue_fused.cu)", token_dependent=True)
 
 
 # num_tokens <= ROUTING_IN_PROLOGUE_MAX_TOKENS: one block routes every token

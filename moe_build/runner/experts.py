@@ -102,6 +102,22 @@ class FusedExperts:
         """The three-step prologue, also zeroing `out` for gemm2_sm90_finalize's accumulation (one launch)."""
         self._maps(b, fused=False, zero_out=b.out)
 
+    def prologue_three_step_routing(self, b: Batch) -> None:
+        """The routing (prepare_finalize's, the same arguments and outputs) inside the three-step prologue's first
+        launch (the plan's routing=prologue)."""
+        self._routed_three_step(b, zero_out=None)
+
+    def prologue_three_step_routing_zero_output(self, b: Batch) -> None:
+        """The three-step prologue that routes, also zeroing `out` for gemm2_sm90_finalize's accumulation."""
+        self._routed_three_step(b, zero_out=b.out)
+
+    def _routed_three_step(self, b: Batch, zero_out: torch.Tensor | None) -> None:
+        self.k.routing_prologue_three_step_routing(
+            b.logits, self.spec.top_k, **routing_args(self.spec, self.w, b),
+            permuted_to_unpermuted=b.v("permuted_to_unpermuted"), unpermuted_to_permuted=b.v("unpermuted_to_permuted"),
+            expert_first_token_offset=b.v("expert_offsets"), workspace=_opt(b, "prologue_workspace"),
+            zero_out=zero_out)
+
     def _maps(self, b: Batch, fused: bool, zero_out: torch.Tensor | None = None) -> None:
         maps = dict(permuted_to_unpermuted=b.v("permuted_to_unpermuted"),
                     unpermuted_to_permuted=b.v("unpermuted_to_permuted"),

@@ -19,9 +19,9 @@ from .batch import Batch
 
 
 def routing_args(spec: MoESpec, weights: MoEWeights, b: Batch) -> dict[str, Any]:
-    """The layer's routing (method, scores' correction bias, groups, scaling) and b's top-k outputs, as both routing
-    entry points take them (kernels.routing, and kernels.routing_prologue_fused_routing where the plan routes in the
-    fused prologue: runner/experts.py)."""
+    """The layer's routing (method, scores' correction bias, groups, scaling) and b's top-k outputs, as every entry
+    point that routes takes them (kernels.routing, and kernels.routing_prologue_fused_routing or
+    routing_prologue_three_step_routing where the plan routes in the prologue: runner/experts.py)."""
     r = spec.routing
     return dict(method=r.method.value, renormalize=r.renormalize, correction_bias=weights.correction_bias,
                 num_groups=r.num_groups, topk_groups=r.topk_groups, routed_scaling_factor=r.routed_scaling_factor,

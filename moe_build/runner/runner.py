@@ -155,6 +155,8 @@ class MoERunner:
             S.PROLOGUE_FUSED: ex.prologue_fused, S.PROLOGUE_FUSED_ROUTING: ex.prologue_fused_routing,
             S.PROLOGUE_THREE_STEP: ex.prologue_three_step,
             S.PROLOGUE_THREE_STEP_ZERO_OUTPUT: ex.prologue_three_step_zero_output,
+            S.PROLOGUE_THREE_STEP_ROUTING: ex.prologue_three_step_routing,
+            S.PROLOGUE_THREE_STEP_ROUTING_ZERO_OUTPUT: ex.prologue_three_step_routing_zero_output,
             S.EXPAND_ROWS: ex.expand_rows, S.EXPAND_ROWS_ZERO_OUTPUT: ex.expand_rows_zero_output,
             S.GEMM1_SM90: ex.gemm1_sm90, S.GEMM1_SM90_GATED: ex.gemm1_sm90_gated,
             S.GEMM1_SM80: ex.gemm1_sm80, S.GEMM1_SM80_ACT: ex.gemm1_sm80_act,

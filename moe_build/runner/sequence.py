@@ -29,7 +29,12 @@ PROLOGUE_THREE_STEP = "routing_prologue:three_step"  # mb_routing_prologue_three
 # the three-step prologue that also zeroes the output the fused finalize accumulates into (its zero_out):
 # extra blocks beside its latency-bound scan, instead of more writes in the bandwidth-bound expansion.
 PROLOGUE_THREE_STEP_ZERO_OUTPUT = "routing_prologue:three_step+zero_output"
-THREE_STEP_PROLOGUES = frozenset({PROLOGUE_THREE_STEP, PROLOGUE_THREE_STEP_ZERO_OUTPUT})  # need its workspace
+# mb_routing_prologue_three_step_routing (the plan's routing=prologue): the routing inside the three-step prologue's
+# first launch, without and with the zeroing
+PROLOGUE_THREE_STEP_ROUTING = "routing_prologue:three_step+routing"
+PROLOGUE_THREE_STEP_ROUTING_ZERO_OUTPUT = "routing_prologue:three_step+routing+zero_output"
+THREE_STEP_PROLOGUES = frozenset({PROLOGUE_THREE_STEP, PROLOGUE_THREE_STEP_ZERO_OUTPUT, PROLOGUE_THREE_STEP_ROUTING,
+                                  PROLOGUE_THREE_STEP_ROUTING_ZERO_OUTPUT})  # need its workspace
 EXPAND_ROWS = "expand_rows"            # mb_expand_rows
 # the expansion that also zeroes the output the fused finalize accumulates into (its zero_out): the same
 # expansion, with the zeroing folded in instead of a launch of its own.
@@ -285,8 +290,11 @@ def _prologue(c: dict[str, str]) -> tuple[list[str], bool]:
     expansion after it zeroes the output: a fused finalize adds into `out`, which the three-step prologue (extra
     blocks beside its scan) or else the expansion zeroes beforehand."""
     fused = c["finalize"] == "fused"
+    routes = c["routing"] == "prologue"
     if c["routing_prologue"] == "fused":
-        return [PROLOGUE_FUSED_ROUTING if c["routing"] == "prologue" else PROLOGUE_FUSED], fused
+        return [PROLOGUE_FUSED_ROUTING if routes else PROLOGUE_FUSED], fused
+    if routes:
+        return [PROLOGUE_THREE_STEP_ROUTING_ZERO_OUTPUT if fused else PROLOGUE_THREE_STEP_ROUTING], False
     return [PROLOGUE_THREE_STEP_ZERO_OUTPUT if fused else PROLOGUE_THREE_STEP], False
 
 

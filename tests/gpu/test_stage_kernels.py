@@ -190,9 +190,10 @@ def test_routing_many_experts(e: int, k: int) -> None:
     assert rel_err(w, ref_weights(logits.double(), ids, K.Routing.SOFTMAX_TOPK, True, 1.0)) < 1e-5
 
 
-@pytest.mark.parametrize("route", (K.routing, K.routing_prologue_fused_routing), ids=("routing", "in_prologue"))
+@pytest.mark.parametrize("route", (K.routing, K.routing_prologue_fused_routing, K.routing_prologue_three_step_routing),
+                         ids=("routing", "in_fused_prologue", "in_three_step_prologue"))
 def test_routing_rejects_bad_arguments(route) -> None:
-    """Both routing entry points (the routing kernel's and the fused prologue's that routes) check alike."""
+    """Every routing entry point (the routing kernel's and the two prologues' that route) checks alike."""
     logits = torch.randn(4, 8, device="cuda")
     with pytest.raises(K.KernelError, match="top_k") as err:
         route(logits, 9)
@@ -308,58 +309,86 @@ def test_routing_prologue_fused_unsupported(t: int, k: int, e: int) -> None:
     assert err.value.status is K.Status.UNSUPPORTED
 
 
-def run_fused_routing(logits: torch.Tensor, k: int, case: tuple, bias: torch.Tensor | None
-                      ) -> tuple[torch.Tensor, ...]:
-    """routing_prologue_fused_routing into poisoned outputs, every one checked written: (ids, weights, the maps)."""
+# The prologues that route: the fused one (T <= 256, K in {1, 2, 4, 6, 8}) and the three-step one (T * K <= 1024).
+ROUTED_PROLOGUES = {"fused": K.routing_prologue_fused_routing, "three_step": K.routing_prologue_three_step_routing}
+
+
+def run_routed_prologue(form: str, logits: torch.Tensor, k: int, case: tuple, bias: torch.Tensor | None,
+                        **extra) -> tuple[torch.Tensor, ...]:
+    """A prologue that routes (`form` of ROUTED_PROLOGUES) into poisoned outputs, every one checked written: (ids,
+    weights, the maps)."""
     method, renorm, groups, topk_groups, scale = case
     t, e = logits.shape
     ids, w = sentinel((t, k)), nan_like((t, k), torch.float32)
     ptu, utp, off = sentinel((t * k,)), sentinel((t * k,)), sentinel((e + 1,), torch.int64)
-    K.routing_prologue_fused_routing(logits, k, method, renorm, bias, groups, topk_groups, scale, topk_ids=ids,
-                                     topk_weights=w, permuted_to_unpermuted=ptu, unpermuted_to_permuted=utp,
-                                     expert_first_token_offset=off)
+    ROUTED_PROLOGUES[form](logits, k, method, renorm, bias, groups, topk_groups, scale, topk_ids=ids, topk_weights=w,
+                           permuted_to_unpermuted=ptu, unpermuted_to_permuted=utp, expert_first_token_offset=off,
+                           **extra)
     torch.cuda.synchronize()
     assert (ids != SENTINEL).all() and not torch.isnan(w).any(), "routing left outputs unwritten"
     assert (ptu != SENTINEL).all() and (utp != SENTINEL).all() and (off != SENTINEL).all(), "maps left unwritten"
     return ids, w, ptu, utp, off
 
 
+def check_routed_prologue(form: str, logits: torch.Tensor, k: int, case: tuple, bias: torch.Tensor | None,
+                          **extra) -> None:
+    """Its ids and weights against the fp64 reference, its maps against a stable sort of those ids, and both bit for
+    bit what the routing kernel and then the map build write."""
+    method, renorm, groups, topk_groups, scale = case
+    t, e = logits.shape
+    ids, w, ptu, utp, off = run_routed_prologue(form, logits, k, case, bias, **extra)
+    if t:
+        check_routing(logits, bias, ids, w, case, k)
+    r_ptu, r_utp, r_off = ref_maps(ids, e)
+    assert torch.equal(ptu.long(), r_ptu) and torch.equal(utp.long(), r_utp) and torch.equal(off, r_off), \
+        f"maps: t={t} e={e} k={k}"
+    if t:
+        two_ids, two_w = run_routing(logits, k, method, renorm, bias, groups, topk_groups, scale)
+        assert torch.equal(ids, two_ids) and torch.equal(w, two_w), f"t={t} e={e}: not the routing kernel's"
+
+
 @pytest.mark.parametrize("case", ROUTING_CASES, ids=lambda c: f"{c[0].name.lower()}-renorm{int(c[1])}-g{c[2]}")
-@pytest.mark.parametrize("k", (1, 2, 4, 6, 8))
-def test_routing_prologue_fused_routing(case: tuple, k: int) -> None:
-    """The fused prologue that routes: its ids and weights against the fp64 reference, its maps against a stable
-    sort of those ids, and both bit for bit what the routing kernel and then the fused map build write."""
+@pytest.mark.parametrize("form,k", [(f, k) for f in ROUTED_PROLOGUES for k in (1, 2, 3, 4, 6, 8)
+                                    if f == "three_step" or k != 3])  # the fused one refuses top-k 3
+def test_routing_prologue_that_routes(form: str, case: tuple, k: int) -> None:
+    """Each prologue that routes, over token counts to its limit (the three-step one's 1024 rows: 128 tokens of top-8),
+    expert counts and logit dtypes."""
     method, renorm, groups, topk_groups, scale = case
     for i, t in enumerate((0, 1, 16, 17, 64, 255, 256)):
+        if form == "three_step" and t * k > 1024:
+            t = 1024 // k
         e = (8, 64, 256, 510, 128, 33, 300)[(i + k) % 7]
         if groups > 1 and (e % groups or e // groups < 2):
             e = (64, 256)[i % 2]
         dtype = DTYPES[(i + k) % 3]
         logits = (torch.randn(t, e, device="cuda") * 2).to(dtype)
         bias = torch.randn(e, device="cuda") * 0.1 if method is K.Routing.SIGMOID_GROUPED else None
-        ids, w, ptu, utp, off = run_fused_routing(logits, k, case, bias)
-        if t:
-            check_routing(logits, bias, ids, w, case, k)
-        r_ptu, r_utp, r_off = ref_maps(ids, e)
-        assert torch.equal(ptu.long(), r_ptu) and torch.equal(utp.long(), r_utp) and torch.equal(off, r_off), \
-            f"maps: t={t} e={e} k={k}"
-        if t:
-            two_ids, two_w = run_routing(logits, k, method, renorm, bias, groups, topk_groups, scale)
-            assert torch.equal(ids, two_ids) and torch.equal(w, two_w), f"t={t} e={e}: not the routing kernel's"
+        check_routed_prologue(form, logits, k, case, bias)
 
 
-@pytest.mark.parametrize("e,groups,topk_groups", [(496, 248, 8), (64, 32, 4)])
-def test_routing_prologue_fused_routing_groups_on_fewer_warps(e: int, groups: int, topk_groups: int) -> None:
-    """Grouped selection whose per-warp scratch leaves the counters' 32 KB to 9 routing warps (496 experts in 248
-    groups): 256 tokens, each warp routing up to 29 in turn; and many small groups on all 16 warps."""
+@pytest.mark.parametrize("form,e,groups,topk_groups", [(f, *g) for f in ROUTED_PROLOGUES
+                                                        for g in [(496, 248, 8), (64, 32, 4), (1024, 512, 8)]
+                                                        if f == "three_step" or g[0] <= 510])  # fused: expert_log <= 9
+def test_routing_prologue_that_routes_groups_in_shared_memory(form: str, e: int, groups: int, topk_groups: int) -> None:
+    """Grouped selection's per-warp scratch: in the fused prologue it leaves the counters' 32 KB to 9 routing warps
+    (496 experts in 248 groups; 256 tokens, each warp routing up to 29 in turn); in the three-step one its 8 warps'
+    scratch passes the default 48 KB at 1024 experts in 512 groups (the opt-in; 128 tokens); many small groups."""
     case = (K.Routing.SIGMOID_GROUPED, True, groups, topk_groups, 1.5)
-    logits = torch.randn(256, e, device="cuda") * 2
-    bias = torch.randn(e, device="cuda") * 0.1
-    ids, w, ptu, utp, off = run_fused_routing(logits, 8, case, bias)
-    two_ids, two_w = run_routing(logits, 8, K.Routing.SIGMOID_GROUPED, True, bias, groups, topk_groups, 1.5)
-    assert torch.equal(ids, two_ids) and torch.equal(w, two_w)
-    r_ptu, r_utp, r_off = ref_maps(ids, e)
-    assert torch.equal(ptu.long(), r_ptu) and torch.equal(utp.long(), r_utp) and torch.equal(off, r_off)
+    t = 256 if form == "fused" else 128
+    logits = torch.randn(t, e, device="cuda") * 2
+    check_routed_prologue(form, logits, 8, case, torch.randn(e, device="cuda") * 0.1)
+
+
+@pytest.mark.parametrize("t,k,e", [(5, 3, 8), (1, 8, 128), (128, 8, 256), (0, 4, 64)])
+def test_routing_prologue_three_step_routing_zeroes_output(t: int, k: int, e: int) -> None:
+    """zero_out in the three-step prologue that routes: exactly its bytes zeroed (a view one element into a NaN
+    buffer), the routing and the maps unchanged."""
+    h = 100
+    whole = nan_like((t * h + 10,), torch.bfloat16)
+    z = whole[1:1 + t * h].view(t, h)
+    check_routed_prologue("three_step", torch.randn(t, e, device="cuda"), k, ROUTING_CASES[1], None, zero_out=z)
+    assert (z == 0).all(), "zero_out not fully zeroed"
+    assert torch.cat([whole[:1], whole[1 + t * h:]]).isnan().all(), "bytes outside zero_out were written"
 
 
 @pytest.mark.parametrize("t,k,e", [(257, 2, 8), (16, 3, 8), (16, 5, 64), (16, 2, 511)])
@@ -368,6 +397,13 @@ def test_routing_prologue_fused_routing_unsupported(t: int, k: int, e: int) -> N
         K.routing_prologue_fused_routing(torch.randn(t, e, device="cuda"), k)
     assert err.value.status is K.Status.UNSUPPORTED
 
+
+@pytest.mark.parametrize("t,k,e", [(129, 8, 64), (1025, 1, 8)])
+def test_routing_prologue_three_step_routing_unsupported(t: int, k: int, e: int) -> None:
+    """Past the one block's 1024 rows."""
+    with pytest.raises(K.KernelError, match="1024") as err:
+        K.routing_prologue_three_step_routing(torch.randn(t, e, device="cuda"), k)
+    assert err.value.status is K.Status.UNSUPPORTED
 
 
 # ---- expand rows ------------------------------------------------------------------------------

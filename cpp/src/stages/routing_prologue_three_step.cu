@@ -15,9 +15,13 @@
 // zero_out (the [T, H] output that GEMM2's finalize epilogue accumulates into) is zeroed by extra blocks
 // of the scan + scatter launch, which otherwise fills only a fraction of the SMs with latency-bound
 // scans, rather than by the bandwidth-bound expansion.
+// The form that routes (mb_routing_prologue_three_step_routing, the plan's routing=prologue): its first launch is
+// one block that routes the tokens a warp each (stages/route_token.cuh, mb_routing's code), keeps their ids in shared
+// memory and counts them as the histogram's one tile; the scan + scatter launch follows as above. One launch and one
+// wait on the chain fewer than the routing kernel, then the histogram; one tile (T*K <= kMinTile rows) only.
 #include <algorithm>
 
-#include "common/common.cuh"
+#include "stages/route_token.cuh"
 
 namespace {
 
@@ -57,6 +61,34 @@ histogram_kernel(const int32_t* __restrict__ ids, int64_t n, int64_t tile, int E
   __syncthreads();
   int32_t* out = counts + static_cast<int64_t>(blockIdx.x) * (E + 1);
   for (int x = threadIdx.x; x <= E; x += blockDim.x) out[x] = hist[x];
+}
+
+// Routes the T tokens (warp w: tokens w, w + routing_warps, ...; kGrouped: each warp's scratch first in shared
+// memory), then counts the ids it kept into counts[0][E+1], the histogram of the call's one tile.
+template <typename T, int SLOTS, bool kGrouped>
+__global__ void __launch_bounds__(kHistThreads)
+routed_histogram_kernel(const T* __restrict__ logits, const float* __restrict__ bias, int num_tokens, int E, int K,
+                        int method, int renormalize, int num_groups, int topk_groups, float scale, int routing_warps,
+                        int32_t* __restrict__ topk_ids, float* __restrict__ topk_weights,
+                        int32_t* __restrict__ counts) {
+  extern __shared__ __align__(16) unsigned char smem_bytes[];  // [scratch per routing warp] [kept ids, T*K] [E+1]
+  const int warp = threadIdx.x / 32, n = num_tokens * K;
+  const int scratch_bytes = kGrouped ? mb::routing_group_scratch_bytes(E, num_groups) : 0;
+  int32_t* kept = reinterpret_cast<int32_t*>(smem_bytes + routing_warps * scratch_bytes);
+  int* hist = kept + n;
+  for (int x = threadIdx.x; x <= E; x += blockDim.x) hist[x] = 0;
+  mb::chain_start();
+  if (warp < routing_warps) {
+    for (int t = warp; t < num_tokens; t += routing_warps) {
+      mb::route_token<T, SLOTS, kGrouped, true>(logits + static_cast<int64_t>(t) * E, bias, E, K, method,
+                                                renormalize, num_groups, topk_groups, scale, topk_ids + t * K,
+                                                topk_weights + t * K, smem_bytes + warp * scratch_bytes, kept + t * K);
+    }
+  }
+  __syncthreads();  // every id kept, the counters zeroed
+  for (int i = threadIdx.x; i < n; i += blockDim.x) atomicAdd(&hist[expert_key(kept[i], E)], 1);
+  __syncthreads();
+  for (int x = threadIdx.x; x <= E; x += blockDim.x) counts[x] = hist[x];
 }
 
 // Zero block z of `zero_blocks` sets its share of [zero_out, zero_out + zero_bytes) to zero: 16-byte
@@ -191,6 +223,51 @@ size_t workspace_bytes_up_to(int64_t n, int num_experts) {
   return static_cast<size_t>(tiles) * (num_experts + 1) * sizeof(int32_t);
 }
 
+// The scan + scatter launch of both forms (counts: the histogram of each of t's tiles in the workspace), with the
+// blocks past the tiles zeroing zero_out.
+mb_status launch_scan_scatter(const char* who, const int32_t* topk_ids, int64_t n, const Tiling& t, int num_experts,
+                              const int32_t* counts, int32_t* permuted_to_unpermuted,
+                              int32_t* unpermuted_to_permuted, int64_t* expert_first_token_offset, void* zero_out,
+                              size_t zero_bytes, cudaStream_t stream) {
+  const int warps = warps_for(num_experts);
+  const size_t smem = (2 + static_cast<size_t>(warps)) * (num_experts + 1) * sizeof(int);
+  if (smem > 48 * 1024) {  // past the default dynamic limit (many experts): opt in, once per call
+    const cudaError_t err = cudaFuncSetAttribute(scan_scatter_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 static_cast<int>(smem));
+    if (err != cudaSuccess) return mb::fail(MB_ERR_CUDA, "%s: shared memory %zu bytes: %s", who, smem,
+                                            cudaGetErrorString(err));
+  }
+  // One block even with no rows: block 0 writes the (all-zero) offsets. Zero blocks: 8 16-byte stores
+  // per thread, at most kMaxZeroBlocks.
+  const int64_t scan_blocks = t.num_tiles > 0 ? t.num_tiles : 1;
+  const int64_t per_zero_block = static_cast<int64_t>(32 * warps) * 16 * 8;
+  const int64_t zero_blocks =
+      std::min<int64_t>((static_cast<int64_t>(zero_bytes) + per_zero_block - 1) / per_zero_block, kMaxZeroBlocks);
+  const int rounds = static_cast<int>(t.tile / (32 * warps));
+  return mb::check_launch("scan_scatter_kernel", mb::launch_after_trigger_smem(
+      scan_scatter_kernel, dim3(static_cast<unsigned>(scan_blocks + zero_blocks)), dim3(32 * warps), smem, stream, true,
+      topk_ids, n, t.tile, rounds, static_cast<int>(t.num_tiles), num_experts, counts, expert_first_token_offset,
+      permuted_to_unpermuted, unpermuted_to_permuted, static_cast<unsigned char*>(zero_out),
+      static_cast<int64_t>(zero_bytes)));
+}
+
+// What both forms check of the maps, the workspace and zero_out for n = T*K rows.
+mb_status check_map_args(const char* who, int64_t n, int num_experts, int32_t* permuted_to_unpermuted,
+                         int32_t* unpermuted_to_permuted, int64_t* expert_first_token_offset, void* workspace,
+                         size_t workspace_bytes, void* zero_out, size_t zero_bytes) {
+  MB_REQUIRE(n <= INT32_MAX, "%s: num_tokens*top_k=%lld exceeds the int32 row maps", who, static_cast<long long>(n));
+  if (num_experts > kMaxExperts) {
+    return mb::fail(MB_ERR_UNSUPPORTED, "%s: num_experts=%d exceeds this kernel's %d", who, num_experts, kMaxExperts);
+  }
+  const size_t need = workspace_bytes_for(n, num_experts);
+  MB_REQUIRE(workspace_bytes >= need, "%s: workspace_bytes=%zu, need %zu", who, workspace_bytes, need);
+  MB_REQUIRE(expert_first_token_offset, "%s: expert_first_token_offset must be non-NULL", who);
+  MB_REQUIRE(n == 0 || (permuted_to_unpermuted && unpermuted_to_permuted && workspace),
+             "%s: both maps and workspace must be non-NULL", who);
+  MB_REQUIRE(zero_out || zero_bytes == 0, "%s: zero_out must be non-NULL when zero_bytes (%zu) > 0", who, zero_bytes);
+  return MB_OK;
+}
+
 }  // namespace
 
 extern "C" size_t mb_routing_prologue_three_step_workspace(int num_tokens, int top_k, int num_experts) {
@@ -209,18 +286,10 @@ extern "C" mb_status mb_routing_prologue_three_step(const int32_t* topk_ids, int
   MB_REQUIRE(top_k >= 1, "%s: top_k must be >= 1, got %d", who, top_k);
   MB_REQUIRE(num_experts >= 1, "%s: num_experts must be >= 1, got %d", who, num_experts);
   const int64_t n = static_cast<int64_t>(num_tokens) * top_k;
-  MB_REQUIRE(n <= INT32_MAX, "%s: num_tokens*top_k=%lld exceeds the int32 row maps", who, static_cast<long long>(n));
-  if (num_experts > kMaxExperts) {
-    return mb::fail(MB_ERR_UNSUPPORTED, "%s: num_experts=%d exceeds this kernel's %d", who, num_experts, kMaxExperts);
-  }
+  MB_TRY(check_map_args(who, n, num_experts, permuted_to_unpermuted, unpermuted_to_permuted, expert_first_token_offset,
+                        workspace, workspace_bytes, zero_out, zero_bytes));
+  MB_REQUIRE(n == 0 || topk_ids, "%s: topk_ids must be non-NULL", who);
   const Tiling t = tiling_for(n);
-  const size_t need = workspace_bytes_for(n, num_experts);
-  MB_REQUIRE(workspace_bytes >= need, "%s: workspace_bytes=%zu, need %zu", who, workspace_bytes, need);
-  MB_REQUIRE(expert_first_token_offset, "%s: expert_first_token_offset must be non-NULL", who);
-  MB_REQUIRE(n == 0 || (topk_ids && permuted_to_unpermuted && unpermuted_to_permuted && workspace),
-             "%s: topk_ids, both maps and workspace must be non-NULL", who);
-  MB_REQUIRE(zero_out || zero_bytes == 0, "%s: zero_out must be non-NULL when zero_bytes (%zu) > 0", who, zero_bytes);
-
   int32_t* counts = static_cast<int32_t*>(workspace);
   const size_t hist_smem = (static_cast<size_t>(num_experts) + 1) * sizeof(int);
   if (t.num_tiles > 0) {
@@ -229,24 +298,53 @@ extern "C" mb_status mb_routing_prologue_three_step(const int32_t* topk_ids, int
                                                     dim3(kHistThreads), hist_smem, stream, true, topk_ids, n, t.tile,
                                                     num_experts, counts)));
   }
-  const int warps = warps_for(num_experts);
-  const size_t smem = (2 + static_cast<size_t>(warps)) * (num_experts + 1) * sizeof(int);
-  if (smem > 48 * 1024) {  // past the default dynamic limit (many experts): opt in, once per call
-    const cudaError_t err = cudaFuncSetAttribute(scan_scatter_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 static_cast<int>(smem));
-    if (err != cudaSuccess) return mb::fail(MB_ERR_CUDA, "%s: shared memory %zu bytes: %s", who, smem,
-                                            cudaGetErrorString(err));
+  return launch_scan_scatter(who, topk_ids, n, t, num_experts, counts, permuted_to_unpermuted, unpermuted_to_permuted,
+                             expert_first_token_offset, zero_out, zero_bytes, stream);
+}
+
+extern "C" mb_status mb_routing_prologue_three_step_routing(
+    const void* logits, int dtype, const float* correction_bias, int num_tokens, int num_experts, int top_k,
+    int method, int renormalize, int num_groups, int topk_groups, float routed_scaling_factor, int32_t* topk_ids,
+    float* topk_weights, int32_t* permuted_to_unpermuted, int32_t* unpermuted_to_permuted,
+    int64_t* expert_first_token_offset, void* workspace, size_t workspace_bytes, void* zero_out, size_t zero_bytes,
+    cudaStream_t stream) {
+  const char* who = "mb_routing_prologue_three_step_routing";
+  MB_TRY(mb::check_routing_args(who, correction_bias, num_tokens, num_experts, top_k, method, num_groups,
+                                topk_groups, routed_scaling_factor));
+  const int64_t n = static_cast<int64_t>(num_tokens) * top_k;
+  MB_TRY(check_map_args(who, n, num_experts, permuted_to_unpermuted, unpermuted_to_permuted, expert_first_token_offset,
+                        workspace, workspace_bytes, zero_out, zero_bytes));
+  MB_REQUIRE(num_tokens == 0 || (logits && topk_ids && topk_weights),
+             "%s: logits, topk_ids and topk_weights must be non-NULL", who);
+  if (n > kMinTile) {
+    return mb::fail(MB_ERR_UNSUPPORTED, "%s: num_tokens*top_k=%lld exceeds the one block's %lld rows", who,
+                    static_cast<long long>(n), static_cast<long long>(kMinTile));
   }
-  // One block even with no rows: block 0 writes the (all-zero) offsets. Zero blocks: 8 16-byte stores
-  // per thread, at most kMaxZeroBlocks.
-  const int64_t scan_blocks = t.num_tiles > 0 ? t.num_tiles : 1;
-  const int64_t per_zero_block = static_cast<int64_t>(32 * warps) * 16 * 8;
-  const int64_t zero_blocks =
-      std::min<int64_t>((static_cast<int64_t>(zero_bytes) + per_zero_block - 1) / per_zero_block, kMaxZeroBlocks);
-  const int rounds = static_cast<int>(t.tile / (32 * warps));
-  return mb::check_launch("scan_scatter_kernel", mb::launch_after_trigger_smem(
-      scan_scatter_kernel, dim3(static_cast<unsigned>(scan_blocks + zero_blocks)), dim3(32 * warps), smem, stream, true,
-      topk_ids, n, t.tile, rounds, static_cast<int>(t.num_tiles), num_experts, static_cast<const int32_t*>(counts),
-      expert_first_token_offset, permuted_to_unpermuted, unpermuted_to_permuted, static_cast<unsigned char*>(zero_out),
-      static_cast<int64_t>(zero_bytes)));
+  const Tiling t = tiling_for(n);
+  int32_t* counts = static_cast<int32_t*>(workspace);
+  if (t.num_tiles > 0) {
+    const bool grouped = method == MB_SIGMOID_GROUPED && num_groups > 1;
+    const int routing_warps = kHistThreads / 32;
+    const size_t scratch = grouped ? mb::routing_group_scratch_bytes(num_experts, num_groups) : 0;
+    const size_t smem = routing_warps * scratch + (static_cast<size_t>(n) + num_experts + 1) * sizeof(int);
+    MB_TRY(mb::dispatch_dtype(dtype, who, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      return mb::dispatch_routing_slots<mb::kRoutingMaxExperts / 32>(num_experts, [&](auto slots_const) {
+        constexpr int SLOTS = decltype(slots_const)::value;
+        const auto kernel = grouped ? routed_histogram_kernel<T, SLOTS, true> : routed_histogram_kernel<T, SLOTS, false>;
+        if (smem > 48 * 1024) {  // many experts in groups: opt in, once per call
+          const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                       static_cast<int>(smem));
+          if (err != cudaSuccess) return mb::fail(MB_ERR_CUDA, "%s: shared memory %zu bytes: %s", who, smem,
+                                                  cudaGetErrorString(err));
+        }
+        return mb::check_launch("routed_histogram_kernel", mb::launch_after_trigger_smem(
+            kernel, dim3(1), dim3(kHistThreads), smem, stream, true, static_cast<const T*>(logits), correction_bias,
+            num_tokens, num_experts, top_k, method, renormalize, grouped ? num_groups : 1, topk_groups,
+            routed_scaling_factor, routing_warps, topk_ids, topk_weights, counts));
+      });
+    }));
+  }
+  return launch_scan_scatter(who, topk_ids, n, t, num_experts, counts, permuted_to_unpermuted, unpermuted_to_permuted,
+                             expert_first_token_offset, zero_out, zero_bytes, stream);
 }

@@ -28,7 +28,7 @@ def routing(logits: torch.Tensor, top_k: int, method: int | str | Routing = Rout
 def _routing_args(logits: torch.Tensor, top_k: int, method: int | str | Routing, correction_bias: torch.Tensor | None,
                   topk_ids: torch.Tensor | None, topk_weights: torch.Tensor | None
                   ) -> tuple[int, torch.Tensor, torch.Tensor]:
-    """The routing's checked tensors, as both routing entry points take them: (method code, topk_ids, topk_weights)."""
+    """The routing's checked tensors, as every entry point that routes takes them: (method code, topk_ids, topk_weights)."""
     _check(logits, "logits", (None, None))
     dev = logits.device
     t, e = logits.shape
@@ -109,6 +109,34 @@ def routing_prologue_three_step(topk_ids: torch.Tensor, num_experts: int,
     call("mb_routing_prologue_three_step", topk_ids.data_ptr(), t, k, num_experts, ptu.data_ptr(), utp.data_ptr(),
           off.data_ptr(), ws, ws_bytes, _ptr(zero_out), zero_bytes, _stream(stream, topk_ids.device))
     return ptu, utp, off
+
+
+def routing_prologue_three_step_routing(logits: torch.Tensor, top_k: int,
+                                        method: int | str | Routing = Routing.SOFTMAX_TOPK, renormalize: bool = False,
+                                        correction_bias: torch.Tensor | None = None, num_groups: int = 1,
+                                        topk_groups: int = 1, routed_scaling_factor: float = 1.0,
+                                        topk_ids: torch.Tensor | None = None, topk_weights: torch.Tensor | None = None,
+                                        permuted_to_unpermuted: torch.Tensor | None = None,
+                                        unpermuted_to_permuted: torch.Tensor | None = None,
+                                        expert_first_token_offset: torch.Tensor | None = None,
+                                        workspace: torch.Tensor | None = None, zero_out: torch.Tensor | None = None,
+                                        stream: int | torch.cuda.Stream | None = None
+                                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`routing` then `routing_prologue_three_step` in two launches rather than three (the first routes and counts):
+    logits [T, E] -> (topk_ids, topk_weights, and the three maps over the E experts), the same values as the two calls;
+    KernelError(UNSUPPORTED) past T * top_k = 1024 rows (one block routes)."""
+    m, ids, w = _routing_args(logits, top_k, method, correction_bias, topk_ids, topk_weights)
+    t, e = logits.shape
+    ptu, utp, off = _map_outputs(ids, e, permuted_to_unpermuted, unpermuted_to_permuted, expert_first_token_offset)
+    ws, ws_bytes = _workspace(workspace, lambda: three_step_workspace_bytes(t, top_k, e), logits.device)
+    if zero_out is not None:
+        _check(zero_out, "zero_out", device=logits.device)
+    zero_bytes = zero_out.numel() * zero_out.element_size() if zero_out is not None else 0
+    call("mb_routing_prologue_three_step_routing", logits.data_ptr(), _dtype_code(logits, "logits"),
+         _ptr(correction_bias), t, e, top_k, m, int(bool(renormalize)), num_groups, topk_groups, routed_scaling_factor,
+         ids.data_ptr(), w.data_ptr(), ptu.data_ptr(), utp.data_ptr(), off.data_ptr(), ws, ws_bytes, _ptr(zero_out),
+         zero_bytes, _stream(stream, logits.device))
+    return ids, w, ptu, utp, off
 
 
 def scale_columns(x: torch.Tensor, scale: torch.Tensor, out: torch.Tensor | None = None,
