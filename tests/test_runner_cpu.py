@@ -189,7 +189,8 @@ def test_top_k_outside_fused_prologue_set_always_three_step() -> None:
     assert kernel_sequence(plan, 1, "logits")[0] == "routing_prologue:three_step+routing+zero_output"
     for tokens in (16, 300):
         steps = kernel_sequence(plan, tokens)
-        assert steps[1] == "routing" and steps[2].startswith("routing_prologue:three_step") and "+routing" not in steps[2]
+        assert steps[1] == "routing" and steps[2].startswith("routing_prologue:three_step")
+        assert "+routing" not in steps[2]
 
 
 def test_routing_inputs_skip_router_gemm_and_routing() -> None:

@@ -11,7 +11,8 @@ from .ops import (ep_combine, ep_layout, ep_local_ids, ep_nccl_all_gather, ep_nc
                   grouped_gemm_woq_sm90, grouped_gemm_woq_sm90_gated, grouped_gemm_woq_sm90_finalize,
                   grouped_gemm_woq_sm90_workspace_bytes, new_gemm_placement,
                   routing, scale_columns, token_digits, expand_rows_digits, fc1_activation_digits, woq_dequantize,
-                  routing_prologue_fused, routing_prologue_fused_routing, routing_prologue_three_step, routing_prologue_three_step_routing, tactic_struct,
+                  routing_prologue_fused, routing_prologue_fused_routing, routing_prologue_three_step,
+                  routing_prologue_three_step_routing, tactic_struct,
                   three_step_workspace_bytes,
                   trusted_tensors)
 
@@ -26,6 +27,7 @@ __all__ = ["SIGNATURES", "Activation", "DType", "Fp8Accumulation", "Fp8Scaling",
            "grouped_gemm_woq_sm90", "grouped_gemm_woq_sm90_gated", "grouped_gemm_woq_sm90_finalize",
            "grouped_gemm_woq_sm90_workspace_bytes", "new_gemm_placement",
            "routing", "scale_columns", "token_digits", "expand_rows_digits", "fc1_activation_digits", "woq_dequantize",
-           "routing_prologue_fused", "routing_prologue_fused_routing", "routing_prologue_three_step", "routing_prologue_three_step_routing", "tactic_struct",
+           "routing_prologue_fused", "routing_prologue_fused_routing", "routing_prologue_three_step",
+           "routing_prologue_three_step_routing", "tactic_struct",
            "three_step_workspace_bytes",
            "trusted_tensors"]

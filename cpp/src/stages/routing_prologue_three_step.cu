@@ -331,7 +331,8 @@ extern "C" mb_status mb_routing_prologue_three_step_routing(
       using T = typename decltype(tag)::type;
       return mb::dispatch_routing_slots<mb::kRoutingMaxExperts / 32>(num_experts, [&](auto slots_const) {
         constexpr int SLOTS = decltype(slots_const)::value;
-        const auto kernel = grouped ? routed_histogram_kernel<T, SLOTS, true> : routed_histogram_kernel<T, SLOTS, false>;
+        const auto kernel =
+            grouped ? routed_histogram_kernel<T, SLOTS, true> : routed_histogram_kernel<T, SLOTS, false>;
         if (smem > 48 * 1024) {  // many experts in groups: opt in, once per call
           const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                        static_cast<int>(smem));

@@ -4,7 +4,8 @@ entry point raises `KernelError` (library.call)."""
 from .args import trusted_tensors
 from .stages import (expand_rows, fc1_activation, finalize, routing, routing_prologue_fused,
                      routing_prologue_fused_routing,
-                     routing_prologue_three_step, routing_prologue_three_step_routing, scale_columns, three_step_workspace_bytes)
+                     routing_prologue_three_step, routing_prologue_three_step_routing, scale_columns,
+                     three_step_workspace_bytes)
 from .ep import (ep_combine, ep_layout, ep_local_ids, ep_nccl_all_gather, ep_nccl_exchange, ep_nccl_reduce_scatter, ep_pack_send, ep_nvlink_combine, ep_nvlink_dispatch,
                  ep_nvlink_gather, ep_nvlink_return,
                  ep_nvlink_wait, ep_permute_layout, ep_permute_rows, layout_block_counts)
@@ -20,7 +21,8 @@ from .woq import (grouped_gemm_woq, grouped_gemm_woq_finalize, grouped_gemm_woq_
 
 __all__ = ["trusted_tensors", "expand_rows", "fc1_activation", "finalize", "routing", "routing_prologue_fused",
            "routing_prologue_fused_routing",
-           "routing_prologue_three_step", "routing_prologue_three_step_routing", "scale_columns", "three_step_workspace_bytes", "ep_combine", "ep_layout",
+           "routing_prologue_three_step", "routing_prologue_three_step_routing", "scale_columns",
+           "three_step_workspace_bytes", "ep_combine", "ep_layout",
            "ep_local_ids", "ep_nccl_all_gather", "ep_nccl_exchange", "ep_nccl_reduce_scatter", "ep_pack_send", "ep_nvlink_combine", "ep_nvlink_dispatch", "ep_nvlink_gather", "ep_nvlink_return", "ep_nvlink_wait",
            "ep_permute_layout", "ep_permute_rows", "layout_block_counts", "gemm_placement_ints", "grouped_gemm_sm80",
            "grouped_gemm_sm80_workspace_bytes", "grouped_gemm_sm90", "grouped_gemm_sm90_finalize",

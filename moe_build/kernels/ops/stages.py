@@ -28,7 +28,8 @@ def routing(logits: torch.Tensor, top_k: int, method: int | str | Routing = Rout
 def _routing_args(logits: torch.Tensor, top_k: int, method: int | str | Routing, correction_bias: torch.Tensor | None,
                   topk_ids: torch.Tensor | None, topk_weights: torch.Tensor | None
                   ) -> tuple[int, torch.Tensor, torch.Tensor]:
-    """The routing's checked tensors, as every entry point that routes takes them: (method code, topk_ids, topk_weights)."""
+    """The routing's checked tensors, as every entry point that routes takes them: (method code, topk_ids,
+    topk_weights)."""
     _check(logits, "logits", (None, None))
     dev = logits.device
     t, e = logits.shape
@@ -111,17 +112,15 @@ def routing_prologue_three_step(topk_ids: torch.Tensor, num_experts: int,
     return ptu, utp, off
 
 
-def routing_prologue_three_step_routing(logits: torch.Tensor, top_k: int,
-                                        method: int | str | Routing = Routing.SOFTMAX_TOPK, renormalize: bool = False,
-                                        correction_bias: torch.Tensor | None = None, num_groups: int = 1,
-                                        topk_groups: int = 1, routed_scaling_factor: float = 1.0,
-                                        topk_ids: torch.Tensor | None = None, topk_weights: torch.Tensor | None = None,
-                                        permuted_to_unpermuted: torch.Tensor | None = None,
-                                        unpermuted_to_permuted: torch.Tensor | None = None,
-                                        expert_first_token_offset: torch.Tensor | None = None,
-                                        workspace: torch.Tensor | None = None, zero_out: torch.Tensor | None = None,
-                                        stream: int | torch.cuda.Stream | None = None
-                                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def routing_prologue_three_step_routing(
+        logits: torch.Tensor, top_k: int, method: int | str | Routing = Routing.SOFTMAX_TOPK,
+        renormalize: bool = False, correction_bias: torch.Tensor | None = None, num_groups: int = 1,
+        topk_groups: int = 1, routed_scaling_factor: float = 1.0, topk_ids: torch.Tensor | None = None,
+        topk_weights: torch.Tensor | None = None, permuted_to_unpermuted: torch.Tensor | None = None,
+        unpermuted_to_permuted: torch.Tensor | None = None, expert_first_token_offset: torch.Tensor | None = None,
+        workspace: torch.Tensor | None = None, zero_out: torch.Tensor | None = None,
+        stream: int | torch.cuda.Stream | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """`routing` then `routing_prologue_three_step` in two launches rather than three (the first routes and counts):
     logits [T, E] -> (topk_ids, topk_weights, and the three maps over the E experts), the same values as the two calls;
     KernelError(UNSUPPORTED) past T * top_k = 1024 rows (one block routes)."""
