@@ -9,9 +9,9 @@
 #          hold every pair of parameter values (about 3,200 of 8,500), "all" every combination
 #   tests_split  the single-GPU tests (GPU_TESTS, default every tests/gpu/test_*.py but the multi-GPU
 #          test_expert_parallel.py, and the README's Python example) in WORKERS_PER_GPU (default 4) pytest
-#          processes a GPU side by side, each taking every P-th test (pytest --shard, P processes in all) with
-#          OMP_NUM_THREADS = cores / P (without it their fp64 references, on the CPU, slowed each other many times
-#          over); GPU_CASES as for tests; logs gpu_tests_split_<process>.log
+#          processes a GPU side by side, each taking every P-th test (pytest --shard, P processes in all), whose
+#          torch threads tests/conftest.py sets to cores / P (without it their fp64 references, on the CPU, slowed
+#          each other many times over); GPU_CASES as for tests; logs gpu_tests_split_<process>.log
 #   bench  moe-build bench: the four bench shapes at 1/16/256/4096 tokens, ours and its forced-off variants
 #          beside the peers and the floor (BENCH_ARGS adds or overrides options)
 #   sweep  moe-build bench --sweep: the default plan at a dense set of token counts from 1 to 8192
@@ -85,9 +85,8 @@ if has tests_split; then
   files=(${GPU_TESTS:-$(ls tests/gpu/test_*.py | grep -v test_expert_parallel.py) $README_EXAMPLE})
   t0=$SECONDS
   for p in $(seq 0 $((processes - 1))); do
-    CUDA_VISIBLE_DEVICES=$((p % gpus)) OMP_NUM_THREADS=$(( $(nproc) / processes > 0 ? $(nproc) / processes : 1 )) \
-      timeout "${TESTS_S:-240}" "$PY" -m pytest -q -rs -p no:cacheprovider "${files[@]}" \
-      --gpu-cases="${GPU_CASES:-pairs}" --shard="$p/$processes" > "$RESULTS/gpu_tests_split_$p.log" 2>&1 &
+    CUDA_VISIBLE_DEVICES=$((p % gpus)) timeout "${TESTS_S:-240}" "$PY" -m pytest -q -rs -p no:cacheprovider \
+      "${files[@]}" --gpu-cases="${GPU_CASES:-pairs}" --shard="$p/$processes" > "$RESULTS/gpu_tests_split_$p.log" 2>&1 &
   done
   wait
   for log in "$RESULTS"/gpu_tests_split_*.log; do

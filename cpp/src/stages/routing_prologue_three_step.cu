@@ -223,6 +223,17 @@ size_t workspace_bytes_up_to(int64_t n, int num_experts) {
   return static_cast<size_t>(tiles) * (num_experts + 1) * sizeof(int32_t);
 }
 
+// Past the default 48 KB of dynamic shared memory a kernel must be allowed more (many experts): once per call.
+template <typename Kernel>
+mb_status allow_smem(Kernel kernel, size_t smem, const char* who) {
+  if (smem <= 48 * 1024) return MB_OK;
+  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(smem));
+  if (err != cudaSuccess) return mb::fail(MB_ERR_CUDA, "%s: shared memory %zu bytes: %s", who, smem,
+                                          cudaGetErrorString(err));
+  return MB_OK;
+}
+
 // The scan + scatter launch of both forms (counts: the histogram of each of t's tiles in the workspace), with the
 // blocks past the tiles zeroing zero_out.
 mb_status launch_scan_scatter(const char* who, const int32_t* topk_ids, int64_t n, const Tiling& t, int num_experts,
@@ -231,12 +242,7 @@ mb_status launch_scan_scatter(const char* who, const int32_t* topk_ids, int64_t 
                               size_t zero_bytes, cudaStream_t stream) {
   const int warps = warps_for(num_experts);
   const size_t smem = (2 + static_cast<size_t>(warps)) * (num_experts + 1) * sizeof(int);
-  if (smem > 48 * 1024) {  // past the default dynamic limit (many experts): opt in, once per call
-    const cudaError_t err = cudaFuncSetAttribute(scan_scatter_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 static_cast<int>(smem));
-    if (err != cudaSuccess) return mb::fail(MB_ERR_CUDA, "%s: shared memory %zu bytes: %s", who, smem,
-                                            cudaGetErrorString(err));
-  }
+  MB_TRY(allow_smem(scan_scatter_kernel, smem, who));
   // One block even with no rows: block 0 writes the (all-zero) offsets. Zero blocks: 8 16-byte stores
   // per thread, at most kMaxZeroBlocks.
   const int64_t scan_blocks = t.num_tiles > 0 ? t.num_tiles : 1;
@@ -333,12 +339,7 @@ extern "C" mb_status mb_routing_prologue_three_step_routing(
         constexpr int SLOTS = decltype(slots_const)::value;
         const auto kernel =
             grouped ? routed_histogram_kernel<T, SLOTS, true> : routed_histogram_kernel<T, SLOTS, false>;
-        if (smem > 48 * 1024) {  // many experts in groups: opt in, once per call
-          const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                       static_cast<int>(smem));
-          if (err != cudaSuccess) return mb::fail(MB_ERR_CUDA, "%s: shared memory %zu bytes: %s", who, smem,
-                                                  cudaGetErrorString(err));
-        }
+        MB_TRY(allow_smem(kernel, smem, who));  // many experts in groups
         return mb::check_launch("routed_histogram_kernel", mb::launch_after_trigger_smem(
             kernel, dim3(1), dim3(kHistThreads), smem, stream, true, static_cast<const T*>(logits), correction_bias,
             num_tokens, num_experts, top_k, method, renormalize, grouped ? num_groups : 1, topk_groups,

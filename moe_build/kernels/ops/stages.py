@@ -51,6 +51,14 @@ def _map_outputs(topk_ids: torch.Tensor, num_experts: int, ptu: torch.Tensor | N
             _out(off, "expert_first_token_offset", (num_experts + 1,), torch.int64, dev))
 
 
+def _zeroed(zero_out: torch.Tensor | None, dev: torch.device) -> tuple[int | None, int]:
+    """(pointer, bytes) of the three-step prologue's `zero_out` (any contiguous tensor on `dev`), or (NULL, 0)."""
+    if zero_out is None:
+        return None, 0
+    _check(zero_out, "zero_out", device=dev)
+    return _ptr(zero_out), zero_out.numel() * zero_out.element_size()
+
+
 def three_step_workspace_bytes(num_tokens: int, top_k: int, num_experts: int) -> int:
     return int(load_library().mb_routing_prologue_three_step_workspace(num_tokens, top_k, num_experts))
 
@@ -104,11 +112,8 @@ def routing_prologue_three_step(topk_ids: torch.Tensor, num_experts: int,
                                  expert_first_token_offset)
     t, k = topk_ids.shape
     ws, ws_bytes = _workspace(workspace, lambda: three_step_workspace_bytes(t, k, num_experts), topk_ids.device)
-    if zero_out is not None:
-        _check(zero_out, "zero_out", device=topk_ids.device)
-    zero_bytes = zero_out.numel() * zero_out.element_size() if zero_out is not None else 0
     call("mb_routing_prologue_three_step", topk_ids.data_ptr(), t, k, num_experts, ptu.data_ptr(), utp.data_ptr(),
-          off.data_ptr(), ws, ws_bytes, _ptr(zero_out), zero_bytes, _stream(stream, topk_ids.device))
+          off.data_ptr(), ws, ws_bytes, *_zeroed(zero_out, topk_ids.device), _stream(stream, topk_ids.device))
     return ptu, utp, off
 
 
@@ -128,13 +133,10 @@ def routing_prologue_three_step_routing(
     t, e = logits.shape
     ptu, utp, off = _map_outputs(ids, e, permuted_to_unpermuted, unpermuted_to_permuted, expert_first_token_offset)
     ws, ws_bytes = _workspace(workspace, lambda: three_step_workspace_bytes(t, top_k, e), logits.device)
-    if zero_out is not None:
-        _check(zero_out, "zero_out", device=logits.device)
-    zero_bytes = zero_out.numel() * zero_out.element_size() if zero_out is not None else 0
     call("mb_routing_prologue_three_step_routing", logits.data_ptr(), _dtype_code(logits, "logits"),
          _ptr(correction_bias), t, e, top_k, m, int(bool(renormalize)), num_groups, topk_groups, routed_scaling_factor,
-         ids.data_ptr(), w.data_ptr(), ptu.data_ptr(), utp.data_ptr(), off.data_ptr(), ws, ws_bytes, _ptr(zero_out),
-         zero_bytes, _stream(stream, logits.device))
+         ids.data_ptr(), w.data_ptr(), ptu.data_ptr(), utp.data_ptr(), off.data_ptr(), ws, ws_bytes,
+         *_zeroed(zero_out, logits.device), _stream(stream, logits.device))
     return ids, w, ptu, utp, off
 
 
