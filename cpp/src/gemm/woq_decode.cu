@@ -350,7 +350,9 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_int4_codes_kerne
 //     are what it issued since its last wait. The kernel issues a big batch (kBigBatch 128-k batches: 3-4 KB of
 //     weights a warp, with their scales and zeros) after the first batch of the previous one, and waits once per
 //     big batch: 3-4 KB a warp in flight over the compute, where a ring refilled batch by batch waited each batch on
-//     the 1 KB it had just issued (the ring kernel above; Nsight Compute, H200: 49% of its stall samples on those waits);
+//     the 1 KB it had just issued (the ring kernel above; Nsight Compute, H200: 49% of its stall samples on those waits).
+//     With one scale group a batch the big batches go in pairs (run_big_batch_pairs): the first two issued before
+//     the wait for the predecessor, one wait per pair, each buffer refilled once computed;
 //   - the token rows, 16 bytes a lane per step, would take twice the weights' registers: the CTA copies its chunk
 //     of them (all of K) into shared memory once (cp.async) and the steps read them there. Copied in windows with a
 //     barrier around each, where they do not fit, this was slower than the ring kernel (docs/experiments.md);
@@ -388,6 +390,13 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_int4_staged_kern
   constexpr int U = 4;                         // k32 steps per batch (128 k)
   constexpr int H = GROUP == 64 ? 2 : 1;       // scale groups per batch
   constexpr int NB = kBigBatch<GROUP>;         // batches per wait
+  // Big batches in pairs (run_big_batch_pairs) with one scale group a batch. H100, W4A16 layers, graph replay, us, two
+  // rounds (docs/performance.md, "The staged int4 decode kernel's big batches in pairs"): Mixtral-8x7B (GEMM1 staged)
+  // at 4 / 16 / 32 tokens 276.1 / 380.1-381.5 / 497.2-498.1 -> 262.2-263.4 / 360.7-361.3 / 478.3-479.4, Qwen3-30B-A3B
+  // at 64 (both GEMMs) 168.8-169.3 -> 164.3-165.0. Group 64 (two scale groups a batch) keeps one wait a big batch: with
+  // the second buffer held from the start its kernels spill 16-48 bytes (8-20 without), and GPT-OSS-20B at 32 / 64
+  // tokens ran 280.3-280.4 / 345.2 -> 294.3-294.8 / 370.7-372.3.
+  constexpr bool PAIRS = H == 1;
   constexpr int SB = PER_ROW ? 1 : NB;         // scales and zeros per row in a buffer: one for group 0
   constexpr int TB = static_cast<int>(sizeof(T));  // token bytes per k in shared memory
   __shared__ float s_part[WK][R][kDecodeTokens + 1];
@@ -524,12 +533,14 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_int4_staged_kern
   // writes A.
   if constexpr (PER_ROW) load_consts(0, 0, 0u);
   load_big(0, 0);
+  if (PAIRS && NB < nb) load_big(1, NB);
   for (int i = threadIdx.x; i < kTokenZeros / 16; i += kDecodeThreads)
     reinterpret_cast<uint4*>(s_zero)[i] = make_uint4(0u, 0u, 0u, 0u);
   mb::wait_for_predecessor();
   mb::let_dependents_start();
   stage_tokens();
-  run_big_batches<NB>(nb, load_big, compute);
+  if constexpr (PAIRS) run_big_batch_pairs<NB>(nb, load_big, compute);
+  else run_big_batches<NB>(nb, load_big, compute);
   if constexpr (PER_ROW) {
 #pragma unroll
     for (int c = 0; c < 4; ++c) acc[c] *= sv[0][0][0][c >> 1];

@@ -34,6 +34,24 @@ __device__ __forceinline__ void run_big_batches(int nb, LoadBig&& load_big, Comp
   }
 }
 
+// run_big_batches' loop with the big batches taken in pairs: the caller has issued big batch 0's loads into buffer 0
+// and, where the slice has a second, big batch 1's into buffer 1, both before its wait for the predecessor. The first
+// compute of a pair waits for both (one scoreboard, drained by the wait), then each buffer, once computed, takes the
+// loads of the pair after it: one wait per 2 NB batches where run_big_batches waits once per NB, and a slice of at most
+// 2 NB batches (Qwen3-30B-A3B's GEMM2, K 768, on the staged kernel's 3 a big batch) waits once in all.
+template <int NB, typename LoadBig, typename Compute>
+__device__ __forceinline__ void run_big_batch_pairs(int nb, LoadBig&& load_big, Compute&& compute) {
+  for (int jb = 0; jb < nb; jb += 2 * NB) {  // warp-uniform
+#pragma unroll
+    for (int j = 0; j < NB; ++j) compute(0, j, jb + j, jb + j < nb);
+    if (jb + 2 * NB < nb) load_big(0, jb + 2 * NB);
+    if (jb + NB >= nb) break;
+#pragma unroll
+    for (int j = 0; j < NB; ++j) compute(1, j, jb + NB + j, jb + NB + j < nb);
+    if (jb + 3 * NB < nb) load_big(1, jb + 3 * NB);
+  }
+}
+
 // After a barrier over s_part: one thread per (token, output column pair), the K slices' partials summed in fixed
 // order (bit-reproducible), plus the bias; stored, or with the finalize epilogue
 // (p.permuted_to_unpermuted set) times the row's routing weight and added into its token's output row with one
