@@ -18,10 +18,13 @@ SUPPORTED_SMS = (80, 86, 89, 90, 100, 103, 120, 121)
 # TensorRT-RTX 1.7 `ComputeCapability` values (docs/tensorrt_rtx.md); 90 and 100 are absent.
 RTX_SMS = (75, 80, 86, 89, 120, 121)
 RTX_TARGET_SMS = tuple(sm for sm in RTX_SMS if sm in SUPPORTED_SMS)  # what moe-build builds with TensorRT-RTX
-# Multiprocessors and L2 bytes assumed for an SM when no GPU of it is here to ask (the GEMM tactic rules
-# read them): the data-centre part of each generation (A100, RTX 4090-class Ada, H100, B200, RTX 5090).
-DEFAULT_GPU = {80: (108, 40 << 20), 86: (84, 6 << 20), 89: (128, 72 << 20), 90: (132, 50 << 20),
-               100: (148, 126 << 20), 103: (148, 126 << 20), 120: (170, 96 << 20), 121: (48, 24 << 20)}
+# Multiprocessors, L2 bytes and peak DRAM bytes/s assumed for an SM when no GPU of it is here to ask (the GEMM
+# tactic rules read them): a part of each generation (A100 SXM 80 GB, RTX 3090, RTX 4090, H100 SXM, B200,
+# RTX 5090, GB10), its makers' data sheets.
+DEFAULT_GPU = {80: (108, 40 << 20, 2_039 * 10**9), 86: (84, 6 << 20, 936 * 10**9), 89: (128, 72 << 20, 1_008 * 10**9),
+               90: (132, 50 << 20, 3_352 * 10**9), 100: (148, 126 << 20, 8_000 * 10**9),
+               103: (148, 126 << 20, 8_000 * 10**9), 120: (170, 96 << 20, 1_792 * 10**9),
+               121: (48, 24 << 20, 273 * 10**9)}
 # Largest dynamic shared memory one block may opt into, bytes (CUDA programming guide, per arch).
 MAX_SMEM_PER_BLOCK = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024,
                       100: 227 * 1024, 103: 227 * 1024, 120: 99 * 1024, 121: 99 * 1024}
@@ -77,17 +80,20 @@ class Target:
     profile: TokenProfile = TokenProfile()
     sm_count: int = 0                # multiprocessors (0: DEFAULT_GPU's for the SM)
     l2_bytes: int = 0                # L2 cache bytes (0: DEFAULT_GPU's for the SM)
+    memory_bytes_per_s: int = 0      # peak DRAM bytes/s (0: DEFAULT_GPU's for the SM)
     sm_source: str = "flag"          # flag | detected | default
     flavour_source: str = "flag"     # flag | detected | default | target (why the installed one is not used)
 
     def __post_init__(self) -> None:
         if self.sm not in SUPPORTED_SMS:
             raise MoeBuildError("sm", f"unsupported value {self.sm}", SUPPORTED_SMS)
-        count, l2 = DEFAULT_GPU[self.sm]
+        count, l2, memory = DEFAULT_GPU[self.sm]
         if not self.sm_count:
             object.__setattr__(self, "sm_count", count)
         if not self.l2_bytes:
             object.__setattr__(self, "l2_bytes", l2)
+        if not self.memory_bytes_per_s:
+            object.__setattr__(self, "memory_bytes_per_s", memory)
 
     @property
     def max_smem_per_block(self) -> int:
@@ -118,10 +124,17 @@ class DetectedGpu:
     sm: int
     sm_count: int
     l2_bytes: int
+    memory_bytes_per_s: int
+
+
+def peak_memory_bytes_per_s(memory_clock_khz: int, bus_width_bits: int) -> int:
+    """A GPU's peak DRAM rate from its memory clock and bus width as the driver reports them: two transfers a
+    clock (HBM and GDDR alike report the clock that way), 0 where either is unknown."""
+    return 2 * memory_clock_khz * 1000 * bus_width_bits // 8
 
 
 def detect_gpu() -> DetectedGpu | None:
-    """GPU 0's SM number, multiprocessor count and L2 bytes, or None without a usable GPU.
+    """GPU 0's SM number, multiprocessor count, L2 bytes and peak DRAM rate, or None without a usable GPU.
 
     Asks the CUDA driver directly (libcuda through ctypes) rather than importing torch, which
     would add seconds to every `fusion-report`.
@@ -135,13 +148,14 @@ def detect_gpu() -> DetectedGpu | None:
     if cuda.cuInit(0) or cuda.cuDeviceGet(ctypes.byref(device), 0):
         return None
     values = []
-    # CU_DEVICE_ATTRIBUTE_ COMPUTE_CAPABILITY_MAJOR, _MINOR, MULTIPROCESSOR_COUNT, L2_CACHE_SIZE
-    for attr in (75, 76, 16, 38):
+    # CU_DEVICE_ATTRIBUTE_ COMPUTE_CAPABILITY_MAJOR, _MINOR, MULTIPROCESSOR_COUNT, L2_CACHE_SIZE,
+    # MEMORY_CLOCK_RATE (kHz), GLOBAL_MEMORY_BUS_WIDTH (bits)
+    for attr in (75, 76, 16, 38, 36, 37):
         v = ctypes.c_int()
         if cuda.cuDeviceGetAttribute(ctypes.byref(v), attr, device):
             return None
         values.append(v.value)
-    return DetectedGpu(values[0] * 10 + values[1], values[2], values[3])
+    return DetectedGpu(values[0] * 10 + values[1], values[2], values[3], peak_memory_bytes_per_s(values[4], values[5]))
 
 
 # Each flavour's import name and the distributions that may provide it (their metadata gives the version
@@ -176,7 +190,7 @@ def resolve_target(sm: int | None = None, flavour: str | None = None, moe_plugin
                    deterministic: bool = False, profile: TokenProfile | None = None,
                    environ: Mapping[str, str] | None = None) -> Target:
     """Fill the unspecified parts of a target from this machine, recording where each came from."""
-    sm_source, sm_count, l2_bytes = "flag", 0, 0
+    sm_source, sm_count, l2_bytes, memory = "flag", 0, 0, 0
     if sm is None:
         gpu = detect_gpu()
         sm_source = "detected"
@@ -186,7 +200,7 @@ def resolve_target(sm: int | None = None, flavour: str | None = None, moe_plugin
         if gpu is None:
             sm, sm_source = DEFAULT_SM_WITHOUT_GPU, "default"
         else:
-            sm, sm_count, l2_bytes = gpu.sm, gpu.sm_count, gpu.l2_bytes
+            sm, sm_count, l2_bytes, memory = gpu.sm, gpu.sm_count, gpu.l2_bytes, gpu.memory_bytes_per_s
     flavour_source, version = "flag", None
     if flavour is None:
         found = detect_flavour()
@@ -212,5 +226,6 @@ def resolve_target(sm: int | None = None, flavour: str | None = None, moe_plugin
     return Target(sm=sm, flavour=chosen, flavour_version=version, moe_plugin=plugin,
                   deterministic=deterministic,
                   finalize_fusion_disabled_by_env=env_disables_finalize_fusion(environ),
-                  profile=profile or TokenProfile(), sm_count=sm_count, l2_bytes=l2_bytes, sm_source=sm_source,
+                  profile=profile or TokenProfile(), sm_count=sm_count, l2_bytes=l2_bytes,
+                  memory_bytes_per_s=memory, sm_source=sm_source,
                   flavour_source=flavour_source)

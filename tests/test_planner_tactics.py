@@ -16,21 +16,23 @@ import pytest
 from moe_build.errors import MoeBuildError
 from moe_build.planner import make_plan
 from moe_build.planner.tactics import GemmCall, GemmTactic, RowCount, choose_tactic, tactic_bands, tactic_problem
+from moe_build.planner.tactics.fp8 import FP8_BLOCK_SLOW_MEMORY
 from moe_build.planner.tactics.woq import (WOQ_TILE_FIXED_ROW_K, WOQ_TILE_FIXED_ROWS, woq_digits_rows, woq_staged_rows,
                                            woq_tile_cost)
 from moe_build.spec import MoESpec, Quant
-from moe_build.target import Flavour, Target, TokenProfile
+from moe_build.target import DEFAULT_GPU, Flavour, Target, TokenProfile
 
 H100 = Target(sm=90, flavour=Flavour.TENSORRT, sm_count=132, l2_bytes=50 << 20)
 A100 = Target(sm=80, flavour=Flavour.TENSORRT, sm_count=108, l2_bytes=40 << 20)
 QWEN3 = MoESpec(2048, 768, 128, 8)       # 128 experts, top-8: avg rows = ceil(tokens / 16)
 MIXTRAL = MoESpec(4096, 14336, 8, 2)     # 8 experts, top-2: avg rows = ceil(tokens / 4)
 GPT_OSS = MoESpec(2880, 2880, 32, 4)     # avg rows = ceil(tokens / 8)
+H200_MEMORY = 4_800 * 10**9              # an H200's peak DRAM rate (its data sheet)
 
 
 def call(**kw: object) -> GemmCall:
     base = dict(sm=90, entry="sm90", epilogue="gated", n=1536, k=2048, experts=128, top_k=8, itemsize=2,
-                weights_blocked=False, sm_count=132, l2_bytes=50 << 20)
+                weights_blocked=False, sm_count=132, l2_bytes=50 << 20, memory_bytes_per_s=DEFAULT_GPU[90][2])
     return GemmCall(**{**base, **kw})  # type: ignore[arg-type]
 
 
@@ -54,7 +56,8 @@ def random_call(rng: random.Random) -> GemmCall:
                 experts=rng.choice([4, 8, 16, 32, 60, 64, 128, 256]), top_k=rng.choice([1, 2, 4, 6, 8, 12]),
                 itemsize=1 if quant in ("rowwise", "block128", "int8") else 2,
                 weights_blocked=entry == "sm90" and quant == "none" and rng.random() < 0.3,
-                sm_count=rng.choice([84, 108, 132]), l2_bytes=rng.choice([6, 40, 50, 60]) << 20, fp8=fp8, woq=woq,
+                sm_count=rng.choice([84, 108, 132]), l2_bytes=rng.choice([6, 40, 50, 60]) << 20,
+                memory_bytes_per_s=rng.choice([936, 2_039, 3_352, 4_800]) * 10**9, fp8=fp8, woq=woq,
                 woq_group=32 if woq == "mxfp4" else rng.choice([0, 64, 128]) if woq != "none" else 0)
 
 
@@ -207,7 +210,8 @@ def test_every_rule_tactic_is_runnable() -> None:
 
 def test_fp8_finalize_gemm2_tactics() -> None:
     """The FP8 GEMM2 with the finalize epilogue keeps the FP8 kernel and tile thresholds (decode while rowwise
-    has <= 6 rows per expert and < 256 rows, block128 < 64 rows; pingpong64x128 to 32 rows per expert, then
+    has <= 6 rows per expert and < 256 rows, block128 < 64 rows on a GPU of faster memory than FP8_BLOCK_SLOW_MEMORY,
+    here an H200's; pingpong64x128 to 32 rows per expert, then
     coop128x128), launches after a trigger to 64 rows per expert and plainly above, never by placement (at 32
     rows a 16-bit finalize GEMM2 would be placed), and writes under evict_last on the wgmma kernel."""
     qwen3_down = call(epilogue="finalize", n=2048, k=768, itemsize=1, fp8="rowwise")  # avg rows ceil(tokens / 16)
@@ -216,7 +220,8 @@ def test_fp8_finalize_gemm2_tactics() -> None:
         "wgmma:pingpong64x128:after_trigger:evict_last", "wgmma:coop128x128:after_trigger:evict_last",
         "wgmma:coop128x128:after_trigger:evict_last", "wgmma:coop128x128:plain:evict_last"]
     assert at(dataclasses.replace(qwen3_down, fp8="none", itemsize=2), 512) == "wgmma:pingpong64x128:placed:evict_last"
-    block = dataclasses.replace(qwen3_down, fp8="block128")  # decode below 64 rows: 7 tokens (56 x 16 CTAs: two an SM)
+    block = dataclasses.replace(qwen3_down, fp8="block128", memory_bytes_per_s=H200_MEMORY)  # decode below 64 rows:
+    # 7 tokens (56 x 16 CTAs: two an SM)
     assert [at(block, t) for t in (7, 8)] == ["decode:twocta_ksplit1:after_trigger:plain",
                                               "wgmma:pingpong64x128:after_trigger:evict_last"]
     assert at(dataclasses.replace(qwen3_down, epilogue="store"), 1025) == "wgmma:coop128x128:plain:plain"
@@ -656,11 +661,12 @@ def test_fp8_plan_fuses_the_finalize_at_every_count(quant: Quant) -> None:
     assert [b.to_list() for b in fin.bands] == [[1, None, "fused"]]
     assert make_plan(QWEN3, H100, 256).stage("finalize").choice_for(16) == "separate"  # the 16-bit rule's band
     assert g2.choice_for(4).startswith("decode:") and g2.choice_for(4).endswith(":after_trigger:plain")
-    # 512 rows: wgmma, finalize (rowwise scales accumulate fast: in 2x1 clusters to 48 rows an expert)
+    # 520 rows: wgmma, finalize (rowwise scales accumulate fast: in 2x1 clusters to 48 rows an expert; block-128 keeps
+    # the decode kernel to 512 rows on the H100, tactics.fp8.fp8_block_wide_band)
     tile = "pingpong64x128c2" if quant == Quant.FP8 else "pingpong64x128"
-    assert g2.choice_for(64) == f"wgmma:{tile}:after_trigger:evict_last"
+    assert g2.choice_for(65) == f"wgmma:{tile}:after_trigger:evict_last"
     separate = make_plan(dataclasses.replace(QWEN3, quant=quant), H100, 256, force={"finalize": "separate"})
-    assert separate.stage("gemm2_tactic").choice_for(64) == "wgmma:pingpong64x128:plain:plain"
+    assert separate.stage("gemm2_tactic").choice_for(65) == "wgmma:pingpong64x128:plain:plain"
 
 
 def test_forced_tactic_holds_at_every_count_and_is_checked() -> None:
@@ -695,6 +701,27 @@ def test_fp8_wide_tile_and_decode_slices() -> None:
     assert [at(mixtral_up, t) for t in (1, 16)] == ["decode:ksplit4:after_trigger:plain"] * 2
     assert at(dataclasses.replace(mixtral_up, n=4096, k=14336), 1) == "decode:ksplit8:after_trigger:plain"
     assert at(call(epilogue="store", n=2048, k=768, itemsize=1, fp8="rowwise"), 1) == "decode:ksplit1:after_trigger:plain"
+
+
+def test_fp8_block_decode_band_past_64_rows_on_slower_memory() -> None:
+    """tactics.fp8.fp8_block_wide_band: block-128 GEMMs stay on the decode kernel past 64 rows where the GPU's peak DRAM
+    rate is at most FP8_BLOCK_SLOW_MEMORY (the H100's 3.35 TB/s, not the H200's 4.8), the layer has 64 experts or more,
+    an expert at most 4 rows on average and the call at most 512 rows; elsewhere from 64 rows, as before."""
+    assert DEFAULT_GPU[90][2] <= FP8_BLOCK_SLOW_MEMORY < H200_MEMORY
+    qwen3_up = call(k=2048, n=1536, itemsize=1, fp8="block128")  # 128 experts, top-8: avg rows ceil(tokens / 16)
+    qwen3_down = call(epilogue="finalize", n=2048, k=768, itemsize=1, fp8="block128")
+    for c in (qwen3_up, qwen3_down):  # 64 tokens: 512 rows, 4 an expert; 65: 520 rows, 5
+        assert [at(c, t).split(":")[0] for t in (8, 16, 64, 65)] == ["decode", "decode", "decode", "wgmma"]
+        assert at(c, 16).startswith("decode:twocta_ksplit1")
+        assert [at(dataclasses.replace(c, memory_bytes_per_s=H200_MEMORY), t).split(":")[0] for t in (7, 8, 16)] == [
+            "decode", "wgmma", "wgmma"]
+    dsv2_up = call(k=2048, n=2816, experts=64, top_k=6, itemsize=1, fp8="block128")  # avg rows ceil(6 tokens / 64)
+    assert [at(dsv2_up, t).split(":")[0] for t in (32, 42, 43)] == ["decode", "decode", "wgmma"]  # 4.0 / 4.03 rows
+    dsv3_up = call(n=4096, k=7168, experts=256, top_k=8, itemsize=1, fp8="block128")  # 512 rows at 64 tokens, 2 each
+    assert [at(dsv3_up, t).split(":")[0] for t in (16, 64, 65)] == ["decode", "decode", "wgmma"]
+    gpt_oss_up = call(n=5760, k=2880, experts=32, top_k=4, itemsize=1, fp8="block128")  # 32 experts: from 64 rows
+    assert [at(gpt_oss_up, t).split(":")[0] for t in (15, 16)] == ["decode", "wgmma"]
+    assert at(dataclasses.replace(qwen3_up, fp8="rowwise"), 64).startswith("wgmma")  # rowwise keeps its own band
 
 
 def test_fp8_block_decode_slices_keep_the_cta_bound() -> None:

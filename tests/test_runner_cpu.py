@@ -103,7 +103,8 @@ def test_the_runners_device_target_honours_the_finalize_fusion_env(monkeypatch: 
     device's multiprocessors and L2 and the serving profile: MOE_BUILD_/TRTLLM_MOE_DISABLE_FINALIZE_FUSION
     then turns the fused finalize off in its plans as in an engine's. A given base is only re-profiled."""
     from moe_build.bench.sweep import device_sweep_target
-    props = SimpleNamespace(major=9, minor=0, multi_processor_count=114, L2_cache_size=48 << 20)
+    props = SimpleNamespace(major=9, minor=0, multi_processor_count=114, L2_cache_size=48 << 20,
+                            memory_clock_rate=3_201_000, memory_bus_width=6144)  # an H200's HBM3e: 3201 MHz x 6144 bits
     asked: list[object] = []
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: asked.append(device) or props)
     for name in FINALIZE_FUSION_ENV:
@@ -113,6 +114,7 @@ def test_the_runners_device_target_honours_the_finalize_fusion_env(monkeypatch: 
     assert not plain.finalize_fusion_disabled_by_env and asked == [cuda0]
     assert (plain.sm, plain.flavour, plain.sm_count, plain.l2_bytes, plain.sm_source) == (
         90, Flavour.TENSORRT, 114, 48 << 20, "detected")
+    assert 4.8e12 < plain.memory_bytes_per_s < 5.0e12  # two transfers a clock: 4.92 TB/s (its data sheet: 4.8)
     assert plain.profile == TokenProfile(1, 16, 4096) and device_target(cuda0, 8).profile == TokenProfile(1, 8, 8)
     assert make_plan(SWIGLU_64E, plain, tokens=16).choices(16)["finalize"] == "fused"
     for name in FINALIZE_FUSION_ENV:
@@ -123,6 +125,10 @@ def test_the_runners_device_target_honours_the_finalize_fusion_env(monkeypatch: 
         assert device_sweep_target(4096) == target
         assert make_plan(SWIGLU_64E, target, tokens=16).choices(16)["finalize"] == "separate"
         monkeypatch.delenv(name)
+    # a torch that does not report the memory clock: the SM's default part's rate (an H100 SXM's 3.35 TB/s)
+    props = SimpleNamespace(major=9, minor=0, multi_processor_count=132, L2_cache_size=50 << 20)
+    assert device_target(cuda0, 16).memory_bytes_per_s == Target(sm=90, flavour=Flavour.TENSORRT).memory_bytes_per_s
+    assert 3.3e12 < device_target(cuda0, 16).memory_bytes_per_s < 3.4e12
     asked.clear()
     assert device_target(cuda0, 8, H100) == serving_target(H100, 8) and not asked
 

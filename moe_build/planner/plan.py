@@ -514,7 +514,8 @@ def _gemm_calls(spec: MoESpec, target: Target, choices: Mapping[str, str]) -> di
     common = dict(sm=target.sm, entry=entry, experts=spec.local_experts, top_k=spec.top_k,
                   itemsize=1 if fp8 != "none" or woq == "int8" else spec.dtype.itemsize,
                   weights_blocked=choices["weight_layout"] == "blocked64", sm_count=target.sm_count,
-                  l2_bytes=target.l2_bytes, fp8=fp8, woq=woq, woq_group=woq_group if woq != "none" else 0,
+                  l2_bytes=target.l2_bytes, memory_bytes_per_s=target.memory_bytes_per_s, fp8=fp8, woq=woq,
+                  woq_group=woq_group if woq != "none" else 0,
                   dtype=spec.dtype.value,
                   deterministic=target.deterministic,
                   fp8_accumulation=choices["fp8_accumulation"])
@@ -551,7 +552,8 @@ def _tactic(stage: str, call: T.GemmCall, epilogue_stage: StageDecision | None, 
     gemm = "GEMM1" if stage == "gemm1_tactic" else "GEMM2"
     gates = (Gate(f"{stage}_call", f"sm={call.sm} entry={call.entry} epilogue={call.epilogue} n={call.n} k={call.k} "
                   f"experts={call.experts} top_k={call.top_k} blocked={call.weights_blocked} "
-                  f"sms={call.sm_count} l2={call.l2_bytes >> 20} MiB deterministic={call.deterministic}",
+                  f"sms={call.sm_count} l2={call.l2_bytes >> 20} MiB memory={call.memory_bytes_per_s / 1e12:.2f} TB/s "
+                  f"deterministic={call.deterministic}",
                   "tactic table: moe_build/planner/tactics/", True, OURS, token_dependent=True),)
 
     def call_at(rows: T.RowCount) -> T.GemmCall:

@@ -17,7 +17,7 @@ from .. import kernels
 from ..errors import MoeBuildError
 from ..planner import Plan, make_plan
 from ..spec import MoESpec
-from ..target import Target, TokenProfile, resolve_target
+from ..target import Target, TokenProfile, peak_memory_bytes_per_s, resolve_target
 from ..weights import MoEWeights
 from ..weights.dtypes import TORCH_DTYPE
 from . import sequence as S
@@ -51,12 +51,14 @@ def serving_target(base: Target, max_tokens: int) -> Target:
 def device_target(device: torch.device, max_tokens: int, base: Target | None = None) -> Target:
     """The target of a runner on `device` serving 1..max_tokens tokens: `base` where given, else full TensorRT
     on the device's SM as `resolve_target` fills it (the environment's gates included) with the device's
-    multiprocessor count and L2 size (what the tactic rules read); either with the runner's profile."""
+    multiprocessor count, L2 size and peak DRAM rate (what the tactic rules read; the rate the SM's default where
+    this torch does not report the memory clock); either with the runner's profile."""
     if base is None:
         props = torch.cuda.get_device_properties(device)
         resolved = resolve_target(sm=props.major * 10 + props.minor, flavour="tensorrt")
+        memory = peak_memory_bytes_per_s(getattr(props, "memory_clock_rate", 0), getattr(props, "memory_bus_width", 0))
         base = dataclasses.replace(resolved, sm_count=props.multi_processor_count, l2_bytes=props.L2_cache_size,
-                                   sm_source="detected")
+                                   memory_bytes_per_s=memory or resolved.memory_bytes_per_s, sm_source="detected")
     return serving_target(base, max_tokens)
 
 

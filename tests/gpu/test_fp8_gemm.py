@@ -26,6 +26,7 @@ from moe_build import kernels as K  # noqa: E402  (after the torch skip: loading
 from moe_build.kernels.abi import Fp8Accumulation, Fp8Scaling  # noqa: E402
 from moe_build.kernels.ops import fp8_scale_shapes  # noqa: E402
 from moe_build.planner.tactics import GemmCall, RowCount, choose_tactic  # noqa: E402
+from moe_build.runner.runner import device_target  # noqa: E402
 from finalize_routing import LOCAL, routed  # noqa: E402
 
 pytestmark = [pytest.mark.gpu,
@@ -237,6 +238,7 @@ def test_planner_tactic(scaling, tokens):
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     call = GemmCall(sm=90, entry="sm90", epilogue="store", n=n, k=k, experts=experts, top_k=top_k, itemsize=1,
                     weights_blocked=False, sm_count=props.multi_processor_count, l2_bytes=props.L2_cache_size,
+                    memory_bytes_per_s=device_target(torch.device("cuda"), 1).memory_bytes_per_s,
                     fp8="rowwise" if scaling is Fp8Scaling.ROWWISE else "block128")
     tactic = choose_tactic(call, RowCount(tokens, top_k, experts))
     ids = torch.randint(0, experts, (tokens * top_k,), generator=torch.Generator().manual_seed(tokens))
@@ -379,6 +381,7 @@ def test_finalize_planner_tactic(scaling, tokens):
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     call = GemmCall(sm=90, entry="sm90", epilogue="finalize", n=n, k=k, experts=LOCAL, top_k=top_k, itemsize=1,
                     weights_blocked=False, sm_count=props.multi_processor_count, l2_bytes=props.L2_cache_size,
+                    memory_bytes_per_s=device_target(torch.device("cuda"), 1).memory_bytes_per_s,
                     fp8="rowwise" if scaling is Fp8Scaling.ROWWISE else "block128")
     tactic = choose_tactic(call, RowCount(tokens, top_k, LOCAL))
     run_finalize_and_check(tokens, top_k, n, k, scaling, tactic.name, seed=tokens)

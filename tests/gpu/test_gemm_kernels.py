@@ -19,6 +19,7 @@ torch = pytest.importorskip("torch")
 from moe_build import kernels as K  # noqa: E402  (after the torch skip: loading may build the library)
 from moe_build.kernels import GemmKernel, GemmLaunch, GemmTacticStruct, GemmTile, OutputL2  # noqa: E402
 from moe_build.planner.tactics import GemmCall, GemmTactic, RowCount, choose_tactic, tactic_bands  # noqa: E402
+from moe_build.runner.runner import device_target  # noqa: E402
 from moe_build.weights import block_64x64, blocks_fit, interleave_gate_up  # noqa: E402
 
 pytestmark = [pytest.mark.gpu,
@@ -57,7 +58,8 @@ def gemm_call(entry: str, epilogue: str, n: int, k: int, experts: int, top_k: in
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     return GemmCall(sm=props.major * 10 + props.minor, entry=entry, epilogue=epilogue, n=n, k=k, experts=experts,
                     top_k=top_k, itemsize=torch.finfo(dtype).bits // 8, weights_blocked=layout == "blocked64",
-                    sm_count=props.multi_processor_count, l2_bytes=props.L2_cache_size)
+                    sm_count=props.multi_processor_count, l2_bytes=props.L2_cache_size,
+                    memory_bytes_per_s=device_target(torch.device("cuda"), 1).memory_bytes_per_s)
 
 
 def planned(entry: str, epilogue: str, n: int, k: int, experts: int, tokens: int, top_k: int, dtype,

@@ -36,17 +36,40 @@ FP8_ROWWISE_DECODE_ROWS = 256
 # tokens 1.011x (192.5 against 190.4).
 FP8_FINALIZE_DECODE_MAX_AVG_ROWS = 1
 FP8_BLOCK_DECODE_ROWS = 64
+# Block-128 on a GPU of slower memory (peak DRAM rate at most FP8_BLOCK_SLOW_MEMORY: an H100's 3.35 TB/s, not an H200's
+# 4.8) keeps the decode kernel past 64 rows on layers of 64 experts or more, to 4 average rows an expert (ceil) and 512
+# rows in all. H100, block-128 layers, both GEMMs forced onto the two-CTA decode tile (the tactic the decode rules then
+# give) beside the plan's pingpong 64x128 tiles, two rounds, graph replay, us, plan / decode
+# (docs/measured/h100-2026-12-06-s28, call4 and call5): Qwen3-30B-A3B at 8 / 12 / 16 / 24 / 32 / 48 / 64 tokens (0.5-4
+# rows) 108.5, 108.8 / 129.2, 128.3 / 156.7, 159.3 / 184.1, 184.6 / 197.7, 198.0 / 220.1, 219.7 / 224.2, 223.3 against
+# 102.3, 102.1 / 122.1, 122.6 / 149.5, 148.7 / 176.1, 175.6 / 188.4, 188.8 / 209.8, 209.7 / 212.8, 213.7, at 96 (6
+# rows) level, at 128 (8) 250.0, 248.0 against 235.2, 234.1; DeepSeek-V2-Lite at 12 / 16 / 24 / 32 tokens (1.1-3 rows)
+# 148.1, 148.1 / 177.5, 177.9 / 190.5, 190.4 / 206.8, 206.4 against 146.0, 145.0 / 176.3, 177.1 / 188.7, 188.9 / 201.6,
+# 201.6, at 48 (4.5) level, at 64 (6) 211.4, 210.5 against 213.8, 213.3; DeepSeek-V3 at 8 / 16 (0.25-0.5 rows)
+# 698.8, 698.5 / 1022.9, 1025.5 against 681.5, 681.9 / 1007.4, 1007.0. GPT-OSS-20B (32 experts) lost 8-10% at 16-32
+# tokens (256.3, 257.4 against 282.6, 283.2 at 16). On an H200 (2026-12-02, docs/experiments.md, "The block-128 decode
+# kernel at two CTAs an SM past its 64-row band") the tile lost at every such point but two, where it was level.
+FP8_BLOCK_SLOW_MEMORY = 4 * 10**12
+FP8_BLOCK_WIDE_BAND_MIN_EXPERTS = 64
+FP8_BLOCK_WIDE_BAND_MAX_AVG_ROWS = 4
+FP8_BLOCK_WIDE_BAND_ROWS = 512
 
 
 def fp8_kernel_rule(call: GemmCall, rows: RowCount) -> str:
     if call.entry != "sm90":
         return "decode"
     if call.fp8 == "block128":
-        return "decode" if rows.rows_below(FP8_BLOCK_DECODE_ROWS) else "wgmma"
+        return "decode" if rows.rows_below(FP8_BLOCK_DECODE_ROWS) or fp8_block_wide_band(call, rows) else "wgmma"
     # rowwise: decode to avg rows <= 6 (a short fast finalize: <= 1) and rows < 256
     most = FP8_FINALIZE_DECODE_MAX_AVG_ROWS if short_fast_finalize(call) else FP8_ROWWISE_DECODE_MAX_AVG_ROWS
     few = rows.avg_at_most(most) and rows.rows_below(FP8_ROWWISE_DECODE_ROWS)
     return "decode" if few else "wgmma"
+
+
+# peak DRAM rate <= FP8_BLOCK_SLOW_MEMORY, experts >= 64, avg rows <= 4 and rows <= 512: block-128 stays on decode
+def fp8_block_wide_band(call: GemmCall, rows: RowCount) -> bool:
+    return (call.memory_bytes_per_s <= FP8_BLOCK_SLOW_MEMORY and call.experts >= FP8_BLOCK_WIDE_BAND_MIN_EXPERTS
+            and rows.avg_at_most(FP8_BLOCK_WIDE_BAND_MAX_AVG_ROWS) and rows.rows_below(FP8_BLOCK_WIDE_BAND_ROWS + 1))
 
 
 # FP8 decode K slices, rowwise scales: 1, doubled while each warp's K slice stays at least 1024 bytes, up to 8.

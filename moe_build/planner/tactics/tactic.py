@@ -108,7 +108,7 @@ class GemmTactic:
 class GemmCall:
     """What the rules read about one grouped GEMM of a layer: the target SM and which entry point runs it
     (sm90 or sm80), its epilogue, its shape per expert (n output columns, k), the experts and top_k, the
-    weight layout, and the GPU's multiprocessor count and L2 size."""
+    weight layout, and the GPU's multiprocessor count, L2 size and peak DRAM rate."""
 
     sm: int
     entry: str           # sm90 (TMA warp-specialized GEMMs) | sm80 (Ampere GEMMs)
@@ -121,6 +121,7 @@ class GemmCall:
     weights_blocked: bool
     sm_count: int
     l2_bytes: int
+    memory_bytes_per_s: int
     fp8: str = "none"    # FP8_SCALINGS: the FP8 GEMM (e4m3 operands; plain store or finalize) with these scales
     woq: str = "none"    # WOQ_KINDS: the weight-only GEMM (16-bit activations, plain store) with these weights
     woq_group: int = 0   # the weight-only GEMM's k per scale (0: one scale per output row)
