@@ -21,10 +21,10 @@ RTX_TARGET_SMS = tuple(sm for sm in RTX_SMS if sm in SUPPORTED_SMS)  # what moe-
 # Multiprocessors, L2 bytes and peak DRAM bytes/s assumed for an SM when no GPU of it is here to ask (the GEMM
 # tactic rules read them): a part of each generation (A100 SXM 80 GB, RTX 3090, RTX 4090, H100 SXM, B200,
 # RTX 5090, GB10), its makers' data sheets.
-DEFAULT_GPU = {80: (108, 40 << 20, 2_039 * 10**9), 86: (84, 6 << 20, 936 * 10**9), 89: (128, 72 << 20, 1_008 * 10**9),
-               90: (132, 50 << 20, 3_352 * 10**9), 100: (148, 126 << 20, 8_000 * 10**9),
-               103: (148, 126 << 20, 8_000 * 10**9), 120: (170, 96 << 20, 1_792 * 10**9),
-               121: (48, 24 << 20, 273 * 10**9)}
+DEFAULT_GPU = {80: (108, 40 << 20, 2_039 * 10**9), 86: (84, 6 << 20, 936 * 10**9),
+               89: (128, 72 << 20, 1_008 * 10**9), 90: (132, 50 << 20, 3_352 * 10**9),
+               100: (148, 126 << 20, 8_000 * 10**9), 103: (148, 126 << 20, 8_000 * 10**9),
+               120: (170, 96 << 20, 1_792 * 10**9), 121: (48, 24 << 20, 273 * 10**9)}
 # Largest dynamic shared memory one block may opt into, bytes (CUDA programming guide, per arch).
 MAX_SMEM_PER_BLOCK = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024,
                       100: 227 * 1024, 103: 227 * 1024, 120: 99 * 1024, 121: 99 * 1024}
@@ -147,15 +147,18 @@ def detect_gpu() -> DetectedGpu | None:
     device = ctypes.c_int()
     if cuda.cuInit(0) or cuda.cuDeviceGet(ctypes.byref(device), 0):
         return None
-    values = []
-    # CU_DEVICE_ATTRIBUTE_ COMPUTE_CAPABILITY_MAJOR, _MINOR, MULTIPROCESSOR_COUNT, L2_CACHE_SIZE,
-    # MEMORY_CLOCK_RATE (kHz), GLOBAL_MEMORY_BUS_WIDTH (bits)
-    for attr in (75, 76, 16, 38, 36, 37):
+    def attribute(attr: int) -> int | None:
         v = ctypes.c_int()
-        if cuda.cuDeviceGetAttribute(ctypes.byref(v), attr, device):
-            return None
-        values.append(v.value)
-    return DetectedGpu(values[0] * 10 + values[1], values[2], values[3], peak_memory_bytes_per_s(values[4], values[5]))
+        return None if cuda.cuDeviceGetAttribute(ctypes.byref(v), attr, device) else v.value
+
+    # CU_DEVICE_ATTRIBUTE_ COMPUTE_CAPABILITY_MAJOR, _MINOR, MULTIPROCESSOR_COUNT, L2_CACHE_SIZE
+    values = [attribute(attr) for attr in (75, 76, 16, 38)]
+    if None in values:
+        return None
+    # MEMORY_CLOCK_RATE (kHz), GLOBAL_MEMORY_BUS_WIDTH (bits): 0 where a driver does not say (Target then takes the
+    # SM's default part's rate)
+    memory = peak_memory_bytes_per_s(attribute(36) or 0, attribute(37) or 0)
+    return DetectedGpu(values[0] * 10 + values[1], values[2], values[3], memory)
 
 
 # Each flavour's import name and the distributions that may provide it (their metadata gives the version
