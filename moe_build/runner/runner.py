@@ -59,7 +59,7 @@ def device_target(device: torch.device, max_tokens: int, base: Target | None = N
         memory = peak_memory_bytes_per_s(getattr(props, "memory_clock_rate", 0),
                                          getattr(props, "memory_bus_width", 0))
         base = dataclasses.replace(resolved, sm_count=props.multi_processor_count, l2_bytes=props.L2_cache_size,
-                                   memory_bytes_per_s=memory or resolved.memory_bytes_per_s, sm_source="detected")
+                                   memory_bytes_per_s=memory, sm_source="detected")  # 0: Target's default
     return serving_target(base, max_tokens)
 
 

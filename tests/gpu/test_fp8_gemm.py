@@ -235,10 +235,10 @@ def test_planner_tactic(scaling, tokens):
     """The tactic the planner picks for a Qwen3-shaped GEMM1 (128 experts, top-8) at each token count."""
     need((9, 0), exact=True)
     experts, top_k, n, k = 128, 8, 1536, 2048
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    device = device_target(torch.device("cuda"), 1)
     call = GemmCall(sm=90, entry="sm90", epilogue="store", n=n, k=k, experts=experts, top_k=top_k, itemsize=1,
-                    weights_blocked=False, sm_count=props.multi_processor_count, l2_bytes=props.L2_cache_size,
-                    memory_bytes_per_s=device_target(torch.device("cuda"), 1).memory_bytes_per_s,
+                    weights_blocked=False, sm_count=device.sm_count, l2_bytes=device.l2_bytes,
+                    memory_bytes_per_s=device.memory_bytes_per_s,
                     fp8="rowwise" if scaling is Fp8Scaling.ROWWISE else "block128")
     tactic = choose_tactic(call, RowCount(tokens, top_k, experts))
     ids = torch.randint(0, experts, (tokens * top_k,), generator=torch.Generator().manual_seed(tokens))
@@ -378,10 +378,10 @@ def test_finalize_planner_tactic(scaling, tokens):
     token count, routed over LOCAL experts (rows per expert from tokens * top_k / 12)."""
     need((9, 0), exact=True)
     top_k, n, k = 8, 2048, 768
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    device = device_target(torch.device("cuda"), 1)
     call = GemmCall(sm=90, entry="sm90", epilogue="finalize", n=n, k=k, experts=LOCAL, top_k=top_k, itemsize=1,
-                    weights_blocked=False, sm_count=props.multi_processor_count, l2_bytes=props.L2_cache_size,
-                    memory_bytes_per_s=device_target(torch.device("cuda"), 1).memory_bytes_per_s,
+                    weights_blocked=False, sm_count=device.sm_count, l2_bytes=device.l2_bytes,
+                    memory_bytes_per_s=device.memory_bytes_per_s,
                     fp8="rowwise" if scaling is Fp8Scaling.ROWWISE else "block128")
     tactic = choose_tactic(call, RowCount(tokens, top_k, LOCAL))
     run_finalize_and_check(tokens, top_k, n, k, scaling, tactic.name, seed=tokens)

@@ -55,11 +55,10 @@ def gemm_call(entry: str, epilogue: str, n: int, k: int, experts: int, top_k: in
               layout: str = "row_major") -> GemmCall:
     """The planner's view of one grouped GEMM on this device (n: its columns per expert, 2 * inter when
     gated)."""
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    return GemmCall(sm=props.major * 10 + props.minor, entry=entry, epilogue=epilogue, n=n, k=k, experts=experts,
+    device = device_target(torch.device("cuda"), 1)
+    return GemmCall(sm=device.sm, entry=entry, epilogue=epilogue, n=n, k=k, experts=experts,
                     top_k=top_k, itemsize=torch.finfo(dtype).bits // 8, weights_blocked=layout == "blocked64",
-                    sm_count=props.multi_processor_count, l2_bytes=props.L2_cache_size,
-                    memory_bytes_per_s=device_target(torch.device("cuda"), 1).memory_bytes_per_s)
+                    sm_count=device.sm_count, l2_bytes=device.l2_bytes, memory_bytes_per_s=device.memory_bytes_per_s)
 
 
 def planned(entry: str, epilogue: str, n: int, k: int, experts: int, tokens: int, top_k: int, dtype,
