@@ -48,7 +48,11 @@ FP8_BLOCK_DECODE_ROWS = 64
 # 201.6, at 48 (4.5) level, at 64 (6) 211.4, 210.5 against 213.8, 213.3; DeepSeek-V3 at 8 / 16 (0.25-0.5 rows)
 # 698.8, 698.5 / 1022.9, 1025.5 against 681.5, 681.9 / 1007.4, 1007.0. GPT-OSS-20B (32 experts) lost 8-10% at 16-32
 # tokens (256.3, 257.4 against 282.6, 283.2 at 16). On an H200 (2026-12-02, docs/experiments.md, "The block-128 decode
-# kernel at two CTAs an SM past its 64-row band") the tile lost at every such point but two, where it was level.
+# kernel at two CTAs an SM past its 64-row band") the tile lost at every such point but two, where it was level; again
+# on 2026-12-06 after the finalize tiles of 2026-12-04 (docs/measured/h200-2026-12-06-s29/call1), plan / decode, us:
+# Qwen3-30B-A3B at 16 / 32 / 64 tokens 121.1 / 147.1 / 167.1 against 125.0 / 156.6 / 177.0, DeepSeek-V2-Lite at 16 / 32
+# / 42 136.9 / 155.0 / 158.4 against 142.8 / 161.8 / 165.7, DeepSeek-V3 at 16 / 32 / 64 750.3 / 993.5 / 1294.4 against
+# 813.1 / 1130.0 / 1555.4.
 FP8_BLOCK_SLOW_MEMORY = 4 * 10**12
 FP8_BLOCK_WIDE_BAND_MIN_EXPERTS = 64
 FP8_BLOCK_WIDE_BAND_MAX_AVG_ROWS = 4
