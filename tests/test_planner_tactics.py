@@ -220,8 +220,8 @@ def test_fp8_finalize_gemm2_tactics() -> None:
         "wgmma:pingpong64x128:after_trigger:evict_last", "wgmma:coop128x128:after_trigger:evict_last",
         "wgmma:coop128x128:after_trigger:evict_last", "wgmma:coop128x128:plain:evict_last"]
     assert at(dataclasses.replace(qwen3_down, fp8="none", itemsize=2), 512) == "wgmma:pingpong64x128:placed:evict_last"
-    block = dataclasses.replace(qwen3_down, fp8="block128", memory_bytes_per_s=H200_MEMORY)  # decode below 64 rows:
-    # 7 tokens (56 x 16 CTAs: two an SM)
+    # on an H200, decode below 64 rows: 7 tokens (56 x 16 CTAs: two an SM)
+    block = dataclasses.replace(qwen3_down, fp8="block128", memory_bytes_per_s=H200_MEMORY)
     assert [at(block, t) for t in (7, 8)] == ["decode:twocta_ksplit1:after_trigger:plain",
                                               "wgmma:pingpong64x128:after_trigger:evict_last"]
     assert at(dataclasses.replace(qwen3_down, epilogue="store"), 1025) == "wgmma:coop128x128:plain:plain"
