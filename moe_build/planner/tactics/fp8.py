@@ -52,7 +52,11 @@ FP8_BLOCK_DECODE_ROWS = 64
 # on 2026-12-06 after the finalize tiles of 2026-12-04 (docs/measured/h200-2026-12-06-s29/call1), plan / decode, us:
 # Qwen3-30B-A3B at 16 / 32 / 64 tokens 121.1 / 147.1 / 167.1 against 125.0 / 156.6 / 177.0, DeepSeek-V2-Lite at 16 / 32
 # / 42 136.9 / 155.0 / 158.4 against 142.8 / 161.8 / 165.7, DeepSeek-V3 at 16 / 32 / 64 750.3 / 993.5 / 1294.4 against
-# 813.1 / 1130.0 / 1555.4.
+# 813.1 / 1130.0 / 1555.4. The H100's points no call had timed, 2026-12-07 (docs/measured/h100-2026-12-07-s30, two
+# rounds), plan (decode) / pingpong 64x128: DeepSeek-V2-Lite at 36 / 40 / 42 tokens 209.5, 210.3 / 213.6, 214.5 /
+# 210.7, 210.0 against 213.6, 214.6 / 215.8, 216.0 / 214.9, 214.2; DeepSeek-V3 at 24 / 32 / 48 1331.9, 1332.5 / 1434.6,
+# 1434.4 / 1721.8, 1721.4 against 1370.9, 1368.7 / 1465.8, 1464.2 / 1727.2, 1728.2, at 64 (512 rows) 1947.6, 1946.0
+# against 1920.9, 1921.4 (1.3% slower, one point of one layer at the edge).
 FP8_BLOCK_SLOW_MEMORY = 4 * 10**12
 FP8_BLOCK_WIDE_BAND_MIN_EXPERTS = 64
 FP8_BLOCK_WIDE_BAND_MAX_AVG_ROWS = 4
