@@ -82,8 +82,8 @@ def main() -> None:
         db, dscales, dkind = (*mxfp4_quarters(b, scales), "mxfp4_quarters") if KIND is WoqKind.MXFP4 else \
             (b, scales, KIND.value)
         call = GemmCall(sm=90, entry="sm90", epilogue="store", n=n, k=k, experts=experts, top_k=top_k, itemsize=2,
-                        weights_blocked=False, sm_count=sm, l2_bytes=50 << 20, memory_bytes_per_s=DEFAULT_GPU[90][2],
-                        woq=KIND.value, woq_group=group)
+                        weights_blocked=False, sm_count=sm, l2_bytes=50 << 20,
+                        memory_bytes_per_s=DEFAULT_GPU[90].memory_bytes_per_s, woq=KIND.value, woq_group=group)
         # codes, then e8m0 scales, or fp32 scales and zeros
         expert_bytes = n * k // 2 + n * (k // group) * (1 if KIND is WoqKind.MXFP4 else 5)
         dense: dict[int, torch.Tensor] = {}

@@ -12,6 +12,7 @@ import click
 from rich.console import Console
 
 from .errors import MoeBuildError, VerificationError
+from .target import GPU_PARTS
 
 # Pipes and CI logs get a wide table instead of rich's 80-column default.
 STDOUT = Console(width=None if sys.stdout.isatty() else 160)
@@ -53,6 +54,9 @@ def layer_options(f: Callable[..., Any]) -> Callable[..., Any]:
 def target_options(f: Callable[..., Any]) -> Callable[..., Any]:
     options = [
         click.option("--sm", type=int, help="Target SM: 80|86|89|90|100|103|120|121 (default: local GPU, else 89)."),
+        click.option("--gpu", help="Target GPU part, for its SM, multiprocessors, L2 and memory rate (the GEMM "
+                     f"tactics read them): {'|'.join(GPU_PARTS)} (default: the local GPU, else the SM's default "
+                     "part)."),
         click.option("--flavour", help="tensorrt|tensorrt-rtx (default: the installed one)."),
         click.option("--moe-plugin", "moe_plugin", default="auto", show_default=True, help="auto|disable"),
         click.option("--deterministic", is_flag=True, help="Deterministic kernels (fixed reduction order)."),
@@ -69,7 +73,7 @@ def _split_layer_target(kw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, A
                   "fp8_input", "group_size", "zero_points", "per_channel", "prequant_scales", "act_scale", "lora",
                   "ep_size", "ep_rank")
     layer = {k: kw.pop(k) for k in layer_keys}
-    target = {k: kw.pop(k) for k in ("sm", "flavour", "moe_plugin", "deterministic")}
+    target = {k: kw.pop(k) for k in ("sm", "gpu", "flavour", "moe_plugin", "deterministic")}
     from .planner import parse_force
     return layer, target, parse_force(kw.pop("force"))
 
@@ -109,7 +113,8 @@ def fusion_report(checkpoint: str | None, tokens: int, as_json: bool, markdown: 
     if sweep:
         if force:
             raise MoeBuildError("force", "--sweep plans every cell without forced stages", "--force or --sweep")
-        cells = report.sweep(spec, target, tokens, sms=(target.sm,) if target_kw["sm"] else SUPPORTED_SMS,
+        cells = report.sweep(spec, target, tokens,
+                             sms=(target.sm,) if target_kw["sm"] or target_kw["gpu"] else SUPPORTED_SMS,
                              dtypes=(spec.dtype,) if layer["dtype"] else tuple(DType),
                              quants=(spec.quant,) if layer["quant"] else tuple(Quant))
         if as_json:

@@ -18,13 +18,40 @@ SUPPORTED_SMS = (80, 86, 89, 90, 100, 103, 120, 121)
 # TensorRT-RTX 1.7 `ComputeCapability` values (docs/tensorrt_rtx.md); 90 and 100 are absent.
 RTX_SMS = (75, 80, 86, 89, 120, 121)
 RTX_TARGET_SMS = tuple(sm for sm in RTX_SMS if sm in SUPPORTED_SMS)  # what moe-build builds with TensorRT-RTX
-# Multiprocessors, L2 bytes and peak DRAM bytes/s assumed for an SM when no GPU of it is here to ask (the GEMM
-# tactic rules read them): a part of each generation (A100 SXM 80 GB, RTX 3090, RTX 4090, H100 SXM, B200,
-# RTX 5090, GB10), its makers' data sheets.
-DEFAULT_GPU = {80: (108, 40 << 20, 2_039 * 10**9), 86: (84, 6 << 20, 936 * 10**9),
-               89: (128, 72 << 20, 1_008 * 10**9), 90: (132, 50 << 20, 3_352 * 10**9),
-               100: (148, 126 << 20, 8_000 * 10**9), 103: (148, 126 << 20, 8_000 * 10**9),
-               120: (170, 96 << 20, 1_792 * 10**9), 121: (48, 24 << 20, 273 * 10**9)}
+
+
+@dataclass(frozen=True)
+class GpuPart:
+    """What the GEMM tactic rules read of a GPU: its SM, multiprocessors, L2 bytes and peak DRAM bytes/s."""
+
+    sm: int
+    sm_count: int
+    l2_bytes: int
+    memory_bytes_per_s: int
+
+
+# The parts a target may name (`--gpu`), from their makers' data sheets: an ahead-of-time build on a machine without
+# the GPU plans for that part's memory rate and size, not for its SM's default part (an H200 is SM 90 as an H100 is,
+# and the block-128 decode band, tactics.fp8.fp8_block_wide_band, differs between them).
+GPU_PARTS = {
+    "a100-sxm": GpuPart(80, 108, 40 << 20, 2_039 * 10**9),   # A100 SXM 80 GB
+    "a100-pcie": GpuPart(80, 108, 40 << 20, 1_935 * 10**9),  # A100 PCIe 80 GB
+    "rtx-3090": GpuPart(86, 82, 6 << 20, 936 * 10**9),
+    "rtx-4090": GpuPart(89, 128, 72 << 20, 1_008 * 10**9),
+    "l40s": GpuPart(89, 142, 96 << 20, 864 * 10**9),
+    "h100-sxm": GpuPart(90, 132, 50 << 20, 3_352 * 10**9),
+    "h100-pcie": GpuPart(90, 114, 50 << 20, 2_000 * 10**9),
+    "h100-nvl": GpuPart(90, 132, 50 << 20, 3_900 * 10**9),
+    "h200": GpuPart(90, 132, 50 << 20, 4_800 * 10**9),       # SXM and NVL alike
+    "b200": GpuPart(100, 148, 126 << 20, 8_000 * 10**9),
+    "rtx-5090": GpuPart(120, 170, 96 << 20, 1_792 * 10**9),
+    "gb10": GpuPart(121, 48, 24 << 20, 273 * 10**9),
+}
+# The part assumed for an SM when no GPU of it is here to ask and no --gpu names one: a part of each generation; SM
+# 103 (B300) takes B200's figures.
+DEFAULT_GPU = {80: GPU_PARTS["a100-sxm"], 86: GPU_PARTS["rtx-3090"], 89: GPU_PARTS["rtx-4090"],
+               90: GPU_PARTS["h100-sxm"], 100: GPU_PARTS["b200"], 103: GPU_PARTS["b200"],
+               120: GPU_PARTS["rtx-5090"], 121: GPU_PARTS["gb10"]}
 # Largest dynamic shared memory one block may opt into, bytes (CUDA programming guide, per arch).
 MAX_SMEM_PER_BLOCK = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024,
                       100: 227 * 1024, 103: 227 * 1024, 120: 99 * 1024, 121: 99 * 1024}
@@ -81,19 +108,19 @@ class Target:
     sm_count: int = 0                # multiprocessors (0: DEFAULT_GPU's for the SM)
     l2_bytes: int = 0                # L2 cache bytes (0: DEFAULT_GPU's for the SM)
     memory_bytes_per_s: int = 0      # peak DRAM bytes/s (0: DEFAULT_GPU's for the SM)
-    sm_source: str = "flag"          # flag | detected | default
+    sm_source: str = "flag"          # flag | detected | default | gpu NAME (a part of GPU_PARTS, --gpu)
     flavour_source: str = "flag"     # flag | detected | default | target (why the installed one is not used)
 
     def __post_init__(self) -> None:
         if self.sm not in SUPPORTED_SMS:
             raise MoeBuildError("sm", f"unsupported value {self.sm}", SUPPORTED_SMS)
-        count, l2, memory = DEFAULT_GPU[self.sm]
+        part = DEFAULT_GPU[self.sm]
         if not self.sm_count:
-            object.__setattr__(self, "sm_count", count)
+            object.__setattr__(self, "sm_count", part.sm_count)
         if not self.l2_bytes:
-            object.__setattr__(self, "l2_bytes", l2)
+            object.__setattr__(self, "l2_bytes", part.l2_bytes)
         if not self.memory_bytes_per_s:
-            object.__setattr__(self, "memory_bytes_per_s", memory)
+            object.__setattr__(self, "memory_bytes_per_s", part.memory_bytes_per_s)
 
     @property
     def max_smem_per_block(self) -> int:
@@ -189,12 +216,28 @@ def detect_flavour() -> tuple[Flavour, str | None] | None:
     return None
 
 
+def gpu_part(name: str, sm: int | None = None) -> GpuPart:
+    """The part `name` of GPU_PARTS (--gpu), refused in one line where it is unknown or another SM than `sm` (an --sm
+    given beside it)."""
+    part = GPU_PARTS.get(name)
+    if part is None:
+        raise MoeBuildError("gpu", f"unknown part {name!r}", list(GPU_PARTS))
+    if sm is not None and sm != part.sm:
+        raise MoeBuildError("gpu", f"{name} is SM {part.sm}, but --sm says {sm}", f"--sm {part.sm}, or no --sm")
+    return part
+
+
 def resolve_target(sm: int | None = None, flavour: str | None = None, moe_plugin: str = "auto",
                    deterministic: bool = False, profile: TokenProfile | None = None,
-                   environ: Mapping[str, str] | None = None) -> Target:
-    """Fill the unspecified parts of a target from this machine, recording where each came from."""
+                   environ: Mapping[str, str] | None = None, gpu: str | None = None) -> Target:
+    """Fill the unspecified parts of a target from this machine, recording where each came from. A named part (`gpu`)
+    gives the SM, multiprocessors, L2 and memory rate instead of the local GPU."""
     sm_source, sm_count, l2_bytes, memory = "flag", 0, 0, 0
-    if sm is None:
+    if gpu is not None:
+        part = gpu_part(gpu, sm)
+        sm, sm_count, l2_bytes, memory = part.sm, part.sm_count, part.l2_bytes, part.memory_bytes_per_s
+        sm_source = f"gpu {gpu}"
+    elif sm is None:
         gpu = detect_gpu()
         sm_source = "detected"
         if gpu is not None and gpu.sm not in SUPPORTED_SMS:

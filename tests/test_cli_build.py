@@ -147,6 +147,16 @@ def test_plugin_path_without_full_tensorrt(source: str, unreadable_ckpt: Path, t
         assert not list(out.glob("*.engine"))
 
 
+@pytest.mark.skipif(importlib.util.find_spec("tensorrt") is not None, reason="full TensorRT is installed here")
+def test_plugin_path_of_a_named_part_without_full_tensorrt(tmp_path: Path) -> None:
+    """`--gpu h200` plans SM 90's plugin path; the refusal's way out names the SM to build in place of the part (an
+    --sm beside a --gpu of another SM is refused)."""
+    out = tmp_path / "out"
+    r = cli("build", "--preset", "tiny", "--gpu", "h200", "--out", str(out))
+    assert r.returncode == 2 and r.stdout == "" and not out.exists()
+    assert r.stderr.strip() == PLUGIN_REFUSAL.replace("--sm 89 (", "--sm 89 in place of --gpu ("), r.stderr
+
+
 def test_layer_out_of_range_is_refused_before_any_weight(unreadable_ckpt: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     r = cli("build", str(unreadable_ckpt), "--layer", "5", "--out", str(out))

@@ -224,6 +224,25 @@ def test_sweep_keeps_to_the_sm_dtype_and_quant_given():
     assert [(c["sm"], c["dtype"], c["quant"]) for c in doc["cells"]] == [(90, "bf16", "fp8")]
 
 
+def test_a_named_gpu_part_sets_the_target_the_tactics_read():
+    """--gpu plans for that part's SM, multiprocessors, L2 and memory rate, where --sm alone takes the SM's default
+    part: an H200's block-128 layer at 32 tokens leaves the decode kernel that an H100's keeps
+    (tactics.fp8.fp8_block_wide_band, an H200's 4.8 TB/s against an H100 SXM's 3.35)."""
+    layer = ["--preset", "qwen3-30b-a3b", "--quant", "fp8_block", "--flavour", "tensorrt", "--tokens", "32"]
+    h200, h100 = report(*layer, "--gpu", "h200"), report(*layer, "--sm", "90")
+    assert {k: h200["target"][k] for k in ("sm", "sm_count", "l2_bytes", "memory_bytes_per_s", "sm_source")} == {
+        "sm": 90, "sm_count": 132, "l2_bytes": 50 << 20, "memory_bytes_per_s": 4_800 * 10**9, "sm_source": "gpu h200"}
+    assert (h100["target"]["memory_bytes_per_s"], h100["target"]["sm_source"]) == (3_352 * 10**9, "flag")
+    tactic = {name: {s["stage"]: s["choice"] for s in doc["stages"]}["gemm1_tactic"].split(":")[0]
+              for name, doc in (("h200", h200), ("h100", h100))}
+    assert tactic == {"h200": "wgmma", "h100": "decode"}
+    assert report(*layer, "--gpu", "h100-pcie", "--sm", "90")["target"]["sm_count"] == 114  # an --sm that agrees
+    table = run(*layer, "--gpu", "h200")
+    assert table.returncode == 0 and "qwen3-30b-a3b on h200, sm90" in table.stdout
+    sweep = report(*layer[:4], "--flavour", "tensorrt", "--gpu", "l40s", "--sweep")
+    assert {c["sm"] for c in sweep["cells"]} == {89}  # the part's SM only
+
+
 @pytest.mark.parametrize("options", [("--json", "--markdown"), ("--explain", "finalize", "--json"),
                                      ("--sweep", "--markdown"), ("--sweep", "--explain", "path")])
 def test_conflicting_output_options_are_refused(options):

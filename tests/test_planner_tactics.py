@@ -20,7 +20,7 @@ from moe_build.planner.tactics.fp8 import FP8_BLOCK_SLOW_MEMORY
 from moe_build.planner.tactics.woq import (WOQ_TILE_FIXED_ROW_K, WOQ_TILE_FIXED_ROWS, woq_digits_rows, woq_staged_rows,
                                            woq_tile_cost)
 from moe_build.spec import MoESpec, Quant
-from moe_build.target import DEFAULT_GPU, Flavour, Target, TokenProfile
+from moe_build.target import DEFAULT_GPU, GPU_PARTS, SUPPORTED_SMS, Flavour, Target, TokenProfile, resolve_target
 
 H100 = Target(sm=90, flavour=Flavour.TENSORRT, sm_count=132, l2_bytes=50 << 20)
 A100 = Target(sm=80, flavour=Flavour.TENSORRT, sm_count=108, l2_bytes=40 << 20)
@@ -32,7 +32,8 @@ H200_MEMORY = 4_800 * 10**9              # an H200's peak DRAM rate (its data sh
 
 def call(**kw: object) -> GemmCall:
     base = dict(sm=90, entry="sm90", epilogue="gated", n=1536, k=2048, experts=128, top_k=8, itemsize=2,
-                weights_blocked=False, sm_count=132, l2_bytes=50 << 20, memory_bytes_per_s=DEFAULT_GPU[90][2])
+                weights_blocked=False, sm_count=132, l2_bytes=50 << 20,
+                memory_bytes_per_s=DEFAULT_GPU[90].memory_bytes_per_s)
     return GemmCall(**{**base, **kw})  # type: ignore[arg-type]
 
 
@@ -688,6 +689,23 @@ def test_tactics_follow_the_target_gpu() -> None:
     assert big.split(":")[2] == "placed" and small.split(":")[2] == "plain"
 
 
+def test_a_named_part_fills_the_target() -> None:
+    """resolve_target(gpu=NAME) takes the part's SM, multiprocessors, L2 and memory rate (and says so in sm_source)
+    without asking this machine; --sm alone takes the SM's default part, which is a part of that SM (SM 103, B300,
+    borrows B200's figures)."""
+    pcie = resolve_target(gpu="h100-pcie", flavour="tensorrt")
+    assert (pcie.sm, pcie.sm_count, pcie.l2_bytes, pcie.memory_bytes_per_s, pcie.sm_source) == (
+        90, 114, 50 << 20, 2_000 * 10**9, "gpu h100-pcie")
+    for name, part in GPU_PARTS.items():
+        t = resolve_target(gpu=name, sm=part.sm, flavour="tensorrt")
+        assert (t.sm, t.sm_count, t.l2_bytes, t.memory_bytes_per_s) == (
+            part.sm, part.sm_count, part.l2_bytes, part.memory_bytes_per_s), name
+    assert set(DEFAULT_GPU) == set(SUPPORTED_SMS)
+    assert all(part.sm == sm for sm, part in DEFAULT_GPU.items() if sm != 103) and DEFAULT_GPU[103].sm == 100
+    h100 = resolve_target(sm=90, flavour="tensorrt")
+    assert (h100.sm_count, h100.memory_bytes_per_s, h100.sm_source) == (132, 3_352 * 10**9, "flag")
+
+
 def test_fp8_wide_tile_and_decode_slices() -> None:
     """Rowwise FP8 GEMMs take coop128x192 past 128 average rows per expert (block-128 ones stay on coop128x128),
     and the FP8 decode kernel splits K while each warp's slice keeps 1024 bytes, up to 8 slices, whatever the
@@ -707,7 +725,7 @@ def test_fp8_block_decode_band_past_64_rows_on_slower_memory() -> None:
     """tactics.fp8.fp8_block_wide_band: block-128 GEMMs stay on the decode kernel past 64 rows where the GPU's peak DRAM
     rate is at most FP8_BLOCK_SLOW_MEMORY (the H100's 3.35 TB/s, not the H200's 4.8), the layer has 64 experts or more,
     an expert at most 4 rows on average and the call at most 512 rows; elsewhere from 64 rows, as before."""
-    assert DEFAULT_GPU[90][2] <= FP8_BLOCK_SLOW_MEMORY < H200_MEMORY
+    assert DEFAULT_GPU[90].memory_bytes_per_s <= FP8_BLOCK_SLOW_MEMORY < H200_MEMORY
     qwen3_up = call(k=2048, n=1536, itemsize=1, fp8="block128")  # 128 experts, top-8: avg rows ceil(tokens / 16)
     qwen3_down = call(epilogue="finalize", n=2048, k=768, itemsize=1, fp8="block128")
     for c in (qwen3_up, qwen3_down):  # 64 tokens: 512 rows, 4 an expert; 65: 520 rows, 5

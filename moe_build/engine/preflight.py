@@ -34,11 +34,13 @@ class Toolchain:
 
 
 def plugin_needs_full_tensorrt(target: Target, why: str) -> MoeBuildError:
-    """The one line for a plugin-path plan where full TensorRT cannot build it, with both ways out."""
+    """The one line for a plugin-path plan where full TensorRT cannot build it, with both ways out (a target named
+    by its part, --gpu, takes the SM in its place: the two may not disagree)."""
     sm = target.sm if target.sm in RTX_SMS else DEFAULT_SM_WITHOUT_GPU
+    instead = " in place of --gpu" if target.sm_source.startswith("gpu ") else ""
     return MoeBuildError("path", f"the plan takes the plugin path, which needs full TensorRT (add_plugin_v3); {why}: "
                          "pip install 'moe-build[trt]' from NVIDIA's index, or build an OOTB engine with "
-                         f"--flavour tensorrt-rtx --sm {sm} (or --moe-plugin disable)")
+                         f"--flavour tensorrt-rtx --sm {sm}{instead} (or --moe-plugin disable)")
 
 
 def _backend_for(plan: Plan, target: Target) -> Backend:

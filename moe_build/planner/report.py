@@ -83,11 +83,17 @@ def _ep_text(spec: dict) -> str:
     return f", expert-parallel over {size} ranks{which}: {int(spec['num_experts']) // size} experts each"
 
 
+def _target_text(t: dict) -> str:
+    """"sm90", or "h200, sm90" for a target named by its part (--gpu)."""
+    source = str(t.get("sm_source", ""))
+    return f"{source[len('gpu '):]}, sm{t['sm']}" if source.startswith("gpu ") else f"sm{t['sm']}"
+
+
 def render_table(plan: Plan, console: Console) -> None:
     t = plan.target
     source = str(t.get("flavour_source", ""))
     why = f", as {source[len('target ('):-1]}" if source.startswith("target (") else ""
-    title = (f"MoE fusion plan: {plan.spec.get('name', 'moe')}{_ep_text(plan.spec)} on sm{t['sm']} "
+    title = (f"MoE fusion plan: {plan.spec.get('name', 'moe')}{_ep_text(plan.spec)} on {_target_text(t)} "
              f"({t['flavour']}{why}), "
              f"{plan.tokens} token{'s' if plan.tokens != 1 else ''}")
     console.print(f"[bold]{escape(title)}[/bold]")
@@ -106,7 +112,7 @@ def render_table(plan: Plan, console: Console) -> None:
 def render_markdown(plan: Plan) -> str:
     t = plan.target
     lines = [f"# MoE fusion plan: {plan.spec.get('name', 'moe')}{_ep_text(plan.spec)}", "",
-             f"- target: sm{t['sm']}, {t['flavour']} {t.get('flavour_version') or ''}".rstrip(),
+             f"- target: {_target_text(t)}, {t['flavour']} {t.get('flavour_version') or ''}".rstrip(),
              f"- tokens: {plan.tokens}", f"- path: **{plan.path}** ({_path_reason(plan)})", "",
              "| stage | choice | fallback | by tokens | failed gates | what runs |", "|---|---|---|---|---|---|"]
     for d in plan.stages:

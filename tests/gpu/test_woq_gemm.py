@@ -197,8 +197,8 @@ def test_decode_tile_takes_the_rows_the_planner_counts(form: str, k_split: int) 
     fits, group_refusal = TILE_FITS[form]
     k = 97 * 128
     most = fits(GemmCall(sm=90, entry="sm90", epilogue="store", n=144, k=k, experts=3, top_k=1, itemsize=2,
-                         weights_blocked=False, sm_count=132, l2_bytes=50 << 20, memory_bytes_per_s=DEFAULT_GPU[90][2],
-                         woq="int4", woq_group=128), k_split)
+                         weights_blocked=False, sm_count=132, l2_bytes=50 << 20,
+                         memory_bytes_per_s=DEFAULT_GPU[90].memory_bytes_per_s, woq="int4", woq_group=128), k_split)
     assert 1 <= most < 8
     tactic = f"decode:{form}_ksplit{k_split}:plain:plain"
     dev, ref, mag, _ = case(WoqKind.INT4, [most, 0, 0], 144, k, 128, True, False, torch.bfloat16, 3, pad_rows=0)
