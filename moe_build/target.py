@@ -22,7 +22,8 @@ RTX_TARGET_SMS = tuple(sm for sm in RTX_SMS if sm in SUPPORTED_SMS)  # what moe-
 
 @dataclass(frozen=True)
 class GpuPart:
-    """What the GEMM tactic rules read of a GPU: its SM, multiprocessors, L2 bytes and peak DRAM bytes/s."""
+    """What the GEMM tactic rules read of a GPU, named (GPU_PARTS) or detected (detect_gpu): its SM, multiprocessors,
+    L2 bytes and peak DRAM bytes/s (0 where a driver does not say)."""
 
     sm: int
     sm_count: int
@@ -146,21 +147,13 @@ def env_disables_finalize_fusion(environ: Mapping[str, str] | None = None) -> bo
     return any(environ.get(name, "").strip() not in ("", "0") for name in FINALIZE_FUSION_ENV)
 
 
-@dataclass(frozen=True)
-class DetectedGpu:
-    sm: int
-    sm_count: int
-    l2_bytes: int
-    memory_bytes_per_s: int
-
-
 def peak_memory_bytes_per_s(memory_clock_khz: int, bus_width_bits: int) -> int:
     """A GPU's peak DRAM rate from its memory clock and bus width as the driver reports them: two transfers a
     clock (HBM and GDDR alike report the clock that way), 0 where either is unknown."""
     return 2 * memory_clock_khz * 1000 * bus_width_bits // 8
 
 
-def detect_gpu() -> DetectedGpu | None:
+def detect_gpu() -> GpuPart | None:
     """GPU 0's SM number, multiprocessor count, L2 bytes and peak DRAM rate, or None without a usable GPU.
 
     Asks the CUDA driver directly (libcuda through ctypes) rather than importing torch, which
@@ -185,7 +178,7 @@ def detect_gpu() -> DetectedGpu | None:
     # MEMORY_CLOCK_RATE (kHz), GLOBAL_MEMORY_BUS_WIDTH (bits): 0 where a driver does not say (Target then takes the
     # SM's default part's rate)
     memory = peak_memory_bytes_per_s(attribute(36) or 0, attribute(37) or 0)
-    return DetectedGpu(values[0] * 10 + values[1], values[2], values[3], memory)
+    return GpuPart(values[0] * 10 + values[1], values[2], values[3], memory)
 
 
 # Each flavour's import name and the distributions that may provide it (their metadata gives the version
@@ -216,6 +209,14 @@ def detect_flavour() -> tuple[Flavour, str | None] | None:
     return None
 
 
+GPU_SOURCE_PREFIX = "gpu "  # Target.sm_source of a target named by its part: "gpu h200"
+
+
+def named_part(sm_source: str) -> str | None:
+    """The part a target's sm_source names (--gpu), or None (flag, detected, default)."""
+    return sm_source[len(GPU_SOURCE_PREFIX):] if sm_source.startswith(GPU_SOURCE_PREFIX) else None
+
+
 def gpu_part(name: str, sm: int | None = None) -> GpuPart:
     """The part `name` of GPU_PARTS (--gpu), refused in one line where it is unknown or another SM than `sm` (an --sm
     given beside it)."""
@@ -232,21 +233,20 @@ def resolve_target(sm: int | None = None, flavour: str | None = None, moe_plugin
                    environ: Mapping[str, str] | None = None, gpu: str | None = None) -> Target:
     """Fill the unspecified parts of a target from this machine, recording where each came from. A named part (`gpu`)
     gives the SM, multiprocessors, L2 and memory rate instead of the local GPU."""
-    sm_source, sm_count, l2_bytes, memory = "flag", 0, 0, 0
+    sm_source, part = "flag", None
     if gpu is not None:
-        part = gpu_part(gpu, sm)
-        sm, sm_count, l2_bytes, memory = part.sm, part.sm_count, part.l2_bytes, part.memory_bytes_per_s
-        sm_source = f"gpu {gpu}"
+        part, sm_source = gpu_part(gpu, sm), GPU_SOURCE_PREFIX + gpu
     elif sm is None:
-        gpu = detect_gpu()
-        sm_source = "detected"
-        if gpu is not None and gpu.sm not in SUPPORTED_SMS:
-            raise MoeBuildError("sm", f"detected GPU has SM {gpu.sm}, which moe-build does not target; pass --sm",
+        part, sm_source = detect_gpu(), "detected"
+        if part is not None and part.sm not in SUPPORTED_SMS:
+            raise MoeBuildError("sm", f"detected GPU has SM {part.sm}, which moe-build does not target; pass --sm",
                                 SUPPORTED_SMS)
-        if gpu is None:
+        if part is None:
             sm, sm_source = DEFAULT_SM_WITHOUT_GPU, "default"
-        else:
-            sm, sm_count, l2_bytes, memory = gpu.sm, gpu.sm_count, gpu.l2_bytes, gpu.memory_bytes_per_s
+    if part is None:
+        sm_count = l2_bytes = memory = 0  # Target fills them from the SM's default part
+    else:
+        sm, sm_count, l2_bytes, memory = part.sm, part.sm_count, part.l2_bytes, part.memory_bytes_per_s
     flavour_source, version = "flag", None
     if flavour is None:
         found = detect_flavour()

@@ -15,7 +15,7 @@ from typing import Any
 from ..errors import MoeBuildError
 from ..planner import Plan
 from ..spec import MoESpec
-from ..target import DEFAULT_SM_WITHOUT_GPU, RTX_SMS, Target
+from ..target import DEFAULT_SM_WITHOUT_GPU, RTX_SMS, Target, named_part
 from .backend import Backend, FlavourUnavailable, load_backend
 from .options import BuildOptions, check_options
 from .polygraphy_trt import config_loader_class, polygraphy_loaders
@@ -37,7 +37,7 @@ def plugin_needs_full_tensorrt(target: Target, why: str) -> MoeBuildError:
     """The one line for a plugin-path plan where full TensorRT cannot build it, with both ways out (a target named
     by its part, --gpu, takes the SM in its place: the two may not disagree)."""
     sm = target.sm if target.sm in RTX_SMS else DEFAULT_SM_WITHOUT_GPU
-    instead = " in place of --gpu" if target.sm_source.startswith("gpu ") else ""
+    instead = " in place of --gpu" if named_part(target.sm_source) else ""
     return MoeBuildError("path", f"the plan takes the plugin path, which needs full TensorRT (add_plugin_v3); {why}: "
                          "pip install 'moe-build[trt]' from NVIDIA's index, or build an OOTB engine with "
                          f"--flavour tensorrt-rtx --sm {sm}{instead} (or --moe-plugin disable)")

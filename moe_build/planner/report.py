@@ -16,7 +16,7 @@ from . import PLAN_SCHEMA_VERSION, Plan, StageDecision, make_plan
 from .gates import bands_text
 from .plan import MATRIX_STAGES
 from ..spec import DType, MoESpec, Quant
-from ..target import SUPPORTED_SMS, Target
+from ..target import SUPPORTED_SMS, Target, named_part
 
 REPORT_SCHEMA_VERSION = "moe-build.fusion-report/8"
 SWEEP_SCHEMA_VERSION = "moe-build.fusion-sweep/7"
@@ -85,8 +85,8 @@ def _ep_text(spec: dict) -> str:
 
 def _target_text(t: dict) -> str:
     """"sm90", or "h200, sm90" for a target named by its part (--gpu)."""
-    source = str(t.get("sm_source", ""))
-    return f"{source[len('gpu '):]}, sm{t['sm']}" if source.startswith("gpu ") else f"sm{t['sm']}"
+    part = named_part(str(t.get("sm_source", "")))
+    return f"{part}, sm{t['sm']}" if part else f"sm{t['sm']}"
 
 
 def render_table(plan: Plan, console: Console) -> None:
