@@ -65,6 +65,26 @@ def test_stored_bytes_by_hand() -> None:
     assert woq_layer.stored_expert_bytes(w.woq) == data + 4 * groups + groups
 
 
+@pytest.mark.parametrize("kind", [WoqKind.INT4, WoqKind.INT8, WoqKind.MXFP4], ids=lambda k: k.value)
+def test_the_bf16_reference_dequantizes_the_stored_experts_by_chunk(kind: WoqKind) -> None:
+    """The bench's bf16 reference reads the quantized experts and dequantizes a chunk of them at a time: the same
+    numbers as the reference of a whole bf16 copy (MoEWeights.dequantized) in the same chunks, bit for bit,
+    on fresh random data."""
+    import random
+    from moe_build.bench.workload import InputSet, check_rows, reference_by_experts
+    seed = random.SystemRandom().randrange(1 << 30)
+    base = bench_spec("qwen3-30b-a3b").with_overrides(hidden_size=256, intermediate_size=128, num_experts=8, top_k=2)
+    group = {WoqKind.INT4: 64, WoqKind.INT8: None, WoqKind.MXFP4: 32}[kind]
+    w = MoEWeights.random(base, seed=seed).quantized_woq(kind, group, asymmetric=kind is WoqKind.INT4,
+                                                         awq=kind is WoqKind.INT4)
+    g = torch.Generator().manual_seed(seed)
+    inp = InputSet(torch.randn(40, 256, generator=g).to(torch.bfloat16), torch.randn(40, 8, generator=g), 0)
+    rows = check_rows(base, inp, None)
+    copy = reference_by_experts(base, w.dequantized(torch.bfloat16), inp, rows, chunk=1)
+    assert torch.equal(reference_by_experts(base, w, inp, rows, chunk=1), copy), seed
+    assert float(copy.abs().max()) > 0, seed
+
+
 def _record(tokens: int, floor: float, ours: float, bf16: float, forced: float | None = None) -> dict:
     variants = {"ours": {"graph_us": ours, "us": ours + 10}, "ours_bf16": {"graph_us": bf16}}
     if forced is not None:

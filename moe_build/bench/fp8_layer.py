@@ -21,6 +21,7 @@ checked first against an fp64 reference on sampled rows of the input it is timed
 """
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 import time
@@ -114,29 +115,38 @@ def bench_fp8_shape(name: str, mode: Fp8Mode, tokens_list: Sequence[int], ceilin
     t0 = time.time()
     w = device_fp8_weights(spec, seed=list(FP8_SHAPES).index(name))
     block = w.fp8.granularity is ScaleGranularity.BLOCK128
-    w16 = w.dequantized(torch.bfloat16) if set(variants) & set(BF16_VARIANTS) else None
-    w_row = rowwise_fp8_weights(w) if "scaled_grouped_mm" in variants else None
+    # The bf16 variants' weights, made by the first of them. The bf16 variants are set up first and the copy is
+    # dropped before the others are (their runner and peer hold what they use; the bf16 reference dequantizes a chunk
+    # of experts at a time), so the FP8 runners' and the requantized peer's weights never sit beside it: on 80 GB,
+    # DeepSeek-V3's did not fit.
+    dequantized16 = functools.cache(lambda: w.dequantized(torch.bfloat16))
+    w_row = functools.cache(lambda: rowwise_fp8_weights(w))
     max_tokens = max(tokens_list)
     out_buf = torch.empty(max_tokens, spec.hidden_size, device="cuda", dtype=torch.bfloat16)
 
     def make(v: str) -> VariantSetup:
+        if v not in BF16_VARIANTS:
+            dequantized16.cache_clear()
         force = runner_force(v)
         if force is not None:
             return runner_setup(MoERunner(spec, w, max_tokens=max_tokens, force=force or None), out_buf)
         if v == "ours_bf16":
-            return runner_setup(MoERunner(spec16, w16, max_tokens=max_tokens), out_buf)
+            return runner_setup(MoERunner(spec16, dequantized16(), max_tokens=max_tokens), out_buf)
         if v == "scaled_grouped_mm":
-            return scaled_grouped_mm_peer(rowwise_spec, w_row), None, {
+            return scaled_grouped_mm_peer(rowwise_spec, w_row()), None, {
                 "weights": "the block-128 weights dequantized and requantized per output channel" if block
                 else "the layer's FP8 weights and per-channel scales"}
         if v == "grouped_mm_dequant":
-            return grouped_mm_peer(spec16, w16), None, {
+            return grouped_mm_peer(spec16, dequantized16()), None, {
                 "weights": "the FP8 weights dequantized to bf16 once, outside the timed region"}
         raise ValueError(f"unknown variant {v!r}")
 
-    fns, runners, meta = set_up_variants(variants, make, log, f"{mode.name} {name}")
+    bf16_first = sorted(variants, key=lambda v: v not in BF16_VARIANTS)
+    fns, runners, meta = set_up_variants(bf16_first, make, log, f"{mode.name} {name}")
+    dequantized16.cache_clear()
     log(f"{mode.name} {name}: setup {time.time() - t0:.1f}s")
-    layers = {"fp8": (spec, w), "bf16": (spec16, w16), "rowwise": (rowwise_spec, w_row)}
+    rowwise = w_row() if "scaled_grouped_mm" in fns else None  # the peer's requantized weights
+    layers = {"fp8": (spec, w), "bf16": (spec16, w), "rowwise": (rowwise_spec, rowwise)}
     kinds = {_reference_kind(v, block) for v in fns}
     kinds |= {"fp8"} if "rowwise" in kinds else set()  # the requantized peer is also compared with the layer
     records = []

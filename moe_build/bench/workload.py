@@ -17,6 +17,7 @@ from ..reference import moe_reference, route
 from ..spec import ActScale, MoESpec, Quant, Routing, RoutingMethod, SharedExperts
 from ..spec.presets import PRESETS
 from ..weights import MoEWeights
+from ..weights.dtypes import TORCH_DTYPE
 from ..weights.fp8 import FP8_DTYPE, Fp8Scales, ScaleGranularity, blocks, quantize_weight
 from .peers import peer_routing
 
@@ -184,10 +185,12 @@ def reference_by_experts(spec: MoESpec, w: MoEWeights, inp: InputSet, rows: torc
                          chunk: int = REF_CHUNK_ELEMENTS) -> torch.Tensor:
     """moe_reference (fp64) of `rows` of `inp` for weights `w` on the GPU (FP8 or 16-bit), copying to the
     CPU only the experts those rows route to, a chunk of experts (<= `chunk` weight elements, at least
-    top_k experts) at a time. Why it is exact: each row's output is the sum of its experts' weighted
-    outputs, and FP8 activations are quantized per row (per token and per (token, expert)); so each chunk
-    runs moe_reference on the rows that route into it, their slots outside it pointed at one of its
-    experts with weight 0, and the chunks' outputs add up."""
+    top_k experts) at a time. Quantized experts under a 16-bit `spec` are dequantized a chunk at a time, as
+    `MoEWeights.dequantized` rounds them (once, to the spec's dtype): the bf16 layer's reference then needs no
+    16-bit copy of every expert beside the benched runners (DeepSeek-V3's is 22 GB). Why it is exact: each
+    row's output is the sum of its experts' weighted outputs, and FP8 activations are quantized per row (per
+    token and per (token, expert)); so each chunk runs moe_reference on the rows that route into it, their
+    slots outside it pointed at one of its experts with weight 0, and the chunks' outputs add up."""
     x = inp.hidden[rows].cpu()
     ids, weights = route(spec, inp.logits[rows].double().cpu(),
                          None if w.correction_bias is None else w.correction_bias.double().cpu())
@@ -214,6 +217,8 @@ def reference_by_experts(spec: MoESpec, w: MoEWeights, inp: InputSet, rows: torc
                                                                 _take(f.w2_scale, experts),
                                                                 None if f.a1_scale is None else f.a1_scale.cpu(),
                                                                 None if f.a2_scale is None else f.a2_scale.cpu()))
+        if spec.quant is Quant.NONE and (sub_w.fp8 is not None or sub_w.woq is not None):
+            sub_w = sub_w.dequantized(TORCH_DTYPE[spec.dtype])
         sub_spec = replace(spec, num_experts=len(experts), routing=Routing(), name=f"{spec.name}[chunk]")
         out[inside] += moe_reference(sub_spec, sub_w, x[inside], topk_ids=sub_ids, topk_weights=sub_weights)
     return out
