@@ -297,14 +297,14 @@ def test_fp8_fast_accumulation_keeps_pingpong_to_128_rows() -> None:
 
 
 def test_fp8_fast_accumulation_takes_pingpong128_where_measured() -> None:
-    """fp8_pingpong128_rule: with fast accumulation the gated GEMM1 takes pingpong128x128 from 256 average rows per
-    expert, from 33 where k is at least 7168 (DeepSeek-V3's), and the finalize GEMM2 pingpong128x128c2 from 192; the
-    plain store, promoted accumulation and block-128 scales keep their tiles."""
+    """fp8_pingpong128_rule: with fast accumulation the gated GEMM1 takes pingpong128x128 in 2x1 clusters from 256
+    average rows per expert, and the single-CTA tile from 33 where k is at least 7168 (DeepSeek-V3's), and the finalize
+    GEMM2 pingpong128x128c2 from 192; the plain store, promoted accumulation and block-128 scales keep their tiles."""
     mixtral_up = call(epilogue="gated", n=28672, k=4096, experts=8, top_k=2, itemsize=1, fp8="rowwise",
                       fp8_accumulation="fast")  # avg rows = tokens / 4
     assert [at(mixtral_up, t) for t in (1020, 1021, 1024)] == [
-        "wgmma:coop128x192:plain:evict_last", "wgmma:pingpong128x128:plain:evict_last",
-        "wgmma:pingpong128x128:plain:evict_last"]
+        "wgmma:coop128x192:plain:evict_last", "wgmma:pingpong128x128c2:plain:evict_last",
+        "wgmma:pingpong128x128c2:plain:evict_last"]
     mixtral_down = dataclasses.replace(mixtral_up, epilogue="finalize", n=4096, k=14336)
     assert [at(mixtral_down, t) for t in (764, 765, 4096)] == [
         "wgmma:coop128x192:plain:evict_last", "wgmma:pingpong128x128c2:plain:evict_last",
@@ -318,6 +318,8 @@ def test_fp8_fast_accumulation_takes_pingpong128_where_measured() -> None:
         "wgmma:pingpong64x128:plain:evict_last", "wgmma:pingpong128x128:plain:evict_last",
         "wgmma:pingpong128x128:plain:evict_last"]
     assert at(dataclasses.replace(dsv3_up, k=7167), 1025) == "wgmma:pingpong64x128:plain:evict_last"
+    assert at(dataclasses.replace(dsv3_up, k=7167), 8192) == "wgmma:pingpong128x128c2:plain:evict_last"
+    assert at(dsv3_up, 8192) == "wgmma:pingpong128x128:plain:evict_last"
 
 
 def test_fp8_fast_accumulation_runs_wide_narrow_gemms_in_clusters() -> None:

@@ -125,7 +125,8 @@ def test_wgmma(inter, k, tile, accumulation, counts):
 runner_launches = pytest.mark.parametrize("activation,out_dtype,tactic", [
     (act, dtype, tactic) for act in ACTIVATIONS for dtype in (torch.bfloat16, torch.float16)
     for tactic in ("decode:ksplit2:after_trigger:plain", "wgmma:coop128x192:after_trigger:evict_last",
-                   "wgmma:pingpong64x128c2:plain:evict_last", "wgmma:pingpong128x128:after_trigger:evict_last")])
+                   "wgmma:pingpong64x128c2:plain:evict_last", "wgmma:pingpong128x128:after_trigger:evict_last",
+                   "wgmma:pingpong128x128c2:plain:evict_last")])
 
 
 @runner_launches

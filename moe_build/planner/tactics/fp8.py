@@ -241,6 +241,21 @@ FP8_WIDE_MIN_AVG_ROWS = 129
 FP8_PINGPONG128_GATED_MIN_AVG_ROWS = 256
 FP8_PINGPONG128_LONG_K = 7168
 FP8_PINGPONG128_FINALIZE_MIN_AVG_ROWS = 192
+# The gated GEMM1 on pingpong 128x128 runs in 2x1 clusters (two row tiles of an expert on one multicast weight tile)
+# where k is under FP8_PINGPONG128_LONG_K. H100, whole layers, GEMM1 forced onto pingpong128x128c2 beside the plan's
+# pingpong128x128, one round, graph replay, us, plan / c2 (docs/measured/h100-2026-12-07-s31, call2), dynamic and
+# static input scales: Mixtral-8x7B 1024 tokens (256 rows) 802.2 / 798.4 and 809.9 / 792.6, 2048 1324.8 / 1373.4 and
+# 1387.9 / 1253.6, 4096 3008.0 / 2663.6 and 2907.2 / 2507.7, 8192 6349.5 / 5554.9 and 6187.6 / 5394.7; GPT-OSS-20B 2048
+# 525.1 / 490.7 and 514.3 / 475.0, 4096 932.6 / 847.9 and 919.1 / 825.4, 8192 1844.6 / 1596.1 and 1758.1 / 1504.2;
+# DeepSeek-V2-Lite 3072 436.9 / 433.3 and 453.2 / 433.5, 4096 524.7 / 490.0 and 510.6 / 486.0, 8192 996.4 / 921.3 and
+# 946.2 / 861.2; Qwen3-30B-A3B 4096 (256 rows) 467.6 / 473.8 and 466.6 / 470.7, 8192 886.8 / 866.7 and 842.3 / 790.9.
+# Slower at 3 of these 24 points: Qwen3-30B-A3B at 4096 by 1.3% / 0.9%, Mixtral-8x7B's dynamic layer at 2048 by 3.7%
+# (its static one 9.7% faster); Mixtral-8x7B and GPT-OSS-20B 9-14% faster from 4096 tokens on. The long-k GEMM1 of
+# DeepSeek-V3 (k 7168, 40-128 rows) keeps the single CTA: 1280 / 2048 / 4096 tokens 3299.5 / 3284.2, 3704.8 / 3743.8,
+# 5012.5 / 5160.7 and 3175.0 / 3178.7, 3613.5 / 3611.1, 4891.4 / 4951.1. Mixtral-8x7B's GEMM1 alone at 4096 tokens
+# (plain store, hot; call1's tiles_vs_cublas.py): 1833.3 single, 1742.8 in clusters, cuBLAS's dense e4m3 GEMM of the
+# same rows 1512.7. On an H200 (2026-11-30, docs/experiments.md, "FP8 pingpong 128x128 in 2x1 clusters for the gated
+# GEMM1") the clusters ran within 1% at 1024-4096 tokens but one round 5% faster.
 
 
 # rowwise scales, fast accumulation, finalize epilogue, k <= 4096: the short finalize GEMM2 whose decode band
@@ -250,14 +265,15 @@ def short_fast_finalize(call: GemmCall) -> bool:
             and call.k <= FP8_FINALIZE_C2_MAX_K)
 
 
-# fast accumulation, and gated: avg rows >= 256 (or > 32 with k >= 7168) -> pingpong128x128; finalize: avg rows >= 192
-# -> pingpong128x128c2
+# fast accumulation, and gated: avg rows >= 256 -> pingpong128x128c2, or > 32 with k >= 7168 -> pingpong128x128;
+# finalize: avg rows >= 192 -> pingpong128x128c2
 def fp8_pingpong128_rule(call: GemmCall, rows: RowCount) -> str | None:
     if call.fp8 != "rowwise" or call.fp8_accumulation != "fast":
         return None
     if call.epilogue == "gated":
-        least = FP8_NARROW_MAX_AVG_ROWS + 1 if call.k >= FP8_PINGPONG128_LONG_K else FP8_PINGPONG128_GATED_MIN_AVG_ROWS
-        return None if rows.avg_at_most(least - 1) else "pingpong128x128"
+        if call.k >= FP8_PINGPONG128_LONG_K:
+            return None if rows.avg_at_most(FP8_NARROW_MAX_AVG_ROWS) else "pingpong128x128"
+        return None if rows.avg_at_most(FP8_PINGPONG128_GATED_MIN_AVG_ROWS - 1) else "pingpong128x128c2"
     if call.epilogue == "finalize" and not rows.avg_at_most(FP8_PINGPONG128_FINALIZE_MIN_AVG_ROWS - 1):
         return "pingpong128x128c2"
     return None
