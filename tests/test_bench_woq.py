@@ -2,13 +2,15 @@
 floor counts (worked by hand), the targets it marks, and its one-line refusals (the timing runs on a GPU only)."""
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 
 from cli_process import assert_one_line_error, run_moe_build
 from moe_build.bench import woq_layer
 from moe_build.bench.layer import runner_force
-from moe_build.bench.workload import SHAPES, bench_spec
+from moe_build.bench.workload import SHAPES, InputSet, bench_spec, check_rows, reference_by_experts
 from moe_build.planner import make_plan
 from moe_build.spec import ActScale, Quant
 from moe_build.target import Flavour, Target
@@ -70,8 +72,6 @@ def test_the_bf16_reference_dequantizes_the_stored_experts_by_chunk(kind: WoqKin
     """The bench's bf16 reference reads the quantized experts and dequantizes a chunk of them at a time: the same
     numbers as the reference of a whole bf16 copy (MoEWeights.dequantized) in the same chunks, bit for bit,
     on fresh random data."""
-    import random
-    from moe_build.bench.workload import InputSet, check_rows, reference_by_experts
     seed = random.SystemRandom().randrange(1 << 30)
     base = bench_spec("qwen3-30b-a3b").with_overrides(hidden_size=256, intermediate_size=128, num_experts=8, top_k=2)
     group = {WoqKind.INT4: 64, WoqKind.INT8: None, WoqKind.MXFP4: 32}[kind]
