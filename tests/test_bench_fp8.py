@@ -166,8 +166,10 @@ def test_default_fp8_variants() -> None:
             fp8_layer.check_variants(["ours", bad])
 
 
-# block-128 layers whose GEMM1 never runs the gated epilogue (rules.gated_epilogue_block_decode): 235 MB of W1 at 1 token
-BLOCK128_ACTIVATION_KERNEL_ONLY = {"deepseek-v3": {"fc1_activation"}, "mixtral-8x7b": {"fc1_activation"}}
+# block-128 layers that run the activation kernel at every bench count: Mixtral-8x7B's GEMM1 runs the gated epilogue
+# only on the pingpong 64x128 tile (rules.gated_epilogue_block_wgmma), 32 to 160 tokens, and not at decode
+# (rules.gated_epilogue_block_decode: 235 MB of W1 at 1 token)
+BLOCK128_ACTIVATION_KERNEL_ONLY = {"mixtral-8x7b": {"fc1_activation"}}
 
 
 @pytest.mark.parametrize("quant", [Quant.FP8, Quant.FP8_BLOCK])
@@ -176,9 +178,10 @@ def test_forced_off_variants_are_plans_the_default_fuses(shape: str, quant: Quan
     """Each forced-off variant forces its stage at every bench token count, on the sm90 runner's target, and
     the default plan fuses that stage at one of them at least (finalize is token-dependent); but some variants are
     the default plan (the table marks them off): block-128 layers promote by construction, and run the activation
-    kernel at every count where GEMM1 reads more than rules.FP8_BLOCK_GATED_MAX_GEMM1_BYTES at 1 token or I is past
-    FP8_QUANTIZING_MAX_K (DeepSeek-V3, Mixtral-8x7B); rowwise ones past FP8_QUANTIZING_MAX_K quantize GEMM2's input
-    after GEMM1's gated epilogue at every count (the others in GEMM2 where it runs the decode kernel)."""
+    kernel at every bench count where GEMM1 runs the gated epilogue at none (Mixtral-8x7B: its pingpong 64x128 band
+    holds no bench count); rowwise ones past FP8_QUANTIZING_MAX_K
+    quantize GEMM2's input after GEMM1's gated epilogue at every count (the others in GEMM2 where it runs the decode
+    kernel)."""
     spec = fp8_bench_spec(shape, quant)
     target = dataclasses.replace(Target(sm=90, flavour=Flavour.TENSORRT), profile=TokenProfile(1, 16, 4096))
     default = make_plan(spec, target, 4096)

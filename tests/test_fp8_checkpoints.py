@@ -43,7 +43,8 @@ from moe_build.spec.source import resolve_spec
 from moe_build.target import Flavour, Target
 from moe_build.weights import MoEWeights
 from moe_build.weights.checkpoint import SINGLE_FILE, load_moe_layer
-from moe_build.weights.fp8 import FP8_MAX, ScaleGranularity, quantize_weight
+from moe_build.weights.fp8 import (FP8_MAX, ScaleGranularity, blocks, expand_weight_scale, gate_up_halves_scales,
+                                 quantize_weight)
 
 transformers = pytest.importorskip("transformers")
 t = transformers
@@ -716,3 +717,23 @@ def test_cli_reports_the_inferred_quant(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     spec = json.loads(r.stdout)["spec"]
     assert (spec["quant"], spec["act_scale"]) == ("fp8", "static")
+
+
+@pytest.mark.parametrize("inter,hidden", [(192, 300), (1408, 256), (2880, 128)])
+def test_gate_up_halves_scales_follow_each_row(inter: int, hidden: int) -> None:
+    """gate_up_halves_scales: the scale row of the halves' order covering each W1 row is that row's block scale (the
+    stacked scales broadcast to every row, expand_weight_scale), for I on and off multiples of 128 (192: gate and up
+    share the middle block); I off a multiple of 64 and scales of another shape are refused."""
+    e, kb = 3, blocks(hidden)
+    scale = torch.rand(e, blocks(2 * inter), kb)
+    per_row = expand_weight_scale(scale, ScaleGranularity.BLOCK128, 2 * inter, kb * 128)[:, :, ::128]  # [E, 2I, kb]
+    halves = gate_up_halves_scales(scale, inter)
+    assert halves.shape == (e, 2 * inter // 8, kb)
+    for t in range(inter // 64):
+        for h in (0, 1):  # gate, then up: W1 row h * I + 64t + i sits at row 128t + 64h + i of the halves' order
+            for i in range(64):
+                assert torch.equal(halves[:, (128 * t + 64 * h + i) // 8], per_row[:, h * inter + 64 * t + i])
+    with pytest.raises(ValueError, match="multiple of 64"):
+        gate_up_halves_scales(scale, inter + 8)
+    with pytest.raises(ValueError, match=r"w1_scale: shape .* is not \[E, "):  # a non-gated W1's scales (I rows)
+        gate_up_halves_scales(torch.rand(e, blocks(inter), kb), inter)

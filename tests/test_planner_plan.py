@@ -281,42 +281,57 @@ def test_fp8_rowwise_gemm1_runs_the_gated_epilogue_on_sm90() -> None:
     (2048, 1408, 64, 6, 2),  # DeepSeek-V2-Lite
     (2880, 2880, 32, 4, 1),  # GPT-OSS-20B: 66 MB at 1 token
     (7168, 2048, 256, 8, 0),  # DeepSeek-V3: 235 MB at 1 token
-    (4096, 14336, 8, 2, 0)])  # Mixtral-8x7B: I past FP8_QUANTIZING_MAX_K (and 235 MB at 1 token)
-def test_fp8_block128_gated_epilogue_where_gemm1_is_short(hidden, inter, experts, top_k, last) -> None:
-    """rules.gated_epilogue_block_decode: block-128 scales run GEMM1's gated epilogue (W1 stacked, rules.w1_interleaved)
-    at the counts where GEMM1 runs the decode kernel, GEMM2 can quantize its input (I <= FP8_QUANTIZING_MAX_K) and
-    GEMM1 reads at most FP8_BLOCK_GATED_MAX_GEMM1_BYTES of touched experts' W1 (tokens 1..`last`; 0: never), GEMM2
-    quantizing its input there and the activation kernel above; GEMM1's tactic follows the epilogue. Forcing the gated
-    epilogue (it cannot hold at every count), the activation kernel's quantization where the gated epilogue is planned
-    or a wgmma GEMM1 there is refused; forcing the activation kernel gives one band."""
+    (4096, 14336, 8, 2, 0),  # Mixtral-8x7B: I past FP8_QUANTIZING_MAX_K (and 235 MB at 1 token)
+    (2048, 1416, 64, 6, 2)])  # I not a multiple of 64: no gate/up halves on the wgmma kernel
+def test_fp8_block128_gated_epilogue_where_gemm1_is_short_or_wgmma(hidden, inter, experts, top_k, last) -> None:
+    """rules.gated_epilogue_block_decode / gated_epilogue_block_wgmma: block-128 scales run GEMM1's gated epilogue (W1
+    stacked, rules.w1_interleaved) at the counts where GEMM1 runs the decode kernel, GEMM2 can quantize its input
+    (I <= FP8_QUANTIZING_MAX_K) and GEMM1 reads at most FP8_BLOCK_GATED_MAX_GEMM1_BYTES of touched experts' W1 (tokens
+    1..`last`; 0: never), GEMM2 quantizing its input there, and at every count where GEMM1 runs the pingpong 64x128
+    wgmma tile where I is a multiple of 64 (the gate/up halves), the quantize step after it; the activation kernel
+    between and on the coop 128x128 tile past them. GEMM1's tactic follows the epilogue. Forcing the gated epilogue
+    (it cannot hold at every count) or the activation kernel's quantization where the gated epilogue is planned is
+    refused; forcing the activation kernel gives one band; forcing a pingpong 64x128 GEMM1 gives the gated epilogue
+    at every count where I takes the halves, else refuses it."""
     spec = MoESpec(hidden_size=hidden, intermediate_size=inter, num_experts=experts, top_k=top_k,
                    quant=Quant.FP8_BLOCK)
     assert min(experts, last * top_k) * 2 * inter * hidden <= R.FP8_BLOCK_GATED_MAX_GEMM1_BYTES
+    halves = inter % 64 == 0
     plan = make_plan(spec, SM90, tokens=1)
     d = plan.stage("fc1_activation")
     gate = next(g for g in d.gates if g.name == "gated_epilogue_block128_decode")
     assert gate.token_dependent and gate.held == (last > 0)
     assert plan.stage("w1_order").choice == "stacked"
+    gemm1 = plan.stage("gemm1_tactic").bands
+    wgmma = next(b.lo for b in gemm1 if b.choice.startswith("wgmma:pingpong64x128:"))
+    coop = next(b.lo for b in gemm1 if b.choice.startswith("wgmma:coop128x128:"))
+    assert last + 1 < wgmma < coop
+    fc1 = ([[1, last, "gated_epilogue"]] if last else []) + [[last + 1, wgmma - 1 if halves else None, "separate"]] \
+        + ([[wgmma, coop - 1, "gated_epilogue"], [coop, None, "separate"]] if halves else [])
+    fc2 = ([[1, last, "gemm2"]] if last else []) + [[last + 1, wgmma - 1 if halves else None, "fc1_activation"]] \
+        + ([[wgmma, coop - 1, "separate"], [coop, None, "fc1_activation"]] if halves else [])
+    assert bands(d) == fc1
+    assert bands(plan.stage("fc2_input_quant")) == fc2
+    assert d.choice == ("gated_epilogue" if last else "separate")
+    for tokens in (1, last, last + 1, wgmma - 1, wgmma, coop - 1, coop, 4096):
+        if tokens < 1:
+            continue
+        c = plan.choices(tokens)
+        assert (c["fc1_activation"] == "gated_epilogue") == (tokens <= last or (halves and wgmma <= tokens < coop))
+        assert c["gemm1_tactic"].startswith("decode:") == (tokens < wgmma)
+    at_4096 = make_plan(spec, SM90, tokens=4096).stage("fc1_activation")
+    assert not next(g for g in at_4096.gates if g.name == "gated_epilogue_block128_wgmma").held
     if last:
-        assert d.choice == "gated_epilogue"
-        assert bands(d) == [[1, last, "gated_epilogue"], [last + 1, None, "separate"]]
-        assert bands(plan.stage("fc2_input_quant")) == [[1, last, "gemm2"], [last + 1, None, "fc1_activation"]]
-        for tokens in (1, last, last + 1, 4096):
-            c = plan.choices(tokens)
-            assert (c["fc1_activation"] == "gated_epilogue") == (tokens <= last)
-            assert c["gemm1_tactic"].startswith("decode:") or tokens > last
         with pytest.raises(UnsupportedCombination, match="fc2_input_quant=fc1_activation"):
             make_plan(spec, SM90, force={"fc2_input_quant": "fc1_activation"})
-        with pytest.raises(MoeBuildError, match="block-128 scales runs on the decode kernel only"):
-            make_plan(spec, SM90, force={"gemm1_tactic": "wgmma:pingpong64x128:plain:plain"})
-    else:
-        assert d.choice == "separate" and bands(d) == [[1, None, "separate"]]
-        assert bands(plan.stage("fc2_input_quant")) == [[1, None, "fc1_activation"]]
     with pytest.raises(UnsupportedCombination, match="gated_epilogue_block128_decode"):
         make_plan(spec, SM90, force={"fc1_activation": "gated_epilogue"})
     separate = make_plan(spec, SM90, tokens=1, force={"fc1_activation": "separate"})
+    assert bands(separate.stage("fc1_activation")) == [[1, None, "separate"]]
     assert bands(separate.stage("fc2_input_quant")) == [[1, None, "fc1_activation"]]
     assert separate.stage("w1_order").choice == "stacked"
+    on_wgmma = make_plan(spec, SM90, tokens=1, force={"gemm1_tactic": "wgmma:pingpong64x128:plain:plain"})
+    assert bands(on_wgmma.stage("fc1_activation")) == [[1, None, "gated_epilogue" if halves else "separate"]]
 
 
 def test_fp8_gemm2_quantizes_its_input_where_it_runs_the_decode_kernel() -> None:

@@ -540,9 +540,12 @@ mb_status mb_grouped_gemm_fp8_quantizing_finalize(const void* A16, const float* 
  * scale_b [E, 2 * inter] and bias [E, 2 * inter] (or NULL) with the gate and up rows interleaved in blocks of 8
  * (rows 16b..16b+7: gate features 8b..8b+7, rows 16b+8..16b+15: their up projections), each of gate and up scaled
  * by its row's and column's scale before the bias. MB_FP8_BLOCK128 scales take W1 stacked instead, as the checkpoint
- * stores it (rows 0..inter-1 gate, inter..2 inter-1 up; scale_b [E, ceil(2 inter / 128), ceil(k / 128)], bias in
- * the same order: its 128-row scale blocks stay whole), the decode kernel only (MB_GEMM_DECODE, else
- * MB_ERR_UNSUPPORTED) and no static scale below. activation: MB_ACT_SWIGLU, MB_ACT_GEGLU or
+ * stores it (rows 0..inter-1 gate, inter..2 inter-1 up; bias in the same order), and no static scale below; on the
+ * decode kernel (MB_GEMM_DECODE) scale_b [E, ceil(2 inter / 128), ceil(k / 128)] (its 128-row scale blocks stay
+ * whole), on the wgmma kernel (MB_GEMM_WGMMA; inter a multiple of 64) scale_b [E, 2 inter / 8, ceil(k / 128)] in
+ * the gate/up halves' order, each 128-column tile t 64 features' gate columns, then their up columns: row 16t + u is
+ * the scale of W1 rows 64t + 8u .. + 7 (u < 8, gate) or inter + 64t + 8(u - 8) .. + 7 (up), the stacked 128-row
+ * block holding them; any other tactic kernel is MB_ERR_UNSUPPORTED. activation: MB_ACT_SWIGLU, MB_ACT_GEGLU or
  * MB_ACT_SWIGLU_CLAMP (with swiglu_alpha / swiglu_limit); inter a multiple of 8. The same kernels, tactics and
  * workspace as mb_grouped_gemm_fp8 (n = 2 * inter), and output_l2 EVICT_LAST with the wgmma kernel (its stores
  * under L2 evict_last).

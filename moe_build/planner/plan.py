@@ -207,7 +207,8 @@ def _fc1_activation(spec: MoESpec, target: Target, gemm_kernel: str, tokens: int
              "separate": "GEMM1, then a separate gated-activation kernel"}
     held = {"fused_gated": all(g.held for g in sm80), "gated_epilogue": all(g.held for g in ours)}
     if held["gated_epilogue"] and spec.quant is Quant.FP8_BLOCK and forced in (None, "gated_epilogue"):
-        return _fc1_gated_in_decode_band(spec, tokens, (non_gated, *sm80, *ours), texts, forced is not None)
+        return _fc1_gated_block128(spec, target, gemm_kernel, tokens, (non_gated, *sm80, *ours), texts,
+                                   forced is not None, gemm1_forced)
     if held["gated_epilogue"] and spec.quant in R.GATED_EPILOGUE_MIXED_INPUT_QUANTS and forced in (None,
                                                                                                "gated_epilogue"):
         return _fc1_gated_in_mixed_band(spec, target, gemm_kernel, tokens, (non_gated, *sm80, *ours), texts,
@@ -221,23 +222,41 @@ def _fc1_activation(spec: MoESpec, target: Target, gemm_kernel: str, tokens: int
                          summary=texts[choice])
 
 
-def _fc1_gated_in_decode_band(spec: MoESpec, tokens: int, gates: Sequence[Gate], texts: Mapping[str, str],
-                              forced: bool) -> StageDecision:
-    """A block-128 layer's gated epilogue, GEMM1's decode kernel's (rules.gated_epilogue_block_decode): in that band,
-    the separate activation above (bands over every count); forced, refused (it cannot hold at every count)."""
-    here = R.gated_epilogue_block_decode(spec, T.RowCount(tokens, spec.top_k, spec.local_experts))
-    bands = tuple(Band(lo, hi, "gated_epilogue" if held else "separate") for lo, hi, held in
-                  T.token_bands(spec.top_k, spec.local_experts,
-                                lambda rows: R.gated_epilogue_block_decode(spec, rows).held))
-    if forced:  # refused at the first count where the gate fails (past the decode band there is always one)
-        lo = next(b.lo for b in bands if b.choice == "separate")
-        _refuse([R.gated_epilogue_block_decode(spec, T.RowCount(lo, spec.top_k, spec.local_experts))],
-                f"cannot force fc1_activation=gated_epilogue (a forced choice holds at every token count; at {lo} "
-                "tokens)")
-    choice = "gated_epilogue" if here.held else "separate"
-    text = ("gated activation in the FP8 decode GEMM1's epilogue (moe-build's own fusion; W1 stacked, its block-128 "
-            "scales whole)" if choice == "gated_epilogue" else texts["separate"])
-    return StageDecision("fc1_activation", choice, "separate", (*gates, here), bands,
+def _fc1_gated_block128(spec: MoESpec, target: Target, gemm_kernel: str, tokens: int, gates: Sequence[Gate],
+                        texts: Mapping[str, str], forced: bool, gemm1_forced: T.GemmTactic | None) -> StageDecision:
+    """A block-128 layer's gated epilogue: the decode GEMM1's in its band (rules.gated_epilogue_block_decode) and the
+    wgmma GEMM1's on the gate/up halves (rules.gated_epilogue_block_wgmma), by GEMM1's tactic at each count (the forced
+    one at every count); the separate activation at the others (bands over every count); forced, refused where it
+    cannot hold."""
+    store = _plain_store_calls(spec, target, gemm_kernel)["gemm1_tactic"]
+
+    def rules_at(rows: T.RowCount) -> tuple[Gate, Gate]:
+        tactic = gemm1_forced or T.choose_tactic(store, rows)
+        decode = R.gated_epilogue_block_decode(spec, rows)
+        return (decode if tactic.kernel == "decode" else replace(decode, held=False),
+                R.gated_epilogue_block_wgmma(spec, tactic))
+
+    def where(rows: T.RowCount) -> str:
+        decode, wgmma = rules_at(rows)
+        return "decode" if decode.held else "wgmma" if wgmma.held and spec.quant is Quant.FP8_BLOCK else "separate"
+
+    bands = tuple(Band(lo, hi, c) for lo, hi, c in T.token_bands(
+        spec.top_k, spec.local_experts, lambda rows: "separate" if where(rows) == "separate" else "gated_epilogue"))
+    if forced:  # refused at the first count where neither GEMM1 can run it
+        lo = next((b.lo for b in bands if b.choice == "separate"), None)
+        if lo is not None:
+            _refuse(rules_at(T.RowCount(lo, spec.top_k, spec.local_experts)),
+                    f"cannot force fc1_activation=gated_epilogue (a forced choice holds at every token count; at {lo} "
+                    "tokens)")
+    rows_here = T.RowCount(tokens, spec.top_k, spec.local_experts)
+    here, at = rules_at(rows_here), where(rows_here)
+    choice = "separate" if at == "separate" else "gated_epilogue"
+    text = {"decode": "gated activation in the FP8 decode GEMM1's epilogue (moe-build's own fusion; W1 stacked, its "
+                      "block-128 scales whole)",
+            "wgmma": "gated activation in the FP8 wgmma GEMM1's epilogue (moe-build's own fusion; W1 stacked, read by "
+                     "64-row gate/up halves)",
+            "separate": texts["separate"]}[at]
+    return StageDecision("fc1_activation", choice, "separate", (*gates, *here), bands, forced=forced,
                          summary=f"{text} ({bands_text(bands, choice_first=True)})")
 
 

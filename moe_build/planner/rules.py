@@ -12,6 +12,7 @@ from typing import Sequence
 from ..spec import ActScale, Activation, DType, MoESpec, OutputDType, Quant
 from ..target import Flavour, Target
 from ..weights.blocks import blocks_fit
+from ..weights.halves import halves_fit
 from .gates import (BUILDER_PY, ENV_UTILS_CPP, RTX_FACTS, GEMM_DISPATCH_H, MOE_KERNELS_CU, MOE_KERNELS_H,
                     MOE_PLUGIN_CPP, MOE_PY, OURS, PLUGIN_PY, Gate)
 from .tactics import GemmTactic, RowCount
@@ -353,14 +354,14 @@ def gated_epilogue_woq_mixed(s: MoESpec, rows: RowCount, gemm1_tactic: GemmTacti
                 not woq or mixed, OURS, token_dependent=True)
 
 
-# ... with block-128 scales on the decode kernel only, which reads W1 stacked (gate row f, up row I + f, each with its
-# own 128-row scale block; the wgmma mainloop scales a tile's 128 rows by one block, which the gate/up interleave by 8
-# would split), where it pays: it makes that GEMM1 5-10% slower than its plain store (H200 timelines, 1-4 tokens:
-# GPT-OSS-20B 31.2 against 28.3 us at 1 token, Mixtral-8x7B 166.1 against 159.8 at 4, DeepSeek-V3 130.8 against 127.3
-# at 2) and saves the activation kernel and its wait, 3-5 us, only where GEMM2 then quantizes its own input. So: GEMM1
-# rows < FP8_BLOCK_DECODE_ROWS (its decode band), intermediate_size <= FP8_QUANTIZING_MAX_K (after the epilogue a
-# quantize step costs what the activation kernel does: Mixtral-8x7B up to 10 us slower at 1-16 tokens) and GEMM1's
-# touched weights min(experts, rows) x 2I x H <= FP8_BLOCK_GATED_MAX_GEMM1_BYTES. Layers, H200, graph replay, four
+# ... with block-128 scales on the decode kernel, which reads W1 stacked (gate row f, up row I + f, each with its own
+# 128-row scale block; W1 interleaved by 8 would split the blocks), where it pays: it makes that GEMM1 5-10% slower
+# than its plain store (H200 timelines, 1-4 tokens: GPT-OSS-20B 31.2 against 28.3 us at 1 token, Mixtral-8x7B 166.1
+# against 159.8 at 4, DeepSeek-V3 130.8 against 127.3 at 2) and saves the activation kernel and its wait, 3-5 us, only
+# where GEMM2 then quantizes its own input. So: GEMM1 rows < FP8_BLOCK_DECODE_ROWS (its decode band), intermediate_size
+# <= FP8_QUANTIZING_MAX_K (after the epilogue a quantize step costs what the activation kernel does: Mixtral-8x7B up to
+# 10 us slower at 1-16 tokens) and GEMM1's touched weights min(experts, rows) x 2I x H <=
+# FP8_BLOCK_GATED_MAX_GEMM1_BYTES. Layers, H200, graph replay, four
 # rounds at 1-3 tokens, us, gated / activation kernel: Qwen3-30B-A3B (25 MB a token) 1 token 27.6-29.0 / 30.3-31.7, 2
 # tokens 42.3-46.6 / 44.9-48.4, 3 tokens level; DeepSeek-V2-Lite (35 MB) 30.8-32.3 / 32.2-33.6, 2 tokens 51.5-52.6 /
 # 52.7-53.6; GPT-OSS-20B (66 MB) 54.4-59.5 / 57.0-63.6, 2 tokens level; DeepSeek-V3 (235 MB) level at 1, 2-6 us slower
@@ -380,6 +381,29 @@ def gated_epilogue_block_decode(s: MoESpec, rows: RowCount) -> Gate:
                 f"quant != fp8_block or (rows < {FP8_BLOCK_DECODE_ROWS}, I <= {FP8_QUANTIZING_MAX_K} and "
                 f"min(experts, rows) x 2I x H <= {FP8_BLOCK_GATED_MAX_GEMM1_BYTES >> 20} MiB)", held, OURS,
                 token_dependent=True)
+
+
+# The wgmma tiles the block-128 gated GEMM1 runs on in the plan (gated_epilogue_block_wgmma)
+GATED_HALVES_TILES = ("pingpong64x128", "pingpong64x128c2")
+
+
+# ... and on the wgmma kernel's pingpong 64x128 tiles (cpp/src/gemm/fp8_sm90_gated_block.cu): W1 still stacked, read
+# by gate/up halves (moe_build/weights/halves.py: each 128-row weight tile 64 gate rows and their 64 up rows, each half
+# inside one 128-row scale block where intermediate_size % 64 == 0), its scales by 8 rows. Layers on an H100, graph
+# replay, us, gated / activation kernel forced (docs/performance.md, "The block-128 gated GEMM1 on the wgmma tiles"):
+# at 256 tokens (pingpong 64x128) Qwen3-30B-A3B 237.4 / 243.6, DeepSeek-V2-Lite 223.1 / 226.8, GPT-OSS-20B 310.7 /
+# 323.3; at 4096 (coop 128x128) Qwen3-30B-A3B 579.5 / 571.9, DeepSeek-V2-Lite 690.8 / 669.6, Mixtral-8x7B 3900.0 /
+# 3613.1: where the tile's 128 rows make GEMM1 compute-bound, each k block's promotion reading and applying a scale
+# per 8 columns costs more than the activation kernel's round trip.
+# quant != fp8_block or (GEMM1's tactic is a pingpong 64x128 wgmma tile and intermediate_size % 64 == 0)
+def gated_epilogue_block_wgmma(s: MoESpec, gemm1_tactic: GemmTactic) -> Gate:
+    block = s.quant is Quant.FP8_BLOCK
+    pingpong = gemm1_tactic.kernel == "wgmma" and gemm1_tactic.tile in GATED_HALVES_TILES
+    held = not block or (pingpong and halves_fit(s.intermediate_size))
+    return Gate("gated_epilogue_block128_wgmma",
+                f"quant={s.quant.value} gemm1={gemm1_tactic.name} I={s.intermediate_size}",
+                "quant != fp8_block or (GEMM1's tactic is a pingpong 64x128 wgmma tile and intermediate_size % 64 "
+                "== 0)", held, OURS, token_dependent=True)
 
 
 # intermediate_size % 8 == 0: W1 interleaves gate and up rows in blocks of 8 features

@@ -15,7 +15,8 @@ from ..planner.tactics.woq import DIGITS_GROUP_BYTES
 from ..spec import MoESpec
 from ..weights import MoEWeights
 from ..weights.dtypes import TORCH_DTYPE
-from ..weights.fp8 import FP8_GROUP, ScaleGranularity
+from ..weights.fp8 import FP8_GROUP, ScaleGranularity, gate_up_halves_scales
+from ..weights.halves import halves_fit
 from ..weights.woq import GemmOperand, digits_operand, stored_operand, wgmma_operand
 from .batch import Batch
 from .prepare_finalize import routing_args
@@ -53,6 +54,11 @@ class FusedExperts:
         block = f is not None and f.granularity is ScaleGranularity.BLOCK128
         self.fp8_scaling = kernels.Fp8Scaling.BLOCK128 if block else kernels.Fp8Scaling.ROWWISE
         self.fp8_group = FP8_GROUP if block else None
+        # Block-128 W1 scales in the gate/up halves' order, for GEMM1's gated epilogue on the wgmma kernel (which reads
+        # W1 stacked by 64-row halves); made once here, for a gated activation where the halves fit (I a multiple of
+        # 64).
+        self.w1_halves_scale = (gate_up_halves_scales(f.w1_scale, spec.intermediate_size)
+                                if block and spec.activation.is_gated and halves_fit(spec.intermediate_size) else None)
         # how the FP8 wgmma GEMMs accumulate: the plan's fp8_accumulation ("none" for a layer without FP8 GEMMs)
         self.fp8_accumulation = fp8_accumulation
         self.out_dtype = TORCH_DTYPE[spec.dtype]
@@ -244,11 +250,15 @@ class FusedExperts:
 
     def gemm1_fp8_gated(self, b: Batch) -> None:
         """act(gate, up) (+b1) of the scaled products in GEMM1's epilogue, straight into fc1_act (W1, its column
-        scales and b1 gate/up-interleaved; with block-128 scales stacked, as loaded): no fc1_out round trip;
-        quantize_fc2_input or GEMM2 quantizing its own input follows."""
+        scales and b1 gate/up-interleaved; with block-128 scales stacked, as loaded, the wgmma kernel reading those
+        scales in the gate/up halves' order): no fc1_out round trip; quantize_fc2_input or GEMM2 quantizing its own
+        input follows."""
         s = self.spec
+        w1_scale = self.w.fp8.w1_scale
+        if self.w1_halves_scale is not None and b.gemm1_tactic.kernel == self.k.GemmKernel.WGMMA:
+            w1_scale = self.w1_halves_scale
         self.k.grouped_gemm_fp8_gated(b.v("permuted_input"), b.v("permuted_input_scales"), self.w.w1,
-                                      self.w.fp8.w1_scale, b.v("expert_offsets"), self.fp8_scaling, self.act,
+                                      w1_scale, b.v("expert_offsets"), self.fp8_scaling, self.act,
                                       out_dtype=self.out_dtype, bias=self.w.b1, swiglu_alpha=s.swiglu_alpha,
                                       swiglu_limit=s.swiglu_limit, c=b.v("fc1_act"),
                                       workspace=_opt(b, "gemm_workspace"), stream=b.stream,

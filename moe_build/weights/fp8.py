@@ -28,6 +28,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from .halves import HALF_FEATURES, halves_fit, scale_blocks
+
 FP8_MAX = 448.0          # largest finite float8_e4m3fn
 FP8_GROUP = 128          # block-128: weight block side and activation group width
 AMAX_FLOOR = 1e-12       # dynamic scales: an all-zero row or group gets this amax, not a zero scale
@@ -76,6 +78,20 @@ class Fp8Scales:
 def blocks(n: int) -> int:
     """128-wide blocks (or activation groups) covering n."""
     return math.ceil(n / FP8_GROUP)
+
+
+def gate_up_halves_scales(w1_scale: torch.Tensor, inter: int) -> torch.Tensor:
+    """W1's block-128 scales [E, ceil(2I / 128), kb] (W1 stacked) as the wgmma GEMM1 with the gated epilogue reads
+    them, [E, 2I / 8, kb] in the gate/up halves' order (moe_build.weights.halves); made once with the weights, which
+    stay stacked."""
+    if not halves_fit(inter):
+        raise ValueError(f"intermediate_size: {inter} is not a multiple of {HALF_FEATURES} (the gate/up halves)")
+    blocks = -(-2 * inter // FP8_GROUP)
+    if w1_scale.dim() != 3 or w1_scale.shape[1] != blocks:
+        raise ValueError(f"w1_scale: shape {tuple(w1_scale.shape)} is not [E, {blocks}, kb] (a gated W1's block-128 "
+                         f"scales, 2 x {inter} rows)")
+    index = torch.tensor(scale_blocks(inter, FP8_GROUP), device=w1_scale.device)
+    return w1_scale.index_select(1, index).contiguous()
 
 
 def expand_weight_scale(scale: torch.Tensor, granularity: ScaleGranularity, rows: int, cols: int) -> torch.Tensor:

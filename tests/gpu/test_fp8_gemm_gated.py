@@ -1,5 +1,6 @@
 """The FP8 GEMM1 with the gated activation in its epilogue (mb_grouped_gemm_fp8_gated) against an fp64 reference,
-the decode kernel and every rowwise wgmma tile, both accumulations, and the decode kernel with block-128 scales.
+the decode kernel and every rowwise wgmma tile, both accumulations, and with block-128 scales the decode kernel and
+every blockwise wgmma tile (W1 read by gate/up halves, its scales in their order: gate_up_halves_scales).
 
 Fresh random e4m3 operands and positive fp32 scales per case (test_fp8_gemm.case); with rowwise scales W1's gate and
 up rows, their column scales and the bias interleaved in blocks of 8 (moe_build.weights.interleave_gate_up, as the
@@ -26,6 +27,7 @@ from moe_build.kernels.abi import Fp8Accumulation, Fp8Scaling  # noqa: E402
 from moe_build.reference import activate  # noqa: E402
 from moe_build.spec import Activation, MoESpec  # noqa: E402
 from moe_build.weights import interleave_gate_up  # noqa: E402
+from moe_build.weights.fp8 import gate_up_halves_scales  # noqa: E402
 from test_fp8_gemm import WGMMA_TILES, accumulation_term, case, need, reference, refused_promoted  # noqa: E402
 
 pytestmark = [pytest.mark.gpu,
@@ -51,8 +53,9 @@ def run_gated_and_check(counts, inter: int, k: int, tactic: str, activation: str
         b_in = interleave_gate_up(b.view(torch.uint8)).view(torch.float8_e4m3fn)  # stores them
         sb_in = interleave_gate_up(sb)
         bias_in = None if bias is None else interleave_gate_up(bias)
-    else:  # block-128: stacked, as the runner keeps them
-        b_in, sb_in, bias_in = b, sb, bias
+    else:  # block-128: stacked, as the runner keeps them (the wgmma kernel reading the scales in the halves' order)
+        b_in, bias_in = b, bias
+        sb_in = gate_up_halves_scales(sb, inter) if tactic.startswith("wgmma:") else sb
     spec = act_spec(activation, inter, k)
     c = torch.full((a.shape[0], inter), float("nan"), dtype=out_dtype, device="cuda")
     K.grouped_gemm_fp8_gated(a, sa, b_in, sb_in, off, scaling, activation, out_dtype=out_dtype,
@@ -120,6 +123,34 @@ def test_wgmma(inter, k, tile, accumulation, counts):
         check()
 
 
+# I a multiple of 64 (the gate/up halves), on and off multiples of 128 (2I = 384: gate and up share the middle block),
+# k on and off multiples of 128
+HALVES_SHAPES = [(128, 512), (192, 640), (384, 2048), (1024, 768), (256, 400)]
+
+
+@pytest.mark.parametrize("inter,k", HALVES_SHAPES)
+@pytest.mark.parametrize("tile", WGMMA_TILES[Fp8Scaling.BLOCK128])
+@pytest.mark.parametrize("counts", list(COUNTS))
+def test_wgmma_block128(inter, k, tile, counts):
+    """Block-128 scales on the blockwise wgmma tiles: W1 stacked, read by 64-row gate/up halves, each half scaled by
+    its own 128-row block."""
+    need((9, 0), exact=True)
+    run_gated_and_check(COUNTS[counts], inter, k, f"wgmma:{tile}:plain:plain", seed=5 * inter + k + len(tile),
+                        scaling=Fp8Scaling.BLOCK128)
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("tactic", ["wgmma:pingpong64x128:plain:evict_last", "wgmma:coop128x128:plain:evict_last",
+                                    "wgmma:pingpong64x128:after_trigger:evict_last"])
+def test_wgmma_block128_bias_as_the_runner_launches(activation, out_dtype, tactic):
+    """Block-128 on the wgmma kernel with a stacked bias (each half's own features'), every activation, both output
+    dtypes, launched as the runner launches it."""
+    need((9, 0), exact=True)
+    run_gated_and_check(COUNTS["wide"], 192, 640, tactic, activation, out_dtype=out_dtype, with_bias=True,
+                        seed=11 + len(tactic), scaling=Fp8Scaling.BLOCK128)
+
+
 # Each activation with a bias in both output dtypes, launched as the runner launches them (after a trigger, the wgmma
 # stores under evict_last): also test_fp8_gemm_gated_quantized's
 runner_launches = pytest.mark.parametrize("activation,out_dtype,tactic", [
@@ -140,11 +171,12 @@ def test_bias_dtypes_and_runner_launches(activation, out_dtype, tactic):
 
 def test_refusals():
     need((9, 0), exact=True)
-    a, sa, b, sb, off = case([4, 4], 256, 256, Fp8Scaling.BLOCK128, 0)
-    with pytest.raises(K.KernelError) as info:  # block-128 weight scales: the decode kernel only
-        K.grouped_gemm_fp8_gated(a, sa, b, sb, off, Fp8Scaling.BLOCK128, "swiglu",
+    a, sa, b, _, off = case([4, 4], 2 * 136, 256, Fp8Scaling.BLOCK128, 0)  # inter 136: no gate/up halves
+    sb_halves = torch.full((2, 2 * 136 // 8, 2), 0.01, device="cuda")
+    with pytest.raises(K.KernelError) as info:  # block-128 weight scales on the wgmma kernel: inter % 64 == 0
+        K.grouped_gemm_fp8_gated(a, sa, b, sb_halves, off, Fp8Scaling.BLOCK128, "swiglu",
                                  tactic="wgmma:coop128x128:plain:plain")
-    assert info.value.status == K.Status.UNSUPPORTED
+    assert info.value.status == K.Status.INVALID_ARGUMENT and "multiple of 64" in str(info.value)
     a, sa, b, sb, off = case([4, 4], 2 * 132, 256, Fp8Scaling.ROWWISE, 0)  # inter 132: not a multiple of 8
     with pytest.raises(K.KernelError) as info:
         K.grouped_gemm_fp8_gated(a, sa, b, sb, off, Fp8Scaling.ROWWISE, "swiglu",

@@ -43,7 +43,7 @@ MODE_IDS = ["tensor_static", "tensor_dynamic", "channel_dynamic", "block128"]
 # alternatives; the fused finalize's output is zeroed by the FP8 expansion (either) or the three-step prologue;
 # the rowwise GEMMs' promoted accumulation against the plan's fast one (block-128 promotes either way); and the
 # activation kernel (GEMM2's input quantized in it, or after it) against the plan's gated GEMM1 epilogue (block-128:
-# in GEMM1's decode band, here 1 token)
+# in GEMM1's decode band, here 1 token, and on its wgmma tiles)
 QUANT_FORCES = [{}, {"fc1_input_quant": "separate"}, {"fc2_input_quant": "separate"},
                 {"fc1_input_quant": "separate", "fc2_input_quant": "separate", "routing_prologue": "three_step"},
                 {"finalize": "separate"},
@@ -97,24 +97,26 @@ def test_every_mode_and_fusion(mode, force, tokens: int) -> None:
 
 
 @pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
-@pytest.mark.parametrize("tokens", [1, 8, 16, 600])
+@pytest.mark.parametrize("tokens", [1, 8, 16, 64, 600])
 def test_gated_epilogue_where_planned(mode, tokens: int) -> None:
     """On sm90 rowwise layers run the activation in GEMM1's epilogue; with a static scale that epilogue writes GEMM2's
     FP8 input (every count), else GEMM2 quantizes its input itself where it runs the decode kernel (1 and 8 tokens: 1
     row per expert, tactics.fp8.FP8_FINALIZE_DECODE_MAX_AVG_ROWS) and the quantize kernel runs before the wgmma tiles
-    (16: 2 rows, and 600); block-128 ones in GEMM1's decode band (1 to 16 tokens: 2 to 32 rows) with GEMM2 quantizing
-    its input, the activation kernel with GEMM2's input quantized in it above (600)."""
+    (16: 2 rows, 64 and 600); block-128 ones in GEMM1's decode band (1 to 16 tokens: 2 to 32 rows) with GEMM2
+    quantizing its input, on GEMM1's pingpong 64x128 tile (64 tokens: 8 rows) on the gate/up halves with the quantize
+    kernel after it, and not on its coop 128x128 tile (600: 75 rows), where the activation kernel runs."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the FP8 gated epilogue is planned for the sm90 GEMMs")
     steps = check(BASE.with_overrides(num_experts=16), mode, tokens=tokens, max_tokens=600)
-    gated = mode[0] is Quant.FP8 or tokens < 600
-    in_gemm1 = gated and mode[2] is ActScale.STATIC
-    gemm2_decode = tokens < 600 if mode[0] is Quant.FP8_BLOCK else tokens * BASE.top_k <= 16
-    in_gemm2 = gated and not in_gemm1 and gemm2_decode
+    block = mode[0] is Quant.FP8_BLOCK
+    in_gemm1 = mode[2] is ActScale.STATIC
+    gated = not in_gemm1 and (tokens < 600 or not block)
+    gemm2_decode = tokens <= 16 if block else tokens * BASE.top_k <= 16
+    in_gemm2 = gated and gemm2_decode
     assert ("gemm1:fp8_gated_quantized" in steps) == in_gemm1, steps
-    assert ("gemm1:fp8_gated" in steps) == (gated and not in_gemm1) and (QUANTIZING_GEMM2 in steps) == in_gemm2, steps
-    assert ("fc2_input_quant:separate" in steps) == (gated and not in_gemm1 and not in_gemm2), steps
-    assert ("fc1_activation:fp8" in steps) == (not gated), steps
+    assert ("gemm1:fp8_gated" in steps) == gated and (QUANTIZING_GEMM2 in steps) == in_gemm2, steps
+    assert ("fc2_input_quant:separate" in steps) == (gated and not in_gemm2), steps
+    assert ("fc1_activation:fp8" in steps) == (not in_gemm1 and not gated), steps
 
 
 @pytest.mark.parametrize("mode", MODES[:3], ids=MODE_IDS[:3])

@@ -71,5 +71,9 @@ mb_status run_fp8_wgmma(const Fp8GemmParams& p, int64_t max_rows, int dtype, con
 // scales, its tile checked there).
 mb_status run_fp8_wgmma_gated(const Fp8GemmParams& p, int64_t max_rows, int dtype, int tile, bool after_trigger,
                               void* workspace, size_t workspace_bytes, cudaStream_t stream);
+// gemm/fp8_sm90_gated_block.cu: the same with block-128 scales, W1 stacked on the gate/up halves map (scale_b in
+// the halves' order, [E, 2I / 8, kb]; inter a multiple of 64, checked by fp8_abi.cu).
+mb_status run_fp8_wgmma_gated_block(const Fp8GemmParams& p, int64_t max_rows, int dtype, int tile, bool after_trigger,
+                                    void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
 }  // namespace mbk

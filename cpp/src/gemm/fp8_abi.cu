@@ -151,9 +151,12 @@ mb_status mb_grouped_gemm_fp8_gated(const void* A, const float* scale_a, const v
                                     size_t workspace_bytes, cudaStream_t stream) {
   const char* who = "grouped gemm fp8 gated";
   MB_TRY(mbk::check_gated(who, inter, activation));
-  if (scaling == MB_FP8_BLOCK128 && tactic.kernel != MB_GEMM_DECODE)
-    return mbk::fail(MB_ERR_UNSUPPORTED, "%s: block128 scales take the decode kernel only (tactic kernel %d)", who,
-                     tactic.kernel);
+  if (scaling == MB_FP8_BLOCK128 && tactic.kernel != MB_GEMM_DECODE && tactic.kernel != MB_GEMM_WGMMA)
+    return mbk::fail(MB_ERR_UNSUPPORTED, "%s: block128 scales take the decode or the wgmma kernel (tactic kernel %d)",
+                     who, tactic.kernel);
+  if (scaling == MB_FP8_BLOCK128 && tactic.kernel == MB_GEMM_WGMMA && inter % 64 != 0)
+    return mbk::fail(MB_ERR_INVALID_ARGUMENT, "%s: block128 scales on the wgmma kernel read W1 by 64-row gate/up "
+                     "halves: inter (%d) must be a multiple of 64", who, inter);
   if (scaling == MB_FP8_BLOCK128 && c_static_scale != nullptr)
     return mbk::fail(MB_ERR_UNSUPPORTED, "%s: block128 layers quantize GEMM2's input per 128-column group, not by a "
                      "static scale (c_static_scale)", who);

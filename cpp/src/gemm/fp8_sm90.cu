@@ -98,8 +98,12 @@ mb_status run_fp8_wgmma(const Fp8GemmParams& p, int64_t max_rows, int dtype, con
     return fail(MB_ERR_INVALID_ARGUMENT, "grouped gemm fp8: max_rows and num_experts * n must fit int32");
   if (max_rows == 0) return MB_OK;
   const bool after_trigger = tactic.launch == MB_LAUNCH_AFTER_TRIGGER;
-  if (p.epilogue == EPI_GATED) return run_fp8_wgmma_gated(p, max_rows, dtype, tactic.tile, after_trigger, workspace,
-                                                          workspace_bytes, stream);
+  if (p.epilogue == EPI_GATED)
+    return p.scaling == MB_FP8_BLOCK128
+               ? run_fp8_wgmma_gated_block(p, max_rows, dtype, tactic.tile, after_trigger, workspace, workspace_bytes,
+                                           stream)
+               : run_fp8_wgmma_gated(p, max_rows, dtype, tactic.tile, after_trigger, workspace, workspace_bytes,
+                                     stream);
   auto go = [&](auto tag) {
     using T = decltype(tag);
     return p.epilogue == EPI_FINALIZE

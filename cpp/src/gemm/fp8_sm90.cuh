@@ -33,13 +33,23 @@ using BlockScaleConfig =
     cutlass::detail::Sm90BlockwiseScaleConfig<1, kFp8Block, kFp8Block, cute::GMMA::Major::K, cute::GMMA::Major::K>;
 using LayoutSFA = decltype(BlockScaleConfig::deduce_layoutSFA());
 using LayoutSFB = decltype(BlockScaleConfig::deduce_layoutSFB());
+// The gated GEMM1's weight scales on the gate/up halves map (EPI_GATED_HALVES, gemm/sm90_static_maps.cuh): one per
+// 8 rows of W1 in the halves' order, sb [E, 2I / 8, kb] (each half lies inside one 128-row block, so its 8 rows of a
+// scale row share that block's scale). 8 rows, not 64: a wgmma thread's 16 column groups are 8 columns apart, and
+// CUTLASS's blockwise consumer takes per-column scales only in that shape (a 64-row scale block splits the groups'
+// mode, which its accumulator-shaped scale tensor refuses).
+constexpr int kHalvesScaleRows = 8;
+using HalvesScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, kHalvesScaleRows, kFp8Block,
+                                                                    cute::GMMA::Major::K, cute::GMMA::Major::K>;
+using LayoutSFBHalves = decltype(HalvesScaleConfig::deduce_layoutSFB());
 
 // The blockwise mainloop on the fixed maps: StaticMapMainloop's A / B loads, and where a producer warp
 // moves to another group, the group's scale tensors (its first scale row of A, its experts' scale
-// blocks of B), which the collective's auxiliary load then copies.
-template <class Base>
-struct StaticMapBlockwise : StaticMapMainloop<Base> {
-  using Static = StaticMapMainloop<Base>;
+// blocks of B), which the collective's auxiliary load then copies (on the gate/up halves map, this
+// mainloop's own load_halves_scales).
+template <class Base, bool kGateUpHalves = false>
+struct StaticMapBlockwise : StaticMapMainloop<Base, kGateUpHalves> {
+  using Static = StaticMapMainloop<Base, kGateUpHalves>;
   struct Arguments : Static::Arguments {
     const float* scale_a = nullptr;  // [rows_a, kb]
     const float* scale_b = nullptr;  // [E, nb, kb]
@@ -56,17 +66,72 @@ struct StaticMapBlockwise : StaticMapMainloop<Base> {
   CUTLASS_DEVICE auto tensors_perform_update(InputTensors const& input_tensors, Params const& params,
                                              ProblemShape_MNKL shape, int32_t group) {
     Static::tensors_perform_update(input_tensors, params, shape, group);
-    const int64_t kb = fp8_k_blocks(params.k), nb = fp8_k_blocks(params.n);
-    return Base::load_init(shape, params, params.scale_a + this->row_a_ * kb, params.scale_b + group * nb * kb);
+    const int64_t kb = fp8_k_blocks(params.k);
+    const int64_t nb = (params.n + Base::ScaleGranularityN - 1) / Base::ScaleGranularityN;  // scale rows of a group
+    group_sa_ = params.scale_a + this->row_a_ * kb;
+    group_sb_ = params.scale_b + group * nb * kb;
+    group_rows_ = static_cast<int32_t>(cute::get<0>(shape));
+    return Base::load_init(shape, params, group_sa_, group_sb_);
   }
   // The scales' producer warp reads scale_a, which the previous kernel writes (the activation quantization,
   // which lets this kernel launch as it starts): like the A / B producer it waits for that kernel before its
   // first copy (await_inputs; at once where the GEMM was not launched after a trigger).
-  template <class... Args>
-  CUTLASS_DEVICE void load_auxiliary(Args&&... args) {
+  template <class LoadInputs, class BlockCoord, class KTileIterator>
+  CUTLASS_DEVICE void load_auxiliary(Params const& params, typename Base::MainloopPipeline pipeline,
+                                     typename Base::PipelineState smem_pipe_write, LoadInputs const& load_inputs,
+                                     BlockCoord const& blk_coord, KTileIterator k_tile_iter, int k_tile_count,
+                                     int lane, uint32_t block_rank_in_cluster,
+                                     typename Base::TensorStorage& shared_tensors) {
     this->await_inputs();
-    Base::load_auxiliary(static_cast<Args&&>(args)...);
+    if constexpr (kGateUpHalves) {
+      load_halves_scales(params, pipeline, smem_pipe_write, blk_coord, k_tile_iter, k_tile_count, lane,
+                         shared_tensors);
+    } else {
+      Base::load_auxiliary(params, pipeline, smem_pipe_write, load_inputs, blk_coord, k_tile_iter, k_tile_count,
+                           lane, block_rank_in_cluster, shared_tensors);
+    }
   }
+
+ private:
+  // The gate/up halves' scale loads, one cp.async a scale: for each k block of the tile, lane l copies A's scales
+  // of rows l, l + 32, .. of the row tile and, for l < 16, B's scale row 16 n + l (8 weight rows each). CUTLASS's
+  // auxiliary load is not used here: it spreads a tile's 128 columns over the 32 lanes and lets lanes below the
+  // tile's scale count (16) copy, so with 8-column scale rows only rows 0, 1, 4, 5, .. of every 16 arrived (the
+  // GPU tests of 2026-12-07 found features 16-31 of every 64 zero).
+  template <class BlockCoord, class KTileIterator>
+  CUTLASS_DEVICE void load_halves_scales(Params const& params, typename Base::MainloopPipeline& pipeline,
+                                         typename Base::PipelineState smem_pipe_write, BlockCoord const& blk_coord,
+                                         KTileIterator k_tile_iter, int k_tile_count, int lane,
+                                         typename Base::TensorStorage& shared_tensors) {
+    using namespace cute;
+    using Copy = SM80_CP_ASYNC_CACHEALWAYS<float>;
+    constexpr int kRows = size<0>(typename Base::TileShape{}), kScaleRowsB = Base::ScaleNsPerTile;
+    Tensor sSFA = make_tensor(make_smem_ptr(shared_tensors.smem_SFA.data()), typename Base::SmemLayoutSFA{});
+    Tensor sSFB = make_tensor(make_smem_ptr(shared_tensors.smem_SFB.data()), typename Base::SmemLayoutSFB{});
+    const int64_t kb = fp8_k_blocks(params.k);
+    const int32_t row0 = get<0>(blk_coord) * kRows, scale_row0 = get<1>(blk_coord) * kScaleRowsB;
+    const int32_t scale_rows_b = params.n / Base::ScaleGranularityN;
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (; k_tile_count > 0; --k_tile_count) {
+      pipeline.producer_acquire(smem_pipe_write);
+      const int stage = smem_pipe_write.index();
+      const int64_t kt = *k_tile_iter;
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = lane; i < kRows; i += 32) {
+        if (row0 + i < group_rows_)
+          Copy::copy(group_sa_[(row0 + i) * kb + kt], sSFA(make_coord(0, i), make_coord(0, 0), stage));
+      }
+      if (lane < kScaleRowsB && scale_row0 + lane < scale_rows_b)
+        Copy::copy(group_sb_[(scale_row0 + lane) * kb + kt], sSFB(make_coord(0, lane), make_coord(0, 0), stage));
+      pipeline.producer_commit(smem_pipe_write, cutlass::arch::cpasync_barrier_arrive_noinc);
+      ++k_tile_iter;
+      ++smem_pipe_write;
+    }
+  }
+
+  const float* group_sa_ = nullptr;  // the group's first scale row of A, of B (tensors_perform_update)
+  const float* group_sb_ = nullptr;
+  int32_t group_rows_ = 0;  // the group's rows
 };
 
 // The FP8 tiles, k blocks of 128 (128 bytes): tile shape, cluster shape, the kernel schedules of both
@@ -139,6 +204,9 @@ template <> struct Fp8TileTraits<MB_TILE_COOP_128x192_C2> : Fp8TileTraits<MB_TIL
 template <typename T, int kScaling, int kTile, int kEpi, bool kFast>
 struct Fp8Wgmma {
   static constexpr bool kBlock = kScaling == MB_FP8_BLOCK128;
+  // The block-128 gated GEMM1: W1 stacked, read through the gate/up halves map, its scales by 64-row halves.
+  static constexpr bool kHalves = kEpi == EPI_GATED_HALVES;
+  static_assert(!kHalves || kBlock, "the gate/up halves map is the block-128 gated GEMM1's");
   using Tile = Fp8TileTraits<kTile>;
   static_assert(!kBlock || Tile::kTakesBlock128, "the blockwise mainloop's tiles are 128 columns wide");
   static_assert(!kBlock || !kFast, "the blockwise mainloop promotes every 128-k block");
@@ -149,14 +217,16 @@ struct Fp8Wgmma {
   using Epilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<Epi>;
   using LayoutA = std::conditional_t<kBlock, cute::tuple<cutlass::layout::RowMajor*, LayoutSFA*>,
                                      cutlass::layout::RowMajor*>;
-  using LayoutB = std::conditional_t<kBlock, cute::tuple<cutlass::layout::ColumnMajor*, LayoutSFB*>,
-                                     cutlass::layout::ColumnMajor*>;
+  using LayoutB = std::conditional_t<
+      kBlock, cute::tuple<cutlass::layout::ColumnMajor*, std::conditional_t<kHalves, LayoutSFBHalves, LayoutSFB>*>,
+      cutlass::layout::ColumnMajor*>;
   using Built = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Fp8Element, LayoutA, kFp8Alignment, Fp8Element, LayoutB,
       kFp8Alignment, float, typename Tile::Shape, Cluster, cutlass::gemm::collective::StageCountAutoCarveout<0>,
       Schedule>::CollectiveOp;
   // The fixed maps (and the blockwise scales' group origins); PairedMainloop's loads in 2x1 clusters.
-  using Mainloop = ClusterMainloop<std::conditional_t<kBlock, StaticMapBlockwise<Built>, StaticMapMainloop<Built>>>;
+  using Static = StaticMapMainloop<Built, kHalves>;
+  using Mainloop = ClusterMainloop<std::conditional_t<kBlock, StaticMapBlockwise<Built, kHalves>, Static>>;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 };
@@ -171,7 +241,7 @@ typename Fp8Wgmma<T, kScaling, kTile, kEpi, kFast>::Gemm::Arguments fp8_args(con
   // CUTLASS's per-group pointer arrays are never read (the fixed maps and the offsets replace them); its
   // host code only needs a 16-byte-aligned address for a placeholder map.
   using Element = Fp8Element;
-  typename StaticMapMainloop<typename G::Built>::Arguments fixed{};
+  typename G::Static::Arguments fixed{};
   static_cast<typename G::Built::Arguments&>(fixed).ptr_A =
       reinterpret_cast<const Element**>(const_cast<uint8_t*>(p.A));
   static_cast<typename G::Built::Arguments&>(fixed).ptr_B =
@@ -184,7 +254,7 @@ typename Fp8Wgmma<T, kScaling, kTile, kEpi, kFast>::Gemm::Arguments fp8_args(con
   fixed.offsets = p.offsets;
   fixed.n = p.n;
   typename G::Mainloop::Arguments mainloop{};
-  static_cast<typename StaticMapMainloop<typename G::Built>::Arguments&>(mainloop) = fixed;
+  static_cast<typename G::Static::Arguments&>(mainloop) = fixed;
   if constexpr (G::kBlock) {
     mainloop.scale_a = p.scale_a;
     mainloop.scale_b = p.scale_b;

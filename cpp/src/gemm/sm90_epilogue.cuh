@@ -99,6 +99,10 @@ __device__ __forceinline__ uint64_t l2_evict_last() {
 // was (with the branch in it, dynamic FP8 layers at 256 tokens ran 2% slower: docs/performance.md, "GEMM1's epilogue
 // quantizing GEMM2's input").
 constexpr int EPI_GATED_E4M3 = 3;
+// The block-128 FP8 GEMM1's gated epilogue on the gate/up halves map (gemm/sm90_static_maps.cuh, kGateUpHalves): W1
+// stacked, each 128-column tile t's columns 0..63 the gate columns of features 64t..64t+63 and columns 64..127 their up
+// columns; the bias stacked as W1 (gate features, then up). The 16-bit output as EPI_GATED's.
+constexpr int EPI_GATED_HALVES = 4;
 
 // What CUTLASS's kernel and GemmUniversalAdapter read of an epilogue run by its Sm90TmaWarpSpecializedAdapter (the
 // same hook as its DefaultEpilogueArray) whose consumer threads write their own accumulator fragments, with no shared
@@ -235,9 +239,10 @@ class MoeEpilogue : public OwnStoresEpilogueSurface<T, MoeEpilogueArguments<T>> 
       // One branch per tile, not per element, for the bias and the activation.
       if constexpr (kEpi == EPI_FINALIZE) {
         bias ? finalize_tile<true>(a, f, bias, cs) : finalize_tile<false>(a, f, bias, cs);
-      } else if constexpr (kEpi == EPI_GATED || kEpi == EPI_GATED_E4M3) {
-        static_assert(kEpi == EPI_GATED || kFp8Rowwise, "the e4m3 gated epilogue is the FP8 GEMM1's");
-        gated_act<kEpi == EPI_GATED_E4M3>(a, f, bias, cs);
+      } else if constexpr (kEpi == EPI_GATED || kEpi == EPI_GATED_E4M3 || kEpi == EPI_GATED_HALVES) {
+        static_assert(kEpi != EPI_GATED_E4M3 || kFp8Rowwise, "the e4m3 gated epilogue is the FP8 GEMM1's");
+        static_assert(kEpi != EPI_GATED_HALVES || !kFp8Rowwise, "the gate/up halves are the block-128 GEMM1's");
+        gated_act<kEpi == EPI_GATED_E4M3, kEpi == EPI_GATED_HALVES>(a, f, bias, cs);
       } else {
         bias ? store_tile<true>(a, f, bias, cs) : store_tile<false>(a, f, bias, cs);
       }
@@ -260,22 +265,26 @@ class MoeEpilogue : public OwnStoresEpilogueSurface<T, MoeEpilogueArguments<T>> 
   };
 
   // The gated tile of the call's activation, with or without the bias (one branch per tile).
-  template <bool kQuantized, class Acc, int kGroups>
+  template <bool kQuantized, bool kHalves, class Acc, int kGroups>
   CUTLASS_DEVICE void gated_act(Acc const& acc, Frag const& f, const T* bias, const float2 (&cs)[kGroups]) {
     switch (params_.activation) {
-      case MB_ACT_GEGLU: return bias ? gated_tile<MB_ACT_GEGLU, true, kQuantized>(acc, f, bias, cs)
-                                     : gated_tile<MB_ACT_GEGLU, false, kQuantized>(acc, f, bias, cs);
-      case MB_ACT_SWIGLU_CLAMP: return bias ? gated_tile<MB_ACT_SWIGLU_CLAMP, true, kQuantized>(acc, f, bias, cs)
-                                            : gated_tile<MB_ACT_SWIGLU_CLAMP, false, kQuantized>(acc, f, bias, cs);
-      default: return bias ? gated_tile<MB_ACT_SWIGLU, true, kQuantized>(acc, f, bias, cs)
-                           : gated_tile<MB_ACT_SWIGLU, false, kQuantized>(acc, f, bias, cs);
+      case MB_ACT_GEGLU: return bias ? gated_tile<MB_ACT_GEGLU, true, kQuantized, kHalves>(acc, f, bias, cs)
+                                     : gated_tile<MB_ACT_GEGLU, false, kQuantized, kHalves>(acc, f, bias, cs);
+      case MB_ACT_SWIGLU_CLAMP:
+        return bias ? gated_tile<MB_ACT_SWIGLU_CLAMP, true, kQuantized, kHalves>(acc, f, bias, cs)
+                    : gated_tile<MB_ACT_SWIGLU_CLAMP, false, kQuantized, kHalves>(acc, f, bias, cs);
+      default: return bias ? gated_tile<MB_ACT_SWIGLU, true, kQuantized, kHalves>(acc, f, bias, cs)
+                           : gated_tile<MB_ACT_SWIGLU, false, kQuantized, kHalves>(acc, f, bias, cs);
     }
   }
 
-  // v + bias for the column pair at n of group j (the bias read only for columns in range).
-  template <bool kBias>
+  // v + bias for the column pair at n of group j (the bias read only for columns in range); kHalves: column n of
+  // the gate/up halves' order reads the stacked bias (EPI_GATED_HALVES): tile n / 128's column n % 128 is gate
+  // feature 64 (n / 128) + n % 128 below 64, else that feature's up row, N / 2 further on.
+  template <bool kBias, bool kHalves = false>
   CUTLASS_DEVICE static float2 biased(float2 v, const T* bias, Frag const& f, int j) {
-    const int n = f.n0 + 8 * j;
+    const int c = f.n0 + 8 * j;
+    const int n = kHalves ? (c >> 7) * 64 + (c & 63) + ((c & 64) ? f.N / 2 : 0) : c;
     if (kBias && f.col_in(j)) {
       const uint32_t bits = __ldg(reinterpret_cast<const unsigned int*>(bias + n));
       const float2 b = Pair<T>::to_float2(*reinterpret_cast<const typename Pair<T>::type*>(&bits));
@@ -382,6 +391,10 @@ class MoeEpilogue : public OwnStoresEpilogueSurface<T, MoeEpilogueArguments<T>> 
     }
   }
 
+  // Gate group s (< 4) of the quad's block g: 8g + 2s with W1 interleaved by 8, 4g + s on the gate/up halves.
+  template <bool kHalves>
+  CUTLASS_DEVICE static constexpr int gate_group(int g, int s) { return kHalves ? 4 * g + s : 8 * g + 2 * s; }
+
   // The gated epilogue: W1 interleaved in blocks of 8 rows (gated_row), so GEMM column c with
   // c % 16 < 8 is feature (c / 16) * 8 + c % 8's gate and column c + 8 its up projection. Tiles start
   // at multiples of 16 columns (the tile widths are 128, 192 and 256) and n0 % 16 = 2 * (lane % 4) < 8,
@@ -396,10 +409,14 @@ class MoeEpilogue : public OwnStoresEpilogueSurface<T, MoeEpilogueArguments<T>> 
   // quantize step would write from those 16-bit rows); after the transpose a lane stores its 8 features' bytes
   // with one 8-byte store, and the lanes holding a row's first features (the tile at column 0, lane 0 of the
   // quad) write the row's scale.
-  template <int ACT, bool kBias, bool kQuantized, class Acc, int kGroups>
+  // kHalves (EPI_GATED_HALVES): gate group j < 8 of a 128-column tile and its up group j + 8 (values 32 further on)
+  // instead: the quad's four gate groups 4g..4g+3 are again 8 consecutive features each, the same features and
+  // stores as below.
+  template <int ACT, bool kBias, bool kQuantized, bool kHalves, class Acc, int kGroups>
   CUTLASS_DEVICE void gated_tile(Acc const& acc, Frag const& f, const T* bias, const float2 (&col)[kGroups]) {
     using P2 = Pair<T>;
     static_assert(decltype(cute::size(acc))::value % 32 == 0, "blocks of four gate groups");
+    static_assert(!kHalves || decltype(cute::size(acc))::value == 64, "the gate/up halves: a 128-column slab");
     const int inter = f.N / 2;
     const float alpha = params_.swiglu_alpha, limit = params_.swiglu_limit;
     const int q = threadIdx.x & 3;
@@ -421,25 +438,26 @@ class MoeEpilogue : public OwnStoresEpilogueSurface<T, MoeEpilogueArguments<T>> 
     }
     CUTLASS_PRAGMA_UNROLL
     for (int g = 0; g < cute::size(acc) / 32; ++g) {  // gate groups j = 8g + 2s, s < 4
+      constexpr int kUp = kHalves ? 8 : 1;  // the up group of gate group j: j + kUp
       float2 cs_gate[4], cs_up[4];  // kFp8Rowwise: the column scales of gate group j and up group j + 1
       CUTLASS_PRAGMA_UNROLL
       for (int s = 0; s < 4; ++s) {
-        cs_gate[s] = col[8 * g + 2 * s];
-        cs_up[s] = col[8 * g + 2 * s + 1];  // N is a multiple of 16: in range where the gate group is
+        cs_gate[s] = col[gate_group<kHalves>(g, s)];
+        cs_up[s] = col[gate_group<kHalves>(g, s) + kUp];  // N is a multiple of 16: in range where the gate group is
       }
       CUTLASS_PRAGMA_UNROLL
       for (int h = 0; h < 2; ++h) {
         uint32_t v[4];
         CUTLASS_PRAGMA_UNROLL
         for (int s = 0; s < 4; ++s) {
-          const int j = 8 * g + 2 * s, i = 4 * j + 2 * h;
-          float2 gate{acc(i), acc(i + 1)}, up{acc(i + 4), acc(i + 5)};
+          const int j = gate_group<kHalves>(g, s), i = 4 * j + 2 * h;
+          float2 gate{acc(i), acc(i + 1)}, up{acc(i + 4 * kUp), acc(i + 4 * kUp + 1)};
           if constexpr (kFp8Rowwise) {
             gate = {gate.x * rs[h] * cs_gate[s].x, gate.y * rs[h] * cs_gate[s].y};
             up = {up.x * rs[h] * cs_up[s].x, up.y * rs[h] * cs_up[s].y};
           }
-          gate = biased<kBias>(gate, bias, f, j);
-          up = biased<kBias>(up, bias, f, j + 1);
+          gate = biased<kBias, kHalves>(gate, bias, f, j);
+          up = biased<kBias, kHalves>(up, bias, f, j + kUp);
           const typename P2::type packed =
               P2::make(mb::act_apply<ACT>(gate.x, up.x, alpha, limit), mb::act_apply<ACT>(gate.y, up.y, alpha, limit));
           if constexpr (kQuantized) {
@@ -449,8 +467,8 @@ class MoeEpilogue : public OwnStoresEpilogueSurface<T, MoeEpilogueArguments<T>> 
           }
         }
         quad_transpose(v, q);
-        // Lane q now holds gate group 8g + 2q whole: features nq / 2 + 32g + 8q onwards, from columns
-        // nq + 64g + 16q (N is a multiple of 16: its up columns are in range too).
+        // Lane q now holds gate group 8g + 2q (kHalves: 4g + q) whole: features nq / 2 + 32g + 8q onwards, in range
+        // where nq + 64g + 16q < N (N is a multiple of 16: its up columns are in range too).
         if (f.row_in(h) && nq + 64 * g + 16 * q < f.N) {
           if constexpr (kQuantized) {
             uint8_t* dst = reinterpret_cast<uint8_t*>(params_.out) + (row[h] - params_.out) + 32 * g;

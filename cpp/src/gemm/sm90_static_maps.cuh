@@ -19,6 +19,14 @@
 // 64 * j rows of 128 bytes, 2k bytes apart. Same tiles, same shared-memory layout, same outputs (GEMM1
 // bit-identical). A tile whose per-CTA weight slice is not whole 64-row blocks (64x192 in 2x1 clusters:
 // 96 rows) cannot take the blocked map (kTakesBlocked) and refuses blocked weights.
+//
+// kGateUpHalves (the block-128 FP8 GEMM1 with the gated epilogue): B is W1 stacked as the checkpoint stores it (each
+// expert's gate rows 0..I-1, then its up rows I..2I-1, n = 2I) and its map is built over a hierarchical view of the
+// same rows in which weight tile t's 128 rows are gate rows 64t..64t+63, then up rows I+64t..I+64t+63: rows
+// (64, 2, I / 64, E) with strides (k, I k, 64 k, 2I k). A 128-column tile then holds 64 features' gate and up
+// columns (MoeEpilogue's EPI_GATED_HALVES), and each 64-row half lies inside one 128-row scale block of the stacked
+// rows (I a multiple of 64), so the blockwise mainloop scales each half by its own block's scales (a block-128 scale
+// tensor in the halves' order, moe_build.weights.fp8.gate_up_halves_scales) while the weights stay as stored.
 #pragma once
 
 #include "common/common.cuh"  // mb::let_dependents_start / wait_for_predecessor
@@ -39,7 +47,7 @@ template <class C> struct MapElementB<C, std::void_t<typename C::InternalElement
   using type = typename C::InternalElementB;
 };
 
-template <class Base>
+template <class Base, bool kGateUpHalves = false>
 struct StaticMapMainloop : Base {
   using ElementA = typename MapElementA<Base>::type;
   using ElementB = typename MapElementB<Base>::type;
@@ -73,6 +81,32 @@ struct StaticMapMainloop : Base {
     struct type {};  // never built: the tile refuses blocked weights
   };
   using TmaBlockedB = typename BlockedTma<kTakesBlocked>::type;
+  // kGateUpHalves: each CTA's TMA slice of a weight tile is whole 64-row halves.
+  static constexpr bool kTakesHalves = kTileN == 128 && (kTileN / cute::size<0>(ClusterShape{})) % 64 == 0;
+  static_assert(!kGateUpHalves || kTakesHalves, "the gate/up halves map takes 128-column tiles");
+
+  // W1 stacked ([rows_b, k], n = 2I rows an expert) as the gate/up halves view (header comment).
+  CUTE_HOST_DEVICE static auto halves_b_layout(int rows_b, int n, int k) {
+    using namespace cute;
+    const int inter = n / 2;
+    return make_layout(
+        make_shape(make_shape(Int<64>{}, Int<2>{}, inter / 64, rows_b / n), k, int32_t(1)),
+        make_stride(make_stride(int64_t(k), int64_t(inter) * k, int64_t(64) * k, int64_t(n) * k), _1{}, int64_t(0)));
+  }
+  template <class Engine>
+  static auto make_halves_tma(Engine const* base_b, int rows_b, int n, int k) {
+    using namespace cute;
+    return make_tma_copy(typename Base::GmemTiledCopyB{}, make_tensor(base_b, halves_b_layout(rows_b, n, k)),
+                         typename Base::SmemLayoutB{}(_, _, Int<0>{}), make_shape(Int<kTileN>{}, Int<kTileK>{}),
+                         size<0>(ClusterShape{}));
+  }
+  template <bool kHalves, int = 0> struct HalvesTma {
+    using type = decltype(make_halves_tma(static_cast<ElementB const*>(nullptr), 128, 128, 128));
+  };
+  template <int D> struct HalvesTma<false, D> {
+    struct type {};  // never built: the kernel reads B row-major or blocked
+  };
+  using TmaHalvesB = typename HalvesTma<kGateUpHalves>::type;
 
   struct Arguments : Base::Arguments {
     const void* base_a = nullptr;  // every group's A rows, one row-major [rows_a, k] tensor
@@ -92,6 +126,7 @@ struct StaticMapMainloop : Base {
     int n;
     bool b_blocked;
     TmaBlockedB tma_load_b_blocked;  // built where b_blocked
+    TmaHalvesB tma_load_b_halves;    // built where kGateUpHalves
   };
 
   template <class ProblemShape>
@@ -99,7 +134,7 @@ struct StaticMapMainloop : Base {
     using namespace cute;
     Params p{Base::to_underlying_arguments(shapes, args, workspace), static_cast<const ElementA*>(args.base_a),
              static_cast<const ElementB*>(args.base_b), args.rows_a, args.rows_b, args.k, args.offsets, args.n,
-             args.b_blocked, {}};
+             args.b_blocked, {}, {}};
     typename Base::InternalStrideA stride_a{};
     get<0>(stride_a) = args.k;
     typename Base::InternalStrideB stride_b{};
@@ -114,6 +149,7 @@ struct StaticMapMainloop : Base {
     if constexpr (kTakesBlocked) {
       if (args.b_blocked) p.tma_load_b_blocked = make_blocked_tma(p.base_b, args.rows_b, args.k);
     }
+    if constexpr (kGateUpHalves) p.tma_load_b_halves = make_halves_tma(p.base_b, args.rows_b, args.n, args.k);
     return p;
   }
 
@@ -168,13 +204,24 @@ struct StaticMapMainloop : Base {
                                                             shape(blocked_b_layout(params.rows_b, params.k))));
     return local_tile(mB, typename Base::TileShape{}, make_coord(_, _, _), Step<X, _1, _1>{})(_, _, n, _, 0);
   }
+  // The same tile on the gate/up halves map (kGateUpHalves only).
+  CUTLASS_DEVICE auto tile_b_halves(Params const& params, int32_t n) const {
+    using namespace cute;
+    Tensor mB = domain_offset(make_coord(row_b_, 0, 0), params.tma_load_b_halves.get_tma_tensor(
+                                                            shape(halves_b_layout(params.rows_b, params.n, params.k))));
+    return local_tile(mB, typename Base::TileShape{}, make_coord(_, _, _), Step<X, _1, _1>{})(_, _, n, _, 0);
+  }
   // f(B's map, the tile's (BLK_N, BLK_K, k) coordinates) on the map the weights' layout needs.
   template <class F>
   CUTLASS_DEVICE void with_b_tile(Params const& params, int32_t n, F&& f) const {
-    if constexpr (kTakesBlocked) {
-      if (params.b_blocked) return f(params.tma_load_b_blocked, tile_b_blocked(params, n));
+    if constexpr (kGateUpHalves) {
+      f(params.tma_load_b_halves, tile_b_halves(params, n));
+    } else {
+      if constexpr (kTakesBlocked) {
+        if (params.b_blocked) return f(params.tma_load_b_blocked, tile_b_blocked(params, n));
+      }
+      f(params.tma_load_b, tile_b(params, n));
     }
-    f(params.tma_load_b, tile_b(params, n));
   }
 
   // The producer's walk over a tile's k blocks, shared by this load and PairedMainloop's split units:

@@ -7,7 +7,8 @@ import math
 import torch
 
 from ...planner.tactics import GemmTactic
-from ..abi import Activation, DType, Fp8Accumulation, Fp8Scaling
+from ...weights.halves import SCALE_ROWS
+from ..abi import Activation, DType, Fp8Accumulation, Fp8Scaling, GemmKernel
 from ..library import call, load_library
 from .args import _check, _dtype_code, _enum, _out, _ptr, _stream, _workspace
 from .gemm import tactic_struct
@@ -177,26 +178,29 @@ def grouped_gemm_fp8_workspace_bytes(num_experts: int, max_rows: int, n: int, k:
     return int(load_library().mb_grouped_gemm_fp8_workspace(num_experts, max_rows, n, k))
 
 
-def fp8_scale_shapes(scaling: Fp8Scaling, rows: int, experts: int, n: int, k: int
+def fp8_scale_shapes(scaling: Fp8Scaling, rows: int, experts: int, n: int, k: int, gate_up_halves: bool = False
                      ) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """The shapes of scale_a and scale_b for `scaling` (cpp/include/moe_build_kernels.h, mb_grouped_gemm_fp8)."""
+    """The shapes of scale_a and scale_b for `scaling` (cpp/include/moe_build_kernels.h, mb_grouped_gemm_fp8);
+    gate_up_halves: the block-128 gated GEMM1 on the wgmma kernel, its W1 scales by 8 rows in the gate/up halves'
+    order (mb_grouped_gemm_fp8_gated, moe_build.weights.fp8.gate_up_halves_scales)."""
     if scaling is Fp8Scaling.ROWWISE:
         return (rows,), (experts, n)
     kb = -(-k // 128)
-    return (rows, kb), (experts, -(-n // 128), kb)
+    return (rows, kb), (experts, n // SCALE_ROWS if gate_up_halves else -(-n // 128), kb)
 
 
 def _fp8_gemm_args(a: torch.Tensor, scale_a: torch.Tensor, b: torch.Tensor, scale_b: torch.Tensor,
                    expert_first_token_offset: torch.Tensor, scaling: int | str | Fp8Scaling, out_dtype: torch.dtype,
-                   bias: torch.Tensor | None) -> tuple[torch.device, int, int, int, int, Fp8Scaling]:
-    """What both FP8 GEMM wrappers check: (device, rows, k, experts, n, scaling)."""
+                   bias: torch.Tensor | None, gate_up_halves: bool = False
+                   ) -> tuple[torch.device, int, int, int, int, Fp8Scaling]:
+    """What the FP8 GEMM wrappers check: (device, rows, k, experts, n, scaling)."""
     _check(a, "A", (None, None), torch.float8_e4m3fn)
     dev, rows, k = a.device, a.shape[0], a.shape[1]
     _check(b, "B", (None, None, k), torch.float8_e4m3fn, dev)
     e, n = b.shape[0], b.shape[1]
     _check(expert_first_token_offset, "expert_first_token_offset", (e + 1,), torch.int64, dev)
     mode = Fp8Scaling(_enum(scaling, Fp8Scaling, "scaling"))
-    shape_a, shape_b = fp8_scale_shapes(mode, rows, e, n, k)
+    shape_a, shape_b = fp8_scale_shapes(mode, rows, e, n, k, gate_up_halves and mode is Fp8Scaling.BLOCK128)
     _check(scale_a, "scale_a", shape_a, torch.float32, dev)
     _check(scale_b, "scale_b", shape_b, torch.float32, dev)
     if out_dtype not in (torch.bfloat16, torch.float16):
@@ -300,8 +304,9 @@ def grouped_gemm_fp8_gated(a: torch.Tensor, scale_a: torch.Tensor, b: torch.Tens
                            tactic: GemmTactic | str) -> torch.Tensor:
     """C[p] = act(gate, up) of grouped_gemm_fp8's scaled product (+ bias[x]), the gated activation in GEMM1's
     epilogue -> C [R, I] in out_dtype. Rowwise scales: B [E, 2I, k], scale_b [E, 2I] and bias [E, 2I] in
-    moe_build.weights.interleave_gate_up's order; block128 scales (the decode tactic kernel only): B, its block scales
-    and bias stacked as the checkpoint stores them (gate rows, then up rows)."""
+    moe_build.weights.interleave_gate_up's order; block128 scales: B and bias stacked as the checkpoint stores them
+    (gate rows, then up rows), scale_b its block scales on the decode tactic kernel, or on the wgmma kernel (I a
+    multiple of 64) those scales in the gate/up halves' order (moe_build.weights.fp8.gate_up_halves_scales)."""
     return _gated(a, scale_a, b, scale_b, expert_first_token_offset, scaling, activation, out_dtype, bias, swiglu_alpha,
                   swiglu_limit, c, None, None, workspace, stream, accumulation, tactic)[0]
 
@@ -334,8 +339,9 @@ def _gated(a: torch.Tensor, scale_a: torch.Tensor, b: torch.Tensor, scale_b: tor
            accumulation: int | str | Fp8Accumulation, tactic: GemmTactic | str
            ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """mb_grouped_gemm_fp8_gated: C in out_dtype, or (static_scale given) e4m3 with its row scales."""
+    halves = tactic_struct(tactic).kernel == GemmKernel.WGMMA  # block128 scale_b in the gate/up halves' order
     dev, rows, k, e, n2, mode = _fp8_gemm_args(a, scale_a, b, scale_b, expert_first_token_offset, scaling, out_dtype,
-                                               bias)
+                                               bias, halves)
     act = _enum(activation, Activation, "activation")
     quantized = static_scale is not None
     out = _out(c, "C", (rows, n2 // 2), torch.float8_e4m3fn if quantized else out_dtype, dev)

@@ -2,6 +2,7 @@
 before a forced tactic enters a plan."""
 from __future__ import annotations
 
+from ...weights.halves import HALF_FEATURES
 from .decode_kernel import DECODE_TOKENS
 from .tactic import (BLOCKED_TILES, FP8_FAST_ONLY_TILES, FP8_ONLY_TILES, FP8_WGMMA_TILES, K_SPLITS, PLACED_TILES,
                      WOQ_MMA_TILES, WOQ_WGMMA_TILES, GemmCall, GemmTactic)
@@ -50,8 +51,10 @@ def _fp8_tactic_problem(call: GemmCall, tactic: GemmTactic) -> str | None:
     """Why the FP8 GEMM (gemm/fp8_abi.cu) cannot run `tactic`, or None."""
     if tactic.kernel == "mma":
         return "the mma tiles have no FP8 kernel (decode or wgmma)"
-    if call.epilogue == "gated" and call.fp8 == "block128" and tactic.kernel != "decode":
-        return "the gated epilogue with block-128 scales runs on the decode kernel only"
+    if call.epilogue == "gated" and call.fp8 == "block128" and tactic.kernel == "wgmma" \
+            and call.n % (2 * HALF_FEATURES):
+        return (f"the gated epilogue with block-128 scales runs on the wgmma kernel by {HALF_FEATURES}-row "
+                f"gate/up halves: intermediate_size a multiple of {HALF_FEATURES}")
     if tactic.kernel == "wgmma" and tactic.tile not in FP8_WGMMA_TILES[call.fp8]:
         return f"the FP8 wgmma kernel's {call.fp8} tiles are {', '.join(FP8_WGMMA_TILES[call.fp8])}"
     if tactic.kernel == "wgmma" and tactic.tile in FP8_FAST_ONLY_TILES and call.fp8_accumulation != "fast":
