@@ -394,7 +394,7 @@ GATED_HALVES_TILES = ("pingpong64x128", "pingpong64x128c2")
 # at 256 tokens (pingpong 64x128) Qwen3-30B-A3B 237.4 / 243.6, DeepSeek-V2-Lite 223.1 / 226.8, GPT-OSS-20B 310.7 /
 # 323.3; at 4096 (coop 128x128) Qwen3-30B-A3B 579.5 / 571.9, DeepSeek-V2-Lite 690.8 / 669.6, Mixtral-8x7B 3900.0 /
 # 3613.1: where the tile's 128 rows make GEMM1 compute-bound, each k block's promotion reading and applying a scale
-# per 8 columns costs more than the activation kernel's round trip.
+# per 8 columns likely costs more than the activation kernel's round trip (not profiled).
 # quant != fp8_block or (GEMM1's tactic is a pingpong 64x128 wgmma tile and intermediate_size % 64 == 0)
 def gated_epilogue_block_wgmma(s: MoESpec, gemm1_tactic: GemmTactic) -> Gate:
     block = s.quant is Quant.FP8_BLOCK
