@@ -238,7 +238,7 @@ def _fc1_gated_block128(spec: MoESpec, target: Target, gemm_kernel: str, tokens:
 
     def where(rows: T.RowCount) -> str:
         decode, wgmma = rules_at(rows)
-        return "decode" if decode.held else "wgmma" if wgmma.held and spec.quant is Quant.FP8_BLOCK else "separate"
+        return "decode" if decode.held else "wgmma" if wgmma.held else "separate"
 
     bands = tuple(Band(lo, hi, c) for lo, hi, c in T.token_bands(
         spec.top_k, spec.local_experts, lambda rows: "separate" if where(rows) == "separate" else "gated_epilogue"))

@@ -86,9 +86,9 @@ def gate_up_halves_scales(w1_scale: torch.Tensor, inter: int) -> torch.Tensor:
     stay stacked."""
     if not halves_fit(inter):
         raise ValueError(f"intermediate_size: {inter} is not a multiple of {HALF_FEATURES} (the gate/up halves)")
-    blocks = -(-2 * inter // FP8_GROUP)
-    if w1_scale.dim() != 3 or w1_scale.shape[1] != blocks:
-        raise ValueError(f"w1_scale: shape {tuple(w1_scale.shape)} is not [E, {blocks}, kb] (a gated W1's block-128 "
+    rows = blocks(2 * inter)
+    if w1_scale.dim() != 3 or w1_scale.shape[1] != rows:
+        raise ValueError(f"w1_scale: shape {tuple(w1_scale.shape)} is not [E, {rows}, kb] (a gated W1's block-128 "
                          f"scales, 2 x {inter} rows)")
     index = torch.tensor(scale_blocks(inter, FP8_GROUP), device=w1_scale.device)
     return w1_scale.index_select(1, index).contiguous()
