@@ -62,7 +62,7 @@ GEMM1_FP8_GATED = "gemm1:fp8_gated"    # mb_grouped_gemm_fp8_gated: the gated ac
 GEMM1_FP8_GATED_QUANTIZED = "gemm1:fp8_gated_quantized"
 FC1_ACTIVATION_FP8 = "fc1_activation:fp8"  # mb_fc1_activation_fp8: GEMM2's input quantized in the activation
 # GEMM2's FP8 input from the 16-bit activation (its kernel's or GEMM1's gated epilogue's): the same bytes as
-# mb_quantize_fp8, written by mb_fc1_activation_fp8's staged kernel with the identity activation
+# mb_quantize_fp8, written by mb_fc1_activation_fp8 with the identity activation
 QUANTIZE_FC2_INPUT = "fc2_input_quant:separate"
 GEMM2_FP8 = "gemm2:fp8"                # mb_grouped_gemm_fp8
 GEMM2_FP8_FINALIZE = "gemm2:fp8_finalize"  # mb_grouped_gemm_fp8_finalize: the finalize in GEMM2's epilogue

@@ -416,6 +416,39 @@ def test_fc1_activation_fp8_staged_ring(inter: int, mode: str) -> None:
 
 
 
+# (inter, bias) at decode row counts: Mixtral-8x7B's and DeepSeek-V3's widths (a whole pair of groups a warp), a partial
+# last group (2880), an odd group count (1408: 11 groups, the last warp's second half past the row), a last group of
+# one unit (4104), and the element path (100 columns: not whole units, another kernel).
+DECODE_FC1_SHAPES = [(14336, False), (2048, True), (2880, True), (1408, False), (4104, True), (100, True)]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("act", list(K.Activation), ids=lambda a: a.name.lower())
+def test_fc1_activation_fp8_decode_rows(act: K.Activation, dtype: torch.dtype, mode: str) -> None:
+    """Decode calls: fewer rows than the GPU has SMs (1 to 131: with static or per-group scales the group-item
+    kernel, a half warp per 128-column group; with per-row scales the staged kernel), rows past off[E] and empty
+    experts. Equals quantize_rows(fc1_activation(...)) bit for bit; rows past off[E] untouched."""
+    e = 8
+    for rows in (1, 2, 16, 131):
+        filled = max(1, rows - 3)
+        for inter, with_bias in DECODE_FC1_SHAPES:
+            off = random_offsets(e, filled)
+            n1 = 2 * inter if act.is_gated else inter
+            x = (torch.randn(rows, n1, device="cuda") * 3).to(dtype)
+            x[::3] *= 8.0
+            b = (torch.randn(e, n1, device="cuda") * 0.5).to(dtype) if with_bias else None
+            q, s = poisoned_fp8(rows, inter), poisoned_scales(*scale_shape(rows, inter, mode))
+            ops.fc1_activation_fp8(x, off, act, b, 1.702, 7.0, static_scale(mode), group_of(mode), out=q,
+                                   out_scales=s)
+            h = K.fc1_activation(x, off, act, b, 1.702, 7.0)
+            torch.cuda.synchronize()
+            what = f"{act.name.lower()} rows={rows} inter={inter} bias={with_bias} {dtype} {mode}"
+            check_quantized(q[:filled], s[:filled], h[:filled], mode, what)
+            assert (q[filled:].view(torch.uint8) == 0xFF).all(), f"{what}: rows past off[E] were written"
+            assert s[filled:].isnan().all(), f"{what}: scales of rows past off[E] were written"
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("act", list(K.Activation), ids=lambda a: a.name.lower())
@@ -578,13 +611,15 @@ def test_fc1_activation_fp8_dequantized(act: K.Activation, dtype: torch.dtype, p
     """The reference's quantization (the static scale or each row's) of mb_fc1_activation's rows (times the pre-quant
     scale where given), each value times its scale rounded to dtype, bit for bit; rows past off[E] keep their poison.
     With the identity and no bias this is the runner's separate step on 16-bit rows. 600 rows reach the staged and
-    block-per-row kernels, 20000 (per-row scales, no pre-quant scale) the warp-per-row one."""
+    block-per-row kernels, 20000 (per-row scales, no pre-quant scale) the warp-per-row one; 2 and 45 are decode
+    calls."""
     e = 16
     shapes = [(600, inter, with_bias) for inter, with_bias in FC1_SHAPES]
+    shapes += [(rows, inter, with_bias) for rows in (2, 45) for inter, with_bias in DECODE_FC1_SHAPES]
     if mode == "row" and not pre:
         shapes += [(20000, 768, True), (20000, 2880, False)]
     for rows, inter, with_bias in shapes:
-        filled = rows - 37
+        filled = rows - 37 if rows > 37 else rows - 1
         off = random_offsets(e, filled)
         n1 = 2 * inter if act.is_gated else inter
         x = (torch.randn(rows, n1, device="cuda") * 3).to(dtype)

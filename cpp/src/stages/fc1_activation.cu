@@ -28,8 +28,9 @@
 // H200, whose bytes take about 140 (bench/layer_steps_probe.py). Ungated rows up to 4096 columns and gated rows up
 // to 1536 without a pre-quant scale (the quantize step after GEMM1's gated epilogue; block-128 layers' activation step)
 // take a warp per row instead where there is a row for every warp the GPU holds, with no barrier at all and fewer
-// instructions an element (fc1_activation_fp8_warp_kernel).
-// All three write the same bytes: activated_unit()'s values (the identity's without a bias are the row's own)
+// instructions an element (fc1_activation_fp8_warp_kernel). Decode calls (fewer rows than the GPU has SMs) with a
+// static or a per-group scale take half a warp per (row, 128-column group) (fc1_activation_fp8_groups_kernel).
+// All four write the same bytes: activated_unit()'s values (the identity's without a bias are the row's own)
 // quantized by fp8_quantize.cuh's rule.
 //
 // W4AFP8 (issue 47), whose GEMMs are W4A16's on 16-bit rows: mb_fc1_activation_fp8_dequantized stores GEMM2's input as
@@ -552,6 +553,82 @@ mb_status launch_warp_rows(const T* in, const T* b1, const int64_t* off, int E, 
   return go(fc1_activation_fp8_warp_kernel<T, ACT, warp_width<ACT>(kWarpRowMaxPerLane), kDequantized>);
 }
 
+// Decode row counts (fewer rows than the GPU has SMs) with a static or a per-group scale, neither of which needs a
+// row's whole amax before its first store: half a warp per (row p, 128-column group) item, a warp the row's groups 2j
+// and 2j + 1, warps striding over the items, so a call's few rows spread over the whole GPU where the staged kernel
+// runs a block a row on as many SMs and walks each row's units in turn (Mixtral-8x7B's block-128 activation step at 1
+// token, 2 rows of 2 x 14336 columns on two SMs, took 4.6 us between GEMM1's end and GEMM2's start on an H100,
+// bench/layer_timeline_probe.py; 1.9 us with this kernel). The same per-element math as the warp-per-row kernel: the
+// same bytes.
+constexpr int kGroupItemThreads = 256;
+
+template <typename T, int ACT>
+__global__ void __launch_bounds__(kGroupItemThreads)
+fc1_activation_fp8_groups_kernel(const T* __restrict__ in, const T* __restrict__ b1, const int64_t* __restrict__ off,
+                                 int E, int64_t max_rows, int inter, float alpha, float limit, fp8::Mode mode,
+                                 const float* __restrict__ static_scale, int64_t scale_cols, void* __restrict__ out,
+                                 float* __restrict__ out_scales) {
+  constexpr bool kGated = mb::is_gated(ACT);
+  constexpr int kWarps = kGroupItemThreads / 32;
+  const int lane = threadIdx.x % 32;
+  const int64_t units = inter / fp8::kVec;
+  const int64_t pairs = (units + 2 * fp8::kGroupLanes - 1) / (2 * fp8::kGroupLanes);  // a warp's two groups an item
+  const int64_t n1 = kGated ? 2 * static_cast<int64_t>(inter) : inter;
+  const int64_t filled = __ldg(off + E);
+  const int64_t items = (filled < max_rows ? filled : max_rows) * pairs;  // rows past off[E]: other nodes' experts
+  const float static_s = mode == fp8::kStatic ? *static_scale : 0.0f;
+  const float static_y = mode == fp8::kStatic ? __frcp_rn(static_s) : 0.0f;
+  const uint4 zero{0u, 0u, 0u, 0u};
+  for (int64_t it = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; it < items;
+       it += static_cast<int64_t>(gridDim.x) * kWarps) {
+    const int64_t p = it / pairs;
+    const int64_t u = (it - p * pairs) * 2 * fp8::kGroupLanes + lane;  // lanes 0-15 group 2j, 16-31 group 2j + 1
+    const bool mine = u < units;
+    const uint4* row = reinterpret_cast<const uint4*>(in + p * n1);
+    uint4 x = mine ? __ldcs(row + u) : zero;
+    const T* bias = b1 ? b1 + warp_expert_of(off, E, p) * n1 : nullptr;  // every lane (warp_expert_of is the warp's)
+    if ((ACT != MB_ACT_IDENTITY || bias) && mine) {
+      const uint4 up = kGated ? __ldcs(row + units + u) : zero;
+      x = activated_unit<T, ACT>(x, up, bias, u, inter, true, alpha, limit);
+    }
+    const fp8::OutRow<T, false> dst(out, out_scales, p, inter, scale_cols);
+    if (mode == fp8::kStatic) {
+      if (u == 0) dst.scale(0, static_s);
+      if (mine) dst.unit(u, inter, true, fp8::quantize_unit_by<T>(x, static_s, static_y), static_s);
+      continue;
+    }
+    // every lane reaches the group's shuffles; lanes past the row hold zeros
+    const float s = fp8::dynamic_scale(mb::lanes_max<fp8::kGroupLanes>(fp8::unit_amax_packed<T>(x)));
+    if (mine) {
+      if (u % fp8::kGroupLanes == 0) dst.scale(u / fp8::kGroupLanes, s);
+      dst.unit(u, inter, true, fp8::quantize_unit_by<T>(x, s, __frcp_rn(s)), s);
+    }
+  }
+}
+
+// Launches the group-item kernel where the call's rows are fewer than the GPU's SMs and the scale is static or per
+// group (no pre-quant scale); false where it does not take them. The dequantized form reaches it with per-row scales
+// only (with a static scale it runs the 16-bit activation's kernel), so it never takes them.
+template <typename T, int ACT, bool kDequantized>
+mb_status launch_group_items(const T* in, const T* b1, const int64_t* off, int E, int64_t max_rows, int inter,
+                             float alpha, float limit, const float* prequant_scale, fp8::Mode mode,
+                             const float* static_scale, int64_t scale_cols, void* out, float* out_scales,
+                             cudaStream_t stream, bool* launched) {
+  *launched = false;
+  if (kDequantized || prequant_scale != nullptr || mode == fp8::kPerRow ||
+      max_rows >= mb::device_attribute(cudaDevAttrMultiProcessorCount))
+    return MB_OK;
+  auto kernel = fc1_activation_fp8_groups_kernel<T, ACT>;
+  const int64_t units = inter / fp8::kVec;
+  const int64_t warps = max_rows * ((units + 2 * fp8::kGroupLanes - 1) / (2 * fp8::kGroupLanes));
+  const int64_t blocks = (warps + kGroupItemThreads / 32 - 1) / (kGroupItemThreads / 32);
+  const int64_t resident = mb::resident_blocks(kernel, kGroupItemThreads, 0);
+  kernel<<<static_cast<unsigned>(blocks < resident ? blocks : resident), kGroupItemThreads, 0, stream>>>(
+      in, b1, off, E, max_rows, inter, alpha, limit, mode, static_scale, scale_cols, out, out_scales);
+  *launched = true;
+  return mb::check_launch("fc1_activation_fp8_groups_kernel");
+}
+
 // Launches the staged kernel where a ring of at least two rows fits in a block's shared memory (three where they
 // fit); false where none does (rows wider than about 28K gated columns), for the block-per-row kernel to run.
 template <typename T, int ACT, bool kDequantized>
@@ -689,7 +766,12 @@ mb_status fc1_activation_quantized(const char* who, const void* in, int dtype, c
       constexpr int ACT = decltype(act_const)::value;
       if (whole) {
         bool launched = false;
-        mb_status st = launch_warp_rows<T, ACT, kDequantized>(
+        mb_status st = launch_group_items<T, ACT, kDequantized>(
+            static_cast<const T*>(in), static_cast<const T*>(b1), expert_first_token_offset, num_experts, max_rows,
+            inter, swiglu_alpha, swiglu_limit, prequant_scale, mode, static_scale, scale_cols, out, out_scales, stream,
+            &launched);
+        if (st != MB_OK || launched) return st;
+        st = launch_warp_rows<T, ACT, kDequantized>(
             static_cast<const T*>(in), static_cast<const T*>(b1), expert_first_token_offset, num_experts, max_rows,
             inter, swiglu_alpha, swiglu_limit, prequant_scale, mode, static_scale, scale_cols, out, out_scales, stream,
             &launched);
