@@ -62,6 +62,12 @@ for ph in "$@"; do
     MOE_BUILD_KERNELS_LIB=$NEW timeout 280 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_fp8_quantize.py \
       tests/gpu/test_runner_fp8.py tests/gpu/test_runner_w4afp8.py > $R/final.log 2>&1
     echo "final rc=$?" | tee -a $R/phases.txt; tail -n 3 $R/final.log
+  elif [ "$ph" = ncu ]; then  # Nsight Compute on GPT-OSS-20B's block-128 decode GEMMs at 3 and 8 tokens
+    for t in 3 8; do
+      MOE_BUILD_KERNELS_LIB=$NEW timeout 120 ncu --profile-from-start off -k regex:fp8_decode_kernel --clock-control none \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
+        --section LaunchStats python3 $C/ncu_probe.py $t > $R/ncu_$t.txt 2>&1; echo "ncu $t rc=$?" | tee -a $R/phases.txt
+    done
   elif [ "$ph" = b1 ]; then
     for i in 1 2; do
       timeout 150 python3 -m moe_build bench --quant fp8,fp8_static,fp8_block --shapes gpt-oss-20b --tokens 1 \
