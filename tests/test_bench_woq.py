@@ -45,11 +45,15 @@ def test_w4afp8_bench_layers_plan_the_fused_expansion_and_time_it_forced_off(nam
     assert woq_layer.FORCED[Quant.W4AFP8] == ("ours:expand_rows=plain", "ours:fc2_prequant=separate",
                                               "ours:finalize=separate", "ours:token_digits=separate",
                                               "ours:fc1_activation=separate")
+    # the FP8 row steps whose kernels follow a forced stage: the expansion's (none where it no longer quantizes) and
+    # the quantize step's after it; the activation step's (none where GEMM2's input is scaled after it) and that step's
+    follows = {"expand_rows": {"expand_rows_tactic", "fc1_input_quant_tactic"},
+               "fc2_prequant": {"token_digits", "fc1_activation_tactic", "fc2_input_quant_tactic"}}
     for variant in woq_layer.FORCED[Quant.W4AFP8][:-1]:
         force = runner_force(variant)
         forced = make_plan(spec, target, tokens=16, force=force)
         changed = {k for t in (1, 16) for k, v in plan.choices(t).items() if forced.choices(t)[k] != v}
-        assert changed == set(force) | ({"token_digits"} if "fc2_prequant" in force else set())
+        assert changed == set(force).union(*(follows.get(stage, set()) for stage in force))
     # the gated epilogue runs past the decode band (the mixed-input GEMM1's), on W1 interleaved for every count
     forced = make_plan(spec, target, tokens=4096, force=runner_force("ours:fc1_activation=separate"))
     assert plan.choices(4096)["fc1_activation"] == "gated_epilogue"

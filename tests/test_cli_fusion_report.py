@@ -25,12 +25,14 @@ def report(*args: str, env: dict | None = None) -> dict:
 
 def test_json_schema_and_hopper_plan():
     doc = report(*MIXTRAL_FLAGS, "--sm", "90", "--flavour", "tensorrt", "--tokens", "4")
-    assert doc["schema"] == "moe-build.fusion-report/8"
+    assert doc["schema"] == "moe-build.fusion-report/9"
     assert doc["path"] == "plugin"
     stages = {s["stage"]: s for s in doc["stages"]}
     assert list(stages) == ["routing_prologue", "expand_rows", "gemm_kernel", "fc1_activation", "fc2_prequant",
                             "finalize", "routing", "fc1_input_quant", "fc2_input_quant", "fp8_accumulation", "w1_order", "weight_layout",
-                            "gemm1_tactic", "gemm2_tactic", "token_digits", "dispatch", "ep_format", "nccl_exchange"]
+                            "gemm1_tactic", "gemm2_tactic", "expand_rows_tactic", "fc1_input_quant_tactic",
+                            "fc1_activation_tactic", "fc2_input_quant_tactic", "token_digits", "dispatch", "ep_format",
+                            "nccl_exchange"]
     for s in doc["stages"]:
         assert set(s) >= {"stage", "choice", "fallback", "gates", "bands"}
         assert s["bands"][0][0] == 1 and s["bands"][-1][1] is None  # every token count from 1

@@ -66,7 +66,7 @@ def test_binding_matches_header() -> None:
                                          ("MB_WEIGHTS_", kernels.WeightLayout), ("MB_GEMM_", kernels.GemmKernel),
                                          ("MB_TILE_", kernels.GemmTile), ("MB_LAUNCH_", kernels.GemmLaunch),
                                          ("MB_OUTPUT_L2_", kernels.OutputL2), ("MB_WOQ_", kernels.WoqKind),
-                                         ("MB_INPUT_", kernels.WoqInput)])
+                                         ("MB_INPUT_", kernels.WoqInput), ("MB_STEP_", kernels.StepTactic)])
 def test_enums_match_header(prefix: str, enum: type) -> None:
     values = header_enum(prefix)
     if prefix == "MB_ERR_":

@@ -15,6 +15,7 @@ from moe_build.errors import MoeBuildError, UnsupportedCombination
 from moe_build.planner import Plan, make_plan
 from moe_build.runner import MoERunner, Workspace, kernel_sequence, layout_bytes, steps_up_to, workspace_layout
 from moe_build.runner.runner import device_target, serving_target
+from moe_build.runner import sequence as S
 from moe_build.runner.sequence import w1_interleaved, weights_blocked
 from moe_build.spec import ActScale, Activation, DType, MoESpec, Quant, SharedExperts
 from moe_build.target import FINALIZE_FUSION_ENV, Flavour, Target, TokenProfile
@@ -911,3 +912,36 @@ def test_awq_gated_band_applies_the_fc2_prequant_scale_in_gemm1s_epilogue() -> N
     forced = make_plan(spec, target, tokens=16, force={"fc2_prequant": "separate"})
     assert kernel_sequence(forced, 1024)[-4:] == ["gemm1:woq_wgmma_gated", "fc2_prequant:separate", "gemm2:woq_wgmma",
                                                   "finalize"]
+
+
+# The runner's steps that run an FP8 row kernel, and the step tactic stage each passes it (runner/experts.py).
+STEP_TACTIC_OF = {S.EXPAND_ROWS_FP8: "expand_rows_tactic", S.EXPAND_ROWS_FP8_ZERO_OUTPUT: "expand_rows_tactic",
+                  S.EXPAND_ROWS_FP8_DEQUANTIZED: "expand_rows_tactic",
+                  S.EXPAND_ROWS_FP8_DEQUANTIZED_ZERO_OUTPUT: "expand_rows_tactic",
+                  S.FC1_PREQUANT_FP8_DEQUANTIZED: "fc1_input_quant_tactic",
+                  S.FC1_ACTIVATION_FP8: "fc1_activation_tactic", S.FC1_ACTIVATION_FP8_DEQUANTIZED: "fc1_activation_tactic",
+                  S.QUANTIZE_FC2_INPUT: "fc2_input_quant_tactic", S.FC2_PREQUANT_FP8_DEQUANTIZED: "fc2_input_quant_tactic"}
+
+
+@pytest.mark.parametrize("quant,act_scale,force", [
+    (Quant.FP8, ActScale.DYNAMIC, {}), (Quant.FP8, ActScale.STATIC, {}), (Quant.FP8_BLOCK, ActScale.DYNAMIC, {}),
+    (Quant.FP8, ActScale.DYNAMIC, {"fc1_activation": "separate", "fc2_input_quant": "separate"}),
+    (Quant.FP8_BLOCK, ActScale.DYNAMIC, {"fc1_input_quant": "separate"}),
+    (Quant.W4AFP8, ActScale.DYNAMIC, {}), (Quant.W4AFP8, ActScale.STATIC, {}),
+    (Quant.W4AFP8, ActScale.DYNAMIC, {"expand_rows": "plain", "fc2_prequant": "separate"}),
+    (Quant.W4AFP8, ActScale.STATIC, {"token_digits": "separate"})])
+def test_every_fp8_row_step_the_runner_runs_has_the_plans_tactic(quant: Quant, act_scale: ActScale,
+                                                                 force: dict) -> None:
+    """At every token count a step runs, the plan names its kernel (runner/experts.py passes
+    Batch.step_tactics[stage]); the runner's steps and the plan's step stages agree."""
+    spec = dataclasses.replace(MoESpec(2048, 768, 128, 8), quant=quant, act_scale=act_scale,
+                               quant_prequant_scales=quant is Quant.W4AFP8)
+    plan = make_plan(spec, H100, 1, force)
+    seen = set()
+    for tokens in (1, 2, 3, 4, 5, 16, 17, 64, 65, 96, 256, 527, 528, 640, 641, 2048, 4096):
+        choices = plan.choices(tokens)
+        for step in kernel_sequence(plan, tokens):
+            if step in STEP_TACTIC_OF:
+                assert choices[STEP_TACTIC_OF[step]] != "none", (step, tokens)
+                seen.add(step)
+    assert seen, "no FP8 row step ran"

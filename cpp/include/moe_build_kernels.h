@@ -278,6 +278,21 @@ mb_status mb_ep_permute_rows(const void* recv_rows, int dtype, const int32_t* re
 mb_status mb_quantize_fp8(const void* in, int dtype, int64_t rows, int cols, const float* prequant_scale,
                           const float* static_scale, int group, uint8_t* out, float* out_scales, cudaStream_t stream);
 
+/* The FP8 row steps' kernels, mb_expand_rows_fp8's and mb_fc1_activation_fp8's (and their _dequantized forms'): the
+ * step tactic the plan gives each call (moe_build/planner/tactics/steps.py), run as given. A kernel that cannot take
+ * the call is refused (MB_ERR_UNSUPPORTED, naming what it needs), never replaced by another. "Whole units": cols a
+ * multiple of 8, the 16-bit pointers 16-byte and the e4m3 ones 8-byte aligned. */
+typedef enum {
+  MB_STEP_BLOCK_ROWS = 0,   /* blocks over the rows (the expansion: over the tokens): every call; the only kernel of
+                               the _dequantized forms with a static scale (the 16-bit step's) */
+  MB_STEP_WARP_ROWS = 1,    /* a warp a row (the expansion: a token), a persistent grid: whole units, no pre-quant
+                               scale, rows of at most 4096 columns (the activation's gated rows: 1536 a half) */
+  MB_STEP_STAGED_ROWS = 2,  /* the activation: rows copied into a shared-memory ring ahead of use, whole units, a ring
+                               of two rows within a block's shared memory */
+  MB_STEP_GROUP_ITEMS = 3,  /* the activation: half a warp a (row, 128-column group), whole units, a static or
+                               per-group scale, no pre-quant scale, e4m3 bytes out (not the _dequantized form) */
+} mb_step_tactic;
+
 /* stages/expand_rows.cu: mb_expand_rows with the rows quantized as they are copied: permuted_input [T*K, H]
  * e4m3 and permuted_scales (the layout above, one scale row per permuted row) with row p the quantization
  * of input[e / K], permuted_weights[p] = topk_weights[e], for p = unpermuted_to_permuted[e]: a token's row
@@ -288,12 +303,12 @@ mb_status mb_quantize_fp8(const void* in, int dtype, int64_t rows, int cols, con
  * mb_quantize_fp8 with the same scale. Launched after a trigger, it reads input (and quantizes it) before it waits
  * on its stream predecessor, whose output it needs for the maps only: input must be written before that
  * predecessor, never by it, and the predecessor must wait on its own before it lets this kernel start, as the map
- * builds do (the layer's order). */
+ * builds do (the layer's order). tactic: mb_step_tactic, MB_STEP_BLOCK_ROWS or MB_STEP_WARP_ROWS. */
 mb_status mb_expand_rows_fp8(const void* input, int dtype, const int32_t* unpermuted_to_permuted,
                              const float* topk_weights, const float* prequant_scale, int num_tokens, int hidden,
                              int top_k,
                              const float* static_scale, int group, uint8_t* permuted_input, float* permuted_scales,
-                             float* permuted_weights, void* zero_out, cudaStream_t stream);
+                             float* permuted_weights, void* zero_out, int tactic, cudaStream_t stream);
 /* The same expansion of rows mb_quantize_fp8 quantized: input_fp8 [T, H] e4m3 and input_scales
  * [T, scale_cols] (scale_cols 1, or ceil(H / 128) for group 128) copied to permuted_input [T*K, H] and
  * permuted_scales [T*K, scale_cols]. zero_out [T, H] in zero_dtype (MB_FP32, MB_FP16 or MB_BF16) or NULL
@@ -309,11 +324,12 @@ mb_status mb_expand_rows_fp8_prequantized(const uint8_t* input_fp8, const float*
  * into out [max_rows, inter] e4m3 and out_scales (the layout above, rows = max_rows), so this equals
  * mb_fc1_activation then mb_quantize_fp8 bit for bit. Rows past off[E] and their scales are not written.
  * prequant_scale [inter] or NULL as above (W4AFP8's AWQ FC2 pre-quant scale, fc2_prequant=fused) multiplies the
- * rounded activated values; then this equals mb_fc1_activation then mb_quantize_fp8 with that scale. */
+ * rounded activated values; then this equals mb_fc1_activation then mb_quantize_fp8 with that scale. tactic:
+ * mb_step_tactic, any of the four (the same bytes from each). */
 mb_status mb_fc1_activation_fp8(const void* in, int dtype, const void* b1, const int64_t* expert_first_token_offset,
                                 int num_experts, int64_t max_rows, int inter, int activation, float swiglu_alpha,
                                 float swiglu_limit, const float* prequant_scale, const float* static_scale, int group,
-                                uint8_t* out, float* out_scales, cudaStream_t stream);
+                                uint8_t* out, float* out_scales, int tactic, cudaStream_t stream);
 /* W4AFP8, whose GEMMs are W4A16's on 16-bit rows (issue 47): the same quantizations by the static scale (static_scale,
  * one fp32 on the device) or, static_scale NULL, by each row's dynamic scale (group 0 above), each element stored as
  * its e4m3 value times its scale in one fp32 multiply, rounded to dtype (permuted_input / out [rows, cols] in dtype,
@@ -322,17 +338,17 @@ mb_status mb_fc1_activation_fp8(const void* in, int dtype, const void* b1, const
  * mb_expand_rows'); stages/fc1_activation.cu: the values mb_fc1_activation_fp8 quantizes (with MB_ACT_IDENTITY and
  * b1 NULL: in's own rows, the separate step after mb_fc1_activation or a plain expansion); gate_up_interleaved as
  * mb_fc1_activation's (a gated activation and a static scale: W1 interleaved where GEMM1's gated epilogue runs in some
- * band). */
+ * band). tactic: as the FP8 forms' (with a static scale MB_STEP_BLOCK_ROWS; group items never). */
 mb_status mb_expand_rows_fp8_dequantized(const void* input, int dtype, const int32_t* unpermuted_to_permuted,
                                          const float* topk_weights, const float* prequant_scale, int num_tokens,
                                          int hidden, int top_k, const float* static_scale, void* permuted_input,
-                                         float* permuted_weights, void* zero_out, cudaStream_t stream);
+                                         float* permuted_weights, void* zero_out, int tactic, cudaStream_t stream);
 mb_status mb_fc1_activation_fp8_dequantized(const void* in, int dtype, const void* b1,
                                             const int64_t* expert_first_token_offset, int num_experts,
                                             int64_t max_rows, int inter, int activation, int gate_up_interleaved,
                                             float swiglu_alpha,
                                             float swiglu_limit, const float* prequant_scale,
-                                            const float* static_scale, void* out, cudaStream_t stream);
+                                            const float* static_scale, void* out, int tactic, cudaStream_t stream);
 /* ---- end of FP8 activation quantization ------------------------------------------------------------ */
 
 /* ---- grouped GEMMs over expert segments ------------------------------------------------------------

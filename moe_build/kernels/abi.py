@@ -106,6 +106,15 @@ class WoqInput(enum.IntEnum):
 
 
 
+class StepTactic(enum.IntEnum):
+    """mb_step_tactic (MB_STEP_*): the kernel of an FP8 row step (the expansion, the activation / quantize step), as
+    the plan's step tactic stages name it in lower case (planner/tactics/steps.py)."""
+    BLOCK_ROWS = 0
+    WARP_ROWS = 1
+    STAGED_ROWS = 2
+    GROUP_ITEMS = 3
+
+
 class Fp8Scaling(enum.IntEnum):
     """mb_fp8_scaling: the FP8 GEMM's scales (per row and column, or per 128-k block)."""
     ROWWISE = 0
@@ -179,11 +188,11 @@ SIGNATURES: dict[str, tuple[type, tuple[type, ...]]] = {
     "mb_ep_permute_rows": (_i, (_p, _i, _p, _p, _i, _i, _i, _i, _i, _p, _p, _p, _i, _p)),
     # FP8 activation quantization (issue 46; stages/quantize_fp8.cu, expand_rows.cu, fc1_activation.cu)
     "mb_quantize_fp8": (_i, (_p, _i, _i64, _i, _p, _p, _i, _p, _p, _p)),
-    "mb_expand_rows_fp8": (_i, (_p, _i, _p, _p, _p, _i, _i, _i, _p, _i, _p, _p, _p, _p, _p)),
+    "mb_expand_rows_fp8": (_i, (_p, _i, _p, _p, _p, _i, _i, _i, _p, _i, _p, _p, _p, _p, _i, _p)),
     "mb_expand_rows_fp8_prequantized": (_i, (_p, _p, _i, _p, _p, _i, _i, _i, _p, _p, _p, _p, _i, _p)),
-    "mb_fc1_activation_fp8": (_i, (_p, _i, _p, _p, _i, _i64, _i, _i, _f, _f, _p, _p, _i, _p, _p, _p)),
-    "mb_expand_rows_fp8_dequantized": (_i, (_p, _i, _p, _p, _p, _i, _i, _i, _p, _p, _p, _p, _p)),
-    "mb_fc1_activation_fp8_dequantized": (_i, (_p, _i, _p, _p, _i, _i64, _i, _i, _i, _f, _f, _p, _p, _p, _p)),
+    "mb_fc1_activation_fp8": (_i, (_p, _i, _p, _p, _i, _i64, _i, _i, _f, _f, _p, _p, _i, _p, _p, _i, _p)),
+    "mb_expand_rows_fp8_dequantized": (_i, (_p, _i, _p, _p, _p, _i, _i, _i, _p, _p, _p, _p, _i, _p)),
+    "mb_fc1_activation_fp8_dequantized": (_i, (_p, _i, _p, _p, _i, _i64, _i, _i, _i, _f, _f, _p, _p, _p, _i, _p)),
     # end of FP8 activation quantization
     "mb_token_digits": (_i, (_p, _i, _i64, _i, _i, _p, _p)),
     "mb_expand_rows_digits": (_i, (_p, _i, _p, _p, _p, _p, _i, _i, _i, _i, _p, _p, _p, _p)),

@@ -27,11 +27,13 @@ DIGITS_STAGES = ("token_digits",)  # where the weight-only digits tile's 8-bit t
 ACCUMULATION_STAGES = ("fp8_accumulation",)  # how the FP8 GEMMs add up their products
 LAYOUT_STAGES = ("w1_order", "weight_layout")
 TACTIC_STAGES = ("gemm1_tactic", "gemm2_tactic")
+# which kernel runs each FP8 row step (tactics/steps.py; "none" where the layer has no such step)
+STEP_STAGES = ("expand_rows_tactic", "fc1_input_quant_tactic", "fc1_activation_tactic", "fc2_input_quant_tactic")
 EP_STAGES = ("dispatch",)  # how tokens reach the ranks holding their experts, and come back
 # how the dispatched rows reach a rank's experts (seed 000's formats) and their outputs come back
 EP_FORMAT_STAGES = ("ep_format", "nccl_exchange")
 PLUGIN_STAGES = (FUSION_STAGES + ROUTING_STAGES + ACT_QUANT_STAGES + ACCUMULATION_STAGES + LAYOUT_STAGES
-                 + TACTIC_STAGES + DIGITS_STAGES + EP_STAGES + EP_FORMAT_STAGES)
+                 + TACTIC_STAGES + STEP_STAGES + DIGITS_STAGES + EP_STAGES + EP_FORMAT_STAGES)
 OOTB_STAGES = ("expert_compute",) + EP_STAGES
 MATRIX_STAGES = FUSION_STAGES + ("expert_compute",)  # the seed's fusion matrix: both paths' fusion stages
 STAGE_CHOICES: dict[str, tuple[str, ...]] = {
@@ -52,6 +54,7 @@ STAGE_CHOICES: dict[str, tuple[str, ...]] = {
     "dispatch": ("nvlink", "nccl", "allreduce", "none"),
     "ep_format": ("permuted", "batched", "contiguous", "none"),
     "nccl_exchange": ("all_gather", "exact", "none"),
+    **{stage: (*T.STEP_TACTICS, "none") for stage in STEP_STAGES},
 }  # the tactic stages take any tactic name (tactics.GemmTactic.parse) the GEMM can run
 # Which user-facing field a refusing gate is about (for the one-line error).
 GATE_FIELD = {
@@ -479,6 +482,87 @@ def _fc2_quant_in_gemm2(spec: MoESpec, gates: Sequence[Gate], shown: Sequence[Ga
                          summary=f"{FC2_QUANT_TEXTS[choice]} ({where})")
 
 
+# what each step tactic stage's step is (its summary)
+STEP_TEXTS = {
+    "expand_rows_tactic": "FP8 expansion (GEMM1's input quantized as the rows are copied)",
+    "fc1_input_quant_tactic": "FP8 quantize step of the expanded rows",
+    "fc1_activation_tactic": "FP8 activation step (GEMM2's input quantized as it is activated)",
+    "fc2_input_quant_tactic": "FP8 quantize step of the activated rows",
+}
+
+
+def _fp8_row_steps_run(fc1: StageDecision, fc2_input_quant: StageDecision) -> tuple[bool, bool]:
+    """Whether an FP8 layer runs, at some token count, the activation step that quantizes GEMM2's input and the
+    quantize step after a 16-bit activation (runner/sequence.py's _fp8_steps): neither where GEMM1 or GEMM2 quantizes
+    that input; the quantize step after GEMM1's gated epilogue, or where the plan puts it (separate); else the
+    activation step."""
+    activation = quantize = False
+    for lo in sorted({b.lo for b in fc1.bands} | {b.lo for b in fc2_input_quant.bands}):
+        c1, c2 = fc1.choice_for(lo), fc2_input_quant.choice_for(lo)
+        if c2 in ("gemm1", "gemm2"):
+            continue
+        if c1 == "gated_epilogue" or c2 == "separate":
+            quantize = True
+        else:
+            activation = True
+    return activation, quantize
+
+
+def _row_steps(spec: MoESpec, target: Target, expand_rows: StageDecision, fc1_input_quant: StageDecision,
+               fc1: StageDecision, fc2_input_quant: StageDecision,
+               fc2_prequant: StageDecision) -> dict[str, T.RowStep | None]:
+    """The FP8 row steps the layer runs at some token count (runner/sequence.py's), as the step tactic rules see them;
+    None where the layer has no such step. W4AFP8's steps store the quantized values in 16 bits; with a pre-quant
+    scale where its stage puts the AWQ scale in them."""
+    fp8 = spec.quant in (Quant.FP8, Quant.FP8_BLOCK)
+    if not fp8 and spec.quant is not Quant.W4AFP8:
+        return dict.fromkeys(STEP_STAGES)
+    scaling = ("per_group" if spec.quant is Quant.FP8_BLOCK else
+               "static" if spec.act_scale is ActScale.STATIC else "per_row")
+
+    def step(cols: int, gated: bool = False, prequant: bool = False, expansion: bool = False) -> T.RowStep:
+        return T.RowStep(cols, gated, prequant, scaling, not fp8, expansion, target.sm_count,
+                         target.max_smem_per_block)
+
+    H, I, gated = spec.hidden_size, spec.intermediate_size, spec.activation.is_gated
+    if fp8:
+        activation, quantize = _fp8_row_steps_run(fc1, fc2_input_quant)
+        return {"expand_rows_tactic": step(H, expansion=True) if fc1_input_quant.choice == "expand_rows" else None,
+                "fc1_input_quant_tactic": None,  # mb_quantize_fp8: one kernel
+                "fc1_activation_tactic": step(I, gated) if activation else None,
+                "fc2_input_quant_tactic": step(I) if quantize else None}
+    fused_expansion = expand_rows.choice == "prequant_fused"
+    separate_fc2 = fc2_prequant.choice == "separate"  # the 16-bit activation, then the quantize step with the scale
+    awq1 = spec.quant_prequant_scales
+    return {"expand_rows_tactic": step(H, prequant=awq1, expansion=True) if fused_expansion else None,
+            "fc1_input_quant_tactic": None if fused_expansion else step(H, prequant=awq1),
+            "fc1_activation_tactic": None if separate_fc2 else step(I, gated, prequant=fc2_prequant.choice == "fused"),
+            "fc2_input_quant_tactic": step(I, prequant=True) if separate_fc2 else None}
+
+
+def _step_tactic(stage: str, step: T.RowStep | None, spec: MoESpec, tokens: int,
+                 forced: str | None) -> StageDecision:
+    """A row step's kernel in bands over every token count (tactics/steps.py), or the forced one at all; "none" where
+    the layer has no such step."""
+    if step is None:
+        if forced not in (None, "none"):
+            raise MoeBuildError("force", f"{stage}={forced}: the layer has no {STEP_TEXTS[stage]}", "none")
+        return StageDecision(stage, "none", "none", (), forced=forced is not None, summary=f"no {STEP_TEXTS[stage]}")
+    gates = (Gate(f"{stage}_step", step.describe(), "step tactic table: moe_build/planner/tactics/steps.py", True, OURS,
+                  token_dependent=True),)
+    if forced is not None:
+        problem = T.step_problem(step, forced)
+        if problem is not None:
+            raise MoeBuildError("force", f"{stage}={forced}: {problem}", [t for t in T.STEP_TACTICS if
+                                                                           T.step_problem(step, t) is None])
+        return StageDecision(stage, forced, forced, gates, forced=True, summary=f"the {STEP_TEXTS[stage]} as forced")
+    bands = tuple(Band(lo, hi, choice) for lo, hi, choice in
+                  T.token_bands(spec.top_k, spec.local_experts, lambda rows: T.step_tactic(step, rows)))
+    here = next(band.choice for band in bands if band.holds(tokens))
+    return StageDecision(stage, here, here, gates, bands,
+                         summary=f"the {STEP_TEXTS[stage]}, where it runs: {bands_text(bands, choice_first=True)}")
+
+
 def _fp8_accumulation(spec: MoESpec, gemm_kernel: str, forced: str | None) -> StageDecision:
     """The FP8 wgmma GEMMs' accumulation: fast (the tensor cores' own over the whole k) where the scales are rowwise,
     else promoted (fp32 adds every 128 k); "none" for a layer without FP8 GEMMs."""
@@ -753,22 +837,27 @@ def make_plan(spec: MoESpec, target: Target, tokens: int = 1,
         gemm2_tactic = _tactic("gemm2_tactic", calls["gemm2_tactic"], finalize, tokens, tactics.get("gemm2_tactic"))
         fc2_prequant = _fc2_prequant(spec, force.get("fc2_prequant"))
         prologue = _routing_prologue(spec, target, tokens, force.get("routing_prologue"))
+        expand_rows = _expand_rows(spec, force.get("expand_rows"))
+        fc1_input_quant = _fc1_input_quant(spec, force.get("fc1_input_quant"))
+        fc2_input_quant = _fc2_input_quant(spec, fc1, finalize, gemm2_tactic, calls["gemm2_tactic"], tokens,
+                                           force.get("fc2_input_quant"))
+        steps = _row_steps(spec, target, expand_rows, fc1_input_quant, fc1, fc2_input_quant, fc2_prequant)
         stages = (
             prologue,
-            _expand_rows(spec, force.get("expand_rows")),
+            expand_rows,
             gemm,
             fc1,
             fc2_prequant,
             finalize,
             _routing(spec, tokens, force.get("routing")),
-            _fc1_input_quant(spec, force.get("fc1_input_quant")),
-            _fc2_input_quant(spec, fc1, finalize, gemm2_tactic, calls["gemm2_tactic"], tokens,
-                             force.get("fc2_input_quant")),
+            fc1_input_quant,
+            fc2_input_quant,
             accumulation,
             _w1_order(spec, fc1),
             layout,
             gemm1_tactic,
             gemm2_tactic,
+            *(_step_tactic(stage, steps[stage], spec, tokens, force.get(stage)) for stage in STEP_STAGES),
             _token_digits(spec, fc2_prequant.choice, (gemm1_tactic, gemm2_tactic), force.get("token_digits")),
             dispatch,
             ep_format,

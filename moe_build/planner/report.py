@@ -18,7 +18,7 @@ from .plan import MATRIX_STAGES
 from ..spec import DType, MoESpec, Quant
 from ..target import SUPPORTED_SMS, Target, named_part
 
-REPORT_SCHEMA_VERSION = "moe-build.fusion-report/8"
+REPORT_SCHEMA_VERSION = "moe-build.fusion-report/9"
 SWEEP_SCHEMA_VERSION = "moe-build.fusion-sweep/7"
 STAGE_TITLES = {
     "routing_prologue": "routing prologue", "routing": "routing (top-k)", "expand_rows": "expand rows",
@@ -27,6 +27,8 @@ STAGE_TITLES = {
     "fc1_input_quant": "GEMM1 input FP8", "fc2_input_quant": "GEMM2 input FP8", "fp8_accumulation": "FP8 accumulation",
     "w1_order": "W1 order", "weight_layout": "weight layout", "gemm1_tactic": "GEMM1 tactic",
     "gemm2_tactic": "GEMM2 tactic", "token_digits": "token digits", "expert_compute": "expert compute (OOTB)",
+    "expand_rows_tactic": "expansion kernel", "fc1_input_quant_tactic": "GEMM1 input quantize kernel",
+    "fc1_activation_tactic": "activation kernel", "fc2_input_quant_tactic": "GEMM2 input quantize kernel",
 }
 
 

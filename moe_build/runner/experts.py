@@ -27,7 +27,8 @@ class FusedExperts:
 
     W1 / b1 come in the plan's w1_order (gate/up-interleaved for the sm90 gated epilogue) and W1 / W2 in
     its weight_layout (64 x 64 blocks, which the sm90 GEMMs are told); each GEMM runs the tactic the plan
-    gives at the call's token count (`Batch.gemm1_tactic` / `gemm2_tactic`).
+    gives at the call's token count (`Batch.gemm1_tactic` / `gemm2_tactic`), each FP8 row step the kernel its step
+    tactic names (`Batch.step_tactics`).
     """
 
     def __init__(self, spec: MoESpec, weights: MoEWeights, kernels: ModuleType, weights_blocked: bool,
@@ -222,7 +223,7 @@ class FusedExperts:
         self.k.expand_rows_fp8(b.hidden, b.v("unpermuted_to_permuted"), b.topk_weights, static_scale=self.a1_scale,
                                group=self.fp8_group, permuted_input=b.v("permuted_input"),
                                permuted_scales=b.v("permuted_input_scales"), permuted_weights=b.v("permuted_weights"),
-                               zero_out=zero_out, stream=b.stream)
+                               zero_out=zero_out, stream=b.stream, tactic=b.step_tactics["expand_rows_tactic"])
 
     def quantize_input(self, b: Batch) -> None:
         self.k.quantize_fp8(b.hidden, static_scale=self.a1_scale, group=self.fp8_group, out=b.v("input_fp8"),
@@ -282,7 +283,8 @@ class FusedExperts:
         self.k.fc1_activation_fp8(b.v("fc1_out"), b.v("expert_offsets"), self.act, bias=self.w.b1,
                                   swiglu_alpha=s.swiglu_alpha, swiglu_limit=s.swiglu_limit,
                                   static_scale=self.a2_scale, group=self.fp8_group, out=b.v("fc2_input"),
-                                  out_scales=b.v("fc2_input_scales"), stream=b.stream)
+                                  out_scales=b.v("fc2_input_scales"), stream=b.stream,
+                                  tactic=b.step_tactics["fc1_activation_tactic"])
 
     def quantize_fc2_input(self, b: Batch) -> None:
         """GEMM2's FP8 input from the 16-bit activation (the activation kernel's or GEMM1's gated epilogue's): the
@@ -294,7 +296,7 @@ class FusedExperts:
         step a warp per row")."""
         self.k.fc1_activation_fp8(b.v("fc1_act"), b.v("expert_offsets"), "identity", static_scale=self.a2_scale,
                                   group=self.fp8_group, out=b.v("fc2_input"), out_scales=b.v("fc2_input_scales"),
-                                  stream=b.stream)
+                                  stream=b.stream, tactic=b.step_tactics["fc2_input_quant_tactic"])
 
     def gemm2_fp8(self, b: Batch) -> None:
         self.k.grouped_gemm_fp8(b.v("fc2_input"), b.v("fc2_input_scales"), self.w.w2, self.w.fp8.w2_scale,
@@ -534,7 +536,8 @@ class FusedExperts:
         self.k.expand_rows_fp8_dequantized(b.hidden, b.v("unpermuted_to_permuted"), b.topk_weights, self.a1_scale,
                                            permuted_input=b.v("permuted_input"),
                                            permuted_weights=b.v("permuted_weights"), zero_out=zero_out,
-                                           stream=b.stream, prequant_scale=self.w.woq.fc1_act_scale)
+                                           stream=b.stream, prequant_scale=self.w.woq.fc1_act_scale,
+                                           tactic=b.step_tactics["expand_rows_tactic"])
 
     def expand_rows_fp8_dequantized_digits(self, b: Batch) -> None:
         """expand_rows_fp8_dequantized's rows as GEMM1's token digits (token_digits=fused)."""
@@ -546,7 +549,8 @@ class FusedExperts:
     def fc1_prequant_fp8_dequantized(self, b: Batch) -> None:
         """The plain expansion's rows quantized (times the FC1 pre-quant scale), stored dequantized in permuted_input
         (expand_rows=plain)."""
-        self._quantize_rows(b, b.v("expanded_input"), self.w.woq.fc1_act_scale, self.a1_scale, b.v("permuted_input"))
+        self._quantize_rows(b, b.v("expanded_input"), self.w.woq.fc1_act_scale, self.a1_scale, b.v("permuted_input"),
+                            "fc1_input_quant_tactic")
 
     def fc1_prequant_fp8_dequantized_digits(self, b: Batch) -> None:
         """fc1_prequant_fp8_dequantized's rows as GEMM1's token digits (token_digits=fused)."""
@@ -561,7 +565,8 @@ class FusedExperts:
                                               bias=self.w.b1, swiglu_alpha=s.swiglu_alpha,
                                               swiglu_limit=s.swiglu_limit, out=b.v("fc1_act"), stream=b.stream,
                                               prequant_scale=self.w.woq.fc2_act_scale,
-                                              gate_up_interleaved=self.w1_interleaved)
+                                              gate_up_interleaved=self.w1_interleaved,
+                                              tactic=b.step_tactics["fc1_activation_tactic"])
 
     def fc1_activation_fp8_dequantized_digits(self, b: Batch) -> None:
         """fc1_activation_fp8_dequantized's rows as GEMM2's token digits (token_digits=fused)."""
@@ -570,14 +575,16 @@ class FusedExperts:
     def fc2_prequant_fp8_dequantized(self, b: Batch) -> None:
         """The activated rows quantized (times the FC2 pre-quant scale), in place in fc1_act (fc2_prequant=separate):
         each element is read only by the thread that writes it."""
-        self._quantize_rows(b, b.v("fc1_act"), self.w.woq.fc2_act_scale, self.a2_scale, b.v("fc1_act"))
+        self._quantize_rows(b, b.v("fc1_act"), self.w.woq.fc2_act_scale, self.a2_scale, b.v("fc1_act"),
+                            "fc2_input_quant_tactic")
 
     def _quantize_rows(self, b: Batch, rows: torch.Tensor, prequant: torch.Tensor | None,
-                       scale: torch.Tensor | None, out: torch.Tensor) -> None:
+                       scale: torch.Tensor | None, out: torch.Tensor, stage: str) -> None:
         """16-bit rows times `prequant`, quantized by the static `scale` (None: each row's dynamic one) and stored
-        dequantized into `out`: the activation kernel's identity without a bias over the experts' rows."""
+        dequantized into `out`: the activation kernel's identity without a bias over the experts' rows, on the kernel
+        the plan's step tactic `stage` names."""
         self.k.fc1_activation_fp8_dequantized(rows, b.v("expert_offsets"), "identity", scale, out=out,
-                                              stream=b.stream, prequant_scale=prequant)
+                                              stream=b.stream, prequant_scale=prequant, tactic=b.step_tactics[stage])
 
     def _quantize_rows_digits(self, b: Batch, rows: torch.Tensor, prequant: torch.Tensor | None, scale: torch.Tensor,
                               k: int) -> None:

@@ -15,7 +15,7 @@ import torch
 
 from .. import kernels
 from ..errors import MoeBuildError
-from ..planner import Plan, make_plan
+from ..planner import STEP_STAGES, Plan, make_plan
 from ..spec import MoESpec
 from ..target import Target, TokenProfile, peak_memory_bytes_per_s, resolve_target
 from ..weights import MoEWeights
@@ -252,8 +252,8 @@ class MoERunner:
             ws = self.bind_workspace(workspace, T)
         views = ws.views(T)
         routing_input = _routing_input(router_logits, topk_ids)
-        steps, gemm1_tactic, gemm2_tactic = self._call_plan(T, routing_input)
-        b = Batch(T, x, out.view(T, -1), views, stream, gemm1_tactic, gemm2_tactic,
+        steps, (gemm1_tactic, gemm2_tactic, step_tactics) = self._call_plan(T, routing_input)
+        b = Batch(T, x, out.view(T, -1), views, stream, gemm1_tactic, gemm2_tactic, step_tactics,
                   topk_ids=views["topk_ids"], topk_weights=views["topk_weights"])
         self.bind_routing(b, router_logits, topk_ids, topk_weights)
         # Every address a launch of this call takes: the workspace (its carving fixed by T and whether it is the
@@ -288,8 +288,7 @@ class MoERunner:
         views = dict(self.bind_workspace(workspace, tokens).views(tokens))
         views.update(permuted_input=rows, expert_offsets=expert_offsets, gemm2_out=out)
         stream = torch.cuda.current_stream(self.device).cuda_stream
-        b = Batch(tokens, rows, out, views, stream, kernels.tactic_struct(choices["gemm1_tactic"]),
-                  kernels.tactic_struct(choices["gemm2_tactic"]))
+        b = Batch(tokens, rows, out, views, stream, *_tactics(choices))
         for step in steps:
             self._steps[step](b)
         return out
@@ -343,11 +342,17 @@ def _routing_input(logits: torch.Tensor | None, ids: torch.Tensor | None) -> S.R
     return "topk" if ids is not None else "logits" if logits is not None else "hidden"
 
 
-def _call_plan(plan: Plan, tokens: int, routing_input: S.RoutingInput) -> tuple[tuple[str, ...], object, object]:
-    """One call's steps and its two GEMM tactics (as the kernels take them), read off the plan's bands."""
-    choices = plan.choices(tokens)
-    return (tuple(S.kernel_sequence(plan, tokens, routing_input)), kernels.tactic_struct(choices["gemm1_tactic"]),
-            kernels.tactic_struct(choices["gemm2_tactic"]))
+def _call_plan(plan: Plan, tokens: int, routing_input: S.RoutingInput
+               ) -> tuple[tuple[str, ...], tuple[object, object, dict[str, kernels.StepTactic]]]:
+    """One call's steps and its tactics (_tactics), read off the plan's bands."""
+    return tuple(S.kernel_sequence(plan, tokens, routing_input)), _tactics(plan.choices(tokens))
+
+
+def _tactics(choices: Mapping[str, str]) -> tuple[object, object, dict[str, kernels.StepTactic]]:
+    """The two GEMM tactics and the FP8 row steps' tactics (by stage, where the layer has the step) of one token
+    count's choices, as the kernels take them."""
+    steps = {stage: kernels.StepTactic[choices[stage].upper()] for stage in STEP_STAGES if choices[stage] != "none"}
+    return kernels.tactic_struct(choices["gemm1_tactic"]), kernels.tactic_struct(choices["gemm2_tactic"]), steps
 
 
 def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -33,6 +33,28 @@ DTYPES = (torch.bfloat16, torch.float16)
 MODES = ("static", "row", "group128")
 E4M3 = torch.float8_e4m3fn
 BIG = 2 ** 20 + 37  # more rows than the capped grid (2^20 blocks) has blocks: the row loops stride
+TACTICS = ("block_rows", "warp_rows", "staged_rows", "group_items")  # mb_step_tactic, as the plan spells them
+STAGED_SMEM = 227 * 1024 - 128  # the staged kernel's ring on an H100 / H200: a block's shared memory less its array
+
+
+def takes(tactic: str, cols: int, gated: bool = False, mode: str = "row", prequant: bool = False,
+          dequantized: bool = False, expansion: bool = False) -> bool:
+    """Whether the step kernel `tactic` takes a call, restated from cpp/include/moe_build_kernels.h (mb_step_tactic):
+    every kernel but the block one needs whole 16-byte units (cols % 8 == 0; the tests' rows are aligned); a warp a
+    row, rows of at most 4096 columns (gated: 1536 a half) and no pre-quant scale; the staged ring (the activation
+    only) two rows within a block's shared memory; group items (the activation only) a static or per-group scale, no
+    pre-quant scale, e4m3 bytes out. The dequantized forms with a static scale run the block (16-bit) kernel only."""
+    if tactic == "block_rows":
+        return True
+    if cols % 8 or (dequantized and mode == "static"):
+        return False
+    if tactic == "warp_rows":
+        return not prequant and cols <= (1536 if gated else 4096)
+    if expansion:
+        return False
+    if tactic == "staged_rows":
+        return 2 * (2 if gated else 1) * cols * 2 <= STAGED_SMEM
+    return mode != "row" and not prequant and not dequantized
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -212,8 +234,8 @@ def random_maps(t: int, e: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 EXPAND_SHAPES = [(1, 7168, 8), (5, 100, 3), (257, 2880, 6), (3, 20000, 2), (40, 136, 40), (2048, 2048, 8)]
 
 
-def check_fused_expansion(t: int, h: int, k: int, dtype: torch.dtype, mode: str,
-                          what: str) -> tuple[torch.Tensor, ...]:
+def check_fused_expansion(t: int, h: int, k: int, dtype: torch.dtype, mode: str, what: str,
+                          tactic: str = "block_rows") -> tuple[torch.Tensor, ...]:
     """mb_expand_rows_fp8 of t fresh tokens into k random experts each, on poisoned outputs: equals quantize-then-
     permute bit for bit, the permuted weights and zero_out included. Returns (x, w, ptu, utp, ref_q, ref_s)."""
     x = fresh(t, h, dtype)
@@ -224,7 +246,7 @@ def check_fused_expansion(t: int, h: int, k: int, dtype: torch.dtype, mode: str,
     pin, ps, pw = poisoned_fp8(t * k, h), poisoned_scales(*scale_shape(t * k, h, mode)), poisoned_scales(t * k)
     z = poisoned_scales(t, h).to(dtype)
     ops.expand_rows_fp8(x, utp.to(torch.int32), w, static_scale(mode), group_of(mode), permuted_input=pin,
-                        permuted_scales=ps, permuted_weights=pw, zero_out=z)
+                        permuted_scales=ps, permuted_weights=pw, zero_out=z, tactic=tactic)
     torch.cuda.synchronize()
     assert_bytes_equal(pin, ref_q[src], f"{what}: q")
     assert_bytes_equal(ps, ref_s[src], f"{what}: scales")
@@ -236,10 +258,25 @@ def check_fused_expansion(t: int, h: int, k: int, dtype: torch.dtype, mode: str,
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("t,h,k", EXPAND_SHAPES)
-def test_expand_rows_fp8(t: int, h: int, k: int, dtype: torch.dtype, mode: str) -> None:
-    """Equals quantize-then-permute, and the unfused pair (mb_quantize_fp8, then the prequantized
-    expansion) writes the same bytes; zero_out is zeroed by both."""
-    x, w, ptu, utp, ref_q, ref_s = check_fused_expansion(t, h, k, dtype, mode, f"fused {t}x{h} k={k} {dtype} {mode}")
+@pytest.mark.parametrize("tactic", ("block_rows", "warp_rows"))
+def test_expand_rows_fp8(t: int, h: int, k: int, dtype: torch.dtype, mode: str, tactic: str) -> None:
+    """Each kernel that takes the call (a block a token; a warp a token on whole units of at most 4096 columns) equals
+    quantize-then-permute, and the unfused pair (mb_quantize_fp8, then the prequantized expansion) writes the same
+    bytes; zero_out is zeroed by both. A kernel that does not take the call is refused (UNSUPPORTED), and writes
+    nothing."""
+    what = f"{tactic} {t}x{h} k={k} {dtype} {mode}"
+    if not takes(tactic, h, mode=mode, expansion=True):
+        x, w = fresh(t, h, dtype), torch.rand(t, k, device="cuda")
+        _, utp = random_maps(t, max(64, k), k)
+        pin = poisoned_fp8(t * k, h)
+        with pytest.raises(K.KernelError, match=f"tactic {tactic} takes") as err:
+            ops.expand_rows_fp8(x, utp.to(torch.int32), w, static_scale(mode), group_of(mode), permuted_input=pin,
+                                tactic=tactic)
+        torch.cuda.synchronize()
+        assert err.value.status is K.Status.UNSUPPORTED
+        assert (pin.view(torch.uint8) == 0xFF).all(), f"{what}: a refused call wrote"
+        return
+    x, w, ptu, utp, ref_q, ref_s = check_fused_expansion(t, h, k, dtype, mode, what, tactic)
     src = ptu // k
     want_w = w.flatten()[ptu]
     q, s = ops.quantize_fp8(x, static_scale(mode), group_of(mode))
@@ -268,7 +305,7 @@ WARP_TOKEN_SHAPES = [(768, 8), (2048, 1), (2880, 4), (4096, 2), (256, 40)]
 def test_expand_rows_fp8_warp_tokens(h: int, k: int, dtype: torch.dtype, mode: str) -> None:
     """9000 tokens, more than the GPU holds warps at once (each warp of the warp-per-token kernel's persistent grid
     quantizes several in turn): equals quantize-then-permute bit for bit, permuted weights and zero_out included."""
-    check_fused_expansion(9000, h, k, dtype, mode, f"warp tokens 9000x{h} k={k} {dtype} {mode}")
+    check_fused_expansion(9000, h, k, dtype, mode, f"warp tokens 9000x{h} k={k} {dtype} {mode}", "warp_rows")
 
 
 @pytest.mark.parametrize("mode", ("row", "group128"))
@@ -345,42 +382,61 @@ def random_offsets(e: int, filled: int) -> torch.Tensor:
 # multiple of 8 with a group of 8 columns at the end, Mixtral-8x7B's width (a gated ring that takes an SM's shared
 # memory alone). The identity without a bias is the staged kernel's quantize step (its own values, packed math).
 FC1_SHAPES = [(2880, True), (100, True), (768, False), (1408, True), (4096, False), (4104, False), (14336, False)]
+# (inter, bias) besides: Mixtral-8x7B's and DeepSeek-V3's widths with the other bias (group items: a whole pair of
+# groups a warp), a partial last group (2880), an odd group count (1408: 11 groups, the last warp's second half past
+# the row), a last group of one unit (4104), and the element path (100 columns: not whole units, the block kernel).
+DECODE_FC1_SHAPES = [(14336, False), (2048, True), (2880, True), (1408, False), (4104, True), (100, True)]
 
 
-@pytest.mark.parametrize("mode", MODES)
+def check_activation_fp8(act: K.Activation, dtype: torch.dtype, mode: str, tactic: str, rows: int, inter: int,
+                         with_bias: bool, experts: int = 8) -> None:
+    """mb_fc1_activation_fp8 on `tactic`'s kernel, fresh rows and poisoned outputs: equals
+    quantize_rows(fc1_activation(...)) bit for bit (the fused step computes the activation through the same device
+    function as mb_fc1_activation and rounds it to dtype as mb_fc1_activation stores it: no tolerance); rows past
+    off[E] (other nodes' experts) and their scales keep their poison; some experts are empty."""
+    filled = rows - max(1, rows // 16) if rows > 1 else 1
+    off = random_offsets(experts, filled)
+    n1 = 2 * inter if act.is_gated else inter
+    x = (torch.randn(rows, n1, device="cuda") * 3).to(dtype)
+    x[4::23] *= 8.0  # larger rows (no fp16 overflow in a gated product); a static scale saturates past 5.5
+    b = (torch.randn(experts, n1, device="cuda") * 0.5).to(dtype) if with_bias else None
+    q, s = poisoned_fp8(rows, inter), poisoned_scales(*scale_shape(rows, inter, mode))
+    ops.fc1_activation_fp8(x, off, act, b, 1.702, 7.0, static_scale(mode), group_of(mode), out=q, out_scales=s,
+                           tactic=tactic)
+    h = K.fc1_activation(x, off, act, b, 1.702, 7.0)
+    torch.cuda.synchronize()
+    what = f"{tactic} {act.name.lower()} rows={rows} inter={inter} bias={with_bias} {dtype} {mode}"
+    check_quantized(q[:filled], s[:filled], h[:filled], mode, what)
+    assert (q[filled:].view(torch.uint8) == 0xFF).all(), f"{what}: rows past off[E] were written"
+    assert s[filled:].isnan().all(), f"{what}: scales of rows past off[E] were written"
+
+
+# Each kernel with each scaling it takes (group items: a static or per-group scale).
+TACTIC_MODES = [(t, m) for t in TACTICS for m in MODES if t != "group_items" or m != "row"]
+
+
+@pytest.mark.parametrize("tactic,mode", TACTIC_MODES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("act", list(K.Activation), ids=lambda a: a.name.lower())
-def test_fc1_activation_fp8(act: K.Activation, dtype: torch.dtype, mode: str) -> None:
-    """Equals quantize_rows(fc1_activation(...)) for every activation, with and without bias: the fused
-    step computes the activation through the same device function as mb_fc1_activation and rounds it to
-    dtype as mb_fc1_activation stores it, so the two agree bit for bit (no tolerance)."""
-    e, rows = 16, 600
-    filled = rows - 37  # rows past off[E] (other nodes' experts) must stay untouched
-    alpha, limit = 1.702, 7.0
-    for inter, with_bias in FC1_SHAPES:
-        off = random_offsets(e, filled)
-        n1 = 2 * inter if act.is_gated else inter
-        x = (torch.randn(rows, n1, device="cuda") * 3).to(dtype)
-        x[4::23] *= 8.0  # larger rows (no fp16 overflow in a gated product); a static scale saturates past 5.5
-        b = (torch.randn(e, n1, device="cuda") * 0.5).to(dtype) if with_bias else None
-        q, s = poisoned_fp8(rows, inter), poisoned_scales(*scale_shape(rows, inter, mode))
-        ops.fc1_activation_fp8(x, off, act, b, alpha, limit, static_scale(mode), group_of(mode), out=q, out_scales=s)
-        h = K.fc1_activation(x, off, act, b, alpha, limit)
-        torch.cuda.synchronize()
-        what = f"{act.name.lower()} inter={inter} bias={with_bias} {dtype} {mode}"
-        check_quantized(q[:filled], s[:filled], h[:filled], mode, what)
-        assert (q[filled:].view(torch.uint8) == 0xFF).all(), f"{what}: rows past off[E] were written"
-        assert s[filled:].isnan().all(), f"{what}: scales of rows past off[E] were written"
+def test_fc1_activation_fp8(act: K.Activation, dtype: torch.dtype, tactic: str, mode: str) -> None:
+    """Each kernel on every width of FC1_SHAPES and DECODE_FC1_SHAPES it takes, with and without bias, at decode row
+    counts (1 to 131: fewer than the GPU has SMs) and at 600 rows, every activation (the identity without a bias is
+    the quantize step's call)."""
+    shapes = dict.fromkeys(FC1_SHAPES + DECODE_FC1_SHAPES)
+    for rows in (1, 2, 16, 131, 600):
+        for inter, with_bias in shapes:
+            if takes(tactic, inter, act.is_gated, mode):
+                check_activation_fp8(act, dtype, mode, tactic, rows, inter, with_bias)
 
 
 def check_swiglu_fp8(x: torch.Tensor, off: torch.Tensor, b: torch.Tensor | None, mode: str, filled: int,
-                     what: str) -> None:
-    """mb_fc1_activation_fp8 (SwiGLU) on poisoned outputs equals quantize_rows of mb_fc1_activation's rows, and
-    rows past off[E] (`filled`) keep their poison."""
+                     what: str, tactic: str = "block_rows") -> None:
+    """mb_fc1_activation_fp8 (SwiGLU) on `tactic`'s kernel, poisoned outputs, equals quantize_rows of
+    mb_fc1_activation's rows, and rows past off[E] (`filled`) keep their poison."""
     rows, inter = x.shape[0], x.shape[1] // 2
     q, s = poisoned_fp8(rows, inter), poisoned_scales(*scale_shape(rows, inter, mode))
     ops.fc1_activation_fp8(x, off, K.Activation.SWIGLU, b, static_scale=static_scale(mode), group=group_of(mode),
-                           out=q, out_scales=s)
+                           out=q, out_scales=s, tactic=tactic)
     h = K.fc1_activation(x, off, K.Activation.SWIGLU, b)
     torch.cuda.synchronize()
     check_quantized(q[:filled], s[:filled], h[:filled], mode, what)
@@ -389,8 +445,8 @@ def check_swiglu_fp8(x: torch.Tensor, off: torch.Tensor, b: torch.Tensor | None,
 
 @pytest.mark.parametrize("mode", MODES)
 def test_fc1_activation_fp8_wide_rows(mode: str) -> None:
-    """inter 20000 (past one tile: the per-row scale reads the rest of the row twice), at decode row counts
-    (8 rows, one expert's worth and an empty expert), with an unaligned input (the element path) too."""
+    """inter 20000 (past one tile: the per-row scale reads the rest of the row twice) on the block kernel, at decode
+    row counts (8 rows, one expert's worth and an empty expert), with an unaligned input (the element path) too."""
     e, rows, filled, inter = 3, 8, 6, 20000
     off = torch.tensor([0, 4, 4, filled], dtype=torch.int64, device="cuda")
     for offset in (0, 1):
@@ -402,80 +458,62 @@ def test_fc1_activation_fp8_wide_rows(mode: str) -> None:
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("inter", [14336, 30000])
-def test_fc1_activation_fp8_staged_ring(inter: int, mode: str) -> None:
+@pytest.mark.parametrize("inter,tactic", [(14336, "staged_rows"), (30000, "block_rows")])
+def test_fc1_activation_fp8_staged_ring(inter: int, tactic: str, mode: str) -> None:
     """Many more rows than blocks at Mixtral-8x7B's width (the staged kernel's ring of three rows in shared memory,
     past the default 48 KB, each block taking several rows in turn), and a width whose two rows do not fit a block's
-    shared memory (30000: the block-per-row kernel), with rows past off[E] and empty experts."""
+    shared memory (30000: the block-per-row kernel, the staged one refused), with rows past off[E] and empty experts."""
     e, rows = 8, 700
     filled = rows - 11
     off = random_offsets(e, filled)
     x = (torch.randn(rows, 2 * inter, device="cuda") * 3).to(torch.bfloat16)
     b = (torch.randn(e, 2 * inter, device="cuda") * 0.5).to(torch.bfloat16)
-    check_swiglu_fp8(x, off, b, mode, filled, f"inter {inter} {mode}")
+    check_swiglu_fp8(x, off, b, mode, filled, f"inter {inter} {mode}", tactic)
+    if tactic == "block_rows":
+        with pytest.raises(K.KernelError, match="tactic staged_rows takes") as err:
+            ops.fc1_activation_fp8(x, off, K.Activation.SWIGLU, b, static_scale=static_scale(mode),
+                                   group=group_of(mode), tactic="staged_rows")
+        assert err.value.status is K.Status.UNSUPPORTED
 
 
-
-# (inter, bias) at decode row counts: Mixtral-8x7B's and DeepSeek-V3's widths (a whole pair of groups a warp), a partial
-# last group (2880), an odd group count (1408: 11 groups, the last warp's second half past the row), a last group of
-# one unit (4104), and the element path (100 columns: not whole units, another kernel).
-DECODE_FC1_SHAPES = [(14336, False), (2048, True), (2880, True), (1408, False), (4104, True), (100, True)]
-
-
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("tactic,mode", [(t, m) for t, m in TACTIC_MODES if t in ("warp_rows", "group_items")])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("act", list(K.Activation), ids=lambda a: a.name.lower())
-def test_fc1_activation_fp8_decode_rows(act: K.Activation, dtype: torch.dtype, mode: str) -> None:
-    """Decode calls: fewer rows than the GPU has SMs (1 to 131: with static or per-group scales the group-item
-    kernel, a half warp per 128-column group; with per-row scales the staged kernel), rows past off[E] and empty
-    experts. Equals quantize_rows(fc1_activation(...)) bit for bit; rows past off[E] untouched."""
-    e = 8
-    for rows in (1, 2, 16, 131):
-        filled = max(1, rows - 3)
-        for inter, with_bias in DECODE_FC1_SHAPES:
-            off = random_offsets(e, filled)
-            n1 = 2 * inter if act.is_gated else inter
-            x = (torch.randn(rows, n1, device="cuda") * 3).to(dtype)
-            x[::3] *= 8.0
-            b = (torch.randn(e, n1, device="cuda") * 0.5).to(dtype) if with_bias else None
-            q, s = poisoned_fp8(rows, inter), poisoned_scales(*scale_shape(rows, inter, mode))
-            ops.fc1_activation_fp8(x, off, act, b, 1.702, 7.0, static_scale(mode), group_of(mode), out=q,
-                                   out_scales=s)
-            h = K.fc1_activation(x, off, act, b, 1.702, 7.0)
-            torch.cuda.synchronize()
-            what = f"{act.name.lower()} rows={rows} inter={inter} bias={with_bias} {dtype} {mode}"
-            check_quantized(q[:filled], s[:filled], h[:filled], mode, what)
-            assert (q[filled:].view(torch.uint8) == 0xFF).all(), f"{what}: rows past off[E] were written"
-            assert s[filled:].isnan().all(), f"{what}: scales of rows past off[E] were written"
-
-
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("act", list(K.Activation), ids=lambda a: a.name.lower())
-def test_fc1_activation_fp8_warp_rows(act: K.Activation, dtype: torch.dtype, mode: str) -> None:
-    """Rows up to 4096 columns, as many as the warp-per-row kernel takes (a row for every warp the GPU holds, and
-    more, so each warp quantizes several rows in turn), at its five register widths (768: 3 units a lane on the 4-unit
-    kernel, 1408: 5.5 on the 6-unit one, 2048: 8, 2880: 11.25 on the 12-unit one, 4096: 16; gated rows up to the
-    6-unit one, the wider on the staged kernel), with and without bias; the identity without a bias is the quantize step
-    after GEMM1's gated epilogue, the gated activations block-128 layers' activation step. Equals
-    quantize_rows(fc1_activation(...)) bit for bit; rows past off[E] untouched."""
-    e, rows = 32, 20000
-    filled = rows - 129
+def test_fc1_activation_fp8_many_rows(act: K.Activation, dtype: torch.dtype, tactic: str, mode: str) -> None:
+    """20000 rows, more than the GPU holds warps at once, so each warp of the warp-per-row and group-item kernels'
+    persistent grids takes several rows (items) in turn: at the warp kernel's five register widths (768: 3 units a lane
+    on the 4-unit kernel, 1408: 5.5 on the 6-unit one, 2048: 8, 2880: 11.25 on the 12-unit one, 4096: 16; gated rows
+    up to the 6-unit one), with and without bias."""
     for inter, with_bias in [(768, False), (1408, True), (2048, False), (2880, True), (4096, False), (2880, False)]:
-        off = random_offsets(e, filled)
+        if takes(tactic, inter, act.is_gated, mode):
+            check_activation_fp8(act, dtype, mode, tactic, 20000, inter, with_bias, experts=32)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_fc1_activation_fp8_refuses_a_kernel_that_does_not_take_the_call(mode: str) -> None:
+    """A step tactic whose kernel cannot take the call is refused (UNSUPPORTED, naming what it takes), never replaced
+    by another kernel, and writes nothing: the warp kernel on gated rows past 1536 columns a half, every kernel but
+    the block one on rows that are not whole units, group items with per-row scales or a pre-quant scale; a value
+    that is no tactic is refused by the wrapper."""
+    e, rows, filled = 4, 64, 60
+    off = random_offsets(e, filled)
+    cases = [("warp_rows", 2048, K.Activation.SWIGLU, None), ("warp_rows", 100, K.Activation.RELU, None),
+             ("staged_rows", 100, K.Activation.SWIGLU, None), ("group_items", 100, K.Activation.SILU, None),
+             ("group_items", 2048, K.Activation.SWIGLU, prequant_scale(2048))]
+    if mode == "row":
+        cases.append(("group_items", 2048, K.Activation.SWIGLU, None))
+    for tactic, inter, act, pre in cases:
         n1 = 2 * inter if act.is_gated else inter
-        x = (torch.randn(rows, n1, device="cuda") * 3).to(dtype)
-        x[5::31] *= 8.0
-        b = (torch.randn(e, n1, device="cuda") * 0.5).to(dtype) if with_bias else None
+        x = torch.randn(rows, n1, device="cuda").to(torch.bfloat16)
         q, s = poisoned_fp8(rows, inter), poisoned_scales(*scale_shape(rows, inter, mode))
-        ops.fc1_activation_fp8(x, off, act, b, static_scale=static_scale(mode), group=group_of(mode), out=q,
-                               out_scales=s)
-        h = K.fc1_activation(x, off, act, b)
+        with pytest.raises(K.KernelError, match=f"tactic {tactic} takes") as err:
+            ops.fc1_activation_fp8(x, off, act, static_scale=static_scale(mode), group=group_of(mode), out=q,
+                                   out_scales=s, prequant_scale=pre, tactic=tactic)
         torch.cuda.synchronize()
-        what = f"{act.name.lower()} inter={inter} bias={with_bias} {dtype} {mode}"
-        check_quantized(q[:filled], s[:filled], h[:filled], mode, what)
-        assert (q[filled:].view(torch.uint8) == 0xFF).all(), f"{what}: rows past off[E] were written"
-        assert s[filled:].isnan().all(), f"{what}: scales of rows past off[E] were written"
+        assert err.value.status is K.Status.UNSUPPORTED, f"{tactic} inter={inter}"
+        assert (q.view(torch.uint8) == 0xFF).all() and s.isnan().all(), f"{tactic} inter={inter}: a refused call wrote"
+    with pytest.raises(ValueError, match="tactic: 'fastest' is not one of block_rows, warp_rows, staged_rows"):
+        ops.fc1_activation_fp8(x, off, act, static_scale=static_scale(mode), group=group_of(mode), tactic="fastest")
 
 
 def test_fc1_activation_fp8_past_grid_cap() -> None:
@@ -529,16 +567,20 @@ def test_expand_rows_fp8_prequant_equals_plain_expansion_then_quantize(t: int, h
     assert_bytes_equal(s, ps, f"plain then quantize {what}: scales")
 
 
+@pytest.mark.parametrize("tactic", ("block_rows", "staged_rows"))
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("act", list(K.Activation), ids=lambda a: a.name.lower())
-def test_fc1_activation_fp8_prequant(act: K.Activation, dtype: torch.dtype, mode: str) -> None:
-    """fc2_prequant=fused (the FC2 pre-quant scale in the activation) equals its separate alternative bit for bit:
-    mb_fc1_activation, then mb_quantize_fp8 with the scale (the runner's fc1_activation + fc2_prequant:fp8), and
-    both equal the reference's quantization of (activation rounded to dtype) x scale."""
+def test_fc1_activation_fp8_prequant(act: K.Activation, dtype: torch.dtype, mode: str, tactic: str) -> None:
+    """fc2_prequant=fused (the FC2 pre-quant scale in the activation) on each kernel that takes a pre-quant scale
+    equals its separate alternative bit for bit: mb_fc1_activation, then mb_quantize_fp8 with the scale (the runner's
+    fc1_activation + fc2_prequant:fp8), and both equal the reference's quantization of (activation rounded to dtype)
+    x scale."""
     e, rows = 16, 600
     filled = rows - 37
     for inter, with_bias in FC1_SHAPES:
+        if not takes(tactic, inter, act.is_gated, mode, prequant=True):
+            continue
         off = random_offsets(e, filled)
         n1 = 2 * inter if act.is_gated else inter
         x = (torch.randn(rows, n1, device="cuda") * 3).to(dtype)
@@ -546,11 +588,11 @@ def test_fc1_activation_fp8_prequant(act: K.Activation, dtype: torch.dtype, mode
         pre = prequant_scale(inter)
         q, s = poisoned_fp8(rows, inter), poisoned_scales(*scale_shape(rows, inter, mode))
         ops.fc1_activation_fp8(x, off, act, b, 1.702, 7.0, static_scale(mode), group_of(mode), out=q, out_scales=s,
-                               prequant_scale=pre)
+                               prequant_scale=pre, tactic=tactic)
         h = K.fc1_activation(x, off, act, b, 1.702, 7.0)
         q2, s2 = ops.quantize_fp8(h[:filled], static_scale(mode), group_of(mode), prequant_scale=pre)
         torch.cuda.synchronize()
-        what = f"prequant {act.name.lower()} inter={inter} bias={with_bias} {dtype} {mode}"
+        what = f"prequant {tactic} {act.name.lower()} inter={inter} bias={with_bias} {dtype} {mode}"
         check_quantized(q[:filled], s[:filled], h[:filled], mode, what, prequant=pre)
         assert_bytes_equal(q2, q[:filled], f"{what}: separate q")
         assert_bytes_equal(s2, s[:filled], f"{what}: separate scales")
@@ -579,15 +621,27 @@ def assert_16bit_equal(got: torch.Tensor, want: torch.Tensor, what: str) -> None
                              f"{got[i].item()!r} != {want[i].item()!r}")
 
 
-@pytest.mark.parametrize("mode", DEQUANTIZED_MODES)
-@pytest.mark.parametrize("pre", [False, True], ids=["no_prequant", "prequant"])
+# The dequantized forms' kernels with each scale: a static scale runs the 16-bit step's kernel (block_rows) only.
+DEQUANTIZED_TACTIC_MODES = [("block_rows", "static"), ("block_rows", "row"), ("warp_rows", "row"),
+                            ("staged_rows", "row")]
+
+
+# (tokens, hidden, top_k, pre-quant scale, tactic, mode) of the dequantized expansion: every kernel on every shape it
+# takes, and 9000 tokens of 2048 columns, more than the GPU holds warps (the warp kernel's warps take several tokens).
+DEQUANTIZED_EXPANSIONS = [(t, h, k, pre, tactic, mode) for t, h, k in EXPAND_SHAPES + [(9000, 2048, 2)]
+                          for pre in (False, True) for tactic, mode in DEQUANTIZED_TACTIC_MODES
+                          if takes(tactic, h, mode=mode, prequant=pre, dequantized=True, expansion=True)]
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("t,h,k", EXPAND_SHAPES)
-def test_expand_rows_fp8_dequantized(t: int, h: int, k: int, dtype: torch.dtype, pre: bool, mode: str) -> None:
+@pytest.mark.parametrize("t,h,k,pre,tactic,mode", DEQUANTIZED_EXPANSIONS)
+def test_expand_rows_fp8_dequantized(t: int, h: int, k: int, pre: bool, tactic: str, mode: str,
+                                     dtype: torch.dtype) -> None:
     """The reference's e4m3 rows (quantize_rows by the static scale or each row's dynamic one, of the rows times the
     pre-quant scale where given), permuted, each value times its scale rounded to dtype: on poisoned outputs, bit for
-    bit, the permuted weights and zero_out with them. The shapes reach the block-per-token kernel (rows past its
-    first tile read twice for a row scale) and, with per-row scales, the warp-per-token one."""
+    bit, the permuted weights and zero_out with them, on each kernel that takes the call (the block-per-token kernel:
+    rows past its first tile read twice for a row scale; the warp-per-token one with per-row scales and no pre-quant
+    scale)."""
     x, p = fresh(t, h, dtype), prequant_scale(h) if pre else None
     w = torch.rand(t, k, device="cuda")
     ptu, utp = random_maps(t, max(64, k), k)
@@ -595,30 +649,32 @@ def test_expand_rows_fp8_dequantized(t: int, h: int, k: int, dtype: torch.dtype,
     pin = torch.full((t * k, h), math.nan, dtype=dtype, device="cuda")
     pw, z = poisoned_scales(t * k), poisoned_scales(t, h).to(dtype)
     ops.expand_rows_fp8_dequantized(x, utp.to(torch.int32), w, static_scale(mode), permuted_input=pin,
-                                    permuted_weights=pw, zero_out=z, prequant_scale=p)
+                                    permuted_weights=pw, zero_out=z, prequant_scale=p, tactic=tactic)
     torch.cuda.synchronize()
-    what = f"{t}x{h} k={k} {dtype} prequant={pre} {mode}"
+    what = f"{tactic} {t}x{h} k={k} {dtype} prequant={pre} {mode}"
     assert_16bit_equal(pin, dequantized(ref_q[ptu // k], ref_s[ptu // k], dtype), what)
     assert torch.equal(pw, w.flatten()[ptu]), f"{what}: permuted_weights"
     assert (z == 0).all(), f"{what}: zero_out not fully zeroed"
 
 
-@pytest.mark.parametrize("mode", DEQUANTIZED_MODES)
+@pytest.mark.parametrize("tactic,mode", DEQUANTIZED_TACTIC_MODES)
 @pytest.mark.parametrize("pre", [False, True], ids=["no_prequant", "prequant"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("act", list(K.Activation), ids=lambda a: a.name.lower())
-def test_fc1_activation_fp8_dequantized(act: K.Activation, dtype: torch.dtype, pre: bool, mode: str) -> None:
+def test_fc1_activation_fp8_dequantized(act: K.Activation, dtype: torch.dtype, pre: bool, tactic: str,
+                                        mode: str) -> None:
     """The reference's quantization (the static scale or each row's) of mb_fc1_activation's rows (times the pre-quant
-    scale where given), each value times its scale rounded to dtype, bit for bit; rows past off[E] keep their poison.
-    With the identity and no bias this is the runner's separate step on 16-bit rows. 600 rows reach the staged and
-    block-per-row kernels, 20000 (per-row scales, no pre-quant scale) the warp-per-row one; 2 and 45 are decode
-    calls."""
+    scale where given), each value times its scale rounded to dtype, bit for bit, on each kernel that takes the call;
+    rows past off[E] keep their poison. With the identity and no bias this is the runner's separate step on 16-bit
+    rows. 600 rows, 2 and 45 (decode calls), and 20000 on the warp kernel (more rows than the GPU holds warps)."""
     e = 16
     shapes = [(600, inter, with_bias) for inter, with_bias in FC1_SHAPES]
     shapes += [(rows, inter, with_bias) for rows in (2, 45) for inter, with_bias in DECODE_FC1_SHAPES]
-    if mode == "row" and not pre:
-        shapes += [(20000, 768, True), (20000, 2880, False)]
+    if tactic == "warp_rows":
+        shapes += [(20000, 768, True), (20000, 1408, False)]
     for rows, inter, with_bias in shapes:
+        if not takes(tactic, inter, act.is_gated, mode, prequant=pre, dequantized=True):
+            continue
         filled = rows - 37 if rows > 37 else rows - 1
         off = random_offsets(e, filled)
         n1 = 2 * inter if act.is_gated else inter
@@ -628,11 +684,12 @@ def test_fc1_activation_fp8_dequantized(act: K.Activation, dtype: torch.dtype, p
         b = (torch.randn(e, n1, device="cuda") * 0.5).to(dtype) if with_bias else None
         p = prequant_scale(inter) if pre else None
         out = torch.full((rows, inter), math.nan, dtype=dtype, device="cuda")
-        ops.fc1_activation_fp8_dequantized(x, off, act, static_scale(mode), b, 1.702, 7.0, out=out, prequant_scale=p)
+        ops.fc1_activation_fp8_dequantized(x, off, act, static_scale(mode), b, 1.702, 7.0, out=out, prequant_scale=p,
+                                           tactic=tactic)
         h = K.fc1_activation(x, off, act, b, 1.702, 7.0)
         torch.cuda.synchronize()
         ref_q, ref_s = reference(h[:filled], mode) if p is None else reference_prequant(h[:filled], p, mode)
-        what = f"{act.name.lower()} rows={rows} inter={inter} bias={with_bias} {dtype} prequant={pre} {mode}"
+        what = f"{tactic} {act.name.lower()} rows={rows} inter={inter} bias={with_bias} {dtype} prequant={pre} {mode}"
         assert_16bit_equal(out[:filled], dequantized(ref_q, ref_s, dtype), what)
         assert out[filled:].isnan().all(), f"{what}: rows past off[E] were written"
 
@@ -640,10 +697,13 @@ def test_fc1_activation_fp8_dequantized(act: K.Activation, dtype: torch.dtype, p
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_fp8_dequantized_identity_in_place(dtype: torch.dtype) -> None:
     """The runner's separate FC2 step (fc2_prequant:fp8_dequantized) quantizes the activated rows in place: each row
-    read whole before it is written, with the static scale or the row's own, every kernel (600 and 20000 rows)."""
+    read whole before it is written, with the static scale or the row's own, on each kernel that takes a pre-quant
+    scale (600 rows of 768 and 14336 columns, 20000 of 768)."""
     e = 16
-    for mode in DEQUANTIZED_MODES:
+    for tactic, mode in DEQUANTIZED_TACTIC_MODES:
         for rows, inter in ((600, 768), (600, 14336), (20000, 768)):
+            if not takes(tactic, inter, mode=mode, prequant=True, dequantized=True):
+                continue
             filled = rows - 37
             off = random_offsets(e, filled)
             x = (torch.randn(rows, inter, device="cuda") * 3).to(dtype)
@@ -651,6 +711,33 @@ def test_fp8_dequantized_identity_in_place(dtype: torch.dtype) -> None:
             ref_q, ref_s = reference_prequant(x[:filled], p, mode)
             want = torch.cat([dequantized(ref_q, ref_s, dtype), x[filled:]])
             ops.fc1_activation_fp8_dequantized(x, off, K.Activation.IDENTITY, static_scale(mode), out=x,
-                                               prequant_scale=p)
+                                               prequant_scale=p, tactic=tactic)
             torch.cuda.synchronize()
-            assert_16bit_equal(x, want, f"in place rows={rows} inter={inter} {dtype} {mode}")
+            assert_16bit_equal(x, want, f"in place {tactic} rows={rows} inter={inter} {dtype} {mode}")
+
+
+def test_dequantized_forms_refuse_what_they_do_not_take() -> None:
+    """The dequantized forms' refusals (UNSUPPORTED, nothing written): with a static scale every kernel but the 16-bit
+    step's (block_rows); group items at all (they store e4m3 bytes); the warp kernels with a pre-quant scale."""
+    t, h, k, rows = 16, 2048, 2, 64
+    x, w = fresh(t, h, torch.bfloat16), torch.rand(t, k, device="cuda")
+    _, utp = random_maps(t, 64, k)
+    off = random_offsets(4, rows - 4)
+    a = (torch.randn(rows, 2 * h, device="cuda") * 3).to(torch.bfloat16)
+    expansions = [("warp_rows", "static", None), ("warp_rows", "row", prequant_scale(h))]
+    activations = [(t_, "static", None) for t_ in ("warp_rows", "staged_rows", "group_items")]
+    activations += [("group_items", "row", None), ("warp_rows", "row", prequant_scale(h))]
+    for tactic, mode, pre in expansions:
+        pin = torch.full((t * k, h), math.nan, dtype=torch.bfloat16, device="cuda")
+        with pytest.raises(K.KernelError, match="tactic") as err:
+            ops.expand_rows_fp8_dequantized(x, utp.to(torch.int32), w, static_scale(mode), permuted_input=pin,
+                                            prequant_scale=pre, tactic=tactic)
+        torch.cuda.synchronize()
+        assert err.value.status is K.Status.UNSUPPORTED and pin.isnan().all(), f"expansion {tactic} {mode}"
+    for tactic, mode, pre in activations:
+        out = torch.full((rows, h), math.nan, dtype=torch.bfloat16, device="cuda")
+        with pytest.raises(K.KernelError, match="tactic") as err:
+            ops.fc1_activation_fp8_dequantized(a, off, K.Activation.SWIGLU, static_scale(mode), out=out,
+                                               prequant_scale=pre, tactic=tactic)
+        torch.cuda.synchronize()
+        assert err.value.status is K.Status.UNSUPPORTED and out.isnan().all(), f"activation {tactic} {mode}"

@@ -25,9 +25,10 @@
 // GEMM1's early weight loads, which start once this kernel has waited (1-2 us less a decode layer on an H200,
 // docs/performance.md). W4AFP8 layers (expand_rows=prequant_fused) pass the AWQ FC1 pre-quant scale, which
 // multiplies each element before it is quantized (fp8_quantize.cuh): the seed's pre-quant fusion, the scaled row
-// never stored in 16 bits. Past a few permuted rows an SM, rows of at most 4096 columns without a pre-quant scale
-// take a warp per token instead (expand_rows_fp8_warp_kernel: no barrier, fewer instructions an element, the same
-// bytes). The unfused alternative, mb_expand_rows_fp8_prequantized, copies rows mb_quantize_fp8
+// never stored in 16 bits. Rows of at most 4096 columns without a pre-quant scale may take a warp per token instead
+// (expand_rows_fp8_warp_kernel: no barrier, fewer instructions an element, the same bytes), where the call's step
+// tactic says so (mb_step_tactic: warp_rows, the plan's past a few permuted rows an SM; block_rows the block kernel).
+// The unfused alternative, mb_expand_rows_fp8_prequantized, copies rows mb_quantize_fp8
 // already quantized: a block per token, each thread holding kBatch 16-byte pieces of the row and storing them K
 // times.
 //
@@ -285,12 +286,12 @@ expand_rows_fp8_kernel(const T* __restrict__ input, const int32_t* __restrict__ 
   }
 }
 
-// Tokens of at most fp8::kWarpRowMaxPerLane * 32 whole units (4096 columns) without a pre-quant scale, where the call has
-// enough of them (prefill): a warp per token, its units in the lanes' registers (unit lane + 32 i in lane `lane`), the
-// row's amax (or each 128-column group's: 16 lanes) by shuffles, the scale's reciprocal once a row (a group), a unit's
-// amax on its packed 16-bit values (fp8::quantize_unit_by, fp8::unit_amax_packed), then its bytes stored into each of
-// the token's K permuted rows: no shared memory and no block barrier, where the block-per-token kernel meets two
-// barriers a token, holds one row a block and spends fp8::quantize_unit's per-element pre-quant multiplies and
+// Tokens of at most fp8::kWarpRowMaxPerLane * 32 whole units (4096 columns) without a pre-quant scale, where the plan
+// says so (warp_rows: prefill): a warp per token, its units in the lanes' registers (unit lane + 32 i in lane `lane`),
+// the row's amax (or each 128-column group's: 16 lanes) by shuffles, the scale's reciprocal once a row (a group), a
+// unit's amax on its packed 16-bit values (fp8::quantize_unit_by, fp8::unit_amax_packed), then its bytes stored into
+// each of the token's K permuted rows: no shared memory and no block barrier, where the block-per-token kernel meets
+// two barriers a token, holds one row a block and spends fp8::quantize_unit's per-element pre-quant multiplies and
 // reciprocals (the expansion ran at 1.7-3.0 TB/s at 4096 tokens on an H200). The same bytes. Each warp reads its first
 // token's row before it waits on its predecessor (the map build), as the block kernel does.
 template <typename T, int kPerLane, bool kDequantized>
@@ -369,32 +370,28 @@ expand_rows_fp8_warp_kernel(const T* __restrict__ input, const int32_t* __restri
   }
 }
 
-// Launches the warp-per-token kernel where it takes the call (fp8::whole_units rows of at most 4096 columns, no
-// pre-quant scale, and at least kWarpMinRowsPerSm permuted rows an SM): a persistent grid of what fits on the GPU at
-// once, or fewer blocks where the tokens need fewer. `launched` is false where it does not take the call. Fewer
-// permuted rows keep the block kernel, whose several warps a token keep more loads in flight: H200,
-// bench/layer_steps_probe.py, the expansion and its predecessor at 256 tokens, Mixtral-8x7B (top-2, 512 rows) 8.0 us
-// on the block kernel against 10.3 on this one, GPT-OSS-20B (1024 rows) 11.2 against 10.4, DeepSeek-V2-Lite (1536)
+// Launches the warp-per-token kernel (MB_STEP_WARP_ROWS) where it takes the call (fp8::whole_units rows of at most
+// 4096 columns, no pre-quant scale; refused elsewhere): a persistent grid of what fits on the GPU at once, or fewer
+// blocks where the tokens need fewer. The planner gives it from 6 permuted rows an SM
+// (planner/tactics/steps.py); fewer keep the block kernel, whose several warps a token keep more loads in flight:
+// H200, bench/layer_steps_probe.py, the expansion and its predecessor at 256 tokens, Mixtral-8x7B (top-2, 512 rows) 8.0
+// us on the block kernel against 10.3 on this one, GPT-OSS-20B (1024 rows) 11.2 against 10.4, DeepSeek-V2-Lite (1536)
 // 13.7 against 11.1, Qwen3-30B-A3B (2048) 16.7 against 13.9; at 4096 tokens 10-30% less on every bench shape.
-constexpr int64_t kWarpMinRowsPerSm = 6;
-
 template <typename T, bool kDequantized>
-mb_status launch_warp_tokens(const T* input, const int32_t* unpermuted_to_permuted, const float* topk_weights,
-                             const float* prequant_scale, int num_tokens, int hidden, int top_k, fp8::Mode mode,
-                             bool whole, const float* static_scale, int64_t scale_cols, void* permuted_input,
-                             float* permuted_scales, float* permuted_weights, T* zero_out, cudaStream_t stream,
-                             bool* launched) {
-  *launched = false;
+mb_status launch_warp_tokens(const char* who, const T* input, const int32_t* unpermuted_to_permuted,
+                             const float* topk_weights, const float* prequant_scale, int num_tokens, int hidden,
+                             int top_k, fp8::Mode mode, bool whole, const float* static_scale, int64_t scale_cols,
+                             void* permuted_input, float* permuted_scales, float* permuted_weights, T* zero_out,
+                             cudaStream_t stream) {
   const int64_t per_lane = (hidden / fp8::kVec + 31) / 32;
-  const int64_t sms = mb::device_attribute(cudaDevAttrMultiProcessorCount);
-  if (!whole || prequant_scale != nullptr || per_lane > fp8::kWarpRowMaxPerLane ||
-      static_cast<int64_t>(num_tokens) * top_k < kWarpMinRowsPerSm * sms)
-    return MB_OK;
+  if (!whole || prequant_scale != nullptr || per_lane > fp8::kWarpRowMaxPerLane)
+    return mb::fail(MB_ERR_UNSUPPORTED,
+                    "%s: tactic warp_rows takes whole units, no pre-quant scale and rows of at most %d columns "
+                    "(hidden %d)", who, fp8::kWarpRowMaxPerLane * 32 * fp8::kVec, hidden);
   auto go = [&](auto kernel) -> mb_status {
     constexpr int kWarps = fp8::kWarpRowThreads / 32;
     const int64_t blocks = (num_tokens + kWarps - 1) / kWarps;
     const int64_t resident = mb::resident_blocks(kernel, fp8::kWarpRowThreads, 0);
-    *launched = true;
     return mb::check_launch("expand_rows_fp8_warp_kernel", mb::launch_after_trigger(
         kernel, dim3(static_cast<unsigned>(blocks < resident ? blocks : resident)), dim3(fp8::kWarpRowThreads), stream,
         input, unpermuted_to_permuted, topk_weights, num_tokens, hidden, top_k, mode, static_scale, scale_cols,
@@ -504,14 +501,23 @@ mb_status expand_rows(const char* who, const void* input, int dtype, const int32
   });
 }
 
+// The expansion's step tactics: block_rows (a block a token) or warp_rows (a warp a token).
+mb_status check_tactic(const char* who, int tactic) {
+  MB_REQUIRE(tactic == MB_STEP_BLOCK_ROWS || tactic == MB_STEP_WARP_ROWS,
+             "%s: tactic %d is not one of the expansion's (block_rows 0, warp_rows 1)", who, tactic);
+  return MB_OK;
+}
+
 // mb_expand_rows_fp8, and (kDequantized: the rows stored as 16-bit values, no scales) mb_expand_rows_fp8_dequantized
 // with per-row scales.
 template <bool kDequantized>
 mb_status expand_rows_quantized(const char* who, const void* input, int dtype, const int32_t* unpermuted_to_permuted,
                                 const float* topk_weights, const float* prequant_scale, int num_tokens, int hidden,
                                 int top_k, const float* static_scale, int group, void* permuted_input,
-                                float* permuted_scales, float* permuted_weights, void* zero_out, cudaStream_t stream) {
+                                float* permuted_scales, float* permuted_weights, void* zero_out, int tactic,
+                                cudaStream_t stream) {
   MB_REQUIRE(num_tokens >= 0, "%s: num_tokens must be >= 0, got %d", who, num_tokens);
+  MB_TRY(check_tactic(who, tactic));
   MB_REQUIRE(hidden >= 1, "%s: hidden must be >= 1, got %d", who, hidden);
   MB_REQUIRE(top_k >= 1, "%s: top_k must be >= 1, got %d", who, top_k);
   fp8::Mode mode;
@@ -530,12 +536,11 @@ mb_status expand_rows_quantized(const char* who, const void* input, int dtype, c
     const bool whole = kDequantized
         ? fp8::whole_units(hidden, {input, zero_out, prequant_scale, permuted_input}, {})
         : fp8::whole_units(hidden, {input, zero_out, prequant_scale}, {permuted_input});
-    bool launched = false;
-    MB_TRY((launch_warp_tokens<T, kDequantized>(static_cast<const T*>(input), unpermuted_to_permuted, topk_weights,
-                                                prequant_scale, num_tokens, hidden, top_k, mode, whole, static_scale,
-                                                fp8::scale_cols(mode, hidden), permuted_input, permuted_scales,
-                                                permuted_weights, static_cast<T*>(zero_out), stream, &launched)));
-    if (launched) return mb_status{MB_OK};
+    if (tactic == MB_STEP_WARP_ROWS)
+      return launch_warp_tokens<T, kDequantized>(who, static_cast<const T*>(input), unpermuted_to_permuted,
+                                                 topk_weights, prequant_scale, num_tokens, hidden, top_k, mode, whole,
+                                                 static_scale, fp8::scale_cols(mode, hidden), permuted_input,
+                                                 permuted_scales, permuted_weights, static_cast<T*>(zero_out), stream);
     const int threads = fp8::row_threads(hidden);
     const dim3 grid(mb::row_grid(num_tokens), 1, copy_split(num_tokens, threads, top_k));
     return mb::check_launch("expand_rows_fp8_kernel", mb::launch_after_trigger(
@@ -560,12 +565,16 @@ extern "C" mb_status mb_expand_rows_fp8_dequantized(const void* input, int dtype
                                                     const float* topk_weights, const float* prequant_scale,
                                                     int num_tokens, int hidden, int top_k, const float* static_scale,
                                                     void* permuted_input, float* permuted_weights, void* zero_out,
-                                                    cudaStream_t stream) {
+                                                    int tactic, cudaStream_t stream) {
   const char* who = "mb_expand_rows_fp8_dequantized";
   if (static_scale == nullptr)
     return expand_rows_quantized<true>(who, input, dtype, unpermuted_to_permuted, topk_weights, prequant_scale,
                                        num_tokens, hidden, top_k, nullptr, 0, permuted_input, nullptr,
-                                       permuted_weights, zero_out, stream);
+                                       permuted_weights, zero_out, tactic, stream);
+  MB_TRY(check_tactic(who, tactic));
+  if (tactic != MB_STEP_BLOCK_ROWS)
+    return mb::fail(MB_ERR_UNSUPPORTED, "%s: with a static scale the 16-bit expansion's kernel runs: tactic "
+                    "block_rows (0), got %d", who, tactic);
   return expand_rows(who, input, dtype, unpermuted_to_permuted, topk_weights, prequant_scale, static_scale,
                      num_tokens, hidden, top_k, permuted_input, permuted_weights, zero_out, stream);
 }
@@ -616,10 +625,10 @@ extern "C" mb_status mb_expand_rows_fp8(const void* input, int dtype, const int3
                                         int hidden, int top_k,
                                         const float* static_scale, int group, uint8_t* permuted_input,
                                         float* permuted_scales, float* permuted_weights, void* zero_out,
-                                        cudaStream_t stream) {
+                                        int tactic, cudaStream_t stream) {
   return expand_rows_quantized<false>("mb_expand_rows_fp8", input, dtype, unpermuted_to_permuted, topk_weights,
                                       prequant_scale, num_tokens, hidden, top_k, static_scale, group, permuted_input,
-                                      permuted_scales, permuted_weights, zero_out, stream);
+                                      permuted_scales, permuted_weights, zero_out, tactic, stream);
 }
 
 extern "C" mb_status mb_expand_rows_fp8_prequantized(const uint8_t* input_fp8, const float* input_scales,

@@ -20,16 +20,18 @@
 // quantized, so the fused step equals mb_fc1_activation followed by mb_quantize_fp8 bit for bit. W4AFP8 layers
 // (fc2_prequant=fused) pass the AWQ FC2 pre-quant scale, which multiplies those rounded values before they are
 // quantized (fp8_quantize.cuh): equal, bit for bit, to mb_fc1_activation then mb_quantize_fp8 with the same scale.
-// Rows that move in whole 16-byte units (every layer's, in practice) take the staged kernel instead: a persistent
-// block copies rows into a ring of shared-memory stages with cp.async, kStages - 1 rows ahead of the row it
-// activates and quantizes, so that an SM always has loads in flight. The block-per-row kernel holds its row in
-// registers (117 a thread: one 448-thread block per SM at Mixtral-8x7B's width), so each SM alternated between
-// waiting on its loads and computing with none in flight: 355 us for Mixtral-8x7B's 8192 rows x 14336 columns on an
-// H200, whose bytes take about 140 (bench/layer_steps_probe.py). Ungated rows up to 4096 columns and gated rows up
-// to 1536 without a pre-quant scale (the quantize step after GEMM1's gated epilogue; block-128 layers' activation step)
-// take a warp per row instead where there is a row for every warp the GPU holds, with no barrier at all and fewer
-// instructions an element (fc1_activation_fp8_warp_kernel). Decode calls (fewer rows than the GPU has SMs) with a
-// static or a per-group scale take half a warp per (row, 128-column group) (fc1_activation_fp8_groups_kernel).
+// Four kernels take the call, the one its step tactic names (mb_step_tactic: the plan's, planner/tactics/steps.py,
+// which refuses here one that cannot take the call): the block-per-row kernel (block_rows) takes any; rows that move in
+// whole 16-byte units (every layer's, in practice) may take the staged kernel (staged_rows), a persistent block that
+// copies rows into a ring of shared-memory stages with cp.async, kStages - 1 rows ahead of the row it activates and
+// quantizes, so that an SM always has loads in flight. The block-per-row kernel holds its row in registers (117 a
+// thread: one 448-thread block per SM at Mixtral-8x7B's width), so each SM alternated between waiting on its loads and
+// computing with none in flight: 355 us for Mixtral-8x7B's 8192 rows x 14336 columns on an H200, whose bytes take
+// about 140 (bench/layer_steps_probe.py). Ungated rows up to 4096 columns and gated rows up to 1536 without a pre-quant
+// scale (the quantize step after GEMM1's gated epilogue; block-128 layers' activation step) may take a warp per row
+// (warp_rows: fc1_activation_fp8_warp_kernel), with no barrier at all and fewer instructions an element, the plan's
+// where there is a row for every warp the GPU holds; calls with a static or a per-group scale half a warp per (row,
+// 128-column group) (group_items: fc1_activation_fp8_groups_kernel), the plan's at decode (fewer rows than SMs).
 // All four write the same bytes: activated_unit()'s values (the identity's without a bias are the row's own)
 // quantized by fp8_quantize.cuh's rule.
 //
@@ -456,7 +458,7 @@ using fp8::kWarpRowThreads;
 constexpr int kWarpGatedMaxPerLane = 6;
 
 // The kernel width for rows of `per_lane` units a lane or fewer (4, 6, 8, 12 or 16), at most the row kind's widest:
-// a width that the kind never launches (launch_warp_rows checks the rows first) is then not built.
+// a width that the kind never launches (launch_warp_rows refuses those rows) is then not built.
 template <int ACT>
 constexpr int warp_width(int per_lane) {
   const int widest = mb::is_gated(ACT) ? kWarpGatedMaxPerLane : kWarpRowMaxPerLane;
@@ -523,27 +525,29 @@ fc1_activation_fp8_warp_kernel(const T* __restrict__ in, const T* __restrict__ b
   }
 }
 
-// Launches the warp-per-row kernel for rows of at most kWarpRowMaxPerLane * 32 whole units (gated: kWarpGatedMaxPerLane
-// * 32, both halves held) without a pre-quant scale, on the fewest registers a lane that hold them (4, 6, 8, 12 or 16
-// units), a persistent grid of what fits on the GPU at once, where the call's rows give each warp the GPU holds at once
-// a row at least; false where it does not take them. Fewer rows leave warps idle while each walks its whole row alone,
-// where the staged kernel spreads a row over three warps or more: GPT-OSS-20B at 256 tokens (1024 rows of 2880
-// columns, 8 warps an SM) took 10.0 us on this kernel against the staged kernel's 5.7 (H200,
-// bench/layer_steps_probe.py).
+// Launches the warp-per-row kernel (MB_STEP_WARP_ROWS) for rows of at most kWarpRowMaxPerLane * 32 whole units (gated:
+// kWarpGatedMaxPerLane * 32, both halves held) without a pre-quant scale, on the fewest registers a lane that hold them
+// (4, 6, 8, 12 or 16 units), a persistent grid of what fits on the GPU at once; refused where it does not take the
+// call. The planner gives it where the call's rows give each warp the GPU holds at once a row at least: fewer rows
+// leave warps idle while each walks its whole row alone, where the staged kernel spreads a row over three warps or
+// more (GPT-OSS-20B at 256 tokens, 1024 rows of 2880 columns, 8 warps an SM: 10.0 us on this kernel against the
+// staged kernel's 5.7; H200, bench/layer_steps_probe.py).
 template <typename T, int ACT, bool kDequantized>
-mb_status launch_warp_rows(const T* in, const T* b1, const int64_t* off, int E, int64_t max_rows, int inter,
-                           float alpha, float limit, const float* prequant_scale, fp8::Mode mode,
-                           const float* static_scale, int64_t scale_cols, void* out, float* out_scales,
-                           cudaStream_t stream, bool* launched) {
-  *launched = false;
+mb_status launch_warp_rows(const char* who, bool whole, const T* in, const T* b1, const int64_t* off, int E,
+                           int64_t max_rows, int inter, float alpha, float limit, const float* prequant_scale,
+                           fp8::Mode mode, const float* static_scale, int64_t scale_cols, void* out, float* out_scales,
+                           cudaStream_t stream) {
   const int64_t per_lane = (inter / fp8::kVec + 31) / 32;
-  if (prequant_scale != nullptr || per_lane > warp_width<ACT>(kWarpRowMaxPerLane)) return MB_OK;
+  const int widest = mb::is_gated(ACT) ? kWarpGatedMaxPerLane : kWarpRowMaxPerLane;
+  if (!(whole && prequant_scale == nullptr && per_lane <= widest))
+    return mb::fail(MB_ERR_UNSUPPORTED,
+                    "%s: tactic warp_rows takes whole units, no pre-quant scale and rows of at most %d columns "
+                    "(inter %d)", who, widest * 32 * fp8::kVec, inter);
   auto go = [&](auto kernel) -> mb_status {
     const int64_t resident = mb::resident_blocks(kernel, kWarpRowThreads, 0);
-    if (max_rows < resident * (kWarpRowThreads / 32)) return MB_OK;
-    kernel<<<static_cast<unsigned>(resident), kWarpRowThreads, 0, stream>>>(
+    const int64_t blocks = (max_rows + kWarpRowThreads / 32 - 1) / (kWarpRowThreads / 32);
+    kernel<<<static_cast<unsigned>(blocks < resident ? blocks : resident), kWarpRowThreads, 0, stream>>>(
         in, b1, off, E, max_rows, inter, alpha, limit, mode, static_scale, scale_cols, out, out_scales);
-    *launched = true;
     return mb::check_launch("fc1_activation_fp8_warp_kernel");
   };
   if (per_lane <= 4) return go(fc1_activation_fp8_warp_kernel<T, ACT, warp_width<ACT>(4), kDequantized>);
@@ -562,6 +566,11 @@ mb_status launch_warp_rows(const T* in, const T* b1, const int64_t* off, int E, 
 // same bytes.
 constexpr int kGroupItemThreads = 256;
 
+// A row's items: its pairs of 128-column groups (the last may be a lone group, or partial).
+__host__ __device__ inline int64_t group_pairs(int inter) {
+  return (inter / fp8::kVec + 2 * fp8::kGroupLanes - 1) / (2 * fp8::kGroupLanes);
+}
+
 template <typename T, int ACT>
 __global__ void __launch_bounds__(kGroupItemThreads)
 fc1_activation_fp8_groups_kernel(const T* __restrict__ in, const T* __restrict__ b1, const int64_t* __restrict__ off,
@@ -572,7 +581,7 @@ fc1_activation_fp8_groups_kernel(const T* __restrict__ in, const T* __restrict__
   constexpr int kWarps = kGroupItemThreads / 32;
   const int lane = threadIdx.x % 32;
   const int64_t units = inter / fp8::kVec;
-  const int64_t pairs = (units + 2 * fp8::kGroupLanes - 1) / (2 * fp8::kGroupLanes);  // a warp's two groups an item
+  const int64_t pairs = group_pairs(inter);  // a warp's two groups an item
   const int64_t n1 = kGated ? 2 * static_cast<int64_t>(inter) : inter;
   const int64_t filled = __ldg(off + E);
   const int64_t items = (filled < max_rows ? filled : max_rows) * pairs;  // rows past off[E]: other nodes' experts
@@ -606,41 +615,45 @@ fc1_activation_fp8_groups_kernel(const T* __restrict__ in, const T* __restrict__
   }
 }
 
-// Launches the group-item kernel where the call's rows are fewer than the GPU's SMs and the scale is static or per
-// group (no pre-quant scale); false where it does not take them. The dequantized form reaches it with per-row scales
-// only (with a static scale it runs the 16-bit activation's kernel), so it never takes them.
+// Launches the group-item kernel (MB_STEP_GROUP_ITEMS) where the scale is static or per group and there is no
+// pre-quant scale; refused elsewhere, and in the dequantized form (which reaches it with per-row scales only: with a
+// static scale it runs the 16-bit activation's kernel). The planner gives it where the call's rows are fewer than the
+// GPU's SMs.
 template <typename T, int ACT, bool kDequantized>
-mb_status launch_group_items(const T* in, const T* b1, const int64_t* off, int E, int64_t max_rows, int inter,
-                             float alpha, float limit, const float* prequant_scale, fp8::Mode mode,
-                             const float* static_scale, int64_t scale_cols, void* out, float* out_scales,
-                             cudaStream_t stream, bool* launched) {
-  *launched = false;
-  if (kDequantized || prequant_scale != nullptr || mode == fp8::kPerRow ||
-      max_rows >= mb::device_attribute(cudaDevAttrMultiProcessorCount))
-    return MB_OK;
+mb_status launch_group_items(const char* who, bool whole, const T* in, const T* b1, const int64_t* off, int E,
+                             int64_t max_rows, int inter, float alpha, float limit, const float* prequant_scale,
+                             fp8::Mode mode, const float* static_scale, int64_t scale_cols, void* out,
+                             float* out_scales, cudaStream_t stream) {
+  if (!(whole && !kDequantized && prequant_scale == nullptr && mode != fp8::kPerRow))
+    return mb::fail(MB_ERR_UNSUPPORTED,
+                    "%s: tactic group_items takes whole units, a static or per-group scale, no pre-quant scale and "
+                    "e4m3 bytes out", who);
   auto kernel = fc1_activation_fp8_groups_kernel<T, ACT>;
-  const int64_t units = inter / fp8::kVec;
-  const int64_t warps = max_rows * ((units + 2 * fp8::kGroupLanes - 1) / (2 * fp8::kGroupLanes));
+  const int64_t warps = max_rows * group_pairs(inter);
   const int64_t blocks = (warps + kGroupItemThreads / 32 - 1) / (kGroupItemThreads / 32);
   const int64_t resident = mb::resident_blocks(kernel, kGroupItemThreads, 0);
   kernel<<<static_cast<unsigned>(blocks < resident ? blocks : resident), kGroupItemThreads, 0, stream>>>(
       in, b1, off, E, max_rows, inter, alpha, limit, mode, static_scale, scale_cols, out, out_scales);
-  *launched = true;
   return mb::check_launch("fc1_activation_fp8_groups_kernel");
 }
 
-// Launches the staged kernel where a ring of at least two rows fits in a block's shared memory (three where they
-// fit); false where none does (rows wider than about 28K gated columns), for the block-per-row kernel to run.
+// Launches the staged kernel (MB_STEP_STAGED_ROWS) with a ring of three rows where they fit a block's shared memory,
+// else two; refused where two do not fit (rows wider than about 28K gated columns) or the units are not whole.
 template <typename T, int ACT, bool kDequantized>
-mb_status launch_staged(const T* in, const T* b1, const int64_t* off, int E, int64_t max_rows, int inter, float alpha,
-                        float limit, const float* prequant_scale, fp8::Mode mode, const float* static_scale,
-                        int64_t scale_cols, void* out, float* out_scales, cudaStream_t stream, bool* launched) {
+mb_status launch_staged(const char* who, bool whole, const T* in, const T* b1, const int64_t* off, int E,
+                        int64_t max_rows, int inter, float alpha, float limit, const float* prequant_scale,
+                        fp8::Mode mode, const float* static_scale, int64_t scale_cols, void* out, float* out_scales,
+                        cudaStream_t stream) {
   const int64_t units = inter / fp8::kVec;
   const size_t stage_bytes = static_cast<size_t>(mb::is_gated(ACT) ? 2 * units : units) * 16;
   constexpr size_t kStaticBytes = 32 * sizeof(float);  // fp8::block_max's static array
   const size_t limit_bytes =
       static_cast<size_t>(mb::device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)) - kStaticBytes;
   const size_t sm_bytes = static_cast<size_t>(mb::device_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor));
+  if (!(whole && 2 * stage_bytes <= limit_bytes))
+    return mb::fail(MB_ERR_UNSUPPORTED,
+                    "%s: tactic staged_rows takes whole units and a ring of two rows (%zu bytes) within a block's %zu "
+                    "bytes of shared memory (inter %d)", who, 2 * stage_bytes, limit_bytes, inter);
   auto go = [&](auto kernel, int stages) -> mb_status {
     const size_t smem = stages * stage_bytes;
     const int threads = staged_threads(units, 2 * smem > sm_bytes);
@@ -649,20 +662,16 @@ mb_status launch_staged(const T* in, const T* b1, const int64_t* off, int E, int
       const cudaError_t err =
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
       if (err != cudaSuccess)
-        return mb::fail(MB_ERR_CUDA, "mb_fc1_activation_fp8: shared memory %zu bytes: %s", smem,
-                        cudaGetErrorString(err));
+        return mb::fail(MB_ERR_CUDA, "%s: shared memory %zu bytes: %s", who, smem, cudaGetErrorString(err));
     }
     const int64_t resident = mb::resident_blocks(kernel, threads, smem);
     const unsigned grid = static_cast<unsigned>(max_rows < resident ? max_rows : resident);
     kernel<<<grid, threads, smem, stream>>>(in, b1, off, E, max_rows, inter, alpha, limit, prequant_scale, mode,
                                             static_scale, scale_cols, out, out_scales);
-    *launched = true;
     return mb::check_launch("fc1_activation_fp8_staged_kernel");
   };
-  *launched = false;
   if (3 * stage_bytes <= limit_bytes) return go(fc1_activation_fp8_staged_kernel<T, ACT, 3, kDequantized>, 3);
-  if (2 * stage_bytes <= limit_bytes) return go(fc1_activation_fp8_staged_kernel<T, ACT, 2, kDequantized>, 2);
-  return MB_OK;
+  return go(fc1_activation_fp8_staged_kernel<T, ACT, 2, kDequantized>, 2);
 }
 
 // The argument checks both activation entry points make.
@@ -686,6 +695,14 @@ mb_status check_interleaved(const char* who, int inter, int activation, bool gat
   MB_REQUIRE(!gate_up_interleaved || (mb::is_gated(activation) && inter % 8 == 0),
              "%s: gate_up_interleaved needs a gated activation and inter a multiple of 8 (activation %d, inter %d)",
              who, activation, inter);
+  return MB_OK;
+}
+
+// The step tactic: one of mb_step_tactic's four.
+mb_status check_tactic(const char* who, int tactic) {
+  MB_REQUIRE(tactic >= MB_STEP_BLOCK_ROWS && tactic <= MB_STEP_GROUP_ITEMS,
+             "%s: tactic %d is not an mb_step_tactic (block_rows 0, warp_rows 1, staged_rows 2, group_items 3)", who,
+             tactic);
   return MB_OK;
 }
 
@@ -747,9 +764,10 @@ mb_status fc1_activation_quantized(const char* who, const void* in, int dtype, c
                                    const int64_t* expert_first_token_offset, int num_experts, int64_t max_rows,
                                    int inter, int activation, float swiglu_alpha, float swiglu_limit,
                                    const float* prequant_scale, const float* static_scale, int group, void* out,
-                                   float* out_scales, cudaStream_t stream) {
+                                   float* out_scales, int tactic, cudaStream_t stream) {
   MB_TRY(check_arguments(who, expert_first_token_offset, num_experts, max_rows, inter, activation, swiglu_alpha,
                          swiglu_limit));
+  MB_TRY(check_tactic(who, tactic));
   fp8::Mode mode;
   MB_TRY(fp8::mode_of(static_scale, group, who, &mode));
   if (max_rows == 0) return fp8::dispatch_half(dtype, who, [](auto) { return MB_OK; });
@@ -764,26 +782,26 @@ mb_status fc1_activation_quantized(const char* who, const void* in, int dtype, c
     const int64_t scale_cols = fp8::scale_cols(mode, inter);
     return dispatch_activation(activation, [&](auto act_const) {
       constexpr int ACT = decltype(act_const)::value;
-      if (whole) {
-        bool launched = false;
-        mb_status st = launch_group_items<T, ACT, kDequantized>(
-            static_cast<const T*>(in), static_cast<const T*>(b1), expert_first_token_offset, num_experts, max_rows,
-            inter, swiglu_alpha, swiglu_limit, prequant_scale, mode, static_scale, scale_cols, out, out_scales, stream,
-            &launched);
-        if (st != MB_OK || launched) return st;
-        st = launch_warp_rows<T, ACT, kDequantized>(
-            static_cast<const T*>(in), static_cast<const T*>(b1), expert_first_token_offset, num_experts, max_rows,
-            inter, swiglu_alpha, swiglu_limit, prequant_scale, mode, static_scale, scale_cols, out, out_scales, stream,
-            &launched);
-        if (st != MB_OK || launched) return st;
-        st = launch_staged<T, ACT, kDequantized>(
-            static_cast<const T*>(in), static_cast<const T*>(b1), expert_first_token_offset, num_experts, max_rows,
-            inter, swiglu_alpha, swiglu_limit, prequant_scale, mode, static_scale, scale_cols, out, out_scales, stream,
-            &launched);
-        if (st != MB_OK || launched) return st;
+      const T* x = static_cast<const T*>(in);
+      const T* bias = static_cast<const T*>(b1);
+      switch (tactic) {
+        case MB_STEP_GROUP_ITEMS:
+          return launch_group_items<T, ACT, kDequantized>(who, whole, x, bias, expert_first_token_offset, num_experts,
+                                                          max_rows, inter, swiglu_alpha, swiglu_limit, prequant_scale,
+                                                          mode, static_scale, scale_cols, out, out_scales, stream);
+        case MB_STEP_WARP_ROWS:
+          return launch_warp_rows<T, ACT, kDequantized>(who, whole, x, bias, expert_first_token_offset, num_experts,
+                                                        max_rows, inter, swiglu_alpha, swiglu_limit, prequant_scale,
+                                                        mode, static_scale, scale_cols, out, out_scales, stream);
+        case MB_STEP_STAGED_ROWS:
+          return launch_staged<T, ACT, kDequantized>(who, whole, x, bias, expert_first_token_offset, num_experts,
+                                                     max_rows, inter, swiglu_alpha, swiglu_limit, prequant_scale,
+                                                     mode, static_scale, scale_cols, out, out_scales, stream);
+        default:
+          break;
       }
       fc1_activation_fp8_kernel<T, ACT, kDequantized><<<mb::row_grid(max_rows), threads, 0, stream>>>(
-          static_cast<const T*>(in), static_cast<const T*>(b1), expert_first_token_offset, num_experts, max_rows,
+          x, bias, expert_first_token_offset, num_experts, max_rows,
           inter, swiglu_alpha, swiglu_limit, prequant_scale, mode, whole, static_scale, scale_cols, out, out_scales);
       return mb::check_launch("fc1_activation_fp8_kernel");
     });
@@ -807,7 +825,8 @@ extern "C" mb_status mb_fc1_activation_fp8_dequantized(const void* in, int dtype
                                                        int64_t max_rows, int inter, int activation,
                                                        int gate_up_interleaved, float swiglu_alpha,
                                                        float swiglu_limit, const float* prequant_scale,
-                                                       const float* static_scale, void* out, cudaStream_t stream) {
+                                                       const float* static_scale, void* out, int tactic,
+                                                       cudaStream_t stream) {
   const char* who = "mb_fc1_activation_fp8_dequantized";
   // per-row scales: the FP8 row kernels read gate and up stacked (a W4AFP8 layer with them runs no gated epilogue)
   MB_REQUIRE(static_scale != nullptr || gate_up_interleaved == 0,
@@ -815,7 +834,11 @@ extern "C" mb_status mb_fc1_activation_fp8_dequantized(const void* in, int dtype
   if (static_scale == nullptr)
     return fc1_activation_quantized<true>(who, in, dtype, b1, expert_first_token_offset, num_experts, max_rows, inter,
                                           activation, swiglu_alpha, swiglu_limit, prequant_scale, nullptr, 0, out,
-                                          nullptr, stream);
+                                          nullptr, tactic, stream);
+  MB_TRY(check_tactic(who, tactic));
+  if (tactic != MB_STEP_BLOCK_ROWS)
+    return mb::fail(MB_ERR_UNSUPPORTED, "%s: with a static scale the 16-bit activation's kernel runs: tactic "
+                    "block_rows (0), got %d", who, tactic);
   return fc1_activation(who, in, dtype, b1, expert_first_token_offset, num_experts, max_rows, inter, activation,
                         gate_up_interleaved != 0, swiglu_alpha, swiglu_limit, prequant_scale, static_scale, out,
                         stream);
@@ -826,10 +849,10 @@ extern "C" mb_status mb_fc1_activation_fp8(const void* in, int dtype, const void
                                            int64_t max_rows, int inter, int activation, float swiglu_alpha,
                                            float swiglu_limit, const float* prequant_scale,
                                            const float* static_scale, int group, uint8_t* out, float* out_scales,
-                                           cudaStream_t stream) {
+                                           int tactic, cudaStream_t stream) {
   return fc1_activation_quantized<false>("mb_fc1_activation_fp8", in, dtype, b1, expert_first_token_offset,
                                          num_experts, max_rows, inter, activation, swiglu_alpha, swiglu_limit,
-                                         prequant_scale, static_scale, group, out, out_scales, stream);
+                                         prequant_scale, static_scale, group, out, out_scales, tactic, stream);
 }
 
 extern "C" mb_status mb_fc1_activation_digits(const void* in, int dtype, const void* b1,

@@ -8,7 +8,7 @@ import torch
 
 from ...planner.tactics import GemmTactic
 from ...weights.halves import SCALE_ROWS
-from ..abi import Activation, DType, Fp8Accumulation, Fp8Scaling, GemmKernel
+from ..abi import Activation, DType, Fp8Accumulation, Fp8Scaling, GemmKernel, StepTactic
 from ..library import call, load_library
 from .args import _check, _dtype_code, _enum, _out, _ptr, _stream, _workspace
 from .gemm import tactic_struct
@@ -40,6 +40,12 @@ def _fp8_static(scale: torch.Tensor | None, dev: torch.device) -> int:
     return _ptr(scale)
 
 
+def _step_tactic(tactic: str | StepTactic) -> int:
+    """The C `tactic` argument of an FP8 row step: a StepTactic, or its name as the plan spells it (block_rows,
+    warp_rows, staged_rows, group_items)."""
+    return _enum(tactic, StepTactic, "tactic")
+
+
 def _fp8_scale_shape(rows: int, cols: int, group: int) -> tuple[int, ...]:
     return (rows,) if group == 0 else (rows, -(-cols // 128))
 
@@ -68,11 +74,12 @@ def expand_rows_fp8(input: torch.Tensor, unpermuted_to_permuted: torch.Tensor, t
                     static_scale: torch.Tensor | None = None, group: int | None = None,
                     permuted_input: torch.Tensor | None = None, permuted_scales: torch.Tensor | None = None,
                     permuted_weights: torch.Tensor | None = None, zero_out: torch.Tensor | None = None,
-                    stream: int | torch.cuda.Stream | None = None, *, prequant_scale: torch.Tensor | None = None
-                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                    stream: int | torch.cuda.Stream | None = None, *, prequant_scale: torch.Tensor | None = None,
+                    tactic: str | StepTactic = "block_rows") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """expand_rows with the rows quantized as quantize_fp8 quantizes them: input [T, H] fp16/bf16 ->
     (permuted_input [T*K, H] float8_e4m3fn, permuted_scales [T*K] or [T*K, ceil(H / 128)], permuted_weights
-    [T*K]). `zero_out` as expand_rows'; `prequant_scale` [H] as quantize_fp8's (expand_rows=prequant_fused)."""
+    [T*K]). `zero_out` as expand_rows'; `prequant_scale` [H] as quantize_fp8's (expand_rows=prequant_fused);
+    `tactic` the kernel, block_rows or warp_rows (the plan's expand_rows_tactic)."""
     _check(input, "input", (None, None))
     dev = input.device
     t, h = input.shape
@@ -86,7 +93,7 @@ def expand_rows_fp8(input: torch.Tensor, unpermuted_to_permuted: torch.Tensor, t
         _check(zero_out, "zero_out", (t, h), input.dtype, dev)
     call("mb_expand_rows_fp8", input.data_ptr(), _dtype_code(input, "input"), unpermuted_to_permuted.data_ptr(),
           topk_weights.data_ptr(), pre, t, h, k, _ptr(static_scale), g, pin.data_ptr(), ps.data_ptr(), pw.data_ptr(),
-          _ptr(zero_out), _stream(stream, dev))
+          _ptr(zero_out), _step_tactic(tactic), _stream(stream, dev))
     return pin, ps, pw
 
 
@@ -94,10 +101,12 @@ def expand_rows_fp8_dequantized(input: torch.Tensor, unpermuted_to_permuted: tor
                                 static_scale: torch.Tensor | None, permuted_input: torch.Tensor | None = None,
                                 permuted_weights: torch.Tensor | None = None, zero_out: torch.Tensor | None = None,
                                 stream: int | torch.cuda.Stream | None = None, *,
-                                prequant_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                                prequant_scale: torch.Tensor | None = None,
+                                tactic: str | StepTactic = "block_rows") -> tuple[torch.Tensor, torch.Tensor]:
     """expand_rows_fp8's rows by a static scale (None: each row's dynamic scale), each stored dequantized in input's
     16-bit type (its e4m3 value times the scale in fp32, rounded to the type): input [T, H] -> (permuted_input
-    [T*K, H], permuted_weights [T*K]). GEMM1's rows for W4AFP8, whose GEMMs are W4A16's on 16-bit rows."""
+    [T*K, H], permuted_weights [T*K]). GEMM1's rows for W4AFP8, whose GEMMs are W4A16's on 16-bit rows. `tactic` as
+    expand_rows_fp8's (a static scale: block_rows, the 16-bit expansion's kernel)."""
     _check(input, "input", (None, None))
     dev = input.device
     t, h = input.shape
@@ -110,7 +119,7 @@ def expand_rows_fp8_dequantized(input: torch.Tensor, unpermuted_to_permuted: tor
         _check(zero_out, "zero_out", (t, h), input.dtype, dev)
     call("mb_expand_rows_fp8_dequantized", input.data_ptr(), _dtype_code(input, "input"),
           unpermuted_to_permuted.data_ptr(), topk_weights.data_ptr(), pre, t, h, k, scale,
-          pin.data_ptr(), pw.data_ptr(), _ptr(zero_out), _stream(stream, dev))
+          pin.data_ptr(), pw.data_ptr(), _ptr(zero_out), _step_tactic(tactic), _stream(stream, dev))
     return pin, pw
 
 
@@ -154,12 +163,13 @@ def fc1_activation_fp8(input: torch.Tensor, expert_first_token_offset: torch.Ten
                        swiglu_alpha: float = 1.0, swiglu_limit: float = math.inf,
                        static_scale: torch.Tensor | None = None, group: int | None = None,
                        out: torch.Tensor | None = None, out_scales: torch.Tensor | None = None,
-                       stream: int | torch.cuda.Stream | None = None, *, prequant_scale: torch.Tensor | None = None
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
+                       stream: int | torch.cuda.Stream | None = None, *, prequant_scale: torch.Tensor | None = None,
+                       tactic: str | StepTactic = "block_rows") -> tuple[torch.Tensor, torch.Tensor]:
     """fc1_activation's rows quantized as quantize_fp8 quantizes them (GEMM2's FP8 input in one pass):
     input [R, N1] fp16/bf16 -> (out [R, I] float8_e4m3fn, out_scales [R] or [R, ceil(I / 128)]);
     rows >= offsets[E] and their scales untouched. `prequant_scale` [I] as quantize_fp8's, on the activated rows
-    (fc2_prequant=fused)."""
+    (fc2_prequant=fused). `tactic` the kernel: block_rows, warp_rows, staged_rows or group_items (the plan's
+    fc1_activation_tactic, or fc2_input_quant_tactic for the identity's quantize step)."""
     act, dev, rows, inter = _activation_args(input, expert_first_token_offset, activation, bias)
     e = expert_first_token_offset.shape[0] - 1
     g = _fp8_group(static_scale, group, dev)
@@ -168,7 +178,7 @@ def fc1_activation_fp8(input: torch.Tensor, expert_first_token_offset: torch.Ten
     s = _out(out_scales, "out_scales", _fp8_scale_shape(rows, inter, g), torch.float32, dev)
     call("mb_fc1_activation_fp8", input.data_ptr(), _dtype_code(input, "input"), _ptr(bias),
           expert_first_token_offset.data_ptr(), e, rows, inter, int(act), swiglu_alpha, swiglu_limit,
-          pre, _ptr(static_scale), g, q.data_ptr(), s.data_ptr(), _stream(stream, dev))
+          pre, _ptr(static_scale), g, q.data_ptr(), s.data_ptr(), _step_tactic(tactic), _stream(stream, dev))
     return q, s
 
 
@@ -361,12 +371,14 @@ def fc1_activation_fp8_dequantized(input: torch.Tensor, expert_first_token_offse
                                    swiglu_limit: float = math.inf, out: torch.Tensor | None = None,
                                    stream: int | torch.cuda.Stream | None = None, *,
                                    prequant_scale: torch.Tensor | None = None,
-                                   gate_up_interleaved: bool = False) -> torch.Tensor:
+                                   gate_up_interleaved: bool = False,
+                                   tactic: str | StepTactic = "block_rows") -> torch.Tensor:
     """fc1_activation_fp8's values by a static scale (None: each row's dynamic scale), each stored dequantized in
     input's 16-bit type: input [R, N1] -> out [R, I]; rows >= offsets[E] untouched. With activation "identity" and no
     bias, input's own rows quantized (the separate step). GEMM2's input for W4AFP8, whose GEMMs are W4A16's on 16-bit
     rows. gate_up_interleaved (a static scale only): input's and bias's columns in W1's interleaved order, as
-    fc1_activation's."""
+    fc1_activation's. `tactic` as fc1_activation_fp8's but group_items (a static scale: block_rows, the 16-bit
+    activation's kernel)."""
     if gate_up_interleaved and static_scale is None:
         raise ValueError("gate_up_interleaved: per-row scales read gate and up stacked (a static scale only)")
     act, dev, rows, inter = _activation_args(input, expert_first_token_offset, activation, bias)
@@ -376,5 +388,5 @@ def fc1_activation_fp8_dequantized(input: torch.Tensor, expert_first_token_offse
     o = _out(out, "out", (rows, inter), input.dtype, dev)
     call("mb_fc1_activation_fp8_dequantized", input.data_ptr(), _dtype_code(input, "input"), _ptr(bias),
           expert_first_token_offset.data_ptr(), e, rows, inter, int(act), int(gate_up_interleaved), swiglu_alpha,
-          swiglu_limit, pre, scale, o.data_ptr(), _stream(stream, dev))
+          swiglu_limit, pre, scale, o.data_ptr(), _step_tactic(tactic), _stream(stream, dev))
     return o
