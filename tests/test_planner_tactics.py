@@ -427,9 +427,11 @@ def test_weight_only_int4_decode_stages_token_rows_where_they_fit() -> None:
     assert woq_staged_rows(dataclasses.replace(mixtral_down, k=12416), 1) == 4  # 106240 // 24896
     assert woq_staged_rows(dataclasses.replace(mixtral_down, k=4096), 1) == 8   # capped at a chunk's 8 rows
     # 1 token: 2 rows fit (split 4; with 16-bit activations the digits tile takes them, woq_digits_rule); 2 tokens:
-    # 4 rows do not
+    # 4 rows do not fit one CTA: the staged kernel in clusters of four along K (woq_staged_cluster_rule), K split 1;
+    # on sm80 (no clusters) the register-ring kernel at the rule's K split 2
     assert [at(mixtral_down, t) for t in (1, 2)] == ["decode:digits_ksplit4:after_trigger:plain",
-                                                     "decode:ksplit2:after_trigger:plain"]
+                                                     "decode:stagedc4_ksplit1:after_trigger:plain"]
+    assert at(dataclasses.replace(mixtral_down, sm=80, entry="sm80"), 2) == "decode:ksplit2:plain:plain"
     assert tactic_bands(mixtral_down)[0][:2] == (1, 1)
     for other in (dict(woq_group=32), dict(woq="int8", itemsize=1, woq_group=32), dict(k=14336 - 64)):
         assert at(dataclasses.replace(mixtral_down, **other), 1).startswith("decode:ksplit")
@@ -455,8 +457,24 @@ def test_weight_only_int4_decode_stages_token_rows_where_they_fit() -> None:
     assert "one scale per row or per 128 k" in tactic_problem(dataclasses.replace(small, woq_group=32), staged)
     assert tactic_problem(dataclasses.replace(small, woq_group=64, k=4096 - 64), staged) is None
     assert "weight-only int4 GEMM's" in tactic_problem(call(epilogue="store"), staged)
-    with pytest.raises(MoeBuildError, match="plain, staged, on digits or at two CTAs an SM"):
+    with pytest.raises(MoeBuildError, match=r"plain, staged \(in clusters of four\), on digits or at two CTAs an SM"):
         GemmTactic.parse("decode:staged2:plain:plain")
+
+
+def test_weight_only_staged_tile_in_clusters_of_four_along_k() -> None:
+    """stagedc4: the staged kernel with K split over the four CTAs of a cluster, each holding its quarter of the token
+    rows: Mixtral-8x7B's GEMM2 (k 14336) takes 8-row chunks, (104 KB - 256) // (3584 * 2 + 64) = 14 capped at 8 (one
+    CTA: 3); sm90 only (clusters); the staged tile's int4 forms only."""
+    mixtral_down = call(epilogue="finalize", woq="int4", woq_group=128, n=4096, k=14336, experts=8, top_k=2)
+    assert woq_staged_rows(mixtral_down, 1, 4) == 8 and woq_staged_rows(mixtral_down, 1) == 3
+    assert woq_staged_rows(dataclasses.replace(mixtral_down, k=388 * 128), 1, 4) == 4  # 106240 // (12416 * 2 + 64)
+    c4 = GemmTactic.parse("decode:stagedc4_ksplit1:after_trigger:plain")
+    assert (c4.tile, c4.k_split, c4.name) == ("stagedc4", 1, "decode:stagedc4_ksplit1:after_trigger:plain")
+    assert tactic_problem(mixtral_down, c4) is None
+    assert "do not fit" in tactic_problem(dataclasses.replace(mixtral_down, k=388 * 128), c4)
+    assert "clusters: sm90" in tactic_problem(dataclasses.replace(mixtral_down, sm=80, entry="sm80"), c4)
+    assert "one scale per row or per 128 k" in tactic_problem(dataclasses.replace(mixtral_down, woq_group=32), c4)
+    assert "weight-only int4 GEMM's" in tactic_problem(call(epilogue="store"), c4)
 
 
 def test_weight_only_digits_tile_where_the_token_digits_fit() -> None:

@@ -402,6 +402,9 @@ enum mb_gemm_tile {
   MB_TILE_WOQ_128x160 = 25,        /* wgmma mixed-input: 128 weight rows x 160 token rows */
   MB_TILE_WOQ_128x192 = 26,        /* wgmma mixed-input: 128 weight rows x 192 token rows */
   MB_TILE_WOQ_128x224 = 27,        /* wgmma mixed-input: 128 weight rows x 224 token rows */
+  MB_TILE_DECODE_STAGED_C4 = 28,   /* decode as MB_TILE_DECODE_STAGED with K split over the four CTAs of a (1, 1, 4)
+                                      cluster, each staging its quarter of the token rows, the partial sums added in
+                                      the first CTA's shared memory in rank order (compute capability 9.0) */
 };
 enum mb_gemm_launch {
   MB_LAUNCH_PLAIN = 0,          /* an ordinary launch */
@@ -417,7 +420,7 @@ enum mb_output_l2 {
 };
 typedef struct mb_gemm_tactic {
   int32_t kernel;     /* enum mb_gemm_kernel */
-  int32_t tile;       /* enum mb_gemm_tile: MB_TILE_NONE (or MB_TILE_DECODE_STAGED / _DIGITS / _TWOCTA) for decode, an MMA tile for mma,
+  int32_t tile;       /* enum mb_gemm_tile: MB_TILE_NONE (or MB_TILE_DECODE_STAGED / _STAGED_C4 / _DIGITS / _TWOCTA) for decode, an MMA tile for mma,
                          a wgmma tile for wgmma */
   int32_t k_split;    /* decode: K slices per CTA, 1, 2, 4 or 8; 0 for the other kernels */
   int32_t launch;     /* enum mb_gemm_launch: mma PLAIN (the weight-only GEMM's also AFTER_TRIGGER); decode PLAIN or

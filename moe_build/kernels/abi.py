@@ -56,8 +56,8 @@ class GemmKernel(enum.IntEnum):
 
 
 class GemmTile(enum.IntEnum):
-    """mb_gemm_tile (MB_TILE_*): the tile of the mma or wgmma kernel; NONE, DECODE_STAGED, DECODE_DIGITS or
-    DECODE_TWOCTA for decode."""
+    """mb_gemm_tile (MB_TILE_*): the tile of the mma or wgmma kernel; NONE, DECODE_STAGED, DECODE_STAGED_C4,
+    DECODE_DIGITS or DECODE_TWOCTA for decode."""
     NONE = 0
     MMA_16x64 = 1
     MMA_64x128 = 2
@@ -86,6 +86,7 @@ class GemmTile(enum.IntEnum):
     WOQ_128x160 = 25
     WOQ_128x192 = 26
     WOQ_128x224 = 27
+    DECODE_STAGED_C4 = 28
 
 
 class WoqKind(enum.IntEnum):

@@ -17,6 +17,7 @@ import pytest
 import torch
 from runner_against_reference import assert_graph_replay_equals_eager, device_target, errors_against_reference
 
+from moe_build.planner import make_plan
 from moe_build.spec import Activation, DType, MoESpec, Quant, Routing, RoutingMethod
 from moe_build.weights import MoEWeights
 from moe_build.weights.woq import WoqKind
@@ -232,3 +233,20 @@ def test_finalize_in_the_mixed_input_gemm2(mode: tuple, finalize: str, tokens: i
     plan = MoERunner(spec, weights, target=device_target(), max_tokens=tokens).plan
     assert plan.stage("finalize").choice_for(tokens) == ("fused" if tokens == 150 else "separate")
     check(base, mode, force, tokens)
+
+
+# A long GEMM2 k (intermediate size 8192: a chunk's 8 token rows, 128 KB, do not fit one CTA's 104 KB): the plan runs
+# GEMM2 on the staged kernel in clusters of four CTAs along K (tactic stagedc4) from 4 tokens (8 rows; 6 fit one CTA)
+# to 32, int4 per 128 k or per row, the finalize fused into it or separate.
+LONG_K = MoESpec(256, 8192, 8, 2, routing=Routing(RoutingMethod.SOFTMAX_TOPK, renormalize=True))
+
+
+@pytest.mark.parametrize("mode", [MODES[0], (Quant.W4A16_AWQ, WoqKind.INT4, None, True, False)],
+                         ids=["int4_g128_zeros_awq", "int4_channel_zeros"])
+@pytest.mark.parametrize("finalize", ["fused", "separate"])
+@pytest.mark.parametrize("tokens", [4, 16, 32])
+def test_long_k_gemm2_on_the_staged_kernel_in_clusters(mode: tuple, finalize: str, tokens: int) -> None:
+    spec, _ = woq_case(LONG_K, mode, 0)
+    plan_tactic = make_plan(spec, device_target(), tokens).choices(tokens)["gemm2_tactic"]
+    assert plan_tactic == "decode:stagedc4_ksplit1:after_trigger:plain", plan_tactic
+    check(LONG_K, mode, {"finalize": finalize}, tokens=tokens)

@@ -26,7 +26,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from moe_build import kernels as K  # noqa: E402  (after the torch skip: loading may build the library)
 from moe_build.planner.tactics import GemmCall  # noqa: E402
-from moe_build.planner.tactics.woq import woq_digits_rows, woq_staged_rows  # noqa: E402
+from moe_build.planner.tactics.woq import STAGED_CLUSTER_PARTS, woq_digits_rows, woq_staged_rows  # noqa: E402
 from moe_build.target import DEFAULT_GPU  # noqa: E402
 from moe_build.weights.woq import WoqKind, dequantize_matrix, mxfp4_quarters  # noqa: E402
 from finalize_routing import REMOTE, routed  # noqa: E402
@@ -140,7 +140,7 @@ def test_bias_dtype_launch_and_sizes_off_128(dtype: torch.dtype, launch: str) ->
         tactic=f"decode:ksplit2:{launch}:plain")
 
 
-@pytest.mark.parametrize("form", ["staged_", ""], ids=["staged", "ring"])
+@pytest.mark.parametrize("form", ["staged_", "stagedc4_", ""], ids=["staged", "stagedc4", "ring"])
 @pytest.mark.parametrize("k_split", [1, 2, 4, 8])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("group, zeros", [(128, True), (128, False), (0, True), (0, False)])
@@ -148,8 +148,8 @@ def test_bias_dtype_launch_and_sizes_off_128(dtype: torch.dtype, launch: str) ->
 def test_int4_codes_kernel_against_fp64(form: str, k_split: int, dtype: torch.dtype, group: int, zeros: bool, n: int,
                                         k: int) -> None:
     """The decode kernel's int4 codes path (group 128 or per row, k % 128 == 0: the mma on the exact u - z, the scales
-    after it, unpredicated loads), on the staged kernel (token rows in shared memory) and the ring kernel (token rows
-    in registers): n off 128 (a CTA's last
+    after it, unpredicated loads), on the staged kernel (token rows in shared memory; stagedc4: K split over a cluster
+    of four CTAs, whose last ranks hold no batch at k 384) and the ring kernel (token rows in registers): n off 128 (a CTA's last
     row blocks moved back inside n), k of 3 batches (K splits of 4 and 8 leave warps without a batch) and of 23
     (big batches that end past a slice, computed on zero tokens), several 8-row chunks, empty experts, bias,
     launched after a trigger, with and without zero points."""
@@ -159,43 +159,46 @@ def test_int4_codes_kernel_against_fp64(form: str, k_split: int, dtype: torch.dt
 
 @pytest.mark.parametrize("k_split", [1, 2, 8])
 @pytest.mark.parametrize("group, zeros", [(128, True), (0, False)])
-@pytest.mark.parametrize("k", [48 * 128, 97 * 128], ids=["staged", "ring"])
-def test_int4_codes_kernel_large_k(k_split: int, group: int, zeros: bool, k: int) -> None:
-    """The int4 codes forms on both of their kernels with 8-row chunks: the staged kernel where the chunk's token
-    rows fit its shared memory (k 6144: 97-100 KB, past the 48 KB a launch gets unasked), the ring kernel where they
-    do not (k 12416: 195-212 KB)."""
-    form = "" if k > 48 * 128 else "staged_"
+@pytest.mark.parametrize("k, form", [(48 * 128, "staged_"), (97 * 128, ""), (97 * 128, "stagedc4_"),
+                                     (112 * 128, "stagedc4_")], ids=["staged", "ring", "stagedc4", "stagedc4-mixtral"])
+def test_int4_codes_kernel_large_k(k_split: int, group: int, zeros: bool, k: int, form: str) -> None:
+    """The int4 codes forms with 8-row chunks: the staged kernel where the chunk's token rows fit its shared memory
+    (k 6144: 97-100 KB, past the 48 KB a launch gets unasked), the ring kernel where they do not (k 12416: 195-212
+    KB), and there the staged kernel in clusters of four CTAs along K, each holding a quarter of the rows (k 12416,
+    and Mixtral-8x7B's GEMM2 k 14336)."""
     run(WoqKind.INT4, [9, 0, 16, 1, 40, 2], 144, k, group, zeros=zeros, bias=True,
         tactic=f"decode:{form}ksplit{k_split}:after_trigger:plain")
 
 
+@pytest.mark.parametrize("form", ["staged_", "stagedc4_"], ids=["staged", "stagedc4"])
 @pytest.mark.parametrize("k_split", [1, 2, 4, 8])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("zeros", [True, False])
 @pytest.mark.parametrize("n, k", [(208, 320), (144, 2880), (128, 384)])
-def test_int4_group64_staged_kernel_against_fp64(k_split: int, dtype: torch.dtype, zeros: bool, n: int,
+def test_int4_group64_staged_kernel_against_fp64(form: str, k_split: int, dtype: torch.dtype, zeros: bool, n: int,
                                                  k: int) -> None:
     """The staged kernel's group-64 form (each half of a 128-k batch its own scale and zero, a lane's k placed so that
     each step stays in one half): k of whole batches (384) and with a half batch at the end (320, GPT-OSS-20B's
     2880), where the missing half reads the first half's bytes and zero tokens (the weights here end at the last
     expert's last row, so a read past it would leave the tensor); K splits of 4 and 8 leave warps without a batch at k 320 and 384."""
     run(WoqKind.INT4, [9, 0, 16, 1, 40, 2], n, k, 64, zeros=zeros, bias=True, dtype=dtype,
-        tactic=f"decode:staged_ksplit{k_split}:after_trigger:plain")
+        tactic=f"decode:{form}ksplit{k_split}:after_trigger:plain")
 
 
-# form: (the planner's count of the rows a chunk may have, the refusal of a group-32 layer)
-TILE_FITS = {"staged": (woq_staged_rows, "one scale per row or per 128 k"), "digits": (woq_digits_rows, "group 0 or 128")}
+# form: (the planner's count of the rows a chunk may have, the refusal of a group-32 layer, a k where 8 rows do not fit)
+TILE_FITS = {"staged": (woq_staged_rows, "one scale per row or per 128 k", 97 * 128),
+             "stagedc4": (lambda call, k_split: woq_staged_rows(call, k_split, STAGED_CLUSTER_PARTS),
+                          "one scale per row or per 128 k", 388 * 128),
+             "digits": (woq_digits_rows, "group 0 or 128", 97 * 128)}
 
 
 @pytest.mark.parametrize("form", list(TILE_FITS))
 @pytest.mark.parametrize("k_split", [1, 2, 4, 8])
 def test_decode_tile_takes_the_rows_the_planner_counts(form: str, k_split: int) -> None:
     """The staged and digits tactics run exactly where tactics.woq.woq_staged_rows / woq_digits_rows say a chunk's token
-    rows (or their digits) fit (k 97 x 128 here, rows = min(8, the rows of A)), and are refused, with the shared
-    memory they would need, one row past that; each is refused for a form it does not take (group 32), and the
-    digits tile for 16-bit rows."""
-    fits, group_refusal = TILE_FITS[form]
-    k = 97 * 128
+    rows (or their digits) fit (rows = min(8, the rows of A)), and are refused, with the shared memory they would need,
+    one row past that; each is refused for a form it does not take (group 32), and the digits tile for 16-bit rows."""
+    fits, group_refusal, k = TILE_FITS[form]
     most = fits(GemmCall(sm=90, entry="sm90", epilogue="store", n=144, k=k, experts=3, top_k=1, itemsize=2,
                          weights_blocked=False, sm_count=132, l2_bytes=50 << 20,
                          memory_bytes_per_s=DEFAULT_GPU[90].memory_bytes_per_s, woq="int4", woq_group=128), k_split)
@@ -217,7 +220,7 @@ def test_decode_tile_takes_the_rows_the_planner_counts(form: str, k_split: int) 
                                tactic=tactic)
 
 
-@pytest.mark.parametrize("form", ["staged", "digits"])
+@pytest.mark.parametrize("form", ["staged", "stagedc4", "digits"])
 def test_weight_only_tiles_are_the_weight_only_gemms(form: str) -> None:
     """The 16-bit GEMMs refuse the staged and digits decode tiles (gemm/tactic.cuh check_tactic) rather than run
     another kernel."""
@@ -312,11 +315,11 @@ def test_mxfp4_digits_kernel_exponents(k_split: int, e8m0: tuple[int, int], a_sc
 def test_digits_finalize_against_fp64(tokens: int, top_k: int, k_split: int, dtype: torch.dtype) -> None:
     """GEMM2's finalize epilogue on the digits tile (group 128 with zeros, per row without, group 64 with zeros,
     MXFP4 at k 2880 and int8 per row at k 2880), with bias."""
-    finalize_run(WoqKind.INT4, 128, True, 208, 1024, tokens, top_k, k_split, bias=True, dtype=dtype, digits=True)
-    finalize_run(WoqKind.INT4, 0, False, 208, 384, tokens, top_k, k_split, dtype=dtype, digits=True)
-    finalize_run(WoqKind.INT4, 64, True, 144, 2880, tokens, top_k, k_split, bias=True, dtype=dtype, digits=True)
-    finalize_run(WoqKind.MXFP4, 32, False, 144, 2880, tokens, top_k, k_split, bias=True, dtype=dtype, digits=True)
-    finalize_run(WoqKind.INT8, 0, False, 144, 2880, tokens, top_k, k_split, bias=True, dtype=dtype, digits=True)
+    finalize_run(WoqKind.INT4, 128, True, 208, 1024, tokens, top_k, k_split, bias=True, dtype=dtype, form="digits_")
+    finalize_run(WoqKind.INT4, 0, False, 208, 384, tokens, top_k, k_split, dtype=dtype, form="digits_")
+    finalize_run(WoqKind.INT4, 64, True, 144, 2880, tokens, top_k, k_split, bias=True, dtype=dtype, form="digits_")
+    finalize_run(WoqKind.MXFP4, 32, False, 144, 2880, tokens, top_k, k_split, bias=True, dtype=dtype, form="digits_")
+    finalize_run(WoqKind.INT8, 0, False, 144, 2880, tokens, top_k, k_split, bias=True, dtype=dtype, form="digits_")
 
 
 # Many rows per expert for the mma tiles: empty, single-row, 64-row tiles on and off their edges, several tiles;
@@ -524,11 +527,11 @@ def check_finalize(c: FinalizeCase, out: torch.Tensor, row_err: torch.Tensor, to
 
 
 def finalize_run(kind: WoqKind, group: int, zeros: bool, n: int, k: int, tokens: int, top_k: int, k_split: int,
-                 bias: bool = False, dtype: torch.dtype = torch.bfloat16,
-                 staged: bool = False, digits: bool = False) -> None:
+                 bias: bool = False, dtype: torch.dtype = torch.bfloat16, form: str = "") -> None:
+    """`form` the decode tile's prefix in the tactic's name: "" (the token rows where they lie), "staged_", "stagedc4_"
+    or "digits_"."""
     c = finalize_case(kind, n, k, group, zeros, bias, dtype, tokens, top_k)
     out = c.fill.cuda()
-    form = "digits_" if digits else "staged_" if staged else ""
     tactic = f"decode:{form}ksplit{k_split}:after_trigger:plain"
     dev = c.dev
     b, b_kind, scales = b_operand(dev, tactic, kind)
@@ -541,23 +544,26 @@ def finalize_run(kind: WoqKind, group: int, zeros: bool, n: int, k: int, tokens:
 
 
 # the int4 codes forms (the staged kernel, and the ring one: k 97 x 128, where 8 staged rows would pass the staged
-# kernel's shared memory), the generic kernel (group 32 / 64, int8), both output types, bias, every K split
+# kernel's shared memory, there also in clusters of four), the generic kernel (group 32 / 64, int8), both output
+# types, bias, every K split
 @pytest.mark.parametrize("k_split", [1, 2, 8])
-@pytest.mark.parametrize("kind, group, zeros, k, staged", [
-    (WoqKind.INT4, 128, True, 512, True), (WoqKind.INT4, 0, False, 384, True),
-    (WoqKind.INT4, 128, True, 97 * 128, False), (WoqKind.INT4, 64, True, 512, False),
-    (WoqKind.INT4, 32, False, 352, False), (WoqKind.INT8, 0, False, 384, False),
-    (WoqKind.INT4, 0, True, 97 * 128, False)],
+@pytest.mark.parametrize("kind, group, zeros, k, form", [
+    (WoqKind.INT4, 128, True, 512, "staged_"), (WoqKind.INT4, 0, False, 384, "staged_"),
+    (WoqKind.INT4, 128, True, 97 * 128, ""), (WoqKind.INT4, 64, True, 512, ""),
+    (WoqKind.INT4, 32, False, 352, ""), (WoqKind.INT8, 0, False, 384, ""),
+    (WoqKind.INT4, 0, True, 97 * 128, ""), (WoqKind.INT4, 128, True, 97 * 128, "stagedc4_"),
+    (WoqKind.INT4, 64, True, 2880, "stagedc4_")],
     ids=["int4-g128-staged", "int4-row-staged", "int4-g128-ring", "int4-g64", "int4-g32", "int8-row",
-         "int4-row-zeros-ring"])
-def test_finalize_against_fp64(k_split: int, kind: WoqKind, group: int, zeros: bool, k: int, staged: bool) -> None:
-    finalize_run(kind, group, zeros, 208, k, tokens=40, top_k=4, k_split=k_split, staged=staged)
+         "int4-row-zeros-ring", "int4-g128-stagedc4", "int4-g64-stagedc4"])
+def test_finalize_against_fp64(k_split: int, kind: WoqKind, group: int, zeros: bool, k: int, form: str) -> None:
+    finalize_run(kind, group, zeros, 208, k, tokens=40, top_k=4, k_split=k_split, form=form)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("tokens, top_k", [(1, 1), (3, 2), (200, 8)])
 def test_finalize_bias_dtype_and_counts(dtype: torch.dtype, tokens: int, top_k: int) -> None:
-    finalize_run(WoqKind.INT4, 128, True, 256, 1024, tokens, top_k, 2, bias=True, dtype=dtype, staged=True)
+    finalize_run(WoqKind.INT4, 128, True, 256, 1024, tokens, top_k, 2, bias=True, dtype=dtype, form="staged_")
+    finalize_run(WoqKind.INT4, 128, True, 256, 1024, tokens, top_k, 1, bias=True, dtype=dtype, form="stagedc4_")
     finalize_run(WoqKind.INT4, 128, False, 256, 1024, tokens, top_k, 1, bias=True, dtype=dtype)
 
 

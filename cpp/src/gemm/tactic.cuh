@@ -12,7 +12,7 @@
 
 namespace mbk {
 
-constexpr int kLastTile = MB_TILE_WOQ_128x224;  // the last mb_gemm_tile
+constexpr int kLastTile = MB_TILE_DECODE_STAGED_C4;  // the last mb_gemm_tile
 
 // The tile's name in the planner's spelling (moe_build/planner/tactics/tactic.py), for messages.
 inline const char* tile_name(int tile) {
@@ -40,6 +40,7 @@ inline const char* tile_name(int tile) {
     case MB_TILE_WOQ_128x192: return "woq128x192";
     case MB_TILE_WOQ_128x224: return "woq128x224";
     case MB_TILE_DECODE_STAGED: return "staged";
+    case MB_TILE_DECODE_STAGED_C4: return "stagedc4";
     case MB_TILE_PINGPONG_64x128_C2: return "pingpong64x128c2";
     case MB_TILE_PINGPONG_128x128: return "pingpong128x128";
     case MB_TILE_PINGPONG_128x128_C2: return "pingpong128x128c2";
@@ -68,7 +69,7 @@ inline bool tile_of_kernel(int kernel, int tile) {
     case MB_GEMM_MMA: return tile >= MB_TILE_MMA_16x64 && tile <= MB_TILE_MMA_128x128;
     default:  // wgmma
       return tile >= MB_TILE_COOP_128x256 && tile <= kLastTile && tile != MB_TILE_DECODE_STAGED &&
-             tile != MB_TILE_DECODE_DIGITS && tile != MB_TILE_DECODE_TWOCTA;
+             tile != MB_TILE_DECODE_STAGED_C4 && tile != MB_TILE_DECODE_DIGITS && tile != MB_TILE_DECODE_TWOCTA;
   }
 }
 
@@ -98,7 +99,8 @@ inline mb_status check_tactic(const mb_gemm_tactic& t, const TacticSite& site) {
     return fail(MB_ERR_INVALID_ARGUMENT, "%s: tactic output_l2 %d is not plain (%d) or evict_last (%d)", who,
                 t.output_l2, MB_OUTPUT_L2_PLAIN, MB_OUTPUT_L2_EVICT_LAST);
   const char* kernel = kernel_name(t.kernel);
-  if (t.kernel == MB_GEMM_DECODE && (t.tile == MB_TILE_DECODE_STAGED || t.tile == MB_TILE_DECODE_DIGITS))
+  if (t.kernel == MB_GEMM_DECODE && (t.tile == MB_TILE_DECODE_STAGED || t.tile == MB_TILE_DECODE_STAGED_C4 ||
+                                     t.tile == MB_TILE_DECODE_DIGITS))
     return fail(MB_ERR_UNSUPPORTED, "%s: the %s decode kernel is the weight-only GEMM's (mb_grouped_gemm_woq)", who,
                 tile_name(t.tile));
   if (t.kernel == MB_GEMM_DECODE && t.tile == MB_TILE_DECODE_TWOCTA && !site.twocta_decode)

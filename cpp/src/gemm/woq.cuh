@@ -226,7 +226,8 @@ inline bool digits_fit(const WoqGemmParams& p) {
 
 // The kernels' launchers; the arguments and the tactic are checked by the caller (gemm/woq_abi.cu), max_rows > 0.
 // gemm/woq_decode.cu: `k_split` (1, 2, 4 or 8) warps per K slice; `tile` MB_TILE_NONE, MB_TILE_DECODE_STAGED (the
-// token rows staged in shared memory: the int4 codes forms only, where a chunk's rows fit; refused otherwise) or
+// token rows staged in shared memory: the int4 codes forms only, where a chunk's rows fit; refused otherwise),
+// MB_TILE_DECODE_STAGED_C4 (the same, K split over a cluster of four CTAs: compute capability 9.0) or
 // MB_TILE_DECODE_DIGITS (A the token digits, launch_woq_decode_digits).
 mb_status launch_woq_decode(const WoqGemmParams& p, int64_t max_rows, int dtype, int k_split, int tile,
                             bool after_trigger, cudaStream_t stream);

@@ -12,7 +12,8 @@ namespace {
 
 bool woq_tactic_ok(const mb_gemm_tactic& t) {
   const bool decode = t.kernel == MB_GEMM_DECODE &&
-                      (t.tile == MB_TILE_NONE || t.tile == MB_TILE_DECODE_STAGED || t.tile == MB_TILE_DECODE_DIGITS) &&
+                      (t.tile == MB_TILE_NONE || t.tile == MB_TILE_DECODE_STAGED || t.tile == MB_TILE_DECODE_STAGED_C4 ||
+                       t.tile == MB_TILE_DECODE_DIGITS) &&
                       (t.k_split == 1 || t.k_split == 2 || t.k_split == 4 || t.k_split == 8);
   const bool mma = t.kernel == MB_GEMM_MMA && (t.tile == MB_TILE_MMA_64x128 || t.tile == MB_TILE_MMA_128x128) &&
                    t.k_split == 0;

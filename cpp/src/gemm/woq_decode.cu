@@ -2,7 +2,8 @@
 // launch are gemm/woq.cuh's and gemm/woq_abi.cu's): for the few rows per expert of decode. int4 with group 128 or
 // one scale per row and k % 128 == 0 (AWQ's and GPTQ's forms), or group 64 and k % 64 == 0, runs
 // woq_decode_int4_staged_kernel with the tactic's tile MB_TILE_DECODE_STAGED (the planner's where the token rows fit
-// its shared memory, tactics.woq.woq_decode_tile_rule); group 128 or 0 elsewhere woq_decode_int4_codes_kernel (below:
+// its shared memory, tactics.woq.woq_decode_tile_rule) or MB_TILE_DECODE_STAGED_C4 (K split over a cluster of four
+// CTAs, each staging its quarter of the rows: long K); group 128 or 0 elsewhere woq_decode_int4_codes_kernel (below:
 // the same layout on about half the instructions); every other form the first kernel.
 //   MB_WOQ_INT4 : B uint8 [E, n, k/2], two 4-bit codes u per byte (low nibble the even column);
 //                 w = (u - z) * s, s fp32 [E, n, k/group] (group 0: [E, n, 1]), z uint8 of the same shape, or
@@ -35,6 +36,8 @@
 // shared-memory rings tried against it are).
 #include <algorithm>
 #include <cstdint>
+
+#include <cooperative_groups.h>
 
 #include "gemm/decode_launch.cuh"
 #include "gemm/loads.cuh"
@@ -381,9 +384,14 @@ __device__ __forceinline__ int staged_chunk_position(int c) {
   else return (c & 3) * 4 + (c >> 2);
 }
 
-template <typename T, int WK, int GROUP>
+// KP > 1 (MB_TILE_DECODE_STAGED_C4): the KP CTAs of a (1, 1, KP) cluster (blockIdx.z its rank) take K's slices
+// KP * WK ways, each staging its own slices' token rows, so a chunk's rows fit at KP times the k; each CTA's partial
+// sums then go to its rank's shared memory and the first CTA adds the others' into its own in rank order before its
+// store (fixed order: bit-reproducible).
+template <typename T, int WK, int GROUP, int KP>
 __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_int4_staged_kernel(WoqStagedLaunch d) {
   static_assert(GROUP == 0 || GROUP == 64 || GROUP == 128, "one scale per row, per 64 k or per 128 k");
+  static_assert(KP == 1 || KP == 4, "one CTA, or a cluster of four, a column block");
   const WoqGemmParams& p = d.p;
   constexpr bool PER_ROW = GROUP == 0;
   constexpr int R = 16 * (kDecodeWarps / WK);  // weight rows per CTA (= output columns)
@@ -413,6 +421,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_int4_staged_kern
   const int rg = warp / WK, ks = warp % WK;
   const int col0 = blockIdx.y * R;
   const int groups = PER_ROW ? 1 : K / GROUP;
+  const int part = KP > 1 ? static_cast<int>(blockIdx.z) : 0;  // the CTA's rank in its cluster
 
   // The lane's weight rows r and r + 8 (a warp's 16 rows moved back inside n where they pass its end: n % 16 == 0,
   // so the block is wholly in or wholly moved).
@@ -421,8 +430,8 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_int4_staged_kern
 
   // K slices of whole batches (the last one of K a half batch where k % 128 == 64); slice 0 is the longest, so it
   // sizes each slice's rows in shared memory.
-  const int kslice = decode_k_slice(K, WK);
-  const int kb = ks * kslice;
+  const int kslice = decode_k_slice(K, KP * WK);
+  const int kb = (part * WK + ks) * kslice;
   const int nb = (max(0, min(K, kb + kslice) - kb) + 127) / 128;
   const int nb0 = (min(K, kslice) + 127) / 128;
   // Batches past the slice are computed too (a branch per batch would make ptxas wait again at each, see run_big_batches):
@@ -510,7 +519,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_int4_staged_kern
     static_assert(kChunks == 16, "staged_chunk_position places 16 chunks a batch");
     for (int sr = 0; sr < WK * rows; ++sr) {  // (slice, row) pairs, CTA-uniform
       const int s = sr % WK, r = sr / WK;
-      const int k0 = s * kslice;  // < K + kslice: fits int
+      const int k0 = (part * WK + s) * kslice;  // < K + kslice: fits int
       const int slice_k = max(0, min(kslice, K - k0));  // the last slice is shorter, or empty
       const int chunks = slice_k * TB / 16, stored_chunks = (slice_k + 127) / 128 * kChunks;
       const char* src = A + ((row_begin + r) * K + k0) * TB;
@@ -545,7 +554,31 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_int4_staged_kern
 #pragma unroll
     for (int c = 0; c < 4; ++c) acc[c] *= sv[0][0][0][c >> 1];
   }
-  store_sums<T, WK>(p, s_part, acc, expert, row_begin, rows, col0, ks, rg);
+  if constexpr (KP == 1) {
+    store_sums<T, WK>(p, s_part, acc, expert, row_begin, rows, col0, ks, rg);
+  } else {
+#if __CUDA_ARCH__ >= 900
+#pragma unroll
+    for (int c = 0; c < 4; ++c) s_part[ks][rg * 16 + g + (c >> 1) * 8][2 * q + (c & 1)] = acc[c];
+    cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+    cluster.sync();  // every rank's partial sums written (and visible across the cluster)
+    if (part == 0) {
+      float* mine = &s_part[0][0][0];
+      constexpr int kCount = WK * R * (kDecodeTokens + 1);
+      for (int i = threadIdx.x; i < kCount; i += kDecodeThreads) {
+        float v = mine[i];
+#pragma unroll
+        for (int r = 1; r < KP; ++r) v += cluster.map_shared_rank(mine, r)[i];
+        mine[i] = v;
+      }
+      __syncthreads();
+      store_part_sums<T, WK>(p, s_part, expert, row_begin, rows, col0);
+    }
+    cluster.sync();  // the other ranks' shared memory lives until the first has read it
+#else
+    __trap();  // the launcher refuses clusters below compute capability 9.0
+#endif
+  }
 }
 
 template <typename T, int KIND>
@@ -557,10 +590,10 @@ mb_status launch_kind(const WoqGemmParams& p, int64_t max_rows, int k_split, boo
   });
 }
 
-// The staged kernel's shared memory: each slice's token rows (slice 0's length in whole batches, the longest) and a
-// zero batch.
-size_t staged_smem(const WoqGemmParams& p, int rows_cap, int wk, int token_bytes) {
-  const int kslice = decode_k_slice(p.k, wk);
+// The staged kernel's shared memory: each of a CTA's wk slices' token rows (slice 0's length in whole batches, the
+// longest, of K in kp * wk slices) and a zero batch.
+size_t staged_smem(const WoqGemmParams& p, int rows_cap, int wk, int kp, int token_bytes) {
+  const int kslice = decode_k_slice(p.k, kp * wk);
   const size_t slice_k = static_cast<size_t>(std::min(p.k, kslice) + 127) / 128 * 128;
   return static_cast<size_t>(rows_cap) * wk * (slice_k * token_bytes + kTokenPad) + kTokenZeros;
 }
@@ -576,30 +609,68 @@ mb_status launch_int4_ring(const WoqGemmParams& p, int64_t max_rows, int k_split
   });
 }
 
-// The int4 codes forms on the staged kernel, refused where a chunk's token rows do not fit kTokenBudget.
-template <typename T, int GROUP>
+// The staged kernel in (1, 1, KP) clusters over a (chunks, column blocks, KP) grid, after a trigger or plainly.
+template <typename Kernel>
+mb_status launch_staged_clusters(Kernel kernel, const WoqStagedLaunch& d, int kp, int out_cols, int64_t chunks,
+                                 size_t smem, bool after_trigger, cudaStream_t stream) {
+  const char* who = "grouped gemm woq";
+  const int64_t col_blocks = (d.p.n + out_cols - 1) / out_cols;
+  if (chunks > INT32_MAX || col_blocks > 65535)
+    return fail(MB_ERR_INVALID_ARGUMENT, "%s: grid too large (chunks %lld, column blocks %lld)", who,
+                (long long)chunks, (long long)col_blocks);
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (err != cudaSuccess)
+    return fail(MB_ERR_CUDA, "%s: %zu bytes of shared memory: %s", who, smem, cudaGetErrorString(err));
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 1;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = static_cast<unsigned>(kp);
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3((unsigned)chunks, (unsigned)col_blocks, (unsigned)kp);
+  cfg.blockDim = dim3(kDecodeThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = after_trigger ? 2 : 1;
+  err = cudaLaunchKernelEx(&cfg, kernel, d);
+  if (err != cudaSuccess) return fail(MB_ERR_CUDA, "%s launch: %s", who, cudaGetErrorString(err));
+  return MB_OK;
+}
+
+// The int4 codes forms on the staged kernel (KP 4: in clusters of four CTAs along K, compute capability 9.0),
+// refused where a chunk's token rows do not fit kTokenBudget.
+template <typename T, int GROUP, int KP>
 mb_status launch_int4_staged(const WoqGemmParams& p, int64_t max_rows, int k_split, bool after_trigger,
                              cudaStream_t stream) {
+  if (KP > 1 && mb::device_attribute(cudaDevAttrComputeCapabilityMajor) < 9)
+    return fail(MB_ERR_UNSUPPORTED, "grouped gemm woq: the stagedc4 decode kernel runs in thread-block clusters: "
+                "compute capability 9.0 or later");
   return by_k_split(k_split, [&](auto wk) {
     constexpr int WK = decltype(wk)::value;
     const WoqStagedLaunch d{p, static_cast<int>(std::min<int64_t>(kDecodeTokens, max_rows))};
-    const size_t smem = staged_smem(p, d.rows_cap, WK, static_cast<int>(sizeof(T)));
+    const size_t smem = staged_smem(p, d.rows_cap, WK, KP, static_cast<int>(sizeof(T)));
     if (smem > kTokenBudget)
       return fail(MB_ERR_UNSUPPORTED, "grouped gemm woq: the staged decode kernel's token rows (%d-row chunks, k %d in "
                   "%d slices) need %zu bytes of shared memory, over its %zu: the tile none, or a larger k_split",
-                  d.rows_cap, p.k, WK, smem, kTokenBudget);
-    return launch_decode(woq_decode_int4_staged_kernel<T, WK, GROUP>, d, p.n, 16 * (kDecodeWarps / WK),
-                         decode_chunks(max_rows, p.num_experts), after_trigger, stream, "grouped gemm woq", smem);
+                  d.rows_cap, p.k, KP * WK, smem, kTokenBudget);
+    const auto kernel = woq_decode_int4_staged_kernel<T, WK, GROUP, KP>;
+    const int out_cols = 16 * (kDecodeWarps / WK);
+    const int64_t chunks = decode_chunks(max_rows, p.num_experts);
+    if constexpr (KP > 1) return launch_staged_clusters(kernel, d, KP, out_cols, chunks, smem, after_trigger, stream);
+    return launch_decode(kernel, d, p.n, out_cols, chunks, after_trigger, stream, "grouped gemm woq", smem);
   });
 }
 
-template <typename T>
+template <typename T, int KP>
 mb_status launch_int4_staged_group(const WoqGemmParams& p, int64_t max_rows, int k_split, bool after_trigger,
                                    cudaStream_t stream) {
   switch (p.group) {
-    case 0: return launch_int4_staged<T, 0>(p, max_rows, k_split, after_trigger, stream);
-    case 64: return launch_int4_staged<T, 64>(p, max_rows, k_split, after_trigger, stream);
-    default: return launch_int4_staged<T, 128>(p, max_rows, k_split, after_trigger, stream);
+    case 0: return launch_int4_staged<T, 0, KP>(p, max_rows, k_split, after_trigger, stream);
+    case 64: return launch_int4_staged<T, 64, KP>(p, max_rows, k_split, after_trigger, stream);
+    default: return launch_int4_staged<T, 128, KP>(p, max_rows, k_split, after_trigger, stream);
   }
 }
 
@@ -608,7 +679,7 @@ mb_status launch_int4_staged_group(const WoqGemmParams& p, int64_t max_rows, int
 mb_status launch_woq_decode(const WoqGemmParams& p, int64_t max_rows, int dtype, int k_split, int tile,
                             bool after_trigger, cudaStream_t stream) {
   if (tile == MB_TILE_DECODE_DIGITS) return launch_woq_decode_digits(p, max_rows, dtype, k_split, after_trigger, stream);
-  const bool staged = tile == MB_TILE_DECODE_STAGED;
+  const bool staged = tile == MB_TILE_DECODE_STAGED || tile == MB_TILE_DECODE_STAGED_C4;
   if (staged && !int4_staged_fit(p))
     return fail(MB_ERR_UNSUPPORTED, "grouped gemm woq: the staged decode kernel takes int4 weights with one scale per "
                 "row or per 128 k and k a multiple of 128, or per 64 k and k a multiple of 64 (kind %d, group %d, k %d)",
@@ -616,7 +687,8 @@ mb_status launch_woq_decode(const WoqGemmParams& p, int64_t max_rows, int dtype,
   return dispatch_16bit(dtype, [&](auto tag) {
     using T = decltype(tag);
     const bool a = after_trigger;
-    if (staged) return launch_int4_staged_group<T>(p, max_rows, k_split, a, stream);
+    if (tile == MB_TILE_DECODE_STAGED_C4) return launch_int4_staged_group<T, 4>(p, max_rows, k_split, a, stream);
+    if (staged) return launch_int4_staged_group<T, 1>(p, max_rows, k_split, a, stream);
     if (int4_codes_fit(p))
       return p.group ? launch_int4_ring<T, false>(p, max_rows, k_split, a, stream)
                      : launch_int4_ring<T, true>(p, max_rows, k_split, a, stream);

@@ -7,14 +7,15 @@ from .decode_kernel import DECODE_TOKENS
 from .tactic import (BLOCKED_TILES, FP8_FAST_ONLY_TILES, FP8_ONLY_TILES, FP8_WGMMA_TILES, K_SPLITS, PLACED_TILES,
                      WOQ_MMA_TILES, WOQ_WGMMA_TILES, GemmCall, GemmTactic)
 from .woq import (STAGED_TOKEN_BUDGET, on_digits_tile, on_mixed_input_tile, woq_digits_rows, woq_digits_weights,
-                  woq_int4_staged, woq_mixed_input, woq_staged_rows, woq_weight_tiles, woq_weight_tiles_pair)
+                  STAGED_CLUSTER_PARTS, woq_int4_staged, woq_mixed_input, woq_staged_rows, woq_weight_tiles,
+                  woq_weight_tiles_pair)
 
 
 def tactic_problem(call: GemmCall, tactic: GemmTactic) -> str | None:
     """Why `call` cannot run `tactic` (the library would refuse it), or None if it can."""
     if tactic.kernel == "wgmma" and call.entry != "sm90":
         return "the wgmma kernel runs only in the sm90 GEMMs (gemm_kernel=tma_warp_specialized)"
-    if tactic.kernel == "decode" and tactic.tile in ("staged", "digits") and call.woq == "none":
+    if tactic.kernel == "decode" and tactic.tile in ("staged", "stagedc4", "digits") and call.woq == "none":
         return f"the {tactic.tile} decode kernel is the weight-only int4 GEMM's"
     if tactic.kernel == "decode" and tactic.tile == "twocta" and call.fp8 != "block128":
         return "the twocta decode kernel is the FP8 GEMM's with block-128 scales"
@@ -91,13 +92,17 @@ def _woq_tactic_problem(call: GemmCall, tactic: GemmTactic) -> str | None:
         return f"the weight-only mma kernel's tiles are {', '.join(WOQ_MMA_TILES)}"
     if tactic.launch == "placed" or tactic.output_l2 != "plain":
         return "the weight-only GEMM launches plainly or after a trigger, with plain outputs"
-    if tactic.kernel == "decode" and tactic.tile == "staged":
+    if tactic.kernel == "decode" and tactic.tile in ("staged", "stagedc4"):
         if not woq_int4_staged(call):
             return ("the staged decode kernel takes int4 weights with one scale per row or per 128 k and k a multiple "
                     "of 128, or per 64 k and k a multiple of 64")
-        if woq_staged_rows(call, tactic.k_split) < DECODE_TOKENS:  # forced: every chunk, up to 8 rows, must fit
+        parts = STAGED_CLUSTER_PARTS if tactic.tile == "stagedc4" else 1
+        if parts > 1 and call.sm < 90:
+            return "the stagedc4 decode kernel runs in thread-block clusters: sm90 or later"
+        if woq_staged_rows(call, tactic.k_split, parts) < DECODE_TOKENS:  # forced: every chunk, up to 8 rows, must fit
             return (f"the staged decode kernel's 8-row chunks do not fit its {STAGED_TOKEN_BUDGET // 1024} KB of "
-                    f"shared memory at k {call.k} in {tactic.k_split} slices (a larger K split, or the register form)")
+                    f"shared memory at k {call.k} in {parts * tactic.k_split} slices (a larger K split, stagedc4, or "
+                    "the register form)")
     if on_digits_tile(tactic):
         if not woq_digits_weights(call):
             return ("the digits decode kernel takes int4 weights with one scale per row or per 128 k and k a multiple "

@@ -41,12 +41,14 @@ FP8_ONLY_TILES = ("coop128x128", "coop128x128c2", "coop128x192", "coop128x192c2"
                   "pingpong128x128", "pingpong128x128c2")
 K_SPLITS = (1, 2, 4, 8)
 # The decode kernel's forms: token rows read where they lie ("none"), first staged in shared memory ("staged": the
-# weight-only int4 codes kernel only, woq_staged_rows below), or split into 8-bit digits by a step before the GEMM and
+# weight-only int4 codes kernel only, woq_staged_rows below; "stagedc4": the same with K split over the four CTAs of a
+# cluster, each staging a quarter of the rows, sm90), or split into 8-bit digits by a step before the GEMM and
 # multiplied on the int8 mma ("digits": the weight-only int4 forms with 16-bit activations, woq_digits_rows below), or
 # held to 128 registers a thread, two CTAs an SM ("twocta": the FP8 kernel with block-128 scales,
 # fp8_block_decode_tile_rule below).
-DECODE_TILES = ("none", "staged", "digits", "twocta")
-_DECODE_TILE_PREFIX = {"none": "", "staged": "staged_", "digits": "digits_", "twocta": "twocta_"}
+DECODE_TILES = ("none", "staged", "digits", "twocta", "stagedc4")
+_DECODE_TILE_PREFIX = {"none": "", "staged": "staged_", "digits": "digits_", "twocta": "twocta_",
+                       "stagedc4": "stagedc4_"}
 LAUNCHES = ("plain", "after_trigger", "placed")
 OUTPUT_L2 = ("plain", "evict_last")
 EPILOGUES = ("store", "gated", "finalize")
@@ -76,7 +78,7 @@ class GemmTactic:
     @classmethod
     def parse(cls, name: str) -> "GemmTactic":
         """The tactic spelled `name` (KERNEL:TILE:LAUNCH:OUTPUT_L2, decode's TILE being ksplitN, staged_ksplitN,
-        digits_ksplitN or twocta_ksplitN)."""
+        stagedc4_ksplitN, digits_ksplitN or twocta_ksplitN)."""
         parts = name.split(":")
         form = "KERNEL:TILE:LAUNCH:OUTPUT_L2, e.g. wgmma:pingpong64x128:plain:plain or decode:ksplit2:plain:plain"
         if len(parts) != 4:
@@ -88,8 +90,8 @@ class GemmTactic:
             forms = {f"{prefix}ksplit{k}": (form, k) for form, prefix in _DECODE_TILE_PREFIX.items()
                      for k in K_SPLITS}
             if tile not in forms:
-                raise MoeBuildError("force", f"tactic {name!r}: the decode kernel's tile is its K split, plain, staged, "
-                                    "on digits or at two CTAs an SM", list(forms))
+                raise MoeBuildError("force", f"tactic {name!r}: the decode kernel's tile is its K split, plain, staged "
+                                    "(in clusters of four), on digits or at two CTAs an SM", list(forms))
             form, k_split = forms[tile]
             tactic = cls(kernel, form, k_split, launch, l2)
         else:

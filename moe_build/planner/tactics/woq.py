@@ -250,7 +250,20 @@ def woq_decode_tile_rule(call: GemmCall, rows: RowCount, k_split: int) -> str:
     if most == 0:
         return "none"
     # a chunk's rows, min(8, tokens * top_k), at most `most`
-    return "staged" if most >= DECODE_TOKENS or rows.rows_below(most + 1) else "none"
+    if most >= DECODE_TOKENS or rows.rows_below(most + 1):
+        return "staged"
+    return "stagedc4" if woq_staged_cluster_rule(call) else "none"
+
+
+# Where a chunk's token rows do not fit one CTA (long K: Mixtral-8x7B's GEMM2, k 14336, holds 3 of a chunk's 8 rows),
+# the staged kernel in clusters of four CTAs along K, each staging its quarter of the rows, at K split 1 a CTA (the
+# cluster's four CTAs are the split; woq_tactic), sm90 (clusters). H100, W4A16 and W4AFP8 (static) layers, graph replay,
+# GEMM2 forced onto it beside the plan (the register-ring kernel, K split 2 at 2 tokens, 1 from 3), us
+# (docs/measured/h100-2026-12-07-s36/call4): Mixtral-8x7B W4A16 at 2 / 3 / 4 / 8 / 16 / 32 tokens 135.3 / 222.4 /
+# 227.3 / 298.2 / 337.4 / 417.6 against 139.5 / 244.0 / 246.8 / 317.5 / 361.1 / 478.6 (0.87-0.97x), W4AFP8 138.3 /
+# 225.5 / 223.4 / 294.2 / 335.7 / 423.1 against 142.5 / 245.5 / 247.6 / 313.2 / 358.8 / 486.2 (0.87-0.97x).
+def woq_staged_cluster_rule(call: GemmCall) -> bool:
+    return call.sm >= 90 and woq_staged_rows(call, 1, STAGED_CLUSTER_PARTS) >= DECODE_TOKENS
 
 
 # Weight-only decode on token digits (the digits tile: gemm/woq_decode_digits.cu on the rows' token digits, in place
@@ -332,18 +345,20 @@ def woq_int4_staged(call: GemmCall) -> bool:
 
 
 # gemm/woq_decode.cu's staged kernel: the shared memory of a chunk's token rows, 16-bit (e4m3 ones are stored
-# converted), each K slice's rows padded by 64 bytes, and 256 bytes of zeros; at most 104 KB (two CTAs an SM).
+# converted), each K slice's rows padded by 64 bytes, and 256 bytes of zeros; at most 104 KB (two CTAs an SM). Its
+# stagedc4 form splits K over the STAGED_CLUSTER_PARTS CTAs of a cluster, each holding its part's slices.
 STAGED_TOKEN_BUDGET = 104 * 1024
 STAGED_TOKEN_PAD = 64
 STAGED_TOKEN_ZEROS = 256
+STAGED_CLUSTER_PARTS = 4
 
 
-def woq_staged_rows(call: GemmCall, k_split: int) -> int:
-    """The most token rows a chunk may have for the staged kernel at `k_split` (0 where it does not take `call`):
-    gemm/woq_decode.cu staged_smem within kTokenBudget."""
+def woq_staged_rows(call: GemmCall, k_split: int, parts: int = 1) -> int:
+    """The most token rows a chunk may have for the staged kernel at `k_split` slices a CTA, K in `parts` CTAs (0
+    where it does not take `call`): gemm/woq_decode.cu staged_smem within kTokenBudget."""
     if not woq_int4_staged(call):
         return 0
-    slice_k = -(-min(call.k, decode_k_slice(call.k, k_split)) // 128) * 128  # whole batches (k % 128 == 64: a half)
+    slice_k = -(-min(call.k, decode_k_slice(call.k, parts * k_split)) // 128) * 128  # whole batches (k % 128 == 64)
     per_row = k_split * (slice_k * 2 + STAGED_TOKEN_PAD)
     return max(0, min(DECODE_TOKENS, (STAGED_TOKEN_BUDGET - STAGED_TOKEN_ZEROS) // per_row))
 
@@ -397,8 +412,8 @@ def woq_tactic(call: GemmCall, rows: RowCount) -> GemmTactic:
     kernel = woq_kernel_rule(call, rows)
     if kernel == "decode":
         k_split = woq_decode_k_split_rule(call, rows)
-        return GemmTactic("decode", woq_decode_tile_rule(call, rows, k_split), k_split, decode_launch_rule(call),
-                          "plain")
+        tile = woq_decode_tile_rule(call, rows, k_split)
+        return GemmTactic("decode", tile, 1 if tile == "stagedc4" else k_split, decode_launch_rule(call), "plain")
     if kernel == "mma":
         return GemmTactic("mma", woq_mma_tile_rule(call, rows), 0, "plain", "plain")
     if woq_mixed_input(call):
