@@ -90,7 +90,7 @@ def cli() -> None:
 @target_options
 @click.option("--tokens", type=int, default=1, show_default=True,
               help="Token count the table shows each stage's choice at (the bands cover every count).")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable report (schema moe-build.fusion-report/9).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable report (schema moe-build.fusion-report/10).")
 @click.option("--markdown", is_flag=True, help="Markdown report.")
 @click.option("--sweep", is_flag=True, help="The matrix across SMs x dtypes x quant modes for this layer (only the "
               "ones given, where --sm, --dtype or --quant is).")

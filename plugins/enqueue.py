@@ -10,6 +10,7 @@ import torch
 
 from moe_build.errors import MoeBuildError
 from moe_build.planner import Plan
+from moe_build.runner.sequence import weights_int4_tiled
 from moe_build.spec import MoESpec
 from moe_build.weights import MoEWeights
 from moe_build.weights.dtypes import TORCH_DTYPE
@@ -167,6 +168,7 @@ def _make_runner(spec: MoESpec, plan: Plan, weights: Mapping[str, torch.Tensor])
     if spec.quant in QUANT_KIND:
         stored = {n[len(WOQ_SLOT_PREFIX):]: t for n, t in weights.items() if n.startswith(WOQ_SLOT_PREFIX)}
         stored.update({n: stored[n].reshape(()) for n in ("a1_scale", "a2_scale") if n in stored})  # [1] -> []
-        woq = WoqWeights(QUANT_KIND[spec.quant], woq_group(spec), tensors["w1"], tensors["w2"], **stored)
+        woq = WoqWeights(QUANT_KIND[spec.quant], woq_group(spec), tensors["w1"], tensors["w2"], **stored,
+                         int4_tiles=weights_int4_tiled(plan))  # the inputs in the plan's weight_layout
     return MoERunner(spec, MoEWeights(router_weight=router_weight, fp8=fp8, woq=woq, **tensors), plan=plan,
                      device=device, weights_prepared=True)

@@ -16,7 +16,8 @@ bias still covering all num_experts):
     fp8.a2_scale    [1] fp32      if quant fp8 with act_scale static (GEMM2's input scale)
   weight-only layers (w4a16_awq, w8a16, wfp4a16, and w4afp8's int4 weights; moe_build/weights/woq.py's storage)
   instead of 2 and 3:
-  2 w1              [E, N1, H/2]  uint8 (two 4-bit codes a byte: int4 or MXFP4), or [E, N1, H] int8 (w8a16)
+  2 w1              [E, N1, H/2]  uint8 (two 4-bit codes a byte: int4 or MXFP4; int4 in 16-row tiles where the
+                                  plan's weight_layout is int4_tiles), or [E, N1, H] int8 (w8a16)
   3 w2              [E, H, I/2]   uint8, or [E, H, I] int8
     woq.w1_scale    [E, N1, G1]   fp32 (MXFP4: uint8 e8m0), G1 = H / group (1 where spec.quant_per_channel)
     woq.w2_scale    [E, H, G2]    likewise, G2 = I / group

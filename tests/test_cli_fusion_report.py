@@ -25,7 +25,7 @@ def report(*args: str, env: dict | None = None) -> dict:
 
 def test_json_schema_and_hopper_plan():
     doc = report(*MIXTRAL_FLAGS, "--sm", "90", "--flavour", "tensorrt", "--tokens", "4")
-    assert doc["schema"] == "moe-build.fusion-report/9"
+    assert doc["schema"] == "moe-build.fusion-report/10"
     assert doc["path"] == "plugin"
     stages = {s["stage"]: s for s in doc["stages"]}
     assert list(stages) == ["routing_prologue", "expand_rows", "gemm_kernel", "fc1_activation", "fc2_prequant",

@@ -182,7 +182,7 @@ def test_ep_build_writes_one_engine_per_rank(built: tuple[Path, object]) -> None
         assert f"[1/1] tiny rank {rank} of 2: exporting ONNX" in r.stderr
         assert f"[1/1] tiny rank {rank} of 2: writing engine + manifest" in r.stderr
     m0, m1 = (json.loads((out / f"tiny/rank{k}/tiny.json").read_text()) for k in (0, 1))
-    assert m0["schema"] == m1["schema"] == "moe-build.manifest/13"
+    assert m0["schema"] == m1["schema"] == "moe-build.manifest/14"
     assert m0["ep"] == {"size": 2, "rank": 0, "experts": [0, 4], "dispatch": "allreduce"}
     assert m1["ep"] == {"size": 2, "rank": 1, "experts": [4, 8], "dispatch": "allreduce"}
     assert m0["weights_sha256"] != m1["weights_sha256"] and m0["engine_sha256"] != m1["engine_sha256"]

@@ -583,9 +583,9 @@ mb_status mb_grouped_gemm_fp8_gated(const void* A, const float* scale_a, const v
 /* ---- weight-only grouped GEMM (issue 47) ----------------------------------------------------------
  * gemm/woq_abi.cu: C[p] = A[p] @ dequant(B[x])^T (+ bias[x]) for the permuted rows p of expert x; A
  * [max_rows, k] and C [max_rows, n] in dtype (MB_BF16 or MB_FP16), B in moe_build/weights/woq.py's forms:
- *   MB_WOQ_INT4 : uint8 [E, n, k/2] 4-bit codes u (low nibble the even column), w = (u - z) * s, s fp32
- *                 [E, n, k/group] (group 0: [E, n, 1]), z uint8 of the same shape (a 4-bit zero point, 0..15)
- *                 or 8 where zeros is NULL;
+ *   MB_WOQ_INT4 / MB_WOQ_INT4_TILES: int4 codes in rows or in 16-row tiles (below), w = (u - z) * s, s fp32
+ *                 [E, n, k/group] (group 0: [E, n, 1]), z uint8 of the same shape (a 4-bit zero point, 0..15) or 8
+ *                 where zeros is NULL;
  *   MB_WOQ_INT8 : int8 [E, n, k], w = q * s (s as above; no zeros);
  *   MB_WOQ_MXFP4: uint8 [E, n, k/2] e2m1 codes, scales uint8 e8m0 [E, n, k/32] (group 32), w = e2m1 * 2^(e-127).
  * The weight is rounded once to dtype before the mma (the mma kernel's int4 weights: d * s_hi + d * s_lo with
@@ -616,8 +616,21 @@ mb_status mb_grouped_gemm_fp8_gated(const void* A, const float* scale_a, const v
  * stored bytes 16u + 4q .. 16u + 4q + 3 (the codes of k 32u + 8q .. 32u + 8q + 7), q, u = 0..3; scales uint8 e8m0
  * [E, n, k/32] (a group's four at 4j); group 32, no zeros; k % 128 == 0. A layer whose k ends in a half group
  * (k % 128 == 64: GPT-OSS-20B's 2880) is padded to a whole one of zero codes and exponents and run at that k: its
- * token digits (mb_token_digits at the layer's k) hold as many groups, the padded half's digits zero. */
-enum mb_woq_kind { MB_WOQ_INT4 = 0, MB_WOQ_INT8 = 1, MB_WOQ_MXFP4 = 2, MB_WOQ_E5M2 = 3, MB_WOQ_MXFP4_QUARTERS = 4 };
+ * token digits (mb_token_digits at the layer's k) hold as many groups, the padded half's digits zero.
+ * MB_WOQ_INT4: uint8 [E, n, k/2] 4-bit codes u in rows (row r's k/2 bytes at r k/2; low nibble the even column).
+ * MB_WOQ_INT4_TILES: the same bytes, each 16 rows' (a tile; n % 16 == 0) reordered so that a decode warp's load of
+ * its 16 rows reads contiguous bytes: uint8 [E, n, k/2] where tile t = r / 16 holds its rows' bytes at 8 k t, batch j
+ * (k 128j .. 128j + 127) the 1024 bytes from 1024j, row r % 16's 64 at 64 (r % 16); a last batch of k % 128 k holds
+ * its rows' (k % 128) / 2 bytes each, row by row (mb_grouped_gemm_woq, its finalize form and mb_woq_dequantize; the
+ * wgmma kernels read rows). */
+enum mb_woq_kind {
+  MB_WOQ_INT4 = 0,
+  MB_WOQ_INT8 = 1,
+  MB_WOQ_MXFP4 = 2,
+  MB_WOQ_E5M2 = 3,
+  MB_WOQ_MXFP4_QUARTERS = 4,
+  MB_WOQ_INT4_TILES = 5
+};
 enum mb_woq_input { MB_INPUT_DTYPE = 0, MB_INPUT_DIGITS = 1 };
 
 /* stages/token_digits.cu: the token rows in [rows, k] (dtype fp16 or bf16) as the int8 mma's operand, for the
@@ -727,8 +740,8 @@ mb_status mb_grouped_gemm_woq_sm90_finalize(const void* A, const void* B, int ki
                                             int dtype, mb_gemm_tactic tactic, void* workspace, size_t workspace_bytes,
                                             cudaStream_t stream);
 
-/* gemm/woq_dequantize.cu: weight-only experts (mb_grouped_gemm_woq's stored forms: data [E, n, k] int8 or [E, n, k/2]
- * 4-bit codes, scales fp32 [E, n, k/group] (group 0: [E, n, 1]) or uint8 e8m0 [E, n, k/32], int4 zeros uint8 like
+/* gemm/woq_dequantize.cu: weight-only experts (mb_grouped_gemm_woq's forms: data [E, n, k] int8, [E, n, k/2] MXFP4
+ * or int4 codes in tiles (MB_WOQ_INT4_TILES), scales fp32 [E, n, k/group] (group 0: [E, n, 1]) or uint8 e8m0 [E, n, k/32], int4 zeros uint8 like
  * the scales or NULL for 8) dequantized into out [E, n, k] row-major in `dtype`, each weight computed in fp32 and
  * rounded once: what a weight-only GEMM with a wgmma tactic runs before the 16-bit wgmma GEMM. k a multiple of 32,
  * out 16-byte and data 8-byte aligned. */

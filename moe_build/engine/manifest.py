@@ -1,7 +1,7 @@
 """The manifest next to every engine: what it was built from, and the checks that it still says so.
 
 Why one module for both: the fields written at build time are the fields verified before an
-engine is inspected or loaded. Schema `moe-build.manifest/13` (/4: the plan inside is `moe-build.plan/4`, with
+engine is inspected or loaded. Schema `moe-build.manifest/14` (/4: the plan inside is `moe-build.plan/4`, with
 token bands, weight layouts, GEMM tactics, the FP8 activation-quantization stages and expert parallelism's
 `dispatch`; and the `ep` record; /5: the weight-only experts' stored form; /6: `moe-build.plan/5`, with
 expert parallelism's `ep_format`; /7: `moe-build.plan/6`, with the FP8 GEMMs' `fp8_accumulation`; /8:
@@ -10,7 +10,9 @@ digits tile's `token_digits`; /10: `moe-build.plan/9`, with `routing`, the routi
 /11: `moe-build.plan/10`, with the path gate `plugin_kernels_sm`, whether moe-build's kernels run the plugin plan
 on its SM; /12: `moe-build.plan/11`, whose `routing=prologue` holds in the three-step prologue too, which an older
 runtime would run without routing; /13: `moe-build.plan/12`, with the FP8 row steps' kernels, the `*_tactic` stages of
-the expansion, the activation and the quantize steps, which the kernels now take from the plan):
+the expansion, the activation and the quantize steps, which the kernels now take from the plan; /14:
+`moe-build.plan/13`, whose `weight_layout` may be `int4_tiles` (a weight-only layer's int4 codes, its w1 / w2, in
+16-row tiles), which an older runtime would read as rows):
 - name, engine_file, engine_sha256, engine_bytes: the engine it describes (content-addressed);
 - onnx_sha256 (OOTB; null on the plugin path, which has no ONNX), weights_sha256;
 - spec, and the plan recorded whole (path, every stage with its gates; on the plugin path this
@@ -46,7 +48,7 @@ from ..planner import Plan
 from ..spec import MoESpec, Quant
 from ..weights.woq import QUANT_KIND, stored_form
 
-MANIFEST_SCHEMA = "moe-build.manifest/13"
+MANIFEST_SCHEMA = "moe-build.manifest/14"
 # TensorRT DataType names of the graph's input for each spec dtype.
 TRT_DTYPE_NAMES = {"fp32": "FLOAT", "fp16": "HALF", "bf16": "BF16"}
 PATHS = ("ootb", "plugin")

@@ -91,12 +91,14 @@ class GemmTile(enum.IntEnum):
 
 class WoqKind(enum.IntEnum):
     """mb_woq_kind: how the weight-only GEMM's B is stored (moe_build/weights/woq.py's kinds; E5M2 MXFP4's form for the
-    mixed-input wgmma kernel, woq.mxfp4_as_e5m2; MXFP4_QUARTERS its order for the digits tile, woq.mxfp4_quarters)."""
+    mixed-input wgmma kernel, woq.mxfp4_as_e5m2; MXFP4_QUARTERS its order for the digits tile, woq.mxfp4_quarters;
+    INT4_TILES int4 codes in 16-row tiles for the decode, mma and dequantize kernels, woq.int4_tiles)."""
     INT4 = 0
     INT8 = 1
     MXFP4 = 2
     E5M2 = 3
     MXFP4_QUARTERS = 4
+    INT4_TILES = 5
 
 
 class WoqInput(enum.IntEnum):

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Sequence
 
-PLAN_SCHEMA_VERSION = "moe-build.plan/12"
+PLAN_SCHEMA_VERSION = "moe-build.plan/13"
 
 # Upstream sources of the fusion matrix's conditions: files of the TensorRT-LLM repository (NVIDIA/TensorRT-LLM),
 # cited as file:line; the prefix keeps them apart from this repository's own files.

@@ -49,7 +49,7 @@ STAGE_CHOICES: dict[str, tuple[str, ...]] = {
     "fp8_accumulation": ("fast", "promoted", "none"),
     "token_digits": ("fused", "separate", "none"),
     "w1_order": ("gate_up_interleaved", "stacked"),
-    "weight_layout": ("blocked64", "row_major"),
+    "weight_layout": ("blocked64", "int4_tiles", "row_major"),
     "expert_compute": ("per_expert_gather", "dense_masked"),
     "dispatch": ("nvlink", "nccl", "allreduce", "none"),
     "ep_format": ("permuted", "batched", "contiguous", "none"),
@@ -603,6 +603,29 @@ def _weight_layout(spec: MoESpec, target: Target, gemm_kernel: str, forced: str 
                    else "W1 / W2 row-major per expert", force_needs=capable)
 
 
+def _int4_layout(spec: MoESpec, target: Target, layout: StageDecision, tactics: Sequence[StageDecision],
+                 forced: str | None) -> StageDecision:
+    """weight_layout for int4 weight-only layers, once the GEMMs' bands are known: the codes in 16-row tiles where no
+    band up to the profile's max tokens runs the mixed-input wgmma kernel (which reads rows), else rows. Other layers
+    keep `layout` (whose blocked gates refuse quantized weights)."""
+    quant = R.int4_tiles_quant(spec)
+    if not quant.held:
+        if forced == "int4_tiles":
+            _refuse([quant], "cannot force weight_layout=int4_tiles")
+        return layout
+    mixed = min((b.lo for t in tactics for b in t.bands if on_mixed_input_tile(T.GemmTactic.parse(b.choice))),
+                default=None)
+    pay = R.int4_tiles_pay(mixed, target.profile.max)
+
+    def summary(tiled: bool) -> str:
+        if not tiled:
+            return "W1 / W2's int4 codes in rows (what the mixed-input wgmma bands read)"
+        copy = ("; the mixed-input wgmma bands read a rows copy (twice the codes' memory)"
+                if mixed is not None and mixed <= target.profile.max else "")
+        return f"W1 / W2's int4 codes in 16-row tiles (the decode kernels' fastest form){copy}"
+    return _simple("weight_layout", "int4_tiles", "row_major", [quant, pay], forced, summary, force_needs=[quant])
+
+
 def _gemm_calls(spec: MoESpec, target: Target, choices: Mapping[str, str]) -> dict[str, T.GemmCall]:
     """The two grouped GEMMs of the layer as the tactic rules see them at the plan's token count (GEMM2's
     epilogue is the finalize stage's choice there; `_tactic` follows it over every count)."""
@@ -835,6 +858,7 @@ def make_plan(spec: MoESpec, target: Target, tokens: int = 1,
                                            "fp8_accumulation": accumulation.choice})
         gemm1_tactic = _tactic("gemm1_tactic", calls["gemm1_tactic"], fc1, tokens, tactics.get("gemm1_tactic"))
         gemm2_tactic = _tactic("gemm2_tactic", calls["gemm2_tactic"], finalize, tokens, tactics.get("gemm2_tactic"))
+        layout = _int4_layout(spec, target, layout, (gemm1_tactic, gemm2_tactic), force.get("weight_layout"))
         fc2_prequant = _fc2_prequant(spec, force.get("fc2_prequant"))
         prologue = _routing_prologue(spec, target, tokens, force.get("routing_prologue"))
         expand_rows = _expand_rows(spec, force.get("expand_rows"))

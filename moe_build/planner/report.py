@@ -18,7 +18,7 @@ from .plan import MATRIX_STAGES
 from ..spec import DType, MoESpec, Quant
 from ..target import SUPPORTED_SMS, Target, named_part
 
-REPORT_SCHEMA_VERSION = "moe-build.fusion-report/9"
+REPORT_SCHEMA_VERSION = "moe-build.fusion-report/10"
 SWEEP_SCHEMA_VERSION = "moe-build.fusion-sweep/7"
 STAGE_TITLES = {
     "routing_prologue": "routing prologue", "routing": "routing (top-k)", "expand_rows": "expand rows",

@@ -595,6 +595,25 @@ def blocked_unquantized(s: MoESpec) -> Gate:
     return Gate("blocked_unquantized", s.quant.value, "quant == none", s.quant is Quant.NONE, OURS)
 
 
+# ---- int4 codes in 16-row tiles (moe-build's own) --------------------------------------------
+
+# int4 codes can be held in 16-row tiles (MB_WOQ_INT4_TILES: a decode warp's 16 rows of a 128-k batch 1024 contiguous
+# bytes), which the decode, mma and dequantize kernels read: quant in (w4a16_awq, w4afp8)
+def int4_tiles_quant(s: MoESpec) -> Gate:
+    return Gate("int4_tiles_quant", s.quant.value, "quant in (w4a16_awq, w4afp8)",
+                s.quant in (Quant.W4A16_AWQ, Quant.W4AFP8), OURS)
+
+
+# tiles pay where no GEMM band up to the profile's max tokens runs the mixed-input wgmma kernel, which reads rows
+# (tiled, those bands would read a rows copy: twice the codes' memory). H100, W4A16 / W4AFP8 layers of the four bench
+# shapes at 1-32 tokens, tiles against rows in one process, graph replay: 0.70-0.98x (Mixtral-8x7B at 16 tokens 301.3
+# vs 346.9 us, GPT-OSS-20B 172.9 vs 247.4; docs/performance.md, "int4 codes in 16-row tiles for the decode kernels")
+def int4_tiles_pay(mixed_input_from: int | None, max_tokens: int) -> Gate:
+    return Gate("int4_tiles_pay", f"max_tokens={max_tokens} mixed_input_from={mixed_input_from}",
+                "max_tokens < the first count a GEMM runs on the mixed-input wgmma kernel (a woq128x* tile)",
+                mixed_input_from is None or max_tokens < mixed_input_from, OURS)
+
+
 # ---- FP8 activation quantization (moe-build's own) -------------------------------------------
 
 def _fp8_activations(s: MoESpec) -> bool:

@@ -172,6 +172,11 @@ def weights_blocked(plan: Plan) -> bool:
     return plan.stage("weight_layout").choice == "blocked64"
 
 
+def weights_int4_tiled(plan: Plan) -> bool:
+    """Whether the plan's weight-only W1 / W2 hold their int4 codes in 16-row tiles (its weight_layout stage)."""
+    return plan.stage("weight_layout").choice == "int4_tiles"
+
+
 def fp8_accumulation(plan: Plan) -> str:
     """How the plan's FP8 GEMMs accumulate (its fp8_accumulation stage: "fast", "promoted", or "none")."""
     return plan.stage("fp8_accumulation").choice
@@ -488,10 +493,12 @@ def steps_up_to(plan: Plan, max_tokens: int) -> set[str]:
 
 def plan_weights(plan: Plan, weights: MoEWeights) -> MoEWeights:
     """The canonical `weights` in the order `plan` runs them: W1 / b1 in its w1_order (gate/up-interleaved for
-    the sm90 gated epilogue), then W1 / W2 in its weight_layout (64 x 64 blocks or row-major). `weights` itself
-    where the plan keeps both as they are."""
+    the sm90 gated epilogue), then W1 / W2 in its weight_layout (64 x 64 blocks, int4 codes in 16-row tiles, or
+    row-major). `weights` itself where the plan keeps both as they are."""
     if weights.fp8 is not None:
         weights = weights.fp8_channel_scales()  # the FP8 GEMM's rowwise mode reads one scale per column
     if w1_interleaved(plan):
         weights = weights.gate_up_interleaved()  # W1's column scales too, once per column
+    if weights_int4_tiled(plan):
+        return weights.int4_tiled()
     return weights.blocked_64x64() if weights_blocked(plan) else weights

@@ -229,6 +229,12 @@ class MoEWeights:
         return replace(self, w1=w1, b1=None if self.b1 is None else interleave_gate_up(self.b1),
                        fp8=None if f is None else replace(f, w1_scale=interleave_gate_up(f.w1_scale)), woq=q)
 
+    def int4_tiled(self) -> "MoEWeights":
+        """These weights with the weight-only W1 / W2's int4 codes in 16-row tiles (WoqWeights.as_int4_tiles; w1 / w2
+        are the same tensors as woq.w1 / woq.w2)."""
+        q = self.woq.as_int4_tiles()
+        return replace(self, w1=q.w1, w2=q.w2, woq=q)
+
     def blocked_64x64(self) -> "MoEWeights":
         """These weights with W1 and W2 stored in `block_64x64`'s layout (the sm90 GEMMs' fastest)."""
         return replace(self, w1=block_64x64(self.w1), w2=block_64x64(self.w2))

@@ -12,6 +12,8 @@ W1 [E, N1, H] and W2 [E, H, I] in nn.Linear [out, in] order (W1: gate rows then 
 - INT8:  int8 [E, out, in], symmetric: w = q * s (no zero points);
 - MXFP4: uint8 [E, out, in/2], two e2m1 codes per byte (low nibble the even column, OCP MX order), with `*_scale`
          uint8 [E, out, in/32] the e8m0 exponents: w = e2m1(code) * 2^(e - 127) (GPT-OSS's `_blocks` / `_scales`).
+INT4 codes may also be held in 16-row tiles (`int4_tiles`, the plan's weight_layout=int4_tiles): the same bytes, each
+16 rows' moved so that a decode kernel's warp reads its rows of a 128-k batch as 1024 contiguous bytes.
 Scales of INT4 / INT8 are fp32 [E, out, in/group], or [E, out, 1] for one scale per output channel
 (group_size None); every producer stores fp16, bf16 or fp32 scales, each of which converts to fp32 exactly, so the
 canonical fp32 scale is the stored number.
@@ -42,6 +44,8 @@ INT4_ZERO = 8             # the implicit zero point of symmetric int4 (u = q + 8
 # e2m1 (FP4) values indexed by their 4-bit code: sign bit 3, then two exponent bits and one mantissa bit
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 GROUP_SIZES = (32, 64, 128)  # int4 groups moe-build reads (TensorRT-LLM's W4A16 / W4AFP8 kernels take these)
+INT4_TILE_ROWS = 16       # rows of an int4 tile (MB_WOQ_INT4_TILES): a decode warp's weight rows
+INT4_TILE_BATCH = 64      # bytes of a row in a tile's batch (128 k)
 
 
 class WoqKind(str, enum.Enum):
@@ -174,14 +178,57 @@ def wgmma_operand(w: "WoqWeights", name: str, dtype: torch.dtype) -> GemmOperand
         q, s = mxfp4_as_e5m2(data, scale)
         return GemmOperand(q, "e5m2", s, None, E5M2_GROUP)
     s, zs = wgmma_scales(w.kind, scale, zero, dtype)
+    if w.int4_tiles:  # a rows copy beside the tiles (the plan's summary names the memory)
+        data = int4_rows(data)
     return GemmOperand(data, w.kind.value, s, zs, 0 if w.group_size is None else w.group_size)
 
 
 def stored_operand(w: "WoqWeights", name: str) -> GemmOperand:
-    """W1 or W2 ("w1" / "w2") as stored (the same tensors, no copy): what the decode, mma and dequantize kernels
-    read."""
-    return GemmOperand(getattr(w, name), w.kind.value, getattr(w, f"{name}_scale"), getattr(w, f"{name}_zero"),
+    """W1 or W2 ("w1" / "w2") as stored (the same tensors, no copy; int4 in rows or in 16-row tiles): what the
+    decode, mma and dequantize kernels read."""
+    kind = "int4_tiles" if w.int4_tiles else w.kind.value
+    return GemmOperand(getattr(w, name), kind, getattr(w, f"{name}_scale"), getattr(w, f"{name}_zero"),
                        0 if w.group_size is None else w.group_size)
+
+
+def int4_tiles(codes: torch.Tensor) -> torch.Tensor:
+    """int4 codes uint8 [E, n, k/2] in rows -> the same bytes in 16-row tiles (MB_WOQ_INT4_TILES,
+    cpp/include/moe_build_kernels.h), the same shape: tile t (rows 16t .. 16t + 15) holds its rows' bytes from
+    8 k t, each 128-k batch's 1024 bytes row by row (64 a row), a last batch of k % 128 k its rows' (k % 128) / 2 bytes
+    each, row by row. A decode warp's 16 rows then come as 512 contiguous bytes a load, where rows give it 8 runs of
+    64 bytes, and HBM serves them faster (bench/int4_layout_probe.cu). One expert at a time (the extra memory one
+    expert's); the bytes are moved, not changed."""
+    return _int4_reorder(codes, to_tiles=True)
+
+
+def int4_rows(tiles: torch.Tensor) -> torch.Tensor:
+    """int4_tiles' inverse: codes in 16-row tiles -> rows."""
+    return _int4_reorder(tiles, to_tiles=False)
+
+
+def _int4_reorder(codes: torch.Tensor, to_tiles: bool) -> torch.Tensor:
+    e, n, row_bytes = codes.shape
+    if n % INT4_TILE_ROWS:
+        raise ValueError(f"codes: {n} rows are not whole tiles of {INT4_TILE_ROWS}")
+    tiles, whole = n // INT4_TILE_ROWS, row_bytes // INT4_TILE_BATCH * INT4_TILE_BATCH
+    batches = whole // INT4_TILE_BATCH
+    out = torch.empty_like(codes)
+    for x in range(e):
+        src = codes[x].reshape(tiles, INT4_TILE_ROWS * row_bytes)
+        dst = out[x].view(tiles, INT4_TILE_ROWS * row_bytes)
+        rows_whole = (tiles, INT4_TILE_ROWS, batches, INT4_TILE_BATCH)
+        tiled_whole = (tiles, batches, INT4_TILE_ROWS, INT4_TILE_BATCH)
+        if to_tiles:
+            rows = src.view(tiles, INT4_TILE_ROWS, row_bytes)
+            dst[:, : INT4_TILE_ROWS * whole] = rows[..., :whole].reshape(rows_whole).transpose(1, 2).reshape(
+                tiles, INT4_TILE_ROWS * whole)
+            dst[:, INT4_TILE_ROWS * whole:] = rows[..., whole:].reshape(tiles, -1)
+        else:
+            rows = dst.view(tiles, INT4_TILE_ROWS, row_bytes)
+            rows[..., :whole] = src[:, : INT4_TILE_ROWS * whole].reshape(tiled_whole).transpose(1, 2).reshape(
+                tiles, INT4_TILE_ROWS, whole)
+            rows[..., whole:] = src[:, INT4_TILE_ROWS * whole:].reshape(tiles, INT4_TILE_ROWS, row_bytes - whole)
+    return out
 
 
 def digits_operand(w: "WoqWeights", name: str) -> GemmOperand:
@@ -292,6 +339,8 @@ class WoqWeights:
     a2_scale: torch.Tensor | None = None
     w1_scale_2: torch.Tensor | None = None
     w2_scale_2: torch.Tensor | None = None
+    # W1 / W2's int4 codes in 16-row tiles (int4_tiles(); the plan's weight_layout=int4_tiles) rather than rows
+    int4_tiles: bool = False
 
     def __post_init__(self) -> None:
         validate(self)
@@ -327,8 +376,16 @@ class WoqWeights:
     def dequantized_w(self, name: str, e: int) -> torch.Tensor:
         """Expert e's W1 or W2 ("w1" / "w2") dense in fp64 [out, in]."""
         zero = getattr(self, f"{name}_zero")
-        return dequantize_matrix(self.kind, getattr(self, name)[e], getattr(self, f"{name}_scale")[e],
-                                 None if zero is None else zero[e])
+        data = getattr(self, name)[e : e + 1]
+        return dequantize_matrix(self.kind, (int4_rows(data) if self.int4_tiles else data)[0],
+                                 getattr(self, f"{name}_scale")[e], None if zero is None else zero[e])
+
+    def as_int4_tiles(self) -> "WoqWeights":
+        """These weights with W1 / W2's int4 codes in 16-row tiles (int4_tiles): the decode, mma and dequantize
+        kernels' fastest form (MB_WOQ_INT4_TILES), the mixed-input wgmma kernel's being rows."""
+        if self.int4_tiles:
+            return self
+        return replace(self, w1=int4_tiles(self.w1), w2=int4_tiles(self.w2), int4_tiles=True)
 
     def dense(self, name: str, dtype: torch.dtype, fold_prequant: bool = False) -> torch.Tensor:
         """W1 or W2 ("w1" / "w2") of every expert dequantized exactly and rounded once to `dtype`, one expert at a
@@ -411,6 +468,9 @@ def validate(w: WoqWeights) -> None:
             _refuse(name, f"{kind.value} weights are symmetric and carry no zero points", "None")
         if t.dtype != torch.uint8 or bool((t > 15).any()):
             _refuse(name, f"int4 zero points must be uint8 in 0..15, got {t.dtype}", "uint8 0..15")
+    if w.int4_tiles and (kind is not WoqKind.INT4 or n1 % INT4_TILE_ROWS or hidden % INT4_TILE_ROWS):
+        _refuse("int4_tiles", f"{kind.value} weights with {n1} / {hidden} output rows", f"int4 weights whose output "
+                f"rows are multiples of {INT4_TILE_ROWS}")
     if (w.w1_zero is None) != (w.w2_zero is None):
         _refuse("w2_zero" if w.w2_zero is None else "w1_zero", "zero points on one GEMM only", "both or neither")
     for first, second in (("fc1_act_scale", "fc2_act_scale"), ("a1_scale", "a2_scale"), ("w1_scale_2", "w2_scale_2")):

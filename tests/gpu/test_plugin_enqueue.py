@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from moe_build.errors import MoeBuildError
-from moe_build.planner import make_plan
+from moe_build.planner import Plan, make_plan
 from moe_build.reference import moe_reference
 from moe_build.spec import ActScale, Activation, DType, MoESpec, Quant, Routing, RoutingMethod, SharedExperts
 from moe_build.target import Flavour, Target, TokenProfile
@@ -251,7 +251,7 @@ WOQ_MODES = {  # mode -> (quant, stored kind, group (None: per channel), zero po
 }
 
 
-def check_woq_against_runner(name: str, mode: str, tokens: int) -> None:
+def check_woq_against_runner(name: str, mode: str, tokens: int, profile: TokenProfile = PROFILE) -> Plan:
     """Fresh random weight-only experts and inputs: run_enqueue over the engine's buffers (the stored W1 / W2 and
     their scales, zero points and pre-quant scales as plugin inputs) must write exactly MoERunner's output."""
     quant, kind, group, zeros, awq = WOQ_MODES[mode]
@@ -261,11 +261,21 @@ def check_woq_against_runner(name: str, mode: str, tokens: int) -> None:
     weights = MoEWeights.random(base, seed=seed).quantized_woq(kind, group, asymmetric=zeros, awq=awq,
                                                                seed=seed).to("cuda", model)
     spec = base.with_overrides(quant=quant, quant_group_size=group or 128, **weights.woq.storage_flags())
-    plan = make_plan(spec, Target(sm=device_sm(), flavour=Flavour.TENSORRT, profile=PROFILE), tokens=16)
+    plan = make_plan(spec, Target(sm=device_sm(), flavour=Flavour.TENSORRT, profile=profile), tokens=16)
     assert_enqueue_equals_runner(spec, plan, weights, tokens, seed)
+    return plan
 
 
 @pytest.mark.parametrize("tokens", [1, 300])
 @pytest.mark.parametrize("mode", WOQ_MODES)
 def test_woq_enqueue_equals_the_runner(mode, tokens):
     check_woq_against_runner("plain", mode, tokens)
+
+
+@pytest.mark.parametrize("tokens", [1, 16])
+@pytest.mark.parametrize("mode", ["awq_g64_zeros", "int4_g128"])
+def test_woq_enqueue_with_int4_tiles(mode, tokens):
+    """A decode-sized profile (16 tokens): the plan holds int4 codes in 16-row tiles (weight_layout=int4_tiles), the
+    engine's W1 / W2 inputs in that form, which the plugin's runner reads as such."""
+    plan = check_woq_against_runner("plain", mode, tokens, TokenProfile(min=1, opt=16, max=16))
+    assert plan.stage("weight_layout").choice == "int4_tiles"

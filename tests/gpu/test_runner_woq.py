@@ -250,3 +250,20 @@ def test_long_k_gemm2_on_the_staged_kernel_in_clusters(mode: tuple, finalize: st
     plan_tactic = make_plan(spec, device_target(), tokens).choices(tokens)["gemm2_tactic"]
     assert plan_tactic == "decode:stagedc4_ksplit1:after_trigger:plain", plan_tactic
     check(LONG_K, mode, {"finalize": finalize}, tokens=tokens)
+
+
+@pytest.mark.parametrize("mode", MODES[:3], ids=MODE_IDS[:3])
+@pytest.mark.parametrize("layout, max_tokens, tokens", [
+    ("plan", 16, 1), ("plan", 16, 16), ("int4_tiles", 1024, 3), ("int4_tiles", 1024, 600), ("row_major", 16, 16)],
+    ids=["plan-1", "plan-16", "tiles-forced-3", "tiles-forced-600", "rows-forced-16"])
+def test_int4_weight_layouts(mode: tuple, layout: str, max_tokens: int, tokens: int) -> None:
+    """int4 codes in 16-row tiles (weight_layout=int4_tiles): the plan's where no count up to max_tokens runs the
+    mixed-input wgmma kernel (16 tokens here: decode GEMMs on the tiles), forced past it (600 tokens: the wgmma GEMMs
+    read a rows copy made from the tiles; 3: the decode ones the tiles), and rows forced where the plan tiles."""
+    from moe_build.runner import MoERunner
+    spec, weights = woq_case(BASE, mode, 7)
+    force = {} if layout == "plan" else {"weight_layout": layout}
+    runner = MoERunner(spec, weights, target=device_target(), max_tokens=max_tokens, force=force)
+    assert runner.plan.stage("weight_layout").choice == ("int4_tiles" if layout == "plan" else layout)
+    assert runner.weights.woq.int4_tiles == (layout != "row_major")
+    check(BASE, mode, force, tokens, max_tokens)

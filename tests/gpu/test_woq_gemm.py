@@ -3,7 +3,9 @@ split, mma with both tiles), every kind and group; GEMM2's finalize epilogue on 
 (mb_grouped_gemm_woq_finalize, its own bound below).
 
 Fresh random packed weights in moe_build/weights/woq.py's canonical forms for every case; the reference
-dequantizes them with woq.py's exact rule (`dequantize_matrix`, fp64) and multiplies in fp64. Outputs are
+dequantizes them with woq.py's exact rule (`dequantize_matrix`, fp64) and multiplies in fp64. The kernels read int4
+codes in rows and in 16-row tiles (`int4_form`; woq.int4_tiles moves the same bytes, tests/test_woq_tiles.py checks
+where each lands against the header's statement). Outputs are
 poisoned with NaN first: every row of an expert must be written and rows past the last expert left alone.
 Uneven and empty expert segments: up to 40 rows for the decode kernel (several 8-row chunks), up to 700 for the
 mma kernel (several 64- and 128-row tiles, a partial last one, and 40 experts), n and k on and off multiples of 128.
@@ -28,7 +30,7 @@ from moe_build import kernels as K  # noqa: E402  (after the torch skip: loading
 from moe_build.planner.tactics import GemmCall  # noqa: E402
 from moe_build.planner.tactics.woq import STAGED_CLUSTER_PARTS, woq_digits_rows, woq_staged_rows  # noqa: E402
 from moe_build.target import DEFAULT_GPU  # noqa: E402
-from moe_build.weights.woq import WoqKind, dequantize_matrix, mxfp4_quarters  # noqa: E402
+from moe_build.weights.woq import WoqKind, dequantize_matrix, int4_tiles, mxfp4_quarters  # noqa: E402
 from finalize_routing import REMOTE, routed  # noqa: E402
 
 pytestmark = [pytest.mark.gpu,
@@ -79,19 +81,27 @@ def a_operand(dev: dict, tactic: str, group: int, kind: WoqKind = WoqKind.INT4) 
     return K.token_digits(dev["a"], group=order) if ":digits_" in tactic else dev["a"]
 
 
-def b_operand(dev: dict, tactic: str, kind: WoqKind) -> tuple[torch.Tensor, str, torch.Tensor]:
+INT4_FORMS = ["rows", "tiles"]
+
+
+def b_operand(dev: dict, tactic: str, kind: WoqKind, int4_form: str = "rows"
+              ) -> tuple[torch.Tensor, str, torch.Tensor]:
     """case()'s weights as `tactic` takes them (B, kind, scales): MXFP4 in its quarters order for the digits tile
-    (woq.mxfp4_quarters; the reference dequantizes the stored form), else as stored."""
+    (woq.mxfp4_quarters; the reference dequantizes the stored form), int4 in 16-row tiles for int4_form "tiles"
+    (woq.int4_tiles), else as stored."""
     if kind is WoqKind.MXFP4 and ":digits_" in tactic:
         codes, exponents = mxfp4_quarters(dev["b"], dev["scales"])
         return codes, "mxfp4_quarters", exponents
+    if kind is WoqKind.INT4 and int4_form == "tiles":
+        return int4_tiles(dev["b"]), "int4_tiles", dev["scales"]
     return dev["b"], kind.value, dev["scales"]
 
 
-def gemm(dev: dict, kind: WoqKind, group: int, rows: int, n: int, dtype: torch.dtype, tactic: str) -> torch.Tensor:
+def gemm(dev: dict, kind: WoqKind, group: int, rows: int, n: int, dtype: torch.dtype, tactic: str,
+         int4_form: str = "rows") -> torch.Tensor:
     """The kernel's output for case()'s device operands, into a NaN-poisoned C, as fp64 on the CPU."""
     c = torch.full((rows, n), float("nan"), dtype=dtype, device="cuda")
-    b, b_kind, scales = b_operand(dev, tactic, kind)
+    b, b_kind, scales = b_operand(dev, tactic, kind, int4_form)
     K.grouped_gemm_woq(a_operand(dev, tactic, group, kind), b, b_kind, scales, dev["off"], group,
                        zeros=dev["zeros"], bias=dev["bias"], c=c, tactic=tactic, out_dtype=dtype)
     torch.cuda.synchronize()
@@ -100,11 +110,11 @@ def gemm(dev: dict, kind: WoqKind, group: int, rows: int, n: int, dtype: torch.d
 
 def run(kind: WoqKind, counts: list[int], n: int, k: int, group: int, zeros: bool = False, bias: bool = False,
         dtype: torch.dtype = torch.bfloat16, tactic: str = "decode:ksplit1:plain:plain",
-        e8m0: tuple[int, int] = (120, 130), a_scale: float = 1.0) -> None:
+        e8m0: tuple[int, int] = (120, 130), a_scale: float = 1.0, int4_form: str = "rows") -> None:
     seed = random.SystemRandom().randrange(1 << 30)
     dev, ref, mag, used = case(kind, counts, n, k, group, zeros, bias, dtype, seed, e8m0=e8m0, a_scale=a_scale)
-    got = gemm(dev, kind, group, ref.shape[0], n, dtype, tactic)
-    where = f"(seed {seed}, {kind.value}, counts {counts}, n {n}, k {k}, group {group}, {tactic})"
+    got = gemm(dev, kind, group, ref.shape[0], n, dtype, tactic, int4_form)
+    where = f"(seed {seed}, {kind.value} {int4_form}, counts {counts}, n {n}, k {k}, group {group}, {tactic})"
     assert torch.isfinite(got[:used]).all(), f"unwritten rows {where}"
     assert torch.isnan(got[used:]).all(), f"rows past the last expert written {where}"
     excess = (got[:used] - ref[:used]).abs() - 2.0 ** -8 * (ref[:used].abs() + mag[:used])
@@ -117,8 +127,10 @@ COUNTS = [[1], [3, 0, 5, 8], [9, 0, 16, 1, 40, 2], [0, 0, 7]]
 @pytest.mark.parametrize("k_split", [1, 2, 4, 8])
 @pytest.mark.parametrize("counts", COUNTS, ids=["1", "3-0-5-8", "9-0-16-1-40-2", "0-0-7"])
 @pytest.mark.parametrize("group, zeros", [(32, False), (64, True), (128, True), (0, False)])
-def test_int4_against_fp64(k_split: int, counts: list[int], group: int, zeros: bool) -> None:
-    run(WoqKind.INT4, counts, 256, 512, group, zeros=zeros, tactic=f"decode:ksplit{k_split}:plain:plain")
+@pytest.mark.parametrize("int4_form", INT4_FORMS)
+def test_int4_against_fp64(k_split: int, counts: list[int], group: int, zeros: bool, int4_form: str) -> None:
+    run(WoqKind.INT4, counts, 256, 512, group, zeros=zeros, tactic=f"decode:ksplit{k_split}:plain:plain",
+        int4_form=int4_form)
 
 
 @pytest.mark.parametrize("k_split", [1, 2, 8])
@@ -135,9 +147,10 @@ def test_mxfp4_against_fp64(k_split: int, n: int, k: int) -> None:
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("launch", ["plain", "after_trigger"])
-def test_bias_dtype_launch_and_sizes_off_128(dtype: torch.dtype, launch: str) -> None:
+@pytest.mark.parametrize("int4_form", INT4_FORMS)
+def test_bias_dtype_launch_and_sizes_off_128(dtype: torch.dtype, launch: str, int4_form: str) -> None:
     run(WoqKind.INT4, [5, 8, 1], 208, 352, 32, zeros=True, bias=True, dtype=dtype,
-        tactic=f"decode:ksplit2:{launch}:plain")
+        tactic=f"decode:ksplit2:{launch}:plain", int4_form=int4_form)
 
 
 @pytest.mark.parametrize("form", ["staged_", "stagedc4_", ""], ids=["staged", "stagedc4", "ring"])
@@ -145,8 +158,9 @@ def test_bias_dtype_launch_and_sizes_off_128(dtype: torch.dtype, launch: str) ->
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("group, zeros", [(128, True), (128, False), (0, True), (0, False)])
 @pytest.mark.parametrize("n, k", [(208, 384), (144, 2944)])
+@pytest.mark.parametrize("int4_form", INT4_FORMS)
 def test_int4_codes_kernel_against_fp64(form: str, k_split: int, dtype: torch.dtype, group: int, zeros: bool, n: int,
-                                        k: int) -> None:
+                                        k: int, int4_form: str) -> None:
     """The decode kernel's int4 codes path (group 128 or per row, k % 128 == 0: the mma on the exact u - z, the scales
     after it, unpredicated loads), on the staged kernel (token rows in shared memory; stagedc4: K split over a cluster
     of four CTAs, whose last ranks hold no batch at k 384) and the ring kernel (token rows in registers): n off 128 (a CTA's last
@@ -154,20 +168,22 @@ def test_int4_codes_kernel_against_fp64(form: str, k_split: int, dtype: torch.dt
     (big batches that end past a slice, computed on zero tokens), several 8-row chunks, empty experts, bias,
     launched after a trigger, with and without zero points."""
     run(WoqKind.INT4, [9, 0, 16, 1, 40, 2], n, k, group, zeros=zeros, bias=True, dtype=dtype,
-        tactic=f"decode:{form}ksplit{k_split}:after_trigger:plain")
+        tactic=f"decode:{form}ksplit{k_split}:after_trigger:plain", int4_form=int4_form)
 
 
 @pytest.mark.parametrize("k_split", [1, 2, 8])
 @pytest.mark.parametrize("group, zeros", [(128, True), (0, False)])
 @pytest.mark.parametrize("k, form", [(48 * 128, "staged_"), (97 * 128, ""), (97 * 128, "stagedc4_"),
                                      (112 * 128, "stagedc4_")], ids=["staged", "ring", "stagedc4", "stagedc4-mixtral"])
-def test_int4_codes_kernel_large_k(k_split: int, group: int, zeros: bool, k: int, form: str) -> None:
+@pytest.mark.parametrize("int4_form", INT4_FORMS)
+def test_int4_codes_kernel_large_k(k_split: int, group: int, zeros: bool, k: int, form: str,
+                                   int4_form: str) -> None:
     """The int4 codes forms with 8-row chunks: the staged kernel where the chunk's token rows fit its shared memory
     (k 6144: 97-100 KB, past the 48 KB a launch gets unasked), the ring kernel where they do not (k 12416: 195-212
     KB), and there the staged kernel in clusters of four CTAs along K, each holding a quarter of the rows (k 12416,
     and Mixtral-8x7B's GEMM2 k 14336)."""
     run(WoqKind.INT4, [9, 0, 16, 1, 40, 2], 144, k, group, zeros=zeros, bias=True,
-        tactic=f"decode:{form}ksplit{k_split}:after_trigger:plain")
+        tactic=f"decode:{form}ksplit{k_split}:after_trigger:plain", int4_form=int4_form)
 
 
 @pytest.mark.parametrize("form", ["staged_", "stagedc4_"], ids=["staged", "stagedc4"])
@@ -175,14 +191,15 @@ def test_int4_codes_kernel_large_k(k_split: int, group: int, zeros: bool, k: int
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("zeros", [True, False])
 @pytest.mark.parametrize("n, k", [(208, 320), (144, 2880), (128, 384)])
+@pytest.mark.parametrize("int4_form", INT4_FORMS)
 def test_int4_group64_staged_kernel_against_fp64(form: str, k_split: int, dtype: torch.dtype, zeros: bool, n: int,
-                                                 k: int) -> None:
+                                                 k: int, int4_form: str) -> None:
     """The staged kernel's group-64 form (each half of a 128-k batch its own scale and zero, a lane's k placed so that
     each step stays in one half): k of whole batches (384) and with a half batch at the end (320, GPT-OSS-20B's
     2880), where the missing half reads the first half's bytes and zero tokens (the weights here end at the last
     expert's last row, so a read past it would leave the tensor); K splits of 4 and 8 leave warps without a batch at k 320 and 384."""
     run(WoqKind.INT4, [9, 0, 16, 1, 40, 2], n, k, 64, zeros=zeros, bias=True, dtype=dtype,
-        tactic=f"decode:{form}ksplit{k_split}:after_trigger:plain")
+        tactic=f"decode:{form}ksplit{k_split}:after_trigger:plain", int4_form=int4_form)
 
 
 # form: (the planner's count of the rows a chunk may have, the refusal of a group-32 layer, a k where 8 rows do not fit)
@@ -241,14 +258,15 @@ def test_weight_only_tiles_are_the_weight_only_gemms(form: str) -> None:
 @pytest.mark.parametrize("counts", [[9, 0, 16, 1, 40, 2], [1, 0, 2], [3, 4, 0], [5, 6, 7, 8]],
                          ids=["chunks-of-8", "rows-2", "rows-4", "rows-6-8"])
 @pytest.mark.parametrize("n, k", [(208, 384), (144, 2944)])
+@pytest.mark.parametrize("int4_form", INT4_FORMS)
 def test_int4_digits_kernel_against_fp64(k_split: int, dtype: torch.dtype, group: int, zeros: bool,
-                                         counts: list[int], n: int, k: int) -> None:
+                                         counts: list[int], n: int, k: int, int4_form: str) -> None:
     """The digits tile at every mma count a step takes (chunks of at most 2, 4, 6 and 8 rows: one to four mmas), n off
     128, k of 3 groups (K splits of 4 and 8 leave warps without a group) and of 23 (big batches past a slice; in 2 K
     slices, 12 and 11 groups, the one-mma body waits once per 4: gemm/woq_decode_digits.cu digits_groups_per_wait),
     empty experts, bias, with and without zero points, per-row and group-128 scales."""
     run(WoqKind.INT4, counts, n, k, group, zeros=zeros, bias=True, dtype=dtype,
-        tactic=f"decode:digits_ksplit{k_split}:after_trigger:plain")
+        tactic=f"decode:digits_ksplit{k_split}:after_trigger:plain", int4_form=int4_form)
 
 
 @pytest.mark.parametrize("k_split", [1, 2, 4, 8])
@@ -257,13 +275,14 @@ def test_int4_digits_kernel_against_fp64(k_split: int, dtype: torch.dtype, group
 @pytest.mark.parametrize("counts", [[9, 0, 16, 1, 40, 2], [1, 0, 2], [3, 4, 0], [5, 6, 7, 8]],
                          ids=["chunks-of-8", "rows-2", "rows-4", "rows-6-8"])
 @pytest.mark.parametrize("n, k", [(144, 2880), (208, 320), (144, 2944)])
+@pytest.mark.parametrize("int4_form", INT4_FORMS)
 def test_int4_digits_kernel_group_64_against_fp64(k_split: int, dtype: torch.dtype, zeros: bool, counts: list[int],
-                                                  n: int, k: int) -> None:
+                                                  n: int, k: int, int4_form: str) -> None:
     """The digits tile on weights with one scale per 64 k, each half of a 128-k group with its own scale and zero:
     GPT-OSS-20B's k 2880 (22 groups and a half at the end), 2.5 groups (K splits of 4 and 8 leave warps without a
     group, and the half group is a slice's only one at a split of 2 or more), 23 whole groups."""
     run(WoqKind.INT4, counts, n, k, 64, zeros=zeros, bias=True, dtype=dtype,
-        tactic=f"decode:digits_ksplit{k_split}:after_trigger:plain")
+        tactic=f"decode:digits_ksplit{k_split}:after_trigger:plain", int4_form=int4_form)
 
 
 # 128 experts, 9 rows (one expert of 2, seven of 1), with case()'s 5 rows past them 14: 7 * 14 <= 128.
@@ -312,12 +331,17 @@ def test_mxfp4_digits_kernel_exponents(k_split: int, e8m0: tuple[int, int], a_sc
 
 @pytest.mark.parametrize("tokens, top_k, k_split", [(40, 4, 1), (40, 4, 8), (1, 1, 2), (3, 2, 1), (200, 8, 4)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_digits_finalize_against_fp64(tokens: int, top_k: int, k_split: int, dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("int4_form", INT4_FORMS)
+def test_digits_finalize_against_fp64(tokens: int, top_k: int, k_split: int, dtype: torch.dtype,
+                                      int4_form: str) -> None:
     """GEMM2's finalize epilogue on the digits tile (group 128 with zeros, per row without, group 64 with zeros,
     MXFP4 at k 2880 and int8 per row at k 2880), with bias."""
-    finalize_run(WoqKind.INT4, 128, True, 208, 1024, tokens, top_k, k_split, bias=True, dtype=dtype, form="digits_")
-    finalize_run(WoqKind.INT4, 0, False, 208, 384, tokens, top_k, k_split, dtype=dtype, form="digits_")
-    finalize_run(WoqKind.INT4, 64, True, 144, 2880, tokens, top_k, k_split, bias=True, dtype=dtype, form="digits_")
+    finalize_run(WoqKind.INT4, 128, True, 208, 1024, tokens, top_k, k_split, bias=True, dtype=dtype, form="digits_",
+                 int4_form=int4_form)
+    finalize_run(WoqKind.INT4, 0, False, 208, 384, tokens, top_k, k_split, dtype=dtype, form="digits_",
+                 int4_form=int4_form)
+    finalize_run(WoqKind.INT4, 64, True, 144, 2880, tokens, top_k, k_split, bias=True, dtype=dtype, form="digits_",
+                 int4_form=int4_form)
     finalize_run(WoqKind.MXFP4, 32, False, 144, 2880, tokens, top_k, k_split, bias=True, dtype=dtype, form="digits_")
     finalize_run(WoqKind.INT8, 0, False, 144, 2880, tokens, top_k, k_split, bias=True, dtype=dtype, form="digits_")
 
@@ -331,13 +355,17 @@ MMA_TILES = ["64x128", "128x128"]
 @pytest.mark.parametrize("tile", MMA_TILES)
 @pytest.mark.parametrize("group, zeros, n, k", [(32, False, 2880, 352), (64, True, 208, 2880), (128, True, 208, 384),
                                                 (0, False, 208, 352), (0, True, 144, 2880)])
-def test_int4_mma_against_fp64(tile: str, group: int, zeros: bool, n: int, k: int) -> None:
-    run(WoqKind.INT4, MMA_COUNTS["many"], n, k, group, zeros=zeros, tactic=f"mma:{tile}:plain:plain")
+@pytest.mark.parametrize("int4_form", INT4_FORMS)
+def test_int4_mma_against_fp64(tile: str, group: int, zeros: bool, n: int, k: int, int4_form: str) -> None:
+    run(WoqKind.INT4, MMA_COUNTS["many"], n, k, group, zeros=zeros, tactic=f"mma:{tile}:plain:plain",
+        int4_form=int4_form)
 
 
 @pytest.mark.parametrize("tile", MMA_TILES)
-def test_int4_mma_many_experts(tile: str) -> None:
-    run(WoqKind.INT4, MMA_COUNTS["40-experts"], 208, 352, 32, zeros=True, tactic=f"mma:{tile}:plain:plain")
+@pytest.mark.parametrize("int4_form", INT4_FORMS)
+def test_int4_mma_many_experts(tile: str, int4_form: str) -> None:
+    run(WoqKind.INT4, MMA_COUNTS["40-experts"], 208, 352, 32, zeros=True, tactic=f"mma:{tile}:plain:plain",
+        int4_form=int4_form)
 
 
 @pytest.mark.parametrize("tile", MMA_TILES)
@@ -360,9 +388,10 @@ def test_mxfp4_mma_against_fp64(tile: str, dtype: torch.dtype, e8m0: tuple[int, 
 @pytest.mark.parametrize("tile", MMA_TILES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("launch", ["plain", "after_trigger"])
-def test_mma_bias_dtype_launch_and_sizes_off_128(tile: str, dtype: torch.dtype, launch: str) -> None:
+@pytest.mark.parametrize("int4_form", INT4_FORMS)
+def test_mma_bias_dtype_launch_and_sizes_off_128(tile: str, dtype: torch.dtype, launch: str, int4_form: str) -> None:
     run(WoqKind.INT4, MMA_COUNTS["many"], 208, 352, 32, zeros=True, bias=True, dtype=dtype,
-        tactic=f"mma:{tile}:{launch}:plain")
+        tactic=f"mma:{tile}:{launch}:plain", int4_form=int4_form)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -527,19 +556,20 @@ def check_finalize(c: FinalizeCase, out: torch.Tensor, row_err: torch.Tensor, to
 
 
 def finalize_run(kind: WoqKind, group: int, zeros: bool, n: int, k: int, tokens: int, top_k: int, k_split: int,
-                 bias: bool = False, dtype: torch.dtype = torch.bfloat16, form: str = "") -> None:
+                 bias: bool = False, dtype: torch.dtype = torch.bfloat16, form: str = "",
+                 int4_form: str = "rows") -> None:
     """`form` the decode tile's prefix in the tactic's name: "" (the token rows where they lie), "staged_", "stagedc4_"
     or "digits_"."""
     c = finalize_case(kind, n, k, group, zeros, bias, dtype, tokens, top_k)
     out = c.fill.cuda()
     tactic = f"decode:{form}ksplit{k_split}:after_trigger:plain"
     dev = c.dev
-    b, b_kind, scales = b_operand(dev, tactic, kind)
+    b, b_kind, scales = b_operand(dev, tactic, kind, int4_form)
     K.grouped_gemm_woq_finalize(a_operand(dev, tactic, group, kind), b, b_kind, scales, dev["off"], group, c.ptu,
                                 c.weights.cuda(), tokens, top_k, zeros=dev["zeros"], bias=dev["bias"], out=out,
                                 tactic=tactic, out_dtype=dtype)
     torch.cuda.synchronize()
-    where = f"(seed {c.seed}, {kind.value}, group {group}, n {n}, k {k}, {tactic}, {dtype})"
+    where = f"(seed {c.seed}, {kind.value} {int4_form}, group {group}, n {n}, k {k}, {tactic}, {dtype})"
     check_finalize(c, out, 2.0 ** -8 * (c.ref[:c.used].abs() + c.mag[:c.used]), top_k, dtype, where)
 
 
@@ -555,16 +585,21 @@ def finalize_run(kind: WoqKind, group: int, zeros: bool, n: int, k: int, tokens:
     (WoqKind.INT4, 64, True, 2880, "stagedc4_")],
     ids=["int4-g128-staged", "int4-row-staged", "int4-g128-ring", "int4-g64", "int4-g32", "int8-row",
          "int4-row-zeros-ring", "int4-g128-stagedc4", "int4-g64-stagedc4"])
-def test_finalize_against_fp64(k_split: int, kind: WoqKind, group: int, zeros: bool, k: int, form: str) -> None:
-    finalize_run(kind, group, zeros, 208, k, tokens=40, top_k=4, k_split=k_split, form=form)
+@pytest.mark.parametrize("int4_form", INT4_FORMS)
+def test_finalize_against_fp64(k_split: int, kind: WoqKind, group: int, zeros: bool, k: int, form: str,
+                               int4_form: str) -> None:
+    finalize_run(kind, group, zeros, 208, k, tokens=40, top_k=4, k_split=k_split, form=form, int4_form=int4_form)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("tokens, top_k", [(1, 1), (3, 2), (200, 8)])
-def test_finalize_bias_dtype_and_counts(dtype: torch.dtype, tokens: int, top_k: int) -> None:
-    finalize_run(WoqKind.INT4, 128, True, 256, 1024, tokens, top_k, 2, bias=True, dtype=dtype, form="staged_")
-    finalize_run(WoqKind.INT4, 128, True, 256, 1024, tokens, top_k, 1, bias=True, dtype=dtype, form="stagedc4_")
-    finalize_run(WoqKind.INT4, 128, False, 256, 1024, tokens, top_k, 1, bias=True, dtype=dtype)
+@pytest.mark.parametrize("int4_form", INT4_FORMS)
+def test_finalize_bias_dtype_and_counts(dtype: torch.dtype, tokens: int, top_k: int, int4_form: str) -> None:
+    finalize_run(WoqKind.INT4, 128, True, 256, 1024, tokens, top_k, 2, bias=True, dtype=dtype, form="staged_",
+                 int4_form=int4_form)
+    finalize_run(WoqKind.INT4, 128, True, 256, 1024, tokens, top_k, 1, bias=True, dtype=dtype, form="stagedc4_",
+                 int4_form=int4_form)
+    finalize_run(WoqKind.INT4, 128, False, 256, 1024, tokens, top_k, 1, bias=True, dtype=dtype, int4_form=int4_form)
 
 
 def test_finalize_needs_the_decode_kernel() -> None:
@@ -587,14 +622,20 @@ def test_finalize_needs_the_decode_kernel() -> None:
                                                 (WoqKind.MXFP4, 32, False)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("e, n, k", [(3, 48, 256), (2, 200, 2880)])
+@pytest.mark.parametrize("int4_form", INT4_FORMS)
 def test_dequantize_against_fp64(kind: WoqKind, group: int, zeros: bool, dtype: torch.dtype, e: int, n: int,
-                                 k: int) -> None:
+                                 k: int, int4_form: str) -> None:
     if group and k % group:
         pytest.skip(f"group {group} does not divide k {k}")
     seed = random.SystemRandom().randrange(1 << 30)
     dev, _, _, _ = case(kind, [1] * e, n, k, group, zeros, False, dtype, seed, pad_rows=0, e8m0=(110, 140))
     out = torch.full((e, n, k), float("nan"), dtype=dtype, device="cuda")
-    K.woq_dequantize(dev["b"], kind.value, dev["scales"], group, zeros=dev["zeros"], out=out)
+    if kind is WoqKind.INT4 and int4_form == "tiles" and n % 16:  # 200 rows: no whole tiles, refused
+        with pytest.raises(ValueError, match="int4_tiles hold 16 rows a tile; n 200"):
+            K.woq_dequantize(dev["b"], "int4_tiles", dev["scales"], group, zeros=dev["zeros"], out=out)
+        return
+    b, b_kind, scales = b_operand(dev, "", kind, int4_form)
+    K.woq_dequantize(b, b_kind, scales, group, zeros=dev["zeros"], out=out)
     torch.cuda.synchronize()
     got = out.cpu()
     assert torch.isfinite(got).all(), f"unwritten weights (seed {seed})"

@@ -45,19 +45,22 @@ __device__ __forceinline__ uint2 ld_weights_half_in_bounds(const void* p) {
   return v;
 }
 
-// A lane's int4 codes of one weight row in 128-k batch jc, from wp (the row's bytes at the lane's place in batch 0),
-// as the staged and digits decode kernels read them (gemm/woq_decode.cu, gemm/woq_decode_digits.cu): one 16-byte
-// load (32 k), or, for weights with H == 2 scale groups a batch (groups of 64), 8 bytes of each half (16 k each, the
-// halves 32 bytes apart), the second read from the first's bytes where the batch is a half at the end of K (its
-// second scale group 2 jc + 1 past the row's last, glast, counted from the lane's first).
+// A lane's int4 codes of one weight row in 128-k batch jc, as the staged and digits decode kernels read them
+// (gemm/woq_decode.cu, gemm/woq_decode_digits.cu), from wp (the row's bytes at the lane's place in the slice's first
+// batch), each batch `batch_bytes` on (64 in rows, 1024 in 16-row tiles): one 16-byte load (32 k), or, for weights
+// with H == 2 scale groups a batch (groups of 64), 8 bytes of each half (16 k each, the halves 32 bytes apart). A half
+// batch at the end of K (its second scale group 2 jc + 1 past the row's last, glast, counted from the lane's first) is
+// read at `half` bytes back (tiles hold its rows' 32 bytes row by row), its second half from the first's bytes.
 template <int H>
-__device__ __forceinline__ uint4 ld_int4_batch_row(const uint8_t* wp, unsigned jc, unsigned glast) {
+__device__ __forceinline__ uint4 ld_int4_batch_row(const uint8_t* wp, unsigned jc, unsigned glast,
+                                                   unsigned batch_bytes, unsigned half) {
   if constexpr (H == 2) {
-    const unsigned second = 2 * jc + 1 <= glast ? 32u : 0u;
-    const uint2 lo = ld_weights_half_in_bounds(wp + 64u * jc), hi = ld_weights_half_in_bounds(wp + 64u * jc + second);
+    const bool whole = 2 * jc + 1 <= glast;
+    const uint8_t* at = wp + batch_bytes * jc - (whole ? 0u : half);
+    const uint2 lo = ld_weights_half_in_bounds(at), hi = ld_weights_half_in_bounds(at + (whole ? 32u : 0u));
     return make_uint4(lo.x, lo.y, hi.x, hi.y);
   } else {
-    return ld_weights_in_bounds(wp + 64u * jc);
+    return ld_weights_in_bounds(wp + batch_bytes * jc);
   }
 }
 

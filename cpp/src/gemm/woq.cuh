@@ -204,16 +204,54 @@ __device__ __forceinline__ void dequant_step(uint32_t w, uint2 w8, const RowCons
   }
 }
 
+// Where byte `kbyte` of weight row `row` (counted over the experts: n % 16 == 0 keeps a tile inside one) lies in the
+// int4 tiles form (MB_WOQ_INT4_TILES) of rows of `row_bytes` (k / 2) bytes: tile row / 16 at 16 row_bytes each, batch
+// kbyte / 64 at 1024 each, the row's 64 bytes of a whole batch at 64 (row % 16), those of a last partial batch at
+// (row_bytes % 64) (row % 16).
+__host__ __device__ __forceinline__ int64_t int4_tile_offset(int64_t row, int64_t kbyte, int64_t row_bytes) {
+  const int64_t batch = kbyte >> 6;
+  const int64_t pitch = batch < (row_bytes >> 6) ? 64 : (row_bytes & 63);
+  return (row >> 4) * 16 * row_bytes + batch * 1024 + (row & 15) * pitch + (kbyte & 63);
+}
+
+// int4 codes in either form: rows (MB_WOQ_INT4) or 16-row tiles (MB_WOQ_INT4_TILES); the kernels' arithmetic is the
+// same (their KIND MB_WOQ_INT4), p.kind says where a byte lies.
+__host__ __device__ constexpr bool is_int4(int kind) { return kind == MB_WOQ_INT4 || kind == MB_WOQ_INT4_TILES; }
+
+// Byte `kbyte` of weight row `row` of int4 codes in either form (rows of `row_bytes` = k / 2 bytes).
+__host__ __device__ __forceinline__ int64_t int4_offset(bool tiles, int64_t row, int64_t kbyte, int64_t row_bytes) {
+  return tiles ? int4_tile_offset(row, kbyte, row_bytes) : row * row_bytes + kbyte;
+}
+
+// A decode lane's int4 codes (gemm/woq_decode.cu, gemm/woq_decode_digits.cu): rows g and g + 8 of the warp's 16 from
+// weight row `row0` (a multiple of 16), at the lane's byte `lane_byte` of the 128-k batch from k `k0` (a multiple of
+// 128); each batch `batch_bytes` on; a half batch at the end of K (k % 128 == 64) `half0` / `half1` bytes back (in
+// tiles its rows' 32 bytes lie row by row; loads.cuh's ld_int4_batch_row).
+struct Int4Lane {
+  const uint8_t* p0;
+  const uint8_t* p1;
+  unsigned batch_bytes, half0, half1;
+};
+__device__ __forceinline__ Int4Lane int4_lane(const WoqGemmParams& p, int64_t row0, int g, int k0, int lane_byte) {
+  const int64_t rb = p.k / 2;
+  if (p.kind == MB_WOQ_INT4_TILES) {
+    const uint8_t* p0 = p.B + row0 * rb + (k0 / 128) * 1024 + 64 * g + lane_byte;
+    return Int4Lane{p0, p0 + 512, 1024u, 32u * g, 32u * (g + 8)};
+  }
+  const uint8_t* p0 = p.B + (row0 + g) * rb + k0 / 2 + lane_byte;
+  return Int4Lane{p0, p0 + 8 * rb, 64u, 0u, 0u};
+}
+
 // int4 weights in the int4 codes forms (gemm/woq_decode.cu's ring and staged kernels, and the token digits of
 // gemm/woq_decode_digits.cu): one scale per 128 k or per row, and whole 128-k batches.
 inline bool int4_codes_fit(const WoqGemmParams& p) {
-  return p.kind == MB_WOQ_INT4 && (p.group == 0 || p.group == 128) && p.k % 128 == 0;
+  return is_int4(p.kind) && (p.group == 0 || p.group == 128) && p.k % 128 == 0;
 }
 
 // int4 weights on the staged and digits decode kernels: the ring kernel's, and one scale per 64 k with k % 64 == 0
 // (GPT-OSS-20B's 2880 at group 64).
 inline bool int4_staged_fit(const WoqGemmParams& p) {
-  return int4_codes_fit(p) || (p.kind == MB_WOQ_INT4 && p.group == 64 && p.k % 64 == 0);
+  return int4_codes_fit(p) || (is_int4(p.kind) && p.group == 64 && p.k % 64 == 0);
 }
 
 // The weights the digits decode kernel takes: the staged kernel's int4 forms, MXFP4 in its quarters form with

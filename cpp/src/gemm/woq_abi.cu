@@ -30,9 +30,10 @@ mb_status check_woq_args(const WoqGemmParams& p, int a_type, int64_t max_rows, c
   if ((a_type == MB_INPUT_DIGITS) != digits_tile)
     return fail(MB_ERR_INVALID_ARGUMENT, "%s: the token digits (a_type %d) go with the decode kernel's digits tile "
                 "and only there (tactic %s %s)", who, MB_INPUT_DIGITS, kernel_name(t.kernel), tile_name(t.tile));
-  if (p.kind != MB_WOQ_INT4 && p.kind != MB_WOQ_INT8 && p.kind != MB_WOQ_MXFP4 && p.kind != MB_WOQ_MXFP4_QUARTERS)
-    return fail(MB_ERR_INVALID_ARGUMENT, "%s: kind %d is not int4 (%d), int8 (%d), mxfp4 (%d) or mxfp4_quarters (%d)",
-                who, p.kind, MB_WOQ_INT4, MB_WOQ_INT8, MB_WOQ_MXFP4, MB_WOQ_MXFP4_QUARTERS);
+  if (!is_int4(p.kind) && p.kind != MB_WOQ_INT8 && p.kind != MB_WOQ_MXFP4 && p.kind != MB_WOQ_MXFP4_QUARTERS)
+    return fail(MB_ERR_INVALID_ARGUMENT, "%s: kind %d is not int4 (%d), int4_tiles (%d), int8 (%d), mxfp4 (%d) or "
+                "mxfp4_quarters (%d)", who, p.kind, MB_WOQ_INT4, MB_WOQ_INT4_TILES, MB_WOQ_INT8, MB_WOQ_MXFP4,
+                MB_WOQ_MXFP4_QUARTERS);
   if (p.kind == MB_WOQ_MXFP4_QUARTERS && a_type != MB_INPUT_DIGITS)
     return fail(MB_ERR_INVALID_ARGUMENT, "%s: kind mxfp4_quarters (%d) is the digits tile's form: A must be token "
                 "digits (a_type %d)", who, MB_WOQ_MXFP4_QUARTERS, MB_INPUT_DIGITS);
@@ -55,7 +56,7 @@ mb_status check_woq_args(const WoqGemmParams& p, int a_type, int64_t max_rows, c
   if (!group_ok)
     return fail(MB_ERR_INVALID_ARGUMENT, "%s: group %d with k %d (int4/int8: 0, or 32, 64 or 128 dividing k; mxfp4: 32)",
                 who, p.group, p.k);
-  if (p.zeros && p.kind != MB_WOQ_INT4)
+  if (p.zeros && !is_int4(p.kind))
     return fail(MB_ERR_INVALID_ARGUMENT, "%s: zero points exist for int4 only", who);
   if (!aligned16(p.A) || !aligned16(p.B) || !aligned16(p.C))
     return fail(MB_ERR_INVALID_ARGUMENT, "%s: A, B and C must be 16-byte aligned", who);

@@ -5,7 +5,9 @@
 // its shared memory, tactics.woq.woq_decode_tile_rule) or MB_TILE_DECODE_STAGED_C4 (K split over a cluster of four
 // CTAs, each staging its quarter of the rows: long K); group 128 or 0 elsewhere woq_decode_int4_codes_kernel (below:
 // the same layout on about half the instructions); every other form the first kernel.
-//   MB_WOQ_INT4 : B uint8 [E, n, k/2], two 4-bit codes u per byte (low nibble the even column);
+//   MB_WOQ_INT4 : B uint8 [E, n, k/2], two 4-bit codes u per byte (low nibble the even column), in rows, or in
+//                 16-row tiles (MB_WOQ_INT4_TILES: a 128-k batch of 16 rows 1024 contiguous bytes, so a warp's load
+//                 reads 512 contiguous bytes where rows give it 8 runs of 64; moe_build_kernels.h);
 //                 w = (u - z) * s, s fp32 [E, n, k/group] (group 0: [E, n, 1]), z uint8 of the same shape, or
 //                 8 when zeros is NULL (symmetric int4 stored as q + 8);
 //   MB_WOQ_INT8 : B int8 [E, n, k]; w = q * s;
@@ -89,8 +91,9 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) grouped_woq_decode_kernel(W
   const int group_mask = KIND == MB_WOQ_MXFP4 || p.group ? -1 : 0;
   const int groups = KIND == MB_WOQ_MXFP4 ? K / kMxfp4Group : (p.group ? K / p.group : 1);
 
-  const uint8_t* wptr[2];  // the lane's two weight rows, their scale (and zero) rows
-  int64_t srow[2];
+  const uint8_t* wptr[2];      // the lane's two weight rows (int8, MXFP4)
+  int64_t wrows[2], srow[2];   // their indices (int4, read in rows or in tiles), their scale (and zero) rows
+  const bool tiles = p.kind == MB_WOQ_INT4_TILES;
   bool wok[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -98,6 +101,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) grouped_woq_decode_kernel(W
     wok[h] = feat < N;
     const int64_t wrow = static_cast<int64_t>(expert) * N + (wok[h] ? feat : 0);
     wptr[h] = p.B + wrow * (KIND == MB_WOQ_INT8 ? K : K / 2);
+    wrows[h] = wrow;
     srow[h] = wrow * groups;
   }
   const bool aok = g < rows;
@@ -116,7 +120,8 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) grouped_woq_decode_kernel(W
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const bool ok = kin && wok[h];
-      const uint8_t* src = wptr[h] + (KIND == MB_WOQ_INT8 ? k : k / 2);
+      const uint8_t* src = KIND == MB_WOQ_INT4 ? p.B + int4_offset(tiles, wrows[h], k / 2, K / 2)
+                                               : wptr[h] + (KIND == MB_WOQ_INT8 ? k : k / 2);
 #pragma unroll
       for (int r = 0; r < RAW; ++r) w[slot][h][r] = ld_weights(src + 16 * r, ok);
       const int64_t si = srow[h] + ((k >> group_shift) & group_mask);
@@ -248,7 +253,6 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_int4_codes_kerne
   // The lane's weight rows r and r + 8 (a warp's 16 rows moved back inside n where they pass its end: n % 16 == 0,
   // so the block is wholly in or wholly moved), its token row (moved back to the chunk's last where g >= rows).
   const int64_t wrow = static_cast<int64_t>(expert) * N + min(col0 + rg * 16, N - 16) + g;
-  const int64_t wstep8 = 8 * static_cast<int64_t>(K / 2);  // row r to r + 8, in bytes
   const int64_t arow_index = row_begin + min(g, rows - 1);
 
   // This warp's K slice in whole batches; batch j of the slice is read at min(j, nb - 1).
@@ -258,8 +262,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_int4_codes_kerne
   const int64_t gi = wrow * groups + (PER_ROW ? 0 : kb / 128);  // the lane's first scale (and zero) of the slice
   // Rows r and r + 8 as two pointers each (fixed offsets fold into the loads), each batch's address one 32-bit
   // offset from them.
-  const uint8_t* wp0 = p.B + wrow * (K / 2) + kb / 2 + 16 * q;
-  const uint8_t* wp1 = wp0 + wstep8;
+  const Int4Lane wl = int4_lane(p, wrow - g, g, kb, 16 * q);
   const float* sp0 = static_cast<const float*>(p.scales) + gi;
   const float* sp1 = sp0 + 8 * groups;
   // Without zero points (symmetric int4 stored as q + 8) the zero is read from the scales' bytes and masked to 0,
@@ -283,8 +286,8 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_int4_codes_kerne
   };
   auto load_weights = [&](int slot, int j) {
     const unsigned jc = static_cast<unsigned>(min(j, nb - 1));
-    w[slot][0] = ld_weights_in_bounds(wp0 + 64u * jc);
-    w[slot][1] = ld_weights_in_bounds(wp1 + 64u * jc);
+    w[slot][0] = ld_weights_in_bounds(wl.p0 + wl.batch_bytes * jc);
+    w[slot][1] = ld_weights_in_bounds(wl.p1 + wl.batch_bytes * jc);
     if constexpr (!PER_ROW) load_consts(slot, jc);
   };
   auto load_tokens = [&](int buf, int j) {
@@ -426,7 +429,6 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_int4_staged_kern
   // The lane's weight rows r and r + 8 (a warp's 16 rows moved back inside n where they pass its end: n % 16 == 0,
   // so the block is wholly in or wholly moved).
   const int64_t wrow = static_cast<int64_t>(expert) * N + min(col0 + rg * 16, N - 16) + g;
-  const int64_t wstep8 = 8 * static_cast<int64_t>(K / 2);  // row r to r + 8, in bytes
 
   // K slices of whole batches (the last one of K a half batch where k % 128 == 64); slice 0 is the longest, so it
   // sizes each slice's rows in shared memory.
@@ -440,8 +442,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_int4_staged_kern
   const int g0 = PER_ROW ? 0 : kbc / GROUP;            // the slice's first scale group
   const int64_t gi = wrow * groups + g0;               // the lane's first scale (and zero) of the slice
   const unsigned glast = static_cast<unsigned>(groups - 1 - g0);  // the row's last group, from g0
-  const uint8_t* wp0 = p.B + wrow * (K / 2) + kbc / 2 + (H == 2 ? 8 : 16) * q;
-  const uint8_t* wp1 = wp0 + wstep8;
+  const Int4Lane wl = int4_lane(p, wrow - g, g, kbc, (H == 2 ? 8 : 16) * q);
   const float* sp0 = static_cast<const float*>(p.scales) + gi;
   const float* sp1 = sp0 + 8 * groups;
   // Without zero points (symmetric int4 stored as q + 8) the zero is read from the scales' bytes and masked to 0,
@@ -482,8 +483,8 @@ __global__ void __launch_bounds__(kDecodeThreads, 2) woq_decode_int4_staged_kern
 #pragma unroll
     for (int j = 0; j < NB; ++j) {
       const unsigned jc = static_cast<unsigned>(min(jb + j, last));
-      w[buf][j][0] = ld_int4_batch_row<H>(wp0, jc, glast);
-      w[buf][j][1] = ld_int4_batch_row<H>(wp1, jc, glast);
+      w[buf][j][0] = ld_int4_batch_row<H>(wl.p0, jc, glast, wl.batch_bytes, wl.half0);
+      w[buf][j][1] = ld_int4_batch_row<H>(wl.p1, jc, glast, wl.batch_bytes, wl.half1);
       if constexpr (!PER_ROW) load_consts(buf, j, jc);
     }
   };

@@ -172,7 +172,6 @@ __device__ __forceinline__ void digits_chunk(const WoqDigitsLaunch& d, int exper
 
   // The lane's weight rows r and r + 8 (a warp's 16 rows moved back inside n where they pass its end).
   const int64_t wrow = static_cast<int64_t>(expert) * N + min(col0 + rg * 16, N - 16) + g;
-  const int64_t wstep8 = 8 * static_cast<int64_t>(K / 2);
   // This warp's K slice in whole groups (K's last one a half where k % 128 == 64); group j of the slice is read at
   // min(j, last). An empty slice (the last ones of a short K) reads K's last group and computes nothing.
   const int kslice = decode_k_slice(K, WK);
@@ -184,8 +183,7 @@ __device__ __forceinline__ void digits_chunk(const WoqDigitsLaunch& d, int exper
   const int g0 = PER_ROW ? 0 : kbc / GK;                           // the slice's first scale group
   const int64_t gi = wrow * sgroups + g0;
   const unsigned glast = static_cast<unsigned>(sgroups - 1 - g0);  // the row's last scale group, from g0
-  const uint8_t* wp0 = p.B + wrow * (K / 2) + kbc / 2 + (H == 2 ? 8 : 16) * q;
-  const uint8_t* wp1 = wp0 + wstep8;
+  const Int4Lane wl = int4_lane(p, wrow - g, g, kbc, (H == 2 ? 8 : 16) * q);
   const float* sp0 = static_cast<const float*>(p.scales) + gi;
   const float* sp1 = sp0 + 8 * sgroups;
   // Without zero points (symmetric int4 stored as q + 8) the zero is read from the scales' bytes and masked to 0,
@@ -233,8 +231,8 @@ __device__ __forceinline__ void digits_chunk(const WoqDigitsLaunch& d, int exper
 #pragma unroll
     for (int j = 0; j < NB; ++j) {
       const unsigned jc = static_cast<unsigned>(min(jb + j, last));
-      w[buf][j][0] = ld_int4_batch_row<H>(wp0, jc, glast);
-      w[buf][j][1] = ld_int4_batch_row<H>(wp1, jc, glast);
+      w[buf][j][0] = ld_int4_batch_row<H>(wl.p0, jc, glast, wl.batch_bytes, wl.half0);
+      w[buf][j][1] = ld_int4_batch_row<H>(wl.p1, jc, glast, wl.batch_bytes, wl.half1);
       if constexpr (!PER_ROW) load_consts(buf, j, jc);
     }
   };

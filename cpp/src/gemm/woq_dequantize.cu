@@ -2,7 +2,7 @@
 // first, into the runner's workspace, before the 16-bit wgmma GEMM reads the result as row-major weights (the
 // weight-only kernels have no wgmma mainloop: from many rows per expert one dequantizing pass plus the 16-bit
 // GEMM costs less than the mma tiles; moe_build/planner/tactics/woq.py's woq_kernel_rule).
-// The stored forms are mb_grouped_gemm_woq's (cpp/include/moe_build_kernels.h): w = (u - z) * s (int4), q * s
+// The forms are mb_grouped_gemm_woq's (cpp/include/moe_build_kernels.h; int4 in rows or tiles): w = (u - z) * s (int4), q * s
 // (int8), e2m1 * 2^(e - 127) (MXFP4), each computed in fp32 and rounded once to the output dtype.
 // A block per weight row, a thread 16 consecutive columns at a time (one 8-byte load, int8 two, and two 16-byte
 // stores, one scale: groups are 32 columns or more), the kind a template argument: the pass moves bytes, so its
@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "common/common.cuh"
+#include "gemm/woq.cuh"  // int4_tile_offset
 
 namespace {
 
@@ -23,7 +24,7 @@ __device__ __forceinline__ float magic_u8(uint32_t x) { return __uint_as_float(0
 template <typename T, int KIND>
 __global__ void __launch_bounds__(kThreads)
 woq_dequantize_rows(const uint8_t* __restrict__ data, const void* __restrict__ scales,
-                    const uint8_t* __restrict__ zeros, int group, int k, T* __restrict__ out) {
+                    const uint8_t* __restrict__ zeros, int group, int k, bool tiles, T* __restrict__ out) {
   const int64_t row = blockIdx.x;
   const int groups = group ? k / group : 1;
   const uint8_t* d = data + row * (KIND == MB_WOQ_INT8 ? k : k / 2);
@@ -39,7 +40,9 @@ woq_dequantize_rows(const uint8_t* __restrict__ data, const void* __restrict__ s
       for (int j = 0; j < kCols; ++j)  // q + 128 exactly, then minus 128
         w[j] = (magic_u8(((words[j / 4] >> (8 * (j % 4))) & 0xffu) ^ 0x80u) - 128.0f) * s;
     } else {
-      const uint2 q = *reinterpret_cast<const uint2*>(d + col / 2);
+      // d is the row's first byte in rows (int4 in 16-row tiles: offsets from there)
+      const int64_t at = mbk::int4_offset(tiles, row, col / 2, k / 2) - row * (k / 2);
+      const uint2 q = *reinterpret_cast<const uint2*>(d + at);
       if constexpr (KIND == MB_WOQ_MXFP4) {
         // e2m1's magnitude bits as fp32's low two exponent bits and top mantissa bit, its sign as the sign: e2m1 *
         // 2^-126 (0.5 the subnormal 2^-127), times 2^126 and 2^(e - 127) (e 0: the subnormal 2^-127), both exact
@@ -66,16 +69,18 @@ woq_dequantize_rows(const uint8_t* __restrict__ data, const void* __restrict__ s
 extern "C" mb_status mb_woq_dequantize(int kind, const void* data, const void* scales, const uint8_t* zeros, int group,
                                        int num_experts, int n, int k, int dtype, void* out, cudaStream_t stream) {
   const char* who = "mb_woq_dequantize";
-  MB_REQUIRE(kind == MB_WOQ_INT4 || kind == MB_WOQ_INT8 || kind == MB_WOQ_MXFP4,
-             "%s: kind %d is not int4 (%d), int8 (%d) or mxfp4 (%d)", who, kind, MB_WOQ_INT4, MB_WOQ_INT8,
-             MB_WOQ_MXFP4);
+  MB_REQUIRE(mbk::is_int4(kind) || kind == MB_WOQ_INT8 || kind == MB_WOQ_MXFP4,
+             "%s: kind %d is not int4 (%d), int4_tiles (%d), int8 (%d) or mxfp4 (%d)", who, kind, MB_WOQ_INT4,
+             MB_WOQ_INT4_TILES, MB_WOQ_INT8, MB_WOQ_MXFP4);
   MB_REQUIRE(data && scales && out && num_experts >= 1 && n >= 1 && k >= 1, "%s: null pointer or non-positive size",
              who);
   MB_REQUIRE(k % 32 == 0, "%s: k (%d) must be a multiple of 32", who, k);
   MB_REQUIRE(kind == MB_WOQ_MXFP4 ? group == 32
                                   : (group == 0 || ((group == 32 || group == 64 || group == 128) && k % group == 0)),
              "%s: group %d with k %d (int4/int8: 0, or 32, 64 or 128 dividing k; mxfp4: 32)", who, group, k);
-  MB_REQUIRE(!zeros || kind == MB_WOQ_INT4, "%s: zero points exist for int4 only", who);
+  MB_REQUIRE(!zeros || mbk::is_int4(kind), "%s: zero points exist for int4 only", who);
+  MB_REQUIRE(kind != MB_WOQ_INT4_TILES || n % 16 == 0, "%s: int4 tiles hold 16 rows: n (%d) must be a multiple of 16",
+             who, n);
   MB_REQUIRE(reinterpret_cast<uintptr_t>(out) % 16 == 0 && reinterpret_cast<uintptr_t>(data) % 8 == 0,
              "%s: out must be 16-byte and data 8-byte aligned", who);
   const int64_t rows = static_cast<int64_t>(num_experts) * n;
@@ -84,7 +89,8 @@ extern "C" mb_status mb_woq_dequantize(int kind, const void* data, const void* s
     using T = typename decltype(tag)::type;
     auto launch = [&](auto kind_tag) {
       woq_dequantize_rows<T, decltype(kind_tag)::value><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-          static_cast<const uint8_t*>(data), scales, zeros, group, k, static_cast<T*>(out));
+          static_cast<const uint8_t*>(data), scales, zeros, group, k, kind == MB_WOQ_INT4_TILES,
+          static_cast<T*>(out));
       return mb::check_launch("woq_dequantize_rows");
     };
     if (kind == MB_WOQ_INT8) return launch(std::integral_constant<int, MB_WOQ_INT8>{});

@@ -107,6 +107,7 @@ __global__ void __launch_bounds__(WoqTile<BM, KIND>::kThreads)
   const T* A = static_cast<const T*>(p.A) + tile.begin * K;
   const int64_t wrow_bytes = KIND == MB_WOQ_INT8 ? K : K / 2;
   const uint8_t* B = p.B + static_cast<int64_t>(expert) * N * wrow_bytes;
+  const bool tiles = p.kind == MB_WOQ_INT4_TILES;  // int4 in 16-row tiles (N % 16 == 0: the expert's start a tile's)
   const int64_t scale_row0 = static_cast<int64_t>(expert) * N + col0;  // the scale row of the tile's column 0
   const uint32_t smem0 = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
 
@@ -119,7 +120,9 @@ __global__ void __launch_bounds__(WoqTile<BM, KIND>::kThreads)
       const int kb = kt * WROW + ch * 16;
       const bool ok = col0 + r < N && kb < wrow_bytes;
       const int pos = KIND == MB_WOQ_INT8 ? ch ^ (r & 1) : ch;
-      cp_async16(dst + r * WROW + pos * 16, ok ? B + (col0 + r) * wrow_bytes + kb : B, ok);
+      const int64_t at = KIND == MB_WOQ_INT4 ? int4_offset(tiles, col0 + r, kb, wrow_bytes)
+                                             : (col0 + r) * wrow_bytes + kb;
+      cp_async16(dst + r * WROW + pos * 16, ok ? B + at : B, ok);
     }
   };
   auto load_tokens = [&](int stage, int kt) {

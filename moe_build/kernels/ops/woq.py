@@ -8,6 +8,7 @@ import torch
 
 from ...planner.tactics import GemmTactic
 from ...planner.tactics.woq import DIGITS_GROUP_BYTES
+from ...weights.woq import INT4_TILE_ROWS
 from ..abi import Activation, WoqInput, WoqKind
 from ..library import call, load_library
 from .args import _check, _dtype_code, _enum, _out, _ptr, _stream, _workspace
@@ -128,6 +129,12 @@ def _stored_kind(kind: int | str | WoqKind) -> WoqKind:
     return mode
 
 
+def _check_tiles(mode: WoqKind, n: int) -> None:
+    """int4 codes in 16-row tiles need whole tiles (weights/woq.py's int4_tiles)."""
+    if mode is WoqKind.INT4_TILES and n % INT4_TILE_ROWS:
+        raise ValueError(f"B: int4_tiles hold {INT4_TILE_ROWS} rows a tile; n {n} is not a multiple of it")
+
+
 def _woq_gemm_args(a: torch.Tensor, b: torch.Tensor, kind: int | str | WoqKind, scales: torch.Tensor,
                    expert_first_token_offset: torch.Tensor, group: int, zeros: torch.Tensor | None,
                    bias: torch.Tensor | None, out_dtype: torch.dtype | None
@@ -147,6 +154,7 @@ def _woq_gemm_args(a: torch.Tensor, b: torch.Tensor, kind: int | str | WoqKind, 
     dev = a.device
     _check(b, "B", (None, None, k // 2 if packed else k), torch.uint8 if packed else torch.int8, dev)
     e, n = b.shape[0], b.shape[1]
+    _check_tiles(mode, n)
     _check(expert_first_token_offset, "expert_first_token_offset", (e + 1,), torch.int64, dev)
     _check_woq_scales(mode, scales, zeros, group, e, n, k, dev)
     if bias is not None:
@@ -318,6 +326,7 @@ def woq_dequantize(b: torch.Tensor, kind: int | str | WoqKind, scales: torch.Ten
     _check(b, "B", (None, None, None), torch.uint8 if packed else torch.int8)
     dev = b.device
     e, n = b.shape[0], b.shape[1]
+    _check_tiles(mode, n)
     k = b.shape[2] * (2 if packed else 1)
     _check_woq_scales(mode, scales, zeros, group, e, n, k, dev)
     o = _out(out, "out", (e, n, k), dtype or (out.dtype if out is not None else torch.bfloat16), dev)
