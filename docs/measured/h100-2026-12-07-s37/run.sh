@@ -29,7 +29,7 @@ for ph in "$@"; do
   elif [ "$ph" = bench ]; then
     for q in ${QUANTS:-w4a16_awq w4afp8}; do
       timeout 240 python3 -m moe_build bench --quant $q --shapes ${SHAPES:-mixtral-8x7b,qwen3-30b-a3b,deepseek-v2-lite,gpt-oss-20b} \
-        --tokens ${TOKENS:-1,2,4,8,16,32} --variants "ours,ours:weight_layout=row_major" --iters 5 --input-sets 2 \
+        --tokens ${TOKENS:-1,2,4,8,16,32} --variants "${VARIANTS:-ours,ours:weight_layout=row_major}" --iters 5 --input-sets 2 \
         --json $R/bench_${q}_r${ROUND:-1}.json > $R/bench_${q}_r${ROUND:-1}.log 2>&1
       echo "bench $q rc=$?" | tee -a $R/phases.txt
     done
