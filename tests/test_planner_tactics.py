@@ -542,9 +542,9 @@ def test_weight_only_digits_rule() -> None:
 
 
 def test_weight_only_mxfp4_digits_rule() -> None:
-    """MXFP4 (on the tile in its quarters form) takes the digits tile as int4 does: to 3 average rows per expert on
-    layers of 64 experts or more, 2 on 32-63, or 4 rows in all; past the tile, the register-ring kernel (tile none) to
-    the decode band's end."""
+    """MXFP4 (on the tile in its quarters form) takes the digits tile as int4 does on layers of 64 experts or more: to
+    3 average rows per expert; on fewer experts to 4 average rows per expert, where a chunk's digits fit; past the
+    tile, the register-ring kernel (tile none) to the decode band's end."""
     def mxfp4(**shape: int) -> GemmCall:
         return call(epilogue="store", woq="mxfp4", woq_group=32, **shape)
 
@@ -552,11 +552,13 @@ def test_weight_only_mxfp4_digits_rule() -> None:
     assert at(qwen_up, 48).startswith("decode:digits_") and at(qwen_up, 49) == "decode:ksplit1:after_trigger:plain"
     dsv2_down = mxfp4(n=2048, k=1408, experts=64, top_k=6)  # 64 / 6: 3 rows per expert to 32 tokens
     assert at(dsv2_down, 32).startswith("decode:digits_") and not at(dsv2_down, 33).startswith("decode:digits_")
-    gpt_oss_up = mxfp4(n=5760, k=2880, experts=32, top_k=4)  # 32-63 experts: 2 rows, 16 tokens
-    assert at(gpt_oss_up, 16).startswith("decode:digits_") and at(gpt_oss_up, 17).startswith("decode:ksplit")
-    mixtral_up = mxfp4(n=28672, k=4096, experts=8, top_k=2)  # 4 rows in all
-    assert [at(mixtral_up, t).split(":")[1] for t in (1, 2, 3)] == ["digits_ksplit1", "digits_ksplit1", "ksplit1"]
-    for shape in (qwen_up, dsv2_down, gpt_oss_up, mixtral_up):  # int4's digits bands, token for token
+    gpt_oss_up = mxfp4(n=5760, k=2880, experts=32, top_k=4)  # fewer than 64 experts: 4 rows, 32 tokens
+    assert at(gpt_oss_up, 32).startswith("decode:digits_") and at(gpt_oss_up, 33).startswith("decode:ksplit")
+    mixtral_up = mxfp4(n=28672, k=4096, experts=8, top_k=2)  # 4 rows per expert at 16 tokens
+    assert at(mixtral_up, 16).startswith("decode:digits_") and at(mixtral_up, 17) == "decode:ksplit1:after_trigger:plain"
+    mixtral_down = mxfp4(n=4096, k=14336, experts=8, top_k=2)  # 2 rows' digits fit a chunk: 1 token only
+    assert at(mixtral_down, 1).startswith("decode:digits_") and not at(mixtral_down, 2).startswith("decode:digits_")
+    for shape in (qwen_up, dsv2_down):  # 64 experts or more: int4's digits bands, token for token
         int4 = dataclasses.replace(shape, woq="int4", woq_group=128 if shape.k % 128 == 0 else 64)
         digits = [[(lo, hi, t.name) for lo, hi, t in tactic_bands(c) if t.tile == "digits"] for c in (shape, int4)]
         assert digits[0] and digits[0] == digits[1]

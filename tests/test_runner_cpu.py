@@ -399,12 +399,12 @@ def test_weight_only_plans_run_the_woq_gemms_and_the_awq_steps_the_plan_names(qu
     GEMM1's rows in the 16-bit expansion (expand_rows=prequant_fused, moe-build's gate expand_awq_scale_16bit) or,
     forced plain, the tokens' rows into prequant_input, which the expansion then copies; GEMM2's input in the
     activation (fc2_prequant=fused) or after it (separate); the others have no pre-quant step and no prequant_input
-    buffer."""
+    buffer. At 17 tokens (4.25 rows per expert: past every digits band, MXFP4's 4 on 8 experts included)."""
     spec = dataclasses.replace(SWIGLU, quant=quant, quant_prequant_scales=quant is Quant.W4A16_AWQ)
     plan = make_plan(spec, H100, tokens=16, force={"finalize": "separate"})
     assert plan.stage("fc2_prequant").choice == fc2
     assert plan.stage("expand_rows").choice == ("prequant_fused" if fc2 != "none" else "plain")
-    steps = kernel_sequence(plan, 16, "logits")
+    steps = kernel_sequence(plan, 17, "logits")
     expand = ["expand_rows:prequant"] if fc2 != "none" else ["expand_rows"]
     act = ["fc1_activation:fc2_prequant"] if fc2 == "fused" else ["fc1_activation"]
     assert steps[2:] == [*expand, "gemm1:woq", *act, "gemm2:woq", "finalize"]

@@ -157,26 +157,40 @@ def test_mxfp4_as_e5m2_is_the_stored_weight_within_27_binades() -> None:
 @pytest.mark.parametrize("k", [384, 2880, 64], ids=["3-groups", "gpt-oss-half-group", "lone-half-group"])
 def test_mxfp4_quarters_puts_each_code_where_the_digits_tile_reads_it(k: int) -> None:
     """The digits tile's MXFP4 order (cpp/include/moe_build_kernels.h MB_WOQ_MXFP4_QUARTERS): lane q reads step u's
-    codes (k 32u + 8q + t of a 128-k group) as word u of its 16 bytes at 16q of the group, and step u's exponent as
-    byte u of the group's 4-byte word; a half group at k's end is a whole one whose second half is zero codes and
-    exponents. Checked code by code from that reading, against the stored nibble of the same k."""
+    codes (k 32u + 8q + t of a 128-k group) as word u of its 16 bytes at 16q of the row's group, and step u's exponent
+    as byte u of the group's 4-byte word; the rows in 16-row tiles, tile t's codes from 8 k t, group j's 1024 bytes
+    from 1024 j and row r % 16's from 64 (r % 16), its exponents from k t / 2, 64 j and 4 (r % 16); a half group at
+    k's end is a whole one whose second half is zero codes and exponents. Checked code by code from that reading
+    (the expert's bytes flattened), against the stored nibble of the same row and k."""
     g = torch.Generator().manual_seed(k)
-    e, n = 2, 3
+    e, n = 2, 48
     codes = torch.randint(0, 256, (e, n, k // 2), generator=g, dtype=torch.uint8)
     exps = torch.randint(0, 255, (e, n, k // 32), generator=g, dtype=torch.uint8)
     quarters, scales = mxfp4_quarters(codes, exps)
     groups = -(-k // 128)
+    kp = 128 * groups  # the padded k
     assert quarters.shape == (e, n, 64 * groups) and quarters.dtype == torch.uint8
     assert scales.shape == (e, n, 4 * groups) and scales.dtype == torch.uint8
-    stored, read = unpack_nibbles(codes), unpack_nibbles(quarters)  # k order within each byte's pair
-    for kk in range(128 * groups):
+    stored = unpack_nibbles(codes)  # k order within each byte's pair
+    flat_codes, flat_exps = quarters.reshape(e, -1), scales.reshape(e, -1)
+    read = unpack_nibbles(flat_codes)
+    rows = torch.arange(n)
+    t, r16 = rows // 16, rows % 16
+    for kk in range(kp):
         j, r = divmod(kk, 128)
-        u, q, t = r // 32, (r % 32) // 8, r % 8
-        byte = 64 * j + 16 * q + 4 * u + t // 2
+        u, q, c = r // 32, (r % 32) // 8, r % 8
+        byte = 8 * kp * t + 1024 * j + 64 * r16 + 16 * q + 4 * u + c // 2  # [n] positions in the expert's bytes
+        exp_at = kp // 2 * t + 64 * j + 4 * r16 + u
         want_code = stored[..., kk] if kk < k else torch.zeros_like(stored[..., 0])  # past k: the padded half
         want_exp = exps[..., kk // 32] if kk < k else torch.zeros_like(exps[..., 0])
-        assert torch.equal(read[..., 2 * byte + t % 2], want_code), kk
-        assert torch.equal(scales[..., 4 * j + u], want_exp), kk
+        assert torch.equal(read[:, 2 * byte + c % 2], want_code), kk
+        assert torch.equal(flat_exps[:, exp_at], want_exp), kk
+
+
+def test_mxfp4_quarters_refuses_rows_past_whole_tiles() -> None:
+    """The form's 16-row tiles need n % 16 == 0 (the weight-only GEMMs take no other n): refused with the field."""
+    with pytest.raises(ValueError, match="n 40 is not a multiple of 16"):
+        mxfp4_quarters(torch.zeros(1, 40, 64, dtype=torch.uint8), torch.zeros(1, 40, 4, dtype=torch.uint8))
 
 
 def test_digits_operand_copies_mxfp4_alone() -> None:
@@ -188,8 +202,8 @@ def test_digits_operand_copies_mxfp4_alone() -> None:
     op = digits_operand(w4, "w1")
     assert op.data is w4.w1 and op.scales is w4.w1_scale and op.zeros is w4.w1_zero
     assert (op.kernel_kind, op.group) == ("int4", 64)
-    codes = torch.randint(0, 256, (3, 4, 64), generator=g, dtype=torch.uint8)
-    exps = torch.randint(100, 140, (3, 4, 4), generator=g, dtype=torch.uint8)
+    codes = torch.randint(0, 256, (3, 16, 64), generator=g, dtype=torch.uint8)
+    exps = torch.randint(100, 140, (3, 16, 4), generator=g, dtype=torch.uint8)
     mx = WoqWeights(WoqKind.MXFP4, 32, codes, torch.zeros(3, 128, 64, dtype=torch.uint8), exps,
                     torch.full((3, 128, 4), 120, dtype=torch.uint8))
     op = digits_operand(mx, "w1")

@@ -612,11 +612,15 @@ mb_status mb_grouped_gemm_fp8_gated(const void* A, const float* scale_a, const v
  * mxfp4_as_e5m2).
  * MB_WOQ_MXFP4_QUARTERS: MXFP4 re-ordered for the digits tile (MB_INPUT_DIGITS only; moe_build/weights/woq.py's
  * mxfp4_quarters), so that a lane reads its codes of a 128-k group in one 16-byte load and its four scales in one
- * 4-byte load: uint8 [E, n, k/2] with each 128-k group's 64 bytes (k 0..127 from byte 64j) holding at 16q + 4u the
- * stored bytes 16u + 4q .. 16u + 4q + 3 (the codes of k 32u + 8q .. 32u + 8q + 7), q, u = 0..3; scales uint8 e8m0
- * [E, n, k/32] (a group's four at 4j); group 32, no zeros; k % 128 == 0. A layer whose k ends in a half group
- * (k % 128 == 64: GPT-OSS-20B's 2880) is padded to a whole one of zero codes and exponents and run at that k: its
- * token digits (mb_token_digits at the layer's k) hold as many groups, the padded half's digits zero.
+ * 4-byte load, and a decode warp's 16 rows of a group are 1024 contiguous code bytes and 64 contiguous scale bytes.
+ * A row's group (k 128j .. 128j + 127) is 64 bytes holding at 16q + 4u its stored bytes 16u + 4q .. 16u + 4q + 3 (the
+ * codes of k 32u + 8q .. 32u + 8q + 7), q, u = 0..3, and its four e8m0 scales 4 bytes (scale group u at byte u); the
+ * rows lie in 16-row tiles (n % 16 == 0): codes uint8 [E, n, k/2] where tile t = r / 16 of an expert holds its rows'
+ * at 8 k t, group j's 1024 bytes from 1024 j, row r % 16's 64 at 64 (r % 16); scales uint8 [E, n, k/32] the same way,
+ * tile t's at k t / 2, group j's 64 bytes from 64 j, row r % 16's four at 4 (r % 16). Group 32, no zeros;
+ * k % 128 == 0. A layer whose k ends in a half group (k % 128 == 64: GPT-OSS-20B's 2880) is padded to a whole one of
+ * zero codes and exponents and run at that k: its token digits (mb_token_digits at the layer's k) hold as many
+ * groups, the padded half's digits zero.
  * MB_WOQ_INT4: uint8 [E, n, k/2] 4-bit codes u in rows (row r's k/2 bytes at r k/2; low nibble the even column).
  * MB_WOQ_INT4_TILES: the same bytes, each 16 rows' (a tile; n % 16 == 0) reordered so that a decode warp's load of
  * its 16 rows reads contiguous bytes: uint8 [E, n, k/2] where tile t = r / 16 holds its rows' bytes at 8 k t, batch j

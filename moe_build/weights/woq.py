@@ -244,27 +244,33 @@ def digits_operand(w: "WoqWeights", name: str) -> GemmOperand:
 def mxfp4_quarters(codes: torch.Tensor, exponents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """MXFP4 (uint8 [E, n, k/2] e2m1 codes, uint8 e8m0 [E, n, k/32]) in the digits tile's quarters order
     (MB_WOQ_MXFP4_QUARTERS, cpp/include/moe_build_kernels.h): codes uint8 [E, n, 64 ceil(k/128)], exponents uint8
-    [E, n, 4 ceil(k/128)]. The tile's step u of a 128-k group is its scale group u, and lane q's word of it the codes
-    of k 32u + 8q .. 32u + 8q + 7; stored, a lane's four words lie 16 bytes apart and its four exponents in two
-    2-byte pairs, eight and four loads a row and group. Here each group's 64 bytes are moved so that a lane's words
-    follow each other at 16q and each group gets its four exponents in one 4-byte word: one 16-byte and one 4-byte
-    load. A half group at k's end (k % 128 == 64) becomes a whole one, its second half zero codes and exponents (the
-    token digits' second half there is zero): every group 64-byte aligned, one load for all. The codes and exponents
-    are moved, not changed."""
+    [E, n, 4 ceil(k/128)], n a multiple of 16. The tile's step u of a 128-k group is its scale group u, and lane q's
+    word of it the codes of k 32u + 8q .. 32u + 8q + 7; stored, a lane's four words lie 16 bytes apart and its four
+    exponents in two 2-byte pairs, eight and four loads a row and group, and a warp's 16 rows each its own run of
+    bytes. Here each row's group of 64 bytes is moved so that a lane's words follow each other at 16q, and each group
+    gets its four exponents in one 4-byte word: one 16-byte and one 4-byte load; and the rows go in 16-row tiles,
+    each group's 16 rows together (1024 code bytes, 64 exponent bytes), so that a warp's loads of a group read
+    contiguous bytes. A half group at k's end (k % 128 == 64) becomes a whole one, its second half zero codes and
+    exponents (the token digits' second half there is zero): every group 64-byte aligned, one load for all. The
+    codes and exponents are moved, not changed."""
     e, n, half = codes.shape
     k = 2 * half
     if k % 64:
         raise ValueError(f"codes: k {k} is not a multiple of 64 (whole halves of 128-k groups)")
+    if n % 16:
+        raise ValueError(f"codes: n {n} is not a multiple of 16 (the form's 16-row tiles)")
     groups = -(-k // 128)
     quarters = torch.empty((e, n, 64 * groups), dtype=torch.uint8, device=codes.device)
     padded = torch.zeros((n, 64 * groups), dtype=torch.uint8, device=codes.device)  # one expert's, the half padded
     for x in range(e):  # an expert at a time: the copy's extra memory one expert's
         padded[:, :half] = codes[x]
-        # bytes 16u + 4q + b of a group (u the step, q the lane) to 16q + 4u + b
-        quarters[x] = padded.view(n, groups, 4, 4, 4).transpose(2, 3).reshape(n, 64 * groups)
+        # bytes 16u + 4q + b of a row's group (u the step, q the lane) to 16q + 4u + b, then each tile's rows of a
+        # group together
+        lanes = padded.view(n, groups, 4, 4, 4).transpose(2, 3)
+        quarters[x] = lanes.reshape(n // 16, 16, groups, 64).transpose(1, 2).reshape(n, 64 * groups)
     scales = torch.zeros((e, n, 4 * groups), dtype=torch.uint8, device=codes.device)
     scales[..., : k // MXFP4_GROUP] = exponents
-    return quarters, scales
+    return quarters, scales.view(e, n // 16, 16, groups, 4).transpose(2, 3).reshape(e, n, 4 * groups)
 
 
 def wgmma_scales(kind: WoqKind, scale: torch.Tensor, zero: torch.Tensor | None, dtype: torch.dtype

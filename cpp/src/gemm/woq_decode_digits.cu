@@ -296,9 +296,10 @@ __device__ __forceinline__ void digits_chunk(const WoqDigitsLaunch& d, int exper
 
 // The CTA's work for a chunk of `rows` token rows on MXFP4 weights in the quarters form (MB_WOQ_MXFP4_QUARTERS:
 // e2m1 codes re-ordered so that a lane's words of a 128-k group lie together, and four e8m0 scales a group, p.scales
-// uint8), the digits in the quarters order (common/token_digits.cuh): step u of a 128-k group is its scale group u,
-// and lane q's word of it the codes of k 32u + 8q + 0..7 in nibble order, word u of the lane's 16 bytes at 16q of the
-// group (one 16-byte load a row and group, and one 4-byte load of its scales). A word's codes become 12 + 2 e2m1
+// uint8, both in 16-row tiles: a warp's 16 rows of a group 1024 contiguous code bytes and 64 scale bytes), the digits
+// in the quarters order (common/token_digits.cuh): step u of a 128-k group is its scale group u, and lane q's word of
+// it the codes of k 32u + 8q + 0..7 in nibble order, word u of the lane's 16 bytes at 16q of the row's group (one
+// 16-byte load a row and group, and one 4-byte load of its scales). A word's codes become 12 + 2 e2m1
 // (mxfp4_offset_bytes: two byte permutes and an or per four codes), and a second mma of -12 times the digits into the
 // same int32 sums takes the 12 back out, so that a step's sums are exactly those of 2 e2m1 times the digits; the
 // lane forms R = 4096 S0 + 64 S1 (q even) or S2 (q odd) and adds R times the step's 2^(e - 127) into the group's fp32
@@ -321,8 +322,9 @@ __device__ __forceinline__ void digits_chunk_mxfp4(const WoqDigitsLaunch& d, int
   const int col0 = blockIdx.y * R;
   const int groups = K / mb::kDigitGroup;  // 128-k groups per row
 
-  // The lane's weight rows r and r + 8, the warp's K slice and its groups as digits_chunk.
-  const int64_t wrow = static_cast<int64_t>(expert) * N + min(col0 + rg * 16, N - 16) + g;
+  // The warp's 16 weight rows (a tile of the form; n % 16 == 0), the lane's rows g and g + 8 of it, the warp's K
+  // slice and its groups as digits_chunk.
+  const int64_t tile = static_cast<int64_t>(expert) * N + min(col0 + rg * 16, N - 16);  // its first row
   const int kslice = decode_k_slice(K, WK);
   const int kb = ks * kslice;
   const int nb = static_cast<int>(mb::digit_groups(max(0, min(K, kb + kslice) - kb)));
@@ -330,10 +332,12 @@ __device__ __forceinline__ void digits_chunk_mxfp4(const WoqDigitsLaunch& d, int
   const int last = max(nb, 1) - 1;
   const int kbc = min(kb, (K - 1) / mb::kDigitGroup * mb::kDigitGroup);
   const int j0 = kbc / mb::kDigitGroup;  // the slice's first group
-  const uint8_t* wp0 = p.B + wrow * (K / 2) + kbc / 2;
-  const uint8_t* wp1 = wp0 + 8 * static_cast<int64_t>(K / 2);
-  const uint32_t* sp0 = static_cast<const uint32_t*>(p.scales) + wrow * groups + j0;  // a group's four scales
-  const uint32_t* sp1 = sp0 + 8 * static_cast<int64_t>(groups);
+  constexpr unsigned kTileGroupBytes = 16 * 64;  // a tile's codes of one group
+  const uint8_t* wp0 = p.B + tile * (K / 2) + static_cast<int64_t>(j0) * kTileGroupBytes + 64 * g;
+  const uint8_t* wp1 = wp0 + 8 * 64;
+  // a tile's scales of one group: 16 words, row r % 16's four scales word r % 16
+  const uint32_t* sp0 = static_cast<const uint32_t*>(p.scales) + tile * groups + 16 * static_cast<int64_t>(j0) + g;
+  const uint32_t* sp1 = sp0 + 8;
 
   // Shared-memory offsets as digits_chunk's.
   const unsigned pitch = static_cast<unsigned>(nb0) * GB;
@@ -357,10 +361,10 @@ __device__ __forceinline__ void digits_chunk_mxfp4(const WoqDigitsLaunch& d, int
 #pragma unroll
     for (int j = 0; j < NB; ++j) {
       const unsigned jc = static_cast<unsigned>(min(jb + j, last));
-      w[buf][j][0] = ld_weights_in_bounds(wp0 + 64u * jc + 16 * q);
-      w[buf][j][1] = ld_weights_in_bounds(wp1 + 64u * jc + 16 * q);
-      sc[buf][j][0] = __ldg(sp0 + jc);
-      sc[buf][j][1] = __ldg(sp1 + jc);
+      w[buf][j][0] = ld_weights_in_bounds(wp0 + kTileGroupBytes * jc + 16 * q);
+      w[buf][j][1] = ld_weights_in_bounds(wp1 + kTileGroupBytes * jc + 16 * q);
+      sc[buf][j][0] = __ldg(sp0 + 16 * jc);
+      sc[buf][j][1] = __ldg(sp1 + 16 * jc);
     }
   };
   // Group jb of the slice from slot j of buffer buf; a group past the slice (`valid` false) takes a zero factor.

@@ -27,12 +27,12 @@ woq_dequantize_rows(const uint8_t* __restrict__ data, const void* __restrict__ s
                     const uint8_t* __restrict__ zeros, int group, int k, bool tiles, T* __restrict__ out) {
   const int64_t row = blockIdx.x;
   const int groups = group ? k / group : 1;
-  const uint8_t* d = data + row * (KIND == MB_WOQ_INT8 ? k : k / 2);
   T* o = out + row * k;
   for (int col = threadIdx.x * kCols; col < k; col += kThreads * kCols) {
     const int64_t g = row * groups + (group ? col / group : 0);
     float w[kCols];
     if constexpr (KIND == MB_WOQ_INT8) {
+      const uint8_t* d = data + row * k;  // the row's bytes
       const uint2 lo = *reinterpret_cast<const uint2*>(d + col), hi = *reinterpret_cast<const uint2*>(d + col + 8);
       const uint32_t words[4] = {lo.x, lo.y, hi.x, hi.y};
       const float s = static_cast<const float*>(scales)[g];
@@ -40,9 +40,7 @@ woq_dequantize_rows(const uint8_t* __restrict__ data, const void* __restrict__ s
       for (int j = 0; j < kCols; ++j)  // q + 128 exactly, then minus 128
         w[j] = (magic_u8(((words[j / 4] >> (8 * (j % 4))) & 0xffu) ^ 0x80u) - 128.0f) * s;
     } else {
-      // d is the row's first byte in rows (int4 in 16-row tiles: offsets from there)
-      const int64_t at = mbk::int4_offset(tiles, row, col / 2, k / 2) - row * (k / 2);
-      const uint2 q = *reinterpret_cast<const uint2*>(d + at);
+      const uint2 q = *reinterpret_cast<const uint2*>(data + mbk::int4_offset(tiles, row, col / 2, k / 2));
       if constexpr (KIND == MB_WOQ_MXFP4) {
         // e2m1's magnitude bits as fp32's low two exponent bits and top mantissa bit, its sign as the sign: e2m1 *
         // 2^-126 (0.5 the subnormal 2^-127), times 2^126 and 2^(e - 127) (e 0: the subnormal 2^-127), both exact

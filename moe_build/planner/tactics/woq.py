@@ -308,16 +308,26 @@ def woq_staged_cluster_rule(call: GemmCall) -> bool:
 # DeepSeek-V2-Lite at 12 / 16 / 24 / 32 tokens 123.1-123.6 / 144.2-144.4 / 163.1-163.4 / 182.4-185.7 against 145.8-147.4
 # / 175.8-176.4 / 185.1-185.2 / 201.2-201.7, Qwen3-30B-A3B at 24 / 32 151.4-152.7 / 167.0-167.8 against 180.4-181.6 /
 # 190.5-191.1; at 1-8 tokens (and Qwen3-30B-A3B to 16), where both plans take the tile, within 1%.
+# In 16-row tiles (the quarters form's since 2026-12-07), MXFP4 on layers of fewer than 64 experts takes the tile to 4
+# average rows per expert, whatever its rows in all: int4's bounds there were set against the staged tile, MXFP4's
+# alternative is the register-ring kernel. H100, WFP4A16 layers, graph replay, one process, GEMM1 (and GEMM2 where its
+# chunks fit) forced onto the tile at K split 1 beside the plan then, us (docs/measured/h100-2026-12-07-s38/call3):
+# GPT-OSS-20B (32 experts) at 24 / 32 tokens (3 / 4 rows) 226.2 / 257.8 against 297.1 / 304.0, Mixtral-8x7B (8) GEMM1
+# at 4 / 16 tokens (1 / 4 rows) 261.5 / 422.3 against 330.0 / 451.4, then at 24 / 32 (6 / 8 rows) 538.1 / 582.8
+# against 535.8 / 573.2.
 DIGITS_MAX_AVG_ROWS = 3
 DIGITS_MANY_EXPERTS = 64
 DIGITS_FEW_ROWS = 4
 DIGITS_MID_EXPERTS = 32
 DIGITS_MID_MAX_AVG_ROWS = 2
+DIGITS_MXFP4_MAX_AVG_ROWS = 4
 
 
 def woq_digits_rule(call: GemmCall, rows: RowCount, k_split: int) -> bool:
     most = woq_digits_rows(call, k_split)
     fits = most > 0 and (most >= DECODE_TOKENS or rows.rows_below(most + 1))  # a chunk's rows, min(8, tokens * top_k)
+    if call.woq == "mxfp4" and call.experts < DIGITS_MANY_EXPERTS:
+        return fits and rows.avg_at_most(DIGITS_MXFP4_MAX_AVG_ROWS)
     few_per_expert = rows.avg_at_most(DIGITS_MAX_AVG_ROWS)
     few_rows = rows.rows_below(DIGITS_FEW_ROWS + 1)
     experts_fit = rows.avg_at_most(digits_experts_max_avg_rows(call))
