@@ -745,8 +745,8 @@ mb_status mb_grouped_gemm_woq_sm90_finalize(const void* A, const void* B, int ki
                                             cudaStream_t stream);
 
 /* gemm/woq_dequantize.cu: weight-only experts (mb_grouped_gemm_woq's forms: data [E, n, k] int8, [E, n, k/2] MXFP4
- * or int4 codes in tiles (MB_WOQ_INT4_TILES), scales fp32 [E, n, k/group] (group 0: [E, n, 1]) or uint8 e8m0 [E, n, k/32], int4 zeros uint8 like
- * the scales or NULL for 8) dequantized into out [E, n, k] row-major in `dtype`, each weight computed in fp32 and
+ * or int4 codes in rows or tiles (MB_WOQ_INT4_TILES), scales fp32 [E, n, k/group] (group 0: [E, n, 1]) or uint8
+ * e8m0 [E, n, k/32], int4 zeros uint8 like the scales or NULL for 8) dequantized into out [E, n, k] row-major in `dtype`, each weight computed in fp32 and
  * rounded once: what a weight-only GEMM with a wgmma tactic runs before the 16-bit wgmma GEMM. k a multiple of 32,
  * out 16-byte and data 8-byte aligned. */
 mb_status mb_woq_dequantize(int kind, const void* data, const void* scales, const uint8_t* zeros, int group,

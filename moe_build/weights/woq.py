@@ -44,7 +44,7 @@ INT4_ZERO = 8             # the implicit zero point of symmetric int4 (u = q + 8
 # e2m1 (FP4) values indexed by their 4-bit code: sign bit 3, then two exponent bits and one mantissa bit
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 GROUP_SIZES = (32, 64, 128)  # int4 groups moe-build reads (TensorRT-LLM's W4A16 / W4AFP8 kernels take these)
-INT4_TILE_ROWS = 16       # rows of an int4 tile (MB_WOQ_INT4_TILES): a decode warp's weight rows
+TILE_ROWS = 16            # rows of a tile (MB_WOQ_INT4_TILES, MB_WOQ_MXFP4_QUARTERS): a decode warp's weight rows
 INT4_TILE_BATCH = 64      # bytes of a row in a tile's batch (128 k)
 
 
@@ -208,26 +208,26 @@ def int4_rows(tiles: torch.Tensor) -> torch.Tensor:
 
 def _int4_reorder(codes: torch.Tensor, to_tiles: bool) -> torch.Tensor:
     e, n, row_bytes = codes.shape
-    if n % INT4_TILE_ROWS:
-        raise ValueError(f"codes: {n} rows are not whole tiles of {INT4_TILE_ROWS}")
-    tiles, whole = n // INT4_TILE_ROWS, row_bytes // INT4_TILE_BATCH * INT4_TILE_BATCH
+    if n % TILE_ROWS:
+        raise ValueError(f"codes: {n} rows are not whole tiles of {TILE_ROWS}")
+    tiles, whole = n // TILE_ROWS, row_bytes // INT4_TILE_BATCH * INT4_TILE_BATCH
     batches = whole // INT4_TILE_BATCH
     out = torch.empty_like(codes)
     for x in range(e):
-        src = codes[x].reshape(tiles, INT4_TILE_ROWS * row_bytes)
-        dst = out[x].view(tiles, INT4_TILE_ROWS * row_bytes)
-        rows_whole = (tiles, INT4_TILE_ROWS, batches, INT4_TILE_BATCH)
-        tiled_whole = (tiles, batches, INT4_TILE_ROWS, INT4_TILE_BATCH)
+        src = codes[x].reshape(tiles, TILE_ROWS * row_bytes)
+        dst = out[x].view(tiles, TILE_ROWS * row_bytes)
+        rows_whole = (tiles, TILE_ROWS, batches, INT4_TILE_BATCH)
+        tiled_whole = (tiles, batches, TILE_ROWS, INT4_TILE_BATCH)
         if to_tiles:
-            rows = src.view(tiles, INT4_TILE_ROWS, row_bytes)
-            dst[:, : INT4_TILE_ROWS * whole] = rows[..., :whole].reshape(rows_whole).transpose(1, 2).reshape(
-                tiles, INT4_TILE_ROWS * whole)
-            dst[:, INT4_TILE_ROWS * whole:] = rows[..., whole:].reshape(tiles, -1)
+            rows = src.view(tiles, TILE_ROWS, row_bytes)
+            dst[:, : TILE_ROWS * whole] = rows[..., :whole].reshape(rows_whole).transpose(1, 2).reshape(
+                tiles, TILE_ROWS * whole)
+            dst[:, TILE_ROWS * whole:] = rows[..., whole:].reshape(tiles, -1)
         else:
-            rows = dst.view(tiles, INT4_TILE_ROWS, row_bytes)
-            rows[..., :whole] = src[:, : INT4_TILE_ROWS * whole].reshape(tiled_whole).transpose(1, 2).reshape(
-                tiles, INT4_TILE_ROWS, whole)
-            rows[..., whole:] = src[:, INT4_TILE_ROWS * whole:].reshape(tiles, INT4_TILE_ROWS, row_bytes - whole)
+            rows = dst.view(tiles, TILE_ROWS, row_bytes)
+            rows[..., :whole] = src[:, : TILE_ROWS * whole].reshape(tiled_whole).transpose(1, 2).reshape(
+                tiles, TILE_ROWS, whole)
+            rows[..., whole:] = src[:, TILE_ROWS * whole:].reshape(tiles, TILE_ROWS, row_bytes - whole)
     return out
 
 
@@ -257,8 +257,8 @@ def mxfp4_quarters(codes: torch.Tensor, exponents: torch.Tensor) -> tuple[torch.
     k = 2 * half
     if k % 64:
         raise ValueError(f"codes: k {k} is not a multiple of 64 (whole halves of 128-k groups)")
-    if n % 16:
-        raise ValueError(f"codes: n {n} is not a multiple of 16 (the form's 16-row tiles)")
+    if n % TILE_ROWS:
+        raise ValueError(f"codes: n {n} is not a multiple of {TILE_ROWS} (the form's {TILE_ROWS}-row tiles)")
     groups = -(-k // 128)
     quarters = torch.empty((e, n, 64 * groups), dtype=torch.uint8, device=codes.device)
     padded = torch.zeros((n, 64 * groups), dtype=torch.uint8, device=codes.device)  # one expert's, the half padded
@@ -267,10 +267,10 @@ def mxfp4_quarters(codes: torch.Tensor, exponents: torch.Tensor) -> tuple[torch.
         # bytes 16u + 4q + b of a row's group (u the step, q the lane) to 16q + 4u + b, then each tile's rows of a
         # group together
         lanes = padded.view(n, groups, 4, 4, 4).transpose(2, 3)
-        quarters[x] = lanes.reshape(n // 16, 16, groups, 64).transpose(1, 2).reshape(n, 64 * groups)
+        quarters[x] = lanes.reshape(n // TILE_ROWS, TILE_ROWS, groups, 64).transpose(1, 2).reshape(n, 64 * groups)
     scales = torch.zeros((e, n, 4 * groups), dtype=torch.uint8, device=codes.device)
     scales[..., : k // MXFP4_GROUP] = exponents
-    return quarters, scales.view(e, n // 16, 16, groups, 4).transpose(2, 3).reshape(e, n, 4 * groups)
+    return quarters, scales.view(e, n // TILE_ROWS, TILE_ROWS, groups, 4).transpose(2, 3).reshape(e, n, 4 * groups)
 
 
 def wgmma_scales(kind: WoqKind, scale: torch.Tensor, zero: torch.Tensor | None, dtype: torch.dtype
@@ -474,9 +474,9 @@ def validate(w: WoqWeights) -> None:
             _refuse(name, f"{kind.value} weights are symmetric and carry no zero points", "None")
         if t.dtype != torch.uint8 or bool((t > 15).any()):
             _refuse(name, f"int4 zero points must be uint8 in 0..15, got {t.dtype}", "uint8 0..15")
-    if w.int4_tiles and (kind is not WoqKind.INT4 or n1 % INT4_TILE_ROWS or hidden % INT4_TILE_ROWS):
+    if w.int4_tiles and (kind is not WoqKind.INT4 or n1 % TILE_ROWS or hidden % TILE_ROWS):
         _refuse("int4_tiles", f"{kind.value} weights with {n1} / {hidden} output rows", f"int4 weights whose output "
-                f"rows are multiples of {INT4_TILE_ROWS}")
+                f"rows are multiples of {TILE_ROWS}")
     if (w.w1_zero is None) != (w.w2_zero is None):
         _refuse("w2_zero" if w.w2_zero is None else "w1_zero", "zero points on one GEMM only", "both or neither")
     for first, second in (("fc1_act_scale", "fc2_act_scale"), ("a1_scale", "a2_scale"), ("w1_scale_2", "w2_scale_2")):

@@ -2,8 +2,8 @@
 // first, into the runner's workspace, before the 16-bit wgmma GEMM reads the result as row-major weights (the
 // weight-only kernels have no wgmma mainloop: from many rows per expert one dequantizing pass plus the 16-bit
 // GEMM costs less than the mma tiles; moe_build/planner/tactics/woq.py's woq_kernel_rule).
-// The forms are mb_grouped_gemm_woq's (cpp/include/moe_build_kernels.h; int4 in rows or tiles): w = (u - z) * s (int4), q * s
-// (int8), e2m1 * 2^(e - 127) (MXFP4), each computed in fp32 and rounded once to the output dtype.
+// The forms are mb_grouped_gemm_woq's (cpp/include/moe_build_kernels.h; int4 in rows or tiles): w = (u - z) * s
+// (int4), q * s (int8), e2m1 * 2^(e - 127) (MXFP4), each computed in fp32 and rounded once to the output dtype.
 // A block per weight row, a thread 16 consecutive columns at a time (one 8-byte load, int8 two, and two 16-byte
 // stores, one scale: groups are 32 columns or more), the kind a template argument: the pass moves bytes, so its
 // arithmetic is integer placement and one or two multiplies a weight, with no division or conversion call.
@@ -11,7 +11,7 @@
 #include <cstdint>
 
 #include "common/common.cuh"
-#include "gemm/woq.cuh"  // int4_tile_offset
+#include "gemm/woq.cuh"  // is_int4, int4_offset
 
 namespace {
 

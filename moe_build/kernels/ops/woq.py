@@ -8,7 +8,7 @@ import torch
 
 from ...planner.tactics import GemmTactic
 from ...planner.tactics.woq import DIGITS_GROUP_BYTES
-from ...weights.woq import INT4_TILE_ROWS
+from ...weights.woq import TILE_ROWS
 from ..abi import Activation, WoqInput, WoqKind
 from ..library import call, load_library
 from .args import _check, _dtype_code, _enum, _out, _ptr, _stream, _workspace
@@ -131,8 +131,8 @@ def _stored_kind(kind: int | str | WoqKind) -> WoqKind:
 
 def _check_tiles(mode: WoqKind, n: int) -> None:
     """int4 codes in 16-row tiles need whole tiles (weights/woq.py's int4_tiles)."""
-    if mode is WoqKind.INT4_TILES and n % INT4_TILE_ROWS:
-        raise ValueError(f"B: int4_tiles hold {INT4_TILE_ROWS} rows a tile; n {n} is not a multiple of it")
+    if mode is WoqKind.INT4_TILES and n % TILE_ROWS:
+        raise ValueError(f"B: int4_tiles hold {TILE_ROWS} rows a tile; n {n} is not a multiple of it")
 
 
 def _woq_gemm_args(a: torch.Tensor, b: torch.Tensor, kind: int | str | WoqKind, scales: torch.Tensor,
