@@ -157,7 +157,7 @@ def test_default_weight_only_variants() -> None:
 def test_w4afp8_dynamic_bench_layers_take_each_rows_scale_at_run_time() -> None:
     """--quant w4afp8_dynamic: W4AFP8 with each row's FP8 scale taken at run time (compressed-tensors' scheme) on
     the same int4 experts and AWQ scales as w4afp8; its digits tile's token digits come from steps of their own
-    (rules.digits_row_scale), so the forced-off columns leave token_digits=separate out; the FC2 scale in the
+    (rules.digits_row_scale_pays), so the forced-off columns leave token_digits=separate out; the FC2 scale in the
     activation at 1 token too."""
     assert woq_layer.QUANTS["w4afp8"] == (Quant.W4AFP8, ActScale.STATIC)
     assert woq_layer.QUANTS["w4afp8_dynamic"] == (Quant.W4AFP8, ActScale.DYNAMIC)

@@ -328,13 +328,13 @@ def test_w4afp8_runs_the_weight_only_steps_on_dequantized_rows(expand: str, fc2:
     assert ("expanded_input" in layout) == (expand == "plain")
 
 
-def test_w4afp8_with_static_scales_makes_token_digits_where_it_quantizes() -> None:
+def test_w4afp8_makes_token_digits_where_it_quantizes() -> None:
     """On the digits tile (small experts at decode) the kernel that writes a GEMM's quantized rows writes their token
     digits instead (token_digits=fused): the expansion and the activation (at 1 token too), or, the expansion forced
     plain, the quantize step after it; forced separate, digits steps read the dequantized rows back. The fused
-    finalize in the digits GEMM2, into the output the expansion zeroes. With per-row scales (a row's amax over all its
-    columns, where the digits kernels run a warp per 128-column group) digits steps make them (gate
-    digits_row_scale), and forcing them fused is refused."""
+    finalize in the digits GEMM2, into the output the expansion zeroes. With per-row scales digits steps make them
+    (gate digits_row_scale_pays); forced fused, the same kernels as with a static scale (a block per row), up to
+    rows of 16384 columns (gate digits_row_scale_fits), past which forcing them is refused."""
     spec = dataclasses.replace(SWIGLU_64E, quant=Quant.W4AFP8, act_scale=ActScale.STATIC, quant_prequant_scales=True)
     plan = make_plan(spec, H100, tokens=16)
     assert plan.choices(16)["token_digits"] == "fused"
@@ -352,16 +352,24 @@ def test_w4afp8_with_static_scales_makes_token_digits_where_it_quantizes() -> No
     layout = workspace_layout(spec, steps_up_to(plan, 16), 16)
     assert "token_digits" in layout and layout["permuted_input"].dtype == torch.bfloat16
     dynamic = dataclasses.replace(spec, act_scale=ActScale.DYNAMIC)
-    plan = make_plan(dynamic, H100, tokens=16)
-    assert plan.choices(16)["token_digits"] == "separate"
-    gate = next(g for g in plan.stage("token_digits").gates if g.name == "digits_row_scale")
-    assert (gate.value, gate.held) == ("quant=w4afp8 act_scale=dynamic", False)
-    assert kernel_sequence(plan, 16, "topk") == kernel_sequence(separate, 16, "topk")
-    assert kernel_sequence(plan, 1, "topk")[3:] == ["gemm1:woq_digits", "fc1_activation:fp8_dequantized",
-                                                    "token_digits:gemm2", "gemm2:woq_digits_finalize"]
-    with pytest.raises(MoeBuildError, match=r"^digits_row_scale: cannot force token_digits=fused: .*'quant != w4afp8 "
-                                            r"or act_scale == static'"):
-        make_plan(dynamic, H100, tokens=16, force={"token_digits": "fused"})
+    per_row = make_plan(dynamic, H100, tokens=16)
+    assert per_row.choices(16)["token_digits"] == "separate"
+    gates = {g.name: (g.value, g.held) for g in per_row.stage("token_digits").gates}
+    assert gates["digits_row_scale_pays"] == ("quant=w4afp8 act_scale=dynamic", False)
+    assert gates["digits_row_scale_fits"] == ("quant=w4afp8 act_scale=dynamic widest=512", True)
+    assert kernel_sequence(per_row, 16, "topk") == kernel_sequence(separate, 16, "topk")
+    assert kernel_sequence(per_row, 1, "topk")[3:] == ["gemm1:woq_digits", "fc1_activation:fp8_dequantized",
+                                                       "token_digits:gemm2", "gemm2:woq_digits_finalize"]
+    fused = make_plan(dynamic, H100, tokens=16, force={"token_digits": "fused"})
+    for tokens in (1, 16):
+        assert kernel_sequence(fused, tokens, "topk") == kernel_sequence(plan, tokens, "topk")
+    wide = dataclasses.replace(dynamic, intermediate_size=16384 + 128)
+    gate = next(g for g in make_plan(wide, H100, tokens=16).stage("token_digits").gates
+                if g.name == "digits_row_scale_fits")
+    assert (gate.value, gate.held) == ("quant=w4afp8 act_scale=dynamic widest=16512", False)
+    with pytest.raises(MoeBuildError, match=r"^digits_row_scale_fits: cannot force token_digits=fused: .*'quant != "
+                                            r"w4afp8 or act_scale == static or max\(hidden, inter\) <= 16384'"):
+        make_plan(wide, H100, tokens=16, force={"token_digits": "fused"})
 
 
 @pytest.mark.parametrize("act_scale", [ActScale.STATIC, ActScale.DYNAMIC])
@@ -846,7 +854,8 @@ def test_digits_tactics_read_token_digits(finalize: str, fc2_prequant: str, expa
     assert (d.choice, d.fallback) == ("fused", "separate")
     assert {g.name: (g.value, g.held) for g in d.gates} == {
         "digits_tile": ("gemm1,gemm2", True), "digits_fc2_prequant": (fc2_prequant, True),
-        "digits_row_scale": ("quant=w4a16_awq act_scale=dynamic", True)}
+        "digits_row_scale_fits": ("quant=w4a16_awq act_scale=dynamic widest=512", True),
+        "digits_row_scale_pays": ("quant=w4a16_awq act_scale=dynamic", True)}
     gemm2 = "gemm2:woq_digits_finalize" if finalize == "fused" else "gemm2:woq_digits"
     zero = "+zero_output" if finalize == "fused" else ""
     expand = {("prequant_fused", "fused"): "expand_rows:prequant_digits", ("plain", "fused"): "expand_rows:prequant_input_digits",

@@ -665,16 +665,18 @@ mb_status mb_token_digits(const void* in, int dtype, int64_t rows, int k, int gr
  * it waits (as mb_expand_rows_fp8: its input must be complete before its predecessor starts) and waits before its
  * first store or map read. fp8_static_scale (one fp32 on the device) or
  * NULL: W4AFP8's, the digits then those of the rows mb_expand_rows_fp8_dequantized / mb_fc1_activation_fp8_dequantized
- * write. */
+ * write; fp8_row_scale != 0 (W4AFP8's per-row scales; fp8_static_scale NULL, hidden or inter at most 16384): the
+ * digits of the rows those write with each row's dynamic scale. */
 mb_status mb_expand_rows_digits(const void* input, int dtype, const int32_t* unpermuted_to_permuted,
                                 const float* topk_weights, const float* prequant_scale, const float* fp8_static_scale,
-                                int num_tokens, int hidden, int top_k, int group, uint8_t* permuted_digits,
-                                float* permuted_weights, void* zero_out, cudaStream_t stream);
+                                int fp8_row_scale, int num_tokens, int hidden, int top_k, int group,
+                                uint8_t* permuted_digits, float* permuted_weights, void* zero_out,
+                                cudaStream_t stream);
 mb_status mb_fc1_activation_digits(const void* in, int dtype, const void* b1, const int64_t* expert_first_token_offset,
                                    int num_experts, int64_t max_rows, int inter, int activation,
                                    int gate_up_interleaved, float swiglu_alpha, float swiglu_limit,
-                                   const float* prequant_scale, const float* fp8_static_scale, int group,
-                                   uint8_t* out, cudaStream_t stream);
+                                   const float* prequant_scale, const float* fp8_static_scale, int fp8_row_scale,
+                                   int group, uint8_t* out, cudaStream_t stream);
 mb_status mb_grouped_gemm_woq(const void* A, int a_type, const void* B, int kind, const void* scales,
                               const uint8_t* zeros, int group, const void* bias, void* C,
                               const int64_t* expert_first_token_offset, int num_experts, int64_t max_rows, int n,

@@ -76,8 +76,8 @@ BF16_RATIO = 1.25
 
 def default_variants(quant: Quant, act_scale: ActScale = ActScale.STATIC) -> tuple[str, ...]:
     """What a point times unless --variants says otherwise: ours, each fusion its plan turns on forced off, then
-    OTHERS (W4AFP8 with per-row scales makes its token digits by steps of their own, rules.digits_row_scale, and runs
-    no gated epilogue, rules.gated_epilogue_gemm)."""
+    OTHERS (W4AFP8 with per-row scales makes its token digits by steps of their own, rules.digits_row_scale_pays,
+    and runs no gated epilogue, rules.gated_epilogue_gemm)."""
     forced = FORCED.get(quant, ())
     if quant is Quant.W4AFP8 and act_scale is not ActScale.STATIC:
         forced = tuple(v for v in forced if v not in ("ours:token_digits=separate", "ours:fc1_activation=separate"))

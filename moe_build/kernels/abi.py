@@ -198,8 +198,8 @@ SIGNATURES: dict[str, tuple[type, tuple[type, ...]]] = {
     "mb_fc1_activation_fp8_dequantized": (_i, (_p, _i, _p, _p, _i, _i64, _i, _i, _i, _f, _f, _p, _p, _p, _i, _p)),
     # end of FP8 activation quantization
     "mb_token_digits": (_i, (_p, _i, _i64, _i, _i, _p, _p)),
-    "mb_expand_rows_digits": (_i, (_p, _i, _p, _p, _p, _p, _i, _i, _i, _i, _p, _p, _p, _p)),
-    "mb_fc1_activation_digits": (_i, (_p, _i, _p, _p, _i, _i64, _i, _i, _i, _f, _f, _p, _p, _i, _p, _p)),
+    "mb_expand_rows_digits": (_i, (_p, _i, _p, _p, _p, _p, _i, _i, _i, _i, _i, _p, _p, _p, _p)),
+    "mb_fc1_activation_digits": (_i, (_p, _i, _p, _p, _i, _i64, _i, _i, _i, _f, _f, _p, _p, _i, _i, _p, _p)),
     "mb_grouped_gemm_sm80_workspace": (_sz, (_i,)),
     "mb_grouped_gemm_sm80": (_i, (_p, _p, _p, _p, _p, _i, _i64, _i, _i, _i, _i, _i, _f, _f, _t, _p, _sz, _p)),
     "mb_grouped_gemm_sm90_workspace": (_sz, (_i, _i64, _i, _i)),

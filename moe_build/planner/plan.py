@@ -351,17 +351,18 @@ def _plain_store_calls(spec: MoESpec, target: Target, gemm_kernel: str) -> dict[
 
 
 def _optional_stage(stage: str, fused: str, fallback: str, gates: Sequence[Gate], forced: str | None, fused_text: str,
-                    fallback_text: str, none_text: str, why_not_none: str) -> StageDecision:
+                    fallback_text: str, none_text: str, why_not_none: str,
+                    force_needs: Sequence[Gate] | None = None) -> StageDecision:
     """A stage of some layers only (those with FP8 GEMMs, with a GEMM on the digits tile): `fused` where every gate
     holds, else `fallback`; "none" for a layer without them (the first gate), which a layer with them cannot be forced
-    to (`why_not_none`)."""
+    to (`why_not_none`). Forcing `fused` needs `force_needs` (default: every gate), as _simple's."""
     if not gates[0].held:
         if forced not in (None, "none"):
             _refuse(gates[:1], f"cannot force {stage}={forced}")
         return StageDecision(stage, "none", "none", tuple(gates), forced=forced is not None, summary=none_text)
     if forced == "none":
         raise MoeBuildError("force", f"{stage}=none: {why_not_none}", (fused, fallback))
-    return _simple(stage, fused, fallback, gates, forced, lambda f: fused_text if f else fallback_text)
+    return _simple(stage, fused, fallback, gates, forced, lambda f: fused_text if f else fallback_text, force_needs)
 
 
 def _act_quant(stage: str, fused: str, gates: Sequence[Gate], forced: str | None, fused_text: str,
@@ -579,12 +580,12 @@ def _token_digits(spec: MoESpec, fc2_prequant: str, tactics: Sequence[StageDecis
     kernels that write their input rows, or a digits step after each; "none" where no GEMM runs the tile."""
     on = [d.stage.split("_")[0] for d in tactics
           if any(on_digits_tile(T.GemmTactic.parse(c)) for c in ([b.choice for b in d.bands] or [d.choice]))]
-    return _optional_stage("token_digits", "fused", "separate",
-                           [R.digits_tile_planned(on), R.digits_fc2_prequant(fc2_prequant), R.digits_row_scale(spec)],
-                           forced,
+    capable = [R.digits_tile_planned(on), R.digits_fc2_prequant(fc2_prequant), R.digits_row_scale_fits(spec)]
+    return _optional_stage("token_digits", "fused", "separate", capable + [R.digits_row_scale_pays(spec)], forced,
                            "the digits tile's token digits made by the expansion (GEMM1) and the activation (GEMM2)",
                            "the digits tile's token digits made by a step of their own before each GEMM",
-                           "no GEMM on the digits tile", "a GEMM on the digits tile reads token digits")
+                           "no GEMM on the digits tile", "a GEMM on the digits tile reads token digits",
+                           force_needs=capable)
 
 
 def _w1_order(spec: MoESpec, fc1_activation: StageDecision) -> StageDecision:

@@ -18,7 +18,7 @@ from .gates import (BUILDER_PY, ENV_UTILS_CPP, RTX_FACTS, GEMM_DISPATCH_H, MOE_K
 from .tactics import GemmTactic, RowCount
 from .tactics.dense import FINALIZE_DECODE_MAX_AVG_ROWS
 from .tactics.fp8 import FP8_BLOCK_DECODE_ROWS
-from .tactics.woq import WOQ_DECODE_MAX_AVG_ROWS, on_mixed_input_tile
+from .tactics.woq import ROW_SCALE_DIGITS_MAX_COLS, WOQ_DECODE_MAX_AVG_ROWS, on_mixed_input_tile
 
 FUSED_PROLOGUE_MAX_TOKENS = 256
 FUSED_PROLOGUE_TOPK = (1, 2, 4, 6, 8)
@@ -801,14 +801,26 @@ def digits_fc2_prequant(fc2_prequant: str) -> Gate:
     return Gate("digits_fc2_prequant", fc2_prequant, "fc2_prequant != separate", fc2_prequant != "separate", OURS)
 
 
-# quant != w4afp8 or act_scale == static: a dynamic scale is its row's amax over every column, and the digits kernels
-# run a warp per 128-column group. Each warp taking its whole row's amax first (its activation computed again per
-# group) lost to the 16-bit rows and a digits step after them: H200, W4AFP8 with per-row scales, graph replay, one
-# round, fused / separate at 1 token, us (docs/measured/h200-2026-12-02-w4afp8-dynamic, call3): Mixtral-8x7B (112
-# groups a row) 139.3 / 86.4, GPT-OSS-20B 54.5 / 50.1, DeepSeek-V2-Lite 33.7 / 31.7, Qwen3-30B-A3B 29.5 / 29.5
-def digits_row_scale(spec: MoESpec) -> Gate:
+# quant != w4afp8 or act_scale == static or max(hidden, inter) <= 16384: a dynamic scale is its row's amax over every
+# column, so the per-row digits kernels take a row a block, four 128-column groups a warp at most
+# (cpp/src/common/row_scale_digits.cuh)
+def digits_row_scale_fits(spec: MoESpec) -> Gate:
+    widest = max(spec.hidden_size, spec.intermediate_size)
+    held = spec.quant is not Quant.W4AFP8 or spec.act_scale is ActScale.STATIC or widest <= ROW_SCALE_DIGITS_MAX_COLS
+    return Gate("digits_row_scale_fits", f"quant={spec.quant.value} act_scale={spec.act_scale.value} widest={widest}",
+                f"quant != w4afp8 or act_scale == static or max(hidden, inter) <= {ROW_SCALE_DIGITS_MAX_COLS}", held,
+                OURS)
+
+
+# quant != w4afp8 or act_scale == static: per-row digits made where the rows are written have lost to the digits steps
+# so far. A warp a 128-column group taking its whole row's amax first (its activation computed again per group): H200,
+# W4AFP8 with per-row scales, graph replay, one round, fused / separate at 1 token, us
+# (docs/measured/h200-2026-12-02-w4afp8-dynamic, call3): Mixtral-8x7B (112 groups a row) 139.3 / 86.4, GPT-OSS-20B
+# 54.5 / 50.1, DeepSeek-V2-Lite 33.7 / 31.7, Qwen3-30B-A3B 29.5 / 29.5. The block-per-row kernels
+# (row_scale_digits.cuh) run where token_digits=fused is forced; they replace the steps once timed ahead of them.
+def digits_row_scale_pays(spec: MoESpec) -> Gate:
     held = spec.quant is not Quant.W4AFP8 or spec.act_scale is ActScale.STATIC
-    return Gate("digits_row_scale", f"quant={spec.quant.value} act_scale={spec.act_scale.value}",
+    return Gate("digits_row_scale_pays", f"quant={spec.quant.value} act_scale={spec.act_scale.value}",
                 "quant != w4afp8 or act_scale == static", held, OURS)
 
 

@@ -468,12 +468,13 @@ class FusedExperts:
     def _expand_digits(self, b: Batch, zero_out: torch.Tensor | None, source: torch.Tensor | None = None,
                        scale: torch.Tensor | None = None, fp8: bool = False) -> None:
         """_expand's rows as GEMM1's token digits (mb_expand_rows_digits), never stored in 16 bits; with `fp8`
-        (W4AFP8, static input scales: rules.digits_row_scale) the digits of the rows quantized by GEMM1's input scale
+        (W4AFP8) the digits of the rows quantized by GEMM1's static input scale, or each row's own where it has none,
         and dequantized."""
         self.k.expand_rows_digits(b.hidden if source is None else source, b.v("unpermuted_to_permuted"),
                                   b.topk_weights, scale, permuted_digits=self._digits(b, self.spec.hidden_size),
                                   permuted_weights=b.v("permuted_weights"), zero_out=zero_out, group=self.digits_group,
-                                  stream=b.stream, fp8_static_scale=self.a1_scale if fp8 else None)
+                                  stream=b.stream, fp8_static_scale=self.a1_scale if fp8 else None,
+                                  fp8_row_scale=fp8 and self.a1_scale is None)
 
     def fc1_activation_digits(self, b: Batch) -> None:
         """The activation writing GEMM2's token digits (token_digits=fused)."""
@@ -484,14 +485,15 @@ class FusedExperts:
         self._activation_digits(b, self.w.woq.fc2_act_scale)
 
     def _activation_digits(self, b: Batch, prequant_scale: torch.Tensor | None, fp8: bool = False) -> None:
-        """The activation writing GEMM2's token digits; with `fp8` (W4AFP8, static input scales) the digits of its
-        values quantized by GEMM2's input scale and dequantized."""
+        """The activation writing GEMM2's token digits; with `fp8` (W4AFP8) the digits of its values quantized by
+        GEMM2's static input scale, or each row's own where it has none, and dequantized."""
         s = self.spec
         self.k.fc1_activation_digits(b.v("fc1_out"), b.v("expert_offsets"), self.act, bias=self.w.b1,
                                      swiglu_alpha=s.swiglu_alpha, swiglu_limit=s.swiglu_limit,
                                      prequant_scale=prequant_scale, out=self._digits(b, s.intermediate_size),
                                      group=self.digits_group, stream=b.stream,
                                      fp8_static_scale=self.a2_scale if fp8 else None,
+                                     fp8_row_scale=fp8 and self.a2_scale is None,
                                      gate_up_interleaved=self.w1_interleaved)
 
     def gemm2_woq_finalize(self, b: Batch) -> None:
@@ -586,12 +588,13 @@ class FusedExperts:
         self.k.fc1_activation_fp8_dequantized(rows, b.v("expert_offsets"), "identity", scale, out=out,
                                               stream=b.stream, prequant_scale=prequant, tactic=b.step_tactics[stage])
 
-    def _quantize_rows_digits(self, b: Batch, rows: torch.Tensor, prequant: torch.Tensor | None, scale: torch.Tensor,
-                              k: int) -> None:
-        """_quantize_rows' values, by the static `scale`, as the next GEMM's token digits (its input width k)."""
+    def _quantize_rows_digits(self, b: Batch, rows: torch.Tensor, prequant: torch.Tensor | None,
+                              scale: torch.Tensor | None, k: int) -> None:
+        """_quantize_rows' values, by the static `scale` (None: each row's own), as the next GEMM's token digits (its
+        input width k)."""
         self.k.fc1_activation_digits(rows, b.v("expert_offsets"), "identity", prequant_scale=prequant,
                                      out=self._digits(b, k), group=self.digits_group, stream=b.stream,
-                                     fp8_static_scale=scale)
+                                     fp8_static_scale=scale, fp8_row_scale=scale is None)
 
     # ---- GEMM2 -----------------------------------------------------------------------------
     def gemm2_sm90_finalize(self, b: Batch) -> None:

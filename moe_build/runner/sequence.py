@@ -133,8 +133,8 @@ EXPAND_ROWS_16BIT_ZERO_OUTPUT = "expand_rows:16bit+zero_output"  # ... also zero
 # mb_expand_rows_fp8_dequantized (expand_rows=prequant_fused), or a 16-bit expansion then the quantization
 # (mb_fc1_activation_fp8_dequantized's identity, plain); mb_fc1_activation_fp8_dequantized (fc2_prequant fused or
 # none), or the activation then the quantization in place (separate); their digits forms where the GEMM after them
-# reads token digits (token_digits=fused, static scales only: mb_expand_rows_digits / mb_fc1_activation_digits with
-# the static scale)
+# reads token digits (token_digits=fused: mb_expand_rows_digits / mb_fc1_activation_digits with the static scale or
+# each row's own)
 EXPAND_ROWS_FP8_DEQUANTIZED = "expand_rows:fp8_dequantized"
 EXPAND_ROWS_FP8_DEQUANTIZED_ZERO_OUTPUT = "expand_rows:fp8_dequantized+zero_output"
 EXPAND_ROWS_FP8_DEQUANTIZED_DIGITS = "expand_rows:fp8_dequantized_digits"

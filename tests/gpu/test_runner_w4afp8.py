@@ -187,21 +187,23 @@ def test_digits_tile_reads_w1_interleaved(mode: tuple) -> None:
     check(base, mode, tokens=1, max_tokens=3000)
 
 
-DIGITS_FORCES = [({}, "fused"), ({"token_digits": "separate"}, "digits_separate"), ({"expand_rows": "plain"},
-                 "expand_plain"), ({"fc2_prequant": "separate"}, "fc2_separate")]
-# the digits tile takes groups of 64 and 128 and per-row weight scales; per-row input scales make their token digits
-# by steps of their own (rules.digits_row_scale)
+DIGITS_FORCES = [({}, "plan"), ({"token_digits": "separate"}, "digits_separate"), ({"expand_rows": "plain"},
+                 "expand_plain"), ({"fc2_prequant": "separate"}, "fc2_separate"),
+                 ({"token_digits": "fused"}, "digits_fused"),
+                 ({"token_digits": "fused", "expand_rows": "plain"}, "digits_fused_expand_plain")]
+# the digits tile takes groups of 64 and 128 and per-row weight scales; per-row input scales make their token digits by
+# steps of their own (rules.digits_row_scale_pays) or, forced fused, in the rows' writers as static ones do
 DIGITS_CASES = [pytest.param(m, f, id=f"{mid}-{fid}") for m, mid in zip(WGMMA_MODES, WGMMA_IDS)
-                for f, fid in DIGITS_FORCES if applies(m, f) and (m[3] or "token_digits" not in f)]
+                for f, fid in DIGITS_FORCES if applies(m, f)]
 
 
 @pytest.mark.parametrize("mode, force", DIGITS_CASES)
 @pytest.mark.parametrize("tokens", [1, 2, 16])
 def test_the_digits_tile(mode: tuple, force: dict[str, str], tokens: int) -> None:
     """Small experts at decode: W4A16's digits tile on the token digits of the dequantized rows, made by the
-    expansion and the activation (or by the quantize step after a plain expansion) with a static scale, or by digits
-    steps (forced, with the FC2 scale forced out of the activation, or with per-row scales: rules.digits_row_scale);
-    against the reference."""
+    expansion and the activation (or by the quantize step after a plain expansion) with a static scale or, forced,
+    each row's own, or by digits steps (forced, with the FC2 scale forced out of the activation, or the plan's with
+    per-row scales); against the reference."""
     need_fp8()
     from moe_build.runner import MoERunner
     base = BASE.with_overrides(num_experts=64, top_k=6)
@@ -209,6 +211,31 @@ def test_the_digits_tile(mode: tuple, force: dict[str, str], tokens: int) -> Non
     runner = MoERunner(spec, weights, target=device_target(), max_tokens=tokens, force=force)
     assert "gemm1:woq_digits" in runner.kernel_sequence(tokens), runner.kernel_sequence(tokens)
     check(base, mode, force, tokens=tokens)
+
+
+PER_ROW_MODES = [m for m in WGMMA_MODES if not m[3]]
+PER_ROW_IDS = [i for m, i in zip(WGMMA_MODES, WGMMA_IDS) if not m[3]]
+
+
+@pytest.mark.parametrize("mode", PER_ROW_MODES, ids=PER_ROW_IDS)
+@pytest.mark.parametrize("tokens", [1, 2, 16])
+def test_per_row_token_digits_made_by_the_writers_equal_the_steps_bit_for_bit(mode: tuple, tokens: int) -> None:
+    """Per-row input scales on the digits tile: the token digits made by the expansion and the activation (forced
+    fused: a block per row) and by digits steps after the 16-bit rows (the plan's) feed the GEMMs the same bytes, so
+    with the deterministic finalize the outputs are equal."""
+    need_fp8()
+    from moe_build.runner import MoERunner
+    base = BASE.with_overrides(num_experts=64, top_k=6)
+    spec, weights = w4afp8_case(base, mode, tokens)
+    target = device_target(deterministic=True)
+    hidden = torch.randn(tokens, spec.hidden_size, device="cuda").to(torch_dtype(spec))
+    logits = torch.randn(tokens, spec.num_experts, device="cuda")
+    runners = {f: MoERunner(spec, weights, target=target, max_tokens=tokens, force={"token_digits": f})
+               for f in ("fused", "separate")}
+    steps = runners["fused"].kernel_sequence(tokens)
+    assert any(s.startswith("expand_rows:fp8_dequantized_digits") for s in steps) and "gemm1:woq_digits" in steps, steps
+    outs = {f: r(hidden, router_logits=logits) for f, r in runners.items()}
+    assert torch.equal(outs["fused"], outs["separate"]), "fused per-row token digits differ from the digits steps'"
 
 
 @pytest.mark.parametrize("mode", MODES[:1] + MODES[2:4], ids=MODE_IDS[:1] + MODE_IDS[2:4])

@@ -151,9 +151,10 @@ def check_decoded(rec: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, grou
 
 # (tokens, hidden, top_k, weight group): one token of one group, Qwen3-30B-A3B's top-8 at 2048, a prefill-sized call
 # at 384 columns (three groups), Mixtral-8x7B's 4096 at top-2, DeepSeek-V2-Lite's top-6; GPT-OSS-20B's 2880 at top-4
-# in groups of 64 (a half group at the end) and of 32 (MXFP4's), and a lone half group
+# in groups of 64 (a half group at the end) and of 32 (MXFP4's), a lone half group; DeepSeek-V3's 7168 and the per-row
+# digits kernels' widest row, 16384 (two and four groups a warp)
 EXPAND_SHAPES = [(1, 128, 1, 128), (3, 2048, 8, 128), (300, 384, 6, 0), (5, 4096, 2, 128), (16, 2048, 6, 128),
-                 (7, 2880, 4, 64), (2, 64, 3, 64), (7, 2880, 4, 32)]
+                 (7, 2880, 4, 64), (2, 64, 3, 64), (7, 2880, 4, 32), (3, 7168, 8, 128), (2, 16384, 2, 64)]
 
 
 @pytest.mark.parametrize("zero", [False, True], ids=["plain", "zero_out"])
@@ -231,46 +232,61 @@ def test_fused_digits_bad_arguments_are_refused() -> None:
         K.fc1_activation_digits(torch.zeros(2, 2 * 192, dtype=torch.bfloat16, device="cuda"), off, K.Activation.SWIGLU)
 
 
-# W4AFP8 with a static input scale: the digits of the rows mb_expand_rows_fp8_dequantized /
-# mb_fc1_activation_fp8_dequantized write (tests/gpu/test_fp8_quantize.py checks those rows against the reference's
-# quantization), bit for bit. The scale saturates the larger elements at +-448 * s.
+# W4AFP8 with a static input scale or each row's own (per_row: a block per row, common/row_scale_digits.cuh): the digits
+# of the rows mb_expand_rows_fp8_dequantized / mb_fc1_activation_fp8_dequantized write with that scale
+# (tests/gpu/test_fp8_quantize.py checks those rows against the reference's quantization), bit for bit. The static
+# scale saturates the larger elements at +-448 * s.
 FP8_STATIC = 0.0123
+FP8_SCALINGS = ["static", "per_row"]
 
 
+def fp8_scaling(scaling: str) -> tuple[torch.Tensor | None, dict[str, object]]:
+    """(the two-step reference's static scale, the digits writer's FP8 arguments) for `scaling`."""
+    if scaling == "static":
+        q = torch.tensor(FP8_STATIC, device="cuda")
+        return q, {"fp8_static_scale": q}
+    return None, {"fp8_row_scale": True}
+
+
+@pytest.mark.parametrize("scaling", FP8_SCALINGS)
 @pytest.mark.parametrize("scaled", [False, True], ids=["unscaled", "prequant"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("t, h, k, group", EXPAND_SHAPES)
 def test_expand_rows_digits_of_fp8_dequantized_rows(t: int, h: int, k: int, group: int, dtype: torch.dtype,
-                                                    scaled: bool) -> None:
+                                                    scaled: bool, scaling: str) -> None:
     seed = random.SystemRandom().randrange(1 << 30)
     g = torch.Generator().manual_seed(seed)
     x = rows(t, h, dtype, g).cuda()
     utp = torch.randperm(t * k, generator=g).to(torch.int32).cuda()
     w = torch.rand(t, k, generator=g).cuda()
     s = (torch.rand(h, generator=g) + 0.25).cuda() if scaled else None
-    q = torch.tensor(FP8_STATIC, device="cuda")
+    q, fp8 = fp8_scaling(scaling)
     digits = torch.full((t * k, -(-h // 128), 400), 0xA5, dtype=torch.uint8, device="cuda")
     pw = torch.full((t * k,), float("nan"), device="cuda")
-    K.expand_rows_digits(x, utp, w, s, permuted_digits=digits, permuted_weights=pw, group=group, fp8_static_scale=q)
+    z = torch.randn(t, h, device="cuda").to(dtype)
+    K.expand_rows_digits(x, utp, w, s, permuted_digits=digits, permuted_weights=pw, zero_out=z, group=group, **fp8)
     pin, pw_ref = K.expand_rows_fp8_dequantized(x, utp, w, q, prequant_scale=s)
     ref = K.token_digits(pin, group=group)
     torch.cuda.synchronize()
-    what = f"seed {seed}, {t} x {h} top-{k} group {group} {dtype} scaled={scaled}"
+    what = f"seed {seed}, {t} x {h} top-{k} group {group} {dtype} scaled={scaled} {scaling}"
     assert torch.equal(digits, ref), f"{what}: digits differ from expand_rows_fp8_dequantized then token_digits"
     assert torch.equal(pw, pw_ref), f"{what}: permuted weights"
+    assert (z == 0).all(), f"{what}: zero_out not zeroed"
 
 
+@pytest.mark.parametrize("scaling", FP8_SCALINGS)
 @pytest.mark.parametrize("scaled", [False, True], ids=["unscaled", "prequant"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("act", [K.Activation.SWIGLU, K.Activation.GELU, K.Activation.IDENTITY],
                          ids=lambda a: a.name.lower())
-def test_fc1_activation_digits_of_fp8_dequantized_rows(act: K.Activation, dtype: torch.dtype, scaled: bool) -> None:
+def test_fc1_activation_digits_of_fp8_dequantized_rows(act: K.Activation, dtype: torch.dtype, scaled: bool,
+                                                       scaling: str) -> None:
     """With the identity and no bias: the quantize step's digits after a plain expansion (expand_rows=plain)."""
     seed = random.SystemRandom().randrange(1 << 30)
     torch.manual_seed(seed)
     e, n = 8, 45
     filled = n - 7
-    q = torch.tensor(FP8_STATIC, device="cuda")
+    q, fp8 = fp8_scaling(scaling)
     for inter, with_bias, group in ACT_SHAPES:
         cuts = torch.sort(torch.randint(0, filled + 1, (e - 1,))).values
         off = torch.cat([torch.zeros(1, dtype=torch.int64), cuts, torch.tensor([filled])]).cuda()
@@ -279,10 +295,26 @@ def test_fc1_activation_digits_of_fp8_dequantized_rows(act: K.Activation, dtype:
         b = (torch.randn(e, n1, device="cuda") * 0.5).to(dtype) if with_bias and act != K.Activation.IDENTITY else None
         s = (torch.rand(inter, device="cuda") * 4 + 0.25) if scaled else None
         out = torch.full((n, -(-inter // 128), 400), 0xA5, dtype=torch.uint8, device="cuda")
-        K.fc1_activation_digits(x, off, act, b, 1.702, 7.0, s, out=out, group=group, fp8_static_scale=q)
+        K.fc1_activation_digits(x, off, act, b, 1.702, 7.0, s, out=out, group=group, **fp8)
         h = K.fc1_activation_fp8_dequantized(x, off, act, q, b, 1.702, 7.0, prequant_scale=s)
         ref = K.token_digits(h[:filled], group=group)
         torch.cuda.synchronize()
-        what = f"seed {seed}, {act.name.lower()} inter={inter} bias={b is not None} group {group} {dtype} {scaled}"
+        what = (f"seed {seed}, {act.name.lower()} inter={inter} bias={b is not None} group {group} {dtype} {scaled} "
+                f"{scaling}")
         assert torch.equal(out[:filled], ref), f"{what}: digits differ from the dequantized rows' digits"
         assert (out[filled:] == 0xA5).all(), f"{what}: rows past off[E] were written"
+
+
+def test_row_scale_digits_refusals() -> None:
+    """Per-row scales take no static scale beside them, and rows of at most 16384 columns (a block of 32 warps)."""
+    x = torch.zeros(1, 16384 + 128, dtype=torch.bfloat16, device="cuda")
+    utp = torch.zeros(1, dtype=torch.int32, device="cuda")
+    w = torch.ones(1, 1, device="cuda")
+    q = torch.tensor(FP8_STATIC, device="cuda")
+    with pytest.raises(ValueError, match=r"^fp8_row_scale: takes no fp8_static_scale"):
+        K.expand_rows_digits(x[:, :256], utp, w, fp8_static_scale=q, fp8_row_scale=True)
+    with pytest.raises(ValueError, match=r"^fp8_row_scale: input: hidden must be at most 16384, got 16512"):
+        K.expand_rows_digits(x, utp, w, fp8_row_scale=True)
+    off = torch.tensor([0, 1], dtype=torch.int64, device="cuda")
+    with pytest.raises(ValueError, match=r"^fp8_row_scale: input: the activation's width must be at most 16384"):
+        K.fc1_activation_digits(x, off, K.Activation.GELU, fp8_row_scale=True)

@@ -44,11 +44,14 @@
 // group): it reads the group's 128 values (times the pre-quant scale, rounded to dtype as the 16-bit expansion stores
 // them), computes the group's record once, and stores it into each of the token's K permuted rows: the bytes
 // mb_expand_rows then mb_token_digits write. With an FP8 static scale (W4AFP8) the group's values are the ones
-// mb_expand_rows_fp8_dequantized writes: the bytes it then mb_token_digits write. As the FP8 expansion, a warp reads
-// its first group and computes its record before it waits on its predecessor (the map build), and waits at its first
-// store or map read: the same contract (mb_expand_rows_digits' input complete before its predecessor starts).
+// mb_expand_rows_fp8_dequantized writes: the bytes it then mb_token_digits write. With each row's own FP8 scale
+// (fp8_row_scale) a block per token (common/row_scale_digits.cuh): the bytes mb_expand_rows_fp8_dequantized by row
+// scales then mb_token_digits write. As the FP8 expansion, a warp reads its first group and computes its record (a
+// block its row's scale) before it waits on its predecessor (the map build), and waits at its first store or map
+// read: the same contract (mb_expand_rows_digits' input complete before its predecessor starts).
 #include "common/common.cuh"
 #include "common/fp8_quantize.cuh"
+#include "common/row_scale_digits.cuh"
 #include "common/token_digits.cuh"
 
 namespace {
@@ -191,6 +194,57 @@ expand_rows_digits_kernel(const T* __restrict__ input, const int32_t* __restrict
     }
   }
   if (!waited) mb::chain_start();  // no group: the trigger still follows a wait
+}
+
+// Per-row FP8 scales (W4AFP8 with dynamic activation scales: common/row_scale_digits.cuh): a block per token t,
+// blocks striding over the tokens; its row's groups (times the pre-quant scale in fp32, as mb_expand_rows_fp8 takes
+// them) read before the wait, the row's amax over the block, then each warp's groups' records stored into each of the
+// token's K permuted rows, zero_out's row zeroed, the top-k weights by warp 0.
+template <typename T, bool SCALE, int G>
+__global__ void __launch_bounds__(mb::kRowDigitsMaxWarps * 32)
+expand_rows_digits_row_scale_kernel(const T* __restrict__ input, const int32_t* __restrict__ unpermuted_to_permuted,
+                                    const float* __restrict__ topk_weights, const float* __restrict__ prequant_scale,
+                                    int num_tokens, int hidden, int top_k, mb::DigitOrder order,
+                                    uint8_t* __restrict__ permuted_digits, float* __restrict__ permuted_weights,
+                                    T* __restrict__ zero_out) {
+  const int lane = threadIdx.x & 31;
+  const int64_t groups = mb::digit_groups(hidden);
+  bool waited = false;  // each thread waits (and triggers) after its first row's reads, before its first store
+  for (int64_t t = blockIdx.x; t < num_tokens; t += gridDim.x) {
+    float x[G][4];
+    const float amax = mb::load_row_groups<G>(hidden, x, [&](int64_t col, float (&v)[4]) {
+      const uint2 raw = *reinterpret_cast<const uint2*>(input + t * hidden + col);
+      const T* e = reinterpret_cast<const T*>(&raw);
+      float s[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+      if constexpr (SCALE) mb::load_f32<float, 4>(prequant_scale + col, s);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) v[k] = __fmul_rn(mb::to_f32(e[k]), s[k]);
+    });
+    const float s = mb::fp8::dynamic_scale(mb::fp8::block_max(amax));
+    if (!waited) {
+      mb::chain_start();
+      waited = true;
+    }
+    const int64_t e0 = t * top_k;
+    if (threadIdx.x < 32) {
+      for (int j = lane; j < top_k; j += 32) permuted_weights[unpermuted_to_permuted[e0 + j]] = topk_weights[e0 + j];
+    }
+    mb::store_row_groups<T, G>(groups, x, s, order, [&](int64_t g, const mb::DigitWords& w) {
+      const int64_t col = g * mb::kDigitGroup + 4 * lane;
+      if (zero_out != nullptr && col < hidden) *reinterpret_cast<uint2*>(zero_out + t * hidden + col) = uint2{0u, 0u};
+      // The token's permuted rows, 32 at a time: lane jj loads slot j0 + jj's map, then shuffles it.
+      for (int j0 = 0; j0 < top_k; j0 += 32) {
+        const int n = top_k - j0 < 32 ? top_k - j0 : 32;
+        const int p_l = lane < n ? __ldg(unpermuted_to_permuted + e0 + j0 + lane) : 0;
+        for (int jj = 0; jj < n; ++jj) {
+          const int64_t p = __shfl_sync(0xffffffffu, p_l, jj);
+          mb::store_digit_words(w, permuted_digits + (p * groups + g) * static_cast<int64_t>(mb::kDigitGroupBytes),
+                                order);
+        }
+      }
+    });
+  }
+  if (!waited) mb::chain_start();  // no token: the trigger still follows a wait
 }
 
 // zero_out is zeroed while other warps may still read input rows: the two must not overlap.
@@ -581,12 +635,13 @@ extern "C" mb_status mb_expand_rows_fp8_dequantized(const void* input, int dtype
 
 extern "C" mb_status mb_expand_rows_digits(const void* input, int dtype, const int32_t* unpermuted_to_permuted,
                                            const float* topk_weights, const float* prequant_scale,
-                                           const float* fp8_static_scale, int num_tokens, int hidden, int top_k,
-                                           int group, uint8_t* permuted_digits, float* permuted_weights,
-                                           void* zero_out, cudaStream_t stream) {
+                                           const float* fp8_static_scale, int fp8_row_scale, int num_tokens,
+                                           int hidden, int top_k, int group, uint8_t* permuted_digits,
+                                           float* permuted_weights, void* zero_out, cudaStream_t stream) {
   const char* who = "mb_expand_rows_digits";
   MB_REQUIRE(num_tokens >= 0, "%s: num_tokens must be >= 0, got %d", who, num_tokens);
   MB_TRY(mb::check_digits_rows(who, "hidden", hidden, group, dtype));
+  if (fp8_row_scale != 0) MB_TRY(mb::check_row_scale_digits(who, "hidden", hidden, fp8_static_scale));
   MB_REQUIRE(top_k >= 1, "%s: top_k must be >= 1, got %d", who, top_k);
   if (num_tokens == 0) return MB_OK;
   MB_REQUIRE(input && unpermuted_to_permuted && topk_weights && permuted_digits && permuted_weights,
@@ -598,6 +653,22 @@ extern "C" mb_status mb_expand_rows_digits(const void* input, int dtype, const i
   if (zero_out != nullptr) {
     const size_t bytes = static_cast<size_t>(num_tokens) * hidden * mb::dtype_size(dtype);
     MB_TRY(check_disjoint(who, input, bytes, zero_out, bytes));
+  }
+  if (fp8_row_scale != 0) {
+    auto launch_rows = [&](auto tag, auto scale_const) {
+      using T = decltype(tag);
+      return mb::by_row_digits_groups(hidden, [&](auto groups_const) {
+        return mb::check_launch("expand_rows_digits_row_scale_kernel", mb::launch_after_trigger(
+            expand_rows_digits_row_scale_kernel<T, decltype(scale_const)::value, decltype(groups_const)::value>,
+            dim3(mb::row_grid(num_tokens)), dim3(mb::row_digits_threads(hidden)), stream,
+            static_cast<const T*>(input), unpermuted_to_permuted, topk_weights, prequant_scale, num_tokens, hidden,
+            top_k, mb::digit_order(group), permuted_digits, permuted_weights, static_cast<T*>(zero_out)));
+      });
+    };
+    auto rows_by_scale = [&](auto tag) {
+      return prequant_scale ? launch_rows(tag, std::true_type{}) : launch_rows(tag, std::false_type{});
+    };
+    return dtype == MB_FP16 ? rows_by_scale(__half{}) : rows_by_scale(__nv_bfloat16{});
   }
   const int64_t items = static_cast<int64_t>(num_tokens) * mb::digit_groups(hidden);
   const unsigned blocks = mb::row_grid((items + kDigitWarps - 1) / kDigitWarps);

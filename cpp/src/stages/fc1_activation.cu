@@ -46,10 +46,12 @@
 // (common/token_digits.cuh) where GEMM2 runs the digits tile, instead of 16-bit rows that a digits step would then
 // read back and split. A warp per (row, 128-column group): the group's activated values (activate() below, times the
 // pre-quant scale, rounded to dtype: what mb_fc1_activation stores), then the group's record: the bytes
-// mb_fc1_activation then mb_token_digits write.
+// mb_fc1_activation then mb_token_digits write. With each row's own FP8 scale (fp8_row_scale) a block per row
+// (common/row_scale_digits.cuh): the bytes mb_fc1_activation_fp8_dequantized by row scales then mb_token_digits write.
 #include "common/act_math.cuh"
 #include "common/common.cuh"
 #include "common/fp8_quantize.cuh"
+#include "common/row_scale_digits.cuh"
 #include "common/token_digits.cuh"
 
 namespace {
@@ -175,6 +177,22 @@ fc1_activation_kernel(const T* __restrict__ in, const T* __restrict__ b1, const 
   }
 }
 
+// The activation of a row's four features col .. col + 3 (a lane's share of a digits group), the row's gate and up
+// columns where `cols` puts them, bias the row's expert's b1 row or null.
+template <typename T, int ACT>
+__device__ __forceinline__ void activate_four(const T* row, const T* bias, GatedColumns cols, int64_t col, float alpha,
+                                              float limit, float (&r)[4]) {
+  constexpr bool kGated = mb::is_gated(ACT);
+  float g[4], u[4] = {0.f, 0.f, 0.f, 0.f}, bg[4], bu[4];
+  mb::load_f32<T, 4>(row + (kGated ? cols.gate(col) : col), g);
+  if constexpr (kGated) mb::load_f32<T, 4>(row + cols.up(col), u);
+  if (bias) {
+    mb::load_f32<T, 4>(bias + (kGated ? cols.gate(col) : col), bg);
+    if constexpr (kGated) mb::load_f32<T, 4>(bias + cols.up(col), bu);
+  }
+  activate<ACT, 4>(g, u, bias != nullptr, bg, bu, alpha, limit, r);
+}
+
 // A warp per (permuted row p < off[E], group g) item, warps striding over the items of max_rows rows.
 constexpr int kDigitWarps = 8;
 
@@ -204,14 +222,7 @@ fc1_activation_digits_kernel(const T* __restrict__ in, const T* __restrict__ b1,
     const T* bias = b1 ? b1 + warp_expert_of(off, E, p) * n1 : nullptr;  // every lane (warp_expert_of is the warp's)
     float r[4] = {0.f, 0.f, 0.f, 0.f};  // zeros past a half group at the end of the row
     if (col < inter) {
-      float g[4], x[4] = {0.f, 0.f, 0.f, 0.f}, bg[4], bu[4];
-      mb::load_f32<T, 4>(row + (kGated ? cols.gate(col) : col), g);
-      if constexpr (kGated) mb::load_f32<T, 4>(row + cols.up(col), x);
-      if (bias) {
-        mb::load_f32<T, 4>(bias + (kGated ? cols.gate(col) : col), bg);
-        if constexpr (kGated) mb::load_f32<T, 4>(bias + cols.up(col), bu);
-      }
-      activate<ACT, 4>(g, x, bias != nullptr, bg, bu, alpha, limit, r);
+      activate_four<T, ACT>(row, bias, cols, col, alpha, limit, r);
       float s[4] = {1.0f, 1.0f, 1.0f, 1.0f};
       if (prequant_scale) mb::load_f32<float, 4>(prequant_scale + col, s);
       if (fp8_scale) {  // as mb_fc1_activation_fp8_dequantized stores it
@@ -226,6 +237,41 @@ fc1_activation_digits_kernel(const T* __restrict__ in, const T* __restrict__ b1,
       }
     }
     mb::store_digit_words(mb::digit_words(r, order), out + it * static_cast<int64_t>(mb::kDigitGroupBytes), order);
+  }
+}
+
+// Per-row FP8 scales (W4AFP8 with dynamic activation scales: common/row_scale_digits.cuh): a block per permuted row
+// p < off[E], blocks striding over the rows; its groups' activated values (rounded to T, times the pre-quant scale in
+// fp32: what mb_fc1_activation_fp8_dequantized quantizes), the row's amax over the block, then each warp's groups'
+// records. The dependent launch as fc1_activation_digits_kernel's.
+template <typename T, int ACT, int G>
+__global__ void __launch_bounds__(mb::kRowDigitsMaxWarps * 32)
+fc1_activation_digits_row_scale_kernel(const T* __restrict__ in, const T* __restrict__ b1,
+                                       const int64_t* __restrict__ off, int E, int64_t max_rows, int inter, float alpha,
+                                       float limit, const float* __restrict__ prequant_scale, GatedColumns cols,
+                                       mb::DigitOrder order, uint8_t* __restrict__ out) {
+  mb::let_dependents_start();
+  mb::wait_for_predecessor();
+  constexpr bool kGated = mb::is_gated(ACT);
+  const int64_t n1 = kGated ? 2 * static_cast<int64_t>(inter) : inter;
+  const int64_t groups = mb::digit_groups(inter);
+  const int64_t filled = __ldg(off + E);
+  const int64_t rows = filled < max_rows ? filled : max_rows;  // rows past off[E]: other nodes' experts
+  for (int64_t p = blockIdx.x; p < rows; p += gridDim.x) {
+    const T* row = in + p * n1;
+    const T* bias = b1 ? b1 + warp_expert_of(off, E, p) * n1 : nullptr;  // every lane (warp_expert_of is the warp's)
+    float x[G][4];
+    const float amax = mb::load_row_groups<G>(inter, x, [&](int64_t col, float (&v)[4]) {
+      float r[4], s[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+      activate_four<T, ACT>(row, bias, cols, col, alpha, limit, r);
+      if (prequant_scale) mb::load_f32<float, 4>(prequant_scale + col, s);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) v[k] = __fmul_rn(mb::to_f32(mb::from_f32<T>(r[k])), s[k]);
+    });
+    const float s = mb::fp8::dynamic_scale(mb::fp8::block_max(amax));
+    mb::store_row_groups<T, G>(groups, x, s, order, [&](int64_t g, const mb::DigitWords& w) {
+      mb::store_digit_words(w, out + (p * groups + g) * static_cast<int64_t>(mb::kDigitGroupBytes), order);
+    });
   }
 }
 
@@ -859,13 +905,14 @@ extern "C" mb_status mb_fc1_activation_digits(const void* in, int dtype, const v
                                               const int64_t* expert_first_token_offset, int num_experts,
                                               int64_t max_rows, int inter, int activation,
                                               int gate_up_interleaved, float swiglu_alpha, float swiglu_limit,
-                                              const float* prequant_scale, const float* fp8_static_scale, int group,
-                                              uint8_t* out, cudaStream_t stream) {
+                                              const float* prequant_scale, const float* fp8_static_scale,
+                                              int fp8_row_scale, int group, uint8_t* out, cudaStream_t stream) {
   const char* who = "mb_fc1_activation_digits";
   MB_TRY(check_arguments(who, expert_first_token_offset, num_experts, max_rows, inter, activation, swiglu_alpha,
                          swiglu_limit));
   MB_TRY(check_interleaved(who, inter, activation, gate_up_interleaved != 0));
   MB_TRY(mb::check_digits_rows(who, "inter", inter, group, dtype));
+  if (fp8_row_scale != 0) MB_TRY(mb::check_row_scale_digits(who, "inter", inter, fp8_static_scale));
   if (max_rows == 0) return MB_OK;
   MB_REQUIRE(in && out, "%s: in and out must be non-NULL", who);
   auto aligned = [](const void* p, uintptr_t to) { return reinterpret_cast<uintptr_t>(p) % to == 0; };
@@ -876,6 +923,16 @@ extern "C" mb_status mb_fc1_activation_digits(const void* in, int dtype, const v
   auto launch = [&](auto tag) {
     using T = decltype(tag);
     return dispatch_activation(activation, [&](auto act_const) {
+      if (fp8_row_scale != 0) {
+        return mb::by_row_digits_groups(inter, [&](auto groups_const) {
+          return mb::check_launch("fc1_activation_digits_row_scale_kernel", mb::launch_after_trigger(
+              fc1_activation_digits_row_scale_kernel<T, decltype(act_const)::value, decltype(groups_const)::value>,
+              dim3(mb::row_grid(max_rows)), dim3(mb::row_digits_threads(inter)), stream, static_cast<const T*>(in),
+              static_cast<const T*>(b1), expert_first_token_offset, num_experts, max_rows, inter, swiglu_alpha,
+              swiglu_limit, prequant_scale, GatedColumns{inter, gate_up_interleaved != 0}, mb::digit_order(group),
+              out));
+        });
+      }
       return mb::check_launch("fc1_activation_digits_kernel", mb::launch_after_trigger(
           fc1_activation_digits_kernel<T, decltype(act_const)::value>, dim3(blocks), dim3(kDigitWarps * 32), stream,
           static_cast<const T*>(in), static_cast<const T*>(b1), expert_first_token_offset, num_experts, max_rows,

@@ -7,7 +7,7 @@ import math
 import torch
 
 from ...planner.tactics import GemmTactic
-from ...planner.tactics.woq import DIGITS_GROUP_BYTES
+from ...planner.tactics.woq import DIGITS_GROUP_BYTES, ROW_SCALE_DIGITS_MAX_COLS
 from ...weights.woq import TILE_ROWS
 from ..abi import Activation, WoqInput, WoqKind
 from ..library import call, load_library
@@ -59,28 +59,41 @@ def token_digits(a: torch.Tensor, out: torch.Tensor | None = None, group: int = 
     return o
 
 
+def _fp8_scaling(static_scale: torch.Tensor | None, row_scale: bool, cols: int, name: str, dev: torch.device
+                 ) -> tuple[int | None, int]:
+    """The digits writers' FP8 arguments (fp8_static_scale's pointer, fp8_row_scale): W4AFP8's static input scale, or
+    each row's own (row_scale: none static, rows of at most ROW_SCALE_DIGITS_MAX_COLS), or neither (W4A16)."""
+    if row_scale and static_scale is not None:
+        raise ValueError("fp8_row_scale: takes no fp8_static_scale (a row's scale is its own)")
+    if row_scale and cols > ROW_SCALE_DIGITS_MAX_COLS:
+        raise ValueError(f"fp8_row_scale: {name} must be at most {ROW_SCALE_DIGITS_MAX_COLS}, got {cols}")
+    return _fp8_static(static_scale, dev), int(row_scale)
+
+
 def expand_rows_digits(input: torch.Tensor, unpermuted_to_permuted: torch.Tensor, topk_weights: torch.Tensor,
                        prequant_scale: torch.Tensor | None = None, permuted_digits: torch.Tensor | None = None,
                        permuted_weights: torch.Tensor | None = None, zero_out: torch.Tensor | None = None,
                        group: int = 128, stream: int | torch.cuda.Stream | None = None, *,
-                       fp8_static_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                       fp8_static_scale: torch.Tensor | None = None, fp8_row_scale: bool = False
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """expand_rows writing the permuted rows as token digits for GEMM1's weight `group` (token_digits'): input
     [T, H] -> (permuted_digits uint8 [T*K, ceil(H / 128), 400], permuted_weights [T*K]), the bytes of expand_rows then
     token_digits (stages/expand_rows.cu); prequant_scale and zero_out as expand_rows'. fp8_static_scale (W4AFP8's, a
-    one-element fp32 tensor): the digits of the rows expand_rows_fp8_dequantized writes instead."""
+    one-element fp32 tensor) or fp8_row_scale (W4AFP8's per-row scales, H at most 16384): the digits of the rows
+    expand_rows_fp8_dequantized writes with that scale instead."""
     _check(input, "input", (None, None))
     dev = input.device
     t, h = input.shape
     width = _digits_width(h, group, "input: hidden")
     k = _expansion_maps(t, topk_weights, unpermuted_to_permuted, dev)
     pre = _prequant(prequant_scale, h, dev)
-    fp8 = _fp8_static(fp8_static_scale, dev)
+    fp8, row_scale = _fp8_scaling(fp8_static_scale, fp8_row_scale, h, "input: hidden", dev)
     pd = _out(permuted_digits, "permuted_digits", (t * k, width, DIGITS_GROUP_BYTES), torch.uint8, dev)
     pw = _out(permuted_weights, "permuted_weights", (t * k,), torch.float32, dev)
     if zero_out is not None:
         _check(zero_out, "zero_out", (t, h), input.dtype, dev)
     call("mb_expand_rows_digits", input.data_ptr(), _dtype_code(input, "input"), unpermuted_to_permuted.data_ptr(),
-         topk_weights.data_ptr(), pre, fp8, t, h, k, group, pd.data_ptr(), pw.data_ptr(), _ptr(zero_out),
+         topk_weights.data_ptr(), pre, fp8, row_scale, t, h, k, group, pd.data_ptr(), pw.data_ptr(), _ptr(zero_out),
          _stream(stream, dev))
     return pd, pw
 
@@ -90,21 +103,22 @@ def fc1_activation_digits(input: torch.Tensor, expert_first_token_offset: torch.
                           swiglu_alpha: float = 1.0, swiglu_limit: float = math.inf,
                           prequant_scale: torch.Tensor | None = None, out: torch.Tensor | None = None,
                           group: int = 128, stream: int | torch.cuda.Stream | None = None, *,
-                          fp8_static_scale: torch.Tensor | None = None,
+                          fp8_static_scale: torch.Tensor | None = None, fp8_row_scale: bool = False,
                           gate_up_interleaved: bool = False) -> torch.Tensor:
     """fc1_activation writing GEMM2's input as token digits for GEMM2's weight `group` (token_digits'): input
     [R, N1] -> out uint8 [R, ceil(I / 128), 400], the bytes of fc1_activation then token_digits for the rows below
-    offsets[E] (stages/fc1_activation.cu). fp8_static_scale (W4AFP8's): the digits of the rows
-    fc1_activation_fp8_dequantized writes instead. gate_up_interleaved as fc1_activation's."""
+    offsets[E] (stages/fc1_activation.cu). fp8_static_scale or fp8_row_scale (W4AFP8's, I at most 16384 for the
+    latter): the digits of the rows fc1_activation_fp8_dequantized writes with that scale instead.
+    gate_up_interleaved as fc1_activation's."""
     act, dev, rows, inter = _activation_args(input, expert_first_token_offset, activation, bias, gate_up_interleaved)
     width = _digits_width(inter, group, "input: the activation's width")
     e = expert_first_token_offset.shape[0] - 1
     pre = _prequant(prequant_scale, inter, dev)
-    fp8 = _fp8_static(fp8_static_scale, dev)
+    fp8, row_scale = _fp8_scaling(fp8_static_scale, fp8_row_scale, inter, "input: the activation's width", dev)
     o = _out(out, "out", (rows, width, DIGITS_GROUP_BYTES), torch.uint8, dev)
     call("mb_fc1_activation_digits", input.data_ptr(), _dtype_code(input, "input"), _ptr(bias),
          expert_first_token_offset.data_ptr(), e, rows, inter, int(act), int(gate_up_interleaved), swiglu_alpha,
-         swiglu_limit, pre, fp8, group, o.data_ptr(), _stream(stream, dev))
+         swiglu_limit, pre, fp8, row_scale, group, o.data_ptr(), _stream(stream, dev))
     return o
 
 

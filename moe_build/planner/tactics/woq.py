@@ -378,6 +378,9 @@ def woq_staged_rows(call: GemmCall, k_split: int, parts: int = 1) -> int:
 # staged kernel's budget.
 DIGITS_GROUP_BYTES = 400
 DIGITS_ZEROS = 16
+# common/row_scale_digits.cuh: the digits of rows quantized by their own FP8 scale take a row a block, 32 warps of
+# four 128-column groups at most
+ROW_SCALE_DIGITS_MAX_COLS = 16384
 
 
 # int8 weights take the digits tile as int4 does (its bands: woq_digits_rule), read as stored: no instruction widens
