@@ -654,9 +654,11 @@ extern "C" mb_status mb_expand_rows_digits(const void* input, int dtype, const i
     const size_t bytes = static_cast<size_t>(num_tokens) * hidden * mb::dtype_size(dtype);
     MB_TRY(check_disjoint(who, input, bytes, zero_out, bytes));
   }
-  if (fp8_row_scale != 0) {
-    auto launch_rows = [&](auto tag, auto scale_const) {
-      using T = decltype(tag);
+  const int64_t items = static_cast<int64_t>(num_tokens) * mb::digit_groups(hidden);
+  const unsigned blocks = mb::row_grid((items + kDigitWarps - 1) / kDigitWarps);
+  auto launch = [&](auto tag, auto scale_const, auto fp8_const) {
+    using T = decltype(tag);
+    if (fp8_row_scale != 0) {  // each row its own scale (fp8_static_scale NULL, checked above)
       return mb::by_row_digits_groups(hidden, [&](auto groups_const) {
         return mb::check_launch("expand_rows_digits_row_scale_kernel", mb::launch_after_trigger(
             expand_rows_digits_row_scale_kernel<T, decltype(scale_const)::value, decltype(groups_const)::value>,
@@ -664,16 +666,7 @@ extern "C" mb_status mb_expand_rows_digits(const void* input, int dtype, const i
             static_cast<const T*>(input), unpermuted_to_permuted, topk_weights, prequant_scale, num_tokens, hidden,
             top_k, mb::digit_order(group), permuted_digits, permuted_weights, static_cast<T*>(zero_out)));
       });
-    };
-    auto rows_by_scale = [&](auto tag) {
-      return prequant_scale ? launch_rows(tag, std::true_type{}) : launch_rows(tag, std::false_type{});
-    };
-    return dtype == MB_FP16 ? rows_by_scale(__half{}) : rows_by_scale(__nv_bfloat16{});
-  }
-  const int64_t items = static_cast<int64_t>(num_tokens) * mb::digit_groups(hidden);
-  const unsigned blocks = mb::row_grid((items + kDigitWarps - 1) / kDigitWarps);
-  auto launch = [&](auto tag, auto scale_const, auto fp8_const) {
-    using T = decltype(tag);
+    }
     return mb::check_launch("expand_rows_digits_kernel", mb::launch_after_trigger(
         expand_rows_digits_kernel<T, decltype(scale_const)::value, decltype(fp8_const)::value>, dim3(blocks),
         dim3(kDigitWarps * 32), stream, static_cast<const T*>(input), unpermuted_to_permuted, topk_weights,
