@@ -9,11 +9,14 @@ activations in and out, and 2 T K (N1 H + H I) FLOPs).
 """
 from __future__ import annotations
 
+import functools
+import json
 import random
+from pathlib import Path
 
 import pytest
 
-from moe_build.bench.layer import point_floor, ratios
+from moe_build.bench.layer import gather_points, point_floor, ratio, ratios
 from moe_build.bench.timing import CEILING_TIMERS, CeilingCalls
 from moe_build.bench.workload import bench_spec
 
@@ -73,3 +76,28 @@ def test_ratios_divide_by_each_floor() -> None:
     assert rec["graph_over_burst_floor"] == pytest.approx(600.0 / 380.0)
     assert rec["ours_over_floor"] == pytest.approx(1.55)
     assert rec["speedup_vs"] == {"grouped_mm": pytest.approx(2.0)}
+
+
+def test_gather_points_writes_what_was_measured_after_every_shape(tmp_path: Path) -> None:
+    """Each shape's points join the results in turn and the JSON on disk holds them after every shape, so a bench
+    cut off by a time-out keeps the shapes it finished (the second shape's call sees the first one's file)."""
+    out = tmp_path / "bench.json"
+    results: dict = {"device": "test", "points": []}
+    seen_on_disk: list[int] = []
+
+    def shape(name: str) -> list[dict]:
+        seen_on_disk.append(len(json.loads(out.read_text())["points"]) if out.exists() else -1)
+        return [{"shape": name, "tokens": t} for t in (1, 16)]
+
+    gather_points(results, (functools.partial(shape, n) for n in ("a", "b")), out)
+    assert seen_on_disk == [-1, 2]
+    assert [(p["shape"], p["tokens"]) for p in json.loads(out.read_text())["points"]] == [
+        ("a", 1), ("a", 16), ("b", 1), ("b", 16)]
+    assert results["points"] == json.loads(out.read_text())["points"]
+    gather_points(results, [lambda: [{"shape": "c"}]], None)
+    assert results["points"][-1] == {"shape": "c"} and len(json.loads(out.read_text())["points"]) == 4
+
+
+def test_ratio_is_none_where_a_side_was_not_measured() -> None:
+    assert ratio(3.0, 2.0) == 1.5
+    assert ratio(None, 2.0) is None and ratio(3.0, None) is None and ratio(3.0, 0.0) is None

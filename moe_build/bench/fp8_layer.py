@@ -22,7 +22,6 @@ checked first against an fp64 reference on sampled rows of the input it is timed
 from __future__ import annotations
 
 import functools
-import json
 import statistics
 import time
 from pathlib import Path
@@ -33,8 +32,8 @@ import torch
 from ..errors import MoeBuildError
 from ..spec import ActScale, Quant
 from ..weights.fp8 import ScaleGranularity
-from .layer import (VariantSetup, check_runner_variants, check_variant, point_floor, point_line, require_bench_gpu,
-                    runner_force, runner_setup, set_up_variants, time_panel, time_variants)
+from .layer import (VariantSetup, check_runner_variants, check_variant, gather_points, point_floor, point_line, ratio,
+                    require_bench_gpu, runner_force, runner_setup, set_up_variants, time_panel, time_variants)
 from .peers import grouped_mm_peer, rowwise_fp8_weights, scaled_grouped_mm_peer
 from .timing import CeilingCalls, ceilings_text, measure_ceilings
 from .workload import (CHECK_ROWS, FP8_REL_ERR_LIMIT, FP8_SHAPES, FP8_STATIC_INPUT_SCALES, REF_WEIGHT_ELEMENTS, REL_ERR_LIMIT, TOKENS, bench_spec,
@@ -181,10 +180,6 @@ def bench_fp8_shape(name: str, mode: Fp8Mode, tokens_list: Sequence[int], ceilin
     return records
 
 
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return a / b if a and b else None
-
-
 def fp8_ratios(rec: dict[str, Any]) -> None:
     """rec["ratios"] and rec["targets"] of an FP8 point. Runners compare graph replay with graph replay
     (GPU work alone; what a captured step sees), the torch peers eager with ours eager (both called from
@@ -196,13 +191,13 @@ def fp8_ratios(rec: dict[str, Any]) -> None:
 
     ours_graph, ours_eager = us("ours", "graph_us"), us("ours", "us")
     rec["ratios"] = {
-        "ours_over_floor": _ratio(ours_graph, rec["floor_us"]),
-        "ours_eager_over_floor": _ratio(ours_eager, rec["floor_us"]),
-        "ours_over_burst_floor": _ratio(ours_graph, rec["burst_floor_us"]),
-        "ours_bf16_over_ours": _ratio(us("ours_bf16", "graph_us"), ours_graph),
-        "scaled_grouped_mm_over_ours": _ratio(us("scaled_grouped_mm", "us"), ours_eager),
-        "grouped_mm_dequant_over_ours": _ratio(us("grouped_mm_dequant", "us"), ours_eager),
-        "forced_over_ours": {name: _ratio(e.get("graph_us"), ours_graph) for name, e in v.items()
+        "ours_over_floor": ratio(ours_graph, rec["floor_us"]),
+        "ours_eager_over_floor": ratio(ours_eager, rec["floor_us"]),
+        "ours_over_burst_floor": ratio(ours_graph, rec["burst_floor_us"]),
+        "ours_bf16_over_ours": ratio(us("ours_bf16", "graph_us"), ours_graph),
+        "scaled_grouped_mm_over_ours": ratio(us("scaled_grouped_mm", "us"), ours_eager),
+        "grouped_mm_dequant_over_ours": ratio(us("grouped_mm_dequant", "us"), ours_eager),
+        "forced_over_ours": {name: ratio(e.get("graph_us"), ours_graph) for name, e in v.items()
                              if name.startswith("ours:")},
     }
     rec["targets"] = fp8_targets(rec)
@@ -343,13 +338,9 @@ def run_fp8_bench(quants: Sequence[Fp8Mode], shapes: Sequence[str] = FP8_SHAPES,
                    "router_linear": "excluded for every variant (all take fp32 router logits)"},
         "points": [],
     }
-    for mode in quants:
-        for name in shapes:
-            results["points"] += bench_fp8_shape(name, mode, tokens_list, ceilings, ceiling_calls, iters, warmup,
-                                                 input_sets, variants, log)
-            torch.cuda.empty_cache()  # the shape's weights and runners are gone
-            if out_json is not None:  # partial results survive a time-out
-                Path(out_json).write_text(json.dumps(results, indent=1, default=str))
+    gather_points(results, (functools.partial(bench_fp8_shape, name, mode, tokens_list, ceilings, ceiling_calls,
+                                              iters, warmup, input_sets, variants, log)
+                            for mode in quants for name in shapes), out_json)
     if png is not None:
         plot(results, Path(png))
     return results

@@ -8,12 +8,13 @@ sampled rows of the very input it is timed on, and its graph replay is checked t
 """
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 import time
 import zlib
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
@@ -252,6 +253,22 @@ def point_floor(spec: MoESpec, tokens: int, touched: float, medians_ms: dict[tup
             "burst_floor_us": floor_us(spec, tokens, touched, burst)["floor_us"]}
 
 
+def ratio(a: float | None, b: float | None) -> float | None:
+    """a / b where both were measured (None where either is missing: a variant that failed or was not run)."""
+    return a / b if a and b else None
+
+
+def gather_points(results: dict[str, Any], shapes: Iterable[Callable[[], list[dict[str, Any]]]],
+                  out_json: Path | None) -> None:
+    """results["points"] extended by each shape's points in turn, the shape's weights and runners freed after it;
+    with a path, the JSON written after every shape, so that a time-out keeps what was measured."""
+    for points in shapes:
+        results["points"] += points()
+        torch.cuda.empty_cache()
+        if out_json is not None:
+            Path(out_json).write_text(json.dumps(results, indent=1, default=str))
+
+
 def ratios(rec: dict[str, Any]) -> None:
     """ours/floor (eager and graph-replayed; graph also against the burst floor), and each peer's time
     over ours eager (> 1: we are faster)."""
@@ -355,12 +372,8 @@ def run_bench(shapes: Sequence[str] = tuple(SHAPES), tokens_list: Sequence[int] 
                    "router_linear": "excluded for every variant (all take fp32 router logits)"},
         "points": [],
     }
-    for name in shapes:
-        results["points"] += bench_shape(name, tokens_list, ceilings, ceiling_calls, iters, warmup, input_sets,
-                                         variants, log, eager)
-        torch.cuda.empty_cache()  # the shape's weights and runners are gone
-        if out_json is not None:  # partial results survive a time-out
-            Path(out_json).write_text(json.dumps(results, indent=1, default=str))
+    gather_points(results, (functools.partial(bench_shape, name, tokens_list, ceilings, ceiling_calls, iters, warmup,
+                                              input_sets, variants, log, eager) for name in shapes), out_json)
     if png is not None:
         plot(results, Path(png))
     return results

@@ -21,7 +21,6 @@ variant and graph replay checked first against an fp64 reference on sampled rows
 from __future__ import annotations
 
 import functools
-import json
 import math
 import statistics
 import time
@@ -34,8 +33,8 @@ from ..errors import MoeBuildError
 from ..spec import ActScale, MoESpec, Quant
 from ..weights import MoEWeights
 from ..weights.woq import WoqKind, WoqWeights, quantize_matrix
-from .layer import (VariantSetup, check_runner_variants, check_variant, point_floor, point_line, require_bench_gpu,
-                    runner_force, runner_setup, set_up_variants, time_variants)
+from .layer import (VariantSetup, check_runner_variants, check_variant, gather_points, point_floor, point_line, ratio,
+                    require_bench_gpu, runner_force, runner_setup, set_up_variants, time_variants)
 from .peers import grouped_mm_peer
 from .timing import CeilingCalls, ceilings_text, measure_ceilings
 from .workload import (REL_ERR_LIMIT, SHAPES, TOKENS, W4AFP8_REL_ERR_LIMIT, WOQ_REL_ERR_LIMIT, bench_spec, check_rows,
@@ -202,10 +201,6 @@ def bench_woq_shape(name: str, mode: str, tokens_list: Sequence[int], ceilings: 
     return records
 
 
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return a / b if a and b else None
-
-
 def woq_ratios(rec: dict[str, Any]) -> None:
     """rec["ratios"] and rec["targets"]: runners graph replay over graph replay, the torch peer eager over ours
     eager; > 1 where ours is faster."""
@@ -213,10 +208,10 @@ def woq_ratios(rec: dict[str, Any]) -> None:
     ours = v.get("ours", {})
     T, floor = rec["tokens"], rec["floor_us"]
     r = rec["ratios"] = {
-        "ours_over_floor": _ratio(ours.get("graph_us"), floor),
-        "ours_bf16_over_ours": _ratio(v.get("ours_bf16", {}).get("graph_us"), ours.get("graph_us")),
-        "grouped_mm_dequant_over_ours": _ratio(v.get("grouped_mm_dequant", {}).get("us"), ours.get("us")),
-        "forced_over_ours": {n: _ratio(e.get("graph_us"), ours.get("graph_us")) for n, e in v.items()
+        "ours_over_floor": ratio(ours.get("graph_us"), floor),
+        "ours_bf16_over_ours": ratio(v.get("ours_bf16", {}).get("graph_us"), ours.get("graph_us")),
+        "grouped_mm_dequant_over_ours": ratio(v.get("grouped_mm_dequant", {}).get("us"), ours.get("us")),
+        "forced_over_ours": {n: ratio(e.get("graph_us"), ours.get("graph_us")) for n, e in v.items()
                              if n.startswith("ours:")},
     }
     t: dict[str, Any] = {}
@@ -284,11 +279,7 @@ def run_woq_bench(modes: Sequence[str], shapes: Sequence[str] = tuple(SHAPES), t
                    "ratios": "runners graph replay over graph replay; the torch peer eager over ours eager"},
         "points": [],
     }
-    for mode in modes:
-        for name in shapes:
-            results["points"] += bench_woq_shape(name, mode, tokens_list, ceilings, ceiling_calls, iters, warmup,
-                                                 input_sets, log, variants)
-            torch.cuda.empty_cache()  # the shape's weights and runners are gone
-            if out_json is not None:
-                Path(out_json).write_text(json.dumps(results, indent=1, default=str))
+    gather_points(results, (functools.partial(bench_woq_shape, name, mode, tokens_list, ceilings, ceiling_calls,
+                                              iters, warmup, input_sets, log, variants)
+                            for mode in modes for name in shapes), out_json)
     return results
