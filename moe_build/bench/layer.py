@@ -273,10 +273,10 @@ def ratios(rec: dict[str, Any]) -> None:
     """ours/floor (eager and graph-replayed; graph also against the burst floor), and each peer's time
     over ours eager (> 1: we are faster)."""
     ours = rec["variants"].get("ours", {})
-    rec["ours_over_floor"] = ours["us"] / rec["floor_us"] if ours.get("us") else None
-    rec["graph_over_floor"] = ours["graph_us"] / rec["floor_us"] if ours.get("graph_us") else None
-    rec["graph_over_burst_floor"] = ours["graph_us"] / rec["burst_floor_us"] if ours.get("graph_us") else None
-    rec["speedup_vs"] = {v: e["us"] / ours["us"] for v, e in rec["variants"].items()
+    rec["ours_over_floor"] = ratio(ours.get("us"), rec["floor_us"])
+    rec["graph_over_floor"] = ratio(ours.get("graph_us"), rec["floor_us"])
+    rec["graph_over_burst_floor"] = ratio(ours.get("graph_us"), rec["burst_floor_us"])
+    rec["speedup_vs"] = {v: ratio(e.get("us"), ours.get("us")) for v, e in rec["variants"].items()
                          if ours.get("us") and v != "ours" and e.get("us")}
 
 
